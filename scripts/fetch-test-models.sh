@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# Placeholder until the real script lands: says what it would do.
+echo "fetch-test-models: not implemented yet (models/ stays empty)"
