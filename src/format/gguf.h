@@ -21,6 +21,9 @@
 #include "util/err.h"
 
 #define GGUF_MAX_DIMS 4
+#define GGUF_DEFAULT_ALIGNMENT 32
+/* Arrays of arrays nest at most this deep (an array of scalars is depth 1). */
+#define GGUF_MAX_ARRAY_DEPTH 8
 
 enum gguf_vtype {
     GGUF_T_UINT8 = 0,
@@ -93,12 +96,18 @@ uint32_t gguf_alignment(const struct gguf_file *f);
 uint32_t gguf_n_splits(const struct gguf_file *f);
 /* Total bytes of all files of the model. */
 uint64_t gguf_file_size(const struct gguf_file *f);
+/* Path of split i as opened ("<memory>" for gguf_open_memory), and the offset of its
+ * data section (tensor offsets are relative to it). */
+const char *gguf_split_path(const struct gguf_file *f, uint32_t split);
+uint64_t gguf_data_offset(const struct gguf_file *f, uint32_t split);
 
 /* Metadata. */
 int64_t gguf_n_kv(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, int64_t i);
-/* The value for key, or NULL when absent. */
+/* The value for key, or NULL when absent. O(1) average (hash index). */
 const struct gguf_value *gguf_get(const struct gguf_file *f, const char *key);
+/* Index of key for gguf_kv_at, or -1 when absent. */
+int64_t gguf_find_kv(const struct gguf_file *f, const char *key);
 
 /* Typed lookups. Absent key: SMELT_ERR_NOT_FOUND. Wrong type or a value that does not
  * fit: SMELT_ERR_FORMAT. Integer getters accept any integer type whose value fits. */
@@ -143,11 +152,16 @@ struct gguf_writer; /* opaque */
 
 smelt_status gguf_writer_new(struct gguf_writer **out, struct err *e);
 void gguf_writer_free(struct gguf_writer *w);
-/* Values are copied. Setting an existing key replaces it. */
+/* Values are copied. Setting an existing key replaces it (keeping its position). A
+ * failure (bad key, out of memory, bad tensor) is also remembered and returned, with its
+ * message, by gguf_writer_write. The file's alignment is general.alignment when set
+ * (a power of two, as UINT32), else 32. */
 smelt_status gguf_set_u32(struct gguf_writer *w, const char *key, uint32_t v);
 smelt_status gguf_set_i32(struct gguf_writer *w, const char *key, int32_t v);
 smelt_status gguf_set_u64(struct gguf_writer *w, const char *key, uint64_t v);
+smelt_status gguf_set_i64(struct gguf_writer *w, const char *key, int64_t v);
 smelt_status gguf_set_f32(struct gguf_writer *w, const char *key, float v);
+smelt_status gguf_set_f64(struct gguf_writer *w, const char *key, double v);
 smelt_status gguf_set_bool(struct gguf_writer *w, const char *key, bool v);
 smelt_status gguf_set_str(struct gguf_writer *w, const char *key, const char *v);
 /* Scalar array: n elements of type t, packed little-endian in data. */
