@@ -1,48 +1,52 @@
-/* Type-id table of the GGML block formats (names and block geometry only).
- *
- * Written by the GGUF helper so the reader can validate tensor types before the quant
- * layer lands; the quant layer owns this file and fills in dequantize/quantize.
- * Geometry follows ggml's block structs (Q8_1 is 36 bytes: half2 ds + 32 int8; gguf-py
- * 0.19 still says 40, from an older layout; no file stores Q8_1 anyway).
- */
+/* The type table: one row per GGML type id, with geometry and the reference functions.
+ * Sizes are the GGML ones (ggml-common.h static_asserts; also gguf-py's GGML_QUANT_SIZES,
+ * except Q8_1 where gguf-py still lists an old 40-byte layout: ggml's is 36). */
 #include "quant/quant.h"
 
-#include <stddef.h>
 #include <strings.h>
 
+#include "quant/quant_impl.h"
+
+#define Q(id, nm, bs, ts, fn)                                                                  \
+    [id] = {nm, bs, ts, quant_from_##fn, quant_to_##fn}
+#define QD(id, nm, bs, ts, fn) [id] = {nm, bs, ts, quant_from_##fn, NULL}
+#define QN(id, nm, bs, ts) [id] = {nm, bs, ts, NULL, NULL}
+
 static const struct qtype_info table[QT_COUNT] = {
-    [QT_F32] = {"F32", 1, 4, NULL, NULL},
-    [QT_F16] = {"F16", 1, 2, NULL, NULL},
-    [QT_Q4_0] = {"Q4_0", 32, 18, NULL, NULL},
-    [QT_Q4_1] = {"Q4_1", 32, 20, NULL, NULL},
-    [QT_Q5_0] = {"Q5_0", 32, 22, NULL, NULL},
-    [QT_Q5_1] = {"Q5_1", 32, 24, NULL, NULL},
-    [QT_Q8_0] = {"Q8_0", 32, 34, NULL, NULL},
-    [QT_Q8_1] = {"Q8_1", 32, 36, NULL, NULL},
-    [QT_Q2_K] = {"Q2_K", 256, 84, NULL, NULL},
-    [QT_Q3_K] = {"Q3_K", 256, 110, NULL, NULL},
-    [QT_Q4_K] = {"Q4_K", 256, 144, NULL, NULL},
-    [QT_Q5_K] = {"Q5_K", 256, 176, NULL, NULL},
-    [QT_Q6_K] = {"Q6_K", 256, 210, NULL, NULL},
-    [QT_Q8_K] = {"Q8_K", 256, 292, NULL, NULL},
-    [QT_IQ2_XXS] = {"IQ2_XXS", 256, 66, NULL, NULL},
-    [QT_IQ2_XS] = {"IQ2_XS", 256, 74, NULL, NULL},
-    [QT_IQ3_XXS] = {"IQ3_XXS", 256, 98, NULL, NULL},
-    [QT_IQ1_S] = {"IQ1_S", 256, 50, NULL, NULL},
-    [QT_IQ4_NL] = {"IQ4_NL", 32, 18, NULL, NULL},
-    [QT_IQ3_S] = {"IQ3_S", 256, 110, NULL, NULL},
-    [QT_IQ2_S] = {"IQ2_S", 256, 82, NULL, NULL},
-    [QT_IQ4_XS] = {"IQ4_XS", 256, 136, NULL, NULL},
-    [QT_I8] = {"I8", 1, 1, NULL, NULL},
-    [QT_I16] = {"I16", 1, 2, NULL, NULL},
-    [QT_I32] = {"I32", 1, 4, NULL, NULL},
-    [QT_I64] = {"I64", 1, 8, NULL, NULL},
-    [QT_F64] = {"F64", 1, 8, NULL, NULL},
-    [QT_IQ1_M] = {"IQ1_M", 256, 56, NULL, NULL},
-    [QT_BF16] = {"BF16", 1, 2, NULL, NULL},
-    [QT_TQ1_0] = {"TQ1_0", 256, 54, NULL, NULL},
-    [QT_TQ2_0] = {"TQ2_0", 256, 66, NULL, NULL},
-    [QT_MXFP4] = {"MXFP4", 32, 17, NULL, NULL},
+    Q(QT_F32, "F32", 1, 4, f32),
+    Q(QT_F16, "F16", 1, 2, f16),
+    Q(QT_Q4_0, "Q4_0", QK4_0, sizeof(struct block_q4_0), q4_0),
+    Q(QT_Q4_1, "Q4_1", QK4_1, sizeof(struct block_q4_1), q4_1),
+    Q(QT_Q5_0, "Q5_0", QK5_0, sizeof(struct block_q5_0), q5_0),
+    Q(QT_Q5_1, "Q5_1", QK5_1, sizeof(struct block_q5_1), q5_1),
+    Q(QT_Q8_0, "Q8_0", QK8_0, sizeof(struct block_q8_0), q8_0),
+    Q(QT_Q8_1, "Q8_1", QK8_1, sizeof(struct block_q8_1), q8_1),
+    Q(QT_Q2_K, "Q2_K", QK_K, sizeof(struct block_q2_K), q2_K),
+    Q(QT_Q3_K, "Q3_K", QK_K, sizeof(struct block_q3_K), q3_K),
+    Q(QT_Q4_K, "Q4_K", QK_K, sizeof(struct block_q4_K), q4_K),
+    Q(QT_Q5_K, "Q5_K", QK_K, sizeof(struct block_q5_K), q5_K),
+    Q(QT_Q6_K, "Q6_K", QK_K, sizeof(struct block_q6_K), q6_K),
+    Q(QT_Q8_K, "Q8_K", QK_K, sizeof(struct block_q8_K), q8_K),
+    QD(QT_IQ2_XXS, "IQ2_XXS", QK_K, sizeof(struct block_iq2_xxs), iq2_xxs),
+    QD(QT_IQ2_XS, "IQ2_XS", QK_K, sizeof(struct block_iq2_xs), iq2_xs),
+    QD(QT_IQ3_XXS, "IQ3_XXS", QK_K, sizeof(struct block_iq3_xxs), iq3_xxs),
+    QD(QT_IQ1_S, "IQ1_S", QK_K, sizeof(struct block_iq1_s), iq1_s),
+    Q(QT_IQ4_NL, "IQ4_NL", QK4_NL, sizeof(struct block_iq4_nl), iq4_nl),
+    QD(QT_IQ3_S, "IQ3_S", QK_K, sizeof(struct block_iq3_s), iq3_s),
+    QD(QT_IQ2_S, "IQ2_S", QK_K, sizeof(struct block_iq2_s), iq2_s),
+    Q(QT_IQ4_XS, "IQ4_XS", QK_K, sizeof(struct block_iq4_xs), iq4_xs),
+    QN(QT_I8, "I8", 1, 1),
+    QN(QT_I16, "I16", 1, 2),
+    QN(QT_I32, "I32", 1, 4),
+    QN(QT_I64, "I64", 1, 8),
+    QN(QT_F64, "F64", 1, 8),
+    QD(QT_IQ1_M, "IQ1_M", QK_K, sizeof(struct block_iq1_m), iq1_m),
+    Q(QT_BF16, "BF16", 1, 2, bf16),
+    Q(QT_TQ1_0, "TQ1_0", QK_K, sizeof(struct block_tq1_0), tq1_0),
+    Q(QT_TQ2_0, "TQ2_0", QK_K, sizeof(struct block_tq2_0), tq2_0),
+    Q(QT_MXFP4, "MXFP4", QK_MXFP4, sizeof(struct block_mxfp4), mxfp4),
+    Q(QT_NVFP4, "NVFP4", QK_NVFP4, sizeof(struct block_nvfp4), nvfp4),
+    Q(QT_Q1_0, "Q1_0", QK1_0, sizeof(struct block_q1_0), q1_0),
 };
 
 const struct qtype_info *qtype_get(uint32_t type) {
@@ -51,15 +55,15 @@ const struct qtype_info *qtype_get(uint32_t type) {
 }
 
 const char *qtype_name(uint32_t type) {
-    const struct qtype_info *q = qtype_get(type);
-    return q ? q->name : "?";
+    const struct qtype_info *t = qtype_get(type);
+    return t ? t->name : "?";
 }
 
 bool qtype_from_name(const char *name, enum qtype *out) {
     if (!name) return false;
-    for (uint32_t t = 0; t < QT_COUNT; t++) {
-        if (table[t].name && !strcasecmp(table[t].name, name)) {
-            *out = (enum qtype)t;
+    for (uint32_t i = 0; i < QT_COUNT; i++) {
+        if (table[i].name && !strcasecmp(table[i].name, name)) {
+            *out = (enum qtype)i;
             return true;
         }
     }
@@ -67,7 +71,9 @@ bool qtype_from_name(const char *name, enum qtype *out) {
 }
 
 uint64_t qtype_row_size(uint32_t type, int64_t ne0) {
-    const struct qtype_info *q = qtype_get(type);
-    if (!q || ne0 < 0 || ne0 % q->blck_size) return 0;
-    return (uint64_t)(ne0 / q->blck_size) * q->type_size;
+    const struct qtype_info *t = qtype_get(type);
+    if (!t || ne0 < 0 || ne0 % t->blck_size) return 0;
+    uint64_t nb = (uint64_t)ne0 / t->blck_size, r;
+    if (__builtin_mul_overflow(nb, (uint64_t)t->type_size, &r)) return 0;
+    return r;
 }

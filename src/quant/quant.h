@@ -2,7 +2,15 @@
  * and reference (scalar, exact) dequantize / quantize.
  *
  * Type ids are those written in GGUF tensor infos; they never change. A tensor row of
- * ne0 elements is ne0/blck_size blocks of type_size bytes.
+ * ne0 elements is ne0/blck_size blocks of type_size bytes. Block layouts (byte for byte)
+ * are in quant/blocks.h; the IQ codebooks in quant/iq_tables.h.
+ *
+ * Dequantize is bit-exact against gguf-py's numpy implementation for every type it has
+ * (NaN/Inf/denormal scales included). Quantize follows ggml's reference algorithms
+ * (what llama-quantize runs without an importance matrix); it is bit-exact against
+ * gguf-py where gguf-py implements quantize. See docs/quant.md for the per-type table.
+ * The functions are pure and thread-safe; they never fail (any float input, NaN included,
+ * produces some block).
  */
 #ifndef SMELT_QUANT_H
 #define SMELT_QUANT_H
@@ -47,7 +55,9 @@ enum qtype {
     QT_TQ2_0 = 35,
     /* 36..38: removed */
     QT_MXFP4 = 39,
-    QT_COUNT = 40
+    QT_NVFP4 = 40,
+    QT_Q1_0 = 41,
+    QT_COUNT = 42
 };
 
 struct qtype_info {
@@ -60,7 +70,8 @@ struct qtype_info {
     void (*quantize)(const float *src, void *dst, int64_t n);
 };
 
-/* Info for a type id, or NULL when the id is not a known GGML type. */
+/* Info for a type id, or NULL when the id is not a known GGML type (4, 5, 31..33 and
+ * 36..38 are removed types and are unknown). */
 const struct qtype_info *qtype_get(uint32_t type);
 /* Name of a type id, "?" when unknown. */
 const char *qtype_name(uint32_t type);
