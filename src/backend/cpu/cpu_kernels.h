@@ -1,0 +1,104 @@
+/* Internal contract between the matmul driver (cpu_matmul.c) and its per-ISA kernels
+ * (cpu_matmul_scalar.c, cpu_matmul_avx2.c, cpu_matmul_avx512.c) and activation quantizers
+ * (cpu_q8.c and the SIMD files).
+ *
+ * Activation formats. X rows are quantized per call into one of:
+ *   CPU_ACT_F32   X as given (f32 rows); used by F32/F16/BF16 weights.
+ *   CPU_ACT_Q8_32 symmetric int8 in blocks of 32 (partner of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL)
+ *   CPU_ACT_Q8_K  symmetric int8 in super-blocks of 256 (partner of the K-quants, IQ4_XS)
+ * A quantized row of k elements is laid out structure-of-arrays, 64-byte aligned:
+ *   int8_t  qs[k]                  quants, x[i] ≈ d[i/GD] * qs[i], |qs| <= 127
+ *   float   d[k/GD]                scale per GD elements (amax/127; 0 for an all-zero block)
+ *   int16_t s[k/GS]                sum of qs over each GS elements (for offset/min terms)
+ * with (GD, GS) = (32, 32) for Q8_32 and (256, 16) for Q8_K. Quantization rounds x*127/amax
+ * to nearest-even, identically in the scalar and SIMD quantizers (so every path dots the
+ * same integers).
+ *
+ * A kernel computes a tile: for r < nr (1..4) and c < nc (>= 1)
+ *   y[c*ystride + r] = dot(W row r at w + r*wstride, X row c at x + c*xstride)
+ * over k elements (a multiple of the weight block size). Strides are in bytes except
+ * ystride (floats). Kernels choose their own register tiling inside that contract.
+ */
+#ifndef SMELT_BACKEND_CPU_KERNELS_H
+#define SMELT_BACKEND_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+enum cpu_act { CPU_ACT_NONE = 0, CPU_ACT_F32, CPU_ACT_Q8_32, CPU_ACT_Q8_K };
+
+#define CPU_MR 4 /* max weight rows per kernel call */
+
+typedef void (*cpu_gemm_fn)(int64_t k, const void *w, size_t wstride, const void *x,
+                            size_t xstride, float *y, size_t ystride, int nr, int nc);
+typedef void (*cpu_quant_fn)(const float *x, void *q, int64_t k);
+
+struct cpu_kernel {
+    enum cpu_act act;
+    cpu_gemm_fn gemm;
+};
+
+/* Each ISA file fills the entries it implements (index: enum qtype) and leaves the rest. */
+void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]);
+void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]);
+void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]);
+
+/* Row quantizers, one per activation format and ISA (k a multiple of 256 or 32). */
+void cpu_quantize_q8_32_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_q8_K_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_q8_32_avx2(const float *x, void *q, int64_t k);
+void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k);
+void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k);
+void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k);
+
+/* Bytes of one quantized activation row (64-byte multiple). */
+static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
+    size_t n = (size_t)k;
+    switch (act) {
+    case CPU_ACT_Q8_32: n = n + 4 * (n / 32) + 2 * (n / 32); break;
+    case CPU_ACT_Q8_K: n = n + 4 * (n / 256) + 2 * (n / 16); break;
+    case CPU_ACT_F32: n = 4 * n; break;
+    default: return 0;
+    }
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Accessors of a quantized activation row. */
+static inline const float *cpu_act_d(const void *x, int64_t k) {
+    return (const float *)((const int8_t *)x + k);
+}
+static inline const int16_t *cpu_act_s32(const void *x, int64_t k) {
+    return (const int16_t *)(cpu_act_d(x, k) + k / 32);
+}
+static inline const int16_t *cpu_act_sK(const void *x, int64_t k) {
+    return (const int16_t *)(cpu_act_d(x, k) + k / 256);
+}
+
+/* The non-linear 4-bit codebook of IQ4_NL / IQ4_XS (a format constant). */
+static const int8_t cpu_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Q4_K / Q5_K 6-bit scales and mins of sub-block j (< 8), from the 12 packed bytes. */
+static inline void cpu_q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* Q3_K signed 6-bit scales (16 of them, -32..31) from the 12 packed bytes. */
+static inline void cpu_q3k_scales(const uint8_t *s, int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+        int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((lo | hi << 4) - 32);
+    }
+}
+
+#endif

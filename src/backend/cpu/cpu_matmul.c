@@ -1,0 +1,220 @@
+/* Matmul driver: picks the kernel for (weight type, ISA), quantizes X once, and hands
+ * chunks of the output to the pool's threads. See cpu_matmul.h for the contract and
+ * cpu_kernels.h for the kernel interface.
+ *
+ * Partition. The output Y[n][rows] is cut into chunks of RB weight rows × CB X rows.
+ * Threads take chunks from an atomic counter (dynamic: on a shared machine one thread may
+ * be descheduled, and static splits then wait for it). Chunk index i maps to column chunk
+ * i / n_rchunks and row chunk i % n_rchunks, so at any time all threads work on the same
+ * X rows (hot in L2) and sweep the weights. Inside a chunk, 4 weight rows at a time are
+ * dotted against all CB X rows: the 4 rows' blocks stay in L1 while X streams from L2.
+ * RB is a multiple of 16 rows so two threads never write the same 64-byte line of Y
+ * (apart from Y's own misalignment). Decode (n = 1) uses large contiguous row chunks so
+ * the hardware prefetcher sees long streams.
+ */
+#include "backend/cpu/cpu_matmul.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "quant/quant.h"
+
+static struct cpu_kernel g_tab[CPU_ISA_COUNT][QT_COUNT];
+static cpu_quant_fn g_quant[CPU_ISA_COUNT][2]; /* [isa][0: Q8_32, 1: Q8_K] */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void init_tables(void) {
+    memset(g_tab, 0, sizeof g_tab);
+    cpu_kernels_scalar(g_tab[CPU_ISA_SCALAR]);
+    g_quant[CPU_ISA_SCALAR][0] = cpu_quantize_q8_32_scalar;
+    g_quant[CPU_ISA_SCALAR][1] = cpu_quantize_q8_K_scalar;
+#if defined(__x86_64__)
+    memcpy(g_tab[CPU_ISA_AVX2], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
+    cpu_kernels_avx2(g_tab[CPU_ISA_AVX2]);
+    g_quant[CPU_ISA_AVX2][0] = cpu_quantize_q8_32_avx2;
+    g_quant[CPU_ISA_AVX2][1] = cpu_quantize_q8_K_avx2;
+    memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
+    cpu_kernels_avx512(g_tab[CPU_ISA_AVX512]);
+    g_quant[CPU_ISA_AVX512][0] = cpu_quantize_q8_32_avx512;
+    g_quant[CPU_ISA_AVX512][1] = cpu_quantize_q8_K_avx512;
+#else
+    for (int i = 1; i < CPU_ISA_COUNT; i++) {
+        memcpy(g_tab[i], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
+        memcpy(g_quant[i], g_quant[CPU_ISA_SCALAR], sizeof g_quant[0]);
+    }
+#endif
+}
+
+static enum cpu_isa clamp_isa(enum cpu_isa isa) {
+    enum cpu_isa sup = cpu_isa_supported();
+    if ((int)isa < 0) return CPU_ISA_SCALAR;
+    return isa > sup ? sup : isa;
+}
+
+bool cpu_matmul_has_kernel(uint32_t wtype, enum cpu_isa isa) {
+    pthread_once(&g_once, init_tables);
+    if (wtype >= QT_COUNT) return false;
+    return g_tab[clamp_isa(isa)][wtype].gemm != NULL;
+}
+
+bool cpu_matmul_supports(uint32_t wtype) {
+    if (cpu_matmul_has_kernel(wtype, CPU_ISA_SCALAR)) return true;
+    const struct qtype_info *qi = qtype_get(wtype);
+    return qi && qi->dequantize;
+}
+
+struct mm_job {
+    cpu_gemm_fn gemm;   /* the tile kernel (F32 kernel for the dequantize fallback) */
+    cpu_quant_fn quant; /* activation quantizer (NULL: X used as is) */
+    void (*dequant)(const void *src, float *dst, int64_t n); /* fallback only */
+    const char *w;
+    size_t wstride;
+    int64_t rows, k, n;
+    const float *x;
+    char *xq;       /* quantized X (or X itself) */
+    size_t xstride; /* bytes between rows of xq */
+    float *y;
+    float *deq;     /* fallback: one k-float row per thread */
+    int64_t rb, cb, n_rchunks, n_chunks;
+    _Alignas(64) atomic_llong next;
+};
+
+static void quant_task(void *arg, int ith, int nth) {
+    struct mm_job *j = arg;
+    int64_t per = (j->n + nth - 1) / nth;
+    int64_t c0 = per * ith, c1 = c0 + per > j->n ? j->n : c0 + per;
+    for (int64_t c = c0; c < c1; c++) j->quant(j->x + c * j->k, j->xq + c * j->xstride, j->k);
+}
+
+static void gemm_task(void *arg, int ith, int nth) {
+    struct mm_job *j = arg;
+    (void)nth;
+    for (;;) {
+        long long i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n_chunks) break;
+        int64_t r0 = (i % j->n_rchunks) * j->rb, c0 = (i / j->n_rchunks) * j->cb;
+        int64_t r1 = r0 + j->rb > j->rows ? j->rows : r0 + j->rb;
+        int64_t nc = c0 + j->cb > j->n ? j->n - c0 : j->cb;
+        const char *xc = j->xq + c0 * j->xstride;
+        float *yc = j->y + c0 * j->rows;
+        if (j->dequant) {
+            float *buf = j->deq + (size_t)ith * (size_t)j->k;
+            for (int64_t r = r0; r < r1; r++) {
+                j->dequant(j->w + r * j->wstride, buf, j->k);
+                j->gemm(j->k, buf, 0, xc, j->xstride, yc + r, (size_t)j->rows, 1, (int)nc);
+            }
+            continue;
+        }
+        for (int64_t r = r0; r < r1; r += CPU_MR) {
+            int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
+            j->gemm(j->k, j->w + r * j->wstride, j->wstride, xc, j->xstride, yc + r,
+                    (size_t)j->rows, nr, (int)nc);
+        }
+    }
+}
+
+/* Chooses RB x CB chunks: enough chunks for balance, big enough to amortize the counter. */
+static void plan(struct mm_job *j, int nth) {
+    int64_t rows = j->rows, n = j->n;
+    /* Column chunk: X rows whose quantized bytes fit comfortably in L2 (~512 KiB). */
+    int64_t cb = (int64_t)((512 * 1024) / (j->xstride ? j->xstride : 1));
+    if (cb < 4) cb = 4;
+    if (cb > n) cb = n;
+    int64_t n_cchunks = (n + cb - 1) / cb;
+    /* Row chunk: at least 16 rows; aim for >= 4 chunks per thread in total (8 for decode,
+     * where chunks are cheap and balance matters most). */
+    int64_t want = (int64_t)nth * (n == 1 ? 8 : 4);
+    int64_t per_c = (want + n_cchunks - 1) / n_cchunks;
+    int64_t rb = (rows + per_c - 1) / per_c;
+    rb = (rb + 15) & ~(int64_t)15;
+    if (rb < 16) rb = 16;
+    if (n > 1 && rb > 256) rb = 256; /* weights of a chunk stay near L2 */
+    j->rb = rb;
+    j->cb = cb;
+    j->n_rchunks = (rows + rb - 1) / rb;
+    j->n_chunks = j->n_rchunks * n_cchunks;
+}
+
+smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype,
+                            const void *w, int64_t rows, int64_t k, const float *x, int64_t n,
+                            float *y, struct arena *scratch, struct err *e) {
+    pthread_once(&g_once, init_tables);
+    isa = clamp_isa(isa);
+    const struct qtype_info *qi = qtype_get(wtype);
+    if (!qi) return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: unknown weight type id %u", wtype);
+    if (rows < 0 || n < 0 || k <= 0)
+        return err_set(e, SMELT_ERR_INVALID, "matmul %s: bad shape rows=%lld k=%lld n=%lld",
+                       qi->name, (long long)rows, (long long)k, (long long)n);
+    if (k % qi->blck_size)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "matmul %s: row length %lld is not a multiple of the block size %u",
+                       qi->name, (long long)k, qi->blck_size);
+    if (rows == 0 || n == 0) return SMELT_OK;
+
+    struct mm_job job, *j = &job;
+    memset(j, 0, sizeof *j);
+    const struct cpu_kernel *kern = &g_tab[isa][wtype];
+    enum cpu_act act = kern->act;
+    j->gemm = kern->gemm;
+    if (!j->gemm) {
+        if (!qi->dequantize)
+            return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: no CPU kernel for weight type %s",
+                           qi->name);
+        j->dequant = qi->dequantize;
+        j->gemm = g_tab[isa][QT_F32].gemm;
+        act = CPU_ACT_F32;
+    }
+    int nth = cpu_pool_size(p);
+    j->w = w;
+    j->wstride = (size_t)qtype_row_size(wtype, k);
+    j->rows = rows;
+    j->k = k;
+    j->n = n;
+    j->x = x;
+    j->y = y;
+
+    void *heap = NULL;
+    size_t xbytes = 0, dbytes = 0;
+    if (act == CPU_ACT_F32) {
+        j->xq = (char *)x;
+        j->xstride = (size_t)k * sizeof(float);
+    } else {
+        j->quant = g_quant[isa][act == CPU_ACT_Q8_K];
+        j->xstride = cpu_act_row_bytes(act, k);
+        xbytes = j->xstride * (size_t)n;
+    }
+    if (j->dequant) dbytes = (size_t)nth * (size_t)k * sizeof(float);
+    if (xbytes + dbytes) {
+        char *mem = scratch ? arena_alloc(scratch, xbytes + dbytes)
+                            : (heap = aligned_alloc(64, (xbytes + dbytes + 63) & ~(size_t)63));
+        if (!mem)
+            return err_set(e, SMELT_ERR_NOMEM, "matmul %s: out of memory for %zu scratch bytes",
+                           qi->name, xbytes + dbytes);
+        if (xbytes) j->xq = mem;
+        if (dbytes) j->deq = (float *)(mem + xbytes);
+    }
+
+    if (j->quant) {
+        if (n < 4 || nth == 1)
+            quant_task(j, 0, 1);
+        else
+            cpu_pool_run(p, quant_task, j);
+    }
+    plan(j, nth);
+    atomic_init(&j->next, 0);
+    if (nth == 1 || j->n_chunks == 1)
+        gemm_task(j, 0, 1);
+    else
+        cpu_pool_run(p, gemm_task, j);
+    free(heap);
+    return SMELT_OK;
+}
+
+smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows,
+                        int64_t k, const float *x, int64_t n, float *y, struct arena *scratch,
+                        struct err *e) {
+    return cpu_matmul_isa(p, cpu_isa_best(), wtype, w, rows, k, x, n, y, scratch, e);
+}

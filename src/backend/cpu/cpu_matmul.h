@@ -1,0 +1,55 @@
+/* Quantized matrix multiply for the CPU backend: Y = X · Wᵀ.
+ *
+ *   W: `rows` rows of k elements of GGUF type wtype, packed as in the file; row r starts at
+ *      (const char *)w + r * row_bytes, row_bytes = qtype_row_size(wtype, k).
+ *   X: n rows of k f32, row-major (row c at x + c*k).
+ *   Y: n rows of `rows` f32, row-major: y[c*rows + r] = sum_i W[r][i] * X[c][i].
+ *
+ * X is quantized once per call into the 8-bit format that wtype dots against (see
+ * cpu_kernels.h): blocks of 32 with an f32 scale for the legacy types (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, IQ4_NL), super-blocks of 256 (Q8_K-like) for the K-quants and IQ4_XS. The
+ * dot products are then integer (u8/s8 multiply-adds, int32 sums), one float multiply-add
+ * per block. F32, F16 and BF16 weights are dotted in f32 against X as given. Types without
+ * an integer kernel (IQ1/IQ2/IQ3, TQ, MXFP4) take a slower path: each thread dequantizes
+ * one weight row at a time to f32 (quant/ reference) and dots it against all n rows of X.
+ *
+ * Work is split across the pool by chunks of weight rows (and of X rows when n is large),
+ * handed out dynamically; each chunk runs a register-tiled kernel (4 weight rows × several
+ * X rows) so a weight block is unpacked once and reused.
+ *
+ * scratch: the per-step arena; the quantized X (about n*k*1.1 bytes) and per-thread
+ * buffers come from it and stay allocated until the caller resets it. NULL: heap
+ * memory, freed before return.
+ */
+#ifndef SMELT_BACKEND_CPU_MATMUL_H
+#define SMELT_BACKEND_CPU_MATMUL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_pool.h"
+#include "util/arena.h"
+#include "util/err.h"
+
+/* Y[n][rows] = X[n][k] · W[rows][k]ᵀ with the best ISA (cpu_isa_best()). Errors:
+ * SMELT_ERR_UNSUPPORTED naming the type when wtype has no kernel nor reference
+ * dequantizer; SMELT_ERR_INVALID when k is not a multiple of the type's block size or a
+ * size is negative; SMELT_ERR_NOMEM. n == 0 or rows == 0 does nothing. */
+smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows,
+                        int64_t k, const float *x, int64_t n, float *y, struct arena *scratch,
+                        struct err *e);
+
+/* Same with an explicit ISA level (lowered to what the machine supports): tests and
+ * benchmarks compare the paths with it. */
+smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype,
+                            const void *w, int64_t rows, int64_t k, const float *x, int64_t n,
+                            float *y, struct arena *scratch, struct err *e);
+
+/* True when wtype has an integer/float kernel (not the dequantize fallback) at this ISA. */
+bool cpu_matmul_has_kernel(uint32_t wtype, enum cpu_isa isa);
+
+/* True when cpu_matmul accepts wtype at all (kernel or fallback). */
+bool cpu_matmul_supports(uint32_t wtype);
+
+#endif

@@ -1,0 +1,351 @@
+/* AVX2/FMA/F16C matmul kernels and activation quantizers (compiled with -mavx2 -mfma
+ * -mf16c -mbmi2; called only when cpu_features says the CPU and OS support them).
+ *
+ * Integer dot of u8 weights × s8 activations: vpmaddubsw (pairs → i16; the operands are
+ * bounded so it never saturates: 2·63·127 < 32767 for the widest unsigned quant, Q6_K)
+ * then vpmaddwd with 1 or with the block scales (→ i32). Signed weights (Q8_0, IQ4) use
+ * |w| · sign(x, w). One f32 FMA per block (32) or super-block (256) and tile element.
+ *
+ * Tiles: R weight rows × C activation rows, R = 4 (1 for a ragged tail), C = 2 (1 for an
+ * odd tail); the unpacked weight vectors of a block are reused across the C columns.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+INLINE float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* ---- activation quantizers (bit-identical to cpu_q8.c) ---- */
+
+/* Quantizes 8·nv floats with scale id into out (nv multiple of 4); returns the int32 sums
+ * of each 16-element group in sums (nv/2 of them). */
+INLINE void quant_run(const float *x, int8_t *out, int nv, float id, int *sums) {
+    const __m256 vid = _mm256_set1_ps(id);
+    for (int v = 0; v < nv; v += 4) {
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 16), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 24), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        sums[v / 2] = hsum_epi32(_mm256_add_epi32(i0, i1));
+        sums[v / 2 + 1] = hsum_epi32(_mm256_add_epi32(i2, i3));
+        __m256i p01 = _mm256_packs_epi32(i0, i1); /* lanes: 0-3 4-7 | 8-11 12-15 interleaved */
+        __m256i p23 = _mm256_packs_epi32(i2, i3);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(out + 8 * v), p);
+    }
+}
+
+INLINE float group_amax(const float *x, int nv) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int v = 0; v < nv; v++) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * v), absmask));
+    return hmax_ps(m);
+}
+
+void cpu_quantize_q8_32_avx2(const float *x, void *q, int64_t k) {
+    int8_t *qs = q;
+    float *d = (float *)(qs + k);
+    int16_t *s = (int16_t *)(d + k / 32);
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = group_amax(x + 32 * b, 4);
+        int sums[2];
+        if (amax == 0.0f) {
+            memset(qs + 32 * b, 0, 32);
+            d[b] = 0.0f;
+            s[b] = 0;
+            continue;
+        }
+        quant_run(x + 32 * b, qs + 32 * b, 4, 127.0f / amax, sums);
+        d[b] = amax / 127.0f;
+        s[b] = (int16_t)(sums[0] + sums[1]);
+    }
+}
+
+void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k) {
+    int8_t *qs = q;
+    float *d = (float *)(qs + k);
+    int16_t *s = (int16_t *)(d + k / 256);
+    for (int64_t b = 0; b < k / 256; b++) {
+        float amax = group_amax(x + 256 * b, 32);
+        int sums[16];
+        if (amax == 0.0f) {
+            memset(qs + 256 * b, 0, 256);
+            memset(s + 16 * b, 0, 32);
+            d[b] = 0.0f;
+            continue;
+        }
+        quant_run(x + 256 * b, qs + 256 * b, 32, 127.0f / amax, sums);
+        d[b] = amax / 127.0f;
+        for (int g = 0; g < 16; g++) s[16 * b + g] = (int16_t)sums[g];
+    }
+}
+
+/* ---- plain types: f32 FMA against f32 activations ---- */
+
+enum plain { P_F32, P_F16, P_BF16 };
+
+INLINE __m256 load8(enum plain t, const void *p, int64_t i) {
+    switch (t) {
+    case P_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    case P_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    default: return _mm256_loadu_ps((const float *)p + i);
+    }
+}
+
+INLINE float load1(enum plain t, const void *p, int64_t i) {
+    switch (t) {
+    case P_F16: return f16(((const uint16_t *)p)[i]);
+    case P_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    default: return ((const float *)p)[i];
+    }
+}
+
+INLINE void plain_tile(enum plain t, int R, int C, int64_t k, const char *w, size_t ws,
+                       const char *x, size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256 xv[2];
+        for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * xs) + i);
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load8(t, w + r * ws, i);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float s = hsum_ps(acc[r][c]);
+            for (int64_t j = i; j < k; j++) s += load1(t, w + r * ws, j) * ((const float *)(x + c * xs))[j];
+            y[c * ys + r] = s;
+        }
+}
+
+/* Walks a kernel over an nr × nc request in R×C tiles (R in {4,1}, C in {2,1}). */
+#define TILE_DRIVER(name, TILE)                                                                \
+    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,    \
+                            float *y, size_t ys, int nr, int nc) {                             \
+        const char *wp = w, *xp = x;                                                           \
+        int c = 0;                                                                             \
+        for (; c + 2 <= nc; c += 2) {                                                          \
+            if (nr == 4) TILE(4, 2, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                \
+            else for (int r = 0; r < nr; r++)                                                   \
+                TILE(1, 2, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);            \
+        }                                                                                      \
+        if (c < nc) {                                                                          \
+            if (nr == 4) TILE(4, 1, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                \
+            else for (int r = 0; r < nr; r++)                                                   \
+                TILE(1, 1, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);            \
+        }                                                                                      \
+    }
+
+#define F32_TILE(R, C, ...) plain_tile(P_F32, R, C, __VA_ARGS__)
+#define F16_TILE(R, C, ...) plain_tile(P_F16, R, C, __VA_ARGS__)
+#define BF16_TILE(R, C, ...) plain_tile(P_BF16, R, C, __VA_ARGS__)
+TILE_DRIVER(f32, F32_TILE)
+TILE_DRIVER(f16, F16_TILE)
+TILE_DRIVER(bf16, BF16_TILE)
+
+/* ---- Q8_0 × Q8_32 ---- */
+
+INLINE __m256i dot_u8s8_32(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+INLINE void q8_0_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                      size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *xd[2];
+    for (int c = 0; c < C; c++) xd[c] = cpu_act_d(x + c * xs, k);
+    for (int64_t i = 0; i < k / 32; i++) {
+        __m256i xv[2];
+        for (int c = 0; c < C; c++) xv[c] = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
+        for (int r = 0; r < R; r++) {
+            const struct block_q8_0 *b = (const struct block_q8_0 *)(w + r * ws) + i;
+            __m256i wv = _mm256_loadu_si256((const __m256i *)b->qs);
+            __m256i aw = _mm256_sign_epi8(wv, wv);
+            float dw = f16(b->d);
+            for (int c = 0; c < C; c++) {
+                __m256i p = dot_u8s8_32(aw, _mm256_sign_epi8(xv[c], wv));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[c][i]), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+}
+#define Q8_0_TILE(R, C, ...) q8_0_tile(R, C, __VA_ARGS__)
+TILE_DRIVER(q8_0, Q8_0_TILE)
+
+/* ---- Q4_K × Q8_K ---- */
+
+/* Unpacks the 8 6-bit scales and mins of a Q4_K/Q5_K block into two 8 × i16 vectors. */
+INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
+    uint32_t a[3];
+    memcpy(a, s12, 12);
+    /* a[0]: sc0-3 (low 6) | hi2 of sc4-7; a[1]: m0-3 | hi2 of m4-7; a[2]: lo4 sc4-7 | lo4 m4-7 */
+    uint32_t sc_lo = a[0] & 0x3f3f3f3f, m_lo = a[1] & 0x3f3f3f3f;
+    uint32_t sc_hi = (a[2] & 0x0f0f0f0f) | ((a[0] >> 2) & 0x30303030);
+    uint32_t m_hi = ((a[2] >> 4) & 0x0f0f0f0f) | ((a[1] >> 2) & 0x30303030);
+    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
+INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                      size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *xd[2];
+    const int16_t *xb[2];
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xb[c] = cpu_act_sK(x + c * xs, k);
+    }
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t i = 0; i < k / 256; i++) {
+        /* bsums of each 32-element sub-block, per column: 8 × i16 */
+        __m128i bsp[2];
+        for (int c = 0; c < C; c++) {
+            __m256i b16 = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
+            __m256i pair = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 × i32 */
+            bsp[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+        }
+        for (int r = 0; r < R; r++) {
+            const struct block_q4_K *b = (const struct block_q4_K *)(w + r * ws) + i;
+            __m128i sc, mn;
+            q4k_scales_mins(b->scales, &sc, &mn);
+            const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
+            __m256i isum[2];
+            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
+                __m256i lo = _mm256_and_si256(raw, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                /* scale of sub-block 2p and 2p+1 broadcast to all i16 lanes */
+                __m256i s_lo = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
+                __m256i s_hi = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
+                for (int c = 0; c < C; c++) {
+                    const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
+                    __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
+                    __m256i ph = _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pl, s_lo));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(ph, s_hi));
+                }
+            }
+            float d = f16(b->d), dmin = f16(b->dmin);
+            for (int c = 0; c < C; c++) {
+                __m128i ms = _mm_madd_epi16(mn, bsp[c]); /* 4 × i32 */
+                __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(ms));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fnmadd_ps(msf, _mm256_set1_ps(dmin * xd[c][i]), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+}
+#define Q4_K_TILE(R, C, ...) q4_K_tile(R, C, __VA_ARGS__)
+TILE_DRIVER(q4_K, Q4_K_TILE)
+
+/* ---- Q6_K × Q8_K ---- */
+
+INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                      size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *xd[2];
+    const int16_t *xb[2];
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xb[c] = cpu_act_sK(x + c * xs, k);
+    }
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < k / 256; i++) {
+        for (int r = 0; r < R; r++) {
+            const struct block_q6_K *b = (const struct block_q6_K *)(w + r * ws) + i;
+            /* 16 scales as i16; the -32 offset is applied through the bsums */
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+            __m256i isum[2];
+            for (int c = 0; c < C; c++) {
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
+                isum[c] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+                isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), isum[c]);
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                for (int s = 0; s < 4; s++) {
+                    int g = 8 * h + 2 * s;
+                    /* [sc_g x8 | sc_g+1 x8] as i16 */
+                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]), _mm_set1_epi16(b->scales[g]));
+                    for (int c = 0; c < C; c++) {
+                        const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
+                        __m256i p = _mm256_maddubs_epi16(q[s], _mm256_load_si256((const __m256i *)xq));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
+                    }
+                }
+            }
+            float d = f16(b->d);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+}
+#define Q6_K_TILE(R, C, ...) q6_K_tile(R, C, __VA_ARGS__)
+TILE_DRIVER(q6_K, Q6_K_TILE)
+
+void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
+    tab[QT_F32] = (struct cpu_kernel){CPU_ACT_F32, gemm_f32};
+    tab[QT_F16] = (struct cpu_kernel){CPU_ACT_F32, gemm_f16};
+    tab[QT_BF16] = (struct cpu_kernel){CPU_ACT_F32, gemm_bf16};
+    tab[QT_Q8_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q8_0};
+    tab[QT_Q4_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q4_K};
+    tab[QT_Q6_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q6_K};
+}
+#endif

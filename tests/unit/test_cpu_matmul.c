@@ -1,0 +1,386 @@
+/* CPU matmul against an independent double-precision reference.
+ *
+ * Weights are random bytes (every bit pattern a block can hold, e.g. Q8_0's -128) with
+ * their scale fields replaced by sane random halves; the reference is quant/'s reference
+ * dequantize of those bytes (itself checked against gguf-py). For every weight type ×
+ * every ISA this machine has, at ragged shapes, two checks per output y[c][r]:
+ *
+ *  1. Tight: against sum_i w[r][i] * xq[c][i] in double, where xq is X after the 8-bit
+ *     activation quantization, computed here from its definition (symmetric, per group
+ *     of 32 or 256, d = amax/127, q = round-half-even(x * 127/amax)). The kernels' integer
+ *     math is exact, so only f32 scale products and summation order differ:
+ *     tol = 2e-5 * sum_i |w||xq| (+1e-30).
+ *  2. Bound: against the exact f32 X. The activation rounding moves each x_i by at most
+ *     amax_g/254, so |err| <= sum_g amax_g/254 * sum_{i in g} |w_i| (times 1.0001) plus the
+ *     tolerance of check 1. For F32/F16/BF16 and the dequantize-fallback types X is not
+ *     quantized and only check 1 applies (with xq = x).
+ *
+ * Also: SIMD quantizers produce the same bytes as the scalar ones, SIMD and scalar
+ * matmuls agree to 2e-5 * sum |w||x|, and bad arguments give the documented errors.
+ */
+#include <stdint.h>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_matmul.h"
+#include "backend/cpu/cpu_pool.h"
+#include "quant/quant.h"
+#include "t.h"
+#include "util/arena.h"
+#include "util/half.h"
+
+/* Activation group of the integer kernel for a type (0: f32 activations). */
+static int act_group(uint32_t t) {
+    switch (t) {
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_IQ4_NL:
+        return 32;
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+        return 256;
+    default: return 0;
+    }
+}
+
+static void put_f16(uint8_t *p, float v) {
+    uint16_t h = f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* A random half in ±[0.5, 1.5] * scale. */
+static float rnd_scale(unsigned long long *s, float scale) {
+    float m = 1.0f + 0.5f * t_rand_f(s);
+    return (t_rand_u64(s) & 1 ? -m : m) * scale;
+}
+
+/* Overwrites the scale fields of one block of type t with sane values (magnitudes chosen
+ * so dequantized weights are O(0.01..1)). */
+static void sanitize_block(uint32_t t, uint8_t *b, unsigned long long *s) {
+    switch (t) {
+    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_IQ4_NL:
+        put_f16(b, rnd_scale(s, t == QT_Q8_0 ? 0.01f : t == QT_IQ4_NL ? 0.01f : 0.1f));
+        break;
+    case QT_Q4_1: case QT_Q5_1:
+        put_f16(b, rnd_scale(s, 0.1f));
+        put_f16(b + 2, rnd_scale(s, 0.5f));
+        break;
+    case QT_Q8_1: put_f16(b, rnd_scale(s, 0.01f)); put_f16(b + 2, 1.0f); break;
+    case QT_Q2_K: put_f16(b + 80, rnd_scale(s, 0.05f)); put_f16(b + 82, rnd_scale(s, 0.05f)); break;
+    case QT_Q3_K: put_f16(b + 108, rnd_scale(s, 0.02f)); break;
+    case QT_Q4_K: case QT_Q5_K:
+        put_f16(b, rnd_scale(s, 0.005f));
+        put_f16(b + 2, rnd_scale(s, 0.01f));
+        break;
+    case QT_Q6_K: put_f16(b + 208, rnd_scale(s, 0.0005f)); break;
+    case QT_Q8_K: {
+        float d = rnd_scale(s, 0.01f);
+        memcpy(b, &d, 4);
+        break;
+    }
+    case QT_IQ4_XS: case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS:
+    case QT_IQ3_S: case QT_IQ1_S:
+        put_f16(b, rnd_scale(s, 0.01f));
+        break;
+    case QT_IQ1_M: { /* f16 super-scale spread over the top nibbles of 4 words at 48 */
+        uint16_t h = f32_to_f16(rnd_scale(s, 0.01f)), sc[4];
+        memcpy(sc, b + 48, 8);
+        for (int i = 0; i < 4; i++) sc[i] = (uint16_t)((sc[i] & 0x0fff) | ((h >> (4 * i)) & 15) << 12);
+        memcpy(b + 48, sc, 8);
+        break;
+    }
+    case QT_TQ1_0: put_f16(b + 52, rnd_scale(s, 0.1f)); break;
+    case QT_TQ2_0: put_f16(b + 64, rnd_scale(s, 0.1f)); break;
+    case QT_MXFP4: b[0] = (uint8_t)(120 + t_rand_u64(s) % 8); break;
+    default: break;
+    }
+}
+
+/* Random weights of type t: rows × k. Plain types get random normal values. */
+static void *make_weights(uint32_t t, int64_t rows, int64_t k, unsigned long long *s) {
+    const struct qtype_info *qi = qtype_get(t);
+    size_t rb = (size_t)qtype_row_size(t, k), nbytes = rb * (size_t)rows;
+    uint8_t *w = malloc(nbytes + 1);
+    if (t == QT_F32 || t == QT_F16 || t == QT_BF16) {
+        for (int64_t i = 0; i < rows * k; i++) {
+            float v = 0.1f * t_randn(s);
+            if (t == QT_F32) memcpy(w + 4 * i, &v, 4);
+            else {
+                uint16_t h = t == QT_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+                memcpy(w + 2 * i, &h, 2);
+            }
+        }
+        return w;
+    }
+    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)(t_rand_u64(s) >> 56);
+    for (size_t b = 0; b < nbytes / qi->type_size; b++) sanitize_block(t, w + b * qi->type_size, s);
+    return w;
+}
+
+/* X: normal values with a few outliers and one all-zero 32-group per row. */
+static float *make_x(int64_t n, int64_t k, unsigned long long *s) {
+    float *x = malloc(sizeof(float) * (size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++) {
+        x[i] = t_randn(s);
+        if ((t_rand_u64(s) & 63) == 0) x[i] *= 8.0f;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        int64_t g = (int64_t)(t_rand_u64(s) % (uint64_t)(k / 32));
+        memset(x + c * k + 32 * g, 0, 32 * sizeof(float));
+    }
+    return x;
+}
+
+/* X after the activation quantization, from its definition. */
+static void quantize_ref(const float *x, float *xq, int64_t k, int g) {
+    for (int64_t b = 0; b < k / g; b++) {
+        float amax = 0;
+        for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[b * g + i]));
+        float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int i = 0; i < g; i++) xq[b * g + i] = nearbyintf(x[b * g + i] * id) * d;
+    }
+}
+
+struct shape {
+    int64_t rows, k, n;
+};
+
+static int n_checked;
+
+static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
+                       const struct shape *sh, unsigned long long seed) {
+    const struct qtype_info *qi = qtype_get(t);
+    unsigned long long s = seed;
+    int64_t rows = sh->rows, k = sh->k, n = sh->n;
+    void *w = make_weights(t, rows, k, &s);
+    float *x = make_x(n, k, &s);
+    float *wd = malloc(sizeof(float) * (size_t)(rows * k));
+    size_t rb = (size_t)qtype_row_size(t, k);
+    for (int64_t r = 0; r < rows; r++) qi->dequantize((const char *)w + r * rb, wd + r * k, k);
+    float *xq = malloc(sizeof(float) * (size_t)(n * k));
+    float *y = malloc(sizeof(float) * (size_t)(n * rows));
+    float *y0 = malloc(sizeof(float) * (size_t)(n * rows));
+    double *tight = malloc(sizeof(double) * (size_t)(n * rows));
+    double *bound = malloc(sizeof(double) * (size_t)(n * rows));
+    double *ref = malloc(sizeof(double) * (size_t)(n * rows));
+    double *refq = malloc(sizeof(double) * (size_t)(n * rows));
+
+    int isa_max = cpu_isa_supported();
+    for (int isa = 0; isa <= isa_max; isa++) {
+        int g = cpu_matmul_has_kernel(t, (enum cpu_isa)isa) ? act_group(t) : 0;
+        for (int64_t c = 0; c < n; c++) {
+            if (g) quantize_ref(x + c * k, xq + c * k, k, g);
+            else memcpy(xq + c * k, x + c * k, sizeof(float) * (size_t)k);
+        }
+        for (int64_t c = 0; c < n; c++)
+            for (int64_t r = 0; r < rows; r++) {
+                const float *wr = wd + r * k, *xc = x + c * k, *qc = xq + c * k;
+                double sr = 0, sq = 0, aq = 0, bnd = 0;
+                for (int64_t i = 0; i < k; i++) {
+                    sr += (double)wr[i] * xc[i];
+                    sq += (double)wr[i] * qc[i];
+                    aq += fabs((double)wr[i] * qc[i]) + fabs((double)wr[i] * xc[i]);
+                }
+                if (g)
+                    for (int64_t b = 0; b < k / g; b++) {
+                        double amax = 0, aw = 0;
+                        for (int i = 0; i < g; i++) {
+                            amax = fmax(amax, fabs(xc[b * g + i]));
+                            aw += fabs(wr[b * g + i]);
+                        }
+                        bnd += amax / 254.0 * aw;
+                    }
+                ref[c * rows + r] = sr;
+                refq[c * rows + r] = sq;
+                tight[c * rows + r] = 2e-5 * aq + 1e-30;
+                bound[c * rows + r] = bnd * 1.0001 + tight[c * rows + r];
+            }
+        struct err e = {0};
+        for (int i = 0; i < n * rows; i++) y[i] = NAN;
+        smelt_status st = cpu_matmul_isa(pool, (enum cpu_isa)isa, t, w, rows, k, x, n, y, ar, &e);
+        T_CHECKF(st == SMELT_OK, "%s %s: %s", qi->name, cpu_isa_name(isa), e.msg);
+        if (st != SMELT_OK) break;
+        int bad_t = 0, bad_b = 0;
+        double worst = 0;
+        for (int64_t i = 0; i < n * rows; i++) {
+            double et = fabs(y[i] - refq[i]), eb = fabs(y[i] - ref[i]);
+            if (!(et <= tight[i])) {
+                if (bad_t++ < 3)
+                    fprintf(stderr, "  %s %s rows=%lld k=%lld n=%lld: y[%lld][%lld]=%.9g ref(xq)=%.9g tol=%.3g\n",
+                            qi->name, cpu_isa_name(isa), (long long)rows, (long long)k,
+                            (long long)n, (long long)(i / rows), (long long)(i % rows), y[i],
+                            refq[i], tight[i]);
+            }
+            if (!(eb <= bound[i])) bad_b++;
+            if (bound[i] > 0 && eb / bound[i] > worst) worst = eb / bound[i];
+        }
+        T_CHECKF(bad_t == 0, "%s %s: %d outputs off the quantized-X reference", qi->name,
+                 cpu_isa_name(isa), bad_t);
+        T_CHECKF(bad_b == 0, "%s %s: %d outputs beyond the activation-rounding bound (worst %.2f)",
+                 qi->name, cpu_isa_name(isa), bad_b, worst);
+        if (isa == 0) memcpy(y0, y, sizeof(float) * (size_t)(n * rows));
+        else {
+            int bad = 0;
+            for (int64_t i = 0; i < n * rows; i++)
+                if (!(fabs(y[i] - y0[i]) <= tight[i])) bad++;
+            T_CHECKF(bad == 0, "%s: %s and scalar disagree on %d outputs", qi->name,
+                     cpu_isa_name(isa), bad);
+        }
+        n_checked++;
+        arena_reset(ar);
+    }
+    free(w); free(x); free(wd); free(xq); free(y); free(y0);
+    free(tight); free(bound); free(ref); free(refq);
+}
+
+static const uint32_t kernel_types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q4_0,   QT_Q4_1,
+                                        QT_Q5_0, QT_Q5_1, QT_Q8_0, QT_IQ4_NL, QT_Q2_K,
+                                        QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K,   QT_IQ4_XS};
+static const uint32_t fallback_types[] = {QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS,
+                                          QT_IQ3_S,   QT_IQ1_S,  QT_IQ1_M, QT_TQ1_0,
+                                          QT_TQ2_0,   QT_MXFP4,  QT_Q8_K,  QT_Q8_1};
+
+static void test_matmul_kernel_types(void) {
+    struct cpu_pool *pool = NULL;
+    struct err e = {0};
+    T_EQ_INT(cpu_pool_new(&pool, 3, &e), SMELT_OK);
+    struct arena ar;
+    arena_init(&ar);
+    /* Ragged shapes: rows not a multiple of 4/16/threads, several n, k several blocks. */
+    const struct shape shapes[] = {
+        {1, 256, 1}, {37, 512, 1}, {69, 768, 3}, {5, 256, 17}, {150, 512, 5}, {21, 1024, 36},
+    };
+    for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
+        uint32_t t = kernel_types[ti];
+        T_CHECKF(cpu_matmul_has_kernel(t, CPU_ISA_SCALAR), "%s has no scalar kernel", qtype_name(t));
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            check_type(t, pool, &ar, &shapes[si], 0x9e3779b97f4a7c15ULL * (ti * 16 + si + 1));
+    }
+    /* Legacy 32-blocks at a k that is not a multiple of 256, and plain types at odd k. */
+    const struct shape odd32 = {19, 96, 5}, odd1 = {9, 97, 3};
+    for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
+        uint32_t t = kernel_types[ti];
+        if (qtype_get(t)->blck_size == 32) check_type(t, pool, &ar, &odd32, 77 + ti);
+        if (qtype_get(t)->blck_size == 1) check_type(t, pool, &ar, &odd1, 99 + ti);
+    }
+    arena_free(&ar);
+    cpu_pool_free(pool);
+    printf("checked %d type x isa x shape combinations (isa up to %s)\n", n_checked,
+           cpu_isa_name(cpu_isa_supported()));
+}
+
+static void test_matmul_fallback_types(void) {
+    struct arena ar;
+    arena_init(&ar);
+    struct cpu_pool *pool = NULL;
+    struct err e = {0};
+    T_EQ_INT(cpu_pool_new(&pool, 2, &e), SMELT_OK);
+    const struct shape sh = {23, 512, 3};
+    int ran = 0;
+    for (size_t ti = 0; ti < sizeof fallback_types / sizeof fallback_types[0]; ti++) {
+        uint32_t t = fallback_types[ti];
+        const struct qtype_info *qi = qtype_get(t);
+        if (!qi || !qi->dequantize) continue;
+        T_CHECK(cpu_matmul_supports(t));
+        check_type(t, pool, &ar, &sh, 1234 + ti);
+        ran++;
+    }
+    T_CHECK(ran >= 8);
+    arena_free(&ar);
+    cpu_pool_free(pool);
+}
+
+/* Several column chunks (large k makes the L2-sized X chunk small) and no arena. */
+static void test_matmul_large_n(void) {
+    struct cpu_pool *pool = NULL;
+    struct err e = {0};
+    T_EQ_INT(cpu_pool_new(&pool, 2, &e), SMELT_OK);
+    const struct shape sh = {20, 8192, 131};
+    const uint32_t types[] = {QT_Q4_K, QT_Q8_0, QT_F16};
+    unsigned long long s = 5;
+    for (size_t ti = 0; ti < 3; ti++) {
+        uint32_t t = types[ti];
+        void *w = make_weights(t, sh.rows, sh.k, &s);
+        float *x = make_x(sh.n, sh.k, &s);
+        float *y1 = malloc(sizeof(float) * (size_t)(sh.n * sh.rows));
+        float *y2 = malloc(sizeof(float) * (size_t)(sh.n * sh.rows));
+        /* Reference: one X row at a time (a single column chunk each). */
+        for (int64_t c = 0; c < sh.n; c++)
+            T_EQ_INT(cpu_matmul(pool, t, w, sh.rows, sh.k, x + c * sh.k, 1, y1 + c * sh.rows, NULL, &e), SMELT_OK);
+        T_EQ_INT(cpu_matmul(pool, t, w, sh.rows, sh.k, x, sh.n, y2, NULL, &e), SMELT_OK);
+        int bad = 0;
+        for (int64_t i = 0; i < sh.n * sh.rows; i++)
+            if (!(fabsf(y1[i] - y2[i]) <= 1e-4f * (fabsf(y1[i]) + 1.0f))) bad++;
+        T_CHECKF(bad == 0, "%s: batched and row-at-a-time differ on %d outputs", qtype_name(t), bad);
+        free(w); free(x); free(y1); free(y2);
+    }
+    cpu_pool_free(pool);
+}
+
+static void test_quantizers_identical(void) {
+    unsigned long long s = 42;
+    const int64_t k = 1024;
+    float *x = make_x(1, k, &s);
+    x[5] = 1e-30f; /* tiny and exact-tie values */
+    x[6] = 0.5f;
+    static _Alignas(64) uint8_t a[2048], b[2048];
+    int isa_max = cpu_isa_supported();
+    if (isa_max == CPU_ISA_SCALAR) {
+        t_skip("no SIMD quantizer on this CPU");
+        free(x);
+        return;
+    }
+#if defined(__x86_64__)
+    cpu_quantize_q8_32_scalar(x, a, k);
+    cpu_quantize_q8_32_avx2(x, b, k);
+    T_CHECK(memcmp(a, b, cpu_act_row_bytes(CPU_ACT_Q8_32, k) - 64 + 0) == 0 ||
+            memcmp(a, b, k + 6 * (k / 32)) == 0);
+    T_CHECK(memcmp(a, b, (size_t)(k + 6 * (k / 32))) == 0);
+    cpu_quantize_q8_K_scalar(x, a, k);
+    cpu_quantize_q8_K_avx2(x, b, k);
+    T_CHECK(memcmp(a, b, (size_t)(k + 4 * (k / 256) + 2 * (k / 16))) == 0);
+    if (isa_max >= CPU_ISA_AVX512) {
+        cpu_quantize_q8_32_avx512(x, b, k);
+        cpu_quantize_q8_32_scalar(x, a, k);
+        T_CHECK(memcmp(a, b, (size_t)(k + 6 * (k / 32))) == 0);
+        cpu_quantize_q8_K_avx512(x, b, k);
+        cpu_quantize_q8_K_scalar(x, a, k);
+        T_CHECK(memcmp(a, b, (size_t)(k + 4 * (k / 256) + 2 * (k / 16))) == 0);
+    }
+#endif
+    free(x);
+}
+
+static void test_matmul_errors(void) {
+    struct err e = {0};
+    float x[64] = {0}, y[4];
+    uint8_t w[256] = {0};
+    T_EQ_INT(cpu_matmul(NULL, QT_I8, w, 1, 32, x, 1, y, NULL, &e), SMELT_ERR_UNSUPPORTED);
+    T_CHECKF(strstr(e.msg, "I8") != NULL, "message: %s", e.msg);
+    T_EQ_INT(cpu_matmul(NULL, 4, w, 1, 32, x, 1, y, NULL, &e), SMELT_ERR_UNSUPPORTED);
+    T_EQ_INT(cpu_matmul(NULL, QT_Q4_K, w, 1, 32, x, 1, y, NULL, &e), SMELT_ERR_INVALID);
+    T_CHECKF(strstr(e.msg, "Q4_K") != NULL && strstr(e.msg, "256") != NULL, "message: %s", e.msg);
+    T_EQ_INT(cpu_matmul(NULL, QT_Q8_0, w, -1, 32, x, 1, y, NULL, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cpu_matmul(NULL, QT_Q8_0, w, 0, 32, x, 1, y, NULL, &e), SMELT_OK);
+    T_CHECK(!cpu_matmul_supports(QT_I32));
+    T_CHECK(cpu_matmul_supports(QT_Q4_K));
+}
+
+static void test_features(void) {
+    char buf[256];
+    cpu_features_describe(buf, sizeof buf);
+    printf("cpu: %s; %s\n", cpu_features_get()->model, buf);
+    T_CHECK(cpu_isa_best() <= cpu_isa_supported());
+    T_EQ_STR(cpu_isa_name(CPU_ISA_AVX2), "avx2");
+#if defined(__x86_64__)
+    /* Every x86-64 CI machine this project targets has AVX2. */
+    T_CHECK(cpu_isa_supported() >= CPU_ISA_AVX2 || !cpu_features_get()->avx2);
+#endif
+}
+
+int main(void) {
+    T_RUN(test_features);
+    T_RUN(test_quantizers_identical);
+    T_RUN(test_matmul_errors);
+    T_RUN(test_matmul_kernel_types);
+    T_RUN(test_matmul_fallback_types);
+    T_RUN(test_matmul_large_n);
+    return t_done();
+}
