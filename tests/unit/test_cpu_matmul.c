@@ -330,8 +330,6 @@ static void test_quantizers_identical(void) {
 #if defined(__x86_64__)
     cpu_quantize_q8_32_scalar(x, a, k);
     cpu_quantize_q8_32_avx2(x, b, k);
-    T_CHECK(memcmp(a, b, cpu_act_row_bytes(CPU_ACT_Q8_32, k) - 64 + 0) == 0 ||
-            memcmp(a, b, k + 6 * (k / 32)) == 0);
     T_CHECK(memcmp(a, b, (size_t)(k + 6 * (k / 32))) == 0);
     cpu_quantize_q8_K_scalar(x, a, k);
     cpu_quantize_q8_K_avx2(x, b, k);
