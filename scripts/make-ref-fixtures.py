@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Generates the tiny reference models and logits under tests/data/ref/ (committed).
+
+    pip install torch transformers gguf numpy       # once; NOT in tests/requirements.txt
+    python3 scripts/make-ref-fixtures.py [--out tests/data/ref]
+
+For each architecture smelt's forward pass supports (llama, qwen2, qwen3, gemma3) plus a
+llama variant with Llama-3 RoPE scaling, it:
+1. builds a Hugging Face model with random weights (fixed seed) and tiny shapes,
+   float32, eager attention. 2-D weights are rounded to float16-representable values, so
+   the F32 and F16 GGUF files hold exactly the same numbers and both must reproduce the
+   same logits (up to float32 arithmetic).
+2. writes it as GGUF F32 and F16 with gguf-py's GGUFWriter, following llama.cpp's
+   convert_hf_to_gguf.py conventions (facts only; the code is ours):
+   - tensor names token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
+     ffn_norm, ffn_gate, ffn_up, ffn_down}, output_norm, output (absent when tied);
+     qwen2 attn_{q,k,v}.bias; qwen3/gemma3 attn_q_norm/attn_k_norm; gemma3
+     post_attention_norm/post_ffw_norm; llama3 scaling as the F32 tensor rope_freqs.
+   - llama: the rows of q_proj/k_proj are permuted (per head, the two halves that HF's
+     rotate_half pairs are interleaved) so that ggml's "normal" RoPE on adjacent pairs
+     computes what HF computes. qwen2/qwen3/gemma3 use NeoX RoPE and are not permuted.
+   - gemma3: Gemma's RMSNorm computes x̂·(1 + w); the converter stores w + 1 in every
+     *norm.weight (incl. q/k norms), so readers multiply by the stored weight directly.
+     As in llama.cpp's converter, 1-D tensors (norms, biases, rope_freqs) stay F32 in the
+     F16 file.
+   - a complete synthetic tokenizer (SentencePiece-style "llama" vocab for llama/gemma3,
+     byte-level "gpt2" vocab with merges for qwen2/qwen3) of exactly n_vocab tokens; the
+     tests feed token ids directly.
+3. records transformers' logits (float32) for three prompts of random token ids
+   (lengths 1, 7 and 24; 24 > gemma3's sliding window of 8) as raw little-endian
+   float32 files [n_tokens, n_vocab], and a manifest.json describing everything.
+4. verifies its own output: tests/py/ref_forward.py (an independent numpy forward that
+   reads the GGUF) must reproduce every logits file from both the F32 and F16 GGUF.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import pathlib
+import sys
+
+import numpy as np
+import torch
+import gguf
+import transformers
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "py"))
+import ref_forward  # noqa: E402
+
+SEED = 20240611
+N_VOCAB = 320
+PROMPT_LENGTHS = (1, 7, 24)
+
+# ---------------------------------------------------------------------------- configs
+
+
+def specs():
+    """name -> (gguf arch, HF class, HF config). Shapes chosen to exercise GQA/MQA,
+    head_dim * n_head != n_embd (qwen3, gemma3), tied and untied outputs."""
+    common = dict(vocab_size=N_VOCAB, max_position_embeddings=128, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=None)
+    return {
+        "llama": ("llama", LlamaForCausalLM, LlamaConfig(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False, **common)),
+        "llama3": ("llama", LlamaForCausalLM, LlamaConfig(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 16},
+            tie_word_embeddings=True, **common)),
+        "qwen2": ("qwen2", Qwen2ForCausalLM, Qwen2Config(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=True, use_sliding_window=False, **common)),
+        "qwen3": ("qwen3", Qwen3ForCausalLM, Qwen3Config(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=True, use_sliding_window=False, attention_bias=False, **common)),
+        "gemma3": ("gemma3", Gemma3ForCausalLM, Gemma3TextConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            query_pre_attn_scalar=16, rms_norm_eps=1e-6, sliding_window=8,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+            final_logit_softcapping=15.0, attn_logit_softcapping=None,
+            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+            vocab_size=N_VOCAB, max_position_embeddings=128,
+            pad_token_id=0, eos_token_id=1, bos_token_id=2)),
+    }
+
+
+# ---------------------------------------------------------------------------- weights
+
+
+def init_weights(model, arch, gen):
+    """Random weights with O(1) activations (HF's default init of std 0.02 would give
+    nearly uniform logits, a weak test). 2-D weights are made float16-exact."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                fan_in = p.shape[1]
+                # embeddings and lm_head: logits of std ~2 whether tied or not
+                big = "embed_tokens" in name or "lm_head" in name
+                std = (2.0 if big else 1.0) / math.sqrt(fan_in)
+                w = torch.randn(p.shape, generator=gen) * std
+                p.copy_(w.half().float())
+            elif name.endswith("norm.weight"):
+                w = torch.randn(p.shape, generator=gen) * 0.2
+                if arch == "gemma3":
+                    # HF multiplies by (1 + w); make the stored w + 1 float16-exact too
+                    w = (w + 1).half().float() - 1
+                else:
+                    w = (1 + w).half().float()
+                p.copy_(w)
+            elif name.endswith(".bias"):
+                p.copy_((torch.randn(p.shape, generator=gen) * 0.5).half().float())
+            else:
+                raise RuntimeError(f"unexpected parameter {name} {tuple(p.shape)}")
+
+
+# ---------------------------------------------------------------------------- vocab
+
+
+def bytes_to_unicode():
+    """GPT-2's byte -> printable unicode map (a published fact of byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def gpt2_vocab(n_vocab, specials):
+    """256 byte tokens, then merges of frequent-looking pairs, then special tokens."""
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    types = [1] * 256
+    merges = []
+    have = set(tokens)
+    sp = b2u[ord(" ")]
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    cands = [(sp, c) for c in letters] + [(a, b) for a in letters[:12] for b in letters[:12]]
+    n_merge = n_vocab - 256 - len(specials)
+    for a, b in cands:
+        if len(merges) == n_merge:
+            break
+        if a + b in have:
+            continue
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+        have.add(a + b)
+        types.append(1)
+    assert len(merges) == n_merge
+    for s in specials:
+        tokens.append(s)
+        types.append(3)  # CONTROL
+    return tokens, types, merges
+
+
+def spm_vocab(n_vocab, head, ctrl):
+    """SentencePiece-style: the `head` tokens (ids 0..), 256 byte tokens <0xXX>, then
+    pieces with decreasing scores. `ctrl` maps a head token to its type."""
+    tokens = list(head)
+    types = [ctrl[t] for t in head]
+    scores = [0.0] * len(head)
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(6)  # BYTE
+        scores.append(0.0)
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    pieces = ["▁"] + [c for c in letters] + ["▁" + c for c in letters] + \
+             [a + b for a in letters[:8] for b in letters[:8]]
+    i = 0
+    while len(tokens) < n_vocab:
+        tokens.append(pieces[i])
+        types.append(1)
+        scores.append(-float(i + 1))
+        i += 1
+    return tokens, types, scores
+
+
+def add_vocab(w, arch):
+    if arch in ("qwen2", "qwen3"):
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        tokens, types, merges = gpt2_vocab(N_VOCAB, specials)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        eot = tokens.index("<|endoftext|>")
+        w.add_bos_token_id(eot)
+        w.add_eos_token_id(tokens.index("<|im_end|>"))
+        w.add_pad_token_id(eot)
+        w.add_add_bos_token(False)
+    elif arch == "gemma3":
+        head = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+        ctrl = {"<pad>": 3, "<eos>": 3, "<bos>": 3, "<unk>": 2,
+                "<start_of_turn>": 4, "<end_of_turn>": 4}
+        tokens, types, scores = spm_vocab(N_VOCAB, head, ctrl)
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(3)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(False)
+    else:
+        head = ["<unk>", "<s>", "</s>"]
+        tokens, types, scores = spm_vocab(N_VOCAB, head, {"<unk>": 2, "<s>": 3, "</s>": 3})
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+    assert len(tokens) == N_VOCAB
+
+
+# ---------------------------------------------------------------------------- GGUF
+
+
+def permute_qk(w, n_head):
+    """llama.cpp's converter permutation of q/k rows for LLaMA: within each head, row j of
+    the first half and row j of the second half (HF rotate_half partners) become rows
+    2j and 2j+1. w: (n_head * head_dim, n_in)."""
+    hd = w.shape[0] // n_head
+    return w.reshape(n_head, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_freqs(rp, head_dim):
+    """Per-frequency divisors for ggml's rope_freqs tensor, derived from the Llama-3
+    scaling rule (theta_i / factor_i equals HF's scaled inverse frequency)."""
+    base, factor = rp["rope_theta"], rp["factor"]
+    lo, hi = rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    lo_wl, hi_wl = old / lo, old / hi
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / base ** (i / head_dim)
+        wl = 2 * math.pi / freq
+        if wl < hi_wl:
+            out.append(1.0)
+        elif wl > lo_wl:
+            out.append(factor)
+        else:
+            smooth = (old / wl - lo) / (hi - lo)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+HF_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_tensors(model, arch, cfg):
+    """HF state dict -> list of (gguf name, float32 numpy array in HF (out, in) layout)."""
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    out = []
+    gemma = arch == "gemma3"
+    for name, w in sd.items():
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            out.append(("output.weight", w))
+            continue
+        if name == "model.embed_tokens.weight":
+            out.append(("token_embd.weight", w))
+            continue
+        if name == "model.norm.weight":
+            out.append(("output_norm.weight", w + 1 if gemma else w))
+            continue
+        assert name.startswith("model.layers."), name
+        _, _, bid, rest = name.split(".", 3)
+        if gemma and rest == "post_attention_layernorm.weight":
+            g = "post_attention_norm.weight"
+        elif gemma and rest == "pre_feedforward_layernorm.weight":
+            g = "ffn_norm.weight"
+        elif gemma and rest == "post_feedforward_layernorm.weight":
+            g = "post_ffw_norm.weight"
+        elif rest == "post_attention_layernorm.weight":
+            g = "ffn_norm.weight"
+        else:
+            g = HF_TO_GGUF[rest]
+        if arch == "llama" and rest == "self_attn.q_proj.weight":
+            w = permute_qk(w, cfg.num_attention_heads)
+        if arch == "llama" and rest == "self_attn.k_proj.weight":
+            w = permute_qk(w, cfg.num_key_value_heads)
+        if gemma and g.endswith("norm.weight"):
+            w = w + 1  # fold Gemma's (1 + w)
+        out.append((f"blk.{bid}.{g}", w))
+    rp = cfg.rope_parameters
+    if arch == "llama" and rp.get("rope_type") == "llama3":
+        out.insert(0, ("rope_freqs.weight", llama3_rope_freqs(rp, cfg.head_dim)))
+    return out
+
+
+def write_gguf(path, name, arch, model, cfg, f16):
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type("model")
+    w.add_name(f"smelt ref {name}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rp = cfg.rope_parameters
+    if arch == "gemma3":
+        w.add_rope_freq_base(rp["full_attention"]["rope_theta"])
+        w.add_rope_freq_base_swa(rp["sliding_attention"]["rope_theta"])
+        w.add_sliding_window(cfg.sliding_window)
+        if cfg.final_logit_softcapping:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    else:
+        w.add_rope_freq_base(rp["rope_theta"])
+        if arch == "qwen3":
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+        if arch == "llama":
+            w.add_vocab_size(cfg.vocab_size)
+            w.add_rope_dimension_count(head_dim)
+    add_vocab(w, arch)
+    for tname, arr in gguf_tensors(model, arch, cfg):
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if f16 and arr.ndim == 2:
+            h = arr.astype(np.float16)
+            assert np.array_equal(h.astype(np.float32), arr), f"{tname} is not float16-exact"
+            arr = h
+        w.add_tensor(tname, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def sha256(path):
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "ref"))
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.use_deterministic_algorithms(True)
+    manifest = {
+        "generator": "scripts/make-ref-fixtures.py",
+        "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+        "seed": SEED, "logits_format": "raw little-endian float32, row-major [n_tokens, n_vocab]",
+        "models": [],
+    }
+    worst = 0.0
+    for mi, (name, (arch, cls, cfg)) in enumerate(specs().items()):
+        gen = torch.Generator().manual_seed(SEED + mi)
+        model = cls._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float32)
+        model.eval()
+        init_weights(model, arch, gen)
+        files = {}
+        for kind in ("f32", "f16"):
+            p = out / f"{name}-{kind}.gguf"
+            write_gguf(p, name, arch, model, cfg, f16=(kind == "f16"))
+            files[kind] = {"file": p.name, "sha256": sha256(p), "bytes": p.stat().st_size}
+        rng = np.random.default_rng(SEED + 100 + mi)
+        prompts = []
+        refs = {k: ref_forward.RefModel(str(out / v["file"])) for k, v in files.items()}
+        for pi, n in enumerate(PROMPT_LENGTHS):
+            ids = [int(x) for x in rng.integers(0, N_VOCAB, size=n)]
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].float().numpy()
+            lf = out / f"{name}-p{pi}.f32"
+            logits.astype("<f4").tofile(lf)
+            for k, ref in refs.items():
+                mine = ref.forward(ids)
+                err = float(np.max(np.abs(mine - logits)))
+                scale = float(np.max(np.abs(logits)))
+                worst = max(worst, err / scale)
+                if err > 1e-3 * max(1.0, scale) or not np.array_equal(
+                        np.argmax(mine, axis=1), np.argmax(logits, axis=1)):
+                    sys.exit(f"VERIFY FAILED {name} {k} prompt {pi}: max |diff| {err:.3g} "
+                             f"(max |logit| {scale:.3g})")
+            top2 = np.sort(logits, axis=1)[:, -2:]
+            prompts.append({"ids": ids, "logits": lf.name, "shape": list(logits.shape),
+                            "argmax": [int(x) for x in np.argmax(logits, axis=1)],
+                            "max_abs_logit": float(np.max(np.abs(logits))),
+                            "min_top1_margin": float(np.min(top2[:, 1] - top2[:, 0]))})
+            print(f"{name}: prompt {pi} n={n} ok (numpy ref matches, F32 and F16 GGUF)")
+        c = cfg
+        info = {
+            "name": name, "arch": arch, "hf_class": cls.__name__, "files": files,
+            "n_vocab": c.vocab_size, "n_embd": c.hidden_size, "n_layer": c.num_hidden_layers,
+            "n_ff": c.intermediate_size, "n_head": c.num_attention_heads,
+            "n_head_kv": c.num_key_value_heads,
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            "rms_eps": c.rms_norm_eps, "tied_output": bool(c.tie_word_embeddings),
+            "rope_parameters": c.rope_parameters,
+            "prompts": prompts,
+        }
+        if arch == "gemma3":
+            info.update(sliding_window=c.sliding_window, layer_types=c.layer_types,
+                        final_logit_softcapping=c.final_logit_softcapping,
+                        query_pre_attn_scalar=c.query_pre_attn_scalar)
+        manifest["models"].append(info)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    total = sum(f.stat().st_size for f in out.iterdir())
+    print(f"wrote {out} ({total} bytes); worst numpy-vs-transformers relative error {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()

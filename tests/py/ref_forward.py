@@ -1,0 +1,186 @@
+"""Independent numpy reference forward pass that reads a GGUF file directly.
+
+    python3 tests/py/ref_forward.py MODEL.gguf ID [ID ...]    # prints top-5 per position
+
+Architectures: llama, qwen2, qwen3, gemma3 (dense decoders). It reads weights with
+gguf-py (GGUFReader + gguf.quants.dequantize, so F32, F16, BF16 and the quantized types
+gguf-py knows all work) and follows llama.cpp's GGUF conventions, not Hugging Face's:
+
+- weights are stored {in, out} in GGUF order, i.e. numpy arrays of shape (out, in);
+  y = x @ W.T.
+- llama uses "normal" RoPE (GGML mode 0): rotates adjacent pairs (x[2i], x[2i+1]); the HF
+  converter permuted the rows of attn_q/attn_k so this equals HF's rotate_half.
+  qwen2, qwen3, gemma3 use NeoX RoPE: pairs (x[i], x[i + d/2]), nothing permuted.
+  An optional rope_freqs tensor (llama3 scaling) divides each frequency: theta_i / f_i.
+- gemma3: input embeddings × sqrt(n_embd); norm weights already include Gemma's "+1"
+  (folded by the converter) so every RMSNorm is x̂·w; attn_q_norm/attn_k_norm per head
+  before RoPE; post_attention_norm / post_ffw_norm on the branch outputs; GELU (tanh)
+  gate; layer i is sliding-window when i % 6 < 5 (or per `attention.sliding_window_pattern`
+  if present), where a key is hidden when pos_q - pos_k >= sliding_window; local layers use
+  rope.freq_base_swa (default 10000), global ones rope.freq_base; attention scale
+  1/sqrt(head_dim) (llama.cpp's choice; HF's query_pre_attn_scalar equals head_dim in the
+  fixtures and in Gemma 3 270M); final tanh softcap when final_logit_softcapping is set.
+- qwen3: attn_q_norm/attn_k_norm per head before RoPE, no biases. qwen2: q/k/v biases.
+- output is `output.weight`, or token_embd when absent (tied).
+
+Computation is float64 for a clean reference. Shapes: ids (n,) -> logits (n, n_vocab).
+This file is a reference for tests and debugging, not a product: it is O(n²) and holds the
+whole model dequantized in memory.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # pragma: no cover - the tests skip when gguf is absent
+    gguf = None
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+class RefModel:
+    def __init__(self, path: str):
+        if gguf is None:
+            raise ImportError("ref_forward needs the gguf package (pip install gguf)")
+        r = gguf.GGUFReader(path)
+        self.arch = a = _field(r, "general.architecture")
+        if a not in ("llama", "qwen2", "qwen3", "gemma3"):
+            raise ValueError(f"{path}: unsupported architecture {a!r}")
+        self.n_embd = _field(r, f"{a}.embedding_length")
+        self.n_layer = _field(r, f"{a}.block_count")
+        self.n_head = _field(r, f"{a}.attention.head_count")
+        self.n_head_kv = _field(r, f"{a}.attention.head_count_kv", self.n_head)
+        self.head_dim = _field(r, f"{a}.attention.key_length", self.n_embd // self.n_head)
+        self.eps = _field(r, f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+        self.rope_base = _field(r, f"{a}.rope.freq_base", 10000.0)
+        self.rope_base_swa = _field(r, f"{a}.rope.freq_base_swa", 10000.0)
+        self.rope_dim = _field(r, f"{a}.rope.dimension_count", self.head_dim)
+        self.sliding_window = _field(r, f"{a}.attention.sliding_window")
+        self.swa_pattern = _field(r, f"{a}.attention.sliding_window_pattern", 6)
+        self.softcap = _field(r, f"{a}.final_logit_softcapping")
+        self.t = {}
+        for t in r.tensors:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            self.t[t.name] = np.asarray(w, dtype=np.float64).reshape(
+                [int(x) for x in reversed(t.shape)])
+        self.n_vocab = self.t["token_embd.weight"].shape[0]
+
+    def is_local(self, il: int) -> bool:
+        if self.arch != "gemma3" or not self.sliding_window:
+            return False
+        pat = self.swa_pattern
+        if isinstance(pat, (list, tuple)):  # array form: true = sliding
+            return bool(pat[il])
+        return il % pat < pat - 1
+
+    def rmsnorm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def rope(self, x, pos, base):
+        """x: (n, heads, head_dim); rotates the first rope_dim dims."""
+        d = self.rope_dim
+        inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+        ff = self.t.get("rope_freqs.weight")
+        if ff is not None:
+            inv = inv / ff
+        ang = pos[:, None] * inv[None, :]           # (n, d/2)
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        out = x.copy()
+        if self.arch == "llama":                    # normal: adjacent pairs
+            x0, x1 = x[..., 0:d:2], x[..., 1:d:2]
+            out[..., 0:d:2] = x0 * cos - x1 * sin
+            out[..., 1:d:2] = x0 * sin + x1 * cos
+        else:                                       # neox: halves
+            h = d // 2
+            x0, x1 = x[..., :h], x[..., h:d]
+            out[..., :h] = x0 * cos - x1 * sin
+            out[..., h:d] = x0 * sin + x1 * cos
+        return out
+
+    def forward(self, ids, return_hidden=False):
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(ids)
+        pos = np.arange(n, dtype=np.float64)
+        T = self.t
+        x = T["token_embd.weight"][ids]
+        if self.arch == "gemma3":
+            x = x * np.sqrt(self.n_embd)
+        H, Hkv, hd = self.n_head, self.n_head_kv, self.head_dim
+        hidden = [x]
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            h = self.rmsnorm(x, T[p + "attn_norm.weight"])
+            q = h @ T[p + "attn_q.weight"].T
+            k = h @ T[p + "attn_k.weight"].T
+            v = h @ T[p + "attn_v.weight"].T
+            if p + "attn_q.bias" in T:
+                q = q + T[p + "attn_q.bias"]
+                k = k + T[p + "attn_k.bias"]
+                v = v + T[p + "attn_v.bias"]
+            q, k, v = q.reshape(n, H, hd), k.reshape(n, Hkv, hd), v.reshape(n, Hkv, hd)
+            if p + "attn_q_norm.weight" in T:
+                q = self.rmsnorm(q, T[p + "attn_q_norm.weight"])
+                k = self.rmsnorm(k, T[p + "attn_k_norm.weight"])
+            local = self.is_local(il)
+            base = self.rope_base_swa if local else self.rope_base
+            q, k = self.rope(q, pos, base), self.rope(k, pos, base)
+            # mask: causal, plus the sliding window on local layers
+            dq = pos[:, None] - pos[None, :]
+            visible = dq >= 0
+            if local:
+                visible &= dq < self.sliding_window
+            g = H // Hkv
+            att = np.empty((n, H, hd))
+            for hh in range(H):
+                s = q[:, hh, :] @ k[:, hh // g, :].T / np.sqrt(hd)
+                s = np.where(visible, s, -np.inf)
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                s /= s.sum(axis=1, keepdims=True)
+                att[:, hh, :] = s @ v[:, hh // g, :]
+            o = att.reshape(n, H * hd) @ T[p + "attn_output.weight"].T
+            if p + "post_attention_norm.weight" in T:
+                o = self.rmsnorm(o, T[p + "post_attention_norm.weight"])
+            x = x + o
+            h = self.rmsnorm(x, T[p + "ffn_norm.weight"])
+            gate = h @ T[p + "ffn_gate.weight"].T
+            up = h @ T[p + "ffn_up.weight"].T
+            if self.arch == "gemma3":
+                act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+            else:
+                act = gate / (1 + np.exp(-gate))
+            f = (act * up) @ T[p + "ffn_down.weight"].T
+            if p + "post_ffw_norm.weight" in T:
+                f = self.rmsnorm(f, T[p + "post_ffw_norm.weight"])
+            x = x + f
+            hidden.append(x)
+        x = self.rmsnorm(x, T["output_norm.weight"])
+        out_w = T.get("output.weight", T["token_embd.weight"])
+        logits = x @ out_w.T
+        if self.softcap:
+            logits = self.softcap * np.tanh(logits / self.softcap)
+        return (logits, hidden) if return_hidden else logits
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__.split("\n\n")[0])
+        return 2
+    m = RefModel(argv[1])
+    ids = [int(x) for x in argv[2:]]
+    logits = m.forward(ids)
+    for i, row in enumerate(logits):
+        top = np.argsort(-row)[:5]
+        print(i, ids[i], " ".join(f"{t}:{row[t]:.4f}" for t in top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
