@@ -1,0 +1,357 @@
+/* Shared part of the op interface: tensor helpers, the bk_ wrappers (shape contracts
+ * checked once here, then the backend's vtable), and the composed versions of fused ops
+ * for backends that do not implement them.
+ *
+ * Shape checks are asserts: the model validated every weight's shape at load, so a
+ * mismatch here is a bug in a forward pass, not bad input. */
+#include "backend/backend.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BK_ASSERT(cond)                                                                        \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "%s:%d: backend assertion failed: %s\n", __FILE__, __LINE__,       \
+                    #cond);                                                                    \
+            abort();                                                                           \
+        }                                                                                      \
+    } while (0)
+
+/* ---- tensors ---- */
+
+bool tensor_init(struct tensor *t, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2,
+                 int64_t ne3) {
+    memset(t, 0, sizeof *t);
+    const struct qtype_info *qi = qtype_get(type);
+    if (!qi || ne0 <= 0 || ne1 <= 0 || ne2 <= 0 || ne3 <= 0) return false;
+    if (ne0 % qi->blck_size) return false;
+    t->type = type;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->ne[3] = ne3;
+    t->nb[0] = qi->type_size;
+    t->nb[1] = (size_t)(ne0 / qi->blck_size) * qi->type_size;
+    t->nb[2] = t->nb[1] * (size_t)ne1;
+    t->nb[3] = t->nb[2] * (size_t)ne2;
+    return true;
+}
+
+int64_t tensor_nelem(const struct tensor *t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
+
+int64_t tensor_nrows(const struct tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+
+size_t tensor_nbytes(const struct tensor *t) { return t->nb[3] * (size_t)t->ne[3]; }
+
+bool tensor_is_contiguous(const struct tensor *t) {
+    const struct qtype_info *qi = qtype_get(t->type);
+    if (!qi) return false;
+    size_t row = (size_t)(t->ne[0] / qi->blck_size) * qi->type_size;
+    return t->nb[0] == qi->type_size && t->nb[1] == row && t->nb[2] == row * (size_t)t->ne[1] &&
+           t->nb[3] == t->nb[2] * (size_t)t->ne[2];
+}
+
+bool tensor_same_shape(const struct tensor *a, const struct tensor *b) {
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++)
+        if (a->ne[i] != b->ne[i]) return false;
+    return true;
+}
+
+const char *tensor_shape_str(const struct tensor *t, char *buf, size_t n) {
+    int nd = TENSOR_MAX_DIMS;
+    while (nd > 1 && t->ne[nd - 1] == 1) nd--;
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, o < n ? n - o : 0, "(");
+    for (int i = 0; i < nd; i++)
+        o += (size_t)snprintf(buf + o, o < n ? n - o : 0, i ? ", %lld" : "%lld",
+                              (long long)t->ne[i]);
+    snprintf(buf + o, o < n ? n - o : 0, ")");
+    return buf;
+}
+
+/* ---- backend lifecycle and memory ---- */
+
+void bk_base_init(struct backend *b, const struct backend_ops *ops) {
+    b->ops = ops;
+    b->status = SMELT_OK;
+    b->msg[0] = 0;
+    arena_init(&b->meta);
+}
+
+void bk_base_free(struct backend *b) { arena_free(&b->meta); }
+
+smelt_status bk_fail(struct backend *b, smelt_status code, const char *fmt, ...) {
+    if (b->status != SMELT_OK) return b->status;
+    b->status = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void bk_free(struct backend *b) {
+    if (b) b->ops->free(b);
+}
+
+smelt_status bk_weight_bind(struct backend *b, struct tensor *t, struct err *e) {
+    return b->ops->weight_bind(b, t, e);
+}
+
+smelt_status bk_buffer_alloc(struct backend *b, struct tensor *t, struct err *e) {
+    BK_ASSERT(tensor_is_contiguous(t));
+    return b->ops->buffer_alloc(b, t, e);
+}
+
+void bk_buffer_free(struct backend *b, struct tensor *t) {
+    if (t && t->data) b->ops->buffer_free(b, t);
+    if (t) t->data = NULL;
+}
+
+void bk_step_begin(struct backend *b) {
+    b->status = SMELT_OK;
+    b->msg[0] = 0;
+    arena_reset(&b->meta);
+    b->ops->step_begin(b);
+}
+
+/* A tensor struct in host scratch; on exhaustion records the error and returns a static
+ * dummy whose data is NULL (ops skip once the sticky error is set). */
+static struct tensor *new_struct(struct backend *b) {
+    static struct tensor dummy; /* never written through: every op skips on b->status */
+    struct tensor *t = arena_alloc(&b->meta, sizeof *t);
+    if (!t) {
+        bk_fail(b, SMELT_ERR_NOMEM, "out of host memory for step scratch");
+        memset(&dummy, 0, sizeof dummy);
+        return &dummy;
+    }
+    return t;
+}
+
+struct tensor *bk_new(struct backend *b, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2) {
+    struct tensor *t = new_struct(b);
+    if (b->status != SMELT_OK) return t;
+    BK_ASSERT(tensor_init(t, type, ne0, ne1, ne2, 1));
+    t->backend = b;
+    t->data = b->ops->scratch_alloc(b, tensor_nbytes(t));
+    if (!t->data)
+        bk_fail(b, SMELT_ERR_NOMEM, "out of scratch memory for a (%lld, %lld, %lld) %s tensor",
+                (long long)ne0, (long long)ne1, (long long)ne2, qtype_name(type));
+    return t;
+}
+
+size_t bk_scratch_mark(struct backend *b) { return b->ops->scratch_mark(b); }
+
+void bk_scratch_release(struct backend *b, size_t mark) { b->ops->scratch_release(b, mark); }
+
+struct tensor *bk_reshape(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
+                          int64_t ne2) {
+    struct tensor *v = new_struct(b);
+    if (b->status != SMELT_OK) return v;
+    BK_ASSERT(tensor_is_contiguous(t));
+    BK_ASSERT(ne0 * ne1 * ne2 == tensor_nelem(t));
+    BK_ASSERT(tensor_init(v, t->type, ne0, ne1, ne2, 1));
+    v->data = t->data;
+    v->backend = t->backend;
+    v->name = t->name;
+    return v;
+}
+
+struct tensor *bk_view_2d(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
+                          size_t nb1, size_t offset) {
+    struct tensor *v = new_struct(b);
+    if (b->status != SMELT_OK) return v;
+    BK_ASSERT(tensor_init(v, t->type, ne0, ne1, 1, 1));
+    BK_ASSERT(nb1 >= v->nb[1]);
+    BK_ASSERT(offset + nb1 * (size_t)(ne1 - 1) + v->nb[1] <= tensor_nbytes(t));
+    v->nb[1] = nb1;
+    v->nb[2] = v->nb[3] = nb1 * (size_t)ne1;
+    v->data = (char *)t->data + offset;
+    v->backend = t->backend;
+    v->name = t->name;
+    return v;
+}
+
+void bk_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(nbytes <= tensor_nbytes(dst));
+    b->ops->upload(b, dst, src, nbytes);
+}
+
+void bk_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(nbytes <= tensor_nbytes(src));
+    b->ops->download(b, dst, src, nbytes);
+}
+
+smelt_status bk_sync(struct backend *b, struct err *e) {
+    smelt_status st = b->ops->sync(b, e);
+    if (st != SMELT_OK) return st;
+    if (b->status != SMELT_OK) return err_set(e, b->status, "%s", b->msg);
+    return SMELT_OK;
+}
+
+/* ---- ops: contracts, then dispatch ---- */
+
+static bool is_f32_rows(const struct tensor *t) {
+    return t->type == QT_F32 && t->nb[0] == sizeof(float);
+}
+
+void bk_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,
+                 const struct tensor *ids) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(dst) && ids->type == QT_I32);
+    BK_ASSERT(dst->ne[0] == src->ne[0] && dst->ne[1] == ids->ne[0]);
+    BK_ASSERT(dst->ne[2] == 1 && src->ne[2] == 1);
+    b->ops->get_rows(b, dst, src, ids);
+}
+
+void bk_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                 const struct tensor *w, float eps) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst) && tensor_same_shape(dst, x));
+    BK_ASSERT(!w || (w->type == QT_F32 && w->ne[0] == x->ne[0]));
+    b->ops->rms_norm(b, dst, x, w, eps);
+}
+
+void bk_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
+             const struct rope_params *p) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(x) && pos->type == QT_I32 && pos->ne[0] == x->ne[2]);
+    BK_ASSERT(p->n_rot > 0 && p->n_rot % 2 == 0 && p->n_rot <= x->ne[0]);
+    BK_ASSERT(!p->freq_factors ||
+              (p->freq_factors->type == QT_F32 && p->freq_factors->ne[0] >= p->n_rot / 2));
+    b->ops->rope(b, x, pos, p);
+}
+
+static void check_matmul(const struct tensor *dst, const struct tensor *w,
+                         const struct tensor *x) {
+    BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst));
+    BK_ASSERT(w->ne[0] == x->ne[0] && dst->ne[0] == w->ne[1] && dst->ne[1] == x->ne[1]);
+    BK_ASSERT(w->ne[2] == 1 && x->ne[2] == 1 && dst->ne[2] == 1);
+}
+
+void bk_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
+               const struct tensor *x) {
+    if (b->status != SMELT_OK) return;
+    check_matmul(dst, w, x);
+    b->ops->matmul(b, dst, w, x);
+}
+
+void bk_add(struct backend *b, struct tensor *dst, const struct tensor *a,
+            const struct tensor *c) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(dst) && is_f32_rows(a) && is_f32_rows(c));
+    BK_ASSERT(tensor_same_shape(dst, a) && c->ne[0] == a->ne[0]);
+    BK_ASSERT(tensor_same_shape(a, c) || tensor_nrows(c) == 1);
+    b->ops->add(b, dst, a, c);
+}
+
+void bk_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(dst) && is_f32_rows(x) && tensor_same_shape(dst, x));
+    b->ops->scale(b, dst, x, s);
+}
+
+void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
+            const struct tensor *up, enum glu_act act) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(dst) && is_f32_rows(gate) && is_f32_rows(up));
+    BK_ASSERT(tensor_same_shape(dst, gate) && tensor_same_shape(dst, up));
+    b->ops->glu(b, dst, gate, up, act);
+}
+
+void bk_softcap(struct backend *b, struct tensor *x, float cap) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(x) && cap > 0);
+    b->ops->softcap(b, x, cap);
+}
+
+void bk_softmax(struct backend *b, struct tensor *x) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(x));
+    b->ops->softmax(b, x);
+}
+
+static void check_meta(const struct attn_meta *m, int64_t n_tokens) {
+    BK_ASSERT(m->pos->type == QT_I32 && m->pos->ne[0] == n_tokens);
+    BK_ASSERT(m->seq->type == QT_I32 && m->seq->ne[0] == n_tokens);
+    BK_ASSERT(m->slot->type == QT_I32 && m->slot->ne[0] == n_tokens);
+    BK_ASSERT(m->blocks->type == QT_I32 && m->block_size > 0);
+}
+
+/* cache (head_dim, block_size, n_kv_head, n_blocks) against rows (head_dim, n_kv_head, n). */
+static void check_cache(const struct tensor *c, const struct tensor *x, int32_t block_size) {
+    BK_ASSERT(c->ne[0] == x->ne[0] && c->ne[1] == block_size && c->ne[2] == x->ne[1]);
+    BK_ASSERT(tensor_is_contiguous(c));
+}
+
+void bk_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
+                 const struct tensor *k, const struct tensor *v, const struct attn_meta *m) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(k) && is_f32_rows(v) && k->ne[2] == v->ne[2] && k->ne[1] == v->ne[1]);
+    check_meta(m, k->ne[2]);
+    check_cache(kc, k, m->block_size);
+    check_cache(vc, v, m->block_size);
+    BK_ASSERT(kc->ne[3] == vc->ne[3] && kc->type == vc->type);
+    b->ops->kv_store(b, kc, vc, k, v, m);
+}
+
+void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
+                  const struct tensor *kc, const struct tensor *vc, const struct attn_meta *m,
+                  const struct attn_params *p) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(q) && is_f32_rows(dst) && tensor_is_contiguous(dst));
+    check_meta(m, q->ne[2]);
+    BK_ASSERT(kc->ne[0] == q->ne[0] && kc->ne[1] == m->block_size && q->ne[1] % kc->ne[2] == 0);
+    BK_ASSERT(vc->ne[1] == m->block_size && vc->ne[2] == kc->ne[2] && vc->ne[3] == kc->ne[3]);
+    BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
+    b->ops->attention(b, dst, q, kc, vc, m, p);
+}
+
+void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
+                     const struct tensor *const *w, const struct tensor *x) {
+    if (b->status != SMELT_OK) return;
+    for (int i = 0; i < n; i++) check_matmul(dst[i], w[i], x);
+    if (b->ops->matmul_group) {
+        b->ops->matmul_group(b, n, dst, w, x);
+        return;
+    }
+    for (int i = 0; i < n; i++) b->ops->matmul(b, dst[i], w[i], x);
+}
+
+void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
+                const struct tensor *w_up, const struct tensor *x, enum glu_act act) {
+    if (b->status != SMELT_OK) return;
+    check_matmul(dst, w_gate, x);
+    check_matmul(dst, w_up, x);
+    if (b->ops->ffn_glu) {
+        b->ops->ffn_glu(b, dst, w_gate, w_up, x, act);
+        return;
+    }
+    struct tensor *up = bk_new(b, QT_F32, dst->ne[0], dst->ne[1], 1);
+    struct tensor *outs[2] = {dst, up};
+    const struct tensor *ws[2] = {w_gate, w_up};
+    bk_matmul_group(b, 2, outs, ws, x);
+    bk_glu(b, dst, dst, up, act);
+}
+
+void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
+                      const struct tensor *v, struct tensor *kc, struct tensor *vc,
+                      const struct attn_meta *m, const struct rope_params *p) {
+    if (b->status != SMELT_OK) return;
+    if (b->ops->rope_kv_store) {
+        BK_ASSERT(q->ne[2] == k->ne[2]);
+        check_meta(m, k->ne[2]);
+        check_cache(kc, k, m->block_size);
+        check_cache(vc, v, m->block_size);
+        b->ops->rope_kv_store(b, q, k, v, kc, vc, m, p);
+        return;
+    }
+    bk_rope(b, q, m->pos, p);
+    bk_rope(b, k, m->pos, p);
+    bk_kv_store(b, kc, vc, k, v, m);
+}

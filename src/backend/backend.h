@@ -1,0 +1,286 @@
+/* The op interface: typed tensors and the operations an architecture's forward pass is
+ * written against. One implementation per device (cpu/, later cuda/).
+ *
+ * Design:
+ * - A tensor is {type, ne[], nb[], data, backend}: ggml's layout convention (ne[0] is the
+ *   row length, fastest-varying; nb[] are byte strides, nb[0] the bytes of one block).
+ * - Weights are bound once (bk_weight_bind): the CPU keeps the view into the GGUF
+ *   mapping, a GPU backend copies (and may repack) them into device memory.
+ * - Everything else a step needs comes from the backend's per-step scratch (bk_new),
+ *   released all at once by bk_step_begin. A step allocates the same sizes in the same
+ *   order every time it sees the same batch shape, so a GPU backend can capture a step
+ *   as a graph and replay it: the addresses (kernel arguments) do not change.
+ * - Everything that changes from step to step (token ids, positions, block tables, KV
+ *   slots, which rows want logits) is *data* in backend tensors written by bk_upload
+ *   before the ops run (struct attn_meta), never a kernel argument.
+ * - Ops are enqueued; they return nothing. Shapes are checked here (a mismatch is a
+ *   programmer bug: assert). A failure that can happen at run time (scratch exhausted,
+ *   a device error) is sticky: the backend records it, later ops become no-ops, and
+ *   bk_sync returns it. That keeps the forward pass free of per-op error plumbing.
+ * - Fused ops (matmul group, GLU FFN, RoPE + KV store) are part of the interface: a
+ *   backend that profits implements them; when its vtable entry is NULL, the wrapper
+ *   here composes them from the basic ops.
+ *
+ * Shapes in comments are written (ne0, ne1, ...). Activations are F32, rows contiguous.
+ */
+#ifndef SMELT_BACKEND_H
+#define SMELT_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/quant.h"
+#include "util/arena.h"
+#include "util/err.h"
+
+#define TENSOR_MAX_DIMS 4
+
+struct backend;
+
+struct tensor {
+    uint32_t type;               /* enum qtype */
+    int64_t ne[TENSOR_MAX_DIMS]; /* elements per dimension; unused dimensions are 1 */
+    size_t nb[TENSOR_MAX_DIMS];  /* byte strides; nb[0] = bytes of one block */
+    void *data;                  /* backend memory (host memory on the CPU backend) */
+    struct backend *backend;     /* who owns data's memory space; NULL: plain host memory */
+    const char *name;            /* for messages; may be NULL */
+};
+
+/* Fills t as a contiguous tensor of type (no data). ne1..ne3 may be 1. Returns false when
+ * ne0 is not a multiple of the type's block size or the type is unknown. */
+bool tensor_init(struct tensor *t, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2,
+                 int64_t ne3);
+/* Number of elements. */
+int64_t tensor_nelem(const struct tensor *t);
+/* Number of rows (ne1 * ne2 * ne3). */
+int64_t tensor_nrows(const struct tensor *t);
+/* Bytes spanned by a contiguous tensor (nb[3] * ne[3]). */
+size_t tensor_nbytes(const struct tensor *t);
+/* True when rows are packed with no gaps. */
+bool tensor_is_contiguous(const struct tensor *t);
+/* Same ne in every dimension. */
+bool tensor_same_shape(const struct tensor *a, const struct tensor *b);
+/* Pointer to row (i1, i2, i3). Host-addressable backends only. */
+static inline void *tensor_row(const struct tensor *t, int64_t i1, int64_t i2, int64_t i3) {
+    return (char *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+/* Formats "(a, b, c)" with trailing 1-dimensions dropped; returns buf. */
+const char *tensor_shape_str(const struct tensor *t, char *buf, size_t n);
+
+/* ---- op parameters ---- */
+
+enum rope_mode {
+    ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama, mistral */
+    ROPE_NEOX = 2, /* rotate (x[i], x[i + n_rot/2]): qwen2, qwen3, gemma3 */
+};
+
+/* RoPE for one layer. theta_i = pos * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i],
+ * blended with the unscaled angle by YaRN's ramp when ext_factor != 0; cos and sin are
+ * multiplied by attn_factor (and YaRN's magnitude correction). */
+struct rope_params {
+    enum rope_mode mode;
+    int32_t n_rot;       /* rotated dimensions (<= head_dim); the rest pass through */
+    float freq_base;
+    float freq_scale;    /* 1 / linear (or YaRN) scaling factor; 1 = none */
+    float ext_factor;    /* YaRN extrapolation mix; 0 = off */
+    float attn_factor;   /* 1 = none */
+    float beta_fast, beta_slow; /* YaRN correction range (rotations) */
+    int32_t n_ctx_orig;  /* YaRN: the context length the model was trained at */
+    const struct tensor *freq_factors; /* F32 (n_rot/2) divisors (Llama-3 rope_freqs) or NULL */
+};
+
+enum glu_act {
+    GLU_SILU = 0,      /* SwiGLU: silu(gate) * up */
+    GLU_GELU_TANH = 1, /* GeGLU with the tanh-approximated GELU (HF gelu_pytorch_tanh) */
+};
+
+/* Per-step inputs of the KV store and attention ops. All are backend tensors written by
+ * bk_upload before the step, so a replayed graph sees new values with the same
+ * arguments. A row's keys are the positions 0..pos[row] of its sequence, read from that
+ * sequence's block table: position p lives in slot blocks[p / block_size] * block_size +
+ * p % block_size. Causality (within a prefill chunk too) follows from the position
+ * bound alone; nothing beyond pos[row] is ever read, so a recycled block's old contents
+ * are unreachable. */
+struct attn_meta {
+    const struct tensor *pos;    /* I32 (n_tokens): position of each row in its sequence */
+    const struct tensor *seq;    /* I32 (n_tokens): row -> sequence index (row of blocks) */
+    const struct tensor *slot;   /* I32 (n_tokens): cache slot this row's K and V go to */
+    const struct tensor *blocks; /* I32 (max_blocks, n_seqs): block table per sequence */
+    int32_t block_size;          /* tokens per KV block */
+};
+
+struct attn_params {
+    float scale;     /* multiplies q.k (1/sqrt(head_dim) usually) */
+    float softcap;   /* > 0: scores become softcap * tanh(score / softcap) */
+    int32_t window;  /* > 0: key hidden when pos_q - pos_k >= window (sliding window) */
+};
+
+/* ---- the implementation's vtable ---- */
+
+struct backend_ops {
+    const char *name;
+    void (*free)(struct backend *b);
+
+    /* Memory. */
+    smelt_status (*weight_bind)(struct backend *b, struct tensor *t, struct err *e);
+    smelt_status (*buffer_alloc)(struct backend *b, struct tensor *t, struct err *e);
+    void (*buffer_free)(struct backend *b, struct tensor *t);
+    void (*step_begin)(struct backend *b);
+    void *(*scratch_alloc)(struct backend *b, size_t nbytes);
+    size_t (*scratch_mark)(struct backend *b);
+    void (*scratch_release)(struct backend *b, size_t mark);
+    void (*upload)(struct backend *b, struct tensor *dst, const void *src, size_t nbytes);
+    void (*download)(struct backend *b, void *dst, const struct tensor *src, size_t nbytes);
+    smelt_status (*sync)(struct backend *b, struct err *e);
+
+    /* Basic ops (see the bk_ wrappers below for contracts). */
+    void (*get_rows)(struct backend *b, struct tensor *dst, const struct tensor *src,
+                     const struct tensor *ids);
+    void (*rms_norm)(struct backend *b, struct tensor *dst, const struct tensor *x,
+                     const struct tensor *w, float eps);
+    void (*rope)(struct backend *b, struct tensor *x, const struct tensor *pos,
+                 const struct rope_params *p);
+    void (*matmul)(struct backend *b, struct tensor *dst, const struct tensor *w,
+                   const struct tensor *x);
+    void (*add)(struct backend *b, struct tensor *dst, const struct tensor *a,
+                const struct tensor *c);
+    void (*scale)(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
+    void (*glu)(struct backend *b, struct tensor *dst, const struct tensor *gate,
+                const struct tensor *up, enum glu_act act);
+    void (*softcap)(struct backend *b, struct tensor *x, float cap);
+    void (*softmax)(struct backend *b, struct tensor *x);
+    void (*kv_store)(struct backend *b, struct tensor *kc, struct tensor *vc,
+                     const struct tensor *k, const struct tensor *v,
+                     const struct attn_meta *m);
+    void (*attention)(struct backend *b, struct tensor *dst, const struct tensor *q,
+                      const struct tensor *kc, const struct tensor *vc,
+                      const struct attn_meta *m, const struct attn_params *p);
+
+    /* Fused ops: optional (NULL = composed from the basic ops by backend.c). */
+    void (*matmul_group)(struct backend *b, int n, struct tensor *const *dst,
+                         const struct tensor *const *w, const struct tensor *x);
+    void (*ffn_glu)(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
+                    const struct tensor *w_up, const struct tensor *x, enum glu_act act);
+    void (*rope_kv_store)(struct backend *b, struct tensor *q, struct tensor *k,
+                          const struct tensor *v, struct tensor *kc, struct tensor *vc,
+                          const struct attn_meta *m, const struct rope_params *p);
+};
+
+/* Every backend starts with this header (implementations embed it first and call
+ * bk_base_init / bk_base_free). */
+struct backend {
+    const struct backend_ops *ops;
+    /* Sticky step error: the first failure of a step; ops are skipped once it is set. */
+    smelt_status status;
+    char msg[ERR_MSG_MAX];
+    /* Host scratch for the step's tensor structs (the data may be device memory). */
+    struct arena meta;
+};
+
+void bk_base_init(struct backend *b, const struct backend_ops *ops);
+void bk_base_free(struct backend *b);
+/* Records a run-time failure (first one wins) and returns it. For implementations. */
+smelt_status bk_fail(struct backend *b, smelt_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+void bk_free(struct backend *b);
+
+/* ---- memory ---- */
+
+/* Makes a host tensor (a view into a GGUF mapping) usable by ops. May replace t->data
+ * (a device copy, a repacked layout); the host view must outlive the call only. */
+smelt_status bk_weight_bind(struct backend *b, struct tensor *t, struct err *e);
+/* Allocates persistent memory for t (shape/type already set, contiguous), zero-filled.
+ * For the KV cache. Freed by bk_buffer_free. */
+smelt_status bk_buffer_alloc(struct backend *b, struct tensor *t, struct err *e);
+void bk_buffer_free(struct backend *b, struct tensor *t);
+
+/* Starts a step: releases the previous step's scratch and clears the sticky error. */
+void bk_step_begin(struct backend *b);
+/* A new contiguous scratch tensor, valid until the next bk_step_begin. Contents are
+ * undefined. On exhaustion: records SMELT_ERR_NOMEM and returns a tensor with data NULL
+ * (later ops are skipped, bk_sync reports it). The tensor struct itself lives in host
+ * scratch. */
+struct tensor *bk_new(struct backend *b, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2);
+/* Scratch is a stack within a step: everything allocated after a mark is released by
+ * bk_scratch_release(mark) (a layer's temporaries, so a step's scratch is one layer's
+ * worth plus what lives across layers). Tensors allocated after the mark must not be
+ * used afterwards. Deterministic, so replayed graphs see the same addresses. */
+size_t bk_scratch_mark(struct backend *b);
+void bk_scratch_release(struct backend *b, size_t mark);
+/* A view of t with a new shape (same bytes, t contiguous, same element count). */
+struct tensor *bk_reshape(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
+                          int64_t ne2);
+/* A 2-D view: ne0 x ne1 elements starting offset bytes into t, rows nb1 bytes apart. */
+struct tensor *bk_view_2d(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
+                          size_t nb1, size_t offset);
+/* Copies nbytes of host memory into the start of dst / of src into host memory. */
+void bk_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes);
+void bk_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes);
+/* Waits for the enqueued ops; returns the step's sticky error (message in e). */
+smelt_status bk_sync(struct backend *b, struct err *e);
+
+/* ---- ops ----
+ * dst may alias an input where noted ("in place ok"). */
+
+/* dst (ne0, n) F32 = rows ids[0..n) of src (ne0, n_rows), dequantized. src may be any
+ * type with a dequantizer (F32, F16, BF16, Q8_0, Q4_K, Q6_K, ...): token embeddings, and
+ * gathering the rows that want logits. ids I32 (n); each id < n_rows (caller checked). */
+void bk_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,
+                 const struct tensor *ids);
+/* RMSNorm over ne0 of every row: dst = x / sqrt(mean(x^2) + eps) * w. w F32 (ne0) or
+ * NULL. Works per head too: view q as (head_dim, n_head * n_tokens). In place ok. */
+void bk_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                 const struct tensor *w, float eps);
+/* In place on x (head_dim, n_head, n_tokens) with pos I32 (n_tokens). */
+void bk_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
+             const struct rope_params *p);
+/* dst (n_out, n) F32 = W x: w (n_in, n_out) of any weight type, x (n_in, n) F32. */
+void bk_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
+               const struct tensor *x);
+/* dst = a + c. c has a's shape, or ne1 == 1 and is broadcast over a's rows (a bias).
+ * In place ok (dst == a). */
+void bk_add(struct backend *b, struct tensor *dst, const struct tensor *a,
+            const struct tensor *c);
+/* dst = x * s. In place ok. */
+void bk_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
+/* dst = act(gate) * up, all the same shape. In place ok (dst == gate or up). */
+void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
+            const struct tensor *up, enum glu_act act);
+/* x = cap * tanh(x / cap), in place (final-logit soft-capping). */
+void bk_softcap(struct backend *b, struct tensor *x, float cap);
+/* Softmax over ne0 of each row, in place. */
+void bk_softmax(struct backend *b, struct tensor *x);
+/* Writes each row's K (head_dim_k, n_kv_head, n_tokens) and V (head_dim_v, n_kv_head,
+ * n_tokens) into the caches kc (head_dim_k, block_size, n_kv_head, n_blocks) and vc
+ * (head_dim_v, block_size, n_kv_head, n_blocks) at slot m->slot[row], converting to the
+ * cache's element type (F32, F16; later quantized). */
+void bk_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
+                 const struct tensor *k, const struct tensor *v, const struct attn_meta *m);
+/* Causal attention of q (head_dim_k, n_head, n_tokens) over each row's sequence in the
+ * paged caches (see struct attn_meta); GQA when n_head is a multiple of the caches'
+ * n_kv_head (query head h reads KV head h / (n_head / n_kv_head)).
+ * dst (head_dim_v, n_head, n_tokens) F32. */
+void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
+                  const struct tensor *kc, const struct tensor *vc, const struct attn_meta *m,
+                  const struct attn_params *p);
+
+/* Fused: dst[i] = W[i] x for i < n, one shared input (QKV, gate/up): a backend quantizes
+ * or loads x once. */
+void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
+                     const struct tensor *const *w, const struct tensor *x);
+/* Fused: dst (n_ff, n) = act(W_gate x) * (W_up x). */
+void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
+                const struct tensor *w_up, const struct tensor *x, enum glu_act act);
+/* Fused: RoPE on q and k in place, then bk_kv_store of k and v. */
+void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
+                      const struct tensor *v, struct tensor *kc, struct tensor *vc,
+                      const struct attn_meta *m, const struct rope_params *p);
+
+/* ---- implementations ---- */
+
+/* The CPU backend with n_threads workers (0: one per core). */
+smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e);
+
+#endif

@@ -1,0 +1,285 @@
+/* The CPU backend: host memory, a per-step scratch stack, and the op vtable.
+ *
+ * Weights stay where the GGUF mapping put them (weight_bind only checks the type).
+ * Scratch tensors come from a stack that is emptied at each step_begin and rewound per
+ * layer (mark/release), so a step costs no malloc once the stack has grown to the
+ * step's peak. Ops run synchronously; sync only reports the sticky error. */
+#include "backend/cpu/cpu_backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/half.h"
+
+/* ---- threads ---- */
+
+void cpu_parallel(struct cpu_backend *cb, cpu_range_fn fn, void *ctx, int64_t n,
+                  int64_t min_chunk) {
+    (void)cb;
+    (void)min_chunk;
+    if (n > 0) fn(ctx, 0, 0, n);
+}
+
+/* ---- scratch stack ---- */
+
+#define CPU_ALIGN 64
+#define MARK_SHIFT 48 /* a mark is (chunk index << 48) | offset in that chunk */
+
+static void *stack_alloc(struct cpu_stack *st, size_t n) {
+    size_t need = (n + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1);
+    if (need < n || need >= ((size_t)1 << MARK_SHIFT)) return NULL;
+    while (st->cur < st->n) {
+        struct cpu_chunk *c = &st->chunks[st->cur];
+        if (c->cap - c->used >= need) {
+            void *p = c->base + c->used;
+            c->used += need;
+            return p;
+        }
+        if (st->cur + 1 >= st->n) break;
+        st->cur++;
+        st->chunks[st->cur].used = 0;
+    }
+    /* A new chunk after the current one: at least double what exists. */
+    size_t total = 0;
+    for (int i = 0; i < st->n; i++) total += st->chunks[i].cap;
+    size_t cap = need > total ? need : total;
+    if (cap < ((size_t)1 << 20)) cap = (size_t)1 << 20;
+    if (st->n == st->cap) {
+        int nc = st->cap ? st->cap * 2 : 8;
+        struct cpu_chunk *ch = realloc(st->chunks, (size_t)nc * sizeof *ch);
+        if (!ch) return NULL;
+        st->chunks = ch;
+        st->cap = nc;
+    }
+    unsigned char *base = aligned_alloc(CPU_ALIGN, cap);
+    if (!base) return NULL;
+    int at = st->n ? st->cur + 1 : 0;
+    memmove(&st->chunks[at + 1], &st->chunks[at], (size_t)(st->n - at) * sizeof st->chunks[0]);
+    st->chunks[at] = (struct cpu_chunk){base, cap, need};
+    st->n++;
+    st->cur = at;
+    return base;
+}
+
+static size_t stack_mark(const struct cpu_stack *st) {
+    if (!st->n) return 0;
+    return ((size_t)st->cur << MARK_SHIFT) | st->chunks[st->cur].used;
+}
+
+static void stack_release(struct cpu_stack *st, size_t mark) {
+    if (!st->n) return;
+    int cur = (int)(mark >> MARK_SHIFT);
+    size_t used = mark & (((size_t)1 << MARK_SHIFT) - 1);
+    if (cur > st->cur || (cur == st->cur && used > st->chunks[cur].used)) return; /* stale */
+    st->cur = cur;
+    st->chunks[cur].used = used;
+}
+
+/* Empties the stack; merges several chunks into one of their total size. */
+static void stack_reset(struct cpu_stack *st) {
+    if (st->n > 1) {
+        size_t total = 0;
+        for (int i = 0; i < st->n; i++) total += st->chunks[i].cap;
+        unsigned char *base = aligned_alloc(CPU_ALIGN, total);
+        if (base) {
+            for (int i = 0; i < st->n; i++) free(st->chunks[i].base);
+            st->chunks[0] = (struct cpu_chunk){base, total, 0};
+            st->n = 1;
+        }
+    }
+    st->cur = 0;
+    if (st->n) st->chunks[0].used = 0;
+}
+
+static void stack_free(struct cpu_stack *st) {
+    for (int i = 0; i < st->n; i++) free(st->chunks[i].base);
+    free(st->chunks);
+    memset(st, 0, sizeof *st);
+}
+
+void *cpu_scratch(struct cpu_backend *cb, size_t nbytes) {
+    void *p = stack_alloc(&cb->scratch, nbytes ? nbytes : 1);
+    if (!p) bk_fail(&cb->base, SMELT_ERR_NOMEM, "CPU scratch: out of memory (%zu bytes)", nbytes);
+    return p;
+}
+
+/* ---- small kernels shared by the op files ---- */
+
+void cpu_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
+    switch (type) {
+    case QT_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    case QT_F16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(h[i]);
+        return;
+    }
+    case QT_BF16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
+        return;
+    }
+    default: {
+        const struct qtype_info *qi = qtype_get(type);
+        qi->dequantize(src, dst, n); /* presence checked at bind time */
+        return;
+    }
+    }
+}
+
+float cpu_dot_f32(const float *a, const float *b, int64_t n) {
+    /* Eight independent partial sums: the compiler keeps them in registers, and the
+     * summation order is fixed (results do not depend on the thread split). */
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* ---- reference matmul ---- */
+
+struct mm_ctx {
+    struct cpu_backend *cb;
+    struct tensor *dst;
+    const struct tensor *w, *x;
+    float *rowbuf; /* (n_in) per thread, for dequantized weight rows */
+};
+
+static void mm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct mm_ctx *c = vctx;
+    const struct tensor *w = c->w, *x = c->x;
+    int64_t n_in = w->ne[0], n = x->ne[1];
+    float *row = w->type == QT_F32 ? NULL : c->rowbuf + (size_t)ith * (size_t)n_in;
+    for (int64_t o = i0; o < i1; o++) {
+        const void *wr = tensor_row(w, o, 0, 0);
+        const float *wf = wr;
+        if (row) {
+            cpu_row_to_f32(w->type, wr, row, n_in);
+            wf = row;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const float *xr = tensor_row(x, j, 0, 0);
+            float *dr = tensor_row(c->dst, j, 0, 0);
+            dr[o] = cpu_dot_f32(wf, xr, n_in);
+        }
+    }
+}
+
+void cpu_op_matmul_ref(struct backend *b, struct tensor *dst, const struct tensor *w,
+                       const struct tensor *x) {
+    struct mm_ctx c = {cpu_of(b), dst, w, x, NULL};
+    c.rowbuf = cpu_scratch(c.cb, (size_t)c.cb->n_threads * (size_t)w->ne[0] * sizeof(float));
+    if (!c.rowbuf) return;
+    cpu_parallel(c.cb, mm_range, &c, w->ne[1], 16);
+}
+
+/* ---- vtable ---- */
+
+static void cpu_free(struct backend *b) {
+    struct cpu_backend *cb = cpu_of(b);
+    stack_free(&cb->scratch);
+    bk_base_free(b);
+    free(cb);
+}
+
+static smelt_status cpu_weight_bind(struct backend *b, struct tensor *t, struct err *e) {
+    const struct qtype_info *qi = qtype_get(t->type);
+    if (!qi)
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: unknown type id %u",
+                       t->name ? t->name : "?", t->type);
+    if (t->type != QT_F32 && t->type != QT_F16 && t->type != QT_BF16 && !qi->dequantize)
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s is not supported on CPU",
+                       t->name ? t->name : "?", qi->name);
+    t->backend = b;
+    return SMELT_OK;
+}
+
+static smelt_status cpu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e) {
+    size_t n = tensor_nbytes(t);
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded < n) return err_set(e, SMELT_ERR_NOMEM, "buffer of %zu bytes", n);
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) return err_set(e, SMELT_ERR_NOMEM, "out of memory allocating %zu bytes", n);
+    memset(p, 0, rounded);
+    t->data = p;
+    t->backend = b;
+    return SMELT_OK;
+}
+
+static void cpu_buffer_free(struct backend *b, struct tensor *t) {
+    (void)b;
+    free(t->data);
+}
+
+static void cpu_step_begin(struct backend *b) { stack_reset(&cpu_of(b)->scratch); }
+
+static void *cpu_scratch_alloc(struct backend *b, size_t nbytes) {
+    return stack_alloc(&cpu_of(b)->scratch, nbytes ? nbytes : 1);
+}
+
+static size_t cpu_scratch_mark(struct backend *b) { return stack_mark(&cpu_of(b)->scratch); }
+
+static void cpu_scratch_release(struct backend *b, size_t mark) {
+    stack_release(&cpu_of(b)->scratch, mark);
+}
+
+static void cpu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
+    (void)b;
+    memcpy(dst->data, src, nbytes);
+}
+
+static void cpu_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes) {
+    (void)b;
+    memcpy(dst, src->data, nbytes);
+}
+
+static smelt_status cpu_sync(struct backend *b, struct err *e) {
+    (void)b;
+    (void)e;
+    return SMELT_OK;
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .weight_bind = cpu_weight_bind,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .step_begin = cpu_step_begin,
+    .scratch_alloc = cpu_scratch_alloc,
+    .scratch_mark = cpu_scratch_mark,
+    .scratch_release = cpu_scratch_release,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .sync = cpu_sync,
+    .get_rows = cpu_op_get_rows,
+    .rms_norm = cpu_op_rms_norm,
+    .rope = cpu_op_rope,
+    .matmul = cpu_op_matmul_ref,
+    .add = cpu_op_add,
+    .scale = cpu_op_scale,
+    .glu = cpu_op_glu,
+    .softcap = cpu_op_softcap,
+    .softmax = cpu_op_softmax,
+    .kv_store = cpu_op_kv_store,
+    .attention = cpu_op_attention,
+};
+
+smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e) {
+    *out = NULL;
+    struct cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return err_set(e, SMELT_ERR_NOMEM, "CPU backend: out of memory");
+    bk_base_init(&cb->base, &cpu_ops);
+    if (n_threads <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = nc > 0 ? (int)nc : 1;
+    }
+    cb->n_threads = n_threads;
+    *out = &cb->base;
+    return SMELT_OK;
+}

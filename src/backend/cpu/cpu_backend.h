@@ -1,0 +1,76 @@
+/* CPU backend internals shared by its op files (cpu_ops_*.c). Not a public header.
+ *
+ * Every op is split into row ranges: the op packs its arguments into a context struct
+ * and calls cpu_parallel(cb, fn, ctx, n), which runs fn(ctx, ith, i0, i1) over disjoint
+ * ranges covering [0, n) on the worker threads (ith < cb->n_threads is the worker's
+ * index). Ops never malloc: per-thread buffers (n_threads of them, indexed by ith) come
+ * from the step scratch (cpu_scratch) before the parallel region. */
+#ifndef SMELT_CPU_BACKEND_H
+#define SMELT_CPU_BACKEND_H
+
+#include "backend/backend.h"
+
+/* Per-step scratch: a stack of chunks. Allocation bumps the current chunk or moves to
+ * the next (kept from earlier steps, or a new one twice the total size); mark/release
+ * rewinds. At step_begin, more than one chunk is merged into one of their total size,
+ * so a steady workload runs in one block with no malloc per step. */
+struct cpu_chunk {
+    unsigned char *base;
+    size_t cap, used;
+};
+
+struct cpu_stack {
+    struct cpu_chunk *chunks;
+    int n, cap, cur;
+};
+
+struct cpu_backend {
+    struct backend base;     /* first: a struct backend * points here */
+    struct cpu_stack scratch;
+    int n_threads;
+};
+
+static inline struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
+
+typedef void (*cpu_range_fn)(void *ctx, int ith, int64_t i0, int64_t i1);
+
+/* Runs fn over [0, n) split into contiguous ranges of at least min_chunk items. */
+void cpu_parallel(struct cpu_backend *cb, cpu_range_fn fn, void *ctx, int64_t n,
+                  int64_t min_chunk);
+/* Step scratch (64-byte aligned); records SMELT_ERR_NOMEM and returns NULL on failure. */
+void *cpu_scratch(struct cpu_backend *cb, size_t nbytes);
+
+/* Converts n elements of a row of type (F32, F16, BF16 or a block format) to F32. */
+void cpu_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
+/* Dot product of two F32 vectors. */
+float cpu_dot_f32(const float *a, const float *b, int64_t n);
+
+/* Ops (contracts in backend.h; shapes already checked by the bk_ wrappers). */
+void cpu_op_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,
+                     const struct tensor *ids);
+void cpu_op_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                     const struct tensor *w, float eps);
+void cpu_op_add(struct backend *b, struct tensor *dst, const struct tensor *a,
+                const struct tensor *c);
+void cpu_op_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
+void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
+                const struct tensor *up, enum glu_act act);
+void cpu_op_softcap(struct backend *b, struct tensor *x, float cap);
+void cpu_op_softmax(struct backend *b, struct tensor *x);
+void cpu_op_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
+                 const struct rope_params *p);
+void cpu_op_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
+                     const struct tensor *k, const struct tensor *v, const struct attn_meta *m);
+void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
+                      const struct tensor *kc, const struct tensor *vc,
+                      const struct attn_meta *m, const struct attn_params *p);
+/* Reference matmul: dequantizes each weight row once per call and dots it with every
+ * input column. Exact for F32 (f32 products, f32 sums); the fast quantized kernels
+ * (cpu_matmul.h) are checked against it. */
+void cpu_op_matmul_ref(struct backend *b, struct tensor *dst, const struct tensor *w,
+                       const struct tensor *x);
+
+/* RoPE angle helpers shared with tests: fills cos/sin (n_rot/2 each) for position pos. */
+void cpu_rope_cache(const struct rope_params *p, int32_t pos, float *cos_out, float *sin_out);
+
+#endif

@@ -1,0 +1,161 @@
+/* CPU paged-KV ops: storing a step's K/V rows into cache blocks, and causal attention
+ * over each row's sequence.
+ *
+ * Cache layout (one K and one V tensor per layer): (head_dim, block_size, n_kv_head,
+ * n_blocks), i.e. [block][kv head][token in block][dim] in memory. A (block, head) tile
+ * of block_size rows is contiguous, so attention streams keys head by head.
+ *
+ * Attention works on one (row, KV head) item at a time: the G = n_head / n_kv_head
+ * query heads that share a KV head are scored together, so every key and value row is
+ * read (and converted from F16) once per item, not once per query head. Scores for the
+ * whole visible range are kept (G x n_keys floats per thread), softmaxed exactly (max
+ * subtracted), then the values are summed. Visible keys are positions
+ * [max(0, pos - window + 1), pos] of the row's own sequence; nothing past pos is read. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "util/half.h"
+
+/* ---- kv_store ---- */
+
+static void f32_to_cache_row(uint32_t type, const float *src, void *dst, int64_t n) {
+    switch (type) {
+    case QT_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    case QT_F16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_f16(src[i]);
+        return;
+    }
+    case QT_BF16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(src[i]);
+        return;
+    }
+    default:
+        qtype_get(type)->quantize(src, dst, n); /* checked when the cache was made */
+        return;
+    }
+}
+
+struct store_ctx {
+    struct tensor *kc, *vc;
+    const struct tensor *k, *v;
+    const int32_t *slot;
+    int32_t block_size;
+};
+
+static void store_range(void *vctx, int ith, int64_t t0, int64_t t1) {
+    struct store_ctx *c = vctx;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t s = c->slot[t], blk = s / c->block_size, off = s % c->block_size;
+        for (int64_t h = 0; h < c->k->ne[1]; h++) {
+            f32_to_cache_row(c->kc->type, tensor_row(c->k, h, t, 0), tensor_row(c->kc, off, h, blk),
+                             c->k->ne[0]);
+            f32_to_cache_row(c->vc->type, tensor_row(c->v, h, t, 0), tensor_row(c->vc, off, h, blk),
+                             c->v->ne[0]);
+        }
+    }
+}
+
+void cpu_op_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
+                     const struct tensor *k, const struct tensor *v, const struct attn_meta *m) {
+    struct store_ctx c = {kc, vc, k, v, m->slot->data, m->block_size};
+    cpu_parallel(cpu_of(b), store_range, &c, k->ne[2], 4);
+}
+
+/* ---- attention ---- */
+
+struct attn_ctx {
+    struct tensor *dst;
+    const struct tensor *q, *kc, *vc, *blocks;
+    const int32_t *pos, *seq;
+    int32_t block_size;
+    struct attn_params p;
+    int64_t max_keys;   /* most keys any row sees */
+    float *buf;         /* per thread: G * max_keys scores, then head_dim_k + head_dim_v */
+    size_t buf_per_thread;
+};
+
+/* First visible key position for a query at pos. */
+static inline int64_t first_key(int64_t pos, int32_t window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+static void attn_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct attn_ctx *c = vctx;
+    const int64_t n_kv = c->kc->ne[2], n_head = c->q->ne[1], G = n_head / n_kv;
+    const int64_t dk = c->kc->ne[0], dv = c->vc->ne[0];
+    const bool kf32 = c->kc->type == QT_F32, vf32 = c->vc->type == QT_F32;
+    float *scores = c->buf + (size_t)ith * c->buf_per_thread;
+    float *kbuf = scores + (size_t)G * (size_t)c->max_keys, *vbuf = kbuf + dk;
+
+    for (int64_t item = i0; item < i1; item++) {
+        int64_t t = item / n_kv, g = item % n_kv;
+        int64_t pos = c->pos[t], j0 = first_key(pos, c->p.window), n = pos - j0 + 1;
+        const int32_t *table = tensor_row(c->blocks, c->seq[t], 0, 0);
+
+        /* scores[qh][j] = scale * q . k_j */
+        for (int64_t j = 0; j < n; j++) {
+            int64_t kp = j0 + j;
+            const void *kr = tensor_row(c->kc, kp % c->block_size, g, table[kp / c->block_size]);
+            const float *k = kr;
+            if (!kf32) {
+                cpu_row_to_f32(c->kc->type, kr, kbuf, dk);
+                k = kbuf;
+            }
+            for (int64_t qh = 0; qh < G; qh++) {
+                const float *q = tensor_row(c->q, g * G + qh, t, 0);
+                float s = cpu_dot_f32(q, k, dk) * c->p.scale;
+                if (c->p.softcap > 0) s = c->p.softcap * tanhf(s / c->p.softcap);
+                scores[qh * n + j] = s;
+            }
+        }
+        /* softmax per query head */
+        for (int64_t qh = 0; qh < G; qh++) {
+            float *sc = scores + qh * n, mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+            for (int64_t j = 0; j < n; j++) {
+                sc[j] = expf(sc[j] - mx);
+                sum += sc[j];
+            }
+            float inv = 1.0f / sum;
+            for (int64_t j = 0; j < n; j++) sc[j] *= inv;
+            memset(tensor_row(c->dst, g * G + qh, t, 0), 0, (size_t)dv * sizeof(float));
+        }
+        /* out[qh] = sum_j p[qh][j] v_j */
+        for (int64_t j = 0; j < n; j++) {
+            int64_t kp = j0 + j;
+            const void *vr = tensor_row(c->vc, kp % c->block_size, g, table[kp / c->block_size]);
+            const float *v = vr;
+            if (!vf32) {
+                cpu_row_to_f32(c->vc->type, vr, vbuf, dv);
+                v = vbuf;
+            }
+            for (int64_t qh = 0; qh < G; qh++) {
+                float pj = scores[qh * n + j];
+                float *o = tensor_row(c->dst, g * G + qh, t, 0);
+                for (int64_t d = 0; d < dv; d++) o[d] += pj * v[d];
+            }
+        }
+    }
+}
+
+void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
+                      const struct tensor *kc, const struct tensor *vc,
+                      const struct attn_meta *m, const struct attn_params *p) {
+    struct cpu_backend *cb = cpu_of(b);
+    struct attn_ctx c = {dst, q, kc, vc, m->blocks, m->pos->data, m->seq->data,
+                         m->block_size, *p, 0, NULL, 0};
+    int64_t n_tokens = q->ne[2], G = q->ne[1] / kc->ne[2];
+    for (int64_t t = 0; t < n_tokens; t++) {
+        int64_t n = c.pos[t] - first_key(c.pos[t], p->window) + 1;
+        if (n > c.max_keys) c.max_keys = n;
+    }
+    c.buf_per_thread = (size_t)(G * c.max_keys + kc->ne[0] + vc->ne[0] + 16) & ~(size_t)15;
+    c.buf = cpu_scratch(cb, (size_t)cb->n_threads * c.buf_per_thread * sizeof(float));
+    if (!c.buf) return;
+    cpu_parallel(cb, attn_range, &c, n_tokens * kc->ne[2], 1);
+}

@@ -1,0 +1,174 @@
+/* CPU row-wise and element-wise ops: embedding/row gather, RMSNorm, add, scale, GLU
+ * activations, soft-capping, softmax. All parallel over rows; none is a bottleneck next
+ * to the matmuls (each touches n_embd or n_ff floats per row once). */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+
+/* ---- get_rows ---- */
+
+struct rows_ctx {
+    struct tensor *dst;
+    const struct tensor *src, *ids;
+};
+
+static void get_rows_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct rows_ctx *c = vctx;
+    const int32_t *ids = c->ids->data;
+    for (int64_t i = i0; i < i1; i++)
+        cpu_row_to_f32(c->src->type, tensor_row(c->src, ids[i], 0, 0), tensor_row(c->dst, i, 0, 0),
+                       c->src->ne[0]);
+}
+
+void cpu_op_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,
+                     const struct tensor *ids) {
+    struct rows_ctx c = {dst, src, ids};
+    cpu_parallel(cpu_of(b), get_rows_range, &c, ids->ne[0], 4);
+}
+
+/* ---- rms_norm ---- */
+
+struct norm_ctx {
+    struct tensor *dst;
+    const struct tensor *x, *w;
+    float eps;
+};
+
+/* Row r of a (ne0, ne1, ne2) tensor. */
+static inline float *row_at(const struct tensor *t, int64_t r) {
+    return tensor_row(t, r % t->ne[1], (r / t->ne[1]) % t->ne[2], r / (t->ne[1] * t->ne[2]));
+}
+
+static void rms_norm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct norm_ctx *c = vctx;
+    int64_t n = c->x->ne[0];
+    const float *w = c->w ? c->w->data : NULL;
+    for (int64_t r = i0; r < i1; r++) {
+        const float *x = row_at(c->x, r);
+        float *y = row_at(c->dst, r);
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)c->eps));
+        if (w)
+            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+        else
+            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv;
+    }
+}
+
+void cpu_op_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                     const struct tensor *w, float eps) {
+    struct norm_ctx c = {dst, x, w, eps};
+    cpu_parallel(cpu_of(b), rms_norm_range, &c, tensor_nrows(x), 8);
+}
+
+/* ---- add, scale ---- */
+
+struct bin_ctx {
+    struct tensor *dst;
+    const struct tensor *a, *c;
+    float s;
+    enum glu_act act;
+};
+
+static void add_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bin_ctx *c = vctx;
+    int64_t n = c->a->ne[0];
+    bool bcast = tensor_nrows(c->c) == 1;
+    for (int64_t r = i0; r < i1; r++) {
+        const float *a = row_at(c->a, r);
+        const float *v = bcast ? (const float *)c->c->data : row_at(c->c, r);
+        float *y = row_at(c->dst, r);
+        for (int64_t i = 0; i < n; i++) y[i] = a[i] + v[i];
+    }
+}
+
+void cpu_op_add(struct backend *b, struct tensor *dst, const struct tensor *a,
+                const struct tensor *c) {
+    struct bin_ctx ctx = {.dst = dst, .a = a, .c = c};
+    cpu_parallel(cpu_of(b), add_range, &ctx, tensor_nrows(a), 16);
+}
+
+static void scale_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bin_ctx *c = vctx;
+    int64_t n = c->a->ne[0];
+    for (int64_t r = i0; r < i1; r++) {
+        const float *a = row_at(c->a, r);
+        float *y = row_at(c->dst, r);
+        for (int64_t i = 0; i < n; i++) y[i] = a[i] * c->s;
+    }
+}
+
+void cpu_op_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s) {
+    struct bin_ctx ctx = {.dst = dst, .a = x, .s = s};
+    cpu_parallel(cpu_of(b), scale_range, &ctx, tensor_nrows(x), 16);
+}
+
+/* ---- GLU ---- */
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* GELU, tanh approximation (PyTorch's approximate="tanh", HF gelu_pytorch_tanh). */
+static inline float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bin_ctx *c = vctx; /* a = gate, c = up */
+    int64_t n = c->a->ne[0];
+    for (int64_t r = i0; r < i1; r++) {
+        const float *g = row_at(c->a, r);
+        const float *u = row_at(c->c, r);
+        float *y = row_at(c->dst, r);
+        if (c->act == GLU_SILU)
+            for (int64_t i = 0; i < n; i++) y[i] = silu(g[i]) * u[i];
+        else
+            for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(g[i]) * u[i];
+    }
+}
+
+void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
+                const struct tensor *up, enum glu_act act) {
+    struct bin_ctx ctx = {.dst = dst, .a = gate, .c = up, .act = act};
+    cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(gate), 4);
+}
+
+/* ---- softcap, softmax ---- */
+
+static void softcap_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bin_ctx *c = vctx;
+    int64_t n = c->a->ne[0];
+    for (int64_t r = i0; r < i1; r++) {
+        float *y = row_at(c->a, r);
+        for (int64_t i = 0; i < n; i++) y[i] = c->s * tanhf(y[i] / c->s);
+    }
+}
+
+void cpu_op_softcap(struct backend *b, struct tensor *x, float cap) {
+    struct bin_ctx ctx = {.a = x, .s = cap};
+    cpu_parallel(cpu_of(b), softcap_range, &ctx, tensor_nrows(x), 1);
+}
+
+static void softmax_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bin_ctx *c = vctx;
+    int64_t n = c->a->ne[0];
+    for (int64_t r = i0; r < i1; r++) {
+        float *y = row_at(c->a, r);
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < n; i++) mx = y[i] > mx ? y[i] : mx;
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++) {
+            y[i] = expf(y[i] - mx);
+            sum += y[i];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < n; i++) y[i] *= inv;
+    }
+}
+
+void cpu_op_softmax(struct backend *b, struct tensor *x) {
+    struct bin_ctx ctx = {.a = x};
+    cpu_parallel(cpu_of(b), softmax_range, &ctx, tensor_nrows(x), 1);
+}

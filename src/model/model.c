@@ -1,0 +1,637 @@
+/* What every architecture shares: loading hyper-parameters and binding weights with
+ * shape checks (errors name the key or tensor and both shapes), the KV store, and the
+ * step: validating a batch, uploading its inputs, embedding, the attention and FFN
+ * blocks, and the logits of the rows that asked for them.
+ *
+ * The step's data flow (per architecture file for the blocks in between):
+ *   token ids --get_rows--> x (n_embd, n_tokens) --blocks--> x --get_rows(out rows)-->
+ *   (n_embd, n_out) --rms_norm--> --matmul(output)--> logits (n_vocab, n_out)
+ * Only the rows that want logits reach the vocabulary projection: a prefill chunk of
+ * 512 tokens pays for one row of it, not 512. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/ckd.h"
+#include "util/half.h"
+
+static const struct arch_def *const archs[] = {&arch_llama, &arch_qwen2, &arch_qwen3,
+                                               &arch_gemma3};
+
+/* ---- loader ---- */
+
+void *ld_alloc(struct loader *l, size_t nbytes) {
+    if (l->st != SMELT_OK) return NULL;
+    struct model *m = l->m;
+    if (m->n_owned == m->cap_owned) {
+        int64_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **o = realloc(m->owned, (size_t)nc * sizeof *o);
+        if (!o) {
+            l->st = err_set(l->e, SMELT_ERR_NOMEM, "out of memory loading the model");
+            return NULL;
+        }
+        m->owned = o;
+        m->cap_owned = nc;
+    }
+    void *p = calloc(1, nbytes ? nbytes : 1);
+    if (!p) {
+        l->st = err_set(l->e, SMELT_ERR_NOMEM, "out of memory loading the model (%zu bytes)",
+                        nbytes);
+        return NULL;
+    }
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+/* Host dequantize of a whole tensor to F32 (small tensors only: norms, biases). */
+static bool to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
+    if (type == QT_F16 || type == QT_BF16) {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = type == QT_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        return true;
+    }
+    const struct qtype_info *qi = qtype_get(type);
+    if (!qi || !qi->dequantize) return false;
+    qi->dequantize(src, dst, n);
+    return true;
+}
+
+static const char *shape_str(const int64_t *ne, int nd, char *buf, size_t n) {
+    struct tensor t = {.ne = {1, 1, 1, 1}};
+    for (int i = 0; i < nd; i++) t.ne[i] = ne[i];
+    return tensor_shape_str(&t, buf, n);
+}
+
+static const struct tensor *bind(struct loader *l, bool optional, bool want_f32, int64_t ne0,
+                                 int64_t ne1, const char *name) {
+    if (l->st != SMELT_OK) return NULL;
+    struct model *m = l->m;
+    const struct gguf_tensor *gt = gguf_find_tensor(l->f, name);
+    if (!gt) {
+        if (!optional)
+            l->st = err_set(l->e, SMELT_ERR_NOT_FOUND, "tensor %s is missing", name);
+        return NULL;
+    }
+    int64_t want[4] = {ne0, ne1, 1, 1};
+    if (memcmp(gt->ne, want, sizeof want) != 0) {
+        char a[96], b[96];
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "tensor %s: shape %s, but the hyper-parameters say %s", name,
+                        shape_str(gt->ne, GGUF_MAX_DIMS, a, sizeof a),
+                        shape_str(want, 2, b, sizeof b));
+        return NULL;
+    }
+    if (m->n_tensors == m->cap_tensors) {
+        l->st = err_set(l->e, SMELT_ERR_INTERNAL, "tensor %s: bound twice?", name);
+        return NULL;
+    }
+    struct tensor *t = &m->tensors[m->n_tensors];
+    if (!tensor_init(t, gt->type, ne0, ne1, 1, 1) || tensor_nbytes(t) != gt->nbytes) {
+        l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s with row length %lld",
+                        name, qtype_name(gt->type), (long long)ne0);
+        return NULL;
+    }
+    char *nm = ld_alloc(l, strlen(name) + 1);
+    if (!nm) return NULL;
+    strcpy(nm, name);
+    t->name = nm;
+    t->data = (void *)gt->data;
+    if (want_f32 && gt->type != QT_F32) {
+        float *buf = ld_alloc(l, (size_t)(ne0 * ne1) * sizeof(float));
+        if (!buf) return NULL;
+        if (!to_f32(gt->type, gt->data, buf, ne0 * ne1)) {
+            l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s cannot be read",
+                            name, qtype_name(gt->type));
+            return NULL;
+        }
+        tensor_init(t, QT_F32, ne0, ne1, 1, 1);
+        t->name = nm;
+        t->data = buf;
+    }
+    l->st = bk_weight_bind(m->bk, t, l->e);
+    if (l->st != SMELT_OK) return NULL;
+    m->n_tensors++;
+    return t;
+}
+
+const struct tensor *ld_matrix(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
+                               const char *fmt, ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return bind(l, optional, false, ne0, ne1, name);
+}
+
+const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, const char *fmt, ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return bind(l, optional, true, ne0, 1, name);
+}
+
+static void arch_key(const struct loader *l, const char *suffix, char *key, size_t n) {
+    snprintf(key, n, "%s.%s", l->m->hp.arch, suffix);
+}
+
+smelt_status ld_u32(struct loader *l, const char *suffix, bool optional, uint32_t *out) {
+    if (l->st != SMELT_OK) return l->st;
+    char key[128];
+    arch_key(l, suffix, key, sizeof key);
+    if (!gguf_get(l->f, key)) {
+        if (optional) return SMELT_OK;
+        return l->st = err_set(l->e, SMELT_ERR_NOT_FOUND, "metadata key %s is missing", key);
+    }
+    return l->st = gguf_get_u32(l->f, key, out, l->e);
+}
+
+smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *out) {
+    if (l->st != SMELT_OK) return l->st;
+    char key[128];
+    arch_key(l, suffix, key, sizeof key);
+    if (!gguf_get(l->f, key)) {
+        if (optional) return SMELT_OK;
+        return l->st = err_set(l->e, SMELT_ERR_NOT_FOUND, "metadata key %s is missing", key);
+    }
+    l->st = gguf_get_f32(l->f, key, out, l->e);
+    if (l->st == SMELT_OK && !isfinite(*out))
+        l->st = err_set(l->e, SMELT_ERR_FORMAT, "metadata key %s: not a finite number", key);
+    return l->st;
+}
+
+/* Reads a positive integer key bounded by max into an int32. */
+static void ld_dim(struct loader *l, const char *suffix, bool optional, int32_t *out,
+                   uint32_t max) {
+    uint32_t v = (uint32_t)*out;
+    if (ld_u32(l, suffix, optional, &v) != SMELT_OK) return;
+    if (v == 0 || v > max) {
+        char key[128];
+        arch_key(l, suffix, key, sizeof key);
+        l->st = err_set(l->e, SMELT_ERR_FORMAT, "metadata key %s: %u is out of range (1..%u)",
+                        key, v, max);
+        return;
+    }
+    *out = (int32_t)v;
+}
+
+void ld_attn_weights(struct loader *l, int il, struct attn_weights *w) {
+    const struct model *m = l->m;
+    const struct layer_attn *a = &m->layer[il];
+    int64_t n_embd = m->hp.n_embd, nq = (int64_t)a->n_head * a->head_dim_k,
+            nk = (int64_t)a->n_head_kv * a->head_dim_k, nv = (int64_t)a->n_head_kv * a->head_dim_v;
+    w->wq = ld_matrix(l, false, n_embd, nq, "blk.%d.attn_q.weight", il);
+    w->wk = ld_matrix(l, false, n_embd, nk, "blk.%d.attn_k.weight", il);
+    w->wv = ld_matrix(l, false, n_embd, nv, "blk.%d.attn_v.weight", il);
+    w->wo = ld_matrix(l, false, (int64_t)a->n_head * a->head_dim_v, n_embd,
+                      "blk.%d.attn_output.weight", il);
+    w->bq = ld_vector(l, true, nq, "blk.%d.attn_q.bias", il);
+    w->bk = ld_vector(l, true, nk, "blk.%d.attn_k.bias", il);
+    w->bv = ld_vector(l, true, nv, "blk.%d.attn_v.bias", il);
+    w->q_norm = ld_vector(l, true, a->head_dim_k, "blk.%d.attn_q_norm.weight", il);
+    w->k_norm = ld_vector(l, true, a->head_dim_k, "blk.%d.attn_k_norm.weight", il);
+}
+
+/* RoPE from {arch}.rope.*: frequency base, rotated dims, scaling (linear, YaRN), and the
+ * Llama-3 frequency factors tensor. */
+static void ld_rope(struct loader *l, struct rope_params *r) {
+    struct model *m = l->m;
+    r->freq_base = 10000.0f;
+    r->freq_scale = 1.0f;
+    r->attn_factor = 1.0f;
+    r->ext_factor = 0.0f;
+    r->beta_fast = 32.0f;
+    r->beta_slow = 1.0f;
+    r->n_ctx_orig = m->hp.n_ctx_train;
+    r->n_rot = m->hp.head_dim_k;
+    ld_f32(l, "rope.freq_base", true, &r->freq_base);
+    ld_dim(l, "rope.dimension_count", true, &r->n_rot, (uint32_t)m->hp.head_dim_k);
+    if (l->st != SMELT_OK) return;
+    if (r->n_rot % 2 || r->freq_base <= 0) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.rope.dimension_count (%d) must be even and %s.rope.freq_base (%g) "
+                        "positive", m->hp.arch, r->n_rot, m->hp.arch, (double)r->freq_base);
+        return;
+    }
+
+    char key[128], type[32] = "none";
+    float factor = 0;
+    arch_key(l, "rope.scaling.type", key, sizeof key);
+    if (gguf_get(l->f, key)) {
+        struct gguf_str s;
+        if ((l->st = gguf_get_str(l->f, key, &s, l->e)) != SMELT_OK) return;
+        gguf_str_copy(s, type, sizeof type);
+    } else {
+        ld_f32(l, "rope.scale_linear", true, &factor); /* older files */
+        if (factor != 0) strcpy(type, "linear");
+    }
+    if (!strcmp(type, "none")) return;
+    if (strcmp(type, "linear") && strcmp(type, "yarn")) {
+        l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "%s: rope scaling '%s' is not supported",
+                        key, type);
+        return;
+    }
+    ld_f32(l, "rope.scaling.factor", factor != 0, &factor);
+    if (l->st != SMELT_OK) return;
+    if (factor < 1.0f) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s.rope.scaling.factor: %g is below 1",
+                        m->hp.arch, (double)factor);
+        return;
+    }
+    r->freq_scale = 1.0f / factor;
+    if (!strcmp(type, "yarn")) {
+        uint32_t orig = (uint32_t)r->n_ctx_orig;
+        r->ext_factor = 1.0f;
+        ld_f32(l, "rope.scaling.yarn_ext_factor", true, &r->ext_factor);
+        ld_f32(l, "rope.scaling.attn_factor", true, &r->attn_factor);
+        ld_f32(l, "rope.scaling.yarn_beta_fast", true, &r->beta_fast);
+        ld_f32(l, "rope.scaling.yarn_beta_slow", true, &r->beta_slow);
+        ld_u32(l, "rope.scaling.original_context_length", true, &orig);
+        if (l->st == SMELT_OK && (orig == 0 || orig > (1u << 30) || r->beta_fast <= 0 ||
+                                  r->beta_slow <= 0)) {
+            l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s.rope.scaling: YaRN parameters out of range",
+                            m->hp.arch);
+            return;
+        }
+        r->n_ctx_orig = (int32_t)orig;
+    }
+}
+
+static void load_common(struct loader *l) {
+    struct model *m = l->m;
+    struct model_hparams *hp = &m->hp;
+    ld_dim(l, "embedding_length", false, &hp->n_embd, 1u << 18);
+    ld_dim(l, "block_count", false, &hp->n_layer, 1u << 12);
+    ld_dim(l, "feed_forward_length", false, &hp->n_ff, 1u << 22);
+    ld_dim(l, "context_length", false, &hp->n_ctx_train, 1u << 30);
+    ld_dim(l, "attention.head_count", false, &hp->n_head, 1u << 12);
+    hp->n_head_kv = hp->n_head;
+    ld_dim(l, "attention.head_count_kv", true, &hp->n_head_kv, 1u << 12);
+    ld_f32(l, "attention.layer_norm_rms_epsilon", false, &hp->norm_eps);
+    if (l->st != SMELT_OK) return;
+    if (hp->n_head % hp->n_head_kv) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.attention.head_count_kv (%d) does not divide %s.attention.head_count "
+                        "(%d)", hp->arch, hp->n_head_kv, hp->arch, hp->n_head);
+        return;
+    }
+    char key[128];
+    arch_key(l, "attention.key_length", key, sizeof key);
+    if (!gguf_get(l->f, key) && hp->n_embd % hp->n_head) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.attention.head_count (%d) does not divide %s.embedding_length (%d) "
+                        "and %s is absent", hp->arch, hp->n_head, hp->arch, hp->n_embd, key);
+        return;
+    }
+    hp->head_dim_k = hp->n_embd / hp->n_head;
+    ld_dim(l, "attention.key_length", true, &hp->head_dim_k, 1u << 14);
+    hp->head_dim_v = hp->head_dim_k;
+    ld_dim(l, "attention.value_length", true, &hp->head_dim_v, 1u << 14);
+    if (l->st == SMELT_OK && (hp->norm_eps <= 0 || hp->norm_eps > 1)) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.attention.layer_norm_rms_epsilon: %g is out of range", hp->arch,
+                        (double)hp->norm_eps);
+        return;
+    }
+    hp->embd_scale = 1.0f;
+    ld_f32(l, "final_logit_softcapping", true, &hp->final_softcap);
+    if (l->st != SMELT_OK) return;
+
+    /* Token embeddings set the vocabulary size. */
+    const struct gguf_tensor *te = gguf_find_tensor(l->f, "token_embd.weight");
+    if (!te) {
+        l->st = err_set(l->e, SMELT_ERR_NOT_FOUND, "tensor token_embd.weight is missing");
+        return;
+    }
+    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT, "tensor token_embd.weight: %lld rows",
+                        (long long)te->ne[1]);
+        return;
+    }
+    hp->n_vocab = (int32_t)te->ne[1];
+    uint32_t vs = (uint32_t)hp->n_vocab;
+    ld_u32(l, "vocab_size", true, &vs);
+    if (l->st == SMELT_OK && vs != (uint32_t)hp->n_vocab) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.vocab_size (%u) differs from token_embd.weight's %d rows", hp->arch,
+                        vs, hp->n_vocab);
+        return;
+    }
+    m->tok_embd = ld_matrix(l, false, hp->n_embd, hp->n_vocab, "token_embd.weight");
+    m->output_norm = ld_vector(l, false, hp->n_embd, "output_norm.weight");
+    m->output = ld_matrix(l, true, hp->n_embd, hp->n_vocab, "output.weight");
+    hp->tied_output = m->output == NULL;
+    if (!m->output) m->output = m->tok_embd;
+
+    /* Every layer starts with the model-wide attention shape; architectures adjust. */
+    m->layer = ld_alloc(l, (size_t)hp->n_layer * sizeof *m->layer);
+    if (!m->layer) return;
+    struct rope_params rope = {0};
+    ld_rope(l, &rope);
+    m->rope_freqs = ld_vector(l, true, rope.n_rot / 2, "rope_freqs.weight");
+    rope.freq_factors = m->rope_freqs;
+    float attn_softcap = 0;
+    ld_f32(l, "attn_logit_softcapping", true, &attn_softcap);
+    if (l->st != SMELT_OK) return;
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct layer_attn *a = &m->layer[il];
+        a->n_head = hp->n_head;
+        a->n_head_kv = hp->n_head_kv;
+        a->head_dim_k = hp->head_dim_k;
+        a->head_dim_v = hp->head_dim_v;
+        a->rope = rope;
+        a->attn.scale = 1.0f / sqrtf((float)hp->head_dim_k);
+        a->attn.softcap = attn_softcap;
+        a->attn.window = 0;
+    }
+}
+
+smelt_status model_load(struct model **out, const struct gguf_file *f, struct backend *bk,
+                        struct err *e) {
+    *out = NULL;
+    struct gguf_str an;
+    smelt_status st = gguf_get_str(f, "general.architecture", &an, e);
+    if (st != SMELT_OK) return err_prefix(e, "model");
+    const struct arch_def *arch = NULL;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (gguf_str_eq(an, archs[i]->name)) arch = archs[i];
+    if (!arch) {
+        char name[64];
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "architecture '%s' is not supported (supported: llama, qwen2, qwen3, "
+                       "gemma3)", gguf_str_copy(an, name, sizeof name));
+    }
+
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    m->arch = arch;
+    m->bk = bk;
+    arena_init(&m->host);
+    snprintf(m->hp.arch, sizeof m->hp.arch, "%s", arch->name);
+    m->cap_tensors = gguf_n_tensors(f);
+    m->tensors = calloc((size_t)m->cap_tensors + 1, sizeof *m->tensors);
+    if (!m->tensors) {
+        model_free(m);
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    struct loader l = {m, f, e, SMELT_OK};
+    load_common(&l);
+    if (l.st == SMELT_OK) l.st = arch->load(m, f, e);
+    if (l.st != SMELT_OK) {
+        model_free(m);
+        return l.st;
+    }
+    *out = m;
+    return SMELT_OK;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    for (int64_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->tensors);
+    arena_free(&m->host);
+    free(m);
+}
+
+/* ---- KV store ---- */
+
+static bool kv_type_ok(uint32_t type) {
+    return type == QT_F32 || type == QT_F16 || type == QT_BF16;
+}
+
+uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t block_size) {
+    const struct qtype_info *qi = qtype_get(type);
+    if (!qi) return 0;
+    uint64_t total = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer_attn *a = &m->layer[il];
+        uint64_t row = qtype_row_size(type, a->head_dim_k) + qtype_row_size(type, a->head_dim_v);
+        total += row * (uint64_t)block_size * (uint64_t)a->n_head_kv;
+    }
+    return total;
+}
+
+smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, int32_t n_blocks,
+                          struct kv_store **out, struct err *e) {
+    *out = NULL;
+    if (!kv_type_ok(type))
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "KV cache type %s is not supported (F32, F16, BF16)",
+                       qtype_name(type));
+    if (block_size < 1 || block_size > 4096 || n_blocks < 1 || n_blocks > (1 << 24))
+        return err_set(e, SMELT_ERR_INVALID, "KV cache: block_size %d, n_blocks %d out of range",
+                       block_size, n_blocks);
+    uint64_t bytes = 0;
+    if (ckd_mul_u64(&bytes, model_kv_block_bytes(m, type, block_size), (uint64_t)n_blocks) ||
+        bytes > ((uint64_t)1 << 46))
+        return err_set(e, SMELT_ERR_RANGE, "KV cache: %d blocks of %d tokens is too large",
+                       n_blocks, block_size);
+    struct kv_store *kv = calloc(1, sizeof *kv);
+    if (kv) {
+        kv->k = calloc((size_t)m->hp.n_layer, sizeof *kv->k);
+        kv->v = calloc((size_t)m->hp.n_layer, sizeof *kv->v);
+    }
+    if (!kv || !kv->k || !kv->v) {
+        if (kv) free(kv->k), free(kv->v);
+        free(kv);
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    kv->type = type;
+    kv->n_layer = m->hp.n_layer;
+    kv->block_size = block_size;
+    kv->n_blocks = n_blocks;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer_attn *a = &m->layer[il];
+        tensor_init(&kv->k[il], type, a->head_dim_k, block_size, a->n_head_kv, n_blocks);
+        tensor_init(&kv->v[il], type, a->head_dim_v, block_size, a->n_head_kv, n_blocks);
+        kv->k[il].name = "kv.k";
+        kv->v[il].name = "kv.v";
+        smelt_status st = bk_buffer_alloc(m->bk, &kv->k[il], e);
+        if (st == SMELT_OK) st = bk_buffer_alloc(m->bk, &kv->v[il], e);
+        if (st != SMELT_OK) {
+            model_kv_free(m, kv);
+            return err_prefix(e, "KV cache layer %d", il);
+        }
+    }
+    *out = kv;
+    return SMELT_OK;
+}
+
+void model_kv_free(struct model *m, struct kv_store *kv) {
+    if (!kv) return;
+    for (int il = 0; il < kv->n_layer; il++) {
+        bk_buffer_free(m->bk, &kv->k[il]);
+        bk_buffer_free(m->bk, &kv->v[il]);
+    }
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+/* ---- forward building blocks ---- */
+
+struct tensor *fwd_embed(struct model *m, struct step *s) {
+    struct tensor *x = bk_new(s->bk, QT_F32, m->hp.n_embd, s->n_tokens, 1);
+    bk_get_rows(s->bk, x, m->tok_embd, s->token);
+    if (m->hp.embd_scale != 1.0f) bk_scale(s->bk, x, x, m->hp.embd_scale);
+    return x;
+}
+
+struct tensor *fwd_norm(struct model *m, struct step *s, const struct tensor *x,
+                        const struct tensor *w) {
+    struct tensor *h = bk_new(s->bk, QT_F32, x->ne[0], x->ne[1], x->ne[2]);
+    bk_rms_norm(s->bk, h, x, w, m->hp.norm_eps);
+    return h;
+}
+
+struct tensor *fwd_attention(struct model *m, struct step *s, int il, const struct attn_weights *w,
+                             struct tensor *h) {
+    struct backend *bk = s->bk;
+    const struct layer_attn *a = &m->layer[il];
+    int64_t n = s->n_tokens;
+    struct tensor *q = bk_new(bk, QT_F32, (int64_t)a->n_head * a->head_dim_k, n, 1);
+    struct tensor *k = bk_new(bk, QT_F32, (int64_t)a->n_head_kv * a->head_dim_k, n, 1);
+    struct tensor *v = bk_new(bk, QT_F32, (int64_t)a->n_head_kv * a->head_dim_v, n, 1);
+    struct tensor *qkv[3] = {q, k, v};
+    const struct tensor *wqkv[3] = {w->wq, w->wk, w->wv};
+    bk_matmul_group(bk, 3, qkv, wqkv, h);
+    if (w->bq) bk_add(bk, q, q, w->bq);
+    if (w->bk) bk_add(bk, k, k, w->bk);
+    if (w->bv) bk_add(bk, v, v, w->bv);
+
+    q = bk_reshape(bk, q, a->head_dim_k, a->n_head, n);    /* (head_dim_k, n_head, n) */
+    k = bk_reshape(bk, k, a->head_dim_k, a->n_head_kv, n); /* (head_dim_k, n_head_kv, n) */
+    v = bk_reshape(bk, v, a->head_dim_v, a->n_head_kv, n); /* (head_dim_v, n_head_kv, n) */
+    if (w->q_norm) bk_rms_norm(bk, q, q, w->q_norm, m->hp.norm_eps);
+    if (w->k_norm) bk_rms_norm(bk, k, k, w->k_norm, m->hp.norm_eps);
+    bk_rope_kv_store(bk, q, k, v, &s->kv->k[il], &s->kv->v[il], &s->meta, &a->rope);
+
+    struct tensor *att = bk_new(bk, QT_F32, a->head_dim_v, a->n_head, n);
+    bk_attention(bk, att, q, &s->kv->k[il], &s->kv->v[il], &s->meta, &a->attn);
+    att = bk_reshape(bk, att, (int64_t)a->head_dim_v * a->n_head, n, 1);
+    struct tensor *o = bk_new(bk, QT_F32, m->hp.n_embd, n, 1);
+    bk_matmul(bk, o, w->wo, att);
+    return o;
+}
+
+struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
+                           const struct tensor *w_up, const struct tensor *w_down,
+                           struct tensor *h, enum glu_act act) {
+    struct tensor *g = bk_new(s->bk, QT_F32, w_gate->ne[1], s->n_tokens, 1);
+    bk_ffn_glu(s->bk, g, w_gate, w_up, h, act);
+    struct tensor *o = bk_new(s->bk, QT_F32, m->hp.n_embd, s->n_tokens, 1);
+    bk_matmul(s->bk, o, w_down, g);
+    return o;
+}
+
+/* ---- the step ---- */
+
+static smelt_status check_batch(const struct model *m, const struct kv_store *kv,
+                                const struct batch *b, struct err *e) {
+    if (kv->n_layer != m->hp.n_layer)
+        return err_set(e, SMELT_ERR_INVALID, "KV store has %d layers, the model %d",
+                       kv->n_layer, m->hp.n_layer);
+    if (b->n_tokens < 1 || b->n_tokens > (1 << 20))
+        return err_set(e, SMELT_ERR_INVALID, "batch: %d tokens", b->n_tokens);
+    if (b->n_seqs < 1 || b->n_seqs > (1 << 20) || !b->seqs || !b->token || !b->pos || !b->seq)
+        return err_set(e, SMELT_ERR_INVALID, "batch: %d sequences, or an array is missing",
+                       b->n_seqs);
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        const struct batch_seq *q = &b->seqs[s];
+        if (q->n_blocks < 0 || (q->n_blocks > 0 && !q->blocks))
+            return err_set(e, SMELT_ERR_INVALID, "batch: sequence %d has %d blocks", s,
+                           q->n_blocks);
+        for (int32_t i = 0; i < q->n_blocks; i++)
+            if (q->blocks[i] < 0 || q->blocks[i] >= kv->n_blocks)
+                return err_set(e, SMELT_ERR_RANGE,
+                               "batch: sequence %d, block table entry %d: block %d is not in "
+                               "the cache (%d blocks)", s, i, q->blocks[i], kv->n_blocks);
+    }
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (b->token[i] < 0 || b->token[i] >= m->hp.n_vocab)
+            return err_set(e, SMELT_ERR_RANGE, "batch row %d: token %d is outside the vocabulary "
+                           "(%d)", i, b->token[i], m->hp.n_vocab);
+        if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
+            return err_set(e, SMELT_ERR_RANGE, "batch row %d: sequence %d of %d", i, b->seq[i],
+                           b->n_seqs);
+        int64_t cap = (int64_t)b->seqs[b->seq[i]].n_blocks * kv->block_size;
+        if (b->pos[i] < 0 || b->pos[i] >= cap)
+            return err_set(e, SMELT_ERR_RANGE,
+                           "batch row %d: position %d is not covered by sequence %d's %d "
+                           "blocks of %d", i, b->pos[i], b->seq[i], b->seqs[b->seq[i]].n_blocks,
+                           kv->block_size);
+    }
+    return SMELT_OK;
+}
+
+/* A scratch I32 tensor holding n host values. */
+static struct tensor *upload_i32(struct backend *bk, const int32_t *v, int64_t n) {
+    struct tensor *t = bk_new(bk, QT_I32, n, 1, 1);
+    bk_upload(bk, t, v, (size_t)n * sizeof(int32_t));
+    return t;
+}
+
+smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *b,
+                           float *logits_out, int32_t *n_out_p, struct err *e) {
+    if (n_out_p) *n_out_p = 0;
+    smelt_status st = check_batch(m, kv, b, e);
+    if (st != SMELT_OK) return st;
+    struct backend *bk = m->bk;
+    int32_t n = b->n_tokens;
+
+    /* Host staging: KV slots, output rows, the block tables padded to a rectangle. */
+    arena_reset(&m->host);
+    int32_t max_blocks = 1;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        if (b->seqs[s].n_blocks > max_blocks) max_blocks = b->seqs[s].n_blocks;
+    int32_t *slot = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
+    int32_t *rows = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
+    int32_t *tables = arena_calloc(&m->host, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
+    if (!slot || !rows || !tables) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const struct batch_seq *q = &b->seqs[b->seq[i]];
+        int32_t p = b->pos[i];
+        slot[i] = q->blocks[p / kv->block_size] * kv->block_size + p % kv->block_size;
+        if (b->logits ? b->logits[i] != 0 : i == n - 1) rows[n_out++] = i;
+    }
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        if (b->seqs[s].n_blocks)
+            memcpy(tables + (size_t)s * max_blocks, b->seqs[s].blocks,
+                   (size_t)b->seqs[s].n_blocks * sizeof(int32_t));
+
+    bk_step_begin(bk);
+    struct step s = {.bk = bk, .kv = kv, .n_tokens = n, .n_out = n_out};
+    s.token = upload_i32(bk, b->token, n);
+    s.meta.pos = upload_i32(bk, b->pos, n);
+    s.meta.seq = upload_i32(bk, b->seq, n);
+    s.meta.slot = upload_i32(bk, slot, n);
+    struct tensor *tb = bk_new(bk, QT_I32, max_blocks, b->n_seqs, 1);
+    bk_upload(bk, tb, tables, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
+    s.meta.blocks = tb;
+    s.meta.block_size = kv->block_size;
+    if (n_out) s.out_rows = upload_i32(bk, rows, n_out);
+
+    struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
+    struct tensor *logits = NULL;
+    if (n_out) {
+        struct tensor *xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
+        bk_get_rows(bk, xo, x, s.out_rows);
+        bk_rms_norm(bk, xo, xo, m->output_norm, m->hp.norm_eps);
+        logits = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
+        bk_matmul(bk, logits, m->output, xo);
+        if (m->hp.final_softcap > 0) bk_softcap(bk, logits, m->hp.final_softcap);
+        if (logits_out)
+            bk_download(bk, logits_out, logits, (size_t)n_out * (size_t)m->hp.n_vocab * sizeof(float));
+    }
+    st = bk_sync(bk, e);
+    if (st != SMELT_OK) return err_prefix(e, "forward");
+    if (n_out_p) *n_out_p = n_out;
+    return SMELT_OK;
+}

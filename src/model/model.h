@@ -1,0 +1,185 @@
+/* Models: hyper-parameters from GGUF metadata, weights bound by tensor name, and the
+ * batched forward pass written against the op interface (backend/backend.h).
+ *
+ * model.c holds what every architecture shares (metadata, weight binding with shape
+ * checks, the step's inputs, embedding, attention block, logits). Each architecture
+ * family has one file (model_llama.c: llama, qwen2, qwen3; model_gemma3.c) that binds
+ * its own per-layer weights and writes its forward pass as a readable sequence of ops.
+ * See docs/forward.md for how to add one.
+ *
+ * Lifetimes: the gguf_file outlives the model (weights are views into its mapping on the
+ * CPU). A kv_store belongs to one model and one backend.
+ */
+#ifndef SMELT_MODEL_H
+#define SMELT_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "format/gguf.h"
+#include "model/batch.h"
+#include "util/arena.h"
+
+#define MODEL_ARCH_NAME_MAX 32
+
+/* Hyper-parameters common to the supported architectures. Per-layer attention shapes
+ * (which may differ between layers) are in struct layer_attn. */
+struct model_hparams {
+    char arch[MODEL_ARCH_NAME_MAX]; /* general.architecture */
+    int32_t n_vocab;      /* rows of token_embd */
+    int32_t n_ctx_train;  /* {arch}.context_length */
+    int32_t n_embd;       /* {arch}.embedding_length */
+    int32_t n_layer;      /* {arch}.block_count */
+    int32_t n_ff;         /* {arch}.feed_forward_length */
+    int32_t n_head;       /* {arch}.attention.head_count */
+    int32_t n_head_kv;    /* {arch}.attention.head_count_kv (default n_head) */
+    int32_t head_dim_k;   /* {arch}.attention.key_length (default n_embd / n_head) */
+    int32_t head_dim_v;   /* {arch}.attention.value_length (default head_dim_k) */
+    float norm_eps;       /* {arch}.attention.layer_norm_rms_epsilon */
+    float embd_scale;     /* input embeddings are multiplied by this (gemma: sqrt(n_embd)) */
+    float final_softcap;  /* {arch}.final_logit_softcapping; 0 = none */
+    bool tied_output;     /* no output.weight: logits use token_embd */
+};
+
+/* One layer's attention configuration: fixed at load, read by the forward pass. */
+struct layer_attn {
+    int32_t n_head, n_head_kv, head_dim_k, head_dim_v;
+    struct rope_params rope;
+    struct attn_params attn; /* scale, soft-cap, sliding window */
+};
+
+/* The attention weights most architectures share. Shapes (ne0, ne1): a matmul weight
+ * (n_in, n_out) maps n_in -> n_out. NULL means absent. */
+struct attn_weights {
+    const struct tensor *wq;     /* (n_embd, n_head * head_dim_k) */
+    const struct tensor *wk;     /* (n_embd, n_head_kv * head_dim_k) */
+    const struct tensor *wv;     /* (n_embd, n_head_kv * head_dim_v) */
+    const struct tensor *wo;     /* (n_head * head_dim_v, n_embd) */
+    const struct tensor *bq;     /* (n_head * head_dim_k) or NULL (qwen2 has biases) */
+    const struct tensor *bk;     /* (n_head_kv * head_dim_k) or NULL */
+    const struct tensor *bv;     /* (n_head_kv * head_dim_v) or NULL */
+    const struct tensor *q_norm; /* (head_dim_k) or NULL (qwen3, gemma3: RMSNorm per head) */
+    const struct tensor *k_norm; /* (head_dim_k) or NULL */
+};
+
+struct model;
+struct step;
+
+/* An architecture: binds its weights, then runs its forward pass for one step. */
+struct arch_def {
+    const char *name; /* general.architecture */
+    /* Reads arch-specific metadata, fills m->layer[] and binds the layer weights
+     * (m->arch_layers). Common hyper-parameters and the embedding/output tensors are
+     * already loaded. */
+    smelt_status (*load)(struct model *m, const struct gguf_file *f, struct err *e);
+    /* Returns the hidden state (n_embd, n_tokens) after the last block, before the final
+     * norm. Ops only: errors are sticky in the backend. */
+    struct tensor *(*forward)(struct model *m, struct step *s);
+};
+
+struct model {
+    const struct arch_def *arch;
+    struct model_hparams hp;
+    struct backend *bk;
+    struct layer_attn *layer;         /* (n_layer) */
+    const struct tensor *tok_embd;    /* (n_embd, n_vocab) */
+    const struct tensor *output_norm; /* (n_embd) */
+    const struct tensor *output;      /* (n_embd, n_vocab); == tok_embd when tied */
+    const struct tensor *rope_freqs;  /* (n_rot / 2) or NULL: Llama-3 frequency factors */
+    void *arch_layers;                /* the architecture's per-layer weight structs */
+
+    /* Storage owned by the loader: bound tensor structs and F32 copies of small
+     * tensors stored in another type. Freed with the model. */
+    struct tensor *tensors;
+    int64_t n_tensors, cap_tensors;
+    void **owned;
+    int64_t n_owned, cap_owned;
+
+    struct arena host; /* host scratch for building a step's inputs (one step at a time) */
+};
+
+/* The supported architectures (general.architecture values). */
+extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_gemma3;
+
+/* Loads hyper-parameters and binds weights of the GGUF's architecture. f must outlive the
+ * model. Fails with a message naming the missing or inconsistent key or tensor. */
+smelt_status model_load(struct model **out, const struct gguf_file *f, struct backend *bk,
+                        struct err *e);
+void model_free(struct model *m);
+
+/* The KV cache storage: one K and one V tensor per layer, each (head_dim, block_size,
+ * n_head_kv, n_blocks) of element type `type` (F32, F16). Block ids index the last
+ * dimension; which blocks a sequence owns is the engine's business (engine/kv.h). */
+struct kv_store {
+    uint32_t type;
+    int32_t n_layer, block_size, n_blocks;
+    struct tensor *k, *v; /* (n_layer) */
+};
+
+smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, int32_t n_blocks,
+                          struct kv_store **out, struct err *e);
+void model_kv_free(struct model *m, struct kv_store *kv);
+/* Bytes of cache one block takes over all layers (K and V). */
+uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t block_size);
+
+/* Runs one step. Writes the K/V of every row into kv, and the logits of the rows that
+ * asked for them, in row order, to logits_out ((n_vocab) floats per row, host memory)
+ * when it is not NULL. *n_out (may be NULL) gets the number of logit rows. */
+smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *batch,
+                           float *logits_out, int32_t *n_out, struct err *e);
+
+/* ---- for architecture files ---- */
+
+/* One forward step in progress: the step's inputs as backend tensors. */
+struct step {
+    struct backend *bk;
+    struct kv_store *kv;
+    int32_t n_tokens, n_out;
+    struct tensor *token;    /* I32 (n_tokens) */
+    struct tensor *out_rows; /* I32 (n_out): rows whose logits are wanted */
+    struct attn_meta meta;   /* positions, sequences, slots, block tables */
+};
+
+/* Weight binding with shape checks. Errors are sticky: after the first one, calls return
+ * NULL and the loader's status says what went wrong. */
+struct loader {
+    struct model *m;
+    const struct gguf_file *f;
+    struct err *e;
+    smelt_status st;
+};
+
+/* Binds tensor `name` (printf-formatted) checking its shape is (ne0, ne1) (ne1 = 1 for a
+ * vector). A missing tensor is an error unless optional (then NULL). Matmul weights keep
+ * their stored type; vectors (norms, biases) are converted to F32 when stored otherwise. */
+const struct tensor *ld_matrix(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
+                               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Allocation owned by the model (freed with it); NULL on failure (sets l->st). */
+void *ld_alloc(struct loader *l, size_t nbytes);
+/* Binds the shared attention weights of layer il (biases and Q/K norms optional). */
+void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
+/* Reads "{arch}.<suffix>" into out; absent: keeps *out when optional, else an error naming
+ * the key. */
+smelt_status ld_u32(struct loader *l, const char *suffix, bool optional, uint32_t *out);
+smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *out);
+
+/* Forward building blocks. */
+/* x (n_embd, n_tokens) = token embeddings * embd_scale. */
+struct tensor *fwd_embed(struct model *m, struct step *s);
+/* RMSNorm of x with weight w into a new tensor. */
+struct tensor *fwd_norm(struct model *m, struct step *s, const struct tensor *x,
+                        const struct tensor *w);
+/* The attention block of layer il on normed input h (n_embd, n_tokens): Q/K/V
+ * projections (+ bias), per-head Q/K norm, RoPE, KV store, paged attention, output
+ * projection. Returns (n_embd, n_tokens). */
+struct tensor *fwd_attention(struct model *m, struct step *s, int il, const struct attn_weights *w,
+                             struct tensor *h);
+/* down(act(gate h) * up h): (n_embd, n_tokens). */
+struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
+                           const struct tensor *w_up, const struct tensor *w_down,
+                           struct tensor *h, enum glu_act act);
+
+#endif

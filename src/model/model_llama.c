@@ -1,0 +1,84 @@
+/* The llama family: llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen3.
+ *
+ * One pre-norm block for all three:
+ *   h = rms_norm(x) * attn_norm;  x += attention(h)
+ *   h = rms_norm(x) * ffn_norm;   x += down(silu(gate h) * up h)
+ * They differ only in the attention block's details:
+ *   llama  RoPE on adjacent pairs (the converter permuted Q/K for it), optional
+ *          Llama-3 frequency factors (rope_freqs), no bias;
+ *   qwen2  NeoX RoPE, Q/K/V biases;
+ *   qwen3  NeoX RoPE, RMSNorm per head on Q and K before RoPE, no bias.
+ * Optional tensors are bound when present whatever the variant (llama.cpp does the
+ * same), so a llama file with biases or a qwen2 file without them still loads. */
+#include "model/model.h"
+
+#include <stdlib.h>
+
+struct llama_layer {
+    const struct tensor *attn_norm; /* (n_embd) */
+    struct attn_weights attn;       /* q, k, v, o (+ qwen2 biases, qwen3 Q/K norms) */
+    const struct tensor *ffn_norm;  /* (n_embd) */
+    const struct tensor *ffn_gate;  /* (n_embd, n_ff) */
+    const struct tensor *ffn_up;    /* (n_embd, n_ff) */
+    const struct tensor *ffn_down;  /* (n_ff, n_embd) */
+};
+
+enum variant { LLAMA, QWEN2, QWEN3 };
+
+static smelt_status load(struct model *m, const struct gguf_file *f, struct err *e,
+                         enum variant var) {
+    struct loader l = {m, f, e, SMELT_OK};
+    const struct model_hparams *hp = &m->hp;
+    struct llama_layer *L = ld_alloc(&l, (size_t)hp->n_layer * sizeof *L);
+    if (!L) return l.st;
+    m->arch_layers = L;
+    for (int il = 0; il < hp->n_layer; il++) {
+        m->layer[il].rope.mode = var == LLAMA ? ROPE_NORM : ROPE_NEOX;
+        struct llama_layer *y = &L[il];
+        y->attn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.attn_norm.weight", il);
+        ld_attn_weights(&l, il, &y->attn);
+        y->ffn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.ffn_norm.weight", il);
+        y->ffn_gate = ld_matrix(&l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_gate.weight", il);
+        y->ffn_up = ld_matrix(&l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_up.weight", il);
+        y->ffn_down = ld_matrix(&l, false, hp->n_ff, hp->n_embd, "blk.%d.ffn_down.weight", il);
+        if (l.st != SMELT_OK) return l.st;
+        if (var == QWEN2 && (!y->attn.bq || !y->attn.bk || !y->attn.bv))
+            return err_set(e, SMELT_ERR_NOT_FOUND, "qwen2: tensor blk.%d.attn_%c.bias is missing",
+                           il, !y->attn.bq ? 'q' : !y->attn.bk ? 'k' : 'v');
+        if (var == QWEN3 && (!y->attn.q_norm || !y->attn.k_norm))
+            return err_set(e, SMELT_ERR_NOT_FOUND,
+                           "qwen3: tensor blk.%d.attn_%c_norm.weight is missing", il,
+                           !y->attn.q_norm ? 'q' : 'k');
+    }
+    return SMELT_OK;
+}
+
+static struct tensor *forward(struct model *m, struct step *s) {
+    const struct llama_layer *L = m->arch_layers;
+    struct backend *bk = s->bk;
+    struct tensor *x = fwd_embed(m, s); /* (n_embd, n_tokens), the residual stream */
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct llama_layer *y = &L[il];
+        size_t mark = bk_scratch_mark(bk); /* this layer's temporaries end at release */
+        struct tensor *h = fwd_norm(m, s, x, y->attn_norm);
+        bk_add(bk, x, x, fwd_attention(m, s, il, &y->attn, h));
+        h = fwd_norm(m, s, x, y->ffn_norm);
+        bk_add(bk, x, x, fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, y->ffn_down, h, GLU_SILU));
+        bk_scratch_release(bk, mark);
+    }
+    return x;
+}
+
+static smelt_status load_llama(struct model *m, const struct gguf_file *f, struct err *e) {
+    return load(m, f, e, LLAMA);
+}
+static smelt_status load_qwen2(struct model *m, const struct gguf_file *f, struct err *e) {
+    return load(m, f, e, QWEN2);
+}
+static smelt_status load_qwen3(struct model *m, const struct gguf_file *f, struct err *e) {
+    return load(m, f, e, QWEN3);
+}
+
+const struct arch_def arch_llama = {"llama", load_llama, forward};
+const struct arch_def arch_qwen2 = {"qwen2", load_qwen2, forward};
+const struct arch_def arch_qwen3 = {"qwen3", load_qwen3, forward};

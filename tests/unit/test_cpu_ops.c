@@ -1,0 +1,385 @@
+/* CPU backend ops against naive double-precision references written here from the
+ * math (not from the op code): fresh random inputs, ragged sizes, never zeros. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "t.h"
+#include "util/half.h"
+
+static struct backend *bk;
+static unsigned long long rng = 0x5eed1234abcdULL;
+
+static struct tensor *rand_f32(int64_t ne0, int64_t ne1, int64_t ne2) {
+    struct tensor *t = bk_new(bk, QT_F32, ne0, ne1, ne2);
+    float *d = t->data;
+    for (int64_t i = 0; i < tensor_nelem(t); i++) d[i] = t_randn(&rng);
+    return t;
+}
+
+static struct tensor *i32(const int32_t *v, int64_t n) {
+    struct tensor *t = bk_new(bk, QT_I32, n, 1, 1);
+    memcpy(t->data, v, (size_t)n * 4);
+    return t;
+}
+
+/* max |a - b| / max(1, max |b|) over n */
+static double max_err(const float *a, const double *b, int64_t n) {
+    double m = 0, mb = 1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        if (d > m) m = d;
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return m / mb;
+}
+
+static void test_rms_norm(void) {
+    bk_step_begin(bk);
+    int64_t n = 77, rows = 5;
+    struct tensor *x = rand_f32(n, rows, 1), *w = rand_f32(n, 1, 1);
+    struct tensor *y = bk_new(bk, QT_F32, n, rows, 1);
+    bk_rms_norm(bk, y, x, w, 1e-5f);
+    double ref[77];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = (float *)x->data + r * n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        for (int64_t i = 0; i < n; i++)
+            ref[i] = xr[i] / sqrt(ss / n + 1e-5) * ((float *)w->data)[i];
+        T_CHECK(max_err((float *)y->data + r * n, ref, n) < 1e-6);
+    }
+    /* in place, no weight, per-head view (head_dim 7 of 11 heads) */
+    struct tensor *h = bk_reshape(bk, x, 7, 11, rows);
+    float first[7];
+    memcpy(first, x->data, sizeof first);
+    bk_rms_norm(bk, h, h, NULL, 1e-6f);
+    double ss = 0;
+    for (int i = 0; i < 7; i++) ss += (double)first[i] * first[i];
+    for (int i = 0; i < 7; i++) ref[i] = first[i] / sqrt(ss / 7 + 1e-6);
+    T_CHECK(max_err(x->data, ref, 7) < 1e-6);
+    T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
+}
+
+/* Reference RoPE: rotation of pairs as complex multiplication by e^{i theta}, with HF's
+ * arrangement of YaRN (blend inverse frequencies, scale cos/sin). */
+static void rope_ref(const float *x, double *y, int64_t head_dim, const struct rope_params *p,
+                     int pos) {
+    int half = p->n_rot / 2;
+    for (int64_t i = 0; i < head_dim; i++) y[i] = x[i];
+    double mscale = p->attn_factor;
+    double lo = 0, hi = 0;
+    if (p->ext_factor != 0) {
+        double d = p->n_rot, b = p->freq_base;
+        lo = floor(d * log(p->n_ctx_orig / (p->beta_fast * 2 * M_PI)) / (2 * log(b)));
+        hi = ceil(d * log(p->n_ctx_orig / (p->beta_slow * 2 * M_PI)) / (2 * log(b)));
+        lo = fmax(lo, 0);
+        hi = fmin(hi, d - 1);
+        if (lo == hi) hi += 0.001;
+        mscale *= 0.1 * log(1 / p->freq_scale) + 1;
+    }
+    for (int i = 0; i < half; i++) {
+        double extrap = 1.0 / pow(p->freq_base, (2.0 * i) / p->n_rot);
+        if (p->freq_factors) extrap /= ((float *)p->freq_factors->data)[i];
+        double interp = extrap * p->freq_scale, inv = interp;
+        if (p->ext_factor != 0) {
+            double ramp = fmin(1, fmax(0, (i - lo) / (hi - lo)));
+            double ext_w = (1 - ramp) * p->ext_factor;
+            inv = interp * (1 - ext_w) + extrap * ext_w;
+        }
+        double th = pos * inv, c = cos(th) * mscale, s = sin(th) * mscale;
+        int a = p->mode == ROPE_NEOX ? i : 2 * i, b = p->mode == ROPE_NEOX ? i + half : 2 * i + 1;
+        y[a] = x[a] * c - x[b] * s;
+        y[b] = x[a] * s + x[b] * c;
+    }
+}
+
+static void check_rope(const struct rope_params *p, int64_t head_dim) {
+    bk_step_begin(bk);
+    int64_t n_head = 3, n_tok = 4;
+    int32_t pos[4] = {0, 5, 123, 4097};
+    struct tensor *x = rand_f32(head_dim, n_head, n_tok);
+    float *orig = malloc((size_t)tensor_nelem(x) * 4);
+    memcpy(orig, x->data, (size_t)tensor_nelem(x) * 4);
+    bk_rope(bk, x, i32(pos, n_tok), p);
+    double ref[256];
+    double worst = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t h = 0; h < n_head; h++) {
+            int64_t off = (t * n_head + h) * head_dim;
+            rope_ref(orig + off, ref, head_dim, p, pos[t]);
+            double e = max_err((float *)x->data + off, ref, head_dim);
+            if (e > worst) worst = e;
+        }
+    T_CHECKF(worst < 2e-6, "mode %d n_rot %d: err %g", p->mode, p->n_rot, worst);
+    free(orig);
+}
+
+static void test_rope(void) {
+    struct rope_params p = {.mode = ROPE_NEOX, .n_rot = 64, .freq_base = 10000, .freq_scale = 1,
+                            .attn_factor = 1, .beta_fast = 32, .beta_slow = 1, .n_ctx_orig = 4096};
+    check_rope(&p, 64);
+    p.mode = ROPE_NORM;
+    check_rope(&p, 64);
+    p.n_rot = 32; /* partial rotation: the tail passes through */
+    check_rope(&p, 48);
+    p.mode = ROPE_NEOX;
+    check_rope(&p, 48);
+    p.n_rot = 128;
+    p.freq_base = 1e6f;
+    p.freq_scale = 0.125f; /* linear scaling, factor 8 */
+    check_rope(&p, 128);
+    p.ext_factor = 1; /* YaRN, factor 4 over 2048 */
+    p.freq_scale = 0.25f;
+    p.n_ctx_orig = 2048;
+    p.freq_base = 10000;
+    check_rope(&p, 128);
+    /* Llama-3 frequency factors */
+    bk_step_begin(bk);
+    struct rope_params q = {.mode = ROPE_NORM, .n_rot = 16, .freq_base = 500000, .freq_scale = 1,
+                            .attn_factor = 1, .n_ctx_orig = 8192};
+    struct tensor *ff = bk_new(bk, QT_F32, 8, 1, 1);
+    for (int i = 0; i < 8; i++) ((float *)ff->data)[i] = 1.0f + (float)i * 0.7f;
+    q.freq_factors = ff;
+    /* check_rope starts a new step; keep ff alive by building the check inline */
+    int64_t head_dim = 16;
+    struct tensor *x = rand_f32(head_dim, 2, 1);
+    float orig[32];
+    memcpy(orig, x->data, sizeof orig);
+    int32_t pos = 777;
+    bk_rope(bk, x, i32(&pos, 1), &q);
+    double ref[16];
+    for (int h = 0; h < 2; h++) {
+        rope_ref(orig + h * 16, ref, 16, &q, pos);
+        T_CHECK(max_err((float *)x->data + h * 16, ref, 16) < 2e-6);
+    }
+}
+
+static void test_get_rows(void) {
+    bk_step_begin(bk);
+    int64_t ne0 = 40, nr = 9;
+    struct tensor *src = rand_f32(ne0, nr, 1);
+    struct tensor *h = bk_new(bk, QT_F16, ne0, nr, 1);
+    uint16_t *hd = h->data;
+    for (int64_t i = 0; i < ne0 * nr; i++) hd[i] = f32_to_f16(((float *)src->data)[i]);
+    int32_t ids[4] = {8, 0, 3, 3};
+    struct tensor *dst = bk_new(bk, QT_F32, ne0, 4, 1), *dh = bk_new(bk, QT_F32, ne0, 4, 1);
+    bk_get_rows(bk, dst, src, i32(ids, 4));
+    bk_get_rows(bk, dh, h, i32(ids, 4));
+    for (int r = 0; r < 4; r++)
+        for (int64_t i = 0; i < ne0; i++) {
+            float want = ((float *)src->data)[ids[r] * ne0 + i];
+            T_CHECK(((float *)dst->data)[r * ne0 + i] == want);
+            T_CHECK(((float *)dh->data)[r * ne0 + i] == f16_to_f32(f32_to_f16(want)));
+        }
+}
+
+static void test_elementwise(void) {
+    bk_step_begin(bk);
+    int64_t n = 53, rows = 3;
+    struct tensor *a = rand_f32(n, rows, 1), *c = rand_f32(n, rows, 1), *bias = rand_f32(n, 1, 1);
+    struct tensor *y = bk_new(bk, QT_F32, n, rows, 1);
+    const float *A = a->data, *C = c->data, *B = bias->data;
+    bk_add(bk, y, a, c);
+    for (int64_t i = 0; i < n * rows; i++) T_CHECK(((float *)y->data)[i] == A[i] + C[i]);
+    bk_add(bk, y, a, bias);
+    for (int64_t i = 0; i < n * rows; i++) T_CHECK(((float *)y->data)[i] == A[i] + B[i % n]);
+    bk_scale(bk, y, a, 0.375f);
+    for (int64_t i = 0; i < n * rows; i++) T_CHECK(((float *)y->data)[i] == A[i] * 0.375f);
+
+    double ref[53 * 3];
+    bk_glu(bk, y, a, c, GLU_SILU);
+    for (int64_t i = 0; i < n * rows; i++) ref[i] = A[i] / (1 + exp(-(double)A[i])) * C[i];
+    T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
+    bk_glu(bk, y, a, c, GLU_GELU_TANH);
+    for (int64_t i = 0; i < n * rows; i++) {
+        double x = A[i];
+        ref[i] = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * C[i];
+    }
+    T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
+
+    memcpy(y->data, A, (size_t)(n * rows) * 4);
+    bk_softcap(bk, y, 3.0f);
+    for (int64_t i = 0; i < n * rows; i++) ref[i] = 3.0 * tanh(A[i] / 3.0);
+    T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
+
+    memcpy(y->data, A, (size_t)(n * rows) * 4);
+    bk_softmax(bk, y);
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int64_t i = 0; i < n; i++) s += exp(A[r * n + i]);
+        for (int64_t i = 0; i < n; i++) ref[r * n + i] = exp(A[r * n + i]) / s;
+    }
+    T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
+}
+
+static void test_matmul(void) {
+    bk_step_begin(bk);
+    int64_t n_in = 67, n_out = 23, n = 5;
+    struct tensor *w = rand_f32(n_in, n_out, 1), *x = rand_f32(n_in, n, 1);
+    struct tensor *y = bk_new(bk, QT_F32, n_out, n, 1);
+    bk_matmul(bk, y, w, x);
+    double ref[23 * 5];
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double s = 0;
+            for (int64_t i = 0; i < n_in; i++)
+                s += (double)((float *)w->data)[o * n_in + i] * ((float *)x->data)[j * n_in + i];
+            ref[j * n_out + o] = s;
+        }
+    T_CHECK(max_err(y->data, ref, n_out * n) < 1e-5);
+    /* F16 weights and the fused group / GLU paths */
+    struct tensor *wh = bk_new(bk, QT_F16, n_in, n_out, 1);
+    for (int64_t i = 0; i < n_in * n_out; i++)
+        ((uint16_t *)wh->data)[i] = f32_to_f16(((float *)w->data)[i]);
+    struct tensor *y2 = bk_new(bk, QT_F32, n_out, n, 1), *y3 = bk_new(bk, QT_F32, n_out, n, 1);
+    struct tensor *outs[2] = {y2, y3};
+    const struct tensor *ws[2] = {wh, w};
+    bk_matmul_group(bk, 2, outs, ws, x);
+    T_CHECK(max_err(y2->data, ref, n_out * n) < 2e-3);
+    T_CHECK(memcmp(y3->data, y->data, (size_t)(n_out * n) * 4) == 0);
+    struct tensor *g = bk_new(bk, QT_F32, n_out, n, 1);
+    bk_ffn_glu(bk, g, w, w, x, GLU_SILU);
+    for (int64_t i = 0; i < n_out * n; i++) ref[i] = ref[i] / (1 + exp(-ref[i])) * ref[i];
+    T_CHECK(max_err(g->data, ref, n_out * n) < 1e-5);
+}
+
+/* Paged attention against a dense reference: three sequences with scattered block
+ * tables, a prefill chunk beside decode rows, GQA, sliding window, soft-capping, F32 and
+ * F16 caches. */
+static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
+    bk_step_begin(bk);
+    const int64_t dk = 24, dv = 16, n_kv = 2, n_head = 6, bs = 4, n_blocks = 16;
+    const int n_seq = 3;
+    const int32_t seq_len[3] = {13, 6, 9}; /* tokens in each sequence after this step */
+    const int32_t table[3][4] = {{7, 2, 11, 0}, {5, 9, 0, 0}, {14, 1, 3, 0}};
+    /* rows of this step: seq 0 a prefill chunk (pos 8..12), seq 1 decode (pos 5), seq 2
+     * decode (pos 8); earlier positions are stored by a previous "step" below. */
+    struct tensor kc, vc;
+    tensor_init(&kc, kv_type, dk, bs, n_kv, n_blocks);
+    tensor_init(&vc, kv_type, dv, bs, n_kv, n_blocks);
+    T_CHECK(bk_buffer_alloc(bk, &kc, NULL) == SMELT_OK);
+    T_CHECK(bk_buffer_alloc(bk, &vc, NULL) == SMELT_OK);
+    /* poison the caches: unreached slots must not matter */
+    for (size_t i = 0; i < tensor_nbytes(&kc); i++) ((unsigned char *)kc.data)[i] = 0x7f;
+    for (size_t i = 0; i < tensor_nbytes(&vc); i++) ((unsigned char *)vc.data)[i] = 0x7f;
+
+    /* every position of every sequence: K, V */
+    int total = 0;
+    for (int s = 0; s < n_seq; s++) total += seq_len[s];
+    int32_t *pos = malloc((size_t)total * 4), *seq = malloc((size_t)total * 4),
+            *slot = malloc((size_t)total * 4);
+    int r = 0;
+    for (int s = 0; s < n_seq; s++)
+        for (int p = 0; p < seq_len[s]; p++, r++) {
+            pos[r] = p;
+            seq[r] = s;
+            slot[r] = table[s][p / bs] * (int32_t)bs + p % (int32_t)bs;
+        }
+    struct tensor *K = rand_f32(dk, n_kv, total), *V = rand_f32(dv, n_kv, total);
+    int32_t flat[12];
+    for (int s = 0; s < n_seq; s++) memcpy(flat + 4 * s, table[s], 16);
+    struct attn_meta all = {i32(pos, total), i32(seq, total), i32(slot, total), NULL, (int32_t)bs};
+    struct tensor *tb = bk_new(bk, QT_I32, 4, n_seq, 1);
+    memcpy(tb->data, flat, sizeof flat);
+    all.blocks = tb;
+    bk_kv_store(bk, &kc, &vc, K, V, &all);
+
+    /* queries: the last 5 rows of seq 0, the last of seq 1, the last of seq 2 */
+    int32_t qrow[7] = {8, 9, 10, 11, 12, 13 + 5, 13 + 6 + 8};
+    int32_t qpos[7], qseq[7], qslot[7];
+    for (int i = 0; i < 7; i++) {
+        qpos[i] = pos[qrow[i]];
+        qseq[i] = seq[qrow[i]];
+        qslot[i] = slot[qrow[i]];
+    }
+    struct attn_meta m = {i32(qpos, 7), i32(qseq, 7), i32(qslot, 7), tb, (int32_t)bs};
+    struct tensor *q = rand_f32(dk, n_head, 7), *out = bk_new(bk, QT_F32, dv, n_head, 7);
+    struct attn_params ap = {.scale = 0.3f, .softcap = softcap, .window = window};
+    bk_attention(bk, out, q, &kc, &vc, &m, &ap);
+    T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
+
+    double worst = 0;
+    for (int i = 0; i < 7; i++)
+        for (int h = 0; h < n_head; h++) {
+            int g = h / (int)(n_head / n_kv);
+            const float *qv = (float *)q->data + (i * n_head + h) * dk;
+            double sc[16], mx = -1e300, sum = 0, ref[16] = {0};
+            int base = qrow[i] - qpos[i]; /* row of position 0 of this sequence */
+            int n = 0;
+            for (int p = 0; p <= qpos[i]; p++) {
+                double s = -INFINITY;
+                if (!(window > 0 && qpos[i] - p >= window)) {
+                    s = 0;
+                    const float *kv = (float *)K->data + ((base + p) * n_kv + g) * dk;
+                    for (int d = 0; d < dk; d++) {
+                        double kd = kv_type == QT_F16 ? f16_to_f32(f32_to_f16(kv[d])) : kv[d];
+                        s += qv[d] * kd;
+                    }
+                    s *= 0.3;
+                    if (softcap > 0) s = softcap * tanh(s / softcap);
+                }
+                sc[n++] = s;
+                if (s > mx) mx = s;
+            }
+            for (int p = 0; p < n; p++) sum += sc[p] = exp(sc[p] - mx);
+            for (int p = 0; p < n; p++) {
+                const float *vv = (float *)V->data + ((base + p) * n_kv + g) * dv;
+                for (int d = 0; d < dv; d++) {
+                    double vd = kv_type == QT_F16 ? f16_to_f32(f32_to_f16(vv[d])) : vv[d];
+                    ref[d] += sc[p] / sum * vd;
+                }
+            }
+            double e = max_err((float *)out->data + (i * n_head + h) * dv, ref, dv);
+            if (e > worst) worst = e;
+        }
+    T_CHECKF(worst < 1e-5, "type %s window %d softcap %g: err %g", qtype_name(kv_type), window,
+             (double)softcap, worst);
+    free(pos);
+    free(seq);
+    free(slot);
+    bk_buffer_free(bk, &kc);
+    bk_buffer_free(bk, &vc);
+}
+
+static void test_attention(void) {
+    check_attention(QT_F32, 0, 0);
+    check_attention(QT_F32, 3, 0);
+    check_attention(QT_F32, 0, 2.5f);
+    check_attention(QT_F16, 5, 0);
+}
+
+static void test_scratch_mark(void) {
+    bk_step_begin(bk);
+    struct tensor *a = bk_new(bk, QT_F32, 1000, 1, 1);
+    size_t mark = bk_scratch_mark(bk);
+    struct tensor *b = bk_new(bk, QT_F32, 1 << 20, 1, 1); /* forces a second chunk */
+    void *bdata = b->data;
+    bk_scratch_release(bk, mark);
+    struct tensor *c = bk_new(bk, QT_F32, 1 << 20, 1, 1);
+    T_CHECK(c->data == bdata); /* released memory is reused */
+    T_CHECK((char *)c->data != (char *)a->data);
+    bk_step_begin(bk); /* merges chunks: the same step now fits in one */
+    a = bk_new(bk, QT_F32, 1000, 1, 1);
+    c = bk_new(bk, QT_F32, 1 << 20, 1, 1);
+    T_CHECK((char *)c->data > (char *)a->data &&
+            (char *)c->data - (char *)a->data < (ptrdiff_t)(1 << 16));
+    T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
+}
+
+int main(void) {
+    struct err e;
+    if (cpu_backend_new(&bk, 1, &e) != SMELT_OK) return 1;
+    T_RUN(test_rms_norm);
+    T_RUN(test_rope);
+    T_RUN(test_get_rows);
+    T_RUN(test_elementwise);
+    T_RUN(test_matmul);
+    T_RUN(test_attention);
+    T_RUN(test_scratch_mark);
+    bk_free(bk);
+    return t_done();
+}
