@@ -1,0 +1,431 @@
+/* Forward-pass properties on tiny random models written here with the GGUF writer
+ * (llama, qwen2, qwen3, gemma3 shapes):
+ * - a sequence's logits do not depend on which other sequences share its batch;
+ * - prefill followed by decode lands where token-at-a-time decode does;
+ * - a recycled block carries no history from its last owner;
+ * - an F16 KV cache stays close to the F32 one;
+ * - loading fails with a message naming the bad key or tensor.
+ * Numerical agreement with transformers is test_forward_ref.c's job. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "engine/kv.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "t.h"
+
+#define N_VOCAB 64
+#define N_EMBD 32
+#define N_FF 48
+#define N_LAYER 3
+
+static struct backend *bk;
+
+/* ---- a tiny model ---- */
+
+struct tiny {
+    const char *arch;
+    int n_head, n_head_kv, head_dim; /* head_dim 0: n_embd / n_head, no key_length key */
+    bool bias, qk_norm, gemma, tied;
+    /* sabotage for the load-error tests */
+    const char *skip_key;
+    const char *bad_tensor;
+};
+
+struct wbuf {
+    float *bufs[256];
+    int n;
+};
+
+static float *rnd(struct wbuf *wb, int64_t n, float scale, float offset, unsigned long long *s) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = offset + scale * t_randn(s);
+    wb->bufs[wb->n++] = p;
+    return p;
+}
+
+static void add(struct gguf_writer *w, struct wbuf *wb, const struct tiny *t, const char *name,
+                int64_t ne0, int64_t ne1, const float *data) {
+    int64_t ne[2] = {ne0, ne1};
+    if (t->bad_tensor && !strcmp(name, t->bad_tensor)) { /* one row too many */
+        float *big = calloc((size_t)(ne0 * (ne1 + 1)), sizeof(float));
+        memcpy(big, data, (size_t)(ne0 * ne1) * sizeof(float));
+        wb->bufs[wb->n++] = big;
+        data = big;
+        ne[1] += 1;
+    }
+    gguf_add_tensor(w, name, QT_F32, ne[1] > 1 ? 2 : 1, ne, data);
+}
+
+static void key_u32(struct gguf_writer *w, const struct tiny *t, const char *suffix, uint32_t v) {
+    if (t->skip_key && !strcmp(suffix, t->skip_key)) return;
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", t->arch, suffix);
+    gguf_set_u32(w, key, v);
+}
+
+static void key_f32(struct gguf_writer *w, const struct tiny *t, const char *suffix, float v) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", t->arch, suffix);
+    gguf_set_f32(w, key, v);
+}
+
+static void write_tiny(const struct tiny *t, const char *path) {
+    unsigned long long s = 0x7e57f00dULL;
+    struct wbuf wb = {.n = 0};
+    struct gguf_writer *w;
+    struct err e;
+    T_CHECK(gguf_writer_new(&w, &e) == SMELT_OK);
+    int hd = t->head_dim ? t->head_dim : N_EMBD / t->n_head;
+    gguf_set_str(w, "general.architecture", t->arch);
+    key_u32(w, t, "embedding_length", N_EMBD);
+    key_u32(w, t, "block_count", N_LAYER);
+    key_u32(w, t, "feed_forward_length", N_FF);
+    key_u32(w, t, "context_length", 256);
+    key_u32(w, t, "attention.head_count", (uint32_t)t->n_head);
+    key_u32(w, t, "attention.head_count_kv", (uint32_t)t->n_head_kv);
+    if (t->head_dim) {
+        key_u32(w, t, "attention.key_length", (uint32_t)hd);
+        key_u32(w, t, "attention.value_length", (uint32_t)hd);
+    }
+    key_f32(w, t, "attention.layer_norm_rms_epsilon", 1e-6f);
+    key_f32(w, t, "rope.freq_base", 10000.0f);
+    if (t->gemma) {
+        key_u32(w, t, "attention.sliding_window", 5);
+        key_f32(w, t, "rope.freq_base_swa", 100.0f);
+    }
+    float emb_scale = t->gemma ? 0.2f : 1.0f;
+    add(w, &wb, t, "token_embd.weight", N_EMBD, N_VOCAB, rnd(&wb, N_EMBD * N_VOCAB, emb_scale, 0, &s));
+    add(w, &wb, t, "output_norm.weight", N_EMBD, 1, rnd(&wb, N_EMBD, 0.1f, 1, &s));
+    if (!t->tied) add(w, &wb, t, "output.weight", N_EMBD, N_VOCAB, rnd(&wb, N_EMBD * N_VOCAB, 0.3f, 0, &s));
+    int nq = t->n_head * hd, nk = t->n_head_kv * hd;
+    for (int il = 0; il < N_LAYER; il++) {
+        char n[64];
+#define T(fmt, ne0, ne1, scale, off)                                                           \
+    snprintf(n, sizeof n, fmt, il);                                                            \
+    add(w, &wb, t, n, ne0, ne1, rnd(&wb, (int64_t)(ne0) * (ne1), scale, off, &s))
+        T("blk.%d.attn_norm.weight", N_EMBD, 1, 0.1f, 1);
+        T("blk.%d.attn_q.weight", N_EMBD, nq, 0.25f, 0);
+        T("blk.%d.attn_k.weight", N_EMBD, nk, 0.25f, 0);
+        T("blk.%d.attn_v.weight", N_EMBD, nk, 0.25f, 0);
+        T("blk.%d.attn_output.weight", nq, N_EMBD, 0.25f, 0);
+        if (t->bias) {
+            T("blk.%d.attn_q.bias", nq, 1, 0.1f, 0);
+            T("blk.%d.attn_k.bias", nk, 1, 0.1f, 0);
+            T("blk.%d.attn_v.bias", nk, 1, 0.1f, 0);
+        }
+        if (t->qk_norm) {
+            T("blk.%d.attn_q_norm.weight", hd, 1, 0.1f, 1);
+            T("blk.%d.attn_k_norm.weight", hd, 1, 0.1f, 1);
+        }
+        if (t->gemma) {
+            T("blk.%d.post_attention_norm.weight", N_EMBD, 1, 0.1f, 1);
+            T("blk.%d.post_ffw_norm.weight", N_EMBD, 1, 0.1f, 1);
+        }
+        T("blk.%d.ffn_norm.weight", N_EMBD, 1, 0.1f, 1);
+        T("blk.%d.ffn_gate.weight", N_EMBD, N_FF, 0.25f, 0);
+        T("blk.%d.ffn_up.weight", N_EMBD, N_FF, 0.25f, 0);
+        T("blk.%d.ffn_down.weight", N_FF, N_EMBD, 0.25f, 0);
+#undef T
+    }
+    T_CHECK(gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK);
+    gguf_writer_free(w);
+    for (int i = 0; i < wb.n; i++) free(wb.bufs[i]);
+}
+
+static const struct tiny archs[] = {
+    {.arch = "llama", .n_head = 4, .n_head_kv = 2},
+    {.arch = "qwen2", .n_head = 4, .n_head_kv = 1, .bias = true, .tied = true},
+    {.arch = "qwen3", .n_head = 4, .n_head_kv = 2, .head_dim = 16, .qk_norm = true},
+    {.arch = "gemma3", .n_head = 2, .n_head_kv = 1, .head_dim = 24, .qk_norm = true,
+     .gemma = true, .tied = true},
+};
+
+struct loaded {
+    char path[256];
+    struct gguf_file *f;
+    struct model *m;
+};
+
+static bool load_tiny(const struct tiny *t, struct loaded *L, struct err *e) {
+    snprintf(L->path, sizeof L->path, "%s/smelt_tiny_%s_%d.gguf", P_tmpdir, t->arch, (int)getpid());
+    write_tiny(t, L->path);
+    L->f = NULL;
+    L->m = NULL;
+    if (gguf_open(&L->f, L->path, e) != SMELT_OK) return false;
+    return model_load(&L->m, L->f, bk, e) == SMELT_OK;
+}
+
+static void unload(struct loaded *L) {
+    model_free(L->m);
+    gguf_close(L->f);
+    unlink(L->path);
+}
+
+/* ---- driving sequences ---- */
+
+#define BS 4
+#define N_BLOCKS 64
+
+struct seqrun {
+    const int32_t *tok;
+    int32_t n_done; /* positions already in the cache */
+    struct kv_seq kv;
+};
+
+/* One step over several sequences: sequence i contributes take[i] tokens (0: none).
+ * Every row asks for logits; out gets (n_vocab) floats per row, in row order. */
+static bool step(struct model *m, struct kv_store *kv, struct kv_pool *pool, struct seqrun *sr,
+                 int n_seq, const int *take, float *out) {
+    int32_t tok[256], pos[256], seq[256];
+    uint8_t want[256];
+    struct batch_seq views[8];
+    int n = 0;
+    struct err e;
+    for (int i = 0; i < n_seq; i++) {
+        if (kv_seq_reserve(pool, &sr[i].kv, sr[i].n_done + take[i], &e) != SMELT_OK) return false;
+        views[i] = kv_seq_view(&sr[i].kv);
+        for (int j = 0; j < take[i]; j++, n++) {
+            tok[n] = sr[i].tok[sr[i].n_done + j];
+            pos[n] = sr[i].n_done + j;
+            seq[n] = i;
+            want[n] = 1;
+        }
+    }
+    struct batch b = {n, tok, pos, seq, want, n_seq, views};
+    int32_t n_out = 0;
+    smelt_status st = model_forward(m, kv, &b, out, &n_out, &e);
+    if (st != SMELT_OK) {
+        fprintf(stderr, "forward: %s\n", e.msg);
+        return false;
+    }
+    for (int i = 0; i < n_seq; i++) sr[i].n_done += take[i];
+    return n_out == n;
+}
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double m = 0, mb = 1e-6;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > m) m = d;
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return m / mb;
+}
+
+static const int32_t toks[3][24] = {
+    {5, 17, 33, 2, 60, 41, 7, 7, 19, 23, 48, 12, 3, 9, 50, 61, 1, 0, 44, 38, 27, 15, 8, 30},
+    {11, 4, 63, 29, 35, 18, 56, 21, 6, 40, 47, 13, 25, 52, 31, 22, 58, 10, 36, 45, 3, 1, 2, 9},
+    {42, 42, 42, 16, 37, 28, 59, 14, 20, 53, 26, 46, 34, 55, 24, 32, 39, 49, 57, 51, 43, 62, 5, 6},
+};
+
+/* Logits of every position of sequence `which`, decoded one token per step alone in a
+ * fresh cache. */
+static void solo_decode(struct model *m, uint32_t kv_type, int which, int n, float *out) {
+    struct kv_store *kv;
+    struct kv_pool pool;
+    struct err e;
+    T_CHECK(model_kv_new(m, kv_type, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
+    struct seqrun sr = {toks[which], 0, {0}};
+    int one = 1;
+    for (int i = 0; i < n; i++) T_CHECK(step(m, kv, &pool, &sr, 1, &one, out + (size_t)i * N_VOCAB));
+    kv_seq_release(&pool, &sr.kv);
+    kv_pool_free(&pool);
+    model_kv_free(m, kv);
+}
+
+/* Mixed batches: seq 0 prefills in chunks beside decode tokens of seqs 1 and 2 (which
+ * start with their own prefill); every position's logits must match solo decoding. */
+static void check_batching(const struct tiny *t) {
+    struct loaded L;
+    struct err e;
+    if (!load_tiny(t, &L, &e)) {
+        T_CHECKF(0, "%s: %s", t->arch, e.msg);
+        unload(&L);
+        return;
+    }
+    enum { N = 20 };
+    float *solo = malloc(sizeof(float) * 3 * N * N_VOCAB);
+    for (int s = 0; s < 3; s++) solo_decode(L.m, QT_F32, s, N, solo + (size_t)s * N * N_VOCAB);
+
+    struct kv_store *kv;
+    struct kv_pool pool;
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
+    struct seqrun sr[3] = {{toks[0], 0, {0}}, {toks[1], 0, {0}}, {toks[2], 0, {0}}};
+    /* (seq0, seq1, seq2) tokens per step; totals N each */
+    const int plan[][3] = {{7, 5, 0}, {6, 1, 9}, {0, 1, 1}, {5, 1, 1}, {1, 6, 1}, {1, 6, 8}};
+    float *out = malloc(sizeof(float) * 64 * N_VOCAB);
+    double worst = 0;
+    for (size_t k = 0; k < sizeof plan / sizeof plan[0]; k++) {
+        int before[3] = {sr[0].n_done, sr[1].n_done, sr[2].n_done};
+        T_CHECK(step(L.m, kv, &pool, sr, 3, plan[k], out));
+        int row = 0;
+        for (int s = 0; s < 3; s++)
+            for (int j = 0; j < plan[k][s]; j++, row++) {
+                double r = rel_err(out + (size_t)row * N_VOCAB,
+                                   solo + ((size_t)s * N + before[s] + j) * N_VOCAB, N_VOCAB);
+                if (r > worst) worst = r;
+            }
+    }
+    for (int s = 0; s < 3; s++) T_EQ_INT(sr[s].n_done, N);
+    T_CHECKF(worst < 1e-5, "%s: batched vs solo decode: rel err %g", t->arch, worst);
+
+    /* Recycled blocks: release seq 1, then run seq 2's tokens as a new sequence that
+     * takes seq 1's old blocks; it must match a fresh solo run. */
+    kv_seq_release(&pool, &sr[1].kv);
+    struct seqrun fresh = {toks[2], 0, {0}};
+    int take = N;
+    T_CHECK(step(L.m, kv, &pool, &fresh, 1, &take, out));
+    T_CHECKF(rel_err(out, solo + (size_t)2 * N * N_VOCAB, (int64_t)N * N_VOCAB) < 1e-5,
+             "%s: recycled blocks changed the logits", t->arch);
+
+    kv_seq_release(&pool, &fresh.kv);
+    for (int s = 0; s < 3; s++) kv_seq_release(&pool, &sr[s].kv);
+    T_EQ_INT(pool.n_free, N_BLOCKS);
+    kv_pool_free(&pool);
+    model_kv_free(L.m, kv);
+
+    /* F16 cache: close to F32 */
+    float *h = malloc(sizeof(float) * N * N_VOCAB);
+    solo_decode(L.m, QT_F16, 0, N, h);
+    double r = rel_err(h, solo, (int64_t)N * N_VOCAB);
+    T_CHECKF(r < 1e-2 && r > 0, "%s: F16 KV vs F32: rel err %g", t->arch, r);
+    free(h);
+    free(out);
+    free(solo);
+    unload(&L);
+}
+
+static void test_llama(void) { check_batching(&archs[0]); }
+static void test_qwen2(void) { check_batching(&archs[1]); }
+static void test_qwen3(void) { check_batching(&archs[2]); }
+static void test_gemma3(void) { check_batching(&archs[3]); }
+
+/* The recycled-block property with blocks actually reused: fill the whole pool with one
+ * sequence, release it, and run another that must reuse those blocks. */
+static void test_recycle(void) {
+    struct loaded L;
+    struct err e;
+    if (!load_tiny(&archs[0], &L, &e)) {
+        T_CHECKF(0, "%s", e.msg);
+        unload(&L);
+        return;
+    }
+    enum { N = 12 };
+    float *solo = malloc(sizeof(float) * N * N_VOCAB), *out = malloc(sizeof(float) * 24 * N_VOCAB);
+    solo_decode(L.m, QT_F32, 1, N, solo);
+    struct kv_store *kv;
+    struct kv_pool pool;
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, 6, &kv, &e) == SMELT_OK);
+    T_CHECK(kv_pool_init(&pool, 6, BS, &e) == SMELT_OK);
+    struct seqrun a = {toks[0], 0, {0}};
+    int take = 24;
+    T_CHECK(step(L.m, kv, &pool, &a, 1, &take, out)); /* all 6 blocks */
+    T_EQ_INT(pool.n_free, 0);
+    kv_seq_release(&pool, &a.kv);
+    struct seqrun b = {toks[1], 0, {0}};
+    take = 5;
+    T_CHECK(step(L.m, kv, &pool, &b, 1, &take, out));
+    int one = 1;
+    for (int i = 5; i < N; i++) T_CHECK(step(L.m, kv, &pool, &b, 1, &one, out + (size_t)i * N_VOCAB));
+    T_CHECK(rel_err(out, solo, (int64_t)5 * N_VOCAB) < 1e-5);
+    T_CHECK(rel_err(out + 5 * N_VOCAB, solo + 5 * N_VOCAB, (int64_t)(N - 5) * N_VOCAB) < 1e-5);
+    /* the pool is full again when it must be */
+    struct seqrun c = {toks[2], 0, {0}};
+    take = 24;
+    T_CHECK(kv_seq_reserve(&pool, &c.kv, 24, &e) == SMELT_ERR_RANGE);
+    kv_seq_release(&pool, &b.kv);
+    kv_seq_release(&pool, &c.kv);
+    kv_pool_free(&pool);
+    model_kv_free(L.m, kv);
+    free(solo);
+    free(out);
+    unload(&L);
+}
+
+/* Bad batches are rejected with the row named, before anything runs. */
+static void test_bad_batch(void) {
+    struct loaded L;
+    struct err e;
+    if (!load_tiny(&archs[0], &L, &e)) {
+        T_CHECKF(0, "%s", e.msg);
+        unload(&L);
+        return;
+    }
+    struct kv_store *kv;
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, 4, &kv, &e) == SMELT_OK);
+    int32_t blocks[2] = {1, 3}, tok[2] = {1, 2}, pos[2] = {0, 1}, seq[2] = {0, 0};
+    struct batch_seq bs = {blocks, 2};
+    struct batch b = {2, tok, pos, seq, NULL, 1, &bs};
+    T_CHECK(model_forward(L.m, kv, &b, NULL, NULL, &e) == SMELT_OK);
+    tok[1] = N_VOCAB;
+    T_CHECK(model_forward(L.m, kv, &b, NULL, NULL, &e) == SMELT_ERR_RANGE);
+    T_CHECK(strstr(e.msg, "row 1") != NULL);
+    tok[1] = 2;
+    pos[1] = 8; /* two blocks of 4 cover 0..7 */
+    T_CHECK(model_forward(L.m, kv, &b, NULL, NULL, &e) == SMELT_ERR_RANGE);
+    pos[1] = 1;
+    blocks[1] = 4; /* not in the cache */
+    T_CHECK(model_forward(L.m, kv, &b, NULL, NULL, &e) == SMELT_ERR_RANGE);
+    blocks[1] = 3;
+    seq[0] = 1;
+    T_CHECK(model_forward(L.m, kv, &b, NULL, NULL, &e) == SMELT_ERR_RANGE);
+    model_kv_free(L.m, kv);
+    unload(&L);
+}
+
+static void expect_load_error(struct tiny t, const char *want1, const char *want2) {
+    struct loaded L;
+    struct err e;
+    err_clear(&e);
+    T_CHECKF(!load_tiny(&t, &L, &e), "%s loaded", t.arch);
+    T_CHECKF(strstr(e.msg, want1) != NULL, "message \"%s\" lacks \"%s\"", e.msg, want1);
+    if (want2) T_CHECKF(strstr(e.msg, want2) != NULL, "message \"%s\" lacks \"%s\"", e.msg, want2);
+    unload(&L);
+}
+
+static void test_load_errors(void) {
+    struct tiny t = archs[0];
+    t.skip_key = "feed_forward_length";
+    expect_load_error(t, "llama.feed_forward_length", "missing");
+    t = archs[0];
+    t.bad_tensor = "blk.1.attn_k.weight";
+    expect_load_error(t, "blk.1.attn_k.weight", "(32, 17)");
+    t = archs[0];
+    t.n_head = 5; /* 32 % 5 != 0 and no key_length */
+    t.n_head_kv = 5;
+    expect_load_error(t, "llama.attention.head_count (5) does not divide", "embedding_length");
+    t = archs[0];
+    t.n_head_kv = 3;
+    expect_load_error(t, "head_count_kv (3)", NULL);
+    t = archs[1];
+    t.bias = false;
+    expect_load_error(t, "blk.0.attn_q.bias", NULL);
+    t = archs[3];
+    t.arch = "gemma3";
+    t.gemma = false; /* no sliding_window key, no post norms */
+    expect_load_error(t, "gemma3.attention.sliding_window", NULL);
+    t = archs[0];
+    t.arch = "mamba";
+    expect_load_error(t, "mamba", "not supported");
+}
+
+int main(void) {
+    struct err e;
+    if (cpu_backend_new(&bk, 0, &e) != SMELT_OK) return 1;
+    T_RUN(test_llama);
+    T_RUN(test_qwen2);
+    T_RUN(test_qwen3);
+    T_RUN(test_gemma3);
+    T_RUN(test_recycle);
+    T_RUN(test_bad_batch);
+    T_RUN(test_load_errors);
+    bk_free(bk);
+    return t_done();
+}
