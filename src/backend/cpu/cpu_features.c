@@ -59,7 +59,7 @@ static void detect_x86(struct cpu_features *f) {
             f->avx512bf16 = (a >> 5) & 1;
         }
     }
-    if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
         unsigned r[12];
         for (unsigned i = 0; i < 3; i++)
             __cpuid(0x80000002u + i, r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);

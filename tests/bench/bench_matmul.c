@@ -1,0 +1,142 @@
+/* Matmul workbench: times cpu_matmul on decode (n = 1) and prefill (n = 128) shapes and
+ * prints GB/s of weights read (decode is bandwidth-bound) and GFLOP/s (2·rows·k·n / time).
+ *
+ *   build/bench_matmul [-t THREADS] [-r REPS] [-n N1,N2..] [-T TYPE,TYPE..] [-s RxK,RxK..]
+ *   SMELT_CPU_ISA=avx2 build/bench_matmul ...   (force a lower SIMD path)
+ *
+ * Defaults: 2 threads; types Q4_K, Q8_0, Q6_K, F16; the Qwen2.5-0.5B shapes 4864x896
+ * (gate/up), 896x4864 (down), 151936x896 (vocab projection); n = 1 and 128; the median of
+ * REPS runs after a warm-up. Weights are random bytes (scales sanitized), as in the tests.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_matmul.h"
+#include "backend/cpu/cpu_pool.h"
+#include "quant/quant.h"
+#include "util/arena.h"
+#include "util/half.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static unsigned long long rng = 88172645463325252ULL;
+static unsigned long long next(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* Random bytes; every 2-byte-aligned f16 that decodes to Inf/NaN is replaced by 0.01 so the
+ * results stay finite (the layout does not matter for speed). */
+static void *make_weights(uint32_t t, int64_t rows, int64_t k, size_t *bytes) {
+    size_t n = (size_t)qtype_row_size(t, k) * (size_t)rows;
+    uint16_t *w = malloc(n + 8);
+    if (!w) return NULL;
+    for (size_t i = 0; i < (n + 1) / 2; i++) {
+        uint16_t h = (uint16_t)(next() >> 48);
+        if (t == QT_F16 || (h & 0x7c00) == 0x7c00 || (h & 0x7c00) > 0x5000) h = f32_to_f16(0.01f * (float)((int)(h % 200) - 100) / 100.0f);
+        w[i] = h;
+    }
+    *bytes = n;
+    return w;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, reps = 5;
+    const char *types = "Q4_K,Q8_0,Q6_K,F16", *shapes = "4864x896,896x4864,151936x896",
+               *ns = "1,128";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc) ns = argv[++i];
+        else if (!strcmp(argv[i], "-T") && i + 1 < argc) types = argv[++i];
+        else if (!strcmp(argv[i], "-s") && i + 1 < argc) shapes = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-n N,..] [-T TYPE,..] [-s RxK,..]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    char feat[256];
+    cpu_features_describe(feat, sizeof feat);
+    printf("# cpu: %s | %s | threads %d\n", cpu_features_get()->model, feat, threads);
+    printf("%-6s %-12s %5s %10s %9s %9s\n", "type", "shape", "n", "ms", "GB/s", "GFLOP/s");
+    struct cpu_pool *pool = NULL;
+    struct err e = {0};
+    if (cpu_pool_new(&pool, threads, &e) != SMELT_OK) {
+        fprintf(stderr, "pool: %s\n", e.msg);
+        return 1;
+    }
+    struct arena ar;
+    arena_init(&ar);
+    char tbuf[256];
+    snprintf(tbuf, sizeof tbuf, "%s", types);
+    for (char *tn = strtok(tbuf, ","); tn; tn = strtok(NULL, ",")) {
+        enum qtype t;
+        if (!qtype_from_name(tn, &t)) {
+            fprintf(stderr, "unknown type %s\n", tn);
+            return 2;
+        }
+        for (const char *sp = shapes; *sp;) {
+            long long rows = 0, k = 0;
+            int used = 0;
+            if (sscanf(sp, "%lldx%lld%n", &rows, &k, &used) != 2) {
+                fprintf(stderr, "bad shape list %s\n", shapes);
+                return 2;
+            }
+            sp += used;
+            if (*sp == ',') sp++;
+            size_t wbytes = 0;
+            void *w = make_weights(t, rows, k, &wbytes);
+            for (const char *np = ns; *np;) {
+                int n = atoi(np);
+                while (*np && *np != ',') np++;
+                if (*np == ',') np++;
+                float *x = malloc(sizeof(float) * (size_t)(n * k));
+                float *y = malloc(sizeof(float) * (size_t)(n * rows));
+                if (!w || !x || !y) {
+                    fprintf(stderr, "out of memory\n");
+                    return 1;
+                }
+                for (long long i = 0; i < n * k; i++) x[i] = (float)((int)(next() % 2001) - 1000) / 1000.0f;
+                double ts[64];
+                int R = reps > 64 ? 64 : reps;
+                for (int r = -1; r < R; r++) {
+                    arena_reset(&ar);
+                    double t0 = now();
+                    if (cpu_matmul(pool, t, w, rows, k, x, n, y, &ar, &e) != SMELT_OK) {
+                        fprintf(stderr, "matmul: %s\n", e.msg);
+                        return 1;
+                    }
+                    if (r >= 0) ts[r] = now() - t0;
+                }
+                qsort(ts, (size_t)R, sizeof ts[0], cmp_d);
+                double med = ts[R / 2];
+                char shp[48];
+                snprintf(shp, sizeof shp, "%lldx%lld", rows, k);
+                printf("%-6s %-12s %5d %10.3f %9.1f %9.1f\n", tn, shp, n, med * 1e3,
+                       (double)wbytes / med / 1e9, 2.0 * (double)rows * (double)k * n / med / 1e9);
+                fflush(stdout);
+                free(x);
+                free(y);
+            }
+            free(w);
+        }
+    }
+    arena_free(&ar);
+    cpu_pool_free(pool);
+    return 0;
+}
