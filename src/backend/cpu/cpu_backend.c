@@ -8,17 +8,41 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "backend/cpu/cpu_matmul.h"
 #include "util/half.h"
 
 /* ---- threads ---- */
 
+struct par_job {
+    cpu_range_fn fn;
+    void *ctx;
+    int64_t n, nt; /* items, threads used */
+};
+
+static void par_task(void *vctx, int ith, int nth) {
+    struct par_job *j = vctx;
+    (void)nth;
+    if (ith >= j->nt) return;
+    int64_t i0 = j->n * ith / j->nt, i1 = j->n * (ith + 1) / j->nt;
+    if (i1 > i0) j->fn(j->ctx, ith, i0, i1);
+}
+
+/* Static split into equal ranges: every op's items cost about the same (rows of a norm,
+ * tokens of RoPE, (row, KV head) pairs of attention at similar lengths). Work too small
+ * to share runs on the caller without waking the pool. */
 void cpu_parallel(struct cpu_backend *cb, cpu_range_fn fn, void *ctx, int64_t n,
                   int64_t min_chunk) {
-    (void)cb;
-    (void)min_chunk;
-    if (n > 0) fn(ctx, 0, 0, n);
+    if (n <= 0) return;
+    if (min_chunk < 1) min_chunk = 1;
+    int64_t nt = (n + min_chunk - 1) / min_chunk;
+    if (nt > cb->n_threads) nt = cb->n_threads;
+    if (nt <= 1) {
+        fn(ctx, 0, 0, n);
+        return;
+    }
+    struct par_job j = {fn, ctx, n, nt};
+    cpu_pool_run(cb->pool, par_task, &j);
 }
 
 /* ---- scratch stack ---- */
@@ -178,11 +202,27 @@ void cpu_op_matmul_ref(struct backend *b, struct tensor *dst, const struct tenso
     cpu_parallel(c.cb, mm_range, &c, w->ne[1], 16);
 }
 
+void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
+                   const struct tensor *x) {
+    struct cpu_backend *cb = cpu_of(b);
+    if (!tensor_is_contiguous(w) || !tensor_is_contiguous(x) || !tensor_is_contiguous(dst)) {
+        cpu_op_matmul_ref(b, dst, w, x);
+        return;
+    }
+    struct err e;
+    smelt_status st = cpu_matmul(cb->pool, w->type, w->data, w->ne[1], w->ne[0], x->data,
+                                 x->ne[1], dst->data, &cb->mm_scratch, &e);
+    arena_reset(&cb->mm_scratch);
+    if (st != SMELT_OK) bk_fail(b, st, "%s: %s", w->name ? w->name : "matmul", e.msg);
+}
+
 /* ---- vtable ---- */
 
 static void cpu_free(struct backend *b) {
     struct cpu_backend *cb = cpu_of(b);
     stack_free(&cb->scratch);
+    arena_free(&cb->mm_scratch);
+    cpu_pool_free(cb->pool);
     bk_base_free(b);
     free(cb);
 }
@@ -192,7 +232,7 @@ static smelt_status cpu_weight_bind(struct backend *b, struct tensor *t, struct 
     if (!qi)
         return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: unknown type id %u",
                        t->name ? t->name : "?", t->type);
-    if (t->type != QT_F32 && t->type != QT_F16 && t->type != QT_BF16 && !qi->dequantize)
+    if (!cpu_matmul_supports(t->type) || !qi->dequantize)
         return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s is not supported on CPU",
                        t->name ? t->name : "?", qi->name);
     t->backend = b;
@@ -260,7 +300,7 @@ static const struct backend_ops cpu_ops = {
     .get_rows = cpu_op_get_rows,
     .rms_norm = cpu_op_rms_norm,
     .rope = cpu_op_rope,
-    .matmul = cpu_op_matmul_ref,
+    .matmul = cpu_op_matmul,
     .add = cpu_op_add,
     .scale = cpu_op_scale,
     .glu = cpu_op_glu,
@@ -275,11 +315,14 @@ smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e)
     struct cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return err_set(e, SMELT_ERR_NOMEM, "CPU backend: out of memory");
     bk_base_init(&cb->base, &cpu_ops);
-    if (n_threads <= 0) {
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = nc > 0 ? (int)nc : 1;
+    arena_init(&cb->mm_scratch);
+    smelt_status st = cpu_pool_new(&cb->pool, n_threads, e);
+    if (st != SMELT_OK) {
+        bk_base_free(&cb->base);
+        free(cb);
+        return st;
     }
-    cb->n_threads = n_threads;
+    cb->n_threads = cpu_pool_size(cb->pool);
     *out = &cb->base;
     return SMELT_OK;
 }

@@ -9,6 +9,7 @@
 #define SMELT_CPU_BACKEND_H
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_pool.h"
 
 /* Per-step scratch: a stack of chunks. Allocation bumps the current chunk or moves to
  * the next (kept from earlier steps, or a new one twice the total size); mark/release
@@ -27,7 +28,9 @@ struct cpu_stack {
 struct cpu_backend {
     struct backend base;     /* first: a struct backend * points here */
     struct cpu_stack scratch;
-    int n_threads;
+    struct arena mm_scratch; /* cpu_matmul's quantized activations, reset after each call */
+    struct cpu_pool *pool;
+    int n_threads;           /* cpu_pool_size(pool) */
 };
 
 static inline struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
@@ -64,6 +67,10 @@ void cpu_op_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
 void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
                       const struct tensor *kc, const struct tensor *vc,
                       const struct attn_meta *m, const struct attn_params *p);
+/* Matmul: cpu_matmul (quantized activations, SIMD, the pool) for contiguous operands,
+ * else the reference below. */
+void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
+                   const struct tensor *x);
 /* Reference matmul: dequantizes each weight row once per call and dots it with every
  * input column. Exact for F32 (f32 products, f32 sums); the fast quantized kernels
  * (cpu_matmul.h) are checked against it. */
