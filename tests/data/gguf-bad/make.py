@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates the corpus of hand-made broken GGUF files and expected.txt.
+"""Generates the corpus of hand-made broken GGUF files and expected.txt, and the fuzz seeds.
 
 Each file is paired with a substring its error message must contain (expected.txt,
 FILE<TAB>substring); tests/unit/test_gguf.c opens each with gguf_open (and, except the
@@ -188,6 +188,38 @@ case("split_tensors_count.gguf", gguf(BASE_KVS + [kv("split.count", U16, struct.
      "split.tensors.count is 9 but the 1 splits hold 1 tensors")
 
 
+# --- valid seeds for the fuzzer (fuzz/corpus/gguf), plus a few broken ones ---
+def seeds():
+    out = {}
+    out["valid_small.gguf"] = valid()
+    out["valid_empty.gguf"] = header(0, 0)
+    out["valid_v2.gguf"] = gguf(BASE_KVS, W, W_DATA, version=2)
+    scalars = [kv("s.u8", U8, b"\x07"), kv("s.i8", I8, b"\xf9"), kv("s.u16", U16, struct.pack("<H", 7)),
+               kv("s.i16", I16, struct.pack("<h", -7)), kv("s.i32", I32, struct.pack("<i", -7)),
+               kv("s.f32", F32, struct.pack("<f", 0.5)), kv("s.bool", BOOL, b"\x01"),
+               kv("s.u64", U64, struct.pack("<Q", 2**64 - 1)), kv("s.i64", I64, struct.pack("<q", -2**63)),
+               kv("s.f64", F64, struct.pack("<d", 1e-300)), kv_str("s.str", "h\u00e9llo")]
+    out["valid_all_scalars.gguf"] = gguf(scalars)
+    toks = [b"<s>", b"</s>", b"hello", b"\xc4\xa0world", b""]
+    tok_kvs = [kv_str("general.architecture", "llama"), kv_str("tokenizer.ggml.model", "gpt2"),
+               kv("tokenizer.ggml.tokens", ARR, struct.pack("<IQ", STR, len(toks)) + b"".join(s(t) for t in toks)),
+               kv("tokenizer.ggml.token_type", ARR, struct.pack("<IQ", I32, len(toks)) + struct.pack("<5i", 3, 3, 1, 1, 1)),
+               kv("tokenizer.ggml.merges", ARR, struct.pack("<IQ", STR, 1) + s("h e")),
+               kv_u32("tokenizer.ggml.bos_token_id", 0)]
+    out["valid_tokenizer.gguf"] = gguf(tok_kvs)
+    out["valid_nested8.gguf"] = gguf([kv("a.deep", ARR, nested(8)),
+                                      kv("a.strs", ARR, struct.pack("<IQ", ARR, 2) + struct.pack("<IQ", STR, 1) + s("x")
+                                         + struct.pack("<IQ", STR, 0))])
+    q8 = [tinfo("blk.0.attn_q.weight", [32, 2], Q8_0_T, 0), tinfo("blk.0.ffn_up.weight", [256], Q4_K_T, 128),
+          tinfo("output_norm.weight", [16], F32_T, 384), tinfo("token_embd.weight", [4, 2], F16_T, 448)]
+    out["valid_tensors_align64.gguf"] = gguf(BASE_KVS + [kv_u32("general.alignment", 64)], q8,
+                                             bytes(range(256)) * 2, align=64)
+    for name in ("nested_too_deep.gguf", "overlap.gguf", "dims_overflow.gguf", "trunc_array_elems.gguf",
+                 "duplicate_key.gguf", "misaligned_offset.gguf"):
+        out["bad_" + name] = dict((c[0], c[1]) for c in cases)[name]
+    return out
+
+
 def main():
     for f in os.listdir(HERE):
         if f.endswith(".gguf"):
@@ -202,6 +234,12 @@ def main():
                 f.write(data)
             m.write(f"{name}\t{want}\n")
     print(f"wrote {len(cases)} files")
+    seed_dir = os.path.join(HERE, "..", "..", "..", "fuzz", "corpus", "gguf")
+    os.makedirs(seed_dir, exist_ok=True)
+    for name, data in seeds().items():
+        with open(os.path.join(seed_dir, name), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds())} fuzz seeds to fuzz/corpus/gguf")
 
 
 if __name__ == "__main__":
