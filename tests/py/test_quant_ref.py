@@ -247,3 +247,267 @@ def test_row_size_and_table(lib):
             assert lib.qtype_row_size(int(t), bs * 8 + 1) == 0
     for bad in (4, 5, 31, 32, 33, 36, 37, 38, 42, 1000):
         assert not lib.qtype_get(bad)
+
+
+# ---------------------------------------------------------------------------------------
+# smelt quantize (the command): end to end through the GGUF writer and the thread pool.
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMELT = os.environ.get("SMELT_BIN", os.path.join(ROOT, "build", "smelt"))
+
+
+def smelt(*args, check=True):
+    r = subprocess.run([SMELT, "quantize", *map(str, args)], capture_output=True, text=True,
+                       timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def tiny_f16(tmp_path_factory):
+    if not os.path.exists(SMELT):
+        pytest.skip(f"SKIP smelt binary not built ({SMELT})")
+    p = tmp_path_factory.mktemp("q") / "tiny-f16.gguf"
+    smelt("--random", "tiny", p, "F16", "--seed", 7)
+    return p
+
+
+def tensors(path):
+    r = gguf.GGUFReader(str(path))
+    return r, {t.name: t for t in r.tensors}
+
+
+def as_f32(t):
+    return gq.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+
+
+def test_random_tiny_matches_mkmodel_shapes(tiny_f16):
+    r, ts = tensors(tiny_f16)
+    # mkmodel.py "tiny": llama, 256, 2 layers, 4 heads, 2 kv, ff 512, vocab 1000, untied
+    d, L, H, KV, F, V = 256, 2, 4, 2, 512, 1000
+    hd = d // H
+    spec = [("token_embd.weight", (d, V))]
+    for i in range(L):
+        p = f"blk.{i}."
+        spec += [(p + "attn_norm.weight", (d,)), (p + "attn_q.weight", (d, H * hd)),
+                 (p + "attn_k.weight", (d, KV * hd)), (p + "attn_v.weight", (d, KV * hd)),
+                 (p + "attn_output.weight", (H * hd, d)), (p + "ffn_norm.weight", (d,)),
+                 (p + "ffn_gate.weight", (d, F)), (p + "ffn_up.weight", (d, F)),
+                 (p + "ffn_down.weight", (F, d))]
+    spec += [("output_norm.weight", (d,)), ("output.weight", (d, V))]
+    assert [t.name for t in r.tensors] == [n for n, _ in spec]
+    for n, shape in spec:
+        assert tuple(int(x) for x in ts[n].shape) == shape, n
+        want = T.F32 if len(shape) == 1 else T.F16
+        assert ts[n].tensor_type == want, n
+    f = r.fields
+    assert f["general.architecture"].contents() == "llama"
+    assert f["llama.block_count"].contents() == 2
+    assert f["llama.rope.dimension_count"].contents() == hd
+    assert f["general.file_type"].contents() == 1
+    assert len(f["tokenizer.ggml.tokens"].contents()) == V
+    assert f["tokenizer.ggml.tokens"].contents()[:4] == ["<unk>", "<s>", "</s>", "<0x00>"]
+    # weights: ~N(0, 0.02), norms ~1 + N(0, 0.05)
+    w = as_f32(ts["blk.0.ffn_up.weight"])
+    assert abs(float(w.std()) - 0.02) < 0.001 and abs(float(w.mean())) < 0.001
+    nrm = as_f32(ts["blk.0.attn_norm.weight"])
+    assert abs(float(nrm.mean()) - 1) < 0.02 and 0.03 < float(nrm.std()) < 0.07
+
+
+def test_random_is_deterministic(tiny_f16, tmp_path):
+    again = tmp_path / "again.gguf"
+    smelt("--random", "tiny", again, "F16", "--seed", 7, "--threads", 1)
+    assert open(again, "rb").read() == open(tiny_f16, "rb").read()
+    other = tmp_path / "other.gguf"
+    smelt("--random", "tiny", other, "F16", "--seed", 8)
+    assert open(other, "rb").read() != open(tiny_f16, "rb").read()
+
+
+@pytest.mark.parametrize("qt", ["Q8_0", "Q4_0", "Q5_1", "BF16", "TQ2_0"])
+def test_quantize_file_bit_exact(tiny_f16, tmp_path, qt):
+    out = tmp_path / f"tiny-{qt}.gguf"
+    smelt(tiny_f16, out, qt, "--pure", "--threads", 2)
+    _, src = tensors(tiny_f16)
+    r, dst = tensors(out)
+    t = T[qt]
+    for name, s in src.items():
+        d = dst[name]
+        if len(s.shape) == 1:
+            assert d.tensor_type == s.tensor_type and np.array_equal(d.data, s.data), name
+            continue
+        assert d.tensor_type == t, name
+        ref = gq.quantize(as_f32(s).reshape(int(s.shape[1]), int(s.shape[0])), t)
+        assert np.array_equal(np.asarray(d.data).reshape(-1).view(np.uint8), ref.reshape(-1).view(np.uint8)), name
+
+
+def test_quantize_q4_k_m_mix_and_metadata(tiny_f16, tmp_path):
+    out = tmp_path / "tiny-q4km.gguf"
+    res = smelt(tiny_f16, out, "Q4_K_M")
+    assert "[  21/21]" in res.stderr and "MB/s" in res.stderr
+    rin, src = tensors(tiny_f16)
+    r, dst = tensors(out)
+    # tiny has 2 layers: use_more_bits(i, 2) = i < 0 || i >= 1 || i % 3 == 2 holds for
+    # layer 1 only, so attn_v and ffn_down are Q6_K there and Q4_K on layer 0
+    want = {"output.weight": T.Q6_K, "blk.0.attn_v.weight": T.Q4_K, "blk.1.attn_v.weight": T.Q6_K,
+            "blk.0.ffn_down.weight": T.Q4_K, "blk.1.ffn_down.weight": T.Q6_K,
+            "token_embd.weight": T.Q4_K, "blk.0.attn_q.weight": T.Q4_K,
+            "blk.0.attn_norm.weight": T.F32}
+    for n, t in want.items():
+        assert dst[n].tensor_type == t, (n, dst[n].tensor_type.name)
+    assert r.fields["general.file_type"].contents() == 15
+    assert r.fields["general.quantization_version"].contents() == 2
+    for k, v in rin.fields.items():
+        if k.startswith("GGUF.") or k == "general.file_type":
+            continue
+        assert k in r.fields, k
+        assert r.fields[k].contents() == v.contents(), k
+    for n, s in src.items():
+        x, y = as_f32(s), as_f32(dst[n])
+        rel = np.sqrt(np.mean((x - y) ** 2)) / np.sqrt(np.mean(x ** 2))
+        assert rel < (1e-7 if len(s.shape) == 1 else 0.08), (n, rel)
+
+
+def test_quantize_rejects_bad_input(tiny_f16, tmp_path):
+    q = tmp_path / "q.gguf"
+    smelt(tiny_f16, q, "Q4_0")
+    r = smelt(q, tmp_path / "qq.gguf", "Q8_0", check=False)
+    assert r.returncode == 1 and "reads F32, F16 or BF16" in r.stderr
+    r = smelt(tiny_f16, tmp_path / "x.gguf", "IQ2_XXS", check=False)
+    assert r.returncode == 1 and "importance matrix" in r.stderr
+    r = smelt(tiny_f16, tmp_path / "x.gguf", "Q8_K", check=False)
+    assert r.returncode == 1 and "activation format" in r.stderr
+    r = smelt(tiny_f16, tmp_path / "x.gguf", "Q9_X", check=False)
+    assert r.returncode == 1 and "unknown type" in r.stderr
+    r = smelt("--random", "nope", tmp_path / "x.gguf", "F16", check=False)
+    assert r.returncode == 2 and "presets" in r.stderr
+    r = smelt(tmp_path / "missing.gguf", tmp_path / "x.gguf", "Q8_0", check=False)
+    assert r.returncode == 1
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def plan(*args):
+    out = smelt(*args, "--dry-run").stdout.splitlines()
+    rows = {}
+    for line in out[:-1]:
+        p = line.split()
+        rows[p[0]] = (p[1], p[2], p[4])
+    return rows, out[-1]
+
+
+def test_llama3_8b_q4_k_m_plan():
+    if not os.path.exists(SMELT):
+        pytest.skip("SKIP smelt binary not built")
+    rows, total = plan("--random", "llama3-8b", "/nonexistent.gguf", "Q4_K_M")
+    from collections import Counter
+    c = Counter(t for _, _, t in rows.values())
+    # llama.cpp's Llama-3-8B Q4_K_M: 65 f32, 193 q4_K, 33 q6_K (16 attn_v, 16 ffn_down, output)
+    assert c == {"F32": 65, "Q4_K": 193, "Q6_K": 33}, c
+    assert rows["token_embd.weight"] == ("4096x128256", "F16", "Q4_K")
+    assert rows["output.weight"][2] == "Q6_K"
+    # 4.9 GB file: check the planned size is that of llama.cpp's 4.92 GB Q4_K_M
+    mb = float(total.split("->")[1].split()[0])
+    assert 4900 < mb < 4930, total
+
+
+GEMMA = os.path.join(ROOT, "models", "gemma3-270m-q4_k_m.gguf")
+QWEN = os.path.join(ROOT, "models", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
+
+
+def tensor_types(path):
+    """{name: (shape "AxB", type name)} from a GGUF header. A minimal parser: gguf-py's
+    GGUFReader takes ~20 s on a 262k-token vocab, this takes well under a second."""
+    import struct
+    with open(path, "rb") as f:
+        buf = f.read(64 << 20)
+    pos = 0
+
+    def rd(fmt):
+        nonlocal pos
+        v = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize("<" + fmt)
+        return v[0]
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip(vt):
+        nonlocal pos
+        if vt == 8:
+            n = rd("Q")
+            pos += n
+        elif vt == 9:
+            et, n = rd("I"), rd("Q")
+            if et in sizes:
+                pos += sizes[et] * n
+            else:
+                for _ in range(n):
+                    skip(et)
+        else:
+            pos += sizes[vt]
+
+    assert rd("I") == 0x46554747
+    rd("I")
+    n_t, n_kv = rd("Q"), rd("Q")
+    for _ in range(n_kv):
+        n = rd("Q")
+        pos += n
+        skip(rd("I"))
+    out = {}
+    for _ in range(n_t):
+        ln = rd("Q")
+        name = buf[pos:pos + ln].decode()
+        pos += ln
+        nd = rd("I")
+        ne = [rd("Q") for _ in range(nd)]
+        t = rd("I")
+        rd("Q")
+        out[name] = ("x".join(map(str, ne)), T(t).name)
+    return out
+
+
+def test_mix_matches_llama_quantize_gemma3():
+    """A real llama.cpp Q4_K_M file: the plan for its shapes must give every tensor's type."""
+    if not os.path.exists(GEMMA):
+        pytest.skip(f"SKIP {GEMMA} absent (make models)")
+    ts = tensor_types(GEMMA)
+    rows, _ = plan(GEMMA, "/nonexistent.gguf", "Q4_K_M")
+    bad = {n: (t, rows[n][2]) for n, (_, t) in ts.items() if t != rows[n][2]}
+    assert not bad
+
+
+def test_mix_matches_llama_quantize_qwen2():
+    """This file was made by an older llama.cpp that counted layers in string order
+    (blk.0, blk.1, blk.10, ...); the current one counts by layer number. Everything but
+    the count-dependent attn_v / ffn_down choice must match, and those must match the
+    same rule applied in string order."""
+    if not os.path.exists(QWEN):
+        pytest.skip(f"SKIP {QWEN} absent (make models)")
+    ts = {n: t for n, (_, t) in tensor_types(QWEN).items()}
+    rows, _ = plan(QWEN, "/nonexistent.gguf", "Q4_K_M")
+    n = 24
+    more = lambda i: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # noqa: E731
+    for kind, hi, lo in (("attn_v.weight", "Q8_0", "Q5_0"), ("ffn_down.weight", "Q6_K", "Q4_K")):
+        names = sorted(k for k in ts if k.endswith(kind))
+        for i, nm in enumerate(names):
+            assert ts[nm] == (hi if more(i) else lo), nm
+        by_layer = sorted(names, key=lambda s: int(s.split(".")[1]))
+        for i, nm in enumerate(by_layer):
+            assert rows[nm][2] == (hi if more(i) else lo), nm
+    for nm, t in ts.items():
+        if nm.endswith("attn_v.weight") or nm.endswith("ffn_down.weight"):
+            continue
+        assert t == rows[nm][2], nm
+
+
+def test_random_gemma3_270m_matches_real_file():
+    if not os.path.exists(GEMMA):
+        pytest.skip(f"SKIP {GEMMA} absent (make models)")
+    ts = tensor_types(GEMMA)
+    rows, _ = plan("--random", "gemma3-270m", "/nonexistent.gguf", "Q4_K_M")
+    assert set(rows) == set(ts)
+    for n, (shape, t) in ts.items():
+        assert rows[n][0] == shape, n
+        assert rows[n][2] == t, n

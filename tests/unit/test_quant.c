@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "quant/blocks.h"
+#include "quant/mix.h"
 #include "quant/quant.h"
 #include "t.h"
 #include "util/half.h"
@@ -132,11 +133,68 @@ static void test_nonfinite_input(void) {
     T_CHECK(1);
 }
 
+static void test_mix_names(void) {
+    struct quant_mix m;
+    struct err e = {0};
+    T_EQ_INT(quant_mix_find("q4_k_m", &m, &e), SMELT_OK);
+    T_EQ_STR(m.name, "Q4_K_M");
+    T_EQ_INT(m.ftype, 15);
+    T_EQ_INT(m.base, QT_Q4_K);
+    T_EQ_INT(quant_mix_find("Q5_K", &m, &e), SMELT_OK); /* llama-quantize alias */
+    T_EQ_STR(m.name, "Q5_K_M");
+    T_EQ_INT(quant_mix_find("Q8_0", &m, &e), SMELT_OK);
+    T_EQ_INT(m.ftype, 7);
+    T_EQ_INT(quant_mix_find("IQ3_XXS", &m, &e), SMELT_ERR_UNSUPPORTED);
+    T_CHECK(strstr(e.msg, "importance matrix") != NULL);
+    T_EQ_INT(quant_mix_find("Q8_1", &m, &e), SMELT_ERR_UNSUPPORTED);
+    T_EQ_INT(quant_mix_find("bogus", &m, &e), SMELT_ERR_INVALID);
+    T_CHECK(quant_mix_allows("blk.0.attn_q.weight", 2));
+    T_CHECK(!quant_mix_allows("blk.0.attn_q.weight", 1));
+    T_CHECK(!quant_mix_allows("blk.0.attn_norm.weight", 2));
+    T_CHECK(!quant_mix_allows("blk.0.attn_q.bias", 2));
+    T_CHECK(!quant_mix_allows("blk.0.ffn_gate_inp.weight", 2));
+    T_CHECK(quant_mix_order_cmp("blk.2.x", "blk.10.x") < 0);
+    T_CHECK(quant_mix_order_cmp("output.weight", "blk.0.x") < 0);
+}
+
+/* Row lengths that do not fit a K-quant block fall back as llama.cpp does. */
+static void test_mix_fallback(void) {
+    struct quant_mix m;
+    struct quant_mix_model model = {.n_layer = 24, .n_head = 14, .n_head_kv = 2};
+    struct quant_mix_state st;
+    struct err e = {0};
+    uint32_t t;
+    const char *why;
+    quant_mix_find("Q4_K_M", &m, &e);
+    quant_mix_model_count(&model, "blk.0.attn_v.weight");
+    quant_mix_begin(&st, &m, &model);
+    int64_t ne896[2] = {896, 896}, ne4864[2] = {4864, 896}, ne40[2] = {40, 8}, ne4096[2] = {4096, 8};
+    T_EQ_INT(quant_mix_next(&st, "token_embd.weight", 2, ne896, QT_F16, &t, &why, &e), SMELT_OK);
+    T_EQ_INT(t, QT_Q8_0); /* tied output: 896 % 256 != 0 */
+    T_EQ_INT(quant_mix_next(&st, "blk.0.attn_q.weight", 2, ne896, QT_F16, &t, &why, &e), SMELT_OK);
+    T_EQ_INT(t, QT_Q5_0);
+    T_CHECK(why != NULL);
+    T_EQ_INT(quant_mix_next(&st, "blk.0.ffn_down.weight", 2, ne4864, QT_F16, &t, &why, &e), SMELT_OK);
+    T_EQ_INT(t, QT_Q6_K); /* layer 0 < 24/8: more bits, and 4864 = 19 * 256 fits */
+    T_EQ_INT(quant_mix_next(&st, "blk.0.ffn_up.weight", 2, ne40, QT_F16, &t, &why, &e), SMELT_OK);
+    T_EQ_INT(t, QT_F16); /* 40 fits neither Q4_K nor Q5_0 */
+    T_EQ_INT(quant_mix_next(&st, "blk.0.attn_norm.weight", 1, ne896, QT_F32, &t, &why, &e), SMELT_OK);
+    T_EQ_INT(t, QT_F32);
+    quant_mix_find("Q1_0", &m, &e);
+    quant_mix_begin(&st, &m, &model);
+    T_EQ_INT(quant_mix_next(&st, "blk.0.ffn_up.weight", 2, ne40, QT_F16, &t, &why, &e),
+             SMELT_ERR_UNSUPPORTED);
+    T_EQ_INT(quant_mix_next(&st, "blk.0.ffn_up.weight", 2, ne4096, QT_F16, &t, &why, &e), SMELT_OK);
+    T_EQ_INT(t, QT_Q1_0);
+}
+
 int main(void) {
     T_RUN(test_table);
     T_RUN(test_q4_0_by_hand);
     T_RUN(test_q4_K_layout);
     T_RUN(test_round_trip);
     T_RUN(test_nonfinite_input);
+    T_RUN(test_mix_names);
+    T_RUN(test_mix_fallback);
     return t_done();
 }

@@ -1,0 +1,223 @@
+/* Random-weight model presets and generator (see random_model.h).
+ *
+ * Shapes: llama3-8b/1b, qwen2.5-0.5b/7b, qwen3-8b and tiny are mkmodel.py's PRESETS.
+ * Gemma 3 (public configs google/gemma-3-270m and -1b, and the layout of a real
+ * llama.cpp gemma3 GGUF): 270m: n_embd 640, 18 layers, 4 heads, 1 KV head, head_dim 256,
+ * n_ff 2048; 1b: 1152, 26 layers, 4 heads, 1 KV head, head_dim 256, n_ff 6912; both
+ * vocab 262144, sliding window 512, rope base 1e6, tied embeddings, Q/K norms and the
+ * post-attention / post-FFN norms.
+ */
+#include "cli/random_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct rm_preset presets[] = {
+    /* name, arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, vocab, rope, tied,
+     * qkv_bias, qk_norm, gemma, swa */
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0},
+    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0},
+    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0},
+    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0},
+    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512},
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512},
+    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0},
+};
+
+const struct rm_preset *rm_preset_find(const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(presets[i].name, name)) return &presets[i];
+    return NULL;
+}
+
+const char *rm_preset_names(void) {
+    return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, gemma3-270m, gemma3-1b, tiny";
+}
+
+struct tlist {
+    struct rm_tensor *v;
+    int64_t n, cap;
+    bool oom;
+};
+
+static void add(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne0, int64_t ne1) {
+    if (l->oom) return;
+    if (l->n == l->cap) {
+        int64_t cap = l->cap ? l->cap * 2 : 64;
+        struct rm_tensor *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            l->oom = true;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    struct rm_tensor *t = &l->v[l->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->kind = kind;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->n_dims = ne1 > 1 || kind == RM_MATRIX ? 2 : 1;
+    if (t->n_dims == 1) t->ne[1] = 1;
+}
+
+smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64_t *n,
+                        struct err *e) {
+    struct tlist l = {0};
+    const int64_t d = p->n_embd, q = (int64_t)p->n_head * p->head_dim,
+                  kv = (int64_t)p->n_head_kv * p->head_dim, f = p->n_ff;
+    char nm[64];
+    add(&l, "token_embd.weight", RM_MATRIX, d, p->n_vocab);
+    for (int i = 0; i < p->n_layer; i++) {
+#define T(suffix, kind, a, b)                                                                  \
+    do {                                                                                       \
+        snprintf(nm, sizeof nm, "blk.%d." suffix, i);                                          \
+        add(&l, nm, kind, a, b);                                                               \
+    } while (0)
+        T("attn_norm.weight", RM_NORM, d, 1);
+        T("attn_q.weight", RM_MATRIX, d, q);
+        T("attn_k.weight", RM_MATRIX, d, kv);
+        T("attn_v.weight", RM_MATRIX, d, kv);
+        T("attn_output.weight", RM_MATRIX, q, d);
+        if (p->qkv_bias) {
+            T("attn_q.bias", RM_BIAS, q, 1);
+            T("attn_k.bias", RM_BIAS, kv, 1);
+            T("attn_v.bias", RM_BIAS, kv, 1);
+        }
+        if (p->qk_norm) {
+            T("attn_q_norm.weight", RM_NORM, p->head_dim, 1);
+            T("attn_k_norm.weight", RM_NORM, p->head_dim, 1);
+        }
+        if (p->gemma) T("post_attention_norm.weight", RM_NORM, d, 1);
+        T("ffn_norm.weight", RM_NORM, d, 1);
+        T("ffn_gate.weight", RM_MATRIX, d, f);
+        T("ffn_up.weight", RM_MATRIX, d, f);
+        T("ffn_down.weight", RM_MATRIX, f, d);
+        if (p->gemma) T("post_ffw_norm.weight", RM_NORM, d, 1);
+#undef T
+    }
+    add(&l, "output_norm.weight", RM_NORM, d, 1);
+    if (!p->tied) add(&l, "output.weight", RM_MATRIX, d, p->n_vocab);
+    if (l.oom) {
+        free(l.v);
+        return err_set(e, SMELT_ERR_NOMEM, "no memory for the tensor list");
+    }
+    *out = l.v;
+    *n = l.n;
+    return SMELT_OK;
+}
+
+/* "<arch>.<suffix>" in buf. */
+static const char *akey(const struct rm_preset *p, const char *suffix, char *buf, size_t n) {
+    snprintf(buf, n, "%s.%s", p->arch, suffix);
+    return buf;
+}
+
+smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
+                               uint32_t file_type, struct err *e) {
+    char k[128], name[64];
+    snprintf(name, sizeof name, "random-%s", p->name);
+    gguf_set_str(w, "general.architecture", p->arch);
+    gguf_set_str(w, "general.name", name);
+#define U32(suffix, v) gguf_set_u32(w, akey(p, suffix, k, sizeof k), (uint32_t)(v))
+#define F32(suffix, v) gguf_set_f32(w, akey(p, suffix, k, sizeof k), (float)(v))
+    U32("context_length", 32768);
+    U32("embedding_length", p->n_embd);
+    U32("block_count", p->n_layer);
+    U32("feed_forward_length", p->n_ff);
+    U32("attention.head_count", p->n_head);
+    U32("attention.head_count_kv", p->n_head_kv);
+    if (p->gemma) {
+        U32("attention.key_length", p->head_dim);
+        U32("attention.value_length", p->head_dim);
+        U32("attention.sliding_window", p->sliding_window);
+    } else {
+        U32("rope.dimension_count", p->head_dim);
+    }
+    F32("rope.freq_base", p->rope_base);
+    F32("attention.layer_norm_rms_epsilon", 1e-6);
+    gguf_set_u32(w, "general.file_type", file_type);
+    U32("vocab_size", p->n_vocab);
+#undef U32
+#undef F32
+
+    /* Synthetic SentencePiece vocab of the real size: specials, 256 byte tokens, then
+     * "\u2581t<i>" with descending scores (mkmodel.py; Gemma's special ids for gemma3). */
+    const int V = p->n_vocab;
+    const char *const llama_sp[] = {"<unk>", "<s>", "</s>"};
+    const char *const gemma_sp[] = {"<pad>", "<eos>", "<bos>", "<unk>"};
+    const int n_sp = p->gemma ? 4 : 3;
+    const char *const *sp = p->gemma ? gemma_sp : llama_sp;
+    char **toks = calloc((size_t)V, sizeof *toks);
+    float *scores = calloc((size_t)V, sizeof *scores);
+    int32_t *types = calloc((size_t)V, sizeof *types);
+    char *text = malloc((size_t)V * 16);
+    if (!toks || !scores || !types || !text) {
+        free(toks);
+        free(scores);
+        free(types);
+        free(text);
+        return err_set(e, SMELT_ERR_NOMEM, "no memory for a vocab of %d tokens", V);
+    }
+    for (int i = 0; i < V; i++) {
+        char *s = text + (size_t)i * 16;
+        if (i < n_sp) {
+            snprintf(s, 16, "%s", sp[i]);
+            types[i] = (p->gemma ? i == 3 : i == 0) ? 2 : 3; /* unknown : control */
+        } else if (i < n_sp + 256) {
+            snprintf(s, 16, "<0x%02X>", i - n_sp);
+            types[i] = 6;
+        } else {
+            snprintf(s, 16, "\xe2\x96\x81t%d", i - n_sp - 256);
+            types[i] = 1;
+            scores[i] = -(float)(i - n_sp - 256);
+        }
+        toks[i] = s;
+    }
+    gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, (uint64_t)V);
+    gguf_set_arr(w, "tokenizer.ggml.scores", GGUF_T_FLOAT32, scores, (uint64_t)V);
+    gguf_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, types, (uint64_t)V);
+    free(toks);
+    free(scores);
+    free(types);
+    free(text);
+    if (p->gemma) {
+        gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 2);
+        gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 1);
+        gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 3);
+        gguf_set_u32(w, "tokenizer.ggml.padding_token_id", 0);
+        gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    } else {
+        gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+        gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+        gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    }
+    /* Failures are remembered by the writer and reported by gguf_writer_write. */
+    return SMELT_OK;
+}
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void rm_fill_rows(const struct rm_tensor *t, uint64_t seed, int64_t ti, int64_t row0,
+                  int64_t nrows, float *out) {
+    /* Irwin-Hall(4) of 16-bit uniforms: mean 4*32767.5, sd sqrt(4*(65536^2-1)/12). */
+    const float mean = 131070.f, inv_sd = 1.0f / 37837.23f;
+    const float scale = t->kind == RM_NORM ? 0.05f : 0.02f, base = t->kind == RM_NORM ? 1.f : 0.f;
+    const uint64_t key = mix64(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)ti + 1);
+    const uint64_t e0 = (uint64_t)(row0 * t->ne[0]);
+    const int64_t n = nrows * t->ne[0];
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t r = mix64(key + (e0 + (uint64_t)i) * 0x9e3779b97f4a7c15ULL);
+        const uint32_t s = (uint32_t)(r & 0xffff) + (uint32_t)(r >> 16 & 0xffff) +
+                           (uint32_t)(r >> 32 & 0xffff) + (uint32_t)(r >> 48);
+        out[i] = base + scale * (((float)s - mean) * inv_sd);
+    }
+}

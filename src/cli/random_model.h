@@ -1,0 +1,56 @@
+/* Random-weight models in the exact shapes, tensor names and metadata of real ones, for
+ * benchmarks and tests (`smelt quantize --random PRESET OUT TYPE`). The llama/qwen presets
+ * match ../shared/bench/mkmodel.py (same shapes, names, keys, synthetic SentencePiece vocab
+ * of the real size); gemma3 presets follow the real Gemma 3 GGUF conventions.
+ *
+ * Weights come from a counter-based generator: element e of tensor i is a function of
+ * (seed, i, e) only, so any row range can be produced by any thread, the file does not
+ * depend on the thread count, and nothing is held in memory beyond the rows being
+ * quantized. Values: approximately N(0, 1) (sum of four 16-bit uniforms, standardized)
+ * times 0.02 for matrices and biases; 1 + 0.05 * that for norm weights (as mkmodel.py).
+ */
+#ifndef SMELT_CLI_RANDOM_MODEL_H
+#define SMELT_CLI_RANDOM_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "format/gguf.h"
+#include "util/err.h"
+
+struct rm_preset {
+    const char *name, *arch;
+    int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    float rope_base;
+    bool tied, qkv_bias, qk_norm;
+    bool gemma;         /* gemma3: post-attention/post-FFN norms, key/value_length, sliding window */
+    int sliding_window; /* gemma3 only */
+};
+
+enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS };
+
+struct rm_tensor {
+    char name[64];
+    uint32_t n_dims;
+    int64_t ne[2]; /* ne[0] is the row length */
+    enum rm_kind kind;
+};
+
+const struct rm_preset *rm_preset_find(const char *name);
+/* "llama3-8b, llama3-1b, ..." for usage text. */
+const char *rm_preset_names(void);
+
+/* The tensor list in file order (mkmodel.py's order); *out is malloc'd, *n its length. */
+smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64_t *n,
+                        struct err *e);
+
+/* Sets the architecture, tokenizer (synthetic vocab) and general.* keys; file_type is
+ * written as general.file_type. */
+smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
+                               uint32_t file_type, struct err *e);
+
+/* Rows [row0, row0 + nrows) of tensor index ti as f32 into out (nrows * ne[0] floats). */
+void rm_fill_rows(const struct rm_tensor *t, uint64_t seed, int64_t ti, int64_t row0,
+                  int64_t nrows, float *out);
+
+#endif
