@@ -4,7 +4,7 @@
  *   build/bench_matmul [-t THREADS] [-r REPS] [-n N1,N2..] [-T TYPE,TYPE..] [-s RxK,RxK..]
  *   SMELT_CPU_ISA=avx2 build/bench_matmul ...   (force a lower SIMD path)
  *
- * Defaults: 2 threads; types Q4_K, Q8_0, Q6_K, F16; the Qwen2.5-0.5B shapes 4864x896
+ * Defaults: 2 threads; types Q4_K, Q6_K, Q8_0, Q5_0, F16; the Qwen2.5-0.5B shapes 4864x896
  * (gate/up), 896x4864 (down), 151936x896 (vocab projection); n = 1 and 128; the median of
  * REPS runs after a warm-up. Weights are random bytes (scales sanitized), as in the tests.
  */
@@ -56,7 +56,7 @@ static void *make_weights(uint32_t t, int64_t rows, int64_t k, size_t *bytes) {
 
 int main(int argc, char **argv) {
     int threads = 2, reps = 5;
-    const char *types = "Q4_K,Q8_0,Q6_K,F16", *shapes = "4864x896,896x4864,151936x896",
+    const char *types = "Q4_K,Q6_K,Q8_0,Q5_0,F16", *shapes = "4864x896,896x4864,151936x896",
                *ns = "1,128";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -99,6 +99,11 @@ int main(int argc, char **argv) {
             }
             sp += used;
             if (*sp == ',') sp++;
+            if (k % qtype_get(t)->blck_size) {
+                printf("%-6s %lldx%lld: k not a multiple of %u (GGUF files use a fallback type here)\n",
+                       tn, rows, k, qtype_get(t)->blck_size);
+                continue;
+            }
             size_t wbytes = 0;
             void *w = make_weights(t, rows, k, &wbytes);
             for (const char *np = ns; *np;) {

@@ -180,38 +180,126 @@ TILE_DRIVER(f32, F32_TILE)
 TILE_DRIVER(f16, F16_TILE)
 TILE_DRIVER(bf16, BF16_TILE)
 
-/* ---- Q8_0 × Q8_32 ---- */
+/* ---- legacy 32-blocks × Q8_32 ---- */
 
 INLINE __m256i dot_u8s8_32(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-INLINE void q8_0_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                      size_t xs, float *y, size_t ys) {
+/* 32 bits → 32 bytes of 0x10 where the bit is set (byte j ← bit j). */
+INLINE __m256i bits_to_0x10(uint32_t bits) {
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+INLINE __m256i nibbles_32(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* Unpacks block i of a legacy-type row: unsigned quants (or, for the signed types Q8_0 and
+ * IQ4_NL, signed values), scale d and min m (Q4_1/Q5_1). */
+INLINE __m256i legacy_unpack(uint32_t t, const char *row, int64_t i, float *d, float *m) {
+    switch (t) {
+    case QT_Q4_0: {
+        const struct block_q4_0 *b = (const struct block_q4_0 *)row + i;
+        *d = f16(b->d);
+        return nibbles_32(b->qs);
+    }
+    case QT_Q4_1: {
+        const struct block_q4_1 *b = (const struct block_q4_1 *)row + i;
+        *d = f16(b->d);
+        *m = f16(b->m);
+        return nibbles_32(b->qs);
+    }
+    case QT_Q5_0: {
+        const struct block_q5_0 *b = (const struct block_q5_0 *)row + i;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        *d = f16(b->d);
+        return _mm256_or_si256(nibbles_32(b->qs), bits_to_0x10(qh));
+    }
+    case QT_Q5_1: {
+        const struct block_q5_1 *b = (const struct block_q5_1 *)row + i;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        *d = f16(b->d);
+        *m = f16(b->m);
+        return _mm256_or_si256(nibbles_32(b->qs), bits_to_0x10(qh));
+    }
+    case QT_IQ4_NL: {
+        const struct block_iq4_nl *b = (const struct block_iq4_nl *)row + i;
+        *d = f16(b->d);
+        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+        return _mm256_shuffle_epi8(tab, nibbles_32(b->qs));
+    }
+    default: { /* Q8_0 */
+        const struct block_q8_0 *b = (const struct block_q8_0 *)row + i;
+        *d = f16(b->d);
+        return _mm256_loadu_si256((const __m256i *)b->qs);
+    }
+    }
+}
+
+INLINE int legacy_offset(uint32_t t) { return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0; }
+INLINE int legacy_signed(uint32_t t) { return t == QT_Q8_0 || t == QT_IQ4_NL; }
+INLINE int legacy_has_min(uint32_t t) { return t == QT_Q4_1 || t == QT_Q5_1; }
+
+/* y = sum over blocks of d_w·d_x·(sum q·x - OFF·sum x) [+ m_w·d_x·sum x]. */
+INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
+                        const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
+    float macc[4][2];
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++) {
+            acc[r][c] = _mm256_setzero_ps();
+            macc[r][c] = 0.0f;
+        }
     const float *xd[2];
-    for (int c = 0; c < C; c++) xd[c] = cpu_act_d(x + c * xs, k);
+    const int16_t *xsum[2];
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xsum[c] = cpu_act_s32(x + c * xs, k);
+    }
+    const int off = legacy_offset(t);
     for (int64_t i = 0; i < k / 32; i++) {
-        __m256i xv[2];
-        for (int c = 0; c < C; c++) xv[c] = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
+        __m256i xv[2], corr[2];
+        for (int c = 0; c < C; c++) {
+            xv[c] = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
+            if (off) corr[c] = _mm256_setr_epi32(-off * xsum[c][i], 0, 0, 0, 0, 0, 0, 0);
+        }
         for (int r = 0; r < R; r++) {
-            const struct block_q8_0 *b = (const struct block_q8_0 *)(w + r * ws) + i;
-            __m256i wv = _mm256_loadu_si256((const __m256i *)b->qs);
-            __m256i aw = _mm256_sign_epi8(wv, wv);
-            float dw = f16(b->d);
+            float d, m = 0.0f;
+            __m256i q = legacy_unpack(t, w + r * ws, i, &d, &m);
+            __m256i aq = legacy_signed(t) ? _mm256_sign_epi8(q, q) : q;
             for (int c = 0; c < C; c++) {
-                __m256i p = dot_u8s8_32(aw, _mm256_sign_epi8(xv[c], wv));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[c][i]), acc[r][c]);
+                __m256i p = dot_u8s8_32(aq, legacy_signed(t) ? _mm256_sign_epi8(xv[c], q) : xv[c]);
+                if (off) p = _mm256_add_epi32(p, corr[c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                if (legacy_has_min(t)) macc[r][c] += m * xd[c][i] * (float)xsum[c][i];
             }
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) + macc[r][c];
 }
-#define Q8_0_TILE(R, C, ...) q8_0_tile(R, C, __VA_ARGS__)
+#define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, R, C, __VA_ARGS__)
+#define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, R, C, __VA_ARGS__)
+#define Q4_1_TILE(R, C, ...) legacy_tile(QT_Q4_1, R, C, __VA_ARGS__)
+#define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, R, C, __VA_ARGS__)
+#define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, R, C, __VA_ARGS__)
+#define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, R, C, __VA_ARGS__)
 TILE_DRIVER(q8_0, Q8_0_TILE)
+TILE_DRIVER(q4_0, Q4_0_TILE)
+TILE_DRIVER(q4_1, Q4_1_TILE)
+TILE_DRIVER(q5_0, Q5_0_TILE)
+TILE_DRIVER(q5_1, Q5_1_TILE)
+TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
 
 /* ---- Q4_K × Q8_K ---- */
 
@@ -340,12 +428,203 @@ INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
 #define Q6_K_TILE(R, C, ...) q6_K_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(q6_K, Q6_K_TILE)
 
+/* ---- Q5_K × Q8_K (Q4_K plus a fifth bit from qh) ---- */
+
+INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                      size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *xd[2];
+    const int16_t *xb[2];
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xb[c] = cpu_act_sK(x + c * xs, k);
+    }
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < k / 256; i++) {
+        __m128i bsp[2];
+        for (int c = 0; c < C; c++) {
+            __m256i pair = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i)), _mm256_set1_epi16(1));
+            bsp[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+        }
+        for (int r = 0; r < R; r++) {
+            const struct block_q5_K *b = (const struct block_q5_K *)(w + r * ws) + i;
+            __m128i sc, mn;
+            q4k_scales_mins(b->scales, &sc, &mn);
+            const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
+            __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+            __m256i isum[2];
+            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                qh = _mm256_srli_epi16(qh, 1);
+                __m256i s_lo = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
+                __m256i s_hi = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
+                for (int c = 0; c < C; c++) {
+                    const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
+                    __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
+                    __m256i ph = _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pl, s_lo));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(ph, s_hi));
+                }
+            }
+            float d = f16(b->d), dmin = f16(b->dmin);
+            for (int c = 0; c < C; c++) {
+                __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mn, bsp[c])));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fnmadd_ps(msf, _mm256_set1_ps(dmin * xd[c][i]), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+}
+#define Q5_K_TILE(R, C, ...) q5_K_tile(R, C, __VA_ARGS__)
+TILE_DRIVER(q5_K, Q5_K_TILE)
+
+/* ---- Q2_K / Q3_K × Q8_K: 16 groups of 16, element n = 128h + 32s + l ---- */
+
+INLINE __m256i scale_pair(int a, int b) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+}
+
+INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
+                       const char *x, size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    float macc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            acc[r][c] = _mm256_setzero_ps();
+            macc[r][c] = 0.0f;
+        }
+    const float *xd[2];
+    const int16_t *xb[2];
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xb[c] = cpu_act_sK(x + c * xs, k);
+    }
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < k / 256; i++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *qs, *hm = NULL;
+            int8_t sc[16];
+            __m256i sc16, mn16 = _mm256_setzero_si256();
+            float d, dmin = 0.0f;
+            if (t == QT_Q2_K) {
+                const struct block_q2_K *b = (const struct block_q2_K *)(w + r * ws) + i;
+                __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
+                sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
+                mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+                for (int g = 0; g < 16; g++) sc[g] = (int8_t)(b->scales[g] & 15);
+                qs = b->qs;
+                d = f16(b->d);
+                dmin = f16(b->dmin);
+            } else {
+                const struct block_q3_K *b = (const struct block_q3_K *)(w + r * ws) + i;
+                cpu_q3k_scales(b->scales, sc);
+                sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+                qs = b->qs;
+                hm = b->hmask;
+                d = f16(b->d);
+            }
+            __m256i isum[2];
+            for (int c = 0; c < C; c++) {
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
+                if (t == QT_Q3_K) /* q = (low + 4·hbit) - 4: the -4 through the bsums */
+                    isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+                else {
+                    isum[c] = _mm256_setzero_si256();
+                    macc[r][c] += dmin * xd[c][i] * (float)hsum_epi32(_mm256_madd_epi16(mn16, bs));
+                }
+            }
+            __m256i hv = hm ? _mm256_loadu_si256((const __m256i *)hm) : _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                for (int s = 0; s < 4; s++) {
+                    __m256i q = _mm256_and_si256(raw, m3);
+                    raw = _mm256_srli_epi16(raw, 2);
+                    if (t == QT_Q3_K) {
+                        __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
+                        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit);
+                        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
+                    }
+                    int g = 8 * h + 2 * s;
+                    __m256i scv = scale_pair(sc[g], sc[g + 1]);
+                    for (int c = 0; c < C; c++) {
+                        const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
+                        __m256i p = _mm256_maddubs_epi16(q, _mm256_load_si256((const __m256i *)xq));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
+                    }
+                }
+            }
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) - macc[r][c];
+}
+#define Q2_K_TILE(R, C, ...) q23_K_tile(QT_Q2_K, R, C, __VA_ARGS__)
+#define Q3_K_TILE(R, C, ...) q23_K_tile(QT_Q3_K, R, C, __VA_ARGS__)
+TILE_DRIVER(q2_K, Q2_K_TILE)
+TILE_DRIVER(q3_K, Q3_K_TILE)
+
+/* ---- IQ4_XS × Q8_K: signed codebook values, |v|·sign(x, v) ---- */
+
+INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                        size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *xd[2];
+    for (int c = 0; c < C; c++) xd[c] = cpu_act_d(x + c * xs, k);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+    for (int64_t i = 0; i < k / 256; i++) {
+        for (int r = 0; r < R; r++) {
+            const struct block_iq4_xs *b = (const struct block_iq4_xs *)(w + r * ws) + i;
+            __m256i isum[2];
+            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4;
+                __m256i q = _mm256_shuffle_epi8(tab, nibbles_32(b->qs + 16 * j));
+                __m256i aq = _mm256_sign_epi8(q, q);
+                __m256i scv = _mm256_set1_epi16((short)(ls - 32));
+                for (int c = 0; c < C; c++) {
+                    __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * j));
+                    __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
+                }
+            }
+            float d = f16(b->d);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+}
+#define IQ4_XS_TILE(R, C, ...) iq4_xs_tile(R, C, __VA_ARGS__)
+TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
+
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){CPU_ACT_F32, gemm_f32};
     tab[QT_F16] = (struct cpu_kernel){CPU_ACT_F32, gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){CPU_ACT_F32, gemm_bf16};
     tab[QT_Q8_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q8_0};
+    tab[QT_Q4_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_0};
+    tab[QT_Q4_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_1};
+    tab[QT_Q5_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_0};
+    tab[QT_Q5_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_1};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_iq4_nl};
     tab[QT_Q4_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q4_K};
     tab[QT_Q6_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q6_K};
+    tab[QT_Q5_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q5_K};
+    tab[QT_Q2_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q2_K};
+    tab[QT_Q3_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q3_K};
+    tab[QT_IQ4_XS] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_iq4_xs};
 }
 #endif
