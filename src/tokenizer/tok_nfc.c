@@ -1,0 +1,182 @@
+/* Unicode NFC, for the vocabs whose Hugging Face tokenizer has an NFC normalizer (Qwen2,
+ * the gpt-neox family, Command-R). Text is nearly always NFC already, so the common path
+ * is the quick check: a scan that finds no character which could change (tables in
+ * tok_nfc_data.h; nothing below U+0300 can). Otherwise the whole segment goes through
+ * the UAX #15 algorithm: full canonical decomposition (Hangul algorithmically),
+ * canonical ordering of combining marks, then canonical composition.
+ *
+ * Tables come from Python's unicodedata (scripts/gen-nfc-tables.py; its Unicode version
+ * is NFC_UNICODE_VERSION). HF's normalizer uses a newer Unicode version; the results
+ * differ only on characters assigned after it.
+ */
+#include <stdlib.h>
+
+#include "tokenizer/tok_int.h"
+#include "util/utf8.h"
+
+#include "tokenizer/tok_nfc_data.h"
+
+#define SBASE 0xAC00u
+#define LBASE 0x1100u
+#define VBASE 0x1161u
+#define TBASE 0x11A7u
+#define LCOUNT 19u
+#define VCOUNT 21u
+#define TCOUNT 28u
+#define NCOUNT (VCOUNT * TCOUNT)
+#define SCOUNT (LCOUNT * NCOUNT)
+
+static bool needs_check(uint32_t cp) {
+    size_t lo = 0, hi = sizeof nfc_check / sizeof nfc_check[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < nfc_check[mid][0]) hi = mid;
+        else if (cp > nfc_check[mid][1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+static uint32_t ccc_of(uint32_t cp) {
+    if (cp < 0x300) return 0;
+    size_t lo = 0, hi = sizeof nfc_ccc / sizeof nfc_ccc[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < nfc_ccc[mid][0]) hi = mid;
+        else if (cp > nfc_ccc[mid][0]) lo = mid + 1;
+        else return nfc_ccc[mid][1];
+    }
+    return 0;
+}
+
+/* The full decomposition of cp: returns its length and points *d at it (or 0). */
+static size_t decomp_of(uint32_t cp, const uint32_t **d) {
+    size_t lo = 0, hi = sizeof nfc_decomp / sizeof nfc_decomp[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < nfc_decomp[mid][0]) hi = mid;
+        else if (cp > nfc_decomp[mid][0]) lo = mid + 1;
+        else {
+            *d = &nfc_decomp_cps[nfc_decomp[mid][1]];
+            return nfc_decomp[mid][2];
+        }
+    }
+    return 0;
+}
+
+/* The primary composite of (a, b), or 0. */
+static uint32_t compose(uint32_t a, uint32_t b) {
+    if (a >= LBASE && a < LBASE + LCOUNT && b >= VBASE && b < VBASE + VCOUNT)
+        return SBASE + ((a - LBASE) * VCOUNT + (b - VBASE)) * TCOUNT;
+    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE &&
+        b < TBASE + TCOUNT)
+        return a + (b - TBASE);
+    size_t lo = 0, hi = sizeof nfc_comp / sizeof nfc_comp[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        uint32_t x = nfc_comp[mid][0], y = nfc_comp[mid][1];
+        if (a < x || (a == x && b < y)) hi = mid;
+        else if (a > x || (a == x && b > y)) lo = mid + 1;
+        else return nfc_comp[mid][2];
+    }
+    return 0;
+}
+
+bool tok_nfc_quick(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        if (s[i] < 0xCC) { /* lead bytes below CC encode code points below U+0300 */
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        if (!k) return false; /* not expected: input is repaired before */
+        if (needs_check(cp)) return false;
+        i += k;
+    }
+    return true;
+}
+
+smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_t **out,
+                     size_t *out_n, struct err *e) {
+    /* Decomposition can grow a character up to 18 code points (U+FDFA is compatibility
+     * only; canonical maximum is 4), so 4 per input byte is a safe bound. */
+    size_t need = n * 4 + 4;
+    if (need > c->cps_cap) {
+        uint32_t *p = realloc(c->cps, need * sizeof *p);
+        if (!p) return err_set(e, SMELT_ERR_NOMEM, "NFC scratch (%zu code points)", need);
+        c->cps = p;
+        c->cps_cap = need;
+    }
+    uint32_t *cp = c->cps;
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t x;
+        size_t k = utf8_decode(s + i, n - i, &x);
+        if (!k) {
+            x = UTF8_REPLACEMENT;
+            k = 1;
+        }
+        i += k;
+        if (x >= SBASE && x < SBASE + SCOUNT) {
+            uint32_t si = x - SBASE;
+            cp[m++] = LBASE + si / NCOUNT;
+            cp[m++] = VBASE + (si % NCOUNT) / TCOUNT;
+            if (si % TCOUNT) cp[m++] = TBASE + si % TCOUNT;
+            continue;
+        }
+        const uint32_t *d;
+        size_t dn = x >= 0xC0 ? decomp_of(x, &d) : 0;
+        if (dn) {
+            for (size_t j = 0; j < dn; j++) cp[m++] = d[j];
+        } else {
+            cp[m++] = x;
+        }
+    }
+    /* Canonical ordering: stable sort each run of non-starters by class (runs are short;
+     * insertion sort). */
+    for (size_t i = 1; i < m; i++) {
+        uint32_t cc = ccc_of(cp[i]);
+        if (cc == 0) continue;
+        size_t j = i;
+        uint32_t x = cp[i];
+        while (j > 0) {
+            uint32_t pc = ccc_of(cp[j - 1]);
+            if (pc == 0 || pc <= cc) break;
+            cp[j] = cp[j - 1];
+            j--;
+        }
+        cp[j] = x;
+    }
+    /* Canonical composition. */
+    if (m > 0) {
+        size_t starter = 0, w = 1;
+        uint32_t last = ccc_of(cp[0]);
+        if (last != 0) last = 256; /* a leading non-starter blocks everything */
+        for (size_t r = 1; r < m; r++) {
+            uint32_t ch = cp[r], cc = ccc_of(ch);
+            uint32_t comp = compose(cp[starter], ch);
+            if (comp && (last < cc || last == 0)) {
+                cp[starter] = comp;
+                continue;
+            }
+            if (cc == 0) starter = w;
+            last = cc;
+            cp[w++] = ch;
+        }
+        m = w;
+    }
+    need = m * 4 + 1;
+    if (need > c->nbuf_cap) {
+        uint8_t *p = realloc(c->nbuf, need);
+        if (!p) return err_set(e, SMELT_ERR_NOMEM, "NFC output (%zu bytes)", need);
+        c->nbuf = p;
+        c->nbuf_cap = need;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < m; i++) o += utf8_encode(cp[i], c->nbuf + o);
+    *out = c->nbuf;
+    *out_n = o;
+    return SMELT_OK;
+}
