@@ -68,13 +68,20 @@ static void print_piece(const char *s, size_t n) {
             i += k;
             continue;
         }
-        if (b == '\n') fputs("\\n", stdout);
-        else if (b == '\t') fputs("\\t", stdout);
-        else if (b == '\r') fputs("\\r", stdout);
-        else if (b == '\\') fputs("\\\\", stdout);
-        else if (b == '\'') fputs("\\'", stdout);
-        else if (b < 0x20 || b >= 0x7F) printf("\\x%02x", b);
-        else putchar(b);
+        if (b == '\n')
+            fputs("\\n", stdout);
+        else if (b == '\t')
+            fputs("\\t", stdout);
+        else if (b == '\r')
+            fputs("\\r", stdout);
+        else if (b == '\\')
+            fputs("\\\\", stdout);
+        else if (b == '\'')
+            fputs("\\'", stdout);
+        else if (b < 0x20 || b >= 0x7F)
+            printf("\\x%02x", b);
+        else
+            putchar(b);
         i++;
     }
     putchar('\'');
@@ -170,11 +177,12 @@ int cmd_tokenize(int argc, char **argv) {
             }
         }
         double dt = (now_s() - t0) / (double)bench;
-        fprintf(stderr, "tokenize: %zu bytes -> %zu tokens in %.3f ms: %.2f MB/s\n", len,
-                ids.n, dt * 1e3, (double)len / dt / 1e6);
+        fprintf(stderr, "tokenize: %zu bytes -> %zu tokens in %.3f ms: %.2f MB/s\n", len, ids.n,
+                dt * 1e3, (double)len / dt / 1e6);
     }
     if (mode == OUT_IDS) {
-        for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.v[i]);
+        for (size_t i = 0; i < ids.n; i++)
+            printf(i ? " %d" : "%d", ids.v[i]);
         putchar('\n');
     } else {
         for (size_t i = 0; i < ids.n; i++) {

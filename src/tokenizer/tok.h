@@ -51,17 +51,21 @@ struct tok_special {
     int32_t bos, eos, eot, eom, unk, pad, sep, mask;
 };
 
-/* Encode flags. */
-#define TOK_ADD_SPECIAL 1u   /* add BOS / EOS where the vocab's add_bos / add_eos say so */
-#define TOK_PARSE_SPECIAL 2u /* match control tokens written in the text ("<|im_start|>"); \
-                                without it they stay literal text */
+/* Encode flags.
+ *   TOK_ADD_SPECIAL    add BOS / EOS where the vocab's add_bos / add_eos say so
+ *   TOK_PARSE_SPECIAL  match control tokens written in the text ("<|im_start|>"); without
+ *                      it they stay literal text (user-defined tokens always match) */
+#define TOK_ADD_SPECIAL 1u
+#define TOK_PARSE_SPECIAL 2u
 
-/* Decode flags. */
-#define TOK_DECODE_SPECIAL 1u /* render control / unknown tokens as their text (else nothing) */
-#define TOK_DECODE_STRIP 2u   /* drop the first byte of the output when it is the space that \
-                                 the encoder's space prefix added (SPM vocabs with        \
-                                 add_space_prefix); what HF's decode() does. Not for a    \
-                                 continuation (generated tokens after a prompt). */
+/* Decode flags.
+ *   TOK_DECODE_SPECIAL  render control / unknown tokens as their text (else nothing)
+ *   TOK_DECODE_STRIP    drop the first byte of the output when it is the space that the
+ *                       encoder's space prefix added (SPM vocabs with add_space_prefix), as
+ *                       HF's decode() does; not for a continuation (generated tokens that
+ *                       follow a prompt) */
+#define TOK_DECODE_SPECIAL 1u
+#define TOK_DECODE_STRIP 2u
 
 /* A growable array of token ids (the caller owns it; zero-initialize, tok_ids_free). */
 struct tok_ids {
@@ -130,14 +134,13 @@ int32_t tok_find(const struct tok *t, const char *text, size_t len);
 struct tok_detok {
     const struct tok *t;
     unsigned flags;
-    bool started;    /* some output was produced (TOK_DECODE_STRIP applies before) */
-    uint8_t n_held;  /* bytes of an unfinished character */
+    bool started;   /* some output was produced (TOK_DECODE_STRIP applies before) */
+    uint8_t n_held; /* bytes of an unfinished character */
     uint8_t held[4];
 };
 void tok_detok_init(struct tok_detok *d, const struct tok *t, unsigned flags);
 /* Appends the bytes that id makes ready to out. */
-smelt_status tok_detok_push(struct tok_detok *d, int32_t id, struct tok_buf *out,
-                            struct err *e);
+smelt_status tok_detok_push(struct tok_detok *d, int32_t id, struct tok_buf *out, struct err *e);
 /* Appends what is still held (as U+FFFD) and resets d for a new stream. */
 smelt_status tok_detok_flush(struct tok_detok *d, struct tok_buf *out, struct err *e);
 

@@ -30,14 +30,14 @@ struct tok_sym {
 
 struct tok_heap_item {
     int32_t rank;
-    int32_t left;  /* symbol index: also the position for ties */
-    int32_t a, b;  /* the pair's ids when pushed (stale check) */
+    int32_t left; /* symbol index: also the position for ties */
+    int32_t a, b; /* the pair's ids when pushed (stale check) */
     int32_t merged;
 };
 
 /* ---- word cache ---- */
 
-#define CACHE_MAX_WORD 64      /* longer pre-tokens are not cached */
+#define CACHE_MAX_WORD 64        /* longer pre-tokens are not cached */
 #define CACHE_MAX_IDS (1u << 20) /* stop adding once this many ids are stored */
 
 struct tok_wcache {
@@ -47,7 +47,7 @@ struct tok_wcache {
         uint64_t hash;
         uint32_t key_off, key_len;
         uint32_t ids_off, ids_len;
-    } *e;
+    } * e;
     uint32_t e_cap;
     uint8_t *keys;
     size_t keys_n, keys_cap;
@@ -65,8 +65,8 @@ static void cache_free(struct tok_wcache *w) {
     free(w);
 }
 
-static const struct centry *cache_get(const struct tok_wcache *w, uint64_t h,
-                                      const uint8_t *s, size_t n) {
+static const struct centry *cache_get(const struct tok_wcache *w, uint64_t h, const uint8_t *s,
+                                      size_t n) {
     uint32_t i = (uint32_t)h & w->mask;
     for (;;) {
         uint32_t k = w->slot[i];
@@ -80,7 +80,8 @@ static const struct centry *cache_get(const struct tok_wcache *w, uint64_t h,
 static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return true;
     size_t c = *cap ? *cap : 256;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     void *q = realloc(*p, c * elem);
     if (!q) return false;
     *p = q;
@@ -105,7 +106,8 @@ static void cache_put(struct tok_wcache *w, uint64_t h, const uint8_t *s, size_t
         }
         for (uint32_t k = 0; k < w->n; k++) {
             uint32_t i = (uint32_t)w->e[k].hash & (size - 1);
-            while (slot[i]) i = (i + 1) & (size - 1);
+            while (slot[i])
+                i = (i + 1) & (size - 1);
             slot[i] = k + 1;
         }
         free(w->slot);
@@ -131,7 +133,8 @@ static void cache_put(struct tok_wcache *w, uint64_t h, const uint8_t *s, size_t
     memcpy(w->ids + w->ids_n, ids, m * sizeof *ids);
     w->ids_n += m;
     uint32_t i = (uint32_t)h & w->mask;
-    while (w->slot[i]) i = (i + 1) & w->mask;
+    while (w->slot[i])
+        i = (i + 1) & w->mask;
     w->slot[i] = ++w->n;
 }
 
@@ -174,8 +177,10 @@ static size_t merge_short(const struct tok *t, int32_t *ids, size_t n) {
         if (br == INT32_MAX) break;
         ids[best] = res[best];
         /* remove symbol best+1 and pair best+1 */
-        for (size_t i = best + 1; i + 1 < n; i++) ids[i] = ids[i + 1];
-        for (size_t i = best + 1; i + 2 < n; i++) rank[i] = rank[i + 1], res[i] = res[i + 1];
+        for (size_t i = best + 1; i + 1 < n; i++)
+            ids[i] = ids[i + 1];
+        for (size_t i = best + 1; i + 2 < n; i++)
+            rank[i] = rank[i + 1], res[i] = res[i + 1];
         n--;
         if (best > 0) {
             const struct tok_merge *m = tok_merge_find(t, ids[best - 1], ids[best]);
@@ -230,8 +235,8 @@ static size_t merge_long(struct tok_ctx *c, size_t n, int32_t *ids) {
     for (size_t i = 0; i + 1 < n; i++) {
         const struct tok_merge *m = tok_merge_find(t, s[i].id, s[i + 1].id);
         if (m)
-            heap_push(h, &hn, (struct tok_heap_item){m->rank, (int32_t)i, s[i].id, s[i + 1].id,
-                                                     m->id});
+            heap_push(h, &hn,
+                      (struct tok_heap_item){m->rank, (int32_t)i, s[i].id, s[i + 1].id, m->id});
     }
     while (hn) {
         struct tok_heap_item it = heap_pop(h, &hn);
@@ -254,7 +259,8 @@ static size_t merge_long(struct tok_ctx *c, size_t n, int32_t *ids) {
         }
     }
     size_t k = 0;
-    for (int32_t i = 0; i >= 0; i = s[i].next) ids[k++] = s[i].id;
+    for (int32_t i = 0; i >= 0; i = s[i].next)
+        ids[k++] = s[i].id;
     return k;
 }
 

@@ -24,7 +24,8 @@
 static smelt_status reserve(struct tok_buf *b, size_t extra) {
     if (b->n + extra + 1 <= b->cap) return SMELT_OK;
     size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra + 1) cap *= 2;
+    while (cap < b->n + extra + 1)
+        cap *= 2;
     char *p = realloc(b->p, cap);
     if (!p) return SMELT_ERR_NOMEM;
     b->p = p;
@@ -41,7 +42,8 @@ static void put(struct tok_buf *b, const void *s, size_t n) {
 static void drop_held(struct tok_detok *d, struct tok_buf *out) {
     if (!d->n_held) return;
     size_t k = d->t->model == TOK_MODEL_SPM ? d->n_held : 1;
-    for (size_t i = 0; i < k; i++) put(out, UTF8_REPLACEMENT_STR, 3);
+    for (size_t i = 0; i < k; i++)
+        put(out, UTF8_REPLACEMENT_STR, 3);
     d->n_held = 0;
 }
 
@@ -81,8 +83,7 @@ void tok_detok_init(struct tok_detok *d, const struct tok *t, unsigned flags) {
     d->flags = flags;
 }
 
-smelt_status tok_detok_push(struct tok_detok *d, int32_t id, struct tok_buf *out,
-                            struct err *e) {
+smelt_status tok_detok_push(struct tok_detok *d, int32_t id, struct tok_buf *out, struct err *e) {
     const struct tok *t = d->t;
     if (id < 0 || id >= t->n_vocab)
         return err_set(e, SMELT_ERR_RANGE, "token id %d is outside the vocab (0..%d)", id,
@@ -103,14 +104,14 @@ smelt_status tok_detok_push(struct tok_detok *d, int32_t id, struct tok_buf *out
     /* Worst case: every byte, and each held one, becomes U+FFFD. */
     if (reserve(out, 3 * (n + 4)) != SMELT_OK)
         return err_set(e, SMELT_ERR_NOMEM, "detokenizer output (%zu bytes)", out->n + 3 * n);
-    for (size_t i = 0; i < n; i++) feed(d, p[i], out);
+    for (size_t i = 0; i < n; i++)
+        feed(d, p[i], out);
     out->p[out->n] = 0;
     return SMELT_OK;
 }
 
 smelt_status tok_detok_flush(struct tok_detok *d, struct tok_buf *out, struct err *e) {
-    if (reserve(out, 12) != SMELT_OK)
-        return err_set(e, SMELT_ERR_NOMEM, "detokenizer output");
+    if (reserve(out, 12) != SMELT_OK) return err_set(e, SMELT_ERR_NOMEM, "detokenizer output");
     drop_held(d, out);
     out->p[out->n] = 0;
     tok_detok_init(d, d->t, d->flags);

@@ -19,7 +19,8 @@
 smelt_status tok_ctx_buf(struct tok_ctx *c, size_t n) {
     if (n <= c->buf_cap) return SMELT_OK;
     size_t cap = c->buf_cap ? c->buf_cap : 4096;
-    while (cap < n) cap *= 2;
+    while (cap < n)
+        cap *= 2;
     uint8_t *p = realloc(c->buf, cap);
     if (!p) return SMELT_ERR_NOMEM;
     c->buf = p;
@@ -50,14 +51,17 @@ static int32_t match_added(const struct tok *t, const uint8_t *s, size_t n, unsi
         }
         if (i == n) break;
         int32_t ch = t->trie[node].child;
-        while (ch >= 0 && t->trie[ch].byte != s[i]) ch = t->trie[ch].sibling;
+        while (ch >= 0 && t->trie[ch].byte != s[i])
+            ch = t->trie[ch].sibling;
         node = ch;
         i++;
     }
     return best;
 }
 
-static bool ascii_space(uint8_t b) { return b == ' ' || (b >= '\t' && b <= '\r'); }
+static bool ascii_space(uint8_t b) {
+    return b == ' ' || (b >= '\t' && b <= '\r');
+}
 
 /* One text segment: it starts the text or follows an added token, so with SPM it always
  * takes the space prefix when the vocab adds one. */
@@ -74,7 +78,8 @@ static smelt_status encode_text(struct tok_ctx *c, const uint8_t *s, size_t n, s
 
 smelt_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
                         struct tok_ids *out, struct err *e) {
-    if (!text && len) return err_set(e, SMELT_ERR_INVALID, "tok_encode: NULL text of %zu bytes", len);
+    if (!text && len)
+        return err_set(e, SMELT_ERR_INVALID, "tok_encode: NULL text of %zu bytes", len);
     size_t n0 = out->n;
     struct tok_ctx c = {.t = t, .out = out};
     const uint8_t *s = (const uint8_t *)text;
@@ -101,7 +106,8 @@ smelt_status tok_encode(const struct tok *t, const char *text, size_t len, unsig
         if ((st = tok_ids_push(out, id)) != SMELT_OK) goto nomem;
         i += mlen;
         if (t->attr[id] & TOK_A_RSTRIP)
-            while (i < len && ascii_space(s[i])) i++;
+            while (i < len && ascii_space(s[i]))
+                i++;
         seg = i;
     }
     if (len > seg && (st = encode_text(&c, s + seg, len - seg, e)) != SMELT_OK) goto fail;

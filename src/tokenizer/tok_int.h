@@ -136,7 +136,8 @@ static inline uint64_t tok_hash(const void *p, size_t n) {
         n -= 8;
     }
     uint64_t w = 0;
-    for (size_t i = 0; i < n; i++) w |= (uint64_t)s[i] << (8 * i);
+    for (size_t i = 0; i < n; i++)
+        w |= (uint64_t)s[i] << (8 * i);
     h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
     h ^= h >> 29;
     h *= 0x9E3779B97F4A7C15ull;
@@ -165,8 +166,7 @@ static inline int32_t tok_map_find(const struct tok *t, const void *s, size_t n)
     }
 }
 
-static inline const struct tok_merge *tok_merge_find(const struct tok *t, int32_t a,
-                                                     int32_t b) {
+static inline const struct tok_merge *tok_merge_find(const struct tok *t, int32_t a, int32_t b) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     uint64_t h = key * 0x9E3779B97F4A7C15ull;
     uint32_t i = (uint32_t)(h >> 32) & t->merge_mask;
@@ -185,8 +185,8 @@ void tok_pretok_free(struct tok_pretok *p);
 /* Splits text[0..n) (valid UTF-8) into pre-tokens and calls word(ctx, w, wn) on each in
  * order. */
 typedef smelt_status (*tok_word_fn)(struct tok_ctx *c, const uint8_t *w, size_t wn);
-smelt_status tok_pretok_split(struct tok_ctx *c, const uint8_t *text, size_t n,
-                              tok_word_fn word, struct err *e);
+smelt_status tok_pretok_split(struct tok_ctx *c, const uint8_t *text, size_t n, tok_word_fn word,
+                              struct err *e);
 
 /* ---- tok_bpe.c ---- */
 /* Appends the BPE ids of one pre-token (raw bytes) to c->out. */

@@ -30,9 +30,12 @@ static bool needs_check(uint32_t cp) {
     size_t lo = 0, hi = sizeof nfc_check / sizeof nfc_check[0];
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < nfc_check[mid][0]) hi = mid;
-        else if (cp > nfc_check[mid][1]) lo = mid + 1;
-        else return true;
+        if (cp < nfc_check[mid][0])
+            hi = mid;
+        else if (cp > nfc_check[mid][1])
+            lo = mid + 1;
+        else
+            return true;
     }
     return false;
 }
@@ -42,9 +45,12 @@ static uint32_t ccc_of(uint32_t cp) {
     size_t lo = 0, hi = sizeof nfc_ccc / sizeof nfc_ccc[0];
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < nfc_ccc[mid][0]) hi = mid;
-        else if (cp > nfc_ccc[mid][0]) lo = mid + 1;
-        else return nfc_ccc[mid][1];
+        if (cp < nfc_ccc[mid][0])
+            hi = mid;
+        else if (cp > nfc_ccc[mid][0])
+            lo = mid + 1;
+        else
+            return nfc_ccc[mid][1];
     }
     return 0;
 }
@@ -54,8 +60,10 @@ static size_t decomp_of(uint32_t cp, const uint32_t **d) {
     size_t lo = 0, hi = sizeof nfc_decomp / sizeof nfc_decomp[0];
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < nfc_decomp[mid][0]) hi = mid;
-        else if (cp > nfc_decomp[mid][0]) lo = mid + 1;
+        if (cp < nfc_decomp[mid][0])
+            hi = mid;
+        else if (cp > nfc_decomp[mid][0])
+            lo = mid + 1;
         else {
             *d = &nfc_decomp_cps[nfc_decomp[mid][1]];
             return nfc_decomp[mid][2];
@@ -75,9 +83,12 @@ static uint32_t compose(uint32_t a, uint32_t b) {
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
         uint32_t x = nfc_comp[mid][0], y = nfc_comp[mid][1];
-        if (a < x || (a == x && b < y)) hi = mid;
-        else if (a > x || (a == x && b > y)) lo = mid + 1;
-        else return nfc_comp[mid][2];
+        if (a < x || (a == x && b < y))
+            hi = mid;
+        else if (a > x || (a == x && b > y))
+            lo = mid + 1;
+        else
+            return nfc_comp[mid][2];
     }
     return 0;
 }
@@ -129,7 +140,8 @@ smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_
         const uint32_t *d;
         size_t dn = x >= 0xC0 ? decomp_of(x, &d) : 0;
         if (dn) {
-            for (size_t j = 0; j < dn; j++) cp[m++] = d[j];
+            for (size_t j = 0; j < dn; j++)
+                cp[m++] = d[j];
         } else {
             cp[m++] = x;
         }
@@ -175,7 +187,8 @@ smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_
         c->nbuf_cap = need;
     }
     size_t o = 0;
-    for (size_t i = 0; i < m; i++) o += utf8_encode(cp[i], c->nbuf + o);
+    for (size_t i = 0; i < m; i++)
+        o += utf8_encode(cp[i], c->nbuf + o);
     *out = c->nbuf;
     *out_n = o;
     return SMELT_OK;

@@ -41,11 +41,11 @@
 #include "util/utf8.h"
 
 #define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define LLAMA3_RE                                                                              \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                 \
+#define LLAMA3_RE                                                                                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define QWEN2_RE                                                                               \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                      \
+#define QWEN2_RE                                                                                   \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define NEWLINE_RE "[\\r\\n]"
 #define DIGIT_RE "\\p{N}"
@@ -53,26 +53,26 @@
 #define FALCON_PUNCT_RE "[\\p{P}\\$\\+<=>\\^~\\|`]+"
 /* deepseek-llm: cased letters (as listed in its tokenizer.json), with one optional
  * leading space. */
-#define DS_LETTERS_RE                                                                          \
-    "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"         \
-    "\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}"      \
-    "\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}"               \
-    "\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}"                    \
-    "\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}"              \
-    "\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}"              \
-    "\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}"     \
-    "\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}"     \
-    "\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}"              \
-    "\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}"               \
-    "\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}"                \
-    "\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}"     \
-    "\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}"     \
-    "\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}"               \
-    "\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}"              \
-    "\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}"            \
-    "\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}"      \
+#define DS_LETTERS_RE                                                                              \
+    "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"            \
+    "\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}"         \
+    "\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}"                  \
+    "\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}"                       \
+    "\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}"                 \
+    "\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}"                 \
+    "\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}"        \
+    "\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}"         \
+    "\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}"                 \
+    "\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}"                  \
+    "\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}"                   \
+    "\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}"        \
+    "\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}"         \
+    "\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}"                  \
+    "\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}"                 \
+    "\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}"               \
+    "\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}"         \
     "\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+"
-#define DS_PUNCT_RE                                                                            \
+#define DS_PUNCT_RE                                                                                \
     "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+"
 
 struct pre_def {
@@ -106,7 +106,9 @@ static const struct pre_def pre_defs[] = {
       {TOK_STEP_REGEX, "\\s?\\p{P}+"},
       {TOK_STEP_REGEX, CJK_RE},
       {TOK_STEP_REGEX, DIGIT_RE}}},
-    {"starcoder refact smollm", false, false,
+    {"starcoder refact smollm",
+     false,
+     false,
      {{TOK_STEP_REGEX, DIGIT_RE}, {TOK_STEP_REGEX, GPT2_RE}}},
     {"command-r", true, false, {{TOK_STEP_REGEX, DIGIT_RE}, {TOK_STEP_REGEX, GPT2_RE}}},
     {"falcon",
@@ -154,8 +156,10 @@ smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, struct err 
                 PCRE2_UCHAR msg[128];
                 pcre2_get_error_message(err, msg, sizeof msg);
                 tok_pretok_free(p);
-                return err_set(e, SMELT_ERR_INTERNAL, "pre-tokenizer %s, stage %d: PCRE2: %s "
-                               "at offset %zu", name, i, (const char *)msg, (size_t)off);
+                return err_set(e, SMELT_ERR_INTERNAL,
+                               "pre-tokenizer %s, stage %d: PCRE2: %s "
+                               "at offset %zu",
+                               name, i, (const char *)msg, (size_t)off);
             }
             /* JIT failure is not an error: the interpreter gives the same matches. */
             (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
@@ -181,10 +185,12 @@ static bool byte_numeric(uint8_t b) {
            b == 0xBD || b == 0xBE;
 }
 
-static bool is_digit(uint8_t b) { return b >= '0' && b <= '9'; }
+static bool is_digit(uint8_t b) {
+    return b >= '0' && b <= '9';
+}
 
-static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n,
-                        tok_word_fn word, struct err *e);
+static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n, tok_word_fn word,
+                        struct err *e);
 
 /* One REGEX stage on s[0..n): matches and the gaps between them go to the next stage. */
 static smelt_status run_regex(struct tok_ctx *c, int step, pcre2_code *re, const uint8_t *s,
@@ -226,8 +232,8 @@ static smelt_status run_regex(struct tok_ctx *c, int step, pcre2_code *re, const
     return SMELT_OK;
 }
 
-static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n,
-                        tok_word_fn word, struct err *e) {
+static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n, tok_word_fn word,
+                        struct err *e) {
     if (n == 0) return SMELT_OK;
     const struct tok_pretok *p = &c->t->pre;
     smelt_status st;
@@ -243,7 +249,8 @@ static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n,
         while (i < n) {
             bool num = byte_numeric(s[i]);
             size_t j = i + 1;
-            while (j < n && byte_numeric(s[j]) == num) j++;
+            while (j < n && byte_numeric(s[j]) == num)
+                j++;
             if ((st = run(c, step + 1, s + i, j - i, word, e)) != SMELT_OK) return st;
             i = j;
         }
@@ -268,8 +275,8 @@ static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n,
     return err_set(e, SMELT_ERR_INTERNAL, "pre-tokenizer: bad stage %d", step);
 }
 
-smelt_status tok_pretok_split(struct tok_ctx *c, const uint8_t *text, size_t n,
-                              tok_word_fn word, struct err *e) {
+smelt_status tok_pretok_split(struct tok_ctx *c, const uint8_t *text, size_t n, tok_word_fn word,
+                              struct err *e) {
     if (!c->md) {
         /* One match-data block serves every stage (ovector of 1 pair is enough). */
         c->md = pcre2_match_data_create(1, NULL);

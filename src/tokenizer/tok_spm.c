@@ -69,8 +69,8 @@ static int32_t piece_id(const struct tok *t, const uint8_t *text, size_t n) {
     return id >= 0 && (t->attr[id] & TOK_A_MERGEABLE) ? id : -1;
 }
 
-static void try_pair(const struct tok *t, const uint8_t *text, const struct spm_sym *s,
-                     int32_t l, int32_t r, struct spm_pair *h, size_t *hn) {
+static void try_pair(const struct tok *t, const uint8_t *text, const struct spm_sym *s, int32_t l,
+                     int32_t r, struct spm_pair *h, size_t *hn) {
     if (l < 0 || r < 0) return;
     uint32_t len = s[l].len + s[r].len;
     int32_t id = piece_id(t, text + s[l].start, len);
@@ -123,7 +123,8 @@ smelt_status tok_spm_segment(struct tok_ctx *c, const uint8_t *s, size_t n, bool
         i += k;
     }
     size_t hn = 0;
-    for (int32_t i = 0; i + 1 < ns; i++) try_pair(t, text, sym, i, i + 1, h, &hn);
+    for (int32_t i = 0; i + 1 < ns; i++)
+        try_pair(t, text, sym, i, i + 1, h, &hn);
     while (hn) {
         struct spm_pair p = pq_pop(h, &hn);
         struct spm_sym *L = &sym[p.left], *R = &sym[p.right];

@@ -37,8 +37,7 @@ static void byte_alphabet(uint32_t cp_of_byte[256]) {
 /* Maps a byte-level string back to bytes into out (room for n bytes: each code point
  * is >= 1 byte of input and yields one byte). Returns the length, or -1 when a code
  * point is not in the alphabet (then the token is plain text). */
-static long byte_level_decode(const uint8_t *s, size_t n, const int16_t *byte_of_cp,
-                              uint8_t *out) {
+static long byte_level_decode(const uint8_t *s, size_t n, const int16_t *byte_of_cp, uint8_t *out) {
     size_t i = 0, o = 0;
     while (i < n) {
         uint32_t cp;
@@ -56,10 +55,14 @@ static int parse_byte_token(const uint8_t *s, size_t n) {
     int v = 0;
     for (int i = 3; i < 5; i++) {
         int c = s[i], d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else return -1;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else
+            return -1;
         v = v * 16 + d;
     }
     return v;
@@ -75,7 +78,8 @@ struct blob {
 static bool blob_add(struct blob *b, const void *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p) return false;
         b->p = p;
@@ -90,7 +94,8 @@ static bool blob_add(struct blob *b, const void *s, size_t n) {
 
 static uint32_t pow2_at_least(uint64_t n) {
     uint32_t m = 16;
-    while (m < n) m <<= 1;
+    while (m < n)
+        m <<= 1;
     return m;
 }
 
@@ -130,7 +135,8 @@ static smelt_status merges_build(struct tok *t, const struct gguf_value *arr,
     uint32_t size = pow2_at_least(n * 2 + 16);
     t->merges = malloc((size_t)size * sizeof *t->merges);
     if (!t->merges) return err_set(e, SMELT_ERR_NOMEM, "merge table (%u slots)", size);
-    for (uint32_t i = 0; i < size; i++) t->merges[i].key = TOK_MERGE_EMPTY;
+    for (uint32_t i = 0; i < size; i++)
+        t->merges[i].key = TOK_MERGE_EMPTY;
     t->merge_mask = size - 1;
 
     size_t cap = 256;
@@ -147,7 +153,8 @@ static smelt_status merges_build(struct tok *t, const struct gguf_value *arr,
         }
         size_t la = (size_t)(sp - s), lb = m.len - la - 1;
         if (la + lb > cap) {
-            while (cap < la + lb) cap *= 2;
+            while (cap < la + lb)
+                cap *= 2;
             uint8_t *nb = realloc(buf, cap);
             if (!nb) {
                 free(buf);
@@ -209,7 +216,8 @@ static smelt_status trie_add(struct tok *t, int32_t id, size_t *cap, struct err 
     }
     for (size_t i = 1; i < n; i++) {
         int32_t c = t->trie[node].child;
-        while (c >= 0 && t->trie[c].byte != s[i]) c = t->trie[c].sibling;
+        while (c >= 0 && t->trie[c].byte != s[i])
+            c = t->trie[c].sibling;
         if (c < 0) {
             if ((c = trie_node(t, cap, s[i])) < 0) goto nomem;
             t->trie[c].sibling = t->trie[node].child;
@@ -254,12 +262,18 @@ static int cmp_i32(const void *a, const void *b) {
 
 /* Names of tokens that end a turn, as llama.cpp's list. */
 static const char *const eog_names[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>",         "<|endoftext|>",
+    "<|eom_id|>", "<EOT>",      "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>",
+    "<|call|>",
 };
 /* The first of these found becomes eot when the file names none. */
 static const char *const eot_names[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<EOT>",
     "<｜end▁of▁sentence｜>",
 };
 
@@ -301,7 +315,8 @@ static smelt_status specials_build(struct tok *t, const struct gguf_file *f, str
     if (t->sp.eot >= 0) t->attr[t->sp.eot] |= TOK_A_EOG;
     if (t->sp.eom >= 0) t->attr[t->sp.eom] |= TOK_A_EOG;
     size_t m = 0;
-    for (int32_t id = 0; id < n; id++) m += (t->attr[id] & TOK_A_EOG) != 0;
+    for (int32_t id = 0; id < n; id++)
+        m += (t->attr[id] & TOK_A_EOG) != 0;
     t->eog = malloc((m ? m : 1) * sizeof *t->eog);
     if (!t->eog) return err_set(e, SMELT_ERR_NOMEM, "eog list");
     for (int32_t id = 0; id < n; id++)
@@ -347,8 +362,10 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
     if (gguf_get_str(f, "tokenizer.ggml.model", &model, e) != SMELT_OK)
         return err_prefix(e, "tokenizer");
     enum tok_model kind;
-    if (gguf_str_eq(model, "gpt2")) kind = TOK_MODEL_BPE;
-    else if (gguf_str_eq(model, "llama")) kind = TOK_MODEL_SPM;
+    if (gguf_str_eq(model, "gpt2"))
+        kind = TOK_MODEL_BPE;
+    else if (gguf_str_eq(model, "llama"))
+        kind = TOK_MODEL_SPM;
     else {
         char buf[64];
         return err_set(e, SMELT_ERR_UNSUPPORTED,
@@ -369,12 +386,15 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
     if (gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_T_COUNT, &types, &e2) == SMELT_OK) {
         enum gguf_vtype et = types->v.arr.type;
         if (et > GGUF_T_INT32 && et != GGUF_T_UINT64 && et != GGUF_T_INT64)
-            return err_set(e, SMELT_ERR_FORMAT, "tokenizer.ggml.token_type: elements are %s, "
-                           "want integers", gguf_vtype_name(et));
+            return err_set(e, SMELT_ERR_FORMAT,
+                           "tokenizer.ggml.token_type: elements are %s, "
+                           "want integers",
+                           gguf_vtype_name(et));
         if (types->v.arr.n != n)
-            return err_set(e, SMELT_ERR_FORMAT, "tokenizer.ggml.token_type: %llu entries for "
-                           "%llu tokens", (unsigned long long)types->v.arr.n,
-                           (unsigned long long)n);
+            return err_set(e, SMELT_ERR_FORMAT,
+                           "tokenizer.ggml.token_type: %llu entries for "
+                           "%llu tokens",
+                           (unsigned long long)types->v.arr.n, (unsigned long long)n);
     } else if (e2.code != SMELT_ERR_NOT_FOUND) {
         return err_set(e, e2.code, "%s", e2.msg);
     }
@@ -382,12 +402,15 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
         if (gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_T_COUNT, &scores, &e2) == SMELT_OK) {
             enum gguf_vtype et = scores->v.arr.type;
             if (et != GGUF_T_FLOAT32 && et != GGUF_T_FLOAT64)
-                return err_set(e, SMELT_ERR_FORMAT, "tokenizer.ggml.scores: elements are %s, "
-                               "want floats", gguf_vtype_name(et));
+                return err_set(e, SMELT_ERR_FORMAT,
+                               "tokenizer.ggml.scores: elements are %s, "
+                               "want floats",
+                               gguf_vtype_name(et));
             if (scores->v.arr.n != n)
-                return err_set(e, SMELT_ERR_FORMAT, "tokenizer.ggml.scores: %llu entries for "
-                               "%llu tokens", (unsigned long long)scores->v.arr.n,
-                               (unsigned long long)n);
+                return err_set(e, SMELT_ERR_FORMAT,
+                               "tokenizer.ggml.scores: %llu entries for "
+                               "%llu tokens",
+                               (unsigned long long)scores->v.arr.n, (unsigned long long)n);
         } else if (e2.code != SMELT_ERR_NOT_FOUND) {
             return err_set(e, e2.code, "%s", e2.msg);
         }
@@ -416,8 +439,10 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
     uint32_t cp_of_byte[256];
     int16_t byte_of_cp[0x144];
     byte_alphabet(cp_of_byte);
-    for (int i = 0; i < 0x144; i++) byte_of_cp[i] = -1;
-    for (int b = 0; b < 256; b++) byte_of_cp[cp_of_byte[b]] = (int16_t)b;
+    for (int i = 0; i < 0x144; i++)
+        byte_of_cp[i] = -1;
+    for (int b = 0; b < 256; b++)
+        byte_of_cp[cp_of_byte[b]] = (int16_t)b;
 
     uint8_t small[256];
     for (uint64_t i = 0; i < n; i++) {
@@ -425,8 +450,10 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
         int64_t ty = types ? gguf_arr_i64(types, i) : TOK_T_NORMAL;
         if (ty < 0 || ty > TOK_T_BYTE) ty = TOK_T_UNDEFINED;
         t->type[i] = (uint8_t)ty;
-        if (scores) t->score[i] = (float)gguf_arr_f64(scores, i);
-        else if (t->score) t->score[i] = 0.0f;
+        if (scores)
+            t->score[i] = (float)gguf_arr_f64(scores, i);
+        else if (t->score)
+            t->score[i] = 0.0f;
         if (s.len > (1u << 20)) {
             st = err_set(e, SMELT_ERR_FORMAT, "tokenizer.ggml.tokens[%llu]: %llu bytes",
                          (unsigned long long)i, (unsigned long long)s.len);
@@ -469,7 +496,8 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
                         j += 3;
                     } else {
                         size_t k = j + 1;
-                        while (k < s.len && u[k] != 0xE2) k++;
+                        while (k < s.len && u[k] != 0xE2)
+                            k++;
                         if (!blob_add(&pb, u + j, k - j)) goto nomem;
                         j = k;
                     }
@@ -489,7 +517,8 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
 
     if ((st = map_build(t, e)) != SMELT_OK) goto fail;
 
-    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    for (int b = 0; b < 256; b++)
+        t->byte_id[b] = -1;
     if (kind == TOK_MODEL_BPE) {
         for (int b = 0; b < 256; b++) {
             uint8_t c = (uint8_t)b;
@@ -517,7 +546,8 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
         }
         t->has_byte_fallback = found == 256;
     }
-    for (int i = 0; i < 256; i++) t->trie_root[i] = -1;
+    for (int i = 0; i < 256; i++)
+        t->trie_root[i] = -1;
     if ((st = specials_build(t, f, e)) != SMELT_OK) goto fail;
     *out = t;
     return SMELT_OK;
@@ -550,15 +580,27 @@ void tok_free(struct tok *t) {
 
 /* ---- queries ---- */
 
-enum tok_model tok_model(const struct tok *t) { return t->model; }
-int32_t tok_n_vocab(const struct tok *t) { return t->n_vocab; }
-const struct tok_special *tok_specials(const struct tok *t) { return &t->sp; }
+enum tok_model tok_model(const struct tok *t) {
+    return t->model;
+}
+int32_t tok_n_vocab(const struct tok *t) {
+    return t->n_vocab;
+}
+const struct tok_special *tok_specials(const struct tok *t) {
+    return &t->sp;
+}
 const char *tok_pre_name(const struct tok *t) {
     return t->model == TOK_MODEL_BPE ? t->pre.name : "";
 }
-bool tok_pre_known(const struct tok *t) { return t->model != TOK_MODEL_BPE || t->pre.known; }
-bool tok_add_bos(const struct tok *t) { return t->add_bos; }
-bool tok_add_eos(const struct tok *t) { return t->add_eos; }
+bool tok_pre_known(const struct tok *t) {
+    return t->model != TOK_MODEL_BPE || t->pre.known;
+}
+bool tok_add_bos(const struct tok *t) {
+    return t->add_bos;
+}
+bool tok_add_eos(const struct tok *t) {
+    return t->add_eos;
+}
 
 enum tok_type tok_token_type(const struct tok *t, int32_t id) {
     return id >= 0 && id < t->n_vocab ? (enum tok_type)t->type[id] : TOK_T_UNDEFINED;
@@ -598,7 +640,8 @@ int32_t tok_find(const struct tok *t, const char *text, size_t len) {
         size_t i = 1;
         while (node >= 0 && i < len) {
             int32_t c = t->trie[node].child;
-            while (c >= 0 && t->trie[c].byte != s[i]) c = t->trie[c].sibling;
+            while (c >= 0 && t->trie[c].byte != s[i])
+                c = t->trie[c].sibling;
             node = c;
             i++;
         }

@@ -89,7 +89,8 @@ static inline size_t tu_parse_ids(const char *line, int32_t *ids, size_t max) {
     size_t k = 0;
     const char *p = line;
     while (*p && *p != '\n' && k < max) {
-        while (*p == ' ') p++;
+        while (*p == ' ')
+            p++;
         if (!*p || *p == '\n') break;
         char *q;
         long v = strtol(p, &q, 10);
