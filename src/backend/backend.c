@@ -312,46 +312,83 @@ void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
     b->ops->attention(b, dst, q, kc, vc, m, p);
 }
 
+/* x, or a fresh tensor holding rms_norm(x) * pre->w. */
+static const struct tensor *apply_prenorm(struct backend *b, const struct tensor *x,
+                                          const struct prenorm *pre) {
+    if (!pre) return x;
+    struct tensor *h = bk_new(b, QT_F32, x->ne[0], x->ne[1], x->ne[2]);
+    bk_rms_norm(b, h, x, pre->w, pre->eps);
+    return h;
+}
+
 void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
-                     const struct tensor *const *w, const struct tensor *x) {
+                     const struct tensor *const *w, const struct tensor *const *bias,
+                     const struct tensor *x, const struct prenorm *pre) {
     if (b->status != SMELT_OK) return;
-    for (int i = 0; i < n; i++) check_matmul(dst[i], w[i], x);
+    for (int i = 0; i < n; i++) {
+        check_matmul(dst[i], w[i], x);
+        BK_ASSERT(!bias || !bias[i] || (bias[i]->type == QT_F32 && bias[i]->ne[0] == dst[i]->ne[0]));
+    }
+    BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == x->ne[0]));
     if (b->ops->matmul_group) {
-        b->ops->matmul_group(b, n, dst, w, x);
+        b->ops->matmul_group(b, n, dst, w, bias, x, pre);
         return;
     }
-    for (int i = 0; i < n; i++) b->ops->matmul(b, dst[i], w[i], x);
+    x = apply_prenorm(b, x, pre);
+    for (int i = 0; i < n; i++) {
+        bk_matmul(b, dst[i], w[i], x);
+        if (bias && bias[i]) bk_add(b, dst[i], dst[i], bias[i]);
+    }
+}
+
+void bk_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w,
+                   const struct tensor *x) {
+    if (b->status != SMELT_OK) return;
+    check_matmul(dst, w, x);
+    if (b->ops->matmul_acc) {
+        b->ops->matmul_acc(b, dst, w, x);
+        return;
+    }
+    struct tensor *t = bk_new(b, QT_F32, dst->ne[0], dst->ne[1], 1);
+    bk_matmul(b, t, w, x);
+    bk_add(b, dst, dst, t);
 }
 
 void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
-                const struct tensor *w_up, const struct tensor *x, enum glu_act act) {
+                const struct tensor *w_up, const struct tensor *x, enum glu_act act,
+                const struct prenorm *pre) {
     if (b->status != SMELT_OK) return;
     check_matmul(dst, w_gate, x);
     check_matmul(dst, w_up, x);
+    BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == x->ne[0]));
     if (b->ops->ffn_glu) {
-        b->ops->ffn_glu(b, dst, w_gate, w_up, x, act);
+        b->ops->ffn_glu(b, dst, w_gate, w_up, x, act, pre);
         return;
     }
     struct tensor *up = bk_new(b, QT_F32, dst->ne[0], dst->ne[1], 1);
     struct tensor *outs[2] = {dst, up};
     const struct tensor *ws[2] = {w_gate, w_up};
-    bk_matmul_group(b, 2, outs, ws, x);
+    bk_matmul_group(b, 2, outs, ws, NULL, x, pre);
     bk_glu(b, dst, dst, up, act);
 }
 
 void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
-                      const struct attn_meta *m, const struct rope_params *p) {
+                      const struct attn_meta *m, const struct qk_prep *p) {
     if (b->status != SMELT_OK) return;
+    BK_ASSERT(!p->q_norm || (p->q_norm->type == QT_F32 && p->q_norm->ne[0] == q->ne[0]));
+    BK_ASSERT(!p->k_norm || (p->k_norm->type == QT_F32 && p->k_norm->ne[0] == k->ne[0]));
     if (b->ops->rope_kv_store) {
-        BK_ASSERT(q->ne[2] == k->ne[2]);
+        BK_ASSERT(is_f32_rows(q) && is_f32_rows(k) && q->ne[2] == k->ne[2]);
         check_meta(m, k->ne[2]);
         check_cache(kc, k, m->block_size);
         check_cache(vc, v, m->block_size);
         b->ops->rope_kv_store(b, q, k, v, kc, vc, m, p);
         return;
     }
-    bk_rope(b, q, m->pos, p);
-    bk_rope(b, k, m->pos, p);
+    if (p->q_norm) bk_rms_norm(b, q, q, p->q_norm, p->eps);
+    if (p->k_norm) bk_rms_norm(b, k, k, p->k_norm, p->eps);
+    bk_rope(b, q, m->pos, p->rope);
+    bk_rope(b, k, m->pos, p->rope);
     bk_kv_store(b, kc, vc, k, v, m);
 }

@@ -45,6 +45,7 @@ struct tensor {
     void *data;                  /* backend memory (host memory on the CPU backend) */
     struct backend *backend;     /* who owns data's memory space; NULL: plain host memory */
     const char *name;            /* for messages; may be NULL */
+    void *extra;                 /* backend-private (a repacked weight's descriptor); NULL */
 };
 
 /* Fills t as a contiguous tensor of type (no data). ne1..ne3 may be 1. Returns false when
@@ -116,6 +117,21 @@ struct attn_params {
     int32_t window;  /* > 0: key hidden when pos_q - pos_k >= window (sliding window) */
 };
 
+/* An RMSNorm applied to an op's input before it is used (dst = W rms_norm(x) * w): lets a
+ * backend fuse the norm with quantizing the activations for the matmul. */
+struct prenorm {
+    const struct tensor *w; /* F32 (n_in) or NULL (no weight) */
+    float eps;
+};
+
+/* What happens to Q and K between the projections and the cache: optional per-head
+ * RMSNorm (qwen3, gemma3), then RoPE; then K and V are stored. One fused kernel on a GPU. */
+struct qk_prep {
+    const struct tensor *q_norm, *k_norm; /* F32 (head_dim_k) or NULL */
+    float eps;
+    const struct rope_params *rope;
+};
+
 /* ---- the implementation's vtable ---- */
 
 struct backend_ops {
@@ -159,12 +175,16 @@ struct backend_ops {
 
     /* Fused ops: optional (NULL = composed from the basic ops by backend.c). */
     void (*matmul_group)(struct backend *b, int n, struct tensor *const *dst,
-                         const struct tensor *const *w, const struct tensor *x);
+                         const struct tensor *const *w, const struct tensor *const *bias,
+                         const struct tensor *x, const struct prenorm *pre);
+    void (*matmul_acc)(struct backend *b, struct tensor *dst, const struct tensor *w,
+                       const struct tensor *x);
     void (*ffn_glu)(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
-                    const struct tensor *w_up, const struct tensor *x, enum glu_act act);
+                    const struct tensor *w_up, const struct tensor *x, enum glu_act act,
+                    const struct prenorm *pre);
     void (*rope_kv_store)(struct backend *b, struct tensor *q, struct tensor *k,
                           const struct tensor *v, struct tensor *kc, struct tensor *vc,
-                          const struct attn_meta *m, const struct rope_params *p);
+                          const struct attn_meta *m, const struct qk_prep *p);
 };
 
 /* Every backend starts with this header (implementations embed it first and call
@@ -266,17 +286,24 @@ void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
                   const struct tensor *kc, const struct tensor *vc, const struct attn_meta *m,
                   const struct attn_params *p);
 
-/* Fused: dst[i] = W[i] x for i < n, one shared input (QKV, gate/up): a backend quantizes
- * or loads x once. */
+/* Fused: dst[i] = W[i] x' (+ bias[i]) for i < n, one shared input x' = x, or
+ * rms_norm(x) * pre->w when pre is not NULL (norm + quantize + QKV in one pass). bias may
+ * be NULL, or n entries each NULL or F32 (dst[i]->ne0). x is not modified. */
 void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
-                     const struct tensor *const *w, const struct tensor *x);
-/* Fused: dst (n_ff, n) = act(W_gate x) * (W_up x). */
+                     const struct tensor *const *w, const struct tensor *const *bias,
+                     const struct tensor *x, const struct prenorm *pre);
+/* Fused: dst += W x (the output projection and the residual add in one pass). */
+void bk_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w,
+                   const struct tensor *x);
+/* Fused: dst (n_ff, n) = act(W_gate x') * (W_up x'), x' as in bk_matmul_group. */
 void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
-                const struct tensor *w_up, const struct tensor *x, enum glu_act act);
-/* Fused: RoPE on q and k in place, then bk_kv_store of k and v. */
+                const struct tensor *w_up, const struct tensor *x, enum glu_act act,
+                const struct prenorm *pre);
+/* Fused: per-head RMSNorm of q and k (when given), RoPE on both, in place; then
+ * bk_kv_store of k and v. */
 void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
-                      const struct attn_meta *m, const struct rope_params *p);
+                      const struct attn_meta *m, const struct qk_prep *p);
 
 /* ---- implementations ---- */
 

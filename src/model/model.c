@@ -483,15 +483,8 @@ struct tensor *fwd_embed(struct model *m, struct step *s) {
     return x;
 }
 
-struct tensor *fwd_norm(struct model *m, struct step *s, const struct tensor *x,
-                        const struct tensor *w) {
-    struct tensor *h = bk_new(s->bk, QT_F32, x->ne[0], x->ne[1], x->ne[2]);
-    bk_rms_norm(s->bk, h, x, w, m->hp.norm_eps);
-    return h;
-}
-
 struct tensor *fwd_attention(struct model *m, struct step *s, int il, const struct attn_weights *w,
-                             struct tensor *h) {
+                             const struct tensor *x, const struct tensor *norm) {
     struct backend *bk = s->bk;
     const struct layer_attn *a = &m->layer[il];
     int64_t n = s->n_tokens;
@@ -499,35 +492,28 @@ struct tensor *fwd_attention(struct model *m, struct step *s, int il, const stru
     struct tensor *k = bk_new(bk, QT_F32, (int64_t)a->n_head_kv * a->head_dim_k, n, 1);
     struct tensor *v = bk_new(bk, QT_F32, (int64_t)a->n_head_kv * a->head_dim_v, n, 1);
     struct tensor *qkv[3] = {q, k, v};
-    const struct tensor *wqkv[3] = {w->wq, w->wk, w->wv};
-    bk_matmul_group(bk, 3, qkv, wqkv, h);
-    if (w->bq) bk_add(bk, q, q, w->bq);
-    if (w->bk) bk_add(bk, k, k, w->bk);
-    if (w->bv) bk_add(bk, v, v, w->bv);
+    const struct tensor *wqkv[3] = {w->wq, w->wk, w->wv}, *bqkv[3] = {w->bq, w->bk, w->bv};
+    struct prenorm pre = {norm, m->hp.norm_eps};
+    bk_matmul_group(bk, 3, qkv, wqkv, bqkv, x, &pre); /* q, k, v = W rms_norm(x) (+ b) */
 
     q = bk_reshape(bk, q, a->head_dim_k, a->n_head, n);    /* (head_dim_k, n_head, n) */
     k = bk_reshape(bk, k, a->head_dim_k, a->n_head_kv, n); /* (head_dim_k, n_head_kv, n) */
     v = bk_reshape(bk, v, a->head_dim_v, a->n_head_kv, n); /* (head_dim_v, n_head_kv, n) */
-    if (w->q_norm) bk_rms_norm(bk, q, q, w->q_norm, m->hp.norm_eps);
-    if (w->k_norm) bk_rms_norm(bk, k, k, w->k_norm, m->hp.norm_eps);
-    bk_rope_kv_store(bk, q, k, v, &s->kv->k[il], &s->kv->v[il], &s->meta, &a->rope);
+    struct qk_prep prep = {w->q_norm, w->k_norm, m->hp.norm_eps, &a->rope};
+    bk_rope_kv_store(bk, q, k, v, &s->kv->k[il], &s->kv->v[il], &s->meta, &prep);
 
     struct tensor *att = bk_new(bk, QT_F32, a->head_dim_v, a->n_head, n);
     bk_attention(bk, att, q, &s->kv->k[il], &s->kv->v[il], &s->meta, &a->attn);
-    att = bk_reshape(bk, att, (int64_t)a->head_dim_v * a->n_head, n, 1);
-    struct tensor *o = bk_new(bk, QT_F32, m->hp.n_embd, n, 1);
-    bk_matmul(bk, o, w->wo, att);
-    return o;
+    return bk_reshape(bk, att, (int64_t)a->head_dim_v * a->n_head, n, 1);
 }
 
 struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
-                           const struct tensor *w_up, const struct tensor *w_down,
-                           struct tensor *h, enum glu_act act) {
-    struct tensor *g = bk_new(s->bk, QT_F32, w_gate->ne[1], s->n_tokens, 1);
-    bk_ffn_glu(s->bk, g, w_gate, w_up, h, act);
-    struct tensor *o = bk_new(s->bk, QT_F32, m->hp.n_embd, s->n_tokens, 1);
-    bk_matmul(s->bk, o, w_down, g);
-    return o;
+                           const struct tensor *w_up, const struct tensor *x,
+                           const struct tensor *norm, enum glu_act act) {
+    struct tensor *g = bk_new(s->bk, QT_F32, w_gate->ne[1], s->n_tokens, 1); /* (n_ff, n) */
+    struct prenorm pre = {norm, m->hp.norm_eps};
+    bk_ffn_glu(s->bk, g, w_gate, w_up, x, act, &pre);
+    return g;
 }
 
 /* ---- the step ---- */

@@ -166,20 +166,18 @@ void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
 smelt_status ld_u32(struct loader *l, const char *suffix, bool optional, uint32_t *out);
 smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *out);
 
-/* Forward building blocks. */
+/* Forward building blocks. Each returns a new scratch tensor. */
 /* x (n_embd, n_tokens) = token embeddings * embd_scale. */
 struct tensor *fwd_embed(struct model *m, struct step *s);
-/* RMSNorm of x with weight w into a new tensor. */
-struct tensor *fwd_norm(struct model *m, struct step *s, const struct tensor *x,
-                        const struct tensor *w);
-/* The attention block of layer il on normed input h (n_embd, n_tokens): Q/K/V
- * projections (+ bias), per-head Q/K norm, RoPE, KV store, paged attention, output
- * projection. Returns (n_embd, n_tokens). */
+/* The attention of layer il, before the output projection, on rms_norm(x) * norm: Q/K/V
+ * projections (+ bias), per-head Q/K norm, RoPE, KV store, paged attention. Returns
+ * (n_head * head_dim_v, n_tokens): the input of W_o. */
 struct tensor *fwd_attention(struct model *m, struct step *s, int il, const struct attn_weights *w,
-                             struct tensor *h);
-/* down(act(gate h) * up h): (n_embd, n_tokens). */
+                             const struct tensor *x, const struct tensor *norm);
+/* act(W_gate x') * (W_up x') with x' = rms_norm(x) * norm: (n_ff, n_tokens), the input of
+ * W_down. */
 struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
-                           const struct tensor *w_up, const struct tensor *w_down,
-                           struct tensor *h, enum glu_act act);
+                           const struct tensor *w_up, const struct tensor *x,
+                           const struct tensor *norm, enum glu_act act);
 
 #endif

@@ -92,14 +92,16 @@ static struct tensor *forward(struct model *m, struct step *s) {
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct gemma3_layer *y = &L[il];
         size_t mark = bk_scratch_mark(bk);
-        struct tensor *h = fwd_norm(m, s, x, y->attn_norm);
-        struct tensor *a = fwd_attention(m, s, il, &y->attn, h);
-        bk_rms_norm(bk, a, a, y->post_attn_norm, m->hp.norm_eps);
-        bk_add(bk, x, x, a);
-        h = fwd_norm(m, s, x, y->ffn_norm);
-        struct tensor *f = fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, y->ffn_down, h, GLU_GELU_TANH);
-        bk_rms_norm(bk, f, f, y->post_ffn_norm, m->hp.norm_eps);
-        bk_add(bk, x, x, f);
+        struct tensor *t = bk_new(bk, QT_F32, m->hp.n_embd, s->n_tokens, 1);
+        /* x += post_attention_norm(W_o attention(attn_norm(x))) */
+        bk_matmul(bk, t, y->attn.wo, fwd_attention(m, s, il, &y->attn, x, y->attn_norm));
+        bk_rms_norm(bk, t, t, y->post_attn_norm, m->hp.norm_eps);
+        bk_add(bk, x, x, t);
+        /* x += post_ffw_norm(W_down (gelu_tanh(W_gate h) * W_up h)),  h = ffn_norm(x) */
+        bk_matmul(bk, t, y->ffn_down,
+                  fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_GELU_TANH));
+        bk_rms_norm(bk, t, t, y->post_ffn_norm, m->hp.norm_eps);
+        bk_add(bk, x, x, t);
         bk_scratch_release(bk, mark);
     }
     return x;

@@ -60,10 +60,11 @@ static struct tensor *forward(struct model *m, struct step *s) {
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct llama_layer *y = &L[il];
         size_t mark = bk_scratch_mark(bk); /* this layer's temporaries end at release */
-        struct tensor *h = fwd_norm(m, s, x, y->attn_norm);
-        bk_add(bk, x, x, fwd_attention(m, s, il, &y->attn, h));
-        h = fwd_norm(m, s, x, y->ffn_norm);
-        bk_add(bk, x, x, fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, y->ffn_down, h, GLU_SILU));
+        /* x += W_o attention(rms_norm(x) * attn_norm) */
+        bk_matmul_acc(bk, x, y->attn.wo, fwd_attention(m, s, il, &y->attn, x, y->attn_norm));
+        /* x += W_down (silu(W_gate h) * W_up h),  h = rms_norm(x) * ffn_norm */
+        bk_matmul_acc(bk, x, y->ffn_down,
+                      fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_SILU));
         bk_scratch_release(bk, mark);
     }
     return x;

@@ -238,13 +238,49 @@ static void test_matmul(void) {
     struct tensor *y2 = bk_new(bk, QT_F32, n_out, n, 1), *y3 = bk_new(bk, QT_F32, n_out, n, 1);
     struct tensor *outs[2] = {y2, y3};
     const struct tensor *ws[2] = {wh, w};
-    bk_matmul_group(bk, 2, outs, ws, x);
+    bk_matmul_group(bk, 2, outs, ws, NULL, x, NULL);
     T_CHECK(max_err(y2->data, ref, n_out * n) < 2e-3);
     T_CHECK(memcmp(y3->data, y->data, (size_t)(n_out * n) * 4) == 0);
     struct tensor *g = bk_new(bk, QT_F32, n_out, n, 1);
-    bk_ffn_glu(bk, g, w, w, x, GLU_SILU);
+    bk_ffn_glu(bk, g, w, w, x, GLU_SILU, NULL);
     for (int64_t i = 0; i < n_out * n; i++) ref[i] = ref[i] / (1 + exp(-ref[i])) * ref[i];
     T_CHECK(max_err(g->data, ref, n_out * n) < 1e-5);
+}
+
+/* Fused ops with their optional parts: pre-norm, bias, accumulate. */
+static void test_fused(void) {
+    bk_step_begin(bk);
+    int64_t n_in = 40, n_out = 9, n = 3;
+    struct tensor *w = rand_f32(n_in, n_out, 1), *x = rand_f32(n_in, n, 1);
+    struct tensor *nw = rand_f32(n_in, 1, 1), *bias = rand_f32(n_out, 1, 1);
+    struct tensor *y = bk_new(bk, QT_F32, n_out, n, 1), *acc = rand_f32(n_out, n, 1);
+    float acc0[27], x0[120];
+    memcpy(acc0, acc->data, sizeof acc0);
+    memcpy(x0, x->data, sizeof x0);
+    struct prenorm pre = {nw, 1e-5f};
+    const struct tensor *ws[1] = {w}, *bs[1] = {bias};
+    bk_matmul_group(bk, 1, &y, ws, bs, x, &pre);
+    bk_matmul_acc(bk, acc, w, x);
+    double ref[27], ref_acc[27];
+    const float *X = x->data, *W = w->data, *NW = nw->data, *B = bias->data;
+    for (int64_t j = 0; j < n; j++) {
+        double ss = 0;
+        for (int64_t i = 0; i < n_in; i++) ss += (double)X[j * n_in + i] * X[j * n_in + i];
+        double inv = 1 / sqrt(ss / n_in + 1e-5);
+        for (int64_t o = 0; o < n_out; o++) {
+            double s = 0, sr = 0;
+            for (int64_t i = 0; i < n_in; i++) {
+                s += W[o * n_in + i] * X[j * n_in + i] * inv * NW[i];
+                sr += W[o * n_in + i] * X[j * n_in + i];
+            }
+            ref[j * n_out + o] = s + B[o];
+            ref_acc[j * n_out + o] = acc0[j * n_out + o] + sr;
+        }
+    }
+    T_CHECK(max_err(y->data, ref, n_out * n) < 1e-5);
+    T_CHECK(max_err(acc->data, ref_acc, n_out * n) < 1e-5);
+    /* x untouched by the pre-norm */
+    T_CHECK(memcmp(x0, x->data, sizeof x0) == 0);
 }
 
 /* Paged attention against a dense reference: three sequences with scattered block
@@ -378,6 +414,7 @@ int main(void) {
     T_RUN(test_get_rows);
     T_RUN(test_elementwise);
     T_RUN(test_matmul);
+    T_RUN(test_fused);
     T_RUN(test_attention);
     T_RUN(test_scratch_mark);
     bk_free(bk);
