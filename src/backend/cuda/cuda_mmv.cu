@@ -1,0 +1,402 @@
+/* Quantized matrix x small-batch product (decode path). See cuda_mmv.h.
+ *
+ * Work split: one warp per output row, 4 warps (rows) per block. A warp walks its row in
+ * "units" of 16 bytes of quant bits (32 weights for 4-bit and 6-bit types, 16 for Q8_0, 8
+ * for F16); lane l takes units l, l+32, ... so each iteration the warp reads 512
+ * consecutive bytes. Every unit's weights are loaded once and dotted against each of the
+ * n <= 8 token rows (the activations are tiny and stay in L1/L2).
+ *
+ * Bytes per product: rows * row_bytes (weights) + n*k*(1 + 12/32) (activations) + n*rows*4.
+ */
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "backend/cuda/cuda_mmv.h"
+#include "quant/quant.h"
+}
+
+#define MMV_WARPS 4
+#define QK_K 256
+
+/* ---------------------------------------------------------------- kernels ---- */
+
+/* x[n*k] f32 -> xq int8, xd[n*k/32] scale per 32, xs[n*k/16] = scale * sum(q) per 16. */
+static __global__ void quantize_act_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
+                                           float *__restrict__ xd, float *__restrict__ xs,
+                                           int64_t total) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int lane = threadIdx.x & 31;
+    float v = i < total ? x[i] : 0.0f;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    int q = d > 0.0f ? __float2int_rn(v / d) : 0;
+    int s = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* half-warp sums */
+    if (i < total) {
+        xq[i] = (int8_t)q;
+        if ((lane & 15) == 0) xs[i / 16] = d * (float)s;
+        if (lane == 0) xd[i / 32] = d;
+    }
+}
+
+static __device__ __forceinline__ uint32_t byte_at(uint32_t w0, uint32_t w1, uint32_t w2, int i) {
+    uint32_t w = i < 4 ? w0 : (i < 8 ? w1 : w2);
+    return (w >> (8 * (i & 3))) & 0xffu;
+}
+
+/* Q4_K scale and min (6 bits each) of sub-block j from the 12 packed bytes. */
+static __device__ __forceinline__ void q4k_scale_min(uint32_t w0, uint32_t w1, uint32_t w2, int j,
+                                                     int *sc, int *m) {
+    if (j < 4) {
+        *sc = byte_at(w0, w1, w2, j) & 63;
+        *m = byte_at(w0, w1, w2, j + 4) & 63;
+    } else {
+        *sc = (byte_at(w0, w1, w2, j + 4) & 0xf) | ((byte_at(w0, w1, w2, j - 4) >> 6) << 4);
+        *m = (byte_at(w0, w1, w2, j + 4) >> 4) | ((byte_at(w0, w1, w2, j) >> 6) << 4);
+    }
+}
+
+static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
+    int s = dp4a((int)a.x, (int)b.x, 0);
+    s = dp4a((int)a.y, (int)b.y, s);
+    s = dp4a((int)a.z, (int)b.z, s);
+    return dp4a((int)a.w, (int)b.w, s);
+}
+
+/* Q4_K split layout: q = 128 B of nibbles per super-block, s = 16 B {d, dmin, scales[12]}. */
+template <int N>
+static __global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_q4_k(const uint4 *__restrict__ q, const uint4 *__restrict__ s, const int8_t *__restrict__ xq,
+             const float *__restrict__ xd, const float *__restrict__ xs, float *__restrict__ y,
+             int rows, int k) {
+    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (row >= rows) return;
+    const int lane = threadIdx.x;
+    const int nsb = k / QK_K;
+    const uint4 *qr = q + (int64_t)row * nsb * 8;
+    const uint4 *sr = s + (int64_t)row * nsb;
+    float acc[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    for (int u = lane; u < nsb * 8; u += 32) {
+        const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
+        const uint4 qv = qr[u];
+        const uint4 sv = sr[sb];
+        const float d = __low2float(*(const __half2 *)&sv.x);
+        const float dmin = __high2float(*(const __half2 *)&sv.x);
+        int sca, ma, scb, mb;
+        q4k_scale_min(sv.y, sv.z, sv.w, 2 * g, &sca, &ma);
+        q4k_scale_min(sv.y, sv.z, sv.w, 2 * g + 1, &scb, &mb);
+        const uint4 lo = make_uint4(qv.x & 0x0f0f0f0fu, qv.y & 0x0f0f0f0fu, qv.z & 0x0f0f0f0fu,
+                                    qv.w & 0x0f0f0f0fu);
+        const uint4 hi = make_uint4((qv.x >> 4) & 0x0f0f0f0fu, (qv.y >> 4) & 0x0f0f0f0fu,
+                                    (qv.z >> 4) & 0x0f0f0f0fu, (qv.w >> 4) & 0x0f0f0f0fu);
+        const int ea = sb * QK_K + g * 64 + hf * 16; /* first element of the low-nibble half */
+        const int eb = ea + 32;
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const int8_t *xt = xq + (int64_t)t * k;
+            const int da = dot16(lo, *(const uint4 *)(xt + ea));
+            const int db = dot16(hi, *(const uint4 *)(xt + eb));
+            const float *xdt = xd + (int64_t)t * (k / 32), *xst = xs + (int64_t)t * (k / 16);
+            acc[t] += d * ((float)sca * xdt[ea / 32] * (float)da + (float)scb * xdt[eb / 32] * (float)db) -
+                      dmin * ((float)ma * xst[ea / 16] + (float)mb * xst[eb / 16]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) y[(int64_t)t * rows + row] = v;
+    }
+}
+
+/* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
+ * d = one half per super-block. Unit c (0..7) of a super-block: half h = c/4, ql chunk
+ * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
+ * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
+template <int N>
+static __global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_q6_k(const uint4 *__restrict__ q, const int8_t *__restrict__ s, const __half *__restrict__ dd,
+             const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
+             float *__restrict__ y, int rows, int k) {
+    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (row >= rows) return;
+    const int lane = threadIdx.x;
+    const int nsb = k / QK_K;
+    float acc[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    for (int u = lane; u < nsb * 8; u += 32) {
+        const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
+        const int l0 = (c & 1) * 16, jb = c >> 1;
+        const int64_t blk = (int64_t)row * nsb + sb;
+        const uint4 *qb = q + blk * 12; /* 192 B = 12 x 16 B */
+        const uint4 ql = qb[h * 4 + c];
+        const uint4 qh = qb[8 + h * 2 + (c & 1)];
+        const float d = __half2float(dd[blk]);
+        const int wlo = h * 128 + jb * 32 + l0; /* element within the super-block */
+        const int whi = wlo + 64;
+        const float sclo = d * (float)s[blk * 16 + wlo / 16];
+        const float schi = d * (float)s[blk * 16 + whi / 16];
+        const int sh = 2 * jb;
+        uint4 lo, hi;
+        lo.x = (ql.x & 0x0f0f0f0fu) | (((qh.x >> sh) & 0x03030303u) << 4);
+        lo.y = (ql.y & 0x0f0f0f0fu) | (((qh.y >> sh) & 0x03030303u) << 4);
+        lo.z = (ql.z & 0x0f0f0f0fu) | (((qh.z >> sh) & 0x03030303u) << 4);
+        lo.w = (ql.w & 0x0f0f0f0fu) | (((qh.w >> sh) & 0x03030303u) << 4);
+        hi.x = ((ql.x >> 4) & 0x0f0f0f0fu) | (((qh.x >> (sh + 4)) & 0x03030303u) << 4);
+        hi.y = ((ql.y >> 4) & 0x0f0f0f0fu) | (((qh.y >> (sh + 4)) & 0x03030303u) << 4);
+        hi.z = ((ql.z >> 4) & 0x0f0f0f0fu) | (((qh.z >> (sh + 4)) & 0x03030303u) << 4);
+        hi.w = ((ql.w >> 4) & 0x0f0f0f0fu) | (((qh.w >> (sh + 4)) & 0x03030303u) << 4);
+        const int ea = sb * QK_K + wlo, eb = sb * QK_K + whi;
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const int8_t *xt = xq + (int64_t)t * k;
+            const float *xdt = xd + (int64_t)t * (k / 32), *xst = xs + (int64_t)t * (k / 16);
+            const int da = dot16(lo, *(const uint4 *)(xt + ea));
+            const int db = dot16(hi, *(const uint4 *)(xt + eb));
+            /* q is stored +32: dx * dot(q - 32, xq) = xd * dot(q, xq) - 32 * xs */
+            acc[t] += sclo * (xdt[ea / 32] * (float)da - 32.0f * xst[ea / 16]) +
+                      schi * (xdt[eb / 32] * (float)db - 32.0f * xst[eb / 16]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) y[(int64_t)t * rows + row] = v;
+    }
+}
+
+/* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
+template <int N>
+static __global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_q8_0(const uint4 *__restrict__ q, const __half *__restrict__ s, const int8_t *__restrict__ xq,
+             const float *__restrict__ xd, float *__restrict__ y, int rows, int k) {
+    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (row >= rows) return;
+    const int lane = threadIdx.x;
+    const uint4 *qr = q + (int64_t)row * (k / 16);
+    const __half *sr = s + (int64_t)row * (k / 32);
+    float acc[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    for (int u = lane; u < k / 16; u += 32) {
+        const uint4 qv = qr[u];
+        const float dw = __half2float(sr[u >> 1]);
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const uint4 xv = *(const uint4 *)(xq + (int64_t)t * k + u * 16);
+            acc[t] += dw * xd[(int64_t)t * (k / 32) + (u >> 1)] * (float)dot16(qv, xv);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) y[(int64_t)t * rows + row] = v;
+    }
+}
+
+/* F16 weights against f32 activations. */
+template <int N>
+static __global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_f16(const uint4 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int rows,
+            int k) {
+    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (row >= rows) return;
+    const int lane = threadIdx.x;
+    const uint4 *wr = w + (int64_t)row * (k / 8);
+    float acc[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    for (int u = lane; u < k / 8; u += 32) {
+        const uint4 wv = wr[u];
+        const float2 w0 = __half22float2(*(const __half2 *)&wv.x);
+        const float2 w1 = __half22float2(*(const __half2 *)&wv.y);
+        const float2 w2 = __half22float2(*(const __half2 *)&wv.z);
+        const float2 w3 = __half22float2(*(const __half2 *)&wv.w);
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const float4 xa = *(const float4 *)(x + (int64_t)t * k + u * 8);
+            const float4 xb = *(const float4 *)(x + (int64_t)t * k + u * 8 + 4);
+            acc[t] += w0.x * xa.x + w0.y * xa.y + w1.x * xa.z + w1.y * xa.w + w2.x * xb.x +
+                      w2.y * xb.y + w3.x * xb.z + w3.y * xb.w;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) y[(int64_t)t * rows + row] = v;
+    }
+}
+
+/* ---- repack kernels: one thread per block, source GGUF blocks in a temporary buffer ---- */
+
+static __global__ void repack_q8_0(const uint8_t *__restrict__ src, int8_t *__restrict__ q,
+                                   __half *__restrict__ s, int64_t nblk) {
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblk) return;
+    const uint8_t *p = src + b * 34;
+    s[b] = __ushort_as_half((unsigned short)(p[0] | (p[1] << 8)));
+    for (int i = 0; i < 32; i++) q[b * 32 + i] = (int8_t)p[2 + i];
+}
+
+static __global__ void repack_q4_k(const uint8_t *__restrict__ src, uint8_t *__restrict__ q,
+                                   uint8_t *__restrict__ s, int64_t nblk) {
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblk) return;
+    const uint8_t *p = src + b * 144;
+    for (int i = 0; i < 16; i++) s[b * 16 + i] = p[i];
+    for (int i = 0; i < 128; i++) q[b * 128 + i] = p[16 + i];
+}
+
+static __global__ void repack_q6_k(const uint8_t *__restrict__ src, uint8_t *__restrict__ q,
+                                   int8_t *__restrict__ s, __half *__restrict__ d, int64_t nblk) {
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblk) return;
+    const uint8_t *p = src + b * 210;
+    for (int i = 0; i < 192; i++) q[b * 192 + i] = p[i];
+    for (int i = 0; i < 16; i++) s[b * 16 + i] = (int8_t)p[192 + i];
+    d[b] = __ushort_as_half((unsigned short)(p[208] | (p[209] << 8)));
+}
+
+/* --------------------------------------------------------------- launchers ---- */
+
+extern "C" int cuda_mmv_supported(uint32_t type, int64_t k) {
+    switch (type) {
+    case QT_F16: return k % 8 == 0;
+    case QT_Q8_0: return k % 32 == 0;
+    case QT_Q4_K:
+    case QT_Q6_K: return k % QK_K == 0;
+    default: return 0;
+    }
+}
+
+extern "C" void cuda_qweight_free(struct cuda_qweight *w) {
+    if (!w) return;
+    cudaFree(w->q);
+    cudaFree(w->s);
+    cudaFree(w->d);
+    w->q = w->s = w->d = NULL;
+    w->bytes = 0;
+}
+
+extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t type, const void *host,
+                                            int64_t rows, int64_t k, void *stream, struct err *e) {
+    memset(w, 0, sizeof *w);
+    if (!cuda_mmv_supported(type, k))
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmv: type %s with row length %lld",
+                       qtype_name(type), (long long)k);
+    cudaStream_t st = (cudaStream_t)stream;
+    uint64_t row_bytes = qtype_row_size(type, k);
+    uint64_t total = row_bytes * (uint64_t)rows;
+    w->type = type;
+    w->rows = rows;
+    w->k = k;
+    if (type == QT_F16) {
+        CUDA_TRY(cudaMalloc(&w->q, total), e);
+        w->bytes = total;
+        CUDA_TRY(cudaMemcpyAsync(w->q, host, total, cudaMemcpyHostToDevice, st), e);
+        CUDA_TRY(cudaStreamSynchronize(st), e);
+        return SMELT_OK;
+    }
+    int64_t nblk = (int64_t)(total / qtype_get(type)->type_size);
+    void *tmp = NULL;
+    CUDA_TRY(cudaMalloc(&tmp, total), e);
+    smelt_status rc = SMELT_OK;
+    const int tb = 256;
+    const unsigned grid = (unsigned)((nblk + tb - 1) / tb);
+    cudaError_t ce = cudaMemcpyAsync(tmp, host, total, cudaMemcpyHostToDevice, st);
+    if (ce == cudaSuccess) {
+        switch (type) {
+        case QT_Q8_0:
+            ce = cudaMalloc(&w->q, nblk * 32);
+            if (ce == cudaSuccess) ce = cudaMalloc(&w->s, nblk * 2);
+            if (ce == cudaSuccess)
+                repack_q8_0<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (int8_t *)w->q, (__half *)w->s, nblk);
+            w->bytes = nblk * 34;
+            break;
+        case QT_Q4_K:
+            ce = cudaMalloc(&w->q, nblk * 128);
+            if (ce == cudaSuccess) ce = cudaMalloc(&w->s, nblk * 16);
+            if (ce == cudaSuccess)
+                repack_q4_k<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (uint8_t *)w->q, (uint8_t *)w->s, nblk);
+            w->bytes = nblk * 144;
+            break;
+        case QT_Q6_K:
+            ce = cudaMalloc(&w->q, nblk * 192);
+            if (ce == cudaSuccess) ce = cudaMalloc(&w->s, nblk * 16);
+            if (ce == cudaSuccess) ce = cudaMalloc(&w->d, nblk * 2);
+            if (ce == cudaSuccess)
+                repack_q6_k<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (uint8_t *)w->q, (int8_t *)w->s,
+                                                 (__half *)w->d, nblk);
+            w->bytes = nblk * 210;
+            break;
+        }
+        if (ce == cudaSuccess) ce = cudaGetLastError();
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+    }
+    cudaFree(tmp);
+    if (ce != cudaSuccess) {
+        cuda_qweight_free(w);
+        rc = err_set(e, SMELT_ERR_DEVICE, "cuda mmv: uploading %lld x %lld %s: %s", (long long)rows,
+                     (long long)k, qtype_name(type), cudaGetErrorString(ce));
+    }
+    return rc;
+}
+
+extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
+    uint64_t nk = (uint64_t)k * (uint64_t)n;
+    return ((nk + 255) & ~255ull) + ((nk / 32 * 4 + 255) & ~255ull) + nk / 16 * 4;
+}
+
+template <int N>
+static void launch(const struct cuda_qweight *w, const float *x, float *y, int8_t *xq, float *xd,
+                   float *xs, cudaStream_t st) {
+    const dim3 block(32, MMV_WARPS);
+    const unsigned grid = (unsigned)((w->rows + MMV_WARPS - 1) / MMV_WARPS);
+    const int rows = (int)w->rows, k = (int)w->k;
+    switch (w->type) {
+    case QT_F16: mmv_f16<N><<<grid, block, 0, st>>>((const uint4 *)w->q, x, y, rows, k); break;
+    case QT_Q8_0:
+        mmv_q8_0<N><<<grid, block, 0, st>>>((const uint4 *)w->q, (const __half *)w->s, xq, xd, y, rows, k);
+        break;
+    case QT_Q4_K:
+        mmv_q4_k<N><<<grid, block, 0, st>>>((const uint4 *)w->q, (const uint4 *)w->s, xq, xd, xs, y, rows, k);
+        break;
+    case QT_Q6_K:
+        mmv_q6_k<N><<<grid, block, 0, st>>>((const uint4 *)w->q, (const int8_t *)w->s, (const __half *)w->d,
+                                            xq, xd, xs, y, rows, k);
+        break;
+    }
+}
+
+extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
+                                 void *scratch, void *stream, struct err *e) {
+    if (n < 1 || n > CUDA_MMV_MAX_N)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d token rows (1..%d)", n, CUDA_MMV_MAX_N);
+    cudaStream_t st = (cudaStream_t)stream;
+    uint64_t nk = (uint64_t)w->k * (uint64_t)n;
+    int8_t *xq = (int8_t *)scratch;
+    float *xd = (float *)((uint8_t *)scratch + ((nk + 255) & ~255ull));
+    float *xs = (float *)((uint8_t *)xd + ((nk / 32 * 4 + 255) & ~255ull));
+    if (w->type != QT_F16) {
+        const int tb = 256;
+        quantize_act_kernel<<<(unsigned)((nk + tb - 1) / tb), tb, 0, st>>>(x, xq, xd, xs, (int64_t)nk);
+        CUDA_TRY_LAUNCH(e);
+    }
+    switch (n) {
+    case 1: launch<1>(w, x, y, xq, xd, xs, st); break;
+    case 2: launch<2>(w, x, y, xq, xd, xs, st); break;
+    case 3: launch<3>(w, x, y, xq, xd, xs, st); break;
+    case 4: launch<4>(w, x, y, xq, xd, xs, st); break;
+    case 5: launch<5>(w, x, y, xq, xd, xs, st); break;
+    case 6: launch<6>(w, x, y, xq, xd, xs, st); break;
+    case 7: launch<7>(w, x, y, xq, xd, xs, st); break;
+    case 8: launch<8>(w, x, y, xq, xd, xs, st); break;
+    }
+    CUDA_TRY_LAUNCH(e);
+    return SMELT_OK;
+}

@@ -1,0 +1,57 @@
+/* Quantized matrix x small-batch product on the GPU (decode: 1..8 token rows).
+ *
+ *   y[t][r] = sum_k W[r][k] * x[t][k]      t < n (<= CUDA_MMV_MAX_N), r < rows
+ *
+ * Weights live on the device in their quantized form, repacked at upload into a "split"
+ * layout: the quant bits of every block in one array and the block scales in another,
+ * each 16-byte aligned, so a warp reads both with coalesced 16-byte loads (the GGUF blocks
+ * of Q8_0 (34 B) and Q6_K (210 B) are not 16-byte multiples). Activations are quantized
+ * once per product to 8 bits (int8, one f32 scale per 32 values, one f32 sum per 16) and
+ * dotted with __dp4a; F16 weights use f32 activations directly.
+ *
+ * Design note and measurements: docs/cuda-backend.md.
+ */
+#ifndef SMELT_CUDA_MMV_H
+#define SMELT_CUDA_MMV_H
+
+#include <stdint.h>
+
+#include "util/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_MMV_MAX_N 8
+
+struct cuda_qweight {
+    uint32_t type;  /* enum qtype of the source tensor */
+    int64_t rows;   /* output features */
+    int64_t k;      /* input features (row length) */
+    void *q;        /* device: quant bits, block after block, row after row */
+    void *s;        /* device: per-block scales (layout depends on type) */
+    void *d;        /* device: per-block super scale where the type needs one more array */
+    uint64_t bytes; /* device bytes held (q + s + d) */
+};
+
+/* True when the kernels handle this type with row length k. */
+int cuda_mmv_supported(uint32_t type, int64_t k);
+
+/* Uploads `rows` rows of k elements of GGUF type `type` from host memory and repacks them.
+ * `stream` is a cudaStream_t (0 = default). */
+smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t type, const void *host,
+                                 int64_t rows, int64_t k, void *stream, struct err *e);
+void cuda_qweight_free(struct cuda_qweight *w);
+
+/* Device scratch bytes cuda_mmv needs for n rows of k activations. */
+uint64_t cuda_mmv_scratch_bytes(int64_t k, int n);
+
+/* y[n][w->rows] = x[n][w->k] . W^T; x, y, scratch are device pointers. Asynchronous on
+ * stream; errors are launch errors only. */
+smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
+                      void *scratch, void *stream, struct err *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
