@@ -149,9 +149,11 @@ static void bench(void) {
                   {"output 128256x4096", 128256, 4096}};
     const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0, QT_F16};
     struct err e;
+    const char *only = getenv("SMELT_BENCH_TYPE"); /* e.g. Q4_K */
     for (size_t ti = 0; ti < 4; ti++)
         for (size_t si = 0; si < 4; si++) {
             uint32_t type = types[ti];
+            if (only && strcmp(only, qtype_name(type)) != 0) continue;
             int64_t rows = shapes[si].rows, k = shapes[si].k;
             uint64_t rb = qtype_row_size(type, k);
             uint64_t bytes = rb * rows;

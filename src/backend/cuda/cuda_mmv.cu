@@ -22,9 +22,10 @@ extern "C" {
 
 /* ---------------------------------------------------------------- kernels ---- */
 
-/* x[n*k] f32 -> xq int8, xd[n*k/32] scale per 32, xs[n*k/16] = scale * sum(q) per 16. */
+/* x[n*k] f32 -> xq int8; xds[n*k/32] = {scale, scale * sum(q)} per 32 values;
+ * xs[n*k/16] = scale * sum(q) per 16 values (for types with 16-value scale groups). */
 static __global__ void quantize_act_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
-                                           float *__restrict__ xd, float *__restrict__ xs,
+                                           float2 *__restrict__ xds, float *__restrict__ xs,
                                            int64_t total) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int lane = threadIdx.x & 31;
@@ -35,27 +36,11 @@ static __global__ void quantize_act_kernel(const float *__restrict__ x, int8_t *
     int s = q;
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* half-warp sums */
+    int s32 = s + __shfl_xor_sync(0xffffffffu, s, 16);
     if (i < total) {
         xq[i] = (int8_t)q;
         if ((lane & 15) == 0) xs[i / 16] = d * (float)s;
-        if (lane == 0) xd[i / 32] = d;
-    }
-}
-
-static __device__ __forceinline__ uint32_t byte_at(uint32_t w0, uint32_t w1, uint32_t w2, int i) {
-    uint32_t w = i < 4 ? w0 : (i < 8 ? w1 : w2);
-    return (w >> (8 * (i & 3))) & 0xffu;
-}
-
-/* Q4_K scale and min (6 bits each) of sub-block j from the 12 packed bytes. */
-static __device__ __forceinline__ void q4k_scale_min(uint32_t w0, uint32_t w1, uint32_t w2, int j,
-                                                     int *sc, int *m) {
-    if (j < 4) {
-        *sc = byte_at(w0, w1, w2, j) & 63;
-        *m = byte_at(w0, w1, w2, j + 4) & 63;
-    } else {
-        *sc = (byte_at(w0, w1, w2, j + 4) & 0xf) | ((byte_at(w0, w1, w2, j - 4) >> 6) << 4);
-        *m = (byte_at(w0, w1, w2, j + 4) >> 4) | ((byte_at(w0, w1, w2, j) >> 6) << 4);
+        if (lane == 0) xds[i / 32] = make_float2(d, d * (float)s32);
     }
 }
 
@@ -66,170 +51,210 @@ static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
     return dp4a((int)a.w, (int)b.w, s);
 }
 
-/* Q4_K split layout: q = 128 B of nibbles per super-block, s = 16 B {d, dmin, scales[12]}. */
-template <int N>
+/* Every kernel: R rows per warp (the activations loaded for a unit are reused across the R
+ * rows: L1 traffic for activations is the limit otherwise), MMV_WARPS warps per block.
+ * Lane l takes units l, l+32, ... of 16 B of quant bits; consecutive lanes read
+ * consecutive 16 B of weights, and their activation slices fall in whole 32 B sectors. */
+#ifndef MMV_R
+#define MMV_R 2
+#endif
+
+template <int N, int R>
+struct mmv_acc {
+    float v[R][N];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < N; t++) v[r][t] = 0.0f;
+    }
+    __device__ __forceinline__ void store(float *y, int row0, int rows, int lane) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                const float s = warp_sum(v[r][t]);
+                if (lane == 0 && row0 + r < rows) y[(int64_t)t * rows + row0 + r] = s;
+            }
+    }
+};
+
+/* Q4_K split layout: q = 128 B of nibbles per super-block; s = 16 B per super-block:
+ * word 0 = {d, dmin} (half2), words 1..3 = the 6-bit scales and mins re-packed at upload
+ * so that pair g of sub-blocks (2g, 2g+1) is one 24-bit field {sc_a, m_a, sc_b, m_b}:
+ * pairs 0..2 in the low 24 bits of words 1..3, pair 3 in their top bytes.
+ * Unit u of a super-block (0..7): g = u/2, hf = u%2; its 16 B hold weights
+ * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
+template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_q4_k(const uint4 *__restrict__ q, const uint4 *__restrict__ s, const int8_t *__restrict__ xq,
-             const float *__restrict__ xd, const float *__restrict__ xs, float *__restrict__ y,
-             int rows, int k) {
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
-    if (row >= rows) return;
+             const float2 *__restrict__ xds, const float *__restrict__ xs, float *__restrict__ y, int rows,
+             int k) {
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    if (row0 >= rows) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
-    const uint4 *qr = q + (int64_t)row * nsb * 8;
-    const uint4 *sr = s + (int64_t)row * nsb;
-    float acc[N];
-#pragma unroll
-    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    mmv_acc<N, R> acc;
+    acc.zero();
+#pragma unroll 2
     for (int u = lane; u < nsb * 8; u += 32) {
         const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
-        const uint4 qv = qr[u];
-        const uint4 sv = sr[sb];
-        const float d = __low2float(*(const __half2 *)&sv.x);
-        const float dmin = __high2float(*(const __half2 *)&sv.x);
-        int sca, ma, scb, mb;
-        q4k_scale_min(sv.y, sv.z, sv.w, 2 * g, &sca, &ma);
-        q4k_scale_min(sv.y, sv.z, sv.w, 2 * g + 1, &scb, &mb);
-        const uint4 lo = make_uint4(qv.x & 0x0f0f0f0fu, qv.y & 0x0f0f0f0fu, qv.z & 0x0f0f0f0fu,
-                                    qv.w & 0x0f0f0f0fu);
-        const uint4 hi = make_uint4((qv.x >> 4) & 0x0f0f0f0fu, (qv.y >> 4) & 0x0f0f0f0fu,
-                                    (qv.z >> 4) & 0x0f0f0f0fu, (qv.w >> 4) & 0x0f0f0f0fu);
-        const int ea = sb * QK_K + g * 64 + hf * 16; /* first element of the low-nibble half */
-        const int eb = ea + 32;
+        const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
+        uint4 qv[R], sv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int row = min(row0 + r, rows - 1);
+            qv[r] = q[((int64_t)row * nsb) * 8 + u];
+            sv[r] = s[(int64_t)row * nsb + sb];
+        }
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const int8_t *xt = xq + (int64_t)t * k;
-            const int da = dot16(lo, *(const uint4 *)(xt + ea));
-            const int db = dot16(hi, *(const uint4 *)(xt + eb));
-            const float *xdt = xd + (int64_t)t * (k / 32), *xst = xs + (int64_t)t * (k / 16);
-            acc[t] += d * ((float)sca * xdt[ea / 32] * (float)da + (float)scb * xdt[eb / 32] * (float)db) -
-                      dmin * ((float)ma * xst[ea / 16] + (float)mb * xst[eb / 16]);
+            const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
+            const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
+            const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint4 w = qv[r];
+                const float2 dm = __half22float2(*(const __half2 *)&sv[r].x);
+                const uint32_t pk = g == 0 ? sv[r].y : g == 1 ? sv[r].z : g == 2 ? sv[r].w
+                                  : (sv[r].y >> 24) | ((sv[r].z >> 24) << 8) | ((sv[r].w >> 24) << 16);
+                const uint4 lo = make_uint4(w.x & 0x0f0f0f0fu, w.y & 0x0f0f0f0fu, w.z & 0x0f0f0f0fu,
+                                            w.w & 0x0f0f0f0fu);
+                const uint4 hi = make_uint4((w.x >> 4) & 0x0f0f0f0fu, (w.y >> 4) & 0x0f0f0f0fu,
+                                            (w.z >> 4) & 0x0f0f0f0fu, (w.w >> 4) & 0x0f0f0f0fu);
+                const int da = dot16(lo, xa), db = dot16(hi, xb);
+                acc.v[r][t] += dm.x * ((float)(pk & 63) * dxa * (float)da + (float)((pk >> 12) & 63) * dxb * (float)db) -
+                               dm.y * ((float)((pk >> 6) & 63) * sxa + (float)((pk >> 18) & 63) * sxb);
+            }
         }
     }
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(int64_t)t * rows + row] = v;
-    }
+    acc.store(y, row0, rows, lane);
 }
 
 /* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
  * d = one half per super-block. Unit c (0..7) of a super-block: half h = c/4, ql chunk
  * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
  * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
-template <int N>
+template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_q6_k(const uint4 *__restrict__ q, const int8_t *__restrict__ s, const __half *__restrict__ dd,
-             const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
+             const int8_t *__restrict__ xq, const float2 *__restrict__ xds, const float *__restrict__ xs,
              float *__restrict__ y, int rows, int k) {
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
-    if (row >= rows) return;
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    if (row0 >= rows) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
-    float acc[N];
-#pragma unroll
-    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    mmv_acc<N, R> acc;
+    acc.zero();
+#pragma unroll 2
     for (int u = lane; u < nsb * 8; u += 32) {
         const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
         const int l0 = (c & 1) * 16, jb = c >> 1;
-        const int64_t blk = (int64_t)row * nsb + sb;
-        const uint4 *qb = q + blk * 12; /* 192 B = 12 x 16 B */
-        const uint4 ql = qb[h * 4 + c];
-        const uint4 qh = qb[8 + h * 2 + (c & 1)];
-        const float d = __half2float(dd[blk]);
         const int wlo = h * 128 + jb * 32 + l0; /* element within the super-block */
-        const int whi = wlo + 64;
-        const float sclo = d * (float)s[blk * 16 + wlo / 16];
-        const float schi = d * (float)s[blk * 16 + whi / 16];
+        const int ea = sb * QK_K + wlo, eb = ea + 64;
+        uint4 ql[R], qh[R];
+        float sclo[R], schi[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t blk = (int64_t)min(row0 + r, rows - 1) * nsb + sb;
+            const uint4 *qb = q + blk * 12; /* 192 B = 12 x 16 B */
+            ql[r] = qb[h * 4 + c];
+            qh[r] = qb[8 + h * 2 + (c & 1)];
+            const float d = __half2float(dd[blk]);
+            sclo[r] = d * (float)s[blk * 16 + wlo / 16];
+            schi[r] = d * (float)s[blk * 16 + wlo / 16 + 4];
+        }
         const int sh = 2 * jb;
-        uint4 lo, hi;
-        lo.x = (ql.x & 0x0f0f0f0fu) | (((qh.x >> sh) & 0x03030303u) << 4);
-        lo.y = (ql.y & 0x0f0f0f0fu) | (((qh.y >> sh) & 0x03030303u) << 4);
-        lo.z = (ql.z & 0x0f0f0f0fu) | (((qh.z >> sh) & 0x03030303u) << 4);
-        lo.w = (ql.w & 0x0f0f0f0fu) | (((qh.w >> sh) & 0x03030303u) << 4);
-        hi.x = ((ql.x >> 4) & 0x0f0f0f0fu) | (((qh.x >> (sh + 4)) & 0x03030303u) << 4);
-        hi.y = ((ql.y >> 4) & 0x0f0f0f0fu) | (((qh.y >> (sh + 4)) & 0x03030303u) << 4);
-        hi.z = ((ql.z >> 4) & 0x0f0f0f0fu) | (((qh.z >> (sh + 4)) & 0x03030303u) << 4);
-        hi.w = ((ql.w >> 4) & 0x0f0f0f0fu) | (((qh.w >> (sh + 4)) & 0x03030303u) << 4);
-        const int ea = sb * QK_K + wlo, eb = sb * QK_K + whi;
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const int8_t *xt = xq + (int64_t)t * k;
-            const float *xdt = xd + (int64_t)t * (k / 32), *xst = xs + (int64_t)t * (k / 16);
-            const int da = dot16(lo, *(const uint4 *)(xt + ea));
-            const int db = dot16(hi, *(const uint4 *)(xt + eb));
-            /* q is stored +32: dx * dot(q - 32, xq) = xd * dot(q, xq) - 32 * xs */
-            acc[t] += sclo * (xdt[ea / 32] * (float)da - 32.0f * xst[ea / 16]) +
-                      schi * (xdt[eb / 32] * (float)db - 32.0f * xst[eb / 16]);
+            const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
+            const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
+            const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                uint4 lo, hi;
+                lo.x = (ql[r].x & 0x0f0f0f0fu) | (((qh[r].x >> sh) & 0x03030303u) << 4);
+                lo.y = (ql[r].y & 0x0f0f0f0fu) | (((qh[r].y >> sh) & 0x03030303u) << 4);
+                lo.z = (ql[r].z & 0x0f0f0f0fu) | (((qh[r].z >> sh) & 0x03030303u) << 4);
+                lo.w = (ql[r].w & 0x0f0f0f0fu) | (((qh[r].w >> sh) & 0x03030303u) << 4);
+                hi.x = ((ql[r].x >> 4) & 0x0f0f0f0fu) | (((qh[r].x >> (sh + 4)) & 0x03030303u) << 4);
+                hi.y = ((ql[r].y >> 4) & 0x0f0f0f0fu) | (((qh[r].y >> (sh + 4)) & 0x03030303u) << 4);
+                hi.z = ((ql[r].z >> 4) & 0x0f0f0f0fu) | (((qh[r].z >> (sh + 4)) & 0x03030303u) << 4);
+                hi.w = ((ql[r].w >> 4) & 0x0f0f0f0fu) | (((qh[r].w >> (sh + 4)) & 0x03030303u) << 4);
+                /* q is stored +32: dx * dot(q - 32, xq) = dx * dot(q, xq) - 32 * xs */
+                acc.v[r][t] += sclo[r] * (dxa * (float)dot16(lo, xa) - 32.0f * sxa) +
+                               schi[r] * (dxb * (float)dot16(hi, xb) - 32.0f * sxb);
+            }
         }
     }
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(int64_t)t * rows + row] = v;
-    }
+    acc.store(y, row0, rows, lane);
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
-template <int N>
+template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_q8_0(const uint4 *__restrict__ q, const __half *__restrict__ s, const int8_t *__restrict__ xq,
-             const float *__restrict__ xd, float *__restrict__ y, int rows, int k) {
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
-    if (row >= rows) return;
+             const float2 *__restrict__ xds, float *__restrict__ y, int rows, int k) {
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    if (row0 >= rows) return;
     const int lane = threadIdx.x;
-    const uint4 *qr = q + (int64_t)row * (k / 16);
-    const __half *sr = s + (int64_t)row * (k / 32);
-    float acc[N];
-#pragma unroll
-    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    mmv_acc<N, R> acc;
+    acc.zero();
+#pragma unroll 4
     for (int u = lane; u < k / 16; u += 32) {
-        const uint4 qv = qr[u];
-        const float dw = __half2float(sr[u >> 1]);
+        uint4 qv[R];
+        float dw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = min(row0 + r, rows - 1);
+            qv[r] = q[row * (k / 16) + u];
+            dw[r] = __half2float(s[row * (k / 32) + (u >> 1)]);
+        }
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const uint4 xv = *(const uint4 *)(xq + (int64_t)t * k + u * 16);
-            acc[t] += dw * xd[(int64_t)t * (k / 32) + (u >> 1)] * (float)dot16(qv, xv);
+            const float dx = xds[(int64_t)t * (k / 32) + (u >> 1)].x;
+#pragma unroll
+            for (int r = 0; r < R; r++) acc.v[r][t] += dw[r] * dx * (float)dot16(qv[r], xv);
         }
     }
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(int64_t)t * rows + row] = v;
-    }
+    acc.store(y, row0, rows, lane);
 }
 
 /* F16 weights against f32 activations. */
-template <int N>
+template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_f16(const uint4 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int rows,
             int k) {
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.y;
-    if (row >= rows) return;
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    if (row0 >= rows) return;
     const int lane = threadIdx.x;
-    const uint4 *wr = w + (int64_t)row * (k / 8);
-    float acc[N];
-#pragma unroll
-    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    mmv_acc<N, R> acc;
+    acc.zero();
+#pragma unroll 4
     for (int u = lane; u < k / 8; u += 32) {
-        const uint4 wv = wr[u];
-        const float2 w0 = __half22float2(*(const __half2 *)&wv.x);
-        const float2 w1 = __half22float2(*(const __half2 *)&wv.y);
-        const float2 w2 = __half22float2(*(const __half2 *)&wv.z);
-        const float2 w3 = __half22float2(*(const __half2 *)&wv.w);
+        float2 wf[R][4];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4 wv = w[(int64_t)min(row0 + r, rows - 1) * (k / 8) + u];
+            wf[r][0] = __half22float2(*(const __half2 *)&wv.x);
+            wf[r][1] = __half22float2(*(const __half2 *)&wv.y);
+            wf[r][2] = __half22float2(*(const __half2 *)&wv.z);
+            wf[r][3] = __half22float2(*(const __half2 *)&wv.w);
+        }
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float4 xa = *(const float4 *)(x + (int64_t)t * k + u * 8);
             const float4 xb = *(const float4 *)(x + (int64_t)t * k + u * 8 + 4);
-            acc[t] += w0.x * xa.x + w0.y * xa.y + w1.x * xa.z + w1.y * xa.w + w2.x * xb.x +
-                      w2.y * xb.y + w3.x * xb.z + w3.y * xb.w;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc.v[r][t] += wf[r][0].x * xa.x + wf[r][0].y * xa.y + wf[r][1].x * xa.z + wf[r][1].y * xa.w +
+                               wf[r][2].x * xb.x + wf[r][2].y * xb.y + wf[r][3].x * xb.z + wf[r][3].y * xb.w;
         }
     }
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y[(int64_t)t * rows + row] = v;
-    }
+    acc.store(y, row0, rows, lane);
 }
 
 /* ---- repack kernels: one thread per block, source GGUF blocks in a temporary buffer ---- */
@@ -244,11 +269,33 @@ static __global__ void repack_q8_0(const uint8_t *__restrict__ src, int8_t *__re
 }
 
 static __global__ void repack_q4_k(const uint8_t *__restrict__ src, uint8_t *__restrict__ q,
-                                   uint8_t *__restrict__ s, int64_t nblk) {
+                                   uint32_t *__restrict__ s, int64_t nblk) {
     int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= nblk) return;
     const uint8_t *p = src + b * 144;
-    for (int i = 0; i < 16; i++) s[b * 16 + i] = p[i];
+    const uint8_t *sc = p + 4;
+    uint32_t pair[4];
+    for (int g = 0; g < 4; g++) {
+        uint32_t v[4]; /* sc_a, m_a, sc_b, m_b */
+        for (int h = 0; h < 2; h++) {
+            int j = 2 * g + h;
+            uint32_t scj, mj;
+            if (j < 4) {
+                scj = sc[j] & 63;
+                mj = sc[j + 4] & 63;
+            } else {
+                scj = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+                mj = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+            }
+            v[2 * h] = scj;
+            v[2 * h + 1] = mj;
+        }
+        pair[g] = v[0] | (v[1] << 6) | (v[2] << 12) | (v[3] << 18);
+    }
+    s[b * 4 + 0] = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    s[b * 4 + 1] = pair[0] | ((pair[3] & 0xff) << 24);
+    s[b * 4 + 2] = pair[1] | (((pair[3] >> 8) & 0xff) << 24);
+    s[b * 4 + 3] = pair[2] | (((pair[3] >> 16) & 0xff) << 24);
     for (int i = 0; i < 128; i++) q[b * 128 + i] = p[16 + i];
 }
 
@@ -322,7 +369,7 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
             ce = cudaMalloc(&w->q, nblk * 128);
             if (ce == cudaSuccess) ce = cudaMalloc(&w->s, nblk * 16);
             if (ce == cudaSuccess)
-                repack_q4_k<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (uint8_t *)w->q, (uint8_t *)w->s, nblk);
+                repack_q4_k<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (uint8_t *)w->q, (uint32_t *)w->s, nblk);
             w->bytes = nblk * 144;
             break;
         case QT_Q6_K:
@@ -349,26 +396,27 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
 
 extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     uint64_t nk = (uint64_t)k * (uint64_t)n;
-    return ((nk + 255) & ~255ull) + ((nk / 32 * 4 + 255) & ~255ull) + nk / 16 * 4;
+    return ((nk + 255) & ~255ull) + ((nk / 32 * 8 + 255) & ~255ull) + nk / 16 * 4;
 }
 
 template <int N>
-static void launch(const struct cuda_qweight *w, const float *x, float *y, int8_t *xq, float *xd,
+static void launch(const struct cuda_qweight *w, const float *x, float *y, int8_t *xq, float2 *xd,
                    float *xs, cudaStream_t st) {
     const dim3 block(32, MMV_WARPS);
-    const unsigned grid = (unsigned)((w->rows + MMV_WARPS - 1) / MMV_WARPS);
+    const int per_block = MMV_WARPS * MMV_R;
+    const unsigned grid = (unsigned)((w->rows + per_block - 1) / per_block);
     const int rows = (int)w->rows, k = (int)w->k;
     switch (w->type) {
-    case QT_F16: mmv_f16<N><<<grid, block, 0, st>>>((const uint4 *)w->q, x, y, rows, k); break;
+    case QT_F16: mmv_f16<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, x, y, rows, k); break;
     case QT_Q8_0:
-        mmv_q8_0<N><<<grid, block, 0, st>>>((const uint4 *)w->q, (const __half *)w->s, xq, xd, y, rows, k);
+        mmv_q8_0<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const __half *)w->s, xq, xd, y, rows, k);
         break;
     case QT_Q4_K:
-        mmv_q4_k<N><<<grid, block, 0, st>>>((const uint4 *)w->q, (const uint4 *)w->s, xq, xd, xs, y, rows, k);
+        mmv_q4_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const uint4 *)w->s, xq, xd, xs, y, rows, k);
         break;
     case QT_Q6_K:
-        mmv_q6_k<N><<<grid, block, 0, st>>>((const uint4 *)w->q, (const int8_t *)w->s, (const __half *)w->d,
-                                            xq, xd, xs, y, rows, k);
+        mmv_q6_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const int8_t *)w->s, (const __half *)w->d,
+                                                   xq, xd, xs, y, rows, k);
         break;
     }
 }
@@ -380,8 +428,8 @@ extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, i
     cudaStream_t st = (cudaStream_t)stream;
     uint64_t nk = (uint64_t)w->k * (uint64_t)n;
     int8_t *xq = (int8_t *)scratch;
-    float *xd = (float *)((uint8_t *)scratch + ((nk + 255) & ~255ull));
-    float *xs = (float *)((uint8_t *)xd + ((nk / 32 * 4 + 255) & ~255ull));
+    float2 *xd = (float2 *)((uint8_t *)scratch + ((nk + 255) & ~255ull));
+    float *xs = (float *)((uint8_t *)xd + ((nk / 32 * 8 + 255) & ~255ull));
     if (w->type != QT_F16) {
         const int tb = 256;
         quantize_act_kernel<<<(unsigned)((nk + tb - 1) / tb), tb, 0, st>>>(x, xq, xd, xs, (int64_t)nk);
