@@ -54,9 +54,23 @@ void cli_hub_progress(void *ctx, const struct hub_progress *p) {
         c->last_file = p->index;
         c->last_line = 0;
         c->last_decile = -1;
+        c->rate = 0;
+        c->sample_t = p->elapsed;
+        c->sample_done = c->first_done = p->done;
     }
-    double moved = (double)(p->done - (p->done >= p->resumed ? p->resumed : p->done));
-    double rate = p->elapsed > 0.2 ? moved / p->elapsed : 0;
+    if (p->done < c->sample_done) { /* the transfer restarted from zero */
+        c->sample_done = c->first_done = p->done;
+        c->sample_t = p->elapsed;
+    }
+    double dt = p->elapsed - c->sample_t;
+    if (dt >= 0.5) { /* rate over the last half second, smoothed: a retry's pause shows */
+        double inst = (double)(p->done - c->sample_done) / dt;
+        c->rate = c->rate > 0 ? 0.7 * c->rate + 0.3 * inst : inst;
+        c->sample_t = p->elapsed;
+        c->sample_done = p->done;
+    }
+    double avg = p->elapsed > 0 ? (double)(p->done - c->first_done) / p->elapsed : 0;
+    double rate = p->finished ? avg : c->rate;
     double pct = p->total ? 100.0 * (double)p->done / (double)p->total : 0;
     double eta = (rate > 0 && p->total > p->done) ? (double)(p->total - p->done) / rate : -1;
     char done[32], total[32], rt[32], et[32];
@@ -84,8 +98,8 @@ void cli_hub_progress(void *ctx, const struct hub_progress *p) {
             for (int i = 0; i < bar; i++) fputc(i < fill ? '#' : '.', stderr);
             fputc(']', stderr);
         }
-        fprintf(stderr, "%s\033[K", stats);
-        if (p->finished) fputc('\n', stderr);
+        /* the cursor goes back to column 0, so a log line (a retry) overwrites the bar */
+        fprintf(stderr, "%s\033[K%s", stats, p->finished ? "\n" : "\r");
         fflush(stderr);
         return;
     }

@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "hub/hub.h"
 #include "util/err.h"
@@ -29,10 +30,14 @@ smelt_status cli_resolve_model(const char *ref, bool allow_pull, char *path_out,
  * terminal, plain lines every 10% or 5 s otherwise. ctx is a struct cli_progress. */
 struct cli_progress {
     bool tty;
-    bool quiet;        /* print nothing */
-    int last_file;     /* index of the file last shown */
-    double last_line;  /* elapsed time of the last plain line */
-    int last_decile;   /* last 10% step printed as a plain line */
+    bool quiet;          /* print nothing */
+    int last_file;       /* index of the file last shown */
+    double last_line;    /* elapsed time of the last plain line */
+    int last_decile;     /* last 10% step printed as a plain line */
+    double rate;         /* bytes/s, smoothed over the last seconds */
+    double sample_t;     /* elapsed time and bytes at the last rate sample */
+    uint64_t sample_done;
+    uint64_t first_done; /* bytes on disk at the file's first report (a resumed prefix) */
 };
 void cli_progress_init(struct cli_progress *p, bool quiet);
 void cli_hub_progress(void *ctx, const struct hub_progress *p);

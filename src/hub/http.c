@@ -215,6 +215,7 @@ smelt_status hub_http_do(struct hub_http *h, const struct hub_req *q, struct hub
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024); /* fewer, larger writes */
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, h->connect_timeout_s);
     curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_xferinfo);

@@ -319,13 +319,13 @@ static smelt_status status_error(const struct pull *p, const struct hub_resp *r,
     switch (r->status) {
     case 401:
         if (tok)
-            return err_set(e, SMELT_ERR_INVALID, "%s: HTTP 401: the token (HF_TOKEN) was refused, or "
+            return err_set(e, SMELT_ERR_NETWORK, "%s: HTTP 401: the token (HF_TOKEN) was refused, or "
                            "%s does not exist or is private%s", what, p->r->repo, tail);
-        return err_set(e, SMELT_ERR_INVALID, "%s: HTTP 401: authentication required: %s is gated or "
+        return err_set(e, SMELT_ERR_NETWORK, "%s: HTTP 401: authentication required: %s is gated or "
                        "private (or does not exist); set HF_TOKEN to a token with access%s",
                        what, p->r->repo, tail);
     case 403:
-        return err_set(e, SMELT_ERR_INVALID, "%s: HTTP 403: access to %s is not granted to %s; if it "
+        return err_set(e, SMELT_ERR_NETWORK, "%s: HTTP 403: access to %s is not granted to %s; if it "
                        "is gated, accept its conditions at %s/%s%s", what, p->r->repo,
                        tok ? "this token" : "anonymous users (set HF_TOKEN)", p->o->endpoint,
                        p->r->repo, tail);
@@ -814,7 +814,7 @@ static smelt_status fetch_file(struct pull *p, const struct hub_file *f, int ind
     if (w < 0 || (size_t)w >= sizeof pointer) return err_set(e, SMELT_ERR_RANGE, "path too long");
     uint64_t have;
     if (is_regular(pointer, &have) && (!f->has_size || have == f->size)) {
-        log_info("%s: already in the cache", f->path);
+        log_debug("%s: already in the cache", f->path);
         if (p->o->progress) {
             struct hub_progress pr = {.file = f->path, .index = index, .count = count, .done = have,
                                       .total = have, .resumed = have, .finished = true};
@@ -856,8 +856,9 @@ static smelt_status validate(const char *path, struct err *e) {
     struct err ge;
     err_clear(&ge);
     if (gguf_open(&g, path, &ge) != SMELT_OK)
-        return err_set(e, SMELT_ERR_FORMAT, "%s matches the hub's hash but is not a valid GGUF: %s "
-                       "(kept in the cache as published)", path, ge.msg);
+        return err_set(e, SMELT_ERR_FORMAT, "not a valid GGUF: %s (the download matches the hub's "
+                       "sha256, so the file is what the repo publishes; it is kept in the cache)",
+                       ge.msg);
     gguf_close(g);
     return SMELT_OK;
 }
@@ -955,7 +956,7 @@ smelt_status hub_pull(const struct hub_opts *o, const struct hub_ref *r, char *p
     }
     if ((st = hub_write_ref(p.repo_dir, r->revision, p.commit, e))) goto out;
     if ((st = out_path(p.repo_dir, p.commit, l.files[idx[0]].path, path, n, e))) goto out;
-    if (o->validate_gguf) st = validate(path, e);
+    if (o->validate_gguf && (st = validate(path, e))) err_prefix(e, "%s", shown);
 out:
     free(idx);
     free(names);

@@ -1,8 +1,21 @@
 /* SHA-256 per FIPS 180-4 section 6.2: 64-byte blocks, big-endian words, a 64-round
- * compression per block, and the padding 0x80, zeros, then the 64-bit bit length. */
+ * compression per block, and the padding 0x80, zeros, then the 64-bit bit length.
+ *
+ * Two compressions: portable C, and x86 SHA extensions (SHA-NI: sha256rnds2 does two rounds,
+ * sha256msg1/msg2 the message schedule), picked at run time by CPUID. Measured on the
+ * project's shared 2-core dev box under load, 256 MiB: portable 130-180 MB/s, SHA-NI
+ * 450-700 MB/s (Python hashlib/OpenSSL: 290-780 MB/s in the same minutes). The hash runs in
+ * the download's write path, so the portable speed alone would cap a pull. */
 #include "util/sha256.h"
 
+#include <stdatomic.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define SHA256_X86 1
+#endif
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -21,8 +34,8 @@ static inline uint32_t load_be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-/* Compresses nblocks consecutive 64-byte blocks into h. */
-static void compress(uint32_t h[8], const uint8_t *p, size_t nblocks) {
+/* Compresses nblocks consecutive 64-byte blocks into h (portable). */
+static void compress_c(uint32_t h[8], const uint8_t *p, size_t nblocks) {
     uint32_t w[64];
     while (nblocks--) {
         for (int i = 0; i < 16; i++) w[i] = load_be32(p + 4 * i);
@@ -58,6 +71,84 @@ static void compress(uint32_t h[8], const uint8_t *p, size_t nblocks) {
         h[7] += hh;
         p += 64;
     }
+}
+
+#ifdef SHA256_X86
+/* The state lives in two registers as the SHA instructions want it: ABEF and CDGH (lane 0
+ * first, so "ABEF" holds F in lane 0). Each group of 4 rounds adds K to 4 schedule words;
+ * sha256rnds2 runs 2 rounds on the low two, then the high two after a shuffle. */
+__attribute__((target("sha,sse4.1,ssse3"))) static void compress_shani(uint32_t h[8],
+                                                                         const uint8_t *p,
+                                                                         size_t nblocks) {
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i dcba = _mm_loadu_si128((const __m128i *)&h[0]);
+    __m128i hgfe = _mm_loadu_si128((const __m128i *)&h[4]);
+    __m128i cdab = _mm_shuffle_epi32(dcba, 0xB1);
+    __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+    __m128i abef = _mm_alignr_epi8(cdab, efgh, 8);
+    __m128i cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+    while (nblocks--) {
+        __m128i abef0 = abef, cdgh0 = cdgh;
+        __m128i m[4];
+        for (int g = 0; g < 16; g++) {
+            __m128i w;
+            if (g < 4) {
+                w = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * g)), bswap);
+            } else { /* W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16], 4 at a time */
+                __m128i x = _mm_sha256msg1_epu32(m[g % 4], m[(g + 1) % 4]);
+                x = _mm_add_epi32(x, _mm_alignr_epi8(m[(g + 3) % 4], m[(g + 2) % 4], 4));
+                w = _mm_sha256msg2_epu32(x, m[(g + 3) % 4]);
+            }
+            m[g % 4] = w;
+            __m128i k = _mm_add_epi32(w, _mm_loadu_si128((const __m128i *)&K[4 * g]));
+            cdgh = _mm_sha256rnds2_epu32(cdgh, abef, k);
+            abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(k, 0x0E));
+        }
+        abef = _mm_add_epi32(abef, abef0);
+        cdgh = _mm_add_epi32(cdgh, cdgh0);
+        p += 64;
+    }
+    __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+    __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+    _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+    _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static bool cpu_has_shani(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSE4_1) || !(c & bit_SSSE3)) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & bit_SHA) != 0;
+}
+#endif
+
+/* -1 = not yet probed, 0 = portable, 1 = SHA-NI */
+static atomic_int g_impl = -1;
+
+bool sha256_use_fast(bool on) {
+#ifdef SHA256_X86
+    bool ok = on && cpu_has_shani();
+#else
+    bool ok = false;
+    (void)on;
+#endif
+    atomic_store(&g_impl, ok ? 1 : 0);
+    return ok;
+}
+
+static void compress(uint32_t h[8], const uint8_t *p, size_t nblocks) {
+    int impl = atomic_load_explicit(&g_impl, memory_order_relaxed);
+    if (impl < 0) {
+        sha256_use_fast(true);
+        impl = atomic_load(&g_impl);
+    }
+#ifdef SHA256_X86
+    if (impl == 1) {
+        compress_shani(h, p, nblocks);
+        return;
+    }
+#endif
+    compress_c(h, p, nblocks);
 }
 
 void sha256_init(struct sha256 *s) {

@@ -50,13 +50,27 @@ import urllib.parse
 TOKEN = "hf_testtoken0123456789abcdefghijklmnopqrstuv"
 
 
+_memo = {}
+
+
+def _cached(kind, data, fn):
+    key = (kind, id(data), len(data))
+    if key not in _memo:
+        _memo[key] = (data, fn(data))  # keep data alive so its id stays unique
+    return _memo[key][1]
+
+
+def sha256_hex(data):
+    return _cached("sha256", data, lambda d: hashlib.sha256(d).hexdigest())
+
+
 def git_blob_sha1(data):
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    return _cached("git", data, lambda d: hashlib.sha1(b"blob %d\0" % len(d) + d).hexdigest())
 
 
 def lfs_pointer(data):
-    sha = hashlib.sha256(data).hexdigest()
-    return ("version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (sha, len(data))).encode()
+    return _cached("ptr", data, lambda d: ("version https://git-lfs.github.com/spec/v1\noid sha256:%s"
+                                           "\nsize %d\n" % (sha256_hex(d), len(d))).encode())
 
 
 class Repo:
@@ -89,8 +103,9 @@ class FakeHub:
         lfs_map.update(lfs or {})
         self.repos[repo_id] = Repo(repo_id, files, commit, gated, lfs_map)
         for p, data in files.items():
+            git_blob_sha1(data), git_blob_sha1(lfs_pointer(data))  # hash once, up front
             if lfs_map[p]:
-                self.blobs[hashlib.sha256(data).hexdigest()] = data
+                self.blobs[sha256_hex(data)] = data
         return commit
 
     def fault(self, repo_id, path, kind, **params):
@@ -280,7 +295,7 @@ class FakeHub:
                     size = self._size_of(repo, p)
                     s.update({"blobId": git_blob_sha1(data), "size": size})
                     if repo.lfs[p]:
-                        s["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size,
+                        s["lfs"] = {"sha256": sha256_hex(data), "size": size,
                                     "pointerSize": len(lfs_pointer(data))}
                 sibs.append(s)
             body = {"_id": "0" * 24, "id": repo_id, "modelId": repo_id, "sha": commit,
@@ -295,7 +310,7 @@ class FakeHub:
                 e = {"type": "file", "oid": git_blob_sha1(lfs_pointer(data) if repo.lfs[p] else data),
                      "size": self._size_of(repo, p), "path": p}
                 if repo.lfs[p]:
-                    e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
+                    e["lfs"] = {"oid": sha256_hex(data), "size": len(data),
                                 "pointerSize": len(lfs_pointer(data))}
                 body.append(e)
         self._send(h, 200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head)
@@ -319,7 +334,7 @@ class FakeHub:
         if not repo.lfs[path]:
             return self._send(h, 200, data, {"ETag": '"%s"' % git_blob_sha1(data), "X-Repo-Commit": commit,
                                              "Accept-Ranges": "bytes"}, head)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = sha256_hex(data)
         etag = sha
         if f and f["kind"] == "etag_mismatch":
             etag = hashlib.sha256(data + b"x").hexdigest()

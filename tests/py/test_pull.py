@@ -249,6 +249,23 @@ def test_stalled_transfer_times_out_and_resumes(hub, cache):
     assert open(r.stdout.strip(), "rb").read() == Q4
 
 
+def test_concurrent_pulls_download_once(hub, cache):
+    # the blob's lock (.locks/models--org--conc/<sha>.lock, flock as huggingface_hub's) makes
+    # the others wait, then find the blob in place
+    hub.add_repo("org/conc", {"c-Q4_K_M.gguf": Q8})
+    hub.fault("org/conc", "c-Q4_K_M.gguf", "cut", at=60000)  # the first transfer takes ~1 s
+    n0 = len(hub.log)
+    env = env_for(hub, cache)
+    procs = [subprocess.Popen([SMELT, "pull", "org/conc"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    hub.clear_faults()
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert len({o[0] for o in outs}) == 1
+    assert len([g for g in store_gets(hub, n0) if "Range" not in g["headers"]]) == 1
+    assert (cache / "hub" / ".locks" / "models--org--conc" / (sha(Q8) + ".lock")).exists()
+
+
 # ---- sharing the cache with huggingface_hub ----
 
 def test_file_from_huggingface_hub_is_found(hub, cache):

@@ -79,6 +79,13 @@ static void test_all_lengths_vs_hashlib(void) {
 }
 
 int main(void) {
+    /* every test on both compressions: SHA-NI (when this CPU has it), then portable C */
+    bool fast = sha256_use_fast(true);
+    printf("sha256: SHA extensions %s\n", fast ? "in use" : "absent: portable only");
+    T_RUN(test_nist_vectors);
+    T_RUN(test_million_a_streamed);
+    T_RUN(test_all_lengths_vs_hashlib);
+    sha256_use_fast(false);
     T_RUN(test_nist_vectors);
     T_RUN(test_million_a_streamed);
     T_RUN(test_all_lengths_vs_hashlib);
