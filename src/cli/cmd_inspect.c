@@ -14,9 +14,10 @@
 #include "format/gguf.h"
 #include "quant/quant.h"
 
-#define ARR_FULL 16  /* arrays up to this many elements are shown whole */
-#define ARR_HEAD 8   /* longer ones show their first elements */
-#define STR_MAX 2048 /* strings longer than this are cut (JSON keeps a "len") */
+#define ARR_FULL 16      /* arrays up to this many elements are shown whole */
+#define ARR_HEAD 8       /* longer ones show their first elements */
+#define STR_MAX 2048     /* strings longer than this are cut (JSON keeps a "len") */
+#define TEXT_STR_MAX 160 /* text output cuts strings here (at a UTF-8 boundary) */
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -91,8 +92,10 @@ static json_t *jscalar(const struct gguf_value *v) {
     case GGUF_T_INT32:
     case GGUF_T_INT64:
         return json_integer(v->v.i);
-    case GGUF_T_FLOAT32: return jf32(v->v.f);
-    case GGUF_T_FLOAT64: return json_real(v->v.f);
+    case GGUF_T_FLOAT32:
+        return jf32(v->v.f);
+    case GGUF_T_FLOAT64:
+        return json_real(v->v.f);
     case GGUF_T_BOOL:
         return json_boolean(v->v.b);
     default:
@@ -197,6 +200,22 @@ static json_t *tokenizer_summary(const struct gguf_file *f) {
         if (j) json_object_set_new(sp, specials[i], j);
     }
     json_object_set_new(t, "special", sp);
+    /* Named templates (tokenizer.chat_template.NAME): presence and length, like the
+     * default one. */
+    json_t *named = json_object();
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        if (!has_prefix(kv->key, "tokenizer.chat_template.") || kv->val.type != GGUF_T_STRING)
+            continue;
+        char name[256];
+        gguf_str_copy(kv->key, name, sizeof name);
+        json_object_set_new(named, name + strlen("tokenizer.chat_template."),
+                            json_pack("{s:I}", "length", (json_int_t)kv->val.v.s.len));
+    }
+    if (json_object_size(named))
+        json_object_set_new(t, "chat_templates", named);
+    else
+        json_decref(named);
     if (!gguf_get_str(f, "tokenizer.chat_template", &s, &e))
         json_object_set_new(t, "chat_template",
                             json_pack("{s:b, s:I}", "present", 1, "length", (json_int_t)s.len));
@@ -214,6 +233,8 @@ static json_t *tokenizer_summary(const struct gguf_file *f) {
         bool skip = false;
         for (size_t k = 0; k < sizeof done / sizeof done[0]; k++)
             skip |= gguf_str_eq(kv->key, done[k]);
+        if (has_prefix(kv->key, "tokenizer.chat_template.") && kv->val.type == GGUF_T_STRING)
+            skip = true;
         if (has_prefix(kv->key, "tokenizer.ggml.") && kv->key.len > 9 &&
             !memcmp(kv->key.ptr + kv->key.len - 9, "_token_id", 9))
             skip = true;
@@ -340,7 +361,12 @@ static void print_json_value(FILE *out, json_t *v) {
     if (json_is_string(v)) {
         /* Quoted, with control characters escaped, UTF-8 kept as is. */
         const char *s = json_string_value(v);
-        size_t n = json_string_length(v);
+        size_t n = json_string_length(v), full = n;
+        if (n > TEXT_STR_MAX) {
+            n = TEXT_STR_MAX;
+            while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+                n--;
+        }
         fputc('"', out);
         for (size_t i = 0; i < n; i++) {
             unsigned char c = (unsigned char)s[i];
@@ -356,6 +382,7 @@ static void print_json_value(FILE *out, json_t *v) {
                 fputc(c, out);
         }
         fputc('"', out);
+        if (n < full) fprintf(out, "... (%zu bytes)", full);
         return;
     }
     json_t *sum = json_object_get(v, "array");
@@ -483,6 +510,12 @@ static void print_text(FILE *out, json_t *r) {
                 json_integer_value(json_object_get(ct, "length")));
     else
         fprintf(out, "  %-40s absent\n", "chat template");
+    json_object_foreach(json_object_get(t, "chat_templates"), k, v) {
+        char label[300];
+        snprintf(label, sizeof label, "chat template '%s'", k);
+        fprintf(out, "  %-40s present, %" JSON_INTEGER_FORMAT " bytes\n", label,
+                json_integer_value(json_object_get(v, "length")));
+    }
     json_object_foreach(json_object_get(t, "other"), k, v) {
         char key[300];
         snprintf(key, sizeof key, "tokenizer.%s", k);

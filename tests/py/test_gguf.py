@@ -600,7 +600,7 @@ def test_inspect_tensors_and_types(tmp_path):
     assert by["F32"]["count"] == 2 and by["Q8_0"]["bytes"] == 3 * 68
     assert j["hparams"]["context_length"] == 32768
     assert j["hparams"]["rope.freq_base"] == 1e6
-    assert j["general"]["alignment"] == 32 if "alignment" in j["general"] else True
+    assert j["alignment"] == 32
     assert j["other"]["a.nested"] == [[1, 2], [3], [4, 5, 6]]
     t = inspect("--tensors", path).stdout
     assert "blk.1.ffn_down.weight" in t and "Q4_K" in t and "256 x 2" in t
@@ -615,6 +615,38 @@ def test_inspect_usage():
     assert h.returncode == 0 and "--tensors" in h.stdout and "--json" in h.stdout
     r = inspect("/nonexistent/file.gguf")
     assert r.returncode == 1 and "/nonexistent/file.gguf" in r.stderr
+
+
+MODELS = sorted((ROOT / "models").glob("*.gguf"))
+
+
+@pytest.mark.parametrize("path", MODELS or [None], ids=[p.name for p in MODELS] or ["none"])
+def test_inspect_real_model(path):
+    """Real models (models/, fetched by `make models`): counts against the raw header and
+    the file size, per-type totals against the tensor list."""
+    if path is None:
+        pytest.skip("SKIP no models/*.gguf (run `make models`)")
+    with open(path, "rb") as fp:
+        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", fp.read(24))
+    assert magic == b"GGUF"
+    p = inspect("--json", "--tensors", path)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert (j["version"], j["n_tensors"], j["n_kv"]) == (version, n_tensors, n_kv)
+    assert j["file_size"] == path.stat().st_size
+    ts = j["tensors"]
+    assert len(ts) == n_tensors
+    assert sum(t["bytes"] for t in ts) == j["tensor_bytes"] <= j["file_size"]
+    assert sum(t["count"] for t in j["types"]) == n_tensors
+    assert sum(t["bytes"] for t in j["types"]) == j["tensor_bytes"]
+    sizes = gguf.GGML_QUANT_SIZES
+    for t in ts:  # bytes from gguf-py's block geometry
+        blk, tsz = sizes[QT[t["type"]]]
+        assert t["bytes"] == t["shape"][0] // blk * tsz * int(np.prod(t["shape"][1:])), t["name"]
+    assert j["parameters"] == sum(int(np.prod(t["shape"])) for t in ts)
+    assert j["tokenizer"]["vocab_size"] > 1000
+    assert {"block_count", "embedding_length", "context_length"} <= set(j["hparams"])
+    assert "tensors by type" in inspect(path).stdout
 
 
 def _bad_cases():
