@@ -8,6 +8,7 @@ shopt -s nullglob
 targets=("$build"/fuzz_*)
 if [ ${#targets[@]} -eq 0 ]; then echo "fuzz: no targets built"; exit 0; fi
 for t in "${targets[@]}"; do
+    [[ -f "$t" && -x "$t" && "$(basename "$t")" != *.* ]] || continue # skip fuzz_*.log of earlier runs
     name=$(basename "$t")
     seeds=fuzz/corpus/${name#fuzz_}
     work=$build/corpus-run/${name#fuzz_}
