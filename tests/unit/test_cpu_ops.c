@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops_vec.h"
 #include "t.h"
 #include "util/half.h"
 
@@ -388,6 +389,47 @@ static void test_attention(void) {
     check_attention(QT_F16, 5, 0);
 }
 
+/* Every ISA's vector kernels against double references at ragged lengths. */
+static void test_vec(void) {
+    const int64_t lens[] = {1, 7, 8, 15, 16, 31, 33, 100, 257};
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (isa > (int)cpu_isa_supported()) break;
+        const struct cpu_vec *v = cpu_vec_for((enum cpu_isa)isa);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int64_t n = lens[li];
+            float a[257], b[257], y[257], y2[257], e[257];
+            uint16_t h[257], h2[257];
+            double ref[257], dot = 0, doth = 0, esum = 0;
+            for (int64_t i = 0; i < n; i++) {
+                a[i] = t_randn(&rng);
+                b[i] = t_randn(&rng);
+                h[i] = f32_to_f16(b[i]);
+                y[i] = y2[i] = t_randn(&rng);
+                e[i] = -fabsf(t_randn(&rng)) * 30; /* exp of [-~100, 0] */
+                dot += (double)a[i] * b[i];
+                doth += (double)a[i] * f16_to_f32(h[i]);
+            }
+            T_CHECKF(fabs(v->dot_f32(a, b, n) - dot) < 1e-5 * (1 + fabs(dot)), "isa %d n %lld", isa, (long long)n);
+            T_CHECKF(fabs(v->dot_f16(a, h, n) - doth) < 1e-5 * (1 + fabs(doth)), "isa %d n %lld", isa, (long long)n);
+            v->axpy_f32(y, 0.75f, b, n);
+            v->axpy_f16(y2, 0.75f, h, n);
+            for (int64_t i = 0; i < n; i++) {
+                T_CHECK(fabsf(y[i] - (y2[i] - 0.75f * f16_to_f32(h[i])) - 0.75f * b[i]) < 1e-5f);
+            }
+            for (int64_t i = 0; i < n; i++) ref[i] = exp((double)e[i] + 2.0), esum += ref[i];
+            float s = v->exp_sum(e, n, -2.0f);
+            T_CHECKF(fabs(s - esum) < 1e-6 * esum, "isa %d n %lld exp_sum", isa, (long long)n);
+            for (int64_t i = 0; i < n; i++) T_CHECK(fabs(e[i] - ref[i]) <= 3e-7 * ref[i] + 1e-37);
+            v->to_f16(b, h2, n);
+            v->from_f16(h2, y, n);
+            for (int64_t i = 0; i < n; i++) {
+                T_CHECK(h2[i] == h[i]);
+                T_CHECK(y[i] == f16_to_f32(h[i]));
+            }
+        }
+    }
+}
+
 static void test_scratch_mark(void) {
     bk_step_begin(bk);
     struct tensor *a = bk_new(bk, QT_F32, 1000, 1, 1);
@@ -416,6 +458,7 @@ int main(void) {
     T_RUN(test_matmul);
     T_RUN(test_fused);
     T_RUN(test_attention);
+    T_RUN(test_vec);
     T_RUN(test_scratch_mark);
     bk_free(bk);
     return t_done();

@@ -135,11 +135,9 @@ void cpu_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
     case QT_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
-    case QT_F16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(h[i]);
+    case QT_F16:
+        cpu_vec_get()->from_f16(src, dst, n);
         return;
-    }
     case QT_BF16: {
         const uint16_t *h = src;
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
@@ -151,18 +149,6 @@ void cpu_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
         return;
     }
     }
-}
-
-float cpu_dot_f32(const float *a, const float *b, int64_t n) {
-    /* Eight independent partial sums: the compiler keeps them in registers, and the
-     * summation order is fixed (results do not depend on the thread split). */
-    float s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
 }
 
 /* ---- reference matmul ---- */
@@ -189,7 +175,7 @@ static void mm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
         for (int64_t j = 0; j < n; j++) {
             const float *xr = tensor_row(x, j, 0, 0);
             float *dr = tensor_row(c->dst, j, 0, 0);
-            dr[o] = cpu_dot_f32(wf, xr, n_in);
+            dr[o] = c->cb->vec->dot_f32(wf, xr, n_in);
         }
     }
 }
@@ -323,6 +309,7 @@ smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e)
         return st;
     }
     cb->n_threads = cpu_pool_size(cb->pool);
+    cb->vec = cpu_vec_get();
     *out = &cb->base;
     return SMELT_OK;
 }

@@ -9,6 +9,7 @@
 #define SMELT_CPU_BACKEND_H
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_ops_vec.h"
 #include "backend/cpu/cpu_pool.h"
 
 /* Per-step scratch: a stack of chunks. Allocation bumps the current chunk or moves to
@@ -31,6 +32,7 @@ struct cpu_backend {
     struct arena mm_scratch; /* cpu_matmul's quantized activations, reset after each call */
     struct cpu_pool *pool;
     int n_threads;           /* cpu_pool_size(pool) */
+    const struct cpu_vec *vec; /* vector kernels for the best ISA */
 };
 
 static inline struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
@@ -45,8 +47,6 @@ void *cpu_scratch(struct cpu_backend *cb, size_t nbytes);
 
 /* Converts n elements of a row of type (F32, F16, BF16 or a block format) to F32. */
 void cpu_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
-/* Dot product of two F32 vectors. */
-float cpu_dot_f32(const float *a, const float *b, int64_t n);
 
 /* Ops (contracts in backend.h; shapes already checked by the bk_ wrappers). */
 void cpu_op_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,

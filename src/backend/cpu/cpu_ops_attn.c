@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_ops_vec.h"
 #include "util/half.h"
 
 /* ---- kv_store ---- */
@@ -24,11 +25,9 @@ static void f32_to_cache_row(uint32_t type, const float *src, void *dst, int64_t
     case QT_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
-    case QT_F16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = f32_to_f16(src[i]);
+    case QT_F16:
+        cpu_vec_get()->to_f16(src, dst, n);
         return;
-    }
     case QT_BF16: {
         uint16_t *h = dst;
         for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(src[i]);
@@ -74,6 +73,7 @@ struct attn_ctx {
     const int32_t *pos, *seq;
     int32_t block_size;
     struct attn_params p;
+    const struct cpu_vec *vec;
     int64_t max_keys;   /* most keys any row sees */
     float *buf;         /* per thread: G * max_keys scores, then head_dim_k + head_dim_v */
     size_t buf_per_thread;
@@ -86,59 +86,60 @@ static inline int64_t first_key(int64_t pos, int32_t window) {
 
 static void attn_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     struct attn_ctx *c = vctx;
+    const struct cpu_vec *V = c->vec;
     const int64_t n_kv = c->kc->ne[2], n_head = c->q->ne[1], G = n_head / n_kv;
     const int64_t dk = c->kc->ne[0], dv = c->vc->ne[0];
-    const bool kf32 = c->kc->type == QT_F32, vf32 = c->vc->type == QT_F32;
+    const uint32_t kt = c->kc->type, vt = c->vc->type;
     float *scores = c->buf + (size_t)ith * c->buf_per_thread;
     float *kbuf = scores + (size_t)G * (size_t)c->max_keys, *vbuf = kbuf + dk;
+    float inv_sum[64]; /* G <= 64 (checked by the caller) */
 
     for (int64_t item = i0; item < i1; item++) {
         int64_t t = item / n_kv, g = item % n_kv;
         int64_t pos = c->pos[t], j0 = first_key(pos, c->p.window), n = pos - j0 + 1;
         const int32_t *table = tensor_row(c->blocks, c->seq[t], 0, 0);
+        const float *q0 = tensor_row(c->q, g * G, t, 0); /* the group's G query heads */
 
         /* scores[qh][j] = scale * q . k_j */
         for (int64_t j = 0; j < n; j++) {
             int64_t kp = j0 + j;
             const void *kr = tensor_row(c->kc, kp % c->block_size, g, table[kp / c->block_size]);
-            const float *k = kr;
-            if (!kf32) {
-                cpu_row_to_f32(c->kc->type, kr, kbuf, dk);
-                k = kbuf;
+            if (kt != QT_F32 && kt != QT_F16) {
+                cpu_row_to_f32(kt, kr, kbuf, dk);
+                kr = kbuf;
             }
             for (int64_t qh = 0; qh < G; qh++) {
-                const float *q = tensor_row(c->q, g * G + qh, t, 0);
-                float s = cpu_dot_f32(q, k, dk) * c->p.scale;
+                const float *q = q0 + qh * dk;
+                float s = kt == QT_F16 ? V->dot_f16(q, kr, dk) : V->dot_f32(q, kr, dk);
+                s *= c->p.scale;
                 if (c->p.softcap > 0) s = c->p.softcap * tanhf(s / c->p.softcap);
                 scores[qh * n + j] = s;
             }
         }
-        /* softmax per query head */
+        /* softmax numerators per query head; the 1/sum is applied to the output */
         for (int64_t qh = 0; qh < G; qh++) {
-            float *sc = scores + qh * n, mx = -INFINITY, sum = 0;
+            float *sc = scores + qh * n, mx = -INFINITY;
             for (int64_t j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
-            for (int64_t j = 0; j < n; j++) {
-                sc[j] = expf(sc[j] - mx);
-                sum += sc[j];
-            }
-            float inv = 1.0f / sum;
-            for (int64_t j = 0; j < n; j++) sc[j] *= inv;
+            inv_sum[qh] = 1.0f / V->exp_sum(sc, n, mx);
             memset(tensor_row(c->dst, g * G + qh, t, 0), 0, (size_t)dv * sizeof(float));
         }
-        /* out[qh] = sum_j p[qh][j] v_j */
+        /* out[qh] = sum_j p[qh][j] v_j / sum */
         for (int64_t j = 0; j < n; j++) {
             int64_t kp = j0 + j;
             const void *vr = tensor_row(c->vc, kp % c->block_size, g, table[kp / c->block_size]);
-            const float *v = vr;
-            if (!vf32) {
-                cpu_row_to_f32(c->vc->type, vr, vbuf, dv);
-                v = vbuf;
+            if (vt != QT_F32 && vt != QT_F16) {
+                cpu_row_to_f32(vt, vr, vbuf, dv);
+                vr = vbuf;
             }
             for (int64_t qh = 0; qh < G; qh++) {
-                float pj = scores[qh * n + j];
                 float *o = tensor_row(c->dst, g * G + qh, t, 0);
-                for (int64_t d = 0; d < dv; d++) o[d] += pj * v[d];
+                if (vt == QT_F16) V->axpy_f16(o, scores[qh * n + j], vr, dv);
+                else V->axpy_f32(o, scores[qh * n + j], vr, dv);
             }
+        }
+        for (int64_t qh = 0; qh < G; qh++) {
+            float *o = tensor_row(c->dst, g * G + qh, t, 0);
+            for (int64_t d = 0; d < dv; d++) o[d] *= inv_sum[qh];
         }
     }
 }
@@ -148,8 +149,13 @@ void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor
                       const struct attn_meta *m, const struct attn_params *p) {
     struct cpu_backend *cb = cpu_of(b);
     struct attn_ctx c = {dst, q, kc, vc, m->blocks, m->pos->data, m->seq->data,
-                         m->block_size, *p, 0, NULL, 0};
+                         m->block_size, *p, cb->vec, 0, NULL, 0};
     int64_t n_tokens = q->ne[2], G = q->ne[1] / kc->ne[2];
+    if (G > 64) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "attention: %lld query heads per KV head (max 64)",
+                (long long)G);
+        return;
+    }
     for (int64_t t = 0; t < n_tokens; t++) {
         int64_t n = c.pos[t] - first_key(c.pos[t], p->window) + 1;
         if (n > c.max_keys) c.max_keys = n;

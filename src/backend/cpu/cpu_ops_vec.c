@@ -1,0 +1,71 @@
+/* Scalar vector kernels and the per-ISA tables (see cpu_ops_vec.h). */
+#include "backend/cpu/cpu_ops_vec.h"
+
+#include <math.h>
+#include <pthread.h>
+
+#include "util/half.h"
+
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static float dot_f16(const float *a, const uint16_t *b, int64_t n) {
+    float s[4] = {0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += a[i + j] * f16_to_f32(b[i + j]);
+    float r = (s[0] + s[2]) + (s[1] + s[3]);
+    for (; i < n; i++) r += a[i] * f16_to_f32(b[i]);
+    return r;
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * f16_to_f32(x[i]);
+}
+
+static float exp_sum(float *x, int64_t n, float max) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += x[i] = expf(x[i] - max);
+    return s;
+}
+
+static void to_f16(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = f32_to_f16(x[i]);
+}
+
+static void from_f16(const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = f16_to_f32(x[i]);
+}
+
+static struct cpu_vec tables[CPU_ISA_COUNT];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void init(void) {
+    struct cpu_vec scalar = {dot_f32, dot_f16, axpy_f32, axpy_f16, exp_sum, to_f16, from_f16};
+    for (int i = 0; i < CPU_ISA_COUNT; i++) tables[i] = scalar;
+#if defined(__x86_64__)
+    cpu_vec_fill_avx2(&tables[CPU_ISA_AVX2]);
+    tables[CPU_ISA_AVX512] = tables[CPU_ISA_AVX2];
+    cpu_vec_fill_avx512(&tables[CPU_ISA_AVX512]);
+#endif
+}
+
+const struct cpu_vec *cpu_vec_for(enum cpu_isa isa) {
+    pthread_once(&once, init);
+    enum cpu_isa have = cpu_isa_supported();
+    if (isa > have) isa = have;
+    return &tables[isa];
+}
+
+const struct cpu_vec *cpu_vec_get(void) { return cpu_vec_for(cpu_isa_best()); }

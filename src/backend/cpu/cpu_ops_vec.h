@@ -1,0 +1,36 @@
+/* Small vector kernels for the CPU ops that are not matmuls (attention, KV store, F16
+ * rows): one table per ISA level, chosen once from cpu_isa_best() (cpu_features.h).
+ * Every entry has a scalar twin in cpu_ops_vec.c; test_cpu_ops compares them at ragged
+ * lengths. Results differ between ISAs only in summation order. */
+#ifndef SMELT_CPU_OPS_VEC_H
+#define SMELT_CPU_OPS_VEC_H
+
+#include <stdint.h>
+
+#include "backend/cpu/cpu_features.h"
+
+struct cpu_vec {
+    /* sum a[i] * b[i] */
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    /* sum a[i] * f16(b[i]) */
+    float (*dot_f16)(const float *a, const uint16_t *b, int64_t n);
+    /* y[i] += a * x[i] */
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    /* x[i] = exp(x[i] - max); returns the sum (relative error of each term < 3e-7) */
+    float (*exp_sum)(float *x, int64_t n, float max);
+    /* conversions, round to nearest even */
+    void (*to_f16)(const float *x, uint16_t *y, int64_t n);
+    void (*from_f16)(const uint16_t *x, float *y, int64_t n);
+};
+
+/* The table for isa (lowered to what exists). */
+const struct cpu_vec *cpu_vec_for(enum cpu_isa isa);
+/* The table for cpu_isa_best(). */
+const struct cpu_vec *cpu_vec_get(void);
+
+/* Implemented in cpu_ops_vec_avx2.c / cpu_ops_vec_avx512.c. */
+void cpu_vec_fill_avx2(struct cpu_vec *v);
+void cpu_vec_fill_avx512(struct cpu_vec *v);
+
+#endif

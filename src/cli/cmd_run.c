@@ -1,0 +1,334 @@
+/* smelt run MODEL [PROMPT] [options]: generate text from a prompt, or chat with -i.
+ *
+ * One sequence on the CPU backend, driven directly through model_forward: the prompt is
+ * prefilled in chunks, then tokens are sampled one at a time and streamed through the
+ * incremental detokenizer. With -i the conversation's KV cache is kept between turns:
+ * each turn renders the whole conversation, keeps the cached tokens it shares with the
+ * new rendering, and prefills only the rest.
+ *
+ * Sampling defaults come from the GGUF (general.sampling.*) where it has them; flags
+ * override. Prompt and generation speeds go to stderr at the end.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "engine/kv.h"
+#include "engine/sample.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "tokenizer/tok.h"
+
+#define BLOCK 16
+#define PREFILL_CHUNK 256
+
+struct opts {
+    const char *model, *prompt, *system;
+    int n_predict, n_ctx, threads;
+    bool raw, interactive, ignore_eos, f32_kv;
+    struct sample_params sp;
+    bool set_temp, set_top_k, set_top_p, set_min_p, set_rep;
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: smelt run MODEL [PROMPT] [options]\n"
+            "  MODEL              a GGUF file\n"
+            "  PROMPT             the user message (default: read stdin); with -i, the first one\n"
+            "  -i                 chat interactively (the KV cache is kept between turns)\n"
+            "  --raw              no chat template: the prompt is the model's input as is\n"
+            "  --system TEXT      a system message\n"
+            "  -n N               tokens to generate per answer (default 256)\n"
+            "  -c N               context size in tokens (default 4096)\n"
+            "  -t, --threads N    CPU threads (default: all)\n"
+            "  --temp X           temperature (0: greedy)\n"
+            "  --top-k N, --top-p X, --min-p X, --repeat-penalty X, --seed N\n"
+            "  --ignore-eos       keep generating past end-of-generation tokens\n"
+            "  --f32-kv           F32 KV cache (default F16)\n");
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static bool arg_num(int argc, char **argv, int *i, double *out) {
+    if (*i + 1 >= argc) return false;
+    char *end;
+    *out = strtod(argv[++*i], &end);
+    return *end == 0;
+}
+
+static int parse(int argc, char **argv, struct opts *o) {
+    sample_params_default(&o->sp);
+    o->n_predict = 256;
+    o->n_ctx = 4096;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        double v = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-i")) {
+            o->interactive = true;
+        } else if (!strcmp(a, "--raw")) {
+            o->raw = true;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else if (!strcmp(a, "--f32-kv")) {
+            o->f32_kv = true;
+        } else if (!strcmp(a, "--system") && i + 1 < argc) {
+            o->system = argv[++i];
+        } else if (a[0] == '-' && a[1] != 0) {
+            if (!arg_num(argc, argv, &i, &v)) {
+                fprintf(stderr, "smelt run: %s needs a number\n", a);
+                return 2;
+            }
+            if (!strcmp(a, "-n")) o->n_predict = (int)v;
+            else if (!strcmp(a, "-c")) o->n_ctx = (int)v;
+            else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)v;
+            else if (!strcmp(a, "--temp")) o->sp.temperature = (float)v, o->set_temp = true;
+            else if (!strcmp(a, "--top-k")) o->sp.top_k = (int32_t)v, o->set_top_k = true;
+            else if (!strcmp(a, "--top-p")) o->sp.top_p = (float)v, o->set_top_p = true;
+            else if (!strcmp(a, "--min-p")) o->sp.min_p = (float)v, o->set_min_p = true;
+            else if (!strcmp(a, "--repeat-penalty")) o->sp.repetition_penalty = (float)v, o->set_rep = true;
+            else if (!strcmp(a, "--seed")) o->sp.seed = (uint64_t)v;
+            else {
+                fprintf(stderr, "smelt run: unknown option %s\n", a);
+                usage(stderr);
+                return 2;
+            }
+        } else if (!o->model) {
+            o->model = a;
+        } else if (!o->prompt) {
+            o->prompt = a;
+        } else {
+            fprintf(stderr, "smelt run: unexpected argument %s\n", a);
+            return 2;
+        }
+    }
+    if (!o->model) {
+        usage(stderr);
+        return 2;
+    }
+    if (o->n_predict < 0 || o->n_ctx < 16 || o->n_ctx > (1 << 24) || o->threads < 0) {
+        fprintf(stderr, "smelt run: -n, -c or --threads out of range\n");
+        return 2;
+    }
+    return -1;
+}
+
+/* GGUF sampling defaults (general.sampling.*) for what the flags did not set. */
+static void gguf_sampling(const struct gguf_file *f, struct opts *o) {
+    float x;
+    uint32_t k;
+    if (!o->set_temp && gguf_get_f32(f, "general.sampling.temp", &x, NULL) == SMELT_OK) o->sp.temperature = x;
+    if (!o->set_top_k && gguf_get_u32(f, "general.sampling.top_k", &k, NULL) == SMELT_OK) o->sp.top_k = (int32_t)k;
+    if (!o->set_top_p && gguf_get_f32(f, "general.sampling.top_p", &x, NULL) == SMELT_OK) o->sp.top_p = x;
+    if (!o->set_min_p && gguf_get_f32(f, "general.sampling.min_p", &x, NULL) == SMELT_OK) o->sp.min_p = x;
+    if (!o->set_rep && gguf_get_f32(f, "general.sampling.penalty_repeat", &x, NULL) == SMELT_OK)
+        o->sp.repetition_penalty = x;
+}
+
+/* Everything one chat needs. */
+struct session {
+    struct opts *o;
+    struct gguf_file *f;
+    struct backend *bk;
+    struct model *m;
+    struct tok *tok;
+    struct kv_store *kv;
+    struct kv_pool pool;
+    struct kv_seq seq;
+    struct sampler *smp;
+    struct tok_ids cached; /* tokens whose K/V are in the cache, positions 0.. */
+    float *logits;         /* (n_vocab) of the last position */
+    double t_prompt, t_gen;
+    int64_t n_prompt, n_gen;
+};
+
+/* Feeds ids (appended after the cached tokens) through the model; leaves the last
+ * position's logits in s->logits. */
+static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct err *e) {
+    int32_t *pos = malloc(PREFILL_CHUNK * sizeof *pos), *seq = calloc(PREFILL_CHUNK, sizeof *seq);
+    if (!pos || !seq) {
+        free(pos);
+        free(seq);
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    smelt_status st = SMELT_OK;
+    for (size_t done = 0; done < n && st == SMELT_OK;) {
+        size_t take = n - done < PREFILL_CHUNK ? n - done : PREFILL_CHUNK;
+        int32_t p0 = (int32_t)s->cached.n;
+        if (p0 + (int64_t)take > s->o->n_ctx) {
+            st = err_set(e, SMELT_ERR_RANGE, "the conversation is longer than the context (%d "
+                         "tokens; see -c)", s->o->n_ctx);
+            break;
+        }
+        st = kv_seq_reserve(&s->pool, &s->seq, p0 + (int32_t)take, e);
+        if (st != SMELT_OK) break;
+        for (size_t i = 0; i < take; i++) pos[i] = p0 + (int32_t)i;
+        struct batch_seq view = kv_seq_view(&s->seq);
+        struct batch b = {(int32_t)take, ids + done, pos, seq, NULL, 1, &view};
+        st = model_forward(s->m, s->kv, &b, s->logits, NULL, e);
+        for (size_t i = 0; i < take && st == SMELT_OK; i++)
+            st = tok_ids_push(&s->cached, ids[done + i]);
+        done += take;
+    }
+    free(pos);
+    free(seq);
+    return st;
+}
+
+/* Generates up to n_predict tokens after the fed prompt, streaming them to stdout. */
+static smelt_status generate(struct session *s, struct err *e) {
+    struct tok_detok d;
+    struct tok_buf out = {0};
+    tok_detok_init(&d, s->tok, 0);
+    smelt_status st = SMELT_OK;
+    double t0 = now_s();
+    int n = 0;
+    for (; n < s->o->n_predict && st == SMELT_OK; n++) {
+        struct sample_result r;
+        st = sampler_sample(s->smp, s->logits, &r, e);
+        if (st != SMELT_OK) break;
+        if (!s->o->ignore_eos && tok_is_eog(s->tok, r.token)) {
+            /* the end-of-turn token belongs to the conversation (the next turn's rendering
+             * has it): feed it so the cache matches */
+            if (s->o->interactive) st = feed(s, &r.token, 1, e);
+            break;
+        }
+        sampler_accept(s->smp, r.token, true);
+        out.n = 0;
+        st = tok_detok_push(&d, r.token, &out, e);
+        if (st == SMELT_OK && out.n) {
+            fwrite(out.p, 1, out.n, stdout);
+            fflush(stdout);
+        }
+        /* the last token needs feeding only when a next turn continues after it */
+        if (st == SMELT_OK && (n + 1 < s->o->n_predict || s->o->interactive))
+            st = feed(s, &r.token, 1, e);
+    }
+    out.n = 0;
+    if (st == SMELT_OK) st = tok_detok_flush(&d, &out, e);
+    if (out.n) fwrite(out.p, 1, out.n, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    tok_buf_free(&out);
+    s->t_gen += now_s() - t0;
+    s->n_gen += n;
+    return st;
+}
+
+/* The tokens of the prompt for this turn: the raw text, or (chat) the rendered
+ * conversation. */
+static smelt_status render(struct session *s, const char *user, struct tok_ids *ids, struct err *e) {
+    unsigned flags = TOK_PARSE_SPECIAL | (s->cached.n == 0 ? TOK_ADD_SPECIAL : 0);
+    return tok_encode(s->tok, user, strlen(user), flags, ids, e);
+}
+
+/* One turn: keep the cached prefix the new prompt shares, feed the rest, generate. */
+static smelt_status turn(struct session *s, const char *user, struct err *e) {
+    struct tok_ids ids = {0};
+    smelt_status st = render(s, user, &ids, e);
+    if (st != SMELT_OK) return st;
+    /* raw mode continues after what is cached; the ids are all new */
+    double t0 = now_s();
+    for (size_t i = 0; i < ids.n && st == SMELT_OK; i++) sampler_accept(s->smp, ids.v[i], false);
+    if (ids.n == 0) st = err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
+    if (st == SMELT_OK) st = feed(s, ids.v, ids.n, e);
+    s->t_prompt += now_s() - t0;
+    s->n_prompt += (int64_t)ids.n;
+    tok_ids_free(&ids);
+    if (st == SMELT_OK) st = generate(s, e);
+    return st;
+}
+
+static char *read_stdin(void) {
+    size_t cap = 4096, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        size_t k = fread(p + n, 1, cap - n - 1, stdin);
+        n += k;
+        if (k == 0) break;
+        if (n + 1 == cap) {
+            char *q = realloc(p, cap * 2);
+            if (!q) break;
+            p = q;
+            cap *= 2;
+        }
+    }
+    if (p) p[n] = 0;
+    return p;
+}
+
+static void session_free(struct session *s) {
+    sampler_free(s->smp);
+    kv_seq_release(&s->pool, &s->seq);
+    kv_pool_free(&s->pool);
+    if (s->m) model_kv_free(s->m, s->kv);
+    model_free(s->m);
+    tok_free(s->tok);
+    bk_free(s->bk);
+    gguf_close(s->f);
+    tok_ids_free(&s->cached);
+    free(s->logits);
+}
+
+int cmd_run(int argc, char **argv) {
+    struct opts o = {0};
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    struct err e;
+    err_clear(&e);
+    struct session s = {.o = &o};
+    smelt_status st = gguf_open(&s.f, o.model, &e);
+    if (st == SMELT_OK) st = tok_new_from_gguf(&s.tok, s.f, &e);
+    if (st == SMELT_OK) st = cpu_backend_new(&s.bk, o.threads, &e);
+    if (st == SMELT_OK) st = model_load(&s.m, s.f, s.bk, &e);
+    if (st == SMELT_OK) {
+        int32_t n_blocks = (o.n_ctx + BLOCK - 1) / BLOCK;
+        st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, &s.kv, &e);
+        if (st == SMELT_OK) st = kv_pool_init(&s.pool, n_blocks, BLOCK, &e);
+        gguf_sampling(s.f, &o);
+        if (st == SMELT_OK) st = sample_params_check(&o.sp, s.m->hp.n_vocab, &e);
+        if (st == SMELT_OK) st = sampler_new(&s.smp, &o.sp, s.m->hp.n_vocab, &e);
+        s.logits = malloc((size_t)s.m->hp.n_vocab * sizeof(float));
+        if (st == SMELT_OK && !s.logits) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    kv_seq_init(&s.seq);
+    if (st != SMELT_OK) {
+        session_free(&s);
+        return cli_fail("run", &e);
+    }
+
+    char *text = NULL;
+    if (!o.interactive) {
+        if (!o.prompt) o.prompt = text = read_stdin();
+        st = turn(&s, o.prompt ? o.prompt : "", &e);
+    } else {
+        if (o.prompt) st = turn(&s, o.prompt, &e);
+        char line[8192];
+        while (st == SMELT_OK) {
+            fprintf(stderr, "> ");
+            fflush(stderr);
+            if (!fgets(line, sizeof line, stdin)) break;
+            line[strcspn(line, "\n")] = 0;
+            if (!line[0]) continue;
+            st = turn(&s, line, &e);
+        }
+    }
+    free(text);
+    if (st == SMELT_OK)
+        fprintf(stderr, "prompt: %lld tokens, %.1f tok/s; generation: %lld tokens, %.1f tok/s\n",
+                (long long)s.n_prompt, s.t_prompt > 0 ? (double)s.n_prompt / s.t_prompt : 0.0,
+                (long long)s.n_gen, s.t_gen > 0 ? (double)s.n_gen / s.t_gen : 0.0);
+    rc = st == SMELT_OK ? 0 : cli_fail("run", &e);
+    session_free(&s);
+    return rc;
+}
