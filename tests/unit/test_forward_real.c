@@ -1,0 +1,214 @@
+/* The quantized CPU forward pass on the real test models (models/NAME.gguf, fetched by
+ * scripts/fetch-test-models.sh) against transformers running the same GGUF dequantized to
+ * float32 (tests/data/ref-real/NAME.json: top-20 logits per position of a few prompts, and a
+ * greedy continuation).
+ *
+ * Demands: the same top-1 token on >= 99% of positions, top-10 sets overlapping (mean
+ * overlap >= 8 of 10, never below 5), and the greedy continuation equal to transformers'
+ * until a step where transformers' own top-2 margin is small enough (< 0.1) for 8-bit
+ * activations to flip it; the text of the agreed part is compared with the reference
+ * text. Our tokenizer must produce the reference prompt ids (a cross-check of tok/).
+ * Skips, saying why, when a model or its reference file is absent. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "engine/kv.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "t.h"
+#include "tokenizer/tok.h"
+
+#define REF_DIR SMELT_SOURCE_DIR "/tests/data/ref-real"
+#define MODEL_DIR SMELT_SOURCE_DIR "/models"
+#define FLIP_MARGIN 0.1
+
+static struct backend *bk;
+
+struct ctx {
+    struct gguf_file *f;
+    struct model *m;
+    struct tok *tok;
+    struct kv_store *kv;
+    struct kv_pool pool;
+    struct kv_seq seq;
+    int32_t n_cached;
+};
+
+/* Appends ids at the end of the cached sequence; logits of every new row to out (may
+ * be NULL: only the last row's, into last). */
+static bool feed(struct ctx *c, const int32_t *ids, int n, float *out, float *last) {
+    struct err e;
+    if (kv_seq_reserve(&c->pool, &c->seq, c->n_cached + n, &e) != SMELT_OK) return false;
+    int32_t *pos = malloc((size_t)n * 4), *seq = calloc((size_t)n, 4);
+    uint8_t *want = malloc((size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = c->n_cached + i, want[i] = out != NULL || i == n - 1;
+    struct batch_seq view = kv_seq_view(&c->seq);
+    struct batch b = {n, ids, pos, seq, want, 1, &view};
+    bool ok = model_forward(c->m, c->kv, &b, out ? out : last, NULL, &e) == SMELT_OK;
+    if (!ok) fprintf(stderr, "forward: %s\n", e.msg);
+    free(pos);
+    free(seq);
+    free(want);
+    c->n_cached += n;
+    return ok;
+}
+
+static void reset(struct ctx *c) {
+    kv_seq_release(&c->pool, &c->seq);
+    c->n_cached = 0;
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+/* Our top-k ids of v (k <= 32), by descending logit. */
+static void topk(const float *v, int n, int k, int *out) {
+    for (int j = 0; j < k; j++) out[j] = -1;
+    for (int i = 0; i < n; i++) {
+        int j = k;
+        while (j > 0 && (out[j - 1] < 0 || v[i] > v[out[j - 1]])) j--;
+        if (j < k) {
+            memmove(out + j + 1, out + j, (size_t)(k - j - 1) * sizeof(int));
+            out[j] = i;
+        }
+    }
+}
+
+static int32_t *json_ids(json_t *a, int *n) {
+    *n = (int)json_array_size(a);
+    int32_t *v = malloc((size_t)(*n > 0 ? *n : 1) * 4);
+    for (int i = 0; i < *n; i++) v[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
+    return v;
+}
+
+static void check_file(const char *ref_name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", REF_DIR, ref_name);
+    json_error_t je;
+    json_t *ref = json_load_file(path, 0, &je);
+    if (!ref) {
+        char why[600];
+        snprintf(why, sizeof why, "%s absent", path);
+        t_skip(why);
+        return;
+    }
+    const char *model_file = json_string_value(json_object_get(ref, "model_file"));
+    snprintf(path, sizeof path, "%s/%s", MODEL_DIR, model_file ? model_file : "?");
+    struct ctx c = {0};
+    struct err e;
+    if (gguf_open(&c.f, path, &e) != SMELT_OK) {
+        char why[1200];
+        snprintf(why, sizeof why, "%s: %s (run scripts/fetch-test-models.sh)", path, e.msg);
+        t_skip(why);
+        json_decref(ref);
+        return;
+    }
+    T_CHECK(model_load(&c.m, c.f, bk, &e) == SMELT_OK);
+    T_CHECK(tok_new_from_gguf(&c.tok, c.f, &e) == SMELT_OK);
+    if (!c.m || !c.tok || model_kv_new(c.m, QT_F16, 16, 64, &c.kv, &e) != SMELT_OK ||
+        kv_pool_init(&c.pool, 64, 16, &e) != SMELT_OK) {
+        T_CHECKF(0, "%s: %s", model_file, e.msg);
+        goto out;
+    }
+    int n_vocab = c.m->hp.n_vocab;
+
+    int positions = 0, top1 = 0, min_overlap = 10;
+    double overlap_sum = 0;
+    size_t ip;
+    json_t *jp;
+    json_array_foreach(json_object_get(ref, "prompts"), ip, jp) {
+        int n;
+        int32_t *ids = json_ids(json_object_get(jp, "ids"), &n);
+        const char *text = json_string_value(json_object_get(jp, "text"));
+        struct tok_ids mine = {0};
+        T_CHECK(tok_encode(c.tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &mine,
+                           &e) == SMELT_OK);
+        T_CHECKF(mine.n == (size_t)n && !memcmp(mine.v, ids, (size_t)n * 4),
+                 "%s prompt %zu: our tokenizer gives %zu ids, the reference %d", model_file, ip,
+                 mine.n, n);
+        tok_ids_free(&mine);
+        float *out = malloc((size_t)n * n_vocab * sizeof(float));
+        reset(&c);
+        T_CHECK(feed(&c, ids, n, out, NULL));
+        json_t *jk = json_object_get(jp, "topk_ids");
+        for (int t = 0; t < n; t++) {
+            json_t *row = json_array_get(jk, (size_t)t);
+            int ours[10];
+            topk(out + (size_t)t * n_vocab, n_vocab, 10, ours);
+            if (ours[0] == json_integer_value(json_array_get(row, 0))) top1++;
+            int ov = 0;
+            for (int a = 0; a < 10; a++)
+                for (int b = 0; b < 10; b++)
+                    if (ours[a] == json_integer_value(json_array_get(row, (size_t)b))) ov++;
+            overlap_sum += ov;
+            if (ov < min_overlap) min_overlap = ov;
+            positions++;
+        }
+        free(out);
+        free(ids);
+    }
+    double agree = positions ? (double)top1 / positions : 0;
+    printf("%s: top-1 agrees on %d/%d positions (%.2f%%), top-10 overlap mean %.2f min %d\n",
+           model_file, top1, positions, 100 * agree, positions ? overlap_sum / positions : 0,
+           min_overlap);
+    T_CHECKF(agree >= 0.99, "%s: top-1 agreement %.4f", model_file, agree);
+    T_CHECK(positions && overlap_sum / positions >= 8.0 && min_overlap >= 5);
+
+    /* Greedy continuation, one token per step through the cache. */
+    json_t *g = json_object_get(ref, "greedy");
+    int np, ng;
+    int32_t *pids = json_ids(json_object_get(g, "prompt_ids"), &np);
+    int32_t *gids = json_ids(json_object_get(g, "ids"), &ng);
+    float *last = malloc((size_t)n_vocab * sizeof(float));
+    reset(&c);
+    T_CHECK(feed(&c, pids, np, NULL, last));
+    int agreed = 0;
+    for (; agreed < ng; agreed++) {
+        int32_t t = argmax(last, n_vocab);
+        if (t != gids[agreed]) {
+            double margin = json_real_value(json_array_get(json_object_get(g, "margins"), (size_t)agreed));
+            T_CHECKF(margin < FLIP_MARGIN, "%s greedy step %d: %d vs %d with margin %g", model_file,
+                     agreed, t, gids[agreed], margin);
+            break;
+        }
+        if (!feed(&c, &t, 1, NULL, last)) break;
+    }
+    struct tok_buf txt = {0};
+    T_CHECK(tok_decode(c.tok, gids, (size_t)agreed, 0, &txt, &e) == SMELT_OK);
+    const char *want = json_string_value(json_object_get(g, "text"));
+    T_CHECKF(txt.p && want && !strncmp(txt.p, want, txt.n), "greedy text \"%s\" vs \"%s\"",
+             txt.p ? txt.p : "", want ? want : "");
+    printf("%s: greedy: %d/%d tokens agree: \"%s\"\n", model_file, agreed, ng, txt.p ? txt.p : "");
+    tok_buf_free(&txt);
+    free(pids);
+    free(gids);
+    free(last);
+out:
+    kv_seq_release(&c.pool, &c.seq);
+    kv_pool_free(&c.pool);
+    if (c.m) model_kv_free(c.m, c.kv);
+    model_free(c.m);
+    tok_free(c.tok);
+    gguf_close(c.f);
+    json_decref(ref);
+}
+
+static void test_gemma3_270m(void) { check_file("gemma3-270m-q4_k_m.json"); }
+static void test_qwen25_coder_05b(void) { check_file("qwen2.5-coder-0.5b-instruct-awq-q4_k_m.json"); }
+
+int main(void) {
+    struct err e;
+    if (cpu_backend_new(&bk, 0, &e) != SMELT_OK) return 1;
+    T_RUN(test_gemma3_270m);
+    T_RUN(test_qwen25_coder_05b);
+    bk_free(bk);
+    return t_done();
+}
