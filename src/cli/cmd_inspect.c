@@ -342,6 +342,8 @@ static json_t *build_report(const char *path, const struct gguf_file *f, bool wi
     }
     json_object_set_new(r, "parameters", json_integer((json_int_t)params));
     json_object_set_new(r, "tensor_bytes", json_integer((json_int_t)bytes));
+    /* Bits per weight over all tensors: the figure quant mixes are compared by. */
+    json_object_set_new(r, "bits_per_weight", json_real(params ? bytes * 8.0 / (double)params : 0));
     json_t *types = json_array();
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (!by[t].count) continue;
@@ -463,8 +465,9 @@ static void print_text(FILE *out, json_t *r) {
                 json_integer_value(json_object_get(ft, "id")));
     human_count((uint64_t)json_integer_value(json_object_get(r, "parameters")), b1, sizeof b1);
     human_bytes((uint64_t)json_integer_value(json_object_get(r, "tensor_bytes")), b2, sizeof b2);
-    fprintf(out, "parameters    %s (%" JSON_INTEGER_FORMAT "), tensor data %s\n", b1,
-            json_integer_value(json_object_get(r, "parameters")), b2);
+    fprintf(out, "parameters    %s (%" JSON_INTEGER_FORMAT "), tensor data %s, %.2f bits/weight\n",
+            b1, json_integer_value(json_object_get(r, "parameters")), b2,
+            json_real_value(json_object_get(r, "bits_per_weight")));
 
     print_section(out, "general", json_object_get(r, "general"), "general.");
     char pre[140] = "";

@@ -644,6 +644,7 @@ def test_inspect_real_model(path):
         blk, tsz = sizes[QT[t["type"]]]
         assert t["bytes"] == t["shape"][0] // blk * tsz * int(np.prod(t["shape"][1:])), t["name"]
     assert j["parameters"] == sum(int(np.prod(t["shape"])) for t in ts)
+    assert j["bits_per_weight"] == pytest.approx(j["tensor_bytes"] * 8 / j["parameters"])
     assert j["tokenizer"]["vocab_size"] > 1000
     assert {"block_count", "embedding_length", "context_length"} <= set(j["hparams"])
     assert "tensors by type" in inspect(path).stdout
