@@ -6,7 +6,11 @@
  *
  * Defaults: 2 threads; types Q4_K, Q6_K, Q8_0, Q5_0, F16; the Qwen2.5-0.5B shapes 4864x896
  * (gate/up), 896x4864 (down), 151936x896 (vocab projection); n = 1 and 128; the median of
- * REPS runs after a warm-up. Weights are random bytes (scales sanitized), as in the tests.
+ * REPS runs after a warm-up (and the best run: on a shared machine the median shows the
+ * load as much as the kernel). GB/s is weights bytes / median time. cpu-ms is the process
+ * CPU time of a run (all threads; waiting in the pool's spin loop counts, descheduled
+ * time does not) and GF/cpu-s the work per CPU-second: the kernel's speed per core when
+ * other processes compete for the cores. Weights are random bytes (scales sanitized), as in the tests.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +27,12 @@
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -73,7 +83,8 @@ int main(int argc, char **argv) {
     char feat[256];
     cpu_features_describe(feat, sizeof feat);
     printf("# cpu: %s | %s | threads %d\n", cpu_features_get()->model, feat, threads);
-    printf("%-6s %-12s %5s %10s %9s %9s\n", "type", "shape", "n", "ms", "GB/s", "GFLOP/s");
+    printf("%-6s %-12s %5s %9s %9s %9s %8s %9s %9s %10s\n", "type", "shape", "n", "ms(med)",
+           "ms(best)", "cpu-ms", "GB/s", "GFLOP/s", "(best)", "GF/cpu-s");
     struct cpu_pool *pool = NULL;
     struct err e = {0};
     if (cpu_pool_new(&pool, threads, &e) != SMELT_OK) {
@@ -117,23 +128,29 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 for (long long i = 0; i < n * k; i++) x[i] = (float)((int)(next() % 2001) - 1000) / 1000.0f;
-                double ts[64];
+                double ts[64], cs[64];
                 int R = reps > 64 ? 64 : reps;
                 for (int r = -1; r < R; r++) {
                     arena_reset(&ar);
-                    double t0 = now();
+                    double t0 = now(), c0 = cpu_now();
                     if (cpu_matmul(pool, t, w, rows, k, x, n, y, &ar, &e) != SMELT_OK) {
                         fprintf(stderr, "matmul: %s\n", e.msg);
                         return 1;
                     }
-                    if (r >= 0) ts[r] = now() - t0;
+                    if (r >= 0) {
+                        ts[r] = now() - t0;
+                        cs[r] = cpu_now() - c0;
+                    }
                 }
                 qsort(ts, (size_t)R, sizeof ts[0], cmp_d);
-                double med = ts[R / 2];
+                qsort(cs, (size_t)R, sizeof cs[0], cmp_d);
+                double med = ts[R / 2], best = ts[0], cpu = cs[R / 2];
                 char shp[48];
                 snprintf(shp, sizeof shp, "%lldx%lld", rows, k);
-                printf("%-6s %-12s %5d %10.3f %9.1f %9.1f\n", tn, shp, n, med * 1e3,
-                       (double)wbytes / med / 1e9, 2.0 * (double)rows * (double)k * n / med / 1e9);
+                double flop = 2.0 * (double)rows * (double)k * n;
+                printf("%-6s %-12s %5d %9.3f %9.3f %9.3f %8.1f %9.1f %9.1f %10.1f\n", tn, shp, n,
+                       med * 1e3, best * 1e3, cpu * 1e3, (double)wbytes / med / 1e9,
+                       flop / med / 1e9, flop / best / 1e9, flop / cpu / 1e9);
                 fflush(stdout);
                 free(x);
                 free(y);

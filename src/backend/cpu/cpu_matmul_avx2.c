@@ -16,6 +16,9 @@
 #include "backend/cpu/cpu_kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* Tile loops have constant trip counts (R, C, sub-blocks): unroll them so the accumulators
+ * live in registers (GCC -O2 would otherwise keep them on the stack). */
+#define UNROLL _Pragma("GCC unroll 8")
 
 INLINE float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -102,6 +105,7 @@ void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k) {
         }
         quant_run(x + 256 * b, qs + 256 * b, 32, 127.0f / amax, sums);
         d[b] = amax / 127.0f;
+        UNROLL
         for (int g = 0; g < 16; g++) s[16 * b + g] = (int16_t)sums[g];
     }
 }
@@ -136,18 +140,25 @@ INLINE float load1(enum plain t, const void *p, int64_t i) {
 INLINE void plain_tile(enum plain t, int R, int C, int64_t k, const char *w, size_t ws,
                        const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= k; i += 8) {
         __m256 xv[2];
+        UNROLL
         for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * xs) + i);
+        UNROLL
         for (int r = 0; r < R; r++) {
             __m256 wv = load8(t, w + r * ws, i);
+            UNROLL
             for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) {
             float s = hsum_ps(acc[r][c]);
             for (int64_t j = i; j < k; j++) s += load1(t, w + r * ws, j) * ((const float *)(x + c * xs))[j];
@@ -255,13 +266,16 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
                         const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     float macc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) {
             acc[r][c] = _mm256_setzero_ps();
             macc[r][c] = 0.0f;
         }
     const float *xd[2];
     const int16_t *xsum[2];
+    UNROLL
     for (int c = 0; c < C; c++) {
         xd[c] = cpu_act_d(x + c * xs, k);
         xsum[c] = cpu_act_s32(x + c * xs, k);
@@ -269,14 +283,17 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
     const int off = legacy_offset(t);
     for (int64_t i = 0; i < k / 32; i++) {
         __m256i xv[2], corr[2];
+        UNROLL
         for (int c = 0; c < C; c++) {
             xv[c] = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
             if (off) corr[c] = _mm256_setr_epi32(-off * xsum[c][i], 0, 0, 0, 0, 0, 0, 0);
         }
+        UNROLL
         for (int r = 0; r < R; r++) {
             float d, m = 0.0f;
             __m256i q = legacy_unpack(t, w + r * ws, i, &d, &m);
             __m256i aq = legacy_signed(t) ? _mm256_sign_epi8(q, q) : q;
+            UNROLL
             for (int c = 0; c < C; c++) {
                 __m256i p = dot_u8s8_32(aq, legacy_signed(t) ? _mm256_sign_epi8(xv[c], q) : xv[c]);
                 if (off) p = _mm256_add_epi32(p, corr[c]);
@@ -285,7 +302,9 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
             }
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) + macc[r][c];
 }
 #define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, R, C, __VA_ARGS__)
@@ -318,10 +337,13 @@ INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
 INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
                       size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
+    UNROLL
     for (int c = 0; c < C; c++) {
         xd[c] = cpu_act_d(x + c * xs, k);
         xb[c] = cpu_act_sK(x + c * xs, k);
@@ -330,18 +352,22 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
     for (int64_t i = 0; i < k / 256; i++) {
         /* bsums of each 32-element sub-block, per column: 8 × i16 */
         __m128i bsp[2];
+        UNROLL
         for (int c = 0; c < C; c++) {
             __m256i b16 = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
             __m256i pair = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 × i32 */
             bsp[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
         }
+        UNROLL
         for (int r = 0; r < R; r++) {
             const struct block_q4_K *b = (const struct block_q4_K *)(w + r * ws) + i;
             __m128i sc, mn;
             q4k_scales_mins(b->scales, &sc, &mn);
             const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
             __m256i isum[2];
+            UNROLL
             for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            UNROLL
             for (int p = 0; p < 4; p++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
                 __m256i lo = _mm256_and_si256(raw, m4);
@@ -349,6 +375,7 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 /* scale of sub-block 2p and 2p+1 broadcast to all i16 lanes */
                 __m256i s_lo = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
                 __m256i s_hi = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
+                UNROLL
                 for (int c = 0; c < C; c++) {
                     const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
                     __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
@@ -358,6 +385,7 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 }
             }
             float d = f16(b->d), dmin = f16(b->dmin);
+            UNROLL
             for (int c = 0; c < C; c++) {
                 __m128i ms = _mm_madd_epi16(mn, bsp[c]); /* 4 × i32 */
                 __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(ms));
@@ -366,7 +394,9 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             }
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define Q4_K_TILE(R, C, ...) q4_K_tile(R, C, __VA_ARGS__)
@@ -377,26 +407,32 @@ TILE_DRIVER(q4_K, Q4_K_TILE)
 INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
                       size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
+    UNROLL
     for (int c = 0; c < C; c++) {
         xd[c] = cpu_act_d(x + c * xs, k);
         xb[c] = cpu_act_sK(x + c * xs, k);
     }
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     for (int64_t i = 0; i < k / 256; i++) {
+        UNROLL
         for (int r = 0; r < R; r++) {
             const struct block_q6_K *b = (const struct block_q6_K *)(w + r * ws) + i;
             /* 16 scales as i16; the -32 offset is applied through the bsums */
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
             __m256i isum[2];
+            UNROLL
             for (int c = 0; c < C; c++) {
                 __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
                 isum[c] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
                 isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), isum[c]);
             }
+            UNROLL
             for (int h = 0; h < 2; h++) {
                 __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
                 __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
@@ -406,10 +442,12 @@ INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
                 q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
                 q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                UNROLL
                 for (int s = 0; s < 4; s++) {
                     int g = 8 * h + 2 * s;
                     /* [sc_g x8 | sc_g+1 x8] as i16 */
                     __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]), _mm_set1_epi16(b->scales[g]));
+                    UNROLL
                     for (int c = 0; c < C; c++) {
                         const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
                         __m256i p = _mm256_maddubs_epi16(q[s], _mm256_load_si256((const __m256i *)xq));
@@ -418,11 +456,14 @@ INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 }
             }
             float d = f16(b->d);
+            UNROLL
             for (int c = 0; c < C; c++)
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define Q6_K_TILE(R, C, ...) q6_K_tile(R, C, __VA_ARGS__)
@@ -433,10 +474,13 @@ TILE_DRIVER(q6_K, Q6_K_TILE)
 INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
                       size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
+    UNROLL
     for (int c = 0; c < C; c++) {
         xd[c] = cpu_act_d(x + c * xs, k);
         xb[c] = cpu_act_sK(x + c * xs, k);
@@ -444,10 +488,12 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < k / 256; i++) {
         __m128i bsp[2];
+        UNROLL
         for (int c = 0; c < C; c++) {
             __m256i pair = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i)), _mm256_set1_epi16(1));
             bsp[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
         }
+        UNROLL
         for (int r = 0; r < R; r++) {
             const struct block_q5_K *b = (const struct block_q5_K *)(w + r * ws) + i;
             __m128i sc, mn;
@@ -455,7 +501,9 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
             __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
             __m256i isum[2];
+            UNROLL
             for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            UNROLL
             for (int p = 0; p < 4; p++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
                 __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
@@ -464,6 +512,7 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 qh = _mm256_srli_epi16(qh, 1);
                 __m256i s_lo = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
                 __m256i s_hi = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
+                UNROLL
                 for (int c = 0; c < C; c++) {
                     const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
                     __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
@@ -473,6 +522,7 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 }
             }
             float d = f16(b->d), dmin = f16(b->dmin);
+            UNROLL
             for (int c = 0; c < C; c++) {
                 __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mn, bsp[c])));
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
@@ -480,7 +530,9 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             }
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define Q5_K_TILE(R, C, ...) q5_K_tile(R, C, __VA_ARGS__)
@@ -496,19 +548,23 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                        const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     float macc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) {
             acc[r][c] = _mm256_setzero_ps();
             macc[r][c] = 0.0f;
         }
     const float *xd[2];
     const int16_t *xb[2];
+    UNROLL
     for (int c = 0; c < C; c++) {
         xd[c] = cpu_act_d(x + c * xs, k);
         xb[c] = cpu_act_sK(x + c * xs, k);
     }
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < k / 256; i++) {
+        UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *qs, *hm = NULL;
             int8_t sc[16];
@@ -519,6 +575,7 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                 __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
                 sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
                 mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+                UNROLL
                 for (int g = 0; g < 16; g++) sc[g] = (int8_t)(b->scales[g] & 15);
                 qs = b->qs;
                 d = f16(b->d);
@@ -532,6 +589,7 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                 d = f16(b->d);
             }
             __m256i isum[2];
+            UNROLL
             for (int c = 0; c < C; c++) {
                 __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
                 if (t == QT_Q3_K) /* q = (low + 4·hbit) - 4: the -4 through the bsums */
@@ -542,8 +600,10 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                 }
             }
             __m256i hv = hm ? _mm256_loadu_si256((const __m256i *)hm) : _mm256_setzero_si256();
+            UNROLL
             for (int h = 0; h < 2; h++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                UNROLL
                 for (int s = 0; s < 4; s++) {
                     __m256i q = _mm256_and_si256(raw, m3);
                     raw = _mm256_srli_epi16(raw, 2);
@@ -554,6 +614,7 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                     }
                     int g = 8 * h + 2 * s;
                     __m256i scv = scale_pair(sc[g], sc[g + 1]);
+                    UNROLL
                     for (int c = 0; c < C; c++) {
                         const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
                         __m256i p = _mm256_maddubs_epi16(q, _mm256_load_si256((const __m256i *)xq));
@@ -561,11 +622,14 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                     }
                 }
             }
+            UNROLL
             for (int c = 0; c < C; c++)
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) - macc[r][c];
 }
 #define Q2_K_TILE(R, C, ...) q23_K_tile(QT_Q2_K, R, C, __VA_ARGS__)
@@ -578,21 +642,28 @@ TILE_DRIVER(q3_K, Q3_K_TILE)
 INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
                         size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
+    UNROLL
     for (int c = 0; c < C; c++) xd[c] = cpu_act_d(x + c * xs, k);
     const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
     for (int64_t i = 0; i < k / 256; i++) {
+        UNROLL
         for (int r = 0; r < R; r++) {
             const struct block_iq4_xs *b = (const struct block_iq4_xs *)(w + r * ws) + i;
             __m256i isum[2];
+            UNROLL
             for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            UNROLL
             for (int j = 0; j < 8; j++) {
                 int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4;
                 __m256i q = _mm256_shuffle_epi8(tab, nibbles_32(b->qs + 16 * j));
                 __m256i aq = _mm256_sign_epi8(q, q);
                 __m256i scv = _mm256_set1_epi16((short)(ls - 32));
+                UNROLL
                 for (int c = 0; c < C; c++) {
                     __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * j));
                     __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
@@ -600,11 +671,14 @@ INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const
                 }
             }
             float d = f16(b->d);
+            UNROLL
             for (int c = 0; c < C; c++)
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define IQ4_XS_TILE(R, C, ...) iq4_xs_tile(R, C, __VA_ARGS__)

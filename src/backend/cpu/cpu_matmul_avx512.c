@@ -1,9 +1,34 @@
-/* AVX-512 (F/BW/VL/DQ + VNNI) matmul kernels and quantizers. Until a type has its own
- * AVX-512 kernel it uses the AVX2 one (the table is copied from the AVX2 level first). */
+/* AVX-512 (F/BW/VL/DQ + VNNI) matmul kernels (compiled with -mavx512*; called only when
+ * cpu_features reports them OS-enabled). Same contract as the AVX2 kernels
+ * (cpu_kernels.h); what changes is the width and the integer dot instructions:
+ *
+ *  - legacy 32-blocks: two blocks per zmm. Weights become unsigned bytes (Q8_0 and IQ4_NL
+ *    by +128, Q4_0 by +8, Q5_0 by +16) and vpdpbusd sums u8·s8 into i32 lanes, starting
+ *    from an accumulator that already holds -OFF·sum(x) of each block (lane 0 of the
+ *    block's 8 lanes), so the offset costs nothing per tile element. Then one cvt, one
+ *    scale product and one FMA per two blocks.
+ *  - K-quants / IQ4_XS: a super-block is 4 zmm of 64 elements. vpmaddubsw (u8·s8 pairs,
+ *    bounded below i16 saturation) then vpdpwssd with the sub-block scales as i16 lanes
+ *    accumulates the whole super-block in i32; one cvt + FMA per super-block. IQ4_XS
+ *    values are signed: |v| · (x negated where v < 0) (AVX-512 has no vpsignb).
+ *  - F32/F16/BF16: 16 lanes, FMA.
+ *
+ * Tiles: R = 4 weight rows × C = 4 activation rows (16 accumulators); tails use R = 1 and
+ * C = 1..3. The unpacked weights of a block are reused across the C columns.
+ */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+/* Tile loops have constant trip counts (R, C, sub-blocks): unroll them so the accumulators
+ * live in registers (GCC -O2 would otherwise keep them on the stack). */
+#define UNROLL _Pragma("GCC unroll 8")
+#define MAXC 4
+
+INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k) {
     cpu_quantize_q8_32_avx2(x, q, k);
@@ -13,5 +38,538 @@ void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k) {
     cpu_quantize_q8_K_avx2(x, q, k);
 }
 
-void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) { (void)tab; }
+/* Walks an nr × nc request in R×C tiles: R in {4, 1}, C = 4 then the 1..3 tail. */
+#define TILE_DRIVER(name, TILE)                                                                \
+    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,    \
+                            float *y, size_t ys, int nr, int nc) {                             \
+        const char *wp = w, *xp = x;                                                           \
+        for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {                                      \
+            int c = 0;                                                                         \
+            for (; c + 4 <= nc; c += 4) {                                                      \
+                if (nr == 4) TILE(4, 4, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
+                else TILE(1, 4, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
+            }                                                                                  \
+            switch (nc - c) {                                                                  \
+            case 3:                                                                            \
+                if (nr == 4) TILE(4, 3, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
+                else TILE(1, 3, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
+                break;                                                                         \
+            case 2:                                                                            \
+                if (nr == 4) TILE(4, 2, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
+                else TILE(1, 2, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
+                break;                                                                         \
+            case 1:                                                                            \
+                if (nr == 4) TILE(4, 1, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
+                else TILE(1, 1, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
+                break;                                                                         \
+            default: break;                                                                    \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+/* ---- plain types ---- */
+
+enum plain { P_F32, P_F16, P_BF16 };
+
+INLINE __m512 load16(enum plain t, const void *p, int64_t i) {
+    switch (t) {
+    case P_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    case P_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
+    default: return _mm512_loadu_ps((const float *)p + i);
+    }
+}
+
+INLINE __m512 load16_mask(enum plain t, const void *p, int64_t i, __mmask16 m) {
+    switch (t) {
+    case P_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
+    case P_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+    default: return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    }
+}
+
+INLINE void plain_tile(enum plain t, int R, int C, int64_t k, const char *w, size_t ws,
+                       const char *x, size_t xs, float *y, size_t ys) {
+    __m512 acc[4][MAXC];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        __m512 wv[4];
+        UNROLL
+        for (int r = 0; r < R; r++) wv[r] = load16(t, w + r * ws, i);
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            __m512 xv = _mm512_loadu_ps((const float *)(x + c * xs) + i);
+            UNROLL
+            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    if (i < k) {
+        __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        __m512 wv[4];
+        UNROLL
+        for (int r = 0; r < R; r++) wv[r] = load16_mask(t, w + r * ws, i, m);
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, (const float *)(x + c * xs) + i);
+            UNROLL
+            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+#define F32_TILE(R, C, ...) plain_tile(P_F32, R, C, __VA_ARGS__)
+#define F16_TILE(R, C, ...) plain_tile(P_F16, R, C, __VA_ARGS__)
+#define BF16_TILE(R, C, ...) plain_tile(P_BF16, R, C, __VA_ARGS__)
+TILE_DRIVER(f32, F32_TILE)
+TILE_DRIVER(f16, F16_TILE)
+TILE_DRIVER(bf16, BF16_TILE)
+
+/* ---- legacy 32-blocks × Q8_32, two blocks per zmm ---- */
+
+INLINE int legacy_offset(uint32_t t) {
+    return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : (t == QT_Q8_0 || t == QT_IQ4_NL) ? 128 : 0;
+}
+INLINE int legacy_has_min(uint32_t t) { return t == QT_Q4_1 || t == QT_Q5_1; }
+INLINE size_t legacy_size(uint32_t t) {
+    switch (t) {
+    case QT_Q4_0: return sizeof(struct block_q4_0);
+    case QT_Q4_1: return sizeof(struct block_q4_1);
+    case QT_Q5_0: return sizeof(struct block_q5_0);
+    case QT_Q5_1: return sizeof(struct block_q5_1);
+    case QT_IQ4_NL: return sizeof(struct block_iq4_nl);
+    default: return sizeof(struct block_q8_0);
+    }
+}
+
+/* 16 packed nibble bytes of two blocks → 64 bytes [b0 lo, b0 hi, b1 lo, b1 hi]. */
+INLINE __m512i nibbles_2x(const uint8_t *qs0, const uint8_t *qs1) {
+    __m256i t = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)qs1), _mm_loadu_si128((const __m128i *)qs0));
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
+    z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), z);
+    return _mm512_and_si512(z, _mm512_set1_epi8(15));
+}
+
+/* Unsigned quants of blocks i and i+1 (the second ignored when `one`), with scales
+ * [d0 x8, d1 x8] and mins likewise. */
+INLINE __m512i legacy_unpack2(uint32_t t, const char *row, int64_t i, __m512 *d2, __m512 *m2) {
+    const size_t bs = legacy_size(t);
+    const char *p0 = row + i * bs, *p1 = p0 + bs;
+    uint16_t h0, h1;
+    memcpy(&h0, p0, 2);
+    memcpy(&h1, p1, 2);
+    *d2 = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
+    __m512i q;
+    switch (t) {
+    case QT_Q4_0: q = nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2); break;
+    case QT_IQ4_NL: {
+        /* codebook + 128 as unsigned bytes */
+        const __m512i tab = _mm512_xor_si512(
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)), _mm512_set1_epi8((char)0x80));
+        q = _mm512_shuffle_epi8(tab, nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2));
+        break;
+    }
+    case QT_Q4_1: q = nibbles_2x((const uint8_t *)p0 + 4, (const uint8_t *)p1 + 4); break;
+    case QT_Q5_0: case QT_Q5_1: {
+        const int o = t == QT_Q5_0 ? 2 : 4;
+        uint32_t qh0, qh1;
+        memcpy(&qh0, p0 + o, 4);
+        memcpy(&qh1, p1 + o, 4);
+        q = nibbles_2x((const uint8_t *)p0 + o + 4, (const uint8_t *)p1 + o + 4);
+        __mmask64 hb = (__mmask64)qh0 | (__mmask64)qh1 << 32;
+        q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
+        break;
+    }
+    default: /* Q8_0: w + 128 */
+        q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
+                               _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1);
+        q = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
+        break;
+    }
+    if (legacy_has_min(t)) {
+        memcpy(&h0, p0 + 2, 2);
+        memcpy(&h1, p1 + 2, 2);
+        *m2 = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
+    }
+    return q;
+}
+
+/* One block (the odd tail): the same with 256-bit vectors. */
+INLINE __m256i legacy_unpack1(uint32_t t, const char *row, int64_t i, float *d, float *m) {
+    const char *p0 = row + i * legacy_size(t);
+    uint16_t h;
+    memcpy(&h, p0, 2);
+    *d = f16(h);
+    const int o = t == QT_Q4_1 || t == QT_Q5_1 ? 4 : 2;
+    if (legacy_has_min(t)) {
+        memcpy(&h, p0 + 2, 2);
+        *m = f16(h);
+    }
+    if (t == QT_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p0 + 2)), _mm256_set1_epi8((char)0x80));
+    int qso = (t == QT_Q5_0 || t == QT_Q5_1) ? o + 4 : o;
+    __m128i tq = _mm_loadu_si128((const __m128i *)(p0 + qso));
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(tq, 4), tq), _mm256_set1_epi8(15));
+    if (t == QT_IQ4_NL) {
+        const __m256i tab = _mm256_xor_si256(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)), _mm256_set1_epi8((char)0x80));
+        q = _mm256_shuffle_epi8(tab, q);
+    }
+    if (t == QT_Q5_0 || t == QT_Q5_1) {
+        uint32_t qh;
+        memcpy(&qh, p0 + o, 4);
+        q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)));
+    }
+    return q;
+}
+
+INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
+                        const char *x, size_t xs, float *y, size_t ys) {
+    __m512 acc[4][MAXC];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const float *xd[MAXC];
+    const int16_t *xsum[MAXC];
+    UNROLL
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xsum[c] = cpu_act_s32(x + c * xs, k);
+    }
+    const int off = legacy_offset(t);
+    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const int64_t nb = k / 32;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512 dx2[MAXC], mx2[MAXC];
+        __m512i init[MAXC];
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            __m128 dd = _mm_castpd_ps(_mm_load_sd((const double *)(xd[c] + i)));
+            dx2[c] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(dd));
+            int32_t s2;
+            memcpy(&s2, xsum[c] + i, 4);
+            /* sums of the two blocks into lanes 0 and 8 */
+            __m512i s = _mm512_maskz_expand_epi32(0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
+            if (off) init[c] = _mm512_mullo_epi32(s, _mm512_set1_epi32(-off));
+            if (legacy_has_min(t)) mx2[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dx2[c]);
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m512 d2, m2 = _mm512_setzero_ps();
+            __m512i q = legacy_unpack2(t, w + r * ws, i, &d2, &m2);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m512i xv = _mm512_load_si512((const void *)(x + c * xs + 32 * i));
+                __m512i p = _mm512_dpbusd_epi32(off ? init[c] : _mm512_setzero_si512(), q, xv);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
+                if (legacy_has_min(t)) acc[r][c] = _mm512_fmadd_ps(m2, mx2[c], acc[r][c]);
+            }
+        }
+    }
+    float tail[4][MAXC] = {{0}};
+    if (i < nb) {
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            float d, m = 0.0f;
+            __m256i q = legacy_unpack1(t, w + r * ws, i, &d, &m);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
+                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+                int isum = _mm_cvtsi128_si32(s4) - off * xsum[c][i];
+                tail[r][c] = d * xd[c][i] * (float)isum + m * xd[c][i] * (float)xsum[c][i];
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+}
+#define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, R, C, __VA_ARGS__)
+#define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, R, C, __VA_ARGS__)
+#define Q4_1_TILE(R, C, ...) legacy_tile(QT_Q4_1, R, C, __VA_ARGS__)
+#define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, R, C, __VA_ARGS__)
+#define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, R, C, __VA_ARGS__)
+#define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, R, C, __VA_ARGS__)
+TILE_DRIVER(q8_0, Q8_0_TILE)
+TILE_DRIVER(q4_0, Q4_0_TILE)
+TILE_DRIVER(q4_1, Q4_1_TILE)
+TILE_DRIVER(q5_0, Q5_0_TILE)
+TILE_DRIVER(q5_1, Q5_1_TILE)
+TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
+
+/* ---- K-quants and IQ4_XS × Q8_K: a super-block is 4 zmm of 64 elements ---- */
+
+struct ksb {
+    __m512i q[4];  /* unsigned quants (IQ4_XS: |v|) of elements 64z .. 64z+63 */
+    __m512i sc[4]; /* i16 lane scales for vpdpwssd over vpmaddubsw pairs of q[z] */
+    __mmask64 neg[4]; /* IQ4_XS: lanes whose value is negative */
+    __m128i mins;  /* Q4_K/Q5_K: 8 mins as i16 (dot with bsums of 32) */
+    __m256i mins16; /* Q2_K: 16 mins as i16 (dot with bsums of 16) */
+    __m256i corr16; /* Q3_K/Q6_K: 16 scales as i16 (times -4 / -32 and bsums) */
+    float d, dmin;
+};
+
+/* i16 lane pattern for sub-block scales: lanes [16a .. 16a+15] get scale (2z + a) for
+ * 32-element sub-blocks, [8a .. 8a+7] get scale (4z + a) for 16-element groups. */
+INLINE __m512i idx_sub32(int z) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * z))),
+                              _mm256_set1_epi16((short)(2 * z + 1)), 1);
+}
+INLINE __m512i idx_sub16(int z) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 1)), _mm_set1_epi16((short)(4 * z)))),
+        _mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 3)), _mm_set1_epi16((short)(4 * z + 2))), 1);
+}
+
+INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
+    uint32_t a[3];
+    memcpy(a, s12, 12);
+    uint32_t sc_lo = a[0] & 0x3f3f3f3f, m_lo = a[1] & 0x3f3f3f3f;
+    uint32_t sc_hi = (a[2] & 0x0f0f0f0f) | ((a[0] >> 2) & 0x30303030);
+    uint32_t m_hi = ((a[2] >> 4) & 0x0f0f0f0f) | ((a[1] >> 2) & 0x30303030);
+    *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
+INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    switch (t) {
+    case QT_Q4_K: case QT_Q5_K: {
+        const uint8_t *qs, *scales, *qh = NULL;
+        uint16_t hd, hm;
+        if (t == QT_Q4_K) {
+            const struct block_q4_K *b = (const struct block_q4_K *)row + i;
+            qs = b->qs;
+            scales = b->scales;
+            hd = b->d;
+            hm = b->dmin;
+        } else {
+            const struct block_q5_K *b = (const struct block_q5_K *)row + i;
+            qs = b->qs;
+            scales = b->scales;
+            qh = b->qh;
+            hd = b->d;
+            hm = b->dmin;
+        }
+        u->d = f16(hd);
+        u->dmin = f16(hm);
+        __m128i sc8;
+        q4k_scales_mins(scales, &sc8, &u->mins);
+        __m512i sc = _mm512_castsi128_si512(sc8);
+        __m512i qhz = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            /* raw bytes 64h..64h+63: low nibbles = sub-blocks 4h, 4h+2; high = 4h+1, 4h+3 */
+            __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * h));
+            __m512i lo = _mm512_and_si512(raw, m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+            u->q[2 * h] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi);
+            u->q[2 * h + 1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15), hi);
+        }
+        UNROLL
+        for (int z = 0; z < 4; z++) {
+            if (qh) {
+                __m512i bit = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (2 * z)))),
+                                                 _mm256_set1_epi8((char)(1 << (2 * z + 1))), 1);
+                __mmask64 m = _mm512_test_epi8_mask(qhz, bit);
+                u->q[z] = _mm512_or_si512(u->q[z], _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
+            }
+            u->sc[z] = _mm512_permutexvar_epi16(idx_sub32(z), sc);
+        }
+        break;
+    }
+    case QT_Q6_K: {
+        const struct block_q6_K *b = (const struct block_q6_K *)row + i;
+        u->d = f16(b->d);
+        u->corr16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        __m512i sc = _mm512_castsi256_si512(u->corr16);
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m512i ql = _mm512_loadu_si512((const void *)(b->ql + 64 * h));
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
+            /* elements 128h + 0..63: low nibbles, high bits (qh >> 0 | qh >> 2) */
+            __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1)), m30);
+            __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1)), m30);
+            u->q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+            u->q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+        }
+        UNROLL
+        for (int z = 0; z < 4; z++) u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
+        break;
+    }
+    case QT_Q2_K: case QT_Q3_K: {
+        const uint8_t *qs, *hm = NULL;
+        __m256i sc16;
+        if (t == QT_Q2_K) {
+            const struct block_q2_K *b = (const struct block_q2_K *)row + i;
+            __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
+            u->mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+            qs = b->qs;
+            u->d = f16(b->d);
+            u->dmin = f16(b->dmin);
+        } else {
+            const struct block_q3_K *b = (const struct block_q3_K *)row + i;
+            int8_t s[16];
+            cpu_q3k_scales(b->scales, s);
+            sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s));
+            u->corr16 = sc16;
+            qs = b->qs;
+            hm = b->hmask;
+            u->d = f16(b->d);
+        }
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        const __m512i m3 = _mm512_set1_epi8(3);
+        __m512i hmz = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm)) : _mm512_setzero_si512();
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+            UNROLL
+            for (int sp = 0; sp < 2; sp++) { /* s = 2sp, 2sp+1 */
+                int z = 2 * h + sp, s = 2 * sp;
+                __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * s)), _mm256_set1_epi16((short)(2 * s + 2)), 1);
+                __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), m3);
+                if (hm) {
+                    __m512i bit = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (4 * h + s)))),
+                                                     _mm256_set1_epi8((char)(1 << (4 * h + s + 1))), 1);
+                    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(hmz, bit), _mm512_set1_epi8(4)));
+                }
+                u->q[z] = q;
+                u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
+            }
+        }
+        break;
+    }
+    default: { /* IQ4_XS */
+        const struct block_iq4_xs *b = (const struct block_iq4_xs *)row + i;
+        u->d = f16(b->d);
+        int16_t ls[8];
+        UNROLL
+        for (int j = 0; j < 8; j++)
+            ls[j] = (int16_t)((((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4) - 32);
+        __m512i sc = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)ls));
+        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+        UNROLL
+        for (int z = 0; z < 4; z++) {
+            __m256i tq = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * z));
+            __m512i nz = _mm512_inserti64x4(_mm512_castsi256_si512(tq), _mm256_srli_epi16(tq, 4), 1);
+            nz = _mm512_and_si512(_mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), nz), m4);
+            __m512i v = _mm512_shuffle_epi8(tab, nz);
+            u->neg[z] = _mm512_movepi8_mask(v);
+            u->q[z] = _mm512_abs_epi8(v);
+            u->sc[z] = _mm512_permutexvar_epi16(idx_sub32(z), sc);
+        }
+        break;
+    }
+    }
+}
+
+INLINE void kq_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
+                    const char *x, size_t xs, float *y, size_t ys) {
+    __m512 acc[4][MAXC];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const float *xd[MAXC];
+    const int16_t *xb[MAXC];
+    UNROLL
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xb[c] = cpu_act_sK(x + c * xs, k);
+    }
+    for (int64_t i = 0; i < k / 256; i++) {
+        __m256i bs16[MAXC];
+        __m128i bs32[MAXC];
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            bs16[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
+            if (t == QT_Q4_K || t == QT_Q5_K) {
+                __m256i pair = _mm256_madd_epi16(bs16[c], _mm256_set1_epi16(1));
+                bs32[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+            }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            struct ksb u;
+            kq_unpack(t, w + r * ws, i, &u);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i;
+                __m512i isum = _mm512_setzero_si512();
+                if (t == QT_Q6_K || t == QT_Q3_K) {
+                    __m256i cr = _mm256_madd_epi16(u.corr16, bs16[c]);
+                    cr = _mm256_slli_epi32(cr, t == QT_Q6_K ? 5 : 2);
+                    isum = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), cr));
+                }
+                UNROLL
+                for (int z = 0; z < 4; z++) {
+                    __m512i xv = _mm512_load_si512((const void *)(xq + 64 * z));
+                    if (t == QT_IQ4_XS) xv = _mm512_mask_sub_epi8(xv, u.neg[z], _mm512_setzero_si512(), xv);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.q[z], xv), u.sc[z]);
+                }
+                float dx = xd[c][i];
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dx), acc[r][c]);
+                if (t == QT_Q4_K || t == QT_Q5_K) {
+                    __m128 ms = _mm_cvtepi32_ps(_mm_madd_epi16(u.mins, bs32[c]));
+                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(ms), _mm512_set1_ps(u.dmin * dx), acc[r][c]);
+                } else if (t == QT_Q2_K) {
+                    __m256 ms = _mm256_cvtepi32_ps(_mm256_madd_epi16(u.mins16, bs16[c]));
+                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(ms), _mm512_set1_ps(u.dmin * dx), acc[r][c]);
+                }
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+#define Q2_K_TILE(R, C, ...) kq_tile(QT_Q2_K, R, C, __VA_ARGS__)
+#define Q3_K_TILE(R, C, ...) kq_tile(QT_Q3_K, R, C, __VA_ARGS__)
+#define Q4_K_TILE(R, C, ...) kq_tile(QT_Q4_K, R, C, __VA_ARGS__)
+#define Q5_K_TILE(R, C, ...) kq_tile(QT_Q5_K, R, C, __VA_ARGS__)
+#define Q6_K_TILE(R, C, ...) kq_tile(QT_Q6_K, R, C, __VA_ARGS__)
+#define IQ4_XS_TILE(R, C, ...) kq_tile(QT_IQ4_XS, R, C, __VA_ARGS__)
+TILE_DRIVER(q2_K, Q2_K_TILE)
+TILE_DRIVER(q3_K, Q3_K_TILE)
+TILE_DRIVER(q4_K, Q4_K_TILE)
+TILE_DRIVER(q5_K, Q5_K_TILE)
+TILE_DRIVER(q6_K, Q6_K_TILE)
+TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
+
+void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
+    tab[QT_F32] = (struct cpu_kernel){CPU_ACT_F32, gemm_f32};
+    tab[QT_F16] = (struct cpu_kernel){CPU_ACT_F32, gemm_f16};
+    tab[QT_BF16] = (struct cpu_kernel){CPU_ACT_F32, gemm_bf16};
+    tab[QT_Q8_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q8_0};
+    tab[QT_Q4_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_0};
+    tab[QT_Q4_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_1};
+    tab[QT_Q5_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_0};
+    tab[QT_Q5_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_1};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_iq4_nl};
+    tab[QT_Q2_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q2_K};
+    tab[QT_Q3_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q3_K};
+    tab[QT_Q4_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q4_K};
+    tab[QT_Q5_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q5_K};
+    tab[QT_Q6_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q6_K};
+    tab[QT_IQ4_XS] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_iq4_xs};
+}
 #endif
