@@ -298,7 +298,10 @@ static bool parse_url(const char *url, size_t *scheme_len, const char **host, si
         colon = memchr(h, ':', (size_t)(end - h));
     }
     size_t hl = (size_t)((colon ? colon : end) - h);
-    if (hl == 0) return false;
+    if (hl == 0 || hl > 255) return false;
+    if (*h != '[') /* a DNS name or IPv4 address: nothing else gets near the origin check */
+        for (size_t i = 0; i < hl; i++)
+            if (!isalnum((unsigned char)h[i]) && h[i] != '.' && h[i] != '-' && h[i] != '_') return false;
     long p = sl == 4 ? 80 : 443;
     if (colon) {
         char *pe;

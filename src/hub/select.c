@@ -94,7 +94,8 @@ static bool is_candidate(const char *path) {
     return true;
 }
 
-/* Expands candidate c to its file set (all parts of a split, in order). */
+/* Expands candidate c to its file set (all parts of a split, in order). One pass over the
+ * names: a hostile listing of many files cannot make this quadratic. */
 static smelt_status expand(const char *const *names, size_t n, size_t c, size_t **idx,
                            size_t *nidx, struct err *e) {
     int no, count;
@@ -108,45 +109,44 @@ static smelt_status expand(const char *const *names, size_t n, size_t c, size_t 
     }
     size_t *v = malloc((size_t)count * sizeof *v);
     if (!v) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
-    for (int k = 1; k <= count; k++) {
-        size_t found = n;
-        for (size_t i = 0; i < n && found == n; i++) {
-            int no2, count2;
-            size_t pl2;
-            if (hub_split_info(names[i], &no2, &count2, &pl2) && no2 == k && count2 == count &&
-                pl2 == pl && !strncmp(names[i], names[c], pl))
-                found = i;
-        }
-        if (found == n) {
+    for (int k = 0; k < count; k++) v[k] = n;
+    for (size_t i = 0; i < n; i++) {
+        int no2, count2;
+        size_t pl2;
+        if (hub_split_info(names[i], &no2, &count2, &pl2) && count2 == count && pl2 == pl &&
+            !strncmp(names[i], names[c], pl) && v[no2 - 1] == n)
+            v[no2 - 1] = i;
+    }
+    for (int k = 0; k < count; k++) {
+        if (v[k] == n) {
             free(v);
             return err_set(e, SMELT_ERR_FORMAT, "split set %.*s: part %d of %d is missing",
-                           (int)pl, names[c], k, count);
+                           (int)pl, names[c], k + 1, count);
         }
-        v[k - 1] = found;
     }
     *idx = v;
     *nidx = (size_t)count;
     return SMELT_OK;
 }
 
-/* Lists the distinct quant tags of the candidates into out ("Q4_K_M, Q8_0, ..."). */
+/* Lists the distinct quant tags of the candidates into out ("Q4_K_M, Q8_0, ..."), in
+ * listing order, up to what fits. */
 static void list_tags(const char *const *names, size_t n, char *out, size_t cap) {
+    enum { MAX_SHOWN = 64 };
+    char seen[MAX_SHOWN][HUB_QUANT_MAX];
+    int nseen = 0;
     size_t used = 0;
     out[0] = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && nseen < MAX_SHOWN; i++) {
         if (!is_candidate(names[i])) continue;
         char tag[HUB_QUANT_MAX];
         hub_quant_tag(names[i], tag, sizeof tag);
-        const char *show = tag[0] ? tag : base_name(names[i]);
+        if (!tag[0]) snprintf(tag, sizeof tag, "%s", base_name(names[i]));
         bool dup = false;
-        for (size_t j = 0; j < i && !dup; j++) {
-            if (!is_candidate(names[j])) continue;
-            char t2[HUB_QUANT_MAX];
-            hub_quant_tag(names[j], t2, sizeof t2);
-            dup = !strcmp(t2[0] ? t2 : base_name(names[j]), show);
-        }
+        for (int j = 0; j < nseen && !dup; j++) dup = !strcmp(seen[j], tag);
         if (dup) continue;
-        int w = snprintf(out + used, cap - used, "%s%s", used ? ", " : "", show);
+        memcpy(seen[nseen++], tag, sizeof tag);
+        int w = snprintf(out + used, cap - used, "%s%s", used ? ", " : "", tag);
         if (w < 0 || (size_t)w >= cap - used) {
             if (cap > 5) strcpy(out + cap - 5, "...");
             return;

@@ -3,6 +3,7 @@
  * layout on a temporary directory (no network; tests/py/test_pull.py covers transfers). */
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hub/hub_internal.h"
@@ -136,6 +137,29 @@ static void test_select(void) {
     const char *b[] = {"m-Q4_K_M.gguf", "m-Q4_K_M-v2.gguf"};
     T_EQ_STR(pick(a, 2, "", out, sizeof out, &e), "m-Q4_K_M.gguf");
     T_EQ_STR(pick(b, 2, "", out, sizeof out, &e), "m-Q4_K_M.gguf");
+}
+
+/* A hostile listing with many files must not make selection quadratic. */
+static void test_select_many(void) {
+    enum { N = 60000 };
+    char **names = malloc(N * sizeof *names);
+    T_CHECK(names != NULL);
+    if (!names) return;
+    for (int i = 0; i < N; i++) {
+        names[i] = malloc(40);
+        snprintf(names[i], 40, "m-Q%d_K-%05d-of-99999.gguf", i % 50, i + 1);
+    }
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    char out[64];
+    struct err e;
+    T_EQ_STR(pick((const char *const *)names, N, "Q0_K", out, sizeof out, &e), "ERR:2");
+    T_EQ_STR(pick((const char *const *)names, N, "Q5_K_M", out, sizeof out, &e), "ERR:6");
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double s = (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+    T_CHECKF(s < 2.0, "selection over %d names took %.2f s", N, s);
+    for (int i = 0; i < N; i++) free(names[i]);
+    free(names);
 }
 
 static void test_urls(void) {
@@ -336,6 +360,7 @@ int main(void) {
     T_RUN(test_relpath_and_hex);
     T_RUN(test_split_and_tags);
     T_RUN(test_select);
+    T_RUN(test_select_many);
     T_RUN(test_urls);
     T_RUN(test_listing);
     T_RUN(test_git_blob_sha1);
