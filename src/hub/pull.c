@@ -32,6 +32,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -534,7 +535,8 @@ struct dl {
     bool has_expect;
     bool hashing;      /* the etag is a sha256: hash while streaming */
     struct sha256 sha;
-    bool fatal;        /* the server lied: do not retry */
+    bool fatal;        /* the server lied (or the disk failed): do not retry */
+    bool keep;         /* with fatal: the bytes on disk are good (a write error), keep them */
     char why[400];     /* reason of an abort from a callback */
     struct hub_progress prog;
     double t0, last_report;
@@ -638,7 +640,7 @@ static bool dl_sink(void *ctx, const void *buf, size_t n) {
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             snprintf(d->why, sizeof d->why, "cannot write the partial file: %s", strerror(errno));
-            d->fatal = true;
+            d->fatal = d->keep = true;
             return false;
         }
         if (d->hashing) sha256_update(&d->sha, p, (size_t)w);
@@ -654,7 +656,8 @@ static bool dl_sink(void *ctx, const void *buf, size_t n) {
  * is complete and verified; the caller renames it. */
 static smelt_status download_blob(struct pull *p, const struct hub_file *f, const struct file_meta *m,
                                   const char *tmp_path, int *hops, int index, int count,
-                                  struct err *e) {
+                                  bool *bad_resume, struct err *e) {
+    *bad_resume = false;
     struct dl d = {.p = p, .name = f->path, .expect = m->size, .has_expect = m->has_size,
                    .hashing = hub_is_hex(m->etag, 64)};
     d.prog.file = f->path;
@@ -670,6 +673,15 @@ static smelt_status download_blob(struct pull *p, const struct hub_file *f, cons
     smelt_status st = SMELT_OK;
     int idle = 0, total_attempts = 0;
     d.t0 = now_s();
+    struct stat first;
+    bool had_prefix = fstat(d.fd, &first) == 0 && first.st_size > 0;
+    if (m->has_size) { /* as huggingface_hub: warn, do not refuse, when space looks short */
+        struct statvfs vfs;
+        uint64_t need = m->size - (had_prefix && (uint64_t)first.st_size < m->size ? (uint64_t)first.st_size : 0);
+        if (fstatvfs(d.fd, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < need)
+            log_warn("%s needs %llu more bytes but the cache's disk has %llu free", f->path,
+                     (unsigned long long)need, (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+    }
     for (;;) {
         struct stat sb;
         if (fstat(d.fd, &sb) != 0) {
@@ -695,10 +707,10 @@ static smelt_status download_blob(struct pull *p, const struct hub_file *f, cons
         smelt_status hs = hub_http_do(p->http, &q, &r, e);
         report(&d, false);
         if (d.fatal) {
-            st = err_set(e, SMELT_ERR_FORMAT, "%s: %s", what, d.why);
+            st = err_set(e, d.keep ? SMELT_ERR_IO : SMELT_ERR_FORMAT, "%s: %s", what, d.why);
             hub_resp_free(&r);
             /* a lying answer may have left bytes that are not the file's: drop them */
-            if (ftruncate(d.fd, 0) != 0) log_debug("truncate %s failed", tmp_path);
+            if (!d.keep && ftruncate(d.fd, 0) != 0) log_debug("truncate %s failed", tmp_path);
             break;
         }
         bool progressed = d.pos > d.have;
@@ -787,6 +799,7 @@ static smelt_status download_blob(struct pull *p, const struct hub_file *f, cons
             if (ftruncate(d.fd, 0) != 0) log_debug("truncate %s failed", tmp_path);
             close(d.fd);
             unlink(tmp_path);
+            *bad_resume = had_prefix;
             return st;
         }
     }
@@ -840,7 +853,13 @@ static smelt_status fetch_file(struct pull *p, const struct hub_file *f, int ind
         if (is_regular(blob, &have))
             log_warn("%s: the cached blob has %llu bytes, not %llu: fetching it again", f->path,
                      (unsigned long long)have, (unsigned long long)m.size);
-        st = download_blob(p, f, &m, tmp, &hops, index, count, e);
+        bool bad_resume;
+        st = download_blob(p, f, &m, tmp, &hops, index, count, &bad_resume, e);
+        if (st && bad_resume) { /* the partial file from before may have been the bad part */
+            log_warn("%s; the download had resumed an earlier partial file: fetching it whole",
+                     e->msg);
+            st = download_blob(p, f, &m, tmp, &hops, index, count, &bad_resume, e);
+        }
         if (st == SMELT_OK && rename(tmp, blob) != 0)
             st = err_set(e, SMELT_ERR_IO, "cannot move %s into place: %s", tmp, strerror(errno));
     } else {

@@ -211,6 +211,22 @@ def test_resume_a_previous_partial_download(hub, cache):
     assert not (rd / "blobs" / (sha(Q4) + ".incomplete")).exists()
 
 
+def test_corrupt_partial_file_is_fetched_again_whole(hub, cache):
+    # a partial file whose bytes are wrong (written by something else): the resumed download
+    # fails its sha256, and smelt fetches the whole file once more instead of failing
+    hub.add_repo("org/corrupt", {"f-Q4_K_M.gguf": Q4})
+    rd = repo_dir(cache, "org/corrupt")
+    (rd / "blobs").mkdir(parents=True)
+    (rd / "blobs" / (sha(Q4) + ".incomplete")).write_bytes(b"\xee" * 5000)
+    n0 = len(hub.log)
+    r = pull(hub, cache, "org/corrupt")
+    assert r.returncode == 0, r.stderr
+    assert "sha256 mismatch" in r.stderr and "whole" in r.stderr
+    assert open(r.stdout.strip(), "rb").read() == Q4
+    ranges = [g["headers"].get("Range") for g in store_gets(hub, n0)]
+    assert ranges == ["bytes=5000-", None]
+
+
 def test_truncated_every_time_fails_then_resumes(hub, cache):
     hub.fault("org/trunc", "f-Q4_K_M.gguf", "truncate", at=50000)
     r = pull(hub, cache, "org/trunc")
