@@ -46,6 +46,14 @@ QUANT_DECL(nvfp4)
 QUANT_DECL(q1_0)
 #undef QUANT_DECL
 
+/* The scalar forms of the K-quant quantizers (one sub-block at a time, exactly ggml's
+ * loops). quant_to_q*_K run 8 sub-blocks per vector instead and must give identical
+ * bytes; the unit test compares them. */
+void quant_to_q2_K_scalar(const float *src, void *dst, int64_t n);
+void quant_to_q4_K_scalar(const float *src, void *dst, int64_t n);
+void quant_to_q5_K_scalar(const float *src, void *dst, int64_t n);
+void quant_to_q6_K_scalar(const float *src, void *dst, int64_t n);
+
 /* Codebook types: dequantize only (their quantizers need an importance matrix and a
  * grid search; not implemented). */
 void quant_from_iq2_xxs(const void *src, float *dst, int64_t n);

@@ -200,6 +200,151 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *weights
     return scale;
 }
 
+/* ---- 4-lane versions of the two fits ----
+ *
+ * The fits above run a long sequential chain per sub-block; a super-block has 8 (or 16)
+ * independent sub-blocks, so these versions run 4 sub-blocks at once, one per lane of a
+ * GCC/Clang 128-bit vector (baseline SSE2 code, no ISA flags needed). Every lane performs exactly
+ * the scalar function's IEEE operations in the same order (no reassociation, no FMA), so
+ * the results are bit-identical; tests/unit/test_quant.c checks that on random and edge
+ * data. About 5x faster for Q4_K on this machine. */
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static inline v4f vsel(v4i m, v4f a, v4f b) { return (v4f)((m & (v4i)a) | (~m & (v4i)b)); }
+static inline v4i vseli(v4i m, v4i a, v4i b) { return (m & a) | (~m & b); }
+static inline v4f vabs(v4f x) { return (v4f)((v4i)x & 0x7fffffff); }
+static inline v4f vsplat(float f) { return (v4f){f, f, f, f}; }
+static inline v4i vsplati(int i) { return (v4i){i, i, i, i}; }
+static inline v4i vnearest(v4f x) {
+    const v4f v = x + 12582912.f;
+    return ((v4i)v & 0x007fffff) - 0x00400000;
+}
+static inline v4i vclamp(v4i v, int lo, int hi) {
+    v = vseli(v < lo, vsplati(lo), v);
+    return vseli(v > hi, vsplati(hi), v);
+}
+static inline v4f vf(v4i v) { return __builtin_convertvector(v, v4f); }
+/* Lane k of the vector at element i: sub-block k starts at x + n*k. */
+static inline v4f vgather(const float *x, int n, int i) {
+    return (v4f){x[i], x[n + i], x[2 * n + i], x[3 * n + i]};
+}
+
+/* fit_scale_min on 4 consecutive sub-blocks of n elements (n <= 32): scales[4],
+ * the_min[4], L[4*n] exactly as 4 scalar calls would give. */
+static void fit_scale_min4(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                           float *scales, float *the_min, float rmin, float rdelta, int nstep,
+                           bool use_mad) {
+    v4f xv[32], wv[32];
+    v4i Lv[32], La[32];
+    for (int i = 0; i < n; i++) {
+        xv[i] = vgather(x, n, i);
+        wv[i] = vgather(weights, n, i);
+    }
+    v4f min = xv[0], max = xv[0];
+    v4f sum_w = wv[0];
+    v4f sum_x = sum_w * xv[0];
+    for (int i = 1; i < n; i++) {
+        min = vsel(xv[i] < min, xv[i], min);
+        max = vsel(xv[i] > max, xv[i], max);
+        sum_w += wv[i];
+        sum_x += wv[i] * xv[i];
+    }
+    min = vsel(min > 0, vsplat(0), min);
+    const v4i flat = max == min;
+    v4f iscale = (float)nmax / (max - min);
+    v4f scale = 1 / iscale;
+    v4f best_error = vsplat(0);
+    for (int i = 0; i < n; i++) {
+        Lv[i] = vclamp(vnearest(iscale * (xv[i] - min)), 0, nmax);
+        v4f diff = scale * vf(Lv[i]) + min - xv[i];
+        diff = use_mad ? vabs(diff) : diff * diff;
+        best_error += wv[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min); /* min moves as fits are accepted */
+        v4f sum_l = vsplat(0), sum_l2 = vsplat(0), sum_xl = vsplat(0);
+        for (int i = 0; i < n; i++) {
+            La[i] = vclamp(vnearest(iscale * (xv[i] - min)), 0, nmax);
+            const v4f l = vf(La[i]);
+            sum_l += wv[i] * l;
+            sum_l2 += wv[i] * l * l;
+            sum_xl += wv[i] * l * xv[i];
+        }
+        const v4f D = sum_w * sum_l2 - sum_l * sum_l;
+        v4f this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        v4f this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        const v4i pos = this_min > 0;
+        this_min = vsel(pos, vsplat(0), this_min);
+        this_scale = vsel(pos, sum_xl / sum_l2, this_scale);
+        v4f cur_error = vsplat(0);
+        for (int i = 0; i < n; i++) {
+            v4f diff = this_scale * vf(La[i]) + this_min - xv[i];
+            diff = use_mad ? vabs(diff) : diff * diff;
+            cur_error += wv[i] * diff;
+        }
+        const v4i acc = (D > 0) & (cur_error < best_error) & ~flat;
+        for (int i = 0; i < n; i++) Lv[i] = vseli(acc, La[i], Lv[i]);
+        best_error = vsel(acc, cur_error, best_error);
+        scale = vsel(acc, this_scale, scale);
+        min = vsel(acc, this_min, min);
+    }
+    scale = vsel(flat, vsplat(0), scale);
+    for (int k = 0; k < 4; k++) {
+        scales[k] = scale[k];
+        the_min[k] = -min[k];
+        for (int i = 0; i < n; i++) L[n * k + i] = flat[k] ? 0 : (uint8_t)Lv[i][k];
+    }
+}
+
+/* fit_signed on 4 consecutive sub-blocks of n elements (n <= 32). */
+static void fit_signed4(int n, int nmax, const float *x, int8_t *L, float *scales) {
+    v4f xv[32], wv[32];
+    v4i Lv[32], La[32];
+    v4f am = vsplat(0), max = vsplat(0);
+    for (int i = 0; i < n; i++) {
+        xv[i] = vgather(x, n, i);
+        wv[i] = xv[i] * xv[i];
+        const v4f ax = vabs(xv[i]);
+        const v4i gt = ax > am;
+        am = vsel(gt, ax, am);
+        max = vsel(gt, xv[i], max);
+    }
+    const v4i zero = am < GROUP_MAX_EPS;
+    v4f iscale = (float)-nmax / max;
+    v4f sumlx = vsplat(0), suml2 = vsplat(0);
+    for (int i = 0; i < n; i++) {
+        const v4i l = vclamp(vnearest(iscale * xv[i]), -nmax, nmax - 1);
+        Lv[i] = l + nmax;
+        const v4f lf = vf(l);
+        sumlx += wv[i] * xv[i] * lf;
+        suml2 += wv[i] * lf * lf;
+    }
+    v4f scale = vsel(suml2 != 0, sumlx / suml2, vsplat(0));
+    v4f best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = vsplat(0);
+        for (int i = 0; i < n; i++) {
+            const v4i l = vclamp(vnearest(iscale * xv[i]), -nmax, nmax - 1);
+            La[i] = l + nmax;
+            const v4f lf = vf(l);
+            sumlx += wv[i] * xv[i] * lf;
+            suml2 += wv[i] * lf * lf;
+        }
+        const v4i acc = (suml2 > 0) & (sumlx * sumlx > best * suml2);
+        for (int i = 0; i < n; i++) Lv[i] = vseli(acc, La[i], Lv[i]);
+        scale = vsel(acc, sumlx / suml2, scale);
+        best = vsel(acc, scale * sumlx, best);
+    }
+    for (int k = 0; k < 4; k++) {
+        scales[k] = zero[k] ? 0.f : scale[k];
+        for (int i = 0; i < n; i++) L[n * k + i] = zero[k] ? 0 : (int8_t)Lv[i][k];
+    }
+}
+
 /* 6-bit scale/min pair k of a Q4_K/Q5_K block (layout in blocks.h). */
 static inline void scale_min_k4(int k, const uint8_t *q, uint8_t *sc, uint8_t *m) {
     if (k < 4) {
@@ -240,17 +385,23 @@ void quant_from_q2_K(const void *src, float *dst, int64_t n) {
     }
 }
 
-void quant_to_q2_K(const float *x, void *dst, int64_t n) {
+static void to_q2_K(const float *x, void *dst, int64_t n, bool vec) {
     struct block_q2_K *y = dst;
     uint8_t L[QK_K], Laux[16];
-    float weights[16], mins[QK_K / 16], scales[QK_K / 16];
+    float weights[QK_K], mins[QK_K / 16], scales[QK_K / 16];
     const float q4scale = 15.f;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         float max_scale = 0, max_min = 0;
+        for (int l = 0; l < QK_K; l++) weights[l] = fabsf(x[l]);
+        if (vec) {
+            for (int j = 0; j < QK_K / 16; j += 4)
+                fit_scale_min4(16, 3, x + 16 * j, weights + 16 * j, L + 16 * j, scales + j, mins + j,
+                               -0.5f, 0.1f, 15, true);
+        }
         for (int j = 0; j < QK_K / 16; j++) {
-            for (int l = 0; l < 16; l++) weights[l] = fabsf(x[16 * j + l]);
-            scales[j] = fit_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux,
-                                      -0.5f, 0.1f, 15, true);
+            if (!vec)
+                scales[j] = fit_scale_min(16, 3, x + 16 * j, weights + 16 * j, L + 16 * j, &mins[j],
+                                          Laux, -0.5f, 0.1f, 15, true);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -281,6 +432,9 @@ void quant_to_q2_K(const float *x, void *dst, int64_t n) {
         pack_2bit(L, y[i].qs);
     }
 }
+
+void quant_to_q2_K(const float *x, void *dst, int64_t n) { to_q2_K(x, dst, n, true); }
+void quant_to_q2_K_scalar(const float *x, void *dst, int64_t n) { to_q2_K(x, dst, n, false); }
 
 /* ---- Q3_K ---- */
 
@@ -367,17 +521,24 @@ void quant_to_q3_K(const float *x, void *dst, int64_t n) {
 /* The shared first half of Q4_K and Q5_K: fit each 32-element sub-block, store the
  * 6-bit scales/mins and d/dmin, then re-quantize every element into L[0..255]. */
 static void fit_k4(const float *x, int nmax, float rmin, int nstep, uint16_t *d, uint16_t *dmin,
-                   uint8_t scales12[12], uint8_t L[QK_K]) {
+                   uint8_t scales12[12], uint8_t L[QK_K], bool vec) {
     uint8_t Laux[32];
-    float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+    float weights[QK_K], mins[QK_K / 32], scales[QK_K / 32];
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < QK_K / 32; j++) {
         float sum_x2 = 0;
         for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
         const float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = fit_scale_min(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin,
-                                  0.1f, nstep, false);
+        for (int l = 0; l < 32; l++) weights[32 * j + l] = av_x + fabsf(x[32 * j + l]);
+    }
+    if (vec)
+        for (int j = 0; j < QK_K / 32; j += 4)
+            fit_scale_min4(32, nmax, x + 32 * j, weights + 32 * j, L + 32 * j, scales + j, mins + j,
+                           rmin, 0.1f, nstep, false);
+    for (int j = 0; j < QK_K / 32; j++) {
+        if (!vec)
+            scales[j] = fit_scale_min(32, nmax, x + 32 * j, weights + 32 * j, L + 32 * j, &mins[j],
+                                      Laux, rmin, 0.1f, nstep, false);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -426,12 +587,12 @@ void quant_from_q4_K(const void *src, float *dst, int64_t n) {
     }
 }
 
-void quant_to_q4_K(const float *x, void *dst, int64_t n) {
+static void to_q4_K(const float *x, void *dst, int64_t n, bool vec) {
     struct block_q4_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         uint16_t d, dmin;
-        fit_k4(x, 15, -1.f, 20, &d, &dmin, y[i].scales, L);
+        fit_k4(x, 15, -1.f, 20, &d, &dmin, y[i].scales, L, vec);
         y[i].d = d;
         y[i].dmin = dmin;
         for (int p = 0; p < 4; p++)
@@ -439,6 +600,9 @@ void quant_to_q4_K(const float *x, void *dst, int64_t n) {
                 y[i].qs[32 * p + l] = (uint8_t)(L[64 * p + l] | L[64 * p + l + 32] << 4);
     }
 }
+
+void quant_to_q4_K(const float *x, void *dst, int64_t n) { to_q4_K(x, dst, n, true); }
+void quant_to_q4_K_scalar(const float *x, void *dst, int64_t n) { to_q4_K(x, dst, n, false); }
 
 void quant_from_q5_K(const void *src, float *dst, int64_t n) {
     const struct block_q5_K *b = src;
@@ -458,12 +622,12 @@ void quant_from_q5_K(const void *src, float *dst, int64_t n) {
     }
 }
 
-void quant_to_q5_K(const float *x, void *dst, int64_t n) {
+static void to_q5_K(const float *x, void *dst, int64_t n, bool vec) {
     struct block_q5_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         uint16_t d, dmin;
-        fit_k4(x, 31, -0.5f, 15, &d, &dmin, y[i].scales, L);
+        fit_k4(x, 31, -0.5f, 15, &d, &dmin, y[i].scales, L, vec);
         y[i].d = d;
         y[i].dmin = dmin;
         memset(y[i].qh, 0, QK_K / 8);
@@ -484,6 +648,9 @@ void quant_to_q5_K(const float *x, void *dst, int64_t n) {
     }
 }
 
+void quant_to_q5_K(const float *x, void *dst, int64_t n) { to_q5_K(x, dst, n, true); }
+void quant_to_q5_K_scalar(const float *x, void *dst, int64_t n) { to_q5_K(x, dst, n, false); }
+
 /* ---- Q6_K ---- */
 
 void quant_from_q6_K(const void *src, float *dst, int64_t n) {
@@ -503,14 +670,16 @@ void quant_from_q6_K(const void *src, float *dst, int64_t n) {
     }
 }
 
-void quant_to_q6_K(const float *x, void *dst, int64_t n) {
+static void to_q6_K(const float *x, void *dst, int64_t n, bool vec) {
     struct block_q6_K *y = dst;
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         float max_scale = 0, max_abs_scale = 0;
+        if (vec)
+            for (int ib = 0; ib < QK_K / 16; ib += 4) fit_signed4(16, 32, x + 16 * ib, L + 16 * ib, scales + ib);
         for (int ib = 0; ib < QK_K / 16; ib++) {
-            const float scale = fit_signed(16, 32, x + 16 * ib, L + 16 * ib);
+            const float scale = vec ? scales[ib] : fit_signed(16, 32, x + 16 * ib, L + 16 * ib);
             scales[ib] = scale;
             if (fabsf(scale) > max_abs_scale) {
                 max_abs_scale = fabsf(scale);
@@ -548,6 +717,9 @@ void quant_to_q6_K(const float *x, void *dst, int64_t n) {
         }
     }
 }
+
+void quant_to_q6_K(const float *x, void *dst, int64_t n) { to_q6_K(x, dst, n, true); }
+void quant_to_q6_K_scalar(const float *x, void *dst, int64_t n) { to_q6_K(x, dst, n, false); }
 
 /* ---- Q8_K ---- */
 

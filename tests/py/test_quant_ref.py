@@ -417,9 +417,10 @@ GEMMA = os.path.join(ROOT, "models", "gemma3-270m-q4_k_m.gguf")
 QWEN = os.path.join(ROOT, "models", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
 
 
-def tensor_types(path):
-    """{name: (shape "AxB", type name)} from a GGUF header. A minimal parser: gguf-py's
-    GGUFReader takes ~20 s on a 262k-token vocab, this takes well under a second."""
+def gguf_index(path):
+    """({name: (shape "AxB", type name, offset)}, data start) from a GGUF header. A
+    minimal parser: gguf-py's GGUFReader takes ~20 s on a 262k-token vocab, this well
+    under a second. Assumes the default alignment (32) unless general.alignment is set."""
     import struct
     with open(path, "rb") as f:
         buf = f.read(64 << 20)
@@ -451,10 +452,16 @@ def tensor_types(path):
     assert rd("I") == 0x46554747
     rd("I")
     n_t, n_kv = rd("Q"), rd("Q")
+    align = 32
     for _ in range(n_kv):
         n = rd("Q")
+        key = buf[pos:pos + n]
         pos += n
-        skip(rd("I"))
+        vt = rd("I")
+        if key == b"general.alignment" and vt == 4:
+            align = rd("I")
+        else:
+            skip(vt)
     out = {}
     for _ in range(n_t):
         ln = rd("Q")
@@ -463,9 +470,13 @@ def tensor_types(path):
         nd = rd("I")
         ne = [rd("Q") for _ in range(nd)]
         t = rd("I")
-        rd("Q")
-        out[name] = ("x".join(map(str, ne)), T(t).name)
-    return out
+        off = rd("Q")
+        out[name] = ("x".join(map(str, ne)), T(t).name, off)
+    return out, (pos + align - 1) // align * align
+
+
+def tensor_types(path):
+    return {n: (shape, t) for n, (shape, t, _) in gguf_index(path)[0].items()}
 
 
 def test_mix_matches_llama_quantize_gemma3():
@@ -511,3 +522,37 @@ def test_random_gemma3_270m_matches_real_file():
     for n, (shape, t) in ts.items():
         assert rows[n][0] == shape, n
         assert rows[n][2] == t, n
+
+
+REAL_BOUND = {T.Q4_0: 0.13, T.Q4_1: 0.12, T.Q5_0: 0.07, T.Q5_1: 0.06, T.Q8_0: 0.01,
+              T.Q2_K: 0.40, T.Q3_K: 0.20, T.Q4_K: 0.10, T.Q5_K: 0.05, T.Q6_K: 0.03,
+              T.IQ4_NL: 0.10, T.IQ4_XS: 0.10, T.MXFP4: 0.16, T.NVFP4: 0.13, T.BF16: 0.004}
+
+
+def test_rmse_real_weights(lib):
+    """Round-trip error on real weight distributions. The real models here are Q4_K_M
+    files; their Q8_0 tensors (Gemma's tied embedding, Qwen's output matrix) are the
+    closest to the original weights, so 512k values of each are decoded and re-quantized.
+    Run with -s to print the table in docs/quant.md."""
+    samples = []
+    for path, name in ((GEMMA, "token_embd.weight"), (QWEN, "output.weight")):
+        if os.path.exists(path):
+            samples.append((os.path.basename(path).split("-")[0], path, name))
+    if not samples:
+        pytest.skip("SKIP no real model under models/ (make models)")
+    for short, path, name in samples:
+        idx, start = gguf_index(path)
+        _, tname, off = idx[name]
+        assert tname == "Q8_0"
+        with open(path, "rb") as f:
+            f.seek(start + off)
+            raw = np.frombuffer(f.read(34 * (1 << 19) // 32), dtype=np.uint8)
+        x = gq.dequantize(raw, T.Q8_0).reshape(-1).astype(np.float32)
+        rms = float(np.sqrt(np.mean(x ** 2)))
+        line = []
+        for qt, bound in REAL_BOUND.items():
+            y = c_dequant(lib, qt, c_quant(lib, qt, x))
+            rel = float(np.sqrt(np.mean((y - x) ** 2)) / rms)
+            line.append(f"{qt.name} {rel:.4f}")
+            assert rel < bound, (short, qt.name, rel)
+        print(f"real {short} {name}: " + ", ".join(line))

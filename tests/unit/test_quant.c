@@ -7,6 +7,7 @@
 #include "quant/blocks.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
+#include "quant/quant_impl.h"
 #include "t.h"
 #include "util/half.h"
 
@@ -133,6 +134,50 @@ static void test_nonfinite_input(void) {
     T_CHECK(1);
 }
 
+/* The vectorized K-quant fits must give the scalar (ggml-order) bytes exactly. */
+static void test_k_vector_equals_scalar(void) {
+    enum { ROWS = 48, N = 256 * 4 };
+    static float x[ROWS][N];
+    static uint8_t a[N * 2], b[N * 2];
+    unsigned long long seed = 7;
+    for (int r = 0; r < ROWS; r++) {
+        const float sc = powf(10.f, (float)(r % 9) - 6.f);
+        for (int i = 0; i < N; i++) {
+            float v = t_randn(&seed) * sc;
+            switch (r % 8) {
+            case 1: v = (i % 64 < 32) ? 0.f : v; break;          /* zero sub-blocks */
+            case 2: v = -0.5f * sc; break;                       /* flat negative */
+            case 3: v = (float)((i % 7) - 3) * 0.25f; break;     /* ties */
+            case 4: v = (i % 32 == 5) ? 100.f * sc : v * 0.01f; break; /* outliers */
+            case 5: v = fabsf(v); break;                          /* all positive */
+            case 6: v = (i % 16 == 0) ? v : 0.f; break;           /* sparse */
+            default: break;
+            }
+            x[r][i] = v;
+        }
+    }
+    x[7][3] = NAN;
+    x[15][300] = INFINITY;
+    struct {
+        const char *name;
+        void (*vec)(const float *, void *, int64_t);
+        void (*ref)(const float *, void *, int64_t);
+        size_t bs;
+    } fns[] = {
+        {"Q2_K", quant_to_q2_K, quant_to_q2_K_scalar, sizeof(struct block_q2_K)},
+        {"Q4_K", quant_to_q4_K, quant_to_q4_K_scalar, sizeof(struct block_q4_K)},
+        {"Q5_K", quant_to_q5_K, quant_to_q5_K_scalar, sizeof(struct block_q5_K)},
+        {"Q6_K", quant_to_q6_K, quant_to_q6_K_scalar, sizeof(struct block_q6_K)},
+    };
+    for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+        for (int r = 0; r < ROWS; r++) {
+            fns[f].vec(x[r], a, N);
+            fns[f].ref(x[r], b, N);
+            T_CHECKF(!memcmp(a, b, N / 256 * fns[f].bs), "%s row %d differs", fns[f].name, r);
+        }
+    }
+}
+
 static void test_mix_names(void) {
     struct quant_mix m;
     struct err e = {0};
@@ -194,6 +239,7 @@ int main(void) {
     T_RUN(test_q4_K_layout);
     T_RUN(test_round_trip);
     T_RUN(test_nonfinite_input);
+    T_RUN(test_k_vector_equals_scalar);
     T_RUN(test_mix_names);
     T_RUN(test_mix_fallback);
     return t_done();
