@@ -5,6 +5,7 @@ sha256 and be the GGUF that docs/models.md describes (checked with gguf-py, an
 independent reader). A file that is absent is skipped with the reason.
 """
 import hashlib
+import json
 import pathlib
 
 import pytest
@@ -30,6 +31,19 @@ def committed_sums():
 
 def test_sums_cover_documented_models():
     assert set(committed_sums()) == set(EXPECTED)
+
+
+def test_real_refs_match_committed_models():
+    """tests/data/ref-real/*.json were recorded from exactly these files."""
+    sums = committed_sums()
+    refs = sorted((ROOT / "tests" / "data" / "ref-real").glob("*.json"))
+    assert len(refs) == len(sums)
+    for r in refs:
+        rec = json.loads(r.read_text())
+        assert rec["model_file"] == r.stem + ".gguf"
+        assert sums[rec["model_file"]] == rec["sha256"]
+        for p in rec["prompts"]:
+            assert len(p["topk_ids"]) == len(p["ids"]) == len(p["topk_logits"])
 
 
 def model_path(name):
