@@ -27,6 +27,9 @@
  * live in registers (GCC -O2 would otherwise keep them on the stack). */
 #define UNROLL _Pragma("GCC unroll 8")
 #define MAXC 4
+/* Software prefetch distance for weight rows, in blocks (decode streams weights from DRAM;
+ * 8 blocks ahead measured ~10-20% faster than none on a 145 MB Q8_0 matrix). */
+#define PFD 8
 
 INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -267,6 +270,7 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
         UNROLL
         for (int r = 0; r < R; r++) {
             __m512 d2, m2 = _mm512_setzero_ps();
+            _mm_prefetch(w + r * ws + (i + PFD) * legacy_size(t), _MM_HINT_T0);
             __m512i q = legacy_unpack2(t, w + r * ws, i, &d2, &m2);
             UNROLL
             for (int c = 0; c < C; c++) {
