@@ -254,10 +254,13 @@ static void test_matmul_kernel_types(void) {
             check_type(t, pool, &ar, &shapes[si], 0x9e3779b97f4a7c15ULL * (ti * 16 + si + 1));
     }
     /* Legacy 32-blocks at a k that is not a multiple of 256, and plain types at odd k. */
-    const struct shape odd32 = {19, 96, 5}, odd1 = {9, 97, 3};
+    /* (n >= 8 takes the packed prefill path where a type has one; 96 = 3 blocks leaves an
+     * odd tail block for the two-blocks-per-register kernels.) */
+    const struct shape odd32 = {19, 96, 5}, odd32p = {19, 96, 9}, odd1 = {9, 97, 3};
     for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
         uint32_t t = kernel_types[ti];
         if (qtype_get(t)->blck_size == 32) check_type(t, pool, &ar, &odd32, 77 + ti);
+        if (qtype_get(t)->blck_size == 32) check_type(t, pool, &ar, &odd32p, 177 + ti);
         if (qtype_get(t)->blck_size == 1) check_type(t, pool, &ar, &odd1, 99 + ti);
     }
     arena_free(&ar);

@@ -36,9 +36,21 @@ typedef void (*cpu_gemm_fn)(int64_t k, const void *w, size_t wstride, const void
                             size_t xstride, float *y, size_t ystride, int nr, int nc);
 typedef void (*cpu_quant_fn)(const float *x, void *q, int64_t k);
 
+/* Optional prefill path: pack() unpacks nr weight rows once into a kernel-friendly layout
+ * (row r at dst + r*packed_row_bytes(k)), and gemm_packed() is a tile kernel (same contract
+ * as gemm) that reads that layout. The driver uses it when X has enough rows to amortize
+ * the unpack (CPU_PACK_MIN_N); the unpack then costs once per chunk instead of once per
+ * register tile of X rows. */
+typedef void (*cpu_pack_fn)(int64_t k, const void *w, size_t wstride, int nr, void *dst);
+typedef size_t (*cpu_packed_size_fn)(int64_t k);
+#define CPU_PACK_MIN_N 8
+
 struct cpu_kernel {
     enum cpu_act act;
     cpu_gemm_fn gemm;
+    cpu_pack_fn pack;               /* NULL: no packed path */
+    cpu_packed_size_fn packed_row_bytes;
+    cpu_gemm_fn gemm_packed;
 };
 
 /* Each ISA file fills the entries it implements (index: enum qtype) and leaves the rest. */

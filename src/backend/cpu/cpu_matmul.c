@@ -78,6 +78,9 @@ struct mm_job {
     size_t xstride; /* bytes between rows of xq */
     float *y;
     float *deq;     /* fallback: one k-float row per thread */
+    cpu_pack_fn pack; /* packed prefill path (NULL: off) */
+    char *packbuf;    /* per thread: rb packed rows */
+    size_t packed_row, packbuf_stride;
     int64_t rb, cb, n_rchunks, n_chunks;
     _Alignas(64) atomic_llong next;
 };
@@ -108,9 +111,19 @@ static void gemm_task(void *arg, int ith, int nth) {
             }
             continue;
         }
+        const char *wbase = j->w;
+        size_t wstride = j->wstride;
+        int64_t rbase = 0;
+        if (j->pack) {
+            char *buf = j->packbuf + (size_t)ith * j->packbuf_stride;
+            j->pack(j->k, j->w + r0 * j->wstride, j->wstride, (int)(r1 - r0), buf);
+            wbase = buf;
+            wstride = j->packed_row;
+            rbase = r0;
+        }
         for (int64_t r = r0; r < r1; r += CPU_MR) {
             int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
-            j->gemm(j->k, j->w + r * j->wstride, j->wstride, xc, j->xstride, yc + r,
+            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->xstride, yc + r,
                     (size_t)j->rows, nr, (int)nc);
         }
     }
@@ -132,6 +145,11 @@ static void plan(struct mm_job *j, int nth) {
     rb = (rb + 15) & ~(int64_t)15;
     if (rb < 16) rb = 16;
     if (n > 1 && rb > 256) rb = 256; /* weights of a chunk stay near L2 */
+    if (j->pack) { /* the packed rows of a chunk: ~256 KiB per thread, in L2 beside X */
+        int64_t cap = (int64_t)((256 * 1024) / j->packed_row) & ~(int64_t)15;
+        if (cap < 16) cap = 16;
+        if (rb > cap) rb = cap;
+    }
     j->rb = rb;
     j->cb = cb;
     j->n_rchunks = (rows + rb - 1) / rb;
@@ -187,6 +205,16 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
         xbytes = j->xstride * (size_t)n;
     }
     if (j->dequant) dbytes = (size_t)nth * (size_t)k * sizeof(float);
+    if (kern->pack && !j->dequant && n >= CPU_PACK_MIN_N) {
+        j->pack = kern->pack;
+        j->gemm = kern->gemm_packed;
+        j->packed_row = kern->packed_row_bytes(k);
+    }
+    plan(j, nth);
+    if (j->pack) {
+        j->packbuf_stride = ((size_t)j->rb * j->packed_row + 63) & ~(size_t)63;
+        dbytes = (size_t)nth * j->packbuf_stride;
+    }
     if (xbytes + dbytes) {
         char *mem = scratch ? arena_alloc(scratch, xbytes + dbytes)
                             : (heap = aligned_alloc(64, (xbytes + dbytes + 63) & ~(size_t)63));
@@ -194,7 +222,8 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
             return err_set(e, SMELT_ERR_NOMEM, "matmul %s: out of memory for %zu scratch bytes",
                            qi->name, xbytes + dbytes);
         if (xbytes) j->xq = mem;
-        if (dbytes) j->deq = (float *)(mem + xbytes);
+        if (dbytes && j->dequant) j->deq = (float *)(mem + xbytes);
+        if (dbytes && j->pack) j->packbuf = mem + xbytes;
     }
 
     if (j->quant) {
@@ -203,7 +232,6 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
         else
             cpu_pool_run(p, quant_task, j);
     }
-    plan(j, nth);
     atomic_init(&j->next, 0);
     if (nth == 1 || j->n_chunks == 1)
         gemm_task(j, 0, 1);

@@ -685,20 +685,20 @@ INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const
 TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
 
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
-    tab[QT_F32] = (struct cpu_kernel){CPU_ACT_F32, gemm_f32};
-    tab[QT_F16] = (struct cpu_kernel){CPU_ACT_F32, gemm_f16};
-    tab[QT_BF16] = (struct cpu_kernel){CPU_ACT_F32, gemm_bf16};
-    tab[QT_Q8_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q8_0};
-    tab[QT_Q4_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_0};
-    tab[QT_Q4_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_1};
-    tab[QT_Q5_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_0};
-    tab[QT_Q5_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_1};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_iq4_nl};
-    tab[QT_Q4_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q4_K};
-    tab[QT_Q6_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q6_K};
-    tab[QT_Q5_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q5_K};
-    tab[QT_Q2_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q2_K};
-    tab[QT_Q3_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q3_K};
-    tab[QT_IQ4_XS] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_iq4_xs};
+    tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
+    tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
+    tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
+    tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q8_0};
+    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_0};
+    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_1};
+    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0};
+    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl};
+    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K};
+    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K};
+    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K};
+    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K};
+    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K};
+    tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs};
 }
 #endif

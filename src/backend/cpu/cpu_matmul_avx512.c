@@ -317,11 +317,155 @@ TILE_DRIVER(q5_0, Q5_0_TILE)
 TILE_DRIVER(q5_1, Q5_1_TILE)
 TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
 
+/* ---- legacy types, packed prefill path ----
+ * A packed row holds the block values as unsigned bytes v + 128 (v the signed integer that
+ * d multiplies: q - 8 for Q4_0, q - 16 for Q5_0, w for Q8_0, the codebook value for
+ * IQ4_NL, q for Q4_1/Q5_1), then d per block as f32, then (Q4_1/Q5_1) m per block:
+ *   uint8 q[k] | float d[k/32] | float m[k/32]          (64-byte multiple)
+ * so the tile loop has no unpacking left: one load per row and block pair. */
+
+INLINE size_t packed_legacy_bytes(uint32_t t, int64_t k) {
+    size_t n = (size_t)k + 4 * (size_t)(k / 32) * (legacy_has_min(t) ? 2 : 1);
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Byte to add to legacy_unpack's output to get v + 128. */
+INLINE char packed_bias(uint32_t t) {
+    switch (t) {
+    case QT_Q4_0: return 120;
+    case QT_Q5_0: return 112;
+    case QT_Q4_1: case QT_Q5_1: return (char)128;
+    default: return 0; /* Q8_0, IQ4_NL: already v + 128 */
+    }
+}
+
+INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+    const size_t prow = packed_legacy_bytes(t, k), bs = legacy_size(t);
+    const int64_t nb = k / 32;
+    for (int r = 0; r < nr; r++) {
+        const char *row = (const char *)w + r * ws;
+        uint8_t *q = (uint8_t *)dst + r * prow;
+        float *d = (float *)(q + k), *m = d + nb;
+        int64_t i = 0;
+        for (; i + 2 <= nb; i += 2) {
+            __m512 d2, m2;
+            __m512i v = legacy_unpack2(t, row, i, &d2, &m2);
+            _mm512_store_si512((void *)(q + 32 * i), _mm512_add_epi8(v, _mm512_set1_epi8(packed_bias(t))));
+        }
+        if (i < nb) {
+            float dd, mm = 0.0f;
+            __m256i v = legacy_unpack1(t, row, i, &dd, &mm);
+            _mm256_store_si256((__m256i *)(q + 32 * i), _mm256_add_epi8(v, _mm256_set1_epi8(packed_bias(t))));
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, row + b * bs, 2);
+            d[b] = f16(h);
+            if (legacy_has_min(t)) {
+                memcpy(&h, row + b * bs + 2, 2);
+                m[b] = f16(h);
+            }
+        }
+    }
+}
+
+/* y = sum over blocks of d_w·d_x·(sum (v+128)·x - 128·sum x) [+ m_w·d_x·sum x]. */
+INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
+                               const char *x, size_t xs, float *y, size_t ys) {
+    __m512 acc[4][MAXC];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const float *xd[MAXC], *wd[4], *wm[4];
+    const int16_t *xsum[MAXC];
+    UNROLL
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xsum[c] = cpu_act_s32(x + c * xs, k);
+    }
+    const int64_t nb = k / 32;
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        wd[r] = (const float *)(w + r * ws + k);
+        wm[r] = wd[r] + nb;
+    }
+    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512 dx2[MAXC], mx2[MAXC];
+        __m512i init[MAXC];
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            __m128 dd = _mm_castpd_ps(_mm_load_sd((const double *)(xd[c] + i)));
+            dx2[c] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(dd));
+            int32_t s2;
+            memcpy(&s2, xsum[c] + i, 4);
+            __m512i sv = _mm512_maskz_expand_epi32(0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
+            init[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sv, 7));
+            if (has_min) mx2[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(sv), dx2[c]);
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m512i q = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
+            __m512 d2 = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
+            __m512 m2 = has_min ? _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wm[r] + i)))))
+                                : _mm512_setzero_ps();
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m512i xv = _mm512_load_si512((const void *)(x + c * xs + 32 * i));
+                __m512i p = _mm512_dpbusd_epi32(init[c], q, xv);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
+                if (has_min) acc[r][c] = _mm512_fmadd_ps(m2, mx2[c], acc[r][c]);
+            }
+        }
+    }
+    float tail[4][MAXC] = {{0}};
+    if (i < nb) {
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            __m256i q = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
+                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+                int isum = _mm_cvtsi128_si32(s4) - 128 * xsum[c][i];
+                tail[r][c] = wd[r][i] * xd[c][i] * (float)isum;
+                if (has_min) tail[r][c] += wm[r][i] * xd[c][i] * (float)xsum[c][i];
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+}
+#define PACKED_TILE(R, C, ...) packed_legacy_tile(0, R, C, __VA_ARGS__)
+#define PACKED_MIN_TILE(R, C, ...) packed_legacy_tile(1, R, C, __VA_ARGS__)
+TILE_DRIVER(packed, PACKED_TILE)
+TILE_DRIVER(packed_min, PACKED_MIN_TILE)
+
+#define PACK_FNS(name, T)                                                                      \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
+        pack_legacy(T, k, w, ws, nr, dst);                                                     \
+    }                                                                                          \
+    static size_t packed_bytes_##name(int64_t k) { return packed_legacy_bytes(T, k); }
+PACK_FNS(q8_0, QT_Q8_0)
+PACK_FNS(q4_0, QT_Q4_0)
+PACK_FNS(q4_1, QT_Q4_1)
+PACK_FNS(q5_0, QT_Q5_0)
+PACK_FNS(q5_1, QT_Q5_1)
+PACK_FNS(iq4_nl, QT_IQ4_NL)
+
 /* ---- K-quants and IQ4_XS × Q8_K: a super-block is 4 zmm of 64 elements ---- */
 
 struct ksb {
     __m512i q[4];  /* unsigned quants (IQ4_XS: |v|) of elements 64z .. 64z+63 */
     __m512i sc[4]; /* i16 lane scales for vpdpwssd over vpmaddubsw pairs of q[z] */
+    __m256i scc;   /* the same, compact: 8 (sub-blocks of 32) or 16 (of 16) i16 scales */
     __mmask64 neg[4]; /* IQ4_XS: lanes whose value is negative */
     __m128i mins;  /* Q4_K/Q5_K: 8 mins as i16 (dot with bsums of 32) */
     __m256i mins16; /* Q2_K: 16 mins as i16 (dot with bsums of 16) */
@@ -353,6 +497,11 @@ INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
 
 INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     const __m512i m4 = _mm512_set1_epi8(15);
+    /* fields a type does not use (dead stores once inlined into a tile) */
+    u->dmin = 0.0f;
+    u->mins = _mm_setzero_si128();
+    u->mins16 = u->corr16 = _mm256_setzero_si256();
+    for (int z = 0; z < 4; z++) u->neg[z] = 0;
     switch (t) {
     case QT_Q4_K: case QT_Q5_K: {
         const uint8_t *qs, *scales, *qh = NULL;
@@ -376,6 +525,7 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         __m128i sc8;
         q4k_scales_mins(scales, &sc8, &u->mins);
         __m512i sc = _mm512_castsi128_si512(sc8);
+        u->scc = _mm256_zextsi128_si256(sc8);
         __m512i qhz = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
         UNROLL
         for (int h = 0; h < 2; h++) {
@@ -403,6 +553,7 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         u->d = f16(b->d);
         u->corr16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         __m512i sc = _mm512_castsi256_si512(u->corr16);
+        u->scc = u->corr16;
         const __m512i m30 = _mm512_set1_epi8(0x30);
         UNROLL
         for (int h = 0; h < 2; h++) {
@@ -440,6 +591,7 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
             u->d = f16(b->d);
         }
         __m512i sc = _mm512_castsi256_si512(sc16);
+        u->scc = sc16;
         const __m512i m3 = _mm512_set1_epi8(3);
         __m512i hmz = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm)) : _mm512_setzero_si512();
         UNROLL
@@ -469,6 +621,7 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         for (int j = 0; j < 8; j++)
             ls[j] = (int16_t)((((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4) - 32);
         __m512i sc = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)ls));
+        u->scc = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)ls));
         const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
         UNROLL
         for (int z = 0; z < 4; z++) {
@@ -485,8 +638,66 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     }
 }
 
-INLINE void kq_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
-                    const char *x, size_t xs, float *y, size_t ys) {
+/* Packed prefill layout of one super-block (KQ_PACKED bytes): the unpacked quants, the
+ * compact scales and the per-type extras, so the tile loop only loads.
+ *   [0, 256) q[4] | [256, 288) scc | [288, 320) aux (mins / mins16 / corr16)
+ *   [320, 352) neg[4] (IQ4_XS) | [352, 360) d, dmin */
+#define KQ_PACKED 384
+
+INLINE int kq_sub16(uint32_t t) { return t == QT_Q6_K || t == QT_Q2_K || t == QT_Q3_K; }
+
+INLINE void kq_store_packed(uint32_t t, const struct ksb *u, char *p) {
+    for (int z = 0; z < 4; z++) _mm512_store_si512((void *)(p + 64 * z), u->q[z]);
+    _mm256_store_si256((__m256i *)(p + 256), u->scc);
+    __m256i aux = t == QT_Q2_K ? u->mins16
+                  : (t == QT_Q3_K || t == QT_Q6_K) ? u->corr16
+                  : (t == QT_Q4_K || t == QT_Q5_K) ? _mm256_zextsi128_si256(u->mins)
+                                                   : _mm256_setzero_si256();
+    _mm256_store_si256((__m256i *)(p + 288), aux);
+    uint64_t neg[4] = {0, 0, 0, 0};
+    if (t == QT_IQ4_XS)
+        for (int z = 0; z < 4; z++) neg[z] = (uint64_t)u->neg[z];
+    memcpy(p + 320, neg, 32);
+    memcpy(p + 352, &u->d, 4);
+    memcpy(p + 356, &u->dmin, 4);
+}
+
+INLINE void kq_load_packed(uint32_t t, const char *p, struct ksb *u) {
+    UNROLL
+    for (int z = 0; z < 4; z++) u->q[z] = _mm512_load_si512((const void *)(p + 64 * z));
+    __m512i sc = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(p + 256)));
+    UNROLL
+    for (int z = 0; z < 4; z++) u->sc[z] = _mm512_permutexvar_epi16(kq_sub16(t) ? idx_sub16(z) : idx_sub32(z), sc);
+    __m256i aux = _mm256_load_si256((const __m256i *)(p + 288));
+    u->mins = _mm256_castsi256_si128(aux);
+    u->mins16 = aux;
+    u->corr16 = aux;
+    if (t == QT_IQ4_XS) {
+        UNROLL
+        for (int z = 0; z < 4; z++) {
+            uint64_t m;
+            memcpy(&m, p + 320 + 8 * z, 8);
+            u->neg[z] = (__mmask64)m;
+        }
+    }
+    memcpy(&u->d, p + 352, 4);
+    memcpy(&u->dmin, p + 356, 4);
+}
+
+INLINE size_t kq_packed_bytes(int64_t k) { return (size_t)(k / 256) * KQ_PACKED; }
+
+INLINE void kq_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+    const size_t prow = kq_packed_bytes(k);
+    for (int r = 0; r < nr; r++)
+        for (int64_t i = 0; i < k / 256; i++) {
+            struct ksb u;
+            kq_unpack(t, (const char *)w + r * ws, i, &u);
+            kq_store_packed(t, &u, (char *)dst + r * prow + i * KQ_PACKED);
+        }
+}
+
+INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w,
+                    size_t ws, const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -513,7 +724,8 @@ INLINE void kq_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t w
         UNROLL
         for (int r = 0; r < R; r++) {
             struct ksb u;
-            kq_unpack(t, w + r * ws, i, &u);
+            if (packed) kq_load_packed(t, w + r * ws + i * KQ_PACKED, &u);
+            else kq_unpack(t, w + r * ws, i, &u);
             UNROLL
             for (int c = 0; c < C; c++) {
                 const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i;
@@ -546,34 +758,63 @@ INLINE void kq_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t w
         UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
-#define Q2_K_TILE(R, C, ...) kq_tile(QT_Q2_K, R, C, __VA_ARGS__)
-#define Q3_K_TILE(R, C, ...) kq_tile(QT_Q3_K, R, C, __VA_ARGS__)
-#define Q4_K_TILE(R, C, ...) kq_tile(QT_Q4_K, R, C, __VA_ARGS__)
-#define Q5_K_TILE(R, C, ...) kq_tile(QT_Q5_K, R, C, __VA_ARGS__)
-#define Q6_K_TILE(R, C, ...) kq_tile(QT_Q6_K, R, C, __VA_ARGS__)
-#define IQ4_XS_TILE(R, C, ...) kq_tile(QT_IQ4_XS, R, C, __VA_ARGS__)
+#define KQ_FNS(name, T)                                                                        \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
+        kq_pack(T, k, w, ws, nr, dst);                                                         \
+    }                                                                                          \
+    static size_t packed_bytes_##name(int64_t k) { return kq_packed_bytes(k); }
+#define KQ_TILES(name, T)                                                                      \
+    KQ_FNS(name, T)                                                                            \
+    static inline __attribute__((always_inline)) void tile_##name(int p, int R, int C,        \
+        int64_t k, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {  \
+        kq_tile(T, p, R, C, k, w, ws, x, xs, y, ys);                                           \
+    }
+KQ_TILES(q2_K, QT_Q2_K)
+KQ_TILES(q3_K, QT_Q3_K)
+KQ_TILES(q4_K, QT_Q4_K)
+KQ_TILES(q5_K, QT_Q5_K)
+KQ_TILES(q6_K, QT_Q6_K)
+KQ_TILES(iq4_xs, QT_IQ4_XS)
+#define Q2_K_TILE(R, C, ...) tile_q2_K(0, R, C, __VA_ARGS__)
+#define Q3_K_TILE(R, C, ...) tile_q3_K(0, R, C, __VA_ARGS__)
+#define Q4_K_TILE(R, C, ...) tile_q4_K(0, R, C, __VA_ARGS__)
+#define Q5_K_TILE(R, C, ...) tile_q5_K(0, R, C, __VA_ARGS__)
+#define Q6_K_TILE(R, C, ...) tile_q6_K(0, R, C, __VA_ARGS__)
+#define IQ4_XS_TILE(R, C, ...) tile_iq4_xs(0, R, C, __VA_ARGS__)
+#define Q2_K_PTILE(R, C, ...) tile_q2_K(1, R, C, __VA_ARGS__)
+#define Q3_K_PTILE(R, C, ...) tile_q3_K(1, R, C, __VA_ARGS__)
+#define Q4_K_PTILE(R, C, ...) tile_q4_K(1, R, C, __VA_ARGS__)
+#define Q5_K_PTILE(R, C, ...) tile_q5_K(1, R, C, __VA_ARGS__)
+#define Q6_K_PTILE(R, C, ...) tile_q6_K(1, R, C, __VA_ARGS__)
+#define IQ4_XS_PTILE(R, C, ...) tile_iq4_xs(1, R, C, __VA_ARGS__)
 TILE_DRIVER(q2_K, Q2_K_TILE)
 TILE_DRIVER(q3_K, Q3_K_TILE)
 TILE_DRIVER(q4_K, Q4_K_TILE)
 TILE_DRIVER(q5_K, Q5_K_TILE)
 TILE_DRIVER(q6_K, Q6_K_TILE)
 TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
+TILE_DRIVER(packed_q2_K, Q2_K_PTILE)
+TILE_DRIVER(packed_q3_K, Q3_K_PTILE)
+TILE_DRIVER(packed_q4_K, Q4_K_PTILE)
+TILE_DRIVER(packed_q5_K, Q5_K_PTILE)
+TILE_DRIVER(packed_q6_K, Q6_K_PTILE)
+TILE_DRIVER(packed_iq4_xs, IQ4_XS_PTILE)
 
 void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
-    tab[QT_F32] = (struct cpu_kernel){CPU_ACT_F32, gemm_f32};
-    tab[QT_F16] = (struct cpu_kernel){CPU_ACT_F32, gemm_f16};
-    tab[QT_BF16] = (struct cpu_kernel){CPU_ACT_F32, gemm_bf16};
-    tab[QT_Q8_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q8_0};
-    tab[QT_Q4_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_0};
-    tab[QT_Q4_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q4_1};
-    tab[QT_Q5_0] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_0};
-    tab[QT_Q5_1] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_q5_1};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){CPU_ACT_Q8_32, gemm_iq4_nl};
-    tab[QT_Q2_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q2_K};
-    tab[QT_Q3_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q3_K};
-    tab[QT_Q4_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q4_K};
-    tab[QT_Q5_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q5_K};
-    tab[QT_Q6_K] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_q6_K};
-    tab[QT_IQ4_XS] = (struct cpu_kernel){CPU_ACT_Q8_K, gemm_iq4_xs};
+    tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
+    tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
+    tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
+    tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q8_0, .pack = pack_q8_0, .packed_row_bytes = packed_bytes_q8_0, .gemm_packed = gemm_packed};
+    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_0, .pack = pack_q4_0, .packed_row_bytes = packed_bytes_q4_0, .gemm_packed = gemm_packed};
+    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_1, .pack = pack_q4_1, .packed_row_bytes = packed_bytes_q4_1, .gemm_packed = gemm_packed_min};
+    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0, .pack = pack_q5_0, .packed_row_bytes = packed_bytes_q5_0, .gemm_packed = gemm_packed};
+    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1, .pack = pack_q5_1, .packed_row_bytes = packed_bytes_q5_1, .gemm_packed = gemm_packed_min};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl, .pack = pack_iq4_nl, .packed_row_bytes = packed_bytes_iq4_nl, .gemm_packed = gemm_packed};
+    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K, .pack = pack_q2_K, .packed_row_bytes = packed_bytes_q2_K, .gemm_packed = gemm_packed_q2_K};
+    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K, .pack = pack_q3_K, .packed_row_bytes = packed_bytes_q3_K, .gemm_packed = gemm_packed_q3_K};
+    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K, .pack = pack_q4_K, .packed_row_bytes = packed_bytes_q4_K, .gemm_packed = gemm_packed_q4_K};
+    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K, .pack = pack_q5_K, .packed_row_bytes = packed_bytes_q5_K, .gemm_packed = gemm_packed_q5_K};
+    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K, .pack = pack_q6_K, .packed_row_bytes = packed_bytes_q6_K, .gemm_packed = gemm_packed_q6_K};
+    tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs, .pack = pack_iq4_xs, .packed_row_bytes = packed_bytes_iq4_xs, .gemm_packed = gemm_packed_iq4_xs};
 }
 #endif
