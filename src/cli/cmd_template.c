@@ -1,0 +1,269 @@
+/* smelt template MODEL conversation.json: renders a model's chat template.
+ *
+ * The template comes from the GGUF's tokenizer.chat_template (or --template FILE, or the
+ * documented ChatML default when the model has none); bos_token / eos_token are the text
+ * of the vocab's BOS/EOS tokens. The context is what Hugging Face's apply_chat_template
+ * passes (see tmpl_chat_ctx). The rendered prompt is written to stdout byte for byte.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "format/gguf.h"
+#include "tokenizer/tmpl.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: smelt template MODEL.gguf CONVERSATION.json [options]\n"
+            "       smelt template --template FILE.jinja CONVERSATION.json [options]\n"
+            "\n"
+            "Renders the model's chat template (tokenizer.chat_template) for a conversation the\n"
+            "way Hugging Face's apply_chat_template does, and prints the prompt exactly.\n"
+            "A model without a template gets the ChatML default (docs/templates.md).\n"
+            "\n"
+            "CONVERSATION.json ('-' reads stdin) is either a list of messages or an object:\n"
+            "  {\"messages\": [...], \"tools\": [...], \"add_generation_prompt\": true, ...}\n"
+            "where any other key (enable_thinking, bos_token, ...) is passed to the template.\n"
+            "\n"
+            "  --template FILE          render FILE instead of a model's template\n"
+            "  --no-generation-prompt   add_generation_prompt = false (default true)\n"
+            "  --var KEY=VALUE          pass a variable; VALUE is JSON when it parses, else text\n"
+            "  --now EPOCH              the time strftime_now() sees (UTC), for reproducible output\n"
+            "  -h, --help               this help\n"
+            "\n"
+            "Exit status: 0 ok, 1 the template failed (the reason is printed), 2 usage error.\n");
+}
+
+static char *read_file(const char *path, size_t *len, struct err *e) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        err_set(e, SMELT_ERR_IO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    bool bad = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf) {
+        err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    if (bad) {
+        free(buf);
+        err_set(e, SMELT_ERR_IO, "%s: read error", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* The text of token id key_id (e.g. tokenizer.ggml.bos_token_id), or NULL. */
+static char *token_text(struct gguf_file *g, const char *key_id) {
+    uint32_t id;
+    struct err e;
+    err_clear(&e);
+    if (gguf_get_u32(g, key_id, &id, &e)) return NULL;
+    const struct gguf_value *arr;
+    if (gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_T_STRING, &arr, &e)) return NULL;
+    if (id >= arr->v.arr.n) return NULL;
+    struct gguf_str s = gguf_arr_str(arr, id);
+    char *t = malloc(s.len + 1);
+    if (!t) return NULL;
+    memcpy(t, s.ptr, s.len);
+    t[s.len] = 0;
+    return t;
+}
+
+int cmd_template(int argc, char **argv) {
+    const char *model = NULL, *tfile = NULL, *conv = NULL;
+    bool no_gen = false, has_now = false;
+    long long now = 0;
+    json_t *vars = json_object();
+    int rc = 2;
+    struct err e;
+    err_clear(&e);
+    char *src = NULL, *conv_text = NULL, *bos = NULL, *eos = NULL, *out = NULL;
+    struct gguf_file *g = NULL;
+    struct tmpl *t = NULL;
+    struct tmpl_value *ctx = NULL;
+    json_t *cj = NULL, *extra = NULL;
+    if (!vars) return cli_fail("template", &(struct err){SMELT_ERR_NOMEM, "out of memory"});
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            rc = 0;
+            goto done;
+        } else if (!strcmp(a, "--template") && i + 1 < argc) {
+            tfile = argv[++i];
+        } else if (!strcmp(a, "--no-generation-prompt")) {
+            no_gen = true;
+        } else if (!strcmp(a, "--now") && i + 1 < argc) {
+            char *end;
+            now = strtoll(argv[++i], &end, 10);
+            if (*end) {
+                fprintf(stderr, "smelt template: --now wants seconds since 1970\n");
+                goto done;
+            }
+            has_now = true;
+        } else if (!strcmp(a, "--var") && i + 1 < argc) {
+            const char *kv = argv[++i], *eq = strchr(kv, '=');
+            if (!eq || eq == kv) {
+                fprintf(stderr, "smelt template: --var wants KEY=VALUE\n");
+                goto done;
+            }
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+            json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+            if (!v) v = json_string(eq + 1);
+            if (!v) {
+                fprintf(stderr, "smelt template: --var %s: value is not UTF-8\n", key);
+                goto done;
+            }
+            json_object_set_new(vars, key, v);
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "smelt template: unknown option '%s'\n\n", a);
+            usage(stderr);
+            goto done;
+        } else if (!model && !tfile && !conv) {
+            model = a;
+        } else if (!conv) {
+            conv = a;
+        } else {
+            fprintf(stderr, "smelt template: too many arguments\n\n");
+            usage(stderr);
+            goto done;
+        }
+    }
+    if (tfile && model && !conv) { /* `--template F conv` parsed conv as model */
+        conv = model;
+        model = NULL;
+    }
+    if (!conv || (!model && !tfile)) {
+        usage(stderr);
+        goto done;
+    }
+    rc = 1;
+
+    /* the template and special tokens */
+    size_t src_len = 0;
+    if (tfile) {
+        if (!(src = read_file(tfile, &src_len, &e))) goto fail;
+    }
+    if (model) {
+        if (gguf_open(&g, model, &e)) goto fail;
+        if (!src) {
+            struct gguf_str s;
+            struct err e2;
+            err_clear(&e2);
+            if (gguf_get_str(g, "tokenizer.chat_template", &s, &e2) == SMELT_OK) {
+                src = malloc(s.len + 1);
+                if (!src) {
+                    err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+                    goto fail;
+                }
+                memcpy(src, s.ptr, s.len);
+                src[s.len] = 0;
+                src_len = s.len;
+            } else {
+                fprintf(stderr, "smelt template: %s has no tokenizer.chat_template; using the ChatML default\n", model);
+            }
+        }
+        bos = token_text(g, "tokenizer.ggml.bos_token_id");
+        eos = token_text(g, "tokenizer.ggml.eos_token_id");
+    }
+    if (!src) {
+        const char *d = tmpl_default_source();
+        src_len = strlen(d);
+        src = malloc(src_len + 1);
+        if (!src) {
+            err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        memcpy(src, d, src_len + 1);
+    }
+    if (tmpl_compile(src, src_len, &t, &e)) {
+        err_prefix(&e, "%s", tfile ? tfile : "chat template");
+        goto fail;
+    }
+
+    /* the conversation */
+    size_t conv_len;
+    if (!(conv_text = read_file(conv, &conv_len, &e))) goto fail;
+    json_error_t je;
+    cj = json_loadb(conv_text, conv_len, 0, &je);
+    if (!cj) {
+        err_set(&e, SMELT_ERR_FORMAT, "%s: line %d: %s", conv, je.line, je.text);
+        goto fail;
+    }
+    const json_t *messages = cj, *tools = NULL;
+    bool gen = true;
+    extra = json_object();
+    if (!extra) {
+        err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (json_is_object(cj)) {
+        messages = json_object_get(cj, "messages");
+        tools = json_object_get(cj, "tools");
+        const json_t *agp = json_object_get(cj, "add_generation_prompt");
+        if (agp) gen = json_is_true(agp);
+        const char *k;
+        json_t *v;
+        json_object_foreach(cj, k, v) {
+            if (strcmp(k, "messages") && strcmp(k, "tools") && strcmp(k, "add_generation_prompt"))
+                json_object_set(extra, k, v);
+        }
+    }
+    if (!json_is_array(messages)) {
+        err_set(&e, SMELT_ERR_FORMAT, "%s: expected a list of messages or {\"messages\": [...]}", conv);
+        goto fail;
+    }
+    if (no_gen) gen = false;
+    json_object_update(extra, vars);
+    if (tmpl_chat_ctx(messages, tools, gen, bos, eos, extra, &ctx, &e)) goto fail;
+
+    struct tmpl_opts opts = {.has_now = has_now, .now = now};
+    size_t out_len;
+    if (tmpl_render(t, ctx, &opts, &out, &out_len, &e)) goto fail;
+    if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout)) {
+        err_set(&e, SMELT_ERR_IO, "writing the output: %s", strerror(errno));
+        goto fail;
+    }
+    rc = 0;
+    goto done;
+fail:
+    rc = cli_fail("template", &e);
+done:
+    free(out);
+    tmpl_value_free(ctx);
+    tmpl_free(t);
+    json_decref(cj);
+    json_decref(extra);
+    json_decref(vars);
+    free(conv_text);
+    free(src);
+    free(bos);
+    free(eos);
+    if (g) gguf_close(g);
+    return rc;
+}
