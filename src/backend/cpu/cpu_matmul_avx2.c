@@ -262,8 +262,30 @@ INLINE int legacy_signed(uint32_t t) { return t == QT_Q8_0 || t == QT_IQ4_NL; }
 INLINE int legacy_has_min(uint32_t t) { return t == QT_Q4_1 || t == QT_Q5_1; }
 
 /* y = sum over blocks of d_w·d_x·(sum q·x - OFF·sum x) [+ m_w·d_x·sum x]. */
-INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
-                        const char *x, size_t xs, float *y, size_t ys) {
+/* Packed prefill layout (see cpu_kernels.h): legacy_unpack's bytes, then d and (Q4_1/Q5_1)
+ * m per block as f32:  uint8 q[k] | float d[k/32] | float m[k/32]  (64-byte multiple). */
+INLINE size_t packed_legacy_bytes(uint32_t t, int64_t k) {
+    size_t n = (size_t)k + 4 * (size_t)(k / 32) * (legacy_has_min(t) ? 2 : 1);
+    return (n + 63) & ~(size_t)63;
+}
+
+INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+    const size_t prow = packed_legacy_bytes(t, k);
+    const int64_t nb = k / 32;
+    for (int r = 0; r < nr; r++) {
+        uint8_t *q = (uint8_t *)dst + r * prow;
+        float *d = (float *)(q + k), *m = d + nb;
+        for (int64_t i = 0; i < nb; i++) {
+            float mm = 0.0f;
+            __m256i v = legacy_unpack(t, (const char *)w + r * ws, i, &d[i], &mm);
+            _mm256_store_si256((__m256i *)(q + 32 * i), v);
+            if (legacy_has_min(t)) m[i] = mm;
+        }
+    }
+}
+
+INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w,
+                        size_t ws, const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     float macc[4][2];
     UNROLL
@@ -291,7 +313,15 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
         UNROLL
         for (int r = 0; r < R; r++) {
             float d, m = 0.0f;
-            __m256i q = legacy_unpack(t, w + r * ws, i, &d, &m);
+            __m256i q;
+            if (packed) {
+                const float *pd = (const float *)(w + r * ws + k);
+                q = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
+                d = pd[i];
+                if (legacy_has_min(t)) m = pd[k / 32 + i];
+            } else {
+                q = legacy_unpack(t, w + r * ws, i, &d, &m);
+            }
             __m256i aq = legacy_signed(t) ? _mm256_sign_epi8(q, q) : q;
             UNROLL
             for (int c = 0; c < C; c++) {
@@ -307,12 +337,32 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
         UNROLL
         for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) + macc[r][c];
 }
-#define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, R, C, __VA_ARGS__)
-#define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, R, C, __VA_ARGS__)
-#define Q4_1_TILE(R, C, ...) legacy_tile(QT_Q4_1, R, C, __VA_ARGS__)
-#define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, R, C, __VA_ARGS__)
-#define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, R, C, __VA_ARGS__)
-#define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, R, C, __VA_ARGS__)
+#define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, 0, R, C, __VA_ARGS__)
+#define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, 0, R, C, __VA_ARGS__)
+#define Q4_1_TILE(R, C, ...) legacy_tile(QT_Q4_1, 0, R, C, __VA_ARGS__)
+#define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, 0, R, C, __VA_ARGS__)
+#define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, 0, R, C, __VA_ARGS__)
+#define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, 0, R, C, __VA_ARGS__)
+#define Q4_0_PTILE(R, C, ...) legacy_tile(QT_Q4_0, 1, R, C, __VA_ARGS__)
+#define Q4_1_PTILE(R, C, ...) legacy_tile(QT_Q4_1, 1, R, C, __VA_ARGS__)
+#define Q5_0_PTILE(R, C, ...) legacy_tile(QT_Q5_0, 1, R, C, __VA_ARGS__)
+#define Q5_1_PTILE(R, C, ...) legacy_tile(QT_Q5_1, 1, R, C, __VA_ARGS__)
+#define IQ4_NL_PTILE(R, C, ...) legacy_tile(QT_IQ4_NL, 1, R, C, __VA_ARGS__)
+TILE_DRIVER(packed_q4_0, Q4_0_PTILE)
+TILE_DRIVER(packed_q4_1, Q4_1_PTILE)
+TILE_DRIVER(packed_q5_0, Q5_0_PTILE)
+TILE_DRIVER(packed_q5_1, Q5_1_PTILE)
+TILE_DRIVER(packed_iq4_nl, IQ4_NL_PTILE)
+#define PACK_FNS(name, T)                                                                      \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
+        pack_legacy(T, k, w, ws, nr, dst);                                                     \
+    }                                                                                          \
+    static size_t packed_bytes_##name(int64_t k) { return packed_legacy_bytes(T, k); }
+PACK_FNS(q4_0, QT_Q4_0)
+PACK_FNS(q4_1, QT_Q4_1)
+PACK_FNS(q5_0, QT_Q5_0)
+PACK_FNS(q5_1, QT_Q5_1)
+PACK_FNS(iq4_nl, QT_IQ4_NL)
 TILE_DRIVER(q8_0, Q8_0_TILE)
 TILE_DRIVER(q4_0, Q4_0_TILE)
 TILE_DRIVER(q4_1, Q4_1_TILE)
@@ -689,11 +739,11 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
     tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q8_0};
-    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_0};
-    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_1};
-    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0};
-    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl};
+    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_0, .pack = pack_q4_0, .packed_row_bytes = packed_bytes_q4_0, .gemm_packed = gemm_packed_q4_0};
+    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_1, .pack = pack_q4_1, .packed_row_bytes = packed_bytes_q4_1, .gemm_packed = gemm_packed_q4_1};
+    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0, .pack = pack_q5_0, .packed_row_bytes = packed_bytes_q5_0, .gemm_packed = gemm_packed_q5_0};
+    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1, .pack = pack_q5_1, .packed_row_bytes = packed_bytes_q5_1, .gemm_packed = gemm_packed_q5_1};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl, .pack = pack_iq4_nl, .packed_row_bytes = packed_bytes_iq4_nl, .gemm_packed = gemm_packed_iq4_nl};
     tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K};
     tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K};
     tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K};
