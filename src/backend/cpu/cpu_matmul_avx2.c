@@ -588,11 +588,33 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
 #define Q5_K_TILE(R, C, ...) q5_K_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(q5_K, Q5_K_TILE)
 
+/* [v[2s] x8 | v[2s+1] x8] from 16 i16 values. */
+INLINE __m256i pair_bcast(__m256i v16, int s) {
+    __m128i half = s < 4 ? _mm256_castsi256_si128(v16) : _mm256_extracti128_si256(v16, 1);
+    int a = 2 * (s & 3), b = a + 1;
+    __m256i src = _mm256_broadcastsi128_si256(half);
+    __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)((2 * b) | (2 * b + 1) << 8)),
+                                   _mm_set1_epi16((short)((2 * a) | (2 * a + 1) << 8)));
+    return _mm256_shuffle_epi8(src, idx);
+}
+
+/* Q3_K's 16 signed 6-bit scales (cpu_q3k_scales) as i16, vectorized. */
+INLINE __m256i q3k_scales16(const uint8_t *s12) {
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, s12, 8);
+    memcpy(&hi4, s12 + 8, 4);
+    __m128i v = _mm_cvtsi64_si128((long long)lo8);
+    __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                    _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
+    __m128i hi = _mm_srlv_epi32(_mm_set1_epi32((int)hi4), _mm_setr_epi32(0, 2, 4, 6));
+    hi = _mm_slli_epi16(_mm_and_si128(hi, _mm_set1_epi8(3)), 4);
+    __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+    return _mm256_cvtepi8_epi16(sc);
+}
+
 /* ---- Q2_K / Q3_K × Q8_K: 16 groups of 16, element n = 128h + 32s + l ---- */
 
-INLINE __m256i scale_pair(int a, int b) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
-}
 
 INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
                        const char *x, size_t xs, float *y, size_t ys) {
@@ -617,7 +639,6 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *qs, *hm = NULL;
-            int8_t sc[16];
             __m256i sc16, mn16 = _mm256_setzero_si256();
             float d, dmin = 0.0f;
             if (t == QT_Q2_K) {
@@ -625,15 +646,12 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                 __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
                 sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
                 mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
-                UNROLL
-                for (int g = 0; g < 16; g++) sc[g] = (int8_t)(b->scales[g] & 15);
                 qs = b->qs;
                 d = f16(b->d);
                 dmin = f16(b->dmin);
             } else {
                 const struct block_q3_K *b = (const struct block_q3_K *)(w + r * ws) + i;
-                cpu_q3k_scales(b->scales, sc);
-                sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+                sc16 = q3k_scales16(b->scales);
                 qs = b->qs;
                 hm = b->hmask;
                 d = f16(b->d);
@@ -662,8 +680,7 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                         __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit);
                         q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
                     }
-                    int g = 8 * h + 2 * s;
-                    __m256i scv = scale_pair(sc[g], sc[g + 1]);
+                    __m256i scv = pair_bcast(sc16, 4 * h + s); /* groups 8h + 2s, +1 */
                     UNROLL
                     for (int c = 0; c < C; c++) {
                         const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
@@ -734,6 +751,184 @@ INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const
 #define IQ4_XS_TILE(R, C, ...) iq4_xs_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
 
+/* ---- K-quants, packed prefill path (one kernel for Q2_K..Q6_K) ----
+ * Every K-quant super-block is rewritten as unsigned quants u in element order, a scale
+ * sc and a "min" mn per group of 16, and two f32 factors, such that
+ *     x[n] = d · sc[g] · u[n] - dm · mn[g],   g = n / 16
+ * (Q4_K/Q5_K: sc, mn = the sub-block's 6-bit scale and min, dm = dmin; Q2_K likewise;
+ *  Q6_K: u = q + 32 ... stored as q (0..63), mn = 32·sc, dm = d; Q3_K: u = q + 4, mn = 4·sc).
+ * Layout (KP_BYTES): u[256] | 8 × [sc[2s] ×8, sc[2s+1] ×8] as i16 (the vpmaddwd operand of
+ * each 32-element segment s) | mn[16] as i16 | d, dm. */
+#define KP_BYTES 576
+
+INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256i sc16, mn16;
+    float d, dm;
+    switch (t) {
+    case QT_Q4_K: case QT_Q5_K: {
+        const uint8_t *qs, *scales, *qh = NULL;
+        uint16_t hd, hm;
+        if (t == QT_Q4_K) {
+            const struct block_q4_K *b = (const struct block_q4_K *)row + i;
+            qs = b->qs, scales = b->scales, hd = b->d, hm = b->dmin;
+        } else {
+            const struct block_q5_K *b = (const struct block_q5_K *)row + i;
+            qs = b->qs, scales = b->scales, qh = b->qh, hd = b->d, hm = b->dmin;
+        }
+        __m128i sc, mn;
+        q4k_scales_mins(scales, &sc, &mn);
+        /* 8 values (i16) -> 16, each twice */
+        sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc));
+        mn16 = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+        __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (qh) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qhv, one), 4));
+                qhv = _mm256_srli_epi16(qhv, 1);
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qhv, one), 4));
+                qhv = _mm256_srli_epi16(qhv, 1);
+            }
+            _mm256_store_si256((__m256i *)(o + 64 * p), lo);
+            _mm256_store_si256((__m256i *)(o + 64 * p + 32), hi);
+        }
+        d = f16(hd);
+        dm = f16(hm);
+        break;
+    }
+    case QT_Q6_K: {
+        const struct block_q6_K *b = (const struct block_q6_K *)row + i;
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+            uint8_t *oh = o + 128 * h;
+            _mm256_store_si256((__m256i *)oh, _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            _mm256_store_si256((__m256i *)(oh + 32), _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            _mm256_store_si256((__m256i *)(oh + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)));
+            _mm256_store_si256((__m256i *)(oh + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+        }
+        sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        mn16 = _mm256_slli_epi16(sc16, 5);
+        d = dm = f16(b->d);
+        break;
+    }
+    default: { /* Q2_K, Q3_K */
+        const uint8_t *qs, *hm = NULL;
+        if (t == QT_Q2_K) {
+            const struct block_q2_K *b = (const struct block_q2_K *)row + i;
+            __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
+            mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+            qs = b->qs;
+            d = f16(b->d);
+            dm = f16(b->dmin);
+        } else {
+            const struct block_q3_K *b = (const struct block_q3_K *)row + i;
+            sc16 = q3k_scales16(b->scales);
+            mn16 = _mm256_slli_epi16(sc16, 2);
+            qs = b->qs;
+            hm = b->hmask;
+            d = dm = f16(b->d);
+        }
+        __m256i hv = hm ? _mm256_loadu_si256((const __m256i *)hm) : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                __m256i q = _mm256_and_si256(raw, m3);
+                raw = _mm256_srli_epi16(raw, 2);
+                if (hm) {
+                    __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
+                    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit);
+                    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
+                }
+                _mm256_store_si256((__m256i *)(o + 128 * h + 32 * s), q);
+            }
+        }
+        break;
+    }
+    }
+    for (int s = 0; s < 8; s++) _mm256_store_si256((__m256i *)(o + 256 + 32 * s), pair_bcast(sc16, s));
+    _mm256_store_si256((__m256i *)(o + 512), mn16);
+    memcpy(o + 544, &d, 4);
+    memcpy(o + 548, &dm, 4);
+}
+
+INLINE size_t kp_bytes(int64_t k) { return (size_t)(k / 256) * KP_BYTES; }
+
+INLINE void kp_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+    for (int r = 0; r < nr; r++)
+        for (int64_t i = 0; i < k / 256; i++)
+            kp_pack_block(t, (const char *)w + r * ws, i, (uint8_t *)dst + r * kp_bytes(k) + i * KP_BYTES);
+}
+
+INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
+                    float *y, size_t ys) {
+    __m256 acc[4][2];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *xd[2];
+    const int16_t *xb[2];
+    UNROLL
+    for (int c = 0; c < C; c++) {
+        xd[c] = cpu_act_d(x + c * xs, k);
+        xb[c] = cpu_act_sK(x + c * xs, k);
+    }
+    for (int64_t i = 0; i < k / 256; i++) {
+        __m256i bs[2];
+        UNROLL
+        for (int c = 0; c < C; c++) bs[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const uint8_t *o = (const uint8_t *)(w + r * ws) + i * KP_BYTES;
+            __m256i isum[2];
+            UNROLL
+            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                __m256i q = _mm256_load_si256((const __m256i *)(o + 32 * s));
+                __m256i scv = _mm256_load_si256((const __m256i *)(o + 256 + 32 * s));
+                UNROLL
+                for (int c = 0; c < C; c++) {
+                    __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * s));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), scv));
+                }
+            }
+            __m256i mn = _mm256_load_si256((const __m256i *)(o + 512));
+            float d, dm;
+            memcpy(&d, o + 544, 4);
+            memcpy(&dm, o + 548, 4);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs[c]));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fnmadd_ps(msum, _mm256_set1_ps(dm * xd[c][i]), acc[r][c]);
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+}
+#define KP_TILE(R, C, ...) kp_tile(R, C, __VA_ARGS__)
+TILE_DRIVER(packed_k, KP_TILE)
+#define KP_FNS(name, T)                                                                        \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
+        kp_pack(T, k, w, ws, nr, dst);                                                         \
+    }                                                                                          \
+    static size_t packed_bytes_##name(int64_t k) { return kp_bytes(k); }
+KP_FNS(q2_K, QT_Q2_K)
+KP_FNS(q3_K, QT_Q3_K)
+KP_FNS(q4_K, QT_Q4_K)
+KP_FNS(q5_K, QT_Q5_K)
+KP_FNS(q6_K, QT_Q6_K)
+
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
@@ -744,11 +939,11 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0, .pack = pack_q5_0, .packed_row_bytes = packed_bytes_q5_0, .gemm_packed = gemm_packed_q5_0};
     tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1, .pack = pack_q5_1, .packed_row_bytes = packed_bytes_q5_1, .gemm_packed = gemm_packed_q5_1};
     tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl, .pack = pack_iq4_nl, .packed_row_bytes = packed_bytes_iq4_nl, .gemm_packed = gemm_packed_iq4_nl};
-    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K};
-    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K};
-    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K};
-    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K};
-    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K};
+    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K, .pack = pack_q4_K, .packed_row_bytes = packed_bytes_q4_K, .gemm_packed = gemm_packed_k};
+    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K, .pack = pack_q6_K, .packed_row_bytes = packed_bytes_q6_K, .gemm_packed = gemm_packed_k};
+    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K, .pack = pack_q5_K, .packed_row_bytes = packed_bytes_q5_K, .gemm_packed = gemm_packed_k};
+    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K, .pack = pack_q2_K, .packed_row_bytes = packed_bytes_q2_K, .gemm_packed = gemm_packed_k};
+    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K, .pack = pack_q3_K, .packed_row_bytes = packed_bytes_q3_K, .gemm_packed = gemm_packed_k};
     tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs};
 }
 #endif

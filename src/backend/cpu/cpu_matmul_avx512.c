@@ -495,6 +495,20 @@ INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
     *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
 
+/* Q3_K's 16 signed 6-bit scales (cpu_q3k_scales) as i16, vectorized. */
+INLINE __m256i q3k_scales16(const uint8_t *s12) {
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, s12, 8);
+    memcpy(&hi4, s12 + 8, 4);
+    __m128i v = _mm_cvtsi64_si128((long long)lo8);
+    __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                    _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
+    __m128i hi = _mm_srlv_epi32(_mm_set1_epi32((int)hi4), _mm_setr_epi32(0, 2, 4, 6));
+    hi = _mm_slli_epi16(_mm_and_si128(hi, _mm_set1_epi8(3)), 4);
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32)));
+}
+
 INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     const __m512i m4 = _mm512_set1_epi8(15);
     /* fields a type does not use (dead stores once inlined into a tile) */
@@ -582,9 +596,7 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
             u->dmin = f16(b->dmin);
         } else {
             const struct block_q3_K *b = (const struct block_q3_K *)row + i;
-            int8_t s[16];
-            cpu_q3k_scales(b->scales, s);
-            sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s));
+            sc16 = q3k_scales16(b->scales);
             u->corr16 = sc16;
             qs = b->qs;
             hm = b->hmask;
@@ -616,12 +628,16 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     default: { /* IQ4_XS */
         const struct block_iq4_xs *b = (const struct block_iq4_xs *)row + i;
         u->d = f16(b->d);
-        int16_t ls[8];
-        UNROLL
-        for (int j = 0; j < 8; j++)
-            ls[j] = (int16_t)((((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4) - 32);
-        __m512i sc = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)ls));
-        u->scc = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)ls));
+        /* ls[j] = nibble j of scales_l | 2 bits j of scales_h << 4, minus 32, as i16 */
+        uint32_t sl;
+        memcpy(&sl, b->scales_l, 4);
+        __m128i slv = _mm_cvtsi32_si128((int)sl);
+        __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(slv, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(slv, 4), _mm_set1_epi8(15)));
+        __m128i hi = _mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h), _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14));
+        hi = _mm_slli_epi16(_mm_and_si128(hi, _mm_set1_epi16(3)), 4);
+        __m128i ls = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(nib), hi), _mm_set1_epi16(32));
+        __m512i sc = _mm512_castsi128_si512(ls);
+        u->scc = _mm256_zextsi128_si256(ls);
         const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
         UNROLL
         for (int z = 0; z < 4; z++) {
