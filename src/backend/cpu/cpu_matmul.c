@@ -10,7 +10,9 @@
  * dotted against all CB X rows: the 4 rows' blocks stay in L1 while X streams from L2.
  * RB is a multiple of 16 rows so two threads never write the same 64-byte line of Y
  * (apart from Y's own misalignment). Decode (n = 1) uses large contiguous row chunks so
- * the hardware prefetcher sees long streams.
+ * the hardware prefetcher sees long streams. With the packed path (n >= CPU_PACK_MIN_N and
+ * the kernel has one) a thread first unpacks its chunk's rows into its own buffer (RB is
+ * capped so that buffer stays ~256 KiB) and the tiles read that.
  */
 #include "backend/cpu/cpu_matmul.h"
 

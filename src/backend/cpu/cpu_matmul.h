@@ -15,7 +15,9 @@
  *
  * Work is split across the pool by chunks of weight rows (and of X rows when n is large),
  * handed out dynamically; each chunk runs a register-tiled kernel (4 weight rows × several
- * X rows) so a weight block is unpacked once and reused.
+ * X rows) so a weight block is unpacked once and reused. For n >= 8 (prefill) most types
+ * first unpack the chunk's weight rows into a per-thread L2 buffer once, so the tiles only
+ * load (the "packed" path, cpu_kernels.h).
  *
  * scratch: the per-step arena; the quantized X (about n*k*1.1 bytes) and per-thread
  * buffers come from it and stay allocated until the caller resets it. NULL: heap
