@@ -92,6 +92,13 @@ static inline const char *t_shared_dir(void) {
     return s ? s : SMELT_SHARED_DIR;
 }
 
+/* The source tree (tests/data, models/): SMELT_SOURCE_DIR in the environment wins over the
+ * configure-time path, so a test binary can run from a copy of the tree elsewhere. */
+static inline const char *t_source_dir(void) {
+    const char *s = getenv("SMELT_SOURCE_DIR");
+    return s ? s : SMELT_SOURCE_DIR;
+}
+
 /* Deterministic PRNG for tests (xorshift64*), seeded per test. */
 static inline unsigned long long t_rand_u64(unsigned long long *s) {
     *s ^= *s >> 12;

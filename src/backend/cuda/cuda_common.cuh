@@ -3,6 +3,7 @@
 #ifndef SMELT_CUDA_COMMON_CUH
 #define SMELT_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -68,13 +68,16 @@ struct mmv_acc {
 #pragma unroll
             for (int t = 0; t < N; t++) v[r][t] = 0.0f;
     }
-    __device__ __forceinline__ void store(float *y, int row0, int rows, int lane) {
+    __device__ __forceinline__ void store(float *y, int row0, int rows, int lane, int accumulate) {
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 const float s = warp_sum(v[r][t]);
-                if (lane == 0 && row0 + r < rows) y[(int64_t)t * rows + row0 + r] = s;
+                if (lane == 0 && row0 + r < rows) {
+                    float *o = y + (int64_t)t * rows + row0 + r;
+                    *o = accumulate ? *o + s : s;
+                }
             }
     }
 };
@@ -89,7 +92,7 @@ template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_q4_k(const uint4 *__restrict__ q, const uint4 *__restrict__ s, const int8_t *__restrict__ xq,
              const float2 *__restrict__ xds, const float *__restrict__ xs, float *__restrict__ y, int rows,
-             int k) {
+             int k, int accumulate) {
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
@@ -129,7 +132,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    acc.store(y, row0, rows, lane);
+    acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
@@ -140,7 +143,7 @@ template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_q6_k(const uint4 *__restrict__ q, const int8_t *__restrict__ s, const __half *__restrict__ dd,
              const int8_t *__restrict__ xq, const float2 *__restrict__ xds, const float *__restrict__ xs,
-             float *__restrict__ y, int rows, int k) {
+             float *__restrict__ y, int rows, int k, int accumulate) {
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
@@ -189,14 +192,14 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    acc.store(y, row0, rows, lane);
+    acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
 template <int N, int R>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
     mmv_q8_0(const uint4 *__restrict__ q, const __half *__restrict__ s, const int8_t *__restrict__ xq,
-             const float2 *__restrict__ xds, float *__restrict__ y, int rows, int k) {
+             const float2 *__restrict__ xds, float *__restrict__ y, int rows, int k, int accumulate) {
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
@@ -220,14 +223,34 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             for (int r = 0; r < R; r++) acc.v[r][t] += dw[r] * dx * (float)dot16(qv[r], xv);
         }
     }
-    acc.store(y, row0, rows, lane);
+    acc.store(y, row0, rows, lane, accumulate);
 }
 
-/* F16 weights against f32 activations. */
-template <int N, int R>
+/* 8 weights of a plain float type from 16 bytes (F16/BF16) or 32 bytes (F32). */
+template <uint32_t T>
+static __device__ __forceinline__ void load8(const void *w, int64_t idx8, float *o) {
+    if (T == QT_F32) {
+        const float4 a = ((const float4 *)w)[2 * idx8], b = ((const float4 *)w)[2 * idx8 + 1];
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+    } else {
+        const uint4 v = ((const uint4 *)w)[idx8];
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f;
+            if (T == QT_F16) f = __half22float2(*(const __half2 *)&u[i]);
+            else f = __bfloat1622float2(*(const __nv_bfloat162 *)&u[i]);
+            o[2 * i] = f.x;
+            o[2 * i + 1] = f.y;
+        }
+    }
+}
+
+/* F16 / BF16 / F32 weights against f32 activations. */
+template <int N, int R, uint32_t T>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_f16(const uint4 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int rows,
-            int k) {
+    mmv_float(const void *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int rows,
+              int k, int accumulate) {
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
@@ -235,26 +258,20 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
     acc.zero();
 #pragma unroll 4
     for (int u = lane; u < k / 8; u += 32) {
-        float2 wf[R][4];
+        float wf[R][8];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const uint4 wv = w[(int64_t)min(row0 + r, rows - 1) * (k / 8) + u];
-            wf[r][0] = __half22float2(*(const __half2 *)&wv.x);
-            wf[r][1] = __half22float2(*(const __half2 *)&wv.y);
-            wf[r][2] = __half22float2(*(const __half2 *)&wv.z);
-            wf[r][3] = __half22float2(*(const __half2 *)&wv.w);
-        }
+        for (int r = 0; r < R; r++) load8<T>(w, (int64_t)min(row0 + r, rows - 1) * (k / 8) + u, wf[r]);
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float4 xa = *(const float4 *)(x + (int64_t)t * k + u * 8);
             const float4 xb = *(const float4 *)(x + (int64_t)t * k + u * 8 + 4);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc.v[r][t] += wf[r][0].x * xa.x + wf[r][0].y * xa.y + wf[r][1].x * xa.z + wf[r][1].y * xa.w +
-                               wf[r][2].x * xb.x + wf[r][2].y * xb.y + wf[r][3].x * xb.z + wf[r][3].y * xb.w;
+                acc.v[r][t] += wf[r][0] * xa.x + wf[r][1] * xa.y + wf[r][2] * xa.z + wf[r][3] * xa.w +
+                               wf[r][4] * xb.x + wf[r][5] * xb.y + wf[r][6] * xb.z + wf[r][7] * xb.w;
         }
     }
-    acc.store(y, row0, rows, lane);
+    acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* ---- repack kernels: one thread per block, source GGUF blocks in a temporary buffer ---- */
@@ -313,7 +330,9 @@ static __global__ void repack_q6_k(const uint8_t *__restrict__ src, uint8_t *__r
 
 extern "C" int cuda_mmv_supported(uint32_t type, int64_t k) {
     switch (type) {
-    case QT_F16: return k % 8 == 0;
+    case QT_F16:
+    case QT_BF16:
+    case QT_F32: return k % 8 == 0;
     case QT_Q8_0: return k % 32 == 0;
     case QT_Q4_K:
     case QT_Q6_K: return k % QK_K == 0;
@@ -342,7 +361,7 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
     w->type = type;
     w->rows = rows;
     w->k = k;
-    if (type == QT_F16) {
+    if (type == QT_F16 || type == QT_BF16 || type == QT_F32) {
         CUDA_TRY(cudaMalloc(&w->q, total), e);
         w->bytes = total;
         CUDA_TRY(cudaMemcpyAsync(w->q, host, total, cudaMemcpyHostToDevice, st), e);
@@ -400,51 +419,82 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
 }
 
 template <int N>
-static void launch(const struct cuda_qweight *w, const float *x, float *y, int8_t *xq, float2 *xd,
-                   float *xs, cudaStream_t st) {
+static void launch(const struct cuda_qweight *w, const float *x, float *y, const int8_t *xq, const float2 *xd,
+                   const float *xs, int acc, cudaStream_t st) {
     const dim3 block(32, MMV_WARPS);
     const int per_block = MMV_WARPS * MMV_R;
     const unsigned grid = (unsigned)((w->rows + per_block - 1) / per_block);
     const int rows = (int)w->rows, k = (int)w->k;
     switch (w->type) {
-    case QT_F16: mmv_f16<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, x, y, rows, k); break;
+    case QT_F32: mmv_float<N, MMV_R, QT_F32><<<grid, block, 0, st>>>(w->q, x, y, rows, k, acc); break;
+    case QT_F16: mmv_float<N, MMV_R, QT_F16><<<grid, block, 0, st>>>(w->q, x, y, rows, k, acc); break;
+    case QT_BF16: mmv_float<N, MMV_R, QT_BF16><<<grid, block, 0, st>>>(w->q, x, y, rows, k, acc); break;
     case QT_Q8_0:
-        mmv_q8_0<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const __half *)w->s, xq, xd, y, rows, k);
+        mmv_q8_0<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const __half *)w->s, xq, xd, y, rows, k, acc);
         break;
     case QT_Q4_K:
-        mmv_q4_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const uint4 *)w->s, xq, xd, xs, y, rows, k);
+        mmv_q4_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const uint4 *)w->s, xq, xd, xs, y, rows, k,
+                                                   acc);
         break;
     case QT_Q6_K:
         mmv_q6_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const int8_t *)w->s, (const __half *)w->d,
-                                                   xq, xd, xs, y, rows, k);
+                                                   xq, xd, xs, y, rows, k, acc);
         break;
     }
 }
 
-extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
-                                 void *scratch, void *stream, struct err *e) {
+static void scratch_parts(const void *scratch, int64_t k, int n, int8_t **xq, float2 **xd, float **xs) {
+    uint64_t nk = (uint64_t)k * (uint64_t)n;
+    *xq = (int8_t *)scratch;
+    *xd = (float2 *)((uint8_t *)scratch + ((nk + 255) & ~255ull));
+    *xs = (float *)((uint8_t *)*xd + ((nk / 32 * 8 + 255) & ~255ull));
+}
+
+extern "C" int cuda_mmv_needs_quant(uint32_t type) {
+    return type != QT_F16 && type != QT_BF16 && type != QT_F32;
+}
+
+extern "C" smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, void *stream,
+                                          struct err *e) {
+    int8_t *xq;
+    float2 *xd;
+    float *xs;
+    scratch_parts(scratch, k, n, &xq, &xd, &xs);
+    const int64_t nk = k * n;
+    const int tb = 256;
+    quantize_act_kernel<<<(unsigned)((nk + tb - 1) / tb), tb, 0, (cudaStream_t)stream>>>(x, xq, xd, xs, nk);
+    CUDA_TRY_LAUNCH(e);
+    return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
+                                     const void *scratch, int accumulate, void *stream, struct err *e) {
     if (n < 1 || n > CUDA_MMV_MAX_N)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d token rows (1..%d)", n, CUDA_MMV_MAX_N);
     cudaStream_t st = (cudaStream_t)stream;
-    uint64_t nk = (uint64_t)w->k * (uint64_t)n;
-    int8_t *xq = (int8_t *)scratch;
-    float2 *xd = (float2 *)((uint8_t *)scratch + ((nk + 255) & ~255ull));
-    float *xs = (float *)((uint8_t *)xd + ((nk / 32 * 8 + 255) & ~255ull));
-    if (w->type != QT_F16) {
-        const int tb = 256;
-        quantize_act_kernel<<<(unsigned)((nk + tb - 1) / tb), tb, 0, st>>>(x, xq, xd, xs, (int64_t)nk);
-        CUDA_TRY_LAUNCH(e);
-    }
+    int8_t *xq;
+    float2 *xd;
+    float *xs;
+    scratch_parts(scratch, w->k, n, &xq, &xd, &xs);
     switch (n) {
-    case 1: launch<1>(w, x, y, xq, xd, xs, st); break;
-    case 2: launch<2>(w, x, y, xq, xd, xs, st); break;
-    case 3: launch<3>(w, x, y, xq, xd, xs, st); break;
-    case 4: launch<4>(w, x, y, xq, xd, xs, st); break;
-    case 5: launch<5>(w, x, y, xq, xd, xs, st); break;
-    case 6: launch<6>(w, x, y, xq, xd, xs, st); break;
-    case 7: launch<7>(w, x, y, xq, xd, xs, st); break;
-    case 8: launch<8>(w, x, y, xq, xd, xs, st); break;
+    case 1: launch<1>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 2: launch<2>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 3: launch<3>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 4: launch<4>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 5: launch<5>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 6: launch<6>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 7: launch<7>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 8: launch<8>(w, x, y, xq, xd, xs, accumulate, st); break;
     }
     CUDA_TRY_LAUNCH(e);
     return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
+                                 void *scratch, void *stream, struct err *e) {
+    if (cuda_mmv_needs_quant(w->type)) {
+        smelt_status st = cuda_mmv_quantize(x, w->k, n, scratch, stream, e);
+        if (st) return st;
+    }
+    return cuda_mmv_pre(w, x, n, y, scratch, 0, stream, e);
 }

@@ -51,6 +51,16 @@ uint64_t cuda_mmv_scratch_bytes(int64_t k, int n);
 smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
                       void *scratch, void *stream, struct err *e);
 
+/* The two halves of cuda_mmv, so one quantized input serves several weights (Q, K, V):
+ * cuda_mmv_quantize writes x's int8 form into scratch (only for types where
+ * cuda_mmv_needs_quant); cuda_mmv_pre reads it (and x itself for float weights). With
+ * accumulate != 0, y += W x instead of y = W x. */
+int cuda_mmv_needs_quant(uint32_t type);
+smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, void *stream,
+                               struct err *e);
+smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
+                          const void *scratch, int accumulate, void *stream, struct err *e);
+
 #ifdef __cplusplus
 }
 #endif

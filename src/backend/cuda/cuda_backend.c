@@ -1,0 +1,766 @@
+/* The CUDA backend: the op interface (backend.h) on one GPU.
+ *
+ * Memory:
+ *   - Weights: matrices are uploaded once into the mmv kernels' repacked layouts
+ *     (cuda_mmv.h; t->extra points at the descriptor, t->data at its quant bits). Types
+ *     without a GPU kernel yet are dequantized on the host to F16 at upload (correct,
+ *     3-4x the bytes; logged once per type). Vectors (norms, biases) are plain F32 copies.
+ *   - Scratch: a device stack emptied at step_begin and rewound per layer (mark/release),
+ *     grown in chunks; a step with the same shape sees the same addresses.
+ *   - Host<->device: uploads go through a pinned staging buffer (asynchronous copies);
+ *     downloads land in pinned memory and are copied out at sync.
+ * Ops are enqueued on one stream; the first error is sticky (bk_fail) and bk_sync
+ * reports it. Matrix products with <= 8 token rows use the mmv kernels; more rows
+ * dequantize the weight to F16 in row tiles and call cuBLAS (F32 weights: FP32 GEMM). */
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmv.h"
+#include "util/half.h"
+#include "util/log.h"
+
+#define GEMM_MIN_ROWS 33                 /* token rows from which cuBLAS beats repeated mmv */
+#define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
+#define SCRATCH_ALIGN 256
+
+struct dchunk {
+    unsigned char *base;
+    size_t cap, used;
+};
+
+struct pending_dl {
+    void *dst;
+    size_t off, n;
+};
+
+struct cuda_backend {
+    struct backend base;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    /* device scratch stack */
+    struct dchunk *chunks;
+    int n_chunks, cap_chunks, cur;
+    /* pinned staging */
+    unsigned char *pin;
+    size_t pin_cap, pin_used;
+    struct pending_dl *dl;
+    int n_dl, cap_dl;
+    /* weights */
+    void **dev; /* plain device allocations (vectors) */
+    int n_dev, cap_dev;
+    struct cuda_qweight **qws; /* repacked matrices */
+    int n_qws, cap_qws;
+    uint64_t weight_bytes;
+    uint32_t warned_types[4]; /* bit per type id already logged as "via F16" */
+};
+
+static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
+
+#define CU_FAIL(cb, rc, what)                                                                  \
+    bk_fail(&(cb)->base, SMELT_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(rc))
+
+static bool ok(struct cuda_backend *cb) { return cb->base.status == SMELT_OK; }
+
+static void check_launch(struct cuda_backend *cb, const char *what) {
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) CU_FAIL(cb, rc, what);
+}
+
+/* ---- bookkeeping of weight allocations ---- */
+
+/* Appends p to a growable pointer array; false when out of memory. */
+static bool push_ptr(void ***arr, int *n, int *cap, void *p) {
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 256;
+        void **a = realloc(*arr, (size_t)nc * sizeof *a);
+        if (!a) return false;
+        *arr = a;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = p;
+    return true;
+}
+
+/* ---- scratch stack (device) ---- */
+
+#define MARK_SHIFT 48
+
+static void *stack_alloc(struct cuda_backend *cb, size_t n) {
+    size_t need = (n + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
+    if (need < n || need >= ((size_t)1 << MARK_SHIFT)) return NULL;
+    while (cb->cur < cb->n_chunks) {
+        struct dchunk *c = &cb->chunks[cb->cur];
+        if (c->cap - c->used >= need) {
+            void *p = c->base + c->used;
+            c->used += need;
+            return p;
+        }
+        if (cb->cur + 1 >= cb->n_chunks) break;
+        cb->cur++;
+        cb->chunks[cb->cur].used = 0;
+    }
+    size_t total = 0;
+    for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
+    size_t cap = need > total ? need : total;
+    if (cap < ((size_t)16 << 20)) cap = (size_t)16 << 20;
+    if (cb->n_chunks == cb->cap_chunks) {
+        int nc = cb->cap_chunks ? cb->cap_chunks * 2 : 8;
+        struct dchunk *ch = realloc(cb->chunks, (size_t)nc * sizeof *ch);
+        if (!ch) return NULL;
+        cb->chunks = ch;
+        cb->cap_chunks = nc;
+    }
+    void *base = NULL;
+    if (cudaMalloc(&base, cap) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    int at = cb->n_chunks ? cb->cur + 1 : 0;
+    memmove(&cb->chunks[at + 1], &cb->chunks[at], (size_t)(cb->n_chunks - at) * sizeof cb->chunks[0]);
+    cb->chunks[at] = (struct dchunk){base, cap, need};
+    cb->n_chunks++;
+    cb->cur = at;
+    return base;
+}
+
+static void stack_reset(struct cuda_backend *cb) {
+    if (cb->n_chunks > 1) { /* merge into one chunk of the total size */
+        size_t total = 0;
+        for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
+        cudaStreamSynchronize(cb->stream);
+        for (int i = 0; i < cb->n_chunks; i++) cudaFree(cb->chunks[i].base);
+        void *base = NULL;
+        if (cudaMalloc(&base, total) == cudaSuccess) {
+            cb->chunks[0] = (struct dchunk){base, total, 0};
+            cb->n_chunks = 1;
+        } else {
+            cudaGetLastError();
+            cb->n_chunks = 0;
+        }
+    }
+    cb->cur = 0;
+    if (cb->n_chunks) cb->chunks[0].used = 0;
+}
+
+static void *scratch(struct cuda_backend *cb, size_t n) {
+    void *p = stack_alloc(cb, n ? n : 1);
+    if (!p) bk_fail(&cb->base, SMELT_ERR_NOMEM, "GPU scratch: out of device memory (%zu bytes)", n);
+    return p;
+}
+
+/* ---- pinned staging ---- */
+
+static unsigned char *pin_take(struct cuda_backend *cb, size_t n, size_t *off) {
+    size_t need = (n + 63) & ~(size_t)63;
+    if (cb->pin_used + need > cb->pin_cap) {
+        /* Grow: wait for the copies in flight from the old buffer, finish pending downloads. */
+        cudaStreamSynchronize(cb->stream);
+        for (int i = 0; i < cb->n_dl; i++) memcpy(cb->dl[i].dst, cb->pin + cb->dl[i].off, cb->dl[i].n);
+        cb->n_dl = 0;
+        size_t cap = cb->pin_cap * 2;
+        if (cap < need * 2) cap = need * 2;
+        if (cap < ((size_t)1 << 20)) cap = (size_t)1 << 20;
+        unsigned char *np = NULL;
+        if (cudaMallocHost((void **)&np, cap) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        cudaFreeHost(cb->pin);
+        cb->pin = np;
+        cb->pin_cap = cap;
+        cb->pin_used = 0;
+    }
+    *off = cb->pin_used;
+    cb->pin_used += need;
+    return cb->pin + *off;
+}
+
+/* ---- weights ---- */
+
+static bool warned(struct cuda_backend *cb, uint32_t type) {
+    if (type >= 128) return true;
+    uint32_t bit = 1u << (type % 32);
+    bool was = cb->warned_types[type / 32] & bit;
+    cb->warned_types[type / 32] |= bit;
+    return was;
+}
+
+/* Dequantizes a host tensor to F16 (rows of ne0), for types the GPU kernels lack. */
+static uint16_t *host_to_f16(const struct tensor *t) {
+    const struct qtype_info *qi = qtype_get(t->type);
+    int64_t k = t->ne[0], rows = tensor_nrows(t);
+    uint16_t *out = malloc((size_t)(k * rows) * sizeof *out);
+    float *row = malloc((size_t)k * sizeof *row);
+    if (!out || !row || !qi || !qi->dequantize) {
+        free(out);
+        free(row);
+        return NULL;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        qi->dequantize((const char *)t->data + (size_t)r * t->nb[1], row, k);
+        for (int64_t i = 0; i < k; i++) out[r * k + i] = f32_to_f16(row[i]);
+    }
+    free(row);
+    return out;
+}
+
+static smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) {
+    struct cuda_backend *cb = cu_of(b);
+    const char *name = t->name ? t->name : "?";
+    if (!tensor_is_contiguous(t))
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: not contiguous", name);
+    if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) {
+        /* vectors: plain copies (the loader already made them F32) */
+        size_t n = tensor_nbytes(t);
+        void *p = NULL;
+        cudaError_t rc = cudaMalloc(&p, n);
+        if (rc == cudaSuccess) rc = cudaMemcpy(p, t->data, n, cudaMemcpyHostToDevice);
+        if (rc != cudaSuccess)
+            return err_set(e, SMELT_ERR_DEVICE, "tensor %s: uploading %zu bytes: %s", name, n,
+                           cudaGetErrorString(rc));
+        if (!push_ptr(&cb->dev, &cb->n_dev, &cb->cap_dev, p)) {
+            cudaFree(p);
+            return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        }
+        t->data = p;
+        t->backend = b;
+        cb->weight_bytes += n;
+        return SMELT_OK;
+    }
+    struct cuda_qweight *qw = calloc(1, sizeof *qw);
+    if (!qw) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    int64_t k = t->ne[0], rows = tensor_nrows(t);
+    smelt_status st;
+    if (cuda_mmv_supported(t->type, k)) {
+        st = cuda_qweight_upload(qw, t->type, t->data, rows, k, cb->stream, e);
+    } else {
+        uint16_t *h = host_to_f16(t);
+        if (!h) {
+            free(qw);
+            return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s cannot be read",
+                           name, qtype_name(t->type));
+        }
+        if (!warned(cb, t->type))
+            log_warn("cuda: no GPU kernel for %s weights yet: they run as F16 (more memory, "
+                     "slower)", qtype_name(t->type));
+        st = cuda_qweight_upload(qw, QT_F16, h, rows, k, cb->stream, e);
+        free(h);
+    }
+    if (st != SMELT_OK) {
+        free(qw);
+        return err_prefix(e, "tensor %s", name);
+    }
+    if (!push_ptr((void ***)&cb->qws, &cb->n_qws, &cb->cap_qws, qw)) {
+        cuda_qweight_free(qw);
+        free(qw);
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    cb->weight_bytes += qw->bytes;
+    t->extra = qw;
+    t->data = qw->q;
+    t->backend = b;
+    return SMELT_OK;
+}
+
+static smelt_status cu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e) {
+    size_t n = tensor_nbytes(t);
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, n ? n : 1);
+    if (rc == cudaSuccess) rc = cudaMemset(p, 0, n);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return err_set(e, SMELT_ERR_NOMEM, "GPU buffer of %zu bytes: %s", n, cudaGetErrorString(rc));
+    }
+    t->data = p;
+    t->backend = b;
+    return SMELT_OK;
+}
+
+static void cu_buffer_free(struct backend *b, struct tensor *t) {
+    (void)b;
+    cudaFree(t->data);
+    t->data = NULL;
+}
+
+/* ---- step, scratch, transfers ---- */
+
+static void cu_step_begin(struct backend *b) {
+    struct cuda_backend *cb = cu_of(b);
+    stack_reset(cb);
+    cb->pin_used = 0;
+    cb->n_dl = 0;
+}
+
+static void *cu_scratch_alloc(struct backend *b, size_t nbytes) { return stack_alloc(cu_of(b), nbytes ? nbytes : 1); }
+
+static size_t cu_scratch_mark(struct backend *b) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!cb->n_chunks) return 0;
+    return ((size_t)cb->cur << MARK_SHIFT) | cb->chunks[cb->cur].used;
+}
+
+static void cu_scratch_release(struct backend *b, size_t mark) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!cb->n_chunks) return;
+    int cur = (int)(mark >> MARK_SHIFT);
+    size_t used = mark & (((size_t)1 << MARK_SHIFT) - 1);
+    if (cur > cb->cur || (cur == cb->cur && used > cb->chunks[cur].used)) return;
+    cb->cur = cur;
+    cb->chunks[cur].used = used;
+}
+
+static void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
+    struct cuda_backend *cb = cu_of(b);
+    size_t off;
+    unsigned char *p = pin_take(cb, nbytes, &off);
+    if (!p) {
+        bk_fail(b, SMELT_ERR_NOMEM, "pinned staging: out of memory (%zu bytes)", nbytes);
+        return;
+    }
+    memcpy(p, src, nbytes);
+    cudaError_t rc = cudaMemcpyAsync(dst->data, p, nbytes, cudaMemcpyHostToDevice, cb->stream);
+    if (rc != cudaSuccess) CU_FAIL(cb, rc, "upload");
+}
+
+static void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    size_t off;
+    unsigned char *p = pin_take(cb, nbytes, &off);
+    if (!p) {
+        bk_fail(b, SMELT_ERR_NOMEM, "pinned staging: out of memory (%zu bytes)", nbytes);
+        return;
+    }
+    cudaError_t rc = cudaMemcpyAsync(p, src->data, nbytes, cudaMemcpyDeviceToHost, cb->stream);
+    if (rc != cudaSuccess) {
+        CU_FAIL(cb, rc, "download");
+        return;
+    }
+    if (cb->n_dl == cb->cap_dl) {
+        int nc = cb->cap_dl ? cb->cap_dl * 2 : 8;
+        struct pending_dl *d = realloc(cb->dl, (size_t)nc * sizeof *d);
+        if (!d) {
+            bk_fail(b, SMELT_ERR_NOMEM, "out of memory");
+            return;
+        }
+        cb->dl = d;
+        cb->cap_dl = nc;
+    }
+    cb->dl[cb->n_dl++] = (struct pending_dl){dst, off, nbytes};
+}
+
+static smelt_status cu_sync(struct backend *b, struct err *e) {
+    struct cuda_backend *cb = cu_of(b);
+    cudaError_t rc = cudaStreamSynchronize(cb->stream);
+    if (rc != cudaSuccess) CU_FAIL(cb, rc, "GPU step");
+    if (ok(cb))
+        for (int i = 0; i < cb->n_dl; i++) memcpy(cb->dl[i].dst, cb->pin + cb->dl[i].off, cb->dl[i].n);
+    cb->n_dl = 0;
+    (void)e;
+    return SMELT_OK; /* bk_sync turns the sticky status into the return value */
+}
+
+/* ---- matrix products ---- */
+
+static const struct cuda_qweight *qw_of(struct cuda_backend *cb, const struct tensor *w) {
+    if (!w->extra) bk_fail(&cb->base, SMELT_ERR_INTERNAL, "tensor %s: not a bound GPU weight",
+                           w->name ? w->name : "?");
+    return w->extra;
+}
+
+/* y (rows, n) (+)= W x through cuBLAS: W dequantized to F16 in row tiles (F32 weights go
+ * straight to an FP32 GEMM). */
+static void gemm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
+                 bool acc) {
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+    int64_t k = qw->k, rows = qw->rows;
+    size_t mark = cu_scratch_mark(&cb->base);
+    cublasStatus_t cs;
+    if (qw->type == QT_F32) {
+        cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, qw->q,
+                          CUDA_R_32F, (int)k, x, CUDA_R_32F, (int)k, &beta, y, CUDA_R_32F, (int)rows,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    } else {
+        void *xh = scratch(cb, (size_t)(k * n) * 2);
+        int64_t tile = (int64_t)(GEMM_TILE_BYTES / ((size_t)k * 2));
+        if (tile < 64) tile = 64;
+        if (tile > rows) tile = rows;
+        void *wh = scratch(cb, (size_t)(tile * k) * 2);
+        if (!xh || !wh) return;
+        cuda_f32_to_f16(xh, x, k * n, cb->stream);
+        cs = CUBLAS_STATUS_SUCCESS;
+        for (int64_t r0 = 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS; r0 += tile) {
+            int64_t nr = rows - r0 < tile ? rows - r0 : tile;
+            cuda_dequant_f16(wh, qw, r0, nr, cb->stream);
+            cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)k, &alpha, wh,
+                              CUDA_R_16F, (int)k, xh, CUDA_R_16F, (int)k, &beta, y + r0, CUDA_R_32F,
+                              (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        }
+    }
+    if (cs != CUBLAS_STATUS_SUCCESS) bk_fail(&cb->base, SMELT_ERR_DEVICE, "cuBLAS GEMM failed (status %d)", (int)cs);
+    check_launch(cb, "GEMM");
+    cu_scratch_release(&cb->base, mark);
+}
+
+/* y (rows, n) (+)= W x for any n: mmv in chunks of 8 token rows below GEMM_MIN_ROWS,
+ * cuBLAS above. xq: x's quantized form when n <= 8 and a matmul group already made it. */
+static void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
+                   bool acc, const void *xq) {
+    if (!ok(cb)) return;
+    if (n >= GEMM_MIN_ROWS) {
+        gemm(cb, qw, x, n, y, acc);
+        return;
+    }
+    struct err e;
+    bool quant = cuda_mmv_needs_quant(qw->type);
+    size_t mark = cu_scratch_mark(&cb->base);
+    const void *sc = xq;
+    if (quant && (!sc || n > CUDA_MMV_MAX_N)) {
+        sc = scratch(cb, cuda_mmv_scratch_bytes(qw->k, CUDA_MMV_MAX_N));
+        if (!sc) return;
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += CUDA_MMV_MAX_N) {
+        int nt = (int)(n - t0 < CUDA_MMV_MAX_N ? n - t0 : CUDA_MMV_MAX_N);
+        const float *xt = x + t0 * qw->k;
+        smelt_status st = SMELT_OK;
+        if (quant && sc != xq) st = cuda_mmv_quantize(xt, qw->k, nt, (void *)sc, cb->stream, &e);
+        if (st == SMELT_OK) st = cuda_mmv_pre(qw, xt, nt, y + t0 * qw->rows, sc, acc, cb->stream, &e);
+        if (st != SMELT_OK) {
+            bk_fail(&cb->base, e.code, "%s", e.msg);
+            return;
+        }
+    }
+    cu_scratch_release(&cb->base, mark);
+}
+
+/* ---- ops ---- */
+
+static void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    if (src->extra) cuda_get_rows_q(dst->data, src->extra, ids->data, ids->ne[0], cb->stream);
+    else cuda_get_rows_plain(dst->data, src->data, src->type, (int64_t)src->nb[1], ids->data, src->ne[0], ids->ne[0],
+                             cb->stream);
+    check_launch(cb, "get_rows");
+}
+
+static void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                        float eps) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_rms_norm(dst->data, x->data, w ? w->data : NULL, x->ne[0], tensor_nrows(x), (int64_t)(x->nb[1] / 4),
+                  (int64_t)(dst->nb[1] / 4), eps, cb->stream);
+    check_launch(cb, "rms_norm");
+}
+
+static void rope_args(const struct rope_params *p, struct cuda_rope *r) {
+    memset(r, 0, sizeof *r);
+    r->mode = p->mode;
+    r->n_rot = p->n_rot;
+    r->freq_base = p->freq_base;
+    r->freq_scale = p->freq_scale;
+    r->ext_factor = p->ext_factor;
+    r->attn_factor = p->attn_factor;
+    r->mscale = p->attn_factor;
+    r->freq_factors = p->freq_factors ? p->freq_factors->data : NULL;
+    if (p->ext_factor != 0) {
+        /* the dimension index at which a frequency makes n turns over n_ctx_orig */
+        double base = p->freq_base, nr = p->n_rot, n0 = p->n_ctx_orig;
+        double lo = floor(nr * log(n0 / (p->beta_fast * 2 * M_PI)) / (2 * log(base)));
+        double hi = ceil(nr * log(n0 / (p->beta_slow * 2 * M_PI)) / (2 * log(base)));
+        if (lo < 0) lo = 0;
+        if (hi > nr - 1) hi = nr - 1;
+        r->corr_lo = (float)lo;
+        r->corr_hi = (float)hi;
+        r->mscale = (float)(p->attn_factor * (1.0 + 0.1 * log(1.0 / p->freq_scale)));
+    }
+}
+
+static void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    struct cuda_rope r;
+    rope_args(p, &r);
+    cuda_rope_inplace(x->data, pos->data, (int)x->ne[0], (int)x->ne[1], x->ne[2], &r, NULL, 0, cb->stream);
+    check_launch(cb, "rope");
+}
+
+static void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
+    struct cuda_backend *cb = cu_of(b);
+    const struct cuda_qweight *qw = qw_of(cb, w);
+    if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
+}
+
+static void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
+    struct cuda_backend *cb = cu_of(b);
+    const struct cuda_qweight *qw = qw_of(cb, w);
+    if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, true, NULL);
+}
+
+static void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_add(dst->data, a->data, c->data, a->ne[0], tensor_nrows(a), tensor_nrows(c), cb->stream);
+    check_launch(cb, "add");
+}
+
+static void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_scale(dst->data, x->data, s, tensor_nelem(x), cb->stream);
+    check_launch(cb, "scale");
+}
+
+static void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
+                   enum glu_act act) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_glu(dst->data, gate->data, up->data, act == GLU_SILU ? 0 : 1, tensor_nelem(gate), cb->stream);
+    check_launch(cb, "glu");
+}
+
+static void cu_softcap(struct backend *b, struct tensor *x, float cap) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_softcap(x->data, cap, tensor_nelem(x), cb->stream);
+    check_launch(cb, "softcap");
+}
+
+static void cu_softmax(struct backend *b, struct tensor *x) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_softmax(x->data, x->ne[0], tensor_nrows(x), cb->stream);
+    check_launch(cb, "softmax");
+}
+
+static void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k,
+                        const struct tensor *v, const struct attn_meta *m) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_kv_store(kc->data, vc->data, kc->type, k->data, v->data, m->slot->data, (int)k->ne[0], (int)v->ne[0],
+                  (int)k->ne[1], m->block_size, k->ne[2], cb->stream);
+    check_launch(cb, "kv_store");
+}
+
+static void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
+                         const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    if (kc->ne[0] > 256 || vc->ne[0] > 256) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "cuda attention: head_dim %lld > 256", (long long)kc->ne[0]);
+        return;
+    }
+    struct cuda_attn_args a = {
+        .dst = dst->data, .q = q->data, .kc = kc->data, .vc = vc->data, .cache_type = kc->type,
+        .pos = m->pos->data, .seq = m->seq->data, .blocks = m->blocks->data,
+        .max_blocks = (int)m->blocks->ne[0], .block_size = m->block_size,
+        .dk = (int)kc->ne[0], .dv = (int)vc->ne[0], .n_head = (int)q->ne[1], .n_kv = (int)kc->ne[2],
+        .n_tokens = q->ne[2], .scale = p->scale, .softcap = p->softcap, .window = p->window};
+    a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
+    if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
+    size_t mark = cu_scratch_mark(b);
+    uint64_t need = cuda_attn_scratch_bytes(a.n_tokens, a.n_head, a.dv, a.max_keys);
+    if (need) {
+        a.partial = scratch(cb, need);
+        if (!a.partial) return;
+    }
+    cuda_attention(&a, cb->stream);
+    check_launch(cb, "attention");
+    cu_scratch_release(b, mark);
+}
+
+/* ---- fused ops ---- */
+
+/* x' = rms_norm(x) * pre->w in scratch (or x itself when pre is NULL). */
+static const float *prenormed(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre) {
+    if (!pre) return x->data;
+    float *xn = scratch(cb, (size_t)tensor_nelem(x) * sizeof(float));
+    if (!xn) return NULL;
+    cuda_rms_norm(xn, x->data, pre->w ? pre->w->data : NULL, x->ne[0], x->ne[1], (int64_t)(x->nb[1] / 4), x->ne[0],
+                  pre->eps, cb->stream);
+    check_launch(cb, "rms_norm");
+    return xn;
+}
+
+/* The quantized form of x for n <= 8 rows, shared by several weights of the same width. */
+static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type) {
+    if (n > CUDA_MMV_MAX_N || !cuda_mmv_needs_quant(type)) return NULL;
+    void *sc = scratch(cb, cuda_mmv_scratch_bytes(k, (int)n));
+    struct err e;
+    if (sc && cuda_mmv_quantize(x, k, (int)n, sc, cb->stream, &e) != SMELT_OK) {
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+        return NULL;
+    }
+    return sc;
+}
+
+static void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
+                            const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    size_t mark = cu_scratch_mark(b);
+    const float *xn = prenormed(cb, x, pre);
+    if (!xn) return;
+    const void *xq = NULL;
+    uint32_t qtype_done = QT_COUNT;
+    for (int i = 0; i < n && ok(cb); i++) {
+        const struct cuda_qweight *qw = qw_of(cb, w[i]);
+        if (!qw) return;
+        /* weights of one group usually share a type: quantize x once */
+        if (cuda_mmv_needs_quant(qw->type) && qtype_done == QT_COUNT) {
+            xq = quantized(cb, xn, x->ne[0], x->ne[1], qw->type);
+            qtype_done = qw->type;
+        }
+        matmul(cb, qw, xn, x->ne[1], dst[i]->data, false, cuda_mmv_needs_quant(qw->type) ? xq : NULL);
+        if (bias && bias[i]) {
+            cuda_add(dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1, cb->stream);
+            check_launch(cb, "bias");
+        }
+    }
+    cu_scratch_release(b, mark);
+}
+
+static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
+                       const struct tensor *x, enum glu_act act, const struct prenorm *pre) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    const struct cuda_qweight *qg = qw_of(cb, w_gate), *qu = qw_of(cb, w_up);
+    if (!qg || !qu) return;
+    size_t mark = cu_scratch_mark(b);
+    const float *xn = prenormed(cb, x, pre);
+    float *g = scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
+    if (!xn || !g) return;
+    const void *xq = quantized(cb, xn, x->ne[0], x->ne[1], qg->type);
+    matmul(cb, qg, xn, x->ne[1], g, false, xq);
+    matmul(cb, qu, xn, x->ne[1], dst->data, false,
+           cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
+    cuda_glu(dst->data, g, dst->data, act == GLU_SILU ? 0 : 1, tensor_nelem(dst), cb->stream);
+    check_launch(cb, "glu");
+    cu_scratch_release(b, mark);
+}
+
+static void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
+                             struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
+                             const struct qk_prep *p) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    struct cuda_rope r;
+    rope_args(p->rope, &r);
+    cuda_rope_inplace(q->data, m->pos->data, (int)q->ne[0], (int)q->ne[1], q->ne[2], &r,
+                      p->q_norm ? p->q_norm->data : NULL, p->eps, cb->stream);
+    cuda_rope_inplace(k->data, m->pos->data, (int)k->ne[0], (int)k->ne[1], k->ne[2], &r,
+                      p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
+    check_launch(cb, "rope");
+    cu_kv_store(b, kc, vc, k, v, m);
+}
+
+/* ---- lifecycle ---- */
+
+static void cu_free(struct backend *b) {
+    struct cuda_backend *cb = cu_of(b);
+    cudaStreamSynchronize(cb->stream);
+    for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
+    free(cb->dev);
+    for (int i = 0; i < cb->n_qws; i++) {
+        cuda_qweight_free(cb->qws[i]);
+        free(cb->qws[i]);
+    }
+    free(cb->qws);
+    for (int i = 0; i < cb->n_chunks; i++) cudaFree(cb->chunks[i].base);
+    free(cb->chunks);
+    cudaFreeHost(cb->pin);
+    free(cb->dl);
+    cublasDestroy(cb->cublas);
+    cudaStreamDestroy(cb->stream);
+    bk_base_free(b);
+    free(cb);
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .free = cu_free,
+    .weight_bind = cu_weight_bind,
+    .buffer_alloc = cu_buffer_alloc,
+    .buffer_free = cu_buffer_free,
+    .step_begin = cu_step_begin,
+    .scratch_alloc = cu_scratch_alloc,
+    .scratch_mark = cu_scratch_mark,
+    .scratch_release = cu_scratch_release,
+    .upload = cu_upload,
+    .download = cu_download,
+    .sync = cu_sync,
+    .get_rows = cu_get_rows,
+    .rms_norm = cu_rms_norm,
+    .rope = cu_rope,
+    .matmul = cu_matmul,
+    .add = cu_add,
+    .scale = cu_scale,
+    .glu = cu_glu,
+    .softcap = cu_softcap,
+    .softmax = cu_softmax,
+    .kv_store = cu_kv_store,
+    .attention = cu_attention,
+    .matmul_group = cu_matmul_group,
+    .matmul_acc = cu_matmul_acc,
+    .ffn_glu = cu_ffn_glu,
+    .rope_kv_store = cu_rope_kv_store,
+};
+
+int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
+    *out = NULL;
+    int n = cuda_device_count();
+    if (n == 0) return err_set(e, SMELT_ERR_DEVICE, "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)");
+    if (device < 0 || device >= n)
+        return err_set(e, SMELT_ERR_INVALID, "CUDA device %d does not exist (%d visible)", device, n);
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc != cudaSuccess) return err_set(e, SMELT_ERR_DEVICE, "cudaSetDevice(%d): %s", device, cudaGetErrorString(rc));
+    struct cuda_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    bk_base_init(&cb->base, &cuda_ops);
+    cb->device = device;
+    rc = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
+    if (rc != cudaSuccess) {
+        bk_base_free(&cb->base);
+        free(cb);
+        return err_set(e, SMELT_ERR_DEVICE, "cudaStreamCreate: %s", cudaGetErrorString(rc));
+    }
+    if (cublasCreate(&cb->cublas) != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(cb->stream);
+        bk_base_free(&cb->base);
+        free(cb);
+        return err_set(e, SMELT_ERR_DEVICE, "cublasCreate failed");
+    }
+    cublasSetStream(cb->cublas, cb->stream);
+    *out = &cb->base;
+    return SMELT_OK;
+}
+
+uint64_t cuda_backend_weight_bytes(const struct backend *b) {
+    return ((const struct cuda_backend *)b)->weight_bytes;
+}
+
+smelt_status cuda_mem_info(int device, uint64_t *free_b, uint64_t *total_b, struct err *e) {
+    size_t f = 0, t = 0;
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc == cudaSuccess) rc = cudaMemGetInfo(&f, &t);
+    if (rc != cudaSuccess) return err_set(e, SMELT_ERR_DEVICE, "cudaMemGetInfo: %s", cudaGetErrorString(rc));
+    *free_b = f;
+    *total_b = t;
+    return SMELT_OK;
+}

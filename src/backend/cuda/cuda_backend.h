@@ -1,0 +1,19 @@
+/* The CUDA backend's constructor and device queries (implementation: cuda_backend.c).
+ * Only built when nvcc was found (SMELT_HAVE_CUDA). */
+#ifndef SMELT_CUDA_BACKEND_H
+#define SMELT_CUDA_BACKEND_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+/* Number of visible CUDA devices (0 when none, or no driver). */
+int cuda_device_count(void);
+/* The backend on device `device` (an index among the visible devices). */
+smelt_status cuda_backend_new(struct backend **out, int device, struct err *e);
+/* Device bytes held by bound weights. */
+uint64_t cuda_backend_weight_bytes(const struct backend *b);
+/* Free and total device memory. */
+smelt_status cuda_mem_info(int device, uint64_t *free_b, uint64_t *total_b, struct err *e);
+
+#endif
