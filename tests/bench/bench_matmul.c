@@ -10,7 +10,8 @@
  * load as much as the kernel). GB/s is weights bytes / median time. cpu-ms is the process
  * CPU time of a run (all threads; waiting in the pool's spin loop counts, descheduled
  * time does not) and GF/cpu-s the work per CPU-second: the kernel's speed per core when
- * other processes compete for the cores. Weights are random bytes (scales sanitized), as in the tests.
+ * other processes compete for the cores. Weights are random bytes (scales sanitized), as in the
+ * tests.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +58,8 @@ static void *make_weights(uint32_t t, int64_t rows, int64_t k, size_t *bytes) {
     if (!w) return NULL;
     for (size_t i = 0; i < (n + 1) / 2; i++) {
         uint16_t h = (uint16_t)(next() >> 48);
-        if (t == QT_F16 || (h & 0x7c00) == 0x7c00 || (h & 0x7c00) > 0x5000) h = f32_to_f16(0.01f * (float)((int)(h % 200) - 100) / 100.0f);
+        if (t == QT_F16 || (h & 0x7c00) == 0x7c00 || (h & 0x7c00) > 0x5000)
+            h = f32_to_f16(0.01f * (float)((int)(h % 200) - 100) / 100.0f);
         w[i] = h;
     }
     *bytes = n;
@@ -69,13 +71,19 @@ int main(int argc, char **argv) {
     const char *types = "Q4_K,Q6_K,Q8_0,Q5_0,F16", *shapes = "4864x896,896x4864,151936x896",
                *ns = "1,128";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-n") && i + 1 < argc) ns = argv[++i];
-        else if (!strcmp(argv[i], "-T") && i + 1 < argc) types = argv[++i];
-        else if (!strcmp(argv[i], "-s") && i + 1 < argc) shapes = argv[++i];
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc)
+            ns = argv[++i];
+        else if (!strcmp(argv[i], "-T") && i + 1 < argc)
+            types = argv[++i];
+        else if (!strcmp(argv[i], "-s") && i + 1 < argc)
+            shapes = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-n N,..] [-T TYPE,..] [-s RxK,..]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-n N,..] [-T TYPE,..] [-s RxK,..]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -111,7 +119,8 @@ int main(int argc, char **argv) {
             sp += used;
             if (*sp == ',') sp++;
             if (k % qtype_get(t)->blck_size) {
-                printf("%-6s %lldx%lld: k not a multiple of %u (GGUF files use a fallback type here)\n",
+                printf("%-6s %lldx%lld: k not a multiple of %u (GGUF files use a fallback type "
+                       "here)\n",
                        tn, rows, k, qtype_get(t)->blck_size);
                 continue;
             }
@@ -119,7 +128,8 @@ int main(int argc, char **argv) {
             void *w = make_weights(t, rows, k, &wbytes);
             for (const char *np = ns; *np;) {
                 int n = atoi(np);
-                while (*np && *np != ',') np++;
+                while (*np && *np != ',')
+                    np++;
                 if (*np == ',') np++;
                 float *x = malloc(sizeof(float) * (size_t)(n * k));
                 float *y = malloc(sizeof(float) * (size_t)(n * rows));
@@ -127,7 +137,8 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "out of memory\n");
                     return 1;
                 }
-                for (long long i = 0; i < n * k; i++) x[i] = (float)((int)(next() % 2001) - 1000) / 1000.0f;
+                for (long long i = 0; i < n * k; i++)
+                    x[i] = (float)((int)(next() % 2001) - 1000) / 1000.0f;
                 double ts[64], cs[64];
                 int R = reps > 64 ? 64 : reps;
                 for (int r = -1; r < R; r++) {

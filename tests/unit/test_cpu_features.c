@@ -32,17 +32,19 @@ static void test_features_match_cpuinfo(void) {
     struct {
         bool have;
         const char *flag;
-    } list[] = {{f->avx2, "avx2"},         {f->fma, "fma"},           {f->f16c, "f16c"},
-                {f->bmi2, "bmi2"},         {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"},
-                {f->avx512vl, "avx512vl"}, {f->avx512dq, "avx512dq"}, {f->avx512vnni, "avx512_vnni"}};
+    } list[] = {
+        {f->avx2, "avx2"},         {f->fma, "fma"},           {f->f16c, "f16c"},
+        {f->bmi2, "bmi2"},         {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"},
+        {f->avx512vl, "avx512vl"}, {f->avx512dq, "avx512dq"}, {f->avx512vnni, "avx512_vnni"}};
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
         int want = cpuinfo_has(list[i].flag);
         /* The kernel hides AVX flags whose state it does not save; CPUID may still show them,
          * which is why the ISA level also checks XCR0. So only demand: cpuinfo => CPUID. */
-        if (want == 1) T_CHECKF(list[i].have, "/proc/cpuinfo has %s, CPUID detection does not", list[i].flag);
+        if (want == 1)
+            T_CHECKF(list[i].have, "/proc/cpuinfo has %s, CPUID detection does not", list[i].flag);
     }
-    if (cpuinfo_has("avx512_vnni") == 1 && cpuinfo_has("avx512bw") == 1 && cpuinfo_has("avx512vl") == 1 &&
-        cpuinfo_has("avx512dq") == 1)
+    if (cpuinfo_has("avx512_vnni") == 1 && cpuinfo_has("avx512bw") == 1 &&
+        cpuinfo_has("avx512vl") == 1 && cpuinfo_has("avx512dq") == 1)
         T_EQ_INT(cpu_isa_supported(), CPU_ISA_AVX512);
     else if (cpuinfo_has("avx2") == 1 && cpuinfo_has("fma") == 1 && cpuinfo_has("f16c") == 1 &&
              cpuinfo_has("bmi2") == 1)

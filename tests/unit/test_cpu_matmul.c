@@ -32,11 +32,22 @@
 /* Activation group of the integer kernel for a type (0: f32 activations). */
 static int act_group(uint32_t t) {
     switch (t) {
-    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_IQ4_NL:
+    case QT_Q4_0:
+    case QT_Q4_1:
+    case QT_Q5_0:
+    case QT_Q5_1:
+    case QT_Q8_0:
+    case QT_IQ4_NL:
         return 32;
-    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_Q4_K:
+    case QT_Q5_K:
+    case QT_Q6_K:
+    case QT_IQ4_XS:
         return 256;
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -55,41 +66,69 @@ static float rnd_scale(unsigned long long *s, float scale) {
  * so dequantized weights are O(0.01..1)). */
 static void sanitize_block(uint32_t t, uint8_t *b, unsigned long long *s) {
     switch (t) {
-    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_IQ4_NL:
+    case QT_Q4_0:
+    case QT_Q5_0:
+    case QT_Q8_0:
+    case QT_IQ4_NL:
         put_f16(b, rnd_scale(s, t == QT_Q8_0 ? 0.01f : t == QT_IQ4_NL ? 0.01f : 0.1f));
         break;
-    case QT_Q4_1: case QT_Q5_1:
+    case QT_Q4_1:
+    case QT_Q5_1:
         put_f16(b, rnd_scale(s, 0.1f));
         put_f16(b + 2, rnd_scale(s, 0.5f));
         break;
-    case QT_Q8_1: put_f16(b, rnd_scale(s, 0.01f)); put_f16(b + 2, 1.0f); break;
-    case QT_Q2_K: put_f16(b + 80, rnd_scale(s, 0.05f)); put_f16(b + 82, rnd_scale(s, 0.05f)); break;
-    case QT_Q3_K: put_f16(b + 108, rnd_scale(s, 0.02f)); break;
-    case QT_Q4_K: case QT_Q5_K:
+    case QT_Q8_1:
+        put_f16(b, rnd_scale(s, 0.01f));
+        put_f16(b + 2, 1.0f);
+        break;
+    case QT_Q2_K:
+        put_f16(b + 80, rnd_scale(s, 0.05f));
+        put_f16(b + 82, rnd_scale(s, 0.05f));
+        break;
+    case QT_Q3_K:
+        put_f16(b + 108, rnd_scale(s, 0.02f));
+        break;
+    case QT_Q4_K:
+    case QT_Q5_K:
         put_f16(b, rnd_scale(s, 0.005f));
         put_f16(b + 2, rnd_scale(s, 0.01f));
         break;
-    case QT_Q6_K: put_f16(b + 208, rnd_scale(s, 0.0005f)); break;
+    case QT_Q6_K:
+        put_f16(b + 208, rnd_scale(s, 0.0005f));
+        break;
     case QT_Q8_K: {
         float d = rnd_scale(s, 0.01f);
         memcpy(b, &d, 4);
         break;
     }
-    case QT_IQ4_XS: case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS:
-    case QT_IQ3_S: case QT_IQ1_S:
+    case QT_IQ4_XS:
+    case QT_IQ2_XXS:
+    case QT_IQ2_XS:
+    case QT_IQ2_S:
+    case QT_IQ3_XXS:
+    case QT_IQ3_S:
+    case QT_IQ1_S:
         put_f16(b, rnd_scale(s, 0.01f));
         break;
     case QT_IQ1_M: { /* f16 super-scale spread over the top nibbles of 4 words at 48 */
         uint16_t h = f32_to_f16(rnd_scale(s, 0.01f)), sc[4];
         memcpy(sc, b + 48, 8);
-        for (int i = 0; i < 4; i++) sc[i] = (uint16_t)((sc[i] & 0x0fff) | ((h >> (4 * i)) & 15) << 12);
+        for (int i = 0; i < 4; i++)
+            sc[i] = (uint16_t)((sc[i] & 0x0fff) | ((h >> (4 * i)) & 15) << 12);
         memcpy(b + 48, sc, 8);
         break;
     }
-    case QT_TQ1_0: put_f16(b + 52, rnd_scale(s, 0.1f)); break;
-    case QT_TQ2_0: put_f16(b + 64, rnd_scale(s, 0.1f)); break;
-    case QT_MXFP4: b[0] = (uint8_t)(120 + t_rand_u64(s) % 8); break;
-    default: break;
+    case QT_TQ1_0:
+        put_f16(b + 52, rnd_scale(s, 0.1f));
+        break;
+    case QT_TQ2_0:
+        put_f16(b + 64, rnd_scale(s, 0.1f));
+        break;
+    case QT_MXFP4:
+        b[0] = (uint8_t)(120 + t_rand_u64(s) % 8);
+        break;
+    default:
+        break;
     }
 }
 
@@ -101,7 +140,8 @@ static void *make_weights(uint32_t t, int64_t rows, int64_t k, unsigned long lon
     if (t == QT_F32 || t == QT_F16 || t == QT_BF16) {
         for (int64_t i = 0; i < rows * k; i++) {
             float v = 0.1f * t_randn(s);
-            if (t == QT_F32) memcpy(w + 4 * i, &v, 4);
+            if (t == QT_F32)
+                memcpy(w + 4 * i, &v, 4);
             else {
                 uint16_t h = t == QT_F16 ? f32_to_f16(v) : f32_to_bf16(v);
                 memcpy(w + 2 * i, &h, 2);
@@ -109,8 +149,10 @@ static void *make_weights(uint32_t t, int64_t rows, int64_t k, unsigned long lon
         }
         return w;
     }
-    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)(t_rand_u64(s) >> 56);
-    for (size_t b = 0; b < nbytes / qi->type_size; b++) sanitize_block(t, w + b * qi->type_size, s);
+    for (size_t i = 0; i < nbytes; i++)
+        w[i] = (uint8_t)(t_rand_u64(s) >> 56);
+    for (size_t b = 0; b < nbytes / qi->type_size; b++)
+        sanitize_block(t, w + b * qi->type_size, s);
     return w;
 }
 
@@ -132,9 +174,11 @@ static float *make_x(int64_t n, int64_t k, unsigned long long *s) {
 static void quantize_ref(const float *x, float *xq, int64_t k, int g) {
     for (int64_t b = 0; b < k / g; b++) {
         float amax = 0;
-        for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[b * g + i]));
+        for (int i = 0; i < g; i++)
+            amax = fmaxf(amax, fabsf(x[b * g + i]));
         float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
-        for (int i = 0; i < g; i++) xq[b * g + i] = nearbyintf(x[b * g + i] * id) * d;
+        for (int i = 0; i < g; i++)
+            xq[b * g + i] = nearbyintf(x[b * g + i] * id) * d;
     }
 }
 
@@ -144,8 +188,8 @@ struct shape {
 
 static int n_checked;
 
-static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
-                       const struct shape *sh, unsigned long long seed) {
+static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar, const struct shape *sh,
+                       unsigned long long seed) {
     const struct qtype_info *qi = qtype_get(t);
     unsigned long long s = seed;
     int64_t rows = sh->rows, k = sh->k, n = sh->n;
@@ -153,7 +197,8 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
     float *x = make_x(n, k, &s);
     float *wd = malloc(sizeof(float) * (size_t)(rows * k));
     size_t rb = (size_t)qtype_row_size(t, k);
-    for (int64_t r = 0; r < rows; r++) qi->dequantize((const char *)w + r * rb, wd + r * k, k);
+    for (int64_t r = 0; r < rows; r++)
+        qi->dequantize((const char *)w + r * rb, wd + r * k, k);
     float *xq = malloc(sizeof(float) * (size_t)(n * k));
     float *y = malloc(sizeof(float) * (size_t)(n * rows));
     float *y0 = malloc(sizeof(float) * (size_t)(n * rows));
@@ -166,8 +211,10 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
     for (int isa = 0; isa <= isa_max; isa++) {
         int g = cpu_matmul_has_kernel(t, (enum cpu_isa)isa) ? act_group(t) : 0;
         for (int64_t c = 0; c < n; c++) {
-            if (g) quantize_ref(x + c * k, xq + c * k, k, g);
-            else memcpy(xq + c * k, x + c * k, sizeof(float) * (size_t)k);
+            if (g)
+                quantize_ref(x + c * k, xq + c * k, k, g);
+            else
+                memcpy(xq + c * k, x + c * k, sizeof(float) * (size_t)k);
         }
         for (int64_t c = 0; c < n; c++)
             for (int64_t r = 0; r < rows; r++) {
@@ -193,7 +240,8 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
                 bound[c * rows + r] = bnd * 1.0001 + tight[c * rows + r];
             }
         struct err e = {0};
-        for (int i = 0; i < n * rows; i++) y[i] = NAN;
+        for (int i = 0; i < n * rows; i++)
+            y[i] = NAN;
         smelt_status st = cpu_matmul_isa(pool, (enum cpu_isa)isa, t, w, rows, k, x, n, y, ar, &e);
         T_CHECKF(st == SMELT_OK, "%s %s: %s", qi->name, cpu_isa_name(isa), e.msg);
         if (st != SMELT_OK) break;
@@ -203,7 +251,9 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
             double et = fabs(y[i] - refq[i]), eb = fabs(y[i] - ref[i]);
             if (!(et <= tight[i])) {
                 if (bad_t++ < 3)
-                    fprintf(stderr, "  %s %s rows=%lld k=%lld n=%lld: y[%lld][%lld]=%.9g ref(xq)=%.9g tol=%.3g\n",
+                    fprintf(stderr,
+                            "  %s %s rows=%lld k=%lld n=%lld: y[%lld][%lld]=%.9g ref(xq)=%.9g "
+                            "tol=%.3g\n",
                             qi->name, cpu_isa_name(isa), (long long)rows, (long long)k,
                             (long long)n, (long long)(i / rows), (long long)(i % rows), y[i],
                             refq[i], tight[i]);
@@ -215,7 +265,8 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
                  cpu_isa_name(isa), bad_t);
         T_CHECKF(bad_b == 0, "%s %s: %d outputs beyond the activation-rounding bound (worst %.2f)",
                  qi->name, cpu_isa_name(isa), bad_b, worst);
-        if (isa == 0) memcpy(y0, y, sizeof(float) * (size_t)(n * rows));
+        if (isa == 0)
+            memcpy(y0, y, sizeof(float) * (size_t)(n * rows));
         else {
             int bad = 0;
             for (int64_t i = 0; i < n * rows; i++)
@@ -226,8 +277,16 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar,
         n_checked++;
         arena_reset(ar);
     }
-    free(w); free(x); free(wd); free(xq); free(y); free(y0);
-    free(tight); free(bound); free(ref); free(refq);
+    free(w);
+    free(x);
+    free(wd);
+    free(xq);
+    free(y);
+    free(y0);
+    free(tight);
+    free(bound);
+    free(ref);
+    free(refq);
 }
 
 static const uint32_t kernel_types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q4_0,   QT_Q4_1,
@@ -249,7 +308,8 @@ static void test_matmul_kernel_types(void) {
     };
     for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
         uint32_t t = kernel_types[ti];
-        T_CHECKF(cpu_matmul_has_kernel(t, CPU_ISA_SCALAR), "%s has no scalar kernel", qtype_name(t));
+        T_CHECKF(cpu_matmul_has_kernel(t, CPU_ISA_SCALAR), "%s has no scalar kernel",
+                 qtype_name(t));
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             check_type(t, pool, &ar, &shapes[si], 0x9e3779b97f4a7c15ULL * (ti * 16 + si + 1));
     }
@@ -306,13 +366,19 @@ static void test_matmul_large_n(void) {
         float *y2 = malloc(sizeof(float) * (size_t)(sh.n * sh.rows));
         /* Reference: one X row at a time (a single column chunk each). */
         for (int64_t c = 0; c < sh.n; c++)
-            T_EQ_INT(cpu_matmul(pool, t, w, sh.rows, sh.k, x + c * sh.k, 1, y1 + c * sh.rows, NULL, &e), SMELT_OK);
+            T_EQ_INT(
+                cpu_matmul(pool, t, w, sh.rows, sh.k, x + c * sh.k, 1, y1 + c * sh.rows, NULL, &e),
+                SMELT_OK);
         T_EQ_INT(cpu_matmul(pool, t, w, sh.rows, sh.k, x, sh.n, y2, NULL, &e), SMELT_OK);
         int bad = 0;
         for (int64_t i = 0; i < sh.n * sh.rows; i++)
             if (!(fabsf(y1[i] - y2[i]) <= 1e-4f * (fabsf(y1[i]) + 1.0f))) bad++;
-        T_CHECKF(bad == 0, "%s: batched and row-at-a-time differ on %d outputs", qtype_name(t), bad);
-        free(w); free(x); free(y1); free(y2);
+        T_CHECKF(bad == 0, "%s: batched and row-at-a-time differ on %d outputs", qtype_name(t),
+                 bad);
+        free(w);
+        free(x);
+        free(y1);
+        free(y2);
     }
     cpu_pool_free(pool);
 }

@@ -50,8 +50,8 @@ static void run_checks(int n_threads, int calls, int sleep_every) {
             nanosleep(&ts, NULL);
         }
     }
-    T_CHECKF(errors == 0, "%d threads: %d index/visibility errors over %d calls", n_threads,
-             errors, calls);
+    T_CHECKF(errors == 0, "%d threads: %d index/visibility errors over %d calls", n_threads, errors,
+             calls);
     T_EQ_INT(atomic_load(&h.bad_nth), 0);
     cpu_pool_free(p);
 }

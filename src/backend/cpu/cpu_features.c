@@ -37,7 +37,7 @@ static void detect_x86(struct cpu_features *f) {
     f->f16c = (c >> 29) & 1;
     if (osxsave) {
         unsigned long long xcr0 = xgetbv0();
-        f->os_avx = (xcr0 & 0x6) == 0x6;             /* XMM | YMM */
+        f->os_avx = (xcr0 & 0x6) == 0x6;                   /* XMM | YMM */
         f->os_avx512 = f->os_avx && (xcr0 & 0xe0) == 0xe0; /* opmask | ZMM_Hi256 | Hi16_ZMM */
     }
     if (max >= 7) {
@@ -67,10 +67,12 @@ static void detect_x86(struct cpu_features *f) {
         memcpy(s, r, 48);
         s[48] = 0;
         const char *p = s;
-        while (*p == ' ') p++;
+        while (*p == ' ')
+            p++;
         snprintf(f->model, sizeof f->model, "%s", p);
         size_t n = strlen(f->model);
-        while (n && f->model[n - 1] == ' ') f->model[--n] = 0;
+        while (n && f->model[n - 1] == ' ')
+            f->model[--n] = 0;
     }
 }
 #endif
@@ -118,10 +120,14 @@ enum cpu_isa cpu_isa_best(void) {
 
 const char *cpu_isa_name(enum cpu_isa isa) {
     switch (isa) {
-    case CPU_ISA_SCALAR: return "scalar";
-    case CPU_ISA_AVX2: return "avx2";
-    case CPU_ISA_AVX512: return "avx512";
-    default: return "?";
+    case CPU_ISA_SCALAR:
+        return "scalar";
+    case CPU_ISA_AVX2:
+        return "avx2";
+    case CPU_ISA_AVX512:
+        return "avx512";
+    default:
+        return "?";
     }
 }
 
@@ -131,10 +137,18 @@ void cpu_features_describe(char *buf, unsigned size) {
         bool on;
         const char *name;
     } list[] = {
-        {f->avx2, "avx2"},         {f->fma, "fma"},           {f->f16c, "f16c"},
-        {f->bmi2, "bmi2"},         {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"},
-        {f->avx512vl, "avx512vl"}, {f->avx512dq, "avx512dq"}, {f->avx512vnni, "avx512vnni"},
-        {f->avx512bf16, "avx512bf16"}, {f->avx_vnni, "avxvnni"}, {f->amx_int8, "amx(unused)"},
+        {f->avx2, "avx2"},
+        {f->fma, "fma"},
+        {f->f16c, "f16c"},
+        {f->bmi2, "bmi2"},
+        {f->avx512f, "avx512f"},
+        {f->avx512bw, "avx512bw"},
+        {f->avx512vl, "avx512vl"},
+        {f->avx512dq, "avx512dq"},
+        {f->avx512vnni, "avx512vnni"},
+        {f->avx512bf16, "avx512bf16"},
+        {f->avx_vnni, "avxvnni"},
+        {f->amx_int8, "amx(unused)"},
     };
     size_t off = 0;
     if (size == 0) return;

@@ -32,8 +32,8 @@ enum cpu_act { CPU_ACT_NONE = 0, CPU_ACT_F32, CPU_ACT_Q8_32, CPU_ACT_Q8_K };
 
 #define CPU_MR 4 /* max weight rows per kernel call */
 
-typedef void (*cpu_gemm_fn)(int64_t k, const void *w, size_t wstride, const void *x,
-                            size_t xstride, float *y, size_t ystride, int nr, int nc);
+typedef void (*cpu_gemm_fn)(int64_t k, const void *w, size_t wstride, const void *x, size_t xstride,
+                            float *y, size_t ystride, int nr, int nc);
 typedef void (*cpu_quant_fn)(const float *x, void *q, int64_t k);
 
 /* Optional prefill path: pack() unpacks nr weight rows once into a kernel-friendly layout
@@ -48,7 +48,7 @@ typedef size_t (*cpu_packed_size_fn)(int64_t k);
 struct cpu_kernel {
     enum cpu_act act;
     cpu_gemm_fn gemm;
-    cpu_pack_fn pack;               /* NULL: no packed path */
+    cpu_pack_fn pack; /* NULL: no packed path */
     cpu_packed_size_fn packed_row_bytes;
     cpu_gemm_fn gemm_packed;
 };
@@ -70,10 +70,17 @@ void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k);
 static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
     size_t n = (size_t)k;
     switch (act) {
-    case CPU_ACT_Q8_32: n = n + 4 * (n / 32) + 2 * (n / 32); break;
-    case CPU_ACT_Q8_K: n = n + 4 * (n / 256) + 2 * (n / 16); break;
-    case CPU_ACT_F32: n = 4 * n; break;
-    default: return 0;
+    case CPU_ACT_Q8_32:
+        n = n + 4 * (n / 32) + 2 * (n / 32);
+        break;
+    case CPU_ACT_Q8_K:
+        n = n + 4 * (n / 256) + 2 * (n / 16);
+        break;
+    case CPU_ACT_F32:
+        n = 4 * n;
+        break;
+    default:
+        return 0;
     }
     return (n + 63) & ~(size_t)63;
 }

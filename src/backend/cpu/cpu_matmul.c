@@ -79,7 +79,7 @@ struct mm_job {
     char *xq;       /* quantized X (or X itself) */
     size_t xstride; /* bytes between rows of xq */
     float *y;
-    float *deq;     /* fallback: one k-float row per thread */
+    float *deq;       /* fallback: one k-float row per thread */
     cpu_pack_fn pack; /* packed prefill path (NULL: off) */
     char *packbuf;    /* per thread: rb packed rows */
     size_t packed_row, packbuf_stride;
@@ -91,7 +91,8 @@ static void quant_task(void *arg, int ith, int nth) {
     struct mm_job *j = arg;
     int64_t per = (j->n + nth - 1) / nth;
     int64_t c0 = per * ith, c1 = c0 + per > j->n ? j->n : c0 + per;
-    for (int64_t c = c0; c < c1; c++) j->quant(j->x + c * j->k, j->xq + c * j->xstride, j->k);
+    for (int64_t c = c0; c < c1; c++)
+        j->quant(j->x + c * j->k, j->xq + c * j->xstride, j->k);
 }
 
 static void gemm_task(void *arg, int ith, int nth) {
@@ -158,9 +159,9 @@ static void plan(struct mm_job *j, int nth) {
     j->n_chunks = j->n_rchunks * n_cchunks;
 }
 
-smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype,
-                            const void *w, int64_t rows, int64_t k, const float *x, int64_t n,
-                            float *y, struct arena *scratch, struct err *e) {
+smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
+                            int64_t rows, int64_t k, const float *x, int64_t n, float *y,
+                            struct arena *scratch, struct err *e) {
     pthread_once(&g_once, init_tables);
     isa = clamp_isa(isa);
     const struct qtype_info *qi = qtype_get(wtype);
@@ -243,8 +244,7 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
     return SMELT_OK;
 }
 
-smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows,
-                        int64_t k, const float *x, int64_t n, float *y, struct arena *scratch,
-                        struct err *e) {
+smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows, int64_t k,
+                        const float *x, int64_t n, float *y, struct arena *scratch, struct err *e) {
     return cpu_matmul_isa(p, cpu_isa_best(), wtype, w, rows, k, x, n, y, scratch, e);
 }

@@ -38,15 +38,14 @@
  * SMELT_ERR_UNSUPPORTED naming the type when wtype has no kernel nor reference
  * dequantizer; SMELT_ERR_INVALID when k is not a multiple of the type's block size or a
  * size is negative; SMELT_ERR_NOMEM. n == 0 or rows == 0 does nothing. */
-smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows,
-                        int64_t k, const float *x, int64_t n, float *y, struct arena *scratch,
-                        struct err *e);
+smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows, int64_t k,
+                        const float *x, int64_t n, float *y, struct arena *scratch, struct err *e);
 
 /* Same with an explicit ISA level (lowered to what the machine supports): tests and
  * benchmarks compare the paths with it. */
-smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype,
-                            const void *w, int64_t rows, int64_t k, const float *x, int64_t n,
-                            float *y, struct arena *scratch, struct err *e);
+smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
+                            int64_t rows, int64_t k, const float *x, int64_t n, float *y,
+                            struct arena *scratch, struct err *e);
 
 /* True when wtype has an integer/float kernel (not the dequantize fallback) at this ISA. */
 bool cpu_matmul_has_kernel(uint32_t wtype, enum cpu_isa isa);

@@ -46,7 +46,9 @@ INLINE float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
+INLINE float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
 
 /* ---- activation quantizers (bit-identical to cpu_q8.c) ---- */
 
@@ -55,10 +57,18 @@ INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 INLINE void quant_run(const float *x, int8_t *out, int nv, float id, int *sums) {
     const __m256 vid = _mm256_set1_ps(id);
     for (int v = 0; v < nv; v += 4) {
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 16), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 24), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i0 =
+            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v), vid),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i1 =
+            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 8), vid),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i2 =
+            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 16), vid),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i3 =
+            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 24), vid),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         sums[v / 2] = hsum_epi32(_mm256_add_epi32(i0, i1));
         sums[v / 2 + 1] = hsum_epi32(_mm256_add_epi32(i2, i3));
         __m256i p01 = _mm256_packs_epi32(i0, i1); /* lanes: 0-3 4-7 | 8-11 12-15 interleaved */
@@ -72,7 +82,8 @@ INLINE void quant_run(const float *x, int8_t *out, int nv, float id, int *sums) 
 INLINE float group_amax(const float *x, int nv) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m = _mm256_setzero_ps();
-    for (int v = 0; v < nv; v++) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * v), absmask));
+    for (int v = 0; v < nv; v++)
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * v), absmask));
     return hmax_ps(m);
 }
 
@@ -111,7 +122,8 @@ void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k) {
         quant_run(x + 256 * b, qs + 256 * b, 32, 127.0f / amax, sums);
         d[b] = amax / 127.0f;
         UNROLL
-        for (int g = 0; g < 16; g++) s[16 * b + g] = (int16_t)sums[g];
+        for (int g = 0; g < 16; g++)
+            s[16 * b + g] = (int16_t)sums[g];
     }
 }
 
@@ -121,24 +133,29 @@ enum plain { P_F32, P_F16, P_BF16 };
 
 INLINE __m256 load8(enum plain t, const void *p, int64_t i) {
     switch (t) {
-    case P_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    case P_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     case P_BF16:
         return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
-    default: return _mm256_loadu_ps((const float *)p + i);
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))),
+            16));
+    default:
+        return _mm256_loadu_ps((const float *)p + i);
     }
 }
 
 INLINE float load1(enum plain t, const void *p, int64_t i) {
     switch (t) {
-    case P_F16: return f16(((const uint16_t *)p)[i]);
+    case P_F16:
+        return f16(((const uint16_t *)p)[i]);
     case P_BF16: {
         uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
         float f;
         memcpy(&f, &u, 4);
         return f;
     }
-    default: return ((const float *)p)[i];
+    default:
+        return ((const float *)p)[i];
     }
 }
 
@@ -148,45 +165,53 @@ INLINE void plain_tile(enum plain t, int R, int C, int64_t k, const char *w, siz
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= k; i += 8) {
         __m256 xv[2];
         UNROLL
-        for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * xs) + i);
+        for (int c = 0; c < C; c++)
+            xv[c] = _mm256_loadu_ps((const float *)(x + c * xs) + i);
         UNROLL
         for (int r = 0; r < R; r++) {
             __m256 wv = load8(t, w + r * ws, i);
             UNROLL
-            for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) {
-            float s = hsum_ps(acc[r][c]);
-            for (int64_t j = i; j < k; j++) s += load1(t, w + r * ws, j) * ((const float *)(x + c * xs))[j];
-            y[c * ys + r] = s;
-        }
+    for (int c = 0; c < C; c++) {
+        float s = hsum_ps(acc[r][c]);
+        for (int64_t j = i; j < k; j++)
+            s += load1(t, w + r * ws, j) * ((const float *)(x + c * xs))[j];
+        y[c * ys + r] = s;
+    }
 }
 
 /* Walks a kernel over an nr × nc request in R×C tiles (R in {4,1}, C in {2,1}). */
-#define TILE_DRIVER(name, TILE)                                                                \
-    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,    \
-                            float *y, size_t ys, int nr, int nc) {                             \
-        const char *wp = w, *xp = x;                                                           \
-        int c = 0;                                                                             \
-        for (; c + 2 <= nc; c += 2) {                                                          \
-            if (nr == 4) TILE(4, 2, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                \
-            else for (int r = 0; r < nr; r++)                                                   \
-                TILE(1, 2, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);            \
-        }                                                                                      \
-        if (c < nc) {                                                                          \
-            if (nr == 4) TILE(4, 1, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                \
-            else for (int r = 0; r < nr; r++)                                                   \
-                TILE(1, 1, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);            \
-        }                                                                                      \
+#define TILE_DRIVER(name, TILE)                                                                    \
+    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
+                            float *y, size_t ys, int nr, int nc) {                                 \
+        const char *wp = w, *xp = x;                                                               \
+        int c = 0;                                                                                 \
+        for (; c + 2 <= nc; c += 2) {                                                              \
+            if (nr == 4)                                                                           \
+                TILE(4, 2, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                            \
+            else                                                                                   \
+                for (int r = 0; r < nr; r++)                                                       \
+                    TILE(1, 2, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);           \
+        }                                                                                          \
+        if (c < nc) {                                                                              \
+            if (nr == 4)                                                                           \
+                TILE(4, 1, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                            \
+            else                                                                                   \
+                for (int r = 0; r < nr; r++)                                                       \
+                    TILE(1, 1, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);           \
+        }                                                                                          \
     }
 
 #define F32_TILE(R, C, ...) plain_tile(P_F32, R, C, __VA_ARGS__)
@@ -204,8 +229,8 @@ INLINE __m256i dot_u8s8_32(__m256i u, __m256i s) {
 
 /* 32 bits → 32 bytes of 0x10 where the bit is set (byte j ← bit j). */
 INLINE __m256i bits_to_0x10(uint32_t bits) {
-    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                            0x0303030303030303LL);
+    const __m256i shuf =
+        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
     const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
     v = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
@@ -251,7 +276,8 @@ INLINE __m256i legacy_unpack(uint32_t t, const char *row, int64_t i, float *d, f
     case QT_IQ4_NL: {
         const struct block_iq4_nl *b = (const struct block_iq4_nl *)row + i;
         *d = f16(b->d);
-        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+        const __m256i tab =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
         return _mm256_shuffle_epi8(tab, nibbles_32(b->qs));
     }
     default: { /* Q8_0 */
@@ -262,9 +288,15 @@ INLINE __m256i legacy_unpack(uint32_t t, const char *row, int64_t i, float *d, f
     }
 }
 
-INLINE int legacy_offset(uint32_t t) { return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0; }
-INLINE int legacy_signed(uint32_t t) { return t == QT_Q8_0 || t == QT_IQ4_NL; }
-INLINE int legacy_has_min(uint32_t t) { return t == QT_Q4_1 || t == QT_Q5_1; }
+INLINE int legacy_offset(uint32_t t) {
+    return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0;
+}
+INLINE int legacy_signed(uint32_t t) {
+    return t == QT_Q8_0 || t == QT_IQ4_NL;
+}
+INLINE int legacy_has_min(uint32_t t) {
+    return t == QT_Q4_1 || t == QT_Q5_1;
+}
 
 /* y = sum over blocks of d_w·d_x·(sum q·x - OFF·sum x) [+ m_w·d_x·sum x]. */
 /* Packed prefill layout (see cpu_kernels.h): legacy_unpack's bytes, then d and (Q4_1/Q5_1)
@@ -289,17 +321,17 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
     }
 }
 
-INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w,
-                        size_t ws, const char *x, size_t xs, float *y, size_t ys) {
+INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w, size_t ws,
+                        const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     float macc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) {
-            acc[r][c] = _mm256_setzero_ps();
-            macc[r][c] = 0.0f;
-        }
+    for (int c = 0; c < C; c++) {
+        acc[r][c] = _mm256_setzero_ps();
+        macc[r][c] = 0.0f;
+    }
     const float *xd[2];
     const int16_t *xsum[2];
     UNROLL
@@ -332,7 +364,8 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
             for (int c = 0; c < C; c++) {
                 __m256i p = dot_u8s8_32(aq, legacy_signed(t) ? _mm256_sign_epi8(xv[c], q) : xv[c]);
                 if (off) p = _mm256_add_epi32(p, corr[c]);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
                 if (legacy_has_min(t)) macc[r][c] += m * xd[c][i] * (float)xsum[c][i];
             }
         }
@@ -340,7 +373,8 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) + macc[r][c];
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]) + macc[r][c];
 }
 #define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, 0, R, C, __VA_ARGS__)
 #define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, 0, R, C, __VA_ARGS__)
@@ -358,11 +392,13 @@ TILE_DRIVER(packed_q4_1, Q4_1_PTILE)
 TILE_DRIVER(packed_q5_0, Q5_0_PTILE)
 TILE_DRIVER(packed_q5_1, Q5_1_PTILE)
 TILE_DRIVER(packed_iq4_nl, IQ4_NL_PTILE)
-#define PACK_FNS(name, T)                                                                      \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
-        pack_legacy(T, k, w, ws, nr, dst);                                                     \
-    }                                                                                          \
-    static size_t packed_bytes_##name(int64_t k) { return packed_legacy_bytes(T, k); }
+#define PACK_FNS(name, T)                                                                          \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
+        pack_legacy(T, k, w, ws, nr, dst);                                                         \
+    }                                                                                              \
+    static size_t packed_bytes_##name(int64_t k) {                                                 \
+        return packed_legacy_bytes(T, k);                                                          \
+    }
 PACK_FNS(q4_0, QT_Q4_0)
 PACK_FNS(q4_1, QT_Q4_1)
 PACK_FNS(q5_0, QT_Q5_0)
@@ -389,13 +425,14 @@ INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
     *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
 
-INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                      size_t xs, float *y, size_t ys) {
+INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
+                      float *y, size_t ys) {
     __m256 acc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
     UNROLL
@@ -411,7 +448,8 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
         for (int c = 0; c < C; c++) {
             __m256i b16 = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
             __m256i pair = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 × i32 */
-            bsp[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+            bsp[c] =
+                _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
         }
         UNROLL
         for (int r = 0; r < R; r++) {
@@ -421,20 +459,24 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
             __m256i isum[2];
             UNROLL
-            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm256_setzero_si256();
             UNROLL
             for (int p = 0; p < 4; p++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
                 __m256i lo = _mm256_and_si256(raw, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
                 /* scale of sub-block 2p and 2p+1 broadcast to all i16 lanes */
-                __m256i s_lo = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
-                __m256i s_hi = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
+                __m256i s_lo =
+                    _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
+                __m256i s_hi = _mm256_shuffle_epi8(
+                    sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
                 UNROLL
                 for (int c = 0; c < C; c++) {
                     const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
                     __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
-                    __m256i ph = _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
+                    __m256i ph =
+                        _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pl, s_lo));
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(ph, s_hi));
                 }
@@ -444,7 +486,8 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             for (int c = 0; c < C; c++) {
                 __m128i ms = _mm_madd_epi16(mn, bsp[c]); /* 4 × i32 */
                 __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(ms));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
                 acc[r][c] = _mm256_fnmadd_ps(msf, _mm256_set1_ps(dmin * xd[c][i]), acc[r][c]);
             }
         }
@@ -452,20 +495,22 @@ INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define Q4_K_TILE(R, C, ...) q4_K_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(q4_K, Q4_K_TILE)
 
 /* ---- Q6_K × Q8_K ---- */
 
-INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                      size_t xs, float *y, size_t ys) {
+INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
+                      float *y, size_t ys) {
     __m256 acc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
     UNROLL
@@ -493,19 +538,26 @@ INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
                 __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
                 __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                       _mm256_and_si256(qh, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
                 UNROLL
                 for (int s = 0; s < 4; s++) {
                     int g = 8 * h + 2 * s;
                     /* [sc_g x8 | sc_g+1 x8] as i16 */
-                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]), _mm_set1_epi16(b->scales[g]));
+                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]),
+                                                   _mm_set1_epi16(b->scales[g]));
                     UNROLL
                     for (int c = 0; c < C; c++) {
-                        const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
-                        __m256i p = _mm256_maddubs_epi16(q[s], _mm256_load_si256((const __m256i *)xq));
+                        const int8_t *xq =
+                            (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
+                        __m256i p =
+                            _mm256_maddubs_epi16(q[s], _mm256_load_si256((const __m256i *)xq));
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
                     }
                 }
@@ -513,26 +565,29 @@ INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             float d = f16(b->d);
             UNROLL
             for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define Q6_K_TILE(R, C, ...) q6_K_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(q6_K, Q6_K_TILE)
 
 /* ---- Q5_K × Q8_K (Q4_K plus a fifth bit from qh) ---- */
 
-INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                      size_t xs, float *y, size_t ys) {
+INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
+                      float *y, size_t ys) {
     __m256 acc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
     UNROLL
@@ -545,8 +600,10 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
         __m128i bsp[2];
         UNROLL
         for (int c = 0; c < C; c++) {
-            __m256i pair = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i)), _mm256_set1_epi16(1));
-            bsp[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+            __m256i pair = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i)),
+                                             _mm256_set1_epi16(1));
+            bsp[c] =
+                _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
         }
         UNROLL
         for (int r = 0; r < R; r++) {
@@ -557,21 +614,27 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
             __m256i isum[2];
             UNROLL
-            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm256_setzero_si256();
             UNROLL
             for (int p = 0; p < 4; p++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
-                __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
                 qh = _mm256_srli_epi16(qh, 1);
-                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
                 qh = _mm256_srli_epi16(qh, 1);
-                __m256i s_lo = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
-                __m256i s_hi = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
+                __m256i s_lo =
+                    _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
+                __m256i s_hi = _mm256_shuffle_epi8(
+                    sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
                 UNROLL
                 for (int c = 0; c < C; c++) {
                     const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
                     __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
-                    __m256i ph = _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
+                    __m256i ph =
+                        _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pl, s_lo));
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(ph, s_hi));
                 }
@@ -580,7 +643,8 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
             UNROLL
             for (int c = 0; c < C; c++) {
                 __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mn, bsp[c])));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
                 acc[r][c] = _mm256_fnmadd_ps(msf, _mm256_set1_ps(dmin * xd[c][i]), acc[r][c]);
             }
         }
@@ -588,7 +652,8 @@ INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const c
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define Q5_K_TILE(R, C, ...) q5_K_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(q5_K, Q5_K_TILE)
@@ -620,18 +685,17 @@ INLINE __m256i q3k_scales16(const uint8_t *s12) {
 
 /* ---- Q2_K / Q3_K × Q8_K: 16 groups of 16, element n = 128h + 32s + l ---- */
 
-
-INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
-                       const char *x, size_t xs, float *y, size_t ys) {
+INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                       size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     float macc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) {
-            acc[r][c] = _mm256_setzero_ps();
-            macc[r][c] = 0.0f;
-        }
+    for (int c = 0; c < C; c++) {
+        acc[r][c] = _mm256_setzero_ps();
+        macc[r][c] = 0.0f;
+    }
     const float *xd[2];
     const int16_t *xb[2];
     UNROLL
@@ -650,7 +714,8 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                 const struct block_q2_K *b = (const struct block_q2_K *)(w + r * ws) + i;
                 __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
                 sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
-                mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+                mn16 =
+                    _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
                 qs = b->qs;
                 d = f16(b->d);
                 dmin = f16(b->dmin);
@@ -666,7 +731,8 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
             for (int c = 0; c < C; c++) {
                 __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
                 if (t == QT_Q3_K) /* q = (low + 4·hbit) - 4: the -4 through the bsums */
-                    isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+                    isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                               _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
                 else {
                     isum[c] = _mm256_setzero_si256();
                     macc[r][c] += dmin * xd[c][i] * (float)hsum_epi32(_mm256_madd_epi16(mn16, bs));
@@ -688,7 +754,8 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
                     __m256i scv = pair_bcast(sc16, 4 * h + s); /* groups 8h + 2s, +1 */
                     UNROLL
                     for (int c = 0; c < C; c++) {
-                        const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
+                        const int8_t *xq =
+                            (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
                         __m256i p = _mm256_maddubs_epi16(q, _mm256_load_si256((const __m256i *)xq));
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
                     }
@@ -696,13 +763,15 @@ INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_
             }
             UNROLL
             for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]) - macc[r][c];
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]) - macc[r][c];
 }
 #define Q2_K_TILE(R, C, ...) q23_K_tile(QT_Q2_K, R, C, __VA_ARGS__)
 #define Q3_K_TILE(R, C, ...) q23_K_tile(QT_Q3_K, R, C, __VA_ARGS__)
@@ -711,33 +780,39 @@ TILE_DRIVER(q3_K, Q3_K_TILE)
 
 /* ---- IQ4_XS × Q8_K: signed codebook values, |v|·sign(x, v) ---- */
 
-INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                        size_t xs, float *y, size_t ys) {
+INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
+                        float *y, size_t ys) {
     __m256 acc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     UNROLL
-    for (int c = 0; c < C; c++) xd[c] = cpu_act_d(x + c * xs, k);
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+    for (int c = 0; c < C; c++)
+        xd[c] = cpu_act_d(x + c * xs, k);
+    const __m256i tab =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
     for (int64_t i = 0; i < k / 256; i++) {
         UNROLL
         for (int r = 0; r < R; r++) {
             const struct block_iq4_xs *b = (const struct block_iq4_xs *)(w + r * ws) + i;
             __m256i isum[2];
             UNROLL
-            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm256_setzero_si256();
             UNROLL
             for (int j = 0; j < 8; j++) {
-                int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4;
+                int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) |
+                         ((b->scales_h >> (2 * j)) & 3) << 4;
                 __m256i q = _mm256_shuffle_epi8(tab, nibbles_32(b->qs + 16 * j));
                 __m256i aq = _mm256_sign_epi8(q, q);
                 __m256i scv = _mm256_set1_epi16((short)(ls - 32));
                 UNROLL
                 for (int c = 0; c < C; c++) {
-                    __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * j));
+                    __m256i xv =
+                        _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * j));
                     __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
                 }
@@ -745,13 +820,15 @@ INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const
             float d = f16(b->d);
             UNROLL
             for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define IQ4_XS_TILE(R, C, ...) iq4_xs_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
@@ -771,7 +848,8 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
     __m256i sc16, mn16;
     float d, dm;
     switch (t) {
-    case QT_Q4_K: case QT_Q5_K: {
+    case QT_Q4_K:
+    case QT_Q5_K: {
         const uint8_t *qs, *scales, *qh = NULL;
         uint16_t hd, hm;
         if (t == QT_Q4_K) {
@@ -789,7 +867,8 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
         __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            __m256i lo = _mm256_and_si256(raw, m4),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
             if (qh) {
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qhv, one), 4));
                 qhv = _mm256_srli_epi16(qhv, 1);
@@ -811,10 +890,18 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
             __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
             uint8_t *oh = o + 128 * h;
-            _mm256_store_si256((__m256i *)oh, _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
-            _mm256_store_si256((__m256i *)(oh + 32), _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
-            _mm256_store_si256((__m256i *)(oh + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)));
-            _mm256_store_si256((__m256i *)(oh + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+            _mm256_store_si256((__m256i *)oh,
+                               _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            _mm256_store_si256((__m256i *)(oh + 32),
+                               _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            _mm256_store_si256((__m256i *)(oh + 64),
+                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                               _mm256_and_si256(qh, m30)));
+            _mm256_store_si256((__m256i *)(oh + 96),
+                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
         }
         sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         mn16 = _mm256_slli_epi16(sc16, 5);
@@ -856,18 +943,22 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
         break;
     }
     }
-    for (int s = 0; s < 8; s++) _mm256_store_si256((__m256i *)(o + 256 + 32 * s), pair_bcast(sc16, s));
+    for (int s = 0; s < 8; s++)
+        _mm256_store_si256((__m256i *)(o + 256 + 32 * s), pair_bcast(sc16, s));
     _mm256_store_si256((__m256i *)(o + 512), mn16);
     memcpy(o + 544, &d, 4);
     memcpy(o + 548, &dm, 4);
 }
 
-INLINE size_t kp_bytes(int64_t k) { return (size_t)(k / 256) * KP_BYTES; }
+INLINE size_t kp_bytes(int64_t k) {
+    return (size_t)(k / 256) * KP_BYTES;
+}
 
 INLINE void kp_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
     for (int r = 0; r < nr; r++)
         for (int64_t i = 0; i < k / 256; i++)
-            kp_pack_block(t, (const char *)w + r * ws, i, (uint8_t *)dst + r * kp_bytes(k) + i * KP_BYTES);
+            kp_pack_block(t, (const char *)w + r * ws, i,
+                          (uint8_t *)dst + r * kp_bytes(k) + i * KP_BYTES);
 }
 
 INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
@@ -876,7 +967,8 @@ INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const cha
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
     const float *xd[2];
     const int16_t *xb[2];
     UNROLL
@@ -887,21 +979,25 @@ INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const cha
     for (int64_t i = 0; i < k / 256; i++) {
         __m256i bs[2];
         UNROLL
-        for (int c = 0; c < C; c++) bs[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
+        for (int c = 0; c < C; c++)
+            bs[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *o = (const uint8_t *)(w + r * ws) + i * KP_BYTES;
             __m256i isum[2];
             UNROLL
-            for (int c = 0; c < C; c++) isum[c] = _mm256_setzero_si256();
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm256_setzero_si256();
             UNROLL
             for (int s = 0; s < 8; s++) {
                 __m256i q = _mm256_load_si256((const __m256i *)(o + 32 * s));
                 __m256i scv = _mm256_load_si256((const __m256i *)(o + 256 + 32 * s));
                 UNROLL
                 for (int c = 0; c < C; c++) {
-                    __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * s));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), scv));
+                    __m256i xv =
+                        _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * s));
+                    isum[c] = _mm256_add_epi32(isum[c],
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), scv));
                 }
             }
             __m256i mn = _mm256_load_si256((const __m256i *)(o + 512));
@@ -911,7 +1007,8 @@ INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const cha
             UNROLL
             for (int c = 0; c < C; c++) {
                 __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs[c]));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
                 acc[r][c] = _mm256_fnmadd_ps(msum, _mm256_set1_ps(dm * xd[c][i]), acc[r][c]);
             }
         }
@@ -919,15 +1016,18 @@ INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const cha
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = hsum_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = hsum_ps(acc[r][c]);
 }
 #define KP_TILE(R, C, ...) kp_tile(R, C, __VA_ARGS__)
 TILE_DRIVER(packed_k, KP_TILE)
-#define KP_FNS(name, T)                                                                        \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
-        kp_pack(T, k, w, ws, nr, dst);                                                         \
-    }                                                                                          \
-    static size_t packed_bytes_##name(int64_t k) { return kp_bytes(k); }
+#define KP_FNS(name, T)                                                                            \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
+        kp_pack(T, k, w, ws, nr, dst);                                                             \
+    }                                                                                              \
+    static size_t packed_bytes_##name(int64_t k) {                                                 \
+        return kp_bytes(k);                                                                        \
+    }
 KP_FNS(q2_K, QT_Q2_K)
 KP_FNS(q3_K, QT_Q3_K)
 KP_FNS(q4_K, QT_Q4_K)
@@ -939,16 +1039,56 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
     tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q8_0};
-    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_0, .pack = pack_q4_0, .packed_row_bytes = packed_bytes_q4_0, .gemm_packed = gemm_packed_q4_0};
-    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_1, .pack = pack_q4_1, .packed_row_bytes = packed_bytes_q4_1, .gemm_packed = gemm_packed_q4_1};
-    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0, .pack = pack_q5_0, .packed_row_bytes = packed_bytes_q5_0, .gemm_packed = gemm_packed_q5_0};
-    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1, .pack = pack_q5_1, .packed_row_bytes = packed_bytes_q5_1, .gemm_packed = gemm_packed_q5_1};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl, .pack = pack_iq4_nl, .packed_row_bytes = packed_bytes_iq4_nl, .gemm_packed = gemm_packed_iq4_nl};
-    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K, .pack = pack_q4_K, .packed_row_bytes = packed_bytes_q4_K, .gemm_packed = gemm_packed_k};
-    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K, .pack = pack_q6_K, .packed_row_bytes = packed_bytes_q6_K, .gemm_packed = gemm_packed_k};
-    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K, .pack = pack_q5_K, .packed_row_bytes = packed_bytes_q5_K, .gemm_packed = gemm_packed_k};
-    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K, .pack = pack_q2_K, .packed_row_bytes = packed_bytes_q2_K, .gemm_packed = gemm_packed_k};
-    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K, .pack = pack_q3_K, .packed_row_bytes = packed_bytes_q3_K, .gemm_packed = gemm_packed_k};
+    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q4_0,
+                                       .pack = pack_q4_0,
+                                       .packed_row_bytes = packed_bytes_q4_0,
+                                       .gemm_packed = gemm_packed_q4_0};
+    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q4_1,
+                                       .pack = pack_q4_1,
+                                       .packed_row_bytes = packed_bytes_q4_1,
+                                       .gemm_packed = gemm_packed_q4_1};
+    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q5_0,
+                                       .pack = pack_q5_0,
+                                       .packed_row_bytes = packed_bytes_q5_0,
+                                       .gemm_packed = gemm_packed_q5_0};
+    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q5_1,
+                                       .pack = pack_q5_1,
+                                       .packed_row_bytes = packed_bytes_q5_1,
+                                       .gemm_packed = gemm_packed_q5_1};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                         .gemm = gemm_iq4_nl,
+                                         .pack = pack_iq4_nl,
+                                         .packed_row_bytes = packed_bytes_iq4_nl,
+                                         .gemm_packed = gemm_packed_iq4_nl};
+    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q4_K,
+                                       .pack = pack_q4_K,
+                                       .packed_row_bytes = packed_bytes_q4_K,
+                                       .gemm_packed = gemm_packed_k};
+    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q6_K,
+                                       .pack = pack_q6_K,
+                                       .packed_row_bytes = packed_bytes_q6_K,
+                                       .gemm_packed = gemm_packed_k};
+    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q5_K,
+                                       .pack = pack_q5_K,
+                                       .packed_row_bytes = packed_bytes_q5_K,
+                                       .gemm_packed = gemm_packed_k};
+    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q2_K,
+                                       .pack = pack_q2_K,
+                                       .packed_row_bytes = packed_bytes_q2_K,
+                                       .gemm_packed = gemm_packed_k};
+    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q3_K,
+                                       .pack = pack_q3_K,
+                                       .packed_row_bytes = packed_bytes_q3_K,
+                                       .gemm_packed = gemm_packed_k};
     tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs};
 }
 #endif

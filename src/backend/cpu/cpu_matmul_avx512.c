@@ -36,7 +36,9 @@
  * 8 blocks ahead measured ~10-20% faster than none on a 145 MB Q8_0 matrix). */
 #define PFD 8
 
-INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
+INLINE float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
 
 void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k) {
     cpu_quantize_q8_32_avx2(x, q, k);
@@ -47,32 +49,41 @@ void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k) {
 }
 
 /* Walks an nr × nc request in R×C tiles: R in {4, 1}, C = 4 then the 1..3 tail. */
-#define TILE_DRIVER(name, TILE)                                                                \
-    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,    \
-                            float *y, size_t ys, int nr, int nc) {                             \
-        const char *wp = w, *xp = x;                                                           \
-        for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {                                      \
-            int c = 0;                                                                         \
-            for (; c + 4 <= nc; c += 4) {                                                      \
-                if (nr == 4) TILE(4, 4, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
-                else TILE(1, 4, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
-            }                                                                                  \
-            switch (nc - c) {                                                                  \
-            case 3:                                                                            \
-                if (nr == 4) TILE(4, 3, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
-                else TILE(1, 3, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
-                break;                                                                         \
-            case 2:                                                                            \
-                if (nr == 4) TILE(4, 2, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
-                else TILE(1, 2, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
-                break;                                                                         \
-            case 1:                                                                            \
-                if (nr == 4) TILE(4, 1, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);            \
-                else TILE(1, 1, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);       \
-                break;                                                                         \
-            default: break;                                                                    \
-            }                                                                                  \
-        }                                                                                      \
+#define TILE_DRIVER(name, TILE)                                                                    \
+    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
+                            float *y, size_t ys, int nr, int nc) {                                 \
+        const char *wp = w, *xp = x;                                                               \
+        for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {                                          \
+            int c = 0;                                                                             \
+            for (; c + 4 <= nc; c += 4) {                                                          \
+                if (nr == 4)                                                                       \
+                    TILE(4, 4, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                        \
+                else                                                                               \
+                    TILE(1, 4, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);           \
+            }                                                                                      \
+            switch (nc - c) {                                                                      \
+            case 3:                                                                                \
+                if (nr == 4)                                                                       \
+                    TILE(4, 3, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                        \
+                else                                                                               \
+                    TILE(1, 3, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);           \
+                break;                                                                             \
+            case 2:                                                                                \
+                if (nr == 4)                                                                       \
+                    TILE(4, 2, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                        \
+                else                                                                               \
+                    TILE(1, 2, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);           \
+                break;                                                                             \
+            case 1:                                                                                \
+                if (nr == 4)                                                                       \
+                    TILE(4, 1, k, wp, ws, xp + c * xs, xs, y + c * ys, ys);                        \
+                else                                                                               \
+                    TILE(1, 1, k, wp + r * ws, ws, xp + c * xs, xs, y + c * ys + r, ys);           \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 /* ---- plain types ---- */
@@ -81,21 +92,26 @@ enum plain { P_F32, P_F16, P_BF16 };
 
 INLINE __m512 load16(enum plain t, const void *p, int64_t i) {
     switch (t) {
-    case P_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    case P_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     case P_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
-    default: return _mm512_loadu_ps((const float *)p + i);
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))),
+            16));
+    default:
+        return _mm512_loadu_ps((const float *)p + i);
     }
 }
 
 INLINE __m512 load16_mask(enum plain t, const void *p, int64_t i, __mmask16 m) {
     switch (t) {
-    case P_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
+    case P_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
     case P_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
-    default: return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    default:
+        return _mm512_maskz_loadu_ps(m, (const float *)p + i);
     }
 }
 
@@ -105,35 +121,41 @@ INLINE void plain_tile(enum plain t, int R, int C, int64_t k, const char *w, siz
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
         __m512 wv[4];
         UNROLL
-        for (int r = 0; r < R; r++) wv[r] = load16(t, w + r * ws, i);
+        for (int r = 0; r < R; r++)
+            wv[r] = load16(t, w + r * ws, i);
         UNROLL
         for (int c = 0; c < C; c++) {
             __m512 xv = _mm512_loadu_ps((const float *)(x + c * xs) + i);
             UNROLL
-            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
         }
     }
     if (i < k) {
         __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
         __m512 wv[4];
         UNROLL
-        for (int r = 0; r < R; r++) wv[r] = load16_mask(t, w + r * ws, i, m);
+        for (int r = 0; r < R; r++)
+            wv[r] = load16_mask(t, w + r * ws, i, m);
         UNROLL
         for (int c = 0; c < C; c++) {
             __m512 xv = _mm512_maskz_loadu_ps(m, (const float *)(x + c * xs) + i);
             UNROLL
-            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 #define F32_TILE(R, C, ...) plain_tile(P_F32, R, C, __VA_ARGS__)
 #define F16_TILE(R, C, ...) plain_tile(P_F16, R, C, __VA_ARGS__)
@@ -147,21 +169,30 @@ TILE_DRIVER(bf16, BF16_TILE)
 INLINE int legacy_offset(uint32_t t) {
     return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : (t == QT_Q8_0 || t == QT_IQ4_NL) ? 128 : 0;
 }
-INLINE int legacy_has_min(uint32_t t) { return t == QT_Q4_1 || t == QT_Q5_1; }
+INLINE int legacy_has_min(uint32_t t) {
+    return t == QT_Q4_1 || t == QT_Q5_1;
+}
 INLINE size_t legacy_size(uint32_t t) {
     switch (t) {
-    case QT_Q4_0: return sizeof(struct block_q4_0);
-    case QT_Q4_1: return sizeof(struct block_q4_1);
-    case QT_Q5_0: return sizeof(struct block_q5_0);
-    case QT_Q5_1: return sizeof(struct block_q5_1);
-    case QT_IQ4_NL: return sizeof(struct block_iq4_nl);
-    default: return sizeof(struct block_q8_0);
+    case QT_Q4_0:
+        return sizeof(struct block_q4_0);
+    case QT_Q4_1:
+        return sizeof(struct block_q4_1);
+    case QT_Q5_0:
+        return sizeof(struct block_q5_0);
+    case QT_Q5_1:
+        return sizeof(struct block_q5_1);
+    case QT_IQ4_NL:
+        return sizeof(struct block_iq4_nl);
+    default:
+        return sizeof(struct block_q8_0);
     }
 }
 
 /* 16 packed nibble bytes of two blocks → 64 bytes [b0 lo, b0 hi, b1 lo, b1 hi]. */
 INLINE __m512i nibbles_2x(const uint8_t *qs0, const uint8_t *qs1) {
-    __m256i t = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)qs1), _mm_loadu_si128((const __m128i *)qs0));
+    __m256i t = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)qs1),
+                                 _mm_loadu_si128((const __m128i *)qs0));
     __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
     z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), z);
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
@@ -178,16 +209,22 @@ INLINE __m512i legacy_unpack2(uint32_t t, const char *row, int64_t i, __m512 *d2
     *d2 = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
     __m512i q;
     switch (t) {
-    case QT_Q4_0: q = nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2); break;
+    case QT_Q4_0:
+        q = nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2);
+        break;
     case QT_IQ4_NL: {
         /* codebook + 128 as unsigned bytes */
         const __m512i tab = _mm512_xor_si512(
-            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)), _mm512_set1_epi8((char)0x80));
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)),
+            _mm512_set1_epi8((char)0x80));
         q = _mm512_shuffle_epi8(tab, nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2));
         break;
     }
-    case QT_Q4_1: q = nibbles_2x((const uint8_t *)p0 + 4, (const uint8_t *)p1 + 4); break;
-    case QT_Q5_0: case QT_Q5_1: {
+    case QT_Q4_1:
+        q = nibbles_2x((const uint8_t *)p0 + 4, (const uint8_t *)p1 + 4);
+        break;
+    case QT_Q5_0:
+    case QT_Q5_1: {
         const int o = t == QT_Q5_0 ? 2 : 4;
         uint32_t qh0, qh1;
         memcpy(&qh0, p0 + o, 4);
@@ -198,15 +235,17 @@ INLINE __m512i legacy_unpack2(uint32_t t, const char *row, int64_t i, __m512 *d2
         break;
     }
     default: /* Q8_0: w + 128 */
-        q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
-                               _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1);
+        q = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
+            _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1);
         q = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
         break;
     }
     if (legacy_has_min(t)) {
         memcpy(&h0, p0 + 2, 2);
         memcpy(&h1, p1 + 2, 2);
-        *m2 = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
+        *m2 =
+            _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
     }
     return q;
 }
@@ -223,13 +262,15 @@ INLINE __m256i legacy_unpack1(uint32_t t, const char *row, int64_t i, float *d, 
         *m = f16(h);
     }
     if (t == QT_Q8_0)
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p0 + 2)), _mm256_set1_epi8((char)0x80));
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p0 + 2)),
+                                _mm256_set1_epi8((char)0x80));
     int qso = (t == QT_Q5_0 || t == QT_Q5_1) ? o + 4 : o;
     __m128i tq = _mm_loadu_si128((const __m128i *)(p0 + qso));
     __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(tq, 4), tq), _mm256_set1_epi8(15));
     if (t == QT_IQ4_NL) {
         const __m256i tab = _mm256_xor_si256(
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)), _mm256_set1_epi8((char)0x80));
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)),
+            _mm256_set1_epi8((char)0x80));
         q = _mm256_shuffle_epi8(tab, q);
     }
     if (t == QT_Q5_0 || t == QT_Q5_1) {
@@ -246,7 +287,8 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm512_setzero_ps();
     const float *xd[MAXC];
     const int16_t *xsum[MAXC];
     UNROLL
@@ -268,7 +310,8 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
             int32_t s2;
             memcpy(&s2, xsum[c] + i, 4);
             /* sums of the two blocks into lanes 0 and 8 */
-            __m512i s = _mm512_maskz_expand_epi32(0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
+            __m512i s = _mm512_maskz_expand_epi32(
+                0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
             if (off) init[c] = _mm512_mullo_epi32(s, _mm512_set1_epi32(-off));
             if (legacy_has_min(t)) mx2[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dx2[c]);
         }
@@ -281,7 +324,8 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
             for (int c = 0; c < C; c++) {
                 __m512i xv = _mm512_load_si512((const void *)(x + c * xs + 32 * i));
                 __m512i p = _mm512_dpbusd_epi32(off ? init[c] : _mm512_setzero_si512(), q, xv);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
                 if (legacy_has_min(t)) acc[r][c] = _mm512_fmadd_ps(m2, mx2[c], acc[r][c]);
             }
         }
@@ -296,7 +340,8 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
             for (int c = 0; c < C; c++) {
                 __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
                 __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv);
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+                __m128i s4 =
+                    _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
                 int isum = _mm_cvtsi128_si32(s4) - off * xsum[c][i];
@@ -307,7 +352,8 @@ INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
 }
 #define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, R, C, __VA_ARGS__)
 #define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, R, C, __VA_ARGS__)
@@ -337,10 +383,15 @@ INLINE size_t packed_legacy_bytes(uint32_t t, int64_t k) {
 /* Byte to add to legacy_unpack's output to get v + 128. */
 INLINE char packed_bias(uint32_t t) {
     switch (t) {
-    case QT_Q4_0: return 120;
-    case QT_Q5_0: return 112;
-    case QT_Q4_1: case QT_Q5_1: return (char)128;
-    default: return 0; /* Q8_0, IQ4_NL: already v + 128 */
+    case QT_Q4_0:
+        return 120;
+    case QT_Q5_0:
+        return 112;
+    case QT_Q4_1:
+    case QT_Q5_1:
+        return (char)128;
+    default:
+        return 0; /* Q8_0, IQ4_NL: already v + 128 */
     }
 }
 
@@ -355,12 +406,14 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
         for (; i + 2 <= nb; i += 2) {
             __m512 d2, m2;
             __m512i v = legacy_unpack2(t, row, i, &d2, &m2);
-            _mm512_store_si512((void *)(q + 32 * i), _mm512_add_epi8(v, _mm512_set1_epi8(packed_bias(t))));
+            _mm512_store_si512((void *)(q + 32 * i),
+                               _mm512_add_epi8(v, _mm512_set1_epi8(packed_bias(t))));
         }
         if (i < nb) {
             float dd, mm = 0.0f;
             __m256i v = legacy_unpack1(t, row, i, &dd, &mm);
-            _mm256_store_si256((__m256i *)(q + 32 * i), _mm256_add_epi8(v, _mm256_set1_epi8(packed_bias(t))));
+            _mm256_store_si256((__m256i *)(q + 32 * i),
+                               _mm256_add_epi8(v, _mm256_set1_epi8(packed_bias(t))));
         }
         for (int64_t b = 0; b < nb; b++) {
             uint16_t h;
@@ -381,7 +434,8 @@ INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char 
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm512_setzero_ps();
     const float *xd[MAXC], *wd[4], *wm[4];
     const int16_t *xsum[MAXC];
     UNROLL
@@ -406,21 +460,28 @@ INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char 
             dx2[c] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(dd));
             int32_t s2;
             memcpy(&s2, xsum[c] + i, 4);
-            __m512i sv = _mm512_maskz_expand_epi32(0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
+            __m512i sv = _mm512_maskz_expand_epi32(
+                0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
             init[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sv, 7));
             if (has_min) mx2[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(sv), dx2[c]);
         }
         UNROLL
         for (int r = 0; r < R; r++) {
             __m512i q = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
-            __m512 d2 = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
-            __m512 m2 = has_min ? _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wm[r] + i)))))
-                                : _mm512_setzero_ps();
+            __m512 d2 = _mm512_permutexvar_ps(
+                idx_d,
+                _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
+            __m512 m2 =
+                has_min
+                    ? _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(_mm_castpd_ps(
+                                                       _mm_load_sd((const double *)(wm[r] + i)))))
+                    : _mm512_setzero_ps();
             UNROLL
             for (int c = 0; c < C; c++) {
                 __m512i xv = _mm512_load_si512((const void *)(x + c * xs + 32 * i));
                 __m512i p = _mm512_dpbusd_epi32(init[c], q, xv);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
                 if (has_min) acc[r][c] = _mm512_fmadd_ps(m2, mx2[c], acc[r][c]);
             }
         }
@@ -434,7 +495,8 @@ INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char 
             for (int c = 0; c < C; c++) {
                 __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
                 __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv);
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+                __m128i s4 =
+                    _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
                 int isum = _mm_cvtsi128_si32(s4) - 128 * xsum[c][i];
@@ -446,18 +508,21 @@ INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char 
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
 }
 #define PACKED_TILE(R, C, ...) packed_legacy_tile(0, R, C, __VA_ARGS__)
 #define PACKED_MIN_TILE(R, C, ...) packed_legacy_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed, PACKED_TILE)
 TILE_DRIVER(packed_min, PACKED_MIN_TILE)
 
-#define PACK_FNS(name, T)                                                                      \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
-        pack_legacy(T, k, w, ws, nr, dst);                                                     \
-    }                                                                                          \
-    static size_t packed_bytes_##name(int64_t k) { return packed_legacy_bytes(T, k); }
+#define PACK_FNS(name, T)                                                                          \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
+        pack_legacy(T, k, w, ws, nr, dst);                                                         \
+    }                                                                                              \
+    static size_t packed_bytes_##name(int64_t k) {                                                 \
+        return packed_legacy_bytes(T, k);                                                          \
+    }
 PACK_FNS(q8_0, QT_Q8_0)
 PACK_FNS(q4_0, QT_Q4_0)
 PACK_FNS(q4_1, QT_Q4_1)
@@ -468,13 +533,13 @@ PACK_FNS(iq4_nl, QT_IQ4_NL)
 /* ---- K-quants and IQ4_XS × Q8_K: a super-block is 4 zmm of 64 elements ---- */
 
 struct ksb {
-    __m512i q[4];  /* unsigned quants (IQ4_XS: |v|) of elements 64z .. 64z+63 */
-    __m512i sc[4]; /* i16 lane scales for vpdpwssd over vpmaddubsw pairs of q[z] */
-    __m256i scc;   /* the same, compact: 8 (sub-blocks of 32) or 16 (of 16) i16 scales */
+    __m512i q[4];     /* unsigned quants (IQ4_XS: |v|) of elements 64z .. 64z+63 */
+    __m512i sc[4];    /* i16 lane scales for vpdpwssd over vpmaddubsw pairs of q[z] */
+    __m256i scc;      /* the same, compact: 8 (sub-blocks of 32) or 16 (of 16) i16 scales */
     __mmask64 neg[4]; /* IQ4_XS: lanes whose value is negative */
-    __m128i mins;  /* Q4_K/Q5_K: 8 mins as i16 (dot with bsums of 32) */
-    __m256i mins16; /* Q2_K: 16 mins as i16 (dot with bsums of 16) */
-    __m256i corr16; /* Q3_K/Q6_K: 16 scales as i16 (times -4 / -32 and bsums) */
+    __m128i mins;     /* Q4_K/Q5_K: 8 mins as i16 (dot with bsums of 32) */
+    __m256i mins16;   /* Q2_K: 16 mins as i16 (dot with bsums of 16) */
+    __m256i corr16;   /* Q3_K/Q6_K: 16 scales as i16 (times -4 / -32 and bsums) */
     float d, dmin;
 };
 
@@ -486,8 +551,10 @@ INLINE __m512i idx_sub32(int z) {
 }
 INLINE __m512i idx_sub16(int z) {
     return _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 1)), _mm_set1_epi16((short)(4 * z)))),
-        _mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 3)), _mm_set1_epi16((short)(4 * z + 2))), 1);
+        _mm512_castsi256_si512(
+            _mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 1)), _mm_set1_epi16((short)(4 * z)))),
+        _mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 3)), _mm_set1_epi16((short)(4 * z + 2))),
+        1);
 }
 
 INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
@@ -520,9 +587,11 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     u->dmin = 0.0f;
     u->mins = _mm_setzero_si128();
     u->mins16 = u->corr16 = _mm256_setzero_si256();
-    for (int z = 0; z < 4; z++) u->neg[z] = 0;
+    for (int z = 0; z < 4; z++)
+        u->neg[z] = 0;
     switch (t) {
-    case QT_Q4_K: case QT_Q5_K: {
+    case QT_Q4_K:
+    case QT_Q5_K: {
         const uint8_t *qs, *scales, *qh = NULL;
         uint16_t hd, hm;
         if (t == QT_Q4_K) {
@@ -545,23 +614,28 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         q4k_scales_mins(scales, &sc8, &u->mins);
         __m512i sc = _mm512_castsi128_si512(sc8);
         u->scc = _mm256_zextsi128_si256(sc8);
-        __m512i qhz = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
+        __m512i qhz = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh))
+                         : _mm512_setzero_si512();
         UNROLL
         for (int h = 0; h < 2; h++) {
             /* raw bytes 64h..64h+63: low nibbles = sub-blocks 4h, 4h+2; high = 4h+1, 4h+3 */
             __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * h));
             __m512i lo = _mm512_and_si512(raw, m4);
             __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-            u->q[2 * h] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi);
-            u->q[2 * h + 1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15), hi);
+            u->q[2 * h] =
+                _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi);
+            u->q[2 * h + 1] =
+                _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15), hi);
         }
         UNROLL
         for (int z = 0; z < 4; z++) {
             if (qh) {
-                __m512i bit = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (2 * z)))),
-                                                 _mm256_set1_epi8((char)(1 << (2 * z + 1))), 1);
+                __m512i bit = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (2 * z)))),
+                    _mm256_set1_epi8((char)(1 << (2 * z + 1))), 1);
                 __mmask64 m = _mm512_test_epi8_mask(qhz, bit);
-                u->q[z] = _mm512_or_si512(u->q[z], _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
+                u->q[z] =
+                    _mm512_or_si512(u->q[z], _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
             }
             u->sc[z] = _mm512_permutexvar_epi16(idx_sub32(z), sc);
         }
@@ -577,25 +651,35 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         UNROLL
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512((const void *)(b->ql + 64 * h));
-            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
+            __m512i qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
             /* elements 128h + 0..63: low nibbles, high bits (qh >> 0 | qh >> 2) */
-            __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1)), m30);
-            __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1)), m30);
+            __m512i h01 =
+                _mm512_and_si512(_mm512_sllv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(4),
+                                                                          _mm256_set1_epi16(2), 1)),
+                                 m30);
+            __m512i h23 =
+                _mm512_and_si512(_mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(0),
+                                                                          _mm256_set1_epi16(2), 1)),
+                                 m30);
             u->q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
             u->q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
         }
         UNROLL
-        for (int z = 0; z < 4; z++) u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
+        for (int z = 0; z < 4; z++)
+            u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
         break;
     }
-    case QT_Q2_K: case QT_Q3_K: {
+    case QT_Q2_K:
+    case QT_Q3_K: {
         const uint8_t *qs, *hm = NULL;
         __m256i sc16;
         if (t == QT_Q2_K) {
             const struct block_q2_K *b = (const struct block_q2_K *)row + i;
             __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
             sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
-            u->mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+            u->mins16 =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
             qs = b->qs;
             u->d = f16(b->d);
             u->dmin = f16(b->dmin);
@@ -610,19 +694,24 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         __m512i sc = _mm512_castsi256_si512(sc16);
         u->scc = sc16;
         const __m512i m3 = _mm512_set1_epi8(3);
-        __m512i hmz = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm)) : _mm512_setzero_si512();
+        __m512i hmz = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm))
+                         : _mm512_setzero_si512();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+            __m512i raw =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
             UNROLL
             for (int sp = 0; sp < 2; sp++) { /* s = 2sp, 2sp+1 */
                 int z = 2 * h + sp, s = 2 * sp;
-                __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * s)), _mm256_set1_epi16((short)(2 * s + 2)), 1);
+                __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * s)),
+                                                _mm256_set1_epi16((short)(2 * s + 2)), 1);
                 __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), m3);
                 if (hm) {
-                    __m512i bit = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (4 * h + s)))),
-                                                     _mm256_set1_epi8((char)(1 << (4 * h + s + 1))), 1);
-                    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(hmz, bit), _mm512_set1_epi8(4)));
+                    __m512i bit = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (4 * h + s)))),
+                        _mm256_set1_epi8((char)(1 << (4 * h + s + 1))), 1);
+                    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(hmz, bit),
+                                                                 _mm512_set1_epi8(4)));
                 }
                 u->q[z] = q;
                 u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
@@ -637,18 +726,23 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         uint32_t sl;
         memcpy(&sl, b->scales_l, 4);
         __m128i slv = _mm_cvtsi32_si128((int)sl);
-        __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(slv, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(slv, 4), _mm_set1_epi8(15)));
-        __m128i hi = _mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h), _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14));
+        __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(slv, _mm_set1_epi8(15)),
+                                        _mm_and_si128(_mm_srli_epi16(slv, 4), _mm_set1_epi8(15)));
+        __m128i hi = _mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h),
+                                    _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14));
         hi = _mm_slli_epi16(_mm_and_si128(hi, _mm_set1_epi16(3)), 4);
         __m128i ls = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(nib), hi), _mm_set1_epi16(32));
         __m512i sc = _mm512_castsi128_si512(ls);
         u->scc = _mm256_zextsi128_si256(ls);
-        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+        const __m512i tab =
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
         UNROLL
         for (int z = 0; z < 4; z++) {
             __m256i tq = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * z));
-            __m512i nz = _mm512_inserti64x4(_mm512_castsi256_si512(tq), _mm256_srli_epi16(tq, 4), 1);
-            nz = _mm512_and_si512(_mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), nz), m4);
+            __m512i nz =
+                _mm512_inserti64x4(_mm512_castsi256_si512(tq), _mm256_srli_epi16(tq, 4), 1);
+            nz = _mm512_and_si512(
+                _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), nz), m4);
             __m512i v = _mm512_shuffle_epi8(tab, nz);
             u->neg[z] = _mm512_movepi8_mask(v);
             u->q[z] = _mm512_abs_epi8(v);
@@ -665,19 +759,23 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
  *   [320, 352) neg[4] (IQ4_XS) | [352, 360) d, dmin */
 #define KQ_PACKED 384
 
-INLINE int kq_sub16(uint32_t t) { return t == QT_Q6_K || t == QT_Q2_K || t == QT_Q3_K; }
+INLINE int kq_sub16(uint32_t t) {
+    return t == QT_Q6_K || t == QT_Q2_K || t == QT_Q3_K;
+}
 
 INLINE void kq_store_packed(uint32_t t, const struct ksb *u, char *p) {
-    for (int z = 0; z < 4; z++) _mm512_store_si512((void *)(p + 64 * z), u->q[z]);
+    for (int z = 0; z < 4; z++)
+        _mm512_store_si512((void *)(p + 64 * z), u->q[z]);
     _mm256_store_si256((__m256i *)(p + 256), u->scc);
-    __m256i aux = t == QT_Q2_K ? u->mins16
+    __m256i aux = t == QT_Q2_K                     ? u->mins16
                   : (t == QT_Q3_K || t == QT_Q6_K) ? u->corr16
                   : (t == QT_Q4_K || t == QT_Q5_K) ? _mm256_zextsi128_si256(u->mins)
                                                    : _mm256_setzero_si256();
     _mm256_store_si256((__m256i *)(p + 288), aux);
     uint64_t neg[4] = {0, 0, 0, 0};
     if (t == QT_IQ4_XS)
-        for (int z = 0; z < 4; z++) neg[z] = (uint64_t)u->neg[z];
+        for (int z = 0; z < 4; z++)
+            neg[z] = (uint64_t)u->neg[z];
     memcpy(p + 320, neg, 32);
     memcpy(p + 352, &u->d, 4);
     memcpy(p + 356, &u->dmin, 4);
@@ -685,10 +783,12 @@ INLINE void kq_store_packed(uint32_t t, const struct ksb *u, char *p) {
 
 INLINE void kq_load_packed(uint32_t t, const char *p, struct ksb *u) {
     UNROLL
-    for (int z = 0; z < 4; z++) u->q[z] = _mm512_load_si512((const void *)(p + 64 * z));
+    for (int z = 0; z < 4; z++)
+        u->q[z] = _mm512_load_si512((const void *)(p + 64 * z));
     __m512i sc = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(p + 256)));
     UNROLL
-    for (int z = 0; z < 4; z++) u->sc[z] = _mm512_permutexvar_epi16(kq_sub16(t) ? idx_sub16(z) : idx_sub32(z), sc);
+    for (int z = 0; z < 4; z++)
+        u->sc[z] = _mm512_permutexvar_epi16(kq_sub16(t) ? idx_sub16(z) : idx_sub32(z), sc);
     __m256i aux = _mm256_load_si256((const __m256i *)(p + 288));
     u->mins = _mm256_castsi256_si128(aux);
     u->mins16 = aux;
@@ -705,7 +805,9 @@ INLINE void kq_load_packed(uint32_t t, const char *p, struct ksb *u) {
     memcpy(&u->dmin, p + 356, 4);
 }
 
-INLINE size_t kq_packed_bytes(int64_t k) { return (size_t)(k / 256) * KQ_PACKED; }
+INLINE size_t kq_packed_bytes(int64_t k) {
+    return (size_t)(k / 256) * KQ_PACKED;
+}
 
 INLINE void kq_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
     const size_t prow = kq_packed_bytes(k);
@@ -717,13 +819,14 @@ INLINE void kq_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, voi
         }
 }
 
-INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w,
-                    size_t ws, const char *x, size_t xs, float *y, size_t ys) {
+INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w, size_t ws,
+                    const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm512_setzero_ps();
     const float *xd[MAXC];
     const int16_t *xb[MAXC];
     UNROLL
@@ -739,14 +842,17 @@ INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
             bs16[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
             if (t == QT_Q4_K || t == QT_Q5_K) {
                 __m256i pair = _mm256_madd_epi16(bs16[c], _mm256_set1_epi16(1));
-                bs32[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+                bs32[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair),
+                                          _mm256_extracti128_si256(pair, 1));
             }
         }
         UNROLL
         for (int r = 0; r < R; r++) {
             struct ksb u;
-            if (packed) kq_load_packed(t, w + r * ws + i * KQ_PACKED, &u);
-            else kq_unpack(t, w + r * ws, i, &u);
+            if (packed)
+                kq_load_packed(t, w + r * ws + i * KQ_PACKED, &u);
+            else
+                kq_unpack(t, w + r * ws, i, &u);
             UNROLL
             for (int c = 0; c < C; c++) {
                 const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i;
@@ -759,17 +865,21 @@ INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
                 UNROLL
                 for (int z = 0; z < 4; z++) {
                     __m512i xv = _mm512_load_si512((const void *)(xq + 64 * z));
-                    if (t == QT_IQ4_XS) xv = _mm512_mask_sub_epi8(xv, u.neg[z], _mm512_setzero_si512(), xv);
+                    if (t == QT_IQ4_XS)
+                        xv = _mm512_mask_sub_epi8(xv, u.neg[z], _mm512_setzero_si512(), xv);
                     isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.q[z], xv), u.sc[z]);
                 }
                 float dx = xd[c][i];
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dx), acc[r][c]);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dx), acc[r][c]);
                 if (t == QT_Q4_K || t == QT_Q5_K) {
                     __m128 ms = _mm_cvtepi32_ps(_mm_madd_epi16(u.mins, bs32[c]));
-                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(ms), _mm512_set1_ps(u.dmin * dx), acc[r][c]);
+                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(ms),
+                                                 _mm512_set1_ps(u.dmin * dx), acc[r][c]);
                 } else if (t == QT_Q2_K) {
                     __m256 ms = _mm256_cvtepi32_ps(_mm256_madd_epi16(u.mins16, bs16[c]));
-                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(ms), _mm512_set1_ps(u.dmin * dx), acc[r][c]);
+                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(ms),
+                                                 _mm512_set1_ps(u.dmin * dx), acc[r][c]);
                 }
             }
         }
@@ -777,18 +887,22 @@ INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int c = 0; c < C; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
-#define KQ_FNS(name, T)                                                                        \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {         \
-        kq_pack(T, k, w, ws, nr, dst);                                                         \
-    }                                                                                          \
-    static size_t packed_bytes_##name(int64_t k) { return kq_packed_bytes(k); }
-#define KQ_TILES(name, T)                                                                      \
-    KQ_FNS(name, T)                                                                            \
-    static inline __attribute__((always_inline)) void tile_##name(int p, int R, int C,        \
-        int64_t k, const char *w, size_t ws, const char *x, size_t xs, float *y, size_t ys) {  \
-        kq_tile(T, p, R, C, k, w, ws, x, xs, y, ys);                                           \
+#define KQ_FNS(name, T)                                                                            \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
+        kq_pack(T, k, w, ws, nr, dst);                                                             \
+    }                                                                                              \
+    static size_t packed_bytes_##name(int64_t k) {                                                 \
+        return kq_packed_bytes(k);                                                                 \
+    }
+#define KQ_TILES(name, T)                                                                          \
+    KQ_FNS(name, T)                                                                                \
+    static inline __attribute__((always_inline)) void tile_##name(                                 \
+        int p, int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,        \
+        float *y, size_t ys) {                                                                     \
+        kq_tile(T, p, R, C, k, w, ws, x, xs, y, ys);                                               \
     }
 KQ_TILES(q2_K, QT_Q2_K)
 KQ_TILES(q3_K, QT_Q3_K)
@@ -825,17 +939,65 @@ void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
-    tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q8_0, .pack = pack_q8_0, .packed_row_bytes = packed_bytes_q8_0, .gemm_packed = gemm_packed};
-    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_0, .pack = pack_q4_0, .packed_row_bytes = packed_bytes_q4_0, .gemm_packed = gemm_packed};
-    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q4_1, .pack = pack_q4_1, .packed_row_bytes = packed_bytes_q4_1, .gemm_packed = gemm_packed_min};
-    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0, .pack = pack_q5_0, .packed_row_bytes = packed_bytes_q5_0, .gemm_packed = gemm_packed};
-    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1, .pack = pack_q5_1, .packed_row_bytes = packed_bytes_q5_1, .gemm_packed = gemm_packed_min};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl, .pack = pack_iq4_nl, .packed_row_bytes = packed_bytes_iq4_nl, .gemm_packed = gemm_packed};
-    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K, .pack = pack_q2_K, .packed_row_bytes = packed_bytes_q2_K, .gemm_packed = gemm_packed_q2_K};
-    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K, .pack = pack_q3_K, .packed_row_bytes = packed_bytes_q3_K, .gemm_packed = gemm_packed_q3_K};
-    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K, .pack = pack_q4_K, .packed_row_bytes = packed_bytes_q4_K, .gemm_packed = gemm_packed_q4_K};
-    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K, .pack = pack_q5_K, .packed_row_bytes = packed_bytes_q5_K, .gemm_packed = gemm_packed_q5_K};
-    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K, .pack = pack_q6_K, .packed_row_bytes = packed_bytes_q6_K, .gemm_packed = gemm_packed_q6_K};
-    tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs, .pack = pack_iq4_xs, .packed_row_bytes = packed_bytes_iq4_xs, .gemm_packed = gemm_packed_iq4_xs};
+    tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q8_0,
+                                       .pack = pack_q8_0,
+                                       .packed_row_bytes = packed_bytes_q8_0,
+                                       .gemm_packed = gemm_packed};
+    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q4_0,
+                                       .pack = pack_q4_0,
+                                       .packed_row_bytes = packed_bytes_q4_0,
+                                       .gemm_packed = gemm_packed};
+    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q4_1,
+                                       .pack = pack_q4_1,
+                                       .packed_row_bytes = packed_bytes_q4_1,
+                                       .gemm_packed = gemm_packed_min};
+    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q5_0,
+                                       .pack = pack_q5_0,
+                                       .packed_row_bytes = packed_bytes_q5_0,
+                                       .gemm_packed = gemm_packed};
+    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                       .gemm = gemm_q5_1,
+                                       .pack = pack_q5_1,
+                                       .packed_row_bytes = packed_bytes_q5_1,
+                                       .gemm_packed = gemm_packed_min};
+    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
+                                         .gemm = gemm_iq4_nl,
+                                         .pack = pack_iq4_nl,
+                                         .packed_row_bytes = packed_bytes_iq4_nl,
+                                         .gemm_packed = gemm_packed};
+    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q2_K,
+                                       .pack = pack_q2_K,
+                                       .packed_row_bytes = packed_bytes_q2_K,
+                                       .gemm_packed = gemm_packed_q2_K};
+    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q3_K,
+                                       .pack = pack_q3_K,
+                                       .packed_row_bytes = packed_bytes_q3_K,
+                                       .gemm_packed = gemm_packed_q3_K};
+    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q4_K,
+                                       .pack = pack_q4_K,
+                                       .packed_row_bytes = packed_bytes_q4_K,
+                                       .gemm_packed = gemm_packed_q4_K};
+    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q5_K,
+                                       .pack = pack_q5_K,
+                                       .packed_row_bytes = packed_bytes_q5_K,
+                                       .gemm_packed = gemm_packed_q5_K};
+    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                       .gemm = gemm_q6_K,
+                                       .pack = pack_q6_K,
+                                       .packed_row_bytes = packed_bytes_q6_K,
+                                       .gemm_packed = gemm_packed_q6_K};
+    tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
+                                         .gemm = gemm_iq4_xs,
+                                         .pack = pack_iq4_xs,
+                                         .packed_row_bytes = packed_bytes_iq4_xs,
+                                         .gemm_packed = gemm_packed_iq4_xs};
 }
 #endif

@@ -18,8 +18,10 @@ static float dot_f32(int64_t k, const void *w, const void *x) {
     float s[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= k; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    for (; i < k; i++) s[0] += a[i] * b[i];
+        for (int j = 0; j < 8; j++)
+            s[j] += a[i + j] * b[i + j];
+    for (; i < k; i++)
+        s[0] += a[i] * b[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
@@ -29,8 +31,10 @@ static float dot_f16(int64_t k, const void *w, const void *x) {
     float s[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= k; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += f16_to_f32(a[i + j]) * b[i + j];
-    for (; i < k; i++) s[0] += f16_to_f32(a[i]) * b[i];
+        for (int j = 0; j < 8; j++)
+            s[j] += f16_to_f32(a[i + j]) * b[i + j];
+    for (; i < k; i++)
+        s[0] += f16_to_f32(a[i]) * b[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
@@ -40,8 +44,10 @@ static float dot_bf16(int64_t k, const void *w, const void *x) {
     float s[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= k; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += bf16_to_f32(a[i + j]) * b[i + j];
-    for (; i < k; i++) s[0] += bf16_to_f32(a[i]) * b[i];
+        for (int j = 0; j < 8; j++)
+            s[j] += bf16_to_f32(a[i + j]) * b[i + j];
+    for (; i < k; i++)
+        s[0] += bf16_to_f32(a[i]) * b[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
@@ -54,7 +60,8 @@ static float dot_q8_0(int64_t k, const void *w, const void *x) {
     float sum = 0;
     for (int64_t i = 0; i < k / 32; i++) {
         int isum = 0;
-        for (int j = 0; j < 32; j++) isum += b[i].qs[j] * xq[32 * i + j];
+        for (int j = 0; j < 32; j++)
+            isum += b[i].qs[j] * xq[32 * i + j];
         sum += f16_to_f32(b[i].d) * xd[i] * (float)isum;
     }
     return sum;
@@ -69,7 +76,8 @@ static float dot_q4_0(int64_t k, const void *w, const void *x) {
     for (int64_t i = 0; i < k / 32; i++) {
         const int8_t *q = xq + 32 * i;
         int isum = 0;
-        for (int j = 0; j < 16; j++) isum += (b[i].qs[j] & 15) * q[j] + (b[i].qs[j] >> 4) * q[j + 16];
+        for (int j = 0; j < 16; j++)
+            isum += (b[i].qs[j] & 15) * q[j] + (b[i].qs[j] >> 4) * q[j + 16];
         sum += f16_to_f32(b[i].d) * xd[i] * (float)(isum - 8 * xs[i]);
     }
     return sum;
@@ -84,7 +92,8 @@ static float dot_q4_1(int64_t k, const void *w, const void *x) {
     for (int64_t i = 0; i < k / 32; i++) {
         const int8_t *q = xq + 32 * i;
         int isum = 0;
-        for (int j = 0; j < 16; j++) isum += (b[i].qs[j] & 15) * q[j] + (b[i].qs[j] >> 4) * q[j + 16];
+        for (int j = 0; j < 16; j++)
+            isum += (b[i].qs[j] & 15) * q[j] + (b[i].qs[j] >> 4) * q[j + 16];
         sum += xd[i] * (f16_to_f32(b[i].d) * (float)isum + f16_to_f32(b[i].m) * (float)xs[i]);
     }
     return sum;
@@ -155,7 +164,8 @@ static float dot_q2_K(int64_t k, const void *w, const void *x) {
     for (int64_t i = 0; i < k / 256; i++) {
         const int8_t *q = xq + 256 * i;
         int isum = 0, msum = 0;
-        for (int g = 0; g < 16; g++) msum += (b[i].scales[g] >> 4) * bs[16 * i + g];
+        for (int g = 0; g < 16; g++)
+            msum += (b[i].scales[g] >> 4) * bs[16 * i + g];
         for (int h = 0; h < 2; h++)
             for (int s = 0; s < 4; s++) {
                 int n0 = 128 * h + 32 * s;
@@ -216,7 +226,8 @@ static float dot_q4_K(int64_t k, const void *w, const void *x) {
                 uint8_t sc, m;
                 cpu_q4k_scale_min(b[i].scales, j, &sc, &m);
                 int part = 0;
-                for (int l = 0; l < 32; l++) part += ((b[i].qs[32 * p + l] >> (4 * t)) & 15) * q[32 * j + l];
+                for (int l = 0; l < 32; l++)
+                    part += ((b[i].qs[32 * p + l] >> (4 * t)) & 15) * q[32 * j + l];
                 isum += sc * part;
                 msum += m * (bs[16 * i + 2 * j] + bs[16 * i + 2 * j + 1]);
             }
@@ -288,7 +299,8 @@ static float dot_iq4_xs(int64_t k, const void *w, const void *x) {
         const int8_t *q = xq + 256 * i;
         int isum = 0;
         for (int j = 0; j < 8; j++) {
-            int ls = ((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b[i].scales_h >> (2 * j)) & 3) << 4;
+            int ls = ((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 15) |
+                     ((b[i].scales_h >> (2 * j)) & 3) << 4;
             int part = 0;
             for (int l = 0; l < 16; l++) {
                 uint8_t v = b[i].qs[16 * j + l];
@@ -304,13 +316,13 @@ static float dot_iq4_xs(int64_t k, const void *w, const void *x) {
 
 /* ---- tiles ---- */
 
-#define TILE_FN(name)                                                                          \
-    static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,          \
-                            size_t xstride, float *y, size_t ystride, int nr, int nc) {        \
-        for (int c = 0; c < nc; c++)                                                           \
-            for (int r = 0; r < nr; r++)                                                       \
-                y[(size_t)c * ystride + r] = dot_##name(k, (const char *)w + r * wstride,       \
-                                                        (const char *)x + c * xstride);         \
+#define TILE_FN(name)                                                                              \
+    static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
+                            size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
+        for (int c = 0; c < nc; c++)                                                               \
+            for (int r = 0; r < nr; r++)                                                           \
+                y[(size_t)c * ystride + r] =                                                       \
+                    dot_##name(k, (const char *)w + r * wstride, (const char *)x + c * xstride);   \
     }
 TILE_FN(f32)
 TILE_FN(f16)

@@ -44,12 +44,12 @@ struct worker {
 
 struct cpu_pool {
     int n;
-    int spin; /* spin iterations before sleeping (fewer when oversubscribed) */
+    int spin;               /* spin iterations before sleeping (fewer when oversubscribed) */
     struct worker *workers; /* n - 1 */
     cpu_pool_fn fn;
     void *ctx;
-    _Alignas(64) atomic_uint gen;  /* futex word: bumped once per job (and at stop) */
-    _Alignas(64) atomic_int pending; /* futex word: workers not yet done with this job */
+    _Alignas(64) atomic_uint gen;     /* futex word: bumped once per job (and at stop) */
+    _Alignas(64) atomic_int pending;  /* futex word: workers not yet done with this job */
     _Alignas(64) atomic_int sleepers; /* workers blocked (or about to block) on gen */
     atomic_int caller_sleeping;
     atomic_bool stop;
@@ -58,8 +58,10 @@ struct cpu_pool {
 /* One spin step: a pause, and every 256 steps a yield, so that a thread waiting for a
  * descheduled one (more threads than free cores, e.g. a loaded machine) gives it the core. */
 static inline void backoff(int i) {
-    if ((i & 255) == 255) sched_yield();
-    else cpu_relax();
+    if ((i & 255) == 255)
+        sched_yield();
+    else
+        cpu_relax();
 }
 
 static long futex_wait(void *addr, unsigned val) {
@@ -91,7 +93,8 @@ static void *worker_main(void *arg) {
         }
         if (g == seen) {
             atomic_fetch_add(&p->sleepers, 1);
-            while ((g = atomic_load(&p->gen)) == seen) futex_wait(&p->gen, seen);
+            while ((g = atomic_load(&p->gen)) == seen)
+                futex_wait(&p->gen, seen);
             atomic_fetch_sub(&p->sleepers, 1);
         }
         seen = g;
@@ -133,8 +136,8 @@ smelt_status cpu_pool_new(struct cpu_pool **out, int n_threads, struct err *e) {
             if (rc != 0) {
                 p->n = i + 1; /* join the ones started */
                 cpu_pool_free(p);
-                return err_set(e, SMELT_ERR_INTERNAL, "thread pool: pthread_create #%d: %s",
-                               i + 1, strerror(rc));
+                return err_set(e, SMELT_ERR_INTERNAL, "thread pool: pthread_create #%d: %s", i + 1,
+                               strerror(rc));
             }
         }
     }
@@ -148,13 +151,16 @@ void cpu_pool_free(struct cpu_pool *p) {
         atomic_store(&p->stop, true);
         atomic_fetch_add(&p->gen, 1);
         futex_wake(&p->gen, INT_MAX);
-        for (int i = 0; i < p->n - 1; i++) pthread_join(p->workers[i].th, NULL);
+        for (int i = 0; i < p->n - 1; i++)
+            pthread_join(p->workers[i].th, NULL);
     }
     free(p->workers);
     free(p);
 }
 
-int cpu_pool_size(const struct cpu_pool *p) { return p ? p->n : 1; }
+int cpu_pool_size(const struct cpu_pool *p) {
+    return p ? p->n : 1;
+}
 
 void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *ctx) {
     if (!p || p->n == 1) {
@@ -174,7 +180,8 @@ void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *ctx) {
     }
     if (left != 0) {
         atomic_store(&p->caller_sleeping, 1);
-        while ((left = atomic_load(&p->pending)) != 0) futex_wait(&p->pending, (unsigned)left);
+        while ((left = atomic_load(&p->pending)) != 0)
+            futex_wait(&p->pending, (unsigned)left);
         atomic_store(&p->caller_sleeping, 0);
     }
 }

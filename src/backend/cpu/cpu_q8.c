@@ -21,7 +21,8 @@ static float quant_group(const float *x, int8_t *qs, int gd) {
         return 0.0f;
     }
     float id = 127.0f / amax;
-    for (int i = 0; i < gd; i++) qs[i] = (int8_t)nearbyintf(x[i] * id);
+    for (int i = 0; i < gd; i++)
+        qs[i] = (int8_t)nearbyintf(x[i] * id);
     return amax / 127.0f;
 }
 
@@ -32,7 +33,8 @@ void cpu_quantize_q8_32_scalar(const float *x, void *q, int64_t k) {
     for (int64_t b = 0; b < k / 32; b++) {
         d[b] = quant_group(x + 32 * b, qs + 32 * b, 32);
         int sum = 0;
-        for (int i = 0; i < 32; i++) sum += qs[32 * b + i];
+        for (int i = 0; i < 32; i++)
+            sum += qs[32 * b + i];
         s[b] = (int16_t)sum;
     }
 }
@@ -41,10 +43,12 @@ void cpu_quantize_q8_K_scalar(const float *x, void *q, int64_t k) {
     int8_t *qs = q;
     float *d = (float *)(qs + k);
     int16_t *s = (int16_t *)(d + k / 256);
-    for (int64_t b = 0; b < k / 256; b++) d[b] = quant_group(x + 256 * b, qs + 256 * b, 256);
+    for (int64_t b = 0; b < k / 256; b++)
+        d[b] = quant_group(x + 256 * b, qs + 256 * b, 256);
     for (int64_t g = 0; g < k / 16; g++) {
         int sum = 0;
-        for (int i = 0; i < 16; i++) sum += qs[16 * g + i];
+        for (int i = 0; i < 16; i++)
+            sum += qs[16 * g + i];
         s[g] = (int16_t)sum;
     }
 }
