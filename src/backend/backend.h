@@ -309,5 +309,8 @@ void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
 
 /* The CPU backend with n_threads workers (0: one per core). */
 smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e);
+/* Reference matmuls on a CPU backend: weights dequantized to F32 and dotted with F32
+ * activations (slow; for checking the forward pass without 8-bit activation noise). */
+void cpu_backend_set_exact(struct backend *b, bool exact);
 
 #endif

@@ -191,7 +191,8 @@ void cpu_op_matmul_ref(struct backend *b, struct tensor *dst, const struct tenso
 void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
                    const struct tensor *x) {
     struct cpu_backend *cb = cpu_of(b);
-    if (!tensor_is_contiguous(w) || !tensor_is_contiguous(x) || !tensor_is_contiguous(dst)) {
+    if (cb->exact || !tensor_is_contiguous(w) || !tensor_is_contiguous(x) ||
+        !tensor_is_contiguous(dst)) {
         cpu_op_matmul_ref(b, dst, w, x);
         return;
     }
@@ -295,6 +296,8 @@ static const struct backend_ops cpu_ops = {
     .kv_store = cpu_op_kv_store,
     .attention = cpu_op_attention,
 };
+
+void cpu_backend_set_exact(struct backend *b, bool exact) { cpu_of(b)->exact = exact; }
 
 smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e) {
     *out = NULL;

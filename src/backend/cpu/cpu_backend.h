@@ -33,6 +33,7 @@ struct cpu_backend {
     struct cpu_pool *pool;
     int n_threads;           /* cpu_pool_size(pool) */
     const struct cpu_vec *vec; /* vector kernels for the best ISA */
+    bool exact;              /* reference matmuls (cpu_backend_set_exact) */
 };
 
 static inline struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
