@@ -6,6 +6,10 @@
  * each turn renders the whole conversation, keeps the cached tokens it shares with the
  * new rendering, and prefills only the rest.
  *
+ * The prompt goes through the model's chat template (tokenizer.chat_template) unless
+ * --raw. A file without a template is taken for a base model (Gemma 3 270M base ships
+ * none and answers a chat format with noise): its prompt is used as is, with a note.
+ *
  * Sampling defaults come from the GGUF (general.sampling.*) where it has them; flags
  * override. Prompt and generation speeds go to stderr at the end.
  */
@@ -21,6 +25,7 @@
 #include "engine/sample.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "tokenizer/tmpl.h"
 #include "tokenizer/tok.h"
 
 #define BLOCK 16
@@ -146,11 +151,28 @@ struct session {
     struct kv_pool pool;
     struct kv_seq seq;
     struct sampler *smp;
+    struct tmpl *tmpl;     /* NULL with --raw */
+    json_t *messages;      /* the conversation so far */
     struct tok_ids cached; /* tokens whose K/V are in the cache, positions 0.. */
     float *logits;         /* (n_vocab) of the last position */
     double t_prompt, t_gen;
     int64_t n_prompt, n_gen;
 };
+
+static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct err *e) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return SMELT_OK;
+}
 
 /* Feeds ids (appended after the cached tokens) through the model; leaves the last
  * position's logits in s->logits. */
@@ -185,8 +207,9 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct
     return st;
 }
 
-/* Generates up to n_predict tokens after the fed prompt, streaming them to stdout. */
-static smelt_status generate(struct session *s, struct err *e) {
+/* Generates up to n_predict tokens after the fed prompt, streaming them to stdout and
+ * appending them to answer. */
+static smelt_status generate(struct session *s, struct tok_buf *answer, struct err *e) {
     struct tok_detok d;
     struct tok_buf out = {0};
     tok_detok_init(&d, s->tok, 0);
@@ -209,6 +232,7 @@ static smelt_status generate(struct session *s, struct err *e) {
         if (st == SMELT_OK && out.n) {
             fwrite(out.p, 1, out.n, stdout);
             fflush(stdout);
+            st = append(answer, out.p, out.n, e);
         }
         /* the last token needs feeding only when a next turn continues after it */
         if (st == SMELT_OK && (n + 1 < s->o->n_predict || s->o->interactive))
@@ -217,6 +241,7 @@ static smelt_status generate(struct session *s, struct err *e) {
     out.n = 0;
     if (st == SMELT_OK) st = tok_detok_flush(&d, &out, e);
     if (out.n) fwrite(out.p, 1, out.n, stdout);
+    if (st == SMELT_OK && out.n) st = append(answer, out.p, out.n, e);
     fputc('\n', stdout);
     fflush(stdout);
     tok_buf_free(&out);
@@ -225,28 +250,101 @@ static smelt_status generate(struct session *s, struct err *e) {
     return st;
 }
 
-/* The tokens of the prompt for this turn: the raw text, or (chat) the rendered
- * conversation. */
-static smelt_status render(struct session *s, const char *user, struct tok_ids *ids, struct err *e) {
-    unsigned flags = TOK_PARSE_SPECIAL | (s->cached.n == 0 ? TOK_ADD_SPECIAL : 0);
-    return tok_encode(s->tok, user, strlen(user), flags, ids, e);
+static smelt_status add_message(struct session *s, const char *role, const char *content,
+                                struct err *e) {
+    json_t *m = json_pack("{s:s, s:s}", "role", role, "content", content);
+    if (!m || json_array_append_new(s->messages, m))
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    return SMELT_OK;
 }
 
-/* One turn: keep the cached prefix the new prompt shares, feed the rest, generate. */
+/* The text of a special token as a C string in buf (the vocab's text is not
+ * NUL-terminated), or NULL when the vocab has none. */
+static const char *token_text(const struct tok *t, int32_t id, char *buf, size_t size) {
+    size_t n = 0;
+    const char *p = id >= 0 ? tok_token_text(t, id, &n) : NULL;
+    if (!p || n >= size) return NULL;
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    return buf;
+}
+
+/* The tokens of this turn's prompt: the raw text (continuing after what is cached), or
+ * the whole conversation rendered by the chat template. */
+static smelt_status render(struct session *s, const char *user, struct tok_ids *ids, struct err *e) {
+    if (!s->tmpl) {
+        unsigned flags = TOK_PARSE_SPECIAL | (s->cached.n == 0 ? TOK_ADD_SPECIAL : 0);
+        return tok_encode(s->tok, user, strlen(user), flags, ids, e);
+    }
+    smelt_status st = add_message(s, "user", user, e);
+    struct tmpl_value *ctx = NULL;
+    const struct tok_special *sp = tok_specials(s->tok);
+    char bos[128], eos[128];
+    if (st == SMELT_OK)
+        st = tmpl_chat_ctx(s->messages, NULL, true, token_text(s->tok, sp->bos, bos, sizeof bos),
+                           token_text(s->tok, sp->eos, eos, sizeof eos), NULL, &ctx, e);
+    char *text = NULL;
+    size_t len = 0;
+    if (st == SMELT_OK) st = tmpl_render(s->tmpl, ctx, NULL, &text, &len, e);
+    tmpl_value_free(ctx);
+    /* the template writes the special tokens (BOS included) itself */
+    if (st == SMELT_OK) st = tok_encode(s->tok, text, len, TOK_PARSE_SPECIAL, ids, e);
+    free(text);
+    if (st != SMELT_OK) err_prefix(e, "chat template");
+    return st;
+}
+
+/* One turn: keep the cached tokens the new prompt starts with, feed the rest, generate. */
 static smelt_status turn(struct session *s, const char *user, struct err *e) {
     struct tok_ids ids = {0};
     smelt_status st = render(s, user, &ids, e);
     if (st != SMELT_OK) return st;
-    /* raw mode continues after what is cached; the ids are all new */
+    const int32_t *feed_ids = ids.v;
+    size_t n_feed = ids.n;
+    if (s->tmpl) {
+        /* the rendering holds the whole conversation: reuse the common prefix's cache
+         * (at least one token must be fed, for its logits) */
+        size_t common = 0;
+        while (common < ids.n && common < s->cached.n && ids.v[common] == s->cached.v[common])
+            common++;
+        if (common == ids.n && common > 0) common--;
+        kv_seq_truncate(&s->pool, &s->seq, (int32_t)common);
+        s->cached.n = common;
+        sampler_reset_history(s->smp);
+        for (size_t i = 0; i < common; i++) sampler_accept(s->smp, ids.v[i], false);
+        feed_ids += common;
+        n_feed -= common;
+    }
     double t0 = now_s();
-    for (size_t i = 0; i < ids.n && st == SMELT_OK; i++) sampler_accept(s->smp, ids.v[i], false);
+    for (size_t i = 0; i < n_feed; i++) sampler_accept(s->smp, feed_ids[i], false);
     if (ids.n == 0) st = err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
-    if (st == SMELT_OK) st = feed(s, ids.v, ids.n, e);
+    if (st == SMELT_OK) st = feed(s, feed_ids, n_feed, e);
     s->t_prompt += now_s() - t0;
-    s->n_prompt += (int64_t)ids.n;
+    s->n_prompt += (int64_t)n_feed;
     tok_ids_free(&ids);
-    if (st == SMELT_OK) st = generate(s, e);
+    struct tok_buf answer = {0};
+    if (st == SMELT_OK) st = generate(s, &answer, e);
+    if (st == SMELT_OK && s->tmpl) st = add_message(s, "assistant", answer.p ? answer.p : "", e);
+    tok_buf_free(&answer);
     return st;
+}
+
+/* Compiles the file's chat template; none: raw prompts. */
+static smelt_status load_template(struct session *s, struct err *e) {
+    struct gguf_str src = {0};
+    if (!gguf_get(s->f, "tokenizer.chat_template")) {
+        fprintf(stderr, "smelt run: the model has no chat template (a base model?): the prompt "
+                        "is used as is\n");
+        return SMELT_OK;
+    }
+    smelt_status st = gguf_get_str(s->f, "tokenizer.chat_template", &src, e);
+    if (st != SMELT_OK) return st;
+    st = tmpl_compile(src.ptr, (size_t)src.len, &s->tmpl, e);
+    if (st != SMELT_OK) return err_prefix(e, "tokenizer.chat_template");
+    s->messages = json_array();
+    if (!s->messages) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    if (s->o->system) return add_message(s, "system", s->o->system, e);
+    return SMELT_OK;
 }
 
 static char *read_stdin(void) {
@@ -278,6 +376,8 @@ static void session_free(struct session *s) {
     gguf_close(s->f);
     tok_ids_free(&s->cached);
     free(s->logits);
+    tmpl_free(s->tmpl);
+    json_decref(s->messages);
 }
 
 int cmd_run(int argc, char **argv) {
@@ -300,6 +400,7 @@ int cmd_run(int argc, char **argv) {
         if (st == SMELT_OK) st = sampler_new(&s.smp, &o.sp, s.m->hp.n_vocab, &e);
         s.logits = malloc((size_t)s.m->hp.n_vocab * sizeof(float));
         if (st == SMELT_OK && !s.logits) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+        if (st == SMELT_OK && !o.raw) st = load_template(&s, &e);
     }
     kv_seq_init(&s.seq);
     if (st != SMELT_OK) {
