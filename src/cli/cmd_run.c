@@ -1,6 +1,7 @@
 /* smelt run MODEL [PROMPT] [options]: generate text from a prompt, or chat with -i.
  *
- * One sequence on the CPU backend, driven directly through model_forward: the prompt is
+ * One sequence on the chosen backend (CPU, or CUDA when present), driven directly through
+ * model_forward: the prompt is
  * prefilled in chunks, then tokens are sampled one at a time and streamed through the
  * incremental detokenizer. With -i the conversation's KV cache is kept between turns:
  * each turn renders the whole conversation, keeps the cached tokens it shares with the
@@ -21,6 +22,8 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/clibackend.h"
+#include "cli/modelref.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
 #include "format/gguf.h"
@@ -32,8 +35,8 @@
 #define PREFILL_CHUNK 256
 
 struct opts {
-    const char *model, *prompt, *system;
-    int n_predict, n_ctx, threads;
+    const char *model, *prompt, *system, *backend;
+    int n_predict, n_ctx, threads, device;
     bool raw, interactive, ignore_eos, f32_kv;
     struct sample_params sp;
     bool set_temp, set_top_k, set_top_p, set_min_p, set_rep;
@@ -42,7 +45,8 @@ struct opts {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: smelt run MODEL [PROMPT] [options]\n"
-            "  MODEL              a GGUF file\n"
+            "  MODEL              a GGUF file, a directory, or org/repo[:quant] (Hugging Face\n"
+            "                     cache; pulled when absent)\n"
             "  PROMPT             the user message (default: read stdin); with -i, the first one\n"
             "  -i                 chat interactively (the KV cache is kept between turns)\n"
             "  --raw              no chat template: the prompt is the model's input as is\n"
@@ -50,6 +54,7 @@ static void usage(FILE *f) {
             "  -n N               tokens to generate per answer (default 256)\n"
             "  -c N               context size in tokens (default 4096)\n"
             "  -t, --threads N    CPU threads (default: all)\n"
+            "  --backend B        auto (CUDA when present), cpu or cuda; --device N\n"
             "  --temp X           temperature (0: greedy)\n"
             "  --top-k N, --top-p X, --min-p X, --repeat-penalty X, --seed N\n"
             "  --ignore-eos       keep generating past end-of-generation tokens\n"
@@ -89,6 +94,8 @@ static int parse(int argc, char **argv, struct opts *o) {
             o->f32_kv = true;
         } else if (!strcmp(a, "--system") && i + 1 < argc) {
             o->system = argv[++i];
+        } else if (!strcmp(a, "--backend") && i + 1 < argc) {
+            o->backend = argv[++i];
         } else if (a[0] == '-' && a[1] != 0) {
             if (!arg_num(argc, argv, &i, &v)) {
                 fprintf(stderr, "smelt run: %s needs a number\n", a);
@@ -97,6 +104,7 @@ static int parse(int argc, char **argv, struct opts *o) {
             if (!strcmp(a, "-n")) o->n_predict = (int)v;
             else if (!strcmp(a, "-c")) o->n_ctx = (int)v;
             else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)v;
+            else if (!strcmp(a, "--device")) o->device = (int)v;
             else if (!strcmp(a, "--temp")) o->sp.temperature = (float)v, o->set_temp = true;
             else if (!strcmp(a, "--top-k")) o->sp.top_k = (int32_t)v, o->set_top_k = true;
             else if (!strcmp(a, "--top-p")) o->sp.top_p = (float)v, o->set_top_p = true;
@@ -387,9 +395,11 @@ int cmd_run(int argc, char **argv) {
     struct err e;
     err_clear(&e);
     struct session s = {.o = &o};
-    smelt_status st = gguf_open(&s.f, o.model, &e);
+    char path[4096];
+    smelt_status st = cli_resolve_model(o.model, true, path, sizeof path, &e);
+    if (st == SMELT_OK) st = gguf_open(&s.f, path, &e);
     if (st == SMELT_OK) st = tok_new_from_gguf(&s.tok, s.f, &e);
-    if (st == SMELT_OK) st = cpu_backend_new(&s.bk, o.threads, &e);
+    if (st == SMELT_OK) st = cli_backend_new(o.backend, o.device, o.threads, &s.bk, &e);
     if (st == SMELT_OK) st = model_load(&s.m, s.f, s.bk, &e);
     if (st == SMELT_OK) {
         int32_t n_blocks = (o.n_ctx + BLOCK - 1) / BLOCK;
