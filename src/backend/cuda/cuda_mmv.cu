@@ -58,6 +58,10 @@ static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
 #ifndef MMV_R
 #define MMV_R 2
 #endif
+/* Units of 16 B each lane loads before computing (bytes in flight per warp). */
+#ifndef MMV_U
+#define MMV_U 4
+#endif
 
 template <int N, int R>
 struct mmv_acc {
@@ -99,36 +103,46 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
     const int nsb = k / QK_K;
     mmv_acc<N, R> acc;
     acc.zero();
-#pragma unroll 2
-    for (int u = lane; u < nsb * 8; u += 32) {
-        const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
-        const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
-        uint4 qv[R], sv[R];
+    const int n_units = nsb * 8;
+    for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
+        /* load phase: MMV_U units x R rows in flight before any math */
+        uint4 qv[MMV_U][R], sv[MMV_U][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int row = min(row0 + r, rows - 1);
-            qv[r] = q[((int64_t)row * nsb) * 8 + u];
-            sv[r] = s[(int64_t)row * nsb + sb];
-        }
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            const int8_t *xt = xq + (int64_t)t * k;
-            const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
-            const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
-            const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+        for (int i = 0; i < MMV_U; i++) {
+            const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const uint4 w = qv[r];
-                const float2 dm = __half22float2(*(const __half2 *)&sv[r].x);
-                const uint32_t pk = g == 0 ? sv[r].y : g == 1 ? sv[r].z : g == 2 ? sv[r].w
-                                  : (sv[r].y >> 24) | ((sv[r].z >> 24) << 8) | ((sv[r].w >> 24) << 16);
-                const uint4 lo = make_uint4(w.x & 0x0f0f0f0fu, w.y & 0x0f0f0f0fu, w.z & 0x0f0f0f0fu,
-                                            w.w & 0x0f0f0f0fu);
-                const uint4 hi = make_uint4((w.x >> 4) & 0x0f0f0f0fu, (w.y >> 4) & 0x0f0f0f0fu,
-                                            (w.z >> 4) & 0x0f0f0f0fu, (w.w >> 4) & 0x0f0f0f0fu);
-                const int da = dot16(lo, xa), db = dot16(hi, xb);
-                acc.v[r][t] += dm.x * ((float)(pk & 63) * dxa * (float)da + (float)((pk >> 12) & 63) * dxb * (float)db) -
-                               dm.y * ((float)((pk >> 6) & 63) * sxa + (float)((pk >> 18) & 63) * sxb);
+                const int row = min(row0 + r, rows - 1);
+                qv[i][r] = q[((int64_t)row * nsb) * 8 + u];
+                sv[i][r] = s[(int64_t)row * nsb + (u >> 3)];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MMV_U; i++) {
+            const int u = u0 + 32 * i;
+            if (u >= n_units) break;
+            const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
+            const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                const int8_t *xt = xq + (int64_t)t * k;
+                const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
+                const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
+                const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const uint4 w = qv[i][r], sw = sv[i][r];
+                    const float2 dm = __half22float2(*(const __half2 *)&sw.x);
+                    const uint32_t pk = g == 0 ? sw.y : g == 1 ? sw.z : g == 2 ? sw.w
+                                      : (sw.y >> 24) | ((sw.z >> 24) << 8) | ((sw.w >> 24) << 16);
+                    const uint4 lo = make_uint4(w.x & 0x0f0f0f0fu, w.y & 0x0f0f0f0fu, w.z & 0x0f0f0f0fu,
+                                                w.w & 0x0f0f0f0fu);
+                    const uint4 hi = make_uint4((w.x >> 4) & 0x0f0f0f0fu, (w.y >> 4) & 0x0f0f0f0fu,
+                                                (w.z >> 4) & 0x0f0f0f0fu, (w.w >> 4) & 0x0f0f0f0fu);
+                    const int da = dot16(lo, xa), db = dot16(hi, xb);
+                    acc.v[r][t] += dm.x * ((float)(pk & 63) * dxa * (float)da + (float)((pk >> 12) & 63) * dxb * (float)db) -
+                                   dm.y * ((float)((pk >> 6) & 63) * sxa + (float)((pk >> 18) & 63) * sxb);
+                }
             }
         }
     }
@@ -205,22 +219,31 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
     const int lane = threadIdx.x;
     mmv_acc<N, R> acc;
     acc.zero();
-#pragma unroll 4
-    for (int u = lane; u < k / 16; u += 32) {
-        uint4 qv[R];
-        float dw[R];
+    const int n_units = k / 16;
+    for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
+        uint4 qv[MMV_U][R];
+        float dw[MMV_U][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t row = min(row0 + r, rows - 1);
-            qv[r] = q[row * (k / 16) + u];
-            dw[r] = __half2float(s[row * (k / 32) + (u >> 1)]);
+        for (int i = 0; i < MMV_U; i++) {
+            const int u = min(u0 + 32 * i, n_units - 1);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int64_t row = min(row0 + r, rows - 1);
+                qv[i][r] = q[row * n_units + u];
+                dw[i][r] = __half2float(s[row * (k / 32) + (u >> 1)]);
+            }
         }
 #pragma unroll
-        for (int t = 0; t < N; t++) {
-            const uint4 xv = *(const uint4 *)(xq + (int64_t)t * k + u * 16);
-            const float dx = xds[(int64_t)t * (k / 32) + (u >> 1)].x;
+        for (int i = 0; i < MMV_U; i++) {
+            const int u = u0 + 32 * i;
+            if (u >= n_units) break;
 #pragma unroll
-            for (int r = 0; r < R; r++) acc.v[r][t] += dw[r] * dx * (float)dot16(qv[r], xv);
+            for (int t = 0; t < N; t++) {
+                const uint4 xv = *(const uint4 *)(xq + (int64_t)t * k + u * 16);
+                const float dx = xds[(int64_t)t * (k / 32) + (u >> 1)].x;
+#pragma unroll
+                for (int r = 0; r < R; r++) acc.v[r][t] += dw[i][r] * dx * (float)dot16(qv[i][r], xv);
+            }
         }
     }
     acc.store(y, row0, rows, lane, accumulate);
@@ -332,7 +355,7 @@ extern "C" int cuda_mmv_supported(uint32_t type, int64_t k) {
     switch (type) {
     case QT_F16:
     case QT_BF16:
-    case QT_F32: return k % 8 == 0;
+    case QT_F32: return k % 32 == 0;
     case QT_Q8_0: return k % 32 == 0;
     case QT_Q4_K:
     case QT_Q6_K: return k % QK_K == 0;
