@@ -392,3 +392,17 @@ void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
     bk_rope(b, k, m->pos, p->rope);
     bk_kv_store(b, kc, vc, k, v, m);
 }
+
+/* ---- step graphs ---- */
+
+bool bk_graph_replay(struct backend *b, uint64_t key) {
+    return b->ops->graph_replay && b->status == SMELT_OK && b->ops->graph_replay(b, key);
+}
+
+void bk_graph_begin(struct backend *b, uint64_t key) {
+    if (b->ops->graph_begin) b->ops->graph_begin(b, key);
+}
+
+void bk_graph_end(struct backend *b) {
+    if (b->ops->graph_end) b->ops->graph_end(b);
+}

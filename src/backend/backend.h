@@ -185,6 +185,11 @@ struct backend_ops {
     void (*rope_kv_store)(struct backend *b, struct tensor *q, struct tensor *k,
                           const struct tensor *v, struct tensor *kc, struct tensor *vc,
                           const struct attn_meta *m, const struct qk_prep *p);
+
+    /* Step graphs: optional (NULL: ops always run one by one). See bk_graph_replay. */
+    bool (*graph_replay)(struct backend *b, uint64_t key);
+    void (*graph_begin)(struct backend *b, uint64_t key);
+    void (*graph_end)(struct backend *b);
 };
 
 /* Every backend starts with this header (implementations embed it first and call
@@ -304,6 +309,20 @@ void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
 void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
                       const struct attn_meta *m, const struct qk_prep *p);
+
+/* ---- step graphs ----
+ * A step's ops depend only on its shape (token rows, output rows, sequences, block-table
+ * width) and on the model; everything else is data in tensors uploaded before the ops.
+ * So a backend may record the ops of a step once and replay them for every later step of
+ * the same shape, the key. The caller (model_forward) does, after its uploads:
+ *     if (!bk_graph_replay(b, key)) { bk_graph_begin(b, key); ...ops...; bk_graph_end(b); }
+ * bk_graph_replay returns true when it launched a recording of key: the caller then skips
+ * the ops (their outputs appear at the same scratch addresses as when recorded, because
+ * a step of the same shape allocates the same sizes in the same order). Backends without
+ * graphs return false and ignore begin/end. SMELT_NO_GRAPH=1 turns graphs off. */
+bool bk_graph_replay(struct backend *b, uint64_t key);
+void bk_graph_begin(struct backend *b, uint64_t key);
+void bk_graph_end(struct backend *b);
 
 /* ---- implementations ---- */
 

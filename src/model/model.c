@@ -576,6 +576,9 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
     int32_t max_blocks = 1;
     for (int32_t s = 0; s < b->n_seqs; s++)
         if (b->seqs[s].n_blocks > max_blocks) max_blocks = b->seqs[s].n_blocks;
+    /* The table's width is part of the step's shape (its graph key): round it up so a
+     * growing context keeps one shape for 16 blocks at a time. */
+    max_blocks = (max_blocks + 15) / 16 * 16;
     int32_t *slot = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
     int32_t *rows = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
     int32_t *tables = arena_calloc(&m->host, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
@@ -604,17 +607,42 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
     s.meta.block_size = kv->block_size;
     if (n_out) s.out_rows = upload_i32(bk, rows, n_out);
 
-    struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
-    struct tensor *logits = NULL;
-    if (n_out) {
-        struct tensor *xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
-        bk_get_rows(bk, xo, x, s.out_rows);
-        bk_rms_norm(bk, xo, xo, m->output_norm, m->hp.norm_eps);
-        logits = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
-        bk_matmul(bk, logits, m->output, xo);
-        if (m->hp.final_softcap > 0) bk_softcap(bk, logits, m->hp.final_softcap);
-        if (logits_out)
-            bk_download(bk, logits_out, logits, (size_t)n_out * (size_t)m->hp.n_vocab * sizeof(float));
+    /* The ops below depend only on this key (see bk_graph_replay): a backend with graphs
+     * replays them, and the logits land where the recording left them. */
+    uint64_t key = ((uint64_t)n << 40) ^ ((uint64_t)n_out << 20) ^ ((uint64_t)b->n_seqs << 8) ^
+                   ((uint64_t)max_blocks << 48) ^ (uint64_t)(uintptr_t)kv;
+    struct step_graph *sg = NULL;
+    for (int i = 0; i < MODEL_GRAPHS; i++)
+        if (m->graphs[i].used && m->graphs[i].key == key) sg = &m->graphs[i];
+    void *logits_data = NULL;
+    if (sg && bk_graph_replay(bk, key)) {
+        logits_data = sg->logits;
+    } else {
+        bk_graph_begin(bk, key);
+        struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
+        if (n_out) {
+            struct tensor *xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
+            bk_get_rows(bk, xo, x, s.out_rows);
+            bk_rms_norm(bk, xo, xo, m->output_norm, m->hp.norm_eps);
+            struct tensor *lg = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
+            bk_matmul(bk, lg, m->output, xo);
+            if (m->hp.final_softcap > 0) bk_softcap(bk, lg, m->hp.final_softcap);
+            logits_data = lg->data;
+        }
+        bk_graph_end(bk);
+        if (!sg) { /* remember where this shape's logits are (round-robin over the slots) */
+            sg = &m->graphs[m->next_graph++ % MODEL_GRAPHS];
+            sg->used = true;
+            sg->key = key;
+        }
+        sg->logits = logits_data;
+    }
+    if (n_out && logits_out) {
+        struct tensor lt;
+        tensor_init(&lt, QT_F32, m->hp.n_vocab, n_out, 1, 1);
+        lt.data = logits_data;
+        lt.backend = bk;
+        bk_download(bk, logits_out, &lt, (size_t)n_out * (size_t)m->hp.n_vocab * sizeof(float));
     }
     st = bk_sync(bk, e);
     if (st != SMELT_OK) return err_prefix(e, "forward");

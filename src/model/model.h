@@ -78,6 +78,14 @@ struct arch_def {
     struct tensor *(*forward)(struct model *m, struct step *s);
 };
 
+/* Where a step shape's logits were left (see model_forward and bk_graph_replay). */
+#define MODEL_GRAPHS 64
+struct step_graph {
+    bool used;
+    uint64_t key;
+    void *logits;
+};
+
 struct model {
     const struct arch_def *arch;
     struct model_hparams hp;
@@ -97,6 +105,8 @@ struct model {
     int64_t n_owned, cap_owned;
 
     struct arena host; /* host scratch for building a step's inputs (one step at a time) */
+    struct step_graph graphs[MODEL_GRAPHS];
+    int next_graph;
 };
 
 /* The supported architectures (general.architecture values). */

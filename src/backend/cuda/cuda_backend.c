@@ -28,6 +28,7 @@
 #define GEMM_MIN_ROWS 33                 /* token rows from which cuBLAS beats repeated mmv */
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
+#define CUDA_GRAPHS 64
 
 struct dchunk {
     unsigned char *base;
@@ -59,6 +60,16 @@ struct cuda_backend {
     int n_qws, cap_qws;
     uint64_t weight_bytes;
     uint32_t warned_types[4]; /* bit per type id already logged as "via F16" */
+    /* step graphs: a shape's ops run eagerly the first time (scratch grows to its size),
+     * are captured the second time, and replayed after that */
+    struct graph_ent {
+        uint64_t key, last_use;
+        int seen;
+        cudaGraphExec_t exec;
+    } graphs[CUDA_GRAPHS];
+    uint64_t clock;
+    int capturing; /* index of the entry being captured, or -1 */
+    bool no_graph; /* SMELT_NO_GRAPH=1 */
 };
 
 static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
@@ -130,8 +141,11 @@ static void *stack_alloc(struct cuda_backend *cb, size_t n) {
     return base;
 }
 
+static void graphs_clear(struct cuda_backend *cb);
+
 static void stack_reset(struct cuda_backend *cb) {
     if (cb->n_chunks > 1) { /* merge into one chunk of the total size */
+        graphs_clear(cb); /* recorded steps point into the chunks being freed */
         size_t total = 0;
         for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
         cudaStreamSynchronize(cb->stream);
@@ -661,6 +675,83 @@ static void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor 
     cu_kv_store(b, kc, vc, k, v, m);
 }
 
+/* ---- step graphs ---- */
+
+static void graphs_clear(struct cuda_backend *cb) {
+    for (int i = 0; i < CUDA_GRAPHS; i++) {
+        if (cb->graphs[i].exec) cudaGraphExecDestroy(cb->graphs[i].exec);
+        memset(&cb->graphs[i], 0, sizeof cb->graphs[i]);
+    }
+}
+
+static struct graph_ent *graph_find(struct cuda_backend *cb, uint64_t key) {
+    for (int i = 0; i < CUDA_GRAPHS; i++)
+        if (cb->graphs[i].seen && cb->graphs[i].key == key) return &cb->graphs[i];
+    return NULL;
+}
+
+static bool cu_graph_replay(struct backend *b, uint64_t key) {
+    struct cuda_backend *cb = cu_of(b);
+    if (cb->no_graph) return false;
+    struct graph_ent *g = graph_find(cb, key);
+    if (!g || !g->exec) return false;
+    g->last_use = ++cb->clock;
+    cudaError_t rc = cudaGraphLaunch(g->exec, cb->stream);
+    if (rc != cudaSuccess) {
+        CU_FAIL(cb, rc, "graph launch");
+        return true; /* the step failed; the sticky error reports it */
+    }
+    return true;
+}
+
+static void cu_graph_begin(struct backend *b, uint64_t key) {
+    struct cuda_backend *cb = cu_of(b);
+    cb->capturing = -1;
+    if (cb->no_graph || !ok(cb)) return;
+    struct graph_ent *g = graph_find(cb, key);
+    if (!g) { /* a new shape: take a free or the least recently used entry */
+        g = &cb->graphs[0];
+        for (int i = 0; i < CUDA_GRAPHS; i++) {
+            if (!cb->graphs[i].seen) {
+                g = &cb->graphs[i];
+                break;
+            }
+            if (cb->graphs[i].last_use < g->last_use) g = &cb->graphs[i];
+        }
+        if (g->exec) cudaGraphExecDestroy(g->exec);
+        memset(g, 0, sizeof *g);
+        g->key = key;
+    }
+    g->last_use = ++cb->clock;
+    if (g->seen++ == 0 || g->exec) return; /* first time: run eagerly */
+    cudaError_t rc = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return; /* run eagerly */
+    }
+    cb->capturing = (int)(g - cb->graphs);
+}
+
+static void cu_graph_end(struct backend *b) {
+    struct cuda_backend *cb = cu_of(b);
+    if (cb->capturing < 0) return;
+    struct graph_ent *g = &cb->graphs[cb->capturing];
+    cb->capturing = -1;
+    cudaGraph_t graph = NULL;
+    cudaError_t rc = cudaStreamEndCapture(cb->stream, &graph);
+    if (rc == cudaSuccess && ok(cb)) rc = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (rc != cudaSuccess) {
+        g->exec = NULL;
+        CU_FAIL(cb, rc, "capturing the step graph (SMELT_NO_GRAPH=1 turns graphs off)");
+        return;
+    }
+    if (!ok(cb)) return;
+    /* the captured ops have not run yet */
+    rc = cudaGraphLaunch(g->exec, cb->stream);
+    if (rc != cudaSuccess) CU_FAIL(cb, rc, "graph launch");
+}
+
 /* ---- lifecycle ---- */
 
 static void cu_free(struct backend *b) {
@@ -677,6 +768,7 @@ static void cu_free(struct backend *b) {
     free(cb->chunks);
     cudaFreeHost(cb->pin);
     free(cb->dl);
+    graphs_clear(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     bk_base_free(b);
@@ -711,6 +803,9 @@ static const struct backend_ops cuda_ops = {
     .matmul_acc = cu_matmul_acc,
     .ffn_glu = cu_ffn_glu,
     .rope_kv_store = cu_rope_kv_store,
+    .graph_replay = cu_graph_replay,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
 };
 
 int cuda_device_count(void) {
@@ -747,6 +842,9 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         return err_set(e, SMELT_ERR_DEVICE, "cublasCreate failed");
     }
     cublasSetStream(cb->cublas, cb->stream);
+    const char *ng = getenv("SMELT_NO_GRAPH");
+    cb->no_graph = ng && *ng && strcmp(ng, "0") != 0;
+    cb->capturing = -1;
     *out = &cb->base;
     return SMELT_OK;
 }
