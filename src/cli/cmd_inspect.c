@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/modelref.h"
 #include "format/gguf.h"
 #include "quant/quant.h"
 
@@ -21,7 +22,8 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: smelt inspect FILE [--tensors] [--json]\n"
+            "usage: smelt inspect MODEL [--tensors] [--json]\n"
+            "  MODEL: a GGUF file, a directory holding one, or org/repo[:quant] in the HF cache\n"
             "\n"
             "Validates a GGUF file (or the first file of a split set NAME-00001-of-0000N.gguf)\n"
             "and prints: format version and size; general.* metadata and the file type; the\n"
@@ -602,8 +604,11 @@ int cmd_inspect(int argc, char **argv) {
     }
     struct err e;
     struct gguf_file *f;
-    if (gguf_open(&f, path, &e)) return cli_fail("inspect", &e);
-    json_t *r = build_report(path, f, tensors);
+    char resolved[4096];
+    /* a file, a directory, or org/repo[:quant] already in the Hugging Face cache */
+    if (cli_resolve_model(path, false, resolved, sizeof resolved, &e)) return cli_fail("inspect", &e);
+    if (gguf_open(&f, resolved, &e)) return cli_fail("inspect", &e);
+    json_t *r = build_report(resolved, f, tensors);
     int rc = 0;
     if (as_json) {
         if (json_dumpf(r, stdout, JSON_INDENT(2)) != 0) rc = 1;
