@@ -424,7 +424,8 @@ struct rt {
 /* Records the first error ("line L col C: msg") with code; returns false. */
 bool rt_fail(struct rt *rt, smelt_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-bool rt_failv(struct rt *rt, smelt_status code, const char *fmt, va_list ap);
+bool rt_failv(struct rt *rt, smelt_status code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 /* The error for using an undefined value (UndefinedError). */
 bool rt_undef_error(struct rt *rt, struct tv u);
 /* Charges steps; false when over budget. */
