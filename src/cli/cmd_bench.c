@@ -89,7 +89,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
     o->n_gen[0] = 128, o->n_ng = 1;
     o->reps = 5, o->n_batch = 2048, o->n_ubatch = 512, o->ngl = -1;
     o->backend = "auto", o->output = "md";
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes one value */
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ISARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
@@ -126,7 +126,6 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             fprintf(stderr, "smelt bench: bad value for %s: '%s'\n", a, v);
             return 2;
         }
-        i++;
     }
     if (!o->model) {
         fprintf(stderr, "smelt bench: -m MODEL is required\n");
