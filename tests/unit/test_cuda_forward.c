@@ -14,14 +14,16 @@
  *     each sequence the logits it gets alone (cosine >= 0.99999, same argmax): on the GPU
  *     the batch size changes the kernels' summation order, so equality is not bitwise.
  * The CUDA KV cache is F16 (the default); the CPU reference uses F32. */
-#include "t.h"
-
 #ifndef SMELT_HAVE_CUDA
+#include <stdio.h>
+
 int main(void) {
     printf("SKIP test_cuda_forward: built without CUDA (nvcc not found at configure time)\n");
     return 77;
 }
 #else
+
+#include "t.h"
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"

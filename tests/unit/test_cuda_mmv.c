@@ -12,14 +12,16 @@
  * SMELT_BENCH=1 adds a bandwidth run on Llama-3-8B decode shapes (weights rotated through
  * more than 4x the L2 so every read comes from HBM).
  */
-#include "t.h"
-
 #ifndef SMELT_HAVE_CUDA
+#include <stdio.h>
+
 int main(void) {
     printf("SKIP test_cuda_mmv: built without CUDA (nvcc not found at configure time)\n");
     return 77;
 }
 #else
+
+#include "t.h"
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
