@@ -4,6 +4,23 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+/* The prefix-cache index. Hash table: open addressing over block ids keyed by hash[id]
+ * (linear probing, backward-shift deletion, load <= 1/2). LRU: a doubly linked list of
+ * idle cached blocks, most recently parked at the head; eviction takes the tail. */
+struct kv_prefix {
+    uint64_t key0, key1;
+    uint64_t *hash;   /* (n_blocks) 0 = not registered */
+    uint64_t *parent; /* (n_blocks) parent hash of a registered block */
+    int32_t *tokens;  /* (n_blocks * block_size) contents of registered blocks */
+    int32_t *table;   /* (mask + 1) block ids, -1 = empty */
+    uint32_t mask;
+    int32_t *prev, *next; /* (n_blocks) LRU links, -1 = none */
+    int32_t head, tail, n_idle, n_registered;
+    uint64_t hits, queries, evictions;
+};
 
 smelt_status kv_pool_init(struct kv_pool *p, int32_t n_blocks, int32_t block_size,
                           struct err *e) {
@@ -25,10 +42,194 @@ smelt_status kv_pool_init(struct kv_pool *p, int32_t n_blocks, int32_t block_siz
     return SMELT_OK;
 }
 
+static void prefix_free(struct kv_prefix *c) {
+    if (!c) return;
+    free(c->hash);
+    free(c->parent);
+    free(c->tokens);
+    free(c->table);
+    free(c->prev);
+    free(c->next);
+    free(c);
+}
+
 void kv_pool_free(struct kv_pool *p) {
     free(p->free_ids);
     free(p->ref);
+    prefix_free(p->prefix);
     memset(p, 0, sizeof *p);
+}
+
+int32_t kv_pool_available(const struct kv_pool *p) {
+    return p->n_free + (p->prefix ? p->prefix->n_idle : 0);
+}
+
+/* ---- prefix cache internals ---- */
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+uint64_t kv_block_hash(const struct kv_pool *p, uint64_t parent, const int32_t *tokens) {
+    const struct kv_prefix *c = p->prefix;
+    uint64_t k0 = c ? c->key0 : 0x9e3779b97f4a7c15ull, k1 = c ? c->key1 : 0x2545f4914f6cdd1dull;
+    uint64_t a = mix64(parent ^ k0), b = k1;
+    for (int32_t i = 0; i < p->block_size; i++) {
+        a = mix64(a ^ (uint32_t)tokens[i]) + b;
+        b = (b << 23 | b >> 41) ^ a;
+    }
+    uint64_t h = mix64(a ^ mix64(b));
+    return h ? h : 1;
+}
+
+static void lru_unlink(struct kv_prefix *c, int32_t id) {
+    int32_t pv = c->prev[id], nx = c->next[id];
+    if (pv >= 0) c->next[pv] = nx;
+    else c->head = nx;
+    if (nx >= 0) c->prev[nx] = pv;
+    else c->tail = pv;
+    c->prev[id] = c->next[id] = -1;
+    c->n_idle--;
+}
+
+static void lru_push_head(struct kv_prefix *c, int32_t id) {
+    c->prev[id] = -1;
+    c->next[id] = c->head;
+    if (c->head >= 0) c->prev[c->head] = id;
+    else c->tail = id;
+    c->head = id;
+    c->n_idle++;
+}
+
+/* Slot of hash h in the table, or the empty slot where it would go. */
+static uint32_t table_find(const struct kv_prefix *c, uint64_t h) {
+    uint32_t i = (uint32_t)h & c->mask;
+    while (c->table[i] >= 0 && c->hash[c->table[i]] != h) i = (i + 1) & c->mask;
+    return i;
+}
+
+/* Removes block id (registered) from the table: backward-shift deletion keeps every
+ * probe chain unbroken without tombstones. */
+static void table_remove(struct kv_prefix *c, int32_t id) {
+    uint32_t i = table_find(c, c->hash[id]);
+    c->table[i] = -1;
+    for (uint32_t j = (i + 1) & c->mask; c->table[j] >= 0; j = (j + 1) & c->mask) {
+        int32_t b = c->table[j];
+        uint32_t home = (uint32_t)c->hash[b] & c->mask;
+        /* b may move to i when i lies cyclically in [home, j) */
+        if (((j - home) & c->mask) >= ((j - i) & c->mask)) {
+            c->table[i] = b;
+            c->table[j] = -1;
+            i = j;
+        }
+    }
+    c->hash[id] = 0;
+    c->n_registered--;
+}
+
+smelt_status kv_prefix_enable(struct kv_pool *p, struct err *e) {
+    if (p->prefix) return SMELT_OK;
+    struct kv_prefix *c = calloc(1, sizeof *c);
+    size_t nb = (size_t)p->n_blocks;
+    uint32_t cap = 2;
+    while (cap < 2 * nb) cap *= 2;
+    if (c) {
+        c->hash = calloc(nb, sizeof *c->hash);
+        c->parent = calloc(nb, sizeof *c->parent);
+        c->tokens = malloc(nb * (size_t)p->block_size * sizeof *c->tokens);
+        c->table = malloc(cap * sizeof *c->table);
+        c->prev = malloc(nb * sizeof *c->prev);
+        c->next = malloc(nb * sizeof *c->next);
+    }
+    if (!c || !c->hash || !c->parent || !c->tokens || !c->table || !c->prev || !c->next) {
+        prefix_free(c);
+        return err_set(e, SMELT_ERR_NOMEM, "KV prefix cache: out of memory");
+    }
+    c->mask = cap - 1;
+    memset(c->table, 0xff, cap * sizeof *c->table);
+    memset(c->prev, 0xff, nb * sizeof *c->prev);
+    memset(c->next, 0xff, nb * sizeof *c->next);
+    c->head = c->tail = -1;
+    uint64_t key[2];
+    if (getrandom(key, sizeof key, GRND_NONBLOCK) != (ssize_t)sizeof key) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        key[0] = mix64((uint64_t)t.tv_nsec ^ (uint64_t)(uintptr_t)c);
+        key[1] = mix64(key[0] ^ (uint64_t)t.tv_sec);
+    }
+    c->key0 = key[0];
+    c->key1 = key[1];
+    p->prefix = c;
+    return SMELT_OK;
+}
+
+int32_t kv_prefix_acquire(struct kv_pool *p, struct kv_seq *s, const int32_t *tokens,
+                          int32_t max_blocks, uint64_t *hashes) {
+    struct kv_prefix *c = p->prefix;
+    if (!c || max_blocks <= 0 || s->n_blocks != 0) return 0;
+    c->queries += (uint64_t)max_blocks;
+    uint64_t parent = 0;
+    int32_t bs = p->block_size, n = 0;
+    for (; n < max_blocks; n++) {
+        const int32_t *t = tokens + (size_t)n * (size_t)bs;
+        uint64_t h = kv_block_hash(p, parent, t);
+        int32_t id = c->table[table_find(c, h)];
+        if (id < 0 || c->parent[id] != parent || p->ref[id] == UINT16_MAX ||
+            memcmp(c->tokens + (size_t)id * (size_t)bs, t, (size_t)bs * sizeof *t) != 0)
+            break;
+        if (n >= s->cap) {
+            int32_t cap = s->cap ? s->cap : 8;
+            while (cap <= n) cap *= 2;
+            int32_t *b = realloc(s->blocks, (size_t)cap * sizeof *b);
+            if (!b) {
+                kv_seq_release(p, s);
+                return 0;
+            }
+            s->blocks = b;
+            s->cap = cap;
+        }
+        if (p->ref[id] == 0) lru_unlink(c, id);
+        p->ref[id]++;
+        s->blocks[s->n_blocks++] = id;
+        hashes[n] = h;
+        parent = h;
+    }
+    c->hits += (uint64_t)n;
+    return n;
+}
+
+void kv_prefix_register(struct kv_pool *p, int32_t id, uint64_t h, uint64_t parent,
+                        const int32_t *tokens) {
+    struct kv_prefix *c = p->prefix;
+    if (!c || id < 0 || id >= p->n_blocks || c->hash[id] != 0 || h == 0) return;
+    uint32_t i = table_find(c, h);
+    if (c->table[i] >= 0) return;
+    c->table[i] = id;
+    c->hash[id] = h;
+    c->parent[id] = parent;
+    memcpy(c->tokens + (size_t)id * (size_t)p->block_size, tokens,
+           (size_t)p->block_size * sizeof *tokens);
+    c->n_registered++;
+}
+
+void kv_pool_stats(const struct kv_pool *p, struct kv_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->n_blocks = p->n_blocks;
+    out->block_size = p->block_size;
+    out->free = p->n_free;
+    if (p->prefix) {
+        out->cached = p->prefix->n_registered;
+        out->idle = p->prefix->n_idle;
+        out->hit_blocks = p->prefix->hits;
+        out->query_blocks = p->prefix->queries;
+        out->evictions = p->prefix->evictions;
+    }
+    out->used = p->n_blocks - out->free - out->idle;
 }
 
 int32_t kv_blocks_for(const struct kv_pool *p, int32_t n_tokens) {
@@ -36,8 +237,24 @@ int32_t kv_blocks_for(const struct kv_pool *p, int32_t n_tokens) {
     return (int32_t)(((int64_t)n_tokens + p->block_size - 1) / p->block_size);
 }
 
+/* Drops one reference; the last one parks a cached block on the LRU list, else frees it. */
 static void unref(struct kv_pool *p, int32_t id) {
-    if (p->ref[id] > 0 && --p->ref[id] == 0) p->free_ids[p->n_free++] = id;
+    if (p->ref[id] > 0 && --p->ref[id] == 0) {
+        if (p->prefix && p->prefix->hash[id] != 0) lru_push_head(p->prefix, id);
+        else p->free_ids[p->n_free++] = id;
+    }
+}
+
+/* A block for a reservation: the free stack first, else the least recently parked idle
+ * cached block (unregistered). Caller checked kv_pool_available. */
+static int32_t take_block(struct kv_pool *p) {
+    if (p->n_free > 0) return p->free_ids[--p->n_free];
+    struct kv_prefix *c = p->prefix;
+    int32_t id = c->tail;
+    lru_unlink(c, id);
+    table_remove(c, id);
+    c->evictions++;
+    return id;
 }
 
 void kv_seq_init(struct kv_seq *s) { memset(s, 0, sizeof *s); }
@@ -46,9 +263,9 @@ smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_token
     int32_t need = kv_blocks_for(p, n_tokens);
     if (need <= s->n_blocks) return SMELT_OK;
     int32_t more = need - s->n_blocks;
-    if (more > p->n_free)
+    if (more > kv_pool_available(p))
         return err_set(e, SMELT_ERR_RANGE, "KV cache full: %d more blocks needed, %d free", more,
-                       p->n_free);
+                       kv_pool_available(p));
     if (need > s->cap) {
         int32_t cap = s->cap ? s->cap : 8;
         while (cap < need) cap *= 2;
@@ -58,7 +275,7 @@ smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_token
         s->cap = cap;
     }
     while (s->n_blocks < need) {
-        int32_t id = p->free_ids[--p->n_free];
+        int32_t id = take_block(p);
         p->ref[id] = 1;
         s->blocks[s->n_blocks++] = id;
     }

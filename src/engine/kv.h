@@ -12,6 +12,15 @@
  *   tokens, or trimming) and releasing return whole blocks.
  * - Nothing is cleared when a block is recycled: attention never reads a position past
  *   the query's own, and every position up to it was written by the new owner first.
+ * - Prefix caching (optional, kv_prefix_enable): a full block whose K/V are computed can
+ *   be registered under a content hash h = H(parent's h, the block's tokens). When its
+ *   last reference goes, a registered block is not freed but parked on an LRU list; a
+ *   later sequence whose tokens hash to the same chain takes it back (kv_prefix_acquire)
+ *   and skips recomputing it. Blocks are handed out from the free stack first, then by
+ *   evicting the least recently parked cached block. A lookup checks the stored tokens
+ *   and parent hash too, so a hash collision can never hand out the wrong K/V. Cached
+ *   blocks are full and never written again: a sequence only writes positions past the
+ *   ones it took from the cache.
  */
 #ifndef SMELT_ENGINE_KV_H
 #define SMELT_ENGINE_KV_H
@@ -26,6 +35,7 @@ struct kv_pool {
     int32_t *free_ids; /* stack of free block ids: free_ids[0 .. n_free) */
     int32_t n_free;
     uint16_t *ref;     /* (n_blocks) references held on each block; 0 = free */
+    struct kv_prefix *prefix; /* prefix-cache index, NULL when off (kv.c) */
 };
 
 smelt_status kv_pool_init(struct kv_pool *p, int32_t n_blocks, int32_t block_size,
@@ -33,6 +43,9 @@ smelt_status kv_pool_init(struct kv_pool *p, int32_t n_blocks, int32_t block_siz
 void kv_pool_free(struct kv_pool *p);
 /* Blocks needed to hold n_tokens positions. */
 int32_t kv_blocks_for(const struct kv_pool *p, int32_t n_tokens);
+
+/* Blocks a reservation can take now: free ones plus idle cached ones (evictable). */
+int32_t kv_pool_available(const struct kv_pool *p);
 
 /* One sequence's block table. */
 struct kv_seq {
@@ -53,5 +66,38 @@ static inline struct batch_seq kv_seq_view(const struct kv_seq *s) {
     struct batch_seq b = {s->blocks, s->n_blocks};
     return b;
 }
+
+/* ---- prefix caching ---- */
+
+/* Turns prefix caching on for p (once, before use). SMELT_ERR_NOMEM. */
+smelt_status kv_prefix_enable(struct kv_pool *p, struct err *e);
+/* The hash of a full block: parent is the previous block's hash (0 for the first block),
+ * tokens its block_size token ids. Never 0. Keyed per pool (random at enable), so a client
+ * cannot craft collisions. */
+uint64_t kv_block_hash(const struct kv_pool *p, uint64_t parent, const int32_t *tokens);
+/* Takes the cached blocks holding tokens[0 .. max_blocks * block_size) from the start, one
+ * full block at a time until the first miss, and appends them (referenced) to s, which
+ * must hold no blocks. hashes (room for max_blocks) gets each taken block's hash. Returns
+ * the number of blocks taken; 0 when prefix caching is off. SMELT_ERR_NOMEM leaves s
+ * empty (returns 0). */
+int32_t kv_prefix_acquire(struct kv_pool *p, struct kv_seq *s, const int32_t *tokens,
+                          int32_t max_blocks, uint64_t *hashes);
+/* Registers block id (full, K/V computed, holding tokens[0 .. block_size)) under hash h
+ * with parent hash `parent`. A no-op when caching is off, the block is registered already,
+ * or another block holds h (the same content computed twice: this copy stays private and
+ * is freed normally). */
+void kv_prefix_register(struct kv_pool *p, int32_t id, uint64_t h, uint64_t parent,
+                        const int32_t *tokens);
+
+struct kv_stats {
+    int32_t n_blocks, block_size;
+    int32_t used;    /* referenced by a sequence */
+    int32_t cached;  /* registered in the prefix cache (in use or idle) */
+    int32_t idle;    /* cached and unreferenced: evictable */
+    int32_t free;    /* on the free stack */
+    uint64_t hit_blocks, query_blocks; /* acquire: blocks found / blocks looked up */
+    uint64_t evictions;
+};
+void kv_pool_stats(const struct kv_pool *p, struct kv_stats *out);
 
 #endif

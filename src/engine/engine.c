@@ -1,0 +1,1080 @@
+/* The serving engine: request channels, the engine thread and the continuous-batching
+ * scheduler. See engine.h for the contract and the scheduling policy.
+ *
+ * Ownership. A struct engine_req is shared by its submitter and the engine (atomic
+ * reference count). Its sequences (struct seq, one per choice) belong to the engine
+ * thread from submit on: they are created by engine_submit on the caller's thread (so
+ * the sampler allocations do not cost the engine thread), handed over through the
+ * incoming queue, and freed by the engine thread when they finish. The channel
+ * (req->pend and the notify fields) is guarded by req->mu.
+ *
+ * Per-token host work on the engine thread: one sampler call, one detokenizer push,
+ * a stop-string scan over the held-back text (at most the longest stop + one token), and
+ * one channel append under the request's lock (plus the notify call when the consumer
+ * armed it). Everything else (JSON, SSE, HTTP) happens on the consumer's thread.
+ */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/model.h"
+#include "tokenizer/tok.h"
+#include "util/ckd.h"
+#include "util/log.h"
+
+#define DEFAULT_MAX_SEQS 64
+#define DEFAULT_BATCH_TOKENS 512
+#define DEFAULT_MAX_WAITING 1024
+#define DEFAULT_BLOCK 16
+
+const double engine_hist_bounds[ENGINE_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+const char *engine_finish_str(enum engine_finish f) {
+    switch (f) {
+    case ENGINE_STOP: return "stop";
+    case ENGINE_LENGTH: return "length";
+    case ENGINE_CANCELLED: return "cancelled";
+    case ENGINE_ERROR: return "error";
+    default: return "running";
+    }
+}
+
+void engine_params_default(struct engine_params *p) {
+    memset(p, 0, sizeof *p);
+    sample_params_default(&p->sp);
+    p->max_tokens = -1;
+    p->n = 1;
+}
+
+/* ---- requests and channels ---- */
+
+struct engine_req {
+    atomic_int refs;
+    atomic_bool cancelled;
+    struct engine_params p; /* pointers below are owned copies */
+    char **stop;
+    size_t *stop_len;
+    size_t max_stop_len;
+    int32_t *stop_ids;
+    struct logit_bias *bias;
+    int32_t *prompt;
+    int32_t n_prompt;
+    bool submitted;
+    struct engine_req *next_in; /* incoming queue link */
+    struct seq **seqs;          /* (p.n) handed to the engine at submit */
+
+    /* engine thread only */
+    bool prompt_ready; /* choice 0's prompt is in the cache (siblings may join) */
+    int32_t n_live;    /* choices not finished */
+
+    pthread_mutex_t mu; /* guards the channel below */
+    pthread_cond_t cv;
+    struct engine_out pend;
+    bool armed, detached, notify_each;
+    void (*notify)(void *ctx);
+    void *notify_ctx;
+    bool done;
+    double t_submit, t_first, t_end;
+};
+
+struct seq {
+    struct engine_req *req;
+    int32_t choice;
+    uint64_t arrival;   /* submit order (preemption picks the newest) */
+    int32_t *tok;       /* prompt, then generated tokens */
+    int32_t n_tok, cap_tok, n_prompt;
+    int32_t n_done;     /* positions whose K/V are in the cache */
+    int32_t n_gen, n_cached;
+    bool admitted_once;
+    struct kv_seq kv;
+    uint64_t *bhash;    /* hashes of the full blocks known so far (cached or registered) */
+    int32_t n_bhash, cap_bhash;
+    struct sampler *smp;
+    struct tok_detok dt;
+    struct tok_buf held; /* detokenized text not yet released (stop-string lookahead) */
+    double t_last;
+    /* this step */
+    int32_t rows;       /* rows scheduled */
+    int32_t out_row;    /* index of its logits row, or -1 */
+    uint8_t finish;     /* set when it ends this step */
+};
+
+void engine_out_free(struct engine_out *o) {
+    free(o->ev);
+    free(o->text);
+    free(o->top);
+    memset(o, 0, sizeof *o);
+}
+
+static void out_clear(struct engine_out *o) {
+    o->n_ev = o->n_text = o->n_top = 0;
+    o->done = false;
+    o->error[0] = 0;
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static void seq_free(struct seq *s) {
+    if (!s) return;
+    free(s->tok);
+    free(s->bhash);
+    sampler_free(s->smp);
+    tok_buf_free(&s->held);
+    free(s);
+}
+
+static void req_free(struct engine_req *r) {
+    for (int32_t i = 0; r->stop && i < r->p.n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_len);
+    free(r->stop_ids);
+    free(r->bias);
+    free(r->prompt);
+    if (r->seqs)
+        for (int32_t i = 0; i < r->p.n; i++) seq_free(r->seqs[i]);
+    free(r->seqs);
+    engine_out_free(&r->pend);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+void engine_req_unref(struct engine_req *r) {
+    if (r && atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
+}
+
+smelt_status engine_req_new(struct engine_req **out, const struct engine_params *p,
+                            const int32_t *prompt, int32_t n_prompt, struct err *e) {
+    *out = NULL;
+    if (p->n < 1 || p->n > ENGINE_MAX_N)
+        return err_set(e, SMELT_ERR_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, p->n);
+    if (p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOPS)
+        return err_set(e, SMELT_ERR_INVALID, "stop: at most %d stop strings, got %d",
+                       ENGINE_MAX_STOPS, p->n_stop);
+    if (p->n_stop_ids < 0 || p->n_stop_ids > 1024)
+        return err_set(e, SMELT_ERR_INVALID, "stop_token_ids: at most 1024 ids");
+    if (n_prompt < 1) return err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
+    if (p->sp.n_bias < 0 || p->sp.n_bias > 1 << 20)
+        return err_set(e, SMELT_ERR_INVALID, "logit_bias: too many entries");
+    for (int32_t i = 0; i < p->n_stop; i++) {
+        size_t n = p->stop[i] ? strlen(p->stop[i]) : 0;
+        if (n == 0 || n > ENGINE_MAX_STOP_LEN)
+            return err_set(e, SMELT_ERR_INVALID,
+                           "stop: each stop string must be 1 to %d bytes long", ENGINE_MAX_STOP_LEN);
+    }
+    struct engine_req *r = calloc(1, sizeof *r);
+    if (!r) return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->cancelled, false);
+    r->p = *p;
+    r->p.stop = NULL;
+    r->p.stop_ids = NULL;
+    r->p.sp.bias = NULL;
+    bool ok = true;
+    r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    if (r->prompt) memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    else ok = false;
+    r->n_prompt = n_prompt;
+    if (ok && p->n_stop > 0) {
+        r->stop = calloc((size_t)p->n_stop, sizeof *r->stop);
+        r->stop_len = calloc((size_t)p->n_stop, sizeof *r->stop_len);
+        ok = r->stop && r->stop_len;
+        for (int32_t i = 0; ok && i < p->n_stop; i++) {
+            r->stop_len[i] = strlen(p->stop[i]);
+            r->stop[i] = malloc(r->stop_len[i] + 1);
+            if (!r->stop[i]) ok = false;
+            else memcpy(r->stop[i], p->stop[i], r->stop_len[i] + 1);
+            if (r->stop_len[i] > r->max_stop_len) r->max_stop_len = r->stop_len[i];
+        }
+    }
+    if (ok && p->n_stop_ids > 0) {
+        r->stop_ids = malloc((size_t)p->n_stop_ids * sizeof *r->stop_ids);
+        if (r->stop_ids) memcpy(r->stop_ids, p->stop_ids, (size_t)p->n_stop_ids * sizeof *p->stop_ids);
+        else ok = false;
+    }
+    if (ok && p->sp.n_bias > 0) {
+        r->bias = malloc((size_t)p->sp.n_bias * sizeof *r->bias);
+        if (r->bias) memcpy(r->bias, p->sp.bias, (size_t)p->sp.n_bias * sizeof *r->bias);
+        else ok = false;
+        r->p.sp.bias = r->bias;
+    }
+    r->p.n_stop = ok ? p->n_stop : 0;
+    if (!ok) {
+        req_free(r);
+        return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
+    }
+    *out = r;
+    return SMELT_OK;
+}
+
+void engine_req_cancel(struct engine_req *r) { atomic_store(&r->cancelled, true); }
+
+void engine_req_set_notify(struct engine_req *r, void (*notify)(void *ctx), void *ctx,
+                           bool each_token) {
+    pthread_mutex_lock(&r->mu);
+    r->notify = notify;
+    r->notify_ctx = ctx;
+    r->notify_each = each_token;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void engine_req_detach(struct engine_req *r) {
+    pthread_mutex_lock(&r->mu);
+    r->detached = true;
+    r->notify = NULL;
+    r->armed = false;
+    pthread_mutex_unlock(&r->mu);
+    engine_req_cancel(r);
+}
+
+static void swap_out(struct engine_out *a, struct engine_out *b) {
+    struct engine_out t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Under r->mu. */
+static bool poll_locked(struct engine_req *r, struct engine_out *out) {
+    if (r->pend.n_ev == 0 && !r->done) return false;
+    out_clear(out);
+    swap_out(out, &r->pend);
+    out->done = r->done;
+    if (r->pend.error[0] && !out->error[0]) memcpy(out->error, r->pend.error, sizeof out->error);
+    r->pend.error[0] = 0;
+    r->pend.done = false;
+    return true;
+}
+
+bool engine_req_poll(struct engine_req *r, struct engine_out *out, bool arm) {
+    pthread_mutex_lock(&r->mu);
+    bool got = poll_locked(r, out);
+    if (!got && arm) r->armed = true;
+    pthread_mutex_unlock(&r->mu);
+    return got;
+}
+
+bool engine_req_wait(struct engine_req *r, struct engine_out *out, int timeout_ms) {
+    pthread_mutex_lock(&r->mu);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms >= 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    }
+    while (r->pend.n_ev == 0 && !r->done) {
+        if (timeout_ms < 0) pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) != 0) break;
+    }
+    bool got = poll_locked(r, out);
+    pthread_mutex_unlock(&r->mu);
+    return got;
+}
+
+void engine_req_times(const struct engine_req *r, double *t_submit, double *t_first,
+                      double *t_end) {
+    struct engine_req *m = (struct engine_req *)r;
+    pthread_mutex_lock(&m->mu);
+    if (t_submit) *t_submit = r->t_submit;
+    if (t_first) *t_first = r->t_first;
+    if (t_end) *t_end = r->t_end;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- the engine ---- */
+
+struct engine {
+    struct engine_config cfg;
+    struct model *m;
+    struct kv_store *kvs;
+    const struct tok *tok;
+    int32_t n_vocab;
+    struct kv_pool pool;
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t qmu; /* guards incoming, stop, closed, n_queued */
+    pthread_cond_t qcv;
+    struct engine_req *in_head, *in_tail;
+    bool stop, closed;
+    atomic_bool cancel_all;
+    atomic_int in_flight; /* requests submitted and not done */
+    int32_t n_queued;     /* waiting sequences + incoming (for max_waiting) */
+    uint64_t next_arrival;
+
+    /* engine thread only */
+    struct seq **running; /* (max_seqs) oldest first */
+    int32_t n_running;
+    struct seq **waiting; /* arrival order */
+    int32_t n_waiting, cap_waiting;
+    struct seq **sched;   /* this step's sequences, batch order */
+    int32_t n_sched;
+    int32_t *b_tok, *b_pos, *b_seq;
+    uint8_t *b_logits;
+    struct batch_seq *b_seqs;
+    float *logits; /* (max_seqs, n_vocab) */
+    uint64_t *hash_tmp;
+    struct tok_buf emit; /* scratch for released text */
+
+    pthread_mutex_t smu; /* guards stats */
+    struct engine_stats stats;
+};
+
+const struct engine_config *engine_config(const struct engine *en) { return &en->cfg; }
+
+int32_t engine_in_flight(struct engine *en) { return atomic_load(&en->in_flight); }
+
+static void hist_add(struct engine_hist *h, double v) {
+    int i = 0;
+    while (i < ENGINE_HIST_N && v > engine_hist_bounds[i]) i++;
+    h->bucket[i]++;
+    h->count++;
+    h->sum += v;
+}
+
+void engine_stats(struct engine *en, struct engine_stats *out) {
+    pthread_mutex_lock(&en->smu);
+    *out = en->stats;
+    pthread_mutex_unlock(&en->smu);
+}
+
+/* Appends an event to r's channel; text/top are copied. Called by the engine thread. */
+static void push_event(struct engine *en, struct engine_req *r, const struct engine_event *ev0,
+                       const char *text, size_t text_len, const struct sample_result *sr,
+                       const char *errmsg) {
+    pthread_mutex_lock(&r->mu);
+    struct engine_out *o = &r->pend;
+    struct engine_event ev = *ev0;
+    int32_t n_top = sr ? sr->n_top : 0;
+    bool ok = grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev) &&
+              grow((void **)&o->text, &o->cap_text, o->n_text + text_len + 1, 1) &&
+              grow((void **)&o->top, &o->cap_top, o->n_top + (size_t)n_top + 1, sizeof *o->top);
+    if (ok) {
+        ev.text = (uint32_t)o->n_text;
+        ev.text_len = (uint32_t)text_len;
+        if (text_len) memcpy(o->text + o->n_text, text, text_len);
+        o->n_text += text_len;
+        o->text[o->n_text] = 0;
+        ev.top = (uint32_t)o->n_top;
+        ev.n_top = n_top;
+        if (n_top) memcpy(o->top + o->n_top, sr->top, (size_t)n_top * sizeof *o->top);
+        o->n_top += (size_t)n_top;
+        o->ev[o->n_ev++] = ev;
+    } else if (grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev)) {
+        /* out of memory for the text: the event goes without it */
+        ev.text_len = 0;
+        ev.n_top = 0;
+        o->ev[o->n_ev++] = ev;
+    }
+    if (errmsg && !o->error[0]) snprintf(o->error, sizeof o->error, "%s", errmsg);
+    double t = now_s();
+    if (ev.token >= 0 && r->t_first == 0) r->t_first = t;
+    r->t_end = t;
+    if (ev.finish && --r->n_live == 0) {
+        r->done = true;
+        atomic_fetch_sub(&en->in_flight, 1);
+    }
+    if (r->armed && r->notify && (r->notify_each || r->done)) {
+        r->armed = false;
+        r->notify(r->notify_ctx);
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The longest k < min(len(stop), n) such that held ends with stop[0..k). */
+static size_t partial_stop(const char *held, size_t n, const char *stop, size_t len) {
+    size_t k = len - 1 < n ? len - 1 : n;
+    for (; k > 0; k--)
+        if (memcmp(held + n - k, stop, k) == 0) return k;
+    return 0;
+}
+
+/* Releases what the stop strings allow from s->held into en->emit. Returns true when a
+ * stop string was found (held is then dropped: the stop and what follows never show). */
+static bool release_text(struct engine *en, struct seq *s, bool final) {
+    struct engine_req *r = s->req;
+    size_t n = s->held.n, cut = n;
+    bool hit = false;
+    for (int32_t i = 0; i < r->p.n_stop; i++) {
+        const char *f = memmem(s->held.p ? s->held.p : "", n, r->stop[i], r->stop_len[i]);
+        if (f && (size_t)(f - s->held.p) < cut) {
+            cut = (size_t)(f - s->held.p);
+            hit = true;
+        }
+    }
+    if (!hit && !final) {
+        size_t keep = 0;
+        for (int32_t i = 0; i < r->p.n_stop; i++) {
+            size_t k = partial_stop(s->held.p, n, r->stop[i], r->stop_len[i]);
+            if (k > keep) keep = k;
+        }
+        cut = n - keep;
+    }
+    en->emit.n = 0;
+    if (cut > 0 && grow((void **)&en->emit.p, &en->emit.cap, cut + 1, 1)) {
+        memcpy(en->emit.p, s->held.p, cut);
+        en->emit.n = cut;
+        en->emit.p[cut] = 0;
+    }
+    if (hit || final) {
+        s->held.n = 0;
+    } else if (cut > 0) {
+        memmove(s->held.p, s->held.p + cut, n - cut);
+        s->held.n = n - cut;
+    }
+    return hit;
+}
+
+/* Ends s with `why`: releases the held text (unless a stop string cut it), pushes the
+ * final event (carrying token tok >= 0 when the last sampled token goes with it). */
+static void finish_seq(struct engine *en, struct seq *s, enum engine_finish why, int32_t tok,
+                       const struct sample_result *sr, bool text_ready, const char *errmsg) {
+    if (!text_ready) {
+        if (why != ENGINE_ERROR && why != ENGINE_CANCELLED) {
+            struct err e;
+            tok_detok_flush(&s->dt, &s->held, &e);
+            release_text(en, s, true);
+        } else {
+            en->emit.n = 0;
+        }
+    }
+    struct engine_event ev = {.choice = s->choice, .token = tok, .finish = (uint8_t)why};
+    ev.logprob = sr ? sr->logprob : 0;
+    ev.n_prompt = s->n_prompt;
+    ev.n_cached = s->n_cached;
+    ev.n_gen = s->n_gen;
+    push_event(en, s->req, &ev, en->emit.p, en->emit.n, sr, errmsg);
+    s->finish = (uint8_t)why;
+    pthread_mutex_lock(&en->smu);
+    en->stats.requests_finished[why]++;
+    pthread_mutex_unlock(&en->smu);
+}
+
+static bool is_stop_id(const struct engine_req *r, int32_t t) {
+    for (int32_t i = 0; i < r->p.n_stop_ids; i++)
+        if (r->stop_ids[i] == t) return true;
+    return false;
+}
+
+/* Registers s's newly completed full blocks in the prefix cache. */
+static void register_blocks(struct engine *en, struct seq *s) {
+    if (!en->pool.prefix) return;
+    int32_t bs = en->pool.block_size, full = s->n_done / bs;
+    if (full > s->kv.n_blocks) full = s->kv.n_blocks;
+    if (full > s->cap_bhash) {
+        int32_t cap = s->cap_bhash ? s->cap_bhash : 8;
+        while (cap < full) cap *= 2;
+        uint64_t *h = realloc(s->bhash, (size_t)cap * sizeof *h);
+        if (!h) return;
+        s->bhash = h;
+        s->cap_bhash = cap;
+    }
+    for (int32_t b = s->n_bhash; b < full; b++) {
+        uint64_t parent = b ? s->bhash[b - 1] : 0;
+        const int32_t *t = s->tok + (size_t)b * (size_t)bs;
+        s->bhash[b] = kv_block_hash(&en->pool, parent, t);
+        kv_prefix_register(&en->pool, s->kv.blocks[b], s->bhash[b], parent, t);
+    }
+    if (full > s->n_bhash) s->n_bhash = full;
+}
+
+static void release_kv(struct engine *en, struct seq *s) {
+    register_blocks(en, s);
+    kv_seq_release(&en->pool, &s->kv);
+    s->n_done = 0;
+    s->n_bhash = 0;
+}
+
+/* Inserts s into the waiting list in arrival order. */
+static bool waiting_insert(struct engine *en, struct seq *s) {
+    if (en->n_waiting + 1 > en->cap_waiting) {
+        int32_t cap = en->cap_waiting ? en->cap_waiting * 2 : 64;
+        struct seq **w = realloc(en->waiting, (size_t)cap * sizeof *w);
+        if (!w) return false;
+        en->waiting = w;
+        en->cap_waiting = cap;
+    }
+    int32_t i = en->n_waiting;
+    while (i > 0 && en->waiting[i - 1]->arrival > s->arrival) i--;
+    memmove(en->waiting + i + 1, en->waiting + i, (size_t)(en->n_waiting - i) * sizeof *en->waiting);
+    en->waiting[i] = s;
+    en->n_waiting++;
+    return true;
+}
+
+static void running_insert(struct engine *en, struct seq *s) {
+    int32_t i = en->n_running;
+    while (i > 0 && en->running[i - 1]->arrival > s->arrival) i--;
+    memmove(en->running + i + 1, en->running + i, (size_t)(en->n_running - i) * sizeof *en->running);
+    en->running[i] = s;
+    en->n_running++;
+}
+
+/* The engine drops its reference on a sequence's request once the sequence is gone. */
+static void seq_retire(struct engine *en, struct seq *s) {
+    struct engine_req *r = s->req;
+    kv_seq_release(&en->pool, &s->kv);
+    r->seqs[s->choice] = NULL;
+    seq_free(s);
+    engine_req_unref(r);
+}
+
+/* Preempts s (running): its K/V go (full blocks stay cached), it waits to be recomputed. */
+static void preempt(struct engine *en, struct seq *s) {
+    release_kv(en, s);
+    for (int32_t i = 0; i < en->n_running; i++)
+        if (en->running[i] == s) {
+            memmove(en->running + i, en->running + i + 1,
+                    (size_t)(en->n_running - i - 1) * sizeof *en->running);
+            en->n_running--;
+            break;
+        }
+    s->rows = 0;
+    if (!waiting_insert(en, s)) {
+        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory while preempting");
+        seq_retire(en, s);
+        return;
+    }
+    pthread_mutex_lock(&en->qmu);
+    en->n_queued++;
+    pthread_mutex_unlock(&en->qmu);
+    pthread_mutex_lock(&en->smu);
+    en->stats.preemptions++;
+    pthread_mutex_unlock(&en->smu);
+}
+
+/* Takes the incoming queue into the waiting list. */
+static void intake(struct engine *en, struct engine_req *list) {
+    while (list) {
+        struct engine_req *r = list;
+        list = r->next_in;
+        r->next_in = NULL;
+        r->n_live = r->p.n;
+        r->prompt_ready = r->p.n == 1 || !en->pool.prefix;
+        for (int32_t i = 0; i < r->p.n; i++) {
+            struct seq *s = r->seqs[i];
+            if (!waiting_insert(en, s)) {
+                finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory");
+                seq_retire(en, s);
+                pthread_mutex_lock(&en->qmu);
+                en->n_queued--;
+                pthread_mutex_unlock(&en->qmu);
+            }
+        }
+    }
+}
+
+/* Removes cancelled sequences (running and waiting). */
+static void reap_cancelled(struct engine *en) {
+    bool all = atomic_load(&en->cancel_all);
+    if (all) atomic_store(&en->cancel_all, false);
+    for (int32_t i = 0; i < en->n_running;) {
+        struct seq *s = en->running[i];
+        if (all || atomic_load(&s->req->cancelled)) {
+            memmove(en->running + i, en->running + i + 1,
+                    (size_t)(en->n_running - i - 1) * sizeof *en->running);
+            en->n_running--;
+            register_blocks(en, s);
+            finish_seq(en, s, ENGINE_CANCELLED, -1, NULL, false, NULL);
+            seq_retire(en, s);
+        } else {
+            i++;
+        }
+    }
+    int32_t w = 0, gone = 0;
+    for (int32_t i = 0; i < en->n_waiting; i++) {
+        struct seq *s = en->waiting[i];
+        if (all || atomic_load(&s->req->cancelled)) {
+            finish_seq(en, s, ENGINE_CANCELLED, -1, NULL, false, NULL);
+            seq_retire(en, s);
+            gone++;
+        } else {
+            en->waiting[w++] = s;
+        }
+    }
+    en->n_waiting = w;
+    if (gone) {
+        pthread_mutex_lock(&en->qmu);
+        en->n_queued -= gone;
+        pthread_mutex_unlock(&en->qmu);
+    }
+}
+
+/* Tries to admit waiting sequence s: takes its cached prefix and reserves the blocks of
+ * the rest of its tokens. Returns false (s unchanged) when they do not fit now. */
+static bool admit(struct engine *en, struct seq *s) {
+    struct kv_pool *p = &en->pool;
+    int32_t bs = p->block_size;
+    int32_t max_cached = (s->n_tok - 1) / bs; /* at least one row must run for the logits */
+    int32_t got = 0;
+    if (p->prefix && max_cached > 0) {
+        if (max_cached > s->cap_bhash) {
+            uint64_t *h = realloc(s->bhash, (size_t)max_cached * sizeof *h);
+            if (!h) return false;
+            s->bhash = h;
+            s->cap_bhash = max_cached;
+        }
+        got = kv_prefix_acquire(p, &s->kv, s->tok, max_cached, s->bhash);
+    }
+    int32_t need = kv_blocks_for(p, s->n_tok) - got;
+    int32_t avail = kv_pool_available(p);
+    /* keep a little headroom for the decodes of those already running */
+    int32_t watermark = en->n_running > 0 ? (p->n_blocks + 99) / 100 : 0;
+    struct err e;
+    if (need > avail - watermark || kv_seq_reserve(p, &s->kv, s->n_tok, &e) != SMELT_OK) {
+        kv_seq_release(p, &s->kv);
+        return false;
+    }
+    s->n_done = got * bs;
+    s->n_bhash = got;
+    if (!s->admitted_once) {
+        s->admitted_once = true;
+        s->n_cached = s->n_done;
+        pthread_mutex_lock(&en->smu);
+        en->stats.prompt_tokens += (uint64_t)s->n_prompt;
+        en->stats.cached_tokens += (uint64_t)s->n_cached;
+        pthread_mutex_unlock(&en->smu);
+    }
+    return true;
+}
+
+/* Decides this step's rows. Returns the number of rows. */
+static int32_t schedule(struct engine *en) {
+    struct kv_pool *p = &en->pool;
+    int32_t budget = en->cfg.max_batch_tokens;
+    en->n_sched = 0;
+    /* decodes first, oldest first; preempt the newest when the pool runs dry */
+    for (int32_t i = 0; i < en->n_running; i++) {
+        struct seq *s = en->running[i];
+        s->rows = 0;
+        s->out_row = -1;
+        if (s->n_tok - s->n_done != 1) continue;
+        struct err e;
+        bool ok = false;
+        while (!ok) {
+            if (kv_seq_reserve(p, &s->kv, s->n_done + 1, &e) == SMELT_OK) {
+                ok = true;
+                break;
+            }
+            struct seq *victim = en->running[en->n_running - 1];
+            bool self = victim == s;
+            preempt(en, victim);
+            if (self) break;
+        }
+        if (ok) {
+            s->rows = 1;
+            budget--;
+        } else {
+            break; /* s itself was the newest: everything after it is gone too */
+        }
+    }
+    /* prefill chunks of the admitted, oldest first */
+    for (int32_t i = 0; i < en->n_running && budget > 0; i++) {
+        struct seq *s = en->running[i];
+        int32_t pend = s->n_tok - s->n_done;
+        if (pend <= 1) continue;
+        s->rows = pend < budget ? pend : budget;
+        budget -= s->rows;
+    }
+    /* admissions */
+    for (int32_t i = 0; i < en->n_waiting && budget > 0 && en->n_running < en->cfg.max_seqs;) {
+        struct seq *s = en->waiting[i];
+        if (s->choice > 0 && !s->req->prompt_ready) {
+            i++; /* a sibling waits for choice 0's prompt to reach the cache */
+            continue;
+        }
+        if (!admit(en, s)) break;
+        memmove(en->waiting + i, en->waiting + i + 1,
+                (size_t)(en->n_waiting - i - 1) * sizeof *en->waiting);
+        en->n_waiting--;
+        pthread_mutex_lock(&en->qmu);
+        en->n_queued--;
+        pthread_mutex_unlock(&en->qmu);
+        int32_t pend = s->n_tok - s->n_done;
+        s->rows = pend < budget ? pend : budget;
+        s->out_row = -1;
+        budget -= s->rows;
+        running_insert(en, s);
+    }
+    /* batch order: running order */
+    int32_t n = 0, n_out = 0;
+    for (int32_t i = 0; i < en->n_running; i++) {
+        struct seq *s = en->running[i];
+        if (s->rows <= 0) continue;
+        int32_t si = en->n_sched;
+        en->sched[en->n_sched++] = s;
+        en->b_seqs[si] = kv_seq_view(&s->kv);
+        for (int32_t k = 0; k < s->rows; k++, n++) {
+            int32_t pos = s->n_done + k;
+            en->b_tok[n] = s->tok[pos];
+            en->b_pos[n] = pos;
+            en->b_seq[n] = si;
+            en->b_logits[n] = pos == s->n_tok - 1;
+        }
+        s->out_row = s->n_done + s->rows == s->n_tok ? n_out++ : -1;
+    }
+    return n;
+}
+
+/* Handles a freshly sampled token of s. */
+static void on_token(struct engine *en, struct seq *s, const struct sample_result *sr) {
+    struct engine_req *r = s->req;
+    int32_t t = sr->token;
+    double now = now_s();
+    pthread_mutex_lock(&en->smu);
+    if (s->n_gen == 0) hist_add(&en->stats.ttft, now - r->t_submit);
+    else hist_add(&en->stats.itl, now - s->t_last);
+    en->stats.generated_tokens++;
+    pthread_mutex_unlock(&en->smu);
+    s->t_last = now;
+    s->n_gen++;
+    if ((!r->p.ignore_eos && tok_is_eog(en->tok, t)) || is_stop_id(r, t)) {
+        finish_seq(en, s, ENGINE_STOP, -1, NULL, false, NULL);
+        return;
+    }
+    if (s->n_tok == s->cap_tok) {
+        int32_t cap = s->cap_tok * 2;
+        int32_t *v = realloc(s->tok, (size_t)cap * sizeof *v);
+        if (!v) {
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory");
+            return;
+        }
+        s->tok = v;
+        s->cap_tok = cap;
+    }
+    s->tok[s->n_tok++] = t;
+    sampler_accept(s->smp, t, true);
+    struct err e;
+    if (tok_detok_push(&s->dt, t, &s->held, &e) != SMELT_OK) {
+        finish_seq(en, s, ENGINE_ERROR, t, sr, false, e.msg);
+        return;
+    }
+    bool hit = release_text(en, s, false);
+    if (hit) {
+        finish_seq(en, s, ENGINE_STOP, t, sr, true, NULL);
+        return;
+    }
+    bool at_max = r->p.max_tokens >= 0 && s->n_gen >= r->p.max_tokens;
+    if (at_max || s->n_tok >= en->cfg.n_ctx) {
+        /* flush the held text together with what this token released */
+        size_t n0 = en->emit.n;
+        tok_detok_flush(&s->dt, &s->held, &e);
+        if (s->held.n && grow((void **)&en->emit.p, &en->emit.cap, n0 + s->held.n + 1, 1)) {
+            memcpy(en->emit.p + n0, s->held.p, s->held.n);
+            en->emit.n = n0 + s->held.n;
+        }
+        s->held.n = 0;
+        finish_seq(en, s, ENGINE_LENGTH, t, sr, true, NULL);
+        return;
+    }
+    struct engine_event ev = {.choice = s->choice, .token = t, .logprob = sr->logprob};
+    push_event(en, r, &ev, en->emit.p, en->emit.n, sr, NULL);
+}
+
+static smelt_status default_forward(void *ctx, const struct batch *b, float *logits,
+                                    struct err *e) {
+    struct engine *en = ctx;
+    return model_forward(en->m, en->kvs, b, logits, NULL, e);
+}
+
+/* One step. Returns the number of rows it ran. */
+static int32_t step(struct engine *en) {
+    reap_cancelled(en);
+    int32_t n = schedule(en);
+    if (n == 0) return 0;
+    double t0 = now_s();
+    struct batch b = {n, en->b_tok, en->b_pos, en->b_seq, en->b_logits, en->n_sched, en->b_seqs};
+    struct err e;
+    err_clear(&e);
+    smelt_status st = en->cfg.forward ? en->cfg.forward(en->cfg.forward_ctx, &b, en->logits, &e)
+                                      : default_forward(en, &b, en->logits, &e);
+    if (st != SMELT_OK) log_error("engine: step of %d rows failed: %s", n, e.msg);
+    for (int32_t i = 0; i < en->n_sched; i++) {
+        struct seq *s = en->sched[i];
+        if (st != SMELT_OK) {
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, e.msg);
+            continue;
+        }
+        s->n_done += s->rows;
+        register_blocks(en, s);
+        if (s->choice == 0 && s->n_done >= s->n_prompt) s->req->prompt_ready = true;
+        if (s->out_row < 0) continue;
+        struct sample_result sr;
+        float *row = en->logits + (size_t)s->out_row * (size_t)en->n_vocab;
+        if (sampler_sample(s->smp, row, &sr, &e) != SMELT_OK) {
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, e.msg);
+            continue;
+        }
+        on_token(en, s, &sr);
+    }
+    /* finished sequences leave */
+    int32_t w = 0;
+    for (int32_t i = 0; i < en->n_running; i++) {
+        struct seq *s = en->running[i];
+        if (s->finish) {
+            if (s->choice == 0) s->req->prompt_ready = true;
+            register_blocks(en, s);
+            seq_retire(en, s);
+        } else {
+            en->running[w++] = s;
+        }
+    }
+    en->n_running = w;
+    double dt = now_s() - t0;
+    pthread_mutex_lock(&en->smu);
+    en->stats.steps++;
+    en->stats.step_rows += (uint64_t)n;
+    en->stats.step_seconds += dt;
+    pthread_mutex_unlock(&en->smu);
+    return n;
+}
+
+static void publish_state(struct engine *en) {
+    struct kv_stats ks;
+    kv_pool_stats(&en->pool, &ks);
+    pthread_mutex_lock(&en->smu);
+    en->stats.running = en->n_running;
+    en->stats.waiting = en->n_waiting;
+    en->stats.kv = ks;
+    pthread_mutex_unlock(&en->smu);
+}
+
+static void *engine_main(void *arg) {
+    struct engine *en = arg;
+    for (;;) {
+        pthread_mutex_lock(&en->qmu);
+        while (!en->stop && !en->in_head && en->n_running == 0 && en->n_waiting == 0)
+            pthread_cond_wait(&en->qcv, &en->qmu);
+        struct engine_req *list = en->in_head;
+        en->in_head = en->in_tail = NULL;
+        bool stop = en->stop;
+        pthread_mutex_unlock(&en->qmu);
+        intake(en, list);
+        if (stop) break;
+        int32_t rows = step(en);
+        publish_state(en);
+        if (rows == 0 && (en->n_running > 0 || en->n_waiting > 0)) {
+            /* nothing could run (should not happen): do not spin */
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    /* shutdown: everything still in flight ends as cancelled */
+    atomic_store(&en->cancel_all, true);
+    reap_cancelled(en);
+    publish_state(en);
+    return NULL;
+}
+
+smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, struct model *m,
+                        struct kv_store *kv, const struct tok *tok, struct err *e) {
+    *out = NULL;
+    struct engine_config cfg = *cfg0;
+    if (cfg.max_seqs <= 0) cfg.max_seqs = DEFAULT_MAX_SEQS;
+    if (cfg.max_batch_tokens <= 0) cfg.max_batch_tokens = DEFAULT_BATCH_TOKENS;
+    if (cfg.max_batch_tokens < cfg.max_seqs) cfg.max_batch_tokens = cfg.max_seqs;
+    if (cfg.max_waiting <= 0) cfg.max_waiting = DEFAULT_MAX_WAITING;
+    if (cfg.block_size <= 0) cfg.block_size = kv ? kv->block_size : DEFAULT_BLOCK;
+    if (cfg.max_seqs > 1 << 16 || cfg.max_batch_tokens > 1 << 20)
+        return err_set(e, SMELT_ERR_INVALID, "engine: max_seqs %d or max_batch_tokens %d too large",
+                       cfg.max_seqs, cfg.max_batch_tokens);
+    if (!tok) return err_set(e, SMELT_ERR_INVALID, "engine: no tokenizer");
+    if (!m && !cfg.forward) return err_set(e, SMELT_ERR_INVALID, "engine: no model");
+    if (kv && (kv->n_blocks < cfg.n_blocks || kv->block_size != cfg.block_size))
+        return err_set(e, SMELT_ERR_INVALID, "engine: KV store has %d blocks of %d, need %d of %d",
+                       kv->n_blocks, kv->block_size, cfg.n_blocks, cfg.block_size);
+    int32_t n_vocab = m ? m->hp.n_vocab : cfg.n_vocab;
+    if (n_vocab <= 0) return err_set(e, SMELT_ERR_INVALID, "engine: vocabulary size unknown");
+    int64_t pool_tokens = (int64_t)cfg.n_blocks * cfg.block_size;
+    int32_t n_ctx_model = m ? m->hp.n_ctx_train : 0;
+    if (cfg.n_ctx <= 0) cfg.n_ctx = n_ctx_model > 0 ? n_ctx_model : (int32_t)pool_tokens;
+    if (cfg.n_ctx > pool_tokens) cfg.n_ctx = (int32_t)pool_tokens;
+    cfg.n_vocab = n_vocab;
+
+    struct engine *en = calloc(1, sizeof *en);
+    if (!en) return err_set(e, SMELT_ERR_NOMEM, "engine: out of memory");
+    en->cfg = cfg;
+    en->m = m;
+    en->kvs = kv;
+    en->tok = tok;
+    en->n_vocab = n_vocab;
+    pthread_mutex_init(&en->qmu, NULL);
+    pthread_cond_init(&en->qcv, NULL);
+    pthread_mutex_init(&en->smu, NULL);
+    atomic_init(&en->cancel_all, false);
+    atomic_init(&en->in_flight, 0);
+    smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
+    if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
+    size_t nb = (size_t)cfg.max_batch_tokens, ns = (size_t)cfg.max_seqs;
+    size_t nlog;
+    if (st == SMELT_OK && ckd_mul_size(&nlog, ns, (size_t)n_vocab * sizeof(float)))
+        st = err_set(e, SMELT_ERR_NOMEM, "engine: logits buffer too large");
+    if (st == SMELT_OK) {
+        en->running = calloc(ns, sizeof *en->running);
+        en->sched = calloc(ns, sizeof *en->sched);
+        en->b_seqs = calloc(ns, sizeof *en->b_seqs);
+        en->b_tok = malloc(nb * sizeof *en->b_tok);
+        en->b_pos = malloc(nb * sizeof *en->b_pos);
+        en->b_seq = malloc(nb * sizeof *en->b_seq);
+        en->b_logits = malloc(nb);
+        en->logits = malloc(nlog);
+        if (!en->running || !en->sched || !en->b_seqs || !en->b_tok || !en->b_pos || !en->b_seq ||
+            !en->b_logits || !en->logits)
+            st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory (%d sequences, %d tokens)",
+                         cfg.max_seqs, cfg.max_batch_tokens);
+    }
+    if (st == SMELT_OK) {
+        if (pthread_create(&en->thread, NULL, engine_main, en) != 0)
+            st = err_set(e, SMELT_ERR_INTERNAL, "engine: cannot start the engine thread");
+        else en->thread_started = true;
+    }
+    if (st != SMELT_OK) {
+        engine_free(en);
+        return st;
+    }
+    *out = en;
+    return SMELT_OK;
+}
+
+void engine_free(struct engine *en) {
+    if (!en) return;
+    if (en->thread_started) {
+        pthread_mutex_lock(&en->qmu);
+        en->stop = true;
+        en->closed = true;
+        pthread_cond_signal(&en->qcv);
+        pthread_mutex_unlock(&en->qmu);
+        pthread_join(en->thread, NULL);
+    }
+    kv_pool_free(&en->pool);
+    free(en->running);
+    free(en->waiting);
+    free(en->sched);
+    free(en->b_seqs);
+    free(en->b_tok);
+    free(en->b_pos);
+    free(en->b_seq);
+    free(en->b_logits);
+    free(en->logits);
+    tok_buf_free(&en->emit);
+    pthread_mutex_destroy(&en->qmu);
+    pthread_cond_destroy(&en->qcv);
+    pthread_mutex_destroy(&en->smu);
+    free(en);
+}
+
+void engine_drain(struct engine *en) {
+    pthread_mutex_lock(&en->qmu);
+    en->closed = true;
+    pthread_mutex_unlock(&en->qmu);
+}
+
+void engine_cancel_all(struct engine *en) {
+    atomic_store(&en->cancel_all, true);
+    pthread_mutex_lock(&en->qmu);
+    pthread_cond_signal(&en->qcv);
+    pthread_mutex_unlock(&en->qmu);
+}
+
+/* Builds the sequences of r (on the caller's thread). */
+static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct err *e) {
+    r->seqs = calloc((size_t)r->p.n, sizeof *r->seqs);
+    if (!r->seqs) return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
+    int32_t room = en->cfg.n_ctx;
+    if (r->p.max_tokens >= 0 && (int64_t)r->n_prompt + r->p.max_tokens < room)
+        room = r->n_prompt + r->p.max_tokens;
+    int32_t cap = r->n_prompt + 16 < room ? r->n_prompt + 16 : room;
+    for (int32_t i = 0; i < r->p.n; i++) {
+        struct seq *s = calloc(1, sizeof *s);
+        if (!s) return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
+        r->seqs[i] = s;
+        s->req = r;
+        s->choice = i;
+        s->cap_tok = cap;
+        s->tok = malloc((size_t)cap * sizeof *s->tok);
+        if (!s->tok) return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
+        memcpy(s->tok, r->prompt, (size_t)r->n_prompt * sizeof *s->tok);
+        s->n_tok = s->n_prompt = r->n_prompt;
+        s->out_row = -1;
+        kv_seq_init(&s->kv);
+        struct sample_params sp = r->p.sp;
+        sp.seed = r->p.sp.seed + (uint64_t)i;
+        smelt_status st = sampler_new(&s->smp, &sp, en->n_vocab, e);
+        if (st != SMELT_OK) return st;
+        for (int32_t k = 0; k < r->n_prompt; k++) sampler_accept(s->smp, r->prompt[k], false);
+        tok_detok_init(&s->dt, en->tok, r->p.decode_special ? TOK_DECODE_SPECIAL : 0);
+    }
+    return SMELT_OK;
+}
+
+smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *e) {
+    if (r->submitted) return err_set(e, SMELT_ERR_INVALID, "request submitted twice");
+    int32_t n_ctx = en->cfg.n_ctx;
+    if (r->n_prompt >= n_ctx)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "the prompt is %d tokens long, but this model's context holds %d tokens "
+                       "(prompt and completion together)",
+                       r->n_prompt, n_ctx);
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= en->n_vocab)
+            return err_set(e, SMELT_ERR_INVALID, "prompt token %d (at %d) is not in the vocabulary "
+                           "(0..%d)", r->prompt[i], i, en->n_vocab - 1);
+    smelt_status st = sample_params_check(&r->p.sp, en->n_vocab, e);
+    if (st != SMELT_OK) return st;
+    st = make_seqs(en, r, e);
+    if (st != SMELT_OK) {
+        for (int32_t i = 0; r->seqs && i < r->p.n; i++) seq_free(r->seqs[i]);
+        free(r->seqs);
+        r->seqs = NULL;
+        return st;
+    }
+    pthread_mutex_lock(&en->qmu);
+    if (en->closed) {
+        st = err_set(e, SMELT_ERR_CANCELLED, "the server is shutting down");
+    } else if (en->n_queued + r->p.n > en->cfg.max_waiting) {
+        st = err_set(e, SMELT_ERR_RANGE, "the server is busy: %d requests are waiting",
+                     en->n_queued);
+    } else {
+        r->submitted = true;
+        r->t_submit = now_s();
+        for (int32_t i = 0; i < r->p.n; i++) r->seqs[i]->arrival = en->next_arrival++;
+        en->n_queued += r->p.n;
+        /* one engine reference per choice: each sequence drops its own when it retires */
+        atomic_fetch_add(&r->refs, r->p.n);
+        atomic_fetch_add(&en->in_flight, 1);
+        if (en->in_tail) en->in_tail->next_in = r;
+        else en->in_head = r;
+        en->in_tail = r;
+        pthread_cond_signal(&en->qcv);
+    }
+    pthread_mutex_unlock(&en->qmu);
+    if (st != SMELT_OK) {
+        for (int32_t i = 0; i < r->p.n; i++) seq_free(r->seqs[i]);
+        free(r->seqs);
+        r->seqs = NULL;
+    }
+    return st;
+}

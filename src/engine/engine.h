@@ -1,0 +1,218 @@
+/* The serving engine: a request queue, one engine thread that owns the model and the
+ * backend, and a continuous-batching scheduler over the paged KV pool.
+ *
+ * Threads. Any thread may create requests and submit them (engine_submit never blocks on
+ * the engine thread: it takes a short queue lock). The engine thread runs steps; each
+ * step gathers every sequence in flight into one forward (model_forward over a struct
+ * batch), samples the rows that produced logits, detokenizes, applies stop conditions and
+ * pushes the result into each request's channel. A consumer (an HTTP thread) drains its
+ * channel with engine_req_poll; when the channel is empty it can arm a notification and
+ * go away (the engine calls notify(ctx) on the next push), or block in engine_req_wait.
+ *
+ * Scheduling (one step):
+ *   1. New requests join the waiting queue (FIFO); cancelled requests leave (their blocks
+ *      return to the pool).
+ *   2. Decodes first: every running sequence whose prompt is done gets its one row. Its
+ *      next KV slot is reserved; when the pool is out of blocks, the newest running
+ *      sequence is preempted (its blocks released, recomputed later from its tokens,
+ *      prompt and generated so far) and the reservation retried. Nothing is failed.
+ *   3. Prefill: sequences still in their prompt get chunks from what is left of the
+ *      per-step token budget (max_batch_tokens), oldest first, so one long prompt cannot
+ *      freeze the decodes of the others.
+ *   4. Admission: waiting sequences join (FIFO) while fewer than max_seqs run, budget is
+ *      left, and the blocks for their whole prompt can be reserved now (admission
+ *      control). Full blocks found in the prefix cache are taken, not recomputed.
+ * A sequence that finishes leaves at the end of its step; its full blocks stay in the
+ * prefix cache (LRU) for later requests.
+ *
+ * Stops. A sequence ends on an end-of-generation token (unless ignore_eos), a stop token
+ * id, a stop string, max_tokens, or the context limit. Stop strings are matched on the
+ * detokenized text across token boundaries: text that could be the start of a stop
+ * string is held back until it is known not to be one, so a partial stop never reaches
+ * the client; the stop string itself is not emitted.
+ *
+ * n > 1: a request's choices are separate sequences (seeds seed, seed+1, ...). With the
+ * prefix cache on, choice 0 prefills the prompt first and the others join when it is
+ * done, taking its full blocks from the cache instead of recomputing them.
+ *
+ * Memory. Each request is reference-counted (the submitter and the engine each hold one);
+ * everything a request owns is freed when the last reference goes, cancelled or not.
+ */
+#ifndef SMELT_ENGINE_H
+#define SMELT_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kv.h"
+#include "engine/sample.h"
+#include "model/batch.h"
+#include "util/err.h"
+
+struct model;
+struct kv_store;
+struct tok;
+
+/* A forward step: writes the logits of the rows that ask for them (row order) to logits
+ * ((n_vocab) floats each). The default runs model_forward; tests and the server
+ * benchmark plug in a fake. */
+typedef smelt_status (*engine_forward_fn)(void *ctx, const struct batch *b, float *logits,
+                                          struct err *e);
+
+struct engine_config {
+    int32_t max_seqs;         /* sequences running at once (default 64) */
+    int32_t max_batch_tokens; /* rows per step: decodes + prefill chunks (default 512) */
+    int32_t max_waiting;      /* requests queued before submit refuses (default 1024) */
+    int32_t n_ctx;            /* positions per sequence (default: the model's, capped by KV) */
+    int32_t block_size;       /* KV block size in tokens (default 16) */
+    int32_t n_blocks;         /* KV pool size in blocks (required) */
+    bool no_prefix_cache;     /* turn prefix caching off */
+    int32_t n_vocab;          /* with a fake forward and no model: logit row length */
+    engine_forward_fn forward; /* NULL: model_forward(model, kv, ...) */
+    void *forward_ctx;
+};
+
+/* Why a choice ended. */
+enum engine_finish {
+    ENGINE_RUNNING = 0,
+    ENGINE_STOP = 1,      /* end-of-generation token, stop token or stop string */
+    ENGINE_LENGTH = 2,    /* max_tokens or the context limit */
+    ENGINE_CANCELLED = 3, /* engine_req_cancel, or the engine shut down */
+    ENGINE_ERROR = 4,     /* the step failed (the output's message says why) */
+};
+const char *engine_finish_str(enum engine_finish f); /* "stop", "length", ... */
+
+#define ENGINE_MAX_STOPS 16
+#define ENGINE_MAX_STOP_LEN 1024
+#define ENGINE_MAX_N 128
+
+/* What a request asks for. Strings and arrays are copied by engine_req_new. */
+struct engine_params {
+    struct sample_params sp;  /* bias is copied; seed: choice i uses seed + i */
+    int32_t max_tokens;       /* generated tokens per choice; < 0: up to the context */
+    int32_t n;                /* choices, 1..ENGINE_MAX_N */
+    bool ignore_eos;          /* do not stop on end-of-generation tokens */
+    bool decode_special;      /* render control tokens as text */
+    const char *const *stop;  /* (n_stop) stop strings, each 1..ENGINE_MAX_STOP_LEN bytes */
+    int32_t n_stop;
+    const int32_t *stop_ids;  /* (n_stop_ids) extra token ids that end a choice */
+    int32_t n_stop_ids;
+};
+void engine_params_default(struct engine_params *p);
+
+/* One event of a request's output stream. A choice yields one event per sampled token
+ * (token >= 0) and ends with an event whose finish is set (that event may carry a last
+ * token, or token -1 with the held-back text released at the end). */
+struct engine_event {
+    int32_t choice;
+    int32_t token;       /* sampled token, or -1 */
+    float logprob;       /* of token, when the request asked for logprobs */
+    int32_t n_top;       /* alternatives at out->top[top .. top + n_top) */
+    uint32_t top;
+    uint32_t text;       /* text released with this event: out->text[text .. text + len) */
+    uint32_t text_len;
+    uint8_t finish;      /* enum engine_finish; nonzero: the choice's last event */
+    /* with finish: the choice's totals */
+    int32_t n_prompt, n_cached, n_gen;
+};
+
+/* A batch of events taken from a channel by engine_req_poll. Zero-initialize; the poll
+ * reuses the buffers; engine_out_free releases them. */
+struct engine_out {
+    struct engine_event *ev;
+    size_t n_ev, cap_ev;
+    char *text;
+    size_t n_text, cap_text;
+    struct sample_token_logprob *top;
+    size_t n_top, cap_top;
+    bool done;           /* every choice has finished: nothing more will come */
+    char error[ERR_MSG_MAX]; /* with a finish of ENGINE_ERROR */
+};
+void engine_out_free(struct engine_out *o);
+
+struct engine;
+struct engine_req;
+
+/* Creates a request for the prompt ids (copied). p is copied (strings, bias, stop ids).
+ * SMELT_ERR_INVALID names a bad field (n, stops, sampling ranges). */
+smelt_status engine_req_new(struct engine_req **out, const struct engine_params *p,
+                            const int32_t *prompt, int32_t n_prompt, struct err *e);
+/* Drops the caller's reference (after submit, the engine keeps its own). */
+void engine_req_unref(struct engine_req *r);
+/* Asks the engine to end the request at its next step (idempotent, any thread). The
+ * remaining choices finish with ENGINE_CANCELLED. */
+void engine_req_cancel(struct engine_req *r);
+
+/* How the consumer is told that output is ready. notify(ctx) is called from the engine
+ * thread, with the channel's lock held, once per engine_req_poll that armed it; it must be
+ * quick and must not call back into this request. each_token: notify on every event (a
+ * stream); else only when the request is done. Set before submit. */
+void engine_req_set_notify(struct engine_req *r, void (*notify)(void *ctx), void *ctx,
+                           bool each_token);
+/* Stops all notifications (the consumer is going away); after it returns, notify is never
+ * called again. Also cancels the request. */
+void engine_req_detach(struct engine_req *r);
+
+/* Moves everything produced since the last poll into out (its previous contents are
+ * dropped). Returns true when out holds events or the request is done; false when
+ * nothing is ready, and then, when arm is set, the next event calls notify. */
+bool engine_req_poll(struct engine_req *r, struct engine_out *out, bool arm);
+/* Blocks until events are ready or timeout_ms passes (< 0: no timeout), then polls.
+ * For consumers without a notification (tests, the C API). */
+bool engine_req_wait(struct engine_req *r, struct engine_out *out, int timeout_ms);
+
+/* Times of a request (seconds, monotonic clock): submitted, first token, last event. */
+void engine_req_times(const struct engine_req *r, double *t_submit, double *t_first,
+                      double *t_end);
+
+/* ---- the engine ---- */
+
+/* Creates the engine over a loaded model (may be NULL with a fake forward), its KV store
+ * (kv->n_blocks >= cfg->n_blocks) and tokenizer, and starts the engine thread. The
+ * model, kv and tok must outlive the engine. */
+smelt_status engine_new(struct engine **out, const struct engine_config *cfg, struct model *m,
+                        struct kv_store *kv, const struct tok *tok, struct err *e);
+/* Cancels everything in flight, stops the thread, frees the engine. */
+void engine_free(struct engine *en);
+
+/* Queues r (the engine takes its own reference). Errors: SMELT_ERR_RANGE when the prompt
+ * does not fit the context or the KV pool (the message gives both counts);
+ * SMELT_ERR_UNSUPPORTED ("busy") when the waiting queue is full; SMELT_ERR_CANCELLED after
+ * engine_shutdown. */
+smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *e);
+
+/* Stops accepting requests (submit fails with SMELT_ERR_CANCELLED); in-flight ones go on. */
+void engine_drain(struct engine *en);
+/* Cancels every request in flight (they finish with ENGINE_CANCELLED). */
+void engine_cancel_all(struct engine *en);
+/* Requests queued or running. */
+int32_t engine_in_flight(struct engine *en);
+
+/* The effective configuration (defaults filled in). */
+const struct engine_config *engine_config(const struct engine *en);
+
+/* Histogram buckets (upper bounds, seconds) of the latency histograms. */
+#define ENGINE_HIST_N 14
+extern const double engine_hist_bounds[ENGINE_HIST_N];
+struct engine_hist {
+    uint64_t bucket[ENGINE_HIST_N + 1]; /* counts per bucket, last = +Inf (not cumulative) */
+    uint64_t count;
+    double sum;
+};
+
+/* Counters since start, and the current state (for /metrics). */
+struct engine_stats {
+    uint64_t requests_finished[5]; /* by enum engine_finish (choices) */
+    uint64_t prompt_tokens;        /* prompt tokens of admitted requests */
+    uint64_t cached_tokens;        /* of which taken from the prefix cache */
+    uint64_t generated_tokens;
+    uint64_t steps, step_rows, preemptions;
+    double step_seconds;           /* time in forward + sampling */
+    int32_t running, waiting;      /* sequences */
+    struct kv_stats kv;
+    struct engine_hist ttft, itl;  /* time to first token; inter-token latency */
+};
+void engine_stats(struct engine *en, struct engine_stats *out);
+
+#endif

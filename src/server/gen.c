@@ -1,0 +1,808 @@
+/* Generation requests (/v1/chat/completions, /v1/completions): from a parsed request to
+ * engine requests, and from engine events to OpenAI responses, streamed (SSE) or whole.
+ *
+ * Waking. Each engine request notifies this gen (on_ready, on the engine thread) when it
+ * has output and the HTTP side asked to be told (engine_req_poll with arm). on_ready
+ * resumes the connection when it is parked (suspended), or records `pending` when the
+ * HTTP thread is still busy with it, so no wake-up is ever lost: the HTTP thread checks
+ * `pending` under the same lock before it parks. MHD_suspend_connection and
+ * MHD_resume_connection are both called under g->mu, so a resume never precedes its
+ * suspend.
+ *
+ * Streaming cost per token on the HTTP side: one chunk formatted by appending bytes to a
+ * buffer (jw), with the chunk's constant prefix ("data: {"id":...,"choices":[") made once
+ * per request. When the engine runs ahead of the socket, one read drains every event
+ * queued so far. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "server/server_int.h"
+#include "tokenizer/tok.h"
+#include "util/log.h"
+
+#define SSE_BLOCK (64 * 1024)
+
+/* ---- prompts ---- */
+
+bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
+                  struct tok_ids *out, struct oai_err *e) {
+    /* a text of L bytes is at least L / max_piece tokens: refuse hopeless prompts before
+     * spending time on them */
+    int64_t min_tokens = (int64_t)(len / (size_t)(s->max_piece > 0 ? s->max_piece : 1));
+    if (min_tokens >= s->m.n_ctx)
+        return oai_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                        "This model's maximum context length is %d tokens. However, your prompt "
+                        "is at least %lld tokens long (%zu bytes).",
+                        s->m.n_ctx, (long long)min_tokens, len);
+    struct err te;
+    if (tok_encode(s->m.tok, text, len, flags, out, &te) != SMELT_OK)
+        return oai_fail(e, te.code == SMELT_ERR_NOMEM ? 500 : 400,
+                        te.code == SMELT_ERR_NOMEM ? "server_error" : "invalid_request_error",
+                        NULL, NULL, "tokenizer: %s", te.msg);
+    return true;
+}
+
+static bool check_length(struct server *s, const struct oai_request *rq, int32_t n_prompt,
+                         bool explicit_max, struct oai_err *e) {
+    const char *param = rq->kind == OAI_CHAT ? "messages" : "prompt";
+    if (n_prompt >= s->m.n_ctx)
+        return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                        "This model's maximum context length is %d tokens. However, your %s "
+                        "resulted in %d tokens.",
+                        s->m.n_ctx, rq->kind == OAI_CHAT ? "messages" : "prompt", n_prompt);
+    if (explicit_max && rq->max_tokens > 0 && (int64_t)n_prompt + rq->max_tokens > s->m.n_ctx)
+        return oai_fail(e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
+                        "This model's maximum context length is %d tokens. However, you "
+                        "requested %lld tokens (%d in the %s, %d for the completion).",
+                        s->m.n_ctx, (long long)n_prompt + rq->max_tokens, n_prompt,
+                        rq->kind == OAI_CHAT ? "messages" : "prompt", rq->max_tokens);
+    return true;
+}
+
+/* ---- waking ---- */
+
+static void on_ready(void *ctx) {
+    struct gen *g = ctx;
+    pthread_mutex_lock(&g->mu);
+    if (g->parked) {
+        g->parked = false;
+        atomic_fetch_sub(&g->srv->n_parked, 1);
+        MHD_resume_connection(g->conn->mc);
+    } else {
+        g->pending = true;
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Suspends the connection unless a wake-up came in meanwhile; returns false then (the
+ * caller collects again). */
+static bool try_park(struct gen *g) {
+    pthread_mutex_lock(&g->mu);
+    if (g->pending) {
+        g->pending = false;
+        pthread_mutex_unlock(&g->mu);
+        return false;
+    }
+    g->parked = true;
+    atomic_fetch_add(&g->srv->n_parked, 1);
+    MHD_suspend_connection(g->conn->mc);
+    pthread_mutex_unlock(&g->mu);
+    return true;
+}
+
+/* ---- formatting helpers ---- */
+
+static void token_str(struct gen *g, struct jw *w, int32_t tok) {
+    size_t n;
+    const char *p = tok_piece(g->srv->m.tok, tok, &n);
+    jw_json_str(w, p, n);
+}
+
+/* A chat logprobs "content" entry. */
+static void chat_lp_entry(struct gen *g, struct jw *w, int32_t tok, float lp,
+                          const struct sample_token_logprob *top, int32_t n_top) {
+    size_t n;
+    const char *p = tok_piece(g->srv->m.tok, tok, &n);
+    jw_str(w, "{\"token\":");
+    jw_json_str(w, p, n);
+    jw_str(w, ",\"logprob\":");
+    jw_float(w, lp);
+    jw_str(w, ",\"bytes\":");
+    jw_bytes_array(w, p, n);
+    jw_str(w, ",\"top_logprobs\":[");
+    for (int32_t i = 0; i < n_top && i < g->rq.top_logprobs; i++) {
+        p = tok_piece(g->srv->m.tok, top[i].token, &n);
+        if (i) jw_raw(w, ",", 1);
+        jw_str(w, "{\"token\":");
+        jw_json_str(w, p, n);
+        jw_str(w, ",\"logprob\":");
+        jw_float(w, top[i].logprob);
+        jw_str(w, ",\"bytes\":");
+        jw_bytes_array(w, p, n);
+        jw_raw(w, "}", 1);
+    }
+    jw_str(w, "]}");
+}
+
+/* Completions legacy logprobs for tokens [0, n): {"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"}. offset0: the text offset of the first token. */
+static void legacy_lp(struct gen *g, struct jw *w, const int32_t *tok, const float *lp,
+                      const struct sample_token_logprob *top, int32_t n, int64_t *offset) {
+    int32_t k = g->rq.top_logprobs;
+    jw_str(w, "{\"tokens\":[");
+    for (int32_t i = 0; i < n; i++) {
+        if (i) jw_raw(w, ",", 1);
+        token_str(g, w, tok[i]);
+    }
+    jw_str(w, "],\"token_logprobs\":[");
+    for (int32_t i = 0; i < n; i++) {
+        if (i) jw_raw(w, ",", 1);
+        jw_float(w, lp[i]);
+    }
+    jw_str(w, "],\"top_logprobs\":[");
+    for (int32_t i = 0; i < n; i++) {
+        if (i) jw_raw(w, ",", 1);
+        jw_raw(w, "{", 1);
+        for (int32_t j = 0; j < k; j++) {
+            if (j) jw_raw(w, ",", 1);
+            token_str(g, w, top[(size_t)i * (size_t)k + (size_t)j].token);
+            jw_raw(w, ":", 1);
+            jw_float(w, top[(size_t)i * (size_t)k + (size_t)j].logprob);
+        }
+        jw_raw(w, "}", 1);
+    }
+    jw_str(w, "],\"text_offset\":[");
+    for (int32_t i = 0; i < n; i++) {
+        if (i) jw_raw(w, ",", 1);
+        jw_int(w, *offset);
+        size_t pn;
+        tok_piece(g->srv->m.tok, tok[i], &pn);
+        *offset += (int64_t)pn;
+    }
+    jw_str(w, "]}");
+}
+
+/* ---- choices ---- */
+
+static bool choice_add_token(struct choice *c, int32_t tok, float lp,
+                             const struct sample_token_logprob *top, int32_t n_top, int32_t k) {
+    if (c->n_tok == c->cap_tok) {
+        int32_t cap = c->cap_tok ? c->cap_tok * 2 : 64;
+        int32_t *t = realloc(c->tok, (size_t)cap * sizeof *t);
+        if (t) c->tok = t;
+        float *l = realloc(c->lp, (size_t)cap * sizeof *l);
+        if (l) c->lp = l;
+        struct sample_token_logprob *tp =
+            k > 0 ? realloc(c->top, (size_t)cap * (size_t)k * sizeof *tp) : c->top;
+        if (tp) c->top = tp;
+        if (!t || !l || (k > 0 && !tp)) return false;
+        c->cap_tok = cap;
+    }
+    c->tok[c->n_tok] = tok;
+    c->lp[c->n_tok] = lp;
+    for (int32_t j = 0; j < k; j++) {
+        struct sample_token_logprob x = {-1, -INFINITY};
+        if (j < n_top) x = top[j];
+        c->top[(size_t)c->n_tok * (size_t)k + (size_t)j] = x;
+    }
+    c->n_tok++;
+    return true;
+}
+
+static const char *finish_reason(const struct gen *g, const struct choice *c) {
+    if (c->finish == ENGINE_LENGTH) return "length";
+    if (c->n_calls > 0) return "tool_calls";
+    return "stop";
+}
+
+/* ---- streaming ---- */
+
+static void chunk_begin(struct gen *g, struct jw *w) {
+    jw_str(w, "data: {\"id\":\"");
+    jw_str(w, g->id);
+    jw_str(w, g->rq.kind == OAI_CHAT ? "\",\"object\":\"chat.completion.chunk\",\"created\":"
+                                     : "\",\"object\":\"text_completion\",\"created\":");
+    jw_int(w, g->created);
+    jw_str(w, ",\"model\":");
+    jw_json_str(w, g->srv->m.id, strlen(g->srv->m.id));
+    jw_str(w, ",\"system_fingerprint\":\"");
+    jw_str(w, g->srv->fingerprint);
+    jw_str(w, "\",\"choices\":[");
+}
+
+static void chunk_end(struct gen *g, struct jw *w) {
+    jw_str(w, g->rq.include_usage ? "],\"usage\":null}\n\n" : "]}\n\n");
+}
+
+static void chat_delta_chunk(struct gen *g, int32_t ci, const char *key, const char *s,
+                             size_t n) {
+    struct jw *w = &g->sse;
+    chunk_begin(g, w);
+    jw_printf(w, "{\"index\":%d,\"delta\":{\"%s\":", ci, key);
+    jw_json_str(w, s, n);
+    jw_str(w, "},\"logprobs\":null,\"finish_reason\":null}");
+    chunk_end(g, w);
+}
+
+static void new_call_id(struct gen *g, char *out, size_t n) { srv_new_id(g->srv, "call_", out, n); }
+
+static void chat_calls_chunk(struct gen *g, int32_t ci, struct choice *c,
+                             const struct outp_delta *d) {
+    struct jw *w = &g->sse;
+    chunk_begin(g, w);
+    jw_printf(w, "{\"index\":%d,\"delta\":{\"tool_calls\":[", ci);
+    for (int i = 0; i < d->n_calls; i++) {
+        char id[48];
+        new_call_id(g, id, sizeof id);
+        if (i) jw_raw(w, ",", 1);
+        jw_printf(w, "{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":",
+                  c->n_calls++, id);
+        jw_json_str(w, d->calls[i].name, strlen(d->calls[i].name));
+        jw_str(w, ",\"arguments\":");
+        jw_json_str(w, d->calls[i].arguments, strlen(d->calls[i].arguments));
+        jw_str(w, "}}");
+    }
+    jw_str(w, "]},\"logprobs\":null,\"finish_reason\":null}");
+    chunk_end(g, w);
+}
+
+static void chat_stream_delta(struct gen *g, int32_t ci, struct choice *c) {
+    struct outp_delta *d = &g->delta;
+    if (d->reasoning.n) chat_delta_chunk(g, ci, "reasoning_content", d->reasoning.p, d->reasoning.n);
+    if (d->content.n) chat_delta_chunk(g, ci, "content", d->content.p, d->content.n);
+    if (d->n_calls) chat_calls_chunk(g, ci, c, d);
+}
+
+/* One engine event of choice ci, streamed. */
+static void stream_event(struct gen *g, int32_t ci, const struct engine_event *ev) {
+    struct choice *c = &g->ch[ci];
+    struct jw *w = &g->sse;
+    const char *text = g->out.text + ev->text;
+    bool lp = g->rq.logprobs && ev->token >= 0;
+    const struct sample_token_logprob *top = g->out.top + ev->top;
+    if (g->rq.kind == OAI_CHAT) {
+        if (!c->role_sent) {
+            c->role_sent = true;
+            chunk_begin(g, w);
+            jw_printf(w, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                         "\"logprobs\":null,\"finish_reason\":null}", ci);
+            chunk_end(g, w);
+        }
+        outp_delta_clear(&g->delta);
+        if (ev->text_len) outp_push(&c->op, text, ev->text_len, &g->delta);
+        if (ev->finish) outp_finish(&c->op, &g->delta);
+        if (lp) {
+            /* logprobs ride with the token's content (or alone when its text is held) */
+            chunk_begin(g, w);
+            jw_printf(w, "{\"index\":%d,\"delta\":{", ci);
+            if (g->delta.content.n) {
+                jw_str(w, "\"content\":");
+                jw_json_str(w, g->delta.content.p, g->delta.content.n);
+                g->delta.content.n = 0;
+            }
+            jw_str(w, "},\"logprobs\":{\"content\":[");
+            chat_lp_entry(g, w, ev->token, ev->logprob, top, ev->n_top);
+            jw_str(w, "],\"refusal\":null},\"finish_reason\":null}");
+            chunk_end(g, w);
+        }
+        chat_stream_delta(g, ci, c);
+        if (ev->finish) {
+            c->finish = ev->finish;
+            chunk_begin(g, w);
+            jw_printf(w, "{\"index\":%d,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"%s\"}",
+                      ci, finish_reason(g, c));
+            chunk_end(g, w);
+        }
+        return;
+    }
+    /* completions */
+    bool first = !c->role_sent;
+    c->role_sent = true;
+    size_t echo_n = first && g->rq.echo ? g->echo_len[ci / g->rq.n] : 0;
+    if (!ev->text_len && !ev->finish && !lp && !echo_n) return;
+    chunk_begin(g, w);
+    jw_printf(w, "{\"index\":%d,\"text\":", ci);
+    if (echo_n) {
+        /* the prompt goes first: one string with the token's text */
+        struct jw t = {0};
+        jw_raw(&t, g->echo_text[ci / g->rq.n], echo_n);
+        jw_raw(&t, text, ev->text_len);
+        jw_json_str(w, t.p ? t.p : "", t.n);
+        jw_free(&t);
+    } else {
+        jw_json_str(w, text, ev->text_len);
+    }
+    jw_str(w, ",\"logprobs\":");
+    if (lp) {
+        int32_t k = g->rq.top_logprobs;
+        struct sample_token_logprob tops[SAMPLE_MAX_LOGPROBS];
+        for (int32_t j = 0; j < k; j++) tops[j] = j < ev->n_top ? top[j] : (struct sample_token_logprob){-1, 0};
+        float l = ev->logprob;
+        int32_t t = ev->token;
+        c->text_offset += (int64_t)echo_n;
+        legacy_lp(g, w, &t, &l, tops, 1, &c->text_offset);
+    } else {
+        jw_str(w, "null");
+    }
+    if (ev->finish) {
+        c->finish = ev->finish;
+        jw_printf(w, ",\"finish_reason\":\"%s\"}", finish_reason(g, c));
+    } else {
+        jw_str(w, ",\"finish_reason\":null}");
+    }
+    chunk_end(g, w);
+}
+
+static void stream_tail(struct gen *g) {
+    struct jw *w = &g->sse;
+    if (g->error[0] || g->cancelled) {
+        struct oai_err e;
+        if (g->error[0]) oai_fail(&e, 500, "server_error", NULL, NULL, "%s", g->error);
+        else oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the request was cancelled "
+                      "(the server is shutting down)");
+        char *s = oai_err_json(&e);
+        jw_str(w, "data: ");
+        jw_str(w, s);
+        jw_str(w, "\n\n");
+        free(s);
+    }
+    if (g->rq.include_usage) {
+        chunk_begin(g, w);
+        jw_printf(w, "],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
+                     "\"total_tokens\":%lld,\"prompt_tokens_details\":{\"cached_tokens\":%lld}}}\n\n",
+                  (long long)g->usage_prompt, (long long)g->usage_completion,
+                  (long long)(g->usage_prompt + g->usage_completion), (long long)g->usage_cached);
+    }
+    jw_str(w, "data: [DONE]\n\n");
+    g->stream_end = true;
+}
+
+/* ---- collecting events ---- */
+
+static void account(struct gen *g, int32_t ri, const struct engine_event *ev) {
+    if (ev->choice == 0) {
+        g->req_prompt_tokens[ri] = ev->n_prompt;
+        g->req_cached[ri] = ev->n_cached;
+        g->usage_prompt += ev->n_prompt;
+        g->usage_cached += ev->n_cached;
+    }
+    g->usage_completion += ev->n_gen;
+    if (ev->finish == ENGINE_CANCELLED) g->cancelled = true;
+}
+
+static void whole_event(struct gen *g, int32_t ci, const struct engine_event *ev) {
+    struct choice *c = &g->ch[ci];
+    jw_raw(&c->text, g->out.text + ev->text, ev->text_len);
+    if (g->rq.logprobs && ev->token >= 0) {
+        int32_t k = g->rq.top_logprobs;
+        if (!choice_add_token(c, ev->token, ev->logprob, g->out.top + ev->top, ev->n_top, k))
+            snprintf(g->error, sizeof g->error, "out of memory");
+    }
+    if (ev->finish) c->finish = ev->finish;
+}
+
+/* Drains every engine request (leaving each armed). Returns true when anything changed. */
+static bool collect(struct gen *g) {
+    bool any = false;
+    bool stream = g->rq.stream;
+    for (int32_t ri = 0; ri < g->n_reqs; ri++) {
+        if (g->req_done[ri]) continue;
+        while (engine_req_poll(g->reqs[ri], &g->out, true)) {
+            any = true;
+            for (size_t i = 0; i < g->out.n_ev; i++) {
+                const struct engine_event *ev = &g->out.ev[i];
+                int32_t ci = ri * g->rq.n + ev->choice;
+                if (ev->token >= 0 && g->t_first == 0) g->t_first = srv_now();
+                if (ev->finish) {
+                    account(g, ri, ev);
+                    if (ev->finish == ENGINE_ERROR && !g->error[0])
+                        snprintf(g->error, sizeof g->error, "%s",
+                                 g->out.error[0] ? g->out.error : "the engine failed");
+                }
+                if (stream) stream_event(g, ci, ev);
+                else whole_event(g, ci, ev);
+            }
+            if (g->out.done) {
+                g->req_done[ri] = true;
+                g->n_done_reqs++;
+                break;
+            }
+        }
+    }
+    if (stream && g->n_done_reqs == g->n_reqs && !g->stream_end) {
+        stream_tail(g);
+        any = true;
+    }
+    return any;
+}
+
+/* MHD's content reader for a stream. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct conn *c = cls;
+    struct gen *g = c->gen;
+    (void)pos;
+    for (;;) {
+        if (g->sse_off < g->sse.n) {
+            size_t k = g->sse.n - g->sse_off;
+            if (k > max) k = max;
+            memcpy(buf, g->sse.p + g->sse_off, k);
+            g->sse_off += k;
+            return (ssize_t)k;
+        }
+        g->sse.n = g->sse_off = 0;
+        if (g->sse.cap > 4 * SSE_BLOCK) jw_free(&g->sse); /* do not keep a burst's buffer */
+        if (g->stream_end) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (collect(g)) {
+            if (g->sse.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+            continue;
+        }
+        if (try_park(g)) return 0;
+    }
+}
+
+static void stream_free(void *cls) {
+    struct conn *c = cls;
+    atomic_fetch_sub(&c->srv->n_streams, 1);
+    srv_conn_unref(c);
+}
+
+/* ---- whole responses ---- */
+
+static json_t *usage_json(const struct gen *g) {
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)g->usage_prompt,
+                     "completion_tokens", (json_int_t)g->usage_completion, "total_tokens",
+                     (json_int_t)(g->usage_prompt + g->usage_completion), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)g->usage_cached);
+}
+
+static json_t *raw_json(struct jw *w) {
+    json_t *j = w->p ? json_loadb(w->p, w->n, 0, NULL) : NULL;
+    w->n = 0;
+    return j ? j : json_null();
+}
+
+static json_t *chat_choice_json(struct gen *g, int32_t ci) {
+    struct choice *c = &g->ch[ci];
+    struct outp_delta *d = &g->delta;
+    outp_delta_clear(d);
+    outp_push(&c->op, c->text.p ? c->text.p : "", c->text.n, d);
+    outp_finish(&c->op, d);
+    json_t *msg = json_object();
+    json_object_set_new(msg, "role", json_string("assistant"));
+    bool has_calls = d->n_calls > 0;
+    json_object_set_new(msg, "content", (d->content.n || !has_calls)
+                                            ? json_stringn_nocheck(d->content.p ? d->content.p : "",
+                                                                   d->content.n)
+                                            : json_null());
+    json_object_set_new(msg, "refusal", json_null());
+    if (d->reasoning.n)
+        json_object_set_new(msg, "reasoning_content",
+                            json_stringn_nocheck(d->reasoning.p, d->reasoning.n));
+    if (has_calls) {
+        json_t *calls = json_array();
+        for (int i = 0; i < d->n_calls; i++) {
+            char id[48];
+            new_call_id(g, id, sizeof id);
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                                   "function", "function", "name",
+                                                   d->calls[i].name, "arguments",
+                                                   d->calls[i].arguments));
+        }
+        c->n_calls = d->n_calls;
+        json_object_set_new(msg, "tool_calls", calls);
+    }
+    json_t *lp = json_null();
+    if (g->rq.logprobs) {
+        struct jw w = {0};
+        jw_str(&w, "{\"content\":[");
+        int32_t k = g->rq.top_logprobs;
+        for (int32_t i = 0; i < c->n_tok; i++) {
+            if (i) jw_raw(&w, ",", 1);
+            chat_lp_entry(g, &w, c->tok[i], c->lp[i], c->top + (size_t)i * (size_t)k, k);
+        }
+        jw_str(&w, "],\"refusal\":null}");
+        lp = raw_json(&w);
+        jw_free(&w);
+    }
+    return json_pack("{s:i, s:o, s:o, s:s}", "index", ci, "message", msg, "logprobs", lp,
+                     "finish_reason", finish_reason(g, c));
+}
+
+static json_t *completion_choice_json(struct gen *g, int32_t ci) {
+    struct choice *c = &g->ch[ci];
+    struct jw text = {0};
+    int32_t pi = ci / g->rq.n;
+    if (g->rq.echo) jw_raw(&text, g->echo_text[pi], g->echo_len[pi]);
+    jw_raw(&text, c->text.p ? c->text.p : "", c->text.n);
+    json_t *t = json_stringn_nocheck(text.p ? text.p : "", text.n);
+    jw_free(&text);
+    json_t *lp = json_null();
+    if (g->rq.logprobs) {
+        struct jw w = {0};
+        int64_t off = g->rq.echo ? (int64_t)g->echo_len[pi] : 0;
+        legacy_lp(g, &w, c->tok, c->lp, c->top, c->n_tok, &off);
+        lp = raw_json(&w);
+        jw_free(&w);
+    }
+    return json_pack("{s:i, s:o, s:o, s:s}", "index", ci, "text", t, "logprobs", lp,
+                     "finish_reason", finish_reason(g, c));
+}
+
+static enum MHD_Result respond_whole(struct conn *c) {
+    struct gen *g = c->gen;
+    if (g->error[0]) {
+        struct oai_err e;
+        oai_fail(&e, 500, "server_error", NULL, NULL, "%s", g->error);
+        return srv_error(c, &e);
+    }
+    if (g->cancelled) {
+        struct oai_err e;
+        oai_fail(&e, 503, "server_error", NULL, "shutting_down",
+                 "the request was cancelled (the server is shutting down)");
+        return srv_error(c, &e);
+    }
+    json_t *choices = json_array();
+    for (int32_t i = 0; i < g->n_choices; i++)
+        json_array_append_new(choices, g->rq.kind == OAI_CHAT ? chat_choice_json(g, i)
+                                                              : completion_choice_json(g, i));
+    json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
+                             g->rq.kind == OAI_CHAT ? "chat.completion" : "text_completion",
+                             "created", (json_int_t)g->created, "model", g->srv->m.id,
+                             "system_fingerprint", g->srv->fingerprint, "choices", choices,
+                             "usage", usage_json(g));
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (!s) {
+        struct oai_err e;
+        oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return srv_error(c, &e);
+    }
+    return srv_respond(c, 200, s, NULL);
+}
+
+/* ---- the request ---- */
+
+void gen_free(struct gen *g) {
+    if (!g) return;
+    for (int32_t i = 0; i < g->n_reqs; i++) {
+        if (!g->reqs[i]) continue;
+        engine_req_detach(g->reqs[i]);
+        engine_req_unref(g->reqs[i]);
+    }
+    free(g->reqs);
+    free(g->req_done);
+    free(g->req_prompt_tokens);
+    free(g->req_cached);
+    for (int32_t i = 0; g->ch && i < g->n_choices; i++) {
+        struct choice *c = &g->ch[i];
+        jw_free(&c->text);
+        free(c->tok);
+        free(c->lp);
+        free(c->top);
+        outp_free(&c->op);
+    }
+    free(g->ch);
+    for (int32_t i = 0; g->echo_text && i < g->rq.n_prompts; i++) free(g->echo_text[i]);
+    free(g->echo_text);
+    free(g->echo_len);
+    engine_out_free(&g->out);
+    outp_delta_free(&g->delta);
+    jw_free(&g->sse);
+    oai_request_free(&g->rq);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+static bool model_ok(struct server *s, const char *name) {
+    if (!name || !strcmp(name, s->m.id)) return true;
+    for (int i = 0; i < s->m.n_aliases; i++)
+        if (!strcmp(name, s->m.aliases[i])) return true;
+    return false;
+}
+
+static uint64_t random_seed(void) {
+    uint64_t x;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        x = (uint64_t)t.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)t.tv_sec;
+    }
+    return x;
+}
+
+/* Builds the prompt of request ri into ids. */
+static bool build_prompt(struct gen *g, int32_t ri, struct tok_ids *ids, struct oai_err *e) {
+    struct server *s = g->srv;
+    if (g->rq.kind == OAI_CHAT) {
+        char *text = NULL;
+        size_t len = 0;
+        if (!gen_render_chat(s, &g->rq, &text, &len, e)) return false;
+        /* a reasoning template may open <think> in the prompt: the reply starts inside */
+        size_t n = len;
+        while (n && (text[n - 1] == '\n' || text[n - 1] == ' ')) n--;
+        g->in_reasoning = g->reasoning && n >= 7 && !memcmp(text + n - 7, "<think>", 7);
+        bool ok = gen_tokenize(s, text, len, TOK_PARSE_SPECIAL, ids, e);
+        free(text);
+        return ok;
+    }
+    const struct oai_prompt *p = &g->rq.prompts[ri];
+    if (p->ids) {
+        for (int32_t i = 0; i < p->n_ids; i++)
+            if (tok_ids_push(ids, p->ids[i]) != SMELT_OK)
+                return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    } else if (!gen_tokenize(s, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, ids, e)) {
+        return false;
+    }
+    if (g->rq.echo) {
+        if (p->ids) {
+            struct tok_buf b = {0};
+            struct err te;
+            if (tok_decode(s->m.tok, p->ids, (size_t)p->n_ids, 0, &b, &te) != SMELT_OK) {
+                tok_buf_free(&b);
+                return oai_bad(e, "prompt", "%s", te.msg);
+            }
+            g->echo_text[ri] = b.p ? b.p : strdup("");
+            g->echo_len[ri] = b.n;
+        } else {
+            g->echo_text[ri] = strndup(p->text, p->len);
+            g->echo_len[ri] = p->len;
+        }
+        if (!g->echo_text[ri]) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    return true;
+}
+
+static enum MHD_Result fail(struct conn *c, const struct oai_err *e) {
+    struct gen *g = c->gen;
+    c->gen = NULL;
+    gen_free(g);
+    return srv_error(c, e);
+}
+
+enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
+    struct server *s = c->srv;
+    struct oai_err e;
+    struct gen *g = calloc(1, sizeof *g);
+    if (!g) return MHD_NO;
+    pthread_mutex_init(&g->mu, NULL);
+    g->srv = s;
+    g->conn = c;
+    c->gen = g;
+    g->created = (int64_t)time(NULL);
+    srv_new_id(s, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    if (atomic_load(&s->draining)) {
+        oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return fail(c, &e);
+    }
+    if (!oai_parse(c->body.p ? c->body.p : "", c->body.n, kind, tok_n_vocab(s->m.tok),
+                   &s->m.defaults, &g->rq, &e))
+        return fail(c, &e);
+    jw_free(&c->body);
+    struct oai_request *rq = &g->rq;
+    if (!model_ok(s, rq->model)) {
+        oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                 "The model '%.200s' does not exist (this server serves '%s')", rq->model, s->m.id);
+        return fail(c, &e);
+    }
+    if (kind == OAI_CHAT && !s->m.tmpl) {
+        oai_fail(&e, 400, "invalid_request_error", "messages", "no_chat_template",
+                 "This model has no chat template: use /v1/completions, or start the server "
+                 "with --chat-template FILE");
+        return fail(c, &e);
+    }
+    if (kind == OAI_COMPLETION && rq->echo && rq->logprobs) {
+        oai_bad(&e, "echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported yet");
+        return fail(c, &e);
+    }
+    bool explicit_max = rq->max_tokens >= 0 && (kind == OAI_CHAT ||
+                                                 json_object_get(rq->root, "max_tokens") != NULL);
+    g->n_reqs = kind == OAI_CHAT ? 1 : rq->n_prompts;
+    g->n_choices = g->n_reqs * rq->n;
+    g->reqs = calloc((size_t)g->n_reqs, sizeof *g->reqs);
+    g->req_done = calloc((size_t)g->n_reqs, sizeof *g->req_done);
+    g->req_prompt_tokens = calloc((size_t)g->n_reqs, sizeof *g->req_prompt_tokens);
+    g->req_cached = calloc((size_t)g->n_reqs, sizeof *g->req_cached);
+    g->ch = calloc((size_t)g->n_choices, sizeof *g->ch);
+    if (rq->echo) {
+        g->echo_text = calloc((size_t)g->n_reqs, sizeof *g->echo_text);
+        g->echo_len = calloc((size_t)g->n_reqs, sizeof *g->echo_len);
+    }
+    if (!g->reqs || !g->req_done || !g->req_prompt_tokens || !g->req_cached || !g->ch ||
+        (rq->echo && (!g->echo_text || !g->echo_len))) {
+        oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return fail(c, &e);
+    }
+    if (kind == OAI_CHAT) {
+        bool tools = rq->tools && rq->tool_choice != OAI_TOOLS_NONE;
+        g->syntax = tools ? outp_syntax_of(s->m.tmpl_src) : OUTP_TOOLS_NONE;
+        g->reasoning = outp_template_reasons(s->m.tmpl_src);
+        /* Mistral's and Llama's call markers are control tokens: render them */
+        if (g->syntax == OUTP_MISTRAL || g->syntax == OUTP_LLAMA3) rq->ep.decode_special = true;
+    }
+    uint64_t seed = rq->has_seed ? rq->ep.sp.seed : random_seed();
+    struct tok_ids ids = {0};
+    for (int32_t ri = 0; ri < g->n_reqs; ri++) {
+        ids.n = 0;
+        if (!build_prompt(g, ri, &ids, &e) ||
+            !check_length(s, rq, (int32_t)ids.n, explicit_max, &e)) {
+            tok_ids_free(&ids);
+            return fail(c, &e);
+        }
+        if (ids.n == 0) {
+            tok_ids_free(&ids);
+            oai_bad(&e, kind == OAI_CHAT ? "messages" : "prompt", "the prompt is empty");
+            return fail(c, &e);
+        }
+        struct engine_params ep = rq->ep;
+        ep.n = rq->n;
+        ep.max_tokens = rq->max_tokens;
+        /* completions with echo and max_tokens 0: the prompt only (one token is generated
+         * and dropped) */
+        if (ep.max_tokens == 0) ep.max_tokens = 1;
+        ep.sp.seed = seed + (uint64_t)ri * (uint64_t)rq->n;
+        struct err te;
+        smelt_status st = engine_req_new(&g->reqs[ri], &ep, ids.v, (int32_t)ids.n, &te);
+        if (st == SMELT_OK) {
+            engine_req_set_notify(g->reqs[ri], on_ready, g, rq->stream);
+            st = engine_submit(s->m.en, g->reqs[ri], &te);
+        }
+        if (st != SMELT_OK) {
+            tok_ids_free(&ids);
+            if (st == SMELT_ERR_RANGE)
+                oai_fail(&e, 429, "rate_limit_error", NULL, "queue_full",
+                         "The server is busy (%s); retry later", te.msg);
+            else if (st == SMELT_ERR_CANCELLED)
+                oai_fail(&e, 503, "server_error", NULL, "shutting_down", "%s", te.msg);
+            else if (st == SMELT_ERR_INVALID)
+                oai_bad(&e, kind == OAI_CHAT ? "messages" : "prompt", "%s", te.msg);
+            else
+                oai_fail(&e, 500, "server_error", NULL, NULL, "%s", te.msg);
+            return fail(c, &e); /* gen_free detaches what was submitted */
+        }
+    }
+    tok_ids_free(&ids);
+    for (int32_t i = 0; i < g->n_choices; i++)
+        outp_init(&g->ch[i].op, g->syntax, g->reasoning, g->in_reasoning);
+    if (g->rq.max_tokens == 0) {
+        /* echo only: drop the generated token */
+        for (int32_t i = 0; i < g->n_choices; i++) g->ch[i].text.n = 0;
+    }
+    if (rq->stream) {
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, stream_read, c, stream_free);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        atomic_fetch_add(&c->refs, 1);
+        atomic_fetch_add(&s->n_streams, 1);
+        c->status = 200;
+        srv_count_status(s, 200);
+        enum MHD_Result ret = MHD_queue_response(c->mc, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    return gen_resume(c);
+}
+
+enum MHD_Result gen_resume(struct conn *c) {
+    struct gen *g = c->gen;
+    for (;;) {
+        collect(g);
+        if (g->n_done_reqs == g->n_reqs) {
+            if (g->rq.max_tokens == 0) {
+                for (int32_t i = 0; i < g->n_choices; i++) {
+                    g->ch[i].text.n = 0;
+                    g->ch[i].n_tok = 0;
+                }
+                g->usage_completion = 0;
+            }
+            return respond_whole(c);
+        }
+        if (try_park(g)) return MHD_YES;
+    }
+}

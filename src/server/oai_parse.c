@@ -1,0 +1,694 @@
+/* OpenAI request bodies -> struct oai_request. See oai.h.
+ *
+ * Every field is looked up in one table per endpoint; a key not in the table is refused
+ * ("Unrecognized request argument supplied: X", as OpenAI says). jansson parses with
+ * JSON_REJECT_DUPLICATES (a key given twice is ambiguous: refused), validates UTF-8,
+ * refuses NUL in strings and nests at most 2048 deep. */
+#include "server/oai.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PROMPTS 1024
+#define MAX_TOP_LOGPROBS 20
+
+bool oai_fail(struct oai_err *e, int status, const char *type, const char *param,
+              const char *code, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+bool oai_bad(struct oai_err *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    e->type = "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    e->code[0] = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+char *oai_err_json(const struct oai_err *e) {
+    json_t *err = json_pack("{s:s, s:s, s:o, s:o}", "message", e->message, "type",
+                            e->type ? e->type : "invalid_request_error", "param",
+                            e->param[0] ? json_string(e->param) : json_null(), "code",
+                            e->code[0] ? json_string(e->code) : json_null());
+    json_t *root = err ? json_pack("{s:o}", "error", err) : NULL;
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (!s) s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                       "\"param\":null,\"code\":null}}");
+    return s;
+}
+
+void oai_request_free(struct oai_request *r) {
+    if (!r) return;
+    for (int32_t i = 0; r->prompts && i < r->n_prompts; i++) free(r->prompts[i].ids);
+    free(r->prompts);
+    free(r->stop_ids);
+    free(r->bias);
+    json_decref(r->root);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- typed getters: each returns false with e filled on a type or range error ---- */
+
+static bool get_bool(json_t *v, const char *name, bool *out, struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_boolean(v)) return oai_bad(e, name, "'%s' must be a boolean", name);
+    *out = json_is_true(v);
+    return true;
+}
+
+static bool get_num(json_t *v, const char *name, double lo, double hi, double *out,
+                    struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_number(v)) return oai_bad(e, name, "'%s' must be a number", name);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return oai_bad(e, name, "'%s' must be between %g and %g, got %g", name, lo, hi, x);
+    *out = x;
+    return true;
+}
+
+static bool get_int(json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                    struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    int64_t x;
+    if (json_is_integer(v)) {
+        x = (int64_t)json_integer_value(v);
+    } else if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v) &&
+               fabs(json_real_value(v)) < 9e15) {
+        x = (int64_t)json_real_value(v); /* 5.0 is an integer to Python clients too */
+    } else {
+        return oai_bad(e, name, "'%s' must be an integer", name);
+    }
+    if (x < lo || x > hi)
+        return oai_bad(e, name, "'%s' must be between %lld and %lld, got %lld", name,
+                       (long long)lo, (long long)hi, (long long)x);
+    *out = x;
+    return true;
+}
+
+static bool get_str(json_t *v, const char *name, const char **out, struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_string(v)) return oai_bad(e, name, "'%s' must be a string", name);
+    *out = json_string_value(v);
+    return true;
+}
+
+/* ---- fields shared by both endpoints ---- */
+
+static bool parse_stop(json_t *v, struct oai_request *r, struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    int32_t n = 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) > 0) r->stop[n++] = json_string_value(v);
+    } else if (json_is_array(v)) {
+        if (json_array_size(v) > ENGINE_MAX_STOPS)
+            return oai_bad(e, "stop", "'stop' holds at most %d sequences, got %zu",
+                           ENGINE_MAX_STOPS, json_array_size(v));
+        size_t i;
+        json_t *s;
+        json_array_foreach(v, i, s) {
+            if (!json_is_string(s))
+                return oai_bad(e, "stop", "'stop' must be a string or a list of strings");
+            if (json_string_length(s) > 0) r->stop[n++] = json_string_value(s);
+        }
+    } else {
+        return oai_bad(e, "stop", "'stop' must be a string or a list of strings");
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (strlen(r->stop[i]) > ENGINE_MAX_STOP_LEN)
+            return oai_bad(e, "stop", "each stop sequence is at most %d bytes",
+                           ENGINE_MAX_STOP_LEN);
+    r->ep.stop = r->stop;
+    r->ep.n_stop = n;
+    return true;
+}
+
+static bool parse_token_id(const char *s, int32_t n_vocab, int32_t *out) {
+    if (!*s) return false;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno || v < 0 || v >= n_vocab) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool parse_logit_bias(json_t *v, int32_t n_vocab, struct oai_request *r,
+                             struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_object(v))
+        return oai_bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    size_t n = json_object_size(v);
+    if (n > 1024) return oai_bad(e, "logit_bias", "'logit_bias' holds at most 1024 entries");
+    if (n == 0) return true;
+    r->bias = calloc(n, sizeof *r->bias);
+    if (!r->bias) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const char *k;
+    json_t *b;
+    int32_t i = 0;
+    json_object_foreach(v, k, b) {
+        int32_t id;
+        if (!parse_token_id(k, n_vocab, &id))
+            return oai_bad(e, "logit_bias", "logit_bias: '%.40s' is not a token id (0..%d)", k,
+                           n_vocab - 1);
+        if (!json_is_number(b) || !isfinite(json_number_value(b)) ||
+            fabs(json_number_value(b)) > 100)
+            return oai_bad(e, "logit_bias",
+                           "logit_bias: the bias of token %d must be a number in [-100, 100]", id);
+        r->bias[i].token = id;
+        r->bias[i].bias = (float)json_number_value(b);
+        i++;
+    }
+    r->ep.sp.bias = r->bias;
+    r->ep.sp.n_bias = i;
+    return true;
+}
+
+static bool parse_stop_ids(json_t *v, int32_t n_vocab, struct oai_request *r,
+                           struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_array(v) || json_array_size(v) > 1024)
+        return oai_bad(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
+    size_t n = json_array_size(v), i;
+    if (n == 0) return true;
+    r->stop_ids = calloc(n, sizeof *r->stop_ids);
+    if (!r->stop_ids) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    json_t *x;
+    json_array_foreach(v, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= n_vocab)
+            return oai_bad(e, "stop_token_ids", "stop_token_ids[%zu] is not a token id", i);
+        r->stop_ids[i] = (int32_t)json_integer_value(x);
+    }
+    r->ep.stop_ids = r->stop_ids;
+    r->ep.n_stop_ids = (int32_t)n;
+    return true;
+}
+
+static bool parse_stream_options(json_t *v, struct oai_request *r, struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_object(v)) return oai_bad(e, "stream_options", "'stream_options' must be an object");
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        if (!strcmp(k, "include_usage")) {
+            if (!get_bool(x, "stream_options.include_usage", &r->include_usage, e)) return false;
+        } else if (!strcmp(k, "continuous_usage_stats") || !strcmp(k, "include_obfuscation")) {
+            bool b = false;
+            if (!get_bool(x, k, &b, e)) return false;
+            if (b && !strcmp(k, "continuous_usage_stats"))
+                return oai_bad(e, "stream_options.continuous_usage_stats", "not supported");
+        } else {
+            return oai_bad(e, "stream_options", "Unrecognized stream option: %.64s", k);
+        }
+    }
+    return true;
+}
+
+static bool parse_response_format(json_t *v, struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    if (!json_is_string(t))
+        return oai_bad(e, "response_format", "'response_format' must be an object with a 'type'");
+    if (!strcmp(json_string_value(t), "text")) return true;
+    return oai_bad(e, "response_format",
+                   "response_format type '%.32s' is not supported yet (constrained decoding is "
+                   "not implemented); only 'text' is accepted",
+                   json_string_value(t));
+}
+
+/* ---- chat ---- */
+
+/* Joins a content list of text parts into one string value. */
+static bool flatten_content(json_t *msg, size_t mi, struct oai_err *e) {
+    json_t *c = json_object_get(msg, "content");
+    if (!c || json_is_null(c) || json_is_string(c)) return true;
+    char param[48];
+    snprintf(param, sizeof param, "messages[%zu].content", mi);
+    if (!json_is_array(c))
+        return oai_bad(e, param, "%s must be a string or a list of content parts", param);
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(c, i, part) {
+        json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
+        json_t *text = json_is_object(part) ? json_object_get(part, "text") : NULL;
+        if (!json_is_string(type))
+            return oai_bad(e, param, "%s[%zu] must be an object with a 'type'", param, i);
+        const char *ts = json_string_value(type);
+        if (strcmp(ts, "text") != 0 && strcmp(ts, "input_text") != 0)
+            return oai_bad(e, param, "%s[%zu]: content parts of type '%.32s' are not supported "
+                           "(text only)", param, i, ts);
+        if (!json_is_string(text))
+            return oai_bad(e, param, "%s[%zu].text must be a string", param, i);
+        total += json_string_length(text) + 1;
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t n = 0;
+    json_array_foreach(c, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (i) buf[n++] = '\n';
+        memcpy(buf + n, json_string_value(text), json_string_length(text));
+        n += json_string_length(text);
+    }
+    json_t *s = json_stringn_nocheck(buf, n);
+    free(buf);
+    if (!s || json_object_set_new(msg, "content", s) != 0)
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return true;
+}
+
+static bool check_tool_calls(json_t *tc, size_t mi, struct oai_err *e) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", mi);
+    if (json_is_null(tc)) return true;
+    if (!json_is_array(tc)) return oai_bad(e, param, "%s must be a list", param);
+    size_t i;
+    json_t *call;
+    json_array_foreach(tc, i, call) {
+        json_t *fn = json_is_object(call) ? json_object_get(call, "function") : NULL;
+        json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+        if (!json_is_string(name))
+            return oai_bad(e, param, "%s[%zu].function.name must be a string", param, i);
+        if (args && json_is_string(args)) {
+            /* templates expect the arguments as a mapping (HF convention) */
+            json_t *obj = json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL);
+            if (obj && json_is_object(obj)) json_object_set_new(fn, "arguments", obj);
+            else json_decref(obj);
+        } else if (args && !json_is_object(args) && !json_is_null(args)) {
+            return oai_bad(e, param, "%s[%zu].function.arguments must be a string", param, i);
+        }
+    }
+    return true;
+}
+
+static bool parse_messages(json_t *v, struct oai_request *r, struct oai_err *e) {
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return oai_bad(e, "messages", "'messages' must be a non-empty list");
+    size_t i;
+    json_t *m;
+    json_array_foreach(v, i, m) {
+        char param[48];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m)) return oai_bad(e, param, "%s must be an object", param);
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) return oai_bad(e, param, "%s.role must be a string", param);
+        const char *rs = json_string_value(role);
+        bool assistant = !strcmp(rs, "assistant");
+        if (!strcmp(rs, "developer")) {
+            json_object_set_new(m, "role", json_string("system"));
+        } else if (strcmp(rs, "system") && strcmp(rs, "user") && !assistant && strcmp(rs, "tool")) {
+            return oai_bad(e, param, "%s.role '%.32s' is not one of system, developer, user, "
+                           "assistant, tool", param, rs);
+        }
+        json_t *content = json_object_get(m, "content");
+        if (!content && !assistant)
+            return oai_bad(e, param, "%s.content is required", param);
+        if (content && json_is_null(content) && !assistant)
+            return oai_bad(e, param, "%s.content must not be null", param);
+        if (!flatten_content(m, i, e)) return false;
+        const char *k;
+        json_t *x;
+        json_object_foreach(m, k, x) {
+            if (!strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name")) continue;
+            if (assistant && !strcmp(k, "tool_calls")) {
+                if (!check_tool_calls(x, i, e)) return false;
+                continue;
+            }
+            if (assistant && (!strcmp(k, "reasoning_content") || !strcmp(k, "refusal") ||
+                              !strcmp(k, "reasoning") || !strcmp(k, "annotations") ||
+                              !strcmp(k, "audio")))
+                continue;
+            if (!strcmp(rs, "tool") && !strcmp(k, "tool_call_id")) continue;
+            return oai_bad(e, param, "%s: unknown field '%.40s' for role %s", param, k, rs);
+        }
+        json_t *name = json_object_get(m, "name");
+        if (name && !json_is_string(name) && !json_is_null(name))
+            return oai_bad(e, param, "%s.name must be a string", param);
+    }
+    r->messages = v;
+    return true;
+}
+
+static bool parse_tools(json_t *v, struct oai_request *r, struct oai_err *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_array(v)) return oai_bad(e, "tools", "'tools' must be a list");
+    if (json_array_size(v) > 512) return oai_bad(e, "tools", "'tools' holds at most 512 tools");
+    size_t i;
+    json_t *t;
+    json_array_foreach(v, i, t) {
+        json_t *type = json_is_object(t) ? json_object_get(t, "type") : NULL;
+        json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+        json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return oai_bad(e, "tools", "tools[%zu].type must be \"function\"", i);
+        if (!json_is_string(name) || json_string_length(name) == 0 ||
+            json_string_length(name) > 64)
+            return oai_bad(e, "tools", "tools[%zu].function.name must be a string of 1 to 64 "
+                           "characters", i);
+        json_t *params = json_object_get(fn, "parameters");
+        if (params && !json_is_object(params) && !json_is_null(params))
+            return oai_bad(e, "tools", "tools[%zu].function.parameters must be an object", i);
+    }
+    if (json_array_size(v) > 0) r->tools = v;
+    return true;
+}
+
+static bool tool_exists(const json_t *tools, const char *name) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *n = json_object_get(json_object_get(t, "function"), "name");
+        if (json_is_string(n) && !strcmp(json_string_value(n), name)) return true;
+    }
+    return false;
+}
+
+static bool parse_tool_choice(json_t *v, struct oai_request *r, struct oai_err *e) {
+    if (!v || json_is_null(v)) return true;
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "auto")) r->tool_choice = OAI_TOOLS_AUTO;
+        else if (!strcmp(s, "none")) r->tool_choice = OAI_TOOLS_NONE;
+        else if (!strcmp(s, "required")) r->tool_choice = OAI_TOOLS_REQUIRED;
+        else return oai_bad(e, "tool_choice", "'tool_choice' must be none, auto, required or a "
+                            "named function");
+    } else {
+        json_t *fn = json_is_object(v) ? json_object_get(v, "function") : NULL;
+        json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        if (!json_is_string(name))
+            return oai_bad(e, "tool_choice", "'tool_choice' must be none, auto, required or "
+                           "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        r->tool_choice = OAI_TOOLS_NAMED;
+        r->tool_name = json_string_value(name);
+    }
+    if ((r->tool_choice == OAI_TOOLS_REQUIRED || r->tool_choice == OAI_TOOLS_NAMED) && !r->tools)
+        return oai_bad(e, "tool_choice", "tool_choice '%s' needs 'tools'",
+                       r->tool_choice == OAI_TOOLS_NAMED ? r->tool_name : "required");
+    if (r->tool_choice == OAI_TOOLS_NAMED && !tool_exists(r->tools, r->tool_name))
+        return oai_bad(e, "tool_choice", "tool_choice names '%.64s', which is not in 'tools'",
+                       r->tool_name);
+    return true;
+}
+
+/* ---- completions prompt ---- */
+
+static bool ids_from_array(json_t *a, int32_t n_vocab, struct oai_prompt *p, size_t pi,
+                           struct oai_err *e) {
+    size_t n = json_array_size(a), i;
+    if (n == 0) return oai_bad(e, "prompt", "prompt %zu is empty", pi);
+    if (n > (1u << 24)) return oai_bad(e, "prompt", "prompt %zu is too long", pi);
+    p->ids = malloc(n * sizeof *p->ids);
+    if (!p->ids) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->n_ids = (int32_t)n;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= n_vocab)
+            return oai_bad(e, "prompt", "prompt token %zu is not a token id (0..%d)", i,
+                           n_vocab - 1);
+        p->ids[i] = (int32_t)json_integer_value(x);
+    }
+    return true;
+}
+
+static bool parse_prompt(json_t *v, int32_t n_vocab, struct oai_request *r, struct oai_err *e) {
+    if (!v || json_is_null(v)) return oai_bad(e, "prompt", "'prompt' is required");
+    size_t n = 1;
+    if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n == 0) return oai_bad(e, "prompt", "'prompt' must not be an empty list");
+        /* a list of integers is one prompt of token ids */
+        if (json_is_integer(json_array_get(v, 0))) n = 1;
+    } else if (!json_is_string(v)) {
+        return oai_bad(e, "prompt", "'prompt' must be a string, a list of strings, a list of "
+                       "token ids or a list of lists of token ids");
+    }
+    if (n > MAX_PROMPTS) return oai_bad(e, "prompt", "at most %d prompts", MAX_PROMPTS);
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    r->n_prompts = (int32_t)n;
+    if (json_is_string(v)) {
+        r->prompts[0].text = json_string_value(v);
+        r->prompts[0].len = json_string_length(v);
+        return true;
+    }
+    if (json_is_integer(json_array_get(v, 0))) return ids_from_array(v, n_vocab, &r->prompts[0], 0, e);
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+        if (json_is_string(x)) {
+            r->prompts[i].text = json_string_value(x);
+            r->prompts[i].len = json_string_length(x);
+        } else if (json_is_array(x)) {
+            if (!ids_from_array(x, n_vocab, &r->prompts[i], i, e)) return false;
+        } else {
+            return oai_bad(e, "prompt", "prompt %zu must be a string or a list of token ids", i);
+        }
+    }
+    return true;
+}
+
+/* ---- the request ---- */
+
+/* Fields accepted and ignored: they change nothing about generation. */
+static bool harmless(const char *k) {
+    static const char *const names[] = {"user", "metadata", "store", "service_tier",
+                                        "spaces_between_special_tokens", "reasoning_effort",
+                                        "safety_identifier", "prompt_cache_key", NULL};
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(k, names[i])) return true;
+    return false;
+}
+
+/* Fields OpenAI has that smelt refuses (named in the error). */
+static bool unsupported(const char *k) {
+    static const char *const names[] = {"audio", "prediction", "functions", "function_call",
+                                        "web_search_options", "guided_json", "guided_regex",
+                                        "guided_choice", "guided_grammar", "structured_outputs",
+                                        "grammar", "json_schema", NULL};
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(k, names[i])) return true;
+    return false;
+}
+
+static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_vocab,
+                        struct oai_request *r, struct oai_err *e) {
+    struct sample_params *sp = &r->ep.sp;
+    double d;
+    int64_t i;
+    bool chat = kind == OAI_CHAT;
+    if (!strcmp(k, "model")) return get_str(v, k, &r->model, e);
+    if (chat && !strcmp(k, "messages")) return parse_messages(v, r, e);
+    if (!chat && !strcmp(k, "prompt")) return true; /* parsed after the loop */
+    if (!strcmp(k, "stream")) return get_bool(v, k, &r->stream, e);
+    if (!strcmp(k, "stream_options")) return parse_stream_options(v, r, e);
+    if (!strcmp(k, "temperature")) {
+        d = sp->temperature;
+        if (!get_num(v, k, 0, 2, &d, e)) return false;
+        sp->temperature = (float)d;
+        return true;
+    }
+    if (!strcmp(k, "top_p")) {
+        d = sp->top_p;
+        if (!get_num(v, k, 0, 1, &d, e)) return false;
+        sp->top_p = (float)d;
+        return true;
+    }
+    if (!strcmp(k, "top_k")) {
+        i = sp->top_k;
+        if (!get_int(v, k, -1, 1 << 30, &i, e)) return false;
+        sp->top_k = (int32_t)i;
+        return true;
+    }
+    if (!strcmp(k, "min_p")) {
+        d = sp->min_p;
+        if (!get_num(v, k, 0, 1, &d, e)) return false;
+        sp->min_p = (float)d;
+        return true;
+    }
+    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
+        d = 0;
+        if (!get_num(v, k, -2, 2, &d, e)) return false;
+        if (k[0] == 'p') sp->presence_penalty = (float)d;
+        else sp->frequency_penalty = (float)d;
+        return true;
+    }
+    if (!strcmp(k, "repetition_penalty")) {
+        d = sp->repetition_penalty;
+        if (!get_num(v, k, 0.01, 10, &d, e)) return false;
+        sp->repetition_penalty = (float)d;
+        return true;
+    }
+    if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
+        i = r->max_tokens;
+        int64_t lo = !chat ? 0 : 1;
+        if (!get_int(v, k, lo, 1 << 30, &i, e)) return false;
+        if (!json_is_null(v)) r->max_tokens = (int32_t)i;
+        return true;
+    }
+    if (!strcmp(k, "n")) {
+        i = r->n;
+        if (!get_int(v, k, 1, ENGINE_MAX_N, &i, e)) return false;
+        r->n = (int32_t)i;
+        return true;
+    }
+    if (!strcmp(k, "seed")) {
+        i = 0;
+        if (!get_int(v, k, INT64_MIN, INT64_MAX, &i, e)) return false;
+        if (!json_is_null(v)) {
+            r->has_seed = true;
+            sp->seed = (uint64_t)i;
+        }
+        return true;
+    }
+    if (!strcmp(k, "stop")) return parse_stop(v, r, e);
+    if (!strcmp(k, "stop_token_ids")) return parse_stop_ids(v, n_vocab, r, e);
+    if (!strcmp(k, "logit_bias")) return parse_logit_bias(v, n_vocab, r, e);
+    if (!strcmp(k, "ignore_eos")) return get_bool(v, k, &r->ignore_eos, e);
+    if (!strcmp(k, "skip_special_tokens")) {
+        bool skip = true;
+        if (!get_bool(v, k, &skip, e)) return false;
+        r->ep.decode_special = !skip;
+        return true;
+    }
+    if (!strcmp(k, "response_format")) return parse_response_format(v, e);
+    if (!strcmp(k, "min_tokens")) {
+        i = 0;
+        if (!get_int(v, k, 0, 1 << 30, &i, e)) return false;
+        if (i > 0) return oai_bad(e, k, "'min_tokens' is not supported yet");
+        return true;
+    }
+    if (!strcmp(k, "include_stop_str_in_output")) {
+        bool b = false;
+        if (!get_bool(v, k, &b, e)) return false;
+        if (b) return oai_bad(e, k, "'include_stop_str_in_output' is not supported yet");
+        return true;
+    }
+    if (!strcmp(k, "modalities")) {
+        if (json_is_null(v)) return true;
+        size_t j;
+        json_t *x;
+        if (!json_is_array(v)) return oai_bad(e, k, "'modalities' must be a list");
+        json_array_foreach(v, j, x) if (!json_is_string(x) || strcmp(json_string_value(x), "text"))
+            return oai_bad(e, k, "only the 'text' modality is supported");
+        return true;
+    }
+    if (chat) {
+        if (!strcmp(k, "logprobs")) return get_bool(v, k, &r->logprobs, e);
+        if (!strcmp(k, "top_logprobs")) {
+            i = 0;
+            if (!get_int(v, k, 0, MAX_TOP_LOGPROBS, &i, e)) return false;
+            r->top_logprobs = (int32_t)i;
+            return true;
+        }
+        if (!strcmp(k, "tools")) return parse_tools(v, r, e);
+        if (!strcmp(k, "tool_choice")) return true; /* after tools, below */
+        if (!strcmp(k, "parallel_tool_calls")) return get_bool(v, k, &r->parallel_tool_calls, e);
+        if (!strcmp(k, "chat_template_kwargs")) {
+            if (json_is_null(v)) return true;
+            if (!json_is_object(v)) return oai_bad(e, k, "'chat_template_kwargs' must be an object");
+            r->template_kwargs = v;
+            return true;
+        }
+        if (!strcmp(k, "add_generation_prompt")) return get_bool(v, k, &r->add_generation_prompt, e);
+        if (!strcmp(k, "continue_final_message"))
+            return get_bool(v, k, &r->continue_final_message, e);
+    } else {
+        if (!strcmp(k, "logprobs")) {
+            i = -1;
+            if (!get_int(v, k, 0, MAX_TOP_LOGPROBS, &i, e)) return false;
+            if (i >= 0) {
+                r->logprobs = true;
+                r->top_logprobs = (int32_t)i;
+            }
+            return true;
+        }
+        if (!strcmp(k, "echo")) return get_bool(v, k, &r->echo, e);
+        if (!strcmp(k, "suffix")) {
+            if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return true;
+            return oai_bad(e, k, "'suffix' is not supported");
+        }
+        if (!strcmp(k, "best_of")) {
+            i = 1;
+            if (!get_int(v, k, 1, ENGINE_MAX_N, &i, e)) return false;
+            int64_t n = 1;
+            json_t *nv = json_object_get(r->root, "n");
+            if (nv && json_is_integer(nv)) n = json_integer_value(nv);
+            if (i != 1 && i != n) return oai_bad(e, k, "'best_of' other than n is not supported");
+            return true;
+        }
+    }
+    if (harmless(k)) return true;
+    if (unsupported(k)) return oai_bad(e, k, "'%s' is not supported", k);
+    return oai_bad(e, k, "Unrecognized request argument supplied: %.64s", k);
+}
+
+bool oai_parse(const char *body, size_t len, enum oai_kind kind, int32_t n_vocab,
+               const struct sample_params *defaults, struct oai_request *r, struct oai_err *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->max_tokens = -1;
+    r->n = 1;
+    r->parallel_tool_calls = true;
+    r->add_generation_prompt = true;
+    engine_params_default(&r->ep);
+    if (defaults) {
+        r->ep.sp = *defaults;
+        r->ep.sp.bias = NULL;
+        r->ep.sp.n_bias = 0;
+        r->ep.sp.n_logprobs = -1;
+    }
+    json_error_t je;
+    r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!r->root)
+        return oai_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, "
+                       "column %d)", je.text, je.line, je.column);
+    if (!json_is_object(r->root))
+        return oai_bad(e, NULL, "The request body must be a JSON object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(r->root, k, v) {
+        if (!parse_field(k, v, kind, n_vocab, r, e)) return false;
+    }
+    if (kind == OAI_CHAT) {
+        if (!r->messages) return oai_bad(e, "messages", "'messages' is required");
+        if (!parse_tool_choice(json_object_get(r->root, "tool_choice"), r, e)) return false;
+        if (r->top_logprobs > 0 && !r->logprobs)
+            return oai_bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (r->add_generation_prompt && r->continue_final_message)
+            return oai_bad(e, "continue_final_message", "'continue_final_message' and "
+                           "'add_generation_prompt' cannot both be true");
+    } else {
+        if (!parse_prompt(json_object_get(r->root, "prompt"), n_vocab, r, e)) return false;
+        if (r->max_tokens == 0 && !r->echo)
+            return oai_bad(e, "max_tokens", "'max_tokens' must be at least 1");
+        if (r->max_tokens < 0) r->max_tokens = 16; /* OpenAI's default for completions */
+    }
+    if (r->include_usage && !r->stream)
+        return oai_bad(e, "stream_options", "The 'stream_options' parameter is only allowed when "
+                       "'stream' is enabled.");
+    if (r->ep.sp.top_p == 0.0f) { /* nothing but the most likely token */
+        r->ep.sp.top_p = 1.0f;
+        r->ep.sp.temperature = 0.0f;
+    }
+    r->ep.sp.n_logprobs = r->logprobs ? r->top_logprobs : -1;
+    r->ep.ignore_eos = r->ignore_eos;
+    return true;
+}

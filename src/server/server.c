@@ -1,0 +1,576 @@
+/* HTTP side of the server: the libmicrohttpd daemon, connections, routing, auth, the
+ * small routes (/health, /v1/models, /metrics, /tokenize, /detokenize), request logging
+ * and shutdown. Generation routes are in gen.c. See server.h.
+ *
+ * A connection's life: MHD calls on_request once for the headers (we allocate a struct
+ * conn), once per body chunk (appended, up to max_body), and once more at the end, where
+ * the route runs. A generation request either answers at once (errors, a stream response
+ * whose body comes from a callback) or suspends the connection until the engine says it
+ * is done. on_completed (MHD's "request completed" notification, which also fires on a
+ * client disconnect) detaches the request from the engine: a dropped stream is
+ * cancelled at the engine's next step. */
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/server_int.h"
+#include "tokenizer/tok.h"
+#include "util/log.h"
+
+#define DEFAULT_MAX_BODY ((size_t)32 << 20)
+
+const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 413, 429, 500, 503};
+
+double srv_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+void srv_count_status(struct server *s, int status) {
+    int i = 0;
+    while (i < SRV_N_STATUS && srv_status_codes[i] != status) i++;
+    atomic_fetch_add(&s->status_count[i], 1);
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+/* "prefix-" + 24 base62 characters, unique per server (a keyed hash of a counter). */
+void srv_new_id(struct server *s, const char *prefix, char *out, size_t n) {
+    static const char b62[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    uint64_t c = atomic_fetch_add(&s->next_id, 1);
+    uint64_t a = mix64(c ^ s->id_key), b = mix64(a + s->id_key + 0x9e3779b97f4a7c15ull);
+    char id[25];
+    for (int i = 0; i < 12; i++) {
+        id[i] = b62[a % 62];
+        a /= 62;
+        id[12 + i] = b62[b % 62];
+        b /= 62;
+    }
+    id[24] = 0;
+    snprintf(out, n, "%s%s", prefix, id);
+}
+
+void srv_conn_unref(struct conn *c) {
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    gen_free(c->gen);
+    jw_free(&c->body);
+    atomic_fetch_sub(&c->srv->n_conns, 1);
+    free(c);
+}
+
+enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype) {
+    size_t n = body ? strlen(body) : 0;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(n, body ? body : (char *)"", MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype ? ctype : "application/json");
+    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    c->status = status;
+    srv_count_status(c->srv, status);
+    enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+enum MHD_Result srv_error(struct conn *c, const struct oai_err *e) {
+    if (e->status >= 500) log_error("request %s %s: %d %s", c->method, c->path, e->status, e->message);
+    char *body = oai_err_json(e);
+    size_t n = strlen(body);
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (e->status == 429 || e->status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (e->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    c->status = e->status;
+    srv_count_status(c->srv, e->status);
+    enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)e->status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result respond_json(struct conn *c, int status, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        struct oai_err e;
+        oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return srv_error(c, &e);
+    }
+    return srv_respond(c, status, s, NULL);
+}
+
+/* ---- auth ---- */
+
+/* Constant-time comparison: the time depends on the lengths only. */
+static bool same_secret(const char *a, size_t na, const char *b, size_t nb) {
+    unsigned char d = (unsigned char)(na != nb);
+    size_t n = na > nb ? na : nb;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = i < na ? (unsigned char)a[i] : 0;
+        unsigned char y = i < nb ? (unsigned char)b[i] : 0;
+        d |= x ^ y;
+    }
+    return d == 0;
+}
+
+static bool authorized(struct conn *c) {
+    const char *key = c->srv->cfg.api_key;
+    if (!key || !*key) return true;
+    const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    return same_secret(h, strlen(h), key, strlen(key));
+}
+
+/* ---- small routes ---- */
+
+static json_t *model_obj(struct server *s, const char *id) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", id, "object", "model", "created",
+                     (json_int_t)s->m.created, "owned_by", "smelt", "max_model_len",
+                     (int)s->m.n_ctx);
+}
+
+static bool model_known(struct server *s, const char *name) {
+    if (!strcmp(name, s->m.id)) return true;
+    for (int i = 0; i < s->m.n_aliases; i++)
+        if (!strcmp(name, s->m.aliases[i])) return true;
+    return false;
+}
+
+static enum MHD_Result route_models(struct conn *c, const char *id) {
+    struct server *s = c->srv;
+    if (id) {
+        if (!model_known(s, id)) {
+            struct oai_err e;
+            oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                     "The model '%.200s' does not exist", id);
+            return srv_error(c, &e);
+        }
+        return respond_json(c, 200, model_obj(s, id));
+    }
+    json_t *list = json_array();
+    json_array_append_new(list, model_obj(s, s->m.id));
+    for (int i = 0; i < s->m.n_aliases; i++) json_array_append_new(list, model_obj(s, s->m.aliases[i]));
+    return respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", list));
+}
+
+static enum MHD_Result route_tokenize(struct conn *c) {
+    struct server *s = c->srv;
+    struct oai_err e;
+    json_error_t je;
+    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        oai_bad(&e, NULL, "The body must be a JSON object: %s", j ? "" : je.text);
+        return srv_error(c, &e);
+    }
+    json_t *text = json_object_get(j, "content");
+    if (!text) text = json_object_get(j, "prompt");
+    json_t *msgs = json_object_get(j, "messages");
+    json_t *add = json_object_get(j, "add_special");
+    if (!add) add = json_object_get(j, "add_special_tokens");
+    json_t *pieces = json_object_get(j, "with_pieces");
+    bool ok = true;
+    char *rendered = NULL;
+    size_t rlen = 0;
+    const char *src = NULL;
+    size_t slen = 0;
+    unsigned flags = TOK_PARSE_SPECIAL;
+    if (msgs) {
+        /* a chat: render it as /v1/chat/completions would */
+        struct oai_request rq;
+        char *body = json_dumps(j, JSON_COMPACT);
+        /* keep only the chat fields the parser knows */
+        json_t *cj = json_pack("{s:O}", "messages", msgs);
+        json_t *tools = json_object_get(j, "tools");
+        if (tools) json_object_set(cj, "tools", tools);
+        json_t *kw = json_object_get(j, "chat_template_kwargs");
+        if (kw) json_object_set(cj, "chat_template_kwargs", kw);
+        char *cbody = json_dumps(cj, JSON_COMPACT);
+        json_decref(cj);
+        free(body);
+        ok = cbody && oai_parse(cbody, strlen(cbody), OAI_CHAT, tok_n_vocab(s->m.tok), NULL, &rq, &e);
+        free(cbody);
+        if (ok) ok = gen_render_chat(s, &rq, &rendered, &rlen, &e);
+        oai_request_free(&rq);
+        src = rendered;
+        slen = rlen;
+    } else if (json_is_string(text)) {
+        src = json_string_value(text);
+        slen = json_string_length(text);
+        if (!add || json_is_true(add)) flags |= TOK_ADD_SPECIAL;
+    } else {
+        ok = oai_bad(&e, "content", "'content' (a string) or 'messages' is required");
+    }
+    if (ok && add && !json_is_boolean(add)) ok = oai_bad(&e, "add_special", "must be a boolean");
+    struct tok_ids ids = {0};
+    if (ok) ok = gen_tokenize(s, src, slen, flags, &ids, &e);
+    free(rendered);
+    if (!ok) {
+        json_decref(j);
+        tok_ids_free(&ids);
+        return srv_error(c, &e);
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ids.n; i++) {
+        if (json_is_true(pieces)) {
+            size_t pl;
+            const char *p = tok_piece(s->m.tok, ids.v[i], &pl);
+            json_t *pj = json_stringn(p, pl);
+            if (!pj) pj = json_stringn_nocheck("", 0);
+            json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids.v[i], "piece", pj));
+        } else {
+            json_array_append_new(arr, json_integer(ids.v[i]));
+        }
+    }
+    json_t *out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", (int)ids.n,
+                            "max_model_len", (int)s->m.n_ctx);
+    tok_ids_free(&ids);
+    json_decref(j);
+    return respond_json(c, 200, out);
+}
+
+static enum MHD_Result route_detokenize(struct conn *c) {
+    struct server *s = c->srv;
+    struct oai_err e;
+    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, NULL);
+    json_t *toks = json_is_object(j) ? json_object_get(j, "tokens") : NULL;
+    if (!json_is_array(toks)) {
+        json_decref(j);
+        oai_bad(&e, "tokens", "'tokens' (a list of token ids) is required");
+        return srv_error(c, &e);
+    }
+    size_t n = json_array_size(toks), i;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    json_t *x;
+    bool ok = ids != NULL;
+    int32_t nv = tok_n_vocab(s->m.tok);
+    json_array_foreach(toks, i, x) {
+        if (!ok) break;
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= nv) {
+            ok = oai_bad(&e, "tokens", "tokens[%zu] is not a token id (0..%d)", i, nv - 1);
+            break;
+        }
+        ids[i] = (int32_t)json_integer_value(x);
+    }
+    if (!ids) oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+    json_decref(j);
+    struct tok_buf out = {0};
+    struct err te;
+    if (ok && tok_decode(s->m.tok, ids, n, TOK_DECODE_SPECIAL, &out, &te) != SMELT_OK)
+        ok = oai_bad(&e, "tokens", "%s", te.msg);
+    free(ids);
+    if (!ok) {
+        tok_buf_free(&out);
+        return srv_error(c, &e);
+    }
+    json_t *txt = json_stringn_nocheck(out.p ? out.p : "", out.n);
+    tok_buf_free(&out);
+    return respond_json(c, 200, json_pack("{s:O, s:o}", "content", txt, "prompt", txt));
+}
+
+/* ---- the access handler ---- */
+
+static bool path_is(const char *url, const char *p) {
+    if (!strncmp(url, "/v1", 3) && (url[3] == '/')) url += 3;
+    return !strcmp(url, p);
+}
+
+static enum MHD_Result route(struct conn *c, const char *url, const char *method) {
+    struct server *s = c->srv;
+    struct oai_err e;
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (path_is(url, "/health")) {
+        c->route = "health";
+        if (atomic_load(&s->draining)) {
+            oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+            return srv_error(c, &e);
+        }
+        return srv_respond(c, 200, strdup("{\"status\":\"ok\"}"), NULL);
+    }
+    if (!authorized(c)) {
+        oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
+        return srv_error(c, &e);
+    }
+    if (c->too_big) {
+        oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                 "The request body is larger than the limit of %zu bytes", s->cfg.max_body);
+        return srv_error(c, &e);
+    }
+    const char *mid = NULL;
+    const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
+    if (!strncmp(u, "/models/", 8) && u[8]) mid = u + 8;
+    struct {
+        const char *path;
+        bool post;
+        const char *name;
+    } static const table[] = {
+        {"/chat/completions", true, "chat"}, {"/completions", true, "completions"},
+        {"/models", false, "models"},        {"/metrics", false, "metrics"},
+        {"/tokenize", true, "tokenize"},     {"/detokenize", true, "detokenize"},
+    };
+    int hit = -1;
+    for (int i = 0; i < (int)(sizeof table / sizeof table[0]); i++)
+        if (path_is(url, table[i].path)) hit = i;
+    if (mid) hit = 2;
+    if (hit < 0) {
+        c->route = "unknown";
+        oai_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Unknown route %s %.200s",
+                 method, url);
+        return srv_error(c, &e);
+    }
+    c->route = table[hit].name;
+    if ((table[hit].post && !post) || (!table[hit].post && !get)) {
+        oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                 "%s %.200s: method not allowed (use %s)", method, url,
+                 table[hit].post ? "POST" : "GET");
+        return srv_error(c, &e);
+    }
+    switch (hit) {
+    case 0: return gen_start(c, OAI_CHAT);
+    case 1: return gen_start(c, OAI_COMPLETION);
+    case 2: return route_models(c, mid);
+    case 3: {
+        char *m = metrics_text(s);
+        if (!m) return MHD_NO;
+        return srv_respond(c, 200, m, "text/plain; version=0.0.4; charset=utf-8");
+    }
+    case 4: return route_tokenize(c);
+    default: return route_detokenize(c);
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls) {
+    struct server *s = cls;
+    (void)version;
+    struct conn *c = *con_cls;
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) return MHD_NO;
+        c->srv = s;
+        c->mc = mc;
+        atomic_init(&c->refs, 1);
+        c->t0 = srv_now();
+        snprintf(c->method, sizeof c->method, "%s", method);
+        snprintf(c->path, sizeof c->path, "%s", url);
+        atomic_fetch_add(&s->n_conns, 1);
+        *con_cls = c;
+        /* refuse an announced oversized body before reading it */
+        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) c->too_big = true;
+        return MHD_YES;
+    }
+    if (c->gen) return gen_resume(c); /* a suspended request was resumed */
+    if (*upload_size) {
+        if (!c->too_big) {
+            if (c->body.n + *upload_size > s->cfg.max_body) {
+                c->too_big = true;
+                jw_free(&c->body);
+            } else {
+                jw_raw(&c->body, upload_data, *upload_size);
+                if (c->body.oom) return MHD_NO;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (c->handled) return MHD_YES;
+    c->handled = true;
+    return route(c, url, method);
+}
+
+/* One line per request: text, or JSON with --log-format json. */
+static void log_request(struct server *s, struct conn *c) {
+    if (s->cfg.quiet || !c->route) return;
+    double total = srv_now() - c->t0;
+    struct gen *g = c->gen;
+    double ttft = g && g->t_first > 0 ? g->t_first - c->t0 : -1;
+    long long pt = g ? g->usage_prompt : 0, ct = g ? g->usage_completion : 0,
+              cached = g ? g->usage_cached : 0;
+    const char *id = g ? g->id : "-";
+    pthread_mutex_lock(&s->log_mu);
+    if (s->cfg.log_json) {
+        struct jw w = {0};
+        jw_str(&w, "{\"ts\":");
+        jw_float(&w, (double)time(NULL));
+        jw_str(&w, ",\"level\":\"info\",\"msg\":\"request\",\"id\":");
+        jw_json_str(&w, id, strlen(id));
+        jw_str(&w, ",\"method\":");
+        jw_json_str(&w, c->method, strlen(c->method));
+        jw_str(&w, ",\"path\":");
+        jw_json_str(&w, c->path, strlen(c->path));
+        jw_printf(&w, ",\"status\":%d,\"prompt_tokens\":%lld,\"cached_tokens\":%lld,"
+                      "\"completion_tokens\":%lld,\"ttft_s\":", c->status, pt, cached, ct);
+        if (ttft >= 0) jw_float(&w, ttft);
+        else jw_str(&w, "null");
+        jw_str(&w, ",\"total_s\":");
+        jw_float(&w, total);
+        jw_str(&w, "}\n");
+        if (w.p) fputs(w.p, stderr);
+        jw_free(&w);
+    } else {
+        fprintf(stderr, "smelt: request %s %s %s %d prompt=%lld cached=%lld completion=%lld "
+                        "ttft=%s%.3fs total=%.3fs\n",
+                id, c->method, c->path, c->status, pt, cached, ct, ttft < 0 ? "-" : "",
+                ttft < 0 ? 0.0 : ttft, total);
+    }
+    pthread_mutex_unlock(&s->log_mu);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    struct server *s = cls;
+    (void)mc;
+    struct conn *c = *con_cls;
+    if (!c) return;
+    *con_cls = NULL;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->status == 200 && c->gen)
+        c->status = 499; /* the client went away mid-response (nginx's convention) */
+    log_request(s, c);
+    if (c->gen) {
+        for (int32_t i = 0; i < c->gen->n_reqs; i++)
+            if (c->gen->reqs[i]) engine_req_detach(c->gen->reqs[i]);
+    }
+    srv_conn_unref(c);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    size_t n = strlen(buf);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = 0;
+    log_debug("http: %s", buf);
+}
+
+/* ---- lifecycle ---- */
+
+static int32_t longest_piece(const struct tok *t) {
+    int32_t best = 1, nv = tok_n_vocab(t);
+    for (int32_t i = 0; i < nv; i++) {
+        size_t n;
+        tok_piece(t, i, &n);
+        if ((int32_t)n > best) best = (int32_t)n;
+    }
+    return best;
+}
+
+smelt_status server_new(struct server **out, const struct server_config *cfg,
+                        const struct server_model *m, struct err *e) {
+    *out = NULL;
+    struct server *s = calloc(1, sizeof *s);
+    if (!s) return err_set(e, SMELT_ERR_NOMEM, "server: out of memory");
+    s->cfg = *cfg;
+    s->m = *m;
+    if (!s->cfg.host) s->cfg.host = "127.0.0.1";
+    if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (s->cfg.timeout_s <= 0) s->cfg.timeout_s = 120;
+    if (s->cfg.threads <= 0) s->cfg.threads = 2;
+    if (s->cfg.max_connections <= 0) s->cfg.max_connections = 4096;
+    pthread_mutex_init(&s->log_mu, NULL);
+    uint64_t key[2] = {0, 0};
+    if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key) key[0] = (uint64_t)time(NULL) ^ (uint64_t)getpid();
+    s->id_key = key[0];
+    snprintf(s->fingerprint, sizeof s->fingerprint, "fp_smelt%08llx", (unsigned long long)(key[1] & 0xffffffffu));
+    s->max_piece = longest_piece(m->tok);
+
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_TURBO | MHD_USE_ERROR_LOG;
+    if (strchr(s->cfg.host, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)s->cfg.port);
+        if (inet_pton(AF_INET6, s->cfg.host, &a->sin6_addr) != 1) {
+            free(s);
+            return err_set(e, SMELT_ERR_INVALID, "--host %s: not an IPv6 address", cfg->host);
+        }
+        flags |= MHD_USE_IPv6;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)s->cfg.port);
+        const char *h = !strcmp(s->cfg.host, "localhost") ? "127.0.0.1" : s->cfg.host;
+        if (inet_pton(AF_INET, h, &a->sin_addr) != 1) {
+            free(s);
+            return err_set(e, SMELT_ERR_INVALID, "--host %s: not an IPv4 address", cfg->host);
+        }
+    }
+    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        pthread_mutex_destroy(&s->log_mu);
+        free(s);
+        return err_set(e, SMELT_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
+                       cfg->host ? cfg->host : "127.0.0.1", cfg->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->cfg.port;
+    *out = s;
+    return SMELT_OK;
+}
+
+int server_port(const struct server *s) { return s->port; }
+
+void server_shutdown(struct server *s, double grace_s) {
+    if (!s || !s->d) return;
+    atomic_store(&s->draining, true);
+    MHD_socket ls = MHD_quiesce_daemon(s->d);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    engine_drain(s->m.en);
+    double t0 = srv_now();
+    while (engine_in_flight(s->m.en) > 0 && srv_now() - t0 < grace_s) usleep(20000);
+    if (engine_in_flight(s->m.en) > 0) {
+        log_warn("shutdown: cancelling %d requests still running after %.0f s",
+                 engine_in_flight(s->m.en), grace_s);
+        engine_cancel_all(s->m.en);
+    }
+    /* every suspended connection is resumed by its request's end; wait for them, and
+     * give the last bytes a moment to go out */
+    t0 = srv_now();
+    while ((atomic_load(&s->n_parked) > 0 || atomic_load(&s->n_streams) > 0) &&
+           srv_now() - t0 < 5.0)
+        usleep(10000);
+}
+
+void server_free(struct server *s) {
+    if (!s) return;
+    if (s->d && atomic_load(&s->n_parked) == 0) MHD_stop_daemon(s->d);
+    else if (s->d) log_warn("shutdown: %d connections still wait for the engine; not closing them",
+                            atomic_load(&s->n_parked));
+    pthread_mutex_destroy(&s->log_mu);
+    free(s);
+}

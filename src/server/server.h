@@ -1,0 +1,72 @@
+/* The OpenAI-compatible HTTP server (libmicrohttpd + jansson) over one engine.
+ *
+ * Routes (each also without the /v1 prefix):
+ *   POST /v1/chat/completions, POST /v1/completions   generation (streaming or not)
+ *   GET  /v1/models, GET /v1/models/{id}
+ *   GET  /health                                      200 {"status":"ok"}; no auth
+ *   GET  /metrics                                     Prometheus text format
+ *   POST /tokenize, POST /detokenize
+ *
+ * Threads: libmicrohttpd's internal epoll threads (a small pool) run every connection.
+ * Parsing, templating and tokenizing happen there; the engine thread only schedules and
+ * samples. A connection waiting for the engine is suspended (MHD_suspend_connection), not
+ * parked on a thread: the engine's notification resumes it. So an idle stream or a
+ * queued request costs a socket and a few hundred bytes, not a thread.
+ *
+ * Shutdown (server_shutdown): stop accepting connections, refuse new requests with 503,
+ * let in-flight requests finish for a grace period, cancel the rest, close.
+ */
+#ifndef SMELT_SERVER_H
+#define SMELT_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/sample.h"
+#include "util/err.h"
+
+struct tok;
+struct tmpl;
+
+struct server_config {
+    const char *host;     /* listen address (default 127.0.0.1) */
+    int port;             /* 0: any free port (see server_port) */
+    const char *api_key;  /* NULL: no auth */
+    size_t max_body;      /* request body limit in bytes (default 32 MiB) */
+    int timeout_s;        /* idle connection timeout (default 120) */
+    int threads;          /* HTTP threads (default 2) */
+    int max_connections;  /* default 4096 */
+    bool log_json;        /* request log lines as JSON */
+    bool quiet;           /* no request log lines */
+};
+
+/* What the server serves. Everything must outlive the server. */
+struct server_model {
+    const char *id;                 /* the served model name (/v1/models, responses) */
+    const char *const *aliases;     /* other names a request's "model" may use */
+    int n_aliases;
+    struct engine *en;
+    const struct tok *tok;
+    const struct tmpl *tmpl;        /* chat template; NULL: chat is refused */
+    const char *tmpl_src;           /* its source (picks the tool-call syntax); may be NULL */
+    const char *bos_text, *eos_text; /* template variables bos_token / eos_token; may be NULL */
+    int32_t n_ctx;                  /* positions per sequence */
+    int64_t created;                /* Unix time for /v1/models */
+    struct sample_params defaults;  /* sampling defaults (the GGUF's general.sampling.*) */
+};
+
+struct server;
+
+/* Starts listening and serving. */
+smelt_status server_new(struct server **out, const struct server_config *cfg,
+                        const struct server_model *m, struct err *e);
+/* The port it listens on. */
+int server_port(const struct server *s);
+/* Stops accepting, waits up to grace_s for in-flight requests, cancels the rest, closes
+ * every connection. */
+void server_shutdown(struct server *s, double grace_s);
+void server_free(struct server *s);
+
+#endif

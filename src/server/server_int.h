@@ -1,0 +1,129 @@
+/* Server internals shared by server.c (HTTP, routing, lifecycle), gen.c (generation
+ * requests) and metrics.c. */
+#ifndef SMELT_SERVER_INT_H
+#define SMELT_SERVER_INT_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "server/jw.h"
+#include "server/oai.h"
+#include "server/outp.h"
+#include "server/server.h"
+#include "tokenizer/tok.h"
+
+/* HTTP status counters for /metrics. */
+#define SRV_N_STATUS 8
+extern const int srv_status_codes[SRV_N_STATUS]; /* 200, 400, 401, 404, 413, 429, 500, 503 */
+
+struct server {
+    struct server_config cfg;
+    struct server_model m;
+    struct MHD_Daemon *d;
+    int port;
+    int32_t max_piece; /* longest token piece in bytes (prompt-length precheck) */
+    atomic_bool draining;
+    atomic_int n_conns, n_parked, n_streams;
+    atomic_uint_fast64_t next_id;
+    uint64_t id_key;
+    char fingerprint[32];
+    atomic_uint_fast64_t status_count[SRV_N_STATUS + 1]; /* last: other */
+    atomic_uint_fast64_t n_requests_by_route[4]; /* chat, completions, other, errors */
+    pthread_mutex_t log_mu;
+};
+
+/* One choice's accumulated output (non-streaming), and its stream state. */
+struct choice {
+    struct jw text;              /* all text (non-stream) */
+    int32_t *tok;                /* generated tokens with logprobs (when asked) */
+    float *lp;
+    struct sample_token_logprob *top; /* (n_tok * top_n) */
+    int32_t n_tok, cap_tok;
+    uint8_t finish;              /* enum engine_finish */
+    int32_t n_gen;
+    bool role_sent;              /* chat stream: the first delta carried the role */
+    struct outp op;              /* chat: reasoning / tool-call parser */
+    int32_t n_calls;             /* tool calls emitted so far */
+    int64_t text_offset;         /* completions logprobs text_offset */
+};
+
+/* A generation request in flight on a connection. */
+struct gen {
+    struct server *srv;
+    struct conn *conn;
+    struct oai_request rq;
+    char id[48];
+    int64_t created;
+    int32_t n_reqs;              /* engine requests (one per prompt) */
+    struct engine_req **reqs;
+    bool *req_done;
+    int32_t *req_prompt_tokens, *req_cached;
+    int32_t n_choices;           /* n_reqs * n */
+    struct choice *ch;
+    struct engine_out out;
+    struct outp_delta delta;
+    int32_t n_done_reqs;
+    char error[ERR_MSG_MAX];     /* an engine failure */
+    bool cancelled;              /* the engine cancelled a request (shutdown) */
+    /* echo (completions): the prompt text of each prompt */
+    char **echo_text;
+    size_t *echo_len;
+    /* chat */
+    enum outp_syntax syntax;
+    bool reasoning, in_reasoning;
+
+    /* waking: the engine's notify sets pending, or resumes the parked connection */
+    pthread_mutex_t mu;
+    bool parked, pending;
+
+    /* streaming */
+    struct jw sse;
+    size_t sse_off;
+    bool stream_end;             /* [DONE] formatted: end after sse is sent */
+    double t_first;              /* first token seen by the HTTP side */
+    int64_t usage_prompt, usage_completion, usage_cached;
+};
+
+struct conn {
+    struct server *srv;
+    struct MHD_Connection *mc;
+    atomic_int refs;             /* MHD's con_cls + a streaming response */
+    struct jw body;
+    bool too_big, handled;
+    int status;                  /* for the log */
+    const char *route;
+    char method[8];
+    char path[64];
+    double t0;
+    struct gen *gen;
+};
+
+/* ---- server.c ---- */
+double srv_now(void);
+void srv_count_status(struct server *s, int status);
+void srv_conn_unref(struct conn *c);
+/* Queues a JSON response (takes ownership of body, malloc'd). */
+enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype);
+enum MHD_Result srv_error(struct conn *c, const struct oai_err *e);
+void srv_new_id(struct server *s, const char *prefix, char *out, size_t n);
+
+/* ---- gen.c ---- */
+/* Starts a chat or completions request from c's body: parses, builds prompts, submits.
+ * Queues the response (errors, a stream) or suspends the connection until it is done. */
+enum MHD_Result gen_start(struct conn *c, enum oai_kind kind);
+/* Called again for a suspended non-stream request after it was resumed. */
+enum MHD_Result gen_resume(struct conn *c);
+/* The connection is gone: detaches from the engine and frees. */
+void gen_free(struct gen *g);
+/* Tokenizes text for /tokenize and prompts (flags: TOK_*); precheck by length. */
+bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
+                  struct tok_ids *out, struct oai_err *e);
+/* Renders a chat request's messages with the template. out: malloc'd prompt. */
+bool gen_render_chat(struct server *s, const struct oai_request *rq, char **out, size_t *len,
+                     struct oai_err *e);
+
+/* ---- metrics.c ---- */
+char *metrics_text(struct server *s);
+
+#endif

@@ -1,0 +1,736 @@
+/* Engine tests: the prefix-cache index of the KV pool, and the engine driven by fake
+ * forwards whose next token is a known function of the row (token, position), so every
+ * expected output can be computed independently here:
+ * - stop strings across token boundaries never leak, eos / stop ids / max_tokens end a
+ *   choice with the right reason, ignore_eos runs past eos;
+ * - n > 1, seeds, logprobs of a known distribution;
+ * - continuous batching: many concurrent sequences each get what they get alone, also
+ *   under KV pressure (preemption) and with prefix sharing;
+ * - cancellation frees every block; the prefix cache reports cached tokens;
+ * - submit refuses prompts longer than the context and a full queue.
+ * The real model under concurrency is covered by tests/py/test_server_concurrency.py. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "engine/kv.h"
+#include "format/gguf.h"
+#include "t.h"
+#include "tokenizer/tok.h"
+
+/* ---- the prefix-cache index ---- */
+
+static void fill(int32_t *t, int n, int base) {
+    for (int i = 0; i < n; i++) t[i] = base + i;
+}
+
+static void test_prefix_index(void) {
+    struct kv_pool p;
+    struct err e;
+    T_CHECK(kv_pool_init(&p, 8, 4, &e) == SMELT_OK);
+    T_CHECK(kv_prefix_enable(&p, &e) == SMELT_OK);
+    int32_t tok[16];
+    fill(tok, 16, 100);
+    struct kv_seq a;
+    kv_seq_init(&a);
+    T_CHECK(kv_seq_reserve(&p, &a, 12, &e) == SMELT_OK);
+    uint64_t h[4], parent = 0;
+    for (int b = 0; b < 3; b++) {
+        h[b] = kv_block_hash(&p, parent, tok + 4 * b);
+        T_CHECK(h[b] != 0);
+        kv_prefix_register(&p, a.blocks[b], h[b], parent, tok + 4 * b);
+        parent = h[b];
+    }
+    int32_t ablocks[3] = {a.blocks[0], a.blocks[1], a.blocks[2]};
+    struct kv_stats st;
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.used, 3);
+    T_EQ_INT(st.cached, 3);
+    T_EQ_INT(st.idle, 0);
+    kv_seq_release(&p, &a);
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.used, 0);
+    T_EQ_INT(st.idle, 3);
+    T_EQ_INT(kv_pool_available(&p), 8);
+
+    /* the same tokens come back as the same blocks */
+    struct kv_seq b;
+    kv_seq_init(&b);
+    uint64_t got[4];
+    T_EQ_INT(kv_prefix_acquire(&p, &b, tok, 3, got), 3);
+    for (int i = 0; i < 3; i++) {
+        T_EQ_INT(b.blocks[i], ablocks[i]);
+        T_CHECK(got[i] == h[i]);
+    }
+    /* a second sequence shares them (refcount 2) */
+    struct kv_seq c;
+    kv_seq_init(&c);
+    T_EQ_INT(kv_prefix_acquire(&p, &c, tok, 2, got), 2);
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.used, 3);
+    kv_seq_release(&p, &b);
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.used, 2);
+    T_EQ_INT(st.idle, 1);
+    kv_seq_release(&p, &c);
+
+    /* a different second block: only the first matches */
+    int32_t tok2[12];
+    memcpy(tok2, tok, sizeof tok2);
+    tok2[5] = 7;
+    T_EQ_INT(kv_prefix_acquire(&p, &b, tok2, 3, got), 1);
+    kv_seq_release(&p, &b);
+
+    /* a block registered under the right hash with other contents is never handed out */
+    struct kv_pool q;
+    T_CHECK(kv_pool_init(&q, 4, 4, &e) == SMELT_OK);
+    T_CHECK(kv_prefix_enable(&q, &e) == SMELT_OK);
+    struct kv_seq d;
+    kv_seq_init(&d);
+    T_CHECK(kv_seq_reserve(&q, &d, 4, &e) == SMELT_OK);
+    kv_prefix_register(&q, d.blocks[0], kv_block_hash(&q, 0, tok), 0, tok + 4);
+    kv_seq_release(&q, &d);
+    T_EQ_INT(kv_prefix_acquire(&q, &d, tok, 1, got), 0);
+    kv_pool_free(&q);
+
+    /* eviction: the pool hands out free blocks first, then the oldest idle cached one */
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.idle, 3);
+    T_EQ_INT(st.free, 5);
+    struct kv_seq big;
+    kv_seq_init(&big);
+    T_CHECK(kv_seq_reserve(&p, &big, 4 * 6, &e) == SMELT_OK);
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.idle, 2);
+    T_EQ_INT(st.evictions, 1);
+    /* the leaf block (released first, so oldest) went first: the first two still match */
+    T_EQ_INT(kv_prefix_acquire(&p, &b, tok, 3, got), 2);
+    T_CHECK(kv_seq_reserve(&p, &big, 4 * 8, &e) != SMELT_OK); /* only 0 left: 2 held by b */
+    kv_seq_release(&p, &b);
+    T_CHECK(kv_seq_reserve(&p, &big, 4 * 8, &e) == SMELT_OK);
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.cached, 0);
+    T_EQ_INT(st.used, 8);
+    kv_seq_release(&p, &big);
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.free, 8);
+    kv_pool_free(&p);
+}
+
+/* Many registrations and evictions: the table stays consistent (every cached block is
+ * found again, nothing is found that was evicted). */
+static void test_prefix_churn(void) {
+    struct kv_pool p;
+    struct err e;
+    T_CHECK(kv_pool_init(&p, 64, 2, &e) == SMELT_OK);
+    T_CHECK(kv_prefix_enable(&p, &e) == SMELT_OK);
+    unsigned long long rs = 12345;
+    for (int it = 0; it < 2000; it++) {
+        int32_t tok[16];
+        int nb = 1 + (int)(t_rand_u64(&rs) % 8);
+        for (int i = 0; i < 2 * nb; i++) tok[i] = (int32_t)(t_rand_u64(&rs) % 3);
+        struct kv_seq s;
+        kv_seq_init(&s);
+        uint64_t h[8];
+        int got = kv_prefix_acquire(&p, &s, tok, nb, h);
+        /* what was found holds the right tokens (checked by acquire) and hashes chain */
+        uint64_t parent = 0;
+        for (int b = 0; b < got; b++) {
+            T_CHECK(h[b] == kv_block_hash(&p, parent, tok + 2 * b));
+            parent = h[b];
+        }
+        if (kv_seq_reserve(&p, &s, 2 * nb, &e) == SMELT_OK) {
+            for (int b = got; b < nb; b++) {
+                h[b] = kv_block_hash(&p, parent, tok + 2 * b);
+                kv_prefix_register(&p, s.blocks[b], h[b], parent, tok + 2 * b);
+                parent = h[b];
+            }
+        }
+        kv_seq_release(&p, &s);
+    }
+    struct kv_stats st;
+    kv_pool_stats(&p, &st);
+    T_EQ_INT(st.used, 0);
+    T_EQ_INT(st.free + st.idle, 64);
+    T_CHECK(st.hit_blocks > 0 && st.evictions > 0);
+    kv_pool_free(&p);
+}
+
+/* ---- a small tokenizer ---- */
+
+#define N_SPECIAL 3
+#define BYTE0 N_SPECIAL
+#define WORD0 (BYTE0 + 256)
+static const char *const words[] = {
+    "Hel", "lo", "\xe2\x96\x81" "wor", "ld", "!", "\xe2\x96\x81" "ST", "OP", "\xe2\x96\x81" "the",
+    "\xe2\x96\x81" "end", "\xe2\x96\x81" "of", "\xe2\x96\x81" "it", "\xe2\x96\x81" "all", ".",
+};
+#define N_WORDS ((int)(sizeof words / sizeof words[0]))
+#define VOCAB (WORD0 + N_WORDS)
+#define EOS 2
+
+static struct tok *tk;
+static char tok_path[256];
+
+static bool make_tok(void) {
+    struct gguf_writer *w;
+    struct err e;
+    if (gguf_writer_new(&w, &e) != SMELT_OK) return false;
+    const char *toks[VOCAB];
+    float scores[VOCAB];
+    int32_t types[VOCAB];
+    static char bytes[256][8];
+    const char *sp[N_SPECIAL] = {"<unk>", "<s>", "</s>"};
+    for (int i = 0; i < VOCAB; i++) {
+        scores[i] = 0;
+        if (i < N_SPECIAL) {
+            toks[i] = sp[i];
+            types[i] = i == 0 ? 2 : 3;
+        } else if (i < WORD0) {
+            snprintf(bytes[i - BYTE0], 8, "<0x%02X>", i - BYTE0);
+            toks[i] = bytes[i - BYTE0];
+            types[i] = 6;
+        } else {
+            toks[i] = words[i - WORD0];
+            types[i] = 1;
+            scores[i] = -(float)i;
+        }
+    }
+    gguf_set_str(w, "general.architecture", "llama");
+    gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, VOCAB);
+    gguf_set_arr(w, "tokenizer.ggml.scores", GGUF_T_FLOAT32, scores, VOCAB);
+    gguf_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, types, VOCAB);
+    gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    gguf_set_u32(w, "tokenizer.ggml.eos_token_id", EOS);
+    gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    gguf_set_bool(w, "tokenizer.ggml.add_space_prefix", false);
+    snprintf(tok_path, sizeof tok_path, "%s/smelt_engine_tok_%d.gguf", P_tmpdir, (int)getpid());
+    bool ok = gguf_writer_write(w, tok_path, NULL, NULL, &e) == SMELT_OK;
+    gguf_writer_free(w);
+    struct gguf_file *f;
+    if (!ok || gguf_open(&f, tok_path, &e) != SMELT_OK) return false;
+    ok = tok_new_from_gguf(&tk, f, &e) == SMELT_OK;
+    if (!ok) fprintf(stderr, "tok: %s\n", e.msg);
+    gguf_close(f);
+    unlink(tok_path);
+    return ok;
+}
+
+/* ---- fake forwards ---- */
+
+/* "counter": after word w comes word w + 1; after the last word, eos; after anything
+ * else, the first word. Logits: 10 at the next token, 0 elsewhere. */
+static int32_t counter_next(int32_t t, int32_t pos) {
+    (void)pos;
+    if (t >= WORD0 && t < VOCAB - 1) return t + 1;
+    if (t == VOCAB - 1) return EOS;
+    return WORD0;
+}
+
+/* "hash": the next word depends on (token, position): batching mistakes (a row's token or
+ * position mixed up with another sequence's) change the text. Never eos. */
+static int32_t hash_next(int32_t t, int32_t pos) {
+    uint32_t h = (uint32_t)t * 2654435761u ^ (uint32_t)pos * 40503u;
+    h ^= h >> 13;
+    return WORD0 + (int32_t)(h % (uint32_t)N_WORDS);
+}
+
+struct fake {
+    int32_t (*next)(int32_t t, int32_t pos);
+    int sleep_us;
+    long rows, steps;
+    int max_rows_seen;
+};
+
+static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits, struct err *e) {
+    struct fake *f = ctx;
+    (void)e;
+    int32_t k = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (!b->logits[i]) continue;
+        float *row = logits + (size_t)k++ * VOCAB;
+        for (int v = 0; v < VOCAB; v++) row[v] = 0;
+        row[f->next(b->token[i], b->pos[i])] = 10.0f;
+    }
+    f->rows += b->n_tokens;
+    f->steps++;
+    if (b->n_tokens > f->max_rows_seen) f->max_rows_seen = b->n_tokens;
+    if (f->sleep_us) usleep((useconds_t)f->sleep_us);
+    return SMELT_OK;
+}
+
+static struct engine *mk_engine(struct fake *f, int n_blocks, int bs, int max_seqs,
+                                int max_batch, int max_waiting, int n_ctx) {
+    struct engine_config c = {0};
+    c.n_blocks = n_blocks;
+    c.block_size = bs;
+    c.max_seqs = max_seqs;
+    c.max_batch_tokens = max_batch;
+    c.max_waiting = max_waiting;
+    c.n_ctx = n_ctx;
+    c.n_vocab = VOCAB;
+    c.forward = fake_forward;
+    c.forward_ctx = f;
+    struct engine *en = NULL;
+    struct err e;
+    T_CHECK(engine_new(&en, &c, NULL, NULL, tk, &e) == SMELT_OK);
+    return en;
+}
+
+/* The expected greedy continuation of prompt under next(), stopping at eos or max. */
+static int expect_tokens(int32_t (*next)(int32_t, int32_t), const int32_t *prompt, int n_prompt,
+                         int max, int32_t *out, bool *hit_eos) {
+    int32_t t = prompt[n_prompt - 1];
+    int n = 0;
+    *hit_eos = false;
+    for (int pos = n_prompt - 1; n < max; pos++) {
+        t = next(t, pos);
+        if (t == EOS) {
+            *hit_eos = true;
+            break;
+        }
+        out[n++] = t;
+    }
+    return n;
+}
+
+static void detok(const int32_t *ids, int n, struct tok_buf *out) {
+    struct err e;
+    out->n = 0;
+    T_CHECK(tok_decode(tk, ids, (size_t)n, 0, out, &e) == SMELT_OK);
+}
+
+/* Everything one request produced. */
+struct result {
+    struct tok_buf text[ENGINE_MAX_N];
+    int32_t tokens[ENGINE_MAX_N][512];
+    int n_tokens[ENGINE_MAX_N];
+    int finish[ENGINE_MAX_N];
+    int n_prompt, n_cached[ENGINE_MAX_N], n_gen[ENGINE_MAX_N];
+    float logprob0;
+    int n_top0;
+    int n_events;
+};
+
+static void result_free(struct result *r) {
+    for (int i = 0; i < ENGINE_MAX_N; i++) tok_buf_free(&r->text[i]);
+}
+
+static void collect(struct engine_req *r, struct result *res, int cancel_after) {
+    struct engine_out o = {0};
+    memset(res, 0, sizeof *res);
+    res->logprob0 = NAN;
+    bool done = false;
+    for (int spins = 0; !done && spins < 100000; spins++) {
+        if (!engine_req_wait(r, &o, 5000)) break;
+        for (size_t i = 0; i < o.n_ev; i++) {
+            const struct engine_event *ev = &o.ev[i];
+            int c = ev->choice;
+            struct tok_buf *b = &res->text[c];
+            if (b->n + ev->text_len + 1 > b->cap) {
+                b->cap = (b->n + ev->text_len + 1) * 2;
+                b->p = realloc(b->p, b->cap);
+            }
+            memcpy(b->p + b->n, o.text + ev->text, ev->text_len);
+            b->n += ev->text_len;
+            b->p[b->n] = 0;
+            if (ev->token >= 0 && res->n_tokens[c] < 512) {
+                if (isnan(res->logprob0)) {
+                    res->logprob0 = ev->logprob;
+                    res->n_top0 = ev->n_top;
+                }
+                res->tokens[c][res->n_tokens[c]++] = ev->token;
+            }
+            if (ev->finish) {
+                res->finish[c] = ev->finish;
+                res->n_prompt = ev->n_prompt;
+                res->n_cached[c] = ev->n_cached;
+                res->n_gen[c] = ev->n_gen;
+            }
+            res->n_events++;
+            if (cancel_after > 0 && res->n_events == cancel_after) engine_req_cancel(r);
+        }
+        done = o.done;
+    }
+    T_CHECK(done);
+    engine_out_free(&o);
+}
+
+static struct engine_req *submit(struct engine *en, const struct engine_params *p,
+                                 const int32_t *prompt, int n) {
+    struct engine_req *r = NULL;
+    struct err e;
+    T_CHECK(engine_req_new(&r, p, prompt, n, &e) == SMELT_OK);
+    if (!r) return NULL;
+    smelt_status st = engine_submit(en, r, &e);
+    T_CHECKF(st == SMELT_OK, "%s", e.msg);
+    if (st != SMELT_OK) {
+        engine_req_unref(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void greedy(struct engine_params *p, int max_tokens) {
+    engine_params_default(p);
+    p->sp.temperature = 0;
+    p->max_tokens = max_tokens;
+}
+
+static void wait_idle(struct engine *en) {
+    for (int i = 0; i < 2000 && engine_in_flight(en) > 0; i++) usleep(1000);
+    usleep(5000); /* the step that finished them publishes the state after the events */
+}
+
+static void test_basic_stops(void) {
+    struct fake f = {.next = counter_next};
+    struct engine *en = mk_engine(&f, 64, 4, 8, 64, 64, 256);
+    if (!en) return;
+    int32_t prompt[3] = {1, BYTE0 + 'a', WORD0}; /* ... "Hel" -> lo, wor, ld, ! ... */
+    struct engine_params p;
+    struct result res;
+    struct tok_buf want = {0};
+    int32_t expv[64];
+    bool eos;
+
+    /* max_tokens */
+    greedy(&p, 4);
+    struct engine_req *r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    int n = expect_tokens(counter_next, prompt, 3, 4, expv, &eos);
+    detok(expv, n, &want);
+    T_EQ_STR(res.text[0].p, want.p); /* "lo world!" */
+    T_EQ_STR(res.text[0].p, "lo world!");
+    T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+    T_EQ_INT(res.n_gen[0], 4);
+    T_EQ_INT(res.n_prompt, 3);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* eos ends with "stop"; the eos token adds no text */
+    greedy(&p, 100);
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    n = expect_tokens(counter_next, prompt, 3, 100, expv, &eos);
+    T_CHECK(eos);
+    detok(expv, n, &want);
+    T_EQ_STR(res.text[0].p, want.p);
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.n_gen[0], n + 1);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* ignore_eos: runs past eos to max_tokens */
+    greedy(&p, 30);
+    p.ignore_eos = true;
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+    T_EQ_INT(res.n_gen[0], 30);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* a stop string across tokens (" ST" + "OP"): the text ends before it, nothing of it
+     * shows in any event */
+    const char *stops[] = {"d! STOP", "zzz"};
+    greedy(&p, 100);
+    p.stop = stops;
+    p.n_stop = 2;
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    T_EQ_STR(res.text[0].p, "lo worl");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* a partial match that fails is released in full */
+    const char *stops2[] = {"ld!X", " STOPX"};
+    greedy(&p, 8);
+    p.stop = stops2;
+    p.n_stop = 2;
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    n = expect_tokens(counter_next, prompt, 3, 8, expv, &eos);
+    detok(expv, n, &want);
+    T_EQ_STR(res.text[0].p, want.p);
+    T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* a stop token id */
+    int32_t sid = WORD0 + 4; /* "!" */
+    greedy(&p, 100);
+    p.stop_ids = &sid;
+    p.n_stop_ids = 1;
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    T_EQ_STR(res.text[0].p, "lo world");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* logprobs of the known distribution: 10 at one token, 0 at VOCAB - 1 others */
+    greedy(&p, 2);
+    p.sp.n_logprobs = 3;
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    double lp = 10.0 - log(exp(10.0) + (VOCAB - 1));
+    T_NEAR(res.logprob0, lp, 1e-4);
+    T_EQ_INT(res.n_top0, 3);
+    engine_req_unref(r);
+    result_free(&res);
+    tok_buf_free(&want);
+    engine_free(en);
+}
+
+static void test_n_and_prefix(void) {
+    struct fake f = {.next = counter_next};
+    struct engine *en = mk_engine(&f, 64, 4, 8, 64, 64, 256);
+    if (!en) return;
+    int32_t prompt[11];
+    for (int i = 0; i < 11; i++) prompt[i] = BYTE0 + 'a' + i;
+    struct engine_params p;
+    struct result res;
+    greedy(&p, 3);
+    p.n = 3;
+    struct engine_req *r = submit(en, &p, prompt, 11);
+    collect(r, &res, 0);
+    for (int c = 0; c < 3; c++) {
+        T_EQ_STR(res.text[c].p, "Hello wor");
+        T_EQ_INT(res.finish[c], ENGINE_LENGTH);
+    }
+    /* choice 0 computed the prompt; the others took its 2 full blocks from the cache */
+    T_EQ_INT(res.n_cached[0], 0);
+    T_EQ_INT(res.n_cached[1], 8);
+    T_EQ_INT(res.n_cached[2], 8);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* the same prompt again: cached; a 12-token prompt can take only 2 of its 3 blocks
+     * (the last row must run for the logits) */
+    greedy(&p, 1);
+    r = submit(en, &p, prompt, 11);
+    collect(r, &res, 0);
+    T_EQ_INT(res.n_cached[0], 8);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* a continuation of the first answer reuses its generated tokens' blocks too */
+    int32_t longer[16];
+    memcpy(longer, prompt, sizeof prompt);
+    for (int i = 0; i < 3; i++) longer[11 + i] = WORD0 + i;
+    longer[14] = BYTE0 + 'x';
+    longer[15] = BYTE0 + 'y';
+    r = submit(en, &p, longer, 16);
+    collect(r, &res, 0);
+    T_EQ_INT(res.n_cached[0], 12);
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* seeds: sampling at temperature 1 gives the same tokens for the same seed */
+    struct result a, b;
+    engine_params_default(&p);
+    p.max_tokens = 20;
+    p.sp.seed = 42;
+    p.ignore_eos = true;
+    f.next = hash_next;
+    /* hash_next's logits are one-hot 10: temperature 1 still samples others sometimes */
+    r = submit(en, &p, prompt, 11);
+    collect(r, &a, 0);
+    engine_req_unref(r);
+    r = submit(en, &p, prompt, 11);
+    collect(r, &b, 0);
+    engine_req_unref(r);
+    T_EQ_INT(a.n_tokens[0], 20);
+    T_CHECK(memcmp(a.tokens[0], b.tokens[0], sizeof a.tokens[0]) == 0);
+    result_free(&a);
+    result_free(&b);
+
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_CHECK(st.cached_tokens >= 8 + 8 + 8 + 12);
+    engine_free(en);
+}
+
+/* Many concurrent sequences of different lengths each get exactly their solo text, with
+ * a small per-step budget (chunked prefill) and a pool too small for all of them
+ * (preemption). */
+static void test_concurrency(void) {
+    enum { NREQ = 48 };
+    struct fake f = {.next = hash_next};
+    /* 40 blocks of 4 = 160 tokens: far less than 48 sequences of up to 60 tokens */
+    struct engine *en = mk_engine(&f, 40, 4, 16, 24, 1024, 128);
+    if (!en) return;
+    struct engine_req *rs[NREQ];
+    int32_t prompts[NREQ][40];
+    int np[NREQ], maxt[NREQ];
+    unsigned long long s = 99;
+    for (int i = 0; i < NREQ; i++) {
+        np[i] = 1 + (int)(t_rand_u64(&s) % 40);
+        maxt[i] = 1 + (int)(t_rand_u64(&s) % 20);
+        for (int k = 0; k < np[i]; k++) prompts[i][k] = (int32_t)(BYTE0 + t_rand_u64(&s) % 256);
+        if (i % 4 == 1) memcpy(prompts[i], prompts[i - 1], sizeof prompts[i]); /* shared */
+        struct engine_params p;
+        greedy(&p, maxt[i]);
+        rs[i] = submit(en, &p, prompts[i], np[i]);
+    }
+    struct tok_buf want = {0};
+    for (int i = 0; i < NREQ; i++) {
+        if (!rs[i]) continue;
+        struct result res;
+        collect(rs[i], &res, 0);
+        int32_t expv[64];
+        bool eos;
+        int n = expect_tokens(hash_next, prompts[i], np[i], maxt[i], expv, &eos);
+        T_EQ_INT(res.n_tokens[0], n);
+        T_CHECK(memcmp(res.tokens[0], expv, (size_t)n * sizeof *expv) == 0);
+        detok(expv, n, &want);
+        T_EQ_STR(res.text[0].p ? res.text[0].p : "", want.p ? want.p : "");
+        T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+        engine_req_unref(rs[i]);
+        result_free(&res);
+    }
+    tok_buf_free(&want);
+    wait_idle(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_CHECK(st.preemptions > 0);
+    T_EQ_INT(st.kv.used, 0);
+    T_EQ_INT(st.running, 0);
+    T_EQ_INT(st.waiting, 0);
+    T_CHECK(f.max_rows_seen <= 24);
+    engine_free(en);
+}
+
+/* Cancelling frees every block; a cancelled waiting request ends too. */
+static void test_cancel(void) {
+    struct fake f = {.next = hash_next, .sleep_us = 200};
+    struct engine *en = mk_engine(&f, 64, 4, 2, 16, 64, 256);
+    if (!en) return;
+    int32_t prompt[9] = {1, 5, 6, 7, 8, 9, 10, 11, 12};
+    struct engine_params p;
+    greedy(&p, 200);
+    struct engine_req *r[4];
+    for (int i = 0; i < 4; i++) r[i] = submit(en, &p, prompt, 9);
+    struct result res;
+    collect(r[0], &res, 3); /* cancel after 3 events */
+    T_EQ_INT(res.finish[0], ENGINE_CANCELLED);
+    T_CHECK(res.n_gen[0] < 200);
+    result_free(&res);
+    engine_req_cancel(r[3]); /* likely still waiting (max_seqs 2) */
+    collect(r[3], &res, 0);
+    T_EQ_INT(res.finish[0], ENGINE_CANCELLED);
+    result_free(&res);
+    /* a consumer that detaches: the request ends by itself */
+    engine_req_detach(r[1]);
+    engine_req_detach(r[2]);
+    for (int i = 0; i < 4; i++) engine_req_unref(r[i]);
+    wait_idle(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_EQ_INT(engine_in_flight(en), 0);
+    T_EQ_INT(st.kv.used, 0);
+    T_EQ_INT(st.running + st.waiting, 0);
+    engine_free(en);
+}
+
+static void test_submit_errors(void) {
+    struct fake f = {.next = hash_next, .sleep_us = 2000};
+    struct engine *en = mk_engine(&f, 16, 4, 1, 8, 2, 32);
+    if (!en) return;
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = WORD0;
+    struct engine_params p;
+    greedy(&p, 5);
+    struct engine_req *r;
+    struct err e;
+    T_CHECK(engine_req_new(&r, &p, prompt, 32, &e) == SMELT_OK);
+    T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_INVALID);
+    T_CHECK(strstr(e.msg, "32") && strstr(e.msg, "context"));
+    engine_req_unref(r);
+    int32_t bad = VOCAB + 5;
+    T_CHECK(engine_req_new(&r, &p, &bad, 1, &e) == SMELT_OK);
+    T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_INVALID);
+    engine_req_unref(r);
+    /* the queue holds 2: with the engine busy, submits start failing with RANGE */
+    struct engine_req *rs[8];
+    int n_ok = 0, n_busy = 0;
+    for (int i = 0; i < 8; i++) {
+        T_CHECK(engine_req_new(&rs[i], &p, prompt, 4, &e) == SMELT_OK);
+        smelt_status st = engine_submit(en, rs[i], &e);
+        if (st == SMELT_OK) n_ok++;
+        else if (st == SMELT_ERR_RANGE) n_busy++;
+    }
+    T_CHECK(n_busy > 0);
+    T_EQ_INT(n_ok + n_busy, 8);
+    engine_drain(en);
+    T_CHECK(engine_req_new(&r, &p, prompt, 4, &e) == SMELT_OK);
+    T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_CANCELLED);
+    engine_req_unref(r);
+    /* bad parameters */
+    p.n = 0;
+    T_EQ_INT(engine_req_new(&r, &p, prompt, 4, &e), SMELT_ERR_INVALID);
+    T_CHECK(strstr(e.msg, "n ") != NULL);
+    engine_free(en); /* in-flight ones end as cancelled */
+    for (int i = 0; i < 8; i++) {
+        struct engine_out o = {0};
+        if (engine_req_poll(rs[i], &o, false)) T_CHECK(o.done || o.n_ev > 0);
+        engine_out_free(&o);
+        engine_req_unref(rs[i]);
+    }
+}
+
+/* The notification fires once per arm, from the engine thread. */
+static atomic_int notes;
+static void on_note(void *ctx) {
+    (void)ctx;
+    atomic_fetch_add(&notes, 1);
+}
+
+static void test_notify(void) {
+    struct fake f = {.next = hash_next, .sleep_us = 500};
+    struct engine *en = mk_engine(&f, 64, 4, 4, 16, 64, 256);
+    if (!en) return;
+    int32_t prompt[2] = {1, WORD0};
+    struct engine_params p;
+    greedy(&p, 10);
+    struct engine_req *r;
+    struct err e;
+    T_CHECK(engine_req_new(&r, &p, prompt, 2, &e) == SMELT_OK);
+    engine_req_set_notify(r, on_note, NULL, false); /* only when done */
+    T_CHECK(engine_submit(en, r, &e) == SMELT_OK);
+    struct engine_out o = {0};
+    T_CHECK(!engine_req_poll(r, &o, true) || !o.done);
+    for (int i = 0; i < 2000 && atomic_load(&notes) == 0; i++) usleep(1000);
+    T_EQ_INT(atomic_load(&notes), 1);
+    T_CHECK(engine_req_poll(r, &o, false));
+    T_CHECK(o.done);
+    T_EQ_INT((int)o.n_ev, 10);
+    engine_out_free(&o);
+    engine_req_unref(r);
+    engine_free(en);
+}
+
+int main(void) {
+    T_RUN(test_prefix_index);
+    T_RUN(test_prefix_churn);
+    if (!make_tok()) {
+        fprintf(stderr, "FAIL: cannot build the test tokenizer\n");
+        return 1;
+    }
+    T_RUN(test_basic_stops);
+    T_RUN(test_n_and_prefix);
+    T_RUN(test_concurrency);
+    T_RUN(test_cancel);
+    T_RUN(test_submit_errors);
+    T_RUN(test_notify);
+    tok_free(tk);
+    return t_done();
+}
