@@ -641,7 +641,7 @@ static bool build_prompt(struct gen *g, int32_t ri, struct tok_ids *ids, struct 
         if (p->ids) {
             struct tok_buf b = {0};
             struct err te;
-            if (tok_decode(s->m.tok, p->ids, (size_t)p->n_ids, 0, &b, &te) != SMELT_OK) {
+            if (tok_decode(s->m.tok, p->ids, (size_t)p->n_ids, TOK_DECODE_STRIP, &b, &te) != SMELT_OK) {
                 tok_buf_free(&b);
                 return oai_bad(e, "prompt", "%s", te.msg);
             }

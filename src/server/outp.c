@@ -284,6 +284,13 @@ static void run(struct outp *p, struct outp_delta *d, bool final) {
                 if (prefix_of(s, n, PYTHON_TAG) && !final) return;
             }
             const char *om = open_marker(p->syntax);
+            if (om && p->state == S_START && s[0] == '{') {
+                consume(b, w);
+                p->bare = true;
+                p->call.n = 0;
+                p->state = S_CALL;
+                continue;
+            }
             if (om && starts(s, n, om)) {
                 consume(b, w + strlen(om));
                 p->call.n = 0;
@@ -336,6 +343,15 @@ static void run(struct outp *p, struct outp_delta *d, bool final) {
         case S_CALL: {
             jw_raw(&p->call, b->p ? b->p : "", b->n);
             b->n = 0;
+            if (p->bare) {
+                if (!final) return;
+                if (!emit_llama3(p, p->call.p ? p->call.p : "", p->call.n, d))
+                    jw_raw(&d->content, p->call.p ? p->call.p : "", p->call.n);
+                p->call.n = 0;
+                p->bare = false;
+                p->state = S_AFTER;
+                return;
+            }
             if (p->syntax == OUTP_HERMES) {
                 const char *f = find(&p->call, HERMES_CLOSE);
                 if (f) {

@@ -13,6 +13,8 @@
  *            [TOOL_CALLS]name[ARGS]{...} (newer Mistral tokenizers), repeated
  *   llama3   the whole reply is {"name": ..., "parameters": {...}} (optionally after
  *            <|python_tag|>), or several such objects separated by ";"
+ * With hermes and mistral, a reply that is nothing but a JSON call object (small models
+ * often drop the tags) is taken as a call too; if it does not parse, it is content.
  * Text before a call is content. A call's text is held until it is complete, then comes
  * out as one tool_calls delta (name and the arguments as a JSON string, OpenAI's shape).
  * Text that only might begin a marker ("<tool_" at the end of a delta) is held back until
@@ -60,6 +62,7 @@ struct outp {
     struct jw pend;     /* text not yet classified */
     struct jw call;     /* text of the tool call being read */
     int n_calls_total;
+    bool bare;          /* the call is a bare JSON reply (no marker) */
     bool bad;           /* allocation failure */
 };
 

@@ -279,7 +279,7 @@ static enum MHD_Result route_detokenize(struct conn *c) {
     json_decref(j);
     struct tok_buf out = {0};
     struct err te;
-    if (ok && tok_decode(s->m.tok, ids, n, TOK_DECODE_SPECIAL, &out, &te) != SMELT_OK)
+    if (ok && tok_decode(s->m.tok, ids, n, TOK_DECODE_SPECIAL | TOK_DECODE_STRIP, &out, &te) != SMELT_OK)
         ok = oai_bad(&e, "tokens", "%s", te.msg);
     free(ids);
     if (!ok) {
@@ -323,11 +323,11 @@ static enum MHD_Result route(struct conn *c, const char *url, const char *method
     const char *mid = NULL;
     const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
     if (!strncmp(u, "/models/", 8) && u[8]) mid = u + 8;
-    struct {
+    static const struct {
         const char *path;
         bool post;
         const char *name;
-    } static const table[] = {
+    } table[] = {
         {"/chat/completions", true, "chat"}, {"/completions", true, "completions"},
         {"/models", false, "models"},        {"/metrics", false, "metrics"},
         {"/tokenize", true, "tokenize"},     {"/detokenize", true, "detokenize"},
@@ -434,10 +434,11 @@ static void log_request(struct server *s, struct conn *c) {
         if (w.p) fputs(w.p, stderr);
         jw_free(&w);
     } else {
+        char tt[32] = "-";
+        if (ttft >= 0) snprintf(tt, sizeof tt, "%.3fs", ttft);
         fprintf(stderr, "smelt: request %s %s %s %d prompt=%lld cached=%lld completion=%lld "
-                        "ttft=%s%.3fs total=%.3fs\n",
-                id, c->method, c->path, c->status, pt, cached, ct, ttft < 0 ? "-" : "",
-                ttft < 0 ? 0.0 : ttft, total);
+                        "ttft=%s total=%.3fs\n",
+                id, c->method, c->path, c->status, pt, cached, ct, tt, total);
     }
     pthread_mutex_unlock(&s->log_mu);
 }

@@ -1,0 +1,478 @@
+/* smelt serve MODEL [options]: an OpenAI-compatible HTTP server over one model.
+ *
+ * Loads the model (a path, or an org/repo[:quant] reference pulled on demand), its
+ * tokenizer and chat template, sizes the KV pool from memory, starts the engine thread and
+ * the HTTP server, and waits for SIGINT/SIGTERM. On a signal it stops accepting requests,
+ * lets in-flight ones finish for a grace period (--grace), cancels the rest and exits.
+ *
+ * --fake-forward replaces the model's forward pass with a stub that returns fixed logits
+ * (the tokenizer still comes from MODEL): it measures the server and the engine's host
+ * work alone, with no model compute (docs/server.md). */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "cli/modelref.h"
+#include "engine/engine.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "server/server.h"
+#include "tokenizer/tmpl.h"
+#include "tokenizer/tok.h"
+#include "util/log.h"
+
+#if __has_include("cli/clibackend.h")
+#include "cli/clibackend.h"
+#define HAVE_CLI_BACKEND 1
+#endif
+#if defined(SMELT_HAVE_CUDA) && __has_include("backend/cuda/cuda_backend.h")
+#include "backend/cuda/cuda_backend.h"
+#define HAVE_CUDA_MEM 1
+#endif
+
+#define CPU_KV_TOKENS_DEFAULT 32768
+
+struct opts {
+    const char *model, *host, *api_key, *served, *backend, *chat_template, *log_format;
+    const char *aliases[8];
+    int n_aliases;
+    int port, device, threads, http_threads, timeout_s, max_seqs, max_batch, max_waiting;
+    int block_size, kv_size, ctx_size;
+    double gpu_util, grace_s, fake_step_ms;
+    long long max_body;
+    bool no_prefix_cache, f32_kv, fake, quiet;
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: smelt serve MODEL [options]\n"
+            "  MODEL                      a GGUF file, a directory, or org/repo[:quant] (pulled if absent)\n"
+            "server:\n"
+            "  --host ADDR                listen address (default 127.0.0.1; 0.0.0.0 for all)\n"
+            "  --port N                   port (default 8080; 0 picks a free one)\n"
+            "  --api-key KEY              require 'Authorization: Bearer KEY' (also $SMELT_API_KEY)\n"
+            "  --served-model-name NAME   the model's name in the API (repeat for aliases;\n"
+            "                             default: the file name without .gguf)\n"
+            "  --chat-template FILE       a Jinja chat template instead of the model's own\n"
+            "  --http-threads N           HTTP threads (default 2)\n"
+            "  --timeout S                idle connection timeout in seconds (default 120)\n"
+            "  --max-body BYTES           request body limit (default 33554432)\n"
+            "  --log-format text|json     request log lines (default text); --quiet: none\n"
+            "  --grace S                  on SIGTERM, let requests finish for S seconds (default 30)\n"
+            "engine:\n"
+            "  --backend auto|cpu|cuda    (default auto: cuda when available)\n"
+            "  --device N                 CUDA device (default 0)\n"
+            "  -t, --threads N            CPU threads (default: all cores)\n"
+            "  --max-seqs N               sequences in flight (default 64)\n"
+            "  --max-batch-tokens N       tokens per step: decodes + prefill chunks (default 512)\n"
+            "  --max-waiting N            queued requests before 429 (default 1024)\n"
+            "  -c, --ctx-size N           context per sequence (default: the model's, capped by the KV pool)\n"
+            "  --kv-size N                KV pool size in tokens (default: from --gpu-memory-utilization\n"
+            "                             on CUDA; %d tokens or 25%% of free memory on CPU)\n"
+            "  --gpu-memory-utilization F fraction of device memory smelt may use (default 0.9)\n"
+            "  --block-size N             KV block size in tokens (default 16)\n"
+            "  --no-prefix-cache          do not reuse the KV of shared prompt prefixes\n"
+            "  --f32-kv                   F32 KV cache (default F16)\n"
+            "  --fake-forward             no model compute: fixed logits (server benchmarks)\n"
+            "  --fake-step-ms X           with --fake-forward: sleep X ms per step\n",
+            CPU_KV_TOKENS_DEFAULT);
+}
+
+static bool num(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    *out = strtod(s, &end);
+    return *s && !*end && !errno && isfinite(*out);
+}
+
+static int parse(int argc, char **argv, struct opts *o) {
+    o->port = 8080;
+    o->gpu_util = 0.9;
+    o->grace_s = 30;
+    o->backend = "auto";
+    o->log_format = "text";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+#define FLAG(name, field)                                                                      \
+    if (!strcmp(a, name)) {                                                                    \
+        o->field = true;                                                                       \
+        continue;                                                                              \
+    }
+        FLAG("--no-prefix-cache", no_prefix_cache)
+        FLAG("--f32-kv", f32_kv)
+        FLAG("--fake-forward", fake)
+        FLAG("--quiet", quiet)
+#undef FLAG
+        if (a[0] == '-' && a[1]) {
+            if (!v) {
+                fprintf(stderr, "smelt serve: %s needs a value\n", a);
+                return 2;
+            }
+            i++;
+            if (!strcmp(a, "--host")) o->host = v;
+            else if (!strcmp(a, "--api-key")) o->api_key = v;
+            else if (!strcmp(a, "--backend")) o->backend = v;
+            else if (!strcmp(a, "--chat-template")) o->chat_template = v;
+            else if (!strcmp(a, "--log-format")) o->log_format = v;
+            else if (!strcmp(a, "--model")) o->model = v;
+            else if (!strcmp(a, "--served-model-name")) {
+                if (!o->served) o->served = v;
+                else if (o->n_aliases < 8) o->aliases[o->n_aliases++] = v;
+            } else if (!num(v, &x)) {
+                fprintf(stderr, "smelt serve: %s needs a number, got '%s'\n", a, v);
+                return 2;
+            } else if (!strcmp(a, "--port")) o->port = (int)x;
+            else if (!strcmp(a, "--device")) o->device = (int)x;
+            else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)x;
+            else if (!strcmp(a, "--http-threads")) o->http_threads = (int)x;
+            else if (!strcmp(a, "--timeout")) o->timeout_s = (int)x;
+            else if (!strcmp(a, "--max-seqs")) o->max_seqs = (int)x;
+            else if (!strcmp(a, "--max-batch-tokens")) o->max_batch = (int)x;
+            else if (!strcmp(a, "--max-waiting")) o->max_waiting = (int)x;
+            else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = (int)x;
+            else if (!strcmp(a, "--kv-size")) o->kv_size = (int)x;
+            else if (!strcmp(a, "--gpu-memory-utilization")) o->gpu_util = x;
+            else if (!strcmp(a, "--block-size")) o->block_size = (int)x;
+            else if (!strcmp(a, "--max-body")) o->max_body = (long long)x;
+            else if (!strcmp(a, "--grace")) o->grace_s = x;
+            else if (!strcmp(a, "--fake-step-ms")) o->fake_step_ms = x;
+            else {
+                fprintf(stderr, "smelt serve: unknown option %s\n", a);
+                usage(stderr);
+                return 2;
+            }
+        } else if (!o->model) {
+            o->model = a;
+        } else {
+            fprintf(stderr, "smelt serve: unexpected argument %s\n", a);
+            return 2;
+        }
+    }
+    if (!o->model) {
+        usage(stderr);
+        return 2;
+    }
+    if (o->port < 0 || o->port > 65535 || o->max_seqs < 0 || o->max_batch < 0 ||
+        o->max_waiting < 0 || o->kv_size < 0 || o->ctx_size < 0 || o->block_size < 0 ||
+        o->block_size > 1024 || !(o->gpu_util > 0 && o->gpu_util <= 1) || o->max_body < 0 ||
+        o->threads < 0 || o->http_threads < 0 || o->http_threads > 256 || o->grace_s < 0) {
+        fprintf(stderr, "smelt serve: an option is out of range (see --help)\n");
+        return 2;
+    }
+    if (strcmp(o->log_format, "text") && strcmp(o->log_format, "json")) {
+        fprintf(stderr, "smelt serve: --log-format is text or json\n");
+        return 2;
+    }
+    if (!o->api_key) o->api_key = getenv("SMELT_API_KEY");
+    return -1;
+}
+
+/* ---- the fake forward: fixed logits, no compute ---- */
+
+struct fake {
+    int32_t n_vocab, lo, span; /* next token drawn from [lo, lo + span) */
+    double step_ms;
+};
+
+static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits, struct err *e) {
+    struct fake *f = ctx;
+    (void)e;
+    int32_t k = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (!b->logits[i]) continue;
+        float *row = logits + (size_t)k++ * (size_t)f->n_vocab;
+        memset(row, 0, (size_t)f->n_vocab * sizeof *row);
+        uint32_t h = (uint32_t)b->token[i] * 2654435761u ^ (uint32_t)b->pos[i] * 40503u;
+        row[f->lo + (int32_t)(h % (uint32_t)f->span)] = 30.0f;
+    }
+    if (f->step_ms > 0) {
+        struct timespec ts = {(time_t)(f->step_ms / 1000), (long)(fmod(f->step_ms, 1000) * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+    return SMELT_OK;
+}
+
+/* ---- helpers ---- */
+
+static char *gguf_string(const struct gguf_file *g, const char *key) {
+    struct gguf_str s;
+    struct err e;
+    if (gguf_get_str(g, key, &s, &e) != SMELT_OK) return NULL;
+    return strndup(s.ptr, s.len);
+}
+
+static char *read_text(const char *path, struct err *e) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err_set(e, SMELT_ERR_IO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 14, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        size_t k = fread(p + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+        if (n + 1 == cap) {
+            char *q = realloc(p, cap * 2);
+            if (!q) {
+                free(p);
+                p = NULL;
+                break;
+            }
+            p = q;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (!p) err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", path);
+    else p[n] = 0;
+    return p;
+}
+
+static char *token_text(const struct tok *t, int32_t id) {
+    if (id < 0) return NULL;
+    size_t n;
+    const char *s = tok_token_text(t, id, &n);
+    return s ? strndup(s, n) : NULL;
+}
+
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* The KV pool size in tokens. */
+static int64_t kv_tokens(const struct opts *o, struct model *m, bool cuda, uint64_t per_token,
+                         struct err *e) {
+    if (o->kv_size > 0) return o->kv_size;
+    if (o->fake) return 1 << 20;
+#ifdef HAVE_CUDA_MEM
+    if (cuda) {
+        uint64_t fr = 0, tot = 0;
+        if (cuda_mem_info(o->device, &fr, &tot, e) != SMELT_OK) return -1;
+        double keep = (double)tot * (1.0 - o->gpu_util) + (double)(512ull << 20); /* + scratch */
+        double avail = (double)fr - keep;
+        if (avail < (double)per_token * 256) {
+            err_set(e, SMELT_ERR_NOMEM, "not enough device memory for a KV cache: %.0f MiB free, "
+                    "%.0f MiB kept back (--gpu-memory-utilization %.2f)", (double)fr / 1048576.0,
+                    keep / 1048576.0, o->gpu_util);
+            return -1;
+        }
+        return (int64_t)(avail / (double)per_token);
+    }
+#else
+    (void)cuda;
+#endif
+    (void)m;
+    (void)e;
+    int64_t t = CPU_KV_TOKENS_DEFAULT;
+    uint64_t avail = mem_available() / 4;
+    if (avail && (uint64_t)t * per_token > avail) t = (int64_t)(avail / per_token);
+    if (t < 1024) t = 1024;
+    return t;
+}
+
+int cmd_serve(int argc, char **argv) {
+    struct opts o = {0};
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    struct err e;
+    err_clear(&e);
+
+    /* signals: handled by sigwait in this thread; every thread created below inherits the
+     * blocked mask. SIGPIPE is ignored (a client closing its socket is not fatal). */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+
+    char path[4096];
+    struct gguf_file *f = NULL;
+    struct tok *tok = NULL;
+    struct backend *bk = NULL;
+    struct model *m = NULL;
+    struct kv_store *kv = NULL;
+    struct engine *en = NULL;
+    struct server *srv = NULL;
+    struct tmpl *tm = NULL;
+    char *tsrc = NULL, *bos = NULL, *eos = NULL, *name = NULL;
+    struct fake fk = {0};
+    bool cuda = false;
+    smelt_status st = cli_resolve_model(o.model, true, path, sizeof path, &e);
+    if (st == SMELT_OK) st = gguf_open(&f, path, &e);
+    if (st == SMELT_OK) st = tok_new_from_gguf(&tok, f, &e);
+    if (st == SMELT_OK && !o.fake) {
+#ifdef HAVE_CLI_BACKEND
+        cuda = cli_backend_is_cuda(o.backend);
+        st = cli_backend_new(o.backend, o.device, o.threads, &bk, &e);
+#else
+        if (!strcmp(o.backend, "cuda"))
+            st = err_set(&e, SMELT_ERR_UNSUPPORTED, "this build has no CUDA backend");
+        else if (strcmp(o.backend, "auto") && strcmp(o.backend, "cpu"))
+            st = err_set(&e, SMELT_ERR_INVALID, "unknown backend '%s' (auto, cpu, cuda)", o.backend);
+        else st = cpu_backend_new(&bk, o.threads, &e);
+#endif
+        if (st == SMELT_OK) st = model_load(&m, f, bk, &e);
+    }
+    /* the chat template: --chat-template, the model's, or the ChatML default */
+    if (st == SMELT_OK) {
+        if (o.chat_template) tsrc = read_text(o.chat_template, &e);
+        else tsrc = gguf_string(f, "tokenizer.chat_template");
+        if (!tsrc && !o.chat_template) tsrc = strdup(tmpl_default_source());
+        if (!tsrc) st = e.code ? e.code : SMELT_ERR_NOMEM;
+        if (st == SMELT_OK) {
+            st = tmpl_compile(tsrc, strlen(tsrc), &tm, &e);
+            if (st != SMELT_OK) err_prefix(&e, "chat template");
+        }
+        const struct tok_special *sp = tok_specials(tok);
+        bos = token_text(tok, sp->bos);
+        eos = token_text(tok, sp->eos);
+    }
+    /* the KV pool */
+    struct engine_config ec = {0};
+    ec.max_seqs = o.max_seqs;
+    ec.max_batch_tokens = o.max_batch;
+    ec.max_waiting = o.max_waiting;
+    ec.block_size = o.block_size > 0 ? o.block_size : 16;
+    ec.no_prefix_cache = o.no_prefix_cache;
+    uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
+    if (st == SMELT_OK) {
+        uint64_t per_token = m ? model_kv_block_bytes(m, kv_type, 1) : 1;
+        int64_t t = kv_tokens(&o, m, cuda, per_token ? per_token : 1, &e);
+        if (t < 0) st = e.code;
+        else {
+            int64_t nb = (t + ec.block_size - 1) / ec.block_size;
+            if (nb > (1 << 24)) nb = 1 << 24;
+            ec.n_blocks = (int32_t)nb;
+        }
+    }
+    int32_t n_ctx_model = m ? m->hp.n_ctx_train : 0;
+    if (st == SMELT_OK) {
+        int64_t pool = (int64_t)ec.n_blocks * ec.block_size;
+        int64_t c = o.ctx_size > 0 ? o.ctx_size : (n_ctx_model > 0 ? n_ctx_model : pool);
+        if (c > pool) c = pool;
+        if (o.ctx_size > 0 && o.ctx_size > pool)
+            log_warn("--ctx-size %d is more than the KV pool holds; using %lld", o.ctx_size,
+                     (long long)pool);
+        ec.n_ctx = (int32_t)c;
+    }
+    if (st == SMELT_OK && m) st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, &kv, &e);
+    if (st == SMELT_OK && o.fake) {
+        fk.n_vocab = tok_n_vocab(tok);
+        fk.lo = fk.n_vocab > 512 ? 300 : 0;
+        fk.span = fk.n_vocab - fk.lo > 200 ? 200 : fk.n_vocab - fk.lo;
+        fk.step_ms = o.fake_step_ms;
+        ec.forward = fake_forward;
+        ec.forward_ctx = &fk;
+        ec.n_vocab = fk.n_vocab;
+        if (fk.span <= 0) st = err_set(&e, SMELT_ERR_INVALID, "--fake-forward: vocabulary too small");
+    }
+    if (st == SMELT_OK) st = engine_new(&en, &ec, m, kv, tok, &e);
+    if (st == SMELT_OK) {
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        name = o.served ? strdup(o.served) : strdup(base);
+        if (name && !o.served) {
+            size_t n = strlen(name);
+            if (n > 5 && !strcmp(name + n - 5, ".gguf")) name[n - 5] = 0;
+        }
+        struct server_config sc = {0};
+        sc.host = o.host;
+        sc.port = o.port;
+        sc.api_key = o.api_key;
+        sc.max_body = (size_t)o.max_body;
+        sc.timeout_s = o.timeout_s;
+        sc.threads = o.http_threads;
+        sc.log_json = !strcmp(o.log_format, "json");
+        sc.quiet = o.quiet;
+        struct server_model sm = {0};
+        /* the requested model name may also be the reference given on the command line */
+        const char *aliases[10];
+        int na = 0;
+        for (int i = 0; i < o.n_aliases; i++) aliases[na++] = o.aliases[i];
+        if (!o.served && strcmp(o.model, name ? name : "")) aliases[na++] = o.model;
+        sm.id = name ? name : "model";
+        sm.aliases = aliases;
+        sm.n_aliases = na;
+        sm.en = en;
+        sm.tok = tok;
+        sm.tmpl = tm;
+        sm.tmpl_src = tsrc;
+        sm.bos_text = bos;
+        sm.eos_text = eos;
+        sm.n_ctx = engine_config(en)->n_ctx;
+        sm.created = (int64_t)time(NULL);
+        sample_params_default(&sm.defaults);
+        float x;
+        uint32_t k;
+        if (gguf_get_f32(f, "general.sampling.temp", &x, NULL) == SMELT_OK) sm.defaults.temperature = x;
+        if (gguf_get_u32(f, "general.sampling.top_k", &k, NULL) == SMELT_OK) sm.defaults.top_k = (int32_t)k;
+        if (gguf_get_f32(f, "general.sampling.top_p", &x, NULL) == SMELT_OK) sm.defaults.top_p = x;
+        if (gguf_get_f32(f, "general.sampling.min_p", &x, NULL) == SMELT_OK) sm.defaults.min_p = x;
+        if (gguf_get_f32(f, "general.sampling.penalty_repeat", &x, NULL) == SMELT_OK)
+            sm.defaults.repetition_penalty = x;
+        st = server_new(&srv, &sc, &sm, &e);
+        if (st == SMELT_OK) {
+            const struct engine_config *c = engine_config(en);
+            fprintf(stderr,
+                    "smelt serve: %s on %s: %d sequences, %d tokens per step, KV %d blocks of "
+                    "%d (%lld tokens), context %d, prefix cache %s\n",
+                    sm.id, o.fake ? "a fake forward" : (cuda ? "cuda" : "cpu"), c->max_seqs,
+                    c->max_batch_tokens, c->n_blocks, c->block_size,
+                    (long long)c->n_blocks * c->block_size, c->n_ctx,
+                    c->no_prefix_cache ? "off" : "on");
+            fprintf(stderr, "smelt serve: listening on http://%s:%d\n", o.host ? o.host : "127.0.0.1",
+                    server_port(srv));
+            fflush(stderr);
+            int sig = 0;
+            sigwait(&sigs, &sig);
+            fprintf(stderr, "smelt serve: %s: shutting down (grace %.0f s)\n",
+                    sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace_s);
+            server_shutdown(srv, o.grace_s);
+        }
+    }
+    rc = st == SMELT_OK ? 0 : cli_fail("serve", &e);
+    server_free(srv);
+    engine_free(en);
+    if (m && kv) model_kv_free(m, kv);
+    model_free(m);
+    bk_free(bk);
+    tmpl_free(tm);
+    tok_free(tok);
+    gguf_close(f);
+    free(tsrc);
+    free(bos);
+    free(eos);
+    free(name);
+    if (rc == 0) fprintf(stderr, "smelt serve: stopped\n");
+    return rc;
+}

@@ -1,0 +1,143 @@
+"""Helpers for the server tests: start `smelt serve` on a free port, talk raw HTTP to it,
+read /metrics. Every server binds 127.0.0.1 with --port 0 and is stopped (SIGTERM, then
+SIGKILL) when the test that owns it ends. Every call has a timeout."""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMELT = os.environ.get("SMELT_BIN", os.path.join(ROOT, "build", "smelt"))
+QWEN = os.path.join(ROOT, "models", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
+
+
+def make_tiny(path):
+    """A tiny random llama model (vocab 1000, 2 layers): fast enough for load tests."""
+    if not os.path.exists(path):
+        subprocess.run([SMELT, "quantize", "--random", "tiny", path, "Q8_0"], check=True,
+                       capture_output=True, timeout=120)
+    return path
+
+
+class Server:
+    def __init__(self, model, *args, env=None, start_timeout=120):
+        cmd = [SMELT, "serve", model, "--port", "0", *args]
+        e = dict(os.environ)
+        e.update(env or {})
+        self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, env=e)
+        self.lines = []
+        self.port = None
+        self._ready = threading.Event()
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+        if not self._ready.wait(start_timeout) or self.port is None:
+            self.stop()
+            raise RuntimeError("smelt serve did not start:\n" + "".join(self.lines[-30:]))
+        self.host = "127.0.0.1"
+        self.url = f"http://{self.host}:{self.port}"
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.lines.append(line)
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                self._ready.set()
+        self._ready.set()
+
+    def log(self):
+        return "".join(self.lines)
+
+    def stop(self, timeout=20):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(10)
+        self._t.join(5)
+        return self.p.returncode
+
+    # ---- raw HTTP ----
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        """Returns (status, headers dict (lower-case names), body bytes)."""
+        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body).encode()
+            elif isinstance(body, str):
+                body = body.encode()
+            h = {"Content-Type": "application/json"}
+            h.update(headers or {})
+            c.request(method, path, body=body, headers=h)
+            r = c.getresponse()
+            data = r.read()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+        finally:
+            c.close()
+
+    def post(self, path, obj, headers=None, timeout=60):
+        st, h, data = self.request("POST", path, obj, headers, timeout)
+        try:
+            j = json.loads(data)
+        except ValueError:
+            j = None
+        return st, j
+
+    def stream(self, path, obj, timeout=60):
+        """POSTs a streaming request; returns (status, list of parsed data events, raw text).
+        The final "[DONE]" is kept as the string "[DONE]"."""
+        st, h, data = self.request("POST", path, obj, timeout=timeout)
+        text = data.decode("utf-8")
+        events = []
+        for block in text.split("\n\n"):
+            if not block.startswith("data: "):
+                continue
+            payload = block[6:]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+        return st, events, text
+
+    def metrics(self):
+        st, h, data = self.request("GET", "/metrics")
+        assert st == 200
+        out = {}
+        for line in data.decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+        return out
+
+    def wait_idle(self, timeout=20):
+        """Waits until no sequence runs or waits and no KV block is used; returns metrics."""
+        t0 = time.time()
+        while True:
+            m = self.metrics()
+            if (m["smelt_num_requests_running"] == 0 and m["smelt_num_requests_waiting"] == 0
+                    and m["smelt_kv_blocks_used"] == 0):
+                return m
+            if time.time() - t0 > timeout:
+                raise AssertionError(f"server not idle after {timeout} s: running "
+                                     f"{m['smelt_num_requests_running']}, waiting "
+                                     f"{m['smelt_num_requests_waiting']}, kv used "
+                                     f"{m['smelt_kv_blocks_used']}")
+            time.sleep(0.05)
+
+    def rss_kb(self):
+        with open(f"/proc/{self.p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+
+def completion_text(events):
+    """Concatenated text of choice 0 over streamed completion events."""
+    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict)
+                   and e.get("choices"))

@@ -1,0 +1,413 @@
+"""smelt serve over raw HTTP on a tiny random model: routes, OpenAI error shapes and
+statuses (hostile bodies included), auth, completions features (prompts, n, echo, stop,
+seeds, logprobs, streaming, usage, cached tokens), disconnects, timeouts, shutdown.
+
+The reference for "what the text should be" is the server itself run one request at a
+time (greedy decoding is deterministic), and the tokenizer's own detokenize route; the
+OpenAI shapes are checked field by field against the API reference."""
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from smelt_server import SMELT, Server, completion_text, make_tiny
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(str(tmp_path_factory.mktemp("models") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="module")
+def srv(tiny):
+    s = Server(tiny, "-c", "256", "--max-body", "2000000", "--max-seqs", "32", "-t", "1")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+def err_of(st, j, status, param=None, code=None):
+    assert st == status, (st, j)
+    e = j["error"]
+    assert set(e) == {"message", "type", "param", "code"}, e
+    assert isinstance(e["message"], str) and e["message"]
+    if param is not None:
+        assert e["param"] == param, e
+    if code is not None:
+        assert e["code"] == code, e
+    return e
+
+
+# ---- routes ----
+
+def test_health_models_metrics(srv):
+    st, h, body = srv.request("GET", "/health")
+    assert st == 200 and json.loads(body) == {"status": "ok"}
+    for path in ("/v1/models", "/models"):
+        st, h, body = srv.request("GET", path)
+        j = json.loads(body)
+        assert st == 200 and j["object"] == "list"
+        assert j["data"][0]["object"] == "model" and j["data"][0]["id"] == "tiny"
+    st, h, body = srv.request("GET", "/v1/models/tiny")
+    assert st == 200 and json.loads(body)["id"] == "tiny"
+    st, j = srv.request("GET", "/v1/models/nope")[0], json.loads(srv.request("GET", "/v1/models/nope")[2])
+    err_of(st, j, 404, code="model_not_found")
+    m = srv.metrics()
+    for name in ("smelt_num_requests_running", "smelt_num_requests_waiting", "smelt_kv_blocks_used",
+                 "smelt_kv_blocks_cached", "smelt_prefix_cache_hit_rate", "smelt_prompt_tokens_total",
+                 "smelt_generation_tokens_total", 'smelt_http_requests_total{status="200"}',
+                 'smelt_time_to_first_token_seconds_bucket{le="+Inf"}',
+                 "smelt_inter_token_latency_seconds_count"):
+        assert name in m, name
+
+
+def test_unknown_route_and_method(srv):
+    st, h, body = srv.request("GET", "/v1/nothing")
+    err_of(st, json.loads(body), 404)
+    st, h, body = srv.request("GET", "/v1/completions")
+    assert st == 405
+    st, j = srv.post("/v1/completions", {"model": "gpt-4", "prompt": "hi"})
+    err_of(st, j, 404, param="model", code="model_not_found")
+
+
+# ---- errors ----
+
+@pytest.mark.parametrize("body,param", [
+    (b'{"prompt": "hi"', None),                                  # malformed
+    (b'{"prompt": "hi", "prompt": "again"}', None),              # duplicate keys
+    (b'{"prompt": "a\\u0000b"}', None),                          # NUL in a string
+    (b'{"prompt": "a\x00b"}', None),                             # raw NUL byte
+    (b'{"prompt": "caf\xe9"}', None),                            # invalid UTF-8
+    (b"[" * 100000 + b"]" * 100000, None),                       # deep nesting
+    (b'"just a string"', None),
+    (b'{"prompt": 5}', "prompt"),
+    (b'{"prompt": "hi", "max_tokens": "ten"}', "max_tokens"),
+    (b'{"prompt": "hi", "temperature": -1}', "temperature"),
+    (b'{"prompt": "hi", "n": 1000}', "n"),
+    (b'{"prompt": "hi", "top_logprobs": 2}', "top_logprobs"),    # a chat-only field
+    (b'{"prompt": "hi", "response_format": {"type": "json_object"}}', "response_format"),
+    (b'{"prompt": [99999]}', "prompt"),
+])
+def test_bad_requests(srv, body, param):
+    st, h, data = srv.request("POST", "/v1/completions", body)
+    e = err_of(st, json.loads(data), 400, param=param)
+    assert e["type"] == "invalid_request_error"
+
+
+def test_prompt_too_long_names_both_counts(srv):
+    import re
+    # tokenized: ~1000 byte tokens in 1000 bytes
+    st, j = srv.post("/v1/completions", {"prompt": "x " * 500, "max_tokens": 4})
+    e = err_of(st, j, 400, code="context_length_exceeded")
+    assert "256" in e["message"]
+    n = int(re.search(r"resulted in (\d+) tokens", e["message"]).group(1))
+    assert n > 256
+    # refused by length before tokenizing: still both counts
+    st, j = srv.post("/v1/completions", {"prompt": "word " * 400, "max_tokens": 4})
+    e = err_of(st, j, 400, code="context_length_exceeded")
+    assert "256" in e["message"] and re.search(r"at least (\d+) tokens", e["message"])
+    # prompt + max_tokens over the context
+    st, j = srv.post("/v1/completions", {"prompt": "word " * 20, "max_tokens": 250})
+    err_of(st, j, 400, param="max_tokens", code="context_length_exceeded")
+
+
+def test_huge_string_and_body_limit(srv):
+    # 1.5 MB string: under the body limit, far over the context (refused before tokenizing)
+    t0 = time.time()
+    st, j = srv.post("/v1/completions", {"prompt": "x" * 1_500_000})
+    err_of(st, j, 400, code="context_length_exceeded")
+    assert time.time() - t0 < 10
+    # 10 MB: over the body limit
+    st, h, data = srv.request("POST", "/v1/completions", b'{"prompt": "' + b"y" * 10_000_000 + b'"}')
+    err_of(st, json.loads(data), 413)
+    # the same without Content-Length (chunked upload)
+    def chunks():
+        yield b'{"prompt": "'
+        for _ in range(30):
+            yield b"z" * 100_000
+        yield b'"}'
+    import http.client
+    c = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    c.request("POST", "/v1/completions", body=chunks(), encode_chunked=True,
+              headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    r = c.getresponse()
+    assert r.status == 413
+    c.close()
+
+
+def test_auth(tiny):
+    s = Server(tiny, "--api-key", "sekrit", "-t", "1")
+    try:
+        st, h, body = s.request("GET", "/health")
+        assert st == 200
+        st, h, body = s.request("GET", "/v1/models")
+        e = err_of(st, json.loads(body), 401)
+        assert e["type"] == "authentication_error"
+        st, h, body = s.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert st == 401
+        st, h, body = s.request("GET", "/v1/models", headers={"Authorization": "Bearer sekritX"})
+        assert st == 401
+        st, h, body = s.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert st == 401
+        st, h, body = s.request("GET", "/metrics")
+        assert st == 401
+        st, h, body = s.request("GET", "/v1/models", headers={"Authorization": "Bearer sekrit"})
+        assert st == 200
+    finally:
+        s.stop()
+    # the environment variable works too
+    s = Server(tiny, "-t", "1", env={"SMELT_API_KEY": "envkey"})
+    try:
+        assert s.request("GET", "/v1/models")[0] == 401
+        assert s.request("GET", "/v1/models", headers={"Authorization": "Bearer envkey"})[0] == 200
+    finally:
+        s.stop()
+
+
+def test_queue_full_429(tiny):
+    s = Server(tiny, "--fake-forward", "--fake-step-ms", "30", "--max-seqs", "1",
+               "--max-waiting", "1", "-t", "1")
+    try:
+        results = []
+
+        def one():
+            results.append(s.request("POST", "/v1/completions",
+                                     {"prompt": "hi", "max_tokens": 20, "ignore_eos": True}))
+        ts = [threading.Thread(target=one) for _ in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        statuses = sorted(r[0] for r in results)
+        assert 200 in statuses and 429 in statuses, statuses
+        busy = [r for r in results if r[0] == 429][0]
+        assert busy[1].get("retry-after") == "1"
+        err_of(429, json.loads(busy[2]), 429, code="queue_full")
+    finally:
+        s.stop()
+
+
+# ---- completions ----
+
+def test_completion_shape_and_usage(srv):
+    st, j = srv.post("/v1/completions", {"model": "tiny", "prompt": "Hello world", "max_tokens": 5,
+                                         "temperature": 0, "ignore_eos": True})
+    assert st == 200, j
+    assert j["object"] == "text_completion" and j["id"].startswith("cmpl-")
+    assert j["model"] == "tiny" and isinstance(j["created"], int) and j["system_fingerprint"]
+    c = j["choices"][0]
+    assert c["index"] == 0 and c["finish_reason"] == "length" and c["logprobs"] is None
+    u = j["usage"]
+    assert u["completion_tokens"] == 5 and u["total_tokens"] == u["prompt_tokens"] + 5
+    assert "cached_tokens" in u["prompt_tokens_details"]
+    # the same text through the detokenizer: the completion is what its tokens decode to
+    st, t = srv.post("/tokenize", {"content": "Hello world"})
+    assert st == 200 and t["count"] == u["prompt_tokens"]
+
+
+def test_prompt_forms_and_n(srv):
+    base = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    st, a = srv.post("/v1/completions", dict(base, prompt="alpha beta"))
+    st, ids = srv.post("/tokenize", {"content": "alpha beta"})
+    st, b = srv.post("/v1/completions", dict(base, prompt=ids["tokens"]))
+    assert b["choices"][0]["text"] == a["choices"][0]["text"]
+    st, m = srv.post("/v1/completions", dict(base, prompt=["alpha beta", "gamma", ids["tokens"]], n=2))
+    assert st == 200 and len(m["choices"]) == 6
+    assert [c["index"] for c in m["choices"]] == list(range(6))
+    texts = [c["text"] for c in m["choices"]]
+    assert texts[0] == texts[1] == texts[4] == texts[5] == a["choices"][0]["text"]
+    assert m["usage"]["completion_tokens"] == 24
+    # echo
+    st, e = srv.post("/v1/completions", dict(base, prompt="alpha beta", echo=True))
+    assert e["choices"][0]["text"] == "alpha beta" + a["choices"][0]["text"]
+
+
+def test_stop_strings_never_leak(srv):
+    base = {"prompt": "one two three", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    st, full = srv.post("/v1/completions", base)
+    text = full["choices"][0]["text"]
+    assert len(text) > 12
+    # a stop that starts inside one token and ends inside a later one
+    stop = text[5:12]
+    cut = text.index(stop)
+    st, j = srv.post("/v1/completions", dict(base, stop=[stop, "\u2603never"]))
+    assert j["choices"][0]["text"] == text[:cut]
+    assert j["choices"][0]["finish_reason"] == "stop"
+    st, events, raw = srv.stream("/v1/completions", dict(base, stop=stop, stream=True))
+    assert completion_text(events) == text[:cut]
+    assert stop not in raw and stop[:-1] not in completion_text(events)[cut - len(stop) + 1:]
+    assert events[-2]["choices"][0]["finish_reason"] == "stop" and events[-1] == "[DONE]"
+
+
+def test_seeds_and_sampling(srv):
+    base = {"prompt": "seed test", "max_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+    a = srv.post("/v1/completions", dict(base, seed=123))[1]["choices"][0]["text"]
+    b = srv.post("/v1/completions", dict(base, seed=123))[1]["choices"][0]["text"]
+    c = srv.post("/v1/completions", dict(base, seed=124))[1]["choices"][0]["text"]
+    assert a == b
+    assert a != c
+    # n > 1 with a seed: choices differ from each other, the request repeats exactly
+    r1 = srv.post("/v1/completions", dict(base, seed=5, n=3))[1]
+    r2 = srv.post("/v1/completions", dict(base, seed=5, n=3))[1]
+    t1 = [x["text"] for x in r1["choices"]]
+    assert t1 == [x["text"] for x in r2["choices"]]
+    assert len(set(t1)) > 1
+    # logit_bias: the tiny vocab's word tokens are ids 259..999 ("\u2581t<i>"); with all of
+    # them banned only byte tokens remain, so no " t<digits>" word can appear
+    import re
+    assert re.search(r" t\d", a)
+    bias = {str(i): -100 for i in range(259, 1000)}
+    r = srv.post("/v1/completions", dict(base, seed=123, logit_bias=bias))[1]
+    assert not re.search(r" t\d", r["choices"][0]["text"])
+
+
+def test_logprobs_legacy(srv):
+    st, j = srv.post("/v1/completions", {"prompt": "log probs", "max_tokens": 3, "temperature": 0,
+                                         "logprobs": 2, "ignore_eos": True})
+    lp = j["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 3 and len(lp["token_logprobs"]) == 3
+    assert len(lp["top_logprobs"]) == 3 and len(lp["text_offset"]) == 3
+    for tok, l, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert l <= 0 and len(top) <= 2
+        # greedy: the chosen token is the most likely one
+        assert abs(max(top.values()) - l) < 1e-5
+    assert "".join(lp["tokens"]) == j["choices"][0]["text"]
+    assert lp["text_offset"][0] == 0
+
+
+def test_stream_shape_and_usage(srv):
+    body = {"prompt": "stream me", "max_tokens": 6, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    st, events, raw = srv.stream("/v1/completions", body)
+    assert st == 200 and events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+    chunks = events[:-2]
+    assert all(e["object"] == "text_completion" and e["usage"] is None for e in chunks)
+    assert len({e["id"] for e in events[:-1]}) == 1
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    st, whole = srv.post("/v1/completions", dict(body, stream=False, stream_options=None))
+    assert completion_text(chunks) == whole["choices"][0]["text"]
+
+
+def test_cached_tokens_on_repeated_prefix(srv):
+    prefix = "shared system prompt " * 8
+    body = {"prompt": prefix + "first", "max_tokens": 2, "temperature": 0}
+    st, a = srv.post("/v1/completions", body)
+    st, b = srv.post("/v1/completions", dict(body, prompt=prefix + "second question"))
+    n_prompt = a["usage"]["prompt_tokens"]
+    cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16 and cached % 16 == 0 and cached <= n_prompt
+    m = srv.metrics()
+    assert m["smelt_prompt_cached_tokens_total"] >= cached
+    assert m["smelt_prefix_cache_hits_total"] > 0
+
+
+def test_tokenize_detokenize(srv):
+    st, t = srv.post("/tokenize", {"content": "round trip text", "add_special": False,
+                                   "with_pieces": True})
+    ids = [p["id"] for p in t["tokens"]]
+    st, d = srv.post("/detokenize", {"tokens": ids})
+    # (the tiny vocab spells spaces as byte-fallback "\u2581": its decode keeps them)
+    assert st == 200 and d["content"].replace("\u2581", " ").strip() == "round trip text"
+    st, j = srv.post("/detokenize", {"tokens": [1, 99999]})
+    err_of(st, j, 400, param="tokens")
+
+
+def test_chat_with_default_template(srv):
+    msgs = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    st, j = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 3,
+                                              "temperature": 0})
+    assert st == 200, j
+    assert j["object"] == "chat.completion" and j["id"].startswith("chatcmpl-")
+    msg = j["choices"][0]["message"]
+    assert msg["role"] == "assistant" and isinstance(msg["content"], str)
+    st, events, raw = srv.stream("/v1/chat/completions", {
+        "messages": msgs, "max_tokens": 3, "temperature": 0, "stream": True})
+    first = events[0]["choices"][0]["delta"]
+    assert first["role"] == "assistant"
+    assert events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert text == msg["content"]
+
+
+# ---- connections ----
+
+def test_disconnect_mid_stream_frees_kv(srv):
+    before = srv.metrics()
+    s = socket.create_connection((srv.host, srv.port), timeout=10)
+    body = json.dumps({"prompt": "long one", "max_tokens": 200, "temperature": 0, "stream": True,
+                       "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += s.recv(4096)
+    s.close()
+    m = srv.wait_idle()
+    assert m['smelt_request_finish_total{reason="cancelled"}'] > \
+        before['smelt_request_finish_total{reason="cancelled"}']
+    assert m["smelt_generation_tokens_total"] - before["smelt_generation_tokens_total"] < 200
+
+
+def test_slow_client_times_out(tiny):
+    s = Server(tiny, "--timeout", "1", "-t", "1")
+    try:
+        c = socket.create_connection((s.host, s.port), timeout=10)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never finishes
+        t0 = time.time()
+        c.settimeout(8)
+        data = c.recv(100)  # the server closes the connection
+        assert data == b"" or b"HTTP/1.1" in data
+        assert time.time() - t0 < 6
+        c.close()
+    finally:
+        s.stop()
+
+
+def test_idle_connections_do_not_block(srv):
+    conns = []
+    try:
+        for _ in range(300):
+            conns.append(socket.create_connection((srv.host, srv.port), timeout=10))
+        st, j = srv.post("/v1/completions", {"prompt": "still here", "max_tokens": 2})
+        assert st == 200
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_log_json_and_sigterm_drains(tiny):
+    s = Server(tiny, "--log-format", "json", "--fake-forward", "--fake-step-ms", "20", "-t", "1")
+    try:
+        result = {}
+
+        def long_stream():
+            result["r"] = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 40,
+                                                        "stream": True, "ignore_eos": True})
+        t = threading.Thread(target=long_stream)
+        t.start()
+        time.sleep(0.3)
+        s.p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        # no new connections once shutting down
+        with pytest.raises(OSError):
+            socket.create_connection((s.host, s.port), timeout=2).recv(1)
+            raise OSError("accepted")
+        t.join(30)
+        st, events, raw = result["r"]
+        assert st == 200 and events[-1] == "[DONE]"
+        assert events[-2]["choices"][0]["finish_reason"] == "length"   # it finished, not cut
+        assert s.p.wait(30) == 0
+        logs = [json.loads(line) for line in s.lines if line.startswith("{")]
+        req = [l for l in logs if l.get("msg") == "request" and l["path"] == "/v1/completions"]
+        assert req and req[0]["status"] == 200 and req[0]["completion_tokens"] == 40
+        assert req[0]["ttft_s"] is not None and req[0]["id"].startswith("cmpl-")
+    finally:
+        s.stop()
