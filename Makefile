@@ -21,7 +21,7 @@ models: deps
 	@scripts/fetch-test-models.sh
 
 run: build models
-	$(BUILD)/smelt inspect models/gemma3-270m-q4_k_m.gguf
+	$(BUILD)/smelt serve models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf $(SERVE_ARGS)
 
 # Unit tests (ctest), Python reference tests (pytest), the sanitizer build, bounded fuzzing.
 test: build models

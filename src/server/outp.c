@@ -246,6 +246,13 @@ static const char *open_marker(enum outp_syntax s) {
 
 /* Runs the machine over pend. final: no more text will come. */
 static void run(struct outp *p, struct outp_delta *d, bool final) {
+    /* both buffers exist from here on (no NULL arithmetic below) */
+    if (!p->pend.p) jw_raw(&p->pend, "", 0);
+    if (!p->call.p) jw_raw(&p->call, "", 0);
+    if (!p->pend.p || !p->call.p) {
+        p->bad = true;
+        return;
+    }
     for (;;) {
         struct jw *b = &p->pend;
         switch (p->state) {

@@ -460,7 +460,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     srv_conn_unref(c);
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
