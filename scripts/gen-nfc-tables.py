@@ -1,113 +1,137 @@
 #!/usr/bin/env python3
-"""Writes src/tokenizer/tok_nfc_data.h: the Unicode tables NFC needs, from Python's
-unicodedata (its Unicode version is recorded in the header).
+"""Writes src/tokenizer/tok_nfc_data.h: the Unicode tables NFC needs, probed from the NFC
+and NFD normalizers of the installed Hugging Face `tokenizers` package.
 
+    pip install tokenizers
     python3 scripts/gen-nfc-tables.py > src/tokenizer/tok_nfc_data.h
 
-Tables:
-  nfc_check[]   ranges of code points that are not "quick yes": a canonical combining
-                class != 0, a canonical decomposition that NFC does not keep, or a
-                character that can combine with the one before it (the second half of a
-                composition, Hangul V/T jamo). Text without any of these is NFC already.
-  nfc_ccc[]     (code point, canonical combining class) for class != 0
-  nfc_decomp[]  (code point, offset, length) into nfc_decomp_cps: the full canonical
-                decomposition (applied recursively; Hangul syllables are algorithmic and
-                not listed)
-  nfc_comp[]    (first, second, composite), sorted by (first, second): the primary
-                composites (canonical pairs that NFC recomposes; exclusions and singletons
-                left out)
+Why probe: HF's normalizers use the unicode-normalization-alignments crate, whose tables
+are Unicode 9.0 (seen: U+09FE, U+0C3C have class 0 there, U+11938 does not decompose).
+Tables from a newer Unicode would normalize such characters differently from HF. So:
+  decompositions  HF's NFD of each code point (full, recursive), except Hangul syllables
+                  (algorithmic, and checked here to match)
+  classes         which code points HF reorders (tested against the lowest- and highest-
+                  class marks in both orders); their class values come from Python's
+                  unicodedata (a class never changes once assigned)
+  compositions    (a, b) -> X for each X whose one-step canonical decomposition (Python's
+                  unicodedata) is (a, b) and whose HF NFC of a + b is X (this leaves out
+                  composition exclusions and characters HF's tables do not know)
+  quick check     code points with a class, code points that NFC changes, and code points
+                  that can combine with the one before (second halves, Hangul V / T)
 """
 import sys
 import unicodedata as ud
 
-MAXCP = 0x110000
-SBASE, LBASE, VBASE, TBASE = 0xAC00, 0x1100, 0x1161, 0x11A7
-LCOUNT, VCOUNT, TCOUNT = 19, 21, 28
-SCOUNT = LCOUNT * VCOUNT * TCOUNT
+import tokenizers
+from tokenizers import normalizers
+
+NFD = normalizers.NFD()
+NFC = normalizers.NFC()
+SBASE, SCOUNT = 0xAC00, 11172
+VBASE, VCOUNT, TBASE, TCOUNT = 0x1161, 21, 0x11A7, 28
+CPS = [c for c in range(1, 0x110000) if not (0xD800 <= c <= 0xDFFF)]  # 0: the separator
 
 
-def canon_decomp(cp):
-    d = ud.decomposition(chr(cp))
-    if not d or d.startswith("<"):
-        return None
-    return [int(x, 16) for x in d.split()]
-
-
-def full_decomp(cp):
-    d = canon_decomp(cp)
-    if d is None:
-        return [cp]
-    out = []
-    for x in d:
-        out.extend(full_decomp(x))
+def batch(f, items):
+    """f over many short strings at once: NUL (a starter that never combines) keeps
+    them apart."""
+    out = f.normalize_str("\x00".join(items)).split("\x00")
+    assert len(out) == len(items)
     return out
 
 
-def ranges(cps):
-    cps = sorted(cps)
-    out = []
-    for c in cps:
-        if out and out[-1][1] == c - 1:
-            out[-1][1] = c
-        else:
-            out.append([c, c])
-    return out
+def hangul_nfd(cp):
+    si = cp - SBASE
+    s = [0x1100 + si // (VCOUNT * TCOUNT), VBASE + (si % (VCOUNT * TCOUNT)) // TCOUNT]
+    if si % TCOUNT:
+        s.append(TBASE + si % TCOUNT)
+    return s
 
 
 def main():
-    ccc = {}
+    # decompositions
+    nfd = batch(NFD, [chr(c) for c in CPS])
     decomp = {}
+    for c, d in zip(CPS, nfd):
+        if d != chr(c):
+            if SBASE <= c < SBASE + SCOUNT:
+                assert [ord(x) for x in d] == hangul_nfd(c), hex(c)
+            else:
+                decomp[c] = [ord(x) for x in d]
+    atoms = [c for c, d in zip(CPS, nfd) if d == chr(c)]
+
+    # classes: reference marks, one per class value Python knows
+    refs = {}
+    for c in range(0x300, 0x2000):
+        k = ud.combining(chr(c))
+        if k and k not in refs and not ud.decomposition(chr(c)):
+            refs[k] = c
+    for c in range(0x10000):
+        k = ud.combining(chr(c))
+        if k and k not in refs and not ud.decomposition(chr(c)):
+            refs[k] = c
+    lo, hi = refs[min(refs)], refs[max(refs)]
+    # non-starters: move before the highest-class mark, or let the lowest move before them
+    t1 = batch(NFD, [chr(hi) + chr(c) for c in atoms])
+    t2 = batch(NFD, [chr(c) + chr(lo) for c in atoms])
+    nonstarters = [c for c, a, b in zip(atoms, t1, t2)
+                   if c not in (lo, hi) and (a[0] != chr(hi) or b[0] != chr(c))]
+    nonstarters += [lo, hi]
+    # A character's class never changes once assigned (Unicode stability policy), so
+    # Python's value is HF's for every character HF treats as a non-starter.
+    ccc = {c: ud.combining(chr(c)) for c in nonstarters}
+    assert all(ccc.values()), [hex(c) for c in ccc if not ccc[c]]
+
+    # compositions
     comp = []
-    for cp in range(MAXCP):
-        if 0xD800 <= cp <= 0xDFFF or SBASE <= cp < SBASE + SCOUNT:
+    for x, d in sorted(decomp.items()):
+        one = ud.decomposition(chr(x))
+        if not one or one.startswith("<"):
             continue
-        c = ud.combining(chr(cp))
-        if c:
-            ccc[cp] = c
-        d = canon_decomp(cp)
-        if d is not None:
-            decomp[cp] = full_decomp(cp)
-            if len(d) == 2 and ud.normalize("NFC", chr(d[0]) + chr(d[1])) == chr(cp):
-                comp.append((d[0], d[1], cp))
-    seconds = {b for _, b, _ in comp}
+        parts = [int(p, 16) for p in one.split()]
+        if len(parts) == 2 and NFC.normalize_str(chr(parts[0]) + chr(parts[1])) == chr(x):
+            comp.append((parts[0], parts[1], x))
+    # every composite must be reachable from its full decomposition too
     check = set(ccc)
-    for cp in decomp:
-        if ud.normalize("NFC", chr(cp)) != chr(cp):
-            check.add(cp)
-    check |= seconds
+    nfc1 = batch(NFC, [chr(c) for c in CPS])
+    for c, n in zip(CPS, nfc1):
+        if n != chr(c):
+            check.add(c)
+    check |= {b for _, b, _ in comp}
     check |= set(range(VBASE, VBASE + VCOUNT)) | set(range(TBASE + 1, TBASE + TCOUNT))
-    # Sanity: nothing below U+0300 needs a check (the C fast path relies on it).
     assert min(check) >= 0x300, hex(min(check))
 
     w = sys.stdout.write
-    w("/* Generated by scripts/gen-nfc-tables.py from Python %s unicodedata (Unicode %s).\n"
-      " * Do not edit. */\n" % (sys.version.split()[0], ud.unidata_version))
-    w("#define NFC_UNICODE_VERSION \"%s\"\n\n" % ud.unidata_version)
-    rs = ranges(check)
+    w("/* Generated by scripts/gen-nfc-tables.py: probed from HF tokenizers %s (its NFC /\n"
+      " * NFD normalizers). Do not edit. */\n\n" % tokenizers.__version__)
+    rs = []
+    for c in sorted(check):
+        if rs and rs[-1][1] == c - 1:
+            rs[-1][1] = c
+        else:
+            rs.append([c, c])
     w("static const uint32_t nfc_check[%d][2] = {\n" % len(rs))
     for a, b in rs:
         w("    {0x%X, 0x%X},\n" % (a, b))
     w("};\n\n")
     w("static const uint32_t nfc_ccc[%d][2] = {\n" % len(ccc))
-    for cp in sorted(ccc):
-        w("    {0x%X, %d},\n" % (cp, ccc[cp]))
+    for c in sorted(ccc):
+        w("    {0x%X, %d},\n" % (c, ccc[c]))
     w("};\n\n")
-    flat = []
-    rows = []
-    for cp in sorted(decomp):
-        rows.append((cp, len(flat), len(decomp[cp])))
-        flat.extend(decomp[cp])
+    flat, rows = [], []
+    for c in sorted(decomp):
+        rows.append((c, len(flat), len(decomp[c])))
+        flat.extend(decomp[c])
     w("static const uint32_t nfc_decomp_cps[%d] = {\n" % len(flat))
     for i in range(0, len(flat), 8):
         w("    " + ", ".join("0x%X" % x for x in flat[i:i + 8]) + ",\n")
     w("};\n\n")
     w("static const uint32_t nfc_decomp[%d][3] = {\n" % len(rows))
-    for cp, off, n in rows:
-        w("    {0x%X, %d, %d},\n" % (cp, off, n))
+    for c, off, n in rows:
+        w("    {0x%X, %d, %d},\n" % (c, off, n))
     w("};\n\n")
-    comp.sort()
     w("static const uint32_t nfc_comp[%d][3] = {\n" % len(comp))
-    for a, b, c in comp:
+    for a, b, c in sorted(comp):
         w("    {0x%X, 0x%X, 0x%X},\n" % (a, b, c))
     w("};\n")
 

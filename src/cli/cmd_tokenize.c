@@ -10,6 +10,9 @@
  * Pieces are the decoded bytes of each token, with \n \t \r \\ \' and \xNN escapes for
  * control bytes and bytes that are not part of a valid UTF-8 character.
  * --file PATH reads the text from a file ("-" for stdin) instead of the argument.
+ * --split SEP treats the text as several texts separated by SEP and prints the tokens of
+ *   each on one line (--ids / --pieces format).
+ * --pre NAME uses another pre-tokenizer than the file names (a tokenizer.ggml.pre value).
  * --bench N encodes the text N times after one warm-up and prints the speed to stderr.
  */
 #include <stdio.h>
@@ -30,6 +33,8 @@ static void usage(FILE *f) {
                "  --no-special  keep special tokens in the text literal (\"<|im_start|>\")\n"
                "  --no-bos      add no BOS/EOS\n"
                "  --file PATH   read the text from PATH (\"-\": stdin)\n"
+               "  --split SEP   the text is several texts separated by SEP: one line each\n"
+               "  --pre NAME    use this tokenizer.ggml.pre instead of the file's\n"
                "  --bench N     encode N times and print MB/s to stderr\n");
 }
 
@@ -93,8 +98,51 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Encodes text and prints it: ids (ids > 0), pieces (0) or the table (-1). With bench,
+ * also times bench more encodes. Returns 0, or 1 after printing the error. */
+static int encode_print(const struct tok *t, const char *text, size_t len, unsigned flags,
+                        int ids_mode, long bench) {
+    struct err e = {0};
+    struct tok_ids ids = {0};
+    if (tok_encode(t, text, len, flags, &ids, &e) != SMELT_OK) return cli_fail("tokenize", &e);
+    if (bench) {
+        double t0 = now_s();
+        for (long r = 0; r < bench; r++) {
+            ids.n = 0;
+            if (tok_encode(t, text, len, flags, &ids, &e) != SMELT_OK) {
+                tok_ids_free(&ids);
+                return cli_fail("tokenize", &e);
+            }
+        }
+        double dt = (now_s() - t0) / (double)bench;
+        fprintf(stderr, "tokenize: %zu bytes -> %zu tokens in %.3f ms: %.2f MB/s\n", len, ids.n,
+                dt * 1e3, (double)len / dt / 1e6);
+    }
+    if (ids_mode > 0) {
+        for (size_t i = 0; i < ids.n; i++)
+            printf(i ? " %d" : "%d", ids.v[i]);
+        putchar('\n');
+    } else {
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t n;
+            const char *p = tok_piece(t, ids.v[i], &n);
+            if (ids_mode < 0) {
+                printf("%d\t", ids.v[i]);
+                print_piece(p, n);
+                putchar('\n');
+            } else {
+                if (i) putchar(' ');
+                print_piece(p, n);
+            }
+        }
+        if (ids_mode == 0) putchar('\n');
+    }
+    tok_ids_free(&ids);
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *file = NULL;
+    const char *model = NULL, *text = NULL, *file = NULL, *split = NULL, *pre = NULL;
     enum { OUT_TABLE, OUT_IDS, OUT_PIECES } mode = OUT_TABLE;
     unsigned flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
     long bench = 0;
@@ -113,6 +161,10 @@ int cmd_tokenize(int argc, char **argv) {
             flags &= ~TOK_ADD_SPECIAL;
         } else if (!strcmp(a, "--file") && i + 1 < argc) {
             file = argv[++i];
+        } else if (!strcmp(a, "--split") && i + 1 < argc) {
+            split = argv[++i];
+        } else if (!strcmp(a, "--pre") && i + 1 < argc) {
+            pre = argv[++i];
         } else if (!strcmp(a, "--bench") && i + 1 < argc) {
             bench = strtol(argv[++i], NULL, 10);
             if (bench < 1) {
@@ -154,52 +206,38 @@ int cmd_tokenize(int argc, char **argv) {
     struct gguf_file *g = NULL;
     struct tok *t = NULL;
     int rc = 1;
-    if (gguf_open(&g, model, &e) != SMELT_OK || tok_new_from_gguf(&t, g, &e) != SMELT_OK) {
+    if (gguf_open(&g, model, &e) != SMELT_OK || tok_new_from_gguf_pre(&t, g, pre, &e) != SMELT_OK) {
         rc = cli_fail("tokenize", &e);
         goto done;
     }
     gguf_close(g); /* the tokenizer keeps its own copy */
     g = NULL;
 
-    struct tok_ids ids = {0};
-    if (tok_encode(t, text, len, flags, &ids, &e) != SMELT_OK) {
-        rc = cli_fail("tokenize", &e);
+    if (split) {
+        if (!*split || mode == OUT_TABLE) {
+            fprintf(stderr,
+                    "smelt tokenize: --split wants a non-empty SEP and --ids or --pieces\n");
+            rc = 2;
+            goto done;
+        }
+        size_t sl = strlen(split);
+        const char *p = text, *end = text + len;
+        for (;;) {
+            const char *q = memmem(p, (size_t)(end - p), split, sl);
+            size_t n = q ? (size_t)(q - p) : (size_t)(end - p);
+            if (encode_print(t, p, n, flags, mode == OUT_IDS, 0) != 0) goto done;
+            if (!q) break;
+            p = q + sl;
+        }
+        rc = 0;
         goto done;
     }
-    if (bench) {
-        double t0 = now_s();
-        for (long r = 0; r < bench; r++) {
-            ids.n = 0;
-            if (tok_encode(t, text, len, flags, &ids, &e) != SMELT_OK) {
-                rc = cli_fail("tokenize", &e);
-                tok_ids_free(&ids);
-                goto done;
-            }
-        }
-        double dt = (now_s() - t0) / (double)bench;
-        fprintf(stderr, "tokenize: %zu bytes -> %zu tokens in %.3f ms: %.2f MB/s\n", len, ids.n,
-                dt * 1e3, (double)len / dt / 1e6);
-    }
-    if (mode == OUT_IDS) {
-        for (size_t i = 0; i < ids.n; i++)
-            printf(i ? " %d" : "%d", ids.v[i]);
-        putchar('\n');
-    } else {
-        for (size_t i = 0; i < ids.n; i++) {
-            size_t n;
-            const char *p = tok_piece(t, ids.v[i], &n);
-            if (mode == OUT_TABLE) {
-                printf("%d\t", ids.v[i]);
-                print_piece(p, n);
-                putchar('\n');
-            } else {
-                if (i) putchar(' ');
-                print_piece(p, n);
-            }
-        }
-        if (mode == OUT_PIECES) putchar('\n');
-    }
-    tok_ids_free(&ids);
+    if (encode_print(t, text, len, flags,
+                     mode == OUT_IDS      ? 1
+                     : mode == OUT_PIECES ? 0
+                                          : -1,
+                     bench) != 0)
+        goto done;
     rc = 0;
 done:
     tok_free(t);

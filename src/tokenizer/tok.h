@@ -88,6 +88,10 @@ void tok_buf_free(struct tok_buf *b);
  * closed afterwards. Fails with SMELT_ERR_FORMAT (naming the key) on missing or
  * malformed metadata and SMELT_ERR_UNSUPPORTED for another tokenizer.ggml.model. */
 smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, struct err *e);
+/* The same with another pre-tokenizer (a tokenizer.ggml.pre name) in place of the file's;
+ * for tests and for files whose pre name is wrong. NULL: the file's. */
+smelt_status tok_new_from_gguf_pre(struct tok **out, const struct gguf_file *f, const char *pre,
+                                   struct err *e);
 void tok_free(struct tok *t);
 
 /* Appends the ids of text[0..len) to out (text need not be NUL-terminated and may hold

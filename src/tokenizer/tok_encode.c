@@ -73,6 +73,7 @@ static smelt_status encode_text(struct tok_ctx *c, const uint8_t *s, size_t n, s
         smelt_status st = tok_nfc(c, s, n, &s, &n, e);
         if (st != SMELT_OK) return st;
     }
+    c->patched = tok_pretok_newer(s, n);
     return tok_pretok_split(c, s, n, tok_bpe_word, e);
 }
 

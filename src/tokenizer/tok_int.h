@@ -10,7 +10,8 @@
  *                  bytes, "▁" -> ' ', <0xNN> -> the byte; control tokens: their text)
  *   map            open-addressing hash of ids keyed by the *lookup key* of each id: the
  *                  piece for BPE vocabs (so a pre-token's raw bytes look up directly) and
- *                  the GGUF text for SPM vocabs (whose merges run on "▁"-escaped text)
+ *                  the GGUF text for SPM vocabs (whose merges run on "▁"-escaped text;
+ *                  key/key_off, where whitespace user-defined tokens are respelled)
  *   merges         BPE only: (left id, right id) -> (rank, merged id)
  *   trie           the tokens matched in raw text before pre-tokenization (control,
  *                  unknown, user-defined), longest match first
@@ -32,11 +33,16 @@
 #define TOK_A_MATCHED 16u  /* in the special-token trie */
 
 /* One pre-tokenizer stage. REGEX splits each piece by a pattern, keeping matches and the
- * text between them as pieces (HF's Split with behavior Isolated). The BYTE_* stages run
- * after HF's ByteLevel step, on byte-mapped text, which we emulate on the raw bytes. */
+ * text between them as pieces (HF's Split with behavior Isolated). DIGITS / DIGIT_RUNS /
+ * PUNCT are HF's Digits and Punctuation pre-tokenizers, hand-written over HF's own
+ * character tables. The BYTE_* stages run after HF's ByteLevel step, on byte-mapped
+ * text, which we emulate on the raw bytes. */
 enum tok_step_kind {
     TOK_STEP_REGEX = 1,
-    TOK_STEP_BYTE_DIGITS, /* runs of bytes whose byte-level char is numeric (HF Digits) */
+    TOK_STEP_DIGITS,      /* each numeric character alone (Digits, individual_digits) */
+    TOK_STEP_DIGIT_RUNS,  /* runs of numeric characters (Digits) */
+    TOK_STEP_PUNCT,       /* runs of punctuation (Punctuation, Contiguous) */
+    TOK_STEP_BYTE_DIGITS, /* runs of bytes whose byte-level char is numeric (Digits) */
     TOK_STEP_DIGIT3,      /* Split("[0-9][0-9][0-9]", Isolated) on the mapped text */
 };
 
@@ -46,7 +52,11 @@ struct tok_pretok {
     int n_steps;
     struct {
         enum tok_step_kind kind;
-        pcre2_code *re; /* REGEX only; JIT-compiled when the platform allows */
+        /* REGEX only; JIT-compiled when the platform allows. re_new is the pattern with
+         * its classes extended by the code points HF's Unicode version has and PCRE2's
+         * lacks (tok_unicode_data.h); used for text that holds one; NULL when the
+         * pattern has no such class. */
+        pcre2_code *re, *re_new;
     } steps[TOK_MAX_STEPS];
     bool nfc;           /* NFC-normalize each text segment first (qwen2, gpt-neox family) */
     bool ignore_merges; /* a pre-token that is a whole vocab token is emitted as is (llama3) */
@@ -75,9 +85,12 @@ struct tok {
     uint32_t *text_off;
     char *piece;
     uint32_t *piece_off;
-    uint8_t *type; /* enum tok_type */
-    uint8_t *attr; /* TOK_A_* */
-    float *score;  /* SPM scores (NULL for BPE) */
+    char *key; /* SPM: the lookup keys (the text; whitespace user-defined tokens respelled */
+    uint32_t *key_off; /* with "▁", see tok_vocab.c) */
+    uint8_t *type;     /* enum tok_type */
+    uint8_t *attr;     /* TOK_A_* */
+    float *score;      /* SPM merge priority, higher first (NULL for BPE): the scores, or
+                          -id for Gemma vocabs */
 
     int32_t *map; /* ids, -1 empty */
     uint32_t map_mask;
@@ -104,6 +117,7 @@ struct tok {
 struct tok_ctx {
     const struct tok *t;
     struct tok_ids *out;
+    bool patched; /* the current segment holds a code point of tok_newer */
     pcre2_match_data *md;
     pcre2_jit_stack *jit_stack; /* created on demand when the default stack is too small */
     pcre2_match_context *mctx;
@@ -149,8 +163,8 @@ static inline const char *tok_key(const struct tok *t, int32_t id, size_t *len) 
         *len = t->piece_off[id + 1] - t->piece_off[id];
         return t->piece + t->piece_off[id];
     }
-    *len = t->text_off[id + 1] - t->text_off[id];
-    return t->text + t->text_off[id];
+    *len = t->key_off[id + 1] - t->key_off[id];
+    return t->key + t->key_off[id];
 }
 
 /* The id whose lookup key is s[0..n), or -1. */
@@ -187,6 +201,10 @@ void tok_pretok_free(struct tok_pretok *p);
 typedef smelt_status (*tok_word_fn)(struct tok_ctx *c, const uint8_t *w, size_t wn);
 smelt_status tok_pretok_split(struct tok_ctx *c, const uint8_t *text, size_t n, tok_word_fn word,
                               struct err *e);
+
+/* True when s[0..n) (valid UTF-8) holds a code point that HF's character classes have
+ * and PCRE2's lack (then the REGEX stages use their re_new patterns). */
+bool tok_pretok_newer(const uint8_t *s, size_t n);
 
 /* ---- tok_bpe.c ---- */
 /* Appends the BPE ids of one pre-token (raw bytes) to c->out. */

@@ -5,9 +5,9 @@
  * the UAX #15 algorithm: full canonical decomposition (Hangul algorithmically),
  * canonical ordering of combining marks, then canonical composition.
  *
- * Tables come from Python's unicodedata (scripts/gen-nfc-tables.py; its Unicode version
- * is NFC_UNICODE_VERSION). HF's normalizer uses a newer Unicode version; the results
- * differ only on characters assigned after it.
+ * Tables are probed from HF's own normalizers (scripts/gen-nfc-tables.py): HF uses the
+ * unicode-normalization-alignments crate, whose data is Unicode 9.0, so characters
+ * assigned later neither decompose nor reorder there, and must not here either.
  */
 #include <stdlib.h>
 

@@ -6,14 +6,16 @@
  * own (a piece is the whole subject: lookahead and $ stop at its end). HF's
  * ByteLevel(use_regex = true) is the GPT-2 pattern as one more REGEX stage; its
  * byte-to-char mapping needs no stage because our vocab map is keyed by raw bytes.
- * Digits(individual_digits = true) before ByteLevel is the pattern \p{N};
- * Punctuation(Contiguous) is [\p{P}$+<=>^`|~]+ (Rust's is_ascii_punctuation adds those
- * nine symbols to Unicode P*).
  *
  * Patterns are the tokenizer.json originals (not llama.cpp's rewrites), compiled by PCRE2
- * with UTF + UCP so \s \p{L} \p{N} are Unicode classes, and JIT-compiled. Decided by
- * measurement: see docs/tokenizer.md for the speed table and the check of PCRE2's
- * classes against Oniguruma's (HF) on every code point.
+ * with UTF + UCP and JIT-compiled. HF runs them with Oniguruma, whose classes differ from
+ * PCRE2 10.42's (checked on every code point by scripts/gen-unicode-classes.py): \s has
+ * no U+180E, and \p{L} \p{N} \p{P} know the characters of Unicode 15 and 16. So each
+ * pattern is rewritten before compiling: \s becomes Oniguruma's exact list, and a second
+ * version extends \p{L} \p{N} \p{P} with the newer characters, used only for text
+ * that holds one (tok_pretok_newer); the common case keeps PCRE2's fast property tables.
+ * HF's Digits and Punctuation use yet other tables (Rust's char::is_numeric, its own
+ * punctuation list): those stages are a table lookup per character, not a regex.
  *
  * Facts per name (tokenizer.json of the model family named):
  *   gpt-2, default       ByteLevel                                      (GPT-2)
@@ -40,6 +42,8 @@
 #include "tokenizer/tok_int.h"
 #include "util/utf8.h"
 
+#include "tokenizer/tok_unicode_data.h"
+
 #define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define LLAMA3_RE                                                                                  \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
@@ -48,9 +52,7 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define NEWLINE_RE "[\\r\\n]"
-#define DIGIT_RE "\\p{N}"
 #define CJK_RE "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
-#define FALCON_PUNCT_RE "[\\p{P}\\$\\+<=>\\^~\\|`]+"
 /* deepseek-llm: cased letters (as listed in its tokenizer.json), with one optional
  * leading space. */
 #define DS_LETTERS_RE                                                                              \
@@ -97,7 +99,7 @@ static const struct pre_def pre_defs[] = {
       {TOK_STEP_REGEX, DS_PUNCT_RE},
       {TOK_STEP_REGEX, "\\s+$"},
       {TOK_STEP_REGEX, CJK_RE},
-      {TOK_STEP_REGEX, "\\p{N}+"}}},
+      {TOK_STEP_DIGIT_RUNS, NULL}}},
     {"deepseek-coder",
      false,
      false,
@@ -105,20 +107,147 @@ static const struct pre_def pre_defs[] = {
       {TOK_STEP_REGEX, "\\s?\\p{L}+"},
       {TOK_STEP_REGEX, "\\s?\\p{P}+"},
       {TOK_STEP_REGEX, CJK_RE},
-      {TOK_STEP_REGEX, DIGIT_RE}}},
-    {"starcoder refact smollm",
-     false,
-     false,
-     {{TOK_STEP_REGEX, DIGIT_RE}, {TOK_STEP_REGEX, GPT2_RE}}},
-    {"command-r", true, false, {{TOK_STEP_REGEX, DIGIT_RE}, {TOK_STEP_REGEX, GPT2_RE}}},
+      {TOK_STEP_DIGITS, NULL}}},
+    {"starcoder refact smollm", false, false, {{TOK_STEP_DIGITS, NULL}, {TOK_STEP_REGEX, GPT2_RE}}},
+    {"command-r", true, false, {{TOK_STEP_DIGITS, NULL}, {TOK_STEP_REGEX, GPT2_RE}}},
     {"falcon",
      false,
      false,
-     {{TOK_STEP_REGEX, FALCON_PUNCT_RE},
+     {{TOK_STEP_PUNCT, NULL},
       {TOK_STEP_REGEX, GPT2_RE},
       {TOK_STEP_BYTE_DIGITS, NULL},
       {TOK_STEP_DIGIT3, NULL}}},
 };
+
+/* ---- character tables ---- */
+
+static bool in_table(const uint32_t (*t)[2], size_t n, uint32_t cp) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < t[mid][0])
+            hi = mid;
+        else if (cp > t[mid][1])
+            lo = mid + 1;
+        else
+            return true;
+    }
+    return false;
+}
+#define IN(table, cp) in_table(table, sizeof table / sizeof table[0], cp)
+
+static bool is_numeric(uint32_t cp) {
+    if (cp < 0x80) return cp >= '0' && cp <= '9';
+    return IN(tok_numeric, cp);
+}
+
+static bool is_punct(uint32_t cp) {
+    if (cp < 0x80)
+        return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) ||
+               (cp >= 0x5B && cp <= 0x60) || (cp >= 0x7B && cp <= 0x7E);
+    return IN(tok_punct, cp);
+}
+
+bool tok_pretok_newer(const uint8_t *s, size_t n) {
+    const uint32_t first = tok_newer[0][0];
+    uint8_t lead[4];
+    (void)utf8_encode(first, lead);
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < lead[0]) continue; /* ASCII, continuation bytes, code points below */
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        if (!k) continue;
+        if (cp >= first && IN(tok_newer, cp)) return true;
+        i += k - 1;
+    }
+    return false;
+}
+
+/* ---- pattern rewriting ---- */
+
+/* Rewrites an HF pattern for PCRE2: \s and \S become Oniguruma's whitespace list;
+ * with patched, \p{L} \p{N} \p{P} also take the newer code points. Returns a malloc'd
+ * string, or NULL when out of memory. *has_new: the pattern names one of those classes. */
+static char *rewrite(const char *pat, bool patched, bool *has_new) {
+    size_t cap = strlen(pat) * 2 + 64, n = 0;
+    char *out = malloc(cap);
+    bool in_class = false;
+    *has_new = false;
+#define PUT(str)                                                                                   \
+    do {                                                                                           \
+        size_t l_ = strlen(str);                                                                   \
+        if (n + l_ + 1 > cap) {                                                                    \
+            while (n + l_ + 1 > cap)                                                               \
+                cap *= 2;                                                                          \
+            char *q_ = realloc(out, cap);                                                          \
+            if (!q_) {                                                                             \
+                free(out);                                                                         \
+                return NULL;                                                                       \
+            }                                                                                      \
+            out = q_;                                                                              \
+        }                                                                                          \
+        memcpy(out + n, str, l_);                                                                  \
+        n += l_;                                                                                   \
+    } while (0)
+    if (!out) return NULL;
+    for (const char *p = pat; *p;) {
+        if (p[0] == '\\' && p[1] == 's') {
+            PUT(in_class ? TOK_RE_WS : "[" TOK_RE_WS "]");
+            p += 2;
+        } else if (p[0] == '\\' && p[1] == 'S' && !in_class) {
+            PUT("[^" TOK_RE_WS "]");
+            p += 2;
+        } else if (p[0] == '\\' && p[1] == 'p' && p[2] == '{' && p[3] && p[4] == '}' &&
+                   strchr("LNP", p[3])) {
+            const char *extra = p[3] == 'L'   ? TOK_RE_L_NEW
+                                : p[3] == 'N' ? TOK_RE_N_NEW
+                                              : TOK_RE_P_NEW;
+            char prop[8] = {'\\', 'p', '{', p[3], '}', 0};
+            if (*extra) *has_new = true;
+            if (!patched || !*extra) {
+                PUT(prop);
+            } else {
+                if (!in_class) PUT("[");
+                PUT(prop);
+                PUT(extra);
+                if (!in_class) PUT("]");
+            }
+            p += 5;
+        } else if (p[0] == '\\' && p[1]) {
+            char two[3] = {p[0], p[1], 0};
+            PUT(two);
+            p += 2;
+        } else {
+            if (*p == '[' && !in_class)
+                in_class = true;
+            else if (*p == ']' && in_class)
+                in_class = false;
+            char one[2] = {*p, 0};
+            PUT(one);
+            p++;
+        }
+    }
+#undef PUT
+    out[n] = 0;
+    return out;
+}
+
+static pcre2_code *compile(const char *pat, const char *name, int stage, struct err *e) {
+    int err;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                   &err, &off, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[128];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        err_set(e, SMELT_ERR_INTERNAL, "pre-tokenizer %s, stage %d: PCRE2: %s at offset %zu", name,
+                stage, (const char *)msg, (size_t)off);
+        return NULL;
+    }
+    /* JIT failure is not an error: the interpreter gives the same matches. */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    return re;
+}
 
 static bool name_in(const char *names, const char *name) {
     size_t n = strlen(name);
@@ -147,25 +276,25 @@ smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, struct err 
     p->ignore_merges = d->ignore_merges;
     for (int i = 0; i < TOK_MAX_STEPS && d->steps[i].kind; i++) {
         p->steps[i].kind = d->steps[i].kind;
-        if (d->steps[i].kind == TOK_STEP_REGEX) {
-            int err;
-            PCRE2_SIZE off;
-            pcre2_code *re = pcre2_compile((PCRE2_SPTR)d->steps[i].re, PCRE2_ZERO_TERMINATED,
-                                           PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
-            if (!re) {
-                PCRE2_UCHAR msg[128];
-                pcre2_get_error_message(err, msg, sizeof msg);
-                tok_pretok_free(p);
-                return err_set(e, SMELT_ERR_INTERNAL,
-                               "pre-tokenizer %s, stage %d: PCRE2: %s "
-                               "at offset %zu",
-                               name, i, (const char *)msg, (size_t)off);
-            }
-            /* JIT failure is not an error: the interpreter gives the same matches. */
-            (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-            p->steps[i].re = re;
-        }
         p->n_steps = i + 1;
+        if (d->steps[i].kind != TOK_STEP_REGEX) continue;
+        bool has_new;
+        char *fast = rewrite(d->steps[i].re, false, &has_new);
+        char *slow = has_new ? rewrite(d->steps[i].re, true, &has_new) : NULL;
+        if (!fast || (has_new && !slow)) {
+            free(fast);
+            free(slow);
+            tok_pretok_free(p);
+            return err_set(e, SMELT_ERR_NOMEM, "pre-tokenizer patterns");
+        }
+        p->steps[i].re = compile(fast, name, i, e);
+        if (slow && p->steps[i].re) p->steps[i].re_new = compile(slow, name, i, e);
+        free(fast);
+        free(slow);
+        if (!p->steps[i].re || (has_new && !p->steps[i].re_new)) {
+            tok_pretok_free(p);
+            return e->code;
+        }
     }
     return SMELT_OK;
 }
@@ -173,7 +302,8 @@ smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, struct err 
 void tok_pretok_free(struct tok_pretok *p) {
     for (int i = 0; i < p->n_steps; i++) {
         pcre2_code_free(p->steps[i].re);
-        p->steps[i].re = NULL;
+        pcre2_code_free(p->steps[i].re_new);
+        p->steps[i].re = p->steps[i].re_new = NULL;
     }
     p->n_steps = 0;
 }
@@ -242,8 +372,37 @@ static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n,
         return st == SMELT_OK ? st : err_set(e, st, "encoding a pre-token of %zu bytes", n);
     }
     switch (p->steps[step].kind) {
-    case TOK_STEP_REGEX:
-        return run_regex(c, step, p->steps[step].re, s, n, word, e);
+    case TOK_STEP_REGEX: {
+        pcre2_code *re =
+            c->patched && p->steps[step].re_new ? p->steps[step].re_new : p->steps[step].re;
+        return run_regex(c, step, re, s, n, word, e);
+    }
+    case TOK_STEP_DIGITS:
+    case TOK_STEP_DIGIT_RUNS:
+    case TOK_STEP_PUNCT: {
+        /* Pieces: runs of non-matching characters; each matching character alone
+         * (DIGITS) or runs of them (DIGIT_RUNS, PUNCT). */
+        enum tok_step_kind k = p->steps[step].kind;
+        size_t i = 0;
+        while (i < n) {
+            size_t j = i;
+            bool in = false;
+            while (j < n) {
+                uint32_t cp;
+                size_t l = utf8_decode(s + j, n - j, &cp);
+                if (!l) l = 1, cp = 0xFFFD;
+                bool m = k == TOK_STEP_PUNCT ? is_punct(cp) : is_numeric(cp);
+                if (j == i)
+                    in = m;
+                else if (m != in || (m && k == TOK_STEP_DIGITS))
+                    break;
+                j += l;
+            }
+            if ((st = run(c, step + 1, s + i, j - i, word, e)) != SMELT_OK) return st;
+            i = j;
+        }
+        return SMELT_OK;
+    }
     case TOK_STEP_BYTE_DIGITS: {
         size_t i = 0;
         while (i < n) {

@@ -10,11 +10,20 @@
  *  - Token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
  *  - add_bos defaults to on for SPM vocabs, off for BPE; add_space_prefix to on.
  *  - End-of-generation tokens: eos/eot/eom ids plus tokens named like llama.cpp's list.
+ *  - SPM user-defined tokens made only of spaces (Gemma's "  " .. 31 spaces; the converter
+ *    stores them with real spaces) are not added tokens in HF's Gemma tokenizer: they
+ *    are ordinary pieces spelled "▁▁".., reached by merges. So they are respelled for
+ *    lookups and left out of the raw-text matcher. (SentencePiece itself matches them
+ *    greedily, so 33 spaces give 31+2 there but 16+17 in HF; we follow HF.)
+ *  - Gemma's merge order is the order of its tokens in the file, not its scores (its
+ *    user-defined pieces score -1000 yet merge first): transformers' GGUF loader ranks
+ *    Gemma merges by position, and so do we (priority -id).
  *  - Phi-3 (general.name contains "phi-3"/"phi3"): its HF tokenizer.json gives the
  *    special tokens rstrip=true except <unk>, <s>, <|endoftext|>; GGUF does not carry
  *    that, so it is applied by name as llama.cpp does. No other per-token lstrip/rstrip
  *    information exists in GGUF files, so no other token strips.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -231,6 +240,50 @@ nomem:
     return err_set(e, SMELT_ERR_NOMEM, "special-token trie");
 }
 
+/* ---- SPM lookup keys and merge priority ---- */
+
+/* A user-defined token of only whitespace with at least one space (Gemma's runs). */
+static bool spaces_token(const struct tok *t, int32_t id) {
+    size_t n = t->text_off[id + 1] - t->text_off[id];
+    const char *s = t->text + t->text_off[id];
+    if (t->type[id] != TOK_T_USER_DEFINED || n == 0 || !memchr(s, ' ', n)) return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && (s[i] < '\t' || s[i] > '\r')) return false;
+    return true;
+}
+
+static smelt_status spm_keys(struct tok *t, const struct gguf_file *f, struct err *e) {
+    struct blob kb = {0};
+    t->key_off = malloc(((size_t)t->n_vocab + 1) * sizeof *t->key_off);
+    if (!t->key_off) return err_set(e, SMELT_ERR_NOMEM, "SPM keys");
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        t->key_off[id] = (uint32_t)kb.n;
+        size_t n = t->text_off[id + 1] - t->text_off[id];
+        bool ok = true;
+        if (spaces_token(t, id)) {
+            for (size_t i = 0; i < n && ok; i++)
+                ok = blob_add(&kb, "\xE2\x96\x81", 3);
+        } else {
+            ok = blob_add(&kb, t->text + t->text_off[id], n);
+        }
+        if (!ok || kb.n > UINT32_MAX / 2) {
+            free(kb.p);
+            return err_set(e, SMELT_ERR_NOMEM, "SPM keys");
+        }
+    }
+    t->key_off[t->n_vocab] = (uint32_t)kb.n;
+    if (!blob_add(&kb, "", 0)) return err_set(e, SMELT_ERR_NOMEM, "SPM keys");
+    t->key = kb.p;
+
+    struct gguf_str arch = {0};
+    struct err e2;
+    if (gguf_get_str(f, "general.architecture", &arch, &e2) == SMELT_OK && arch.len >= 5 &&
+        memcmp(arch.ptr, "gemma", 5) == 0)
+        for (int32_t id = 0; id < t->n_vocab; id++)
+            t->score[id] = -(float)id;
+    return SMELT_OK;
+}
+
 /* ---- helpers ---- */
 
 static int32_t get_id(const struct gguf_file *f, const char *key, int32_t n_vocab) {
@@ -339,6 +392,7 @@ static smelt_status specials_build(struct tok *t, const struct gguf_file *f, str
         uint8_t ty = t->type[id];
         if (ty != TOK_T_CONTROL && ty != TOK_T_UNKNOWN && ty != TOK_T_USER_DEFINED) continue;
         if (t->text_off[id + 1] == t->text_off[id]) continue;
+        if (t->model == TOK_MODEL_SPM && spaces_token(t, id)) continue; /* a piece, see above */
         if (ty != TOK_T_USER_DEFINED) t->attr[id] |= TOK_A_SPECIAL;
         t->attr[id] |= TOK_A_MATCHED;
         if (phi3 && !text_is(t, id, "<unk>") && !text_is(t, id, "<s>") &&
@@ -357,6 +411,11 @@ static smelt_status specials_build(struct tok *t, const struct gguf_file *f, str
 /* ---- load ---- */
 
 smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, struct err *e) {
+    return tok_new_from_gguf_pre(out, f, NULL, e);
+}
+
+smelt_status tok_new_from_gguf_pre(struct tok **out, const struct gguf_file *f,
+                                   const char *pre_name, struct err *e) {
     *out = NULL;
     struct gguf_str model;
     if (gguf_get_str(f, "tokenizer.ggml.model", &model, e) != SMELT_OK)
@@ -515,6 +574,7 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
     t->piece = pb.p;
     tb.p = pb.p = NULL;
 
+    if (kind == TOK_MODEL_SPM && (st = spm_keys(t, f, e)) != SMELT_OK) goto fail;
     if ((st = map_build(t, e)) != SMELT_OK) goto fail;
 
     for (int b = 0; b < 256; b++)
@@ -528,7 +588,9 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, stru
         if ((st = merges_build(t, merges, byte_of_cp, e)) != SMELT_OK) goto fail;
         struct gguf_str pre = {0};
         char name[64] = "default";
-        if (gguf_get_str(f, "tokenizer.ggml.pre", &pre, &e2) == SMELT_OK)
+        if (pre_name)
+            snprintf(name, sizeof name, "%s", pre_name);
+        else if (gguf_get_str(f, "tokenizer.ggml.pre", &pre, &e2) == SMELT_OK)
             gguf_str_copy(pre, name, sizeof name);
         if ((st = tok_pretok_init(&t->pre, name, e)) != SMELT_OK) goto fail;
         if (!t->pre.known)
@@ -565,6 +627,8 @@ void tok_free(struct tok *t) {
     if (!t) return;
     free(t->text);
     free(t->text_off);
+    free(t->key);
+    free(t->key_off);
     free(t->piece);
     free(t->piece_off);
     free(t->type);
