@@ -469,19 +469,51 @@ def reference(path, pre=None):
 # ---------------------------------------------------------------- cases
 
 
-def find_model(key, want):
-    import gguf
+def gguf_str_kv(path, key):
+    """The string value of key in a GGUF file's metadata, or None. Reads only as far as
+    the key (gguf.GGUFReader would parse a 262k-token vocab first)."""
+    import struct
 
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    with open(path, "rb") as f:
+        magic, version, _, nkv = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF" or version < 2:
+            return None
+
+        def rstr():
+            (n,) = struct.unpack("<Q", f.read(8))
+            return f.read(n)
+
+        def skip(t):
+            if t == 8:
+                rstr()
+            elif t == 9:
+                et, n = struct.unpack("<IQ", f.read(12))
+                if et in sizes:
+                    f.seek(sizes[et] * n, 1)
+                else:
+                    for _ in range(n):
+                        skip(et)
+            else:
+                f.seek(sizes[t], 1)
+
+        for _ in range(nkv):
+            k = rstr().decode("utf-8", "replace")
+            (t,) = struct.unpack("<I", f.read(4))
+            if k == key:
+                return rstr().decode("utf-8", "replace") if t == 8 else None
+            skip(t)
+    return None
+
+
+def find_model(key, want):
     if not os.path.isdir(MODELS):
         return None
     for f in sorted(os.listdir(MODELS)):
-        if not f.endswith(".gguf"):
-            continue
-        p = os.path.join(MODELS, f)
-        r = gguf.GGUFReader(p)
-        fld = r.fields.get(key)
-        if fld is not None and bytes(fld.parts[fld.data[0]]).decode() == want:
-            return p
+        if f.endswith(".gguf") and not f.startswith("."):
+            p = os.path.join(MODELS, f)
+            if gguf_str_kv(p, key) == want:
+                return p
     return None
 
 

@@ -1,0 +1,108 @@
+/* The larger corpus against Hugging Face: tests/data/tok/corpus.inp (multilingual prose,
+ * CJK, emoji sequences, code, whitespace runs, digits, mixed scripts, random Unicode)
+ * and tests/data/tok/expected.json, made by scripts/make-tok-corpus.py with HF's
+ * `tokenizers` loading the same vocab: per case and per string, the id count and the
+ * FNV-1a-64 of the ids. A mismatch prints our ids; `scripts/make-tok-corpus.py --show
+ * CASE N` prints HF's. (The 1 MB random corpus is checked by tests/py/test_tok_hf.py.) */
+#include <jansson.h>
+
+#include "t.h"
+#include "tok_test_util.h"
+
+#define MAX_STR 1024
+
+static uint64_t fnv64(const int32_t *ids, size_t n) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++) {
+            h ^= ((uint32_t)ids[i] >> (8 * k)) & 0xFF;
+            h *= 0x100000001B3ull;
+        }
+    return h;
+}
+
+/* Path of a case's vocab ("shared:NAME", "pre:VALUE", "arch:VALUE"), or false. */
+static bool vocab_path(const char *src, char *out, size_t cap) {
+    if (!strncmp(src, "shared:", 7)) {
+        snprintf(out, cap, "%s/data/vocab/ggml-vocab-%s.gguf", t_shared_dir(), src + 7);
+        FILE *f = fopen(out, "rb");
+        if (f) fclose(f);
+        return f != NULL;
+    }
+    if (!strncmp(src, "pre:", 4)) return tu_find_model("tokenizer.ggml.pre", src + 4, out, cap);
+    if (!strncmp(src, "arch:", 5)) return tu_find_model("general.architecture", src + 5, out, cap);
+    return false;
+}
+
+static void test_corpus(void) {
+    size_t len;
+    char *corpus = tu_read(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
+    json_error_t je;
+    json_t *root = json_load_file(SMELT_SOURCE_DIR "/tests/data/tok/expected.json", 0, &je);
+    T_CHECK(corpus && root);
+    if (!corpus || !root) {
+        free(corpus);
+        json_decref(root);
+        return;
+    }
+    static char *strs[MAX_STR];
+    static size_t lens[MAX_STR];
+    int n = tu_split_inp(corpus, len, strs, lens, MAX_STR);
+    json_t *cases = json_object_get(root, "cases");
+    const char *name;
+    json_t *c;
+    int ran = 0;
+    json_object_foreach(cases, name, c) {
+        const char *src = json_string_value(json_object_get(c, "vocab"));
+        const char *pre = json_string_value(json_object_get(c, "pre")); /* NULL: the file's */
+        json_t *rows = json_object_get(c, "corpus");
+        char path[1024];
+        if (!src || !vocab_path(src, path, sizeof path)) {
+            printf("SKIP case %s: vocab %s absent\n", name, src ? src : "?");
+            continue;
+        }
+        T_EQ_INT(json_array_size(rows), n);
+        struct gguf_file *g = NULL;
+        struct tok *t = NULL;
+        struct err e = {0};
+        if (gguf_open(&g, path, &e) != SMELT_OK ||
+            tok_new_from_gguf_pre(&t, g, pre, &e) != SMELT_OK) {
+            T_CHECKF(0, "%s: %s", name, e.msg);
+            gguf_close(g);
+            continue;
+        }
+        gguf_close(g);
+        int ok = 0;
+        struct tok_ids ids = {0};
+        for (int i = 0; i < n && i < (int)json_array_size(rows); i++) {
+            json_t *row = json_array_get(rows, (size_t)i);
+            size_t want_n = (size_t)json_integer_value(json_array_get(row, 0));
+            const char *want_h = json_string_value(json_array_get(row, 1));
+            ids.n = 0;
+            T_CHECK(tok_encode(t, strs[i], lens[i], TOK_PARSE_SPECIAL, &ids, &e) == SMELT_OK);
+            char h[17];
+            snprintf(h, sizeof h, "%016llx", (unsigned long long)fnv64(ids.v, ids.n));
+            bool same = ids.n == want_n && want_h && !strcmp(h, want_h);
+            if (!same) {
+                fprintf(stderr, "%s[%d] %zu ids (HF %zu):", name, i, ids.n, want_n);
+                for (size_t k = 0; k < ids.n && k < 40; k++)
+                    fprintf(stderr, " %d", ids.v[k]);
+                fprintf(stderr, "\n");
+            }
+            T_CHECKF(same, "case %s string %d differs from HF", name, i);
+            ok += same;
+        }
+        printf("%s: %d/%d corpus strings match HF\n", name, ok, n);
+        tok_ids_free(&ids);
+        tok_free(t);
+        ran++;
+    }
+    if (!ran) t_skip("no vocab of any case present (../shared/data, models/)");
+    json_decref(root);
+    free(corpus);
+}
+
+int main(void) {
+    T_RUN(test_corpus);
+    return t_done();
+}
