@@ -180,10 +180,15 @@ static inline int32_t tok_map_find(const struct tok *t, const void *s, size_t n)
     }
 }
 
+/* The merge table slot where the pair (a, b) starts its probe. */
+static inline uint32_t tok_merge_slot(const struct tok *t, int32_t a, int32_t b) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & t->merge_mask;
+}
+
 static inline const struct tok_merge *tok_merge_find(const struct tok *t, int32_t a, int32_t b) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    uint64_t h = key * 0x9E3779B97F4A7C15ull;
-    uint32_t i = (uint32_t)(h >> 32) & t->merge_mask;
+    uint32_t i = tok_merge_slot(t, a, b);
     for (;;) {
         const struct tok_merge *m = &t->merges[i];
         if (m->key == key) return m;

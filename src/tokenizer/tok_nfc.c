@@ -10,6 +10,7 @@
  * assigned later neither decompose nor reorder there, and must not here either.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "tokenizer/tok_int.h"
 #include "util/utf8.h"
@@ -109,8 +110,22 @@ bool tok_nfc_quick(const uint8_t *s, size_t n) {
     return true;
 }
 
-smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_t **out,
-                     size_t *out_n, struct err *e) {
+static smelt_status grow(struct tok_ctx *c, size_t need, struct err *e) {
+    if (need <= c->nbuf_cap) return SMELT_OK;
+    size_t cap = c->nbuf_cap ? c->nbuf_cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    uint8_t *p = realloc(c->nbuf, cap);
+    if (!p) return err_set(e, SMELT_ERR_NOMEM, "NFC output (%zu bytes)", need);
+    c->nbuf = p;
+    c->nbuf_cap = cap;
+    return SMELT_OK;
+}
+
+/* Appends NFC(s[0..n)) to c->nbuf at *o (room for 4 bytes per output code point is
+ * made here). */
+static smelt_status nfc_region(struct tok_ctx *c, const uint8_t *s, size_t n, size_t *o,
+                               struct err *e) {
     /* Decomposition can grow a character up to 18 code points (U+FDFA is compatibility
      * only; canonical maximum is 4), so 4 per input byte is a safe bound. */
     size_t need = n * 4 + 4;
@@ -179,16 +194,50 @@ smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_
         }
         m = w;
     }
-    need = m * 4 + 1;
-    if (need > c->nbuf_cap) {
-        uint8_t *p = realloc(c->nbuf, need);
-        if (!p) return err_set(e, SMELT_ERR_NOMEM, "NFC output (%zu bytes)", need);
-        c->nbuf = p;
-        c->nbuf_cap = need;
-    }
-    size_t o = 0;
+    if (grow(c, *o + m * 4 + 1, e) != SMELT_OK) return e->code;
     for (size_t i = 0; i < m; i++)
-        o += utf8_encode(cp[i], c->nbuf + o);
+        *o += utf8_encode(cp[i], c->nbuf + *o);
+    return SMELT_OK;
+}
+
+/* A code point that starts a normalization boundary: class 0, unchanged by NFC, and
+ * unable to combine with what precedes it. */
+static bool stable(uint32_t cp) {
+    return cp < 0x300 || !needs_check(cp);
+}
+
+smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_t **out,
+                     size_t *out_n, struct err *e) {
+    /* Only the regions around unstable characters change: from the last stable code point
+     * before one to the next stable code point after it. The rest is copied. */
+    size_t o = 0, copied = 0, last = 0, i = 0;
+    if (grow(c, n + 1, e) != SMELT_OK) return e->code;
+    while (i < n) {
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        if (!k) k = 1, cp = UTF8_REPLACEMENT;
+        if (stable(cp)) {
+            last = i;
+            i += k;
+            continue;
+        }
+        size_t j = i + k;
+        while (j < n) {
+            size_t k2 = utf8_decode(s + j, n - j, &cp);
+            if (!k2) k2 = 1, cp = UTF8_REPLACEMENT;
+            if (stable(cp)) break;
+            j += k2;
+        }
+        if (grow(c, o + (last - copied) + 1, e) != SMELT_OK) return e->code;
+        memcpy(c->nbuf + o, s + copied, last - copied);
+        o += last - copied;
+        smelt_status st = nfc_region(c, s + last, j - last, &o, e);
+        if (st != SMELT_OK) return st;
+        copied = last = i = j;
+    }
+    if (grow(c, o + (n - copied) + 1, e) != SMELT_OK) return e->code;
+    memcpy(c->nbuf + o, s + copied, n - copied);
+    o += n - copied;
     *out = c->nbuf;
     *out_n = o;
     return SMELT_OK;

@@ -183,8 +183,7 @@ static smelt_status merges_build(struct tok *t, const struct gguf_value *arr,
             continue;
         }
         uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-        uint64_t h = key * 0x9E3779B97F4A7C15ull;
-        uint32_t i = (uint32_t)(h >> 32) & t->merge_mask;
+        uint32_t i = tok_merge_slot(t, a, b);
         while (t->merges[i].key != TOK_MERGE_EMPTY && t->merges[i].key != key)
             i = (i + 1) & t->merge_mask;
         t->merges[i].key = key;
