@@ -48,6 +48,8 @@ struct tmpl_limits {
     size_t max_alloc;     /* bytes allocated over the whole render (default 256 MiB) */
     uint64_t max_steps;   /* evaluated nodes + loop iterations (default 50 M, ~1 s) */
     uint32_t max_depth;   /* nested macro / recursive-loop calls (default 256) */
+    size_t max_stack;     /* bytes of C stack a render may use (default 1 MiB): run renders
+                           * on threads with at least twice that */
 };
 
 struct tmpl_opts {

@@ -23,7 +23,7 @@
 
 #include "util/ckd.h"
 
-#define MAX_CDEPTH 6000
+#define MAX_CDEPTH 100000 /* a backstop: the stack-bytes budget normally stops first */
 
 struct scope {
     struct scope *parent;
@@ -227,10 +227,15 @@ static bool call_macro(struct rt *rt, struct tmacro *m, struct targs *a, struct 
 static bool run_loop(struct rt *rt, struct scope *sc, const struct node *fn, struct tlist *items,
                      uint32_t depth0, struct sbuf *out);
 
+/* Entering a nested expression or statement: bounded by the bytes of stack actually
+ * used (frame sizes differ between builds: sanitizers make them several times larger). */
 static bool enter(struct rt *rt) {
-    if (++rt->cdepth > MAX_CDEPTH) {
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    size_t used = rt->stack_base > here ? rt->stack_base - here : 0;
+    if (++rt->cdepth > MAX_CDEPTH || used > rt->lim.max_stack) {
         rt->cdepth--;
-        return rt_fail(rt, SMELT_ERR_RANGE, "template nested too deeply (recursion limit)");
+        return rt_fail(rt, SMELT_ERR_RANGE, "template nested too deeply (%zu bytes of stack in use, limit %zu)",
+                       used, rt->lim.max_stack);
     }
     return true;
 }
@@ -467,7 +472,16 @@ static bool loop_attr(struct rt *rt, struct tloop *lp, struct tv self, const cha
     return true;
 }
 
+static bool getattr_(struct rt *rt, struct tv obj, struct tstr *name, struct tv *out);
+
 bool tmpl_getattr(struct rt *rt, struct tv obj, struct tstr *name, struct tv *out) {
+    *out = tv_undef();
+    bool ok = getattr_(rt, obj, name, out);
+    if (!ok) *out = tv_undef();
+    return ok;
+}
+
+static bool getattr_(struct rt *rt, struct tv obj, struct tstr *name, struct tv *out) {
     struct tv *v;
     switch (obj.kind) {
     case TV_UNDEF: return rt_undef_error(rt, obj);
@@ -503,7 +517,16 @@ bool tmpl_getattr(struct rt *rt, struct tv obj, struct tstr *name, struct tv *ou
     return true;
 }
 
+static bool getitem_(struct rt *rt, struct tv obj, struct tv key, struct tv *out);
+
 bool tmpl_getitem(struct rt *rt, struct tv obj, struct tv key, struct tv *out) {
+    *out = tv_undef();
+    bool ok = getitem_(rt, obj, key, out);
+    if (!ok) *out = tv_undef();
+    return ok;
+}
+
+static bool getitem_(struct rt *rt, struct tv obj, struct tv key, struct tv *out) {
     if (obj.kind == TV_UNDEF) return rt_undef_error(rt, obj);
     struct tv *v;
     if (obj.kind == TV_DICT) {
@@ -1057,12 +1080,22 @@ done:
     tv_release(rt, a);
     tv_release(rt, b);
     rt->cdepth--;
+    if (!ok) *out = tv_undef(); /* contract: on failure the caller holds nothing */
     return ok;
 }
 
 /* ---------------------------------------------------------------- calls */
 
+static bool call_value(struct rt *rt, struct tv callee, struct targs *a, struct tv *out);
+
 bool tmpl_call_value(struct rt *rt, struct tv callee, struct targs *a, struct tv *out) {
+    *out = tv_undef();
+    bool ok = call_value(rt, callee, a, out);
+    if (!ok) *out = tv_undef();
+    return ok;
+}
+
+static bool call_value(struct rt *rt, struct tv callee, struct targs *a, struct tv *out) {
     switch (callee.kind) {
     case TV_FUNC: return tmpl_call_builtin(rt, callee.u.fn, a, out);
     case TV_MACRO: return call_macro(rt, callee.u.m, a, out);
@@ -1498,6 +1531,8 @@ smelt_status tmpl_render(const struct tmpl *t, const struct tmpl_value *ctx,
     if (!rt.lim.max_alloc) rt.lim.max_alloc = 256u << 20;
     if (!rt.lim.max_steps) rt.lim.max_steps = 50000000;
     if (!rt.lim.max_depth) rt.lim.max_depth = 256;
+    if (!rt.lim.max_stack) rt.lim.max_stack = 1u << 20;
+    rt.stack_base = (uintptr_t)__builtin_frame_address(0);
     struct sbuf b = {.rt = &rt, .limit = rt.lim.max_output};
     smelt_status st = SMELT_OK;
     rt.top = scope_new(&rt, NULL);

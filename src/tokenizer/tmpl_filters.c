@@ -1395,10 +1395,13 @@ const char *tmpl_filter_name(int fid) { return fid >= 0 && fid < N_FILTERS ? fil
 
 bool tmpl_apply_filter(struct rt *rt, int fid, struct tv in, struct targs *a, struct tv *out) {
     if (fid < 0 || fid >= N_FILTERS) return rt_fail(rt, SMELT_ERR_INTERNAL, "bad filter id");
+    *out = tv_undef();
     if (!filters[fid].fn)
         return rt_fail(rt, SMELT_ERR_UNSUPPORTED, "unsupported filter '%s'", filters[fid].name);
     if (!rt_step(rt, 1)) return false;
-    return filters[fid].fn(rt, in, a, out);
+    bool ok = filters[fid].fn(rt, in, a, out);
+    if (!ok) *out = tv_undef(); /* contract: on failure the caller holds nothing */
+    return ok;
 }
 
 bool tmpl_apply_filter_named(struct rt *rt, struct tv name, struct tv in, struct targs *a, struct tv *out) {

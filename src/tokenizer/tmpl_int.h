@@ -412,6 +412,7 @@ struct rt {
     size_t alloc_total;
     uint32_t depth;  /* macro / recursive loop calls */
     uint32_t cdepth; /* C recursion (expressions and statements) */
+    uintptr_t stack_base; /* frame address at render entry */
     bool has_now;
     int64_t now;
     const struct tdict *ctx;

@@ -331,39 +331,53 @@ bool tv_new_func(struct rt *rt, uint16_t fid, struct tv self, struct tv *out) {
     return true;
 }
 
+/* Frees o and every object only it kept alive. Iterative (a worklist threaded through the
+ * dead objects' `bytes` field), so a deeply nested value cannot overflow the stack. */
+static void drop(struct tobj **work, struct tv v) {
+    if (tv_is_obj(v) && v.u.o->rc != RC_FROZEN && --v.u.o->rc == 0) {
+        v.u.o->bytes = (size_t)(uintptr_t)*work;
+        *work = v.u.o;
+    }
+}
+
 void tv_free_obj(struct rt *rt, struct tobj *o) {
-    switch (o->kind) {
-    case TV_STR: break;
-    case TV_LIST:
-    case TV_TUPLE: {
-        struct tlist *l = (struct tlist *)o;
-        for (size_t i = 0; i < l->n; i++) tv_release(rt, l->v[i]);
-        free(l->v);
-        break;
-    }
-    case TV_DICT:
-    case TV_NS: {
-        struct tdict *d = (struct tdict *)o;
-        for (size_t i = 0; i < d->n; i++) {
-            tv_release(rt, d->k[i]);
-            tv_release(rt, d->v[i]);
+    (void)rt;
+    o->bytes = 0;
+    struct tobj *work = o;
+    while (work) {
+        o = work;
+        work = (struct tobj *)(uintptr_t)o->bytes;
+        switch (o->kind) {
+        case TV_LIST:
+        case TV_TUPLE: {
+            struct tlist *l = (struct tlist *)o;
+            for (size_t i = 0; i < l->n; i++) drop(&work, l->v[i]);
+            free(l->v);
+            break;
         }
-        free(d->k);
-        free(d->v);
-        free(d->idx);
-        break;
+        case TV_DICT:
+        case TV_NS: {
+            struct tdict *d = (struct tdict *)o;
+            for (size_t i = 0; i < d->n; i++) {
+                drop(&work, d->k[i]);
+                drop(&work, d->v[i]);
+            }
+            free(d->k);
+            free(d->v);
+            free(d->idx);
+            break;
+        }
+        case TV_FUNC: drop(&work, ((struct tfunc *)o)->self); break;
+        case TV_LOOP: {
+            struct tloop *lp = (struct tloop *)o;
+            if (lp->items) drop(&work, (struct tv){.kind = TV_LIST, .u.l = lp->items});
+            drop(&work, lp->changed_last);
+            break;
+        }
+        default: break; /* strings; macros (closure scopes belong to the render) */
+        }
+        free(o);
     }
-    case TV_FUNC: tv_release(rt, ((struct tfunc *)o)->self); break;
-    case TV_MACRO: break; /* closure scopes are owned by the render (rt->kept) */
-    case TV_LOOP: {
-        struct tloop *lp = (struct tloop *)o;
-        if (lp->items) tv_release(rt, (struct tv){.kind = TV_LIST, .u.l = lp->items});
-        tv_release(rt, lp->changed_last);
-        break;
-    }
-    default: break;
-    }
-    free(o);
 }
 
 static void walk_frozen(struct tv v, bool destroy) {
@@ -421,7 +435,9 @@ bool tlist_push(struct rt *rt, struct tlist *l, struct tv v) {
 
 /* ---------------------------------------------------------------- dicts */
 
-uint64_t tv_hash(struct tv v) {
+#define VALUE_MAX_DEPTH 512 /* recursion bound of ==, <, hash, repr on nested values */
+
+static uint64_t hash_rec(struct tv v, int depth) {
     switch (v.kind) {
     case TV_STR: return v.u.s->hash;
     case TV_BOOL: return (uint64_t)v.u.b * 0x9e3779b97f4a7c15ull;
@@ -437,20 +453,26 @@ uint64_t tv_hash(struct tv v) {
     case TV_NONE: return 0x1234567;
     case TV_TUPLE: {
         uint64_t h = 0xabcdef;
-        for (size_t i = 0; i < v.u.l->n; i++) h = (h ^ tv_hash(v.u.l->v[i])) * 1099511628211ull;
+        if (depth < VALUE_MAX_DEPTH)
+            for (size_t i = 0; i < v.u.l->n; i++) h = (h ^ hash_rec(v.u.l->v[i], depth + 1)) * 1099511628211ull;
         return h;
     }
     default: return (uint64_t)(uintptr_t)v.u.o * 0x9e3779b97f4a7c15ull;
     }
 }
 
-static bool hashable(struct tv v) {
+uint64_t tv_hash(struct tv v) { return hash_rec(v, 0); }
+
+static bool hashable_rec(struct tv v, int depth) {
     if (v.kind == TV_LIST || v.kind == TV_DICT || v.kind == TV_NS) return false;
-    if (v.kind == TV_TUPLE)
+    if (v.kind == TV_TUPLE) {
+        if (depth > VALUE_MAX_DEPTH) return false;
         for (size_t i = 0; i < v.u.l->n; i++)
-            if (!hashable(v.u.l->v[i])) return false;
+            if (!hashable_rec(v.u.l->v[i], depth + 1)) return false;
+    }
     return true;
 }
+static bool hashable(struct tv v) { return hashable_rec(v, 0); }
 
 static void dict_reindex(struct tdict *d) {
     memset(d->idx, 0, d->icap * sizeof *d->idx);
@@ -581,7 +603,12 @@ static double num_f(struct tv v) {
     return v.kind == TV_FLOAT ? v.u.f : v.kind == TV_INT ? (double)v.u.i : (double)v.u.b;
 }
 
-bool tv_eq(struct tv a, struct tv b) {
+/* Values nested deeper than VALUE_MAX_DEPTH compare unequal (Python would recurse). */
+static bool eq_rec(struct tv a, struct tv b, int depth);
+bool tv_eq(struct tv a, struct tv b) { return eq_rec(a, b, 0); }
+
+static bool eq_rec(struct tv a, struct tv b, int depth) {
+    if (depth > VALUE_MAX_DEPTH) return false;
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a.kind != TV_FLOAT && b.kind != TV_FLOAT) {
             int64_t x = a.kind == TV_INT ? a.u.i : a.u.b, y = b.kind == TV_INT ? b.u.i : b.u.b;
@@ -602,18 +629,18 @@ bool tv_eq(struct tv a, struct tv b) {
         if (a.aux == SV_GEN || a.aux == SV_REVITER) return a.u.l == b.u.l;
         if (a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!tv_eq(a.u.l->v[i], b.u.l->v[i])) return false;
+            if (!eq_rec(a.u.l->v[i], b.u.l->v[i], depth + 1)) return false;
         return true;
     case TV_DICT:
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
             struct tv *o = tdict_get(b.u.d, a.u.d->k[i]);
-            if (!o || !tv_eq(a.u.d->v[i], *o)) return false;
+            if (!o || !eq_rec(a.u.d->v[i], *o, depth + 1)) return false;
         }
         return true;
     case TV_FUNC:
         return a.u.fn == b.u.fn ||
-               (a.u.fn->fid == b.u.fn->fid && tv_eq(a.u.fn->self, b.u.fn->self));
+               (a.u.fn->fid == b.u.fn->fid && eq_rec(a.u.fn->self, b.u.fn->self, depth + 1));
     default: return a.u.o == b.u.o;
     }
 }
@@ -645,7 +672,11 @@ const char *tv_type_name(struct tv v) {
     return "object";
 }
 
-bool tv_cmp(struct rt *rt, struct tv a, struct tv b, int *cmp) {
+static bool cmp_rec(struct rt *rt, struct tv a, struct tv b, int *cmp, int depth);
+bool tv_cmp(struct rt *rt, struct tv a, struct tv b, int *cmp) { return cmp_rec(rt, a, b, cmp, 0); }
+
+static bool cmp_rec(struct rt *rt, struct tv a, struct tv b, int *cmp, int depth) {
+    if (depth > VALUE_MAX_DEPTH) return rt_fail(rt, SMELT_ERR_RANGE, "values nested too deeply to compare");
     if (a.kind == TV_UNDEF) return rt_undef_error(rt, a);
     if (b.kind == TV_UNDEF) return rt_undef_error(rt, b);
     if (tv_is_num(a) && tv_is_num(b)) {
@@ -668,7 +699,7 @@ bool tv_cmp(struct rt *rt, struct tv a, struct tv b, int *cmp) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (tv_eq(a.u.l->v[i], b.u.l->v[i])) continue;
-            return tv_cmp(rt, a.u.l->v[i], b.u.l->v[i], cmp);
+            return cmp_rec(rt, a.u.l->v[i], b.u.l->v[i], cmp, depth + 1);
         }
         *cmp = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
         return true;
@@ -832,38 +863,40 @@ static bool repr_str(struct sbuf *b, const char *s, size_t len) {
     return sb_putc(b, q);
 }
 
-static bool repr_inner(struct rt *rt, struct sbuf *b, struct tv v, bool top);
+static bool repr_inner(struct rt *rt, struct sbuf *b, struct tv v, bool top, int depth);
 
-static bool repr_seq(struct rt *rt, struct sbuf *b, struct tv v) {
+static bool repr_seq(struct rt *rt, struct sbuf *b, struct tv v, int depth) {
     if (v.kind == TV_LIST && v.aux) {
         if (v.aux == SV_GEN || v.aux == SV_REVITER) return sb_printf(b, "<%s object>", tv_type_name(v));
         struct tv plain = v;
         plain.aux = SV_LIST;
-        return sb_puts(b, tv_type_name(v)) && sb_putc(b, '(') && repr_seq(rt, b, plain) && sb_putc(b, ')');
+        return sb_puts(b, tv_type_name(v)) && sb_putc(b, '(') && repr_seq(rt, b, plain, depth) && sb_putc(b, ')');
     }
     const char *open = v.kind == TV_TUPLE ? "(" : "[", *close = v.kind == TV_TUPLE ? ")" : "]";
     if (!sb_puts(b, open)) return false;
     for (size_t i = 0; i < v.u.l->n; i++) {
         if (i && !sb_put(b, ", ", 2)) return false;
-        if (!repr_inner(rt, b, v.u.l->v[i], false)) return false;
+        if (!repr_inner(rt, b, v.u.l->v[i], false, depth + 1)) return false;
     }
     if (v.kind == TV_TUPLE && v.u.l->n == 1 && !sb_putc(b, ',')) return false;
     return sb_puts(b, close);
 }
 
-static bool repr_dict(struct rt *rt, struct sbuf *b, struct tdict *d) {
+static bool repr_dict(struct rt *rt, struct sbuf *b, struct tdict *d, int depth) {
     if (!sb_putc(b, '{')) return false;
     for (size_t i = 0; i < d->n; i++) {
         if (i && !sb_put(b, ", ", 2)) return false;
-        if (!repr_inner(rt, b, d->k[i], false) || !sb_put(b, ": ", 2) ||
-            !repr_inner(rt, b, d->v[i], false))
+        if (!repr_inner(rt, b, d->k[i], false, depth + 1) || !sb_put(b, ": ", 2) ||
+            !repr_inner(rt, b, d->v[i], false, depth + 1))
             return false;
     }
     return sb_putc(b, '}');
 }
 
-static bool repr_inner(struct rt *rt, struct sbuf *b, struct tv v, bool top) {
+static bool repr_inner(struct rt *rt, struct sbuf *b, struct tv v, bool top, int depth) {
     if (rt && !rt_step(rt, 1)) return false;
+    if (depth > VALUE_MAX_DEPTH) /* deep nesting, or a namespace that contains itself */
+        return rt_fail(rt, SMELT_ERR_RANGE, "value nested too deeply to print");
     char tmp[64];
     switch (v.kind) {
     case TV_UNDEF: return top ? true : sb_puts(b, "Undefined");
@@ -878,9 +911,9 @@ static bool repr_inner(struct rt *rt, struct sbuf *b, struct tv v, bool top) {
         }
         return repr_str(b, v.u.s->s, v.u.s->len);
     case TV_LIST:
-    case TV_TUPLE: return repr_seq(rt, b, v);
-    case TV_DICT: return repr_dict(rt, b, v.u.d);
-    case TV_NS: return sb_puts(b, "<Namespace ") && repr_dict(rt, b, v.u.d) && sb_putc(b, '>');
+    case TV_TUPLE: return repr_seq(rt, b, v, depth);
+    case TV_DICT: return repr_dict(rt, b, v.u.d, depth);
+    case TV_NS: return sb_puts(b, "<Namespace ") && repr_dict(rt, b, v.u.d, depth) && sb_putc(b, '>');
     case TV_FUNC: return sb_puts(b, "<built-in function>");
     case TV_MACRO: return sb_puts(b, "<Macro>");
     case TV_LOOP:
@@ -889,8 +922,8 @@ static bool repr_inner(struct rt *rt, struct sbuf *b, struct tv v, bool top) {
     return true;
 }
 
-bool tv_str(struct rt *rt, struct sbuf *b, struct tv v) { return repr_inner(rt, b, v, true); }
-bool tv_repr(struct rt *rt, struct sbuf *b, struct tv v) { return repr_inner(rt, b, v, false); }
+bool tv_str(struct rt *rt, struct sbuf *b, struct tv v) { return repr_inner(rt, b, v, true, 0); }
+bool tv_repr(struct rt *rt, struct sbuf *b, struct tv v) { return repr_inner(rt, b, v, false, 0); }
 
 bool tv_to_str(struct rt *rt, struct tv v, struct tv *out) {
     if (v.kind == TV_STR) {
@@ -992,7 +1025,7 @@ static int key_order_cmp(struct rt *rt, struct tv a, struct tv b, bool *ok) {
 
 bool tv_json(struct rt *rt, struct sbuf *b, struct tv v, const struct json_opts *o, int level) {
     if (rt && !rt_step(rt, 1)) return false;
-    if (level > 1000) return rt_fail(rt, SMELT_ERR_RANGE, "tojson: nesting too deep");
+    if (level > VALUE_MAX_DEPTH) return rt_fail(rt, SMELT_ERR_RANGE, "tojson: value nested too deeply");
     char tmp[64];
     switch (v.kind) {
     case TV_NONE: return sb_puts(b, "null");
@@ -1080,7 +1113,7 @@ static struct tmpl_value *box(struct tv v) {
 }
 
 static bool from_json(const json_t *j, struct tv *out, int depth, struct err *e) {
-    if (depth > 1000) return err_set(e, SMELT_ERR_RANGE, "JSON nested too deep for a template context"), false;
+    if (depth > VALUE_MAX_DEPTH) return err_set(e, SMELT_ERR_RANGE, "JSON nested deeper than %d levels for a template context", VALUE_MAX_DEPTH), false;
     switch (json_typeof(j)) {
     case JSON_OBJECT: {
         if (!tv_new_dict(NULL, out)) goto nomem;

@@ -143,7 +143,9 @@ static void test_value_api(void) {
     T_CHECK(tmpl_dict_set(ctx, "f", tmpl_value_new_float(0.5), &e) == SMELT_OK);
     T_CHECK(tmpl_dict_set(ctx, "b", tmpl_value_new_bool(true), &e) == SMELT_OK);
     T_CHECK(tmpl_dict_set(ctx, "z", tmpl_value_new_none(), &e) == SMELT_OK);
-    T_CHECK(tmpl_dict_set(msgs, "x", tmpl_value_new_none(), &e) == SMELT_ERR_INVALID); /* not a dict */
+    struct tmpl_value *notdict = tmpl_value_new_list();
+    T_CHECK(tmpl_dict_set(notdict, "x", tmpl_value_new_none(), &e) == SMELT_ERR_INVALID);
+    tmpl_value_free(notdict);
     const char *src = "{% for m in messages %}{{ m.role }}:{{ m.content }}{% endfor %} {{ n }} {{ f }} {{ b }} {{ z }}";
     struct tmpl *t;
     T_CHECK(tmpl_compile(src, strlen(src), &t, &e) == SMELT_OK);
