@@ -367,7 +367,7 @@ static size_t slice_indices(int64_t len, bool has_start, int64_t start, bool has
 }
 
 static bool slice_bound(struct tv v, bool *has, int64_t *x) {
-    if (v.kind == TV_NONE || v.kind == TV_UNDEF) {
+    if (v.kind == TV_NONE) {
         *has = false;
         return true;
     }
@@ -378,6 +378,8 @@ static bool slice_bound(struct tv v, bool *has, int64_t *x) {
     return true;
 }
 
+/* obj[a:b:c]: jinja2 compiles slices to a plain Python subscript (not environment.getitem),
+ * so anything but str / list / tuple raises. */
 static bool do_slice(struct rt *rt, struct scope *sc, struct tv obj, const struct node *sl,
                      struct tv *out) {
     struct tv b[3] = {tv_none(), tv_none(), tv_none()};
@@ -388,15 +390,16 @@ static bool do_slice(struct rt *rt, struct scope *sc, struct tv obj, const struc
             return false;
         }
     rt->node = sl;
-    bool hs, he, hp;
+    bool hs = false, he = false, hp = false;
     int64_t s = 0, e = 0, p = 1;
     bool ok_idx = slice_bound(b[0], &hs, &s) && slice_bound(b[1], &he, &e) && slice_bound(b[2], &hp, &p);
     for (int i = 0; i < 3; i++) tv_release(rt, b[i]);
     if (obj.kind == TV_UNDEF) return rt_undef_error(rt, obj);
-    if (!ok_idx || !(obj.kind == TV_STR || (tv_is_seq(obj) && !obj.aux))) { /* TypeError: jinja2 gives undefined */
-        *out = (struct tv){.kind = TV_UNDEF, .why = UND_ITEM, .aux = obj.kind};
-        return true;
-    }
+    if (obj.kind == TV_DICT) return rt_fail(rt, SMELT_ERR_INVALID, "unhashable type: 'slice'");
+    if (!(obj.kind == TV_STR || (tv_is_seq(obj) && !obj.aux)))
+        return rt_fail(rt, SMELT_ERR_INVALID, "'%s' object is not subscriptable", tv_type_name(obj));
+    if (!ok_idx)
+        return rt_fail(rt, SMELT_ERR_INVALID, "slice indices must be integers or None or have an __index__ method");
     if (!hp) p = 1;
     if (p == 0) return rt_fail(rt, SMELT_ERR_INVALID, "slice step cannot be zero");
     if (p == INT64_MIN) p = -INT64_MAX;
@@ -703,6 +706,7 @@ static void float_divmod(double vx, double wx, double *fdiv, double *fmod_) {
 
 static bool binop(struct rt *rt, int op, struct tv a, struct tv b, struct tv *out) {
     if (a.kind == TV_UNDEF) return rt_undef_error(rt, a);
+    if (op == T_MOD && a.kind == TV_STR) return tmpl_percent_format(rt, a, b, out); /* str % Undefined works */
     if (b.kind == TV_UNDEF) return rt_undef_error(rt, b);
     bool num = tv_is_num(a) && tv_is_num(b), ints = is_intlike(a) && is_intlike(b);
     switch (op) {

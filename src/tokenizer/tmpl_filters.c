@@ -770,6 +770,7 @@ static bool f_int(struct rt *rt, struct tv in, struct targs *a, struct tv *out) 
     int64_t r;
     double d;
     switch (in.kind) {
+    case TV_UNDEF: return rt_undef_error(rt, in); /* int(Undefined) raises */
     case TV_INT: *out = in; return true;
     case TV_BOOL: *out = tv_int(in.u.b); return true;
     case TV_FLOAT:
@@ -801,6 +802,7 @@ static bool f_float(struct rt *rt, struct tv in, struct targs *a, struct tv *out
     if (!bind(rt, "filter 'float'", a, names, 1, v, g)) return false;
     double d;
     switch (in.kind) {
+    case TV_UNDEF: return rt_undef_error(rt, in); /* float(Undefined) raises */
     case TV_INT: *out = tv_float((double)in.u.i); return true;
     case TV_BOOL: *out = tv_float(in.u.b); return true;
     case TV_FLOAT: *out = in; return true;
@@ -1013,11 +1015,13 @@ static bool f_indent(struct rt *rt, struct tv in, struct targs *a, struct tv *ou
         free(sp);
         if (!ok) return false;
     }
-    struct tv s;
-    if (!to_str(rt, in, &s)) {
+    /* jinja2 does `s += "\n"` without converting s: only strings work */
+    if (in.kind != TV_STR) {
         tv_release(rt, ind);
-        return false;
+        if (in.kind == TV_UNDEF) return rt_undef_error(rt, in);
+        return rt_fail(rt, SMELT_ERR_INVALID, "unsupported operand type(s) for +=: '%s' and 'str'", tv_type_name(in));
     }
+    struct tv s = tv_retain(in);
     /* s += "\n"; lines = s.splitlines() */
     struct sbuf tmp = {.rt = rt, .limit = rt->lim.max_output};
     struct tv lines = tv_undef();
@@ -1064,11 +1068,27 @@ static bool f_truncate(struct rt *rt, struct tv in, struct targs *a, struct tv *
     int64_t length = 255, leeway = 5;
     if (g[0] && !arg_int(rt, "filter 'truncate'", v[0], &length)) return false;
     if (g[3] && v[3].kind != TV_NONE && !arg_int(rt, "filter 'truncate'", v[3], &leeway)) return false;
-    struct tv end = tv_undef(), s;
+    int64_t endlen0 = 3;
+    if (g[2] && v[2].kind == TV_STR) endlen0 = (int64_t)v[2].u.s->ncp;
+    else if (g[2]) endlen0 = -1;
+    if ((endlen0 >= 0 && length < endlen0) || leeway < 0)
+        return rt_fail(rt, SMELT_ERR_INVALID, "truncate: expected length >= %" PRId64 ", got %" PRId64, endlen0, length);
+    if (in.kind != TV_STR) {
+        /* jinja2 uses len(s) and s[:n].rsplit(...) on the value as given */
+        if (in.kind == TV_UNDEF || ((tv_is_seq(in) && !in.aux) || in.kind == TV_DICT)) {
+            size_t len = in.kind == TV_UNDEF ? 0 : in.kind == TV_DICT ? in.u.d->n : in.u.l->n;
+            if ((int64_t)len <= length + leeway) {
+                *out = tv_retain(in);
+                return true;
+            }
+            return rt_fail(rt, SMELT_ERR_INVALID, "'%s' object has no attribute 'rsplit'", tv_type_name(in));
+        }
+        return rt_fail(rt, SMELT_ERR_INVALID, "object of type '%s' has no len()", tv_type_name(in));
+    }
+    struct tv end = tv_undef(), s = tv_retain(in);
     bool ok = g[2] ? to_str(rt, v[2], &end) : tv_new_str(rt, "...", 3, &end);
-    if (!ok) return false;
-    if (!to_str(rt, in, &s)) {
-        tv_release(rt, end);
+    if (!ok) {
+        tv_release(rt, s);
         return false;
     }
     int64_t endlen = (int64_t)end.u.s->ncp;
@@ -1156,8 +1176,7 @@ static bool f_batch_slice(struct rt *rt, struct tv in, struct targs *a, struct t
     int64_t n;
     if (!g[0]) return rt_fail(rt, SMELT_ERR_INVALID, "filter '%s' needs a count", is_slice ? "slice" : "batch");
     if (!arg_int(rt, "filter", v[0], &n)) return false;
-    if (n <= 0 && !is_slice) return rt_fail(rt, SMELT_ERR_INVALID, "batch: linecount must be positive");
-    if (n <= 0) return rt_fail(rt, SMELT_ERR_INVALID, "integer division or modulo by zero");
+    if (n <= 0 && is_slice) return rt_fail(rt, SMELT_ERR_INVALID, "integer division or modulo by zero");
     if (n > (1 << 20)) return rt_fail(rt, SMELT_ERR_RANGE, "filter count too large");
     bool fill = g[1] && v[1].kind != TV_NONE;
     struct tlist *l;
@@ -1165,13 +1184,25 @@ static bool f_batch_slice(struct rt *rt, struct tv in, struct targs *a, struct t
     bool ok = tv_new_list(rt, 0, out);
     if (ok) out->aux = SV_GEN;
     if (!is_slice) {
-        for (size_t i = 0; ok && i < l->n; i += (size_t)n) {
-            struct tv chunk;
-            if (!(ok = tv_new_list(rt, (size_t)n, &chunk))) break;
-            for (size_t j = i; j < l->n && j < i + (size_t)n; j++) chunk.u.l->v[chunk.u.l->n++] = tv_retain(l->v[j]);
-            while (fill && chunk.u.l->n < (size_t)n) chunk.u.l->v[chunk.u.l->n++] = tv_retain(v[1]);
-            ok = tlist_push(rt, out->u.l, chunk);
+        /* jinja2: for item: if len(tmp) == linecount: yield tmp; tmp = []. tmp.append(item) */
+        struct tv tmp = tv_undef();
+        ok = ok && tv_new_list(rt, 0, &tmp);
+        for (size_t i = 0; ok && i < l->n; i++) {
+            if ((int64_t)tmp.u.l->n == n) {
+                ok = tlist_push(rt, out->u.l, tmp);
+                tmp = tv_undef();
+                if (!ok || !(ok = tv_new_list(rt, 0, &tmp))) break;
+            }
+            ok = tlist_push(rt, tmp.u.l, tv_retain(l->v[i]));
         }
+        if (ok && tmp.u.l->n) {
+            while (ok && fill && (int64_t)tmp.u.l->n < n) ok = tlist_push(rt, tmp.u.l, tv_retain(v[1]));
+            if (ok) {
+                ok = tlist_push(rt, out->u.l, tmp);
+                tmp = tv_undef();
+            }
+        }
+        tv_release(rt, tmp);
     } else {
         size_t len = l->n, per = len / (size_t)n, extra = len % (size_t)n, offset = 0;
         for (size_t sn = 0; ok && sn < (size_t)n; sn++) {
@@ -1394,6 +1425,7 @@ int tmpl_filter_id(const char *name, size_t len) {
 const char *tmpl_filter_name(int fid) { return fid >= 0 && fid < N_FILTERS ? filters[fid].name : "?"; }
 
 bool tmpl_apply_filter(struct rt *rt, int fid, struct tv in, struct targs *a, struct tv *out) {
+    if (fid == FID_UNKNOWN) return rt_fail(rt, SMELT_ERR_INVALID, "no filter named '%s'", rt->node ? rt->node->s->s : "?");
     if (fid < 0 || fid >= N_FILTERS) return rt_fail(rt, SMELT_ERR_INTERNAL, "bad filter id");
     *out = tv_undef();
     if (!filters[fid].fn)
@@ -1496,7 +1528,8 @@ static bool case_test(struct rt *rt, struct tv v, bool lower, bool *out) {
     size_t i = 0;
     while (i < s.u.s->len) {
         uint32_t c = utf8_next(s.u.s->s, s.u.s->len, &i);
-        bool is_l = py_upper(c) != c, is_u = py_lower(c) != c;
+        uint32_t m[3];
+        bool is_l = py_upper_full(c, m, false) != 1 || m[0] != c, is_u = py_lower(c) != c;
         if (is_l || is_u) cased = true;
         if (lower ? is_u : is_l) ok = false;
     }
@@ -1578,6 +1611,7 @@ int tmpl_test_id(const char *name, size_t len) {
 const char *tmpl_test_name(int fid) { return fid >= 0 && fid < N_TESTS ? tests[fid].name : "?"; }
 
 bool tmpl_apply_test(struct rt *rt, int fid, struct tv in, struct targs *a, bool *out) {
+    if (fid == FID_UNKNOWN) return rt_fail(rt, SMELT_ERR_INVALID, "no test named '%s'", rt->node ? rt->node->s->s : "?");
     if (fid < 0 || fid >= N_TESTS) return rt_fail(rt, SMELT_ERR_INTERNAL, "bad test id");
     return tests[fid].fn(rt, in, a, out);
 }

@@ -350,6 +350,7 @@ struct node {
     struct tv v;
 };
 
+#define FID_UNKNOWN 0xffff /* N_FILTER/N_TEST name unknown to jinja2 (fails when run) */
 #define CMP_IN 200
 #define CMP_NOTIN 201
 #define USES_VARARGS 1

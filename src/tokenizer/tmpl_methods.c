@@ -713,7 +713,8 @@ static bool str_call(struct rt *rt, uint16_t fid, struct tv self, struct targs *
         default: r = true;
         }
         if (!r) all = false;
-        bool is_u = py_lower(c) != c, is_l = py_upper(c) != c;
+        uint32_t m[3];
+        bool is_u = py_lower(c) != c, is_l = py_upper_full(c, m, false) != 1 || m[0] != c;
         if (is_u || is_l) cased = true;
         if (is_u) lower_ok = false;
         if (is_l) upper_ok = false;
@@ -1274,7 +1275,10 @@ bool tmpl_percent_format(struct rt *rt, struct tv fmt, struct tv args, struct tv
     size_t n = fmt.u.s->len, i = 0, argi = 0;
     const struct tv *av = &args;
     size_t an = 1;
-    bool is_tuple = args.kind == TV_TUPLE, is_map = args.kind == TV_DICT, ok = true, used_map = false;
+    /* Python treats any non-tuple, non-str object with __getitem__ as a mapping here:
+     * unused, it raises no "not all arguments converted" */
+    bool is_tuple = args.kind == TV_TUPLE, ok = true, used_map = false;
+    bool is_map = args.kind == TV_DICT, mapping_like = is_map || args.kind == TV_UNDEF || (args.kind == TV_LIST && !args.aux);
     if (is_tuple) {
         av = args.u.l->v;
         an = args.u.l->n;
@@ -1463,10 +1467,8 @@ bool tmpl_percent_format(struct rt *rt, struct tv fmt, struct tv args, struct tv
             ok = rt_fail(rt, SMELT_ERR_INVALID, "unsupported format character '%c'", t);
         }
     }
-    if (ok && !is_map && argi < an && !(an == 1 && !is_tuple && argi == 0 && false)) {
-        if (is_tuple || argi == 0)
-            ok = rt_fail(rt, SMELT_ERR_INVALID, "not all arguments converted during string formatting");
-    }
+    if (ok && !mapping_like && argi < an)
+        ok = rt_fail(rt, SMELT_ERR_INVALID, "not all arguments converted during string formatting");
     (void)used_map;
     if (!ok) {
         sb_free(&b);

@@ -766,12 +766,11 @@ static struct node *parse_filter(struct ps *p, struct node *n, bool start_inline
         char name[128];
         size_t len;
         if (!dotted_name(p, name, sizeof name, &len)) return NULL;
-        int fid = tmpl_filter_id(name, len);
-        if (fid < 0) return fail_at(p, tk, "no filter named '%s'", name);
+        int fid = tmpl_filter_id(name, len); /* unknown: checked by validate() */
         struct node *f = nd(p, N_FILTER, tk);
         if (!f) return NULL;
         f->a = n;
-        f->fid = (uint16_t)fid;
+        f->fid = fid < 0 ? FID_UNKNOWN : (uint16_t)fid;
         f->s = intern(p, name, len);
         if (!f->s) return NULL;
         if (cur(p)->kind == T_LPAREN && !parse_call_args(p, f)) return NULL;
@@ -792,12 +791,13 @@ static struct node *parse_test(struct ps *p, struct node *n) {
     char name[128];
     size_t len;
     if (!dotted_name(p, name, sizeof name, &len)) return NULL;
-    int fid = tmpl_test_id(name, len);
-    if (fid < 0) return fail_at(p, nt, "no test named '%s'", name);
+    int fid = tmpl_test_id(name, len); /* unknown: checked by validate() */
     struct node *t = nd(p, N_TEST, tk);
     if (!t) return NULL;
+    t->line = nt->line; /* errors point at the test's name */
+    t->col = nt->col;
     t->a = n;
-    t->fid = (uint16_t)fid;
+    t->fid = fid < 0 ? FID_UNKNOWN : (uint16_t)fid;
     t->s = intern(p, name, len);
     if (!t->s) return NULL;
     int k = cur(p)->kind;
@@ -1224,6 +1224,56 @@ static bool subparse(struct ps *p, const char *const *end_names, struct nvec *bo
     }
 }
 
+/* ---------------------------------------------------------------- validation */
+
+/* jinja2 rejects an unknown filter or test at compile time, except inside an if
+ * statement (test and branches) or a conditional expression ("soft" frames), where it
+ * only fails if it runs. Frames a for body, macro, call block, filter/set block or
+ * {% with %} opens are not soft again. */
+static bool validate(struct ps *p, const struct node *n, bool soft, int depth);
+
+static bool validate_list(struct ps *p, struct node *const *v, uint32_t n, bool soft, int depth) {
+    for (uint32_t i = 0; i < n; i++)
+        if (v && v[i] && !validate(p, v[i], soft, depth + 1)) return false;
+    return true;
+}
+
+static bool validate(struct ps *p, const struct node *n, bool soft, int depth) {
+    if (!n) return true;
+    if (depth > 4 * TMPL_MAX_NEST) return true; /* the evaluator's own bounds apply */
+    if ((n->kind == N_FILTER || n->kind == N_TEST) && n->fid == FID_UNKNOWN && !soft) {
+        struct token tk = {.line = n->line, .col = n->col};
+        fail_at(p, &tk, "no %s named '%s'", n->kind == N_FILTER ? "filter" : "test", n->s->s);
+        return false;
+    }
+    bool inner = false; /* frames that reset softness */
+    switch (n->kind) {
+    case N_IF:
+    case N_CONDEXPR: soft = true; break;
+    case N_FOR:
+        if (!validate(p, n->a, soft, depth + 1) || !validate(p, n->b, soft, depth + 1)) return false;
+        if (!validate(p, n->c, false, depth + 1) || !validate_list(p, n->body, n->n_body, false, depth)) return false;
+        return validate_list(p, n->body2, n->n_body2, soft, depth);
+    case N_MACRO:
+    case N_CALLBLOCK:
+    case N_FILTERBLOCK:
+    case N_SETBLOCK:
+    case N_SCOPE:
+    case N_WITH: inner = true; break;
+    default: break;
+    }
+    if (inner) {
+        if (n->kind == N_CALLBLOCK && !validate(p, n->a, soft, depth + 1)) return false;
+        if (n->kind == N_WITH && !validate_list(p, n->args2, n->n_args, soft, depth)) return false;
+        if (n->kind != N_WITH && !validate_list(p, n->args2, n->n_args, false, depth)) return false;
+        return validate(p, n->c, false, depth + 1) && validate_list(p, n->body, n->n_body, false, depth);
+    }
+    return validate(p, n->a, soft, depth + 1) && validate(p, n->b, soft, depth + 1) &&
+           validate(p, n->c, soft, depth + 1) && validate_list(p, n->args, n->n_args, soft, depth) &&
+           validate_list(p, n->args2, n->n_args, soft, depth) && validate_list(p, n->kwvals, n->n_kw, soft, depth) &&
+           validate_list(p, n->body, n->n_body, soft, depth) && validate_list(p, n->body2, n->n_body2, soft, depth);
+}
+
 /* ---------------------------------------------------------------- compile */
 
 smelt_status tmpl_compile(const char *src, size_t len, struct tmpl **out, struct err *e) {
@@ -1250,6 +1300,7 @@ smelt_status tmpl_compile(const char *src, size_t len, struct tmpl **out, struct
     struct nvec body = {0};
     bool ok = !p.failed && subparse(&p, NULL, &body);
     if (ok && cur(&p)->kind != T_EOF) ok = fail_at(&p, cur(&p), "unexpected token") != NULL;
+    if (ok) ok = validate_list(&p, body.v, body.n, false, 0);
     free(p.names);
     tmpl_tokens_free(&tk);
     if (!ok || p.failed) {

@@ -6,6 +6,7 @@ Two references:
   - live jinja2 on a few hundred small templates that exercise one construct each
     (SNIPPETS below), rendered both ways through `smelt template --template`.
 """
+import copy
 import datetime
 import hashlib
 import json
@@ -230,7 +231,7 @@ SNIPPETS = [
 def _hf_render(src, ctx):
     env = mte.hf_environment()
     try:
-        return ("ok", env.from_string(src).render(**ctx))
+        return ("ok", env.from_string(src).render(**copy.deepcopy(ctx)))
     except Exception as e:  # noqa: BLE001
         return ("error", f"{type(e).__name__}: {e}")
 
