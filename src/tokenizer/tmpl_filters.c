@@ -228,29 +228,33 @@ static bool f_capitalize(struct rt *rt, struct tv in, struct targs *a, struct tv
 
 static bool f_title(struct rt *rt, struct tv in, struct targs *a, struct tv *out) {
     if (!no_args(rt, "filter 'title'", a)) return false;
-    /* jinja2: split on ([-\s({\[<]+), upper-case each item's first char, lower the rest */
+    /* jinja2: split on ([-\s({\[<]+); each item becomes item[0].upper() + item[1:].lower() */
     struct tv s;
     if (!to_str(rt, in, &s)) return false;
     struct sbuf b = {.rt = rt, .limit = rt->lim.max_output};
     const char *p = s.u.s->s;
     size_t len = s.u.s->len, i = 0;
-    bool start = true, ok = true;
+    bool ok = true;
     while (i < len && ok) {
         size_t st = i;
         uint32_t c = utf8_next(p, len, &i);
         bool sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_isspace(c);
-        char enc[4];
-        if (sep) {
-            ok = sb_put(&b, p + st, i - st);
-            start = true;
-            continue;
+        size_t e = i;
+        while (e < len) { /* extend the run of separators / of word characters */
+            size_t k = e;
+            uint32_t d = utf8_next(p, len, &k);
+            bool dsep = d == '-' || d == '(' || d == '{' || d == '[' || d == '<' || py_isspace(d);
+            if (dsep != sep) break;
+            e = k;
         }
-        uint32_t m[3];
-        size_t nm = 1;
-        if (start) nm = py_upper_full(c, m, false); /* item[0].upper() */
-        else m[0] = py_lower(c);
-        start = false;
-        for (size_t k = 0; ok && k < nm; k++) ok = sb_put(&b, enc, utf8_put(enc, m[k]));
+        if (sep) {
+            ok = sb_put(&b, p + st, e - st);
+        } else { /* item[0].upper() + item[1:].lower(): separate strings, separate contexts */
+            size_t k = st;
+            utf8_next(p, len, &k);
+            ok = tmpl_case_into(rt, &b, p + st, k - st, 1) && tmpl_case_into(rt, &b, p + k, e - k, 0);
+        }
+        i = e;
     }
     tv_release(rt, s);
     if (!ok) {
@@ -1132,7 +1136,7 @@ static bool f_wordcount(struct rt *rt, struct tv in, struct targs *a, struct tv 
     size_t i = 0;
     while (i < s.u.s->len) {
         uint32_t c = utf8_next(s.u.s->s, s.u.s->len, &i);
-        bool w = c == '_' || py_isalpha(c) || py_isdigit(c);
+        bool w = c == '_' || py_isalpha(c) || py_isdecimal(c) || py_isdigit(c) || py_isnumeric(c); /* \w */
         if (w && !inword) n++;
         inword = w;
     }
@@ -1524,17 +1528,8 @@ static bool t_divisibleby(struct rt *rt, struct tv v, struct targs *a, bool *out
 static bool case_test(struct rt *rt, struct tv v, bool lower, bool *out) {
     struct tv s;
     if (!to_str(rt, v, &s)) return false;
-    bool cased = false, ok = true;
-    size_t i = 0;
-    while (i < s.u.s->len) {
-        uint32_t c = utf8_next(s.u.s->s, s.u.s->len, &i);
-        uint32_t m[3];
-        bool is_l = py_upper_full(c, m, false) != 1 || m[0] != c, is_u = py_lower(c) != c;
-        if (is_l || is_u) cased = true;
-        if (lower ? is_u : is_l) ok = false;
-    }
+    *out = tmpl_str_is(lower ? 'l' : 'u', s.u.s->s, s.u.s->len);
     tv_release(rt, s);
-    *out = cased && ok;
     return true;
 }
 static bool t_lower(struct rt *rt, struct tv v, struct targs *a, bool *out) {

@@ -239,14 +239,48 @@ size_t utf8_put(char *out, uint32_t cp);
 size_t utf8_count(const char *s, size_t len);
 /* Byte offset of code point index cp (cp <= ncp). */
 size_t tstr_offset(const struct tstr *s, size_t cp);
+/* Unicode properties and case mappings, exactly as Python's str (tables generated
+ * from Python into tmpl_unicode.c). */
 bool py_isspace(uint32_t cp);
+bool py_isprintable(uint32_t cp);
+bool py_isalpha(uint32_t cp);
+bool py_isdecimal(uint32_t cp);
+bool py_isdigit(uint32_t cp);
+bool py_isnumeric(uint32_t cp);
+bool py_islower(uint32_t cp);
+bool py_isupper(uint32_t cp);
+bool py_iscased(uint32_t cp);
+bool py_iscaseignorable(uint32_t cp);
+/* Simple (one code point) mappings. */
 uint32_t py_lower(uint32_t cp);
 uint32_t py_upper(uint32_t cp);
-/* Full upper-case (or title-case) mapping, which may give several code points (ß -> SS). */
-size_t py_upper_full(uint32_t cp, uint32_t out[3], bool title);
-bool py_isalpha(uint32_t cp);
-bool py_isdigit(uint32_t cp);
-bool py_isprintable(uint32_t cp);
+/* Full mappings: kind 0 lower, 1 upper, 2 title; up to 3 code points (ß -> SS). */
+size_t py_case_full(int kind, uint32_t cp, uint32_t out[3]);
+
+struct tmpl_case_run {
+    uint32_t lo, hi;
+    int32_t delta;
+    uint8_t stride;
+};
+struct tmpl_case_special {
+    uint8_t kind;
+    uint32_t cp;
+    uint8_t n;
+    uint32_t m[3];
+};
+struct tmpl_cp_range {
+    uint32_t lo, hi;
+};
+extern const struct tmpl_case_run tmpl_case_lower[], tmpl_case_upper[], tmpl_case_title[];
+extern const size_t tmpl_case_lower_n, tmpl_case_upper_n, tmpl_case_title_n;
+extern const struct tmpl_case_special tmpl_case_special[];
+extern const size_t tmpl_case_special_n;
+extern const struct tmpl_cp_range tmpl_prop_alpha[], tmpl_prop_decimal[], tmpl_prop_digit[],
+    tmpl_prop_numeric[], tmpl_prop_space[], tmpl_prop_printable[], tmpl_prop_lower[],
+    tmpl_prop_upper[], tmpl_prop_cased[], tmpl_prop_case_ignorable[];
+extern const size_t tmpl_prop_alpha_n, tmpl_prop_decimal_n, tmpl_prop_digit_n, tmpl_prop_numeric_n,
+    tmpl_prop_space_n, tmpl_prop_printable_n, tmpl_prop_lower_n, tmpl_prop_upper_n,
+    tmpl_prop_cased_n, tmpl_prop_case_ignorable_n;
 
 /* ---------------------------------------------------------------- lexer */
 
@@ -449,6 +483,11 @@ bool tmpl_percent_format(struct rt *rt, struct tv fmt, struct tv args, struct tv
 bool tmpl_compare_op(struct rt *rt, int op, struct tv a, struct tv b, bool *out);
 /* Python a + b. */
 bool tmpl_add(struct rt *rt, struct tv a, struct tv b, struct tv *out);
+/* Case-maps s into b (0 lower, 1 upper, 2 swapcase, 3 str.title, 4 capitalize) with
+ * Python's full mappings. */
+bool tmpl_case_into(struct rt *rt, struct sbuf *b, const char *s, size_t len, int mode);
+/* Python str.is*(): l u t A n a d D N s (see tmpl_methods.c). */
+bool tmpl_str_is(char what, const char *s, size_t len);
 /* Lower-cases a string value (ignore_case). */
 bool tmpl_str_lower(struct rt *rt, struct tv s, struct tv *out);
 /* Calls the str method `name` on self. */

@@ -166,38 +166,73 @@ static bool new_str(struct rt *rt, const char *s, size_t n, struct tv *out) {
     return tv_new_str(rt, s, n, out);
 }
 
-/* Case mappings over a string: mode 0 lower, 1 upper, 2 swapcase, 3 title (str.title),
- * 4 capitalize. Upper/title use the full mappings (ß -> SS / Ss). */
-static bool is_cased(uint32_t c) { return py_lower(c) != c || py_upper(c) != c; }
+/* Case mappings over a string as CPython does them: mode 0 lower, 1 upper, 2 swapcase,
+ * 3 title (str.title), 4 capitalize. Full mappings (ß -> SS, İ -> i̇) and the final-sigma
+ * rule included. */
+static uint32_t final_sigma(const uint32_t *cp, size_t n, size_t i) {
+    size_t j = i;
+    while (j > 0 && py_iscaseignorable(cp[j - 1])) j--;
+    bool fin = j > 0 && py_iscased(cp[j - 1]);
+    if (fin) {
+        j = i + 1;
+        while (j < n && py_iscaseignorable(cp[j])) j++;
+        fin = j == n || !py_iscased(cp[j]);
+    }
+    return fin ? 0x3c2 : 0x3c3;
+}
+
+static bool put_cps(struct sbuf *b, const uint32_t *m, size_t n) {
+    char enc[4];
+    for (size_t k = 0; k < n; k++)
+        if (!sb_put(b, enc, utf8_put(enc, m[k]))) return false;
+    return true;
+}
+
+/* Appends the case-mapped s[0..len) to b. */
+static bool case_into(struct rt *rt, struct sbuf *b, const char *s, size_t len, int mode) {
+    size_t ncp = utf8_count(s, len), i = 0, k = 0;
+    uint32_t *cp = rt_alloc(rt, (ncp ? ncp : 1) * sizeof *cp);
+    if (!cp) return false;
+    while (i < len) cp[k++] = utf8_next(s, len, &i);
+    bool prev_cased = false, ok = true;
+    for (size_t j = 0; ok && j < ncp; j++) {
+        uint32_t c = cp[j], m[3];
+        size_t nm;
+        int kind; /* 0 lower, 1 upper, 2 title, -1 unchanged */
+        switch (mode) {
+        case 0: kind = 0; break;
+        case 1: kind = 1; break;
+        case 2: kind = py_isupper(c) ? 0 : py_islower(c) ? 1 : -1; break;
+        case 3: kind = prev_cased ? 0 : 2; break;
+        default: kind = j == 0 ? 2 : 0; break;
+        }
+        if (kind < 0) {
+            m[0] = c;
+            nm = 1;
+        } else if (kind == 0 && c == 0x3a3) {
+            m[0] = final_sigma(cp, ncp, j);
+            nm = 1;
+        } else {
+            nm = py_case_full(kind, c, m);
+        }
+        prev_cased = py_iscased(c);
+        ok = put_cps(b, m, nm);
+    }
+    free(cp);
+    return ok;
+}
 
 static bool map_case(struct rt *rt, struct tstr *s, int mode, struct tv *out) {
     struct sbuf b = {.rt = rt, .limit = rt->lim.max_output};
-    size_t i = 0;
-    bool prev_cased = false, first = true;
-    char enc[4];
-    while (i < s->len) {
-        uint32_t c = utf8_next(s->s, s->len, &i), m[3];
-        size_t nm = 1;
-        bool up;
-        switch (mode) {
-        case 0: up = false; break;
-        case 1: up = true; break;
-        case 2: up = py_lower(c) == c; break;
-        case 3: up = !prev_cased; break;
-        default: up = first; break;
-        }
-        if (mode == 2 && py_lower(c) != c) m[0] = py_lower(c);
-        else if (up) nm = py_upper_full(c, m, mode >= 3);
-        else m[0] = py_lower(c);
-        prev_cased = is_cased(c);
-        first = false;
-        for (size_t k = 0; k < nm; k++)
-            if (!sb_put(&b, enc, utf8_put(enc, m[k]))) {
-                sb_free(&b);
-                return false;
-            }
+    if (!case_into(rt, &b, s->s, s->len, mode)) {
+        sb_free(&b);
+        return false;
     }
     return sb_to_tv(&b, out);
+}
+
+bool tmpl_case_into(struct rt *rt, struct sbuf *b, const char *s, size_t len, int mode) {
+    return case_into(rt, b, s, len, mode);
 }
 
 bool tmpl_str_lower(struct rt *rt, struct tv s, struct tv *out) { return map_case(rt, s.u.s, 0, out); }
@@ -696,40 +731,67 @@ static bool str_call(struct rt *rt, uint16_t fid, struct tv self, struct targs *
     }
     /* is* predicates */
     if (!bindm(rt, "is", a, NULL, 0, 0, v, g)) return false;
-    bool any = false, all = true, cased = false, lower_ok = true, upper_ok = true, title_ok = true, prev_cased = false;
-    size_t i = 0;
-    while (i < s->len) {
-        uint32_t c = utf8_next(s->s, s->len, &i);
-        any = true;
-        bool r;
-        switch (fid) {
-        case M_ISALNUM: r = py_isalpha(c) || py_isdigit(c); break;
-        case M_ISALPHA: r = py_isalpha(c); break;
-        case M_ISASCII: r = c < 0x80; break;
-        case M_ISDECIMAL:
-        case M_ISDIGIT:
-        case M_ISNUMERIC: r = py_isdigit(c); break;
-        case M_ISSPACE: r = py_isspace(c); break;
-        default: r = true;
-        }
-        if (!r) all = false;
-        uint32_t m[3];
-        bool is_u = py_lower(c) != c, is_l = py_upper_full(c, m, false) != 1 || m[0] != c;
-        if (is_u || is_l) cased = true;
-        if (is_u) lower_ok = false;
-        if (is_l) upper_ok = false;
-        if (is_u && prev_cased) title_ok = false;
-        if (is_l && !prev_cased) title_ok = false;
-        prev_cased = is_u || is_l;
-    }
-    switch (fid) {
-    case M_ISLOWER: *out = tv_bool(cased && lower_ok); break;
-    case M_ISUPPER: *out = tv_bool(cased && upper_ok); break;
-    case M_ISTITLE: *out = tv_bool(cased && title_ok); break;
-    case M_ISASCII: *out = tv_bool(all); break;
-    default: *out = tv_bool(any && all);
-    }
+    *out = tv_bool(tmpl_str_is(fid == M_ISLOWER ? 'l' : fid == M_ISUPPER ? 'u' : fid == M_ISTITLE ? 't'
+                               : fid == M_ISASCII ? 'A' : fid == M_ISALNUM ? 'n' : fid == M_ISALPHA ? 'a'
+                               : fid == M_ISDECIMAL ? 'd' : fid == M_ISDIGIT ? 'D' : fid == M_ISNUMERIC ? 'N' : 's',
+                               s->s, s->len));
     return true;
+}
+
+/* Python's str.is*() on s: l lower, u upper, t title, A ascii, n alnum, a alpha,
+ * d decimal, D digit, N numeric, s space. */
+bool tmpl_str_is(char what, const char *s, size_t len) {
+    size_t i = 0;
+    bool any = false, cased = false, prev_cased = false;
+    while (i < len) {
+        uint32_t c = utf8_next(s, len, &i);
+        any = true;
+        bool lo = py_islower(c), up = py_isupper(c), ti = py_iscased(c) && !lo && !up;
+        switch (what) {
+        case 'l':
+            if (up || ti) return false;
+            if (lo) cased = true;
+            break;
+        case 'u':
+            if (lo || ti) return false;
+            if (up) cased = true;
+            break;
+        case 't':
+            if (up || ti) {
+                if (prev_cased) return false;
+                prev_cased = cased = true;
+            } else if (lo) {
+                if (!prev_cased) return false;
+                prev_cased = cased = true;
+            } else {
+                prev_cased = false;
+            }
+            break;
+        case 'A':
+            if (c >= 0x80) return false;
+            break;
+        case 'n':
+            if (!(py_isalpha(c) || py_isdecimal(c) || py_isdigit(c) || py_isnumeric(c))) return false;
+            break;
+        case 'a':
+            if (!py_isalpha(c)) return false;
+            break;
+        case 'd':
+            if (!py_isdecimal(c)) return false;
+            break;
+        case 'D':
+            if (!py_isdigit(c)) return false;
+            break;
+        case 'N':
+            if (!py_isnumeric(c)) return false;
+            break;
+        default:
+            if (!py_isspace(c)) return false;
+        }
+    }
+    if (what == 'l' || what == 'u' || what == 't') return cased;
+    if (what == 'A') return true;
+    return any;
 }
 
 bool tmpl_str_method(struct rt *rt, const char *name, struct tv self, struct targs *a, struct tv *out) {

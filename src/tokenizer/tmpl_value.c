@@ -124,106 +124,101 @@ size_t tstr_offset(const struct tstr *s, size_t cp) {
     return i;
 }
 
-bool py_isspace(uint32_t c) {
-    if (c < 0x80) return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20);
-    return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+/* ---------------------------------------------------------------- Unicode */
+
+static bool in_ranges(const struct tmpl_cp_range *r, size_t n, uint32_t c) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < r[mid].lo) hi = mid;
+        else if (c > r[mid].hi) lo = mid + 1;
+        else return true;
+    }
+    return false;
 }
 
+/* An invalid input byte (decoded as U+DC80..U+DCFF) has no properties. */
+bool py_isspace(uint32_t c) {
+    if (c < 0x80) return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20);
+    return in_ranges(tmpl_prop_space, tmpl_prop_space_n, c);
+}
 bool py_isprintable(uint32_t c) {
-    if (c < 0x20 || c == 0x7f) return false;
-    if (c < 0x7f) return true;
-    if (c <= 0xa0 || c == 0xad) return false;
-    if (c == 0x1680 || (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
-        (c >= 0x205f && c <= 0x2064) || (c >= 0x2066 && c <= 0x206f) || c == 0x3000)
-        return false;
-    if ((c >= 0x600 && c <= 0x605) || c == 0x61c || c == 0x6dd || c == 0x70f || c == 0x180e)
-        return false;
-    if ((c >= 0xd800 && c <= 0xf8ff) || c == 0xfeff || (c >= 0xfff9 && c <= 0xfffb) ||
-        (c >= 0xfdd0 && c <= 0xfdef) || c == 0xfffe || c == 0xffff)
-        return false;
-    if (c >= 0xe0000 || (c & 0xfffe) == 0xfffe) return false;
+    if (c < 0x80) return c >= 0x20 && c < 0x7f;
+    return in_ranges(tmpl_prop_printable, tmpl_prop_printable_n, c);
+}
+bool py_isalpha(uint32_t c) {
+    if (c < 0x80) return (c | 32) >= 'a' && (c | 32) <= 'z';
+    return in_ranges(tmpl_prop_alpha, tmpl_prop_alpha_n, c);
+}
+bool py_isdecimal(uint32_t c) {
+    if (c < 0x80) return c >= '0' && c <= '9';
+    return in_ranges(tmpl_prop_decimal, tmpl_prop_decimal_n, c);
+}
+bool py_isdigit(uint32_t c) {
+    if (c < 0x80) return c >= '0' && c <= '9';
+    return in_ranges(tmpl_prop_digit, tmpl_prop_digit_n, c);
+}
+bool py_isnumeric(uint32_t c) {
+    if (c < 0x80) return c >= '0' && c <= '9';
+    return in_ranges(tmpl_prop_numeric, tmpl_prop_numeric_n, c);
+}
+bool py_islower(uint32_t c) {
+    if (c < 0x80) return c >= 'a' && c <= 'z';
+    return in_ranges(tmpl_prop_lower, tmpl_prop_lower_n, c);
+}
+bool py_isupper(uint32_t c) {
+    if (c < 0x80) return c >= 'A' && c <= 'Z';
+    return in_ranges(tmpl_prop_upper, tmpl_prop_upper_n, c);
+}
+bool py_iscased(uint32_t c) {
+    if (c < 0x80) return (c | 32) >= 'a' && (c | 32) <= 'z';
+    return in_ranges(tmpl_prop_cased, tmpl_prop_cased_n, c);
+}
+bool py_iscaseignorable(uint32_t c) { return in_ranges(tmpl_prop_case_ignorable, tmpl_prop_case_ignorable_n, c); }
+
+/* The mapping of c in a run table; false when no run covers c. */
+static bool case_find(const struct tmpl_case_run *r, size_t n, uint32_t c, uint32_t *out) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) { /* last run with r.lo <= c */
+        size_t mid = (lo + hi) / 2;
+        if (r[mid].lo <= c) lo = mid + 1;
+        else hi = mid;
+    }
+    if (!lo) return false;
+    const struct tmpl_case_run *x = &r[lo - 1];
+    if (c > x->hi || (c - x->lo) % x->stride) return false;
+    *out = (uint32_t)((int64_t)c + x->delta);
     return true;
 }
 
-/* Simple one-to-one case mappings: ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic.
- * (Python uses full Unicode mappings; scripts beyond these are left unchanged.) */
+static uint32_t case_map(const struct tmpl_case_run *r, size_t n, uint32_t c) {
+    uint32_t m;
+    return case_find(r, n, c, &m) ? m : c;
+}
+
 uint32_t py_lower(uint32_t c) {
     if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
-    if ((c >= 0xc0 && c <= 0xde && c != 0xd7)) return c + 32;
-    if (c >= 0x100 && c <= 0x17f && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 &&
-        c != 0x17f) {
-        bool even_upper = !((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e));
-        if (even_upper ? (c % 2 == 0) : (c % 2 == 1)) return c + 1;
-        return c;
-    }
-    if (c >= 0x391 && c <= 0x3a9 && c != 0x3a2) return c + 32;
-    if (c >= 0x410 && c <= 0x42f) return c + 32;
-    if (c >= 0x400 && c <= 0x40f) return c + 80;
-    return c;
+    return case_map(tmpl_case_lower, tmpl_case_lower_n, c);
 }
 
 uint32_t py_upper(uint32_t c) {
     if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
-    if (c >= 0xe0 && c <= 0xfe && c != 0xf7) return c - 32;
-    if (c == 0xff) return 0x178;
-    if (c == 0xb5) return 0x39c;
-    if (c >= 0x100 && c <= 0x17f && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 &&
-        c != 0x17f) {
-        bool even_upper = !((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e));
-        if (even_upper ? (c % 2 == 1) : (c % 2 == 0)) return c - 1;
-        return c;
-    }
-    if (c >= 0x3b1 && c <= 0x3c9 && c != 0x3c2) return c - 32;
-    if (c == 0x3c2) return 0x3a3;
-    if (c >= 0x430 && c <= 0x44f) return c - 32;
-    if (c >= 0x450 && c <= 0x45f) return c - 80;
-    return c;
+    return case_map(tmpl_case_upper, tmpl_case_upper_n, c);
 }
 
-size_t py_upper_full(uint32_t c, uint32_t out[3], bool title) {
-    static const struct {
-        uint32_t c;
-        const char *up, *ti;
-    } sp[] = {
-        {0xdf, "SS", "Ss"},   {0xfb00, "FF", "Ff"},  {0xfb01, "FI", "Fi"}, {0xfb02, "FL", "Fl"},
-        {0xfb03, "FFI", "Ffi"}, {0xfb04, "FFL", "Ffl"}, {0xfb05, "ST", "St"}, {0xfb06, "ST", "St"},
-    };
-    if (c == 0xdf || (c >= 0xfb00 && c <= 0xfb06)) {
-        for (size_t i = 0; i < sizeof sp / sizeof *sp; i++)
-            if (sp[i].c == c) {
-                const char *t = title ? sp[i].ti : sp[i].up;
-                size_t n = strlen(t);
-                for (size_t k = 0; k < n; k++) out[k] = (unsigned char)t[k];
-                return n;
+size_t py_case_full(int kind, uint32_t c, uint32_t out[3]) {
+    if (c >= 0x80) {
+        for (size_t i = 0; i < tmpl_case_special_n; i++) /* ~150 entries, all >= U+00DF */
+            if (tmpl_case_special[i].cp == c && tmpl_case_special[i].kind == kind) {
+                for (size_t k = 0; k < tmpl_case_special[i].n; k++) out[k] = tmpl_case_special[i].m[k];
+                return tmpl_case_special[i].n;
             }
     }
-    if (c == 0x149) {
-        out[0] = 0x2bc;
-        out[1] = 'N';
-        return 2;
-    }
-    out[0] = py_upper(c);
+    if (kind == 0) out[0] = py_lower(c);
+    else if (kind == 1) out[0] = py_upper(c);
+    else if (c < 0x80 || !case_find(tmpl_case_title, tmpl_case_title_n, c, &out[0]))
+        out[0] = py_upper(c); /* title case is upper case except where the table says */
     return 1;
-}
-
-bool py_isdigit(uint32_t c) {
-    return (c >= '0' && c <= '9') || c == 0xb2 || c == 0xb3 || c == 0xb9 ||
-           (c >= 0x660 && c <= 0x669) || (c >= 0x6f0 && c <= 0x6f9) ||
-           (c >= 0x966 && c <= 0x96f) || (c >= 0xff10 && c <= 0xff19);
-}
-
-bool py_isalpha(uint32_t c) {
-    if (c < 0x80) return (c | 32) >= 'a' && (c | 32) <= 'z';
-    if (c == 0xaa || c == 0xb5 || c == 0xba) return true;
-    if (c < 0xc0) return false;
-    if (c <= 0xff) return c != 0xd7 && c != 0xf7;
-    if (py_isspace(c) || py_isdigit(c) || !py_isprintable(c)) return false;
-    if ((c >= 0x2000 && c <= 0x2bff) || (c >= 0x3000 && c <= 0x303f) ||
-        (c >= 0xfe30 && c <= 0xfe4f) || (c >= 0xff00 && c <= 0xff20) ||
-        (c >= 0x1f000 && c <= 0x1faff) || (c >= 0x300 && c <= 0x36f))
-        return false;
-    return true;
 }
 
 /* ---------------------------------------------------------------- objects */

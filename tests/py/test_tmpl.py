@@ -341,3 +341,133 @@ def test_default_template_is_chatml(tmp_path, ctx_file):
     # a model file is not needed: render the documented default through the same path
     p = subprocess.run([SMELT, "template", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "ChatML" in p.stdout
+
+
+# ---------------------------------------------------------------- GGUF models
+
+def _gguf_files():
+    """Vocab-only GGUFs from ../shared/data and any real models under models/."""
+    files = []
+    vocab = os.path.join(SHARED, "data", "vocab")
+    if os.path.isdir(vocab):
+        files += [os.path.join(vocab, f) for f in sorted(os.listdir(vocab)) if f.endswith(".gguf")]
+    models = os.path.join(ROOT, "models")
+    if os.path.isdir(models):
+        files += [os.path.join(models, f) for f in sorted(os.listdir(models)) if f.endswith(".gguf")]
+    return files
+
+
+def _gguf_template_and_tokens(path):
+    """(chat template or None, bos text or None, eos text or None), read by a minimal
+    GGUF metadata parser written from the format spec (independent of smelt's reader,
+    and fast: it skips every value it does not need)."""
+    import struct
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    with open(path, "rb") as f:
+        data = f.read(64 << 20)  # metadata sits at the front; 64 MiB covers big vocabs
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
+    assert magic == b"GGUF"
+    pos = 24
+    kv, tokens = {}, None
+
+    def read_str(pos):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        return data[pos + 8:pos + 8 + n], pos + 8 + n
+
+    def skip_value(t, pos, want=False):
+        if t == 8:
+            s, pos = read_str(pos)
+            return s, pos
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", data, pos)
+            pos += 12
+            if et == 8:
+                items = []
+                for _ in range(n):
+                    s, pos = read_str(pos)
+                    if want:
+                        items.append(s)
+                return items, pos
+            if et == 9:
+                for _ in range(n):
+                    _, pos = skip_value(9, pos)
+                return None, pos
+            return None, pos + n * sizes[et]
+        v = struct.unpack_from({0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                                10: "<Q", 11: "<q", 12: "<d"}[t], data, pos)[0]
+        return v, pos + sizes[t]
+
+    for _ in range(n_kv):
+        key, pos = read_str(pos)
+        (t,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        key = key.decode()
+        v, pos = skip_value(t, pos, want=key == "tokenizer.ggml.tokens")
+        if key == "tokenizer.ggml.tokens":
+            tokens = v
+        elif key in ("tokenizer.chat_template", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+            kv[key] = v
+
+    def tok(key):
+        i = kv.get(key)
+        return tokens[i].decode("utf-8") if tokens is not None and i is not None and i < len(tokens) else None
+
+    tmpl = kv.get("tokenizer.chat_template")
+    return (tmpl.decode("utf-8") if tmpl is not None else None, tok("tokenizer.ggml.bos_token_id"),
+            tok("tokenizer.ggml.eos_token_id"))
+
+
+@pytest.mark.parametrize("path", _gguf_files() or ["(none)"])
+def test_gguf_model_template(path, tmp_path):
+    """`smelt template MODEL conv.json` renders the model's own template with its BOS/EOS
+    text exactly as jinja2 does (or the documented ChatML default when it has none)."""
+    if path == "(none)":
+        pytest.skip("no GGUF files (../shared/data/vocab absent, models/ not fetched)")
+    tmpl, bos, eos = _gguf_template_and_tokens(path)
+    conv_path = os.path.join(DATA, "conversations", "03_no_system.json")
+    with open(conv_path, encoding="utf-8") as f:
+        conv = json.load(f)
+    p = subprocess.run([SMELT, "template", path, conv_path, "--now", str(mte.NOW)], capture_output=True, timeout=120)
+    ctx = mte.context(conv)
+    ctx["bos_token"], ctx["eos_token"] = bos, eos
+    if tmpl is None:
+        assert b"ChatML default" in p.stderr
+        want = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conv["messages"])
+        want += "<|im_start|>assistant\n"
+    else:
+        try:
+            want = mte.hf_environment().from_string(tmpl).render(**ctx)
+        except Exception as e:  # noqa: BLE001
+            assert p.returncode == 1, f"jinja2 raised {e!r}; smelt rendered"
+            return
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode("utf-8") == want
+
+
+def test_unicode_case_and_properties_match_python(tmp_path):
+    """upper/lower/title/swapcase/capitalize, the title filter, str.is*() and wordcount
+    agree with Python for every cased, alphabetic, numeric or space character, and for
+    strings that exercise the final sigma, İ, digraphs and one-to-many mappings."""
+    # every character with a case mapping or a numeric/space property, and a sample of
+    # the other letters (the full sweep, 128k characters, passes too but takes ~20 s)
+    chars = [chr(c) for c in range(0x80, 0x30000)
+             if not 0xD800 <= c <= 0xDFFF and chr(c).isprintable()
+             and (chr(c).lower() != chr(c) or chr(c).upper() != chr(c) or chr(c).title() != chr(c)
+                  or chr(c).isnumeric() or chr(c).isspace() or (chr(c).isalpha() and c % 61 == 0))]
+    chars += ["ΣΑΣ", "ΟΔΟΣ ΤΟΥ", "aΣb", "a'Σ'", "İstanbul", "ǆungla ǳ", "ﬃ straße", "they're bill's",
+              "HELLO wOrLd", "x\u00a0y\u2003z\u3000", "١٢٣ ④"]
+    tpl = ("{% for c in cs %}{{ c|lower }}\t{{ c|upper }}\t{{ c.title() }}\t{{ c.swapcase() }}\t"
+           "{{ c.capitalize() }}\t{{ c|title }}\t{{ c.islower() }}{{ c.isupper() }}{{ c.istitle() }}"
+           "{{ c.isalpha() }}{{ c.isdigit() }}{{ c.isnumeric() }}{{ c.isdecimal() }}{{ c.isalnum() }}"
+           "{{ c.isspace() }}{{ c|wordcount }}{{ c.split()|length }}{{ c.strip()|length }}\n{% endfor %}")
+    (tmp_path / "t.jinja").write_text(tpl, encoding="utf-8")
+    bad = []
+    for i in range(0, len(chars), 20000):  # chunks stay inside the default render budgets
+        ctx = {"messages": [], "cs": chars[i:i + 20000]}
+        (tmp_path / "c.json").write_text(json.dumps(ctx, ensure_ascii=False), encoding="utf-8")
+        rc, out, err = smelt_render(str(tmp_path / "t.jinja"), str(tmp_path / "c.json"))
+        assert rc == 0, err
+        want = mte.hf_environment().from_string(tpl).render(**ctx)
+        bad += [(c, a, b) for c, a, b in zip(ctx["cs"], out.split("\n"), want.split("\n")) if a != b]
+    assert not bad, f"{len(bad)} of {len(chars)} differ, e.g. {bad[:3]}"

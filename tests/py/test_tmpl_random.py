@@ -130,8 +130,26 @@ class Gen:
         return " " + self.pick(["", "", "-"] + (["+"] if kind == "%" else [])) + kind + "}"
 
     def stmt(self, depth=0):
-        k = self.r.randrange(12 if depth < 2 else 5)
+        k = self.r.randrange(17 if depth < 2 else 5)
         w = self.ws
+        if k == 12:
+            return (w() + self.open() + "macro cm(a, b=2)" + self.close() + "[{{ a }}|{{ b }}|{{ caller(a) }}|{{ kwargs }}]" +
+                    self.open() + "endmacro" + self.close() + self.open() + f"call(v) cm({self.expr()}, k={self.lit()})" +
+                    self.close() + self.body(depth) + "{{ v }}" + self.open() + "endcall" + self.close() + w())
+        if k == 13:
+            return w() + self.open() + "raw" + self.close() + self.pick(["{{ x }}", "{% if %}", "a\n  b", ""]) + self.open() + "endraw" + self.close() + w()
+        if k == 14:
+            return ("\n" + "  " * self.r.randint(0, 2) + self.open() + f"if {self.expr()}" + self.close() + "\n" +
+                    "  " * self.r.randint(0, 3) + self.pick(["line", "{{ n }}", "- item"]) + "\n" + "  " * self.r.randint(0, 2) +
+                    self.open() + "endif" + self.close() + "\n" + self.pick(["", "tail\n", "  "]))
+        if k == 15:
+            return (w() + self.open() + "for x in " + self.pick(["l", "ls", "objs", "messages"]) + self.close() +
+                    "{{ loop.cycle('a', 'b') }}{{ loop.previtem is defined }}{{ loop.nextitem is defined }}"
+                    "{{ loop.revindex }}{{ loop.changed(x) }}{% set ns.a = ns.a ~ loop.index0 %}" + self.open() + "endfor" +
+                    self.close() + "{{ ns.a }}" + w())
+        if k == 16:
+            return (w() + self.open() + f"with wv = {self.expr()}" + self.close() + "{{ wv }}" + self.body(depth) +
+                    self.open() + "endwith" + self.close() + w())
         if k < 3:
             return w() + self.open("{") + self.expr() + self.close("}") + w()
         if k == 3:
@@ -171,7 +189,7 @@ class Gen:
         return "".join(parts)
 
     def template(self):
-        head = "{% set ns = namespace(a=0) %}" if self.r.random() < 0.5 else ""
+        head = "{% set ns = namespace(a=0) %}"
         return head + "".join(self.stmt() for _ in range(self.r.randint(1, 4)))
 
 
