@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "format/gguf.h"
@@ -32,9 +33,56 @@ static void usage(FILE *out) {
             "  --no-generation-prompt   add_generation_prompt = false (default true)\n"
             "  --var KEY=VALUE          pass a variable; VALUE is JSON when it parses, else text\n"
             "  --now EPOCH              the time strftime_now() sees (UTC), for reproducible output\n"
+            "  --bench N                compile and render N times; print timings to stderr\n"
             "  -h, --help               this help\n"
             "\n"
             "Exit status: 0 ok, 1 the template failed (the reason is printed), 2 usage error.\n");
+}
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median and 90th percentile of compile and render times over n runs. */
+static smelt_status bench(const char *src, size_t len, const struct tmpl_value *ctx,
+                          const struct tmpl_opts *opts, long n, struct err *e) {
+    double *tc = malloc((size_t)n * sizeof *tc), *tr = malloc((size_t)n * sizeof *tr);
+    size_t out_len = 0;
+    smelt_status st = SMELT_OK;
+    if (!tc || !tr) {
+        st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (long i = 0; i < n && !st; i++) {
+        struct tmpl *t;
+        double t0 = now_us();
+        if ((st = tmpl_compile(src, len, &t, e))) break;
+        double t1 = now_us();
+        char *out;
+        st = tmpl_render(t, ctx, opts, &out, &out_len, e);
+        tc[i] = t1 - t0;
+        tr[i] = now_us() - t1;
+        if (!st) free(out);
+        tmpl_free(t);
+    }
+    if (!st) {
+        qsort(tc, (size_t)n, sizeof *tc, cmp_double);
+        qsort(tr, (size_t)n, sizeof *tr, cmp_double);
+        fprintf(stderr, "bench: %ld runs, %zu bytes of template, %zu bytes out: compile median %.1f us (p90 %.1f), "
+                        "render median %.1f us (p90 %.1f)\n",
+                n, len, out_len, tc[n / 2], tc[n * 9 / 10], tr[n / 2], tr[n * 9 / 10]);
+    }
+done:
+    free(tc);
+    free(tr);
+    return st;
 }
 
 static char *read_file(const char *path, size_t *len, struct err *e) {
@@ -97,6 +145,7 @@ int cmd_template(int argc, char **argv) {
     const char *model = NULL, *tfile = NULL, *conv = NULL;
     bool no_gen = false, has_now = false;
     long long now = 0;
+    long bench_n = 0;
     json_t *vars = json_object();
     int rc = 2;
     struct err e;
@@ -125,6 +174,12 @@ int cmd_template(int argc, char **argv) {
                 goto done;
             }
             has_now = true;
+        } else if (!strcmp(a, "--bench") && i + 1 < argc) {
+            bench_n = strtol(argv[++i], NULL, 10);
+            if (bench_n < 1 || bench_n > 10000000) {
+                fprintf(stderr, "smelt template: --bench wants a run count\n");
+                goto done;
+            }
         } else if (!strcmp(a, "--var") && i + 1 < argc) {
             const char *kv = argv[++i], *eq = strchr(kv, '=');
             if (!eq || eq == kv) {
@@ -243,6 +298,11 @@ int cmd_template(int argc, char **argv) {
     if (tmpl_chat_ctx(messages, tools, gen, bos, eos, extra, &ctx, &e)) goto fail;
 
     struct tmpl_opts opts = {.has_now = has_now, .now = now};
+    if (bench_n) {
+        if (bench(src, src_len, ctx, &opts, bench_n, &e)) goto fail;
+        rc = 0;
+        goto done;
+    }
     size_t out_len;
     if (tmpl_render(t, ctx, &opts, &out, &out_len, &e)) goto fail;
     if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout)) {

@@ -1283,27 +1283,28 @@ static bool run_loop(struct rt *rt, struct scope *sc, const struct node *fn, str
     lp->outer = sc;
     struct tv loopv = {.kind = TV_LOOP, .u.lp = lp};
     bool ok = true;
+    /* Each iteration gets a fresh scope; the frame is reused (cleared) unless a macro
+     * defined in the body captured it. */
+    struct scope *it = NULL;
     for (size_t i = 0; i < items->n && ok; i++) {
         if (!(ok = rt_step(rt, 1))) break;
         lp->i = i;
-        struct scope *it = scope_new(rt, sc);
-        if (!it) {
+        if (it && it->kept) {
+            scope_pop(rt, it);
+            it = NULL;
+        }
+        if (it) scope_clear(rt, it);
+        else if (!(it = scope_new(rt, sc))) {
             ok = false;
             break;
         }
-        if (!(ok = assign(rt, it, fn->a, tv_retain(items->v[i])))) {
-            scope_pop(rt, it);
-            break;
-        }
-        if (!(ok = scope_set(rt, it, rt->t->s_loop, tv_retain(loopv)))) {
-            scope_pop(rt, it);
-            break;
-        }
+        if (!(ok = assign(rt, it, fn->a, tv_retain(items->v[i])))) break;
+        if (!(ok = scope_set(rt, it, rt->t->s_loop, tv_retain(loopv)))) break;
         int r = exec_body(rt, it, fn->body, fn->n_body, out);
-        scope_pop(rt, it);
         if (r == X_ERR) ok = false;
         else if (r == X_BREAK) break;
     }
+    scope_pop(rt, it);
     lp->fornode = NULL; /* a loop object kept past its loop can no longer recurse */
     lp->outer = NULL;
     tv_release(rt, loopv);

@@ -152,7 +152,7 @@ static struct tstr *pool_str(struct ps *p, const char *s, size_t len) {
         h ^= (unsigned char)s[i];
         h *= 1099511628211ull;
     }
-    t->hash = h;
+    t->hash = h ? h : 1; /* as tmpl_value.c's str_hash */
     return t;
 }
 

@@ -110,6 +110,15 @@ size_t utf8_put(char *out, uint32_t cp) {
 size_t utf8_count(const char *s, size_t len) {
     size_t n = 0, i = 0;
     while (i < len) {
+        if (i + 8 <= len) { /* ASCII fast path, 8 bytes at a time */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ull)) {
+                i += 8;
+                n += 8;
+                continue;
+            }
+        }
         if ((unsigned char)s[i] < 0x80) i++;
         else utf8_next(s, len, &i);
         n++;
@@ -252,7 +261,7 @@ struct tstr *tstr_new(struct rt *rt, const char *s, size_t len) {
     if (len) memcpy(t->s, s, len);
     t->s[len] = 0;
     t->ncp = utf8_count(t->s, len);
-    t->hash = fnv1a(t->s, len);
+    t->hash = 0; /* computed when first needed (tv_hash); frozen strings get it in tv_freeze */
     return t;
 }
 
@@ -375,10 +384,15 @@ void tv_free_obj(struct rt *rt, struct tobj *o) {
     }
 }
 
+static uint64_t str_hash(struct tstr *s);
+
 static void walk_frozen(struct tv v, bool destroy) {
     if (!tv_is_obj(v)) return;
     struct tobj *o = v.u.o;
     switch (o->kind) {
+    case TV_STR:
+        if (!destroy) str_hash((struct tstr *)o);
+        break;
     case TV_LIST:
     case TV_TUPLE: {
         struct tlist *l = (struct tlist *)o;
@@ -432,9 +446,17 @@ bool tlist_push(struct rt *rt, struct tlist *l, struct tv v) {
 
 #define VALUE_MAX_DEPTH 512 /* recursion bound of ==, <, hash, repr on nested values */
 
+static uint64_t str_hash(struct tstr *s) {
+    if (s->hash) return s->hash;
+    uint64_t h = fnv1a(s->s, s->len);
+    if (!h) h = 1;
+    if (s->h.rc != RC_FROZEN) s->hash = h; /* frozen strings are shared: never written */
+    return h;
+}
+
 static uint64_t hash_rec(struct tv v, int depth) {
     switch (v.kind) {
-    case TV_STR: return v.u.s->hash;
+    case TV_STR: return str_hash(v.u.s);
     case TV_BOOL: return (uint64_t)v.u.b * 0x9e3779b97f4a7c15ull;
     case TV_INT: return (uint64_t)v.u.i * 0x9e3779b97f4a7c15ull;
     case TV_FLOAT:
@@ -501,6 +523,7 @@ struct tv *tdict_get(const struct tdict *d, struct tv k) {
 struct tv *tdict_get_str(const struct tdict *d, const char *k, size_t klen) {
     if (d->idx) {
         uint64_t h = fnv1a(k, klen);
+        if (!h) h = 1;
         size_t m = d->icap - 1, s = h & m;
         while (d->idx[s]) {
             size_t i = d->idx[s] - 1;

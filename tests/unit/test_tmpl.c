@@ -106,7 +106,18 @@ static void test_errors(void) {
     check_error("{{ 'a' * 100000000 }}", NULL, SMELT_ERR_RANGE, "exceeds");
     check_error("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}", NULL, SMELT_ERR_RANGE, "nested too deeply");
     check_error("{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}", NULL,
-                SMELT_ERR_RANGE, "budget");
+                SMELT_ERR_RANGE, "output exceeds");
+    /* the step budget: a loop that allocates and prints nothing */
+    struct tmpl *t;
+    struct err e;
+    const char *spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = j %}{% endfor %}{% endfor %}";
+    T_CHECK(tmpl_compile(spin, strlen(spin), &t, &e) == SMELT_OK);
+    struct tmpl_opts o = {.limits = {.max_steps = 200000}};
+    char *out = NULL;
+    size_t n;
+    T_CHECK(tmpl_render(t, NULL, &o, &out, &n, &e) == SMELT_ERR_RANGE && strstr(e.msg, "step budget"));
+    free(out);
+    tmpl_free(t);
 }
 
 static void test_deep_nesting_is_refused(void) {
