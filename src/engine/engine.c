@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "engine/argmax.h"
 #include "model/model.h"
 #include "tokenizer/tok.h"
 #include "util/ckd.h"
@@ -101,6 +103,8 @@ struct seq {
     uint64_t *bhash;    /* hashes of the full blocks known so far (cached or registered) */
     int32_t n_bhash, cap_bhash;
     struct sampler *smp;
+    bool greedy_fast;   /* plain argmax: temperature 0, no penalties, bias or logprobs */
+    bool history;       /* penalties need the token history (sampler_accept) */
     struct tok_detok dt;
     struct tok_buf held; /* detokenized text not yet released (stop-string lookahead) */
     double t_last;
@@ -305,6 +309,27 @@ void engine_req_times(const struct engine_req *r, double *t_submit, double *t_fi
 
 /* ---- the engine ---- */
 
+/* Threads that sample a step's rows in parallel (see engine.h). A job is published by
+ * bumping `gen`; workers and the engine thread take rows from `next` until none are left. */
+struct sample_pool {
+    int n_threads; /* workers, besides the engine thread */
+    pthread_t *th;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;
+    int busy; /* workers still on the current job */
+    bool quit, inited;
+    atomic_int next;
+};
+
+/* One row to sample this step. */
+struct sample_job {
+    struct seq *s;
+    struct sample_result r;
+    smelt_status st;
+    char msg[ERR_MSG_MAX];
+};
+
 struct engine {
     struct engine_config cfg;
     struct model *m;
@@ -335,8 +360,12 @@ struct engine {
     uint8_t *b_logits;
     struct batch_seq *b_seqs;
     float *logits; /* (max_seqs, n_vocab) */
-    uint64_t *hash_tmp;
     struct tok_buf emit; /* scratch for released text */
+    struct sample_job *jobs; /* (max_seqs) this step's rows to sample */
+    int32_t n_jobs;
+    struct sample_pool pool_s;
+    bool pool_started;
+    uint64_t stats_parallel; /* engine thread only; published with the stats */
 
     pthread_mutex_t smu; /* guards stats */
     struct engine_stats stats;
@@ -766,7 +795,7 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
         s->cap_tok = cap;
     }
     s->tok[s->n_tok++] = t;
-    sampler_accept(s->smp, t, true);
+    if (s->history) sampler_accept(s->smp, t, true);
     struct err e;
     if (tok_detok_push(&s->dt, t, &s->held, &e) != SMELT_OK) {
         finish_seq(en, s, ENGINE_ERROR, t, sr, false, e.msg);
@@ -794,6 +823,109 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
     push_event(en, r, &ev, en->emit.p, en->emit.n, sr, NULL);
 }
 
+/* Samples jobs from the shared counter until none are left. */
+static void sample_some(struct engine *en) {
+    for (;;) {
+        int i = atomic_fetch_add(&en->pool_s.next, 1);
+        if (i >= en->n_jobs) return;
+        struct sample_job *j = &en->jobs[i];
+        struct seq *s = j->s;
+        float *row = en->logits + (size_t)s->out_row * (size_t)en->n_vocab;
+        if (s->greedy_fast) {
+            int32_t t = engine_argmax(row, en->n_vocab);
+            if (t >= 0) {
+                j->r.token = t;
+                j->r.logprob = 0;
+                j->r.n_top = 0;
+                j->st = SMELT_OK;
+                continue;
+            }
+        }
+        struct err e;
+        j->st = sampler_sample(s->smp, row, &j->r, &e);
+        if (j->st != SMELT_OK) snprintf(j->msg, sizeof j->msg, "%s", e.msg);
+    }
+}
+
+static void *sample_worker(void *arg) {
+    struct engine *en = arg;
+    struct sample_pool *p = &en->pool_s;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->quit && p->gen == seen) pthread_cond_wait(&p->go, &p->mu);
+        if (p->quit) break;
+        seen = p->gen;
+        pthread_mutex_unlock(&p->mu);
+        sample_some(en);
+        pthread_mutex_lock(&p->mu);
+        if (--p->busy == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Samples en->jobs[0 .. n_jobs): in parallel when the rows are many and large. */
+static void sample_jobs(struct engine *en) {
+    struct sample_pool *p = &en->pool_s;
+    atomic_store(&p->next, 0);
+    bool par = en->pool_started && en->n_jobs > 1 &&
+               (int64_t)en->n_jobs * en->n_vocab >= ((int64_t)1 << 20);
+    if (!par) {
+        sample_some(en);
+        return;
+    }
+    en->stats_parallel++;
+    pthread_mutex_lock(&p->mu);
+    p->gen++;
+    p->busy = p->n_threads;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    sample_some(en);
+    pthread_mutex_lock(&p->mu);
+    while (p->busy > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_start(struct engine *en) {
+    struct sample_pool *p = &en->pool_s;
+    int n = en->cfg.sample_threads;
+    if (n <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n = nc > 2 ? (int)(nc / 2) : 1;
+        if (n > 8) n = 8;
+    }
+    p->n_threads = n - 1; /* the engine thread samples too */
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->go, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->next, 0);
+    p->inited = true;
+    if (p->n_threads <= 0) return;
+    p->th = calloc((size_t)p->n_threads, sizeof *p->th);
+    if (!p->th) return;
+    int started = 0;
+    for (; started < p->n_threads; started++)
+        if (pthread_create(&p->th[started], NULL, sample_worker, en) != 0) break;
+    p->n_threads = started;
+    en->pool_started = started > 0;
+}
+
+static void pool_stop(struct engine *en) {
+    struct sample_pool *p = &en->pool_s;
+    if (p->th) {
+        pthread_mutex_lock(&p->mu);
+        p->quit = true;
+        pthread_cond_broadcast(&p->go);
+        pthread_mutex_unlock(&p->mu);
+        for (int i = 0; i < p->n_threads; i++) pthread_join(p->th[i], NULL);
+        free(p->th);
+    }
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->go);
+    pthread_cond_destroy(&p->done);
+}
+
 static smelt_status default_forward(void *ctx, const struct batch *b, float *logits,
                                     struct err *e) {
     struct engine *en = ctx;
@@ -812,6 +944,7 @@ static int32_t step(struct engine *en) {
     smelt_status st = en->cfg.forward ? en->cfg.forward(en->cfg.forward_ctx, &b, en->logits, &e)
                                       : default_forward(en, &b, en->logits, &e);
     if (st != SMELT_OK) log_error("engine: step of %d rows failed: %s", n, e.msg);
+    en->n_jobs = 0;
     for (int32_t i = 0; i < en->n_sched; i++) {
         struct seq *s = en->sched[i];
         if (st != SMELT_OK) {
@@ -821,14 +954,13 @@ static int32_t step(struct engine *en) {
         s->n_done += s->rows;
         register_blocks(en, s);
         if (s->choice == 0 && s->n_done >= s->n_prompt) s->req->prompt_ready = true;
-        if (s->out_row < 0) continue;
-        struct sample_result sr;
-        float *row = en->logits + (size_t)s->out_row * (size_t)en->n_vocab;
-        if (sampler_sample(s->smp, row, &sr, &e) != SMELT_OK) {
-            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, e.msg);
-            continue;
-        }
-        on_token(en, s, &sr);
+        if (s->out_row >= 0) en->jobs[en->n_jobs++].s = s;
+    }
+    sample_jobs(en);
+    for (int32_t i = 0; i < en->n_jobs; i++) {
+        struct sample_job *j = &en->jobs[i];
+        if (j->st != SMELT_OK) finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, j->msg);
+        else on_token(en, j->s, &j->r);
     }
     /* finished sequences leave */
     int32_t w = 0;
@@ -846,6 +978,7 @@ static int32_t step(struct engine *en) {
     double dt = now_s() - t0;
     pthread_mutex_lock(&en->smu);
     en->stats.steps++;
+    en->stats.parallel_sample_steps = en->stats_parallel;
     en->stats.step_rows += (uint64_t)n;
     en->stats.step_seconds += dt;
     pthread_mutex_unlock(&en->smu);
@@ -941,12 +1074,14 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
         en->b_seq = malloc(nb * sizeof *en->b_seq);
         en->b_logits = malloc(nb);
         en->logits = malloc(nlog);
-        if (!en->running || !en->sched || !en->b_seqs || !en->b_tok || !en->b_pos || !en->b_seq ||
+        en->jobs = calloc(ns, sizeof *en->jobs);
+        if (!en->jobs || !en->running || !en->sched || !en->b_seqs || !en->b_tok || !en->b_pos || !en->b_seq ||
             !en->b_logits || !en->logits)
             st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory (%d sequences, %d tokens)",
                          cfg.max_seqs, cfg.max_batch_tokens);
     }
     if (st == SMELT_OK) {
+        pool_start(en);
         if (pthread_create(&en->thread, NULL, engine_main, en) != 0)
             st = err_set(e, SMELT_ERR_INTERNAL, "engine: cannot start the engine thread");
         else en->thread_started = true;
@@ -969,7 +1104,9 @@ void engine_free(struct engine *en) {
         pthread_mutex_unlock(&en->qmu);
         pthread_join(en->thread, NULL);
     }
+    if (en->pool_s.inited) pool_stop(en);
     kv_pool_free(&en->pool);
+    free(en->jobs);
     free(en->running);
     free(en->waiting);
     free(en->sched);
@@ -1024,7 +1161,12 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         sp.seed = r->p.sp.seed + (uint64_t)i;
         smelt_status st = sampler_new(&s->smp, &sp, en->n_vocab, e);
         if (st != SMELT_OK) return st;
-        for (int32_t k = 0; k < r->n_prompt; k++) sampler_accept(s->smp, r->prompt[k], false);
+        s->history = sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f ||
+                     sp.frequency_penalty != 0.0f;
+        s->greedy_fast = sp.temperature == 0.0f && !s->history && sp.n_bias == 0 &&
+                         sp.n_logprobs < 0;
+        if (s->history)
+            for (int32_t k = 0; k < r->n_prompt; k++) sampler_accept(s->smp, r->prompt[k], false);
         tok_detok_init(&s->dt, en->tok, r->p.decode_special ? TOK_DECODE_SPECIAL : 0);
     }
     return SMELT_OK;

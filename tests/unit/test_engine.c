@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/argmax.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "format/gguf.h"
@@ -162,6 +163,30 @@ static void test_prefix_churn(void) {
     kv_pool_free(&p);
 }
 
+/* ---- argmax: every implementation agrees with the scalar reference ---- */
+
+static void test_argmax(void) {
+    unsigned long long rs = 7;
+    float *x = malloc(5000 * sizeof *x);
+    for (int it = 0; it < 400; it++) {
+        int n = 1 + (int)(t_rand_u64(&rs) % 4999);
+        int kind = it % 5;
+        for (int i = 0; i < n; i++) {
+            x[i] = t_randn(&rs);
+            if (kind == 1) x[i] = (float)(int)(x[i] * 2); /* many ties */
+            if (kind == 2 && t_rand_u64(&rs) % 7 == 0) x[i] = NAN;
+            if (kind == 3) x[i] = -INFINITY;
+            if (kind == 4 && t_rand_u64(&rs) % 3 == 0) x[i] = -INFINITY;
+        }
+        if (kind == 3 && it % 2) x[n / 2] = NAN; /* nothing but -inf and NaN: -1 */
+        int32_t want = engine_argmax_scalar(x, n);
+        T_EQ_INT(engine_argmax(x, n), want);
+        if (__builtin_cpu_supports("avx2")) T_EQ_INT(engine_argmax_avx2(x, n), want);
+        if (__builtin_cpu_supports("avx512f")) T_EQ_INT(engine_argmax_avx512(x, n), want);
+    }
+    free(x);
+}
+
 /* ---- a small tokenizer ---- */
 
 #define N_SPECIAL 3
@@ -244,6 +269,7 @@ static int32_t hash_next(int32_t t, int32_t pos) {
 
 struct fake {
     int32_t (*next)(int32_t t, int32_t pos);
+    int nv; /* logit row length (0: VOCAB); ids >= VOCAB get -inf-ish logits */
     int sleep_us;
     long rows, steps;
     int max_rows_seen;
@@ -252,11 +278,11 @@ struct fake {
 static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits, struct err *e) {
     struct fake *f = ctx;
     (void)e;
-    int32_t k = 0;
+    int32_t k = 0, nv = f->nv ? f->nv : VOCAB;
     for (int32_t i = 0; i < b->n_tokens; i++) {
         if (!b->logits[i]) continue;
-        float *row = logits + (size_t)k++ * VOCAB;
-        for (int v = 0; v < VOCAB; v++) row[v] = 0;
+        float *row = logits + (size_t)k++ * (size_t)nv;
+        for (int v = 0; v < nv; v++) row[v] = v < VOCAB ? 0.0f : -50.0f;
         row[f->next(b->token[i], b->pos[i])] = 10.0f;
     }
     f->rows += b->n_tokens;
@@ -269,13 +295,14 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
 static struct engine *mk_engine(struct fake *f, int n_blocks, int bs, int max_seqs,
                                 int max_batch, int max_waiting, int n_ctx) {
     struct engine_config c = {0};
+    c.sample_threads = f->nv ? 4 : 0;
     c.n_blocks = n_blocks;
     c.block_size = bs;
     c.max_seqs = max_seqs;
     c.max_batch_tokens = max_batch;
     c.max_waiting = max_waiting;
     c.n_ctx = n_ctx;
-    c.n_vocab = VOCAB;
+    c.n_vocab = f->nv ? f->nv : VOCAB;
     c.forward = fake_forward;
     c.forward_ctx = f;
     struct engine *en = NULL;
@@ -562,9 +589,9 @@ static void test_n_and_prefix(void) {
 /* Many concurrent sequences of different lengths each get exactly their solo text, with
  * a small per-step budget (chunked prefill) and a pool too small for all of them
  * (preemption). */
-static void test_concurrency(void) {
+static void concurrency(int nv) {
     enum { NREQ = 48 };
-    struct fake f = {.next = hash_next};
+    struct fake f = {.next = hash_next, .nv = nv};
     /* 40 blocks of 4 = 160 tokens: far less than 48 sequences of up to 60 tokens */
     struct engine *en = mk_engine(&f, 40, 4, 16, 24, 1024, 128);
     if (!en) return;
@@ -606,8 +633,16 @@ static void test_concurrency(void) {
     T_EQ_INT(st.running, 0);
     T_EQ_INT(st.waiting, 0);
     T_CHECK(f.max_rows_seen <= 24);
+    if (nv) T_CHECK(st.parallel_sample_steps > 0);
+    else T_EQ_INT(st.parallel_sample_steps, 0);
     engine_free(en);
 }
+
+static void test_concurrency(void) { concurrency(0); }
+
+/* A large vocabulary: a step's rows are sampled by several threads (4 here); each
+ * sequence still gets its solo output. */
+static void test_parallel_sampling(void) { concurrency(1 << 17); }
 
 /* Cancelling frees every block; a cancelled waiting request ends too. */
 static void test_cancel(void) {
@@ -721,6 +756,7 @@ static void test_notify(void) {
 int main(void) {
     T_RUN(test_prefix_index);
     T_RUN(test_prefix_churn);
+    T_RUN(test_argmax);
     if (!make_tok()) {
         fprintf(stderr, "FAIL: cannot build the test tokenizer\n");
         return 1;
@@ -728,6 +764,7 @@ int main(void) {
     T_RUN(test_basic_stops);
     T_RUN(test_n_and_prefix);
     T_RUN(test_concurrency);
+    T_RUN(test_parallel_sampling);
     T_RUN(test_cancel);
     T_RUN(test_submit_errors);
     T_RUN(test_notify);
