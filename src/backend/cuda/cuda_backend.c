@@ -648,6 +648,28 @@ static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tenso
     const struct cuda_qweight *qg = qw_of(cb, w_gate), *qu = qw_of(cb, w_up);
     if (!qg || !qu) return;
     size_t mark = cu_scratch_mark(b);
+    int64_t n = x->ne[1];
+    if (n <= CUDA_MMV_MAX_N && qg->type == qu->type && qg->rows == qu->rows) {
+        /* decode: gate, up and the activation in one kernel (one read of x's int8 form) */
+        struct err e;
+        smelt_status st = SMELT_OK;
+        const float *xn = x->data;
+        void *sc = scratch(cb, cuda_mmv_scratch_bytes(x->ne[0], (int)n));
+        if (!sc) return;
+        if (cuda_mmv_needs_quant(qg->type)) {
+            if (pre) xn = prenormed(cb, x, pre);
+            if (!xn) return;
+            st = cuda_mmv_quantize(xn, x->ne[0], (int)n, sc, cb->stream, &e);
+        } else if (pre) {
+            xn = prenormed(cb, x, pre);
+            if (!xn) return;
+        }
+        if (st == SMELT_OK)
+            st = cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc, cb->stream, &e);
+        if (st != SMELT_OK) bk_fail(b, e.code, "%s", e.msg);
+        cu_scratch_release(b, mark);
+        return;
+    }
     const float *xn = prenormed(cb, x, pre);
     float *g = scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
     if (!xn || !g) return;

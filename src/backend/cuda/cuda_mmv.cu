@@ -63,6 +63,27 @@ static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
 #define MMV_U 4
 #endif
 
+/* The weights a launch reads: one matrix, or (GLU != 0) a gate and an up matrix of the
+ * same type and shape, whose rows are computed together (R = 2: row r of the warp is
+ * matrix r) and combined into act(gate) * up. */
+struct mmv_mats {
+    const void *q[2], *s[2], *d[2];
+};
+
+/* Row and matrix of a warp's r-th row. */
+template <int GLU>
+static __device__ __forceinline__ int64_t mrow(int row0, int r, int rows) {
+    return GLU ? row0 : min(row0 + r, rows - 1);
+}
+template <int GLU>
+static __device__ __forceinline__ int mmat(int r) { return GLU ? r : 0; }
+
+static __device__ __forceinline__ float glu_act(int glu, float g) {
+    if (glu == 1) return g / (1.0f + expf(-g));
+    const float c = 0.7978845608028654f; /* GELU, tanh form */
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
 template <int N, int R>
 struct mmv_acc {
     float v[R][N];
@@ -71,6 +92,14 @@ struct mmv_acc {
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < N; t++) v[r][t] = 0.0f;
+    }
+    /* GLU: v[0] is the gate, v[1] the up projection of row row0. */
+    __device__ __forceinline__ void store_glu(float *y, int row0, int rows, int lane, int glu) {
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const float g = warp_sum(v[0][t]), u = warp_sum(v[R - 1][t]);
+            if (lane == 0) y[(int64_t)t * rows + row0] = glu_act(glu, g) * u;
+        }
     }
     __device__ __forceinline__ void store(float *y, int row0, int rows, int lane, int accumulate) {
 #pragma unroll
@@ -92,12 +121,11 @@ struct mmv_acc {
  * pairs 0..2 in the low 24 bits of words 1..3, pair 3 in their top bytes.
  * Unit u of a super-block (0..7): g = u/2, hf = u%2; its 16 B hold weights
  * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
-template <int N, int R>
+template <int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_q4_k(const uint4 *__restrict__ q, const uint4 *__restrict__ s, const int8_t *__restrict__ xq,
-             const float2 *__restrict__ xds, const float *__restrict__ xs, float *__restrict__ y, int rows,
-             int k, int accumulate) {
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    mmv_q4_k(const struct mmv_mats m, const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
+             const float *__restrict__ xs, float *__restrict__ y, int rows, int k, int accumulate) {
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
@@ -112,9 +140,9 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const int row = min(row0 + r, rows - 1);
-                qv[i][r] = q[((int64_t)row * nsb) * 8 + u];
-                sv[i][r] = s[(int64_t)row * nsb + (u >> 3)];
+                const int64_t row = mrow<GLU>(row0, r, rows);
+                qv[i][r] = ((const uint4 *)m.q[mmat<GLU>(r)])[(row * nsb) * 8 + u];
+                sv[i][r] = ((const uint4 *)m.s[mmat<GLU>(r)])[row * nsb + (u >> 3)];
             }
         }
 #pragma unroll
@@ -146,19 +174,19 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
+    else acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
  * d = one half per super-block. Unit c (0..7) of a super-block: half h = c/4, ql chunk
  * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
  * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
-template <int N, int R>
+template <int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_q6_k(const uint4 *__restrict__ q, const int8_t *__restrict__ s, const __half *__restrict__ dd,
-             const int8_t *__restrict__ xq, const float2 *__restrict__ xds, const float *__restrict__ xs,
-             float *__restrict__ y, int rows, int k, int accumulate) {
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    mmv_q6_k(const struct mmv_mats m, const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
+             const float *__restrict__ xs, float *__restrict__ y, int rows, int k, int accumulate) {
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
@@ -174,13 +202,15 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
         float sclo[R], schi[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int64_t blk = (int64_t)min(row0 + r, rows - 1) * nsb + sb;
-            const uint4 *qb = q + blk * 12; /* 192 B = 12 x 16 B */
+            const int64_t blk = mrow<GLU>(row0, r, rows) * nsb + sb;
+            const int mt = mmat<GLU>(r);
+            const uint4 *qb = (const uint4 *)m.q[mt] + blk * 12; /* 192 B = 12 x 16 B */
+            const int8_t *sc = (const int8_t *)m.s[mt];
             ql[r] = qb[h * 4 + c];
             qh[r] = qb[8 + h * 2 + (c & 1)];
-            const float d = __half2float(dd[blk]);
-            sclo[r] = d * (float)s[blk * 16 + wlo / 16];
-            schi[r] = d * (float)s[blk * 16 + wlo / 16 + 4];
+            const float d = __half2float(((const __half *)m.d[mt])[blk]);
+            sclo[r] = d * (float)sc[blk * 16 + wlo / 16];
+            schi[r] = d * (float)sc[blk * 16 + wlo / 16 + 4];
         }
         const int sh = 2 * jb;
 #pragma unroll
@@ -206,15 +236,16 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
+    else acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
-template <int N, int R>
+template <int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_q8_0(const uint4 *__restrict__ q, const __half *__restrict__ s, const int8_t *__restrict__ xq,
-             const float2 *__restrict__ xds, float *__restrict__ y, int rows, int k, int accumulate) {
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    mmv_q8_0(const struct mmv_mats m, const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
+             float *__restrict__ y, int rows, int k, int accumulate) {
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
     mmv_acc<N, R> acc;
@@ -228,9 +259,9 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const int64_t row = min(row0 + r, rows - 1);
-                qv[i][r] = q[row * n_units + u];
-                dw[i][r] = __half2float(s[row * (k / 32) + (u >> 1)]);
+                const int64_t row = mrow<GLU>(row0, r, rows);
+                qv[i][r] = ((const uint4 *)m.q[mmat<GLU>(r)])[row * n_units + u];
+                dw[i][r] = __half2float(((const __half *)m.s[mmat<GLU>(r)])[row * (k / 32) + (u >> 1)]);
             }
         }
 #pragma unroll
@@ -246,7 +277,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
+    else acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* 8 weights of a plain float type from 16 bytes (F16/BF16) or 32 bytes (F32). */
@@ -270,11 +302,11 @@ static __device__ __forceinline__ void load8(const void *w, int64_t idx8, float 
 }
 
 /* F16 / BF16 / F32 weights against f32 activations. */
-template <int N, int R, uint32_t T>
+template <int N, int R, uint32_t T, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_float(const void *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int rows,
-              int k, int accumulate) {
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * R;
+    mmv_float(const struct mmv_mats m, const float *__restrict__ x, float *__restrict__ y, int rows, int k,
+              int accumulate) {
+    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= rows) return;
     const int lane = threadIdx.x;
     mmv_acc<N, R> acc;
@@ -283,7 +315,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
     for (int u = lane; u < k / 8; u += 32) {
         float wf[R][8];
 #pragma unroll
-        for (int r = 0; r < R; r++) load8<T>(w, (int64_t)min(row0 + r, rows - 1) * (k / 8) + u, wf[r]);
+        for (int r = 0; r < R; r++) load8<T>(m.q[mmat<GLU>(r)], mrow<GLU>(row0, r, rows) * (k / 8) + u, wf[r]);
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float4 xa = *(const float4 *)(x + (int64_t)t * k + u * 8);
@@ -294,7 +326,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
                                wf[r][4] * xb.x + wf[r][5] * xb.y + wf[r][6] * xb.z + wf[r][7] * xb.w;
         }
     }
-    acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
+    else acc.store(y, row0, rows, lane, accumulate);
 }
 
 /* ---- repack kernels: one thread per block, source GGUF blocks in a temporary buffer ---- */
@@ -441,29 +474,31 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     return ((nk + 255) & ~255ull) + ((nk / 32 * 8 + 255) & ~255ull) + nk / 16 * 4;
 }
 
-template <int N>
-static void launch(const struct cuda_qweight *w, const float *x, float *y, const int8_t *xq, const float2 *xd,
-                   const float *xs, int acc, cudaStream_t st) {
+/* act: 0 = plain product (y = or += W x per `acc`); 1 = SiLU, 2 = tanh-GELU: y = act(W x) *
+ * (W2 x), W and W2 of one type and shape. */
+template <int N, int GLU>
+static void launch_g(const struct cuda_qweight *w, const struct cuda_qweight *w2, const float *x, float *y,
+                     const int8_t *xq, const float2 *xd, const float *xs, int acc, cudaStream_t st) {
     const dim3 block(32, MMV_WARPS);
-    const int per_block = MMV_WARPS * MMV_R;
+    const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const unsigned grid = (unsigned)((w->rows + per_block - 1) / per_block);
     const int rows = (int)w->rows, k = (int)w->k;
+    struct mmv_mats m = {{w->q, w2 ? w2->q : w->q}, {w->s, w2 ? w2->s : w->s}, {w->d, w2 ? w2->d : w->d}};
     switch (w->type) {
-    case QT_F32: mmv_float<N, MMV_R, QT_F32><<<grid, block, 0, st>>>(w->q, x, y, rows, k, acc); break;
-    case QT_F16: mmv_float<N, MMV_R, QT_F16><<<grid, block, 0, st>>>(w->q, x, y, rows, k, acc); break;
-    case QT_BF16: mmv_float<N, MMV_R, QT_BF16><<<grid, block, 0, st>>>(w->q, x, y, rows, k, acc); break;
-    case QT_Q8_0:
-        mmv_q8_0<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const __half *)w->s, xq, xd, y, rows, k, acc);
-        break;
-    case QT_Q4_K:
-        mmv_q4_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const uint4 *)w->s, xq, xd, xs, y, rows, k,
-                                                   acc);
-        break;
-    case QT_Q6_K:
-        mmv_q6_k<N, MMV_R><<<grid, block, 0, st>>>((const uint4 *)w->q, (const int8_t *)w->s, (const __half *)w->d,
-                                                   xq, xd, xs, y, rows, k, acc);
-        break;
+    case QT_F32: mmv_float<N, MMV_R, QT_F32, GLU><<<grid, block, 0, st>>>(m, x, y, rows, k, acc); break;
+    case QT_F16: mmv_float<N, MMV_R, QT_F16, GLU><<<grid, block, 0, st>>>(m, x, y, rows, k, acc); break;
+    case QT_BF16: mmv_float<N, MMV_R, QT_BF16, GLU><<<grid, block, 0, st>>>(m, x, y, rows, k, acc); break;
+    case QT_Q8_0: mmv_q8_0<N, MMV_R, GLU><<<grid, block, 0, st>>>(m, xq, xd, y, rows, k, acc); break;
+    case QT_Q4_K: mmv_q4_k<N, MMV_R, GLU><<<grid, block, 0, st>>>(m, xq, xd, xs, y, rows, k, acc); break;
+    case QT_Q6_K: mmv_q6_k<N, MMV_R, GLU><<<grid, block, 0, st>>>(m, xq, xd, xs, y, rows, k, acc); break;
     }
+}
+
+template <int N>
+static void launch(const struct cuda_qweight *w, const struct cuda_qweight *w2, const float *x, float *y,
+                   const int8_t *xq, const float2 *xd, const float *xs, int acc, int act, cudaStream_t st) {
+    if (act) launch_g<N, 1>(w, w2, x, y, xq, xd, xs, act, st);
+    else launch_g<N, 0>(w, NULL, x, y, xq, xd, xs, acc, st);
 }
 
 static void scratch_parts(const void *scratch, int64_t k, int n, int8_t **xq, float2 **xd, float **xs) {
@@ -490,8 +525,9 @@ extern "C" smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void
     return SMELT_OK;
 }
 
-extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
-                                     const void *scratch, int accumulate, void *stream, struct err *e) {
+static smelt_status mmv_dispatch(const struct cuda_qweight *w, const struct cuda_qweight *w2, const float *x,
+                                 int n, float *y, const void *scratch, int accumulate, int act, void *stream,
+                                 struct err *e) {
     if (n < 1 || n > CUDA_MMV_MAX_N)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d token rows (1..%d)", n, CUDA_MMV_MAX_N);
     cudaStream_t st = (cudaStream_t)stream;
@@ -500,17 +536,30 @@ extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *
     float *xs;
     scratch_parts(scratch, w->k, n, &xq, &xd, &xs);
     switch (n) {
-    case 1: launch<1>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 2: launch<2>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 3: launch<3>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 4: launch<4>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 5: launch<5>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 6: launch<6>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 7: launch<7>(w, x, y, xq, xd, xs, accumulate, st); break;
-    case 8: launch<8>(w, x, y, xq, xd, xs, accumulate, st); break;
+    case 1: launch<1>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 2: launch<2>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 3: launch<3>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 4: launch<4>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 5: launch<5>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 6: launch<6>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 7: launch<7>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 8: launch<8>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
     }
     CUDA_TRY_LAUNCH(e);
     return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
+                                     const void *scratch, int accumulate, void *stream, struct err *e) {
+    return mmv_dispatch(w, NULL, x, n, y, scratch, accumulate, 0, stream, e);
+}
+
+extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
+                                     const float *x, int n, float *y, const void *scratch, void *stream,
+                                     struct err *e) {
+    if (gate->type != up->type || gate->rows != up->rows || gate->k != up->k)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: gate and up differ in type or shape");
+    return mmv_dispatch(gate, up, x, n, y, scratch, 0, act == 0 ? 1 : 2, stream, e);
 }
 
 extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,

@@ -60,6 +60,11 @@ smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, 
                                struct err *e);
 smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
                           const void *scratch, int accumulate, void *stream, struct err *e);
+/* y = act(W_gate x) * (W_up x) in one pass (act 0 = SiLU, 1 = tanh-GELU), after
+ * cuda_mmv_quantize when the type needs it; gate and up must share type and shape. */
+smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
+                          const float *x, int n, float *y, const void *scratch, void *stream,
+                          struct err *e);
 
 #ifdef __cplusplus
 }
