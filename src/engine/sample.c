@@ -1,6 +1,8 @@
 /* Sampling: see sample.h for the contract and the cost per token. */
 #include "engine/sample.h"
 
+#include "engine/argmax.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,17 +364,6 @@ static float raw_logit(const struct sampler *s, const float *logits, int32_t tok
     return logits[tok];
 }
 
-static int32_t argmax(const float *logits, int32_t nv) {
-    int32_t best = -1;
-    float bv = -INFINITY;
-    for (int32_t i = 0; i < nv; i++)
-        if (logits[i] > bv) {
-            bv = logits[i];
-            best = i;
-        }
-    return best;
-}
-
 /* Draws from s->cand[0..n) with weights exp((logit - mx) / T); deterministic for a seed. */
 static int32_t draw(struct sampler *s, int64_t n, float mx, float inv_t) {
     double tot = 0.0;
@@ -538,7 +529,7 @@ smelt_status sampler_sample(struct sampler *s, float *logits, struct sample_resu
 
     int32_t tok;
     if (p->temperature == 0.0f) {
-        tok = (want_lp && !modifies) ? raw_best : argmax(logits, nv);
+        tok = (want_lp && !modifies) ? raw_best : engine_argmax(logits, nv);
         if (tok < 0) return err_set(e, SMELT_ERR_INVALID, "sampler: every token is banned or NaN");
     } else {
         smelt_status st = SMELT_OK;
