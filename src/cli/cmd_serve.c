@@ -63,7 +63,7 @@ static void usage(FILE *f) {
             "  --served-model-name NAME   the model's name in the API (repeat for aliases;\n"
             "                             default: the file name without .gguf)\n"
             "  --chat-template FILE       a Jinja chat template instead of the model's own\n"
-            "  --http-threads N           HTTP threads (default 2)\n"
+            "  --http-threads N           HTTP threads (default 2; a quarter of the cores, up to 8, on 16+)\n"
             "  --timeout S                idle connection timeout in seconds (default 120)\n"
             "  --max-body BYTES           request body limit (default 33554432)\n"
             "  --log-format text|json     request log lines (default text); --quiet: none\n"
@@ -430,10 +430,10 @@ int cmd_serve(int argc, char **argv) {
         sc.quiet = o.quiet;
         struct server_model sm = {0};
         /* the requested model name may also be the reference given on the command line */
-        const char *aliases[10];
+        const char *aliases[8];
         int na = 0;
         for (int i = 0; i < o.n_aliases; i++) aliases[na++] = o.aliases[i];
-        if (!o.served && strcmp(o.model, name ? name : "")) aliases[na++] = o.model;
+        if (!o.served && strcmp(o.model, name ? name : "")) sm.hidden_alias = o.model;
         sm.id = name ? name : "model";
         sm.aliases = aliases;
         sm.n_aliases = na;

@@ -599,6 +599,7 @@ void gen_free(struct gen *g) {
 
 static bool model_ok(struct server *s, const char *name) {
     if (!name || !strcmp(name, s->m.id)) return true;
+    if (s->m.hidden_alias && !strcmp(name, s->m.hidden_alias)) return true;
     for (int i = 0; i < s->m.n_aliases; i++)
         if (!strcmp(name, s->m.aliases[i])) return true;
     return false;
@@ -674,6 +675,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
     c->gen = g;
     g->created = (int64_t)time(NULL);
     srv_new_id(s, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    memcpy(c->id, g->id, sizeof c->id);
     if (atomic_load(&s->draining)) {
         oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
         return fail(c, &e);

@@ -154,6 +154,7 @@ static json_t *model_obj(struct server *s, const char *id) {
 
 static bool model_known(struct server *s, const char *name) {
     if (!strcmp(name, s->m.id)) return true;
+    if (s->m.hidden_alias && !strcmp(name, s->m.hidden_alias)) return true;
     for (int i = 0; i < s->m.n_aliases; i++)
         if (!strcmp(name, s->m.aliases[i])) return true;
     return false;
@@ -412,7 +413,7 @@ static void log_request(struct server *s, struct conn *c) {
     double ttft = g && g->t_first > 0 ? g->t_first - c->t0 : -1;
     long long pt = g ? g->usage_prompt : 0, ct = g ? g->usage_completion : 0,
               cached = g ? g->usage_cached : 0;
-    const char *id = g ? g->id : "-";
+    const char *id = c->id[0] ? c->id : "-";
     pthread_mutex_lock(&s->log_mu);
     if (s->cfg.log_json) {
         struct jw w = {0};
@@ -491,7 +492,10 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
     if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
     if (s->cfg.timeout_s <= 0) s->cfg.timeout_s = 120;
-    if (s->cfg.threads <= 0) s->cfg.threads = 2;
+    if (s->cfg.threads <= 0) { /* measured: 2 saturate a 2-core box; more cores, more threads */
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        s->cfg.threads = nc >= 16 ? (int)(nc / 4 > 8 ? 8 : nc / 4) : 2;
+    }
     if (s->cfg.max_connections <= 0) s->cfg.max_connections = 4096;
     pthread_mutex_init(&s->log_mu, NULL);
     uint64_t key[2] = {0, 0};

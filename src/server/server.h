@@ -45,8 +45,9 @@ struct server_config {
 /* What the server serves. Everything must outlive the server. */
 struct server_model {
     const char *id;                 /* the served model name (/v1/models, responses) */
-    const char *const *aliases;     /* other names a request's "model" may use */
+    const char *const *aliases;     /* other names a request's "model" may use (listed) */
     int n_aliases;
+    const char *hidden_alias;       /* one more accepted name, not listed (the CLI's MODEL) */
     struct engine *en;
     const struct tok *tok;
     const struct tmpl *tmpl;        /* chat template; NULL: chat is refused */

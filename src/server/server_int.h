@@ -95,6 +95,7 @@ struct conn {
     const char *route;
     char method[8];
     char path[64];
+    char id[48];                 /* the response id, once a generation request has one */
     double t0;
     struct gen *gen;
 };

@@ -393,9 +393,24 @@ def test_log_json_and_sigterm_drains(tiny):
                                                         "stream": True, "ignore_eos": True})
         t = threading.Thread(target=long_stream)
         t.start()
+        import http.client
+        keep = http.client.HTTPConnection(s.host, s.port, timeout=10)  # a keep-alive connection
+        keep.request("GET", "/health")
+        assert keep.getresponse().read() and True
         time.sleep(0.3)
         s.p.send_signal(signal.SIGTERM)
         time.sleep(0.2)
+        # an open connection still gets answers: 503 with Retry-After for new work
+        keep.request("POST", "/v1/completions", body=json.dumps({"prompt": "x"}),
+                     headers={"Content-Type": "application/json"})
+        r = keep.getresponse()
+        assert r.status == 503 and r.getheader("Retry-After") == "1"
+        assert json.loads(r.read())["error"]["code"] == "shutting_down"
+        keep.request("GET", "/health")
+        r = keep.getresponse()
+        assert r.status == 503
+        r.read()
+        keep.close()
         # no new connections once shutting down
         with pytest.raises(OSError):
             socket.create_connection((s.host, s.port), timeout=2).recv(1)
@@ -407,7 +422,9 @@ def test_log_json_and_sigterm_drains(tiny):
         assert s.p.wait(30) == 0
         logs = [json.loads(line) for line in s.lines if line.startswith("{")]
         req = [l for l in logs if l.get("msg") == "request" and l["path"] == "/v1/completions"]
-        assert req and req[0]["status"] == 200 and req[0]["completion_tokens"] == 40
+        assert sorted(l["status"] for l in req) == [200, 503]
+        req = [l for l in req if l["status"] == 200]
+        assert req[0]["completion_tokens"] == 40
         assert req[0]["ttft_s"] is not None and req[0]["id"].startswith("cmpl-")
     finally:
         s.stop()
