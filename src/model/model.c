@@ -530,7 +530,7 @@ static smelt_status check_batch(const struct model *m, const struct kv_store *kv
                        b->n_seqs);
     for (int32_t s = 0; s < b->n_seqs; s++) {
         const struct batch_seq *q = &b->seqs[s];
-        if (q->n_blocks < 0 || (q->n_blocks > 0 && !q->blocks))
+        if (q->n_blocks < 0 || q->n_blocks > (1 << 24) || (q->n_blocks > 0 && !q->blocks))
             return err_set(e, SMELT_ERR_INVALID, "batch: sequence %d has %d blocks", s,
                            q->n_blocks);
         for (int32_t i = 0; i < q->n_blocks; i++)

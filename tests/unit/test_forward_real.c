@@ -17,7 +17,11 @@
  * 3. Greedy continuation through the cache equal to transformers' until a step whose
  *    reference margin is < NOISE_MARGIN; the agreed text equals the reference text.
  * Our tokenizer must produce the reference prompt ids (a cross-check of tok/).
- * Skips, saying why, when a model or its reference file is absent. */
+ * Skips, saying why, when a model or its reference file is absent.
+ *
+ * Under a sanitizer (about 30x slower here) only the prompts of up to 32 tokens and 4
+ * greedy steps run, and the agreement percentage is not demanded (one noise flip among
+ * 23 positions is 4%); the flip-margin, overlap, exact and greedy checks remain. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -34,6 +38,21 @@
 #define REF_DIR SMELT_SOURCE_DIR "/tests/data/ref-real"
 #define MODEL_DIR SMELT_SOURCE_DIR "/models"
 #define NOISE_MARGIN 0.5
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifdef SANITIZED
+#define MAX_PROMPT 32
+#define MAX_GREEDY 4
+#else
+#define MAX_PROMPT 1000000
+#define MAX_GREEDY 1000000
+#endif
 
 static struct backend *bk, *bk_exact;
 
@@ -187,6 +206,10 @@ static void check_file(const char *ref_name) {
         int n;
         int32_t *ids = json_ids(json_object_get(jp, "ids"), &n);
         const char *text = json_string_value(json_object_get(jp, "text"));
+        if (n > MAX_PROMPT) {
+            free(ids);
+            continue;
+        }
         struct tok_ids mine = {0};
         T_CHECK(tok_encode(c.tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &mine,
                            &e) == SMELT_OK);
@@ -237,7 +260,9 @@ static void check_file(const char *ref_name) {
     printf("%s: |logit - reference| over the reference top-20: mean %.3f, max %.3f; largest "
            "reference margin at a flip %.3f\n", model_file, noise_n ? noise_sum / noise_n : 0,
            noise_max, worst_flip);
+#ifndef SANITIZED
     T_CHECKF(agree >= 0.98, "%s: top-1 agreement %.4f", model_file, agree);
+#endif
     /* a flip is 8-bit noise only where the reference itself hesitates */
     T_CHECKF(worst_flip < NOISE_MARGIN, "%s: a top-1 flip where the reference margin is %.3f",
              model_file, worst_flip);
@@ -248,6 +273,7 @@ static void check_file(const char *ref_name) {
     int np, ng;
     int32_t *pids = json_ids(json_object_get(g, "prompt_ids"), &np);
     int32_t *gids = json_ids(json_object_get(g, "ids"), &ng);
+    if (ng > MAX_GREEDY) ng = MAX_GREEDY;
     float *last = malloc((size_t)n_vocab * sizeof(float));
     reset(&c);
     T_CHECK(feed(&c, pids, np, NULL, last));
