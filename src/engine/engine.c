@@ -15,6 +15,7 @@
  */
 #include "engine/engine.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ void engine_params_default(struct engine_params *p) {
     sample_params_default(&p->sp);
     p->max_tokens = -1;
     p->n = 1;
+    p->prompt_logprobs = -1;
 }
 
 /* ---- requests and channels ---- */
@@ -111,6 +113,10 @@ struct seq {
     /* this step */
     int32_t rows;       /* rows scheduled */
     int32_t out_row;    /* index of its logits row, or -1 */
+    int32_t out_first;  /* index of its first logits row (prompt logprobs) */
+    int32_t pos0;       /* its first position this step */
+    bool plp;           /* reports prompt logprobs (choice 0 of such a request) */
+    int32_t plp_done;   /* prompt positions whose logprobs went out (a recompute skips them) */
     uint8_t finish;     /* set when it ends this step */
 };
 
@@ -175,6 +181,9 @@ smelt_status engine_req_new(struct engine_req **out, const struct engine_params 
     if (p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOPS)
         return err_set(e, SMELT_ERR_INVALID, "stop: at most %d stop strings, got %d",
                        ENGINE_MAX_STOPS, p->n_stop);
+    if (p->prompt_logprobs > SAMPLE_MAX_LOGPROBS)
+        return err_set(e, SMELT_ERR_INVALID, "prompt logprobs: at most %d alternatives",
+                       SAMPLE_MAX_LOGPROBS);
     if (p->n_stop_ids < 0 || p->n_stop_ids > 1024)
         return err_set(e, SMELT_ERR_INVALID, "stop_token_ids: at most 1024 ids");
     if (n_prompt < 1) return err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
@@ -658,6 +667,9 @@ static bool admit(struct engine *en, struct seq *s) {
     struct kv_pool *p = &en->pool;
     int32_t bs = p->block_size;
     int32_t max_cached = (s->n_tok - 1) / bs; /* at least one row must run for the logits */
+    /* prompt logprobs need the logits of every prompt row not yet reported */
+    if (s->plp && s->plp_done < s->n_prompt - 1 && max_cached > s->plp_done / bs)
+        max_cached = s->plp_done / bs;
     int32_t got = 0;
     if (p->prefix && max_cached > 0) {
         if (max_cached > s->cap_bhash) {
@@ -720,12 +732,18 @@ static int32_t schedule(struct engine *en) {
             break; /* s itself was the newest: everything after it is gone too */
         }
     }
-    /* prefill chunks of the admitted, oldest first */
+    /* prefill chunks of the admitted, oldest first; a prompt-logprobs chunk needs the logits
+     * of every row, and those rows are capped per step */
+    int32_t plp_left = ENGINE_PLP_ROWS;
     for (int32_t i = 0; i < en->n_running && budget > 0; i++) {
         struct seq *s = en->running[i];
         int32_t pend = s->n_tok - s->n_done;
         if (pend <= 1) continue;
         s->rows = pend < budget ? pend : budget;
+        if (s->plp && s->n_done < s->n_prompt) {
+            if (s->rows > plp_left) s->rows = plp_left;
+            plp_left -= s->rows;
+        }
         budget -= s->rows;
     }
     /* admissions */
@@ -744,6 +762,10 @@ static int32_t schedule(struct engine *en) {
         pthread_mutex_unlock(&en->qmu);
         int32_t pend = s->n_tok - s->n_done;
         s->rows = pend < budget ? pend : budget;
+        if (s->plp && s->n_done < s->n_prompt) {
+            if (s->rows > plp_left) s->rows = plp_left;
+            plp_left -= s->rows;
+        }
         s->out_row = -1;
         budget -= s->rows;
         running_insert(en, s);
@@ -756,14 +778,17 @@ static int32_t schedule(struct engine *en) {
         int32_t si = en->n_sched;
         en->sched[en->n_sched++] = s;
         en->b_seqs[si] = kv_seq_view(&s->kv);
+        s->pos0 = s->n_done;
+        s->out_first = n_out;
         for (int32_t k = 0; k < s->rows; k++, n++) {
             int32_t pos = s->n_done + k;
             en->b_tok[n] = s->tok[pos];
             en->b_pos[n] = pos;
             en->b_seq[n] = si;
-            en->b_logits[n] = pos == s->n_tok - 1;
+            en->b_logits[n] = pos == s->n_tok - 1 || (s->plp && pos < s->n_prompt - 1);
+            if (en->b_logits[n]) n_out++;
         }
-        s->out_row = s->n_done + s->rows == s->n_tok ? n_out++ : -1;
+        s->out_row = s->n_done + s->rows == s->n_tok ? n_out - 1 : -1;
     }
     return n;
 }
@@ -821,6 +846,55 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
     }
     struct engine_event ev = {.choice = s->choice, .token = t, .logprob = sr->logprob};
     push_event(en, r, &ev, en->emit.p, en->emit.n, sr, NULL);
+}
+
+/* The log-probability of token `target` in row (log-softmax of the raw logits) and the
+ * k most likely tokens (descending). */
+static float row_logprob(const float *row, int32_t nv, int32_t target, int32_t k,
+                         struct sample_token_logprob *top) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < nv; i++)
+        if (row[i] > mx) mx = row[i];
+    double sum = 0;
+    int32_t n_top = 0;
+    for (int32_t i = 0; i < nv; i++) {
+        float v = row[i];
+        sum += exp((double)(v - mx));
+        if (k <= 0 || !(v > -INFINITY)) continue;
+        /* insertion into the small sorted top list (k <= 20) */
+        if (n_top == k && !(v > top[k - 1].logprob)) continue;
+        int32_t j = n_top < k ? n_top++ : k - 1;
+        while (j > 0 && top[j - 1].logprob < v) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = (struct sample_token_logprob){i, v};
+    }
+    float lse = mx + (float)log(sum);
+    for (int32_t j = 0; j < n_top; j++) top[j].logprob -= lse;
+    for (int32_t j = n_top; j < k; j++) top[j] = (struct sample_token_logprob){-1, -INFINITY};
+    return row[target] - lse;
+}
+
+/* Pushes the prompt-logprob events of s's rows this step. */
+static void prompt_logprobs(struct engine *en, struct seq *s) {
+    int32_t k = s->req->p.prompt_logprobs;
+    if (k > SAMPLE_MAX_LOGPROBS) k = SAMPLE_MAX_LOGPROBS;
+    int32_t out = s->out_first;
+    for (int32_t r = 0; r < s->rows; r++) {
+        int32_t pos = s->pos0 + r;
+        if (pos >= s->n_prompt - 1) break;
+        const float *row = en->logits + (size_t)(out++) * (size_t)en->n_vocab;
+        if (pos < s->plp_done) continue; /* reported before a preemption */
+        s->plp_done = pos + 1;
+        struct sample_result sr = {0};
+        sr.token = s->tok[pos + 1];
+        sr.logprob = row_logprob(row, en->n_vocab, sr.token, k, sr.top);
+        sr.n_top = k;
+        struct engine_event ev = {.choice = s->choice, .token = sr.token, .logprob = sr.logprob,
+                                  .prompt = 1};
+        push_event(en, s->req, &ev, NULL, 0, &sr, NULL);
+    }
 }
 
 /* Samples jobs from the shared counter until none are left. */
@@ -951,6 +1025,7 @@ static int32_t step(struct engine *en) {
             finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, e.msg);
             continue;
         }
+        if (s->plp && s->pos0 < s->n_prompt - 1) prompt_logprobs(en, s);
         s->n_done += s->rows;
         register_blocks(en, s);
         if (s->choice == 0 && s->n_done >= s->n_prompt) s->req->prompt_ready = true;
@@ -1063,7 +1138,7 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
     size_t nb = (size_t)cfg.max_batch_tokens, ns = (size_t)cfg.max_seqs;
     size_t nlog;
-    if (st == SMELT_OK && ckd_mul_size(&nlog, ns, (size_t)n_vocab * sizeof(float)))
+    if (st == SMELT_OK && ckd_mul_size(&nlog, ns + ENGINE_PLP_ROWS, (size_t)n_vocab * sizeof(float)))
         st = err_set(e, SMELT_ERR_NOMEM, "engine: logits buffer too large");
     if (st == SMELT_OK) {
         en->running = calloc(ns, sizeof *en->running);
@@ -1156,6 +1231,7 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         memcpy(s->tok, r->prompt, (size_t)r->n_prompt * sizeof *s->tok);
         s->n_tok = s->n_prompt = r->n_prompt;
         s->out_row = -1;
+        s->plp = i == 0 && r->p.prompt_logprobs >= 0;
         kv_seq_init(&s->kv);
         struct sample_params sp = r->p.sp;
         sp.seed = r->p.sp.seed + (uint64_t)i;

@@ -90,6 +90,10 @@ enum engine_finish {
 };
 const char *engine_finish_str(enum engine_finish f); /* "stop", "length", ... */
 
+/* Logits rows, beyond one per sequence, that prompt-logprob prefill chunks may use in a
+ * step (each of their rows needs its logits). */
+#define ENGINE_PLP_ROWS 64
+
 #define ENGINE_MAX_STOPS 16
 #define ENGINE_MAX_STOP_LEN 1024
 #define ENGINE_MAX_N 128
@@ -105,6 +109,9 @@ struct engine_params {
     int32_t n_stop;
     const int32_t *stop_ids;  /* (n_stop_ids) extra token ids that end a choice */
     int32_t n_stop_ids;
+    int32_t prompt_logprobs;  /* < 0: none; else report the logprob of every prompt token
+                               * after the first, with this many alternatives (choice 0 only;
+                               * the prompt is computed in full: no prefix-cache hits) */
 };
 void engine_params_default(struct engine_params *p);
 
@@ -120,6 +127,7 @@ struct engine_event {
     uint32_t text;       /* text released with this event: out->text[text .. text + len) */
     uint32_t text_len;
     uint8_t finish;      /* enum engine_finish; nonzero: the choice's last event */
+    uint8_t prompt;      /* a prompt token's logprob (prompt_logprobs), in prompt order */
     /* with finish: the choice's totals */
     int32_t n_prompt, n_cached, n_gen;
 };

@@ -146,12 +146,20 @@ static void legacy_lp(struct gen *g, struct jw *w, const int32_t *tok, const flo
     jw_str(w, "],\"top_logprobs\":[");
     for (int32_t i = 0; i < n; i++) {
         if (i) jw_raw(w, ",", 1);
+        if (isnan(lp[i])) { /* the first prompt token has no logprob */
+            jw_str(w, "null");
+            continue;
+        }
         jw_raw(w, "{", 1);
+        bool first = true;
         for (int32_t j = 0; j < k; j++) {
-            if (j) jw_raw(w, ",", 1);
-            token_str(g, w, top[(size_t)i * (size_t)k + (size_t)j].token);
+            const struct sample_token_logprob *t = &top[(size_t)i * (size_t)k + (size_t)j];
+            if (t->token < 0) continue;
+            if (!first) jw_raw(w, ",", 1);
+            first = false;
+            token_str(g, w, t->token);
             jw_raw(w, ":", 1);
-            jw_float(w, top[(size_t)i * (size_t)k + (size_t)j].logprob);
+            jw_float(w, t->logprob);
         }
         jw_raw(w, "}", 1);
     }
@@ -161,7 +169,7 @@ static void legacy_lp(struct gen *g, struct jw *w, const int32_t *tok, const flo
         jw_int(w, *offset);
         size_t pn;
         tok_piece(g->srv->m.tok, tok[i], &pn);
-        *offset += (int64_t)pn;
+        if (!tok_is_control(g->srv->m.tok, tok[i])) *offset += (int64_t)pn; /* as decoded */
     }
     jw_str(w, "]}");
 }
@@ -396,6 +404,13 @@ static bool collect(struct gen *g) {
             for (size_t i = 0; i < g->out.n_ev; i++) {
                 const struct engine_event *ev = &g->out.ev[i];
                 int32_t ci = ri * g->rq.n + ev->choice;
+                if (ev->prompt) {
+                    if (g->pch && !choice_add_token(&g->pch[ri], ev->token, ev->logprob,
+                                                    g->out.top + ev->top, ev->n_top,
+                                                    g->rq.top_logprobs))
+                        snprintf(g->error, sizeof g->error, "out of memory");
+                    continue;
+                }
                 if (ev->token >= 0 && g->t_first == 0) g->t_first = srv_now();
                 if (ev->finish) {
                     account(g, ri, ev);
@@ -521,7 +536,25 @@ static json_t *completion_choice_json(struct gen *g, int32_t ci) {
     json_t *t = json_stringn_nocheck(text.p ? text.p : "", text.n);
     jw_free(&text);
     json_t *lp = json_null();
-    if (g->rq.logprobs) {
+    if (g->rq.logprobs && g->rq.echo) {
+        /* the prompt's tokens first (the first one without a logprob), then the reply's */
+        struct choice all = {0};
+        const struct choice *pc = &g->pch[pi];
+        int32_t k = g->rq.top_logprobs;
+        bool ok = choice_add_token(&all, g->ptok0[pi], NAN, NULL, 0, k);
+        for (int32_t i = 0; ok && i < pc->n_tok; i++)
+            ok = choice_add_token(&all, pc->tok[i], pc->lp[i], pc->top + (size_t)i * (size_t)k, k, k);
+        for (int32_t i = 0; ok && i < c->n_tok; i++)
+            ok = choice_add_token(&all, c->tok[i], c->lp[i], c->top + (size_t)i * (size_t)k, k, k);
+        struct jw w = {0};
+        int64_t off = 0;
+        if (ok) legacy_lp(g, &w, all.tok, all.lp, all.top, all.n_tok, &off);
+        lp = ok ? raw_json(&w) : json_null();
+        jw_free(&w);
+        free(all.tok);
+        free(all.lp);
+        free(all.top);
+    } else if (g->rq.logprobs) {
         struct jw w = {0};
         int64_t off = g->rq.echo ? (int64_t)g->echo_len[pi] : 0;
         legacy_lp(g, &w, c->tok, c->lp, c->top, c->n_tok, &off);
@@ -589,6 +622,13 @@ void gen_free(struct gen *g) {
     for (int32_t i = 0; g->echo_text && i < g->rq.n_prompts; i++) free(g->echo_text[i]);
     free(g->echo_text);
     free(g->echo_len);
+    for (int32_t i = 0; g->pch && i < g->n_reqs; i++) {
+        free(g->pch[i].tok);
+        free(g->pch[i].lp);
+        free(g->pch[i].top);
+    }
+    free(g->pch);
+    free(g->ptok0);
     engine_out_free(&g->out);
     outp_delta_free(&g->delta);
     jw_free(&g->sse);
@@ -696,8 +736,9 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
                  "with --chat-template FILE");
         return fail(c, &e);
     }
-    if (kind == OAI_COMPLETION && rq->echo && rq->logprobs) {
-        oai_bad(&e, "echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported yet");
+    if (kind == OAI_COMPLETION && rq->echo && rq->logprobs && rq->stream) {
+        oai_bad(&e, "echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported in "
+                "streams yet");
         return fail(c, &e);
     }
     bool explicit_max = rq->max_tokens >= 0 && (kind == OAI_CHAT ||
@@ -712,6 +753,15 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
     if (rq->echo) {
         g->echo_text = calloc((size_t)g->n_reqs, sizeof *g->echo_text);
         g->echo_len = calloc((size_t)g->n_reqs, sizeof *g->echo_len);
+        if (rq->logprobs) {
+            g->pch = calloc((size_t)g->n_reqs, sizeof *g->pch);
+            g->ptok0 = calloc((size_t)g->n_reqs, sizeof *g->ptok0);
+            if (!g->pch || !g->ptok0) {
+                oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+                return fail(c, &e);
+            }
+            rq->ep.prompt_logprobs = rq->top_logprobs;
+        }
     }
     if (!g->reqs || !g->req_done || !g->req_prompt_tokens || !g->req_cached || !g->ch ||
         (rq->echo && (!g->echo_text || !g->echo_len))) {
@@ -739,6 +789,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
             oai_bad(&e, kind == OAI_CHAT ? "messages" : "prompt", "the prompt is empty");
             return fail(c, &e);
         }
+        if (g->ptok0) g->ptok0[ri] = ids.v[0];
         struct engine_params ep = rq->ep;
         ep.n = rq->n;
         ep.max_tokens = rq->max_tokens;

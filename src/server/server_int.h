@@ -66,9 +66,12 @@ struct gen {
     int32_t n_done_reqs;
     char error[ERR_MSG_MAX];     /* an engine failure */
     bool cancelled;              /* the engine cancelled a request (shutdown) */
-    /* echo (completions): the prompt text of each prompt */
+    /* echo (completions): the prompt text of each prompt; with logprobs, the logprobs of
+     * its tokens (pch[ri]: positions 1.., ptok0[ri]: the first token) */
     char **echo_text;
     size_t *echo_len;
+    struct choice *pch;
+    int32_t *ptok0;
     /* chat */
     enum outp_syntax syntax;
     bool reasoning, in_reasoning;

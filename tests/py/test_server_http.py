@@ -280,6 +280,30 @@ def test_logprobs_legacy(srv):
     assert lp["text_offset"][0] == 0
 
 
+def test_echo_logprobs_prompt_scoring(srv):
+    # lm-evaluation-harness's loglikelihood request: echo + logprobs, one generated token
+    st, j = srv.post("/v1/completions", {"prompt": "score this prompt please", "max_tokens": 1,
+                                         "temperature": 0, "echo": True, "logprobs": 1})
+    assert st == 200, j
+    n = j["usage"]["prompt_tokens"]
+    lp = j["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == n + 1 and len(lp["token_logprobs"]) == n + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(x <= 0 for x in lp["token_logprobs"][1:])
+    assert all(len(d) == 1 for d in lp["top_logprobs"][1:])
+    # the generated (greedy) token is the most likely one
+    assert abs(max(lp["top_logprobs"][-1].values()) - lp["token_logprobs"][-1]) < 1e-5
+    # max_tokens 0: the prompt alone; the same numbers; a second time from the prefix cache
+    for _ in range(2):
+        st, k = srv.post("/v1/completions", {"prompt": "score this prompt please", "max_tokens": 0,
+                                             "echo": True, "logprobs": 1})
+        lq = k["choices"][0]["logprobs"]
+        assert len(lq["tokens"]) == n and k["usage"]["completion_tokens"] == 0
+        assert all(abs(a - b) < 1e-4 for a, b in zip(lq["token_logprobs"][1:], lp["token_logprobs"][1:n]))
+    st, j = srv.post("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "stream": True})
+    err_of(st, j, 400, param="echo")
+
+
 def test_stream_shape_and_usage(srv):
     body = {"prompt": "stream me", "max_tokens": 6, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}

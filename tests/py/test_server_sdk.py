@@ -86,6 +86,22 @@ def test_completions(client):
     assert "".join(c.choices[0].text for c in s if c.choices) == r.choices[0].text
 
 
+def test_echo_logprobs_match_generation(client):
+    prompt = "def fibonacci(n):\n"
+    g = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                  logprobs=2)
+    gen = g.choices[0].logprobs
+    e = client.completions.create(model=MODEL, prompt=prompt + g.choices[0].text, max_tokens=0,
+                                  echo=True, logprobs=2)
+    lp = e.choices[0].logprobs
+    assert e.choices[0].text == prompt + g.choices[0].text
+    assert lp.token_logprobs[0] is None
+    if lp.tokens[-6:] == gen.tokens:  # the text re-tokenizes to the same tokens
+        # scoring the prompt gives the logprobs the generation had (prefill vs decode numerics)
+        for a, b in zip(lp.token_logprobs[-6:], gen.token_logprobs):
+            assert abs(a - b) < 0.05, (lp.token_logprobs[-6:], gen.token_logprobs)
+
+
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -722,6 +722,56 @@ static void test_submit_errors(void) {
     }
 }
 
+/* Prompt logprobs: one event per prompt token after the first, in order, each the
+ * log-softmax of the known fake distribution; a prompt longer than a step's logits rows
+ * and a prompt already in the prefix cache both report every position. */
+static void test_prompt_logprobs(void) {
+    struct fake f = {.next = counter_next};
+    struct engine *en = mk_engine(&f, 256, 4, 4, 512, 64, 1024);
+    if (!en) return;
+    enum { NP = 150 };
+    int32_t prompt[NP];
+    unsigned long long rs = 3;
+    for (int i = 0; i < NP; i++) prompt[i] = (i % 3 == 0) ? WORD0 + (int32_t)(t_rand_u64(&rs) % N_WORDS)
+                                                         : counter_next(prompt[i - 1], 0);
+    double hit = 10.0 - log(exp(10.0) + (VOCAB - 1)), miss = 0.0 - log(exp(10.0) + (VOCAB - 1));
+    for (int round = 0; round < 2; round++) { /* the second time the prompt is cached */
+        struct engine_params p;
+        greedy(&p, 2);
+        p.prompt_logprobs = 2;
+        struct engine_req *r = submit(en, &p, prompt, NP);
+        if (!r) break;
+        struct engine_out o = {0};
+        int n_prompt_ev = 0, n_gen = 0;
+        bool done = false, order_ok = true, values_ok = true;
+        while (!done && engine_req_wait(r, &o, 5000)) {
+            for (size_t i = 0; i < o.n_ev; i++) {
+                const struct engine_event *ev = &o.ev[i];
+                if (ev->prompt) {
+                    int pos = 1 + n_prompt_ev++;
+                    if (n_gen || ev->token != prompt[pos]) order_ok = false;
+                    double want = counter_next(prompt[pos - 1], 0) == prompt[pos] ? hit : miss;
+                    if (fabs(ev->logprob - want) > 1e-4) values_ok = false;
+                    if (ev->n_top != 2 || fabs(o.top[ev->top].logprob - hit) > 1e-4 ||
+                        o.top[ev->top].token != counter_next(prompt[pos - 1], 0))
+                        values_ok = false;
+                } else if (ev->token >= 0) {
+                    n_gen++;
+                }
+            }
+            done = o.done;
+        }
+        T_CHECK(done);
+        T_EQ_INT(n_prompt_ev, NP - 1);
+        T_EQ_INT(n_gen, 2);
+        T_CHECK(order_ok);
+        T_CHECK(values_ok);
+        engine_out_free(&o);
+        engine_req_unref(r);
+    }
+    engine_free(en);
+}
+
 /* The notification fires once per arm, from the engine thread. */
 static atomic_int notes;
 static void on_note(void *ctx) {
@@ -768,6 +818,7 @@ int main(void) {
     T_RUN(test_cancel);
     T_RUN(test_submit_errors);
     T_RUN(test_notify);
+    T_RUN(test_prompt_logprobs);
     tok_free(tk);
     return t_done();
 }
