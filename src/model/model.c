@@ -510,10 +510,21 @@ struct tensor *fwd_attention(struct model *m, struct step *s, int il, const stru
 struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
                            const struct tensor *w_up, const struct tensor *x,
                            const struct tensor *norm, enum glu_act act) {
-    struct tensor *g = bk_new(s->bk, QT_F32, w_gate->ne[1], s->n_tokens, 1); /* (n_ff, n) */
+    struct tensor *g = bk_new(s->bk, QT_F32, w_gate->ne[1], x->ne[1], 1); /* (n_ff, n) */
     struct prenorm pre = {norm, m->hp.norm_eps};
     bk_ffn_glu(s->bk, g, w_gate, w_up, x, act, &pre);
     return g;
+}
+
+void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att) {
+    if (s->n_out == 0 || s->n_out == s->n_tokens || s->out_gathered) return;
+    struct tensor *xo = bk_new(s->bk, QT_F32, (*x)->ne[0], s->n_out, 1);
+    struct tensor *ao = bk_new(s->bk, QT_F32, (*att)->ne[0], s->n_out, 1);
+    bk_get_rows(s->bk, xo, *x, s->out_rows);
+    bk_get_rows(s->bk, ao, *att, s->out_rows);
+    *x = xo;
+    *att = ao;
+    s->out_gathered = true;
 }
 
 /* ---- the step ---- */
@@ -621,8 +632,11 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
         bk_graph_begin(bk, key);
         struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
         if (n_out) {
-            struct tensor *xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
-            bk_get_rows(bk, xo, x, s.out_rows);
+            struct tensor *xo = x; /* (n_embd, n_out) when the last layer kept only them */
+            if (!s.out_gathered) {
+                xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
+                bk_get_rows(bk, xo, x, s.out_rows);
+            }
             bk_rms_norm(bk, xo, xo, m->output_norm, m->hp.norm_eps);
             struct tensor *lg = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
             bk_matmul(bk, lg, m->output, xo);

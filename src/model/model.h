@@ -148,6 +148,7 @@ struct step {
     int32_t n_tokens, n_out;
     struct tensor *token;    /* I32 (n_tokens) */
     struct tensor *out_rows; /* I32 (n_out): rows whose logits are wanted */
+    bool out_gathered;       /* the forward already reduced x to the n_out rows */
     struct attn_meta meta;   /* positions, sequences, slots, block tables */
 };
 
@@ -184,8 +185,13 @@ struct tensor *fwd_embed(struct model *m, struct step *s);
  * (n_head * head_dim_v, n_tokens): the input of W_o. */
 struct tensor *fwd_attention(struct model *m, struct step *s, int il, const struct attn_weights *w,
                              const struct tensor *x, const struct tensor *norm);
-/* act(W_gate x') * (W_up x') with x' = rms_norm(x) * norm: (n_ff, n_tokens), the input of
- * W_down. */
+/* In the last layer, after attention (every row's K/V is stored by then): keeps only the
+ * rows whose logits are wanted, in x (n_embd, n_tokens) and att (.., n_tokens), so the
+ * rest of the layer runs on n_out rows. The caller must not release the layer's scratch
+ * afterwards (x now lives in it). No-op when every row (or none) wants logits. */
+void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att);
+/* act(W_gate x') * (W_up x') with x' = rms_norm(x) * norm: (n_ff, rows of x), the input
+ * of W_down. */
 struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
                            const struct tensor *w_up, const struct tensor *x,
                            const struct tensor *norm, enum glu_act act);

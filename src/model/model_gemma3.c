@@ -91,10 +91,13 @@ static struct tensor *forward(struct model *m, struct step *s) {
     struct tensor *x = fwd_embed(m, s); /* (n_embd, n_tokens), scaled by sqrt(n_embd) */
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct gemma3_layer *y = &L[il];
+        bool last = il == m->hp.n_layer - 1;
         size_t mark = bk_scratch_mark(bk);
-        struct tensor *t = bk_new(bk, QT_F32, m->hp.n_embd, s->n_tokens, 1);
         /* x += post_attention_norm(W_o attention(attn_norm(x))) */
-        bk_matmul(bk, t, y->attn.wo, fwd_attention(m, s, il, &y->attn, x, y->attn_norm));
+        struct tensor *att = fwd_attention(m, s, il, &y->attn, x, y->attn_norm);
+        if (last) fwd_keep_out_rows(m, s, &x, &att); /* the rest runs on the output rows */
+        struct tensor *t = bk_new(bk, QT_F32, m->hp.n_embd, x->ne[1], 1);
+        bk_matmul(bk, t, y->attn.wo, att);
         bk_rms_norm(bk, t, t, y->post_attn_norm, m->hp.norm_eps);
         bk_add(bk, x, x, t);
         /* x += post_ffw_norm(W_down (gelu_tanh(W_gate h) * W_up h)),  h = ffn_norm(x) */
@@ -102,7 +105,7 @@ static struct tensor *forward(struct model *m, struct step *s) {
                   fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_GELU_TANH));
         bk_rms_norm(bk, t, t, y->post_ffn_norm, m->hp.norm_eps);
         bk_add(bk, x, x, t);
-        bk_scratch_release(bk, mark);
+        if (!last) bk_scratch_release(bk, mark);
     }
     return x;
 }

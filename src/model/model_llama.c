@@ -59,13 +59,16 @@ static struct tensor *forward(struct model *m, struct step *s) {
     struct tensor *x = fwd_embed(m, s); /* (n_embd, n_tokens), the residual stream */
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct llama_layer *y = &L[il];
+        bool last = il == m->hp.n_layer - 1;
         size_t mark = bk_scratch_mark(bk); /* this layer's temporaries end at release */
         /* x += W_o attention(rms_norm(x) * attn_norm) */
-        bk_matmul_acc(bk, x, y->attn.wo, fwd_attention(m, s, il, &y->attn, x, y->attn_norm));
+        struct tensor *att = fwd_attention(m, s, il, &y->attn, x, y->attn_norm);
+        if (last) fwd_keep_out_rows(m, s, &x, &att); /* the rest runs on the output rows */
+        bk_matmul_acc(bk, x, y->attn.wo, att);
         /* x += W_down (silu(W_gate h) * W_up h),  h = rms_norm(x) * ffn_norm */
         bk_matmul_acc(bk, x, y->ffn_down,
                       fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_SILU));
-        bk_scratch_release(bk, mark);
+        if (!last) bk_scratch_release(bk, mark);
     }
     return x;
 }

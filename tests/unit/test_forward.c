@@ -302,6 +302,71 @@ static void check_batching(const struct tiny *t) {
     unload(&L);
 }
 
+/* Only some rows want logits (the last layer then runs on those rows only): they equal
+ * the same rows of solo decoding, in row order. */
+static void check_sparse_logits(const struct tiny *t) {
+    struct loaded L;
+    struct err e;
+    if (!load_tiny(t, &L, &e)) {
+        T_CHECKF(0, "%s: %s", t->arch, e.msg);
+        unload(&L);
+        return;
+    }
+    enum { N = 12 };
+    float *solo = malloc(sizeof(float) * 2 * N * N_VOCAB), *out = malloc(sizeof(float) * 4 * N_VOCAB);
+    solo_decode(L.m, QT_F32, 0, N, solo);
+    solo_decode(L.m, QT_F32, 1, N, solo + (size_t)N * N_VOCAB);
+    struct kv_store *kv;
+    struct kv_pool pool;
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
+    struct kv_seq q0, q1;
+    kv_seq_init(&q0);
+    kv_seq_init(&q1);
+    T_CHECK(kv_seq_reserve(&pool, &q0, N, &e) == SMELT_OK);
+    T_CHECK(kv_seq_reserve(&pool, &q1, N, &e) == SMELT_OK);
+    struct batch_seq views[2] = {kv_seq_view(&q0), kv_seq_view(&q1)};
+    /* step 1: seq 0 rows 0..9 (logits of 3 and 9) beside seq 1 rows 0..4 (logits of 4) */
+    int32_t tok[15], pos[15], seq[15];
+    uint8_t want[15] = {0};
+    for (int i = 0; i < 15; i++) {
+        int s0 = i < 10;
+        seq[i] = s0 ? 0 : 1;
+        pos[i] = s0 ? i : i - 10;
+        tok[i] = toks[seq[i]][pos[i]];
+    }
+    want[3] = want[9] = want[14] = 1;
+    struct batch b = {15, tok, pos, seq, want, 2, views};
+    int32_t n_out = 0;
+    T_CHECK(model_forward(L.m, kv, &b, out, &n_out, &e) == SMELT_OK);
+    T_EQ_INT(n_out, 3);
+    double r = fmax(rel_err(out, solo + 3 * N_VOCAB, N_VOCAB), rel_err(out + N_VOCAB, solo + 9 * N_VOCAB, N_VOCAB));
+    r = fmax(r, rel_err(out + 2 * N_VOCAB, solo + (size_t)(N + 4) * N_VOCAB, N_VOCAB));
+    /* step 2: no logits at all, then step 3: one decode row of each */
+    int32_t t2[2] = {toks[0][10], toks[1][5]}, p2[2] = {10, 5}, s2[2] = {0, 1};
+    uint8_t none[2] = {0, 0}, both[2] = {1, 1};
+    struct batch b2 = {2, t2, p2, s2, none, 2, views};
+    T_CHECK(model_forward(L.m, kv, &b2, out, &n_out, &e) == SMELT_OK);
+    T_EQ_INT(n_out, 0);
+    int32_t t3[2] = {toks[0][11], toks[1][6]}, p3[2] = {11, 6};
+    struct batch b3 = {2, t3, p3, s2, both, 2, views};
+    T_CHECK(model_forward(L.m, kv, &b3, out, &n_out, &e) == SMELT_OK);
+    r = fmax(r, rel_err(out, solo + 11 * N_VOCAB, N_VOCAB));
+    r = fmax(r, rel_err(out + N_VOCAB, solo + (size_t)(N + 6) * N_VOCAB, N_VOCAB));
+    T_CHECKF(r < 1e-5, "%s: sparse logits vs solo: rel err %g", t->arch, r);
+    kv_seq_release(&pool, &q0);
+    kv_seq_release(&pool, &q1);
+    kv_pool_free(&pool);
+    model_kv_free(L.m, kv);
+    free(solo);
+    free(out);
+    unload(&L);
+}
+
+static void test_sparse_logits(void) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) check_sparse_logits(&archs[i]);
+}
+
 static void test_llama(void) { check_batching(&archs[0]); }
 static void test_qwen2(void) { check_batching(&archs[1]); }
 static void test_qwen3(void) { check_batching(&archs[2]); }
@@ -423,6 +488,7 @@ int main(void) {
     T_RUN(test_qwen2);
     T_RUN(test_qwen3);
     T_RUN(test_gemma3);
+    T_RUN(test_sparse_logits);
     T_RUN(test_recycle);
     T_RUN(test_bad_batch);
     T_RUN(test_load_errors);
