@@ -2,7 +2,7 @@
  *                              [--file PATH] [--bench N]
  *
  * Prints the tokens of a text as the model's tokenizer produces them. MODEL is a GGUF
- * path. By default special tokens written in the text are parsed (--no-special keeps
+ * file, a directory holding one, or org/repo[:quant] in the Hugging Face cache. By default special tokens written in the text are parsed (--no-special keeps
  * them literal) and BOS/EOS are added as the vocab says (--no-bos adds neither).
  *   (default)  one token per line: id, a tab, the piece in quotes
  *   --ids      the ids on one line, separated by spaces
@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/modelref.h"
 #include "format/gguf.h"
 #include "tokenizer/tok.h"
 #include "util/utf8.h"
@@ -28,6 +29,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: smelt tokenize MODEL TEXT [--ids|--pieces] [--no-special] [--no-bos]\n"
                "       smelt tokenize MODEL --file PATH [...] [--bench N]\n"
+               "  MODEL         a GGUF file, a directory, or org/repo[:quant] in the HF cache\n"
                "  --ids         print only the ids, on one line\n"
                "  --pieces      print only the pieces, on one line\n"
                "  --no-special  keep special tokens in the text literal (\"<|im_start|>\")\n"
@@ -209,7 +211,9 @@ int cmd_tokenize(int argc, char **argv) {
     struct gguf_file *g = NULL;
     struct tok *t = NULL;
     int rc = 1;
-    if (gguf_open(&g, model, &e) != SMELT_OK || tok_new_from_gguf_pre(&t, g, pre, &e) != SMELT_OK) {
+    char path[4096];
+    if (cli_resolve_model(model, false, path, sizeof path, &e) != SMELT_OK ||
+        gguf_open(&g, path, &e) != SMELT_OK || tok_new_from_gguf_pre(&t, g, pre, &e) != SMELT_OK) {
         rc = cli_fail("tokenize", &e);
         goto done;
     }
