@@ -313,7 +313,8 @@ static bool parse_messages(json_t *v, struct oai_request *r, struct oai_err *e) 
         const char *rs = json_string_value(role);
         bool assistant = !strcmp(rs, "assistant");
         if (!strcmp(rs, "developer")) {
-            json_object_set_new(m, "role", json_string("system"));
+            json_object_set_new(m, "role", json_string("system")); /* frees the old string */
+            rs = "system";
         } else if (strcmp(rs, "system") && strcmp(rs, "user") && !assistant && strcmp(rs, "tool")) {
             return oai_bad(e, param, "%s.role '%.32s' is not one of system, developer, user, "
                            "assistant, tool", param, rs);
