@@ -70,6 +70,7 @@ static void on_ready(void *ctx) {
     pthread_mutex_lock(&g->mu);
     if (g->parked) {
         g->parked = false;
+        srv_unwatch(g->srv, g);
         atomic_fetch_sub(&g->srv->n_parked, 1);
         MHD_resume_connection(g->conn->mc);
     } else {
@@ -90,6 +91,7 @@ static bool try_park(struct gen *g) {
     g->parked = true;
     atomic_fetch_add(&g->srv->n_parked, 1);
     MHD_suspend_connection(g->conn->mc);
+    srv_watch(g->srv, g);
     pthread_mutex_unlock(&g->mu);
     return true;
 }
@@ -258,8 +260,20 @@ static void chat_calls_chunk(struct gen *g, int32_t ci, struct choice *c,
     chunk_end(g, w);
 }
 
+/* parallel_tool_calls: false keeps the first call only. */
+static void limit_calls(struct gen *g, const struct choice *c, struct outp_delta *d) {
+    if (g->rq.parallel_tool_calls) return;
+    int keep = c->n_calls >= 1 ? 0 : 1;
+    while (d->n_calls > keep) {
+        d->n_calls--;
+        free(d->calls[d->n_calls].name);
+        free(d->calls[d->n_calls].arguments);
+    }
+}
+
 static void chat_stream_delta(struct gen *g, int32_t ci, struct choice *c) {
     struct outp_delta *d = &g->delta;
+    limit_calls(g, c, d);
     if (d->reasoning.n) chat_delta_chunk(g, ci, "reasoning_content", d->reasoning.p, d->reasoning.n);
     if (d->content.n) chat_delta_chunk(g, ci, "content", d->content.p, d->content.n);
     if (d->n_calls) chat_calls_chunk(g, ci, c, d);
@@ -486,6 +500,7 @@ static json_t *chat_choice_json(struct gen *g, int32_t ci) {
     outp_delta_clear(d);
     outp_push(&c->op, c->text.p ? c->text.p : "", c->text.n, d);
     outp_finish(&c->op, d);
+    limit_calls(g, c, d);
     json_t *msg = json_object();
     json_object_set_new(msg, "role", json_string("assistant"));
     bool has_calls = d->n_calls > 0;
@@ -567,6 +582,10 @@ static json_t *completion_choice_json(struct gen *g, int32_t ci) {
 
 static enum MHD_Result respond_whole(struct conn *c) {
     struct gen *g = c->gen;
+    if (atomic_load(&g->client_gone)) {
+        c->status = 499; /* nobody to answer: close */
+        return MHD_NO;
+    }
     if (g->error[0]) {
         struct oai_err e;
         oai_fail(&e, 500, "server_error", NULL, NULL, "%s", g->error);
@@ -601,6 +620,9 @@ static enum MHD_Result respond_whole(struct conn *c) {
 
 void gen_free(struct gen *g) {
     if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    srv_unwatch(g->srv, g);
+    pthread_mutex_unlock(&g->mu);
     for (int32_t i = 0; i < g->n_reqs; i++) {
         if (!g->reqs[i]) continue;
         engine_req_detach(g->reqs[i]);
@@ -712,6 +734,10 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
     pthread_mutex_init(&g->mu, NULL);
     g->srv = s;
     g->conn = c;
+    g->fd = -1;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) g->fd = ci->connect_fd;
     c->gen = g;
     g->created = (int64_t)time(NULL);
     srv_new_id(s, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);

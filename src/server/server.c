@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -470,6 +471,76 @@ __attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char 
     log_debug("http: %s", buf);
 }
 
+/* ---- the disconnect watcher ---- */
+
+void srv_watch(struct server *s, struct gen *g) {
+    if (!s->wstarted || g->watched || g->fd < 0) return;
+    pthread_mutex_lock(&s->wmu);
+    g->wprev = NULL;
+    g->wnext = s->watch;
+    if (s->watch) s->watch->wprev = g;
+    s->watch = g;
+    g->watched = true;
+    pthread_mutex_unlock(&s->wmu);
+}
+
+void srv_unwatch(struct server *s, struct gen *g) {
+    if (!g->watched) return;
+    pthread_mutex_lock(&s->wmu);
+    if (g->wprev) g->wprev->wnext = g->wnext;
+    else s->watch = g->wnext;
+    if (g->wnext) g->wnext->wprev = g->wprev;
+    g->wprev = g->wnext = NULL;
+    g->watched = false;
+    pthread_mutex_unlock(&s->wmu);
+}
+
+/* Every 200 ms: one poll() over the parked sockets; a hang-up (the peer closed: POLLRDHUP,
+ * POLLHUP or POLLERR) cancels that connection's requests. A gen stays valid while it is on
+ * the list (it is parked, so MHD cannot close its connection) and leaves the list under
+ * wmu, which the scan holds. */
+static void *watcher(void *arg) {
+    struct server *s = arg;
+    struct pollfd *fds = NULL;
+    struct gen **gs = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&s->wmu);
+    while (!s->wstop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 200000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->wcv, &s->wmu, &dl);
+        if (s->wstop) break;
+        size_t n = 0;
+        for (struct gen *g = s->watch; g; g = g->wnext) n++;
+        if (n > cap) {
+            struct pollfd *f = realloc(fds, n * sizeof *f);
+            struct gen **q = f ? realloc(gs, n * sizeof *q) : NULL;
+            if (f) fds = f;
+            if (q) gs = q;
+            if (!f || !q) continue;
+            cap = n;
+        }
+        n = 0;
+        for (struct gen *g = s->watch; g; g = g->wnext, n++) {
+            fds[n] = (struct pollfd){g->fd, POLLRDHUP, 0};
+            gs[n] = g;
+        }
+        if (n == 0 || poll(fds, (nfds_t)n, 0) <= 0) continue;
+        for (size_t i = 0; i < n; i++) {
+            if (!(fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+            if (atomic_exchange(&gs[i]->client_gone, true)) continue;
+            for (int32_t r = 0; r < gs[i]->n_reqs; r++)
+                if (gs[i]->reqs[r]) engine_req_cancel(gs[i]->reqs[r]);
+        }
+    }
+    pthread_mutex_unlock(&s->wmu);
+    free(fds);
+    free(gs);
+    return NULL;
+}
+
 /* ---- lifecycle ---- */
 
 static int32_t longest_piece(const struct tok *t) {
@@ -498,6 +569,8 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     }
     if (s->cfg.max_connections <= 0) s->cfg.max_connections = 4096;
     pthread_mutex_init(&s->log_mu, NULL);
+    pthread_mutex_init(&s->wmu, NULL);
+    pthread_cond_init(&s->wcv, NULL);
     uint64_t key[2] = {0, 0};
     if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key) key[0] = (uint64_t)time(NULL) ^ (uint64_t)getpid();
     s->id_key = key[0];
@@ -538,12 +611,15 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
                             MHD_OPTION_END);
     if (!s->d) {
         pthread_mutex_destroy(&s->log_mu);
+        pthread_mutex_destroy(&s->wmu);
+        pthread_cond_destroy(&s->wcv);
         free(s);
         return err_set(e, SMELT_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
                        cfg->host ? cfg->host : "127.0.0.1", cfg->port);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->cfg.port;
+    s->wstarted = pthread_create(&s->wth, NULL, watcher, s) == 0;
     *out = s;
     return SMELT_OK;
 }
@@ -573,9 +649,18 @@ void server_shutdown(struct server *s, double grace_s) {
 
 void server_free(struct server *s) {
     if (!s) return;
+    if (s->wstarted) {
+        pthread_mutex_lock(&s->wmu);
+        s->wstop = true;
+        pthread_cond_signal(&s->wcv);
+        pthread_mutex_unlock(&s->wmu);
+        pthread_join(s->wth, NULL);
+    }
     if (s->d && atomic_load(&s->n_parked) == 0) MHD_stop_daemon(s->d);
     else if (s->d) log_warn("shutdown: %d connections still wait for the engine; not closing them",
                             atomic_load(&s->n_parked));
     pthread_mutex_destroy(&s->log_mu);
+    pthread_mutex_destroy(&s->wmu);
+    pthread_cond_destroy(&s->wcv);
     free(s);
 }

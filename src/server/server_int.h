@@ -29,8 +29,17 @@ struct server {
     uint64_t id_key;
     char fingerprint[32];
     atomic_uint_fast64_t status_count[SRV_N_STATUS + 1]; /* last: other */
-    atomic_uint_fast64_t n_requests_by_route[4]; /* chat, completions, other, errors */
     pthread_mutex_t log_mu;
+
+    /* The disconnect watcher: parked (suspended) connections are not polled by MHD, so a
+     * client that goes away while its request waits for the engine would go unnoticed
+     * until the first write. A thread polls their sockets a few times a second and
+     * cancels the requests of those whose client hung up. */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    struct gen *watch; /* parked gens (doubly linked through wprev / wnext) */
+    pthread_t wth;
+    bool wstarted, wstop;
 };
 
 /* One choice's accumulated output (non-streaming), and its stream state. */
@@ -79,6 +88,11 @@ struct gen {
     /* waking: the engine's notify sets pending, or resumes the parked connection */
     pthread_mutex_t mu;
     bool parked, pending;
+    /* the disconnect watcher (server->wmu) */
+    struct gen *wprev, *wnext;
+    bool watched;
+    int fd;                      /* the connection's socket */
+    atomic_bool client_gone;     /* the watcher saw the client hang up */
 
     /* streaming */
     struct jw sse;
@@ -111,6 +125,9 @@ void srv_conn_unref(struct conn *c);
 enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype);
 enum MHD_Result srv_error(struct conn *c, const struct oai_err *e);
 void srv_new_id(struct server *s, const char *prefix, char *out, size_t n);
+
+void srv_watch(struct server *s, struct gen *g);   /* under g->mu */
+void srv_unwatch(struct server *s, struct gen *g); /* under g->mu, or when g is freed */
 
 /* ---- gen.c ---- */
 /* Starts a chat or completions request from c's body: parses, builds prompts, submits.

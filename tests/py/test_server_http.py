@@ -380,6 +380,35 @@ def test_disconnect_mid_stream_frees_kv(srv):
     assert m["smelt_generation_tokens_total"] - before["smelt_generation_tokens_total"] < 200
 
 
+def test_disconnect_while_waiting_cancels(tiny):
+    # a non-streaming request (and a stream still waiting in the queue) whose client hangs up
+    # is cancelled without waiting for its first write
+    s = Server(tiny, "--fake-forward", "--fake-step-ms", "20", "--max-seqs", "1", "-t", "1")
+    try:
+        before = s.metrics()
+        socks = []
+        for body in ({"prompt": "long", "max_tokens": 400, "ignore_eos": True},
+                     {"prompt": "queued", "max_tokens": 400, "ignore_eos": True, "stream": True}):
+            c = socket.create_connection((s.host, s.port), timeout=10)
+            data = json.dumps(body).encode()
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: " + str(len(data)).encode() +
+                      b"\r\n\r\n" + data)
+            socks.append(c)
+        time.sleep(0.5)
+        for c in socks:
+            c.close()
+        t0 = time.time()
+        m = s.wait_idle(timeout=5)
+        assert time.time() - t0 < 3  # 400 tokens at 20 ms would take 8 s each
+        assert m['smelt_request_finish_total{reason="cancelled"}'] - \
+            before['smelt_request_finish_total{reason="cancelled"}'] == 2
+        assert m["smelt_generation_tokens_total"] < 100
+        assert sum(1 for l in s.lines if " 499 " in l) == 2, s.log()
+    finally:
+        s.stop()
+
+
 def test_slow_client_times_out(tiny):
     s = Server(tiny, "--timeout", "1", "-t", "1")
     try:
