@@ -62,7 +62,7 @@ def test_64_concurrent_streams_match_solo(srv):
 
 def drop_midway(srv, body):
     """Sends a streaming request and closes the socket after the first chunk."""
-    s = socket.create_connection((srv.host, srv.port), timeout=30)
+    s = socket.create_connection((srv.host, srv.port), timeout=120)
     data = json.dumps(body).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
@@ -117,6 +117,8 @@ def test_soak_no_leaks(srv):
     assert m["smelt_kv_blocks_used"] == 0 and m["smelt_http_streams"] == 0
     assert m['smelt_request_finish_total{reason="error"}'] == 0
     assert m['smelt_request_finish_total{reason="cancelled"}'] > 100
-    # no growth beyond allocator noise (a leak of one request's buffers would be ~2000x)
-    assert rss1 - rss0 < 16 * 1024, (rss0, rss1)
+    # no growth beyond allocator noise (a leak of one request's buffers would be ~2000x);
+    # under ASan freed memory sits in its quarantine (LeakSanitizer checks at exit instead)
+    if "asan" not in SMELT and not os.environ.get("ASAN_OPTIONS"):
+        assert rss1 - rss0 < 16 * 1024, (rss0, rss1)
     print(f"soak: 2000 requests in {dt:.1f} s, RSS {rss0} -> {rss1} kB")
