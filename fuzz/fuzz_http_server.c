@@ -150,11 +150,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (k <= 0) break;
         off += (size_t)k;
     }
-    /* no shutdown(SHUT_WR): a half-closed client counts as gone (as nginx's 499) */
+    /* Odd-sized inputs half-close the connection: the server sees EOF at once (an
+     * incomplete request ends there instead of waiting; a waiting request is cancelled, as
+     * a client that hangs up). Even-sized ones keep it open and get full replies. */
+    if (size % 2) shutdown(fd, SHUT_WR);
     /* read until the server closes, or goes quiet after answering (an idle keep-alive
      * connection stays open until the server's timeout) */
     char buf[65536];
-    int wait_ms = 500;
+    int wait_ms = 300;
     for (;;) {
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, wait_ms) <= 0) break;

@@ -65,7 +65,7 @@ command -v sha256sum >/dev/null || die "sha256sum not found (coreutils)"
 mkdir -p "$DEST"
 
 tmp=""
-cleanup() { [ -n "$tmp" ] && rm -rf "$tmp"; }
+cleanup() { [ -z "$tmp" ] || rm -rf "$tmp"; }  # must not fail: an EXIT trap sets the status
 trap cleanup EXIT
 
 for entry in "${MODELS[@]}"; do

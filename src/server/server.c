@@ -208,8 +208,12 @@ static enum MHD_Result route_tokenize(struct conn *c) {
         json_t *cj = json_pack("{s:O}", "messages", msgs);
         json_t *tools = json_object_get(j, "tools");
         if (tools) json_object_set(cj, "tools", tools);
-        json_t *kw = json_object_get(j, "chat_template_kwargs");
-        if (kw) json_object_set(cj, "chat_template_kwargs", kw);
+        static const char *const pass[] = {"chat_template_kwargs", "add_generation_prompt",
+                                            "continue_final_message", NULL};
+        for (int k = 0; pass[k]; k++) {
+            json_t *v = json_object_get(j, pass[k]);
+            if (v) json_object_set(cj, pass[k], v);
+        }
         char *cbody = json_dumps(cj, JSON_COMPACT);
         json_decref(cj);
         free(body);

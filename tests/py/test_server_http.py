@@ -319,6 +319,27 @@ def test_stream_shape_and_usage(srv):
     assert completion_text(chunks) == whole["choices"][0]["text"]
 
 
+def test_stream_many_choices(srv):
+    body = {"prompt": ["first prompt", "second one"], "n": 2, "max_tokens": 5, "temperature": 0,
+            "ignore_eos": True}
+    st, whole = srv.post("/v1/completions", body)
+    st, events, raw = srv.stream("/v1/completions", dict(body, stream=True))
+    texts, finish = {}, {}
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+            if c["finish_reason"]:
+                finish[c["index"]] = c["finish_reason"]
+    assert sorted(texts) == [0, 1, 2, 3] and all(v == "length" for v in finish.values())
+    assert [texts[i] for i in range(4)] == [c["text"] for c in whole["choices"]]
+    # chat: every choice opens with the role
+    st, events, raw = srv.stream("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 3,
+        "temperature": 0.9, "seed": 1, "stream": True})
+    roles = [c["index"] for e in events[:-1] for c in e["choices"] if c["delta"].get("role")]
+    assert sorted(roles) == [0, 1, 2]
+
+
 def test_cached_tokens_on_repeated_prefix(srv):
     prefix = "shared system prompt " * 8
     body = {"prompt": prefix + "first", "max_tokens": 2, "temperature": 0}
@@ -359,6 +380,24 @@ def test_chat_with_default_template(srv):
     assert events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
     assert text == msg["content"]
+
+
+def test_chat_template_rendering_options(srv):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+    def rendered(**kw):
+        st, t = srv.post("/tokenize", dict({"messages": msgs}, **kw))
+        assert st == 200, t
+        st, d = srv.post("/detokenize", {"tokens": t["tokens"]})
+        return d["content"].replace("\u2581", " ")
+    # the default template is ChatML (the tiny model has none)
+    full = rendered(add_generation_prompt=False)
+    assert full.rstrip().endswith("<|im_end|>")
+    cont = rendered(add_generation_prompt=False, continue_final_message=True)
+    assert cont.endswith("Hello") and full.startswith(cont)
+    gen = rendered()
+    assert gen.rstrip().endswith("<|im_start|>assistant")
+    st, j = srv.post("/tokenize", {"messages": msgs, "continue_final_message": True})
+    err_of(st, j, 400, param="continue_final_message")
 
 
 # ---- connections ----
