@@ -23,7 +23,7 @@
 # median tokens/s over all timed samples (ROUNDS x -r per engine, model and test) and the
 # ratio smelt/llama.cpp is printed and written to OUT_DIR/summary.md.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,20p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,24p "$0"; exit 2; }
 LLAMA=$1
 OUT=$2
 shift 2
