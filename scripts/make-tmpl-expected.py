@@ -193,6 +193,29 @@ def unicode_tables(path):
     print(f"wrote {path}")
 
 
+def bench(template, conversation, runs):
+    """Median jinja2 compile and render times, for comparison with `smelt template --bench`."""
+    import time
+
+    with open(template, encoding="utf-8") as f:
+        source = f.read()
+    with open(conversation, encoding="utf-8") as f:
+        ctx = context(json.load(f))
+    env = hf_environment()
+    tc, tr = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        t = env.from_string(source)
+        t1 = time.perf_counter()
+        out = t.render(**ctx)
+        tr.append(time.perf_counter() - t1)
+        tc.append(t1 - t0)
+    tc.sort()
+    tr.sort()
+    print(f"jinja2 {jinja2.__version__}: {runs} runs, {len(out.encode())} bytes out: compile median "
+          f"{tc[runs // 2] * 1e6:.1f} us, render median {tr[runs // 2] * 1e6:.1f} us")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     shared = os.environ.get("SMELT_SHARED_DIR", os.path.join(ROOT, "..", "shared"))
@@ -200,7 +223,13 @@ def main():
     ap.add_argument("--conversations", default=os.path.join(ROOT, "tests", "data", "tmpl", "conversations"))
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "tmpl", "expected"))
     ap.add_argument("--unicode-tables", default=os.path.join(ROOT, "src", "tokenizer", "tmpl_unicode.c"))
+    ap.add_argument("--bench", nargs=2, metavar=("TEMPLATE", "CONVERSATION"),
+                    help="only time jinja2 on one template and conversation")
+    ap.add_argument("--runs", type=int, default=200)
     args = ap.parse_args()
+    if args.bench:
+        bench(args.bench[0], args.bench[1], args.runs)
+        return
     unicode_tables(args.unicode_tables)
     if not os.path.isdir(args.templates):
         sys.exit(f"no templates at {args.templates}")

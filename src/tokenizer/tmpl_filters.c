@@ -574,8 +574,6 @@ static bool f_min(struct rt *rt, struct tv in, struct targs *a, struct tv *out) 
 static bool f_reverse(struct rt *rt, struct tv in, struct targs *a, struct tv *out) {
     if (!no_args(rt, "filter 'reverse'", a)) return false;
     if (in.kind == TV_STR) {
-        struct tv args[3] = {tv_none(), tv_none(), tv_int(-1)};
-        (void)args;
         struct sbuf b = {.rt = rt, .limit = rt->lim.max_output};
         const char *s = in.u.s->s;
         size_t len = in.u.s->len, i = len;
@@ -1347,7 +1345,7 @@ static bool f_groupby(struct rt *rt, struct tv in, struct targs *a, struct tv *o
     struct tlist *l;
     if (!tmpl_iter_list(rt, in, &l)) return false;
     size_t n = l->n;
-    struct tv *keys = rt_alloc(rt, (n ? n : 1) * sizeof *keys), sorted = tv_undef();
+    struct tv *keys = rt_alloc(rt, (n ? n : 1) * sizeof *keys);
     size_t nk = 0;
     bool ok = keys != NULL;
     for (; ok && nk < n; nk++) {
@@ -1383,7 +1381,6 @@ static bool f_groupby(struct rt *rt, struct tv in, struct targs *a, struct tv *o
         }
         i = j;
     }
-    (void)sorted;
     free(idx);
     free(tmp);
     free_tvs(rt, keys, nk);
@@ -1426,7 +1423,6 @@ int tmpl_filter_id(const char *name, size_t len) {
     return -1;
 }
 
-const char *tmpl_filter_name(int fid) { return fid >= 0 && fid < N_FILTERS ? filters[fid].name : "?"; }
 
 bool tmpl_apply_filter(struct rt *rt, int fid, struct tv in, struct targs *a, struct tv *out) {
     if (fid == FID_UNKNOWN) return rt_fail(rt, SMELT_ERR_INVALID, "no filter named '%s'", rt->node ? rt->node->s->s : "?");
@@ -1603,7 +1599,6 @@ int tmpl_test_id(const char *name, size_t len) {
     return -1;
 }
 
-const char *tmpl_test_name(int fid) { return fid >= 0 && fid < N_TESTS ? tests[fid].name : "?"; }
 
 bool tmpl_apply_test(struct rt *rt, int fid, struct tv in, struct targs *a, bool *out) {
     if (fid == FID_UNKNOWN) return rt_fail(rt, SMELT_ERR_INVALID, "no test named '%s'", rt->node ? rt->node->s->s : "?");

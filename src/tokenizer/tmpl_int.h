@@ -189,7 +189,6 @@ bool tdict_set(struct rt *rt, struct tdict *d, struct tv k, struct tv v);
 /* Borrowed pointer to the value, or NULL. */
 struct tv *tdict_get(const struct tdict *d, struct tv k);
 struct tv *tdict_get_str(const struct tdict *d, const char *k, size_t klen);
-bool tdict_del(struct rt *rt, struct tdict *d, struct tv k);
 
 /* Python semantics. */
 bool tv_truthy(struct tv v);
@@ -411,8 +410,6 @@ void *pool_alloc(struct tmpl_pool *p, size_t n);
  * error (jinja2 does the same); known jinja2 names this engine lacks fail when run. */
 int tmpl_filter_id(const char *name, size_t len);   /* -1 when unknown to jinja2 */
 int tmpl_test_id(const char *name, size_t len);     /* -1 when unknown to jinja2 */
-const char *tmpl_filter_name(int fid);
-const char *tmpl_test_name(int fid);
 
 /* Call arguments after evaluation (all owned by the caller of the builtin). */
 struct targs {

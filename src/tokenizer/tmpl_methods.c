@@ -1339,7 +1339,7 @@ bool tmpl_percent_format(struct rt *rt, struct tv fmt, struct tv args, struct tv
     size_t an = 1;
     /* Python treats any non-tuple, non-str object with __getitem__ as a mapping here:
      * unused, it raises no "not all arguments converted" */
-    bool is_tuple = args.kind == TV_TUPLE, ok = true, used_map = false;
+    bool is_tuple = args.kind == TV_TUPLE, ok = true;
     bool is_map = args.kind == TV_DICT, mapping_like = is_map || args.kind == TV_UNDEF || (args.kind == TV_LIST && !args.aux);
     if (is_tuple) {
         av = args.u.l->v;
@@ -1382,7 +1382,6 @@ bool tmpl_percent_format(struct rt *rt, struct tv fmt, struct tv args, struct tv
             }
             val = *x;
             have_val = true;
-            used_map = true;
             i = q + 1;
         }
         struct spec sp;
@@ -1531,7 +1530,6 @@ bool tmpl_percent_format(struct rt *rt, struct tv fmt, struct tv args, struct tv
     }
     if (ok && !mapping_like && argi < an)
         ok = rt_fail(rt, SMELT_ERR_INVALID, "not all arguments converted during string formatting");
-    (void)used_map;
     if (!ok) {
         sb_free(&b);
         return false;

@@ -588,18 +588,6 @@ bool tdict_set(struct rt *rt, struct tdict *d, struct tv k, struct tv v) {
     return true;
 }
 
-bool tdict_del(struct rt *rt, struct tdict *d, struct tv k) {
-    ptrdiff_t i = dict_find(d, k);
-    if (i < 0) return false;
-    tv_release(rt, d->k[i]);
-    tv_release(rt, d->v[i]);
-    memmove(d->k + i, d->k + i + 1, (d->n - (size_t)i - 1) * sizeof(struct tv));
-    memmove(d->v + i, d->v + i + 1, (d->n - (size_t)i - 1) * sizeof(struct tv));
-    d->n--;
-    if (d->idx) dict_reindex(d);
-    return true;
-}
-
 /* ---------------------------------------------------------------- semantics */
 
 bool tv_truthy(struct tv v) {

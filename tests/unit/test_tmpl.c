@@ -224,9 +224,13 @@ static void *render_many(void *p) {
 }
 
 static void test_concurrent_renders(void) {
+    /* big: a shared dict large enough to be hash-indexed, looked up by computed keys */
     const char *src = "{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s ~ m.role|upper %}"
-                      "{{ m.content|tojson }}{% endfor %}{{ ns.s }}{{ messages|map(attribute='role')|join(',') }}";
-    json_t *j = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}", 0, NULL);
+                      "{{ m.content|tojson }}{% endfor %}{{ ns.s }}{{ messages|map(attribute='role')|join(',') }}"
+                      "{{ big['k' ~ 7] }}{{ 'k12' in big }}{{ big.get('k3') }}{{ {('k' ~ 1): 1}['k1'] }}{{ big|dictsort|length }}";
+    json_t *j = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}],"
+                           " \"big\": {\"k0\": 0, \"k1\": 1, \"k2\": 2, \"k3\": 3, \"k4\": 4, \"k5\": 5, \"k6\": 6, \"k7\": 7,"
+                           " \"k8\": 8, \"k9\": 9, \"k10\": 10, \"k11\": 11, \"k12\": 12}}", 0, NULL);
     struct err e;
     struct tmpl_value *ctx = tmpl_value_from_json(j, &e);
     json_decref(j);
@@ -235,7 +239,7 @@ static void test_concurrent_renders(void) {
     struct job jobs[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
-        jobs[i] = (struct job){t, ctx, "\"a\"\"b\"USERASSISTANTuser,assistant", 0};
+        jobs[i] = (struct job){t, ctx, "\"a\"\"b\"USERASSISTANTuser,assistant7True3113", 0};
         pthread_create(&th[i], NULL, render_many, &jobs[i]);
     }
     for (int i = 0; i < 4; i++) {
