@@ -1,17 +1,37 @@
-/* Attention over the paged KV cache (decode and prefill rows alike), split across the
- * key range (flash-decoding) when there are few (row, head) pairs to fill the GPU.
- * CPU twin: src/backend/cpu/cpu_ops_attn.c.
+/* Attention over the paged KV cache: q (d, n_head, n_tokens) F32 against each row's
+ * sequence in the caches (d, block_size, n_kv, n_blocks) of F16, BF16 or F32, out
+ * (d, n_head, n_tokens) F32. CPU twin: src/backend/cpu/cpu_ops_attn.c. Every launch
+ * configuration depends on the step's shape only (rows, heads, sequences, block-table
+ * width), never on positions, so a captured graph replays correctly.
  *
- * Grid (n_head, n_tokens, n_split); 4 warps per block. A block takes one query head of
- * one row and one contiguous slice of that row's visible keys [j0, pos]; its warps take
- * keys round-robin. Each lane holds head_dim/32 elements of q and of the output
- * accumulator; a key costs one coalesced row read of K and V and one warp reduction.
- * Softmax is online (running max and sum per warp), merged across warps in shared memory,
- * and across splits by a second small kernel. Keys past pos are never read, so a recycled
- * block's old contents are unreachable; the sliding window moves j0.
+ * Three kernels; cuda_attn_plan picks one per call (docs/cuda-backend.md, "Attention"):
  *
- * This is the correctness-first kernel: prefill rows repeat the K/V reads per query head
- * (no tiling, no tensor cores). The FlashAttention-style tiled prefill kernel is next. */
+ * - decode (GQA-grouped flash-decoding, CUDA cores): a block per (row, KV head, key
+ *   split) scores all G = n_head / n_kv query heads of the group, so each K/V element
+ *   is read from HBM once per row, not G times. Keys stream through shared memory in
+ *   stages of 8 KB of K + 8 KB of V (16-byte cp.async, double-buffered); scores,
+ *   online softmax and P.V in f32. The key range is split across blocks to fill the GPU
+ *   and merged by attn_merge_kernel. Used for decode batches, F32 caches, and the short
+ *   row groups (<= PF_SHORT rows of one sequence) of a prefill batch.
+ * - prefill (FlashAttention-2 style, tensor cores, F16/BF16 caches): a block per (tile
+ *   of <= 64 consecutive rows of one sequence, query head, key split); 4 warps of 16
+ *   rows. Q (converted to the cache type) and K/V tiles of BN keys sit in shared memory
+ *   (K/V by cp.async from the paged cache, the V load overlapping S = Q K^T and the next
+ *   K load overlapping O += P V); S and O accumulate in f32 registers via
+ *   mma.sync.m16n8k16; the online softmax runs on the S fragments; causality, sliding
+ *   window and soft-capping are applied per element from each row's own position; a warp
+ *   skips K tiles that none of its rows can see. Tiles are built on the device per call
+ *   (attn_tiles_kernel) since a batch mixes sequences and their boundaries are data.
+ * - generic (the first kernel, CUDA cores): a block per (query head, row, key split).
+ *   Kept for shapes the others do not cover (head_dim not 64/128/256, dk != dv, more
+ *   than 16 query heads per KV head) and as the benchmark baseline.
+ *
+ * Keys past a row's position are never used, keys past every row's position are never
+ * read, and smem slots of keys outside a range are zero-filled (a recycled block's stale
+ * contents, even NaN bit patterns, cannot leak in through 0 * NaN). */
+#include <limits.h>
+#include <string.h>
+
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
@@ -19,9 +39,45 @@ extern "C" {
 #include "quant/quant.h"
 }
 
-#define ATT_WARPS 4
-#define ATT_MAX_D 256
-#define ATT_PER_LANE (ATT_MAX_D / 32)
+/* ------------------------------------------------------------------------------------
+ * Shared device helpers
+ * ------------------------------------------------------------------------------------ */
+
+/* First visible key position for a query at pos. */
+static __device__ __forceinline__ int first_key(int pos, int window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+static __device__ __forceinline__ int warp_min_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ int warp_max_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte global -> shared copy; src_bytes < 16 zero-fills the rest (0: all zeros, src
+ * not read). sm_80+. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
+                 "l"(__cvta_generic_to_global(src)), "r"(src_bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 template <typename T>
 static __device__ __forceinline__ float to_f32(T v);
@@ -32,37 +88,108 @@ __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(
 template <>
 __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+/* One 16-byte chunk of cache elements -> floats (8 for F16/BF16, 4 for F32). */
 template <typename T>
-static __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attn_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc, int n_split) {
+struct chunk_cvt;
+template <>
+struct chunk_cvt<__half> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void run(const uint4 &u, float *f) {
+        const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 x = __half22float2(h[i]);
+            f[2 * i] = x.x;
+            f[2 * i + 1] = x.y;
+        }
+    }
+};
+template <>
+struct chunk_cvt<__nv_bfloat16> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void run(const uint4 &u, float *f) {
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 x = __bfloat1622float2(h[i]);
+            f[2 * i] = x.x;
+            f[2 * i + 1] = x.y;
+        }
+    }
+};
+template <>
+struct chunk_cvt<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void run(const uint4 &u, float *f) {
+        f[0] = __uint_as_float(u.x);
+        f[1] = __uint_as_float(u.y);
+        f[2] = __uint_as_float(u.z);
+        f[3] = __uint_as_float(u.w);
+    }
+};
+
+/* Two adjacent cache elements -> float2. */
+template <typename T>
+static __device__ __forceinline__ float2 load_pair(const T *p);
+template <>
+__device__ __forceinline__ float2 load_pair<__half>(const __half *p) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(p));
+}
+template <>
+__device__ __forceinline__ float2 load_pair<__nv_bfloat16>(const __nv_bfloat16 *p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+template <>
+__device__ __forceinline__ float2 load_pair<float>(const float *p) {
+    return *reinterpret_cast<const float2 *>(p);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Generic kernel (any head_dim <= 256, dk != dv): a block per (query head, row, split)
+ * ------------------------------------------------------------------------------------
+ * Grid (n_head, n_tokens, n_split); 4 warps per block. A block takes one query head of
+ * one row and one contiguous slice of that row's visible keys; its warps take keys
+ * round-robin. Each lane holds head_dim/32 elements of q and of the output accumulator;
+ * a key costs one coalesced row read of K and V and one warp reduction. Softmax is online
+ * (running max and sum per warp), merged across warps in shared memory, and across splits
+ * by attn_merge_kernel. Prefill rows repeat the K/V reads per query head. */
+
+#define GEN_WARPS 4
+#define GEN_MAX_D 256
+#define GEN_PER_LANE (GEN_MAX_D / 32)
+
+template <typename T>
+static __global__ void __launch_bounds__(GEN_WARPS * 32)
+    attn_generic_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
+                        float *__restrict__ partial, int n_split) {
     const int h = blockIdx.x, split = blockIdx.z;
     const int64_t t = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = h / (a.n_head / a.n_kv);
     const int pos = a.pos[t];
-    const int j0 = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    const int j0 = first_key(pos, a.window);
     const int n_keys = pos - j0 + 1;
     const int chunk = (n_keys + n_split - 1) / n_split;
     const int k_begin = j0 + split * chunk;
     const int k_end = min(k_begin + chunk, pos + 1);
     const int32_t *table = a.blocks + (int64_t)a.seq[t] * a.max_blocks;
 
-    float q[ATT_PER_LANE], o[ATT_PER_LANE];
+    float q[GEN_PER_LANE], o[GEN_PER_LANE];
     const float *qr = a.q + (t * a.n_head + h) * (int64_t)a.dk;
 #pragma unroll
-    for (int c = 0; c < ATT_PER_LANE; c++) {
+    for (int c = 0; c < GEN_PER_LANE; c++) {
         const int i = lane + 32 * c;
         q[c] = i < a.dk ? qr[i] * a.scale : 0.0f;
         o[c] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int j = k_begin + warp; j < k_end; j += ATT_WARPS) {
+    for (int j = k_begin + warp; j < k_end; j += GEN_WARPS) {
         const int64_t blk = table[j / a.block_size], off = j % a.block_size;
         const int64_t base = (blk * a.n_kv + g) * a.block_size + off;
         const T *kr = kc + base * a.dk;
         float s = 0.0f;
 #pragma unroll
-        for (int c = 0; c < ATT_PER_LANE; c++) {
+        for (int c = 0; c < GEN_PER_LANE; c++) {
             const int i = lane + 32 * c;
             if (i < a.dk) s += q[c] * to_f32<T>(kr[i]);
         }
@@ -73,28 +200,28 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
         l = l * corr + p;
         const T *vr = vc + base * a.dv;
 #pragma unroll
-        for (int c = 0; c < ATT_PER_LANE; c++) {
+        for (int c = 0; c < GEN_PER_LANE; c++) {
             const int i = lane + 32 * c;
             o[c] = o[c] * corr + (i < a.dv ? p * to_f32<T>(vr[i]) : 0.0f);
         }
         m = m_new;
     }
     /* merge the warps */
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], so[ATT_WARPS][ATT_MAX_D];
+    __shared__ float sm[GEN_WARPS], sl[GEN_WARPS], so[GEN_WARPS][GEN_MAX_D];
     if (lane == 0) {
         sm[warp] = m;
         sl[warp] = l;
     }
 #pragma unroll
-    for (int c = 0; c < ATT_PER_LANE; c++) {
+    for (int c = 0; c < GEN_PER_LANE; c++) {
         const int i = lane + 32 * c;
         if (i < a.dv) so[warp][i] = o[c];
     }
     __syncthreads();
     float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    float L = 0.0f, f[ATT_WARPS];
-    for (int w = 0; w < ATT_WARPS; w++) {
+    for (int w = 0; w < GEN_WARPS; w++) M = fmaxf(M, sm[w]);
+    float L = 0.0f, f[GEN_WARPS];
+    for (int w = 0; w < GEN_WARPS; w++) {
         f[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);
         L += sl[w] * f[w];
     }
@@ -102,28 +229,633 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
         float *dr = a.dst + (t * a.n_head + h) * (int64_t)a.dv;
         for (int i = threadIdx.x; i < a.dv; i += blockDim.x) {
             float acc = 0.0f;
-            for (int w = 0; w < ATT_WARPS; w++) acc += so[w][i] * f[w];
+            for (int w = 0; w < GEN_WARPS; w++) acc += so[w][i] * f[w];
             dr[i] = acc / L;
         }
     } else {
-        float *pr = a.partial + ((t * a.n_head + h) * n_split + split) * (int64_t)(a.dv + 2);
+        float *pr = partial + ((t * a.n_head + h) * n_split + split) * (int64_t)(a.dv + 2);
         if (threadIdx.x == 0) {
             pr[0] = M;
             pr[1] = L;
         }
         for (int i = threadIdx.x; i < a.dv; i += blockDim.x) {
             float acc = 0.0f;
-            for (int w = 0; w < ATT_WARPS; w++) acc += so[w][i] * f[w];
+            for (int w = 0; w < GEN_WARPS; w++) acc += so[w][i] * f[w];
             pr[2 + i] = acc;
         }
     }
 }
 
-static __global__ void attn_combine_kernel(float *__restrict__ dst, const float *__restrict__ partial, int n_head,
-                                           int dv, int n_split) {
-    const int h = blockIdx.x;
-    const int64_t t = blockIdx.y;
-    const float *pr = partial + (t * n_head + h) * n_split * (int64_t)(dv + 2);
+/* ------------------------------------------------------------------------------------
+ * Decode kernel: a block per (row, KV head, key split), all G query heads of the group
+ * ------------------------------------------------------------------------------------
+ * Per stage of NK keys (8 KB of K and 8 KB of V in shared memory, next stage loading):
+ *   A. scores: thread (key j = tid / P, part = tid % P) dots 4 chunks of 16 bytes of K
+ *      row j with the G scaled queries (f32, in smem), then the P parts of a key reduce
+ *      with shuffles (they are adjacent lanes). Chunk c of a row goes to the part with
+ *      c = part * (8/P) + i%(8/P) + 8*(i/(8/P)) (P < 8) or part + P*i (P >= 8), and rows
+ *      are padded by 16 bytes: the 8 lanes of each 16-byte shared-memory phase then hit
+ *      8 different bank groups.
+ *   B. online softmax: a warp per query head updates its running max m and sum l, turns
+ *      the stage's scores into probabilities and leaves the rescale factor for C.
+ *   C. O += P V: thread owns the output pair d = 2 * (tid % (D/2)) for the heads
+ *      h = tid / (D/2) + HG * k; V pairs are read as 4 (or 8) consecutive bytes per lane.
+ * Probabilities stay f32 (unlike the prefill kernel's f16/bf16 P). */
+
+#define DEC_THREADS 128
+
+template <typename T, int D>
+struct dec_cfg {
+    static constexpr int CE = 16 / (int)sizeof(T);             /* elements per 16-byte chunk */
+    static constexpr int NC = D / CE;                           /* chunks per cache row */
+    static constexpr int NK = 8192 / (D * (int)sizeof(T));      /* keys per stage */
+    static constexpr int P = DEC_THREADS / NK;                  /* threads per key in A */
+    static constexpr int LD = D + CE;                           /* smem row stride, elements */
+    static constexpr int HG = 256 / D;                          /* head groups in C */
+    static_assert(NC / P == 4, "each scoring thread takes 4 chunks");
+    static_assert(P <= 32 && (32 % P) == 0, "a key's threads share a warp");
+};
+
+template <typename T, int D, int GMAX>
+static constexpr size_t dec_smem_bytes() {
+    using C = dec_cfg<T, D>;
+    return (size_t)(GMAX * D + GMAX * C::NK + 3 * GMAX) * sizeof(float) + (size_t)4 * C::NK * C::LD * sizeof(T);
+}
+
+/* Chunk index of scoring part `part`'s i-th chunk (see the comment above). */
+template <int P>
+static __device__ __forceinline__ int dec_chunk(int part, int i) {
+    if (P >= 8) return part + P * i;
+    constexpr int S = P >= 8 ? 1 : 8 / P;
+    return part * S + (i % S) + 8 * (i / S);
+}
+
+/* rows: NULL (row = slot, slots 0..n_tokens-1) or a list {count, row...} (a prefill
+ * batch's short row groups). Grid (slots x n_kv, n_split): the block's slot is
+ * blockIdx.x / n_kv and, when the list holds more rows than the grid has slots, the block
+ * moves on by gridDim.x / n_kv. Partials go to slot-indexed entries. */
+template <typename T, int D, int GMAX>
+static __global__ void __launch_bounds__(DEC_THREADS)
+    attn_decode_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
+                       const int *__restrict__ rows, float *__restrict__ partial, int n_split) {
+    using C = dec_cfg<T, D>;
+    constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, NC = C::NC, HG = C::HG;
+    constexpr int GPT = GMAX / HG; /* heads per thread in C */
+    extern __shared__ __align__(16) unsigned char dsm[];
+    float *sq = reinterpret_cast<float *>(dsm); /* (D, GMAX) scaled queries */
+    float *ss = sq + GMAX * D;                  /* (NK, GMAX) scores -> probabilities */
+    float *s_m = ss + GMAX * NK, *s_l = s_m + GMAX, *s_c = s_l + GMAX;
+    T *skv = reinterpret_cast<T *>(s_c + GMAX); /* [stage][K, V][NK][LD] */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int G = a.n_head / a.n_kv;
+    const int g = blockIdx.x % a.n_kv, split = blockIdx.y;
+    const int n_slots = gridDim.x / a.n_kv;
+    const int count = rows ? rows[0] : (int)a.n_tokens;
+    const int dp = tid % (D / 2), hg = tid / (D / 2); /* phase C ownership */
+
+    for (int slot = blockIdx.x / a.n_kv; slot < count; slot += n_slots) {
+        const int64_t t = rows ? rows[1 + slot] : slot;
+        const int pos = a.pos[t];
+        const int j0 = first_key(pos, a.window);
+        const int n_keys = pos - j0 + 1;
+        const int chunk = (n_keys + n_split - 1) / n_split;
+        const int kb0 = j0 + split * chunk;          /* this split's keys: [kb0, ke) */
+        const int ke = min(kb0 + chunk, pos + 1);
+        const int n_st = ke > kb0 ? (ke - kb0 + NK - 1) / NK : 0;
+        const int32_t *table = a.blocks + (int64_t)a.seq[t] * a.max_blocks;
+
+        const float *qg = a.q + (t * a.n_head + (int64_t)g * G) * D; /* the group's G heads */
+        for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i] * a.scale;
+        if (tid < GMAX) {
+            s_m[tid] = -INFINITY;
+            s_l[tid] = 0.0f;
+        }
+        float o[GPT][2];
+#pragma unroll
+        for (int k = 0; k < GPT; k++) o[k][0] = o[k][1] = 0.0f;
+
+        /* K and V rows [kb, kb + NK) of the stage into buffer `stage`; keys >= ke zeroed */
+        auto load = [&](int kb, int stage) {
+            T *dst = skv + (size_t)stage * 2 * NK * LD;
+            for (int idx = tid; idx < 2 * NK * NC; idx += DEC_THREADS) {
+                const int which = idx / (NK * NC), rem = idx % (NK * NC);
+                const int r = rem / NC, c = rem % NC, key = kb + r;
+                const T *base = which ? vc : kc;
+                const T *src = base;
+                int bytes = 0;
+                if (key < ke) {
+                    const int64_t blk = table[key / a.block_size];
+                    const int off = key % a.block_size;
+                    src = base + ((blk * a.n_kv + g) * a.block_size + off) * D + c * CE;
+                    bytes = 16;
+                }
+                cp_async16(dst + (size_t)which * NK * LD + r * LD + c * CE, src, bytes);
+            }
+        };
+        if (n_st > 0) load(kb0, 0);
+        cp_async_commit();
+        __syncthreads(); /* sq, s_m, s_l */
+
+        for (int it = 0; it < n_st; it++) {
+            const int st = it & 1, kb = kb0 + it * NK;
+            if (it + 1 < n_st) load(kb + NK, st ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>(); /* this stage's group is complete */
+            __syncthreads();
+            const T *sk = skv + (size_t)st * 2 * NK * LD, *sv = sk + NK * LD;
+
+            { /* A: scores */
+                const int j = tid / P, part = tid % P;
+                float acc[GMAX];
+#pragma unroll
+                for (int h = 0; h < GMAX; h++) acc[h] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = dec_chunk<P>(part, i);
+                    float kf[CE];
+                    chunk_cvt<T>::run(*reinterpret_cast<const uint4 *>(sk + j * LD + c * CE), kf);
+#pragma unroll
+                    for (int h = 0; h < GMAX; h++) {
+                        if (h < G) {
+                            const float4 *qp = reinterpret_cast<const float4 *>(sq + h * D + c * CE);
+#pragma unroll
+                            for (int e = 0; e < CE / 4; e++) {
+                                const float4 qq = qp[e];
+                                acc[h] += qq.x * kf[4 * e] + qq.y * kf[4 * e + 1] + qq.z * kf[4 * e + 2] +
+                                          qq.w * kf[4 * e + 3];
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int off = 1; off < P; off <<= 1)
+#pragma unroll
+                    for (int h = 0; h < GMAX; h++) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], off);
+                const bool vis = kb + j < ke; /* kb + j >= kb0 >= j0 always */
+#pragma unroll
+                for (int h = 0; h < GMAX; h++) {
+                    if (h < G && h % P == part) {
+                        float s = acc[h];
+                        if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+                        ss[h * NK + j] = vis ? s : -INFINITY;
+                    }
+                }
+            }
+            __syncthreads();
+            /* B: online softmax, a warp per head */
+            for (int h = warp; h < G; h += DEC_THREADS / 32) {
+                const float x0 = lane < NK ? ss[h * NK + lane] : -INFINITY;
+                const float x1 = lane + 32 < NK ? ss[h * NK + lane + 32] : -INFINITY;
+                const float mx = warp_max(fmaxf(x0, x1));
+                const float m_old = s_m[h], m_new = fmaxf(m_old, mx);
+                const float mu = m_new == -INFINITY ? 0.0f : m_new;
+                const float p0 = __expf(x0 - mu), p1 = __expf(x1 - mu);
+                if (lane < NK) ss[h * NK + lane] = p0;
+                if (lane + 32 < NK) ss[h * NK + lane + 32] = p1;
+                const float sum = warp_sum(p0 + p1);
+                if (lane == 0) {
+                    const float c = __expf(m_old - mu);
+                    s_c[h] = c;
+                    s_l[h] = s_l[h] * c + sum;
+                    s_m[h] = m_new;
+                }
+            }
+            __syncthreads();
+            /* C: O += P V */
+#pragma unroll
+            for (int k = 0; k < GPT; k++) {
+                const int h = hg + HG * k;
+                if (h < G) {
+                    const float c = s_c[h];
+                    o[k][0] *= c;
+                    o[k][1] *= c;
+                }
+            }
+#pragma unroll 4
+            for (int j = 0; j < NK; j++) {
+                const float2 v = load_pair<T>(sv + j * LD + 2 * dp);
+#pragma unroll
+                for (int k = 0; k < GPT; k++) {
+                    const int h = hg + HG * k;
+                    if (h < G) {
+                        const float p = ss[h * NK + j];
+                        o[k][0] += p * v.x;
+                        o[k][1] += p * v.y;
+                    }
+                }
+            }
+            __syncthreads(); /* the stage's buffers and ss are reused */
+        }
+
+#pragma unroll
+        for (int k = 0; k < GPT; k++) {
+            const int h = hg + HG * k;
+            if (h < G) {
+                const int64_t hh = (int64_t)g * G + h;
+                const float l = s_l[h];
+                if (n_split == 1) {
+                    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                    *reinterpret_cast<float2 *>(a.dst + (t * a.n_head + hh) * D + 2 * dp) =
+                        make_float2(o[k][0] * inv, o[k][1] * inv);
+                } else {
+                    float *pr = partial + (((int64_t)slot * a.n_head + hh) * n_split + split) * (D + 2);
+                    if (dp == 0) {
+                        pr[0] = s_m[h];
+                        pr[1] = l;
+                    }
+                    *reinterpret_cast<float2 *>(pr + 2 + 2 * dp) = make_float2(o[k][0], o[k][1]);
+                }
+            }
+        }
+        __syncthreads(); /* s_m, s_l, sq are rewritten for the next slot */
+    }
+}
+
+/* ------------------------------------------------------------------------------------
+ * Prefill kernel: FlashAttention-2 on mma.sync.m16n8k16 (F16/BF16 in, f32 accumulate)
+ * ------------------------------------------------------------------------------------
+ * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+ * type"), with groupID = lane >> 2 and tig = lane % 4 ("threadID_in_group"):
+ *   A (16x16, row-major, .f16/.bf16): four 32-bit registers a0a1, a2a3, a4a5, a6a7
+ *       (elements low to high); row = groupID for a0,a1,a4,a5 and groupID + 8 for
+ *       a2,a3,a6,a7; col = tig*2 + (i & 1) for a0..a3, tig*2 + (i & 1) + 8 for a4..a7.
+ *   B (16x8, "col": element (k, n)): two registers b0b1, b2b3; row k = tig*2 + (i & 1)
+ *       for b0,b1 and tig*2 + (i & 1) + 8 for b2,b3; col n = groupID.
+ *   C/D (16x8, f32): c0..c3; row = groupID for c0,c1 and groupID + 8 for c2,c3;
+ *       col = tig*2 + (i & 1).
+ * ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA, "Warp-level matrix load
+ * instruction: ldmatrix"): lanes 8i..8i+7 give the addresses of rows 0..7 of matrix i,
+ * each row 16 contiguous bytes; register i of a lane receives matrix i's elements
+ * (row groupID, cols 2*tig, 2*tig+1), or with .trans (rows 2*tig, 2*tig+1, col groupID).
+ *
+ * Uses in this kernel (sQ, sK, sV row-major [row][d] in smem, rows padded by 16 bytes so
+ * the 8 rows of an 8x8 ldmatrix land in 8 different bank groups):
+ *   Q as A (rows x d): matrices {rows 0-7, d 0-7}, {rows 8-15, d 0-7}, {rows 0-7, d 8-15},
+ *       {rows 8-15, d 8-15} -> a0a1, a2a3, a4a5, a6a7: lane address row
+ *       (lane & 7) + 8*((lane >> 3) & 1), col 8*(lane >> 4).
+ *   K as B of S = Q K^T (k = d, n = key; element (d, key) = K[key][d], so b0b1 =
+ *       K[key groupID][d 2tig..2tig+1]: the plain layout): matrices {keys 0-7, d 0-7},
+ *       {keys 0-7, d 8-15}, {keys 8-15, d 0-7}, {keys 8-15, d 8-15} -> b0b1 and b2b3 of
+ *       n-tile 0, then of n-tile 1: lane address key (lane & 7) + 8*(lane >> 4), col
+ *       8*((lane >> 3) & 1).
+ *   V as B of O = P V (k = key, n = d; b0b1 = V[keys 2tig, 2tig+1][d groupID]: the
+ *       .trans layout): matrices {keys 0-7, d 0-7}, {keys 8-15, d 0-7}, {keys 0-7, d 8-15},
+ *       {keys 8-15, d 8-15} -> b0b1, b2b3 of d-tile 0, then of d-tile 1: lane address key
+ *       (lane & 7) + 8*((lane >> 3) & 1), col 8*(lane >> 4).
+ *   P as A of O = P V: the S accumulators of key n-tiles 2kc and 2kc+1 are, element for
+ *       element, the A fragment of key chunk kc: a0a1 = S[2kc].c0c1, a2a3 = S[2kc].c2c3,
+ *       a4a5 = S[2kc+1].c0c1, a6a7 = S[2kc+1].c2c3 (packed to f16/bf16 pairs, low element
+ *       in the low half).
+ * Each thread owns rows groupID ("A") and groupID + 8 ("B") of its warp's 16; the four
+ * lanes of a quad share those rows, so row max and row sum reduce over xor 1 and 2. */
+
+#define PF_BM 64
+#define PF_THREADS 128
+#define PF_SHORT 4 /* row groups of at most this many rows go to the decode kernel */
+
+template <int D>
+struct pf_cfg {
+    static constexpr int BN = D <= 128 ? 64 : 32; /* keys per K/V tile */
+    static constexpr int LD = D + 8;              /* smem row stride (elements) */
+    static constexpr size_t SMEM = (size_t)(PF_BM + 2 * BN) * LD * 2;
+};
+
+template <typename T>
+struct mma_op;
+template <>
+struct mma_op<__half> {
+    static __device__ __forceinline__ void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&h);
+    }
+};
+template <>
+struct mma_op<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&h);
+    }
+};
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* tiles: {count, (row0, nrows) x count}: row groups of <= PF_BM consecutive rows of one
+ * sequence. Grid (n_head, tile slots, n_split); a block walks tiles blockIdx.y,
+ * blockIdx.y + gridDim.y, ... from the last (longest key range under causality) down. */
+template <typename T, int D>
+static __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
+                        const int *__restrict__ tiles, float *__restrict__ partial, int n_split) {
+    constexpr int BN = pf_cfg<D>::BN, LD = pf_cfg<D>::LD, NC = D / 8;
+    extern __shared__ __align__(16) unsigned char psm[];
+    T *sQ = reinterpret_cast<T *>(psm); /* [PF_BM][LD] */
+    T *sK = sQ + PF_BM * LD;            /* [BN][LD] */
+    T *sV = sK + BN * LD;               /* [BN][LD] */
+    __shared__ int s_pos[PF_BM], s_j0[PF_BM];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+    const int h = blockIdx.x, split = blockIdx.z;
+    const int kvh = h / (a.n_head / a.n_kv);
+    const int n_tiles = tiles[0];
+
+    for (int it = blockIdx.y; it < n_tiles; it += gridDim.y) {
+        const int tile = n_tiles - 1 - it;
+        const int row0 = tiles[1 + 2 * tile], nrows = tiles[2 + 2 * tile];
+        if (tid < PF_BM) {
+            const int p = tid < nrows ? a.pos[row0 + tid] : -1;
+            s_pos[tid] = p;
+            s_j0[tid] = p >= 0 ? first_key(p, a.window) : INT_MAX;
+        }
+        /* Q rows -> sQ in the cache type (rows past nrows zero) */
+        for (int idx = tid; idx < PF_BM * (D / 4); idx += PF_THREADS) {
+            const int r = idx / (D / 4), c4 = idx % (D / 4);
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < nrows)
+                v = *reinterpret_cast<const float4 *>(a.q + ((int64_t)(row0 + r) * a.n_head + h) * D + c4 * 4);
+            uint2 u;
+            u.x = mma_op<T>::pack(v.x, v.y);
+            u.y = mma_op<T>::pack(v.z, v.w);
+            *reinterpret_cast<uint2 *>(sQ + r * LD + c4 * 4) = u;
+        }
+        __syncthreads();
+        /* key range of the tile (every warp computes it), of the warp, of the thread's rows */
+        const int kmin = warp_min_i(min(s_j0[lane], s_j0[lane + 32]));
+        const int kmax = warp_max_i(max(s_pos[lane], s_pos[lane + 32]));
+        const int wj0 = warp_min_i(s_j0[warp * 16 + (lane & 15)]);
+        const int wpos = warp_max_i(s_pos[warp * 16 + (lane & 15)]);
+        const int rA = warp * 16 + gid, rB = rA + 8;
+        const int posA = s_pos[rA], posB = s_pos[rB], j0A = s_j0[rA], j0B = s_j0[rB];
+        const int n_kt = (kmax - kmin + BN) / BN; /* nrows >= 1: kmin <= kmax */
+        const int per = (n_kt + n_split - 1) / n_split;
+        const int kt0 = split * per, kt1 = min(n_kt, kt0 + per);
+        const int32_t *table = a.blocks + (int64_t)a.seq[row0] * a.max_blocks;
+
+        /* K or V rows [kb, kb + BN) into dst; keys past kmax zeroed */
+        auto load = [&](T *dst, const T *cache, int kb) {
+            for (int idx = tid; idx < BN * NC; idx += PF_THREADS) {
+                const int r = idx / NC, c = idx % NC, key = kb + r;
+                const T *src = cache;
+                int bytes = 0;
+                if (key <= kmax) {
+                    const int64_t blk = table[key / a.block_size];
+                    const int off = key % a.block_size;
+                    src = cache + ((blk * a.n_kv + kvh) * a.block_size + off) * D + c * 8;
+                    bytes = 16;
+                }
+                cp_async16(dst + r * LD + c * 8, src, bytes);
+            }
+        };
+
+        float o[D / 8][4];
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+
+        if (kt0 < kt1) load(sK, kc, kmin + kt0 * BN);
+        cp_async_commit();
+        for (int kt = kt0; kt < kt1; kt++) {
+            const int kb = kmin + kt * BN;
+            load(sV, vc, kb);
+            cp_async_commit();
+            cp_async_wait<1>(); /* K tile kt has landed; V may be in flight */
+            __syncthreads();
+            const bool active = kb <= wpos && kb + BN - 1 >= wj0; /* warp-uniform */
+            float s[BN / 8][4];
+            if (active) {
+#pragma unroll
+                for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    uint32_t qa[4];
+                    ldsm_x4(qa, sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int np = 0; np < BN / 16; np++) {
+                        uint32_t kf[4];
+                        ldsm_x4(kf, sK + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                        mma_op<T>::run(s[2 * np], qa, kf[0], kf[1]);
+                        mma_op<T>::run(s[2 * np + 1], qa, kf[2], kf[3]);
+                    }
+                }
+                /* scale, soft-cap, mask; row maxima */
+                float mxA = -INFINITY, mxB = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = kb + nt * 8 + 2 * tig + (e & 1);
+                        float x = s[nt][e] * a.scale;
+                        if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+                        const bool vis = e < 2 ? key >= j0A && key <= posA : key >= j0B && key <= posB;
+                        x = vis ? x : -INFINITY;
+                        s[nt][e] = x;
+                        if (e < 2) mxA = fmaxf(mxA, x);
+                        else mxB = fmaxf(mxB, x);
+                    }
+                }
+                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+                const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
+                const float uA = nA == -INFINITY ? 0.0f : nA, uB = nB == -INFINITY ? 0.0f : nB;
+                const float cA = __expf(mA - uA), cB = __expf(mB - uB);
+                float sumA = 0.0f, sumB = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+                    s[nt][0] = __expf(s[nt][0] - uA);
+                    s[nt][1] = __expf(s[nt][1] - uA);
+                    s[nt][2] = __expf(s[nt][2] - uB);
+                    s[nt][3] = __expf(s[nt][3] - uB);
+                    sumA += s[nt][0] + s[nt][1];
+                    sumB += s[nt][2] + s[nt][3];
+                }
+                lA = lA * cA + sumA; /* the quad's partial sums; reduced at the end */
+                lB = lB * cB + sumB;
+                mA = nA;
+                mB = nB;
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    o[i][0] *= cA;
+                    o[i][1] *= cA;
+                    o[i][2] *= cB;
+                    o[i][3] *= cB;
+                }
+            }
+            cp_async_wait<0>(); /* V tile kt has landed */
+            __syncthreads();    /* ... and every warp is done with sK */
+            if (kt + 1 < kt1) load(sK, kc, kb + BN);
+            cp_async_commit();
+            if (active) {
+#pragma unroll
+                for (int kc2 = 0; kc2 < BN / 16; kc2++) {
+                    uint32_t pa[4];
+                    pa[0] = mma_op<T>::pack(s[2 * kc2][0], s[2 * kc2][1]);
+                    pa[1] = mma_op<T>::pack(s[2 * kc2][2], s[2 * kc2][3]);
+                    pa[2] = mma_op<T>::pack(s[2 * kc2 + 1][0], s[2 * kc2 + 1][1]);
+                    pa[3] = mma_op<T>::pack(s[2 * kc2 + 1][2], s[2 * kc2 + 1][3]);
+#pragma unroll
+                    for (int dp = 0; dp < D / 16; dp++) {
+                        uint32_t vf[4];
+                        ldsm_x4_trans(vf, sV + (kc2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+                        mma_op<T>::run(o[2 * dp], pa, vf[0], vf[1]);
+                        mma_op<T>::run(o[2 * dp + 1], pa, vf[2], vf[3]);
+                    }
+                }
+            }
+            __syncthreads(); /* every warp is done with sV */
+        }
+
+        lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+        lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+        lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+        lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = half ? rB : rA;
+            if (r >= nrows) continue;
+            const int64_t t = row0 + r;
+            const float m = half ? mB : mA, l = half ? lB : lA;
+            if (n_split == 1) {
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                float *dr = a.dst + (t * a.n_head + h) * D + 2 * tig;
+#pragma unroll
+                for (int i = 0; i < D / 8; i++)
+                    *reinterpret_cast<float2 *>(dr + i * 8) = make_float2(o[i][2 * half] * inv, o[i][2 * half + 1] * inv);
+            } else {
+                float *pr = partial + ((t * a.n_head + h) * n_split + split) * (D + 2);
+                if (tig == 0) {
+                    pr[0] = m;
+                    pr[1] = l;
+                }
+#pragma unroll
+                for (int i = 0; i < D / 8; i++)
+                    *reinterpret_cast<float2 *>(pr + 2 + i * 8 + 2 * tig) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
+            }
+        }
+        __syncthreads(); /* s_pos, s_j0, sQ are rewritten for the next tile */
+    }
+}
+
+/* ------------------------------------------------------------------------------------
+ * Row groups of a prefill batch (one block of 1024 threads)
+ * ------------------------------------------------------------------------------------
+ * A group starts at row 0, at every multiple of PF_BM and wherever the sequence changes,
+ * so a group is <= PF_BM consecutive rows of one sequence. Groups of more than `short_max`
+ * rows go to the prefill kernel's list {count, (row0, nrows)...}; the rows of the others
+ * to the decode kernel's list {count, row...} (at most short_cap rows, the decode grid's
+ * slots); kind[row] says which (0 prefill, 1 decode). starts: scratch of n + 1 ints. */
+static __device__ int block_excl_scan(int v, int *total, int *warp_tot) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_tot[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? warp_tot[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        warp_tot[lane] = w; /* inclusive over warps */
+    }
+    __syncthreads();
+    const int excl = x - v + (warp ? warp_tot[warp - 1] : 0);
+    *total = warp_tot[nw - 1];
+    __syncthreads(); /* warp_tot is reused by the next scan */
+    return excl;
+}
+
+static __global__ void __launch_bounds__(1024)
+    attn_tiles_kernel(const int32_t *__restrict__ seq, int n, int short_max, int short_cap, int *__restrict__ starts,
+                      int *__restrict__ tiles, int *__restrict__ short_rows, int *__restrict__ kind) {
+    __shared__ int warp_tot[32];
+    const int tid = threadIdx.x;
+    int n_groups = 0;
+    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+        const int i = c0 + tid;
+        const int f = i < n && (i == 0 || i % PF_BM == 0 || seq[i] != seq[i - 1]);
+        int total;
+        const int excl = block_excl_scan(f, &total, warp_tot);
+        if (f) starts[n_groups + excl] = i;
+        n_groups += total;
+    }
+    if (tid == 0) starts[n_groups] = n;
+    __syncthreads(); /* starts[] is visible to the block */
+    int n_long = 0, n_short = 0;
+    for (int c0 = 0; c0 < n_groups; c0 += blockDim.x) {
+        const int k = c0 + tid;
+        const int row0 = k < n_groups ? starts[k] : 0;
+        const int nrows = k < n_groups ? starts[k + 1] - row0 : 0;
+        /* a short candidate goes to the decode list while the list has room (rows of a
+         * sequence split into many groups could outgrow it), else to the prefill list */
+        const int cand = k < n_groups && nrows <= short_max ? nrows : 0;
+        int tot_cand, tot_long, tot_short;
+        const int ec = block_excl_scan(cand, &tot_cand, warp_tot);
+        const int is_short = cand > 0 && n_short + ec + nrows <= short_cap;
+        const int is_long = k < n_groups && !is_short;
+        const int es = block_excl_scan(is_short ? nrows : 0, &tot_short, warp_tot);
+        const int el = block_excl_scan(is_long, &tot_long, warp_tot);
+        if (k < n_groups) {
+            if (is_long) {
+                tiles[1 + 2 * (n_long + el)] = row0;
+                tiles[2 + 2 * (n_long + el)] = nrows;
+            } else {
+                for (int r = 0; r < nrows; r++) short_rows[1 + n_short + es + r] = row0 + r;
+            }
+            for (int r = 0; r < nrows; r++) kind[row0 + r] = is_long ? 0 : 1;
+        }
+        n_long += tot_long;
+        n_short += tot_short;
+    }
+    if (tid == 0) {
+        tiles[0] = n_long;
+        short_rows[0] = n_short;
+    }
+}
+
+/* ------------------------------------------------------------------------------------
+ * Merging the key splits
+ * ------------------------------------------------------------------------------------
+ * partial[(slot * n_head + h) * n_split + s] = {m, l, o[dv]} (o unnormalized). A block
+ * per (slot, head); slot -> row through `rows` ({count, row...}) when given, else
+ * row = slot; rows with kind[row] != 0 are skipped when kind is given. */
+static __global__ void attn_merge_kernel(float *__restrict__ dst, const float *__restrict__ partial, int n_head,
+                                         int dv, int n_split, const int *__restrict__ rows,
+                                         const int *__restrict__ kind) {
+    const int h = blockIdx.x % n_head;
+    const int64_t slot = blockIdx.x / n_head;
+    if (rows && slot >= rows[0]) return;
+    const int64_t t = rows ? rows[1 + slot] : slot;
+    if (kind && kind[t] != 0) return;
+    const float *pr = partial + (slot * n_head + h) * n_split * (int64_t)(dv + 2);
     float M = -INFINITY;
     for (int s = 0; s < n_split; s++) M = fmaxf(M, pr[s * (dv + 2)]);
     float L = 0.0f;
@@ -131,42 +863,198 @@ static __global__ void attn_combine_kernel(float *__restrict__ dst, const float 
         const float ms = pr[s * (dv + 2)];
         if (ms != -INFINITY) L += pr[s * (dv + 2) + 1] * expf(ms - M);
     }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < n_split; s++) {
             const float ms = pr[s * (dv + 2)];
             if (ms != -INFINITY) acc += pr[s * (dv + 2) + 2 + i] * expf(ms - M);
         }
-        dst[(t * n_head + h) * (int64_t)dv + i] = acc / L;
+        dst[(t * n_head + h) * (int64_t)dv + i] = acc * inv;
     }
 }
 
-/* Splits so that (rows x heads x splits) fills the GPU twice over, with at least 128 keys
- * per split. */
-static int choose_split(int64_t n_tokens, int n_head, int max_keys) {
-    const int64_t pairs = n_tokens * n_head;
+/* ------------------------------------------------------------------------------------
+ * Plan and launchers
+ * ------------------------------------------------------------------------------------ */
+
+static int sm_count(void) {
+    static int n = 0;
+    if (n > 0) return n;
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0) {
+        n = v;
+        return n;
+    }
+    cudaGetLastError();
+    return 132; /* no device (plan queried on a machine without a GPU): an H200 */
+}
+
+/* Doubles the split while the blocks do not reach `target`, keeping at least min_keys
+ * keys per split of the longest row. */
+static int choose_split(int64_t units, int max_keys, int min_keys, int max_split, int64_t target) {
     int s = 1;
-    while (s < 64 && pairs * s < 264 && max_keys / (s * 2) >= 128) s *= 2;
+    while (s < max_split && units * s < target && max_keys / (2 * s) >= min_keys) s *= 2;
     return s;
 }
 
-extern "C" uint64_t cuda_attn_scratch_bytes(int64_t n_tokens, int n_head, int dv, int max_keys) {
-    int s = choose_split(n_tokens, n_head, max_keys);
-    if (s == 1) return 0;
-    return (uint64_t)n_tokens * n_head * s * (uint64_t)(dv + 2) * sizeof(float);
+static uint64_t align256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
+
+extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p) {
+    memset(p, 0, sizeof *p);
+    const int G = a->n_kv > 0 && a->n_head % a->n_kv == 0 ? a->n_head / a->n_kv : 0;
+    const bool typed = a->cache_type == QT_F16 || a->cache_type == QT_BF16 || a->cache_type == QT_F32;
+    const bool fast = typed && G >= 1 && G <= 16 && a->dk == a->dv && (a->dk == 64 || a->dk == 128 || a->dk == 256);
+    const bool tc = fast && a->cache_type != QT_F32;
+    const int64_t n = a->n_tokens;
+    int k;
+    if (!fast || a->kernel == CUDA_ATTN_GENERIC) k = CUDA_ATTN_GENERIC;
+    else if (a->kernel == CUDA_ATTN_DECODE || !tc) k = CUDA_ATTN_DECODE;
+    else if (a->kernel == CUDA_ATTN_HYBRID || a->kernel == CUDA_ATTN_PREFILL) k = a->kernel;
+    else k = n <= a->n_seqs || n <= PF_SHORT ? CUDA_ATTN_DECODE : CUDA_ATTN_HYBRID;
+    p->kernel = k;
+    const uint64_t row_bytes = (uint64_t)a->n_head * (uint64_t)(a->dv + 2) * sizeof(float);
+    const int64_t target = 4 * (int64_t)sm_count();
+    if (k == CUDA_ATTN_GENERIC) {
+        /* (rows x heads x splits) fills the GPU twice over, >= 128 keys per split */
+        p->dec_slots = (int)n;
+        p->dec_split = choose_split(n * a->n_head, a->max_keys, 128, 64, 2 * (int64_t)sm_count());
+        if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)n * p->dec_split * row_bytes);
+    } else if (k == CUDA_ATTN_DECODE) {
+        const int nk = 8192 / (a->dk * (a->cache_type == QT_F32 ? 4 : 2));
+        p->dec_slots = (int)n;
+        p->dec_split = choose_split(n * a->n_kv, a->max_keys, 2 * nk, 64, target);
+        if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)n * p->dec_split * row_bytes);
+    } else {
+        const int bn = a->dk <= 128 ? 64 : 32, nk = 8192 / (a->dk * 2);
+        const int short_max = k == CUDA_ATTN_PREFILL ? 0 : PF_SHORT;
+        int64_t groups = (n + PF_BM - 1) / PF_BM + a->n_seqs; /* with consecutive rows per sequence */
+        if (groups > n) groups = n;
+        p->short_max = short_max;
+        p->pf_slots = (int)(groups < 65535 ? groups : 65535);
+        p->pf_split = choose_split(((n + PF_BM - 1) / PF_BM) * a->n_head, a->max_keys, 4 * bn, 16, target / 2);
+        if (short_max > 0) {
+            int64_t slots = (int64_t)a->n_seqs * 2 * short_max; /* a sequence's head and tail groups */
+            if (slots > n) slots = n;
+            p->dec_slots = (int)slots;
+            p->dec_split = choose_split(slots * a->n_kv, a->max_keys, 2 * nk, 64, target);
+            if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)slots * p->dec_split * row_bytes);
+        }
+        if (p->pf_split > 1) p->pf_partial_bytes = align256((uint64_t)n * p->pf_split * row_bytes);
+        /* starts (n + 1), tiles (1 + 2n), short rows (1 + n), kind (n) */
+        p->list_bytes = align256((uint64_t)(5 * n + 4) * sizeof(int));
+    }
+}
+
+extern "C" uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a) {
+    struct cuda_attn_plan p;
+    cuda_attn_plan(a, &p);
+    return p.dec_partial_bytes + p.pf_partial_bytes + p.list_bytes;
+}
+
+template <typename T>
+static void launch_generic(const struct cuda_attn_args *a, float *partial, int s, cudaStream_t st) {
+    dim3 grid((unsigned)a->n_head, (unsigned)a->n_tokens, (unsigned)s);
+    attn_generic_kernel<T><<<grid, GEN_WARPS * 32, 0, st>>>(*a, (const T *)a->kc, (const T *)a->vc, partial, s);
+}
+
+template <typename T, int D, int GMAX>
+static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
+                            cudaStream_t st) {
+    constexpr size_t smem = dec_smem_bytes<T, D, GMAX>();
+    static bool attr = false; /* > 48 KB of dynamic smem needs the opt-in, once per kernel */
+    if (!attr) {
+        cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attr = true;
+    }
+    dim3 grid((unsigned)((int64_t)slots * a->n_kv), (unsigned)s);
+    attn_decode_kernel<T, D, GMAX>
+        <<<grid, DEC_THREADS, smem, st>>>(*a, (const T *)a->kc, (const T *)a->vc, rows, partial, s);
+}
+
+template <typename T, int D>
+static void launch_decode_d(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
+                            cudaStream_t st) {
+    const int G = a->n_head / a->n_kv;
+    if (G <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, st);
+    else if (G <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, st);
+    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, st);
+}
+
+template <typename T>
+static void launch_decode(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
+                          cudaStream_t st) {
+    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, st);
+    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, st);
+    else launch_decode_d<T, 256>(a, rows, slots, partial, s, st);
+}
+
+template <typename T, int D>
+static void launch_prefill_d(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
+                             cudaStream_t st) {
+    constexpr size_t smem = pf_cfg<D>::SMEM;
+    static bool attr = false;
+    if (!attr) {
+        cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attr = true;
+    }
+    dim3 grid((unsigned)a->n_head, (unsigned)slots, (unsigned)s);
+    attn_prefill_kernel<T, D><<<grid, PF_THREADS, smem, st>>>(*a, (const T *)a->kc, (const T *)a->vc, tiles, partial, s);
+}
+
+template <typename T>
+static void launch_prefill(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
+                           cudaStream_t st) {
+    if (a->dk == 64) launch_prefill_d<T, 64>(a, tiles, slots, partial, s, st);
+    else if (a->dk == 128) launch_prefill_d<T, 128>(a, tiles, slots, partial, s, st);
+    else launch_prefill_d<T, 256>(a, tiles, slots, partial, s, st);
+}
+
+static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
+                              cudaStream_t st) {
+    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, slots, partial, s, st);
+    else if (a->cache_type == QT_BF16) launch_decode<__nv_bfloat16>(a, rows, slots, partial, s, st);
+    else launch_decode<float>(a, rows, slots, partial, s, st);
+}
+
+static void launch_merge(const struct cuda_attn_args *a, const float *partial, int slots, int s, const int *rows,
+                         const int *kind, cudaStream_t st) {
+    attn_merge_kernel<<<(unsigned)((int64_t)slots * a->n_head), 128, 0, st>>>(a->dst, partial, a->n_head, a->dv, s,
+                                                                            rows, kind);
 }
 
 extern "C" void cuda_attention(const struct cuda_attn_args *a, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
-    const int s = choose_split(a->n_tokens, a->n_head, a->max_keys);
-    dim3 grid((unsigned)a->n_head, (unsigned)a->n_tokens, (unsigned)s);
-    if (a->cache_type == QT_F16)
-        attn_kernel<__half><<<grid, ATT_WARPS * 32, 0, st>>>(*a, (const __half *)a->kc, (const __half *)a->vc, s);
-    else if (a->cache_type == QT_BF16)
-        attn_kernel<__nv_bfloat16><<<grid, ATT_WARPS * 32, 0, st>>>(*a, (const __nv_bfloat16 *)a->kc,
-                                                                     (const __nv_bfloat16 *)a->vc, s);
-    else
-        attn_kernel<float><<<grid, ATT_WARPS * 32, 0, st>>>(*a, (const float *)a->kc, (const float *)a->vc, s);
-    if (s > 1) attn_combine_kernel<<<dim3((unsigned)a->n_head, (unsigned)a->n_tokens), 128, 0, st>>>(
-        a->dst, a->partial, a->n_head, a->dv, s);
+    struct cuda_attn_plan p;
+    cuda_attn_plan(a, &p);
+    unsigned char *scr = (unsigned char *)a->scratch;
+    float *dec_partial = p.dec_partial_bytes ? (float *)scr : NULL;
+    float *pf_partial = p.pf_partial_bytes ? (float *)(scr + p.dec_partial_bytes) : NULL;
+    int *lists = p.list_bytes ? (int *)(scr + p.dec_partial_bytes + p.pf_partial_bytes) : NULL;
+    const int n = (int)a->n_tokens;
+    if (n <= 0) return;
+
+    if (p.kernel == CUDA_ATTN_GENERIC) {
+        if (a->cache_type == QT_F16) launch_generic<__half>(a, dec_partial, p.dec_split, st);
+        else if (a->cache_type == QT_BF16) launch_generic<__nv_bfloat16>(a, dec_partial, p.dec_split, st);
+        else launch_generic<float>(a, dec_partial, p.dec_split, st);
+        if (p.dec_split > 1) launch_merge(a, dec_partial, n, p.dec_split, NULL, NULL, st);
+        return;
+    }
+    if (p.kernel == CUDA_ATTN_DECODE) {
+        launch_decode_any(a, NULL, n, dec_partial, p.dec_split, st);
+        if (p.dec_split > 1) launch_merge(a, dec_partial, n, p.dec_split, NULL, NULL, st);
+        return;
+    }
+    /* hybrid / prefill: lists laid out as starts (n + 1) | tiles (1 + 2n) | short (1 + n) | kind (n) */
+    int *starts = lists, *tiles = starts + (n + 1), *short_rows = tiles + (1 + 2 * n), *kind = short_rows + (1 + n);
+    attn_tiles_kernel<<<1, 1024, 0, st>>>(a->seq, n, p.short_max, p.dec_slots, starts, tiles, short_rows, kind);
+    if (a->cache_type == QT_F16) launch_prefill<__half>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
+    else launch_prefill<__nv_bfloat16>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
+    if (p.pf_split > 1) launch_merge(a, pf_partial, n, p.pf_split, NULL, kind, st);
+    if (p.short_max > 0) {
+        launch_decode_any(a, short_rows, p.dec_slots, dec_partial, p.dec_split, st);
+        if (p.dec_split > 1) launch_merge(a, dec_partial, p.dec_slots, p.dec_split, short_rows, NULL, st);
+    }
 }

@@ -574,16 +574,18 @@ static void cu_attention(struct backend *b, struct tensor *dst, const struct ten
     struct cuda_attn_args a = {
         .dst = dst->data, .q = q->data, .kc = kc->data, .vc = vc->data, .cache_type = kc->type,
         .pos = m->pos->data, .seq = m->seq->data, .blocks = m->blocks->data,
-        .max_blocks = (int)m->blocks->ne[0], .block_size = m->block_size,
+        .max_blocks = (int)m->blocks->ne[0], .block_size = m->block_size, .n_seqs = (int)m->blocks->ne[1],
         .dk = (int)kc->ne[0], .dv = (int)vc->ne[0], .n_head = (int)q->ne[1], .n_kv = (int)kc->ne[2],
-        .n_tokens = q->ne[2], .scale = p->scale, .softcap = p->softcap, .window = p->window};
+        .n_tokens = q->ne[2], .scale = p->scale, .softcap = p->softcap, .window = p->window,
+        .kernel = CUDA_ATTN_AUTO};
     a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
     if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
     size_t mark = cu_scratch_mark(b);
-    uint64_t need = cuda_attn_scratch_bytes(a.n_tokens, a.n_head, a.dv, a.max_keys);
+    /* the kernel and its scratch follow from the step's shape only (graph replay) */
+    uint64_t need = cuda_attn_scratch_bytes(&a);
     if (need) {
-        a.partial = scratch(cb, need);
-        if (!a.partial) return;
+        a.scratch = scratch(cb, need);
+        if (!a.scratch) return;
     }
     cuda_attention(&a, cb->stream);
     check_launch(cb, "attention");

@@ -62,21 +62,46 @@ void cuda_kv_store(void *kc, void *vc, uint32_t cache_type, const float *k, cons
 
 /* ---- cuda_attn.cu ---- */
 
+/* Which attention kernel runs (cuda_attn_plan; docs/cuda-backend.md, "Attention"). */
+enum cuda_attn_kernel {
+    CUDA_ATTN_AUTO = 0,    /* let the plan choose (the backend's setting) */
+    CUDA_ATTN_GENERIC = 1, /* block per (query head, row, split): any head_dim <= 256 */
+    CUDA_ATTN_DECODE = 2,  /* block per (row, KV head, split), all G heads of the group */
+    CUDA_ATTN_HYBRID = 3,  /* tensor-core prefill for row groups > 4 rows, decode for the rest */
+    CUDA_ATTN_PREFILL = 4, /* tensor-core prefill for every row group (tests) */
+};
+
 struct cuda_attn_args {
     float *dst;            /* (dv, n_head, n_tokens) */
     const float *q;        /* (dk, n_head, n_tokens) */
     const void *kc, *vc;   /* caches (d, block_size, n_kv, n_blocks) */
-    uint32_t cache_type;
+    uint32_t cache_type;   /* QT_F16, QT_BF16 or QT_F32 */
     const int32_t *pos, *seq, *blocks; /* blocks: (max_blocks, n_seqs) */
-    int max_blocks, block_size;
+    int max_blocks, block_size, n_seqs;
     int dk, dv, n_head, n_kv;
     int64_t n_tokens;
     float scale, softcap;
     int window;
     int max_keys;          /* upper bound of keys any row sees (sizes the split) */
-    float *partial;        /* scratch for split-K: cuda_attn_scratch_bytes */
+    int kernel;            /* enum cuda_attn_kernel: AUTO, or one forced (tests, benchmarks);
+                            * a kernel that cannot run the shape falls back (see the plan) */
+    void *scratch;         /* cuda_attn_scratch_bytes(this) bytes of device memory */
 };
-uint64_t cuda_attn_scratch_bytes(int64_t n_tokens, int n_head, int dv, int max_keys);
+
+/* What cuda_attention will launch for a (the plan is a function of the shape fields only:
+ * n_tokens, n_seqs, heads, dims, cache type, max_keys, kernel). Falls back from a forced
+ * kernel: head_dim not 64/128/256, dk != dv or more than 16 query heads per KV head run
+ * GENERIC; F32 caches run DECODE instead of HYBRID/PREFILL. */
+struct cuda_attn_plan {
+    int kernel;                  /* enum cuda_attn_kernel, never AUTO */
+    int dec_slots, dec_split;    /* decode/generic: row slots in the grid, key splits */
+    int pf_slots, pf_split;      /* hybrid/prefill: row-group slots, key splits */
+    int short_max;               /* hybrid: groups of <= this many rows go to decode */
+    uint64_t dec_partial_bytes, pf_partial_bytes, list_bytes; /* scratch, in this order */
+};
+void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p);
+/* Device scratch the call needs (0 when none). */
+uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a);
 void cuda_attention(const struct cuda_attn_args *a, void *stream);
 
 #ifdef __cplusplus

@@ -1,0 +1,598 @@
+/* CUDA paged attention (src/backend/cuda/cuda_attn.cu) against its CPU twin
+ * (src/backend/cpu/cpu_ops_attn.c, through the CPU backend).
+ *
+ * Each case builds fresh random caches (F16, BF16 or F32), block tables scattered over a
+ * shuffled block pool, and a batch that mixes prefill chunks, short row groups and decode
+ * rows of several sequences at different depths (1 to 1000+ keys). Cache slots that no row
+ * of the batch may see (past a sequence's last row, before the sliding window, unused
+ * blocks) hold NaN: a kernel that reads and uses one poisons its output. Every case runs
+ *   - through bk_attention on the CUDA backend (the plan's own choice), and
+ *   - through cuda_attention with each kernel forced (GENERIC, DECODE, HYBRID, PREFILL;
+ *     a kernel that cannot run the shape falls back, and the plan used is printed),
+ * and each output (poisoned with NaN before the call) is compared with the CPU's.
+ * Tolerances (max |gpu - cpu| / max(1, max |cpu|)):
+ *   - GENERIC and DECODE compute in f32 on the same cache values: 1e-4;
+ *   - HYBRID and PREFILL run S = Q K^T and O += P V on tensor cores with Q and P rounded to
+ *     the cache type: F16 4e-3, BF16 3e-2 (8 mantissa bits; measured errors are printed).
+ * The plan's choices are also checked on the CPU side (no GPU needed).
+ *
+ * SMELT_BENCH=1 adds timings on Llama-3-8B shapes (32 query heads, 8 KV heads, d = 128,
+ * F16 cache, blocks of 16): decode at depths 512/4096/16384 for 1 and 64 sequences
+ * (GB/s of K/V bytes, caches rotated through >= 1 GiB so reads come from HBM) and
+ * prefill of 512 and 2048 tokens (TFLOP/s of the causal QK^T and PV products), old
+ * (GENERIC) kernel against the new ones. SMELT_SEED=n changes the random inputs. */
+#ifndef SMELT_HAVE_CUDA
+#include <stdio.h>
+
+int main(void) {
+    printf("SKIP test_cuda_attn: built without CUDA (nvcc not found at configure time)\n");
+    return 77;
+}
+#else
+
+#include "t.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "util/half.h"
+
+static struct backend *cpu, *gpu;
+static unsigned long long g_seed = 0xa77e2024ULL;
+
+#define CK(call)                                                                               \
+    do {                                                                                       \
+        cudaError_t rc_ = (call);                                                              \
+        if (rc_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(rc_)); \
+            T_CHECK(0);                                                                        \
+            goto done;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+static const char *kernel_name(int k) {
+    switch (k) {
+    case CUDA_ATTN_GENERIC: return "generic";
+    case CUDA_ATTN_DECODE: return "decode";
+    case CUDA_ATTN_HYBRID: return "hybrid";
+    case CUDA_ATTN_PREFILL: return "prefill";
+    default: return "auto";
+    }
+}
+
+/* ---- cases ---- */
+
+#define MAX_SEGS 12
+
+/* rows [pos0, pos0 + n) of sequence seq, consecutive in the batch */
+struct seg {
+    int seq, pos0, n;
+};
+
+struct attn_case {
+    const char *name;
+    int d, n_kv, G;
+    uint32_t type;
+    int bs, window;
+    float softcap, qmag;
+    int n_segs;
+    struct seg segs[MAX_SEGS];
+};
+
+static const struct attn_case cases[] = {
+    /* Llama-like GQA 4: a 100-row chunk from 0, decode rows with 7, 1 and 321 keys, a
+     * chunk at depth 250, a 3-row group (decode kernel inside hybrid) */
+    {"gqa4 d128 f16 mixed", 128, 2, 4, QT_F16, 16, 0, 0.0f, 1.0f, 6,
+     {{1, 6, 1}, {0, 0, 100}, {2, 0, 1}, {3, 250, 60}, {4, 320, 1}, {5, 37, 3}}},
+    {"gqa4 d128 bf16 mixed", 128, 2, 4, QT_BF16, 16, 0, 0.0f, 1.0f, 6,
+     {{0, 0, 100}, {1, 6, 1}, {3, 250, 60}, {2, 0, 1}, {5, 37, 3}, {4, 320, 1}}},
+    /* Qwen2.5-0.5B-like: 14 query heads over 2 KV heads, d = 64; a chunk across a row-64
+     * boundary, a deep decode row */
+    {"gqa7 d64 bf16", 64, 2, 7, QT_BF16, 16, 0, 0.0f, 2.0f, 5,
+     {{0, 0, 130}, {1, 299, 1}, {2, 64, 65}, {3, 5, 2}, {4, 700, 1}}},
+    {"gqa7 d64 f16", 64, 2, 7, QT_F16, 16, 0, 0.0f, 2.0f, 5,
+     {{3, 5, 2}, {0, 0, 130}, {1, 299, 1}, {2, 64, 65}, {4, 700, 1}}},
+    /* Gemma-like d = 256, MHA, sliding window and soft-capping, odd block size */
+    {"mha d256 f16 window softcap", 256, 3, 1, QT_F16, 7, 48, 30.0f, 3.0f, 4,
+     {{0, 0, 90}, {1, 200, 1}, {2, 120, 20}, {3, 47, 1}}},
+    {"gqa4 d256 bf16 window", 256, 1, 4, QT_BF16, 32, 100, 0.0f, 2.0f, 4,
+     {{0, 0, 150}, {1, 333, 1}, {2, 90, 17}, {3, 0, 1}}},
+    /* a chunk deep into its sequence: the prefill kernel splits its keys */
+    {"gqa4 d128 f16 deep chunk", 128, 2, 4, QT_F16, 16, 0, 0.0f, 1.0f, 2,
+     {{0, 1000, 70}, {1, 400, 1}}},
+    /* pure decode batch (split keys, merge) at 1 to 1000+ keys */
+    {"gqa4 d128 f16 decode", 128, 2, 4, QT_F16, 16, 0, 0.0f, 3.0f, 6,
+     {{0, 0, 1}, {1, 6, 1}, {2, 99, 1}, {3, 299, 1}, {4, 516, 1}, {5, 1100, 1}}},
+    {"gqa16 d128 f16", 128, 1, 16, QT_F16, 16, 0, 0.0f, 1.0f, 3,
+     {{0, 0, 40}, {1, 300, 1}, {2, 17, 5}}},
+    {"gqa8 d64 bf16 decode", 64, 2, 8, QT_BF16, 16, 0, 5.0f, 2.0f, 3,
+     {{0, 10, 1}, {1, 200, 1}, {2, 64, 1}}},
+    /* F32 cache: decode kernel for every row */
+    {"gqa7 d128 f32", 128, 2, 7, QT_F32, 16, 20, 0.0f, 1.0f, 3,
+     {{0, 0, 70}, {1, 150, 1}, {2, 33, 4}}},
+    /* a sequence whose rows are not consecutive in the batch (two groups) */
+    {"gqa4 d64 f16 split rows", 64, 2, 4, QT_F16, 16, 0, 0.0f, 1.0f, 4,
+     {{0, 0, 20}, {1, 50, 1}, {0, 20, 30}, {2, 0, 9}}},
+    /* head_dim 96: only the generic kernel */
+    {"gqa2 d96 f16 generic", 96, 2, 2, QT_F16, 16, 0, 0.0f, 1.0f, 3,
+     {{0, 0, 33}, {1, 80, 1}, {2, 5, 3}}},
+};
+
+static void fill_cache(void *dst, uint32_t type, size_t i, float v) {
+    if (type == QT_F16) ((uint16_t *)dst)[i] = f32_to_f16(v);
+    else if (type == QT_BF16) ((uint16_t *)dst)[i] = f32_to_bf16(v);
+    else ((float *)dst)[i] = v;
+}
+
+static int first_key(int pos, int window) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; }
+
+struct built {
+    int n_tokens, n_seqs, n_head, n_blocks, max_blocks, max_keys;
+    int32_t *pos, *seq, *tables;
+    void *kc, *vc; /* host caches */
+    size_t cache_bytes;
+    float *q;      /* (d, n_head, n_tokens) */
+};
+
+static void built_free(struct built *b) {
+    free(b->pos);
+    free(b->seq);
+    free(b->tables);
+    free(b->kc);
+    free(b->vc);
+    free(b->q);
+}
+
+static bool build(const struct attn_case *c, struct built *b) {
+    memset(b, 0, sizeof *b);
+    int n_seqs = 0, n = 0, len[MAX_SEGS] = {0};
+    for (int i = 0; i < c->n_segs; i++) {
+        const struct seg *s = &c->segs[i];
+        if (s->seq >= MAX_SEGS || s->pos0 + s->n > 4096) return false; /* the case tables' limits */
+        if (s->seq + 1 > n_seqs) n_seqs = s->seq + 1;
+        if (s->pos0 + s->n > len[s->seq]) len[s->seq] = s->pos0 + s->n;
+        n += s->n;
+    }
+    int nb[MAX_SEGS], total_blocks = 0, width = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        nb[s] = (len[s] + c->bs - 1) / c->bs;
+        total_blocks += nb[s];
+        if (nb[s] > width) width = nb[s];
+    }
+    b->max_blocks = (width + 15) / 16 * 16; /* as model_forward rounds the table width */
+    b->n_blocks = total_blocks + 5;         /* and a few blocks nobody owns */
+    b->n_tokens = n;
+    b->n_seqs = n_seqs;
+    b->n_head = c->n_kv * c->G;
+    b->max_keys = b->max_blocks * c->bs;
+    if (c->window > 0 && b->max_keys > c->window) b->max_keys = c->window;
+    b->pos = malloc(sizeof(int32_t) * n);
+    b->seq = malloc(sizeof(int32_t) * n);
+    b->tables = calloc((size_t)b->max_blocks * n_seqs, sizeof(int32_t));
+    int *perm = malloc(sizeof(int) * b->n_blocks);
+    /* visible[s][p]: some row of the batch may see position p of sequence s */
+    unsigned char *visible = calloc((size_t)n_seqs * 4096, 1);
+    size_t esz = c->type == QT_F32 ? 4 : 2;
+    size_t n_el = (size_t)c->d * c->bs * c->n_kv * b->n_blocks;
+    b->cache_bytes = n_el * esz;
+    b->kc = malloc(b->cache_bytes);
+    b->vc = malloc(b->cache_bytes);
+    b->q = malloc(sizeof(float) * (size_t)c->d * b->n_head * n);
+    if (!b->pos || !b->seq || !b->tables || !perm || !visible || !b->kc || !b->vc || !b->q) {
+        free(perm);
+        free(visible);
+        return false;
+    }
+    /* rows in batch order */
+    int r = 0;
+    for (int i = 0; i < c->n_segs; i++)
+        for (int k = 0; k < c->segs[i].n; k++, r++) {
+            b->pos[r] = c->segs[i].pos0 + k;
+            b->seq[r] = c->segs[i].seq;
+            for (int p = first_key(b->pos[r], c->window); p <= b->pos[r]; p++) visible[b->seq[r] * 4096 + p] = 1;
+        }
+    /* block tables: a shuffled pool, so a sequence's blocks are scattered */
+    for (int i = 0; i < b->n_blocks; i++) perm[i] = i;
+    for (int i = b->n_blocks - 1; i > 0; i--) {
+        int j = (int)(t_rand_u64(&g_seed) % (unsigned long long)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int used = 0;
+    for (int s = 0; s < n_seqs; s++)
+        for (int k = 0; k < nb[s]; k++) b->tables[s * b->max_blocks + k] = perm[used++];
+    /* caches: NaN everywhere, then random values at the visible slots */
+    const float nan = NAN;
+    for (size_t i = 0; i < n_el; i++) {
+        fill_cache(b->kc, c->type, i, nan);
+        fill_cache(b->vc, c->type, i, nan);
+    }
+    for (int s = 0; s < n_seqs; s++)
+        for (int p = 0; p < len[s]; p++) {
+            if (!visible[s * 4096 + p]) continue;
+            int blk = b->tables[s * b->max_blocks + p / c->bs], off = p % c->bs;
+            for (int g = 0; g < c->n_kv; g++) {
+                size_t base = (((size_t)blk * c->n_kv + g) * c->bs + off) * c->d;
+                for (int e = 0; e < c->d; e++) {
+                    fill_cache(b->kc, c->type, base + e, t_randn(&g_seed));
+                    fill_cache(b->vc, c->type, base + e, t_randn(&g_seed));
+                }
+            }
+        }
+    for (size_t i = 0; i < (size_t)c->d * b->n_head * n; i++) b->q[i] = c->qmag * t_randn(&g_seed);
+    free(perm);
+    free(visible);
+    return true;
+}
+
+/* ---- running ---- */
+
+static void tensor_host(struct tensor *t, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                        void *data) {
+    tensor_init(t, type, ne0, ne1, ne2, ne3);
+    t->data = data;
+}
+
+/* CPU twin: out (d, n_head, n_tokens) */
+static bool run_cpu(const struct attn_case *c, const struct built *b, float *out) {
+    struct tensor q, kc, vc, dst, pos, seq, slot, tb;
+    tensor_host(&q, QT_F32, c->d, b->n_head, b->n_tokens, 1, b->q);
+    tensor_host(&kc, c->type, c->d, c->bs, c->n_kv, b->n_blocks, b->kc);
+    tensor_host(&vc, c->type, c->d, c->bs, c->n_kv, b->n_blocks, b->vc);
+    tensor_host(&dst, QT_F32, c->d, b->n_head, b->n_tokens, 1, out);
+    tensor_host(&pos, QT_I32, b->n_tokens, 1, 1, 1, b->pos);
+    tensor_host(&seq, QT_I32, b->n_tokens, 1, 1, 1, b->seq);
+    tensor_host(&slot, QT_I32, b->n_tokens, 1, 1, 1, b->pos); /* unused by attention */
+    tensor_host(&tb, QT_I32, b->max_blocks, b->n_seqs, 1, 1, b->tables);
+    struct attn_meta m = {&pos, &seq, &slot, &tb, c->bs};
+    struct attn_params ap = {.scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window};
+    struct err e;
+    bk_step_begin(cpu);
+    bk_attention(cpu, &dst, &q, &kc, &vc, &m, &ap);
+    if (bk_sync(cpu, &e) != SMELT_OK) {
+        fprintf(stderr, "cpu attention: %s\n", e.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Compares out with ref; prints the max error and the first element over tol. */
+static double compare(const struct attn_case *c, const struct built *b, const float *out, const float *ref,
+                      double tol, const char *what) {
+    double mx = 0, mref = 1;
+    int64_t n = (int64_t)c->d * b->n_head * b->n_tokens, first_bad = -1, n_nan = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(ref[i]) > mref) mref = fabs(ref[i]);
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)out[i] - ref[i]) / mref;
+        if (!(e <= tol) && first_bad < 0) first_bad = i;
+        if (e != e) n_nan++;
+        else if (e > mx) mx = e;
+    }
+    printf("  %-28s %-16s max err %.3e (tol %.0e)", c->name, what, mx, tol);
+    if (n_nan) printf(", %lld NaN", (long long)n_nan);
+    printf("%s\n", first_bad >= 0 ? "  FAIL" : "");
+    if (first_bad >= 0) {
+        int64_t dd = first_bad % c->d, h = first_bad / c->d % b->n_head, t = first_bad / c->d / b->n_head;
+        fprintf(stderr, "    first bad: row %lld (seq %d pos %d) head %lld dim %lld: gpu %.7g cpu %.7g\n",
+                (long long)t, b->seq[t], b->pos[t], (long long)h, (long long)dd, (double)out[first_bad],
+                (double)ref[first_bad]);
+    }
+    T_CHECKF(first_bad < 0, "%s %s: max err %.3e over tol %.0e", c->name, what, mx, tol);
+    return mx;
+}
+
+static double tol_for(int kernel, uint32_t type) {
+    if (kernel == CUDA_ATTN_HYBRID || kernel == CUDA_ATTN_PREFILL) return type == QT_BF16 ? 3e-2 : 4e-3;
+    return 1e-4;
+}
+
+static void check_case(const struct attn_case *c) {
+    struct built b;
+    struct err e;
+    if (!build(c, &b)) {
+        T_CHECK(0);
+        built_free(&b);
+        return;
+    }
+    size_t out_n = (size_t)c->d * b.n_head * b.n_tokens;
+    float *ref = malloc(sizeof(float) * out_n), *out = malloc(sizeof(float) * out_n);
+    struct tensor kc, vc;
+    void *scr = NULL;
+    float *dout = NULL;
+    memset(&kc, 0, sizeof kc);
+    memset(&vc, 0, sizeof vc);
+    if (!ref || !out || !run_cpu(c, &b, ref)) {
+        T_CHECK(0);
+        goto done;
+    }
+
+    /* the caches on the GPU */
+    tensor_init(&kc, c->type, c->d, c->bs, c->n_kv, b.n_blocks);
+    tensor_init(&vc, c->type, c->d, c->bs, c->n_kv, b.n_blocks);
+    if (bk_buffer_alloc(gpu, &kc, &e) != SMELT_OK || bk_buffer_alloc(gpu, &vc, &e) != SMELT_OK) {
+        fprintf(stderr, "cache: %s\n", e.msg);
+        T_CHECK(0);
+        goto done;
+    }
+    bk_step_begin(gpu);
+    bk_upload(gpu, &kc, b.kc, b.cache_bytes);
+    bk_upload(gpu, &vc, b.vc, b.cache_bytes);
+    struct tensor *q = bk_new(gpu, QT_F32, c->d, b.n_head, b.n_tokens);
+    struct tensor *pos = bk_new(gpu, QT_I32, b.n_tokens, 1, 1), *seq = bk_new(gpu, QT_I32, b.n_tokens, 1, 1);
+    struct tensor *tb = bk_new(gpu, QT_I32, b.max_blocks, b.n_seqs, 1);
+    struct tensor *dst = bk_new(gpu, QT_F32, c->d, b.n_head, b.n_tokens);
+    bk_upload(gpu, q, b.q, sizeof(float) * out_n);
+    bk_upload(gpu, pos, b.pos, sizeof(int32_t) * b.n_tokens);
+    bk_upload(gpu, seq, b.seq, sizeof(int32_t) * b.n_tokens);
+    bk_upload(gpu, tb, b.tables, sizeof(int32_t) * b.max_blocks * b.n_seqs);
+    struct attn_meta m = {pos, seq, pos, tb, c->bs};
+    struct attn_params ap = {.scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window};
+    bk_attention(gpu, dst, q, &kc, &vc, &m, &ap);
+    bk_download(gpu, out, dst, sizeof(float) * out_n);
+    if (bk_sync(gpu, &e) != SMELT_OK) {
+        fprintf(stderr, "gpu attention (%s): %s\n", c->name, e.msg);
+        T_CHECK(0);
+        goto done;
+    }
+    struct cuda_attn_args a = {
+        .q = q->data, .kc = kc.data, .vc = vc.data, .cache_type = c->type, .pos = pos->data, .seq = seq->data,
+        .blocks = tb->data, .max_blocks = b.max_blocks, .block_size = c->bs, .n_seqs = b.n_seqs, .dk = c->d,
+        .dv = c->d, .n_head = b.n_head, .n_kv = c->n_kv, .n_tokens = b.n_tokens, .scale = ap.scale,
+        .softcap = c->softcap, .window = c->window, .max_keys = b.max_keys, .kernel = CUDA_ATTN_AUTO};
+    struct cuda_attn_plan plan;
+    cuda_attn_plan(&a, &plan);
+    char what[64];
+    snprintf(what, sizeof what, "backend(%s)", kernel_name(plan.kernel));
+    compare(c, &b, out, ref, tol_for(plan.kernel, c->type), what);
+
+    /* each kernel forced, through the launcher on the default stream */
+    CK(cudaMalloc((void **)&dout, sizeof(float) * out_n));
+    a.dst = dout;
+    for (int k = CUDA_ATTN_GENERIC; k <= CUDA_ATTN_PREFILL; k++) {
+        a.kernel = k;
+        cuda_attn_plan(&a, &plan);
+        if (plan.kernel != k) continue; /* fell back: that kernel cannot run this shape */
+        uint64_t need = cuda_attn_scratch_bytes(&a);
+        cudaFree(scr);
+        scr = NULL;
+        if (need) CK(cudaMalloc(&scr, need));
+        a.scratch = scr;
+        CK(cudaMemset(dout, 0xff, sizeof(float) * out_n)); /* NaN: an unwritten output shows */
+        cuda_attention(&a, NULL);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(out, dout, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
+        snprintf(what, sizeof what, "%s s%d/%d", kernel_name(k), plan.dec_split, plan.pf_split);
+        compare(c, &b, out, ref, tol_for(k, c->type), what);
+    }
+done:
+    cudaFree(scr);
+    cudaFree(dout);
+    if (kc.data) bk_buffer_free(gpu, &kc);
+    if (vc.data) bk_buffer_free(gpu, &vc);
+    free(ref);
+    free(out);
+    built_free(&b);
+}
+
+static void test_attn_cases(void) {
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+}
+
+/* The plan (no GPU needed): which kernel for which batch, and fallbacks. */
+static void test_attn_plan(void) {
+    struct cuda_attn_args a = {.cache_type = QT_F16, .max_blocks = 64, .block_size = 16, .n_seqs = 1, .dk = 128,
+                               .dv = 128, .n_head = 32, .n_kv = 8, .n_tokens = 1, .max_keys = 1024};
+    struct cuda_attn_plan p;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* one decode row */
+    T_CHECK(p.dec_split > 1);             /* 8 blocks would not fill the GPU */
+    T_CHECK(cuda_attn_scratch_bytes(&a) > 0);
+    a.n_seqs = 64;
+    a.n_tokens = 64;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* 64 decode rows */
+    a.n_seqs = 1;
+    a.n_tokens = 512;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_HYBRID); /* a prefill chunk */
+    T_CHECK(p.pf_slots >= 8 && p.list_bytes > 0);
+    a.n_seqs = 9;
+    a.n_tokens = 520;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_HYBRID); /* a chunk beside 8 decode rows */
+    T_CHECK(p.dec_slots >= 8);
+    a.cache_type = QT_F32;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* no tensor cores on F32 */
+    a.kernel = CUDA_ATTN_PREFILL;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_DECODE);
+    a.cache_type = QT_BF16;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_PREFILL);
+    T_EQ_INT(p.short_max, 0);
+    a.kernel = CUDA_ATTN_AUTO;
+    a.dk = a.dv = 96;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_GENERIC); /* head_dim 96 */
+    a.dk = a.dv = 128;
+    a.n_kv = 1;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_GENERIC); /* 32 query heads per KV head */
+    a.n_kv = 8;
+    a.dv = 64;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.kernel, CUDA_ATTN_GENERIC); /* dk != dv */
+}
+
+/* ---- bench ---- */
+
+static double time_calls(struct cuda_attn_args *args, int n_args, int reps) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int i = 0; i < n_args; i++) cuda_attention(&args[i], NULL); /* warm-up, one round */
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < reps; i++) cuda_attention(&args[i % n_args], NULL);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) {
+        printf("bench: %s\n", cudaGetErrorString(rc));
+        return -1;
+    }
+    return ms * 1e3 / reps;
+}
+
+/* Llama-3-8B attention shapes: 32 query heads, 8 KV heads, d = 128, F16 cache. */
+#define BH 32
+#define BKV 8
+#define BD 128
+#define BBS 16
+
+/* n_seq sequences, each one row at position depth - 1 (decode) or n_rows rows from 0
+ * (prefill, n_seq = 1). Caches rotate through `copies` disjoint block ranges. */
+static void bench_one(const char *label, int n_seq, int depth, int n_rows, int kernel_new) {
+    const bool decode = n_rows == 0;
+    const int rows = decode ? n_seq : n_rows;
+    const int len = decode ? depth : n_rows;
+    const int nb = (len + BBS - 1) / BBS, width = (nb + 15) / 16 * 16;
+    const double kv_bytes = (double)n_seq * BKV * len * BD * 2 * 2; /* K and V, 2 bytes each */
+    int copies = decode ? (int)((1ull << 30) / kv_bytes) + 1 : 1;
+    if (copies > 64) copies = 64;
+    const size_t n_blocks = (size_t)copies * n_seq * nb;
+    const size_t cache_bytes = n_blocks * BBS * BKV * BD * 2;
+    void *kc = NULL, *vc = NULL, *scr = NULL;
+    float *q = NULL, *dst = NULL;
+    int32_t *pos = NULL, *seq = NULL, *tables = NULL;
+    int32_t *hpos = malloc(sizeof(int32_t) * rows), *hseq = malloc(sizeof(int32_t) * rows);
+    int32_t *htab = malloc(sizeof(int32_t) * (size_t)copies * width * n_seq);
+    float *hq = malloc(sizeof(float) * (size_t)rows * BH * BD);
+    struct cuda_attn_args *args = calloc((size_t)copies, sizeof *args);
+    if (!hpos || !hseq || !htab || !hq || !args) goto out;
+    if (cudaMalloc(&kc, cache_bytes) != cudaSuccess || cudaMalloc(&vc, cache_bytes) != cudaSuccess ||
+        cudaMalloc((void **)&q, sizeof(float) * rows * BH * BD) != cudaSuccess ||
+        cudaMalloc((void **)&dst, sizeof(float) * rows * BH * BD) != cudaSuccess ||
+        cudaMalloc((void **)&pos, sizeof(int32_t) * rows) != cudaSuccess ||
+        cudaMalloc((void **)&seq, sizeof(int32_t) * rows) != cudaSuccess ||
+        cudaMalloc((void **)&tables, sizeof(int32_t) * (size_t)copies * width * n_seq) != cudaSuccess) {
+        printf("bench %s: out of device memory\n", label);
+        cudaGetLastError();
+        goto out;
+    }
+    cudaMemset(kc, 0x3c, cache_bytes); /* F16 0x3c3c: ~1.06 everywhere */
+    cudaMemset(vc, 0x3c, cache_bytes);
+    for (int r = 0; r < rows; r++) {
+        hpos[r] = decode ? depth - 1 : r;
+        hseq[r] = decode ? r : 0;
+    }
+    memset(htab, 0, sizeof(int32_t) * (size_t)copies * width * n_seq);
+    for (int c = 0; c < copies; c++)
+        for (int s = 0; s < n_seq; s++)
+            for (int k = 0; k < nb; k++) htab[((size_t)c * n_seq + s) * width + k] = (int32_t)(((size_t)c * n_seq + s) * nb + k);
+    for (size_t i = 0; i < (size_t)rows * BH * BD; i++) hq[i] = t_randn(&g_seed);
+    cudaMemcpy(pos, hpos, sizeof(int32_t) * rows, cudaMemcpyHostToDevice);
+    cudaMemcpy(seq, hseq, sizeof(int32_t) * rows, cudaMemcpyHostToDevice);
+    cudaMemcpy(tables, htab, sizeof(int32_t) * (size_t)copies * width * n_seq, cudaMemcpyHostToDevice);
+    cudaMemcpy(q, hq, sizeof(float) * rows * BH * BD, cudaMemcpyHostToDevice);
+
+    const int kernels[2] = {CUDA_ATTN_GENERIC, kernel_new};
+    double us[2] = {0, 0};
+    for (int ki = 0; ki < 2; ki++) {
+        struct cuda_attn_args a = {.dst = dst, .q = q, .kc = kc, .vc = vc, .cache_type = QT_F16, .pos = pos,
+                                   .seq = seq, .max_blocks = width, .block_size = BBS, .n_seqs = n_seq, .dk = BD,
+                                   .dv = BD, .n_head = BH, .n_kv = BKV, .n_tokens = rows,
+                                   .scale = 1.0f / sqrtf((float)BD), .max_keys = width * BBS,
+                                   .kernel = kernels[ki]};
+        struct cuda_attn_plan p;
+        cuda_attn_plan(&a, &p);
+        uint64_t need = cuda_attn_scratch_bytes(&a);
+        cudaFree(scr);
+        scr = NULL;
+        if (need && cudaMalloc(&scr, need) != cudaSuccess) {
+            cudaGetLastError();
+            printf("bench %s: scratch: out of device memory\n", label);
+            goto out;
+        }
+        for (int c = 0; c < copies; c++) {
+            args[c] = a;
+            args[c].blocks = tables + (size_t)c * width * n_seq;
+            args[c].scratch = scr;
+        }
+        const double est_us = time_calls(args, copies, 3);
+        if (est_us <= 0) goto out;
+        int reps = (int)(200000.0 / est_us); /* ~0.2 s per measurement */
+        if (reps < 5) reps = 5;
+        if (reps > 2000) reps = 2000;
+        us[ki] = time_calls(args, copies, reps);
+        if (us[ki] <= 0) goto out;
+        if (decode)
+            printf("bench %-30s %-8s (split %2d): %9.1f us  %7.1f GB/s  %5.1f%% of 4380\n", label,
+                   kernel_name(p.kernel), p.dec_split, us[ki], kv_bytes / us[ki] / 1e3,
+                   kv_bytes / us[ki] / 1e3 / 4380 * 100);
+        else {
+            const double flops = 4.0 * BH * BD * ((double)n_rows * (n_rows + 1) / 2);
+            printf("bench %-30s %-8s (split %2d): %9.1f us  %7.1f TFLOP/s  %5.1f%% of 780\n", label,
+                   kernel_name(p.kernel), p.pf_split, us[ki], flops / us[ki] / 1e6, flops / us[ki] / 1e6 / 780 * 100);
+        }
+    }
+    printf("bench %-30s speed-up %.2fx\n", label, us[0] / us[1]);
+out:
+    cudaFree(kc);
+    cudaFree(vc);
+    cudaFree(scr);
+    cudaFree(q);
+    cudaFree(dst);
+    cudaFree(pos);
+    cudaFree(seq);
+    cudaFree(tables);
+    free(hpos);
+    free(hseq);
+    free(htab);
+    free(hq);
+    free(args);
+}
+
+static void bench(void) {
+    const int depths[3] = {512, 4096, 16384}, seqs[2] = {1, 64};
+    char label[64];
+    for (int si = 0; si < 2; si++)
+        for (int di = 0; di < 3; di++) {
+            snprintf(label, sizeof label, "decode %d seq @ %d", seqs[si], depths[di]);
+            bench_one(label, seqs[si], depths[di], 0, CUDA_ATTN_AUTO);
+        }
+    bench_one("prefill 512", 1, 0, 512, CUDA_ATTN_AUTO);
+    bench_one("prefill 2048", 1, 0, 2048, CUDA_ATTN_AUTO);
+}
+
+int main(void) {
+    const char *seed = getenv("SMELT_SEED");
+    if (seed && *seed) g_seed = strtoull(seed, NULL, 0) | 1;
+    T_RUN(test_attn_plan);
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP test_cuda_attn: no CUDA device on this machine (the plan checks ran: %s)\n",
+               t_fail_ ? "FAILED" : "ok");
+        return t_fail_ ? 1 : 77;
+    }
+    struct err e;
+    if (cpu_backend_new(&cpu, 2, &e) != SMELT_OK || cuda_backend_new(&gpu, 0, &e) != SMELT_OK) {
+        fprintf(stderr, "backend: %s\n", e.msg);
+        return 1;
+    }
+    T_RUN(test_attn_cases);
+    if (getenv("SMELT_BENCH")) bench();
+    bk_free(gpu);
+    bk_free(cpu);
+    return t_done();
+}
+#endif
