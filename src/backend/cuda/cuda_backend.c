@@ -10,8 +10,9 @@
  *   - Host<->device: uploads go through a pinned staging buffer (asynchronous copies);
  *     downloads land in pinned memory and are copied out at sync.
  * Ops are enqueued on one stream; the first error is sticky (bk_fail) and bk_sync
- * reports it. Matrix products with <= 8 token rows use the mmv kernels; more rows
- * dequantize the weight to F16 in row tiles and call cuBLAS (F32 weights: FP32 GEMM). */
+ * reports it. Matrix products with <= 8 token rows use the mmv kernels; up to
+ * MMQ_MAX_ROWS rows the int8 tensor-core kernel (cuda_mmq.h) where the type has one; more
+ * rows dequantize the weight to F16 in row tiles and call cuBLAS (F32 weights: FP32 GEMM). */
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -21,11 +22,17 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
 #include "util/half.h"
 #include "util/log.h"
 
 #define GEMM_MIN_ROWS 33                 /* token rows from which cuBLAS beats repeated mmv */
+/* Token rows from CUDA_MMV_MAX_N + 1 up to MMQ_MAX_ROWS use the int8 tensor-core kernel
+ * (cuda_mmq.cu) for the types it has (Q4_K, Q6_K, Q8_0); above, cuBLAS on dequantized
+ * weights. 0 = off: mmq stays off until test_cuda_mmq has passed on a GPU. The environment
+ * variable SMELT_MMQ_MAX_ROWS=N overrides it when the backend is created (0 = off). */
+#define MMQ_MAX_ROWS 0
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define CUDA_GRAPHS 64
@@ -70,6 +77,7 @@ struct cuda_backend {
     uint64_t clock;
     int capturing; /* index of the entry being captured, or -1 */
     bool no_graph; /* SMELT_NO_GRAPH=1 */
+    int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
 };
 
 static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
@@ -423,11 +431,29 @@ static void gemm(struct cuda_backend *cb, const struct cuda_qweight *qw, const f
     cu_scratch_release(&cb->base, mark);
 }
 
-/* y (rows, n) (+)= W x for any n: mmv in chunks of 8 token rows below GEMM_MIN_ROWS,
+/* y (rows, n) (+)= W x through the int8 tensor-core kernel (x quantized into scratch). */
+static void mmq(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc) {
+    size_t mark = cu_scratch_mark(&cb->base);
+    void *sc = scratch(cb, cuda_mmq_scratch_bytes(qw->k, n));
+    if (!sc) return;
+    struct err e;
+    if (cuda_mmq(qw, x, n, y, sc, acc, cb->stream, &e) != SMELT_OK) {
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+        return;
+    }
+    cu_scratch_release(&cb->base, mark);
+}
+
+/* y (rows, n) (+)= W x for any n: mmv in chunks of 8 token rows up to 8 rows; then mmq up
+ * to cb->mmq_max_rows for the types it has; otherwise mmv chunks below GEMM_MIN_ROWS and
  * cuBLAS above. xq: x's quantized form when n <= 8 and a matmul group already made it. */
 static void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
                    bool acc, const void *xq) {
     if (!ok(cb)) return;
+    if (n > CUDA_MMV_MAX_N && n <= cb->mmq_max_rows && cuda_mmq_supported(qw->type, qw->k)) {
+        mmq(cb, qw, x, n, y, acc);
+        return;
+    }
     if (n >= GEMM_MIN_ROWS) {
         gemm(cb, qw, x, n, y, acc);
         return;
@@ -868,6 +894,8 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     cublasSetStream(cb->cublas, cb->stream);
     const char *ng = getenv("SMELT_NO_GRAPH");
     cb->no_graph = ng && *ng && strcmp(ng, "0") != 0;
+    const char *mq = getenv("SMELT_MMQ_MAX_ROWS");
+    cb->mmq_max_rows = mq && *mq ? strtoll(mq, NULL, 10) : MMQ_MAX_ROWS;
     cb->capturing = -1;
     *out = &cb->base;
     return SMELT_OK;
