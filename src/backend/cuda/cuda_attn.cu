@@ -963,11 +963,12 @@ template <typename T, int D, int GMAX>
 static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
                             cudaStream_t st) {
     constexpr size_t smem = dec_smem_bytes<T, D, GMAX>();
-    static bool attr = false; /* > 48 KB of dynamic smem needs the opt-in, once per kernel */
-    if (!attr) {
-        cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attr = true;
-    }
+    /* > 48 KB of dynamic smem needs the opt-in, once per kernel (the first call runs
+     * eagerly, before any graph capture); a failure stays pending and the launch reports it */
+    static bool attr = false;
+    if (!attr)
+        attr = cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem) == cudaSuccess;
     dim3 grid((unsigned)((int64_t)slots * a->n_kv), (unsigned)s);
     attn_decode_kernel<T, D, GMAX>
         <<<grid, DEC_THREADS, smem, st>>>(*a, (const T *)a->kc, (const T *)a->vc, rows, partial, s);
@@ -994,11 +995,10 @@ template <typename T, int D>
 static void launch_prefill_d(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
                              cudaStream_t st) {
     constexpr size_t smem = pf_cfg<D>::SMEM;
-    static bool attr = false;
-    if (!attr) {
-        cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attr = true;
-    }
+    static bool attr = false; /* as in launch_decode_g */
+    if (!attr)
+        attr = cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem) == cudaSuccess;
     dim3 grid((unsigned)a->n_head, (unsigned)slots, (unsigned)s);
     attn_prefill_kernel<T, D><<<grid, PF_THREADS, smem, st>>>(*a, (const T *)a->kc, (const T *)a->vc, tiles, partial, s);
 }
