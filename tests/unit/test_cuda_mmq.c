@@ -245,6 +245,7 @@ out:
 
 static void test_mmq_q4_k(void) {
     const int ns[] = {9, 16, 33, 64, 100, 512};
+    check_weight(QT_Q4_K, 40, 256, ns, 3); /* a single stage */
     check_weight(QT_Q4_K, 67, 768, ns, 6);
     check_weight(QT_Q4_K, 301, 2560, ns, 6);
     check_weight(QT_Q4_K, 4096, 4096, ns, 6);
@@ -252,6 +253,7 @@ static void test_mmq_q4_k(void) {
 
 static void test_mmq_q6_k(void) {
     const int ns[] = {9, 16, 33, 64, 100, 512};
+    check_weight(QT_Q6_K, 40, 256, ns, 3);
     check_weight(QT_Q6_K, 67, 768, ns, 6);
     check_weight(QT_Q6_K, 301, 2560, ns, 6);
     check_weight(QT_Q6_K, 4096, 4096, ns, 6);
@@ -259,6 +261,7 @@ static void test_mmq_q6_k(void) {
 
 static void test_mmq_q8_0(void) {
     const int ns[] = {9, 16, 33, 64, 100, 512};
+    check_weight(QT_Q8_0, 40, 64, ns, 3); /* a single partial stage */
     check_weight(QT_Q8_0, 67, 768, ns, 6);
     check_weight(QT_Q8_0, 301, 2560, ns, 6);
     check_weight(QT_Q8_0, 131, 896, ns, 6); /* 3.5 stages: the partial last stage */

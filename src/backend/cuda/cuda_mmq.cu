@@ -135,7 +135,6 @@ template <uint32_t T, int BM, int BN> struct mmq_smem {
     static constexpr int xq = wd + BM * mmq_fmt<T>::d_bytes;
     static constexpr int xd = xq + BN * MMQ_XQ_STRIDE;
     static constexpr int stage = xd + BN * MMQ_XD_STRIDE;
-    static constexpr int total = 2 * stage;
 };
 
 struct mmq_args {
@@ -413,7 +412,8 @@ static __device__ __forceinline__ void compute_stage(const mmq_args &a, const un
     }
 }
 
-template <uint32_t T, int RT, int NT>
+/* NS: stages in flight (shared buffers); NS - 1 are being copied while one is multiplied. */
+template <uint32_t T, int RT, int NT, int NS>
 static __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mmq_args a) {
     constexpr int BM = 32 * RT, BN = 16 * NT;
     using L = mmq_smem<T, BM, BN>;
@@ -432,20 +432,19 @@ static __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mmq_args 
             for (int i = 0; i < 4; i++)
                 acc[rt][nt][i] = 0.0f;
 
-    load_stage<T, BM, BN>(a, smem, 0, row0, tok0, tid);
-    cp_commit();
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++) { /* fill the pipeline; one commit group per stage */
+        if (s < nstage) load_stage<T, BM, BN>(a, smem + s * L::stage, s, row0, tok0, tid);
+        cp_commit();
+    }
     for (int s = 0; s < nstage; s++) {
-        if (s + 1 < nstage) { /* prefetch the next stage into the other buffer */
-            load_stage<T, BM, BN>(a, smem + ((s + 1) & 1) * L::stage, s + 1, row0, tok0, tid);
-            cp_commit();
-            cp_wait<1>(); /* stage s has landed (for this thread's copies) */
-        } else {
-            cp_wait<0>();
-        }
-        __syncthreads(); /* ... and for every thread's */
-        compute_stage<T, RT, NT>(a, smem + (s & 1) * L::stage, acc, s,
+        cp_wait<NS - 2>();         /* stage s has landed (this thread's copies) ... */
+        __syncthreads();           /* ... every thread's; and every warp is done with stage s - 1 */
+        const int sp = s + NS - 1; /* refill the buffer stage s - 1 used */
+        if (sp < nstage) load_stage<T, BM, BN>(a, smem + (sp % NS) * L::stage, sp, row0, tok0, tid);
+        cp_commit();
+        compute_stage<T, RT, NT>(a, smem + (s % NS) * L::stage, acc, s,
                                  min(MMQ_KB, nblk - s * MMQ_KB), row0, wm, wn, g, t);
-        __syncthreads(); /* the buffer is refilled by the next iteration's prefetch */
     }
 
 #pragma unroll
@@ -465,22 +464,29 @@ static __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mmq_args 
 
 /* --------------------------------------------------------------- launchers ---- */
 
-/* The fixed tiles {RT, NT}: BM = 32*RT weight rows x BN = 16*NT tokens. */
-static const int tiles[][2] = {{1, 1}, {1, 2}, {2, 2}, {2, 4}, {2, 8}};
+/* The fixed tiles {RT, NT, NS}: BM = 32*RT weight rows x BN = 16*NT tokens, NS stages.
+ * The narrow tiles serve small n, where few blocks stream long rows: deeper pipelines keep
+ * more bytes in flight per SM. */
+static constexpr int tiles[][3] = {{1, 1, 4}, {1, 2, 3}, {2, 2, 3}, {2, 4, 2}, {2, 8, 2}};
 #define N_TILES ((int)(sizeof tiles / sizeof tiles[0]))
 
+template <uint32_t T, int I> static constexpr int smem_total(void) {
+    return tiles[I][2] * mmq_smem<T, 32 * tiles[I][0], 16 * tiles[I][1]>::stage;
+}
+
 template <uint32_t T> static int smem_bytes(int tile) {
+    static_assert(N_TILES == 5, "one case per tile below");
     switch (tile) {
     case 0:
-        return mmq_smem<T, 32, 16>::total;
+        return smem_total<T, 0>();
     case 1:
-        return mmq_smem<T, 32, 32>::total;
+        return smem_total<T, 1>();
     case 2:
-        return mmq_smem<T, 64, 32>::total;
+        return smem_total<T, 2>();
     case 3:
-        return mmq_smem<T, 64, 64>::total;
+        return smem_total<T, 3>();
     default:
-        return mmq_smem<T, 64, 128>::total;
+        return smem_total<T, 4>();
     }
 }
 
@@ -495,31 +501,31 @@ static int smem_bytes_of(uint32_t type, int tile) {
     }
 }
 
-template <uint32_t T, int RT, int NT>
-static cudaError_t launch_tile(const mmq_args &a, cudaStream_t st) {
-    constexpr int BM = 32 * RT, BN = 16 * NT, bytes = mmq_smem<T, BM, BN>::total;
+template <uint32_t T, int I> static cudaError_t launch_tile(const mmq_args &a, cudaStream_t st) {
+    constexpr int RT = tiles[I][0], NT = tiles[I][1], NS = tiles[I][2];
+    constexpr int BM = 32 * RT, BN = 16 * NT, bytes = smem_total<T, I>();
     if (bytes > 48 * 1024) { /* above the default limit: opt in (idempotent, per device) */
-        cudaError_t ce = cudaFuncSetAttribute(mmq_kernel<T, RT, NT>,
+        cudaError_t ce = cudaFuncSetAttribute(mmq_kernel<T, RT, NT, NS>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (ce != cudaSuccess) return ce;
     }
     const dim3 grid((unsigned)((a.n + BN - 1) / BN), (unsigned)((a.rows + BM - 1) / BM));
-    mmq_kernel<T, RT, NT><<<grid, MMQ_THREADS, bytes, st>>>(a);
+    mmq_kernel<T, RT, NT, NS><<<grid, MMQ_THREADS, bytes, st>>>(a);
     return cudaGetLastError();
 }
 
 template <uint32_t T> static cudaError_t launch_type(const mmq_args &a, int tile, cudaStream_t st) {
     switch (tile) {
     case 0:
-        return launch_tile<T, 1, 1>(a, st);
+        return launch_tile<T, 0>(a, st);
     case 1:
-        return launch_tile<T, 1, 2>(a, st);
+        return launch_tile<T, 1>(a, st);
     case 2:
-        return launch_tile<T, 2, 2>(a, st);
+        return launch_tile<T, 2>(a, st);
     case 3:
-        return launch_tile<T, 2, 4>(a, st);
+        return launch_tile<T, 3>(a, st);
     default:
-        return launch_tile<T, 2, 8>(a, st);
+        return launch_tile<T, 4>(a, st);
     }
 }
 
