@@ -290,6 +290,29 @@ static __device__ __forceinline__ int dec_chunk(int part, int i) {
     return part * S + (i % S) + 8 * (i / S);
 }
 
+/* K and V rows [kb, kb + NK) of a stage into dst ([K, V][NK][LD]); keys >= ke zeroed. */
+template <typename T, int D>
+static __device__ __forceinline__ void dec_load(T *dst, const T *__restrict__ kc, const T *__restrict__ vc,
+                                                const int32_t *__restrict__ table, int kb, int ke, int bs, int n_kv,
+                                                int g, int tid) {
+    using C = dec_cfg<T, D>;
+    constexpr int NK = C::NK, NC = C::NC, LD = C::LD, CE = C::CE;
+    for (int idx = tid; idx < 2 * NK * NC; idx += DEC_THREADS) {
+        const int which = idx / (NK * NC), rem = idx % (NK * NC);
+        const int r = rem / NC, c = rem % NC, key = kb + r;
+        const T *base = which ? vc : kc;
+        const T *src = base;
+        int bytes = 0;
+        if (key < ke) {
+            const int64_t blk = table[key / bs];
+            const int off = key % bs;
+            src = base + ((blk * n_kv + g) * bs + off) * D + c * CE;
+            bytes = 16;
+        }
+        cp_async16(dst + (size_t)which * NK * LD + r * LD + c * CE, src, bytes);
+    }
+}
+
 /* rows: NULL (row = slot, slots 0..n_tokens-1) or a list {count, row...} (a prefill
  * batch's short row groups). Grid (slots x n_kv, n_split): the block's slot is
  * blockIdx.x / n_kv and, when the list holds more rows than the grid has slots, the block
@@ -299,7 +322,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     attn_decode_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
                        const int *__restrict__ rows, float *__restrict__ partial, int n_split) {
     using C = dec_cfg<T, D>;
-    constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, NC = C::NC, HG = C::HG;
+    constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, HG = C::HG;
     constexpr int GPT = GMAX / HG; /* heads per thread in C */
     extern __shared__ __align__(16) unsigned char dsm[];
     float *sq = reinterpret_cast<float *>(dsm); /* (D, GMAX) scaled queries */
@@ -335,31 +358,14 @@ static __global__ void __launch_bounds__(DEC_THREADS)
 #pragma unroll
         for (int k = 0; k < GPT; k++) o[k][0] = o[k][1] = 0.0f;
 
-        /* K and V rows [kb, kb + NK) of the stage into buffer `stage`; keys >= ke zeroed */
-        auto load = [&](int kb, int stage) {
-            T *dst = skv + (size_t)stage * 2 * NK * LD;
-            for (int idx = tid; idx < 2 * NK * NC; idx += DEC_THREADS) {
-                const int which = idx / (NK * NC), rem = idx % (NK * NC);
-                const int r = rem / NC, c = rem % NC, key = kb + r;
-                const T *base = which ? vc : kc;
-                const T *src = base;
-                int bytes = 0;
-                if (key < ke) {
-                    const int64_t blk = table[key / a.block_size];
-                    const int off = key % a.block_size;
-                    src = base + ((blk * a.n_kv + g) * a.block_size + off) * D + c * CE;
-                    bytes = 16;
-                }
-                cp_async16(dst + (size_t)which * NK * LD + r * LD + c * CE, src, bytes);
-            }
-        };
-        if (n_st > 0) load(kb0, 0);
+        const int bs = a.block_size, n_kv = a.n_kv;
+        if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, bs, n_kv, g, tid);
         cp_async_commit();
         __syncthreads(); /* sq, s_m, s_l */
 
         for (int it = 0; it < n_st; it++) {
             const int st = it & 1, kb = kb0 + it * NK;
-            if (it + 1 < n_st) load(kb + NK, st ^ 1);
+            if (it + 1 < n_st) dec_load<T, D>(skv + (size_t)(st ^ 1) * 2 * NK * LD, kc, vc, table, kb + NK, ke, bs, n_kv, g, tid);
             cp_async_commit();
             cp_async_wait<1>(); /* this stage's group is complete */
             __syncthreads();
