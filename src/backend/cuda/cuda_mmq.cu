@@ -617,7 +617,7 @@ extern "C" smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, fl
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
-    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 30))
+    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > 65535LL * 32) /* grid.y <= 65535 */
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: %lld token rows x %lld weight rows",
                        (long long)n, (long long)w->rows);
     int n_sm = 0, smem_max = 0;
