@@ -2,8 +2,9 @@
  *  - OpenAI request bodies (oai_parse, both endpoints), then the error body of a refusal;
  *  - the chat output parser (reasoning and tool calls in every syntax, whose calls are
  *    JSON parsed from model text), fed whole and in small chunks: both must decide the
- *    same thing.
- * The first input byte picks the endpoint and the syntax; the rest is the body / text.
+ *    same content and the same calls (pieces summed by index), pieces in order.
+ * The first input byte picks the endpoint, the syntax, the chunk size and whether a forced
+ * call's prefill comes first; the rest is the body / text.
  *
  *   make fuzz FUZZ_SECONDS=60      (seeds: fuzz/corpus/json_request, dict: json_request.dict)
  */
@@ -16,24 +17,65 @@
 
 static volatile uint64_t sink;
 
-static void parse_text(enum outp_syntax syn, bool reasoning, bool in_r, const uint8_t *s,
-                       size_t n, size_t step, struct jw *content, int *calls) {
+/* What a parse decided: content, then each call as "name\0arguments\0" (pieces summed by
+ * index, as an OpenAI client sums stream deltas). */
+struct decided {
+    struct jw content, calls;
+    struct jw args[8];
+    int n_calls;
+};
+
+static void take(struct decided *r, struct outp_delta *d) {
+    jw_raw(&r->content, d->content.p ? d->content.p : "", d->content.n);
+    for (int k = 0; k < d->n_calls; k++) {
+        const struct outp_call *c = &d->calls[k];
+        /* pieces come in order: a call's name first (with "" arguments), then its arguments */
+        if (c->name ? c->index != r->n_calls || c->args.n : c->index != r->n_calls - 1) abort();
+        if (c->name) {
+            r->n_calls++;
+            jw_raw(&r->calls, c->name, strlen(c->name) + 1);
+        } else if (c->index < 8) {
+            jw_raw(&r->args[c->index], c->args.p, c->args.n);
+        }
+    }
+    outp_delta_clear(d);
+}
+
+static void parse_text(enum outp_syntax syn, bool reasoning, bool in_r, const char *prefill,
+                       int max_calls, const uint8_t *s, size_t n, size_t step, struct decided *r) {
     struct outp p;
     struct outp_delta d = {0};
     outp_init(&p, syn, reasoning, in_r);
+    p.max_calls = max_calls;
+    if (prefill) {
+        outp_prefill(&p, prefill, strlen(prefill), &d);
+        take(r, &d);
+    }
     if (!step) step = n ? n : 1;
     for (size_t i = 0; i < n; i += step) {
         outp_push(&p, (const char *)s + i, i + step <= n ? step : n - i, &d);
-        jw_raw(content, d.content.p ? d.content.p : "", d.content.n);
-        *calls += d.n_calls;
-        for (int k = 0; k < d.n_calls; k++) sink += strlen(d.calls[k].name) + strlen(d.calls[k].arguments);
-        outp_delta_clear(&d);
+        take(r, &d);
     }
     outp_finish(&p, &d);
-    jw_raw(content, d.content.p ? d.content.p : "", d.content.n);
-    *calls += d.n_calls;
+    take(r, &d);
+    if (max_calls && r->n_calls > max_calls) abort();
+    for (int k = 0; k < 8 && k < r->n_calls; k++) {
+        jw_raw(&r->calls, r->args[k].p ? r->args[k].p : "", r->args[k].n);
+        jw_raw(&r->calls, "", 1);
+    }
+    sink += (uint64_t)r->n_calls;
     outp_delta_free(&d);
     outp_free(&p);
+}
+
+static bool same(const struct jw *a, const struct jw *b) {
+    return a->n == b->n && (!a->n || !memcmp(a->p, b->p, a->n));
+}
+
+static void decided_free(struct decided *r) {
+    jw_free(&r->content);
+    jw_free(&r->calls);
+    for (int k = 0; k < 8; k++) jw_free(&r->args[k]);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -57,17 +99,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     oai_request_free(&r);
 
-    /* the same bytes as model output */
+    /* the same bytes as model output; bit 7: a forced call's prefill and max_calls 1 */
     enum outp_syntax syn = (enum outp_syntax)((sel >> 1) & 3);
-    bool reasoning = (sel >> 3) & 1, in_r = (sel >> 4) & 1;
-    struct jw whole = {0}, chunked = {0};
-    int c1 = 0, c2 = 0;
-    parse_text(syn, reasoning, in_r, body, n, 0, &whole, &c1);
-    parse_text(syn, reasoning, in_r, body, n, 1 + (sel >> 5), &chunked, &c2);
+    bool reasoning = (sel >> 3) & 1, in_r = (sel >> 4) & 1, forced = (sel >> 7) & 1;
+    char *prefill = forced ? outp_force_prefix(syn, "<tool_call>", n & 1 ? "f" : NULL) : NULL;
+    struct decided whole = {0}, chunked = {0};
+    parse_text(syn, reasoning, in_r, prefill, forced, body, n, 0, &whole);
+    parse_text(syn, reasoning, in_r, prefill, forced, body, n, 1 + ((sel >> 5) & 3), &chunked);
     /* a stream decides what the whole text decides */
-    if (c1 != c2 || whole.n != chunked.n || (whole.n && memcmp(whole.p, chunked.p, whole.n)))
-        abort();
-    jw_free(&whole);
-    jw_free(&chunked);
+    if (!same(&whole.content, &chunked.content) || !same(&whole.calls, &chunked.calls)) abort();
+    free(prefill);
+    decided_free(&whole);
+    decided_free(&chunked);
     return 0;
 }

@@ -7,7 +7,10 @@
  *
  * --fake-forward replaces the model's forward pass with a stub that returns fixed logits
  * (the tokenizer still comes from MODEL): it measures the server and the engine's host
- * work alone, with no model compute (docs/server.md). */
+ * work alone, with no model compute (docs/server.md). With --fake-reply TEXT every reply
+ * is TEXT, token by token, then end of generation: tests drive the server's output paths
+ * (tool calls in each syntax, streaming shapes) with exactly the text they need; MODEL
+ * then only has to hold a vocabulary. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -20,6 +23,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "cli/chat_template.h"
 #include "cli/cli.h"
 #include "cli/modelref.h"
 #include "engine/engine.h"
@@ -43,6 +47,7 @@
 
 struct opts {
     const char *model, *host, *api_key, *served, *backend, *chat_template, *log_format;
+    const char *fake_reply;
     const char *aliases[8];
     int n_aliases;
     int port, device, threads, http_threads, timeout_s, max_seqs, max_batch, max_waiting;
@@ -83,7 +88,9 @@ static void usage(FILE *f) {
             "  --no-prefix-cache          do not reuse the KV of shared prompt prefixes\n"
             "  --f32-kv                   F32 KV cache (default F16)\n"
             "  --fake-forward             no model compute: fixed logits (server benchmarks)\n"
-            "  --fake-step-ms X           with --fake-forward: sleep X ms per step\n",
+            "  --fake-step-ms X           with --fake-forward: sleep X ms per step\n"
+            "  --fake-reply TEXT          with --fake-forward: every reply is TEXT (tests; one\n"
+            "                             reply at a time per prompt prefix)\n",
             CPU_KV_TOKENS_DEFAULT);
 }
 
@@ -129,6 +136,7 @@ static int parse(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "--backend")) o->backend = v;
             else if (!strcmp(a, "--chat-template")) o->chat_template = v;
             else if (!strcmp(a, "--log-format")) o->log_format = v;
+            else if (!strcmp(a, "--fake-reply")) o->fake_reply = v;
             else if (!strcmp(a, "--model")) o->model = v;
             else if (!strcmp(a, "--served-model-name")) {
                 if (!o->served) o->served = v;
@@ -192,7 +200,24 @@ struct fake {
     double step_ms;
     int32_t *hot;              /* (rows_ready) the hot index of each row */
     int32_t rows_ready;
+    /* --fake-reply: the reply's tokens, then eos. A sequence is known by its first KV block;
+     * start[block] is the position of its last prompt token (where the reply begins). */
+    int32_t *script, n_script, eos;
+    int32_t *start, n_start;
 };
+
+/* The next token of a --fake-reply sequence whose row is token tok at pos: the reply
+ * continues when tok is the reply's token at pos - 1, else a new reply begins here. */
+static int32_t fake_script_next(struct fake *f, int32_t block, int32_t tok, int32_t pos) {
+    if (block < 0 || block >= f->n_start) return f->eos;
+    int32_t s = f->start[block];
+    int32_t k = pos - s;
+    if (s < 0 || k < 1 || k > f->n_script || f->script[k - 1] != tok) {
+        f->start[block] = pos;
+        k = 0;
+    }
+    return k < f->n_script ? f->script[k] : f->eos;
+}
 
 static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits, struct err *e) {
     struct fake *f = ctx;
@@ -209,8 +234,14 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
         } else {
             row[f->hot[k]] = 0.0f;
         }
-        uint32_t hh = (uint32_t)b->token[i] * 2654435761u ^ (uint32_t)b->pos[i] * 40503u;
-        f->hot[k] = f->lo + (int32_t)(hh % (uint32_t)f->span);
+        if (f->script) {
+            const struct batch_seq *sq = &b->seqs[b->seq[i]];
+            f->hot[k] = fake_script_next(f, sq->n_blocks > 0 ? sq->blocks[0] : -1, b->token[i],
+                                         b->pos[i]);
+        } else {
+            uint32_t hh = (uint32_t)b->token[i] * 2654435761u ^ (uint32_t)b->pos[i] * 40503u;
+            f->hot[k] = f->lo + (int32_t)(hh % (uint32_t)f->span);
+        }
         row[f->hot[k]] = 30.0f;
         k++;
     }
@@ -222,42 +253,6 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
 }
 
 /* ---- helpers ---- */
-
-static char *gguf_string(const struct gguf_file *g, const char *key) {
-    struct gguf_str s;
-    struct err e;
-    if (gguf_get_str(g, key, &s, &e) != SMELT_OK) return NULL;
-    return strndup(s.ptr, s.len);
-}
-
-static char *read_text(const char *path, struct err *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err_set(e, SMELT_ERR_IO, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 14, n = 0;
-    char *p = malloc(cap);
-    while (p) {
-        size_t k = fread(p + n, 1, cap - n - 1, f);
-        n += k;
-        if (k == 0) break;
-        if (n + 1 == cap) {
-            char *q = realloc(p, cap * 2);
-            if (!q) {
-                free(p);
-                p = NULL;
-                break;
-            }
-            p = q;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (!p) err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", path);
-    else p[n] = 0;
-    return p;
-}
 
 static char *token_text(const struct tok *t, int32_t id) {
     if (id < 0) return NULL;
@@ -337,8 +332,9 @@ int cmd_serve(int argc, char **argv) {
     struct kv_store *kv = NULL;
     struct engine *en = NULL;
     struct server *srv = NULL;
-    struct tmpl *tm = NULL;
-    char *tsrc = NULL, *bos = NULL, *eos = NULL, *name = NULL;
+    struct tmpl *tm = NULL, *tm_tools = NULL;
+    struct cli_chat_templates ct = {0};
+    char *bos = NULL, *eos = NULL, *name = NULL;
     struct fake fk = {0};
     bool cuda = false;
     smelt_status st = cli_resolve_model(o.model, true, path, sizeof path, &e);
@@ -357,16 +353,22 @@ int cmd_serve(int argc, char **argv) {
 #endif
         if (st == SMELT_OK) st = model_load(&m, f, bk, &e);
     }
-    /* the chat template: --chat-template, the model's, or the ChatML default */
+    /* the chat templates: --chat-template, the model's (and its tool_use one), or the
+     * ChatML default (cli/chat_template.h) */
+    if (st == SMELT_OK) st = cli_chat_templates_load(&ct, f, o.chat_template, &e);
     if (st == SMELT_OK) {
-        if (o.chat_template) tsrc = read_text(o.chat_template, &e);
-        else tsrc = gguf_string(f, "tokenizer.chat_template");
-        if (!tsrc && !o.chat_template) tsrc = strdup(tmpl_default_source());
-        if (!tsrc) st = e.code ? e.code : SMELT_ERR_NOMEM;
-        if (st == SMELT_OK) {
-            st = tmpl_compile(tsrc, strlen(tsrc), &tm, &e);
-            if (st != SMELT_OK) err_prefix(&e, "chat template");
+        st = tmpl_compile(ct.src, ct.len, &tm, &e);
+        if (st != SMELT_OK) err_prefix(&e, "%s", o.chat_template ? o.chat_template : "chat template");
+        if (st == SMELT_OK && ct.tool_use) {
+            st = tmpl_compile(ct.tool_use, ct.tool_use_len, &tm_tools, &e);
+            if (st != SMELT_OK) err_prefix(&e, "tokenizer.chat_template.tool_use");
         }
+        if (st == SMELT_OK && ct.fallback)
+            fprintf(stderr, "smelt serve: the model has no chat template "
+                            "(tokenizer.chat_template): chat requests use the ChatML default\n");
+        if (st == SMELT_OK && ct.tool_use)
+            fprintf(stderr, "smelt serve: requests with tools use the model's "
+                            "tokenizer.chat_template.tool_use\n");
         const struct tok_special *sp = tok_specials(tok);
         bos = token_text(tok, sp->bos);
         eos = token_text(tok, sp->eos);
@@ -409,6 +411,23 @@ int cmd_serve(int argc, char **argv) {
         ec.forward_ctx = &fk;
         ec.n_vocab = fk.n_vocab;
         if (fk.span <= 0) st = err_set(&e, SMELT_ERR_INVALID, "--fake-forward: vocabulary too small");
+        if (st == SMELT_OK && o.fake_reply) {
+            struct tok_ids r = {0};
+            fk.eos = tok_specials(tok)->eos;
+            fk.n_start = ec.n_blocks;
+            fk.start = malloc((size_t)fk.n_start * sizeof *fk.start);
+            st = tok_encode(tok, o.fake_reply, strlen(o.fake_reply), TOK_PARSE_SPECIAL, &r, &e);
+            if (st == SMELT_OK && (!fk.start || fk.eos < 0))
+                st = err_set(&e, fk.start ? SMELT_ERR_INVALID : SMELT_ERR_NOMEM,
+                             "--fake-reply: %s", fk.start ? "the vocabulary has no eos" : "out of memory");
+            if (st == SMELT_OK) {
+                for (int32_t i = 0; i < fk.n_start; i++) fk.start[i] = -1;
+                fk.script = r.v;
+                fk.n_script = (int32_t)r.n;
+                r.v = NULL;
+            }
+            tok_ids_free(&r);
+        }
     }
     if (st == SMELT_OK) st = engine_new(&en, &ec, m, kv, tok, &e);
     if (st == SMELT_OK) {
@@ -440,7 +459,10 @@ int cmd_serve(int argc, char **argv) {
         sm.en = en;
         sm.tok = tok;
         sm.tmpl = tm;
-        sm.tmpl_src = tsrc;
+        sm.tmpl_src = ct.src;
+        sm.tmpl_fallback = ct.fallback;
+        sm.tmpl_tools = tm_tools;
+        sm.tmpl_tools_src = ct.tool_use;
         sm.bos_text = bos;
         sm.eos_text = eos;
         sm.n_ctx = engine_config(en)->n_ctx;
@@ -481,13 +503,16 @@ int cmd_serve(int argc, char **argv) {
     model_free(m);
     bk_free(bk);
     tmpl_free(tm);
+    tmpl_free(tm_tools);
+    cli_chat_templates_free(&ct);
     tok_free(tok);
     gguf_close(f);
-    free(tsrc);
     free(bos);
     free(eos);
     free(name);
     free(fk.hot);
+    free(fk.script);
+    free(fk.start);
     if (rc == 0) fprintf(stderr, "smelt serve: stopped\n");
     return rc;
 }

@@ -1,7 +1,9 @@
 /* smelt template MODEL conversation.json: renders a model's chat template.
  *
  * The template comes from the GGUF's tokenizer.chat_template (or --template FILE, or the
- * documented ChatML default when the model has none); bos_token / eos_token are the text
+ * documented ChatML default when the model has none: cli/chat_template.h, shared with
+ * `smelt serve`); a conversation with tools gets the model's
+ * tokenizer.chat_template.tool_use when it has one. bos_token / eos_token are the text
  * of the vocab's BOS/EOS tokens. The context is what Hugging Face's apply_chat_template
  * passes (see tmpl_chat_ctx). The rendered prompt is written to stdout byte for byte.
  */
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/chat_template.h"
 #include "cli/cli.h"
 #include "format/gguf.h"
 #include "tokenizer/tmpl.h"
@@ -154,6 +157,7 @@ int cmd_template(int argc, char **argv) {
     struct gguf_file *g = NULL;
     struct tmpl *t = NULL;
     struct tmpl_value *ctx = NULL;
+    struct cli_chat_templates ct = {0};
     json_t *cj = NULL, *extra = NULL;
     if (!vars) return cli_fail("template", &(struct err){SMELT_ERR_NOMEM, "out of memory"});
     for (int i = 1; i < argc; i++) {
@@ -227,38 +231,15 @@ int cmd_template(int argc, char **argv) {
     if (model) {
         if (gguf_open(&g, model, &e)) goto fail;
         if (!src) {
-            struct gguf_str s;
-            struct err e2;
-            err_clear(&e2);
-            if (gguf_get_str(g, "tokenizer.chat_template", &s, &e2) == SMELT_OK) {
-                src = malloc(s.len + 1);
-                if (!src) {
-                    err_set(&e, SMELT_ERR_NOMEM, "out of memory");
-                    goto fail;
-                }
-                memcpy(src, s.ptr, s.len);
-                src[s.len] = 0;
-                src_len = s.len;
-            } else {
+            if (cli_chat_templates_load(&ct, g, NULL, &e)) goto fail;
+            if (ct.fallback)
                 fprintf(stderr, "smelt template: %s has no tokenizer.chat_template; using the ChatML default\n", model);
-            }
+            src = ct.src;
+            src_len = ct.len;
+            ct.src = NULL;
         }
         bos = token_text(g, "tokenizer.ggml.bos_token_id");
         eos = token_text(g, "tokenizer.ggml.eos_token_id");
-    }
-    if (!src) {
-        const char *d = tmpl_default_source();
-        src_len = strlen(d);
-        src = malloc(src_len + 1);
-        if (!src) {
-            err_set(&e, SMELT_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        memcpy(src, d, src_len + 1);
-    }
-    if (tmpl_compile(src, src_len, &t, &e)) {
-        err_prefix(&e, "%s", tfile ? tfile : "chat template");
-        goto fail;
     }
 
     /* the conversation */
@@ -294,6 +275,16 @@ int cmd_template(int argc, char **argv) {
         goto fail;
     }
     if (no_gen) gen = false;
+    if (tools && !json_is_null(tools) && ct.tool_use) { /* as transformers picks it */
+        free(src);
+        src = ct.tool_use;
+        src_len = ct.tool_use_len;
+        ct.tool_use = NULL;
+    }
+    if (tmpl_compile(src, src_len, &t, &e)) {
+        err_prefix(&e, "%s", tfile ? tfile : "chat template");
+        goto fail;
+    }
     json_object_update(extra, vars);
     if (tmpl_chat_ctx(messages, tools, gen, bos, eos, extra, &ctx, &e)) goto fail;
 
@@ -322,6 +313,7 @@ done:
     json_decref(vars);
     free(conv_text);
     free(src);
+    cli_chat_templates_free(&ct);
     free(bos);
     free(eos);
     if (g) gguf_close(g);

@@ -1,37 +1,100 @@
 /* Chat prompts: a request's messages (and tools) rendered with the model's chat template,
- * the way Hugging Face's apply_chat_template does (tokenizer/tmpl.h).
+ * the way Hugging Face's apply_chat_template does (tokenizer/tmpl.h), then tokenized.
+ *
+ * Which template: the model's `tokenizer.chat_template.tool_use` when the request passes
+ * tools (tools present and tool_choice not "none") and the model has one, else its
+ * default template (transformers picks the same way). A model without any template gets
+ * the ChatML default (the CLI loads it, server_model.tmpl_fallback says so); that template
+ * does not write BOS, so the prompt gets the vocab's BOS when the vocab asks for one.
+ *
+ * Tools are refused (400) when the template never mentions them: the model would not see
+ * them, and a silently ignored field is worse than an error.
+ *
+ * tool_choice "required" or a named function: the prompt ends with the opening of a call
+ * in the template's syntax (outp_force_prefix), so the model can only continue the call;
+ * the parser is fed the same text first (outp_prefill). A template whose call syntax smelt
+ * does not know cannot be forced: 400. When the prompt left the reply inside <think>, the
+ * prefill closes it first (a forced call skips the reasoning).
  *
  * continue_final_message: the conversation is rendered without a generation prompt and cut
  * right after the final (assistant) message's content, so the model continues that
- * message instead of starting a new one (vLLM does the same).
- *
- * Built only when the template engine is in the tree (__has_include), so the server can
- * land before it; without it chat requests are refused with a clear message. */
+ * message instead of starting a new one (vLLM does the same). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/server_int.h"
-
-#if __has_include("tokenizer/tmpl.h")
 #include "tokenizer/tmpl.h"
 
-bool gen_render_chat(struct server *s, const struct oai_request *rq, char **out, size_t *len,
+void gen_chat_prompt_free(struct chat_prompt *cp) {
+    free(cp->text);
+    free(cp->prefill);
+    memset(cp, 0, sizeof *cp);
+}
+
+/* Cuts text after the final assistant message's content (continue_final_message). */
+static bool cut_final(const struct oai_request *rq, char *text, size_t *n, struct oai_err *e) {
+    json_t *last = json_array_get(rq->messages, json_array_size(rq->messages) - 1);
+    json_t *content = json_object_get(last, "content");
+    const char *role = json_string_value(json_object_get(last, "role"));
+    if (!role || strcmp(role, "assistant") != 0 || !json_is_string(content))
+        return oai_bad(e, "continue_final_message",
+                       "continue_final_message needs a final assistant message with text");
+    const char *c = json_string_value(content);
+    size_t cl = json_string_length(content);
+    const char *hit = NULL;
+    for (const char *p = text; cl && (p = memmem(p, *n - (size_t)(p - text), c, cl)); p++)
+        hit = p;
+    if (cl && !hit)
+        return oai_bad(e, "continue_final_message",
+                       "the template does not render the final message's content verbatim");
+    if (hit) *n = (size_t)(hit - text) + cl;
+    text[*n] = 0;
+    return true;
+}
+
+bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat_prompt *cp,
                      struct oai_err *e) {
-    *out = NULL;
-    *len = 0;
+    memset(cp, 0, sizeof *cp);
     if (!s->m.tmpl)
         return oai_fail(e, 400, "invalid_request_error", "messages", "no_chat_template",
-                        "This model has no chat template");
-    const json_t *tools = rq->tool_choice == OAI_TOOLS_NONE ? NULL : rq->tools;
+                        "This model has no chat template: use /v1/completions, or start the "
+                        "server with --chat-template FILE");
+    bool tools = rq->tools && rq->tool_choice != OAI_TOOLS_NONE;
+    const struct tmpl *t = s->m.tmpl;
+    cp->tmpl_src = s->m.tmpl_src;
+    if (tools && s->m.tmpl_tools) {
+        t = s->m.tmpl_tools;
+        cp->tmpl_src = s->m.tmpl_tools_src;
+    }
+    if (tools && cp->tmpl_src && !outp_template_has_tools(cp->tmpl_src))
+        return oai_fail(e, 400, "invalid_request_error", "tools", "tools_not_supported",
+                        "This model's chat template does not render tools, so the model "
+                        "would never see them%s. Send the request without 'tools' (or with "
+                        "tool_choice 'none'), or start the server with a --chat-template that "
+                        "supports tools.",
+                        s->m.tmpl_fallback ? " (the model has no chat template; the ChatML "
+                                             "default is in use)" : "");
+    bool forced = tools && (rq->tool_choice == OAI_TOOLS_REQUIRED ||
+                            rq->tool_choice == OAI_TOOLS_NAMED);
+    if (forced && !outp_syntax_known(cp->tmpl_src))
+        return oai_fail(e, 400, "invalid_request_error", "tool_choice", "tool_choice_unsupported",
+                        "tool_choice '%.64s' cannot be enforced for this model: its chat "
+                        "template's tool-call syntax is not one smelt knows (Hermes/Qwen "
+                        "<tool_call>, Mistral [TOOL_CALLS], Llama 3 JSON). Use tool_choice "
+                        "'auto'.",
+                        rq->tool_choice == OAI_TOOLS_NAMED ? rq->tool_name : "required");
+    cp->syntax = tools ? outp_syntax_of(cp->tmpl_src) : OUTP_TOOLS_NONE;
+    cp->reasoning = outp_template_reasons(cp->tmpl_src);
+
     bool gen_prompt = rq->add_generation_prompt && !rq->continue_final_message;
     struct tmpl_value *ctx = NULL;
     struct err te;
     err_clear(&te);
-    smelt_status st = tmpl_chat_ctx(rq->messages, tools, gen_prompt, s->m.bos_text,
-                                    s->m.eos_text, rq->template_kwargs, &ctx, &te);
+    smelt_status st = tmpl_chat_ctx(rq->messages, tools ? rq->tools : NULL, gen_prompt,
+                                    s->m.bos_text, s->m.eos_text, rq->template_kwargs, &ctx, &te);
     char *text = NULL;
     size_t n = 0;
-    if (st == SMELT_OK) st = tmpl_render(s->m.tmpl, ctx, NULL, &text, &n, &te);
+    if (st == SMELT_OK) st = tmpl_render(t, ctx, NULL, &text, &n, &te);
     tmpl_value_free(ctx);
     if (st != SMELT_OK) {
         if (st == SMELT_ERR_NOMEM)
@@ -39,43 +102,44 @@ bool gen_render_chat(struct server *s, const struct oai_request *rq, char **out,
         return oai_fail(e, 400, "invalid_request_error", "messages", "chat_template_error",
                         "The chat template failed on these messages: %s", te.msg);
     }
-    if (rq->continue_final_message) {
-        json_t *last = json_array_get(rq->messages, json_array_size(rq->messages) - 1);
-        json_t *content = json_object_get(last, "content");
-        const char *role = json_string_value(json_object_get(last, "role"));
-        if (!role || strcmp(role, "assistant") != 0 || !json_is_string(content)) {
-            free(text);
-            return oai_bad(e, "continue_final_message",
-                           "continue_final_message needs a final assistant message with text");
-        }
-        const char *c = json_string_value(content);
-        size_t cl = json_string_length(content);
-        const char *hit = NULL;
-        for (const char *p = text; cl && (p = memmem(p, n - (size_t)(p - text), c, cl)); p++)
-            hit = p;
-        if (cl && !hit) {
-            free(text);
-            return oai_bad(e, "continue_final_message",
-                           "the template does not render the final message's content verbatim");
-        }
-        if (hit) n = (size_t)(hit - text) + cl;
-        text[n] = 0;
+    if (rq->continue_final_message && !cut_final(rq, text, &n, e)) {
+        free(text);
+        return false;
     }
-    *out = text;
-    *len = n;
+    /* a reasoning template may open <think> in the prompt: the reply starts inside */
+    size_t k = n;
+    while (k && (text[k - 1] == '\n' || text[k - 1] == ' ')) k--;
+    cp->in_reasoning = cp->reasoning && k >= 7 && !memcmp(text + k - 7, "<think>", 7);
+    if (forced) {
+        char *open = outp_force_prefix(cp->syntax, cp->tmpl_src,
+                                       rq->tool_choice == OAI_TOOLS_NAMED ? rq->tool_name : NULL);
+        struct jw w = {0};
+        if (cp->in_reasoning) jw_str(&w, "</think>\n\n");
+        if (open) jw_str(&w, open);
+        free(open);
+        char *all = open && !w.oom ? realloc(text, n + w.n + 1) : NULL;
+        if (!all) {
+            jw_free(&w);
+            free(text);
+            return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        text = all;
+        memcpy(text + n, w.p, w.n + 1);
+        n += w.n;
+        cp->prefill = w.p;
+        cp->prefill_len = w.n;
+    }
+    cp->text = text;
+    cp->len = n;
     return true;
 }
 
-#else
-
-bool gen_render_chat(struct server *s, const struct oai_request *rq, char **out, size_t *len,
-                     struct oai_err *e) {
-    (void)s;
-    (void)rq;
-    *out = NULL;
-    *len = 0;
-    return oai_fail(e, 501, "server_error", "messages", "not_implemented",
-                    "chat templates are not available in this build");
+bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct tok_ids *ids,
+                       struct oai_err *e) {
+    /* the template writes the special tokens itself, except the ChatML fallback's BOS */
+    const struct tok_special *sp = tok_specials(s->m.tok);
+    if (s->m.tmpl_fallback && tok_add_bos(s->m.tok) && sp->bos >= 0 &&
+        tok_ids_push(ids, sp->bos) != SMELT_OK)
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return gen_tokenize(s, cp->text, cp->len, TOK_PARSE_SPECIAL, ids, e);
 }
-
-#endif

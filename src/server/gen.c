@@ -240,40 +240,36 @@ static void chat_delta_chunk(struct gen *g, int32_t ci, const char *key, const c
 
 static void new_call_id(struct gen *g, char *out, size_t n) { srv_new_id(g->srv, "call_", out, n); }
 
+/* Tool-call pieces as OpenAI streams them, one chunk each: a call's first delta carries
+ * its index, id, type, name and "" arguments; the next ones its index and the next part
+ * of the arguments. */
 static void chat_calls_chunk(struct gen *g, int32_t ci, struct choice *c,
                              const struct outp_delta *d) {
     struct jw *w = &g->sse;
-    chunk_begin(g, w);
-    jw_printf(w, "{\"index\":%d,\"delta\":{\"tool_calls\":[", ci);
     for (int i = 0; i < d->n_calls; i++) {
-        char id[48];
-        new_call_id(g, id, sizeof id);
-        if (i) jw_raw(w, ",", 1);
-        jw_printf(w, "{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":",
-                  c->n_calls++, id);
-        jw_json_str(w, d->calls[i].name, strlen(d->calls[i].name));
-        jw_str(w, ",\"arguments\":");
-        jw_json_str(w, d->calls[i].arguments, strlen(d->calls[i].arguments));
-        jw_str(w, "}}");
-    }
-    jw_str(w, "]},\"logprobs\":null,\"finish_reason\":null}");
-    chunk_end(g, w);
-}
-
-/* parallel_tool_calls: false keeps the first call only. */
-static void limit_calls(struct gen *g, const struct choice *c, struct outp_delta *d) {
-    if (g->rq.parallel_tool_calls) return;
-    int keep = c->n_calls >= 1 ? 0 : 1;
-    while (d->n_calls > keep) {
-        d->n_calls--;
-        free(d->calls[d->n_calls].name);
-        free(d->calls[d->n_calls].arguments);
+        const struct outp_call *k = &d->calls[i];
+        chunk_begin(g, w);
+        jw_printf(w, "{\"index\":%d,\"delta\":{\"tool_calls\":[", ci);
+        if (k->name) {
+            char id[48];
+            new_call_id(g, id, sizeof id);
+            jw_printf(w, "{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":"
+                         "{\"name\":", k->index, id);
+            jw_json_str(w, k->name, strlen(k->name));
+            jw_str(w, ",\"arguments\":\"\"}}");
+            c->n_calls++;
+        } else {
+            jw_printf(w, "{\"index\":%d,\"function\":{\"arguments\":", k->index);
+            jw_json_str(w, k->args.p ? k->args.p : "", k->args.n);
+            jw_str(w, "}}");
+        }
+        jw_str(w, "]},\"logprobs\":null,\"finish_reason\":null}");
+        chunk_end(g, w);
     }
 }
 
 static void chat_stream_delta(struct gen *g, int32_t ci, struct choice *c) {
     struct outp_delta *d = &g->delta;
-    limit_calls(g, c, d);
     if (d->reasoning.n) chat_delta_chunk(g, ci, "reasoning_content", d->reasoning.p, d->reasoning.n);
     if (d->content.n) chat_delta_chunk(g, ci, "content", d->content.p, d->content.n);
     if (d->n_calls) chat_calls_chunk(g, ci, c, d);
@@ -295,6 +291,10 @@ static void stream_event(struct gen *g, int32_t ci, const struct engine_event *e
             chunk_end(g, w);
         }
         outp_delta_clear(&g->delta);
+        if (g->prefill && !c->prefilled) {
+            c->prefilled = true;
+            outp_prefill(&c->op, g->prefill, g->prefill_len, &g->delta);
+        }
         if (ev->text_len) outp_push(&c->op, text, ev->text_len, &g->delta);
         if (ev->finish) outp_finish(&c->op, &g->delta);
         if (lp) {
@@ -321,28 +321,52 @@ static void stream_event(struct gen *g, int32_t ci, const struct engine_event *e
         }
         return;
     }
-    /* completions */
+    /* completions. The first chunk of a choice with echo carries the prompt (and, with
+     * logprobs, the prompt's tokens: the first with a null logprob) before its first token,
+     * as OpenAI's legacy completions stream it. With max_tokens 0 (echo only) the one
+     * token generated is not part of the answer. */
     bool first = !c->role_sent;
     c->role_sent = true;
-    size_t echo_n = first && g->rq.echo ? g->echo_len[ci / g->rq.n] : 0;
-    if (!ev->text_len && !ev->finish && !lp && !echo_n) return;
+    int32_t pi = ci / g->rq.n;
+    bool drop = g->rq.max_tokens == 0;
+    size_t tl = drop ? 0 : ev->text_len;
+    if (drop) lp = false;
+    size_t echo_n = first && g->rq.echo ? g->echo_len[pi] : 0;
+    bool echo_lp = first && g->rq.echo && g->rq.logprobs;
+    if (!tl && !ev->finish && !lp && !echo_n && !echo_lp) return;
     chunk_begin(g, w);
     jw_printf(w, "{\"index\":%d,\"text\":", ci);
     if (echo_n) {
         /* the prompt goes first: one string with the token's text */
         struct jw t = {0};
-        jw_raw(&t, g->echo_text[ci / g->rq.n], echo_n);
-        jw_raw(&t, text, ev->text_len);
+        jw_raw(&t, g->echo_text[pi], echo_n);
+        jw_raw(&t, text, tl);
         jw_json_str(w, t.p ? t.p : "", t.n);
         jw_free(&t);
     } else {
-        jw_json_str(w, text, ev->text_len);
+        jw_json_str(w, text, tl);
     }
     jw_str(w, ",\"logprobs\":");
-    if (lp) {
-        int32_t k = g->rq.top_logprobs;
-        struct sample_token_logprob tops[SAMPLE_MAX_LOGPROBS];
-        for (int32_t j = 0; j < k; j++) tops[j] = j < ev->n_top ? top[j] : (struct sample_token_logprob){-1, 0};
+    int32_t k = g->rq.top_logprobs;
+    struct sample_token_logprob tops[SAMPLE_MAX_LOGPROBS];
+    for (int32_t j = 0; lp && j < k; j++)
+        tops[j] = j < ev->n_top ? top[j] : (struct sample_token_logprob){-1, 0};
+    if (echo_lp) {
+        /* the prompt's tokens, then this token: offsets count from the prompt's start */
+        struct choice all = {0};
+        const struct choice *pc = &g->pch[pi];
+        bool ok = choice_add_token(&all, g->ptok0[pi], NAN, NULL, 0, k);
+        for (int32_t i = 0; ok && i < pc->n_tok; i++)
+            ok = choice_add_token(&all, pc->tok[i], pc->lp[i], pc->top + (size_t)i * (size_t)k, k, k);
+        if (ok && lp) ok = choice_add_token(&all, ev->token, ev->logprob, tops, k, k);
+        c->text_offset = 0;
+        if (ok) legacy_lp(g, w, all.tok, all.lp, all.top, all.n_tok, &c->text_offset);
+        else jw_str(w, "null");
+        if (!ok) snprintf(g->error, sizeof g->error, "out of memory");
+        free(all.tok);
+        free(all.lp);
+        free(all.top);
+    } else if (lp) {
         float l = ev->logprob;
         int32_t t = ev->token;
         c->text_offset += (int64_t)echo_n;
@@ -392,7 +416,7 @@ static void account(struct gen *g, int32_t ri, const struct engine_event *ev) {
         g->usage_prompt += ev->n_prompt;
         g->usage_cached += ev->n_cached;
     }
-    g->usage_completion += ev->n_gen;
+    if (g->rq.max_tokens != 0) g->usage_completion += ev->n_gen; /* 0: echo only */
     if (ev->finish == ENGINE_CANCELLED) g->cancelled = true;
 }
 
@@ -498,12 +522,35 @@ static json_t *chat_choice_json(struct gen *g, int32_t ci) {
     struct choice *c = &g->ch[ci];
     struct outp_delta *d = &g->delta;
     outp_delta_clear(d);
+    if (g->prefill) outp_prefill(&c->op, g->prefill, g->prefill_len, d);
     outp_push(&c->op, c->text.p ? c->text.p : "", c->text.n, d);
     outp_finish(&c->op, d);
-    limit_calls(g, c, d);
     json_t *msg = json_object();
     json_object_set_new(msg, "role", json_string("assistant"));
-    bool has_calls = d->n_calls > 0;
+    /* the calls: each begins with its name piece, the next pieces are its arguments */
+    json_t *calls = json_array();
+    struct jw args = {0};
+    for (int i = 0; i <= d->n_calls; i++) {
+        const struct outp_call *k = i < d->n_calls ? &d->calls[i] : NULL;
+        if ((!k || k->name) && json_array_size(calls) > 0) {
+            json_t *fn = json_object_get(json_array_get(calls, json_array_size(calls) - 1),
+                                         "function");
+            json_object_set_new(fn, "arguments", json_stringn_nocheck(args.p ? args.p : "", args.n));
+            args.n = 0;
+        }
+        if (!k) break;
+        if (k->name) {
+            char id[48];
+            new_call_id(g, id, sizeof id);
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                                   "function", "function", "name", k->name,
+                                                   "arguments", ""));
+        } else {
+            jw_raw(&args, k->args.p ? k->args.p : "", k->args.n);
+        }
+    }
+    jw_free(&args);
+    bool has_calls = json_array_size(calls) > 0;
     json_object_set_new(msg, "content", (d->content.n || !has_calls)
                                             ? json_stringn_nocheck(d->content.p ? d->content.p : "",
                                                                    d->content.n)
@@ -513,17 +560,10 @@ static json_t *chat_choice_json(struct gen *g, int32_t ci) {
         json_object_set_new(msg, "reasoning_content",
                             json_stringn_nocheck(d->reasoning.p, d->reasoning.n));
     if (has_calls) {
-        json_t *calls = json_array();
-        for (int i = 0; i < d->n_calls; i++) {
-            char id[48];
-            new_call_id(g, id, sizeof id);
-            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
-                                                   "function", "function", "name",
-                                                   d->calls[i].name, "arguments",
-                                                   d->calls[i].arguments));
-        }
-        c->n_calls = d->n_calls;
+        c->n_calls = (int32_t)json_array_size(calls);
         json_object_set_new(msg, "tool_calls", calls);
+    } else {
+        json_decref(calls);
     }
     json_t *lp = json_null();
     if (g->rq.logprobs) {
@@ -651,6 +691,7 @@ void gen_free(struct gen *g) {
     }
     free(g->pch);
     free(g->ptok0);
+    free(g->prefill);
     engine_out_free(&g->out);
     outp_delta_free(&g->delta);
     jw_free(&g->sse);
@@ -677,21 +718,11 @@ static uint64_t random_seed(void) {
     return x;
 }
 
-/* Builds the prompt of request ri into ids. */
-static bool build_prompt(struct gen *g, int32_t ri, struct tok_ids *ids, struct oai_err *e) {
+/* Builds the prompt of request ri into ids (chat: cp, rendered). */
+static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp,
+                         struct tok_ids *ids, struct oai_err *e) {
     struct server *s = g->srv;
-    if (g->rq.kind == OAI_CHAT) {
-        char *text = NULL;
-        size_t len = 0;
-        if (!gen_render_chat(s, &g->rq, &text, &len, e)) return false;
-        /* a reasoning template may open <think> in the prompt: the reply starts inside */
-        size_t n = len;
-        while (n && (text[n - 1] == '\n' || text[n - 1] == ' ')) n--;
-        g->in_reasoning = g->reasoning && n >= 7 && !memcmp(text + n - 7, "<think>", 7);
-        bool ok = gen_tokenize(s, text, len, TOK_PARSE_SPECIAL, ids, e);
-        free(text);
-        return ok;
-    }
+    if (g->rq.kind == OAI_CHAT) return gen_chat_tokenize(s, cp, ids, e);
     const struct oai_prompt *p = &g->rq.prompts[ri];
     if (p->ids) {
         for (int32_t i = 0; i < p->n_ids; i++)
@@ -756,17 +787,6 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
                  "The model '%.200s' does not exist (this server serves '%s')", rq->model, s->m.id);
         return fail(c, &e);
     }
-    if (kind == OAI_CHAT && !s->m.tmpl) {
-        oai_fail(&e, 400, "invalid_request_error", "messages", "no_chat_template",
-                 "This model has no chat template: use /v1/completions, or start the server "
-                 "with --chat-template FILE");
-        return fail(c, &e);
-    }
-    if (kind == OAI_COMPLETION && rq->echo && rq->logprobs && rq->stream) {
-        oai_bad(&e, "echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported in "
-                "streams yet");
-        return fail(c, &e);
-    }
     bool explicit_max = rq->max_tokens >= 0 && (kind == OAI_CHAT ||
                                                  json_object_get(rq->root, "max_tokens") != NULL);
     g->n_reqs = kind == OAI_CHAT ? 1 : rq->n_prompts;
@@ -794,24 +814,37 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         return fail(c, &e);
     }
+    struct chat_prompt cp = {0};
     if (kind == OAI_CHAT) {
-        bool tools = rq->tools && rq->tool_choice != OAI_TOOLS_NONE;
-        g->syntax = tools ? outp_syntax_of(s->m.tmpl_src) : OUTP_TOOLS_NONE;
-        g->reasoning = outp_template_reasons(s->m.tmpl_src);
+        if (!gen_chat_prompt(s, rq, &cp, &e)) return fail(c, &e);
+        g->syntax = cp.syntax;
+        g->reasoning = cp.reasoning;
+        g->in_reasoning = cp.in_reasoning;
+        g->prefill = cp.prefill;
+        g->prefill_len = cp.prefill_len;
+        cp.prefill = NULL; /* g owns it */
         /* Mistral's and Llama's call markers are control tokens: render them */
         if (g->syntax == OUTP_MISTRAL || g->syntax == OUTP_LLAMA3) rq->ep.decode_special = true;
+        /* parallel_tool_calls false: Hermes calls end with </tool_call>, so generation can
+         * stop there (the parser drops anything after the first call in every syntax) */
+        if (g->syntax == OUTP_HERMES && !rq->parallel_tool_calls && rq->ep.n_stop < ENGINE_MAX_STOPS) {
+            rq->stop[rq->ep.n_stop++] = "</tool_call>";
+            rq->ep.stop = rq->stop;
+        }
     }
     uint64_t seed = rq->has_seed ? rq->ep.sp.seed : random_seed();
     struct tok_ids ids = {0};
     for (int32_t ri = 0; ri < g->n_reqs; ri++) {
         ids.n = 0;
-        if (!build_prompt(g, ri, &ids, &e) ||
+        if (!build_prompt(g, ri, &cp, &ids, &e) ||
             !check_length(s, rq, (int32_t)ids.n, explicit_max, &e)) {
             tok_ids_free(&ids);
+            gen_chat_prompt_free(&cp);
             return fail(c, &e);
         }
         if (ids.n == 0) {
             tok_ids_free(&ids);
+            gen_chat_prompt_free(&cp);
             oai_bad(&e, kind == OAI_CHAT ? "messages" : "prompt", "the prompt is empty");
             return fail(c, &e);
         }
@@ -831,6 +864,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         }
         if (st != SMELT_OK) {
             tok_ids_free(&ids);
+            gen_chat_prompt_free(&cp);
             if (st == SMELT_ERR_RANGE)
                 oai_fail(&e, 429, "rate_limit_error", NULL, "queue_full",
                          "The server is busy (%s); retry later", te.msg);
@@ -844,8 +878,11 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         }
     }
     tok_ids_free(&ids);
-    for (int32_t i = 0; i < g->n_choices; i++)
+    gen_chat_prompt_free(&cp);
+    for (int32_t i = 0; i < g->n_choices; i++) {
         outp_init(&g->ch[i].op, g->syntax, g->reasoning, g->in_reasoning);
+        g->ch[i].op.max_calls = rq->parallel_tool_calls ? 0 : 1;
+    }
     if (g->rq.max_tokens == 0) {
         /* echo only: drop the generated token */
         for (int32_t i = 0; i < g->n_choices; i++) g->ch[i].text.n = 0;

@@ -1,5 +1,6 @@
-/* Chat output parsing: the model's text -> reasoning_content, content and tool_calls,
- * incrementally (for streams) or all at once (the same code, one push).
+/* Chat output parsing: the model's text -> reasoning_content, content and tool calls,
+ * incrementally (for streams) or all at once (the same code, one push), so a stream and a
+ * whole response always decide the same thing.
  *
  * Reasoning: text between <think> and </think> is reasoning. A reply may open with
  * <think> itself, or the prompt may already have opened it (the template ended the
@@ -8,17 +9,33 @@
  *
  * Tool calls, by syntax (picked from the chat template):
  *   hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, repeated (Qwen 2.5/3,
- *            Hermes, many others)
+ *            Hermes, many others); a list of call objects inside one tag is accepted too
  *   mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] or
  *            [TOOL_CALLS]name[ARGS]{...} (newer Mistral tokenizers), repeated
- *   llama3   the whole reply is {"name": ..., "parameters": {...}} (optionally after
+ *   llama3   the reply is {"name": ..., "parameters": {...}} (optionally after
  *            <|python_tag|>), or several such objects separated by ";"
  * With hermes and mistral, a reply that is nothing but a JSON call object (small models
- * often drop the tags) is taken as a call too; if it does not parse, it is content.
- * Text before a call is content. A call's text is held until it is complete, then comes
- * out as one tool_calls delta (name and the arguments as a JSON string, OpenAI's shape).
- * Text that only might begin a marker ("<tool_" at the end of a delta) is held back until
- * the next push decides. A call that does not parse as JSON is given back as content.
+ * often drop the tags) is taken as a call too: it is held to the end and is content
+ * unless the whole reply parses as a call.
+ *
+ * Calls come out incrementally, as OpenAI streams them: a call's first piece carries its
+ * index and name (and "" arguments) as soon as the name is complete; later pieces carry
+ * the arguments text as it arrives. The arguments are the JSON text of the "arguments"
+ * (or "parameters") value as the model wrote it (a JSON string value is given decoded, a
+ * missing or null one is "{}"); concatenating a call's pieces gives them whole. Pieces
+ * never split a UTF-8 character.
+ *
+ * Until a call's name is complete, its text is held: if it turns out not to be a call
+ * ("<tool_call>" followed by something that is not a call object), it is given back as
+ * content, marker included. Once the name is out the call is committed: a malformed or
+ * cut-off rest only makes its arguments invalid JSON (OpenAI documents that arguments
+ * may not be valid JSON). Text that only might begin a marker ("<tool_" at the end of a
+ * push) is held back until the next push decides.
+ *
+ * Prefill (tool_choice "required" or a named function): the server ends the prompt with
+ * the opening of a call (outp_force_prefix) and feeds the same text to the parser first
+ * (outp_prefill), so the parser reads a well-formed call; text that came from the prefill
+ * is never given back as content.
  */
 #ifndef SMELT_SERVER_OUTP_H
 #define SMELT_SERVER_OUTP_H
@@ -37,18 +54,29 @@ enum outp_syntax {
 
 /* The syntax a chat template's source uses (OUTP_HERMES when it says nothing). */
 enum outp_syntax outp_syntax_of(const char *tmpl_src);
+/* Whether the template shows which syntax it uses (a call marker of a known family), so
+ * that a call can be forced by prefilling its opening. */
+bool outp_syntax_known(const char *tmpl_src);
+/* Whether the template renders the request's tools at all. */
+bool outp_template_has_tools(const char *tmpl_src);
 /* Whether the template produces <think> reasoning. */
 bool outp_template_reasons(const char *tmpl_src);
+/* The text that opens a forced call in syntax s of template tmpl_src: any function when
+ * name is NULL (tool_choice "required"), else that one. malloc'd; NULL on OOM or for
+ * OUTP_TOOLS_NONE. */
+char *outp_force_prefix(enum outp_syntax s, const char *tmpl_src, const char *name);
 
+/* One piece of a tool call. */
 struct outp_call {
-    char *name;      /* malloc'd */
-    char *arguments; /* malloc'd JSON text of the arguments object */
+    int index;      /* the call's position in the reply: 0, 1, ... */
+    char *name;     /* the call's first piece: its name (malloc'd); NULL on later pieces */
+    struct jw args; /* later pieces: the next part of the arguments text ("" on the first) */
 };
 
 /* What one push produced. Reset by the caller (outp_delta_clear) before each push. */
 struct outp_delta {
     struct jw content, reasoning;
-    struct outp_call *calls; /* new complete calls */
+    struct outp_call *calls; /* call pieces, in order */
     int n_calls, cap_calls;
 };
 void outp_delta_clear(struct outp_delta *d);
@@ -57,12 +85,27 @@ void outp_delta_free(struct outp_delta *d);
 struct outp {
     enum outp_syntax syntax;
     bool reasoning;     /* look for <think> */
-    int state;          /* internal */
-    bool at_start;      /* nothing but whitespace seen yet */
+    int max_calls;      /* > 0: text after this many calls is dropped */
+    int state, cs;      /* internal: the text state, the call scanner's state */
     struct jw pend;     /* text not yet classified */
-    struct jw call;     /* text of the tool call being read */
-    int n_calls_total;
-    bool bare;          /* the call is a bare JSON reply (no marker) */
+    struct jw call;     /* text of a call region whose name is not out yet (given back) */
+    struct jw key;      /* the object key being read */
+    struct jw name;     /* the name being read (JSON string text, unquoted) */
+    struct jw hold;     /* arguments read before the name, or a string / scalar value */
+    struct jw args;     /* arguments not emitted yet (an incomplete UTF-8 character) */
+    const char *marker; /* the marker that opened the call region (NULL: bare) */
+    int n_calls_total;  /* calls committed */
+    int depth;          /* nesting inside the value being scanned */
+    int vkind, vnext;   /* value kind (container / string / scalar), state after it */
+    bool in_str, esc;   /* JSON string scanning */
+    bool key_long;      /* the key was longer than any we look for */
+    bool list;          /* inside a [ ... ] list of call objects */
+    bool committed;     /* the current call's name is out */
+    bool have_args;     /* the current call's arguments were read */
+    bool skipping;      /* the value being scanned is discarded */
+    bool prefilling;    /* inside outp_prefill */
+    bool hide_marker;   /* the region's marker came from the prefill */
+    size_t hide;        /* bytes at the start of `call` that came from the prefill */
     bool bad;           /* allocation failure */
 };
 
@@ -72,7 +115,11 @@ void outp_init(struct outp *p, enum outp_syntax syntax, bool reasoning, bool in_
 void outp_free(struct outp *p);
 /* Feeds text; appends what it decided to d. */
 void outp_push(struct outp *p, const char *s, size_t n, struct outp_delta *d);
-/* End of the reply: everything held is decided (an unfinished call becomes content). */
+/* Feeds text that the server wrote at the end of the prompt (not the model's): it opens a
+ * call like model text would, but is never given back as content. */
+void outp_prefill(struct outp *p, const char *s, size_t n, struct outp_delta *d);
+/* End of the reply: everything held is decided (an unfinished call that has no name yet
+ * becomes content; one that has keeps the arguments it got). */
 void outp_finish(struct outp *p, struct outp_delta *d);
 
 #endif

@@ -195,34 +195,33 @@ static enum MHD_Result route_tokenize(struct conn *c) {
     if (!add) add = json_object_get(j, "add_special_tokens");
     json_t *pieces = json_object_get(j, "with_pieces");
     bool ok = true;
-    char *rendered = NULL;
-    size_t rlen = 0;
     const char *src = NULL;
     size_t slen = 0;
     unsigned flags = TOK_PARSE_SPECIAL;
+    struct tok_ids ids = {0};
     if (msgs) {
-        /* a chat: render it as /v1/chat/completions would */
-        struct oai_request rq;
-        char *body = json_dumps(j, JSON_COMPACT);
-        /* keep only the chat fields the parser knows */
+        /* a chat: the prompt /v1/chat/completions would build (template choice, BOS of the
+         * ChatML fallback and the prefill of a forced tool call included) */
+        struct oai_request rq = {0};
+        /* keep only the chat fields that shape the prompt */
         json_t *cj = json_pack("{s:O}", "messages", msgs);
-        json_t *tools = json_object_get(j, "tools");
-        if (tools) json_object_set(cj, "tools", tools);
-        static const char *const pass[] = {"chat_template_kwargs", "add_generation_prompt",
-                                            "continue_final_message", NULL};
-        for (int k = 0; pass[k]; k++) {
+        static const char *const pass[] = {"tools", "tool_choice", "chat_template_kwargs",
+                                            "add_generation_prompt", "continue_final_message",
+                                            NULL};
+        for (int k = 0; cj && pass[k]; k++) {
             json_t *v = json_object_get(j, pass[k]);
             if (v) json_object_set(cj, pass[k], v);
         }
-        char *cbody = json_dumps(cj, JSON_COMPACT);
+        char *cbody = cj ? json_dumps(cj, JSON_COMPACT) : NULL;
         json_decref(cj);
-        free(body);
-        ok = cbody && oai_parse(cbody, strlen(cbody), OAI_CHAT, tok_n_vocab(s->m.tok), NULL, &rq, &e);
+        ok = cbody ? oai_parse(cbody, strlen(cbody), OAI_CHAT, tok_n_vocab(s->m.tok), NULL, &rq, &e)
+                   : oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         free(cbody);
-        if (ok) ok = gen_render_chat(s, &rq, &rendered, &rlen, &e);
+        struct chat_prompt cp = {0};
+        if (ok) ok = gen_chat_prompt(s, &rq, &cp, &e);
+        if (ok) ok = gen_chat_tokenize(s, &cp, &ids, &e);
+        gen_chat_prompt_free(&cp);
         oai_request_free(&rq);
-        src = rendered;
-        slen = rlen;
     } else if (json_is_string(text)) {
         src = json_string_value(text);
         slen = json_string_length(text);
@@ -231,9 +230,7 @@ static enum MHD_Result route_tokenize(struct conn *c) {
         ok = oai_bad(&e, "content", "'content' (a string) or 'messages' is required");
     }
     if (ok && add && !json_is_boolean(add)) ok = oai_bad(&e, "add_special", "must be a boolean");
-    struct tok_ids ids = {0};
-    if (ok) ok = gen_tokenize(s, src, slen, flags, &ids, &e);
-    free(rendered);
+    if (ok && !msgs) ok = gen_tokenize(s, src, slen, flags, &ids, &e);
     if (!ok) {
         json_decref(j);
         tok_ids_free(&ids);

@@ -52,6 +52,11 @@ struct server_model {
     const struct tok *tok;
     const struct tmpl *tmpl;        /* chat template; NULL: chat is refused */
     const char *tmpl_src;           /* its source (picks the tool-call syntax); may be NULL */
+    bool tmpl_fallback;             /* tmpl is the ChatML default (the model has none): it
+                                     * writes no BOS, so prompts get the vocab's */
+    const struct tmpl *tmpl_tools;  /* tokenizer.chat_template.tool_use: used instead of tmpl
+                                     * when a request passes tools; may be NULL */
+    const char *tmpl_tools_src;
     const char *bos_text, *eos_text; /* template variables bos_token / eos_token; may be NULL */
     int32_t n_ctx;                  /* positions per sequence */
     int64_t created;                /* Unix time for /v1/models */

@@ -53,7 +53,8 @@ struct choice {
     int32_t n_gen;
     bool role_sent;              /* chat stream: the first delta carried the role */
     struct outp op;              /* chat: reasoning / tool-call parser */
-    int32_t n_calls;             /* tool calls emitted so far */
+    bool prefilled;              /* chat: the forced call's opening was fed to op */
+    int32_t n_calls;             /* tool calls begun so far */
     int64_t text_offset;         /* completions logprobs text_offset */
 };
 
@@ -84,6 +85,8 @@ struct gen {
     /* chat */
     enum outp_syntax syntax;
     bool reasoning, in_reasoning;
+    char *prefill;               /* the forced call's opening (the prompt ends with it) */
+    size_t prefill_len;
 
     /* waking: the engine's notify sets pending, or resumes the parked connection */
     pthread_mutex_t mu;
@@ -140,9 +143,27 @@ void gen_free(struct gen *g);
 /* Tokenizes text for /tokenize and prompts (flags: TOK_*); precheck by length. */
 bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
                   struct tok_ids *out, struct oai_err *e);
-/* Renders a chat request's messages with the template. out: malloc'd prompt. */
-bool gen_render_chat(struct server *s, const struct oai_request *rq, char **out, size_t *len,
+
+/* ---- chat.c ---- */
+/* A chat request's prompt. */
+struct chat_prompt {
+    char *text;              /* the rendered prompt, the prefill at its end (malloc'd) */
+    size_t len;
+    const char *tmpl_src;    /* the template used (the model's strings) */
+    enum outp_syntax syntax; /* the tool-call syntax to parse (OUTP_TOOLS_NONE: no tools) */
+    bool reasoning;          /* the template uses <think> */
+    bool in_reasoning;       /* the prompt opened <think> (before the prefill) */
+    char *prefill;           /* a forced call's opening (malloc'd), or NULL */
+    size_t prefill_len;
+};
+/* Picks the template, checks tools / tool_choice against it, renders the messages and
+ * appends the prefill of a forced call. Errors are 400s that name the field. */
+bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat_prompt *cp,
                      struct oai_err *e);
+void gen_chat_prompt_free(struct chat_prompt *cp);
+/* Appends the prompt's tokens to ids (BOS first for the ChatML fallback). */
+bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct tok_ids *ids,
+                       struct oai_err *e);
 
 /* ---- metrics.c ---- */
 char *metrics_text(struct server *s);

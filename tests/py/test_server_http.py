@@ -300,8 +300,51 @@ def test_echo_logprobs_prompt_scoring(srv):
         lq = k["choices"][0]["logprobs"]
         assert len(lq["tokens"]) == n and k["usage"]["completion_tokens"] == 0
         assert all(abs(a - b) < 1e-4 for a, b in zip(lq["token_logprobs"][1:], lp["token_logprobs"][1:n]))
-    st, j = srv.post("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "stream": True})
-    err_of(st, j, 400, param="echo")
+
+
+def stream_choices(events):
+    """Streamed completion events -> {index: (text, legacy logprobs merged, finish)}."""
+    out = {}
+    for e in events[:-1]:
+        if not isinstance(e, dict):
+            continue
+        for c in e["choices"]:
+            text, lp, fin = out.get(c["index"], ("", None, None))
+            text += c["text"]
+            if c["logprobs"] is not None:
+                lp = lp or {k: [] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+                for k in lp:
+                    lp[k] += c["logprobs"][k]
+            out[c["index"]] = (text, lp, c["finish_reason"] or fin)
+    return out
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1, 3])
+def test_echo_logprobs_streamed_like_whole(srv, max_tokens):
+    # OpenAI's legacy completions: the first chunk of each choice carries the prompt and
+    # its tokens' logprobs (the first null), then the generated tokens follow
+    body = {"prompt": ["score this prompt", "and this one too"], "max_tokens": max_tokens,
+            "temperature": 0, "echo": True, "logprobs": 2, "n": 2, "ignore_eos": True}
+    st, whole = srv.post("/v1/completions", body)
+    assert st == 200, whole
+    st, events, raw = srv.stream("/v1/completions", dict(body, stream=True,
+                                                          stream_options={"include_usage": True}))
+    assert st == 200 and events[-1] == "[DONE]"
+    got = stream_choices(events)
+    assert sorted(got) == [0, 1, 2, 3]
+    for c in whole["choices"]:
+        text, lp, fin = got[c["index"]]
+        assert text == c["text"] and fin == c["finish_reason"]
+        w = c["logprobs"]
+        assert lp["tokens"] == w["tokens"] and lp["text_offset"] == w["text_offset"]
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert all(abs(a - b) < 1e-5 for a, b in zip(lp["token_logprobs"][1:], w["token_logprobs"][1:]))
+        for a, b in zip(lp["top_logprobs"][1:], w["top_logprobs"][1:]):
+            assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-5 for k in a)
+    # as many tokens as the prompt has, plus the generated ones
+    st, t = srv.post("/tokenize", {"content": "and this one too"})
+    assert len(got[2][1]["tokens"]) == len(got[3][1]["tokens"]) == t["count"] + max_tokens
+    assert events[-2]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == 4 * max_tokens
 
 
 def test_stream_shape_and_usage(srv):

@@ -148,3 +148,27 @@ def test_errors_are_sdk_exceptions(client):
     bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_forced_tool_choice_stream_matches_whole(client):
+    # the question needs no tool: the call happens only because tool_choice forces it
+    msgs = [{"role": "user", "content": "Say hello to Paris."}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for tc in (named, "required"):
+        r = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice=tc,
+                                           max_tokens=30, temperature=0)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        assert not ch.message.content  # the prefilled opening is not echoed
+        call = ch.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        import json
+        assert isinstance(json.loads(call.function.arguments), dict)
+        # the SDK's stream accumulator rebuilds the same call from the deltas
+        with client.chat.completions.stream(model=MODEL, messages=msgs, tools=TOOLS,
+                                            tool_choice=tc, max_tokens=30, temperature=0) as s:
+            final = s.get_final_completion()
+        got = final.choices[0].message.tool_calls
+        assert [(c.function.name, c.function.arguments) for c in got] == \
+            [(c.function.name, c.function.arguments) for c in ch.message.tool_calls]
+        assert final.choices[0].finish_reason == "tool_calls"

@@ -11,33 +11,55 @@
 #include "server/oai.h"
 #include "server/outp.h"
 #include "t.h"
+#include "util/utf8.h"
 
 struct parsed {
     struct jw content, reasoning;
     char names[8][64];
-    char args[8][256];
+    struct jw args[8];
     int n_calls;
+    int n_pieces;     /* call pieces seen */
+    bool shape_ok;    /* each call's first piece has its name and "" arguments, in order */
 };
 
+/* Collects a delta's call pieces the way an OpenAI client sums stream deltas by index. */
 static void take(struct parsed *r, struct outp_delta *d) {
     jw_raw(&r->content, d->content.p ? d->content.p : "", d->content.n);
     jw_raw(&r->reasoning, d->reasoning.p ? d->reasoning.p : "", d->reasoning.n);
-    for (int i = 0; i < d->n_calls && r->n_calls < 8; i++, r->n_calls++) {
-        snprintf(r->names[r->n_calls], 64, "%s", d->calls[i].name);
-        snprintf(r->args[r->n_calls], 256, "%s", d->calls[i].arguments);
+    for (int i = 0; i < d->n_calls; i++) {
+        const struct outp_call *k = &d->calls[i];
+        r->n_pieces++;
+        if (k->name) {
+            if (k->index != r->n_calls || k->args.n != 0 || r->n_calls >= 8) {
+                r->shape_ok = false;
+                continue;
+            }
+            snprintf(r->names[r->n_calls], 64, "%s", k->name);
+            jw_raw(&r->args[r->n_calls], "", 0);
+            r->n_calls++;
+        } else {
+            if (k->index != r->n_calls - 1 || k->index < 0) {
+                r->shape_ok = false;
+                continue;
+            }
+            jw_raw(&r->args[k->index], k->args.p, k->args.n);
+        }
     }
     outp_delta_clear(d);
 }
 
-/* Parses text with chunks of `step` bytes (0: all at once). */
-static void run(enum outp_syntax syn, bool reasoning, bool in_reasoning, const char *text,
-                size_t step, struct parsed *r) {
+/* Parses text with chunks of `step` bytes (0: all at once), after prefill (may be NULL). */
+static void run_pre(enum outp_syntax syn, bool reasoning, bool in_reasoning, int max_calls,
+                    const char *prefill, const char *text, size_t step, struct parsed *r) {
     memset(r, 0, sizeof *r);
+    r->shape_ok = true;
     jw_raw(&r->content, "", 0);
     jw_raw(&r->reasoning, "", 0);
     struct outp p;
     struct outp_delta d = {0};
     outp_init(&p, syn, reasoning, in_reasoning);
+    p.max_calls = max_calls;
+    if (prefill) outp_prefill(&p, prefill, strlen(prefill), &d);
     size_t n = strlen(text);
     if (!step) step = n ? n : 1;
     for (size_t i = 0; i < n; i += step) {
@@ -54,6 +76,11 @@ static void run(enum outp_syntax syn, bool reasoning, bool in_reasoning, const c
 static void parsed_free(struct parsed *r) {
     jw_free(&r->content);
     jw_free(&r->reasoning);
+    for (int i = 0; i < 8; i++) jw_free(&r->args[i]);
+}
+
+static const char *arg(const struct parsed *r, int i) {
+    return r->args[i].p ? r->args[i].p : "";
 }
 
 struct ocase {
@@ -62,7 +89,9 @@ struct ocase {
     const char *text;
     const char *content, *reasoning_out;
     int n_calls;
-    const char *name0, *args0, *name1;
+    const char *name0, *args0, *name1, *args1;
+    const char *prefill;
+    int max_calls;
 };
 
 #pragma GCC diagnostic push
@@ -77,29 +106,69 @@ static const struct ocase ocases[] = {
     {OUTP_HERMES, false, false,
      "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"b\", "
      "\"arguments\": {\"x\": 1}}</tool_call>",
-     "", "", 2, "a", "{}", "b"},
+     "", "", 2, "a", "{}", "b", "{\"x\": 1}"},
     /* a bare JSON call (small models drop the tags) */
     {OUTP_HERMES, false, false, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
      "", "", 1, "get_weather", "{\"city\": \"Paris\"}"},
     /* JSON that is not a call stays content */
     {OUTP_HERMES, false, false, "{\"answer\": 42}", "{\"answer\": 42}", "", 0},
-    /* a broken call is given back as text */
+    {OUTP_HERMES, false, false, "{\"name\": \"x\"} and more", "{\"name\": \"x\"} and more", "", 0},
+    /* a broken call is given back as text, verbatim */
     {OUTP_HERMES, false, false, "<tool_call>{broken</tool_call> after",
-     "<tool_call>{broken</tool_call>after", "", 0},
-    /* unfinished at the end: parsed if it is complete JSON */
+     "<tool_call>{broken</tool_call> after", "", 0},
+    {OUTP_HERMES, false, false, "<tool_call>{\"nom\": \"f\"}</tool_call>",
+     "<tool_call>{\"nom\": \"f\"}</tool_call>", "", 0},
+    /* unfinished at the end: the call keeps what it got */
     {OUTP_HERMES, false, false, "<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}", "",
      "", 1, "f", "{\"q\": \"x\"}"},
+    {OUTP_HERMES, false, false, "<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"x", "",
+     "", 1, "f", "{\"q\": \"x"},
+    /* unfinished before the name: content */
+    {OUTP_HERMES, false, false, "<tool_call>{\"name\": \"f", "<tool_call>{\"name\": \"f", "", 0},
+    /* members in any order, other members skipped, string and null arguments */
+    {OUTP_HERMES, false, false,
+     "<tool_call>{\"arguments\": {\"a\": [1, {\"b\": \"}\"}]}, \"id\": \"x\", \"name\": \"f\"}"
+     "</tool_call>",
+     "", "", 1, "f", "{\"a\": [1, {\"b\": \"}\"}]}"},
+    {OUTP_HERMES, false, false,
+     "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": \\\"\\\\u00e9\\\"}\"}</tool_call>",
+     "", "", 1, "f", "{\"a\": \"\\u00e9\"}"},
+    {OUTP_HERMES, false, false, "<tool_call>{\"name\": \"f\", \"arguments\": null}</tool_call>", "",
+     "", 1, "f", "{}"},
+    {OUTP_HERMES, false, false, "<tool_call>{\"name\": \"f\"}</tool_call>Done.", "Done.", "", 1,
+     "f", "{}"},
+    /* an extra brace, a list inside one tag, text after the call */
+    {OUTP_HERMES, false, false,
+     "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}}\n</tool_call>\nok", "ok", "", 1,
+     "f", "{\"x\": 1}"},
+    {OUTP_HERMES, false, false,
+     "<tool_call>[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": "
+     "{\"y\": \"\\u00e9\xc3\xa9\"}}]</tool_call>",
+     "", "", 2, "f", "{}", "g", "{\"y\": \"\\u00e9\xc3\xa9\"}"},
+    /* the close tag inside a committed call ends it */
+    {OUTP_HERMES, false, false, "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1</tool_call>t",
+     "t", "", 1, "f", "{\"x\": 1"},
+    /* a second <tool_call> without the first's close tag */
+    {OUTP_HERMES, false, false,
+     "<tool_call>{\"name\": \"f\", \"arguments\": {}}\n<tool_call>{\"name\": \"g\", \"arguments\": "
+     "{}}</tool_call>",
+     "", "", 2, "f", "{}", "g", "{}"},
     {OUTP_MISTRAL, false, false,
      "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": "
      "{}}]",
-     "", "", 2, "f", "{\"a\": 1}", "g"},
+     "", "", 2, "f", "{\"a\": 1}", "g", "{}"},
     {OUTP_MISTRAL, false, false, "Sure.[TOOL_CALLS]lookup[ARGS]{\"id\": 7}", "Sure.", "", 1,
      "lookup", "{\"id\": 7}"},
+    {OUTP_MISTRAL, false, false,
+     "[TOOL_CALLS]a[ARGS]{\"x\": \"]\"}[TOOL_CALLS]b[CALL_ID]abc123[ARGS]{}", "", "", 2, "a",
+     "{\"x\": \"]\"}", "b", "{}"},
+    {OUTP_MISTRAL, false, false, "[TOOL_CALLS] oops", "[TOOL_CALLS] oops", "", 0},
     {OUTP_LLAMA3, false, false, "{\"name\": \"f\", \"parameters\": {\"x\": \"y\"}}", "", "", 1, "f",
      "{\"x\": \"y\"}"},
     {OUTP_LLAMA3, false, false, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; {\"name\": "
-     "\"g\", \"parameters\": {}}", "", "", 2, "f", "{}", "g"},
+     "\"g\", \"parameters\": {}}", "", "", 2, "f", "{}", "g", "{}"},
     {OUTP_LLAMA3, false, false, "The answer is 4.", "The answer is 4.", "", 0},
+    {OUTP_LLAMA3, false, false, "{\"answer\": 4}", "{\"answer\": 4}", "", 0},
     /* reasoning */
     {OUTP_TOOLS_NONE, true, false, "<think>hmm, 2+2</think>\n\nIt is 4.", "It is 4.",
      "hmm, 2+2", 0},
@@ -110,15 +179,42 @@ static const struct ocase ocases[] = {
     {OUTP_HERMES, true, false,
      "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>",
      "", "need weather", 1, "w", "{}"},
+    /* forced calls: the prefill opens the call; the model writes the rest */
+    {OUTP_HERMES, false, false, "get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+     "", "", 1, "get_weather", "{\"city\": \"Paris\"}", NULL, NULL,
+     "<tool_call>\n{\"name\": \""},
+    {OUTP_HERMES, false, false, "{\"city\": \"Paris\"}}\n</tool_call>", "", "", 1, "get_weather",
+     "{\"city\": \"Paris\"}", NULL, NULL, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "},
+    /* a forced call that never gets a name: only the model's text is content */
+    {OUTP_HERMES, false, false, "I cannot", "I cannot", "", 0, NULL, NULL, NULL, NULL,
+     "<tool_call>\n{\"name\": \""},
+    {OUTP_HERMES, true, true, "{}}</tool_call>", "", "", 1, "f", "{}", NULL, NULL,
+     "\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": "},
+    {OUTP_MISTRAL, false, false, "{\"q\": 1}}]", "", "", 1, "f", "{\"q\": 1}", NULL, NULL,
+     "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": "},
+    {OUTP_MISTRAL, false, false, "{\"q\": 1}", "", "", 1, "f", "{\"q\": 1}", NULL, NULL,
+     "[TOOL_CALLS]f[ARGS]"},
+    {OUTP_LLAMA3, false, false, "f\", \"parameters\": {\"q\": 1}}", "", "", 1, "f", "{\"q\": 1}",
+     NULL, NULL, "{\"name\": \""},
+    /* parallel_tool_calls false: one call, the rest dropped */
+    {OUTP_HERMES, false, false,
+     "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"b\", "
+     "\"arguments\": {}}</tool_call> text",
+     "", "", 1, "a", "{}", NULL, NULL, NULL, 1},
+    {OUTP_MISTRAL, false, false,
+     "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": "
+     "{}}]",
+     "", "", 1, "f", "{\"a\": 1}", NULL, NULL, NULL, 1},
 };
 #pragma GCC diagnostic pop
 
 static void test_outp(void) {
     for (size_t i = 0; i < sizeof ocases / sizeof ocases[0]; i++) {
         const struct ocase *c = &ocases[i];
-        for (size_t step = 0; step <= 3; step++) {
+        for (size_t step = 0; step <= 5; step++) {
             struct parsed r;
-            run(c->syn, c->reasoning, c->in_reasoning, c->text, step, &r);
+            run_pre(c->syn, c->reasoning, c->in_reasoning, c->max_calls, c->prefill, c->text,
+                    step, &r);
             T_CHECKF(!strcmp(r.content.p, c->content), "case %zu step %zu: content '%s' want '%s'",
                      i, step, r.content.p, c->content);
             T_CHECKF(!strcmp(r.reasoning.p, c->reasoning_out),
@@ -126,22 +222,103 @@ static void test_outp(void) {
                      c->reasoning_out);
             T_CHECKF(r.n_calls == c->n_calls, "case %zu step %zu: %d calls, want %d", i, step,
                      r.n_calls, c->n_calls);
+            T_CHECKF(r.shape_ok, "case %zu step %zu: pieces out of order", i, step);
+            /* the arguments are the model's text exactly, however it was cut */
             if (c->n_calls > 0 && r.n_calls > 0) {
                 T_EQ_STR(r.names[0], c->name0);
-                /* compare arguments as JSON values */
-                json_t *a = json_loads(r.args[0], 0, NULL), *b = json_loads(c->args0, 0, NULL);
-                T_CHECKF(a && b && json_equal(a, b), "case %zu: args %s want %s", i, r.args[0],
-                         c->args0);
-                json_decref(a);
-                json_decref(b);
+                T_CHECKF(!strcmp(arg(&r, 0), c->args0), "case %zu step %zu: args '%s' want '%s'",
+                         i, step, arg(&r, 0), c->args0);
             }
-            if (c->n_calls > 1 && r.n_calls > 1) T_EQ_STR(r.names[1], c->name1);
+            if (c->n_calls > 1 && r.n_calls > 1) {
+                T_EQ_STR(r.names[1], c->name1);
+                T_CHECKF(!strcmp(arg(&r, 1), c->args1), "case %zu step %zu: args1 '%s' want '%s'",
+                         i, step, arg(&r, 1), c->args1);
+            }
             parsed_free(&r);
         }
     }
 }
 
+/* Calls stream: fed byte by byte, a call's name comes out before its arguments are
+ * complete, and its arguments arrive in several pieces, none splitting a UTF-8
+ * character. */
+static void test_outp_incremental(void) {
+    const char *text = "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": \"S\xc3\xa3o "
+                       "Paulo \xe6\x9d\xb1\"}}\n</tool_call>";
+    struct outp p;
+    struct outp_delta d = {0};
+    outp_init(&p, OUTP_HERMES, false, false);
+    size_t n = strlen(text), named_at = 0, pieces = 0;
+    struct jw args = {0};
+    jw_raw(&args, "", 0);
+    for (size_t i = 0; i < n; i++) {
+        outp_push(&p, text + i, 1, &d);
+        for (int k = 0; k < d.n_calls; k++) {
+            if (d.calls[k].name) {
+                T_EQ_STR(d.calls[k].name, "w");
+                named_at = i;
+            } else {
+                pieces++;
+                const uint8_t *a = (const uint8_t *)d.calls[k].args.p;
+                size_t an = d.calls[k].args.n;
+                T_CHECKF(utf8_validate(a, an) == an, "piece at byte %zu splits a character", i);
+                jw_raw(&args, d.calls[k].args.p, an);
+            }
+        }
+        T_CHECK(d.content.n == 0);
+        outp_delta_clear(&d);
+    }
+    outp_finish(&p, &d);
+    T_CHECK(d.n_calls == 0 && d.content.n == 0);
+    T_CHECK(named_at > 0 && named_at < (size_t)(strstr(text, "arguments") - text));
+    T_CHECKF(pieces > 10, "%zu pieces", pieces);
+    T_EQ_STR(args.p, "{\"city\": \"S\xc3\xa3o Paulo \xe6\x9d\xb1\"}");
+    jw_free(&args);
+    outp_delta_free(&d);
+    outp_free(&p);
+}
+
+static void test_force_prefix(void) {
+    char *s = outp_force_prefix(OUTP_HERMES, "<tool_call>", NULL);
+    T_EQ_STR(s, "<tool_call>\n{\"name\": \"");
+    free(s);
+    s = outp_force_prefix(OUTP_HERMES, "<tool_call>", "get_\"x");
+    T_EQ_STR(s, "<tool_call>\n{\"name\": \"get_\\\"x\", \"arguments\": ");
+    free(s);
+    s = outp_force_prefix(OUTP_MISTRAL, "[TOOL_CALLS]", "f");
+    T_EQ_STR(s, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": ");
+    free(s);
+    s = outp_force_prefix(OUTP_MISTRAL, "[TOOL_CALLS] ... [ARGS]", "f");
+    T_EQ_STR(s, "[TOOL_CALLS]f[ARGS]");
+    free(s);
+    s = outp_force_prefix(OUTP_MISTRAL, "[TOOL_CALLS] ... [ARGS]", NULL);
+    T_EQ_STR(s, "[TOOL_CALLS]");
+    free(s);
+    s = outp_force_prefix(OUTP_LLAMA3, "<|python_tag|>", "f");
+    T_EQ_STR(s, "{\"name\": \"f\", \"parameters\": ");
+    free(s);
+    T_CHECK(outp_force_prefix(OUTP_TOOLS_NONE, "", "f") == NULL);
+    /* each prefix, fed as a prefill, leaves the parser inside a well-formed call */
+    enum outp_syntax syn[3] = {OUTP_HERMES, OUTP_MISTRAL, OUTP_LLAMA3};
+    const char *rest[3] = {"{\"a\": 1}}</tool_call>", "{\"a\": 1}}]", "{\"a\": 1}}"};
+    for (int i = 0; i < 3; i++) {
+        char *pre = outp_force_prefix(syn[i], "<tool_call>", "tool");
+        struct parsed r;
+        run_pre(syn[i], false, false, 0, pre, rest[i], 1, &r);
+        T_CHECKF(r.n_calls == 1 && !strcmp(r.names[0], "tool") && !strcmp(arg(&r, 0), "{\"a\": 1}"),
+                 "syntax %d: %d calls, args '%s'", syn[i], r.n_calls, arg(&r, 0));
+        T_EQ_STR(r.content.p, "");
+        parsed_free(&r);
+        free(pre);
+    }
+}
+
 static void test_syntax_detect(void) {
+    T_CHECK(outp_syntax_known("{% if tools %}<tool_call>{% endif %}"));
+    T_CHECK(outp_syntax_known("[AVAILABLE_TOOLS] [TOOL_CALLS]"));
+    T_CHECK(!outp_syntax_known("<tool_call>\n<function={{ name }}>"));
+    T_CHECK(!outp_syntax_known("{{ '<|im_start|>' }}") && !outp_syntax_known(NULL));
+    T_CHECK(outp_template_has_tools("{% if tools %}") && !outp_template_has_tools("plain"));
     T_EQ_INT(outp_syntax_of("{% if tools %}<tool_call>{% endif %}"), OUTP_HERMES);
     T_EQ_INT(outp_syntax_of("[AVAILABLE_TOOLS] [TOOL_CALLS]"), OUTP_MISTRAL);
     T_EQ_INT(outp_syntax_of("<|start_header_id|>ipython ... tools <|python_tag|>"), OUTP_LLAMA3);
@@ -290,6 +467,8 @@ static void test_jw(void) {
 
 int main(void) {
     T_RUN(test_outp);
+    T_RUN(test_outp_incremental);
+    T_RUN(test_force_prefix);
     T_RUN(test_syntax_detect);
     T_RUN(test_requests);
     T_RUN(test_jw);

@@ -1,0 +1,86 @@
+/* Finding a model's chat templates: see chat_template.h. */
+#include "cli/chat_template.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/gguf.h"
+#include "tokenizer/tmpl.h"
+
+#define TOOL_USE_KEY "tokenizer.chat_template.tool_use"
+
+static smelt_status read_file(const char *path, char **out, size_t *len, struct err *e) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(e, SMELT_ERR_IO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 14, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        size_t k = fread(p + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+        if (n + 1 == cap) {
+            char *q = realloc(p, cap * 2);
+            if (!q) {
+                free(p);
+                p = NULL;
+                break;
+            }
+            p = q;
+            cap *= 2;
+        }
+    }
+    bool bad = p && ferror(f);
+    fclose(f);
+    if (!p) return err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", path);
+    if (bad) {
+        free(p);
+        return err_set(e, SMELT_ERR_IO, "%s: read error", path);
+    }
+    p[n] = 0;
+    *out = p;
+    *len = n;
+    return SMELT_OK;
+}
+
+/* The string at key: SMELT_OK with *out NULL when the key is absent. */
+static smelt_status gguf_text(const struct gguf_file *f, const char *key, char **out,
+                              size_t *len, struct err *e) {
+    *out = NULL;
+    *len = 0;
+    if (!f || !gguf_get(f, key)) return SMELT_OK;
+    struct gguf_str s;
+    smelt_status st = gguf_get_str(f, key, &s, e);
+    if (st != SMELT_OK) return err_prefix(e, "%s", key);
+    *out = malloc(s.len + 1);
+    if (!*out) return err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", key);
+    memcpy(*out, s.ptr, s.len);
+    (*out)[s.len] = 0;
+    *len = s.len;
+    return SMELT_OK;
+}
+
+smelt_status cli_chat_templates_load(struct cli_chat_templates *t, const struct gguf_file *f,
+                                     const char *file, struct err *e) {
+    memset(t, 0, sizeof *t);
+    smelt_status st;
+    if (file) return read_file(file, &t->src, &t->len, e);
+    st = gguf_text(f, "tokenizer.chat_template", &t->src, &t->len, e);
+    if (st == SMELT_OK) st = gguf_text(f, TOOL_USE_KEY, &t->tool_use, &t->tool_use_len, e);
+    if (st == SMELT_OK && !t->src) {
+        const char *d = tmpl_default_source();
+        t->len = strlen(d);
+        t->src = strdup(d);
+        t->fallback = true;
+        if (!t->src) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    if (st != SMELT_OK) cli_chat_templates_free(t);
+    return st;
+}
+
+void cli_chat_templates_free(struct cli_chat_templates *t) {
+    free(t->src);
+    free(t->tool_use);
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,416 @@
+"""Chat templates and tool calls through `smelt serve`, over raw HTTP and the official
+`openai` SDK, with exactly the model text each case needs.
+
+The model is a vocabulary only: a byte-level BPE vocab (every byte is a token, so any text
+round-trips) with the special tokens of the Hermes/Qwen, Mistral and Llama 3 families,
+written here with gguf-py (the independent GGUF writer), with chat templates chosen per
+test. `smelt serve --fake-forward --fake-reply TEXT` then answers every request with TEXT,
+token by token, so what the server makes of a known reply can be checked exactly:
+
+- the ChatML fallback for a model without a chat template (BOS added, logged once);
+- tokenizer.chat_template.tool_use picked when a request passes tools;
+- tool calls in each syntax, whole and streamed: the stream's deltas have OpenAI's shape
+  (first delta of a call: index, id, type, name, "" arguments; then index and argument
+  pieces) and summing them by index, or the SDK's own stream accumulator, rebuilds
+  exactly the calls of the whole response;
+- tool_choice required / named (a prefilled call opening), none, parallel_tool_calls;
+- refusals: tools for a template that cannot show them, a forced call for a template
+  whose syntax smelt does not know."""
+import json
+import os
+
+import pytest
+
+from smelt_server import SMELT, Server
+
+gguf = pytest.importorskip("gguf")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
+
+
+# ---- the vocabulary ----
+
+def byte_alphabet():
+    """GPT-2's byte-level alphabet: byte -> the character that spells it in the vocab."""
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+            + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+CONTROL = ["<s>", "<|im_start|>", "<|im_end|>", "[TOOL_CALLS]", "[ARGS]", "[INST]", "[/INST]",
+           "<|python_tag|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+USER_DEFINED = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
+
+
+def write_vocab(path, chat_template=None, tool_use=None, add_bos=False):
+    alpha = byte_alphabet()
+    tokens = [alpha[b] for b in range(256)] + ["\u0120a"] + CONTROL + USER_DEFINED
+    types = [1] * 257 + [3] * len(CONTROL) + [4] * len(USER_DEFINED)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["\u0120 a"])
+    w.add_bos_token_id(tokens.index("<s>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(add_bos)
+    if tool_use is not None:
+        w.add_chat_template([{"name": "default", "template": chat_template},
+                             {"name": "tool_use", "template": tool_use}])
+    elif chat_template is not None:
+        w.add_chat_template(chat_template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---- templates (shaped like the families' own, reduced) ----
+
+HERMES = """{%- if tools %}<|im_start|>system
+# Tools
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}
+{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}<tool_call>
+{{ c.function | tojson }}
+</tool_call>{% endfor %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+MISTRAL = """{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]{% else %}
+{%- if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | map(attribute='function') | list | tojson }}
+{%- else %}{{ m.content }}{% endif %}{% endif %}{% endfor %}"""
+
+MISTRAL_ARGS = MISTRAL.replace("[TOOL_CALLS]{{", "[TOOL_CALLS]{{ m.tool_calls[0].function.name }}[ARGS]{{")
+
+LLAMA3 = """{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{% if tools and loop.last %}Tools: {{ tools | tojson }}. Reply with {"name": ..., "parameters": ...}.
+{% endif %}{{ m.content }}<|eot_id|>{% endfor %}<|start_header_id|>assistant<|end_header_id|>
+
+"""
+
+# a template that shows tools but not in a syntax smelt knows how to force
+PLAIN_TOOLS = """{% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if tools %}(functions: {{ tools | map(attribute='function.name') | join(', ') }})
+{% endif %}<|im_start|>assistant
+"""
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "Local time",
+     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}},
+]
+USER = [{"role": "user", "content": "Weather and time in Paris?"}]
+
+TWO_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+             '"S\u00e3o Paulo", "unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", '
+             '"arguments": {"tz": "America/Sao_Paulo"}}\n</tool_call>')
+CALLS_OF_TWO = [("get_weather", '{"city": "S\u00e3o Paulo", "unit": "c"}'),
+                ("get_time", '{"tz": "America/Sao_Paulo"}')]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vocab")
+    tmpl = {}
+    for name, src in (("hermes", HERMES), ("mistral", MISTRAL), ("mistral_args", MISTRAL_ARGS),
+                      ("llama3", LLAMA3), ("plain_tools", PLAIN_TOOLS)):
+        p = d / f"{name}.jinja"
+        p.write_text(src)
+        tmpl[name] = str(p)
+    return {
+        "bare": write_vocab(str(d / "bare.gguf"), add_bos=True),
+        "named": write_vocab(str(d / "named.gguf"), "DEFAULT {{ messages[0]['content'] }}",
+                             tool_use="TOOL_USE {% for t in tools %}{{ t.function.name }} "
+                                      "{% endfor %}<tool_call>{{ messages[0]['content'] }}"),
+        "tmpl": tmpl,
+    }
+
+
+def serve(model, reply, *args):
+    return Server(model, "--fake-forward", "--fake-reply", reply, "--served-model-name", "m",
+                  "--quiet", *args, start_timeout=30)
+
+
+@pytest.fixture
+def server_of(models):
+    """server_of(template name or None, reply) -> a started server (stopped after the test)."""
+    started = []
+
+    def start(template, reply, model="bare"):
+        args = ("--chat-template", models["tmpl"][template]) if template else ()
+        s = serve(models[model], reply, *args)
+        started.append(s)
+        return s
+    yield start
+    for s in started:
+        assert s.stop() == 0, s.log()
+
+
+def chat(s, **kw):
+    st, j = s.post("/v1/chat/completions", dict({"model": "m", "messages": USER,
+                                                 "max_tokens": 400}, **kw))
+    assert st == 200, j
+    return j
+
+
+def calls_of(message):
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+
+
+def stream_deltas(s, **kw):
+    """Streams a chat request; checks each tool-call delta's shape; returns (content,
+    calls summed by index (name, arguments), finish_reason, events)."""
+    st, events, raw = s.stream("/v1/chat/completions", dict({"model": "m", "messages": USER,
+                                                             "max_tokens": 400, "stream": True}, **kw))
+    assert st == 200 and events[-1] == "[DONE]", raw[-500:]
+    content, calls, finish, ids = "", {}, None, set()
+    for e in events[:-1]:
+        for ch in e["choices"]:
+            d = ch["delta"]
+            content += d.get("content") or ""
+            for tc in d.get("tool_calls") or []:
+                i = tc["index"]
+                if i not in calls:
+                    # a call's first delta: exactly OpenAI's fields, arguments ""
+                    assert set(tc) == {"index", "id", "type", "function"}, tc
+                    assert tc["type"] == "function" and tc["id"].startswith("call_")
+                    assert set(tc["function"]) == {"name", "arguments"} and tc["function"]["arguments"] == ""
+                    assert i == len(calls), "calls start in order"
+                    assert tc["id"] not in ids
+                    ids.add(tc["id"])
+                    calls[i] = [tc["function"]["name"], ""]
+                else:
+                    assert set(tc) == {"index", "function"} and set(tc["function"]) == {"arguments"}, tc
+                    calls[i][1] += tc["function"]["arguments"]
+            if ch["finish_reason"]:
+                finish = ch["finish_reason"]
+    return content, [tuple(calls[i]) for i in sorted(calls)], finish, events
+
+
+# ---- templates ----
+
+def test_fallback_template_bos_and_log(server_of):
+    s = server_of(None, "Hello there.")
+    j = chat(s)
+    assert j["choices"][0]["message"]["content"] == "Hello there."
+    chat(s, stream=True)
+    # the ChatML default, as docs/templates.md gives it, with the vocab's BOS first
+    chatml = "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n"
+    st, t = s.post("/tokenize", {"messages": USER})
+    st, ref = s.post("/tokenize", {"content": chatml, "add_special": False})
+    st, bos = s.post("/tokenize", {"content": "<s>", "add_special": False})
+    assert t["tokens"] == bos["tokens"] + ref["tokens"]
+    assert j["usage"]["prompt_tokens"] == t["count"]
+    # said once, at startup; tools cannot be shown by the default template
+    assert sum("ChatML default" in l for l in s.lines) == 1, s.log()
+    st, j = s.post("/v1/chat/completions", {"messages": USER, "tools": TOOLS})
+    assert st == 400 and j["error"]["param"] == "tools" and "ChatML default" in j["error"]["message"]
+    st, j = s.post("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "none",
+                                            "max_tokens": 5})
+    assert st == 200, j
+
+
+def test_tool_use_template(server_of):
+    s = server_of(None, "Sure.", model="named")
+    assert any("tokenizer.chat_template.tool_use" in l for l in s.lines), s.log()
+
+    def rendered(**kw):
+        st, t = s.post("/tokenize", dict({"messages": USER, "with_pieces": True}, **kw))
+        assert st == 200, t
+        st, d = s.post("/detokenize", {"tokens": [p["id"] for p in t["tokens"]]})
+        return d["content"]
+    assert rendered() == "DEFAULT Weather and time in Paris?"
+    assert rendered(tools=TOOLS) == "TOOL_USE get_weather get_time <tool_call>Weather and time in Paris?"
+    assert rendered(tools=TOOLS, tool_choice="none") == "DEFAULT Weather and time in Paris?"
+    # a chat request renders the same prompt
+    st, t = s.post("/tokenize", {"messages": USER, "tools": TOOLS})
+    assert chat(s, tools=TOOLS)["usage"]["prompt_tokens"] == t["count"]
+
+
+# ---- tool calls: whole, streamed, SDK ----
+
+def test_hermes_calls_whole_and_streamed(server_of):
+    s = server_of("hermes", TWO_CALLS)
+    j = chat(s, tools=TOOLS)
+    ch = j["choices"][0]
+    assert ch["finish_reason"] == "tool_calls"
+    assert ch["message"]["content"] == "Let me check."
+    assert calls_of(ch["message"]) == CALLS_OF_TWO
+    ids = [c["id"] for c in ch["message"]["tool_calls"]]
+    assert all(i.startswith("call_") for i in ids) and len(set(ids)) == 2
+    assert all(c["type"] == "function" for c in ch["message"]["tool_calls"])
+    content, calls, finish, events = stream_deltas(s, tools=TOOLS)
+    assert (content, calls, finish) == ("Let me check.", CALLS_OF_TWO, "tool_calls")
+    # incremental: the arguments came in several pieces, after the name
+    pieces = [tc for e in events[:-1] for c in e["choices"] for tc in c["delta"].get("tool_calls") or []]
+    assert len(pieces) > 6, pieces
+    # parallel_tool_calls false: the first call only, and generation stops after it
+    k = chat(s, tools=TOOLS, parallel_tool_calls=False)
+    assert calls_of(k["choices"][0]["message"]) == CALLS_OF_TWO[:1]
+    assert k["usage"]["completion_tokens"] < j["usage"]["completion_tokens"]
+    assert stream_deltas(s, tools=TOOLS, parallel_tool_calls=False)[1] == CALLS_OF_TWO[:1]
+    # tool_choice none: no tools in the prompt, the text is not parsed
+    k = chat(s, tools=TOOLS, tool_choice="none")
+    assert k["choices"][0]["message"]["content"] == TWO_CALLS and "tool_calls" not in k["choices"][0]["message"]
+    assert k["choices"][0]["finish_reason"] == "stop"
+    st, t = s.post("/tokenize", {"messages": USER, "tools": TOOLS, "tool_choice": "none"})
+    st, u = s.post("/tokenize", {"messages": USER})
+    assert t["tokens"] == u["tokens"]
+    # n > 1: each choice has its own calls, indexed from 0
+    st, events, raw = s.stream("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "n": 2,
+                                                        "stream": True, "max_tokens": 400})
+    names = {}
+    for e in events[:-1]:
+        for c in e["choices"]:
+            for tc in c["delta"].get("tool_calls") or []:
+                if "id" in tc:
+                    names.setdefault(c["index"], []).append((tc["index"], tc["function"]["name"]))
+    assert names == {0: [(0, "get_weather"), (1, "get_time")], 1: [(0, "get_weather"), (1, "get_time")]}
+
+
+def test_sdk_stream_accumulation_matches(server_of):
+    openai = pytest.importorskip("openai")
+    s = server_of("hermes", TWO_CALLS)
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    whole = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, max_tokens=400)
+    want = [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
+    assert want == CALLS_OF_TWO
+    with client.chat.completions.stream(model="m", messages=USER, tools=TOOLS, max_tokens=400) as st:
+        done = [ev for ev in st if ev.type == "tool_calls.function.arguments.done"]
+        final = st.get_final_completion()
+    msg = final.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in msg.tool_calls] == want
+    assert [c.id for c in msg.tool_calls] != [c.id for c in whole.choices[0].message.tool_calls]
+    assert msg.content == whole.choices[0].message.content == "Let me check."
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert [(d.name, d.arguments) for d in done] == want
+    # the low-level accumulator, chunk by chunk
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    state = ChatCompletionStreamState()
+    for chunk in client.chat.completions.create(model="m", messages=USER, tools=TOOLS,
+                                                max_tokens=400, stream=True):
+        state.handle_chunk(chunk)
+    got = state.get_final_completion().choices[0].message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in got] == want
+    # the round trip: the assistant's calls and the tool results render through the template
+    msgs = USER + [whole.choices[0].message.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": c.id, "content": "{\"ok\": true}"}
+        for c in whole.choices[0].message.tool_calls]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=400)
+    assert r.choices[0].message.tool_calls  # the fake model calls again, as scripted
+
+
+@pytest.mark.parametrize("template,reply,want", [
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {}}]',
+     [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
+    ("mistral_args", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
+     [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+               '{"name": "get_time", "parameters": {"tz": "CET"}}',
+     [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+     [("get_weather", '{"city": "Paris"}')]),
+])
+def test_other_syntaxes(server_of, template, reply, want):
+    s = server_of(template, reply)
+    j = chat(s, tools=TOOLS)
+    assert calls_of(j["choices"][0]["message"]) == want
+    assert j["choices"][0]["message"]["content"] is None
+    assert j["choices"][0]["finish_reason"] == "tool_calls"
+    assert stream_deltas(s, tools=TOOLS)[:3] == ("", want, "tool_calls")
+    k = chat(s, tools=TOOLS, parallel_tool_calls=False)
+    assert calls_of(k["choices"][0]["message"]) == want[:1]
+
+
+# ---- tool_choice ----
+
+@pytest.mark.parametrize("template,choice,reply,prefix", [
+    ("hermes", "required", 'get_time", "arguments": {"tz": "CET"}}\n</tool_call>',
+     '<tool_call>\n{"name": "'),
+    ("hermes", "named", '{"tz": "CET"}}\n</tool_call>',
+     '<tool_call>\n{"name": "get_time", "arguments": '),
+    ("mistral", "named", '{"tz": "CET"}}]', '[TOOL_CALLS][{"name": "get_time", "arguments": '),
+    ("mistral_args", "required", 'get_time[ARGS]{"tz": "CET"}', "[TOOL_CALLS]"),
+    ("mistral_args", "named", '{"tz": "CET"}', "[TOOL_CALLS]get_time[ARGS]"),
+    ("llama3", "named", '{"tz": "CET"}}', '{"name": "get_time", "parameters": '),
+])
+def test_tool_choice_forces_a_call(server_of, template, choice, reply, prefix):
+    s = server_of(template, reply)
+    tc = "required" if choice == "required" else {"type": "function", "function": {"name": "get_time"}}
+    # the prompt ends with the opening of the call
+    st, t = s.post("/tokenize", {"messages": USER, "tools": TOOLS, "tool_choice": tc})
+    st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+    assert d["content"].endswith(prefix), d["content"][-80:]
+    st, u = s.post("/tokenize", {"messages": USER, "tools": TOOLS})
+    st, du = s.post("/detokenize", {"tokens": u["tokens"]})
+    assert d["content"] == du["content"] + prefix
+    # the model's continuation completes it; the prefill is not echoed as content
+    want = [("get_time", '{"tz": "CET"}')]
+    j = chat(s, tools=TOOLS, tool_choice=tc)
+    msg = j["choices"][0]["message"]
+    assert calls_of(msg) == want and msg["content"] is None, msg
+    assert j["choices"][0]["finish_reason"] == "tool_calls"
+    assert j["usage"]["prompt_tokens"] == t["count"]
+    assert stream_deltas(s, tools=TOOLS, tool_choice=tc)[:3] == ("", want, "tool_calls")
+
+
+def test_forced_call_that_fails_is_content_without_prefill(server_of):
+    s = server_of("hermes", "I would rather not.")
+    j = chat(s, tools=TOOLS, tool_choice="required")
+    msg = j["choices"][0]["message"]
+    assert msg["content"] == "I would rather not." and "tool_calls" not in msg
+    assert stream_deltas(s, tools=TOOLS, tool_choice="required")[:2] == ("I would rather not.", [])
+
+
+def test_refusals(server_of):
+    s = server_of("plain_tools", "Plain answer.")
+    # tools shown by the template: auto works (nothing to parse here)
+    j = chat(s, tools=TOOLS)
+    assert j["choices"][0]["message"]["content"] == "Plain answer."
+    for tc in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        st, j = s.post("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": tc})
+        assert st == 400 and j["error"]["param"] == "tool_choice", j
+        assert j["error"]["code"] == "tool_choice_unsupported"
+    st, j = s.post("/v1/chat/completions", {"messages": USER, "tool_choice": "required"})
+    assert st == 400 and j["error"]["param"] == "tool_choice"
+    st, j = s.post("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}})
+    assert st == 400 and j["error"]["param"] == "tool_choice"
+
+
+def test_base_model_without_template_chats(tmp_path):
+    # Gemma 3 270M is a base model: no tokenizer.chat_template; chat uses the ChatML
+    # default, with Gemma's BOS first (the model is lost without it)
+    gemma = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "models", "gemma3-270m-q4_k_m.gguf")
+    if not os.path.exists(gemma):
+        pytest.skip(f"model absent: {gemma} (make models)")
+    s = Server(gemma, "-c", "512", "--kv-size", "1024", "-t", "2", "--quiet")
+    try:
+        st, j = s.post("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "temperature": 0})
+        assert st == 200, j
+        assert j["choices"][0]["message"]["role"] == "assistant"
+        st, t = s.post("/tokenize", {"messages": USER})
+        assert t["tokens"][0] == 2 and j["usage"]["prompt_tokens"] == t["count"]  # <bos>
+        st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+        assert d["content"].endswith("<|im_start|>user\nWeather and time in Paris?<|im_end|>\n"
+                                     "<|im_start|>assistant\n")
+        assert sum("ChatML default" in l for l in s.lines) == 1, s.log()
+    finally:
+        assert s.stop() == 0, s.log()
