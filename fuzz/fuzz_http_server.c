@@ -1,8 +1,9 @@
 /* libFuzzer target for the HTTP server end to end: each input is the raw bytes a client
  * sends on one connection (request line, headers, body; possibly several pipelined
  * requests or garbage). They go to an in-process `smelt serve` (libmicrohttpd + every
- * route: chat with the default template, completions, tokenize, detokenize, models,
- * metrics) over a fake forward pass, so the whole path from socket bytes to engine and
+ * route: chat with a Hermes-style template (tools, forced calls through a prefill) and a
+ * tool_use template, completions, tokenize, detokenize, models, metrics) over a fake
+ * forward pass whose tokens include tool-call markers, so the whole path from socket bytes to engine and
  * back runs under ASan/UBSan. The reply is read until the server closes.
  *
  *   make fuzz FUZZ_SECONDS=60      (seeds: fuzz/corpus/http_server, dict: http_server.dict)
@@ -95,10 +96,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argv;
     signal(SIGPIPE, SIG_IGN);
     struct tok *t = make_tok();
-    struct tmpl *tm = NULL;
+    struct tmpl *tm = NULL, *tm_tools = NULL;
     struct err e;
-    const char *src = tmpl_default_source();
-    if (!t || tmpl_compile(src, strlen(src), &tm, &e) != SMELT_OK) abort();
+    /* the default template shows tools in Hermes' syntax; the tool_use one is picked when a
+     * request passes tools */
+    static const char src[] =
+        "{% if tools %}<tool_call>{{ tools | tojson }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>"
+        "{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    static const char src_tools[] =
+        "TOOLS {{ tools | map(attribute='function.name') | join(',') }} <tool_call>"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}<think>";
+    if (!t || tmpl_compile(src, strlen(src), &tm, &e) != SMELT_OK ||
+        tmpl_compile(src_tools, strlen(src_tools), &tm_tools, &e) != SMELT_OK)
+        abort();
     struct engine_config ec = {0};
     ec.n_blocks = 64;
     ec.block_size = 16;
@@ -122,6 +135,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     sm.tok = t;
     sm.tmpl = tm;
     sm.tmpl_src = src;
+    sm.tmpl_tools = tm_tools;
+    sm.tmpl_tools_src = src_tools;
     sm.bos_text = "<s>";
     sm.eos_text = "</s>";
     sm.n_ctx = 256;
