@@ -26,6 +26,7 @@ int main(void) {
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmv.h"
 #include "quant/quant.h"
 
@@ -132,6 +133,148 @@ static void test_mmv_types(void) {
         }
 }
 
+/* Q, K and V stacked in one launch (cuda_mmv_multi, with biases and accumulation) give
+ * exactly what three separate launches give: each row's sum runs in the same order. */
+static void test_mmv_multi(void) {
+    const uint32_t types[] = {QT_F16, QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    const int64_t rows[3] = {67, 33, 301}, k = 768;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int n = 1; n <= 3; n += 2) {
+            struct cuda_qweight qw[3];
+            const struct cuda_qweight *qp[3];
+            float *dy[3], *dy1[3], *db[3];
+            const float *bp[3];
+            float *dx;
+            void *scratch;
+            struct err e;
+            float *x = malloc(sizeof(float) * (size_t)(n * k));
+            for (int64_t i = 0; i < n * k; i++) x[i] = t_randn(&g_seed);
+            CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
+            CK(cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, n)));
+            CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+            T_EQ_INT(cuda_mmv_quantize(dx, k, n, scratch, NULL, &e), SMELT_OK);
+            for (int m = 0; m < 3; m++) {
+                float *deq = malloc(sizeof(float) * (size_t)(rows[m] * k));
+                void *w = make_weights(types[ti], rows[m], k, deq);
+                T_EQ_INT(cuda_qweight_upload(&qw[m], types[ti], w, rows[m], k, NULL, &e), SMELT_OK);
+                qp[m] = &qw[m];
+                float *bh = malloc(sizeof(float) * (size_t)rows[m]), *y0 = malloc(sizeof(float) * (size_t)(n * rows[m]));
+                for (int64_t i = 0; i < rows[m]; i++) bh[i] = t_randn(&g_seed);
+                for (int64_t i = 0; i < n * rows[m]; i++) y0[i] = t_randn(&g_seed);
+                CK(cudaMalloc((void **)&db[m], sizeof(float) * rows[m]));
+                CK(cudaMalloc((void **)&dy[m], sizeof(float) * n * rows[m]));
+                CK(cudaMalloc((void **)&dy1[m], sizeof(float) * n * rows[m]));
+                CK(cudaMemcpy(db[m], bh, sizeof(float) * rows[m], cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(dy[m], y0, sizeof(float) * n * rows[m], cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(dy1[m], y0, sizeof(float) * n * rows[m], cudaMemcpyHostToDevice));
+                bp[m] = m == 1 ? NULL : db[m]; /* K without a bias */
+                free(deq);
+                free(w);
+                free(bh);
+                free(y0);
+            }
+            /* one launch: y += W x + b; separately: y += W x, then the bias on the host copy */
+            T_EQ_INT(cuda_mmv_multi(qp, dy, bp, 3, dx, n, scratch, 1, NULL, &e), SMELT_OK);
+            int bad = 0;
+            for (int m = 0; m < 3; m++) {
+                T_EQ_INT(cuda_mmv_pre(&qw[m], dx, n, dy1[m], scratch, 1, NULL, &e), SMELT_OK);
+                float *a = malloc(sizeof(float) * (size_t)(n * rows[m])), *b = malloc(sizeof(float) * (size_t)(n * rows[m]));
+                float *bh = malloc(sizeof(float) * (size_t)rows[m]);
+                CK(cudaMemcpy(a, dy[m], sizeof(float) * n * rows[m], cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(b, dy1[m], sizeof(float) * n * rows[m], cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(bh, db[m], sizeof(float) * rows[m], cudaMemcpyDeviceToHost));
+                for (int t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows[m]; r++) {
+                        float want = b[t * rows[m] + r] + (bp[m] ? bh[r] : 0.0f);
+                        float got = a[t * rows[m] + r];
+                        if (!(fabsf(got - want) <= 1e-6f * (1.0f + fabsf(want))) && bad++ < 5)
+                            fprintf(stderr, "  multi %s n=%d mat %d row %lld: %.8g vs %.8g\n", qtype_name(types[ti]), n, m,
+                                    (long long)r, got, want);
+                    }
+                free(a);
+                free(b);
+                free(bh);
+                cuda_qweight_free(&qw[m]);
+                cudaFree(dy[m]);
+                cudaFree(dy1[m]);
+                cudaFree(db[m]);
+            }
+            printf("mmv multi %-5s 3 matrices n=%d: %s\n", qtype_name(types[ti]), n, bad ? "MISMATCH" : "ok");
+            T_CHECKF(bad == 0, "%d outputs off", bad);
+            cudaFree(dx);
+            cudaFree(scratch);
+            free(x);
+        }
+}
+
+/* RMSNorm + quantize in one launch: its f32 rows match the CPU's RMSNorm, and a product
+ * from its int8 form equals the product from quantizing those rows separately. */
+static void test_norm_quantize(void) {
+    const int64_t ks[] = {768, 4096, 896};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        const int64_t k = ks[ki], rows = 45;
+        const int n = 3;
+        struct err e;
+        float *x = malloc(sizeof(float) * (size_t)(n * k)), *w = malloc(sizeof(float) * (size_t)k);
+        float *xn = malloc(sizeof(float) * (size_t)(n * k));
+        for (int64_t i = 0; i < n * k; i++) x[i] = 3.0f * t_randn(&g_seed);
+        for (int64_t i = 0; i < k; i++) w[i] = 1.0f + 0.3f * t_randn(&g_seed);
+        float *dx, *dw, *dxn, *dy1, *dy2;
+        void *s1, *s2;
+        CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
+        CK(cudaMalloc((void **)&dw, sizeof(float) * k));
+        CK(cudaMalloc((void **)&dxn, sizeof(float) * n * k));
+        CK(cudaMalloc((void **)&dy1, sizeof(float) * n * rows));
+        CK(cudaMalloc((void **)&dy2, sizeof(float) * n * rows));
+        CK(cudaMalloc(&s1, cuda_mmv_scratch_bytes(k, n)));
+        CK(cudaMalloc(&s2, cuda_mmv_scratch_bytes(k, n)));
+        CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, w, sizeof(float) * k, cudaMemcpyHostToDevice));
+        T_EQ_INT(cuda_mmv_norm_quantize(dx, k, dw, 1e-6f, k, n, s1, dxn, NULL, &e), SMELT_OK);
+        CK(cudaMemcpy(xn, dxn, sizeof(float) * n * k, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (int t = 0; t < n; t++) {
+            double ss = 0;
+            for (int64_t i = 0; i < k; i++) ss += (double)x[t * k + i] * x[t * k + i];
+            double inv = 1.0 / sqrt(ss / (double)k + 1e-6);
+            for (int64_t i = 0; i < k; i++) {
+                double ref = x[t * k + i] * inv * w[i];
+                double d = fabs(xn[t * k + i] - ref) / (fabs(ref) + 1e-3);
+                if (d > worst) worst = d;
+            }
+        }
+        float *deq = malloc(sizeof(float) * (size_t)(rows * k));
+        void *wq = make_weights(QT_Q8_0, rows, k, deq);
+        struct cuda_qweight qw;
+        T_EQ_INT(cuda_qweight_upload(&qw, QT_Q8_0, wq, rows, k, NULL, &e), SMELT_OK);
+        T_EQ_INT(cuda_mmv_pre(&qw, dxn, n, dy1, s1, 0, NULL, &e), SMELT_OK); /* from the fused int8 form */
+        T_EQ_INT(cuda_mmv(&qw, dxn, n, dy2, s2, NULL, &e), SMELT_OK);        /* quantized separately */
+        float *y1 = malloc(sizeof(float) * (size_t)(n * rows)), *y2 = malloc(sizeof(float) * (size_t)(n * rows));
+        CK(cudaMemcpy(y1, dy1, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(y2, dy2, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
+        int same = memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) == 0;
+        printf("norm+quantize k=%lld: max rel error %.2e vs the CPU RMSNorm, product %s\n", (long long)k, worst,
+               same ? "identical" : "DIFFERS");
+        T_CHECK(worst < 1e-5);
+        T_CHECK(same);
+        cuda_qweight_free(&qw);
+        cudaFree(dx);
+        cudaFree(dw);
+        cudaFree(dxn);
+        cudaFree(dy1);
+        cudaFree(dy2);
+        cudaFree(s1);
+        cudaFree(s2);
+        free(x);
+        free(w);
+        free(xn);
+        free(deq);
+        free(wq);
+        free(y1);
+        free(y2);
+    }
+}
+
 static void test_mmv_rejects(void) {
     struct cuda_qweight qw;
     struct err e;
@@ -211,8 +354,13 @@ int main(void) {
         printf("SKIP test_cuda_mmv: no CUDA device on this machine\n");
         return 77;
     }
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cuda_pdl_on = major >= 9 && !getenv("SMELT_NO_PDL"); /* launches as the backend makes them */
     T_RUN(test_mmv_types);
     T_RUN(test_mmv_rejects);
+    T_RUN(test_mmv_multi);
+    T_RUN(test_norm_quantize);
     if (getenv("SMELT_BENCH")) bench();
     return t_done();
 }

@@ -18,6 +18,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,6 +80,21 @@ struct cuda_backend {
     int capturing; /* index of the entry being captured, or -1 */
     bool no_graph; /* SMELT_NO_GRAPH=1 */
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
+    /* SMELT_PROFILE=1: an event after each kernel (graphs off), times summed per name */
+    bool prof;
+    cudaEvent_t prof_start;
+    struct prof_ev {
+        cudaEvent_t ev;
+        char name[48];
+        uint64_t bytes;
+    } *pev;
+    int n_pev, cap_pev;
+    struct prof_row {
+        char name[48];
+        uint64_t calls, bytes;
+        double ms;
+    } *prow;
+    int n_prow, cap_prow;
 };
 
 static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
@@ -87,9 +104,96 @@ static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backe
 
 static bool ok(struct cuda_backend *cb) { return cb->base.status == SMELT_OK; }
 
+/* ---- profile (SMELT_PROFILE=1) ----
+ * Kernels run eagerly on one stream; an event recorded after each kernel (or small group
+ * of kernels) of name `name` closes its interval, which starts at the previous event. At
+ * each sync the intervals are summed per name; cu_free prints the table (time share, time
+ * per call and, where the caller gave the bytes a kernel reads, GB/s). The intervals
+ * include launch gaps when the host enqueues slower than the GPU runs (small models). */
+static void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) {
+    if (!cb->prof || !ok(cb)) return;
+    if (cb->n_pev == cb->cap_pev) {
+        int nc = cb->cap_pev ? cb->cap_pev * 2 : 1024;
+        struct prof_ev *a = realloc(cb->pev, (size_t)nc * sizeof *a);
+        if (!a) return;
+        for (int i = cb->cap_pev; i < nc; i++)
+            if (cudaEventCreate(&a[i].ev) != cudaSuccess) {
+                cudaGetLastError();
+                cb->pev = a;
+                cb->cap_pev = i;
+                return;
+            }
+        cb->pev = a;
+        cb->cap_pev = nc;
+    }
+    struct prof_ev *p = &cb->pev[cb->n_pev++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    va_end(ap);
+    p->bytes = bytes;
+    cudaEventRecord(p->ev, cb->stream);
+}
+
+/* After cudaStreamSynchronize: folds this step's intervals into the table. */
+static void prof_collect(struct cuda_backend *cb) {
+    cudaEvent_t prev = cb->prof_start;
+    for (int i = 0; i < cb->n_pev; i++) {
+        struct prof_ev *p = &cb->pev[i];
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, prev, p->ev) != cudaSuccess) {
+            cudaGetLastError();
+            ms = 0;
+        }
+        prev = p->ev;
+        int j = 0;
+        while (j < cb->n_prow && strcmp(cb->prow[j].name, p->name) != 0) j++;
+        if (j == cb->n_prow) {
+            if (cb->n_prow == cb->cap_prow) {
+                int nc = cb->cap_prow ? cb->cap_prow * 2 : 64;
+                struct prof_row *a = realloc(cb->prow, (size_t)nc * sizeof *a);
+                if (!a) continue;
+                cb->prow = a;
+                cb->cap_prow = nc;
+            }
+            memset(&cb->prow[j], 0, sizeof cb->prow[j]);
+            memcpy(cb->prow[j].name, p->name, sizeof p->name);
+            cb->n_prow++;
+        }
+        cb->prow[j].calls++;
+        cb->prow[j].bytes += p->bytes;
+        cb->prow[j].ms += ms;
+    }
+    cb->n_pev = 0;
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    double x = ((const struct prof_row *)a)->ms, y = ((const struct prof_row *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+static void prof_print(struct cuda_backend *cb) {
+    if (!cb->prof || !cb->n_prow) return;
+    qsort(cb->prow, (size_t)cb->n_prow, sizeof *cb->prow, prof_cmp);
+    double total = 0;
+    for (int i = 0; i < cb->n_prow; i++) total += cb->prow[i].ms;
+    fprintf(stderr, "SMELT_PROFILE: %.3f ms of GPU time over all steps (events after each kernel)\n", total);
+    fprintf(stderr, "%-48s %9s %10s %7s %9s %8s\n", "kernel", "calls", "ms", "share", "us/call", "GB/s");
+    for (int i = 0; i < cb->n_prow; i++) {
+        const struct prof_row *r = &cb->prow[i];
+        fprintf(stderr, "%-48s %9llu %10.3f %6.1f%% %9.2f", r->name, (unsigned long long)r->calls, r->ms,
+                total > 0 ? 100.0 * r->ms / total : 0.0, r->calls ? 1e3 * r->ms / (double)r->calls : 0.0);
+        if (r->bytes && r->ms > 0) fprintf(stderr, " %8.0f", (double)r->bytes / (r->ms * 1e6));
+        fputc('\n', stderr);
+    }
+}
+
 static void check_launch(struct cuda_backend *cb, const char *what) {
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) CU_FAIL(cb, rc, what);
+    prof_mark(cb, 0, "%s", what);
 }
 
 /* ---- bookkeeping of weight allocations ---- */
@@ -318,6 +422,10 @@ static void cu_step_begin(struct backend *b) {
     stack_reset(cb);
     cb->pin_used = 0;
     cb->n_dl = 0;
+    if (cb->prof) {
+        cb->n_pev = 0;
+        cudaEventRecord(cb->prof_start, cb->stream);
+    }
 }
 
 static void *cu_scratch_alloc(struct backend *b, size_t nbytes) { return stack_alloc(cu_of(b), nbytes ? nbytes : 1); }
@@ -349,6 +457,7 @@ static void cu_upload(struct backend *b, struct tensor *dst, const void *src, si
     memcpy(p, src, nbytes);
     cudaError_t rc = cudaMemcpyAsync(dst->data, p, nbytes, cudaMemcpyHostToDevice, cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "upload");
+    cuda_pdl_fence = 1;
 }
 
 static void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes) {
@@ -361,6 +470,7 @@ static void cu_download(struct backend *b, void *dst, const struct tensor *src, 
         return;
     }
     cudaError_t rc = cudaMemcpyAsync(p, src->data, nbytes, cudaMemcpyDeviceToHost, cb->stream);
+    cuda_pdl_fence = 1;
     if (rc != cudaSuccess) {
         CU_FAIL(cb, rc, "download");
         return;
@@ -376,12 +486,14 @@ static void cu_download(struct backend *b, void *dst, const struct tensor *src, 
         cb->cap_dl = nc;
     }
     cb->dl[cb->n_dl++] = (struct pending_dl){dst, off, nbytes};
+    prof_mark(cb, nbytes, "download");
 }
 
 static smelt_status cu_sync(struct backend *b, struct err *e) {
     struct cuda_backend *cb = cu_of(b);
     cudaError_t rc = cudaStreamSynchronize(cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "GPU step");
+    if (cb->prof && ok(cb)) prof_collect(cb);
     if (ok(cb))
         for (int i = 0; i < cb->n_dl; i++) memcpy(cb->dl[i].dst, cb->pin + cb->dl[i].off, cb->dl[i].n);
     cb->n_dl = 0;
@@ -417,13 +529,16 @@ static void gemm(struct cuda_backend *cb, const struct cuda_qweight *qw, const f
         void *wh = scratch(cb, (size_t)(tile * k) * 2);
         if (!xh || !wh) return;
         cuda_f32_to_f16(xh, x, k * n, cb->stream);
+        prof_mark(cb, 0, "act f32->f16");
         cs = CUBLAS_STATUS_SUCCESS;
         for (int64_t r0 = 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS; r0 += tile) {
             int64_t nr = rows - r0 < tile ? rows - r0 : tile;
             cuda_dequant_f16(wh, qw, r0, nr, cb->stream);
+            prof_mark(cb, qw->bytes * (uint64_t)nr / (uint64_t)rows, "dequant %s->f16", qtype_name(qw->type));
             cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)k, &alpha, wh,
                               CUDA_R_16F, (int)k, xh, CUDA_R_16F, (int)k, &beta, y + r0, CUDA_R_32F,
                               (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            prof_mark(cb, (uint64_t)(nr * k) * 2, "cublas f16 gemm n=%lld k=%lld", (long long)n, (long long)k);
         }
     }
     if (cs != CUBLAS_STATUS_SUCCESS) bk_fail(&cb->base, SMELT_ERR_DEVICE, "cuBLAS GEMM failed (status %d)", (int)cs);
@@ -470,8 +585,13 @@ static void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const
         int nt = (int)(n - t0 < CUDA_MMV_MAX_N ? n - t0 : CUDA_MMV_MAX_N);
         const float *xt = x + t0 * qw->k;
         smelt_status st = SMELT_OK;
-        if (quant && sc != xq) st = cuda_mmv_quantize(xt, qw->k, nt, (void *)sc, cb->stream, &e);
+        if (quant && sc != xq) {
+            st = cuda_mmv_quantize(xt, qw->k, nt, (void *)sc, cb->stream, &e);
+            prof_mark(cb, 0, "quantize act");
+        }
         if (st == SMELT_OK) st = cuda_mmv_pre(qw, xt, nt, y + t0 * qw->rows, sc, acc, cb->stream, &e);
+        prof_mark(cb, qw->bytes, "mmv %s %lldx%lld n=%d", qtype_name(qw->type), (long long)qw->rows,
+                  (long long)qw->k, nt);
         if (st != SMELT_OK) {
             bk_fail(&cb->base, e.code, "%s", e.msg);
             return;
@@ -640,7 +760,78 @@ static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k,
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return NULL;
     }
+    prof_mark(cb, 0, "quantize act");
     return sc;
+}
+
+/* The normalized input of a decode matmul group in its int8 form (scratch), and in f32 (xn)
+ * when float-typed weights need it: one RMSNorm+quantize launch. */
+static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre,
+                                  float **xn) {
+    const int64_t k = x->ne[0];
+    const int n = (int)x->ne[1];
+    void *sc = scratch(cb, cuda_mmv_scratch_bytes(k, n));
+    if (!sc) return NULL;
+    if (xn) {
+        *xn = scratch(cb, (size_t)(k * n) * sizeof(float));
+        if (!*xn) return NULL;
+    }
+    struct err e;
+    if (cuda_mmv_norm_quantize(x->data, (int64_t)(x->nb[1] / 4), pre->w ? pre->w->data : NULL, pre->eps, k, n, sc,
+                               xn ? *xn : NULL, cb->stream, &e) != SMELT_OK) {
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+        return NULL;
+    }
+    prof_mark(cb, 0, "rms_norm+quantize");
+    return sc;
+}
+
+/* Decode (<= 8 rows): one RMSNorm+quantize launch, then one mmv launch per run of weights
+ * of the same type (Q, K and V usually share one), biases added in the same launch. */
+static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *w,
+                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
+    const struct cuda_qweight *qw[3];
+    bool any_float = false, any_quant = false;
+    for (int i = 0; i < n; i++) {
+        if (!(qw[i] = qw_of(cb, w[i]))) return;
+        if (cuda_mmv_needs_quant(qw[i]->type)) any_quant = true;
+        else any_float = true;
+    }
+    const float *xf = x->data;
+    const void *xq = NULL;
+    if (pre && any_quant) {
+        float *xn = NULL;
+        xq = norm_quantized(cb, x, pre, any_float ? &xn : NULL);
+        if (!xq) return;
+        if (any_float) xf = xn;
+    } else {
+        if (!(xf = prenormed(cb, x, pre))) return;
+        uint32_t qt = qw[0]->type;
+        for (int i = 0; i < n; i++)
+            if (cuda_mmv_needs_quant(qw[i]->type)) qt = qw[i]->type;
+        if (any_quant && !(xq = quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
+    }
+    for (int i = 0; i < n && ok(cb);) {
+        int j = i + 1;
+        while (j < n && qw[j]->type == qw[i]->type && qw[j]->k == qw[i]->k) j++;
+        float *y[3];
+        const float *b[3];
+        for (int t = i; t < j; t++) {
+            y[t - i] = dst[t]->data;
+            b[t - i] = bias && bias[t] ? bias[t]->data : NULL;
+        }
+        struct err e;
+        if (cuda_mmv_multi(&qw[i], y, b, j - i, xf, (int)x->ne[1], cuda_mmv_needs_quant(qw[i]->type) ? xq : NULL, 0,
+                           cb->stream, &e) != SMELT_OK) {
+            bk_fail(&cb->base, e.code, "%s", e.msg);
+            return;
+        }
+        uint64_t bytes = 0;
+        for (int t = i; t < j; t++) bytes += qw[t]->bytes;
+        prof_mark(cb, bytes, "mmv %s x%d %lldx%lld n=%d", qtype_name(qw[i]->type), j - i,
+                  (long long)(qw[i]->rows), (long long)qw[i]->k, (int)x->ne[1]);
+        i = j;
+    }
 }
 
 static void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
@@ -648,19 +839,17 @@ static void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst,
     struct cuda_backend *cb = cu_of(b);
     if (!ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
+    if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3) {
+        matmul_group_mmv(cb, n, dst, w, bias, x, pre);
+        cu_scratch_release(b, mark);
+        return;
+    }
     const float *xn = prenormed(cb, x, pre);
     if (!xn) return;
-    const void *xq = NULL;
-    uint32_t qtype_done = QT_COUNT;
     for (int i = 0; i < n && ok(cb); i++) {
         const struct cuda_qweight *qw = qw_of(cb, w[i]);
         if (!qw) return;
-        /* weights of one group usually share a type: quantize x once */
-        if (cuda_mmv_needs_quant(qw->type) && qtype_done == QT_COUNT) {
-            xq = quantized(cb, xn, x->ne[0], x->ne[1], qw->type);
-            qtype_done = qw->type;
-        }
-        matmul(cb, qw, xn, x->ne[1], dst[i]->data, false, cuda_mmv_needs_quant(qw->type) ? xq : NULL);
+        matmul(cb, qw, xn, x->ne[1], dst[i]->data, false, NULL);
         if (bias && bias[i]) {
             cuda_add(dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1, cb->stream);
             check_launch(cb, "bias");
@@ -680,21 +869,20 @@ static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tenso
     if (n <= CUDA_MMV_MAX_N && qg->type == qu->type && qg->rows == qu->rows) {
         /* decode: gate, up and the activation in one kernel (one read of x's int8 form) */
         struct err e;
-        smelt_status st = SMELT_OK;
         const float *xn = x->data;
-        void *sc = scratch(cb, cuda_mmv_scratch_bytes(x->ne[0], (int)n));
-        if (!sc) return;
+        const void *sc = NULL;
         if (cuda_mmv_needs_quant(qg->type)) {
-            if (pre) xn = prenormed(cb, x, pre);
-            if (!xn) return;
-            st = cuda_mmv_quantize(xn, x->ne[0], (int)n, sc, cb->stream, &e);
+            if (pre) sc = norm_quantized(cb, x, pre, NULL);
+            else sc = quantized(cb, xn, x->ne[0], n, qg->type);
+            if (!sc) return;
         } else if (pre) {
             xn = prenormed(cb, x, pre);
             if (!xn) return;
         }
-        if (st == SMELT_OK)
-            st = cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc, cb->stream, &e);
-        if (st != SMELT_OK) bk_fail(b, e.code, "%s", e.msg);
+        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc, cb->stream, &e) != SMELT_OK)
+            bk_fail(b, e.code, "%s", e.msg);
+        prof_mark(cb, qg->bytes + qu->bytes, "mmv glu %s 2x%lldx%lld n=%d", qtype_name(qg->type),
+                  (long long)qg->rows, (long long)qg->k, (int)n);
         cu_scratch_release(b, mark);
         return;
     }
@@ -717,12 +905,10 @@ static void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor 
     if (!ok(cb)) return;
     struct cuda_rope r;
     rope_args(p->rope, &r);
-    cuda_rope_inplace(q->data, m->pos->data, (int)q->ne[0], (int)q->ne[1], q->ne[2], &r,
-                      p->q_norm ? p->q_norm->data : NULL, p->eps, cb->stream);
-    cuda_rope_inplace(k->data, m->pos->data, (int)k->ne[0], (int)k->ne[1], k->ne[2], &r,
-                      p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
-    check_launch(cb, "rope");
-    cu_kv_store(b, kc, vc, k, v, m);
+    cuda_rope_kv_store(q->data, k->data, v->data, kc->data, vc->data, kc->type, m->pos->data, m->slot->data,
+                       (int)k->ne[0], (int)v->ne[0], (int)q->ne[1], (int)k->ne[1], m->block_size, k->ne[2], &r,
+                       p->q_norm ? p->q_norm->data : NULL, p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
+    check_launch(cb, "rope+kv_store");
 }
 
 /* ---- step graphs ---- */
@@ -807,6 +993,11 @@ static void cu_graph_end(struct backend *b) {
 static void cu_free(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
     cudaStreamSynchronize(cb->stream);
+    prof_print(cb);
+    for (int i = 0; i < cb->cap_pev; i++) cudaEventDestroy(cb->pev[i].ev);
+    free(cb->pev);
+    free(cb->prow);
+    if (cb->prof) cudaEventDestroy(cb->prof_start);
     for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
     free(cb->dev);
     for (int i = 0; i < cb->n_qws; i++) {
@@ -896,6 +1087,16 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     cb->no_graph = ng && *ng && strcmp(ng, "0") != 0;
     const char *mq = getenv("SMELT_MMQ_MAX_ROWS");
     cb->mmq_max_rows = mq && *mq ? strtoll(mq, NULL, 10) : MMQ_MAX_ROWS;
+    int major = 0;
+    const char *np = getenv("SMELT_NO_PDL");
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
+        !(np && *np && strcmp(np, "0") != 0))
+        cuda_pdl_on = 1;
+    const char *pf = getenv("SMELT_PROFILE");
+    if (pf && *pf && strcmp(pf, "0") != 0 && cudaEventCreate(&cb->prof_start) == cudaSuccess) {
+        cb->prof = true;
+        cb->no_graph = true; /* events per kernel need eager launches */
+    }
     cb->capturing = -1;
     *out = &cb->base;
     return SMELT_OK;

@@ -38,4 +38,69 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 static __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
+/* ---- programmatic dependent launch (Hopper+) ----
+ * Kernels launched with klaunch() may start while the kernel before them in the stream is
+ * still running (cudaLaunchAttributeProgrammaticStreamSerialization; kept by graph capture
+ * as a programmatic edge). Contract for every such kernel:
+ *   - before pdl_wait() it reads only data no earlier kernel of the step writes (weights),
+ *     and writes nothing;
+ *   - pdl_wait() returns once the previous kernel has completed and its writes are
+ *     visible (and, transitively, every kernel before it);
+ *   - pdl_trigger() lets the next kernel launch early (its blocks then run their own
+ *     pre-wait part). Triggering at the start is safe: the next grid only launches once
+ *     every block of this one is running or done.
+ *   - data an earlier kernel of the step wrote (activations, the step's inputs) is never
+ *     read through the read-only path (no `const T *__restrict__` on it, no __ldg): such a
+ *     kernel's blocks can be resident while that data is still being written, and the
+ *     non-coherent cache may hand them lines of an earlier layer's buffer at the same
+ *     scratch address (seen on the H200 as wrong logits under graph replay).
+ * On devices before sm_90, and with SMELT_NO_PDL=1, klaunch() launches normally and both
+ * calls compile to nothing. */
+static __device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Set once by the backend: the device supports PDL and SMELT_NO_PDL is not set. */
+extern "C" int cuda_pdl_on;
+/* Set by the backend after a host<->device copy on the stream: griddepcontrol.wait covers
+ * only the previous *kernel*, so the first kernel after a copy (the step's inputs) is
+ * launched without the attribute, fully ordered after the copy. Measured on the H200:
+ * without this, the first kernel of a step read the token ids before they had arrived. */
+extern "C" int cuda_pdl_fence;
+
+template <typename... P, typename... A>
+static inline cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                  A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cuda_pdl_on && !cuda_pdl_fence ? 1 : 0;
+    cuda_pdl_fence = 0;
+    return cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
+}
+
+/* Conversions between f32 and the cache/activation element types. */
+template <typename T>
+static __device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+
 #endif

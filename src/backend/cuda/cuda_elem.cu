@@ -16,9 +16,11 @@ static inline unsigned nblocks(int64_t n, int tb) { return (unsigned)((n + tb - 
 /* ---------------------------------------------------------------- kernels ---- */
 
 /* One block per row; the sum of squares in double-free f32 with a tree reduction. */
-static __global__ void rms_norm_kernel(float *__restrict__ dst, const float *__restrict__ x,
+static __global__ void rms_norm_kernel(float *dst, const float *x,
                                        const float *__restrict__ w, int64_t n, int64_t xs, int64_t ds,
                                        float eps) {
+    pdl_wait();
+    pdl_trigger();
     const float *xr = x + blockIdx.x * xs;
     float *dr = dst + blockIdx.x * ds;
     float ss = 0.0f;
@@ -39,11 +41,15 @@ static __global__ void rms_norm_kernel(float *__restrict__ dst, const float *__r
 
 static __global__ void add_kernel(float *dst, const float *a, const float *c, int64_t n, int64_t total,
                                   int bcast) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) dst[i] = a[i] + c[bcast ? i % n : i];
 }
 
 static __global__ void scale_kernel(float *dst, const float *x, float s, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = x[i] * s;
 }
@@ -54,6 +60,8 @@ static __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 static __global__ void glu_kernel(float *dst, const float *gate, const float *up, int act, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = gate[i];
@@ -62,6 +70,8 @@ static __global__ void glu_kernel(float *dst, const float *gate, const float *up
 }
 
 static __global__ void softcap_kernel(float *x, float cap, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
@@ -82,6 +92,8 @@ static __device__ float block_reduce(float v, bool is_max, float *sh) {
 }
 
 static __global__ void softmax_kernel(float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float sh[32];
     float *r = x + blockIdx.x * n;
     float mx = -INFINITY;
@@ -100,6 +112,8 @@ static __global__ void softmax_kernel(float *x, int64_t n) {
 
 static __global__ void get_rows_plain_kernel(float *dst, const uint8_t *src, uint32_t type, int64_t stride,
                                              const int32_t *ids, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     const int64_t t = blockIdx.y;
     const uint8_t *row = src + (int64_t)ids[t] * stride;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -151,6 +165,8 @@ static __device__ __forceinline__ float deq_elem(uint32_t type, const void *q, c
 
 static __global__ void get_rows_q_kernel(float *dst, uint32_t type, const void *q, const void *s,
                                          const void *d, int64_t k, const int32_t *ids) {
+    pdl_wait();
+    pdl_trigger();
     const int64_t t = blockIdx.y;
     const int64_t r = ids[t];
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x)
@@ -163,6 +179,8 @@ template <uint32_t T>
 static __global__ void dequant_f16_kernel(__half *__restrict__ dst, const void *__restrict__ q,
                                           const void *__restrict__ s, const void *__restrict__ d, int k,
                                           int64_t r0, int groups) {
+    pdl_wait();
+    pdl_trigger();
     const int gi = blockIdx.x * blockDim.x + threadIdx.x;
     if (gi >= groups) return;
     const int gpr = k / 32, rl = gi / gpr, j32 = gi % gpr;
@@ -219,6 +237,8 @@ static __global__ void dequant_f16_kernel(__half *__restrict__ dst, const void *
 }
 
 static __global__ void f32_to_f16_kernel(__half *dst, const float *src, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __float2half(src[i]);
 }
@@ -228,42 +248,42 @@ static __global__ void f32_to_f16_kernel(__half *dst, const float *src, int64_t 
 extern "C" void cuda_rms_norm(float *dst, const float *x, const float *w, int64_t n, int64_t rows,
                               int64_t x_stride, int64_t dst_stride, float eps, void *stream) {
     int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64;
-    rms_norm_kernel<<<(unsigned)rows, tb, 0, (cudaStream_t)stream>>>(dst, x, w, n, x_stride, dst_stride, eps);
+    klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, (cudaStream_t)stream, dst, x, w, n, x_stride, dst_stride, eps);
 }
 
 extern "C" void cuda_add(float *dst, const float *a, const float *c, int64_t n, int64_t rows, int64_t c_rows,
                          void *stream) {
     int64_t total = n * rows;
-    add_kernel<<<nblocks(total, 256), 256, 0, (cudaStream_t)stream>>>(dst, a, c, n, total, c_rows == 1 && rows > 1);
+    klaunch(add_kernel, dim3(nblocks(total, 256)), dim3(256), 0, (cudaStream_t)stream, dst, a, c, n, total, c_rows == 1 && rows > 1);
 }
 
 extern "C" void cuda_scale(float *dst, const float *x, float s, int64_t n, void *stream) {
-    scale_kernel<<<nblocks(n, 256), 256, 0, (cudaStream_t)stream>>>(dst, x, s, n);
+    klaunch(scale_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, dst, x, s, n);
 }
 
 extern "C" void cuda_glu(float *dst, const float *gate, const float *up, int act, int64_t n, void *stream) {
-    glu_kernel<<<nblocks(n, 256), 256, 0, (cudaStream_t)stream>>>(dst, gate, up, act, n);
+    klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, dst, gate, up, act, n);
 }
 
 extern "C" void cuda_softcap(float *x, float cap, int64_t n, void *stream) {
-    softcap_kernel<<<nblocks(n, 256), 256, 0, (cudaStream_t)stream>>>(x, cap, n);
+    klaunch(softcap_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, x, cap, n);
 }
 
 extern "C" void cuda_softmax(float *x, int64_t n, int64_t rows, void *stream) {
-    softmax_kernel<<<(unsigned)rows, 256, 0, (cudaStream_t)stream>>>(x, n);
+    klaunch(softmax_kernel, dim3((unsigned)rows), dim3(256), 0, (cudaStream_t)stream, x, n);
 }
 
 extern "C" void cuda_get_rows_plain(float *dst, const void *src, uint32_t type, int64_t src_stride,
                                     const int32_t *ids, int64_t n, int64_t n_ids, void *stream) {
     dim3 grid(nblocks(n, 256) < 64 ? nblocks(n, 256) : 64, (unsigned)n_ids);
-    get_rows_plain_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(dst, (const uint8_t *)src, type, src_stride,
+    klaunch(get_rows_plain_kernel, dim3(grid), dim3(256), 0, (cudaStream_t)stream, dst, (const uint8_t *)src, type, src_stride,
                                                                     ids, n);
 }
 
 extern "C" void cuda_get_rows_q(float *dst, const struct cuda_qweight *w, const int32_t *ids, int64_t n_ids,
                                 void *stream) {
     dim3 grid(nblocks(w->k, 256) < 64 ? nblocks(w->k, 256) : 64, (unsigned)n_ids);
-    get_rows_q_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(dst, w->type, w->q, w->s, w->d, w->k, ids);
+    klaunch(get_rows_q_kernel, dim3(grid), dim3(256), 0, (cudaStream_t)stream, dst, w->type, w->q, w->s, w->d, w->k, ids);
 }
 
 extern "C" void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_t r0, int64_t nr, void *stream) {
@@ -272,15 +292,15 @@ extern "C" void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_
     cudaStream_t st = (cudaStream_t)stream;
     __half *o = (__half *)dst;
     switch (w->type) {
-    case QT_Q8_0: dequant_f16_kernel<QT_Q8_0><<<grid, 128, 0, st>>>(o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q4_K: dequant_f16_kernel<QT_Q4_K><<<grid, 128, 0, st>>>(o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q6_K: dequant_f16_kernel<QT_Q6_K><<<grid, 128, 0, st>>>(o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_F16: dequant_f16_kernel<QT_F16><<<grid, 128, 0, st>>>(o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_BF16: dequant_f16_kernel<QT_BF16><<<grid, 128, 0, st>>>(o, w->q, w->s, w->d, k, r0, groups); break;
-    default: dequant_f16_kernel<QT_F32><<<grid, 128, 0, st>>>(o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q8_0: klaunch(dequant_f16_kernel<QT_Q8_0>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q4_K: klaunch(dequant_f16_kernel<QT_Q4_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q6_K: klaunch(dequant_f16_kernel<QT_Q6_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_F16: klaunch(dequant_f16_kernel<QT_F16>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_BF16: klaunch(dequant_f16_kernel<QT_BF16>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    default: klaunch(dequant_f16_kernel<QT_F32>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
     }
 }
 
 extern "C" void cuda_f32_to_f16(void *dst, const float *src, int64_t n, void *stream) {
-    f32_to_f16_kernel<<<nblocks(n, 256), 256, 0, (cudaStream_t)stream>>>((__half *)dst, src, n);
+    klaunch(f32_to_f16_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, (__half *)dst, src, n);
 }

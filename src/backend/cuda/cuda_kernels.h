@@ -13,6 +13,10 @@ extern "C" {
 
 struct cuda_qweight;
 
+/* Programmatic dependent launch on (cuda_common.cuh): set once by the backend. */
+extern int cuda_pdl_on;
+extern int cuda_pdl_fence; /* the next kernel follows a copy: launch it fully ordered */
+
 /* ---- cuda_elem.cu ---- */
 
 /* dst[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w may be NULL); rows of n, row strides in
@@ -59,6 +63,13 @@ void cuda_rope_inplace(float *x, const int32_t *pos, int head_dim, int n_head, i
 void cuda_kv_store(void *kc, void *vc, uint32_t cache_type, const float *k, const float *v,
                    const int32_t *slot, int dk, int dv, int n_kv, int block_size,
                    int64_t n_tokens, void *stream);
+
+/* RoPE (after the optional per-head RMSNorms) of q (dk, n_head, n) and k (dk, n_kv, n) in
+ * place, and the store of k and v (dv, n_kv, n) into the caches at slot[t], in one launch. */
+void cuda_rope_kv_store(float *q, float *k, const float *v, void *kc, void *vc, uint32_t cache_type,
+                        const int32_t *pos, const int32_t *slot, int dk, int dv, int n_head, int n_kv,
+                        int block_size, int64_t n_tokens, const struct cuda_rope *r, const float *q_norm,
+                        const float *k_norm, float eps, void *stream);
 
 /* ---- cuda_attn.cu ---- */
 

@@ -12,6 +12,12 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
+#include <stdint.h>
+
+/* See cuda_common.cuh (programmatic dependent launch); set by the backend at creation. */
+extern "C" int cuda_pdl_on = 0;
+extern "C" int cuda_pdl_fence = 0;
+
 extern "C" {
 #include "backend/cuda/cuda_mmv.h"
 #include "quant/quant.h"
@@ -24,9 +30,11 @@ extern "C" {
 
 /* x[n*k] f32 -> xq int8; xds[n*k/32] = {scale, scale * sum(q)} per 32 values;
  * xs[n*k/16] = scale * sum(q) per 16 values (for types with 16-value scale groups). */
-static __global__ void quantize_act_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
+static __global__ void quantize_act_kernel(const float *x, int8_t *__restrict__ xq,
                                            float2 *__restrict__ xds, float *__restrict__ xs,
                                            int64_t total) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int lane = threadIdx.x & 31;
     float v = i < total ? x[i] : 0.0f;
@@ -41,6 +49,44 @@ static __global__ void quantize_act_kernel(const float *__restrict__ x, int8_t *
         xq[i] = (int8_t)q;
         if ((lane & 15) == 0) xs[i / 16] = d * (float)s;
         if (lane == 0) xds[i / 32] = make_float2(d, d * (float)s32);
+    }
+}
+
+/* RMSNorm of each token row (x * rsqrt(mean(x^2) + eps) * w) followed by the quantization
+ * of quantize_act_kernel, one block per row; xn (optional) gets the normalized f32 row.
+ * k is a multiple of 32; warp w quantizes the 32-groups w, w + warps, ... */
+static __global__ void __launch_bounds__(1024)
+    norm_quant_kernel(const float *x, int64_t xstride, const float *__restrict__ w, float eps, int k,
+                      int8_t *__restrict__ xq, float2 *__restrict__ xds, float *__restrict__ xs,
+                      float *__restrict__ xn) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t t = blockIdx.x;
+    const float *xr = x + t * xstride;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __shared__ float part[32];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    float tot = lane < nw ? part[lane] : 0.0f;
+    tot = warp_sum(tot);
+    const float inv = rsqrtf(tot / (float)k + eps);
+    for (int g = warp; g < k / 32; g += nw) {
+        const int i = g * 32 + lane;
+        const int64_t o = t * k + i;
+        const float v = xr[i] * inv * (w ? w[i] : 1.0f);
+        if (xn) xn[o] = v;
+        const float d = warp_max(fabsf(v)) / 127.0f;
+        const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
+        int s16 = q;
+#pragma unroll
+        for (int m = 8; m > 0; m >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, m);
+        const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
+        xq[o] = (int8_t)q;
+        if ((lane & 15) == 0) xs[o / 16] = d * (float)s16;
+        if (lane == 0) xds[o / 32] = make_float2(d, d * (float)s32);
     }
 }
 
@@ -63,20 +109,44 @@ static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
 #define MMV_U 4
 #endif
 
-/* The weights a launch reads: one matrix, or (GLU != 0) a gate and an up matrix of the
- * same type and shape, whose rows are computed together (R = 2: row r of the warp is
- * matrix r) and combined into act(gate) * up. */
+/* The weights a launch reads: up to MMV_MATS matrices of one type and row length whose
+ * rows are stacked (Q, K and V in one launch: output row r belongs to the first matrix i
+ * with r < end[i], and goes to y[i] with that matrix's optional bias b[i] added), or
+ * (GLU != 0) a gate and an up matrix of the same shape, whose rows are computed together
+ * (R = 2: row r of the warp is matrix r) and combined into act(gate) * up in y[0]. */
+#define MMV_MATS 3
 struct mmv_mats {
-    const void *q[2], *s[2], *d[2];
+    const void *q[MMV_MATS], *s[MMV_MATS], *d[MMV_MATS];
+    float *y[MMV_MATS];
+    const float *b[MMV_MATS];
+    int end[MMV_MATS];
+    int n;
 };
 
-/* Row and matrix of a warp's r-th row. */
+/* The r-th row of a warp whose first row is row0: which matrix, and the row within it. */
+struct mrow_ref {
+    const void *q, *s, *d;
+    int64_t row; /* within its matrix */
+    int mat;
+};
+
 template <int GLU>
-static __device__ __forceinline__ int64_t mrow(int row0, int r, int rows) {
-    return GLU ? row0 : min(row0 + r, rows - 1);
+static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int r) {
+    mrow_ref o;
+    if (GLU) {
+        o.mat = r;
+        o.row = row0;
+    } else {
+        const int total = m.end[m.n - 1];
+        const int row = min(row0 + r, total - 1);
+        o.mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
+        o.row = row - (o.mat == 0 ? 0 : o.mat == 1 ? m.end[0] : m.end[1]);
+    }
+    o.q = o.mat == 0 ? m.q[0] : o.mat == 1 ? m.q[1] : m.q[2];
+    o.s = o.mat == 0 ? m.s[0] : o.mat == 1 ? m.s[1] : m.s[2];
+    o.d = o.mat == 0 ? m.d[0] : o.mat == 1 ? m.d[1] : m.d[2];
+    return o;
 }
-template <int GLU>
-static __device__ __forceinline__ int mmat(int r) { return GLU ? r : 0; }
 
 static __device__ __forceinline__ float glu_act(int glu, float g) {
     if (glu == 1) return g / (1.0f + expf(-g));
@@ -93,25 +163,34 @@ struct mmv_acc {
 #pragma unroll
             for (int t = 0; t < N; t++) v[r][t] = 0.0f;
     }
-    /* GLU: v[0] is the gate, v[1] the up projection of row row0. */
-    __device__ __forceinline__ void store_glu(float *y, int row0, int rows, int lane, int glu) {
+    /* GLU: v[0] is the gate, v[1] the up projection of row row0 (rows = the matrices'). */
+    __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu) {
+        const int rows = m.end[0];
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float g = warp_sum(v[0][t]), u = warp_sum(v[R - 1][t]);
-            if (lane == 0) y[(int64_t)t * rows + row0] = glu_act(glu, g) * u;
+            if (lane == 0) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
         }
     }
-    __device__ __forceinline__ void store(float *y, int row0, int rows, int lane, int accumulate) {
+    __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate) {
+        const int total = m.end[m.n - 1];
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
+            const int row = row0 + r;
+            const int mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
+            const int start = mat == 0 ? 0 : mat == 1 ? m.end[0] : m.end[1];
+            const int rows = (mat == 0 ? m.end[0] : mat == 1 ? m.end[1] : m.end[2]) - start;
+            float *y = mat == 0 ? m.y[0] : mat == 1 ? m.y[1] : m.y[2];
+            const float *b = mat == 0 ? m.b[0] : mat == 1 ? m.b[1] : m.b[2];
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 const float s = warp_sum(v[r][t]);
-                if (lane == 0 && row0 + r < rows) {
-                    float *o = y + (int64_t)t * rows + row0 + r;
-                    *o = accumulate ? *o + s : s;
+                if (lane == 0 && row < total) {
+                    float *o = y + (int64_t)t * rows + (row - start);
+                    *o = (accumulate ? *o : 0.0f) + s + (b ? b[row - start] : 0.0f);
                 }
             }
+        }
     }
 };
 
@@ -123,15 +202,19 @@ struct mmv_acc {
  * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
 template <int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_q4_k(const struct mmv_mats m, const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
-             const float *__restrict__ xs, float *__restrict__ y, int rows, int k, int accumulate) {
+    mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
+             const float *xs, int k, int accumulate) {
+    pdl_trigger();
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
-    if (row0 >= rows) return;
+    if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
     mmv_acc<N, R> acc;
     acc.zero();
     const int n_units = nsb * 8;
+    mrow_ref rr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
     for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
         /* load phase: MMV_U units x R rows in flight before any math */
         uint4 qv[MMV_U][R], sv[MMV_U][R];
@@ -140,11 +223,11 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const int64_t row = mrow<GLU>(row0, r, rows);
-                qv[i][r] = ((const uint4 *)m.q[mmat<GLU>(r)])[(row * nsb) * 8 + u];
-                sv[i][r] = ((const uint4 *)m.s[mmat<GLU>(r)])[row * nsb + (u >> 3)];
+                qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
+                sv[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
             }
         }
+        if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
 #pragma unroll
         for (int i = 0; i < MMV_U; i++) {
             const int u = u0 + 32 * i;
@@ -174,8 +257,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
-    else acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate);
 }
 
 /* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
@@ -184,14 +267,18 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
  * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
 template <int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_q6_k(const struct mmv_mats m, const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
-             const float *__restrict__ xs, float *__restrict__ y, int rows, int k, int accumulate) {
+    mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
+             const float *xs, int k, int accumulate) {
+    pdl_trigger();
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
-    if (row0 >= rows) return;
+    if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
     mmv_acc<N, R> acc;
     acc.zero();
+    mrow_ref rr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
 #pragma unroll 2
     for (int u = lane; u < nsb * 8; u += 32) {
         const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
@@ -202,16 +289,16 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
         float sclo[R], schi[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int64_t blk = mrow<GLU>(row0, r, rows) * nsb + sb;
-            const int mt = mmat<GLU>(r);
-            const uint4 *qb = (const uint4 *)m.q[mt] + blk * 12; /* 192 B = 12 x 16 B */
-            const int8_t *sc = (const int8_t *)m.s[mt];
+            const int64_t blk = rr[r].row * nsb + sb;
+            const uint4 *qb = (const uint4 *)rr[r].q + blk * 12; /* 192 B = 12 x 16 B */
+            const int8_t *sc = (const int8_t *)rr[r].s;
             ql[r] = qb[h * 4 + c];
             qh[r] = qb[8 + h * 2 + (c & 1)];
-            const float d = __half2float(((const __half *)m.d[mt])[blk]);
+            const float d = __half2float(((const __half *)rr[r].d)[blk]);
             sclo[r] = d * (float)sc[blk * 16 + wlo / 16];
             schi[r] = d * (float)sc[blk * 16 + wlo / 16 + 4];
         }
+        if (u == lane) pdl_wait(); /* the first weights are in flight; activations next */
         const int sh = 2 * jb;
 #pragma unroll
         for (int t = 0; t < N; t++) {
@@ -236,21 +323,25 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
-    else acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate);
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
 template <int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_q8_0(const struct mmv_mats m, const int8_t *__restrict__ xq, const float2 *__restrict__ xds,
-             float *__restrict__ y, int rows, int k, int accumulate) {
+    mmv_q8_0(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
+             int k, int accumulate) {
+    pdl_trigger();
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
-    if (row0 >= rows) return;
+    if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     mmv_acc<N, R> acc;
     acc.zero();
     const int n_units = k / 16;
+    mrow_ref rr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
     for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
         uint4 qv[MMV_U][R];
         float dw[MMV_U][R];
@@ -259,11 +350,11 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const int64_t row = mrow<GLU>(row0, r, rows);
-                qv[i][r] = ((const uint4 *)m.q[mmat<GLU>(r)])[row * n_units + u];
-                dw[i][r] = __half2float(((const __half *)m.s[mmat<GLU>(r)])[row * (k / 32) + (u >> 1)]);
+                qv[i][r] = ((const uint4 *)rr[r].q)[rr[r].row * n_units + u];
+                dw[i][r] = __half2float(((const __half *)rr[r].s)[rr[r].row * (k / 32) + (u >> 1)]);
             }
         }
+        if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
 #pragma unroll
         for (int i = 0; i < MMV_U; i++) {
             const int u = u0 + 32 * i;
@@ -277,8 +368,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
             }
         }
     }
-    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
-    else acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate);
 }
 
 /* 8 weights of a plain float type from 16 bytes (F16/BF16) or 32 bytes (F32). */
@@ -304,18 +395,22 @@ static __device__ __forceinline__ void load8(const void *w, int64_t idx8, float 
 /* F16 / BF16 / F32 weights against f32 activations. */
 template <int N, int R, uint32_t T, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32)
-    mmv_float(const struct mmv_mats m, const float *__restrict__ x, float *__restrict__ y, int rows, int k,
-              int accumulate) {
+    mmv_float(const struct mmv_mats m, const float *x, int k, int accumulate) {
+    pdl_trigger();
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
-    if (row0 >= rows) return;
+    if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     mmv_acc<N, R> acc;
     acc.zero();
+    mrow_ref rr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
 #pragma unroll 4
     for (int u = lane; u < k / 8; u += 32) {
         float wf[R][8];
 #pragma unroll
-        for (int r = 0; r < R; r++) load8<T>(m.q[mmat<GLU>(r)], mrow<GLU>(row0, r, rows) * (k / 8) + u, wf[r]);
+        for (int r = 0; r < R; r++) load8<T>(rr[r].q, rr[r].row * (k / 8) + u, wf[r]);
+        if (u == lane) pdl_wait(); /* the first weights are in flight; activations next */
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float4 xa = *(const float4 *)(x + (int64_t)t * k + u * 8);
@@ -326,8 +421,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
                                wf[r][4] * xb.x + wf[r][5] * xb.y + wf[r][6] * xb.z + wf[r][7] * xb.w;
         }
     }
-    if (GLU) acc.store_glu(y, row0, rows, lane, accumulate); /* accumulate carries the act */
-    else acc.store(y, row0, rows, lane, accumulate);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate);
 }
 
 /* ---- repack kernels: one thread per block, source GGUF blocks in a temporary buffer ---- */
@@ -474,31 +569,31 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     return ((nk + 255) & ~255ull) + ((nk / 32 * 8 + 255) & ~255ull) + nk / 16 * 4;
 }
 
-/* act: 0 = plain product (y = or += W x per `acc`); 1 = SiLU, 2 = tanh-GELU: y = act(W x) *
- * (W2 x), W and W2 of one type and shape. */
+/* act: 0 = plain product (y = or += W x per `acc`, over the stacked matrices of m);
+ * 1 = SiLU, 2 = tanh-GELU: y = act(W x) * (W2 x), m holding W and W2 of one shape. */
 template <int N, int GLU>
-static void launch_g(const struct cuda_qweight *w, const struct cuda_qweight *w2, const float *x, float *y,
-                     const int8_t *xq, const float2 *xd, const float *xs, int acc, cudaStream_t st) {
+static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, const float *x, const int8_t *xq,
+                            const float2 *xd, const float *xs, int acc, cudaStream_t st) {
     const dim3 block(32, MMV_WARPS);
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
-    const unsigned grid = (unsigned)((w->rows + per_block - 1) / per_block);
-    const int rows = (int)w->rows, k = (int)w->k;
-    struct mmv_mats m = {{w->q, w2 ? w2->q : w->q}, {w->s, w2 ? w2->s : w->s}, {w->d, w2 ? w2->d : w->d}};
-    switch (w->type) {
-    case QT_F32: mmv_float<N, MMV_R, QT_F32, GLU><<<grid, block, 0, st>>>(m, x, y, rows, k, acc); break;
-    case QT_F16: mmv_float<N, MMV_R, QT_F16, GLU><<<grid, block, 0, st>>>(m, x, y, rows, k, acc); break;
-    case QT_BF16: mmv_float<N, MMV_R, QT_BF16, GLU><<<grid, block, 0, st>>>(m, x, y, rows, k, acc); break;
-    case QT_Q8_0: mmv_q8_0<N, MMV_R, GLU><<<grid, block, 0, st>>>(m, xq, xd, y, rows, k, acc); break;
-    case QT_Q4_K: mmv_q4_k<N, MMV_R, GLU><<<grid, block, 0, st>>>(m, xq, xd, xs, y, rows, k, acc); break;
-    case QT_Q6_K: mmv_q6_k<N, MMV_R, GLU><<<grid, block, 0, st>>>(m, xq, xd, xs, y, rows, k, acc); break;
+    const int rows = m.end[GLU ? 0 : m.n - 1];
+    const dim3 grid((unsigned)((rows + per_block - 1) / per_block));
+    switch (type) {
+    case QT_F32: return klaunch(mmv_float<N, MMV_R, QT_F32, GLU>, grid, block, 0, st, m, x, k, acc);
+    case QT_F16: return klaunch(mmv_float<N, MMV_R, QT_F16, GLU>, grid, block, 0, st, m, x, k, acc);
+    case QT_BF16: return klaunch(mmv_float<N, MMV_R, QT_BF16, GLU>, grid, block, 0, st, m, x, k, acc);
+    case QT_Q8_0: return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q4_K: return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+    case QT_Q6_K: return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     }
+    return cudaErrorInvalidValue;
 }
 
 template <int N>
-static void launch(const struct cuda_qweight *w, const struct cuda_qweight *w2, const float *x, float *y,
-                   const int8_t *xq, const float2 *xd, const float *xs, int acc, int act, cudaStream_t st) {
-    if (act) launch_g<N, 1>(w, w2, x, y, xq, xd, xs, act, st);
-    else launch_g<N, 0>(w, NULL, x, y, xq, xd, xs, acc, st);
+static cudaError_t launch(const struct mmv_mats &m, uint32_t type, int k, const float *x, const int8_t *xq,
+                          const float2 *xd, const float *xs, int acc, int act, cudaStream_t st) {
+    if (act) return launch_g<N, 1>(m, type, k, x, xq, xd, xs, act, st);
+    return launch_g<N, 0>(m, type, k, x, xq, xd, xs, acc, st);
 }
 
 static void scratch_parts(const void *scratch, int64_t k, int n, int8_t **xq, float2 **xd, float **xs) {
@@ -520,38 +615,69 @@ extern "C" smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void
     scratch_parts(scratch, k, n, &xq, &xd, &xs);
     const int64_t nk = k * n;
     const int tb = 256;
-    quantize_act_kernel<<<(unsigned)((nk + tb - 1) / tb), tb, 0, (cudaStream_t)stream>>>(x, xq, xd, xs, nk);
-    CUDA_TRY_LAUNCH(e);
+    CUDA_TRY(klaunch(quantize_act_kernel, dim3((unsigned)((nk + tb - 1) / tb)), dim3(tb), 0, (cudaStream_t)stream,
+                     x, xq, xd, xs, nk),
+             e);
     return SMELT_OK;
 }
 
-static smelt_status mmv_dispatch(const struct cuda_qweight *w, const struct cuda_qweight *w2, const float *x,
-                                 int n, float *y, const void *scratch, int accumulate, int act, void *stream,
-                                 struct err *e) {
+static smelt_status mmv_dispatch(const struct mmv_mats &m, uint32_t type, int64_t k, const float *x, int n,
+                                 const void *scratch, int accumulate, int act, void *stream, struct err *e) {
     if (n < 1 || n > CUDA_MMV_MAX_N)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d token rows (1..%d)", n, CUDA_MMV_MAX_N);
     cudaStream_t st = (cudaStream_t)stream;
     int8_t *xq;
     float2 *xd;
     float *xs;
-    scratch_parts(scratch, w->k, n, &xq, &xd, &xs);
+    scratch_parts(scratch, k, n, &xq, &xd, &xs);
+    cudaError_t rc = cudaErrorInvalidValue;
     switch (n) {
-    case 1: launch<1>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 2: launch<2>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 3: launch<3>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 4: launch<4>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 5: launch<5>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 6: launch<6>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 7: launch<7>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
-    case 8: launch<8>(w, w2, x, y, xq, xd, xs, accumulate, act, st); break;
+    case 1: rc = launch<1>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 2: rc = launch<2>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 3: rc = launch<3>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 4: rc = launch<4>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 5: rc = launch<5>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 6: rc = launch<6>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 7: rc = launch<7>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 8: rc = launch<8>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
     }
-    CUDA_TRY_LAUNCH(e);
+    if (rc != cudaSuccess)
+        return err_set(e, SMELT_ERR_DEVICE, "cuda mmv launch (%s, %lld wide, %d rows): %s", qtype_name(type),
+                       (long long)k, n, cudaGetErrorString(rc));
     return SMELT_OK;
+}
+
+static void mats_add(struct mmv_mats *m, const struct cuda_qweight *w, float *y, const float *b) {
+    const int i = m->n++;
+    m->q[i] = w->q;
+    m->s[i] = w->s;
+    m->d[i] = w->d;
+    m->y[i] = y;
+    m->b[i] = b;
+    m->end[i] = (i ? m->end[i - 1] : 0) + (int)w->rows;
+}
+
+extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
+                                       int count, const float *x, int n, const void *scratch, int accumulate,
+                                       void *stream, struct err *e) {
+    if (count < 1 || count > MMV_MATS)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d matrices in one launch (1..%d)", count, MMV_MATS);
+    struct mmv_mats m;
+    memset(&m, 0, sizeof m);
+    for (int i = 0; i < count; i++) {
+        if (w[i]->type != w[0]->type || w[i]->k != w[0]->k)
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv: stacked matrices differ in type or row length");
+        if ((int64_t)(i ? m.end[i - 1] : 0) + w[i]->rows > INT32_MAX)
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv: too many rows in one launch");
+        mats_add(&m, w[i], y[i], b ? b[i] : NULL);
+    }
+    for (int i = count; i < MMV_MATS; i++) m.end[i] = m.end[count - 1];
+    return mmv_dispatch(m, w[0]->type, w[0]->k, x, n, scratch, accumulate, 0, stream, e);
 }
 
 extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
                                      const void *scratch, int accumulate, void *stream, struct err *e) {
-    return mmv_dispatch(w, NULL, x, n, y, scratch, accumulate, 0, stream, e);
+    return cuda_mmv_multi(&w, &y, NULL, 1, x, n, scratch, accumulate, stream, e);
 }
 
 extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
@@ -559,7 +685,29 @@ extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const stru
                                      struct err *e) {
     if (gate->type != up->type || gate->rows != up->rows || gate->k != up->k)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: gate and up differ in type or shape");
-    return mmv_dispatch(gate, up, x, n, y, scratch, 0, act == 0 ? 1 : 2, stream, e);
+    struct mmv_mats m;
+    memset(&m, 0, sizeof m);
+    mats_add(&m, gate, y, NULL);
+    mats_add(&m, up, y, NULL);
+    m.end[1] = m.end[2] = m.end[0]; /* both matrices span the same rows */
+    return mmv_dispatch(m, gate->type, gate->k, x, n, scratch, 0, act == 0 ? 1 : 2, stream, e);
+}
+
+extern "C" smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride, const float *w, float eps,
+                                               int64_t k, int n, void *scratch, float *xn, void *stream,
+                                               struct err *e) {
+    if (k % 32 != 0 || k > INT32_MAX)
+        return err_set(e, SMELT_ERR_INVALID, "cuda norm+quantize: row length %lld", (long long)k);
+    int8_t *xq;
+    float2 *xd;
+    float *xs;
+    scratch_parts(scratch, k, n, &xq, &xd, &xs);
+    const int tb = k >= 8192 ? 1024 : k >= 2048 ? 512 : 256;
+    cudaError_t rc = klaunch(norm_quant_kernel, dim3((unsigned)n), dim3(tb), 0, (cudaStream_t)stream, x, x_stride,
+                             w, eps, (int)k, xq, xd, xs, xn);
+    if (rc != cudaSuccess)
+        return err_set(e, SMELT_ERR_DEVICE, "cuda norm+quantize launch: %s", cudaGetErrorString(rc));
+    return SMELT_OK;
 }
 
 extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,

@@ -60,6 +60,17 @@ smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, 
                                struct err *e);
 smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
                           const void *scratch, int accumulate, void *stream, struct err *e);
+/* Several matrices of one type and row length in one launch (e.g. Q, K and V): y[i] (+)=
+ * W[i] x (+ b[i] when b and b[i] are not NULL), count <= 3, after cuda_mmv_quantize when the
+ * type needs it. */
+smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
+                            int count, const float *x, int n, const void *scratch, int accumulate,
+                            void *stream, struct err *e);
+/* RMSNorm of n rows of k (row stride x_stride floats; w may be NULL) and the quantization of
+ * cuda_mmv_quantize in one launch; xn (may be NULL) also gets the normalized f32 rows. */
+smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride, const float *w, float eps,
+                                    int64_t k, int n, void *scratch, float *xn, void *stream,
+                                    struct err *e);
 /* y = act(W_gate x) * (W_up x) in one pass (act 0 = SiLU, 1 = tanh-GELU), after
  * cuda_mmv_quantize when the type needs it; gate and up must share type and shape. */
 smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,

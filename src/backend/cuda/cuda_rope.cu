@@ -12,13 +12,10 @@ extern "C" {
 #include "quant/quant.h"
 }
 
-/* One block per (head, token): optional RMSNorm of the head, then rotation. */
-static __global__ void rope_kernel(float *__restrict__ x, const int32_t *__restrict__ pos, int head_dim,
-                                   int n_head, struct cuda_rope r, const float *__restrict__ norm_w,
-                                   float eps) {
-    const int h = blockIdx.x;
-    const int64_t t = blockIdx.y;
-    float *xr = x + (t * n_head + h) * (int64_t)head_dim;
+/* Optional RMSNorm of one head's row xr (head_dim values, in place), then its rotation at
+ * position p; blockDim threads of one block. */
+static __device__ void rope_row(float *xr, double p, int head_dim, const struct cuda_rope &r,
+                                const float *__restrict__ norm_w, float eps) {
     if (norm_w) {
         __shared__ float part[32];
         float ss = 0.0f;
@@ -34,7 +31,6 @@ static __global__ void rope_kernel(float *__restrict__ x, const int32_t *__restr
         __syncthreads();
     }
     const int half = r.n_rot / 2;
-    const double p = (double)pos[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = pow((double)r.freq_base, -2.0 * i / r.n_rot);
         if (r.freq_factors) inv_freq /= (double)r.freq_factors[i];
@@ -56,20 +52,54 @@ static __global__ void rope_kernel(float *__restrict__ x, const int32_t *__restr
     }
 }
 
+/* One block per (head, token): optional RMSNorm of the head, then rotation. */
+static __global__ void rope_kernel(float *x, const int32_t *pos, int head_dim,
+                                   int n_head, struct cuda_rope r, const float *__restrict__ norm_w,
+                                   float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const int h = blockIdx.x;
+    const int64_t t = blockIdx.y;
+    rope_row(x + (t * n_head + h) * (int64_t)head_dim, (double)pos[t], head_dim, r, norm_w, eps);
+}
+
+/* Decode/prefill attention prologue in one launch, one block per (head, token):
+ * blocks h < n_head norm and rotate Q head h in place; blocks n_head + j norm and rotate K
+ * head j in place, then store K head j and V head j into the caches at slot[t]. */
 template <typename T>
-static __device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+static __global__ void rope_kv_kernel(float *q, float *k, const float *v,
+                                      T *kc, T *vc, const int32_t *pos,
+                                      const int32_t *slot, int dk, int dv, int n_head, int n_kv,
+                                      int block_size, struct cuda_rope r, const float *__restrict__ q_norm,
+                                      const float *__restrict__ k_norm, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const int h = blockIdx.x;
+    const int64_t t = blockIdx.y;
+    const double p = (double)pos[t];
+    if (h < n_head) {
+        rope_row(q + (t * n_head + h) * (int64_t)dk, p, dk, r, q_norm, eps);
+        return;
+    }
+    const int j = h - n_head;
+    float *kr = k + (t * n_kv + j) * (int64_t)dk;
+    rope_row(kr, p, dk, r, k_norm, eps);
+    __syncthreads();
+    const int64_t s = slot[t], blk = s / block_size, off = s % block_size;
+    T *kd = kc + ((blk * n_kv + j) * block_size + off) * dk;
+    T *vd = vc + ((blk * n_kv + j) * block_size + off) * dv;
+    const float *vs = v + (t * n_kv + j) * (int64_t)dv;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) kd[i] = from_f32<T>(kr[i]);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) vd[i] = from_f32<T>(vs[i]);
+}
 
 /* One block per (kv head, token): copies that head's K and V rows into the slot. */
 template <typename T>
-static __global__ void kv_store_kernel(T *__restrict__ kc, T *__restrict__ vc, const float *__restrict__ k,
-                                       const float *__restrict__ v, const int32_t *__restrict__ slot, int dk,
+static __global__ void kv_store_kernel(T *kc, T *vc, const float *k,
+                                       const float *v, const int32_t *slot, int dk,
                                        int dv, int n_kv, int block_size) {
+    pdl_wait();
+    pdl_trigger();
     const int h = blockIdx.x;
     const int64_t t = blockIdx.y;
     const int64_t s = slot[t], blk = s / block_size, off = s % block_size;
@@ -84,7 +114,7 @@ extern "C" void cuda_rope_inplace(float *x, const int32_t *pos, int head_dim, in
                                   const struct cuda_rope *r, const float *norm_w, float eps, void *stream) {
     dim3 grid((unsigned)n_head, (unsigned)n_tokens);
     int tb = head_dim >= 256 ? 128 : 64;
-    rope_kernel<<<grid, tb, 0, (cudaStream_t)stream>>>(x, pos, head_dim, n_head, *r, norm_w, eps);
+    klaunch(rope_kernel, grid, dim3(tb), 0, (cudaStream_t)stream, x, pos, head_dim, n_head, *r, norm_w, eps);
 }
 
 extern "C" void cuda_kv_store(void *kc, void *vc, uint32_t cache_type, const float *k, const float *v,
@@ -93,10 +123,30 @@ extern "C" void cuda_kv_store(void *kc, void *vc, uint32_t cache_type, const flo
     dim3 grid((unsigned)n_kv, (unsigned)n_tokens);
     cudaStream_t st = (cudaStream_t)stream;
     if (cache_type == QT_F16)
-        kv_store_kernel<__half><<<grid, 128, 0, st>>>((__half *)kc, (__half *)vc, k, v, slot, dk, dv, n_kv, block_size);
+        klaunch(kv_store_kernel<__half>, grid, dim3(128), 0, st, (__half *)kc, (__half *)vc, k, v, slot, dk, dv, n_kv,
+                block_size);
     else if (cache_type == QT_BF16)
-        kv_store_kernel<__nv_bfloat16><<<grid, 128, 0, st>>>((__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, k, v, slot, dk,
-                                                            dv, n_kv, block_size);
+        klaunch(kv_store_kernel<__nv_bfloat16>, grid, dim3(128), 0, st, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, k,
+                v, slot, dk, dv, n_kv, block_size);
     else
-        kv_store_kernel<float><<<grid, 128, 0, st>>>((float *)kc, (float *)vc, k, v, slot, dk, dv, n_kv, block_size);
+        klaunch(kv_store_kernel<float>, grid, dim3(128), 0, st, (float *)kc, (float *)vc, k, v, slot, dk, dv, n_kv,
+                block_size);
+}
+
+extern "C" void cuda_rope_kv_store(float *q, float *k, const float *v, void *kc, void *vc, uint32_t cache_type,
+                                   const int32_t *pos, const int32_t *slot, int dk, int dv, int n_head, int n_kv,
+                                   int block_size, int64_t n_tokens, const struct cuda_rope *r,
+                                   const float *q_norm, const float *k_norm, float eps, void *stream) {
+    dim3 grid((unsigned)(n_head + n_kv), (unsigned)n_tokens);
+    dim3 tb(dk >= 256 ? 128 : 64);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (cache_type == QT_F16)
+        klaunch(rope_kv_kernel<__half>, grid, tb, 0, st, q, k, v, (__half *)kc, (__half *)vc, pos, slot, dk, dv,
+                n_head, n_kv, block_size, *r, q_norm, k_norm, eps);
+    else if (cache_type == QT_BF16)
+        klaunch(rope_kv_kernel<__nv_bfloat16>, grid, tb, 0, st, q, k, v, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc,
+                pos, slot, dk, dv, n_head, n_kv, block_size, *r, q_norm, k_norm, eps);
+    else
+        klaunch(rope_kv_kernel<float>, grid, tb, 0, st, q, k, v, (float *)kc, (float *)vc, pos, slot, dk, dv, n_head,
+                n_kv, block_size, *r, q_norm, k_norm, eps);
 }
