@@ -83,6 +83,8 @@ struct cuda_backend {
     /* SMELT_PROFILE=1: an event after each kernel (graphs off), times summed per name */
     bool prof;
     cudaEvent_t prof_start;
+    volatile int *gate_h; /* host-mapped flag that opens the step's gate */
+    int *gate_d;
     struct prof_ev {
         cudaEvent_t ev;
         char name[48];
@@ -108,8 +110,11 @@ static bool ok(struct cuda_backend *cb) { return cb->base.status == SMELT_OK; }
  * Kernels run eagerly on one stream; an event recorded after each kernel (or small group
  * of kernels) of name `name` closes its interval, which starts at the previous event. At
  * each sync the intervals are summed per name; cu_free prints the table (time share, time
- * per call and, where the caller gave the bytes a kernel reads, GB/s). The intervals
- * include launch gaps when the host enqueues slower than the GPU runs (small models). */
+ * per call and, where the caller gave the bytes a kernel reads, GB/s). So that intervals
+ * measure the GPU and not the host's enqueueing, each step starts with a gate kernel that
+ * holds the stream until the host has enqueued the whole step (sync opens it; it also
+ * opens by itself after 2 s, so a queue that fills up cannot deadlock). The events between
+ * kernels stop programmatic launch overlap: the figures are per-kernel times in sequence. */
 static void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) {
@@ -287,6 +292,7 @@ static unsigned char *pin_take(struct cuda_backend *cb, size_t n, size_t *off) {
     size_t need = (n + 63) & ~(size_t)63;
     if (cb->pin_used + need > cb->pin_cap) {
         /* Grow: wait for the copies in flight from the old buffer, finish pending downloads. */
+        if (cb->prof) *cb->gate_h = 1;
         cudaStreamSynchronize(cb->stream);
         for (int i = 0; i < cb->n_dl; i++) memcpy(cb->dl[i].dst, cb->pin + cb->dl[i].off, cb->dl[i].n);
         cb->n_dl = 0;
@@ -424,6 +430,8 @@ static void cu_step_begin(struct backend *b) {
     cb->n_dl = 0;
     if (cb->prof) {
         cb->n_pev = 0;
+        *cb->gate_h = 0;
+        cuda_gate(cb->gate_d, 2000000000ull, cb->stream);
         cudaEventRecord(cb->prof_start, cb->stream);
     }
 }
@@ -491,6 +499,7 @@ static void cu_download(struct backend *b, void *dst, const struct tensor *src, 
 
 static smelt_status cu_sync(struct backend *b, struct err *e) {
     struct cuda_backend *cb = cu_of(b);
+    if (cb->prof) *cb->gate_h = 1;
     cudaError_t rc = cudaStreamSynchronize(cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "GPU step");
     if (cb->prof && ok(cb)) prof_collect(cb);
@@ -998,6 +1007,7 @@ static void cu_free(struct backend *b) {
     free(cb->pev);
     free(cb->prow);
     if (cb->prof) cudaEventDestroy(cb->prof_start);
+    if (cb->gate_h) cudaFreeHost((void *)cb->gate_h);
     for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
     free(cb->dev);
     for (int i = 0; i < cb->n_qws; i++) {
@@ -1093,7 +1103,12 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         !(np && *np && strcmp(np, "0") != 0))
         cuda_pdl_on = 1;
     const char *pf = getenv("SMELT_PROFILE");
-    if (pf && *pf && strcmp(pf, "0") != 0 && cudaEventCreate(&cb->prof_start) == cudaSuccess) {
+    void *gh = NULL;
+    if (pf && *pf && strcmp(pf, "0") != 0 && cudaEventCreate(&cb->prof_start) == cudaSuccess &&
+        cudaHostAlloc(&gh, sizeof(int), cudaHostAllocMapped) == cudaSuccess &&
+        cudaHostGetDevicePointer((void **)&cb->gate_d, gh, 0) == cudaSuccess) {
+        cb->gate_h = gh;
+        *cb->gate_h = 1;
         cb->prof = true;
         cb->no_graph = true; /* events per kernel need eager launches */
     }

@@ -243,7 +243,24 @@ static __global__ void f32_to_f16_kernel(__half *dst, const float *src, int64_t 
     if (i < n) dst[i] = __float2half(src[i]);
 }
 
+/* Spins until *flag (host-mapped memory) is non-zero or timeout_ns pass: holds the stream
+ * while the host enqueues a whole step (SMELT_PROFILE). */
+static __global__ void gate_kernel(const volatile int *flag, unsigned long long timeout_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        if (*flag) return;
+        __nanosleep(2000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < timeout_ns);
+}
+
 /* --------------------------------------------------------------- launchers ---- */
+
+extern "C" void cuda_gate(const int *flag, unsigned long long timeout_ns, void *stream) {
+    gate_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(flag, timeout_ns);
+}
+
 
 extern "C" void cuda_rms_norm(float *dst, const float *x, const float *w, int64_t n, int64_t rows,
                               int64_t x_stride, int64_t dst_stride, float eps, void *stream) {

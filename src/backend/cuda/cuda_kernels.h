@@ -44,6 +44,10 @@ void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_t r0, int64
 /* F32 -> F16, n elements. */
 void cuda_f32_to_f16(void *dst, const float *src, int64_t n, void *stream);
 
+/* Holds the stream until *flag (device view of host-mapped memory) is set or timeout_ns
+ * pass (one thread, normal launch). */
+void cuda_gate(const int *flag, unsigned long long timeout_ns, void *stream);
+
 /* ---- cuda_rope.cu ---- */
 
 struct cuda_rope {
