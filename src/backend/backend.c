@@ -342,11 +342,11 @@ void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
 }
 
 void bk_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w,
-                   const struct tensor *x) {
+                   const struct tensor *x, const struct prenorm *next) {
     if (b->status != SMELT_OK) return;
     check_matmul(dst, w, x);
     if (b->ops->matmul_acc) {
-        b->ops->matmul_acc(b, dst, w, x);
+        b->ops->matmul_acc(b, dst, w, x, next);
         return;
     }
     struct tensor *t = bk_new(b, QT_F32, dst->ne[0], dst->ne[1], 1);

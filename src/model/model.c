@@ -637,9 +637,11 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
                 xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
                 bk_get_rows(bk, xo, x, s.out_rows);
             }
-            bk_rms_norm(bk, xo, xo, m->output_norm, m->hp.norm_eps);
+            /* logits = W_out rms_norm(x) * output_norm (a backend may have the normed input
+             * prepared by the last layer's product: bk_matmul_acc's hint) */
+            const struct prenorm pre = {m->output_norm, m->hp.norm_eps};
             struct tensor *lg = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
-            bk_matmul(bk, lg, m->output, xo);
+            bk_matmul_group(bk, 1, &lg, &m->output, NULL, xo, &pre);
             if (m->hp.final_softcap > 0) bk_softcap(bk, lg, m->hp.final_softcap);
             logits_data = lg->data;
         }

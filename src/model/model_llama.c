@@ -64,10 +64,13 @@ static struct tensor *forward(struct model *m, struct step *s) {
         /* x += W_o attention(rms_norm(x) * attn_norm) */
         struct tensor *att = fwd_attention(m, s, il, &y->attn, x, y->attn_norm);
         if (last) fwd_keep_out_rows(m, s, &x, &att); /* the rest runs on the output rows */
-        bk_matmul_acc(bk, x, y->attn.wo, att);
+        const float eps = m->hp.norm_eps;
+        const struct prenorm ffn_pre = {y->ffn_norm, eps};
+        const struct prenorm next_pre = {last ? m->output_norm : L[il + 1].attn_norm, eps};
+        bk_matmul_acc(bk, x, y->attn.wo, att, &ffn_pre);
         /* x += W_down (silu(W_gate h) * W_up h),  h = rms_norm(x) * ffn_norm */
-        bk_matmul_acc(bk, x, y->ffn_down,
-                      fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_SILU));
+        bk_matmul_acc(bk, x, y->ffn_down, fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_SILU),
+                      &next_pre);
         if (!last) bk_scratch_release(bk, mark);
     }
     return x;

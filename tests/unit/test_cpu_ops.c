@@ -261,7 +261,7 @@ static void test_fused(void) {
     struct prenorm pre = {nw, 1e-5f};
     const struct tensor *ws[1] = {w}, *bs[1] = {bias};
     bk_matmul_group(bk, 1, &y, ws, bs, x, &pre);
-    bk_matmul_acc(bk, acc, w, x);
+    bk_matmul_acc(bk, acc, w, x, NULL);
     double ref[27], ref_acc[27];
     const float *X = x->data, *W = w->data, *NW = nw->data, *B = bias->data;
     for (int64_t j = 0; j < n; j++) {

@@ -175,7 +175,7 @@ static void test_mmv_multi(void) {
                 free(y0);
             }
             /* one launch: y += W x + b; separately: y += W x, then the bias on the host copy */
-            T_EQ_INT(cuda_mmv_multi(qp, dy, bp, 3, dx, n, scratch, 1, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_multi(qp, dy, bp, 3, dx, n, scratch, 1, NULL, NULL, &e), SMELT_OK);
             int bad = 0;
             for (int m = 0; m < 3; m++) {
                 T_EQ_INT(cuda_mmv_pre(&qw[m], dx, n, dy1[m], scratch, 1, NULL, &e), SMELT_OK);
@@ -276,6 +276,111 @@ static void test_norm_quantize(void) {
     }
 }
 
+/* The decode chain without norm launches: W1's launch accumulates into the residual y and
+ * prepares y for the next RMSNorm (epilogue), W2's and the GLU's launches take that form
+ * (prologue). Against the plain chain (mmv, then norm+quantize, then mmv): y identical,
+ * the products within 1e-3 relative RMS (an int8 rounding may land differently), and
+ * counters left at zero. */
+static void test_mmv_epilogue(void) {
+    const uint32_t types[] = {QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int n = 1; n <= 5; n += 4) {
+            const uint32_t type = types[ti];
+            const int64_t k1 = 768, r1 = 512, r2 = 96; /* W1 (r1 x k1), W2 / gate / up (r2 x r1) */
+            struct err e;
+            struct cuda_qweight w1, w2, wg, wu;
+            float *deq = malloc(sizeof(float) * (size_t)(r1 * k1));
+            void *h1 = make_weights(type, r1, k1, deq);
+            void *h2 = make_weights(type, r2, r1, deq);
+            void *hg = make_weights(type, r2, r1, deq);
+            void *hu = make_weights(type, r2, r1, deq);
+            T_EQ_INT(cuda_qweight_upload(&w1, type, h1, r1, k1, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&w2, type, h2, r2, r1, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&wg, type, hg, r2, r1, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&wu, type, hu, r2, r1, NULL, &e), SMELT_OK);
+            float *x = malloc(sizeof(float) * (size_t)(n * k1)), *y0 = malloc(sizeof(float) * (size_t)(n * r1));
+            float *nw = malloc(sizeof(float) * (size_t)r1);
+            for (int64_t i = 0; i < n * k1; i++) x[i] = t_randn(&g_seed);
+            for (int64_t i = 0; i < n * r1; i++) y0[i] = 4.0f * t_randn(&g_seed);
+            for (int64_t i = 0; i < r1; i++) nw[i] = 1.0f + 0.2f * t_randn(&g_seed);
+            float *dx, *dya, *dyb, *dnw, *dss, *dza, *dzb, *dga, *dgb;
+            void *sx, *sa, *sb;
+            unsigned *cnt;
+            CK(cudaMalloc((void **)&dx, sizeof(float) * n * k1));
+            CK(cudaMalloc((void **)&dya, sizeof(float) * n * r1));
+            CK(cudaMalloc((void **)&dyb, sizeof(float) * n * r1));
+            CK(cudaMalloc((void **)&dnw, sizeof(float) * r1));
+            CK(cudaMalloc((void **)&dss, sizeof(float) * n * (r1 / 32)));
+            CK(cudaMalloc((void **)&dza, sizeof(float) * n * r2));
+            CK(cudaMalloc((void **)&dzb, sizeof(float) * n * r2));
+            CK(cudaMalloc((void **)&dga, sizeof(float) * n * r2));
+            CK(cudaMalloc((void **)&dgb, sizeof(float) * n * r2));
+            CK(cudaMalloc(&sx, cuda_mmv_scratch_bytes(k1, n)));
+            CK(cudaMalloc(&sa, cuda_mmv_scratch_bytes(r1, n)));
+            CK(cudaMalloc(&sb, cuda_mmv_scratch_bytes(r1, n)));
+            CK(cudaMalloc((void **)&cnt, sizeof(unsigned) * (r1 / 32)));
+            CK(cudaMemset(cnt, 0, sizeof(unsigned) * (r1 / 32)));
+            CK(cudaMemcpy(dx, x, sizeof(float) * n * k1, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dya, y0, sizeof(float) * n * r1, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dyb, y0, sizeof(float) * n * r1, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dnw, nw, sizeof(float) * r1, cudaMemcpyHostToDevice));
+            T_EQ_INT(cuda_mmv_quantize(dx, k1, n, sx, NULL, &e), SMELT_OK);
+            /* fused chain */
+            struct cuda_mmv_epi post = {0};
+            post.post_w = dnw;
+            cuda_mmv_scratch_parts(sa, r1, n, &post.post_xq, &post.post_xd, &post.post_xs);
+            post.post_ss = dss;
+            post.post_cnt = cnt;
+            const struct cuda_qweight *p1 = &w1, *p2 = &w2;
+            T_EQ_INT(cuda_mmv_multi(&p1, &dya, NULL, 1, dx, n, sx, 1, &post, NULL, &e), SMELT_OK);
+            struct cuda_mmv_epi pre = {0};
+            pre.pre_ss = dss;
+            pre.pre_eps = 1e-5f;
+            T_EQ_INT(cuda_mmv_multi(&p2, &dza, NULL, 1, NULL, n, sa, 0, &pre, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_glu(&wg, &wu, 0, NULL, n, dga, sa, &pre, NULL, &e), SMELT_OK);
+            /* plain chain */
+            T_EQ_INT(cuda_mmv_pre(&w1, dx, n, dyb, sx, 1, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_norm_quantize(dyb, r1, dnw, 1e-5f, r1, n, sb, NULL, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_pre(&w2, NULL, n, dzb, sb, 0, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_glu(&wg, &wu, 0, NULL, n, dgb, sb, NULL, NULL, &e), SMELT_OK);
+            float *ya = malloc(sizeof(float) * (size_t)(n * r1)), *yb = malloc(sizeof(float) * (size_t)(n * r1));
+            float *za = malloc(sizeof(float) * (size_t)(n * r2)), *zb = malloc(sizeof(float) * (size_t)(n * r2));
+            float *ga = malloc(sizeof(float) * (size_t)(n * r2)), *gb = malloc(sizeof(float) * (size_t)(n * r2));
+            unsigned *hc = malloc(sizeof(unsigned) * (size_t)(r1 / 32));
+            CK(cudaMemcpy(ya, dya, sizeof(float) * n * r1, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(yb, dyb, sizeof(float) * n * r1, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(za, dza, sizeof(float) * n * r2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(zb, dzb, sizeof(float) * n * r2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(ga, dga, sizeof(float) * n * r2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(gb, dgb, sizeof(float) * n * r2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hc, cnt, sizeof(unsigned) * (r1 / 32), cudaMemcpyDeviceToHost));
+            int ysame = memcmp(ya, yb, sizeof(float) * (size_t)(n * r1)) == 0, czero = 1;
+            for (int64_t i = 0; i < r1 / 32; i++) czero &= hc[i] == 0;
+            double ez = 0, rz = 0, eg = 0, rg = 0;
+            for (int64_t i = 0; i < n * r2; i++) {
+                ez += (double)(za[i] - zb[i]) * (za[i] - zb[i]);
+                rz += (double)zb[i] * zb[i];
+                eg += (double)(ga[i] - gb[i]) * (ga[i] - gb[i]);
+                rg += (double)gb[i] * gb[i];
+            }
+            double relz = sqrt(ez / (rz + 1e-30)), relg = sqrt(eg / (rg + 1e-30));
+            printf("mmv epilogue %-5s n=%d: residual %s, product rel RMS %.2e, glu %.2e, counters %s\n",
+                   qtype_name(type), n, ysame ? "identical" : "DIFFERS", relz, relg, czero ? "zero" : "LEFT SET");
+            T_CHECK(ysame);
+            T_CHECK(czero);
+            T_CHECK(relz < 1e-3);
+            T_CHECK(relg < 1e-3);
+            cuda_qweight_free(&w1);
+            cuda_qweight_free(&w2);
+            cuda_qweight_free(&wg);
+            cuda_qweight_free(&wu);
+            cudaFree(dx); cudaFree(dya); cudaFree(dyb); cudaFree(dnw); cudaFree(dss); cudaFree(dza);
+            cudaFree(dzb); cudaFree(dga); cudaFree(dgb); cudaFree(sx); cudaFree(sa); cudaFree(sb); cudaFree(cnt);
+            free(deq); free(h1); free(h2); free(hg); free(hu); free(x); free(y0); free(nw);
+            free(ya); free(yb); free(za); free(zb); free(ga); free(gb); free(hc);
+        }
+}
+
 static void test_mmv_rejects(void) {
     struct cuda_qweight qw;
     struct err e;
@@ -336,7 +441,7 @@ static void bench(void) {
                 int glu = type != QT_F16 && si == 1; /* ffn gate+up as one GLU launch, 2x the bytes */
                 cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
                 for (int i = 0; i < reps; i++) {
-                    if (glu) cuda_mmv_glu(&qw[(2 * i) % copies], &qw[(2 * i + 1) % copies], 0, dx, n, dy, scratch, st, &e);
+                    if (glu) cuda_mmv_glu(&qw[(2 * i) % copies], &qw[(2 * i + 1) % copies], 0, dx, n, dy, scratch, NULL, st, &e);
                     else cuda_mmv_pre(&qw[i % copies], dx, n, dy, scratch, 0, st, &e);
                 }
                 cudaStreamEndCapture(st, &g);
@@ -384,6 +489,7 @@ int main(void) {
     T_RUN(test_mmv_rejects);
     T_RUN(test_mmv_multi);
     T_RUN(test_norm_quantize);
+    T_RUN(test_mmv_epilogue);
     if (getenv("SMELT_BENCH")) bench();
     return t_done();
 }

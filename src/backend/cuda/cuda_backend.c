@@ -37,6 +37,7 @@
 #define MMQ_MAX_ROWS 0
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
+#define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
 #define CUDA_GRAPHS 64
 
 struct dchunk {
@@ -80,6 +81,18 @@ struct cuda_backend {
     int capturing; /* index of the entry being captured, or -1 */
     bool no_graph; /* SMELT_NO_GRAPH=1 */
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
+    /* The residual stream prepared for its next norm by a decode matmul_acc epilogue
+     * (cuda_mmv_epi.post_*): the int8 form of w * x and per-32 sums of squares of x, valid
+     * until any other op runs. Fixed device buffers (graph replays see fixed addresses). */
+    struct {
+        void *buf;     /* cuda_mmv_scratch_bytes(PREP_MAX_K, CUDA_MMV_MAX_N) */
+        float *ss;     /* (CUDA_MMV_MAX_N, PREP_MAX_K / 32) */
+        unsigned *cnt; /* PREP_MAX_K / 32 counters, zero between launches */
+        const void *x, *w;
+        int64_t n, k;
+        float eps;
+        bool valid;
+    } prep;
     /* SMELT_PROFILE=1: an event after each kernel (graphs off), times summed per name */
     bool prof;
     cudaEvent_t prof_start;
@@ -199,6 +212,7 @@ static void check_launch(struct cuda_backend *cb, const char *what) {
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) CU_FAIL(cb, rc, what);
     prof_mark(cb, 0, "%s", what);
+    cb->prep.valid = false; /* any other op may have written the prepared tensor */
 }
 
 /* ---- bookkeeping of weight allocations ---- */
@@ -426,6 +440,7 @@ static void cu_buffer_free(struct backend *b, struct tensor *t) {
 static void cu_step_begin(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
     stack_reset(cb);
+    cb->prep.valid = false;
     cb->pin_used = 0;
     cb->n_dl = 0;
     if (cb->prof) {
@@ -663,14 +678,52 @@ static void cu_rope(struct backend *b, struct tensor *x, const struct tensor *po
 
 static void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
     struct cuda_backend *cb = cu_of(b);
+    cb->prep.valid = false;
     const struct cuda_qweight *qw = qw_of(cb, w);
     if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
 }
 
-static void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
+static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type);
+
+/* dst += W x. In decode, with `next` given, the same launch also prepares dst for the norm
+ * the caller applies next (cb->prep), sparing the next product its norm+quantize launch. */
+static void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
+                          const struct prenorm *next) {
     struct cuda_backend *cb = cu_of(b);
     const struct cuda_qweight *qw = qw_of(cb, w);
-    if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, true, NULL);
+    cb->prep.valid = false;
+    if (!qw || !ok(cb)) return;
+    const int64_t n = x->ne[1];
+    if (!(next && next->w && cb->prep.buf && n <= CUDA_MMV_MAX_N && cuda_mmv_needs_quant(qw->type) &&
+          qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float))) {
+        matmul(cb, qw, x->data, n, dst->data, true, NULL);
+        return;
+    }
+    size_t mark = cu_scratch_mark(b);
+    const void *xq = quantized(cb, x->data, qw->k, n, qw->type);
+    if (!xq) return;
+    struct cuda_mmv_epi epi = {0};
+    epi.post_w = next->w->data;
+    cuda_mmv_scratch_parts(cb->prep.buf, qw->rows, (int)n, &epi.post_xq, &epi.post_xd, &epi.post_xs);
+    epi.post_ss = cb->prep.ss;
+    epi.post_cnt = cb->prep.cnt;
+    float *y = dst->data;
+    struct err e;
+    if (cuda_mmv_multi(&qw, &y, NULL, 1, x->data, (int)n, xq, 1, &epi, cb->stream, &e) != SMELT_OK) {
+        bk_fail(b, e.code, "%s", e.msg);
+        return;
+    }
+    prof_mark(cb, qw->bytes, "mmv+prep %s %lldx%lld n=%d", qtype_name(qw->type), (long long)qw->rows,
+              (long long)qw->k, (int)n);
+    cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data, n, qw->rows,
+                                  next->eps, true};
+    cu_scratch_release(b, mark);
+}
+
+/* The prepared form of x for a norm of weight pre->w, if the last op made it. */
+static bool prep_matches(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre) {
+    return cb->prep.valid && pre && pre->w && cb->prep.x == x->data && cb->prep.w == pre->w->data &&
+           cb->prep.n == x->ne[1] && cb->prep.k == x->ne[0] && cb->prep.eps == pre->eps;
 }
 
 static void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c) {
@@ -808,7 +861,14 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
     }
     const float *xf = x->data;
     const void *xq = NULL;
-    if (pre && any_quant) {
+    struct cuda_mmv_epi epi = {0};
+    if (any_quant && prep_matches(cb, x, pre)) {
+        /* the previous product left x's int8 form: only float weights need a norm launch */
+        xq = cb->prep.buf;
+        epi.pre_ss = cb->prep.ss;
+        epi.pre_eps = pre->eps;
+        if (any_float && !(xf = prenormed(cb, x, pre))) return;
+    } else if (pre && any_quant) {
         float *xn = NULL;
         xq = norm_quantized(cb, x, pre, any_float ? &xn : NULL);
         if (!xq) return;
@@ -830,7 +890,8 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
             b[t - i] = bias && bias[t] ? bias[t]->data : NULL;
         }
         struct err e;
-        if (cuda_mmv_multi(&qw[i], y, b, j - i, xf, (int)x->ne[1], cuda_mmv_needs_quant(qw[i]->type) ? xq : NULL, 0,
+        bool q = cuda_mmv_needs_quant(qw[i]->type);
+        if (cuda_mmv_multi(&qw[i], y, b, j - i, xf, (int)x->ne[1], q ? xq : NULL, 0, q && epi.pre_ss ? &epi : NULL,
                            cb->stream, &e) != SMELT_OK) {
             bk_fail(&cb->base, e.code, "%s", e.msg);
             return;
@@ -880,7 +941,12 @@ static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tenso
         struct err e;
         const float *xn = x->data;
         const void *sc = NULL;
-        if (cuda_mmv_needs_quant(qg->type)) {
+        struct cuda_mmv_epi epi = {0};
+        if (cuda_mmv_needs_quant(qg->type) && prep_matches(cb, x, pre)) {
+            sc = cb->prep.buf;
+            epi.pre_ss = cb->prep.ss;
+            epi.pre_eps = pre->eps;
+        } else if (cuda_mmv_needs_quant(qg->type)) {
             if (pre) sc = norm_quantized(cb, x, pre, NULL);
             else sc = quantized(cb, xn, x->ne[0], n, qg->type);
             if (!sc) return;
@@ -888,7 +954,8 @@ static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tenso
             xn = prenormed(cb, x, pre);
             if (!xn) return;
         }
-        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc, cb->stream, &e) != SMELT_OK)
+        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc, epi.pre_ss ? &epi : NULL,
+                         cb->stream, &e) != SMELT_OK)
             bk_fail(b, e.code, "%s", e.msg);
         prof_mark(cb, qg->bytes + qu->bytes, "mmv glu %s 2x%lldx%lld n=%d", qtype_name(qg->type),
                   (long long)qg->rows, (long long)qg->k, (int)n);
@@ -1008,6 +1075,9 @@ static void cu_free(struct backend *b) {
     free(cb->prow);
     if (cb->prof) cudaEventDestroy(cb->prof_start);
     if (cb->gate_h) cudaFreeHost((void *)cb->gate_h);
+    cudaFree(cb->prep.buf);
+    cudaFree(cb->prep.ss);
+    cudaFree(cb->prep.cnt);
     for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
     free(cb->dev);
     for (int i = 0; i < cb->n_qws; i++) {
@@ -1093,6 +1163,17 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         return err_set(e, SMELT_ERR_DEVICE, "cublasCreate failed");
     }
     cublasSetStream(cb->cublas, cb->stream);
+    /* the decode epilogue's buffers (small; without them decode takes the plain path) */
+    if (cudaMalloc(&cb->prep.buf, cuda_mmv_scratch_bytes(PREP_MAX_K, CUDA_MMV_MAX_N)) != cudaSuccess ||
+        cudaMalloc((void **)&cb->prep.ss, sizeof(float) * CUDA_MMV_MAX_N * (PREP_MAX_K / 32)) != cudaSuccess ||
+        cudaMalloc((void **)&cb->prep.cnt, sizeof(unsigned) * (PREP_MAX_K / 32)) != cudaSuccess ||
+        cudaMemset(cb->prep.cnt, 0, sizeof(unsigned) * (PREP_MAX_K / 32)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(cb->prep.buf);
+        cudaFree(cb->prep.ss);
+        cudaFree(cb->prep.cnt);
+        memset(&cb->prep, 0, sizeof cb->prep);
+    }
     const char *ng = getenv("SMELT_NO_GRAPH");
     cb->no_graph = ng && *ng && strcmp(ng, "0") != 0;
     const char *mq = getenv("SMELT_MMQ_MAX_ROWS");

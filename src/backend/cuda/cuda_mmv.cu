@@ -104,6 +104,10 @@ static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
 #ifndef MMV_R
 #define MMV_R 2
 #endif
+/* Minimum resident blocks per SM asked of the compiler (caps registers); 1 = no cap. */
+#ifndef MMV_MINB
+#define MMV_MINB 1
+#endif
 /* Units of 16 B each lane loads before computing (bytes in flight per warp). */
 #ifndef MMV_U
 #define MMV_U 4
@@ -121,6 +125,8 @@ struct mmv_mats {
     const float *b[MMV_MATS];
     int end[MMV_MATS];
     int n;
+    struct cuda_mmv_epi epi; /* see cuda_mmv.h; zero = plain product */
+    int k;
 };
 
 /* The r-th row of a warp whose first row is row0: which matrix, and the row within it. */
@@ -163,17 +169,35 @@ struct mmv_acc {
 #pragma unroll
             for (int t = 0; t < N; t++) v[r][t] = 0.0f;
     }
+    /* The RMSNorm factor of each token row when the input is the raw residual's int8 form
+     * (epi.pre_ss: per-32 sums of squares): rsqrt(mean(x^2) + eps); else 1. */
+    __device__ __forceinline__ void pre_scale(const mmv_mats &m, int lane, float *sc) {
+#pragma unroll
+        for (int t = 0; t < N; t++) sc[t] = 1.0f;
+        if (!m.epi.pre_ss) return;
+        const int groups = m.k / 32;
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            float ss = 0.0f;
+            for (int j = lane; j < groups; j += 32) ss += m.epi.pre_ss[(int64_t)t * groups + j];
+            sc[t] = rsqrtf(warp_sum(ss) / (float)m.k + m.epi.pre_eps);
+        }
+    }
     /* GLU: v[0] is the gate, v[1] the up projection of row row0 (rows = the matrices'). */
     __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu) {
         const int rows = m.end[0];
+        float sc[N];
+        pre_scale(m, lane, sc);
 #pragma unroll
         for (int t = 0; t < N; t++) {
-            const float g = warp_sum(v[0][t]), u = warp_sum(v[R - 1][t]);
+            const float g = warp_sum(v[0][t]) * sc[t], u = warp_sum(v[R - 1][t]) * sc[t];
             if (lane == 0) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
         }
     }
     __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate) {
         const int total = m.end[m.n - 1];
+        float sc[N];
+        pre_scale(m, lane, sc);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const int row = row0 + r;
@@ -184,13 +208,52 @@ struct mmv_acc {
             const float *b = mat == 0 ? m.b[0] : mat == 1 ? m.b[1] : m.b[2];
 #pragma unroll
             for (int t = 0; t < N; t++) {
-                const float s = warp_sum(v[r][t]);
+                const float s = warp_sum(v[r][t]) * sc[t];
                 if (lane == 0 && row < total) {
                     float *o = y + (int64_t)t * rows + (row - start);
                     *o = (accumulate ? *o : 0.0f) + s + (b ? b[row - start] : 0.0f);
                 }
             }
         }
+        if (m.epi.post_w) post_quantize(m);
+    }
+    /* epi.post_w: the block that completes a group of 32 output rows (counted in
+     * epi.post_cnt, which it resets) quantizes post_w * y over the group, as
+     * cuda_mmv_quantize would, and stores the group's sum of squares of y: the next
+     * product's input prepared without a launch. One matrix, rows % 32 == 0, so every
+     * warp of every block is live here. */
+    __device__ __forceinline__ void post_quantize(const mmv_mats &m) {
+        const int rows = m.end[0], per_block = MMV_WARPS * R, grp = blockIdx.x * per_block / 32;
+        __shared__ int last;
+        __threadfence(); /* this block's y stores, before the count */
+        __syncthreads();
+        if (threadIdx.x == 0 && threadIdx.y == 0)
+            last = atomicAdd(&m.epi.post_cnt[grp], 1u) == (unsigned)(32 / per_block - 1);
+        __syncthreads();
+        if (!last || threadIdx.y != 0) return;
+        __threadfence();
+        const int lane = threadIdx.x, row = grp * 32 + lane;
+        const float w = m.epi.post_w[row];
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const int64_t o = (int64_t)t * rows + row;
+            const float y = __ldcg(m.y[0] + o); /* other blocks' stores: from L2 */
+            const float v = y * w;
+            const float d = warp_max(fabsf(v)) / 127.0f;
+            const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
+            int s16 = q;
+#pragma unroll
+            for (int j = 8; j > 0; j >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, j);
+            const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
+            const float ss = warp_sum(y * y);
+            m.epi.post_xq[o] = (int8_t)q;
+            if ((lane & 15) == 0) m.epi.post_xs[o / 16] = d * (float)s16;
+            if (lane == 0) {
+                ((float2 *)m.epi.post_xd)[o / 32] = make_float2(d, d * (float)s32);
+                m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
+            }
+        }
+        if (lane == 0) m.epi.post_cnt[grp] = 0;
     }
 };
 
@@ -201,7 +264,7 @@ struct mmv_acc {
  * Unit u of a super-block (0..7): g = u/2, hf = u%2; its 16 B hold weights
  * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
 template <int N, int R, int GLU>
-static __global__ void __launch_bounds__(MMV_WARPS * 32)
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              const float *xs, int k, int accumulate) {
     pdl_trigger();
@@ -266,7 +329,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
  * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
  * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
 template <int N, int R, int GLU>
-static __global__ void __launch_bounds__(MMV_WARPS * 32)
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              const float *xs, int k, int accumulate) {
     pdl_trigger();
@@ -329,7 +392,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32)
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
 template <int N, int R, int GLU>
-static __global__ void __launch_bounds__(MMV_WARPS * 32)
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q8_0(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              int k, int accumulate) {
     pdl_trigger();
@@ -394,7 +457,7 @@ static __device__ __forceinline__ void load8(const void *w, int64_t idx8, float 
 
 /* F16 / BF16 / F32 weights against f32 activations. */
 template <int N, int R, uint32_t T, int GLU>
-static __global__ void __launch_bounds__(MMV_WARPS * 32)
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_float(const struct mmv_mats m, const float *x, int k, int accumulate) {
     pdl_trigger();
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
@@ -603,6 +666,12 @@ static void scratch_parts(const void *scratch, int64_t k, int n, int8_t **xq, fl
     *xs = (float *)((uint8_t *)*xd + ((nk / 32 * 8 + 255) & ~255ull));
 }
 
+extern "C" void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd, float **xs) {
+    float2 *d;
+    scratch_parts(scratch, k, n, xq, &d, xs);
+    *xd = d;
+}
+
 extern "C" int cuda_mmv_needs_quant(uint32_t type) {
     return type != QT_F16 && type != QT_BF16 && type != QT_F32;
 }
@@ -659,7 +728,7 @@ static void mats_add(struct mmv_mats *m, const struct cuda_qweight *w, float *y,
 
 extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
                                        int count, const float *x, int n, const void *scratch, int accumulate,
-                                       void *stream, struct err *e) {
+                                       const struct cuda_mmv_epi *epi, void *stream, struct err *e) {
     if (count < 1 || count > MMV_MATS)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d matrices in one launch (1..%d)", count, MMV_MATS);
     struct mmv_mats m;
@@ -672,17 +741,27 @@ extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, floa
         mats_add(&m, w[i], y[i], b ? b[i] : NULL);
     }
     for (int i = count; i < MMV_MATS; i++) m.end[i] = m.end[count - 1];
+    m.k = (int)w[0]->k;
+    if (epi) {
+        if (epi->post_w && (count != 1 || w[0]->rows % 32 != 0 || !cuda_mmv_needs_quant(w[0]->type) ||
+                            32 % (MMV_WARPS * MMV_R) != 0))
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv: a quantizing epilogue needs one quantized matrix "
+                                                 "with rows a multiple of 32");
+        if (epi->pre_ss && !cuda_mmv_needs_quant(w[0]->type))
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv: a raw-residual input needs a quantized weight");
+        m.epi = *epi;
+    }
     return mmv_dispatch(m, w[0]->type, w[0]->k, x, n, scratch, accumulate, 0, stream, e);
 }
 
 extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
                                      const void *scratch, int accumulate, void *stream, struct err *e) {
-    return cuda_mmv_multi(&w, &y, NULL, 1, x, n, scratch, accumulate, stream, e);
+    return cuda_mmv_multi(&w, &y, NULL, 1, x, n, scratch, accumulate, NULL, stream, e);
 }
 
 extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
-                                     const float *x, int n, float *y, const void *scratch, void *stream,
-                                     struct err *e) {
+                                     const float *x, int n, float *y, const void *scratch,
+                                     const struct cuda_mmv_epi *epi, void *stream, struct err *e) {
     if (gate->type != up->type || gate->rows != up->rows || gate->k != up->k)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: gate and up differ in type or shape");
     struct mmv_mats m;
@@ -690,6 +769,12 @@ extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const stru
     mats_add(&m, gate, y, NULL);
     mats_add(&m, up, y, NULL);
     m.end[1] = m.end[2] = m.end[0]; /* both matrices span the same rows */
+    m.k = (int)gate->k;
+    if (epi) {
+        if (epi->post_w || (epi->pre_ss && !cuda_mmv_needs_quant(gate->type)))
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: unsupported epilogue");
+        m.epi = *epi;
+    }
     return mmv_dispatch(m, gate->type, gate->k, x, n, scratch, 0, act == 0 ? 1 : 2, stream, e);
 }
 

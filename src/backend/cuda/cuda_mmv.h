@@ -60,12 +60,36 @@ smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, 
                                struct err *e);
 smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
                           const void *scratch, int accumulate, void *stream, struct err *e);
+/* Optional prologue/epilogue of a product, for decode chains without separate norm and
+ * quantize launches (all device pointers; zero fields = off):
+ *   - pre_ss: the int8 input is the quantized form of w * x for a raw residual x, and
+ *     pre_ss (n, k/32) holds the sums of squares of x per 32 values: the product is scaled
+ *     per token row by rsqrt(mean(x^2) + pre_eps), i.e. it is W rms_norm(x) * w.
+ *   - post_w: after y (+)= W x, prepare y for the next product through the norm of weight
+ *     post_w: post_xq/post_xd/post_xs in cuda_mmv_quantize's layout (of post_w * y) and
+ *     post_ss (n, rows/32) in pre_ss's. post_cnt: rows/32 zeroed counters (left zeroed).
+ *     One quantized matrix with rows % 32 == 0. */
+struct cuda_mmv_epi {
+    const float *pre_ss;
+    float pre_eps;
+    const float *post_w;
+    int8_t *post_xq;
+    void *post_xd; /* float2 per 32 values */
+    float *post_xs;
+    float *post_ss;
+    unsigned *post_cnt;
+};
+
+/* Where the parts of a scratch of cuda_mmv_scratch_bytes(k, n) lie (int8 values, scales per
+ * 32, sums per 16), to point an epilogue's post_* at one. */
+void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd, float **xs);
+
 /* Several matrices of one type and row length in one launch (e.g. Q, K and V): y[i] (+)=
  * W[i] x (+ b[i] when b and b[i] are not NULL), count <= 3, after cuda_mmv_quantize when the
- * type needs it. */
+ * type needs it. epi may be NULL. */
 smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
                             int count, const float *x, int n, const void *scratch, int accumulate,
-                            void *stream, struct err *e);
+                            const struct cuda_mmv_epi *epi, void *stream, struct err *e);
 /* RMSNorm of n rows of k (row stride x_stride floats; w may be NULL) and the quantization of
  * cuda_mmv_quantize in one launch; xn (may be NULL) also gets the normalized f32 rows. */
 smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride, const float *w, float eps,
@@ -74,8 +98,8 @@ smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride, const floa
 /* y = act(W_gate x) * (W_up x) in one pass (act 0 = SiLU, 1 = tanh-GELU), after
  * cuda_mmv_quantize when the type needs it; gate and up must share type and shape. */
 smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
-                          const float *x, int n, float *y, const void *scratch, void *stream,
-                          struct err *e);
+                          const float *x, int n, float *y, const void *scratch,
+                          const struct cuda_mmv_epi *epi, void *stream, struct err *e);
 
 #ifdef __cplusplus
 }
