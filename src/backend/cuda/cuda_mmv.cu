@@ -215,17 +215,18 @@ struct mmv_acc {
                 }
             }
         }
-        if (m.epi.post_w) post_quantize(m);
+        if (m.epi.post_cnt) post_quantize(m, MMV_WARPS * R);
     }
-    /* epi.post_w: the block that completes a group of 32 output rows (counted in
-     * epi.post_cnt, which it resets) quantizes post_w * y over the group, as
-     * cuda_mmv_quantize would, and stores the group's sum of squares of y: the next
-     * product's input prepared without a launch. One matrix, rows % 32 == 0, so every
-     * warp of every block is live here. */
-    __device__ __forceinline__ void post_quantize(const mmv_mats &m) {
-        const int rows = m.end[0], per_block = MMV_WARPS * R, grp = blockIdx.x * per_block / 32;
+    /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
+     * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
+     * group, as cuda_mmv_quantize would, and stores the group's sum of squares of y when
+     * post_ss is given: the next product's input prepared without a launch. One output
+     * matrix (GLU: its one output), rows % 32 == 0, so every warp of every block is live
+     * here. per_block: output rows per block. */
+    __device__ __forceinline__ void post_quantize(const mmv_mats &m, int per_block) {
+        const int rows = m.end[0], grp = blockIdx.x * per_block / 32;
         __shared__ int last;
-        __threadfence(); /* this block's y stores, before the count */
+        if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0)
             last = atomicAdd(&m.epi.post_cnt[grp], 1u) == (unsigned)(32 / per_block - 1);
@@ -233,7 +234,7 @@ struct mmv_acc {
         if (!last || threadIdx.y != 0) return;
         __threadfence();
         const int lane = threadIdx.x, row = grp * 32 + lane;
-        const float w = m.epi.post_w[row];
+        const float w = m.epi.post_w ? m.epi.post_w[row] : 1.0f;
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const int64_t o = (int64_t)t * rows + row;
@@ -250,7 +251,7 @@ struct mmv_acc {
             if ((lane & 15) == 0) m.epi.post_xs[o / 16] = d * (float)s16;
             if (lane == 0) {
                 ((float2 *)m.epi.post_xd)[o / 32] = make_float2(d, d * (float)s32);
-                m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
+                if (m.epi.post_ss) m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
             }
         }
         if (lane == 0) m.epi.post_cnt[grp] = 0;
@@ -743,7 +744,7 @@ extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, floa
     for (int i = count; i < MMV_MATS; i++) m.end[i] = m.end[count - 1];
     m.k = (int)w[0]->k;
     if (epi) {
-        if (epi->post_w && (count != 1 || w[0]->rows % 32 != 0 || !cuda_mmv_needs_quant(w[0]->type) ||
+        if (epi->post_cnt && (count != 1 || w[0]->rows % 32 != 0 || !cuda_mmv_needs_quant(w[0]->type) ||
                             32 % (MMV_WARPS * MMV_R) != 0))
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv: a quantizing epilogue needs one quantized matrix "
                                                  "with rows a multiple of 32");
@@ -771,7 +772,7 @@ extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const stru
     m.end[1] = m.end[2] = m.end[0]; /* both matrices span the same rows */
     m.k = (int)gate->k;
     if (epi) {
-        if (epi->post_w || (epi->pre_ss && !cuda_mmv_needs_quant(gate->type)))
+        if (epi->post_cnt || (epi->pre_ss && !cuda_mmv_needs_quant(gate->type)))
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: unsupported epilogue");
         m.epi = *epi;
     }

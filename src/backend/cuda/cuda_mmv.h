@@ -65,10 +65,12 @@ smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, f
  *   - pre_ss: the int8 input is the quantized form of w * x for a raw residual x, and
  *     pre_ss (n, k/32) holds the sums of squares of x per 32 values: the product is scaled
  *     per token row by rsqrt(mean(x^2) + pre_eps), i.e. it is W rms_norm(x) * w.
- *   - post_w: after y (+)= W x, prepare y for the next product through the norm of weight
- *     post_w: post_xq/post_xd/post_xs in cuda_mmv_quantize's layout (of post_w * y) and
- *     post_ss (n, rows/32) in pre_ss's. post_cnt: rows/32 zeroed counters (left zeroed).
- *     One quantized matrix with rows % 32 == 0. */
+ *   - post_cnt (rows/32 zeroed counters, left zeroed): after y (+)= W x, prepare y for the
+ *     next product: post_xq/post_xd/post_xs get the int8 form of post_w * y (of y when
+ *     post_w is NULL) in cuda_mmv_quantize's layout, and post_ss (when not NULL) the sums of
+ *     squares of y per 32 in pre_ss's layout (n, rows/32), for a next product through an
+ *     RMSNorm of weight post_w. One output matrix with rows % 32 == 0, not the GLU's (its
+ *     output quantized this way measured slower than a separate quantize launch). */
 struct cuda_mmv_epi {
     const float *pre_ss;
     float pre_eps;
