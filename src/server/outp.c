@@ -386,8 +386,13 @@ static int scan(struct outp *p, struct outp_delta *d, bool final) {
                 p->have_args = false;
                 p->hold.n = 0;
                 p->cs = CS_OBJ;
-            } else if (ch == '[' && !p->list && p->syntax != OUTP_LLAMA3 &&
-                       !(p->syntax == OUTP_MISTRAL && starts(b->p + sc.i, b->n - sc.i, MISTRAL_OPEN))) {
+            } else if (ch == '[' && !p->list && p->syntax != OUTP_LLAMA3) {
+                /* Mistral: "[TOOL_CALLS]" again is no list (decided the same however the
+                 * text is cut: wait while it could still be the marker) */
+                const char *s = b->p + sc.i;
+                size_t n = b->n - sc.i;
+                if (p->syntax == OUTP_MISTRAL && prefix_of(s, n, MISTRAL_OPEN) && !final) goto more;
+                if (p->syntax == OUTP_MISTRAL && starts(s, n, MISTRAL_OPEN)) return fail(p, d, &sc);
                 sc.i++;
                 p->list = true;
             } else if (p->syntax == OUTP_MISTRAL && !p->list && ch != '[' && ch != ']' &&

@@ -27,7 +27,7 @@
 
 #define DEFAULT_MAX_BODY ((size_t)32 << 20)
 
-const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 413, 429, 500, 503};
+const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 
 double srv_now(void) {
     struct timespec t;

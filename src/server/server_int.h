@@ -14,8 +14,8 @@
 #include "tokenizer/tok.h"
 
 /* HTTP status counters for /metrics. */
-#define SRV_N_STATUS 8
-extern const int srv_status_codes[SRV_N_STATUS]; /* 200, 400, 401, 404, 413, 429, 500, 503 */
+#define SRV_N_STATUS 9
+extern const int srv_status_codes[SRV_N_STATUS]; /* 200, 400, 401, 404, 405, 413, 429, 500, 503 */
 
 struct server {
     struct server_config cfg;

@@ -69,8 +69,10 @@ def test_health_models_metrics(srv):
 def test_unknown_route_and_method(srv):
     st, h, body = srv.request("GET", "/v1/nothing")
     err_of(st, json.loads(body), 404)
+    before = srv.metrics().get('smelt_http_requests_total{status="405"}', 0)
     st, h, body = srv.request("GET", "/v1/completions")
     assert st == 405
+    assert srv.metrics()['smelt_http_requests_total{status="405"}'] == before + 1
     st, j = srv.post("/v1/completions", {"model": "gpt-4", "prompt": "hi"})
     err_of(st, j, 404, param="model", code="model_not_found")
 

@@ -414,3 +414,24 @@ def test_base_model_without_template_chats(tmp_path):
         assert sum("ChatML default" in l for l in s.lines) == 1, s.log()
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_smelt_template_picks_the_same_templates(models, tmp_path):
+    # `smelt template` finds templates through the same code as the server
+    # (cli/chat_template.c): the ChatML fallback, and tool_use when a chat has tools
+    import subprocess
+
+    def render(model, conv):
+        p = tmp_path / "conv.json"
+        p.write_text(json.dumps(conv))
+        r = subprocess.run([SMELT, "template", model, str(p)], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, r.stderr
+    out, err = render(models["named"], {"messages": USER})
+    assert out == "DEFAULT Weather and time in Paris?"
+    out, err = render(models["named"], {"messages": USER, "tools": TOOLS})
+    assert out == "TOOL_USE get_weather get_time <tool_call>Weather and time in Paris?"
+    out, err = render(models["bare"], {"messages": USER})
+    assert out == "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n"
+    assert "ChatML default" in err

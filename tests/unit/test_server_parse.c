@@ -163,6 +163,10 @@ static const struct ocase ocases[] = {
      "[TOOL_CALLS]a[ARGS]{\"x\": \"]\"}[TOOL_CALLS]b[CALL_ID]abc123[ARGS]{}", "", "", 2, "a",
      "{\"x\": \"]\"}", "b", "{}"},
     {OUTP_MISTRAL, false, false, "[TOOL_CALLS] oops", "[TOOL_CALLS] oops", "", 0},
+    /* "[TOOL_CALLS]" right after the marker is no list (found by fuzz_json_request: cut
+     * after "[" it used to open one) */
+    {OUTP_MISTRAL, false, false, "[TOOL_CALLS][TOOL_CALLS]f[ARGS]{\"x\": 2}", "[TOOL_CALLS]", "",
+     1, "f", "{\"x\": 2}"},
     {OUTP_LLAMA3, false, false, "{\"name\": \"f\", \"parameters\": {\"x\": \"y\"}}", "", "", 1, "f",
      "{\"x\": \"y\"}"},
     {OUTP_LLAMA3, false, false, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; {\"name\": "
