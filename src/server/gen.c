@@ -542,9 +542,14 @@ static json_t *chat_choice_json(struct gen *g, int32_t ci) {
         if (k->name) {
             char id[48];
             new_call_id(g, id, sizeof id);
-            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
-                                                   "function", "function", "name", k->name,
-                                                   "arguments", ""));
+            /* (nocheck: a name read raw from the model's text is not known to be UTF-8;
+             * the writer repairs it) */
+            json_t *fn = json_pack("{s:o, s:s}", "name", json_stringn_nocheck(k->name, strlen(k->name)),
+                                   "arguments", "");
+            json_t *call = fn ? json_pack("{s:s, s:s, s:o}", "id", id, "type", "function",
+                                          "function", fn) : NULL;
+            if (!call || json_array_append_new(calls, call) != 0)
+                snprintf(g->error, sizeof g->error, "out of memory");
         } else {
             jw_raw(&args, k->args.p ? k->args.p : "", k->args.n);
         }
