@@ -276,6 +276,20 @@ void bk_softmax(struct backend *b, struct tensor *x) {
     b->ops->softmax(b, x);
 }
 
+void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
+                    const struct tensor *rows, const struct tensor *adj) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->logits_topk);
+    BK_ASSERT(is_f32_rows(logits) && tensor_is_contiguous(logits) && logits->ne[2] == 1);
+    int64_t n_rows = logits->ne[1];
+    BK_ASSERT(rows->type == QT_I32 && rows->ne[0] == TOPK_ROW_WORDS && rows->ne[1] == n_rows);
+    BK_ASSERT(adj->type == QT_I32 && adj->ne[0] == TOPK_ADJ_WORDS);
+    BK_ASSERT(dst->type == QT_I32 && tensor_nelem(dst) == topk_out_words(n_rows, adj->ne[1]));
+    b->ops->logits_topk(b, dst, logits, rows, adj);
+}
+
+bool bk_has_logits_topk(const struct backend *b) { return b->ops->logits_topk != NULL; }
+
 static void check_meta(const struct attn_meta *m, int64_t n_tokens) {
     BK_ASSERT(m->pos->type == QT_I32 && m->pos->ne[0] == n_tokens);
     BK_ASSERT(m->seq->type == QT_I32 && m->seq->ne[0] == n_tokens);

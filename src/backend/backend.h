@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/topk.h"
 #include "quant/quant.h"
 #include "util/arena.h"
 #include "util/err.h"
@@ -186,6 +187,11 @@ struct backend_ops {
                           const struct tensor *v, struct tensor *kc, struct tensor *vc,
                           const struct attn_meta *m, const struct qk_prep *p);
 
+    /* Row summaries for sampling: optional (NULL: model_step brings the rows to the host
+     * and summarizes them there). See bk_logits_topk. */
+    void (*logits_topk)(struct backend *b, struct tensor *dst, const struct tensor *logits,
+                        const struct tensor *rows, const struct tensor *adj);
+
     /* Step graphs: optional (NULL: ops always run one by one). See bk_graph_replay. */
     bool (*graph_replay)(struct backend *b, uint64_t key);
     void (*graph_begin)(struct backend *b, uint64_t key);
@@ -312,6 +318,19 @@ void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
                       const struct attn_meta *m, const struct qk_prep *p);
 
+/* Row summaries for sampling (backend/topk.h, docs/sampling.md): for each row r of logits
+ * F32 (n_vocab, n_rows), with rows I32 (TOPK_ROW_WORDS, n_rows) holding struct topk_row
+ * and adj I32 (TOPK_ADJ_WORDS, adj_cap) the adjustment entries the rows reference (each
+ * row's range inside [0, adj_cap), sorted by token), writes into dst I32
+ * (topk_out_words(n_rows, adj_cap)) the row's summary, its k best candidates by adjusted
+ * logit and the raw logits of its adjustments' tokens. A row with k = 0 is skipped.
+ * Graph-friendly: everything per step is data in the three tensors. */
+void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
+                    const struct tensor *rows, const struct tensor *adj);
+/* True when the backend implements bk_logits_topk (else the caller summarizes on the
+ * host with cpu_topk_row). */
+bool bk_has_logits_topk(const struct backend *b);
+
 /* ---- step graphs ----
  * A step's ops depend only on its shape (token rows, output rows, sequences, block-table
  * width) and on the model; everything else is data in tensors uploaded before the ops.
@@ -333,5 +352,13 @@ smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e)
 /* Reference matmuls on a CPU backend: weights dequantized to F32 and dotted with F32
  * activations (slow; for checking the forward pass without 8-bit activation noise). */
 void cpu_backend_set_exact(struct backend *b, bool exact);
+/* The logits_topk op on one row in host memory: the CPU backend's implementation and the
+ * reference every other backend is checked against. adj: the row's req->adj_n entries
+ * (sorted by token); cand: room for req->k candidates; adj_raw: req->adj_n floats or
+ * NULL. Fields the request did not ask for (sum_adj without TOPK_SUM, max_raw and
+ * lse_raw without TOPK_RAW) are unspecified. Nothing is written when req->k <= 0. */
+void cpu_topk_row(const float *logits, int32_t n_vocab, const struct topk_row *req,
+                  const struct logit_adj *adj, struct topk_summary *sum,
+                  struct topk_cand *cand, float *adj_raw);
 
 #endif

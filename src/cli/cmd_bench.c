@@ -5,6 +5,8 @@
  *
  * Tests (each repeated -r times after one warm-up; mean and standard deviation):
  *   ppN      N prompt tokens in forwards of at most -ub tokens, logits of the last row
+ * Every row whose logits a step computes is reduced to its greedy summary on the device
+ * (model_step with k = 1: the token id comes back, as in serving), not copied whole.
  *   tgN      N single-token decode steps after a prompt of -d tokens (depth)
  *   ppP+tgT  (-pg P,T) a prompt then T decode steps, counted together
  *   tgN xB   (-B B) B sequences, each after a -d token prompt, decoding N steps in one
@@ -145,7 +147,9 @@ struct ctx {
     struct kv_store *kv;
     struct kv_pool pool;
     int n_vocab;
-    float *logits; /* (n_vocab * max rows) */
+    struct topk_row *greedy;  /* (max rows) k = 1 requests */
+    struct topk_summary *sum; /* (max rows) */
+    struct topk_cand *cand;   /* (max rows, TOPK_MAX), unused by k = 1 rows */
     int max_rows;
     unsigned long long rng;
 };
@@ -167,7 +171,8 @@ static smelt_status prefill(struct ctx *c, struct kv_seq *q, int pos0, int n, in
         for (int i = 0; i < take; i++) tok[i] = rand_tok(c), pos[i] = pos0 + done + i, seq[i] = 0;
         struct batch_seq view = kv_seq_view(q);
         struct batch b = {take, tok, pos, seq, NULL, 1, &view};
-        st = model_forward(c->m, c->kv, &b, c->logits, NULL, e);
+        struct model_sample ms = {1, c->greedy, NULL, 0, c->sum, c->cand, NULL};
+        st = model_step(c->m, c->kv, &b, NULL, &ms, NULL, e);
         done += take;
     }
     free(tok);
@@ -185,7 +190,8 @@ static smelt_status decode(struct ctx *c, struct kv_seq *qs, int nseq, int pos0,
     for (int i = 0; st == SMELT_OK && i < n; i++) {
         for (int s = 0; s < nseq; s++) tok[s] = rand_tok(c), pos[s] = pos0 + i;
         struct batch b = {nseq, tok, pos, seq, want, nseq, views};
-        st = model_forward(c->m, c->kv, &b, c->logits, NULL, e);
+        struct model_sample ms = {nseq, c->greedy, NULL, 0, c->sum, c->cand, NULL};
+        st = model_step(c->m, c->kv, &b, NULL, &ms, NULL, e);
     }
     return st;
 }
@@ -330,8 +336,12 @@ int cmd_bench(int argc, char **argv) {
     if (st == SMELT_OK) {
         c.n_vocab = c.m->hp.n_vocab;
         c.max_rows = max_seqs;
-        c.logits = malloc(sizeof(float) * (size_t)c.n_vocab * (size_t)max_seqs);
-        if (!c.logits) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+        c.greedy = calloc((size_t)max_seqs, sizeof *c.greedy);
+        c.sum = calloc((size_t)max_seqs, sizeof *c.sum);
+        c.cand = calloc((size_t)max_seqs * TOPK_MAX, sizeof *c.cand);
+        if (!c.greedy || !c.sum || !c.cand) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+        for (int i = 0; c.greedy && i < max_seqs; i++)
+            c.greedy[i] = (struct topk_row){.k = 1, .inv_t = 1.0f};
     }
     struct result rs[3 * MAX_LIST + 1];
     int nr = 0;
@@ -362,7 +372,9 @@ int cmd_bench(int argc, char **argv) {
         snprintf(desc, sizeof desc, "%s %s", c.m->hp.arch, nm[0] ? nm : "");
         print_results(&o, desc, size, params, cuda ? "CUDA" : "CPU", rs, nr);
     }
-    free(c.logits);
+    free(c.greedy);
+    free(c.sum);
+    free(c.cand);
     if (c.kv) model_kv_free(c.m, c.kv);
     kv_pool_free(&c.pool);
     model_free(c.m);

@@ -1,8 +1,9 @@
 /* smelt run MODEL [PROMPT] [options]: generate text from a prompt, or chat with -i.
  *
  * One sequence on the chosen backend (CPU, or CUDA when present), driven directly through
- * model_forward: the prompt is
- * prefilled in chunks, then tokens are sampled one at a time and streamed through the
+ * model_step: the prompt is prefilled in chunks, then tokens are sampled one at a time
+ * from the last row's summary (engine/sample.h: only a few KB per token come back from
+ * the device, the full row only when the sampler asks for it) and streamed through the
  * incremental detokenizer. With -i the conversation's KV cache is kept between turns:
  * each turn renders the whole conversation, keeps the cached tokens it shares with the
  * new rendering, and prefills only the rest.
@@ -162,7 +163,13 @@ struct session {
     struct tmpl *tmpl;     /* NULL with --raw */
     json_t *messages;      /* the conversation so far */
     struct tok_ids cached; /* tokens whose K/V are in the cache, positions 0.. */
-    float *logits;         /* (n_vocab) of the last position */
+    /* the last position's summary for the sampler, and its full row on demand */
+    struct topk_row req;
+    struct logit_adj *adj;   /* (model_adj_cap(1)) */
+    float *adj_raw;          /* (model_adj_cap(1)) */
+    struct topk_summary sum;
+    struct topk_cand cand[TOPK_MAX];
+    float *logits;           /* (n_vocab) */
     double t_prompt, t_gen;
     int64_t n_prompt, n_gen;
 };
@@ -183,7 +190,7 @@ static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct er
 }
 
 /* Feeds ids (appended after the cached tokens) through the model; leaves the last
- * position's logits in s->logits. */
+ * position's summary, as the sampler requested it, in s->sum / s->cand / s->adj_raw. */
 static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct err *e) {
     int32_t *pos = malloc(PREFILL_CHUNK * sizeof *pos), *seq = calloc(PREFILL_CHUNK, sizeof *seq);
     if (!pos || !seq) {
@@ -205,7 +212,15 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct
         for (size_t i = 0; i < take; i++) pos[i] = p0 + (int32_t)i;
         struct batch_seq view = kv_seq_view(&s->seq);
         struct batch b = {(int32_t)take, ids + done, pos, seq, NULL, 1, &view};
-        st = model_forward(s->m, s->kv, &b, s->logits, NULL, e);
+        if (done + take < n) { /* an earlier chunk: its last row's logits are not used */
+            st = model_forward(s->m, s->kv, &b, NULL, NULL, e);
+        } else {
+            int32_t n_adj = sampler_request(s->smp, &s->req, s->adj, 0, model_adj_cap(1));
+            if (n_adj < 0) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+            struct model_sample ms = {1, &s->req, s->adj, n_adj > 0 ? n_adj : 0, &s->sum, s->cand,
+                                      s->adj_raw};
+            if (st == SMELT_OK) st = model_step(s->m, s->kv, &b, NULL, &ms, NULL, e);
+        }
         for (size_t i = 0; i < take && st == SMELT_OK; i++)
             st = tok_ids_push(&s->cached, ids[done + i]);
         done += take;
@@ -226,7 +241,11 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
     int n = 0;
     for (; n < s->o->n_predict && st == SMELT_OK; n++) {
         struct sample_result r;
-        st = sampler_sample(s->smp, s->logits, &r, e);
+        st = sampler_finish(s->smp, &s->sum, s->cand, s->adj_raw, NULL, &r, e);
+        if (st == SMELT_OK && r.token == SAMPLE_NEED_ROW) {
+            st = model_fetch_rows(s->m, 0, 1, s->logits, e);
+            if (st == SMELT_OK) st = sampler_finish(s->smp, &s->sum, s->cand, s->adj_raw, s->logits, &r, e);
+        }
         if (st != SMELT_OK) break;
         if (!s->o->ignore_eos && tok_is_eog(s->tok, r.token)) {
             /* the end-of-turn token belongs to the conversation (the next turn's rendering
@@ -384,6 +403,8 @@ static void session_free(struct session *s) {
     gguf_close(s->f);
     tok_ids_free(&s->cached);
     free(s->logits);
+    free(s->adj);
+    free(s->adj_raw);
     tmpl_free(s->tmpl);
     json_decref(s->messages);
 }
@@ -409,7 +430,10 @@ int cmd_run(int argc, char **argv) {
         if (st == SMELT_OK) st = sample_params_check(&o.sp, s.m->hp.n_vocab, &e);
         if (st == SMELT_OK) st = sampler_new(&s.smp, &o.sp, s.m->hp.n_vocab, &e);
         s.logits = malloc((size_t)s.m->hp.n_vocab * sizeof(float));
-        if (st == SMELT_OK && !s.logits) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+        s.adj = malloc((size_t)model_adj_cap(1) * sizeof *s.adj);
+        s.adj_raw = malloc((size_t)model_adj_cap(1) * sizeof *s.adj_raw);
+        if (st == SMELT_OK && (!s.logits || !s.adj || !s.adj_raw))
+            st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
         if (st == SMELT_OK && !o.raw) st = load_template(&s, &e);
     }
     kv_seq_init(&s.seq);

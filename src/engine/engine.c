@@ -23,7 +23,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/argmax.h"
 #include "model/model.h"
 #include "tokenizer/tok.h"
 #include "util/ckd.h"
@@ -105,7 +104,6 @@ struct seq {
     uint64_t *bhash;    /* hashes of the full blocks known so far (cached or registered) */
     int32_t n_bhash, cap_bhash;
     struct sampler *smp;
-    bool greedy_fast;   /* plain argmax: temperature 0, no penalties, bias or logprobs */
     bool history;       /* penalties need the token history (sampler_accept) */
     struct tok_detok dt;
     struct tok_buf held; /* detokenized text not yet released (stop-string lookahead) */
@@ -334,6 +332,7 @@ struct sample_pool {
 /* One row to sample this step. */
 struct sample_job {
     struct seq *s;
+    bool full;          /* finish from the full row (en->logits row s->out_row) */
     struct sample_result r;
     smelt_status st;
     char msg[ERR_MSG_MAX];
@@ -368,13 +367,25 @@ struct engine {
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_logits;
     struct batch_seq *b_seqs;
-    float *logits; /* (max_seqs, n_vocab) */
+    int32_t max_out;  /* output rows a step can have: max_seqs + ENGINE_PLP_ROWS */
+    float *logits;    /* (max_out, n_vocab) full rows: from the start with a fake forward
+                       * (which writes every row), else on the first prompt-logprobs row or
+                       * full-row sampling fallback */
+    /* summaries (model path): per output row, the request and the result */
+    struct topk_row *q_rows;   /* (max_out) */
+    struct logit_adj *q_adj;   /* (model_adj_cap(max_out)) */
+    float *q_raw;              /* (model_adj_cap(max_out)) */
+    struct topk_summary *q_sum; /* (max_out) */
+    struct topk_cand *q_cand;  /* (max_out, TOPK_MAX) */
     struct tok_buf emit; /* scratch for released text */
     struct sample_job *jobs; /* (max_seqs) this step's rows to sample */
     int32_t n_jobs;
+    int32_t *pick;           /* (max_seqs) the jobs sample_jobs works on */
+    int32_t n_pick;
     struct sample_pool pool_s;
     bool pool_started;
     uint64_t stats_parallel; /* engine thread only; published with the stats */
+    uint64_t stats_full_rows;
 
     pthread_mutex_t smu; /* guards stats */
     struct engine_stats stats;
@@ -897,27 +908,27 @@ static void prompt_logprobs(struct engine *en, struct seq *s) {
     }
 }
 
-/* Samples jobs from the shared counter until none are left. */
+/* Samples one row: from its summary (model path), from its full row (a fallback the
+ * summary asked for, or a fake forward's rows). */
+static void sample_one(struct engine *en, struct sample_job *j) {
+    struct seq *s = j->s;
+    int32_t r = s->out_row;
+    const float *row = j->full ? en->logits + (size_t)r * (size_t)en->n_vocab : NULL;
+    struct err e;
+    if (en->cfg.forward)
+        j->st = sampler_sample(s->smp, row, &j->r, &e);
+    else
+        j->st = sampler_finish(s->smp, &en->q_sum[r], en->q_cand + (size_t)r * TOPK_MAX,
+                               en->q_raw + en->q_rows[r].adj_off, row, &j->r, &e);
+    if (j->st != SMELT_OK) snprintf(j->msg, sizeof j->msg, "%s", e.msg);
+}
+
+/* Samples the picked jobs from the shared counter until none are left. */
 static void sample_some(struct engine *en) {
     for (;;) {
         int i = atomic_fetch_add(&en->pool_s.next, 1);
-        if (i >= en->n_jobs) return;
-        struct sample_job *j = &en->jobs[i];
-        struct seq *s = j->s;
-        float *row = en->logits + (size_t)s->out_row * (size_t)en->n_vocab;
-        if (s->greedy_fast) {
-            int32_t t = engine_argmax(row, en->n_vocab);
-            if (t >= 0) {
-                j->r.token = t;
-                j->r.logprob = 0;
-                j->r.n_top = 0;
-                j->st = SMELT_OK;
-                continue;
-            }
-        }
-        struct err e;
-        j->st = sampler_sample(s->smp, row, &j->r, &e);
-        if (j->st != SMELT_OK) snprintf(j->msg, sizeof j->msg, "%s", e.msg);
+        if (i >= en->n_pick) return;
+        sample_one(en, &en->jobs[en->pick[i]]);
     }
 }
 
@@ -939,12 +950,13 @@ static void *sample_worker(void *arg) {
     return NULL;
 }
 
-/* Samples en->jobs[0 .. n_jobs): in parallel when the rows are many and large. */
-static void sample_jobs(struct engine *en) {
+/* Samples the jobs en->pick[0 .. n_pick): in parallel when they work on full rows and
+ * those are many and large (from summaries, a row is O(TOPK_MAX) work). */
+static void sample_jobs(struct engine *en, bool full) {
     struct sample_pool *p = &en->pool_s;
     atomic_store(&p->next, 0);
-    bool par = en->pool_started && en->n_jobs > 1 &&
-               (int64_t)en->n_jobs * en->n_vocab >= ((int64_t)1 << 20);
+    bool par = full && en->pool_started && en->n_pick > 1 &&
+               (int64_t)en->n_pick * en->n_vocab >= ((int64_t)1 << 20);
     if (!par) {
         sample_some(en);
         return;
@@ -1000,10 +1012,38 @@ static void pool_stop(struct engine *en) {
     pthread_cond_destroy(&p->done);
 }
 
-static smelt_status default_forward(void *ctx, const struct batch *b, float *logits,
-                                    struct err *e) {
-    struct engine *en = ctx;
-    return model_forward(en->m, en->kvs, b, logits, NULL, e);
+/* en->logits, allocated on first need (a model forward brings full rows only for prompt
+ * logprobs and sampling fallbacks). */
+static bool have_logits(struct engine *en) {
+    if (!en->logits) en->logits = malloc((size_t)en->max_out * (size_t)en->n_vocab * sizeof(float));
+    return en->logits != NULL;
+}
+
+/* Brings output rows [first, first + count) of the step into en->logits. */
+static smelt_status fetch_rows(struct engine *en, int32_t first, int32_t count, struct err *e) {
+    if (en->cfg.forward) return SMELT_OK; /* a fake forward wrote every row */
+    if (!have_logits(en)) return err_set(e, SMELT_ERR_NOMEM, "engine: out of memory for logit rows");
+    return model_fetch_rows(en->m, first, count, en->logits + (size_t)first * (size_t)en->n_vocab, e);
+}
+
+/* Runs the step's forward: a fake one writes full rows; the model returns a summary per
+ * output row (engine/sample.h), with the samplers' requests and adjustments uploaded
+ * beside the batch. */
+static smelt_status run_forward(struct engine *en, const struct batch *b, struct err *e) {
+    if (en->cfg.forward) return en->cfg.forward(en->cfg.forward_ctx, b, en->logits, e);
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) n_out += b->logits[i] != 0;
+    memset(en->q_rows, 0, (size_t)n_out * sizeof *en->q_rows); /* k = 0: no summary */
+    int32_t cap = model_adj_cap(n_out), n_adj = 0;
+    for (int32_t i = 0; i < en->n_sched; i++) {
+        struct seq *s = en->sched[i];
+        if (s->out_row < 0) continue;
+        int32_t got = sampler_request(s->smp, &en->q_rows[s->out_row], en->q_adj + n_adj, n_adj,
+                                      cap - n_adj);
+        if (got > 0) n_adj += got; /* < 0 (out of memory): sampler_finish reports it */
+    }
+    struct model_sample ms = {n_out, en->q_rows, en->q_adj, n_adj, en->q_sum, en->q_cand, en->q_raw};
+    return model_step(en->m, en->kvs, b, NULL, &ms, NULL, e);
 }
 
 /* One step. Returns the number of rows it ran. */
@@ -1015,8 +1055,7 @@ static int32_t step(struct engine *en) {
     struct batch b = {n, en->b_tok, en->b_pos, en->b_seq, en->b_logits, en->n_sched, en->b_seqs};
     struct err e;
     err_clear(&e);
-    smelt_status st = en->cfg.forward ? en->cfg.forward(en->cfg.forward_ctx, &b, en->logits, &e)
-                                      : default_forward(en, &b, en->logits, &e);
+    smelt_status st = run_forward(en, &b, &e);
     if (st != SMELT_OK) log_error("engine: step of %d rows failed: %s", n, e.msg);
     en->n_jobs = 0;
     for (int32_t i = 0; i < en->n_sched; i++) {
@@ -1025,16 +1064,54 @@ static int32_t step(struct engine *en) {
             finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, e.msg);
             continue;
         }
-        if (s->plp && s->pos0 < s->n_prompt - 1) prompt_logprobs(en, s);
+        if (s->plp && s->pos0 < s->n_prompt - 1) {
+            int32_t nr = s->n_prompt - 1 - s->pos0;
+            if (nr > s->rows) nr = s->rows;
+            struct err fe;
+            if (fetch_rows(en, s->out_first, nr, &fe) != SMELT_OK) {
+                finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, fe.msg);
+                continue;
+            }
+            prompt_logprobs(en, s);
+        }
         s->n_done += s->rows;
         register_blocks(en, s);
         if (s->choice == 0 && s->n_done >= s->n_prompt) s->req->prompt_ready = true;
-        if (s->out_row >= 0) en->jobs[en->n_jobs++].s = s;
+        if (s->out_row >= 0) {
+            struct sample_job *j = &en->jobs[en->n_jobs++];
+            j->s = s;
+            j->full = en->cfg.forward != NULL;
+        }
     }
-    sample_jobs(en);
+    /* Pass 1 samples every row: from its summary (cheap, on this thread), or from the
+     * full rows of a fake forward. Rows whose summary was not enough get their full row
+     * and pass 2 finishes them. */
+    en->n_pick = 0;
+    for (int32_t i = 0; i < en->n_jobs; i++) en->pick[en->n_pick++] = i;
+    sample_jobs(en, en->cfg.forward != NULL);
+    en->n_pick = 0;
+    for (int32_t i = 0; i < en->n_jobs; i++) {
+        struct sample_job *j = &en->jobs[i];
+        if (j->st != SMELT_OK || j->r.token != SAMPLE_NEED_ROW) continue;
+        j->full = true;
+        struct err fe;
+        smelt_status fst = fetch_rows(en, j->s->out_row, 1, &fe);
+        if (fst != SMELT_OK) {
+            j->st = fst;
+            snprintf(j->msg, sizeof j->msg, "%s", fe.msg);
+            continue;
+        }
+        en->pick[en->n_pick++] = i;
+    }
+    if (en->n_pick) {
+        en->stats_full_rows += (uint64_t)en->n_pick;
+        sample_jobs(en, true);
+    }
     for (int32_t i = 0; i < en->n_jobs; i++) {
         struct sample_job *j = &en->jobs[i];
         if (j->st != SMELT_OK) finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, j->msg);
+        else if (j->r.token < 0)
+            finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, "sampler: no token");
         else on_token(en, j->s, &j->r);
     }
     /* finished sequences leave */
@@ -1054,6 +1131,7 @@ static int32_t step(struct engine *en) {
     pthread_mutex_lock(&en->smu);
     en->stats.steps++;
     en->stats.parallel_sample_steps = en->stats_parallel;
+    en->stats.sample_full_rows = en->stats_full_rows;
     en->stats.step_rows += (uint64_t)n;
     en->stats.step_seconds += dt;
     pthread_mutex_unlock(&en->smu);
@@ -1137,8 +1215,9 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
     if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
     size_t nb = (size_t)cfg.max_batch_tokens, ns = (size_t)cfg.max_seqs;
-    size_t nlog;
-    if (st == SMELT_OK && ckd_mul_size(&nlog, ns + ENGINE_PLP_ROWS, (size_t)n_vocab * sizeof(float)))
+    en->max_out = cfg.max_seqs + ENGINE_PLP_ROWS;
+    size_t nlog, n_adj = m || !cfg.forward ? (size_t)model_adj_cap(en->max_out) : 0;
+    if (st == SMELT_OK && ckd_mul_size(&nlog, (size_t)en->max_out, (size_t)n_vocab * sizeof(float)))
         st = err_set(e, SMELT_ERR_NOMEM, "engine: logits buffer too large");
     if (st == SMELT_OK) {
         en->running = calloc(ns, sizeof *en->running);
@@ -1148,10 +1227,22 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
         en->b_pos = malloc(nb * sizeof *en->b_pos);
         en->b_seq = malloc(nb * sizeof *en->b_seq);
         en->b_logits = malloc(nb);
-        en->logits = malloc(nlog);
         en->jobs = calloc(ns, sizeof *en->jobs);
-        if (!en->jobs || !en->running || !en->sched || !en->b_seqs || !en->b_tok || !en->b_pos || !en->b_seq ||
-            !en->b_logits || !en->logits)
+        en->pick = calloc(ns, sizeof *en->pick);
+        bool ok = en->jobs && en->pick && en->running && en->sched && en->b_seqs && en->b_tok &&
+                  en->b_pos && en->b_seq && en->b_logits;
+        if (cfg.forward) { /* a fake forward writes full rows (and keeps state in them) */
+            en->logits = malloc(nlog);
+            ok = ok && en->logits;
+        } else {
+            en->q_rows = calloc((size_t)en->max_out, sizeof *en->q_rows);
+            en->q_sum = calloc((size_t)en->max_out, sizeof *en->q_sum);
+            en->q_cand = calloc((size_t)en->max_out * TOPK_MAX, sizeof *en->q_cand);
+            en->q_adj = calloc(n_adj, sizeof *en->q_adj);
+            en->q_raw = calloc(n_adj, sizeof *en->q_raw);
+            ok = ok && en->q_rows && en->q_sum && en->q_cand && en->q_adj && en->q_raw;
+        }
+        if (!ok)
             st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory (%d sequences, %d tokens)",
                          cfg.max_seqs, cfg.max_batch_tokens);
     }
@@ -1191,6 +1282,12 @@ void engine_free(struct engine *en) {
     free(en->b_seq);
     free(en->b_logits);
     free(en->logits);
+    free(en->pick);
+    free(en->q_rows);
+    free(en->q_sum);
+    free(en->q_cand);
+    free(en->q_adj);
+    free(en->q_raw);
     tok_buf_free(&en->emit);
     pthread_mutex_destroy(&en->qmu);
     pthread_cond_destroy(&en->qcv);
@@ -1239,8 +1336,6 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         if (st != SMELT_OK) return st;
         s->history = sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f ||
                      sp.frequency_penalty != 0.0f;
-        s->greedy_fast = sp.temperature == 0.0f && !s->history && sp.n_bias == 0 &&
-                         sp.n_logprobs < 0;
         if (s->history)
             for (int32_t k = 0; k < r->n_prompt; k++) sampler_accept(s->smp, r->prompt[k], false);
         tok_detok_init(&s->dt, en->tok, r->p.decode_special ? TOK_DECODE_SPECIAL : 0);

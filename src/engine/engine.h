@@ -60,9 +60,10 @@ struct model;
 struct kv_store;
 struct tok;
 
-/* A forward step: writes the logits of the rows that ask for them (row order) to logits
- * ((n_vocab) floats each). The default runs model_forward; tests and the server
- * benchmark plug in a fake. */
+/* A fake forward step (tests, the server benchmark): writes the full logits of the rows
+ * that ask for them (row order) to logits ((n_vocab) floats each); the rows are sampled
+ * on the host. Without one, the engine runs model_step and samples from the row
+ * summaries it returns (engine/sample.h). The buffer is the same every step. */
 typedef smelt_status (*engine_forward_fn)(void *ctx, const struct batch *b, float *logits,
                                           struct err *e);
 
@@ -224,6 +225,8 @@ struct engine_stats {
     uint64_t generated_tokens;
     uint64_t steps, step_rows, preemptions;
     uint64_t parallel_sample_steps; /* steps whose rows were sampled by several threads */
+    uint64_t sample_full_rows;      /* sampled rows that needed their full logits, not just
+                                     * the row summary (docs/sampling.md) */
     double step_seconds;           /* time in forward + sampling */
     int32_t running, waiting;      /* sequences */
     struct kv_stats kv;

@@ -1,13 +1,28 @@
-/* Sampling: see sample.h for the contract and the cost per token. */
+/* Sampling from row summaries: see sample.h for the contract and docs/sampling.md for
+ * the design and when the full row is needed.
+ *
+ * From a summary the work is O(k) (k <= TOPK_MAX candidates). With the full row (after
+ * SAMPLE_NEED_ROW, or sampler_sample on a host row when the summary is not enough) the
+ * passes over the n_vocab logits are:
+ *   top-k beyond the candidates           1 (a heap of top_k), then work on those
+ *   top-p nucleus beyond the candidates   histogram of mass by bucket of z = (l - max)/T,
+ *                                         collect the bucket where the cut falls (only it
+ *                                         is sorted), a sum pass, a draw pass
+ *   min-p cut beyond the candidates       a sum pass and a draw pass
+ *   temperature draw beyond them          1 (the draw continues in token order)
+ *   top logprobs not certain from them    1 (a heap of n_logprobs on the raw logits)
+ * Adjusted logits are recomputed on the fly from the raw row: the row's adjustments are
+ * sorted by token, so one pointer walks them beside it. This file is built for baseline
+ * x86-64 (no FMA), so topk_adj_apply rounds like the device. */
 #include "engine/sample.h"
-
-#include "engine/argmax.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define ZCUT 30.0f  /* tokens with logit < max - ZCUT*T are never sampled (see sample.h) */
+#include "backend/backend.h"
+
+#define ZCUT 30.0f /* a top-p nucleus never takes tokens with z = (l - max)/T below -ZCUT */
 #define NBUCKET 1024
 
 struct penalty_slot {
@@ -21,14 +36,11 @@ struct hist_entry {
     bool generated;
 };
 
-struct cand {
-    int32_t token;
-    float logit;
-};
-
-struct saved_logit {
-    int32_t token;
-    float logit;
+/* What a sampler_finish that asked for the row had already decided. */
+enum pend_mode {
+    PEND_NONE = 0,
+    PEND_DRAW,     /* a temperature draw past the candidates: pend_u, pend_c */
+    PEND_LOGPROBS, /* the token is pend_tok; its logprobs need the row */
 };
 
 struct sampler {
@@ -45,11 +57,29 @@ struct sampler {
     struct penalty_slot *slots;
     int32_t slot_cap, slot_used;
 
-    /* scratch */
-    struct cand *cand;
-    int64_t cand_cap;
-    struct saved_logit *saved;
-    int64_t saved_cap, n_saved;
+    /* the logit bias as adjustment entries, sorted by token (stable), made once */
+    struct logit_adj *bias_adj;
+    int32_t n_bias_adj;
+
+    /* the row being sampled */
+    bool requested;          /* a request is open (no result returned since) */
+    bool req_nomem;          /* the last request failed for memory */
+    bool host_only;          /* the request asked for nothing: the full row is needed */
+    struct topk_row req;     /* the summary this row needs (k > 0; adj_off 0) */
+    struct logit_adj *adj;   /* its adjustments, sorted by token (req.adj_n) */
+    float *raw_host;         /* their raw logits when the summary is made here */
+    int32_t cap_adj;
+    struct topk_summary hsum; /* a summary made on the host (sampler_sample, host_only) */
+    struct topk_cand hcand[TOPK_MAX];
+    enum pend_mode pend;
+    double pend_u, pend_c;
+    int32_t pend_tok;
+
+    /* scratch for full-row passes */
+    uint64_t *keys;
+    int64_t keys_cap;
+    struct topk_cand *list;
+    int64_t list_cap;
 };
 
 void sample_params_default(struct sample_params *p) {
@@ -205,6 +235,12 @@ void sampler_reset_history(struct sampler *s) {
     s->slot_used = 0;
 }
 
+static int bias_cmp(const void *pa, const void *pb) {
+    const struct logit_adj *a = pa, *b = pb; /* stable: ties keep the list order (index in rep) */
+    if (a->token != b->token) return a->token < b->token ? -1 : 1;
+    return a->rep < b->rep ? -1 : a->rep > b->rep;
+}
+
 smelt_status sampler_new(struct sampler **out, const struct sample_params *p, int32_t n_vocab,
                          struct err *e) {
     *out = NULL;
@@ -222,12 +258,25 @@ smelt_status sampler_new(struct sampler **out, const struct sample_params *p, in
     s->ring = malloc(sizeof *s->ring * (size_t)s->ring_cap);
     s->slot_cap = 64;
     s->slots = malloc(sizeof *s->slots * (size_t)s->slot_cap);
-    if (p->n_bias > 0) {
+    bool ok = s->ring && s->slots;
+    if (ok && p->n_bias > 0) {
         s->bias = malloc(sizeof *s->bias * (size_t)p->n_bias);
-        if (s->bias) memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
+        s->bias_adj = malloc(sizeof *s->bias_adj * (size_t)p->n_bias);
+        ok = s->bias && s->bias_adj;
+        if (ok) {
+            memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
+            /* sorted by token; rep carries the list index for a stable sort, then 1 */
+            for (int32_t i = 0; i < p->n_bias; i++)
+                s->bias_adj[i] = (struct logit_adj){p->bias[i].token, (float)i, 0.0f,
+                                                    p->bias[i].bias <= -100.0f ? -INFINITY
+                                                                               : p->bias[i].bias};
+            qsort(s->bias_adj, (size_t)p->n_bias, sizeof *s->bias_adj, bias_cmp);
+            for (int32_t i = 0; i < p->n_bias; i++) s->bias_adj[i].rep = 1.0f;
+            s->n_bias_adj = p->n_bias;
+        }
         s->p.bias = s->bias;
     }
-    if (!s->ring || !s->slots || (p->n_bias > 0 && !s->bias)) {
+    if (!ok) {
         sampler_free(s);
         return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
     }
@@ -241,221 +290,329 @@ void sampler_free(struct sampler *s) {
     free(s->ring);
     free(s->slots);
     free(s->bias);
-    free(s->cand);
-    free(s->saved);
+    free(s->bias_adj);
+    free(s->adj);
+    free(s->raw_host);
+    free(s->keys);
+    free(s->list);
     free(s);
 }
 
-/* ---- helpers over the vocabulary ---- */
+const struct sample_params *sampler_params(const struct sampler *s) { return &s->p; }
 
-static bool reserve_cand(struct sampler *s, int64_t n) {
-    if (n <= s->cand_cap) return true;
-    struct cand *c = realloc(s->cand, sizeof *c * (size_t)n);
-    if (!c) return false;
-    s->cand = c;
-    s->cand_cap = n;
+/* ---- the request: adjustments and what the summary must hold ---- */
+
+static bool grow(void **p, int64_t *cap, int64_t need, size_t elem) {
+    if (need <= *cap) return true;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
     return true;
 }
 
-/* a ranks before b: larger logit, then smaller token id (deterministic ties). */
-static inline bool cand_before(struct cand a, struct cand b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
+static bool reserve_adj(struct sampler *s, int32_t n) {
+    if (n <= s->cap_adj && s->adj) return true;
+    int32_t c = s->cap_adj ? s->cap_adj : 64;
+    while (c < n) c *= 2;
+    struct logit_adj *a = realloc(s->adj, sizeof *a * (size_t)c);
+    if (a) s->adj = a;
+    float *r = realloc(s->raw_host, sizeof *r * (size_t)c);
+    if (r) s->raw_host = r;
+    if (!a || !r) return false;
+    s->cap_adj = c;
+    return true;
 }
 
-static int cand_cmp(const void *pa, const void *pb) {
-    struct cand a = *(const struct cand *)pa, b = *(const struct cand *)pb;
-    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
+static int adj_token_cmp(const void *pa, const void *pb) {
+    const struct logit_adj *a = pa, *b = pb;
+    return (a->token > b->token) - (a->token < b->token);
 }
 
-/* Min-heap (by rank) of the best k seen: heap[0] is the worst kept. */
-static void heap_sift_down(struct cand *h, int64_t n, int64_t i) {
+/* s->adj = the window's penalty entries merged with the bias entries by token; a token's
+ * penalty entry comes before its bias entries (penalties first, then the bias in list
+ * order, as the full-vocabulary sampler always did). */
+static bool build_adj(struct sampler *s) {
+    const struct sample_params *p = &s->p;
+    bool rep = p->repetition_penalty != 1.0f;
+    bool pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    int32_t nb = s->n_bias_adj, np = 0;
+    int32_t max_pen = rep || pf ? s->slot_used : 0;
+    if (!reserve_adj(s, nb + max_pen)) return false;
+    struct logit_adj *pen = s->adj + nb; /* merged forward into s->adj below */
+    for (int32_t i = 0; i < s->slot_cap && np < max_pen; i++) {
+        const struct penalty_slot *sl = &s->slots[i];
+        if (sl->token < 0 || sl->n_all == 0) continue;
+        float r = rep ? p->repetition_penalty : 1.0f;
+        float sub = sl->n_gen > 0 ? p->presence_penalty + p->frequency_penalty * (float)sl->n_gen
+                                  : 0.0f;
+        if (r == 1.0f && sub == 0.0f) continue;
+        pen[np++] = (struct logit_adj){sl->token, r, sub, 0.0f};
+    }
+    qsort(pen, (size_t)np, sizeof *pen, adj_token_cmp);
+    /* output index o = i + j <= nb + i: never past the next unread penalty entry */
+    int32_t i = 0, j = 0, o = 0;
+    while (i < np || j < nb) {
+        if (j == nb || (i < np && pen[i].token <= s->bias_adj[j].token)) s->adj[o++] = pen[i++];
+        else s->adj[o++] = s->bias_adj[j++];
+    }
+    s->req.adj_n = o;
+    return true;
+}
+
+/* First entry of token t in s->adj, or -1. */
+static int32_t adj_find(const struct sampler *s, int32_t t) {
+    int32_t lo = 0, hi = s->req.adj_n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (s->adj[mid].token < t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < s->req.adj_n && s->adj[lo].token == t ? lo : -1;
+}
+
+static int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+static int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
+
+/* The summary the row needs (s->req): k candidates and which sums. */
+static void make_req(struct sampler *s) {
+    const struct sample_params *p = &s->p;
+    int32_t nv = s->n_vocab, n_adj = s->req.adj_n;
+    int32_t n_lp = p->n_logprobs;
+    /* the raw top-n_lp can need n_lp candidates besides every adjusted token */
+    int32_t lp_k = n_lp > 0 ? imin(TOPK_MAX, n_lp + n_adj) : 1;
+    int32_t k, flags = n_lp >= 0 ? TOPK_RAW : 0;
+    if (p->temperature == 0.0f) {
+        k = lp_k;
+    } else {
+        bool tk = p->top_k > 0 && p->top_k < nv;
+        k = tk && p->top_k <= TOPK_MAX ? p->top_k : TOPK_MAX;
+        k = imax(k, lp_k);
+        if (!tk) flags |= TOPK_SUM;
+    }
+    s->req.k = imax(1, imin(k, nv));
+    s->req.flags = flags;
+    s->req.inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 1.0f;
+    s->req.adj_off = 0;
+    s->req.pad = 0;
+}
+
+static bool prepare(struct sampler *s) {
+    s->requested = false;
+    s->host_only = false;
+    s->pend = PEND_NONE;
+    s->req_nomem = !build_adj(s);
+    if (s->req_nomem) return false;
+    make_req(s);
+    s->requested = true;
+    return true;
+}
+
+int32_t sampler_request(struct sampler *s, struct topk_row *row, struct logit_adj *adj,
+                        int32_t off, int32_t cap) {
+    if (!prepare(s)) {
+        memset(row, 0, sizeof *row);
+        row->adj_off = off;
+        return -1;
+    }
+    *row = s->req;
+    row->adj_off = off;
+    int32_t n = s->req.adj_n;
+    if (n > cap || (n > 0 && !adj)) {
+        row->k = 0;
+        row->adj_n = 0;
+        s->host_only = true;
+        return 0;
+    }
+    if (n) memcpy(adj, s->adj, sizeof *adj * (size_t)n);
+    return n;
+}
+
+/* ---- finishing from a summary ---- */
+
+/* The row as finishing sees it. */
+struct view {
+    const struct topk_summary *sum;
+    const struct topk_cand *cand; /* n, in rank order */
+    int32_t n;
+    bool complete;                /* the candidates are every finite token */
+    const float *adj_raw;         /* raw logits of s->adj, or NULL */
+    const float *row;             /* the raw row, or NULL */
+    float mx, inv_t;
+};
+
+static inline double weight(float l, float mx, float inv_t) {
+    return (double)expf((l - mx) * inv_t);
+}
+
+static int cand_token_cmp(const void *pa, const void *pb) {
+    const struct topk_cand *a = pa, *b = pb;
+    return (a->token > b->token) - (a->token < b->token);
+}
+
+/* Draws from the tokens c[0..m) with weights exp((l - mx) / T), walking them in token
+ * order: a small change of the logits then changes the result only for draws near a
+ * boundary that moved (in rank order, two near-tied tokens swapping places would move
+ * whole intervals). Total and walk add in the same order. */
+static int32_t draw_set(struct sampler *s, const struct topk_cand *c, int64_t m, float mx,
+                        float inv_t) {
+    if (m > 1 && grow((void **)&s->list, &s->list_cap, m, sizeof *s->list)) {
+        if (c != s->list) memcpy(s->list, c, sizeof *c * (size_t)m);
+        qsort(s->list, (size_t)m, sizeof *s->list, cand_token_cmp);
+        c = s->list;
+    } /* out of memory: rank order, still a valid draw */
+    double tot = 0.0;
+    for (int64_t i = 0; i < m; i++) tot += weight(c[i].logit, mx, inv_t);
+    double u = rng_uniform(s->rng) * tot, run = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        run += weight(c[i].logit, mx, inv_t);
+        if (u < run) return c[i].token;
+    }
+    return c[m - 1].token;
+}
+
+/* First rank i >= 1 whose z is below zmin (min-p cuts there), or -1. */
+static int64_t minp_cut(const struct topk_cand *c, int64_t m, float mx, float inv_t, float zmin) {
+    for (int64_t i = 1; i < m; i++)
+        if ((c[i].logit - mx) * inv_t < zmin) return i;
+    return -1;
+}
+
+/* The top-k set is c[0..m) (m = min(top_k, tokens)): top-p over its mass, then min-p,
+ * then a draw. */
+static int32_t finish_top_k(struct sampler *s, const struct topk_cand *c, int64_t m, float mx,
+                            float inv_t, float zmin) {
+    const struct sample_params *p = &s->p;
+    double mass = 0.0;
+    for (int64_t i = 0; i < m; i++) mass += weight(c[i].logit, mx, inv_t);
+    double need = p->top_p < 1.0f ? p->top_p * mass : INFINITY;
+    double acc = 0.0;
+    int64_t keep = 0;
+    while (keep < m) {
+        float z = (c[keep].logit - mx) * inv_t;
+        if (keep > 0 && z < zmin) break;
+        acc += weight(c[keep].logit, mx, inv_t);
+        keep++;
+        if (acc >= need) break;
+    }
+    return draw_set(s, c, keep, mx, inv_t);
+}
+
+/* ---- full-row passes ---- */
+
+/* Walks a row's adjusted logits in token order. */
+struct adj_walk {
+    const struct logit_adj *p, *end;
+};
+
+static inline float adj_value(struct adj_walk *w, const float *row, int32_t i) {
+    float a = row[i];
+    while (w->p < w->end && w->p->token < i) w->p++;
+    while (w->p < w->end && w->p->token == i) a = topk_adj_apply(a, w->p++);
+    return a;
+}
+
+static struct adj_walk walk_of(const struct sampler *s) {
+    return (struct adj_walk){s->adj, s->adj + s->req.adj_n};
+}
+
+static void key_sift_down(uint64_t *h, int64_t n, int64_t i) {
     for (;;) {
         int64_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && cand_before(h[m], h[l])) m = l;
-        if (r < n && cand_before(h[m], h[r])) m = r;
+        if (l < n && h[l] < h[m]) m = l;
+        if (r < n && h[r] < h[m]) m = r;
         if (m == i) return;
-        struct cand t = h[i];
+        uint64_t t = h[i];
         h[i] = h[m];
         h[m] = t;
         i = m;
     }
 }
 
-static void heap_sift_up(struct cand *h, int64_t i) {
+static void key_sift_up(uint64_t *h, int64_t i) {
     while (i > 0) {
         int64_t p = (i - 1) / 2;
-        if (!cand_before(h[p], h[i])) return;
-        struct cand t = h[i];
+        if (h[p] <= h[i]) return;
+        uint64_t t = h[i];
         h[i] = h[p];
         h[p] = t;
         i = p;
     }
 }
 
-/* Pushes c into a heap of at most k entries. */
-static inline void heap_offer(struct cand *h, int64_t *n, int64_t k, struct cand c) {
+/* Min-heap of the k largest keys. */
+static inline void key_offer(uint64_t *h, int64_t *n, int64_t k, uint64_t key) {
     if (*n < k) {
-        h[*n] = c;
-        heap_sift_up(h, (*n)++);
-    } else if (cand_before(c, h[0])) {
-        h[0] = c;
-        heap_sift_down(h, *n, 0);
+        h[*n] = key;
+        key_sift_up(h, (*n)++);
+    } else if (key > h[0]) {
+        h[0] = key;
+        key_sift_down(h, *n, 0);
     }
 }
 
-/* One pass over raw logits: log-sum-exp (online) and the top n alternatives. */
-static float raw_pass(const float *logits, int32_t nv, struct cand *top, int64_t *n_top, int64_t k) {
-    float mx = -INFINITY;
-    double sum = 0.0;
-    *n_top = 0;
-    for (int32_t i = 0; i < nv; i++) {
-        float l = logits[i];
-        if (!(l > -INFINITY)) continue; /* -inf and NaN carry no mass */
-        if (l > mx) {
-            sum = sum * (double)expf(mx - l) + 1.0;
-            mx = l;
-        } else {
-            sum += (double)expf(l - mx);
-        }
-        if (k > 0) heap_offer(top, n_top, k, (struct cand){i, l});
-    }
-    return mx == -INFINITY ? -INFINITY : (float)(mx + log(sum));
+static int key_desc(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x > y ? -1 : x < y ? 1 : 0;
 }
 
-static void save_logit(struct sampler *s, int32_t tok, float v) {
-    if (s->n_saved == s->saved_cap) {
-        int64_t cap = s->saved_cap ? s->saved_cap * 2 : 64;
-        struct saved_logit *ns = realloc(s->saved, sizeof *ns * (size_t)cap);
-        if (!ns) return;
-        s->saved = ns;
-        s->saved_cap = cap;
-    }
-    s->saved[s->n_saved++] = (struct saved_logit){tok, v};
-}
-
-/* Applies penalties and bias in place; with `save`, remembers the raw values first. */
-static void apply_penalties(struct sampler *s, float *logits, bool save) {
-    const struct sample_params *p = &s->p;
-    bool rep = p->repetition_penalty != 1.0f;
-    bool pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
-    if (rep || pf) {
-        for (int32_t i = 0; i < s->slot_cap; i++) {
-            struct penalty_slot *sl = &s->slots[i];
-            if (sl->token < 0 || sl->n_all == 0) continue;
-            float l = logits[sl->token];
-            if (save) save_logit(s, sl->token, l);
-            if (rep) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
-            if (sl->n_gen > 0)
-                l -= p->presence_penalty + p->frequency_penalty * (float)sl->n_gen;
-            logits[sl->token] = l;
-        }
-    }
-    for (int32_t i = 0; i < p->n_bias; i++) {
-        int32_t t = p->bias[i].token;
-        if (save) save_logit(s, t, logits[t]);
-        logits[t] = p->bias[i].bias <= -100.0f ? -INFINITY : logits[t] + p->bias[i].bias;
-    }
-}
-
-static float raw_logit(const struct sampler *s, const float *logits, int32_t tok) {
-    /* The first saved value of a token is its raw one (bias may save it a second time). */
-    for (int64_t i = 0; i < s->n_saved; i++)
-        if (s->saved[i].token == tok) return s->saved[i].logit;
-    return logits[tok];
-}
-
-/* Draws from s->cand[0..n) with weights exp((logit - mx) / T); deterministic for a seed. */
-static int32_t draw(struct sampler *s, int64_t n, float mx, float inv_t) {
-    double tot = 0.0;
-    for (int64_t i = 0; i < n; i++) tot += (double)expf((s->cand[i].logit - mx) * inv_t);
-    double u = rng_uniform(s->rng) * tot, run = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        run += (double)expf((s->cand[i].logit - mx) * inv_t);
-        if (u < run) return s->cand[i].token;
-    }
-    return s->cand[n - 1].token;
-}
-
-/* Top-k path: a heap of k, sorted; then exact top-p and min-p on those k; then a draw. */
-static int32_t sample_top_k(struct sampler *s, const float *logits, smelt_status *st) {
-    const struct sample_params *p = &s->p;
-    float inv_t = 1.0f / p->temperature;
-    if (!reserve_cand(s, p->top_k)) {
-        *st = SMELT_ERR_NOMEM;
-        return -1;
-    }
+/* The top_k tokens of the whole row (more than the candidates), then finish_top_k. */
+static smelt_status top_k_full(struct sampler *s, const struct view *v, float zmin, int32_t *tok) {
+    int64_t k = s->p.top_k;
+    if (!grow((void **)&s->keys, &s->keys_cap, k, sizeof *s->keys) ||
+        !grow((void **)&s->list, &s->list_cap, k, sizeof *s->list))
+        return SMELT_ERR_NOMEM;
     int64_t n = 0;
-    for (int32_t i = 0; i < s->n_vocab; i++)
-        if (logits[i] > -INFINITY) heap_offer(s->cand, &n, p->top_k, (struct cand){i, logits[i]});
-    if (n == 0) return -1;
-    qsort(s->cand, (size_t)n, sizeof *s->cand, cand_cmp);
-    float mx = s->cand[0].logit;
-    double mass = 0.0;
-    for (int64_t i = 0; i < n; i++) mass += (double)expf((s->cand[i].logit - mx) * inv_t);
-    double need = p->top_p < 1.0f ? p->top_p * mass : INFINITY;
-    float zmin = p->min_p > 0.0f ? logf(p->min_p) : -INFINITY;
-    double acc = 0.0;
-    int64_t keep = 0;
-    while (keep < n) {
-        float z = (s->cand[keep].logit - mx) * inv_t;
-        if (keep > 0 && z < zmin) break;
-        acc += (double)expf(z);
-        keep++;
-        if (acc >= need) break;
+    struct adj_walk w = walk_of(s);
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float a = adj_value(&w, v->row, i);
+        if (a > -INFINITY) key_offer(s->keys, &n, k, topk_key(a, i));
     }
-    return draw(s, keep, mx, inv_t);
+    qsort(s->keys, (size_t)n, sizeof *s->keys, key_desc);
+    for (int64_t i = 0; i < n; i++)
+        s->list[i] = (struct topk_cand){topk_key_token(s->keys[i]), topk_key_logit(s->keys[i])};
+    *tok = finish_top_k(s, s->list, n, v->mx, v->inv_t, zmin);
+    return SMELT_OK;
 }
 
-/* Full-vocabulary path. Pass 1: max. Pass 2: histogram of probability mass by bucket of
- * z = (l - max)/T in [-ZCUT, 0]. With no top-p/min-p the draw is one more pass in token
- * order. Otherwise the top-p cut falls inside one bucket: tokens in better buckets are kept
- * unsorted, only the cut bucket's few tokens are sorted. min-p is an exact z threshold. */
-static int32_t sample_full(struct sampler *s, const float *logits, smelt_status *st) {
-    const struct sample_params *p = &s->p;
-    int32_t nv = s->n_vocab;
-    float inv_t = 1.0f / p->temperature;
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < nv; i++)
-        if (logits[i] > mx) mx = logits[i];
-    if (mx == -INFINITY) return -1;
-    const float scale = NBUCKET / ZCUT;
-    float zmin = p->min_p > 0.0f ? logf(p->min_p) : -ZCUT;
-    if (zmin < -ZCUT) zmin = -ZCUT;
-    if (p->top_p >= 1.0f) {
-        /* No nucleus: draw over every token with z >= zmin, in token order. */
-        double tot = 0.0;
-        for (int32_t i = 0; i < nv; i++) {
-            float z = (logits[i] - mx) * inv_t;
-            if (z >= zmin) tot += (double)expf(z);
-        }
-        double u = rng_uniform(s->rng) * tot, run = 0.0;
-        int32_t last = -1;
-        for (int32_t i = 0; i < nv; i++) {
-            float z = (logits[i] - mx) * inv_t;
-            if (!(z >= zmin)) continue;
-            last = i;
-            run += (double)expf(z);
-            if (u < run) return i;
-        }
-        return last;
-    }
-    double mass[NBUCKET];
-    int64_t count[NBUCKET];
-    memset(mass, 0, sizeof mass);
-    memset(count, 0, sizeof count);
-    double total = 0.0;
-    for (int32_t i = 0; i < nv; i++) {
-        float z = (logits[i] - mx) * inv_t;
-        if (!(z >= -ZCUT)) continue;
-        int b = (int)(-z * scale);
-        if (b >= NBUCKET) b = NBUCKET - 1;
-        double w = (double)expf(z);
-        mass[b] += w;
+static inline int bucket_of(float z) {
+    int b = (int)(-z * (NBUCKET / ZCUT));
+    return b < NBUCKET ? b : NBUCKET - 1;
+}
+
+/* Whether adjusted logit a of token i ranks after the last candidate `last`. */
+static inline bool is_tail(float a, int32_t i, const struct topk_cand *last) {
+    return a < last->logit || (a == last->logit && topk_key(a, i) < topk_key(last->logit, last->token));
+}
+
+/* The nucleus (need: top_p x total; INFINITY for none) and the min-p cut (zmin) both fall
+ * past the candidates, which are all kept. One pass histograms the mass of the other
+ * tokens by bucket of z (only z >= max(zmin, -ZCUT): the kept set is the shorter of the
+ * two ranked prefixes, so tokens below the min-p cut never matter); the nucleus ends in
+ * one bucket, whose tokens alone are collected and sorted; the draw walks the kept
+ * tokens in token order. */
+static smelt_status nucleus_full(struct sampler *s, const struct view *v, double need, float zmin,
+                                 int32_t *tok) {
+    const float mx = v->mx, inv_t = v->inv_t;
+    const struct topk_cand *last = &v->cand[v->n - 1];
+    const float zlo = zmin > -ZCUT ? zmin : -ZCUT;
+    double cmass = 0.0;
+    for (int32_t i = 0; i < v->n; i++) cmass += weight(v->cand[i].logit, mx, inv_t);
+    double mass[NBUCKET] = {0};
+    int64_t count[NBUCKET] = {0};
+    struct adj_walk w = walk_of(s);
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float a = adj_value(&w, v->row, i);
+        float z = (a - mx) * inv_t;
+        if (!(z >= zlo) || !is_tail(a, i, last)) continue;
+        int b = bucket_of(z);
+        mass[b] += weight(a, mx, inv_t);
         count[b]++;
-        total += w;
     }
-    double need = p->top_p * total, before = 0.0;
-    int bcut = NBUCKET - 1;
+    int bcut = NBUCKET; /* buckets below it are kept whole; NBUCKET: no nucleus cut */
+    double before = cmass;
     for (int b = 0; b < NBUCKET; b++) {
         if (before + mass[b] >= need) {
             bcut = b;
@@ -463,82 +620,312 @@ static int32_t sample_full(struct sampler *s, const float *logits, smelt_status 
         }
         before += mass[b];
     }
-    int64_t n_in = 0;
-    for (int b = 0; b < bcut; b++) n_in += count[b];
-    int64_t n = n_in + count[bcut];
-    if (!reserve_cand(s, n)) {
-        *st = SMELT_ERR_NOMEM;
-        return -1;
+    int64_t n_cut = 0; /* the cut bucket's kept tokens: s->keys[0 .. n_cut), rank order */
+    double kept = before; /* candidates + kept tail */
+    if (bcut < NBUCKET) {
+        if (!grow((void **)&s->keys, &s->keys_cap, count[bcut] + 1, sizeof *s->keys))
+            return SMELT_ERR_NOMEM;
+        int64_t n = 0;
+        w = walk_of(s);
+        for (int32_t i = 0; i < s->n_vocab && n < count[bcut]; i++) {
+            float a = adj_value(&w, v->row, i);
+            float z = (a - mx) * inv_t;
+            if (z >= zlo && bucket_of(z) == bcut && is_tail(a, i, last)) s->keys[n++] = topk_key(a, i);
+        }
+        qsort(s->keys, (size_t)n, sizeof *s->keys, key_desc);
+        while (n_cut < n) {
+            kept += weight(topk_key_logit(s->keys[n_cut]), mx, inv_t);
+            n_cut++;
+            if (kept >= need) break;
+        }
     }
-    int64_t k_in = 0, k_cut = n_in;
-    for (int32_t i = 0; i < nv; i++) {
-        float z = (logits[i] - mx) * inv_t;
-        if (!(z >= -ZCUT)) continue;
-        int b = (int)(-z * scale);
-        if (b >= NBUCKET) b = NBUCKET - 1;
-        if (b < bcut) s->cand[k_in++] = (struct cand){i, logits[i]};
-        else if (b == bcut) s->cand[k_cut++] = (struct cand){i, logits[i]};
+    /* the draw walks every kept token (candidates and tail) in token order */
+    const uint64_t cut_key = n_cut > 0 ? s->keys[n_cut - 1] : UINT64_MAX;
+    double u = rng_uniform(s->rng) * kept, run = 0.0;
+    *tok = last->token;
+    w = walk_of(s);
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float a = adj_value(&w, v->row, i);
+        if (!(a > -INFINITY)) continue;
+        float z = (a - mx) * inv_t;
+        if (is_tail(a, i, last)) {
+            if (!(z >= zlo)) continue;
+            int b = bucket_of(z);
+            if (b > bcut || (b == bcut && topk_key(a, i) < cut_key)) continue;
+        }
+        *tok = i;
+        run += weight(a, mx, inv_t);
+        if (u < run) break;
     }
-    /* Sort only the cut bucket and take its best tokens until the nucleus mass is reached. */
-    qsort(s->cand + n_in, (size_t)(k_cut - n_in), sizeof *s->cand, cand_cmp);
-    int64_t keep = n_in;
-    double acc = before;
-    while (keep < k_cut) {
-        acc += (double)expf((s->cand[keep].logit - mx) * inv_t);
-        keep++;
-        if (acc >= need) break;
-    }
-    if (keep == 0) keep = 1;
-    /* min-p: drop kept tokens below the threshold (the best token always stays). */
-    if (p->min_p > 0.0f) {
-        int64_t w = 0;
-        for (int64_t i = 0; i < keep; i++)
-            if ((s->cand[i].logit - mx) * inv_t >= zmin || s->cand[i].logit == mx)
-                s->cand[w++] = s->cand[i];
-        keep = w;
-    }
-    return draw(s, keep, mx, inv_t);
+    return SMELT_OK;
 }
 
-smelt_status sampler_sample(struct sampler *s, float *logits, struct sample_result *out,
-                            struct err *e) {
-    const struct sample_params *p = &s->p;
-    int32_t nv = s->n_vocab;
-    memset(out, 0, sizeof *out);
-    out->token = -1;
-    s->n_saved = 0;
-
-    bool want_lp = p->n_logprobs >= 0;
-    bool modifies = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-                    p->frequency_penalty != 0.0f || p->n_bias > 0;
-    float lse = 0.0f;
-    int32_t raw_best = -1;
-    if (want_lp) {
-        struct cand top[SAMPLE_MAX_LOGPROBS + 1];
-        int64_t n_top = 0;
-        int64_t k = p->n_logprobs > 0 ? p->n_logprobs : 1; /* top-1 doubles as the argmax */
-        lse = raw_pass(logits, nv, top, &n_top, k);
-        if (lse == -INFINITY) return err_set(e, SMELT_ERR_INVALID, "sampler: every logit is -inf or NaN");
-        qsort(top, (size_t)n_top, sizeof top[0], cand_cmp);
-        raw_best = n_top > 0 ? top[0].token : -1;
-        out->n_top = p->n_logprobs > 0 ? (int32_t)n_top : 0;
-        for (int32_t i = 0; i < out->n_top; i++)
-            out->top[i] = (struct sample_token_logprob){top[i].token, top[i].logit - lse};
+/* A temperature draw with no truncation went past the candidates (u, and their mass c):
+ * it continues over the other finite tokens in token order. */
+static int32_t tail_draw(struct sampler *s, const struct view *v, double u, double c) {
+    const struct topk_cand *last = &v->cand[v->n - 1];
+    double target = u * (double)v->sum->sum_adj - c, run = 0.0;
+    int32_t tok = last->token;
+    struct adj_walk w = walk_of(s);
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float a = adj_value(&w, v->row, i);
+        if (!(a > -INFINITY) || !is_tail(a, i, last)) continue;
+        tok = i;
+        run += weight(a, v->mx, v->inv_t);
+        if (target < run) break;
     }
-    if (modifies) apply_penalties(s, logits, want_lp);
+    return tok;
+}
 
-    int32_t tok;
-    if (p->temperature == 0.0f) {
-        tok = (want_lp && !modifies) ? raw_best : engine_argmax(logits, nv);
-        if (tok < 0) return err_set(e, SMELT_ERR_INVALID, "sampler: every token is banned or NaN");
+/* Picks the token (temperature > 0). *need: the full row is needed (v->row is NULL). */
+static smelt_status choose(struct sampler *s, const struct view *v, int32_t *tok, bool *need) {
+    const struct sample_params *p = &s->p;
+    const float mx = v->mx, inv_t = v->inv_t;
+    const float zmin = p->min_p > 0.0f ? logf(p->min_p) : -INFINITY;
+    *need = false;
+    if (s->pend == PEND_DRAW) {
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        *tok = tail_draw(s, v, s->pend_u, s->pend_c);
+        return SMELT_OK;
+    }
+    if (p->top_k > 0 && p->top_k < s->n_vocab) {
+        if (p->top_k <= v->n || v->complete) {
+            *tok = finish_top_k(s, v->cand, imin(p->top_k, v->n), mx, inv_t, zmin);
+            return SMELT_OK;
+        }
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        return top_k_full(s, v, zmin, tok);
+    }
+    int64_t cut = minp_cut(v->cand, v->n, mx, inv_t, zmin);
+    if (p->top_p < 1.0f) {
+        double total = 0.0;
+        if (v->complete)
+            for (int32_t i = 0; i < v->n; i++) total += weight(v->cand[i].logit, mx, inv_t);
+        else total = (double)v->sum->sum_adj;
+        double want = p->top_p * total, acc = 0.0;
+        int64_t end = -1;
+        for (int32_t i = 0; i < v->n && end < 0; i++) {
+            acc += weight(v->cand[i].logit, mx, inv_t);
+            if (acc >= want) end = i + 1;
+        }
+        if (end < 0 && v->complete) end = v->n;
+        if (end > 0 || cut > 0) {
+            int64_t keep = end > 0 && (cut < 0 || end < cut) ? end : cut;
+            *tok = draw_set(s, v->cand, keep, mx, inv_t);
+            return SMELT_OK;
+        }
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        return nucleus_full(s, v, want, zmin, tok);
+    }
+    if (p->min_p > 0.0f) {
+        if (cut > 0 || v->complete) {
+            *tok = draw_set(s, v->cand, cut > 0 ? cut : v->n, mx, inv_t);
+            return SMELT_OK;
+        }
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        return nucleus_full(s, v, INFINITY, zmin, tok);
+    }
+    /* no truncation: every finite token can be drawn */
+    if (v->complete) {
+        *tok = draw_set(s, v->cand, v->n, mx, inv_t);
+        return SMELT_OK;
+    }
+    /* the candidates in token order, then the other tokens in token order */
+    const struct topk_cand *c = v->cand;
+    if (grow((void **)&s->list, &s->list_cap, v->n, sizeof *s->list)) {
+        memcpy(s->list, v->cand, sizeof *c * (size_t)v->n);
+        qsort(s->list, (size_t)v->n, sizeof *s->list, cand_token_cmp);
+        c = s->list;
+    }
+    double u = rng_uniform(s->rng), target = u * (double)v->sum->sum_adj, run = 0.0;
+    for (int32_t i = 0; i < v->n; i++) {
+        run += weight(c[i].logit, mx, inv_t);
+        if (target < run) {
+            *tok = c[i].token;
+            return SMELT_OK;
+        }
+    }
+    s->pend_u = u;
+    s->pend_c = run;
+    if (!v->row) {
+        s->pend = PEND_DRAW;
+        *need = true;
+        return SMELT_OK;
+    }
+    *tok = tail_draw(s, v, u, run);
+    return SMELT_OK;
+}
+
+/* The raw logit of tok; false when it needs the row. */
+static bool raw_of(const struct sampler *s, const struct view *v, int32_t tok, float *raw) {
+    if (v->row) {
+        *raw = v->row[tok];
+        return true;
+    }
+    int32_t ai = adj_find(s, tok);
+    if (ai >= 0) {
+        if (!v->adj_raw) return false;
+        *raw = v->adj_raw[ai];
+        return true;
+    }
+    for (int32_t i = 0; i < v->n; i++)
+        if (v->cand[i].token == tok) {
+            *raw = v->cand[i].logit; /* not adjusted: the raw logit */
+            return true;
+        }
+    return false;
+}
+
+/* The n_logprobs most likely tokens of the raw distribution from the summary: top[0..*m);
+ * false when the summary does not settle them. */
+static bool top_from_summary(struct sampler *s, const struct view *v, uint64_t *top, int32_t *m) {
+    const int32_t want = s->p.n_logprobs;
+    *m = 0;
+    if (s->req.adj_n == 0) {
+        if (v->n < want && !v->complete) return false;
+        for (; *m < want && *m < v->n; (*m)++) top[*m] = topk_key(v->cand[*m].logit, v->cand[*m].token);
+        return true;
+    }
+    /* Merge the candidates that are not adjusted (their raw logit is the adjusted one)
+     * with the adjusted tokens' raw logits. An adjusted token ranking after the last
+     * candidate is certain only when the candidates are every finite token. */
+    if (!v->adj_raw || !grow((void **)&s->keys, &s->keys_cap, s->req.adj_n, sizeof *s->keys))
+        return false;
+    int32_t nr = 0;
+    for (int32_t i = 0; i < s->req.adj_n; i++) {
+        if (i > 0 && s->adj[i].token == s->adj[i - 1].token) continue;
+        if (v->adj_raw[i] > -INFINITY) s->keys[nr++] = topk_key(v->adj_raw[i], s->adj[i].token);
+    }
+    qsort(s->keys, (size_t)nr, sizeof *s->keys, key_desc);
+    const uint64_t last = topk_key(v->cand[v->n - 1].logit, v->cand[v->n - 1].token);
+    int32_t i = 0, j = 0;
+    while (*m < want) {
+        while (i < v->n && adj_find(s, v->cand[i].token) >= 0) i++;
+        uint64_t kc = i < v->n ? topk_key(v->cand[i].logit, v->cand[i].token) : 0;
+        uint64_t kr = j < nr ? s->keys[j] : 0;
+        if (kc == 0 && kr == 0) return v->complete; /* else unseen tokens come next */
+        if (kc > kr) {
+            top[(*m)++] = kc;
+            i++;
+        } else {
+            if (kr < last && !v->complete) return false;
+            top[(*m)++] = kr;
+            j++;
+        }
+    }
+    return true;
+}
+
+/* The n_logprobs most likely tokens of the raw distribution into out->top; false when
+ * they need the row. */
+static bool top_logprobs(struct sampler *s, const struct view *v, struct sample_result *out) {
+    const int32_t want = s->p.n_logprobs;
+    uint64_t top[SAMPLE_MAX_LOGPROBS];
+    int32_t m = 0;
+    if (!top_from_summary(s, v, top, &m)) {
+        if (!v->row) return false;
+        int64_t n = 0;
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (v->row[i] > -INFINITY) key_offer(top, &n, want, topk_key(v->row[i], i));
+        qsort(top, (size_t)n, sizeof top[0], key_desc);
+        m = (int32_t)n;
+    }
+    for (int32_t i = 0; i < m; i++)
+        out->top[i] = (struct sample_token_logprob){topk_key_token(top[i]),
+                                                    topk_key_logit(top[i]) - v->sum->lse_raw};
+    out->n_top = m;
+    return true;
+}
+
+static smelt_status finish(struct sampler *s, const struct view *v, struct sample_result *out,
+                           struct err *e) {
+    const struct sample_params *p = &s->p;
+    if (v->n <= 0) return err_set(e, SMELT_ERR_INVALID, "sampler: every token is banned or NaN");
+    bool want_lp = p->n_logprobs >= 0;
+    if (want_lp && !(v->sum->lse_raw > -INFINITY))
+        return err_set(e, SMELT_ERR_INVALID, "sampler: every logit is -inf or NaN");
+    int32_t tok = -1;
+    if (s->pend == PEND_LOGPROBS) {
+        tok = s->pend_tok;
+    } else if (p->temperature == 0.0f) {
+        tok = v->cand[0].token;
     } else {
-        smelt_status st = SMELT_OK;
-        tok = (p->top_k > 0 && p->top_k < nv) ? sample_top_k(s, logits, &st)
-                                              : sample_full(s, logits, &st);
-        if (st) return err_set(e, st, "sampler: out of memory");
-        if (tok < 0) return err_set(e, SMELT_ERR_INVALID, "sampler: every token is banned or NaN");
+        bool need = false;
+        smelt_status st = choose(s, v, &tok, &need);
+        if (st != SMELT_OK) return err_set(e, st, "sampler: out of memory");
+        if (need) {
+            out->token = SAMPLE_NEED_ROW;
+            return SMELT_OK;
+        }
+    }
+    if (want_lp) {
+        float raw = 0.0f;
+        bool ok = raw_of(s, v, tok, &raw);
+        if (ok && p->n_logprobs > 0) ok = top_logprobs(s, v, out);
+        if (!ok) {
+            s->pend = PEND_LOGPROBS;
+            s->pend_tok = tok;
+            out->n_top = 0;
+            out->token = SAMPLE_NEED_ROW;
+            return SMELT_OK;
+        }
+        out->logprob = raw - v->sum->lse_raw;
     }
     out->token = tok;
-    if (want_lp) out->logprob = raw_logit(s, logits, tok) - lse;
     return SMELT_OK;
+}
+
+smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
+                            const struct topk_cand *cand, const float *adj_raw,
+                            const float *row, struct sample_result *out, struct err *e) {
+    memset(out, 0, sizeof *out);
+    out->token = -1;
+    if (!s->requested)
+        return s->req_nomem ? err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory")
+                            : err_set(e, SMELT_ERR_INTERNAL, "sampler: no open request");
+    if (s->host_only) {
+        if (!row) {
+            out->token = SAMPLE_NEED_ROW;
+            return SMELT_OK;
+        }
+        cpu_topk_row(row, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
+        sum = &s->hsum;
+        cand = s->hcand;
+        adj_raw = s->raw_host;
+    }
+    struct topk_cand one = {sum->top_token, sum->top_logit};
+    struct view v = {.sum = sum, .adj_raw = adj_raw, .row = row, .inv_t = s->req.inv_t};
+    v.n = imax(0, imin(sum->n_cand, s->req.k));
+    v.cand = s->req.k == 1 ? &one : cand;
+    v.complete = v.n == sum->n_finite;
+    v.mx = v.n > 0 ? v.cand[0].logit : -INFINITY;
+    smelt_status st = finish(s, &v, out, e);
+    if (st != SMELT_OK || out->token != SAMPLE_NEED_ROW) {
+        s->requested = false;
+        s->pend = PEND_NONE;
+    }
+    return st;
+}
+
+smelt_status sampler_sample(struct sampler *s, const float *logits, struct sample_result *out,
+                            struct err *e) {
+    if (!prepare(s)) {
+        memset(out, 0, sizeof *out);
+        out->token = -1;
+        return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
+    }
+    cpu_topk_row(logits, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
+    return sampler_finish(s, &s->hsum, s->hcand, s->raw_host, logits, out, e);
 }

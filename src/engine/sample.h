@@ -1,21 +1,29 @@
 /* Token sampling for one sequence: penalties, logit bias, greedy / temperature with
  * top-k, top-p and min-p, seeded randomness, and logprobs.
  *
- * Cost per token: the vocabulary (152k-262k entries) is walked as few times as the
- * request needs:
- *   greedy                     1 pass (argmax)
- *   + logprobs                 1 more pass (online log-sum-exp + top-N heap) on raw logits
- *   temperature + top_k        1 pass (heap of k), then work on the k candidates only
- *   temperature, no top_k      max pass, then: a draw pass (no top-p), or a histogram pass
- *                              of probability mass by log-probability bucket + a collect
- *                              pass; only the bucket where the top-p cut falls is sorted
- * Penalties and bias touch only the tokens they name (O(window + bias)).
- * Measured (2026-11-29, this 2-core Xeon, 152k vocab, one thread): greedy 0.17 ms,
- * top-k 40 0.16 ms, top-p 0.95 1.2-1.4 ms, + 5 logprobs +0.25 ms per token.
+ * A sampler finishes from a row *summary* (backend/topk.h): the row's best candidates by
+ * adjusted logit, its maxima and sums, computed where the logits are (on the GPU by
+ * the logits_topk op) so that a decode step brings back a few KB per row instead of
+ * n_vocab floats. The flow per token (docs/sampling.md):
+ *   1. sampler_request, before the forward: the summary this row needs (k candidates,
+ *      which sums) and the row's sparse adjustments (penalties over the token window,
+ *      logit bias), for the op to apply on the device;
+ *   2. sampler_finish with the summary: exact whenever the result lies among the
+ *      candidates, which the summary's sums prove (greedy; top-k <= k; a top-p nucleus
+ *      or min-p cut inside the candidates; a temperature draw that lands inside them).
+ *      Otherwise it answers SAMPLE_NEED_ROW, keeping any random draw already made, and
+ *      a second call with the full row finishes exactly on the host.
+ * The distribution is the one of the full-vocabulary sampler: tokens are ranked by
+ * adjusted logit (ties: lower id first); the nucleus of top-p is the shortest ranked
+ * prefix whose mass reaches top_p of the total; min-p keeps ranks whose probability is
+ * at least min_p times the best one's; a draw walks the kept tokens, the candidates in
+ * rank order first and the rest in token order. sampler_sample does all of it on a
+ * full row in host memory (the summary computed by cpu_topk_row).
  *
- * Sampling excludes tokens whose probability is below e^-30 of the most likely one (a
- * total mass below 262144 * 9.4e-14 = 2.5e-8): a documented, negligible truncation that
- * keeps the candidate set small.
+ * Cost per token on the host: O(k) from a summary; a full row only when a draw falls
+ * outside the candidates (1-4 passes, see sample.c). Penalties and bias touch only the
+ * tokens they name (O(window + bias)). A top-p nucleus never includes tokens below
+ * e^-30 of the most likely one (a mass below 262144 * 9.4e-14 = 2.5e-8 of the total).
  *
  * Logprobs are those of the model's raw distribution (log-softmax of the logits before
  * penalties, bias, temperature and truncation), as vLLM reports by default.
@@ -26,6 +34,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/topk.h"
 #include "util/err.h"
 
 #define SAMPLE_MAX_LOGPROBS 20
@@ -81,9 +90,34 @@ void sampler_accept(struct sampler *s, int32_t token, bool generated);
 /* Forgets the history (e.g. a new request on a reused sampler); the RNG keeps going. */
 void sampler_reset_history(struct sampler *s);
 
-/* Picks the next token from logits[n_vocab] (modified in place: penalties and bias are
- * applied to it). Does not accept the token: call sampler_accept after. */
-smelt_status sampler_sample(struct sampler *s, float *logits, struct sample_result *out,
+/* out->token of sampler_finish when the full row is needed. */
+#define SAMPLE_NEED_ROW (-2)
+
+/* The summary request for the sequence's next row. Call after the sampler_accept of
+ * every token before that row, before the forward that computes it. Fills *row
+ * (adj_off = off) and copies the row's adjustments, sorted by token, to adj[0..n) when
+ * n <= cap; returns n. When they do not fit, the row asks for nothing (k = 0), returns
+ * 0, and sampler_finish will want the full row. Returns -1 when out of memory. */
+int32_t sampler_request(struct sampler *s, struct topk_row *row, struct logit_adj *adj,
+                        int32_t off, int32_t cap);
+
+/* Finishes the requested row from its summary: sum and cand as the op wrote them
+ * (cand may be stale when the request had k = 1: only the summary is read then),
+ * adj_raw the raw logits of the request's adjustments (row->adj_n of them; may be NULL
+ * when the request had none), row the full raw logits (n_vocab) or NULL. Returns
+ * SMELT_OK with out->token = SAMPLE_NEED_ROW when row is NULL and the result needs it:
+ * call again with the row and the same summary; a random draw already made is kept, so
+ * the result is what one call with the row would give. Does not accept the token. */
+smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
+                            const struct topk_cand *cand, const float *adj_raw,
+                            const float *row, struct sample_result *out, struct err *e);
+
+/* Picks the next token from the raw logits[n_vocab] in host memory (request + summary on
+ * the host + finish). logits are not modified. Does not accept the token. */
+smelt_status sampler_sample(struct sampler *s, const float *logits, struct sample_result *out,
                             struct err *e);
+
+/* The parameters the sampler was made with. */
+const struct sample_params *sampler_params(const struct sampler *s);
 
 #endif

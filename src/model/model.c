@@ -396,6 +396,7 @@ void model_free(struct model *m) {
     for (int64_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->tensors);
+    free(m->host_rows);
     arena_free(&m->host);
     free(m);
 }
@@ -574,14 +575,62 @@ static struct tensor *upload_i32(struct backend *bk, const int32_t *v, int64_t n
     return t;
 }
 
+#define ADJ_PER_ROW 512
+#define ADJ_MIN 4096
+
+int32_t model_adj_cap(int32_t n_rows) {
+    int64_t c = (int64_t)n_rows * ADJ_PER_ROW;
+    return c < ADJ_MIN ? ADJ_MIN : c > (1 << 24) ? (1 << 24) : (int32_t)c;
+}
+
+/* The sampling request is well-formed: counts, every row's range inside the list, each
+ * range sorted by token. */
+static smelt_status check_sample(const struct model *m, const struct model_sample *q,
+                                 int32_t n_out, struct err *e) {
+    if (q->n_rows != n_out)
+        return err_set(e, SMELT_ERR_INVALID, "sampling: %d row requests for %d output rows",
+                       q->n_rows, n_out);
+    if (q->n_adj < 0 || q->n_adj > model_adj_cap(n_out) || (q->n_adj > 0 && !q->adj))
+        return err_set(e, SMELT_ERR_INVALID, "sampling: %d adjustments (at most %d)", q->n_adj,
+                       model_adj_cap(n_out));
+    if (n_out > 0 && (!q->rows || !q->sum || !q->cand))
+        return err_set(e, SMELT_ERR_INVALID, "sampling: an array is missing");
+    for (int32_t r = 0; r < n_out; r++) {
+        const struct topk_row *w = &q->rows[r];
+        if (w->k < 0 || w->k > TOPK_MAX || (w->k > 0 && !(w->inv_t > 0.0f && isfinite(w->inv_t))))
+            return err_set(e, SMELT_ERR_INVALID, "sampling row %d: k %d, inv_t %g", r, w->k,
+                           (double)w->inv_t);
+        if (w->adj_off < 0 || w->adj_n < 0 || w->adj_off > q->n_adj || w->adj_n > q->n_adj - w->adj_off)
+            return err_set(e, SMELT_ERR_RANGE, "sampling row %d: adjustments [%d, +%d) outside "
+                           "the list of %d", r, w->adj_off, w->adj_n, q->n_adj);
+        for (int32_t i = 0; i < w->adj_n; i++) {
+            const struct logit_adj *a = &q->adj[w->adj_off + i];
+            if (a->token < 0 || a->token >= m->hp.n_vocab)
+                return err_set(e, SMELT_ERR_RANGE, "sampling row %d: adjustment of token %d "
+                               "outside the vocabulary", r, a->token);
+            if (i > 0 && a->token < a[-1].token)
+                return err_set(e, SMELT_ERR_INVALID, "sampling row %d: adjustments not sorted "
+                               "by token", r);
+        }
+    }
+    return SMELT_OK;
+}
+
 smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *b,
                            float *logits_out, int32_t *n_out_p, struct err *e) {
+    return model_step(m, kv, b, logits_out, NULL, n_out_p, e);
+}
+
+smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch *b,
+                        float *logits_out, struct model_sample *smp, int32_t *n_out_p,
+                        struct err *e) {
     if (n_out_p) *n_out_p = 0;
+    m->last_logits = NULL;
+    m->last_n_out = 0;
     smelt_status st = check_batch(m, kv, b, e);
     if (st != SMELT_OK) return st;
     struct backend *bk = m->bk;
     int32_t n = b->n_tokens;
-
     /* Host staging: KV slots, output rows, the block tables padded to a rectangle. */
     arena_reset(&m->host);
     int32_t max_blocks = 1;
@@ -605,6 +654,23 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
         if (b->seqs[s].n_blocks)
             memcpy(tables + (size_t)s * max_blocks, b->seqs[s].blocks,
                    (size_t)b->seqs[s].n_blocks * sizeof(int32_t));
+    if (smp) {
+        st = check_sample(m, smp, n_out, e);
+        if (st != SMELT_OK) return st;
+        if (n_out == 0) smp = NULL;
+    }
+    /* Summaries on the device, or (a backend without the op) of rows brought here. */
+    bool dev_topk = smp && bk_has_logits_topk(bk);
+    size_t row_bytes = (size_t)m->hp.n_vocab * sizeof(float);
+    if (smp && !dev_topk && !logits_out) {
+        size_t need = row_bytes * (size_t)n_out;
+        if (need > m->host_rows_cap) {
+            float *h = realloc(m->host_rows, need);
+            if (!h) return err_set(e, SMELT_ERR_NOMEM, "out of memory (%d logit rows)", n_out);
+            m->host_rows = h;
+            m->host_rows_cap = need;
+        }
+    }
 
     bk_step_begin(bk);
     struct step s = {.bk = bk, .kv = kv, .n_tokens = n, .n_out = n_out};
@@ -617,11 +683,24 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
     s.meta.blocks = tb;
     s.meta.block_size = kv->block_size;
     if (n_out) s.out_rows = upload_i32(bk, rows, n_out);
+    /* The sampling inputs and the summaries: fixed sizes for the step's shape, allocated
+     * before the ops so a replayed graph finds them at the same addresses. */
+    int32_t adj_cap = dev_topk ? model_adj_cap(n_out) : 0;
+    struct tensor *topk_rows = NULL, *topk_adj = NULL, *topk_out = NULL;
+    if (dev_topk) {
+        topk_rows = bk_new(bk, QT_I32, TOPK_ROW_WORDS, n_out, 1);
+        topk_adj = bk_new(bk, QT_I32, TOPK_ADJ_WORDS, adj_cap, 1);
+        topk_out = bk_new(bk, QT_I32, topk_out_words(n_out, adj_cap), 1, 1);
+        bk_upload(bk, topk_rows, smp->rows, (size_t)n_out * sizeof(struct topk_row));
+        if (smp->n_adj)
+            bk_upload(bk, topk_adj, smp->adj, (size_t)smp->n_adj * sizeof(struct logit_adj));
+    }
 
     /* The ops below depend only on this key (see bk_graph_replay): a backend with graphs
      * replays them, and the logits land where the recording left them. */
     uint64_t key = ((uint64_t)n << 40) ^ ((uint64_t)n_out << 20) ^ ((uint64_t)b->n_seqs << 8) ^
-                   ((uint64_t)max_blocks << 48) ^ (uint64_t)(uintptr_t)kv;
+                   ((uint64_t)max_blocks << 48) ^ (uint64_t)(uintptr_t)kv ^
+                   ((uint64_t)dev_topk << 63);
     struct step_graph *sg = NULL;
     for (int i = 0; i < MODEL_GRAPHS; i++)
         if (m->graphs[i].used && m->graphs[i].key == key) sg = &m->graphs[i];
@@ -643,6 +722,7 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
             struct tensor *lg = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
             bk_matmul_group(bk, 1, &lg, &m->output, NULL, xo, &pre);
             if (m->hp.final_softcap > 0) bk_softcap(bk, lg, m->hp.final_softcap);
+            if (dev_topk) bk_logits_topk(bk, topk_out, lg, topk_rows, topk_adj);
             logits_data = lg->data;
         }
         bk_graph_end(bk);
@@ -653,15 +733,62 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
         }
         sg->logits = logits_data;
     }
-    if (n_out && logits_out) {
-        struct tensor lt;
+    struct tensor lt;
+    if (n_out) {
         tensor_init(&lt, QT_F32, m->hp.n_vocab, n_out, 1, 1);
         lt.data = logits_data;
         lt.backend = bk;
-        bk_download(bk, logits_out, &lt, (size_t)n_out * (size_t)m->hp.n_vocab * sizeof(float));
+    }
+    float *rows_here = logits_out ? logits_out : smp && !dev_topk ? m->host_rows : NULL;
+    if (n_out && rows_here) bk_download(bk, rows_here, &lt, (size_t)n_out * row_bytes);
+    if (dev_topk) {
+        /* the summaries; the candidates only when a row has more than one; the raw
+         * logits of the adjusted tokens only when there are some */
+        bool any_cand = false;
+        for (int32_t r = 0; r < n_out; r++) any_cand |= smp->rows[r].k > 1;
+        struct tensor *o = topk_out;
+        bk_download(bk, smp->sum, o, (size_t)n_out * sizeof(struct topk_summary));
+        if (any_cand) {
+            int64_t words = (int64_t)n_out * TOPK_MAX * 2;
+            struct tensor *c = bk_view_2d(bk, o, words, 1, (size_t)words * 4,
+                                          (size_t)topk_cand_word(n_out) * 4);
+            bk_download(bk, smp->cand, c, (size_t)words * 4);
+        }
+        if (smp->n_adj && smp->adj_raw) {
+            struct tensor *r = bk_view_2d(bk, o, smp->n_adj, 1, (size_t)smp->n_adj * 4,
+                                          (size_t)topk_raw_word(n_out) * 4);
+            bk_download(bk, smp->adj_raw, r, (size_t)smp->n_adj * sizeof(float));
+        }
     }
     st = bk_sync(bk, e);
     if (st != SMELT_OK) return err_prefix(e, "forward");
+    if (smp && !dev_topk) {
+        for (int32_t r = 0; r < n_out; r++) {
+            const struct topk_row *q = &smp->rows[r];
+            cpu_topk_row(rows_here + (size_t)r * m->hp.n_vocab, m->hp.n_vocab, q,
+                         smp->adj ? smp->adj + q->adj_off : NULL, &smp->sum[r],
+                         smp->cand + (size_t)r * TOPK_MAX,
+                         smp->adj_raw ? smp->adj_raw + q->adj_off : NULL);
+        }
+    }
+    m->last_logits = logits_data;
+    m->last_n_out = n_out;
     if (n_out_p) *n_out_p = n_out;
     return SMELT_OK;
+}
+
+smelt_status model_fetch_rows(struct model *m, int32_t first, int32_t count, float *dst,
+                              struct err *e) {
+    if (!m->last_logits || first < 0 || count < 0 || count > m->last_n_out - first)
+        return err_set(e, SMELT_ERR_INVALID, "logit rows [%d, +%d): the last step has %d", first,
+                       count, m->last_n_out);
+    if (count == 0) return SMELT_OK;
+    size_t row_bytes = (size_t)m->hp.n_vocab * sizeof(float);
+    struct tensor lt;
+    tensor_init(&lt, QT_F32, m->hp.n_vocab, count, 1, 1);
+    lt.data = (char *)m->last_logits + (size_t)first * row_bytes;
+    lt.backend = m->bk;
+    bk_download(m->bk, dst, &lt, (size_t)count * row_bytes);
+    smelt_status st = bk_sync(m->bk, e);
+    return st != SMELT_OK ? err_prefix(e, "fetching logit rows") : SMELT_OK;
 }

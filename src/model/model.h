@@ -86,6 +86,21 @@ struct step_graph {
     void *logits;
 };
 
+/* Row summaries a step returns instead of full logit rows (backend/topk.h, sampling in
+ * engine/sample.h): the caller says per output row what it needs; the backend reduces
+ * each row where the logits are and only the summaries come back. */
+struct model_sample {
+    int32_t n_rows;                /* must equal the step's output rows */
+    const struct topk_row *rows;   /* (n_rows) requests; adj_off indexes adj */
+    const struct logit_adj *adj;   /* adjustment entries (each row's range sorted by token) */
+    int32_t n_adj;                 /* <= model_adj_cap(n_rows) */
+    struct topk_summary *sum;      /* out: (n_rows) */
+    struct topk_cand *cand;        /* out: (n_rows, TOPK_MAX); filled only for rows with
+                                    * k > 1 (a k = 1 row's candidate is in its summary) */
+    float *adj_raw;                /* out: (n_adj) raw logit of each entry's token; may be
+                                    * NULL */
+};
+
 struct model {
     const struct arch_def *arch;
     struct model_hparams hp;
@@ -107,6 +122,11 @@ struct model {
     struct arena host; /* host scratch for building a step's inputs (one step at a time) */
     struct step_graph graphs[MODEL_GRAPHS];
     int next_graph;
+    /* the last step's logits (backend memory), for model_fetch_rows until the next step */
+    void *last_logits;
+    int32_t last_n_out;
+    float *host_rows; /* a backend without logits_topk: the rows summarized on the host */
+    size_t host_rows_cap;
 };
 
 /* The supported architectures (general.architecture values). */
@@ -133,11 +153,26 @@ void model_kv_free(struct model *m, struct kv_store *kv);
 /* Bytes of cache one block takes over all layers (K and V). */
 uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t block_size);
 
-/* Runs one step. Writes the K/V of every row into kv, and the logits of the rows that
- * asked for them, in row order, to logits_out ((n_vocab) floats per row, host memory)
- * when it is not NULL. *n_out (may be NULL) gets the number of logit rows. */
+/* Runs one step. Writes the K/V of every row into kv. For the rows that asked for logits
+ * (the output rows, in row order):
+ *   - logits_out (host, (n_vocab) floats per row), when not NULL, gets their full logits;
+ *   - smp, when not NULL, gets their summaries (struct model_sample), computed by the
+ *     backend's logits_topk op where the logits are, so only summaries are copied;
+ * and the logits stay on the backend until the next step for model_fetch_rows. *n_out
+ * (may be NULL) gets the number of output rows. */
+smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch *batch,
+                        float *logits_out, struct model_sample *smp, int32_t *n_out,
+                        struct err *e);
+/* model_step with full logits only (tests, prompt scoring, tools). */
 smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *batch,
                            float *logits_out, int32_t *n_out, struct err *e);
+/* Copies output rows [first, first + count) of the last step's logits to dst (host,
+ * (n_vocab) floats per row). Valid until the next step. */
+smelt_status model_fetch_rows(struct model *m, int32_t first, int32_t count, float *dst,
+                              struct err *e);
+/* Adjustment entries a step with n_rows output rows takes at most: a fixed function of
+ * the step's shape, so the list has a fixed address in a replayed step graph. */
+int32_t model_adj_cap(int32_t n_rows);
 
 /* ---- for architecture files ---- */
 

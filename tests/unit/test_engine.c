@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/argmax.h"
+#include "backend/cpu/cpu_argmax.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "format/gguf.h"
@@ -179,10 +179,20 @@ static void test_argmax(void) {
             if (kind == 4 && t_rand_u64(&rs) % 3 == 0) x[i] = -INFINITY;
         }
         if (kind == 3 && it % 2) x[n / 2] = NAN; /* nothing but -inf and NaN: -1 */
-        int32_t want = engine_argmax_scalar(x, n);
-        T_EQ_INT(engine_argmax(x, n), want);
-        if (__builtin_cpu_supports("avx2")) T_EQ_INT(engine_argmax_avx2(x, n), want);
-        if (__builtin_cpu_supports("avx512f")) T_EQ_INT(engine_argmax_avx512(x, n), want);
+        int32_t nf = 0, got = 0, want_nf = 0;
+        for (int i = 0; i < n; i++) want_nf += x[i] > -INFINITY;
+        int32_t want = cpu_argmax_scalar(x, n, &nf);
+        T_EQ_INT(nf, want_nf);
+        T_EQ_INT(cpu_argmax(x, n, &got), want);
+        T_EQ_INT(got, want_nf);
+        if (__builtin_cpu_supports("avx2")) {
+            T_EQ_INT(cpu_argmax_avx2(x, n, &got), want);
+            T_EQ_INT(got, want_nf);
+        }
+        if (__builtin_cpu_supports("avx512f")) {
+            T_EQ_INT(cpu_argmax_avx512(x, n, &got), want);
+            T_EQ_INT(got, want_nf);
+        }
     }
     free(x);
 }

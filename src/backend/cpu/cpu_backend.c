@@ -295,6 +295,7 @@ static const struct backend_ops cpu_ops = {
     .softmax = cpu_op_softmax,
     .kv_store = cpu_op_kv_store,
     .attention = cpu_op_attention,
+    .logits_topk = cpu_op_logits_topk,
 };
 
 void cpu_backend_set_exact(struct backend *b, bool exact) { cpu_of(b)->exact = exact; }

@@ -68,6 +68,9 @@ void cpu_op_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
 void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
                       const struct tensor *kc, const struct tensor *vc,
                       const struct attn_meta *m, const struct attn_params *p);
+/* Row summaries for sampling (cpu_topk.c). */
+void cpu_op_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
+                        const struct tensor *rows, const struct tensor *adj);
 /* Matmul: cpu_matmul (quantized activations, SIMD, the pool) for contiguous operands,
  * else the reference below. */
 void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,

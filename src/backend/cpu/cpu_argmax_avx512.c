@@ -1,15 +1,18 @@
-/* AVX-512 argmax (see argmax.h): one pass. Each lane keeps the largest value it has seen
- * and the index where it first saw it (strictly-greater updates keep the earliest index;
- * NaN compares false, so it never wins); the lanes are reduced at the end, ties going to
- * the smallest index. One read of the row: the row is usually not in cache (a logits row
- * is 0.5-1 MB), so the pass count is what costs. */
+/* AVX-512 argmax (see cpu_argmax.h): one pass. Each lane keeps the largest value it has
+ * seen and the index where it first saw it (strictly-greater updates keep the earliest
+ * index; NaN compares false, so it never wins); the lanes are reduced at the end, ties
+ * going to the smallest index; finite values are counted on the way. One read of the
+ * row: the row is usually not in cache (a logits row is 0.5-1 MB), so the pass count is
+ * what costs. */
 #include <immintrin.h>
 #include <math.h>
 
-#include "engine/argmax.h"
+#include "backend/cpu/cpu_argmax.h"
 
-int32_t engine_argmax_avx512(const float *x, int32_t n) {
-    __m512 v0 = _mm512_set1_ps(-INFINITY), v1 = v0;
+int32_t cpu_argmax_avx512(const float *x, int32_t n, int32_t *n_finite) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 v0 = ninf, v1 = v0;
+    int32_t cnt = 0;
     __m512i i0 = _mm512_set1_epi32(-1), i1 = i0;
     __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i step = _mm512_set1_epi32(16), step2 = _mm512_set1_epi32(32);
@@ -17,6 +20,8 @@ int32_t engine_argmax_avx512(const float *x, int32_t n) {
     int32_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        cnt += __builtin_popcount((unsigned)_mm512_cmp_ps_mask(a, ninf, _CMP_GT_OQ)) +
+               __builtin_popcount((unsigned)_mm512_cmp_ps_mask(b, ninf, _CMP_GT_OQ));
         __mmask16 ga = _mm512_cmp_ps_mask(a, v0, _CMP_GT_OQ);
         __mmask16 gb = _mm512_cmp_ps_mask(b, v1, _CMP_GT_OQ);
         v0 = _mm512_mask_mov_ps(v0, ga, a);
@@ -41,10 +46,13 @@ int32_t engine_argmax_avx512(const float *x, int32_t n) {
             best = ids[k];
         }
     }
-    for (; i < n; i++)
+    for (; i < n; i++) {
+        cnt += x[i] > -INFINITY;
         if (x[i] > bv) {
             bv = x[i];
             best = i;
         }
+    }
+    if (n_finite) *n_finite = cnt;
     return best;
 }
