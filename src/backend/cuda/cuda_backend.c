@@ -802,6 +802,24 @@ static void cu_attention(struct backend *b, struct tensor *dst, const struct ten
     cu_scratch_release(b, mark);
 }
 
+/* ---- sampling summaries (cuda_sample.cu) ---- */
+
+static void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
+                           const struct tensor *rows, const struct tensor *adj) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    int n_rows = (int)logits->ne[1], nv = (int)logits->ne[0];
+    size_t mark = cu_scratch_mark(b);
+    void *sc = scratch(cb, cuda_topk_scratch_bytes(n_rows, nv));
+    if (!sc) return;
+    struct cuda_topk_args a = {.logits = logits->data, .ld = (int64_t)(logits->nb[1] / sizeof(float)),
+                               .n_vocab = nv, .n_rows = n_rows, .rows = rows->data, .adj = adj->data,
+                               .adj_cap = (int)adj->ne[1], .out = dst->data, .scratch = sc};
+    cuda_logits_topk(&a, cb->stream);
+    check_launch(cb, "logits_topk");
+    cu_scratch_release(b, mark);
+}
+
 /* ---- fused ops ---- */
 
 /* x' = rms_norm(x) * pre->w in scratch (or x itself when pre is NULL). */
@@ -1129,6 +1147,7 @@ static const struct backend_ops cuda_ops = {
     .matmul_acc = cu_matmul_acc,
     .ffn_glu = cu_ffn_glu,
     .rope_kv_store = cu_rope_kv_store,
+    .logits_topk = cu_logits_topk,
     .graph_replay = cu_graph_replay,
     .graph_begin = cu_graph_begin,
     .graph_end = cu_graph_end,

@@ -119,6 +119,22 @@ void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p);
 uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a);
 void cuda_attention(const struct cuda_attn_args *a, void *stream);
 
+/* ---- cuda_sample.cu ---- */
+
+/* The logits_topk op (backend.h, backend/topk.h): row summaries for sampling. */
+struct cuda_topk_args {
+    const float *logits; /* (n_vocab, n_rows), rows ld floats apart */
+    int64_t ld;
+    int n_vocab, n_rows;
+    const void *rows;    /* struct topk_row (n_rows) */
+    const void *adj;     /* struct logit_adj (adj_cap) */
+    int adj_cap;
+    void *out;           /* topk_out_words(n_rows, adj_cap) int32 words */
+    void *scratch;       /* cuda_topk_scratch_bytes(n_rows, n_vocab) */
+};
+uint64_t cuda_topk_scratch_bytes(int n_rows, int n_vocab);
+void cuda_logits_topk(const struct cuda_topk_args *a, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
