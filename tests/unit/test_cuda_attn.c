@@ -16,11 +16,32 @@
  *     the cache type: F16 4e-3, BF16 3e-2 (8 mantissa bits; measured errors are printed).
  * The plan's choices are also checked on the CPU side (no GPU needed).
  *
+ * Decode batches (<= 8 rows, 1 to 3000 keys) also run through the fused split merge with
+ * 1, 2, 4 and 8 splits forced (one key per split at least, so every row with >= 8 keys
+ * uses them all; rows with fewer use fewer) and with the plan's own splits, each twice:
+ *   - the output is compared with the CPU's (1e-4) and the two runs must be bit-identical;
+ *   - the split counters must all be zero after every call;
+ *   - the output's int8 form (cuda_attn_args.q_out) is compared with cuda_mmv_quantize of
+ *     the f32 output: every per-32 scale d bit-identical, int8 values equal except for at
+ *     most 1 in 1000 differing by 1 (a rounding tie; none expected, since both kernels
+ *     compute v / d on the same f32 values), and every stored sum (d * sum of q per 16 and
+ *     per 32) exactly d times the sum of the int8 values written;
+ *   - a batch with several rows of a sequence takes the hybrid plan (the decode kernel on a
+ *     row list, then the int8 form by a separate quantize launch): same checks.
+ * PDL (sm_90+, as the backend sets it; SMELT_NO_PDL=1 turns it off): a chain scale (writes
+ * q) -> attention -> scale (reads the output), eagerly and as a replayed graph, with q and
+ * the outputs NaN-poisoned before each run: an attention that read q before its producer
+ * finished, or a consumer that read the output early, shows NaN or a mismatch.
+ *
  * SMELT_BENCH=1 adds timings on Llama-3-8B shapes (32 query heads, 8 KV heads, d = 128,
  * F16 cache, blocks of 16): decode at depths 512/4096/16384 for 1 and 64 sequences
  * (GB/s of K/V bytes, caches rotated through >= 1 GiB so reads come from HBM) and
  * prefill of 512 and 2048 tokens (TFLOP/s of the causal QK^T and PV products), old
- * (GENERIC) kernel against the new ones. SMELT_SEED=n changes the random inputs. */
+ * (GENERIC) kernel against the new ones; then one decode row at depths 16/256/4096 on
+ * Llama-3-8B and Qwen2.5-0.5B (14 query heads, 2 KV heads, d = 64) shapes as graphs of
+ * 100 calls (launch gaps included, as in a step): with the int8 output, without it, without
+ * it plus a quantize launch (the layer before this change), and a sweep of split_keys.
+ * SMELT_SEED=n changes the random inputs. */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
 
@@ -38,6 +59,7 @@ int main(void) {
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmv.h"
 #include "util/half.h"
 
 static struct backend *cpu, *gpu;
@@ -368,6 +390,7 @@ static void check_case(const struct attn_case *c) {
         CK(cudaMemcpy(out, dout, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
         snprintf(what, sizeof what, "%s s%d/%d", kernel_name(k), plan.dec_split, plan.pf_split);
         compare(c, &b, out, ref, tol_for(k, c->type), what);
+        T_EQ_INT(cuda_attn_counters_busy(), 0);
     }
 done:
     cudaFree(scr);
@@ -381,6 +404,295 @@ done:
 
 static void test_attn_cases(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+}
+
+/* ---- fused split merge, int8 output, PDL ---- */
+
+/* Decode-sized batches (<= 8 rows): the rows whose output may feed the W_o product. */
+static const struct attn_case dec_cases[] = {
+    {"dec gqa4 d128 f16", 128, 2, 4, QT_F16, 16, 0, 0.0f, 1.0f, 6,
+     {{0, 0, 1}, {1, 15, 1}, {2, 255, 1}, {3, 256, 1}, {4, 700, 1}, {5, 2047, 1}}},
+    {"dec gqa7 d64 bf16", 64, 2, 7, QT_BF16, 16, 0, 0.0f, 2.0f, 5,
+     {{0, 2, 1}, {1, 63, 1}, {2, 128, 1}, {3, 900, 1}, {4, 3000, 1}}},
+    {"dec gqa2 d256 f16 window softcap", 256, 2, 2, QT_F16, 7, 300, 30.0f, 3.0f, 4,
+     {{0, 5, 1}, {1, 299, 1}, {2, 301, 1}, {3, 1200, 1}}},
+    {"dec gqa16 d128 f32", 128, 1, 16, QT_F32, 16, 0, 0.0f, 1.0f, 3, {{0, 0, 1}, {1, 77, 1}, {2, 600, 1}}},
+    /* 6 rows of 3 sequences: the hybrid plan (decode kernel on a row list, quantize launch) */
+    {"dec gqa8 d64 f16 hybrid", 64, 2, 8, QT_F16, 16, 0, 0.0f, 1.0f, 3, {{0, 40, 2}, {1, 500, 1}, {2, 1000, 3}}},
+};
+
+/* A case's inputs on the device (plain allocations; the caches as built, NaN-poisoned). */
+struct dev_case {
+    void *kc, *vc;
+    float *q;
+    int32_t *pos, *seq, *tables;
+};
+
+static void dev_free(struct dev_case *d) {
+    cudaFree(d->kc);
+    cudaFree(d->vc);
+    cudaFree(d->q);
+    cudaFree(d->pos);
+    cudaFree(d->seq);
+    cudaFree(d->tables);
+    memset(d, 0, sizeof *d);
+}
+
+static bool dev_upload(const struct attn_case *c, const struct built *b, struct dev_case *d) {
+    memset(d, 0, sizeof *d);
+    const size_t qn = sizeof(float) * (size_t)c->d * b->n_head * b->n_tokens;
+    const size_t tn = sizeof(int32_t) * (size_t)b->max_blocks * b->n_seqs;
+    bool ok = cudaMalloc(&d->kc, b->cache_bytes) == cudaSuccess && cudaMalloc(&d->vc, b->cache_bytes) == cudaSuccess &&
+              cudaMalloc((void **)&d->q, qn) == cudaSuccess &&
+              cudaMalloc((void **)&d->pos, sizeof(int32_t) * b->n_tokens) == cudaSuccess &&
+              cudaMalloc((void **)&d->seq, sizeof(int32_t) * b->n_tokens) == cudaSuccess &&
+              cudaMalloc((void **)&d->tables, tn) == cudaSuccess &&
+              cudaMemcpy(d->kc, b->kc, b->cache_bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(d->vc, b->vc, b->cache_bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(d->q, b->q, qn, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(d->pos, b->pos, sizeof(int32_t) * b->n_tokens, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(d->seq, b->seq, sizeof(int32_t) * b->n_tokens, cudaMemcpyHostToDevice) == cudaSuccess &&
+              cudaMemcpy(d->tables, b->tables, tn, cudaMemcpyHostToDevice) == cudaSuccess;
+    if (!ok) {
+        fprintf(stderr, "device inputs: %s\n", cudaGetErrorString(cudaGetLastError()));
+        dev_free(d);
+    }
+    cuda_pdl_fence = 1; /* the next kernel follows copies */
+    return ok;
+}
+
+static struct cuda_attn_args dev_args(const struct attn_case *c, const struct built *b, const struct dev_case *d) {
+    struct cuda_attn_args a = {
+        .q = d->q, .kc = d->kc, .vc = d->vc, .cache_type = c->type, .pos = d->pos, .seq = d->seq,
+        .blocks = d->tables, .max_blocks = b->max_blocks, .block_size = c->bs, .n_seqs = b->n_seqs, .dk = c->d,
+        .dv = c->d, .n_head = b->n_head, .n_kv = c->n_kv, .n_tokens = b->n_tokens,
+        .scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window, .max_keys = b->max_keys,
+        .kernel = CUDA_ATTN_AUTO};
+    return a;
+}
+
+/* The attention's int8 output (qa, host copy) against cuda_mmv_quantize's of the same f32
+ * output (qr): see the file comment for what is asserted. k = dv * n_head, n rows. */
+static void compare_q(const char *name, const char *what, void *qa, void *qr, int64_t k, int n) {
+    int8_t *xa, *xr;
+    void *da_, *dr_;
+    float *sa, *sr;
+    cuda_mmv_scratch_parts(qa, k, n, &xa, &da_, &sa);
+    cuda_mmv_scratch_parts(qr, k, n, &xr, &dr_, &sr);
+    const float *da = da_, *dr = dr_; /* float2 {d, d * sum} per 32 */
+    const int64_t total = k * n;
+    int64_t n_diff = 0, first_bad = -1, bad_scale = -1, bad_sum = -1;
+    int max_diff = 0;
+    for (int64_t gi = 0; gi < total / 32; gi++) {
+        if (memcmp(&da[2 * gi], &dr[2 * gi], sizeof(float)) != 0 && bad_scale < 0) bad_scale = gi;
+        const float d = da[2 * gi];
+        int s32 = 0;
+        for (int h = 0; h < 2; h++) {
+            int s16 = 0;
+            for (int i = 0; i < 16; i++) {
+                const int64_t o = gi * 32 + h * 16 + i;
+                const int diff = abs((int)xa[o] - (int)xr[o]);
+                if (diff) {
+                    n_diff++;
+                    if (first_bad < 0) first_bad = o;
+                }
+                if (diff > max_diff) max_diff = diff;
+                s16 += xa[o];
+            }
+            if (sa[gi * 2 + h] != d * (float)s16 && bad_sum < 0) bad_sum = gi;
+            s32 += s16;
+        }
+        if (da[2 * gi + 1] != d * (float)s32 && bad_sum < 0) bad_sum = gi;
+    }
+    const bool ok = bad_scale < 0 && bad_sum < 0 && max_diff <= 1 && n_diff * 1000 <= total;
+    printf("  %-28s %-16s int8 out: %lld values, %lld differ (max %d), scales %s, sums %s%s\n", name, what,
+           (long long)total, (long long)n_diff, max_diff, bad_scale < 0 ? "identical" : "DIFFER",
+           bad_sum < 0 ? "consistent" : "INCONSISTENT", ok ? "" : "  FAIL");
+    if (!ok) {
+        if (first_bad >= 0)
+            fprintf(stderr, "    first differing value %lld: attention %d, quantize %d\n", (long long)first_bad,
+                    xa[first_bad], xr[first_bad]);
+        if (bad_scale >= 0)
+            fprintf(stderr, "    group %lld: d %.9g vs %.9g\n", (long long)bad_scale, (double)da[2 * bad_scale],
+                    (double)dr[2 * bad_scale]);
+        if (bad_sum >= 0) fprintf(stderr, "    group %lld: stored sums are not d * sum(q)\n", (long long)bad_sum);
+    }
+    T_CHECKF(ok, "%s %s: int8 output", name, what);
+}
+
+static void check_fused(const struct attn_case *c) {
+    struct built b;
+    struct dev_case d;
+    memset(&d, 0, sizeof d);
+    if (!build(c, &b)) {
+        T_CHECK(0);
+        built_free(&b);
+        return;
+    }
+    const int64_t width = (int64_t)c->d * b.n_head;
+    const size_t out_n = (size_t)width * b.n_tokens, qbytes = cuda_mmv_scratch_bytes(width, b.n_tokens);
+    float *ref = malloc(sizeof(float) * out_n), *out = malloc(sizeof(float) * out_n);
+    float *out2 = malloc(sizeof(float) * out_n);
+    void *hqa = malloc(qbytes), *hqr = malloc(qbytes);
+    float *dout = NULL;
+    void *scr = NULL, *qa = NULL, *qr = NULL;
+    struct err e;
+    if (!ref || !out || !out2 || !hqa || !hqr || !run_cpu(c, &b, ref) || !dev_upload(c, &b, &d)) {
+        T_CHECK(0);
+        goto done;
+    }
+    CK(cudaMalloc((void **)&dout, sizeof(float) * out_n));
+    CK(cudaMalloc(&qa, qbytes));
+    CK(cudaMalloc(&qr, qbytes));
+    struct cuda_attn_args a = dev_args(c, &b, &d);
+    a.dst = dout;
+    a.q_out = qa;
+    const int splits[5] = {0, 1, 2, 4, 8};
+    for (int si = 0; si < 5; si++) {
+        a.split = splits[si];
+        a.split_keys = splits[si] ? 1 : 0; /* forced: every row with >= split keys uses them all */
+        struct cuda_attn_plan plan;
+        cuda_attn_plan(&a, &plan);
+        uint64_t need = cuda_attn_scratch_bytes(&a);
+        cudaFree(scr);
+        scr = NULL;
+        if (need) CK(cudaMalloc(&scr, need));
+        a.scratch = scr;
+        for (int rep = 0; rep < 2; rep++) {
+            CK(cudaMemset(dout, 0xff, sizeof(float) * out_n)); /* NaN */
+            CK(cudaMemset(qa, 0x7f, qbytes));
+            cuda_pdl_fence = 1;
+            cuda_attention(&a, NULL);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(rep ? out2 : out, dout, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
+            T_EQ_INT(cuda_attn_counters_busy(), 0);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s %s%d", kernel_name(plan.kernel), splits[si] ? "split " : "plan s",
+                 plan.dec_split);
+        compare(c, &b, out, ref, tol_for(CUDA_ATTN_DECODE, c->type), what);
+        T_CHECKF(memcmp(out, out2, sizeof(float) * out_n) == 0, "%s %s: a repeated call differs", c->name, what);
+        /* the int8 form against cuda_mmv_quantize of the f32 output */
+        cuda_pdl_fence = 1;
+        T_CHECK(cuda_mmv_quantize(dout, width, b.n_tokens, qr, NULL, &e) == SMELT_OK);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hqa, qa, qbytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hqr, qr, qbytes, cudaMemcpyDeviceToHost));
+        compare_q(c->name, what, hqa, hqr, width, b.n_tokens);
+    }
+done:
+    cudaFree(scr);
+    cudaFree(dout);
+    cudaFree(qa);
+    cudaFree(qr);
+    dev_free(&d);
+    free(ref);
+    free(out);
+    free(out2);
+    free(hqa);
+    free(hqr);
+    built_free(&b);
+}
+
+static void test_attn_fused(void) {
+    for (size_t i = 0; i < sizeof dec_cases / sizeof dec_cases[0]; i++) check_fused(&dec_cases[i]);
+}
+
+/* scale (q0 -> q) -> attention (q -> out, int8 form) -> scale (out -> out2) on one stream,
+ * eagerly and as a replayed graph; q, out and out2 NaN before each run. */
+static void test_attn_pdl(void) {
+    const struct attn_case *c = &dec_cases[0];
+    struct built b;
+    struct dev_case d;
+    memset(&d, 0, sizeof d);
+    if (!build(c, &b)) {
+        T_CHECK(0);
+        built_free(&b);
+        return;
+    }
+    const int64_t width = (int64_t)c->d * b.n_head;
+    const size_t out_n = (size_t)width * b.n_tokens, qbytes = cuda_mmv_scratch_bytes(width, b.n_tokens);
+    float *ref = malloc(sizeof(float) * out_n), *out = malloc(sizeof(float) * out_n);
+    void *hqa = malloc(qbytes), *hqr = malloc(qbytes);
+    float *q0 = NULL, *dout = NULL, *dout2 = NULL;
+    void *scr = NULL, *qa = NULL, *qr = NULL;
+    cudaStream_t st = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    struct err e;
+    if (!ref || !out || !hqa || !hqr || !run_cpu(c, &b, ref) || !dev_upload(c, &b, &d)) {
+        T_CHECK(0);
+        goto done;
+    }
+    printf("  PDL %s\n", cuda_pdl_on ? "on" : "off (device before sm_90, or SMELT_NO_PDL)");
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaMalloc((void **)&q0, sizeof(float) * out_n));
+    CK(cudaMalloc((void **)&dout, sizeof(float) * out_n));
+    CK(cudaMalloc((void **)&dout2, sizeof(float) * out_n));
+    CK(cudaMalloc(&qa, qbytes));
+    CK(cudaMalloc(&qr, qbytes));
+    CK(cudaMemcpy(q0, d.q, sizeof(float) * out_n, cudaMemcpyDeviceToDevice)); /* q is the case's */
+    struct cuda_attn_args a = dev_args(c, &b, &d);
+    a.dst = dout;
+    a.q_out = qa;
+    a.split = 8;
+    a.split_keys = 1;
+    uint64_t need = cuda_attn_scratch_bytes(&a);
+    if (need) CK(cudaMalloc(&scr, need));
+    a.scratch = scr;
+    for (int mode = 0; mode < 2; mode++) {
+        if (mode == 1) { /* the chain captured once, replayed below */
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+            cuda_pdl_fence = 1;
+            cuda_scale(d.q, q0, 1.0f, (int64_t)out_n, st);
+            cuda_attention(&a, st);
+            cuda_scale(dout2, dout, 1.0f, (int64_t)out_n, st);
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+        }
+        for (int rep = 0; rep < 3; rep++) {
+            CK(cudaMemsetAsync(d.q, 0xff, sizeof(float) * out_n, st));
+            CK(cudaMemsetAsync(dout, 0xff, sizeof(float) * out_n, st));
+            CK(cudaMemsetAsync(dout2, 0xff, sizeof(float) * out_n, st));
+            CK(cudaMemsetAsync(qa, 0x7f, qbytes, st));
+            if (mode == 0) {
+                cuda_pdl_fence = 1;
+                cuda_scale(d.q, q0, 1.0f, (int64_t)out_n, st);
+                cuda_attention(&a, st);
+                cuda_scale(dout2, dout, 1.0f, (int64_t)out_n, st);
+            } else {
+                CK(cudaGraphLaunch(ge, st));
+            }
+            CK(cudaGetLastError());
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(out, dout2, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
+            compare(c, &b, out, ref, 1e-4, mode ? "pdl graph" : "pdl eager");
+            T_EQ_INT(cuda_attn_counters_busy(), 0);
+            cuda_pdl_fence = 1;
+            T_CHECK(cuda_mmv_quantize(dout, width, b.n_tokens, qr, NULL, &e) == SMELT_OK);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hqa, qa, qbytes, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hqr, qr, qbytes, cudaMemcpyDeviceToHost));
+            compare_q(c->name, mode ? "pdl graph" : "pdl eager", hqa, hqr, width, b.n_tokens);
+        }
+    }
+done:
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    if (st) cudaStreamDestroy(st);
+    cudaFree(scr);
+    cudaFree(q0);
+    cudaFree(dout);
+    cudaFree(dout2);
+    cudaFree(qa);
+    cudaFree(qr);
+    dev_free(&d);
+    free(ref);
+    free(out);
+    free(hqa);
+    free(hqr);
+    built_free(&b);
 }
 
 /* The plan (no GPU needed): which kernel for which batch, and fallbacks. */
@@ -562,7 +874,149 @@ out:
     free(args);
 }
 
+/* One decode row at `depth` on a model's attention shape (F16 cache, blocks of 16, the table
+ * width rounded up to 16 blocks as model_forward does), 100 calls captured in one graph
+ * and replayed: the time per call includes the graph's launch gaps, as in a step. Caches
+ * rotate through >= 1 GiB. Variants: the backend's call (int8 output fused), the call
+ * without the int8 output, the same followed by a quantize launch (the layer before the
+ * fused output), and the decode kernel with other split_keys. */
+#define GRAPH_CALLS 100
+
+static double time_graph(const struct cuda_attn_args *args, int n_args, void *qbuf, cudaStream_t st) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    struct err e;
+    double us = -1;
+    const int64_t width = (int64_t)args[0].dv * args[0].n_head;
+    for (int i = 0; i < n_args; i++) { /* eager first: the kernels' smem opt-ins */
+        cuda_attention(&args[i], st);
+        if (qbuf) cuda_mmv_quantize(args[i].dst, width, (int)args[i].n_tokens, qbuf, st, &e);
+    }
+    if (cudaStreamSynchronize(st) != cudaSuccess) goto out;
+    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) != cudaSuccess) goto out;
+    cuda_pdl_fence = 1; /* as a step's first kernel after its input copies */
+    for (int i = 0; i < GRAPH_CALLS; i++) {
+        cuda_attention(&args[i % n_args], st);
+        if (qbuf) cuda_mmv_quantize(args[i % n_args].dst, width, (int)args[i % n_args].n_tokens, qbuf, st, &e);
+    }
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) goto out;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaGraphLaunch(ge, st); /* warm-up */
+    cudaEventRecord(e0, st);
+    for (int r = 0; r < 5; r++) cudaGraphLaunch(ge, st);
+    cudaEventRecord(e1, st);
+    if (cudaEventSynchronize(e1) == cudaSuccess) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us = ms * 1e3 / (5 * GRAPH_CALLS);
+    }
+out:
+    if (cudaGetLastError() != cudaSuccess || cuda_attn_counters_busy() != 0) us = -1;
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return us;
+}
+
+static void bench_graph(const char *model, int n_head, int n_kv, int d, int depth) {
+    const int bs = 16, nb = (depth + bs - 1) / bs, width = (nb + 15) / 16 * 16;
+    const double kv_bytes = (double)n_kv * depth * d * 2 * 2;
+    int copies = (int)((1ull << 30) / kv_bytes) + 1;
+    if (copies > 64) copies = 64;
+    const size_t cache_bytes = (size_t)copies * nb * bs * n_kv * d * 2;
+    const int64_t out_w = (int64_t)n_head * d;
+    void *kc = NULL, *vc = NULL, *scr = NULL, *qa = NULL, *qb = NULL;
+    float *q = NULL, *dst = NULL;
+    int32_t *pos = NULL, *seq = NULL, *tables = NULL;
+    int32_t *htab = calloc((size_t)copies * width, sizeof(int32_t));
+    float *hq = malloc(sizeof(float) * out_w);
+    struct cuda_attn_args *args = calloc((size_t)copies, sizeof *args);
+    cudaStream_t st = NULL;
+    if (!htab || !hq || !args) goto out;
+    if (cudaMalloc(&kc, cache_bytes) != cudaSuccess || cudaMalloc(&vc, cache_bytes) != cudaSuccess ||
+        cudaMalloc((void **)&q, sizeof(float) * out_w) != cudaSuccess ||
+        cudaMalloc((void **)&dst, sizeof(float) * out_w) != cudaSuccess ||
+        cudaMalloc((void **)&pos, sizeof(int32_t)) != cudaSuccess ||
+        cudaMalloc((void **)&seq, sizeof(int32_t)) != cudaSuccess ||
+        cudaMalloc((void **)&tables, sizeof(int32_t) * (size_t)copies * width) != cudaSuccess ||
+        cudaMalloc(&qa, cuda_mmv_scratch_bytes(out_w, 1)) != cudaSuccess ||
+        cudaMalloc(&qb, cuda_mmv_scratch_bytes(out_w, 1)) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+        printf("bench %s: out of device memory\n", model);
+        cudaGetLastError();
+        goto out;
+    }
+    cudaMemset(kc, 0x3c, cache_bytes); /* F16 ~1.06 */
+    cudaMemset(vc, 0x3c, cache_bytes);
+    const int32_t p = depth - 1, zero = 0;
+    for (int c = 0; c < copies; c++)
+        for (int k = 0; k < nb; k++) htab[(size_t)c * width + k] = c * nb + k;
+    for (int64_t i = 0; i < out_w; i++) hq[i] = t_randn(&g_seed);
+    cudaMemcpy(pos, &p, sizeof p, cudaMemcpyHostToDevice);
+    cudaMemcpy(seq, &zero, sizeof zero, cudaMemcpyHostToDevice);
+    cudaMemcpy(tables, htab, sizeof(int32_t) * (size_t)copies * width, cudaMemcpyHostToDevice);
+    cudaMemcpy(q, hq, sizeof(float) * out_w, cudaMemcpyHostToDevice);
+    struct cuda_attn_args a = {.dst = dst, .q = q, .kc = kc, .vc = vc, .cache_type = QT_F16, .pos = pos, .seq = seq,
+                               .max_blocks = width, .block_size = bs, .n_seqs = 1, .dk = d, .dv = d,
+                               .n_head = n_head, .n_kv = n_kv, .n_tokens = 1, .scale = 1.0f / sqrtf((float)d),
+                               .max_keys = width * bs, .kernel = CUDA_ATTN_AUTO};
+    const int nk = 8192 / (d * 2);
+    /* 0: backend's call; 1: no int8 output; 2: no int8 output + quantize launch;
+     * 3..5: split_keys nk/2, nk, 4nk (int8 output on) */
+    const char *names[6] = {"fused int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
+                            "split_keys nk", "split_keys 4nk"};
+    const int sk[6] = {0, 0, 0, nk / 2, nk, 4 * nk};
+    for (int v = 0; v < 6; v++) {
+        struct cuda_attn_args av = a;
+        av.q_out = v == 1 || v == 2 ? NULL : qa;
+        av.split_keys = sk[v];
+        struct cuda_attn_plan pl;
+        cuda_attn_plan(&av, &pl);
+        cudaFree(scr);
+        scr = NULL;
+        uint64_t need = cuda_attn_scratch_bytes(&av);
+        if (need && cudaMalloc(&scr, need) != cudaSuccess) {
+            cudaGetLastError();
+            goto out;
+        }
+        for (int c = 0; c < copies; c++) {
+            args[c] = av;
+            args[c].blocks = tables + (size_t)c * width;
+            args[c].scratch = scr;
+        }
+        const double us = time_graph(args, copies, v == 2 ? qb : NULL, st);
+        const int want = (depth + pl.dec_min_keys - 1) / pl.dec_min_keys;
+        const int used = pl.dec_split > 1 ? (want < pl.dec_split ? want : pl.dec_split) : 1;
+        printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s grid split %2d, used %2d (>= %3d keys): %7.2f us/call"
+               "  %6.1f GB/s\n",
+               model, depth, names[v], kernel_name(pl.kernel), pl.dec_split, used, pl.dec_min_keys, us,
+               us > 0 ? kv_bytes / us / 1e3 : 0.0);
+    }
+out:
+    if (st) cudaStreamDestroy(st);
+    cudaFree(kc);
+    cudaFree(vc);
+    cudaFree(scr);
+    cudaFree(qa);
+    cudaFree(qb);
+    cudaFree(q);
+    cudaFree(dst);
+    cudaFree(pos);
+    cudaFree(seq);
+    cudaFree(tables);
+    free(htab);
+    free(hq);
+    free(args);
+}
+
 static void bench(void) {
+    const int gdepths[3] = {16, 256, 4096};
+    printf("bench: PDL %s\n", cuda_pdl_on ? "on" : "off");
+    for (int di = 0; di < 3; di++) bench_graph("llama3-8b", 32, 8, 128, gdepths[di]);
+    for (int di = 0; di < 3; di++) bench_graph("qwen2.5-0.5b", 14, 2, 64, gdepths[di]);
     const int depths[3] = {512, 4096, 16384}, seqs[2] = {1, 64};
     char label[64];
     for (int si = 0; si < 2; si++)
@@ -589,7 +1043,12 @@ int main(void) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cuda_pdl_on = major >= 9 && !getenv("SMELT_NO_PDL"); /* launches as the backend makes them */
     T_RUN(test_attn_cases);
+    T_RUN(test_attn_fused);
+    T_RUN(test_attn_pdl);
     if (getenv("SMELT_BENCH")) bench();
     bk_free(gpu);
     bk_free(cpu);

@@ -10,9 +10,14 @@
  *   split) scores all G = n_head / n_kv query heads of the group, so each K/V element
  *   is read from HBM once per row, not G times. Keys stream through shared memory in
  *   stages of 8 KB of K + 8 KB of V (16-byte cp.async, double-buffered); scores,
- *   online softmax and P.V in f32. The key range is split across blocks to fill the GPU
- *   and merged by attn_merge_kernel. Used for decode batches, F32 caches, and the short
- *   row groups (<= PF_SHORT rows of one sequence) of a prefill batch.
+ *   online softmax and P.V in f32. The key range is split across blocks to fill the GPU;
+ *   the grid has the plan's (shape-only) split count, but a row uses only as many splits
+ *   as its real length needs (>= dec_min_keys keys each), so a short row is one block per
+ *   KV head whatever the table width. The last split block of a (row, KV head) to finish
+ *   merges the partials (a counter per (row, KV head), as the mmv epilogue does): decode
+ *   is one launch. It can also write the output's int8 form for the next product
+ *   (cuda_attn_args.q_out). Used for decode batches, F32 caches, and the short row groups
+ *   (<= PF_SHORT rows of one sequence) of a prefill batch.
  * - prefill (FlashAttention-2 style, tensor cores, F16/BF16 caches): a block per (tile
  *   of <= 64 consecutive rows of one sequence, query head, key split); 4 warps of 16
  *   rows. Q (converted to the cache type) and K/V tiles of BN keys sit in shared memory
@@ -28,7 +33,12 @@
  *
  * Keys past a row's position are never used, keys past every row's position are never
  * read, and smem slots of keys outside a range are zero-filled (a recycled block's stale
- * contents, even NaN bit patterns, cannot leak in through 0 * NaN). */
+ * contents, even NaN bit patterns, cannot leak in through 0 * NaN).
+ *
+ * Every kernel is launched with klaunch (programmatic dependent launch on sm_90+) and
+ * starts with pdl_wait(): q, positions, block tables, row lists and the caches are all
+ * written by earlier kernels or copies of the step, so nothing is read before it, and none
+ * of it goes through the read-only path (no __restrict__ const pointers, no __ldg). */
 #include <limits.h>
 #include <string.h>
 
@@ -36,6 +46,7 @@
 
 extern "C" {
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmv.h"
 #include "quant/quant.h"
 }
 
@@ -160,8 +171,9 @@ __device__ __forceinline__ float2 load_pair<float>(const float *p) {
 
 template <typename T>
 static __global__ void __launch_bounds__(GEN_WARPS * 32)
-    attn_generic_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
-                        float *__restrict__ partial, int n_split) {
+    attn_generic_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, float *partial, int n_split) {
+    pdl_wait(); /* every input is the step's data (cuda_common.cuh) */
+    pdl_trigger();
     const int h = blockIdx.x, split = blockIdx.z;
     const int64_t t = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -290,11 +302,12 @@ static __device__ __forceinline__ int dec_chunk(int part, int i) {
     return part * S + (i % S) + 8 * (i / S);
 }
 
-/* K and V rows [kb, kb + NK) of a stage into dst ([K, V][NK][LD]); keys >= ke zeroed. */
+/* K and V rows [kb, kb + NK) of a stage into dst ([K, V][NK][LD]); keys >= ke zeroed. The
+ * caches and the table are written by earlier kernels / copies of the step: plain pointers
+ * (cp.async.cg reads through L2; see cuda_common.cuh on the read-only path). */
 template <typename T, int D>
-static __device__ __forceinline__ void dec_load(T *dst, const T *__restrict__ kc, const T *__restrict__ vc,
-                                                const int32_t *__restrict__ table, int kb, int ke, int bs, int n_kv,
-                                                int g, int tid) {
+static __device__ __forceinline__ void dec_load(T *dst, const T *kc, const T *vc, const int32_t *table, int kb,
+                                                int ke, int bs, int n_kv, int g, int tid) {
     using C = dec_cfg<T, D>;
     constexpr int NK = C::NK, NC = C::NC, LD = C::LD, CE = C::CE;
     for (int idx = tid; idx < 2 * NK * NC; idx += DEC_THREADS) {
@@ -313,36 +326,91 @@ static __device__ __forceinline__ void dec_load(T *dst, const T *__restrict__ kc
     }
 }
 
+/* Split counters of the decode kernel: one per (row slot, KV head) of a call with more than
+ * one split, zero between calls (the block that merges a row resets its counter). Device
+ * globals (zero at module load), so the backend and the tests need no buffer of their own;
+ * one call at a time per device. ATTN_CNT bounds slots x n_kv of a split plan; the plan
+ * only splits while slots x n_kv < 4 blocks per SM, far below it. */
+#define ATTN_CNT 4096
+static __device__ unsigned attn_cnt[ATTN_CNT];
+
+/* The int8 form of the output (cuda_mmv_quantize's layout: xq int8 per value, xd {d, d *
+ * sum} per 32 values, xs d * sum per 16), or all NULL. */
+struct attn_qout {
+    int8_t *xq;
+    float2 *xd;
+    float *xs;
+};
+
+/* Stores the output pair (v0, v1) at element o (even) of dst and, when q.xq is set,
+ * quantizes it as quantize_act_kernel (cuda_mmv.cu) does: the 32-value group of o is held
+ * by the 16 lanes of this half-warp (2 values each), which all call this together, so the
+ * same f32 values give the same bytes. Called by the whole warp (full-mask shuffles). */
+static __device__ __forceinline__ void dec_store(float *dst, const attn_qout &q, int64_t o, float v0, float v1) {
+    *reinterpret_cast<float2 *>(dst + o) = make_float2(v0, v1);
+    if (!q.xq) return;
+    float amax = fmaxf(fabsf(v0), fabsf(v1));
+#pragma unroll
+    for (int m = 1; m < 16; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float d = amax / 127.0f;
+    const int q0 = d > 0.0f ? __float2int_rn(v0 / d) : 0, q1 = d > 0.0f ? __float2int_rn(v1 / d) : 0;
+    int s16 = q0 + q1; /* 8 lanes = 16 values */
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, m);
+    const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 8);
+    char2 c;
+    c.x = (signed char)q0;
+    c.y = (signed char)q1;
+    *reinterpret_cast<char2 *>(q.xq + o) = c;
+    if ((o & 15) == 0) q.xs[o / 16] = d * (float)s16;
+    if ((o & 31) == 0) q.xd[o / 32] = make_float2(d, d * (float)s32);
+}
+
 /* rows: NULL (row = slot, slots 0..n_tokens-1) or a list {count, row...} (a prefill
  * batch's short row groups). Grid (slots x n_kv, n_split): the block's slot is
  * blockIdx.x / n_kv and, when the list holds more rows than the grid has slots, the block
- * moves on by gridDim.x / n_kv. Partials go to slot-indexed entries. */
+ * moves on by gridDim.x / n_kv. A row of n keys uses ns = min(n_split, ceil(n / min_keys))
+ * splits (blocks of higher splits skip it): with one, the block writes the output itself;
+ * otherwise each split writes its partial {m, l, o[G][D]} (slot-indexed) and the last of
+ * the ns blocks to count itself in attn_cnt merges them, writes the output and resets the
+ * counter. qo: the output's int8 form too (see dec_store), or all NULL. */
 template <typename T, int D, int GMAX>
 static __global__ void __launch_bounds__(DEC_THREADS)
-    attn_decode_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
-                       const int *__restrict__ rows, float *__restrict__ partial, int n_split) {
+    attn_decode_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, const int *rows, float *partial,
+                       int n_split, int min_keys, const attn_qout qo) {
     using C = dec_cfg<T, D>;
     constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, HG = C::HG;
     constexpr int GPT = GMAX / HG; /* heads per thread in C */
+    constexpr int MAXS = 64;       /* splits the merge handles (the plan's cap) */
     extern __shared__ __align__(16) unsigned char dsm[];
     float *sq = reinterpret_cast<float *>(dsm); /* (D, GMAX) scaled queries */
     float *ss = sq + GMAX * D;                  /* (NK, GMAX) scores -> probabilities */
     float *s_m = ss + GMAX * NK, *s_l = s_m + GMAX, *s_c = s_l + GMAX;
     T *skv = reinterpret_cast<T *>(s_c + GMAX); /* [stage][K, V][NK][LD] */
+    float *s_w = reinterpret_cast<float *>(skv); /* merge: (MAXS, GMAX) split weights, after the stages */
+    static_assert((size_t)MAXS * GMAX * sizeof(float) <= (size_t)4 * NK * LD * sizeof(T), "merge weights fit");
+    __shared__ int s_last;
+
+    /* q, the positions, tables, row lists and caches are the step's data: nothing is read
+     * before the previous kernel is done (cuda_common.cuh) */
+    pdl_wait();
+    pdl_trigger();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = a.n_head / a.n_kv;
     const int g = blockIdx.x % a.n_kv, split = blockIdx.y;
     const int n_slots = gridDim.x / a.n_kv;
     const int count = rows ? rows[0] : (int)a.n_tokens;
-    const int dp = tid % (D / 2), hg = tid / (D / 2); /* phase C ownership */
+    const int dp = tid % (D / 2), hg = tid / (D / 2); /* phase C ownership; hg is warp-uniform */
 
     for (int slot = blockIdx.x / a.n_kv; slot < count; slot += n_slots) {
         const int64_t t = rows ? rows[1 + slot] : slot;
         const int pos = a.pos[t];
         const int j0 = first_key(pos, a.window);
         const int n_keys = pos - j0 + 1;
-        const int chunk = (n_keys + n_split - 1) / n_split;
+        const int ns = n_split > 1 ? min(n_split, max(1, (n_keys + min_keys - 1) / min_keys)) : 1;
+        if (split >= ns) continue; /* block-uniform: this row needs fewer splits */
+        const int chunk = (n_keys + ns - 1) / ns;
         const int kb0 = j0 + split * chunk;          /* this split's keys: [kb0, ke) */
         const int ke = min(kb0 + chunk, pos + 1);
         const int n_st = ke > kb0 ? (ke - kb0 + NK - 1) / NK : 0;
@@ -453,28 +521,77 @@ static __global__ void __launch_bounds__(DEC_THREADS)
             }
             __syncthreads(); /* the stage's buffers and ss are reused */
         }
+        /* no cp.async group is pending here: the last stage waited for all but an empty one */
 
+        if (ns == 1) {
 #pragma unroll
-        for (int k = 0; k < GPT; k++) {
-            const int h = hg + HG * k;
-            if (h < G) {
-                const int64_t hh = (int64_t)g * G + h;
-                const float l = s_l[h];
-                if (n_split == 1) {
-                    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-                    *reinterpret_cast<float2 *>(a.dst + (t * a.n_head + hh) * D + 2 * dp) =
-                        make_float2(o[k][0] * inv, o[k][1] * inv);
-                } else {
-                    float *pr = partial + (((int64_t)slot * a.n_head + hh) * n_split + split) * (D + 2);
+            for (int k = 0; k < GPT; k++) {
+                const int h = hg + HG * k;
+                if (h < G) { /* warp-uniform */
+                    const float l = s_l[h], inv = l > 0.0f ? 1.0f / l : 0.0f;
+                    dec_store(a.dst, qo, (t * a.n_head + (int64_t)g * G + h) * D + 2 * dp, o[k][0] * inv,
+                              o[k][1] * inv);
+                }
+            }
+        } else {
+            /* partial[((slot * n_head + head) * n_split + split) * (D + 2)] = {m, l, o[D]} */
+            const int64_t pbase = ((int64_t)slot * a.n_head + (int64_t)g * G) * n_split;
+#pragma unroll
+            for (int k = 0; k < GPT; k++) {
+                const int h = hg + HG * k;
+                if (h < G) {
+                    float *pr = partial + (pbase + (int64_t)h * n_split + split) * (D + 2);
                     if (dp == 0) {
                         pr[0] = s_m[h];
-                        pr[1] = l;
+                        pr[1] = s_l[h];
                     }
                     *reinterpret_cast<float2 *>(pr + 2 + 2 * dp) = make_float2(o[k][0], o[k][1]);
                 }
             }
+            unsigned *cnt = &attn_cnt[slot * n_kv + g];
+            __threadfence(); /* this block's partials, before it counts itself */
+            __syncthreads();
+            if (tid == 0) s_last = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
+            __syncthreads();
+            if (s_last) {
+                __threadfence();
+                /* weights of the splits per head: exp(m_s - M) / L; other blocks' partials
+                 * are read from L2 (__ldcg), never from this SM's L1 */
+                for (int h = warp; h < G; h += DEC_THREADS / 32) {
+                    const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2);
+                    const float m0 = lane < ns ? __ldcg(pb + lane * (D + 2)) : -INFINITY;
+                    const float l0 = lane < ns ? __ldcg(pb + lane * (D + 2) + 1) : 0.0f;
+                    const float m1 = lane + 32 < ns ? __ldcg(pb + (lane + 32) * (D + 2)) : -INFINITY;
+                    const float l1 = lane + 32 < ns ? __ldcg(pb + (lane + 32) * (D + 2) + 1) : 0.0f;
+                    const float M = warp_max(fmaxf(m0, m1));
+                    const float e0 = m0 == -INFINITY ? 0.0f : expf(m0 - M);
+                    const float e1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
+                    const float L = warp_sum(l0 * e0 + l1 * e1);
+                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+                    if (lane < ns) s_w[h * MAXS + lane] = e0 * inv;
+                    if (lane + 32 < ns) s_w[h * MAXS + lane + 32] = e1 * inv;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int k = 0; k < GPT; k++) {
+                    const int h = hg + HG * k;
+                    if (h < G) { /* warp-uniform */
+                        const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2) + 2 + 2 * dp;
+                        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 8
+                        for (int sp = 0; sp < ns; sp++) {
+                            const float w = s_w[h * MAXS + sp];
+                            const float2 v = __ldcg(reinterpret_cast<const float2 *>(pb + sp * (D + 2)));
+                            acc0 += w * v.x;
+                            acc1 += w * v.y;
+                        }
+                        dec_store(a.dst, qo, (t * a.n_head + (int64_t)g * G + h) * D + 2 * dp, acc0, acc1);
+                    }
+                }
+                if (tid == 0) *cnt = 0; /* every split has counted: ready for the next call */
+            }
         }
-        __syncthreads(); /* s_m, s_l, sq are rewritten for the next slot */
+        __syncthreads(); /* s_m, s_l, sq, s_w and s_last are rewritten for the next slot */
     }
 }
 
@@ -573,8 +690,8 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
  * blockIdx.y + gridDim.y, ... from the last (longest key range under causality) down. */
 template <typename T, int D>
 static __global__ void __launch_bounds__(PF_THREADS)
-    attn_prefill_kernel(const struct cuda_attn_args a, const T *__restrict__ kc, const T *__restrict__ vc,
-                        const int *__restrict__ tiles, float *__restrict__ partial, int n_split) {
+    attn_prefill_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, const int *tiles, float *partial,
+                        int n_split) {
     constexpr int BN = pf_cfg<D>::BN, LD = pf_cfg<D>::LD, NC = D / 8;
     extern __shared__ __align__(16) unsigned char psm[];
     T *sQ = reinterpret_cast<T *>(psm); /* [PF_BM][LD] */
@@ -582,6 +699,8 @@ static __global__ void __launch_bounds__(PF_THREADS)
     T *sV = sK + BN * LD;               /* [BN][LD] */
     __shared__ int s_pos[PF_BM], s_j0[PF_BM];
 
+    pdl_wait(); /* tiles, q, positions, caches: the step's data */
+    pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
     const int h = blockIdx.x, split = blockIdx.z;
     const int kvh = h / (a.n_head / a.n_kv);
@@ -800,9 +919,11 @@ static __device__ int block_excl_scan(int v, int *total, int *warp_tot) {
 }
 
 static __global__ void __launch_bounds__(1024)
-    attn_tiles_kernel(const int32_t *__restrict__ seq, int n, int short_max, int short_cap, int *__restrict__ starts,
-                      int *__restrict__ tiles, int *__restrict__ short_rows, int *__restrict__ kind) {
+    attn_tiles_kernel(const int32_t *seq, int n, int short_max, int short_cap, int *starts, int *tiles,
+                      int *short_rows, int *kind) {
     __shared__ int warp_tot[32];
+    pdl_wait();
+    pdl_trigger();
     const int tid = threadIdx.x;
     int n_groups = 0;
     for (int c0 = 0; c0 < n; c0 += blockDim.x) {
@@ -848,14 +969,15 @@ static __global__ void __launch_bounds__(1024)
 }
 
 /* ------------------------------------------------------------------------------------
- * Merging the key splits
+ * Merging the key splits of the generic and prefill kernels (the decode kernel merges its own)
  * ------------------------------------------------------------------------------------
  * partial[(slot * n_head + h) * n_split + s] = {m, l, o[dv]} (o unnormalized). A block
  * per (slot, head); slot -> row through `rows` ({count, row...}) when given, else
  * row = slot; rows with kind[row] != 0 are skipped when kind is given. */
-static __global__ void attn_merge_kernel(float *__restrict__ dst, const float *__restrict__ partial, int n_head,
-                                         int dv, int n_split, const int *__restrict__ rows,
-                                         const int *__restrict__ kind) {
+static __global__ void attn_merge_kernel(float *dst, const float *partial, int n_head, int dv, int n_split,
+                                         const int *rows, const int *kind) {
+    pdl_wait();
+    pdl_trigger();
     const int h = blockIdx.x % n_head;
     const int64_t slot = blockIdx.x / n_head;
     if (rows && slot >= rows[0]) return;
@@ -898,14 +1020,26 @@ static int sm_count(void) {
 }
 
 /* Doubles the split while the blocks do not reach `target`, keeping at least min_keys
- * keys per split of the longest row. */
-static int choose_split(int64_t units, int max_keys, int min_keys, int max_split, int64_t target) {
+ * keys per split of the longest row; forced > 0 replaces the choice (capped at max_split). */
+static int choose_split(int64_t units, int max_keys, int min_keys, int max_split, int64_t target, int forced) {
+    if (forced > 0) return forced < max_split ? forced : max_split;
     int s = 1;
     while (s < max_split && units * s < target && max_keys / (2 * s) >= min_keys) s *= 2;
     return s;
 }
 
 static uint64_t align256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
+
+/* The decode kernel's splits for `slots` row slots: its counters cover slots x n_kv. */
+static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p, int64_t slots, int64_t target) {
+    const int nk = 8192 / (a->dk * (a->cache_type == QT_F32 ? 4 : 2)); /* keys per stage */
+    const uint64_t row_bytes = (uint64_t)a->n_head * (uint64_t)(a->dv + 2) * sizeof(float);
+    p->dec_slots = (int)slots;
+    p->dec_min_keys = a->split_keys > 0 ? a->split_keys : 2 * nk;
+    p->dec_split = choose_split(slots * a->n_kv, a->max_keys, p->dec_min_keys, 64, target, a->split);
+    if (slots * a->n_kv > ATTN_CNT) p->dec_split = 1;
+    if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)slots * p->dec_split * row_bytes);
+}
 
 extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p) {
     memset(p, 0, sizeof *p);
@@ -925,27 +1059,22 @@ extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_
     if (k == CUDA_ATTN_GENERIC) {
         /* (rows x heads x splits) fills the GPU twice over, >= 128 keys per split */
         p->dec_slots = (int)n;
-        p->dec_split = choose_split(n * a->n_head, a->max_keys, 128, 64, 2 * (int64_t)sm_count());
+        p->dec_split = choose_split(n * a->n_head, a->max_keys, 128, 64, 2 * (int64_t)sm_count(), a->split);
         if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)n * p->dec_split * row_bytes);
     } else if (k == CUDA_ATTN_DECODE) {
-        const int nk = 8192 / (a->dk * (a->cache_type == QT_F32 ? 4 : 2));
-        p->dec_slots = (int)n;
-        p->dec_split = choose_split(n * a->n_kv, a->max_keys, 2 * nk, 64, target);
-        if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)n * p->dec_split * row_bytes);
+        plan_decode(a, p, n, target);
     } else {
-        const int bn = a->dk <= 128 ? 64 : 32, nk = 8192 / (a->dk * 2);
+        const int bn = a->dk <= 128 ? 64 : 32;
         const int short_max = k == CUDA_ATTN_PREFILL ? 0 : PF_SHORT;
         int64_t groups = (n + PF_BM - 1) / PF_BM + a->n_seqs; /* with consecutive rows per sequence */
         if (groups > n) groups = n;
         p->short_max = short_max;
         p->pf_slots = (int)(groups < 65535 ? groups : 65535);
-        p->pf_split = choose_split(((n + PF_BM - 1) / PF_BM) * a->n_head, a->max_keys, 4 * bn, 16, target / 2);
+        p->pf_split = choose_split(((n + PF_BM - 1) / PF_BM) * a->n_head, a->max_keys, 4 * bn, 16, target / 2, 0);
         if (short_max > 0) {
             int64_t slots = (int64_t)a->n_seqs * 2 * short_max; /* a sequence's head and tail groups */
             if (slots > n) slots = n;
-            p->dec_slots = (int)slots;
-            p->dec_split = choose_split(slots * a->n_kv, a->max_keys, 2 * nk, 64, target);
-            if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)slots * p->dec_split * row_bytes);
+            plan_decode(a, p, slots, target);
         }
         if (p->pf_split > 1) p->pf_partial_bytes = align256((uint64_t)n * p->pf_split * row_bytes);
         /* starts (n + 1), tiles (1 + 2n), short rows (1 + n), kind (n) */
@@ -959,15 +1088,28 @@ extern "C" uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a) {
     return p.dec_partial_bytes + p.pf_partial_bytes + p.list_bytes;
 }
 
+extern "C" int cuda_attn_counters_busy(void) {
+    unsigned h[ATTN_CNT];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, attn_cnt, sizeof h) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    int busy = 0;
+    for (int i = 0; i < ATTN_CNT; i++) busy += h[i] != 0;
+    return busy;
+}
+
+/* Launch errors stay pending for the caller's cudaGetLastError (cuda_attention is void). */
 template <typename T>
 static void launch_generic(const struct cuda_attn_args *a, float *partial, int s, cudaStream_t st) {
     dim3 grid((unsigned)a->n_head, (unsigned)a->n_tokens, (unsigned)s);
-    attn_generic_kernel<T><<<grid, GEN_WARPS * 32, 0, st>>>(*a, (const T *)a->kc, (const T *)a->vc, partial, s);
+    (void)klaunch(attn_generic_kernel<T>, grid, dim3(GEN_WARPS * 32), 0, st, *a, (const T *)a->kc, (const T *)a->vc,
+                  partial, s);
 }
 
 template <typename T, int D, int GMAX>
 static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            cudaStream_t st) {
+                            int min_keys, const attn_qout &qo, cudaStream_t st) {
     constexpr size_t smem = dec_smem_bytes<T, D, GMAX>();
     /* > 48 KB of dynamic smem needs the opt-in, once per kernel (the first call runs
      * eagerly, before any graph capture); a failure stays pending and the launch reports it */
@@ -976,25 +1118,25 @@ static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int
         attr = cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem) == cudaSuccess;
     dim3 grid((unsigned)((int64_t)slots * a->n_kv), (unsigned)s);
-    attn_decode_kernel<T, D, GMAX>
-        <<<grid, DEC_THREADS, smem, st>>>(*a, (const T *)a->kc, (const T *)a->vc, rows, partial, s);
+    (void)klaunch(attn_decode_kernel<T, D, GMAX>, grid, dim3(DEC_THREADS), smem, st, *a, (const T *)a->kc,
+                  (const T *)a->vc, rows, partial, s, min_keys, qo);
 }
 
 template <typename T, int D>
 static void launch_decode_d(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            cudaStream_t st) {
+                            int min_keys, const attn_qout &qo, cudaStream_t st) {
     const int G = a->n_head / a->n_kv;
-    if (G <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, st);
-    else if (G <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, st);
-    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, st);
+    if (G <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, qo, st);
+    else if (G <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, qo, st);
+    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, qo, st);
 }
 
 template <typename T>
 static void launch_decode(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                          cudaStream_t st) {
-    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, st);
-    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, st);
-    else launch_decode_d<T, 256>(a, rows, slots, partial, s, st);
+                          int min_keys, const attn_qout &qo, cudaStream_t st) {
+    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, qo, st);
+    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, qo, st);
+    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, qo, st);
 }
 
 template <typename T, int D>
@@ -1006,7 +1148,8 @@ static void launch_prefill_d(const struct cuda_attn_args *a, const int *tiles, i
         attr = cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem) == cudaSuccess;
     dim3 grid((unsigned)a->n_head, (unsigned)slots, (unsigned)s);
-    attn_prefill_kernel<T, D><<<grid, PF_THREADS, smem, st>>>(*a, (const T *)a->kc, (const T *)a->vc, tiles, partial, s);
+    (void)klaunch(attn_prefill_kernel<T, D>, grid, dim3(PF_THREADS), smem, st, *a, (const T *)a->kc,
+                  (const T *)a->vc, tiles, partial, s);
 }
 
 template <typename T>
@@ -1017,17 +1160,18 @@ static void launch_prefill(const struct cuda_attn_args *a, const int *tiles, int
     else launch_prefill_d<T, 256>(a, tiles, slots, partial, s, st);
 }
 
-static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                              cudaStream_t st) {
-    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, slots, partial, s, st);
-    else if (a->cache_type == QT_BF16) launch_decode<__nv_bfloat16>(a, rows, slots, partial, s, st);
-    else launch_decode<float>(a, rows, slots, partial, s, st);
+static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, const struct cuda_attn_plan &p,
+                              float *partial, const attn_qout &qo, cudaStream_t st) {
+    const int s = p.dec_split, mk = p.dec_min_keys;
+    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, qo, st);
+    else if (a->cache_type == QT_BF16) launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, qo, st);
+    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, qo, st);
 }
 
 static void launch_merge(const struct cuda_attn_args *a, const float *partial, int slots, int s, const int *rows,
                          const int *kind, cudaStream_t st) {
-    attn_merge_kernel<<<(unsigned)((int64_t)slots * a->n_head), 128, 0, st>>>(a->dst, partial, a->n_head, a->dv, s,
-                                                                            rows, kind);
+    (void)klaunch(attn_merge_kernel, dim3((unsigned)((int64_t)slots * a->n_head)), dim3(128), 0, st, a->dst, partial,
+                  a->n_head, a->dv, s, rows, kind);
 }
 
 extern "C" void cuda_attention(const struct cuda_attn_args *a, void *stream) {
@@ -1040,27 +1184,35 @@ extern "C" void cuda_attention(const struct cuda_attn_args *a, void *stream) {
     int *lists = p.list_bytes ? (int *)(scr + p.dec_partial_bytes + p.pf_partial_bytes) : NULL;
     const int n = (int)a->n_tokens;
     if (n <= 0) return;
+    /* the int8 form of the output: by the decode kernel itself, else one quantize launch */
+    const int64_t width = (int64_t)a->dv * a->n_head;
+    const bool want_q = a->q_out && n <= CUDA_MMV_MAX_N && width % 32 == 0;
+    attn_qout qo = {NULL, NULL, NULL};
+    if (want_q && p.kernel == CUDA_ATTN_DECODE) {
+        void *xd;
+        cuda_mmv_scratch_parts(a->q_out, width, n, &qo.xq, &xd, &qo.xs);
+        qo.xd = (float2 *)xd;
+    }
 
     if (p.kernel == CUDA_ATTN_GENERIC) {
         if (a->cache_type == QT_F16) launch_generic<__half>(a, dec_partial, p.dec_split, st);
         else if (a->cache_type == QT_BF16) launch_generic<__nv_bfloat16>(a, dec_partial, p.dec_split, st);
         else launch_generic<float>(a, dec_partial, p.dec_split, st);
         if (p.dec_split > 1) launch_merge(a, dec_partial, n, p.dec_split, NULL, NULL, st);
-        return;
+    } else if (p.kernel == CUDA_ATTN_DECODE) {
+        launch_decode_any(a, NULL, p, dec_partial, qo, st);
+    } else {
+        /* hybrid / prefill: lists laid out as starts (n + 1) | tiles (1 + 2n) | short (1 + n) | kind (n) */
+        int *starts = lists, *tiles = starts + (n + 1), *short_rows = tiles + (1 + 2 * n), *kind = short_rows + (1 + n);
+        (void)klaunch(attn_tiles_kernel, dim3(1), dim3(1024), 0, st, a->seq, n, p.short_max, p.dec_slots, starts, tiles,
+                      short_rows, kind);
+        if (a->cache_type == QT_F16) launch_prefill<__half>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
+        else launch_prefill<__nv_bfloat16>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
+        if (p.pf_split > 1) launch_merge(a, pf_partial, n, p.pf_split, NULL, kind, st);
+        if (p.short_max > 0) launch_decode_any(a, short_rows, p, dec_partial, qo, st);
     }
-    if (p.kernel == CUDA_ATTN_DECODE) {
-        launch_decode_any(a, NULL, n, dec_partial, p.dec_split, st);
-        if (p.dec_split > 1) launch_merge(a, dec_partial, n, p.dec_split, NULL, NULL, st);
-        return;
-    }
-    /* hybrid / prefill: lists laid out as starts (n + 1) | tiles (1 + 2n) | short (1 + n) | kind (n) */
-    int *starts = lists, *tiles = starts + (n + 1), *short_rows = tiles + (1 + 2 * n), *kind = short_rows + (1 + n);
-    attn_tiles_kernel<<<1, 1024, 0, st>>>(a->seq, n, p.short_max, p.dec_slots, starts, tiles, short_rows, kind);
-    if (a->cache_type == QT_F16) launch_prefill<__half>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
-    else launch_prefill<__nv_bfloat16>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
-    if (p.pf_split > 1) launch_merge(a, pf_partial, n, p.pf_split, NULL, kind, st);
-    if (p.short_max > 0) {
-        launch_decode_any(a, short_rows, p.dec_slots, dec_partial, p.dec_split, st);
-        if (p.dec_split > 1) launch_merge(a, dec_partial, p.dec_slots, p.dec_split, short_rows, NULL, st);
+    if (want_q && !qo.xq) {
+        struct err e;
+        (void)cuda_mmv_quantize(a->dst, width, n, a->q_out, st, &e); /* a launch error stays pending */
     }
 }

@@ -39,6 +39,7 @@
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
+#define ATT_Q_MAX_K 32768 /* widest attention output (dv x n_head) given an int8 form (att_q) */
 #define CUDA_GRAPHS 64
 
 struct dchunk {
@@ -94,6 +95,15 @@ struct cuda_backend {
         float eps;
         bool valid;
     } prep;
+    /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
+     * the attention launch itself), for the product that consumes it next (W_o in
+     * cu_matmul_acc), sparing its quantize launch. Valid until any other op runs. */
+    struct {
+        void *buf;     /* cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N), fixed (graphs) */
+        const void *x; /* the attention output (dv * n_head, n) it is the int8 form of */
+        int64_t n, k;
+        bool valid;
+    } att_q;
     /* SMELT_PROFILE=1: an event after each kernel (graphs off), times summed per name */
     bool prof;
     cudaEvent_t prof_start;
@@ -214,6 +224,7 @@ static void check_launch(struct cuda_backend *cb, const char *what) {
     if (rc != cudaSuccess) CU_FAIL(cb, rc, what);
     prof_mark(cb, 0, "%s", what);
     cb->prep.valid = false; /* any other op may have written the prepared tensor */
+    cb->att_q.valid = false;
 }
 
 /* ---- bookkeeping of weight allocations ---- */
@@ -442,6 +453,7 @@ static void cu_step_begin(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
     stack_reset(cb);
     cb->prep.valid = false;
+    cb->att_q.valid = false;
     cb->pin_used = 0;
     cb->n_dl = 0;
     if (cb->prof) {
@@ -680,6 +692,7 @@ static void cu_rope(struct backend *b, struct tensor *x, const struct tensor *po
 static void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
     struct cuda_backend *cb = cu_of(b);
     cb->prep.valid = false;
+    cb->att_q.valid = false;
     const struct cuda_qweight *qw = qw_of(cb, w);
     if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
 }
@@ -692,22 +705,32 @@ static bool prep_matches(struct cuda_backend *cb, const struct tensor *x, const 
            cb->prep.n == x->ne[1] && cb->prep.k == x->ne[0] && cb->prep.eps == pre->eps;
 }
 
+/* att_q.buf when the last op was the attention that wrote x and its int8 form fits qw. */
+static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, const struct cuda_qweight *qw) {
+    return cb->att_q.valid && qw && cb->att_q.x == x->data && cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] &&
+                   qw->k == x->ne[0] && cuda_mmv_needs_quant(qw->type)
+               ? cb->att_q.buf
+               : NULL;
+}
+
 /* dst += W x. In decode, with `next` given, the same launch also prepares dst for the norm
  * the caller applies next (cb->prep), sparing the next product its norm+quantize launch. */
 static void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
                           const struct prenorm *next) {
     struct cuda_backend *cb = cu_of(b);
     const struct cuda_qweight *qw = qw_of(cb, w);
+    const void *att_xq = att_q_for(cb, x, qw); /* x's int8 form, if the attention made it */
     cb->prep.valid = false;
+    cb->att_q.valid = false;
     if (!qw || !ok(cb)) return;
     const int64_t n = x->ne[1];
     if (!(next && next->w && cb->prep.buf && n <= CUDA_MMV_MAX_N && cuda_mmv_needs_quant(qw->type) &&
           qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float))) {
-        matmul(cb, qw, x->data, n, dst->data, true, NULL);
+        matmul(cb, qw, x->data, n, dst->data, true, att_xq);
         return;
     }
     size_t mark = cu_scratch_mark(b);
-    const void *xq = quantized(cb, x->data, qw->k, n, qw->type);
+    const void *xq = att_xq ? att_xq : quantized(cb, x->data, qw->k, n, qw->type);
     if (!xq) return;
     struct cuda_mmv_epi epi = {0};
     epi.post_w = next->w->data;
@@ -790,6 +813,10 @@ static void cu_attention(struct backend *b, struct tensor *dst, const struct ten
         .kernel = CUDA_ATTN_AUTO};
     a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
     if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
+    /* decode: the output's int8 form too, for W_o's product (att_q) */
+    const int64_t width = (int64_t)a.dv * a.n_head;
+    const bool want_q = cb->att_q.buf && a.n_tokens <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K;
+    if (want_q) a.q_out = cb->att_q.buf;
     size_t mark = cu_scratch_mark(b);
     /* the kernel and its scratch follow from the step's shape only (graph replay) */
     uint64_t need = cuda_attn_scratch_bytes(&a);
@@ -799,6 +826,7 @@ static void cu_attention(struct backend *b, struct tensor *dst, const struct ten
     }
     cuda_attention(&a, cb->stream);
     check_launch(cb, "attention");
+    if (want_q && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, a.n_tokens, width, true};
     cu_scratch_release(b, mark);
 }
 
@@ -927,6 +955,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
 static void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_of(b);
+    cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
     if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3) {
@@ -951,6 +980,7 @@ static void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst,
 static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
                        const struct tensor *x, enum glu_act act, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_of(b);
+    cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!ok(cb)) return;
     const struct cuda_qweight *qg = qw_of(cb, w_gate), *qu = qw_of(cb, w_up);
     if (!qg || !qu) return;
@@ -1101,6 +1131,7 @@ static void cu_free(struct backend *b) {
     cudaFree(cb->prep.buf);
     cudaFree(cb->prep.ss);
     cudaFree(cb->prep.cnt);
+    cudaFree(cb->att_q.buf);
     for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
     free(cb->dev);
     for (int i = 0; i < cb->n_qws; i++) {
@@ -1197,6 +1228,11 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         cudaFree(cb->prep.ss);
         cudaFree(cb->prep.cnt);
         memset(&cb->prep, 0, sizeof cb->prep);
+    }
+    /* the attention output's int8 form (without it, W_o quantizes its input itself) */
+    if (cudaMalloc(&cb->att_q.buf, cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N)) != cudaSuccess) {
+        cudaGetLastError();
+        cb->att_q.buf = NULL;
     }
     cudaDeviceSynchronize(); /* the counters' memsets, before any kernel on cb->stream */
     const char *ng = getenv("SMELT_NO_GRAPH");

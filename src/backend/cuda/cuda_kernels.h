@@ -100,16 +100,29 @@ struct cuda_attn_args {
     int max_keys;          /* upper bound of keys any row sees (sizes the split) */
     int kernel;            /* enum cuda_attn_kernel: AUTO, or one forced (tests, benchmarks);
                             * a kernel that cannot run the shape falls back (see the plan) */
+    int split;             /* > 0: this many key splits at most for the decode and generic
+                            * kernels (tests, benchmarks; capped at 64); 0: the plan's */
+    int split_keys;        /* > 0: fewest keys per split of the decode kernel; 0: two stages */
     void *scratch;         /* cuda_attn_scratch_bytes(this) bytes of device memory */
+    void *q_out;           /* NULL, or cuda_mmv_scratch_bytes(dv * n_head, n_tokens) bytes of
+                            * device memory that also get dst in cuda_mmv_quantize's int8
+                            * layout (cuda_mmv_scratch_parts), so the product that consumes
+                            * dst needs no quantize launch. Fused into the decode kernel;
+                            * other plans quantize in a separate launch. Ignored unless
+                            * n_tokens <= 8 (CUDA_MMV_MAX_N) and dv * n_head % 32 == 0. */
 };
 
 /* What cuda_attention will launch for a (the plan is a function of the shape fields only:
- * n_tokens, n_seqs, heads, dims, cache type, max_keys, kernel). Falls back from a forced
- * kernel: head_dim not 64/128/256, dk != dv or more than 16 query heads per KV head run
- * GENERIC; F32 caches run DECODE instead of HYBRID/PREFILL. */
+ * n_tokens, n_seqs, heads, dims, cache type, max_keys, kernel, split, split_keys). Falls
+ * back from a forced kernel: head_dim not 64/128/256, dk != dv or more than 16 query heads
+ * per KV head run GENERIC; F32 caches run DECODE instead of HYBRID/PREFILL.
+ * The decode kernel's dec_split is the most splits a row may use: a row of n keys uses
+ * min(dec_split, ceil(n / dec_min_keys)) (decided on the device, so a graph replays
+ * correctly at any depth), and the last of its splits to finish merges them. */
 struct cuda_attn_plan {
     int kernel;                  /* enum cuda_attn_kernel, never AUTO */
     int dec_slots, dec_split;    /* decode/generic: row slots in the grid, key splits */
+    int dec_min_keys;            /* decode: fewest keys per split */
     int pf_slots, pf_split;      /* hybrid/prefill: row-group slots, key splits */
     int short_max;               /* hybrid: groups of <= this many rows go to decode */
     uint64_t dec_partial_bytes, pf_partial_bytes, list_bytes; /* scratch, in this order */
@@ -117,7 +130,13 @@ struct cuda_attn_plan {
 void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p);
 /* Device scratch the call needs (0 when none). */
 uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a);
+/* Enqueues the attention (programmatic dependent launches: see cuda_common.cuh). The decode
+ * kernel's split counters are device globals of this file: calls must not run concurrently
+ * on two streams of one device. Launch errors are left for cudaGetLastError. */
 void cuda_attention(const struct cuda_attn_args *a, void *stream);
+/* Tests: synchronizes the device and returns how many of the decode kernel's split
+ * counters are not zero (they must all be zero between calls), or -1 on a CUDA error. */
+int cuda_attn_counters_busy(void);
 
 /* ---- cuda_sample.cu ---- */
 
