@@ -703,7 +703,27 @@ static void test_attn_plan(void) {
     cuda_attn_plan(&a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* one decode row */
     T_CHECK(p.dec_split > 1);             /* 8 blocks would not fill the GPU */
+    T_EQ_INT(p.dec_min_keys, 64);         /* two stages of 32 keys (8 KB of d = 128 F16) */
     T_CHECK(cuda_attn_scratch_bytes(&a) > 0);
+    a.max_keys = 256; /* a short table: few splits in the grid */
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.dec_split, 4);
+    a.split = 8; /* forced, capped at 64 */
+    a.split_keys = 5;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.dec_split, 8);
+    T_EQ_INT(p.dec_min_keys, 5);
+    a.split = 1000;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.dec_split, 64);
+    a.n_tokens = a.n_seqs = 1024; /* more (row, KV head) pairs than split counters: no split */
+    a.split = 2;
+    cuda_attn_plan(&a, &p);
+    T_EQ_INT(p.dec_split, 1);
+    T_EQ_INT((int)p.dec_partial_bytes, 0);
+    a.split = a.split_keys = 0;
+    a.max_keys = 1024;
+    a.n_tokens = a.n_seqs = 1;
     a.n_seqs = 64;
     a.n_tokens = 64;
     cuda_attn_plan(&a, &p);
