@@ -416,6 +416,10 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         const int n_st = ke > kb0 ? (ke - kb0 + NK - 1) / NK : 0;
         const int32_t *table = a.blocks + (int64_t)a.seq[t] * a.max_blocks;
 
+        /* the first stage's copies go out before q is read: q's load latency overlaps them */
+        const int bs = a.block_size, n_kv = a.n_kv;
+        if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, bs, n_kv, g, tid);
+        cp_async_commit();
         const float *qg = a.q + (t * a.n_head + (int64_t)g * G) * D; /* the group's G heads */
         for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i] * a.scale;
         if (tid < GMAX) {
@@ -425,10 +429,6 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         float o[GPT][2];
 #pragma unroll
         for (int k = 0; k < GPT; k++) o[k][0] = o[k][1] = 0.0f;
-
-        const int bs = a.block_size, n_kv = a.n_kv;
-        if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, bs, n_kv, g, tid);
-        cp_async_commit();
         __syncthreads(); /* sq, s_m, s_l */
 
         for (int it = 0; it < n_st; it++) {
