@@ -1,25 +1,32 @@
-/* CUDA int8 tensor-core matmul (cuda_mmq) against its CPU twin.
+/* CUDA tensor-core matmul (cuda_mmq) against its CPU twin.
  *
  * Weights: Gaussian values quantized with the reference quantizer (src/quant), rows of
  * different magnitude. Two references, both in double precision:
- *   - y_q: the reference dequantized W against x quantized exactly as the GPU does (int8
- *     per 32 values, d = amax/127, round-to-nearest-even): the GPU must match it to float
- *     rounding, |y - y_q| <= 2e-5 * sum|w||x| + 1e-6, which proves the integer math, the
- *     fragment layouts and the weight layouts;
- *   - y: the same W against the exact x: the difference is the activation quantization
- *     error, reported and bounded (relative RMS < 1.5%).
- * Every tile shape is run on every case (and the automatic choice), on ragged shapes (row
- * counts that are not multiples of the tile, Q8_0 rows whose length is not a multiple of
- * 256) and n = 9 .. 512 token rows. Outputs are poisoned with NaN before each run (every
- * output must be written) and followed by a guard band (nothing past the end may be).
- * For large shapes the CPU reference checks a sample of rows (every token of each).
+ *   - y_h: the weights as the kernel turns them into f16, decoded here from the GGUF bytes
+ *     (not from the split layout): Q4_K f16(q * f16(d*sc) - f16(dmin*m)), Q6_K
+ *     f16((q - 32) * f16(d*sc)), Q8_0 f16(q * d), each rounded once to nearest even,
+ *     against x rounded to f16 (clamped to +-65504). The GPU adds exact f16 products in
+ *     f32, so it must match to float rounding, |y - y_h| <= 2e-5 * sum|w x| + 1e-6: this
+ *     proves the layouts, fragments, scales, pipeline and the split-tile sums;
+ *   - y: the library's dequantized W against the exact x: the difference is the f16
+ *     rounding, reported and bounded (relative RMS < 2e-3).
+ * Every tile and the automatic one, on ragged shapes (row counts that are not multiples of
+ * the tile, Q8_0 rows whose length is not a multiple of 256) and n = 9 .. 512 token rows;
+ * small shapes give one unit of work per block (every tile split between blocks), large
+ * ones split unevenly. Outputs are poisoned with NaN (every output must be written) and
+ * followed by a guard band (nothing past the end may be). For large shapes the CPU
+ * reference checks a sample of rows (every token of each). Also: two runs give the same
+ * bits (the split tiles are summed in a fixed order); one conversion shared by two
+ * products, captured in a CUDA graph and replayed, gives the eager results each time (the
+ * split counters reset themselves); activations beyond the f16 range clamp.
  *
- * SMELT_BENCH=1 adds the figures for the dispatch switch points: for 4096x4096,
- * 14336x4096 and 4096x14336 Q4_K/Q6_K/Q8_0 and 8..512 token rows, microseconds per call of
- * mmq (each tile and the automatic choice), of the 8-row mmv repeated as the backend does,
- * and of F16 dequantization + cuBLAS as the backend's GEMM path does, with TOP/s and the
- * weight GB/s. Weights rotate through > 1 GiB of copies so reads come from HBM.
- * SMELT_BENCH_TYPE=Q4_K limits it to one type.
+ * SMELT_BENCH=1 adds, for 4096x4096, 14336x4096 and 4096x14336 Q4_K/Q6_K/Q8_0 and 8..512
+ * token rows, microseconds per product of mmq (the automatic tile and each tile), of the
+ * 8-row mmv repeated as the backend does below 33 rows, and of F16 dequantization + cuBLAS
+ * as the backend's gemm() does; each timed as replays of a CUDA graph of many products,
+ * weights rotating through > 1 GiB of copies so they come from HBM. One summary line per
+ * (type, shape, n), then the MMQ_MAX_ROWS the figures suggest. SMELT_BENCH_TYPE=Q4_K
+ * limits it to one type.
  */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
@@ -40,13 +47,96 @@ int main(void) {
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
 #include "quant/quant.h"
+#include "util/half.h"
 
 static unsigned long long g_seed = 0x3a9;
 
 #define GUARD 4096 /* floats after y that must stay untouched */
 #define SENTINEL 12345.0f
 
-static void *make_weights(uint32_t type, int64_t rows, int64_t k, float *deq) {
+/* v rounded once to the nearest f16 (ties to even), as a float (exact). v is exact in
+ * double here (a product of f16 values plus an f16). */
+static float rne16(double v) {
+    if (v != v) return (float)v;
+    const double a = fabs(v);
+    if (a == 0) return (float)v;
+    int e;
+    frexp(a, &e);
+    int ex = e - 1;
+    if (ex < -14) ex = -14; /* subnormal quantum 2^-24 */
+    const double q = ldexp(1.0, ex - 10);
+    double r = nearbyint(a / q) * q;
+    if (r > 65504.0) r = INFINITY;
+    return (float)(v < 0 ? -r : r);
+}
+
+static float f16v(float f) {
+    return f16_to_f32(f32_to_f16(f));
+}
+
+static double h16(const uint8_t *p) {
+    return f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* x as the kernel sees it: clamped to the f16 range, rounded to f16. */
+static float x16(float v) {
+    if (fabsf(v) > 65504.0f) v = copysignf(65504.0f, v);
+    return f16v(v);
+}
+
+/* The f16 weights of one row as the kernel computes them, from the GGUF bytes (the block
+ * formats as documented in ggml: Q4_K 6-bit scales/mins packed in 12 bytes, Q6_K ql/qh). */
+static void ref_row_f16(uint32_t type, const uint8_t *row, int64_t k, float *w) {
+    if (type == QT_Q8_0) {
+        for (int64_t b = 0; b < k / 32; b++) {
+            const uint8_t *p = row + 34 * b;
+            const double d = h16(p);
+            for (int i = 0; i < 32; i++)
+                w[32 * b + i] = rne16((double)(int8_t)p[2 + i] * d);
+        }
+    } else if (type == QT_Q4_K) {
+        for (int64_t b = 0; b < k / 256; b++) {
+            const uint8_t *p = row + 144 * b, *sc = p + 4, *qs = p + 16;
+            const float d = (float)h16(p), dmin = (float)h16(p + 2);
+            for (int j = 0; j < 8; j++) {
+                int s, m;
+                if (j < 4) {
+                    s = sc[j] & 63;
+                    m = sc[j + 4] & 63;
+                } else {
+                    s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+                    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+                }
+                const double s16 = f16v(d * (float)s), m16 = f16v(dmin * (float)m);
+                for (int i = 0; i < 32; i++) {
+                    const int q = (j & 1) ? qs[32 * (j / 2) + i] >> 4 : qs[32 * (j / 2) + i] & 0xf;
+                    w[256 * b + 32 * j + i] = rne16(q * s16 - m16);
+                }
+            }
+        }
+    } else { /* Q6_K */
+        for (int64_t b = 0; b < k / 256; b++) {
+            const uint8_t *p = row + 210 * b;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            const float d = (float)h16(p + 208);
+            int q[256];
+            for (int hh = 0; hh < 2; hh++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *L = p + 64 * hh, *H = p + 128 + 32 * hh;
+                    q[128 * hh + l] = (L[l] & 0xf) | ((H[l] & 3) << 4);
+                    q[128 * hh + l + 32] = (L[l + 32] & 0xf) | (((H[l] >> 2) & 3) << 4);
+                    q[128 * hh + l + 64] = (L[l] >> 4) | (((H[l] >> 4) & 3) << 4);
+                    q[128 * hh + l + 96] = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4);
+                }
+            for (int i = 0; i < 256; i++)
+                w[256 * b + i] = rne16((q[i] - 32) * (double)f16v(d * (float)sc[i / 16]));
+        }
+    }
+}
+
+/* GGUF bytes of rows x k Gaussian weights; w16: the kernel's f16 weights, deq: the
+ * library's dequantization. */
+static void *make_weights(uint32_t type, int64_t rows, int64_t k, float *w16, float *deq) {
     const struct qtype_info *qi = qtype_get(type);
     uint64_t rb = qtype_row_size(type, k);
     uint8_t *w = malloc(rb * (uint64_t)rows);
@@ -58,21 +148,10 @@ static void *make_weights(uint32_t type, int64_t rows, int64_t k, float *deq) {
             row[i] = scale * t_randn(&g_seed);
         qi->quantize(row, w + rb * r, k);
         qi->dequantize(w + rb * r, deq + k * r, k);
+        ref_row_f16(type, w + rb * r, k, w16 + k * r);
     }
     free(row);
     return w;
-}
-
-/* The GPU's activation quantization, on the CPU. */
-static void quantize_like_gpu(const float *x, int64_t nk, float *xhat) {
-    for (int64_t b = 0; b < nk; b += 32) {
-        float amax = 0;
-        for (int i = 0; i < 32; i++)
-            amax = fmaxf(amax, fabsf(x[b + i]));
-        float d = amax / 127.0f;
-        for (int i = 0; i < 32; i++)
-            xhat[b + i] = d > 0 ? rintf(x[b + i] / d) * d : 0.0f;
-    }
 }
 
 #define CK(call)                                                                                   \
@@ -91,11 +170,59 @@ static int row_checked(int64_t r, int64_t rows, int64_t stride) {
     return r < 8 || r >= rows - 8 || r % stride == 0;
 }
 
-/* One weight (type, rows x k) against each n in ns, with every tile and the automatic one. */
-static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, int n_ns) {
+/* Compares y (n x rows) with the references; prints one line; returns the mismatches. */
+static int compare(const char *what, uint32_t type, int64_t rows, int64_t k, int n, int bm, int bn,
+                   int grid, const float *y, const double *yq, const double *mag, const double *yx,
+                   int64_t stride, double y0_mod) {
+    int bad = 0, unwritten = 0, guard = 0;
+    long long first_t = -1, first_r = -1;
+    double worst = 0, err2 = 0, ref2 = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            const double g = y[t * rows + r];
+            if (!isfinite(g)) {
+                if (unwritten++ == 0 && first_t < 0) first_t = t, first_r = r;
+                continue;
+            }
+            if (!row_checked(r, rows, stride)) continue;
+            const int64_t i = t * rows + r;
+            const double y0 = y0_mod > 0 ? (double)(i % (int64_t)y0_mod) - 6.0 : 0.0;
+            const double ref = yq[i] + y0, m = mag[i];
+            const double dev = fabs(g - ref) / (m + 1e-30);
+            if (dev > worst) worst = dev;
+            if (!(fabs(g - ref) <= 2e-5 * m + 1e-6)) {
+                if (bad++ == 0 && first_t < 0) first_t = t, first_r = r;
+                if (bad <= 3)
+                    fprintf(stderr, "  %s %s %lldx%lld n=%d tile %dx%d: y[%d][%lld] = %.7g, ref %.7g (mag %.3g)\n",
+                            what, qtype_name(type), (long long)rows, (long long)k, n, bm, bn, t,
+                            (long long)r, g, ref, m);
+            }
+            err2 += (g - y0 - yx[i]) * (g - y0 - yx[i]);
+            ref2 += yx[i] * yx[i];
+        }
+    for (int i = 0; i < GUARD; i++)
+        guard += y[n * rows + i] != SENTINEL;
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
+    printf("mmq %-5s %5lldx%-5lld n=%-3d %-10s tile %3dx%-3d grid %4d: %s  max |err|/mag %.1e  rel RMS "
+           "vs exact %.2e",
+           qtype_name(type), (long long)rows, (long long)k, n, what, bm, bn, grid,
+           bad || unwritten || guard ? "MISMATCH" : "ok", worst, rel);
+    if (first_t >= 0) printf("  first bad y[%lld][%lld]", first_t, first_r);
+    printf("\n");
+    T_CHECKF(bad == 0, "%d outputs off", bad);
+    T_CHECKF(unwritten == 0, "%d outputs not written (NaN)", unwritten);
+    T_CHECKF(guard == 0, "%d floats written past the end of y", guard);
+    T_CHECKF(rel < 2e-3, "relative RMS %.3g", rel);
+    return bad + unwritten + guard;
+}
+
+/* One weight (type, rows x k) against each n in ns, with every tile and the automatic one;
+ * big_x: some activations beyond the f16 range. */
+static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, int n_ns, int big_x) {
+    float *w16 = malloc(sizeof(float) * (size_t)(rows * k));
     float *deq = malloc(sizeof(float) * (size_t)(rows * k));
-    if (!deq) abort();
-    void *w = make_weights(type, rows, k, deq);
+    if (!w16 || !deq) abort();
+    void *w = make_weights(type, rows, k, w16, deq);
     struct cuda_qweight qw;
     struct err e;
     memset(&qw, 0, sizeof qw);
@@ -104,61 +231,66 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
     int nmax = 0;
     for (int i = 0; i < n_ns; i++)
         nmax = ns[i] > nmax ? ns[i] : nmax;
-    float *x = malloc(sizeof(float) * (size_t)(nmax * k)),
-          *xh = malloc(sizeof(float) * (size_t)(nmax * k));
-    float *y = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD));
+    float *x = malloc(sizeof(float) * (size_t)(nmax * k));
+    float *y = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD)),
+          *y2 = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD));
     double *yq = malloc(sizeof(double) * (size_t)(nmax * rows)),
            *yx = malloc(sizeof(double) * (size_t)(nmax * rows));
     double *mag = malloc(sizeof(double) * (size_t)(nmax * rows));
     float *dx = NULL, *dy = NULL;
     void *scratch = NULL;
-    if (!x || !xh || !y || !yq || !yx || !mag) abort();
+    uint64_t sbytes = 0;
+    if (!x || !y || !y2 || !yq || !yx || !mag) abort();
     if (up != SMELT_OK) goto out;
+    T_EQ_INT(cuda_mmq_scratch_bytes(rows, k, nmax, &sbytes, &e), SMELT_OK);
     CK(cudaMalloc((void **)&dx, sizeof(float) * nmax * k));
     CK(cudaMalloc((void **)&dy, sizeof(float) * (nmax * rows + GUARD)));
-    CK(cudaMalloc(&scratch, cuda_mmq_scratch_bytes(k, nmax)));
+    CK(cudaMalloc(&scratch, sbytes));
     for (int ni = 0; ni < n_ns; ni++) {
         const int n = ns[ni];
         for (int64_t i = 0; i < n * k; i++)
             x[i] = t_randn(&g_seed);
-        quantize_like_gpu(x, n * k, xh);
+        if (big_x) { /* past the f16 range: clamped to +-65504 */
+            x[3] = 1e6f;
+            x[n * k - 5] = -70000.0f;
+            x[7] = 65519.0f; /* rounds to 65504 */
+            x[8] = 65520.0f; /* would round to infinity: clamped */
+        }
         int64_t stride = (int64_t)((double)rows * k * n / 3e7);
         if (stride < 1) stride = 1;
         for (int64_t r = 0; r < rows; r++) {
             if (!row_checked(r, rows, stride)) continue;
-            const float *wr = deq + r * k;
+            const float *wr = w16 + r * k, *dr = deq + r * k;
             for (int t = 0; t < n; t++) {
                 double a = 0, b = 0, m = 0;
-                const float *xt = x + t * k, *ht = xh + t * k;
+                const float *xt = x + t * k;
                 for (int64_t i = 0; i < k; i++) {
-                    a += (double)wr[i] * ht[i];
-                    b += (double)wr[i] * xt[i];
-                    m += fabs((double)wr[i] * ht[i]);
+                    const double p = (double)wr[i] * x16(xt[i]);
+                    a += p;
+                    m += fabs(p);
+                    b += (double)dr[i] * xt[i];
                 }
                 yq[t * rows + r] = a;
-                yx[t * rows + r] = b;
+                yx[t * rows + r] = big_x ? a : b; /* the clamp is not an f16 rounding */
                 mag[t * rows + r] = m;
             }
         }
         CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+        int auto_done = 0;
         for (int tile = CUDA_MMQ_TILE_AUTO; tile < cuda_mmq_tile_count(); tile++) {
             int bm = 0, bn = 0;
-            if (tile == CUDA_MMQ_TILE_AUTO) {
-                int at = cuda_mmq_tile_auto(&qw, n);
-                T_CHECK(at >= 0 && at < cuda_mmq_tile_count());
-                cuda_mmq_tile_shape(at, &bm, &bn);
-            } else {
-                cuda_mmq_tile_shape(tile, &bm, &bn);
-            }
+            const int tl = tile == CUDA_MMQ_TILE_AUTO ? cuda_mmq_tile_auto(&qw, n) : tile;
+            T_CHECK(tl >= 0 && tl < cuda_mmq_tile_count());
+            if (tl < 0) continue;
+            cuda_mmq_tile_shape(tl, &bm, &bn);
             for (int64_t i = 0; i < n * rows; i++)
                 y[i] = NAN; /* poison: every output is written */
             for (int i = 0; i < GUARD; i++)
                 y[n * rows + i] = SENTINEL;
             CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
             smelt_status st = cuda_mmq_quantize(dx, k, n, scratch, NULL, &e);
-            if (st == SMELT_OK) st = cuda_mmq_pre(&qw, n, dy, scratch, 0, tile, NULL, &e);
-            if (st == SMELT_ERR_UNSUPPORTED &&
-                tile != CUDA_MMQ_TILE_AUTO) { /* too much smem here */
+            if (st == SMELT_OK) st = cuda_mmq_pre(&qw, n, dy, scratch, sbytes, 0, tile, NULL, &e);
+            if (st == SMELT_ERR_UNSUPPORTED && tile != CUDA_MMQ_TILE_AUTO) { /* too much smem here */
                 printf("mmq %-5s %5lldx%-5lld n=%-3d tile %3dx%-3d: not on this device (%s)\n",
                        qtype_name(type), (long long)rows, (long long)k, n, bm, bn, e.msg);
                 continue;
@@ -167,77 +299,49 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
             if (st != SMELT_OK) continue;
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
-            int bad = 0, unwritten = 0, guard = 0;
-            long long first_t = -1, first_r = -1;
-            double worst = 0, err2 = 0, ref2 = 0;
-            for (int t = 0; t < n; t++)
-                for (int64_t r = 0; r < rows; r++) {
-                    const double g = y[t * rows + r];
-                    if (!isfinite(g)) {
-                        if (unwritten++ == 0 && first_t < 0) first_t = t, first_r = r;
-                        continue;
-                    }
-                    if (!row_checked(r, rows, stride)) continue;
-                    const double ref = yq[t * rows + r], m = mag[t * rows + r];
-                    const double dev = fabs(g - ref) / (m + 1e-30);
-                    if (dev > worst) worst = dev;
-                    if (!(fabs(g - ref) <= 2e-5 * m + 1e-6)) {
-                        if (bad++ == 0 && first_t < 0) first_t = t, first_r = r;
-                        if (bad <= 3)
-                            fprintf(stderr,
-                                    "  %s %lldx%lld n=%d tile %dx%d: y[%d][%lld] = %.7g, ref %.7g "
-                                    "(mag %.3g)\n",
-                                    qtype_name(type), (long long)rows, (long long)k, n, bm, bn, t,
-                                    (long long)r, g, ref, m);
-                    }
-                    err2 += (g - yx[t * rows + r]) * (g - yx[t * rows + r]);
-                    ref2 += yx[t * rows + r] * yx[t * rows + r];
-                }
-            for (int i = 0; i < GUARD; i++)
-                guard += y[n * rows + i] != SENTINEL;
-            const double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
-            printf("mmq %-5s %5lldx%-5lld n=%-3d tile %3dx%-3d%s: %s  max |err|/mag %.1e  rel RMS "
-                   "vs exact x %.2e",
-                   qtype_name(type), (long long)rows, (long long)k, n, bm, bn,
-                   tile == CUDA_MMQ_TILE_AUTO ? " auto" : "",
-                   bad || unwritten || guard ? "MISMATCH" : "ok", worst, rel);
-            if (first_t >= 0) printf("  first bad y[%lld][%lld]", first_t, first_r);
-            printf("\n");
-            T_CHECKF(bad == 0, "%d outputs off", bad);
-            T_CHECKF(unwritten == 0, "%d outputs not written (NaN)", unwritten);
-            T_CHECKF(guard == 0, "%d floats written past the end of y", guard);
-            T_CHECKF(rel < 1.5e-2, "relative RMS %.3g", rel);
+            compare(tile == CUDA_MMQ_TILE_AUTO ? "auto" : "", type, rows, k, n, bm, bn,
+                    cuda_mmq_grid(&qw, n, tile), y, yq, mag, yx, stride, 0);
+            if (tile == CUDA_MMQ_TILE_AUTO) { /* again: the same bits */
+                for (int64_t i = 0; i < n * rows; i++)
+                    y2[i] = NAN;
+                CK(cudaMemcpy(dy, y2, sizeof(float) * n * rows, cudaMemcpyHostToDevice));
+                T_EQ_INT(cuda_mmq(&qw, dx, n, dy, scratch, sbytes, 0, NULL, &e), SMELT_OK);
+                CK(cudaMemcpy(y2, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
+                int diff = 0;
+                for (int64_t i = 0; i < n * rows; i++)
+                    diff += memcmp(&y[i], &y2[i], sizeof(float)) != 0;
+                T_CHECKF(diff == 0, "%s n=%d: %d outputs differ between two runs", qtype_name(type),
+                         n, diff);
+                auto_done = 1;
+            }
         }
+        T_CHECK(auto_done);
         /* accumulate: y = y0 + W x, with the automatic tile */
         for (int64_t i = 0; i < n * rows; i++)
             y[i] = (float)(i % 13) - 6.0f;
-        CK(cudaMemcpy(dy, y, sizeof(float) * n * rows, cudaMemcpyHostToDevice));
-        T_EQ_INT(cuda_mmq(&qw, dx, n, dy, scratch, 1, NULL, &e), SMELT_OK);
-        CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
-        int bad = 0;
-        for (int t = 0; t < n; t++)
-            for (int64_t r = 0; r < rows; r++) {
-                if (!row_checked(r, rows, stride)) continue;
-                const int64_t i = t * rows + r;
-                const double want = (double)(i % 13) - 6.0 + yq[i];
-                if (!(fabs(y[i] - want) <= 2e-5 * mag[i] + 1e-5)) {
-                    if (bad++ < 3)
-                        fprintf(stderr, "  accumulate %s n=%d: y[%d][%lld] = %.7g, want %.7g\n",
-                                qtype_name(type), n, t, (long long)r, y[i], want);
-                }
-            }
-        T_CHECKF(bad == 0, "accumulate: %d outputs off", bad);
+        for (int i = 0; i < GUARD; i++)
+            y[n * rows + i] = SENTINEL;
+        CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
+        T_EQ_INT(cuda_mmq(&qw, dx, n, dy, scratch, sbytes, 1, NULL, &e), SMELT_OK);
+        CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
+        {
+            int bm, bn;
+            cuda_mmq_tile_shape(cuda_mmq_tile_auto(&qw, n), &bm, &bn);
+            compare("accumulate", type, rows, k, n, bm, bn, cuda_mmq_grid(&qw, n, -1), y, yq, mag,
+                    yx, stride, 13);
+        }
     }
 out:
     cuda_qweight_free(&qw);
     cudaFree(dx);
     cudaFree(dy);
     cudaFree(scratch);
+    free(w16);
     free(deq);
     free(w);
     free(x);
-    free(xh);
     free(y);
+    free(y2);
     free(yq);
     free(yx);
     free(mag);
@@ -245,27 +349,112 @@ out:
 
 static void test_mmq_q4_k(void) {
     const int ns[] = {9, 16, 33, 64, 100, 512};
-    check_weight(QT_Q4_K, 40, 256, ns, 3); /* a single stage */
-    check_weight(QT_Q4_K, 67, 768, ns, 6);
-    check_weight(QT_Q4_K, 301, 2560, ns, 6);
-    check_weight(QT_Q4_K, 4096, 4096, ns, 6);
+    check_weight(QT_Q4_K, 40, 256, ns, 3, 0); /* a single unit per tile */
+    check_weight(QT_Q4_K, 67, 768, ns, 6, 0);
+    check_weight(QT_Q4_K, 301, 2560, ns, 6, 0);
+    check_weight(QT_Q4_K, 4096, 4096, ns, 6, 0);
 }
 
 static void test_mmq_q6_k(void) {
     const int ns[] = {9, 16, 33, 64, 100, 512};
-    check_weight(QT_Q6_K, 40, 256, ns, 3);
-    check_weight(QT_Q6_K, 67, 768, ns, 6);
-    check_weight(QT_Q6_K, 301, 2560, ns, 6);
-    check_weight(QT_Q6_K, 4096, 4096, ns, 6);
+    check_weight(QT_Q6_K, 40, 256, ns, 3, 0);
+    check_weight(QT_Q6_K, 67, 768, ns, 6, 0);
+    check_weight(QT_Q6_K, 301, 2560, ns, 6, 0);
+    check_weight(QT_Q6_K, 4096, 4096, ns, 6, 0);
 }
 
 static void test_mmq_q8_0(void) {
     const int ns[] = {9, 16, 33, 64, 100, 512};
-    check_weight(QT_Q8_0, 40, 64, ns, 3); /* a single partial stage */
-    check_weight(QT_Q8_0, 67, 768, ns, 6);
-    check_weight(QT_Q8_0, 301, 2560, ns, 6);
-    check_weight(QT_Q8_0, 131, 896, ns, 6); /* 3.5 stages: the partial last stage */
-    check_weight(QT_Q8_0, 4096, 4096, ns, 6);
+    check_weight(QT_Q8_0, 40, 64, ns, 3, 0); /* a single partial unit */
+    check_weight(QT_Q8_0, 67, 768, ns, 6, 0);
+    check_weight(QT_Q8_0, 301, 2560, ns, 6, 0);
+    check_weight(QT_Q8_0, 131, 896, ns, 6, 0); /* 3.5 units: the partial last one */
+    check_weight(QT_Q8_0, 4096, 4096, ns, 6, 0);
+}
+
+static void test_mmq_big_x(void) {
+    const int ns[] = {12, 40};
+    check_weight(QT_Q4_K, 300, 1024, ns, 2, 1);
+}
+
+/* One conversion shared by two products (split tiles on both), captured in a graph and
+ * replayed: every replay gives the eager results, bit for bit. */
+static void test_mmq_graph(void) {
+    const int64_t k = 4096, r1 = 1024, r2 = 1536;
+    const int n = 24;
+    float *w16 = malloc(sizeof(float) * (size_t)(r2 * k)), *deq = malloc(sizeof(float) * (size_t)(r2 * k));
+    if (!w16 || !deq) abort();
+    void *h1 = make_weights(QT_Q4_K, r1, k, w16, deq), *h2 = make_weights(QT_Q6_K, r2, k, w16, deq);
+    struct cuda_qweight q1, q2;
+    struct err e;
+    memset(&q1, 0, sizeof q1);
+    memset(&q2, 0, sizeof q2);
+    float *x = malloc(sizeof(float) * n * k), *ya = malloc(sizeof(float) * n * (r1 + r2)),
+          *yb = malloc(sizeof(float) * n * (r1 + r2));
+    float *dx = NULL, *dy = NULL;
+    void *scratch = NULL;
+    uint64_t sbytes = 0;
+    cudaStream_t st = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    if (!x || !ya || !yb) abort();
+    T_EQ_INT(cuda_qweight_upload(&q1, QT_Q4_K, h1, r1, k, NULL, &e), SMELT_OK);
+    T_EQ_INT(cuda_qweight_upload(&q2, QT_Q6_K, h2, r2, k, NULL, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_scratch_bytes(r2, k, n, &sbytes, &e), SMELT_OK);
+    for (int64_t i = 0; i < n * k; i++)
+        x[i] = t_randn(&g_seed);
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
+    CK(cudaMalloc((void **)&dy, sizeof(float) * n * (r1 + r2)));
+    CK(cudaMalloc(&scratch, sbytes));
+    CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+    printf("mmq graph: grids of %d and %d blocks\n", cuda_mmq_grid(&q1, n, -1),
+           cuda_mmq_grid(&q2, n, -1));
+    /* eager */
+    T_EQ_INT(cuda_mmq_quantize(dx, k, n, scratch, st, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_pre(&q1, n, dy, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_pre(&q2, n, dy + n * r1, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e),
+             SMELT_OK);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(ya, dy, sizeof(float) * n * (r1 + r2), cudaMemcpyDeviceToHost));
+    /* captured */
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    smelt_status s1 = cuda_mmq_quantize(dx, k, n, scratch, st, &e);
+    if (s1 == SMELT_OK) s1 = cuda_mmq_pre(&q1, n, dy, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e);
+    if (s1 == SMELT_OK)
+        s1 = cuda_mmq_pre(&q2, n, dy + n * r1, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e);
+    cudaError_t ce = cudaStreamEndCapture(st, &graph);
+    T_CHECKF(s1 == SMELT_OK, "%s", e.msg);
+    CK(ce);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; rep++) {
+        CK(cudaMemsetAsync(dy, 0xff, sizeof(float) * n * (r1 + r2), st)); /* NaN */
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpy(yb, dy, sizeof(float) * n * (r1 + r2), cudaMemcpyDeviceToHost));
+        int diff = 0;
+        for (int64_t i = 0; i < n * (r1 + r2); i++)
+            diff += memcmp(&ya[i], &yb[i], sizeof(float)) != 0;
+        printf("mmq graph replay %d: %d of %lld outputs differ from the eager run\n", rep, diff,
+               (long long)(n * (r1 + r2)));
+        T_CHECKF(diff == 0, "replay %d: %d outputs differ", rep, diff);
+    }
+out:
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (st) cudaStreamDestroy(st);
+    cuda_qweight_free(&q1);
+    cuda_qweight_free(&q2);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(scratch);
+    free(h1);
+    free(h2);
+    free(w16);
+    free(deq);
+    free(x);
+    free(ya);
+    free(yb);
 }
 
 static void test_mmq_rejects(void) {
@@ -277,37 +466,129 @@ static void test_mmq_rejects(void) {
     T_CHECK(!cuda_mmq_supported(QT_Q5_0, 4096));
     struct cuda_qweight qw;
     struct err e;
+    uint64_t bytes = 0;
     memset(&qw, 0, sizeof qw);
     qw.type = QT_F16;
     qw.rows = 16;
     qw.k = 256;
-    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 0, CUDA_MMQ_TILE_AUTO, NULL, &e),
+    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 0, 0, CUDA_MMQ_TILE_AUTO, NULL, &e),
              SMELT_ERR_UNSUPPORTED);
     T_CHECK(strstr(e.msg, "F16") != NULL);
     qw.type = QT_Q8_0;
-    T_EQ_INT(cuda_mmq_pre(&qw, 0, NULL, NULL, 0, CUDA_MMQ_TILE_AUTO, NULL, &e), SMELT_ERR_INVALID);
-    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 0, 99, NULL, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_pre(&qw, 0, NULL, NULL, 0, 0, CUDA_MMQ_TILE_AUTO, NULL, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 0, 0, 99, NULL, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_scratch_bytes(16, 256, 16, &bytes, &e), SMELT_OK);
+    T_CHECK(bytes >= 16 * 256 * 2);
+    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, bytes - 1, 0, CUDA_MMQ_TILE_AUTO, NULL, &e),
+             SMELT_ERR_INVALID); /* scratch too small: refused before any launch */
+    T_CHECK(strstr(e.msg, "scratch") != NULL);
+    T_EQ_INT(cuda_mmq_quantize(NULL, 100, 4, NULL, NULL, &e), SMELT_ERR_INVALID);
 }
 
 /* ---- bench ---- */
 
-struct timer {
-    cudaEvent_t a, b;
+enum bench_op { OP_MMQ, OP_MMV, OP_GEMM };
+
+struct bench_ctx {
+    const struct cuda_qweight *qw;
+    int copies, n, tile;
+    int64_t rows, k, tile_rows;
+    const float *dx;
+    float *dy;
+    void *sq, *sv, *xh, *wh;
+    uint64_t sq_bytes;
+    cublasHandle_t cublas;
+    cudaStream_t st;
+    int gemm_ok;
 };
 
-static double elapsed_us(struct timer *tm, int reps) {
-    float ms = 0;
-    cudaEventSynchronize(tm->b);
-    cudaEventElapsedTime(&ms, tm->a, tm->b);
-    return ms * 1e3 / reps;
+/* Enqueues product i of the measured kind on ctx->st. */
+static void bench_enqueue(struct bench_ctx *c, enum bench_op op, int i) {
+    struct err e;
+    const struct cuda_qweight *w = &c->qw[i % c->copies];
+    const int64_t rows = c->rows, k = c->k;
+    const int n = c->n;
+    if (op == OP_MMQ) {
+        if (cuda_mmq_quantize(c->dx, k, n, c->sq, c->st, &e) == SMELT_OK)
+            cuda_mmq_pre(w, n, c->dy, c->sq, c->sq_bytes, 0, c->tile, c->st, &e);
+    } else if (op == OP_MMV) { /* as the backend below GEMM_MIN_ROWS: 8-row chunks */
+        for (int t0 = 0; t0 < n; t0 += CUDA_MMV_MAX_N) {
+            const int nt = n - t0 < CUDA_MMV_MAX_N ? n - t0 : CUDA_MMV_MAX_N;
+            cuda_mmv_quantize(c->dx + (int64_t)t0 * k, k, nt, c->sv, c->st, &e);
+            cuda_mmv_pre(w, c->dx + (int64_t)t0 * k, nt, c->dy + (int64_t)t0 * rows, c->sv, 0, c->st, &e);
+        }
+    } else { /* as the backend's gemm(): x to F16, W to F16 in row tiles, cublasGemmEx */
+        const float alpha = 1.0f, beta = 0.0f;
+        cuda_f32_to_f16(c->xh, c->dx, k * n, c->st);
+        for (int64_t r0 = 0; r0 < rows; r0 += c->tile_rows) {
+            const int64_t nr = rows - r0 < c->tile_rows ? rows - r0 : c->tile_rows;
+            cuda_dequant_f16(c->wh, w, r0, nr, c->st);
+            if (cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)k, &alpha, c->wh,
+                             CUDA_R_16F, (int)k, c->xh, CUDA_R_16F, (int)k, &beta, c->dy + r0,
+                             CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+                c->gemm_ok = 0;
+        }
+    }
 }
 
-static void print_row(const char *what, const char *shape, uint32_t type, int n, double us,
-                      double ops, double bytes, double best_us) {
-    printf("bench %-5s %-20s n=%-3d %-16s %9.2f us %7.1f TOP/s %7.1f GB/s%s\n", qtype_name(type),
-           shape, n, what, us, ops / us / 1e6, bytes / us / 1e3,
-           us <= best_us * 1.0001 ? "  <- best" : "");
+/* Microseconds per product: a graph of `reps` products (weights rotating), replayed; -1 on
+ * failure. Falls back to timing the same products enqueued eagerly if capture fails. */
+static double bench_time(struct bench_ctx *c, enum bench_op op, int reps) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ex = NULL;
+    cudaEvent_t a, b;
+    float ms = -1;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    bench_enqueue(c, op, 0); /* warm-up (first-use setup happens outside any capture) */
+    if (cudaStreamSynchronize(c->st) != cudaSuccess) goto done;
+    if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+        for (int i = 0; i < reps; i++)
+            bench_enqueue(c, op, i);
+        if (cudaStreamEndCapture(c->st, &g) != cudaSuccess ||
+            cudaGraphInstantiate(&ex, g, 0) != cudaSuccess)
+            ex = NULL;
+    }
+    cudaGetLastError();
+    if (ex) {
+        cudaGraphLaunch(ex, c->st);
+        cudaEventRecord(a, c->st);
+        for (int it = 0; it < 3; it++)
+            cudaGraphLaunch(ex, c->st);
+        cudaEventRecord(b, c->st);
+    } else {
+        printf("bench: capture failed, timing eagerly\n");
+        for (int i = 0; i < reps; i++)
+            bench_enqueue(c, op, i);
+        cudaEventRecord(a, c->st);
+        for (int it = 0; it < 3; it++)
+            for (int i = 0; i < reps; i++)
+                bench_enqueue(c, op, i);
+        cudaEventRecord(b, c->st);
+    }
+    if (cudaEventSynchronize(b) == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
+done:
+    if (ex) cudaGraphExecDestroy(ex);
+    if (g) cudaGraphDestroy(g);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (cudaGetLastError() != cudaSuccess || ms < 0) return -1;
+    return ms * 1e3 / (3.0 * reps);
 }
+
+static void bench_row(const char *what, const char *shape, uint32_t type, int n, double us,
+                      double ops, double bytes) {
+    if (us <= 0) {
+        printf("bench %-5s %-10s n=%-3d %-16s failed\n", qtype_name(type), shape, n, what);
+        return;
+    }
+    printf("bench %-5s %-10s n=%-3d %-16s %9.2f us %7.1f TFLOP/s %6.0f GB/s (%3.0f%% of 4.38 TB/s)\n",
+           qtype_name(type), shape, n, what, us, ops / us / 1e6, bytes / us / 1e3,
+           bytes / us / 1e3 / 4380 * 100);
+}
+
+#define BENCH_NS 7
 
 static void bench(void) {
     struct shape {
@@ -316,26 +597,34 @@ static void bench(void) {
     } shapes[] = {
         {"4096x4096", 4096, 4096}, {"14336x4096", 14336, 4096}, {"4096x14336", 4096, 14336}};
     const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0};
-    const int ns[] = {8, 16, 32, 64, 128, 256, 512};
-    const int reps = 20;
+    const int ns[BENCH_NS] = {8, 16, 32, 64, 128, 256, 512};
+    /* win[type][n]: mmq beat the backend's other path on every shape at this n */
+    int win[3][BENCH_NS], ran[3] = {0, 0, 0};
     struct err e;
     const char *only = getenv("SMELT_BENCH_TYPE");
-    cublasHandle_t cublas;
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
-        printf("bench: cublasCreate failed\n");
+    struct bench_ctx c;
+    memset(&c, 0, sizeof c);
+    void *cublas_ws = NULL;
+    if (cublasCreate(&c.cublas) != CUBLAS_STATUS_SUCCESS ||
+        cudaStreamCreateWithFlags(&c.st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc(&cublas_ws, 32 << 20) != cudaSuccess) {
+        printf("bench: setup failed\n");
         return;
     }
-    struct timer tm;
-    cudaEventCreate(&tm.a);
-    cudaEventCreate(&tm.b);
-    printf("bench: us per call (activation quantization included; GEMM path: x to F16, weight "
-           "dequantized to F16 in "
-           "64 MB tiles, cublasGemmEx). Ceilings: 4380 GB/s HBM read, ~1400 TOP/s int8 dense "
-           "(H200)\n");
+    cublasSetStream(c.cublas, c.st);
+    cublasSetWorkspace(c.cublas, cublas_ws, 32 << 20); /* no allocation inside a capture */
+    for (int ti = 0; ti < 3; ti++)
+        for (int ni = 0; ni < BENCH_NS; ni++)
+            win[ti][ni] = 1;
+    printf("bench: us per product (x conversion included), CUDA graphs of many products, weights "
+           "rotating through > 1 GiB; mmv = the 8-row kernel repeated ceil(n/8) times; cuBLAS = x "
+           "to F16, W dequantized to F16 in 64 MB tiles, cublasGemmEx. Ceilings (H200): 4.38 TB/s "
+           "HBM read; ~780 TFLOP/s dense f16/bf16 (cuBLAS 8192^3), less for mma.sync\n");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const uint32_t type = types[ti];
             if (only && strcmp(only, qtype_name(type)) != 0) continue;
+            ran[ti] = 1;
             const int64_t rows = shapes[si].rows, k = shapes[si].k;
             const uint64_t rb = qtype_row_size(type, k), bytes = rb * rows;
             int copies = (int)((1ull << 30) / bytes) + 1;
@@ -353,125 +642,99 @@ static void bench(void) {
             }
             struct cuda_qweight *qw = calloc((size_t)copies, sizeof *qw);
             int ok = qw != NULL;
-            for (int c = 0; c < copies && ok; c++)
-                ok = cuda_qweight_upload(&qw[c], type, host, rows, k, NULL, &e) == SMELT_OK;
-            const int nmax = ns[sizeof ns / sizeof ns[0] - 1];
+            for (int cc = 0; cc < copies && ok; cc++)
+                ok = cuda_qweight_upload(&qw[cc], type, host, rows, k, NULL, &e) == SMELT_OK;
+            const int nmax = ns[BENCH_NS - 1];
             float *dx = NULL, *dy = NULL;
             void *sq = NULL, *sv = NULL, *xh = NULL, *wh = NULL;
+            uint64_t sq_bytes = 0;
             int64_t tile_rows = (int64_t)(((size_t)64 << 20) / ((size_t)k * 2));
             if (tile_rows > rows) tile_rows = rows;
-            ok = ok && cudaMalloc((void **)&dx, sizeof(float) * nmax * k) == cudaSuccess &&
+            ok = ok && cuda_mmq_scratch_bytes(rows, k, nmax, &sq_bytes, &e) == SMELT_OK &&
+                 cudaMalloc((void **)&dx, sizeof(float) * nmax * k) == cudaSuccess &&
                  cudaMalloc((void **)&dy, sizeof(float) * nmax * rows) == cudaSuccess &&
-                 cudaMalloc(&sq, cuda_mmq_scratch_bytes(k, nmax)) == cudaSuccess &&
+                 cudaMalloc(&sq, sq_bytes) == cudaSuccess &&
                  cudaMalloc(&sv, cuda_mmv_scratch_bytes(k, CUDA_MMV_MAX_N)) == cudaSuccess &&
                  cudaMalloc(&xh, (size_t)nmax * k * 2) == cudaSuccess &&
                  cudaMalloc(&wh, (size_t)tile_rows * k * 2) == cudaSuccess;
             if (!ok)
-                printf("bench %s %s: setup failed (%s)\n", qtype_name(type), shapes[si].name,
-                       e.msg);
+                printf("bench %s %s: setup failed (%s)\n", qtype_name(type), shapes[si].name, e.msg);
             if (ok) { /* activations: Gaussian */
                 float *hx = malloc(sizeof(float) * nmax * k);
+                if (!hx) abort();
                 for (int64_t i = 0; i < (int64_t)nmax * k; i++)
                     hx[i] = t_randn(&g_seed);
                 cudaMemcpy(dx, hx, sizeof(float) * nmax * k, cudaMemcpyHostToDevice);
                 free(hx);
             }
-            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0] && ok; ni++) {
+            c.qw = qw;
+            c.copies = copies;
+            c.rows = rows;
+            c.k = k;
+            c.tile_rows = tile_rows;
+            c.dx = dx;
+            c.dy = dy;
+            c.sq = sq;
+            c.sq_bytes = sq_bytes;
+            c.sv = sv;
+            c.xh = xh;
+            c.wh = wh;
+            for (int ni = 0; ni < BENCH_NS && ok; ni++) {
                 const int n = ns[ni];
                 const double ops = 2.0 * rows * k * n;
-                double us_tile[16], us_auto = -1, us_mmv, us_gemm;
-                const int n_tiles = cuda_mmq_tile_count();
-                /* mmq, each tile then auto (tile -1 last) */
-                for (int tile = 0; tile <= n_tiles; tile++) {
-                    const int tl = tile == n_tiles ? CUDA_MMQ_TILE_AUTO : tile;
-                    smelt_status st = SMELT_OK;
-                    for (int c = 0; c < 2 && st == SMELT_OK; c++) {
-                        st = cuda_mmq_quantize(dx, k, n, sq, NULL, &e);
-                        if (st == SMELT_OK)
-                            st = cuda_mmq_pre(&qw[c % copies], n, dy, sq, 0, tl, NULL, &e);
-                    }
-                    double us = -1;
-                    if (st == SMELT_OK) {
-                        cudaEventRecord(tm.a, 0);
-                        for (int i = 0; i < reps; i++) {
-                            cuda_mmq_quantize(dx, k, n, sq, NULL, &e);
-                            cuda_mmq_pre(&qw[i % copies], n, dy, sq, 0, tl, NULL, &e);
-                        }
-                        cudaEventRecord(tm.b, 0);
-                        us = elapsed_us(&tm, reps);
-                    }
-                    if (tile == n_tiles)
-                        us_auto = us;
-                    else
-                        us_tile[tile] = us;
-                }
-                /* repeated mmv, as the backend's matmul does for n <= 32 */
-                cudaEventRecord(tm.a, 0);
-                for (int i = 0; i < reps; i++)
-                    for (int t0 = 0; t0 < n; t0 += CUDA_MMV_MAX_N) {
-                        const int nt = n - t0 < CUDA_MMV_MAX_N ? n - t0 : CUDA_MMV_MAX_N;
-                        cuda_mmv_quantize(dx + (int64_t)t0 * k, k, nt, sv, NULL, &e);
-                        cuda_mmv_pre(&qw[i % copies], dx + (int64_t)t0 * k, nt,
-                                     dy + (int64_t)t0 * rows, sv, 0, NULL, &e);
-                    }
-                cudaEventRecord(tm.b, 0);
-                us_mmv = elapsed_us(&tm, reps);
-                /* dequantize + cuBLAS, as the backend's gemm() */
-                const float alpha = 1.0f, beta = 0.0f;
-                cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
-                cudaEventRecord(tm.a, 0);
-                for (int i = 0; i < reps && cs == CUBLAS_STATUS_SUCCESS; i++) {
-                    const struct cuda_qweight *w = &qw[i % copies];
-                    cuda_f32_to_f16(xh, dx, k * n, NULL);
-                    for (int64_t r0 = 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS;
-                         r0 += tile_rows) {
-                        const int64_t nr = rows - r0 < tile_rows ? rows - r0 : tile_rows;
-                        cuda_dequant_f16(wh, w, r0, nr, NULL);
-                        cs = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)k,
-                                          &alpha, wh, CUDA_R_16F, (int)k, xh, CUDA_R_16F, (int)k,
-                                          &beta, dy + r0, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT);
-                    }
-                }
-                cudaEventRecord(tm.b, 0);
-                us_gemm = cs == CUBLAS_STATUS_SUCCESS ? elapsed_us(&tm, reps) : -1;
-                cudaError_t ce = cudaDeviceSynchronize();
-                if (ce != cudaSuccess) {
-                    printf("bench %s %s n=%d: %s\n", qtype_name(type), shapes[si].name, n,
-                           cudaGetErrorString(ce));
-                    ok = 0;
-                    break;
-                }
-                double best = us_auto > 0 ? us_auto : 1e30;
-                for (int tile = 0; tile < n_tiles; tile++)
-                    if (us_tile[tile] > 0 && us_tile[tile] < best) best = us_tile[tile];
-                if (us_mmv < best) best = us_mmv;
-                if (us_gemm > 0 && us_gemm < best) best = us_gemm;
-                for (int tile = 0; tile < n_tiles; tile++) {
+                const int reps = copies < 32 ? (copies < 8 ? 8 : copies) : 32;
+                char what[48];
+                c.n = n;
+                /* mmq: the automatic tile, then each tile */
+                c.tile = CUDA_MMQ_TILE_AUTO;
+                const int at = cuda_mmq_tile_auto(&qw[0], n);
+                const double us_auto = bench_time(&c, OP_MMQ, reps);
+                int abm = 0, abn = 0, best_tile = -1;
+                cuda_mmq_tile_shape(at, &abm, &abn);
+                snprintf(what, sizeof what, "mmq auto %dx%d", abm, abn);
+                bench_row(what, shapes[si].name, type, n, us_auto, ops, bytes);
+                double best = 1e30;
+                for (int tile = 0; tile < cuda_mmq_tile_count(); tile++) {
                     int bm, bn;
-                    char what[32];
                     cuda_mmq_tile_shape(tile, &bm, &bn);
-                    snprintf(what, sizeof what, "mmq %dx%d", bm, bn);
-                    if (us_tile[tile] > 0)
-                        print_row(what, shapes[si].name, type, n, us_tile[tile], ops, bytes, best);
+                    if (bn > 2 * n && bn > 16) continue; /* mostly padding */
+                    c.tile = tile;
+                    const double us = bench_time(&c, OP_MMQ, reps);
+                    snprintf(what, sizeof what, "mmq %dx%d g%d", bm, bn, cuda_mmq_grid(&qw[0], n, tile));
+                    bench_row(what, shapes[si].name, type, n, us, ops, bytes);
+                    if (us > 0 && us < best) best = us, best_tile = tile;
                 }
-                {
-                    int bm, bn;
-                    char what[32];
-                    cuda_mmq_tile_shape(cuda_mmq_tile_auto(&qw[0], n), &bm, &bn);
-                    snprintf(what, sizeof what, "mmq auto %dx%d", bm, bn);
-                    print_row(what, shapes[si].name, type, n, us_auto, ops, bytes, best);
+                const double us_mmv = bench_time(&c, OP_MMV, reps);
+                bench_row("mmv x8 repeated", shapes[si].name, type, n, us_mmv, ops, bytes);
+                c.gemm_ok = 1;
+                double us_gemm = bench_time(&c, OP_GEMM, reps);
+                if (!c.gemm_ok) us_gemm = -1;
+                bench_row("dequant+cuBLAS", shapes[si].name, type, n, us_gemm, ops, bytes);
+                int bbm = 0, bbn = 0;
+                cuda_mmq_tile_shape(best_tile, &bbm, &bbn);
+                const char *winner = "mmq";
+                double wus = us_auto;
+                if (us_mmv > 0 && us_mmv < wus) winner = "mmv", wus = us_mmv;
+                if (us_gemm > 0 && us_gemm < wus) winner = "cuBLAS", wus = us_gemm;
+                printf("bench %-5s %-10s n=%-3d summary: mmq %.2f us (auto %dx%d, grid %d; best "
+                       "tile %dx%d %.2f us) | mmv %.2f us | cuBLAS %.2f us | fastest %s | mmq "
+                       "%.0f GB/s (%.0f%% of HBM), %.0f TFLOP/s\n",
+                       qtype_name(type), shapes[si].name, n, us_auto, abm, abn,
+                       cuda_mmq_grid(&qw[0], n, -1), bbm, bbn, best, us_mmv, us_gemm, winner,
+                       us_auto > 0 ? bytes / us_auto / 1e3 : 0,
+                       us_auto > 0 ? bytes / us_auto / 1e3 / 4380 * 100 : 0,
+                       us_auto > 0 ? ops / us_auto / 1e6 : 0);
+                /* the backend's alternative: mmv chunks below 33 rows, cuBLAS above */
+                const double alt = n < 33 ? us_mmv : us_gemm;
+                if (!(us_auto > 0 && (alt <= 0 || us_auto <= alt))) win[ti][ni] = 0;
+                if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+                    printf("bench %s %s n=%d: CUDA error, stopping this shape\n", qtype_name(type),
+                           shapes[si].name, n);
+                    ok = 0;
                 }
-                print_row("mmv x8 repeated", shapes[si].name, type, n, us_mmv, ops, bytes, best);
-                if (us_gemm > 0)
-                    print_row("dequant+cuBLAS", shapes[si].name, type, n, us_gemm, ops, bytes,
-                              best);
-                printf("bench %-5s %-20s n=%-3d summary: mmq auto %.2f us, mmv %.2f us, cuBLAS "
-                       "%.2f us\n",
-                       qtype_name(type), shapes[si].name, n, us_auto, us_mmv, us_gemm);
             }
-            for (int c = 0; c < copies && qw; c++)
-                cuda_qweight_free(&qw[c]);
+            for (int cc = 0; cc < copies && qw; cc++)
+                cuda_qweight_free(&qw[cc]);
             free(qw);
             free(host);
             free(row);
@@ -482,9 +745,25 @@ static void bench(void) {
             cudaFree(xh);
             cudaFree(wh);
         }
-    cudaEventDestroy(tm.a);
-    cudaEventDestroy(tm.b);
-    cublasDestroy(cublas);
+    /* the largest n of the list up to which mmq beats cuBLAS on every shape (n >= 16) */
+    int suggest = -1;
+    for (int ti = 0; ti < 3; ti++) {
+        if (!ran[ti]) continue;
+        int upto = 8;
+        for (int ni = 1; ni < BENCH_NS && win[ti][ni]; ni++)
+            upto = ns[ni];
+        printf("bench suggestion %s: mmq beats the backend's other path (mmv below 33 rows, "
+               "dequant+cuBLAS above) on all three shapes up to n = %d\n",
+               qtype_name(types[ti]), upto);
+        if (suggest < 0 || upto < suggest) suggest = upto;
+    }
+    if (suggest >= 0)
+        printf("bench suggestion: MMQ_MAX_ROWS %d (the smallest over the types run; between two "
+               "listed n the switch point is not measured)\n",
+               suggest);
+    cudaFree(cublas_ws);
+    cudaStreamDestroy(c.st);
+    cublasDestroy(c.cublas);
 }
 
 int main(void) {
@@ -503,6 +782,8 @@ int main(void) {
     T_RUN(test_mmq_q4_k);
     T_RUN(test_mmq_q6_k);
     T_RUN(test_mmq_q8_0);
+    T_RUN(test_mmq_big_x);
+    T_RUN(test_mmq_graph);
     if (getenv("SMELT_BENCH")) bench();
     return t_done();
 }

@@ -30,10 +30,12 @@
 #include "util/log.h"
 
 #define GEMM_MIN_ROWS 33                 /* token rows from which cuBLAS beats repeated mmv */
-/* Token rows from CUDA_MMV_MAX_N + 1 up to MMQ_MAX_ROWS use the int8 tensor-core kernel
- * (cuda_mmq.cu) for the types it has (Q4_K, Q6_K, Q8_0); above, cuBLAS on dequantized
- * weights. Measured on the H200 (2026-11-29, 8B Q4_K_M): mmq wins at 16-64 rows (batched
+/* Token rows from CUDA_MMV_MAX_N + 1 up to MMQ_MAX_ROWS use the tensor-core kernel
+ * (cuda_mmq.cu: quantized weights dequantized in registers, f16 MMA) for the types it has
+ * (Q4_K, Q6_K, Q8_0); above, cuBLAS on dequantized weights. 64 was measured on the H200
+ * (2026-11-29, 8B Q4_K_M) with the earlier int8 kernel: mmq won at 16-64 rows (batched
  * decode x32 786 -> 2,624 tok/s, x64 2,860 -> 3,317), cuBLAS at 512 (pp512 13.3k vs 7.3k).
+ * test_cuda_mmq's SMELT_BENCH=1 summary lines give the switch point for the current one.
  * SMELT_MMQ_MAX_ROWS=N overrides it when the backend is created (0 = off). */
 #define MMQ_MAX_ROWS 64
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
@@ -583,13 +585,18 @@ static void gemm(struct cuda_backend *cb, const struct cuda_qweight *qw, const f
     cu_scratch_release(&cb->base, mark);
 }
 
-/* y (rows, n) (+)= W x through the int8 tensor-core kernel (x quantized into scratch). */
+/* y (rows, n) (+)= W x through the tensor-core kernel (x converted to f16 into scratch). */
 static void mmq(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc) {
     size_t mark = cu_scratch_mark(&cb->base);
-    void *sc = scratch(cb, cuda_mmq_scratch_bytes(qw->k, n));
-    if (!sc) return;
     struct err e;
-    if (cuda_mmq(qw, x, n, y, sc, acc, cb->stream, &e) != SMELT_OK) {
+    uint64_t bytes = 0;
+    if (cuda_mmq_scratch_bytes(qw->rows, qw->k, n, &bytes, &e) != SMELT_OK) {
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+        return;
+    }
+    void *sc = scratch(cb, bytes);
+    if (!sc) return;
+    if (cuda_mmq(qw, x, n, y, sc, bytes, acc, cb->stream, &e) != SMELT_OK) {
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return;
     }

@@ -1,39 +1,50 @@
-/* Quantized matrix x many token rows on the int8 tensor cores. See cuda_mmq.h.
+/* Quantized matrix x many token rows on the tensor cores. See cuda_mmq.h; the bytes, ops and
+ * ceilings per call, and why f16 rather than int8 MMA, are in docs/cuda-backend.md
+ * ("Tensor-core matmul").
  *
- * Tiling. A thread block (4 warps, 2 x 2) computes BM = 32*RT weight rows x BN = 16*NT
- * token rows of y. K is walked in stages of 256 (one K-quant super-block, eight Q8_0
- * blocks); each stage's weight bits, weight scales, int8 activations and activation scales
- * are copied to shared memory with cp.async while the previous stage is being multiplied
- * (two buffers). Warp (wm, wn) owns rows wm*16*RT + [0, 16*RT) and tokens wn*8*NT + [0, 8*NT)
- * of the tile: RT x NT mma tiles of 16 rows x 8 tokens.
+ * Work split ("stream-K"). A tile is BM weight rows x BN tokens; a unit is one tile's
+ * 256-wide K slice (one K-quant super-block, eight Q8_0 blocks). Units are numbered tile
+ * by tile (token tile fastest, so the blocks that share a weight tile run side by side),
+ * K slice by K slice, and the grid of P blocks (one wave: SMs x blocks per SM) takes
+ * equal contiguous ranges: block b owns units [b*U/P, (b+1)*U/P). A block walks its range
+ * through one cp.async pipeline (NS stages in flight; crossing a tile boundary does not
+ * drain it), accumulating in registers, and at the end of each tile segment either
+ * stores y (it had the whole tile) or writes its partial tile to the work area. The
+ * contributors of a split tile count themselves in a counter (indexed by the first
+ * contributor, which owns no other split tile's first unit); the last to arrive adds the
+ * partials in block order (so the result does not depend on timing) and stores y. No
+ * block ever waits for another; the counters are zeroed by cuda_mmq_quantize and reset by
+ * their last user, so a captured graph replays.
  *
- * Per 32-wide K block j of a stage, a warp unpacks its A fragments (weights) once from the
- * raw bits in shared memory, then for each 8-token tile loads the B fragment (int8
- * activations) and runs the mma of every row tile. The int32 result c of a block is folded
- * into the f32 accumulators right away:
- *   Q8_0: acc += dw[r] * dx[t] * c
- *   Q4_K: acc += d*sc[r] * dx[t] * c - dmin*m[r] * (dx * sum xq)[t]      (x = d*sc*q - dmin*m)
- *   Q6_K: acc += dx[t] * (d*sc_lo[r] * c_lo + d*sc_hi[r] * c_hi)      (two m16n8k16: the
- *         scale changes every 16 values; q - 32 fits int8, so no activation sums)
- * c is exact in int32 and below 2^22 in magnitude for every type here (<= 32 * 128 * 127), so
- * it converts to f32 with an add and a subtract (i2f) instead of the quarter-rate I2F.
+ * Block: 8 warps as WM x WN, warp tile 16*RT rows x 8*NT tokens. Per unit:
+ *   1. __syncthreads (the unit's copies landed; every warp is done with the previous one);
+ *   2. the block turns the unit's raw scales into f16x2 pairs in a shared table, once per
+ *      (row, sub-block): Q4_K {d*sc, d*sc}, {-dmin*m, -dmin*m}; Q6_K {d*sc, d*sc} per 16;
+ *      Q8_0 {d, d}; then issues the copies of unit u + NS - 1; __syncthreads;
+ *   3. each warp, per 16-wide K chunk: dequantizes its A fragments from the raw bits
+ *      (32-bit shared loads, magic-number f16 conversion, one f16x2 FMA per pair of
+ *      weights), loads the B fragments of two token tiles per ldmatrix.x4 and runs
+ *      RT x NT mma.sync.m16n8k16 (f16 in, f32 accumulators).
  *
- * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k32" / "mma.m16n8k16 with
- * integer type"), with groupID g = lane >> 2 and threadID_in_group t = lane & 3; "low to
- * high" means byte 0 of a register holds the lowest index:
- *   m16n8k32 A (16 x 32 s8, row): a[0] = row g,   cols 4t..4t+3     a[1] = row g+8, cols 4t..4t+3
- *                                 a[2] = row g,   cols 16+4t..+3    a[3] = row g+8, cols 16+4t..+3
- *   m16n8k32 B (32 x 8 s8, col):  b[0] = rows(k) 4t..4t+3, col(n) g  b[1] = rows 16+4t..+3, col g
- *   m16n8k16 A (16 x 16 s8):      a[0] = row g, cols 4t..4t+3        a[1] = row g+8, cols 4t..4t+3
- *   m16n8k16 B (16 x 8 s8):       b[0] = rows 4t..4t+3, col g
- *   C/D (16 x 8 s32, both):       c[0] = (g, 2t)    c[1] = (g, 2t+1)
- *                                 c[2] = (g+8, 2t)  c[3] = (g+8, 2t+1)
- * Here A's rows are weight rows and B's columns are tokens; with weights and activations both
- * stored K-contiguous, every fragment register is one aligned 32-bit shared load. Shared row
- * strides are 16 B past a multiple of 128 (144, 208, 272) so the 32 lanes of a fragment load
- * (8 rows g x 4 words t) hit 32 different banks.
+ * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+ * type"; g = lane >> 2, t = lane & 3, registers hold two f16, the lower index in the low
+ * half):  A (16 x 16): a0 = row g, k {2t, 2t+1};  a1 = row g+8, k {2t, 2t+1};
+ *                      a2 = row g, k {2t+8, 2t+9}; a3 = row g+8, k {2t+8, 2t+9}
+ *         B (16 x 8):  b0 = k {2t, 2t+1}, col g;  b1 = k {2t+8, 2t+9}, col g
+ *         C (16 x 8 f32): c0 = (g, 2t), c1 = (g, 2t+1), c2 = (g+8, 2t), c3 = (g+8, 2t+1)
+ * The sum over k does not care how k is numbered, as long as A and B agree. A lane's
+ * 32-bit load of packed weights holds four consecutive K positions 4t..4t+3 of a chunk,
+ * and the cheap conversions give the pairs (4t, 4t+2) and (4t+1, 4t+3). So mma index
+ * {2t, 2t+1} stands for K positions {4t, 4t+2} of the chunk and {2t+8, 2t+9} for
+ * {4t+1, 4t+3}: the f16 activations are stored with each 16-group reordered as its 8
+ * even positions then its 8 odd ones, and ldmatrix (lanes 8i..8i+7 address the 8 rows of
+ * matrix i, lane l receives word l & 3 of row l >> 2 of each matrix) then hands lane
+ * (g, t) exactly x[4t], x[4t+2] from the "even" 16 bytes of token g and x[4t+1], x[4t+3]
+ * from the "odd" 16 bytes.
  *
- * Bytes and ops per call: see docs/cuda-backend.md ("Tensor-core matmul").
+ * Shared strides: weight rows 144 / 208 / 272 B and token rows 528 B are 16 B past a
+ * multiple of 128, so the 8 rows x 4 words of a fragment load, and the 8 rows of an
+ * ldmatrix matrix, hit distinct banks; the scale table's rows are 72 (36) B apart.
  */
 #include "backend/cuda/cuda_common.cuh"
 
@@ -42,11 +53,10 @@ extern "C" {
 #include "quant/quant.h"
 }
 
-#define MMQ_THREADS 128
-#define MMQ_KB 8          /* 32-wide K blocks per stage (256 values) */
-#define MMQ_XQ_STRIDE 272 /* shared bytes per token: 256 int8 activations + 16 pad */
-#define MMQ_XD_STRIDE 80  /* shared bytes per token: 8 x {d, d*sum} + 16 pad */
-#define MMQ_XD_F2 (MMQ_XD_STRIDE / 8)
+#define MMQ_THREADS 256
+#define MMQ_XS 528          /* shared bytes per token per stage: 256 f16 + 16 pad */
+#define MMQ_MAX_BLOCKS 2048 /* grid cap: counters in the scratch, partial slots */
+#define MMQ_CNT_BYTES (MMQ_MAX_BLOCKS * 4)
 
 /* ---------------------------------------------------------------- helpers ---- */
 
@@ -77,351 +87,554 @@ template <int N> static __device__ __forceinline__ void cp_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += A B, layouts in the file comment. */
+static __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "cuda_mmq needs sm_80 or newer (mma.sync m16n8k16, cp.async, ldmatrix)"
+#endif
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* f16x2 arithmetic on raw words, each rounded once (.rn also keeps ptxas from fusing a
+ * sub or mul into an fma, which would change the rounding the tests reproduce). */
+static __device__ __forceinline__ uint32_t h2_sub(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+static __device__ __forceinline__ uint32_t h2_mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+static __device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* (a & B) | c in one LOP3 (ptxas splits the C expression in two when the mask and c are
+ * both immediates: an instruction takes one). */
+template <uint32_t B> static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "n"(B), "r"(c));
+    return d;
+}
+
 static __device__ __forceinline__ uint32_t lds32(const unsigned char *p) {
     return *(const uint32_t *)p;
 }
 
-/* Exact for |c| < 2^22: 1.5 * 2^23 + c is a float whose mantissa field is 0x400000 + c. */
-static __device__ __forceinline__ float i2f(int c) {
-    return __int_as_float(c + 0x4B400000) - 12582912.0f;
-}
+/* ---------------------------------------------------------- configuration ---- */
 
-/* D = A B (+ 0), layouts in the file comment. */
-static __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "cuda_mmq needs sm_80 or newer (int8 mma.sync m16n8k32)"
-#endif
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
+/* The fixed tiles {WM, WN, RT, NT, blocks per SM}: 8 warps as WM x WN, each 16*RT weight
+ * rows x 8*NT tokens. The first, narrow one runs two blocks per SM (16 warps); the others
+ * one, with their shared memory spent on deeper pipelines. */
+static constexpr int tiles[][5] = {
+    {8, 1, 1, 2, 2}, /* 128 x 16 */
+    {8, 1, 2, 2, 1}, /* 256 x 16 */
+    {8, 1, 1, 4, 1}, /* 128 x 32 */
+    {8, 1, 2, 4, 1}, /* 256 x 32 */
+    {8, 1, 2, 8, 1}, /* 256 x 64 */
+    {4, 2, 2, 8, 1}, /* 128 x 128 */
+};
+#define N_TILES ((int)(sizeof tiles / sizeof tiles[0]))
 
-static __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-}
+/* f16x2 constants. 0x6400 | q is the f16 1024 + q for q < 1024 (q in the low mantissa
+ * bits), so q comes back exactly by a subtraction; a nibble left in bits 4..7 gives
+ * 1024 + 16 q, and v * (1/16) - 64 = q is exact too (one fused rounding of an exact
+ * value), which saves the shift. */
+#define MAGIC 0x64006400u      /* 1024 */
+#define H_1024 0x64006400u     /* 1024 */
+#define H_1056 0x64206420u     /* 1024 + 32 (Q6_K's offset) */
+#define H_1152 0x64806480u     /* 1024 + 128 (Q8_0's and Q6_K scale's sign offset) */
+#define H_SIXTEENTH 0x2c002c00u /* 1/16 */
+#define H_M64 0xd400d400u      /* -64 */
+#define H_M96 0xd600d600u      /* -96 = -64 - 32 */
 
-/* Four Q6_K quants (low nibbles from ql >> shl, 2 high bits from qh >> shh) as int8 q - 32.
- * q is in [0, 63]; q - 32 keeps bits 0..4 and sets bits 5..7 exactly when bit 5 of q is
- * clear (0x20 * 7 = 0xE0 stays inside its byte, so the multiply cannot carry). */
-static __device__ __forceinline__ uint32_t q6_unpack(uint32_t ql, uint32_t qh, int shl, int shh) {
-    const uint32_t q = ((ql >> shl) & 0x0f0f0f0fu) | (((qh >> shh) & 0x03030303u) << 4);
-    return (q & 0x1f1f1f1fu) | ((~q & 0x20202020u) * 7u);
-}
-
-/* ------------------------------------------------------------ smem layout ---- */
-
-/* Per weight row per stage: quant bits (padded row stride), 16 B of scales, and for Q6_K
- * the 4-byte word holding its f16 super-block scale. */
+/* Per weight row per unit: raw bits at a padded stride, and the scale table's stride. */
 template <uint32_t T> struct mmq_fmt;
 template <> struct mmq_fmt<QT_Q4_K> {
-    static constexpr int q_stride = 144, d_bytes = 0; /* 128 B nibbles */
+    static constexpr int q_bytes = 128, q_stride = 144, d_bytes = 0, sb_stride = 72;
 };
 template <> struct mmq_fmt<QT_Q6_K> {
-    static constexpr int q_stride = 208, d_bytes = 4; /* 128 B ql + 64 B qh */
+    static constexpr int q_bytes = 192, q_stride = 208, d_bytes = 4, sb_stride = 72;
 };
 template <> struct mmq_fmt<QT_Q8_0> {
-    static constexpr int q_stride = 272, d_bytes = 0; /* 256 B int8 */
+    static constexpr int q_bytes = 256, q_stride = 272, d_bytes = 0, sb_stride = 36;
 };
 
-/* Byte offsets inside one stage buffer; every offset is a multiple of 16. */
-template <uint32_t T, int BM, int BN> struct mmq_smem {
-    static constexpr int ws = BM * mmq_fmt<T>::q_stride;
-    static constexpr int wd = ws + BM * 16;
-    static constexpr int xq = wd + BM * mmq_fmt<T>::d_bytes;
-    static constexpr int xd = xq + BN * MMQ_XQ_STRIDE;
-    static constexpr int stage = xd + BN * MMQ_XD_STRIDE;
+template <uint32_t T, int I> struct mmq_cfg {
+    static constexpr int WM = tiles[I][0], WN = tiles[I][1], RT = tiles[I][2], NT = tiles[I][3];
+    static constexpr int MINB = tiles[I][4];
+    static constexpr int BM = WM * 16 * RT, BN = WN * 8 * NT;
+    static constexpr int NACC = RT * NT * 4; /* f32 accumulators per thread */
+    using F = mmq_fmt<T>;
+    /* one stage: W (BM x q_stride), S (BM x 16 raw scales), D (BM x d_bytes), X (BN x XS) */
+    static constexpr int S = BM * F::q_stride;
+    static constexpr int D = S + BM * 16;
+    static constexpr int X = D + BM * F::d_bytes;
+    static constexpr int STAGE = X + BN * MMQ_XS;
+    static constexpr int SB_BYTES = BM * F::sb_stride;
+    static constexpr int BUDGET = MINB == 2 ? 113 * 1024 : 227 * 1024;
+    static constexpr int NS_FIT = (BUDGET - SB_BYTES - 16) / STAGE;
+    static constexpr int NS = NS_FIT > 4 ? 4 : NS_FIT;
+    static constexpr int SB = NS * STAGE; /* the scale table, then 16 B of control */
+    static constexpr int CTRL = SB + SB_BYTES;
+    static constexpr int SMEM = CTRL + 16;
+    static_assert(WM * WN * 32 == MMQ_THREADS, "8 warps");
+    static_assert(NT % 2 == 0, "ldmatrix.x4 loads two token tiles");
+    static_assert(NS >= 2, "two stages at least");
+    static_assert(STAGE % 16 == 0 && S % 16 == 0 && D % 16 == 0 && X % 16 == 0 && SB % 16 == 0,
+                  "16-byte aligned regions");
+    static_assert(BM * BN == MMQ_THREADS * NACC, "a partial tile is NACC floats per thread");
 };
 
 struct mmq_args {
     const unsigned char *wq, *ws, *wd; /* split-layout weight arrays (cuda_qweight q, s, d) */
-    const int8_t *xq;                  /* (n, k) int8 activations */
-    const float2 *xd;                  /* (n, k/32) {d, d * sum(q)} */
+    const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
+    float *work;                       /* 2 partial tiles per block, fragment order */
+    int *cnt;                          /* split-tile counters, MMQ_MAX_BLOCKS */
+    long long units;                   /* tiles * nsb */
     int rows, k, n, accumulate;
+    int nsb;     /* units per tile: ceil(k / 256) */
+    int tiles_n; /* token tiles */
+    int grid;    /* P */
 };
+
+/* First unit of block b, and the block that owns unit u. */
+static __device__ __forceinline__ long long unit_begin(const mmq_args &a, long long b) {
+    return b * a.units / a.grid;
+}
+static __device__ __forceinline__ long long unit_owner(const mmq_args &a, long long u) {
+    return ((u + 1) * a.grid - 1) / a.units;
+}
 
 /* ------------------------------------------------------------------ kernels ---- */
 
-/* x (total f32, total % 32 == 0) -> xq int8, xd[i/32] = {d, d * sum(q)}; one warp per 32
- * values, d = amax / 127, q = round-to-nearest-even(x / d): the rounding cuda_mmv uses. */
-static __global__ void mmq_quantize_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
-                                           float2 *__restrict__ xd, int64_t total) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const float v = i < total ? x[i] : 0.0f;
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
-    int s = q;
+/* x (n, k) f32 -> xh (n, k) f16, each 16-group stored as x[0], x[2], .., x[14], x[1], x[3],
+ * .., x[15] (see the file comment); values beyond the f16 range clamp to +-65504 (NaN stays
+ * NaN). One thread per 16 values; block 0 also zeroes the split-tile counters. */
+template <bool VEC>
+static __global__ void mmq_convert_kernel(const float *__restrict__ x, __half *__restrict__ xh,
+                                          int *__restrict__ cnt, long long groups) {
+    if (blockIdx.x == 0)
+        for (int c = threadIdx.x; c < MMQ_MAX_BLOCKS; c += blockDim.x)
+            cnt[c] = 0;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= groups) return;
+    float v[16];
+    if (VEC) {
+        const float4 *src = (const float4 *)(x + i * 16);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (i < total) {
-        xq[i] = (int8_t)q;
-        if ((threadIdx.x & 31) == 0) xd[i >> 5] = make_float2(d, d * (float)s);
+        for (int j = 0; j < 4; j++) {
+            const float4 f = src[j];
+            v[4 * j] = f.x;
+            v[4 * j + 1] = f.y;
+            v[4 * j + 2] = f.z;
+            v[4 * j + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            v[j] = x[i * 16 + j];
     }
+    uint32_t o[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) { /* o[0..3]: even positions, o[4..7]: odd */
+        const int e = j < 4 ? 4 * j : 4 * (j - 4) + 1;
+        float lo = v[e], hi = v[e + 2];
+        lo = fabsf(lo) > 65504.0f ? copysignf(65504.0f, lo) : lo;
+        hi = fabsf(hi) > 65504.0f ? copysignf(65504.0f, hi) : hi;
+        o[j] = (uint32_t)__half_as_ushort(__float2half_rn(lo)) |
+               ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
+    }
+    uint4 *dst = (uint4 *)(xh + i * 16);
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/* Issues the cp.async copies of stage s (K blocks 8s .. 8s+nbv-1) into buffer st. Rows past
- * the matrix and tokens past n are clamped to the last one (their results are not stored). */
-template <uint32_t T, int BM, int BN>
-static __device__ __forceinline__ void load_stage(const mmq_args &a, unsigned char *st, int s,
-                                                  int row0, int tok0, int tid) {
-    using L = mmq_smem<T, BM, BN>;
-    const int nblk = a.k >> 5, kb0 = s * MMQ_KB, nbv = min(MMQ_KB, nblk - kb0);
+/* Valid 32-blocks in K slice s (< 8 only in a Q8_0 row's last slice). */
+static __device__ __forceinline__ int slice_blocks(const mmq_args &a, int s) {
+    return min(8, (a.k >> 5) - s * 8);
+}
+
+/* Issues the cp.async copies of unit u into stage buffer st. Rows past the matrix and
+ * tokens past n are clamped to the last one (their results are never stored); the 32-blocks
+ * of a partial Q8_0 slice that lie past k are not copied (and never read). */
+template <uint32_t T, int I>
+static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned char *st, long long u,
+                                                 int tid) {
+    using C = mmq_cfg<T, I>;
+    constexpr int BM = C::BM, BN = C::BN, QS = C::F::q_stride;
+    const long long tile = u / a.nsb;
+    const int s = (int)(u - tile * a.nsb);
+    const int row0 = (int)(tile / a.tiles_n) * BM, tok0 = (int)(tile % a.tiles_n) * BN;
+    const int nbv = slice_blocks(a, s);
 #pragma unroll
-    for (int i = tid; i < BN * 16; i += MMQ_THREADS) { /* int8 activations: 16 x 16 B per token */
-        const int r = i >> 4, c = i & 15;
-        if (c < 2 * nbv) {
-            const int64_t gt = min(tok0 + r, a.n - 1);
-            cp_async16(st + L::xq + r * MMQ_XQ_STRIDE + c * 16,
-                       a.xq + gt * a.k + kb0 * 32 + c * 16);
+    for (int i = tid; i < BN * 32; i += MMQ_THREADS) { /* f16 activations: 32 x 16 B a token */
+        const int r = i >> 5, c = i & 31;
+        if (T != QT_Q8_0 || c < 4 * nbv) {
+            const long long gt = min(tok0 + r, a.n - 1);
+            cp_async16(st + C::X + r * MMQ_XS + c * 16, a.xh + gt * a.k + s * 256 + c * 8);
         }
     }
+    if constexpr (T == QT_Q4_K || T == QT_Q6_K) {
+        constexpr int CH = C::F::q_bytes / 16;
 #pragma unroll
-    for (int i = tid; i < BN * 4; i += MMQ_THREADS) { /* {d, d*sum}: 4 x 16 B per token */
-        const int r = i >> 2, c = i & 3;
-        if (2 * c < nbv) {
-            const int64_t gt = min(tok0 + r, a.n - 1);
-            cp_async16(st + L::xd + r * MMQ_XD_STRIDE + c * 16,
-                       (const unsigned char *)a.xd + (gt * nblk + kb0) * 8 + c * 16);
-        }
-    }
-    if constexpr (T == QT_Q4_K) {
-        const int64_t nsb = a.k >> 8;
-#pragma unroll
-        for (int i = tid; i < BM * 8; i += MMQ_THREADS) {
-            const int r = i >> 3, c = i & 7;
-            const int64_t gr = min(row0 + r, a.rows - 1);
-            cp_async16(st + r * mmq_fmt<T>::q_stride + c * 16,
-                       a.wq + (gr * nsb + s) * 128 + c * 16);
+        for (int i = tid; i < BM * CH; i += MMQ_THREADS) {
+            const int r = i / CH, c = i - r * CH;
+            const long long blk = (long long)min(row0 + r, a.rows - 1) * a.nsb + s;
+            cp_async16(st + r * QS + c * 16, a.wq + blk * C::F::q_bytes + c * 16);
         }
 #pragma unroll
         for (int i = tid; i < BM; i += MMQ_THREADS) {
-            const int64_t gr = min(row0 + i, a.rows - 1);
-            cp_async16(st + L::ws + i * 16, a.ws + (gr * nsb + s) * 16);
+            const long long blk = (long long)min(row0 + i, a.rows - 1) * a.nsb + s;
+            cp_async16(st + C::S + i * 16, a.ws + blk * 16);
+            if constexpr (T == QT_Q6_K)
+                /* d is an f16 in a 2-byte array: copy the aligned word holding it, only its
+                 * first half when d is the word's low half (the array may end there) */
+                cp_async4_part(st + C::D + i * 4, a.wd + ((blk * 2) & ~3LL), (blk & 1) ? 4u : 2u);
         }
-    } else if constexpr (T == QT_Q6_K) {
-        const int64_t nsb = a.k >> 8;
-#pragma unroll
-        for (int i = tid; i < BM * 12; i += MMQ_THREADS) {
-            const int r = i / 12, c = i - r * 12;
-            const int64_t gr = min(row0 + r, a.rows - 1);
-            cp_async16(st + r * mmq_fmt<T>::q_stride + c * 16,
-                       a.wq + (gr * nsb + s) * 192 + c * 16);
-        }
-#pragma unroll
-        for (int i = tid; i < BM; i += MMQ_THREADS) {
-            const int64_t gr = min(row0 + i, a.rows - 1), blk = gr * nsb + s;
-            cp_async16(st + L::ws + i * 16, a.ws + blk * 16);
-            /* d is an f16 in a 2-byte array: copy the aligned word holding it, only its
-             * first half when d is the word's low half (the array may end there) */
-            cp_async4_part(st + L::wd + i * 4, a.wd + ((blk * 2) & ~(int64_t)3),
-                           (blk & 1) ? 4u : 2u);
-        }
-    } else { /* Q8_0 */
+    } else { /* Q8_0: q = k int8 per row, s = one f16 per 32 */
+        const long long nblk = a.k >> 5;
 #pragma unroll
         for (int i = tid; i < BM * 16; i += MMQ_THREADS) {
             const int r = i >> 4, c = i & 15;
             if (c < 2 * nbv) {
-                const int64_t gr = min(row0 + r, a.rows - 1);
-                cp_async16(st + r * mmq_fmt<T>::q_stride + c * 16,
-                           a.wq + gr * a.k + kb0 * 32 + c * 16);
+                const long long gr = min(row0 + r, a.rows - 1);
+                cp_async16(st + r * QS + c * 16, a.wq + gr * a.k + s * 256 + c * 16);
             }
         }
 #pragma unroll
-        for (int i = tid; i < BM * 4;
-             i += MMQ_THREADS) { /* 8 f16 scales = 4 words (k/32 is even) */
+        for (int i = tid; i < BM * 4; i += MMQ_THREADS) { /* 2 scales a word (k/32 is even) */
             const int r = i >> 2, c = i & 3;
             if (2 * c < nbv) {
-                const int64_t gr = min(row0 + r, a.rows - 1);
-                cp_async4(st + L::ws + r * 16 + c * 4, a.ws + (gr * nblk + kb0) * 2 + c * 4);
+                const long long gr = min(row0 + r, a.rows - 1);
+                cp_async4(st + C::S + r * 16 + c * 4, a.ws + (gr * nblk + s * 8) * 2 + c * 4);
             }
         }
     }
 }
 
-/* Multiplies one stage held in st into acc. nbv: valid 32-blocks in the stage (< 8 only
- * in Q8_0's last stage). */
-template <uint32_t T, int RT, int NT>
-static __device__ __forceinline__ void compute_stage(const mmq_args &a, const unsigned char *st,
-                                                     float (&acc)[RT][NT][4], int s, int nbv,
-                                                     int row0, int wm, int wn, int g, int t) {
-    constexpr int BM = 32 * RT, BN = 16 * NT, QS = mmq_fmt<T>::q_stride;
-    using L = mmq_smem<T, BM, BN>;
-    const unsigned char *xq = st + L::xq;
-    const float2 *xd = (const float2 *)(st + L::xd);
-    const int wrow = wm * 16 * RT + g; /* + rt*16 + 8h: this lane's weight rows in the tile */
-    const int wtok = wn * 8 * NT;      /* + nt*8: this warp's token tiles */
+/* The unit's f16x2 scale table (see the file comment), from the raw scales in st. */
+template <uint32_t T, int I>
+static __device__ __forceinline__ void prep_scales(const mmq_args &a, const unsigned char *st,
+                                                   unsigned char *sb, long long u, int tid) {
+    using C = mmq_cfg<T, I>;
+    constexpr int BM = C::BM, SBS = C::F::sb_stride;
+    /* the scales reach f16 exactly as integers (magic-number conversion) and are multiplied
+     * by the f16 super-block scales in f16: one rounding each, off the slow I2F/F2F path */
+    if constexpr (T == QT_Q4_K) {
+#pragma unroll
+        for (int i = tid; i < BM * 8; i += MMQ_THREADS) {
+            const int r = i >> 3, j = i & 7, p = j >> 1;
+            const uint32_t *w = (const uint32_t *)(st + C::S + r * 16);
+            /* word 0 = {d, dmin}; words 1..3 = {sc_a, m_a, sc_b, m_b} x 6 bits of sub-block
+             * pairs 0..2 in their low 24 bits, pair 3 in their top bytes (cuda_mmv.cu) */
+            const uint32_t pk =
+                p < 3 ? w[1 + p] : (w[1] >> 24) | ((w[2] >> 24) << 8) | ((w[3] >> 24) << 16);
+            const uint32_t f = pk >> (12 * (j & 1));
+            const uint32_t sm = (f & 0x3fu) | ((f << 10) & 0x003f0000u) | MAGIC; /* 1024 + {sc, m} */
+            const uint32_t r2 = h2_mul(h2_sub(sm, H_1024), w[0] ^ 0x80000000u); /* {d*sc, -dmin*m} */
+            uint2 e;
+            e.x = __byte_perm(r2, r2, 0x1010);
+            e.y = __byte_perm(r2, r2, 0x3232);
+            *(uint2 *)(sb + r * SBS + 8 * j) = e;
+        }
+    } else if constexpr (T == QT_Q6_K) {
+        const long long tile = u / a.nsb;
+        const int s = (int)(u - tile * a.nsb), row0 = (int)(tile / a.tiles_n) * BM;
+#pragma unroll
+        for (int i = tid; i < BM * 8; i += MMQ_THREADS) { /* chunks 2j, 2j+1 */
+            const int r = i >> 3, j = i & 7;
+            const long long blk = (long long)min(row0 + r, a.rows - 1) * a.nsb + s;
+            const uint32_t dw = *(const uint32_t *)(st + C::D + r * 4);
+            const uint32_t d2 = __byte_perm(dw, dw, (blk & 1) ? 0x3232 : 0x1010);
+            const uint32_t sc = *(const unsigned short *)(st + C::S + r * 16 + 2 * j) ^ 0x8080u;
+            /* int8 sc -> sc + 128 -> f16 1152 + sc -> sc */
+            const uint32_t r2 = h2_mul(h2_sub(__byte_perm(sc, 0x64u, 0x4140), H_1152), d2);
+            uint2 e;
+            e.x = __byte_perm(r2, r2, 0x1010);
+            e.y = __byte_perm(r2, r2, 0x3232);
+            *(uint2 *)(sb + r * SBS + 8 * j) = e;
+        }
+    } else {
+#pragma unroll
+        for (int i = tid; i < BM * 8; i += MMQ_THREADS) {
+            const int r = i >> 3, j = i & 7;
+            const uint32_t h = *(const unsigned short *)(st + C::S + r * 16 + 2 * j);
+            *(uint32_t *)(sb + r * SBS + 4 * j) = h | (h << 16);
+        }
+    }
+}
+
+/* One 16-wide K chunk: B fragments of the warp's token tiles (two per ldmatrix.x4) times
+ * the RT A fragments in af. xa: this lane's ldmatrix address for chunk 0, token pair 0. */
+template <int RT, int NT>
+static __device__ __forceinline__ void mma_chunk(float (&acc)[RT][NT][4], const uint32_t (&af)[RT][4],
+                                                 uint32_t xa, int chunk) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+        uint32_t b[4];
+        ldsm_x4(b, xa + np * 16 * MMQ_XS + chunk * 32);
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            mma_f16(acc[rt][2 * np], af[rt], b[0], b[1]);
+            mma_f16(acc[rt][2 * np + 1], af[rt], b[2], b[3]);
+        }
+    }
+}
+
+/* Multiplies the unit in st (scale table sb) into acc. nbv: valid 32-blocks (Q8_0). */
+template <uint32_t T, int I>
+static __device__ __forceinline__ void compute_unit(const unsigned char *st, const unsigned char *sb,
+                                                    float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
+                                                    int nbv, int wm, int wn, int lane) {
+    using C = mmq_cfg<T, I>;
+    constexpr int RT = C::RT, NT = C::NT, QS = C::F::q_stride, SBS = C::F::sb_stride;
+    const int g = lane >> 2, t = lane & 3;
+    const int wrow = wm * 16 * RT + g; /* + 16 rt (+ 8): this lane's weight rows */
+    /* ldmatrix: lane 8i + r8 gives row r8 of matrix i = {token tile 2np + (i >> 1)} x {even,
+     * odd half (i & 1)} of the chunk */
+    const int mi = lane >> 3, r8 = lane & 7;
+    const uint32_t xa =
+        smem_u32(st + C::X) + (wn * 8 * NT + 8 * (mi >> 1) + r8) * MMQ_XS + 16 * (mi & 1);
+    const unsigned char *wbase = st + wrow * QS + 4 * t;
+    const unsigned char *sbase = sb + wrow * SBS;
 
     if constexpr (T == QT_Q4_K) {
-        float2 dm[RT][2]; /* {d, dmin} of each row */
+        /* bytes 32p + i (i < 32) of a row: low nibble = K 64p + i, high = 64p + 32 + i;
+         * the word at 32p + 16h + 4t gives chunk 4p + h (low) and 4p + 2 + h (high) */
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                dm[rt][h] =
-                    __half22float2(*(const __half2 *)(st + L::ws + (wrow + rt * 16 + 8 * h) * 16));
-#pragma unroll 1
-        for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) share bytes */
-            uint32_t wl[RT][2], wh[RT][2], pk[RT][2];
+        for (int p = 0; p < 4; p++) {
+            uint32_t sl[RT][2], ml[RT][2], sh[RT][2], mh[RT][2]; /* rows g, g+8 */
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = wrow + rt * 16 + 8 * h;
-                    const unsigned char *wr = st + r * QS + 32 * p + 4 * t;
-                    wl[rt][h] = lds32(wr);      /* cols 4t..4t+3 of the sub-block */
-                    wh[rt][h] = lds32(wr + 16); /* cols 16+4t..16+4t+3 */
-                    /* {sc_a, m_a, sc_b, m_b} x 6 bits of sub-blocks 2p, 2p+1 (cuda_mmv.cu, Q4_K) */
-                    const uint32_t *sw = (const uint32_t *)(st + L::ws + r * 16);
-                    pk[rt][h] = p < 3
-                                    ? sw[1 + p]
-                                    : (sw[1] >> 24) | ((sw[2] >> 24) << 8) | ((sw[3] >> 24) << 16);
+                for (int h8 = 0; h8 < 2; h8++) {
+                    const unsigned char *e = sbase + (16 * rt + 8 * h8) * SBS + 16 * p;
+                    const uint2 lo = *(const uint2 *)e, hi = *(const uint2 *)(e + 8);
+                    sl[rt][h8] = lo.x;
+                    ml[rt][h8] = lo.y;
+                    sh[rt][h8] = hi.x;
+                    mh[rt][h8] = hi.y;
                 }
 #pragma unroll
-            for (int tt = 0; tt < 2; tt++) {
-                const int j = 2 * p + tt; /* 32-block of the stage = sub-block of the super-block */
-                uint32_t af[RT][4];
-                float sa[RT][2], sm[RT][2]; /* d * sc and dmin * m of rows g, g+8 */
+            for (int h = 0; h < 2; h++) {
+                uint32_t alo[RT][4], ahi[RT][4];
 #pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    af[rt][0] = (wl[rt][0] >> (4 * tt)) & 0x0f0f0f0fu;
-                    af[rt][1] = (wl[rt][1] >> (4 * tt)) & 0x0f0f0f0fu;
-                    af[rt][2] = (wh[rt][0] >> (4 * tt)) & 0x0f0f0f0fu;
-                    af[rt][3] = (wh[rt][1] >> (4 * tt)) & 0x0f0f0f0fu;
+                for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t f = pk[rt][h] >> (12 * tt);
-                        sa[rt][h] = dm[rt][h].x * (float)(f & 63);
-                        sm[rt][h] = dm[rt][h].y * (float)((f >> 6) & 63);
+                    for (int h8 = 0; h8 < 2; h8++) {
+                        const uint32_t w = lds32(wbase + (16 * rt + 8 * h8) * QS + 32 * p + 16 * h);
+                        const uint32_t w8 = w >> 8;
+                        /* pairs (B0, B2) -> a[h8], (B1, B3) -> a[2 + h8]; q exact, then one
+                         * rounding of q * d*sc - dmin*m */
+                        alo[rt][h8] = h2_fma(h2_sub(and_or<0x000f000fu>(w, MAGIC), H_1024),
+                                             sl[rt][h8], ml[rt][h8]);
+                        alo[rt][2 + h8] = h2_fma(h2_sub(and_or<0x000f000fu>(w8, MAGIC), H_1024),
+                                                 sl[rt][h8], ml[rt][h8]);
+                        ahi[rt][h8] = h2_fma(h2_fma(and_or<0x00f000f0u>(w, MAGIC), H_SIXTEENTH, H_M64),
+                                             sh[rt][h8], mh[rt][h8]);
+                        ahi[rt][2 + h8] =
+                            h2_fma(h2_fma(and_or<0x00f000f0u>(w8, MAGIC), H_SIXTEENTH, H_M64),
+                                   sh[rt][h8], mh[rt][h8]);
                     }
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int tb = wtok + nt * 8;
-                    const unsigned char *xb = xq + (tb + g) * MMQ_XQ_STRIDE + 32 * j + 4 * t;
-                    const uint32_t b0 = lds32(xb), b1 = lds32(xb + 16);
-                    const float2 x0 = xd[(tb + 2 * t) * MMQ_XD_F2 + j],
-                                 x1 = xd[(tb + 2 * t + 1) * MMQ_XD_F2 + j];
-#pragma unroll
-                    for (int rt = 0; rt < RT; rt++) {
-                        int c[4];
-                        mma_k32(c, af[rt], b0, b1);
-                        acc[rt][nt][0] += sa[rt][0] * x0.x * i2f(c[0]) - sm[rt][0] * x0.y;
-                        acc[rt][nt][1] += sa[rt][0] * x1.x * i2f(c[1]) - sm[rt][0] * x1.y;
-                        acc[rt][nt][2] += sa[rt][1] * x0.x * i2f(c[2]) - sm[rt][1] * x0.y;
-                        acc[rt][nt][3] += sa[rt][1] * x1.x * i2f(c[3]) - sm[rt][1] * x1.y;
-                    }
-                }
+                mma_chunk<RT, NT>(acc, alo, xa, 4 * p + h);
+                mma_chunk<RT, NT>(acc, ahi, xa, 4 * p + 2 + h);
             }
         }
     } else if constexpr (T == QT_Q6_K) {
-        float dsb[RT][2]; /* the super-block scale d of each row */
-        const int64_t nsb = a.k >> 8;
+        /* K 128hh + 32a + l (l < 32): low nibble of ql[64hh + 32a + l], 2 high bits from
+         * qh[32hh + l] >> 2a; K 128hh + 64 + 32a + l: high nibble of the same ql byte, bits
+         * qh >> (4 + 2a). The ql word at 64hh + 32a + 16h + 4t and the qh word at
+         * 128 + 32hh + 16h + 4t give chunk 8hh + 2a + h (low) and 8hh + 4 + 2a + h (high). */
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++)
+        for (int hh = 0; hh < 2; hh++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = wrow + rt * 16 + 8 * h;
-                const int64_t gr = min(row0 + r, a.rows - 1);
-                const uint32_t w = *(const uint32_t *)(st + L::wd + r * 4);
-                const unsigned short bits =
-                    (unsigned short)(((gr * nsb + s) & 1) ? w >> 16 : w & 0xffffu);
-                dsb[rt][h] = __half2float(__ushort_as_half(bits));
-            }
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int j = 0; j < MMQ_KB; j++) {
-            /* 32-block j = elements 128h + 32s4 + [0, 32): low nibbles from
-             * ql[64h + 32(s4&1) + l] >> 4(s4>>1), high bits from qh[32h + l] >> 2s4 */
-            const int hh = j >> 2, s4 = j & 3;
-            const int offl = 64 * hh + 32 * (s4 & 1) + 4 * t, offh = 128 + 32 * hh + 4 * t;
-            const int shl = 4 * (s4 >> 1), shh = 2 * s4;
-            uint32_t alo[RT][2], ahi[RT][2]; /* [rt][row g / g+8]: cols 4t.. and 16+4t.. */
-            float slo[RT][2], shi[RT][2];
+                for (int aa = 0; aa < 2; aa++) {
+                    const int cl = 8 * hh + 2 * aa + h, ch = cl + 4;
+                    uint32_t alo[RT][4], ahi[RT][4];
 #pragma unroll
-            for (int rt = 0; rt < RT; rt++)
+                    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = wrow + rt * 16 + 8 * h;
-                    const unsigned char *wr = st + r * QS;
-                    alo[rt][h] = q6_unpack(lds32(wr + offl), lds32(wr + offh), shl, shh);
-                    ahi[rt][h] = q6_unpack(lds32(wr + offl + 16), lds32(wr + offh + 16), shl, shh);
-                    const int8_t *sc = (const int8_t *)(st + L::ws + r * 16);
-                    slo[rt][h] = dsb[rt][h] * (float)sc[2 * j]; /* sub-block 2j: cols 0..15 */
-                    shi[rt][h] =
-                        dsb[rt][h] * (float)sc[2 * j + 1]; /* sub-block 2j+1: cols 16..31 */
+                        for (int h8 = 0; h8 < 2; h8++) {
+                            const unsigned char *wr = wbase + (16 * rt + 8 * h8) * QS;
+                            const uint32_t ql = lds32(wr + 64 * hh + 32 * aa + 16 * h);
+                            const uint32_t qh = lds32(wr + 128 + 32 * hh + 16 * h);
+                            const unsigned char *e = sbase + (16 * rt + 8 * h8) * SBS;
+                            const uint32_t s_lo = *(const uint32_t *)(e + 4 * cl);
+                            const uint32_t s_hi = *(const uint32_t *)(e + 4 * ch);
+                            /* the 2 high bits of byte B0 / B2 (low chunk: bits 2aa.., high
+                             * chunk: bits 4 + 2aa..) moved to bits 4..5 / 8..9 by one shift,
+                             * of B1 / B3 by another; the low chunk's nibble in bits 0..3
+                             * gives 1024 + q, the high chunk's in bits 4..7 1024 + 16 q */
+                            const uint32_t q02 = aa ? qh << 2 : qh << 4;
+                            const uint32_t q13 = qh >> (4 + 2 * aa);
+                            const uint32_t ql8 = ql >> 8;
+                            alo[rt][h8] = h2_mul(
+                                h2_sub(and_or<0x000f000fu>(ql, and_or<0x00300030u>(q02, MAGIC)),
+                                       H_1056),
+                                s_lo);
+                            alo[rt][2 + h8] = h2_mul(
+                                h2_sub(and_or<0x000f000fu>(ql8, and_or<0x00300030u>(q13, MAGIC)),
+                                       H_1056),
+                                s_lo);
+                            ahi[rt][h8] = h2_mul(
+                                h2_fma(and_or<0x00f000f0u>(ql, and_or<0x03000300u>(q02, MAGIC)),
+                                       H_SIXTEENTH, H_M96),
+                                s_hi);
+                            ahi[rt][2 + h8] = h2_mul(
+                                h2_fma(and_or<0x00f000f0u>(ql8, and_or<0x03000300u>(q13, MAGIC)),
+                                       H_SIXTEENTH, H_M96),
+                                s_hi);
+                        }
+                    mma_chunk<RT, NT>(acc, alo, xa, cl);
+                    mma_chunk<RT, NT>(acc, ahi, xa, ch);
                 }
+    } else { /* Q8_0: 32-block j = chunks 2j, 2j+1 = bytes 32j .. 32j + 31 */
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int tb = wtok + nt * 8;
-                const unsigned char *xb = xq + (tb + g) * MMQ_XQ_STRIDE + 32 * j + 4 * t;
-                const uint32_t b0 = lds32(xb), b1 = lds32(xb + 16);
-                const float x0 = xd[(tb + 2 * t) * MMQ_XD_F2 + j].x,
-                            x1 = xd[(tb + 2 * t + 1) * MMQ_XD_F2 + j].x;
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    int cl[4], ch[4];
-                    mma_k16(cl, alo[rt][0], alo[rt][1], b0);
-                    mma_k16(ch, ahi[rt][0], ahi[rt][1], b1);
-                    acc[rt][nt][0] += x0 * (slo[rt][0] * i2f(cl[0]) + shi[rt][0] * i2f(ch[0]));
-                    acc[rt][nt][1] += x1 * (slo[rt][0] * i2f(cl[1]) + shi[rt][0] * i2f(ch[1]));
-                    acc[rt][nt][2] += x0 * (slo[rt][1] * i2f(cl[2]) + shi[rt][1] * i2f(ch[2]));
-                    acc[rt][nt][3] += x1 * (slo[rt][1] * i2f(cl[3]) + shi[rt][1] * i2f(ch[3]));
-                }
-            }
-        }
-    } else { /* Q8_0 */
-#pragma unroll
-        for (int j = 0; j < MMQ_KB; j++) {
+        for (int j = 0; j < 8; j++) {
             if (j >= nbv) break;
-            uint32_t af[RT][4];
-            float dw[RT][2];
+            uint32_t a0[RT][4], a1[RT][4];
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = wrow + rt * 16 + 8 * h;
-                    const unsigned char *wr = st + r * QS + 32 * j + 4 * t;
-                    af[rt][h] = lds32(wr);          /* a[0] / a[1]: row g / g+8, cols 4t.. */
-                    af[rt][2 + h] = lds32(wr + 16); /* a[2] / a[3]: cols 16+4t.. */
-                    dw[rt][h] = __half2float(*(const __half *)(st + L::ws + r * 16 + 2 * j));
+                for (int h8 = 0; h8 < 2; h8++) {
+                    const unsigned char *wr = wbase + (16 * rt + 8 * h8) * QS + 32 * j;
+                    const uint32_t d2 = *(const uint32_t *)(sbase + (16 * rt + 8 * h8) * SBS + 4 * j);
+                    /* int8 q -> unsigned q + 128 -> f16 1024 + (q + 128) -> q, exactly */
+                    const uint32_t w0 = lds32(wr) ^ 0x80808080u, w1 = lds32(wr + 16) ^ 0x80808080u;
+                    a0[rt][h8] = h2_mul(h2_sub(__byte_perm(w0, 0x64u, 0x4240), H_1152), d2);
+                    a0[rt][2 + h8] = h2_mul(h2_sub(__byte_perm(w0, 0x64u, 0x4341), H_1152), d2);
+                    a1[rt][h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4240), H_1152), d2);
+                    a1[rt][2 + h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4341), H_1152), d2);
                 }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int tb = wtok + nt * 8;
-                const unsigned char *xb = xq + (tb + g) * MMQ_XQ_STRIDE + 32 * j + 4 * t;
-                const uint32_t b0 = lds32(xb), b1 = lds32(xb + 16);
-                const float x0 = xd[(tb + 2 * t) * MMQ_XD_F2 + j].x,
-                            x1 = xd[(tb + 2 * t + 1) * MMQ_XD_F2 + j].x;
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    int c[4];
-                    mma_k32(c, af[rt], b0, b1);
-                    acc[rt][nt][0] += dw[rt][0] * x0 * i2f(c[0]);
-                    acc[rt][nt][1] += dw[rt][0] * x1 * i2f(c[1]);
-                    acc[rt][nt][2] += dw[rt][1] * x0 * i2f(c[2]);
-                    acc[rt][nt][3] += dw[rt][1] * x1 * i2f(c[3]);
-                }
-            }
+            mma_chunk<RT, NT>(acc, a0, xa, 2 * j);
+            mma_chunk<RT, NT>(acc, a1, xa, 2 * j + 1);
         }
     }
 }
 
-/* NS: stages in flight (shared buffers); NS - 1 are being copied while one is multiplied. */
-template <uint32_t T, int RT, int NT, int NS>
-static __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mmq_args a) {
-    constexpr int BM = 32 * RT, BN = 16 * NT;
-    using L = mmq_smem<T, BM, BN>;
+/* y = (or +=) v for this thread's outputs of the tile at (row0, tok0). */
+template <int RT, int NT>
+static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
+                                               int row0, int tok0, int wm, int wn, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = row0 + wm * 16 * RT + rt * 16 + g + 8 * (i >> 1);
+                const int tok = tok0 + wn * 8 * NT + nt * 8 + 2 * t + (i & 1);
+                if (row < a.rows && tok < a.n) {
+                    float *o = a.y + (long long)tok * a.rows + row;
+                    *o = a.accumulate ? *o + v[rt][nt][i] : v[rt][nt][i];
+                }
+            }
+}
+
+/* End of a tile segment [seg0, u] of block b: store y, or hand the partial over. */
+template <uint32_t T, int I>
+static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned char *smem,
+                                                   float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
+                                                   long long b, long long u, long long u_begin,
+                                                   int tid, int wm, int wn, int lane) {
+    using C = mmq_cfg<T, I>;
+    constexpr int RT = C::RT, NT = C::NT, NACC = C::NACC;
+    const long long tile = u / a.nsb, t0 = tile * a.nsb;
+    const int row0 = (int)(tile / a.tiles_n) * C::BM, tok0 = (int)(tile % a.tiles_n) * C::BN;
+    if (u_begin <= t0 && u == t0 + a.nsb - 1) { /* the whole tile: no one else has a part */
+        store_y<RT, NT>(a, acc, row0, tok0, wm, wn, lane);
+        return;
+    }
+    /* slot 0: the block's first tile, slot 1: its last (when different) */
+    const int slot = tile == u_begin / a.nsb ? 0 : 1;
+    float4 *wp = (float4 *)(a.work + ((b * 2 + slot) * MMQ_THREADS + tid) * (long long)NACC);
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            wp[rt * NT + nt] = make_float4(acc[rt][nt][0], acc[rt][nt][1], acc[rt][nt][2],
+                                           acc[rt][nt][3]);
+    __threadfence(); /* this thread's partial is visible before the count goes up */
+    __syncthreads();
+    const long long b_lo = unit_owner(a, t0), b_hi = unit_owner(a, t0 + a.nsb - 1);
+    int *flag = (int *)(smem + C::CTRL);
+    if (tid == 0) {
+        const int before = atomicAdd(&a.cnt[b_lo], 1);
+        const int last = before == (int)(b_hi - b_lo);
+        if (last) a.cnt[b_lo] = 0; /* every contributor has counted: reset for the next call */
+        *flag = last;
+    }
+    __syncthreads(); /* (the next write of the flag is two main-loop barriers away) */
+    if (!*flag) return;
+    __threadfence();
+    float sum[RT][NT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sum[rt][nt][i] = 0.0f;
+    for (long long bb = b_lo; bb <= b_hi; bb++) { /* block order: independent of timing */
+        if (bb == b) {
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        sum[rt][nt][i] += acc[rt][nt][i];
+            continue;
+        }
+        const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
+        const float4 *rp =
+            (const float4 *)(a.work + ((bb * 2 + sl) * MMQ_THREADS + tid) * (long long)NACC);
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float4 p = __ldcg(rp + rt * NT + nt); /* L2: another SM wrote it */
+                sum[rt][nt][0] += p.x;
+                sum[rt][nt][1] += p.y;
+                sum[rt][nt][2] += p.z;
+                sum[rt][nt][3] += p.w;
+            }
+    }
+    store_y<RT, NT>(a, sum, row0, tok0, wm, wn, lane);
+}
+
+template <uint32_t T, int I>
+static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_kernel(const mmq_args a) {
+    using C = mmq_cfg<T, I>;
+    constexpr int NS = C::NS, RT = C::RT, NT = C::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;
-    const int tok0 = blockIdx.x * BN, row0 = blockIdx.y * BM;
-    const int nblk = a.k >> 5, nstage = (nblk + MMQ_KB - 1) / MMQ_KB;
+    const int wm = warp % C::WM, wn = warp / C::WM;
+    const long long b = blockIdx.x;
+    const long long u_begin = unit_begin(a, b), u_end = unit_begin(a, b + 1);
 
     float acc[RT][NT][4];
 #pragma unroll
@@ -433,99 +646,169 @@ static __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mmq_args 
                 acc[rt][nt][i] = 0.0f;
 
 #pragma unroll
-    for (int s = 0; s < NS - 1; s++) { /* fill the pipeline; one commit group per stage */
-        if (s < nstage) load_stage<T, BM, BN>(a, smem + s * L::stage, s, row0, tok0, tid);
+    for (int s = 0; s < NS - 1; s++) { /* fill the pipeline; one commit group per unit */
+        if (u_begin + s < u_end) load_unit<T, I>(a, smem + s * C::STAGE, u_begin + s, tid);
         cp_commit();
     }
-    for (int s = 0; s < nstage; s++) {
-        cp_wait<NS - 2>();         /* stage s has landed (this thread's copies) ... */
-        __syncthreads();           /* ... every thread's; and every warp is done with stage s - 1 */
-        const int sp = s + NS - 1; /* refill the buffer stage s - 1 used */
-        if (sp < nstage) load_stage<T, BM, BN>(a, smem + (sp % NS) * L::stage, sp, row0, tok0, tid);
+    for (long long u = u_begin; u < u_end; u++) {
+        const int i = (int)(u - u_begin);
+        unsigned char *st = smem + (i % NS) * C::STAGE;
+        cp_wait<NS - 2>(); /* unit u has landed (this thread's copies) ... */
+        __syncthreads();   /* ... every thread's; every warp is done with unit u - 1 */
+        prep_scales<T, I>(a, st, smem + C::SB, u, tid);
+        if (u + NS - 1 < u_end)
+            load_unit<T, I>(a, smem + ((i + NS - 1) % NS) * C::STAGE, u + NS - 1, tid);
         cp_commit();
-        compute_stage<T, RT, NT>(a, smem + (s % NS) * L::stage, acc, s,
-                                 min(MMQ_KB, nblk - s * MMQ_KB), row0, wm, wn, g, t);
+        __syncthreads(); /* the scale table is written */
+        const long long tile = u / a.nsb;
+        compute_unit<T, I>(st, smem + C::SB, acc, slice_blocks(a, (int)(u - tile * a.nsb)), wm, wn,
+                           lane);
+        if (u == (tile + 1) * a.nsb - 1 || u == u_end - 1) {
+            finish_tile<T, I>(a, smem, acc, b, u, u_begin, tid, wm, wn, lane);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        acc[rt][nt][q] = 0.0f;
+        }
     }
-
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = row0 + wm * 16 * RT + rt * 16 + g + 8 * (i >> 1);
-                const int tok = tok0 + wn * 8 * NT + nt * 8 + 2 * t + (i & 1);
-                if (row < a.rows && tok < a.n) {
-                    float *o = a.y + (int64_t)tok * a.rows + row;
-                    *o = a.accumulate ? *o + acc[rt][nt][i] : acc[rt][nt][i];
-                }
-            }
 }
 
 /* --------------------------------------------------------------- launchers ---- */
 
-/* The fixed tiles {RT, NT, NS}: BM = 32*RT weight rows x BN = 16*NT tokens, NS stages.
- * The narrow tiles serve small n, where few blocks stream long rows: deeper pipelines keep
- * more bytes in flight per SM. */
-static constexpr int tiles[][3] = {{1, 1, 4}, {1, 2, 3}, {2, 2, 3}, {2, 4, 2}, {2, 8, 2}};
-#define N_TILES ((int)(sizeof tiles / sizeof tiles[0]))
-
-template <uint32_t T, int I> static constexpr int smem_total(void) {
-    return tiles[I][2] * mmq_smem<T, 32 * tiles[I][0], 16 * tiles[I][1]>::stage;
-}
-
-template <uint32_t T> static int smem_bytes(int tile) {
-    static_assert(N_TILES == 5, "one case per tile below");
+template <uint32_t T> static int smem_of(int tile) {
+    static_assert(N_TILES == 6, "one case per tile below");
     switch (tile) {
-    case 0:
-        return smem_total<T, 0>();
-    case 1:
-        return smem_total<T, 1>();
-    case 2:
-        return smem_total<T, 2>();
-    case 3:
-        return smem_total<T, 3>();
-    default:
-        return smem_total<T, 4>();
+    case 0: return mmq_cfg<T, 0>::SMEM;
+    case 1: return mmq_cfg<T, 1>::SMEM;
+    case 2: return mmq_cfg<T, 2>::SMEM;
+    case 3: return mmq_cfg<T, 3>::SMEM;
+    case 4: return mmq_cfg<T, 4>::SMEM;
+    default: return mmq_cfg<T, 5>::SMEM;
     }
 }
 
 static int smem_bytes_of(uint32_t type, int tile) {
     switch (type) {
-    case QT_Q4_K:
-        return smem_bytes<QT_Q4_K>(tile);
-    case QT_Q6_K:
-        return smem_bytes<QT_Q6_K>(tile);
-    default:
-        return smem_bytes<QT_Q8_0>(tile);
+    case QT_Q4_K: return smem_of<QT_Q4_K>(tile);
+    case QT_Q6_K: return smem_of<QT_Q6_K>(tile);
+    default: return smem_of<QT_Q8_0>(tile);
     }
 }
 
-template <uint32_t T, int I> static cudaError_t launch_tile(const mmq_args &a, cudaStream_t st) {
-    constexpr int RT = tiles[I][0], NT = tiles[I][1], NS = tiles[I][2];
-    constexpr int BM = 32 * RT, BN = 16 * NT, bytes = smem_total<T, I>();
-    if (bytes > 48 * 1024) { /* above the default limit: opt in (idempotent, per device) */
-        cudaError_t ce = cudaFuncSetAttribute(mmq_kernel<T, RT, NT, NS>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+static int type_index(uint32_t type) {
+    return type == QT_Q4_K ? 0 : type == QT_Q6_K ? 1 : 2;
+}
+
+/* Device facts, queried once per device (the backend uses one device; a change of device
+ * re-queries). occ[type][tile]: resident blocks per SM, 0 where the tile does not fit. */
+struct mmq_dev {
+    int dev, n_sm, smem_max;
+    int occ[3][N_TILES];
+};
+static mmq_dev g_dev = {-1, 0, 0, {{0}}};
+
+template <uint32_t T, int I> static cudaError_t query_occ(int *occ, int smem_max) {
+    constexpr int bytes = mmq_cfg<T, I>::SMEM;
+    *occ = 0;
+    if (bytes > smem_max) return cudaSuccess;
+    cudaError_t ce = cudaFuncSetAttribute(mmq_kernel<T, I>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, mmq_kernel<T, I>, MMQ_THREADS,
+                                                           bytes);
+    return ce;
+}
+
+template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max) {
+    cudaError_t ce = query_occ<T, 0>(&occ[0], smem_max);
+    if (ce == cudaSuccess) ce = query_occ<T, 1>(&occ[1], smem_max);
+    if (ce == cudaSuccess) ce = query_occ<T, 2>(&occ[2], smem_max);
+    if (ce == cudaSuccess) ce = query_occ<T, 3>(&occ[3], smem_max);
+    if (ce == cudaSuccess) ce = query_occ<T, 4>(&occ[4], smem_max);
+    if (ce == cudaSuccess) ce = query_occ<T, 5>(&occ[5], smem_max);
+    return ce;
+}
+
+static cudaError_t device_facts(const mmq_dev **out) {
+    int dev = 0;
+    cudaError_t ce = cudaGetDevice(&dev);
+    if (ce != cudaSuccess) return ce;
+    if (g_dev.dev != dev) {
+        mmq_dev d;
+        d.dev = dev;
+        ce = cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev);
+        if (ce == cudaSuccess)
+            ce = cudaDeviceGetAttribute(&d.smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        if (ce == cudaSuccess) ce = query_type<QT_Q4_K>(d.occ[0], d.smem_max);
+        if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(d.occ[1], d.smem_max);
+        if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(d.occ[2], d.smem_max);
         if (ce != cudaSuccess) return ce;
+        g_dev = d;
     }
-    const dim3 grid((unsigned)((a.n + BN - 1) / BN), (unsigned)((a.rows + BM - 1) / BM));
-    mmq_kernel<T, RT, NT, NS><<<grid, MMQ_THREADS, bytes, st>>>(a);
+    *out = &g_dev;
+    return cudaSuccess;
+}
+
+/* The launch shape of a product: grid, units, and the work bytes its split tiles need. */
+struct mmq_plan {
+    long long units;
+    int nsb, tiles_n, grid;
+    uint64_t work_bytes;
+};
+
+static mmq_plan plan_of(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n,
+                        int tile) {
+    const int bm = tiles[tile][0] * 16 * tiles[tile][2], bn = tiles[tile][1] * 8 * tiles[tile][3];
+    mmq_plan p;
+    p.nsb = (int)((k + 255) / 256);
+    p.tiles_n = (int)((n + bn - 1) / bn);
+    p.units = (long long)((rows + bm - 1) / bm) * p.tiles_n * p.nsb;
+    long long grid = (long long)d->n_sm * d->occ[type_index(type)][tile];
+    if (grid > MMQ_MAX_BLOCKS) grid = MMQ_MAX_BLOCKS;
+    if (grid > p.units) grid = p.units;
+    if (grid < 1) grid = 1;
+    p.grid = (int)grid;
+    p.work_bytes = (uint64_t)p.grid * 2 * bm * bn * sizeof(float);
+    return p;
+}
+
+/* Heuristic: the token width is the smallest tile width >= n (at most 64; wider n takes
+ * several token tiles); 256 weight rows where that leaves at least one unit per block (the
+ * activations are re-read once per row tile, so taller tiles read less of them), else 128.
+ * Tiles that do not fit the device are skipped. */
+static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n) {
+    const int ti = type_index(type);
+    int want[2];
+    if (n <= 16) want[0] = 1, want[1] = 0;
+    else if (n <= 32) want[0] = 3, want[1] = 2;
+    else want[0] = 4, want[1] = 5;
+    for (int c = 0; c < 2; c++) {
+        const int t = want[c];
+        if (!d->occ[ti][t]) continue;
+        const mmq_plan p = plan_of(d, type, rows, k, n, t);
+        if (c == 1 || p.units >= (long long)d->n_sm * d->occ[ti][t]) return t;
+    }
+    for (int t = 0; t < N_TILES; t++) /* anything that fits */
+        if (d->occ[ti][t]) return t;
+    return 0;
+}
+
+template <uint32_t T, int I> static cudaError_t launch_tile(const mmq_args &a, cudaStream_t st) {
+    mmq_kernel<T, I><<<a.grid, MMQ_THREADS, mmq_cfg<T, I>::SMEM, st>>>(a);
     return cudaGetLastError();
 }
 
 template <uint32_t T> static cudaError_t launch_type(const mmq_args &a, int tile, cudaStream_t st) {
     switch (tile) {
-    case 0:
-        return launch_tile<T, 0>(a, st);
-    case 1:
-        return launch_tile<T, 1>(a, st);
-    case 2:
-        return launch_tile<T, 2>(a, st);
-    case 3:
-        return launch_tile<T, 3>(a, st);
-    default:
-        return launch_tile<T, 4>(a, st);
+    case 0: return launch_tile<T, 0>(a, st);
+    case 1: return launch_tile<T, 1>(a, st);
+    case 2: return launch_tile<T, 2>(a, st);
+    case 3: return launch_tile<T, 3>(a, st);
+    case 4: return launch_tile<T, 4>(a, st);
+    default: return launch_tile<T, 5>(a, st);
     }
 }
 
@@ -535,126 +818,131 @@ extern "C" int cuda_mmq_tile_count(void) {
 
 extern "C" void cuda_mmq_tile_shape(int tile, int *rows, int *tokens) {
     if (tile < 0 || tile >= N_TILES) tile = 0;
-    *rows = 32 * tiles[tile][0];
-    *tokens = 16 * tiles[tile][1];
+    *rows = tiles[tile][0] * 16 * tiles[tile][2];
+    *tokens = tiles[tile][1] * 8 * tiles[tile][3];
 }
 
 extern "C" int cuda_mmq_supported(uint32_t type, int64_t k) {
     if (k <= 0 || k > (1 << 30)) return 0;
     switch (type) {
     case QT_Q4_K:
-    case QT_Q6_K:
-        return k % 256 == 0;
-    case QT_Q8_0:
-        return k % 64 == 0; /* the scale copies are 4-byte pairs of blocks */
-    default:
-        return 0;
+    case QT_Q6_K: return k % 256 == 0;
+    case QT_Q8_0: return k % 64 == 0; /* the scale copies are 4-byte pairs of blocks */
+    default: return 0;
     }
-}
-
-/* Largest tile that still gives every SM a block; when none does, the smallest (most
- * blocks). Tiles whose token width is twice n or more are skipped (half their work would
- * be padding). */
-static int pick_tile(uint32_t type, int64_t rows, int64_t n, int n_sm, int smem_max) {
-    for (int i = N_TILES - 1; i > 0; i--) {
-        const int bm = 32 * tiles[i][0], bn = 16 * tiles[i][1];
-        if (smem_bytes_of(type, i) > smem_max || (bn > 16 && bn / 2 >= n)) continue;
-        if (((rows + bm - 1) / bm) * ((n + bn - 1) / bn) >= n_sm) return i;
-    }
-    return 0;
-}
-
-static cudaError_t device_limits(int *n_sm, int *smem_max) {
-    int dev = 0;
-    cudaError_t ce = cudaGetDevice(&dev);
-    if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(n_sm, cudaDevAttrMultiProcessorCount, dev);
-    if (ce == cudaSuccess)
-        ce = cudaDeviceGetAttribute(smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return ce;
 }
 
 extern "C" int cuda_mmq_tile_auto(const struct cuda_qweight *w, int64_t n) {
-    int n_sm = 0, smem_max = 0;
-    if (device_limits(&n_sm, &smem_max) != cudaSuccess) {
+    const mmq_dev *d;
+    if (device_facts(&d) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
-    return pick_tile(w->type, w->rows, n, n_sm, smem_max);
+    return pick_tile(d, w->type, w->rows, w->k, n);
 }
 
-/* Scratch: xq (n*k int8, padded to 256 B), then xd (n*k/32 float2). */
-extern "C" uint64_t cuda_mmq_scratch_bytes(int64_t k, int64_t n) {
-    const uint64_t nk = (uint64_t)k * (uint64_t)n;
-    return ((nk + 255) & ~255ull) + nk / 32 * 8;
+extern "C" int cuda_mmq_grid(const struct cuda_qweight *w, int64_t n, int tile) {
+    const mmq_dev *d;
+    if (device_facts(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w->type, w->rows, w->k, n);
+    if (tile < 0 || tile >= N_TILES || !cuda_mmq_supported(w->type, w->k)) return -1;
+    return plan_of(d, w->type, w->rows, w->k, n, tile).grid;
 }
 
-static void scratch_parts(const void *scratch, int64_t k, int64_t n, int8_t **xq, float2 **xd) {
-    const uint64_t nk = (uint64_t)k * (uint64_t)n;
-    *xq = (int8_t *)scratch;
-    *xd = (float2 *)((unsigned char *)scratch + ((nk + 255) & ~255ull));
+/* Scratch: counters (MMQ_CNT_BYTES), xh (n*k f16, padded to 256 B), then the work area. */
+static uint64_t xh_bytes(int64_t k, int64_t n) {
+    return ((uint64_t)k * (uint64_t)n * 2 + 255) & ~255ull;
+}
+
+extern "C" smelt_status cuda_mmq_scratch_bytes(int64_t rows, int64_t k, int64_t n, uint64_t *bytes,
+                                               struct err *e) {
+    if (rows < 1 || k < 1 || n < 1)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmq: scratch for %lld x %lld, %lld tokens",
+                       (long long)rows, (long long)k, (long long)n);
+    const mmq_dev *d;
+    CUDA_TRY(device_facts(&d), e);
+    uint64_t work = 0;
+    const uint32_t types[3] = {QT_Q4_K, QT_Q6_K, QT_Q8_0};
+    for (int ti = 0; ti < 3; ti++)
+        for (int t = 0; t < N_TILES; t++)
+            if (d->occ[ti][t]) {
+                const mmq_plan p = plan_of(d, types[ti], rows, k, n, t);
+                if (p.work_bytes > work) work = p.work_bytes;
+            }
+    *bytes = MMQ_CNT_BYTES + xh_bytes(k, n) + work;
+    return SMELT_OK;
 }
 
 extern "C" smelt_status cuda_mmq_quantize(const float *x, int64_t k, int64_t n, void *scratch,
                                           void *stream, struct err *e) {
-    if (k <= 0 || k % 32 != 0 || n < 1)
+    if (k <= 0 || k % 16 != 0 || n < 1)
         return err_set(e, SMELT_ERR_INVALID,
-                       "cuda mmq: quantizing %lld x %lld activations (k %% 32 != 0?)", (long long)n,
+                       "cuda mmq: converting %lld x %lld activations (k %% 16 != 0?)", (long long)n,
                        (long long)k);
-    int8_t *xq;
-    float2 *xd;
-    scratch_parts(scratch, k, n, &xq, &xd);
-    const int64_t total = k * n;
+    int *cnt = (int *)scratch;
+    __half *xh = (__half *)((unsigned char *)scratch + MMQ_CNT_BYTES);
+    const long long groups = (long long)(k / 16) * n;
     const int tb = 256;
-    mmq_quantize_kernel<<<(unsigned)((total + tb - 1) / tb), tb, 0, (cudaStream_t)stream>>>(
-        x, xq, xd, total);
+    const unsigned blocks = (unsigned)((groups + tb - 1) / tb);
+    if (((uintptr_t)x & 15) == 0)
+        mmq_convert_kernel<true><<<blocks, tb, 0, (cudaStream_t)stream>>>(x, xh, cnt, groups);
+    else
+        mmq_convert_kernel<false><<<blocks, tb, 0, (cudaStream_t)stream>>>(x, xh, cnt, groups);
     CUDA_TRY_LAUNCH(e);
     return SMELT_OK;
 }
 
 extern "C" smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, float *y,
-                                     const void *scratch, int accumulate, int tile, void *stream,
-                                     struct err *e) {
+                                     void *scratch, uint64_t scratch_bytes, int accumulate,
+                                     int tile, void *stream, struct err *e) {
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
-    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > 65535LL * 32) /* grid.y <= 65535 */
+    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 28))
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: %lld token rows x %lld weight rows",
                        (long long)n, (long long)w->rows);
-    int n_sm = 0, smem_max = 0;
-    CUDA_TRY(device_limits(&n_sm, &smem_max), e);
-    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(w->type, w->rows, n, n_sm, smem_max);
+    const mmq_dev *d;
+    CUDA_TRY(device_facts(&d), e);
+    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w->type, w->rows, w->k, n);
     if (tile < 0 || tile >= N_TILES)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: tile %d (0..%d)", tile, N_TILES - 1);
-    if (smem_bytes_of(w->type, tile) > smem_max)
+    if (!d->occ[type_index(w->type)][tile])
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "cuda mmq: tile %d needs %d B of shared memory, the device has %d", tile,
-                       smem_bytes_of(w->type, tile), smem_max);
-    int8_t *xq;
-    float2 *xd;
-    scratch_parts(scratch, w->k, n, &xq, &xd);
+                       smem_bytes_of(w->type, tile), d->smem_max);
+    const mmq_plan p = plan_of(d, w->type, w->rows, w->k, n, tile);
+    const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
+    if (scratch_bytes < need)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda mmq: scratch of %llu B, %s %lld x %lld with %lld tokens needs %llu",
+                       (unsigned long long)scratch_bytes, qtype_name(w->type), (long long)w->rows,
+                       (long long)w->k, (long long)n, (unsigned long long)need);
+    unsigned char *sc = (unsigned char *)scratch;
     mmq_args a;
     a.wq = (const unsigned char *)w->q;
     a.ws = (const unsigned char *)w->s;
     a.wd = (const unsigned char *)w->d;
-    a.xq = xq;
-    a.xd = xd;
+    a.cnt = (int *)sc;
+    a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
+    a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
     a.y = y;
+    a.units = p.units;
     a.rows = (int)w->rows;
     a.k = (int)w->k;
     a.n = (int)n;
     a.accumulate = accumulate != 0;
+    a.nsb = p.nsb;
+    a.tiles_n = p.tiles_n;
+    a.grid = p.grid;
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t ce;
     switch (w->type) {
-    case QT_Q4_K:
-        ce = launch_type<QT_Q4_K>(a, tile, st);
-        break;
-    case QT_Q6_K:
-        ce = launch_type<QT_Q6_K>(a, tile, st);
-        break;
-    default:
-        ce = launch_type<QT_Q8_0>(a, tile, st);
-        break;
+    case QT_Q4_K: ce = launch_type<QT_Q4_K>(a, tile, st); break;
+    case QT_Q6_K: ce = launch_type<QT_Q6_K>(a, tile, st); break;
+    default: ce = launch_type<QT_Q8_0>(a, tile, st); break;
     }
     if (ce != cudaSuccess)
         return err_set(e, SMELT_ERR_DEVICE, "cuda mmq: %s %lld x %lld, %lld tokens, tile %d: %s",
@@ -664,11 +952,12 @@ extern "C" smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, fl
 }
 
 extern "C" smelt_status cuda_mmq(const struct cuda_qweight *w, const float *x, int64_t n, float *y,
-                                 void *scratch, int accumulate, void *stream, struct err *e) {
+                                 void *scratch, uint64_t scratch_bytes, int accumulate, void *stream,
+                                 struct err *e) {
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
     smelt_status st = cuda_mmq_quantize(x, w->k, n, scratch, stream, e);
     if (st) return st;
-    return cuda_mmq_pre(w, n, y, scratch, accumulate, CUDA_MMQ_TILE_AUTO, stream, e);
+    return cuda_mmq_pre(w, n, y, scratch, scratch_bytes, accumulate, CUDA_MMQ_TILE_AUTO, stream, e);
 }

@@ -1,20 +1,21 @@
-/* Quantized matrix x many token rows on the int8 tensor cores ("mmq"): batched decode
- * (9..64 rows) and prefill chunks.
+/* Quantized matrix x many token rows on the tensor cores ("mmq"): batched decode (9..64
+ * rows) and prefill chunks (up to a few hundred rows).
  *
  *   y[t][r] = sum_k W[r][k] * x[t][k]      t < n, r < w->rows
  *
  * The weights are read in the "split" layout cuda_mmv uploads (cuda_mmv.h), never
- * dequantized to memory: each block of the kernel stages 32 or 64 weight rows and 16..128
- * token rows of a 256-wide K slice in shared memory (cp.async, double-buffered), unpacks
- * the weights to int8 in registers and multiplies with mma.sync m16n8k32 (m16n8k16 for
- * Q6_K's 16-value scale groups); the int32 result of each 32-wide block is scaled in f32
- * by the weight block's and the activation block's scales. The activations are quantized
- * once per product to int8 with one f32 scale per 32 values, as cuda_mmv does (same
- * rounding), plus the scaled sum each K-quant minimum needs.
+ * dequantized to memory: each 256-wide K slice of a tile of 128 or 256 weight rows is
+ * copied raw to shared memory (cp.async, 2-4 stages in flight) and dequantized in
+ * registers straight into the f16 A fragments of mma.sync.m16n8k16 (f32 accumulation),
+ * the block scales applied there, once per weight. The activations are converted once per
+ * product to f16 (cuda_mmq_quantize); there is no per-block int32 -> f32 fold. The work
+ * (tiles x K slices) is split evenly over one wave of blocks ("stream-K"), so a 4096-row
+ * matrix fills every SM; tiles split between blocks are summed deterministically (fixed
+ * order) by the last block to finish its part.
  *
  * Types: Q4_K, Q6_K (k % 256 == 0) and Q8_0 (k % 64 == 0); others keep the mmv / cuBLAS
- * paths. Needs sm_80 or newer (mma.sync on int8, cp.async). Design note, bytes and ops per
- * call and measurements: docs/cuda-backend.md, "Tensor-core matmul".
+ * paths. Needs sm_80 or newer. Design note, bytes and ops per call and measurements:
+ * docs/cuda-backend.md, "Tensor-core matmul".
  */
 #ifndef SMELT_CUDA_MMQ_H
 #define SMELT_CUDA_MMQ_H
@@ -35,24 +36,32 @@ extern "C" {
 /* True when the kernels handle this weight type with row length k. */
 int cuda_mmq_supported(uint32_t type, int64_t k);
 
-/* Device scratch bytes for n rows of k activations in their quantized form. */
-uint64_t cuda_mmq_scratch_bytes(int64_t k, int64_t n);
+/* Device scratch bytes for cuda_mmq_quantize(k, n) followed by cuda_mmq_pre on weights of
+ * up to `rows` rows (any tile) on the current device: the f16 activations, the split-tile
+ * counters and the partial sums of split tiles. */
+smelt_status cuda_mmq_scratch_bytes(int64_t rows, int64_t k, int64_t n, uint64_t *bytes,
+                                    struct err *e);
 
-/* x[n][k] (f32, device) -> scratch: int8 values, then {scale, scale * sum} per 32 values.
- * k % 32 == 0. Asynchronous on stream (a cudaStream_t, 0 = default). */
+/* x[n][k] (f32, device) -> scratch: f16 activations (clamped to +-65504), and the split-tile
+ * counters zeroed. k % 64 == 0. Asynchronous on stream (a cudaStream_t, 0 = default). One
+ * call can serve several cuda_mmq_pre calls (weights sharing x) on the same stream. */
 smelt_status cuda_mmq_quantize(const float *x, int64_t k, int64_t n, void *scratch, void *stream,
                                struct err *e);
 
 /* y[n][w->rows] = (or += with accumulate != 0) W x, x read from scratch as
- * cuda_mmq_quantize(x, w->k, n) left it. tile: CUDA_MMQ_TILE_AUTO or 0..count-1 (a tile
- * that does not fit the device's shared memory is refused with SMELT_ERR_UNSUPPORTED).
- * Asynchronous; errors are argument and launch errors only. */
-smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, float *y, const void *scratch,
-                          int accumulate, int tile, void *stream, struct err *e);
+ * cuda_mmq_quantize(x, w->k, n) left it; scratch_bytes: the scratch's size (checked against
+ * what this product needs). tile: CUDA_MMQ_TILE_AUTO or 0..count-1 (a tile that does not
+ * fit the device's shared memory is refused with SMELT_ERR_UNSUPPORTED). Asynchronous and
+ * graph-capturable (no host sync; the launch shape depends only on (type, rows, k, n,
+ * tile) and the device); errors are argument and launch errors only. */
+smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, float *y, void *scratch,
+                          uint64_t scratch_bytes, int accumulate, int tile, void *stream,
+                          struct err *e);
 
 /* cuda_mmq_quantize then cuda_mmq_pre with the automatic tile. */
 smelt_status cuda_mmq(const struct cuda_qweight *w, const float *x, int64_t n, float *y,
-                      void *scratch, int accumulate, void *stream, struct err *e);
+                      void *scratch, uint64_t scratch_bytes, int accumulate, void *stream,
+                      struct err *e);
 
 /* The fixed tiles: weight rows x token rows per thread block. */
 int cuda_mmq_tile_count(void);
@@ -60,6 +69,8 @@ void cuda_mmq_tile_shape(int tile, int *rows, int *tokens);
 /* The tile CUDA_MMQ_TILE_AUTO picks for this product on the current device (-1 on a
  * device query error). */
 int cuda_mmq_tile_auto(const struct cuda_qweight *w, int64_t n);
+/* Thread blocks cuda_mmq_pre launches for this product and tile (-1 on error): one wave. */
+int cuda_mmq_grid(const struct cuda_qweight *w, int64_t n, int tile);
 
 #ifdef __cplusplus
 }
