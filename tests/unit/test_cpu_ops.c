@@ -430,6 +430,56 @@ static void test_vec(void) {
     }
 }
 
+/* The GLU activations of every ISA over a wide input range (a fine grid of [-40, 40], the
+ * tails out to +-1e4 and random values), against double precision and against the scalar
+ * table (libm tanhf / expf). Prints the largest errors. */
+static void test_vec_glu(void) {
+    enum { N = 16384 + 3 };
+    static float g[N], u[N], y[N], ys[N];
+    for (int i = 0; i < N; i++) {
+        if (i < 8001) g[i] = -40.0f + 0.01f * (float)i;                 /* grid */
+        else if (i < 12001) g[i] = (i % 2 ? 1 : -1) * powf(10.0f, 1.6f + 2.4f * (float)(i - 8001) / 4000);
+        else g[i] = 6.0f * t_randn(&rng);
+        u[i] = i % 7 == 0 ? 1.0f : t_randn(&rng);
+    }
+    const struct cpu_vec *sc = cpu_vec_for(CPU_ISA_SCALAR);
+    for (int act = 0; act < 2; act++) {
+        if (act == 0) sc->gelu_mul(ys, g, u, N);
+        else sc->silu_mul(ys, g, u, N);
+        for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+            if (isa > (int)cpu_isa_supported()) break;
+            const struct cpu_vec *v = cpu_vec_for((enum cpu_isa)isa);
+            /* odd lengths and offsets exercise the tails */
+            for (int64_t off = 0; off < 3; off++) {
+                if (act == 0) v->gelu_mul(y + off, g + off, u + off, N - 2 * off);
+                else v->silu_mul(y + off, g + off, u + off, N - 2 * off);
+            }
+            double worst_ref = 0, worst_sc = 0, worst_rel = 0;
+            for (int i = 0; i < N; i++) {
+                double x = g[i], a;
+                if (act == 0) a = x / (1 + exp(-2 * sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+                else a = x / (1 + exp(-x));
+                if (!isfinite(a)) a = x > 0 ? x : 0; /* exp overflowed in double: the limit */
+                double want = a * u[i];
+                double e = fabs(y[i] - want), es = fabs((double)y[i] - ys[i]);
+                if (fabs(x) <= 40 && e > worst_ref) worst_ref = e;
+                if (es > worst_sc) worst_sc = es;
+                if (fabs(want) > 1e-30 && e / fabs(want) > worst_rel && fabs(x) < 100)
+                    worst_rel = e / fabs(want);
+                /* relative 1e-5: the f32 rounding of the exp argument (|t| up to 88) is
+                 * amplified by |t| in exp(t); absolute 1e-6 |u|: the scalar tanh form loses
+                 * digits to cancellation in 1 + tanh(t) where gelu(x) ~ 0 */
+                T_CHECKF(e <= 1e-5 * fabs(want) + 1e-6 * fabs(u[i]), "%s isa %d x %g: %g vs %g",
+                         act ? "silu" : "gelu", isa, x, y[i], want);
+                T_CHECKF(es <= 1e-5 * fabs(want) + 1e-6 * fabs(u[i]), "%s isa %d x %g: %g vs scalar %g",
+                         act ? "silu" : "gelu", isa, x, y[i], ys[i]);
+            }
+            printf("%s isa %d: max abs err vs double (|x| <= 40) %.2e, vs the scalar twin (all x) "
+                   "%.2e, max rel err vs double (|x| < 100) %.2e\n", act ? "silu" : "gelu", isa, worst_ref, worst_sc, worst_rel);
+        }
+    }
+}
+
 static void test_scratch_mark(void) {
     bk_step_begin(bk);
     struct tensor *a = bk_new(bk, QT_F32, 1000, 1, 1);
@@ -459,6 +509,7 @@ int main(void) {
     T_RUN(test_fused);
     T_RUN(test_attention);
     T_RUN(test_vec);
+    T_RUN(test_vec_glu);
     T_RUN(test_scratch_mark);
     bk_free(bk);
     return t_done();

@@ -40,6 +40,18 @@ static float exp_sum(float *x, int64_t n, float max) {
     return s;
 }
 
+/* The reference definitions (tanhf, expf of libm). */
+static void gelu_mul(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i];
+        y[i] = 0.5f * x * (1.0f + tanhf(CPU_GELU_K * (x + CPU_GELU_C * x * x * x))) * u[i];
+    }
+}
+
+static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 static void to_f16(const float *x, uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = f32_to_f16(x[i]);
 }
@@ -52,7 +64,8 @@ static struct cpu_vec tables[CPU_ISA_COUNT];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void) {
-    struct cpu_vec scalar = {dot_f32, dot_f16, axpy_f32, axpy_f16, exp_sum, to_f16, from_f16};
+    struct cpu_vec scalar = {dot_f32,  dot_f16,  axpy_f32, axpy_f16, exp_sum,
+                             gelu_mul, silu_mul, to_f16,   from_f16};
     for (int i = 0; i < CPU_ISA_COUNT; i++) tables[i] = scalar;
 #if defined(__x86_64__)
     cpu_vec_fill_avx2(&tables[CPU_ISA_AVX2]);

@@ -19,10 +19,20 @@ struct cpu_vec {
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     /* x[i] = exp(x[i] - max); returns the sum (relative error of each term < 3e-7) */
     float (*exp_sum)(float *x, int64_t n, float max);
+    /* y[i] = gelu(g[i]) * u[i], GELU with the tanh approximation (PyTorch
+     * approximate="tanh"); SIMD versions evaluate it as g / (1 + exp(-2 t)), t the tanh
+     * argument (the same function: 0.5 (1 + tanh t) = 1 / (1 + exp(-2 t))) */
+    void (*gelu_mul)(float *y, const float *g, const float *u, int64_t n);
+    /* y[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u */
+    void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
     /* conversions, round to nearest even */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     void (*from_f16)(const uint16_t *x, float *y, int64_t n);
 };
+
+/* GELU tanh approximation: 0.5 x (1 + tanh(K (x + C x^3))). */
+#define CPU_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define CPU_GELU_C 0.044715f
 
 /* The table for isa (lowered to what exists). */
 const struct cpu_vec *cpu_vec_for(enum cpu_isa isa);

@@ -83,6 +83,63 @@ INLINE __m256 exp_neg(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+/* exp(x) over the whole float range: the argument is clamped to [-87.3, 88.3] (results
+ * from 1.2e-38 to 2.4e38; callers only need 1/(1+exp) to saturate correctly), then as
+ * exp_neg. Relative error < 3e-7. */
+INLINE __m256 exp_any(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* gelu(x) = x / (1 + exp(-2 K (x + C x^3))) */
+INLINE __m256 gelu8(__m256 x) {
+    __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(-2.0f * CPU_GELU_K)),
+                             _mm256_fmadd_ps(x2, _mm256_set1_ps(CPU_GELU_C), _mm256_set1_ps(1.0f)));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp_any(t)));
+}
+
+INLINE __m256 silu8(__m256 x) {
+    __m256 e = exp_any(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+static void gelu_mul(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0}, yt[8];
+        for (int64_t j = i; j < n; j++) gt[j - i] = g[j], ut[j - i] = u[j];
+        _mm256_storeu_ps(yt, _mm256_mul_ps(gelu8(_mm256_loadu_ps(gt)), _mm256_loadu_ps(ut)));
+        for (int64_t j = i; j < n; j++) y[j] = yt[j - i];
+    }
+}
+
+static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0}, yt[8];
+        for (int64_t j = i; j < n; j++) gt[j - i] = g[j], ut[j - i] = u[j];
+        _mm256_storeu_ps(yt, _mm256_mul_ps(silu8(_mm256_loadu_ps(gt)), _mm256_loadu_ps(ut)));
+        for (int64_t j = i; j < n; j++) y[j] = yt[j - i];
+    }
+}
+
 static float exp_sum(float *x, int64_t n, float max) {
     __m256 vm = _mm256_set1_ps(max), s = _mm256_setzero_ps();
     int64_t i = 0;
@@ -116,6 +173,8 @@ void cpu_vec_fill_avx2(struct cpu_vec *v) {
     v->axpy_f32 = axpy_f32;
     v->axpy_f16 = axpy_f16;
     v->exp_sum = exp_sum;
+    v->gelu_mul = gelu_mul;
+    v->silu_mul = silu_mul;
     v->to_f16 = to_f16;
     v->from_f16 = from_f16;
 }
