@@ -5,13 +5,13 @@
  * dequantize of those bytes (itself checked against gguf-py). For every weight type ×
  * every ISA this machine has, at ragged shapes, two checks per output y[c][r]:
  *
- *  1. Tight: against sum_i w[r][i] * xq[c][i] in double, where xq is X after the 8-bit
- *     activation quantization, computed here from its definition (symmetric, per group
- *     of 32 or 256, d = amax/127, q = round-half-even(x * 127/amax)). The kernels' integer
+ *  1. Tight: against sum_i w[r][i] * xq[c][i] in double, where xq is X after the 15-bit
+ *     activation quantization, computed here from its definition (cpu_kernels.h: one scale
+ *     per row, D = amax/16256, v = round-half-even(x * 16256/amax)). The kernels' integer
  *     math is exact, so only f32 scale products and summation order differ:
  *     tol = 2e-5 * sum_i |w||xq| (+1e-30).
  *  2. Bound: against the exact f32 X. The activation rounding moves each x_i by at most
- *     amax_g/254, so |err| <= sum_g amax_g/254 * sum_{i in g} |w_i| (times 1.0001) plus the
+ *     D/2 = amax/32512, so |err| <= amax/32512 * sum_i |w_i| (times 1.0001) plus the
  *     tolerance of check 1. For F32/F16/BF16 and the dequantize-fallback types X is not
  *     quantized and only check 1 applies (with xq = x).
  *
@@ -170,16 +170,14 @@ static float *make_x(int64_t n, int64_t k, unsigned long long *s) {
     return x;
 }
 
-/* X after the activation quantization, from its definition. */
-static void quantize_ref(const float *x, float *xq, int64_t k, int g) {
-    for (int64_t b = 0; b < k / g; b++) {
-        float amax = 0;
-        for (int i = 0; i < g; i++)
-            amax = fmaxf(amax, fabsf(x[b * g + i]));
-        float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
-        for (int i = 0; i < g; i++)
-            xq[b * g + i] = nearbyintf(x[b * g + i] * id) * d;
-    }
+/* X after the activation quantization, from its definition (one scale per row). */
+static void quantize_ref(const float *x, float *xq, int64_t k) {
+    float amax = 0;
+    for (int64_t i = 0; i < k; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float id = amax > 0 ? (float)CPU_ACT_VMAX / amax : 0.0f, d = amax / (float)CPU_ACT_VMAX;
+    for (int64_t i = 0; i < k; i++)
+        xq[i] = nearbyintf(x[i] * id) * d;
 }
 
 struct shape {
@@ -212,7 +210,7 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar, cons
         int g = cpu_matmul_has_kernel(t, (enum cpu_isa)isa) ? act_group(t) : 0;
         for (int64_t c = 0; c < n; c++) {
             if (g)
-                quantize_ref(x + c * k, xq + c * k, k, g);
+                quantize_ref(x + c * k, xq + c * k, k);
             else
                 memcpy(xq + c * k, x + c * k, sizeof(float) * (size_t)k);
         }
@@ -225,15 +223,14 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar, cons
                     sq += (double)wr[i] * qc[i];
                     aq += fabs((double)wr[i] * qc[i]) + fabs((double)wr[i] * xc[i]);
                 }
-                if (g)
-                    for (int64_t b = 0; b < k / g; b++) {
-                        double amax = 0, aw = 0;
-                        for (int i = 0; i < g; i++) {
-                            amax = fmax(amax, fabs(xc[b * g + i]));
-                            aw += fabs(wr[b * g + i]);
-                        }
-                        bnd += amax / 254.0 * aw;
+                if (g) {
+                    double amax = 0, aw = 0;
+                    for (int64_t i = 0; i < k; i++) {
+                        amax = fmax(amax, fabs(xc[i]));
+                        aw += fabs(wr[i]);
                     }
+                    bnd = amax / (2.0 * CPU_ACT_VMAX) * aw;
+                }
                 ref[c * rows + r] = sr;
                 refq[c * rows + r] = sq;
                 tight[c * rows + r] = 2e-5 * aq + 1e-30;
@@ -383,33 +380,86 @@ static void test_matmul_large_n(void) {
     cpu_pool_free(pool);
 }
 
+/* Bytes of both planes that carry data (the row padding is not written). */
+static int planes_equal(const uint8_t *a, const uint8_t *b, enum cpu_act act, int64_t k) {
+    size_t row = cpu_act_row_bytes(act, k);
+    size_t used = act == CPU_ACT_Q8_32 ? (size_t)(k + 6 * (k / 32))
+                                       : (size_t)(k + 4 * (k / 256) + 2 * (k / 16));
+    return !memcmp(a, b, used) && !memcmp(a + row, b + row, used);
+}
+
 static void test_quantizers_identical(void) {
     unsigned long long s = 42;
     const int64_t k = 1024;
     float *x = make_x(1, k, &s);
     x[5] = 1e-30f; /* tiny and exact-tie values */
     x[6] = 0.5f;
-    static _Alignas(64) uint8_t a[2048], b[2048];
+    static _Alignas(64) uint8_t a[8192], b[8192];
     int isa_max = cpu_isa_supported();
     if (isa_max == CPU_ISA_SCALAR) {
         t_skip("no SIMD quantizer on this CPU");
         free(x);
         return;
     }
-#if defined(__x86_64__)
+    /* The planes hold v = 128·hi + lo, |lo| <= 64, with v from the definition. */
     cpu_quantize_q8_32_scalar(x, a, k);
+    {
+        const int8_t *hi = (const int8_t *)a, *lo = hi + cpu_act_row_bytes(CPU_ACT_Q8_32, k);
+        float amax = 0;
+        for (int64_t i = 0; i < k; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int bad = 0;
+        for (int64_t i = 0; i < k; i++) {
+            int v = (int)nearbyintf(x[i] * ((float)CPU_ACT_VMAX / amax));
+            if (128 * hi[i] + lo[i] != v || lo[i] < -64 || lo[i] > 63) bad++;
+        }
+        T_CHECKF(bad == 0, "%d values off the definition", bad);
+        const float *d = (const float *)(hi + k);
+        T_CHECK(d[0] == 128.0f * (amax / (float)CPU_ACT_VMAX));
+    }
+#if defined(__x86_64__)
     cpu_quantize_q8_32_avx2(x, b, k);
-    T_CHECK(memcmp(a, b, (size_t)(k + 6 * (k / 32))) == 0);
+    T_CHECK(planes_equal(a, b, CPU_ACT_Q8_32, k));
     cpu_quantize_q8_K_scalar(x, a, k);
     cpu_quantize_q8_K_avx2(x, b, k);
-    T_CHECK(memcmp(a, b, (size_t)(k + 4 * (k / 256) + 2 * (k / 16))) == 0);
+    T_CHECK(planes_equal(a, b, CPU_ACT_Q8_K, k));
+    /* the fused-kernel formats: same values, same bytes */
+    {
+        size_t kp = cpu_x2_kp(k);
+        memset(a, 0, sizeof a);
+        memset(b, 0, sizeof b);
+        cpu_quantize_x2_32_scalar(x, a, k);
+        cpu_quantize_x2_32_avx2(x, b, k);
+        T_CHECK(memcmp(a, b, 3 * kp + 4 * (size_t)(k / 32) + 4) == 0);
+        const int8_t *hi = cpu_x2_hi(a), *lo = cpu_x2_lo(a, k);
+        const int32_t *neg = cpu_x2_neg(a, k);
+        int bad = 0;
+        for (int64_t l = 0; l < k / 4; l++) {
+            int sum = 0;
+            for (int e = 0; e < 4; e++)
+                sum += 128 * hi[4 * l + e] + lo[4 * l + e];
+            if (neg[l] != -sum) bad++;
+        }
+        T_CHECKF(bad == 0, "%d X2_32 lane sums wrong", bad);
+        int v7 = 128 * hi[7] + lo[7];
+        memset(a, 0, sizeof a);
+        memset(b, 0, sizeof b);
+        cpu_quantize_x16_K_scalar(x, a, k);
+        cpu_quantize_x16_K_avx2(x, b, k);
+        T_CHECK(memcmp(a, b, 2 * (size_t)k + 4 * (size_t)(k / 16) + 4) == 0);
+        const int16_t *v16 = (const int16_t *)a;
+        float sv0 = 0;
+        for (int i = 0; i < 16; i++)
+            sv0 += (float)v16[i];
+        T_CHECK(cpu_x16_sv(a, k)[0] == sv0);
+        T_CHECK(v16[7] == v7);
+    }
     if (isa_max >= CPU_ISA_AVX512) {
         cpu_quantize_q8_32_avx512(x, b, k);
         cpu_quantize_q8_32_scalar(x, a, k);
-        T_CHECK(memcmp(a, b, (size_t)(k + 6 * (k / 32))) == 0);
+        T_CHECK(planes_equal(a, b, CPU_ACT_Q8_32, k));
         cpu_quantize_q8_K_avx512(x, b, k);
         cpu_quantize_q8_K_scalar(x, a, k);
-        T_CHECK(memcmp(a, b, (size_t)(k + 4 * (k / 256) + 2 * (k / 16))) == 0);
+        T_CHECK(planes_equal(a, b, CPU_ACT_Q8_K, k));
     }
 #endif
     free(x);

@@ -7,13 +7,14 @@
  *    prompts of up to 32 tokens: the reference top-20 logits to 1e-3 relative (measured
  *    6e-5 gemma3, 4e-6 qwen2). This checks the forward pass itself on real quantized
  *    weights.
- * 2. Fast path (cpu_matmul: activations rounded to 8 bits per block of 32/256, as
- *    llama.cpp does; F16 KV) on every prompt. Its logits differ from float32 by the
- *    activation rounding (mean |d logit| over the reference top-20: ~0.06 qwen2, ~0.22
- *    gemma3), so a top-1 can flip where the reference itself hesitates. Demanded: top-1
- *    agreement >= 98% of positions (measured 98.4-99.6% depending on the matmul path; the
- *    brief's 99% sits inside that noise), every flip at a position whose reference top-2
- *    margin is < NOISE_MARGIN, top-10 sets overlapping (mean >= 8 of 10, never below 5).
+ * 2. Fast path (cpu_matmul: activations rounded to 15 bits with one scale per row and
+ *    dotted in integers against the packed weights, cpu_kernels.h; F16 KV) on every prompt.
+ *    Its logits differ from float32 by the activation rounding (mean |d logit| over the
+ *    reference top-20: ~0.005 gemma3, ~0.003 qwen2; llama.cpp-style 8-bit blocks gave 0.22
+ *    and 0.06 and flipped ~1.5% of the top-1 tokens). Demanded: top-1 agreement >= 99% of
+ *    positions (the issue's figure; measured 100% on both), mean |d logit| < MAX_NOISE,
+ *    every flip at a position whose reference top-2 margin is < NOISE_MARGIN, top-10 sets
+ *    overlapping (mean >= 9 of 10, never below 7).
  * 3. Greedy continuation through the cache equal to transformers' until a step whose
  *    reference margin is < NOISE_MARGIN; the agreed text equals the reference text.
  * Our tokenizer must produce the reference prompt ids (a cross-check of tok/).
@@ -37,7 +38,8 @@
 
 #define REF_DIR SMELT_SOURCE_DIR "/tests/data/ref-real"
 #define MODEL_DIR SMELT_SOURCE_DIR "/models"
-#define NOISE_MARGIN 0.5
+#define NOISE_MARGIN 0.2
+#define MAX_NOISE 0.02
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1
@@ -261,12 +263,14 @@ static void check_file(const char *ref_name) {
            "reference margin at a flip %.3f\n", model_file, noise_n ? noise_sum / noise_n : 0,
            noise_max, worst_flip);
 #ifndef SANITIZED
-    T_CHECKF(agree >= 0.98, "%s: top-1 agreement %.4f", model_file, agree);
+    T_CHECKF(agree >= 0.99, "%s: top-1 agreement %.4f", model_file, agree);
 #endif
-    /* a flip is 8-bit noise only where the reference itself hesitates */
+    T_CHECKF(noise_n && noise_sum / noise_n < MAX_NOISE, "%s: mean |logit - reference| %.4f",
+             model_file, noise_n ? noise_sum / noise_n : 0.0);
+    /* a flip is rounding noise only where the reference itself hesitates */
     T_CHECKF(worst_flip < NOISE_MARGIN, "%s: a top-1 flip where the reference margin is %.3f",
              model_file, worst_flip);
-    T_CHECK(positions && overlap_sum / positions >= 8.0 && min_overlap >= 5);
+    T_CHECK(positions && overlap_sum / positions >= 9.0 && min_overlap >= 7);
 
     /* Greedy continuation, one token per step through the cache. */
     json_t *g = json_object_get(ref, "greedy");

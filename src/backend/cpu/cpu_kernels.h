@@ -2,17 +2,37 @@
  * (cpu_matmul_scalar.c, cpu_matmul_avx2.c, cpu_matmul_avx512.c) and activation quantizers
  * (cpu_q8.c and the SIMD files).
  *
- * Activation formats. X rows are quantized per call into one of:
+ * Activation quantization (all integer formats): one scale per X row,
+ *   D = amax / 16256,  v[i] = round_half_even(x[i] * 16256 / amax),  |v| <= 16256 = 127·128,
+ * so x[i] ≈ D·v[i] to 15 bits of the row's largest magnitude. (Blocks of 8-bit values with
+ * a scale per 32 or 256, llama.cpp's Q8_0/Q8_K, flipped ~1.5% of the real models' top-1
+ * tokens against float32; one 15-bit row scale changes ~0.1%: docs/forward.md.) v is
+ * split into two int8 planes, v = 128·hi + lo with hi = floor((v + 64) / 128) in
+ * [-127, 127] and lo in [-64, 63], so 8-bit integer dot products still do the work.
+ *
+ * Formats. X rows are quantized per call into one of:
  *   CPU_ACT_F32   X as given (f32 rows); used by F32/F16/BF16 weights.
- *   CPU_ACT_Q8_32 symmetric int8 in blocks of 32 (partner of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL)
- *   CPU_ACT_Q8_K  symmetric int8 in super-blocks of 256 (partner of the K-quants, IQ4_XS)
- * A quantized row of k elements is laid out structure-of-arrays, 64-byte aligned:
- *   int8_t  qs[k]                  quants, x[i] ≈ d[i/GD] * qs[i], |qs| <= 127
- *   float   d[k/GD]                scale per GD elements (amax/127; 0 for an all-zero block)
+ *   CPU_ACT_Q8_32 partner of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL,
+ *   CPU_ACT_Q8_K  partner of the K-quants and IQ4_XS: each X row becomes TWO rows
+ *                 ("planes", hi then lo, at q and q + cpu_act_row_bytes) in the classic
+ *                 block layout below, with every block scale equal to 128·D (hi) or D (lo).
+ *                 A kernel written for 8-bit blocks computes each plane as an ordinary
+ *                 activation row; the driver adds the two results.
+ * A plane row of k elements is laid out structure-of-arrays, 64-byte aligned:
+ *   int8_t  qs[k]                  hi or lo values
+ *   float   d[k/GD]                scale per GD elements (128·D or D; 0 for an all-zero row)
  *   int16_t s[k/GS]                sum of qs over each GS elements (for offset/min terms)
- * with (GD, GS) = (32, 32) for Q8_32 and (256, 16) for Q8_K. Quantization rounds x*127/amax
- * to nearest-even, identically in the scalar and SIMD quantizers (so every path dots the
- * same integers).
+ * with (GD, GS) = (32, 32) for Q8_32 and (256, 16) for Q8_K.
+ *   CPU_ACT_X2_32 the same values for fused two-plane kernels of the legacy types (one row,
+ *                 sections 64-byte aligned, kp = k rounded up to 64):
+ *                   int8_t hi[k] @0 | int8_t lo[k] @kp | int32_t neg[k/4] @2kp (minus the
+ *                   sum of v over each 4 elements: the VNNI kernels' +128 weight offset) |
+ *                   float sv[k/32] @3kp (sum of v per block, for Q4_1/Q5_1 mins) | float D
+ *   CPU_ACT_X16_K the values as int16 for the K-quant kernels that multiply 16-bit weights
+ *                 (one row): int16_t v[k] @0 | float sv[k/16] @2k (sum of v per 16) |
+ *                 float D @2k + k/4
+ * Every quantizer (scalar, SIMD) computes the same f32 products and rounding, so all paths
+ * dot the same integers.
  *
  * A kernel computes a tile: for r < nr (1..4) and c < nc (>= 1)
  *   y[c*ystride + r] = dot(W row r at w + r*wstride, X row c at x + c*xstride)
@@ -28,7 +48,15 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
-enum cpu_act { CPU_ACT_NONE = 0, CPU_ACT_F32, CPU_ACT_Q8_32, CPU_ACT_Q8_K };
+enum cpu_act {
+    CPU_ACT_NONE = 0,
+    CPU_ACT_F32,
+    CPU_ACT_Q8_32,
+    CPU_ACT_Q8_K,
+    CPU_ACT_X2_32,
+    CPU_ACT_X16_K,
+    CPU_ACT_COUNT
+};
 
 #define CPU_MR 4 /* max weight rows per kernel call */
 
@@ -51,6 +79,7 @@ struct cpu_kernel {
     cpu_pack_fn pack; /* NULL: no packed path */
     cpu_packed_size_fn packed_row_bytes;
     cpu_gemm_fn gemm_packed;
+    enum cpu_act act_packed; /* activation format of gemm_packed (NONE: act) */
 };
 
 /* Each ISA file fills the entries it implements (index: enum qtype) and leaves the rest. */
@@ -58,15 +87,28 @@ void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]);
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]);
 void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]);
 
-/* Row quantizers, one per activation format and ISA (k a multiple of 256 or 32). */
+/* 16256 = 127·128: the largest |v| of the 15-bit activation values (see above). */
+#define CPU_ACT_VMAX 16256
+
+/* Row quantizers, one per activation format and ISA (k a multiple of 256 or 32). The
+ * Q8_32/Q8_K ones write both planes: hi at q, lo at q + cpu_act_row_bytes(act, k). */
 void cpu_quantize_q8_32_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_K_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_32_avx2(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k);
+void cpu_quantize_x2_32_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_K_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_x2_32_avx2(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_K_avx2(const float *x, void *q, int64_t k);
 
-/* Bytes of one quantized activation row (64-byte multiple). */
+/* Rows (planes) per X row of a format. */
+static inline int cpu_act_planes(enum cpu_act act) {
+    return act == CPU_ACT_Q8_32 || act == CPU_ACT_Q8_K ? 2 : 1;
+}
+
+/* Bytes of one quantized activation row (one plane; 64-byte multiple). */
 static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
     size_t n = (size_t)k;
     switch (act) {
@@ -75,6 +117,12 @@ static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
         break;
     case CPU_ACT_Q8_K:
         n = n + 4 * (n / 256) + 2 * (n / 16);
+        break;
+    case CPU_ACT_X2_32:
+        n = 3 * ((n + 63) & ~(size_t)63) + n / 8 + 4;
+        break;
+    case CPU_ACT_X16_K:
+        n = 2 * n + n / 4 + 4;
         break;
     case CPU_ACT_F32:
         n = 4 * n;
@@ -94,6 +142,33 @@ static inline const int16_t *cpu_act_s32(const void *x, int64_t k) {
 }
 static inline const int16_t *cpu_act_sK(const void *x, int64_t k) {
     return (const int16_t *)(cpu_act_d(x, k) + k / 256);
+}
+
+/* Sections of an X2_32 row. */
+static inline size_t cpu_x2_kp(int64_t k) {
+    return ((size_t)k + 63) & ~(size_t)63;
+}
+static inline const int8_t *cpu_x2_hi(const void *x) {
+    return (const int8_t *)x;
+}
+static inline const int8_t *cpu_x2_lo(const void *x, int64_t k) {
+    return (const int8_t *)x + cpu_x2_kp(k);
+}
+static inline const int32_t *cpu_x2_neg(const void *x, int64_t k) {
+    return (const int32_t *)((const char *)x + 2 * cpu_x2_kp(k));
+}
+static inline const float *cpu_x2_sv(const void *x, int64_t k) {
+    return (const float *)((const char *)x + 3 * cpu_x2_kp(k));
+}
+static inline float cpu_x2_D(const void *x, int64_t k) {
+    return cpu_x2_sv(x, k)[k / 32];
+}
+/* Sections of an X16_K row. */
+static inline const float *cpu_x16_sv(const void *x, int64_t k) {
+    return (const float *)((const int16_t *)x + k);
+}
+static inline float cpu_x16_D(const void *x, int64_t k) {
+    return cpu_x16_sv(x, k)[k / 16];
 }
 
 /* The non-linear 4-bit codebook of IQ4_NL / IQ4_XS (a format constant). */

@@ -25,28 +25,31 @@
 #include "quant/quant.h"
 
 static struct cpu_kernel g_tab[CPU_ISA_COUNT][QT_COUNT];
-static cpu_quant_fn g_quant[CPU_ISA_COUNT][2]; /* [isa][0: Q8_32, 1: Q8_K] */
+static cpu_quant_fn g_quant[CPU_ISA_COUNT][CPU_ACT_COUNT]; /* [isa][activation format] */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void init_tables(void) {
     memset(g_tab, 0, sizeof g_tab);
     cpu_kernels_scalar(g_tab[CPU_ISA_SCALAR]);
-    g_quant[CPU_ISA_SCALAR][0] = cpu_quantize_q8_32_scalar;
-    g_quant[CPU_ISA_SCALAR][1] = cpu_quantize_q8_K_scalar;
-#if defined(__x86_64__)
-    memcpy(g_tab[CPU_ISA_AVX2], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
-    cpu_kernels_avx2(g_tab[CPU_ISA_AVX2]);
-    g_quant[CPU_ISA_AVX2][0] = cpu_quantize_q8_32_avx2;
-    g_quant[CPU_ISA_AVX2][1] = cpu_quantize_q8_K_avx2;
-    memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
-    cpu_kernels_avx512(g_tab[CPU_ISA_AVX512]);
-    g_quant[CPU_ISA_AVX512][0] = cpu_quantize_q8_32_avx512;
-    g_quant[CPU_ISA_AVX512][1] = cpu_quantize_q8_K_avx512;
-#else
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_Q8_32] = cpu_quantize_q8_32_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_Q8_K] = cpu_quantize_q8_K_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_X2_32] = cpu_quantize_x2_32_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_K] = cpu_quantize_x16_K_scalar;
     for (int i = 1; i < CPU_ISA_COUNT; i++) {
         memcpy(g_tab[i], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
         memcpy(g_quant[i], g_quant[CPU_ISA_SCALAR], sizeof g_quant[0]);
     }
+#if defined(__x86_64__)
+    cpu_kernels_avx2(g_tab[CPU_ISA_AVX2]);
+    g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_32] = cpu_quantize_q8_32_avx2;
+    g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_K] = cpu_quantize_q8_K_avx2;
+    g_quant[CPU_ISA_AVX2][CPU_ACT_X2_32] = cpu_quantize_x2_32_avx2;
+    g_quant[CPU_ISA_AVX2][CPU_ACT_X16_K] = cpu_quantize_x16_K_avx2;
+    memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
+    memcpy(g_quant[CPU_ISA_AVX512], g_quant[CPU_ISA_AVX2], sizeof g_quant[0]);
+    cpu_kernels_avx512(g_tab[CPU_ISA_AVX512]);
+    g_quant[CPU_ISA_AVX512][CPU_ACT_Q8_32] = cpu_quantize_q8_32_avx512;
+    g_quant[CPU_ISA_AVX512][CPU_ACT_Q8_K] = cpu_quantize_q8_K_avx512;
 #endif
 }
 
@@ -77,8 +80,11 @@ struct mm_job {
     int64_t rows, k, n;
     const float *x;
     char *xq;       /* quantized X (or X itself) */
-    size_t xstride; /* bytes between rows of xq */
+    size_t xstride; /* bytes between X rows in xq (all planes of a row) */
+    size_t pstride; /* bytes between the kernel's activation rows (planes) */
+    int planes;     /* activation rows per X row (cpu_act_planes) */
     float *y;
+    float *ptmp; /* planes > 1: per thread, 2·cb·CPU_MR floats of per-plane results */
     float *deq;       /* fallback: one k-float row per thread */
     cpu_pack_fn pack; /* packed prefill path (NULL: off) */
     char *packbuf;    /* per thread: rb packed rows */
@@ -124,9 +130,21 @@ static void gemm_task(void *arg, int ith, int nth) {
             wstride = j->packed_row;
             rbase = r0;
         }
+        if (j->planes == 2) { /* hi and lo rows interleaved: 2·nc kernel columns */
+            float *t = j->ptmp + (size_t)ith * (size_t)(2 * j->cb * CPU_MR);
+            for (int64_t r = r0; r < r1; r += CPU_MR) {
+                int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
+                j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, t, CPU_MR,
+                        nr, (int)(2 * nc));
+                for (int64_t c = 0; c < nc; c++)
+                    for (int q = 0; q < nr; q++)
+                        yc[c * j->rows + r + q] = t[2 * c * CPU_MR + q] + t[(2 * c + 1) * CPU_MR + q];
+            }
+            continue;
+        }
         for (int64_t r = r0; r < r1; r += CPU_MR) {
             int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
-            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->xstride, yc + r,
+            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, yc + r,
                     (size_t)j->rows, nr, (int)nc);
         }
     }
@@ -198,35 +216,42 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
     j->y = y;
 
     void *heap = NULL;
-    size_t xbytes = 0, dbytes = 0;
-    if (act == CPU_ACT_F32) {
-        j->xq = (char *)x;
-        j->xstride = (size_t)k * sizeof(float);
-    } else {
-        j->quant = g_quant[isa][act == CPU_ACT_Q8_K];
-        j->xstride = cpu_act_row_bytes(act, k);
-        xbytes = j->xstride * (size_t)n;
-    }
-    if (j->dequant) dbytes = (size_t)nth * (size_t)k * sizeof(float);
+    size_t xbytes = 0, dbytes = 0, tbytes = 0;
+    j->planes = 1;
     if (kern->pack && !j->dequant && n >= CPU_PACK_MIN_N) {
         j->pack = kern->pack;
         j->gemm = kern->gemm_packed;
         j->packed_row = kern->packed_row_bytes(k);
+        if (kern->act_packed != CPU_ACT_NONE) act = kern->act_packed;
     }
+    if (act == CPU_ACT_F32) {
+        j->xq = (char *)x;
+        j->xstride = j->pstride = (size_t)k * sizeof(float);
+    } else {
+        j->quant = g_quant[isa][act];
+        j->planes = cpu_act_planes(act);
+        j->pstride = cpu_act_row_bytes(act, k);
+        j->xstride = j->pstride * (size_t)j->planes;
+        xbytes = j->xstride * (size_t)n;
+    }
+    if (j->dequant) dbytes = (size_t)nth * (size_t)k * sizeof(float);
     plan(j, nth);
     if (j->pack) {
         j->packbuf_stride = ((size_t)j->rb * j->packed_row + 63) & ~(size_t)63;
         dbytes = (size_t)nth * j->packbuf_stride;
     }
-    if (xbytes + dbytes) {
-        char *mem = scratch ? arena_alloc(scratch, xbytes + dbytes)
-                            : (heap = aligned_alloc(64, (xbytes + dbytes + 63) & ~(size_t)63));
+    if (j->planes == 2) tbytes = (size_t)nth * (size_t)(2 * j->cb * CPU_MR) * sizeof(float);
+    if (xbytes + dbytes + tbytes) {
+        size_t all = xbytes + dbytes + tbytes;
+        char *mem = scratch ? arena_alloc(scratch, all)
+                            : (heap = aligned_alloc(64, (all + 63) & ~(size_t)63));
         if (!mem)
             return err_set(e, SMELT_ERR_NOMEM, "matmul %s: out of memory for %zu scratch bytes",
-                           qi->name, xbytes + dbytes);
+                           qi->name, all);
         if (xbytes) j->xq = mem;
         if (dbytes && j->dequant) j->deq = (float *)(mem + xbytes);
         if (dbytes && j->pack) j->packbuf = mem + xbytes;
+        if (tbytes) j->ptmp = (float *)(mem + xbytes + dbytes);
     }
 
     if (j->quant) {

@@ -52,79 +52,115 @@ INLINE float f16(uint16_t h) {
 
 /* ---- activation quantizers (bit-identical to cpu_q8.c) ---- */
 
-/* Quantizes 8·nv floats with scale id into out (nv multiple of 4); returns the int32 sums
- * of each 16-element group in sums (nv/2 of them). */
-INLINE void quant_run(const float *x, int8_t *out, int nv, float id, int *sums) {
-    const __m256 vid = _mm256_set1_ps(id);
-    for (int v = 0; v < nv; v += 4) {
-        __m256i i0 =
-            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v), vid),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i i1 =
-            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 8), vid),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i i2 =
-            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 16), vid),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i i3 =
-            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * v + 24), vid),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        sums[v / 2] = hsum_epi32(_mm256_add_epi32(i0, i1));
-        sums[v / 2 + 1] = hsum_epi32(_mm256_add_epi32(i2, i3));
-        __m256i p01 = _mm256_packs_epi32(i0, i1); /* lanes: 0-3 4-7 | 8-11 12-15 interleaved */
-        __m256i p23 = _mm256_packs_epi32(i2, i3);
-        __m256i p = _mm256_packs_epi16(p01, p23);
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(out + 8 * v), p);
-    }
-}
-
-INLINE float group_amax(const float *x, int nv) {
+INLINE float row_amax(const float *x, int64_t k) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m = _mm256_setzero_ps();
-    for (int v = 0; v < nv; v++)
-        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * v), absmask));
+    for (int64_t i = 0; i < k; i += 8)
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
     return hmax_ps(m);
 }
 
-void cpu_quantize_q8_32_avx2(const float *x, void *q, int64_t k) {
-    int8_t *qs = q;
-    float *d = (float *)(qs + k);
-    int16_t *s = (int16_t *)(d + k / 32);
-    for (int64_t b = 0; b < k / 32; b++) {
-        float amax = group_amax(x + 32 * b, 4);
-        int sums[2];
-        if (amax == 0.0f) {
-            memset(qs + 32 * b, 0, 32);
-            d[b] = 0.0f;
-            s[b] = 0;
-            continue;
+/* v of 8 elements (as cpu_q8.c's act_v: f32 product, clamp, round half to even). */
+INLINE __m256i act_v8(const float *x, __m256 vid) {
+    const __m256 lim = _mm256_set1_ps((float)CPU_ACT_VMAX);
+    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), vid);
+    t = _mm256_min_ps(_mm256_max_ps(t, _mm256_sub_ps(_mm256_setzero_ps(), lim)), lim);
+    return _mm256_cvtps_epi32(_mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* 32 i32 (4 vectors, element order) -> 32 int8 at out. */
+INLINE void store_i8x32(int8_t *out, __m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p);
+}
+
+/* Both planes (hi at q, lo at q + row bytes), block scales 128·D / D per gd, sums per gs
+ * (16 or 32). */
+INLINE void quantize_planes(const float *x, void *q, int64_t k, enum cpu_act act, int gd, int gs) {
+    int8_t *hq = q, *lq = (int8_t *)q + cpu_act_row_bytes(act, k);
+    float *hd = (float *)(hq + k), *ld = (float *)(lq + k);
+    int16_t *hs = (int16_t *)(hd + k / gd), *ls = (int16_t *)(ld + k / gd);
+    float amax = row_amax(x, k);
+    float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f, dd = amax / (float)CPU_ACT_VMAX;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i c64 = _mm256_set1_epi32(64);
+    for (int64_t i = 0; i < k; i += 32) {
+        __m256i h[4], l[4];
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            __m256i v = act_v8(x + i + 8 * j, vid);
+            h[j] = _mm256_srai_epi32(_mm256_add_epi32(v, c64), 7);
+            l[j] = _mm256_sub_epi32(v, _mm256_slli_epi32(h[j], 7));
         }
-        quant_run(x + 32 * b, qs + 32 * b, 4, 127.0f / amax, sums);
-        d[b] = amax / 127.0f;
-        s[b] = (int16_t)(sums[0] + sums[1]);
+        store_i8x32(hq + i, h[0], h[1], h[2], h[3]);
+        store_i8x32(lq + i, l[0], l[1], l[2], l[3]);
+        if (gs == 32) {
+            hs[i / 32] = (int16_t)hsum_epi32(
+                _mm256_add_epi32(_mm256_add_epi32(h[0], h[1]), _mm256_add_epi32(h[2], h[3])));
+            ls[i / 32] = (int16_t)hsum_epi32(
+                _mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
+        } else {
+            hs[i / 16] = (int16_t)hsum_epi32(_mm256_add_epi32(h[0], h[1]));
+            hs[i / 16 + 1] = (int16_t)hsum_epi32(_mm256_add_epi32(h[2], h[3]));
+            ls[i / 16] = (int16_t)hsum_epi32(_mm256_add_epi32(l[0], l[1]));
+            ls[i / 16 + 1] = (int16_t)hsum_epi32(_mm256_add_epi32(l[2], l[3]));
+        }
+    }
+    for (int64_t b = 0; b < k / gd; b++) {
+        hd[b] = 128.0f * dd;
+        ld[b] = dd;
     }
 }
 
+void cpu_quantize_q8_32_avx2(const float *x, void *q, int64_t k) {
+    quantize_planes(x, q, k, CPU_ACT_Q8_32, 32, 32);
+}
+
 void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k) {
-    int8_t *qs = q;
-    float *d = (float *)(qs + k);
-    int16_t *s = (int16_t *)(d + k / 256);
-    for (int64_t b = 0; b < k / 256; b++) {
-        float amax = group_amax(x + 256 * b, 32);
-        int sums[16];
-        if (amax == 0.0f) {
-            memset(qs + 256 * b, 0, 256);
-            memset(s + 16 * b, 0, 32);
-            d[b] = 0.0f;
-            continue;
-        }
-        quant_run(x + 256 * b, qs + 256 * b, 32, 127.0f / amax, sums);
-        d[b] = amax / 127.0f;
+    quantize_planes(x, q, k, CPU_ACT_Q8_K, 256, 16);
+}
+
+void cpu_quantize_x2_32_avx2(const float *x, void *q, int64_t k) {
+    const size_t kp = cpu_x2_kp(k);
+    int8_t *hq = q, *lq = (int8_t *)q + kp;
+    int32_t *neg = (int32_t *)((char *)q + 2 * kp);
+    float *sv = (float *)((char *)q + 3 * kp);
+    float amax = row_amax(x, k);
+    const __m256 vid = _mm256_set1_ps(amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f);
+    const __m256i c64 = _mm256_set1_epi32(64);
+    for (int64_t i = 0; i < k; i += 32) {
+        __m256i h[4], l[4], v[4];
         UNROLL
-        for (int g = 0; g < 16; g++)
-            s[16 * b + g] = (int16_t)sums[g];
+        for (int j = 0; j < 4; j++) {
+            v[j] = act_v8(x + i + 8 * j, vid);
+            h[j] = _mm256_srai_epi32(_mm256_add_epi32(v[j], c64), 7);
+            l[j] = _mm256_sub_epi32(v[j], _mm256_slli_epi32(h[j], 7));
+        }
+        store_i8x32(hq + i, h[0], h[1], h[2], h[3]);
+        store_i8x32(lq + i, l[0], l[1], l[2], l[3]);
+        /* sums of 4: pairwise adds within 128-bit lanes, then put the 8 sums in order */
+        __m256i s01 = _mm256_hadd_epi32(v[0], v[1]), s23 = _mm256_hadd_epi32(v[2], v[3]);
+        __m256i s4 = _mm256_hadd_epi32(s01, s23); /* 4-sums G0 G2 G4 G6 | G1 G3 G5 G7 */
+        s4 = _mm256_permutevar8x32_epi32(s4, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(neg + i / 4), _mm256_sub_epi32(_mm256_setzero_si256(), s4));
+        sv[i / 32] = (float)hsum_epi32(s4);
     }
+    sv[k / 32] = amax / (float)CPU_ACT_VMAX;
+}
+
+void cpu_quantize_x16_K_avx2(const float *x, void *q, int64_t k) {
+    int16_t *v16 = q;
+    float *sv = (float *)(v16 + k);
+    float amax = row_amax(x, k);
+    const __m256 vid = _mm256_set1_ps(amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f);
+    for (int64_t i = 0; i < k; i += 16) {
+        __m256i a = act_v8(x + i, vid), b = act_v8(x + i + 8, vid);
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((__m256i *)(v16 + i), p);
+        sv[i / 16] = (float)hsum_epi32(_mm256_add_epi32(a, b));
+    }
+    sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }
 
 /* ---- plain types: f32 FMA against f32 activations ---- */

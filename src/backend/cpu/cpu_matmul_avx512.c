@@ -281,93 +281,6 @@ INLINE __m256i legacy_unpack1(uint32_t t, const char *row, int64_t i, float *d, 
     return q;
 }
 
-INLINE void legacy_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
-                        const char *x, size_t xs, float *y, size_t ys) {
-    __m512 acc[4][MAXC];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm512_setzero_ps();
-    const float *xd[MAXC];
-    const int16_t *xsum[MAXC];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xsum[c] = cpu_act_s32(x + c * xs, k);
-    }
-    const int off = legacy_offset(t);
-    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const int64_t nb = k / 32;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m512 dx2[MAXC], mx2[MAXC];
-        __m512i init[MAXC];
-        UNROLL
-        for (int c = 0; c < C; c++) {
-            __m128 dd = _mm_castpd_ps(_mm_load_sd((const double *)(xd[c] + i)));
-            dx2[c] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(dd));
-            int32_t s2;
-            memcpy(&s2, xsum[c] + i, 4);
-            /* sums of the two blocks into lanes 0 and 8 */
-            __m512i s = _mm512_maskz_expand_epi32(
-                0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
-            if (off) init[c] = _mm512_mullo_epi32(s, _mm512_set1_epi32(-off));
-            if (legacy_has_min(t)) mx2[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dx2[c]);
-        }
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            __m512 d2, m2 = _mm512_setzero_ps();
-            _mm_prefetch(w + r * ws + (i + PFD) * legacy_size(t), _MM_HINT_T0);
-            __m512i q = legacy_unpack2(t, w + r * ws, i, &d2, &m2);
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                __m512i xv = _mm512_load_si512((const void *)(x + c * xs + 32 * i));
-                __m512i p = _mm512_dpbusd_epi32(off ? init[c] : _mm512_setzero_si512(), q, xv);
-                acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
-                if (legacy_has_min(t)) acc[r][c] = _mm512_fmadd_ps(m2, mx2[c], acc[r][c]);
-            }
-        }
-    }
-    float tail[4][MAXC] = {{0}};
-    if (i < nb) {
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            float d, m = 0.0f;
-            __m256i q = legacy_unpack1(t, w + r * ws, i, &d, &m);
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
-                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv);
-                __m128i s4 =
-                    _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                int isum = _mm_cvtsi128_si32(s4) - off * xsum[c][i];
-                tail[r][c] = d * xd[c][i] * (float)isum + m * xd[c][i] * (float)xsum[c][i];
-            }
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
-}
-#define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, R, C, __VA_ARGS__)
-#define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, R, C, __VA_ARGS__)
-#define Q4_1_TILE(R, C, ...) legacy_tile(QT_Q4_1, R, C, __VA_ARGS__)
-#define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, R, C, __VA_ARGS__)
-#define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, R, C, __VA_ARGS__)
-#define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, R, C, __VA_ARGS__)
-TILE_DRIVER(q8_0, Q8_0_TILE)
-TILE_DRIVER(q4_0, Q4_0_TILE)
-TILE_DRIVER(q4_1, Q4_1_TILE)
-TILE_DRIVER(q5_0, Q5_0_TILE)
-TILE_DRIVER(q5_1, Q5_1_TILE)
-TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
-
 /* ---- legacy types, packed prefill path ----
  * A packed row holds the block values as unsigned bytes v + 128 (v the signed integer that
  * d multiplies: q - 8 for Q4_0, q - 16 for Q5_0, w for Q8_0, the codebook value for
@@ -427,62 +340,74 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
     }
 }
 
-/* y = sum over blocks of d_w·d_x·(sum (v+128)·x - 128·sum x) [+ m_w·d_x·sum x]. */
-INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
-                               const char *x, size_t xs, float *y, size_t ys) {
+/* Legacy types against X2_32 (cpu_kernels.h), packed or unpacked: u = v + 128 (v the
+ * signed integer that d multiplies) and, per lane of 4 elements,
+ *     128·(neg + sum u·hi) + sum u·lo = sum v·x16 + 128·(neg + sum x16) = sum v·x16,
+ * x16 = 128·hi + lo and neg = -sum x16: two vpdpbusd and a shift give the exact 15-bit
+ * dot of each lane (|lane| <= 4·128·16256 < 2^24, so the cvt is exact too). Then one FMA
+ * with the block scales [d_b ×8, d_b+1 ×8] per two blocks, the row scale D at the end:
+ *     y = D · (sum over blocks of d_b · dot_b [+ m_b · sum_b x16]). */
+INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w, size_t ws,
+                    const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
         acc[r][c] = _mm512_setzero_ps();
-    const float *xd[MAXC], *wd[4], *wm[4];
-    const int16_t *xsum[MAXC];
+    const int has_min = legacy_has_min(t);
+    const int8_t *xh[MAXC], *xl[MAXC];
+    const int32_t *xn[MAXC];
+    const float *xsv[MAXC];
     UNROLL
     for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xsum[c] = cpu_act_s32(x + c * xs, k);
+        xh[c] = cpu_x2_hi(x + c * xs);
+        xl[c] = cpu_x2_lo(x + c * xs, k);
+        xn[c] = cpu_x2_neg(x + c * xs, k);
+        xsv[c] = cpu_x2_sv(x + c * xs, k);
     }
     const int64_t nb = k / 32;
-    UNROLL
+    const float *wd[4] = {NULL, NULL, NULL, NULL}, *wm[4] = {NULL, NULL, NULL, NULL};
+    if (packed)
+        UNROLL
     for (int r = 0; r < R; r++) {
         wd[r] = (const float *)(w + r * ws + k);
         wm[r] = wd[r] + nb;
     }
     const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i bias = _mm512_set1_epi8(packed_bias(t));
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        __m512 dx2[MAXC], mx2[MAXC];
-        __m512i init[MAXC];
-        UNROLL
-        for (int c = 0; c < C; c++) {
-            __m128 dd = _mm_castpd_ps(_mm_load_sd((const double *)(xd[c] + i)));
-            dx2[c] = _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(dd));
-            int32_t s2;
-            memcpy(&s2, xsum[c] + i, 4);
-            __m512i sv = _mm512_maskz_expand_epi32(
-                0x0101, _mm512_castsi128_si512(_mm_cvtepi16_epi32(_mm_cvtsi32_si128(s2))));
-            init[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sv, 7));
-            if (has_min) mx2[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(sv), dx2[c]);
-        }
+        __m512 sv2[MAXC];
+        if (has_min)
+            UNROLL
+        for (int c = 0; c < C; c++)
+            sv2[c] = _mm512_maskz_expand_ps(
+                0x0101, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xsv[c] + i)))));
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m512i q = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
-            __m512 d2 = _mm512_permutexvar_ps(
-                idx_d,
-                _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
-            __m512 m2 =
-                has_min
-                    ? _mm512_permutexvar_ps(idx_d, _mm512_castps128_ps512(_mm_castpd_ps(
-                                                       _mm_load_sd((const double *)(wm[r] + i)))))
-                    : _mm512_setzero_ps();
+            __m512i u;
+            __m512 d2, m2 = _mm512_setzero_ps();
+            if (packed) {
+                u = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
+                d2 = _mm512_permutexvar_ps(
+                    idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
+                if (has_min)
+                    m2 = _mm512_permutexvar_ps(
+                        idx_d,
+                        _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wm[r] + i)))));
+            } else {
+                _mm_prefetch(w + r * ws + (i + PFD) * legacy_size(t), _MM_HINT_T0);
+                u = _mm512_add_epi8(legacy_unpack2(t, w + r * ws, i, &d2, &m2), bias);
+            }
             UNROLL
             for (int c = 0; c < C; c++) {
-                __m512i xv = _mm512_load_si512((const void *)(x + c * xs + 32 * i));
-                __m512i p = _mm512_dpbusd_epi32(init[c], q, xv);
-                acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d2, dx2[c]), acc[r][c]);
-                if (has_min) acc[r][c] = _mm512_fmadd_ps(m2, mx2[c], acc[r][c]);
+                __m512i p = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(xn[c] + 8 * i)), u,
+                                                _mm512_load_si512((const void *)(xh[c] + 32 * i)));
+                p = _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 7), u,
+                                        _mm512_load_si512((const void *)(xl[c] + 32 * i)));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d2, acc[r][c]);
+                if (has_min) acc[r][c] = _mm512_fmadd_ps(m2, sv2[c], acc[r][c]);
             }
         }
     }
@@ -490,18 +415,27 @@ INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char 
     if (i < nb) {
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m256i q = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
+            float d, m = 0.0f;
+            __m256i u;
+            if (packed) {
+                u = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
+                d = wd[r][i];
+                if (has_min) m = wm[r][i];
+            } else {
+                u = _mm256_add_epi8(legacy_unpack1(t, w + r * ws, i, &d, &m),
+                                    _mm256_set1_epi8(packed_bias(t)));
+            }
             UNROLL
             for (int c = 0; c < C; c++) {
-                __m256i xv = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
-                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv);
+                __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)(xn[c] + 8 * i)), u,
+                                                _mm256_load_si256((const __m256i *)(xh[c] + 32 * i)));
+                p = _mm256_dpbusd_epi32(_mm256_slli_epi32(p, 7), u,
+                                        _mm256_load_si256((const __m256i *)(xl[c] + 32 * i)));
                 __m128i s4 =
                     _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                int isum = _mm_cvtsi128_si32(s4) - 128 * xsum[c][i];
-                tail[r][c] = wd[r][i] * xd[c][i] * (float)isum;
-                if (has_min) tail[r][c] += wm[r][i] * xd[c][i] * (float)xsum[c][i];
+                tail[r][c] = d * (float)_mm_cvtsi128_si32(s4) + m * xsv[c][i];
             }
         }
     }
@@ -509,10 +443,24 @@ INLINE void packed_legacy_tile(int has_min, int R, int C, int64_t k, const char 
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+        y[c * ys + r] = cpu_x2_D(x + c * xs, k) * (_mm512_reduce_add_ps(acc[r][c]) + tail[r][c]);
 }
-#define PACKED_TILE(R, C, ...) packed_legacy_tile(0, R, C, __VA_ARGS__)
-#define PACKED_MIN_TILE(R, C, ...) packed_legacy_tile(1, R, C, __VA_ARGS__)
+#define Q8_0_TILE(R, C, ...) x2_tile(QT_Q8_0, 0, R, C, __VA_ARGS__)
+#define Q4_0_TILE(R, C, ...) x2_tile(QT_Q4_0, 0, R, C, __VA_ARGS__)
+#define Q4_1_TILE(R, C, ...) x2_tile(QT_Q4_1, 0, R, C, __VA_ARGS__)
+#define Q5_0_TILE(R, C, ...) x2_tile(QT_Q5_0, 0, R, C, __VA_ARGS__)
+#define Q5_1_TILE(R, C, ...) x2_tile(QT_Q5_1, 0, R, C, __VA_ARGS__)
+#define IQ4_NL_TILE(R, C, ...) x2_tile(QT_IQ4_NL, 0, R, C, __VA_ARGS__)
+TILE_DRIVER(q8_0, Q8_0_TILE)
+TILE_DRIVER(q4_0, Q4_0_TILE)
+TILE_DRIVER(q4_1, Q4_1_TILE)
+TILE_DRIVER(q5_0, Q5_0_TILE)
+TILE_DRIVER(q5_1, Q5_1_TILE)
+TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
+/* The packed layout is the same v + 128 bytes for every type: one kernel (with or without
+ * mins); packed_bias(Q8_0) = 0 is all it needs from the type. */
+#define PACKED_TILE(R, C, ...) x2_tile(QT_Q8_0, 1, R, C, __VA_ARGS__)
+#define PACKED_MIN_TILE(R, C, ...) x2_tile(QT_Q4_1, 1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed, PACKED_TILE)
 TILE_DRIVER(packed_min, PACKED_MIN_TILE)
 
@@ -753,73 +701,117 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     }
 }
 
-/* Packed prefill layout of one super-block (KQ_PACKED bytes): the unpacked quants, the
- * compact scales and the per-type extras, so the tile loop only loads.
- *   [0, 256) q[4] | [256, 288) scc | [288, 320) aux (mins / mins16 / corr16)
- *   [320, 352) neg[4] (IQ4_XS) | [352, 360) d, dmin */
-#define KQ_PACKED 384
+/* ---- K-quants and IQ4_XS, packed prefill path: 16-bit weights × X16_K ----
+ * Packing rewrites a super-block as its signed values times their sub-block scales,
+ * w16[n] = sc[g]·v[n] (Q4_K/Q5_K/Q2_K: v = q; Q6_K: q - 32; Q3_K: q - 4; IQ4_XS: the
+ * codebook value; |w16| <= 128·32 = 4096), so that
+ *     sum w·x = D·(d · sum_n w16[n]·x16[n] - sum_g mf[g]·sv[g]),  mf[g] = dmin·m[g]
+ * and one vpdpwssd per 32 elements does the whole dot product (per i32 lane 16 products
+ * of <= 4096·16256: < 2^30, no overflow). Layout of a packed super-block (K16_PACKED):
+ *   int16 w16[256] @0 | float mf[16] @512 (zero for types without mins) | float d @576 */
+#define K16_PACKED 640
 
-INLINE int kq_sub16(uint32_t t) {
-    return t == QT_Q6_K || t == QT_Q2_K || t == QT_Q3_K;
-}
-
-INLINE void kq_store_packed(uint32_t t, const struct ksb *u, char *p) {
-    for (int z = 0; z < 4; z++)
-        _mm512_store_si512((void *)(p + 64 * z), u->q[z]);
-    _mm256_store_si256((__m256i *)(p + 256), u->scc);
-    __m256i aux = t == QT_Q2_K                     ? u->mins16
-                  : (t == QT_Q3_K || t == QT_Q6_K) ? u->corr16
-                  : (t == QT_Q4_K || t == QT_Q5_K) ? _mm256_zextsi128_si256(u->mins)
-                                                   : _mm256_setzero_si256();
-    _mm256_store_si256((__m256i *)(p + 288), aux);
-    uint64_t neg[4] = {0, 0, 0, 0};
-    if (t == QT_IQ4_XS)
-        for (int z = 0; z < 4; z++)
-            neg[z] = (uint64_t)u->neg[z];
-    memcpy(p + 320, neg, 32);
-    memcpy(p + 352, &u->d, 4);
-    memcpy(p + 356, &u->dmin, 4);
-}
-
-INLINE void kq_load_packed(uint32_t t, const char *p, struct ksb *u) {
+INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
+    struct ksb u;
+    kq_unpack(t, row, i, &u);
+    const __m512i scw = _mm512_castsi256_si512(u.scc);
+    const int sub16 = t == QT_Q6_K || t == QT_Q2_K || t == QT_Q3_K;
     UNROLL
     for (int z = 0; z < 4; z++)
-        u->q[z] = _mm512_load_si512((const void *)(p + 64 * z));
-    __m512i sc = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(p + 256)));
-    UNROLL
-    for (int z = 0; z < 4; z++)
-        u->sc[z] = _mm512_permutexvar_epi16(kq_sub16(t) ? idx_sub16(z) : idx_sub32(z), sc);
-    __m256i aux = _mm256_load_si256((const __m256i *)(p + 288));
-    u->mins = _mm256_castsi256_si128(aux);
-    u->mins16 = aux;
-    u->corr16 = aux;
-    if (t == QT_IQ4_XS) {
         UNROLL
-        for (int z = 0; z < 4; z++) {
-            uint64_t m;
-            memcpy(&m, p + 320 + 8 * z, 8);
-            u->neg[z] = (__mmask64)m;
+    for (int h = 0; h < 2; h++) {
+        __m512i q = _mm512_cvtepu8_epi16(h ? _mm512_extracti64x4_epi64(u.q[z], 1)
+                                           : _mm512_castsi512_si256(u.q[z]));
+        if (t == QT_Q6_K) q = _mm512_sub_epi16(q, _mm512_set1_epi16(32));
+        if (t == QT_Q3_K) q = _mm512_sub_epi16(q, _mm512_set1_epi16(4));
+        if (t == QT_IQ4_XS)
+            q = _mm512_mask_sub_epi16(q, (__mmask32)(u.neg[z] >> (32 * h)), _mm512_setzero_si512(), q);
+        /* scale index of each of the 32 elements */
+        __m512i idx = sub16 ? _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * z + 2 * h)),
+                                                 _mm256_set1_epi16((short)(4 * z + 2 * h + 1)), 1)
+                            : _mm512_set1_epi16((short)(2 * z + h));
+        _mm512_store_si512((void *)(p + 64 * (2 * z + h)),
+                           _mm512_mullo_epi16(q, _mm512_permutexvar_epi16(idx, scw)));
+    }
+    float mf[16] = {0};
+    if (t == QT_Q4_K || t == QT_Q5_K) {
+        int16_t m8[8];
+        _mm_storeu_si128((__m128i *)m8, u.mins);
+        for (int g = 0; g < 16; g++)
+            mf[g] = u.dmin * (float)m8[g / 2];
+    } else if (t == QT_Q2_K) {
+        int16_t m16[16];
+        _mm256_storeu_si256((__m256i *)m16, u.mins16);
+        for (int g = 0; g < 16; g++)
+            mf[g] = u.dmin * (float)m16[g];
+    }
+    memcpy(p + 512, mf, 64);
+    memcpy(p + 576, &u.d, 4);
+}
+
+INLINE size_t k16_packed_bytes(int64_t k) {
+    return (size_t)(k / 256) * K16_PACKED;
+}
+
+INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+    const size_t prow = k16_packed_bytes(k);
+    for (int r = 0; r < nr; r++)
+        for (int64_t i = 0; i < k / 256; i++)
+            k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * prow + i * K16_PACKED);
+}
+
+INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
+                     const char *x, size_t xs, float *y, size_t ys) {
+    __m512 acc[4][MAXC];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm512_setzero_ps();
+    const float *xsv[MAXC];
+    UNROLL
+    for (int c = 0; c < C; c++)
+        xsv[c] = cpu_x16_sv(x + c * xs, k);
+    for (int64_t i = 0; i < k / 256; i++) {
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const char *p = w + r * ws + i * K16_PACKED;
+            __m512i wv[8];
+            UNROLL
+            for (int z = 0; z < 8; z++)
+                wv[z] = _mm512_load_si512((const void *)(p + 64 * z));
+            float d;
+            memcpy(&d, p + 576, 4);
+            const __m512 vd = _mm512_set1_ps(d);
+            __m512 mf = has_min ? _mm512_load_ps((const void *)(p + 512)) : _mm512_setzero_ps();
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                const char *xp = x + c * xs + 512 * i;
+                __m512i isum = _mm512_setzero_si512();
+                UNROLL
+                for (int z = 0; z < 8; z++)
+                    isum = _mm512_dpwssd_epi32(isum, wv[z],
+                                               _mm512_load_si512((const void *)(xp + 64 * z)));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), vd, acc[r][c]);
+                if (has_min)
+                    acc[r][c] = _mm512_fnmadd_ps(mf, _mm512_loadu_ps(xsv[c] + 16 * i), acc[r][c]);
+            }
         }
     }
-    memcpy(&u->d, p + 352, 4);
-    memcpy(&u->dmin, p + 356, 4);
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * _mm512_reduce_add_ps(acc[r][c]);
 }
+#define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
+#define K16_MIN_TILE(R, C, ...) k16_tile(1, R, C, __VA_ARGS__)
+TILE_DRIVER(packed_k16, K16_TILE)
+TILE_DRIVER(packed_k16_min, K16_MIN_TILE)
 
-INLINE size_t kq_packed_bytes(int64_t k) {
-    return (size_t)(k / 256) * KQ_PACKED;
-}
+/* ---- K-quants and IQ4_XS, unpacked (decode) path: two Q8_K planes ---- */
 
-INLINE void kq_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
-    const size_t prow = kq_packed_bytes(k);
-    for (int r = 0; r < nr; r++)
-        for (int64_t i = 0; i < k / 256; i++) {
-            struct ksb u;
-            kq_unpack(t, (const char *)w + r * ws, i, &u);
-            kq_store_packed(t, &u, (char *)dst + r * prow + i * KQ_PACKED);
-        }
-}
-
-INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w, size_t ws,
+INLINE void kq_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
                     const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
@@ -849,10 +841,7 @@ INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
         UNROLL
         for (int r = 0; r < R; r++) {
             struct ksb u;
-            if (packed)
-                kq_load_packed(t, w + r * ws + i * KQ_PACKED, &u);
-            else
-                kq_unpack(t, w + r * ws, i, &u);
+            kq_unpack(t, w + r * ws, i, &u);
             UNROLL
             for (int c = 0; c < C; c++) {
                 const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i;
@@ -892,112 +881,60 @@ INLINE void kq_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
 }
 #define KQ_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
-        kq_pack(T, k, w, ws, nr, dst);                                                             \
-    }                                                                                              \
-    static size_t packed_bytes_##name(int64_t k) {                                                 \
-        return kq_packed_bytes(k);                                                                 \
+        k16_pack(T, k, w, ws, nr, dst);                                                            \
     }
-#define KQ_TILES(name, T)                                                                          \
-    KQ_FNS(name, T)                                                                                \
-    static inline __attribute__((always_inline)) void tile_##name(                                 \
-        int p, int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,        \
-        float *y, size_t ys) {                                                                     \
-        kq_tile(T, p, R, C, k, w, ws, x, xs, y, ys);                                               \
-    }
-KQ_TILES(q2_K, QT_Q2_K)
-KQ_TILES(q3_K, QT_Q3_K)
-KQ_TILES(q4_K, QT_Q4_K)
-KQ_TILES(q5_K, QT_Q5_K)
-KQ_TILES(q6_K, QT_Q6_K)
-KQ_TILES(iq4_xs, QT_IQ4_XS)
-#define Q2_K_TILE(R, C, ...) tile_q2_K(0, R, C, __VA_ARGS__)
-#define Q3_K_TILE(R, C, ...) tile_q3_K(0, R, C, __VA_ARGS__)
-#define Q4_K_TILE(R, C, ...) tile_q4_K(0, R, C, __VA_ARGS__)
-#define Q5_K_TILE(R, C, ...) tile_q5_K(0, R, C, __VA_ARGS__)
-#define Q6_K_TILE(R, C, ...) tile_q6_K(0, R, C, __VA_ARGS__)
-#define IQ4_XS_TILE(R, C, ...) tile_iq4_xs(0, R, C, __VA_ARGS__)
-#define Q2_K_PTILE(R, C, ...) tile_q2_K(1, R, C, __VA_ARGS__)
-#define Q3_K_PTILE(R, C, ...) tile_q3_K(1, R, C, __VA_ARGS__)
-#define Q4_K_PTILE(R, C, ...) tile_q4_K(1, R, C, __VA_ARGS__)
-#define Q5_K_PTILE(R, C, ...) tile_q5_K(1, R, C, __VA_ARGS__)
-#define Q6_K_PTILE(R, C, ...) tile_q6_K(1, R, C, __VA_ARGS__)
-#define IQ4_XS_PTILE(R, C, ...) tile_iq4_xs(1, R, C, __VA_ARGS__)
+KQ_FNS(q2_K, QT_Q2_K)
+KQ_FNS(q3_K, QT_Q3_K)
+KQ_FNS(q4_K, QT_Q4_K)
+KQ_FNS(q5_K, QT_Q5_K)
+KQ_FNS(q6_K, QT_Q6_K)
+KQ_FNS(iq4_xs, QT_IQ4_XS)
+static size_t packed_bytes_k16(int64_t k) {
+    return k16_packed_bytes(k);
+}
+#define Q2_K_TILE(R, C, ...) kq_tile(QT_Q2_K, R, C, __VA_ARGS__)
+#define Q3_K_TILE(R, C, ...) kq_tile(QT_Q3_K, R, C, __VA_ARGS__)
+#define Q4_K_TILE(R, C, ...) kq_tile(QT_Q4_K, R, C, __VA_ARGS__)
+#define Q5_K_TILE(R, C, ...) kq_tile(QT_Q5_K, R, C, __VA_ARGS__)
+#define Q6_K_TILE(R, C, ...) kq_tile(QT_Q6_K, R, C, __VA_ARGS__)
+#define IQ4_XS_TILE(R, C, ...) kq_tile(QT_IQ4_XS, R, C, __VA_ARGS__)
 TILE_DRIVER(q2_K, Q2_K_TILE)
 TILE_DRIVER(q3_K, Q3_K_TILE)
 TILE_DRIVER(q4_K, Q4_K_TILE)
 TILE_DRIVER(q5_K, Q5_K_TILE)
 TILE_DRIVER(q6_K, Q6_K_TILE)
 TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
-TILE_DRIVER(packed_q2_K, Q2_K_PTILE)
-TILE_DRIVER(packed_q3_K, Q3_K_PTILE)
-TILE_DRIVER(packed_q4_K, Q4_K_PTILE)
-TILE_DRIVER(packed_q5_K, Q5_K_PTILE)
-TILE_DRIVER(packed_q6_K, Q6_K_PTILE)
-TILE_DRIVER(packed_iq4_xs, IQ4_XS_PTILE)
 
 void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
-    tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q8_0,
-                                       .pack = pack_q8_0,
-                                       .packed_row_bytes = packed_bytes_q8_0,
-                                       .gemm_packed = gemm_packed};
-    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q4_0,
-                                       .pack = pack_q4_0,
-                                       .packed_row_bytes = packed_bytes_q4_0,
-                                       .gemm_packed = gemm_packed};
-    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q4_1,
-                                       .pack = pack_q4_1,
-                                       .packed_row_bytes = packed_bytes_q4_1,
-                                       .gemm_packed = gemm_packed_min};
-    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q5_0,
-                                       .pack = pack_q5_0,
-                                       .packed_row_bytes = packed_bytes_q5_0,
-                                       .gemm_packed = gemm_packed};
-    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q5_1,
-                                       .pack = pack_q5_1,
-                                       .packed_row_bytes = packed_bytes_q5_1,
-                                       .gemm_packed = gemm_packed_min};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                         .gemm = gemm_iq4_nl,
-                                         .pack = pack_iq4_nl,
-                                         .packed_row_bytes = packed_bytes_iq4_nl,
-                                         .gemm_packed = gemm_packed};
-    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q2_K,
-                                       .pack = pack_q2_K,
-                                       .packed_row_bytes = packed_bytes_q2_K,
-                                       .gemm_packed = gemm_packed_q2_K};
-    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q3_K,
-                                       .pack = pack_q3_K,
-                                       .packed_row_bytes = packed_bytes_q3_K,
-                                       .gemm_packed = gemm_packed_q3_K};
-    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q4_K,
-                                       .pack = pack_q4_K,
-                                       .packed_row_bytes = packed_bytes_q4_K,
-                                       .gemm_packed = gemm_packed_q4_K};
-    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q5_K,
-                                       .pack = pack_q5_K,
-                                       .packed_row_bytes = packed_bytes_q5_K,
-                                       .gemm_packed = gemm_packed_q5_K};
-    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q6_K,
-                                       .pack = pack_q6_K,
-                                       .packed_row_bytes = packed_bytes_q6_K,
-                                       .gemm_packed = gemm_packed_q6_K};
-    tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                         .gemm = gemm_iq4_xs,
-                                         .pack = pack_iq4_xs,
-                                         .packed_row_bytes = packed_bytes_iq4_xs,
-                                         .gemm_packed = gemm_packed_iq4_xs};
+#define LEGACY(T, name, ptile)                                                                     \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X2_32,                                             \
+                                 .gemm = gemm_##name,                                              \
+                                 .pack = pack_##name,                                              \
+                                 .packed_row_bytes = packed_bytes_##name,                          \
+                                 .gemm_packed = ptile}
+    LEGACY(QT_Q8_0, q8_0, gemm_packed);
+    LEGACY(QT_Q4_0, q4_0, gemm_packed);
+    LEGACY(QT_Q4_1, q4_1, gemm_packed_min);
+    LEGACY(QT_Q5_0, q5_0, gemm_packed);
+    LEGACY(QT_Q5_1, q5_1, gemm_packed_min);
+    LEGACY(QT_IQ4_NL, iq4_nl, gemm_packed);
+#undef LEGACY
+#define KQUANT(T, name, ptile)                                                                     \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,                                              \
+                                 .gemm = gemm_##name,                                              \
+                                 .pack = pack_##name,                                              \
+                                 .packed_row_bytes = packed_bytes_k16,                             \
+                                 .gemm_packed = ptile,                                             \
+                                 .act_packed = CPU_ACT_X16_K}
+    KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
+    KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
+    KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);
+    KQUANT(QT_Q5_K, q5_K, gemm_packed_k16_min);
+    KQUANT(QT_Q6_K, q6_K, gemm_packed_k16);
+    KQUANT(QT_IQ4_XS, iq4_xs, gemm_packed_k16);
+#undef KQUANT
 }
 #endif

@@ -1,54 +1,109 @@
-/* Activation quantization, scalar reference (layouts in cpu_kernels.h).
+/* Activation quantization, scalar reference (format in cpu_kernels.h).
  *
- * Symmetric: d = amax/127, q = round_half_even(x * (127/amax)). The SIMD quantizers in
- * cpu_matmul_avx2.c / _avx512.c compute the same products in f32 and round the same way,
- * so all paths produce identical bytes (the tests check it).
+ * One scale per row: D = amax/16256, v = round_half_even(x * (16256/amax)), split into
+ * the planes hi = floor((v + 64)/128) and lo = v - 128 hi. The SIMD quantizers in
+ * cpu_matmul_avx2.c compute the same f32 products and round the same way, so all paths
+ * produce identical bytes (the tests check it).
  */
 #include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
 
-/* Quantizes one group of gd elements; writes qs and returns d. */
-static float quant_group(const float *x, int8_t *qs, int gd) {
+static float row_amax(const float *x, int64_t k) {
     float amax = 0.0f;
-    for (int i = 0; i < gd; i++) {
+    for (int64_t i = 0; i < k; i++) {
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
-    if (amax == 0.0f) {
-        memset(qs, 0, (size_t)gd);
-        return 0.0f;
+    return amax;
+}
+
+/* v of one element; out-of-range products (only from NaN/inf input) are clamped, as the
+ * SIMD max/min do. */
+static inline int32_t act_v(float x, float id) {
+    float t = x * id;
+    if (!(t >= -(float)CPU_ACT_VMAX)) t = -(float)CPU_ACT_VMAX;
+    if (!(t <= (float)CPU_ACT_VMAX)) t = (float)CPU_ACT_VMAX;
+    return (int32_t)nearbyintf(t);
+}
+
+/* Both planes of a row in the classic block layout: hi at q, lo at q + row bytes; scales
+ * 128·D and D in every block of gd; sums over every gs elements. */
+static void quantize_planes(const float *x, void *q, int64_t k, enum cpu_act act, int gd, int gs) {
+    int8_t *hi = q, *lo = (int8_t *)q + cpu_act_row_bytes(act, k);
+    float amax = row_amax(x, k);
+    float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f, dd = amax / (float)CPU_ACT_VMAX;
+    for (int64_t i = 0; i < k; i++) {
+        int32_t v = act_v(x[i], id);
+        int32_t h = (v + 64 + 128 * 128) / 128 - 128; /* floor((v + 64) / 128) */
+        hi[i] = (int8_t)h;
+        lo[i] = (int8_t)(v - 128 * h);
     }
-    float id = 127.0f / amax;
-    for (int i = 0; i < gd; i++)
-        qs[i] = (int8_t)nearbyintf(x[i] * id);
-    return amax / 127.0f;
+    for (int p = 0; p < 2; p++) {
+        int8_t *qs = p ? lo : hi;
+        float *d = (float *)(qs + k);
+        int16_t *s = (int16_t *)(d + k / gd);
+        for (int64_t b = 0; b < k / gd; b++)
+            d[b] = p ? dd : 128.0f * dd;
+        for (int64_t g = 0; g < k / gs; g++) {
+            int sum = 0;
+            for (int i = 0; i < gs; i++)
+                sum += qs[gs * g + i];
+            s[g] = (int16_t)sum;
+        }
+    }
 }
 
 void cpu_quantize_q8_32_scalar(const float *x, void *q, int64_t k) {
-    int8_t *qs = q;
-    float *d = (float *)(qs + k);
-    int16_t *s = (int16_t *)(d + k / 32);
-    for (int64_t b = 0; b < k / 32; b++) {
-        d[b] = quant_group(x + 32 * b, qs + 32 * b, 32);
-        int sum = 0;
-        for (int i = 0; i < 32; i++)
-            sum += qs[32 * b + i];
-        s[b] = (int16_t)sum;
-    }
+    quantize_planes(x, q, k, CPU_ACT_Q8_32, 32, 32);
 }
 
 void cpu_quantize_q8_K_scalar(const float *x, void *q, int64_t k) {
-    int8_t *qs = q;
-    float *d = (float *)(qs + k);
-    int16_t *s = (int16_t *)(d + k / 256);
-    for (int64_t b = 0; b < k / 256; b++)
-        d[b] = quant_group(x + 256 * b, qs + 256 * b, 256);
-    for (int64_t g = 0; g < k / 16; g++) {
-        int sum = 0;
-        for (int i = 0; i < 16; i++)
-            sum += qs[16 * g + i];
-        s[g] = (int16_t)sum;
+    quantize_planes(x, q, k, CPU_ACT_Q8_K, 256, 16);
+}
+
+/* X2_32 (fused two-plane kernels of the legacy types). */
+void cpu_quantize_x2_32_scalar(const float *x, void *q, int64_t k) {
+    int8_t *hi = q, *lo = (int8_t *)q + cpu_x2_kp(k);
+    int32_t *neg = (int32_t *)((char *)q + 2 * cpu_x2_kp(k));
+    float *sv = (float *)((char *)q + 3 * cpu_x2_kp(k));
+    float amax = row_amax(x, k);
+    float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
+    for (int64_t b = 0; b < k / 32; b++) {
+        int32_t bsum = 0;
+        for (int l = 0; l < 8; l++) {
+            int32_t lsum = 0;
+            for (int e = 0; e < 4; e++) {
+                int64_t i = 32 * b + 4 * l + e;
+                int32_t v = act_v(x[i], id);
+                int32_t h = (v + 64 + 128 * 128) / 128 - 128;
+                hi[i] = (int8_t)h;
+                lo[i] = (int8_t)(v - 128 * h);
+                lsum += v;
+            }
+            neg[8 * b + l] = -lsum;
+            bsum += lsum;
+        }
+        sv[b] = (float)bsum;
     }
+    sv[k / 32] = amax / (float)CPU_ACT_VMAX;
+}
+
+/* X16_K (K-quant kernels with 16-bit weights). */
+void cpu_quantize_x16_K_scalar(const float *x, void *q, int64_t k) {
+    int16_t *v16 = q;
+    float *sv = (float *)(v16 + k);
+    float amax = row_amax(x, k);
+    float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
+    for (int64_t g = 0; g < k / 16; g++) {
+        int32_t sum = 0;
+        for (int i = 0; i < 16; i++) {
+            int32_t v = act_v(x[16 * g + i], id);
+            v16[16 * g + i] = (int16_t)v;
+            sum += v;
+        }
+        sv[g] = (float)sum;
+    }
+    sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }
