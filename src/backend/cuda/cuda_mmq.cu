@@ -143,7 +143,9 @@ static __device__ __forceinline__ uint32_t lds32(const unsigned char *p) {
 
 /* The fixed tiles {WM, WN, RT, NT, blocks per SM}: 8 warps as WM x WN, each 16*RT weight
  * rows x 8*NT tokens. The first, narrow one runs two blocks per SM (16 warps); the others
- * one, with their shared memory spent on deeper pipelines. */
+ * one, with their shared memory spent on deeper pipelines. With WN = 2 each weight is
+ * dequantized by two warps, with WM = 4 each activation fragment is loaded by four: the
+ * 128-row tiles trade the first for the second. */
 static constexpr int tiles[][5] = {
     {8, 1, 1, 2, 2}, /* 128 x 16 */
     {8, 1, 2, 2, 1}, /* 256 x 16 */
@@ -151,6 +153,7 @@ static constexpr int tiles[][5] = {
     {8, 1, 2, 4, 1}, /* 256 x 32 */
     {8, 1, 2, 8, 1}, /* 256 x 64 */
     {4, 2, 2, 8, 1}, /* 128 x 128 */
+    {4, 2, 2, 4, 1}, /* 128 x 64 */
 };
 #define N_TILES ((int)(sizeof tiles / sizeof tiles[0]))
 
@@ -225,6 +228,31 @@ static __device__ __forceinline__ long long unit_owner(const mmq_args &a, long l
     return ((u + 1) * a.grid - 1) / a.units;
 }
 
+/* A unit's place: K slice s of token tile tn of row tile rt (tile = rt * tiles_n + tn).
+ * Advanced one unit at a time, so the per-unit path has no 64-bit division. */
+struct upos {
+    int s, tn, rt;
+};
+
+static __device__ __forceinline__ upos pos_of(const mmq_args &a, long long u) {
+    const long long tile = u / a.nsb;
+    upos p;
+    p.s = (int)(u - tile * a.nsb);
+    p.rt = (int)(tile / a.tiles_n);
+    p.tn = (int)(tile - (long long)p.rt * a.tiles_n);
+    return p;
+}
+
+static __device__ __forceinline__ void pos_next(const mmq_args &a, upos &p) {
+    if (++p.s == a.nsb) {
+        p.s = 0;
+        if (++p.tn == a.tiles_n) {
+            p.tn = 0;
+            p.rt++;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ kernels ---- */
 
 /* x (n, k) f32 -> xh (n, k) f16, each 16-group stored as x[0], x[2], .., x[14], x[1], x[3],
@@ -274,55 +302,81 @@ static __device__ __forceinline__ int slice_blocks(const mmq_args &a, int s) {
     return min(8, (a.k >> 5) - s * 8);
 }
 
-/* Issues the cp.async copies of unit u into stage buffer st. Rows past the matrix and
- * tokens past n are clamped to the last one (their results are never stored); the 32-blocks
- * of a partial Q8_0 slice that lie past k are not copied (and never read). */
+/* Issues the cp.async copies of the unit at p into stage buffer st. Rows past the matrix
+ * and tokens past n are clamped to the last one (their results are never stored); the
+ * 32-blocks of a partial Q8_0 slice that lie past k are not copied (and never read). Thread
+ * tid copies the same 16-byte column of rows tid / CH + it * (256 / CH): for a tile inside
+ * the matrix the source addresses are one base plus constant strides. */
 template <uint32_t T, int I>
-static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned char *st, long long u,
+static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned char *st, const upos &p,
                                                  int tid) {
     using C = mmq_cfg<T, I>;
     constexpr int BM = C::BM, BN = C::BN, QS = C::F::q_stride;
-    const long long tile = u / a.nsb;
-    const int s = (int)(u - tile * a.nsb);
-    const int row0 = (int)(tile / a.tiles_n) * BM, tok0 = (int)(tile % a.tiles_n) * BN;
+    const int s = p.s, row0 = p.rt * BM, tok0 = p.tn * BN;
     const int nbv = slice_blocks(a, s);
-#pragma unroll
-    for (int i = tid; i < BN * 32; i += MMQ_THREADS) { /* f16 activations: 32 x 16 B a token */
-        const int r = i >> 5, c = i & 31;
+    { /* f16 activations: 32 x 16 B a token; 8 tokens per pass */
+        const int r = tid >> 5, c = tid & 31;
         if (T != QT_Q8_0 || c < 4 * nbv) {
-            const long long gt = min(tok0 + r, a.n - 1);
-            cp_async16(st + C::X + r * MMQ_XS + c * 16, a.xh + gt * a.k + s * 256 + c * 8);
+            const __half *src = a.xh + (long long)(tok0 + r) * a.k + s * 256 + c * 8;
+            unsigned char *dst = st + C::X + r * MMQ_XS + c * 16;
+            if (tok0 + BN <= a.n) {
+#pragma unroll
+                for (int it = 0; it < BN / 8; it++)
+                    cp_async16(dst + it * 8 * MMQ_XS, src + (long long)it * 8 * a.k);
+            } else {
+#pragma unroll
+                for (int it = 0; it < BN / 8; it++) {
+                    const long long gt = min(tok0 + r + it * 8, a.n - 1);
+                    cp_async16(dst + it * 8 * MMQ_XS, a.xh + gt * a.k + s * 256 + c * 8);
+                }
+            }
         }
     }
-    if constexpr (T == QT_Q4_K || T == QT_Q6_K) {
-        constexpr int CH = C::F::q_bytes / 16;
+    const bool full = row0 + BM <= a.rows;
+    if constexpr (T == QT_Q4_K) { /* 8 x 16 B a row; 32 rows per pass */
+        const int r = tid >> 3, c = tid & 7;
+        const long long rs = (long long)a.nsb * 128; /* source row stride */
+        const unsigned char *src = a.wq + ((long long)(row0 + r) * a.nsb + s) * 128 + c * 16;
 #pragma unroll
-        for (int i = tid; i < BM * CH; i += MMQ_THREADS) {
-            const int r = i / CH, c = i - r * CH;
-            const long long blk = (long long)min(row0 + r, a.rows - 1) * a.nsb + s;
-            cp_async16(st + r * QS + c * 16, a.wq + blk * C::F::q_bytes + c * 16);
+        for (int it = 0; it < BM / 32; it++) {
+            const long long off = full ? it * 32 * rs
+                                       : (long long)(min(row0 + r + it * 32, a.rows - 1) - row0 - r) * rs;
+            cp_async16(st + (r + it * 32) * QS + c * 16, src + off);
         }
+    } else if constexpr (T == QT_Q6_K) { /* 12 x 16 B a row */
+        const long long rs = (long long)a.nsb * 192;
+        const unsigned char *base = a.wq + ((long long)row0 * a.nsb + s) * 192;
 #pragma unroll
-        for (int i = tid; i < BM; i += MMQ_THREADS) {
-            const long long blk = (long long)min(row0 + i, a.rows - 1) * a.nsb + s;
-            cp_async16(st + C::S + i * 16, a.ws + blk * 16);
+        for (int it = 0; it < BM * 12 / MMQ_THREADS; it++) {
+            const int i = tid + it * MMQ_THREADS, r = i / 12, c = i - r * 12;
+            const int gr = full ? r : min(row0 + r, a.rows - 1) - row0;
+            cp_async16(st + r * QS + c * 16, base + gr * rs + c * 16);
+        }
+    } else { /* Q8_0: q = k int8 per row, 16 x 16 B a row; 16 rows per pass */
+        const int r = tid >> 4, c = tid & 15;
+        if (c < 2 * nbv) {
+            const unsigned char *src = a.wq + (long long)(row0 + r) * a.k + s * 256 + c * 16;
+#pragma unroll
+            for (int it = 0; it < BM / 16; it++) {
+                const long long off =
+                    (long long)(full ? it * 16 : min(row0 + r + it * 16, a.rows - 1) - row0 - r) * a.k;
+                cp_async16(st + (r + it * 16) * QS + c * 16, src + off);
+            }
+        }
+    }
+    if constexpr (T == QT_Q4_K || T == QT_Q6_K) { /* 16 B of scales a row (+ Q6_K's d) */
+        if (tid < BM) {
+            const long long blk = (long long)min(row0 + tid, a.rows - 1) * a.nsb + s;
+            cp_async16(st + C::S + tid * 16, a.ws + blk * 16);
             if constexpr (T == QT_Q6_K)
                 /* d is an f16 in a 2-byte array: copy the aligned word holding it, only its
                  * first half when d is the word's low half (the array may end there) */
-                cp_async4_part(st + C::D + i * 4, a.wd + ((blk * 2) & ~3LL), (blk & 1) ? 4u : 2u);
+                cp_async4_part(st + C::D + tid * 4, a.wd + ((blk * 2) & ~3LL), (blk & 1) ? 4u : 2u);
         }
-    } else { /* Q8_0: q = k int8 per row, s = one f16 per 32 */
+    } else { /* Q8_0: 8 f16 scales a row, copied as 4 words (k/32 is even) */
         const long long nblk = a.k >> 5;
 #pragma unroll
-        for (int i = tid; i < BM * 16; i += MMQ_THREADS) {
-            const int r = i >> 4, c = i & 15;
-            if (c < 2 * nbv) {
-                const long long gr = min(row0 + r, a.rows - 1);
-                cp_async16(st + r * QS + c * 16, a.wq + gr * a.k + s * 256 + c * 16);
-            }
-        }
-#pragma unroll
-        for (int i = tid; i < BM * 4; i += MMQ_THREADS) { /* 2 scales a word (k/32 is even) */
+        for (int i = tid; i < BM * 4; i += MMQ_THREADS) {
             const int r = i >> 2, c = i & 3;
             if (2 * c < nbv) {
                 const long long gr = min(row0 + r, a.rows - 1);
@@ -335,51 +389,59 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
 /* The unit's f16x2 scale table (see the file comment), from the raw scales in st. */
 template <uint32_t T, int I>
 static __device__ __forceinline__ void prep_scales(const mmq_args &a, const unsigned char *st,
-                                                   unsigned char *sb, long long u, int tid) {
+                                                   unsigned char *sb, const upos &p, int tid) {
     using C = mmq_cfg<T, I>;
     constexpr int BM = C::BM, SBS = C::F::sb_stride;
     /* the scales reach f16 exactly as integers (magic-number conversion) and are multiplied
-     * by the f16 super-block scales in f16: one rounding each, off the slow I2F/F2F path */
+     * by the f16 super-block scales in f16: one rounding each, off the slow I2F/F2F path.
+     * Thread tid does row tid / TPR, sub-blocks (or 16-chunk pairs) j0 .. j0 + 8/TPR - 1. */
+    constexpr int TPR = MMQ_THREADS / BM, SPT = 8 / TPR;
+    static_assert(TPR * BM == MMQ_THREADS && SPT * TPR == 8, "one or two threads a row");
+    const int r = tid / TPR, j0 = (tid % TPR) * SPT;
+    const uint4 raw = *(const uint4 *)(st + C::S + r * 16);
+    unsigned char *out = sb + r * SBS;
     if constexpr (T == QT_Q4_K) {
+        /* word 0 = {d, dmin}; words 1..3 = {sc_a, m_a, sc_b, m_b} x 6 bits of sub-block
+         * pairs 0..2 in their low 24 bits, pair 3 in their top bytes (cuda_mmv.cu) */
+        const uint32_t pk[4] = {raw.y, raw.z, raw.w,
+                                (raw.y >> 24) | ((raw.z >> 24) << 8) | ((raw.w >> 24) << 16)};
+        const uint32_t dm = raw.x ^ 0x80000000u; /* {d, -dmin} */
 #pragma unroll
-        for (int i = tid; i < BM * 8; i += MMQ_THREADS) {
-            const int r = i >> 3, j = i & 7, p = j >> 1;
-            const uint32_t *w = (const uint32_t *)(st + C::S + r * 16);
-            /* word 0 = {d, dmin}; words 1..3 = {sc_a, m_a, sc_b, m_b} x 6 bits of sub-block
-             * pairs 0..2 in their low 24 bits, pair 3 in their top bytes (cuda_mmv.cu) */
-            const uint32_t pk =
-                p < 3 ? w[1 + p] : (w[1] >> 24) | ((w[2] >> 24) << 8) | ((w[3] >> 24) << 16);
-            const uint32_t f = pk >> (12 * (j & 1));
+        for (int jj = 0; jj < SPT; jj++) {
+            const int j = j0 + jj; /* j0 is 0 or 4: word (j >> 1) without a dynamic index */
+            const uint32_t f = (j0 ? pk[2 + (jj >> 1)] : pk[jj >> 1]) >> (12 * (jj & 1));
             const uint32_t sm = (f & 0x3fu) | ((f << 10) & 0x003f0000u) | MAGIC; /* 1024 + {sc, m} */
-            const uint32_t r2 = h2_mul(h2_sub(sm, H_1024), w[0] ^ 0x80000000u); /* {d*sc, -dmin*m} */
+            const uint32_t r2 = h2_mul(h2_sub(sm, H_1024), dm); /* {d*sc, -dmin*m} */
             uint2 e;
             e.x = __byte_perm(r2, r2, 0x1010);
             e.y = __byte_perm(r2, r2, 0x3232);
-            *(uint2 *)(sb + r * SBS + 8 * j) = e;
+            *(uint2 *)(out + 8 * j) = e;
         }
     } else if constexpr (T == QT_Q6_K) {
-        const long long tile = u / a.nsb;
-        const int s = (int)(u - tile * a.nsb), row0 = (int)(tile / a.tiles_n) * BM;
+        const long long blk = (long long)min(p.rt * BM + r, a.rows - 1) * a.nsb + p.s;
+        const uint32_t dw = *(const uint32_t *)(st + C::D + r * 4);
+        const uint32_t d2 = __byte_perm(dw, dw, (blk & 1) ? 0x3232 : 0x1010);
+        const uint32_t w[4] = {raw.x ^ 0x80808080u, raw.y ^ 0x80808080u, raw.z ^ 0x80808080u,
+                               raw.w ^ 0x80808080u}; /* int8 sc -> sc + 128 */
 #pragma unroll
-        for (int i = tid; i < BM * 8; i += MMQ_THREADS) { /* chunks 2j, 2j+1 */
-            const int r = i >> 3, j = i & 7;
-            const long long blk = (long long)min(row0 + r, a.rows - 1) * a.nsb + s;
-            const uint32_t dw = *(const uint32_t *)(st + C::D + r * 4);
-            const uint32_t d2 = __byte_perm(dw, dw, (blk & 1) ? 0x3232 : 0x1010);
-            const uint32_t sc = *(const unsigned short *)(st + C::S + r * 16 + 2 * j) ^ 0x8080u;
-            /* int8 sc -> sc + 128 -> f16 1152 + sc -> sc */
-            const uint32_t r2 = h2_mul(h2_sub(__byte_perm(sc, 0x64u, 0x4140), H_1152), d2);
+        for (int jj = 0; jj < SPT; jj++) { /* 16-chunks 2j, 2j+1 */
+            const int j = j0 + jj;
+            /* -> f16 1152 + sc -> sc, times d */
+            const uint32_t v =
+                __byte_perm(j0 ? w[2 + (jj >> 1)] : w[jj >> 1], 0x64u, (jj & 1) ? 0x4342 : 0x4140);
+            const uint32_t r2 = h2_mul(h2_sub(v, H_1152), d2);
             uint2 e;
             e.x = __byte_perm(r2, r2, 0x1010);
             e.y = __byte_perm(r2, r2, 0x3232);
-            *(uint2 *)(sb + r * SBS + 8 * j) = e;
+            *(uint2 *)(out + 8 * j) = e;
         }
     } else {
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-        for (int i = tid; i < BM * 8; i += MMQ_THREADS) {
-            const int r = i >> 3, j = i & 7;
-            const uint32_t h = *(const unsigned short *)(st + C::S + r * 16 + 2 * j);
-            *(uint32_t *)(sb + r * SBS + 4 * j) = h | (h << 16);
+        for (int jj = 0; jj < SPT; jj++) {
+            const int j = j0 + jj;
+            *(uint32_t *)(out + 4 * j) =
+                __byte_perm(j0 ? w[2 + (jj >> 1)] : w[jj >> 1], 0, (jj & 1) ? 0x3232 : 0x1010);
         }
     }
 }
@@ -559,11 +621,11 @@ template <uint32_t T, int I>
 static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned char *smem,
                                                    float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
                                                    long long b, long long u, long long u_begin,
-                                                   int tid, int wm, int wn, int lane) {
+                                                   const upos &p, int tid, int wm, int wn, int lane) {
     using C = mmq_cfg<T, I>;
     constexpr int RT = C::RT, NT = C::NT, NACC = C::NACC;
-    const long long tile = u / a.nsb, t0 = tile * a.nsb;
-    const int row0 = (int)(tile / a.tiles_n) * C::BM, tok0 = (int)(tile % a.tiles_n) * C::BN;
+    const long long tile = (long long)p.rt * a.tiles_n + p.tn, t0 = tile * a.nsb;
+    const int row0 = p.rt * C::BM, tok0 = p.tn * C::BN;
     if (u_begin <= t0 && u == t0 + a.nsb - 1) { /* the whole tile: no one else has a part */
         store_y<RT, NT>(a, acc, row0, tok0, wm, wn, lane);
         return;
@@ -645,9 +707,13 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
             for (int i = 0; i < 4; i++)
                 acc[rt][nt][i] = 0.0f;
 
+    upos lp = pos_of(a, u_begin), cp = lp; /* the unit to load next, the unit to compute */
 #pragma unroll
     for (int s = 0; s < NS - 1; s++) { /* fill the pipeline; one commit group per unit */
-        if (u_begin + s < u_end) load_unit<T, I>(a, smem + s * C::STAGE, u_begin + s, tid);
+        if (u_begin + s < u_end) {
+            load_unit<T, I>(a, smem + s * C::STAGE, lp, tid);
+            pos_next(a, lp);
+        }
         cp_commit();
     }
     for (long long u = u_begin; u < u_end; u++) {
@@ -655,16 +721,16 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
         unsigned char *st = smem + (i % NS) * C::STAGE;
         cp_wait<NS - 2>(); /* unit u has landed (this thread's copies) ... */
         __syncthreads();   /* ... every thread's; every warp is done with unit u - 1 */
-        prep_scales<T, I>(a, st, smem + C::SB, u, tid);
-        if (u + NS - 1 < u_end)
-            load_unit<T, I>(a, smem + ((i + NS - 1) % NS) * C::STAGE, u + NS - 1, tid);
+        prep_scales<T, I>(a, st, smem + C::SB, cp, tid);
+        if (u + NS - 1 < u_end) {
+            load_unit<T, I>(a, smem + ((i + NS - 1) % NS) * C::STAGE, lp, tid);
+            pos_next(a, lp);
+        }
         cp_commit();
         __syncthreads(); /* the scale table is written */
-        const long long tile = u / a.nsb;
-        compute_unit<T, I>(st, smem + C::SB, acc, slice_blocks(a, (int)(u - tile * a.nsb)), wm, wn,
-                           lane);
-        if (u == (tile + 1) * a.nsb - 1 || u == u_end - 1) {
-            finish_tile<T, I>(a, smem, acc, b, u, u_begin, tid, wm, wn, lane);
+        compute_unit<T, I>(st, smem + C::SB, acc, slice_blocks(a, cp.s), wm, wn, lane);
+        if (cp.s == a.nsb - 1 || u == u_end - 1) {
+            finish_tile<T, I>(a, smem, acc, b, u, u_begin, cp, tid, wm, wn, lane);
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -673,20 +739,22 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
                     for (int q = 0; q < 4; q++)
                         acc[rt][nt][q] = 0.0f;
         }
+        pos_next(a, cp);
     }
 }
 
 /* --------------------------------------------------------------- launchers ---- */
 
 template <uint32_t T> static int smem_of(int tile) {
-    static_assert(N_TILES == 6, "one case per tile below");
+    static_assert(N_TILES == 7, "one case per tile below");
     switch (tile) {
     case 0: return mmq_cfg<T, 0>::SMEM;
     case 1: return mmq_cfg<T, 1>::SMEM;
     case 2: return mmq_cfg<T, 2>::SMEM;
     case 3: return mmq_cfg<T, 3>::SMEM;
     case 4: return mmq_cfg<T, 4>::SMEM;
-    default: return mmq_cfg<T, 5>::SMEM;
+    case 5: return mmq_cfg<T, 5>::SMEM;
+    default: return mmq_cfg<T, 6>::SMEM;
     }
 }
 
@@ -729,6 +797,7 @@ template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max) {
     if (ce == cudaSuccess) ce = query_occ<T, 3>(&occ[3], smem_max);
     if (ce == cudaSuccess) ce = query_occ<T, 4>(&occ[4], smem_max);
     if (ce == cudaSuccess) ce = query_occ<T, 5>(&occ[5], smem_max);
+    if (ce == cudaSuccess) ce = query_occ<T, 6>(&occ[6], smem_max);
     return ce;
 }
 
@@ -777,14 +846,14 @@ static mmq_plan plan_of(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k
 
 /* Heuristic: the token width is the smallest tile width >= n (at most 64; wider n takes
  * several token tiles); 256 weight rows where that leaves at least one unit per block (the
- * activations are re-read once per row tile, so taller tiles read less of them), else 128.
- * Tiles that do not fit the device are skipped. */
+ * activations are re-read once per row tile, so taller tiles read less of them), else 128
+ * (few-row matrices: K/V projections). Tiles that do not fit the device are skipped. */
 static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n) {
     const int ti = type_index(type);
     int want[2];
     if (n <= 16) want[0] = 1, want[1] = 0;
     else if (n <= 32) want[0] = 3, want[1] = 2;
-    else want[0] = 4, want[1] = 5;
+    else want[0] = 4, want[1] = 6;
     for (int c = 0; c < 2; c++) {
         const int t = want[c];
         if (!d->occ[ti][t]) continue;
@@ -808,7 +877,8 @@ template <uint32_t T> static cudaError_t launch_type(const mmq_args &a, int tile
     case 2: return launch_tile<T, 2>(a, st);
     case 3: return launch_tile<T, 3>(a, st);
     case 4: return launch_tile<T, 4>(a, st);
-    default: return launch_tile<T, 5>(a, st);
+    case 5: return launch_tile<T, 5>(a, st);
+    default: return launch_tile<T, 6>(a, st);
     }
 }
 
