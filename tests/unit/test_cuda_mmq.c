@@ -20,8 +20,8 @@
  * products, captured in a CUDA graph and replayed, gives the eager results each time (the
  * split counters reset themselves); activations beyond the f16 range clamp.
  *
- * SMELT_BENCH=1 adds, for 4096x4096, 14336x4096 and 4096x14336 Q4_K/Q6_K/Q8_0 and 8..512
- * token rows, microseconds per product of mmq (the automatic tile and each tile), of the
+ * SMELT_BENCH=1 adds, for 4096x4096, 14336x4096, 4096x14336 and 1024x4096 Q4_K/Q6_K/Q8_0
+ * and 8..512 token rows, microseconds per product of mmq (the automatic tile and each tile), of the
  * 8-row mmv repeated as the backend does below 33 rows, and of F16 dequantization + cuBLAS
  * as the backend's gemm() does; each timed as replays of a CUDA graph of many products,
  * weights rotating through > 1 GiB of copies so they come from HBM. One summary line per
@@ -594,8 +594,10 @@ static void bench(void) {
     struct shape {
         const char *name;
         int64_t rows, k;
-    } shapes[] = {
-        {"4096x4096", 4096, 4096}, {"14336x4096", 14336, 4096}, {"4096x14336", 4096, 14336}};
+    } shapes[] = {{"4096x4096", 4096, 4096},
+                  {"14336x4096", 14336, 4096},
+                  {"4096x14336", 4096, 14336},
+                  {"1024x4096", 1024, 4096}}; /* Llama-3-8B K/V: every tile split ~16 ways */
     const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0};
     const int ns[BENCH_NS] = {8, 16, 32, 64, 128, 256, 512};
     /* win[type][n]: mmq beat the backend's other path on every shape at this n */
@@ -753,7 +755,7 @@ static void bench(void) {
         for (int ni = 1; ni < BENCH_NS && win[ti][ni]; ni++)
             upto = ns[ni];
         printf("bench suggestion %s: mmq beats the backend's other path (mmv below 33 rows, "
-               "dequant+cuBLAS above) on all three shapes up to n = %d\n",
+               "dequant+cuBLAS above) on all four shapes up to n = %d\n",
                qtype_name(types[ti]), upto);
         if (suggest < 0 || upto < suggest) suggest = upto;
     }
