@@ -667,9 +667,8 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
 #pragma unroll
         for (int gg = 0; gg < G; gg++)
             if (bb + gg <= b_hi) {
-                /* slot 0 for a block whose range starts in this tile: only b_lo's can start
-                 * before it, so every other contributor uses slot 0 unless... its first tile
-                 * is this one; b_lo's first tile may be an earlier one */
+                /* every contributor after b_lo starts its range inside this tile (slot 0);
+                 * b_lo's range may start in an earlier tile (then this is its slot 1) */
                 const int sl = (bb + gg == b_lo && first_tile_of_lo != tile) ? 1 : 0;
                 const float4 *rp = (const float4 *)(a.work + ((bb + gg) * 2 + sl) *
                                                                  (long long)(MMQ_THREADS * NACC)) +
