@@ -209,6 +209,63 @@ static const char *finish_reason(const struct gen *g, const struct choice *c) {
     return "stop";
 }
 
+/* ---- reasoning tokens ---- */
+
+/* usage.completion_tokens_details.reasoning_tokens counts tokens, so it is decided per
+ * engine event from the raw generated text, with the same rules as outp (leading
+ * whitespace, then "<think>" opens the block unless the prompt already opened it; the
+ * first "</think>" closes it): a generated token is a reasoning token when any byte of
+ * the text released with it lies in the block, markers included. So the token that
+ * straddles the end (its text holds the end of "</think>" and the first content bytes)
+ * counts as reasoning, and so do tokens that held a partial "<think>" once it completes.
+ * Text released without a token (held back until the end) belongs to the last token. */
+enum { THINK_OFF, THINK_START, THINK_IN, THINK_DONE };
+
+static void think_init(struct gen *g, struct choice *c) {
+    /* a forced call's prefill closed any reasoning the prompt opened */
+    c->th_state = !g->reasoning || g->prefill ? THINK_OFF
+                  : g->in_reasoning           ? THINK_IN
+                                              : THINK_START;
+}
+
+static void think_feed(struct choice *c, int32_t token, const char *s, size_t n) {
+    static const char open[] = "<think>", close[] = "</think>";
+    if (c->th_state == THINK_OFF || c->th_state == THINK_DONE) return;
+    if (token >= 0) c->th_last = false;
+    bool hit = c->th_state == THINK_IN, partial = false;
+    for (size_t i = 0; i < n && c->th_state != THINK_DONE; i++) {
+        char b = s[i];
+        if (c->th_state == THINK_START) {
+            if (c->th_k == 0 && (b == ' ' || b == '\t' || b == '\n' || b == '\r')) continue;
+            if (b != open[c->th_k]) {
+                c->th_state = THINK_DONE; /* no reasoning block: the pending tokens are content */
+                c->th_pend = 0;
+                break;
+            }
+            partial = true;
+            if (++c->th_k == sizeof open - 1) {
+                c->th_state = THINK_IN;
+                c->th_k = 0;
+                c->n_reason += c->th_pend;
+                c->th_pend = 0;
+                hit = true;
+            }
+            continue;
+        }
+        /* THINK_IN: "</think>" has no border but "<", so a mismatch restarts at b */
+        if (b == close[c->th_k]) c->th_k++;
+        else c->th_k = b == '<';
+        if (c->th_k == sizeof close - 1) c->th_state = THINK_DONE;
+    }
+    if (hit) {
+        if (!c->th_last) c->n_reason++;
+        c->th_last = true;
+    } else if (partial && c->th_state == THINK_START && !c->th_last) {
+        c->th_pend++;
+        c->th_last = true;
+    }
+}
+
 /* ---- streaming ---- */
 
 static void chunk_begin(struct gen *g, struct jw *w) {
@@ -383,6 +440,14 @@ static void stream_event(struct gen *g, int32_t ci, const struct engine_event *e
     chunk_end(g, w);
 }
 
+/* Sums the choices' reasoning tokens into usage_reasoning (never above the completion
+ * tokens: the engine's count is the reference). */
+static void usage_reasoning(struct gen *g) {
+    int64_t r = 0;
+    for (int32_t i = 0; i < g->n_choices; i++) r += g->ch[i].n_reason;
+    g->usage_reasoning = r < g->usage_completion ? r : g->usage_completion;
+}
+
 static void stream_tail(struct gen *g) {
     struct jw *w = &g->sse;
     if (g->error[0] || g->cancelled) {
@@ -397,11 +462,16 @@ static void stream_tail(struct gen *g) {
         free(s);
     }
     if (g->rq.include_usage) {
+        usage_reasoning(g);
         chunk_begin(g, w);
         jw_printf(w, "],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
-                     "\"total_tokens\":%lld,\"prompt_tokens_details\":{\"cached_tokens\":%lld}}}\n\n",
+                     "\"total_tokens\":%lld,\"prompt_tokens_details\":{\"cached_tokens\":%lld,"
+                     "\"audio_tokens\":0},\"completion_tokens_details\":{\"reasoning_tokens\":%lld,"
+                     "\"accepted_prediction_tokens\":0,\"rejected_prediction_tokens\":0,"
+                     "\"audio_tokens\":0}}}\n\n",
                   (long long)g->usage_prompt, (long long)g->usage_completion,
-                  (long long)(g->usage_prompt + g->usage_completion), (long long)g->usage_cached);
+                  (long long)(g->usage_prompt + g->usage_completion), (long long)g->usage_cached,
+                  (long long)g->usage_reasoning);
     }
     jw_str(w, "data: [DONE]\n\n");
     g->stream_end = true;
@@ -450,6 +520,7 @@ static bool collect(struct gen *g) {
                     continue;
                 }
                 if (ev->token >= 0 && g->t_first == 0) g->t_first = srv_now();
+                think_feed(&g->ch[ci], ev->token, g->out.text + ev->text, ev->text_len);
                 if (ev->finish) {
                     account(g, ri, ev);
                     if (ev->finish == ENGINE_ERROR && !g->error[0])
@@ -505,11 +576,17 @@ static void stream_free(void *cls) {
 
 /* ---- whole responses ---- */
 
-static json_t *usage_json(const struct gen *g) {
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)g->usage_prompt,
-                     "completion_tokens", (json_int_t)g->usage_completion, "total_tokens",
+/* OpenAI's CompletionUsage, details included (the same object for both endpoints) */
+static json_t *usage_json(struct gen *g) {
+    usage_reasoning(g);
+    return json_pack("{s:I, s:I, s:I, s:{s:I, s:i}, s:{s:I, s:i, s:i, s:i}}", "prompt_tokens",
+                     (json_int_t)g->usage_prompt, "completion_tokens",
+                     (json_int_t)g->usage_completion, "total_tokens",
                      (json_int_t)(g->usage_prompt + g->usage_completion), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)g->usage_cached);
+                     "cached_tokens", (json_int_t)g->usage_cached, "audio_tokens", 0,
+                     "completion_tokens_details", "reasoning_tokens",
+                     (json_int_t)g->usage_reasoning, "accepted_prediction_tokens", 0,
+                     "rejected_prediction_tokens", 0, "audio_tokens", 0);
 }
 
 static json_t *raw_json(struct jw *w) {
@@ -886,6 +963,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
     gen_chat_prompt_free(&cp);
     for (int32_t i = 0; i < g->n_choices; i++) {
         outp_init(&g->ch[i].op, g->syntax, g->reasoning, g->in_reasoning);
+        think_init(g, &g->ch[i]);
         g->ch[i].op.max_calls = rq->parallel_tool_calls ? 0 : 1;
     }
     if (g->rq.max_tokens == 0) {

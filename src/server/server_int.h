@@ -56,6 +56,12 @@ struct choice {
     bool prefilled;              /* chat: the forced call's opening was fed to op */
     int32_t n_calls;             /* tool calls begun so far */
     int64_t text_offset;         /* completions logprobs text_offset */
+    /* chat: counting reasoning tokens (think_feed in gen.c) */
+    uint8_t th_state;            /* THINK_OFF / _START / _IN / _DONE */
+    uint8_t th_k;                /* bytes of the marker being matched so far */
+    bool th_last;                /* the last token is counted (or pending) already */
+    int32_t th_pend;             /* tokens holding a partial "<think>" not yet decided */
+    int64_t n_reason;            /* tokens counted as reasoning */
 };
 
 /* A generation request in flight on a connection. */
@@ -103,6 +109,7 @@ struct gen {
     bool stream_end;             /* [DONE] formatted: end after sse is sent */
     double t_first;              /* first token seen by the HTTP side */
     int64_t usage_prompt, usage_completion, usage_cached;
+    int64_t usage_reasoning;     /* summed from the choices' n_reason at the end */
 };
 
 struct conn {

@@ -206,7 +206,9 @@ def test_completion_shape_and_usage(srv):
     assert c["index"] == 0 and c["finish_reason"] == "length" and c["logprobs"] is None
     u = j["usage"]
     assert u["completion_tokens"] == 5 and u["total_tokens"] == u["prompt_tokens"] + 5
-    assert "cached_tokens" in u["prompt_tokens_details"]
+    assert set(u["prompt_tokens_details"]) == {"cached_tokens", "audio_tokens"}
+    assert u["completion_tokens_details"] == {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0, "audio_tokens": 0}
     # the same text through the detokenizer: the completion is what its tokens decode to
     st, t = srv.post("/tokenize", {"content": "Hello world"})
     assert st == 200 and t["count"] == u["prompt_tokens"]

@@ -52,6 +52,9 @@ def test_chat_whole_and_stream_agree(client):
     assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
     # the repeated prompt's full blocks came from the prefix cache
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 16
+    # no reasoning template: the details are there, with no reasoning tokens
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 0
 
 
 def test_stop_n_seed_logprobs(client):

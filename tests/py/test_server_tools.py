@@ -435,3 +435,91 @@ def test_smelt_template_picks_the_same_templates(models, tmp_path):
     out, err = render(models["bare"], {"messages": USER})
     assert out == "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n"
     assert "ChatML default" in err
+
+
+# ---- usage: completion_tokens_details.reasoning_tokens ----
+
+# a reasoning template (it names <think>); THINK_OPEN also opens the block in the prompt
+THINK = HERMES.replace("{% if m.content %}", "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{% if m.content %}")
+THINK_OPEN = THINK.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+def byte_tokens(text):
+    """Tokens of text in this vocab: <think> and </think> are one token each, every other
+    byte one token (the text has no " a", the only merge)."""
+    assert " a" not in text
+    n = 0
+    for part in text.replace("</think>", "\0").replace("<think>", "\0").split("\0"):
+        n += len(part.encode())
+    return n + text.count("<think>") + text.count("</think>")
+
+
+def assert_usage_shape(u, reasoning):
+    assert set(u) == {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
+                      "completion_tokens_details"}, u
+    assert set(u["prompt_tokens_details"]) == {"cached_tokens", "audio_tokens"}
+    assert u["prompt_tokens_details"]["audio_tokens"] == 0
+    assert u["completion_tokens_details"] == {"reasoning_tokens": reasoning, "accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0, "audio_tokens": 0}, u
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+
+
+@pytest.mark.parametrize("template,reasoning,reply", [
+    ("think", "\n2 + 2 = 4, plus 1.\n", "<think>\n2 + 2 = 4, plus 1.\n</think>\n\nIt is 5."),
+    ("think_open", "2 + 2 = 4, plus 1.", "2 + 2 = 4, plus 1.</think>\n\nIt is 5."),
+    ("hermes", None, "<think>not one</think>It is 5."),
+])
+def test_usage_reasoning_tokens(models, tmp_path, template, reasoning, reply):
+    src = {"think": THINK, "think_open": THINK_OPEN}.get(template)
+    path = models["tmpl"]["hermes"]
+    if src:
+        path = str(tmp_path / f"{template}.jinja")
+        open(path, "w").write(src)
+    s = serve(models["bare"], reply, "--chat-template", path)
+    try:
+        j = chat(s)
+        msg = j["choices"][0]["message"]
+        if reasoning is None:
+            want = 0
+            assert msg["content"] == reply and "reasoning_content" not in msg
+        else:
+            assert msg["reasoning_content"] == reasoning and msg["content"] == "It is 5."
+            # every token up to and including </think> (and <think> when the reply opens it)
+            want = byte_tokens(reply[:reply.index("</think>") + len("</think>")])
+            assert want == byte_tokens(reasoning) + (2 if template == "think" else 1)
+        u = j["usage"]
+        assert_usage_shape(u, want)
+        assert u["completion_tokens"] >= byte_tokens(reply)
+        # the stream's include_usage chunk says the same
+        st, events, raw = s.stream("/v1/chat/completions", {"model": "m", "messages": USER, "max_tokens": 400,
+                                                            "stream": True, "stream_options": {"include_usage": True}})
+        assert st == 200 and events[-1] == "[DONE]", raw[-500:]
+        assert events[-2]["choices"] == []
+        assert_usage_shape(events[-2]["usage"], want)
+        assert events[-2]["usage"]["completion_tokens"] == u["completion_tokens"]
+        # n choices: the counts add up
+        k = chat(s, n=2)
+        assert k["usage"]["completion_tokens_details"]["reasoning_tokens"] == 2 * want
+        # a reply cut inside the reasoning: every token is a reasoning token
+        if template == "think":
+            c = chat(s, max_tokens=4)
+            assert c["usage"]["completion_tokens"] == 4
+            assert c["usage"]["completion_tokens_details"]["reasoning_tokens"] == 4
+        # the legacy endpoint has the same usage object (no reasoning split there)
+        st, p = s.post("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 400})
+        assert st == 200, p
+        assert_usage_shape(p["usage"], 0)
+        # the SDK parses the details
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        r = client.chat.completions.create(model="m", messages=USER, max_tokens=400)
+        assert r.usage.completion_tokens_details.reasoning_tokens == want
+        assert r.usage.completion_tokens_details.accepted_prediction_tokens == 0
+        assert r.usage.prompt_tokens_details.cached_tokens >= 0
+        chunks = list(client.chat.completions.create(model="m", messages=USER, max_tokens=400, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == want
+        q = client.completions.create(model="m", prompt="Hi", max_tokens=400)
+        assert q.usage.completion_tokens_details.reasoning_tokens == 0
+    finally:
+        assert s.stop() == 0, s.log()
