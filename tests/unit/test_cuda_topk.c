@@ -146,9 +146,9 @@ static void test_op_vs_twin(void) {
 
 /* ---- model_step with graphs ---- */
 
-#define FIXTURE SMELT_SOURCE_DIR "/tests/data/ref/llama-f32.gguf"
-
 static void test_model_step_graphs(void) {
+    char FIXTURE[4096];
+    snprintf(FIXTURE, sizeof FIXTURE, "%s/tests/data/ref/llama-f32.gguf", t_source_dir());
     struct err e;
     struct gguf_file *f = NULL;
     struct model *m = NULL;

@@ -1035,7 +1035,10 @@ static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p
     const int nk = 8192 / (a->dk * (a->cache_type == QT_F32 ? 4 : 2)); /* keys per stage */
     const uint64_t row_bytes = (uint64_t)a->n_head * (uint64_t)(a->dv + 2) * sizeof(float);
     p->dec_slots = (int)slots;
-    p->dec_min_keys = a->split_keys > 0 ? a->split_keys : 2 * nk;
+    /* one stage per split: measured on the H200 (graphs of 100 calls, 1 sequence) against
+     * two stages: 8B shape @256 keys 9.3 vs 13.6 us, 0.5B shape @256 10.7 vs 14.6, equal at
+     * 16 and 4096 keys */
+    p->dec_min_keys = a->split_keys > 0 ? a->split_keys : nk;
     p->dec_split = choose_split(slots * a->n_kv, a->max_keys, p->dec_min_keys, 64, target, a->split);
     if (slots * a->n_kv > ATTN_CNT) p->dec_split = 1;
     if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)slots * p->dec_split * row_bytes);
