@@ -258,6 +258,41 @@ struct mmv_acc {
     }
 };
 
+/* Q4_K: {d, dmin} and the 24-bit scale/min field of unit u's sub-block pair from the four
+ * words of its super-block's repacked scales (layout below). */
+static __device__ __forceinline__ void q4k_scales(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int u,
+                                                  float2 *dm, uint32_t *pk) {
+    const int g = (u & 7) >> 1;
+    *dm = __half22float2(*(const __half2 *)&w0);
+    *pk = g == 0 ? w1 : g == 1 ? w2 : g == 2 ? w3 : (w1 >> 24) | ((w2 >> 24) << 8) | ((w3 >> 24) << 16);
+}
+
+/* Q4_K: unit u (16 B of nibbles, R rows) against the N token rows' int8 activations. */
+template <int N, int R>
+static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 *qv, const float2 *dm,
+                                                const uint32_t *pk, const int8_t *xq, const float2 *xds,
+                                                const float *xs, int u, int k) {
+    const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
+    const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const int8_t *xt = xq + (int64_t)t * k;
+        const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
+        const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
+        const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4 w = qv[r];
+            const uint4 lo = make_uint4(w.x & 0x0f0f0f0fu, w.y & 0x0f0f0f0fu, w.z & 0x0f0f0f0fu, w.w & 0x0f0f0f0fu);
+            const uint4 hi = make_uint4((w.x >> 4) & 0x0f0f0f0fu, (w.y >> 4) & 0x0f0f0f0fu, (w.z >> 4) & 0x0f0f0f0fu,
+                                        (w.w >> 4) & 0x0f0f0f0fu);
+            const int da = dot16(lo, xa), db = dot16(hi, xb);
+            acc.v[r][t] += dm[r].x * ((float)(pk[r] & 63) * dxa * (float)da + (float)((pk[r] >> 12) & 63) * dxb * (float)db) -
+                           dm[r].y * ((float)((pk[r] >> 6) & 63) * sxa + (float)((pk[r] >> 18) & 63) * sxb);
+        }
+    }
+}
+
 /* Q4_K split layout: q = 128 B of nibbles per super-block; s = 16 B per super-block:
  * word 0 = {d, dmin} (half2), words 1..3 = the 6-bit scales and mins re-packed at upload
  * so that pair g of sub-blocks (2g, 2g+1) is one 24-bit field {sc_a, m_a, sc_b, m_b}:
@@ -279,65 +314,66 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mrow_ref rr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
-    /* The 16 B of scales of a super-block serve its 8 units, i.e. 8 neighbouring lanes.
-     * With several token rows (SH) lane j of each group of 8 loads only word j % 4 and the
-     * group shares them by shuffles: 4 registers per unit and row instead of 16, which the
-     * N accumulators need (measured on the H200, n = 8: GLU 14336x4096 153 -> 105 us, batched
-     * decode x8 630 -> 826 tok/s); with one token row the 16-byte load is faster (4096x4096
-     * 4.6 vs 4.9 us). Every lane runs every iteration (the bound is uniform) so shuffles see
-     * the whole warp; out-of-range units run on clamped loads and are not accumulated. */
-    constexpr bool SH = N > 1;
-    const int gbase = lane & ~7;
-    for (int base = 0; base < n_units; base += 32 * MMV_U) {
-        /* load phase: MMV_U units x R rows in flight before any math */
-        uint4 qv[MMV_U][R], sv4[MMV_U][R];
-        uint32_t sv[MMV_U][R];
+    if (N == 1) {
+        /* one token row: each lane loads the 16 B of scales of its unit's super-block */
+        for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
+            /* load phase: MMV_U units x R rows in flight before any math */
+            uint4 qv[MMV_U][R], sv[MMV_U][R];
 #pragma unroll
-        for (int i = 0; i < MMV_U; i++) {
-            const int u = min(base + lane + 32 * i, n_units - 1);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
-                if (SH) sv[i][r] = ((const uint32_t *)rr[r].s)[(rr[r].row * nsb + (u >> 3)) * 4 + (lane & 3)];
-                else sv4[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
-            }
-        }
-        if (base == 0) pdl_wait(); /* the first weights are in flight; activations next */
-#pragma unroll
-        for (int i = 0; i < MMV_U; i++) {
-            const int u = base + lane + 32 * i;
-            const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
-            float2 dm[R];
-            uint32_t pk[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const uint32_t w0 = SH ? __shfl_sync(0xffffffffu, sv[i][r], gbase) : sv4[i][r].x;
-                const uint32_t w1 = SH ? __shfl_sync(0xffffffffu, sv[i][r], gbase + 1) : sv4[i][r].y;
-                const uint32_t w2 = SH ? __shfl_sync(0xffffffffu, sv[i][r], gbase + 2) : sv4[i][r].z;
-                const uint32_t w3 = SH ? __shfl_sync(0xffffffffu, sv[i][r], gbase + 3) : sv4[i][r].w;
-                dm[r] = __half22float2(*(const __half2 *)&w0);
-                pk[r] = g == 0 ? w1 : g == 1 ? w2 : g == 2 ? w3 : (w1 >> 24) | ((w2 >> 24) << 8) | ((w3 >> 24) << 16);
-            }
-            if (u >= n_units) continue;
-            const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
-#pragma unroll
-            for (int t = 0; t < N; t++) {
-                const int8_t *xt = xq + (int64_t)t * k;
-                const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
-                const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
-                const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+            for (int i = 0; i < MMV_U; i++) {
+                const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const uint4 w = qv[i][r];
-                    const uint4 lo = make_uint4(w.x & 0x0f0f0f0fu, w.y & 0x0f0f0f0fu, w.z & 0x0f0f0f0fu,
-                                                w.w & 0x0f0f0f0fu);
-                    const uint4 hi = make_uint4((w.x >> 4) & 0x0f0f0f0fu, (w.y >> 4) & 0x0f0f0f0fu,
-                                                (w.z >> 4) & 0x0f0f0f0fu, (w.w >> 4) & 0x0f0f0f0fu);
-                    const int da = dot16(lo, xa), db = dot16(hi, xb);
-                    acc.v[r][t] += dm[r].x * ((float)(pk[r] & 63) * dxa * (float)da +
-                                              (float)((pk[r] >> 12) & 63) * dxb * (float)db) -
-                                   dm[r].y * ((float)((pk[r] >> 6) & 63) * sxa + (float)((pk[r] >> 18) & 63) * sxb);
+                    qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
+                    sv[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
                 }
+            }
+            if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
+#pragma unroll
+            for (int i = 0; i < MMV_U; i++) {
+                const int u = u0 + 32 * i;
+                if (u >= n_units) break;
+                float2 dm[R];
+                uint32_t pk[R];
+#pragma unroll
+                for (int r = 0; r < R; r++) q4k_scales(sv[i][r].x, sv[i][r].y, sv[i][r].z, sv[i][r].w, u, &dm[r], &pk[r]);
+                q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, xs, u, k);
+            }
+        }
+    } else {
+        /* Several token rows: the N accumulators need the registers, so the 16 B of scales
+         * of a super-block (shared by its 8 units, i.e. 8 neighbouring lanes) are loaded one
+         * word per lane (word j % 4 by lane j of each group of 8) and shared by shuffles: 4
+         * registers per unit and row instead of 16. Measured on the H200, n = 8: GLU
+         * 14336x4096 153 -> 105 us, batched decode x8 630 -> 826 tok/s; with one row the
+         * 16-byte load above is faster (4096x4096 4.6 vs 4.9 us). Every lane runs every
+         * iteration (uniform bound) so the shuffles see the whole warp; out-of-range units
+         * run on clamped loads and are not accumulated. */
+        const int gbase = lane & ~7;
+        for (int base = 0; base < n_units; base += 32 * MMV_U) {
+            uint4 qv[MMV_U][R];
+            uint32_t sv[MMV_U][R];
+#pragma unroll
+            for (int i = 0; i < MMV_U; i++) {
+                const int u = min(base + lane + 32 * i, n_units - 1);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
+                    sv[i][r] = ((const uint32_t *)rr[r].s)[(rr[r].row * nsb + (u >> 3)) * 4 + (lane & 3)];
+                }
+            }
+            if (base == 0) pdl_wait();
+#pragma unroll
+            for (int i = 0; i < MMV_U; i++) {
+                const int u = base + lane + 32 * i;
+                float2 dm[R];
+                uint32_t pk[R];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    q4k_scales(__shfl_sync(0xffffffffu, sv[i][r], gbase), __shfl_sync(0xffffffffu, sv[i][r], gbase + 1),
+                               __shfl_sync(0xffffffffu, sv[i][r], gbase + 2),
+                               __shfl_sync(0xffffffffu, sv[i][r], gbase + 3), u, &dm[r], &pk[r]);
+                if (u < n_units) q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, xs, u, k);
             }
         }
     }
