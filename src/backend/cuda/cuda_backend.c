@@ -565,12 +565,18 @@ static void gemm(struct cuda_backend *cb, const struct cuda_qweight *qw, const f
         int64_t tile = (int64_t)(GEMM_TILE_BYTES / ((size_t)k * 2));
         if (tile < 64) tile = 64;
         if (tile > rows) tile = rows;
-        void *wh = scratch(cb, (size_t)(tile * k) * 2);
-        if (!xh || !wh) return;
+        void *wh = qw->type == QT_F16 ? NULL : scratch(cb, (size_t)(tile * k) * 2);
+        if (!xh || (qw->type != QT_F16 && !wh)) return;
         cuda_f32_to_f16(xh, x, k * n, cb->stream);
         prof_mark(cb, 0, "act f32->f16");
         cs = CUBLAS_STATUS_SUCCESS;
-        for (int64_t r0 = 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS; r0 += tile) {
+        if (qw->type == QT_F16) { /* F16 weights are already what cuBLAS reads: no tile copy */
+            cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, qw->q,
+                              CUDA_R_16F, (int)k, xh, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            prof_mark(cb, qw->bytes, "cublas f16 gemm n=%lld k=%lld", (long long)n, (long long)k);
+        }
+        for (int64_t r0 = qw->type == QT_F16 ? rows : 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS; r0 += tile) {
             int64_t nr = rows - r0 < tile ? rows - r0 : tile;
             cuda_dequant_f16(wh, qw, r0, nr, cb->stream);
             prof_mark(cb, qw->bytes * (uint64_t)nr / (uint64_t)rows, "dequant %s->f16", qtype_name(qw->type));
