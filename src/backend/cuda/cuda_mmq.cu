@@ -652,54 +652,40 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
     __syncthreads(); /* (the next write of the flag is two main-loop barriers away) */
     if (!*flag) return;
     __threadfence();
-    /* Sum the partials in block order (the result does not depend on timing), this block's
-     * own one read back like the others (so its accumulators are free): G contributors'
-     * loads in flight per L2 round trip. */
-    constexpr int LOADS = C::MINB == 2 ? 32 : 64; /* floats in flight per thread */
-    constexpr int F = NACC / 4, G = LOADS / NACC > 1 ? LOADS / NACC : 1;
-    float4 sum[F];
-#pragma unroll
-    for (int f = 0; f < F; f++)
-        sum[f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const long long first_tile_of_lo = unit_begin(a, b_lo) / a.nsb;
-    for (long long bb = b_lo; bb <= b_hi; bb += G) {
-        float4 v[G][F];
-#pragma unroll
-        for (int gg = 0; gg < G; gg++)
-            if (bb + gg <= b_hi) {
-                /* every contributor after b_lo starts its range inside this tile (slot 0);
-                 * b_lo's range may start in an earlier tile (then this is its slot 1) */
-                const int sl = (bb + gg == b_lo && first_tile_of_lo != tile) ? 1 : 0;
-                const float4 *rp = (const float4 *)(a.work + ((bb + gg) * 2 + sl) *
-                                                                 (long long)(MMQ_THREADS * NACC)) +
-                                   tid * F;
-#pragma unroll
-                for (int f = 0; f < F; f++)
-                    v[gg][f] = __ldcg(rp + f); /* L2: other SMs wrote them */
-            }
-#pragma unroll
-        for (int gg = 0; gg < G; gg++)
-            if (bb + gg <= b_hi)
-#pragma unroll
-                for (int f = 0; f < F; f++) {
-                    sum[f].x += v[gg][f].x;
-                    sum[f].y += v[gg][f].y;
-                    sum[f].z += v[gg][f].z;
-                    sum[f].w += v[gg][f].w;
-                }
-    }
-    float out[RT][NT][4];
+    float sum[RT][NT][4];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float4 q = sum[rt * NT + nt];
-            out[rt][nt][0] = q.x;
-            out[rt][nt][1] = q.y;
-            out[rt][nt][2] = q.z;
-            out[rt][nt][3] = q.w;
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sum[rt][nt][i] = 0.0f;
+    for (long long bb = b_lo; bb <= b_hi; bb++) { /* block order: independent of timing */
+        if (bb == b) {
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        sum[rt][nt][i] += acc[rt][nt][i];
+            continue;
         }
-    store_y<RT, NT>(a, out, row0, tok0, wm, wn, lane);
+        const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
+        const float4 *rp =
+            (const float4 *)(a.work + ((bb * 2 + sl) * MMQ_THREADS + tid) * (long long)NACC);
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float4 p = __ldcg(rp + rt * NT + nt); /* L2: another SM wrote it */
+                sum[rt][nt][0] += p.x;
+                sum[rt][nt][1] += p.y;
+                sum[rt][nt][2] += p.z;
+                sum[rt][nt][3] += p.w;
+            }
+    }
+    store_y<RT, NT>(a, sum, row0, tok0, wm, wn, lane);
 }
 
 template <uint32_t T, int I>
@@ -859,11 +845,9 @@ static mmq_plan plan_of(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k
 }
 
 /* Heuristic: the token width is the smallest tile width >= n (at most 64; wider n takes
- * several token tiles); 256 weight rows where that leaves at least 4 units per block (the
- * activations are re-read once per row tile, so taller tiles read less of them; but a tile
- * split between many blocks costs its last block the sum of all their partials), else 128
- * (4096-row matrices at n <= 128, K/V projections). Tiles that do not fit the device are
- * skipped. */
+ * several token tiles); 256 weight rows where that leaves at least one unit per block (the
+ * activations are re-read once per row tile, so taller tiles read less of them), else 128
+ * (few-row matrices: K/V projections). Tiles that do not fit the device are skipped. */
 static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n) {
     const int ti = type_index(type);
     int want[2];
@@ -874,9 +858,7 @@ static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, i
         const int t = want[c];
         if (!d->occ[ti][t]) continue;
         const mmq_plan p = plan_of(d, type, rows, k, n, t);
-        /* >= 4 units a block: a split tile has few contributors, so the last one's sum of
-         * the partials (one SM reading them all from L2) stays short */
-        if (c == 1 || p.units >= 4LL * p.grid) return t;
+        if (c == 1 || p.units >= (long long)d->n_sm * d->occ[ti][t]) return t;
     }
     for (int t = 0; t < N_TILES; t++) /* anything that fits */
         if (d->occ[ti][t]) return t;
