@@ -11,7 +11,7 @@
  *     downloads land in pinned memory and are copied out at sync.
  * Ops are enqueued on one stream; the first error is sticky (bk_fail) and bk_sync
  * reports it. Matrix products with <= 8 token rows use the mmv kernels; up to
- * MMQ_MAX_ROWS rows the int8 tensor-core kernel (cuda_mmq.h) where the type has one; more
+ * MMQ_MAX_ROWS rows the tensor-core kernel (cuda_mmq.h) where the type has one; more
  * rows dequantize the weight to F16 in row tiles and call cuBLAS (F32 weights: FP32 GEMM). */
 #include "backend/cuda/cuda_backend.h"
 
