@@ -166,9 +166,6 @@ TILE_DRIVER(bf16, BF16_TILE)
 
 /* ---- legacy 32-blocks × Q8_32, two blocks per zmm ---- */
 
-INLINE int legacy_offset(uint32_t t) {
-    return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : (t == QT_Q8_0 || t == QT_IQ4_NL) ? 128 : 0;
-}
 INLINE int legacy_has_min(uint32_t t) {
     return t == QT_Q4_1 || t == QT_Q5_1;
 }
