@@ -443,8 +443,8 @@ static void test_quantizers_identical(void) {
         int v7 = 128 * hi[7] + lo[7];
         memset(a, 0, sizeof a);
         memset(b, 0, sizeof b);
-        cpu_quantize_x16_K_scalar(x, a, k);
-        cpu_quantize_x16_K_avx2(x, b, k);
+        cpu_quantize_x16_scalar(x, a, k);
+        cpu_quantize_x16_avx2(x, b, k);
         T_CHECK(memcmp(a, b, 2 * (size_t)k + 4 * (size_t)(k / 16) + 4) == 0);
         const int16_t *v16 = (const int16_t *)a;
         float sv0 = 0;

@@ -28,9 +28,9 @@
  *                   int8_t hi[k] @0 | int8_t lo[k] @kp | int32_t neg[k/4] @2kp (minus the
  *                   sum of v over each 4 elements: the VNNI kernels' +128 weight offset) |
  *                   float sv[k/32] @3kp (sum of v per block, for Q4_1/Q5_1 mins) | float D
- *   CPU_ACT_X16_K the values as int16 for the K-quant kernels that multiply 16-bit weights
- *                 (one row): int16_t v[k] @0 | float sv[k/16] @2k (sum of v per 16) |
- *                 float D @2k + k/4
+ *   CPU_ACT_X16   the values as int16 for kernels that multiply 16-bit weights (AVX-512
+ *                 K-quant prefill; AVX2 legacy types and K-quant prefill), one row:
+ *                 int16_t v[k] @0 | float sv[k/16] @2k (sum of v per 16) | float D
  * Every quantizer (scalar, SIMD) computes the same f32 products and rounding, so all paths
  * dot the same integers.
  *
@@ -54,7 +54,7 @@ enum cpu_act {
     CPU_ACT_Q8_32,
     CPU_ACT_Q8_K,
     CPU_ACT_X2_32,
-    CPU_ACT_X16_K,
+    CPU_ACT_X16,
     CPU_ACT_COUNT
 };
 
@@ -99,9 +99,9 @@ void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k);
 void cpu_quantize_x2_32_scalar(const float *x, void *q, int64_t k);
-void cpu_quantize_x16_K_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_x2_32_avx2(const float *x, void *q, int64_t k);
-void cpu_quantize_x16_K_avx2(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_avx2(const float *x, void *q, int64_t k);
 
 /* Rows (planes) per X row of a format. */
 static inline int cpu_act_planes(enum cpu_act act) {
@@ -121,7 +121,7 @@ static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
     case CPU_ACT_X2_32:
         n = 3 * ((n + 63) & ~(size_t)63) + n / 8 + 4;
         break;
-    case CPU_ACT_X16_K:
+    case CPU_ACT_X16:
         n = 2 * n + n / 4 + 4;
         break;
     case CPU_ACT_F32:
@@ -163,7 +163,7 @@ static inline const float *cpu_x2_sv(const void *x, int64_t k) {
 static inline float cpu_x2_D(const void *x, int64_t k) {
     return cpu_x2_sv(x, k)[k / 32];
 }
-/* Sections of an X16_K row. */
+/* Sections of an X16 row. */
 static inline const float *cpu_x16_sv(const void *x, int64_t k) {
     return (const float *)((const int16_t *)x + k);
 }

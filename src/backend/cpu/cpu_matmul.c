@@ -34,7 +34,7 @@ static void init_tables(void) {
     g_quant[CPU_ISA_SCALAR][CPU_ACT_Q8_32] = cpu_quantize_q8_32_scalar;
     g_quant[CPU_ISA_SCALAR][CPU_ACT_Q8_K] = cpu_quantize_q8_K_scalar;
     g_quant[CPU_ISA_SCALAR][CPU_ACT_X2_32] = cpu_quantize_x2_32_scalar;
-    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_K] = cpu_quantize_x16_K_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16] = cpu_quantize_x16_scalar;
     for (int i = 1; i < CPU_ISA_COUNT; i++) {
         memcpy(g_tab[i], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
         memcpy(g_quant[i], g_quant[CPU_ISA_SCALAR], sizeof g_quant[0]);
@@ -44,7 +44,7 @@ static void init_tables(void) {
     g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_32] = cpu_quantize_q8_32_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_K] = cpu_quantize_q8_K_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_X2_32] = cpu_quantize_x2_32_avx2;
-    g_quant[CPU_ISA_AVX2][CPU_ACT_X16_K] = cpu_quantize_x16_K_avx2;
+    g_quant[CPU_ISA_AVX2][CPU_ACT_X16] = cpu_quantize_x16_avx2;
     memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
     memcpy(g_quant[CPU_ISA_AVX512], g_quant[CPU_ISA_AVX2], sizeof g_quant[0]);
     cpu_kernels_avx512(g_tab[CPU_ISA_AVX512]);

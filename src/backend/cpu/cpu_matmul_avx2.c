@@ -149,7 +149,7 @@ void cpu_quantize_x2_32_avx2(const float *x, void *q, int64_t k) {
     sv[k / 32] = amax / (float)CPU_ACT_VMAX;
 }
 
-void cpu_quantize_x16_K_avx2(const float *x, void *q, int64_t k) {
+void cpu_quantize_x16_avx2(const float *x, void *q, int64_t k) {
     int16_t *v16 = q;
     float *sv = (float *)(v16 + k);
     float amax = row_amax(x, k);
@@ -259,9 +259,6 @@ TILE_DRIVER(bf16, BF16_TILE)
 
 /* ---- legacy 32-blocks × Q8_32 ---- */
 
-INLINE __m256i dot_u8s8_32(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
 
 /* 32 bits → 32 bytes of 0x10 where the bit is set (byte j ← bit j). */
 INLINE __m256i bits_to_0x10(uint32_t bits) {
@@ -334,24 +331,45 @@ INLINE int legacy_has_min(uint32_t t) {
     return t == QT_Q4_1 || t == QT_Q5_1;
 }
 
-/* y = sum over blocks of d_w·d_x·(sum q·x - OFF·sum x) [+ m_w·d_x·sum x]. */
-/* Packed prefill layout (see cpu_kernels.h): legacy_unpack's bytes, then d and (Q4_1/Q5_1)
- * m per block as f32:  uint8 q[k] | float d[k/32] | float m[k/32]  (64-byte multiple). */
+/* Legacy types against X16 (cpu_kernels.h): the block's 32 signed values v as int16 (from
+ * legacy_unpack on the fly, or from the packed row), two vpmaddwd against the 16-bit
+ * activations give per lane the exact dot of 4 elements (<= 4·128·16256 < 2^24, exact in
+ * f32), then one FMA with d per block; the row scale D at the end:
+ *     y = D · (sum over blocks of d_b · sum v·x16 [+ m_b · sum_b x16]).
+ * Packed prefill layout: int16 v[k] | float d[k/32] | float m[k/32] (Q4_1/Q5_1), 64-byte
+ * multiple, so the tile loop only loads. */
 INLINE size_t packed_legacy_bytes(uint32_t t, int64_t k) {
-    size_t n = (size_t)k + 4 * (size_t)(k / 32) * (legacy_has_min(t) ? 2 : 1);
+    size_t n = 2 * (size_t)k + 4 * (size_t)(k / 32) * (legacy_has_min(t) ? 2 : 1);
     return (n + 63) & ~(size_t)63;
+}
+
+/* The 32 values of block i as two vectors of 16 int16 (v = q - offset, or the signed value). */
+INLINE void legacy_v16(uint32_t t, const char *row, int64_t i, __m256i *v0, __m256i *v1, float *d,
+                       float *m) {
+    __m256i q = legacy_unpack(t, row, i, d, m);
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    if (legacy_signed(t)) {
+        *v0 = _mm256_cvtepi8_epi16(lo);
+        *v1 = _mm256_cvtepi8_epi16(hi);
+    } else {
+        const __m256i off = _mm256_set1_epi16((short)legacy_offset(t));
+        *v0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(lo), off);
+        *v1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(hi), off);
+    }
 }
 
 INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
     const size_t prow = packed_legacy_bytes(t, k);
     const int64_t nb = k / 32;
     for (int r = 0; r < nr; r++) {
-        uint8_t *q = (uint8_t *)dst + r * prow;
-        float *d = (float *)(q + k), *m = d + nb;
+        int16_t *v = (int16_t *)((char *)dst + r * prow);
+        float *d = (float *)(v + k), *m = d + nb;
         for (int64_t i = 0; i < nb; i++) {
+            __m256i v0, v1;
             float mm = 0.0f;
-            __m256i v = legacy_unpack(t, (const char *)w + r * ws, i, &d[i], &mm);
-            _mm256_store_si256((__m256i *)(q + 32 * i), v);
+            legacy_v16(t, (const char *)w + r * ws, i, &v0, &v1, &d[i], &mm);
+            _mm256_store_si256((__m256i *)(v + 32 * i), v0);
+            _mm256_store_si256((__m256i *)(v + 32 * i + 16), v1);
             if (legacy_has_min(t)) m[i] = mm;
         }
     }
@@ -368,41 +386,33 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
         acc[r][c] = _mm256_setzero_ps();
         macc[r][c] = 0.0f;
     }
-    const float *xd[2];
-    const int16_t *xsum[2];
+    const float *xsv[2];
     UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xsum[c] = cpu_act_s32(x + c * xs, k);
-    }
-    const int off = legacy_offset(t);
+    for (int c = 0; c < C; c++)
+        xsv[c] = cpu_x16_sv(x + c * xs, k);
     for (int64_t i = 0; i < k / 32; i++) {
-        __m256i xv[2], corr[2];
-        UNROLL
-        for (int c = 0; c < C; c++) {
-            xv[c] = _mm256_load_si256((const __m256i *)(x + c * xs + 32 * i));
-            if (off) corr[c] = _mm256_setr_epi32(-off * xsum[c][i], 0, 0, 0, 0, 0, 0, 0);
-        }
         UNROLL
         for (int r = 0; r < R; r++) {
+            __m256i v0, v1;
             float d, m = 0.0f;
-            __m256i q;
             if (packed) {
-                const float *pd = (const float *)(w + r * ws + k);
-                q = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
+                const int16_t *pv = (const int16_t *)(w + r * ws);
+                const float *pd = (const float *)(pv + k);
+                v0 = _mm256_load_si256((const __m256i *)(pv + 32 * i));
+                v1 = _mm256_load_si256((const __m256i *)(pv + 32 * i + 16));
                 d = pd[i];
                 if (legacy_has_min(t)) m = pd[k / 32 + i];
             } else {
-                q = legacy_unpack(t, w + r * ws, i, &d, &m);
+                legacy_v16(t, w + r * ws, i, &v0, &v1, &d, &m);
             }
-            __m256i aq = legacy_signed(t) ? _mm256_sign_epi8(q, q) : q;
             UNROLL
             for (int c = 0; c < C; c++) {
-                __m256i p = dot_u8s8_32(aq, legacy_signed(t) ? _mm256_sign_epi8(xv[c], q) : xv[c]);
-                if (off) p = _mm256_add_epi32(p, corr[c]);
-                acc[r][c] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-                if (legacy_has_min(t)) macc[r][c] += m * xd[c][i] * (float)xsum[c][i];
+                const int16_t *xv = (const int16_t *)(x + c * xs) + 32 * i;
+                __m256i p =
+                    _mm256_add_epi32(_mm256_madd_epi16(v0, _mm256_load_si256((const __m256i *)xv)),
+                                     _mm256_madd_epi16(v1, _mm256_load_si256((const __m256i *)(xv + 16))));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc[r][c]);
+                if (legacy_has_min(t)) macc[r][c] += m * (xsv[c][2 * i] + xsv[c][2 * i + 1]);
             }
         }
     }
@@ -410,7 +420,7 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]) + macc[r][c];
+        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * (hsum_ps(acc[r][c]) + macc[r][c]);
 }
 #define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, 0, R, C, __VA_ARGS__)
 #define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, 0, R, C, __VA_ARGS__)
@@ -418,16 +428,11 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
 #define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, 0, R, C, __VA_ARGS__)
 #define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, 0, R, C, __VA_ARGS__)
 #define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, 0, R, C, __VA_ARGS__)
-#define Q4_0_PTILE(R, C, ...) legacy_tile(QT_Q4_0, 1, R, C, __VA_ARGS__)
-#define Q4_1_PTILE(R, C, ...) legacy_tile(QT_Q4_1, 1, R, C, __VA_ARGS__)
-#define Q5_0_PTILE(R, C, ...) legacy_tile(QT_Q5_0, 1, R, C, __VA_ARGS__)
-#define Q5_1_PTILE(R, C, ...) legacy_tile(QT_Q5_1, 1, R, C, __VA_ARGS__)
-#define IQ4_NL_PTILE(R, C, ...) legacy_tile(QT_IQ4_NL, 1, R, C, __VA_ARGS__)
-TILE_DRIVER(packed_q4_0, Q4_0_PTILE)
-TILE_DRIVER(packed_q4_1, Q4_1_PTILE)
-TILE_DRIVER(packed_q5_0, Q5_0_PTILE)
-TILE_DRIVER(packed_q5_1, Q5_1_PTILE)
-TILE_DRIVER(packed_iq4_nl, IQ4_NL_PTILE)
+/* Packed rows hold int16 values for every legacy type: one kernel with and one without mins. */
+#define PACKED_TILE(R, C, ...) legacy_tile(QT_Q8_0, 1, R, C, __VA_ARGS__)
+#define PACKED_MIN_TILE(R, C, ...) legacy_tile(QT_Q4_1, 1, R, C, __VA_ARGS__)
+TILE_DRIVER(packed_legacy, PACKED_TILE)
+TILE_DRIVER(packed_legacy_min, PACKED_MIN_TILE)
 #define PACK_FNS(name, T)                                                                          \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
         pack_legacy(T, k, w, ws, nr, dst);                                                         \
@@ -435,6 +440,7 @@ TILE_DRIVER(packed_iq4_nl, IQ4_NL_PTILE)
     static size_t packed_bytes_##name(int64_t k) {                                                 \
         return packed_legacy_bytes(T, k);                                                          \
     }
+PACK_FNS(q8_0, QT_Q8_0)
 PACK_FNS(q4_0, QT_Q4_0)
 PACK_FNS(q4_1, QT_Q4_1)
 PACK_FNS(q5_0, QT_Q5_0)
@@ -986,66 +992,87 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
     memcpy(o + 548, &dm, 4);
 }
 
-INLINE size_t kp_bytes(int64_t k) {
-    return (size_t)(k / 256) * KP_BYTES;
+
+/* K-quant prefill against X16: the super-block as 16-bit sc·v (kp_pack_block's u, sc and
+ * offsets folded: Q6_K v = u - 32, Q3_K v = u - 4, the others v = u with their mins kept
+ * as dmin·m per 16), so vpmaddwd does the dot with the 16-bit activations. The same layout
+ * as the AVX-512 packing (K16_PACKED bytes): int16 w16[256] | float mf[16] | float d. Two
+ * i32 accumulators per super-block (16 products of <= 4096·16256 < 2^30 per lane each). */
+#define K16_PACKED 640
+
+INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
+    _Alignas(32) uint8_t o[KP_BYTES];
+    kp_pack_block(t, row, i, o);
+    const int off = t == QT_Q6_K ? 32 : t == QT_Q3_K ? 4 : 0;
+    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
+    float d, dm, mf[16];
+    memcpy(&d, o + 544, 4);
+    memcpy(&dm, o + 548, 4);
+    for (int g = 0; g < 16; g++) {
+        int16_t sc, mn;
+        memcpy(&sc, o + 256 + 32 * (g / 2) + 16 * (g % 2), 2); /* pair_bcast layout */
+        memcpy(&mn, o + 512 + 2 * g, 2);
+        __m256i u = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *)(o + 16 * g)));
+        u = _mm256_sub_epi16(u, _mm256_set1_epi16((short)off));
+        _mm256_store_si256((__m256i *)(p + 32 * g), _mm256_mullo_epi16(u, _mm256_set1_epi16(sc)));
+        mf[g] = has_min ? dm * (float)mn : 0.0f;
+    }
+    memcpy(p + 512, mf, 64);
+    memcpy(p + 576, &d, 4);
 }
 
-INLINE void kp_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+INLINE size_t k16_bytes(int64_t k) {
+    return (size_t)(k / 256) * K16_PACKED;
+}
+
+INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
     for (int r = 0; r < nr; r++)
         for (int64_t i = 0; i < k / 256; i++)
-            kp_pack_block(t, (const char *)w + r * ws, i,
-                          (uint8_t *)dst + r * kp_bytes(k) + i * KP_BYTES);
+            k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * k16_bytes(k) + i * K16_PACKED);
 }
 
-INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
-                    float *y, size_t ys) {
+INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                     size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
         acc[r][c] = _mm256_setzero_ps();
-    const float *xd[2];
-    const int16_t *xb[2];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xb[c] = cpu_act_sK(x + c * xs, k);
-    }
     for (int64_t i = 0; i < k / 256; i++) {
-        __m256i bs[2];
-        UNROLL
-        for (int c = 0; c < C; c++)
-            bs[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
         UNROLL
         for (int r = 0; r < R; r++) {
-            const uint8_t *o = (const uint8_t *)(w + r * ws) + i * KP_BYTES;
-            __m256i isum[2];
+            const char *p = w + r * ws + i * K16_PACKED;
+            float d;
+            memcpy(&d, p + 576, 4);
+            const __m256 vd = _mm256_set1_ps(d);
             UNROLL
-            for (int c = 0; c < C; c++)
-                isum[c] = _mm256_setzero_si256();
-            UNROLL
-            for (int s = 0; s < 8; s++) {
-                __m256i q = _mm256_load_si256((const __m256i *)(o + 32 * s));
-                __m256i scv = _mm256_load_si256((const __m256i *)(o + 256 + 32 * s));
+            for (int h = 0; h < 2; h++) { /* halves of 128: one i32 accumulator per column */
+                __m256i a[2];
                 UNROLL
-                for (int c = 0; c < C; c++) {
-                    __m256i xv =
-                        _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * s));
-                    isum[c] = _mm256_add_epi32(isum[c],
-                                               _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), scv));
+                for (int c = 0; c < C; c++)
+                    a[c] = _mm256_setzero_si256();
+                UNROLL
+                for (int j = 8 * h; j < 8 * h + 8; j++) {
+                    __m256i wv = _mm256_load_si256((const __m256i *)(p + 32 * j));
+                    UNROLL
+                    for (int c = 0; c < C; c++)
+                        a[c] = _mm256_add_epi32(
+                            a[c], _mm256_madd_epi16(wv, _mm256_load_si256((const __m256i *)(x + c * xs + 512 * i + 32 * j))));
                 }
+                UNROLL
+                for (int c = 0; c < C; c++)
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[c]), vd, acc[r][c]);
             }
-            __m256i mn = _mm256_load_si256((const __m256i *)(o + 512));
-            float d, dm;
-            memcpy(&d, o + 544, 4);
-            memcpy(&dm, o + 548, 4);
             UNROLL
             for (int c = 0; c < C; c++) {
-                __m256 msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs[c]));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
-                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-                acc[r][c] = _mm256_fnmadd_ps(msum, _mm256_set1_ps(dm * xd[c][i]), acc[r][c]);
+                if (has_min) {
+                    const float *sv = cpu_x16_sv(x + c * xs, k) + 16 * i;
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 512)),
+                                                 _mm256_loadu_ps(sv), acc[r][c]);
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 544)),
+                                                 _mm256_loadu_ps(sv + 8), acc[r][c]);
+                }
             }
         }
     }
@@ -1053,78 +1080,55 @@ INLINE void kp_tile(int R, int C, int64_t k, const char *w, size_t ws, const cha
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]);
+        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum_ps(acc[r][c]);
 }
-#define KP_TILE(R, C, ...) kp_tile(R, C, __VA_ARGS__)
-TILE_DRIVER(packed_k, KP_TILE)
+#define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
+#define K16_MIN_TILE(R, C, ...) k16_tile(1, R, C, __VA_ARGS__)
+TILE_DRIVER(packed_k16, K16_TILE)
+TILE_DRIVER(packed_k16_min, K16_MIN_TILE)
 #define KP_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
-        kp_pack(T, k, w, ws, nr, dst);                                                             \
-    }                                                                                              \
-    static size_t packed_bytes_##name(int64_t k) {                                                 \
-        return kp_bytes(k);                                                                        \
+        k16_pack(T, k, w, ws, nr, dst);                                                            \
     }
 KP_FNS(q2_K, QT_Q2_K)
 KP_FNS(q3_K, QT_Q3_K)
 KP_FNS(q4_K, QT_Q4_K)
 KP_FNS(q5_K, QT_Q5_K)
 KP_FNS(q6_K, QT_Q6_K)
+static size_t packed_bytes_k16(int64_t k) {
+    return k16_bytes(k);
+}
 
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
-    tab[QT_Q8_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q8_0};
-    tab[QT_Q4_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q4_0,
-                                       .pack = pack_q4_0,
-                                       .packed_row_bytes = packed_bytes_q4_0,
-                                       .gemm_packed = gemm_packed_q4_0};
-    tab[QT_Q4_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q4_1,
-                                       .pack = pack_q4_1,
-                                       .packed_row_bytes = packed_bytes_q4_1,
-                                       .gemm_packed = gemm_packed_q4_1};
-    tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q5_0,
-                                       .pack = pack_q5_0,
-                                       .packed_row_bytes = packed_bytes_q5_0,
-                                       .gemm_packed = gemm_packed_q5_0};
-    tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                       .gemm = gemm_q5_1,
-                                       .pack = pack_q5_1,
-                                       .packed_row_bytes = packed_bytes_q5_1,
-                                       .gemm_packed = gemm_packed_q5_1};
-    tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32,
-                                         .gemm = gemm_iq4_nl,
-                                         .pack = pack_iq4_nl,
-                                         .packed_row_bytes = packed_bytes_iq4_nl,
-                                         .gemm_packed = gemm_packed_iq4_nl};
-    tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q4_K,
-                                       .pack = pack_q4_K,
-                                       .packed_row_bytes = packed_bytes_q4_K,
-                                       .gemm_packed = gemm_packed_k};
-    tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q6_K,
-                                       .pack = pack_q6_K,
-                                       .packed_row_bytes = packed_bytes_q6_K,
-                                       .gemm_packed = gemm_packed_k};
-    tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q5_K,
-                                       .pack = pack_q5_K,
-                                       .packed_row_bytes = packed_bytes_q5_K,
-                                       .gemm_packed = gemm_packed_k};
-    tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q2_K,
-                                       .pack = pack_q2_K,
-                                       .packed_row_bytes = packed_bytes_q2_K,
-                                       .gemm_packed = gemm_packed_k};
-    tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,
-                                       .gemm = gemm_q3_K,
-                                       .pack = pack_q3_K,
-                                       .packed_row_bytes = packed_bytes_q3_K,
-                                       .gemm_packed = gemm_packed_k};
+#define LEGACY(T, name, ptile)                                                                     \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16,                                               \
+                                 .gemm = gemm_##name,                                              \
+                                 .pack = pack_##name,                                              \
+                                 .packed_row_bytes = packed_bytes_##name,                          \
+                                 .gemm_packed = ptile}
+    LEGACY(QT_Q8_0, q8_0, gemm_packed_legacy);
+    LEGACY(QT_Q4_0, q4_0, gemm_packed_legacy);
+    LEGACY(QT_Q4_1, q4_1, gemm_packed_legacy_min);
+    LEGACY(QT_Q5_0, q5_0, gemm_packed_legacy);
+    LEGACY(QT_Q5_1, q5_1, gemm_packed_legacy_min);
+    LEGACY(QT_IQ4_NL, iq4_nl, gemm_packed_legacy);
+#undef LEGACY
+#define KQUANT(T, name, ptile)                                                                     \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,                                              \
+                                 .gemm = gemm_##name,                                              \
+                                 .pack = pack_##name,                                              \
+                                 .packed_row_bytes = packed_bytes_k16,                             \
+                                 .gemm_packed = ptile,                                             \
+                                 .act_packed = CPU_ACT_X16}
+    KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
+    KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
+    KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);
+    KQUANT(QT_Q5_K, q5_K, gemm_packed_k16_min);
+    KQUANT(QT_Q6_K, q6_K, gemm_packed_k16);
+#undef KQUANT
     tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs};
 }
 #endif

@@ -698,7 +698,7 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
     }
 }
 
-/* ---- K-quants and IQ4_XS, packed prefill path: 16-bit weights × X16_K ----
+/* ---- K-quants and IQ4_XS, packed prefill path: 16-bit weights × X16 ----
  * Packing rewrites a super-block as its signed values times their sub-block scales,
  * w16[n] = sc[g]·v[n] (Q4_K/Q5_K/Q2_K: v = q; Q6_K: q - 32; Q3_K: q - 4; IQ4_XS: the
  * codebook value; |w16| <= 128·32 = 4096), so that
@@ -925,7 +925,7 @@ void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_k16,                             \
                                  .gemm_packed = ptile,                                             \
-                                 .act_packed = CPU_ACT_X16_K}
+                                 .act_packed = CPU_ACT_X16}
     KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
     KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
     KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);

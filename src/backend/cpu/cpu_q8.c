@@ -90,8 +90,8 @@ void cpu_quantize_x2_32_scalar(const float *x, void *q, int64_t k) {
     sv[k / 32] = amax / (float)CPU_ACT_VMAX;
 }
 
-/* X16_K (K-quant kernels with 16-bit weights). */
-void cpu_quantize_x16_K_scalar(const float *x, void *q, int64_t k) {
+/* X16 (K-quant kernels with 16-bit weights). */
+void cpu_quantize_x16_scalar(const float *x, void *q, int64_t k) {
     int16_t *v16 = q;
     float *sv = (float *)(v16 + k);
     float amax = row_amax(x, k);
