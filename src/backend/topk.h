@@ -116,4 +116,30 @@ static inline float topk_key_logit(uint64_t key) {
 }
 static inline int32_t topk_key_token(uint64_t key) { return (int32_t)~(uint32_t)key; }
 
+/* Min-heap of keys (h[0] the smallest kept), to keep the k largest of a stream: the host
+ * op (cpu_topk.c) and the sampler's fallback over a full row (engine/sample.c). */
+static inline void topk_heap_down(uint64_t *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l] < h[m]) m = l;
+        if (r < n && h[r] < h[m]) m = r;
+        if (m == i) return;
+        uint64_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static inline void topk_heap_up(uint64_t *h, int64_t i) {
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (h[p] <= h[i]) return;
+        uint64_t t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
 #endif

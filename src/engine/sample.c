@@ -518,38 +518,14 @@ static struct adj_walk walk_of(const struct sampler *s) {
     return (struct adj_walk){s->adj, s->adj + s->req.adj_n};
 }
 
-static void key_sift_down(uint64_t *h, int64_t n, int64_t i) {
-    for (;;) {
-        int64_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l] < h[m]) m = l;
-        if (r < n && h[r] < h[m]) m = r;
-        if (m == i) return;
-        uint64_t t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static void key_sift_up(uint64_t *h, int64_t i) {
-    while (i > 0) {
-        int64_t p = (i - 1) / 2;
-        if (h[p] <= h[i]) return;
-        uint64_t t = h[i];
-        h[i] = h[p];
-        h[p] = t;
-        i = p;
-    }
-}
-
 /* Min-heap of the k largest keys. */
 static inline void key_offer(uint64_t *h, int64_t *n, int64_t k, uint64_t key) {
     if (*n < k) {
         h[*n] = key;
-        key_sift_up(h, (*n)++);
+        topk_heap_up(h, (*n)++);
     } else if (key > h[0]) {
         h[0] = key;
-        key_sift_down(h, *n, 0);
+        topk_heap_down(h, *n, 0);
     }
 }
 

@@ -22,31 +22,6 @@
 
 #define CHUNK 1024
 
-/* Min-heap of keys: h[0] is the smallest kept. */
-static void sift_down(uint64_t *h, int n, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l] < h[m]) m = l;
-        if (r < n && h[r] < h[m]) m = r;
-        if (m == i) return;
-        uint64_t t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static void sift_up(uint64_t *h, int i) {
-    while (i > 0) {
-        int p = (i - 1) / 2;
-        if (h[p] <= h[i]) return;
-        uint64_t t = h[i];
-        h[i] = h[p];
-        h[p] = t;
-        i = p;
-    }
-}
-
 static int key_desc(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x > y ? -1 : x < y ? 1 : 0;
@@ -126,13 +101,13 @@ void cpu_topk_row(const float *x, int32_t nv, const struct topk_row *req,
         if (a > ma) ma = a;
         if (nh < k) {
             heap[nh] = topk_key(a, i);
-            sift_up(heap, nh++);
+            topk_heap_up(heap, nh++);
             if (nh == k) thr = topk_key_logit(heap[0]);
         } else if (a >= thr) {
             uint64_t key = topk_key(a, i);
             if (key > heap[0]) {
                 heap[0] = key;
-                sift_down(heap, nh, 0);
+                topk_heap_down(heap, nh, 0);
                 thr = topk_key_logit(heap[0]);
             }
         }
