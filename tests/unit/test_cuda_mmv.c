@@ -30,6 +30,7 @@ int main(void) {
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmv.h"
 #include "quant/quant.h"
+#include "util/half.h"
 
 static unsigned long long g_seed = 0x5eed;
 
@@ -57,6 +58,25 @@ static void quantize_like_gpu(const float *x, int64_t nk, float *xhat) {
         for (int i = 0; i < 32; i++) xhat[b + i] = d > 0 ? rintf(x[b + i] / d) * d : 0.0f;
     }
 }
+
+/* Tolerance of a GPU output against y_q, as a fraction of sum|w||x| (float accumulation of
+ * exact integer dots; the K-quants with a min subtract two sums that may each exceed the
+ * result, so they get twice the room). */
+static double mmv_tol(uint32_t type) {
+    switch (type) {
+    case QT_F16: return 1e-5;
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_Q5_K: return 4e-5;
+    default: return 2e-5;
+    }
+}
+
+/* The types with kernels in cuda_mmv_types.cuh, and whether their block is 256 wide. */
+static const uint32_t new_types[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_IQ4_NL,
+                                     QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
+#define N_NEW_TYPES (sizeof new_types / sizeof new_types[0])
+static int is_k256(uint32_t type) { return qtype_get(type)->blck_size == 256; }
 
 #define CK(call)                                                                               \
     do {                                                                                       \
@@ -88,9 +108,9 @@ static void check_case(uint32_t type, int64_t rows, int64_t k, int n) {
     T_EQ_INT(cuda_mmv(&qw, dx, n, dy, scratch, NULL, &e), SMELT_OK);
     CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
     int bad = 0;
-    double err2 = 0, ref2 = 0;
+    double err2 = 0, ref2 = 0, worst = 0;
     const float *xa = type == QT_F16 ? x : xh;
-    double tol_rel = type == QT_F16 ? 1e-5 : 2e-5;
+    double tol_rel = mmv_tol(type);
     for (int t = 0; t < n; t++)
         for (int64_t r = 0; r < rows; r++) {
             double yq = 0, yx = 0, mag = 0;
@@ -100,17 +120,21 @@ static void check_case(uint32_t type, int64_t rows, int64_t k, int n) {
                 mag += fabs((double)deq[r * k + i] * xa[t * k + i]);
             }
             double g = y[t * rows + r];
+            double ratio = fabs(g - yq) / (mag + 1e-30);
+            if (!(ratio <= worst)) worst = ratio; /* NaN sticks */
             if (!(fabs(g - yq) <= tol_rel * mag + 1e-6)) {
                 if (bad++ < 5)
-                    fprintf(stderr, "  %s %lldx%lld n=%d: y[%d][%lld] = %.7g, ref %.7g (mag %.3g)\n",
-                            qtype_name(type), (long long)rows, (long long)k, n, t, (long long)r, g, yq, mag);
+                    fprintf(stderr, "  %s %lldx%lld n=%d: y[%d][%lld] = %.7g, ref %.7g (mag %.3g)%s\n",
+                            qtype_name(type), (long long)rows, (long long)k, n, t, (long long)r, g, yq, mag,
+                            bad == 1 ? " <- first bad" : "");
             }
             err2 += (g - yx) * (g - yx);
             ref2 += yx * yx;
         }
     double rel = sqrt(err2 / ref2);
-    printf("mmv %-5s %5lldx%-5lld n=%d: %s, relative RMS vs exact activations %.2e\n", qtype_name(type),
-           (long long)rows, (long long)k, n, bad ? "MISMATCH" : "ok", rel);
+    printf("mmv %-6s %5lldx%-5lld n=%d: %s, max |err|/sum|w||x| %.1e (tol %.0e), relative RMS vs exact activations "
+           "%.2e\n",
+           qtype_name(type), (long long)rows, (long long)k, n, bad ? "MISMATCH" : "ok", worst, tol_rel, rel);
     T_CHECKF(bad == 0, "%d outputs off", bad);
     T_CHECK(rel < (type == QT_F16 ? 1e-5 : 1.5e-2));
     cuda_qweight_free(&qw);
@@ -137,7 +161,8 @@ static void test_mmv_types(void) {
 /* Q, K and V stacked in one launch (cuda_mmv_multi, with biases and accumulation) give
  * exactly what three separate launches give: each row's sum runs in the same order. */
 static void test_mmv_multi(void) {
-    const uint32_t types[] = {QT_F16, QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    const uint32_t types[] = {QT_F16,  QT_Q8_0,   QT_Q4_K,   QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0,
+                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
     const int64_t rows[3] = {67, 33, 301}, k = 768;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int n = 1; n <= 3; n += 2) {
@@ -282,7 +307,8 @@ static void test_norm_quantize(void) {
  * the products within 1e-3 relative RMS (an int8 rounding may land differently), and
  * counters left at zero. */
 static void test_mmv_epilogue(void) {
-    const uint32_t types[] = {QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    const uint32_t types[] = {QT_Q8_0, QT_Q4_K,   QT_Q6_K,   QT_Q4_0, QT_Q4_1, QT_Q5_0,
+                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int n = 1; n <= 5; n += 4) {
             const uint32_t type = types[ti];
@@ -381,6 +407,151 @@ static void test_mmv_epilogue(void) {
         }
 }
 
+/* The types of cuda_mmv_types.cuh against the CPU twin: every n from 1 to 8; ragged row
+ * counts; widths that are block multiples but not powers of two, one below a warp's 32
+ * units (896: lanes idle), and one past a step's units in flight (4608: a second pass). */
+static void test_mmv_new_types(void) {
+    for (size_t i = 0; i < N_NEW_TYPES; i++) {
+        const uint32_t type = new_types[i];
+        const int64_t shapes[][2] = {{67, 768}, {301, 2560}, {37, 4608}, {45, 896}, {29, 800}};
+        const size_t n_shapes = is_k256(type) ? 3 : 5;
+        for (size_t si = 0; si < n_shapes; si++)
+            for (int n = 1; n <= CUDA_MMV_MAX_N; n++) check_case(type, shapes[si][0], shapes[si][1], n);
+    }
+}
+
+/* The repacked layouts read back: cuda_dequant_f16 (the GEMM path's tiles, rows [5, 34)) and
+ * cuda_get_rows_q (embedding rows) against the reference dequantizer. F16 tiles within one
+ * f16 rounding, f32 rows within float rounding of the terms (an FMA may round differently). */
+static void test_dequant_types(void) {
+    const uint32_t old_types[] = {QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    for (size_t ti = 0; ti < N_NEW_TYPES + 3; ti++) {
+        const uint32_t type = ti < N_NEW_TYPES ? new_types[ti] : old_types[ti - N_NEW_TYPES];
+        const int64_t rows = 37, k = is_k256(type) ? 2304 : 864, r0 = 5, nr = 29;
+        const int32_t ids[4] = {3, 0, 36, 17};
+        struct err e;
+        float *deq = malloc(sizeof(float) * (size_t)(rows * k));
+        void *w = make_weights(type, rows, k, deq);
+        struct cuda_qweight qw;
+        T_EQ_INT(cuda_qweight_upload(&qw, type, w, rows, k, NULL, &e), SMELT_OK);
+        void *dh;
+        float *dr;
+        int32_t *dids;
+        CK(cudaMalloc(&dh, 2 * (size_t)(nr * k)));
+        CK(cudaMalloc((void **)&dr, sizeof(float) * (size_t)(4 * k)));
+        CK(cudaMalloc((void **)&dids, sizeof ids));
+        CK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
+        cuda_dequant_f16(dh, &qw, r0, nr, NULL);
+        cuda_get_rows_q(dr, &qw, dids, 4, NULL);
+        CK(cudaGetLastError());
+        uint16_t *h = malloc(2 * (size_t)(nr * k));
+        float *g = malloc(sizeof(float) * (size_t)(4 * k));
+        CK(cudaMemcpy(h, dh, 2 * (size_t)(nr * k), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g, dr, sizeof(float) * (size_t)(4 * k), cudaMemcpyDeviceToHost));
+        int bad = 0;
+        double worst = 0;
+        for (int64_t i = 0; i < nr * k; i++) {
+            const double ref = deq[r0 * k + i], got = f16_to_f32(h[i]);
+            const double d = fabs(got - ref) / (fabs(ref) + 1e-6);
+            if (!(d <= worst)) worst = d;
+            if (!(fabs(got - ref) <= fabs(ref) / 1024.0 + 1e-7) && bad++ < 5)
+                fprintf(stderr, "  dequant_f16 %s: row %lld [%lld] = %.6g, ref %.6g%s\n", qtype_name(type),
+                        (long long)(r0 + i / k), (long long)(i % k), got, ref, bad == 1 ? " <- first bad" : "");
+        }
+        int bad_rows = 0;
+        for (int t = 0; t < 4; t++) {
+            const float *ref = deq + (int64_t)ids[t] * k;
+            double amax = 0;
+            for (int64_t i = 0; i < k; i++) amax = fmax(amax, fabs(ref[i]));
+            for (int64_t i = 0; i < k; i++)
+                if (!(fabs(g[t * k + i] - ref[i]) <= 2e-6 * (fabs(ref[i]) + amax)) && bad_rows++ < 5)
+                    fprintf(stderr, "  get_rows %s: row %d [%lld] = %.8g, ref %.8g%s\n", qtype_name(type), ids[t],
+                            (long long)i, g[t * k + i], ref[i], bad_rows == 1 ? " <- first bad" : "");
+        }
+        printf("dequant %-6s %lldx%lld: f16 tile %s (max rel %.1e), get_rows %s\n", qtype_name(type), (long long)rows,
+               (long long)k, bad ? "MISMATCH" : "ok", worst, bad_rows ? "MISMATCH" : "ok");
+        T_CHECKF(bad == 0, "%d f16 weights off", bad);
+        T_CHECKF(bad_rows == 0, "%d gathered weights off", bad_rows);
+        cuda_qweight_free(&qw);
+        cudaFree(dh);
+        cudaFree(dr);
+        cudaFree(dids);
+        free(deq);
+        free(w);
+        free(h);
+        free(g);
+    }
+}
+
+/* GLU (gate and up in one launch, SiLU and tanh-GELU) for the new types against the CPU:
+ * act(W_g x^) * (W_u x^) in double, x^ quantized as the GPU does. The bound follows the
+ * error of each product (mmv_tol of its sum|w||x|) through act (|act'| < 1.2). */
+static void test_mmv_glu_types(void) {
+    for (size_t ti = 0; ti < N_NEW_TYPES; ti++)
+        for (int act = 0; act < 2; act++)
+            for (int n = 1; n <= CUDA_MMV_MAX_N; n += 3 + act) {
+                const uint32_t type = new_types[ti];
+                const int64_t rows = 83, k = is_k256(type) ? 1280 : 1120;
+                struct err e;
+                float *dg = malloc(sizeof(float) * (size_t)(rows * k)), *du = malloc(sizeof(float) * (size_t)(rows * k));
+                void *hg = make_weights(type, rows, k, dg), *hu = make_weights(type, rows, k, du);
+                float *x = malloc(sizeof(float) * (size_t)(n * k)), *xh = malloc(sizeof(float) * (size_t)(n * k));
+                for (int64_t i = 0; i < n * k; i++) x[i] = 2.0f * t_randn(&g_seed);
+                quantize_like_gpu(x, n * k, xh);
+                struct cuda_qweight wg, wu;
+                T_EQ_INT(cuda_qweight_upload(&wg, type, hg, rows, k, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_qweight_upload(&wu, type, hu, rows, k, NULL, &e), SMELT_OK);
+                float *dx, *dy;
+                void *scratch;
+                CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
+                CK(cudaMalloc((void **)&dy, sizeof(float) * n * rows));
+                CK(cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, n)));
+                CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+                CK(cudaMemset(dy, 0xff, sizeof(float) * n * rows));
+                T_EQ_INT(cuda_mmv_quantize(dx, k, n, scratch, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmv_glu(&wg, &wu, act, dx, n, dy, scratch, NULL, NULL, &e), SMELT_OK);
+                float *y = malloc(sizeof(float) * (size_t)(n * rows));
+                CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
+                const double tol = mmv_tol(type);
+                int bad = 0;
+                double worst = 0;
+                for (int t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        double g = 0, u = 0, mg = 0, mu = 0;
+                        for (int64_t i = 0; i < k; i++) {
+                            g += (double)dg[r * k + i] * xh[t * k + i];
+                            u += (double)du[r * k + i] * xh[t * k + i];
+                            mg += fabs((double)dg[r * k + i] * xh[t * k + i]);
+                            mu += fabs((double)du[r * k + i] * xh[t * k + i]);
+                        }
+                        const double a = act == 0 ? g / (1.0 + exp(-g))
+                                                  : 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+                        const double ref = a * u, got = y[t * rows + r];
+                        const double bound = tol * (1.2 * mg * fabs(u) + mu * fabs(a)) + 1e-5 * fabs(ref) + 1e-6;
+                        if (!(fabs(got - ref) / bound <= worst)) worst = fabs(got - ref) / bound;
+                        if (!(fabs(got - ref) <= bound) && bad++ < 5)
+                            fprintf(stderr, "  glu %s act=%d n=%d: y[%d][%lld] = %.7g, ref %.7g (bound %.2g)%s\n",
+                                    qtype_name(type), act, n, t, (long long)r, got, ref, bound,
+                                    bad == 1 ? " <- first bad" : "");
+                    }
+                printf("mmv glu %-6s %s n=%d: %s (max err/bound %.2f)\n", qtype_name(type), act ? "gelu" : "silu", n,
+                       bad ? "MISMATCH" : "ok", worst);
+                T_CHECKF(bad == 0, "%d outputs off", bad);
+                cuda_qweight_free(&wg);
+                cuda_qweight_free(&wu);
+                cudaFree(dx);
+                cudaFree(dy);
+                cudaFree(scratch);
+                free(dg);
+                free(du);
+                free(hg);
+                free(hu);
+                free(x);
+                free(xh);
+                free(y);
+            }
+}
+
 static void test_mmv_rejects(void) {
     struct cuda_qweight qw;
     struct err e;
@@ -476,6 +647,85 @@ static void bench(void) {
         }
 }
 
+/* The types of cuda_mmv_types.cuh: one product of a 4096x4096 and of a 14336x4096 matrix at
+ * n = 1 (weights rotated through > 1 GiB, 200 products replayed as one graph). GB/s counts
+ * the bytes held on the device (qw.bytes, a few % above GGUF's for Q3_K and Q5_K). */
+static void bench_new_types(void) {
+    struct err e;
+    const char *only = getenv("SMELT_BENCH_TYPE");
+    const int64_t shapes[2][2] = {{4096, 4096}, {14336, 4096}};
+    for (size_t ti = 0; ti < N_NEW_TYPES; ti++)
+        for (int si = 0; si < 2; si++) {
+            const uint32_t type = new_types[ti];
+            if (only && strcmp(only, qtype_name(type)) != 0) continue;
+            const int64_t rows = shapes[si][0], k = shapes[si][1];
+            const uint64_t rb = qtype_row_size(type, k), bytes = rb * rows;
+            int copies = (int)((1ull << 30) / bytes) + 1;
+            if (copies > 64) copies = 64;
+            uint8_t *host = malloc(bytes);
+            float *row = malloc(sizeof(float) * k);
+            for (int64_t r = 0; r < rows; r++) { /* 16 distinct rows, repeated */
+                if (r < 16) {
+                    for (int64_t i = 0; i < k; i++) row[i] = 0.02f * t_randn(&g_seed);
+                    qtype_get(type)->quantize(row, host + rb * r, k);
+                } else {
+                    memcpy(host + rb * r, host + rb * (r % 16), rb);
+                }
+            }
+            struct cuda_qweight *qw = calloc((size_t)copies, sizeof *qw);
+            int ok = 1;
+            for (int c = 0; c < copies && ok; c++) ok = cuda_qweight_upload(&qw[c], type, host, rows, k, NULL, &e) == SMELT_OK;
+            float *dx, *dy;
+            void *scratch;
+            cudaMalloc((void **)&dx, sizeof(float) * k);
+            cudaMalloc((void **)&dy, sizeof(float) * rows);
+            cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, 1));
+            cudaMemset(dx, 0, sizeof(float) * k);
+            cudaStream_t st;
+            cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+            cudaEvent_t a, b;
+            cudaEventCreate(&a);
+            cudaEventCreate(&b);
+            cudaGraph_t g = NULL;
+            cudaGraphExec_t ge = NULL;
+            const int reps = 200;
+            if (ok) {
+                cuda_mmv_quantize(dx, k, 1, scratch, st, &e);
+                cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
+                for (int i = 0; i < reps; i++) cuda_mmv_pre(&qw[i % copies], dx, 1, dy, scratch, 0, st, &e);
+                cudaStreamEndCapture(st, &g);
+            }
+            if (!ok || !g || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+                printf("bench mmv %s: upload or graph capture failed\n", qtype_name(type));
+            } else {
+                cudaGraphLaunch(ge, st); /* warm-up */
+                cudaEventRecord(a, st);
+                cudaGraphLaunch(ge, st);
+                cudaEventRecord(b, st);
+                cudaEventSynchronize(b);
+                float ms;
+                cudaEventElapsedTime(&ms, a, b);
+                const double us = ms * 1e3 / reps, by = (double)qw[0].bytes;
+                printf("bench mmv %-6s %5lldx%lld n=1: %8.2f us  %7.1f GB/s (%4.1f%% of 4380), %.4f B/weight on the "
+                       "device (GGUF %.4f)\n",
+                       qtype_name(type), (long long)rows, (long long)k, us, by / us / 1e3, by / us / 1e3 / 4380 * 100,
+                       by / (double)(rows * k), (double)bytes / (double)(rows * k));
+                cudaGraphExecDestroy(ge);
+            }
+            if (g) cudaGraphDestroy(g);
+            cudaStreamDestroy(st);
+            cudaEventDestroy(a);
+            cudaEventDestroy(b);
+            for (int c = 0; c < copies; c++) cuda_qweight_free(&qw[c]);
+            free(qw);
+            free(host);
+            free(row);
+            cudaFree(dx);
+            cudaFree(dy);
+            cudaFree(scratch);
+        }
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -486,11 +736,17 @@ int main(void) {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     cuda_pdl_on = major >= 9 && !getenv("SMELT_NO_PDL"); /* launches as the backend makes them */
     T_RUN(test_mmv_types);
+    T_RUN(test_mmv_new_types);
+    T_RUN(test_dequant_types);
+    T_RUN(test_mmv_glu_types);
     T_RUN(test_mmv_rejects);
     T_RUN(test_mmv_multi);
     T_RUN(test_norm_quantize);
     T_RUN(test_mmv_epilogue);
-    if (getenv("SMELT_BENCH")) bench();
+    if (getenv("SMELT_BENCH")) {
+        bench();
+        bench_new_types();
+    }
     return t_done();
 }
 #endif

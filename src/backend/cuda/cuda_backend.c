@@ -2,9 +2,13 @@
  *
  * Memory:
  *   - Weights: matrices are uploaded once into the mmv kernels' repacked layouts
- *     (cuda_mmv.h; t->extra points at the descriptor, t->data at its quant bits). Types
- *     without a GPU kernel yet are dequantized on the host to F16 at upload (correct,
- *     3-4x the bytes; logged once per type). Vectors (norms, biases) are plain F32 copies.
+ *     (cuda_mmv.h; t->extra points at the descriptor, t->data at its quant bits): F16,
+ *     BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS. Types without a
+ *     GPU kernel yet (IQ1/IQ2/IQ3, TQ, MXFP4, ...) are dequantized on the host to F16 at
+ *     upload (correct, 3-8x the bytes; logged once per type). The mmq kernel covers only
+ *     Q4_K/Q6_K/Q8_0: the other quantized types repeat mmv up to GEMM_MIN_ROWS - 1 token
+ *     rows, then take cuBLAS on F16 tiles (cuda_dequant_f16 reads every repacked layout).
+ *     Vectors (norms, biases) are plain F32 copies.
  *   - Scratch: a device stack emptied at step_begin and rewound per layer (mark/release),
  *     grown in chunks; a step with the same shape sees the same addresses.
  *   - Host<->device: uploads go through a pinned staging buffer (asynchronous copies);

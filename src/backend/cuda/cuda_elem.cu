@@ -2,6 +2,7 @@
  * soft-capping, softmax, row gathers (embeddings, output rows) and dequantization of
  * repacked weights to F16 (the large-batch GEMM path). CPU twins: src/backend/cpu/. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_qtypes.cuh"
 
 extern "C" {
 #include "backend/cuda/cuda_kernels.h"
@@ -169,6 +170,15 @@ static __global__ void get_rows_q_kernel(float *dst, uint32_t type, const void *
     pdl_trigger();
     const int64_t t = blockIdx.y;
     const int64_t r = ids[t];
+    if (tq_type(type)) { /* cuda_qtypes.cuh's layouts: 32 weights at a time */
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < (int)(k / 32); j += gridDim.x * blockDim.x) {
+            float o[32];
+            tq_deq32_rt(type, q, s, d, r, (int)k, j, o);
+#pragma unroll
+            for (int i = 0; i < 32; i++) dst[t * k + (int64_t)j * 32 + i] = o[i];
+        }
+        return;
+    }
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += (int64_t)gridDim.x * blockDim.x)
         dst[t * k + i] = deq_elem(type, q, s, d, r, k, i);
 }
@@ -221,6 +231,11 @@ static __global__ void dequant_f16_kernel(__half *__restrict__ dst, const void *
             const int hi = (qb[128 + h * 32 + l] >> (2 * jj)) & 3;
             out[l] = __float2half((l < 16 ? sc0 : sc1) * (float)((lo | (hi << 4)) - 32));
         }
+    } else if (tq_type(T)) { /* cuda_qtypes.cuh */
+        float f[32];
+        tq_deq32<T>(q, s, d, row, k, j32, f);
+#pragma unroll
+        for (int i = 0; i < 32; i++) out[i] = __float2half(f[i]);
     } else { /* F16 / BF16 / F32 */
         const int64_t base = row * k + (int64_t)j32 * 32;
 #pragma unroll
@@ -313,6 +328,15 @@ extern "C" void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_
     case QT_Q4_K: klaunch(dequant_f16_kernel<QT_Q4_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_Q6_K: klaunch(dequant_f16_kernel<QT_Q6_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_F16: klaunch(dequant_f16_kernel<QT_F16>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q4_0: klaunch(dequant_f16_kernel<QT_Q4_0>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q4_1: klaunch(dequant_f16_kernel<QT_Q4_1>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q5_0: klaunch(dequant_f16_kernel<QT_Q5_0>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q5_1: klaunch(dequant_f16_kernel<QT_Q5_1>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_IQ4_NL: klaunch(dequant_f16_kernel<QT_IQ4_NL>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_IQ4_XS: klaunch(dequant_f16_kernel<QT_IQ4_XS>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q2_K: klaunch(dequant_f16_kernel<QT_Q2_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q3_K: klaunch(dequant_f16_kernel<QT_Q3_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q5_K: klaunch(dequant_f16_kernel<QT_Q5_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_BF16: klaunch(dequant_f16_kernel<QT_BF16>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
     default: klaunch(dequant_f16_kernel<QT_F32>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
     }

@@ -492,6 +492,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     else acc.store(m, row0, lane, accumulate);
 }
 
+#include "backend/cuda/cuda_mmv_types.cuh" /* Q4_0 .. IQ4_XS: mmv_tq, repack_tq, tq_* */
+
 /* 8 weights of a plain float type from 16 bytes (F16/BF16) or 32 bytes (F32). */
 template <uint32_t T>
 static __device__ __forceinline__ void load8(const void *w, int64_t idx8, float *o) {
@@ -607,7 +609,7 @@ extern "C" int cuda_mmv_supported(uint32_t type, int64_t k) {
     case QT_Q8_0: return k % 32 == 0;
     case QT_Q4_K:
     case QT_Q6_K: return k % QK_K == 0;
-    default: return 0;
+    default: return tq_supported(type, k);
     }
 }
 
@@ -671,6 +673,7 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
                                                  (__half *)w->d, nblk);
             w->bytes = nblk * 210;
             break;
+        default: ce = tq_upload(w, type, tmp, nblk, st); break;
         }
         if (ce == cudaSuccess) ce = cudaGetLastError();
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
@@ -705,6 +708,7 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     case QT_Q8_0: return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     case QT_Q4_K: return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     case QT_Q6_K: return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+    default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, xs, k, acc);
     }
     return cudaErrorInvalidValue;
 }
