@@ -194,6 +194,23 @@ smelt_status bk_sync(struct backend *b, struct err *e) {
     return SMELT_OK;
 }
 
+bool bk_mem_info(struct backend *b, uint64_t *free_b, uint64_t *total_b) {
+    *free_b = *total_b = 0;
+    return b->ops->mem_info && b->ops->mem_info(b, free_b, total_b);
+}
+
+uint64_t bk_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENSOR_MAX_DIMS]) {
+    return b->ops->weight_bytes ? b->ops->weight_bytes(b, type, ne) : 0;
+}
+
+size_t bk_scratch_peak(struct backend *b) {
+    return b->ops->scratch_peak ? b->ops->scratch_peak(b) : 0;
+}
+
+smelt_status bk_scratch_reserve(struct backend *b, size_t nbytes, struct err *e) {
+    return b->ops->scratch_reserve ? b->ops->scratch_reserve(b, nbytes, e) : SMELT_OK;
+}
+
 /* ---- ops: contracts, then dispatch ---- */
 
 static bool is_f32_rows(const struct tensor *t) {

@@ -196,6 +196,12 @@ struct backend_ops {
     bool (*graph_replay)(struct backend *b, uint64_t key);
     void (*graph_begin)(struct backend *b, uint64_t key);
     void (*graph_end)(struct backend *b);
+
+    /* Memory planning: optional (NULL: host memory, nothing to plan). See bk_mem_info. */
+    bool (*mem_info)(struct backend *b, uint64_t *free_b, uint64_t *total_b);
+    uint64_t (*weight_bytes)(struct backend *b, uint32_t type, const int64_t ne[TENSOR_MAX_DIMS]);
+    size_t (*scratch_peak)(struct backend *b);
+    smelt_status (*scratch_reserve)(struct backend *b, size_t nbytes, struct err *e);
 };
 
 /* Every backend starts with this header (implementations embed it first and call
@@ -251,6 +257,25 @@ void bk_upload(struct backend *b, struct tensor *dst, const void *src, size_t nb
 void bk_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes);
 /* Waits for the enqueued ops; returns the step's sticky error (message in e). */
 smelt_status bk_sync(struct backend *b, struct err *e);
+
+/* ---- memory planning (engine/memplan.h) ----
+ * A device backend says how much memory it has and what loading and running a model will
+ * take, so the caller can size the KV pool from what is left. The CPU backend has no
+ * device: bk_mem_info returns false and weights cost nothing (they stay in the mapping). */
+
+/* Free and total bytes of the backend's device; false when it runs from host memory. */
+bool bk_mem_info(struct backend *b, uint64_t *free_b, uint64_t *total_b);
+/* Device bytes bk_weight_bind will allocate for a GGUF tensor of this type and shape (after
+ * any repacking; vectors as the F32 the loader converts them to). 0 on a host backend. */
+uint64_t bk_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENSOR_MAX_DIMS]);
+/* The most scratch a step has used since the backend was created, in bytes, counted as if
+ * the scratch were one block (0 when the backend does not track it). */
+size_t bk_scratch_peak(struct backend *b);
+/* Makes the scratch one block of at least nbytes now, so later steps up to that size never
+ * grow it (growing mid-serving costs an allocation and drops every recorded step graph).
+ * Drops the recorded step graphs itself: they may refer to buffers freed since (a warm-up's
+ * temporary KV cache). No-op on a backend without it. */
+smelt_status bk_scratch_reserve(struct backend *b, size_t nbytes, struct err *e);
 
 /* ---- ops ----
  * dst may alias an input where noted ("in place ok"). */

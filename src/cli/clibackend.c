@@ -1,5 +1,6 @@
 #include "cli/clibackend.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef SMELT_HAVE_CUDA
@@ -24,6 +25,14 @@ smelt_status cli_backend_new(const char *name, int device, int threads, struct b
         return err_set(e, SMELT_ERR_INVALID, "unknown backend '%s' (auto, cpu, cuda)", name);
     if (cli_backend_is_cuda(name)) {
 #ifdef SMELT_HAVE_CUDA
+        /* --device N indexes the devices CUDA_VISIBLE_DEVICES leaves visible */
+        int n = cuda_device_count();
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        if (device < 0 || device >= n)
+            return err_set(e, n ? SMELT_ERR_INVALID : SMELT_ERR_DEVICE,
+                           "--device %d: %d CUDA device%s visible%s%s%s", device, n,
+                           n == 1 ? " is" : "s are", vis ? " (CUDA_VISIBLE_DEVICES=" : "",
+                           vis ? vis : "", vis ? ")" : "");
         return cuda_backend_new(out, device, e);
 #else
         return err_set(e, SMELT_ERR_UNSUPPORTED,

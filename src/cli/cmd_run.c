@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/climem.h"
 #include "cli/clibackend.h"
 #include "cli/modelref.h"
 #include "engine/kv.h"
@@ -421,7 +422,17 @@ int cmd_run(int argc, char **argv) {
     if (st == SMELT_OK) st = gguf_open(&s.f, path, &e);
     if (st == SMELT_OK) st = tok_new_from_gguf(&s.tok, s.f, &e);
     if (st == SMELT_OK) st = cli_backend_new(o.backend, o.device, o.threads, &s.bk, &e);
-    if (st == SMELT_OK) st = model_load(&s.m, s.f, s.bk, &e);
+    if (st == SMELT_OK) st = cli_model_load(path, s.f, s.bk, &s.m, &e);
+    if (st == SMELT_OK) {
+        /* the memory plan: one sequence, prefill chunks of PREFILL_CHUNK, one logits row */
+        uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
+        struct cli_mem_req r = {
+            .cmd = "run", .f = s.f, .need = o.n_ctx, .min_tokens = o.n_ctx,
+            .shape = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .max_out = 1, .n_ctx = o.n_ctx,
+                      .block_size = BLOCK, .kv_type = kv_type}};
+        int64_t t = 0;
+        st = cli_mem_plan(s.m, &r, &t, &e);
+    }
     if (st == SMELT_OK) {
         int32_t n_blocks = (o.n_ctx + BLOCK - 1) / BLOCK;
         st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, &s.kv, &e);

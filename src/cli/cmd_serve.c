@@ -24,6 +24,7 @@
 
 #include "backend/backend.h"
 #include "cli/chat_template.h"
+#include "cli/climem.h"
 #include "cli/cli.h"
 #include "cli/modelref.h"
 #include "engine/engine.h"
@@ -37,10 +38,6 @@
 #if __has_include("cli/clibackend.h")
 #include "cli/clibackend.h"
 #define HAVE_CLI_BACKEND 1
-#endif
-#if defined(SMELT_HAVE_CUDA) && __has_include("backend/cuda/cuda_backend.h")
-#include "backend/cuda/cuda_backend.h"
-#define HAVE_CUDA_MEM 1
 #endif
 
 #define CPU_KV_TOKENS_DEFAULT 32768
@@ -272,33 +269,12 @@ static uint64_t mem_available(void) {
     return (uint64_t)kb * 1024;
 }
 
-/* The KV pool size in tokens. */
-static int64_t kv_tokens(const struct opts *o, struct model *m, bool cuda, uint64_t per_token,
-                         struct err *e) {
-    if (o->kv_size > 0) return o->kv_size;
-    if (o->fake) return 1 << 20;
-#ifdef HAVE_CUDA_MEM
-    if (cuda) {
-        uint64_t fr = 0, tot = 0;
-        if (cuda_mem_info(o->device, &fr, &tot, e) != SMELT_OK) return -1;
-        double keep = (double)tot * (1.0 - o->gpu_util) + (double)(512ull << 20); /* + scratch */
-        double avail = (double)fr - keep;
-        if (avail < (double)per_token * 256) {
-            err_set(e, SMELT_ERR_NOMEM, "not enough device memory for a KV cache: %.0f MiB free, "
-                    "%.0f MiB kept back (--gpu-memory-utilization %.2f)", (double)fr / 1048576.0,
-                    keep / 1048576.0, o->gpu_util);
-            return -1;
-        }
-        return (int64_t)(avail / (double)per_token);
-    }
-#else
-    (void)cuda;
-#endif
-    (void)m;
-    (void)e;
+/* A KV pool on the CPU: CPU_KV_TOKENS_DEFAULT tokens, or what a quarter of the available
+ * memory holds when that is less (at least 1024). */
+static int64_t cpu_kv_tokens(uint64_t per_token) {
     int64_t t = CPU_KV_TOKENS_DEFAULT;
     uint64_t avail = mem_available() / 4;
-    if (avail && (uint64_t)t * per_token > avail) t = (int64_t)(avail / per_token);
+    if (per_token && avail && (uint64_t)t * per_token > avail) t = (int64_t)(avail / per_token);
     if (t < 1024) t = 1024;
     return t;
 }
@@ -351,7 +327,7 @@ int cmd_serve(int argc, char **argv) {
             st = err_set(&e, SMELT_ERR_INVALID, "unknown backend '%s' (auto, cpu, cuda)", o.backend);
         else st = cpu_backend_new(&bk, o.threads, &e);
 #endif
-        if (st == SMELT_OK) st = model_load(&m, f, bk, &e);
+        if (st == SMELT_OK) st = cli_model_load(path, f, bk, &m, &e);
     }
     /* the chat templates: --chat-template, the model's (and its tool_use one), or the
      * ChatML default (cli/chat_template.h) */
@@ -381,17 +357,29 @@ int cmd_serve(int argc, char **argv) {
     ec.block_size = o.block_size > 0 ? o.block_size : 16;
     ec.no_prefix_cache = o.no_prefix_cache;
     uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
-    if (st == SMELT_OK) {
-        uint64_t per_token = m ? model_kv_block_bytes(m, kv_type, 1) : 1;
-        int64_t t = kv_tokens(&o, m, cuda, per_token ? per_token : 1, &e);
-        if (t < 0) st = e.code;
-        else {
-            int64_t nb = (t + ec.block_size - 1) / ec.block_size;
-            if (nb > (1 << 24)) nb = 1 << 24;
-            ec.n_blocks = (int32_t)nb;
-        }
-    }
     int32_t n_ctx_model = m ? m->hp.n_ctx_train : 0;
+    if (st == SMELT_OK) {
+        int64_t t = o.kv_size > 0 ? o.kv_size : 1 << 20; /* --fake-forward: no model */
+        if (m) {
+            /* the memory plan: the engine's largest steps, at the context it will serve */
+            struct engine_config d = ec;
+            engine_config_defaults(&d);
+            int64_t max_t = (int64_t)(1 << 24) * ec.block_size;
+            struct cli_mem_req r = {
+                .cmd = "serve", .f = f, .gpu_util = o.gpu_util, .kv_size = o.kv_size,
+                .min_tokens = o.ctx_size, .max_tokens = max_t,
+                .cpu_tokens = cpu_kv_tokens(model_kv_block_bytes(m, kv_type, 1)),
+                .shape = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,
+                          .max_out = engine_max_out_rows(&d),
+                          .n_ctx = o.ctx_size > 0 ? o.ctx_size
+                                   : n_ctx_model > 0 ? n_ctx_model : d.max_batch_tokens,
+                          .block_size = ec.block_size, .kv_type = kv_type}};
+            st = cli_mem_plan(m, &r, &t, &e);
+        }
+        int64_t nb = (t + ec.block_size - 1) / ec.block_size;
+        if (nb > (1 << 24)) nb = 1 << 24;
+        ec.n_blocks = (int32_t)nb;
+    }
     if (st == SMELT_OK) {
         int64_t pool = (int64_t)ec.n_blocks * ec.block_size;
         int64_t c = o.ctx_size > 0 ? o.ctx_size : (n_ctx_model > 0 ? n_ctx_model : pool);

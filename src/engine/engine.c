@@ -1175,15 +1175,22 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
+void engine_config_defaults(struct engine_config *c) {
+    if (c->max_seqs <= 0) c->max_seqs = DEFAULT_MAX_SEQS;
+    if (c->max_batch_tokens <= 0) c->max_batch_tokens = DEFAULT_BATCH_TOKENS;
+    if (c->max_batch_tokens < c->max_seqs) c->max_batch_tokens = c->max_seqs;
+    if (c->max_waiting <= 0) c->max_waiting = DEFAULT_MAX_WAITING;
+    if (c->block_size <= 0) c->block_size = DEFAULT_BLOCK;
+}
+
+int32_t engine_max_out_rows(const struct engine_config *c) { return c->max_seqs + ENGINE_PLP_ROWS; }
+
 smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, struct model *m,
                         struct kv_store *kv, const struct tok *tok, struct err *e) {
     *out = NULL;
     struct engine_config cfg = *cfg0;
-    if (cfg.max_seqs <= 0) cfg.max_seqs = DEFAULT_MAX_SEQS;
-    if (cfg.max_batch_tokens <= 0) cfg.max_batch_tokens = DEFAULT_BATCH_TOKENS;
-    if (cfg.max_batch_tokens < cfg.max_seqs) cfg.max_batch_tokens = cfg.max_seqs;
-    if (cfg.max_waiting <= 0) cfg.max_waiting = DEFAULT_MAX_WAITING;
-    if (cfg.block_size <= 0) cfg.block_size = kv ? kv->block_size : DEFAULT_BLOCK;
+    if (cfg.block_size <= 0 && kv) cfg.block_size = kv->block_size;
+    engine_config_defaults(&cfg);
     if (cfg.max_seqs > 1 << 16 || cfg.max_batch_tokens > 1 << 20)
         return err_set(e, SMELT_ERR_INVALID, "engine: max_seqs %d or max_batch_tokens %d too large",
                        cfg.max_seqs, cfg.max_batch_tokens);
@@ -1215,7 +1222,7 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
     if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
     size_t nb = (size_t)cfg.max_batch_tokens, ns = (size_t)cfg.max_seqs;
-    en->max_out = cfg.max_seqs + ENGINE_PLP_ROWS;
+    en->max_out = engine_max_out_rows(&cfg);
     size_t nlog, n_adj = m || !cfg.forward ? (size_t)model_adj_cap(en->max_out) : 0;
     if (st == SMELT_OK && ckd_mul_size(&nlog, (size_t)en->max_out, (size_t)n_vocab * sizeof(float)))
         st = err_set(e, SMELT_ERR_NOMEM, "engine: logits buffer too large");

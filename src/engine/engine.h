@@ -81,6 +81,13 @@ struct engine_config {
     void *forward_ctx;
 };
 
+/* Fills the fields engine_new defaults (max_seqs, max_batch_tokens, max_waiting,
+ * block_size) where they are <= 0: what the engine will run with, for sizing memory. */
+void engine_config_defaults(struct engine_config *c);
+/* The most rows a step of this configuration asks logits for (one per sequence, plus the
+ * prompt-logprob rows of ENGINE_PLP_ROWS). */
+int32_t engine_max_out_rows(const struct engine_config *c);
+
 /* Why a choice ended. */
 enum engine_finish {
     ENGINE_RUNNING = 0,

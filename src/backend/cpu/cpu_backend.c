@@ -50,6 +50,14 @@ void cpu_parallel(struct cpu_backend *cb, cpu_range_fn fn, void *ctx, int64_t n,
 #define CPU_ALIGN 64
 #define MARK_SHIFT 48 /* a mark is (chunk index << 48) | offset in that chunk */
 
+/* The scratch peak (bk_scratch_peak): the current chunk's end of use, offset by the whole
+ * chunks before it. */
+static void note_peak(struct cpu_stack *st) {
+    size_t at = st->chunks[st->cur].used;
+    for (int i = 0; i < st->cur; i++) at += st->chunks[i].cap;
+    if (at > st->peak) st->peak = at;
+}
+
 static void *stack_alloc(struct cpu_stack *st, size_t n) {
     size_t need = (n + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1);
     if (need < n || need >= ((size_t)1 << MARK_SHIFT)) return NULL;
@@ -58,6 +66,7 @@ static void *stack_alloc(struct cpu_stack *st, size_t n) {
         if (c->cap - c->used >= need) {
             void *p = c->base + c->used;
             c->used += need;
+            note_peak(st);
             return p;
         }
         if (st->cur + 1 >= st->n) break;
@@ -83,6 +92,7 @@ static void *stack_alloc(struct cpu_stack *st, size_t n) {
     st->chunks[at] = (struct cpu_chunk){base, cap, need};
     st->n++;
     st->cur = at;
+    note_peak(st);
     return base;
 }
 
@@ -114,6 +124,31 @@ static void stack_reset(struct cpu_stack *st) {
     }
     st->cur = 0;
     if (st->n) st->chunks[0].used = 0;
+}
+
+/* Empties the stack into one block of at least n bytes (bk_scratch_reserve). */
+static bool stack_reserve(struct cpu_stack *st, size_t n) {
+    size_t total = 0;
+    for (int i = 0; i < st->n; i++) total += st->chunks[i].cap;
+    if (st->n == 1 && total >= n) {
+        st->cur = 0;
+        st->chunks[0].used = 0;
+        return true;
+    }
+    size_t cap = total > n ? total : n;
+    cap = (cap + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1);
+    if (!st->cap) {
+        st->chunks = malloc(8 * sizeof *st->chunks);
+        if (!st->chunks) return false;
+        st->cap = 8;
+    }
+    unsigned char *base = aligned_alloc(CPU_ALIGN, cap ? cap : CPU_ALIGN);
+    if (!base) return false;
+    for (int i = 0; i < st->n; i++) free(st->chunks[i].base);
+    st->chunks[0] = (struct cpu_chunk){base, cap ? cap : CPU_ALIGN, 0};
+    st->n = 1;
+    st->cur = 0;
+    return true;
 }
 
 static void stack_free(struct cpu_stack *st) {
@@ -255,6 +290,14 @@ static void cpu_scratch_release(struct backend *b, size_t mark) {
     stack_release(&cpu_of(b)->scratch, mark);
 }
 
+static size_t cpu_scratch_peak(struct backend *b) { return cpu_of(b)->scratch.peak; }
+
+static smelt_status cpu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e) {
+    if (!stack_reserve(&cpu_of(b)->scratch, nbytes))
+        return err_set(e, SMELT_ERR_NOMEM, "CPU scratch: cannot reserve %zu bytes", nbytes);
+    return SMELT_OK;
+}
+
 static void cpu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
     (void)b;
     memcpy(dst->data, src, nbytes);
@@ -296,6 +339,8 @@ static const struct backend_ops cpu_ops = {
     .kv_store = cpu_op_kv_store,
     .attention = cpu_op_attention,
     .logits_topk = cpu_op_logits_topk,
+    .scratch_peak = cpu_scratch_peak,
+    .scratch_reserve = cpu_scratch_reserve,
 };
 
 void cpu_backend_set_exact(struct backend *b, bool exact) { cpu_of(b)->exact = exact; }

@@ -24,6 +24,7 @@ struct cpu_chunk {
 struct cpu_stack {
     struct cpu_chunk *chunks;
     int n, cap, cur;
+    size_t peak; /* the highest end of an allocation, counted as if the chunks were one block */
 };
 
 struct cpu_backend {

@@ -66,6 +66,7 @@ struct cuda_backend {
     /* device scratch stack */
     struct dchunk *chunks;
     int n_chunks, cap_chunks, cur;
+    size_t peak; /* bk_scratch_peak: highest end of use, as if the chunks were one block */
     /* pinned staging */
     unsigned char *pin;
     size_t pin_cap, pin_used;
@@ -252,6 +253,12 @@ static bool push_ptr(void ***arr, int *n, int *cap, void *p) {
 
 #define MARK_SHIFT 48
 
+static void note_peak(struct cuda_backend *cb) {
+    size_t at = cb->chunks[cb->cur].used;
+    for (int i = 0; i < cb->cur; i++) at += cb->chunks[i].cap;
+    if (at > cb->peak) cb->peak = at;
+}
+
 static void *stack_alloc(struct cuda_backend *cb, size_t n) {
     size_t need = (n + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
     if (need < n || need >= ((size_t)1 << MARK_SHIFT)) return NULL;
@@ -260,6 +267,7 @@ static void *stack_alloc(struct cuda_backend *cb, size_t n) {
         if (c->cap - c->used >= need) {
             void *p = c->base + c->used;
             c->used += need;
+            note_peak(cb);
             return p;
         }
         if (cb->cur + 1 >= cb->n_chunks) break;
@@ -287,6 +295,7 @@ static void *stack_alloc(struct cuda_backend *cb, size_t n) {
     cb->chunks[at] = (struct dchunk){base, cap, need};
     cb->n_chunks++;
     cb->cur = at;
+    note_peak(cb);
     return base;
 }
 
@@ -1134,6 +1143,68 @@ static void cu_graph_end(struct backend *b) {
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "graph launch");
 }
 
+/* ---- memory planning (bk_mem_info, engine/memplan.h) ---- */
+
+static bool cu_mem_info(struct backend *b, uint64_t *free_b, uint64_t *total_b) {
+    size_t f = 0, t = 0;
+    if (cudaSetDevice(cu_of(b)->device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    *free_b = f;
+    *total_b = t;
+    return true;
+}
+
+/* What cu_weight_bind allocates: vectors as F32 copies; matrices in the mmv layout (the
+ * GGUF bytes, repacked into split arrays of the same total: cuda_qweight.bytes), or as F16
+ * for types without a kernel. The upload also holds one tensor's GGUF bytes in a temporary
+ * buffer while it repacks; the caller adds the largest of those. */
+static uint64_t cu_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENSOR_MAX_DIMS]) {
+    (void)b;
+    uint64_t rows = (uint64_t)ne[1] * (uint64_t)ne[2] * (uint64_t)ne[3];
+    if (rows == 1) return (uint64_t)ne[0] * sizeof(float);
+    if (cuda_mmv_supported(type, ne[0])) return qtype_row_size(type, ne[0]) * rows;
+    return (uint64_t)ne[0] * rows * 2;
+}
+
+static size_t cu_scratch_peak(struct backend *b) { return cu_of(b)->peak; }
+
+/* One chunk of at least nbytes (and of at least what the stack holds now). */
+static smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e) {
+    struct cuda_backend *cb = cu_of(b);
+    size_t total = 0;
+    for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
+    size_t cap = total > nbytes ? total : nbytes;
+    cap = (cap + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
+    if (cap == 0) cap = SCRATCH_ALIGN;
+    cudaStreamSynchronize(cb->stream);
+    graphs_clear(cb); /* recorded steps may point at the old chunks or at freed buffers */
+    if (cb->n_chunks == 1 && total >= cap) {
+        cb->cur = 0;
+        cb->chunks[0].used = 0;
+        return SMELT_OK;
+    }
+    if (cb->cap_chunks == 0) {
+        cb->chunks = malloc(8 * sizeof *cb->chunks);
+        if (!cb->chunks) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        cb->cap_chunks = 8;
+    }
+    for (int i = 0; i < cb->n_chunks; i++) cudaFree(cb->chunks[i].base);
+    cb->n_chunks = 0;
+    cb->cur = 0;
+    void *base = NULL;
+    cudaError_t rc = cudaMalloc(&base, cap);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return err_set(e, SMELT_ERR_NOMEM, "GPU scratch: cannot reserve %.1f MiB: %s",
+                       (double)cap / 1048576.0, cudaGetErrorString(rc));
+    }
+    cb->chunks[0] = (struct dchunk){base, cap, 0};
+    cb->n_chunks = 1;
+    return SMELT_OK;
+}
+
 /* ---- lifecycle ---- */
 
 static void cu_free(struct backend *b) {
@@ -1199,6 +1270,10 @@ static const struct backend_ops cuda_ops = {
     .graph_replay = cu_graph_replay,
     .graph_begin = cu_graph_begin,
     .graph_end = cu_graph_end,
+    .mem_info = cu_mem_info,
+    .weight_bytes = cu_weight_bytes,
+    .scratch_peak = cu_scratch_peak,
+    .scratch_reserve = cu_scratch_reserve,
 };
 
 int cuda_device_count(void) {

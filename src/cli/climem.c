@@ -1,0 +1,57 @@
+#include "cli/climem.h"
+
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "format/gguf.h"
+#include "model/model.h"
+
+static double mib(uint64_t b) { return (double)b / (double)MEMPLAN_MIB; }
+
+smelt_status cli_model_load(const char *name, const struct gguf_file *f, struct backend *bk,
+                            struct model **out, struct err *e) {
+    *out = NULL;
+    uint64_t fr = 0, tot = 0;
+    if (bk_mem_info(bk, &fr, &tot)) {
+        uint64_t w = 0, tr = 0;
+        memplan_weight_bytes(bk, f, &w, &tr);
+        smelt_status st = memplan_weights_fit(name, w, tr, fr, tot, e);
+        if (st != SMELT_OK) return st;
+    }
+    return model_load(out, f, bk, e);
+}
+
+smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t *tokens,
+                          struct err *e) {
+    *tokens = 0;
+    uint64_t per_token = model_kv_block_bytes(m, r->shape.kv_type, 1);
+    uint64_t fr = 0, tot = 0;
+    if (!bk_mem_info(m->bk, &fr, &tot)) {
+        int64_t t = r->kv_size > 0 ? r->kv_size : r->need > 0 ? r->need : r->cpu_tokens;
+        fprintf(stderr, "smelt %s: memory: cpu: KV pool %lld tokens (%.0f MiB)\n", r->cmd,
+                (long long)t, mib((uint64_t)t * per_token));
+        *tokens = t;
+        return SMELT_OK;
+    }
+    uint64_t weights = 0, transient = 0, peak = 0;
+    memplan_weight_bytes(m->bk, r->f, &weights, &transient);
+    smelt_status st = memplan_measure(m, &r->shape, &peak, e);
+    if (st == SMELT_OK && !bk_mem_info(m->bk, &fr, &tot))
+        st = err_set(e, SMELT_ERR_DEVICE, "memory plan: the device's free memory is unknown");
+    if (st != SMELT_OK) return st;
+    struct memplan_in in = {
+        .free_b = fr, .total_b = tot, .weights_b = weights, .act_b = peak,
+        .per_token_b = per_token ? per_token : 1, .util = r->gpu_util > 0 ? r->gpu_util : 0.9,
+        .margin_b = MEMPLAN_MARGIN, .kv_size = r->kv_size, .need = r->need,
+        .min_tokens = r->min_tokens, .max_tokens = r->max_tokens};
+    struct memplan_out out;
+    st = memplan_kv(&in, &out, e);
+    if (st != SMELT_OK) return st;
+    fprintf(stderr,
+            "smelt %s: memory: weights %.0f MiB, activations %.0f MiB, KV pool %lld tokens "
+            "(%.0f MiB); %.0f MiB free of %.0f MiB before the pool\n",
+            r->cmd, mib(weights), mib(peak), (long long)out.tokens, mib(out.bytes), mib(fr),
+            mib(tot));
+    *tokens = out.tokens;
+    return SMELT_OK;
+}

@@ -1,0 +1,44 @@
+/* Loading a model with the device memory plan (engine/memplan.h), shared by the commands
+ * that run one (serve, run, bench): one code path, so they size memory alike.
+ *
+ *   cli_model_load   checks the weights fit the device before uploading them, then loads;
+ *   cli_mem_plan     measures the activation peak (warm-up steps of the command's largest
+ *                    shapes), reserves it, sizes the KV pool and prints one line:
+ *                    "smelt CMD: memory: weights W MiB, activations A MiB, KV pool T tokens
+ *                    (K MiB)[, F MiB free of N MiB]".
+ * On the CPU backend nothing is measured: the pool is the size asked for, the command's
+ * need, or the command's CPU default. */
+#ifndef SMELT_CLI_CLIMEM_H
+#define SMELT_CLI_CLIMEM_H
+
+#include <stdint.h>
+
+#include "engine/memplan.h"
+#include "util/err.h"
+
+struct backend;
+struct gguf_file;
+struct model;
+
+/* Checks the weights of f fit bk's device (name: the model, for the message), then
+ * model_load. */
+smelt_status cli_model_load(const char *name, const struct gguf_file *f, struct backend *bk,
+                            struct model **out, struct err *e);
+
+struct cli_mem_req {
+    const char *cmd;          /* "serve", "run", "bench": the info line's prefix */
+    const struct gguf_file *f;
+    double gpu_util;          /* (0, 1]; 0: 0.9 */
+    int64_t kv_size;          /* > 0: --kv-size */
+    int64_t need;             /* > 0: the pool the command needs (run, bench); 0: fill */
+    int64_t min_tokens;       /* a full context the pool must hold (0: none) */
+    int64_t max_tokens;       /* cap on a filled pool (0: none) */
+    int64_t cpu_tokens;       /* a filled pool on the CPU */
+    struct memplan_shape shape; /* the command's largest steps */
+};
+
+/* The KV pool size in tokens for r on m's backend (see the file comment). */
+smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t *tokens,
+                          struct err *e);
+
+#endif
