@@ -3,44 +3,79 @@
  * together, like llama-batched-bench) and, for decode rows, the percent of the memory-
  * bandwidth bound.
  *
- * Tests (each repeated -r times after one warm-up; mean and standard deviation):
- *   ppN      N prompt tokens in forwards of at most -ub tokens, logits of the last row
- * Every row whose logits a step computes is reduced to its greedy summary on the device
- * (model_step with k = 1: the token id comes back, as in serving), not copied whole.
- *   tgN      N single-token decode steps after a prompt of -d tokens (depth)
- *   ppP+tgT  (-pg P,T) a prompt then T decode steps, counted together
- *   tgN xB   (-B B) B sequences, each after a -d token prompt, decoding N steps in one
- *            batch of B rows: aggregate decode tokens/s
- * Tokens are random ids: the speed of a dense model does not depend on them.
+ * Flags follow llama-bench (tools/llama-bench/README.md): the test parameters take lists,
+ * comma-separated ("-p 128,512"), repeated ("-n 16 -n 32") or as ranges ("first-last",
+ * "first-last+step", "first-last*mult"); -pg takes "pp,tg" pairs. Every combination of
+ * -m, -t, -b, -ub and -d runs the pp tests, then the tg tests, then the pg tests (then
+ * smelt's batched ones), each repeated -r times after one warm-up run.
  *
- * The bound of a decode step is bandwidth / bytes read: every weight once (token_embd
- * only for the one row it gathers, unless it is also the output matrix) plus the K and V
- * of the context. The bandwidth is --bw (GB/s); on CUDA it defaults to 4380, the H200's
- * measured read bandwidth (TARGETS.md), and on the CPU no bound is printed unless given. */
+ * Tests:
+ *   ppN      N prompt tokens in forwards of at most min(-b, -ub) tokens; the last row's
+ *            logits are reduced to its greedy summary on the device (model_step with
+ *            k = 1: the token id comes back, as in serving), not copied whole
+ *   tgN      N single-token decode steps after a prompt of -d tokens (depth)
+ *   ppP+tgT  (-pg P,T) a prompt then T decode steps, timed together
+ *   tgN xB   (-B B) B sequences, each after a -d token prompt, decoding N steps in one
+ *            batch of B rows: aggregate decode tokens/s (llama-batched-bench's S_TG)
+ * Tokens are random ids: the speed of a dense model does not depend on them. t/s is
+ * (n_prompt + n_gen * B) / time per run, averaged over the runs (llama-bench's avg_ts);
+ * standard deviations are the sample ones.
+ *
+ * Output (-o): md (llama-bench's table: model, size, params, backend, ngl on a GPU,
+ * threads on the CPU or when given, n_batch / n_ubatch when not the defaults, test, t/s;
+ * then smelt's "bw %" column when a bound is known), json, jsonl, csv (llama-bench's field
+ * names and value formats for the fields smelt has, then n_seqs and bw_pct).
+ *
+ * The bound of a decode step is bandwidth / bytes read: every weight once as the device
+ * holds it (token_embd only for the rows it gathers, unless it is also the output matrix)
+ * plus the K and V of every sequence's context (at the run's middle). The bandwidth is
+ * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
+ * (TARGETS.md); on the CPU no bound is printed unless given. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli/cli.h"
 #include "cli/clibackend.h"
+#include "cli/climem.h"
 #include "cli/modelref.h"
 #include "engine/kv.h"
 #include "format/gguf.h"
 #include "model/model.h"
 
+#ifdef SMELT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#ifndef SMELT_BUILD_COMMIT
+#define SMELT_BUILD_COMMIT "unknown"
+#endif
+#ifndef SMELT_BUILD_NUMBER
+#define SMELT_BUILD_NUMBER 0
+#endif
+
 #define BLOCK 16
-#define MAX_LIST 16
+#define MAX_LIST 64
+#define MAX_SEQS 64
+#define MAX_REPS 1000
+
+struct list {
+    int v[MAX_LIST];
+    int n;
+};
 
 struct opts {
-    const char *model, *backend, *output;
-    int n_prompt[MAX_LIST], n_np;
-    int n_gen[MAX_LIST], n_ng;
-    int pg_p, pg_t;
-    int depth, reps, n_batch, n_ubatch, threads, device, ngl;
-    int batched[MAX_LIST], n_batched;
+    const char *models[MAX_LIST];
+    int n_models;
+    const char *backend, *output;
+    struct list n_prompt, n_gen, depth, n_batch, n_ubatch, threads, batched;
+    int pg[MAX_LIST][2], n_pg;
+    int reps, device, ngl;
+    bool no_warmup, threads_given;
     double bw_gbs;
 };
 
@@ -48,20 +83,22 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: smelt bench -m MODEL [options]\n"
             "Measures prefill and decode speed; flags and output fields follow llama-bench.\n"
-            "  -m, --model REF        GGUF file, directory or org/repo[:quant] (cached)\n"
-            "  -p, --n-prompt N[,N]   prompt lengths (default 512; 0 skips)\n"
-            "  -n, --n-gen N[,N]      generated tokens (default 128; 0 skips)\n"
-            "  -pg P,T                a prompt of P then T generated tokens, timed together\n"
-            "  -d, --n-depth N        tokens already in the cache before each test (default 0)\n"
-            "  -r, --repetitions N    timed runs per test after one warm-up (default 5)\n"
-            "  -b, --batch-size N     most tokens per forward (default 2048)\n"
-            "  -ub, --ubatch-size N   prompt chunk per forward (default 512)\n"
-            "  -t, --threads N        CPU threads (default: all cores)\n"
-            "  -ngl N                 0 runs on the CPU; other values use the GPU (llama-bench's\n"
-            "                         layer count: smelt puts all layers on one device)\n"
-            "  --backend auto|cpu|cuda, --device N\n"
-            "  -B, --batched N[,N]    N sequences decoding together (aggregate tok/s)\n"
-            "  --bw GB/S              bandwidth for the decode bound (CUDA default: 4380, H200)\n"
+            "Test parameters take lists: 1,2,4 or repeated flags or ranges first-last[+step|*mult].\n"
+            "  -m, --model REF          GGUF file, directory or org/repo[:quant] (cached); repeatable\n"
+            "  -p, --n-prompt N         prompt lengths (default 512; 0 skips)\n"
+            "  -n, --n-gen N            generated tokens (default 128; 0 skips)\n"
+            "  -pg P,T                  a prompt of P then T generated tokens, timed together\n"
+            "  -d, --n-depth N          tokens already in the cache before each test (default 0)\n"
+            "  -b, --batch-size N       most tokens per forward (default 2048)\n"
+            "  -ub, --ubatch-size N     prompt chunk per forward (default 512)\n"
+            "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  -r, --repetitions N      timed runs per test after one warm-up (default 5)\n"
+            "  --no-warmup              skip the warm-up run\n"
+            "  -ngl, --n-gpu-layers N   0 runs on the CPU; other values use the GPU (smelt puts\n"
+            "                           all layers on one device)\n"
+            "  --backend auto|cpu|cuda, --device N (also -mg, --main-gpu N)\n"
+            "  -B, --batched N          N sequences decoding together (aggregate tok/s), with each -n\n"
+            "  --bw GB/S                bandwidth for the decode bound (CUDA default: 4380, H200)\n"
             "  -o, --output md|json|jsonl|csv   (default md)\n");
 }
 
@@ -71,86 +108,153 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static bool parse_list(const char *s, int *out, int *n) {
-    *n = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", s);
-    char *save = NULL;
-    for (char *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (*end || v < 0 || v > 1000000 || *n >= MAX_LIST) return false;
-        out[(*n)++] = (int)v;
+/* ---- arguments ---- */
+
+static bool parse_int(const char **p, long *out) {
+    char *end;
+    if (**p < '0' || **p > '9') return false;
+    *out = strtol(*p, &end, 10);
+    if (end == *p || *out > 10000000) return false;
+    *p = end;
+    return true;
+}
+
+/* Appends "a,b,c", each item N or first-last[+step|*mult] (llama-bench's ranges). */
+static bool parse_list(const char *s, struct list *l) {
+    const char *p = s;
+    while (*p) {
+        long first, last, step = 1;
+        char op = '+';
+        if (!parse_int(&p, &first)) return false;
+        last = first;
+        if (*p == '-') {
+            p++;
+            if (!parse_int(&p, &last) || last < first) return false;
+            if (*p == '+' || *p == '*') {
+                op = *p++;
+                if (!parse_int(&p, &step)) return false;
+                if (step < (op == '+' ? 1 : 2)) return false;
+            }
+        }
+        for (long v = first; v <= last; v = op == '+' ? v + step : v * step) {
+            if (l->n >= MAX_LIST) return false;
+            l->v[l->n++] = (int)v;
+            if (op == '*' && v == 0) break; /* 0 * mult never grows */
+        }
+        if (*p == ',') p++;
+        else if (*p) return false;
     }
-    return *n > 0;
+    return true;
+}
+
+static bool parse_pg(const char *s, struct opts *o) {
+    int a, b, n = 0;
+    if (sscanf(s, "%d,%d%n", &a, &b, &n) != 2 || s[n] || a < 0 || b < 0 || o->n_pg >= MAX_LIST)
+        return false;
+    o->pg[o->n_pg][0] = a;
+    o->pg[o->n_pg][1] = b;
+    o->n_pg++;
+    return true;
+}
+
+static bool parse_num(const char *s, int lo, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > 100000000) return false;
+    *out = (int)v;
+    return true;
 }
 
 static int parse_args(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->n_prompt[0] = 512, o->n_np = 1;
-    o->n_gen[0] = 128, o->n_ng = 1;
-    o->reps = 5, o->n_batch = 2048, o->n_ubatch = 512, o->ngl = -1;
+    o->reps = 5, o->ngl = -1;
     o->backend = "auto", o->output = "md";
-    for (int i = 1; i < argc; i += 2) { /* every option takes one value */
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ISARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
-        if (ISARG("-h", "--help")) {
+#define IS(s, l) (!strcmp(a, s) || !strcmp(a, l))
+        if (IS("-h", "--help")) {
             usage(stdout);
             return 0;
         }
+        if (IS("--no-warmup", "--no-warmup")) {
+            o->no_warmup = true;
+            continue;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
             fprintf(stderr, "smelt bench: %s needs a value (or is unknown)\n", a);
             return 2;
         }
-        bool okv = true;
-        if (ISARG("-m", "--model")) o->model = v;
-        else if (ISARG("-p", "--n-prompt")) okv = parse_list(v, o->n_prompt, &o->n_np);
-        else if (ISARG("-n", "--n-gen")) okv = parse_list(v, o->n_gen, &o->n_ng);
-        else if (ISARG("-pg", "-pg")) okv = sscanf(v, "%d,%d", &o->pg_p, &o->pg_t) == 2 && o->pg_p >= 0 && o->pg_t >= 0;
-        else if (ISARG("-d", "--n-depth")) okv = (o->depth = atoi(v)) >= 0;
-        else if (ISARG("-r", "--repetitions")) okv = (o->reps = atoi(v)) >= 1;
-        else if (ISARG("-b", "--batch-size")) okv = (o->n_batch = atoi(v)) >= 1;
-        else if (ISARG("-ub", "--ubatch-size")) okv = (o->n_ubatch = atoi(v)) >= 1;
-        else if (ISARG("-t", "--threads")) okv = (o->threads = atoi(v)) >= 0;
-        else if (ISARG("-ngl", "--n-gpu-layers")) o->ngl = atoi(v);
-        else if (ISARG("--backend", "--backend")) o->backend = v;
-        else if (ISARG("--device", "--device")) okv = (o->device = atoi(v)) >= 0;
-        else if (ISARG("-B", "--batched")) okv = parse_list(v, o->batched, &o->n_batched);
-        else if (ISARG("--bw", "--bw")) okv = (o->bw_gbs = atof(v)) > 0;
-        else if (ISARG("-o", "--output")) o->output = v;
+        bool ok = true;
+        if (IS("-m", "--model")) {
+            if (o->n_models < MAX_LIST) o->models[o->n_models++] = v;
+        } else if (IS("-p", "--n-prompt")) ok = parse_list(v, &o->n_prompt);
+        else if (IS("-n", "--n-gen")) ok = parse_list(v, &o->n_gen);
+        else if (IS("-pg", "-pg")) ok = parse_pg(v, o);
+        else if (IS("-d", "--n-depth")) ok = parse_list(v, &o->depth);
+        else if (IS("-b", "--batch-size")) ok = parse_list(v, &o->n_batch);
+        else if (IS("-ub", "--ubatch-size")) ok = parse_list(v, &o->n_ubatch);
+        else if (IS("-t", "--threads")) ok = parse_list(v, &o->threads), o->threads_given = true;
+        else if (IS("-B", "--batched")) ok = parse_list(v, &o->batched);
+        else if (IS("-r", "--repetitions")) ok = parse_num(v, 1, &o->reps) && o->reps <= MAX_REPS;
+        else if (IS("-ngl", "--n-gpu-layers")) ok = parse_num(v, -1, &o->ngl);
+        else if (IS("--backend", "--backend")) o->backend = v;
+        else if (IS("--device", "-mg") || IS("--main-gpu", "--main-gpu")) ok = parse_num(v, 0, &o->device);
+        else if (IS("--bw", "--bw")) ok = (o->bw_gbs = atof(v)) > 0;
+        else if (IS("-o", "--output")) o->output = v;
         else {
             fprintf(stderr, "smelt bench: unknown option %s (see --help)\n", a);
             return 2;
         }
-#undef ISARG
-        if (!okv) {
+#undef IS
+        if (!ok) {
             fprintf(stderr, "smelt bench: bad value for %s: '%s'\n", a, v);
             return 2;
         }
     }
-    if (!o->model) {
+    if (!o->n_models) {
         fprintf(stderr, "smelt bench: -m MODEL is required\n");
         return 2;
     }
+    /* llama-bench's defaults for the lists not given */
+    if (!o->n_prompt.n) o->n_prompt = (struct list){{512}, 1};
+    if (!o->n_gen.n) o->n_gen = (struct list){{128}, 1};
+    if (!o->depth.n) o->depth = (struct list){{0}, 1};
+    if (!o->n_batch.n) o->n_batch = (struct list){{2048}, 1};
+    if (!o->n_ubatch.n) o->n_ubatch = (struct list){{512}, 1};
+    if (!o->threads.n) o->threads = (struct list){{0}, 1};
+    for (int i = 0; i < o->n_batch.n; i++)
+        if (o->n_batch.v[i] < 1) return fprintf(stderr, "smelt bench: -b must be >= 1\n"), 2;
+    for (int i = 0; i < o->n_ubatch.n; i++)
+        if (o->n_ubatch.v[i] < 1) return fprintf(stderr, "smelt bench: -ub must be >= 1\n"), 2;
+    for (int i = 0; i < o->batched.n; i++)
+        if (o->batched.v[i] < 1 || o->batched.v[i] > MAX_SEQS)
+            return fprintf(stderr, "smelt bench: -B is 1 to %d sequences\n", MAX_SEQS), 2;
     if (o->ngl == 0) o->backend = "cpu";
-    if (strcmp(o->output, "md") && strcmp(o->output, "json") && strcmp(o->output, "jsonl") && strcmp(o->output, "csv")) {
+    if (strcmp(o->output, "md") && strcmp(o->output, "json") && strcmp(o->output, "jsonl") &&
+        strcmp(o->output, "csv")) {
         fprintf(stderr, "smelt bench: -o must be md, json, jsonl or csv\n");
         return 2;
     }
-    if (o->n_ubatch > o->n_batch) o->n_ubatch = o->n_batch;
     return -1;
 }
+
+static int list_max(const struct list *l) {
+    int m = 0;
+    for (int i = 0; i < l->n; i++) m = l->v[i] > m ? l->v[i] : m;
+    return m;
+}
+
+/* ---- running the tests ---- */
 
 struct ctx {
     struct model *m;
     struct kv_store *kv;
     struct kv_pool pool;
     int n_vocab;
-    struct topk_row *greedy;  /* (max rows) k = 1 requests */
-    struct topk_summary *sum; /* (max rows) */
-    struct topk_cand *cand;   /* (max rows, TOPK_MAX), unused by k = 1 rows */
-    int max_rows;
+    struct topk_row greedy[MAX_SEQS];  /* k = 1 requests */
+    struct topk_summary sum[MAX_SEQS];
+    struct topk_cand *cand;            /* (MAX_SEQS, TOPK_MAX), unused by k = 1 rows */
     unsigned long long rng;
 };
 
@@ -181,9 +285,9 @@ static smelt_status prefill(struct ctx *c, struct kv_seq *q, int pos0, int n, in
 
 /* n decode steps of the nseq sequences together (one row each). */
 static smelt_status decode(struct ctx *c, struct kv_seq *qs, int nseq, int pos0, int n, struct err *e) {
-    int32_t tok[64], pos[64], seq[64];
-    uint8_t want[64];
-    struct batch_seq views[64];
+    int32_t tok[MAX_SEQS], pos[MAX_SEQS], seq[MAX_SEQS];
+    uint8_t want[MAX_SEQS];
+    struct batch_seq views[MAX_SEQS];
     smelt_status st = SMELT_OK;
     for (int s = 0; s < nseq && st == SMELT_OK; s++) st = kv_seq_reserve(&c->pool, &qs[s], pos0 + n, e);
     for (int s = 0; s < nseq; s++) views[s] = kv_seq_view(&qs[s]), seq[s] = s, want[s] = 1;
@@ -196,190 +300,450 @@ static smelt_status decode(struct ctx *c, struct kv_seq *qs, int nseq, int pos0,
     return st;
 }
 
-struct result {
-    char test[48];
-    int n_prompt, n_gen, n_batch_seqs;
-    double avg_ts, std_ts, avg_ns, std_ns;
-    double bound_pct; /* < 0: none */
-    double samples_ts[64];
+/* One test instance and its measurements. */
+struct row {
+    const char *model_filename;
+    const char *model_type;
+    double model_size, model_n_params;
+    int n_batch, n_ubatch, n_threads, n_prompt, n_gen, n_depth, n_seqs;
+    char test_time[32];
+    uint64_t samples_ns[MAX_REPS];
+    double samples_ts[MAX_REPS];
     int n_samples;
+    uint64_t avg_ns, std_ns;
+    double avg_ts, std_ts;
+    double bw_pct; /* < 0: none */
 };
 
-/* Bytes one decode step reads at context length ctx_len: weights + K/V. */
-static double step_bytes(const struct model *m, double ctx_len) {
+/* Bytes one decode step of nseq sequences reads at context length ctx_len each: the
+ * weights as the backend holds them, and the K/V of every sequence. */
+static double step_bytes(const struct model *m, int nseq, double ctx_len) {
     double w = 0;
     for (int64_t i = 0; i < m->n_tensors; i++) {
         const struct tensor *t = &m->tensors[i];
-        if (t == m->tok_embd && !m->hp.tied_output) w += (double)t->nb[1]; /* one row */
-        else w += (double)tensor_nbytes(t);
+        double b = (double)bk_weight_bytes(m->bk, t->type, t->ne);
+        if (b == 0) b = (double)tensor_nbytes(t);
+        if (t == m->tok_embd && !m->hp.tied_output) b = b / (double)t->ne[1] * nseq; /* rows */
+        w += b;
     }
-    return w + (double)model_kv_block_bytes(m, QT_F16, 1) * ctx_len;
+    return w + (double)model_kv_block_bytes(m, QT_F16, 1) * ctx_len * nseq;
 }
 
-static smelt_status run_test(struct ctx *c, const struct opts *o, int np, int ng, int nseq, struct result *r,
+/* Sample statistics as llama-bench computes them: mean, and the standard deviation with
+ * Bessel's correction. */
+static double mean_of(const double *v, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return n ? s / n : 0;
+}
+
+static double stdev_of(const double *v, int n) {
+    if (n <= 1) return 0;
+    double m = mean_of(v, n), s = 0;
+    for (int i = 0; i < n; i++) s += (v[i] - m) * (v[i] - m);
+    return sqrt(s / (n - 1));
+}
+
+static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r, int chunk,
                              double bw, struct err *e) {
-    memset(r, 0, sizeof *r);
-    r->n_prompt = np, r->n_gen = ng, r->n_batch_seqs = nseq, r->bound_pct = -1;
-    if (nseq > 1) snprintf(r->test, sizeof r->test, "tg%d x%d", ng, nseq);
-    else if (np && ng) snprintf(r->test, sizeof r->test, "pp%d+tg%d", np, ng);
-    else if (np) snprintf(r->test, sizeof r->test, "pp%d", np);
-    else snprintf(r->test, sizeof r->test, "tg%d", ng);
-    if (o->depth) snprintf(r->test + strlen(r->test), sizeof r->test - strlen(r->test), " @ d%d", o->depth);
-    double sum = 0, sum2 = 0;
-    for (int rep = -1; rep < o->reps; rep++) { /* rep -1: warm-up */
-        struct kv_seq qs[64];
+    int np = r->n_prompt, ng = r->n_gen, nseq = r->n_seqs, depth = r->n_depth;
+    time_t now = time(NULL);
+    struct tm tmv;
+    strftime(r->test_time, sizeof r->test_time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
+    r->bw_pct = -1;
+    for (int rep = o->no_warmup ? 0 : -1; rep < o->reps; rep++) { /* rep -1: warm-up */
+        struct kv_seq qs[MAX_SEQS];
         for (int s = 0; s < nseq; s++) kv_seq_init(&qs[s]);
         smelt_status st = SMELT_OK;
         for (int s = 0; s < nseq && st == SMELT_OK; s++)
-            if (o->depth) st = prefill(c, &qs[s], 0, o->depth, o->n_ubatch, e);
+            if (depth) st = prefill(c, &qs[s], 0, depth, chunk, e);
         double t0 = now_s();
-        if (st == SMELT_OK && np) st = prefill(c, &qs[0], o->depth, np, o->n_ubatch, e);
-        if (st == SMELT_OK && ng) st = decode(c, qs, nseq, o->depth + (nseq > 1 ? 0 : np), ng, e);
+        if (st == SMELT_OK && np) st = prefill(c, &qs[0], depth, np, chunk, e);
+        if (st == SMELT_OK && ng) st = decode(c, qs, nseq, depth + np, ng, e);
         double dt = now_s() - t0;
         for (int s = 0; s < nseq; s++) kv_seq_release(&c->pool, &qs[s]);
         if (st != SMELT_OK) return st;
         if (rep < 0) continue;
-        double ts = (double)(np + ng * nseq) / dt;
-        r->samples_ts[r->n_samples++] = ts;
-        sum += dt;
-        sum2 += dt * dt;
+        uint64_t ns = (uint64_t)(dt * 1e9);
+        if (ns == 0) ns = 1;
+        r->samples_ns[r->n_samples] = ns;
+        r->samples_ts[r->n_samples] = 1e9 * (double)(np + ng * nseq) / (double)ns;
+        r->n_samples++;
     }
     int n = r->n_samples;
-    double mean = sum / n;
-    r->avg_ns = mean * 1e9;
-    r->std_ns = n > 1 ? sqrt(fmax(0, (sum2 - n * mean * mean) / (n - 1))) * 1e9 : 0;
-    double s1 = 0, s2 = 0;
-    for (int i = 0; i < n; i++) s1 += r->samples_ts[i], s2 += r->samples_ts[i] * r->samples_ts[i];
-    r->avg_ts = s1 / n;
-    r->std_ts = n > 1 ? sqrt(fmax(0, (s2 - n * r->avg_ts * r->avg_ts) / (n - 1))) : 0;
+    double ns_d[MAX_REPS];
+    for (int i = 0; i < n; i++) ns_d[i] = (double)r->samples_ns[i];
+    r->avg_ns = (uint64_t)mean_of(ns_d, n);
+    r->std_ns = (uint64_t)stdev_of(ns_d, n);
+    r->avg_ts = mean_of(r->samples_ts, n);
+    r->std_ts = stdev_of(r->samples_ts, n);
     if (bw > 0 && ng && !np) {
-        /* decode rows: the bound for nseq rows per step (weights read once per step) */
-        double bytes = step_bytes(c->m, o->depth + ng / 2.0);
-        double bound_steps = bw * 1e9 / bytes; /* steps per second */
-        r->bound_pct = 100.0 * (r->avg_ts / nseq) / bound_steps;
+        /* steps per second achieved against the bound's: bandwidth / bytes of a step */
+        double bytes = step_bytes(c->m, nseq, depth + ng / 2.0);
+        r->bw_pct = 100.0 * (r->avg_ts / nseq) / (bw * 1e9 / bytes);
     }
     return SMELT_OK;
 }
 
-static void human_size(double b, char *buf, size_t n) { snprintf(buf, n, "%.2f GiB", b / (1024.0 * 1024 * 1024)); }
+/* ---- output ---- */
 
-static void print_results(const struct opts *o, const char *model_desc, double size_b, double params,
-                          const char *backend, const struct result *rs, int nr) {
-    char size[32];
-    human_size(size_b, size, sizeof size);
-    bool json = !strcmp(o->output, "json"), jsonl = !strcmp(o->output, "jsonl");
-    if (!strcmp(o->output, "md")) {
-        printf("| model                          |       size |     params | backend    | threads |            test |                  t/s | %% of bound |\n");
-        printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: | ---------: |\n");
-        for (int i = 0; i < nr; i++) {
-            char ts[48], pct[16] = "";
-            snprintf(ts, sizeof ts, "%.2f ± %.2f", rs[i].avg_ts, rs[i].std_ts);
-            if (rs[i].bound_pct >= 0) snprintf(pct, sizeof pct, "%.1f", rs[i].bound_pct);
-            printf("| %-30s | %10s | %8.2f B | %-10s | %7d | %15s | %20s | %10s |\n", model_desc, size, params / 1e9,
-                   backend, o->threads, rs[i].test, ts, pct);
-        }
-    } else if (!strcmp(o->output, "csv")) {
-        printf("model_filename,model_type,model_size,model_n_params,backends,n_threads,n_batch,n_ubatch,"
-               "n_prompt,n_gen,n_depth,n_seqs,test,avg_ns,stddev_ns,avg_ts,stddev_ts,bound_pct\n");
-        for (int i = 0; i < nr; i++)
-            printf("\"%s\",\"%s\",%.0f,%.0f,%s,%d,%d,%d,%d,%d,%d,%d,\"%s\",%.0f,%.0f,%.6f,%.6f,%.2f\n", o->model, model_desc,
-                   size_b, params, backend, o->threads, o->n_batch, o->n_ubatch, rs[i].n_prompt, rs[i].n_gen,
-                   o->depth, rs[i].n_batch_seqs, rs[i].test, rs[i].avg_ns, rs[i].std_ns, rs[i].avg_ts,
-                   rs[i].std_ts, rs[i].bound_pct);
-    } else {
-        if (json) printf("[\n");
-        for (int i = 0; i < nr; i++) {
-            printf("%s{\"model_filename\": \"%s\", \"model_type\": \"%s\", \"model_size\": %.0f, "
-                   "\"model_n_params\": %.0f, \"backends\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, "
-                   "\"n_ubatch\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"n_depth\": %d, \"n_seqs\": %d, "
-                   "\"test\": \"%s\", \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.6f, "
-                   "\"stddev_ts\": %.6f, \"bound_pct\": %.2f, \"samples_ts\": [",
-                   json ? "  " : "", o->model, model_desc, size_b, params, backend, o->threads, o->n_batch,
-                   o->n_ubatch, rs[i].n_prompt, rs[i].n_gen, o->depth, rs[i].n_batch_seqs, rs[i].test, rs[i].avg_ns,
-                   rs[i].std_ns, rs[i].avg_ts, rs[i].std_ts, rs[i].bound_pct);
-            for (int k = 0; k < rs[i].n_samples; k++) printf("%s%.6f", k ? ", " : "", rs[i].samples_ts[k]);
-            printf("]}%s\n", json && i + 1 < nr ? "," : "");
-        }
-        if (json) printf("]\n");
-    }
-    (void)jsonl;
+struct printer {
+    const struct opts *o;
+    const char *backend;  /* "CPU", "CUDA" */
+    char cpu_info[128], gpu_info[260];
+    bool md, json, jsonl, csv, show_bw;
+    int n_rows;
+};
+
+static void test_name(const struct row *r, char *buf, size_t n) {
+    if (r->n_prompt > 0 && r->n_gen == 0) snprintf(buf, n, "pp%d", r->n_prompt);
+    else if (r->n_gen > 0 && r->n_prompt == 0) snprintf(buf, n, "tg%d", r->n_gen);
+    else snprintf(buf, n, "pp%d+tg%d", r->n_prompt, r->n_gen);
+    if (r->n_seqs > 1) snprintf(buf + strlen(buf), n - strlen(buf), " x%d", r->n_seqs);
+    if (r->n_depth > 0) snprintf(buf + strlen(buf), n - strlen(buf), " @ d%d", r->n_depth);
 }
 
-int cmd_bench(int argc, char **argv) {
-    struct opts o;
-    int rc = parse_args(argc, argv, &o);
-    if (rc >= 0) return rc;
-    struct err e = {0};
-    char path[4096];
+/* md columns (llama-bench's selection and widths; negative: left-aligned) */
+struct col {
+    const char *name;
+    int width;
+};
+
+static int md_cols(const struct printer *p, struct col *c) {
+    const struct opts *o = p->o;
+    bool cpu = !strcmp(p->backend, "CPU");
+    int n = 0;
+    c[n++] = (struct col){"model", -30};
+    c[n++] = (struct col){"size", 10};
+    c[n++] = (struct col){"params", 10};
+    c[n++] = (struct col){"backend", -10};
+    if (!cpu) c[n++] = (struct col){"ngl", 3};
+    if (cpu || o->threads_given) c[n++] = (struct col){"threads", 7};
+    if (o->n_batch.n > 1 || o->n_batch.v[0] != 2048) c[n++] = (struct col){"n_batch", 7};
+    if (o->n_ubatch.n > 1 || o->n_ubatch.v[0] != 512) c[n++] = (struct col){"n_ubatch", 8};
+    c[n++] = (struct col){"test", 15};
+    c[n++] = (struct col){"t/s", 20};
+    if (p->show_bw) c[n++] = (struct col){"bw %", 6};
+    return n;
+}
+
+static void print_header(struct printer *p) {
+    if (p->md) {
+        struct col c[16];
+        int n = md_cols(p, c);
+        printf("|");
+        for (int i = 0; i < n; i++) printf(" %*s |", c[i].width, c[i].name);
+        printf("\n|");
+        for (int i = 0; i < n; i++) {
+            int w = abs(c[i].width);
+            putchar(' ');
+            for (int k = 0; k < w - 1; k++) putchar('-');
+            printf("%c |", c[i].width > 0 ? ':' : '-');
+        }
+        printf("\n");
+    } else if (p->csv) {
+        printf("build_commit,build_number,cpu_info,gpu_info,backends,model_filename,model_type,"
+               "model_size,model_n_params,n_batch,n_ubatch,n_threads,type_k,type_v,n_gpu_layers,"
+               "main_gpu,n_prompt,n_gen,n_depth,test_time,avg_ns,stddev_ns,avg_ts,stddev_ts,"
+               "n_seqs,bw_pct\n");
+    } else if (p->json) {
+        printf("[\n");
+    }
+    fflush(stdout);
+}
+
+/* A JSON string body (the values here are paths and names: quotes, backslashes, controls). */
+static void json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+        else putchar(*s);
+    }
+    putchar('"');
+}
+
+static void csv_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"') putchar('"');
+        putchar(*s);
+    }
+    putchar('"');
+}
+
+static void print_row(struct printer *p, const struct row *r) {
+    const struct opts *o = p->o;
+    char test[64];
+    test_name(r, test, sizeof test);
+    if (p->md) {
+        struct col c[16];
+        int n = md_cols(p, c);
+        printf("|");
+        for (int i = 0; i < n; i++) {
+            char v[96];
+            const char *nm = c[i].name;
+            int w = c[i].width;
+            if (!strcmp(nm, "model")) snprintf(v, sizeof v, "%s", r->model_type);
+            else if (!strcmp(nm, "size"))
+                r->model_size < 1024.0 * 1024 * 1024
+                    ? snprintf(v, sizeof v, "%.2f MiB", r->model_size / 1024.0 / 1024.0)
+                    : snprintf(v, sizeof v, "%.2f GiB", r->model_size / 1024.0 / 1024.0 / 1024.0);
+            else if (!strcmp(nm, "params"))
+                r->model_n_params < 1e9 ? snprintf(v, sizeof v, "%.2f M", r->model_n_params / 1e6)
+                                        : snprintf(v, sizeof v, "%.2f B", r->model_n_params / 1e9);
+            else if (!strcmp(nm, "backend")) snprintf(v, sizeof v, "%s", p->backend);
+            else if (!strcmp(nm, "ngl")) snprintf(v, sizeof v, "%d", o->ngl);
+            else if (!strcmp(nm, "threads")) snprintf(v, sizeof v, "%d", r->n_threads);
+            else if (!strcmp(nm, "n_batch")) snprintf(v, sizeof v, "%d", r->n_batch);
+            else if (!strcmp(nm, "n_ubatch")) snprintf(v, sizeof v, "%d", r->n_ubatch);
+            else if (!strcmp(nm, "test")) snprintf(v, sizeof v, "%s", test);
+            else if (!strcmp(nm, "t/s")) {
+                snprintf(v, sizeof v, "%.2f ± %.2f", r->avg_ts, r->std_ts);
+                w += 1; /* the ± is two bytes */
+            } else if (r->bw_pct >= 0) snprintf(v, sizeof v, "%.1f", r->bw_pct);
+            else v[0] = 0;
+            printf(" %*s |", w, v);
+        }
+        printf("\n");
+    } else if (p->csv) {
+        csv_str(SMELT_BUILD_COMMIT), printf(",\"%d\",", SMELT_BUILD_NUMBER);
+        csv_str(p->cpu_info), putchar(','), csv_str(p->gpu_info), putchar(',');
+        csv_str(p->backend), putchar(','), csv_str(r->model_filename), putchar(',');
+        csv_str(r->model_type);
+        printf(",\"%.0f\",\"%.0f\",\"%d\",\"%d\",\"%d\",\"f16\",\"f16\",\"%d\",\"%d\",\"%d\",\"%d\","
+               "\"%d\",\"%s\",\"%llu\",\"%llu\",\"%f\",\"%f\",\"%d\",",
+               r->model_size, r->model_n_params, r->n_batch, r->n_ubatch, r->n_threads, o->ngl,
+               o->device, r->n_prompt, r->n_gen, r->n_depth, r->test_time,
+               (unsigned long long)r->avg_ns, (unsigned long long)r->std_ns, r->avg_ts, r->std_ts,
+               r->n_seqs);
+        if (r->bw_pct >= 0) printf("\"%.2f\"\n", r->bw_pct);
+        else printf("\"\"\n");
+    } else {
+        /* json: one object per test, indented, comma-separated; jsonl: one per line */
+        const char *open = p->json ? "  {\n" : "{", *sep = p->json ? ",\n" : ", ";
+        const char *ind = p->json ? "    " : "";
+        if (p->json && p->n_rows) printf(",\n");
+        printf("%s", open);
+#define KEY(k) printf("%s\"%s\": ", ind, k)
+        KEY("build_commit"), json_str(SMELT_BUILD_COMMIT), printf("%s", sep);
+        KEY("build_number"), printf("%d%s", SMELT_BUILD_NUMBER, sep);
+        KEY("cpu_info"), json_str(p->cpu_info), printf("%s", sep);
+        KEY("gpu_info"), json_str(p->gpu_info), printf("%s", sep);
+        KEY("backends"), json_str(p->backend), printf("%s", sep);
+        KEY("model_filename"), json_str(r->model_filename), printf("%s", sep);
+        KEY("model_type"), json_str(r->model_type), printf("%s", sep);
+        KEY("model_size"), printf("%.0f%s", r->model_size, sep);
+        KEY("model_n_params"), printf("%.0f%s", r->model_n_params, sep);
+        KEY("n_batch"), printf("%d%s", r->n_batch, sep);
+        KEY("n_ubatch"), printf("%d%s", r->n_ubatch, sep);
+        KEY("n_threads"), printf("%d%s", r->n_threads, sep);
+        KEY("type_k"), printf("\"f16\"%s", sep);
+        KEY("type_v"), printf("\"f16\"%s", sep);
+        KEY("n_gpu_layers"), printf("%d%s", o->ngl, sep);
+        KEY("main_gpu"), printf("%d%s", o->device, sep);
+        KEY("n_prompt"), printf("%d%s", r->n_prompt, sep);
+        KEY("n_gen"), printf("%d%s", r->n_gen, sep);
+        KEY("n_depth"), printf("%d%s", r->n_depth, sep);
+        KEY("test_time"), json_str(r->test_time), printf("%s", sep);
+        KEY("avg_ns"), printf("%llu%s", (unsigned long long)r->avg_ns, sep);
+        KEY("stddev_ns"), printf("%llu%s", (unsigned long long)r->std_ns, sep);
+        KEY("avg_ts"), printf("%f%s", r->avg_ts, sep);
+        KEY("stddev_ts"), printf("%f%s", r->std_ts, sep);
+        KEY("n_seqs"), printf("%d%s", r->n_seqs, sep);
+        KEY("bw_pct");
+        if (r->bw_pct >= 0) printf("%.2f%s", r->bw_pct, sep);
+        else printf("null%s", sep);
+        KEY("samples_ns"), printf("[ ");
+        for (int k = 0; k < r->n_samples; k++) printf("%s%llu", k ? ", " : "", (unsigned long long)r->samples_ns[k]);
+        printf(" ]%s", sep);
+        KEY("samples_ts"), printf("[ ");
+        for (int k = 0; k < r->n_samples; k++) printf("%s%g", k ? ", " : "", r->samples_ts[k]);
+        printf(" ]");
+#undef KEY
+        printf(p->json ? "\n  }" : "}\n");
+    }
+    p->n_rows++;
+    fflush(stdout);
+}
+
+static void print_footer(struct printer *p) {
+    if (p->md) printf("\nbuild: %s (%d)\n", SMELT_BUILD_COMMIT, SMELT_BUILD_NUMBER);
+    else if (p->json) printf("\n]\n");
+    fflush(stdout);
+}
+
+/* ---- the model's description (llama-bench's model_type: "arch size ftype") ---- */
+
+static const char *ftype_name(uint32_t ft) {
+    static const char *names[] = {
+        [0] = "all F32",       [1] = "F16",           [2] = "Q4_0",          [3] = "Q4_1",
+        [7] = "Q8_0",          [8] = "Q5_0",          [9] = "Q5_1",          [10] = "Q2_K - Medium",
+        [11] = "Q3_K - Small", [12] = "Q3_K - Medium", [13] = "Q3_K - Large", [14] = "Q4_K - Small",
+        [15] = "Q4_K - Medium", [16] = "Q5_K - Small", [17] = "Q5_K - Medium", [18] = "Q6_K",
+        [19] = "IQ2_XXS - 2.0625 bpw", [20] = "IQ2_XS - 2.3125 bpw", [21] = "Q2_K - Small",
+        [22] = "IQ3_XS - 3.3 bpw", [23] = "IQ3_XXS - 3.0625 bpw", [24] = "IQ1_S - 1.5625 bpw",
+        [25] = "IQ4_NL - 4.5 bpw", [26] = "IQ3_S - 3.4375 bpw", [27] = "IQ3_S mix - 3.66 bpw",
+        [28] = "IQ2_S - 2.5 bpw", [29] = "IQ2_M - 2.7 bpw", [30] = "IQ4_XS - 4.25 bpw",
+        [31] = "IQ1_M - 1.75 bpw", [32] = "BF16", [36] = "TQ1_0 - 1.69 bpw ternary",
+        [37] = "TQ2_0 - 2.06 bpw ternary", [38] = "MXFP4 MoE",
+    };
+    if (ft >= sizeof names / sizeof names[0] || !names[ft]) return "unknown, may not work";
+    return names[ft];
+}
+
+static void model_desc(const struct gguf_file *f, const struct model *m, char *buf, size_t n) {
+    char label[32] = "?B";
+    struct gguf_str s = {0};
+    if (gguf_get_str(f, "general.size_label", &s, NULL) == SMELT_OK && s.ptr)
+        gguf_str_copy(s, label, sizeof label);
+    uint32_t ft = 0;
+    bool has_ft = gguf_get_u32(f, "general.file_type", &ft, NULL) == SMELT_OK;
+    snprintf(buf, n, "%s %s %s", m->hp.arch, label, has_ft ? ftype_name(ft) : "unknown, may not work");
+}
+
+static void read_cpu_info(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ' || *c == '\t') c++;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, n, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void read_gpu_info(int device, char *buf, size_t n) {
+    buf[0] = 0;
+#ifdef SMELT_HAVE_CUDA
+    struct cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) == cudaSuccess) snprintf(buf, n, "%.255s", p.name);
+    else cudaGetLastError();
+#else
+    (void)device;
+    (void)n;
+#endif
+}
+
+/* ---- one model at one thread count: every instance of the other lists ---- */
+
+static smelt_status bench_model(const struct opts *o, const char *ref, int threads, struct printer *p,
+                                struct err *e) {
+    char path[4096], desc[160];
     struct gguf_file *f = NULL;
     struct backend *bk = NULL;
     struct ctx c;
     memset(&c, 0, sizeof c);
     c.rng = 0x5eed;
-    int max_seqs = 1;
-    for (int i = 0; i < o.n_batched; i++) max_seqs = o.batched[i] > max_seqs ? o.batched[i] : max_seqs;
-    if (max_seqs > 64) {
-        fprintf(stderr, "smelt bench: -B is at most 64 sequences\n");
-        return 2;
+    int max_b = 1, max_chunk = 1, max_np = 0, max_ng = list_max(&o->n_gen);
+    for (int i = 0; i < o->batched.n; i++) max_b = o->batched.v[i] > max_b ? o->batched.v[i] : max_b;
+    for (int i = 0; i < o->n_ubatch.n; i++) max_chunk = o->n_ubatch.v[i] > max_chunk ? o->n_ubatch.v[i] : max_chunk;
+    if (list_max(&o->n_batch) < max_chunk) max_chunk = list_max(&o->n_batch);
+    max_np = list_max(&o->n_prompt);
+    for (int i = 0; i < o->n_pg; i++) {
+        if (o->pg[i][0] > max_np) max_np = o->pg[i][0];
+        if (o->pg[i][1] > max_ng) max_ng = o->pg[i][1];
     }
-    smelt_status st = cli_resolve_model(o.model, false, path, sizeof path, &e);
-    if (st == SMELT_OK) st = gguf_open(&f, path, &e);
-    if (st == SMELT_OK) st = cli_backend_new(o.backend, o.device, o.threads, &bk, &e);
-    if (st == SMELT_OK) st = model_load(&c.m, f, bk, &e);
-    int max_np = o.pg_p, max_ng = o.pg_t;
-    for (int i = 0; i < o.n_np; i++) max_np = o.n_prompt[i] > max_np ? o.n_prompt[i] : max_np;
-    for (int i = 0; i < o.n_ng; i++) max_ng = o.n_gen[i] > max_ng ? o.n_gen[i] : max_ng;
-    int per_seq = o.depth + max_np + max_ng + BLOCK;
-    int n_blocks = max_seqs * ((per_seq + BLOCK - 1) / BLOCK) + 1;
-    if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, &c.kv, &e);
-    if (st == SMELT_OK) st = kv_pool_init(&c.pool, n_blocks, BLOCK, &e);
+    int per_seq = list_max(&o->depth) + max_np + max_ng + BLOCK;
+    int n_blocks = max_b * ((per_seq + BLOCK - 1) / BLOCK) + 1;
+    smelt_status st = cli_resolve_model(ref, false, path, sizeof path, e);
+    if (st == SMELT_OK) st = gguf_open(&f, path, e);
+    if (st == SMELT_OK) st = cli_backend_new(o->backend, o->device, threads, &bk, e);
+    if (st == SMELT_OK) st = cli_model_load(path, f, bk, &c.m, e);
+    if (st == SMELT_OK) {
+        /* the memory plan: the longest prompt chunk, or max_b decode rows */
+        struct cli_mem_req r = {
+            .cmd = "bench", .f = f, .need = (int64_t)n_blocks * BLOCK,
+            .shape = {.max_tokens = max_chunk > max_b ? max_chunk : max_b, .max_seqs = max_b,
+                      .max_out = max_b, .n_ctx = per_seq, .block_size = BLOCK, .kv_type = QT_F16}};
+        int64_t t = 0;
+        st = cli_mem_plan(c.m, &r, &t, e);
+    }
+    if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, &c.kv, e);
+    if (st == SMELT_OK) st = kv_pool_init(&c.pool, n_blocks, BLOCK, e);
     if (st == SMELT_OK) {
         c.n_vocab = c.m->hp.n_vocab;
-        c.max_rows = max_seqs;
-        c.greedy = calloc((size_t)max_seqs, sizeof *c.greedy);
-        c.sum = calloc((size_t)max_seqs, sizeof *c.sum);
-        c.cand = calloc((size_t)max_seqs * TOPK_MAX, sizeof *c.cand);
-        if (!c.greedy || !c.sum || !c.cand) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
-        for (int i = 0; c.greedy && i < max_seqs; i++)
-            c.greedy[i] = (struct topk_row){.k = 1, .inv_t = 1.0f};
+        c.cand = calloc((size_t)MAX_SEQS * TOPK_MAX, sizeof *c.cand);
+        if (!c.cand) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < MAX_SEQS; i++) c.greedy[i] = (struct topk_row){.k = 1, .inv_t = 1.0f};
     }
-    struct result rs[3 * MAX_LIST + 1];
-    int nr = 0;
-    bool cuda = cli_backend_is_cuda(o.backend);
-    double bw = o.bw_gbs > 0 ? o.bw_gbs : (cuda ? 4380.0 : 0.0);
-    for (int i = 0; st == SMELT_OK && i < o.n_np; i++)
-        if (o.n_prompt[i] > 0) st = run_test(&c, &o, o.n_prompt[i], 0, 1, &rs[nr++], bw, &e);
-    for (int i = 0; st == SMELT_OK && i < o.n_ng; i++)
-        if (o.n_gen[i] > 0) st = run_test(&c, &o, 0, o.n_gen[i], 1, &rs[nr++], bw, &e);
-    if (st == SMELT_OK && (o.pg_p || o.pg_t)) st = run_test(&c, &o, o.pg_p, o.pg_t, 1, &rs[nr++], bw, &e);
-    for (int i = 0; st == SMELT_OK && i < o.n_batched; i++)
-        for (int j = 0; st == SMELT_OK && j < o.n_ng; j++)
-            if (o.n_gen[j] > 0) st = run_test(&c, &o, 0, o.n_gen[j], o.batched[i], &rs[nr++], bw, &e);
+    double size = 0, params = 0;
     if (st == SMELT_OK) {
-        char desc[96];
-        struct gguf_str name = {0};
-        gguf_get_str(f, "general.name", &name, NULL);
-        char nm[64] = "";
-        if (name.ptr) gguf_str_copy(name, nm, sizeof nm);
-        uint32_t ft = 0;
-        gguf_get_u32(f, "general.file_type", &ft, NULL);
-        double params = 0, size = 0;
         for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
             const struct gguf_tensor *t = gguf_tensor_at(f, i);
-            params += (double)t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+            params += (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
             size += (double)t->nbytes;
         }
-        snprintf(desc, sizeof desc, "%s %s", c.m->hp.arch, nm[0] ? nm : "");
-        print_results(&o, desc, size, params, cuda ? "CUDA" : "CPU", rs, nr);
+        model_desc(f, c.m, desc, sizeof desc);
     }
-    free(c.greedy);
-    free(c.sum);
+    bool cuda = st == SMELT_OK && cli_backend_is_cuda(o->backend);
+    double bw = o->bw_gbs > 0 ? o->bw_gbs : (cuda ? 4380.0 : 0.0);
+    int n_thr = threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    struct row *r = calloc(1, sizeof *r);
+    if (st == SMELT_OK && !r) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    for (int ib = 0; st == SMELT_OK && ib < o->n_batch.n; ib++)
+        for (int iu = 0; st == SMELT_OK && iu < o->n_ubatch.n; iu++)
+            for (int id = 0; st == SMELT_OK && id < o->depth.n; id++) {
+                int nb = o->n_batch.v[ib], nub = o->n_ubatch.v[iu];
+                int chunk = nub < nb ? nub : nb;
+                /* pp, tg, pg (llama-bench's order), then smelt's batched decode */
+                int kinds[4] = {o->n_prompt.n, o->n_gen.n, o->n_pg, o->batched.n * o->n_gen.n};
+                for (int kind = 0; st == SMELT_OK && kind < 4; kind++)
+                    for (int k = 0; st == SMELT_OK && k < kinds[kind]; k++) {
+                        int np = 0, ng = 0, ns = 1;
+                        if (kind == 0) np = o->n_prompt.v[k];
+                        else if (kind == 1) ng = o->n_gen.v[k];
+                        else if (kind == 2) np = o->pg[k][0], ng = o->pg[k][1];
+                        else ns = o->batched.v[k / o->n_gen.n], ng = o->n_gen.v[k % o->n_gen.n];
+                        if (np + ng == 0) continue;
+                        memset(r, 0, sizeof *r);
+                        *r = (struct row){.model_filename = ref, .model_type = desc, .model_size = size,
+                                          .model_n_params = params, .n_batch = nb, .n_ubatch = nub,
+                                          .n_threads = n_thr, .n_prompt = np, .n_gen = ng,
+                                          .n_depth = o->depth.v[id], .n_seqs = ns};
+                        st = run_test(&c, o, r, chunk, bw, e);
+                        if (st == SMELT_OK) print_row(p, r);
+                    }
+            }
+    free(r);
     free(c.cand);
     if (c.kv) model_kv_free(c.m, c.kv);
     kv_pool_free(&c.pool);
     model_free(c.m);
     if (bk) bk_free(bk);
     gguf_close(f);
-    if (st != SMELT_OK) return cli_fail("bench", &e);
-    return 0;
+    return st;
+}
+
+int cmd_bench(int argc, char **argv) {
+    static struct opts o; /* big (lists): not on the stack */
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+    struct err e = {0};
+    struct printer p = {.o = &o};
+    p.md = !strcmp(o.output, "md");
+    p.json = !strcmp(o.output, "json");
+    p.jsonl = !strcmp(o.output, "jsonl");
+    p.csv = !strcmp(o.output, "csv");
+    bool cuda = cli_backend_is_cuda(o.backend);
+    p.backend = cuda ? "CUDA" : "CPU";
+    p.show_bw = cuda || o.bw_gbs > 0;
+    read_cpu_info(p.cpu_info, sizeof p.cpu_info);
+    if (cuda) read_gpu_info(o.device, p.gpu_info, sizeof p.gpu_info);
+    print_header(&p);
+    smelt_status st = SMELT_OK;
+    for (int im = 0; st == SMELT_OK && im < o.n_models; im++)
+        for (int it = 0; st == SMELT_OK && it < o.threads.n; it++)
+            st = bench_model(&o, o.models[im], o.threads.v[it], &p, &e);
+    print_footer(&p);
+    return st == SMELT_OK ? 0 : cli_fail("bench", &e);
 }

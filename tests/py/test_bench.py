@@ -1,0 +1,161 @@
+"""`smelt bench` against llama-bench's documented interface (tools/llama-bench/README.md and
+its printers): the flags (comma lists, repeated flags, ranges, -pg pairs), the test order
+(pp, tg, pg for each -t/-b/-ub/-d combination), the md table's columns and formats, and
+the json/jsonl/csv fields. Figures are checked against an independent reading of the file
+(gguf-py: size, parameters, KV bytes) and of the samples (statistics: mean, sample
+standard deviation). Runs on the CPU backend with a tiny random-weight fixture."""
+import csv
+import io
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+
+import gguf
+import pytest
+
+SMELT = os.environ.get("SMELT_BIN", "build/smelt")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "data" / "ref" / "qwen2-f32.gguf"
+
+FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename",
+          "model_type", "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads",
+          "type_k", "type_v", "n_gpu_layers", "main_gpu", "n_prompt", "n_gen", "n_depth",
+          "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "n_seqs", "bw_pct"]
+
+
+def bench(*args, check=True):
+    r = subprocess.run([SMELT, "bench", "-m", str(TINY), "--backend", "cpu", "-t", "1",
+                        *map(str, args)], capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def bench_json(*args):
+    return json.loads(bench("-o", "json", *args).stdout)
+
+
+def test_json_fields_and_statistics():
+    rows = bench_json("-p", "16", "-n", "4", "-r", "3")
+    assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [(16, 0), (0, 4)]
+    reader = gguf.GGUFReader(TINY)
+    size = sum(int(t.n_bytes) for t in reader.tensors)
+    params = sum(int(t.n_elements) for t in reader.tensors)
+    for r in rows:
+        assert list(r)[:len(FIELDS)] == FIELDS and list(r)[len(FIELDS):] == ["samples_ns", "samples_ts"]
+        assert r["model_size"] == size and r["model_n_params"] == params
+        assert r["model_type"] == "qwen2 ?B all F32"  # arch, size label, llama.cpp's ftype name
+        assert r["backends"] == "CPU" and r["n_threads"] == 1 and r["n_depth"] == 0
+        assert r["n_batch"] == 2048 and r["n_ubatch"] == 512 and r["type_k"] == "f16"
+        assert re.fullmatch(r"[0-9a-f]{8}|unknown", r["build_commit"]), r["build_commit"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["test_time"])
+        ns, ts = r["samples_ns"], r["samples_ts"]
+        assert len(ns) == 3 and len(ts) == 3
+        n_tok = r["n_prompt"] + r["n_gen"]
+        for a, b in zip(ns, ts):
+            assert b == pytest.approx(1e9 * n_tok / a, rel=1e-5)
+        assert r["avg_ns"] == pytest.approx(statistics.mean(ns), abs=1)
+        assert r["stddev_ns"] == pytest.approx(statistics.stdev(ns), abs=1)
+        assert r["avg_ts"] == pytest.approx(statistics.mean(ts), rel=1e-4)
+        assert r["stddev_ts"] == pytest.approx(statistics.stdev(ts), rel=1e-3, abs=1e-3)
+        assert r["bw_pct"] is None  # no bandwidth on the CPU unless --bw
+
+
+def test_lists_ranges_and_order():
+    rows = bench_json("-p", "8-32*2", "-n", "2,3", "-n", "4", "-pg", "8,2", "-pg", "4,1",
+                      "-d", "0,4", "-r", "1")
+    got = [(r["n_depth"], r["n_prompt"], r["n_gen"]) for r in rows]
+    want = []
+    for d in (0, 4):  # for each depth: pp tests, tg tests, pg tests
+        want += [(d, p, 0) for p in (8, 16, 32)] + [(d, 0, g) for g in (2, 3, 4)]
+        want += [(d, 8, 2), (d, 4, 1)]
+    assert got == want
+    rows = bench_json("-p", "0", "-n", "2", "-b", "8,16", "-ub", "4", "-r", "1")
+    assert [(r["n_batch"], r["n_ubatch"], r["n_gen"]) for r in rows] == [(8, 4, 2), (16, 4, 2)]
+
+
+def test_threads_list():
+    r = subprocess.run([SMELT, "bench", "-m", str(TINY), "--backend", "cpu", "-t", "1,2",
+                        "-p", "0", "-n", "2", "-r", "1", "-o", "jsonl"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["n_threads"] for x in rows] == [1, 2]
+
+
+def test_md_table():
+    out = bench("-p", "16", "-n", "4", "-pg", "8,2", "-d", "0,8", "-r", "1").stdout
+    lines = out.splitlines()
+    # llama-bench's columns on the CPU backend, widths and alignment
+    assert lines[0] == ("| model                          |       size |     params | backend    "
+                        "| threads |            test |                  t/s |")
+    assert lines[1] == ("| ------------------------------ | ---------: | ---------: | ---------- "
+                        "| ------: | --------------: | -------------------: |")
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:] if ln.startswith("|")]
+    assert [r[5] for r in rows] == ["pp16", "tg4", "pp8+tg2", "pp16 @ d8", "tg4 @ d8", "pp8+tg2 @ d8"]
+    size = sum(int(t.n_bytes) for t in gguf.GGUFReader(TINY).tensors)
+    for r in rows:
+        assert r[0] == "qwen2 ?B all F32" and r[3] == "CPU" and r[4] == "1"
+        assert r[1] == f"{size / 2**20:.2f} MiB" and r[2] == "0.07 M"
+        assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", r[6]), r[6]
+    assert re.fullmatch(r"build: ([0-9a-f]{8}|unknown) \(\d+\)", lines[-1]), lines[-1]
+    # non-default -b / -ub get their columns
+    head = bench("-p", "8", "-n", "0", "-b", "64", "-ub", "32", "-r", "1").stdout.splitlines()[0]
+    assert [c.strip() for c in head.strip("|").split("|")] == [
+        "model", "size", "params", "backend", "threads", "n_batch", "n_ubatch", "test", "t/s"]
+
+
+def test_csv_and_jsonl_match_json_fields():
+    out = bench("-p", "8", "-n", "2", "-r", "2", "-o", "csv").stdout
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == FIELDS and len(rows) == 3
+    assert all(out.splitlines()[1].startswith('"') for _ in [0])  # values quoted as llama-bench
+    recs = [dict(zip(rows[0], r)) for r in rows[1:]]
+    assert [(x["n_prompt"], x["n_gen"]) for x in recs] == [("8", "0"), ("0", "2")]
+    float(recs[0]["avg_ts"]), int(recs[0]["avg_ns"])
+    lines = bench("-p", "8", "-n", "2", "-r", "2", "-o", "jsonl").stdout.splitlines()
+    assert len(lines) == 2 and list(json.loads(lines[0]))[:len(FIELDS)] == FIELDS
+
+
+def test_batched_and_bandwidth_bound():
+    bw = 20.0  # GB/s: any figure; the percent must follow from the bytes of a step
+    rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "4", "-r", "2", "--bw", bw)
+    assert [(r["n_gen"], r["n_seqs"]) for r in rows] == [(6, 1), (6, 3)]
+    reader = gguf.GGUFReader(TINY)
+    kv = {f.name: f for f in reader.fields.values()}
+
+    def u32(k):
+        return int(kv[k].parts[kv[k].data[0]][0])
+
+    n_layer, n_embd = u32("qwen2.block_count"), u32("qwen2.embedding_length")
+    n_head, n_kv = u32("qwen2.attention.head_count"), u32("qwen2.attention.head_count_kv")
+    kv_per_token = n_layer * 2 * n_kv * (n_embd // n_head) * 2  # K and V, F16
+    names = {t.name: t for t in reader.tensors}
+    tied = "output.weight" not in names
+    for r in rows:
+        ns = r["n_seqs"]
+        w = 0
+        for t in reader.tensors:
+            b = int(t.n_bytes)
+            if t.name == "token_embd.weight" and not tied:
+                b = b // int(t.shape[1]) * ns  # only the gathered rows
+            w += b
+        step = w + kv_per_token * (4 + 6 / 2) * ns
+        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step)
+        assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
+        # aggregate tokens per second: ns rows per step
+        assert r["samples_ts"][0] == pytest.approx(1e9 * 6 * ns / r["samples_ns"][0], rel=1e-5)
+    md = bench("-p", "0", "-n", "6", "-B", "3", "-r", "1", "--bw", bw).stdout.splitlines()
+    assert md[0].rstrip().endswith(" bw % |") and "tg6 x3" in md[3]
+
+
+def test_bad_arguments():
+    for args in (["-p", "8-4"], ["-p", "x"], ["-pg", "8"], ["-o", "xml"], ["-B", "65"],
+                 ["-r", "0"], ["--frobnicate", "1"]):
+        r = bench(*args, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+    r = subprocess.run([SMELT, "bench", "-p", "8"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "-m MODEL" in r.stderr
