@@ -1156,16 +1156,21 @@ static bool cu_mem_info(struct backend *b, uint64_t *free_b, uint64_t *total_b) 
     return true;
 }
 
-/* What cu_weight_bind allocates: vectors as F32 copies; matrices in the mmv layout (the
- * GGUF bytes, repacked into split arrays of the same total: cuda_qweight.bytes), or as F16
- * for types without a kernel. The upload also holds one tensor's GGUF bytes in a temporary
- * buffer while it repacks; the caller adds the largest of those. */
+/* What cu_weight_bind allocates: vectors as F32 copies; matrices in the mmv layout, or as
+ * F16 for types without a kernel. The split layouts (cuda_qweight.bytes) hold the GGUF
+ * bytes, plus at most 4 bytes a block where a super-scale is widened (Q3_K, Q5_K): counted
+ * as 4 for every quantized block, an upper bound. The upload also holds one tensor's GGUF
+ * bytes in a temporary buffer while it repacks; the caller adds the largest of those. */
 static uint64_t cu_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENSOR_MAX_DIMS]) {
     (void)b;
     uint64_t rows = (uint64_t)ne[1] * (uint64_t)ne[2] * (uint64_t)ne[3];
     if (rows == 1) return (uint64_t)ne[0] * sizeof(float);
-    if (cuda_mmv_supported(type, ne[0])) return qtype_row_size(type, ne[0]) * rows;
-    return (uint64_t)ne[0] * rows * 2;
+    if (!cuda_mmv_supported(type, ne[0])) return (uint64_t)ne[0] * rows * 2;
+    uint64_t bytes = qtype_row_size(type, ne[0]) * rows;
+    const struct qtype_info *qi = qtype_get(type);
+    if (type != QT_F32 && type != QT_F16 && type != QT_BF16 && qi && qi->type_size)
+        bytes += bytes / qi->type_size * 4;
+    return bytes;
 }
 
 static size_t cu_scratch_peak(struct backend *b) { return cu_of(b)->peak; }
