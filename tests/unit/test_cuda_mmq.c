@@ -20,13 +20,22 @@
  * products, captured in a CUDA graph and replayed, gives the eager results each time (the
  * split counters reset themselves); activations beyond the f16 range clamp.
  *
+ * The backend's measured path choice (test_mmq_tuned): through bk_matmul / bk_matmul_acc /
+ * step graphs, a measuring backend and one with SMELT_MMQ_TILE=0 both match the references
+ * with the tolerance of the path each took; the choice is recorded (with a time) at the
+ * first eager call and reused bit for bit; a key first seen inside a capture takes the
+ * static path and is measured at its next eager call.
+ *
  * SMELT_BENCH=1 adds, for 4096x4096, 14336x4096, 4096x14336 and 1024x4096 Q4_K/Q6_K/Q8_0
  * and 8..512 token rows, microseconds per product of mmq (the automatic tile and each tile), of the
  * 8-row mmv repeated as the backend does below 33 rows, and of F16 dequantization + cuBLAS
  * as the backend's gemm() does; each timed as replays of a CUDA graph of many products,
  * weights rotating through > 1 GiB of copies so they come from HBM. One summary line per
- * (type, shape, n), then the MMQ_MAX_ROWS the figures suggest. SMELT_BENCH_TYPE=Q4_K
- * limits it to one type.
+ * (type, shape, n), then the MMQ_MAX_ROWS the figures suggest. Then (SMELT_BENCH=tune:
+ * only this part) the backend's own measurement on 4096x4096, 6144x4096, 14336x4096,
+ * 28672x4096 and 4096x14336 at n = 16, 32, .., 512, 1024: every candidate's time, the
+ * winner, the static choice, and the switch points per shape ("bench tune" lines).
+ * SMELT_BENCH_TYPE=Q4_K limits both to one type.
  */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
@@ -42,10 +51,14 @@ int main(void) {
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
+#include <time.h>
 
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
+#include "backend/mm_tune.h"
 #include "quant/quant.h"
 #include "util/half.h"
 
@@ -457,6 +470,259 @@ out:
     free(yb);
 }
 
+/* ---- the backend's measured path choice (cuda_backend.c, "matrix products") ----
+ * Through the backend's ops (bk_matmul, bk_matmul_acc, step graphs), on one backend that
+ * measures its paths and one with SMELT_MMQ_TILE=0 (a forced tile, no measuring): both
+ * against the references of check_weight, with the tolerance of the path each took (mmq:
+ * 2e-5 of sum|w x| against the f16 reference; cuBLAS: relative RMS 2e-3 against the exact
+ * product, its weights being rounded to f16 once; repeated mmv: 1.5e-2, int8 activations).
+ * Also: the path is recorded after the first call (with a time); a second call gives the
+ * same bits (write-once); accumulate mode, also as a key's first (measuring) call, whose
+ * candidates must run on scratch and leave y0 + W x applied exactly once; a step
+ * captured into a graph with a key never run eagerly takes the static path, records
+ * nothing, is correct, and the key is measured at its next eager call. */
+
+struct saved_env {
+    char *v[3];
+};
+static const char *const tune_env_names[3] = {"SMELT_NO_TUNE", "SMELT_MMQ_TILE", "SMELT_MMQ_MAX_ROWS"};
+
+static void env_save(struct saved_env *s) {
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(tune_env_names[i]);
+        s->v[i] = v ? strdup(v) : NULL;
+    }
+}
+
+static void env_restore(struct saved_env *s) {
+    for (int i = 0; i < 3; i++) {
+        if (s->v[i]) setenv(tune_env_names[i], s->v[i], 1);
+        else unsetenv(tune_env_names[i]);
+        free(s->v[i]);
+        s->v[i] = NULL;
+    }
+}
+
+/* A backend with measuring on (tile NULL) or the tile forced. */
+static struct backend *tuned_backend(const char *tile) {
+    struct backend *b = NULL;
+    struct err e;
+    unsetenv("SMELT_NO_TUNE");
+    unsetenv("SMELT_MMQ_MAX_ROWS");
+    if (tile) setenv("SMELT_MMQ_TILE", tile, 1);
+    else unsetenv("SMELT_MMQ_TILE");
+    smelt_status st = cuda_backend_new(&b, 0, &e);
+    T_CHECKF(st == SMELT_OK, "cuda_backend_new: %s", e.msg);
+    return st == SMELT_OK ? b : NULL;
+}
+
+/* One step: y = W x (y0 != NULL: y = y0 + W x) for n token rows; graph_key != 0 wraps the
+ * op in the step-graph calls (replayed when a recording exists). */
+static smelt_status bk_product(struct backend *b, struct tensor *w, const float *x, int64_t k, int n, int64_t rows,
+                               const float *y0, float *y, uint64_t graph_key, struct err *e) {
+    bk_step_begin(b);
+    struct tensor *xt = bk_new(b, QT_F32, k, n, 1), *yt = bk_new(b, QT_F32, rows, n, 1);
+    bk_upload(b, xt, x, sizeof(float) * (size_t)(k * n));
+    if (y0) bk_upload(b, yt, y0, sizeof(float) * (size_t)(rows * n));
+    if (!graph_key || !bk_graph_replay(b, graph_key)) {
+        if (graph_key) bk_graph_begin(b, graph_key);
+        if (y0) bk_matmul_acc(b, yt, w, xt, NULL);
+        else bk_matmul(b, yt, w, xt);
+        if (graph_key) bk_graph_end(b);
+    }
+    bk_download(b, y, yt, sizeof(float) * (size_t)(rows * n));
+    return bk_sync(b, e);
+}
+
+/* Checks y against the references with the tolerance of path `choice`. */
+static void check_path(const char *what, int choice, uint32_t type, int64_t rows, int64_t k, int n, const float *y,
+                       const double *yq, const double *mag, const double *yx, int64_t stride, double y0_mod) {
+    if (choice >= 0 || choice == MMTUNE_MMQ_AUTO) {
+        int bm = 0, bn = 0;
+        cuda_mmq_tile_shape(choice >= 0 ? choice : 0, &bm, &bn);
+        compare(what, type, rows, k, n, bm, bn, 0, y, yq, mag, yx, stride, y0_mod);
+        return;
+    }
+    const double tol = choice == MMTUNE_GEMM ? 2e-3 : 1.5e-2;
+    double err2 = 0, ref2 = 0;
+    int bad = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t i = t * rows + r;
+            if (!isfinite(y[i])) bad++;
+            if (!row_checked(r, rows, stride)) continue;
+            const double y0 = y0_mod > 0 ? (double)(i % (int64_t)y0_mod) - 6.0 : 0.0;
+            err2 += (y[i] - y0 - yx[i]) * (y[i] - y0 - yx[i]);
+            ref2 += yx[i] * yx[i];
+        }
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
+    printf("mmq tuned %-5s %5lldx%-5lld n=%-3d %-22s %-7s rel RMS vs exact %.2e (bound %.1e)%s\n", qtype_name(type),
+           (long long)rows, (long long)k, n, what, choice == MMTUNE_GEMM ? "cuBLAS" : "mmv x8", rel, tol,
+           bad ? "  NON-FINITE OUTPUTS" : "");
+    T_CHECKF(bad == 0, "%s n=%d: %d outputs not finite", what, n, bad);
+    T_CHECKF(rel < tol, "%s n=%d: relative RMS %.3g", what, n, rel);
+}
+
+static void tuned_case(uint32_t type, int64_t rows, int64_t k, const int *ns, int n_ns) {
+    struct saved_env env;
+    env_save(&env);
+    int nmax = 200; /* the graph check's n */
+    for (int i = 0; i < n_ns; i++)
+        nmax = ns[i] > nmax ? ns[i] : nmax;
+    float *w16 = malloc(sizeof(float) * (size_t)(rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
+    float *x = malloc(sizeof(float) * (size_t)(nmax * k));
+    float *y = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD)),
+          *y2 = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD)),
+          *y0 = malloc(sizeof(float) * (size_t)(nmax * rows));
+    double *yq = malloc(sizeof(double) * (size_t)(nmax * rows)), *yx = malloc(sizeof(double) * (size_t)(nmax * rows)),
+           *mag = malloc(sizeof(double) * (size_t)(nmax * rows));
+    if (!w16 || !deq || !x || !y || !y2 || !y0 || !yq || !yx || !mag) abort();
+    void *hw = make_weights(type, rows, k, w16, deq);
+    for (int64_t i = 0; i < nmax * k; i++)
+        x[i] = t_randn(&g_seed);
+    for (int64_t i = 0; i < nmax * rows; i++)
+        y0[i] = (float)(i % 13) - 6.0f;
+    /* references for all nmax tokens of the checked rows; a product of n rows is the
+     * first n tokens (token-major: the same indices) */
+    int64_t stride = (int64_t)((double)rows * k * nmax / 3e7);
+    if (stride < 1) stride = 1;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!row_checked(r, rows, stride)) continue;
+        for (int t = 0; t < nmax; t++) {
+            double a = 0, bsum = 0, m = 0;
+            for (int64_t i = 0; i < k; i++) {
+                const double p = (double)w16[r * k + i] * x16(x[t * k + i]);
+                a += p;
+                m += fabs(p);
+                bsum += (double)deq[r * k + i] * x[t * k + i];
+            }
+            yq[t * rows + r] = a;
+            yx[t * rows + r] = bsum;
+            mag[t * rows + r] = m;
+        }
+    }
+    /* compare() indexes the references by t * rows + r for the product's own n: with a
+     * token-major layout that is the same element for every n */
+    struct backend *bt = tuned_backend(NULL), *bf = tuned_backend("0");
+    struct tensor wt_t, wt_f;
+    struct err e;
+    int ok = bt && bf;
+    for (int which = 0; which < 2 && ok; which++) {
+        struct tensor *wt = which ? &wt_f : &wt_t;
+        tensor_init(wt, type, k, rows, 1, 1);
+        wt->data = hw;
+        wt->name = "w";
+        smelt_status st = bk_weight_bind(which ? bf : bt, wt, &e);
+        T_CHECKF(st == SMELT_OK, "bind: %s", e.msg);
+        ok = st == SMELT_OK;
+    }
+    for (int ni = 0; ni < n_ns && ok; ni++) {
+        const int n = ns[ni];
+        for (int i = 0; i < GUARD; i++)
+            y[n * rows + i] = y2[n * rows + i] = SENTINEL;
+        /* measuring backend: the first call measures (every other n in accumulate mode,
+         * whose candidates run on scratch), the later ones reuse the choice */
+        const bool acc_first = ni % 2 == 1;
+        smelt_status st = SMELT_OK;
+        if (acc_first) {
+            st = bk_product(bt, &wt_t, x, k, n, rows, y0, y2, 0, &e);
+            T_CHECKF(st == SMELT_OK, "tuned acc n=%d: %s", n, e.msg);
+        }
+        if (st == SMELT_OK) st = bk_product(bt, &wt_t, x, k, n, rows, NULL, y, 0, &e);
+        T_CHECKF(st == SMELT_OK, "tuned n=%d: %s", n, e.msg);
+        if (st != SMELT_OK) break;
+        const struct mmtune_ent *ent = cuda_backend_mm_entry(bt, type, rows, k, n);
+        const bool rec = ent != NULL;
+        int choice = rec ? ent->choice : MMTUNE_MMQ_AUTO;
+        const float us = rec ? ent->us : 0;
+        char name[32];
+        printf("mmq tuned %-5s %5lldx%-5lld n=%-3d recorded %s (%.1f us)\n", qtype_name(type), (long long)rows,
+               (long long)k, n, rec ? mmtune_choice_name(choice, cuda_mmq_tile_shape, name, sizeof name) : "nothing",
+               us);
+        T_CHECKF(rec, "n=%d: no path recorded after an eager call", n);
+        T_CHECKF(!rec || us > 0, "n=%d: the path was not measured (static fallback)", n);
+        if (acc_first) check_path("tuned accumulate first", choice, type, rows, k, n, y2, yq, mag, yx, stride, 13);
+        check_path("tuned", choice, type, rows, k, n, y, yq, mag, yx, stride, 0);
+        st = bk_product(bt, &wt_t, x, k, n, rows, NULL, y2, 0, &e);
+        T_CHECKF(st == SMELT_OK, "tuned again n=%d: %s", n, e.msg);
+        int diff = 0;
+        for (int64_t i = 0; i < n * rows; i++)
+            diff += memcmp(&y[i], &y2[i], sizeof(float)) != 0;
+        T_CHECKF(diff == 0, "n=%d: %d outputs differ between the measuring call and the next", n, diff);
+        if (!acc_first) { /* accumulate with the recorded path */
+            st = bk_product(bt, &wt_t, x, k, n, rows, y0, y2, 0, &e);
+            T_CHECKF(st == SMELT_OK, "tuned acc n=%d: %s", n, e.msg);
+            check_path("tuned accumulate", choice, type, rows, k, n, y2, yq, mag, yx, stride, 13);
+        }
+        /* forced tile 0: mmq up to MMQ_MAX_ROWS (64) rows, cuBLAS above */
+        st = bk_product(bf, &wt_f, x, k, n, rows, NULL, y2, 0, &e);
+        T_CHECKF(st == SMELT_OK, "forced n=%d: %s", n, e.msg);
+        const int fchoice = n <= 64 ? 0 : MMTUNE_GEMM;
+        T_CHECK(cuda_backend_mm_entry(bf, type, rows, k, n) == NULL); /* a forced tile measures nothing */
+        check_path("SMELT_MMQ_TILE=0", fchoice, type, rows, k, n, y2, yq, mag, yx, stride, 0);
+        double worst = 0;
+        for (int t = 0; t < n; t++)
+            for (int64_t r = 0; r < rows; r++)
+                if (row_checked(r, rows, stride)) {
+                    const double d = fabs((double)y[t * rows + r] - y2[t * rows + r]) / (mag[t * rows + r] + 1e-30);
+                    worst = d > worst ? d : worst;
+                }
+        printf("mmq tuned %-5s %5lldx%-5lld n=%-3d tuned vs forced tile: max |diff|/mag %.1e\n", qtype_name(type),
+               (long long)rows, (long long)k, n, worst);
+    }
+    /* graphs: a key first seen inside a capture */
+    if (ok) {
+        const uint64_t gkey = 0x7e0e;
+        const int n1 = 24, n2 = 200; /* n2's bucket (129-256) is not used above */
+        T_CHECK(cuda_backend_mm_entry(bt, type, rows, k, n2) == NULL);
+        for (int i = 0; i < GUARD; i++)
+            y[n2 * rows + i] = y2[n2 * rows + i] = SENTINEL;
+        /* first measure n1 and grow the scratch past what the steps below need: a step
+         * whose scratch grows invalidates every graph (stack_reset), which would turn
+         * the capture below back into an eager run */
+        smelt_status st = bk_product(bt, &wt_t, x, k, n1, rows, NULL, y, 0, &e);
+        T_CHECKF(st == SMELT_OK, "n=%d: %s", n1, e.msg);
+        bk_step_begin(bt);
+        bk_new(bt, QT_F32, 64 << 20, 1, 1); /* 256 MB */
+        T_EQ_INT(bk_sync(bt, &e), SMELT_OK);
+        st = bk_product(bt, &wt_t, x, k, n1, rows, NULL, y, gkey, &e); /* eager (a graph key's first step) */
+        T_CHECKF(st == SMELT_OK, "graph step 1: %s", e.msg);
+        st = bk_product(bt, &wt_t, x, k, n2, rows, NULL, y, gkey, &e); /* captured with n2, then launched */
+        T_CHECKF(st == SMELT_OK, "graph step 2 (captured): %s", e.msg);
+        const bool rec = cuda_backend_mm_entry(bt, type, rows, k, n2) != NULL;
+        printf("mmq tuned %-5s %5lldx%-5lld n=%-3d first seen in a capture: %s\n", qtype_name(type), (long long)rows,
+               (long long)k, n2, rec ? "RECORDED (wrong)" : "static path, not recorded (right)");
+        T_CHECK(!rec);
+        check_path("captured, static", MMTUNE_GEMM, type, rows, k, n2, y, yq, mag, yx, stride, 0);
+        st = bk_product(bt, &wt_t, x, k, n2, rows, NULL, y2, 0, &e); /* eager: now measured */
+        T_CHECKF(st == SMELT_OK, "eager after capture: %s", e.msg);
+        const struct mmtune_ent *e2 = cuda_backend_mm_entry(bt, type, rows, k, n2);
+        T_CHECKF(e2 && e2->us > 0, "n=%d: not measured at its first eager call", n2);
+        check_path("eager after capture", e2 ? e2->choice : MMTUNE_GEMM, type, rows, k, n2, y2, yq, mag, yx, stride,
+                   0);
+    }
+    if (bt) bk_free(bt);
+    if (bf) bk_free(bf);
+    env_restore(&env);
+    free(hw);
+    free(w16);
+    free(deq);
+    free(x);
+    free(y);
+    free(y2);
+    free(y0);
+    free(yq);
+    free(yx);
+    free(mag);
+}
+
+static void test_mmq_tuned(void) {
+    const int ns[] = {12, 40, 100, 300};
+    tuned_case(QT_Q4_K, 2048, 4096, ns, 4);
+    const int ns8[] = {20, 64};
+    tuned_case(QT_Q8_0, 1000, 2048, ns8, 2);
+}
+
 static void test_mmq_rejects(void) {
     T_CHECK(cuda_mmq_supported(QT_Q4_K, 4096));
     T_CHECK(!cuda_mmq_supported(QT_Q4_K, 896));
@@ -770,6 +1036,117 @@ static void bench(void) {
     cublasDestroy(c.cublas);
 }
 
+/* SMELT_BENCH=1 (or =tune for this part only): the backend's own measurement, as a model
+ * would trigger it, on the shapes of Llama-3-8B-class models: 4096x4096 (Q, O), 6144x4096
+ * (Q, K, V merged), 14336x4096 (gate or up), 28672x4096 (gate and up merged), 4096x14336
+ * (down); each token-row bucket at its largest n (512 -> 1024 for the last). One line per
+ * (type, shape, n): every candidate's median time, the winner, and the static choice's time;
+ * then one line per (type, shape) with the switch points. These are the figures
+ * docs/cuda-backend.md records ("Choosing the path by measurement"). */
+static void bench_tuned(void) {
+    const struct {
+        const char *name;
+        int64_t rows, k;
+    } shapes[] = {{"4096x4096", 4096, 4096},
+                  {"6144x4096", 6144, 4096},
+                  {"14336x4096", 14336, 4096},
+                  {"28672x4096", 28672, 4096},
+                  {"4096x14336", 4096, 14336}};
+    const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0};
+    const int ns[] = {16, 32, 48, 64, 128, 256, 512, 1024};
+    const char *only = getenv("SMELT_BENCH_TYPE");
+    struct saved_env env;
+    env_save(&env);
+    printf("bench tune: the backend's path measurement (1 warm-up + %d timed runs per candidate, median, "
+           "L2 flushed before each; x conversion included)\n",
+           MMTUNE_RUNS);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t type = types[ti];
+        if (only && strcmp(only, qtype_name(type)) != 0) continue;
+        struct backend *b = tuned_backend(NULL);
+        if (!b) break;
+        double total_ms = 0;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t rows = shapes[si].rows, k = shapes[si].k;
+            const uint64_t rb = qtype_row_size(type, k);
+            uint8_t *host = malloc(rb * (uint64_t)rows);
+            float *row = malloc(sizeof(float) * (size_t)k);
+            float *x = malloc(sizeof(float) * (size_t)(1024 * k)), *y = malloc(sizeof(float) * (size_t)(1024 * rows));
+            if (!host || !row || !x || !y) abort();
+            for (int64_t r = 0; r < rows; r++) { /* real blocks (sane scales), varied rows */
+                if (r < 64) {
+                    for (int64_t i = 0; i < k; i++)
+                        row[i] = 0.02f * t_randn(&g_seed);
+                    qtype_get(type)->quantize(row, host + rb * r, k);
+                } else {
+                    memcpy(host + rb * r, host + rb * (r % 64), rb);
+                }
+            }
+            for (int64_t i = 0; i < 1024 * k; i++)
+                x[i] = t_randn(&g_seed);
+            struct tensor wt;
+            struct err e;
+            tensor_init(&wt, type, k, rows, 1, 1);
+            wt.data = host;
+            wt.name = shapes[si].name;
+            if (bk_weight_bind(b, &wt, &e) != SMELT_OK) {
+                printf("bench tune %s %s: bind failed: %s\n", qtype_name(type), shapes[si].name, e.msg);
+                free(host);
+                free(row);
+                free(x);
+                free(y);
+                continue;
+            }
+            char sw[512];
+            size_t at = 0;
+            int prev = -100;
+            sw[0] = '\0';
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                const int n = ns[ni];
+                struct timespec ta, tb;
+                clock_gettime(CLOCK_MONOTONIC, &ta);
+                if (bk_product(b, &wt, x, k, n, rows, NULL, y, 0, &e) != SMELT_OK) {
+                    printf("bench tune %s %s n=%d: failed: %s\n", qtype_name(type), shapes[si].name, n, e.msg);
+                    break;
+                }
+                clock_gettime(CLOCK_MONOTONIC, &tb);
+                total_ms += (double)(tb.tv_sec - ta.tv_sec) * 1e3 + (double)(tb.tv_nsec - ta.tv_nsec) * 1e-6;
+                const struct mmtune_ent *ent = cuda_backend_mm_entry(b, type, rows, k, n);
+                char line[1024], name[32];
+                size_t la = 0;
+                if (!ent) {
+                    printf("bench tune %-5s %-10s n=%-4d nothing recorded\n", qtype_name(type), shapes[si].name, n);
+                    continue;
+                }
+                for (int c = 0; c < ent->n_cand && la < sizeof line; c++)
+                    la += (size_t)snprintf(line + la, sizeof line - la, "%s%s %.1f", c ? " | " : "",
+                                           mmtune_choice_name(ent->cand[c], cuda_mmq_tile_shape, name, sizeof name),
+                                           ent->cand_us[c]);
+                if (la >= sizeof line) line[sizeof line - 1] = '\0';
+                char stat[32];
+                mmtune_choice_name(ent->static_choice, cuda_mmq_tile_shape, stat, sizeof stat);
+                printf("bench tune %-5s %-10s n=%-4d %s -> %s %.1f us (static %s %.1f us, %.2fx)\n", qtype_name(type),
+                       shapes[si].name, n, line, mmtune_choice_name(ent->choice, cuda_mmq_tile_shape, name, sizeof name),
+                       ent->us, stat, ent->static_us, ent->static_us > 0 && ent->us > 0 ? ent->static_us / ent->us : 0);
+                const int kind = ent->choice >= 0 ? 0 : ent->choice; /* mmq (any tile), cuBLAS, mmv */
+                if (kind != prev && at < sizeof sw)
+                    at += (size_t)snprintf(sw + at, sizeof sw - at, "%s%s from n=%d", prev == -100 ? "" : ", ",
+                                           kind == 0 ? "mmq" : kind == MMTUNE_GEMM ? "cuBLAS" : "mmv", n);
+                prev = kind;
+            }
+            printf("bench tune %-5s %-10s switch points (bucket maxima): %s\n", qtype_name(type), shapes[si].name, sw);
+            free(host);
+            free(row);
+            free(x);
+            free(y);
+        }
+        printf("bench tune %s: %.0f ms wall time for these first calls (measuring included)\n", qtype_name(type),
+               total_ms);
+        bk_free(b); /* logs the table (SMELT_LOG=info) */
+    }
+    env_restore(&env);
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -788,7 +1165,10 @@ int main(void) {
     T_RUN(test_mmq_q8_0);
     T_RUN(test_mmq_big_x);
     T_RUN(test_mmq_graph);
-    if (getenv("SMELT_BENCH")) bench();
+    T_RUN(test_mmq_tuned);
+    const char *bm = getenv("SMELT_BENCH");
+    if (bm && strcmp(bm, "tune") != 0) bench();
+    if (bm) bench_tuned();
     return t_done();
 }
 #endif

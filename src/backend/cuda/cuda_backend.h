@@ -13,6 +13,14 @@ int cuda_device_count(void);
 smelt_status cuda_backend_new(struct backend **out, int device, struct err *e);
 /* Device bytes held by bound weights. */
 uint64_t cuda_backend_weight_bytes(const struct backend *b);
+/* The matmul path recorded for weights (type, rows, k) at n token rows, for tests and
+ * benches (struct mmtune_ent, backend/mm_tune.h: the choice, its time, every candidate's
+ * time), or NULL when nothing is recorded for that key (not seen yet, seen only during
+ * capture, n <= 8, the type has no tensor-core kernel, or measuring is off). Valid until
+ * the backend records another key or is freed. */
+struct mmtune_ent;
+const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,
+                                               int64_t n);
 /* Free and total device memory. */
 smelt_status cuda_mem_info(int device, uint64_t *free_b, uint64_t *total_b, struct err *e);
 

@@ -844,10 +844,14 @@ static mmq_plan plan_of(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k
     return p;
 }
 
-/* Heuristic: the token width is the smallest tile width >= n (at most 64; wider n takes
- * several token tiles); 256 weight rows where that leaves at least one unit per block (the
- * activations are re-read once per row tile, so taller tiles read less of them), else 128
- * (few-row matrices: K/V projections). Tiles that do not fit the device are skipped. */
+/* Heuristic (the static choice: SMELT_NO_TUNE=1, and the fallback of the backend's
+ * measured choice, cuda_backend.c): the token width is the smallest tile width >= n (at
+ * most 64; wider n takes several token tiles); 256 weight rows where that leaves at least
+ * 4 units per block (the activations are re-read once per row tile, so taller tiles read
+ * less of them; but a tile split between many blocks costs its last block the sum of all
+ * their partials), else 128 (4096-row matrices at n <= 128, K/V projections: measured on
+ * the H200, 128-row tiles were up to 2x faster there). Tiles that do not fit the device
+ * are skipped. */
 static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n) {
     const int ti = type_index(type);
     int want[2];
@@ -858,7 +862,7 @@ static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, i
         const int t = want[c];
         if (!d->occ[ti][t]) continue;
         const mmq_plan p = plan_of(d, type, rows, k, n, t);
-        if (c == 1 || p.units >= (long long)d->n_sm * d->occ[ti][t]) return t;
+        if (c == 1 || p.units >= 4LL * p.grid) return t;
     }
     for (int t = 0; t < N_TILES; t++) /* anything that fits */
         if (d->occ[ti][t]) return t;
@@ -909,6 +913,16 @@ extern "C" int cuda_mmq_tile_auto(const struct cuda_qweight *w, int64_t n) {
         return -1;
     }
     return pick_tile(d, w->type, w->rows, w->k, n);
+}
+
+extern "C" int cuda_mmq_tile_fits(uint32_t type, int tile) {
+    if (tile < 0 || tile >= N_TILES || !cuda_mmq_supported(type, type == QT_Q8_0 ? 64 : 256)) return 0;
+    const mmq_dev *d;
+    if (device_facts(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return d->occ[type_index(type)][tile] > 0;
 }
 
 extern "C" int cuda_mmq_grid(const struct cuda_qweight *w, int64_t n, int tile) {

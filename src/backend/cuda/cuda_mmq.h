@@ -69,6 +69,9 @@ void cuda_mmq_tile_shape(int tile, int *rows, int *tokens);
 /* The tile CUDA_MMQ_TILE_AUTO picks for this product on the current device (-1 on a
  * device query error). */
 int cuda_mmq_tile_auto(const struct cuda_qweight *w, int64_t n);
+/* 1 when tile fits the current device for weights of this type (resident blocks per SM
+ * > 0), 0 when not (or the type has no kernel), -1 on a device query error. */
+int cuda_mmq_tile_fits(uint32_t type, int tile);
 /* Thread blocks cuda_mmq_pre launches for this product and tile (-1 on error): one wave. */
 int cuda_mmq_grid(const struct cuda_qweight *w, int64_t n, int tile);
 
