@@ -93,8 +93,8 @@ const struct mmtune_ent *mmtune_find(const struct mmtune *t, const struct mmtune
     return NULL;
 }
 
-smelt_status mmtune_put(struct mmtune *t, const struct mmtune_ent *ent, const struct mmtune_ent **out,
-                        struct err *e) {
+smelt_status mmtune_put(struct mmtune *t, const struct mmtune_ent *ent,
+                        const struct mmtune_ent **out, struct err *e) {
     const struct mmtune_ent *old = mmtune_find(t, &ent->key);
     if (old) { /* write-once: the first choice stays */
         if (out) *out = old;
@@ -106,7 +106,8 @@ smelt_status mmtune_put(struct mmtune *t, const struct mmtune_ent *ent, const st
         int nc = t->cap ? t->cap * 2 : 64;
         if (nc > MMTUNE_MAX_ENTRIES) nc = MMTUNE_MAX_ENTRIES;
         struct mmtune_ent *a = realloc(t->e, (size_t)nc * sizeof *a);
-        if (!a) return err_set(e, SMELT_ERR_NOMEM, "matmul path table: out of memory (%d shapes)", nc);
+        if (!a)
+            return err_set(e, SMELT_ERR_NOMEM, "matmul path table: out of memory (%d shapes)", nc);
         t->e = a;
         t->cap = nc;
     }
@@ -139,20 +140,26 @@ void mmtune_env_parse(const char *no_tune, const char *tile, int n_tiles, struct
     }
 }
 
-const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, char *buf, size_t size) {
-    if (choice == MMTUNE_GEMM) snprintf(buf, size, "cuBLAS");
-    else if (choice == MMTUNE_MMV) snprintf(buf, size, "mmv x8");
-    else if (choice == MMTUNE_MMQ_AUTO) snprintf(buf, size, "mmq auto");
+const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, char *buf,
+                               size_t size) {
+    if (choice == MMTUNE_GEMM)
+        snprintf(buf, size, "cuBLAS");
+    else if (choice == MMTUNE_MMV)
+        snprintf(buf, size, "mmv x8");
+    else if (choice == MMTUNE_MMQ_AUTO)
+        snprintf(buf, size, "mmq auto");
     else if (choice >= 0 && tile_shape) {
         int r = 0, tk = 0;
         tile_shape(choice, &r, &tk);
         snprintf(buf, size, "mmq %dx%d", r, tk);
-    } else snprintf(buf, size, "choice %d", choice);
+    } else
+        snprintf(buf, size, "choice %d", choice);
     return buf;
 }
 
 /* Appends to buf at *at (bounded; *at stops at size - 1). */
-static void put(char *buf, size_t size, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t size, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void put(char *buf, size_t size, size_t *at, const char *fmt, ...) {
     if (*at + 1 >= size) return;
     va_list ap;
@@ -171,7 +178,8 @@ static int ent_cmp(const void *pa, const void *pb) {
     return (a->key.bucket > b->key.bucket) - (a->key.bucket < b->key.bucket);
 }
 
-size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, char *buf, size_t size) {
+size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, char *buf,
+                     size_t size) {
     size_t at = 0;
     if (!size) return 0;
     buf[0] = '\0';
@@ -184,8 +192,8 @@ size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, c
     memcpy(s, t->e, (size_t)t->n * sizeof *s);
     qsort(s, (size_t)t->n, sizeof *s, ent_cmp);
     for (int i = 0; i < t->n; i++) {
-        const bool first = i == 0 || s[i - 1].key.type != s[i].key.type || s[i - 1].key.rows != s[i].key.rows ||
-                           s[i - 1].key.k != s[i].key.k;
+        const bool first = i == 0 || s[i - 1].key.type != s[i].key.type ||
+                           s[i - 1].key.rows != s[i].key.rows || s[i - 1].key.k != s[i].key.k;
         if (first)
             put(buf, size, &at, "%s%s %lldx%lld:", i ? "\n" : "", qtype_name(s[i].key.type),
                 (long long)s[i].key.rows, (long long)s[i].key.k);
@@ -193,10 +201,15 @@ size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, c
         mmtune_bucket_range(s[i].key.bucket, &lo, &hi);
         char name[32];
         mmtune_choice_name(s[i].choice, tile_shape, name, sizeof name);
-        if (hi == INT64_MAX) put(buf, size, &at, "%s >%lld %s", first ? "" : ",", (long long)lo - 1, name);
-        else put(buf, size, &at, "%s %lld-%lld %s", first ? "" : ",", (long long)lo, (long long)hi, name);
-        if (s[i].us > 0) put(buf, size, &at, " (%.1f us at n=%lld)", s[i].us, (long long)s[i].n);
-        else put(buf, size, &at, " (static)");
+        if (hi == INT64_MAX)
+            put(buf, size, &at, "%s >%lld %s", first ? "" : ",", (long long)lo - 1, name);
+        else
+            put(buf, size, &at, "%s %lld-%lld %s", first ? "" : ",", (long long)lo, (long long)hi,
+                name);
+        if (s[i].us > 0)
+            put(buf, size, &at, " (%.1f us at n=%lld)", s[i].us, (long long)s[i].n);
+        else
+            put(buf, size, &at, " (static)");
     }
     free(s);
     return at;

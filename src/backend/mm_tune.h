@@ -42,17 +42,18 @@ void mmtune_bucket_range(int b, int64_t *lo, int64_t *hi);
 struct mmtune_space {
     int n_tiles;
     const int *tile_bn, *tile_fits;
-    bool mmq;      /* the tensor-core kernel handles this type and k */
+    bool mmq;             /* the tensor-core kernel handles this type and k */
     int64_t mmq_max_rows; /* mmq only up to this many rows (INT64_MAX: no limit) */
-    bool gemm;     /* dequant + cuBLAS is a candidate (false: SMELT_MMQ_MAX_ROWS fixed the switch) */
-    bool mmv;      /* the repeated 8-row kernel is a candidate (n <= MMTUNE_MMV_MAX_ROWS) */
+    bool gemm; /* dequant + cuBLAS is a candidate (false: SMELT_MMQ_MAX_ROWS fixed the switch) */
+    bool mmv;  /* the repeated 8-row kernel is a candidate (n <= MMTUNE_MMV_MAX_ROWS) */
 };
 
 /* The candidates for n token rows, in the order they are timed (ties go to the earlier):
  * each fitting tile that is neither mostly padding (token width > 2n and > 16) nor much
  * too narrow (n > 16 x token width: every weight dequantized more than 16 times; this
- * bounds the tuning time of large prefill batches), then cuBLAS, then mmv. Returns how many (<= max), 0 when there is nothing to choose between (one
- * candidate or none: the caller keeps its static choice). */
+ * bounds the tuning time of large prefill batches), then cuBLAS, then mmv. Returns how
+ * many (<= max), 0 when there is nothing to choose between (one candidate or none: the
+ * caller keeps its static choice). */
 int mmtune_candidates(int64_t n, const struct mmtune_space *s, int *out, int max);
 
 /* Index of the fastest of n times (us; <= 0 or NaN = the candidate failed), the first of
@@ -71,8 +72,8 @@ struct mmtune_key {
 struct mmtune_ent {
     struct mmtune_key key;
     int choice;
-    int64_t n;      /* the token rows it was measured at */
-    float us;       /* the winner's median time, 0 = not measured (static fallback) */
+    int64_t n;       /* the token rows it was measured at */
+    float us;        /* the winner's median time, 0 = not measured (static fallback) */
     float static_us; /* the static choice's time when it was a candidate, else 0 */
     int static_choice;
     /* every candidate timed, in order, and its median us (<= 0: failed) */
@@ -97,17 +98,18 @@ void mmtune_free(struct mmtune *t);
 const struct mmtune_ent *mmtune_find(const struct mmtune *t, const struct mmtune_key *key);
 /* Records ent unless its key is already there (then the old entry stays and *out is it).
  * SMELT_ERR_NOMEM when the table cannot grow (full or out of memory). */
-smelt_status mmtune_put(struct mmtune *t, const struct mmtune_ent *ent, const struct mmtune_ent **out,
-                        struct err *e);
+smelt_status mmtune_put(struct mmtune *t, const struct mmtune_ent *ent,
+                        const struct mmtune_ent **out, struct err *e);
 
 /* Environment overrides (read once at backend creation):
  *   SMELT_NO_TUNE=1    no measuring: the static choice everywhere;
- *   SMELT_MMQ_TILE=N   the tensor-core kernel always with tile N (0 .. n_tiles-1), no
- *                      measuring (a value out of range is reported in *bad and ignored);
+ *   SMELT_MMQ_TILE=N   static choices, with tile N (0 .. n_tiles-1) wherever they use the
+ *                      tensor-core kernel (a value out of range is reported in *bad and
+ *                      ignored);
  *   SMELT_MMQ_MAX_ROWS is the backend's own (it fixes the mmq/cuBLAS switch). */
 struct mmtune_env {
-    bool tune;    /* measure (neither override given) */
-    int tile;     /* forced tile, or MMTUNE_MMQ_AUTO */
+    bool tune; /* measure (neither override given) */
+    int tile;  /* forced tile, or MMTUNE_MMQ_AUTO */
 };
 void mmtune_env_parse(const char *no_tune, const char *tile, int n_tiles, struct mmtune_env *env,
                       bool *bad);
@@ -115,11 +117,13 @@ void mmtune_env_parse(const char *no_tune, const char *tile, int n_tiles, struct
 /* Names a choice for the log ("mmq 128x64", "cuBLAS", "mmv x8"); tile_shape gives a
  * tile's rows and token width. Returns buf. */
 typedef void mmtune_tile_shape_fn(int tile, int *rows, int *tokens);
-const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, char *buf, size_t size);
+const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, char *buf,
+                               size_t size);
 
 /* The table as text, one line per (type, rows, k), buckets in order, e.g.
- *   "Q4_K 4096x4096: 9-16 mmq 128x16 (16.6 us), 33-48 mmq 128x64 (21.0 us), 257-512 cuBLAS (57.8 us)"
- * Returns the bytes written (truncated to size - 1, always terminated). */
-size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, char *buf, size_t size);
+ *   "Q4_K 4096x4096: 9-16 mmq 128x16 (16.6 us), 33-48 mmq 128x64 (21.0 us), 257-512 cuBLAS (57.8
+ * us)" Returns the bytes written (truncated to size - 1, always terminated). */
+size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, char *buf,
+                     size_t size);
 
 #endif

@@ -16,19 +16,20 @@ static void test_buckets(void) {
     const struct {
         int64_t n;
         int b;
-    } cases[] = {{-3, -1}, {0, -1},  {1, -1},   {8, -1},   {9, 0},    {16, 0},   {17, 1},
-                 {32, 1},  {33, 2},  {48, 2},   {49, 3},   {64, 3},   {65, 4},   {128, 4},
-                 {129, 5}, {256, 5}, {257, 6},  {512, 6},  {513, 7},  {4096, 7}, {INT64_MAX, 7}};
+    } cases[] = {{-3, -1}, {0, -1},  {1, -1},  {8, -1},  {9, 0},   {16, 0},   {17, 1},
+                 {32, 1},  {33, 2},  {48, 2},  {49, 3},  {64, 3},  {65, 4},   {128, 4},
+                 {129, 5}, {256, 5}, {257, 6}, {512, 6}, {513, 7}, {4096, 7}, {INT64_MAX, 7}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        T_CHECKF(mmtune_bucket(cases[i].n) == cases[i].b, "n=%lld: bucket %d, want %d", (long long)cases[i].n,
-                 mmtune_bucket(cases[i].n), cases[i].b);
+        T_CHECKF(mmtune_bucket(cases[i].n) == cases[i].b, "n=%lld: bucket %d, want %d",
+                 (long long)cases[i].n, mmtune_bucket(cases[i].n), cases[i].b);
     /* the ranges tile 9 .. infinity without gaps or overlaps */
     const int64_t lo_want[MMTUNE_BUCKETS] = {9, 17, 33, 49, 65, 129, 257, 513};
     const int64_t hi_want[MMTUNE_BUCKETS] = {16, 32, 48, 64, 128, 256, 512, INT64_MAX};
     for (int b = 0; b < MMTUNE_BUCKETS; b++) {
         int64_t lo, hi;
         mmtune_bucket_range(b, &lo, &hi);
-        T_CHECKF(lo == lo_want[b] && hi == hi_want[b], "bucket %d: %lld-%lld", b, (long long)lo, (long long)hi);
+        T_CHECKF(lo == lo_want[b] && hi == hi_want[b], "bucket %d: %lld-%lld", b, (long long)lo,
+                 (long long)hi);
         T_EQ_INT(mmtune_bucket(lo), b);
         if (hi != INT64_MAX) T_EQ_INT(mmtune_bucket(hi), b);
     }
@@ -39,9 +40,15 @@ static void test_buckets(void) {
  * change what is expected here. */
 static const int bn7[7] = {16, 16, 32, 32, 64, 128, 64};
 
-static int cands(int64_t n, const int *fits, bool mmq, int64_t mmq_max, bool gemm, bool mmv, int *out) {
-    struct mmtune_space s = {.n_tiles = 7, .tile_bn = bn7, .tile_fits = fits, .mmq = mmq,
-                             .mmq_max_rows = mmq_max, .gemm = gemm, .mmv = mmv};
+static int cands(int64_t n, const int *fits, bool mmq, int64_t mmq_max, bool gemm, bool mmv,
+                 int *out) {
+    struct mmtune_space s = {.n_tiles = 7,
+                             .tile_bn = bn7,
+                             .tile_fits = fits,
+                             .mmq = mmq,
+                             .mmq_max_rows = mmq_max,
+                             .gemm = gemm,
+                             .mmv = mmv};
     return mmtune_candidates(n, &s, out, MMTUNE_MAX_CAND);
 }
 
@@ -91,8 +98,13 @@ static void test_candidates(void) {
     T_EQ_INT(cands(64, one, true, 64, false, false, out), 0);
     T_EQ_INT(cands(8, all, true, INT64_MAX, true, true, out), 0);
     /* the output bound is respected */
-    struct mmtune_space s = {.n_tiles = 7, .tile_bn = bn7, .tile_fits = all, .mmq = true,
-                             .mmq_max_rows = INT64_MAX, .gemm = true, .mmv = true};
+    struct mmtune_space s = {.n_tiles = 7,
+                             .tile_bn = bn7,
+                             .tile_fits = all,
+                             .mmq = true,
+                             .mmq_max_rows = INT64_MAX,
+                             .gemm = true,
+                             .mmv = true};
     int small[3] = {99, 99, 99};
     T_EQ_INT(mmtune_candidates(64, &s, small, 2), 2);
     T_EQ_INT(small[2], 99);
@@ -116,11 +128,13 @@ static void test_table(void) {
     struct mmtune t;
     struct err e;
     mmtune_init(&t);
-    struct mmtune_key k1 = {QT_Q4_K, 4096, 4096, 2}, k2 = {QT_Q4_K, 4096, 4096, 3}, k3 = {QT_Q6_K, 4096, 4096, 2},
-                      k4 = {QT_Q4_K, 14336, 4096, 2}, k5 = {QT_Q4_K, 4096, 14336, 2};
+    struct mmtune_key k1 = {QT_Q4_K, 4096, 4096, 2}, k2 = {QT_Q4_K, 4096, 4096, 3},
+                      k3 = {QT_Q6_K, 4096, 4096, 2}, k4 = {QT_Q4_K, 14336, 4096, 2},
+                      k5 = {QT_Q4_K, 4096, 14336, 2};
     T_CHECK(mmtune_find(&t, &k1) == NULL);
     const struct mmtune_ent *got = NULL;
-    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k1, .choice = 6, .n = 40, .us = 21.0f}, &got, &e),
+    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k1, .choice = 6, .n = 40, .us = 21.0f},
+                        &got, &e),
              SMELT_OK);
     T_CHECK(got && got->choice == 6);
     /* keys differing in one field each are distinct */
@@ -129,19 +143,24 @@ static void test_table(void) {
     T_CHECK(mmtune_find(&t, &k4) == NULL);
     T_CHECK(mmtune_find(&t, &k5) == NULL);
     /* write-once: a second put of the same key keeps the first choice */
-    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k1, .choice = MMTUNE_GEMM, .n = 48, .us = 5.0f}, &got, &e),
+    T_EQ_INT(mmtune_put(&t,
+                        &(struct mmtune_ent){.key = k1, .choice = MMTUNE_GEMM, .n = 48, .us = 5.0f},
+                        &got, &e),
              SMELT_OK);
     T_CHECK(got && got->choice == 6 && got->n == 40);
     T_EQ_INT(t.n, 1);
     T_EQ_INT(t.n_tuned, 1);
     /* a static fallback (us = 0) is recorded but not counted as measured */
-    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k2, .choice = MMTUNE_MMQ_AUTO, .n = 50}, NULL, &e), SMELT_OK);
+    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k2, .choice = MMTUNE_MMQ_AUTO, .n = 50},
+                        NULL, &e),
+             SMELT_OK);
     T_EQ_INT(t.n_tuned, 1);
     T_EQ_INT(mmtune_find(&t, &k2)->choice, MMTUNE_MMQ_AUTO);
     /* growth keeps every entry (past the first reallocation) */
     for (int i = 0; i < 300; i++) {
         struct mmtune_key k = {QT_Q8_0, 100 + i, 4096, i % MMTUNE_BUCKETS};
-        T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k, .choice = i % 7, .n = 9, .us = 1.0f}, NULL, &e),
+        T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = k, .choice = i % 7, .n = 9, .us = 1.0f},
+                            NULL, &e),
                  SMELT_OK);
     }
     T_EQ_INT(t.n, 302);
@@ -156,11 +175,13 @@ static void test_table(void) {
     /* full: refused with a message */
     for (int i = t.n; i < MMTUNE_MAX_ENTRIES; i++) {
         struct mmtune_key k = {QT_Q6_K, 1000 + i, 256, 0};
-        if (mmtune_put(&t, &(struct mmtune_ent){.key = k, .choice = 0}, NULL, &e) != SMELT_OK) break;
+        if (mmtune_put(&t, &(struct mmtune_ent){.key = k, .choice = 0}, NULL, &e) != SMELT_OK)
+            break;
     }
     T_EQ_INT(t.n, MMTUNE_MAX_ENTRIES);
     struct mmtune_key kx = {QT_Q6_K, 7, 256, 0};
-    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = kx, .choice = 0}, NULL, &e), SMELT_ERR_NOMEM);
+    T_EQ_INT(mmtune_put(&t, &(struct mmtune_ent){.key = kx, .choice = 0}, NULL, &e),
+             SMELT_ERR_NOMEM);
     T_CHECK(strstr(e.msg, "full") != NULL);
     mmtune_free(&t);
     T_EQ_INT(t.n, 0);
@@ -206,17 +227,26 @@ static void test_format(void) {
     T_EQ_INT((int)mmtune_format(&t, shape7, buf, sizeof buf), 0);
     T_EQ_STR(buf, "");
     /* put out of order: printed grouped by shape, buckets ascending */
-    mmtune_put(&t, &(struct mmtune_ent){.key = {QT_Q4_K, 4096, 4096, 6}, .choice = MMTUNE_GEMM, .n = 512, .us = 57.8f},
+    mmtune_put(&t,
+               &(struct mmtune_ent){
+                   .key = {QT_Q4_K, 4096, 4096, 6}, .choice = MMTUNE_GEMM, .n = 512, .us = 57.8f},
                NULL, &e);
-    mmtune_put(&t, &(struct mmtune_ent){.key = {QT_Q4_K, 14336, 4096, 0}, .choice = 1, .n = 16, .us = 26.2f}, NULL,
-               &e);
-    mmtune_put(&t, &(struct mmtune_ent){.key = {QT_Q4_K, 4096, 4096, 0}, .choice = 0, .n = 9, .us = 16.6f}, NULL, &e);
-    mmtune_put(&t, &(struct mmtune_ent){.key = {QT_Q4_K, 4096, 4096, 7}, .choice = MMTUNE_MMQ_AUTO, .n = 600}, NULL,
-               &e);
+    mmtune_put(
+        &t,
+        &(struct mmtune_ent){.key = {QT_Q4_K, 14336, 4096, 0}, .choice = 1, .n = 16, .us = 26.2f},
+        NULL, &e);
+    mmtune_put(
+        &t, &(struct mmtune_ent){.key = {QT_Q4_K, 4096, 4096, 0}, .choice = 0, .n = 9, .us = 16.6f},
+        NULL, &e);
+    mmtune_put(
+        &t,
+        &(struct mmtune_ent){.key = {QT_Q4_K, 4096, 4096, 7}, .choice = MMTUNE_MMQ_AUTO, .n = 600},
+        NULL, &e);
     size_t len = mmtune_format(&t, shape7, buf, sizeof buf);
-    const char *want = "Q4_K 4096x4096: 9-16 mmq 128x16 (16.6 us at n=9), 257-512 cuBLAS (57.8 us at n=512), "
-                       ">512 mmq auto (static)\n"
-                       "Q4_K 14336x4096: 9-16 mmq 256x16 (26.2 us at n=16)";
+    const char *want =
+        "Q4_K 4096x4096: 9-16 mmq 128x16 (16.6 us at n=9), 257-512 cuBLAS (57.8 us at n=512), "
+        ">512 mmq auto (static)\n"
+        "Q4_K 14336x4096: 9-16 mmq 256x16 (26.2 us at n=16)";
     T_EQ_STR(buf, want);
     T_EQ_INT((int)len, (int)strlen(want));
     /* truncation: always terminated, never past the buffer */

@@ -594,7 +594,7 @@ static const struct cuda_qweight *qw_of(struct cuda_backend *cb, const struct te
  * step; the median counts. The candidates write to y when the call overwrites it anyway
  * (!acc) and to scratch otherwise; then the fastest runs once more for the real output.
  * The winner is recorded in cb->tune and every later call of the key in any bucket-mate
- * shape uses it. Cost: sum over candidates of 4 x (its time + the flush, ~30 us on an
+ * shape uses it. Cost: sum over candidates of 4 x (its time + the flush, ~35 us on an
  * H200) per key, a few dozen keys per model: docs/cuda-backend.md gives the estimate, and
  * the backend logs the table and the time spent when it is freed.
  *
@@ -617,10 +617,11 @@ static const struct cuda_qweight *qw_of(struct cuda_backend *cb, const struct te
  *      never points into memory a tuning run moved.
  *   5. Failure to measure (out of scratch, event errors, every candidate failing) records
  *      the static choice, so the key stays stable; a failed candidate is skipped.
- * Overrides (read at creation): SMELT_NO_TUNE=1 static choices only; SMELT_MMQ_TILE=N mmq
- * always with tile N, no measuring; SMELT_MMQ_MAX_ROWS=N fixes the mmq/gemm switch at N
- * rows (0 = no mmq) and leaves only the tile to measure. Static choice: mmq with
- * cuda_mmq's heuristic tile for 9..MMQ_MAX_ROWS rows, mmv below GEMM_MIN_ROWS, else gemm. */
+ * Overrides (read at creation): SMELT_NO_TUNE=1 static choices only; SMELT_MMQ_TILE=N
+ * static choices with tile N wherever they use mmq; SMELT_MMQ_MAX_ROWS=N fixes the
+ * mmq/gemm switch at N rows (0 = no mmq) and leaves only the tile to measure. Static
+ * choice: mmq with cuda_mmq's heuristic tile for 9..MMQ_MAX_ROWS rows, mmv below
+ * GEMM_MIN_ROWS, else gemm. */
 
 _Static_assert(MMTUNE_MMQ_AUTO == CUDA_MMQ_TILE_AUTO, "a choice is passed to cuda_mmq_pre as its tile");
 
