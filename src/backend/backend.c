@@ -424,6 +424,28 @@ void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
     bk_kv_store(b, kc, vc, k, v, m);
 }
 
+void bk_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,
+                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
+                       const struct attn_meta *m, const struct qk_prep *qp,
+                       const struct attn_params *ap) {
+    if (b->status != SMELT_OK) return;
+    if (!b->ops->rope_attention) {
+        bk_rope_kv_store(b, q, k, v, kc, vc, m, qp);
+        bk_attention(b, dst, q, kc, vc, m, ap);
+        return;
+    }
+    BK_ASSERT(!qp->q_norm || (qp->q_norm->type == QT_F32 && qp->q_norm->ne[0] == q->ne[0]));
+    BK_ASSERT(!qp->k_norm || (qp->k_norm->type == QT_F32 && qp->k_norm->ne[0] == k->ne[0]));
+    BK_ASSERT(is_f32_rows(q) && is_f32_rows(k) && q->ne[2] == k->ne[2]);
+    BK_ASSERT(is_f32_rows(dst) && tensor_is_contiguous(dst));
+    check_meta(m, q->ne[2]);
+    check_cache(kc, k, m->block_size);
+    check_cache(vc, v, m->block_size);
+    BK_ASSERT(kc->ne[0] == q->ne[0] && q->ne[1] % kc->ne[2] == 0);
+    BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
+    b->ops->rope_attention(b, dst, q, k, v, kc, vc, m, qp, ap);
+}
+
 /* ---- step graphs ---- */
 
 bool bk_graph_replay(struct backend *b, uint64_t key) {

@@ -110,6 +110,9 @@ struct attn_meta {
     const struct tensor *slot;   /* I32 (n_tokens): cache slot this row's K and V go to */
     const struct tensor *blocks; /* I32 (max_blocks, n_seqs): block table per sequence */
     int32_t block_size;          /* tokens per KV block */
+    bool one_per_seq;            /* every sequence has exactly one row in the step (a decode
+                                  * step): each row's new key is its last key. Part of the
+                                  * step's shape (graph key). */
 };
 
 struct attn_params {
@@ -186,6 +189,10 @@ struct backend_ops {
     void (*rope_kv_store)(struct backend *b, struct tensor *q, struct tensor *k,
                           const struct tensor *v, struct tensor *kc, struct tensor *vc,
                           const struct attn_meta *m, const struct qk_prep *p);
+    void (*rope_attention)(struct backend *b, struct tensor *dst, struct tensor *q,
+                           struct tensor *k, const struct tensor *v, struct tensor *kc,
+                           struct tensor *vc, const struct attn_meta *m,
+                           const struct qk_prep *qp, const struct attn_params *ap);
 
     /* Row summaries for sampling: optional (NULL: model_step brings the rows to the host
      * and summarizes them there). See bk_logits_topk. */
@@ -342,6 +349,13 @@ void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
 void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
                       const struct attn_meta *m, const struct qk_prep *p);
+/* Fused: bk_rope_kv_store then bk_attention of q into dst. q and k hold unspecified
+ * values afterwards (rotated in place, or left raw by a backend that rotates them on the
+ * fly, e.g. for a decode step: m->one_per_seq). */
+void bk_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,
+                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
+                       const struct attn_meta *m, const struct qk_prep *qp,
+                       const struct attn_params *ap);
 
 /* Row summaries for sampling (backend/topk.h, docs/sampling.md): for each row r of logits
  * F32 (n_vocab, n_rows), with rows I32 (TOPK_ROW_WORDS, n_rows) holding struct topk_row

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/mix.h"
+
 static const struct rm_preset presets[] = {
     /* name, arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, vocab, rope, tied,
      * qkv_bias, qk_norm, gemma, swa */
@@ -198,12 +200,6 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
     }
     /* Failures are remembered by the writer and reported by gguf_writer_write. */
     return SMELT_OK;
-}
-
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 void rm_fill_rows(const struct rm_tensor *t, uint64_t seed, int64_t ti, int64_t row0,

@@ -7,6 +7,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "util/mix.h"
+
 /* The prefix-cache index. Hash table: open addressing over block ids keyed by hash[id]
  * (linear probing, backward-shift deletion, load <= 1/2). LRU: a doubly linked list of
  * idle cached blocks, most recently parked at the head; eviction takes the tail. */
@@ -66,14 +68,6 @@ int32_t kv_pool_available(const struct kv_pool *p) {
 
 /* ---- prefix cache internals ---- */
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
 
 uint64_t kv_block_hash(const struct kv_pool *p, uint64_t parent, const int32_t *tokens) {
     const struct kv_prefix *c = p->prefix;

@@ -18,6 +18,7 @@
 
 #include "util/ckd.h"
 #include "util/half.h"
+#include "util/mix.h"
 
 static const struct arch_def *const archs[] = {&arch_llama, &arch_qwen2, &arch_qwen3,
                                                &arch_gemma3};
@@ -501,10 +502,8 @@ struct tensor *fwd_attention(struct model *m, struct step *s, int il, const stru
     k = bk_reshape(bk, k, a->head_dim_k, a->n_head_kv, n); /* (head_dim_k, n_head_kv, n) */
     v = bk_reshape(bk, v, a->head_dim_v, a->n_head_kv, n); /* (head_dim_v, n_head_kv, n) */
     struct qk_prep prep = {w->q_norm, w->k_norm, m->hp.norm_eps, &a->rope};
-    bk_rope_kv_store(bk, q, k, v, &s->kv->k[il], &s->kv->v[il], &s->meta, &prep);
-
     struct tensor *att = bk_new(bk, QT_F32, a->head_dim_v, a->n_head, n);
-    bk_attention(bk, att, q, &s->kv->k[il], &s->kv->v[il], &s->meta, &a->attn);
+    bk_rope_attention(bk, att, q, k, v, &s->kv->k[il], &s->kv->v[il], &s->meta, &prep, &a->attn);
     return bk_reshape(bk, att, (int64_t)a->head_dim_v * a->n_head, n, 1);
 }
 
@@ -643,6 +642,13 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     int32_t *rows = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
     int32_t *tables = arena_calloc(&m->host, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
     if (!slot || !rows || !tables) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    /* a decode step: every sequence has exactly one row */
+    bool one_per_seq = n == b->n_seqs;
+    if (one_per_seq) {
+        uint8_t *seen = arena_calloc(&m->host, (size_t)n);
+        if (!seen) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; i < n && one_per_seq; i++) one_per_seq = !seen[b->seq[i]]++;
+    }
     int32_t n_out = 0;
     for (int32_t i = 0; i < n; i++) {
         const struct batch_seq *q = &b->seqs[b->seq[i]];
@@ -682,6 +688,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     bk_upload(bk, tb, tables, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
     s.meta.blocks = tb;
     s.meta.block_size = kv->block_size;
+    s.meta.one_per_seq = one_per_seq;
     if (n_out) s.out_rows = upload_i32(bk, rows, n_out);
     /* The sampling inputs and the summaries: fixed sizes for the step's shape, allocated
      * before the ops so a replayed graph finds them at the same addresses. */
@@ -698,9 +705,10 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
 
     /* The ops below depend only on this key (see bk_graph_replay): a backend with graphs
      * replays them, and the logits land where the recording left them. */
-    uint64_t key = ((uint64_t)n << 40) ^ ((uint64_t)n_out << 20) ^ ((uint64_t)b->n_seqs << 8) ^
-                   ((uint64_t)max_blocks << 48) ^ (uint64_t)(uintptr_t)kv ^
-                   ((uint64_t)dev_topk << 63);
+    const uint64_t shape[] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)b->n_seqs, (uint64_t)max_blocks,
+                              (uint64_t)(uintptr_t)kv, (uint64_t)dev_topk, (uint64_t)one_per_seq};
+    uint64_t key = 0;
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) key = mix64((key + 0x9e3779b97f4a7c15ull) ^ shape[i]);
     struct step_graph *sg = NULL;
     for (int i = 0; i < MODEL_GRAPHS; i++)
         if (m->graphs[i].used && m->graphs[i].key == key) sg = &m->graphs[i];

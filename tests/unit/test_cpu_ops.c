@@ -319,7 +319,7 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
     struct tensor *K = rand_f32(dk, n_kv, total), *V = rand_f32(dv, n_kv, total);
     int32_t flat[12];
     for (int s = 0; s < n_seq; s++) memcpy(flat + 4 * s, table[s], 16);
-    struct attn_meta all = {i32(pos, total), i32(seq, total), i32(slot, total), NULL, (int32_t)bs};
+    struct attn_meta all = {i32(pos, total), i32(seq, total), i32(slot, total), NULL, (int32_t)bs, false};
     struct tensor *tb = bk_new(bk, QT_I32, 4, n_seq, 1);
     memcpy(tb->data, flat, sizeof flat);
     all.blocks = tb;
@@ -333,7 +333,7 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
         qseq[i] = seq[qrow[i]];
         qslot[i] = slot[qrow[i]];
     }
-    struct attn_meta m = {i32(qpos, 7), i32(qseq, 7), i32(qslot, 7), tb, (int32_t)bs};
+    struct attn_meta m = {i32(qpos, 7), i32(qseq, 7), i32(qslot, 7), tb, (int32_t)bs, false};
     struct tensor *q = rand_f32(dk, n_head, 7), *out = bk_new(bk, QT_F32, dv, n_head, 7);
     struct attn_params ap = {.scale = 0.3f, .softcap = softcap, .window = window};
     bk_attention(bk, out, q, &kc, &vc, &m, &ap);

@@ -41,6 +41,15 @@
  * Llama-3-8B and Qwen2.5-0.5B (14 query heads, 2 KV heads, d = 64) shapes as graphs of
  * 100 calls (launch gaps included, as in a step): with the int8 output, without it, without
  * it plus a quantize launch (the layer before this change), and a sweep of split_keys.
+ * RoPE fused into the decode kernel (bk_rope_attention on a decode step, every sequence one
+ * row): raw q, k, v rotated and stored on the CPU (bk_rope_kv_store, then bk_attention) and
+ * in one launch on the GPU; NORM and NEOX pairs, partial rotation with YaRN, Llama-3
+ * frequency factors, per-head Q/K RMSNorm, d = 64/128/256, F16/BF16/F32 caches. The output
+ * is compared with the CPU's (the GPU forms angles in double but takes sin/cos in float, and
+ * the new key is rounded to the cache type on both sides: F32 1e-4, F16 2e-3, BF16 1e-2),
+ * and so are the new K and V rows the kernel stored in the caches (F32 1e-5, F16 1e-3,
+ * BF16 8e-3 relative).
+ *
  * SMELT_SEED=n changes the random inputs. */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
@@ -269,7 +278,7 @@ static bool run_cpu(const struct attn_case *c, const struct built *b, float *out
     tensor_host(&seq, QT_I32, b->n_tokens, 1, 1, 1, b->seq);
     tensor_host(&slot, QT_I32, b->n_tokens, 1, 1, 1, b->pos); /* unused by attention */
     tensor_host(&tb, QT_I32, b->max_blocks, b->n_seqs, 1, 1, b->tables);
-    struct attn_meta m = {&pos, &seq, &slot, &tb, c->bs};
+    struct attn_meta m = {&pos, &seq, &slot, &tb, c->bs, false};
     struct attn_params ap = {.scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window};
     struct err e;
     bk_step_begin(cpu);
@@ -351,7 +360,7 @@ static void check_case(const struct attn_case *c) {
     bk_upload(gpu, pos, b.pos, sizeof(int32_t) * b.n_tokens);
     bk_upload(gpu, seq, b.seq, sizeof(int32_t) * b.n_tokens);
     bk_upload(gpu, tb, b.tables, sizeof(int32_t) * b.max_blocks * b.n_seqs);
-    struct attn_meta m = {pos, seq, pos, tb, c->bs};
+    struct attn_meta m = {pos, seq, pos, tb, c->bs, false};
     struct attn_params ap = {.scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window};
     bk_attention(gpu, dst, q, &kc, &vc, &m, &ap);
     bk_download(gpu, out, dst, sizeof(float) * out_n);
@@ -404,6 +413,216 @@ done:
 
 static void test_attn_cases(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+}
+
+/* ---- RoPE + KV store fused into the decode kernel ---- */
+
+struct rope_case {
+    struct attn_case c; /* decode rows only: one per sequence */
+    int mode, n_rot;
+    float base, freq_scale, ext_factor;
+    bool qk_norm, factors;
+};
+
+static const struct rope_case rope_cases[] = {
+    {{"rope llama3 d128 f16", 128, 2, 4, QT_F16, 16, 0, 0.0f, 1.0f, 5,
+      {{0, 0, 1}, {1, 17, 1}, {2, 300, 1}, {3, 1100, 1}, {4, 2900, 1}}},
+     ROPE_NORM, 128, 500000.0f, 1.0f, 0.0f, false, true},
+    {{"rope qwen3 d128 bf16 qknorm", 128, 2, 8, QT_BF16, 16, 0, 0.0f, 1.0f, 4,
+      {{0, 5, 1}, {1, 63, 1}, {2, 64, 1}, {3, 999, 1}}},
+     ROPE_NEOX, 128, 1000000.0f, 1.0f, 0.0f, true, false},
+    {{"rope qwen2 d64 f16 gqa7", 64, 2, 7, QT_F16, 16, 0, 0.0f, 2.0f, 3,
+      {{0, 0, 1}, {1, 200, 1}, {2, 700, 1}}},
+     ROPE_NEOX, 64, 1000000.0f, 1.0f, 0.0f, false, false},
+    {{"rope gemma d256 f16 window", 256, 1, 4, QT_F16, 16, 48, 30.0f, 2.0f, 3,
+      {{0, 10, 1}, {1, 47, 1}, {2, 333, 1}}},
+     ROPE_NEOX, 256, 10000.0f, 1.0f, 0.0f, true, false},
+    {{"rope yarn partial d128 f32", 128, 2, 2, QT_F32, 16, 0, 0.0f, 1.0f, 3,
+      {{0, 3, 1}, {1, 150, 1}, {2, 2047, 1}}},
+     ROPE_NEOX, 64, 10000.0f, 0.25f, 1.0f, false, false},
+    {{"rope norm partial d64 bf16", 64, 1, 1, QT_BF16, 8, 0, 0.0f, 1.0f, 2,
+      {{0, 9, 1}, {1, 70, 1}}},
+     ROPE_NORM, 32, 10000.0f, 1.0f, 0.0f, true, false},
+};
+
+/* A host F32 tensor of n random values (scale sc, offset off). */
+static float *rand_vec(size_t n, float sc, float off) {
+    float *v = malloc(sizeof(float) * (n ? n : 1));
+    if (v)
+        for (size_t i = 0; i < n; i++) v[i] = off + sc * t_randn(&g_seed);
+    return v;
+}
+
+static double cache_tol(uint32_t type) { return type == QT_F32 ? 1e-5 : type == QT_F16 ? 1e-3 : 8e-3; }
+
+static float cache_get(const void *c, uint32_t type, size_t i) {
+    if (type == QT_F16) return f16_to_f32(((const uint16_t *)c)[i]);
+    if (type == QT_BF16) return bf16_to_f32(((const uint16_t *)c)[i]);
+    return ((const float *)c)[i];
+}
+
+static void check_rope_case(const struct rope_case *rc) {
+    const struct attn_case *c = &rc->c;
+    struct built b;
+    struct err e;
+    if (!build(c, &b)) {
+        T_CHECK(0);
+        built_free(&b);
+        return;
+    }
+    const int d = c->d, n = b.n_tokens;
+    const size_t qn = (size_t)d * b.n_head * n, kn = (size_t)d * c->n_kv * n;
+    float *q_cpu = malloc(sizeof(float) * qn), *ref = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn);
+    float *k_raw = rand_vec(kn, 1.0f, 0.0f), *v_raw = rand_vec(kn, 1.0f, 0.0f);
+    float *k_cpu = malloc(sizeof(float) * kn), *v_cpu = malloc(sizeof(float) * kn);
+    float *qnw = rand_vec((size_t)d, 0.3f, 1.0f), *knw = rand_vec((size_t)d, 0.3f, 1.0f);
+    float *ff = rand_vec((size_t)d / 2, 0.0f, 1.0f);
+    int32_t *slot = malloc(sizeof(int32_t) * n);
+    void *kc_cpu = malloc(b.cache_bytes), *vc_cpu = malloc(b.cache_bytes);
+    void *kc_gpu = malloc(b.cache_bytes), *vc_gpu = malloc(b.cache_bytes);
+    struct tensor gkc, gvc, gff;
+    memset(&gkc, 0, sizeof gkc);
+    memset(&gvc, 0, sizeof gvc);
+    memset(&gff, 0, sizeof gff);
+    if (!q_cpu || !ref || !out || !k_raw || !v_raw || !k_cpu || !v_cpu || !qnw || !knw || !ff || !slot || !kc_cpu ||
+        !vc_cpu || !kc_gpu || !vc_gpu) {
+        T_CHECK(0);
+        goto done;
+    }
+    for (int i = 0; i < d / 2; i++) ff[i] = 1.0f + 7.0f * (float)(t_rand_u64(&g_seed) % 1000) / 1000.0f;
+    for (int t = 0; t < n; t++)
+        slot[t] = b.tables[b.seq[t] * b.max_blocks + b.pos[t] / c->bs] * c->bs + b.pos[t] % c->bs;
+    memcpy(q_cpu, b.q, sizeof(float) * qn);
+    memcpy(k_cpu, k_raw, sizeof(float) * kn);
+    memcpy(v_cpu, v_raw, sizeof(float) * kn);
+    memcpy(kc_cpu, b.kc, b.cache_bytes);
+    memcpy(vc_cpu, b.vc, b.cache_bytes);
+
+    struct rope_params rp = {.mode = (enum rope_mode)rc->mode, .n_rot = rc->n_rot, .freq_base = rc->base,
+                             .freq_scale = rc->freq_scale, .ext_factor = rc->ext_factor, .attn_factor = 1.0f,
+                             .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 4096};
+    struct attn_params ap = {.scale = 1.0f / sqrtf((float)d), .softcap = c->softcap, .window = c->window};
+
+    /* CPU: rotate and store, then attend */
+    {
+        struct tensor q, k, v, kc, vc, dst, pos, seq, sl, tb, qw, kw, fft;
+        tensor_host(&q, QT_F32, d, b.n_head, n, 1, q_cpu);
+        tensor_host(&k, QT_F32, d, c->n_kv, n, 1, k_cpu);
+        tensor_host(&v, QT_F32, d, c->n_kv, n, 1, v_cpu);
+        tensor_host(&kc, c->type, d, c->bs, c->n_kv, b.n_blocks, kc_cpu);
+        tensor_host(&vc, c->type, d, c->bs, c->n_kv, b.n_blocks, vc_cpu);
+        tensor_host(&dst, QT_F32, d, b.n_head, n, 1, ref);
+        tensor_host(&pos, QT_I32, n, 1, 1, 1, b.pos);
+        tensor_host(&seq, QT_I32, n, 1, 1, 1, b.seq);
+        tensor_host(&sl, QT_I32, n, 1, 1, 1, slot);
+        tensor_host(&tb, QT_I32, b.max_blocks, b.n_seqs, 1, 1, b.tables);
+        tensor_host(&qw, QT_F32, d, 1, 1, 1, qnw);
+        tensor_host(&kw, QT_F32, d, 1, 1, 1, knw);
+        tensor_host(&fft, QT_F32, d / 2, 1, 1, 1, ff);
+        struct rope_params rpc = rp;
+        rpc.freq_factors = rc->factors ? &fft : NULL;
+        struct qk_prep qp = {rc->qk_norm ? &qw : NULL, rc->qk_norm ? &kw : NULL, 1e-6f, &rpc};
+        struct attn_meta m = {&pos, &seq, &sl, &tb, c->bs, true};
+        bk_step_begin(cpu);
+        bk_rope_kv_store(cpu, &q, &k, &v, &kc, &vc, &m, &qp);
+        bk_attention(cpu, &dst, &q, &kc, &vc, &m, &ap);
+        if (bk_sync(cpu, &e) != SMELT_OK) {
+            fprintf(stderr, "cpu rope+attention: %s\n", e.msg);
+            T_CHECK(0);
+            goto done;
+        }
+    }
+    /* GPU: one fused call */
+    tensor_init(&gkc, c->type, d, c->bs, c->n_kv, b.n_blocks);
+    tensor_init(&gvc, c->type, d, c->bs, c->n_kv, b.n_blocks);
+    tensor_init(&gff, QT_F32, d / 2, 1, 1, 1);
+    if (bk_buffer_alloc(gpu, &gkc, &e) != SMELT_OK || bk_buffer_alloc(gpu, &gvc, &e) != SMELT_OK ||
+        bk_buffer_alloc(gpu, &gff, &e) != SMELT_OK) {
+        fprintf(stderr, "gpu buffers: %s\n", e.msg);
+        T_CHECK(0);
+        goto done;
+    }
+    bk_step_begin(gpu);
+    bk_upload(gpu, &gkc, b.kc, b.cache_bytes);
+    bk_upload(gpu, &gvc, b.vc, b.cache_bytes);
+    bk_upload(gpu, &gff, ff, sizeof(float) * (size_t)(d / 2));
+    struct tensor *q = bk_new(gpu, QT_F32, d, b.n_head, n), *k = bk_new(gpu, QT_F32, d, c->n_kv, n);
+    struct tensor *v = bk_new(gpu, QT_F32, d, c->n_kv, n), *dst = bk_new(gpu, QT_F32, d, b.n_head, n);
+    struct tensor *pos = bk_new(gpu, QT_I32, n, 1, 1), *seq = bk_new(gpu, QT_I32, n, 1, 1);
+    struct tensor *sl = bk_new(gpu, QT_I32, n, 1, 1), *tb = bk_new(gpu, QT_I32, b.max_blocks, b.n_seqs, 1);
+    struct tensor *qw = bk_new(gpu, QT_F32, d, 1, 1), *kw = bk_new(gpu, QT_F32, d, 1, 1);
+    bk_upload(gpu, q, b.q, sizeof(float) * qn);
+    bk_upload(gpu, k, k_raw, sizeof(float) * kn);
+    bk_upload(gpu, v, v_raw, sizeof(float) * kn);
+    bk_upload(gpu, pos, b.pos, sizeof(int32_t) * n);
+    bk_upload(gpu, seq, b.seq, sizeof(int32_t) * n);
+    bk_upload(gpu, sl, slot, sizeof(int32_t) * n);
+    bk_upload(gpu, tb, b.tables, sizeof(int32_t) * b.max_blocks * b.n_seqs);
+    bk_upload(gpu, qw, qnw, sizeof(float) * d);
+    bk_upload(gpu, kw, knw, sizeof(float) * d);
+    struct rope_params rpg = rp;
+    rpg.freq_factors = rc->factors ? &gff : NULL;
+    struct qk_prep qp = {rc->qk_norm ? qw : NULL, rc->qk_norm ? kw : NULL, 1e-6f, &rpg};
+    struct attn_meta m = {pos, seq, sl, tb, c->bs, true};
+    bk_rope_attention(gpu, dst, q, k, v, &gkc, &gvc, &m, &qp, &ap);
+    bk_download(gpu, out, dst, sizeof(float) * qn);
+    bk_download(gpu, kc_gpu, &gkc, b.cache_bytes);
+    bk_download(gpu, vc_gpu, &gvc, b.cache_bytes);
+    if (bk_sync(gpu, &e) != SMELT_OK) {
+        fprintf(stderr, "gpu rope+attention (%s): %s\n", c->name, e.msg);
+        T_CHECK(0);
+        goto done;
+    }
+    {
+        struct cuda_attn_args a = {.cache_type = c->type, .max_blocks = b.max_blocks, .block_size = c->bs,
+                                   .n_seqs = b.n_seqs, .dk = d, .dv = d, .n_head = b.n_head, .n_kv = c->n_kv,
+                                   .n_tokens = n, .window = c->window, .max_keys = b.max_keys};
+        struct cuda_attn_plan plan;
+        cuda_attn_plan(&a, &plan);
+        T_CHECKF(plan.kernel == CUDA_ATTN_DECODE, "%s: plan %s, not the decode kernel", c->name,
+                 kernel_name(plan.kernel));
+    }
+    const double tol = c->type == QT_F32 ? 1e-4 : c->type == QT_F16 ? 2e-3 : 1e-2;
+    compare(c, &b, out, ref, tol, "fused rope");
+    /* the new rows in the caches */
+    double mx = 0;
+    for (int t = 0; t < n; t++)
+        for (int g = 0; g < c->n_kv; g++) {
+            const size_t base = (((size_t)(slot[t] / c->bs) * c->n_kv + g) * c->bs + slot[t] % c->bs) * d;
+            for (int i = 0; i < d; i++)
+                for (int w = 0; w < 2; w++) {
+                    const float x = cache_get(w ? vc_gpu : kc_gpu, c->type, base + i);
+                    const float y = cache_get(w ? vc_cpu : kc_cpu, c->type, base + i);
+                    const double err = fabs((double)x - y) / fmax(1.0, fabs(y));
+                    if (!(err <= mx)) mx = err; /* NaN sticks */
+                }
+        }
+    printf("  %-28s %-16s max err %.3e (tol %.0e)\n", c->name, "new K/V rows", mx, cache_tol(c->type));
+    T_CHECKF(mx <= cache_tol(c->type), "%s: new cache rows differ by %.3e", c->name, mx);
+done:
+    if (gkc.data) bk_buffer_free(gpu, &gkc);
+    if (gvc.data) bk_buffer_free(gpu, &gvc);
+    if (gff.data) bk_buffer_free(gpu, &gff);
+    free(q_cpu);
+    free(ref);
+    free(out);
+    free(k_raw);
+    free(v_raw);
+    free(k_cpu);
+    free(v_cpu);
+    free(qnw);
+    free(knw);
+    free(ff);
+    free(slot);
+    free(kc_cpu);
+    free(vc_cpu);
+    free(kc_gpu);
+    free(vc_gpu);
+    built_free(&b);
+}
+
+static void test_rope_attention(void) {
+    for (size_t i = 0; i < sizeof rope_cases / sizeof rope_cases[0]; i++) check_rope_case(&rope_cases[i]);
 }
 
 /* ---- fused split merge, int8 output, PDL ---- */
@@ -902,7 +1121,22 @@ out:
  * fused output), and the decode kernel with other split_keys. */
 #define GRAPH_CALLS 100
 
-static double time_graph(const struct cuda_attn_args *args, int n_args, void *qbuf, cudaStream_t st) {
+/* One call as a step makes it: with sep_rope, the RoPE + KV store launch, then the
+ * attention without its fused RoPE. */
+static void graph_call(const struct cuda_attn_args *a, int sep_rope, cudaStream_t st) {
+    if (!sep_rope) {
+        cuda_attention(a, st);
+        return;
+    }
+    struct cuda_attn_args u = *a;
+    u.rope.freq = NULL;
+    cuda_rope_kv_store((float *)a->q, (float *)a->k_new, a->v_new, (void *)a->kc, (void *)a->vc, a->cache_type,
+                       a->pos, a->slot, a->dk, a->dv, a->n_head, a->n_kv, a->block_size, a->n_tokens, &a->rope,
+                       NULL, NULL, 0.0f, st);
+    cuda_attention(&u, st);
+}
+
+static double time_graph(const struct cuda_attn_args *args, int n_args, void *qbuf, int sep_rope, cudaStream_t st) {
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -910,14 +1144,14 @@ static double time_graph(const struct cuda_attn_args *args, int n_args, void *qb
     double us = -1;
     const int64_t width = (int64_t)args[0].dv * args[0].n_head;
     for (int i = 0; i < n_args; i++) { /* eager first: the kernels' smem opt-ins */
-        cuda_attention(&args[i], st);
+        graph_call(&args[i], sep_rope, st);
         if (qbuf) cuda_mmv_quantize(args[i].dst, width, (int)args[i].n_tokens, qbuf, st, &e);
     }
     if (cudaStreamSynchronize(st) != cudaSuccess) goto out;
     if (cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) != cudaSuccess) goto out;
     cuda_pdl_fence = 1; /* as a step's first kernel after its input copies */
     for (int i = 0; i < GRAPH_CALLS; i++) {
-        cuda_attention(&args[i % n_args], st);
+        graph_call(&args[i % n_args], sep_rope, st);
         if (qbuf) cuda_mmv_quantize(args[i % n_args].dst, width, (int)args[i % n_args].n_tokens, qbuf, st, &e);
     }
     if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) goto out;
@@ -949,8 +1183,9 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
     const size_t cache_bytes = (size_t)copies * nb * bs * n_kv * d * 2;
     const int64_t out_w = (int64_t)n_head * d;
     void *kc = NULL, *vc = NULL, *scr = NULL, *qa = NULL, *qb = NULL;
-    float *q = NULL, *dst = NULL;
-    int32_t *pos = NULL, *seq = NULL, *tables = NULL;
+    float *q = NULL, *dst = NULL, *kvn = NULL;
+    double *freq = NULL;
+    int32_t *pos = NULL, *seq = NULL, *tables = NULL, *slot = NULL;
     int32_t *htab = calloc((size_t)copies * width, sizeof(int32_t));
     float *hq = malloc(sizeof(float) * out_w);
     struct cuda_attn_args *args = calloc((size_t)copies, sizeof *args);
@@ -964,6 +1199,9 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
         cudaMalloc((void **)&tables, sizeof(int32_t) * (size_t)copies * width) != cudaSuccess ||
         cudaMalloc(&qa, cuda_mmv_scratch_bytes(out_w, 1)) != cudaSuccess ||
         cudaMalloc(&qb, cuda_mmv_scratch_bytes(out_w, 1)) != cudaSuccess ||
+        cudaMalloc((void **)&kvn, sizeof(float) * 2 * n_kv * d) != cudaSuccess ||
+        cudaMalloc((void **)&freq, sizeof(double) * d / 2) != cudaSuccess ||
+        cudaMalloc((void **)&slot, sizeof(int32_t)) != cudaSuccess ||
         cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
         printf("bench %s: out of device memory\n", model);
         cudaGetLastError();
@@ -979,20 +1217,34 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
     cudaMemcpy(seq, &zero, sizeof zero, cudaMemcpyHostToDevice);
     cudaMemcpy(tables, htab, sizeof(int32_t) * (size_t)copies * width, cudaMemcpyHostToDevice);
     cudaMemcpy(q, hq, sizeof(float) * out_w, cudaMemcpyHostToDevice);
+    cudaMemcpy(kvn, hq, sizeof(float) * 2 * n_kv * d, cudaMemcpyHostToDevice); /* n_head >= 2 n_kv */
+    const int32_t sl = htab[p / bs] * bs + p % bs;
+    cudaMemcpy(slot, &sl, sizeof sl, cudaMemcpyHostToDevice);
+    struct cuda_rope rope = {.mode = 2, .n_rot = d, .freq_base = 500000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f,
+                             .mscale = 1.0f};
+    cuda_rope_freq_fill(freq, &rope, NULL);
+    rope.freq = freq;
     struct cuda_attn_args a = {.dst = dst, .q = q, .kc = kc, .vc = vc, .cache_type = QT_F16, .pos = pos, .seq = seq,
                                .max_blocks = width, .block_size = bs, .n_seqs = 1, .dk = d, .dv = d,
                                .n_head = n_head, .n_kv = n_kv, .n_tokens = 1, .scale = 1.0f / sqrtf((float)d),
                                .max_keys = width * bs, .kernel = CUDA_ATTN_AUTO};
     const int nk = 8192 / (d * 2);
-    /* 0: backend's call; 1: no int8 output; 2: no int8 output + quantize launch;
-     * 3..5: split_keys nk/2, nk, 4nk (int8 output on) */
-    const char *names[6] = {"fused int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
-                            "split_keys nk", "split_keys 4nk"};
-    const int sk[6] = {0, 0, 0, nk / 2, nk, 4 * nk};
-    for (int v = 0; v < 6; v++) {
+    /* 0: backend's call without RoPE; 1: no int8 output; 2: no int8 output + quantize launch;
+     * 3..5: split_keys nk/2, nk, 4nk (int8 output on); 6: RoPE + KV store fused (a decode
+     * step's call); 7: RoPE + KV store as their own launch before it */
+    const char *names[8] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
+                            "split_keys nk", "split_keys 4nk", "rope fused", "rope launch"};
+    const int sk[8] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0};
+    for (int v = 0; v < 8; v++) {
         struct cuda_attn_args av = a;
         av.q_out = v == 1 || v == 2 ? NULL : qa;
         av.split_keys = sk[v];
+        if (v >= 6) {
+            av.rope = rope;
+            av.k_new = kvn;
+            av.v_new = kvn + n_kv * d;
+            av.slot = slot;
+        }
         struct cuda_attn_plan pl;
         cuda_attn_plan(&av, &pl);
         cudaFree(scr);
@@ -1007,7 +1259,7 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
             args[c].blocks = tables + (size_t)c * width;
             args[c].scratch = scr;
         }
-        const double us = time_graph(args, copies, v == 2 ? qb : NULL, st);
+        const double us = time_graph(args, copies, v == 2 ? qb : NULL, v == 7, st);
         const int want = (depth + pl.dec_min_keys - 1) / pl.dec_min_keys;
         const int used = pl.dec_split > 1 ? (want < pl.dec_split ? want : pl.dec_split) : 1;
         printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s grid split %2d, used %2d (>= %3d keys): %7.2f us/call"
@@ -1027,6 +1279,9 @@ out:
     cudaFree(pos);
     cudaFree(seq);
     cudaFree(tables);
+    cudaFree(kvn);
+    cudaFree(freq);
+    cudaFree(slot);
     free(htab);
     free(hq);
     free(args);
@@ -1068,6 +1323,7 @@ int main(void) {
     cuda_pdl_on = major >= 9 && !getenv("SMELT_NO_PDL"); /* launches as the backend makes them */
     T_RUN(test_attn_cases);
     T_RUN(test_attn_fused);
+    T_RUN(test_rope_attention);
     T_RUN(test_attn_pdl);
     if (getenv("SMELT_BENCH")) bench();
     bk_free(gpu);

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_rope.cuh"
 
 extern "C" {
 #include "backend/cuda/cuda_kernels.h"
@@ -275,6 +276,9 @@ static __global__ void __launch_bounds__(GEN_WARPS * 32)
  * Probabilities stay f32 (unlike the prefill kernel's f16/bf16 P). */
 
 #define DEC_THREADS 128
+/* The fused RoPE prologue's shared floats: cos/sin per pair (D), the new K and V rows (2D),
+ * the per-head RMSNorm factors (GMAX query heads + K, padded to keep 16-byte alignment). */
+#define DEC_ROPE_FLOATS(D, GMAX) (3 * (D) + (GMAX) + 4)
 
 template <typename T, int D>
 struct dec_cfg {
@@ -291,7 +295,8 @@ struct dec_cfg {
 template <typename T, int D, int GMAX>
 static constexpr size_t dec_smem_bytes() {
     using C = dec_cfg<T, D>;
-    return (size_t)(GMAX * D + GMAX * C::NK + 3 * GMAX) * sizeof(float) + (size_t)4 * C::NK * C::LD * sizeof(T);
+    return (size_t)(GMAX * D + GMAX * C::NK + 3 * GMAX + DEC_ROPE_FLOATS(D, GMAX)) * sizeof(float) +
+           (size_t)4 * C::NK * C::LD * sizeof(T);
 }
 
 /* Chunk index of scoring part `part`'s i-th chunk (see the comment above). */
@@ -386,7 +391,8 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     float *sq = reinterpret_cast<float *>(dsm); /* (D, GMAX) scaled queries */
     float *ss = sq + GMAX * D;                  /* (NK, GMAX) scores -> probabilities */
     float *s_m = ss + GMAX * NK, *s_l = s_m + GMAX, *s_c = s_l + GMAX;
-    T *skv = reinterpret_cast<T *>(s_c + GMAX); /* [stage][K, V][NK][LD] */
+    float *s_cs = s_c + GMAX, *s_kn = s_cs + D, *s_vn = s_kn + D, *s_inv = s_vn + D; /* fused RoPE */
+    T *skv = reinterpret_cast<T *>(s_c + GMAX + DEC_ROPE_FLOATS(D, GMAX)); /* [stage][K, V][NK][LD] */
     float *s_w = reinterpret_cast<float *>(skv); /* merge: (MAXS, GMAX) split weights, after the stages */
     static_assert((size_t)MAXS * GMAX * sizeof(float) <= (size_t)4 * NK * LD * sizeof(T), "merge weights fit");
     __shared__ int s_last;
@@ -406,6 +412,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     for (int slot = blockIdx.x / a.n_kv; slot < count; slot += n_slots) {
         const int64_t t = rows ? rows[1 + slot] : slot;
         const int pos = a.pos[t];
+        const int seq = a.seq[t]; /* loaded with pos: the table's address waits on both */
         const int j0 = first_key(pos, a.window);
         const int n_keys = pos - j0 + 1;
         const int ns = n_split > 1 ? min(n_split, max(1, (n_keys + min_keys - 1) / min_keys)) : 1;
@@ -414,14 +421,74 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         const int kb0 = j0 + split * chunk;          /* this split's keys: [kb0, ke) */
         const int ke = min(kb0 + chunk, pos + 1);
         const int n_st = ke > kb0 ? (ke - kb0 + NK - 1) / NK : 0;
-        const int32_t *table = a.blocks + (int64_t)a.seq[t] * a.max_blocks;
+        const int32_t *table = a.blocks + (int64_t)seq * a.max_blocks;
+        const bool fused = a.rope.freq != NULL;
+        const bool owner = fused && kb0 <= pos && pos < ke; /* this split holds the new key */
 
         /* the first stage's copies go out before q is read: q's load latency overlaps them */
         const int bs = a.block_size, n_kv = a.n_kv;
         if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, bs, n_kv, g, tid);
         cp_async_commit();
         const float *qg = a.q + (t * a.n_head + (int64_t)g * G) * D; /* the group's G heads */
-        for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i] * a.scale;
+        if (!fused) {
+            for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i] * a.scale;
+        } else {
+            /* RMSNorm and RoPE of the raw query heads (and, in the owner, K head g) in
+             * shared memory, as rope_kv_kernel would do them in place */
+            const int half = a.rope.n_rot / 2;
+            const int nh = G + (owner ? 1 : 0); /* head G = the new K row */
+            for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i];
+            if (owner) {
+                const int64_t o = (t * a.n_kv + g) * (int64_t)D;
+                for (int i = tid; i < D; i += DEC_THREADS) {
+                    s_kn[i] = a.k_new[o + i];
+                    s_vn[i] = a.v_new[o + i];
+                }
+            }
+            for (int i = tid; i < half; i += DEC_THREADS) {
+                const float2 cs = rope_cs(a.rope, (double)pos, i);
+                s_cs[i] = cs.x;
+                s_cs[half + i] = cs.y;
+            }
+            __syncthreads();
+            for (int h = warp; h < nh; h += DEC_THREADS / 32) {
+                const float *x = h < G ? sq + h * D : s_kn;
+                const float *w = h < G ? a.q_norm : a.k_norm;
+                float sum = 0.0f;
+                if (w)
+                    for (int i = lane; i < D; i += 32) sum += x[i] * x[i];
+                sum = warp_sum(sum);
+                if (lane == 0) s_inv[h] = w ? rsqrtf(sum / (float)D + a.norm_eps) : 1.0f;
+            }
+            __syncthreads();
+            for (int idx = tid; idx < nh * (D / 2); idx += DEC_THREADS) {
+                const int h = idx / (D / 2), i = idx % (D / 2);
+                float *x = h < G ? sq + h * D : s_kn;
+                const float *w = h < G ? a.q_norm : a.k_norm;
+                const float inv = s_inv[h], sc = h < G ? a.scale : 1.0f;
+                /* pairs below n_rot rotate; the elements above it pass through */
+                const int2 e = i < half ? rope_pair(a.rope.mode, half, i)
+                                        : make_int2(a.rope.n_rot + 2 * (i - half), a.rope.n_rot + 2 * (i - half) + 1);
+                const float x0 = x[e.x] * inv * (w ? w[e.x] : 1.0f), x1 = x[e.y] * inv * (w ? w[e.y] : 1.0f);
+                if (i < half) {
+                    const float c = s_cs[i], sn = s_cs[half + i];
+                    x[e.x] = (x0 * c - x1 * sn) * sc;
+                    x[e.y] = (x0 * sn + x1 * c) * sc;
+                } else {
+                    x[e.x] = x0 * sc;
+                    x[e.y] = x1 * sc;
+                }
+            }
+            if (owner) { /* the new K and V into the cache (for later steps; this block uses s_kn) */
+                __syncthreads();
+                const int64_t sl = a.slot[t], blk = sl / bs, off = sl % bs;
+                T *kd = (T *)kc + ((blk * n_kv + g) * bs + off) * D, *vd = (T *)vc + ((blk * n_kv + g) * bs + off) * D;
+                for (int i = tid; i < D; i += DEC_THREADS) {
+                    kd[i] = from_f32<T>(s_kn[i]);
+                    vd[i] = from_f32<T>(s_vn[i]);
+                }
+            }
+        }
         if (tid < GMAX) {
             s_m[tid] = -INFINITY;
             s_l[tid] = 0.0f;
@@ -438,6 +505,14 @@ static __global__ void __launch_bounds__(DEC_THREADS)
             cp_async_wait<1>(); /* this stage's group is complete */
             __syncthreads();
             const T *sk = skv + (size_t)st * 2 * NK * LD, *sv = sk + NK * LD;
+            if (owner && pos - kb < NK) { /* the new key's row: what this block stored, not the cache's */
+                T *nk = skv + (size_t)st * 2 * NK * LD + (pos - kb) * LD;
+                for (int i = tid; i < D; i += DEC_THREADS) {
+                    nk[i] = from_f32<T>(s_kn[i]);
+                    nk[NK * LD + i] = from_f32<T>(s_vn[i]);
+                }
+                __syncthreads();
+            }
 
             { /* A: scores */
                 const int j = tid / P, part = tid % P;
@@ -1179,10 +1254,21 @@ static void launch_merge(const struct cuda_attn_args *a, const float *partial, i
                   a->n_head, a->dv, s, rows, kind);
 }
 
-extern "C" void cuda_attention(const struct cuda_attn_args *a, void *stream) {
+extern "C" void cuda_attention(const struct cuda_attn_args *a_in, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     struct cuda_attn_plan p;
-    cuda_attn_plan(a, &p);
+    cuda_attn_plan(a_in, &p);
+    struct cuda_attn_args unfused;
+    const struct cuda_attn_args *a = a_in;
+    if (a_in->rope.freq && p.kernel != CUDA_ATTN_DECODE) { /* only the decode kernel fuses RoPE */
+        unfused = *a_in;
+        unfused.rope.freq = NULL;
+        cuda_rope_kv_store((float *)a_in->q, (float *)a_in->k_new, a_in->v_new, (void *)a_in->kc, (void *)a_in->vc,
+                           a_in->cache_type, a_in->pos, a_in->slot, a_in->dk, a_in->dv, a_in->n_head, a_in->n_kv,
+                           a_in->block_size, a_in->n_tokens, &a_in->rope, a_in->q_norm, a_in->k_norm,
+                           a_in->norm_eps, stream);
+        a = &unfused;
+    }
     unsigned char *scr = (unsigned char *)a->scratch;
     float *dec_partial = p.dec_partial_bytes ? (float *)scr : NULL;
     float *pf_partial = p.pf_partial_bytes ? (float *)(scr + p.dec_partial_bytes) : NULL;

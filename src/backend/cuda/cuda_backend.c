@@ -54,6 +54,7 @@
 #define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
 #define ATT_Q_MAX_K 32768 /* widest attention output (dv x n_head) given an int8 form (att_q) */
 #define CUDA_GRAPHS 64
+#define ROPE_TABS 8
 
 struct dchunk {
     unsigned char *base;
@@ -144,6 +145,12 @@ struct cuda_backend {
         double ms;
     } *prow;
     int n_prow, cap_prow;
+    /* RoPE speed tables (cuda_rope.freq), one per parameter set seen (Gemma 3: two) */
+    struct rope_tab {
+        struct cuda_rope key;
+        double *freq;
+    } rope_tab[ROPE_TABS];
+    int n_rope_tab;
 };
 
 static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
@@ -986,7 +993,7 @@ static void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tens
     check_launch(cb, "rms_norm");
 }
 
-static void rope_args(const struct rope_params *p, struct cuda_rope *r) {
+static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, struct cuda_rope *r) {
     memset(r, 0, sizeof *r);
     r->mode = p->mode;
     r->n_rot = p->n_rot;
@@ -1007,13 +1014,40 @@ static void rope_args(const struct rope_params *p, struct cuda_rope *r) {
         r->corr_hi = (float)hi;
         r->mscale = (float)(p->attn_factor * (1.0 + 0.1 * log(1.0 / p->freq_scale)));
     }
+    /* the speed table of this parameter set: made at its first use (an eager step; were it
+     * captured, the fill would replay with the graph, harmlessly) */
+    for (int i = 0; i < cb->n_rope_tab; i++) {
+        const struct cuda_rope *k = &cb->rope_tab[i].key;
+        if (k->n_rot == r->n_rot && k->freq_base == r->freq_base && k->freq_scale == r->freq_scale &&
+            k->ext_factor == r->ext_factor && k->corr_lo == r->corr_lo && k->corr_hi == r->corr_hi &&
+            k->freq_factors == r->freq_factors) {
+            r->freq = cb->rope_tab[i].freq;
+            return true;
+        }
+    }
+    if (cb->n_rope_tab == ROPE_TABS) {
+        bk_fail(&cb->base, SMELT_ERR_UNSUPPORTED, "cuda rope: more than %d RoPE parameter sets", ROPE_TABS);
+        return false;
+    }
+    double *f = NULL;
+    cudaError_t ce = cudaMalloc((void **)&f, (size_t)(p->n_rot / 2 + 1) * sizeof(double));
+    if (ce != cudaSuccess) {
+        bk_fail(&cb->base, SMELT_ERR_DEVICE, "cuda rope table: %s", cudaGetErrorString(ce));
+        return false;
+    }
+    cuda_rope_freq_fill(f, r, cb->stream);
+    check_launch(cb, "rope table");
+    cb->rope_tab[cb->n_rope_tab].key = *r;
+    cb->rope_tab[cb->n_rope_tab++].freq = f;
+    r->freq = f;
+    return ok(cb);
 }
 
 static void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p) {
     struct cuda_backend *cb = cu_of(b);
     if (!ok(cb)) return;
     struct cuda_rope r;
-    rope_args(p, &r);
+    if (!rope_args(cb, p, &r)) return;
     cuda_rope_inplace(x->data, pos->data, (int)x->ne[0], (int)x->ne[1], x->ne[2], &r, NULL, 0, cb->stream);
     check_launch(cb, "rope");
 }
@@ -1125,13 +1159,13 @@ static void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
     check_launch(cb, "kv_store");
 }
 
-static void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
-                         const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
-    struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+/* The attention call's arguments for the step's shape (no RoPE fused). */
+static bool attn_args(struct cuda_backend *cb, struct cuda_attn_args *out, struct tensor *dst, const struct tensor *q,
+                      const struct tensor *kc, const struct tensor *vc, const struct attn_meta *m,
+                      const struct attn_params *p) {
     if (kc->ne[0] > 256 || vc->ne[0] > 256) {
-        bk_fail(b, SMELT_ERR_UNSUPPORTED, "cuda attention: head_dim %lld > 256", (long long)kc->ne[0]);
-        return;
+        bk_fail(&cb->base, SMELT_ERR_UNSUPPORTED, "cuda attention: head_dim %lld > 256", (long long)kc->ne[0]);
+        return false;
     }
     struct cuda_attn_args a = {
         .dst = dst->data, .q = q->data, .kc = kc->data, .vc = vc->data, .cache_type = kc->type,
@@ -1142,6 +1176,13 @@ static void cu_attention(struct backend *b, struct tensor *dst, const struct ten
         .kernel = CUDA_ATTN_AUTO};
     a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
     if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
+    *out = a;
+    return true;
+}
+
+/* Enqueues attention a (its dst, q_out and scratch filled in here). */
+static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
+    struct backend *b = &cb->base;
     /* decode: the output's int8 form too, for W_o's product (att_q) */
     const int64_t width = (int64_t)a.dv * a.n_head;
     const bool want_q = cb->att_q.buf && a.n_tokens <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K;
@@ -1154,9 +1195,16 @@ static void cu_attention(struct backend *b, struct tensor *dst, const struct ten
         if (!a.scratch) return;
     }
     cuda_attention(&a, cb->stream);
-    check_launch(cb, "attention");
-    if (want_q && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, a.n_tokens, width, true};
+    check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
+    if (want_q && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true};
     cu_scratch_release(b, mark);
+}
+
+static void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
+                         const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
+    struct cuda_backend *cb = cu_of(b);
+    struct cuda_attn_args a;
+    if (ok(cb) && attn_args(cb, &a, dst, q, kc, vc, m, p)) attention_run(cb, a);
 }
 
 /* ---- sampling summaries (cuda_sample.cu) ---- */
@@ -1362,11 +1410,37 @@ static void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor 
     struct cuda_backend *cb = cu_of(b);
     if (!ok(cb)) return;
     struct cuda_rope r;
-    rope_args(p->rope, &r);
+    if (!rope_args(cb, p->rope, &r)) return;
     cuda_rope_kv_store(q->data, k->data, v->data, kc->data, vc->data, kc->type, m->pos->data, m->slot->data,
                        (int)k->ne[0], (int)v->ne[0], (int)q->ne[1], (int)k->ne[1], m->block_size, k->ne[2], &r,
                        p->q_norm ? p->q_norm->data : NULL, p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
     check_launch(cb, "rope+kv_store");
+}
+
+/* A decode step (every sequence one row) whose attention runs the decode kernel: RoPE and
+ * the KV store happen inside it (cuda_attn_args.rope); q and k stay raw. Else the two
+ * launches. */
+static void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,
+                              const struct tensor *v, struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
+                              const struct qk_prep *qp, const struct attn_params *ap) {
+    struct cuda_backend *cb = cu_of(b);
+    struct cuda_attn_args a;
+    if (!ok(cb) || !attn_args(cb, &a, dst, q, kc, vc, m, ap)) return;
+    struct cuda_attn_plan plan;
+    cuda_attn_plan(&a, &plan);
+    if (!m->one_per_seq || plan.kernel != CUDA_ATTN_DECODE || a.dk != a.dv) {
+        cu_rope_kv_store(b, q, k, v, kc, vc, m, qp);
+        if (ok(cb)) attention_run(cb, a);
+        return;
+    }
+    if (!rope_args(cb, qp->rope, &a.rope)) return;
+    a.k_new = k->data;
+    a.v_new = v->data;
+    a.slot = m->slot->data;
+    a.q_norm = qp->q_norm ? qp->q_norm->data : NULL;
+    a.k_norm = qp->k_norm ? qp->k_norm->data : NULL;
+    a.norm_eps = qp->eps;
+    attention_run(cb, a);
 }
 
 /* ---- step graphs ---- */
@@ -1531,6 +1605,7 @@ static void cu_free(struct backend *b) {
     cudaFree(cb->prep.ss);
     cudaFree(cb->prep.cnt);
     cudaFree(cb->att_q.buf);
+    for (int i = 0; i < cb->n_rope_tab; i++) cudaFree(cb->rope_tab[i].freq);
     for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
     free(cb->dev);
     for (int i = 0; i < cb->n_qws; i++) {
@@ -1577,6 +1652,7 @@ static const struct backend_ops cuda_ops = {
     .matmul_acc = cu_matmul_acc,
     .ffn_glu = cu_ffn_glu,
     .rope_kv_store = cu_rope_kv_store,
+    .rope_attention = cu_rope_attention,
     .logits_topk = cu_logits_topk,
     .graph_replay = cu_graph_replay,
     .graph_begin = cu_graph_begin,

@@ -57,7 +57,13 @@ struct cuda_rope {
     float corr_lo, corr_hi; /* YaRN ramp range (dimension indices), computed on the host */
     float mscale;           /* attn_factor x YaRN magnitude correction */
     const float *freq_factors; /* device (n_rot/2) or NULL */
+    /* device (n_rot/2): the rotation speed of pair i, angle = pos * freq[i] (base^(-2i/n_rot)
+     * / freq_factors[i], times the linear/YaRN mix), made once per parameter set by
+     * cuda_rope_freq_fill: the kernels then need no pow() per call */
+    const double *freq;
 };
+/* Fills freq (n_rot/2 doubles, device) for r's parameters (r->freq is not read). */
+void cuda_rope_freq_fill(double *freq, const struct cuda_rope *r, void *stream);
 /* Optional per-head RMSNorm (norm_w != NULL) then RoPE, in place on x (head_dim, n_head,
  * n_tokens) with positions pos (n_tokens). */
 void cuda_rope_inplace(float *x, const int32_t *pos, int head_dim, int n_head, int64_t n_tokens,
@@ -104,6 +110,18 @@ struct cuda_attn_args {
                             * kernels (tests, benchmarks; capped at 64); 0: the plan's */
     int split_keys;        /* > 0: fewest keys per split of the decode kernel; 0: two stages */
     void *scratch;         /* cuda_attn_scratch_bytes(this) bytes of device memory */
+    /* RoPE and the KV store fused into the decode kernel (rope.freq != NULL): q holds the
+     * raw queries, k_new / v_new the step's raw K (dk, n_kv, n_tokens) and V rows, slot[t]
+     * their cache slots, q_norm / k_norm the optional per-head RMSNorm weights (eps
+     * norm_eps). Every row must be the only row of its sequence in the step (its new key is
+     * its last one). The kernel rotates q in shared memory; the block whose split holds a
+     * row's last key rotates its K head, stores K and V in the caches and uses them in
+     * place of the cache's slot (never read back). q and k_new are left as they were. Any
+     * plan but DECODE runs cuda_rope_kv_store first (rotating q and k_new in place). */
+    struct cuda_rope rope;
+    const float *k_new, *v_new, *q_norm, *k_norm;
+    const int32_t *slot;
+    float norm_eps;
     void *q_out;           /* NULL, or cuda_mmv_scratch_bytes(dv * n_head, n_tokens) bytes of
                             * device memory that also get dst in cuda_mmv_quantize's int8
                             * layout (cuda_mmv_scratch_parts), so the product that consumes

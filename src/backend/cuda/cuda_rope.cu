@@ -2,14 +2,37 @@
  * store. CPU twins: src/backend/cpu/cpu_ops_rope.c, cpu_ops_attn.c (kv_store).
  *
  * RoPE angles follow the CPU's formula (see cpu_ops_rope.c): inv_freq_i =
- * base^(-2i/n_rot) / freq_factors[i], YaRN ramp between corr_lo and corr_hi. The CPU
- * computes them in double; here pow/sin/cos run in float with the angle reduced in
- * double (positions reach 10^5 and more, where a float angle loses digits). */
-#include "backend/cuda/cuda_common.cuh"
+ * base^(-2i/n_rot) / freq_factors[i], YaRN ramp between corr_lo and corr_hi, folded into
+ * a per-pair table made once per parameter set (cuda_rope_freq_fill); see cuda_rope.cuh
+ * for the angle's precision. */
+#include "backend/cuda/cuda_rope.cuh"
 
 extern "C" {
-#include "backend/cuda/cuda_kernels.h"
 #include "quant/quant.h"
+}
+
+/* freq[i] = base^(-2i/n_rot) / freq_factors[i] * (freq_scale (1 - mix_i) + mix_i): the
+ * linear scaling and YaRN's ramp between interpolation (freq_scale) and extrapolation (1)
+ * folded into one speed, so that angle = pos * freq[i] is what cpu_rope_cache computes as
+ * theta_interp (1 - mix) + theta_extrap mix. One thread per pair, in double. */
+static __global__ void rope_freq_kernel(double *freq, struct cuda_rope r) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= r.n_rot / 2) return;
+    double inv = pow((double)r.freq_base, -2.0 * i / r.n_rot);
+    if (r.freq_factors) inv /= (double)r.freq_factors[i];
+    double mul = (double)r.freq_scale;
+    if (r.ext_factor != 0.0f) {
+        const double y = (i - (double)r.corr_lo) / fmax(0.001, (double)r.corr_hi - r.corr_lo);
+        const double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * r.ext_factor;
+        mul = mul * (1 - mix) + mix;
+    }
+    freq[i] = inv * mul;
+}
+
+extern "C" void cuda_rope_freq_fill(double *freq, const struct cuda_rope *r, void *stream) {
+    const int half = r->n_rot / 2;
+    if (half < 1) return;
+    rope_freq_kernel<<<(half + 127) / 128, 128, 0, (cudaStream_t)stream>>>(freq, *r);
 }
 
 /* Optional RMSNorm of one head's row xr (head_dim values, in place), then its rotation at
@@ -32,23 +55,11 @@ static __device__ void rope_row(float *xr, double p, int head_dim, const struct 
     }
     const int half = r.n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = pow((double)r.freq_base, -2.0 * i / r.n_rot);
-        if (r.freq_factors) inv_freq /= (double)r.freq_factors[i];
-        const double theta_ext = p * inv_freq;
-        double theta = (double)r.freq_scale * theta_ext;
-        if (r.ext_factor != 0.0f) {
-            const double y = (i - (double)r.corr_lo) / fmax(0.001, (double)r.corr_hi - r.corr_lo);
-            const double ramp = 1.0 - fmin(1.0, fmax(0.0, y));
-            const double mix = ramp * r.ext_factor;
-            theta = theta * (1 - mix) + theta_ext * mix;
-        }
-        double sd, cd;
-        sincos(theta, &sd, &cd);
-        const float c = (float)(cd * r.mscale), s = (float)(sd * r.mscale);
-        const int i0 = r.mode == 2 ? i : 2 * i, i1 = r.mode == 2 ? i + half : 2 * i + 1;
-        const float x0 = xr[i0], x1 = xr[i1];
-        xr[i0] = x0 * c - x1 * s;
-        xr[i1] = x0 * s + x1 * c;
+        const float2 cs = rope_cs(r, p, i);
+        const int2 e = rope_pair(r.mode, half, i);
+        const float x0 = xr[e.x], x1 = xr[e.y];
+        xr[e.x] = x0 * cs.x - x1 * cs.y;
+        xr[e.y] = x0 * cs.y + x1 * cs.x;
     }
 }
 
