@@ -747,6 +747,12 @@ int main(void) {
         bench();
         bench_new_types();
     }
+    if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q8_0 kernel shapes (cuda_mmv.cu) */
+        for (cuda_mmv_variant = 1; cuda_mmv_variant <= 6; cuda_mmv_variant++) {
+            printf("variant %d\n", cuda_mmv_variant);
+            bench();
+        }
+    cuda_mmv_variant = 0;
     return t_done();
 }
 #endif

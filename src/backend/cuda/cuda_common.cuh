@@ -76,9 +76,24 @@ extern "C" int cuda_pdl_on;
  * without this, the first kernel of a step read the token ids before they had arrived. */
 extern "C" int cuda_pdl_fence;
 
+/* Experiment (SMELT_CARVEOUT=percent, set by the backend; -1 = driver's choice): one
+ * shared-memory carveout for every kernel klaunch starts, so that consecutive kernels never
+ * make an SM switch its L1/shared split. */
+extern "C" int cuda_carveout;
+static inline void carveout_once(const void *fn) {
+    static const void *seen[256];
+    static int n_seen;
+    if (cuda_carveout < 0) return;
+    for (int i = 0; i < n_seen; i++)
+        if (seen[i] == fn) return;
+    if (n_seen < 256) seen[n_seen++] = fn;
+    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cuda_carveout);
+}
+
 template <typename... P, typename... A>
 static inline cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                   A... args) {
+    carveout_once((const void *)kernel);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

@@ -17,6 +17,7 @@
 /* See cuda_common.cuh (programmatic dependent launch); set by the backend at creation. */
 extern "C" int cuda_pdl_on = 0;
 extern "C" int cuda_pdl_fence = 0;
+extern "C" int cuda_carveout = -1;
 
 extern "C" {
 #include "backend/cuda/cuda_mmv.h"
@@ -299,7 +300,7 @@ static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 
  * pairs 0..2 in the low 24 bits of words 1..3, pair 3 in their top bytes.
  * Unit u of a super-block (0..7): g = u/2, hf = u%2; its 16 B hold weights
  * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
-template <int N, int R, int GLU>
+template <int N, int R, int GLU, int U = MMV_U>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              const float *xs, int k, int accumulate) {
@@ -316,11 +317,11 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
     if (N == 1) {
         /* one token row: each lane loads the 16 B of scales of its unit's super-block */
-        for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
-            /* load phase: MMV_U units x R rows in flight before any math */
-            uint4 qv[MMV_U][R], sv[MMV_U][R];
+        for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+            /* load phase: U units x R rows in flight before any math */
+            uint4 qv[U][R], sv[U][R];
 #pragma unroll
-            for (int i = 0; i < MMV_U; i++) {
+            for (int i = 0; i < U; i++) {
                 const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -330,7 +331,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
             }
             if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
 #pragma unroll
-            for (int i = 0; i < MMV_U; i++) {
+            for (int i = 0; i < U; i++) {
                 const int u = u0 + 32 * i;
                 if (u >= n_units) break;
                 float2 dm[R];
@@ -350,11 +351,11 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
          * iteration (uniform bound) so the shuffles see the whole warp; out-of-range units
          * run on clamped loads and are not accumulated. */
         const int gbase = lane & ~7;
-        for (int base = 0; base < n_units; base += 32 * MMV_U) {
-            uint4 qv[MMV_U][R];
-            uint32_t sv[MMV_U][R];
+        for (int base = 0; base < n_units; base += 32 * U) {
+            uint4 qv[U][R];
+            uint32_t sv[U][R];
 #pragma unroll
-            for (int i = 0; i < MMV_U; i++) {
+            for (int i = 0; i < U; i++) {
                 const int u = min(base + lane + 32 * i, n_units - 1);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -364,7 +365,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
             }
             if (base == 0) pdl_wait();
 #pragma unroll
-            for (int i = 0; i < MMV_U; i++) {
+            for (int i = 0; i < U; i++) {
                 const int u = base + lane + 32 * i;
                 float2 dm[R];
                 uint32_t pk[R];
@@ -448,7 +449,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
-template <int N, int R, int GLU>
+template <int N, int R, int GLU, int U = MMV_U>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q8_0(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              int k, int accumulate) {
@@ -462,11 +463,11 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mrow_ref rr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
-    for (int u0 = lane; u0 < n_units; u0 += 32 * MMV_U) {
-        uint4 qv[MMV_U][R];
-        float dw[MMV_U][R];
+    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        uint4 qv[U][R];
+        float dw[U][R];
 #pragma unroll
-        for (int i = 0; i < MMV_U; i++) {
+        for (int i = 0; i < U; i++) {
             const int u = min(u0 + 32 * i, n_units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -476,7 +477,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
         }
         if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
 #pragma unroll
-        for (int i = 0; i < MMV_U; i++) {
+        for (int i = 0; i < U; i++) {
             const int u = u0 + 32 * i;
             if (u >= n_units) break;
 #pragma unroll
@@ -692,6 +693,32 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     return ((nk + 255) & ~255ull) + ((nk / 32 * 8 + 255) & ~255ull) + nk / 16 * 4;
 }
 
+/* Tuning experiments (tests/unit/test_cuda_mmv.c, SMELT_BENCH_VARIANTS): 0 = the default;
+ * else rows per warp R and units in flight U of the one-token Q4_K and Q8_0 kernels. */
+extern "C" int cuda_mmv_variant = 0;
+
+template <int GLU, int R, int U>
+static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
+                              const float2 *xd, const float *xs, int acc, cudaStream_t st) {
+    const int per_block = MMV_WARPS * (GLU ? 1 : R);
+    const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32, MMV_WARPS);
+    if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U>, grid, block, 0, st, m, xq, xd, k, acc);
+    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+}
+
+template <int GLU>
+static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
+                                  const float2 *xd, const float *xs, int acc, cudaStream_t st) {
+    switch (v) {
+    case 1: return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 2: return launch_var<GLU, 1, 2>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+    default: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, xs, acc, st);
+    }
+}
+
 /* act: 0 = plain product (y = or += W x per `acc`, over the stacked matrices of m);
  * 1 = SiLU, 2 = tanh-GELU: y = act(W x) * (W2 x), m holding W and W2 of one shape. */
 template <int N, int GLU>
@@ -705,8 +732,18 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     case QT_F32: return klaunch(mmv_float<N, MMV_R, QT_F32, GLU>, grid, block, 0, st, m, x, k, acc);
     case QT_F16: return klaunch(mmv_float<N, MMV_R, QT_F16, GLU>, grid, block, 0, st, m, x, k, acc);
     case QT_BF16: return klaunch(mmv_float<N, MMV_R, QT_BF16, GLU>, grid, block, 0, st, m, x, k, acc);
-    case QT_Q8_0: return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q4_K: return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+    case QT_Q8_0:
+        if (N == 1 && cuda_mmv_variant > 0)
+            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+        return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q4_K:
+        if (N == 1 && cuda_mmv_variant > 0)
+            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+        /* one token: 2 units of 16 B in flight per row beat 4 (fewer registers, more warps:
+         * H200, 14336x4096 GLU 21.3 -> 20.4 us, 4096x14336 13.4 -> 11.7 us) except on the
+         * 128k-row output matrix (91.8 vs 103.5 us) */
+        if (N == 1 && rows <= 65536) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+        return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     case QT_Q6_K: return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, xs, k, acc);
     }

@@ -24,6 +24,9 @@ extern "C" {
 
 #define CUDA_MMV_MAX_N 8
 
+/* Tuning experiments only (test_cuda_mmv's SMELT_BENCH_VARIANTS): 0 = default kernels. */
+extern int cuda_mmv_variant;
+
 struct cuda_qweight {
     uint32_t type;  /* enum qtype of the source tensor */
     int64_t rows;   /* output features */
