@@ -397,9 +397,16 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     static_assert((size_t)MAXS * GMAX * sizeof(float) <= (size_t)4 * NK * LD * sizeof(T), "merge weights fit");
     __shared__ int s_last;
 
-    /* q, the positions, tables, row lists and caches are the step's data: nothing is read
-     * before the previous kernel is done (cuda_common.cuh) */
-    pdl_wait();
+    /* q, the row lists and (unfused) the new keys in the caches are written by earlier
+     * kernels of the step: nothing is read before the previous kernel is done
+     * (cuda_common.cuh). With RoPE fused (a decode step, no row list), the positions and
+     * block tables are the step's host-copied inputs, complete before its first kernel ran,
+     * and the only cache slot this step writes is each row's new key, which this kernel
+     * substitutes from shared memory: the first stage's loads go out before the wait,
+     * overlapping the previous kernel's tail. Block (slot 0, split 0) always waits, so the
+     * grid completes after its predecessor. */
+    bool waited = !(a.rope.freq != NULL && rows == NULL);
+    if (waited) pdl_wait();
     pdl_trigger();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -429,6 +436,10 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         const int bs = a.block_size, n_kv = a.n_kv;
         if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, bs, n_kv, g, tid);
         cp_async_commit();
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
         const float *qg = a.q + (t * a.n_head + (int64_t)g * G) * D; /* the group's G heads */
         if (!fused) {
             for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i] * a.scale;

@@ -735,14 +735,20 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     case QT_Q8_0:
         if (N == 1 && cuda_mmv_variant > 0)
             return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+        /* one token (H200, graph-replayed, SMELT_BENCH_VARIANTS): long rows run best with 4
+         * rows a warp and one unit in flight (4096x14336: 24.4 -> 21.4 us), the GLU with one
+         * unit (30.5 -> 29.6 us); 4096x4096 keeps 2 rows and 4 units (6.2 us, vs 6.3-7.7) */
+        if (N == 1 && !GLU && k >= 8192) return launch_var<0, 4, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1 && GLU) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
         return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     case QT_Q4_K:
         if (N == 1 && cuda_mmv_variant > 0)
             return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
-        /* one token: 2 units of 16 B in flight per row beat 4 (fewer registers, more warps:
-         * H200, 14336x4096 GLU 21.3 -> 20.4 us, 4096x14336 13.4 -> 11.7 us) except on the
-         * 128k-row output matrix (91.8 vs 103.5 us) */
-        if (N == 1 && rows <= 65536) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+        /* one token (same bench): 2 units of 16 B in flight per row beat 4 (fewer registers,
+         * more warps: 14336x4096 GLU 21.3 -> 20.4 us, 4096x14336 13.4 -> 11.7 us); the
+         * 128k-row output matrix runs best with one (91.8 -> 84.1 us) */
+        if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, xs, k, acc);
         return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     case QT_Q6_K: return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, xs, k, acc);
