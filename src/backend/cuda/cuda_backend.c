@@ -1731,8 +1731,6 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
         !(np && *np && strcmp(np, "0") != 0))
         cuda_pdl_on = 1;
-    const char *co = getenv("SMELT_CARVEOUT");
-    if (co && *co) cuda_carveout = atoi(co);
     const char *pf = getenv("SMELT_PROFILE");
     void *gh = NULL;
     if (pf && *pf && strcmp(pf, "0") != 0 && cudaEventCreate(&cb->prof_start) == cudaSuccess &&

@@ -76,24 +76,26 @@ extern "C" int cuda_pdl_on;
  * without this, the first kernel of a step read the token ids before they had arrived. */
 extern "C" int cuda_pdl_fence;
 
-/* Experiment (SMELT_CARVEOUT=percent, set by the backend; -1 = driver's choice): one
- * shared-memory carveout for every kernel klaunch starts, so that consecutive kernels never
- * make an SM switch its L1/shared split. */
-extern "C" int cuda_carveout;
-static inline void carveout_once(const void *fn) {
+/* Kernels without dynamic shared memory (the decode products, norms, quantizers) ask for
+ * the smallest shared-memory carveout, i.e. the largest L1, once each. Measured on the
+ * H200 (tg128): Qwen2.5-0.5B Q8_0 1,226 -> 1,257 tok/s, Llama-3-8B Q4_K_M unchanged.
+ * Kernels with dynamic shared memory keep the driver's choice: the same hint on the
+ * decode attention cost 8B at depth 4096 a quarter of its speed (occupancy), and on
+ * batched decode 7%. */
+static inline void carveout_once(const void *fn, size_t smem) {
     static const void *seen[256];
     static int n_seen;
-    if (cuda_carveout < 0) return;
+    if (smem > 0) return;
     for (int i = 0; i < n_seen; i++)
         if (seen[i] == fn) return;
     if (n_seen < 256) seen[n_seen++] = fn;
-    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cuda_carveout);
+    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 0);
 }
 
 template <typename... P, typename... A>
 static inline cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                   A... args) {
-    carveout_once((const void *)kernel);
+    carveout_once((const void *)kernel, smem);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

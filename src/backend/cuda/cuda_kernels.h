@@ -16,7 +16,6 @@ struct cuda_qweight;
 /* Programmatic dependent launch on (cuda_common.cuh): set once by the backend. */
 extern int cuda_pdl_on;
 extern int cuda_pdl_fence; /* the next kernel follows a copy: launch it fully ordered */
-extern int cuda_carveout;    /* experiment: SMELT_CARVEOUT (cuda_common.cuh) */
 
 /* ---- cuda_elem.cu ---- */
 

@@ -17,7 +17,6 @@
 /* See cuda_common.cuh (programmatic dependent launch); set by the backend at creation. */
 extern "C" int cuda_pdl_on = 0;
 extern "C" int cuda_pdl_fence = 0;
-extern "C" int cuda_carveout = -1;
 
 extern "C" {
 #include "backend/cuda/cuda_mmv.h"
