@@ -565,18 +565,24 @@ static void bench(void) {
     struct shape {
         const char *name;
         int64_t rows, k;
-    } shapes[] = {{"attn_q 4096x4096", 4096, 4096},
-                  {"ffn_up 14336x4096", 14336, 4096},
-                  {"ffn_down 4096x14336", 4096, 14336},
-                  {"output 128256x4096", 128256, 4096}};
+        int glu; /* gate+up as one GLU launch, 2x the bytes */
+    } shapes[] = {{"attn_q 4096x4096", 4096, 4096, 0},
+                  {"ffn_up 14336x4096", 14336, 4096, 1},
+                  {"ffn_down 4096x14336", 4096, 14336, 0},
+                  {"output 128256x4096", 128256, 4096, 0},
+                  {"0.5B attn_o 896x896", 896, 896, 0},
+                  {"0.5B ffn_up 4864x896", 4864, 896, 1},
+                  {"0.5B ffn_down 896x4864", 896, 4864, 0}};
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0, QT_F16};
     struct err e;
     const char *only = getenv("SMELT_BENCH_TYPE"); /* e.g. Q4_K */
     for (size_t ti = 0; ti < 4; ti++)
-        for (size_t si = 0; si < 4; si++) {
+        for (size_t si = 0; si < n_shapes; si++) {
             uint32_t type = types[ti];
             if (only && strcmp(only, qtype_name(type)) != 0) continue;
             int64_t rows = shapes[si].rows, k = shapes[si].k;
+            if (!cuda_mmv_supported(type, k)) continue; /* e.g. K-quants need k % 256 == 0 */
             uint64_t rb = qtype_row_size(type, k);
             uint64_t bytes = rb * rows;
             int copies = (int)((1ull << 30) / bytes) + 1; /* > 1 GiB in rotation */
@@ -597,7 +603,7 @@ static void bench(void) {
             cudaMalloc((void **)&dy, sizeof(float) * 8 * rows);
             cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, 8));
             cudaMemset(dx, 0, sizeof(float) * 8 * k);
-            for (int n = 1; n <= 8 && ok; n *= 2) {
+            for (int n = 1; n <= (cuda_mmv_variant ? 1 : 8) && ok; n *= 2) {
                 /* 200 products in one graph (as the decode step replays them), the activations
                  * quantized once: the time per product includes the graph's launch gap */
                 cudaEvent_t a, b;
@@ -609,7 +615,7 @@ static void bench(void) {
                 const int reps = 200;
                 cudaGraph_t g = NULL;
                 cudaGraphExec_t ge = NULL;
-                int glu = type != QT_F16 && si == 1; /* ffn gate+up as one GLU launch, 2x the bytes */
+                int glu = type != QT_F16 && shapes[si].glu;
                 cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
                 for (int i = 0; i < reps; i++) {
                     if (glu) cuda_mmv_glu(&qw[(2 * i) % copies], &qw[(2 * i + 1) % copies], 0, dx, n, dy, scratch, NULL, st, &e);
@@ -748,8 +754,10 @@ int main(void) {
         bench_new_types();
     }
     if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q8_0 kernel shapes (cuda_mmv.cu) */
-        for (cuda_mmv_variant = 1; cuda_mmv_variant <= 6; cuda_mmv_variant++) {
+        for (cuda_mmv_variant = 1; cuda_mmv_variant <= 10; cuda_mmv_variant++) {
             printf("variant %d\n", cuda_mmv_variant);
+            T_RUN(test_mmv_types); /* the variant's results too (one-token Q4_K / Q8_0 only) */
+            T_RUN(test_mmv_epilogue);
             bench();
         }
     cuda_mmv_variant = 0;

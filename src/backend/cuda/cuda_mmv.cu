@@ -183,18 +183,51 @@ struct mmv_acc {
             sc[t] = rsqrtf(warp_sum(ss) / (float)m.k + m.epi.pre_eps);
         }
     }
-    /* GLU: v[0] is the gate, v[1] the up projection of row row0 (rows = the matrices'). */
-    __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu) {
+    /* Split-K (KS warps of a block share its rows, each over its own slice of k): the
+     * warps' partial sums meet in warp 0, lane 0 holding each total and the other lanes 0,
+     * so the stores' warp_sum keeps it. True for the warp that stores. */
+    template <int KS>
+    __device__ __forceinline__ bool ks_reduce(int lane) {
+        if constexpr (KS == 1) {
+            return true;
+        } else {
+            __shared__ float part[KS][R][N];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < N; t++) {
+                    const float sum = warp_sum(v[r][t]);
+                    if (lane == 0) part[threadIdx.y][r][t] = sum;
+                }
+            __syncthreads();
+            if (threadIdx.y != 0) return false;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < N; t++) {
+                    float tot = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < KS; w++) tot += part[w][r][t];
+                    v[r][t] = lane == 0 ? tot : 0.0f;
+                }
+            return true;
+        }
+    }
+    /* GLU: v[0] is the gate, v[1] the up projection of row row0 (rows = the matrices').
+     * Only `writer` stores. */
+    __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu, bool writer = true) {
         const int rows = m.end[0];
         float sc[N];
         pre_scale(m, lane, sc);
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float g = warp_sum(v[0][t]) * sc[t], u = warp_sum(v[R - 1][t]) * sc[t];
-            if (lane == 0) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
+            if (lane == 0 && writer) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
         }
     }
-    __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate) {
+    /* Only `writer` stores; per_block: output rows per block (the epilogue's grouping). */
+    __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate, bool writer = true,
+                                          int per_block = MMV_WARPS * R) {
         const int total = m.end[m.n - 1];
         float sc[N];
         pre_scale(m, lane, sc);
@@ -209,13 +242,13 @@ struct mmv_acc {
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 const float s = warp_sum(v[r][t]) * sc[t];
-                if (lane == 0 && row < total) {
+                if (lane == 0 && writer && row < total) {
                     float *o = y + (int64_t)t * rows + (row - start);
                     *o = (accumulate ? *o : 0.0f) + s + (b ? b[row - start] : 0.0f);
                 }
             }
         }
-        if (m.epi.post_cnt) post_quantize(m, MMV_WARPS * R);
+        if (m.epi.post_cnt) post_quantize(m, per_block);
     }
     /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
      * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
@@ -299,12 +332,16 @@ static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 
  * pairs 0..2 in the low 24 bits of words 1..3, pair 3 in their top bytes.
  * Unit u of a super-block (0..7): g = u/2, hf = u%2; its 16 B hold weights
  * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
-template <int N, int R, int GLU, int U = MMV_U>
+template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              const float *xs, int k, int accumulate) {
+    static_assert(KS == 1 || (KS == MMV_WARPS && N == 1), "split-K: one token row, every warp of the block");
     pdl_trigger();
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
+    /* KS > 1: the block's warps share its rows and split k (warp w: units from 32 U w on,
+     * stride 32 U KS) */
+    const int row0 = (KS > 1 ? blockIdx.x : blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
+    const int ws = KS > 1 ? threadIdx.y : 0;
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
@@ -316,7 +353,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
     if (N == 1) {
         /* one token row: each lane loads the 16 B of scales of its unit's super-block */
-        for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        bool waited = false;
+        for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
             /* load phase: U units x R rows in flight before any math */
             uint4 qv[U][R], sv[U][R];
 #pragma unroll
@@ -328,7 +366,10 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
                     sv[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
                 }
             }
-            if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
+            if (!waited) { /* the first weights are in flight; activations next */
+                pdl_wait();
+                waited = true;
+            }
 #pragma unroll
             for (int i = 0; i < U; i++) {
                 const int u = u0 + 32 * i;
@@ -340,6 +381,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
                 q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, xs, u, k);
             }
         }
+        if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
     } else {
         /* Several token rows: the N accumulators need the registers, so the 16 B of scales
          * of a super-block (shared by its 8 units, i.e. 8 neighbouring lanes) are loaded one
@@ -377,8 +419,9 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
             }
         }
     }
-    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
-    else acc.store(m, row0, lane, accumulate);
+    const bool wr = acc.template ks_reduce<KS>(lane);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
 /* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
@@ -448,12 +491,14 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
-template <int N, int R, int GLU, int U = MMV_U>
+template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q8_0(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              int k, int accumulate) {
+    static_assert(KS == 1 || KS == MMV_WARPS, "split-K: every warp of the block");
     pdl_trigger();
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
+    const int row0 = (KS > 1 ? blockIdx.x : blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R); /* as mmv_q4_k */
+    const int ws = KS > 1 ? threadIdx.y : 0;
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     mmv_acc<N, R> acc;
@@ -462,7 +507,8 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mrow_ref rr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
-    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+    bool waited = false;
+    for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
         uint4 qv[U][R];
         float dw[U][R];
 #pragma unroll
@@ -474,7 +520,10 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
                 dw[i][r] = __half2float(((const __half *)rr[r].s)[rr[r].row * (k / 32) + (u >> 1)]);
             }
         }
-        if (u0 == lane) pdl_wait(); /* the first weights are in flight; activations next */
+        if (!waited) { /* the first weights are in flight; activations next */
+            pdl_wait();
+            waited = true;
+        }
 #pragma unroll
         for (int i = 0; i < U; i++) {
             const int u = u0 + 32 * i;
@@ -488,8 +537,10 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
             }
         }
     }
-    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
-    else acc.store(m, row0, lane, accumulate);
+    if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
+    const bool wr = acc.template ks_reduce<KS>(lane);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
 #include "backend/cuda/cuda_mmv_types.cuh" /* Q4_0 .. IQ4_XS: mmv_tq, repack_tq, tq_* */
@@ -696,13 +747,13 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
  * else rows per warp R and units in flight U of the one-token Q4_K and Q8_0 kernels. */
 extern "C" int cuda_mmv_variant = 0;
 
-template <int GLU, int R, int U>
+template <int GLU, int R, int U, int KS = 1>
 static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
                               const float2 *xd, const float *xs, int acc, cudaStream_t st) {
-    const int per_block = MMV_WARPS * (GLU ? 1 : R);
+    const int per_block = (KS > 1 ? 1 : MMV_WARPS) * (GLU ? 1 : R);
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32, MMV_WARPS);
-    if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U>, grid, block, 0, st, m, xq, xd, k, acc);
-    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+    if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
+    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, xs, k, acc);
 }
 
 template <int GLU>
@@ -714,7 +765,11 @@ static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m
     case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, xs, acc, st);
     case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, xs, acc, st);
     case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, xs, acc, st);
-    default: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 6: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 7: return launch_var<GLU, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 8: return launch_var<GLU, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 9: return launch_var<GLU, 1, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+    default: return launch_var<GLU, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
     }
 }
 
@@ -734,11 +789,20 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     case QT_Q8_0:
         if (N == 1 && cuda_mmv_variant > 0)
             return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
-        /* one token (H200, graph-replayed, SMELT_BENCH_VARIANTS): long rows run best with 4
-         * rows a warp and one unit in flight (4096x14336: 24.4 -> 21.4 us), the GLU with one
-         * unit (30.5 -> 29.6 us); 4096x4096 keeps 2 rows and 4 units (6.2 us, vs 6.3-7.7) */
-        if (N == 1 && !GLU && k >= 8192) return launch_var<0, 4, 1>(type, m, rows, k, xq, xd, xs, acc, st);
-        if (N == 1 && GLU) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+        /* one token (H200, graph-replayed, test_cuda_mmv SMELT_BENCH_VARIANTS): long rows
+         * split k over the block's 4 warps (4096x14336: 24.4 us -> 17.1 with 4 rows a warp
+         * and one unit in flight; Qwen2.5-0.5B's 896x4864: 4.5 -> 2.8 with 2 rows); short
+         * rows take one row a warp (896x896: 1.50 -> 1.26 us); a large GLU one unit in
+         * flight (14336x4096: 30.9 -> 30.4 us), a small one 4 (4864x896: 4.4 vs 4.7);
+         * 4096x4096 and the 128k-row output keep 2 rows and 4 units (6.2 us, vs 6.3-8.9; 126
+         * us, vs 124-193) */
+        if (N == 1 && !GLU && k >= 8192 && rows <= 65536)
+            return launch_var<0, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1 && !GLU && k >= 4096 && rows < 2048)
+            return launch_var<0, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1 && !GLU && k < 2048) return launch_var<0, 1, 2>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1 && GLU && (int64_t)rows * k >= ((int64_t)16 << 20))
+            return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
         return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     case QT_Q4_K:
         if (N == 1 && cuda_mmv_variant > 0)
