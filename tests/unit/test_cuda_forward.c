@@ -169,6 +169,7 @@ static void check_model(const char *path, bool strict) {
 
     /* batch invariance on the GPU: three sequences alone, then together */
     const int lens[3] = {5, 17, 29};
+    double batch_worst = 1.0;
     float *alone = malloc(sizeof(float) * (size_t)nv * 3), *mixed = malloc(sizeof(float) * (size_t)nv * 3);
     struct kv_seq s3[3];
     for (int q = 0; ok && q < 3; q++) {
@@ -197,14 +198,22 @@ static void check_model(const char *path, bool strict) {
         int32_t n_out;
         ok = ok && model_forward(rg.m, rg.kv, &b, mixed, &n_out, &e) == SMELT_OK;
         for (int q = 0; q < 3; q++) kv_seq_release(&rg.pool, &s3[q]);
+        /* Real weights: cosine >= 0.99999 and the same argmax. Random-weight files (nearly
+         * flat logits, and 24+ layers that amplify any change) only >= 0.9999: a batch of
+         * three runs other kernel shapes than one row (split-K products, attention splits),
+         * whose f32 sums differ in the last bits, and the int8 activations turn such bits
+         * into whole rounding steps now and then (H200: Qwen2.5-0.5B-shape Q8_0 0.99995). */
         for (int q = 0; ok && q < 3; q++) {
             double c = cosine(alone + (size_t)q * nv, mixed + (size_t)q * nv, nv);
-            T_CHECKF(c >= 0.99999 && argmax(alone + (size_t)q * nv, nv) == argmax(mixed + (size_t)q * nv, nv),
-                     "%s: sequence %d in a batch: cosine %.7f", path, q, c);
+            bool pick = argmax(alone + (size_t)q * nv, nv) == argmax(mixed + (size_t)q * nv, nv);
+            if (c < batch_worst) batch_worst = c;
+            T_CHECKF(c >= (strict ? 0.99999 : 0.9999) && (pick || !strict), "%s: sequence %d in a batch: cosine %.7f",
+                     path, q, c);
         }
     }
     T_CHECK(ok);
-    printf("cuda vs cpu %-48s worst cosine %.6f, argmax %d/%d, greedy %d/%d\n", path, worst, agree, total, same, GREEDY);
+    printf("cuda vs cpu %-48s worst cosine %.6f, argmax %d/%d, greedy %d/%d, batch cosine %.7f\n", path, worst, agree,
+           total, same, GREEDY, batch_worst);
     free(alone);
     free(mixed);
     free(lc);

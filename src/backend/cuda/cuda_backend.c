@@ -54,7 +54,6 @@
 #define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
 #define ATT_Q_MAX_K 32768 /* widest attention output (dv x n_head) given an int8 form (att_q) */
 #define CUDA_GRAPHS 64
-#define ROPE_TABS 8
 
 struct dchunk {
     unsigned char *base;
@@ -145,12 +144,14 @@ struct cuda_backend {
         double ms;
     } *prow;
     int n_prow, cap_prow;
-    /* RoPE speed tables (cuda_rope.freq), one per parameter set seen (Gemma 3: two) */
+    /* RoPE speed tables (cuda_rope.freq), one per parameter set seen (Gemma 3: two per
+     * model). Keyed by the parameters and the freq_factors pointer: weights stay bound
+     * until the backend is freed, so a pointer never comes back with other contents. */
     struct rope_tab {
         struct cuda_rope key;
         double *freq;
-    } rope_tab[ROPE_TABS];
-    int n_rope_tab;
+    } *rope_tab;
+    int n_rope_tab, cap_rope_tab;
 };
 
 static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
@@ -1025,9 +1026,15 @@ static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, stru
             return true;
         }
     }
-    if (cb->n_rope_tab == ROPE_TABS) {
-        bk_fail(&cb->base, SMELT_ERR_UNSUPPORTED, "cuda rope: more than %d RoPE parameter sets", ROPE_TABS);
-        return false;
+    if (cb->n_rope_tab == cb->cap_rope_tab) {
+        int cap = cb->cap_rope_tab ? 2 * cb->cap_rope_tab : 4;
+        struct rope_tab *t = realloc(cb->rope_tab, sizeof *t * (size_t)cap);
+        if (!t) {
+            bk_fail(&cb->base, SMELT_ERR_NOMEM, "out of memory (RoPE tables)");
+            return false;
+        }
+        cb->rope_tab = t;
+        cb->cap_rope_tab = cap;
     }
     double *f = NULL;
     cudaError_t ce = cudaMalloc((void **)&f, (size_t)(p->n_rot / 2 + 1) * sizeof(double));
@@ -1606,6 +1613,7 @@ static void cu_free(struct backend *b) {
     cudaFree(cb->prep.cnt);
     cudaFree(cb->att_q.buf);
     for (int i = 0; i < cb->n_rope_tab; i++) cudaFree(cb->rope_tab[i].freq);
+    free(cb->rope_tab);
     for (int i = 0; i < cb->n_dev; i++) cudaFree(cb->dev[i]);
     free(cb->dev);
     for (int i = 0; i < cb->n_qws; i++) {
