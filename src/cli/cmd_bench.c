@@ -558,7 +558,7 @@ static void print_row(struct printer *p, const struct row *r) {
         for (int k = 0; k < r->n_samples; k++) printf("%s%llu", k ? ", " : "", (unsigned long long)r->samples_ns[k]);
         printf(" ]%s", sep);
         KEY("samples_ts"), printf("[ ");
-        for (int k = 0; k < r->n_samples; k++) printf("%s%g", k ? ", " : "", r->samples_ts[k]);
+        for (int k = 0; k < r->n_samples; k++) printf("%s%.6f", k ? ", " : "", r->samples_ts[k]);
         printf(" ]");
 #undef KEY
         printf(p->json ? "\n  }" : "}\n");
