@@ -1142,7 +1142,7 @@ static void bench_tuned(void) {
         }
         printf("bench tune %s: %.0f ms wall time for these first calls (measuring included)\n", qtype_name(type),
                total_ms);
-        bk_free(b); /* logs the table (SMELT_LOG=info) */
+        bk_free(b); /* logs the table (SMELT_LOG=debug) */
     }
     env_restore(&env);
 }

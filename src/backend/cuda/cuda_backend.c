@@ -935,18 +935,19 @@ static int choose(struct cuda_backend *cb, const struct cuda_qweight *qw, const 
 
 /* At cu_free: the measured table, once (info level: which path won where on this GPU). */
 static void tune_report(struct cuda_backend *cb) {
-    if (!cb->tune.n || log_get_level() < LOG_INFO) return;
+    /* debug level: `smelt run` would otherwise end every answer with the table */
+    if (!cb->tune.n || log_get_level() < LOG_DEBUG) return;
     size_t cap = (size_t)cb->tune.n * 96 + 256;
     char *buf = malloc(cap);
     if (!buf) return;
     mmtune_format(&cb->tune, cuda_mmq_tile_shape, buf, cap);
-    log_info("cuda: matmul paths measured on this GPU (%d shape x token-row buckets in %.1f ms; "
-             "SMELT_NO_TUNE=1 turns measuring off):",
-             cb->tune.n_tuned, cb->tune.tune_ms);
+    log_debug("cuda: matmul paths measured on this GPU (%d shape x token-row buckets in %.1f ms; "
+              "SMELT_NO_TUNE=1 turns measuring off):",
+              cb->tune.n_tuned, cb->tune.tune_ms);
     for (char *line = buf, *nl; line && *line; line = nl ? nl + 1 : NULL) { /* one line per weight shape */
         nl = strchr(line, '\n');
         if (nl) *nl = '\0';
-        log_info("  %s", line);
+        log_debug("  %s", line);
     }
     free(buf);
 }
