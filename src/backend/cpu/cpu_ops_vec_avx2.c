@@ -62,32 +62,9 @@ static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * f16_to_f32(x[i]);
 }
 
-/* exp(x) for x <= 0: x = k ln2 + r, |r| <= ln2/2, degree-6 Taylor polynomial (truncation
- * < 1.3e-7 relative), times 2^k built in the exponent bits; 0 below -87.3. */
-INLINE __m256 exp_neg(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-/* exp(x) over the whole float range: the argument is clamped to [-87.3, 88.3] (results
- * from 1.2e-38 to 2.4e38; callers only need 1/(1+exp) to saturate correctly), then as
- * exp_neg. Relative error < 3e-7. */
-INLINE __m256 exp_any(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+/* exp(x) for x in [-87.3, 88.3]: x = k ln2 + r, |r| <= ln2/2, degree-6 Taylor polynomial
+ * (truncation < 1.3e-7 relative), times 2^k built in the exponent bits. */
+INLINE __m256 exp_core(__m256 x) {
     __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
@@ -101,6 +78,19 @@ INLINE __m256 exp_any(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* exp(x) for x <= 0; 0 below -87.3. */
+INLINE __m256 exp_neg(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), exp_core(_mm256_max_ps(x, lo)));
+}
+
+/* exp(x) over the whole float range: the argument is clamped to [-87.3, 88.3] (results
+ * from 1.2e-38 to 2.4e38; callers only need 1/(1+exp) to saturate correctly). Relative
+ * error < 3e-7. */
+INLINE __m256 exp_any(__m256 x) {
+    return exp_core(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f)));
 }
 
 /* gelu(x) = x / (1 + exp(-2 K (x + C x^3))) */
