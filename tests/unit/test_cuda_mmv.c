@@ -161,11 +161,16 @@ static void test_mmv_types(void) {
 /* Q, K and V stacked in one launch (cuda_mmv_multi, with biases and accumulation) give
  * exactly what three separate launches give: each row's sum runs in the same order. */
 static void test_mmv_multi(void) {
+    /* QT_COUNT: Q4_K_M's mix, Q4_K Q and K with a Q6_K V (mmv_q4k_q6k) */
     const uint32_t types[] = {QT_F16,  QT_Q8_0,   QT_Q4_K,   QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0,
-                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
-    const int64_t rows[3] = {67, 33, 301}, k = 768;
+                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K, QT_COUNT};
+    const int64_t k = 768;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int n = 1; n <= 3; n += 2) {
+            const int mix = types[ti] == QT_COUNT;
+            const uint32_t mt[3] = {mix ? QT_Q4_K : types[ti], mix ? QT_Q4_K : types[ti], mix ? QT_Q6_K : types[ti]};
+            /* the Q6_K rows of a mix start on a block of 8 rows */
+            const int64_t rows[3] = {mix ? 60 : 67, mix ? 36 : 33, 301};
             struct cuda_qweight qw[3];
             const struct cuda_qweight *qp[3];
             float *dy[3], *dy1[3], *db[3];
@@ -181,8 +186,8 @@ static void test_mmv_multi(void) {
             T_EQ_INT(cuda_mmv_quantize(dx, k, n, scratch, NULL, &e), SMELT_OK);
             for (int m = 0; m < 3; m++) {
                 float *deq = malloc(sizeof(float) * (size_t)(rows[m] * k));
-                void *w = make_weights(types[ti], rows[m], k, deq);
-                T_EQ_INT(cuda_qweight_upload(&qw[m], types[ti], w, rows[m], k, NULL, &e), SMELT_OK);
+                void *w = make_weights(mt[m], rows[m], k, deq);
+                T_EQ_INT(cuda_qweight_upload(&qw[m], mt[m], w, rows[m], k, NULL, &e), SMELT_OK);
                 qp[m] = &qw[m];
                 float *bh = malloc(sizeof(float) * (size_t)rows[m]), *y0 = malloc(sizeof(float) * (size_t)(n * rows[m]));
                 for (int64_t i = 0; i < rows[m]; i++) bh[i] = t_randn(&g_seed);
@@ -200,7 +205,14 @@ static void test_mmv_multi(void) {
                 free(y0);
             }
             /* one launch: y += W x + b; separately: y += W x, then the bias on the host copy */
+            T_CHECK(cuda_mmv_stackable(qp, 3));
             T_EQ_INT(cuda_mmv_multi(qp, dy, bp, 3, dx, n, scratch, 1, NULL, NULL, &e), SMELT_OK);
+            if (mix) { /* K without V: one type; Q6_K rows off a block boundary: refused */
+                const struct cuda_qweight *odd[2] = {qp[1], qp[2]};
+                T_CHECK(cuda_mmv_stackable(qp, 2));
+                T_CHECK(!cuda_mmv_stackable(odd, 2)); /* 36 rows of Q4_K, then Q6_K */
+                T_CHECK(cuda_mmv_multi(odd, dy, bp, 2, dx, n, scratch, 1, NULL, NULL, &e) == SMELT_ERR_INVALID);
+            }
             int bad = 0;
             for (int m = 0; m < 3; m++) {
                 T_EQ_INT(cuda_mmv_pre(&qw[m], dx, n, dy1[m], scratch, 1, NULL, &e), SMELT_OK);
@@ -214,7 +226,7 @@ static void test_mmv_multi(void) {
                         float want = b[t * rows[m] + r] + (bp[m] ? bh[r] : 0.0f);
                         float got = a[t * rows[m] + r];
                         if (!(fabsf(got - want) <= 1e-6f * (1.0f + fabsf(want))) && bad++ < 5)
-                            fprintf(stderr, "  multi %s n=%d mat %d row %lld: %.8g vs %.8g\n", qtype_name(types[ti]), n, m,
+                            fprintf(stderr, "  multi %s n=%d mat %d row %lld: %.8g vs %.8g\n", qtype_name(mt[m]), n, m,
                                     (long long)r, got, want);
                     }
                 free(a);
@@ -225,7 +237,8 @@ static void test_mmv_multi(void) {
                 cudaFree(dy1[m]);
                 cudaFree(db[m]);
             }
-            printf("mmv multi %-5s 3 matrices n=%d: %s\n", qtype_name(types[ti]), n, bad ? "MISMATCH" : "ok");
+            printf("mmv multi %-9s 3 matrices n=%d: %s\n", mix ? "Q4_K+Q6_K" : qtype_name(types[ti]), n,
+                   bad ? "MISMATCH" : "ok");
             T_CHECKF(bad == 0, "%d outputs off", bad);
             cudaFree(dx);
             cudaFree(scratch);
@@ -569,6 +582,7 @@ static void bench(void) {
     } shapes[] = {{"attn_q 4096x4096", 4096, 4096, 0},
                   {"ffn_up 14336x4096", 14336, 4096, 1},
                   {"ffn_down 4096x14336", 4096, 14336, 0},
+                  {"attn_v 1024x4096", 1024, 4096, 0},
                   {"output 128256x4096", 128256, 4096, 0},
                   {"0.5B attn_o 896x896", 896, 896, 0},
                   {"0.5B ffn_up 4864x896", 4864, 896, 1},
@@ -753,10 +767,10 @@ int main(void) {
         bench();
         bench_new_types();
     }
-    if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q8_0 kernel shapes (cuda_mmv.cu) */
+    if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q6_K / Q8_0 kernel shapes (cuda_mmv.cu) */
         for (cuda_mmv_variant = 1; cuda_mmv_variant <= 10; cuda_mmv_variant++) {
             printf("variant %d\n", cuda_mmv_variant);
-            T_RUN(test_mmv_types); /* the variant's results too (one-token Q4_K / Q8_0 only) */
+            T_RUN(test_mmv_types); /* the variant's results too (one-token Q4_K / Q6_K / Q8_0 only) */
             T_RUN(test_mmv_epilogue);
             bench();
         }

@@ -574,6 +574,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                 if (lane < NK) ss[h * NK + lane] = p0;
                 if (lane + 32 < NK) ss[h * NK + lane + 32] = p1;
                 const float sum = warp_sum(p0 + p1);
+                __syncwarp(); /* every lane has read s_m[h] before lane 0 writes it */
                 if (lane == 0) {
                     const float c = __expf(m_old - mu);
                     s_c[h] = c;

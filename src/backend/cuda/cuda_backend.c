@@ -1282,7 +1282,8 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
 }
 
 /* Decode (<= 8 rows): one RMSNorm+quantize launch, then one mmv launch per run of weights
- * of the same type (Q, K and V usually share one), biases added in the same launch. */
+ * that stack (Q, K and V of one type, or Q4_K_M's Q4_K Q and K with a Q6_K V), biases
+ * added in the same launch. */
 static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *w,
                              const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     const struct cuda_qweight *qw[3];
@@ -1315,7 +1316,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
     }
     for (int i = 0; i < n && ok(cb);) {
         int j = i + 1;
-        while (j < n && qw[j]->type == qw[i]->type && qw[j]->k == qw[i]->k) j++;
+        while (j < n && cuda_mmv_stackable(&qw[i], j + 1 - i)) j++;
         float *y[3];
         const float *b[3];
         for (int t = i; t < j; t++) {
@@ -1331,7 +1332,8 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
         }
         uint64_t bytes = 0;
         for (int t = i; t < j; t++) bytes += qw[t]->bytes;
-        prof_mark(cb, bytes, "mmv %s x%d %lldx%lld n=%d", qtype_name(qw[i]->type), j - i,
+        prof_mark(cb, bytes, "mmv %s%s x%d %lldx%lld n=%d", qtype_name(qw[i]->type),
+                  qw[j - 1]->type != qw[i]->type ? "+Q6_K" : "", j - i,
                   (long long)(qw[i]->rows), (long long)qw[i]->k, (int)x->ne[1]);
         i = j;
     }

@@ -125,6 +125,7 @@ struct mmv_mats {
     const float *b[MMV_MATS];
     int end[MMV_MATS];
     int n;
+    int mix_row; /* mmv_q4k_q6k: the first Q6_K row (0: one type) */
     struct cuda_mmv_epi epi; /* see cuda_mmv.h; zero = plain product */
     int k;
 };
@@ -332,16 +333,18 @@ static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 
  * pairs 0..2 in the low 24 bits of words 1..3, pair 3 in their top bytes.
  * Unit u of a super-block (0..7): g = u/2, hf = u%2; its 16 B hold weights
  * 64g + 16hf + [0,16) (low nibbles, sub-block 2g) and the same + 32 (high, 2g+1). */
-template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
-static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
-    mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
-             const float *xs, int k, int accumulate) {
+/* The first output row of this warp: KS > 1 (split-K) gives the block's warps the same
+ * rows, each over its own slice of k (warp w: units from 32 U w on, stride 32 U KS). */
+template <int R, int GLU, int KS>
+static __device__ __forceinline__ int mmv_row0() {
+    return (KS > 1 ? blockIdx.x : blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
+}
+
+/* One warp's Q4_K rows row0 .. row0 + R - 1 (split-K slice ws of KS), stored. */
+template <int N, int R, int GLU, int U, int KS>
+static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int row0, int ws, const int8_t *xq,
+                                                const float2 *xds, const float *xs, int k, int accumulate) {
     static_assert(KS == 1 || (KS == MMV_WARPS && N == 1), "split-K: one token row, every warp of the block");
-    pdl_trigger();
-    /* KS > 1: the block's warps share its rows and split k (warp w: units from 32 U w on,
-     * stride 32 U KS) */
-    const int row0 = (KS > 1 ? blockIdx.x : blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
-    const int ws = KS > 1 ? threadIdx.y : 0;
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
     const int nsb = k / QK_K;
@@ -424,70 +427,132 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
+template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
+    mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k, int accumulate) {
+    pdl_trigger();
+    q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, xs, k, accumulate);
+}
+
 /* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
  * d = one half per super-block. Unit c (0..7) of a super-block: half h = c/4, ql chunk
  * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
  * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
-template <int N, int R, int GLU>
-static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
-    mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
-             const float *xs, int k, int accumulate) {
-    pdl_trigger();
-    const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
+/* Q6_K: unit u's 16 B of low bits, 16 B of high bits and its two sub-block scales. */
+struct q6k_ld {
+    uint4 ql, qh;
+    float sclo, schi;
+};
+
+static __device__ __forceinline__ q6k_ld q6k_load(const mrow_ref &rr, int nsb, int u) {
+    const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
+    const int wlo = h * 128 + (c >> 1) * 32 + (c & 1) * 16; /* element within the super-block */
+    const int64_t blk = rr.row * nsb + sb;
+    const uint4 *qb = (const uint4 *)rr.q + blk * 12; /* 192 B = 12 x 16 B */
+    const int8_t *sc = (const int8_t *)rr.s;
+    const float d = __half2float(((const __half *)rr.d)[blk]);
+    q6k_ld v;
+    v.ql = qb[h * 4 + c];
+    v.qh = qb[8 + h * 2 + (c & 1)];
+    v.sclo = d * (float)sc[blk * 16 + wlo / 16];
+    v.schi = d * (float)sc[blk * 16 + wlo / 16 + 4];
+    return v;
+}
+
+template <int N, int R>
+static __device__ __forceinline__ void q6k_unit(mmv_acc<N, R> &acc, const q6k_ld *v, const int8_t *xq,
+                                                const float2 *xds, const float *xs, int u, int k) {
+    const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
+    const int jb = c >> 1;
+    const int ea = sb * QK_K + h * 128 + jb * 32 + (c & 1) * 16, eb = ea + 64;
+    const int sh = 2 * jb;
+    uint4 lo[R], hi[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 ql = v[r].ql, qh = v[r].qh;
+        lo[r].x = (ql.x & 0x0f0f0f0fu) | (((qh.x >> sh) & 0x03030303u) << 4);
+        lo[r].y = (ql.y & 0x0f0f0f0fu) | (((qh.y >> sh) & 0x03030303u) << 4);
+        lo[r].z = (ql.z & 0x0f0f0f0fu) | (((qh.z >> sh) & 0x03030303u) << 4);
+        lo[r].w = (ql.w & 0x0f0f0f0fu) | (((qh.w >> sh) & 0x03030303u) << 4);
+        hi[r].x = ((ql.x >> 4) & 0x0f0f0f0fu) | (((qh.x >> (sh + 4)) & 0x03030303u) << 4);
+        hi[r].y = ((ql.y >> 4) & 0x0f0f0f0fu) | (((qh.y >> (sh + 4)) & 0x03030303u) << 4);
+        hi[r].z = ((ql.z >> 4) & 0x0f0f0f0fu) | (((qh.z >> (sh + 4)) & 0x03030303u) << 4);
+        hi[r].w = ((ql.w >> 4) & 0x0f0f0f0fu) | (((qh.w >> (sh + 4)) & 0x03030303u) << 4);
+    }
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const int8_t *xt = xq + (int64_t)t * k;
+        const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
+        const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
+        const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+#pragma unroll
+        for (int r = 0; r < R; r++) /* q is stored +32: dx * dot(q - 32, xq) = dx * dot(q, xq) - 32 * xs */
+            acc.v[r][t] += v[r].sclo * (dxa * (float)dot16(lo[r], xa) - 32.0f * sxa) +
+                           v[r].schi * (dxb * (float)dot16(hi[r], xb) - 32.0f * sxb);
+    }
+}
+
+/* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
+ * d = one half per super-block. Unit c (0..7) of a super-block: half h = c/4, ql chunk
+ * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
+ * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i].
+ * U units x R rows are loaded before any math; KS as for Q4_K. */
+template <int N, int R, int GLU, int U, int KS>
+static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int row0, int ws, const int8_t *xq,
+                                                const float2 *xds, const float *xs, int k, int accumulate) {
+    static_assert(KS == 1 || (KS == MMV_WARPS && N == 1), "split-K: one token row, every warp of the block");
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
-    const int nsb = k / QK_K;
+    const int nsb = k / QK_K, n_units = nsb * 8;
     mmv_acc<N, R> acc;
     acc.zero();
     mrow_ref rr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
-#pragma unroll 2
-    for (int u = lane; u < nsb * 8; u += 32) {
-        const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
-        const int l0 = (c & 1) * 16, jb = c >> 1;
-        const int wlo = h * 128 + jb * 32 + l0; /* element within the super-block */
-        const int ea = sb * QK_K + wlo, eb = ea + 64;
-        uint4 ql[R], qh[R];
-        float sclo[R], schi[R];
+    bool waited = false;
+    for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
+        q6k_ld v[U][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t blk = rr[r].row * nsb + sb;
-            const uint4 *qb = (const uint4 *)rr[r].q + blk * 12; /* 192 B = 12 x 16 B */
-            const int8_t *sc = (const int8_t *)rr[r].s;
-            ql[r] = qb[h * 4 + c];
-            qh[r] = qb[8 + h * 2 + (c & 1)];
-            const float d = __half2float(((const __half *)rr[r].d)[blk]);
-            sclo[r] = d * (float)sc[blk * 16 + wlo / 16];
-            schi[r] = d * (float)sc[blk * 16 + wlo / 16 + 4];
+        for (int i = 0; i < U; i++) {
+            const int u = min(u0 + 32 * i, n_units - 1);
+#pragma unroll
+            for (int r = 0; r < R; r++) v[i][r] = q6k_load(rr[r], nsb, u);
         }
-        if (u == lane) pdl_wait(); /* the first weights are in flight; activations next */
-        const int sh = 2 * jb;
+        if (!waited) { /* the first weights are in flight; activations next */
+            pdl_wait();
+            waited = true;
+        }
 #pragma unroll
-        for (int t = 0; t < N; t++) {
-            const int8_t *xt = xq + (int64_t)t * k;
-            const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
-            const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
-            const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                uint4 lo, hi;
-                lo.x = (ql[r].x & 0x0f0f0f0fu) | (((qh[r].x >> sh) & 0x03030303u) << 4);
-                lo.y = (ql[r].y & 0x0f0f0f0fu) | (((qh[r].y >> sh) & 0x03030303u) << 4);
-                lo.z = (ql[r].z & 0x0f0f0f0fu) | (((qh[r].z >> sh) & 0x03030303u) << 4);
-                lo.w = (ql[r].w & 0x0f0f0f0fu) | (((qh[r].w >> sh) & 0x03030303u) << 4);
-                hi.x = ((ql[r].x >> 4) & 0x0f0f0f0fu) | (((qh[r].x >> (sh + 4)) & 0x03030303u) << 4);
-                hi.y = ((ql[r].y >> 4) & 0x0f0f0f0fu) | (((qh[r].y >> (sh + 4)) & 0x03030303u) << 4);
-                hi.z = ((ql[r].z >> 4) & 0x0f0f0f0fu) | (((qh[r].z >> (sh + 4)) & 0x03030303u) << 4);
-                hi.w = ((ql[r].w >> 4) & 0x0f0f0f0fu) | (((qh[r].w >> (sh + 4)) & 0x03030303u) << 4);
-                /* q is stored +32: dx * dot(q - 32, xq) = dx * dot(q, xq) - 32 * xs */
-                acc.v[r][t] += sclo[r] * (dxa * (float)dot16(lo, xa) - 32.0f * sxa) +
-                               schi[r] * (dxb * (float)dot16(hi, xb) - 32.0f * sxb);
-            }
+        for (int i = 0; i < U; i++) {
+            const int u = u0 + 32 * i;
+            if (u >= n_units) break;
+            q6k_unit<N, R>(acc, v[i], xq, xds, xs, u, k);
         }
     }
-    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
-    else acc.store(m, row0, lane, accumulate);
+    if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
+    const bool wr = acc.template ks_reduce<KS>(lane);
+    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr); /* accumulate carries the act */
+    else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
+}
+
+template <int N, int R, int GLU, int U = 2, int KS = 1>
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
+    mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k, int accumulate) {
+    pdl_trigger();
+    q6k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, xs, k, accumulate);
+}
+
+/* Q4_K matrices stacked with a Q6_K one after them (Q4_K_M's Q, K and V on most layers):
+ * blocks below m.mix_row run the Q4_K body, the rest the Q6_K body, one launch. mix_row is
+ * a multiple of the rows per block, so each block is one type. */
+template <int N, int U4>
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
+    mmv_q4k_q6k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k,
+                int accumulate) {
+    pdl_trigger();
+    const int row0 = mmv_row0<MMV_R, 0, 1>();
+    if ((int)blockIdx.x * MMV_WARPS * MMV_R < m.mix_row) q4k_body<N, MMV_R, 0, U4, 1>(m, row0, 0, xq, xds, xs, k, accumulate);
+    else q6k_body<N, MMV_R, 0, 2, 1>(m, row0, 0, xq, xds, xs, k, accumulate);
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
@@ -497,7 +562,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
              int k, int accumulate) {
     static_assert(KS == 1 || KS == MMV_WARPS, "split-K: every warp of the block");
     pdl_trigger();
-    const int row0 = (KS > 1 ? blockIdx.x : blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R); /* as mmv_q4_k */
+    const int row0 = mmv_row0<R, GLU, KS>();
     const int ws = KS > 1 ? threadIdx.y : 0;
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
@@ -744,7 +809,8 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
 }
 
 /* Tuning experiments (tests/unit/test_cuda_mmv.c, SMELT_BENCH_VARIANTS): 0 = the default;
- * else rows per warp R and units in flight U of the one-token Q4_K and Q8_0 kernels. */
+ * else rows per warp R, units in flight U and split-K of the one-token Q4_K, Q6_K and Q8_0
+ * kernels. */
 extern "C" int cuda_mmv_variant = 0;
 
 template <int GLU, int R, int U, int KS = 1>
@@ -753,6 +819,8 @@ static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows,
     const int per_block = (KS > 1 ? 1 : MMV_WARPS) * (GLU ? 1 : R);
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32, MMV_WARPS);
     if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
+    if (type == QT_Q6_K)
+        return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, xs, k, acc);
 }
 
@@ -782,6 +850,8 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const int rows = m.end[GLU ? 0 : m.n - 1];
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block));
+    if (!GLU && m.mix_row) /* Q4_K rows, then Q6_K rows */
+        return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     switch (type) {
     case QT_F32: return klaunch(mmv_float<N, MMV_R, QT_F32, GLU>, grid, block, 0, st, m, x, k, acc);
     case QT_F16: return klaunch(mmv_float<N, MMV_R, QT_F16, GLU>, grid, block, 0, st, m, x, k, acc);
@@ -813,7 +883,10 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
         if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
         if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, xs, k, acc);
         return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q6_K: return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+    case QT_Q6_K:
+        if (N == 1 && cuda_mmv_variant > 0)
+            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+        return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, xs, k, acc);
     }
     return cudaErrorInvalidValue;
@@ -893,6 +966,24 @@ static void mats_add(struct mmv_mats *m, const struct cuda_qweight *w, float *y,
     m->end[i] = (i ? m->end[i - 1] : 0) + (int)w->rows;
 }
 
+extern "C" int cuda_mmv_stackable(const struct cuda_qweight *const *w, int count) {
+    if (count < 1 || count > MMV_MATS) return 0;
+    int64_t rows = 0;
+    for (int i = 0; i < count; i++) {
+        if (w[i]->k != w[0]->k) return 0;
+        if (w[i]->type != w[0]->type) {
+            /* Q4_K matrices, then one Q6_K whose first row starts a block of the launch */
+            if (i != count - 1 || w[0]->type != QT_Q4_K || w[i]->type != QT_Q6_K ||
+                rows % (MMV_WARPS * MMV_R) != 0)
+                return 0;
+            for (int j = 1; j < i; j++)
+                if (w[j]->type != QT_Q4_K) return 0;
+        }
+        rows += w[i]->rows;
+    }
+    return 1;
+}
+
 extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
                                        int count, const float *x, int n, const void *scratch, int accumulate,
                                        const struct cuda_mmv_epi *epi, void *stream, struct err *e) {
@@ -900,8 +991,9 @@ extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, floa
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d matrices in one launch (1..%d)", count, MMV_MATS);
     struct mmv_mats m;
     memset(&m, 0, sizeof m);
+    const int mixed = count > 1 && cuda_mmv_stackable(w, count) && w[count - 1]->type != w[0]->type;
     for (int i = 0; i < count; i++) {
-        if (w[i]->type != w[0]->type || w[i]->k != w[0]->k)
+        if ((w[i]->type != w[0]->type && !mixed) || w[i]->k != w[0]->k)
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv: stacked matrices differ in type or row length");
         if ((int64_t)(i ? m.end[i - 1] : 0) + w[i]->rows > INT32_MAX)
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv: too many rows in one launch");
@@ -909,6 +1001,7 @@ extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, floa
     }
     for (int i = count; i < MMV_MATS; i++) m.end[i] = m.end[count - 1];
     m.k = (int)w[0]->k;
+    if (mixed) m.mix_row = m.end[count - 2];
     if (epi) {
         if (epi->post_cnt && (count != 1 || w[0]->rows % 32 != 0 || !cuda_mmv_needs_quant(w[0]->type) ||
                             32 % (MMV_WARPS * MMV_R) != 0))

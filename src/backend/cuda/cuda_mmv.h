@@ -89,9 +89,12 @@ struct cuda_mmv_epi {
  * 32, sums per 16), to point an epilogue's post_* at one. */
 void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd, float **xs);
 
-/* Several matrices of one type and row length in one launch (e.g. Q, K and V): y[i] (+)=
- * W[i] x (+ b[i] when b and b[i] are not NULL), count <= 3, after cuda_mmv_quantize when the
- * type needs it. epi may be NULL. */
+/* Whether w[0..count) can go to one cuda_mmv_multi launch: one row length, and one type or
+ * Q4_K matrices followed by one Q6_K (Q4_K_M's V) starting at a multiple of 8 rows. */
+int cuda_mmv_stackable(const struct cuda_qweight *const *w, int count);
+/* Several matrices of one row length in one launch (e.g. Q, K and V; see
+ * cuda_mmv_stackable): y[i] (+)= W[i] x (+ b[i] when b and b[i] are not NULL), count <= 3,
+ * after cuda_mmv_quantize when the type needs it. epi may be NULL. */
 smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
                             int count, const float *x, int n, const void *scratch, int accumulate,
                             const struct cuda_mmv_epi *epi, void *stream, struct err *e);
