@@ -307,17 +307,19 @@ static __device__ __forceinline__ int dec_chunk(int part, int i) {
     return part * S + (i % S) + 8 * (i / S);
 }
 
-/* K and V rows [kb, kb + NK) of a stage into dst ([K, V][NK][LD]); keys >= ke zeroed. The
- * caches and the table are written by earlier kernels / copies of the step: plain pointers
+/* K and V rows [kb, kb + NK) of a stage into dst ([K, V][NK][LD]); keys >= ke zeroed; key
+ * `skip` (the new key, which the block writes itself; -1: none) is left alone. The caches
+ * and the table are written by earlier kernels / copies of the step: plain pointers
  * (cp.async.cg reads through L2; see cuda_common.cuh on the read-only path). */
 template <typename T, int D>
 static __device__ __forceinline__ void dec_load(T *dst, const T *kc, const T *vc, const int32_t *table, int kb,
-                                                int ke, int bs, int n_kv, int g, int tid) {
+                                                int ke, int skip, int bs, int n_kv, int g, int tid) {
     using C = dec_cfg<T, D>;
     constexpr int NK = C::NK, NC = C::NC, LD = C::LD, CE = C::CE;
     for (int idx = tid; idx < 2 * NK * NC; idx += DEC_THREADS) {
         const int which = idx / (NK * NC), rem = idx % (NK * NC);
         const int r = rem / NC, c = rem % NC, key = kb + r;
+        if (key == skip) continue;
         const T *base = which ? vc : kc;
         const T *src = base;
         int bytes = 0;
@@ -400,10 +402,12 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     /* q, the row lists and (unfused) the new keys in the caches are written by earlier
      * kernels of the step: nothing is read before the previous kernel is done
      * (cuda_common.cuh). With RoPE fused (a decode step, no row list), the positions and
-     * block tables are the step's host-copied inputs, complete before its first kernel ran,
-     * and the only cache slot this step writes is each row's new key, which this kernel
-     * substitutes from shared memory: the first stage's loads go out before the wait,
-     * overlapping the previous kernel's tail. Block (slot 0, split 0) always waits, so the
+     * block tables (and slots) are the step's host-copied inputs, complete before its first
+     * kernel ran, the RoPE table was made by a kernel launched without PDL after it
+     * (cuda_pdl_fence), and the only cache slot this step writes is each row's new key,
+     * which this kernel substitutes from shared memory and never copies: the first stage's
+     * loads and the RoPE angles go out before the wait, overlapping the previous kernel's
+     * tail. Block (slot 0, split 0) always waits, so the
      * grid completes after its predecessor. */
     bool waited = !(a.rope.freq != NULL && rows == NULL);
     if (waited) pdl_wait();
@@ -431,11 +435,20 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         const int32_t *table = a.blocks + (int64_t)seq * a.max_blocks;
         const bool fused = a.rope.freq != NULL;
         const bool owner = fused && kb0 <= pos && pos < ke; /* this split holds the new key */
+        const int64_t new_slot = owner ? a.slot[t] : 0;     /* a host input: read early */
+        const int skip = owner ? pos : -1; /* the new key's stage row: written from smem */
 
         /* the first stage's copies go out before q is read: q's load latency overlaps them */
         const int bs = a.block_size, n_kv = a.n_kv;
-        if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, bs, n_kv, g, tid);
+        if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, skip, bs, n_kv, g, tid);
         cp_async_commit();
+        const int half = a.rope.n_rot / 2;
+        if (fused) /* RoPE's cos/sin: from the position and the step's constant table */
+            for (int i = tid; i < half; i += DEC_THREADS) {
+                const float2 cs = rope_cs(a.rope, (double)pos, i);
+                s_cs[i] = cs.x;
+                s_cs[half + i] = cs.y;
+            }
         if (!waited) {
             pdl_wait();
             waited = true;
@@ -446,8 +459,8 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         } else {
             /* RMSNorm and RoPE of the raw query heads (and, in the owner, K head g) in
              * shared memory, as rope_kv_kernel would do them in place */
-            const int half = a.rope.n_rot / 2;
             const int nh = G + (owner ? 1 : 0); /* head G = the new K row */
+            const bool norms = a.q_norm || a.k_norm;
             for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i];
             if (owner) {
                 const int64_t o = (t * a.n_kv + g) * (int64_t)D;
@@ -456,27 +469,24 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                     s_vn[i] = a.v_new[o + i];
                 }
             }
-            for (int i = tid; i < half; i += DEC_THREADS) {
-                const float2 cs = rope_cs(a.rope, (double)pos, i);
-                s_cs[i] = cs.x;
-                s_cs[half + i] = cs.y;
-            }
             __syncthreads();
-            for (int h = warp; h < nh; h += DEC_THREADS / 32) {
-                const float *x = h < G ? sq + h * D : s_kn;
-                const float *w = h < G ? a.q_norm : a.k_norm;
-                float sum = 0.0f;
-                if (w)
-                    for (int i = lane; i < D; i += 32) sum += x[i] * x[i];
-                sum = warp_sum(sum);
-                if (lane == 0) s_inv[h] = w ? rsqrtf(sum / (float)D + a.norm_eps) : 1.0f;
+            if (norms) { /* block-uniform */
+                for (int h = warp; h < nh; h += DEC_THREADS / 32) {
+                    const float *x = h < G ? sq + h * D : s_kn;
+                    const float *w = h < G ? a.q_norm : a.k_norm;
+                    float sum = 0.0f;
+                    if (w)
+                        for (int i = lane; i < D; i += 32) sum += x[i] * x[i];
+                    sum = warp_sum(sum);
+                    if (lane == 0) s_inv[h] = w ? rsqrtf(sum / (float)D + a.norm_eps) : 1.0f;
+                }
+                __syncthreads();
             }
-            __syncthreads();
             for (int idx = tid; idx < nh * (D / 2); idx += DEC_THREADS) {
                 const int h = idx / (D / 2), i = idx % (D / 2);
                 float *x = h < G ? sq + h * D : s_kn;
                 const float *w = h < G ? a.q_norm : a.k_norm;
-                const float inv = s_inv[h], sc = h < G ? a.scale : 1.0f;
+                const float inv = norms ? s_inv[h] : 1.0f, sc = h < G ? a.scale : 1.0f;
                 /* pairs below n_rot rotate; the elements above it pass through */
                 const int2 e = i < half ? rope_pair(a.rope.mode, half, i)
                                         : make_int2(a.rope.n_rot + 2 * (i - half), a.rope.n_rot + 2 * (i - half) + 1);
@@ -490,15 +500,6 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                     x[e.y] = x1 * sc;
                 }
             }
-            if (owner) { /* the new K and V into the cache (for later steps; this block uses s_kn) */
-                __syncthreads();
-                const int64_t sl = a.slot[t], blk = sl / bs, off = sl % bs;
-                T *kd = (T *)kc + ((blk * n_kv + g) * bs + off) * D, *vd = (T *)vc + ((blk * n_kv + g) * bs + off) * D;
-                for (int i = tid; i < D; i += DEC_THREADS) {
-                    kd[i] = from_f32<T>(s_kn[i]);
-                    vd[i] = from_f32<T>(s_vn[i]);
-                }
-            }
         }
         if (tid < GMAX) {
             s_m[tid] = -INFINITY;
@@ -507,23 +508,32 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         float o[GPT][2];
 #pragma unroll
         for (int k = 0; k < GPT; k++) o[k][0] = o[k][1] = 0.0f;
-        __syncthreads(); /* sq, s_m, s_l */
+        __syncthreads(); /* sq, s_m, s_l; the rotated new K in s_kn */
+        if (owner) { /* the new K and V into the cache, for later steps (this block reads s_kn) */
+            const int64_t blk = new_slot / bs, off = new_slot % bs;
+            T *kd = (T *)kc + ((blk * n_kv + g) * bs + off) * D, *vd = (T *)vc + ((blk * n_kv + g) * bs + off) * D;
+            for (int i = tid; i < D; i += DEC_THREADS) {
+                kd[i] = from_f32<T>(s_kn[i]);
+                vd[i] = from_f32<T>(s_vn[i]);
+            }
+        }
 
         for (int it = 0; it < n_st; it++) {
             const int st = it & 1, kb = kb0 + it * NK;
-            if (it + 1 < n_st) dec_load<T, D>(skv + (size_t)(st ^ 1) * 2 * NK * LD, kc, vc, table, kb + NK, ke, bs, n_kv, g, tid);
+            if (it + 1 < n_st)
+                dec_load<T, D>(skv + (size_t)(st ^ 1) * 2 * NK * LD, kc, vc, table, kb + NK, ke, skip, bs, n_kv, g, tid);
             cp_async_commit();
-            cp_async_wait<1>(); /* this stage's group is complete */
-            __syncthreads();
-            const T *sk = skv + (size_t)st * 2 * NK * LD, *sv = sk + NK * LD;
-            if (owner && pos - kb < NK) { /* the new key's row: what this block stored, not the cache's */
+            if (owner && pos - kb < NK) { /* the new key's row (not copied: see skip) from s_kn / s_vn */
                 T *nk = skv + (size_t)st * 2 * NK * LD + (pos - kb) * LD;
                 for (int i = tid; i < D; i += DEC_THREADS) {
                     nk[i] = from_f32<T>(s_kn[i]);
                     nk[NK * LD + i] = from_f32<T>(s_vn[i]);
                 }
-                __syncthreads();
             }
+            cp_async_wait<1>(); /* this stage's group is complete */
+            __syncthreads();
+            const T *sk = skv + (size_t)st * 2 * NK * LD, *sv = sk + NK * LD;
+            const int nj = min(NK, ke - kb); /* the stage's keys; the rest score -inf */
 
             { /* A: scores */
                 const int j = tid / P, part = tid % P;
@@ -594,7 +604,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                 }
             }
 #pragma unroll 4
-            for (int j = 0; j < NK; j++) {
+            for (int j = 0; j < nj; j++) {
                 const float2 v = load_pair<T>(sv + j * LD + 2 * dp);
 #pragma unroll
                 for (int k = 0; k < GPT; k++) {

@@ -1045,6 +1045,7 @@ static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, stru
     }
     cuda_rope_freq_fill(f, r, cb->stream);
     check_launch(cb, "rope table");
+    cuda_pdl_fence = 1; /* the fused decode attention reads the table before its PDL wait */
     cb->rope_tab[cb->n_rope_tab].key = *r;
     cb->rope_tab[cb->n_rope_tab++].freq = f;
     r->freq = f;
