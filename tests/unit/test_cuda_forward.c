@@ -343,6 +343,40 @@ static void test_real_models(void) {
     if (!ran) t_skip("no real models under models/ (make models) and SMELT_CUDA_MODELS unset");
 }
 
+/* A step's input uploads are gathered into one copy (cu_upload): ascending tensors with
+ * small gaps, a tensor allocated between them and not uploaded, one beyond the gap limit,
+ * one uploaded twice (out of order: a new run), and an upload after the input phase (the
+ * first download ends it) must all land as written. Two steps: the runs restart. */
+static void test_step_uploads(void) {
+    const int64_t n[6] = {5, 17, 1, 300, 2000, 64};
+    for (int rep = 0; rep < 2; rep++) {
+        bk_step_begin(gpu);
+        struct tensor *t[6];
+        int32_t *h[6], *got[6];
+        for (int i = 0; i < 6; i++) {
+            t[i] = bk_new(gpu, QT_I32, n[i], 1, 1);
+            if (i == 1) bk_new(gpu, QT_I32, 1000, 1, 1); /* a hole in the run */
+            if (i == 3) bk_new(gpu, QT_I32, 8192, 1, 1); /* past the gap limit: a second run */
+            h[i] = malloc(sizeof(int32_t) * (size_t)n[i]);
+            got[i] = malloc(sizeof(int32_t) * (size_t)n[i]);
+            for (int64_t j = 0; j < n[i]; j++) h[i][j] = (int32_t)(1000 * rep + 100 * i + j);
+        }
+        for (int i = 0; i < 5; i++) bk_upload(gpu, t[i], h[i], sizeof(int32_t) * (size_t)n[i]);
+        for (int64_t j = 0; j < n[0]; j++) h[0][j] = -h[0][j]; /* again, out of order */
+        bk_upload(gpu, t[0], h[0], sizeof(int32_t) * (size_t)n[0]);
+        bk_download(gpu, got[0], t[0], sizeof(int32_t) * (size_t)n[0]); /* ends the input phase */
+        bk_upload(gpu, t[5], h[5], sizeof(int32_t) * (size_t)n[5]);    /* copied at once */
+        for (int i = 1; i < 6; i++) bk_download(gpu, got[i], t[i], sizeof(int32_t) * (size_t)n[i]);
+        struct err e;
+        T_EQ_INT(bk_sync(gpu, &e), SMELT_OK);
+        for (int i = 0; i < 6; i++) {
+            T_CHECKF(memcmp(got[i], h[i], sizeof(int32_t) * (size_t)n[i]) == 0, "step %d tensor %d", rep, i);
+            free(h[i]);
+            free(got[i]);
+        }
+    }
+}
+
 int main(void) {
     if (cuda_device_count() == 0) {
         printf("SKIP test_cuda_forward: no CUDA device on this machine\n");
@@ -353,6 +387,7 @@ int main(void) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
+    T_RUN(test_step_uploads);
     T_RUN(test_gpu_vs_reference);
     T_RUN(test_fixtures);
     T_RUN(test_real_models);

@@ -376,7 +376,34 @@ static void test_mmv_epilogue(void) {
             pre.pre_ss = dss;
             pre.pre_eps = 1e-5f;
             T_EQ_INT(cuda_mmv_multi(&p2, &dza, NULL, 1, NULL, n, sa, 0, &pre, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_mmv_glu(&wg, &wu, 0, NULL, n, dga, sa, &pre, NULL, &e), SMELT_OK);
+            struct cuda_mmv_epi glu_epi = pre; /* the GLU output's int8 form too (small GLUs) */
+            void *sg, *sq;
+            CK(cudaMalloc(&sg, cuda_mmv_scratch_bytes(r2, n)));
+            CK(cudaMalloc(&sq, cuda_mmv_scratch_bytes(r2, n)));
+            cuda_mmv_scratch_parts(sg, r2, n, &glu_epi.post_xq, &glu_epi.post_xd, &glu_epi.post_xs);
+            glu_epi.post_cnt = cnt;
+            T_EQ_INT(cuda_mmv_glu(&wg, &wu, 0, NULL, n, dga, sa, &glu_epi, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_quantize(dga, r2, n, sq, NULL, &e), SMELT_OK);
+            int qsame = 1;
+            {
+                int8_t *gq[2];
+                void *gd[2];
+                float *gs[2];
+                cuda_mmv_scratch_parts(sg, r2, n, &gq[0], &gd[0], &gs[0]);
+                cuda_mmv_scratch_parts(sq, r2, n, &gq[1], &gd[1], &gs[1]);
+                const size_t part[3] = {(size_t)(n * r2), (size_t)(n * r2 / 32) * 8, (size_t)(n * r2 / 16) * 4};
+                const void *pa[3] = {gq[0], gd[0], gs[0]}, *pb[3] = {gq[1], gd[1], gs[1]};
+                for (int i = 0; i < 3; i++) {
+                    uint8_t *ha = malloc(part[i]), *hb = malloc(part[i]);
+                    CK(cudaMemcpy(ha, pa[i], part[i], cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hb, pb[i], part[i], cudaMemcpyDeviceToHost));
+                    qsame &= memcmp(ha, hb, part[i]) == 0;
+                    free(ha);
+                    free(hb);
+                }
+            }
+            cudaFree(sg);
+            cudaFree(sq);
             /* plain chain */
             T_EQ_INT(cuda_mmv_pre(&w1, dx, n, dyb, sx, 1, NULL, &e), SMELT_OK);
             T_EQ_INT(cuda_mmv_norm_quantize(dyb, r1, dnw, 1e-5f, r1, n, sb, NULL, NULL, &e), SMELT_OK);
@@ -403,9 +430,11 @@ static void test_mmv_epilogue(void) {
                 rg += (double)gb[i] * gb[i];
             }
             double relz = sqrt(ez / (rz + 1e-30)), relg = sqrt(eg / (rg + 1e-30));
-            printf("mmv epilogue %-5s n=%d: residual %s, product rel RMS %.2e, glu %.2e, counters %s\n",
-                   qtype_name(type), n, ysame ? "identical" : "DIFFERS", relz, relg, czero ? "zero" : "LEFT SET");
+            printf("mmv epilogue %-5s n=%d: residual %s, product rel RMS %.2e, glu %.2e (int8 form %s), counters %s\n",
+                   qtype_name(type), n, ysame ? "identical" : "DIFFERS", relz, relg, qsame ? "identical" : "DIFFERS",
+                   czero ? "zero" : "LEFT SET");
             T_CHECK(ysame);
+            T_CHECK(qsame);
             T_CHECK(czero);
             T_CHECK(relz < 1e-3);
             T_CHECK(relg < 1e-3);

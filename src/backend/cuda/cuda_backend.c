@@ -52,7 +52,7 @@
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
-#define ATT_Q_MAX_K 32768 /* widest attention output (dv x n_head) given an int8 form (att_q) */
+#define ATT_Q_MAX_K 32768 /* widest attention / GLU output given an int8 form (att_q) */
 #define CUDA_GRAPHS 64
 
 struct dchunk {
@@ -77,6 +77,14 @@ struct cuda_backend {
     /* pinned staging */
     unsigned char *pin;
     size_t pin_cap, pin_used;
+    /* A step's input uploads (between step_begin and its first op) are gathered into one
+     * copy: a run of ascending destinations whose staging bytes mirror their device
+     * offsets, gaps included (scratch no kernel has written yet this step). */
+    struct {
+        bool defer;          /* in the step's input phase */
+        unsigned char *dev0; /* the run's first destination; NULL: no run */
+        size_t off0, span;   /* its staging offset and length */
+    } up;
     struct pending_dl *dl;
     int n_dl, cap_dl;
     /* weights */
@@ -119,8 +127,9 @@ struct cuda_backend {
         bool valid;
     } prep;
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
-     * the attention launch itself), for the product that consumes it next (W_o in
-     * cu_matmul_acc), sparing its quantize launch. Valid until any other op runs. */
+     * the attention launch itself) or of a small GLU's output (its epilogue), for the
+     * product that consumes it next (W_o or W_down in cu_matmul_acc), sparing its quantize
+     * launch. Valid until any other op runs. */
     struct {
         void *buf;     /* cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N), fixed (graphs) */
         const void *x; /* the attention output (dv * n_head, n) it is the int8 form of */
@@ -159,7 +168,13 @@ static struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backe
 #define CU_FAIL(cb, rc, what)                                                                  \
     bk_fail(&(cb)->base, SMELT_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(rc))
 
-static bool ok(struct cuda_backend *cb) { return cb->base.status == SMELT_OK; }
+static void up_flush(struct cuda_backend *cb);
+
+/* Every op asks this before its first launch: the pending input copy goes out first. */
+static bool ok(struct cuda_backend *cb) {
+    if (cb->up.defer) up_flush(cb);
+    return cb->base.status == SMELT_OK;
+}
 
 /* ---- profile (SMELT_PROFILE=1) ----
  * Kernels run eagerly on one stream; an event recorded after each kernel (or small group
@@ -495,6 +510,8 @@ static void cu_step_begin(struct backend *b) {
     cb->att_q.valid = false;
     cb->pin_used = 0;
     cb->n_dl = 0;
+    cb->up.defer = true;
+    cb->up.dev0 = NULL;
     if (cb->prof) {
         cb->n_pev = 0;
         *cb->gate_h = 0;
@@ -521,16 +538,55 @@ static void cu_scratch_release(struct backend *b, size_t mark) {
     cb->chunks[cur].used = used;
 }
 
+/* The pending run of input uploads, as one copy. */
+static void up_run_flush(struct cuda_backend *cb) {
+    if (!cb->up.dev0) return;
+    cudaError_t rc = cudaMemcpyAsync(cb->up.dev0, cb->pin + cb->up.off0, cb->up.span, cudaMemcpyHostToDevice,
+                                     cb->stream);
+    if (rc != cudaSuccess) CU_FAIL(cb, rc, "upload");
+    cuda_pdl_fence = 1;
+    cb->up.dev0 = NULL;
+}
+
+/* The end of the input phase: the run goes out, later uploads are copied at once. */
+static void up_flush(struct cuda_backend *cb) {
+    cb->up.defer = false;
+    up_run_flush(cb);
+}
+
+#define UP_GAP_MAX 4096 /* device bytes between two inputs that one copy still spans */
+
 static void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
     struct cuda_backend *cb = cu_of(b);
+    unsigned char *d = dst->data;
     size_t off;
+    if (cb->up.defer && cb->up.dev0) {
+        /* extend the run when d lies a little past it and its mirrored staging offset is
+         * still free; the staging must not grow (that syncs and moves the buffer) */
+        const unsigned char *end = cb->up.dev0 + cb->up.span;
+        const size_t at = cb->up.off0 + (size_t)(d - cb->up.dev0);
+        if (d >= end && (size_t)(d - end) <= UP_GAP_MAX && at >= cb->pin_used && at + nbytes <= cb->pin_cap) {
+            memset(cb->pin + cb->pin_used, 0, at - cb->pin_used);
+            memcpy(cb->pin + at, src, nbytes);
+            cb->pin_used = (at + nbytes + 63) & ~(size_t)63;
+            cb->up.span = (size_t)(d - cb->up.dev0) + nbytes;
+            return;
+        }
+        up_run_flush(cb);
+    }
     unsigned char *p = pin_take(cb, nbytes, &off);
     if (!p) {
         bk_fail(b, SMELT_ERR_NOMEM, "pinned staging: out of memory (%zu bytes)", nbytes);
         return;
     }
     memcpy(p, src, nbytes);
-    cudaError_t rc = cudaMemcpyAsync(dst->data, p, nbytes, cudaMemcpyHostToDevice, cb->stream);
+    if (cb->up.defer) { /* a new run */
+        cb->up.dev0 = d;
+        cb->up.off0 = off;
+        cb->up.span = nbytes;
+        return;
+    }
+    cudaError_t rc = cudaMemcpyAsync(d, p, nbytes, cudaMemcpyHostToDevice, cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "upload");
     cuda_pdl_fence = 1;
 }
@@ -566,6 +622,7 @@ static void cu_download(struct backend *b, void *dst, const struct tensor *src, 
 
 static smelt_status cu_sync(struct backend *b, struct err *e) {
     struct cuda_backend *cb = cu_of(b);
+    up_flush(cb);
     if (cb->prof) *cb->gate_h = 1;
     cudaError_t rc = cudaStreamSynchronize(cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "GPU step");
@@ -1392,14 +1449,22 @@ static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tenso
             xn = prenormed(cb, x, pre);
             if (!xn) return;
         }
-        /* (Quantizing the output here for the down product, by the block that completes each
-         * 32-row group, measured slower than the separate quantize launch on the H200: 358 vs
-         * 394 tok/s, 8B Q4_K_M tg128; the GLU launch has 3,584 blocks.) */
-        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc, epi.pre_ss ? &epi : NULL,
-                         cb->stream, &e) != SMELT_OK)
+        /* The output's int8 form for the down product (att_q), made by the block that
+         * completes each 32-row group instead of a quantize launch, on small GLUs only
+         * (H200, tg128): Qwen2.5-0.5B Q8_0 (4864x896) +2.3%; Llama-3-8B Q4_K_M (14336x4096,
+         * 3,584 blocks) 394 -> 358 tok/s, there the launch is cheaper. */
+        const bool qout = sc && cb->att_q.buf && qg->rows % 32 == 0 && qg->rows <= ATT_Q_MAX_K &&
+                          qg->rows * qg->k <= ((int64_t)16 << 20) && dst->nb[1] == (size_t)qg->rows * sizeof(float);
+        if (qout) {
+            epi.post_cnt = cb->prep.cnt;
+            cuda_mmv_scratch_parts(cb->att_q.buf, qg->rows, (int)n, &epi.post_xq, &epi.post_xd, &epi.post_xs);
+        }
+        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
+                         epi.pre_ss || qout ? &epi : NULL, cb->stream, &e) != SMELT_OK)
             bk_fail(b, e.code, "%s", e.msg);
-        prof_mark(cb, qg->bytes + qu->bytes, "mmv glu %s 2x%lldx%lld n=%d", qtype_name(qg->type),
-                  (long long)qg->rows, (long long)qg->k, (int)n);
+        prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
+                  qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
+        if (qout && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true};
         cu_scratch_release(b, mark);
         return;
     }
@@ -1471,7 +1536,7 @@ static struct graph_ent *graph_find(struct cuda_backend *cb, uint64_t key) {
 
 static bool cu_graph_replay(struct backend *b, uint64_t key) {
     struct cuda_backend *cb = cu_of(b);
-    if (cb->no_graph) return false;
+    if (!ok(cb) || cb->no_graph) return false;
     struct graph_ent *g = graph_find(cb, key);
     if (!g || !g->exec) return false;
     g->last_use = ++cb->clock;

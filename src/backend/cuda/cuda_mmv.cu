@@ -215,8 +215,9 @@ struct mmv_acc {
         }
     }
     /* GLU: v[0] is the gate, v[1] the up projection of row row0 (rows = the matrices').
-     * Only `writer` stores. */
-    __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu, bool writer = true) {
+     * Only `writer` stores; per_block: output rows per block (the epilogue's grouping). */
+    __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu, bool writer = true,
+                                              int per_block = MMV_WARPS) {
         const int rows = m.end[0];
         float sc[N];
         pre_scale(m, lane, sc);
@@ -225,6 +226,7 @@ struct mmv_acc {
             const float g = warp_sum(v[0][t]) * sc[t], u = warp_sum(v[R - 1][t]) * sc[t];
             if (lane == 0 && writer) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
         }
+        if (m.epi.post_cnt) post_quantize(m, per_block);
     }
     /* Only `writer` stores; per_block: output rows per block (the epilogue's grouping). */
     __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate, bool writer = true,
@@ -423,7 +425,7 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
         }
     }
     const bool wr = acc.template ks_reduce<KS>(lane);
-    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr); /* accumulate carries the act */
+    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr, KS > 1 ? 1 : MMV_WARPS); /* accumulate carries the act */
     else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
@@ -531,7 +533,7 @@ static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int ro
     }
     if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
     const bool wr = acc.template ks_reduce<KS>(lane);
-    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr); /* accumulate carries the act */
+    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr, KS > 1 ? 1 : MMV_WARPS); /* accumulate carries the act */
     else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
@@ -604,7 +606,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     }
     if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
     const bool wr = acc.template ks_reduce<KS>(lane);
-    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr); /* accumulate carries the act */
+    if (GLU) acc.store_glu(m, row0, lane, accumulate, wr, KS > 1 ? 1 : MMV_WARPS); /* accumulate carries the act */
     else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
@@ -881,11 +883,21 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
          * more warps: 14336x4096 GLU 21.3 -> 20.4 us, 4096x14336 13.4 -> 11.7 us); the
          * 128k-row output matrix runs best with one (91.8 -> 84.1 us) */
         if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+        /* short and long rows (0.5B's 896x4864): split k over the block's warps, 4.31 -> 2.29 us */
+        if (N == 1 && !GLU && k >= 4096 && rows < 2048)
+            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
         if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, xs, k, acc);
         return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     case QT_Q6_K:
         if (N == 1 && cuda_mmv_variant > 0)
             return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+        /* one token (same bench, 2026-12-01): short and long rows (0.5B's 896x4864) split k
+         * over the block's warps, 5.0 -> 2.2 us. 4096x14336 (Q4_K_M's Q6_K down layers)
+         * measured 17.6 -> 14.3 us alone with 4 rows, one unit and split-K, but 8B Q4_K_M
+         * tg128 fell 456 -> 452 tok/s with it (behind its next-norm epilogue): not taken.
+         * GLU, 4096x4096 and the output matrix: 2 rows, 2 units (within 1% of the best). */
+        if (N == 1 && !GLU && k >= 4096 && rows < 2048)
+            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
         return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
     default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, xs, k, acc);
     }
@@ -1031,7 +1043,7 @@ extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const stru
     m.end[1] = m.end[2] = m.end[0]; /* both matrices span the same rows */
     m.k = (int)gate->k;
     if (epi) {
-        if (epi->post_cnt || (epi->pre_ss && !cuda_mmv_needs_quant(gate->type)))
+        if (!cuda_mmv_needs_quant(gate->type) || (epi->post_cnt && gate->rows % 32 != 0))
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: unsupported epilogue");
         m.epi = *epi;
     }

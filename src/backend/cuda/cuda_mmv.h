@@ -72,8 +72,8 @@ smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, f
  *     next product: post_xq/post_xd/post_xs get the int8 form of post_w * y (of y when
  *     post_w is NULL) in cuda_mmv_quantize's layout, and post_ss (when not NULL) the sums of
  *     squares of y per 32 in pre_ss's layout (n, rows/32), for a next product through an
- *     RMSNorm of weight post_w. One output matrix with rows % 32 == 0, not the GLU's (its
- *     output quantized this way measured slower than a separate quantize launch). */
+ *     RMSNorm of weight post_w. One output matrix with rows % 32 == 0, or the GLU's output
+ *     (the backend asks for it only on small GLUs: see cu_ffn_glu). */
 struct cuda_mmv_epi {
     const float *pre_ss;
     float pre_eps;
