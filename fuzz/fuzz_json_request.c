@@ -3,8 +3,9 @@
  *  - the chat output parser (reasoning and tool calls in every syntax, whose calls are
  *    JSON parsed from model text), fed whole and in small chunks: both must decide the
  *    same content and the same calls (pieces summed by index), pieces in order.
- * The first input byte picks the endpoint, the syntax, the chunk size and whether a forced
- * call's prefill comes first; the rest is the body / text.
+ * The first input byte picks the endpoint, the syntax (bits 1-2; 0 with bit 0 set is
+ * qwen_xml, whose parameters are typed by a fixed tools schema), the chunk size and whether
+ * a forced call's prefill comes first; the rest is the body / text.
  *
  *   make fuzz FUZZ_SECONDS=60      (seeds: fuzz/corpus/json_request, dict: json_request.dict)
  */
@@ -41,12 +42,25 @@ static void take(struct decided *r, struct outp_delta *d) {
     outp_delta_clear(d);
 }
 
+/* The tools of qwen_xml text: f(s: string, i: integer, o: object, b: boolean, u: no type). */
+static json_t *xml_tools(void) {
+    static json_t *t;
+    if (!t)
+        t = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+                       "{\"properties\": {\"s\": {\"type\": \"string\"}, \"i\": {\"type\": "
+                       "\"integer\"}, \"o\": {\"type\": \"object\"}, \"b\": {\"type\": "
+                       "[\"boolean\", \"null\"]}, \"u\": {}}}}}]",
+                       0, NULL);
+    return t;
+}
+
 static void parse_text(enum outp_syntax syn, bool reasoning, bool in_r, const char *prefill,
                        int max_calls, const uint8_t *s, size_t n, size_t step, struct decided *r) {
     struct outp p;
     struct outp_delta d = {0};
     outp_init(&p, syn, reasoning, in_r);
     p.max_calls = max_calls;
+    if (syn == OUTP_QWEN_XML) p.tools = xml_tools();
     if (prefill) {
         outp_prefill(&p, prefill, strlen(prefill), &d);
         take(r, &d);
@@ -101,6 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* the same bytes as model output; bit 7: a forced call's prefill and max_calls 1 */
     enum outp_syntax syn = (enum outp_syntax)((sel >> 1) & 3);
+    if (syn == OUTP_TOOLS_NONE && (sel & 1)) syn = OUTP_QWEN_XML;
     bool reasoning = (sel >> 3) & 1, in_r = (sel >> 4) & 1, forced = (sel >> 7) & 1;
     char *prefill = forced ? outp_force_prefix(syn, "<tool_call>", n & 1 ? "f" : NULL) : NULL;
     struct decided whole = {0}, chunked = {0};
@@ -108,6 +123,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     parse_text(syn, reasoning, in_r, prefill, forced, body, n, 1 + ((sel >> 5) & 3), &chunked);
     /* a stream decides what the whole text decides */
     if (!same(&whole.content, &chunked.content) || !same(&whole.calls, &chunked.calls)) abort();
+    /* qwen_xml writes the arguments itself: each call's is one JSON object, even cut off
+     * (unless the text has a Hermes JSON call, whose arguments are passed on as written:
+     * one needs a literal "name" key) */
+    bool json_call = n >= 6 && memmem(body, n, "\"name\"", 6);
+    for (int k = 0; syn == OUTP_QWEN_XML && !json_call && k < whole.n_calls && k < 8; k++) {
+        const struct jw *a = &whole.args[k];
+        json_t *j = json_loadb(a->p ? a->p : "", a->n, JSON_ALLOW_NUL, NULL);
+        if (!json_is_object(j)) abort();
+        json_decref(j);
+    }
     free(prefill);
     decided_free(&whole);
     decided_free(&chunked);

@@ -907,9 +907,11 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         cp.prefill = NULL; /* g owns it */
         /* Mistral's and Llama's call markers are control tokens: render them */
         if (g->syntax == OUTP_MISTRAL || g->syntax == OUTP_LLAMA3) rq->ep.decode_special = true;
-        /* parallel_tool_calls false: Hermes calls end with </tool_call>, so generation can
-         * stop there (the parser drops anything after the first call in every syntax) */
-        if (g->syntax == OUTP_HERMES && !rq->parallel_tool_calls && rq->ep.n_stop < ENGINE_MAX_STOPS) {
+        /* parallel_tool_calls false: Hermes (and Qwen XML) calls end with </tool_call>, so
+         * generation can stop there (the parser drops anything after the first call in every
+         * syntax) */
+        if ((g->syntax == OUTP_HERMES || g->syntax == OUTP_QWEN_XML) && !rq->parallel_tool_calls &&
+            rq->ep.n_stop < ENGINE_MAX_STOPS) {
             rq->stop[rq->ep.n_stop++] = "</tool_call>";
             rq->ep.stop = rq->stop;
         }
@@ -965,6 +967,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         outp_init(&g->ch[i].op, g->syntax, g->reasoning, g->in_reasoning);
         think_init(g, &g->ch[i]);
         g->ch[i].op.max_calls = rq->parallel_tool_calls ? 0 : 1;
+        g->ch[i].op.tools = rq->tools; /* (qwen_xml: the parameters' types) */
     }
     if (g->rq.max_tokens == 0) {
         /* echo only: drop the generated token */

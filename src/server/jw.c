@@ -65,11 +65,16 @@ void jw_printf(struct jw *w, const char *fmt, ...) {
 }
 
 void jw_json_str(struct jw *w, const char *s, size_t n) {
+    jw_raw(w, "\"", 1);
+    jw_json_chars(w, s, n);
+    jw_raw(w, "\"", 1);
+}
+
+void jw_json_chars(struct jw *w, const char *s, size_t n) {
     /* worst case: every byte becomes \u00XX (6) or U+FFFD (3) */
-    if (!jw_reserve(w, n * 6 + 2)) return;
+    if (!jw_reserve(w, n * 6)) return;
     char *o = w->p + w->n;
     static const char hex[] = "0123456789abcdef";
-    *o++ = '"';
     const uint8_t *u = (const uint8_t *)s;
     size_t i = 0;
     while (i < n) {
@@ -111,7 +116,6 @@ void jw_json_str(struct jw *w, const char *s, size_t n) {
             i += k;
         }
     }
-    *o++ = '"';
     *o = 0;
     w->n = (size_t)(o - w->p);
 }

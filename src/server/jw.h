@@ -27,6 +27,9 @@ void jw_printf(struct jw *w, const char *fmt, ...) __attribute__((format(printf,
 /* Appends s[0..n) as a JSON string literal (with the quotes). Invalid UTF-8 becomes U+FFFD;
  * control characters are escaped; everything else passes through. */
 void jw_json_str(struct jw *w, const char *s, size_t n);
+/* The same without the quotes: the escaped characters of a string literal, so a literal can
+ * be written in pieces (pieces that do not split a UTF-8 character give the same text). */
+void jw_json_chars(struct jw *w, const char *s, size_t n);
 /* Appends an integer / a float in JSON (non-finite floats become null; -inf logprobs are
  * written as -9999.0 as OpenAI does). */
 void jw_int(struct jw *w, int64_t v);

@@ -7,6 +7,12 @@
  * "arguments" value's bytes out as they arrive, and skips any other member. Markers are
  * searched in `pend` only, which never holds more than a marker's length of undecided
  * text, and the scanner sees each byte once, so the work per push is linear in the push.
+ *
+ * qwen_xml regions have their own scanner (scan_xml): tags instead of JSON, the same
+ * bookkeeping (a region is given back until its name is out, then committed). It reads a
+ * name or key into a capped buffer byte by byte, and a value up to "</parameter>" with
+ * memchr for '<'; a string value is written out (escaped) as it comes, a typed one is held
+ * until its end.
  */
 #include "server/outp.h"
 
@@ -43,6 +49,16 @@ enum {
     CS_MDONE = 11, /* mistral: the value after [ARGS] ended the call (a vnext only) */
 };
 
+/* The qwen_xml scanner (its own numbers: p->cs holds one or the other). */
+enum {
+    XS_BEGIN = 20, /* after <tool_call>: <function=, or a JSON call */
+    XS_FNAME = 21, /* in the name, up to ">" */
+    XS_BODY = 22,  /* in a call: <parameter=, </function>, ... (other text is dropped) */
+    XS_PNAME = 23, /* in a parameter's key, up to ">" */
+    XS_PVAL = 24,  /* in a value, up to </parameter> */
+    XS_FEND = 25,  /* after </function>: </tool_call>, or another call */
+};
+
 enum { V_CONTAINER = 0, V_STRING = 1, V_SCALAR = 2 };
 enum { SCAN_MORE = 0, SCAN_NEXT = 1 };
 
@@ -56,11 +72,23 @@ enum { SCAN_MORE = 0, SCAN_NEXT = 1 };
 #define PYTHON_TAG "<|python_tag|>"
 #define MAX_NAME 1024    /* bytes of a name string before it is not a call */
 #define MAX_MNAME 512    /* bytes before [ARGS] */
+#define XML_FUNC "<function="
+#define XML_FUNC_CLOSE "</function>"
+#define XML_PARAM "<parameter="
+#define XML_PARAM_CLOSE "</parameter>"
+#define MAX_XNAME 256 /* bytes of a qwen_xml function name or parameter key */
 
 /* ---- templates ---- */
 
+/* Qwen3-Coder's family: <tool_call> around <function=...> tags (ByteDance Seed writes the
+ * same tags in <seed:tool_call>, which is not this syntax). */
+static bool is_qwen_xml(const char *src) {
+    return strstr(src, XML_FUNC) && strstr(src, HERMES_OPEN);
+}
+
 enum outp_syntax outp_syntax_of(const char *src) {
     if (!src) return OUTP_HERMES;
+    if (is_qwen_xml(src)) return OUTP_QWEN_XML;
     if (strstr(src, HERMES_OPEN)) return OUTP_HERMES;
     if (strstr(src, MISTRAL_OPEN)) return OUTP_MISTRAL;
     if (strstr(src, PYTHON_TAG) || (strstr(src, "<|start_header_id|>") && strstr(src, "tools")))
@@ -70,8 +98,9 @@ enum outp_syntax outp_syntax_of(const char *src) {
 
 bool outp_syntax_known(const char *src) {
     if (!src) return false;
-    /* Qwen3-Coder writes <tool_call><function=name><parameter=...>: XML, not JSON */
-    if (strstr(src, "<function=")) return false;
+    if (is_qwen_xml(src)) return true;
+    /* <function= tags in another wrapper (<seed:tool_call>): not one smelt reads */
+    if (strstr(src, XML_FUNC)) return false;
     return strstr(src, HERMES_OPEN) || strstr(src, MISTRAL_OPEN) || strstr(src, PYTHON_TAG) ||
            (strstr(src, "<|start_header_id|>") && strstr(src, "tools"));
 }
@@ -80,9 +109,24 @@ bool outp_template_has_tools(const char *src) { return src && strstr(src, "tools
 
 bool outp_template_reasons(const char *src) { return src && strstr(src, THINK_OPEN) != NULL; }
 
+bool outp_force_ok(enum outp_syntax s, const char *name) {
+    if (s != OUTP_QWEN_XML || !name) return true;
+    size_t n = strlen(name);
+    if (n == 0 || n > MAX_XNAME) return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)name[i] <= ' ' || name[i] == '<' || name[i] == '>') return false;
+    return true;
+}
+
 char *outp_force_prefix(enum outp_syntax s, const char *src, const char *name) {
     struct jw w = {0};
-    if (s == OUTP_MISTRAL && src && strstr(src, MISTRAL_ARGS)) {
+    if (s == OUTP_QWEN_XML) {
+        jw_str(&w, HERMES_OPEN "\n" XML_FUNC);
+        if (name) {
+            jw_str(&w, name);
+            jw_str(&w, ">\n");
+        }
+    } else if (s == OUTP_MISTRAL && src && strstr(src, MISTRAL_ARGS)) {
         /* the newer tokenizers: [TOOL_CALLS]name[ARGS]{...} */
         jw_str(&w, MISTRAL_OPEN);
         if (name) {
@@ -232,7 +276,14 @@ static bool prefix_of(const char *s, size_t n, const char *m) {
 static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
 static const char *open_marker(enum outp_syntax s) {
-    return s == OUTP_HERMES ? HERMES_OPEN : s == OUTP_MISTRAL ? MISTRAL_OPEN : NULL;
+    return s == OUTP_HERMES || s == OUTP_QWEN_XML ? HERMES_OPEN
+           : s == OUTP_MISTRAL                    ? MISTRAL_OPEN
+                                                  : NULL;
+}
+
+/* The region is read as Hermes JSON: hermes, or a JSON call inside qwen_xml's tag. */
+static bool hermes_like(const struct outp *p) {
+    return p->syntax == OUTP_HERMES || (p->syntax == OUTP_QWEN_XML && p->xjson);
 }
 
 /* A call region starts (after its marker, or at a bare "{"). */
@@ -245,7 +296,8 @@ static void region_start(struct outp *p, const char *marker) {
     p->committed = false;
     p->have_args = false;
     p->hold.n = 0;
-    p->cs = CS_BEGIN;
+    p->xjson = false;
+    p->cs = p->syntax == OUTP_QWEN_XML ? XS_BEGIN : CS_BEGIN;
     p->state = S_CALL;
 }
 
@@ -363,17 +415,328 @@ static void value_done(struct outp *p, bool truncated) {
 /* Hermes: "</tool_call>" at pend[i] outside a JSON string ends the call early.
  * 1: it is there; 0: it is not; -1: it might be (wait for more text). */
 static int close_at(const struct outp *p, size_t i, bool final) {
-    if (p->syntax != OUTP_HERMES) return 0;
+    if (!hermes_like(p)) return 0;
     const char *s = p->pend.p + i;
     size_t n = p->pend.n - i;
     if (starts(s, n, HERMES_CLOSE)) return 1;
     return prefix_of(s, n, HERMES_CLOSE) && !final ? -1 : 0;
 }
 
+/* ---- qwen_xml ---- */
+
+/* Which of the markers m[0..k) the text s[0..n) starts with: its index; -1: none yet, but
+ * one may (the text is a proper prefix of it and more may come); -2: none. */
+static int marker_of(const char *s, size_t n, const char *const *m, int k, bool final) {
+    bool maybe = false;
+    for (int j = 0; j < k; j++) {
+        if (starts(s, n, m[j])) return j;
+        if (!final && prefix_of(s, n, m[j])) maybe = true;
+    }
+    return maybe ? -1 : -2;
+}
+
+/* A control character (a newline included): never part of a name or key. */
+static bool is_ctl(char c) {
+    return (unsigned char)c < 0x20 || c == 0x7f;
+}
+
+/* s[0..*n) less the whitespace around it. */
+static const char *trim(const char *s, size_t *n) {
+    while (*n && is_space(s[0])) {
+        s++;
+        (*n)--;
+    }
+    while (*n && is_space(s[*n - 1]))
+        (*n)--;
+    return s;
+}
+
+/* The "properties" schema of function name[0..n) in the request's tools (NULL: none). */
+static const json_t *props_of(const json_t *tools, const char *name, size_t n) {
+    size_t i;
+    const json_t *t;
+    if (!json_is_array(tools)) return NULL;
+    json_array_foreach(tools, i, t) {
+        const json_t *fn = json_object_get(t, "function");
+        const json_t *nm = json_object_get(fn, "name");
+        if (json_is_string(nm) && json_string_length(nm) == n &&
+            !memcmp(json_string_value(nm), name, n)) {
+            const json_t *pr = json_object_get(json_object_get(fn, "parameters"), "properties");
+            return json_is_object(pr) ? pr : NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Whether parameter key[0..n) of the current call is a string: its schema type is "string"
+ * (or a list holding it), or no schema gives it a type (the template writes any value as
+ * text; vLLM decides the same). */
+static bool param_is_string(const struct outp *p, const char *key, size_t n) {
+    char k[MAX_XNAME + 1];
+    if (!p->xprops || n > MAX_XNAME || memchr(key, 0, n)) return true;
+    memcpy(k, key, n);
+    k[n] = 0;
+    const json_t *type = json_object_get(json_object_get(p->xprops, k), "type");
+    if (json_is_string(type)) return !strcmp(json_string_value(type), "string");
+    if (!json_is_array(type)) return true;
+    size_t i;
+    const json_t *t;
+    json_array_foreach(type, i, t) {
+        if (json_is_string(t) && !strcmp(json_string_value(t), "string")) return true;
+    }
+    return false;
+}
+
+/* A call's name is out: its arguments object opens. */
+static void xml_call_start(struct outp *p, const char *name, size_t n) {
+    p->xprops = props_of(p->tools, name, n);
+    p->xn = 0;
+    p->have_args = true;
+    jw_raw(&p->args, "{", 1);
+}
+
+/* Writes a string value's text held so far, escaped: all of it at its end (less the
+ * template's trailing newline), else all but a newline that may be that one and an
+ * incomplete UTF-8 character. */
+static void xml_str_flush(struct outp *p, bool end) {
+    size_t n = p->hold.n, keep = 0;
+    if (!n) return;
+    if (end) {
+        if (p->hold.p[n - 1] == '\n') n--;
+    } else {
+        keep = utf8_tail(p->hold.p, n);
+        if (!keep && p->hold.p[n - 1] == '\n') keep = 1;
+    }
+    jw_json_chars(&p->args, p->hold.p, n - keep);
+    if (end)
+        p->hold.n = 0;
+    else
+        consume(&p->hold, n - keep);
+}
+
+/* A parameter's key is complete: its member begins ("KEY": and a string's quote). */
+static void xml_param_start(struct outp *p, const char *key, size_t n) {
+    p->xstr = param_is_string(p, key, n);
+    p->xstarted = false;
+    p->hold.n = 0;
+    if (p->xn++) jw_raw(&p->args, ", ", 2);
+    jw_json_str(&p->args, key, n);
+    jw_str(&p->args, p->xstr ? ": \"" : ": ");
+}
+
+/* Text of the current value (the template's leading newline dropped). */
+static void xml_value(struct outp *p, const char *s, size_t n) {
+    if (!p->xstarted) {
+        p->xstarted = true;
+        if (n && s[0] == '\n') {
+            s++;
+            n--;
+        }
+    }
+    jw_raw(&p->hold, s, n);
+    if (p->xstr) xml_str_flush(p, false);
+}
+
+/* The current value ended (at </parameter>, or cut off): its member is complete. */
+static void xml_param_end(struct outp *p) {
+    if (p->xstr) {
+        xml_str_flush(p, true);
+        jw_raw(&p->args, "\"", 1);
+        return;
+    }
+    size_t n = p->hold.n;
+    const char *s = trim(p->hold.p ? p->hold.p : "", &n);
+    /* the templates write a boolean or null with Jinja's `string`: Python's spelling */
+    const char *lit = n == 4 && !memcmp(s, "True", 4)    ? "true"
+                      : n == 5 && !memcmp(s, "False", 5) ? "false"
+                      : n == 4 && !memcmp(s, "None", 4)  ? "null"
+                                                         : NULL;
+    if (lit) {
+        jw_str(&p->args, lit);
+    } else {
+        json_t *j = n ? json_loadb(s, n, JSON_DECODE_ANY, NULL) : NULL;
+        if (j)
+            jw_raw(&p->args, s, n); /* valid JSON (and UTF-8): as the model wrote it */
+        else
+            jw_json_str(&p->args, s, n);
+        json_decref(j);
+    }
+    p->hold.n = 0;
+}
+
+/* The current call ended (at </function>, or cut off): its object is closed. Returns true
+ * when max_calls is reached. */
+static bool xml_call_end(struct outp *p, struct outp_delta *d, struct scan *sc) {
+    if (p->cs == XS_PVAL) xml_param_end(p);
+    jw_raw(&p->args, "}", 1);
+    return call_done(p, d, sc);
+}
+
+/* The qwen_xml scanner over pend (as scan). Names and keys are read byte by byte into
+ * buffers capped at MAX_XNAME; each decision looks at most a marker's length ahead, so it
+ * is the same however the text is cut. Before a call's name is out, anything unexpected
+ * gives the region back as content; after, stray text inside the call is dropped. */
+static int scan_xml(struct outp *p, struct outp_delta *d, bool final) {
+    static const char *const func_m[] = {XML_FUNC};
+    static const char *const pclose_m[] = {XML_PARAM_CLOSE};
+    /* in a call (XS_BODY) or after one (XS_FEND) */
+    static const char *const body_m[] = {XML_PARAM, XML_FUNC_CLOSE, HERMES_CLOSE, HERMES_OPEN,
+                                         XML_FUNC};
+    enum { M_PARAM, M_FCLOSE, M_CLOSE, M_OPEN, M_FUNC };
+    struct jw *b = &p->pend;
+    struct scan sc = {0, 0};
+    while (sc.i < b->n) {
+        const char *s = b->p + sc.i;
+        size_t n = b->n - sc.i;
+        char ch = s[0];
+        switch (p->cs) {
+        case XS_BEGIN: {
+            if (is_space(ch)) {
+                sc.i++;
+                break;
+            }
+            if (ch == '{' || ch == '[') {
+                /* a Hermes JSON call in the tag: the JSON scanner reads the region */
+                record(p, &sc);
+                consume(b, sc.i);
+                p->xjson = true;
+                p->cs = CS_BEGIN;
+                return SCAN_NEXT;
+            }
+            int m = marker_of(s, n, func_m, 1, final);
+            if (m == -1) goto more;
+            if (m < 0) return fail(p, d, &sc);
+            sc.i += strlen(XML_FUNC);
+            p->name.n = 0;
+            p->cs = XS_FNAME;
+            break;
+        }
+        case XS_FNAME:
+            if (ch == '>') {
+                sc.i++;
+                size_t nl = p->name.n;
+                const char *nm = trim(p->name.p ? p->name.p : "", &nl);
+                /* (a name is one word: "<function=a b>" is prose, not a call) */
+                if (!nl || memchr(nm, ' ', nl)) return fail(p, d, &sc);
+                commit(p, d, &sc, nm, nl);
+                xml_call_start(p, nm, nl);
+                p->cs = XS_BODY;
+                break;
+            }
+            /* not a name (a control character, '<', too long): the region (up to here) is
+             * content, the rest is read again */
+            if (is_ctl(ch) || ch == '<' || p->name.n >= MAX_XNAME) return fail(p, d, &sc);
+            sc.i++;
+            jw_raw(&p->name, &ch, 1);
+            break;
+        case XS_BODY:
+        case XS_FEND: {
+            if (is_space(ch)) {
+                sc.i++;
+                break;
+            }
+            int m = ch == '<' ? marker_of(s, n, body_m, 5, final) : -2;
+            if (m == -1) goto more;
+            if (final && m == -2 && ch == '<' && marker_of(s, n, body_m, 5, false) == -1) {
+                sc.i = b->n; /* cut off inside a tag: the tag was no text */
+                break;
+            }
+            bool in_call = p->cs == XS_BODY;
+            if (!in_call && (m == -2 || m == M_PARAM || m == M_FCLOSE))
+                return region_end(p, &sc, S_AFTER); /* text after the call: content */
+            if (m == -2) {
+                sc.i++; /* stray text inside the call: dropped */
+                break;
+            }
+            if (m == M_PARAM) {
+                sc.i += strlen(XML_PARAM);
+                p->key.n = 0;
+                p->cs = XS_PNAME;
+                break;
+            }
+            /* every other marker ends the call (a missing </function> is forgiven) */
+            sc.i += strlen(body_m[m]);
+            if (in_call && xml_call_end(p, d, &sc)) return region_end(p, &sc, S_DROP);
+            if (m == M_CLOSE) return region_end(p, &sc, S_AFTER);
+            if (m == M_OPEN) { /* the next region (its close tag was missing) */
+                consume(b, sc.i);
+                region_start(p, HERMES_OPEN);
+                p->hide_marker = false;
+                return SCAN_NEXT;
+            }
+            if (m == M_FUNC) { /* the next call in the same region */
+                p->name.n = 0;
+                p->cs = XS_FNAME;
+                break;
+            }
+            p->cs = XS_FEND; /* M_FCLOSE */
+            break;
+        }
+        case XS_PNAME:
+            if (ch == '>') {
+                sc.i++;
+                size_t kl = p->key.n;
+                const char *k = trim(p->key.p ? p->key.p : "", &kl);
+                if (!kl) {
+                    p->cs = XS_BODY; /* no key: the parameter is dropped */
+                    break;
+                }
+                xml_param_start(p, k, kl);
+                p->cs = XS_PVAL;
+                break;
+            }
+            if (is_ctl(ch) || ch == '<' || p->key.n >= MAX_XNAME) {
+                p->cs = XS_BODY; /* not a key: the parameter is dropped as stray text */
+                break;
+            }
+            sc.i++;
+            jw_raw(&p->key, &ch, 1);
+            break;
+        case XS_PVAL: {
+            const char *lt = memchr(s, '<', n);
+            size_t span = lt ? (size_t)(lt - s) : n;
+            if (span) {
+                xml_value(p, s, span);
+                sc.i += span;
+                break;
+            }
+            int m = marker_of(s, n, pclose_m, 1, final);
+            if (m == -1) goto more;
+            /* (cut off inside the close tag: the tag, not the value) */
+            if (m == 0 || (final && prefix_of(s, n, XML_PARAM_CLOSE))) {
+                sc.i += m == 0 ? strlen(XML_PARAM_CLOSE) : n;
+                xml_param_end(p);
+                p->cs = XS_BODY;
+                break;
+            }
+            xml_value(p, s, 1); /* a '<' of the value */
+            sc.i++;
+            break;
+        }
+        default:
+            return fail(p, d, &sc);
+        }
+    }
+more:
+    if (final) {
+        sc.i = b->n;
+        if (p->committed) { /* cut off inside a call: it keeps what it got, closed */
+            xml_call_end(p, d, &sc);
+            return region_end(p, &sc, S_AFTER);
+        }
+        if (p->cs == XS_FEND) return region_end(p, &sc, S_AFTER);
+        return fail(p, d, &sc);
+    }
+    record(p, &sc);
+    consume(b, sc.i);
+    return SCAN_MORE;
+}
+
 /* Runs the call scanner over pend. SCAN_NEXT: the text state changed (run it);
  * SCAN_MORE: everything was read (or the rest waits for more text). */
 static int scan(struct outp *p, struct outp_delta *d, bool final) {
     struct jw *b = &p->pend;
+    if (p->syntax == OUTP_QWEN_XML && !p->xjson) return scan_xml(p, d, final);
     struct scan sc = {0, 0};
     while (sc.i < b->n) {
         char ch = b->p[sc.i];
@@ -553,9 +916,9 @@ static int scan(struct outp *p, struct outp_delta *d, bool final) {
                 sc.i++;
                 sc.rec = sc.i;
                 p->list = false;
-                if (p->syntax != OUTP_HERMES) return region_end(p, &sc, S_AFTER);
+                if (!hermes_like(p)) return region_end(p, &sc, S_AFTER);
                 p->cs = CS_TAIL;
-            } else if (!p->list && p->syntax == OUTP_HERMES) {
+            } else if (!p->list && hermes_like(p)) {
                 p->cs = CS_TAIL;
             } else if (!p->list && p->syntax == OUTP_LLAMA3 && ch == ';') {
                 sc.i++;

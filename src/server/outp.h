@@ -14,7 +14,10 @@
  *            [TOOL_CALLS]name[ARGS]{...} (newer Mistral tokenizers), repeated
  *   llama3   the reply is {"name": ..., "parameters": {...}} (optionally after
  *            <|python_tag|>), or several such objects separated by ";"
- * With hermes and mistral, a reply that is nothing but a JSON call object (small models
+ *   qwen_xml <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...
+ *            </function>\n</tool_call>, repeated (Qwen3-Coder, Qwen3.5, Nemotron 3); a
+ *            Hermes JSON object inside the tag is read as hermes reads it
+ * With hermes, mistral and qwen_xml, a reply that is nothing but a JSON call object (small models
  * often drop the tags) is taken as a call too: it is held to the end and is content
  * unless the whole reply parses as a call.
  *
@@ -24,6 +27,15 @@
  * (or "parameters") value as the model wrote it (a JSON string value is given decoded, a
  * missing or null one is "{}"); concatenating a call's pieces gives them whole. Pieces
  * never split a UTF-8 character.
+ *
+ * qwen_xml has no JSON to pass on: the parser writes the arguments object itself, one
+ * "KEY": VALUE member per parameter. A parameter whose schema type (in the request's tools)
+ * is "string", or that has no schema, is a JSON string: its text less the one newline the
+ * template writes on each side; it streams as it arrives. Any other parameter is written
+ * when its </parameter> arrives: its trimmed text as is when that is JSON (a number, true,
+ * an object, ...; Python's True / False / None, which the templates write for booleans and
+ * null, become JSON's), else as a string. So the arguments are always one valid JSON object,
+ * closed even when the reply is cut off. A value ends only at </parameter>.
  *
  * Until a call's name is complete, its text is held: if it turns out not to be a call
  * ("<tool_call>" followed by something that is not a call object), it is given back as
@@ -50,6 +62,7 @@ enum outp_syntax {
     OUTP_HERMES = 1,
     OUTP_MISTRAL = 2,
     OUTP_LLAMA3 = 3,
+    OUTP_QWEN_XML = 4,
 };
 
 /* The syntax a chat template's source uses (OUTP_HERMES when it says nothing). */
@@ -65,6 +78,9 @@ bool outp_template_reasons(const char *tmpl_src);
  * name is NULL (tool_choice "required"), else that one. malloc'd; NULL on OOM or for
  * OUTP_TOOLS_NONE. */
 char *outp_force_prefix(enum outp_syntax s, const char *tmpl_src, const char *name);
+/* Whether a call of function `name` can be written in syntax s (qwen_xml writes the name
+ * bare between "<function=" and ">"). */
+bool outp_force_ok(enum outp_syntax s, const char *name);
 
 /* One piece of a tool call. */
 struct outp_call {
@@ -86,6 +102,8 @@ struct outp {
     enum outp_syntax syntax;
     bool reasoning;     /* look for <think> */
     int max_calls;      /* > 0: text after this many calls is dropped */
+    const struct json_t *tools; /* the request's tools (borrowed; may be NULL): qwen_xml
+                                 * reads the parameters' schema types there */
     int state, cs;      /* internal: the text state, the call scanner's state */
     struct jw pend;     /* text not yet classified */
     struct jw call;     /* text of a call region whose name is not out yet (given back) */
@@ -107,6 +125,12 @@ struct outp {
     bool hide_marker;   /* the region's marker came from the prefill */
     size_t hide;        /* bytes at the start of `call` that came from the prefill */
     bool bad;           /* allocation failure */
+    /* qwen_xml */
+    const struct json_t *xprops; /* the current call's "properties" schema (NULL: unknown) */
+    int xn;                      /* parameters written in the current call */
+    bool xjson;                  /* this region holds a JSON call (read as hermes) */
+    bool xstr;                   /* the current parameter is a string (streamed) */
+    bool xstarted;               /* the current parameter's value has begun */
 };
 
 /* syntax: OUTP_TOOLS_NONE when the request has no tools (or tool_choice none).

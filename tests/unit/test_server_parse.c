@@ -1,5 +1,5 @@
-/* Server parsing: chat output parsing (reasoning, tool calls in the hermes, mistral and
- * llama3 syntaxes) fed whole and byte by byte (a stream must decide exactly what the
+/* Server parsing: chat output parsing (reasoning, tool calls in the hermes, mistral, llama3
+ * and qwen_xml syntaxes) fed whole and byte by byte (a stream must decide exactly what the
  * whole text decides), OpenAI request validation (each bad field is named), and the JSON
  * string writer against jansson's parser. */
 #include <jansson.h>
@@ -48,9 +48,11 @@ static void take(struct parsed *r, struct outp_delta *d) {
     outp_delta_clear(d);
 }
 
-/* Parses text with chunks of `step` bytes (0: all at once), after prefill (may be NULL). */
-static void run_pre(enum outp_syntax syn, bool reasoning, bool in_reasoning, int max_calls,
-                    const char *prefill, const char *text, size_t step, struct parsed *r) {
+/* Parses text with chunks of `step` bytes (0: all at once), after prefill (may be NULL),
+ * with the request's tools (may be NULL). */
+static void run_tools(enum outp_syntax syn, bool reasoning, bool in_reasoning, int max_calls,
+                      const char *prefill, const json_t *tools, const char *text, size_t step,
+                      struct parsed *r) {
     memset(r, 0, sizeof *r);
     r->shape_ok = true;
     jw_raw(&r->content, "", 0);
@@ -59,6 +61,7 @@ static void run_pre(enum outp_syntax syn, bool reasoning, bool in_reasoning, int
     struct outp_delta d = {0};
     outp_init(&p, syn, reasoning, in_reasoning);
     p.max_calls = max_calls;
+    p.tools = tools;
     if (prefill) outp_prefill(&p, prefill, strlen(prefill), &d);
     size_t n = strlen(text);
     if (!step) step = n ? n : 1;
@@ -71,6 +74,11 @@ static void run_pre(enum outp_syntax syn, bool reasoning, bool in_reasoning, int
     T_CHECK(!p.bad);
     outp_free(&p);
     outp_delta_free(&d);
+}
+
+static void run_pre(enum outp_syntax syn, bool reasoning, bool in_reasoning, int max_calls,
+                    const char *prefill, const char *text, size_t step, struct parsed *r) {
+    run_tools(syn, reasoning, in_reasoning, max_calls, prefill, NULL, text, step, r);
 }
 
 static void parsed_free(struct parsed *r) {
@@ -282,6 +290,257 @@ static void test_outp_incremental(void) {
     outp_free(&p);
 }
 
+/* ---- qwen_xml (Qwen3-Coder's <function=...> tags) ---- */
+
+/* The request's tools of the qwen_xml cases: get_weather(city: string, days: integer),
+ * set(obj: object, list: array, flag: boolean, none: null, x: number, code: string,
+ * maybe: [string, null], n: [integer, null], any: (no type)), get_time(tz: string). */
+static const char XTOOLS[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": "
+    "{\"type\": \"integer\"}}}}},"
+    " {\"type\": \"function\", \"function\": {\"name\": \"set\", \"parameters\": {\"type\": "
+    "\"object\", \"properties\": {\"obj\": {\"type\": \"object\"}, \"list\": {\"type\": "
+    "\"array\"}, \"flag\": {\"type\": \"boolean\"}, \"none\": {\"type\": \"null\"}, \"x\": "
+    "{\"type\": \"number\"}, \"code\": {\"type\": \"string\"}, \"maybe\": {\"type\": "
+    "[\"string\", \"null\"]}, \"n\": {\"type\": [\"integer\", \"null\"]}, \"any\": "
+    "{\"description\": \"no type\"}}}}},"
+    " {\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"tz\": {\"type\": \"string\"}}}}}]";
+
+#define XW                                                                                         \
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"                 \
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+#define XT                                                                                         \
+    "<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n"                        \
+    "</function>\n</tool_call>"
+#define HUGE64 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define HUGE320 HUGE64 HUGE64 HUGE64 HUGE64 HUGE64
+
+struct xcase {
+    bool tools, reasoning;
+    const char *text;
+    const char *content, *reasoning_out;
+    int n_calls;
+    const char *name0, *args0, *name1, *args1;
+    const char *prefill;
+    int max_calls;
+};
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const struct xcase xcases[] = {
+    /* one call after content; the schema types the parameters */
+    {true, false, "Let me check.\n" XW, "Let me check.", "", 1, "get_weather",
+     "{\"city\": \"Paris\", \"days\": 3}"},
+    /* no tools (no schema): every value is a string */
+    {false, false, XW, "", "", 1, "get_weather", "{\"city\": \"Paris\", \"days\": \"3\"}"},
+    /* two calls after <think>, text after them */
+    {true, true, "<think>two calls</think>\n\n" XW "\n" XT "\nDone.", "Done.", "two calls", 2,
+     "get_weather", "{\"city\": \"Paris\", \"days\": 3}", "get_time", "{\"tz\": \"CET\"}"},
+    /* two calls in one tag (a second <function=) */
+    {true, false,
+     "<tool_call>\n<function=get_time>\n</function>\n<function=get_time>\n<parameter=tz>\nUTC"
+     "\n</parameter>\n</function>\n</tool_call>",
+     "", "", 2, "get_time", "{}", "get_time", "{\"tz\": \"UTC\"}"},
+    /* typed values: JSON as written, Python's True / None, not-JSON as a string; string
+     * types (and no type) keep their text, one newline stripped on each side */
+    {true, false,
+     "<tool_call>\n<function=set>\n<parameter=obj>\n{\"a\": [1, \"</x>\"]}\n</parameter>\n"
+     "<parameter=list>\n [1, 2] \n</parameter>\n<parameter=flag>\nTrue\n</parameter>\n"
+     "<parameter=none>\nNone\n</parameter>\n<parameter=x>\n-1.5e3\n</parameter>\n"
+     "<parameter=n>\nthree\n</parameter>\n<parameter=maybe>\n42\n</parameter>\n"
+     "<parameter=any>\n{\"k\": 1}\n</parameter>\n</function>\n</tool_call>",
+     "", "", 1, "set",
+     "{\"obj\": {\"a\": [1, \"</x>\"]}, \"list\": [1, 2], \"flag\": true, \"none\": null, "
+     "\"x\": -1.5e3, \"n\": \"three\", \"maybe\": \"42\", \"any\": \"{\\\"k\\\": 1}\"}"},
+    /* a string value: escaped; '<', tags that are not </parameter>, inner newlines kept */
+    {true, false,
+     "<tool_call>\n<function=set>\n<parameter=code>\n\nif a<b:\n\tprint(\"S\xc3\xa3o \\\\ "
+     "\xe6\x9d\xb1\")</function></tool_call>\n\n</parameter>\n</function>\n</tool_call>",
+     "", "", 1, "set",
+     "{\"code\": \"\\nif a<b:\\n\\tprint(\\\"S\xc3\xa3o \\\\\\\\ \xe6\x9d\xb1\\\")</function>"
+     "</tool_call>\\n\"}"},
+    /* invalid UTF-8 in a value becomes U+FFFD; an empty value */
+    {true, false,
+     "<tool_call>\n<function=set>\n<parameter=code>\nx\xff\n</parameter>\n<parameter=x>\n\n"
+     "</parameter>\n</function>\n</tool_call>",
+     "", "", 1, "set", "{\"code\": \"x\xef\xbf\xbd\", \"x\": \"\"}"},
+    /* a Hermes JSON call in the tag is read as hermes reads it */
+    {true, false,
+     "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n"
+     "</tool_call>",
+     "", "", 1, "get_time", "{\"tz\": \"CET\"}"},
+    /* missing </function>; a missing </tool_call> before the next call */
+    {true, false,
+     "<tool_call>\n<function=get_time>\n<parameter=tz>\nA\n</parameter>\n</tool_call>"
+     "<tool_call>\n<function=get_time>\n<parameter=tz>\nB\n</parameter>\n</function>\n" XT,
+     "", "", 3, "get_time", "{\"tz\": \"A\"}", "get_time", "{\"tz\": \"B\"}"},
+    /* cut off: a committed call keeps what it got, closed */
+    {true, false, "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", "", "", 1,
+     "get_weather", "{\"city\": \"Par\"}"},
+    {true, false, "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</para", "", "", 1,
+     "get_weather", "{\"days\": 3}"},
+    {true, false, "<tool_call>\n<function=get_weather>\n<parameter=da", "", "", 1, "get_weather",
+     "{}"},
+    {true, false, "<tool_call>\n<function=get_time>\n</function>\n</tool_", "", "", 1,
+     "get_time", "{}"},
+    /* not a call (before the name is out): given back as content, verbatim */
+    {true, false, "<tool_call>\n<function=get_wea", "<tool_call>\n<function=get_wea", "", 0},
+    {true, false, "<tool_call>\n<function=get weather\n<parameter=a>\n1\n</parameter>",
+     "<tool_call>\n<function=get weather\n<parameter=a>\n1\n</parameter>", "", 0},
+    {true, false, "<tool_call><function=not a name> ok", "<tool_call><function=not a name> ok", "",
+     0},
+    {true, false, "<tool_call>\n<function=>x</function></tool_call> ok",
+     "<tool_call>\n<function=>x</function></tool_call> ok", "", 0},
+    {true, false, "<tool_call>\n<funky>\n</tool_call>", "<tool_call>\n<funky>\n</tool_call>", "",
+     0},
+    {true, false, "<tool_call>\n<function=" HUGE320 ">\n</function>\n</tool_call>",
+     "<tool_call>\n<function=" HUGE320 ">\n</function>\n</tool_call>", "", 0},
+    /* a bad parameter key (too long, a newline, empty) drops that parameter only */
+    {true, false,
+     "<tool_call>\n<function=get_weather>\n<parameter=" HUGE320 ">\nx\n</parameter>\n"
+     "<parameter=ci\nty>\ny\n</parameter>\n<parameter=>\nz\n</parameter>\n"
+     "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
+     "", "", 1, "get_weather", "{\"city\": \"Rome\"}"},
+    /* stray text inside a call is dropped */
+    {true, false,
+     "<tool_call>\n<function=get_time> junk <b>\n<parameter=tz>\nX\n</parameter>"
+     "</function></tool_call>",
+     "", "", 1, "get_time", "{\"tz\": \"X\"}"},
+    /* forced calls: named (the call is out before the model writes), required */
+    {true, false, "<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>", "", "", 1,
+     "get_time", "{\"tz\": \"CET\"}", NULL, NULL, "<tool_call>\n<function=get_time>\n", 1},
+    {true, false, "get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>", "", "",
+     1, "get_time", "{\"tz\": \"CET\"}", NULL, NULL, "<tool_call>\n<function=", 1},
+    {true, false, "I cannot", "I cannot", "", 0, NULL, NULL, NULL, NULL,
+     "<tool_call>\n<function=", 1},
+    /* parallel_tool_calls false: the first call only */
+    {true, false, XW "\n" XT " text", "", "", 1, "get_weather",
+     "{\"city\": \"Paris\", \"days\": 3}", NULL, NULL, NULL, 1},
+};
+#pragma GCC diagnostic pop
+
+static void test_outp_xml(void) {
+    json_t *tools = json_loads(XTOOLS, 0, NULL);
+    T_CHECK(json_is_array(tools));
+    for (size_t i = 0; i < sizeof xcases / sizeof xcases[0]; i++) {
+        const struct xcase *c = &xcases[i];
+        for (size_t step = 0; step <= 5; step++) {
+            struct parsed r;
+            run_tools(OUTP_QWEN_XML, c->reasoning, false, c->max_calls, c->prefill,
+                      c->tools ? tools : NULL, c->text, step, &r);
+            T_CHECKF(!strcmp(r.content.p, c->content), "case %zu step %zu: content '%s' want '%s'",
+                     i, step, r.content.p, c->content);
+            T_CHECKF(!strcmp(r.reasoning.p, c->reasoning_out),
+                     "case %zu step %zu: reasoning '%s' want '%s'", i, step, r.reasoning.p,
+                     c->reasoning_out);
+            T_CHECKF(r.n_calls == c->n_calls, "case %zu step %zu: %d calls, want %d", i, step,
+                     r.n_calls, c->n_calls);
+            T_CHECKF(r.shape_ok, "case %zu step %zu: pieces out of order", i, step);
+            if (c->n_calls > 0 && r.n_calls > 0) {
+                T_EQ_STR(r.names[0], c->name0);
+                T_CHECKF(!strcmp(arg(&r, 0), c->args0), "case %zu step %zu: args '%s' want '%s'", i,
+                         step, arg(&r, 0), c->args0);
+            }
+            if (c->n_calls > 1 && r.n_calls > 1) {
+                T_EQ_STR(r.names[1], c->name1);
+                T_CHECKF(!strcmp(arg(&r, 1), c->args1), "case %zu step %zu: args1 '%s' want '%s'",
+                         i, step, arg(&r, 1), c->args1);
+            }
+            /* the arguments smelt writes are always one JSON object, even cut off */
+            for (int k = 0; k < r.n_calls; k++) {
+                json_t *j = json_loads(arg(&r, k), 0, NULL);
+                T_CHECKF(json_is_object(j), "case %zu step %zu call %d: '%s' is not an object", i,
+                         step, k, arg(&r, k));
+                json_decref(j);
+            }
+            parsed_free(&r);
+        }
+    }
+    json_decref(tools);
+}
+
+/* A string value streams as it arrives (not only at </parameter>), in pieces that never
+ * split a UTF-8 character; a typed one comes whole at its end. */
+static void test_outp_xml_incremental(void) {
+    json_t *tools = json_loads(XTOOLS, 0, NULL);
+    const char *text = "<tool_call>\n<function=set>\n<parameter=code>\nS\xc3\xa3o Paulo "
+                       "\xe6\x9d\xb1\n\n</parameter>\n<parameter=x>\n12345\n</parameter>\n"
+                       "</function>\n</tool_call>";
+    struct outp p;
+    struct outp_delta d = {0};
+    outp_init(&p, OUTP_QWEN_XML, false, false);
+    p.tools = tools;
+    size_t n = strlen(text), named_at = 0, pieces = 0, num_at = 0;
+    struct jw args = {0};
+    jw_raw(&args, "", 0);
+    for (size_t i = 0; i < n; i++) {
+        outp_push(&p, text + i, 1, &d);
+        for (int k = 0; k < d.n_calls; k++) {
+            if (d.calls[k].name) {
+                T_EQ_STR(d.calls[k].name, "set");
+                named_at = i;
+            } else {
+                pieces++;
+                const uint8_t *a = (const uint8_t *)d.calls[k].args.p;
+                size_t an = d.calls[k].args.n;
+                T_CHECKF(utf8_validate(a, an) == an, "piece at byte %zu splits a character", i);
+                jw_raw(&args, d.calls[k].args.p, an);
+                if (memmem(a, an, "12345", 5)) num_at = i;
+            }
+        }
+        T_CHECK(d.content.n == 0);
+        outp_delta_clear(&d);
+    }
+    outp_finish(&p, &d);
+    T_CHECK(d.n_calls == 0 && d.content.n == 0);
+    T_CHECK(named_at == (size_t)(strstr(text, "set>") - text) + 3);
+    T_CHECKF(pieces > 10, "%zu pieces", pieces);
+    T_CHECK(num_at == (size_t)(strstr(text, "12345\n</parameter>") - text) + 17);
+    T_EQ_STR(args.p, "{\"code\": \"S\xc3\xa3o Paulo \xe6\x9d\xb1\\n\", \"x\": 12345}");
+    jw_free(&args);
+    outp_delta_free(&d);
+    outp_free(&p);
+    json_decref(tools);
+}
+
+/* Long unterminated input costs linear work and bounded state: a value that never ends, a
+ * name that never ends, a call that never closes. */
+static void test_outp_xml_unterminated(void) {
+    const char *heads[3] = {"<tool_call>\n<function=f>\n<parameter=p>\n",
+                            "<tool_call>\n<function=", "<tool_call>\n<function=f>\n"};
+    for (int h = 0; h < 3; h++) {
+        struct outp p;
+        struct outp_delta d = {0};
+        outp_init(&p, OUTP_QWEN_XML, false, false);
+        outp_push(&p, heads[h], strlen(heads[h]), &d);
+        size_t out = d.content.n;
+        outp_delta_clear(&d);
+        char chunk[64];
+        memset(chunk, h == 1 ? 'n' : 'v', sizeof chunk);
+        chunk[10] = '<'; /* a '<' that opens no tag */
+        for (int i = 0; i < 20000; i++) {
+            outp_push(&p, chunk, sizeof chunk, &d);
+            for (int k = 0; k < d.n_calls; k++)
+                out += d.calls[k].args.n;
+            out += d.content.n;
+            outp_delta_clear(&d);
+            T_CHECK(p.pend.n <= 64 && p.hold.n <= 64 && p.name.n <= 256 && p.key.n <= 256);
+        }
+        outp_finish(&p, &d);
+        for (int k = 0; k < d.n_calls; k++)
+            out += d.calls[k].args.n;
+        out += d.content.n;
+        T_CHECK(!p.bad);
+        /* the value streamed out; the name-less region came back as content */
+        if (h == 0) T_CHECK(out >= 20000 * sizeof chunk);
+        if (h == 1) T_CHECK(out == strlen(heads[h]) + 20000 * sizeof chunk);
+        outp_delta_free(&d);
+        outp_free(&p);
+    }
+}
+
 static void test_force_prefix(void) {
     char *s = outp_force_prefix(OUTP_HERMES, "<tool_call>", NULL);
     T_EQ_STR(s, "<tool_call>\n{\"name\": \"");
@@ -301,26 +560,45 @@ static void test_force_prefix(void) {
     s = outp_force_prefix(OUTP_LLAMA3, "<|python_tag|>", "f");
     T_EQ_STR(s, "{\"name\": \"f\", \"parameters\": ");
     free(s);
+    s = outp_force_prefix(OUTP_QWEN_XML, "<tool_call>\n<function=", "f");
+    T_EQ_STR(s, "<tool_call>\n<function=f>\n");
+    free(s);
+    s = outp_force_prefix(OUTP_QWEN_XML, "<tool_call>\n<function=", NULL);
+    T_EQ_STR(s, "<tool_call>\n<function=");
+    free(s);
     T_CHECK(outp_force_prefix(OUTP_TOOLS_NONE, "", "f") == NULL);
+    T_CHECK(outp_force_ok(OUTP_QWEN_XML, "get_time") && outp_force_ok(OUTP_QWEN_XML, NULL));
+    T_CHECK(!outp_force_ok(OUTP_QWEN_XML, "a>b") && !outp_force_ok(OUTP_QWEN_XML, "a b"));
+    T_CHECK(!outp_force_ok(OUTP_QWEN_XML, "") && outp_force_ok(OUTP_HERMES, "a b"));
     /* each prefix, fed as a prefill, leaves the parser inside a well-formed call */
-    enum outp_syntax syn[3] = {OUTP_HERMES, OUTP_MISTRAL, OUTP_LLAMA3};
-    const char *rest[3] = {"{\"a\": 1}}</tool_call>", "{\"a\": 1}}]", "{\"a\": 1}}"};
-    for (int i = 0; i < 3; i++) {
+    enum outp_syntax syn[4] = {OUTP_HERMES, OUTP_MISTRAL, OUTP_LLAMA3, OUTP_QWEN_XML};
+    const char *rest[4] = {"{\"a\": 1}}</tool_call>", "{\"a\": 1}}]", "{\"a\": 1}}",
+                           "<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"};
+    json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"tool\", "
+                               "\"parameters\": {\"properties\": {\"a\": {\"type\": "
+                               "\"integer\"}}}}}]",
+                               0, NULL);
+    for (int i = 0; i < 4; i++) {
         char *pre = outp_force_prefix(syn[i], "<tool_call>", "tool");
         struct parsed r;
-        run_pre(syn[i], false, false, 0, pre, rest[i], 1, &r);
+        run_tools(syn[i], false, false, 0, pre, tools, rest[i], 1, &r);
         T_CHECKF(r.n_calls == 1 && !strcmp(r.names[0], "tool") && !strcmp(arg(&r, 0), "{\"a\": 1}"),
                  "syntax %d: %d calls, args '%s'", syn[i], r.n_calls, arg(&r, 0));
         T_EQ_STR(r.content.p, "");
         parsed_free(&r);
         free(pre);
     }
+    json_decref(tools);
 }
 
 static void test_syntax_detect(void) {
     T_CHECK(outp_syntax_known("{% if tools %}<tool_call>{% endif %}"));
     T_CHECK(outp_syntax_known("[AVAILABLE_TOOLS] [TOOL_CALLS]"));
-    T_CHECK(!outp_syntax_known("<tool_call>\n<function={{ name }}>"));
+    T_CHECK(outp_syntax_known("<tool_call>\n<function={{ name }}>"));
+    T_EQ_INT(outp_syntax_of("<tool_call>\n<function={{ name }}>"), OUTP_QWEN_XML);
+    /* the same tags in another wrapper (ByteDance Seed) are not qwen_xml */
+    T_CHECK(!outp_syntax_known("<seed:tool_call>\n<function={{ name }}>"));
+    T_CHECK(outp_syntax_of("<seed:tool_call>\n<function={{ name }}>") != OUTP_QWEN_XML);
     T_CHECK(!outp_syntax_known("{{ '<|im_start|>' }}") && !outp_syntax_known(NULL));
     T_CHECK(outp_template_has_tools("{% if tools %}") && !outp_template_has_tools("plain"));
     T_EQ_INT(outp_syntax_of("{% if tools %}<tool_call>{% endif %}"), OUTP_HERMES);
@@ -329,6 +607,30 @@ static void test_syntax_detect(void) {
     T_EQ_INT(outp_syntax_of(NULL), OUTP_HERMES);
     T_CHECK(outp_template_reasons("{{ '<think>\\n' }}"));
     T_CHECK(!outp_template_reasons("plain"));
+    /* the real templates, where the shared data is here */
+    static const struct {
+        const char *file;
+        int syntax;
+        bool known;
+    } real[] = {{"Qwen3-Coder.jinja", OUTP_QWEN_XML, true},
+                {"Qwen3.5-4B.jinja", OUTP_QWEN_XML, true},
+                {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", OUTP_QWEN_XML, true},
+                {"ByteDance-Seed-OSS.jinja", -1, false},
+                {"Qwen-Qwen3-0.6B.jinja", OUTP_HERMES, true}};
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/data/chat-templates/%s", SMELT_SHARED_DIR, real[i].file);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        static char src[1 << 17];
+        size_t n = fread(src, 1, sizeof src - 1, f);
+        fclose(f);
+        src[n] = 0;
+        T_CHECKF(outp_syntax_known(src) == real[i].known, "%s", real[i].file);
+        if (real[i].syntax >= 0)
+            T_CHECKF((int)outp_syntax_of(src) == real[i].syntax, "%s: %d", real[i].file,
+                     outp_syntax_of(src));
+    }
 }
 
 /* ---- request validation ---- */
@@ -472,6 +774,9 @@ static void test_jw(void) {
 int main(void) {
     T_RUN(test_outp);
     T_RUN(test_outp_incremental);
+    T_RUN(test_outp_xml);
+    T_RUN(test_outp_xml_incremental);
+    T_RUN(test_outp_xml_unterminated);
     T_RUN(test_force_prefix);
     T_RUN(test_syntax_detect);
     T_RUN(test_requests);
