@@ -100,6 +100,32 @@ LLAMA3 = """{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_i
 
 """
 
+# Qwen3-Coder's shape: calls as <function=...> tags, non-string values written with tojson
+# (mappings, lists) or Jinja's string (the rest)
+QWEN_XML = """{%- if tools %}<|im_start|>system
+# Tools
+<tools>{% for t in tools %}
+<function><name>{{ t.function.name }}</name></function>{% endfor %}
+</tools>
+Call one as <tool_call>
+<function=NAME>
+<parameter=KEY>
+VALUE
+</parameter>
+</function>
+</tool_call><|im_end|>
+{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}
+{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}
+<tool_call>
+<function={{ c.function.name }}>
+{% for k, v in c.function.arguments | items %}<parameter={{ k }}>
+{{ v | tojson if v is mapping or (v is sequence and v is not string) else v | string }}
+</parameter>
+{% endfor %}</function>
+</tool_call>{% endfor %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
 # a template that shows tools but not in a syntax smelt knows how to force
 PLAIN_TOOLS = """{% for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
@@ -128,7 +154,7 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("vocab")
     tmpl = {}
     for name, src in (("hermes", HERMES), ("mistral", MISTRAL), ("mistral_args", MISTRAL_ARGS),
-                      ("llama3", LLAMA3), ("plain_tools", PLAIN_TOOLS)):
+                      ("llama3", LLAMA3), ("plain_tools", PLAIN_TOOLS), ("qwen_xml", QWEN_XML)):
         p = d / f"{name}.jinja"
         p.write_text(src)
         tmpl[name] = str(p)
@@ -326,6 +352,10 @@ def test_sdk_stream_accumulation_matches(server_of):
      [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')]),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}',
      [("get_weather", '{"city": "Paris"}')]),
+    ("qwen_xml", '<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
+                 '</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n'
+                 '</parameter>\n</function>\n</tool_call>',
+     [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')]),
 ])
 def test_other_syntaxes(server_of, template, reply, want):
     s = server_of(template, reply)
@@ -349,6 +379,10 @@ def test_other_syntaxes(server_of, template, reply, want):
     ("mistral_args", "required", 'get_time[ARGS]{"tz": "CET"}', "[TOOL_CALLS]"),
     ("mistral_args", "named", '{"tz": "CET"}', "[TOOL_CALLS]get_time[ARGS]"),
     ("llama3", "named", '{"tz": "CET"}}', '{"name": "get_time", "parameters": '),
+    ("qwen_xml", "required", 'get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>',
+     "<tool_call>\n<function="),
+    ("qwen_xml", "named", '<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>',
+     "<tool_call>\n<function=get_time>\n"),
 ])
 def test_tool_choice_forces_a_call(server_of, template, choice, reply, prefix):
     s = server_of(template, reply)
@@ -368,6 +402,36 @@ def test_tool_choice_forces_a_call(server_of, template, choice, reply, prefix):
     assert j["choices"][0]["finish_reason"] == "tool_calls"
     assert j["usage"]["prompt_tokens"] == t["count"]
     assert stream_deltas(s, tools=TOOLS, tool_choice=tc)[:3] == ("", want, "tool_calls")
+
+
+def test_qwen_xml_typed_arguments(server_of):
+    # the request's schema types the values: a string stays text (one newline stripped on
+    # each side), an integer / object / boolean is JSON; the stream sums to the same
+    tools = TOOLS + [{"type": "function", "function": {"name": "plan", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                         "opts": {"type": "object"}, "hourly": {"type": "boolean"}}}}}]
+    reply = ('Planning.\n<tool_call>\n<function=plan>\n<parameter=city>\n'
+             'S\u00e3o "Paulo"\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=opts>\n'
+             '{"unit": "c"}\n</parameter>\n<parameter=hourly>\nTrue\n</parameter>\n</function>\n'
+             '</tool_call>')
+    want = [("plan", '{"city": "S\u00e3o \\"Paulo\\"", "days": 3, "opts": {"unit": "c"}, "hourly": true}')]
+    s = server_of("qwen_xml", reply)
+    j = chat(s, tools=tools)
+    msg = j["choices"][0]["message"]
+    assert calls_of(msg) == want and msg["content"] == "Planning.", msg
+    assert json.loads(want[0][1]) == {"city": 'S\u00e3o "Paulo"', "days": 3, "opts": {"unit": "c"}, "hourly": True}
+    assert j["choices"][0]["finish_reason"] == "tool_calls"
+    assert stream_deltas(s, tools=tools)[:3] == (msg["content"], want, "tool_calls")
+    # without the schema (no tools entry for it) every value is a string
+    k = chat(s, tools=TOOLS)
+    assert json.loads(calls_of(k["choices"][0]["message"])[0][1])["days"] == "3"
+    # the call renders back through the template: the prompt shows it as the model wrote it
+    msgs = USER + [{"role": "assistant", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "plan", "arguments": want[0][1]}}]}]
+    st, t = s.post("/tokenize", {"messages": msgs, "tools": tools, "add_generation_prompt": False})
+    assert st == 200, t
+    st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+    assert reply[reply.index("<tool_call>"):] in d["content"], d["content"]
 
 
 def test_forced_call_that_fails_is_content_without_prefill(server_of):
