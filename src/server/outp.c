@@ -233,6 +233,7 @@ void outp_init(struct outp *p, enum outp_syntax syntax, bool reasoning, bool in_
 void outp_free(struct outp *p) {
     jw_free(&p->pend);
     jw_free(&p->call);
+    jw_free(&p->gap);
     jw_free(&p->key);
     jw_free(&p->name);
     jw_free(&p->hold);
@@ -321,6 +322,8 @@ static void record(struct outp *p, struct scan *sc) {
 static int fail(struct outp *p, struct outp_delta *d, struct scan *sc) {
     record(p, sc);
     consume(&p->pend, sc->i);
+    jw_raw(&d->content, p->gap.p ? p->gap.p : "", p->gap.n);
+    p->gap.n = 0;
     if (p->marker && !p->hide_marker) jw_str(&d->content, p->marker);
     if (p->call.n > p->hide) jw_raw(&d->content, p->call.p + p->hide, p->call.n - p->hide);
     p->call.n = 0;
@@ -335,6 +338,7 @@ static int fail(struct outp *p, struct outp_delta *d, struct scan *sc) {
 static int region_end(struct outp *p, struct scan *sc, int next) {
     consume(&p->pend, sc->i);
     p->call.n = 0;
+    p->gap.n = 0;
     p->hide = 0;
     p->marker = NULL;
     p->committed = false;
@@ -354,6 +358,7 @@ static void commit(struct outp *p, struct outp_delta *d, struct scan *sc, const 
     }
     p->committed = true;
     p->call.n = 0;
+    p->gap.n = 0;
     p->hide = 0;
     p->marker = NULL; /* a later failure in this region gives back only its own text */
     sc->rec = sc->i;
@@ -1099,10 +1104,12 @@ static void run(struct outp *p, struct outp_delta *d, bool final) {
             const char *f = om ? find_in(b->p, b->n, om) : NULL;
             if (f) {
                 size_t i = (size_t)(f - b->p);
-                /* whitespace right before a call is not content */
+                /* whitespace right before a call is not content (unless it is no call) */
                 size_t j = i;
                 while (j > 0 && is_space(b->p[j - 1])) j--;
                 jw_raw(&d->content, b->p, j);
+                p->gap.n = 0;
+                if (!p->prefilling) jw_raw(&p->gap, b->p + j, i - j);
                 consume(b, i + strlen(om));
                 region_start(p, om);
                 continue;
@@ -1144,8 +1151,8 @@ static void run(struct outp *p, struct outp_delta *d, bool final) {
 }
 
 static void check_oom(struct outp *p, struct outp_delta *d) {
-    if (p->pend.oom || p->call.oom || p->key.oom || p->name.oom || p->hold.oom || p->args.oom ||
-        d->content.oom || d->reasoning.oom)
+    if (p->pend.oom || p->call.oom || p->gap.oom || p->key.oom || p->name.oom || p->hold.oom ||
+        p->args.oom || d->content.oom || d->reasoning.oom)
         p->bad = true;
     for (int i = 0; i < d->n_calls; i++)
         if (d->calls[i].args.oom) p->bad = true;

@@ -107,6 +107,7 @@ struct outp {
     int state, cs;      /* internal: the text state, the call scanner's state */
     struct jw pend;     /* text not yet classified */
     struct jw call;     /* text of a call region whose name is not out yet (given back) */
+    struct jw gap;      /* the whitespace before that region's marker (given back first) */
     struct jw key;      /* the object key being read */
     struct jw name;     /* the name being read (JSON string text, unquoted) */
     struct jw hold;     /* arguments read before the name, or a string / scalar value */

@@ -124,6 +124,9 @@ static const struct ocase ocases[] = {
     /* a broken call is given back as text, verbatim */
     {OUTP_HERMES, false, false, "<tool_call>{broken</tool_call> after",
      "<tool_call>{broken</tool_call> after", "", 0},
+    /* the whitespace before a marker that opens no call is content too */
+    {OUTP_HERMES, false, false, "Use the <tool_call> tag.\n\n<tool_call> x",
+     "Use the <tool_call> tag.\n\n<tool_call> x", "", 0},
     {OUTP_HERMES, false, false, "<tool_call>{\"nom\": \"f\"}</tool_call>",
      "<tool_call>{\"nom\": \"f\"}</tool_call>", "", 0},
     /* unfinished at the end: the call keeps what it got */
@@ -393,6 +396,7 @@ static const struct xcase xcases[] = {
      0},
     {true, false, "<tool_call>\n<function=>x</function></tool_call> ok",
      "<tool_call>\n<function=>x</function></tool_call> ok", "", 0},
+    {true, false, "See <tool_call>", "See <tool_call>", "", 0},
     {true, false, "<tool_call>\n<funky>\n</tool_call>", "<tool_call>\n<funky>\n</tool_call>", "",
      0},
     {true, false, "<tool_call>\n<function=" HUGE320 ">\n</function>\n</tool_call>",
