@@ -767,9 +767,10 @@ static void check_fused(const struct attn_case *c) {
     a.dst = dout;
     a.q_out = qa;
     const int splits[5] = {0, 1, 2, 4, 8};
-    for (int si = 0; si < 5; si++) {
-        a.split = splits[si];
-        a.split_keys = splits[si] ? 1 : 0; /* forced: every row with >= split keys uses them all */
+    for (int si = 0; si < 15; si++) { /* x threads: the plan's, 128, 256 */
+        a.dec_threads = si / 5 == 0 ? 0 : si / 5 == 1 ? 128 : 256;
+        a.split = splits[si % 5];
+        a.split_keys = splits[si % 5] ? 1 : 0; /* forced: every row with >= split keys uses them all */
         struct cuda_attn_plan plan;
         cuda_attn_plan(&a, &plan);
         uint64_t need = cuda_attn_scratch_bytes(&a);
@@ -788,8 +789,8 @@ static void check_fused(const struct attn_case *c) {
             T_EQ_INT(cuda_attn_counters_busy(), 0);
         }
         char what[64];
-        snprintf(what, sizeof what, "%s %s%d", kernel_name(plan.kernel), splits[si] ? "split " : "plan s",
-                 plan.dec_split);
+        snprintf(what, sizeof what, "%s t%d %s%d", kernel_name(plan.kernel), plan.dec_threads,
+                 splits[si % 5] ? "split " : "plan s", plan.dec_split);
         compare(c, &b, out, ref, tol_for(CUDA_ATTN_DECODE, c->type), what);
         T_CHECKF(memcmp(out, out2, sizeof(float) * out_n) == 0, "%s %s: a repeated call differs", c->name, what);
         /* the int8 form against cuda_mmv_quantize of the f32 output */
@@ -1232,13 +1233,14 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
     /* 0: backend's call without RoPE; 1: no int8 output; 2: no int8 output + quantize launch;
      * 3..5: split_keys nk/2, nk, 4nk (int8 output on); 6: RoPE + KV store fused (a decode
      * step's call); 7: RoPE + KV store as their own launch before it */
-    const char *names[8] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
-                            "split_keys nk", "split_keys 4nk", "rope fused", "rope launch"};
-    const int sk[8] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0};
-    for (int v = 0; v < 8; v++) {
+    const char *names[9] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
+                            "split_keys nk", "split_keys 4nk", "rope fused", "rope launch", "rope fused t128"};
+    const int sk[9] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0, 0};
+    for (int v = 0; v < 9; v++) {
         struct cuda_attn_args av = a;
         av.q_out = v == 1 || v == 2 ? NULL : qa;
         av.split_keys = sk[v];
+        av.dec_threads = v == 8 ? 128 : 0;
         if (v >= 6) {
             av.rope = rope;
             av.k_new = kvn;
@@ -1262,9 +1264,9 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
         const double us = time_graph(args, copies, v == 2 ? qb : NULL, v == 7, st);
         const int want = (depth + pl.dec_min_keys - 1) / pl.dec_min_keys;
         const int used = pl.dec_split > 1 ? (want < pl.dec_split ? want : pl.dec_split) : 1;
-        printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s grid split %2d, used %2d (>= %3d keys): %7.2f us/call"
+        printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s t%d grid split %2d, used %2d (>= %3d keys): %7.2f us/call"
                "  %6.1f GB/s\n",
-               model, depth, names[v], kernel_name(pl.kernel), pl.dec_split, used, pl.dec_min_keys, us,
+               model, depth, names[v], kernel_name(pl.kernel), pl.dec_threads, pl.dec_split, used, pl.dec_min_keys, us,
                us > 0 ? kv_bytes / us / 1e3 : 0.0);
     }
 out:

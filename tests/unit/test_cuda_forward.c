@@ -345,10 +345,17 @@ static void test_real_models(void) {
 
 /* A step's input uploads are gathered into one copy (cu_upload): ascending tensors with
  * small gaps, a tensor allocated between them and not uploaded, one beyond the gap limit,
- * one uploaded twice (out of order: a new run), and an upload after the input phase (the
- * first download ends it) must all land as written. Two steps: the runs restart. */
+ * a buffer outside the step's scratch between them (copied alone: a span across two
+ * allocations is an invalid copy), one uploaded twice (out of order: a new run), and an
+ * upload after the input phase (the first download ends it) must all land as written. Two
+ * steps: the runs restart. */
 static void test_step_uploads(void) {
     const int64_t n[6] = {5, 17, 1, 300, 2000, 64};
+    struct tensor buf;
+    struct err e;
+    tensor_init(&buf, QT_I32, 100, 1, 1, 1);
+    T_EQ_INT(bk_buffer_alloc(gpu, &buf, &e), SMELT_OK);
+    int32_t hb[100], gb[100];
     for (int rep = 0; rep < 2; rep++) {
         bk_step_begin(gpu);
         struct tensor *t[6];
@@ -361,20 +368,28 @@ static void test_step_uploads(void) {
             got[i] = malloc(sizeof(int32_t) * (size_t)n[i]);
             for (int64_t j = 0; j < n[i]; j++) h[i][j] = (int32_t)(1000 * rep + 100 * i + j);
         }
-        for (int i = 0; i < 5; i++) bk_upload(gpu, t[i], h[i], sizeof(int32_t) * (size_t)n[i]);
+        for (int i = 0; i < 5; i++) {
+            bk_upload(gpu, t[i], h[i], sizeof(int32_t) * (size_t)n[i]);
+            if (i == 2) {
+                for (int j = 0; j < 100; j++) hb[j] = 7 * j + rep;
+                bk_upload(gpu, &buf, hb, sizeof hb);
+            }
+        }
         for (int64_t j = 0; j < n[0]; j++) h[0][j] = -h[0][j]; /* again, out of order */
         bk_upload(gpu, t[0], h[0], sizeof(int32_t) * (size_t)n[0]);
         bk_download(gpu, got[0], t[0], sizeof(int32_t) * (size_t)n[0]); /* ends the input phase */
         bk_upload(gpu, t[5], h[5], sizeof(int32_t) * (size_t)n[5]);    /* copied at once */
         for (int i = 1; i < 6; i++) bk_download(gpu, got[i], t[i], sizeof(int32_t) * (size_t)n[i]);
-        struct err e;
+        bk_download(gpu, gb, &buf, sizeof gb);
         T_EQ_INT(bk_sync(gpu, &e), SMELT_OK);
+        T_CHECKF(memcmp(gb, hb, sizeof gb) == 0, "step %d: the buffer", rep);
         for (int i = 0; i < 6; i++) {
             T_CHECKF(memcmp(got[i], h[i], sizeof(int32_t) * (size_t)n[i]) == 0, "step %d tensor %d", rep, i);
             free(h[i]);
             free(got[i]);
         }
     }
+    bk_buffer_free(gpu, &buf);
 }
 
 int main(void) {

@@ -275,26 +275,29 @@ static __global__ void __launch_bounds__(GEN_WARPS * 32)
  *      h = tid / (D/2) + HG * k; V pairs are read as 4 (or 8) consecutive bytes per lane.
  * Probabilities stay f32 (unlike the prefill kernel's f16/bf16 P). */
 
-#define DEC_THREADS 128
 /* The fused RoPE prologue's shared floats: cos/sin per pair (D), the new K and V rows (2D),
  * the per-head RMSNorm factors (GMAX query heads + K, padded to keep 16-byte alignment). */
 #define DEC_ROPE_FLOATS(D, GMAX) (3 * (D) + (GMAX) + 4)
 
-template <typename T, int D>
+/* TH threads per block: 128, or 256 where the grid has fewer blocks than the GPU has SMs
+ * (short contexts, few KV heads): a block's phases are serial chains of dependent
+ * instructions there, and twice the threads halve each thread's share of them. */
+template <typename T, int D, int TH>
 struct dec_cfg {
     static constexpr int CE = 16 / (int)sizeof(T);             /* elements per 16-byte chunk */
     static constexpr int NC = D / CE;                           /* chunks per cache row */
     static constexpr int NK = 8192 / (D * (int)sizeof(T));      /* keys per stage */
-    static constexpr int P = DEC_THREADS / NK;                  /* threads per key in A */
+    static constexpr int P = TH / NK;                           /* threads per key in A */
+    static constexpr int CPT = NC / P;                          /* chunks per scoring thread */
     static constexpr int LD = D + CE;                           /* smem row stride, elements */
-    static constexpr int HG = 256 / D;                          /* head groups in C */
-    static_assert(NC / P == 4, "each scoring thread takes 4 chunks");
+    static constexpr int HG = TH / (D / 2);                     /* head groups in C */
+    static_assert(CPT == 4 || CPT == 2, "each scoring thread takes 4 (128 threads) or 2 chunks");
     static_assert(P <= 32 && (32 % P) == 0, "a key's threads share a warp");
 };
 
 template <typename T, int D, int GMAX>
 static constexpr size_t dec_smem_bytes() {
-    using C = dec_cfg<T, D>;
+    using C = dec_cfg<T, D, 128>; /* NK and LD do not depend on the threads */
     return (size_t)(GMAX * D + GMAX * C::NK + 3 * GMAX + DEC_ROPE_FLOATS(D, GMAX)) * sizeof(float) +
            (size_t)4 * C::NK * C::LD * sizeof(T);
 }
@@ -311,12 +314,12 @@ static __device__ __forceinline__ int dec_chunk(int part, int i) {
  * `skip` (the new key, which the block writes itself; -1: none) is left alone. The caches
  * and the table are written by earlier kernels / copies of the step: plain pointers
  * (cp.async.cg reads through L2; see cuda_common.cuh on the read-only path). */
-template <typename T, int D>
+template <typename T, int D, int TH>
 static __device__ __forceinline__ void dec_load(T *dst, const T *kc, const T *vc, const int32_t *table, int kb,
                                                 int ke, int skip, int bs, int n_kv, int g, int tid) {
-    using C = dec_cfg<T, D>;
+    using C = dec_cfg<T, D, TH>;
     constexpr int NK = C::NK, NC = C::NC, LD = C::LD, CE = C::CE;
-    for (int idx = tid; idx < 2 * NK * NC; idx += DEC_THREADS) {
+    for (int idx = tid; idx < 2 * NK * NC; idx += TH) {
         const int which = idx / (NK * NC), rem = idx % (NK * NC);
         const int r = rem / NC, c = rem % NC, key = kb + r;
         if (key == skip) continue;
@@ -381,13 +384,13 @@ static __device__ __forceinline__ void dec_store(float *dst, const attn_qout &q,
  * otherwise each split writes its partial {m, l, o[G][D]} (slot-indexed) and the last of
  * the ns blocks to count itself in attn_cnt merges them, writes the output and resets the
  * counter. qo: the output's int8 form too (see dec_store), or all NULL. */
-template <typename T, int D, int GMAX>
-static __global__ void __launch_bounds__(DEC_THREADS)
+template <typename T, int D, int GMAX, int TH>
+static __global__ void __launch_bounds__(TH)
     attn_decode_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, const int *rows, float *partial,
                        int n_split, int min_keys, const attn_qout qo) {
-    using C = dec_cfg<T, D>;
+    using C = dec_cfg<T, D, TH>;
     constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, HG = C::HG;
-    constexpr int GPT = GMAX / HG; /* heads per thread in C */
+    constexpr int GPT = (GMAX + HG - 1) / HG; /* heads per thread in C */
     constexpr int MAXS = 64;       /* splits the merge handles (the plan's cap) */
     extern __shared__ __align__(16) unsigned char dsm[];
     float *sq = reinterpret_cast<float *>(dsm); /* (D, GMAX) scaled queries */
@@ -440,11 +443,11 @@ static __global__ void __launch_bounds__(DEC_THREADS)
 
         /* the first stage's copies go out before q is read: q's load latency overlaps them */
         const int bs = a.block_size, n_kv = a.n_kv;
-        if (n_st > 0) dec_load<T, D>(skv, kc, vc, table, kb0, ke, skip, bs, n_kv, g, tid);
+        if (n_st > 0) dec_load<T, D, TH>(skv, kc, vc, table, kb0, ke, skip, bs, n_kv, g, tid);
         cp_async_commit();
         const int half = a.rope.n_rot / 2;
         if (fused) /* RoPE's cos/sin: from the position and the step's constant table */
-            for (int i = tid; i < half; i += DEC_THREADS) {
+            for (int i = tid; i < half; i += TH) {
                 const float2 cs = rope_cs(a.rope, (double)pos, i);
                 s_cs[i] = cs.x;
                 s_cs[half + i] = cs.y;
@@ -455,23 +458,23 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         }
         const float *qg = a.q + (t * a.n_head + (int64_t)g * G) * D; /* the group's G heads */
         if (!fused) {
-            for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i] * a.scale;
+            for (int i = tid; i < G * D; i += TH) sq[i] = qg[i] * a.scale;
         } else {
             /* RMSNorm and RoPE of the raw query heads (and, in the owner, K head g) in
              * shared memory, as rope_kv_kernel would do them in place */
             const int nh = G + (owner ? 1 : 0); /* head G = the new K row */
             const bool norms = a.q_norm || a.k_norm;
-            for (int i = tid; i < G * D; i += DEC_THREADS) sq[i] = qg[i];
+            for (int i = tid; i < G * D; i += TH) sq[i] = qg[i];
             if (owner) {
                 const int64_t o = (t * a.n_kv + g) * (int64_t)D;
-                for (int i = tid; i < D; i += DEC_THREADS) {
+                for (int i = tid; i < D; i += TH) {
                     s_kn[i] = a.k_new[o + i];
                     s_vn[i] = a.v_new[o + i];
                 }
             }
             __syncthreads();
             if (norms) { /* block-uniform */
-                for (int h = warp; h < nh; h += DEC_THREADS / 32) {
+                for (int h = warp; h < nh; h += TH / 32) {
                     const float *x = h < G ? sq + h * D : s_kn;
                     const float *w = h < G ? a.q_norm : a.k_norm;
                     float sum = 0.0f;
@@ -482,7 +485,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                 }
                 __syncthreads();
             }
-            for (int idx = tid; idx < nh * (D / 2); idx += DEC_THREADS) {
+            for (int idx = tid; idx < nh * (D / 2); idx += TH) {
                 const int h = idx / (D / 2), i = idx % (D / 2);
                 float *x = h < G ? sq + h * D : s_kn;
                 const float *w = h < G ? a.q_norm : a.k_norm;
@@ -512,7 +515,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         if (owner) { /* the new K and V into the cache, for later steps (this block reads s_kn) */
             const int64_t blk = new_slot / bs, off = new_slot % bs;
             T *kd = (T *)kc + ((blk * n_kv + g) * bs + off) * D, *vd = (T *)vc + ((blk * n_kv + g) * bs + off) * D;
-            for (int i = tid; i < D; i += DEC_THREADS) {
+            for (int i = tid; i < D; i += TH) {
                 kd[i] = from_f32<T>(s_kn[i]);
                 vd[i] = from_f32<T>(s_vn[i]);
             }
@@ -521,11 +524,11 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         for (int it = 0; it < n_st; it++) {
             const int st = it & 1, kb = kb0 + it * NK;
             if (it + 1 < n_st)
-                dec_load<T, D>(skv + (size_t)(st ^ 1) * 2 * NK * LD, kc, vc, table, kb + NK, ke, skip, bs, n_kv, g, tid);
+                dec_load<T, D, TH>(skv + (size_t)(st ^ 1) * 2 * NK * LD, kc, vc, table, kb + NK, ke, skip, bs, n_kv, g, tid);
             cp_async_commit();
             if (owner && pos - kb < NK) { /* the new key's row (not copied: see skip) from s_kn / s_vn */
                 T *nk = skv + (size_t)st * 2 * NK * LD + (pos - kb) * LD;
-                for (int i = tid; i < D; i += DEC_THREADS) {
+                for (int i = tid; i < D; i += TH) {
                     nk[i] = from_f32<T>(s_kn[i]);
                     nk[NK * LD + i] = from_f32<T>(s_vn[i]);
                 }
@@ -541,7 +544,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
 #pragma unroll
                 for (int h = 0; h < GMAX; h++) acc[h] = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < C::CPT; i++) {
                     const int c = dec_chunk<P>(part, i);
                     float kf[CE];
                     chunk_cvt<T>::run(*reinterpret_cast<const uint4 *>(sk + j * LD + c * CE), kf);
@@ -574,7 +577,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
             }
             __syncthreads();
             /* B: online softmax, a warp per head */
-            for (int h = warp; h < G; h += DEC_THREADS / 32) {
+            for (int h = warp; h < G; h += TH / 32) {
                 const float x0 = lane < NK ? ss[h * NK + lane] : -INFINITY;
                 const float x1 = lane + 32 < NK ? ss[h * NK + lane + 32] : -INFINITY;
                 const float mx = warp_max(fmaxf(x0, x1));
@@ -654,7 +657,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                 __threadfence();
                 /* weights of the splits per head: exp(m_s - M) / L; other blocks' partials
                  * are read from L2 (__ldcg), never from this SM's L1 */
-                for (int h = warp; h < G; h += DEC_THREADS / 32) {
+                for (int h = warp; h < G; h += TH / 32) {
                     const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2);
                     const float m0 = lane < ns ? __ldcg(pb + lane * (D + 2)) : -INFINITY;
                     const float l0 = lane < ns ? __ldcg(pb + lane * (D + 2) + 1) : 0.0f;
@@ -1138,6 +1141,12 @@ static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p
     p->dec_min_keys = a->split_keys > 0 ? a->split_keys : nk;
     p->dec_split = choose_split(slots * a->n_kv, a->max_keys, p->dec_min_keys, 64, target, a->split);
     if (slots * a->n_kv > ATTN_CNT) p->dec_split = 1;
+    /* 256 threads while the grid is under half the SMs (F16/BF16 caches). Graph-replayed,
+     * one row, H200: Qwen2.5-0.5B shape @16 / 256 keys 5.26 -> 4.47 / 9.67 -> 7.66 us,
+     * Llama-3-8B @16 4.66 -> 4.11 (64 blocks: @256 7.61 -> 7.75); 0.5B @4096 (128 blocks)
+     * 15.05 -> 15.39, so 128 threads there */
+    p->dec_threads = a->cache_type != QT_F32 && slots * a->n_kv * p->dec_split < sm_count() / 2 ? 256 : 128;
+    if (a->dec_threads == 128 || (a->dec_threads == 256 && a->cache_type != QT_F32)) p->dec_threads = a->dec_threads;
     if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)slots * p->dec_split * row_bytes);
 }
 
@@ -1209,36 +1218,44 @@ static void launch_generic(const struct cuda_attn_args *a, float *partial, int s
                   partial, s);
 }
 
-template <typename T, int D, int GMAX>
-static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
+template <typename T, int D, int GMAX, int TH>
+static void launch_decode_t(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
                             int min_keys, const attn_qout &qo, cudaStream_t st) {
     constexpr size_t smem = dec_smem_bytes<T, D, GMAX>();
     /* > 48 KB of dynamic smem needs the opt-in, once per kernel (the first call runs
      * eagerly, before any graph capture); a failure stays pending and the launch reports it */
     static bool attr = false;
     if (!attr)
-        attr = cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        attr = cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX, TH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem) == cudaSuccess;
     dim3 grid((unsigned)((int64_t)slots * a->n_kv), (unsigned)s);
-    (void)klaunch(attn_decode_kernel<T, D, GMAX>, grid, dim3(DEC_THREADS), smem, st, *a, (const T *)a->kc,
+    (void)klaunch(attn_decode_kernel<T, D, GMAX, TH>, grid, dim3(TH), smem, st, *a, (const T *)a->kc,
                   (const T *)a->vc, rows, partial, s, min_keys, qo);
+}
+
+template <typename T, int D, int GMAX>
+static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
+                            int min_keys, int threads, const attn_qout &qo, cudaStream_t st) {
+    if constexpr (sizeof(T) == 2) /* 256 threads: 16-bit caches only (F32 runs 4-chunk scoring) */
+        if (threads == 256) return launch_decode_t<T, D, GMAX, 256>(a, rows, slots, partial, s, min_keys, qo, st);
+    launch_decode_t<T, D, GMAX, 128>(a, rows, slots, partial, s, min_keys, qo, st);
 }
 
 template <typename T, int D>
 static void launch_decode_d(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, const attn_qout &qo, cudaStream_t st) {
+                            int min_keys, int threads, const attn_qout &qo, cudaStream_t st) {
     const int G = a->n_head / a->n_kv;
-    if (G <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, qo, st);
-    else if (G <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, qo, st);
-    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, qo, st);
+    if (G <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, threads, qo, st);
+    else if (G <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, threads, qo, st);
+    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, threads, qo, st);
 }
 
 template <typename T>
 static void launch_decode(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                          int min_keys, const attn_qout &qo, cudaStream_t st) {
-    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, qo, st);
-    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, qo, st);
-    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, qo, st);
+                          int min_keys, int threads, const attn_qout &qo, cudaStream_t st) {
+    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, threads, qo, st);
+    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, threads, qo, st);
+    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, threads, qo, st);
 }
 
 template <typename T, int D>
@@ -1264,10 +1281,10 @@ static void launch_prefill(const struct cuda_attn_args *a, const int *tiles, int
 
 static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, const struct cuda_attn_plan &p,
                               float *partial, const attn_qout &qo, cudaStream_t st) {
-    const int s = p.dec_split, mk = p.dec_min_keys;
-    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, qo, st);
-    else if (a->cache_type == QT_BF16) launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, qo, st);
-    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, qo, st);
+    const int s = p.dec_split, mk = p.dec_min_keys, th = p.dec_threads;
+    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, th, qo, st);
+    else if (a->cache_type == QT_BF16) launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, th, qo, st);
+    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, th, qo, st);
 }
 
 static void launch_merge(const struct cuda_attn_args *a, const float *partial, int slots, int s, const int *rows,

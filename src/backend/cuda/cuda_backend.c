@@ -78,11 +78,13 @@ struct cuda_backend {
     unsigned char *pin;
     size_t pin_cap, pin_used;
     /* A step's input uploads (between step_begin and its first op) are gathered into one
-     * copy: a run of ascending destinations whose staging bytes mirror their device
-     * offsets, gaps included (scratch no kernel has written yet this step). */
+     * copy: a run of ascending destinations in one scratch chunk whose staging bytes
+     * mirror their device offsets, gaps included (scratch no kernel has written yet this
+     * step). Uploads to other memory (buffers, weights) are copied alone, in order. */
     struct {
         bool defer;          /* in the step's input phase */
         unsigned char *dev0; /* the run's first destination; NULL: no run */
+        unsigned char *lim;  /* the end of its scratch chunk */
         size_t off0, span;   /* its staging offset and length */
     } up;
     struct pending_dl *dl;
@@ -556,16 +558,27 @@ static void up_flush(struct cuda_backend *cb) {
 
 #define UP_GAP_MAX 4096 /* device bytes between two inputs that one copy still spans */
 
+/* The end of the scratch chunk holding [p, p + n), or NULL when it is not scratch. */
+static unsigned char *scratch_lim(const struct cuda_backend *cb, const unsigned char *p, size_t n) {
+    for (int i = 0; i < cb->n_chunks; i++) {
+        unsigned char *base = cb->chunks[i].base;
+        if (p >= base && p + n <= base + cb->chunks[i].cap) return base + cb->chunks[i].cap;
+    }
+    return NULL;
+}
+
 static void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
     struct cuda_backend *cb = cu_of(b);
     unsigned char *d = dst->data;
     size_t off;
+    unsigned char *lim = cb->up.defer ? scratch_lim(cb, d, nbytes) : NULL;
     if (cb->up.defer && cb->up.dev0) {
-        /* extend the run when d lies a little past it and its mirrored staging offset is
-         * still free; the staging must not grow (that syncs and moves the buffer) */
+        /* extend the run when d lies a little past it in its chunk and the mirrored staging
+         * offset is still free; the staging must not grow (that syncs and moves the buffer) */
         const unsigned char *end = cb->up.dev0 + cb->up.span;
         const size_t at = cb->up.off0 + (size_t)(d - cb->up.dev0);
-        if (d >= end && (size_t)(d - end) <= UP_GAP_MAX && at >= cb->pin_used && at + nbytes <= cb->pin_cap) {
+        if (lim == cb->up.lim && d >= end && (size_t)(d - end) <= UP_GAP_MAX && at >= cb->pin_used &&
+            at + nbytes <= cb->pin_cap) {
             memset(cb->pin + cb->pin_used, 0, at - cb->pin_used);
             memcpy(cb->pin + at, src, nbytes);
             cb->pin_used = (at + nbytes + 63) & ~(size_t)63;
@@ -580,8 +593,9 @@ static void cu_upload(struct backend *b, struct tensor *dst, const void *src, si
         return;
     }
     memcpy(p, src, nbytes);
-    if (cb->up.defer) { /* a new run */
+    if (lim) { /* a new run */
         cb->up.dev0 = d;
+        cb->up.lim = lim;
         cb->up.off0 = off;
         cb->up.span = nbytes;
         return;

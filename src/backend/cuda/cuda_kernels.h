@@ -108,7 +108,8 @@ struct cuda_attn_args {
                             * a kernel that cannot run the shape falls back (see the plan) */
     int split;             /* > 0: this many key splits at most for the decode and generic
                             * kernels (tests, benchmarks; capped at 64); 0: the plan's */
-    int split_keys;        /* > 0: fewest keys per split of the decode kernel; 0: two stages */
+    int split_keys;        /* > 0: fewest keys per split of the decode kernel; 0: one stage */
+    int dec_threads;       /* 128 or 256: the decode kernel's block (tests, benchmarks); 0: the plan's */
     void *scratch;         /* cuda_attn_scratch_bytes(this) bytes of device memory */
     /* RoPE and the KV store fused into the decode kernel (rope.freq != NULL): q holds the
      * raw queries, k_new / v_new the step's raw K (dk, n_kv, n_tokens) and V rows, slot[t]
@@ -141,6 +142,7 @@ struct cuda_attn_plan {
     int kernel;                  /* enum cuda_attn_kernel, never AUTO */
     int dec_slots, dec_split;    /* decode/generic: row slots in the grid, key splits */
     int dec_min_keys;            /* decode: fewest keys per split */
+    int dec_threads;             /* decode: threads per block (128, or 256 for small grids) */
     int pf_slots, pf_split;      /* hybrid/prefill: row-group slots, key splits */
     int short_max;               /* hybrid: groups of <= this many rows go to decode */
     uint64_t dec_partial_bytes, pf_partial_bytes, list_bytes; /* scratch, in this order */
