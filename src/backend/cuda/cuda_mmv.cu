@@ -303,6 +303,27 @@ static __device__ __forceinline__ void q4k_scales(uint32_t w0, uint32_t w1, uint
     *pk = g == 0 ? w1 : g == 1 ? w2 : g == 2 ? w3 : (w1 >> 24) | ((w2 >> 24) << 8) | ((w3 >> 24) << 16);
 }
 
+/* Token row t's activations at two 16-value runs ea, eb (K-quant units): the int8 values,
+ * their per-32 scales and per-16 scaled sums. */
+struct xpair {
+    uint4 a, b;
+    float da, db, sa, sb;
+};
+
+static __device__ __forceinline__ xpair x_pair(const int8_t *xq, const float2 *xds, const float *xs, int t, int k,
+                                               int ea, int eb) {
+    const int8_t *xt = xq + (int64_t)t * k;
+    const int64_t o = (int64_t)t * k;
+    xpair x;
+    x.a = *(const uint4 *)(xt + ea);
+    x.b = *(const uint4 *)(xt + eb);
+    x.da = xds[(o + ea) >> 5].x;
+    x.db = xds[(o + eb) >> 5].x;
+    x.sa = xs[(o + ea) >> 4];
+    x.sb = xs[(o + eb) >> 4];
+    return x;
+}
+
 /* Q4_K: unit u (16 B of nibbles, R rows) against the N token rows' int8 activations. */
 template <int N, int R>
 static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 *qv, const float2 *dm,
@@ -312,19 +333,16 @@ static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 
     const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
 #pragma unroll
     for (int t = 0; t < N; t++) {
-        const int8_t *xt = xq + (int64_t)t * k;
-        const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
-        const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
-        const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+        const xpair x = x_pair(xq, xds, xs, t, k, ea, eb);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const uint4 w = qv[r];
             const uint4 lo = make_uint4(w.x & 0x0f0f0f0fu, w.y & 0x0f0f0f0fu, w.z & 0x0f0f0f0fu, w.w & 0x0f0f0f0fu);
             const uint4 hi = make_uint4((w.x >> 4) & 0x0f0f0f0fu, (w.y >> 4) & 0x0f0f0f0fu, (w.z >> 4) & 0x0f0f0f0fu,
                                         (w.w >> 4) & 0x0f0f0f0fu);
-            const int da = dot16(lo, xa), db = dot16(hi, xb);
-            acc.v[r][t] += dm[r].x * ((float)(pk[r] & 63) * dxa * (float)da + (float)((pk[r] >> 12) & 63) * dxb * (float)db) -
-                           dm[r].y * ((float)((pk[r] >> 6) & 63) * sxa + (float)((pk[r] >> 18) & 63) * sxb);
+            const int da = dot16(lo, x.a), db = dot16(hi, x.b);
+            acc.v[r][t] += dm[r].x * ((float)(pk[r] & 63) * x.da * (float)da + (float)((pk[r] >> 12) & 63) * x.db * (float)db) -
+                           dm[r].y * ((float)((pk[r] >> 6) & 63) * x.sa + (float)((pk[r] >> 18) & 63) * x.sb);
         }
     }
 }
@@ -483,14 +501,11 @@ static __device__ __forceinline__ void q6k_unit(mmv_acc<N, R> &acc, const q6k_ld
     }
 #pragma unroll
     for (int t = 0; t < N; t++) {
-        const int8_t *xt = xq + (int64_t)t * k;
-        const uint4 xa = *(const uint4 *)(xt + ea), xb = *(const uint4 *)(xt + eb);
-        const float dxa = xds[((int64_t)t * k + ea) >> 5].x, dxb = xds[((int64_t)t * k + eb) >> 5].x;
-        const float sxa = xs[((int64_t)t * k + ea) >> 4], sxb = xs[((int64_t)t * k + eb) >> 4];
+        const xpair x = x_pair(xq, xds, xs, t, k, ea, eb);
 #pragma unroll
         for (int r = 0; r < R; r++) /* q is stored +32: dx * dot(q - 32, xq) = dx * dot(q, xq) - 32 * xs */
-            acc.v[r][t] += v[r].sclo * (dxa * (float)dot16(lo[r], xa) - 32.0f * sxa) +
-                           v[r].schi * (dxb * (float)dot16(hi[r], xb) - 32.0f * sxb);
+            acc.v[r][t] += v[r].sclo * (x.da * (float)dot16(lo[r], x.a) - 32.0f * x.sa) +
+                           v[r].schi * (x.db * (float)dot16(hi[r], x.b) - 32.0f * x.sb);
     }
 }
 
