@@ -1404,8 +1404,9 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
         }
         uint64_t bytes = 0;
         for (int t = i; t < j; t++) bytes += qw[t]->bytes;
-        prof_mark(cb, bytes, "mmv %s%s x%d %lldx%lld n=%d", qtype_name(qw[i]->type),
-                  qw[j - 1]->type != qw[i]->type ? "+Q6_K" : "", j - i,
+        prof_mark(cb, bytes, "mmv %s%s%s x%d %lldx%lld n=%d", qtype_name(qw[i]->type),
+                  qw[j - 1]->type != qw[i]->type ? "+" : "",
+                  qw[j - 1]->type != qw[i]->type ? qtype_name(qw[j - 1]->type) : "", j - i,
                   (long long)(qw[i]->rows), (long long)qw[i]->k, (int)x->ne[1]);
         i = j;
     }

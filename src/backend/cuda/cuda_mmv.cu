@@ -454,10 +454,6 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, xs, k, accumulate);
 }
 
-/* Q6_K split layout: q = 192 B per super-block (ql[128] then qh[64]), s = 16 int8 scales,
- * d = one half per super-block. Unit c (0..7) of a super-block: half h = c/4, ql chunk
- * c%4 (16 B); its low nibbles are weights h*128 + (c%4/2)*32 + (c%2)*16 + [0,16), its high
- * nibbles the same + 64; both take their top 2 bits from qh[h*32 + (c%2)*16 + i]. */
 /* Q6_K: unit u's 16 B of low bits, 16 B of high bits and its two sub-block scales. */
 struct q6k_ld {
     uint4 ql, qh;
@@ -1020,19 +1016,18 @@ extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, floa
                                        const struct cuda_mmv_epi *epi, void *stream, struct err *e) {
     if (count < 1 || count > MMV_MATS)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d matrices in one launch (1..%d)", count, MMV_MATS);
+    if (!cuda_mmv_stackable(w, count))
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmv: stacked matrices differ in type or row length");
     struct mmv_mats m;
     memset(&m, 0, sizeof m);
-    const int mixed = count > 1 && cuda_mmv_stackable(w, count) && w[count - 1]->type != w[0]->type;
     for (int i = 0; i < count; i++) {
-        if ((w[i]->type != w[0]->type && !mixed) || w[i]->k != w[0]->k)
-            return err_set(e, SMELT_ERR_INVALID, "cuda mmv: stacked matrices differ in type or row length");
         if ((int64_t)(i ? m.end[i - 1] : 0) + w[i]->rows > INT32_MAX)
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv: too many rows in one launch");
         mats_add(&m, w[i], y[i], b ? b[i] : NULL);
     }
     for (int i = count; i < MMV_MATS; i++) m.end[i] = m.end[count - 1];
     m.k = (int)w[0]->k;
-    if (mixed) m.mix_row = m.end[count - 2];
+    if (w[count - 1]->type != w[0]->type) m.mix_row = m.end[count - 2]; /* Q4_K, then Q6_K */
     if (epi) {
         if (epi->post_cnt && (count != 1 || w[0]->rows % 32 != 0 || !cuda_mmv_needs_quant(w[0]->type) ||
                             32 % (MMV_WARPS * MMV_R) != 0))
