@@ -22,10 +22,10 @@
  *   - the output is compared with the CPU's (1e-4) and the two runs must be bit-identical;
  *   - the split counters must all be zero after every call;
  *   - the output's int8 form (cuda_attn_args.q_out) is compared with cuda_mmv_quantize of
- *     the f32 output: every per-32 scale d bit-identical, int8 values equal except for at
+ *     the f32 output: every per-16 scale d bit-identical, int8 values equal except for at
  *     most 1 in 1000 differing by 1 (a rounding tie; none expected, since both kernels
- *     compute v / d on the same f32 values), and every stored sum (d * sum of q per 16 and
- *     per 32) exactly d times the sum of the int8 values written;
+ *     compute v / d on the same f32 values), and every stored sum (d * sum of q per 16)
+ *     exactly d times the sum of the int8 values written;
  *   - a batch with several rows of a sequence takes the hybrid plan (the decode kernel on a
  *     row list, then the int8 form by a separate quantize launch): same checks.
  * PDL (sm_90+, as the backend sets it; SMELT_NO_PDL=1 turns it off): a chain scale (writes
@@ -695,33 +695,27 @@ static struct cuda_attn_args dev_args(const struct attn_case *c, const struct bu
 static void compare_q(const char *name, const char *what, void *qa, void *qr, int64_t k, int n) {
     int8_t *xa, *xr;
     void *da_, *dr_;
-    float *sa, *sr;
-    cuda_mmv_scratch_parts(qa, k, n, &xa, &da_, &sa);
-    cuda_mmv_scratch_parts(qr, k, n, &xr, &dr_, &sr);
-    const float *da = da_, *dr = dr_; /* float2 {d, d * sum} per 32 */
+    cuda_mmv_scratch_parts(qa, k, n, &xa, &da_);
+    cuda_mmv_scratch_parts(qr, k, n, &xr, &dr_);
+    const float *da = da_, *dr = dr_; /* float2 {d, d * sum} per 16 */
     const int64_t total = k * n;
     int64_t n_diff = 0, first_bad = -1, bad_scale = -1, bad_sum = -1;
     int max_diff = 0;
-    for (int64_t gi = 0; gi < total / 32; gi++) {
+    for (int64_t gi = 0; gi < total / 16; gi++) {
         if (memcmp(&da[2 * gi], &dr[2 * gi], sizeof(float)) != 0 && bad_scale < 0) bad_scale = gi;
         const float d = da[2 * gi];
-        int s32 = 0;
-        for (int h = 0; h < 2; h++) {
-            int s16 = 0;
-            for (int i = 0; i < 16; i++) {
-                const int64_t o = gi * 32 + h * 16 + i;
-                const int diff = abs((int)xa[o] - (int)xr[o]);
-                if (diff) {
-                    n_diff++;
-                    if (first_bad < 0) first_bad = o;
-                }
-                if (diff > max_diff) max_diff = diff;
-                s16 += xa[o];
+        int s16 = 0;
+        for (int i = 0; i < 16; i++) {
+            const int64_t o = gi * 16 + i;
+            const int diff = abs((int)xa[o] - (int)xr[o]);
+            if (diff) {
+                n_diff++;
+                if (first_bad < 0) first_bad = o;
             }
-            if (sa[gi * 2 + h] != d * (float)s16 && bad_sum < 0) bad_sum = gi;
-            s32 += s16;
+            if (diff > max_diff) max_diff = diff;
+            s16 += xa[o];
         }
-        if (da[2 * gi + 1] != d * (float)s32 && bad_sum < 0) bad_sum = gi;
+        if (da[2 * gi + 1] != d * (float)s16 && bad_sum < 0) bad_sum = gi;
     }
     const bool ok = bad_scale < 0 && bad_sum < 0 && max_diff <= 1 && n_diff * 1000 <= total;
     printf("  %-28s %-16s int8 out: %lld values, %lld differ (max %d), scales %s, sums %s%s\n", name, what,

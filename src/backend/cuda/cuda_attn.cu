@@ -345,35 +345,33 @@ static __device__ __forceinline__ void dec_load(T *dst, const T *kc, const T *vc
 static __device__ unsigned attn_cnt[ATTN_CNT];
 
 /* The int8 form of the output (cuda_mmv_quantize's layout: xq int8 per value, xd {d, d *
- * sum} per 32 values, xs d * sum per 16), or all NULL. */
+ * sum} per 16 values), or both NULL. */
 struct attn_qout {
     int8_t *xq;
     float2 *xd;
-    float *xs;
 };
 
 /* Stores the output pair (v0, v1) at element o (even) of dst and, when q.xq is set,
- * quantizes it as quantize_act_kernel (cuda_mmv.cu) does: the 32-value group of o is held
- * by the 16 lanes of this half-warp (2 values each), which all call this together, so the
- * same f32 values give the same bytes. Called by the whole warp (full-mask shuffles). */
+ * quantizes it as quantize_act_kernel (cuda_mmv.cu) does: the 16-value group of o is held
+ * by 8 consecutive lanes (2 values each, an aligned group of 8), which all call this
+ * together, so the same f32 values give the same bytes. Called by the whole warp
+ * (full-mask shuffles). */
 static __device__ __forceinline__ void dec_store(float *dst, const attn_qout &q, int64_t o, float v0, float v1) {
     *reinterpret_cast<float2 *>(dst + o) = make_float2(v0, v1);
     if (!q.xq) return;
     float amax = fmaxf(fabsf(v0), fabsf(v1));
 #pragma unroll
-    for (int m = 1; m < 16; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
     const float d = amax / 127.0f;
     const int q0 = d > 0.0f ? __float2int_rn(v0 / d) : 0, q1 = d > 0.0f ? __float2int_rn(v1 / d) : 0;
-    int s16 = q0 + q1; /* 8 lanes = 16 values */
+    int s16 = q0 + q1;
 #pragma unroll
     for (int m = 1; m < 8; m <<= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, m);
-    const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 8);
     char2 c;
     c.x = (signed char)q0;
     c.y = (signed char)q1;
     *reinterpret_cast<char2 *>(q.xq + o) = c;
-    if ((o & 15) == 0) q.xs[o / 16] = d * (float)s16;
-    if ((o & 31) == 0) q.xd[o / 32] = make_float2(d, d * (float)s32);
+    if ((o & 15) == 0) q.xd[o / 16] = make_float2(d, d * (float)s16);
 }
 
 /* rows: NULL (row = slot, slots 0..n_tokens-1) or a list {count, row...} (a prefill
@@ -1317,10 +1315,10 @@ extern "C" void cuda_attention(const struct cuda_attn_args *a_in, void *stream) 
     /* the int8 form of the output: by the decode kernel itself, else one quantize launch */
     const int64_t width = (int64_t)a->dv * a->n_head;
     const bool want_q = a->q_out && n <= CUDA_MMV_MAX_N && width % 32 == 0;
-    attn_qout qo = {NULL, NULL, NULL};
+    attn_qout qo = {NULL, NULL};
     if (want_q && p.kernel == CUDA_ATTN_DECODE) {
         void *xd;
-        cuda_mmv_scratch_parts(a->q_out, width, n, &qo.xq, &xd, &qo.xs);
+        cuda_mmv_scratch_parts(a->q_out, width, n, &qo.xq, &xd);
         qo.xd = (float2 *)xd;
     }
 

@@ -1177,7 +1177,7 @@ static void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct te
     if (!xq) return;
     struct cuda_mmv_epi epi = {0};
     epi.post_w = next->w->data;
-    cuda_mmv_scratch_parts(cb->prep.buf, qw->rows, (int)n, &epi.post_xq, &epi.post_xd, &epi.post_xs);
+    cuda_mmv_scratch_parts(cb->prep.buf, qw->rows, (int)n, &epi.post_xq, &epi.post_xd);
     epi.post_ss = cb->prep.ss;
     epi.post_cnt = cb->prep.cnt;
     float *y = dst->data;
@@ -1473,7 +1473,7 @@ static void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tenso
                           qg->rows * qg->k <= ((int64_t)16 << 20) && dst->nb[1] == (size_t)qg->rows * sizeof(float);
         if (qout) {
             epi.post_cnt = cb->prep.cnt;
-            cuda_mmv_scratch_parts(cb->att_q.buf, qg->rows, (int)n, &epi.post_xq, &epi.post_xd, &epi.post_xs);
+            cuda_mmv_scratch_parts(cb->att_q.buf, qg->rows, (int)n, &epi.post_xq, &epi.post_xd);
         }
         if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
                          epi.pre_ss || qout ? &epi : NULL, cb->stream, &e) != SMELT_OK)

@@ -6,7 +6,7 @@
  * consecutive bytes. Every unit's weights are loaded once and dotted against each of the
  * n <= 8 token rows (the activations are tiny and stay in L1/L2).
  *
- * Bytes per product: rows * row_bytes (weights) + n*k*(1 + 12/32) (activations) + n*rows*4.
+ * Bytes per product: rows * row_bytes (weights) + n*k*(1 + 8/16) (activations) + n*rows*4.
  */
 #include <string.h>
 
@@ -28,28 +28,36 @@ extern "C" {
 
 /* ---------------------------------------------------------------- kernels ---- */
 
-/* x[n*k] f32 -> xq int8; xds[n*k/32] = {scale, scale * sum(q)} per 32 values;
- * xs[n*k/16] = scale * sum(q) per 16 values (for types with 16-value scale groups). */
-static __global__ void quantize_act_kernel(const float *x, int8_t *__restrict__ xq,
-                                           float2 *__restrict__ xds, float *__restrict__ xs,
+/* The int8 form of the activations (every decode product's input): xq[i] = round(x[i] / d)
+ * with one scale per 16 values, d = max|x| / 127 over the group, and xd[i / 16] = {d, d *
+ * sum(q)} (the sum serves the weights with an offset or a min). One scale per 16, not 32:
+ * each halving of the group halves the activations' share of the logits' error, and per 32
+ * left a real AWQ checkpoint at cosine 0.99899 against the CPU (docs/cuda-backend.md).
+ *
+ * quant16: one value v per lane, for element o; the 16 lanes of each half-warp hold the 16
+ * values of one group (o % 16 == lane % 16). Called by the whole warp (full-mask
+ * shuffles); only lanes with `store` write. */
+static __device__ __forceinline__ void quant16(float v, int8_t *xq, float2 *xd, int64_t o, bool store) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float d = amax / 127.0f;
+    const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
+    int s = q;
+#pragma unroll
+    for (int m = 8; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (!store) return;
+    xq[o] = (int8_t)q;
+    if ((o & 15) == 0) xd[o >> 4] = make_float2(d, d * (float)s);
+}
+
+/* x[n*k] f32 -> its int8 form (quant16); total is a multiple of 32. */
+static __global__ void quantize_act_kernel(const float *x, int8_t *__restrict__ xq, float2 *__restrict__ xd,
                                            int64_t total) {
     pdl_wait();
     pdl_trigger();
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int lane = threadIdx.x & 31;
-    float v = i < total ? x[i] : 0.0f;
-    float amax = warp_max(fabsf(v));
-    float d = amax / 127.0f;
-    int q = d > 0.0f ? __float2int_rn(v / d) : 0;
-    int s = q;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* half-warp sums */
-    int s32 = s + __shfl_xor_sync(0xffffffffu, s, 16);
-    if (i < total) {
-        xq[i] = (int8_t)q;
-        if ((lane & 15) == 0) xs[i / 16] = d * (float)s;
-        if (lane == 0) xds[i / 32] = make_float2(d, d * (float)s32);
-    }
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    quant16(i < total ? x[i] : 0.0f, xq, xd, i, i < total);
 }
 
 /* RMSNorm of each token row (x * rsqrt(mean(x^2) + eps) * w) followed by the quantization
@@ -57,8 +65,7 @@ static __global__ void quantize_act_kernel(const float *x, int8_t *__restrict__ 
  * k is a multiple of 32; warp w quantizes the 32-groups w, w + warps, ... */
 static __global__ void __launch_bounds__(1024)
     norm_quant_kernel(const float *x, int64_t xstride, const float *__restrict__ w, float eps, int k,
-                      int8_t *__restrict__ xq, float2 *__restrict__ xds, float *__restrict__ xs,
-                      float *__restrict__ xn) {
+                      int8_t *__restrict__ xq, float2 *__restrict__ xd, float *__restrict__ xn) {
     pdl_wait();
     pdl_trigger();
     const int64_t t = blockIdx.x;
@@ -78,15 +85,7 @@ static __global__ void __launch_bounds__(1024)
         const int64_t o = t * k + i;
         const float v = xr[i] * inv * (w ? w[i] : 1.0f);
         if (xn) xn[o] = v;
-        const float d = warp_max(fabsf(v)) / 127.0f;
-        const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
-        int s16 = q;
-#pragma unroll
-        for (int m = 8; m > 0; m >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, m);
-        const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
-        xq[o] = (int8_t)q;
-        if ((lane & 15) == 0) xs[o / 16] = d * (float)s16;
-        if (lane == 0) xds[o / 32] = make_float2(d, d * (float)s32);
+        quant16(v, xq, xd, o, true);
     }
 }
 
@@ -275,20 +274,9 @@ struct mmv_acc {
         for (int t = 0; t < N; t++) {
             const int64_t o = (int64_t)t * rows + row;
             const float y = __ldcg(m.y[0] + o); /* other blocks' stores: from L2 */
-            const float v = y * w;
-            const float d = warp_max(fabsf(v)) / 127.0f;
-            const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
-            int s16 = q;
-#pragma unroll
-            for (int j = 8; j > 0; j >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, j);
-            const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 16);
+            quant16(y * w, m.epi.post_xq, (float2 *)m.epi.post_xd, o, true);
             const float ss = warp_sum(y * y);
-            m.epi.post_xq[o] = (int8_t)q;
-            if ((lane & 15) == 0) m.epi.post_xs[o / 16] = d * (float)s16;
-            if (lane == 0) {
-                ((float2 *)m.epi.post_xd)[o / 32] = make_float2(d, d * (float)s32);
-                if (m.epi.post_ss) m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
-            }
+            if (lane == 0 && m.epi.post_ss) m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
         }
         if (lane == 0) m.epi.post_cnt[grp] = 0;
     }
@@ -304,36 +292,35 @@ static __device__ __forceinline__ void q4k_scales(uint32_t w0, uint32_t w1, uint
 }
 
 /* Token row t's activations at two 16-value runs ea, eb (K-quant units): the int8 values,
- * their per-32 scales and per-16 scaled sums. */
+ * their scales and scaled sums (one group each: ea, eb are multiples of 16). */
 struct xpair {
     uint4 a, b;
     float da, db, sa, sb;
 };
 
-static __device__ __forceinline__ xpair x_pair(const int8_t *xq, const float2 *xds, const float *xs, int t, int k,
+static __device__ __forceinline__ xpair x_pair(const int8_t *xq, const float2 *xds, int t, int k,
                                                int ea, int eb) {
-    const int8_t *xt = xq + (int64_t)t * k;
     const int64_t o = (int64_t)t * k;
     xpair x;
-    x.a = *(const uint4 *)(xt + ea);
-    x.b = *(const uint4 *)(xt + eb);
-    x.da = xds[(o + ea) >> 5].x;
-    x.db = xds[(o + eb) >> 5].x;
-    x.sa = xs[(o + ea) >> 4];
-    x.sb = xs[(o + eb) >> 4];
+    x.a = *(const uint4 *)(xq + o + ea);
+    x.b = *(const uint4 *)(xq + o + eb);
+    const float2 pa = xds[(o + ea) >> 4], pb = xds[(o + eb) >> 4];
+    x.da = pa.x;
+    x.db = pb.x;
+    x.sa = pa.y;
+    x.sb = pb.y;
     return x;
 }
 
 /* Q4_K: unit u (16 B of nibbles, R rows) against the N token rows' int8 activations. */
 template <int N, int R>
 static __device__ __forceinline__ void q4k_unit(mmv_acc<N, R> &acc, const uint4 *qv, const float2 *dm,
-                                                const uint32_t *pk, const int8_t *xq, const float2 *xds,
-                                                const float *xs, int u, int k) {
+                                                const uint32_t *pk, const int8_t *xq, const float2 *xds, int u, int k) {
     const int sb = u >> 3, g = (u & 7) >> 1, hf = u & 1;
     const int ea = sb * QK_K + g * 64 + hf * 16, eb = ea + 32;
 #pragma unroll
     for (int t = 0; t < N; t++) {
-        const xpair x = x_pair(xq, xds, xs, t, k, ea, eb);
+        const xpair x = x_pair(xq, xds, t, k, ea, eb);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const uint4 w = qv[r];
@@ -363,7 +350,7 @@ static __device__ __forceinline__ int mmv_row0() {
 /* One warp's Q4_K rows row0 .. row0 + R - 1 (split-K slice ws of KS), stored. */
 template <int N, int R, int GLU, int U, int KS>
 static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int row0, int ws, const int8_t *xq,
-                                                const float2 *xds, const float *xs, int k, int accumulate) {
+                                                const float2 *xds, int k, int accumulate) {
     static_assert(KS == 1 || (KS == MMV_WARPS && N == 1), "split-K: one token row, every warp of the block");
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
@@ -401,7 +388,7 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
                 uint32_t pk[R];
 #pragma unroll
                 for (int r = 0; r < R; r++) q4k_scales(sv[i][r].x, sv[i][r].y, sv[i][r].z, sv[i][r].w, u, &dm[r], &pk[r]);
-                q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, xs, u, k);
+                q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, u, k);
             }
         }
         if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
@@ -438,7 +425,7 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
                     q4k_scales(__shfl_sync(0xffffffffu, sv[i][r], gbase), __shfl_sync(0xffffffffu, sv[i][r], gbase + 1),
                                __shfl_sync(0xffffffffu, sv[i][r], gbase + 2),
                                __shfl_sync(0xffffffffu, sv[i][r], gbase + 3), u, &dm[r], &pk[r]);
-                if (u < n_units) q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, xs, u, k);
+                if (u < n_units) q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, u, k);
             }
         }
     }
@@ -449,9 +436,9 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
 
 template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
-    mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k, int accumulate) {
+    mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
-    q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, xs, k, accumulate);
+    q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, k, accumulate);
 }
 
 /* Q6_K: unit u's 16 B of low bits, 16 B of high bits and its two sub-block scales. */
@@ -477,7 +464,7 @@ static __device__ __forceinline__ q6k_ld q6k_load(const mrow_ref &rr, int nsb, i
 
 template <int N, int R>
 static __device__ __forceinline__ void q6k_unit(mmv_acc<N, R> &acc, const q6k_ld *v, const int8_t *xq,
-                                                const float2 *xds, const float *xs, int u, int k) {
+                                                const float2 *xds, int u, int k) {
     const int sb = u >> 3, c8 = u & 7, h = c8 >> 2, c = c8 & 3;
     const int jb = c >> 1;
     const int ea = sb * QK_K + h * 128 + jb * 32 + (c & 1) * 16, eb = ea + 64;
@@ -497,9 +484,9 @@ static __device__ __forceinline__ void q6k_unit(mmv_acc<N, R> &acc, const q6k_ld
     }
 #pragma unroll
     for (int t = 0; t < N; t++) {
-        const xpair x = x_pair(xq, xds, xs, t, k, ea, eb);
+        const xpair x = x_pair(xq, xds, t, k, ea, eb);
 #pragma unroll
-        for (int r = 0; r < R; r++) /* q is stored +32: dx * dot(q - 32, xq) = dx * dot(q, xq) - 32 * xs */
+        for (int r = 0; r < R; r++) /* q is stored +32: dx * dot(q - 32, xq) = dx * dot(q, xq) - 32 * dx * sum(xq) */
             acc.v[r][t] += v[r].sclo * (x.da * (float)dot16(lo[r], x.a) - 32.0f * x.sa) +
                            v[r].schi * (x.db * (float)dot16(hi[r], x.b) - 32.0f * x.sb);
     }
@@ -512,7 +499,7 @@ static __device__ __forceinline__ void q6k_unit(mmv_acc<N, R> &acc, const q6k_ld
  * U units x R rows are loaded before any math; KS as for Q4_K. */
 template <int N, int R, int GLU, int U, int KS>
 static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int row0, int ws, const int8_t *xq,
-                                                const float2 *xds, const float *xs, int k, int accumulate) {
+                                                const float2 *xds, int k, int accumulate) {
     static_assert(KS == 1 || (KS == MMV_WARPS && N == 1), "split-K: one token row, every warp of the block");
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
@@ -539,7 +526,7 @@ static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int ro
         for (int i = 0; i < U; i++) {
             const int u = u0 + 32 * i;
             if (u >= n_units) break;
-            q6k_unit<N, R>(acc, v[i], xq, xds, xs, u, k);
+            q6k_unit<N, R>(acc, v[i], xq, xds, u, k);
         }
     }
     if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
@@ -550,9 +537,9 @@ static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int ro
 
 template <int N, int R, int GLU, int U = 2, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
-    mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k, int accumulate) {
+    mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
-    q6k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, xs, k, accumulate);
+    q6k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, k, accumulate);
 }
 
 /* Q4_K matrices stacked with a Q6_K one after them (Q4_K_M's Q, K and V on most layers):
@@ -560,12 +547,12 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
  * a multiple of the rows per block, so each block is one type. */
 template <int N, int U4>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
-    mmv_q4k_q6k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k,
+    mmv_q4k_q6k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k,
                 int accumulate) {
     pdl_trigger();
     const int row0 = mmv_row0<MMV_R, 0, 1>();
-    if ((int)blockIdx.x * MMV_WARPS * MMV_R < m.mix_row) q4k_body<N, MMV_R, 0, U4, 1>(m, row0, 0, xq, xds, xs, k, accumulate);
-    else q6k_body<N, MMV_R, 0, 2, 1>(m, row0, 0, xq, xds, xs, k, accumulate);
+    if ((int)blockIdx.x * MMV_WARPS * MMV_R < m.mix_row) q4k_body<N, MMV_R, 0, U4, 1>(m, row0, 0, xq, xds, k, accumulate);
+    else q6k_body<N, MMV_R, 0, 2, 1>(m, row0, 0, xq, xds, k, accumulate);
 }
 
 /* Q8_0 split layout: q = int8 weights row-major, s = one half scale per 32 weights. */
@@ -609,7 +596,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 const uint4 xv = *(const uint4 *)(xq + (int64_t)t * k + u * 16);
-                const float dx = xds[(int64_t)t * (k / 32) + (u >> 1)].x;
+                const float dx = xds[(int64_t)t * (k / 16) + u].x; /* unit u = group u */
 #pragma unroll
                 for (int r = 0; r < R; r++) acc.v[r][t] += dw[i][r] * dx * (float)dot16(qv[i][r], xv);
             }
@@ -818,7 +805,7 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
 
 extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     uint64_t nk = (uint64_t)k * (uint64_t)n;
-    return ((nk + 255) & ~255ull) + ((nk / 32 * 8 + 255) & ~255ull) + nk / 16 * 4;
+    return ((nk + 255) & ~255ull) + nk / 16 * 8;
 }
 
 /* Tuning experiments (tests/unit/test_cuda_mmv.c, SMELT_BENCH_VARIANTS): 0 = the default;
@@ -828,29 +815,29 @@ extern "C" int cuda_mmv_variant = 0;
 
 template <int GLU, int R, int U, int KS = 1>
 static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
-                              const float2 *xd, const float *xs, int acc, cudaStream_t st) {
+                              const float2 *xd, int acc, cudaStream_t st) {
     const int per_block = (KS > 1 ? 1 : MMV_WARPS) * (GLU ? 1 : R);
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32, MMV_WARPS);
     if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
     if (type == QT_Q6_K)
-        return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+        return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
+    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
 }
 
 template <int GLU>
 static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
-                                  const float2 *xd, const float *xs, int acc, cudaStream_t st) {
+                                  const float2 *xd, int acc, cudaStream_t st) {
     switch (v) {
-    case 1: return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 2: return launch_var<GLU, 1, 2>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 6: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 7: return launch_var<GLU, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 8: return launch_var<GLU, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
-    case 9: return launch_var<GLU, 1, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
-    default: return launch_var<GLU, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+    case 1: return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, st);
+    case 2: return launch_var<GLU, 1, 2>(type, m, rows, k, xq, xd, acc, st);
+    case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, acc, st);
+    case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, acc, st);
+    case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, acc, st);
+    case 6: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, acc, st);
+    case 7: return launch_var<GLU, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+    case 8: return launch_var<GLU, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+    case 9: return launch_var<GLU, 1, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+    default: return launch_var<GLU, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
     }
 }
 
@@ -858,20 +845,20 @@ static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m
  * 1 = SiLU, 2 = tanh-GELU: y = act(W x) * (W2 x), m holding W and W2 of one shape. */
 template <int N, int GLU>
 static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, const float *x, const int8_t *xq,
-                            const float2 *xd, const float *xs, int acc, cudaStream_t st) {
+                            const float2 *xd, int acc, cudaStream_t st) {
     const dim3 block(32, MMV_WARPS);
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const int rows = m.end[GLU ? 0 : m.n - 1];
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block));
     if (!GLU && m.mix_row) /* Q4_K rows, then Q6_K rows */
-        return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+        return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, st, m, xq, xd, k, acc);
     switch (type) {
     case QT_F32: return klaunch(mmv_float<N, MMV_R, QT_F32, GLU>, grid, block, 0, st, m, x, k, acc);
     case QT_F16: return klaunch(mmv_float<N, MMV_R, QT_F16, GLU>, grid, block, 0, st, m, x, k, acc);
     case QT_BF16: return klaunch(mmv_float<N, MMV_R, QT_BF16, GLU>, grid, block, 0, st, m, x, k, acc);
     case QT_Q8_0:
         if (N == 1 && cuda_mmv_variant > 0)
-            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, acc, st);
         /* one token (H200, graph-replayed, test_cuda_mmv SMELT_BENCH_VARIANTS): long rows
          * split k over the block's 4 warps (4096x14336: 24.4 us -> 17.1 with 4 rows a warp
          * and one unit in flight; Qwen2.5-0.5B's 896x4864: 4.5 -> 2.8 with 2 rows); short
@@ -880,62 +867,62 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
          * 4096x4096 and the 128k-row output keep 2 rows and 4 units (6.2 us, vs 6.3-8.9; 126
          * us, vs 124-193) */
         if (N == 1 && !GLU && k >= 8192 && rows <= 65536)
-            return launch_var<0, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+            return launch_var<0, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
-            return launch_var<0, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
+            return launch_var<0, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
         /* short rows of a vocabulary-sized matrix (Qwen2.5-0.5B's 151936x896 output): 2 rows
          * a warp, 2 units (half the blocks of the rule below): tg128 1,433 -> 1,456 tok/s
          * end to end (R2 U1 1,428, R4 U1 1,421, R2 U4 1,429; H200, 2026-12-01) */
-        if (N == 1 && !GLU && k < 2048 && rows > 65536) return launch_var<0, 2, 2>(type, m, rows, k, xq, xd, xs, acc, st);
-        if (N == 1 && !GLU && k < 2048) return launch_var<0, 1, 2>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1 && !GLU && k < 2048 && rows > 65536) return launch_var<0, 2, 2>(type, m, rows, k, xq, xd, acc, st);
+        if (N == 1 && !GLU && k < 2048) return launch_var<0, 1, 2>(type, m, rows, k, xq, xd, acc, st);
         if (N == 1 && GLU && (int64_t)rows * k >= ((int64_t)16 << 20))
-            return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+            return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, st);
         return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     case QT_Q4_K:
         if (N == 1 && cuda_mmv_variant > 0)
-            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, acc, st);
         /* one token (same bench): 2 units of 16 B in flight per row beat 4 (fewer registers,
          * more warps: 14336x4096 GLU 21.3 -> 20.4 us, 4096x14336 13.4 -> 11.7 us); the
          * 128k-row output matrix runs best with one (91.8 -> 84.1 us) */
-        if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, xs, acc, st);
+        if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, st);
         /* short and long rows (0.5B's 896x4864): split k over the block's warps, 4.31 -> 2.29 us */
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
-            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
-        if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-        return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+        if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, k, acc);
+        return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     case QT_Q6_K:
         if (N == 1 && cuda_mmv_variant > 0)
-            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, xs, acc, st);
+            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, acc, st);
         /* one token (same bench, 2026-12-01): short and long rows (0.5B's 896x4864) split k
          * over the block's warps, 5.0 -> 2.2 us. 4096x14336 (Q4_K_M's Q6_K down layers)
          * measured 17.6 -> 14.3 us alone with 4 rows, one unit and split-K, but 8B Q4_K_M
          * tg128 fell 456 -> 452 tok/s with it (behind its next-norm epilogue): not taken.
          * GLU, 4096x4096 and the output matrix: 2 rows, 2 units (within 1% of the best). */
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
-            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, xs, acc, st);
-        return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, xs, k, acc);
+            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+        return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
 }
 
 template <int N>
 static cudaError_t launch(const struct mmv_mats &m, uint32_t type, int k, const float *x, const int8_t *xq,
-                          const float2 *xd, const float *xs, int acc, int act, cudaStream_t st) {
-    if (act) return launch_g<N, 1>(m, type, k, x, xq, xd, xs, act, st);
-    return launch_g<N, 0>(m, type, k, x, xq, xd, xs, acc, st);
+                          const float2 *xd, int acc, int act, cudaStream_t st) {
+    if (act) return launch_g<N, 1>(m, type, k, x, xq, xd, act, st);
+    return launch_g<N, 0>(m, type, k, x, xq, xd, acc, st);
 }
 
-static void scratch_parts(const void *scratch, int64_t k, int n, int8_t **xq, float2 **xd, float **xs) {
+/* int8 values (nk, padded to 256 B), then {d, d * sum} per 16 values. */
+static void scratch_parts(const void *scratch, int64_t k, int n, int8_t **xq, float2 **xd) {
     uint64_t nk = (uint64_t)k * (uint64_t)n;
     *xq = (int8_t *)scratch;
     *xd = (float2 *)((uint8_t *)scratch + ((nk + 255) & ~255ull));
-    *xs = (float *)((uint8_t *)*xd + ((nk / 32 * 8 + 255) & ~255ull));
 }
 
-extern "C" void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd, float **xs) {
+extern "C" void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd) {
     float2 *d;
-    scratch_parts(scratch, k, n, xq, &d, xs);
+    scratch_parts(scratch, k, n, xq, &d);
     *xd = d;
 }
 
@@ -947,12 +934,11 @@ extern "C" smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void
                                           struct err *e) {
     int8_t *xq;
     float2 *xd;
-    float *xs;
-    scratch_parts(scratch, k, n, &xq, &xd, &xs);
+    scratch_parts(scratch, k, n, &xq, &xd);
     const int64_t nk = k * n;
     const int tb = 256;
     CUDA_TRY(klaunch(quantize_act_kernel, dim3((unsigned)((nk + tb - 1) / tb)), dim3(tb), 0, (cudaStream_t)stream,
-                     x, xq, xd, xs, nk),
+                     x, xq, xd, nk),
              e);
     return SMELT_OK;
 }
@@ -964,18 +950,17 @@ static smelt_status mmv_dispatch(const struct mmv_mats &m, uint32_t type, int64_
     cudaStream_t st = (cudaStream_t)stream;
     int8_t *xq;
     float2 *xd;
-    float *xs;
-    scratch_parts(scratch, k, n, &xq, &xd, &xs);
+    scratch_parts(scratch, k, n, &xq, &xd);
     cudaError_t rc = cudaErrorInvalidValue;
     switch (n) {
-    case 1: rc = launch<1>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 2: rc = launch<2>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 3: rc = launch<3>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 4: rc = launch<4>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 5: rc = launch<5>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 6: rc = launch<6>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 7: rc = launch<7>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
-    case 8: rc = launch<8>(m, type, (int)k, x, xq, xd, xs, accumulate, act, st); break;
+    case 1: rc = launch<1>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 2: rc = launch<2>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 3: rc = launch<3>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 4: rc = launch<4>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 5: rc = launch<5>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 6: rc = launch<6>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 7: rc = launch<7>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 8: rc = launch<8>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
     }
     if (rc != cudaSuccess)
         return err_set(e, SMELT_ERR_DEVICE, "cuda mmv launch (%s, %lld wide, %d rows): %s", qtype_name(type),
@@ -1071,11 +1056,10 @@ extern "C" smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride,
         return err_set(e, SMELT_ERR_INVALID, "cuda norm+quantize: row length %lld", (long long)k);
     int8_t *xq;
     float2 *xd;
-    float *xs;
-    scratch_parts(scratch, k, n, &xq, &xd, &xs);
+    scratch_parts(scratch, k, n, &xq, &xd);
     const int tb = k >= 8192 ? 1024 : k >= 2048 ? 512 : 256;
     cudaError_t rc = klaunch(norm_quant_kernel, dim3((unsigned)n), dim3(tb), 0, (cudaStream_t)stream, x, x_stride,
-                             w, eps, (int)k, xq, xd, xs, xn);
+                             w, eps, (int)k, xq, xd, xn);
     if (rc != cudaSuccess)
         return err_set(e, SMELT_ERR_DEVICE, "cuda norm+quantize launch: %s", cudaGetErrorString(rc));
     return SMELT_OK;

@@ -6,8 +6,8 @@
  * layout: the quant bits of every block in one array and the block scales in another,
  * each 16-byte aligned, so a warp reads both with coalesced 16-byte loads (the GGUF blocks
  * of Q8_0 (34 B) and Q6_K (210 B) are not 16-byte multiples). Activations are quantized
- * once per product to 8 bits (int8, one f32 scale per 32 values, one f32 sum per 16) and
- * dotted with __dp4a; F16 weights use f32 activations directly.
+ * once per product to 8 bits (int8 with one f32 scale and one f32 scaled sum per 16 values)
+ * and dotted with __dp4a; F16 weights use f32 activations directly.
  *
  * Design note and measurements: docs/cuda-backend.md.
  */
@@ -69,7 +69,7 @@ smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, f
  *     pre_ss (n, k/32) holds the sums of squares of x per 32 values: the product is scaled
  *     per token row by rsqrt(mean(x^2) + pre_eps), i.e. it is W rms_norm(x) * w.
  *   - post_cnt (rows/32 zeroed counters, left zeroed): after y (+)= W x, prepare y for the
- *     next product: post_xq/post_xd/post_xs get the int8 form of post_w * y (of y when
+ *     next product: post_xq/post_xd get the int8 form of post_w * y (of y when
  *     post_w is NULL) in cuda_mmv_quantize's layout, and post_ss (when not NULL) the sums of
  *     squares of y per 32 in pre_ss's layout (n, rows/32), for a next product through an
  *     RMSNorm of weight post_w. One output matrix with rows % 32 == 0, or the GLU's output
@@ -79,15 +79,14 @@ struct cuda_mmv_epi {
     float pre_eps;
     const float *post_w;
     int8_t *post_xq;
-    void *post_xd; /* float2 per 32 values */
-    float *post_xs;
+    void *post_xd; /* float2 {d, d * sum} per 16 values */
     float *post_ss;
     unsigned *post_cnt;
 };
 
-/* Where the parts of a scratch of cuda_mmv_scratch_bytes(k, n) lie (int8 values, scales per
- * 32, sums per 16), to point an epilogue's post_* at one. */
-void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd, float **xs);
+/* Where the parts of a scratch of cuda_mmv_scratch_bytes(k, n) lie (int8 values; float2
+ * {scale, scale * sum} per 16 values), to point an epilogue's post_* at one. */
+void cuda_mmv_scratch_parts(void *scratch, int64_t k, int n, int8_t **xq, void **xd);
 
 /* Whether w[0..count) can go to one cuda_mmv_multi launch: one row length, and one type or
  * Q4_K matrices followed by one Q6_K (Q4_K_M's V) starting at a multiple of 8 rows. */

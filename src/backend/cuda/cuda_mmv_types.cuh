@@ -10,17 +10,18 @@
  * MMV_U pattern), and the loop bound is uniform over the warp so every lane reaches pdl_wait()
  * after its first weight loads and before its first activation read.
  *
- * Per unit (16 B of quant bits) and token row, against the int8 activations (xq, xds = {d,
- * d*sum} per 32, xs = d*sum per 16), with dot = __dp4a over the unit's weights:
- *   Q4_0  32 weights: d * (dx * dot(q) - 8 * dx*sum32)           (q = nibble, 0..15)
- *   Q4_1  32 weights: d * dx * dot(q) + m * dx*sum32
- *   Q5_0  32 weights: d * (dx * dot(q) - 16 * dx*sum32)          (q = nibble | qh bit << 4)
- *   Q5_1  32 weights: d * dx * dot(q) + m * dx*sum32
- *   IQ4_NL/IQ4_XS 32 weights: dl * dx * dot(kv[code])            (codes mapped by tq_iq4)
+ * Per unit (16 B of quant bits) and token row, against the int8 activations (xq, xds = {dx,
+ * dx*sum} per 16 values: quant16 in cuda_mmv.cu), with dot = __dp4a over one run of 16
+ * weights and the sums over the two (or four) runs of 16 of the unit, each with its dx:
+ *   Q4_0  32 weights: d * sum(dx * dot(q) - 8 * dx*sum)           (q = nibble, 0..15)
+ *   Q4_1  32 weights: d * sum(dx * dot(q)) + m * sum(dx*sum)
+ *   Q5_0  32 weights: d * sum(dx * dot(q) - 16 * dx*sum)          (q = nibble | qh bit << 4)
+ *   Q5_1  32 weights: d * sum(dx * dot(q)) + m * sum(dx*sum)
+ *   IQ4_NL/IQ4_XS 32 weights: dl * sum(dx * dot(kv[code]))        (codes mapped by tq_iq4)
  *   Q5_K  32 weights (two runs of 16 in sub-blocks 2g, 2g+1, as Q4_K's units):
- *         d * sum(sc * dx * dot) - dmin * sum(m * dx*sum16)
- *   Q2_K  64 weights (four runs of 16, shifts 0..3): d * sum(sc * dx * dot) - dmin * sum(m * dx*sum16)
- *   Q3_K  64 weights (as Q2_K, q = low2 | hbit << 2 in 0..7): d * sum(sc * (dx * dot - 4 * dx*sum16))
+ *         d * sum(sc * dx * dot) - dmin * sum(m * dx*sum)
+ *   Q2_K  64 weights (four runs of 16, shifts 0..3): d * sum(sc * dx * dot) - dmin * sum(m * dx*sum)
+ *   Q3_K  64 weights (as Q2_K, q = low2 | hbit << 2 in 0..7): d * sum(sc * (dx * dot - 4 * dx*sum))
  */
 #include "backend/cuda/cuda_qtypes.cuh"
 
@@ -70,8 +71,7 @@ struct tq_legacy {
         return v;
     }
     template <int N, int R>
-    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds,
-                                               const float *, int u, int k) {
+    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds, int u, int k) {
         uint4 wa[R], wb[R];
         float2 dm[R];
 #pragma unroll
@@ -90,12 +90,13 @@ struct tq_legacy {
         for (int t = 0; t < N; t++) {
             const int64_t e = (int64_t)t * k + (int64_t)u * 32;
             const uint4 xa = tq_x16(xq, e), xb = tq_x16(xq, e + 16);
-            const float2 ds = xds[e >> 5];
+            const float2 da = xds[e >> 4], db = xds[(e >> 4) + 1];
+            const float xsum = da.y + db.y;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const float dot = (float)(tq_dot16(wa[r], xa) + tq_dot16(wb[r], xb));
-                if (MIN) acc.v[r][t] += dm[r].x * ds.x * dot + dm[r].y * ds.y;
-                else acc.v[r][t] += dm[r].x * (ds.x * dot - off * ds.y);
+                const float dot = da.x * (float)tq_dot16(wa[r], xa) + db.x * (float)tq_dot16(wb[r], xb);
+                if (MIN) acc.v[r][t] += dm[r].x * dot + dm[r].y * xsum;
+                else acc.v[r][t] += dm[r].x * (dot - off * xsum);
             }
         }
     }
@@ -125,8 +126,7 @@ struct tq_iq4x {
         return v;
     }
     template <int N, int R>
-    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds,
-                                               const float *, int u, int k) {
+    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds, int u, int k) {
         uint4 wa[R], wb[R];
         float dl[R];
 #pragma unroll
@@ -145,10 +145,10 @@ struct tq_iq4x {
         for (int t = 0; t < N; t++) {
             const int64_t e = (int64_t)t * k + (int64_t)u * 32;
             const uint4 xa = tq_x16(xq, e), xb = tq_x16(xq, e + 16);
-            const float dx = xds[e >> 5].x;
+            const float dxa = xds[e >> 4].x, dxb = xds[(e >> 4) + 1].x;
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc.v[r][t] += dl[r] * dx * (float)(tq_dot16(wa[r], xa) + tq_dot16(wb[r], xb));
+                acc.v[r][t] += dl[r] * (dxa * (float)tq_dot16(wa[r], xa) + dxb * (float)tq_dot16(wb[r], xb));
         }
     }
 };
@@ -172,8 +172,7 @@ struct tq_q5_k {
         return v;
     }
     template <int N, int R>
-    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds,
-                                               const float *xs, int u, int k) {
+    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds, int u, int k) {
         const int c = u & 7;
         const int ea = (u >> 3) * TQ_QK + (c >> 1) * 64 + (c & 1) * 16, eb = ea + 32;
         uint4 wa[R], wb[R];
@@ -188,7 +187,8 @@ struct tq_q5_k {
         for (int t = 0; t < N; t++) {
             const int64_t ta = (int64_t)t * k + ea, tb = (int64_t)t * k + eb;
             const uint4 xa = tq_x16(xq, ta), xb = tq_x16(xq, tb);
-            const float dxa = xds[ta >> 5].x, dxb = xds[tb >> 5].x, sxa = xs[ta >> 4], sxb = xs[tb >> 4];
+            const float2 pa = xds[ta >> 4], pb = xds[tb >> 4];
+            const float dxa = pa.x, dxb = pb.x, sxa = pa.y, sxb = pb.y;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const uint32_t pk = v[r].pk;
@@ -228,8 +228,7 @@ struct tq_q23_k {
         return v;
     }
     template <int N, int R>
-    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds,
-                                               const float *xs, int u, int k) {
+    static __device__ __forceinline__ void dot(mmv_acc<N, R> &acc, const ld *v, const int8_t *xq, const float2 *xds, int u, int k) {
         const int c4 = u & 3;
         const int e0 = (u >> 2) * TQ_QK + (c4 >> 1) * 128 + (c4 & 1) * 16;
         float2 dm[R];
@@ -247,7 +246,8 @@ struct tq_q23_k {
             for (int s = 0; s < 4; s++) {
                 const int64_t e = (int64_t)t * k + e0 + 32 * s;
                 const uint4 x = tq_x16(xq, e);
-                const float dx = xds[e >> 5].x, sx = xs[e >> 4];
+                const float2 p = xds[e >> 4];
+                const float dx = p.x, sx = p.y;
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     uint4 w = tq_q2(v[r].q, s);
@@ -276,7 +276,7 @@ struct tq_q23_k {
  * warps per block, TT::U units of 16 B per lane in flight. */
 template <class TT, int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
-    mmv_tq(const struct mmv_mats m, const int8_t *xq, const float2 *xds, const float *xs, int k, int accumulate) {
+    mmv_tq(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
@@ -299,7 +299,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
 #pragma unroll
         for (int i = 0; i < TT::U; i++) {
             const int u = base + lane + 32 * i;
-            if (u < upr) TT::template dot<N, R>(acc, v[i], xq, xds, xs, u, k);
+            if (u < upr) TT::template dot<N, R>(acc, v[i], xq, xds, u, k);
         }
     }
     if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
@@ -467,17 +467,17 @@ static int tq_supported(uint32_t type, int64_t k) {
 /* launch_g's part for these types. */
 template <int N, int GLU>
 static cudaError_t tq_launch(uint32_t type, dim3 grid, dim3 block, cudaStream_t st, const struct mmv_mats &m,
-                             const int8_t *xq, const float2 *xd, const float *xs, int k, int acc) {
+                             const int8_t *xq, const float2 *xd, int k, int acc) {
     switch (type) {
-    case QT_Q4_0: return klaunch(mmv_tq<tq_legacy<0, 0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q4_1: return klaunch(mmv_tq<tq_legacy<0, 1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q5_0: return klaunch(mmv_tq<tq_legacy<1, 0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q5_1: return klaunch(mmv_tq<tq_legacy<1, 1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_IQ4_NL: return klaunch(mmv_tq<tq_iq4x<0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_IQ4_XS: return klaunch(mmv_tq<tq_iq4x<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q5_K: return klaunch(mmv_tq<tq_q5_k, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q2_K: return klaunch(mmv_tq<tq_q23_k<0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
-    case QT_Q3_K: return klaunch(mmv_tq<tq_q23_k<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, xs, k, acc);
+    case QT_Q4_0: return klaunch(mmv_tq<tq_legacy<0, 0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q4_1: return klaunch(mmv_tq<tq_legacy<0, 1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q5_0: return klaunch(mmv_tq<tq_legacy<1, 0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q5_1: return klaunch(mmv_tq<tq_legacy<1, 1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_IQ4_NL: return klaunch(mmv_tq<tq_iq4x<0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_IQ4_XS: return klaunch(mmv_tq<tq_iq4x<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q5_K: return klaunch(mmv_tq<tq_q5_k, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q2_K: return klaunch(mmv_tq<tq_q23_k<0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q3_K: return klaunch(mmv_tq<tq_q23_k<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
 }
