@@ -51,12 +51,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#ifndef SMELT_BUILD_COMMIT
-#define SMELT_BUILD_COMMIT "unknown"
-#endif
-#ifndef SMELT_BUILD_NUMBER
-#define SMELT_BUILD_NUMBER 0
-#endif
+#include "build_info.h" /* generated at build time: cmake/build_info.cmake */
 
 #define BLOCK 16
 #define MAX_LIST 64

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "build_info.h" /* generated at build time: cmake/build_info.cmake */
 #include "cli/cli.h"
 #include "smelt.h"
 
@@ -10,23 +11,6 @@ struct command {
     int (*fn)(int argc, char **argv);
     const char *help;
 };
-
-/* Weak defaults let a subcommand be absent while its layer is still being built; such a
- * command says so instead of failing to link. */
-#define NOT_YET(fn)                                                                            \
-    __attribute__((weak)) int fn(int argc, char **argv) {                                      \
-        (void)argc;                                                                            \
-        fprintf(stderr, "smelt %s: not available in this build yet\n", argv[0]);               \
-        return 1;                                                                              \
-    }
-NOT_YET(cmd_inspect)
-NOT_YET(cmd_quantize)
-NOT_YET(cmd_tokenize)
-NOT_YET(cmd_template)
-NOT_YET(cmd_run)
-NOT_YET(cmd_serve)
-NOT_YET(cmd_bench)
-NOT_YET(cmd_pull)
 
 static const struct command commands[] = {
     {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
@@ -62,7 +46,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
-        printf("smelt %s\n", smelt_version());
+        printf("smelt %s (commit %s, build %d)\n", smelt_version(), SMELT_BUILD_COMMIT, SMELT_BUILD_NUMBER);
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
