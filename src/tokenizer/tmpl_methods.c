@@ -1266,10 +1266,11 @@ bool tmpl_str_format(struct rt *rt, struct tstr *fmt, struct targs *a, struct tv
         size_t p = nl;
         while (ok && p < flen && (f[p] == '.' || f[p] == '[')) {
             struct tv key, nv;
+            bool have_key; /* released whether the lookup succeeds or not */
             if (f[p] == '.') {
                 size_t q = p + 1;
                 while (q < flen && f[q] != '.' && f[q] != '[' && f[q] != '!' && f[q] != ':') q++;
-                ok = tv_new_str(rt, f + p + 1, q - p - 1, &key);
+                ok = have_key = tv_new_str(rt, f + p + 1, q - p - 1, &key);
                 if (ok) ok = tmpl_getattr(rt, val, key.u.s, &nv);
                 p = q;
             } else {
@@ -1282,14 +1283,15 @@ bool tmpl_str_format(struct rt *rt, struct tstr *fmt, struct targs *a, struct tv
                     int64_t x = 0;
                     for (size_t r = p + 1; r < q && x < 1 << 30; r++) x = x * 10 + (f[r] - '0');
                     key = tv_int(x);
+                    have_key = true;
                 } else {
-                    ok = tv_new_str(rt, f + p + 1, q - p - 1, &key);
+                    ok = have_key = tv_new_str(rt, f + p + 1, q - p - 1, &key);
                 }
                 if (ok) ok = tmpl_getitem(rt, val, key, &nv);
                 p = q + 1;
             }
+            if (have_key) tv_release(rt, key);
             if (ok) {
-                tv_release(rt, key);
                 tv_release(rt, val);
                 val = nv;
             }

@@ -105,6 +105,11 @@ static void test_errors(void) {
     check_error("{{ 99999999999999999999 }}", NULL, SMELT_ERR_FORMAT, "integer literal too large");
     check_error("{{ 'a' * 100000000 }}", NULL, SMELT_ERR_RANGE, "exceeds");
     check_error("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}", NULL, SMELT_ERR_RANGE, "nested too deeply");
+    /* a str.format field whose lookup fails after its key was made (the key leaked: found
+     * by fuzz_tmpl, caught by the ASan run's leak check) */
+    check_error("{{ '{0.nope.x}'.format(1) }}", NULL, SMELT_ERR_INVALID, "has no attribute 'nope'");
+    check_error("{{ '{0.nope[k]}'.format(1) }}", NULL, SMELT_ERR_INVALID, "has no attribute 'nope'");
+    check_error("{{ '{0.nope[3]}'.format(1) }}", NULL, SMELT_ERR_INVALID, "has no attribute 'nope'");
     check_error("{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}", NULL,
                 SMELT_ERR_RANGE, "output exceeds");
     /* the step budget: a loop that allocates and prints nothing */
