@@ -76,12 +76,14 @@ extern "C" int cuda_pdl_on;
  * without this, the first kernel of a step read the token ids before they had arrived. */
 extern "C" int cuda_pdl_fence;
 
-/* Kernels without dynamic shared memory (the decode products, norms, quantizers) ask for
- * the smallest shared-memory carveout, i.e. the largest L1, once each. Measured on the
- * H200 (tg128): Qwen2.5-0.5B Q8_0 1,226 -> 1,257 tok/s, Llama-3-8B Q4_K_M unchanged.
- * Kernels with dynamic shared memory keep the driver's choice: the same hint on the
- * decode attention cost 8B at depth 4096 a quarter of its speed (occupancy), and on
- * batched decode 7%. */
+/* Kernels with (almost) no shared memory (the decode products, norms, quantizers: at most
+ * CARVEOUT_SMALL_SMEM bytes, static) ask for the smallest shared-memory carveout, i.e. the
+ * largest L1, once each. Measured on the H200 (tg128): Qwen2.5-0.5B Q8_0 1,226 -> 1,257
+ * tok/s, Llama-3-8B Q4_K_M unchanged. Kernels with dynamic shared memory, or static
+ * shared arrays of their own (the top-k kernels' 17-26 KB), keep the driver's choice: the
+ * same hint on the decode attention cost 8B at depth 4096 a quarter of its speed
+ * (occupancy), and on batched decode 7%. */
+#define CARVEOUT_SMALL_SMEM 4096
 static inline void carveout_once(const void *fn, size_t smem) {
     static const void *seen[256];
     static int n_seen;
@@ -89,7 +91,12 @@ static inline void carveout_once(const void *fn, size_t smem) {
     for (int i = 0; i < n_seen; i++)
         if (seen[i] == fn) return;
     if (n_seen < 256) seen[n_seen++] = fn;
-    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 0);
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the launch that follows reports its own errors */
+        return;
+    }
+    if (fa.sharedSizeBytes <= CARVEOUT_SMALL_SMEM) cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 0);
 }
 
 template <typename... P, typename... A>

@@ -304,11 +304,16 @@ static __device__ int finish_keys(unsigned long long *sk, struct tk_shared &sh, 
 
 /* ---------------------------------------------------------------- kernels ---- */
 
+/* Both kernels are launched with programmatic dependent launch (klaunch): they wait for
+ * the kernel before them (the output layer, then topk_partial) before reading anything,
+ * and every input is written or uploaded within the step, so none is read through the
+ * read-only path (no const __restrict__ on them: cuda_common.cuh). */
 static __global__ void __launch_bounds__(TK_THREADS)
-topk_partial_kernel(const float *__restrict__ logits, int64_t ld, int nv, int slice, int n_split,
-                    const struct topk_row *__restrict__ rows, const struct logit_adj *__restrict__ adj,
-                    int adj_cap, float *__restrict__ adj_raw, struct tk_part *__restrict__ parts,
-                    unsigned long long *__restrict__ pkeys) {
+topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_split, const struct topk_row *rows,
+                    const struct logit_adj *adj, int adj_cap, float *__restrict__ adj_raw,
+                    struct tk_part *__restrict__ parts, unsigned long long *__restrict__ pkeys) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ unsigned long long sk[TK_CAP];
     __shared__ uint32_t sbits[TK_BITS];
     __shared__ struct tk_shared sh;
@@ -416,9 +421,11 @@ topk_partial_kernel(const float *__restrict__ logits, int64_t ld, int nv, int sl
 }
 
 static __global__ void __launch_bounds__(TK_THREADS)
-topk_merge_kernel(int n_split, const struct topk_row *__restrict__ rows,
-                  const struct tk_part *__restrict__ parts, const unsigned long long *__restrict__ pkeys,
-                  struct topk_summary *__restrict__ sums, struct topk_cand *__restrict__ cands) {
+topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part *parts,
+                  const unsigned long long *pkeys, struct topk_summary *__restrict__ sums,
+                  struct topk_cand *__restrict__ cands) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ unsigned long long sk[TK_CAP];
     __shared__ struct tk_shared sh;
     const int r = blockIdx.x, tid = threadIdx.x;
@@ -535,10 +542,11 @@ extern "C" void cuda_logits_topk(const struct cuda_topk_args *a, void *stream) {
     unsigned long long *pkeys = (unsigned long long *)(parts + (int64_t)a->n_rows * ns);
     int32_t *out = (int32_t *)a->out;
     float *adj_raw = (float *)(out + topk_raw_word(a->n_rows));
-    topk_partial_kernel<<<dim3((unsigned)ns, (unsigned)a->n_rows), TK_THREADS, 0, st>>>(
-        a->logits, a->ld, a->n_vocab, sl, ns, (const struct topk_row *)a->rows,
-        (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys);
-    topk_merge_kernel<<<(unsigned)a->n_rows, TK_THREADS, 0, st>>>(
-        ns, (const struct topk_row *)a->rows, parts, pkeys, (struct topk_summary *)out,
-        (struct topk_cand *)(out + topk_cand_word(a->n_rows)));
+    (void)klaunch(topk_partial_kernel, dim3((unsigned)ns, (unsigned)a->n_rows), dim3(TK_THREADS), 0, st,
+                  (const float *)a->logits, a->ld, a->n_vocab, sl, ns, (const struct topk_row *)a->rows,
+                  (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys);
+    (void)klaunch(topk_merge_kernel, dim3((unsigned)a->n_rows), dim3(TK_THREADS), 0, st, ns,
+                  (const struct topk_row *)a->rows, (const struct tk_part *)parts,
+                  (const unsigned long long *)pkeys, (struct topk_summary *)out,
+                  (struct topk_cand *)(out + topk_cand_word(a->n_rows)));
 }

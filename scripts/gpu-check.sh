@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The GPU check in one command: the CUDA tests, compute-sanitizer on the attention test, and
+# the benchmark rows of docs/cuda-backend.md ("End to end") on random-weight files of the
+# real shapes, with a one-screen summary. Meant for a machine with an NVIDIA GPU (the H200
+# the figures come from); takes about 10 minutes there with a prebuilt binary.
+#
+#   usage: scripts/gpu-check.sh [-b BIN_DIR] [-o OUT_DIR] [-m MODEL_DIR] [--quick]
+#     -b BIN_DIR   use the binaries there (smelt, test_cuda_*, test_memplan); without it the
+#                  tree is built into build-gpu (Release, the GPU's own architecture)
+#     -o OUT_DIR   where the logs and summary.txt go (default gpu-check-out)
+#     -m DIR       where the random-weight models are made or found (default /tmp/smelt-models)
+#     --quick      tests and tg128 only (no pp512, depth or batched rows, no sanitizer)
+#   env: SMELT_CUDA_REAL_MODELS (colon separated real GGUF files for test_cuda_forward's
+#        strict check; models/*.gguf are picked up by the test itself when present)
+#
+# Exit status: 0 when every test passed, 1 otherwise (the benchmarks never fail the run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+bin="" out=gpu-check-out models=/tmp/smelt-models quick=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -b) bin=$2; shift 2 ;;
+    -o) out=$2; shift 2 ;;
+    -m) models=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$out" "$models"
+out=$(cd "$out" && pwd)
+summary=$out/summary.txt
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi > /dev/null 2>&1; then
+    echo "gpu-check: no NVIDIA GPU visible (nvidia-smi failed)" >&2
+    exit 2
+fi
+say "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | head -1)"
+say "tree: $(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (modified)'), $(date -u +%Y-%m-%dT%H:%MZ)"
+
+if [ -z "$bin" ]; then
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
+    arch=$cc
+    [ "$cc" = 90 ] && arch=90a # Hopper: the sm_90a instructions (wgmma, setmaxnreg)
+    echo "gpu-check: building build-gpu for sm_$arch"
+    if ! { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSMELT_CUDA_ARCHS="$arch" > "$out/build.log" 2>&1 &&
+           cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1; }; then
+        tail -30 "$out/build.log"
+        say "build: FAILED (see $out/build.log)"
+        exit 1
+    fi
+    bin=build-gpu
+fi
+bin=$(cd "$bin" && pwd)
+export SMELT_SOURCE_DIR=$root
+
+# the models, made in the background while the tests run (smelt quantize --random)
+make_model() { # preset type file
+    [ -s "$3" ] || "$bin/smelt" quantize --random "$1" "$3.part" "$2" > /dev/null 2>&1 && mv -f "$3.part" "$3" 2> /dev/null
+    [ -s "$3" ]
+}
+L8Q4=$models/llama3-8b-q4_k_m.gguf L8Q8=$models/llama3-8b-q8_0.gguf L8F16=$models/llama3-8b-f16.gguf
+Q05Q8=$models/qwen2.5-0.5b-q8_0.gguf Q05Q4=$models/qwen2.5-0.5b-q4_k_m.gguf
+(
+    make_model qwen2.5-0.5b Q8_0 "$Q05Q8"
+    make_model llama3-8b Q4_K_M "$L8Q4"
+    make_model qwen2.5-0.5b Q4_K_M "$Q05Q4"
+    if [ $quick = 0 ]; then
+        make_model llama3-8b Q8_0 "$L8Q8"
+        make_model llama3-8b F16 "$L8F16"
+    fi
+) > "$out/models.log" 2>&1 &
+gen=$!
+
+fail=0
+run_test() { # name [prefix command...]
+    local name=$1; shift
+    local t0=$SECONDS
+    "$@" "$bin/$name" > "$out/$name.log" 2>&1
+    local rc=$?
+    local verdict=passed
+    [ $rc = 0 ] || { verdict="FAILED (rc $rc)"; fail=1; }
+    [ $rc = 77 ] && { verdict="SKIPPED: $(grep -m1 -i skip "$out/$name.log")"; fail=1; }
+    say "test $name: $verdict, $((SECONDS - t0)) s"
+}
+for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_memplan; do
+    [ -x "$bin/$t" ] && run_test $t || say "test $t: not built"
+done
+if [ $quick = 0 ]; then
+    san=/usr/local/cuda/bin/compute-sanitizer
+    [ -x $san ] || san=$(command -v compute-sanitizer)
+    if [ -n "$san" ]; then
+        timeout 300 $san --tool racecheck --racecheck-report hazard "$bin/test_cuda_attn" > "$out/racecheck_attn.log" 2>&1
+        say "racecheck test_cuda_attn: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck_attn.log" | tail -1 || echo 'no summary (timeout?)')"
+        timeout 300 $san --tool memcheck "$bin/test_cuda_mmv" > "$out/memcheck_mmv.log" 2>&1
+        say "memcheck test_cuda_mmv: $(grep -E 'ERROR SUMMARY' "$out/memcheck_mmv.log" | tail -1 || echo 'no summary (timeout?)')"
+    else
+        say "compute-sanitizer: not found, skipped"
+    fi
+fi
+wait $gen
+# whole models: the fixtures, models/*.gguf when present, the real files named in
+# SMELT_CUDA_REAL_MODELS (strict) and the random-weight files (lenient)
+SMELT_CUDA_MODELS="$Q05Q8:$Q05Q4" run_test test_cuda_forward
+grep -E "cosine|argmax|greedy" "$out/test_cuda_forward.log" | grep -iE "fail|models/|real" | head -20 >> "$summary"
+
+bench() { # label file args...
+    local label=$1 file=$2; shift 2
+    [ -s "$file" ] || { say "bench $label: no model file"; return; }
+    "$bin/smelt" bench -m "$file" "$@" -o md > "$out/bench-$label.log" 2>&1
+    grep -E "^\|.*(pp|tg)[0-9]" "$out/bench-$label.log" | tr -s ' ' | sed "s/^/bench $label /" | tee -a "$summary"
+}
+if [ $quick = 1 ]; then
+    bench 8B-Q4_K_M "$L8Q4" -p 0 -n 128 -r 3
+    bench 0.5B-Q8_0 "$Q05Q8" -p 0 -n 128 -r 3
+    bench 0.5B-Q4_K_M "$Q05Q4" -p 0 -n 128 -r 3
+else
+    bench 8B-Q4_K_M "$L8Q4" -p 512 -n 128 -r 3
+    bench 8B-Q8_0 "$L8Q8" -p 512 -n 128 -r 3
+    bench 8B-F16 "$L8F16" -p 512 -n 128 -r 3
+    bench 0.5B-Q8_0 "$Q05Q8" -p 512 -n 128 -r 3
+    bench 0.5B-Q4_K_M "$Q05Q4" -p 0 -n 128 -r 3
+    bench 8B-depth "$L8Q4" -p 0 -n 64 -d 4096 -r 2
+    bench 0.5B-depth "$Q05Q8" -p 0 -n 64 -d 4096 -r 2
+    bench 8B-batched "$L8Q4" -p 0 -n 64 -B 8,32,64 -r 2
+    bench 0.5B-batch "$Q05Q8" -p 0 -n 64 -B 8,32,64 -r 2
+fi
+say "tests: $([ $fail = 0 ] && echo 'all passed' || echo 'SOME FAILED OR SKIPPED')"
+exit $fail
