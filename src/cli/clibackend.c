@@ -23,7 +23,16 @@ smelt_status cli_backend_new(const char *name, int device, int threads, struct b
     *out = NULL;
     if (name && strcmp(name, "auto") && strcmp(name, "cpu") && strcmp(name, "cuda"))
         return err_set(e, SMELT_ERR_INVALID, "unknown backend '%s' (auto, cpu, cuda)", name);
-    if (cli_backend_is_cuda(name)) {
+    const bool cuda = cli_backend_is_cuda(name);
+    if (device >= 0 && !cuda) {
+        if (name && !strcmp(name, "cpu"))
+            return err_set(e, SMELT_ERR_INVALID, "--device %d is a CUDA device; --backend cpu takes none", device);
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        return err_set(e, SMELT_ERR_DEVICE, "--device %d: no CUDA device is visible%s%s%s (--backend cpu runs on the CPU)",
+                       device, vis ? " (CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "", vis ? ")" : "");
+    }
+    if (device < 0) device = 0;
+    if (cuda) {
 #ifdef SMELT_HAVE_CUDA
         /* --device N indexes the devices CUDA_VISIBLE_DEVICES leaves visible */
         int n = cuda_device_count();

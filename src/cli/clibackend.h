@@ -1,8 +1,10 @@
 /* Backend selection shared by the commands that run a model (run, serve, bench).
  *
  * name: "auto" (CUDA when this build has it and a device is visible, else CPU), "cpu" or
- * "cuda". device: the CUDA device index (CUDA_VISIBLE_DEVICES applies first). threads:
- * CPU worker threads (0 = all cores; the CUDA backend ignores it). */
+ * "cuda". device: the CUDA device index (CUDA_VISIBLE_DEVICES applies first), or -1 when
+ * the user gave none (device 0 if CUDA is picked); a device given while the choice is the
+ * CPU is an error, not silently ignored. threads: CPU worker threads (0 = all cores; the
+ * CUDA backend ignores it). */
 #ifndef SMELT_CLI_BACKEND_H
 #define SMELT_CLI_BACKEND_H
 

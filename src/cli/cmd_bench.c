@@ -652,7 +652,8 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
     int n_blocks = max_b * ((per_seq + BLOCK - 1) / BLOCK) + 1;
     smelt_status st = cli_resolve_model(ref, false, path, sizeof path, e);
     if (st == SMELT_OK) st = gguf_open(&f, path, e);
-    if (st == SMELT_OK) st = cli_backend_new(o->backend, o->device, threads, &bk, e);
+    /* -mg is llama-bench's main_gpu: reported whatever the backend, used only by CUDA */
+    if (st == SMELT_OK) st = cli_backend_new(o->backend, cli_backend_is_cuda(o->backend) ? o->device : -1, threads, &bk, e);
     if (st == SMELT_OK) st = cli_model_load(path, f, bk, &c.m, e);
     if (st == SMELT_OK) {
         /* the memory plan: the longest prompt chunk, or max_b decode rows */

@@ -80,6 +80,7 @@ static int parse(int argc, char **argv, struct opts *o) {
     sample_params_default(&o->sp);
     o->n_predict = 256;
     o->n_ctx = 4096;
+    o->device = -1; /* not given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v = 0;
@@ -106,7 +107,11 @@ static int parse(int argc, char **argv, struct opts *o) {
             if (!strcmp(a, "-n")) o->n_predict = (int)v;
             else if (!strcmp(a, "-c")) o->n_ctx = (int)v;
             else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)v;
-            else if (!strcmp(a, "--device")) o->device = (int)v;
+            else if (!strcmp(a, "--device") && v >= 0 && v <= 1024) o->device = (int)v;
+            else if (!strcmp(a, "--device")) {
+                fprintf(stderr, "smelt run: --device takes a CUDA device index (0, 1, ...)\n");
+                return 2;
+            }
             else if (!strcmp(a, "--temp")) o->sp.temperature = (float)v, o->set_temp = true;
             else if (!strcmp(a, "--top-k")) o->sp.top_k = (int32_t)v, o->set_top_k = true;
             else if (!strcmp(a, "--top-p")) o->sp.top_p = (float)v, o->set_top_p = true;

@@ -104,6 +104,7 @@ static int parse(int argc, char **argv, struct opts *o) {
     o->grace_s = 30;
     o->backend = "auto";
     o->log_format = "text";
+    o->device = -1; /* not given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -142,7 +143,11 @@ static int parse(int argc, char **argv, struct opts *o) {
                 fprintf(stderr, "smelt serve: %s needs a number, got '%s'\n", a, v);
                 return 2;
             } else if (!strcmp(a, "--port")) o->port = (int)x;
-            else if (!strcmp(a, "--device")) o->device = (int)x;
+            else if (!strcmp(a, "--device") && x >= 0 && x <= 1024) o->device = (int)x;
+            else if (!strcmp(a, "--device")) {
+                fprintf(stderr, "smelt serve: --device takes a CUDA device index (0, 1, ...)\n");
+                return 2;
+            }
             else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)x;
             else if (!strcmp(a, "--http-threads")) o->http_threads = (int)x;
             else if (!strcmp(a, "--timeout")) o->timeout_s = (int)x;
