@@ -59,8 +59,8 @@ export SMELT_SOURCE_DIR=$root
 
 # the models, made in the background while the tests run (smelt quantize --random)
 make_model() { # preset type file
-    [ -s "$3" ] || "$bin/smelt" quantize --random "$1" "$3.part" "$2" > /dev/null 2>&1 && mv -f "$3.part" "$3" 2> /dev/null
-    [ -s "$3" ]
+    [ -s "$3" ] && return 0
+    "$bin/smelt" quantize --random "$1" "$3.part" "$2" && mv -f "$3.part" "$3"
 }
 L8Q4=$models/llama3-8b-q4_k_m.gguf L8Q8=$models/llama3-8b-q8_0.gguf L8F16=$models/llama3-8b-f16.gguf
 Q05Q8=$models/qwen2.5-0.5b-q8_0.gguf Q05Q4=$models/qwen2.5-0.5b-q4_k_m.gguf
