@@ -1,0 +1,26 @@
+/* test_cuda_forward on the emulator: the fixtures (every architecture, F32 and F16), or the
+ * GGUF files named on the command line (lenient, as SMELT_CUDA_MODELS; a second argument
+ * "strict" for real weights). */
+#define main test_main
+#include "unit/test_cuda_forward.c"
+#undef main
+static const char *g_path;
+static int g_strict;
+static void one(void) { check_model(g_path, g_strict); }
+int main(int argc, char **argv) {
+    struct err e;
+    if (cpu_backend_new(&cpu, 0, &e) != SMELT_OK || cuda_backend_new(&gpu, 0, &e) != SMELT_OK) {
+        fprintf(stderr, "backend: %s\n", e.msg);
+        return 1;
+    }
+    if (argc > 1) {
+        g_path = argv[1];
+        g_strict = argc > 2 && !strcmp(argv[2], "strict");
+        T_RUN(one);
+    } else {
+        T_RUN(test_fixtures);
+    }
+    bk_free(gpu);
+    bk_free(cpu);
+    return t_done();
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Copies src/ to OUT/src with the CUDA sources rewritten for the CPU emulator (emu.h):
+<<<...>>> launches become EMU_CHEVRON(...) calls, and the few inline-PTX helpers (cp.async,
+ldmatrix, mma.sync, f16x2 arithmetic, lop3, %globaltimer) and the extern __shared__ arrays
+become their emulations. Every rewrite must match: when a kernel source changes shape, this
+script stops and names the pattern, rather than leave PTX the host compiler cannot build.
+
+    usage: patch.py SRC_DIR OUT_DIR
+"""
+import pathlib
+import re
+import shutil
+import sys
+
+
+def rewrite(text, pat, rep, name, flags=re.S):
+    new, n = re.subn(pat, rep, text, flags=flags)
+    if n == 0:
+        sys.exit(f"cuda-emu patch: '{name}' matched nothing (the kernel source changed: update patch.py)")
+    return new
+
+
+def main():
+    src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    if (out / "src").exists():
+        shutil.rmtree(out / "src")
+    shutil.copytree(src, out / "src")
+    cu = out / "src" / "backend" / "cuda"
+    for p in sorted(list(cu.glob("*.cu")) + list(cu.glob("*.cuh"))):
+        t = p.read_text()
+        # kernel<<<grid, block, smem, stream>>>(args) -> EMU_CHEVRON((kernel), grid, block, smem, stream)(args)
+        t = re.sub(r"(\b[A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.+?)>>>\(", r"EMU_CHEVRON((\1), \2)(", t)
+        if p.name == "cuda_elem.cu":
+            t = rewrite(t, r'asm volatile\("mov\.u64 %0, %%globaltimer;" : "=l"\((t0?)\)\);', r"\1 = 0;", "globaltimer")
+        if p.name == "cuda_attn.cu":
+            t = rewrite(t, r'asm volatile\("cp\.async\.cg\.shared\.global \[%0\], \[%1\], 16, %2;\\n".*?: "memory"\);',
+                        "emu_cp_async16(dst, src, src_bytes);", "attn cp.async")
+            t = rewrite(t, r'asm volatile\("cp\.async\.commit_group;\\n" ::: "memory"\);', "", "attn commit")
+            t = rewrite(t, r'asm volatile\("cp\.async\.wait_group %0;\\n" ::"n"\(N\) : "memory"\);', "", "attn wait")
+            t = rewrite(t, r'asm\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32.*?\);\n',
+                        "emu_mma(c, a, b0, b1, false);\n", "attn mma f16")
+            t = rewrite(t, r'asm\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32.*?\);\n',
+                        "emu_mma(c, a, b0, b1, true);\n", "attn mma bf16")
+            t = rewrite(t, r'asm volatile\("ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16.*?\);\n',
+                        "emu_ldsm(r, p, false);\n", "attn ldmatrix")
+            t = rewrite(t, r'asm volatile\("ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16.*?\);\n',
+                        "emu_ldsm(r, p, true);\n", "attn ldmatrix trans")
+            t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
+                        r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "attn extern shared")
+        if p.name == "cuda_mmq.cu":
+            t = rewrite(t, r"(void cp_async16\(void \*smem, const void \*gmem\) \{).*?\n\}",
+                        r"\1 memcpy(smem, gmem, 16); }", "mmq cp.async 16")
+            t = rewrite(t, r"(void cp_async4\(void \*smem, const void \*gmem\) \{).*?\n\}",
+                        r"\1 memcpy(smem, gmem, 4); }", "mmq cp.async 4")
+            t = rewrite(t, r"(unsigned src_bytes\) \{).*?\n\}",
+                        r"\1 if (src_bytes) memcpy(smem, gmem, src_bytes); "
+                        r"if (src_bytes < 4) memset((char *)smem + src_bytes, 0, 4 - src_bytes); }", "mmq cp.async part")
+            t = rewrite(t, r'asm volatile\("cp\.async\.commit_group;\\n" ::: "memory"\);', "", "mmq commit")
+            t = rewrite(t, r'asm volatile\("cp\.async\.wait_group %0;\\n" ::"n"\(N\) : "memory"\);', "", "mmq wait")
+            t = rewrite(t, r'asm volatile\("ldmatrix\.sync.*?\);\n',
+                        "emu_ldsm(r, (const void *)(uintptr_t)addr, false);\n", "mmq ldmatrix")
+            t = rewrite(t, r'asm\("mma\.sync\.aligned\.m16n8k16.*?\);\n', "emu_mma(c, a, b0, b1, false);\n", "mmq mma")
+            t = rewrite(t, r'asm\("sub\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, 0, 0);\n", "mmq sub.f16x2")
+            t = rewrite(t, r'asm\("mul\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, 0, 1);\n", "mmq mul.f16x2")
+            t = rewrite(t, r'asm\("fma\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, c, 2);\n", "mmq fma.f16x2")
+            t = rewrite(t, r'asm\("lop3\.b32.*?\);\n', "d = (a & B) | c;\n", "mmq lop3")
+            t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
+                        r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "mmq extern shared")
+        left = [ln for ln in t.split("\n") if re.search(r"\basm\b", ln) and "griddepcontrol" not in ln
+                and not ln.strip().startswith(("*", "/"))]
+        if left:
+            sys.exit(f"cuda-emu patch: {p.name} keeps inline PTX the emulator has no twin for:\n  " + "\n  ".join(left))
+        p.write_text(t)
+
+
+if __name__ == "__main__":
+    main()
