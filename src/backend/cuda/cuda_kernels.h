@@ -173,6 +173,9 @@ struct cuda_topk_args {
 };
 uint64_t cuda_topk_scratch_bytes(int n_rows, int n_vocab);
 void cuda_logits_topk(const struct cuda_topk_args *a, void *stream);
+/* Tests: synchronizes the device and returns how many of the per-row merge counters are not
+ * zero (they must all be zero between calls), or -1 on a CUDA error. */
+int cuda_topk_counters_busy(void);
 
 #ifdef __cplusplus
 }

@@ -2,8 +2,8 @@
  * summary (contract: backend/topk.h; CPU twin: src/backend/cpu/cpu_topk.c, which these
  * kernels must match candidate for candidate).
  *
- * Two kernels per step, both graph-capturable (every per-step value is data in device
- * buffers; the grid depends only on the step's shape and the GPU):
+ * One launch per step (two above TK_CNT rows), graph-capturable (every per-step value is
+ * data in device buffers; the grid depends only on the step's shape and the GPU):
  *
  * 1. topk_partial, grid (n_split, n_rows), 256 threads. Block (s, r) owns the slice
  *    [s * slice, (s + 1) * slice) of row r (slice <= 64K tokens, chosen so that a step
@@ -26,9 +26,11 @@
  *      k-th largest key, the k best stay and the threshold rises. After the first two
  *      rounds most tokens are one compare.
  *    Out: per (row, split) the stats and at most k keys (unsorted) in scratch.
- * 2. topk_merge, one block of 256 threads per row: merges the splits' stats and streams
- *    their keys through the same buffer; the final <= k keys are sorted (bitonic) and
- *    written as the row's candidates with its summary.
+ * 2. The merge (merge_row), by the last of a row's blocks to finish (a counter per row,
+ *    as the attention's split merge: __threadfence, atomicAdd, reset by the merging block),
+ *    or above TK_CNT rows by its own kernel (topk_merge, a block per row): merges the
+ *    splits' stats and streams their keys through the same buffer; the final <= k keys
+ *    are sorted (bitonic) and written as the row's candidates with its summary.
  *
  * Bytes per step: n_rows * n_vocab * 4 read once (152k vocabulary: 594 KB a row), plus
  * the adjusted tokens' logits once more, plus n_rows * n_split * (32 + 8k) of scratch
@@ -51,7 +53,13 @@ extern "C" {
 #define TK_SLICE_MIN 4096                 /* tokens per block at least (4 rounds) */
 #define TK_BITS (TK_SLICE_MAX / 32)
 
+#define TK_CNT 1024                       /* rows merged by their last block (counters) */
+
 static_assert(TK_THREADS == 256, "the radix select has one histogram bin per thread");
+
+/* Per-row counters of finished split blocks: zero between calls (the merging block resets
+ * its row's); device globals, so one call at a time per device. */
+static __device__ unsigned tk_cnt[TK_CNT];
 static_assert(TK_CAP - TK_ROUND >= TOPK_MAX, "a round must fit after a select");
 static_assert(TK_CAP % TK_THREADS == 0, "select registers");
 
@@ -71,6 +79,7 @@ struct tk_shared {
     float red_m[2][TK_WARPS], red_s[2][TK_WARPS];
     int red_n[TK_WARPS];
     unsigned long long red_k[TK_WARPS];
+    int last; /* this block merges its row */
 };
 
 /* ---------------------------------------------------------------- helpers ---- */
@@ -304,14 +313,19 @@ static __device__ int finish_keys(unsigned long long *sk, struct tk_shared &sh, 
 
 /* ---------------------------------------------------------------- kernels ---- */
 
+static __device__ void merge_row(int r, int n_split, const struct topk_row *rows, const struct tk_part *parts,
+                                 const unsigned long long *pkeys, struct topk_summary *__restrict__ sums,
+                                 struct topk_cand *__restrict__ cands, unsigned long long *sk, struct tk_shared &sh);
+
 /* Both kernels are launched with programmatic dependent launch (klaunch): they wait for
  * the kernel before them (the output layer, then topk_partial) before reading anything,
  * and every input is written or uploaded within the step, so none is read through the
  * read-only path (no const __restrict__ on them: cuda_common.cuh). */
 static __global__ void __launch_bounds__(TK_THREADS)
 topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_split, const struct topk_row *rows,
-                    const struct logit_adj *adj, int adj_cap, float *__restrict__ adj_raw,
-                    struct tk_part *__restrict__ parts, unsigned long long *__restrict__ pkeys) {
+                    const struct logit_adj *adj, int adj_cap, float *__restrict__ adj_raw, struct tk_part *parts,
+                    unsigned long long *pkeys, int fused, struct topk_summary *__restrict__ sums,
+                    struct topk_cand *__restrict__ cands) {
     pdl_wait();
     pdl_trigger();
     __shared__ unsigned long long sk[TK_CAP];
@@ -418,20 +432,42 @@ topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_sp
         p.pad0 = p.pad1 = 0;
         *P = p;
     }
+    if (!fused) return;
+    /* the last of the row's blocks merges (its parts and keys are in memory before it counts) */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) sh.last = atomicAdd(&tk_cnt[r], 1u) == (unsigned)(n_split - 1);
+    __syncthreads();
+    if (!sh.last) return;
+    __threadfence();
+    merge_row(r, n_split, rows, parts, pkeys, sums, cands, sk, sh);
+    if (tid == 0) tk_cnt[r] = 0; /* every split has counted: ready for the next call */
 }
 
-static __global__ void __launch_bounds__(TK_THREADS)
-topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part *parts,
-                  const unsigned long long *pkeys, struct topk_summary *__restrict__ sums,
-                  struct topk_cand *__restrict__ cands) {
-    pdl_wait();
-    pdl_trigger();
-    __shared__ unsigned long long sk[TK_CAP];
-    __shared__ struct tk_shared sh;
-    const int r = blockIdx.x, tid = threadIdx.x;
+/* One split's stats, from L2: other blocks of this kernel wrote them (the fused merge). */
+static __device__ __forceinline__ struct tk_part ld_part(const struct tk_part *p) {
+    static_assert(sizeof(struct tk_part) == 32, "two 16-byte loads");
+    const int4 a = __ldcg(reinterpret_cast<const int4 *>(p)), b = __ldcg(reinterpret_cast<const int4 *>(p) + 1);
+    struct tk_part o;
+    o.max_raw = __int_as_float(a.x);
+    o.sum_raw = __int_as_float(a.y);
+    o.max_adj = __int_as_float(a.z);
+    o.sum_adj = __int_as_float(a.w);
+    o.n_finite = b.x;
+    o.n_keys = b.y;
+    o.pad0 = b.z;
+    o.pad1 = b.w;
+    return o;
+}
+
+/* Row r's merge over its n_split parts (the whole block; sk and sh are its shared buffers):
+ * the summary and the sorted candidates. Parts and keys are read through L2 (__ldcg). */
+static __device__ void merge_row(int r, int n_split, const struct topk_row *rows, const struct tk_part *parts,
+                                 const unsigned long long *pkeys, struct topk_summary *__restrict__ sums,
+                                 struct topk_cand *__restrict__ cands, unsigned long long *sk, struct tk_shared &sh) {
+    const int tid = threadIdx.x;
     const struct topk_row q = rows[r];
     const int k = q.k < TOPK_MAX ? q.k : TOPK_MAX;
-    if (k <= 0) return;
     const float inv_t = q.inv_t > 0.0f ? q.inv_t : 1.0f;
     const struct tk_part *P = parts + (int64_t)r * n_split;
     const unsigned long long *PK = pkeys + (int64_t)r * n_split * TOPK_MAX;
@@ -439,9 +475,10 @@ topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part
     float mr = -INFINITY, sr = 0.0f, ma = -INFINITY, sa = 0.0f;
     int cnt = 0;
     for (int s = tid; s < n_split; s += TK_THREADS) {
-        ms_merge(mr, sr, P[s].max_raw, P[s].sum_raw, 1.0f);
-        ms_merge(ma, sa, P[s].max_adj, P[s].sum_adj, inv_t);
-        cnt += P[s].n_finite;
+        const struct tk_part ps = ld_part(P + s);
+        ms_merge(mr, sr, ps.max_raw, ps.sum_raw, 1.0f);
+        ms_merge(ma, sa, ps.max_adj, ps.sum_adj, inv_t);
+        cnt += ps.n_finite;
     }
     if (tid == 0) {
         sh.count = 0;
@@ -453,7 +490,10 @@ topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part
     if (k == 1) {
         unsigned long long best = 0ull;
         for (int s = tid; s < n_split; s += TK_THREADS)
-            if (P[s].n_keys > 0) best = PK[(int64_t)s * TOPK_MAX] > best ? PK[(int64_t)s * TOPK_MAX] : best;
+            if (__ldcg(&P[s].n_keys) > 0) {
+                const unsigned long long b = __ldcg(PK + (int64_t)s * TOPK_MAX);
+                best = b > best ? b : best;
+            }
         best = block_max_key(best, sh);
         if (tid == 0) sk[0] = best;
         __syncthreads();
@@ -467,7 +507,7 @@ topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part
             for (int j = 0; j < TK_PER; j++) {
                 const int f = base + j * TK_THREADS + tid;
                 const int s = f / k, i = f - s * k;
-                kk[j] = f < total && i < P[s].n_keys ? PK[(int64_t)s * TOPK_MAX + i] : 0ull;
+                kk[j] = f < total && i < __ldcg(&P[s].n_keys) ? __ldcg(PK + (int64_t)s * TOPK_MAX + i) : 0ull;
             }
             collect(kk, TK_PER, sh.thr, sk, sh);
             end_round(sk, sh, k);
@@ -495,6 +535,19 @@ topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part
         o.top_logit = o.max_adj;
         *sum = o;
     }
+}
+
+/* The merge as its own kernel (above TK_CNT rows): a block per row. */
+static __global__ void __launch_bounds__(TK_THREADS)
+topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part *parts,
+                  const unsigned long long *pkeys, struct topk_summary *__restrict__ sums,
+                  struct topk_cand *__restrict__ cands) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ unsigned long long sk[TK_CAP];
+    __shared__ struct tk_shared sh;
+    if (rows[blockIdx.x].k <= 0) return;
+    merge_row((int)blockIdx.x, n_split, rows, parts, pkeys, sums, cands, sk, sh);
 }
 
 /* ---------------------------------------------------------------- launchers ---- */
@@ -542,11 +595,25 @@ extern "C" void cuda_logits_topk(const struct cuda_topk_args *a, void *stream) {
     unsigned long long *pkeys = (unsigned long long *)(parts + (int64_t)a->n_rows * ns);
     int32_t *out = (int32_t *)a->out;
     float *adj_raw = (float *)(out + topk_raw_word(a->n_rows));
+    struct topk_summary *sums = (struct topk_summary *)out;
+    struct topk_cand *cands = (struct topk_cand *)(out + topk_cand_word(a->n_rows));
+    const int fused = a->n_rows <= TK_CNT;
     (void)klaunch(topk_partial_kernel, dim3((unsigned)ns, (unsigned)a->n_rows), dim3(TK_THREADS), 0, st,
                   (const float *)a->logits, a->ld, a->n_vocab, sl, ns, (const struct topk_row *)a->rows,
-                  (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys);
-    (void)klaunch(topk_merge_kernel, dim3((unsigned)a->n_rows), dim3(TK_THREADS), 0, st, ns,
-                  (const struct topk_row *)a->rows, (const struct tk_part *)parts,
-                  (const unsigned long long *)pkeys, (struct topk_summary *)out,
-                  (struct topk_cand *)(out + topk_cand_word(a->n_rows)));
+                  (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys, fused, sums, cands);
+    if (!fused)
+        (void)klaunch(topk_merge_kernel, dim3((unsigned)a->n_rows), dim3(TK_THREADS), 0, st, ns,
+                      (const struct topk_row *)a->rows, (const struct tk_part *)parts,
+                      (const unsigned long long *)pkeys, sums, cands);
+}
+
+extern "C" int cuda_topk_counters_busy(void) {
+    unsigned h[TK_CNT];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, tk_cnt, sizeof h) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    int busy = 0;
+    for (int i = 0; i < TK_CNT; i++) busy += h[i] != 0;
+    return busy;
 }
