@@ -761,8 +761,12 @@ static void check_fused(const struct attn_case *c) {
     a.dst = dout;
     a.q_out = qa;
     const int splits[5] = {0, 1, 2, 4, 8};
-    for (int si = 0; si < 15; si++) { /* x threads: the plan's, 128, 256 */
-        a.dec_threads = si / 5 == 0 ? 0 : si / 5 == 1 ? 128 : 256;
+    /* x threads: the plan's, 128, 256; then the plan's threads with the group's query
+     * heads over 2 blocks, and one head a block (phase C's key parts) at 128 and 256 */
+    for (int si = 0; si < 30; si++) {
+        const int sv = si / 5;
+        a.dec_threads = sv == 0 || sv == 3 ? 0 : sv == 1 || sv == 4 ? 128 : 256;
+        a.dec_sub = sv == 3 ? 2 : sv >= 4 ? 1000 : 0;
         a.split = splits[si % 5];
         a.split_keys = splits[si % 5] ? 1 : 0; /* forced: every row with >= split keys uses them all */
         struct cuda_attn_plan plan;
@@ -783,7 +787,7 @@ static void check_fused(const struct attn_case *c) {
             T_EQ_INT(cuda_attn_counters_busy(), 0);
         }
         char what[64];
-        snprintf(what, sizeof what, "%s t%d %s%d", kernel_name(plan.kernel), plan.dec_threads,
+        snprintf(what, sizeof what, "%s t%d sub%d %s%d", kernel_name(plan.kernel), plan.dec_threads, plan.dec_sub,
                  splits[si % 5] ? "split " : "plan s", plan.dec_split);
         compare(c, &b, out, ref, tol_for(CUDA_ATTN_DECODE, c->type), what);
         T_CHECKF(memcmp(out, out2, sizeof(float) * out_n) == 0, "%s %s: a repeated call differs", c->name, what);
@@ -1227,14 +1231,18 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
     /* 0: backend's call without RoPE; 1: no int8 output; 2: no int8 output + quantize launch;
      * 3..5: split_keys nk/2, nk, 4nk (int8 output on); 6: RoPE + KV store fused (a decode
      * step's call); 7: RoPE + KV store as their own launch before it */
-    const char *names[9] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
-                            "split_keys nk", "split_keys 4nk", "rope fused", "rope launch", "rope fused t128"};
-    const int sk[9] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0, 0};
-    for (int v = 0; v < 9; v++) {
+    /* 9..12: rope fused, the query heads over sub blocks per KV head (sub 2, one head a
+     * block; at 128 threads) */
+    const char *names[13] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
+                             "split_keys nk", "split_keys 4nk", "rope fused", "rope launch", "rope fused t128",
+                             "rope sub 2", "rope sub G", "rope sub 2 t128", "rope sub G t128"};
+    const int sk[13] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0, 0, 0, 0, 0, 0};
+    for (int v = 0; v < 13; v++) {
         struct cuda_attn_args av = a;
         av.q_out = v == 1 || v == 2 ? NULL : qa;
         av.split_keys = sk[v];
-        av.dec_threads = v == 8 ? 128 : 0;
+        av.dec_threads = v == 8 || v >= 11 ? 128 : 0;
+        av.dec_sub = v == 9 || v == 11 ? 2 : v == 10 || v == 12 ? n_head / n_kv : 0;
         if (v >= 6) {
             av.rope = rope;
             av.k_new = kvn;
@@ -1258,10 +1266,10 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
         const double us = time_graph(args, copies, v == 2 ? qb : NULL, v == 7, st);
         const int want = (depth + pl.dec_min_keys - 1) / pl.dec_min_keys;
         const int used = pl.dec_split > 1 ? (want < pl.dec_split ? want : pl.dec_split) : 1;
-        printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s t%d grid split %2d, used %2d (>= %3d keys): %7.2f us/call"
-               "  %6.1f GB/s\n",
-               model, depth, names[v], kernel_name(pl.kernel), pl.dec_threads, pl.dec_split, used, pl.dec_min_keys, us,
-               us > 0 ? kv_bytes / us / 1e3 : 0.0);
+        printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s t%d sub %2d grid split %2d, used %2d (>= %3d keys): "
+               "%7.2f us/call  %6.1f GB/s\n",
+               model, depth, names[v], kernel_name(pl.kernel), pl.dec_threads, pl.dec_sub, pl.dec_split, used,
+               pl.dec_min_keys, us, us > 0 ? kv_bytes / us / 1e3 : 0.0);
     }
 out:
     if (st) cudaStreamDestroy(st);
@@ -1284,10 +1292,11 @@ out:
 }
 
 static void bench(void) {
-    const int gdepths[3] = {16, 256, 4096};
+    const int gdepths[4] = {16, 128, 256, 4096};
     printf("bench: PDL %s\n", cuda_pdl_on ? "on" : "off");
-    for (int di = 0; di < 3; di++) bench_graph("llama3-8b", 32, 8, 128, gdepths[di]);
-    for (int di = 0; di < 3; di++) bench_graph("qwen2.5-0.5b", 14, 2, 64, gdepths[di]);
+    for (int di = 0; di < 4; di++) bench_graph("llama3-8b", 32, 8, 128, gdepths[di]);
+    const int qdepths[5] = {16, 64, 128, 256, 4096};
+    for (int di = 0; di < 5; di++) bench_graph("qwen2.5-0.5b", 14, 2, 64, qdepths[di]);
     const int depths[3] = {512, 4096, 16384}, seqs[2] = {1, 64};
     char label[64];
     for (int si = 0; si < 2; si++)

@@ -7,8 +7,10 @@
  * Three kernels; cuda_attn_plan picks one per call (docs/cuda-backend.md, "Attention"):
  *
  * - decode (GQA-grouped flash-decoding, CUDA cores): a block per (row, KV head, key
- *   split) scores all G = n_head / n_kv query heads of the group, so each K/V element
- *   is read from HBM once per row, not G times. Keys stream through shared memory in
+ *   split, query-head subset) scores its subset of the G = n_head / n_kv query heads of
+ *   the group, so each K/V element is read from HBM once per row, not G times (subsets,
+ *   while the grid is small, re-read it from L2: shorter serial chains per block). Keys
+ *   stream through shared memory in
  *   stages of 8 KB of K + 8 KB of V (16-byte cp.async, double-buffered); scores,
  *   online softmax and P.V in f32. The key range is split across blocks to fill the GPU;
  *   the grid has the plan's (shape-only) split count, but a row uses only as many splits
@@ -336,11 +338,12 @@ static __device__ __forceinline__ void dec_load(T *dst, const T *kc, const T *vc
     }
 }
 
-/* Split counters of the decode kernel: one per (row slot, KV head) of a call with more than
- * one split, zero between calls (the block that merges a row resets its counter). Device
- * globals (zero at module load), so the backend and the tests need no buffer of their own;
- * one call at a time per device. ATTN_CNT bounds slots x n_kv of a split plan; the plan
- * only splits while slots x n_kv < 4 blocks per SM, far below it. */
+/* Split counters of the decode kernel: one per (row slot, KV head, query-head subset) of a
+ * call with more than one split, zero between calls (the block that merges a row resets its
+ * counter). Device globals (zero at module load), so the backend and the tests need no
+ * buffer of their own; one call at a time per device. ATTN_CNT bounds slots x n_kv x n_sub
+ * of a split plan; the plan only splits while slots x n_kv < 4 blocks per SM, far below it,
+ * and takes subsets only while the whole grid is within one block per SM. */
 #define ATTN_CNT 4096
 static __device__ unsigned attn_cnt[ATTN_CNT];
 
@@ -375,17 +378,20 @@ static __device__ __forceinline__ void dec_store(float *dst, const attn_qout &q,
 }
 
 /* rows: NULL (row = slot, slots 0..n_tokens-1) or a list {count, row...} (a prefill
- * batch's short row groups). Grid (slots x n_kv, n_split): the block's slot is
- * blockIdx.x / n_kv and, when the list holds more rows than the grid has slots, the block
- * moves on by gridDim.x / n_kv. A row of n keys uses ns = min(n_split, ceil(n / min_keys))
+ * batch's short row groups). Grid (slots x n_kv x n_sub, n_split): blockIdx.x is (slot,
+ * subset, KV head) from the outside in; a block takes query heads [sub x GS, + GS) of its
+ * group (GS = ceil(G / n_sub), the last subset may be smaller) and, when the list holds
+ * more rows than the grid has slots, moves on by gridDim.x / (n_kv x n_sub). Only subset
+ * 0 stores the new K/V in the cache (fused RoPE); every subset rotates it for its own
+ * stage. A row of n keys uses ns = min(n_split, ceil(n / min_keys))
  * splits (blocks of higher splits skip it): with one, the block writes the output itself;
- * otherwise each split writes its partial {m, l, o[G][D]} (slot-indexed) and the last of
- * the ns blocks to count itself in attn_cnt merges them, writes the output and resets the
- * counter. qo: the output's int8 form too (see dec_store), or all NULL. */
+ * otherwise each split writes its partial {m, l, o[GS][D]} (slot-indexed) and the last of
+ * the ns blocks to count itself in attn_cnt (per row, KV head and subset) merges them,
+ * writes the output and resets the counter. qo: the output's int8 form too (see dec_store), or all NULL. */
 template <typename T, int D, int GMAX, int TH>
 static __global__ void __launch_bounds__(TH)
     attn_decode_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, const int *rows, float *partial,
-                       int n_split, int min_keys, const attn_qout qo) {
+                       int n_split, int min_keys, int n_sub, const attn_qout qo) {
     using C = dec_cfg<T, D, TH>;
     constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, HG = C::HG;
     constexpr int GPT = (GMAX + HG - 1) / HG; /* heads per thread in C */
@@ -415,13 +421,27 @@ static __global__ void __launch_bounds__(TH)
     pdl_trigger();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int G = a.n_head / a.n_kv;
-    const int g = blockIdx.x % a.n_kv, split = blockIdx.y;
-    const int n_slots = gridDim.x / a.n_kv;
+    /* the block's query heads: subset `sub` of KV head g's group, [h0, h0 + Gb) */
+    const int G = a.n_head / a.n_kv, GS = (G + n_sub - 1) / n_sub;
+    const int g = blockIdx.x % a.n_kv, sub = blockIdx.x / a.n_kv % n_sub, split = blockIdx.y;
+    const int h0 = sub * GS, Gb = min(GS, G - h0); /* >= 1: the plan makes n_sub = ceil(G / GS) */
+    const int per_slot = a.n_kv * n_sub, n_slots = gridDim.x / per_slot;
     const int count = rows ? rows[0] : (int)a.n_tokens;
     const int dp = tid % (D / 2), hg = tid / (D / 2); /* phase C ownership; hg is warp-uniform */
+    /* Phase C with few heads (2 Gb <= HG): the HG head groups become KP key parts of HQ
+     * head slots each (HQ the power of two >= Gb); the parts' sums meet at the end. */
+    int HQ = 1;
+    while (HQ < Gb) HQ <<= 1;
+    const int KP = 2 * Gb <= HG ? HG / HQ : 1;
+    const int kpart = KP > 1 ? hg / HQ : 0;
+    /* the block-local head of thread's k-th output pair, or -1 */
+    auto head_of = [&](int k) -> int {
+        if (KP > 1) return k == 0 && hg % HQ < Gb ? hg % HQ : -1;
+        const int h = hg + HG * k;
+        return h < Gb ? h : -1;
+    };
 
-    for (int slot = blockIdx.x / a.n_kv; slot < count; slot += n_slots) {
+    for (int slot = blockIdx.x / per_slot; slot < count; slot += n_slots) {
         const int64_t t = rows ? rows[1 + slot] : slot;
         const int pos = a.pos[t];
         const int seq = a.seq[t]; /* loaded with pos: the table's address waits on both */
@@ -454,15 +474,15 @@ static __global__ void __launch_bounds__(TH)
             pdl_wait();
             waited = true;
         }
-        const float *qg = a.q + (t * a.n_head + (int64_t)g * G) * D; /* the group's G heads */
+        const float *qg = a.q + (t * a.n_head + (int64_t)g * G + h0) * D; /* the block's Gb heads */
         if (!fused) {
-            for (int i = tid; i < G * D; i += TH) sq[i] = qg[i] * a.scale;
+            for (int i = tid; i < Gb * D; i += TH) sq[i] = qg[i] * a.scale;
         } else {
             /* RMSNorm and RoPE of the raw query heads (and, in the owner, K head g) in
              * shared memory, as rope_kv_kernel would do them in place */
-            const int nh = G + (owner ? 1 : 0); /* head G = the new K row */
+            const int nh = Gb + (owner ? 1 : 0); /* head Gb = the new K row */
             const bool norms = a.q_norm || a.k_norm;
-            for (int i = tid; i < G * D; i += TH) sq[i] = qg[i];
+            for (int i = tid; i < Gb * D; i += TH) sq[i] = qg[i];
             if (owner) {
                 const int64_t o = (t * a.n_kv + g) * (int64_t)D;
                 for (int i = tid; i < D; i += TH) {
@@ -473,8 +493,8 @@ static __global__ void __launch_bounds__(TH)
             __syncthreads();
             if (norms) { /* block-uniform */
                 for (int h = warp; h < nh; h += TH / 32) {
-                    const float *x = h < G ? sq + h * D : s_kn;
-                    const float *w = h < G ? a.q_norm : a.k_norm;
+                    const float *x = h < Gb ? sq + h * D : s_kn;
+                    const float *w = h < Gb ? a.q_norm : a.k_norm;
                     float sum = 0.0f;
                     if (w)
                         for (int i = lane; i < D; i += 32) sum += x[i] * x[i];
@@ -485,9 +505,9 @@ static __global__ void __launch_bounds__(TH)
             }
             for (int idx = tid; idx < nh * (D / 2); idx += TH) {
                 const int h = idx / (D / 2), i = idx % (D / 2);
-                float *x = h < G ? sq + h * D : s_kn;
-                const float *w = h < G ? a.q_norm : a.k_norm;
-                const float inv = norms ? s_inv[h] : 1.0f, sc = h < G ? a.scale : 1.0f;
+                float *x = h < Gb ? sq + h * D : s_kn;
+                const float *w = h < Gb ? a.q_norm : a.k_norm;
+                const float inv = norms ? s_inv[h] : 1.0f, sc = h < Gb ? a.scale : 1.0f;
                 /* pairs below n_rot rotate; the elements above it pass through */
                 const int2 e = i < half ? rope_pair(a.rope.mode, half, i)
                                         : make_int2(a.rope.n_rot + 2 * (i - half), a.rope.n_rot + 2 * (i - half) + 1);
@@ -510,7 +530,7 @@ static __global__ void __launch_bounds__(TH)
 #pragma unroll
         for (int k = 0; k < GPT; k++) o[k][0] = o[k][1] = 0.0f;
         __syncthreads(); /* sq, s_m, s_l; the rotated new K in s_kn */
-        if (owner) { /* the new K and V into the cache, for later steps (this block reads s_kn) */
+        if (owner && sub == 0) { /* the new K and V into the cache, for later steps (this block reads s_kn) */
             const int64_t blk = new_slot / bs, off = new_slot % bs;
             T *kd = (T *)kc + ((blk * n_kv + g) * bs + off) * D, *vd = (T *)vc + ((blk * n_kv + g) * bs + off) * D;
             for (int i = tid; i < D; i += TH) {
@@ -548,7 +568,7 @@ static __global__ void __launch_bounds__(TH)
                     chunk_cvt<T>::run(*reinterpret_cast<const uint4 *>(sk + j * LD + c * CE), kf);
 #pragma unroll
                     for (int h = 0; h < GMAX; h++) {
-                        if (h < G) {
+                        if (h < Gb) {
                             const float4 *qp = reinterpret_cast<const float4 *>(sq + h * D + c * CE);
 #pragma unroll
                             for (int e = 0; e < CE / 4; e++) {
@@ -566,7 +586,7 @@ static __global__ void __launch_bounds__(TH)
                 const bool vis = kb + j < ke; /* kb + j >= kb0 >= j0 always */
 #pragma unroll
                 for (int h = 0; h < GMAX; h++) {
-                    if (h < G && h % P == part) {
+                    if (h < Gb && h % P == part) {
                         float s = acc[h];
                         if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
                         ss[h * NK + j] = vis ? s : -INFINITY;
@@ -575,7 +595,7 @@ static __global__ void __launch_bounds__(TH)
             }
             __syncthreads();
             /* B: online softmax, a warp per head */
-            for (int h = warp; h < G; h += TH / 32) {
+            for (int h = warp; h < Gb; h += TH / 32) {
                 const float x0 = lane < NK ? ss[h * NK + lane] : -INFINITY;
                 const float x1 = lane + 32 < NK ? ss[h * NK + lane + 32] : -INFINITY;
                 const float mx = warp_max(fmaxf(x0, x1));
@@ -597,47 +617,75 @@ static __global__ void __launch_bounds__(TH)
             /* C: O += P V */
 #pragma unroll
             for (int k = 0; k < GPT; k++) {
-                const int h = hg + HG * k;
-                if (h < G) {
+                const int h = head_of(k);
+                if (h >= 0) {
                     const float c = s_c[h];
                     o[k][0] *= c;
                     o[k][1] *= c;
                 }
             }
+            if (KP > 1) { /* one head, every KP-th key */
+                const int h = head_of(0);
+                if (h >= 0) {
+                    const float *ph = ss + h * NK;
 #pragma unroll 4
-            for (int j = 0; j < nj; j++) {
-                const float2 v = load_pair<T>(sv + j * LD + 2 * dp);
+                    for (int j = kpart; j < nj; j += KP) {
+                        const float2 v = load_pair<T>(sv + j * LD + 2 * dp);
+                        const float p = ph[j];
+                        o[0][0] += p * v.x;
+                        o[0][1] += p * v.y;
+                    }
+                }
+            } else {
+#pragma unroll 4
+                for (int j = 0; j < nj; j++) {
+                    const float2 v = load_pair<T>(sv + j * LD + 2 * dp);
 #pragma unroll
-                for (int k = 0; k < GPT; k++) {
-                    const int h = hg + HG * k;
-                    if (h < G) {
-                        const float p = ss[h * NK + j];
-                        o[k][0] += p * v.x;
-                        o[k][1] += p * v.y;
+                    for (int k = 0; k < GPT; k++) {
+                        const int h = hg + HG * k;
+                        if (h < Gb) {
+                            const float p = ss[h * NK + j];
+                            o[k][0] += p * v.x;
+                            o[k][1] += p * v.y;
+                        }
                     }
                 }
             }
             __syncthreads(); /* the stage's buffers and ss are reused */
         }
         /* no cp.async group is pending here: the last stage waited for all but an empty one */
+        if (KP > 1) { /* the key parts' sums, through the (now idle) stage buffers */
+            float *red = reinterpret_cast<float *>(skv); /* (KP, HQ, D) */
+            const int h = head_of(0);
+            if (h >= 0 && kpart > 0)
+                *reinterpret_cast<float2 *>(red + ((kpart * HQ + h) * D + 2 * dp)) = make_float2(o[0][0], o[0][1]);
+            __syncthreads();
+            if (h >= 0 && kpart == 0)
+                for (int pp = 1; pp < KP; pp++) {
+                    const float2 r = *reinterpret_cast<const float2 *>(red + ((pp * HQ + h) * D + 2 * dp));
+                    o[0][0] += r.x;
+                    o[0][1] += r.y;
+                }
+            __syncthreads(); /* red is the merge's s_w below */
+        }
 
+        const int64_t head0 = (int64_t)g * G + h0; /* the block's first head in the row */
         if (ns == 1) {
 #pragma unroll
             for (int k = 0; k < GPT; k++) {
-                const int h = hg + HG * k;
-                if (h < G) { /* warp-uniform */
+                const int h = kpart == 0 ? head_of(k) : -1;
+                if (h >= 0) { /* warp-uniform */
                     const float l = s_l[h], inv = l > 0.0f ? 1.0f / l : 0.0f;
-                    dec_store(a.dst, qo, (t * a.n_head + (int64_t)g * G + h) * D + 2 * dp, o[k][0] * inv,
-                              o[k][1] * inv);
+                    dec_store(a.dst, qo, (t * a.n_head + head0 + h) * D + 2 * dp, o[k][0] * inv, o[k][1] * inv);
                 }
             }
         } else {
             /* partial[((slot * n_head + head) * n_split + split) * (D + 2)] = {m, l, o[D]} */
-            const int64_t pbase = ((int64_t)slot * a.n_head + (int64_t)g * G) * n_split;
+            const int64_t pbase = ((int64_t)slot * a.n_head + head0) * n_split;
 #pragma unroll
             for (int k = 0; k < GPT; k++) {
-                const int h = hg + HG * k;
-                if (h < G) {
+                const int h = kpart == 0 ? head_of(k) : -1;
+                if (h >= 0) {
                     float *pr = partial + (pbase + (int64_t)h * n_split + split) * (D + 2);
                     if (dp == 0) {
                         pr[0] = s_m[h];
@@ -646,7 +694,7 @@ static __global__ void __launch_bounds__(TH)
                     *reinterpret_cast<float2 *>(pr + 2 + 2 * dp) = make_float2(o[k][0], o[k][1]);
                 }
             }
-            unsigned *cnt = &attn_cnt[slot * n_kv + g];
+            unsigned *cnt = &attn_cnt[(slot * n_kv + g) * n_sub + sub];
             __threadfence(); /* this block's partials, before it counts itself */
             __syncthreads();
             if (tid == 0) s_last = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
@@ -655,7 +703,7 @@ static __global__ void __launch_bounds__(TH)
                 __threadfence();
                 /* weights of the splits per head: exp(m_s - M) / L; other blocks' partials
                  * are read from L2 (__ldcg), never from this SM's L1 */
-                for (int h = warp; h < G; h += TH / 32) {
+                for (int h = warp; h < Gb; h += TH / 32) {
                     const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2);
                     const float m0 = lane < ns ? __ldcg(pb + lane * (D + 2)) : -INFINITY;
                     const float l0 = lane < ns ? __ldcg(pb + lane * (D + 2) + 1) : 0.0f;
@@ -673,7 +721,7 @@ static __global__ void __launch_bounds__(TH)
 #pragma unroll
                 for (int k = 0; k < GPT; k++) {
                     const int h = hg + HG * k;
-                    if (h < G) { /* warp-uniform */
+                    if (h < Gb) { /* warp-uniform */
                         const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2) + 2 + 2 * dp;
                         float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll 8
@@ -683,7 +731,7 @@ static __global__ void __launch_bounds__(TH)
                             acc0 += w * v.x;
                             acc1 += w * v.y;
                         }
-                        dec_store(a.dst, qo, (t * a.n_head + (int64_t)g * G + h) * D + 2 * dp, acc0, acc1);
+                        dec_store(a.dst, qo, (t * a.n_head + head0 + h) * D + 2 * dp, acc0, acc1);
                     }
                 }
                 if (tid == 0) *cnt = 0; /* every split has counted: ready for the next call */
@@ -1139,6 +1187,23 @@ static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p
     p->dec_min_keys = a->split_keys > 0 ? a->split_keys : nk;
     p->dec_split = choose_split(slots * a->n_kv, a->max_keys, p->dec_min_keys, 64, target, a->split);
     if (slots * a->n_kv > ATTN_CNT) p->dec_split = 1;
+    /* Query-head subsets: more blocks per (row, KV head, split) while the grid stays within
+     * one block per SM (counting every split the shape allows). A block then scores fewer
+     * heads over the same keys (K/V re-read from L2), so the serial chains of its phases
+     * shorten. Graph-replayed, one row (H200, 2026-12-01, test_cuda_attn's bench): the 0.5B
+     * shape (G = 7, 8 blocks -> 7 subsets) @16 / 64 / 128 / 256 keys 4.47 / 5.09 / 7.01 /
+     * 7.51 -> 3.75 / 3.89 / 5.80 / 6.39 us; 8B (G = 4, 64 blocks -> 2 subsets) @16 / 128
+     * / 256 4.02 / 6.90 / 6.40 -> 3.92 / 6.55 / 6.27 us; tg128 0.5B Q8_0 1,452-1,468 ->
+     * 1,505-1,514 tok/s, 8B Q4_K_M 464-466 -> 470. At 4096 keys the grids are already
+     * full (0.5B: 128 blocks, 8B: 512) and subsets lost there (8B: 20.2 -> 28.6 us with 2). */
+    const int G = a->n_head / a->n_kv;
+    int sub = a->dec_sub > 0 ? a->dec_sub : 1;
+    if (a->dec_sub <= 0)
+        while (sub < G && slots * a->n_kv * p->dec_split * (sub + 1) <= sm_count()) sub++;
+    if (sub > G) sub = G;
+    if (p->dec_split > 1 && slots * a->n_kv * sub > ATTN_CNT) sub = 1; /* the split counters */
+    const int gs = (G + sub - 1) / sub;
+    p->dec_sub = (G + gs - 1) / gs; /* every subset non-empty */
     /* 256 threads while the grid is under half the SMs (F16/BF16 caches). Graph-replayed,
      * one row, H200: Qwen2.5-0.5B shape @16 / 256 keys 5.26 -> 4.47 / 9.67 -> 7.66 us,
      * Llama-3-8B @16 4.66 -> 4.11 (64 blocks: @256 7.61 -> 7.75); 0.5B @4096 (128 blocks)
@@ -1218,7 +1283,7 @@ static void launch_generic(const struct cuda_attn_args *a, float *partial, int s
 
 template <typename T, int D, int GMAX, int TH>
 static void launch_decode_t(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, const attn_qout &qo, cudaStream_t st) {
+                            int min_keys, int sub, const attn_qout &qo, cudaStream_t st) {
     constexpr size_t smem = dec_smem_bytes<T, D, GMAX>();
     /* > 48 KB of dynamic smem needs the opt-in, once per kernel (the first call runs
      * eagerly, before any graph capture); a failure stays pending and the launch reports it */
@@ -1226,34 +1291,34 @@ static void launch_decode_t(const struct cuda_attn_args *a, const int *rows, int
     if (!attr)
         attr = cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX, TH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem) == cudaSuccess;
-    dim3 grid((unsigned)((int64_t)slots * a->n_kv), (unsigned)s);
+    dim3 grid((unsigned)((int64_t)slots * a->n_kv * sub), (unsigned)s);
     (void)klaunch(attn_decode_kernel<T, D, GMAX, TH>, grid, dim3(TH), smem, st, *a, (const T *)a->kc,
-                  (const T *)a->vc, rows, partial, s, min_keys, qo);
+                  (const T *)a->vc, rows, partial, s, min_keys, sub, qo);
 }
 
 template <typename T, int D, int GMAX>
 static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, int threads, const attn_qout &qo, cudaStream_t st) {
+                            int min_keys, int threads, int sub, const attn_qout &qo, cudaStream_t st) {
     if constexpr (sizeof(T) == 2) /* 256 threads: 16-bit caches only (F32 runs 4-chunk scoring) */
-        if (threads == 256) return launch_decode_t<T, D, GMAX, 256>(a, rows, slots, partial, s, min_keys, qo, st);
-    launch_decode_t<T, D, GMAX, 128>(a, rows, slots, partial, s, min_keys, qo, st);
+        if (threads == 256) return launch_decode_t<T, D, GMAX, 256>(a, rows, slots, partial, s, min_keys, sub, qo, st);
+    launch_decode_t<T, D, GMAX, 128>(a, rows, slots, partial, s, min_keys, sub, qo, st);
 }
 
 template <typename T, int D>
 static void launch_decode_d(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, int threads, const attn_qout &qo, cudaStream_t st) {
-    const int G = a->n_head / a->n_kv;
-    if (G <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, threads, qo, st);
-    else if (G <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, threads, qo, st);
-    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, threads, qo, st);
+                            int min_keys, int threads, int sub, const attn_qout &qo, cudaStream_t st) {
+    const int G = a->n_head / a->n_kv, GS = (G + sub - 1) / sub; /* heads per block */
+    if (GS <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
+    else if (GS <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
+    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
 }
 
 template <typename T>
 static void launch_decode(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                          int min_keys, int threads, const attn_qout &qo, cudaStream_t st) {
-    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, threads, qo, st);
-    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, threads, qo, st);
-    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, threads, qo, st);
+                          int min_keys, int threads, int sub, const attn_qout &qo, cudaStream_t st) {
+    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
+    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
+    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
 }
 
 template <typename T, int D>
@@ -1279,10 +1344,11 @@ static void launch_prefill(const struct cuda_attn_args *a, const int *tiles, int
 
 static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, const struct cuda_attn_plan &p,
                               float *partial, const attn_qout &qo, cudaStream_t st) {
-    const int s = p.dec_split, mk = p.dec_min_keys, th = p.dec_threads;
-    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, th, qo, st);
-    else if (a->cache_type == QT_BF16) launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, th, qo, st);
-    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, th, qo, st);
+    const int s = p.dec_split, mk = p.dec_min_keys, th = p.dec_threads, sub = p.dec_sub;
+    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, st);
+    else if (a->cache_type == QT_BF16)
+        launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, st);
+    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, st);
 }
 
 static void launch_merge(const struct cuda_attn_args *a, const float *partial, int slots, int s, const int *rows,

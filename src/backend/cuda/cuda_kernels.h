@@ -110,6 +110,8 @@ struct cuda_attn_args {
                             * kernels (tests, benchmarks; capped at 64); 0: the plan's */
     int split_keys;        /* > 0: fewest keys per split of the decode kernel; 0: one stage */
     int dec_threads;       /* 128 or 256: the decode kernel's block (tests, benchmarks); 0: the plan's */
+    int dec_sub;           /* > 0: query-head subsets per KV head in the decode kernel (a block
+                            * each; tests, benchmarks); 0: the plan's */
     void *scratch;         /* cuda_attn_scratch_bytes(this) bytes of device memory */
     /* RoPE and the KV store fused into the decode kernel (rope.freq != NULL): q holds the
      * raw queries, k_new / v_new the step's raw K (dk, n_kv, n_tokens) and V rows, slot[t]
@@ -143,6 +145,8 @@ struct cuda_attn_plan {
     int dec_slots, dec_split;    /* decode/generic: row slots in the grid, key splits */
     int dec_min_keys;            /* decode: fewest keys per split */
     int dec_threads;             /* decode: threads per block (128, or 256 for small grids) */
+    int dec_sub;                 /* decode: blocks per (row, KV head, split), each taking
+                                  * ceil(G / dec_sub) of the group's G query heads */
     int pf_slots, pf_split;      /* hybrid/prefill: row-group slots, key splits */
     int short_max;               /* hybrid: groups of <= this many rows go to decode */
     uint64_t dec_partial_bytes, pf_partial_bytes, list_bytes; /* scratch, in this order */
