@@ -4,10 +4,18 @@
  * models under models/ when fetched, and any GGUF listed in SMELT_CUDA_MODELS (colon
  * separated: random-weight files made by `smelt quantize --random` on the GPU machine).
  * For each:
- *   - logits: a 40-token prompt as one prefill step (every row's logits) then 8 single-token
- *     decode steps, teacher-forced with the same ids on both backends. Every row must have
- *     cosine similarity >= 0.999 with the CPU's, and the argmax must agree on >= 99% of rows
- *     (a near tie, where the CPU scores the GPU's pick within 1e-4 of its best, agrees);
+ *   - logits: a 40-token prompt of random ids as one prefill step (every row's logits) then
+ *     8 single-token decode steps, teacher-forced with the same ids on both backends. Every
+ *     row must have cosine similarity >= 0.999 with the CPU's. The argmax must agree on
+ *     >= 99% of rows (a near tie, where the CPU scores the GPU's pick within 1e-4 of its
+ *     best, agrees); for the real models, whose 8-bit activations (the CPU's are 15-bit)
+ *     move logits by a few hundredths, every disagreement must instead be a near tie on the
+ *     CPU (its scores of the two picks within NOISE_MARGIN logits), and the 99% is
+ *     demanded where it means something: on the natural-text prompts of
+ *     tests/data/ref-real (251 and 632 positions, against transformers' own top-20, as
+ *     test_forward_real does for the CPU: >= 99% of top-1 picks, and every flip at a
+ *     position whose reference top-2 margin is < NOISE_MARGIN). Random ids give flat
+ *     distributions: one flip among 48 rows is 98%;
  *   - greedy text: 64 tokens generated greedily on each backend from the same prompt must
  *     be the same ids (the matched prefix is printed when they are not);
  *   - batch invariance: three sequences of different lengths decoded in one batch give
@@ -34,6 +42,7 @@ int main(void) {
 #define PROMPT 40
 #define DECODE 8
 #define GREEDY 64
+#define NOISE_MARGIN 0.2 /* logits; test_forward_real's bound for a flip by activation rounding */
 
 static struct backend *cpu, *gpu;
 
@@ -98,10 +107,81 @@ static bool same_pick(const float *cpu_row, const float *gpu_row, int n) {
     return cpu_row[a] - cpu_row[b] <= 1e-4f * mx;
 }
 
+/* The CPU's score of its own pick minus its score of the GPU's (0 when they agree). */
+static float cpu_margin(const float *cpu_row, const float *gpu_row, int n) {
+    return cpu_row[argmax(cpu_row, n)] - cpu_row[argmax(gpu_row, n)];
+}
+
 static double cosine(const float *a, const float *b, int n) {
     double ab = 0, aa = 0, bb = 0;
     for (int i = 0; i < n; i++) ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
     return ab / (sqrt(aa * bb) + 1e-30);
+}
+
+/* A real model's natural-text prompts (tests/data/ref-real/NAME.json, NAME the file's name
+ * without .gguf) on the GPU against transformers' top-20 per position: top-1 on >= 99% of
+ * positions, every flip where the reference's top-2 margin is < NOISE_MARGIN. Prompts are
+ * prefilled in steps of at most 256 rows (all logits). */
+#include <jansson.h>
+static void check_reference(const char *path, struct runner *r) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char name[256], jpath[768];
+    snprintf(name, sizeof name, "%s", base);
+    char *dot = strstr(name, ".gguf");
+    if (dot) *dot = 0;
+    snprintf(jpath, sizeof jpath, "%s/tests/data/ref-real/%s.json", t_source_dir(), name);
+    json_error_t je;
+    json_t *ref = json_load_file(jpath, 0, &je);
+    if (!ref) {
+        printf("gpu vs transformers %s: no reference file (%s): the natural-text check did not run\n", name, jpath);
+        return;
+    }
+    const int nv = r->m->hp.n_vocab, chunk = 256;
+    float *out = malloc(sizeof(float) * (size_t)nv * chunk);
+    int positions = 0, flips = 0, bad_flips = 0;
+    double worst_margin = 0;
+    size_t ip;
+    json_t *jp;
+    json_array_foreach(json_object_get(ref, "prompts"), ip, jp) {
+        json_t *jids = json_object_get(jp, "ids"), *jtop = json_object_get(jp, "topk_ids"),
+               *jlog = json_object_get(jp, "topk_logits");
+        const int n = (int)json_array_size(jids);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(jids, (size_t)i));
+        T_CHECKF(out && ids && (int)json_array_size(jtop) == n && (int)json_array_size(jlog) == n,
+                 "%s prompt %zu: malformed reference", name, ip);
+        struct kv_seq sq;
+        kv_seq_init(&sq);
+        bool ok = out && ids && (int)json_array_size(jtop) == n;
+        for (int p0 = 0; ok && p0 < n; p0 += chunk) {
+            const int take = n - p0 < chunk ? n - p0 : chunk;
+            ok = step(r, &sq, ids + p0, take, p0, out);
+            for (int t = 0; ok && t < take; t++) {
+                json_t *ti = json_array_get(jtop, (size_t)(p0 + t)), *tl = json_array_get(jlog, (size_t)(p0 + t));
+                const int want = (int)json_integer_value(json_array_get(ti, 0));
+                const double margin = json_number_value(json_array_get(tl, 0)) - json_number_value(json_array_get(tl, 1));
+                positions++;
+                if (argmax(out + (size_t)t * nv, nv) != want) {
+                    flips++;
+                    worst_margin = fmax(worst_margin, margin);
+                    bad_flips += margin >= NOISE_MARGIN;
+                }
+            }
+        }
+        T_CHECKF(ok, "%s prompt %zu: forward", name, ip);
+        kv_seq_release(&r->pool, &sq);
+        free(ids);
+    }
+    printf("gpu vs transformers %s: %d natural-text positions, %d top-1 flips (largest reference margin of a flip "
+           "%.3f)\n",
+           name, positions, flips, worst_margin);
+    T_CHECKF(positions > 0 && flips * 100 <= positions, "%s: top-1 agrees on %d of %d positions", name,
+             positions - flips, positions);
+    T_CHECKF(bad_flips == 0, "%s: %d flips where the reference's top-2 margin is >= %.2f", name, bad_flips,
+             NOISE_MARGIN);
+    free(out);
+    json_decref(ref);
 }
 
 /* strict: the full criteria; otherwise (random-weight files, whose logits are nearly flat so
@@ -137,13 +217,18 @@ static void check_model(const char *path, bool strict) {
     T_CHECK(ok);
     double worst = 1.0;
     int agree = 0;
+    float flip_margin = 0; /* the largest CPU margin of a disagreement */
     for (int i = 0; ok && i < total; i++) {
         double c = cosine(lc + (size_t)i * nv, lg + (size_t)i * nv, nv);
         if (c < worst) worst = c;
         agree += same_pick(lc + (size_t)i * nv, lg + (size_t)i * nv, nv);
+        flip_margin = fmaxf(flip_margin, cpu_margin(lc + (size_t)i * nv, lg + (size_t)i * nv, nv));
     }
     T_CHECKF(worst >= (strict ? 0.999 : 0.99), "%s: worst row cosine %.6f", path, worst);
-    if (strict) T_CHECKF(agree * 100 >= 99 * total, "%s: argmax agrees on %d of %d rows", path, agree, total);
+    if (strict)
+        T_CHECKF(flip_margin < NOISE_MARGIN, "%s: the argmax differs where the CPU's margin is %.3f logits", path,
+                 (double)flip_margin);
+    if (strict) check_reference(path, &rg);
     kv_seq_release(&rc.pool, &sc);
     kv_seq_release(&rg.pool, &sg);
 
@@ -212,8 +297,9 @@ static void check_model(const char *path, bool strict) {
         }
     }
     T_CHECK(ok);
-    printf("cuda vs cpu %-48s worst cosine %.6f, argmax %d/%d, greedy %d/%d, batch cosine %.7f\n", path, worst, agree,
-           total, same, GREEDY, batch_worst);
+    printf("cuda vs cpu %-48s worst cosine %.6f, argmax %d/%d (largest CPU margin of a flip %.3f), greedy %d/%d, "
+           "batch cosine %.7f\n",
+           path, worst, agree, total, (double)flip_margin, same, GREEDY, batch_worst);
     free(alone);
     free(mixed);
     free(lc);
@@ -227,7 +313,6 @@ static void check_model(const char *path, bool strict) {
  * CPU): F32 KV cache; the argmax must match at every position, and the max error relative
  * to the largest |logit| stays under 1e-4 (F32 files) or 2e-3 (F16 files: prefill's
  * tensor-core GEMM rounds activations to F16). */
-#include <jansson.h>
 static void test_gpu_vs_reference(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/ref", t_source_dir());
