@@ -1262,16 +1262,7 @@ extern "C" uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a) {
     return p.dec_partial_bytes + p.pf_partial_bytes + p.list_bytes;
 }
 
-extern "C" int cuda_attn_counters_busy(void) {
-    unsigned h[ATTN_CNT];
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, attn_cnt, sizeof h) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    int busy = 0;
-    for (int i = 0; i < ATTN_CNT; i++) busy += h[i] != 0;
-    return busy;
-}
+extern "C" int cuda_attn_counters_busy(void) { return device_counters_busy(attn_cnt); }
 
 /* Launch errors stay pending for the caller's cudaGetLastError (cuda_attention is void). */
 template <typename T>

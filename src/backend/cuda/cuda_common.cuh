@@ -127,4 +127,18 @@ __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2hal
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
+/* Tests: synchronizes the device and counts the non-zero entries of a device-global counter
+ * array (the split and merge counters, zero between calls); -1 on a CUDA error. */
+template <int N>
+static int device_counters_busy(const unsigned (&cnt)[N]) {
+    unsigned h[N];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, cnt, sizeof h) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    int busy = 0;
+    for (int i = 0; i < N; i++) busy += h[i] != 0;
+    return busy;
+}
+
 #endif

@@ -607,13 +607,4 @@ extern "C" void cuda_logits_topk(const struct cuda_topk_args *a, void *stream) {
                       (const unsigned long long *)pkeys, sums, cands);
 }
 
-extern "C" int cuda_topk_counters_busy(void) {
-    unsigned h[TK_CNT];
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, tk_cnt, sizeof h) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    int busy = 0;
-    for (int i = 0; i < TK_CNT; i++) busy += h[i] != 0;
-    return busy;
-}
+extern "C" int cuda_topk_counters_busy(void) { return device_counters_busy(tk_cnt); }
