@@ -56,12 +56,12 @@ extern "C" {
 #define TK_CNT 1024                       /* rows merged by their last block (counters) */
 
 static_assert(TK_THREADS == 256, "the radix select has one histogram bin per thread");
+static_assert(TK_CAP - TK_ROUND >= TOPK_MAX, "a round must fit after a select");
+static_assert(TK_CAP % TK_THREADS == 0, "select registers");
 
 /* Per-row counters of finished split blocks: zero between calls (the merging block resets
  * its row's); device globals, so one call at a time per device. */
 static __device__ unsigned tk_cnt[TK_CNT];
-static_assert(TK_CAP - TK_ROUND >= TOPK_MAX, "a round must fit after a select");
-static_assert(TK_CAP % TK_THREADS == 0, "select registers");
 
 /* One (row, split)'s result. */
 struct tk_part {
@@ -447,17 +447,13 @@ topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_sp
 /* One split's stats, from L2: other blocks of this kernel wrote them (the fused merge). */
 static __device__ __forceinline__ struct tk_part ld_part(const struct tk_part *p) {
     static_assert(sizeof(struct tk_part) == 32, "two 16-byte loads");
-    const int4 a = __ldcg(reinterpret_cast<const int4 *>(p)), b = __ldcg(reinterpret_cast<const int4 *>(p) + 1);
-    struct tk_part o;
-    o.max_raw = __int_as_float(a.x);
-    o.sum_raw = __int_as_float(a.y);
-    o.max_adj = __int_as_float(a.z);
-    o.sum_adj = __int_as_float(a.w);
-    o.n_finite = b.x;
-    o.n_keys = b.y;
-    o.pad0 = b.z;
-    o.pad1 = b.w;
-    return o;
+    union {
+        int4 v[2];
+        struct tk_part p;
+    } u;
+    u.v[0] = __ldcg(reinterpret_cast<const int4 *>(p));
+    u.v[1] = __ldcg(reinterpret_cast<const int4 *>(p) + 1);
+    return u.p;
 }
 
 /* Row r's merge over its n_split parts (the whole block; sk and sh are its shared buffers):
