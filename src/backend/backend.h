@@ -374,7 +374,9 @@ bool bk_has_logits_topk(const struct backend *b);
  * A step's ops depend only on its shape (token rows, output rows, sequences, block-table
  * width) and on the model; everything else is data in tensors uploaded before the ops.
  * So a backend may record the ops of a step once and replay them for every later step of
- * the same shape, the key. The caller (model_forward) does, after its uploads:
+ * the same shape, the key; the key also names the model and its KV caches, by an id that
+ * is never reused (a recording holds their addresses). The caller (model_forward) does,
+ * after its uploads:
  *     if (!bk_graph_replay(b, key)) { bk_graph_begin(b, key); ...ops...; bk_graph_end(b); }
  * bk_graph_replay returns true when it launched a recording of key: the caller then skips
  * the ops (their outputs appear at the same scratch addresses as when recorded, because

@@ -444,6 +444,8 @@ smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, in
         free(kv);
         return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     }
+    static uint64_t next_id;
+    kv->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
     kv->type = type;
     kv->n_layer = m->hp.n_layer;
     kv->block_size = block_size;
@@ -704,9 +706,12 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     }
 
     /* The ops below depend only on this key (see bk_graph_replay): a backend with graphs
-     * replays them, and the logits land where the recording left them. */
+     * replays them, and the logits land where the recording left them. The KV store's id
+     * stands for the model and its caches: not its address, which a store allocated after
+     * this one is freed can get (a graph recorded with a freed model's weights replayed for
+     * the next model; seen in test_cuda_forward, which loads the fixtures one by one). */
     const uint64_t shape[] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)b->n_seqs, (uint64_t)max_blocks,
-                              (uint64_t)(uintptr_t)kv, (uint64_t)dev_topk, (uint64_t)one_per_seq};
+                              kv->id, (uint64_t)dev_topk, (uint64_t)one_per_seq};
     uint64_t key = 0;
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) key = mix64((key + 0x9e3779b97f4a7c15ull) ^ shape[i]);
     struct step_graph *sg = NULL;

@@ -145,6 +145,7 @@ struct kv_store {
     uint32_t type;
     int32_t n_layer, block_size, n_blocks;
     struct tensor *k, *v; /* (n_layer) */
+    uint64_t id;          /* unique in the process (a step graph's key: an address can be reused) */
 };
 
 smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, int32_t n_blocks,
