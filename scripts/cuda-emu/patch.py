@@ -52,9 +52,6 @@ def main():
                         r"\1 memcpy(smem, gmem, 16); }", "mmq cp.async 16")
             t = rewrite(t, r"(void cp_async4\(void \*smem, const void \*gmem\) \{).*?\n\}",
                         r"\1 memcpy(smem, gmem, 4); }", "mmq cp.async 4")
-            t = rewrite(t, r"(unsigned src_bytes\) \{).*?\n\}",
-                        r"\1 if (src_bytes) memcpy(smem, gmem, src_bytes); "
-                        r"if (src_bytes < 4) memset((char *)smem + src_bytes, 0, 4 - src_bytes); }", "mmq cp.async part")
             t = rewrite(t, r'asm volatile\("cp\.async\.commit_group;\\n" ::: "memory"\);', "", "mmq commit")
             t = rewrite(t, r'asm volatile\("cp\.async\.wait_group %0;\\n" ::"n"\(N\) : "memory"\);', "", "mmq wait")
             t = rewrite(t, r'asm volatile\("ldmatrix\.sync.*?\);\n',

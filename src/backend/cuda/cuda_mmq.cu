@@ -70,15 +70,6 @@ static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-/* Copies src_bytes (<= 4) from an aligned word and zero-fills the rest of it. */
-static __device__ __forceinline__ void cp_async4_part(void *smem, const void *gmem,
-                                                      unsigned src_bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
 static __device__ __forceinline__ void cp_commit(void) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -369,9 +360,9 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
             const long long blk = (long long)min(row0 + tid, a.rows - 1) * a.nsb + s;
             cp_async16(st + C::S + tid * 16, a.ws + blk * 16);
             if constexpr (T == QT_Q6_K)
-                /* d is an f16 in a 2-byte array: copy the aligned word holding it, only its
-                 * first half when d is the word's low half (the array may end there) */
-                cp_async4_part(st + C::D + tid * 4, a.wd + ((blk * 2) & ~3LL), (blk & 1) ? 4u : 2u);
+                /* d is an f16 in a 2-byte array padded to whole words (cuda_qweight_upload):
+                 * copy the aligned word holding it */
+                cp_async4(st + C::D + tid * 4, a.wd + ((blk * 2) & ~3LL));
         }
     } else { /* Q8_0: 8 f16 scales a row, copied as 4 words (k/32 is even) */
         const long long nblk = a.k >> 5;
