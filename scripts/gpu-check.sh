@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check in one command: the CUDA tests, compute-sanitizer on the attention test, and
+# The GPU check in one command: the CUDA tests, compute-sanitizer on every CUDA test, and
 # the benchmark rows of docs/cuda-backend.md ("End to end") on random-weight files of the
 # real shapes, with a one-screen summary. Meant for a machine with an NVIDIA GPU (the H200
 # the figures come from); takes about 10 minutes there with a prebuilt binary.
 #
-#   usage: scripts/gpu-check.sh [-b BIN_DIR] [-o OUT_DIR] [-m MODEL_DIR] [--quick]
+#   usage: scripts/gpu-check.sh [-b BIN_DIR] [-o OUT_DIR] [-m MODEL_DIR] [--quick | --sanitize]
 #     -b BIN_DIR   use the binaries there (smelt, test_cuda_*, test_memplan); without it the
 #                  tree is built into build-gpu (Release, the GPU's own architecture)
 #     -o OUT_DIR   where the logs and summary.txt go (default gpu-check-out)
 #     -m DIR       where the random-weight models are made or found (default /tmp/smelt-models)
 #     --quick      tests and tg128 only (no pp512, depth or batched rows, no sanitizer)
+#     --sanitize   compute-sanitizer only: memcheck on every CUDA test, racecheck on those
+#                  with shared memory (the fixtures only for test_cuda_forward)
 #   env: SMELT_CUDA_REAL_MODELS (colon separated real GGUF files for test_cuda_forward's
 #        strict check; models/*.gguf are picked up by the test itself when present)
 #
@@ -17,14 +19,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bin="" out=gpu-check-out models=/tmp/smelt-models quick=0
+bin="" out=gpu-check-out models=/tmp/smelt-models quick=0 sanitize=0
 while [ $# -gt 0 ]; do
     case "$1" in
     -b) bin=$2; shift 2 ;;
     -o) out=$2; shift 2 ;;
     -m) models=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sanitize) sanitize=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -57,6 +60,33 @@ fi
 bin=$(cd "$bin" && pwd)
 export SMELT_SOURCE_DIR=$root
 
+fail=0
+sanitize() { # compute-sanitizer over the test binaries: memcheck on all, racecheck on those with shared memory
+    local san=/usr/local/cuda/bin/compute-sanitizer
+    [ -x $san ] || san=$(command -v compute-sanitizer)
+    [ -n "$san" ] || { say "compute-sanitizer: not found, skipped"; fail=1; return; }
+    local t tool
+    for tool in memcheck racecheck; do
+        for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_memplan test_cuda_forward; do
+            [ $tool = racecheck ] && case $t in test_memplan|test_cuda_forward) continue ;; esac
+            [ -x "$bin/$t" ] || continue
+            local t0=$SECONDS
+            timeout 900 $san --tool $tool $([ $tool = racecheck ] && echo --racecheck-report hazard) "$bin/$t" \
+                > "$out/$tool-$t.log" 2>&1
+            local sum
+            sum=$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/$tool-$t.log" | tail -1)
+            [ -n "$sum" ] || sum="no summary (timeout?)"
+            case "$sum" in *" 0 errors"*|*" 0 hazards"*) ;; *) fail=1 ;; esac
+            say "$tool $t: $sum, $((SECONDS - t0)) s"
+        done
+    done
+}
+if [ $sanitize = 1 ]; then
+    sanitize
+    say "sanitizers: $([ $fail = 0 ] && echo 'all clean' || echo 'SOME FAILED')"
+    exit $fail
+fi
+
 # the models, made in the background while the tests run (smelt quantize --random)
 make_model() { # preset type file
     [ -s "$3" ] && return 0
@@ -75,7 +105,6 @@ Q05Q8=$models/qwen2.5-0.5b-q8_0.gguf Q05Q4=$models/qwen2.5-0.5b-q4_k_m.gguf
 ) > "$out/models.log" 2>&1 &
 gen=$!
 
-fail=0
 run_test() { # name [prefix command...]
     local name=$1; shift
     local t0=$SECONDS
@@ -89,18 +118,7 @@ run_test() { # name [prefix command...]
 for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_memplan; do
     [ -x "$bin/$t" ] && run_test $t || say "test $t: not built"
 done
-if [ $quick = 0 ]; then
-    san=/usr/local/cuda/bin/compute-sanitizer
-    [ -x $san ] || san=$(command -v compute-sanitizer)
-    if [ -n "$san" ]; then
-        timeout 300 $san --tool racecheck --racecheck-report hazard "$bin/test_cuda_attn" > "$out/racecheck_attn.log" 2>&1
-        say "racecheck test_cuda_attn: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck_attn.log" | tail -1 || echo 'no summary (timeout?)')"
-        timeout 300 $san --tool memcheck "$bin/test_cuda_mmv" > "$out/memcheck_mmv.log" 2>&1
-        say "memcheck test_cuda_mmv: $(grep -E 'ERROR SUMMARY' "$out/memcheck_mmv.log" | tail -1 || echo 'no summary (timeout?)')"
-    else
-        say "compute-sanitizer: not found, skipped"
-    fi
-fi
+[ $quick = 0 ] && sanitize
 wait $gen
 # whole models: the fixtures, models/*.gguf when present, the real files named in
 # SMELT_CUDA_REAL_MODELS (strict) and the random-weight files (lenient)
