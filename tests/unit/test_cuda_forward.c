@@ -530,6 +530,21 @@ static void check_model(const char *path, enum model_kind kind) {
     gguf_close(f);
 }
 
+/* A fixture on the GPU with an F32 KV cache of 16 blocks (false, reported, on failure). */
+static bool open_fixture(const char *path, struct gguf_file **f, struct runner *r) {
+    struct err e;
+    if (gguf_open(f, path, &e) != SMELT_OK) {
+        T_CHECKF(0, "%s: %s", path, e.msg);
+        return false;
+    }
+    if (!runner_init(r, *f, gpu, QT_F32, 16)) {
+        T_CHECK(0);
+        gguf_close(*f);
+        return false;
+    }
+    return true;
+}
+
 /* The GPU against transformers' own logits on the fixtures (as test_forward_ref does for the
  * CPU): F32 KV cache; the argmax must match at every position, and the max error relative
  * to the largest |logit| stays under 1e-4 (F32 files) or 2e-3 (F16 files: prefill's
@@ -554,17 +569,8 @@ static void test_gpu_vs_reference(void) {
             char path[700];
             snprintf(path, sizeof path, "%s/%s", dir, file);
             struct gguf_file *f;
-            struct err e;
             struct runner r;
-            if (gguf_open(&f, path, &e) != SMELT_OK) {
-                T_CHECKF(0, "%s: %s", path, e.msg);
-                continue;
-            }
-            if (!runner_init(&r, f, gpu, QT_F32, 16)) {
-                T_CHECK(0);
-                gguf_close(f);
-                continue;
-            }
+            if (!open_fixture(path, &f, &r)) continue;
             const int nv = r.m->hp.n_vocab;
             double worst = 0;
             int flips = 0, positions = 0;
@@ -642,17 +648,8 @@ static void test_gpu_mixed_batches(void) {
             char path[512];
             snprintf(path, sizeof path, "%s/tests/data/ref/%s-%s.gguf", t_source_dir(), names[a], f16 ? "f16" : "f32");
             struct gguf_file *f;
-            struct err e;
             struct runner r;
-            if (gguf_open(&f, path, &e) != SMELT_OK) {
-                T_CHECKF(0, "%s: %s", path, e.msg);
-                continue;
-            }
-            if (!runner_init(&r, f, gpu, QT_F32, 16)) {
-                T_CHECK(0);
-                gguf_close(f);
-                continue;
-            }
+            if (!open_fixture(path, &f, &r)) continue;
             const int nv = r.m->hp.n_vocab;
             enum { N = 20 };
             int32_t tok[3][N];
