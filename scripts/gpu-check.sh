@@ -11,7 +11,7 @@
 #     -m DIR       where the random-weight models are made or found (default /tmp/smelt-models)
 #     --quick      tests and tg128 only (no pp512, depth or batched rows, no sanitizer)
 #     --sanitize   compute-sanitizer only: memcheck on every CUDA test, racecheck on those
-#                  with shared memory (the fixtures only for test_cuda_forward)
+#                  with shared memory (test_cuda_mmq's shapes up to 4M weights)
 #   env: SMELT_CUDA_REAL_MODELS (colon separated real GGUF files for test_cuda_forward's
 #        strict check; models/*.gguf are picked up by the test itself when present)
 #
@@ -71,12 +71,29 @@ sanitize() { # compute-sanitizer over the test binaries: memcheck on all, racech
             [ $tool = racecheck ] && case $t in test_memplan|test_cuda_forward) continue ;; esac
             [ -x "$bin/$t" ] || continue
             local t0=$SECONDS
-            timeout 900 $san --tool $tool $([ $tool = racecheck ] && echo --racecheck-report hazard) "$bin/$t" \
+            # racecheck: SMELT_TEST_SMALL=1 skips test_cuda_mmq's shapes above 4M weights
+            # (minutes each under racecheck; the same kernels run at the smaller shapes)
+            SMELT_TEST_SMALL=$([ $tool = racecheck ] && echo 1 || echo 0) timeout 900 $san --tool $tool \
+                $([ $tool = racecheck ] && echo --racecheck-report hazard --print-limit 1000000) "$bin/$t" \
                 > "$out/$tool-$t.log" 2>&1
             local sum
             sum=$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/$tool-$t.log" | tail -1)
-            [ -n "$sum" ] || sum="no summary (timeout?)"
-            case "$sum" in *" 0 errors"*|*" 0 hazards"*) ;; *) fail=1 ;; esac
+            [ -n "$sum" ] || { sum="no summary (timeout?)"; fail=1; }
+            case "$sum" in
+            *" 0 errors"* | *" 0 hazards"* | "no summary"*) ;;
+            *RACECHECK*)
+                # cuBLAS's own Hopper kernels (nvjet_*, the dequantize + cuBLAS path) report
+                # WAR hazards that racecheck does not model (asynchronous copies): counted
+                # apart; any hazard in another kernel fails the check
+                local ours theirs
+                ours=$(grep -A1 "hazard detected" "$out/$tool-$t.log" | grep "Thread" | sed 's/.* at //; s/+0x.*//' |
+                    grep -cvE '^nvjet_')
+                theirs=$(grep -A1 "hazard detected" "$out/$tool-$t.log" | grep "Thread" | sed 's/.* at //' |
+                    grep -cE '^nvjet_')
+                sum="$ours hazards in smelt's kernels, $theirs in cuBLAS's nvjet kernels"
+                [ "$ours" = 0 ] || fail=1 ;;
+            *) fail=1 ;;
+            esac
             say "$tool $t: $sum, $((SECONDS - t0)) s"
         done
     done
