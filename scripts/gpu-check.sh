@@ -2,7 +2,7 @@
 # The GPU check in one command: the CUDA tests, compute-sanitizer on every CUDA test, and
 # the benchmark rows of docs/cuda-backend.md ("End to end") on random-weight files of the
 # real shapes, with a one-screen summary. Meant for a machine with an NVIDIA GPU (the H200
-# the figures come from); takes about 10 minutes there with a prebuilt binary.
+# the figures come from); takes about 15 minutes there with a prebuilt binary (--quick: 2).
 #
 #   usage: scripts/gpu-check.sh [-b BIN_DIR] [-o OUT_DIR] [-m MODEL_DIR] [--quick | --sanitize]
 #     -b BIN_DIR   use the binaries there (smelt, test_cuda_*, test_memplan); without it the
