@@ -85,11 +85,10 @@ sanitize() { # compute-sanitizer over the test binaries: memcheck on all, racech
                 # cuBLAS's own Hopper kernels (nvjet_*, the dequantize + cuBLAS path) report
                 # WAR hazards that racecheck does not model (asynchronous copies): counted
                 # apart; any hazard in another kernel fails the check
-                local ours theirs
-                ours=$(grep -A1 "hazard detected" "$out/$tool-$t.log" | grep "Thread" | sed 's/.* at //; s/+0x.*//' |
-                    grep -cvE '^nvjet_')
-                theirs=$(grep -A1 "hazard detected" "$out/$tool-$t.log" | grep "Thread" | sed 's/.* at //' |
-                    grep -cE '^nvjet_')
+                local kernels ours theirs
+                kernels=$(grep -A1 "hazard detected" "$out/$tool-$t.log" | grep "Thread" | sed 's/.* at //')
+                ours=$(grep -vE '^nvjet_' <<< "$kernels" | grep -c .)
+                theirs=$(grep -cE '^nvjet_' <<< "$kernels")
                 sum="$ours hazards in smelt's kernels, $theirs in cuBLAS's nvjet kernels"
                 [ "$ours" = 0 ] || fail=1 ;;
             *) fail=1 ;;

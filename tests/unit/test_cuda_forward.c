@@ -285,9 +285,8 @@ static bool tr_no_replay(struct backend *b, uint64_t key) {
 static void tr_no_begin(struct backend *b, uint64_t key) { (void)b, (void)key; }
 static void tr_no_end(struct backend *b) { (void)b; }
 
+/* Starts recording (trace_off hands the records over and leaves none behind). */
 static void trace_on(struct backend *b) {
-    for (int i = 0; i < tr.n; i++) free(tr.rec[i].v);
-    tr.n = 0;
     tr.orig = b->ops;
     tr.ops = *b->ops;
 #define TR_WRAP(f) \
@@ -347,11 +346,11 @@ static double trace_compare(const char *path, int q, const struct trace_rec *a, 
             double d = (double)a[k].v[i] - m[k].v[(int64_t)row * w + i];
             dd += d * d, aa += (double)a[k].v[i] * a[k].v[i];
         }
-        const double rel = dd > 0 ? sqrt(dd / (aa + 1e-30)) + 1e-300 : 0;
+        const double rel = sqrt(dd / (aa + 1e-30));
         if (verbose > 1)
             printf("  batch trace %s seq %d op %3d %-16s %6lld/row rel diff %.3e\n", path, q, k, a[k].op, (long long)w,
                    rel);
-        if (first < 0 && rel > 0) first = k, first_rel = rel;
+        if (first < 0 && dd > 0) first = k, first_rel = rel;
         if (rel > worst) worst = rel, worst_at = k;
     }
     if (first < 0) {
@@ -481,7 +480,7 @@ static void check_model(const char *path, enum model_kind kind) {
     const int lens[3] = {5, 17, 29};
     double batch_worst = 1.0;
     float *alone = malloc(sizeof(float) * (size_t)nv * 3), *mixed = malloc(sizeof(float) * (size_t)nv * 3);
-    ok = ok && batch_steps(&rg, ids, lens, alone, mixed, NULL, NULL, NULL, NULL);
+    ok = ok && alone && mixed && batch_steps(&rg, ids, lens, alone, mixed, NULL, NULL, NULL, NULL);
     for (int q = 0; ok && q < 3; q++) {
         const float *a = alone + (size_t)q * nv, *m = mixed + (size_t)q * nv;
         double c = cosine(a, m, nv);
@@ -502,7 +501,7 @@ static void check_model(const char *path, enum model_kind kind) {
     float *alone2 = malloc(sizeof(float) * (size_t)nv * 3), *mixed2 = malloc(sizeof(float) * (size_t)nv * 3);
     const char *tb = getenv("SMELT_TRACE_BATCH");
     const int verbose = tb && *tb ? atoi(tb) : 0;
-    ok = ok && batch_steps(&rg, ids, lens, alone2, mixed2, ta, na, &tm, &nm);
+    ok = ok && alone2 && mixed2 && batch_steps(&rg, ids, lens, alone2, mixed2, ta, na, &tm, &nm);
     if (ok) {
         T_CHECKF(!memcmp(alone, alone2, sizeof(float) * (size_t)nv * 3) &&
                      !memcmp(mixed, mixed2, sizeof(float) * (size_t)nv * 3),

@@ -780,19 +780,21 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
                 repack_q4_k<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (uint8_t *)w->q, (uint32_t *)w->s, nblk);
             w->bytes = nblk * 144;
             break;
-        case QT_Q6_K:
-            ce = cudaMalloc(&w->q, nblk * 192);
-            if (ce == cudaSuccess) ce = cudaMalloc(&w->s, nblk * 16);
+        case QT_Q6_K: {
             /* d padded to whole 4-byte words (zeroed): the tensor-core kernel copies the
              * aligned word that holds a block's d (compute-sanitizer's memcheck flagged the
              * last word's 2 bytes past an odd-length array, 2026-12-02) */
-            if (ce == cudaSuccess) ce = cudaMalloc(&w->d, (size_t)((nblk + 1) & ~(int64_t)1) * 2);
-            if (ce == cudaSuccess) ce = cudaMemsetAsync(w->d, 0, (size_t)((nblk + 1) & ~(int64_t)1) * 2, st);
+            const size_t d_bytes = (size_t)((nblk + 1) & ~(int64_t)1) * 2;
+            ce = cudaMalloc(&w->q, nblk * 192);
+            if (ce == cudaSuccess) ce = cudaMalloc(&w->s, nblk * 16);
+            if (ce == cudaSuccess) ce = cudaMalloc(&w->d, d_bytes);
+            if (ce == cudaSuccess) ce = cudaMemsetAsync(w->d, 0, d_bytes, st);
             if (ce == cudaSuccess)
                 repack_q6_k<<<grid, tb, 0, st>>>((const uint8_t *)tmp, (uint8_t *)w->q, (int8_t *)w->s,
                                                  (__half *)w->d, nblk);
             w->bytes = nblk * 210;
             break;
+        }
         default: ce = tq_upload(w, type, tmp, nblk, st); break;
         }
         if (ce == cudaSuccess) ce = cudaGetLastError();
