@@ -706,7 +706,11 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     }
 
     /* The ops below depend only on this key (see bk_graph_replay): a backend with graphs
-     * replays them, and the logits land where the recording left them. The KV store's id
+     * replays them, and the logits land where the recording left them. Only decode steps
+     * (one row per sequence) go through graphs: their shape repeats for 16 blocks of
+     * context at a time, while a step with a prefill chunk almost never meets its shape
+     * again (its row count and table width move with every prompt), so recording it would
+     * cost a capture for nothing. The KV store's id
      * stands for the model and its caches: not its address, which a store allocated after
      * this one is freed can get (a graph recorded with a freed model's weights replayed for
      * the next model; seen in test_cuda_forward, which loads the fixtures one by one). */
@@ -715,13 +719,13 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     uint64_t key = 0;
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) key = mix64((key + 0x9e3779b97f4a7c15ull) ^ shape[i]);
     struct step_graph *sg = NULL;
-    for (int i = 0; i < MODEL_GRAPHS; i++)
+    for (int i = 0; i < MODEL_GRAPHS && one_per_seq; i++)
         if (m->graphs[i].used && m->graphs[i].key == key) sg = &m->graphs[i];
     void *logits_data = NULL;
     if (sg && bk_graph_replay(bk, key)) {
         logits_data = sg->logits;
     } else {
-        bk_graph_begin(bk, key);
+        if (one_per_seq) bk_graph_begin(bk, key);
         struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
         if (n_out) {
             struct tensor *xo = x; /* (n_embd, n_out) when the last layer kept only them */
@@ -738,13 +742,15 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
             if (dev_topk) bk_logits_topk(bk, topk_out, lg, topk_rows, topk_adj);
             logits_data = lg->data;
         }
-        bk_graph_end(bk);
-        if (!sg) { /* remember where this shape's logits are (round-robin over the slots) */
-            sg = &m->graphs[m->next_graph++ % MODEL_GRAPHS];
-            sg->used = true;
-            sg->key = key;
+        if (one_per_seq) {
+            bk_graph_end(bk);
+            if (!sg) { /* remember where this shape's logits are (round-robin over the slots) */
+                sg = &m->graphs[m->next_graph++ % MODEL_GRAPHS];
+                sg->used = true;
+                sg->key = key;
+            }
+            sg->logits = logits_data;
         }
-        sg->logits = logits_data;
     }
     struct tensor lt;
     if (n_out) {
