@@ -200,7 +200,13 @@ void ld_attn_weights(struct loader *l, int il, struct attn_weights *w) {
 }
 
 /* RoPE from {arch}.rope.*: frequency base, rotated dims, scaling (linear, YaRN), and the
- * Llama-3 frequency factors tensor. */
+ * Llama-3 frequency factors tensor. Scaling keys as llama.cpp's converter writes them from
+ * HF rope parameters: rope.scaling.type ("linear" / "yarn"; older files: rope.scale_linear),
+ * .factor, and for YaRN .original_context_length, with .yarn_beta_fast / .yarn_beta_slow
+ * (HF beta_fast / beta_slow, defaults 32 / 1), .yarn_attn_factor (HF attention_factor,
+ * default 1 + 0.1 ln(factor)) and .yarn_ext_factor present only when the HF config set
+ * them. rope.scaling.attn_factor multiplies the YaRN magnitude (llama.cpp's meaning).
+ * Checked against transformers by the llama-linear, qwen2-yarn and qwen3-yarn fixtures. */
 static void ld_rope(struct loader *l, struct rope_params *r) {
     struct model *m = l->m;
     r->freq_base = 10000.0f;
@@ -261,6 +267,23 @@ static void ld_rope(struct loader *l, struct rope_params *r) {
             return;
         }
         r->n_ctx_orig = (int32_t)orig;
+
+        /* HF's attention_factor (the converter writes it as yarn_attn_factor) is the whole
+         * cos/sin magnitude: it replaces YaRN's 1 + 0.1 ln(factor), which the backends
+         * multiply in whenever ext_factor != 0, so that term is divided out here (with
+         * the backends' own float freq_scale, so the two cancel to rounding). */
+        arch_key(l, "rope.scaling.yarn_attn_factor", key, sizeof key);
+        if (gguf_get(l->f, key)) {
+            float ya = 0;
+            if (ld_f32(l, "rope.scaling.yarn_attn_factor", false, &ya) != SMELT_OK) return;
+            if (ya <= 0 || ya > 1e3f) {
+                l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s: %g is out of range", key, (double)ya);
+                return;
+            }
+            double yarn_mag =
+                r->ext_factor != 0 ? 1.0 + 0.1 * log(1.0 / (double)r->freq_scale) : 1.0;
+            r->attn_factor = (float)(r->attn_factor * ya / yarn_mag);
+        }
     }
 }
 
