@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Generates the tiny reference models and logits under tests/data/ref/ (committed).
 
-    pip install torch transformers gguf numpy       # once; NOT in tests/requirements.txt
-    python3 scripts/make-ref-fixtures.py [--out tests/data/ref]
+    pip install torch transformers gguf numpy              # once; NOT in tests/requirements.txt
+    python3 scripts/make-ref-fixtures.py [--out tests/data/ref] [--only NAME[,NAME...]]
 
-For each architecture smelt's forward pass supports (llama, qwen2, qwen3, gemma3) plus a
-llama variant with Llama-3 RoPE scaling, it:
+For each architecture smelt's forward pass supports (llama, qwen2, qwen3, gemma3) plus
+variants with RoPE scaling (Llama-3 rope_freqs, linear, YaRN), it:
 1. builds a Hugging Face model with random weights (fixed seed) and tiny shapes,
    float32, eager attention. 2-D weights are rounded to float16-representable values, so
    the F32 and F16 GGUF files hold exactly the same numbers and both must reproduce the
@@ -16,6 +16,10 @@ llama variant with Llama-3 RoPE scaling, it:
      ffn_norm, ffn_gate, ffn_up, ffn_down}, output_norm, output (absent when tied);
      qwen2 attn_{q,k,v}.bias; qwen3/gemma3 attn_q_norm/attn_k_norm; gemma3
      post_attention_norm/post_ffw_norm; llama3 scaling as the F32 tensor rope_freqs.
+   - linear and YaRN scaling as the converter writes them: {arch}.rope.scaling.type
+     ("linear" / "yarn"), .factor, and for YaRN .original_context_length, plus
+     .yarn_beta_fast / .yarn_beta_slow / .yarn_attn_factor only when the HF config sets
+     beta_fast / beta_slow / attention_factor.
    - llama: the rows of q_proj/k_proj are permuted (per head, the two halves that HF's
      rotate_half pairs are interleaved) so that ggml's "normal" RoPE on adjacent pairs
      computes what HF computes. qwen2/qwen3/gemma3 use NeoX RoPE and are not permuted.
@@ -31,6 +35,10 @@ llama variant with Llama-3 RoPE scaling, it:
    float32 files [n_tokens, n_vocab], and a manifest.json describing everything.
 4. verifies its own output: tests/py/ref_forward.py (an independent numpy forward that
    reads the GGUF) must reproduce every logits file from both the F32 and F16 GGUF.
+
+--only regenerates the named models and keeps the manifest entries of the others (their
+files are not touched); by default everything is regenerated (deterministic, byte for
+byte with the same transformers and torch).
 """
 from __future__ import annotations
 
@@ -100,6 +108,36 @@ def specs():
             hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
             vocab_size=N_VOCAB, max_position_embeddings=128,
             pad_token_id=0, eos_token_id=1, bos_token_id=2)),
+        # RoPE scaling variants (appended: the seeds of the models above stay the same)
+        "llama-linear": ("llama", LlamaForCausalLM, LlamaConfig(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+            tie_word_embeddings=True, **common)),
+        # YaRN with the defaults (beta_fast 32, beta_slow 1, attention factor 1 + 0.1 ln 4)
+        # and an original context of 16 < the 24-token prompt; with rope_dim 16 and
+        # theta 1e6 the ramp runs over pairs 0..1 (pair 0 kept, pairs >= 1 interpolated)
+        "qwen2-yarn": ("qwen2", Qwen2ForCausalLM, Qwen2Config(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16},
+            tie_word_embeddings=True, use_sliding_window=False,
+            **dict(common, max_position_embeddings=64))),
+        # YaRN with every optional key set: beta_fast 16, beta_slow 2 over an original
+        # context of 2048 put the ramp at pairs 5..9 of 16 (rope_dim 32, theta 1e4), and an
+        # explicit attention_factor replaces 1 + 0.1 ln(factor)
+        "qwen3-yarn": ("qwen3", Qwen3ForCausalLM, Qwen3Config(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 2048, "beta_fast": 16.0,
+                             "beta_slow": 2.0, "attention_factor": 1.25},
+            tie_word_embeddings=True, use_sliding_window=False, attention_bias=False,
+            **dict(common, max_position_embeddings=8192))),
     }
 
 
@@ -336,6 +374,31 @@ def gguf_tensors(model, arch, cfg):
     return out
 
 
+def add_rope_scaling(w, rp):
+    """The {arch}.rope.scaling.* keys llama.cpp's converter writes for HF linear / YaRN
+    rope parameters (llama3 scaling goes into the rope_freqs tensor instead)."""
+    rt = rp.get("rope_type", rp.get("type"))
+    factor = rp.get("factor")
+    if rt == "linear" and factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(factor)
+    elif rt == "yarn" and factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+        if rp.get("extrapolation_factor") is not None:
+            w.add_rope_scaling_yarn_ext_factor(rp["extrapolation_factor"])
+        attn = rp.get("attention_factor", rp.get("attn_factor"))
+        if attn is not None:
+            w.add_rope_scaling_yarn_attn_factor(attn)
+        if rp.get("beta_fast") is not None:
+            w.add_rope_scaling_yarn_beta_fast(rp["beta_fast"])
+        if rp.get("beta_slow") is not None:
+            w.add_rope_scaling_yarn_beta_slow(rp["beta_slow"])
+    elif rt not in (None, "default", "llama3"):
+        raise RuntimeError(f"rope_type {rt} is not written by this script")
+
+
 def write_gguf(path, name, arch, model, cfg, f16):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type("model")
@@ -360,6 +423,7 @@ def write_gguf(path, name, arch, model, cfg, f16):
         w.add_value_length(head_dim)
     else:
         w.add_rope_freq_base(rp["rope_theta"])
+        add_rope_scaling(w, rp)
         if arch == "qwen3":
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
@@ -390,9 +454,22 @@ def sha256(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "ref"))
+    ap.add_argument("--only", help="comma-separated model names to regenerate; the manifest "
+                    "entries of the others are kept as they are")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    all_specs = specs()
+    only = set(args.only.split(",")) if args.only else set(all_specs)
+    if only - set(all_specs):
+        sys.exit(f"unknown model(s): {', '.join(sorted(only - set(all_specs)))}")
+    kept = {}
+    if args.only:
+        old = json.loads((out / "manifest.json").read_text())
+        kept = {m["name"]: m for m in old["models"]}
+        if old["transformers"] != transformers.__version__:
+            print(f"note: the kept models were made with transformers {old['transformers']}",
+                  file=sys.stderr)
     torch.use_deterministic_algorithms(True)
     manifest = {
         "generator": "scripts/make-ref-fixtures.py",
@@ -401,7 +478,12 @@ def main():
         "models": [],
     }
     worst = 0.0
-    for mi, (name, (arch, cls, cfg)) in enumerate(specs().items()):
+    for mi, (name, (arch, cls, cfg)) in enumerate(all_specs.items()):
+        if name not in only:
+            if name not in kept:
+                sys.exit(f"{name}: not in the existing manifest; regenerate it too")
+            manifest["models"].append(kept[name])
+            continue
         gen = torch.Generator().manual_seed(SEED + mi)
         model = cls._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float32)
         model.eval()

@@ -12,6 +12,16 @@ gguf-py knows all work) and follows llama.cpp's GGUF conventions, not Hugging Fa
   converter permuted the rows of attn_q/attn_k so this equals HF's rotate_half.
   qwen2, qwen3, gemma3 use NeoX RoPE: pairs (x[i], x[i + d/2]), nothing permuted.
   An optional rope_freqs tensor (llama3 scaling) divides each frequency: theta_i / f_i.
+- RoPE scaling from {arch}.rope.scaling.* (Hugging Face transformers' definitions, written
+  by llama.cpp's converter as type/factor/original_context_length, plus yarn_beta_fast,
+  yarn_beta_slow, yarn_attn_factor when the HF config sets them):
+  linear: every frequency / factor.
+  yarn: with low = floor(c(beta_fast)), high = ceil(c(beta_slow)) clamped to [0, d-1],
+  where c(r) = d ln(L_orig / (2 pi r)) / (2 ln base) is the pair index whose wavelength
+  fits r times into the original context L_orig; ramp_i = clamp((i - low) / (high - low),
+  0, 1) (high += 0.001 when equal); frequency_i = f_i / factor * ramp_i + f_i (1 - ramp_i)
+  (pairs below low keep their frequency, pairs above high are interpolated); cos and sin
+  are multiplied by attention_factor = yarn_attn_factor if given, else 1 + 0.1 ln(factor).
 - gemma3: input embeddings × sqrt(n_embd); norm weights already include Gemma's "+1"
   (folded by the converter) so every RMSNorm is x̂·w; attn_q_norm/attn_k_norm per head
   before RoPE; post_attention_norm / post_ffw_norm on the branch outputs; GELU (tanh)
@@ -66,6 +76,15 @@ class RefModel:
         self.sliding_window = _field(r, f"{a}.attention.sliding_window")
         self.swa_pattern = _field(r, f"{a}.attention.sliding_window_pattern", 6)
         self.softcap = _field(r, f"{a}.final_logit_softcapping")
+        self.scaling = _field(r, f"{a}.rope.scaling.type", "none")
+        self.scale_factor = _field(r, f"{a}.rope.scaling.factor", 1.0)
+        self.orig_ctx = _field(r, f"{a}.rope.scaling.original_context_length",
+                               _field(r, f"{a}.context_length"))
+        self.beta_fast = _field(r, f"{a}.rope.scaling.yarn_beta_fast", 32.0)
+        self.beta_slow = _field(r, f"{a}.rope.scaling.yarn_beta_slow", 1.0)
+        self.yarn_attn_factor = _field(r, f"{a}.rope.scaling.yarn_attn_factor")
+        if self.scaling not in ("none", "linear", "yarn"):
+            raise ValueError(f"{path}: rope scaling {self.scaling!r} is not supported")
         self.t = {}
         for t in r.tensors:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -84,15 +103,41 @@ class RefModel:
     def rmsnorm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def rope(self, x, pos, base):
-        """x: (n, heads, head_dim); rotates the first rope_dim dims."""
+    def rope_freqs(self, base, scaled):
+        """(inverse frequencies (d/2,), cos/sin multiplier) of a layer; scaled: whether the
+        file's rope scaling applies (gemma3's sliding layers are never scaled)."""
         d = self.rope_dim
         inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
         ff = self.t.get("rope_freqs.weight")
         if ff is not None:
             inv = inv / ff
+        if not scaled or self.scaling == "none":
+            return inv, 1.0
+        s = self.scale_factor
+        if self.scaling == "linear":
+            return inv / s, 1.0
+        # yarn
+        def corr(rot):
+            return d * np.log(self.orig_ctx / (rot * 2 * np.pi)) / (2 * np.log(base))
+        low = max(np.floor(corr(self.beta_fast)), 0.0)
+        high = min(np.ceil(corr(self.beta_slow)), d - 1.0)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0.0, 1.0)
+        inv = inv / s * ramp + inv * (1 - ramp)
+        if self.yarn_attn_factor is not None:
+            mscale = self.yarn_attn_factor
+        else:
+            mscale = 1.0 + 0.1 * np.log(s) if s > 1 else 1.0
+        return inv, mscale
+
+    def rope(self, x, pos, base, scaled=True):
+        """x: (n, heads, head_dim); rotates the first rope_dim dims."""
+        d = self.rope_dim
+        inv, mscale = self.rope_freqs(base, scaled)
         ang = pos[:, None] * inv[None, :]           # (n, d/2)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        cos = np.cos(ang)[:, None, :] * mscale
+        sin = np.sin(ang)[:, None, :] * mscale
         out = x.copy()
         if self.arch == "llama":                    # normal: adjacent pairs
             x0, x1 = x[..., 0:d:2], x[..., 1:d:2]
@@ -131,7 +176,7 @@ class RefModel:
                 k = self.rmsnorm(k, T[p + "attn_k_norm.weight"])
             local = self.is_local(il)
             base = self.rope_base_swa if local else self.rope_base
-            q, k = self.rope(q, pos, base), self.rope(k, pos, base)
+            q, k = self.rope(q, pos, base, not local), self.rope(k, pos, base, not local)
             # mask: causal, plus the sliding window on local layers
             dq = pos[:, None] - pos[None, :]
             visible = dq >= 0

@@ -1,7 +1,7 @@
 /* The CPU forward pass against transformers' logits on the tiny random-weight fixtures of
- * tests/data/ref (llama, llama3 scaling, qwen2, qwen3, gemma3; F32 and F16 GGUF files
- * holding the same numbers). Every position of every prompt must have the same argmax
- * and a max relative error (max |d logit| / max |logit|) under 1e-4.
+ * tests/data/ref (llama, llama3 scaling, qwen2, qwen3, gemma3, linear and YaRN scaling; F32
+ * and F16 GGUF files holding the same numbers). Every position of every prompt must have
+ * the same argmax and a max relative error (max |d logit| / max |logit|) under 1e-4.
  *
  * Each prompt runs twice: as one prefill, and as a prefill of the first part then one
  * decode step per remaining token (the cache path). Prints the worst error per fixture
