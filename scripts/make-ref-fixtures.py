@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generates the tiny reference models and logits under tests/data/ref/ (committed).
 
-    pip install torch transformers gguf numpy              # once; NOT in tests/requirements.txt
+    pip install torch transformers gguf numpy accelerate   # once; NOT in tests/requirements.txt
     python3 scripts/make-ref-fixtures.py [--out tests/data/ref] [--only NAME[,NAME...]]
 
 For each architecture smelt's forward pass supports (llama, qwen2, qwen3, gemma3) plus
@@ -35,6 +35,13 @@ variants with RoPE scaling (Llama-3 rope_freqs, linear, YaRN), it:
    float32 files [n_tokens, n_vocab], and a manifest.json describing everything.
 4. verifies its own output: tests/py/ref_forward.py (an independent numpy forward that
    reads the GGUF) must reproduce every logits file from both the F32 and F16 GGUF.
+5. loads every GGUF back with transformers' own GGUF reader (which dequantizes and undoes
+   llama.cpp's q/k permutation with its own code) and runs the same prompts: an
+   independent check of the weights as written, the llama permutation above all. The
+   model config comes from transformers' reading of the GGUF where that reading is
+   complete; otherwise (it ignores rope_freqs, rope.scaling.* and attention.key_length
+   for these architectures, and gemma3's softcap and query_pre_attn_scalar) from the HF
+   config the file was made from, so only the weights come from the GGUF.
 
 --only regenerates the named models and keeps the manifest entries of the others (their
 files are not touched); by default everything is regenerated (deterministic, byte for
@@ -43,6 +50,7 @@ byte with the same transformers and torch).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -50,12 +58,15 @@ import os
 import pathlib
 import sys
 
-import numpy as np
-import torch
-import gguf
-import transformers
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF reader's progress bars
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import gguf  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "py"))
@@ -444,6 +455,44 @@ def write_gguf(path, name, arch, model, cfg, f16):
     w.close()
 
 
+# ---------------------------------------------------------------------------- round trip
+
+
+def max_diff(model, out, prompts):
+    worst = 0.0
+    for p in prompts:
+        want = np.fromfile(out / p["logits"], dtype="<f4").reshape(p["shape"])
+        with torch.no_grad():
+            got = model(torch.tensor([p["ids"]])).logits[0].float().numpy()
+        worst = max(worst, float(np.max(np.abs(got - want))))
+    return worst
+
+
+def check_hf_gguf_roundtrip(out, fname, name, cls, cfg, prompts):
+    """Loads out/fname with transformers' GGUF reader and compares its logits with the
+    recorded ones. First with the config transformers derives from the GGUF (reported,
+    not required: its key mapping is incomplete for some of these files), then with the
+    HF config the file was made from (required to match: every weight, as transformers
+    reads and un-permutes it, must be the one the logits were recorded with)."""
+    tol = 1e-4 * max(1.0, max(p["max_abs_logit"] for p in prompts))
+    transformers.logging.set_verbosity_error()  # the expected load failures are reported below
+    transformers.logging.disable_progress_bar()
+    try:
+        m = AutoModelForCausalLM.from_pretrained(str(out), gguf_file=fname, dtype=torch.float32,
+                                                 attn_implementation="eager")
+        d = max_diff(m.eval(), out, prompts)
+        own = f"{d:.3g}" + ("" if d <= tol else " (differs: transformers' GGUF config mapping)")
+    except Exception as ex:  # noqa: BLE001 - reported, not fatal
+        own = f"not loadable ({type(ex).__name__}: {str(ex).splitlines()[0][:80]})"
+    m = cls.from_pretrained(str(out), gguf_file=fname, config=copy.deepcopy(cfg),
+                            dtype=torch.float32, attn_implementation="eager")
+    d = max_diff(m.eval(), out, prompts)
+    if d > tol:
+        sys.exit(f"ROUND TRIP FAILED {fname}: transformers reading the GGUF gives logits "
+                 f"{d:.3g} away from the recorded ones")
+    return f"{fname:22s} with the file's HF config: {d:.3g}; with the GGUF-derived config: {own}"
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -478,6 +527,7 @@ def main():
         "models": [],
     }
     worst = 0.0
+    roundtrip = []
     for mi, (name, (arch, cls, cfg)) in enumerate(all_specs.items()):
         if name not in only:
             if name not in kept:
@@ -517,6 +567,8 @@ def main():
                             "max_abs_logit": float(np.max(np.abs(logits))),
                             "min_top1_margin": float(np.min(top2[:, 1] - top2[:, 0]))})
             print(f"{name}: prompt {pi} n={n} ok (numpy ref matches, F32 and F16 GGUF)")
+        for kind, v in files.items():
+            roundtrip.append(check_hf_gguf_roundtrip(out, v["file"], name, cls, cfg, prompts))
         c = cfg
         info = {
             "name": name, "arch": arch, "hf_class": cls.__name__, "files": files,
@@ -536,6 +588,9 @@ def main():
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f.stat().st_size for f in out.iterdir())
     print(f"wrote {out} ({total} bytes); worst numpy-vs-transformers relative error {worst:.2e}")
+    print("transformers' GGUF reader vs the recorded logits (max |diff| over all prompts):")
+    for line in roundtrip:
+        print("  " + line)
 
 
 if __name__ == "__main__":
