@@ -67,8 +67,10 @@ static const char *shape_str(const int64_t *ne, int nd, char *buf, size_t n) {
     return tensor_shape_str(&t, buf, n);
 }
 
+/* Binds tensor name, which must have the shape (ne0, ne1), as (ne0, use1): its first use1
+ * <= ne1 rows (rows are contiguous in the file, whatever the type), or all of them. */
 static const struct tensor *bind(struct loader *l, bool optional, bool want_f32, int64_t ne0,
-                                 int64_t ne1, const char *name) {
+                                 int64_t ne1, int64_t use1, const char *name) {
     if (l->st != SMELT_OK) return NULL;
     struct model *m = l->m;
     const struct gguf_tensor *gt = gguf_find_tensor(l->f, name);
@@ -91,7 +93,8 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
         return NULL;
     }
     struct tensor *t = &m->tensors[m->n_tensors];
-    if (!tensor_init(t, gt->type, ne0, ne1, 1, 1) || tensor_nbytes(t) != gt->nbytes) {
+    if (use1 < 1 || use1 > ne1 || !tensor_init(t, gt->type, ne0, ne1, 1, 1) ||
+        tensor_nbytes(t) != gt->nbytes || !tensor_init(t, gt->type, ne0, use1, 1, 1)) {
         l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s with row length %lld",
                         name, qtype_name(gt->type), (long long)ne0);
         return NULL;
@@ -102,14 +105,14 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
     t->name = nm;
     t->data = (void *)gt->data;
     if (want_f32 && gt->type != QT_F32) {
-        float *buf = ld_alloc(l, (size_t)(ne0 * ne1) * sizeof(float));
+        float *buf = ld_alloc(l, (size_t)(ne0 * use1) * sizeof(float));
         if (!buf) return NULL;
-        if (!to_f32(gt->type, gt->data, buf, ne0 * ne1)) {
+        if (!to_f32(gt->type, gt->data, buf, ne0 * use1)) {
             l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s cannot be read",
                             name, qtype_name(gt->type));
             return NULL;
         }
-        tensor_init(t, QT_F32, ne0, ne1, 1, 1);
+        tensor_init(t, QT_F32, ne0, use1, 1, 1);
         t->name = nm;
         t->data = buf;
     }
@@ -126,7 +129,7 @@ const struct tensor *ld_matrix(struct loader *l, bool optional, int64_t ne0, int
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return bind(l, optional, false, ne0, ne1, name);
+    return bind(l, optional, false, ne0, ne1, ne1, name);
 }
 
 const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, const char *fmt, ...) {
@@ -135,7 +138,7 @@ const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, con
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return bind(l, optional, true, ne0, 1, name);
+    return bind(l, optional, true, ne0, 1, 1, name);
 }
 
 static void arch_key(const struct loader *l, const char *suffix, char *key, size_t n) {
@@ -338,18 +341,39 @@ static void load_common(struct loader *l) {
                         (long long)te->ne[1]);
         return;
     }
-    hp->n_vocab = (int32_t)te->ne[1];
-    uint32_t vs = (uint32_t)hp->n_vocab;
+    const int32_t rows = (int32_t)te->ne[1];
+    hp->n_vocab = rows;
+    uint32_t vs = (uint32_t)rows;
     ld_u32(l, "vocab_size", true, &vs);
-    if (l->st == SMELT_OK && vs != (uint32_t)hp->n_vocab) {
+    if (l->st == SMELT_OK && vs != (uint32_t)rows) {
         l->st = err_set(l->e, SMELT_ERR_FORMAT,
-                        "%s.vocab_size (%u) differs from token_embd.weight's %d rows", hp->arch,
-                        vs, hp->n_vocab);
+                        "%s.vocab_size (%u) differs from token_embd.weight's %d rows", hp->arch, vs,
+                        rows);
         return;
     }
-    m->tok_embd = ld_matrix(l, false, hp->n_embd, hp->n_vocab, "token_embd.weight");
+    /* The tokenizer's ids index these rows. A token past them has no embedding and no
+     * logit: refused. Rows past the tokens (a vocabulary padded to a round size) belong to
+     * no token: the model's vocabulary is then the tokens, so input ids and logit rows
+     * stop there, and no sampler (CPU or device) can pick an id without a token. */
+    const struct gguf_value *toks = NULL;
+    if (gguf_get(l->f, "tokenizer.ggml.tokens")) {
+        l->st = gguf_get_arr(l->f, "tokenizer.ggml.tokens", GGUF_T_STRING, &toks, l->e);
+        if (l->st != SMELT_OK) return;
+        uint64_t nt = toks->v.arr.n;
+        if (nt == 0 || nt > (uint64_t)rows) {
+            l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                            "tokenizer.ggml.tokens has %llu tokens but token_embd.weight has %d "
+                            "rows: %s",
+                            (unsigned long long)nt, rows,
+                            nt ? "token ids past the rows would have no embedding and no logit"
+                               : "no tokens");
+            return;
+        }
+        hp->n_vocab = (int32_t)nt;
+    }
+    m->tok_embd = bind(l, false, false, hp->n_embd, rows, hp->n_vocab, "token_embd.weight");
     m->output_norm = ld_vector(l, false, hp->n_embd, "output_norm.weight");
-    m->output = ld_matrix(l, true, hp->n_embd, hp->n_vocab, "output.weight");
+    m->output = bind(l, true, false, hp->n_embd, rows, hp->n_vocab, "output.weight");
     hp->tied_output = m->output == NULL;
     if (!m->output) m->output = m->tok_embd;
 

@@ -27,7 +27,7 @@
  * (which may differ between layers) are in struct layer_attn. */
 struct model_hparams {
     char arch[MODEL_ARCH_NAME_MAX]; /* general.architecture */
-    int32_t n_vocab;      /* rows of token_embd */
+    int32_t n_vocab;      /* ids taken and scored: the tokens, else token_embd rows */
     int32_t n_ctx_train;  /* {arch}.context_length */
     int32_t n_embd;       /* {arch}.embedding_length */
     int32_t n_layer;      /* {arch}.block_count */

@@ -7,7 +7,9 @@
  *   scalar path, within a stated bound on the SIMD ones, whose prefill kernels (8+ rows:
  *   16-bit activations against unpacked weights) round differently from the decode ones;
  * - an F16 KV cache stays close to the F32 one;
- * - loading fails with a message naming the bad key or tensor.
+ * - loading fails with a message naming the bad key or tensor;
+ * - a tokenizer with fewer tokens than token_embd has rows (padded vocabulary) limits the
+ *   ids and logits to the tokens; one with more is refused.
  * Numerical agreement with transformers is test_forward_ref.c's job. */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "engine/kv.h"
+#include "engine/sample.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "quant/quant.h"
@@ -41,6 +44,10 @@ struct tiny {
     /* sabotage for the load-error tests */
     const char *skip_key;
     const char *bad_tensor;
+    /* tokenizer.ggml.tokens with this many tokens (0: none); boost_from > 0: output rows
+     * boost_from.. (the embedding's, when tied) are +-20 times rows 0.., so that, were they
+     * scored, they would win */
+    int n_tokens, boost_from;
 };
 
 struct wbuf {
@@ -118,13 +125,28 @@ static void write_tiny(const struct tiny *t, const char *path) {
         key_u32(w, t, "attention.sliding_window", 5);
         key_f32(w, t, "rope.freq_base_swa", 100.0f);
     }
+    if (t->n_tokens) {
+        static char names[256][8];
+        const char *tok[256];
+        for (int i = 0; i < t->n_tokens && i < 256; i++) {
+            snprintf(names[i], sizeof names[i], "t%d", i);
+            tok[i] = names[i];
+        }
+        gguf_set_arr_str(w, "tokenizer.ggml.tokens", tok, (uint64_t)t->n_tokens);
+    }
     float emb_scale = t->gemma ? 0.2f : 1.0f;
     /* matrix scales shrink with the row length so that wider models keep the same
      * activation magnitudes (the factors are 1 at the default shape) */
     const float se = sqrtf((float)N_EMBD / (float)E), sf = sqrtf((float)N_FF / (float)F);
-    add(w, &wb, t, "token_embd.weight", E, N_VOCAB, rnd(&wb, (int64_t)E * N_VOCAB, emb_scale, 0, &s));
-    add(w, &wb, t, "output_norm.weight", E, 1, rnd(&wb, E, 0.1f, 1, &s));
-    if (!t->tied) add(w, &wb, t, "output.weight", E, N_VOCAB, rnd(&wb, (int64_t)E * N_VOCAB, 0.3f * se, 0, &s));
+    float *emb = rnd(&wb, (int64_t)E * N_VOCAB, emb_scale, 0, &s);
+    float *onorm = rnd(&wb, E, 0.1f, 1, &s);
+    float *out = t->tied ? emb : rnd(&wb, (int64_t)E * N_VOCAB, 0.3f * se, 0, &s);
+    for (int r = t->boost_from; t->boost_from > 0 && r < N_VOCAB; r++)
+        for (int i = 0; i < E; i++)
+            out[r * E + i] = (r % 2 ? -20.0f : 20.0f) * out[(r - t->boost_from) * E + i];
+    add(w, &wb, t, "token_embd.weight", E, N_VOCAB, emb);
+    add(w, &wb, t, "output_norm.weight", E, 1, onorm);
+    if (!t->tied) add(w, &wb, t, "output.weight", E, N_VOCAB, out);
     int nq = t->n_head * hd, nk = t->n_head_kv * hd;
     const float sq = t->n_embd ? sqrtf((float)N_EMBD / (float)nq) : 1.0f;
     for (int il = 0; il < N_LAYER; il++) {
@@ -537,6 +559,141 @@ static void test_load_errors(void) {
     expect_load_error(t, "mamba", "not supported");
 }
 
+/* ---- vocabulary vs tokenizer ---- */
+
+/* Logits (m->hp.n_vocab per position) of the n ids as one prefill. */
+static bool prefill_logits(struct model *m, const int32_t *ids, int n, float *out) {
+    struct kv_store *kv;
+    struct kv_pool pool;
+    struct err e;
+    if (model_kv_new(m, QT_F32, BS, N_BLOCKS, &kv, &e) != SMELT_OK) return false;
+    bool ok = kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK;
+    struct seqrun sr = {ids, 0, {0}};
+    ok = ok && step(m, kv, &pool, &sr, 1, &n, out);
+    kv_seq_release(&pool, &sr.kv);
+    kv_pool_free(&pool);
+    model_kv_free(m, kv);
+    return ok;
+}
+
+/* Greedy and random picks through the serving path (sampler_request -> model_step's
+ * summaries -> sampler_finish) for the last position of ids. */
+static void check_picks(struct model *m, const int32_t *ids, int n, int32_t n_tokens) {
+    struct err e;
+    struct kv_store *kv;
+    struct kv_pool pool;
+    T_CHECK(model_kv_new(m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
+    struct kv_seq sq;
+    kv_seq_init(&sq);
+    T_CHECK(kv_seq_reserve(&pool, &sq, n, &e) == SMELT_OK);
+    int32_t pos[64], seq[64] = {0};
+    for (int i = 0; i < n; i++)
+        pos[i] = i;
+    struct batch_seq view = kv_seq_view(&sq);
+    struct batch b = {n, ids, pos, seq, NULL, 1, &view};
+    for (int trial = 0; trial < 40; trial++) {
+        struct sample_params sp;
+        sample_params_default(&sp);
+        sp.temperature = trial == 0 ? 0.0f : 3.0f; /* greedy, then flat draws */
+        sp.seed = (uint64_t)trial;
+        struct sampler *smp;
+        T_CHECK(sampler_new(&smp, &sp, m->hp.n_vocab, &e) == SMELT_OK);
+        struct topk_row row;
+        struct logit_adj adj[8];
+        T_CHECK(sampler_request(smp, &row, adj, 0, 8) >= 0);
+        struct topk_summary sum;
+        static struct topk_cand cand[TOPK_MAX];
+        float raw[8];
+        struct model_sample ms = {1, &row, adj, row.adj_n, &sum, cand, raw};
+        T_CHECK(model_step(m, kv, &b, NULL, &ms, NULL, &e) == SMELT_OK);
+        struct sample_result r;
+        T_CHECK(sampler_finish(smp, &sum, cand, raw, NULL, &r, &e) == SMELT_OK);
+        if (r.token == SAMPLE_NEED_ROW) {
+            float *full = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+            T_CHECK(model_fetch_rows(m, 0, 1, full, &e) == SMELT_OK);
+            T_CHECK(sampler_finish(smp, &sum, cand, raw, full, &r, &e) == SMELT_OK);
+            free(full);
+        }
+        T_CHECKF(r.token >= 0 && r.token < n_tokens, "picked %d, tokens 0..%d", r.token,
+                 n_tokens - 1);
+        sampler_free(smp);
+    }
+    kv_seq_release(&pool, &sq);
+    kv_pool_free(&pool);
+    model_kv_free(m, kv);
+}
+
+/* token_embd (and output) with 64 rows, a tokenizer of 60 tokens: the model's vocabulary
+ * is the 60 tokens, and their logits are those of the whole model; the 4 padding rows,
+ * built to win, are never scored. Untied (llama) and tied (qwen2). */
+static void test_padded_vocab(void) {
+    enum { NT = 60, N = 9 };
+    const int32_t ids[N] = {5, 17, 33, 2, 59, 41, 7, 0, 19};
+    for (int a = 0; a < 2; a++) {
+        struct tiny t = archs[a];
+        t.boost_from = NT;
+        struct loaded all, pad;
+        struct err e;
+        t.n_tokens = 0; /* the same weights scored over all 64 rows */
+        T_CHECKF(load_tiny(&t, &all, &e), "%s", e.msg);
+        t.n_tokens = NT;
+        T_CHECKF(load_tiny(&t, &pad, &e), "%s: %s", t.arch, e.msg);
+        if (!all.m || !pad.m) {
+            unload(&all);
+            unload(&pad);
+            continue;
+        }
+        T_EQ_INT(all.m->hp.n_vocab, N_VOCAB);
+        T_EQ_INT(pad.m->hp.n_vocab, NT);
+        float *la = malloc(sizeof(float) * N * N_VOCAB), *lp = malloc(sizeof(float) * N * NT);
+        T_CHECK(prefill_logits(all.m, ids, N, la));
+        T_CHECK(prefill_logits(pad.m, ids, N, lp));
+        int padded_wins = 0;
+        double d = 0;
+        for (int i = 0; i < N; i++) {
+            int best = 0;
+            for (int v = 1; v < N_VOCAB; v++)
+                if (la[i * N_VOCAB + v] > la[i * N_VOCAB + best]) best = v;
+            padded_wins += best >= NT;
+            for (int v = 0; v < NT; v++)
+                d = fmax(d, fabs((double)lp[i * NT + v] - la[i * N_VOCAB + v]));
+        }
+        T_CHECKF(padded_wins == N, "%s: a padding row wins at %d of %d positions", t.arch,
+                 padded_wins, N);
+        T_CHECKF(d < 1e-5, "%s: token logits differ by %g", t.arch, d);
+        check_picks(pad.m, ids, N, NT);
+        /* an id past the tokens is not an input */
+        int32_t bad = NT, p0 = 0, s0 = 0;
+        struct kv_store *kv;
+        T_CHECK(model_kv_new(pad.m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+        int32_t blk = 0;
+        struct batch_seq v = {&blk, 1};
+        struct batch b = {1, &bad, &p0, &s0, NULL, 1, &v};
+        T_CHECK(model_forward(pad.m, kv, &b, lp, NULL, &e) == SMELT_ERR_RANGE);
+        model_kv_free(pad.m, kv);
+        free(la);
+        free(lp);
+        unload(&all);
+        unload(&pad);
+    }
+}
+
+/* More tokens than embedding rows: refused, naming both and both counts. Output rows that
+ * differ from the embedding's: refused. */
+static void test_vocab_errors(void) {
+    struct tiny t = archs[0];
+    t.n_tokens = N_VOCAB + 6;
+    expect_load_error(t, "tokenizer.ggml.tokens has 70 tokens", "token_embd.weight has 64 rows");
+    t = archs[1]; /* tied */
+    t.n_tokens = N_VOCAB + 1;
+    expect_load_error(t, "tokenizer.ggml.tokens has 65 tokens", "token_embd.weight has 64 rows");
+    t = archs[0];
+    t.n_tokens = N_VOCAB - 4;
+    t.bad_tensor = "output.weight"; /* 65 rows */
+    expect_load_error(t, "output.weight", "(32, 65)");
+}
+
 int main(void) {
     struct err e;
     if (cpu_backend_new(&bk, 0, &e) != SMELT_OK) return 1;
@@ -549,6 +706,8 @@ int main(void) {
     T_RUN(test_recycle);
     T_RUN(test_bad_batch);
     T_RUN(test_load_errors);
+    T_RUN(test_padded_vocab);
+    T_RUN(test_vocab_errors);
     bk_free(bk);
     return t_done();
 }
