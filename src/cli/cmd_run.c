@@ -12,10 +12,13 @@
  * --raw. A file without a template is taken for a base model (Gemma 3 270M base ships
  * none and answers a chat format with noise): its prompt is used as is, with a note.
  *
- * Sampling defaults come from the GGUF (general.sampling.*) where it has them; flags
- * override. Prompt and generation speeds go to stderr at the end.
+ * Sampling defaults come from the GGUF (general.sampling.temp, top_k, top_p, min_p,
+ * penalty_repeat, penalty_last_n) where it has them; flags override; -v prints the
+ * settings in effect. Prompt and generation speeds go to stderr at the end (with -i, also
+ * after each turn, with the tokens the turn reused from the cache).
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +42,13 @@
 struct opts {
     const char *model, *prompt, *system, *backend;
     int n_predict, n_ctx, threads, device;
-    bool raw, interactive, ignore_eos, f32_kv;
+    bool raw, interactive, ignore_eos, f32_kv, verbose;
     struct sample_params sp;
-    bool set_temp, set_top_k, set_top_p, set_min_p, set_rep;
+    bool set_temp, set_top_k, set_top_p, set_min_p, set_rep, set_last_n;
+    int64_t last_n; /* penalty window as llama.cpp means it: N > 0 the last N tokens,
+                     * -1 the whole context, 0 no penalty; valid when have_last_n */
+    bool have_last_n;
+    char from_file[128]; /* the general.sampling.* keys that set something, for -v */
 };
 
 static void usage(FILE *f) {
@@ -59,6 +66,9 @@ static void usage(FILE *f) {
             "  --backend B        auto (CUDA when present), cpu or cuda; --device N\n"
             "  --temp X           temperature (0: greedy)\n"
             "  --top-k N, --top-p X, --min-p X, --repeat-penalty X, --seed N\n"
+            "  --repeat-last-n N  penalize the last N tokens (-1: all, 0: no penalty;\n"
+            "                     default: all)\n"
+            "  -v, --verbose      print the sampling settings in effect\n"
             "  --ignore-eos       keep generating past end-of-generation tokens\n"
             "  --f32-kv           F32 KV cache (default F16)\n");
 }
@@ -95,6 +105,8 @@ static int parse(int argc, char **argv, struct opts *o) {
             o->ignore_eos = true;
         } else if (!strcmp(a, "--f32-kv")) {
             o->f32_kv = true;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            o->verbose = true;
         } else if (!strcmp(a, "--system") && i + 1 < argc) {
             o->system = argv[++i];
         } else if (!strcmp(a, "--backend") && i + 1 < argc) {
@@ -118,7 +130,12 @@ static int parse(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "--min-p")) o->sp.min_p = (float)v, o->set_min_p = true;
             else if (!strcmp(a, "--repeat-penalty")) o->sp.repetition_penalty = (float)v, o->set_rep = true;
             else if (!strcmp(a, "--seed")) o->sp.seed = (uint64_t)v;
-            else {
+            else if (!strcmp(a, "--repeat-last-n") && v >= -1 && v <= INT32_MAX)
+                o->last_n = (int64_t)v, o->have_last_n = o->set_last_n = true;
+            else if (!strcmp(a, "--repeat-last-n")) {
+                fprintf(stderr, "smelt run: --repeat-last-n takes -1, 0 or a token count\n");
+                return 2;
+            } else {
                 fprintf(stderr, "smelt run: unknown option %s\n", a);
                 usage(stderr);
                 return 2;
@@ -143,16 +160,60 @@ static int parse(int argc, char **argv, struct opts *o) {
     return -1;
 }
 
-/* GGUF sampling defaults (general.sampling.*) for what the flags did not set. */
+static void note_key(struct opts *o, const char *name) {
+    size_t n = strlen(o->from_file);
+    snprintf(o->from_file + n, sizeof o->from_file - n, "%s%s", n ? ", " : "", name);
+}
+
+/* GGUF sampling defaults (general.sampling.*, as llama.cpp writes and reads them) for what
+ * the flags did not set; keys of the wrong type or out of range are ignored, and
+ * sample_params_check judges the rest. Then the penalty window: penalty_last_n counts
+ * like llama.cpp's (0 turns off a repetition penalty that did not come from a flag). */
 static void gguf_sampling(const struct gguf_file *f, struct opts *o) {
     float x;
     uint32_t k;
-    if (!o->set_temp && gguf_get_f32(f, "general.sampling.temp", &x, NULL) == SMELT_OK) o->sp.temperature = x;
-    if (!o->set_top_k && gguf_get_u32(f, "general.sampling.top_k", &k, NULL) == SMELT_OK) o->sp.top_k = (int32_t)k;
-    if (!o->set_top_p && gguf_get_f32(f, "general.sampling.top_p", &x, NULL) == SMELT_OK) o->sp.top_p = x;
-    if (!o->set_min_p && gguf_get_f32(f, "general.sampling.min_p", &x, NULL) == SMELT_OK) o->sp.min_p = x;
+    int64_t n;
+    if (!o->set_temp && gguf_get_f32(f, "general.sampling.temp", &x, NULL) == SMELT_OK)
+        o->sp.temperature = x, note_key(o, "temp");
+    if (!o->set_top_k && gguf_get_u32(f, "general.sampling.top_k", &k, NULL) == SMELT_OK &&
+        k <= INT32_MAX)
+        o->sp.top_k = (int32_t)k, note_key(o, "top_k");
+    if (!o->set_top_p && gguf_get_f32(f, "general.sampling.top_p", &x, NULL) == SMELT_OK)
+        o->sp.top_p = x, note_key(o, "top_p");
+    if (!o->set_min_p && gguf_get_f32(f, "general.sampling.min_p", &x, NULL) == SMELT_OK)
+        o->sp.min_p = x, note_key(o, "min_p");
     if (!o->set_rep && gguf_get_f32(f, "general.sampling.penalty_repeat", &x, NULL) == SMELT_OK)
-        o->sp.repetition_penalty = x;
+        o->sp.repetition_penalty = x, note_key(o, "penalty_repeat");
+    if (!o->set_last_n &&
+        gguf_get_i64(f, "general.sampling.penalty_last_n", &n, NULL) == SMELT_OK && n >= -1 &&
+        n <= INT32_MAX)
+        o->last_n = n, o->have_last_n = true, note_key(o, "penalty_last_n");
+    if (!o->have_last_n || o->last_n < 0) {
+        o->sp.penalty_last_n = 0; /* the whole history */
+    } else if (o->last_n == 0) {
+        o->sp.penalty_last_n = 0;
+        if (o->set_last_n || !o->set_rep) o->sp.repetition_penalty = 1.0f;
+    } else {
+        /* a window as long as the context is the whole history (and needs no ring of
+         * that size) */
+        o->sp.penalty_last_n = o->last_n >= o->n_ctx ? 0 : (int32_t)o->last_n;
+    }
+}
+
+/* -v: the sampling settings in effect, once. */
+static void print_sampling(const struct opts *o) {
+    const struct sample_params *p = &o->sp;
+    fprintf(stderr, "smelt run: sampling: temperature %g, top_k %d, top_p %g, min_p %g, ",
+            (double)p->temperature, p->top_k, (double)p->top_p, (double)p->min_p);
+    if (p->repetition_penalty == 1.0f)
+        fprintf(stderr, "repeat_penalty off");
+    else if (p->penalty_last_n > 0)
+        fprintf(stderr, "repeat_penalty %g over the last %d tokens", (double)p->repetition_penalty,
+                p->penalty_last_n);
+    else
+        fprintf(stderr, "repeat_penalty %g over all tokens", (double)p->repetition_penalty);
+    fprintf(stderr, ", seed %llu (from the file: %s)\n", (unsigned long long)p->seed,
+            o->from_file[0] ? o->from_file : "nothing");
 }
 
 /* Everything one chat needs. */
@@ -443,6 +504,7 @@ int cmd_run(int argc, char **argv) {
         st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, &s.kv, &e);
         if (st == SMELT_OK) st = kv_pool_init(&s.pool, n_blocks, BLOCK, &e);
         gguf_sampling(s.f, &o);
+        if (o.verbose) print_sampling(&o);
         if (st == SMELT_OK) st = sample_params_check(&o.sp, s.m->hp.n_vocab, &e);
         if (st == SMELT_OK) st = sampler_new(&s.smp, &o.sp, s.m->hp.n_vocab, &e);
         s.logits = malloc((size_t)s.m->hp.n_vocab * sizeof(float));

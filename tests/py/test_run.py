@@ -45,8 +45,78 @@ def test_errors():
     assert r.returncode == 2
     r = run(TINY, "hi", "--frobnicate", "1")
     assert r.returncode == 2
+    r = run(TINY, "hi", "--repeat-last-n", "-2")
+    assert r.returncode == 2 and "--repeat-last-n" in r.stderr
     r = run(TINY, "hi", "-c", "64", "-n", "100", "--ignore-eos")  # runs out of context
     assert r.returncode == 1 and "context" in r.stderr
+
+
+def copy_with_sampling(dst, **keys):
+    """The tiny fixture rewritten with general.sampling.* keys (typed as gguf-py's
+    add_sampling_* writes them: top_k and penalty_last_n INT32, the rest FLOAT32)."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(str(TINY))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    VT = gguf.GGUFValueType
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        if f.types[0] == VT.ARRAY:
+            w.add_key_value(f.name, f.contents(), VT.ARRAY, sub_type=f.types[-1])
+        else:
+            w.add_key_value(f.name, f.contents(), f.types[0])
+    for k, v in keys.items():
+        getattr(w, f"add_sampling_{k}")(v)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def sampling_line(r):
+    lines = [x for x in r.stderr.splitlines() if x.startswith("smelt run: sampling:")]
+    assert r.returncode == 0, r.stderr
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_sampling_defaults_from_gguf(tmp_path):
+    f = copy_with_sampling(tmp_path / "s.gguf", temp=0.25, top_k=7, top_p=0.8, min_p=0.05,
+                           penalty_repeat=1.3, penalty_last_n=17)
+    line = sampling_line(run(f, "hello", "-n", "3", "-v"))
+    assert "temperature 0.25, top_k 7, top_p 0.8, min_p 0.05, " \
+        "repeat_penalty 1.3 over the last 17 tokens" in line, line
+    assert "from the file: temp, top_k, top_p, min_p, penalty_repeat, penalty_last_n" in line
+    # flags win over the file, key by key
+    line = sampling_line(run(f, "hello", "-n", "3", "-v", "--temp", "0", "--top-k", "3",
+                             "--repeat-last-n", "4"))
+    assert "temperature 0, top_k 3, top_p 0.8, min_p 0.05, " \
+        "repeat_penalty 1.3 over the last 4 tokens" in line, line
+    assert "from the file: top_p, min_p, penalty_repeat)" in line, line
+    # printed with -v only, and once
+    assert "sampling:" not in run(f, "hello", "-n", "3").stderr
+
+
+def test_sampling_penalty_window_from_gguf(tmp_path):
+    # llama.cpp's meaning: -1 the whole context, 0 no penalty
+    f = copy_with_sampling(tmp_path / "all.gguf", penalty_repeat=1.3, penalty_last_n=-1)
+    assert "repeat_penalty 1.3 over all tokens" in sampling_line(run(f, "hi", "-n", "2", "-v"))
+    f = copy_with_sampling(tmp_path / "off.gguf", penalty_repeat=1.3, penalty_last_n=0)
+    assert "repeat_penalty off" in sampling_line(run(f, "hi", "-n", "2", "-v"))
+    # ... unless the penalty is asked for on the command line
+    line = sampling_line(run(f, "hi", "-n", "2", "-v", "--repeat-penalty", "1.1"))
+    assert "repeat_penalty 1.1 over all tokens" in line, line
+    # a window past the context (-c) is the whole history
+    f = copy_with_sampling(tmp_path / "big.gguf", penalty_repeat=1.3, penalty_last_n=1 << 30)
+    line = sampling_line(run(f, "hi", "-n", "2", "-v", "-c", "64"))
+    assert "repeat_penalty 1.3 over all tokens" in line, line
+    # no keys: smelt's defaults
+    line = sampling_line(run(TINY, "hi", "-n", "2", "-v"))
+    assert "temperature 1, top_k 0, top_p 1, min_p 0, repeat_penalty off" in line, line
+    assert "(from the file: nothing)" in line
 
 
 def need(path):
