@@ -14,8 +14,9 @@
  *
  * Sampling defaults come from the GGUF (general.sampling.temp, top_k, top_p, min_p,
  * penalty_repeat, penalty_last_n) where it has them; flags override; -v prints the
- * settings in effect. Prompt and generation speeds go to stderr at the end (with -i, also
- * after each turn, with the tokens the turn reused from the cache).
+ * settings in effect. Prompt and generation speeds go to stderr at the end; with -i, each
+ * turn also prints "turn N: prompt P tokens (R reused from the cache), generation G
+ * tokens" (P: the tokens it prefilled).
  */
 #include <math.h>
 #include <stdint.h>
@@ -239,6 +240,7 @@ struct session {
     float *logits;           /* (n_vocab) */
     double t_prompt, t_gen;
     int64_t n_prompt, n_gen;
+    int n_turns;
 };
 
 static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct err *e) {
@@ -388,13 +390,14 @@ static smelt_status render(struct session *s, const char *user, struct tok_ids *
     return st;
 }
 
-/* One turn: keep the cached tokens the new prompt starts with, feed the rest, generate. */
+/* One turn: keep the cached tokens the new prompt starts with, feed the rest, generate.
+ * With -i, a line on stderr says what the turn prefilled and what it reused. */
 static smelt_status turn(struct session *s, const char *user, struct err *e) {
     struct tok_ids ids = {0};
     smelt_status st = render(s, user, &ids, e);
     if (st != SMELT_OK) return st;
     const int32_t *feed_ids = ids.v;
-    size_t n_feed = ids.n;
+    size_t n_feed = ids.n, reused = s->cached.n; /* raw: the new text continues the cache */
     if (s->tmpl) {
         /* the rendering holds the whole conversation: reuse the common prefix's cache
          * (at least one token must be fed, for its logits) */
@@ -408,6 +411,7 @@ static smelt_status turn(struct session *s, const char *user, struct err *e) {
         for (size_t i = 0; i < common; i++) sampler_accept(s->smp, ids.v[i], false);
         feed_ids += common;
         n_feed -= common;
+        reused = common;
     }
     double t0 = now_s();
     for (size_t i = 0; i < n_feed; i++) sampler_accept(s->smp, feed_ids[i], false);
@@ -417,7 +421,13 @@ static smelt_status turn(struct session *s, const char *user, struct err *e) {
     s->n_prompt += (int64_t)n_feed;
     tok_ids_free(&ids);
     struct tok_buf answer = {0};
+    int64_t gen0 = s->n_gen;
     if (st == SMELT_OK) st = generate(s, &answer, e);
+    if (st == SMELT_OK && s->o->interactive)
+        fprintf(stderr,
+                "turn %d: prompt %zu tokens (%zu reused from the cache), generation %lld "
+                "tokens\n",
+                ++s->n_turns, n_feed, reused, (long long)(s->n_gen - gen0));
     if (st == SMELT_OK && s->tmpl) st = add_message(s, "assistant", answer.p ? answer.p : "", e);
     tok_buf_free(&answer);
     return st;

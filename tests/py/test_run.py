@@ -7,6 +7,7 @@ same GGUF dequantized to float32)."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -36,6 +37,9 @@ def test_tiny_interactive_keeps_going():
     r = run(TINY, "-i", "--temp", "0", "-n", "3", stdin="one\ntwo\n")
     assert r.returncode == 0, r.stderr
     assert "generation: 6 tokens" in r.stderr  # two turns of 3
+    # raw text continues the cache: turn 2 reuses turn 1's prompt and all 3 answer tokens
+    t = turns(r)
+    assert t[1][1] == 0 and t[2][1] == t[1][0] + 3, r.stderr
 
 
 def test_errors():
@@ -132,12 +136,35 @@ def test_qwen_answers_a_question():
     assert "Paris" in r.stdout
 
 
+TURN = re.compile(r"turn (\d+): prompt (\d+) tokens \((\d+) reused from the cache\), "
+                  r"generation (\d+) tokens")
+
+
+def turns(r):
+    """{turn: (prefilled, reused, generated)} from -i's per-turn lines on stderr."""
+    return {int(m[1]): (int(m[2]), int(m[3]), int(m[4])) for m in TURN.finditer(r.stderr)}
+
+
 def test_qwen_chat_keeps_context():
     need(QWEN)
     r = run(QWEN, "-i", "What is the capital of Italy?", "--temp", "0", "-n", "24",
             stdin="And of Germany?\n")
     assert r.returncode == 0, r.stderr
     assert "Rome" in r.stdout and "Berlin" in r.stdout
+    t = turns(r)
+    assert sorted(t) == [1, 2], r.stderr
+    (p1, c1, g1), (p2, c2, g2) = t[1], t[2]
+    assert c1 == 0
+    # the second turn reuses all of the first (its prompt, its answer and the end-of-turn
+    # token the answer stopped at) and prefills only the new user message in ChatML
+    assert c2 == p1 + g1 + 1, r.stderr
+    delta = "\n<|im_start|>user\nAnd of Germany?<|im_end|>\n<|im_start|>assistant\n"
+    ids = subprocess.run([SMELT, "tokenize", str(QWEN), delta, "--ids", "--no-bos"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert p2 == len(ids), (p2, ids, r.stderr)
+    # re-prefilling the conversation would have fed p1 + g1 + 1 + len(ids) tokens
+    assert p2 < p1
+    assert f"prompt: {p1 + p2} tokens" in r.stderr
 
 
 def test_gemma_greedy_matches_transformers():
