@@ -48,6 +48,8 @@ struct tiny {
      * boost_from.. (the embedding's, when tied) are +-20 times rows 0.., so that, were they
      * scored, they would win */
     int n_tokens, boost_from;
+    /* rope.scaling.type "yarn", factor 4, with this rope.scaling.yarn_attn_factor (0: none) */
+    float yarn_attn;
 };
 
 struct wbuf {
@@ -121,6 +123,14 @@ static void write_tiny(const struct tiny *t, const char *path) {
     }
     key_f32(w, t, "attention.layer_norm_rms_epsilon", 1e-6f);
     key_f32(w, t, "rope.freq_base", 10000.0f);
+    if (t->yarn_attn != 0) {
+        char key[128];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", t->arch);
+        gguf_set_str(w, key, "yarn");
+        key_f32(w, t, "rope.scaling.factor", 4.0f);
+        key_u32(w, t, "rope.scaling.original_context_length", 64);
+        key_f32(w, t, "rope.scaling.yarn_attn_factor", t->yarn_attn);
+    }
     if (t->gemma) {
         key_u32(w, t, "attention.sliding_window", 5);
         key_f32(w, t, "rope.freq_base_swa", 100.0f);
@@ -557,6 +567,29 @@ static void test_load_errors(void) {
     t = archs[0];
     t.arch = "mamba";
     expect_load_error(t, "mamba", "not supported");
+    t = archs[1];
+    t.yarn_attn = -1.0f;
+    expect_load_error(t, "qwen2.rope.scaling.yarn_attn_factor", "out of range");
+}
+
+/* YaRN's yarn_attn_factor (HF attention_factor) is the whole cos/sin magnitude: the loader
+ * divides out the 1 + 0.1 ln(factor) the backends multiply in (fixture qwen3-yarn checks
+ * the logits against transformers). */
+static void test_yarn_attn_factor(void) {
+    struct tiny t = archs[1];
+    t.yarn_attn = 1.25f;
+    struct loaded L;
+    struct err e;
+    if (!load_tiny(&t, &L, &e)) {
+        T_CHECKF(0, "%s", e.msg);
+        unload(&L);
+        return;
+    }
+    const struct rope_params *r = &L.m->layer[0].rope;
+    T_CHECK(r->ext_factor == 1.0f && r->n_ctx_orig == 64 && fabsf(r->freq_scale - 0.25f) < 1e-7f);
+    double mag = r->attn_factor * (1.0 + 0.1 * log(1.0 / r->freq_scale));
+    T_CHECKF(fabs(mag - 1.25) < 1e-6, "magnitude %g", mag);
+    unload(&L);
 }
 
 /* ---- vocabulary vs tokenizer ---- */
@@ -706,6 +739,7 @@ int main(void) {
     T_RUN(test_recycle);
     T_RUN(test_bad_batch);
     T_RUN(test_load_errors);
+    T_RUN(test_yarn_attn_factor);
     T_RUN(test_padded_vocab);
     T_RUN(test_vocab_errors);
     bk_free(bk);
