@@ -70,7 +70,8 @@ typedef smelt_status (*engine_forward_fn)(void *ctx, const struct batch *b, floa
 struct engine_config {
     int32_t max_seqs;         /* sequences running at once (default 64) */
     int32_t max_batch_tokens; /* rows per step: decodes + prefill chunks (default 512) */
-    int32_t max_waiting;      /* requests queued before submit refuses (default 1024) */
+    int32_t max_waiting;      /* sequences (choices) queued before submit refuses with
+                               * SMELT_ERR_RANGE (default 1024) */
     int32_t n_ctx;            /* positions per sequence (default: the model's, capped by KV) */
     int32_t block_size;       /* KV block size in tokens (default 16) */
     int32_t n_blocks;         /* KV pool size in blocks (required) */
@@ -199,10 +200,11 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg, st
 /* Cancels everything in flight, stops the thread, frees the engine. */
 void engine_free(struct engine *en);
 
-/* Queues r (the engine takes its own reference). Errors: SMELT_ERR_RANGE when the prompt
- * does not fit the context or the KV pool (the message gives both counts);
- * SMELT_ERR_UNSUPPORTED ("busy") when the waiting queue is full; SMELT_ERR_CANCELLED after
- * engine_shutdown. */
+/* Queues r (the engine takes its own reference). Errors: SMELT_ERR_INVALID when the prompt
+ * does not fit the context (n_ctx, itself capped by the KV pool; the message gives both
+ * counts), a prompt token is not in the vocabulary, a sampling parameter is out of range,
+ * or r was submitted before; SMELT_ERR_RANGE ("busy") when the waiting queue is full;
+ * SMELT_ERR_CANCELLED after engine_drain; SMELT_ERR_NOMEM. */
 smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *e);
 
 /* Stops accepting requests (submit fails with SMELT_ERR_CANCELLED); in-flight ones go on. */
