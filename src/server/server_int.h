@@ -12,6 +12,7 @@
 #include "server/outp.h"
 #include "server/server.h"
 #include "tokenizer/tok.h"
+#include "util/sha256.h"
 
 /* HTTP status counters for /metrics. */
 #define SRV_N_STATUS 9
@@ -23,6 +24,8 @@ struct server {
     struct MHD_Daemon *d;
     int port;
     int32_t max_piece; /* longest token piece in bytes (prompt-length precheck) */
+    bool auth;         /* an API key is set */
+    uint8_t key_digest[SHA256_DIGEST_LEN]; /* of the API key */
     atomic_bool draining;
     atomic_int n_conns, n_parked, n_streams;
     atomic_uint_fast64_t next_id;

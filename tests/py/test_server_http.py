@@ -152,8 +152,14 @@ def test_auth(tiny):
         assert e["type"] == "authentication_error"
         st, h, body = s.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
         assert st == 401
-        st, h, body = s.request("GET", "/v1/models", headers={"Authorization": "Bearer sekritX"})
-        assert st == 401
+        # a prefix, an extension, another case, an empty key, another scheme: all refused
+        for h in ("Bearer sekritX", "Bearer sekri", "Bearer SEKRIT", "Bearer ", "Bearer",
+                  "Basic sekrit", "sekrit", "Bearer sekrit\t", "Bearer " + "s" * 5000):
+            st, _, body = s.request("GET", "/v1/models", headers={"Authorization": h})
+            assert st == 401, h
+        # the scheme is case-insensitive, spaces before the key are skipped
+        for h in ("bearer sekrit", "Bearer   sekrit"):
+            assert s.request("GET", "/v1/models", headers={"Authorization": h})[0] == 200, h
         st, h, body = s.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert st == 401
         st, h, body = s.request("GET", "/metrics")
