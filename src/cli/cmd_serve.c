@@ -48,7 +48,7 @@ struct opts {
     const char *aliases[8];
     int n_aliases;
     int port, device, threads, http_threads, timeout_s, max_seqs, max_batch, max_waiting;
-    int block_size, kv_size, ctx_size;
+    int block_size, kv_size, ctx_size, fake_fail_at;
     double gpu_util, grace_s, fake_step_ms;
     long long max_body;
     bool no_prefix_cache, f32_kv, fake, quiet;
@@ -66,7 +66,8 @@ static void usage(FILE *f) {
             "                             default: the file name without .gguf)\n"
             "  --chat-template FILE       a Jinja chat template instead of the model's own\n"
             "  --http-threads N           HTTP threads (default 2; a quarter of the cores, up to 8, on 16+)\n"
-            "  --timeout S                idle connection timeout in seconds (default 120)\n"
+            "  --timeout S                a request (headers and body) must arrive within S\n"
+            "                             seconds; idle connections close after S (default 120)\n"
             "  --max-body BYTES           request body limit (default 33554432)\n"
             "  --log-format text|json     request log lines (default text); --quiet: none\n"
             "  --grace S                  on SIGTERM, let requests finish for S seconds (default 30)\n"
@@ -87,7 +88,9 @@ static void usage(FILE *f) {
             "  --fake-forward             no model compute: fixed logits (server benchmarks)\n"
             "  --fake-step-ms X           with --fake-forward: sleep X ms per step\n"
             "  --fake-reply TEXT          with --fake-forward: every reply is TEXT (tests; one\n"
-            "                             reply at a time per prompt prefix)\n",
+            "                             reply at a time per prompt prefix)\n"
+            "  --fake-fail-at N           with --fake-forward: a step with a row at position >= N\n"
+            "                             fails (tests: engine errors)\n",
             CPU_KV_TOKENS_DEFAULT);
 }
 
@@ -161,6 +164,7 @@ static int parse(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "--max-body")) o->max_body = (long long)x;
             else if (!strcmp(a, "--grace")) o->grace_s = x;
             else if (!strcmp(a, "--fake-step-ms")) o->fake_step_ms = x;
+            else if (!strcmp(a, "--fake-fail-at")) o->fake_fail_at = (int)x;
             else {
                 fprintf(stderr, "smelt serve: unknown option %s\n", a);
                 usage(stderr);
@@ -200,6 +204,7 @@ static int parse(int argc, char **argv, struct opts *o) {
 struct fake {
     int32_t n_vocab, lo, span; /* next token drawn from [lo, lo + span) */
     double step_ms;
+    int32_t fail_at;           /* > 0: a step with a row at this position or later fails */
     int32_t *hot;              /* (rows_ready) the hot index of each row */
     int32_t rows_ready;
     /* --fake-reply: the reply's tokens, then eos. A sequence is known by its first KV block;
@@ -224,6 +229,10 @@ static int32_t fake_script_next(struct fake *f, int32_t block, int32_t tok, int3
 static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits, struct err *e) {
     struct fake *f = ctx;
     int32_t k = 0;
+    for (int32_t i = 0; f->fail_at > 0 && i < b->n_tokens; i++)
+        if (b->pos[i] >= f->fail_at)
+            return err_set(e, SMELT_ERR_INTERNAL, "fake forward: position %d (--fake-fail-at %d)",
+                           b->pos[i], f->fail_at);
     for (int32_t i = 0; i < b->n_tokens; i++) {
         if (!b->logits[i]) continue;
         float *row = logits + (size_t)k * (size_t)f->n_vocab;
@@ -400,6 +409,7 @@ int cmd_serve(int argc, char **argv) {
         fk.lo = fk.n_vocab > 512 ? 300 : 0;
         fk.span = fk.n_vocab - fk.lo > 200 ? 200 : fk.n_vocab - fk.lo;
         fk.step_ms = o.fake_step_ms;
+        fk.fail_at = o.fake_fail_at;
         ec.forward = fake_forward;
         ec.forward_ctx = &fk;
         ec.n_vocab = fk.n_vocab;

@@ -203,7 +203,12 @@ static bool choice_add_token(struct choice *c, int32_t tok, float lp,
     return true;
 }
 
+/* A choice cut short says so: "abort" (cancelled: the server is shutting down; vLLM's
+ * name) or "error" (the engine failed), never "stop", which would make a truncated
+ * answer look complete. */
 static const char *finish_reason(const struct gen *g, const struct choice *c) {
+    if (c->finish == ENGINE_CANCELLED) return "abort";
+    if (c->finish == ENGINE_ERROR) return "error";
     if (c->finish == ENGINE_LENGTH) return "length";
     if (c->n_calls > 0) return "tool_calls";
     return "stop";
@@ -448,13 +453,21 @@ static void usage_reasoning(struct gen *g) {
     g->usage_reasoning = r < g->usage_completion ? r : g->usage_completion;
 }
 
+/* The stream's end: an error event if it failed, the usage chunk, [DONE]. Its status is
+ * known here (the 200 on the wire becomes the error event's 500 or 503 in the log and
+ * /metrics), and is counted before the last bytes go out. */
 static void stream_tail(struct gen *g) {
     struct jw *w = &g->sse;
+    int status = 200;
     if (g->error[0] || g->cancelled) {
         struct oai_err e;
         if (g->error[0]) oai_fail(&e, 500, "server_error", NULL, NULL, "%s", g->error);
         else oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the request was cancelled "
                       "(the server is shutting down)");
+        status = e.status;
+        if (g->error[0] && !atomic_load(&g->client_gone))
+            log_error("request %s %s: the engine failed after the stream began: %s", g->id,
+                      g->conn->path, g->error);
         char *s = oai_err_json(&e);
         jw_str(w, "data: ");
         jw_str(w, s);
@@ -475,6 +488,8 @@ static void stream_tail(struct gen *g) {
     }
     jw_str(w, "data: [DONE]\n\n");
     g->stream_end = true;
+    if (atomic_load(&g->client_gone)) srv_status(g->conn, 499, false); /* (counted on close) */
+    else srv_status(g->conn, status, true);
 }
 
 /* ---- collecting events ---- */
@@ -519,7 +534,6 @@ static bool collect(struct gen *g) {
                         snprintf(g->error, sizeof g->error, "out of memory");
                     continue;
                 }
-                if (ev->token >= 0 && g->t_first == 0) g->t_first = srv_now();
                 think_feed(&g->ch[ci], ev->token, g->out.text + ev->text, ev->text_len);
                 if (ev->finish) {
                     account(g, ri, ev);
@@ -739,6 +753,16 @@ static enum MHD_Result respond_whole(struct conn *c) {
 }
 
 /* ---- the request ---- */
+
+double gen_first_token_time(const struct gen *g) {
+    double first = 0;
+    for (int32_t i = 0; i < g->n_reqs; i++) {
+        double t = 0;
+        if (g->reqs[i]) engine_req_times(g->reqs[i], NULL, &t, NULL);
+        if (t > 0 && (first == 0 || t < first)) first = t;
+    }
+    return first;
+}
 
 void gen_free(struct gen *g) {
     if (!g) return;
@@ -982,8 +1006,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         atomic_fetch_add(&c->refs, 1);
         atomic_fetch_add(&s->n_streams, 1);
-        c->status = 200;
-        srv_count_status(s, 200);
+        srv_status(c, 200, false); /* counted at its end (stream_tail, on_completed) */
         enum MHD_Result ret = MHD_queue_response(c->mc, 200, r);
         MHD_destroy_response(r);
         return ret;

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@
 
 #define DEFAULT_MAX_BODY ((size_t)32 << 20)
 
-const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503};
 
 double srv_now(void) {
     struct timespec t;
@@ -35,10 +36,13 @@ double srv_now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-void srv_count_status(struct server *s, int status) {
+void srv_status(struct conn *c, int status, bool count) {
+    c->status = status;
+    if (!count || c->counted) return;
+    c->counted = true;
     int i = 0;
     while (i < SRV_N_STATUS && srv_status_codes[i] != status) i++;
-    atomic_fetch_add(&s->status_count[i], 1);
+    atomic_fetch_add(&c->srv->status_count[i], 1);
 }
 
 static uint64_t mix64(uint64_t x) {
@@ -84,8 +88,7 @@ enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *
     }
     MHD_add_response_header(r, "Content-Type", ctype ? ctype : "application/json");
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
-    c->status = status;
-    srv_count_status(c->srv, status);
+    srv_status(c, status, true);
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
@@ -103,8 +106,7 @@ enum MHD_Result srv_error(struct conn *c, const struct oai_err *e) {
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (e->status == 429 || e->status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (e->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    c->status = e->status;
-    srv_count_status(c->srv, e->status);
+    srv_status(c, e->status, true);
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)e->status, r);
     MHD_destroy_response(r);
     return ret;
@@ -310,16 +312,6 @@ static enum MHD_Result route(struct conn *c, const char *url, const char *method
         }
         return srv_respond(c, 200, strdup("{\"status\":\"ok\"}"), NULL);
     }
-    if (!authorized(c)) {
-        oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
-                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
-        return srv_error(c, &e);
-    }
-    if (c->too_big) {
-        oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                 "The request body is larger than the limit of %zu bytes", s->cfg.max_body);
-        return srv_error(c, &e);
-    }
     const char *mid = NULL;
     const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
     if (!strncmp(u, "/models/", 8) && u[8]) mid = u + 8;
@@ -336,13 +328,22 @@ static enum MHD_Result route(struct conn *c, const char *url, const char *method
     for (int i = 0; i < (int)(sizeof table / sizeof table[0]); i++)
         if (path_is(url, table[i].path)) hit = i;
     if (mid) hit = 2;
+    c->route = hit >= 0 ? table[hit].name : NULL; /* (for the log, whatever the answer) */
+    if (!authorized(c)) {
+        oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
+        return srv_error(c, &e);
+    }
+    if (c->too_big) {
+        oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                 "The request body is larger than the limit of %zu bytes", s->cfg.max_body);
+        return srv_error(c, &e);
+    }
     if (hit < 0) {
-        c->route = "unknown";
         oai_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Unknown route %s %.200s",
                  method, url);
         return srv_error(c, &e);
     }
-    c->route = table[hit].name;
     if ((table[hit].post && !post) || (!table[hit].post && !get)) {
         oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                  "%s %.200s: method not allowed (use %s)", method, url,
@@ -363,6 +364,16 @@ static enum MHD_Result route(struct conn *c, const char *url, const char *method
     }
 }
 
+static long long now_ms(void) { return (long long)(srv_now() * 1e3); }
+
+/* The request deadline passed (see struct sock): marks the socket. */
+static bool late(struct server *s, struct sock *k) {
+    if (!k || !atomic_load(&k->receiving)) return false;
+    if (now_ms() - atomic_load(&k->since_ms) <= (long long)s->cfg.timeout_s * 1000) return false;
+    atomic_store(&k->timed_out, true);
+    return true;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **con_cls) {
@@ -370,10 +381,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     (void)version;
     struct conn *c = *con_cls;
     if (!c) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        struct sock *k = ci ? ci->socket_context : NULL;
+        if (late(s, k)) return MHD_NO; /* the headers came too late: close */
         c = calloc(1, sizeof *c);
         if (!c) return MHD_NO;
         c->srv = s;
         c->mc = mc;
+        c->sock = k;
         atomic_init(&c->refs, 1);
         c->t0 = srv_now();
         snprintf(c->method, sizeof c->method, "%s", method);
@@ -387,6 +403,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (c->gen) return gen_resume(c); /* a suspended request was resumed */
     if (*upload_size) {
+        if (late(s, c->sock)) return MHD_NO; /* the body is too slow: close (logged 408) */
         if (!c->too_big) {
             if (c->body.n + *upload_size > s->cfg.max_body) {
                 c->too_big = true;
@@ -401,29 +418,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (c->handled) return MHD_YES;
     c->handled = true;
+    if (c->sock) atomic_store(&c->sock->receiving, false); /* all here: no deadline now */
     return route(c, url, method);
 }
 
-/* One line per request: text, or JSON with --log-format json. */
+/* One line per request: text, or JSON with --log-format json. Every request that reached
+ * the handler has one, whatever its status (408: its body did not arrive in time; 499: the
+ * client went away before the answer was complete). */
 static void log_request(struct server *s, struct conn *c) {
-    if (s->cfg.quiet || !c->route) return;
+    if (s->cfg.quiet) return;
     double total = srv_now() - c->t0;
     struct gen *g = c->gen;
-    double ttft = g && g->t_first > 0 ? g->t_first - c->t0 : -1;
+    double tf = g ? gen_first_token_time(g) : 0; /* the engine's clock: the same as srv_now */
+    double ttft = tf > 0 ? tf - c->t0 : -1;
     long long pt = g ? g->usage_prompt : 0, ct = g ? g->usage_completion : 0,
               cached = g ? g->usage_cached : 0;
     const char *id = c->id[0] ? c->id : "-";
     pthread_mutex_lock(&s->log_mu);
     if (s->cfg.log_json) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        const char *rt = c->route ? c->route : c->path;
         struct jw w = {0};
-        jw_str(&w, "{\"ts\":");
-        jw_float(&w, (double)time(NULL));
+        jw_printf(&w, "{\"ts\":%lld.%03ld", (long long)now.tv_sec, now.tv_nsec / 1000000);
         jw_str(&w, ",\"level\":\"info\",\"msg\":\"request\",\"id\":");
         jw_json_str(&w, id, strlen(id));
         jw_str(&w, ",\"method\":");
         jw_json_str(&w, c->method, strlen(c->method));
         jw_str(&w, ",\"path\":");
         jw_json_str(&w, c->path, strlen(c->path));
+        jw_str(&w, ",\"route\":");
+        jw_json_str(&w, rt, strlen(rt));
         jw_printf(&w, ",\"status\":%d,\"prompt_tokens\":%lld,\"cached_tokens\":%lld,"
                       "\"completion_tokens\":%lld,\"ttft_s\":", c->status, pt, cached, ct);
         if (ttft >= 0) jw_float(&w, ttft);
@@ -450,14 +475,52 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     struct conn *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->status == 200 && c->gen)
+    if (c->status == 0) /* no answer was queued */
+        c->status = c->sock && atomic_load(&c->sock->timed_out) ? 408 : 499;
+    else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->gen && !c->counted)
         c->status = 499; /* the client went away mid-response (nginx's convention) */
+    srv_status(c, c->status, true);
     log_request(s, c);
     if (c->gen) {
         for (int32_t i = 0; i < c->gen->n_reqs; i++)
             if (c->gen->reqs[i]) engine_req_detach(c->gen->reqs[i]);
     }
+    if (c->sock) { /* the next request on this connection may start now */
+        atomic_store(&c->sock->since_ms, now_ms());
+        atomic_store(&c->sock->receiving, true);
+    }
     srv_conn_unref(c);
+}
+
+/* MHD's connection notifications: a struct sock per socket, listed for the watcher. */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    struct server *s = cls;
+    struct sock *k = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k = ci ? calloc(1, sizeof *k) : NULL;
+        if (!k) return; /* no deadline for this one */
+        k->fd = ci->connect_fd;
+        atomic_init(&k->receiving, true);
+        atomic_init(&k->since_ms, now_ms());
+        atomic_init(&k->timed_out, false);
+        pthread_mutex_lock(&s->smu);
+        k->next = s->socks;
+        if (s->socks) s->socks->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->smu);
+        *socket_context = k;
+    } else if (k) { /* closed: MHD closes the fd after this returns */
+        pthread_mutex_lock(&s->smu);
+        if (k->prev) k->prev->next = k->next;
+        else s->socks = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&s->smu);
+        free(k);
+        *socket_context = NULL;
+    }
 }
 
 __attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -493,10 +556,28 @@ void srv_unwatch(struct server *s, struct gen *g) {
     pthread_mutex_unlock(&s->wmu);
 }
 
-/* Every 200 ms: one poll() over the parked sockets; a hang-up (the peer closed: POLLRDHUP,
- * POLLHUP or POLLERR) cancels that connection's requests. A gen stays valid while it is on
- * the list (it is parked, so MHD cannot close its connection) and leaves the list under
- * wmu, which the scan holds. */
+/* Ends the sockets whose request is past its deadline: shutdown() wakes MHD's poll on the
+ * socket, which then reads EOF and closes the connection itself (a header trickle has no
+ * handler call to refuse it). The fd is open while its sock is listed (smu, held here):
+ * MHD closes it only after the CLOSED notification has unlisted it. */
+static void end_late_requests(struct server *s) {
+    long long now = now_ms(), limit = (long long)s->cfg.timeout_s * 1000;
+    pthread_mutex_lock(&s->smu);
+    for (struct sock *k = s->socks; k; k = k->next) {
+        if (!atomic_load(&k->receiving) || atomic_load(&k->timed_out)) continue;
+        if (now - atomic_load(&k->since_ms) <= limit) continue;
+        atomic_store(&k->timed_out, true);
+        shutdown(k->fd, SHUT_RDWR);
+        log_debug("http: a request did not arrive within %d s: closing its connection",
+                  s->cfg.timeout_s);
+    }
+    pthread_mutex_unlock(&s->smu);
+}
+
+/* Every 200 ms: the request deadline (end_late_requests), then one poll() over the parked
+ * sockets; a hang-up (the peer closed: POLLRDHUP, POLLHUP or POLLERR) cancels that
+ * connection's requests. A gen stays valid while it is on the list (it is parked, so MHD
+ * cannot close its connection) and leaves the list under wmu, which the scan holds. */
 static void *watcher(void *arg) {
     struct server *s = arg;
     struct pollfd *fds = NULL;
@@ -510,6 +591,7 @@ static void *watcher(void *arg) {
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&s->wcv, &s->wmu, &dl);
         if (s->wstop) break;
+        end_late_requests(s);
         size_t n = 0;
         for (struct gen *g = s->watch; g; g = g->wnext) n++;
         if (n > cap) {
@@ -569,6 +651,7 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
     pthread_cond_init(&s->wcv, NULL);
+    pthread_mutex_init(&s->smu, NULL);
     uint64_t key[2] = {0, 0};
     if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key) key[0] = (uint64_t)time(NULL) ^ (uint64_t)getpid();
     s->id_key = key[0];
@@ -603,6 +686,7 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
@@ -613,6 +697,7 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
         pthread_mutex_destroy(&s->log_mu);
         pthread_mutex_destroy(&s->wmu);
         pthread_cond_destroy(&s->wcv);
+        pthread_mutex_destroy(&s->smu);
         free(s);
         return err_set(e, SMELT_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
                        cfg->host ? cfg->host : "127.0.0.1", cfg->port);
@@ -662,5 +747,6 @@ void server_free(struct server *s) {
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_cond_destroy(&s->wcv);
+    pthread_mutex_destroy(&s->smu);
     free(s);
 }

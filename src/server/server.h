@@ -35,7 +35,8 @@ struct server_config {
     int port;             /* 0: any free port (see server_port) */
     const char *api_key;  /* NULL: no auth */
     size_t max_body;      /* request body limit in bytes (default 32 MiB) */
-    int timeout_s;        /* idle connection timeout (default 120) */
+    int timeout_s;        /* a request must arrive (headers and body) within this, and an
+                           * idle connection closes after it (default 120) */
     int threads;          /* HTTP threads (default 2) */
     int max_connections;  /* default 4096 */
     bool log_json;        /* request log lines as JSON */

@@ -15,8 +15,22 @@
 #include "util/sha256.h"
 
 /* HTTP status counters for /metrics. */
-#define SRV_N_STATUS 9
-extern const int srv_status_codes[SRV_N_STATUS]; /* 200, 400, 401, 404, 405, 413, 429, 500, 503 */
+#define SRV_N_STATUS 11
+/* 200, 400, 401, 404, 405, 408 (the request did not arrive in time), 413, 429, 499 (the
+ * client went away first), 500, 503 */
+extern const int srv_status_codes[SRV_N_STATUS];
+
+/* A client socket from accept to close (MHD's connection notifications), for the request
+ * deadline: a request's headers and body must all arrive within --timeout of the moment
+ * the connection could start sending it (accept, or the end of its previous request).
+ * MHD's own timeout only ends idle connections: it restarts on every byte received. */
+struct sock {
+    struct sock *prev, *next; /* server->socks, under server->smu */
+    int fd;
+    atomic_bool receiving;    /* a request is (or may be) arriving: the deadline runs */
+    atomic_llong since_ms;    /* when it could start (monotonic ms) */
+    atomic_bool timed_out;    /* closed for the deadline */
+};
 
 struct server {
     struct server_config cfg;
@@ -43,6 +57,10 @@ struct server {
     struct gen *watch; /* parked gens (doubly linked through wprev / wnext) */
     pthread_t wth;
     bool wstarted, wstop;
+    /* the request deadline: every open socket; the watcher also closes those whose request
+     * is late (see struct sock) */
+    pthread_mutex_t smu;
+    struct sock *socks;
 };
 
 /* One choice's accumulated output (non-streaming), and its stream state. */
@@ -110,7 +128,6 @@ struct gen {
     struct jw sse;
     size_t sse_off;
     bool stream_end;             /* [DONE] formatted: end after sse is sent */
-    double t_first;              /* first token seen by the HTTP side */
     int64_t usage_prompt, usage_completion, usage_cached;
     int64_t usage_reasoning;     /* summed from the choices' n_reason at the end */
 };
@@ -122,7 +139,9 @@ struct conn {
     struct jw body;
     bool too_big, handled;
     int status;                  /* for the log */
-    const char *route;
+    bool counted;                /* the status is counted in /metrics */
+    struct sock *sock;           /* MHD's socket context (NULL: no deadline) */
+    const char *route;           /* NULL: not a known route (the log shows the path) */
     char method[8];
     char path[64];
     char id[48];                 /* the response id, once a generation request has one */
@@ -132,7 +151,10 @@ struct conn {
 
 /* ---- server.c ---- */
 double srv_now(void);
-void srv_count_status(struct server *s, int status);
+/* Sets the request's status (for the log); with count, also counts it for /metrics, once
+ * per request (a stream is counted when its end is known: an engine error after the
+ * headers makes it a 500). */
+void srv_status(struct conn *c, int status, bool count);
 void srv_conn_unref(struct conn *c);
 /* Queues a JSON response (takes ownership of body, malloc'd). */
 enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype);
@@ -148,6 +170,8 @@ void srv_unwatch(struct server *s, struct gen *g); /* under g->mu, or when g is 
 enum MHD_Result gen_start(struct conn *c, enum oai_kind kind);
 /* Called again for a suspended non-stream request after it was resumed. */
 enum MHD_Result gen_resume(struct conn *c);
+/* When the engine produced the request's first token (srv_now's clock), 0 if none yet. */
+double gen_first_token_time(const struct gen *g);
 /* The connection is gone: detaches from the engine and frees. */
 void gen_free(struct gen *g);
 /* Tokenizes text for /tokenize and prompts (flags: TOK_*); precheck by length. */

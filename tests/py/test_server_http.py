@@ -516,6 +516,76 @@ def test_slow_client_times_out(tiny):
         s.stop()
 
 
+def closed_within(c, seconds, trickle):
+    """Sends trickle one byte every 0.25 s (cycling) until the server closes c; returns the
+    seconds that took, or None if c is still open after `seconds`."""
+    import select
+    t0 = time.time()
+    i = 0
+    while time.time() - t0 < seconds:
+        try:
+            c.send(trickle[i % len(trickle):i % len(trickle) + 1])
+        except OSError:  # reset or broken pipe: closed
+            return time.time() - t0
+        i += 1
+        r, _, _ = select.select([c], [], [], 0.25)
+        if r:
+            try:
+                data = c.recv(4096)
+            except OSError:
+                return time.time() - t0
+            if not data:
+                return time.time() - t0
+    return None
+
+
+def test_slow_request_deadline(tiny):
+    # --timeout bounds the whole request: a client that trickles its headers or its body (one
+    # byte at a time, never idle long enough for an idle timeout) is closed after it
+    s = Server(tiny, "--timeout", "1", "--log-format", "json", "--fake-forward",
+               "--fake-step-ms", "20", "-t", "1")
+    try:
+        # headers, one byte every 0.25 s
+        c = socket.create_connection((s.host, s.port), timeout=10)
+        took = closed_within(c, 6, b"POST /v1/completions HTTP/1.1\r\nX-Slow: " + b"a" * 200)
+        c.close()
+        assert took is not None and took < 2.5, took
+        # the body: headers at once, then one byte every 0.25 s of a 1000-byte body
+        c = socket.create_connection((s.host, s.port), timeout=10)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 1000\r\n\r\n")
+        took = closed_within(c, 6, b'{"prompt": "' + b"b" * 900)
+        c.close()
+        assert took is not None and took < 2.5, took
+        # a later request on a kept-alive connection gets its own deadline
+        import http.client
+        k = http.client.HTTPConnection(s.host, s.port, timeout=10)
+        k.request("GET", "/health")
+        assert k.getresponse().read()
+        time.sleep(0.7)
+        k.request("GET", "/health")
+        assert k.getresponse().status == 200
+        k.close()
+        # answers that take longer than the timeout are not cut: only receiving is bounded
+        st, events, raw = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 100,
+                                                        "stream": True, "ignore_eos": True})
+        assert st == 200 and events[-1] == "[DONE]", raw[-300:]
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        st, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 100, "ignore_eos": True})
+        assert st == 200 and j["usage"]["completion_tokens"] == 100
+        # the request whose body was late is logged (408), the header trickle was no request
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            logs = [json.loads(l) for l in s.lines if l.startswith("{")]
+            if any(l["status"] == 408 for l in logs):
+                break
+            time.sleep(0.05)
+        assert [l["path"] for l in logs if l["status"] == 408] == ["/v1/completions"], s.log()
+        assert s.metrics()['smelt_http_requests_total{status="408"}'] == 1
+    finally:
+        s.stop()
+
+
 def test_idle_connections_do_not_block(srv):
     conns = []
     try:
@@ -571,5 +641,112 @@ def test_log_json_and_sigterm_drains(tiny):
         req = [l for l in req if l["status"] == 200]
         assert req[0]["completion_tokens"] == 40
         assert req[0]["ttft_s"] is not None and req[0]["id"].startswith("cmpl-")
+    finally:
+        s.stop()
+
+
+def json_logs(s, want, timeout=5):
+    """The server's JSON request lines, once at least `want` are there."""
+    t0 = time.time()
+    while True:
+        logs = [json.loads(l) for l in s.lines if l.startswith("{")]
+        logs = [l for l in logs if l.get("msg") == "request"]
+        if len(logs) >= want or time.time() - t0 > timeout:
+            return logs
+        time.sleep(0.05)
+
+
+def test_request_log_every_status(tiny):
+    import re
+    s = Server(tiny, "--log-format", "json", "--api-key", "k", "--max-body", "1000",
+               "--fake-forward", "--fake-step-ms", "40", "-t", "1")
+    key = {"Authorization": "Bearer k"}
+    try:
+        t_start = time.time()
+        st, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 8, "ignore_eos": True},
+                       headers=key)
+        assert st == 200 and j["usage"]["completion_tokens"] == 8
+        assert s.request("GET", "/v1/models")[0] == 401                          # no key
+        assert s.request("POST", "/v1/completions", {"prompt": "x"})[0] == 401
+        assert s.request("GET", "/v1/nothing", headers=key)[0] == 404
+        assert s.request("POST", "/v1/completions", {"prompt": "y" * 2000}, headers=key)[0] == 413
+        assert s.request("GET", "/v1/completions", headers=key)[0] == 405
+        logs = json_logs(s, 6)
+        # (in the order the requests ended: a line is written once the answer is sent)
+        logs.sort(key=lambda l: [200, 401, 404, 413, 405].index(l["status"]))
+        assert [l["status"] for l in logs] == [200, 401, 401, 404, 413, 405], s.log()
+        for l in logs:
+            assert set(l) == {"ts", "level", "msg", "id", "method", "path", "route", "status",
+                              "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_s",
+                              "total_s"}, l
+            assert abs(l["ts"] - t_start) < 60 and l["total_s"] >= 0
+        # ts has millisecond precision (it was %.9g: 10-second steps)
+        ts = [re.search(r'"ts":(\d+\.\d{3}),', l).group(1) for l in s.lines if l.startswith("{")]
+        assert len(ts) == 6
+        ok = logs[0]
+        assert ok["id"].startswith("cmpl-") and ok["route"] == "completions"
+        assert ok["prompt_tokens"] > 0 and ok["completion_tokens"] == 8
+        # non-streamed: the first token came one step after the start, the answer after 8
+        assert ok["ttft_s"] is not None and 0 < ok["ttft_s"] < ok["total_s"] / 2, ok
+        assert sorted(l["route"] for l in logs[1:3]) == ["completions", "models"]
+        assert [l["route"] for l in logs[3:]] == ["/v1/nothing", "completions", "completions"]
+        assert all(l["ttft_s"] is None and l["id"] == "-" for l in logs[1:4])
+    finally:
+        s.stop()
+
+
+def test_shutdown_cancel_finishes_with_abort(tiny):
+    # a stream still running when the grace period ends is cut: its choice says "abort"
+    # (not "stop", which would make the truncated text look complete), then the error event
+    s = Server(tiny, "--log-format", "json", "--fake-forward", "--fake-step-ms", "20",
+               "--grace", "0.3", "-t", "1")
+    try:
+        result = {}
+
+        def long_stream():
+            result["r"] = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 400,
+                                                        "stream": True, "ignore_eos": True})
+        t = threading.Thread(target=long_stream)
+        t.start()
+        time.sleep(0.3)
+        s.p.send_signal(signal.SIGTERM)
+        t.join(30)
+        st, events, raw = result["r"]
+        assert st == 200 and events[-1] == "[DONE]", raw[-500:]
+        assert events[-3]["choices"][0]["finish_reason"] == "abort", raw[-500:]
+        assert events[-2]["error"]["code"] == "shutting_down"
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-3])
+        assert s.p.wait(30) == 0
+        req = [l for l in json_logs(s, 1) if l["path"] == "/v1/completions"]
+        assert [l["status"] for l in req] == [503], s.log()
+    finally:
+        s.stop()
+
+
+def test_engine_error_after_stream_began(tiny):
+    # the engine fails at position 12 (--fake-fail-at): a stream has sent its headers and
+    # first tokens by then; it ends with finish_reason "error" and an error event, and is
+    # logged (error level) and counted as a 500, not a 200
+    s = Server(tiny, "--log-format", "json", "--fake-forward", "--fake-fail-at", "12", "-t", "1")
+    try:
+        before = s.metrics()
+        st, events, raw = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 40,
+                                                        "stream": True, "ignore_eos": True})
+        assert st == 200 and events[-1] == "[DONE]", raw[-500:]
+        assert completion_text(events[:-3])  # some text came first
+        assert events[-3]["choices"][0]["finish_reason"] == "error", raw[-500:]
+        err = events[-2]["error"]
+        assert err["type"] == "server_error" and "fake forward" in err["message"]
+        # not streamed: a 500 answer
+        st, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 40, "ignore_eos": True})
+        err_of(st, j, 500)
+        m = s.metrics()
+        assert m['smelt_http_requests_total{status="500"}'] - \
+            before['smelt_http_requests_total{status="500"}'] == 2
+        assert m['smelt_http_requests_total{status="200"}'] == \
+            before['smelt_http_requests_total{status="200"}'] + 1  # the first /metrics
+        req = [l for l in json_logs(s, 2) if l["path"] == "/v1/completions"]
+        assert [l["status"] for l in req] == [500, 500], s.log()
+        assert sum("the engine failed after the stream began" in l for l in s.lines) == 1, s.log()
     finally:
         s.stop()
