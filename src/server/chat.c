@@ -16,6 +16,10 @@
  * does not know cannot be forced: 400. When the prompt left the reply inside <think>, the
  * prefill closes it first (a forced call skips the reasoning).
  *
+ * reasoning_effort becomes the template variable `reasoning_effort` (as vLLM passes it, for
+ * templates that read it); "none" and "minimal" also set `enable_thinking` false (Qwen3's
+ * switch) unless chat_template_kwargs sets it. Keys in chat_template_kwargs win.
+ *
  * continue_final_message: the conversation is rendered without a generation prompt and cut
  * right after the final (assistant) message's content, so the model continues that
  * message instead of starting a new one (vLLM does the same). */
@@ -92,11 +96,24 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
     cp->reasoning = outp_template_reasons(cp->tmpl_src);
 
     bool gen_prompt = rq->add_generation_prompt && !rq->continue_final_message;
+    json_t *kw = rq->template_kwargs, *own = NULL;
+    if (rq->reasoning_effort) {
+        own = kw ? json_copy(kw) : json_object();
+        const char *re = rq->reasoning_effort;
+        if (own && !json_object_get(own, "reasoning_effort"))
+            json_object_set_new(own, "reasoning_effort", json_string(re));
+        if (own && (!strcmp(re, "none") || !strcmp(re, "minimal")) &&
+            !json_object_get(own, "enable_thinking"))
+            json_object_set_new(own, "enable_thinking", json_false());
+        if (!own) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        kw = own;
+    }
     struct tmpl_value *ctx = NULL;
     struct err te;
     err_clear(&te);
     smelt_status st = tmpl_chat_ctx(rq->messages, tools ? rq->tools : NULL, gen_prompt,
-                                    s->m.bos_text, s->m.eos_text, rq->template_kwargs, &ctx, &te);
+                                    s->m.bos_text, s->m.eos_text, kw, &ctx, &te);
+    json_decref(own);
     char *text = NULL;
     size_t n = 0;
     if (st == SMELT_OK) st = tmpl_render(t, ctx, NULL, &text, &n, &te);

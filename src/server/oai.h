@@ -9,6 +9,10 @@
  * Extensions accepted (as vLLM and llama.cpp do): top_k, min_p, repetition_penalty,
  * ignore_eos, stop_token_ids, skip_special_tokens, chat_template_kwargs,
  * add_generation_prompt, continue_final_message.
+ *
+ * Chat's reasoning_effort is checked (none, minimal, low, medium, high) and given to the
+ * chat template (see chat.c); tools[].function.strict true is refused (no constrained
+ * decoding yet).
  */
 #ifndef SMELT_SERVER_OAI_H
 #define SMELT_SERVER_OAI_H
@@ -82,6 +86,7 @@ struct oai_request {
     const char *tool_name; /* OAI_TOOLS_NAMED */
     bool parallel_tool_calls;
     json_t *template_kwargs; /* borrowed, NULL when absent */
+    const char *reasoning_effort; /* "none" .. "high" (static), NULL when absent */
     bool add_generation_prompt, continue_final_message;
 };
 

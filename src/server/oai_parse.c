@@ -367,6 +367,18 @@ static bool parse_tools(json_t *v, struct oai_request *r, struct oai_err *e) {
         json_t *params = json_object_get(fn, "parameters");
         if (params && !json_is_object(params) && !json_is_null(params))
             return oai_bad(e, "tools", "tools[%zu].function.parameters must be an object", i);
+        /* strict: the arguments must follow the schema exactly, which only constrained
+         * decoding can promise */
+        json_t *strict = json_object_get(fn, "strict");
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu].function.strict", i);
+        if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+            return oai_bad(e, param, "%s must be a boolean", param);
+        if (json_is_true(strict))
+            return oai_bad(e, param, "%s: strict schemas need constrained decoding, which smelt "
+                           "does not have yet; send strict false (or leave it out) to get "
+                           "calls parsed from the model's text, not guaranteed to match the "
+                           "schema", param);
     }
     if (json_array_size(v) > 0) r->tools = v;
     return true;
@@ -471,7 +483,7 @@ static bool parse_prompt(json_t *v, int32_t n_vocab, struct oai_request *r, stru
 /* Fields accepted and ignored: they change nothing about generation. */
 static bool harmless(const char *k) {
     static const char *const names[] = {"user", "metadata", "store", "service_tier",
-                                        "spaces_between_special_tokens", "reasoning_effort",
+                                        "spaces_between_special_tokens",
                                         "safety_identifier", "prompt_cache_key", NULL};
     for (int i = 0; names[i]; i++)
         if (!strcmp(k, names[i])) return true;
@@ -607,6 +619,17 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
             if (!json_is_object(v)) return oai_bad(e, k, "'chat_template_kwargs' must be an object");
             r->template_kwargs = v;
             return true;
+        }
+        if (!strcmp(k, "reasoning_effort")) {
+            static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", NULL};
+            if (json_is_null(v)) return true;
+            for (int j = 0; json_is_string(v) && efforts[j]; j++)
+                if (!strcmp(json_string_value(v), efforts[j])) {
+                    r->reasoning_effort = efforts[j];
+                    return true;
+                }
+            return oai_bad(e, k, "'reasoning_effort' must be one of none, minimal, low, medium, "
+                           "high");
         }
         if (!strcmp(k, "add_generation_prompt")) return get_bool(v, k, &r->add_generation_prompt, e);
         if (!strcmp(k, "continue_final_message"))

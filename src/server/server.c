@@ -205,8 +205,8 @@ static enum MHD_Result route_tokenize(struct conn *c) {
         /* keep only the chat fields that shape the prompt */
         json_t *cj = json_pack("{s:O}", "messages", msgs);
         static const char *const pass[] = {"tools", "tool_choice", "chat_template_kwargs",
-                                            "add_generation_prompt", "continue_final_message",
-                                            NULL};
+                                            "reasoning_effort", "add_generation_prompt",
+                                            "continue_final_message", NULL};
         for (int k = 0; cj && pass[k]; k++) {
             json_t *v = json_object_get(j, pass[k]);
             if (v) json_object_set(cj, pass[k], v);

@@ -587,3 +587,106 @@ def test_usage_reasoning_tokens(models, tmp_path, template, reasoning, reply):
         assert q.usage.completion_tokens_details.reasoning_tokens == 0
     finally:
         assert s.stop() == 0, s.log()
+
+
+# ---- reasoning: streamed, reasoning_effort ----
+
+@pytest.mark.parametrize("template,reply", [
+    ("think", "<think>\n2 + 2 = 4, plus 1.\n</think>\n\nIt is 5."),
+    ("think_open", "2 + 2 = 4, plus 1.</think>\n\nIt is 5."),
+])
+def test_reasoning_streamed(models, tmp_path, template, reply):
+    # streamed reasoning_content deltas (then content deltas) add up to the whole response
+    path = str(tmp_path / f"{template}.jinja")
+    open(path, "w").write({"think": THINK, "think_open": THINK_OPEN}[template])
+    s = serve(models["bare"], reply, "--chat-template", path)
+    try:
+        msg = chat(s)["choices"][0]["message"]
+        assert msg["reasoning_content"].strip() == "2 + 2 = 4, plus 1." and msg["content"] == "It is 5."
+        st, events, raw = s.stream("/v1/chat/completions", {"model": "m", "messages": USER,
+                                                            "max_tokens": 400, "stream": True})
+        assert st == 200 and events[-1] == "[DONE]", raw[-500:]
+        deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+        assert deltas[0] == {"role": "assistant", "content": ""}
+        kinds = [k for d in deltas[1:] for k in d if d[k]]
+        assert set(kinds) == {"reasoning_content", "content"}, deltas
+        # all the reasoning first, then the content; one field per chunk
+        assert kinds == sorted(kinds, key=lambda k: k == "content"), kinds
+        assert all(len([k for k in d if d[k]]) <= 1 for d in deltas)
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
+        assert "".join(d.get("content", "") for d in deltas) == msg["content"]
+        assert len([d for d in deltas if d.get("reasoning_content")]) > 3  # token by token
+        assert events[-2]["choices"][0]["finish_reason"] == "stop"
+        # the SDK's stream carries it too (an extra field on the delta)
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        chunks = list(client.chat.completions.create(model="m", messages=USER, max_tokens=400,
+                                                     stream=True))
+        got = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                      for c in chunks if c.choices)
+        assert got == msg["reasoning_content"]
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+# reads reasoning_effort, and writes Qwen3's empty think block when enable_thinking is false
+EFFORT = ("effort={{ reasoning_effort if reasoning_effort is defined else 'unset' }}|" +
+          THINK.replace("<|im_start|>assistant\n{% endif %}",
+                        "<|im_start|>assistant\n{% if enable_thinking is defined and not "
+                        "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
+
+
+def test_reasoning_effort(models, tmp_path):
+    path = str(tmp_path / "effort.jinja")
+    open(path, "w").write(EFFORT)
+    s = serve(models["bare"], "<think>hm</think>It is 5.", "--chat-template", path)
+    empty = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    try:
+        def rendered(**kw):
+            st, t = s.post("/tokenize", dict({"messages": USER}, **kw))
+            assert st == 200, t
+            st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+            return d["content"]
+        p = rendered()
+        assert p.startswith("effort=unset|") and not p.endswith(empty)
+        for effort in ("low", "medium", "high"):
+            p = rendered(reasoning_effort=effort)
+            assert p.startswith(f"effort={effort}|") and not p.endswith(empty), p
+        for effort in ("none", "minimal"):  # thinking off, for templates that have the switch
+            p = rendered(reasoning_effort=effort)
+            assert p.startswith(f"effort={effort}|") and p.endswith(empty), p
+        # chat_template_kwargs win
+        p = rendered(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})
+        assert p.startswith("effort=none|") and not p.endswith(empty), p
+        p = rendered(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})
+        assert p.startswith("effort=low|"), p
+        # a chat request renders the same prompt
+        st, t = s.post("/tokenize", {"messages": USER, "reasoning_effort": "none"})
+        j = chat(s, reasoning_effort="none")
+        assert j["usage"]["prompt_tokens"] == t["count"]
+        # anything else is refused, naming the field
+        st, j = s.post("/v1/chat/completions", {"model": "m", "messages": USER,
+                                                "reasoning_effort": "max"})
+        assert st == 400 and j["error"]["param"] == "reasoning_effort", j
+        st, j = s.post("/v1/completions", {"model": "m", "prompt": "Hi", "reasoning_effort": "low"})
+        assert st == 400 and j["error"]["param"] == "reasoning_effort", j
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+def test_strict_tools_refused(server_of):
+    s = server_of("hermes", "It is sunny.")
+    strict = [dict(TOOLS[0], function=dict(TOOLS[0]["function"], strict=False)),
+              dict(TOOLS[1], function=dict(TOOLS[1]["function"], strict=True))]
+    st, j = s.post("/v1/chat/completions", {"model": "m", "messages": USER, "tools": strict})
+    assert st == 400 and j["error"]["param"] == "tools[1].function.strict", j
+    assert "constrained decoding" in j["error"]["message"]
+    # strict false (or absent) is fine: calls are parsed from the text, as always
+    strict[1]["function"]["strict"] = False
+    assert chat(s, tools=strict)["choices"][0]["message"]["content"] == "It is sunny."
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    strict[1]["function"]["strict"] = True
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="m", messages=USER, tools=strict)
+    assert ei.value.body["param"] == "tools[1].function.strict"

@@ -698,6 +698,28 @@ static const struct rcase rcases[] = {
      "audio"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"y\"}", 400,
      "prompt"},
+    /* strict tool schemas need constrained decoding: refused, naming the tool */
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+               "\"function\", \"function\": {\"name\": \"f\", \"strict\": false}}, {\"type\": "
+               "\"function\", \"function\": {\"name\": \"g\", \"strict\": true}}]}", 400,
+     "tools[1].function.strict"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+               "\"function\", \"function\": {\"name\": \"f\", \"strict\": \"yes\"}}]}", 400,
+     "tools[0].function.strict"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+               "\"function\", \"function\": {\"name\": \"f\", \"strict\": false}}, {\"type\": "
+               "\"function\", \"function\": {\"name\": \"g\", \"strict\": null}}]}", 0, NULL},
+    /* reasoning_effort: checked (chat only) */
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+               "\"minimal\"}", 0, NULL},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+               "null}", 0, NULL},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+               "\"max\"}", 400, "reasoning_effort"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+               "1}", 400, "reasoning_effort"},
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"reasoning_effort\": \"low\"}", 400,
+     "reasoning_effort"},
 };
 
 static void test_requests(void) {
