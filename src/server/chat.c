@@ -163,5 +163,5 @@ bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct to
     if (s->m.tmpl_fallback && tok_add_bos(s->m.tok) && sp->bos >= 0 &&
         tok_ids_push(ids, sp->bos) != SMELT_OK)
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    return gen_tokenize(s, cp->text, cp->len, TOK_PARSE_SPECIAL, ids, e);
+    return gen_tokenize(s, cp->text, cp->len, TOK_PARSE_SPECIAL, "messages", ids, e);
 }

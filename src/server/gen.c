@@ -29,15 +29,19 @@
 /* ---- prompts ---- */
 
 bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
-                  struct tok_ids *out, struct oai_err *e) {
+                  const char *param, struct tok_ids *out, struct oai_err *e) {
     /* a text of L bytes is at least L / max_piece tokens: refuse hopeless prompts before
-     * spending time on them */
-    int64_t min_tokens = (int64_t)(len / (size_t)(s->max_piece > 0 ? s->max_piece : 1));
+     * spending time on them (the count is then a lower bound, and the message says so;
+     * check_length gives the exact count of prompts that were tokenized) */
+    int32_t mp = s->max_piece > 0 ? s->max_piece : 1;
+    int64_t min_tokens = (int64_t)(len / (size_t)mp);
     if (min_tokens >= s->m.n_ctx)
-        return oai_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
-                        "This model's maximum context length is %d tokens. However, your prompt "
-                        "is at least %lld tokens long (%zu bytes).",
-                        s->m.n_ctx, (long long)min_tokens, len);
+        return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                        "This model's maximum context length is %d tokens. However, your %s "
+                        "is at least %lld tokens long: an estimate, not an exact count (it is "
+                        "%zu bytes and no token of this model is longer than %d bytes, so it "
+                        "was not tokenized).",
+                        s->m.n_ctx, param, (long long)min_tokens, len, mp);
     struct err te;
     if (tok_encode(s->m.tok, text, len, flags, out, &te) != SMELT_OK)
         return oai_fail(e, te.code == SMELT_ERR_NOMEM ? 500 : 400,
@@ -52,8 +56,8 @@ static bool check_length(struct server *s, const struct oai_request *rq, int32_t
     if (n_prompt >= s->m.n_ctx)
         return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, your %s "
-                        "resulted in %d tokens.",
-                        s->m.n_ctx, rq->kind == OAI_CHAT ? "messages" : "prompt", n_prompt);
+                        "resulted in %d tokens (counted exactly). Please reduce its length.",
+                        s->m.n_ctx, param, n_prompt);
     if (explicit_max && rq->max_tokens > 0 && (int64_t)n_prompt + rq->max_tokens > s->m.n_ctx)
         return oai_fail(e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, you "
@@ -834,7 +838,8 @@ static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp
         for (int32_t i = 0; i < p->n_ids; i++)
             if (tok_ids_push(ids, p->ids[i]) != SMELT_OK)
                 return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    } else if (!gen_tokenize(s, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, ids, e)) {
+    } else if (!gen_tokenize(s, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, "prompt",
+                             ids, e)) {
         return false;
     }
     if (g->rq.echo) {

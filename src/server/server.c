@@ -229,7 +229,7 @@ static enum MHD_Result route_tokenize(struct conn *c) {
         ok = oai_bad(&e, "content", "'content' (a string) or 'messages' is required");
     }
     if (ok && add && !json_is_boolean(add)) ok = oai_bad(&e, "add_special", "must be a boolean");
-    if (ok && !msgs) ok = gen_tokenize(s, src, slen, flags, &ids, &e);
+    if (ok && !msgs) ok = gen_tokenize(s, src, slen, flags, "content", &ids, &e);
     if (!ok) {
         json_decref(j);
         tok_ids_free(&ids);

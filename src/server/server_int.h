@@ -174,9 +174,11 @@ enum MHD_Result gen_resume(struct conn *c);
 double gen_first_token_time(const struct gen *g);
 /* The connection is gone: detaches from the engine and frees. */
 void gen_free(struct gen *g);
-/* Tokenizes text for /tokenize and prompts (flags: TOK_*); precheck by length. */
+/* Tokenizes text for /tokenize and prompts (flags: TOK_*). A text too long for the context
+ * by its length alone is refused first, untokenized: a 400 naming param ("prompt",
+ * "messages", "content"). */
 bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
-                  struct tok_ids *out, struct oai_err *e);
+                  const char *param, struct tok_ids *out, struct oai_err *e);
 
 /* ---- chat.c ---- */
 /* A chat request's prompt. */

@@ -105,14 +105,29 @@ def test_prompt_too_long_names_both_counts(srv):
     import re
     # tokenized: ~1000 byte tokens in 1000 bytes
     st, j = srv.post("/v1/completions", {"prompt": "x " * 500, "max_tokens": 4})
-    e = err_of(st, j, 400, code="context_length_exceeded")
-    assert "256" in e["message"]
+    e = err_of(st, j, 400, param="prompt", code="context_length_exceeded")
+    assert "256" in e["message"] and "exactly" in e["message"] and "estimate" not in e["message"]
     n = int(re.search(r"resulted in (\d+) tokens", e["message"]).group(1))
     assert n > 256
-    # refused by length before tokenizing: still both counts
-    st, j = srv.post("/v1/completions", {"prompt": "word " * 400, "max_tokens": 4})
-    e = err_of(st, j, 400, code="context_length_exceeded")
-    assert "256" in e["message"] and re.search(r"at least (\d+) tokens", e["message"])
+    st, t = srv.post("/tokenize", {"content": "x " * 500})
+    assert t["count"] == n
+    # refused by length before tokenizing: still both counts, said to be an estimate, and
+    # the field named is the endpoint's own
+    for path, body, param in (
+            ("/v1/completions", {"prompt": "word " * 400, "max_tokens": 4}, "prompt"),
+            ("/v1/completions", {"prompt": ["hi", "word " * 400]}, "prompt"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 400}]},
+             "messages"),
+            ("/tokenize", {"content": "word " * 400}, "content")):
+        st, j = srv.post(path, body)
+        e = err_of(st, j, 400, param=param, code="context_length_exceeded")
+        m = re.search(r"maximum context length is (\d+) tokens.*at least (\d+) tokens",
+                      e["message"])
+        assert m and int(m.group(1)) == 256 and int(m.group(2)) >= 256, e["message"]
+        assert "estimate" in e["message"] and "exactly" not in e["message"], e["message"]
+    st, j = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 200}]})
+    e = err_of(st, j, 400, param="messages", code="context_length_exceeded")
+    assert "exactly" in e["message"]
     # prompt + max_tokens over the context
     st, j = srv.post("/v1/completions", {"prompt": "word " * 20, "max_tokens": 250})
     err_of(st, j, 400, param="max_tokens", code="context_length_exceeded")
