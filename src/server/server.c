@@ -184,7 +184,7 @@ static enum MHD_Result route_tokenize(struct conn *c) {
     json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
     if (!j || !json_is_object(j)) {
         json_decref(j);
-        oai_bad(&e, NULL, "The body must be a JSON object: %s", j ? "" : je.text);
+        oai_bad(&e, NULL, "The body must be a JSON object%s%s", j ? "" : ": ", j ? "" : je.text);
         return srv_error(c, &e);
     }
     json_t *text = json_object_get(j, "content");
@@ -257,8 +257,14 @@ static enum MHD_Result route_tokenize(struct conn *c) {
 static enum MHD_Result route_detokenize(struct conn *c) {
     struct server *s = c->srv;
     struct oai_err e;
-    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, NULL);
-    json_t *toks = json_is_object(j) ? json_object_get(j, "tokens") : NULL;
+    json_error_t je;
+    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        oai_bad(&e, NULL, "The body must be a JSON object%s%s", j ? "" : ": ", j ? "" : je.text);
+        return srv_error(c, &e);
+    }
+    json_t *toks = json_object_get(j, "tokens");
     if (!json_is_array(toks)) {
         json_decref(j);
         oai_bad(&e, "tokens", "'tokens' (a list of token ids) is required");

@@ -101,6 +101,74 @@ def test_bad_requests(srv, body, param):
     assert e["type"] == "invalid_request_error"
 
 
+# hostile JSON for every JSON route; F is replaced by the route's own field
+HOSTILE = [
+    b'{"F": 1',                                  # malformed
+    b'{"F": 1, "F": 2}',                         # duplicate keys
+    b'{"F": "x\\u0000y"}',                       # NUL in a string (escaped)
+    b'{"F": "x\x00y"}',                          # raw NUL byte
+    b'{"F": "caf\xe9"}',                         # invalid UTF-8
+    b'{"F": "\xed\xa0\x80"}',                    # a UTF-16 surrogate in UTF-8
+    b"[" * 100000 + b"]" * 100000,               # deep nesting
+    b'{"F":' * 50000 + b"1" + b"}" * 50000,
+    b'"just a string"',
+    b"",
+]
+BAD_STRINGS = [b'"x\\u0000y"', b'"x\x00y"', b'"caf\xe9"', b'"\xed\xa0\x80"']
+
+
+@pytest.mark.parametrize("path,field", [
+    ("/v1/chat/completions", "messages"), ("/tokenize", "content"), ("/detokenize", "tokens")])
+@pytest.mark.parametrize("i", range(len(HOSTILE)))
+def test_hostile_bodies_every_json_route(srv, path, field, i):
+    st, h, data = srv.request("POST", path, HOSTILE[i].replace(b'"F"', b'"' + field.encode() + b'"'))
+    e = err_of(st, json.loads(data), 400)
+    assert e["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+def test_hostile_strings_inside_chat_and_tokenize(srv, bad):
+    for path, body in (
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": ' + bad + b'}]}'),
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
+                                     b'"tools": [{"type": "function", "function": {"name": ' +
+                                     bad + b'}}]}'),
+            ("/tokenize", b'{"messages": [{"role": "user", "content": ' + bad + b'}]}'),
+            ("/tokenize", b'{"content": "ok", "with_pieces": ' + bad + b'}')):
+        st, h, data = srv.request("POST", path, body)
+        err_of(st, json.loads(data), 400)
+
+
+def test_huge_strings_at_the_default_body_limit(tiny):
+    # 10 MB strings under the default 32 MiB body limit are parsed, then refused cleanly
+    s = Server(tiny, "-c", "256", "-t", "1")
+    try:
+        big = "y" * 10_000_000
+        for path, body, param in (
+                ("/v1/completions", {"prompt": big}, "prompt"),
+                ("/v1/completions", {"prompt": "hi", "stop": big}, "stop"),
+                ("/v1/completions", {"prompt": "hi", "user": "u", "junk": big}, "junk"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": big}]},
+                 "messages"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                          "tools": [{"type": "function", "function": {
+                                              "name": "f", "description": big}}]}, "tools"),
+                ("/tokenize", {"content": big}, "content"),
+                ("/detokenize", {"tokens": big}, "tokens")):
+            t0 = time.time()
+            st, j = s.post(path, body, timeout=60)
+            assert time.time() - t0 < 10, path
+            e = err_of(st, j, 400, param=param)
+            assert len(e["message"]) < 2000  # the string is not echoed back
+        # large valid requests still work
+        st, j = s.post("/detokenize", {"tokens": [5] * 500_000}, timeout=60)
+        assert st == 200 and len(j["content"]) > 0
+        st, j = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert st == 200
+    finally:
+        assert s.stop() == 0, s.log()
+
+
 def test_prompt_too_long_names_both_counts(srv):
     import re
     # tokenized: ~1000 byte tokens in 1000 bytes
