@@ -584,6 +584,33 @@ def test_disconnect_while_waiting_cancels(tiny):
         s.stop()
 
 
+def test_half_close_is_a_disconnect(tiny):
+    # a client that half-closes (shutdown(SHUT_WR)) after sending a request is treated as
+    # gone, as nginx (499) and Go's net/http (context cancelled) do: a FIN cannot be told
+    # from a client that closed its socket until a write fails (docs/server.md)
+    s = Server(tiny, "--fake-forward", "--fake-step-ms", "20", "-t", "1")
+    try:
+        before = s.metrics()
+        c = socket.create_connection((s.host, s.port), timeout=10)
+        data = json.dumps({"prompt": "long", "max_tokens": 400, "ignore_eos": True}).encode()
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+        time.sleep(0.3)
+        c.shutdown(socket.SHUT_WR)
+        t0 = time.time()
+        c.settimeout(5)
+        assert c.recv(100) == b""  # closed without an answer
+        c.close()
+        m = s.wait_idle(timeout=5)
+        assert time.time() - t0 < 3  # 400 tokens at 20 ms would take 8 s
+        assert m['smelt_request_finish_total{reason="cancelled"}'] - \
+            before['smelt_request_finish_total{reason="cancelled"}'] == 1
+        assert m['smelt_http_requests_total{status="499"}'] == 1
+        assert sum(1 for l in s.lines if " 499 " in l) == 1, s.log()
+    finally:
+        s.stop()
+
+
 def test_slow_client_times_out(tiny):
     s = Server(tiny, "--timeout", "1", "-t", "1")
     try:
