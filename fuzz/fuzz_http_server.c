@@ -4,7 +4,10 @@
  * route: chat with a Hermes-style template (tools, forced calls through a prefill) and a
  * tool_use template, completions, tokenize, detokenize, models, metrics) over a fake
  * forward pass whose tokens include tool-call markers, so the whole path from socket bytes to engine and
- * back runs under ASan/UBSan. The reply is read until the server closes.
+ * back runs under ASan/UBSan. The server has an API key ("fuzz-key"): the seeds that reach
+ * the routes send "Authorization: Bearer fuzz-key" (32 bytes, so adding it keeps a seed's
+ * size parity), others send wrong, empty, partial or repeated keys. The reply is read until
+ * the server closes.
  *
  *   make fuzz FUZZ_SECONDS=60      (seeds: fuzz/corpus/http_server, dict: http_server.dict)
  */
@@ -128,7 +131,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     sc.timeout_s = 5;
     sc.threads = 1;
     sc.quiet = true;
-    sc.api_key = NULL;
+    sc.api_key = "fuzz-key"; /* the Authorization check is fuzzed too (seeds send the key) */
     struct server_model sm = {0};
     sm.id = "fuzz";
     sm.en = en;
