@@ -579,6 +579,10 @@ def test_disconnect_while_waiting_cancels(tiny):
         assert m['smelt_request_finish_total{reason="cancelled"}'] - \
             before['smelt_request_finish_total{reason="cancelled"}'] == 2
         assert m["smelt_generation_tokens_total"] < 100
+        # (the log line is written when the connection closes, just after the engine is idle)
+        t0 = time.time()
+        while sum(1 for l in s.lines if " 499 " in l) < 2 and time.time() - t0 < 5:
+            time.sleep(0.05)
         assert sum(1 for l in s.lines if " 499 " in l) == 2, s.log()
     finally:
         s.stop()
@@ -605,8 +609,11 @@ def test_half_close_is_a_disconnect(tiny):
         assert time.time() - t0 < 3  # 400 tokens at 20 ms would take 8 s
         assert m['smelt_request_finish_total{reason="cancelled"}'] - \
             before['smelt_request_finish_total{reason="cancelled"}'] == 1
-        assert m['smelt_http_requests_total{status="499"}'] == 1
+        t0 = time.time()
+        while sum(1 for l in s.lines if " 499 " in l) < 1 and time.time() - t0 < 5:
+            time.sleep(0.05)
         assert sum(1 for l in s.lines if " 499 " in l) == 1, s.log()
+        assert s.metrics()['smelt_http_requests_total{status="499"}'] == 1
     finally:
         s.stop()
 
@@ -755,12 +762,13 @@ def test_log_json_and_sigterm_drains(tiny):
         s.stop()
 
 
-def json_logs(s, want, timeout=5):
-    """The server's JSON request lines, once at least `want` are there."""
+def json_logs(s, want, path=None, timeout=5):
+    """The server's JSON request lines (of path, if given), once at least `want` are there (a
+    line is written when its connection is done with the request, just after the answer)."""
     t0 = time.time()
     while True:
         logs = [json.loads(l) for l in s.lines if l.startswith("{")]
-        logs = [l for l in logs if l.get("msg") == "request"]
+        logs = [l for l in logs if l.get("msg") == "request" and path in (None, l["path"])]
         if len(logs) >= want or time.time() - t0 > timeout:
             return logs
         time.sleep(0.05)
@@ -827,7 +835,7 @@ def test_shutdown_cancel_finishes_with_abort(tiny):
         assert events[-2]["error"]["code"] == "shutting_down"
         assert all(e["choices"][0]["finish_reason"] is None for e in events[:-3])
         assert s.p.wait(30) == 0
-        req = [l for l in json_logs(s, 1) if l["path"] == "/v1/completions"]
+        req = json_logs(s, 1, "/v1/completions")
         assert [l["status"] for l in req] == [503], s.log()
     finally:
         s.stop()
@@ -855,7 +863,7 @@ def test_engine_error_after_stream_began(tiny):
             before['smelt_http_requests_total{status="500"}'] == 2
         assert m['smelt_http_requests_total{status="200"}'] == \
             before['smelt_http_requests_total{status="200"}'] + 1  # the first /metrics
-        req = [l for l in json_logs(s, 2) if l["path"] == "/v1/completions"]
+        req = json_logs(s, 2, "/v1/completions")
         assert [l["status"] for l in req] == [500, 500], s.log()
         assert sum("the engine failed after the stream began" in l for l in s.lines) == 1, s.log()
     finally:
