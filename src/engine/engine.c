@@ -1150,6 +1150,7 @@ static void publish_state(struct engine *en) {
 
 static void *engine_main(void *arg) {
     struct engine *en = arg;
+    publish_state(en); /* /metrics shows the pool before the first request */
     for (;;) {
         pthread_mutex_lock(&en->qmu);
         while (!en->stop && !en->in_head && en->n_running == 0 && en->n_waiting == 0)

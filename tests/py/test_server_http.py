@@ -66,6 +66,18 @@ def test_health_models_metrics(srv):
         assert name in m, name
 
 
+def test_metrics_show_the_pool_before_any_request(tiny):
+    # the KV gauges describe the pool from the start, not only after the first step
+    s = Server(tiny, "-c", "256", "-t", "1")
+    try:
+        m = s.metrics()
+        assert m["smelt_kv_blocks_total"] > 0
+        assert m["smelt_kv_blocks_free"] == m["smelt_kv_blocks_total"]
+        assert m["smelt_kv_blocks_used"] == 0
+    finally:
+        s.stop()
+
+
 def test_unknown_route_and_method(srv):
     st, h, body = srv.request("GET", "/v1/nothing")
     err_of(st, json.loads(body), 404)
