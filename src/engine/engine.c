@@ -384,6 +384,10 @@ struct engine {
     int32_t n_pick;
     struct sample_pool pool_s;
     bool pool_started;
+    /* the step observer's view (cfg.on_step only) */
+    struct engine_step_seq *obs_seqs; /* (max_seqs) */
+    uint64_t *obs_preempted;          /* (max_seqs) */
+    int32_t n_obs_preempted;
     uint64_t stats_parallel; /* engine thread only; published with the stats */
     uint64_t stats_full_rows;
 
@@ -602,6 +606,8 @@ static void preempt(struct engine *en, struct seq *s) {
             break;
         }
     s->rows = 0;
+    if (en->obs_preempted && en->n_obs_preempted < en->cfg.max_seqs)
+        en->obs_preempted[en->n_obs_preempted++] = s->arrival;
     if (!waiting_insert(en, s)) {
         finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory while preempting");
         seq_retire(en, s);
@@ -718,6 +724,7 @@ static int32_t schedule(struct engine *en) {
     struct kv_pool *p = &en->pool;
     int32_t budget = en->cfg.max_batch_tokens;
     en->n_sched = 0;
+    en->n_obs_preempted = 0;
     /* decodes first, oldest first; preempt the newest when the pool runs dry */
     for (int32_t i = 0; i < en->n_running; i++) {
         struct seq *s = en->running[i];
@@ -1046,10 +1053,22 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
     return model_step(en->m, en->kvs, b, NULL, &ms, NULL, e);
 }
 
+/* Shows the step just scheduled (n rows) to the observer. */
+static void observe(struct engine *en, int32_t n) {
+    for (int32_t i = 0; i < en->n_running; i++) {
+        const struct seq *s = en->running[i];
+        en->obs_seqs[i] = (struct engine_step_seq){s->arrival, s->n_done, s->n_tok, s->rows};
+    }
+    struct engine_step_info info = {
+        n, en->n_running, en->n_waiting, en->obs_seqs, en->obs_preempted, en->n_obs_preempted};
+    en->cfg.on_step(en->cfg.on_step_ctx, &info);
+}
+
 /* One step. Returns the number of rows it ran. */
 static int32_t step(struct engine *en) {
     reap_cancelled(en);
     int32_t n = schedule(en);
+    if (en->cfg.on_step && (n > 0 || en->n_obs_preempted > 0)) observe(en, n);
     if (n == 0) return 0;
     double t0 = now_s();
     struct batch b = {n, en->b_tok, en->b_pos, en->b_seq, en->b_logits, en->n_sched, en->b_seqs};
@@ -1239,6 +1258,11 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
         en->pick = calloc(ns, sizeof *en->pick);
         bool ok = en->jobs && en->pick && en->running && en->sched && en->b_seqs && en->b_tok &&
                   en->b_pos && en->b_seq && en->b_logits;
+        if (cfg.on_step) {
+            en->obs_seqs = calloc(ns, sizeof *en->obs_seqs);
+            en->obs_preempted = calloc(ns, sizeof *en->obs_preempted);
+            ok = ok && en->obs_seqs && en->obs_preempted;
+        }
         if (cfg.forward) { /* a fake forward writes full rows (and keeps state in them) */
             en->logits = malloc(nlog);
             ok = ok && en->logits;
@@ -1291,6 +1315,8 @@ void engine_free(struct engine *en) {
     free(en->b_logits);
     free(en->logits);
     free(en->pick);
+    free(en->obs_seqs);
+    free(en->obs_preempted);
     free(en->q_rows);
     free(en->q_sum);
     free(en->q_cand);

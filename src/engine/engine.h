@@ -67,6 +67,24 @@ struct tok;
 typedef smelt_status (*engine_forward_fn)(void *ctx, const struct batch *b, float *logits,
                                           struct err *e);
 
+/* What one step scheduled, for a step observer (tests, tracing). */
+struct engine_step_seq {
+    uint64_t arrival; /* submit order (each choice its own): larger is newer */
+    int32_t n_done;   /* positions in the KV cache before the step */
+    int32_t n_tok;    /* prompt + generated tokens: n_tok - n_done == 1 is a decode */
+    int32_t rows;     /* rows this step, positions [n_done, n_done + rows); may be 0 */
+};
+struct engine_step_info {
+    int32_t n_rows;                        /* rows of the step's batch */
+    int32_t n_running, n_waiting;          /* sequences, after scheduling */
+    const struct engine_step_seq *running; /* (n_running) oldest first */
+    const uint64_t *preempted;             /* (n_preempted) arrivals, in preemption order */
+    int32_t n_preempted;
+};
+/* Called on the engine thread once a step is scheduled, before its forward. It must be
+ * quick and must not call into the engine; info is valid during the call only. */
+typedef void (*engine_step_fn)(void *ctx, const struct engine_step_info *info);
+
 struct engine_config {
     int32_t max_seqs;         /* sequences running at once (default 64) */
     int32_t max_batch_tokens; /* rows per step: decodes + prefill chunks (default 512) */
@@ -80,6 +98,8 @@ struct engine_config {
     int32_t sample_threads;   /* threads sampling a step's rows (0: auto, 1: the engine's) */
     engine_forward_fn forward; /* NULL: model_forward(model, kv, ...) */
     void *forward_ctx;
+    engine_step_fn on_step; /* NULL: none */
+    void *on_step_ctx;
 };
 
 /* Fills the fields engine_new defaults (max_seqs, max_batch_tokens, max_waiting,

@@ -6,6 +6,10 @@
  * - n > 1, seeds, logprobs of a known distribution;
  * - continuous batching: many concurrent sequences each get what they get alone, also
  *   under KV pressure (preemption) and with prefix sharing;
+ * - the scheduling policy, step by step through the engine's step observer: decodes are
+ *   never frozen by a chunked prefill, no step exceeds max_batch_tokens, at most max_seqs
+ *   run, the newest sequence is the one preempted, admission waits for a whole prompt's
+ *   blocks and is FIFO;
  * - cancellation frees every block; the prefix cache reports cached tokens;
  * - submit refuses prompts longer than the context and a full queue.
  * The real model under concurrency is covered by tests/py/test_server_concurrency.py. */
@@ -302,8 +306,8 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
     return SMELT_OK;
 }
 
-static struct engine *mk_engine(struct fake *f, int n_blocks, int bs, int max_seqs,
-                                int max_batch, int max_waiting, int n_ctx) {
+static struct engine_config fake_config(struct fake *f, int n_blocks, int bs, int max_seqs,
+                                        int max_batch, int max_waiting, int n_ctx) {
     struct engine_config c = {0};
     c.sample_threads = f->nv ? 4 : 0;
     c.n_blocks = n_blocks;
@@ -315,10 +319,20 @@ static struct engine *mk_engine(struct fake *f, int n_blocks, int bs, int max_se
     c.n_vocab = f->nv ? f->nv : VOCAB;
     c.forward = fake_forward;
     c.forward_ctx = f;
+    return c;
+}
+
+static struct engine *start_engine(const struct engine_config *c) {
     struct engine *en = NULL;
     struct err e;
-    T_CHECK(engine_new(&en, &c, NULL, NULL, tk, &e) == SMELT_OK);
+    T_CHECK(engine_new(&en, c, NULL, NULL, tk, &e) == SMELT_OK);
     return en;
+}
+
+static struct engine *mk_engine(struct fake *f, int n_blocks, int bs, int max_seqs, int max_batch,
+                                int max_waiting, int n_ctx) {
+    struct engine_config c = fake_config(f, n_blocks, bs, max_seqs, max_batch, max_waiting, n_ctx);
+    return start_engine(&c);
 }
 
 /* The expected greedy continuation of prompt under next(), stopping at eos or max. */
@@ -596,6 +610,306 @@ static void test_n_and_prefix(void) {
     engine_free(en);
 }
 
+/* ---- scheduling, seen step by step through the engine's step observer ----
+ * Sequences are named by arrival: one-choice requests submitted one after the other to a
+ * fresh engine arrive as 0, 1, 2, ... */
+
+#define OBS_MAX 64
+
+struct sched_obs {
+    int max_batch, max_seqs;
+    int steps;
+    int max_rows, max_running, max_waiting;
+    int over_budget;   /* steps with more rows than max_batch_tokens */
+    int rows_mismatch; /* steps whose sequences' rows do not add up to the batch */
+    int frozen;        /* a running sequence ready to decode got no row */
+    int unused_budget; /* a prompt got fewer rows than it had left while the step had room */
+    int n_preempted;
+    int wrong_victim;       /* a preempted sequence was not the newest one running */
+    uint64_t prev[OBS_MAX]; /* arrivals running after the previous step's scheduling */
+    int n_prev;
+    int first[OBS_MAX], last[OBS_MAX]; /* first and last step each arrival ran in (-1) */
+    int ran_beside_waiting[OBS_MAX];   /* steps it ran in while others waited */
+    /* one watched prompt (the chunked-prefill test) */
+    int64_t watch;       /* its arrival, or -1 */
+    int watch_decoders;  /* how many other sequences must decode beside each chunk */
+    int chunks;          /* steps that ran a prefill chunk of it */
+    int chunks_beside;   /* ... with watch_decoders decodes in the same step */
+    atomic_int decoding; /* the most decodes seen in one step */
+};
+
+static void obs_init(struct sched_obs *o, int max_batch, int max_seqs) {
+    memset(o, 0, sizeof *o);
+    o->max_batch = max_batch;
+    o->max_seqs = max_seqs;
+    for (int i = 0; i < OBS_MAX; i++)
+        o->first[i] = o->last[i] = -1;
+    o->watch = -1;
+    atomic_init(&o->decoding, 0);
+}
+
+static bool has_arrival(const uint64_t *a, int n, uint64_t x) {
+    for (int i = 0; i < n; i++)
+        if (a[i] == x) return true;
+    return false;
+}
+
+/* The step observer: checks every step against the scheduling policy (engine.h). */
+static void on_step(void *ctx, const struct engine_step_info *in) {
+    struct sched_obs *o = ctx;
+    int step = o->steps++;
+    if (in->n_rows > o->max_rows) o->max_rows = in->n_rows;
+    if (in->n_rows > o->max_batch) o->over_budget++;
+    if (in->n_running > o->max_running) o->max_running = in->n_running;
+    if (in->n_waiting > o->max_waiting) o->max_waiting = in->n_waiting;
+    int sum = 0, decodes = 0;
+    const struct engine_step_seq *watched = NULL;
+    for (int i = 0; i < in->n_running; i++) {
+        const struct engine_step_seq *q = &in->running[i];
+        int32_t pend = q->n_tok - q->n_done;
+        sum += q->rows;
+        if (pend == 1 && q->rows != 1) o->frozen++;
+        if (pend == 1 && q->rows == 1 && (int64_t)q->arrival != o->watch) decodes++;
+        if (q->rows < pend && in->n_rows < o->max_batch) o->unused_budget++;
+        if ((int64_t)q->arrival == o->watch && q->rows > 0 && pend > 1) watched = q;
+        if (q->arrival < OBS_MAX && q->rows > 0) {
+            if (o->first[q->arrival] < 0) o->first[q->arrival] = step;
+            o->last[q->arrival] = step;
+            if (in->n_waiting > 0) o->ran_beside_waiting[q->arrival]++;
+        }
+    }
+    if (sum != in->n_rows) o->rows_mismatch++;
+    if (decodes > atomic_load(&o->decoding)) atomic_store(&o->decoding, decodes);
+    if (watched) {
+        o->chunks++;
+        if (decodes == o->watch_decoders) o->chunks_beside++;
+    }
+    /* the newest running sequence is preempted first: every sequence that was running
+     * before this step and still runs (not preempted and readmitted) is older */
+    for (int k = 0; k < in->n_preempted; k++) {
+        uint64_t v = in->preempted[k];
+        o->n_preempted++;
+        if (!has_arrival(o->prev, o->n_prev, v)) o->wrong_victim++;
+        for (int i = 0; i < in->n_running; i++) {
+            uint64_t a = in->running[i].arrival;
+            if (a > v && has_arrival(o->prev, o->n_prev, a) &&
+                !has_arrival(in->preempted, in->n_preempted, a))
+                o->wrong_victim++;
+        }
+    }
+    o->n_prev = 0;
+    for (int i = 0; i < in->n_running && i < OBS_MAX; i++)
+        o->prev[o->n_prev++] = in->running[i].arrival;
+}
+
+/* The checks every observed run must pass. */
+static void obs_check(const struct sched_obs *o) {
+    T_CHECK(o->steps > 0);
+    T_EQ_INT(o->over_budget, 0);
+    T_EQ_INT(o->rows_mismatch, 0);
+    T_EQ_INT(o->frozen, 0);
+    T_EQ_INT(o->unused_budget, 0);
+    T_EQ_INT(o->wrong_victim, 0);
+    T_CHECK(o->max_running <= o->max_seqs);
+}
+
+static struct engine *mk_observed(struct fake *f, struct sched_obs *o, int n_blocks, int bs,
+                                  int max_seqs, int max_batch, int n_ctx, bool no_prefix) {
+    obs_init(o, max_batch, max_seqs);
+    struct engine_config c = fake_config(f, n_blocks, bs, max_seqs, max_batch, 1024, n_ctx);
+    c.no_prefix_cache = no_prefix;
+    c.on_step = on_step;
+    c.on_step_ctx = o;
+    return start_engine(&c);
+}
+
+/* Collects request r (greedy under f->next, max tokens maxt) and checks that it got
+ * exactly its solo tokens and text, ending with `finish`. */
+static void expect_solo(struct engine_req *r, const int32_t *prompt, int n_prompt, int maxt) {
+    struct result res;
+    collect(r, &res, 0);
+    int32_t expv[512];
+    bool eos;
+    int n = expect_tokens(hash_next, prompt, n_prompt, maxt, expv, &eos);
+    T_EQ_INT(res.n_tokens[0], n);
+    T_CHECK(memcmp(res.tokens[0], expv, (size_t)n * sizeof *expv) == 0);
+    struct tok_buf want = {0};
+    detok(expv, n, &want);
+    T_EQ_STR(res.text[0].p ? res.text[0].p : "", want.p ? want.p : "");
+    T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+    tok_buf_free(&want);
+    result_free(&res);
+}
+
+static void random_prompt(int32_t *p, int n, unsigned long long *rs) {
+    for (int k = 0; k < n; k++)
+        p[k] = (int32_t)(BYTE0 + t_rand_u64(rs) % 256);
+}
+
+/* A long prompt is prefilled in chunks over many steps; every sequence already decoding
+ * gets its token in each of those steps (decodes first), the chunk takes exactly the rest
+ * of the budget, and no step has more rows than max_batch_tokens. */
+static void test_sched_chunked_prefill(void) {
+    enum { NDEC = 3, NP = 150, BATCH = 16 };
+    struct fake f = {.next = hash_next, .sleep_us = 500};
+    struct sched_obs o;
+    struct engine *en = mk_observed(&f, &o, 256, 4, 8, BATCH, 512, false);
+    if (!en) return;
+    o.watch = NDEC;
+    o.watch_decoders = NDEC;
+    unsigned long long rs = 5;
+    int32_t dec_prompt[NDEC][3], long_prompt[NP];
+    struct engine_req *dec[NDEC];
+    struct engine_params p;
+    greedy(&p, 400); /* they outlive the long prefill; cancelled after it */
+    for (int i = 0; i < NDEC; i++) {
+        random_prompt(dec_prompt[i], 3, &rs);
+        dec[i] = submit(en, &p, dec_prompt[i], 3);
+    }
+    /* the long prompt arrives once all of them decode */
+    for (int i = 0; i < 5000 && atomic_load(&o.decoding) < NDEC; i++)
+        usleep(1000);
+    T_EQ_INT(atomic_load(&o.decoding), NDEC);
+    random_prompt(long_prompt, NP, &rs);
+    greedy(&p, 3);
+    struct engine_req *lr = submit(en, &p, long_prompt, NP);
+    if (lr) {
+        expect_solo(lr, long_prompt, NP, 3);
+        engine_req_unref(lr);
+    }
+    for (int i = 0; i < NDEC; i++) {
+        if (!dec[i]) continue;
+        engine_req_cancel(dec[i]);
+        struct result res;
+        collect(dec[i], &res, 0);
+        T_EQ_INT(res.finish[0], ENGINE_CANCELLED);
+        int32_t expv[512];
+        bool eos;
+        int n = expect_tokens(hash_next, dec_prompt[i], 3, res.n_tokens[0], expv, &eos);
+        T_EQ_INT(n, res.n_tokens[0]);
+        T_CHECK(memcmp(res.tokens[0], expv, (size_t)n * sizeof *expv) == 0);
+        result_free(&res);
+        engine_req_unref(dec[i]);
+    }
+    engine_free(en);
+    obs_check(&o);
+    T_EQ_INT(o.max_rows, BATCH);
+    /* 150 rows at 16 - 3 a step: 12 chunks, each beside the three decodes */
+    T_EQ_INT(o.chunks, (NP + BATCH - NDEC - 1) / (BATCH - NDEC));
+    T_EQ_INT(o.chunks_beside, o.chunks);
+}
+
+/* No more than max_seqs sequences run at once; the rest wait and all finish right. */
+static void test_sched_max_seqs(void) {
+    enum { NREQ = 10, MAX_SEQS = 3 };
+    struct fake f = {.next = hash_next, .sleep_us = 200};
+    struct sched_obs o;
+    struct engine *en = mk_observed(&f, &o, 256, 4, MAX_SEQS, 32, 256, false);
+    if (!en) return;
+    unsigned long long rs = 11;
+    int32_t prompts[NREQ][20];
+    int np[NREQ], maxt[NREQ];
+    struct engine_req *r[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        np[i] = 1 + (int)(t_rand_u64(&rs) % 20);
+        maxt[i] = 1 + (int)(t_rand_u64(&rs) % 12);
+        random_prompt(prompts[i], np[i], &rs);
+        struct engine_params p;
+        greedy(&p, maxt[i]);
+        r[i] = submit(en, &p, prompts[i], np[i]);
+    }
+    for (int i = 0; i < NREQ; i++) {
+        if (!r[i]) continue;
+        expect_solo(r[i], prompts[i], np[i], maxt[i]);
+        engine_req_unref(r[i]);
+    }
+    engine_free(en);
+    obs_check(&o);
+    T_EQ_INT(o.max_running, MAX_SEQS);
+    T_CHECK(o.max_waiting > 0);
+    for (int i = 0; i < NREQ; i++)
+        T_CHECK(o.first[i] >= 0);
+}
+
+/* Under KV pressure the newest running sequence is preempted; preempted sequences are
+ * recomputed and finish with exactly their solo tokens; nothing fails. With and without
+ * the prefix cache (a recompute then takes its own cached blocks back, or not). */
+static void sched_preempt(bool no_prefix) {
+    enum { NREQ = 6, NP = 5, MAXT = 20 };
+    struct fake f = {.next = hash_next};
+    struct sched_obs o;
+    /* 12 blocks of 4: each sequence grows to 25 tokens (7 blocks); 4 may run at once */
+    struct engine *en = mk_observed(&f, &o, 12, 4, 4, 64, 48, no_prefix);
+    if (!en) return;
+    unsigned long long rs = no_prefix ? 21 : 22;
+    int32_t prompts[NREQ][NP];
+    struct engine_req *r[NREQ];
+    struct engine_params p;
+    greedy(&p, MAXT);
+    for (int i = 0; i < NREQ; i++) {
+        random_prompt(prompts[i], NP, &rs);
+        r[i] = submit(en, &p, prompts[i], NP);
+    }
+    for (int i = 0; i < NREQ; i++) {
+        if (!r[i]) continue;
+        expect_solo(r[i], prompts[i], NP, MAXT);
+        engine_req_unref(r[i]);
+    }
+    wait_idle(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_EQ_INT(st.requests_finished[ENGINE_ERROR], 0);
+    T_EQ_INT(st.requests_finished[ENGINE_LENGTH], NREQ);
+    T_EQ_INT(st.kv.used, 0);
+    engine_free(en);
+    obs_check(&o);
+    T_CHECK(o.n_preempted > 0);
+    T_EQ_INT(o.n_preempted, st.preemptions);
+}
+
+static void test_sched_preempt(void) {
+    sched_preempt(false);
+}
+static void test_sched_preempt_no_prefix(void) {
+    sched_preempt(true);
+}
+
+/* Admission control: a request whose blocks cannot all be reserved waits (it is not
+ * admitted to be preempted later) and is admitted in the step after blocks free up; the
+ * waiting queue is FIFO, so a small request behind it does not overtake it. */
+static void test_sched_admission(void) {
+    struct fake f = {.next = hash_next, .sleep_us = 1000};
+    struct sched_obs o;
+    /* 16 blocks of 4. A: 40 + 8 tokens (10 to 12 blocks); B: 32 tokens (8 blocks) never
+     * fits beside A; C: 4 tokens (1 block) would. */
+    struct engine *en = mk_observed(&f, &o, 16, 4, 4, 64, 64, false);
+    if (!en) return;
+    unsigned long long rs = 31;
+    int32_t a[40], b[32], c[4];
+    random_prompt(a, 40, &rs);
+    random_prompt(b, 32, &rs);
+    random_prompt(c, 4, &rs);
+    struct engine_params p;
+    greedy(&p, 8);
+    struct engine_req *ra = submit(en, &p, a, 40);
+    greedy(&p, 4);
+    struct engine_req *rb = submit(en, &p, b, 32);
+    struct engine_req *rc = submit(en, &p, c, 4);
+    if (ra) expect_solo(ra, a, 40, 8);
+    if (rb) expect_solo(rb, b, 32, 4);
+    if (rc) expect_solo(rc, c, 4, 4);
+    engine_req_unref(ra);
+    engine_req_unref(rb);
+    engine_req_unref(rc);
+    engine_free(en);
+    obs_check(&o);
+    T_EQ_INT(o.n_preempted, 0);
+    T_CHECK(o.ran_beside_waiting[0] > 0); /* B waited while A ran */
+    T_CHECK(o.last[0] >= 0);
+    T_EQ_INT(o.first[1], o.last[0] + 1); /* B came in as soon as A's blocks were back */
+    T_CHECK(o.first[2] >= o.first[1]);   /* FIFO: C did not overtake B */
+}
+
 /* Many concurrent sequences of different lengths each get exactly their solo text, with
  * a small per-step budget (chunked prefill) and a pool too small for all of them
  * (preemption). */
@@ -603,7 +917,8 @@ static void concurrency(int nv) {
     enum { NREQ = 48 };
     struct fake f = {.next = hash_next, .nv = nv};
     /* 40 blocks of 4 = 160 tokens: far less than 48 sequences of up to 60 tokens */
-    struct engine *en = mk_engine(&f, 40, 4, 16, 24, 1024, 128);
+    struct sched_obs o;
+    struct engine *en = mk_observed(&f, &o, 40, 4, 16, 24, 128, false);
     if (!en) return;
     struct engine_req *rs[NREQ];
     int32_t prompts[NREQ][40];
@@ -646,6 +961,8 @@ static void concurrency(int nv) {
     if (nv) T_CHECK(st.parallel_sample_steps > 0);
     else T_EQ_INT(st.parallel_sample_steps, 0);
     engine_free(en);
+    obs_check(&o);
+    T_EQ_INT(o.n_preempted, st.preemptions);
 }
 
 static void test_concurrency(void) { concurrency(0); }
@@ -825,6 +1142,11 @@ int main(void) {
     T_RUN(test_n_and_prefix);
     T_RUN(test_concurrency);
     T_RUN(test_parallel_sampling);
+    T_RUN(test_sched_chunked_prefill);
+    T_RUN(test_sched_max_seqs);
+    T_RUN(test_sched_preempt);
+    T_RUN(test_sched_preempt_no_prefix);
+    T_RUN(test_sched_admission);
     T_RUN(test_cancel);
     T_RUN(test_submit_errors);
     T_RUN(test_notify);
