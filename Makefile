@@ -6,7 +6,7 @@ JOBS     ?= $(shell nproc)
 PYTHON   ?= python3
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test unit pytest asan fuzz fuzz-build models format clean
+.PHONY: all deps build run test unit asan fuzz fuzz-build models format clean
 
 all: build
 
