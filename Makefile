@@ -24,9 +24,13 @@ run: build models
 	$(BUILD)/smelt serve models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf $(SERVE_ARGS)
 
 # Unit tests (ctest), Python reference tests (pytest), the sanitizer build, bounded fuzzing.
+# SMELT_REQUIRE_MODELS=1: a test that needs the test models (or the build, or a package of
+# tests/requirements.txt) fails here instead of skipping (tests/unit/t.h, tests/py/conftest.py);
+# -rs lists the skips that remain (../shared data, no GPU).
+test: export SMELT_REQUIRE_MODELS = 1
 test: build models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	SMELT_BIN=$(abspath $(BUILD))/smelt $(PYTHON) -m pytest -q tests/py
+	SMELT_BIN=$(abspath $(BUILD))/smelt $(PYTHON) -m pytest -q -rs tests/py
 	$(MAKE) asan
 	$(MAKE) fuzz
 

@@ -63,7 +63,8 @@ def test_random_unicode_matches_hf(case):
     c = EXP["cases"][case]
     path = vocab(c["vocab"])
     if not path:
-        pytest.skip("vocab %s absent" % c["vocab"])
+        where = "../shared/data" if c["vocab"].startswith("shared:") else "no model under models/ (make models)"
+        pytest.skip("vocab %s absent: %s" % (c["vocab"], where))
     extra = ["--pre", c["pre"]] if c["pre"] else []
     ids = tokenize(path, random_corpus(), "--no-bos", *extra)
     n, h = c["random"]

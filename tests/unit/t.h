@@ -5,7 +5,9 @@
  *
  * t_done() prints "N passed, N failed" and returns the exit code. A test that cannot run
  * (no GPU, missing model or shared data) calls t_skip("reason"): it prints the reason and
- * the file exits 77, which ctest reports as skipped, never as passed.
+ * the file exits 77, which ctest reports as skipped, never as passed. A test that needs
+ * one of the project's test models (models/, `make models`) calls t_skip_model instead:
+ * under SMELT_REQUIRE_MODELS=1 (`make test`, what CI runs) a missing model is a failure.
  */
 #ifndef SMELT_TEST_T_H
 #define SMELT_TEST_T_H
@@ -77,6 +79,23 @@ static const char *t_cur_ = "";
         printf("SKIP %s: %s\n", t_cur_, reason);                                               \
         t_cur_skip_ = 1;                                                                       \
     } while (0)
+
+/* True when the test models must be present (SMELT_REQUIRE_MODELS=1). */
+static inline int t_require_models(void) {
+    const char *s = getenv("SMELT_REQUIRE_MODELS");
+    return s && strcmp(s, "1") == 0;
+}
+
+/* t_skip for a missing test model: a failure under SMELT_REQUIRE_MODELS=1. */
+static inline void t_skip_model(const char *reason) {
+    if (!t_require_models()) {
+        t_skip(reason);
+        return;
+    }
+    fprintf(stderr, "FAIL %s: %s (SMELT_REQUIRE_MODELS=1: the test models must be present)\n",
+            t_cur_, reason);
+    t_cur_fail_++;
+}
 
 static inline int t_done(void) {
     if (t_skip_) printf("%d passed, %d failed, %d skipped\n", t_pass_, t_fail_, t_skip_);

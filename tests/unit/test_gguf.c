@@ -497,7 +497,7 @@ static void test_real_models(void) {
         T_CHECK(hi && (uint64_t)(hi - lo) <= gguf_file_size(f));
         gguf_close(f);
     }
-    if (!found) t_skip("no models/*.gguf (run `make models`)");
+    if (!found) t_skip_model("no models/*.gguf (run `make models`)");
 }
 
 int main(void) {

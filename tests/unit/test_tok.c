@@ -298,12 +298,12 @@ static void test_round_trip_shared(void) {
         done++;
     }
     char path[1024];
-    if (tu_find_model("tokenizer.ggml.pre", "qwen2", path, sizeof path)) {
+    if (tu_find_test_model("tokenizer.ggml.pre", "qwen2", path, sizeof path)) {
         struct tok *t = tu_load(path);
         if (t) round_trip(t, "qwen2 (NFC)", 200, true), done++;
         tok_free(t);
     }
-    if (tu_find_model("general.architecture", "gemma3", path, sizeof path)) {
+    if (tu_find_test_model("general.architecture", "gemma3", path, sizeof path)) {
         struct tok *t = tu_load(path);
         if (t) round_trip(t, "gemma3", 200, false), done++;
         tok_free(t);
@@ -569,7 +569,7 @@ static void test_unknown_pre(void) {
 static void test_specials_models(void) {
     char path[1024];
     int done = 0;
-    if (tu_find_model("tokenizer.ggml.pre", "qwen2", path, sizeof path)) {
+    if (tu_find_test_model("tokenizer.ggml.pre", "qwen2", path, sizeof path)) {
         struct tok *t = tu_load(path);
         T_CHECK(t != NULL);
         if (t) {
@@ -590,7 +590,7 @@ static void test_specials_models(void) {
         tok_free(t);
         done++;
     }
-    if (tu_find_model("general.architecture", "gemma3", path, sizeof path)) {
+    if (tu_find_test_model("general.architecture", "gemma3", path, sizeof path)) {
         struct tok *t = tu_load(path);
         T_CHECK(t != NULL);
         if (t) {
@@ -610,7 +610,7 @@ static void test_specials_models(void) {
         tok_free(t);
         done++;
     }
-    if (!done) t_skip("no qwen2 / gemma3 model under models/");
+    if (!done) t_skip_model("no qwen2 / gemma3 model under models/");
 }
 
 int main(void) {

@@ -29,8 +29,10 @@ static bool vocab_path(const char *src, char *out, size_t cap) {
         if (f) fclose(f);
         return f != NULL;
     }
-    if (!strncmp(src, "pre:", 4)) return tu_find_model("tokenizer.ggml.pre", src + 4, out, cap);
-    if (!strncmp(src, "arch:", 5)) return tu_find_model("general.architecture", src + 5, out, cap);
+    if (!strncmp(src, "pre:", 4))
+        return tu_find_test_model("tokenizer.ggml.pre", src + 4, out, cap);
+    if (!strncmp(src, "arch:", 5))
+        return tu_find_test_model("general.architecture", src + 5, out, cap);
     return false;
 }
 

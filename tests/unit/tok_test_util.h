@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "format/gguf.h"
+#include "t.h"
 #include "tokenizer/tok.h"
 
 static inline char *tu_read(const char *path, size_t *len) {
@@ -77,6 +78,19 @@ static inline bool tu_find_model(const char *key, const char *want, char *out, s
     }
     closedir(d);
     return found;
+}
+
+/* tu_find_model for a vocab one of the project's test models has (make models): when it
+ * is absent under SMELT_REQUIRE_MODELS=1, the current test fails. */
+static inline bool tu_find_test_model(const char *key, const char *want, char *out, size_t cap) {
+    if (tu_find_model(key, want, out, cap)) return true;
+    if (t_require_models()) {
+        fprintf(stderr,
+                "FAIL %s: no GGUF with %s = %s under %s/ (SMELT_REQUIRE_MODELS=1: make models)\n",
+                t_cur_, key, want, tu_models_dir());
+        t_cur_fail_++;
+    }
+    return false;
 }
 
 /* Splits the .inp text in place into strings; returns their count (<= max). Lengths in
