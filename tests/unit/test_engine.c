@@ -928,6 +928,8 @@ static void concurrency(int nv) {
         np[i] = 1 + (int)(t_rand_u64(&s) % 40);
         maxt[i] = 1 + (int)(t_rand_u64(&s) % 20);
         for (int k = 0; k < np[i]; k++) prompts[i][k] = (int32_t)(BYTE0 + t_rand_u64(&s) % 256);
+        /* set the rest too: a shared prompt copies the previous one whole (was uninitialized) */
+        for (int k = np[i]; k < 40; k++) prompts[i][k] = BYTE0 + (i + k) % 256;
         if (i % 4 == 1) memcpy(prompts[i], prompts[i - 1], sizeof prompts[i]); /* shared */
         struct engine_params p;
         greedy(&p, maxt[i]);
