@@ -627,6 +627,17 @@ static void *watcher(void *arg) {
     return NULL;
 }
 
+/* Stops the watcher thread (when it runs). wstarted stays as it is: MHD's workers may still
+ * read it. */
+static void watcher_stop(struct server *s) {
+    if (!s->wstarted) return;
+    pthread_mutex_lock(&s->wmu);
+    s->wstop = true;
+    pthread_cond_signal(&s->wcv);
+    pthread_mutex_unlock(&s->wmu);
+    pthread_join(s->wth, NULL);
+}
+
 /* ---- lifecycle ---- */
 
 static int32_t longest_piece(const struct tok *t) {
@@ -689,6 +700,8 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
             return err_set(e, SMELT_ERR_INVALID, "--host %s: not an IPv4 address", cfg->host);
         }
     }
+    /* the watcher first: MHD's workers read wstarted (srv_watch) as soon as the daemon runs */
+    s->wstarted = pthread_create(&s->wth, NULL, watcher, s) == 0;
     s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
@@ -700,6 +713,7 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_END);
     if (!s->d) {
+        watcher_stop(s);
         pthread_mutex_destroy(&s->log_mu);
         pthread_mutex_destroy(&s->wmu);
         pthread_cond_destroy(&s->wcv);
@@ -710,7 +724,6 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->cfg.port;
-    s->wstarted = pthread_create(&s->wth, NULL, watcher, s) == 0;
     *out = s;
     return SMELT_OK;
 }
@@ -740,13 +753,7 @@ void server_shutdown(struct server *s, double grace_s) {
 
 void server_free(struct server *s) {
     if (!s) return;
-    if (s->wstarted) {
-        pthread_mutex_lock(&s->wmu);
-        s->wstop = true;
-        pthread_cond_signal(&s->wcv);
-        pthread_mutex_unlock(&s->wmu);
-        pthread_join(s->wth, NULL);
-    }
+    watcher_stop(s);
     if (s->d && atomic_load(&s->n_parked) == 0) MHD_stop_daemon(s->d);
     else if (s->d) log_warn("shutdown: %d connections still wait for the engine; not closing them",
                             atomic_load(&s->n_parked));
