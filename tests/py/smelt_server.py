@@ -63,7 +63,7 @@ class Server:
                 self.p.wait(10)
         self._t.join(5)
         bad = [l for l in self.lines if "AddressSanitizer" in l or "LeakSanitizer" in l
-               or "runtime error:" in l]
+               or "ThreadSanitizer" in l or "runtime error:" in l]
         if bad:
             raise AssertionError("sanitizer report from smelt serve:\n" + self.log()[-6000:])
         return self.p.returncode
