@@ -173,15 +173,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
      * a client that hangs up). Even-sized ones keep it open and get full replies. */
     if (size % 2) shutdown(fd, SHUT_WR);
     /* read until the server closes, or goes quiet after answering (an idle keep-alive
-     * connection stays open until the server's timeout) */
+     * connection stays open until the server's timeout). The fake forward answers in well
+     * under these waits; longer ones only slowed the fuzzer (300 / 100 ms: ~20 inputs/s). */
     char buf[65536];
-    int wait_ms = 300;
+    int wait_ms = 60;
     for (;;) {
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, wait_ms) <= 0) break;
         ssize_t k = recv(fd, buf, sizeof buf, 0);
         if (k <= 0) break;
-        wait_ms = 100;
+        wait_ms = 20;
     }
     close(fd);
     return 0;
