@@ -757,10 +757,10 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
      * (one row per sequence) go through graphs: their shape repeats for 16 blocks of
      * context at a time, while a step with a prefill chunk almost never meets its shape
      * again (its row count and table width move with every prompt), so recording it would
-     * cost a capture for nothing. The KV store's id
-     * stands for the model and its caches: not its address, which a store allocated after
-     * this one is freed can get (a graph recorded with a freed model's weights replayed for
-     * the next model; seen in test_cuda_forward, which loads the fixtures one by one). */
+     * cost a capture for nothing. The KV store's id stands for the model and its caches:
+     * not its address, which a store allocated after this one is freed can get (a graph
+     * recorded with a freed model's weights replayed for the next model; seen in
+     * test_cuda_forward, which loads the fixtures one by one). */
     const uint64_t shape[] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)b->n_seqs, (uint64_t)max_blocks,
                               kv->id, (uint64_t)dev_topk, (uint64_t)one_per_seq};
     uint64_t key = 0;

@@ -99,13 +99,12 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
     json_t *kw = rq->template_kwargs, *own = NULL;
     if (rq->reasoning_effort) {
         own = kw ? json_copy(kw) : json_object();
-        const char *re = rq->reasoning_effort;
-        if (own && !json_object_get(own, "reasoning_effort"))
-            json_object_set_new(own, "reasoning_effort", json_string(re));
-        if (own && (!strcmp(re, "none") || !strcmp(re, "minimal")) &&
-            !json_object_get(own, "enable_thinking"))
-            json_object_set_new(own, "enable_thinking", json_false());
         if (!own) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        const char *re = rq->reasoning_effort;
+        if (!json_object_get(own, "reasoning_effort"))
+            json_object_set_new(own, "reasoning_effort", json_string(re));
+        if ((!strcmp(re, "none") || !strcmp(re, "minimal")) && !json_object_get(own, "enable_thinking"))
+            json_object_set_new(own, "enable_thinking", json_false());
         kw = own;
     }
     struct tmpl_value *ctx = NULL;

@@ -370,15 +370,15 @@ static bool parse_tools(json_t *v, struct oai_request *r, struct oai_err *e) {
         /* strict: the arguments must follow the schema exactly, which only constrained
          * decoding can promise */
         json_t *strict = json_object_get(fn, "strict");
+        if (!strict || json_is_false(strict) || json_is_null(strict)) continue;
         char param[64];
         snprintf(param, sizeof param, "tools[%zu].function.strict", i);
-        if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+        if (!json_is_boolean(strict))
             return oai_bad(e, param, "%s must be a boolean", param);
-        if (json_is_true(strict))
-            return oai_bad(e, param, "%s: strict schemas need constrained decoding, which smelt "
-                           "does not have yet; send strict false (or leave it out) to get "
-                           "calls parsed from the model's text, not guaranteed to match the "
-                           "schema", param);
+        return oai_bad(e, param, "%s: strict schemas need constrained decoding, which smelt "
+                       "does not have yet; send strict false (or leave it out) to get calls "
+                       "parsed from the model's text, not guaranteed to match the schema",
+                       param);
     }
     if (json_array_size(v) > 0) r->tools = v;
     return true;

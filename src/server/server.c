@@ -567,12 +567,9 @@ void srv_unwatch(struct server *s, struct gen *g) {
  * handler call to refuse it). The fd is open while its sock is listed (smu, held here):
  * MHD closes it only after the CLOSED notification has unlisted it. */
 static void end_late_requests(struct server *s) {
-    long long now = now_ms(), limit = (long long)s->cfg.timeout_s * 1000;
     pthread_mutex_lock(&s->smu);
     for (struct sock *k = s->socks; k; k = k->next) {
-        if (!atomic_load(&k->receiving) || atomic_load(&k->timed_out)) continue;
-        if (now - atomic_load(&k->since_ms) <= limit) continue;
-        atomic_store(&k->timed_out, true);
+        if (atomic_load(&k->timed_out) || !late(s, k)) continue;
         shutdown(k->fd, SHUT_RDWR);
         log_debug("http: a request did not arrive within %d s: closing its connection",
                   s->cfg.timeout_s);
