@@ -3,10 +3,15 @@
 #   make test   install, build, and run every test (what CI runs)
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
-PYTHON   ?= python3
+# The Python test references live in a virtual environment the Makefile makes (Debian's
+# own python3 refuses `pip install` outside one: PEP 668). PYTHON=... uses another.
+VENV     ?= .venv
+PYTHON   ?= $(VENV)/bin/python
+PREFIX   ?= /usr/local
 CMAKE_FLAGS ?=
+export PYTHON
 
-.PHONY: all deps build run test unit asan tsan fuzz fuzz-build models format clean
+.PHONY: all deps build install run test unit asan tsan fuzz fuzz-build models format clean
 
 all: build
 
@@ -16,6 +21,10 @@ deps:
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# Installs smelt, libsmelt.so and include/smelt.h under PREFIX (bin/, lib/, include/).
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 models: deps
 	@scripts/fetch-test-models.sh

@@ -2,12 +2,15 @@
 # Installs what smelt needs to build and test on Debian 12, skipping what is present.
 #   Debian: cmake, a C compiler, clang + libFuzzer runtime, pkg-config, and the -dev
 #           packages of the libraries smelt links (jansson, libmicrohttpd, PCRE2, libcurl).
-#   Python: the test references listed in tests/requirements.txt.
+#   Python: the test references listed in tests/requirements.txt, installed into the
+#           virtual environment .venv (made here with python3 -m venv; Debian's own
+#           python3 refuses pip installs outside one, PEP 668). PYTHON=/path/to/python
+#           installs into that interpreter instead (the Makefile passes its PYTHON).
 # The CUDA toolkit is optional: when nvcc is on PATH the CUDA backend is built too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(build-essential cmake pkg-config clang libclang-rt-14-dev
+debs=(build-essential cmake pkg-config clang libclang-rt-14-dev python3-venv
       libjansson-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev)
 missing=()
 for p in "${debs[@]}"; do
@@ -20,10 +23,20 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-PY=${PYTHON:-python3}
+PY=${PYTHON:-.venv/bin/python}
 stamp=build/.pydeps-stamp
+# A PYTHON inside a virtual environment (or one still to be made) gets its packages there.
+case "$PY" in
+*/bin/python | */bin/python3)
+    venv=${PY%/bin/python*}
+    if [ ! -e "$PY" ]; then
+        echo "install-deps: making the Python virtual environment $venv"
+        python3 -m venv "$venv"
+    fi
+    [ -f "$venv/pyvenv.cfg" ] && stamp=$venv/.smelt-requirements-stamp ;;
+esac
 if [ ! -f "$stamp" ] || [ tests/requirements.txt -nt "$stamp" ]; then
-    echo "install-deps: installing Python test packages (tests/requirements.txt)"
-    $PY -m pip install -q --disable-pip-version-check -r tests/requirements.txt
-    mkdir -p build && touch "$stamp"
+    echo "install-deps: installing Python test packages (tests/requirements.txt) for $PY"
+    "$PY" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
+    mkdir -p "$(dirname "$stamp")" && touch "$stamp"
 fi
