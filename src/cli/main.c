@@ -16,6 +16,7 @@ static const struct command commands[] = {
     {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
     {"run", cmd_run, "generate text from a prompt, or chat with -i"},
     {"bench", cmd_bench, "measure prefill and decode speed (llama-bench flags)"},
+    {"compare", cmd_compare, "two models (or settings) side by side: speed, agreement, KL, perplexity"},
     {"pull", cmd_pull, "download a model into the Hugging Face cache"},
     {"inspect", cmd_inspect, "print a GGUF file's metadata and tensors"},
     {"quantize", cmd_quantize, "convert a GGUF to another weight type, or write a random model"},

@@ -125,6 +125,10 @@ const char *tok_token_text(const struct tok *t, int32_t id, size_t *len);
 /* The bytes the token stands for in decoded text (" the", "\n", "<|im_end|>"). For a
  * byte-fallback token or part of a multi-byte character these need not be valid UTF-8. */
 const char *tok_piece(const struct tok *t, int32_t id, size_t *len);
+/* The first id whose token differs between a and b (its text or type), -1 when the two
+ * vocabularies are the same; when one is a prefix of the other, the shorter one's size.
+ * For checking that two models (a draft and its target, two quantizations) share ids. */
+int32_t tok_first_difference(const struct tok *a, const struct tok *b);
 /* The id of the token whose decoded text is exactly text[0..len) (special tokens by
  * their text, "<|im_end|>"), or -1. */
 int32_t tok_find(const struct tok *t, const char *text, size_t len);

@@ -695,6 +695,17 @@ const char *tok_piece(const struct tok *t, int32_t id, size_t *len) {
     return t->piece + t->piece_off[id];
 }
 
+int32_t tok_first_difference(const struct tok *a, const struct tok *b) {
+    int32_t n = a->n_vocab < b->n_vocab ? a->n_vocab : b->n_vocab;
+    for (int32_t id = 0; id < n; id++) {
+        size_t la, lb;
+        const char *ta = tok_token_text(a, id, &la), *tb = tok_token_text(b, id, &lb);
+        if (la != lb || memcmp(ta, tb, la) || tok_token_type(a, id) != tok_token_type(b, id))
+            return id;
+    }
+    return a->n_vocab == b->n_vocab ? -1 : n;
+}
+
 int32_t tok_find(const struct tok *t, const char *text, size_t len) {
     /* Special tokens first (by their text), then the vocab by decoded piece. */
     const uint8_t *s = (const uint8_t *)text;
