@@ -307,6 +307,43 @@ void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *
 
 bool bk_has_logits_topk(const struct backend *b) { return b->ops->logits_topk != NULL; }
 
+void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
+                  const struct tensor *x, const struct tensor *router, const struct tensor *bias,
+                  enum moe_gating gating, const struct prenorm *pre) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->moe_route);
+    BK_ASSERT(is_f32_rows(x) && tensor_is_contiguous(x) && x->ne[2] == 1);
+    BK_ASSERT(router->type == QT_F32 && router->ne[0] == x->ne[0] && router->ne[2] == 1);
+    BK_ASSERT(!bias || (bias->type == QT_F32 && bias->ne[0] == router->ne[1]));
+    BK_ASSERT(ids->type == QT_I32 && tensor_is_contiguous(ids) && ids->ne[1] == x->ne[1]);
+    BK_ASSERT(is_f32_rows(weights) && tensor_same_shape(weights, ids));
+    BK_ASSERT(ids->ne[0] >= 1 && ids->ne[0] <= router->ne[1] && ids->ne[2] == 1);
+    BK_ASSERT(gating == MOE_SOFTMAX || gating == MOE_SOFTMAX_TOPK);
+    BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == x->ne[0]));
+    b->ops->moe_route(b, ids, weights, x, router, bias, gating, pre);
+}
+
+void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
+                const struct moe_experts *w, const struct tensor *ids,
+                const struct tensor *weights, const struct prenorm *pre, bool acc) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->moe_ffn);
+    BK_ASSERT(is_f32_rows(x) && tensor_is_contiguous(x) && x->ne[2] == 1);
+    BK_ASSERT(is_f32_rows(dst) && tensor_is_contiguous(dst) && tensor_same_shape(dst, x));
+    const int64_t n_embd = x->ne[0], n_ff = w->gate->ne[1], n_expert = w->gate->ne[2];
+    BK_ASSERT(w->gate->ne[0] == n_embd && tensor_is_contiguous(w->gate));
+    BK_ASSERT(tensor_same_shape(w->up, w->gate) && tensor_is_contiguous(w->up));
+    BK_ASSERT(w->down->ne[0] == n_ff && w->down->ne[1] == n_embd && w->down->ne[2] == n_expert);
+    BK_ASSERT(tensor_is_contiguous(w->down) && w->gate->ne[3] == 1 && w->down->ne[3] == 1);
+    BK_ASSERT(ids->type == QT_I32 && tensor_is_contiguous(ids) && ids->ne[1] == x->ne[1]);
+    BK_ASSERT(is_f32_rows(weights) && tensor_same_shape(weights, ids) && ids->ne[2] == 1);
+    BK_ASSERT(ids->ne[0] >= 1 && ids->ne[0] <= n_expert);
+    BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == n_embd));
+    b->ops->moe_ffn(b, dst, x, w, ids, weights, pre, acc);
+}
+
+bool bk_has_moe(const struct backend *b) { return b->ops->moe_route && b->ops->moe_ffn; }
+
 static void check_meta(const struct attn_meta *m, int64_t n_tokens) {
     BK_ASSERT(m->pos->type == QT_I32 && m->pos->ne[0] == n_tokens);
     BK_ASSERT(m->seq->type == QT_I32 && m->seq->ne[0] == n_tokens);

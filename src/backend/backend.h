@@ -97,6 +97,26 @@ enum glu_act {
     GLU_GELU_TANH = 1, /* GeGLU with the tanh-approximated GELU (HF gelu_pytorch_tanh) */
 };
 
+/* Mixture of experts: how a row's router logits become the weights of its k experts. The
+ * k experts are always the k largest logits (ties: the lower id first), listed in that
+ * order; the modes differ only in the weights. */
+enum moe_gating {
+    MOE_SOFTMAX = 0,      /* softmax over all n_expert logits; each expert keeps its
+                           * probability (qwen2moe, olmoe: no renormalization) */
+    MOE_SOFTMAX_TOPK = 1, /* softmax over the k selected logits only: gpt-oss's "top-k, then
+                           * softmax", and, in exact arithmetic, qwen3moe's and mixtral's
+                           * "softmax over all, top-k, renormalize to sum 1" */
+};
+
+/* The experts of an MoE layer: ne2 = n_expert stacked matrices per projection (expert e's
+ * matrix is the slice at e * nb[2], laid out like a 2-D weight). */
+struct moe_experts {
+    const struct tensor *gate; /* (n_embd, n_ff, n_expert) */
+    const struct tensor *up;   /* (n_embd, n_ff, n_expert) */
+    const struct tensor *down; /* (n_ff, n_embd, n_expert) */
+    enum glu_act act;          /* h = act(gate x) * (up x) */
+};
+
 /* Per-step inputs of the KV store and attention ops. All are backend tensors written by
  * bk_upload before the step, so a replayed graph sees new values with the same
  * arguments. A row's keys are the positions 0..pos[row] of its sequence, read from that
@@ -193,6 +213,16 @@ struct backend_ops {
                            struct tensor *k, const struct tensor *v, struct tensor *kc,
                            struct tensor *vc, const struct attn_meta *m,
                            const struct qk_prep *qp, const struct attn_params *ap);
+
+    /* Mixture of experts: optional as a pair (NULL: the backend cannot run MoE models, and
+     * the loader refuses them). See bk_moe_route, bk_moe_ffn. */
+    void (*moe_route)(struct backend *b, struct tensor *ids, struct tensor *weights,
+                      const struct tensor *x, const struct tensor *router,
+                      const struct tensor *bias, enum moe_gating gating,
+                      const struct prenorm *pre);
+    void (*moe_ffn)(struct backend *b, struct tensor *dst, const struct tensor *x,
+                    const struct moe_experts *w, const struct tensor *ids,
+                    const struct tensor *weights, const struct prenorm *pre, bool acc);
 
     /* Row summaries for sampling: optional (NULL: model_step brings the rows to the host
      * and summarizes them there). See bk_logits_topk. */
@@ -356,6 +386,37 @@ void bk_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
                        const struct tensor *v, struct tensor *kc, struct tensor *vc,
                        const struct attn_meta *m, const struct qk_prep *qp,
                        const struct attn_params *ap);
+
+/* Mixture-of-experts router, for each row r of x (n_embd, n):
+ *   logits = router x'_r (+ bias), x'_r = x_r, or rms_norm(x_r) * pre->w when pre is given;
+ *   ids[., r] = the k experts with the largest logits, largest first (ties: lower id first);
+ *   weights[., r] = their weights by `gating` (enum moe_gating).
+ * ids I32 (k, n) and weights F32 (k, n) with k = ids->ne[0] <= n_expert; router F32
+ * (n_embd, n_expert); bias F32 (n_expert) or NULL. Everything a row gets depends on that
+ * row alone, bit for bit: the logits are computed with one fixed arithmetic per row
+ * whatever n is, so which experts a row gets never depends on the other rows of the step
+ * (batch invariance; no capacity limit, no token dropping). The ids stay where the backend
+ * wrote them (device memory on a GPU): bk_moe_ffn reads them there, no host round trip. */
+void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
+                  const struct tensor *x, const struct tensor *router, const struct tensor *bias,
+                  enum moe_gating gating, const struct prenorm *pre);
+/* Mixture-of-experts FFN: for each row r of x (n_embd, n), with x' as in bk_moe_route,
+ *   y_r = sum over j < k of weights[j, r] * W_down[e] (act(W_gate[e] x'_r) * (W_up[e] x'_r)),
+ *         e = ids[j, r],
+ * summed in an order fixed by the row's own ids (the CPU: increasing expert id, as
+ * transformers sums); then
+ * dst (n_embd, n) = y, or dst += y when acc (the residual add). dst may be x: x is read
+ * whole before dst is written. Shapes: struct moe_experts; ids and weights as
+ * bk_moe_route writes them. A backend groups the step's rows by expert, so each active
+ * expert's weights are read once per step (a grouped matmul over the rows routed to it;
+ * with one row, a matrix-vector product over the selected experts only): its result for a
+ * row differs from running that row alone only as its matmuls differ between row counts.
+ * An id outside [0, n_expert) is a sticky error. */
+void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
+                const struct moe_experts *w, const struct tensor *ids,
+                const struct tensor *weights, const struct prenorm *pre, bool acc);
+/* True when the backend implements the two MoE ops (else the loader refuses MoE models). */
+bool bk_has_moe(const struct backend *b);
 
 /* Row summaries for sampling (backend/topk.h, docs/sampling.md): for each row r of logits
  * F32 (n_vocab, n_rows), with rows I32 (TOPK_ROW_WORDS, n_rows) holding struct topk_row

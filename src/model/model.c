@@ -1,7 +1,8 @@
 /* What every architecture shares: loading hyper-parameters and binding weights with
  * shape checks (errors name the key or tensor and both shapes), the KV store, and the
  * step: validating a batch, uploading its inputs, embedding, the attention and FFN
- * blocks, and the logits of the rows that asked for them.
+ * blocks (a dense FFN or a mixture of experts, one helper for both), and the logits of the
+ * rows that asked for them.
  *
  * The step's data flow (per architecture file for the blocks in between):
  *   token ids --get_rows--> x (n_embd, n_tokens) --blocks--> x --get_rows(out rows)-->
@@ -21,7 +22,7 @@
 #include "util/mix.h"
 
 static const struct arch_def *const archs[] = {&arch_llama, &arch_qwen2, &arch_qwen3,
-                                               &arch_gemma3};
+                                               &arch_qwen3moe, &arch_gemma3};
 
 /* ---- loader ---- */
 
@@ -67,10 +68,11 @@ static const char *shape_str(const int64_t *ne, int nd, char *buf, size_t n) {
     return tensor_shape_str(&t, buf, n);
 }
 
-/* Binds tensor name, which must have the shape (ne0, ne1), as (ne0, use1): its first use1
- * <= ne1 rows (rows are contiguous in the file, whatever the type), or all of them. */
+/* Binds tensor name, which must have the shape (ne0, ne1, ne2), as (ne0, use1, ne2): its
+ * first use1 <= ne1 rows (rows are contiguous in the file, whatever the type; only for
+ * ne2 = 1), or all of them. */
 static const struct tensor *bind(struct loader *l, bool optional, bool want_f32, int64_t ne0,
-                                 int64_t ne1, int64_t use1, const char *name) {
+                                 int64_t ne1, int64_t ne2, int64_t use1, const char *name) {
     if (l->st != SMELT_OK) return NULL;
     struct model *m = l->m;
     const struct gguf_tensor *gt = gguf_find_tensor(l->f, name);
@@ -79,13 +81,13 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
             l->st = err_set(l->e, SMELT_ERR_NOT_FOUND, "tensor %s is missing", name);
         return NULL;
     }
-    int64_t want[4] = {ne0, ne1, 1, 1};
+    int64_t want[4] = {ne0, ne1, ne2, 1};
     if (memcmp(gt->ne, want, sizeof want) != 0) {
         char a[96], b[96];
         l->st = err_set(l->e, SMELT_ERR_FORMAT,
                         "tensor %s: shape %s, but the hyper-parameters say %s", name,
                         shape_str(gt->ne, GGUF_MAX_DIMS, a, sizeof a),
-                        shape_str(want, 2, b, sizeof b));
+                        shape_str(want, 3, b, sizeof b));
         return NULL;
     }
     if (m->n_tensors == m->cap_tensors) {
@@ -93,8 +95,9 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
         return NULL;
     }
     struct tensor *t = &m->tensors[m->n_tensors];
-    if (use1 < 1 || use1 > ne1 || !tensor_init(t, gt->type, ne0, ne1, 1, 1) ||
-        tensor_nbytes(t) != gt->nbytes || !tensor_init(t, gt->type, ne0, use1, 1, 1)) {
+    if (use1 < 1 || use1 > ne1 || (ne2 > 1 && use1 != ne1) ||
+        !tensor_init(t, gt->type, ne0, ne1, ne2, 1) || tensor_nbytes(t) != gt->nbytes ||
+        !tensor_init(t, gt->type, ne0, use1, ne2, 1)) {
         l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s with row length %lld",
                         name, qtype_name(gt->type), (long long)ne0);
         return NULL;
@@ -105,14 +108,14 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
     t->name = nm;
     t->data = (void *)gt->data;
     if (want_f32 && gt->type != QT_F32) {
-        float *buf = ld_alloc(l, (size_t)(ne0 * use1) * sizeof(float));
+        float *buf = ld_alloc(l, (size_t)(ne0 * use1 * ne2) * sizeof(float));
         if (!buf) return NULL;
-        if (!to_f32(gt->type, gt->data, buf, ne0 * use1)) {
+        if (!to_f32(gt->type, gt->data, buf, ne0 * use1 * ne2)) {
             l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "tensor %s: type %s cannot be read",
                             name, qtype_name(gt->type));
             return NULL;
         }
-        tensor_init(t, QT_F32, ne0, use1, 1, 1);
+        tensor_init(t, QT_F32, ne0, use1, ne2, 1);
         t->name = nm;
         t->data = buf;
     }
@@ -129,7 +132,17 @@ const struct tensor *ld_matrix(struct loader *l, bool optional, int64_t ne0, int
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return bind(l, optional, false, ne0, ne1, ne1, name);
+    return bind(l, optional, false, ne0, ne1, 1, ne1, name);
+}
+
+const struct tensor *ld_matrices(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
+                                 int64_t ne2, const char *fmt, ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return bind(l, optional, false, ne0, ne1, ne2, ne1, name);
 }
 
 const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, const char *fmt, ...) {
@@ -138,7 +151,7 @@ const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, con
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return bind(l, optional, true, ne0, 1, 1, name);
+    return bind(l, optional, true, ne0, 1, 1, 1, name);
 }
 
 static void arch_key(const struct loader *l, const char *suffix, char *key, size_t n) {
@@ -200,6 +213,64 @@ void ld_attn_weights(struct loader *l, int il, struct attn_weights *w) {
     w->bv = ld_vector(l, true, nv, "blk.%d.attn_v.bias", il);
     w->q_norm = ld_vector(l, true, a->head_dim_k, "blk.%d.attn_q_norm.weight", il);
     w->k_norm = ld_vector(l, true, a->head_dim_k, "blk.%d.attn_k_norm.weight", il);
+}
+
+void ld_ffn_weights(struct loader *l, int il, struct ffn_weights *w) {
+    const struct model_hparams *hp = &l->m->hp;
+    const int64_t d = hp->n_embd;
+    memset(w, 0, sizeof *w);
+    w->norm = ld_vector(l, false, d, "blk.%d.ffn_norm.weight", il);
+    if (l->m->arch->ffn == FFN_DENSE) {
+        w->gate = ld_matrix(l, false, d, hp->n_ff, "blk.%d.ffn_gate.weight", il);
+        w->up = ld_matrix(l, false, d, hp->n_ff, "blk.%d.ffn_up.weight", il);
+        w->down = ld_matrix(l, false, hp->n_ff, d, "blk.%d.ffn_down.weight", il);
+        return;
+    }
+    /* the router stays F32 whatever the file stores (routing decides on small margins) */
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", il);
+    w->router = bind(l, false, true, d, hp->n_expert, 1, hp->n_expert, name);
+    const int64_t f = hp->n_ff_exp, ne = hp->n_expert;
+    w->gate = ld_matrices(l, false, d, f, ne, "blk.%d.ffn_gate_exps.weight", il);
+    w->up = ld_matrices(l, false, d, f, ne, "blk.%d.ffn_up_exps.weight", il);
+    w->down = ld_matrices(l, false, f, d, ne, "blk.%d.ffn_down_exps.weight", il);
+}
+
+/* The expert keys of an FFN_MOE architecture; a dense one with experts is refused. */
+static void ld_experts(struct loader *l) {
+    struct model *m = l->m;
+    struct model_hparams *hp = &m->hp;
+    char key[128];
+    if (m->arch->ffn == FFN_DENSE) {
+        uint32_t n = 0;
+        ld_u32(l, "expert_count", true, &n);
+        if (l->st == SMELT_OK && n > 0) {
+            arch_key(l, "expert_count", key, sizeof key);
+            l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED,
+                            "%s is %u: mixture-of-experts %s files are not supported (MoE "
+                            "architectures: qwen3moe)", key, n, hp->arch);
+        }
+        return;
+    }
+    ld_dim(l, "expert_count", false, &hp->n_expert, 1u << 16);
+    ld_dim(l, "expert_used_count", false, &hp->n_expert_used, 1u << 16);
+    if (l->st != SMELT_OK) return;
+    if (hp->n_expert_used > hp->n_expert) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.expert_used_count (%d) exceeds %s.expert_count (%d)", hp->arch,
+                        hp->n_expert_used, hp->arch, hp->n_expert);
+        return;
+    }
+    /* llama.cpp's default when the key is absent */
+    hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+    arch_key(l, "expert_feed_forward_length", key, sizeof key);
+    if (!gguf_get(l->f, key) && hp->n_ff_exp == 0) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s is absent and %s.feed_forward_length (%d) / %s.expert_used_count "
+                        "(%d) is 0", key, hp->arch, hp->n_ff, hp->arch, hp->n_expert_used);
+        return;
+    }
+    ld_dim(l, "expert_feed_forward_length", true, &hp->n_ff_exp, 1u << 22);
 }
 
 /* RoPE from {arch}.rope.*: frequency base, rotated dims, scaling (linear, YaRN), and the
@@ -328,6 +399,7 @@ static void load_common(struct loader *l) {
     }
     hp->embd_scale = 1.0f;
     ld_f32(l, "final_logit_softcapping", true, &hp->final_softcap);
+    ld_experts(l);
     if (l->st != SMELT_OK) return;
 
     /* Token embeddings set the vocabulary size. */
@@ -371,9 +443,9 @@ static void load_common(struct loader *l) {
         }
         hp->n_vocab = (int32_t)nt;
     }
-    m->tok_embd = bind(l, false, false, hp->n_embd, rows, hp->n_vocab, "token_embd.weight");
+    m->tok_embd = bind(l, false, false, hp->n_embd, rows, 1, hp->n_vocab, "token_embd.weight");
     m->output_norm = ld_vector(l, false, hp->n_embd, "output_norm.weight");
-    m->output = bind(l, true, false, hp->n_embd, rows, hp->n_vocab, "output.weight");
+    m->output = bind(l, true, false, hp->n_embd, rows, 1, hp->n_vocab, "output.weight");
     hp->tied_output = m->output == NULL;
     if (!m->output) m->output = m->tok_embd;
 
@@ -410,11 +482,17 @@ smelt_status model_load(struct model **out, const struct gguf_file *f, struct ba
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (gguf_str_eq(an, archs[i]->name)) arch = archs[i];
     if (!arch) {
-        char name[64];
-        return err_set(e, SMELT_ERR_UNSUPPORTED,
-                       "architecture '%s' is not supported (supported: llama, qwen2, qwen3, "
-                       "gemma3)", gguf_str_copy(an, name, sizeof name));
+        char name[64], list[256] = "";
+        for (size_t i = 0, o = 0; i < sizeof archs / sizeof archs[0] && o < sizeof list; i++)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", i ? ", " : "", archs[i]->name);
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "architecture '%s' is not supported (supported: %s)",
+                       gguf_str_copy(an, name, sizeof name), list);
     }
+    if (arch->ffn == FFN_MOE && !bk_has_moe(bk))
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "%s is a mixture-of-experts architecture and the %s backend has no "
+                       "mixture-of-experts ops yet (run it with --backend cpu)", arch->name,
+                       bk->ops->name);
 
     struct model *m = calloc(1, sizeof *m);
     if (!m) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
@@ -556,13 +634,24 @@ struct tensor *fwd_attention(struct model *m, struct step *s, int il, const stru
     return bk_reshape(bk, att, (int64_t)a->head_dim_v * a->n_head, n, 1);
 }
 
-struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
-                           const struct tensor *w_up, const struct tensor *x,
-                           const struct tensor *norm, enum glu_act act) {
-    struct tensor *g = bk_new(s->bk, QT_F32, w_gate->ne[1], x->ne[1], 1); /* (n_ff, n) */
-    struct prenorm pre = {norm, m->hp.norm_eps};
-    bk_ffn_glu(s->bk, g, w_gate, w_up, x, act, &pre);
-    return g;
+void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum glu_act act,
+             const struct tensor *x, struct tensor *dst, bool acc, const struct prenorm *next) {
+    struct backend *bk = s->bk;
+    const struct prenorm pre = {w->norm, m->hp.norm_eps};
+    const int64_t n = x->ne[1];
+    if (!w->router) {
+        struct tensor *g = bk_new(bk, QT_F32, w->gate->ne[1], n, 1); /* (n_ff, n) */
+        bk_ffn_glu(bk, g, w->gate, w->up, x, act, &pre);
+        if (acc) bk_matmul_acc(bk, dst, w->down, g, next);
+        else bk_matmul(bk, dst, w->down, g);
+        return;
+    }
+    const int64_t k = m->hp.n_expert_used;
+    struct tensor *ids = bk_new(bk, QT_I32, k, n, 1);     /* (k, n) each row's experts */
+    struct tensor *weights = bk_new(bk, QT_F32, k, n, 1); /* (k, n) and their weights */
+    bk_moe_route(bk, ids, weights, x, w->router, NULL, m->hp.gating, &pre);
+    const struct moe_experts ex = {w->gate, w->up, w->down, act};
+    bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc);
 }
 
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att) {

@@ -2,9 +2,10 @@
  * batched forward pass written against the op interface (backend/backend.h).
  *
  * model.c holds what every architecture shares (metadata, weight binding with shape
- * checks, the step's inputs, embedding, attention block, logits). Each architecture
- * family has one file (model_llama.c: llama, qwen2, qwen3; model_gemma3.c) that binds
- * its own per-layer weights and writes its forward pass as a readable sequence of ops.
+ * checks, the step's inputs, embedding, attention block, the FFN (dense or mixture of
+ * experts), logits). Each architecture family has one file (model_llama.c: llama, qwen2,
+ * qwen3, qwen3moe; model_gemma3.c) that binds its own per-layer weights and writes its
+ * forward pass as a readable sequence of ops.
  * See docs/forward.md for how to add one.
  *
  * Lifetimes: the gguf_file outlives the model (weights are views into its mapping on the
@@ -40,6 +41,11 @@ struct model_hparams {
     float embd_scale;     /* input embeddings are multiplied by this (gemma: sqrt(n_embd)) */
     float final_softcap;  /* {arch}.final_logit_softcapping; 0 = none */
     bool tied_output;     /* no output.weight: logits use token_embd */
+    /* mixture of experts (architectures with FFN_MOE; 0 for dense ones) */
+    int32_t n_expert;      /* {arch}.expert_count */
+    int32_t n_expert_used; /* {arch}.expert_used_count: experts per token */
+    int32_t n_ff_exp;      /* {arch}.expert_feed_forward_length (default n_ff / n_expert_used) */
+    enum moe_gating gating; /* how router logits become expert weights (the arch sets it) */
 };
 
 /* One layer's attention configuration: fixed at load, read by the forward pass. */
@@ -63,6 +69,22 @@ struct attn_weights {
     const struct tensor *k_norm; /* (head_dim_k) or NULL */
 };
 
+/* One layer's FFN on rms_norm(x) * norm: dense, or a mixture of experts (router set). */
+struct ffn_weights {
+    const struct tensor *norm;   /* (n_embd) */
+    const struct tensor *router; /* MoE: F32 (n_embd, n_expert); NULL: dense */
+    const struct tensor *gate;   /* dense (n_embd, n_ff); MoE (n_embd, n_ff_exp, n_expert) */
+    const struct tensor *up;     /* as gate */
+    const struct tensor *down;   /* dense (n_ff, n_embd); MoE (n_ff_exp, n_embd, n_expert) */
+};
+
+/* What an architecture's FFN layers are. */
+enum ffn_kind {
+    FFN_DENSE = 0, /* gate/up/down matrices */
+    FFN_MOE = 1,   /* a router and n_expert stacked experts per layer; needs a backend with
+                    * the MoE ops (bk_has_moe), else the load is refused */
+};
+
 struct model;
 struct step;
 
@@ -76,6 +98,7 @@ struct arch_def {
     /* Returns the hidden state (n_embd, n_tokens) after the last block, before the final
      * norm. Ops only: errors are sticky in the backend. */
     struct tensor *(*forward)(struct model *m, struct step *s);
+    enum ffn_kind ffn; /* FFN_MOE: the loader reads the expert keys first */
 };
 
 /* Where a step shape's logits were left (see model_forward and bk_graph_replay). */
@@ -130,7 +153,7 @@ struct model {
 };
 
 /* The supported architectures (general.architecture values). */
-extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_gemma3;
+extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3;
 
 /* Loads hyper-parameters and binds weights of the GGUF's architecture. f must outlive the
  * model. Fails with a message naming the missing or inconsistent key or tensor. */
@@ -204,10 +227,19 @@ const struct tensor *ld_matrix(struct loader *l, bool optional, int64_t ne0, int
                                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* Binds a stack of ne2 matrices (ne0, ne1) as one 3-D tensor (the experts of an MoE
+ * layer, (n_in, n_out, n_expert)), checking all three dimensions. */
+const struct tensor *ld_matrices(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
+                                 int64_t ne2, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
 /* Allocation owned by the model (freed with it); NULL on failure (sets l->st). */
 void *ld_alloc(struct loader *l, size_t nbytes);
 /* Binds the shared attention weights of layer il (biases and Q/K norms optional). */
 void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
+/* Binds the FFN of layer il as the architecture declares it (arch_def.ffn): ffn_norm, then
+ * dense ffn_{gate,up,down} (n_ff), or the router ffn_gate_inp (converted to F32) and the
+ * experts ffn_{gate,up,down}_exps (n_ff_exp, n_expert). */
+void ld_ffn_weights(struct loader *l, int il, struct ffn_weights *w);
 /* Reads "{arch}.<suffix>" into out; absent: keeps *out when optional, else an error naming
  * the key. */
 smelt_status ld_u32(struct loader *l, const char *suffix, bool optional, uint32_t *out);
@@ -226,10 +258,13 @@ struct tensor *fwd_attention(struct model *m, struct step *s, int il, const stru
  * rest of the layer runs on n_out rows. The caller must not release the layer's scratch
  * afterwards (x now lives in it). No-op when every row (or none) wants logits. */
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att);
-/* act(W_gate x') * (W_up x') with x' = rms_norm(x) * norm: (n_ff, rows of x), the input
- * of W_down. */
-struct tensor *fwd_ffn_glu(struct model *m, struct step *s, const struct tensor *w_gate,
-                           const struct tensor *w_up, const struct tensor *x,
-                           const struct tensor *norm, enum glu_act act);
+/* The FFN of a layer, dense or MoE, on x' = rms_norm(x) * w->norm:
+ *   dense  W_down (act(W_gate x') * (W_up x'))
+ *   MoE    the router picks each row's experts (bk_moe_route), bk_moe_ffn sums them
+ * into dst (n_embd, rows of x): dst = FFN, or dst += FFN when acc (the residual add; dst
+ * may be x). next: bk_matmul_acc's hint (the norm the caller applies to dst next; may be
+ * NULL). */
+void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum glu_act act,
+             const struct tensor *x, struct tensor *dst, bool acc, const struct prenorm *next);
 
 #endif

@@ -25,10 +25,7 @@ struct gemma3_layer {
     const struct tensor *attn_norm;      /* (n_embd) */
     struct attn_weights attn;            /* q, k, v, o, q_norm, k_norm (head_dim) */
     const struct tensor *post_attn_norm; /* (n_embd) */
-    const struct tensor *ffn_norm;       /* (n_embd) */
-    const struct tensor *ffn_gate;       /* (n_embd, n_ff) */
-    const struct tensor *ffn_up;         /* (n_embd, n_ff) */
-    const struct tensor *ffn_down;       /* (n_ff, n_embd) */
+    struct ffn_weights ffn;              /* ffn_norm, gate, up, down */
     const struct tensor *post_ffn_norm;  /* (n_embd) */
 };
 
@@ -71,10 +68,7 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
         y->attn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.attn_norm.weight", il);
         ld_attn_weights(&l, il, &y->attn);
         y->post_attn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.post_attention_norm.weight", il);
-        y->ffn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.ffn_norm.weight", il);
-        y->ffn_gate = ld_matrix(&l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_gate.weight", il);
-        y->ffn_up = ld_matrix(&l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_up.weight", il);
-        y->ffn_down = ld_matrix(&l, false, hp->n_ff, hp->n_embd, "blk.%d.ffn_down.weight", il);
+        ld_ffn_weights(&l, il, &y->ffn);
         y->post_ffn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.post_ffw_norm.weight", il);
         if (l.st != SMELT_OK) return l.st;
         if (!y->attn.q_norm || !y->attn.k_norm)
@@ -101,8 +95,7 @@ static struct tensor *forward(struct model *m, struct step *s) {
         bk_rms_norm(bk, t, t, y->post_attn_norm, m->hp.norm_eps);
         bk_add(bk, x, x, t);
         /* x += post_ffw_norm(W_down (gelu_tanh(W_gate h) * W_up h)),  h = ffn_norm(x) */
-        bk_matmul(bk, t, y->ffn_down,
-                  fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->ffn_norm, GLU_GELU_TANH));
+        fwd_ffn(m, s, &y->ffn, GLU_GELU_TANH, x, t, false, NULL);
         bk_rms_norm(bk, t, t, y->post_ffn_norm, m->hp.norm_eps);
         bk_add(bk, x, x, t);
         if (!last) bk_scratch_release(bk, mark);
@@ -110,4 +103,4 @@ static struct tensor *forward(struct model *m, struct step *s) {
     return x;
 }
 
-const struct arch_def arch_gemma3 = {"gemma3", load, forward};
+const struct arch_def arch_gemma3 = {"gemma3", load, forward, FFN_DENSE};

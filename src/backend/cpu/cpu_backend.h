@@ -69,6 +69,14 @@ void cpu_op_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
 void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
                       const struct tensor *kc, const struct tensor *vc,
                       const struct attn_meta *m, const struct attn_params *p);
+/* Mixture of experts (cpu_ops_moe.c). */
+void cpu_op_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
+                      const struct tensor *x, const struct tensor *router,
+                      const struct tensor *bias, enum moe_gating gating,
+                      const struct prenorm *pre);
+void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
+                    const struct moe_experts *w, const struct tensor *ids,
+                    const struct tensor *weights, const struct prenorm *pre, bool acc);
 /* Row summaries for sampling (cpu_topk.c). */
 void cpu_op_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
                         const struct tensor *rows, const struct tensor *adj);

@@ -1,0 +1,223 @@
+/* CPU mixture-of-experts ops: the router (bk_moe_route) and the expert FFN (bk_moe_ffn).
+ *
+ * Router: rows in parallel; each row is normed as cpu_op_rms_norm does, dotted with every
+ * router row by the vector kernel's f32 dot (one fixed order per row, so a row's logits,
+ * hence its experts, are the same bits whatever else shares the step), then the k largest
+ * logits and their weights (in double).
+ *
+ * Expert FFN: the ids are in host memory, so the step's (row, slot) pairs are grouped by
+ * expert here; each active expert then runs as three ordinary matmuls (cpu_op_matmul: the
+ * int8-activation kernels, or the reference under cpu_backend_set_exact) over the rows
+ * routed to it, gathered into one block. An expert's weights therefore stream once per
+ * step however many rows chose it: a grouped matmul in a prefill chunk, a matrix-vector
+ * product over the selected experts only for a decode row. Each row's expert outputs are
+ * accumulated, times their weights, into a zeroed buffer in increasing expert id (the order
+ * transformers sums in), then written to dst or added to it. A row's arithmetic depends
+ * on the other rows only through the row count each expert's matmuls see (the kernels
+ * are bitwise row-count invariant for the legacy types and on the scalar path; see
+ * docs/forward.md for the K-quant prefill/decode kernels). */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+
+/* ---- router ---- */
+
+struct route_ctx {
+    struct tensor *ids, *weights;
+    const struct tensor *x, *router, *bias;
+    const struct prenorm *pre;
+    enum moe_gating gating;
+    float *buf; /* per thread: n_embd + n_expert floats */
+    const struct cpu_vec *vec;
+};
+
+static void route_range(void *vctx, int ith, int64_t r0, int64_t r1) {
+    struct route_ctx *c = vctx;
+    const int64_t n_embd = c->x->ne[0], n_exp = c->router->ne[1], k = c->ids->ne[0];
+    float *h = c->buf + (size_t)ith * (size_t)(n_embd + n_exp), *lg = h + n_embd;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = tensor_row(c->x, r, 0, 0);
+        if (c->pre) { /* as cpu_op_rms_norm computes it */
+            double ss = 0;
+            for (int64_t i = 0; i < n_embd; i++) ss += (double)x[i] * x[i];
+            float inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)c->pre->eps));
+            const float *w = c->pre->w ? c->pre->w->data : NULL;
+            for (int64_t i = 0; i < n_embd; i++) h[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+            x = h;
+        }
+        for (int64_t e = 0; e < n_exp; e++) {
+            lg[e] = c->vec->dot_f32(tensor_row(c->router, e, 0, 0), x, n_embd);
+            if (c->bias) lg[e] += ((const float *)c->bias->data)[e];
+        }
+        /* the k largest, largest first, ties to the lower id; taken ones are marked by
+         * their slot in ids (a NaN logit is never larger, so it goes last) */
+        int32_t *id = tensor_row(c->ids, r, 0, 0);
+        float *wt = tensor_row(c->weights, r, 0, 0);
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < n_exp; e++) {
+                bool taken = false;
+                for (int64_t q = 0; q < j && !taken; q++) taken = id[q] == e;
+                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+            }
+            id[j] = (int32_t)best;
+        }
+        /* weights: exp(l - max) over all (MOE_SOFTMAX) or over the k (MOE_SOFTMAX_TOPK) */
+        double mx = lg[id[0]], z = 0;
+        if (c->gating == MOE_SOFTMAX) {
+            for (int64_t e = 0; e < n_exp; e++) mx = lg[e] > mx ? lg[e] : mx;
+            for (int64_t e = 0; e < n_exp; e++) z += exp((double)lg[e] - mx);
+        } else {
+            for (int64_t j = 0; j < k; j++) z += exp((double)lg[id[j]] - mx);
+        }
+        for (int64_t j = 0; j < k; j++) wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
+    }
+}
+
+void cpu_op_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
+                      const struct tensor *x, const struct tensor *router,
+                      const struct tensor *bias, enum moe_gating gating,
+                      const struct prenorm *pre) {
+    struct cpu_backend *cb = cpu_of(b);
+    const int64_t per = x->ne[0] + router->ne[1];
+    struct route_ctx c = {ids, weights, x, router, bias, pre, gating, NULL, cb->vec};
+    size_t mark = bk_scratch_mark(b);
+    c.buf = cpu_scratch(cb, (size_t)cb->n_threads * (size_t)per * sizeof(float));
+    if (c.buf) cpu_parallel(cb, route_range, &c, x->ne[1], 4);
+    bk_scratch_release(b, mark);
+}
+
+/* ---- expert FFN ---- */
+
+/* Moves rows between the step's rows and an expert's block of c rows. Gather: row i of
+ * the block = row[i] of src (parallel over block rows). Scatter: row[i] of dst +=
+ * weight[i] * row i of the block, for i in order (parallel over columns, so a row listed
+ * twice is still summed in order and no two threads write one element). */
+struct move_ctx {
+    const int32_t *row;
+    const float *weight;
+    const float *src;
+    float *dst;
+    int64_t n_embd, c;
+};
+
+static void gather_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct move_ctx *m = vctx;
+    (void)ith;
+    const size_t n = (size_t)m->n_embd;
+    for (int64_t i = i0; i < i1; i++)
+        memcpy(m->dst + (size_t)i * n, m->src + (size_t)m->row[i] * n, n * sizeof(float));
+}
+
+static void scatter_range(void *vctx, int ith, int64_t d0, int64_t d1) {
+    struct move_ctx *m = vctx;
+    (void)ith;
+    const size_t n = (size_t)m->n_embd;
+    for (int64_t i = 0; i < m->c; i++) {
+        float *y = m->dst + (size_t)m->row[i] * n;
+        const float *s = m->src + (size_t)i * n, w = m->weight[i];
+        for (int64_t d = d0; d < d1; d++) y[d] += w * s[d];
+    }
+}
+
+/* Items per thread worth waking the pool for: about 64K floats moved. */
+static int64_t move_chunk(int64_t floats_per_item) {
+    return 65536 / (floats_per_item > 0 ? floats_per_item : 1) + 1;
+}
+
+/* An F32 (ne0, ne1) tensor over host memory. */
+static struct tensor f32_view(float *data, int64_t ne0, int64_t ne1) {
+    struct tensor t;
+    tensor_init(&t, QT_F32, ne0, ne1, 1, 1);
+    t.data = data;
+    return t;
+}
+
+/* Expert e's matrix of a (ne0, ne1, n_expert) stack. */
+static struct tensor expert_view(const struct tensor *w, int64_t e) {
+    struct tensor t;
+    tensor_init(&t, w->type, w->ne[0], w->ne[1], 1, 1);
+    t.data = (char *)w->data + (size_t)e * w->nb[2];
+    t.name = w->name;
+    t.backend = w->backend;
+    return t;
+}
+
+void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
+                    const struct moe_experts *w, const struct tensor *ids,
+                    const struct tensor *weights, const struct prenorm *pre, bool acc) {
+    struct cpu_backend *cb = cpu_of(b);
+    const int64_t n_embd = x->ne[0], n = x->ne[1], k = ids->ne[0];
+    const int64_t n_ff = w->gate->ne[1], n_exp = w->gate->ne[2], nk = n * k;
+    const int32_t *id = ids->data;
+    const float *wt = weights->data;
+    size_t mark = bk_scratch_mark(b);
+    /* the (row, slot) pairs grouped by expert (a counting sort: rows ascend in a group) */
+    int64_t *start = cpu_scratch(cb, (size_t)(n_exp + 1) * sizeof(int64_t));
+    int64_t *fill = cpu_scratch(cb, (size_t)n_exp * sizeof(int64_t));
+    int32_t *row = cpu_scratch(cb, (size_t)nk * sizeof(int32_t));
+    float *rw = cpu_scratch(cb, (size_t)nk * sizeof(float));
+    float *y = cpu_scratch(cb, (size_t)(n * n_embd) * sizeof(float));
+    if (!start || !fill || !row || !rw || !y) goto done;
+    memset(start, 0, (size_t)(n_exp + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < nk; i++) {
+        if (id[i] < 0 || id[i] >= n_exp) {
+            bk_fail(b, SMELT_ERR_INTERNAL, "%s: row %lld routed to expert %d of %lld",
+                    w->gate->name ? w->gate->name : "moe_ffn", (long long)(i / k), id[i],
+                    (long long)n_exp);
+            goto done;
+        }
+        start[id[i] + 1]++;
+    }
+    int64_t c_max = 0;
+    for (int64_t e = 0; e < n_exp; e++) {
+        if (start[e + 1] > c_max) c_max = start[e + 1];
+        start[e + 1] += start[e];
+        fill[e] = start[e];
+    }
+    for (int64_t i = 0; i < nk; i++) {
+        int64_t at = fill[id[i]]++;
+        row[at] = (int32_t)(i / k);
+        rw[at] = wt[i];
+    }
+
+    /* x' (the norm of every row, once) and the per-expert blocks */
+    struct tensor xn = *x;
+    if (pre) {
+        float *h = cpu_scratch(cb, (size_t)(n * n_embd) * sizeof(float));
+        if (!h) goto done;
+        xn = f32_view(h, n_embd, n);
+        cpu_op_rms_norm(b, &xn, x, pre->w, pre->eps);
+    }
+    float *xe = cpu_scratch(cb, (size_t)(c_max * n_embd) * sizeof(float));
+    float *g = cpu_scratch(cb, (size_t)(c_max * n_ff) * sizeof(float));
+    float *u = cpu_scratch(cb, (size_t)(c_max * n_ff) * sizeof(float));
+    float *ye = cpu_scratch(cb, (size_t)(c_max * n_embd) * sizeof(float));
+    if (!xe || !g || !u || !ye) goto done;
+    memset(y, 0, (size_t)(n * n_embd) * sizeof(float));
+    for (int64_t e = 0; e < n_exp && b->status == SMELT_OK; e++) {
+        const int64_t c = start[e + 1] - start[e];
+        if (c == 0) continue;
+        struct move_ctx gather = {row + start[e], NULL, xn.data, xe, n_embd, c};
+        cpu_parallel(cb, gather_range, &gather, c, move_chunk(n_embd));
+        struct tensor wg = expert_view(w->gate, e), wu = expert_view(w->up, e),
+                      wd = expert_view(w->down, e);
+        struct tensor xt = f32_view(xe, n_embd, c), gt = f32_view(g, n_ff, c),
+                      ut = f32_view(u, n_ff, c), yt = f32_view(ye, n_embd, c);
+        size_t m2 = bk_scratch_mark(b); /* the reference matmul's row buffers */
+        cpu_op_matmul(b, &gt, &wg, &xt);
+        cpu_op_matmul(b, &ut, &wu, &xt);
+        cpu_op_glu(b, &gt, &gt, &ut, w->act);
+        cpu_op_matmul(b, &yt, &wd, &gt);
+        bk_scratch_release(b, m2);
+        struct move_ctx scatter = {row + start[e], rw + start[e], ye, y, n_embd, c};
+        cpu_parallel(cb, scatter_range, &scatter, n_embd, move_chunk(c));
+    }
+    if (b->status != SMELT_OK) goto done;
+    struct tensor yt = f32_view(y, n_embd, n);
+    if (acc) cpu_op_add(b, dst, dst, &yt);
+    else memcpy(dst->data, y, (size_t)(n * n_embd) * sizeof(float));
+done:
+    bk_scratch_release(b, mark);
+}
