@@ -1,5 +1,5 @@
 /* Forward-pass properties on tiny random models written here with the GGUF writer
- * (llama, qwen2, qwen3, gemma3 shapes):
+ * (llama, qwen2, qwen3, gemma3 and qwen3moe shapes):
  * - a sequence's logits do not depend on which other sequences share its batch;
  * - prefill followed by decode lands where token-at-a-time decode does;
  * - a recycled block carries no history from its last owner;
@@ -7,7 +7,12 @@
  *   scalar path, within a stated bound on the SIMD ones, whose prefill kernels (8+ rows:
  *   16-bit activations against unpacked weights) round differently from the decode ones;
  * - an F16 KV cache stays close to the F32 one;
- * - loading fails with a message naming the bad key or tensor;
+ * - a mixture-of-experts model (qwen3moe: 16 experts, 4 per token, so rows of a batch go
+ *   to different experts) keeps every property above: a row's experts do not depend on
+ *   the rows beside it (bitwise with Q8_0 experts, whose kernels are row-count invariant);
+ * - loading fails with a message naming the bad key or tensor (for MoE files: expert
+ *   tensors that disagree with expert_count / expert_used_count, a router of the wrong
+ *   shape, a backend without the MoE ops);
  * - a tokenizer with fewer tokens than token_embd has rows (padded vocabulary) limits the
  *   ids and logits to the tokens; one with more is refused.
  * Numerical agreement with transformers is test_forward_ref.c's job. */
@@ -41,9 +46,12 @@ struct tiny {
     bool bias, qk_norm, gemma, tied;
     uint32_t wtype;    /* type of the 2-D weights (0: F32) */
     int n_embd, n_ff; /* 0: N_EMBD, N_FF */
+    /* mixture of experts (qwen3moe): n_expert experts of n_ff_exp, n_used per token */
+    int n_expert, n_used, n_ff_exp;
     /* sabotage for the load-error tests */
     const char *skip_key;
     const char *bad_tensor;
+    int bad_dim; /* the dimension of bad_tensor that gets one too many (0: ne1) */
     /* tokenizer.ggml.tokens with this many tokens (0: none); boost_from > 0: output rows
      * boost_from.. (the embedding's, when tied) are +-20 times rows 0.., so that, were they
      * scored, they would win */
@@ -67,26 +75,35 @@ static float *rnd(struct wbuf *wb, int64_t n, float scale, float offset, unsigne
 static int embd_of(const struct tiny *t) { return t->n_embd ? t->n_embd : N_EMBD; }
 static int ff_of(const struct tiny *t) { return t->n_ff ? t->n_ff : N_FF; }
 
-static void add(struct gguf_writer *w, struct wbuf *wb, const struct tiny *t, const char *name,
-                int64_t ne0, int64_t ne1, const float *data) {
-    int64_t ne[2] = {ne0, ne1};
-    if (t->bad_tensor && !strcmp(name, t->bad_tensor)) { /* one row too many */
-        float *big = calloc((size_t)(ne0 * (ne1 + 1)), sizeof(float));
-        memcpy(big, data, (size_t)(ne0 * ne1) * sizeof(float));
+/* Adds tensor (ne0, ne1, ne2) (ne2 > 1: a stack of expert matrices). */
+static void add3(struct gguf_writer *w, struct wbuf *wb, const struct tiny *t, const char *name,
+                 int64_t ne0, int64_t ne1, int64_t ne2, const float *data) {
+    int64_t ne[3] = {ne0, ne1, ne2};
+    if (t->bad_tensor && !strcmp(name, t->bad_tensor)) { /* one row (or expert) too many */
+        ne[t->bad_dim ? t->bad_dim : 1] += 1;
+        float *big = calloc((size_t)(ne[0] * ne[1] * ne[2]), sizeof(float));
+        memcpy(big, data, (size_t)(ne0 * ne1 * ne2) * sizeof(float));
         wb->bufs[wb->n++] = big;
         data = big;
-        ne[1] += 1;
     }
-    if (t->wtype && ne[1] > 1) { /* a 2-D weight: quantized with the reference quantizer */
+    const uint32_t nd = ne[2] > 1 ? 3 : ne[1] > 1 ? 2 : 1;
+    /* matrices quantized with the reference quantizer; the router stays F32 (as in real
+     * files: llama.cpp never quantizes it) */
+    if (t->wtype && nd > 1 && !strstr(name, "ffn_gate_inp")) {
         const struct qtype_info *qi = qtype_get(t->wtype);
-        size_t bytes = qtype_row_size(t->wtype, ne[0]) * (size_t)ne[1];
+        size_t bytes = qtype_row_size(t->wtype, ne[0]) * (size_t)(ne[1] * ne[2]);
         void *q = malloc(bytes);
-        qi->quantize(data, q, ne[0] * ne[1]);
+        qi->quantize(data, q, ne[0] * ne[1] * ne[2]);
         wb->bufs[wb->n++] = q;
-        gguf_add_tensor(w, name, t->wtype, 2, ne, q);
+        gguf_add_tensor(w, name, t->wtype, nd, ne, q);
         return;
     }
-    gguf_add_tensor(w, name, QT_F32, ne[1] > 1 ? 2 : 1, ne, data);
+    gguf_add_tensor(w, name, QT_F32, nd, ne, data);
+}
+
+static void add(struct gguf_writer *w, struct wbuf *wb, const struct tiny *t, const char *name,
+                int64_t ne0, int64_t ne1, const float *data) {
+    add3(w, wb, t, name, ne0, ne1, 1, data);
 }
 
 static void key_u32(struct gguf_writer *w, const struct tiny *t, const char *suffix, uint32_t v) {
@@ -134,6 +151,11 @@ static void write_tiny(const struct tiny *t, const char *path) {
     if (t->gemma) {
         key_u32(w, t, "attention.sliding_window", 5);
         key_f32(w, t, "rope.freq_base_swa", 100.0f);
+    }
+    if (t->n_expert) {
+        key_u32(w, t, "expert_count", (uint32_t)t->n_expert);
+        key_u32(w, t, "expert_used_count", (uint32_t)t->n_used);
+        key_u32(w, t, "expert_feed_forward_length", (uint32_t)t->n_ff_exp);
     }
     if (t->n_tokens) {
         static char names[256][8];
@@ -183,6 +205,19 @@ static void write_tiny(const struct tiny *t, const char *path) {
             T("blk.%d.post_ffw_norm.weight", E, 1, 0.1f, 1);
         }
         T("blk.%d.ffn_norm.weight", E, 1, 0.1f, 1);
+        if (t->n_expert) {
+            const int X = t->n_expert, FE = t->n_ff_exp;
+            const float sx = sqrtf((float)N_FF / (float)FE);
+            T("blk.%d.ffn_gate_inp.weight", E, X, 0.25f * se, 0);
+#define T3(fmt, ne0, ne1, scale)                                                               \
+    snprintf(n, sizeof n, fmt, il);                                                            \
+    add3(w, &wb, t, n, ne0, ne1, X, rnd(&wb, (int64_t)(ne0) * (ne1) * X, scale, 0, &s))
+            T3("blk.%d.ffn_gate_exps.weight", E, FE, 0.25f * se);
+            T3("blk.%d.ffn_up_exps.weight", E, FE, 0.25f * se);
+            T3("blk.%d.ffn_down_exps.weight", FE, E, 0.25f * sx);
+#undef T3
+            continue;
+        }
         T("blk.%d.ffn_gate.weight", E, F, 0.25f * se, 0);
         T("blk.%d.ffn_up.weight", E, F, 0.25f * se, 0);
         T("blk.%d.ffn_down.weight", F, E, 0.25f * sf, 0);
@@ -199,6 +234,8 @@ static const struct tiny archs[] = {
     {.arch = "qwen3", .n_head = 4, .n_head_kv = 2, .head_dim = 16, .qk_norm = true},
     {.arch = "gemma3", .n_head = 2, .n_head_kv = 1, .head_dim = 24, .qk_norm = true,
      .gemma = true, .tied = true},
+    {.arch = "qwen3moe", .n_head = 4, .n_head_kv = 2, .head_dim = 16, .qk_norm = true,
+     .n_expert = 16, .n_used = 4, .n_ff_exp = 24},
 };
 
 /* The same architectures with quantized weights, at shapes the block sizes allow (every
@@ -212,6 +249,12 @@ static const struct tiny qarchs[] = {
      .n_ff = 512},
     {.arch = "gemma3", .n_head = 4, .n_head_kv = 1, .head_dim = 64, .qk_norm = true, .gemma = true, .tied = true,
      .wtype = QT_Q8_0, .n_embd = 256, .n_ff = 512},
+    /* experts as real MoE files hold them: Q8_0 (row-count invariant kernels: batching
+     * must change nothing, bit for bit) and Q4_K (Qwen3-30B-A3B Q4_K_M's gate/up) */
+    {.arch = "qwen3moe", .n_head = 4, .n_head_kv = 2, .head_dim = 32, .qk_norm = true, .wtype = QT_Q8_0,
+     .n_embd = 64, .n_ff = 128, .n_expert = 16, .n_used = 4, .n_ff_exp = 32},
+    {.arch = "qwen3moe", .n_head = 4, .n_head_kv = 2, .head_dim = 64, .qk_norm = true, .wtype = QT_Q4_K,
+     .n_embd = 256, .n_ff = 512, .n_expert = 8, .n_used = 2, .n_ff_exp = 256},
 };
 
 /* Batched-vs-solo tolerance. The integer kernels give every row the same arithmetic
@@ -456,6 +499,7 @@ static void test_llama(void) { check_batching(&archs[0]); }
 static void test_qwen2(void) { check_batching(&archs[1]); }
 static void test_qwen3(void) { check_batching(&archs[2]); }
 static void test_gemma3(void) { check_batching(&archs[3]); }
+static void test_qwen3moe(void) { check_batching(&archs[4]); }
 static void test_quantized(void) {
     for (size_t i = 0; i < sizeof qarchs / sizeof qarchs[0]; i++) check_batching(&qarchs[i]);
 }
@@ -570,6 +614,43 @@ static void test_load_errors(void) {
     t = archs[1];
     t.yarn_attn = -1.0f;
     expect_load_error(t, "qwen2.rope.scaling.yarn_attn_factor", "out of range");
+}
+
+/* MoE files: expert tensors that disagree with expert_count, or with expert_used_count
+ * (through expert_feed_forward_length's default n_ff / expert_used_count), a router of
+ * the wrong shape, inconsistent expert keys; a dense architecture with experts; a backend
+ * without the MoE ops. Each message names the tensor or key and both values. */
+static void test_moe_load_errors(void) {
+    struct tiny t = archs[4]; /* 16 experts of 24, 4 used; n_embd 32, n_ff 48 */
+    t.bad_tensor = "blk.1.ffn_up_exps.weight";
+    t.bad_dim = 2;
+    expect_load_error(t, "tensor blk.1.ffn_up_exps.weight: shape (32, 24, 17)", "say (32, 24, 16)");
+    t = archs[4];
+    t.bad_tensor = "blk.2.ffn_down_exps.weight"; /* (24, 33, 16) */
+    expect_load_error(t, "blk.2.ffn_down_exps.weight: shape (24, 33, 16)", "(24, 32, 16)");
+    t = archs[4];
+    t.bad_tensor = "blk.0.ffn_gate_inp.weight";
+    expect_load_error(t, "tensor blk.0.ffn_gate_inp.weight: shape (32, 17)", "say (32, 16)");
+    t = archs[4];
+    t.skip_key = "expert_feed_forward_length"; /* then n_ff / n_used = 48 / 4 = 12, not 24 */
+    expect_load_error(t, "blk.0.ffn_gate_exps.weight: shape (32, 24, 16)", "say (32, 12, 16)");
+    t = archs[4];
+    t.n_used = 17;
+    expect_load_error(t, "qwen3moe.expert_used_count (17) exceeds qwen3moe.expert_count (16)", NULL);
+    t = archs[4];
+    t.skip_key = "expert_count";
+    expect_load_error(t, "qwen3moe.expert_count", "missing");
+    t = archs[4];
+    t.arch = "qwen3"; /* a dense architecture with experts */
+    expect_load_error(t, "qwen3.expert_count is 16", "not supported");
+    /* a backend without the MoE ops (the CUDA backend today): refused, never run */
+    const struct backend_ops *ops = bk->ops;
+    struct backend_ops no_moe = *ops;
+    no_moe.name = "test";
+    no_moe.moe_ffn = NULL;
+    bk->ops = &no_moe;
+    expect_load_error(archs[4], "qwen3moe is a mixture-of-experts architecture", "test backend");
+    bk->ops = ops;
 }
 
 /* YaRN's yarn_attn_factor (HF attention_factor) is the whole cos/sin magnitude: the loader
@@ -734,11 +815,13 @@ int main(void) {
     T_RUN(test_qwen2);
     T_RUN(test_qwen3);
     T_RUN(test_gemma3);
+    T_RUN(test_qwen3moe);
     T_RUN(test_quantized);
     T_RUN(test_sparse_logits);
     T_RUN(test_recycle);
     T_RUN(test_bad_batch);
     T_RUN(test_load_errors);
+    T_RUN(test_moe_load_errors);
     T_RUN(test_yarn_attn_factor);
     T_RUN(test_padded_vocab);
     T_RUN(test_vocab_errors);
