@@ -4,14 +4,19 @@
     pip install torch transformers gguf numpy accelerate   # once; NOT in tests/requirements.txt
     python3 scripts/make-ref-fixtures.py [--out tests/data/ref] [--only NAME[,NAME...]]
 
-For each architecture smelt's forward pass supports (llama, qwen2, qwen3, gemma3) plus
-variants with RoPE scaling (Llama-3 rope_freqs, linear, YaRN), it:
+For each architecture smelt's forward pass supports (llama, qwen2, qwen3, gemma3,
+qwen3moe) plus variants with RoPE scaling (Llama-3 rope_freqs, linear, YaRN), it:
 1. builds a Hugging Face model with random weights (fixed seed) and tiny shapes,
-   float32, eager attention. 2-D weights are rounded to float16-representable values, so
-   the F32 and F16 GGUF files hold exactly the same numbers and both must reproduce the
-   same logits (up to float32 arithmetic).
-2. writes it as GGUF F32 and F16 with gguf-py's GGUFWriter, following llama.cpp's
-   convert_hf_to_gguf.py conventions (facts only; the code is ours):
+   float32, eager attention (and eager experts: transformers' per-expert loop). 2-D
+   weights are rounded to float16-representable values, so the F32 and F16 GGUF files
+   hold exactly the same numbers and both must reproduce the same logits (up to float32
+   arithmetic). Expert weights (3-D) are rounded further, to values Q8_0 stores exactly
+   (each block of 32 is an integer in [-127, 127] times a power of two, with one element
+   at +-127, so Q8_0's scale amax / 127 is that power of two): the MoE model's Q8_0 file
+   holds the same numbers too.
+2. writes it as GGUF F32 and F16 (and, for MoE models, Q8_0 experts with the rest as in
+   the F16 file) with gguf-py's GGUFWriter, following llama.cpp's convert_hf_to_gguf.py
+   conventions (facts only; the code is ours):
    - tensor names token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
      ffn_norm, ffn_gate, ffn_up, ffn_down}, output_norm, output (absent when tied);
      qwen2 attn_{q,k,v}.bias; qwen3/gemma3 attn_q_norm/attn_k_norm; gemma3
@@ -27,6 +32,13 @@ variants with RoPE scaling (Llama-3 rope_freqs, linear, YaRN), it:
      *norm.weight (incl. q/k norms), so readers multiply by the stored weight directly.
      As in llama.cpp's converter, 1-D tensors (norms, biases, rope_freqs) stay F32 in the
      F16 file.
+   - qwen3moe (Qwen2MoeModel's conversion): transformers' fused experts.gate_up_proj
+     (n_expert, 2 n_ff_exp, n_embd) splits into ffn_gate_exps (the first n_ff_exp rows of
+     each expert) and ffn_up_exps, GGUF shape {n_embd, n_ff_exp, n_expert};
+     experts.down_proj is ffn_down_exps {n_ff_exp, n_embd, n_expert}; the router
+     mlp.gate is ffn_gate_inp {n_embd, n_expert}, kept F32 in every file (the converter
+     keeps it F32 and llama-quantize never quantizes it); keys expert_count,
+     expert_used_count, expert_feed_forward_length.
    - a complete synthetic tokenizer (SentencePiece-style "llama" vocab for llama/gemma3,
      byte-level "gpt2" vocab with merges for qwen2/qwen3) of exactly n_vocab tokens; the
      tests feed token ids directly.
@@ -66,7 +78,7 @@ import gguf  # noqa: E402
 import transformers  # noqa: E402
 from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
                           LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)  # noqa: E402
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "py"))
@@ -149,18 +161,46 @@ def specs():
                              "beta_slow": 2.0, "attention_factor": 1.25},
             tie_word_embeddings=True, use_sliding_window=False, attention_bias=False,
             **dict(common, max_position_embeddings=8192))),
+        # Mixture of experts, Qwen3-30B-A3B's block at a tiny size: 16 experts, 4 per
+        # token (so tokens of a prompt go to different experts), softmax + top-k +
+        # renormalization, no shared expert, every layer sparse, untied output
+        "qwen3moe": ("qwen3moe", Qwen3MoeForCausalLM, Qwen3MoeConfig(
+            hidden_size=32, intermediate_size=96, moe_intermediate_size=32, num_experts=16,
+            num_experts_per_tok=4, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[], num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False, use_sliding_window=False, attention_bias=False,
+            **common)),
     }
 
 
 # ---------------------------------------------------------------------------- weights
 
 
+def q8_0_exact(w):
+    """w rounded to values Q8_0 stores exactly, and float16 too: per block of 32 along
+    the last dimension, an integer in [-127, 127] times a power of two d, the largest
+    magnitude exactly 127 d (so Q8_0's scale amax / 127 is d)."""
+    b = w.reshape(-1, 32)
+    amax = b.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    d = torch.exp2(torch.ceil(torch.log2(amax / 127)))
+    q = torch.round(b / d).clamp(-127, 127)
+    top = q.abs().argmax(dim=1, keepdim=True)
+    q.scatter_(1, top, 127 * torch.sign(q.gather(1, top) + 0.5))
+    return (q * d).reshape(w.shape)
+
+
 def init_weights(model, arch, gen):
     """Random weights with O(1) activations (HF's default init of std 0.02 would give
-    nearly uniform logits, a weak test). 2-D weights are made float16-exact."""
+    nearly uniform logits, a weak test). 2-D weights are made float16-exact, expert
+    weights (3-D) Q8_0-exact."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() == 3:  # experts (n_expert, out, in)
+                w = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[2])
+                p.copy_(q8_0_exact(w))
+            elif p.dim() == 2:
                 fan_in = p.shape[1]
                 # embeddings and lm_head: logits of std ~2 whether tied or not
                 big = "embed_tokens" in name or "lm_head" in name
@@ -344,7 +384,8 @@ HF_TO_GGUF = {
 
 
 def gguf_tensors(model, arch, cfg):
-    """HF state dict -> list of (gguf name, float32 numpy array in HF (out, in) layout)."""
+    """HF state dict -> list of (gguf name, float32 numpy array in HF (out, in) layout;
+    experts (n_expert, out, in))."""
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     out = []
     gemma = arch == "gemma3"
@@ -362,6 +403,17 @@ def gguf_tensors(model, arch, cfg):
             continue
         assert name.startswith("model.layers."), name
         _, _, bid, rest = name.split(".", 3)
+        if rest == "mlp.experts.gate_up_proj":  # (n_expert, 2 n_ff_exp, n_embd)
+            f = w.shape[1] // 2
+            out.append((f"blk.{bid}.ffn_gate_exps.weight", w[:, :f, :]))
+            out.append((f"blk.{bid}.ffn_up_exps.weight", w[:, f:, :]))
+            continue
+        if rest == "mlp.experts.down_proj":
+            out.append((f"blk.{bid}.ffn_down_exps.weight", w))
+            continue
+        if rest == "mlp.gate.weight":
+            out.append((f"blk.{bid}.ffn_gate_inp.weight", w))
+            continue
         if gemma and rest == "post_attention_layernorm.weight":
             g = "post_attention_norm.weight"
         elif gemma and rest == "pre_feedforward_layernorm.weight":
@@ -410,11 +462,14 @@ def add_rope_scaling(w, rp):
         raise RuntimeError(f"rope_type {rt} is not written by this script")
 
 
-def write_gguf(path, name, arch, model, cfg, f16):
+def write_gguf(path, name, arch, model, cfg, kind):
+    """kind: "f32"; "f16" (matrices F16); "q8_0" (experts Q8_0, other matrices F16).
+    Vectors and the router stay F32, as the converter writes them."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type("model")
     w.add_name(f"smelt ref {name}")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -435,16 +490,26 @@ def write_gguf(path, name, arch, model, cfg, f16):
     else:
         w.add_rope_freq_base(rp["rope_theta"])
         add_rope_scaling(w, rp)
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
+        if arch == "qwen3moe":
+            w.add_expert_count(cfg.num_experts)
+            w.add_expert_used_count(cfg.num_experts_per_tok)
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if arch == "llama":
             w.add_vocab_size(cfg.vocab_size)
             w.add_rope_dimension_count(head_dim)
     add_vocab(w, arch)
     for tname, arr in gguf_tensors(model, arch, cfg):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if f16 and arr.ndim == 2:
+        if kind == "q8_0" and arr.ndim == 3:
+            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
+            back = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+            assert np.array_equal(back.reshape(arr.shape), arr), f"{tname} is not Q8_0-exact"
+            w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            continue
+        if kind != "f32" and arr.ndim >= 2 and "ffn_gate_inp" not in tname:
             h = arr.astype(np.float16)
             assert np.array_equal(h.astype(np.float32), arr), f"{tname} is not float16-exact"
             arr = h
@@ -535,21 +600,30 @@ def main():
             manifest["models"].append(kept[name])
             continue
         gen = torch.Generator().manual_seed(SEED + mi)
-        model = cls._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float32)
+        moe = getattr(cfg, "num_experts", 0) > 0
+        extra = {"experts_implementation": "eager"} if moe else {}
+        model = cls._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float32,
+                                 **extra)
         model.eval()
         init_weights(model, arch, gen)
         files = {}
-        for kind in ("f32", "f16"):
+        for kind in ("f32", "f16", "q8_0") if moe else ("f32", "f16"):
             p = out / f"{name}-{kind}.gguf"
-            write_gguf(p, name, arch, model, cfg, f16=(kind == "f16"))
+            write_gguf(p, name, arch, model, cfg, kind)
             files[kind] = {"file": p.name, "sha256": sha256(p), "bytes": p.stat().st_size}
+        routed = [set() for _ in range(cfg.num_hidden_layers)] if moe else None
         rng = np.random.default_rng(SEED + 100 + mi)
         prompts = []
         refs = {k: ref_forward.RefModel(str(out / v["file"])) for k, v in files.items()}
         for pi, n in enumerate(PROMPT_LENGTHS):
             ids = [int(x) for x in rng.integers(0, N_VOCAB, size=n)]
             with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0].float().numpy()
+                res = model(torch.tensor([ids]), output_router_logits=moe)
+                logits = res.logits[0].float().numpy()
+            if moe:  # each position's expert set, per layer
+                for il, rl in enumerate(res.router_logits):
+                    top = torch.topk(rl.reshape(n, -1), cfg.num_experts_per_tok, dim=-1).indices
+                    routed[il].update(tuple(sorted(t.tolist())) for t in top)
             lf = out / f"{name}-p{pi}.f32"
             logits.astype("<f4").tofile(lf)
             for k, ref in refs.items():
@@ -566,7 +640,7 @@ def main():
                             "argmax": [int(x) for x in np.argmax(logits, axis=1)],
                             "max_abs_logit": float(np.max(np.abs(logits))),
                             "min_top1_margin": float(np.min(top2[:, 1] - top2[:, 0]))})
-            print(f"{name}: prompt {pi} n={n} ok (numpy ref matches, F32 and F16 GGUF)")
+            print(f"{name}: prompt {pi} n={n} ok (numpy ref matches, {' and '.join(files)} GGUF)")
         for kind, v in files.items():
             roundtrip.append(check_hf_gguf_roundtrip(out, v["file"], name, cls, cfg, prompts))
         c = cfg
@@ -580,6 +654,18 @@ def main():
             "rope_parameters": c.rope_parameters,
             "prompts": prompts,
         }
+        if moe:
+            # routing must really differ between tokens: distinct expert sets per layer
+            # over the 32 positions of the three prompts, and experts ever chosen
+            sets = [len(r) for r in routed]
+            used = [len({e for t in r for e in t}) for r in routed]
+            n_pos = sum(PROMPT_LENGTHS)
+            if min(sets) < n_pos // 2 or min(used) < c.num_experts * 3 // 4:
+                sys.exit(f"{name}: routing too uniform (sets {sets}, experts used {used})")
+            info.update(n_expert=c.num_experts, n_expert_used=c.num_experts_per_tok,
+                        n_ff_exp=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
+                        routing={"distinct_expert_sets_per_layer": sets,
+                                 "experts_used_per_layer": used, "positions": n_pos})
         if arch == "gemma3":
             info.update(sliding_window=c.sliding_window, layer_types=c.layer_types,
                         final_logit_softcapping=c.final_logit_softcapping,

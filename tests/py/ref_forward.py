@@ -2,7 +2,8 @@
 
     python3 tests/py/ref_forward.py MODEL.gguf ID [ID ...]    # prints top-5 per position
 
-Architectures: llama, qwen2, qwen3, gemma3 (dense decoders). It reads weights with
+Architectures: llama, qwen2, qwen3, gemma3 (dense decoders) and qwen3moe (mixture of
+experts). It reads weights with
 gguf-py (GGUFReader + gguf.quants.dequantize, so F32, F16, BF16 and the quantized types
 gguf-py knows all work) and follows llama.cpp's GGUF conventions, not Hugging Face's:
 
@@ -31,6 +32,11 @@ gguf-py knows all work) and follows llama.cpp's GGUF conventions, not Hugging Fa
   1/sqrt(head_dim) (llama.cpp's choice; HF's query_pre_attn_scalar equals head_dim in the
   fixtures and in Gemma 3 270M); final tanh softcap when final_logit_softcapping is set.
 - qwen3: attn_q_norm/attn_k_norm per head before RoPE, no biases. qwen2: q/k/v biases.
+- qwen3moe: qwen3's attention; the FFN of every layer is a mixture of experts: router
+  logits h @ ffn_gate_inp.T, softmax over all experts, the expert_used_count largest,
+  their probabilities renormalized to sum 1 (always: qwen3moe has no key for it); the
+  output is the weighted sum of those experts' down(silu(gate h) * up h), with expert e's
+  matrices the slices [e] of ffn_{gate,up,down}_exps (numpy (n_expert, out, in)).
 - output is `output.weight`, or token_embd when absent (tied).
 
 Computation is float64 for a clean reference. Shapes: ids (n,) -> logits (n, n_vocab).
@@ -62,7 +68,7 @@ class RefModel:
             raise ImportError("ref_forward needs the gguf package (pip install gguf)")
         r = gguf.GGUFReader(path)
         self.arch = a = _field(r, "general.architecture")
-        if a not in ("llama", "qwen2", "qwen3", "gemma3"):
+        if a not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3"):
             raise ValueError(f"{path}: unsupported architecture {a!r}")
         self.n_embd = _field(r, f"{a}.embedding_length")
         self.n_layer = _field(r, f"{a}.block_count")
@@ -83,6 +89,7 @@ class RefModel:
         self.beta_fast = _field(r, f"{a}.rope.scaling.yarn_beta_fast", 32.0)
         self.beta_slow = _field(r, f"{a}.rope.scaling.yarn_beta_slow", 1.0)
         self.yarn_attn_factor = _field(r, f"{a}.rope.scaling.yarn_attn_factor")
+        self.n_expert_used = _field(r, f"{a}.expert_used_count")
         if self.scaling not in ("none", "linear", "yarn"):
             raise ValueError(f"{path}: rope scaling {self.scaling!r} is not supported")
         self.t = {}
@@ -150,6 +157,30 @@ class RefModel:
             out[..., h:d] = x0 * sin + x1 * cos
         return out
 
+    def glu(self, h, wg, wu, wd):
+        gate, up = h @ wg.T, h @ wu.T
+        if self.arch == "gemma3":
+            act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        return (act * up) @ wd.T
+
+    def moe(self, h, p):
+        """Mixture of experts on the normed rows h (n, n_embd)."""
+        T, k = self.t, self.n_expert_used
+        logits = h @ T[p + "ffn_gate_inp.weight"].T          # (n, n_expert)
+        prob = np.exp(logits - logits.max(axis=1, keepdims=True))
+        prob /= prob.sum(axis=1, keepdims=True)
+        out = np.zeros_like(h)
+        for i in range(h.shape[0]):
+            top = np.argsort(-prob[i], kind="stable")[:k]
+            w = prob[i, top] / prob[i, top].sum()
+            for e, we in zip(top, w):
+                out[i] += we * self.glu(h[i:i + 1], T[p + "ffn_gate_exps.weight"][e],
+                                        T[p + "ffn_up_exps.weight"][e],
+                                        T[p + "ffn_down_exps.weight"][e])[0]
+        return out
+
     def forward(self, ids, return_hidden=False):
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
@@ -195,13 +226,11 @@ class RefModel:
                 o = self.rmsnorm(o, T[p + "post_attention_norm.weight"])
             x = x + o
             h = self.rmsnorm(x, T[p + "ffn_norm.weight"])
-            gate = h @ T[p + "ffn_gate.weight"].T
-            up = h @ T[p + "ffn_up.weight"].T
-            if self.arch == "gemma3":
-                act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+            if p + "ffn_gate_inp.weight" in T:
+                f = self.moe(h, p)
             else:
-                act = gate / (1 + np.exp(-gate))
-            f = (act * up) @ T[p + "ffn_down.weight"].T
+                f = self.glu(h, T[p + "ffn_gate.weight"], T[p + "ffn_up.weight"],
+                             T[p + "ffn_down.weight"])
             if p + "post_ffw_norm.weight" in T:
                 f = self.rmsnorm(f, T[p + "post_ffw_norm.weight"])
             x = x + f

@@ -2,8 +2,8 @@
 
 The logits in tests/data/ref/ were recorded from Hugging Face transformers; the GGUF files
 beside them were written by scripts/make-ref-fixtures.py. Here tests/py/ref_forward.py, an
-independent numpy forward that reads the GGUF files, must reproduce those logits from both
-the F32 and the F16 file. This guards the fixtures (a wrong permutation, norm convention
+independent numpy forward that reads the GGUF files, must reproduce those logits from every
+file of a model (F32, F16, and the MoE model's Q8_0-experts file: the same numbers). This guards the fixtures (a wrong permutation, norm convention
 or metadata key would fail) and the numpy reference the C forward pass is debugged with.
 """
 import hashlib
@@ -17,7 +17,7 @@ import ref_forward
 
 REF = pathlib.Path(__file__).resolve().parents[1] / "data" / "ref"
 MANIFEST = json.loads((REF / "manifest.json").read_text())
-CASES = [(m["name"], kind) for m in MANIFEST["models"] for kind in ("f32", "f16")]
+CASES = [(m["name"], kind) for m in MANIFEST["models"] for kind in m["files"]]
 
 
 def model_info(name):
