@@ -40,7 +40,7 @@ qwen3moe) plus variants with RoPE scaling (Llama-3 rope_freqs, linear, YaRN), it
      keeps it F32 and llama-quantize never quantizes it); keys expert_count,
      expert_used_count, expert_feed_forward_length.
    - a complete synthetic tokenizer (SentencePiece-style "llama" vocab for llama/gemma3,
-     byte-level "gpt2" vocab with merges for qwen2/qwen3) of exactly n_vocab tokens; the
+     byte-level "gpt2" vocab with merges for qwen2/qwen3/qwen3moe) of exactly n_vocab tokens; the
      tests feed token ids directly.
 3. records transformers' logits (float32) for three prompts of random token ids
    (lengths 1, 7 and 24; 24 > gemma3's sliding window of 8) as raw little-endian
@@ -288,7 +288,7 @@ def spm_vocab(n_vocab, head, ctrl):
 
 
 def add_vocab(w, arch):
-    if arch in ("qwen2", "qwen3"):
+    if arch in ("qwen2", "qwen3", "qwen3moe"):
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         tokens, types, merges = gpt2_vocab(N_VOCAB, specials)
         w.add_tokenizer_model("gpt2")

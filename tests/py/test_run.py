@@ -33,6 +33,18 @@ def test_tiny_raw_greedy_is_deterministic():
     assert a.stdout == b.stdout  # thread count does not change greedy output
 
 
+def test_tiny_moe_runs():
+    """A mixture-of-experts file (the qwen3moe fixture) through `smelt run` on the CPU: the
+    F32 and F16 files hold the same numbers and give the same greedy text, whatever the
+    thread count (the expert grouping splits work over threads)."""
+    moe = TINY.parent / "qwen3moe-f32.gguf"
+    a = run(moe, "hello world", "-n", "8", "--temp", "0")
+    b = run(moe.with_name("qwen3moe-f16.gguf"), "hello world", "-n", "8", "--temp", "0", "-t", "1")
+    assert a.returncode == 0, a.stderr
+    assert "generation: 8 tokens" in a.stderr
+    assert a.stdout == b.stdout
+
+
 def test_tiny_interactive_keeps_going():
     r = run(TINY, "-i", "--temp", "0", "-n", "3", stdin="one\ntwo\n")
     assert r.returncode == 0, r.stderr
