@@ -27,8 +27,11 @@
  * names and value formats for the fields smelt has, then n_seqs and bw_pct).
  *
  * The bound of a decode step is bandwidth / bytes read: every weight once as the device
- * holds it (token_embd only for the rows it gathers, unless it is also the output matrix)
- * plus the K and V of every sequence's context (at the run's middle). The bandwidth is
+ * holds it (token_embd only for the rows it gathers, unless it is also the output matrix;
+ * of a mixture of experts' expert tensors only the experts the step's rows select: k of
+ * n_expert for one row, n (1 - (1 - k/n)^B) expected for B rows routed at random, the
+ * "active bytes") plus the K and V of every sequence's context (at the run's middle). The
+ * bandwidth is
  * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
  * (TARGETS.md); on the CPU no bound is printed unless given. */
 #include <math.h>
@@ -311,14 +314,20 @@ struct row {
 };
 
 /* Bytes one decode step of nseq sequences reads at context length ctx_len each: the
- * weights as the backend holds them, and the K/V of every sequence. */
+ * weights as the backend holds them (the selected experts only), and the K/V of every
+ * sequence. */
 static double step_bytes(const struct model *m, int nseq, double ctx_len) {
+    /* the expected share of each expert tensor read: distinct experts among nseq rows
+     * each choosing k of n at random, over n */
+    const double n = m->hp.n_expert, k = m->hp.n_expert_used;
+    const double expert_share = n > 0 ? 1.0 - pow(1.0 - k / n, nseq) : 1.0;
     double w = 0;
     for (int64_t i = 0; i < m->n_tensors; i++) {
         const struct tensor *t = &m->tensors[i];
         double b = (double)bk_weight_bytes(m->bk, t->type, t->ne);
         if (b == 0) b = (double)tensor_nbytes(t);
         if (t == m->tok_embd && !m->hp.tied_output) b = b / (double)t->ne[1] * nseq; /* rows */
+        if (n > 1 && t->ne[2] == m->hp.n_expert) b *= expert_share;
         w += b;
     }
     return w + (double)model_kv_block_bytes(m, QT_F16, 1) * ctx_len * nseq;

@@ -236,6 +236,7 @@ static smelt_status load_random(struct qjob *job, const struct rm_preset *p,
     m->n_layer = p->n_layer;
     m->n_head = p->n_head;
     m->n_head_kv = p->n_head_kv;
+    m->n_expert = p->n_expert;
     job->t = calloc((size_t)job->n, sizeof *job->t);
     if (!job->t) return err_set(e, SMELT_ERR_NOMEM, "no memory");
     for (int64_t i = 0; i < job->n; i++) {
@@ -246,11 +247,12 @@ static smelt_status load_random(struct qjob *job, const struct rm_preset *p,
         t->n_dims = r->n_dims;
         t->ne[0] = r->ne[0];
         t->ne[1] = r->ne[1];
-        t->ne[2] = t->ne[3] = 1;
-        /* as mkmodel.py writes them: matrices F16, norms and biases F32 */
+        t->ne[2] = r->ne[2];
+        t->ne[3] = 1;
+        /* as mkmodel.py writes them: matrices F16, norms, biases and routers F32 */
         t->src_type = r->kind == RM_MATRIX ? QT_F16 : QT_F32;
         t->ne0 = r->ne[0];
-        t->nrows = r->ne[1];
+        t->nrows = r->ne[1] * r->ne[2];
     }
     return SMELT_OK;
 }

@@ -6,6 +6,14 @@
  * n_ff 2048; 1b: 1152, 26 layers, 4 heads, 1 KV head, head_dim 256, n_ff 6912; both
  * vocab 262144, sliding window 512, rope base 1e6, tied embeddings, Q/K norms and the
  * post-attention / post-FFN norms.
+ * Qwen3-30B-A3B (public config Qwen/Qwen3-30B-A3B, and llama.cpp's qwen3moe GGUF layout):
+ * n_embd 2048, 48 layers, 32 heads, 4 KV heads, head_dim 128 (so key_length is written:
+ * 32 * 128 != 2048), feed_forward_length 6144, 128 experts of 768 with 8 per token, no
+ * shared expert, Q/K norms, rope base 1e6, untied output, vocab 151936. Experts are 3-D
+ * tensors ffn_{gate,up}_exps (2048, 768, 128) and ffn_down_exps (768, 2048, 128) and the
+ * router ffn_gate_inp (2048, 128) is F32; `smelt quantize` then gives them llama.cpp's
+ * Q4_K_M types (experts' gate/up Q4_K, down Q6_K on the more-bits layers else Q4_K).
+ * tiny-moe: tiny's attention with qwen3moe's Q/K norms and 16 experts of 256, 4 per token.
  */
 #include "cli/random_model.h"
 
@@ -18,15 +26,18 @@
 
 static const struct rm_preset presets[] = {
     /* name, arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, vocab, rope, tied,
-     * qkv_bias, qk_norm, gemma, swa */
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0},
-    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0},
-    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0},
-    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0},
-    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512},
-    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512},
-    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0},
+     * qkv_bias, qk_norm, gemma, swa, n_expert, n_expert_used, n_ff_exp */
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0, 0, 0, 0},
+    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0, 0, 0, 0},
+    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0, 0, 0, 0},
+    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0, 0, 0, 0},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0, 0, 0, 0},
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 1000000.f, false, false, true, false, 0,
+     128, 8, 768},
+    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0},
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0},
+    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0, 0, 0, 0},
+    {"tiny-moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, true, false, 0, 16, 4, 256},
 };
 
 const struct rm_preset *rm_preset_find(const char *name) {
@@ -36,7 +47,8 @@ const struct rm_preset *rm_preset_find(const char *name) {
 }
 
 const char *rm_preset_names(void) {
-    return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, gemma3-270m, gemma3-1b, tiny";
+    return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, gemma3-270m, "
+           "gemma3-1b, tiny, tiny-moe";
 }
 
 struct tlist {
@@ -45,7 +57,8 @@ struct tlist {
     bool oom;
 };
 
-static void add(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne0, int64_t ne1) {
+static void add3(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne0, int64_t ne1,
+                 int64_t ne2) {
     if (l->oom) return;
     if (l->n == l->cap) {
         int64_t cap = l->cap ? l->cap * 2 : 64;
@@ -62,8 +75,13 @@ static void add(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne
     t->kind = kind;
     t->ne[0] = ne0;
     t->ne[1] = ne1;
-    t->n_dims = ne1 > 1 || kind == RM_MATRIX ? 2 : 1;
+    t->ne[2] = ne2;
+    t->n_dims = ne2 > 1 ? 3 : ne1 > 1 || kind == RM_MATRIX || kind == RM_ROUTER ? 2 : 1;
     if (t->n_dims == 1) t->ne[1] = 1;
+}
+
+static void add(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne0, int64_t ne1) {
+    add3(l, name, kind, ne0, ne1, 1);
 }
 
 smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64_t *n,
@@ -95,9 +113,20 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
         }
         if (p->gemma) T("post_attention_norm.weight", RM_NORM, d, 1);
         T("ffn_norm.weight", RM_NORM, d, 1);
-        T("ffn_gate.weight", RM_MATRIX, d, f);
-        T("ffn_up.weight", RM_MATRIX, d, f);
-        T("ffn_down.weight", RM_MATRIX, f, d);
+        if (p->n_expert) {
+            const int64_t fe = p->n_ff_exp, ne = p->n_expert;
+            T("ffn_gate_inp.weight", RM_ROUTER, d, ne);
+            snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", i);
+            add3(&l, nm, RM_MATRIX, d, fe, ne);
+            snprintf(nm, sizeof nm, "blk.%d.ffn_up_exps.weight", i);
+            add3(&l, nm, RM_MATRIX, d, fe, ne);
+            snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.weight", i);
+            add3(&l, nm, RM_MATRIX, fe, d, ne);
+        } else {
+            T("ffn_gate.weight", RM_MATRIX, d, f);
+            T("ffn_up.weight", RM_MATRIX, d, f);
+            T("ffn_down.weight", RM_MATRIX, f, d);
+        }
         if (p->gemma) T("post_ffw_norm.weight", RM_NORM, d, 1);
 #undef T
     }
@@ -138,6 +167,15 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
         U32("attention.sliding_window", p->sliding_window);
     } else {
         U32("rope.dimension_count", p->head_dim);
+        if (p->head_dim * p->n_head != p->n_embd) { /* not implied by the head count */
+            U32("attention.key_length", p->head_dim);
+            U32("attention.value_length", p->head_dim);
+        }
+    }
+    if (p->n_expert) {
+        U32("expert_count", p->n_expert);
+        U32("expert_used_count", p->n_expert_used);
+        U32("expert_feed_forward_length", p->n_ff_exp);
     }
     F32("rope.freq_base", p->rope_base);
     F32("attention.layer_norm_rms_epsilon", 1e-6);

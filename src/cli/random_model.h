@@ -25,14 +25,16 @@ struct rm_preset {
     bool tied, qkv_bias, qk_norm;
     bool gemma;         /* gemma3: post-attention/post-FFN norms, key/value_length, sliding window */
     int sliding_window; /* gemma3 only */
+    int n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
 };
 
-enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS };
+/* RM_ROUTER: an MoE router, F32 like the converter writes it (never quantized). */
+enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS, RM_ROUTER };
 
 struct rm_tensor {
     char name[64];
     uint32_t n_dims;
-    int64_t ne[2]; /* ne[0] is the row length */
+    int64_t ne[3]; /* ne[0] is the row length; ne[2] > 1: a stack of expert matrices */
     enum rm_kind kind;
 };
 

@@ -48,16 +48,16 @@ def test_version_names_the_commit():
     assert re.fullmatch(r"smelt \S+ \(commit %s, build %d\)\n" % HEAD, r.stdout), r.stdout
 
 
-def bench(*args, check=True):
-    r = subprocess.run([SMELT, "bench", "-m", str(TINY), "--backend", "cpu", "-t", "1",
+def bench(*args, check=True, model=TINY):
+    r = subprocess.run([SMELT, "bench", "-m", str(model), "--backend", "cpu", "-t", "1",
                         *map(str, args)], capture_output=True, text=True, timeout=120)
     if check:
         assert r.returncode == 0, r.stderr
     return r
 
 
-def bench_json(*args):
-    return json.loads(bench("-o", "json", *args).stdout)
+def bench_json(*args, model=TINY):
+    return json.loads(bench("-o", "json", *args, model=model).stdout)
 
 
 def test_json_fields_and_statistics():
@@ -172,6 +172,40 @@ def test_batched_and_bandwidth_bound():
         assert r["samples_ts"][0] == pytest.approx(1e9 * 6 * ns / r["samples_ns"][0], rel=1e-5)
     md = bench("-p", "0", "-n", "6", "-B", "3", "-r", "1", "--bw", bw).stdout.splitlines()
     assert md[0].rstrip().endswith(" bw % |") and "tg6 x3" in md[3]
+
+
+def test_moe_active_bytes_bound():
+    """A mixture of experts reads, per decode step, only the experts its rows select: k of
+    n_expert expert matrices for one row, n (1 - (1 - k/n)^B) expected for B rows routed at
+    random. The bound is that step's bytes (the qwen3moe fixture: 16 experts, 4 used)."""
+    moe = TINY.parent / "qwen3moe-q8_0.gguf"
+    bw = 20.0
+    rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "4", "-r", "2", "--bw", bw, model=moe)
+    reader = gguf.GGUFReader(moe)
+    kv = {f.name: f for f in reader.fields.values()}
+
+    def u32(k):
+        return int(kv[k].parts[kv[k].data[0]][0])
+
+    n_exp, k = u32("qwen3moe.expert_count"), u32("qwen3moe.expert_used_count")
+    n_layer, n_kv = u32("qwen3moe.block_count"), u32("qwen3moe.attention.head_count_kv")
+    head_dim = u32("qwen3moe.attention.key_length")
+    kv_per_token = n_layer * 2 * n_kv * head_dim * 2  # K and V, F16
+    for r in rows:
+        ns = r["n_seqs"]
+        share = 1 - (1 - k / n_exp) ** ns
+        w = 0
+        for t in reader.tensors:
+            b = int(t.n_bytes)
+            if t.name == "token_embd.weight":
+                b = b // int(t.shape[1]) * ns  # untied: only the gathered rows
+            if t.name.endswith("_exps.weight"):
+                assert int(t.shape[2]) == n_exp
+                b *= share
+            w += b
+        step = w + kv_per_token * (4 + 6 / 2) * ns
+        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step)
+        assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
 
 
 def test_bad_arguments():

@@ -252,6 +252,7 @@ def test_row_size_and_table(lib):
 # ---------------------------------------------------------------------------------------
 # smelt quantize (the command): end to end through the GGUF writer and the thread pool.
 
+import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -511,6 +512,45 @@ def test_mix_matches_llama_quantize_qwen2():
         if nm.endswith("attn_v.weight") or nm.endswith("ffn_down.weight"):
             continue
         assert t == rows[nm][2], nm
+
+
+def test_qwen3_30b_a3b_q4_k_m_plan():
+    """The MoE benchmark preset: Qwen3-30B-A3B's shapes (3-D expert tensors, an F32 router)
+    and llama.cpp's Q4_K_M types for them (ffn_down_exps more bits by layer number)."""
+    if not os.path.exists(SMELT):
+        pytest.skip("SKIP smelt binary not built")
+    rows, total = plan("--random", "qwen3-30b-a3b", "/nonexistent.gguf", "Q4_K_M")
+    from collections import Counter
+    c = Counter(t for _, _, t in rows.values())
+    # 48 layers x (attn_norm, q/k norms, ffn_norm, router) + output_norm F32; attn_v and
+    # ffn_down_exps Q6_K on the 24 more-bits layers, and output; the rest Q4_K
+    assert c == {"F32": 241, "Q4_K": 289, "Q6_K": 49}, c
+    assert rows["blk.0.ffn_gate_inp.weight"] == ("2048x128", "F32", "F32")
+    assert rows["blk.7.ffn_gate_exps.weight"] == ("2048x768x128", "F16", "Q4_K")
+    assert rows["blk.7.ffn_up_exps.weight"] == ("2048x768x128", "F16", "Q4_K")
+    assert rows["blk.7.ffn_down_exps.weight"] == ("768x2048x128", "F16", "Q4_K")
+    assert rows["blk.8.ffn_down_exps.weight"][2] == "Q6_K"  # (8 - 6) % 3 == 2
+    assert rows["blk.0.attn_q.weight"][0] == "2048x4096"  # 32 heads of 128
+    assert rows["blk.0.attn_k.weight"][0] == "2048x512"   # 4 KV heads
+    assert rows["token_embd.weight"] == ("2048x151936", "F16", "Q4_K")
+    assert rows["output.weight"][2] == "Q6_K"
+    # llama.cpp's Qwen3-30B-A3B Q4_K_M is about 18.6 GB
+    mb = float(total.split("->")[1].split()[0])
+    assert 18400 < mb < 18700, total
+
+
+def test_random_tiny_moe_runs(tmp_path):
+    """A random MoE file as the preset writes it loads and runs (smelt bench on the CPU)."""
+    out = tmp_path / "tiny-moe.gguf"
+    smelt("--random", "tiny-moe", out, "Q4_K_M")
+    r, ts = tensors(out)
+    assert tuple(int(x) for x in ts["blk.1.ffn_down_exps.weight"].shape) == (256, 256, 16)
+    assert ts["blk.1.ffn_gate_inp.weight"].tensor_type == T.F32
+    assert r.fields["qwen3moe.expert_used_count"].contents() == 4
+    b = subprocess.run([SMELT, "bench", "-m", str(out), "--backend", "cpu", "-p", "8", "-n", "4",
+                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=120)
+    assert b.returncode == 0, b.stderr
+    assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
 
 
 def test_random_gemma3_270m_matches_real_file():
