@@ -480,6 +480,52 @@ static void test_matmul_errors(void) {
     T_CHECK(cpu_matmul_supports(QT_Q4_K));
 }
 
+/* A batch of products (mixed types, shapes, row counts: a packed prefill one, decode ones,
+ * an empty one, a dequantize fallback) gives every product the bits cpu_matmul gives it
+ * alone, on every ISA level and with 1 or 2 threads; a bad product fails the batch. */
+static void test_matmul_batch(void) {
+    unsigned long long s = 0xba7c4ULL;
+    enum { NB = 7 };
+    const uint32_t type[NB] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q6_K, QT_Q5_0, QT_IQ2_XS, QT_Q4_0};
+    const int64_t rows[NB] = {70, 33, 17, 48, 64, 20, 16}, k[NB] = {512, 96, 40, 256, 64, 256, 64};
+    const int64_t n[NB] = {19, 1, 3, 1, 9, 2, 0};
+    void *w[NB];
+    float *x[NB], *y[NB], *y1[NB];
+    struct cpu_mm mm[NB];
+    for (int i = 0; i < NB; i++) {
+        w[i] = make_weights(type[i], rows[i], k[i], &s);
+        x[i] = make_x(n[i] ? n[i] : 1, k[i], &s);
+        y[i] = malloc(sizeof(float) * (size_t)(rows[i] * (n[i] ? n[i] : 1)));
+        y1[i] = malloc(sizeof(float) * (size_t)(rows[i] * (n[i] ? n[i] : 1)));
+        mm[i] = (struct cpu_mm){type[i], w[i], rows[i], k[i], x[i], n[i], y[i]};
+    }
+    struct arena ar;
+    arena_init(&ar);
+    for (int nt = 1; nt <= 2; nt++) {
+        struct cpu_pool *pool;
+        struct err e;
+        T_CHECK(cpu_pool_new(&pool, nt, &e) == SMELT_OK);
+        for (int isa = 0; isa <= (int)cpu_isa_supported(); isa++) {
+            T_CHECK(cpu_matmul_batch_isa(pool, (enum cpu_isa)isa, mm, NB, &ar, &e) == SMELT_OK);
+            arena_reset(&ar);
+            for (int i = 0; i < NB; i++) {
+                T_CHECK(cpu_matmul_isa(pool, (enum cpu_isa)isa, type[i], w[i], rows[i], k[i], x[i], n[i],
+                                       y1[i], NULL, &e) == SMELT_OK);
+                T_CHECKF(memcmp(y[i], y1[i], sizeof(float) * (size_t)(rows[i] * n[i])) == 0,
+                         "product %d (%s) on %s, %d threads: batch != alone", i,
+                         qtype_name(type[i]), cpu_isa_name((enum cpu_isa)isa), nt);
+            }
+        }
+        struct cpu_mm bad[2] = {mm[0], mm[1]};
+        bad[1].k = 100; /* not a multiple of Q8_0's 32 */
+        T_EQ_INT(cpu_matmul_batch(pool, bad, 2, NULL, &e), SMELT_ERR_INVALID);
+        T_CHECKF(strstr(e.msg, "Q8_0") != NULL, "%s", e.msg);
+        cpu_pool_free(pool);
+    }
+    arena_free(&ar);
+    for (int i = 0; i < NB; i++) free(w[i]), free(x[i]), free(y[i]), free(y1[i]);
+}
+
 static void test_features(void) {
     char buf[256];
     cpu_features_describe(buf, sizeof buf);
@@ -499,5 +545,6 @@ int main(void) {
     T_RUN(test_matmul_kernel_types);
     T_RUN(test_matmul_fallback_types);
     T_RUN(test_matmul_large_n);
+    T_RUN(test_matmul_batch);
     return t_done();
 }

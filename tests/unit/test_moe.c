@@ -307,6 +307,7 @@ static void test_ffn(void) {
         {QT_Q5_1, 96, 32, 5, 2, 3, GLU_GELU_TANH},
         {QT_Q4_K, 256, 256, 8, 3, 21, GLU_SILU}, /* >= 8 rows on some experts: packed path */
         {QT_Q6_K, 256, 256, 6, 2, 4, GLU_SILU},
+        {QT_Q8_0, 64, 32, 8, 4, 300, GLU_SILU}, /* 1200 (row, expert) pairs: groups of experts */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         check_ffn(&cases[i], false);

@@ -84,69 +84,92 @@ struct mm_job {
     size_t pstride; /* bytes between the kernel's activation rows (planes) */
     int planes;     /* activation rows per X row (cpu_act_planes) */
     float *y;
-    float *ptmp; /* planes > 1: per thread, 2·cb·CPU_MR floats of per-plane results */
-    float *deq;       /* fallback: one k-float row per thread */
     cpu_pack_fn pack; /* packed prefill path (NULL: off) */
-    char *packbuf;    /* per thread: rb packed rows */
-    size_t packed_row, packbuf_stride;
+    size_t packed_row;
     int64_t rb, cb, n_rchunks, n_chunks;
+    /* per-thread work area (at tbuf + ith * tstride, shared by the jobs of a batch: a
+     * thread runs one chunk at a time): the fallback's dequantized row (k floats), or the
+     * packed rows (rb * packed_row bytes), then at ptmp_off, with two planes, 2·cb·CPU_MR
+     * floats of per-plane results */
+    size_t tbytes, ptmp_off;
+};
+
+/* A batch: its jobs, the chunk counter over all of them (job i owns chunks
+ * [first[i], first[i + 1])), the shared per-thread areas. */
+struct mm_batch {
+    struct mm_job *job;
+    int n_job;
+    int64_t *first;
+    char *tbuf;
+    size_t tstride;
     _Alignas(64) atomic_llong next;
 };
 
 static void quant_task(void *arg, int ith, int nth) {
-    struct mm_job *j = arg;
-    int64_t per = (j->n + nth - 1) / nth;
-    int64_t c0 = per * ith, c1 = c0 + per > j->n ? j->n : c0 + per;
-    for (int64_t c = c0; c < c1; c++)
-        j->quant(j->x + c * j->k, j->xq + c * j->xstride, j->k);
+    struct mm_batch *b = arg;
+    for (int q = 0; q < b->n_job; q++) {
+        struct mm_job *j = &b->job[q];
+        if (!j->quant) continue;
+        int64_t per = (j->n + nth - 1) / nth;
+        int64_t c0 = per * ith, c1 = c0 + per > j->n ? j->n : c0 + per;
+        for (int64_t c = c0; c < c1; c++)
+            j->quant(j->x + c * j->k, j->xq + c * j->xstride, j->k);
+    }
+}
+
+/* Chunk i of job j on thread ith. */
+static void run_chunk(const struct mm_job *j, int64_t i, char *area) {
+    int64_t r0 = (i % j->n_rchunks) * j->rb, c0 = (i / j->n_rchunks) * j->cb;
+    int64_t r1 = r0 + j->rb > j->rows ? j->rows : r0 + j->rb;
+    int64_t nc = c0 + j->cb > j->n ? j->n - c0 : j->cb;
+    const char *xc = j->xq + c0 * j->xstride;
+    float *yc = j->y + c0 * j->rows;
+    if (j->dequant) {
+        float *buf = (float *)area;
+        for (int64_t r = r0; r < r1; r++) {
+            j->dequant(j->w + r * j->wstride, buf, j->k);
+            j->gemm(j->k, buf, 0, xc, j->xstride, yc + r, (size_t)j->rows, 1, (int)nc);
+        }
+        return;
+    }
+    const char *wbase = j->w;
+    size_t wstride = j->wstride;
+    int64_t rbase = 0;
+    if (j->pack) {
+        j->pack(j->k, j->w + r0 * j->wstride, j->wstride, (int)(r1 - r0), area);
+        wbase = area;
+        wstride = j->packed_row;
+        rbase = r0;
+    }
+    if (j->planes == 2) { /* hi and lo rows interleaved: 2·nc kernel columns */
+        float *t = (float *)(area + j->ptmp_off);
+        for (int64_t r = r0; r < r1; r += CPU_MR) {
+            int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
+            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, t, CPU_MR, nr,
+                    (int)(2 * nc));
+            for (int64_t c = 0; c < nc; c++)
+                for (int q = 0; q < nr; q++)
+                    yc[c * j->rows + r + q] = t[2 * c * CPU_MR + q] + t[(2 * c + 1) * CPU_MR + q];
+        }
+        return;
+    }
+    for (int64_t r = r0; r < r1; r += CPU_MR) {
+        int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
+        j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, yc + r,
+                (size_t)j->rows, nr, (int)nc);
+    }
 }
 
 static void gemm_task(void *arg, int ith, int nth) {
-    struct mm_job *j = arg;
+    struct mm_batch *b = arg;
     (void)nth;
+    char *area = b->tbuf + (size_t)ith * b->tstride;
+    int q = 0;
     for (;;) {
-        long long i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->n_chunks) break;
-        int64_t r0 = (i % j->n_rchunks) * j->rb, c0 = (i / j->n_rchunks) * j->cb;
-        int64_t r1 = r0 + j->rb > j->rows ? j->rows : r0 + j->rb;
-        int64_t nc = c0 + j->cb > j->n ? j->n - c0 : j->cb;
-        const char *xc = j->xq + c0 * j->xstride;
-        float *yc = j->y + c0 * j->rows;
-        if (j->dequant) {
-            float *buf = j->deq + (size_t)ith * (size_t)j->k;
-            for (int64_t r = r0; r < r1; r++) {
-                j->dequant(j->w + r * j->wstride, buf, j->k);
-                j->gemm(j->k, buf, 0, xc, j->xstride, yc + r, (size_t)j->rows, 1, (int)nc);
-            }
-            continue;
-        }
-        const char *wbase = j->w;
-        size_t wstride = j->wstride;
-        int64_t rbase = 0;
-        if (j->pack) {
-            char *buf = j->packbuf + (size_t)ith * j->packbuf_stride;
-            j->pack(j->k, j->w + r0 * j->wstride, j->wstride, (int)(r1 - r0), buf);
-            wbase = buf;
-            wstride = j->packed_row;
-            rbase = r0;
-        }
-        if (j->planes == 2) { /* hi and lo rows interleaved: 2·nc kernel columns */
-            float *t = j->ptmp + (size_t)ith * (size_t)(2 * j->cb * CPU_MR);
-            for (int64_t r = r0; r < r1; r += CPU_MR) {
-                int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
-                j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, t, CPU_MR,
-                        nr, (int)(2 * nc));
-                for (int64_t c = 0; c < nc; c++)
-                    for (int q = 0; q < nr; q++)
-                        yc[c * j->rows + r + q] = t[2 * c * CPU_MR + q] + t[(2 * c + 1) * CPU_MR + q];
-            }
-            continue;
-        }
-        for (int64_t r = r0; r < r1; r += CPU_MR) {
-            int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
-            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, yc + r,
-                    (size_t)j->rows, nr, (int)nc);
-        }
+        long long i = atomic_fetch_add_explicit(&b->next, 1, memory_order_relaxed);
+        if (i >= b->first[b->n_job]) break;
+        while (i >= b->first[q + 1]) q++; /* chunks are taken in increasing order */
+        run_chunk(&b->job[q], i - b->first[q], area);
     }
 }
 
@@ -177,25 +200,22 @@ static void plan(struct mm_job *j, int nth) {
     j->n_chunks = j->n_rchunks * n_cchunks;
 }
 
-smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
-                            int64_t rows, int64_t k, const float *x, int64_t n, float *y,
-                            struct arena *scratch, struct err *e) {
-    pthread_once(&g_once, init_tables);
-    isa = clamp_isa(isa);
-    const struct qtype_info *qi = qtype_get(wtype);
-    if (!qi) return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: unknown weight type id %u", wtype);
-    if (rows < 0 || n < 0 || k <= 0)
+/* Checks one product and fills its job (kernel, activation format, plan, the sizes of its
+ * per-thread area); *xbytes gets the bytes of its quantized X (0: X is used as is). */
+static smelt_status job_init(struct mm_job *j, enum cpu_isa isa, const struct cpu_mm *m, int nth,
+                             size_t *xbytes, struct err *e) {
+    const struct qtype_info *qi = qtype_get(m->wtype);
+    if (!qi) return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: unknown weight type id %u", m->wtype);
+    if (m->rows < 0 || m->n < 0 || m->k <= 0)
         return err_set(e, SMELT_ERR_INVALID, "matmul %s: bad shape rows=%lld k=%lld n=%lld",
-                       qi->name, (long long)rows, (long long)k, (long long)n);
-    if (k % qi->blck_size)
+                       qi->name, (long long)m->rows, (long long)m->k, (long long)m->n);
+    if (m->k % qi->blck_size)
         return err_set(e, SMELT_ERR_INVALID,
                        "matmul %s: row length %lld is not a multiple of the block size %u",
-                       qi->name, (long long)k, qi->blck_size);
-    if (rows == 0 || n == 0) return SMELT_OK;
-
-    struct mm_job job, *j = &job;
+                       qi->name, (long long)m->k, qi->blck_size);
     memset(j, 0, sizeof *j);
-    const struct cpu_kernel *kern = &g_tab[isa][wtype];
+    *xbytes = 0;
+    const struct cpu_kernel *kern = &g_tab[isa][m->wtype];
     enum cpu_act act = kern->act;
     j->gemm = kern->gemm;
     if (!j->gemm) {
@@ -206,70 +226,116 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
         j->gemm = g_tab[isa][QT_F32].gemm;
         act = CPU_ACT_F32;
     }
-    int nth = cpu_pool_size(p);
-    j->w = w;
-    j->wstride = (size_t)qtype_row_size(wtype, k);
-    j->rows = rows;
-    j->k = k;
-    j->n = n;
-    j->x = x;
-    j->y = y;
-
-    void *heap = NULL;
-    size_t xbytes = 0, dbytes = 0, tbytes = 0;
+    j->w = m->w;
+    j->wstride = (size_t)qtype_row_size(m->wtype, m->k);
+    j->rows = m->rows;
+    j->k = m->k;
+    j->n = m->n;
+    j->x = m->x;
+    j->y = m->y;
     j->planes = 1;
-    if (kern->pack && !j->dequant && n >= CPU_PACK_MIN_N) {
+    if (kern->pack && !j->dequant && m->n >= CPU_PACK_MIN_N) {
         j->pack = kern->pack;
         j->gemm = kern->gemm_packed;
-        j->packed_row = kern->packed_row_bytes(k);
+        j->packed_row = kern->packed_row_bytes(m->k);
         if (kern->act_packed != CPU_ACT_NONE) act = kern->act_packed;
     }
     if (act == CPU_ACT_F32) {
-        j->xq = (char *)x;
-        j->xstride = j->pstride = (size_t)k * sizeof(float);
+        j->xq = (char *)m->x;
+        j->xstride = j->pstride = (size_t)m->k * sizeof(float);
     } else {
         j->quant = g_quant[isa][act];
         j->planes = cpu_act_planes(act);
-        j->pstride = cpu_act_row_bytes(act, k);
+        j->pstride = cpu_act_row_bytes(act, m->k);
         j->xstride = j->pstride * (size_t)j->planes;
-        xbytes = j->xstride * (size_t)n;
+        *xbytes = j->xstride * (size_t)m->n;
     }
-    if (j->dequant) dbytes = (size_t)nth * (size_t)k * sizeof(float);
+    if (m->rows == 0 || m->n == 0) {
+        j->n_chunks = 0;
+        return SMELT_OK;
+    }
     plan(j, nth);
-    if (j->pack) {
-        j->packbuf_stride = ((size_t)j->rb * j->packed_row + 63) & ~(size_t)63;
-        dbytes = (size_t)nth * j->packbuf_stride;
-    }
-    if (j->planes == 2) tbytes = (size_t)nth * (size_t)(2 * j->cb * CPU_MR) * sizeof(float);
-    if (xbytes + dbytes + tbytes) {
-        size_t all = xbytes + dbytes + tbytes;
-        char *mem = scratch ? arena_alloc(scratch, all)
-                            : (heap = aligned_alloc(64, (all + 63) & ~(size_t)63));
-        if (!mem)
-            return err_set(e, SMELT_ERR_NOMEM, "matmul %s: out of memory for %zu scratch bytes",
-                           qi->name, all);
-        if (xbytes) j->xq = mem;
-        if (dbytes && j->dequant) j->deq = (float *)(mem + xbytes);
-        if (dbytes && j->pack) j->packbuf = mem + xbytes;
-        if (tbytes) j->ptmp = (float *)(mem + xbytes + dbytes);
-    }
-
-    if (j->quant) {
-        if (n < 4 || nth == 1)
-            quant_task(j, 0, 1);
-        else
-            cpu_pool_run(p, quant_task, j);
-    }
-    atomic_init(&j->next, 0);
-    if (nth == 1 || j->n_chunks == 1)
-        gemm_task(j, 0, 1);
-    else
-        cpu_pool_run(p, gemm_task, j);
-    free(heap);
+    size_t a = 0;
+    if (j->dequant) a = (size_t)m->k * sizeof(float);
+    if (j->pack) a = (size_t)j->rb * j->packed_row;
+    j->ptmp_off = (a + 63) & ~(size_t)63;
+    j->tbytes = j->ptmp_off;
+    if (j->planes == 2) j->tbytes += (size_t)(2 * j->cb * CPU_MR) * sizeof(float);
     return SMELT_OK;
+}
+
+smelt_status cpu_matmul_batch_isa(struct cpu_pool *p, enum cpu_isa isa, const struct cpu_mm *mm,
+                                  int n_mm, struct arena *scratch, struct err *e) {
+    pthread_once(&g_once, init_tables);
+    isa = clamp_isa(isa);
+    if (n_mm <= 0) return SMELT_OK;
+    const int nth = cpu_pool_size(p);
+    /* the jobs, their chunk offsets, each one's quantized X, the shared per-thread areas */
+    size_t head = (size_t)n_mm * sizeof(struct mm_job) + (size_t)(n_mm + 1) * sizeof(int64_t);
+    void *heap = NULL;
+    char *mem = scratch ? arena_alloc(scratch, head) : (heap = malloc(head));
+    if (!mem) return err_set(e, SMELT_ERR_NOMEM, "matmul: out of memory for %d products", n_mm);
+    struct mm_batch b = {.job = (struct mm_job *)mem, .n_job = n_mm};
+    b.first = (int64_t *)(mem + (size_t)n_mm * sizeof(struct mm_job));
+    size_t xtotal = 0, tstride = 0;
+    smelt_status st = SMELT_OK;
+    b.first[0] = 0;
+    for (int q = 0; q < n_mm && st == SMELT_OK; q++) {
+        size_t xb = 0;
+        st = job_init(&b.job[q], isa, &mm[q], nth, &xb, e);
+        xtotal += (xb + 63) & ~(size_t)63;
+        if (b.job[q].tbytes > tstride) tstride = b.job[q].tbytes;
+        b.first[q + 1] = b.first[q] + b.job[q].n_chunks;
+    }
+    void *heap2 = NULL;
+    tstride = (tstride + 63) & ~(size_t)63;
+    size_t all = xtotal + tstride * (size_t)nth;
+    char *buf = NULL;
+    if (st == SMELT_OK && all) {
+        buf = scratch ? arena_alloc(scratch, all) : (heap2 = aligned_alloc(64, all));
+        if (!buf)
+            st = err_set(e, SMELT_ERR_NOMEM, "matmul: out of memory for %zu scratch bytes", all);
+    }
+    if (st == SMELT_OK && b.first[n_mm] > 0) {
+        bool any_quant = false;
+        int64_t n_max = 0;
+        for (int q = 0; q < n_mm; q++) {
+            struct mm_job *j = &b.job[q];
+            if (j->quant) {
+                j->xq = buf;
+                buf += (j->xstride * (size_t)j->n + 63) & ~(size_t)63;
+                any_quant = true;
+            }
+            if (j->n > n_max) n_max = j->n;
+        }
+        b.tbuf = buf;
+        b.tstride = tstride;
+        if (any_quant) {
+            if (n_max < 4 || nth == 1) quant_task(&b, 0, 1);
+            else cpu_pool_run(p, quant_task, &b);
+        }
+        atomic_init(&b.next, 0);
+        if (nth == 1 || b.first[n_mm] == 1) gemm_task(&b, 0, 1);
+        else cpu_pool_run(p, gemm_task, &b);
+    }
+    free(heap2);
+    free(heap);
+    return st;
+}
+
+smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
+                            int64_t rows, int64_t k, const float *x, int64_t n, float *y,
+                            struct arena *scratch, struct err *e) {
+    const struct cpu_mm m = {wtype, w, rows, k, x, n, y};
+    return cpu_matmul_batch_isa(p, isa, &m, 1, scratch, e);
 }
 
 smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64_t rows, int64_t k,
                         const float *x, int64_t n, float *y, struct arena *scratch, struct err *e) {
     return cpu_matmul_isa(p, cpu_isa_best(), wtype, w, rows, k, x, n, y, scratch, e);
+}
+
+smelt_status cpu_matmul_batch(struct cpu_pool *p, const struct cpu_mm *mm, int n_mm,
+                              struct arena *scratch, struct err *e) {
+    return cpu_matmul_batch_isa(p, cpu_isa_best(), mm, n_mm, scratch, e);
 }

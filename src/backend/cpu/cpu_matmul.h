@@ -47,6 +47,27 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
                             int64_t rows, int64_t k, const float *x, int64_t n, float *y,
                             struct arena *scratch, struct err *e);
 
+/* One product of a batch: y[n][rows] = x[n][k] · w[rows][k]ᵀ, as in cpu_matmul. */
+struct cpu_mm {
+    uint32_t wtype;
+    const void *w;
+    int64_t rows, k;
+    const float *x;
+    int64_t n;
+    float *y;
+};
+
+/* Several independent products in one parallel region: every X quantized in one pass,
+ * then the chunks of all products handed out from one counter, so a batch of small
+ * products (the experts an MoE layer selects, a few rows each) costs one fork-join, not
+ * one per product. Each product's y is the same bits cpu_matmul gives it alone (same
+ * kernel, same chunk plan). Errors as cpu_matmul's, for the first bad product; nothing
+ * runs then. */
+smelt_status cpu_matmul_batch(struct cpu_pool *p, const struct cpu_mm *mm, int n_mm,
+                              struct arena *scratch, struct err *e);
+smelt_status cpu_matmul_batch_isa(struct cpu_pool *p, enum cpu_isa isa, const struct cpu_mm *mm,
+                                  int n_mm, struct arena *scratch, struct err *e);
+
 /* True when wtype has an integer/float kernel (not the dequantize fallback) at this ISA. */
 bool cpu_matmul_has_kernel(uint32_t wtype, enum cpu_isa isa);
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_matmul.h"
 
 /* ---- router ---- */
 
@@ -134,15 +135,31 @@ static struct tensor f32_view(float *data, int64_t ne0, int64_t ne1) {
     return t;
 }
 
-/* Expert e's matrix of a (ne0, ne1, n_expert) stack. */
-static struct tensor expert_view(const struct tensor *w, int64_t e) {
-    struct tensor t;
-    tensor_init(&t, w->type, w->ne[0], w->ne[1], 1, 1);
-    t.data = (char *)w->data + (size_t)e * w->nb[2];
-    t.name = w->name;
-    t.backend = w->backend;
-    return t;
+/* Runs the products: one cpu_matmul_batch (one fork-join for all of them), or under
+ * cpu_backend_set_exact the reference matmul on each. */
+static void run_products(struct backend *b, const struct cpu_mm *mm, int n, const char *name) {
+    struct cpu_backend *cb = cpu_of(b);
+    if (!cb->exact) {
+        struct err e;
+        smelt_status st = cpu_matmul_batch(cb->pool, mm, n, &cb->mm_scratch, &e);
+        arena_reset(&cb->mm_scratch);
+        if (st != SMELT_OK) bk_fail(b, st, "%s: %s", name, e.msg);
+        return;
+    }
+    for (int i = 0; i < n && b->status == SMELT_OK; i++) {
+        struct tensor w, x = f32_view((float *)mm[i].x, mm[i].k, mm[i].n),
+                         y = f32_view(mm[i].y, mm[i].rows, mm[i].n);
+        tensor_init(&w, mm[i].wtype, mm[i].k, mm[i].rows, 1, 1);
+        w.data = (void *)mm[i].w;
+        size_t mark = bk_scratch_mark(b); /* the reference's row buffers */
+        cpu_op_matmul_ref(b, &y, &w, &x);
+        bk_scratch_release(b, mark);
+    }
 }
+
+/* Rows a group of experts runs at once: the products of a group share one fork-join;
+ * the cap bounds the scratch (rows x (2 n_embd + 2 n_ff) floats) of a long prefill. */
+#define GROUP_ROWS 1024
 
 void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
@@ -150,6 +167,7 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
     struct cpu_backend *cb = cpu_of(b);
     const int64_t n_embd = x->ne[0], n = x->ne[1], k = ids->ne[0];
     const int64_t n_ff = w->gate->ne[1], n_exp = w->gate->ne[2], nk = n * k;
+    const char *name = w->gate->name ? w->gate->name : "moe_ffn";
     const int32_t *id = ids->data;
     const float *wt = weights->data;
     size_t mark = bk_scratch_mark(b);
@@ -163,9 +181,8 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
     memset(start, 0, (size_t)(n_exp + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < nk; i++) {
         if (id[i] < 0 || id[i] >= n_exp) {
-            bk_fail(b, SMELT_ERR_INTERNAL, "%s: row %lld routed to expert %d of %lld",
-                    w->gate->name ? w->gate->name : "moe_ffn", (long long)(i / k), id[i],
-                    (long long)n_exp);
+            bk_fail(b, SMELT_ERR_INTERNAL, "%s: row %lld routed to expert %d of %lld", name,
+                    (long long)(i / k), id[i], (long long)n_exp);
             goto done;
         }
         start[id[i] + 1]++;
@@ -182,7 +199,8 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         rw[at] = wt[i];
     }
 
-    /* x' (the norm of every row, once) and the per-expert blocks */
+    /* x' (the norm of every row, once); the blocks of a group of experts, rows in the
+     * grouped order: their inputs, gate and up outputs, down outputs */
     struct tensor xn = *x;
     if (pre) {
         float *h = cpu_scratch(cb, (size_t)(n * n_embd) * sizeof(float));
@@ -190,29 +208,49 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         xn = f32_view(h, n_embd, n);
         cpu_op_rms_norm(b, &xn, x, pre->w, pre->eps);
     }
-    float *xe = cpu_scratch(cb, (size_t)(c_max * n_embd) * sizeof(float));
-    float *g = cpu_scratch(cb, (size_t)(c_max * n_ff) * sizeof(float));
-    float *u = cpu_scratch(cb, (size_t)(c_max * n_ff) * sizeof(float));
-    float *ye = cpu_scratch(cb, (size_t)(c_max * n_embd) * sizeof(float));
-    if (!xe || !g || !u || !ye) goto done;
+    const int64_t cap = c_max > GROUP_ROWS ? c_max : nk < GROUP_ROWS ? nk : GROUP_ROWS;
+    float *xe = cpu_scratch(cb, (size_t)(cap * n_embd) * sizeof(float));
+    float *g = cpu_scratch(cb, (size_t)(cap * n_ff) * sizeof(float));
+    float *u = cpu_scratch(cb, (size_t)(cap * n_ff) * sizeof(float));
+    float *ye = cpu_scratch(cb, (size_t)(cap * n_embd) * sizeof(float));
+    struct cpu_mm *mm = cpu_scratch(cb, (size_t)(2 * n_exp) * sizeof *mm);
+    if (!xe || !g || !u || !ye || !mm) goto done;
     memset(y, 0, (size_t)(n * n_embd) * sizeof(float));
-    for (int64_t e = 0; e < n_exp && b->status == SMELT_OK; e++) {
-        const int64_t c = start[e + 1] - start[e];
-        if (c == 0) continue;
-        struct move_ctx gather = {row + start[e], NULL, xn.data, xe, n_embd, c};
+    for (int64_t e0 = 0; e0 < n_exp && b->status == SMELT_OK;) {
+        /* experts e0..e1-1: as many as fit in cap rows (at least one) */
+        int64_t e1 = e0 + 1;
+        while (e1 < n_exp && start[e1 + 1] - start[e0] <= cap) e1++;
+        const int64_t base = start[e0], c = start[e1] - base;
+        if (c == 0) {
+            e0 = e1;
+            continue;
+        }
+        struct move_ctx gather = {row + base, NULL, xn.data, xe, n_embd, c};
         cpu_parallel(cb, gather_range, &gather, c, move_chunk(n_embd));
-        struct tensor wg = expert_view(w->gate, e), wu = expert_view(w->up, e),
-                      wd = expert_view(w->down, e);
-        struct tensor xt = f32_view(xe, n_embd, c), gt = f32_view(g, n_ff, c),
-                      ut = f32_view(u, n_ff, c), yt = f32_view(ye, n_embd, c);
-        size_t m2 = bk_scratch_mark(b); /* the reference matmul's row buffers */
-        cpu_op_matmul(b, &gt, &wg, &xt);
-        cpu_op_matmul(b, &ut, &wu, &xt);
+        int n_mm = 0; /* gate and up of each active expert, then down */
+        for (int64_t e = e0; e < e1; e++) {
+            const int64_t r0 = start[e] - base, ce = start[e + 1] - start[e];
+            if (ce == 0) continue;
+            const float *xr = xe + r0 * n_embd;
+            mm[n_mm++] = (struct cpu_mm){w->gate->type, (const char *)w->gate->data + e * w->gate->nb[2],
+                                         n_ff, n_embd, xr, ce, g + r0 * n_ff};
+            mm[n_mm++] = (struct cpu_mm){w->up->type, (const char *)w->up->data + e * w->up->nb[2],
+                                         n_ff, n_embd, xr, ce, u + r0 * n_ff};
+        }
+        run_products(b, mm, n_mm, name);
+        struct tensor gt = f32_view(g, n_ff, c), ut = f32_view(u, n_ff, c);
         cpu_op_glu(b, &gt, &gt, &ut, w->act);
-        cpu_op_matmul(b, &yt, &wd, &gt);
-        bk_scratch_release(b, m2);
-        struct move_ctx scatter = {row + start[e], rw + start[e], ye, y, n_embd, c};
+        n_mm = 0;
+        for (int64_t e = e0; e < e1; e++) {
+            const int64_t r0 = start[e] - base, ce = start[e + 1] - start[e];
+            if (ce == 0) continue;
+            mm[n_mm++] = (struct cpu_mm){w->down->type, (const char *)w->down->data + e * w->down->nb[2],
+                                         n_embd, n_ff, g + r0 * n_ff, ce, ye + r0 * n_embd};
+        }
+        run_products(b, mm, n_mm, name);
+        struct move_ctx scatter = {row + base, rw + base, ye, y, n_embd, c};
         cpu_parallel(cb, scatter_range, &scatter, n_embd, move_chunk(c));
+        e0 = e1;
     }
     if (b->status != SMELT_OK) goto done;
     struct tensor yt = f32_view(y, n_embd, n);
