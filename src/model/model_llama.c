@@ -35,7 +35,7 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
     struct llama_layer *L = ld_alloc(&l, (size_t)hp->n_layer * sizeof *L);
     if (!L) return l.st;
     m->arch_layers = L;
-    m->hp.gating = MOE_SOFTMAX_TOPK; /* qwen3moe: softmax, top-k, renormalized */
+    if (var == QWEN3MOE) m->hp.gating = MOE_SOFTMAX_TOPK; /* softmax, top-k, renormalized */
     for (int il = 0; il < hp->n_layer; il++) {
         m->layer[il].rope.mode = var == LLAMA ? ROPE_NORM : ROPE_NEOX;
         struct llama_layer *y = &L[il];
