@@ -113,15 +113,14 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
         }
         if (p->gemma) T("post_attention_norm.weight", RM_NORM, d, 1);
         T("ffn_norm.weight", RM_NORM, d, 1);
-        if (p->n_expert) {
+        if (p->n_expert) { /* the router, then n_expert stacked matrices per projection */
             const int64_t fe = p->n_ff_exp, ne = p->n_expert;
             T("ffn_gate_inp.weight", RM_ROUTER, d, ne);
-            snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", i);
-            add3(&l, nm, RM_MATRIX, d, fe, ne);
-            snprintf(nm, sizeof nm, "blk.%d.ffn_up_exps.weight", i);
-            add3(&l, nm, RM_MATRIX, d, fe, ne);
-            snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.weight", i);
-            add3(&l, nm, RM_MATRIX, fe, d, ne);
+            static const char *const exps[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(nm, sizeof nm, "blk.%d.%s.weight", i, exps[j]);
+                add3(&l, nm, RM_MATRIX, j < 2 ? d : fe, j < 2 ? fe : d, ne);
+            }
         } else {
             T("ffn_gate.weight", RM_MATRIX, d, f);
             T("ffn_up.weight", RM_MATRIX, d, f);

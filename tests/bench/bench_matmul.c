@@ -16,54 +16,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_matmul.h"
 #include "backend/cpu/cpu_pool.h"
 #include "quant/quant.h"
 #include "util/arena.h"
-#include "util/half.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static unsigned long long rng = 88172645463325252ULL;
-static unsigned long long next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-/* Random bytes; every 2-byte-aligned f16 that decodes to Inf/NaN is replaced by 0.01 so the
- * results stay finite (the layout does not matter for speed). */
 static void *make_weights(uint32_t t, int64_t rows, int64_t k, size_t *bytes) {
-    size_t n = (size_t)qtype_row_size(t, k) * (size_t)rows;
-    uint16_t *w = malloc(n + 8);
-    if (!w) return NULL;
-    for (size_t i = 0; i < (n + 1) / 2; i++) {
-        uint16_t h = (uint16_t)(next() >> 48);
-        if (t == QT_F16 || (h & 0x7c00) == 0x7c00 || (h & 0x7c00) > 0x5000)
-            h = f32_to_f16(0.01f * (float)((int)(h % 200) - 100) / 100.0f);
-        w[i] = h;
-    }
-    *bytes = n;
-    return w;
+    *bytes = (size_t)qtype_row_size(t, k) * (size_t)rows;
+    return bench_weights(t, *bytes);
 }
 
 int main(int argc, char **argv) {
@@ -138,23 +102,23 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 for (long long i = 0; i < n * k; i++)
-                    x[i] = (float)((int)(next() % 2001) - 1000) / 1000.0f;
+                    x[i] = (float)((int)(bench_next() % 2001) - 1000) / 1000.0f;
                 double ts[64], cs[64];
                 int R = reps > 64 ? 64 : reps;
                 for (int r = -1; r < R; r++) {
                     arena_reset(&ar);
-                    double t0 = now(), c0 = cpu_now();
+                    double t0 = bench_now(), c0 = bench_cpu_now();
                     if (cpu_matmul(pool, t, w, rows, k, x, n, y, &ar, &e) != SMELT_OK) {
                         fprintf(stderr, "matmul: %s\n", e.msg);
                         return 1;
                     }
                     if (r >= 0) {
-                        ts[r] = now() - t0;
-                        cs[r] = cpu_now() - c0;
+                        ts[r] = bench_now() - t0;
+                        cs[r] = bench_cpu_now() - c0;
                     }
                 }
-                qsort(ts, (size_t)R, sizeof ts[0], cmp_d);
-                qsort(cs, (size_t)R, sizeof cs[0], cmp_d);
+                qsort(ts, (size_t)R, sizeof ts[0], bench_cmp_d);
+                qsort(cs, (size_t)R, sizeof cs[0], bench_cmp_d);
                 double med = ts[R / 2], best = ts[0], cpu = cs[R / 2];
                 char shp[48];
                 snprintf(shp, sizeof shp, "%lldx%lld", rows, k);

@@ -9,49 +9,23 @@
  * Defaults: Qwen3-30B-A3B's layer (n_embd 2048, 128 experts of 768, 8 per row), Q4_K, 2
  * threads, n = 1, 8, 64, 512 rows; the median of REPS runs after a warm-up. Rows pick k
  * distinct experts uniformly at random (random weights route close to uniformly); the
- * weights are random bytes with sane f16 scales, as in bench_matmul. */
+ * weights are random bytes with sane f16 scales (bench_util.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/backend.h"
 #include "quant/quant.h"
-#include "util/half.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static unsigned long long rng = 88172645463325252ULL;
-static unsigned long long next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+#include "bench_util.h"
 
 /* A scratch-free weight tensor of random bytes whose f16 halves are finite. */
 static struct tensor *weights(struct backend *bk, uint32_t type, int64_t ne0, int64_t ne1,
                               int64_t ne2) {
     struct tensor *t = calloc(1, sizeof *t);
     if (!t || !tensor_init(t, type, ne0, ne1, ne2, 1)) return NULL;
-    size_t n = tensor_nbytes(t);
-    uint16_t *w = malloc(n + 8);
-    if (!w) return NULL;
-    for (size_t i = 0; i < (n + 1) / 2; i++) {
-        uint16_t h = (uint16_t)(next() >> 48);
-        float f = f16_to_f32(h);
-        w[i] = f != f || f > 1e3f || f < -1e3f ? f32_to_f16(0.01f) : h;
-    }
-    t->data = w;
+    t->data = bench_weights(type, tensor_nbytes(t));
+    if (!t->data) return NULL;
     t->name = "bench";
     struct err e;
     if (bk_weight_bind(bk, t, &e) != SMELT_OK) {
@@ -112,11 +86,11 @@ int main(int argc, char **argv) {
             struct tensor *ids = bk_new(bk, QT_I32, k, n, 1), *w = bk_new(bk, QT_F32, k, n, 1);
             struct tensor *g = bk_new(bk, QT_F32, f * k, n, 1);
             if (bk_sync(bk, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
-            for (int64_t i = 0; i < d * n; i++) ((float *)x->data)[i] = (float)(next() >> 40) / 8e6f - 1;
-            for (int64_t i = 0; i < d * X; i++) ((float *)router->data)[i] = (float)(next() >> 40) / 8e8f;
-            double t0 = now();
+            for (int64_t i = 0; i < d * n; i++) ((float *)x->data)[i] = (float)(bench_next() >> 40) / 8e6f - 1;
+            for (int64_t i = 0; i < d * X; i++) ((float *)router->data)[i] = (float)(bench_next() >> 40) / 8e8f;
+            double t0 = bench_now();
             bk_moe_route(bk, ids, w, x, router, NULL, MOE_SOFTMAX_TOPK, NULL);
-            double t1 = now();
+            double t1 = bench_now();
             /* the route of random weights is not uniform enough at small n to be typical:
              * use k distinct uniform experts per row instead */
             int32_t *id = ids->data;
@@ -125,18 +99,18 @@ int main(int argc, char **argv) {
                     int32_t c;
                     bool dup;
                     do {
-                        c = (int32_t)(next() % (unsigned long long)X);
+                        c = (int32_t)(bench_next() % (unsigned long long)X);
                         dup = false;
                         for (int64_t q = 0; q < j; q++) dup |= id[r * k + q] == c;
                     } while (dup);
                     id[r * k + j] = c;
                 }
-            double t2 = now();
+            double t2 = bench_now();
             bk_moe_ffn(bk, y, x, &ex, ids, w, NULL, true);
-            double t3 = now();
+            double t3 = bench_now();
             bk_ffn_glu(bk, g, dg, du, x, GLU_SILU, NULL);
             bk_matmul_acc(bk, y, dd, g, NULL);
-            double t4 = now();
+            double t4 = bench_now();
             if (bk_sync(bk, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
             if (rep < 0) continue;
             t_route[rep] = t1 - t0;
@@ -147,9 +121,9 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < n * k; i++)
                 if (id[i] < 4096 && !seen[id[i]]++) used++;
         }
-        qsort(t_moe, (size_t)reps, sizeof(double), cmp_d);
-        qsort(t_route, (size_t)reps, sizeof(double), cmp_d);
-        qsort(t_dense, (size_t)reps, sizeof(double), cmp_d);
+        qsort(t_moe, (size_t)reps, sizeof(double), bench_cmp_d);
+        qsort(t_route, (size_t)reps, sizeof(double), bench_cmp_d);
+        qsort(t_dense, (size_t)reps, sizeof(double), bench_cmp_d);
         const double tm = t_moe[reps / 2], td = t_dense[reps / 2];
         printf("%6lld %9lld %12.3f %9.2f %9.3f %12.3f %9.2f\n", (long long)n, (long long)used,
                tm * 1e3, expert_bytes * (double)used / tm / 1e9, t_route[reps / 2] * 1e3,

@@ -142,31 +142,42 @@ def test_csv_and_jsonl_match_json_fields():
     assert len(lines) == 2 and list(json.loads(lines[0]))[:len(FIELDS)] == FIELDS
 
 
+def step_bytes(path, ns, ctx):
+    """Bytes a decode step of ns sequences reads at context ctx, from gguf-py's reading of
+    the file: every tensor, token_embd's gathered rows (untied), the expected share of each
+    expert tensor an MoE step selects, the F16 K and V of every sequence."""
+    reader = gguf.GGUFReader(path)
+    kv = {f.name: f for f in reader.fields.values()}
+    arch = kv["general.architecture"].contents()
+
+    def u32(k, default=None):
+        return int(kv[k].parts[kv[k].data[0]][0]) if k in kv else default
+
+    n_layer, n_embd = u32(f"{arch}.block_count"), u32(f"{arch}.embedding_length")
+    n_head, n_kv = u32(f"{arch}.attention.head_count"), u32(f"{arch}.attention.head_count_kv")
+    head_dim = u32(f"{arch}.attention.key_length", n_embd // n_head)
+    n_exp, k = u32(f"{arch}.expert_count", 0), u32(f"{arch}.expert_used_count", 0)
+    share = 1 - (1 - k / n_exp) ** ns if n_exp else 1
+    tied = "output.weight" not in {t.name for t in reader.tensors}
+    w = 0
+    for t in reader.tensors:
+        b = int(t.n_bytes)
+        if t.name == "token_embd.weight" and not tied:
+            b = b // int(t.shape[1]) * ns  # only the gathered rows
+        if t.name.endswith("_exps.weight"):
+            assert int(t.shape[2]) == n_exp
+            b *= share  # a mixture of experts: the active bytes
+        w += b
+    return w + n_layer * 2 * n_kv * head_dim * 2 * ctx * ns  # K and V, F16
+
+
 def test_batched_and_bandwidth_bound():
     bw = 20.0  # GB/s: any figure; the percent must follow from the bytes of a step
     rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "4", "-r", "2", "--bw", bw)
     assert [(r["n_gen"], r["n_seqs"]) for r in rows] == [(6, 1), (6, 3)]
-    reader = gguf.GGUFReader(TINY)
-    kv = {f.name: f for f in reader.fields.values()}
-
-    def u32(k):
-        return int(kv[k].parts[kv[k].data[0]][0])
-
-    n_layer, n_embd = u32("qwen2.block_count"), u32("qwen2.embedding_length")
-    n_head, n_kv = u32("qwen2.attention.head_count"), u32("qwen2.attention.head_count_kv")
-    kv_per_token = n_layer * 2 * n_kv * (n_embd // n_head) * 2  # K and V, F16
-    names = {t.name: t for t in reader.tensors}
-    tied = "output.weight" not in names
     for r in rows:
         ns = r["n_seqs"]
-        w = 0
-        for t in reader.tensors:
-            b = int(t.n_bytes)
-            if t.name == "token_embd.weight" and not tied:
-                b = b // int(t.shape[1]) * ns  # only the gathered rows
-            w += b
-        step = w + kv_per_token * (4 + 6 / 2) * ns
-        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step)
+        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(TINY, ns, 4 + 6 / 2))
         assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
         # aggregate tokens per second: ns rows per step
         assert r["samples_ts"][0] == pytest.approx(1e9 * 6 * ns / r["samples_ns"][0], rel=1e-5)
@@ -181,30 +192,10 @@ def test_moe_active_bytes_bound():
     moe = TINY.parent / "qwen3moe-q8_0.gguf"
     bw = 20.0
     rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "4", "-r", "2", "--bw", bw, model=moe)
-    reader = gguf.GGUFReader(moe)
-    kv = {f.name: f for f in reader.fields.values()}
-
-    def u32(k):
-        return int(kv[k].parts[kv[k].data[0]][0])
-
-    n_exp, k = u32("qwen3moe.expert_count"), u32("qwen3moe.expert_used_count")
-    n_layer, n_kv = u32("qwen3moe.block_count"), u32("qwen3moe.attention.head_count_kv")
-    head_dim = u32("qwen3moe.attention.key_length")
-    kv_per_token = n_layer * 2 * n_kv * head_dim * 2  # K and V, F16
+    assert [r["n_seqs"] for r in rows] == [1, 3]
     for r in rows:
         ns = r["n_seqs"]
-        share = 1 - (1 - k / n_exp) ** ns
-        w = 0
-        for t in reader.tensors:
-            b = int(t.n_bytes)
-            if t.name == "token_embd.weight":
-                b = b // int(t.shape[1]) * ns  # untied: only the gathered rows
-            if t.name.endswith("_exps.weight"):
-                assert int(t.shape[2]) == n_exp
-                b *= share
-            w += b
-        step = w + kv_per_token * (4 + 6 / 2) * ns
-        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step)
+        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(moe, ns, 4 + 6 / 2))
         assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
 
 
