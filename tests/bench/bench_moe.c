@@ -41,12 +41,18 @@ int main(int argc, char **argv) {
     uint32_t type = QT_Q4_K;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "-t")) threads = atoi(v);
-        else if (!strcmp(a, "-r")) reps = atoi(v);
-        else if (!strcmp(a, "-e")) X = atoi(v);
-        else if (!strcmp(a, "-k")) k = atoi(v);
-        else if (!strcmp(a, "-d")) d = atoi(v);
-        else if (!strcmp(a, "-f")) f = atoi(v);
+        if (!strcmp(a, "-t"))
+            threads = atoi(v);
+        else if (!strcmp(a, "-r"))
+            reps = atoi(v);
+        else if (!strcmp(a, "-e"))
+            X = atoi(v);
+        else if (!strcmp(a, "-k"))
+            k = atoi(v);
+        else if (!strcmp(a, "-d"))
+            d = atoi(v);
+        else if (!strcmp(a, "-f"))
+            f = atoi(v);
         else if (!strcmp(a, "-T")) {
             enum qtype q;
             if (!qtype_from_name(v, &q)) return fprintf(stderr, "unknown type %s\n", v), 2;
@@ -57,7 +63,8 @@ int main(int argc, char **argv) {
                 n_list[nn++] = (int)strtol(s, &s, 10);
                 if (!*s) break;
             }
-        } else return fprintf(stderr, "usage: see the file comment\n"), 2;
+        } else
+            return fprintf(stderr, "usage: see the file comment\n"), 2;
     }
     if (reps < 1 || reps > 100 || k < 1 || k > X) return fprintf(stderr, "bad -r or -k\n"), 2;
     struct backend *bk;
@@ -86,8 +93,10 @@ int main(int argc, char **argv) {
             struct tensor *ids = bk_new(bk, QT_I32, k, n, 1), *w = bk_new(bk, QT_F32, k, n, 1);
             struct tensor *g = bk_new(bk, QT_F32, f * k, n, 1);
             if (bk_sync(bk, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
-            for (int64_t i = 0; i < d * n; i++) ((float *)x->data)[i] = (float)(bench_next() >> 40) / 8e6f - 1;
-            for (int64_t i = 0; i < d * X; i++) ((float *)router->data)[i] = (float)(bench_next() >> 40) / 8e8f;
+            for (int64_t i = 0; i < d * n; i++)
+                ((float *)x->data)[i] = (float)(bench_next() >> 40) / 8e6f - 1;
+            for (int64_t i = 0; i < d * X; i++)
+                ((float *)router->data)[i] = (float)(bench_next() >> 40) / 8e8f;
             double t0 = bench_now();
             bk_moe_route(bk, ids, w, x, router, NULL, MOE_SOFTMAX_TOPK, NULL);
             double t1 = bench_now();
@@ -101,7 +110,8 @@ int main(int argc, char **argv) {
                     do {
                         c = (int32_t)(bench_next() % (unsigned long long)X);
                         dup = false;
-                        for (int64_t q = 0; q < j; q++) dup |= id[r * k + q] == c;
+                        for (int64_t q = 0; q < j; q++)
+                            dup |= id[r * k + q] == c;
                     } while (dup);
                     id[r * k + j] = c;
                 }
@@ -126,8 +136,8 @@ int main(int argc, char **argv) {
         qsort(t_dense, (size_t)reps, sizeof(double), bench_cmp_d);
         const double tm = t_moe[reps / 2], td = t_dense[reps / 2];
         printf("%6lld %9lld %12.3f %9.2f %9.3f %12.3f %9.2f\n", (long long)n, (long long)used,
-               tm * 1e3, expert_bytes * (double)used / tm / 1e9, t_route[reps / 2] * 1e3,
-               td * 1e3, expert_bytes * (double)k / td / 1e9);
+               tm * 1e3, expert_bytes * (double)used / tm / 1e9, t_route[reps / 2] * 1e3, td * 1e3,
+               expert_bytes * (double)k / td / 1e9);
     }
     bk_free(bk);
     return 0;

@@ -23,16 +23,19 @@ static unsigned long long rng = 0x6d6f65ULL;
 static struct tensor *rand_f32(int64_t ne0, int64_t ne1, float scale) {
     struct tensor *t = bk_new(bk, QT_F32, ne0, ne1, 1);
     float *d = t->data;
-    for (int64_t i = 0; i < tensor_nelem(t); i++) d[i] = scale * t_randn(&rng);
+    for (int64_t i = 0; i < tensor_nelem(t); i++)
+        d[i] = scale * t_randn(&rng);
     return t;
 }
 
 /* x / sqrt(mean(x^2) + eps) * w in double. */
 static void norm_ref(const float *x, const float *w, int64_t n, float eps, double *out) {
     double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
     double inv = 1 / sqrt(ss / (double)n + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * (w ? w[i] : 1.0f);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * inv * (w ? w[i] : 1.0f);
 }
 
 /* ---- router ---- */
@@ -49,7 +52,8 @@ static void check_route(const struct route_case *rc) {
     struct tensor *x = rand_f32(E, n, 1.0f), *router = rand_f32(E, X, 1.0f / sqrtf((float)E));
     struct tensor *bias = rc->bias ? rand_f32(X, 1, 0.3f) : NULL;
     struct tensor *nw = rand_f32(E, 1, 0.2f);
-    for (int64_t i = 0; i < E; i++) ((float *)nw->data)[i] += 1.0f;
+    for (int64_t i = 0; i < E; i++)
+        ((float *)nw->data)[i] += 1.0f;
     struct prenorm pre = {nw, 1e-6f};
     /* two experts with the same router row: a tie, which the lower id must win */
     memcpy(tensor_row(router, X - 1, 0, 0), tensor_row(router, 1, 0, 0), (size_t)E * 4);
@@ -64,12 +68,16 @@ static void check_route(const struct route_case *rc) {
     double werr = 0;
     for (int64_t r = 0; r < n; r++) {
         const float *xr = tensor_row(x, r, 0, 0);
-        if (rc->pre) norm_ref(xr, nw->data, E, 1e-6f, h);
-        else for (int64_t i = 0; i < E; i++) h[i] = xr[i];
+        if (rc->pre)
+            norm_ref(xr, nw->data, E, 1e-6f, h);
+        else
+            for (int64_t i = 0; i < E; i++)
+                h[i] = xr[i];
         for (int64_t q = 0; q < X; q++) {
             const float *wr = tensor_row(router, q, 0, 0);
             double s = bias ? ((float *)bias->data)[q] : 0;
-            for (int64_t i = 0; i < E; i++) s += wr[i] * h[i];
+            for (int64_t i = 0; i < E; i++)
+                s += wr[i] * h[i];
             lg[q] = s;
         }
         /* selection by repeated argmax (ties: lower id), then the gating's weights */
@@ -77,7 +85,8 @@ static void check_route(const struct route_case *rc) {
             int32_t best = -1;
             for (int32_t q = 0; q < X; q++) {
                 bool taken = false;
-                for (int64_t p = 0; p < j; p++) taken |= want[p] == q;
+                for (int64_t p = 0; p < j; p++)
+                    taken |= want[p] == q;
                 if (!taken && (best < 0 || lg[q] > lg[best])) best = q;
             }
             want[j] = best;
@@ -87,7 +96,8 @@ static void check_route(const struct route_case *rc) {
         bool clear = true;
         for (int64_t q = 0; q < X; q++) {
             bool in = false;
-            for (int64_t j = 0; j < k; j++) in |= want[j] == q;
+            for (int64_t j = 0; j < k; j++)
+                in |= want[j] == q;
             if (!in && fabs(lg[q] - lg[want[k - 1]]) < 1e-5 && q != X - 1) clear = false;
         }
         const int32_t *got = tensor_row(ids, r, 0, 0);
@@ -98,13 +108,17 @@ static void check_route(const struct route_case *rc) {
                      (long long)r, (long long)(X - 1));
         if (!clear) continue;
         checked++;
-        for (int64_t j = 0; j < k; j++) T_EQ_INT(got[j], want[j]);
+        for (int64_t j = 0; j < k; j++)
+            T_EQ_INT(got[j], want[j]);
         double mx = lg[want[0]], z = 0;
         if (rc->gating == MOE_SOFTMAX)
-            for (int64_t q = 0; q < X; q++) z += exp(lg[q] - mx);
+            for (int64_t q = 0; q < X; q++)
+                z += exp(lg[q] - mx);
         else
-            for (int64_t j = 0; j < k; j++) z += exp(lg[want[j]] - mx);
-        for (int64_t j = 0; j < k; j++) werr = fmax(werr, fabs(gw[j] - exp(lg[want[j]] - mx) / z));
+            for (int64_t j = 0; j < k; j++)
+                z += exp(lg[want[j]] - mx);
+        for (int64_t j = 0; j < k; j++)
+            werr = fmax(werr, fabs(gw[j] - exp(lg[want[j]] - mx) / z));
     }
     T_CHECKF(checked >= n - 1, "only %d of %lld rows had a clear selection", checked, (long long)n);
     T_CHECKF(werr < 2e-6, "weights: max error %g", werr);
@@ -124,13 +138,12 @@ static void check_route(const struct route_case *rc) {
 
 static void test_route(void) {
     const struct route_case cases[] = {
-        {72, 19, 5, 13, MOE_SOFTMAX_TOPK, false, true},
-        {72, 19, 5, 13, MOE_SOFTMAX, true, true},
-        {40, 16, 4, 9, MOE_SOFTMAX_TOPK, true, false},
-        {33, 7, 1, 6, MOE_SOFTMAX, false, false},
+        {72, 19, 5, 13, MOE_SOFTMAX_TOPK, false, true}, {72, 19, 5, 13, MOE_SOFTMAX, true, true},
+        {40, 16, 4, 9, MOE_SOFTMAX_TOPK, true, false},  {33, 7, 1, 6, MOE_SOFTMAX, false, false},
         {33, 7, 7, 6, MOE_SOFTMAX_TOPK, false, true}, /* every expert: weights sum to 1 */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_route(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_route(&cases[i]);
 }
 
 /* The tie rule on its own: all logits equal gives ids 0..k-1 and equal weights. */
@@ -156,11 +169,14 @@ static struct tensor *rand_experts(uint32_t type, int64_t ne0, int64_t ne1, int6
                                    float scale, float **deq) {
     const int64_t nel = ne0 * ne1 * ne2;
     float *v = malloc(sizeof(float) * (size_t)nel);
-    for (int64_t i = 0; i < nel; i++) v[i] = scale * t_randn(&rng);
+    for (int64_t i = 0; i < nel; i++)
+        v[i] = scale * t_randn(&rng);
     struct tensor *t = bk_new(bk, type, ne0, ne1, ne2);
     const struct qtype_info *qi = qtype_get(type);
-    if (type == QT_F32) memcpy(t->data, v, sizeof(float) * (size_t)nel);
-    else qi->quantize(v, t->data, nel);
+    if (type == QT_F32)
+        memcpy(t->data, v, sizeof(float) * (size_t)nel);
+    else
+        qi->quantize(v, t->data, nel);
     qi->dequantize(t->data, v, nel);
     *deq = v;
     return t;
@@ -180,22 +196,26 @@ static void ffn_ref(const struct ffn_case *fc, const float *x, const float *nw,
     for (int64_t r = 0; r < fc->n; r++) {
         norm_ref(x + r * E, nw, E, 1e-6f, h);
         double *yr = y + r * E;
-        for (int64_t d = 0; d < E; d++) yr[d] = 0;
+        for (int64_t d = 0; d < E; d++)
+            yr[d] = 0;
         for (int64_t j = 0; j < fc->k; j++) {
             const int64_t e = ids[r * fc->k + j];
             for (int64_t f = 0; f < F; f++) {
                 const float *gw = dq[0] + (e * F + f) * E, *uw = dq[1] + (e * F + f) * E;
                 double g = 0, u = 0;
-                for (int64_t i = 0; i < E; i++) g += gw[i] * h[i], u += uw[i] * h[i];
-                double act = fc->act == GLU_SILU
-                                 ? g / (1 + exp(-g))
-                                 : 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+                for (int64_t i = 0; i < E; i++)
+                    g += gw[i] * h[i], u += uw[i] * h[i];
+                double act =
+                    fc->act == GLU_SILU
+                        ? g / (1 + exp(-g))
+                        : 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
                 a[f] = act * u;
             }
             for (int64_t d = 0; d < E; d++) {
                 const float *dw = dq[2] + (e * E + d) * F;
                 double s = 0;
-                for (int64_t f = 0; f < F; f++) s += dw[f] * a[f];
+                for (int64_t f = 0; f < F; f++)
+                    s += dw[f] * a[f];
                 yr[d] += wt[r * fc->k + j] * s;
             }
         }
@@ -232,7 +252,8 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
                             rand_experts(fc->type, F, E, X, ds, &dq[2]), fc->act};
     struct tensor *x = rand_f32(E, n, 1.0f), *router = rand_f32(E, X, ws);
     struct tensor *nw = rand_f32(E, 1, 0.2f);
-    for (int64_t i = 0; i < E; i++) ((float *)nw->data)[i] += 1.0f;
+    for (int64_t i = 0; i < E; i++)
+        ((float *)nw->data)[i] += 1.0f;
     struct prenorm pre = {nw, 1e-6f};
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1), *wt = bk_new(bk, QT_F32, k, n, 1);
     bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX_TOPK, &pre);
@@ -240,7 +261,8 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
     int used = 0;
     for (int64_t e = 0; e < X; e++) {
         bool u = false;
-        for (int64_t i = 0; i < n * k; i++) u |= ((int32_t *)ids->data)[i] == e;
+        for (int64_t i = 0; i < n * k; i++)
+            u |= ((int32_t *)ids->data)[i] == e;
         used += u;
     }
 
@@ -281,7 +303,8 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
         bk_moe_ffn(bk, y1, x1, &w, i1, w1, &pre, false);
         const float *a = y1->data, *b = tensor_row(y, r, 0, 0);
         double m = 0, mb = 1e-6;
-        for (int64_t d = 0; d < E; d++) m = fmax(m, fabs(a[d] - b[d])), mb = fmax(mb, fabs(b[d]));
+        for (int64_t d = 0; d < E; d++)
+            m = fmax(m, fabs(a[d] - b[d])), mb = fmax(mb, fabs(b[d]));
         worst = fmax(worst, m / mb);
     }
     T_CHECKF(worst <= bt, "%s %s: a row alone vs in the batch: rel %g (tol %g)",
@@ -289,13 +312,15 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
     struct err e;
     T_CHECK(bk_sync(bk, &e) == SMELT_OK);
     printf("moe_ffn %-5s %-5s n_embd %3lld n_ff %3lld experts %2lld (%d used) k %lld rows %2lld: "
-           "rel err %.2e, row alone vs batch %.2e\n", qtype_name(fc->type), exact ? "exact" : "fast",
-           (long long)E, (long long)F, (long long)X, used, (long long)k, (long long)n, err, worst);
+           "rel err %.2e, row alone vs batch %.2e\n",
+           qtype_name(fc->type), exact ? "exact" : "fast", (long long)E, (long long)F, (long long)X,
+           used, (long long)k, (long long)n, err, worst);
     T_CHECK(used >= X / 2);
     cpu_backend_set_exact(bk, false);
     free(ref);
     free(acc0);
-    for (int i = 0; i < 3; i++) free(dq[i]);
+    for (int i = 0; i < 3; i++)
+        free(dq[i]);
 }
 
 static void test_ffn(void) {
@@ -331,7 +356,8 @@ static void test_bad_id(void) {
     struct err e;
     T_CHECK(bk_sync(bk, &e) != SMELT_OK);
     T_CHECKF(strstr(e.msg, "blk.3.ffn_gate_exps.weight") && strstr(e.msg, "expert 4"), "%s", e.msg);
-    for (int i = 0; i < 3; i++) free(dq[i]);
+    for (int i = 0; i < 3; i++)
+        free(dq[i]);
 }
 
 int main(void) {

@@ -6,11 +6,13 @@
  * logits and their weights (in double).
  *
  * Expert FFN: the ids are in host memory, so the step's (row, slot) pairs are grouped by
- * expert here; each active expert then runs as three ordinary matmuls (cpu_op_matmul: the
- * int8-activation kernels, or the reference under cpu_backend_set_exact) over the rows
- * routed to it, gathered into one block. An expert's weights therefore stream once per
- * step however many rows chose it: a grouped matmul in a prefill chunk, a matrix-vector
- * product over the selected experts only for a decode row. Each row's expert outputs are
+ * expert here (a counting sort). The rows routed to each active expert are gathered into
+ * one block, and a group of experts runs as two cpu_matmul_batch calls (the int8-
+ * activation kernels; the reference matmul under cpu_backend_set_exact): gate and up of
+ * every expert in one fork-join, then down. An expert's weights therefore stream once
+ * per step however many rows chose it: a grouped matmul in a prefill chunk, a
+ * matrix-vector product over the selected experts only for a decode row. Each row's expert
+ * outputs are
  * accumulated, times their weights, into a zeroed buffer in increasing expert id (the order
  * transformers sums in), then written to dst or added to it. A row's arithmetic depends
  * on the other rows only through the row count each expert's matmuls see (the kernels
@@ -41,38 +43,46 @@ static void route_range(void *vctx, int ith, int64_t r0, int64_t r1) {
         const float *x = tensor_row(c->x, r, 0, 0);
         if (c->pre) { /* as cpu_op_rms_norm computes it */
             double ss = 0;
-            for (int64_t i = 0; i < n_embd; i++) ss += (double)x[i] * x[i];
+            for (int64_t i = 0; i < n_embd; i++)
+                ss += (double)x[i] * x[i];
             float inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)c->pre->eps));
             const float *w = c->pre->w ? c->pre->w->data : NULL;
-            for (int64_t i = 0; i < n_embd; i++) h[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+            for (int64_t i = 0; i < n_embd; i++)
+                h[i] = w ? x[i] * inv * w[i] : x[i] * inv;
             x = h;
         }
         for (int64_t e = 0; e < n_exp; e++) {
             lg[e] = c->vec->dot_f32(tensor_row(c->router, e, 0, 0), x, n_embd);
             if (c->bias) lg[e] += ((const float *)c->bias->data)[e];
         }
-        /* the k largest, largest first, ties to the lower id; taken ones are marked by
-         * their slot in ids (a NaN logit is never larger, so it goes last) */
+        /* the k largest, largest first, ties to the lower id (a NaN logit loses to any
+         * number); the ones taken are those already in ids */
         int32_t *id = tensor_row(c->ids, r, 0, 0);
         float *wt = tensor_row(c->weights, r, 0, 0);
         for (int64_t j = 0; j < k; j++) {
             int64_t best = -1;
             for (int64_t e = 0; e < n_exp; e++) {
                 bool taken = false;
-                for (int64_t q = 0; q < j && !taken; q++) taken = id[q] == e;
-                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+                for (int64_t q = 0; q < j && !taken; q++)
+                    taken = id[q] == e;
+                if (!taken && (best < 0 || lg[e] > lg[best] || (isnan(lg[best]) && !isnan(lg[e]))))
+                    best = e;
             }
             id[j] = (int32_t)best;
         }
         /* weights: exp(l - max) over all (MOE_SOFTMAX) or over the k (MOE_SOFTMAX_TOPK) */
         double mx = lg[id[0]], z = 0;
         if (c->gating == MOE_SOFTMAX) {
-            for (int64_t e = 0; e < n_exp; e++) mx = lg[e] > mx ? lg[e] : mx;
-            for (int64_t e = 0; e < n_exp; e++) z += exp((double)lg[e] - mx);
+            for (int64_t e = 0; e < n_exp; e++)
+                mx = lg[e] > mx ? lg[e] : mx;
+            for (int64_t e = 0; e < n_exp; e++)
+                z += exp((double)lg[e] - mx);
         } else {
-            for (int64_t j = 0; j < k; j++) z += exp((double)lg[id[j]] - mx);
+            for (int64_t j = 0; j < k; j++)
+                z += exp((double)lg[id[j]] - mx);
         }
-        for (int64_t j = 0; j < k; j++) wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
+        for (int64_t j = 0; j < k; j++)
+            wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
     }
 }
 
@@ -118,7 +128,8 @@ static void scatter_range(void *vctx, int ith, int64_t d0, int64_t d1) {
     for (int64_t i = 0; i < m->c; i++) {
         float *y = m->dst + (size_t)m->row[i] * n;
         const float *s = m->src + (size_t)i * n, w = m->weight[i];
-        for (int64_t d = d0; d < d1; d++) y[d] += w * s[d];
+        for (int64_t d = d0; d < d1; d++)
+            y[d] += w * s[d];
     }
 }
 
@@ -219,7 +230,8 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
     for (int64_t e0 = 0; e0 < n_exp && b->status == SMELT_OK;) {
         /* experts e0..e1-1: as many as fit in cap rows (at least one) */
         int64_t e1 = e0 + 1;
-        while (e1 < n_exp && start[e1 + 1] - start[e0] <= cap) e1++;
+        while (e1 < n_exp && start[e1 + 1] - start[e0] <= cap)
+            e1++;
         const int64_t base = start[e0], c = start[e1] - base;
         if (c == 0) {
             e0 = e1;
@@ -232,10 +244,16 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
             const int64_t r0 = start[e] - base, ce = start[e + 1] - start[e];
             if (ce == 0) continue;
             const float *xr = xe + r0 * n_embd;
-            mm[n_mm++] = (struct cpu_mm){w->gate->type, (const char *)w->gate->data + e * w->gate->nb[2],
-                                         n_ff, n_embd, xr, ce, g + r0 * n_ff};
-            mm[n_mm++] = (struct cpu_mm){w->up->type, (const char *)w->up->data + e * w->up->nb[2],
-                                         n_ff, n_embd, xr, ce, u + r0 * n_ff};
+            mm[n_mm++] = (struct cpu_mm){w->gate->type,
+                                         (const char *)w->gate->data + e * w->gate->nb[2],
+                                         n_ff,
+                                         n_embd,
+                                         xr,
+                                         ce,
+                                         g + r0 * n_ff};
+            mm[n_mm++] = (struct cpu_mm){
+                w->up->type,  (const char *)w->up->data + e * w->up->nb[2], n_ff, n_embd, xr, ce,
+                u + r0 * n_ff};
         }
         run_products(b, mm, n_mm, name);
         struct tensor gt = f32_view(g, n_ff, c), ut = f32_view(u, n_ff, c);
@@ -244,8 +262,11 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         for (int64_t e = e0; e < e1; e++) {
             const int64_t r0 = start[e] - base, ce = start[e + 1] - start[e];
             if (ce == 0) continue;
-            mm[n_mm++] = (struct cpu_mm){w->down->type, (const char *)w->down->data + e * w->down->nb[2],
-                                         n_embd, n_ff, g + r0 * n_ff, ce, ye + r0 * n_embd};
+            mm[n_mm++] =
+                (struct cpu_mm){w->down->type,   (const char *)w->down->data + e * w->down->nb[2],
+                                n_embd,          n_ff,
+                                g + r0 * n_ff,   ce,
+                                ye + r0 * n_embd};
         }
         run_products(b, mm, n_mm, name);
         struct move_ctx scatter = {row + base, rw + base, ye, y, n_embd, c};
@@ -254,8 +275,10 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
     }
     if (b->status != SMELT_OK) goto done;
     struct tensor yt = f32_view(y, n_embd, n);
-    if (acc) cpu_op_add(b, dst, dst, &yt);
-    else memcpy(dst->data, y, (size_t)(n * n_embd) * sizeof(float));
+    if (acc)
+        cpu_op_add(b, dst, dst, &yt);
+    else
+        memcpy(dst->data, y, (size_t)(n * n_embd) * sizeof(float));
 done:
     bk_scratch_release(b, mark);
 }
