@@ -163,7 +163,7 @@ static void run_chunk(const struct mm_job *j, int64_t i, char *area) {
 static void gemm_task(void *arg, int ith, int nth) {
     struct mm_batch *b = arg;
     (void)nth;
-    char *area = b->tbuf + (size_t)ith * b->tstride;
+    char *area = b->tbuf ? b->tbuf + (size_t)ith * b->tstride : NULL; /* NULL: none needed */
     int q = 0;
     for (;;) {
         long long i = atomic_fetch_add_explicit(&b->next, 1, memory_order_relaxed);
