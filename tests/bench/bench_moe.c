@@ -1,7 +1,9 @@
 /* MoE workbench: times the CPU backend's bk_moe_route and bk_moe_ffn on one layer of a
  * mixture of experts beside the dense FFN that reads the same bytes per row (n_ff = k ·
  * n_ff_exp: what the expert FFN costs over a dense one of its active size), and prints
- * GB/s of the weights each call reads (the experts selected at least once).
+ * GB/s of the weights each call reads (the experts selected at least once), and the
+ * process CPU time of a call (all threads; spinning in the pool counts, descheduled time
+ * does not: on a shared machine the wall time shows the load as much as the code).
  *
  *   build/bench_moe [-t THREADS] [-r REPS] [-n N1,N2..] [-T TYPE] [-e N_EXPERT] [-k K]
  *                   [-d N_EMBD] [-f N_FF_EXP]
@@ -79,12 +81,12 @@ int main(int argc, char **argv) {
     printf("%s, n_embd %lld, %lld experts of %lld, %lld per row, %d threads (%.2f MB an expert)\n",
            qtype_name(type), (long long)d, (long long)X, (long long)f, (long long)k, threads,
            expert_bytes / 1e6);
-    printf("%6s %9s %12s %9s %9s %12s %9s\n", "rows", "experts", "moe ms", "GB/s", "route ms",
-           "dense ms", "GB/s");
+    printf("%6s %9s %9s %9s %7s %9s %9s %9s %7s\n", "rows", "experts", "moe ms", "cpu-ms",
+           "GB/s", "route ms", "dense ms", "cpu-ms", "GB/s");
     for (int in = 0; in < nn; in++) {
         const int64_t n = n_list[in];
         if (n < 1) continue;
-        double t_moe[100], t_route[100], t_dense[100];
+        double t_moe[100], t_route[100], t_dense[100], c_moe[100], c_dense[100];
         int64_t used = 0;
         for (int rep = -1; rep < reps; rep++) {
             bk_step_begin(bk);
@@ -115,17 +117,19 @@ int main(int argc, char **argv) {
                     } while (dup);
                     id[r * k + j] = c;
                 }
-            double t2 = bench_now();
+            double t2 = bench_now(), u2 = bench_cpu_now();
             bk_moe_ffn(bk, y, x, &ex, ids, w, NULL, true);
-            double t3 = bench_now();
+            double t3 = bench_now(), u3 = bench_cpu_now();
             bk_ffn_glu(bk, g, dg, du, x, GLU_SILU, NULL);
             bk_matmul_acc(bk, y, dd, g, NULL);
-            double t4 = bench_now();
+            double t4 = bench_now(), u4 = bench_cpu_now();
             if (bk_sync(bk, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
             if (rep < 0) continue;
             t_route[rep] = t1 - t0;
             t_moe[rep] = t3 - t2;
             t_dense[rep] = t4 - t3;
+            c_moe[rep] = u3 - u2;
+            c_dense[rep] = u4 - u3;
             char seen[4096] = {0};
             used = 0;
             for (int64_t i = 0; i < n * k; i++)
@@ -134,10 +138,13 @@ int main(int argc, char **argv) {
         qsort(t_moe, (size_t)reps, sizeof(double), bench_cmp_d);
         qsort(t_route, (size_t)reps, sizeof(double), bench_cmp_d);
         qsort(t_dense, (size_t)reps, sizeof(double), bench_cmp_d);
+        qsort(c_moe, (size_t)reps, sizeof(double), bench_cmp_d);
+        qsort(c_dense, (size_t)reps, sizeof(double), bench_cmp_d);
         const double tm = t_moe[reps / 2], td = t_dense[reps / 2];
-        printf("%6lld %9lld %12.3f %9.2f %9.3f %12.3f %9.2f\n", (long long)n, (long long)used,
-               tm * 1e3, expert_bytes * (double)used / tm / 1e9, t_route[reps / 2] * 1e3, td * 1e3,
-               expert_bytes * (double)k / td / 1e9);
+        printf("%6lld %9lld %9.3f %9.3f %7.2f %9.3f %9.3f %9.3f %7.2f\n", (long long)n,
+               (long long)used, tm * 1e3, c_moe[reps / 2] * 1e3,
+               expert_bytes * (double)used / tm / 1e9, t_route[reps / 2] * 1e3, td * 1e3,
+               c_dense[reps / 2] * 1e3, expert_bytes * (double)k / td / 1e9);
     }
     bk_free(bk);
     return 0;

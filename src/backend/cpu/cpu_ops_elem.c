@@ -129,7 +129,9 @@ static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
 void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
                 const struct tensor *up, enum glu_act act) {
     struct bin_ctx ctx = {.dst = dst, .a = gate, .c = up, .act = act, .vec = cpu_of(b)->vec};
-    cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(gate), 4);
+    /* a thread per 16K elements at least: the few rows of an MoE expert block (8 rows of
+     * 768 at decode) are not worth waking the pool for */
+    cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(gate), 16384 / gate->ne[0] + 1);
 }
 
 /* ---- softcap, softmax ---- */
