@@ -411,7 +411,9 @@ void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
  * expert's weights are read once per step (a grouped matmul over the rows routed to it;
  * with one row, a matrix-vector product over the selected experts only): its result for a
  * row differs from running that row alone only as its matmuls differ between row counts.
- * An id outside [0, n_expert) is a sticky error. */
+ * The scratch it takes depends on the shapes (n, k, n_expert) only, never on the routing,
+ * so a replayed step graph finds it at the same addresses. An id outside [0, n_expert)
+ * never reads out of bounds (the CPU reports it as a sticky error). */
 void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids,
                 const struct tensor *weights, const struct prenorm *pre, bool acc);

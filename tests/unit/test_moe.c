@@ -356,6 +356,22 @@ static void test_bad_id(void) {
     struct err e;
     T_CHECK(bk_sync(bk, &e) != SMELT_OK);
     T_CHECKF(strstr(e.msg, "blk.3.ffn_gate_exps.weight") && strstr(e.msg, "expert 4"), "%s", e.msg);
+    /* a row listing an expert twice: harmless in a small step; where it would overflow
+     * the rows an expert can have (600 rows, both slots expert 2), a sticky error */
+    bk_step_begin(bk); /* clears the error, and the scratch the experts were in */
+    for (int i = 0; i < 3; i++)
+        free(dq[i]);
+    w.gate = rand_experts(QT_F32, 32, 16, 4, 0.2f, &dq[0]);
+    w.up = rand_experts(QT_F32, 32, 16, 4, 0.2f, &dq[1]);
+    w.down = rand_experts(QT_F32, 16, 32, 4, 0.2f, &dq[2]);
+    x = rand_f32(32, 600, 1.0f);
+    y = bk_new(bk, QT_F32, 32, 600, 1);
+    ids = bk_new(bk, QT_I32, 2, 600, 1);
+    wt = rand_f32(2, 600, 1.0f);
+    for (int i = 0; i < 1200; i++) ((int32_t *)ids->data)[i] = 2;
+    bk_moe_ffn(bk, y, x, &w, ids, wt, NULL, false);
+    T_CHECK(bk_sync(bk, &e) != SMELT_OK);
+    T_CHECKF(strstr(e.msg, "expert 2 is listed twice"), "%s", e.msg);
     for (int i = 0; i < 3; i++)
         free(dq[i]);
 }

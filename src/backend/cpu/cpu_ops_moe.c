@@ -168,8 +168,9 @@ static void run_products(struct backend *b, const struct cpu_mm *mm, int n, cons
     }
 }
 
-/* Rows a group of experts runs at once: the products of a group share one fork-join;
- * the cap bounds the scratch (rows x (2 n_embd + 2 n_ff) floats) of a long prefill. */
+/* (row, expert) pairs a group of experts runs at once (more when one expert has more
+ * rows): the products of a group share one fork-join; the cap bounds the scratch
+ * (pairs x (2 n_embd + 2 n_ff) floats) of a long prefill. */
 #define GROUP_ROWS 1024
 
 void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
@@ -198,9 +199,15 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         }
         start[id[i] + 1]++;
     }
-    int64_t c_max = 0;
+    /* rows a group of experts runs at once: shapes only (one expert has at most n rows:
+     * a row's ids are distinct, as bk_moe_route writes them) */
+    const int64_t cap = nk < GROUP_ROWS ? nk : n > GROUP_ROWS ? n : GROUP_ROWS;
     for (int64_t e = 0; e < n_exp; e++) {
-        if (start[e + 1] > c_max) c_max = start[e + 1];
+        if (start[e + 1] > cap) {
+            bk_fail(b, SMELT_ERR_INTERNAL, "%s: expert %lld is listed twice in a row", name,
+                    (long long)e);
+            goto done;
+        }
         start[e + 1] += start[e];
         fill[e] = start[e];
     }
@@ -219,7 +226,6 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         xn = f32_view(h, n_embd, n);
         cpu_op_rms_norm(b, &xn, x, pre->w, pre->eps);
     }
-    const int64_t cap = c_max > GROUP_ROWS ? c_max : nk < GROUP_ROWS ? nk : GROUP_ROWS;
     float *xe = cpu_scratch(cb, (size_t)(cap * n_embd) * sizeof(float));
     float *g = cpu_scratch(cb, (size_t)(cap * n_ff) * sizeof(float));
     float *u = cpu_scratch(cb, (size_t)(cap * n_ff) * sizeof(float));
