@@ -3,7 +3,8 @@
  * Loads the model (a path, or an org/repo[:quant] reference pulled on demand), its
  * tokenizer and chat template, sizes the KV pool from memory, starts the engine thread and
  * the HTTP server, and waits for SIGINT/SIGTERM. On a signal it stops accepting requests,
- * lets in-flight ones finish for a grace period (--grace), cancels the rest and exits.
+ * lets in-flight ones finish for a grace period (--grace), cancels the rest and exits; a
+ * second signal during the grace period cancels them at once.
  *
  * --fake-forward replaces the model's forward pass with a stub that returns fixed logits
  * (the tokenizer still comes from MODEL): it measures the server and the engine's host
@@ -15,6 +16,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,15 +45,17 @@
 #define CPU_KV_TOKENS_DEFAULT 32768
 
 struct opts {
-    const char *model, *host, *api_key, *served, *backend, *chat_template, *log_format;
-    const char *fake_reply;
+    const char *model, *host, *api_key, *api_key_file, *served, *backend, *chat_template;
+    const char *log_format, *fake_reply, *admin_host;
     const char *aliases[8];
     int n_aliases;
     int port, device, threads, http_threads, timeout_s, max_seqs, max_batch, max_waiting;
     int block_size, kv_size, ctx_size, fake_fail_at;
+    int header_timeout_s, max_connections, max_per_client, admin_port;
     double gpu_util, grace_s, fake_step_ms;
-    long long max_body;
+    long long max_body, body_budget;
     bool no_prefix_cache, f32_kv, fake, quiet;
+    char key_buf[256]; /* the key read from --api-key-file */
 };
 
 static void usage(FILE *f) {
@@ -61,16 +65,30 @@ static void usage(FILE *f) {
             "server:\n"
             "  --host ADDR                listen address (default 127.0.0.1; 0.0.0.0 for all)\n"
             "  --port N                   port (default 8080; 0 picks a free one)\n"
-            "  --api-key KEY              require 'Authorization: Bearer KEY' (also $SMELT_API_KEY)\n"
+            "  --api-key KEY              require 'Authorization: Bearer KEY'; visible in ps:\n"
+            "                             prefer --api-key-file FILE (its first line) or the\n"
+            "                             environment variable SMELT_API_KEY\n"
             "  --served-model-name NAME   the model's name in the API (repeat for aliases;\n"
             "                             default: the file name without .gguf)\n"
             "  --chat-template FILE       a Jinja chat template instead of the model's own\n"
             "  --http-threads N           HTTP threads (default 2; a quarter of the cores, up to 8, on 16+)\n"
             "  --timeout S                a request (headers and body) must arrive within S\n"
-            "                             seconds; idle connections close after S (default 120)\n"
+            "                             seconds (default 120)\n"
+            "  --header-timeout S         a request's headers must arrive within S seconds;\n"
+            "                             idle connections close after S (default 10)\n"
             "  --max-body BYTES           request body limit (default 33554432)\n"
+            "  --body-budget BYTES        request bodies buffered at once, all connections\n"
+            "                             together (default 8 x --max-body); 503 past it\n"
+            "  --max-connections N        open connections (default: from the open-file limit,\n"
+            "                             at most 8192)\n"
+            "  --max-connections-per-client N  from one client address (default a quarter of\n"
+            "                             --max-connections; 0: no cap, e.g. behind a proxy)\n"
+            "  --admin-port N             also serve /health and /metrics on port N, with its\n"
+            "                             own connections (reachable when the main port is full)\n"
+            "  --admin-host ADDR          the admin port's address (default: --host)\n"
             "  --log-format text|json     request log lines (default text); --quiet: none\n"
-            "  --grace S                  on SIGTERM, let requests finish for S seconds (default 30)\n"
+            "  --grace S                  on SIGTERM, let requests finish for S seconds (default 30);\n"
+            "                             a second SIGTERM or SIGINT cancels them at once\n"
             "engine:\n"
             "  --backend auto|cpu|cuda    (default auto: cuda when available)\n"
             "  --device N                 CUDA device (default 0)\n"
@@ -101,6 +119,52 @@ static bool num(const char *s, double *out) {
     return *s && !*end && !errno && isfinite(*out);
 }
 
+/* The API key: --api-key, --api-key-file (its first line, without the line end) or
+ * $SMELT_API_KEY, at most one of the two flags (an empty flag or variable: no key, an
+ * empty file: an error). A key must be printable ASCII without spaces: it travels in a
+ * header. Returns -1 (go on) or an exit code. */
+static int api_key(struct opts *o) {
+    if (o->api_key && o->api_key_file) {
+        fprintf(stderr, "smelt serve: give --api-key or --api-key-file, not both\n");
+        return 2;
+    }
+    const char *src = o->api_key ? "--api-key" : "SMELT_API_KEY";
+    if (o->api_key_file) {
+        src = o->api_key_file;
+        FILE *f = fopen(o->api_key_file, "r");
+        if (!f) {
+            fprintf(stderr, "smelt serve: --api-key-file %s: %s\n", o->api_key_file, strerror(errno));
+            return 1;
+        }
+        char *line = fgets(o->key_buf, sizeof o->key_buf, f);
+        bool long_line = line && !strchr(o->key_buf, '\n') && !feof(f);
+        fclose(f);
+        if (!line || long_line) {
+            fprintf(stderr, "smelt serve: --api-key-file %s: %s\n", o->api_key_file,
+                    line ? "the first line is too long (255 bytes at most)" : "empty file");
+            return 2;
+        }
+        size_t n = strlen(o->key_buf);
+        while (n && (o->key_buf[n - 1] == '\n' || o->key_buf[n - 1] == '\r')) o->key_buf[--n] = 0;
+        o->api_key = o->key_buf;
+        if (!*o->api_key) {
+            fprintf(stderr, "smelt serve: --api-key-file %s: the key is empty\n", src);
+            return 2;
+        }
+    } else if (!o->api_key) {
+        o->api_key = getenv("SMELT_API_KEY");
+    }
+    for (const char *p = o->api_key ? o->api_key : ""; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch <= ' ' || ch >= 0x7F) {
+            fprintf(stderr, "smelt serve: the API key from %s must be printable ASCII without "
+                            "spaces (it is sent in a header)\n", src);
+            return 2;
+        }
+    }
+    return -1;
+}
+
 static int parse(int argc, char **argv, struct opts *o) {
     o->port = 8080;
     o->gpu_util = 0.9;
@@ -108,6 +172,8 @@ static int parse(int argc, char **argv, struct opts *o) {
     o->backend = "auto";
     o->log_format = "text";
     o->device = -1; /* not given */
+    o->admin_port = -1;
+    o->max_per_client = -2; /* not given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -134,6 +200,8 @@ static int parse(int argc, char **argv, struct opts *o) {
             i++;
             if (!strcmp(a, "--host")) o->host = v;
             else if (!strcmp(a, "--api-key")) o->api_key = v;
+            else if (!strcmp(a, "--api-key-file")) o->api_key_file = v;
+            else if (!strcmp(a, "--admin-host")) o->admin_host = v;
             else if (!strcmp(a, "--backend")) o->backend = v;
             else if (!strcmp(a, "--chat-template")) o->chat_template = v;
             else if (!strcmp(a, "--log-format")) o->log_format = v;
@@ -154,6 +222,18 @@ static int parse(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)x;
             else if (!strcmp(a, "--http-threads")) o->http_threads = (int)x;
             else if (!strcmp(a, "--timeout")) o->timeout_s = (int)x;
+            else if (!strcmp(a, "--header-timeout")) o->header_timeout_s = (int)x;
+            else if (!strcmp(a, "--max-connections") && x >= 1 && x <= 1 << 20)
+                o->max_connections = (int)x;
+            else if (!strcmp(a, "--max-connections-per-client") && x >= 0 && x <= 1 << 20)
+                o->max_per_client = (int)x;
+            else if (!strcmp(a, "--admin-port") && x >= 0 && x <= 65535) o->admin_port = (int)x;
+            else if (!strcmp(a, "--body-budget") && x >= 1) o->body_budget = (long long)x;
+            else if (!strcmp(a, "--max-connections") || !strcmp(a, "--admin-port") ||
+                     !strcmp(a, "--max-connections-per-client") || !strcmp(a, "--body-budget")) {
+                fprintf(stderr, "smelt serve: %s %s is out of range (see --help)\n", a, v);
+                return 2;
+            }
             else if (!strcmp(a, "--max-seqs")) o->max_seqs = (int)x;
             else if (!strcmp(a, "--max-batch-tokens")) o->max_batch = (int)x;
             else if (!strcmp(a, "--max-waiting")) o->max_waiting = (int)x;
@@ -192,8 +272,11 @@ static int parse(int argc, char **argv, struct opts *o) {
         fprintf(stderr, "smelt serve: --log-format is text or json\n");
         return 2;
     }
-    if (!o->api_key) o->api_key = getenv("SMELT_API_KEY");
-    return -1;
+    if (o->timeout_s < 0 || o->header_timeout_s < 0) {
+        fprintf(stderr, "smelt serve: an option is out of range (see --help)\n");
+        return 2;
+    }
+    return api_key(o);
 }
 
 /* ---- the fake forward: fixed logits, no compute ---- */
@@ -261,6 +344,28 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
         nanosleep(&ts, NULL);
     }
     return SMELT_OK;
+}
+
+/* ---- signals ---- */
+
+/* The second SIGTERM / SIGINT: waited for on a thread while the main one drains. */
+struct second_signal {
+    const sigset_t *sigs;
+    struct server *srv;
+    pthread_t th;
+    atomic_bool done; /* the drain ended: the signal that wakes us is ours, not the user's */
+};
+
+static void *wait_second_signal(void *arg) {
+    struct second_signal *ss = arg;
+    int sig = 0;
+    sigwait(ss->sigs, &sig);
+    if (!atomic_load(&ss->done)) {
+        fprintf(stderr, "smelt serve: %s again: cancelling requests now\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+        server_hurry(ss->srv);
+    }
+    return NULL;
 }
 
 /* ---- helpers ---- */
@@ -447,6 +552,13 @@ int cmd_serve(int argc, char **argv) {
         sc.api_key = o.api_key;
         sc.max_body = (size_t)o.max_body;
         sc.timeout_s = o.timeout_s;
+        sc.header_timeout_s = o.header_timeout_s;
+        sc.body_budget = (size_t)o.body_budget;
+        sc.max_connections = o.max_connections;
+        sc.max_per_client = o.max_per_client == -2 ? 0 : o.max_per_client == 0 ? -1 : o.max_per_client;
+        sc.admin = o.admin_port >= 0;
+        sc.admin_port = o.admin_port;
+        sc.admin_host = o.admin_host;
         sc.threads = o.http_threads;
         sc.log_json = !strcmp(o.log_format, "json");
         sc.quiet = o.quiet;
@@ -489,14 +601,27 @@ int cmd_serve(int argc, char **argv) {
                     c->max_batch_tokens, c->n_blocks, c->block_size,
                     (long long)c->n_blocks * c->block_size, c->n_ctx,
                     c->no_prefix_cache ? "off" : "on");
+            if (server_admin_port(srv) >= 0)
+                fprintf(stderr, "smelt serve: admin (/health, /metrics) on http://%s:%d\n",
+                        o.admin_host ? o.admin_host : o.host ? o.host : "127.0.0.1",
+                        server_admin_port(srv));
             fprintf(stderr, "smelt serve: listening on http://%s:%d\n", o.host ? o.host : "127.0.0.1",
                     server_port(srv));
             fflush(stderr);
             int sig = 0;
             sigwait(&sigs, &sig);
-            fprintf(stderr, "smelt serve: %s: shutting down (grace %.0f s)\n",
+            fprintf(stderr, "smelt serve: %s: shutting down (grace %.0f s; a second signal "
+                            "cancels requests now)\n",
                     sig == SIGINT ? "SIGINT" : "SIGTERM", o.grace_s);
+            fflush(stderr);
+            struct second_signal ss = {.sigs = &sigs, .srv = srv};
+            bool waiting = pthread_create(&ss.th, NULL, wait_second_signal, &ss) == 0;
             server_shutdown(srv, o.grace_s);
+            if (waiting) { /* wake the waiter if no second signal came */
+                atomic_store(&ss.done, true);
+                pthread_kill(ss.th, SIGTERM);
+                pthread_join(ss.th, NULL);
+            }
         }
     }
     rc = st == SMELT_OK ? 0 : cli_fail("serve", &e);

@@ -1389,6 +1389,9 @@ smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *
         if (r->prompt[i] < 0 || r->prompt[i] >= en->n_vocab)
             return err_set(e, SMELT_ERR_INVALID, "prompt token %d (at %d) is not in the vocabulary "
                            "(0..%d)", r->prompt[i], i, en->n_vocab - 1);
+    if (r->p.n > en->cfg.max_waiting) /* never fits the queue: not "busy" */
+        return err_set(e, SMELT_ERR_INVALID, "n %d is more than the waiting queue holds (%d)",
+                       r->p.n, en->cfg.max_waiting);
     smelt_status st = sample_params_check(&r->p.sp, en->n_vocab, e);
     if (st != SMELT_OK) return st;
     st = make_seqs(en, r, e);

@@ -223,7 +223,8 @@ void engine_free(struct engine *en);
 /* Queues r (the engine takes its own reference). Errors: SMELT_ERR_INVALID when the prompt
  * does not fit the context (n_ctx, itself capped by the KV pool; the message gives both
  * counts), a prompt token is not in the vocabulary, a sampling parameter is out of range,
- * or r was submitted before; SMELT_ERR_RANGE ("busy") when the waiting queue is full;
+ * r has more choices than the waiting queue holds (it could never be queued), or r was
+ * submitted before; SMELT_ERR_RANGE ("busy") when the waiting queue is full;
  * SMELT_ERR_CANCELLED after engine_drain; SMELT_ERR_NOMEM. */
 smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *e);
 

@@ -80,19 +80,20 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
                                              "default is in use)" : "");
     bool forced = tools && (rq->tool_choice == OAI_TOOLS_REQUIRED ||
                             rq->tool_choice == OAI_TOOLS_NAMED);
+    const char *choice = rq->tool_choice == OAI_TOOLS_NAMED ? rq->tool_name : "required";
     if (forced && !outp_syntax_known(cp->tmpl_src))
         return oai_fail(e, 400, "invalid_request_error", "tool_choice", "tool_choice_unsupported",
-                        "tool_choice '%.64s' cannot be enforced for this model: its chat "
+                        "tool_choice '%.*s' cannot be enforced for this model: its chat "
                         "template's tool-call syntax is not one smelt knows (Hermes/Qwen "
                         "<tool_call>, Qwen3-Coder <function=...>, Mistral [TOOL_CALLS], "
                         "Llama 3 JSON). Use tool_choice 'auto'.",
-                        rq->tool_choice == OAI_TOOLS_NAMED ? rq->tool_name : "required");
+                        oai_clip(choice, 64), choice);
     cp->syntax = tools ? outp_syntax_of(cp->tmpl_src) : OUTP_TOOLS_NONE;
     if (forced && rq->tool_choice == OAI_TOOLS_NAMED && !outp_force_ok(cp->syntax, rq->tool_name))
         return oai_fail(e, 400, "invalid_request_error", "tool_choice", "tool_choice_unsupported",
-                        "tool_choice names '%.64s', which this model's tool-call syntax cannot "
+                        "tool_choice names '%.*s', which this model's tool-call syntax cannot "
                         "write (a name with spaces, '<' or '>'). Use tool_choice 'auto'.",
-                        rq->tool_name);
+                        oai_clip(rq->tool_name, 64), rq->tool_name);
     cp->reasoning = outp_template_reasons(cp->tmpl_src);
 
     bool gen_prompt = rq->add_generation_prompt && !rq->continue_final_message;

@@ -773,7 +773,7 @@ void gen_free(struct gen *g) {
     pthread_mutex_lock(&g->mu);
     srv_unwatch(g->srv, g);
     pthread_mutex_unlock(&g->mu);
-    for (int32_t i = 0; i < g->n_reqs; i++) {
+    for (int32_t i = 0; g->reqs && i < g->n_reqs; i++) {
         if (!g->reqs[i]) continue;
         engine_req_detach(g->reqs[i]);
         engine_req_unref(g->reqs[i]);
@@ -891,17 +891,28 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
     if (!oai_parse(c->body.p ? c->body.p : "", c->body.n, kind, tok_n_vocab(s->m.tok),
                    &s->m.defaults, &g->rq, &e))
         return fail(c, &e);
-    jw_free(&c->body);
+    srv_body_free(c);
     struct oai_request *rq = &g->rq;
     if (!model_ok(s, rq->model)) {
         oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
-                 "The model '%.200s' does not exist (this server serves '%s')", rq->model, s->m.id);
+                 "The model '%.*s' does not exist (this server serves '%s')",
+                 oai_clip(rq->model, 200), rq->model, s->m.id);
         return fail(c, &e);
     }
     bool explicit_max = rq->max_tokens >= 0 && (kind == OAI_CHAT ||
                                                  json_object_get(rq->root, "max_tokens") != NULL);
     g->n_reqs = kind == OAI_CHAT ? 1 : rq->n_prompts;
     g->n_choices = g->n_reqs * rq->n;
+    /* all of a request's sequences are queued at once: more than the queue holds could never
+     * be, whatever the load (a 400, not a 429 to retry) */
+    int32_t max_waiting = engine_config(s->m.en)->max_waiting;
+    if (g->n_choices > max_waiting) {
+        oai_fail(&e, 400, "invalid_request_error", rq->n > 1 ? "n" : "prompt", "too_many_sequences",
+                 "This request asks for %d sequences (%d prompt%s x n %d), more than the server "
+                 "can queue at once (%d, --max-waiting): it could never be scheduled",
+                 g->n_choices, g->n_reqs, g->n_reqs == 1 ? "" : "s", rq->n, max_waiting);
+        return fail(c, &e);
+    }
     g->reqs = calloc((size_t)g->n_reqs, sizeof *g->reqs);
     g->req_done = calloc((size_t)g->n_reqs, sizeof *g->req_done);
     g->req_prompt_tokens = calloc((size_t)g->n_reqs, sizeof *g->req_prompt_tokens);

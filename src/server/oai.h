@@ -32,12 +32,17 @@ struct oai_err {
     char message[ERR_MSG_MAX];
 };
 
-/* Fills e and returns false (for `return oai_fail(...)`). */
+/* Fills e and returns false (for `return oai_fail(...)`). The message, param and code are
+ * kept valid UTF-8 whatever the arguments hold: cut on a character boundary, ill-formed
+ * bytes replaced by U+FFFD. */
 bool oai_fail(struct oai_err *e, int status, const char *type, const char *param,
               const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* Shorthand for a 400 invalid_request_error naming param. */
 bool oai_bad(struct oai_err *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The length of s's longest prefix of at most max bytes that does not split a UTF-8
+ * character: quote client text as "%.*s", oai_clip(s, 64), s. */
+int oai_clip(const char *s, int max);
 /* The error as a JSON body (malloc'd, NUL-terminated). */
 char *oai_err_json(const struct oai_err *e);
 

@@ -13,18 +13,58 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/utf8.h"
+
 #define MAX_PROMPTS 1024
 #define MAX_TOP_LOGPROBS 20
+
+/* Formats into dst (cap bytes) as valid UTF-8, whatever the arguments hold: a cut (the
+ * buffer's end) falls on a character boundary, and each ill-formed byte (a client's text,
+ * a '%.Ns' that split a character) becomes U+FFFD. jansson refuses invalid UTF-8, so an
+ * error built from such text would otherwise have no JSON body at all. */
+__attribute__((format(printf, 3, 0))) static void put_text(char *dst, size_t cap, const char *fmt,
+                                                          va_list ap) {
+    char tmp[ERR_MSG_MAX];
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    size_t n = k < 0 ? 0 : (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1;
+    if (k >= (int)sizeof tmp) n -= utf8_tail_len((const uint8_t *)tmp, n);
+    const uint8_t *u = (const uint8_t *)tmp;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t m = utf8_decode(u + i, n - i, &cp);
+        const char *src = m ? tmp + i : UTF8_REPLACEMENT_STR;
+        size_t len = m ? m : 3;
+        if (o + len + 1 > cap) break;
+        memcpy(dst + o, src, len);
+        o += len;
+        i += m ? m : 1;
+    }
+    dst[o] = 0;
+}
+
+__attribute__((format(printf, 3, 4))) static void put(char *dst, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_text(dst, cap, fmt, ap);
+    va_end(ap);
+}
+
+int oai_clip(const char *s, int max) {
+    size_t n = strnlen(s, max > 0 ? (size_t)max : 0);
+    if ((int)n == max) n -= utf8_tail_len((const uint8_t *)s, n);
+    return (int)n;
+}
 
 bool oai_fail(struct oai_err *e, int status, const char *type, const char *param,
               const char *code, const char *fmt, ...) {
     e->status = status;
     e->type = type;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    put(e->param, sizeof e->param, "%s", param ? param : "");
+    put(e->code, sizeof e->code, "%s", code ? code : "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    put_text(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     return false;
 }
@@ -32,11 +72,11 @@ bool oai_fail(struct oai_err *e, int status, const char *type, const char *param
 bool oai_bad(struct oai_err *e, const char *param, const char *fmt, ...) {
     e->status = 400;
     e->type = "invalid_request_error";
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    put(e->param, sizeof e->param, "%s", param ? param : "");
     e->code[0] = 0;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    put_text(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     return false;
 }
@@ -166,7 +206,8 @@ static bool parse_logit_bias(json_t *v, int32_t n_vocab, struct oai_request *r,
     json_object_foreach(v, k, b) {
         int32_t id;
         if (!parse_token_id(k, n_vocab, &id))
-            return oai_bad(e, "logit_bias", "logit_bias: '%.40s' is not a token id (0..%d)", k,
+            return oai_bad(e, "logit_bias", "logit_bias: '%.*s' is not a token id (0..%d)",
+                           oai_clip(k, 40), k,
                            n_vocab - 1);
         if (!json_is_number(b) || !isfinite(json_number_value(b)) ||
             fabs(json_number_value(b)) > 100)
@@ -215,7 +256,8 @@ static bool parse_stream_options(json_t *v, struct oai_request *r, struct oai_er
             if (b && !strcmp(k, "continuous_usage_stats"))
                 return oai_bad(e, "stream_options.continuous_usage_stats", "not supported");
         } else {
-            return oai_bad(e, "stream_options", "Unrecognized stream option: %.64s", k);
+            return oai_bad(e, "stream_options", "Unrecognized stream option: %.*s",
+                           oai_clip(k, 64), k);
         }
     }
     return true;
@@ -228,9 +270,9 @@ static bool parse_response_format(json_t *v, struct oai_err *e) {
         return oai_bad(e, "response_format", "'response_format' must be an object with a 'type'");
     if (!strcmp(json_string_value(t), "text")) return true;
     return oai_bad(e, "response_format",
-                   "response_format type '%.32s' is not supported yet (constrained decoding is "
+                   "response_format type '%.*s' is not supported yet (constrained decoding is "
                    "not implemented); only 'text' is accepted",
-                   json_string_value(t));
+                   oai_clip(json_string_value(t), 32), json_string_value(t));
 }
 
 /* ---- chat ---- */
@@ -252,8 +294,8 @@ static bool flatten_content(json_t *msg, size_t mi, struct oai_err *e) {
             return oai_bad(e, param, "%s[%zu] must be an object with a 'type'", param, i);
         const char *ts = json_string_value(type);
         if (strcmp(ts, "text") != 0 && strcmp(ts, "input_text") != 0)
-            return oai_bad(e, param, "%s[%zu]: content parts of type '%.32s' are not supported "
-                           "(text only)", param, i, ts);
+            return oai_bad(e, param, "%s[%zu]: content parts of type '%.*s' are not supported "
+                           "(text only)", param, i, oai_clip(ts, 32), ts);
         if (!json_is_string(text))
             return oai_bad(e, param, "%s[%zu].text must be a string", param, i);
         total += json_string_length(text) + 1;
@@ -316,8 +358,8 @@ static bool parse_messages(json_t *v, struct oai_request *r, struct oai_err *e) 
             json_object_set_new(m, "role", json_string("system")); /* frees the old string */
             rs = "system";
         } else if (strcmp(rs, "system") && strcmp(rs, "user") && !assistant && strcmp(rs, "tool")) {
-            return oai_bad(e, param, "%s.role '%.32s' is not one of system, developer, user, "
-                           "assistant, tool", param, rs);
+            return oai_bad(e, param, "%s.role '%.*s' is not one of system, developer, user, "
+                           "assistant, tool", param, oai_clip(rs, 32), rs);
         }
         json_t *content = json_object_get(m, "content");
         if (!content && !assistant)
@@ -338,7 +380,8 @@ static bool parse_messages(json_t *v, struct oai_request *r, struct oai_err *e) 
                               !strcmp(k, "audio")))
                 continue;
             if (!strcmp(rs, "tool") && !strcmp(k, "tool_call_id")) continue;
-            return oai_bad(e, param, "%s: unknown field '%.40s' for role %s", param, k, rs);
+            return oai_bad(e, param, "%s: unknown field '%.*s' for role %s", param,
+                           oai_clip(k, 40), k, rs);
         }
         json_t *name = json_object_get(m, "name");
         if (name && !json_is_string(name) && !json_is_null(name))
@@ -416,8 +459,8 @@ static bool parse_tool_choice(json_t *v, struct oai_request *r, struct oai_err *
         return oai_bad(e, "tool_choice", "tool_choice '%s' needs 'tools'",
                        r->tool_choice == OAI_TOOLS_NAMED ? r->tool_name : "required");
     if (r->tool_choice == OAI_TOOLS_NAMED && !tool_exists(r->tools, r->tool_name))
-        return oai_bad(e, "tool_choice", "tool_choice names '%.64s', which is not in 'tools'",
-                       r->tool_name);
+        return oai_bad(e, "tool_choice", "tool_choice names '%.*s', which is not in 'tools'",
+                       oai_clip(r->tool_name, 64), r->tool_name);
     return true;
 }
 
@@ -661,7 +704,8 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
     }
     if (harmless(k)) return true;
     if (unsupported(k)) return oai_bad(e, k, "'%s' is not supported", k);
-    return oai_bad(e, k, "Unrecognized request argument supplied: %.64s", k);
+    return oai_bad(e, k, "Unrecognized request argument supplied: %.*s",
+                   oai_clip(k, 64), k);
 }
 
 bool oai_parse(const char *body, size_t len, enum oai_kind kind, int32_t n_vocab,

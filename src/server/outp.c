@@ -201,21 +201,11 @@ static void emit_args(struct outp *p, struct outp_delta *d, const char *s, size_
     if (c) jw_raw(&c->args, s, n);
 }
 
-/* Length of an incomplete UTF-8 character at the end of s[0..n). */
-static size_t utf8_tail(const char *s, size_t n) {
-    for (size_t k = 1; k <= 3 && k <= n; k++) {
-        uint8_t b = (uint8_t)s[n - k];
-        if (b < 0x80) return 0;
-        if (b >= 0xC0) return utf8_incomplete_len((const uint8_t *)s + n - k, k) == k ? k : 0;
-    }
-    return 0;
-}
-
 /* Emits the arguments read so far (all, or up to an incomplete UTF-8 character). */
 static void flush_args(struct outp *p, struct outp_delta *d, bool all) {
     size_t n = p->args.n;
     if (!n) return;
-    size_t keep = all ? 0 : utf8_tail(p->args.p, n);
+    size_t keep = all ? 0 : utf8_tail_len((const uint8_t *)p->args.p, n);
     emit_args(p, d, p->args.p, n - keep);
     memmove(p->args.p, p->args.p + n - keep, keep);
     p->args.n = keep;
@@ -509,7 +499,7 @@ static void xml_str_flush(struct outp *p, bool end) {
     if (end) {
         if (p->hold.p[n - 1] == '\n') n--;
     } else {
-        keep = utf8_tail(p->hold.p, n);
+        keep = utf8_tail_len((const uint8_t *)p->hold.p, n);
         if (!keep && p->hold.p[n - 1] == '\n') keep = 1;
     }
     jw_json_chars(&p->args, p->hold.p, n - keep);

@@ -1,9 +1,14 @@
-/* HTTP side of the server: the libmicrohttpd daemon, connections, routing, auth, the
+/* HTTP side of the server: the libmicrohttpd daemons, connections, routing, auth, the
  * small routes (/health, /v1/models, /metrics, /tokenize, /detokenize), request logging
- * and shutdown. Generation routes are in gen.c. See server.h.
+ * and shutdown. Generation routes are in gen.c, the strict header checks in http.c. See
+ * server.h.
  *
- * A connection's life: MHD calls on_request once for the headers (we allocate a struct
- * conn), once per body chunk (appended, up to max_body), and once more at the end, where
+ * A request's life: MHD's URI callback (on_uri) allocates a struct conn when the request
+ * line is in. MHD calls on_request once when the headers are in (first_call: every
+ * decision that needs no body is taken there, and a refusal is answered before a byte of
+ * the body is read, so an unauthenticated client costs no body memory and an
+ * `Expect: 100-continue` client is never told to go on), once per body chunk (buffered up
+ * to the route's limit, within the server's body budget), and once more at the end, where
  * the route runs. A generation request either answers at once (errors, a stream response
  * whose body comes from a callback) or suspends the connection until the engine says it
  * is done. on_completed (MHD's "request completed" notification, which also fires on a
@@ -18,17 +23,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "server/server_int.h"
 #include "tokenizer/tok.h"
 #include "util/log.h"
+#include "util/utf8.h"
 
 #define DEFAULT_MAX_BODY ((size_t)32 << 20)
+#define DEFAULT_HEADER_TIMEOUT_S 10
+#define ADMIN_CONNECTIONS 32 /* the admin listener's own connection limit */
 
-const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503};
+const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 501, 503};
 
 double srv_now(void) {
     struct timespec t;
@@ -70,10 +80,27 @@ void srv_new_id(struct server *s, const char *prefix, char *out, size_t n) {
     snprintf(out, n, "%s%s", prefix, id);
 }
 
+/* ---- the body budget ---- */
+
+/* Takes n bytes of the server's body budget; false (nothing taken) when that would pass it. */
+static bool budget_take(struct server *s, size_t n) {
+    size_t used = atomic_load(&s->body_used);
+    do {
+        if (used > s->cfg.body_budget || n > s->cfg.body_budget - used) return false;
+    } while (!atomic_compare_exchange_weak(&s->body_used, &used, used + n));
+    return true;
+}
+
+void srv_body_free(struct conn *c) {
+    jw_free(&c->body);
+    if (c->body_charged) atomic_fetch_sub(&c->srv->body_used, c->body_charged);
+    c->body_charged = 0;
+}
+
 void srv_conn_unref(struct conn *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     gen_free(c->gen);
-    jw_free(&c->body);
+    srv_body_free(c);
     atomic_fetch_sub(&c->srv->n_conns, 1);
     free(c);
 }
@@ -88,6 +115,9 @@ enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *
     }
     MHD_add_response_header(r, "Content-Type", ctype ? ctype : "application/json");
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 405 && c->allow) MHD_add_response_header(r, "Allow", c->allow);
+    if (c->close) MHD_add_response_header(r, "Connection", "close");
     srv_status(c, status, true);
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -95,21 +125,35 @@ enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *
 }
 
 enum MHD_Result srv_error(struct conn *c, const struct oai_err *e) {
-    if (e->status >= 500) log_error("request %s %s: %d %s", c->method, c->path, e->status, e->message);
+    if (e->status >= 500 && e->status != 501 && e->status != 503)
+        log_error("request %s %s: %d %s", c->method, c->path, e->status, e->message);
+    return srv_respond(c, e->status, oai_err_json(e), NULL);
+}
+
+/* Answers e while MHD is reading the body, where it cannot queue a response: the answer is
+ * written to the socket directly (MHD has nothing of its own to send there: at most a
+ * 100 Continue, already sent), then MHD_NO makes MHD close the connection. For a body
+ * that turns out too large, or would pass the budget, once it is being read (chunked). */
+static enum MHD_Result refuse_now(struct conn *c, const struct oai_err *e) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     char *body = oai_err_json(e);
-    size_t n = strlen(body);
-    struct MHD_Response *r = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
+    char head[256];
+    const char *reason = MHD_get_reason_phrase_for((unsigned)e->status);
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "%sConnection: close\r\n\r\n",
+                      e->status, reason ? reason : "", strlen(body),
+                      e->status == 503 ? "Retry-After: 1\r\n" : "");
+    if (ci && hn > 0 && (size_t)hn < sizeof head) { /* best effort: the socket may be full */
+        struct iovec v[2] = {{head, (size_t)hn}, {body, strlen(body)}};
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
+        ssize_t k = sendmsg(ci->connect_fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)k;
     }
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    if (e->status == 429 || e->status == 503) MHD_add_response_header(r, "Retry-After", "1");
-    if (e->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    free(body);
     srv_status(c, e->status, true);
-    enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)e->status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return MHD_NO;
 }
 
 static enum MHD_Result respond_json(struct conn *c, int status, json_t *j) {
@@ -160,17 +204,20 @@ static bool model_known(struct server *s, const char *name) {
     return false;
 }
 
-static enum MHD_Result route_models(struct conn *c, const char *id) {
+static enum MHD_Result route_model(struct conn *c) {
     struct server *s = c->srv;
-    if (id) {
-        if (!model_known(s, id)) {
-            struct oai_err e;
-            oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
-                     "The model '%.200s' does not exist", id);
-            return srv_error(c, &e);
-        }
-        return respond_json(c, 200, model_obj(s, id));
+    const char *id = c->arg;
+    if (!model_known(s, id)) {
+        struct oai_err e;
+        oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                 "The model '%.*s' does not exist", oai_clip(id, 200), id);
+        return srv_error(c, &e);
     }
+    return respond_json(c, 200, model_obj(s, id));
+}
+
+static enum MHD_Result route_models(struct conn *c) {
+    struct server *s = c->srv;
     json_t *list = json_array();
     json_array_append_new(list, model_obj(s, s->m.id));
     for (int i = 0; i < s->m.n_aliases; i++) json_array_append_new(list, model_obj(s, s->m.aliases[i]));
@@ -299,138 +346,239 @@ static enum MHD_Result route_detokenize(struct conn *c) {
     return respond_json(c, 200, json_pack("{s:O, s:o}", "content", txt, "prompt", txt));
 }
 
-/* ---- the access handler ---- */
-
-static bool path_is(const char *url, const char *p) {
-    if (!strncmp(url, "/v1", 3) && (url[3] == '/')) url += 3;
-    return !strcmp(url, p);
+static enum MHD_Result route_health(struct conn *c) {
+    if (atomic_load(&c->srv->draining)) {
+        struct oai_err e;
+        oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return srv_error(c, &e);
+    }
+    return srv_respond(c, 200, strdup("{\"status\":\"ok\"}"), NULL);
 }
 
-static enum MHD_Result route(struct conn *c, const char *url, const char *method) {
-    struct server *s = c->srv;
-    struct oai_err e;
-    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    if (path_is(url, "/health")) {
-        c->route = "health";
-        if (atomic_load(&s->draining)) {
-            oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-            return srv_error(c, &e);
+static enum MHD_Result route_metrics(struct conn *c) {
+    char *m = metrics_text(c->srv);
+    if (!m) return MHD_NO;
+    return srv_respond(c, 200, m, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static enum MHD_Result route_chat(struct conn *c) { return gen_start(c, OAI_CHAT); }
+static enum MHD_Result route_completions(struct conn *c) { return gen_start(c, OAI_COMPLETION); }
+
+/* ---- the access handler ---- */
+
+/* Every route: a new one is one entry. The checks of first_call read the flags. */
+static const struct srv_route routes[] = {
+    {"/health", SRV_GET, SRV_OPEN | SRV_ADMIN, "health", route_health},
+    {"/metrics", SRV_GET, SRV_ADMIN, "metrics", route_metrics},
+    {"/models", SRV_GET, 0, "models", route_models},
+    {"/models/*", SRV_GET, 0, "models", route_model},
+    {"/chat/completions", SRV_POST, SRV_BODY, "chat", route_chat},
+    {"/completions", SRV_POST, SRV_BODY, "completions", route_completions},
+    {"/tokenize", SRV_POST, SRV_BODY, "tokenize", route_tokenize},
+    {"/detokenize", SRV_POST, SRV_BODY, "detokenize", route_detokenize},
+};
+
+/* The route of url (also without its /v1 prefix); *arg: the part a '*' matched. */
+static const struct srv_route *find_route(const char *url, const char **arg) {
+    if (!strncmp(url, "/v1/", 4)) url += 3;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const char *p = routes[i].path;
+        size_t n = strlen(p);
+        if (p[n - 1] == '*') {
+            if (!strncmp(url, p, n - 1) && url[n - 1]) {
+                *arg = url + n - 1;
+                return &routes[i];
+            }
+        } else if (!strcmp(url, p)) {
+            return &routes[i];
         }
-        return srv_respond(c, 200, strdup("{\"status\":\"ok\"}"), NULL);
     }
-    const char *mid = NULL;
-    const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
-    if (!strncmp(u, "/models/", 8) && u[8]) mid = u + 8;
-    static const struct {
-        const char *path;
-        bool post;
-        const char *name;
-    } table[] = {
-        {"/chat/completions", true, "chat"}, {"/completions", true, "completions"},
-        {"/models", false, "models"},        {"/metrics", false, "metrics"},
-        {"/tokenize", true, "tokenize"},     {"/detokenize", true, "detokenize"},
-    };
-    int hit = -1;
-    for (int i = 0; i < (int)(sizeof table / sizeof table[0]); i++)
-        if (path_is(url, table[i].path)) hit = i;
-    if (mid) hit = 2;
-    c->route = hit >= 0 ? table[hit].name : NULL; /* (for the log, whatever the answer) */
-    if (!authorized(c)) {
-        oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
-                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
-        return srv_error(c, &e);
-    }
-    if (c->too_big) {
-        oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                 "The request body is larger than the limit of %zu bytes", s->cfg.max_body);
-        return srv_error(c, &e);
-    }
-    if (hit < 0) {
-        oai_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Unknown route %s %.200s",
-                 method, url);
-        return srv_error(c, &e);
-    }
-    if ((table[hit].post && !post) || (!table[hit].post && !get)) {
-        oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
-                 "%s %.200s: method not allowed (use %s)", method, url,
-                 table[hit].post ? "POST" : "GET");
-        return srv_error(c, &e);
-    }
-    switch (hit) {
-    case 0: return gen_start(c, OAI_CHAT);
-    case 1: return gen_start(c, OAI_COMPLETION);
-    case 2: return route_models(c, mid);
-    case 3: {
-        char *m = metrics_text(s);
-        if (!m) return MHD_NO;
-        return srv_respond(c, 200, m, "text/plain; version=0.0.4; charset=utf-8");
-    }
-    case 4: return route_tokenize(c);
-    default: return route_detokenize(c);
-    }
+    return NULL;
 }
 
 static long long now_ms(void) { return (long long)(srv_now() * 1e3); }
 
-/* The request deadline passed (see struct sock): marks the socket. */
+/* The request deadline passed (see struct sock): marks the socket. Before the headers are
+ * in, the header timeout applies; after, the request timeout. */
 static bool late(struct server *s, struct sock *k) {
     if (!k || !atomic_load(&k->receiving)) return false;
-    if (now_ms() - atomic_load(&k->since_ms) <= (long long)s->cfg.timeout_s * 1000) return false;
+    long long limit = atomic_load(&k->headers_done) ? s->cfg.timeout_s : s->cfg.header_timeout_s;
+    if (now_ms() - atomic_load(&k->since_ms) <= limit * 1000) return false;
     atomic_store(&k->timed_out, true);
     return true;
+}
+
+/* Copies src into dst (cap bytes) for the log, cut on a character boundary. */
+static void clip_copy(char *dst, size_t cap, const char *src) {
+    size_t n = strnlen(src, cap - 1);
+    if (n == cap - 1) n -= utf8_tail_len((const uint8_t *)src, n);
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* MHD's URI callback: the request line is in. Its return value is the request's con_cls. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
+    struct listener *l = cls;
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c) return NULL; /* on_request closes the connection */
+    c->srv = l->s;
+    c->mc = mc;
+    c->admin = l->admin;
+    atomic_init(&c->refs, 1);
+    c->t0 = srv_now();
+    c->uri = uri;
+    c->uri_len = strlen(uri);
+    clip_copy(c->path, sizeof c->path, uri); /* the raw target, until first_call decodes it */
+    for (size_t i = 0; i < c->uri_len && !c->uri_bad; i++)
+        c->uri_bad = (unsigned char)uri[i] <= 0x20 || uri[i] == 0x7F;
+    atomic_fetch_add(&l->s->n_conns, 1);
+    return c;
+}
+
+/* The first handler call: the headers are in, nothing of the body is read. Every check
+ * that needs no body happens here, in this order (each refusal is answered at once; a
+ * request with a body pending is then closed, so its body is never read): the header
+ * deadline, HTTP framing (http_check: 400, 501), the route's draining state (503), the
+ * API key (401), the route (404), the method (405), the declared body size (413), the
+ * body budget (503). Only a request that passes them all is told to go on (MHD sends
+ * 100 Continue to a client that asked for it). */
+static enum MHD_Result first_call(struct conn *c, const char *url, const char *method,
+                                  const char *version) {
+    struct server *s = c->srv;
+    struct MHD_Connection *mc = c->mc;
+    c->started = true;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct sock *k = ci ? ci->socket_context : NULL;
+    if (late(s, k)) return MHD_NO; /* the headers came too late: close */
+    if (k) atomic_store(&k->headers_done, true);
+    c->sock = k;
+    clip_copy(c->method, sizeof c->method, method);
+    clip_copy(c->path, sizeof c->path, url);
+    struct oai_err e;
+    struct http_framing f;
+    if (!http_check(mc, c->uri, c->uri_len, c->uri_bad, method, version, &f, &e)) {
+        c->close = true; /* the framing cannot be trusted: nothing after it either */
+        return srv_error(c, &e);
+    }
+    c->chunked = f.chunked;
+    c->close = f.has_body; /* a refusal leaves the body unread: close after the answer */
+    const struct srv_route *rt = find_route(url, &c->arg);
+    if (rt && c->admin && !(rt->flags & SRV_ADMIN)) rt = NULL; /* the admin port has two */
+    c->rt = rt; /* (for the log, whatever the answer) */
+    if (atomic_load(&s->draining) && !(rt && (rt->flags & SRV_ADMIN))) {
+        oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return srv_error(c, &e);
+    }
+    if (!(rt && (rt->flags & SRV_OPEN)) && !authorized(c)) {
+        oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
+        return srv_error(c, &e);
+    }
+    if (!rt) {
+        oai_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Unknown route %s %.*s",
+                 c->method, oai_clip(c->path, 200), c->path);
+        return srv_error(c, &e);
+    }
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (!((rt->methods & SRV_GET) && get) && !((rt->methods & SRV_POST) && post)) {
+        c->allow = rt->methods & SRV_POST ? "POST" : "GET, HEAD";
+        oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                 "%s %.*s: method not allowed (use %s)", c->method, oai_clip(c->path, 200),
+                 c->path, c->allow);
+        return srv_error(c, &e);
+    }
+    c->body_limit = rt->flags & SRV_BODY ? s->cfg.max_body : 0;
+    if (f.has_body && (f.chunked ? c->body_limit == 0 : f.length > c->body_limit)) {
+        if (c->body_limit == 0)
+            oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                     "%s %.*s takes no request body", c->method, oai_clip(c->path, 200), c->path);
+        else
+            oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                     "The request body (%llu bytes) is larger than the limit of %zu bytes "
+                     "(--max-body)", (unsigned long long)f.length, c->body_limit);
+        return srv_error(c, &e);
+    }
+    if (!f.chunked && f.length > 0) { /* the whole body's buffer, held from now */
+        if (!budget_take(s, (size_t)f.length + 1)) {
+            oai_fail(&e, 503, "server_error", NULL, "server_busy",
+                     "The server is receiving too many request bodies at once (--body-budget "
+                     "%zu bytes); retry later", s->cfg.body_budget);
+            return srv_error(c, &e);
+        }
+        c->body_charged = (size_t)f.length + 1;
+        c->body_limit = (size_t)f.length;
+    }
+    c->close = false;
+    return MHD_YES;
+}
+
+/* A piece of the body: buffered, within the route's limit and the server's budget. The
+ * buffer of a Content-Length body is its declared size (held since first_call); a chunked
+ * one grows by doubling, each growth taken from the budget first. */
+static enum MHD_Result body_chunk(struct conn *c, const char *data, size_t n) {
+    struct server *s = c->srv;
+    struct oai_err e;
+    if (late(s, c->sock)) return MHD_NO; /* the body is too slow: close (logged 408) */
+    if (n > c->body_limit - c->body.n) {
+        oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                 "The request body is larger than the limit of %zu bytes (--max-body)",
+                 s->cfg.max_body);
+        return refuse_now(c, &e);
+    }
+    size_t need = c->body.n + n + 1;
+    if (need > c->body.cap) {
+        size_t cap = need;
+        if (c->chunked) {
+            cap = c->body.cap * 2 > need ? c->body.cap * 2 : need;
+            if (cap < 4096) cap = 4096;
+            if (cap > c->body_limit + 1) cap = c->body_limit + 1;
+        }
+        if (cap > c->body_charged) {
+            if (!budget_take(s, cap - c->body_charged)) {
+                oai_fail(&e, 503, "server_error", NULL, "server_busy",
+                         "The server is receiving too many request bodies at once "
+                         "(--body-budget %zu bytes); retry later", s->cfg.body_budget);
+                return refuse_now(c, &e);
+            }
+            c->body_charged = cap;
+        }
+        char *p = realloc(c->body.p, cap);
+        if (!p) return MHD_NO;
+        c->body.p = p;
+        c->body.cap = cap;
+    }
+    memcpy(c->body.p + c->body.n, data, n);
+    c->body.n += n;
+    c->body.p[c->body.n] = 0;
+    return MHD_YES;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **con_cls) {
-    struct server *s = cls;
-    (void)version;
+    (void)cls;
+    (void)mc;
     struct conn *c = *con_cls;
-    if (!c) {
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-        struct sock *k = ci ? ci->socket_context : NULL;
-        if (late(s, k)) return MHD_NO; /* the headers came too late: close */
-        c = calloc(1, sizeof *c);
-        if (!c) return MHD_NO;
-        c->srv = s;
-        c->mc = mc;
-        c->sock = k;
-        atomic_init(&c->refs, 1);
-        c->t0 = srv_now();
-        snprintf(c->method, sizeof c->method, "%s", method);
-        snprintf(c->path, sizeof c->path, "%s", url);
-        atomic_fetch_add(&s->n_conns, 1);
-        *con_cls = c;
-        /* refuse an announced oversized body before reading it */
-        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) c->too_big = true;
-        return MHD_YES;
-    }
+    if (!c) return MHD_NO; /* on_uri ran out of memory */
+    if (!c->started) return first_call(c, url, method, version);
     if (c->gen) return gen_resume(c); /* a suspended request was resumed */
     if (*upload_size) {
-        if (late(s, c->sock)) return MHD_NO; /* the body is too slow: close (logged 408) */
-        if (!c->too_big) {
-            if (c->body.n + *upload_size > s->cfg.max_body) {
-                c->too_big = true;
-                jw_free(&c->body);
-            } else {
-                jw_raw(&c->body, upload_data, *upload_size);
-                if (c->body.oom) return MHD_NO;
-            }
-        }
+        enum MHD_Result r = body_chunk(c, upload_data, *upload_size);
         *upload_size = 0;
-        return MHD_YES;
+        return r;
     }
     if (c->handled) return MHD_YES;
     c->handled = true;
     if (c->sock) atomic_store(&c->sock->receiving, false); /* all here: no deadline now */
-    return route(c, url, method);
+    return c->rt->fn(c);
 }
 
 /* One line per request: text, or JSON with --log-format json. Every request that reached
  * the handler has one, whatever its status (408: its body did not arrive in time; 499: the
- * client went away before the answer was complete). */
+ * client went away before the answer was complete), and so does one that libmicrohttpd
+ * refused itself (a malformed Content-Length, headers too large: route "-"). The text
+ * line's fields are escaped (log_escape): the method and path are the client's. */
 static void log_request(struct server *s, struct conn *c) {
     if (s->cfg.quiet) return;
     double total = srv_now() - c->t0;
@@ -444,7 +592,7 @@ static void log_request(struct server *s, struct conn *c) {
     if (s->cfg.log_json) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
-        const char *rt = c->route ? c->route : c->path;
+        const char *rt = c->rt ? c->rt->name : c->started ? c->path : "-";
         struct jw w = {0};
         jw_printf(&w, "{\"ts\":%lld.%03ld", (long long)now.tv_sec, now.tv_nsec / 1000000);
         jw_str(&w, ",\"level\":\"info\",\"msg\":\"request\",\"id\":");
@@ -465,34 +613,46 @@ static void log_request(struct server *s, struct conn *c) {
         if (w.p) fputs(w.p, stderr);
         jw_free(&w);
     } else {
-        char tt[32] = "-";
+        char tt[32] = "-", method[4 * sizeof c->method], path[4 * sizeof c->path];
         if (ttft >= 0) snprintf(tt, sizeof tt, "%.3fs", ttft);
+        log_escape(method, sizeof method, c->method, strlen(c->method));
+        log_escape(path, sizeof path, c->path, strlen(c->path));
         fprintf(stderr, "smelt: request %s %s %s %d prompt=%lld cached=%lld completion=%lld "
                         "ttft=%s total=%.3fs\n",
-                id, c->method, c->path, c->status, pt, cached, ct, tt, total);
+                id, method, path, c->status, pt, cached, ct, tt, total);
     }
     pthread_mutex_unlock(&s->log_mu);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    struct server *s = cls;
-    (void)mc;
+    struct listener *l = cls;
+    struct server *s = l->s;
     struct conn *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
-    if (c->status == 0) /* no answer was queued */
+    bool log = true;
+    if (!c->started) { /* MHD answered it itself, or the client left during its headers */
+        const union MHD_ConnectionInfo *hi = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_HTTP_STATUS);
+        c->status = hi ? (int)hi->http_status : 0;
+        log = c->status != 0;
+        snprintf(c->method, sizeof c->method, "-");
+    } else if (c->status == 0) { /* no answer was queued */
         c->status = c->sock && atomic_load(&c->sock->timed_out) ? 408 : 499;
-    else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->gen && !c->counted)
+    } else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->gen && !c->counted) {
         c->status = 499; /* the client went away mid-response (nginx's convention) */
-    srv_status(c, c->status, true);
-    log_request(s, c);
+    }
+    if (log) {
+        srv_status(c, c->status, true);
+        log_request(s, c);
+    }
     if (c->gen) {
         for (int32_t i = 0; i < c->gen->n_reqs; i++)
             if (c->gen->reqs[i]) engine_req_detach(c->gen->reqs[i]);
     }
     if (c->sock) { /* the next request on this connection may start now */
         atomic_store(&c->sock->since_ms, now_ms());
+        atomic_store(&c->sock->headers_done, false);
         atomic_store(&c->sock->receiving, true);
     }
     srv_conn_unref(c);
@@ -501,7 +661,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 /* MHD's connection notifications: a struct sock per socket, listed for the watcher. */
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
-    struct server *s = cls;
+    struct server *s = ((struct listener *)cls)->s;
     struct sock *k = *socket_context;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
@@ -510,6 +670,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         if (!k) return; /* no deadline for this one */
         k->fd = ci->connect_fd;
         atomic_init(&k->receiving, true);
+        atomic_init(&k->headers_done, false);
         atomic_init(&k->since_ms, now_ms());
         atomic_init(&k->timed_out, false);
         pthread_mutex_lock(&s->smu);
@@ -571,8 +732,9 @@ static void end_late_requests(struct server *s) {
     for (struct sock *k = s->socks; k; k = k->next) {
         if (atomic_load(&k->timed_out) || !late(s, k)) continue;
         shutdown(k->fd, SHUT_RDWR);
-        log_debug("http: a request did not arrive within %d s: closing its connection",
-                  s->cfg.timeout_s);
+        log_debug("http: a request's %s did not arrive within %d s: closing its connection",
+                  atomic_load(&k->headers_done) ? "body" : "headers",
+                  atomic_load(&k->headers_done) ? s->cfg.timeout_s : s->cfg.header_timeout_s);
     }
     pthread_mutex_unlock(&s->smu);
 }
@@ -624,10 +786,10 @@ static void *watcher(void *arg) {
     return NULL;
 }
 
-/* Stops the watcher thread (when it runs). wstarted stays as it is: MHD's workers may still
- * read it. */
+/* Stops the watcher thread (when it runs; once). wstarted stays as it is: MHD's workers may
+ * still read it. */
 static void watcher_stop(struct server *s) {
-    if (!s->wstarted) return;
+    if (!s->wstarted || s->wstop) return; /* (wstop is only written here, on this thread) */
     pthread_mutex_lock(&s->wmu);
     s->wstop = true;
     pthread_cond_signal(&s->wcv);
@@ -647,6 +809,69 @@ static int32_t longest_piece(const struct tok *t) {
     return best;
 }
 
+int server_default_max_connections(long nofile) {
+    long n = nofile - (nofile / 8 > 64 ? nofile / 8 : 64);
+    if (n > 8192) n = 8192;
+    if (n < 16) n = 16;
+    return (int)n;
+}
+
+/* Fills an IPv4 or IPv6 address for host:port; *v6 says which. */
+static smelt_status sock_addr(const char *host, int port, struct sockaddr_storage *ss, bool *v6,
+                              const char *flag, struct err *e) {
+    memset(ss, 0, sizeof *ss);
+    *v6 = strchr(host, ':') != NULL;
+    if (*v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+            return err_set(e, SMELT_ERR_INVALID, "%s %s: not an IPv6 address", flag, host);
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)port);
+        const char *h = !strcmp(host, "localhost") ? "127.0.0.1" : host;
+        if (inet_pton(AF_INET, h, &a->sin_addr) != 1)
+            return err_set(e, SMELT_ERR_INVALID, "%s %s: not an IPv4 address", flag, host);
+    }
+    return SMELT_OK;
+}
+
+/* Starts one libmicrohttpd daemon on ss with the server's callbacks (cls: l). */
+static struct MHD_Daemon *start_daemon(struct server *s, struct listener *l,
+                                       struct sockaddr_storage *ss, bool v6, int port,
+                                       unsigned threads, unsigned limit, unsigned per_ip) {
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_TURBO | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, l,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)ss,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, l,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, l,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
+                            MHD_OPTION_THREAD_POOL_SIZE, threads,
+                            MHD_OPTION_CONNECTION_LIMIT, limit,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+                            MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
+                            MHD_OPTION_END);
+}
+
+static int daemon_port(struct MHD_Daemon *d, int asked) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    return di ? di->port : asked;
+}
+
+static void server_destroy(struct server *s) {
+    watcher_stop(s);
+    pthread_mutex_destroy(&s->log_mu);
+    pthread_mutex_destroy(&s->wmu);
+    pthread_cond_destroy(&s->wcv);
+    pthread_mutex_destroy(&s->smu);
+    free(s);
+}
+
 smelt_status server_new(struct server **out, const struct server_config *cfg,
                         const struct server_model *m, struct err *e) {
     *out = NULL;
@@ -655,13 +880,32 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     s->cfg = *cfg;
     s->m = *m;
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
+    if (!s->cfg.admin_host) s->cfg.admin_host = s->cfg.host;
     if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (!s->cfg.body_budget)
+        s->cfg.body_budget = s->cfg.max_body > SIZE_MAX / 8 ? SIZE_MAX : s->cfg.max_body * 8;
     if (s->cfg.timeout_s <= 0) s->cfg.timeout_s = 120;
+    if (s->cfg.header_timeout_s <= 0) s->cfg.header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
+    if (s->cfg.header_timeout_s > s->cfg.timeout_s) s->cfg.header_timeout_s = s->cfg.timeout_s;
     if (s->cfg.threads <= 0) { /* measured: 2 saturate a 2-core box; more cores, more threads */
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         s->cfg.threads = nc >= 16 ? (int)(nc / 4 > 8 ? 8 : nc / 4) : 2;
     }
-    if (s->cfg.max_connections <= 0) s->cfg.max_connections = 4096;
+    if (s->cfg.max_connections <= 0) {
+        struct rlimit rl;
+        long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                          ? (long)rl.rlim_cur : 1024;
+        s->cfg.max_connections = server_default_max_connections(nofile);
+    }
+    if (s->cfg.max_per_client == 0)
+        s->cfg.max_per_client = s->cfg.max_connections / 4 > 0 ? s->cfg.max_connections / 4 : 1;
+    if (s->cfg.body_budget < s->cfg.max_body) {
+        smelt_status st = err_set(e, SMELT_ERR_INVALID, "--body-budget %zu is less than "
+                                  "--max-body %zu: a body of the largest size could never be "
+                                  "read", s->cfg.body_budget, s->cfg.max_body);
+        free(s);
+        return st;
+    }
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
     pthread_cond_init(&s->wcv, NULL);
@@ -673,59 +917,52 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     s->max_piece = longest_piece(m->tok);
     s->auth = s->cfg.api_key && *s->cfg.api_key;
     if (s->auth) sha256(s->cfg.api_key, strlen(s->cfg.api_key), s->key_digest);
+    s->main_l = (struct listener){s, false};
+    s->admin_l = (struct listener){s, true};
+    s->admin_port = -1;
 
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_TURBO | MHD_USE_ERROR_LOG;
-    if (strchr(s->cfg.host, ':')) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_port = htons((uint16_t)s->cfg.port);
-        if (inet_pton(AF_INET6, s->cfg.host, &a->sin6_addr) != 1) {
-            free(s);
-            return err_set(e, SMELT_ERR_INVALID, "--host %s: not an IPv6 address", cfg->host);
-        }
-        flags |= MHD_USE_IPv6;
-    } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-        a->sin_family = AF_INET;
-        a->sin_port = htons((uint16_t)s->cfg.port);
-        const char *h = !strcmp(s->cfg.host, "localhost") ? "127.0.0.1" : s->cfg.host;
-        if (inet_pton(AF_INET, h, &a->sin_addr) != 1) {
-            free(s);
-            return err_set(e, SMELT_ERR_INVALID, "--host %s: not an IPv4 address", cfg->host);
-        }
+    struct sockaddr_storage ss, as;
+    bool v6 = false, av6 = false;
+    smelt_status st = sock_addr(s->cfg.host, s->cfg.port, &ss, &v6, "--host", e);
+    if (st == SMELT_OK && s->cfg.admin)
+        st = sock_addr(s->cfg.admin_host, s->cfg.admin_port, &as, &av6, "--admin-host", e);
+    if (st != SMELT_OK) {
+        server_destroy(s);
+        return st;
     }
     /* the watcher first: MHD's workers read wstarted (srv_watch) as soon as the daemon runs */
     s->wstarted = pthread_create(&s->wth, NULL, watcher, s) == 0;
-    s->d = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                            MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                            MHD_OPTION_END);
+    s->d = start_daemon(s, &s->main_l, &ss, v6, s->cfg.port, (unsigned)s->cfg.threads,
+                        (unsigned)s->cfg.max_connections,
+                        s->cfg.max_per_client > 0 ? (unsigned)s->cfg.max_per_client : 0u);
     if (!s->d) {
-        watcher_stop(s);
-        pthread_mutex_destroy(&s->log_mu);
-        pthread_mutex_destroy(&s->wmu);
-        pthread_cond_destroy(&s->wcv);
-        pthread_mutex_destroy(&s->smu);
-        free(s);
+        server_destroy(s);
         return err_set(e, SMELT_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)",
                        cfg->host ? cfg->host : "127.0.0.1", cfg->port);
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->cfg.port;
+    s->port = daemon_port(s->d, s->cfg.port);
+    if (s->cfg.admin) {
+        s->admin_d = start_daemon(s, &s->admin_l, &as, av6, s->cfg.admin_port, 1,
+                                  ADMIN_CONNECTIONS, 0);
+        if (!s->admin_d) {
+            MHD_stop_daemon(s->d);
+            server_destroy(s);
+            return err_set(e, SMELT_ERR_IO, "cannot listen on %s:%d (--admin-port: in use, or "
+                           "not allowed)", s->cfg.admin_host, s->cfg.admin_port);
+        }
+        s->admin_port = daemon_port(s->admin_d, s->cfg.admin_port);
+    }
     *out = s;
     return SMELT_OK;
 }
 
 int server_port(const struct server *s) { return s->port; }
+
+int server_admin_port(const struct server *s) { return s->admin_port; }
+
+void server_hurry(struct server *s) {
+    if (s) atomic_store(&s->hurry, true);
+}
 
 void server_shutdown(struct server *s, double grace_s) {
     if (!s || !s->d) return;
@@ -734,29 +971,31 @@ void server_shutdown(struct server *s, double grace_s) {
     if (ls != MHD_INVALID_SOCKET) close(ls);
     engine_drain(s->m.en);
     double t0 = srv_now();
-    while (engine_in_flight(s->m.en) > 0 && srv_now() - t0 < grace_s) usleep(20000);
+    while (engine_in_flight(s->m.en) > 0 && srv_now() - t0 < grace_s && !atomic_load(&s->hurry))
+        usleep(20000);
     if (engine_in_flight(s->m.en) > 0) {
-        log_warn("shutdown: cancelling %d requests still running after %.0f s",
-                 engine_in_flight(s->m.en), grace_s);
+        if (atomic_load(&s->hurry))
+            log_warn("shutdown: a second signal: cancelling %d requests now",
+                     engine_in_flight(s->m.en));
+        else
+            log_warn("shutdown: cancelling %d requests still running after %.0f s",
+                     engine_in_flight(s->m.en), grace_s);
         engine_cancel_all(s->m.en);
     }
     /* every suspended connection is resumed by its request's end; wait for them, and
-     * give the last bytes a moment to go out */
+     * give the last bytes (a stream's error event) a moment to go out */
     t0 = srv_now();
     while ((atomic_load(&s->n_parked) > 0 || atomic_load(&s->n_streams) > 0) &&
-           srv_now() - t0 < 5.0)
+           srv_now() - t0 < (atomic_load(&s->hurry) ? 1.0 : 5.0))
         usleep(10000);
 }
 
 void server_free(struct server *s) {
     if (!s) return;
     watcher_stop(s);
+    if (s->admin_d) MHD_stop_daemon(s->admin_d);
     if (s->d && atomic_load(&s->n_parked) == 0) MHD_stop_daemon(s->d);
     else if (s->d) log_warn("shutdown: %d connections still wait for the engine; not closing them",
                             atomic_load(&s->n_parked));
-    pthread_mutex_destroy(&s->log_mu);
-    pthread_mutex_destroy(&s->wmu);
-    pthread_cond_destroy(&s->wcv);
-    pthread_mutex_destroy(&s->smu);
-    free(s);
+    server_destroy(s);
 }

@@ -15,6 +15,11 @@
  *
  * Shutdown (server_shutdown): stop accepting connections, refuse new requests with 503,
  * let in-flight requests finish for a grace period, cancel the rest, close.
+ *
+ * Hardening (docs/server.md, "Limits and hardening"): a request is judged on its headers
+ * alone (framing, route, method, API key, declared length, the body budget) and refused
+ * before any of its body is read; every resource a client can hold (connections, per
+ * address, header and request time, body bytes one and all) has a bound.
  */
 #ifndef SMELT_SERVER_H
 #define SMELT_SERVER_H
@@ -35,10 +40,22 @@ struct server_config {
     int port;             /* 0: any free port (see server_port) */
     const char *api_key;  /* NULL: no auth */
     size_t max_body;      /* request body limit in bytes (default 32 MiB) */
+    size_t body_budget;   /* request body bytes buffered at once over all connections
+                           * (default 8 * max_body); a request that would pass it gets 503 */
     int timeout_s;        /* a request must arrive (headers and body) within this, and an
                            * idle connection closes after it (default 120) */
+    int header_timeout_s; /* a request's headers must arrive within this of the moment the
+                           * connection could send them (accept, or the end of its previous
+                           * request): idle and trickling connections close (default 10) */
     int threads;          /* HTTP threads (default 2) */
-    int max_connections;  /* default 4096 */
+    int max_connections;  /* open connections (default: from RLIMIT_NOFILE, see
+                           * server_default_max_connections) */
+    int max_per_client;   /* open connections from one client address (0: a quarter of
+                           * max_connections; < 0: no cap) */
+    bool admin;           /* a second listener for /health and /metrics only, with its own
+                           * connections: reachable when the main one is full */
+    const char *admin_host; /* its address (default: host) */
+    int admin_port;       /* its port (0: any free port, see server_admin_port) */
     bool log_json;        /* request log lines as JSON */
     bool quiet;           /* no request log lines */
 };
@@ -71,9 +88,18 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
                         const struct server_model *m, struct err *e);
 /* The port it listens on. */
 int server_port(const struct server *s);
+/* The admin listener's port (-1 without one). */
+int server_admin_port(const struct server *s);
+/* The default connection limit for a process allowed nofile open files: what is left
+ * after a headroom for everything else (model files, the engine, listeners), at most
+ * 8192. */
+int server_default_max_connections(long nofile);
 /* Stops accepting, waits up to grace_s for in-flight requests, cancels the rest, closes
  * every connection. */
 void server_shutdown(struct server *s, double grace_s);
+/* Makes a server_shutdown running in another thread end its grace period now: requests
+ * still running are cancelled at once (a second SIGTERM). Safe from any thread. */
+void server_hurry(struct server *s);
 void server_free(struct server *s);
 
 #endif

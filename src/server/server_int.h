@@ -15,22 +15,48 @@
 #include "util/sha256.h"
 
 /* HTTP status counters for /metrics. */
-#define SRV_N_STATUS 11
+#define SRV_N_STATUS 12
 /* 200, 400, 401, 404, 405, 408 (the request did not arrive in time), 413, 429, 499 (the
- * client went away first), 500, 503 */
+ * client went away first), 500, 501, 503 */
 extern const int srv_status_codes[SRV_N_STATUS];
 
 /* A client socket from accept to close (MHD's connection notifications), for the request
- * deadline: a request's headers and body must all arrive within --timeout of the moment
- * the connection could start sending it (accept, or the end of its previous request).
- * MHD's own timeout only ends idle connections: it restarts on every byte received. */
+ * deadlines: a request's headers must arrive within --header-timeout, and its headers and
+ * body within --timeout, of the moment the connection could start sending it (accept, or
+ * the end of its previous request). MHD's own timeout only ends idle connections: it
+ * restarts on every byte received. */
 struct sock {
     struct sock *prev, *next; /* server->socks, under server->smu */
     int fd;
     atomic_bool receiving;    /* a request is (or may be) arriving: the deadline runs */
+    atomic_bool headers_done; /* its headers are in: --timeout runs, not --header-timeout */
     atomic_llong since_ms;    /* when it could start (monotonic ms) */
     atomic_bool timed_out;    /* closed for the deadline */
 };
+
+/* One libmicrohttpd daemon's context (the cls of every callback). */
+struct listener {
+    struct server *s;
+    bool admin;               /* the admin listener: /health and /metrics only */
+};
+
+struct conn;
+/* A route's handler: runs once the whole request is in; queues the answer. */
+typedef enum MHD_Result (*srv_route_fn)(struct conn *c);
+/* A route (server.c's table: one entry per route, the early checks read its flags). */
+struct srv_route {
+    const char *path;         /* after the optional /v1 prefix; a final '*' matches a
+                               * non-empty rest (conn->arg) */
+    unsigned methods;         /* SRV_GET (GET and HEAD) and/or SRV_POST */
+    unsigned flags;           /* SRV_OPEN, SRV_ADMIN, SRV_BODY */
+    const char *name;         /* for the log */
+    srv_route_fn fn;
+};
+#define SRV_GET 1u
+#define SRV_POST 2u
+#define SRV_OPEN 1u  /* no API key needed */
+#define SRV_ADMIN 2u /* also served on the admin listener, and while draining */
+#define SRV_BODY 4u  /* takes a request body (up to --max-body); others take none */
 
 struct server {
     struct server_config cfg;
@@ -41,7 +67,12 @@ struct server {
     bool auth;         /* an API key is set */
     uint8_t key_digest[SHA256_DIGEST_LEN]; /* of the API key */
     atomic_bool draining;
+    atomic_bool hurry;              /* server_hurry: end the grace period now */
     atomic_int n_conns, n_parked, n_streams;
+    atomic_size_t body_used;        /* request body bytes buffered now (cfg.body_budget) */
+    struct listener main_l, admin_l;
+    struct MHD_Daemon *admin_d;     /* NULL: no admin listener */
+    int admin_port;
     atomic_uint_fast64_t next_id;
     uint64_t id_key;
     char fingerprint[32];
@@ -132,18 +163,31 @@ struct gen {
     int64_t usage_reasoning;     /* summed from the choices' n_reason at the end */
 };
 
+/* A request, from its request line (MHD's URI callback) to its completion. */
 struct conn {
     struct server *srv;
     struct MHD_Connection *mc;
     atomic_int refs;             /* MHD's con_cls + a streaming response */
+    bool admin;                  /* arrived on the admin listener */
+    const char *uri;             /* the raw request target (in MHD's buffer; http_check) */
+    size_t uri_len;
+    bool uri_bad;                /* it holds a control byte */
+    bool started;                /* the handler saw its headers (else MHD refused it) */
+    bool handled;                /* the route ran */
+    bool close;                  /* answer with Connection: close (the framing is suspect) */
+    const char *allow;           /* a 405's Allow header */
+    const struct srv_route *rt;  /* NULL: not a known route (the log shows the path) */
+    const char *arg;             /* the '*' part of rt's path */
+    /* the body: buffered up to body_limit bytes; body_charged bytes of the server's body
+     * budget are held for it (its buffer's size) until srv_body_free */
     struct jw body;
-    bool too_big, handled;
+    bool chunked;
+    size_t body_limit, body_charged;
     int status;                  /* for the log */
     bool counted;                /* the status is counted in /metrics */
     struct sock *sock;           /* MHD's socket context (NULL: no deadline) */
-    const char *route;           /* NULL: not a known route (the log shows the path) */
-    char method[8];
-    char path[64];
+    char method[16];
+    char path[256];              /* for the log: the decoded path, cut on a character boundary */
     char id[48];                 /* the response id, once a generation request has one */
     double t0;
     struct gen *gen;
@@ -156,13 +200,36 @@ double srv_now(void);
  * headers makes it a 500). */
 void srv_status(struct conn *c, int status, bool count);
 void srv_conn_unref(struct conn *c);
-/* Queues a JSON response (takes ownership of body, malloc'd). */
+/* Frees the request body and gives its share of the body budget back. */
+void srv_body_free(struct conn *c);
+/* Queues a response (takes ownership of body, malloc'd; ctype NULL: JSON), with the headers
+ * its status and the request call for (Retry-After, WWW-Authenticate, Allow, and
+ * Connection: close when the request's framing or unread body forbid another request). */
 enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype);
 enum MHD_Result srv_error(struct conn *c, const struct oai_err *e);
 void srv_new_id(struct server *s, const char *prefix, char *out, size_t n);
 
 void srv_watch(struct server *s, struct gen *g);   /* under g->mu */
 void srv_unwatch(struct server *s, struct gen *g); /* under g->mu, or when g is freed */
+
+/* ---- http.c ---- */
+/* What a request's headers say about its body. */
+struct http_framing {
+    bool has_body;   /* a body follows */
+    bool chunked;    /* Transfer-Encoding: chunked (its length is unknown) */
+    uint64_t length; /* Content-Length (0 when chunked or absent) */
+};
+/* Checks a request's line and headers (mc, at the first handler call) as RFC 9112 asks,
+ * beyond what libmicrohttpd checks: every header (duplicates too) with no control byte in
+ * a value (NUL, CR, LF...), token names, CR LF line ends, no folded lines; exactly one Host
+ * on HTTP/1.1; one Authorization; Content-Length headers that agree; Transfer-Encoding
+ * (HTTP/1.1 only, never with Content-Length) whose one and last coding is chunked. uri /
+ * uri_len: the raw target as MHD's URI callback saw it; uri_bad: it held a control byte.
+ * Fills f, or returns false with e: a 400, or a 501 for a transfer coding smelt does not
+ * decode. The caller answers and closes the connection. */
+bool http_check(struct MHD_Connection *mc, const char *uri, size_t uri_len, bool uri_bad,
+                const char *method, const char *version, struct http_framing *f,
+                struct oai_err *e);
 
 /* ---- gen.c ---- */
 /* Starts a chat or completions request from c's body: parses, builds prompts, submits.

@@ -66,6 +66,15 @@ size_t utf8_incomplete_len(const uint8_t *s, size_t n) {
     return part == n && s[0] >= 0xC2 && s[0] <= 0xF4 ? part : 0;
 }
 
+size_t utf8_tail_len(const uint8_t *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        uint8_t b = s[n - k];
+        if (b < 0x80) return 0;
+        if (b >= 0xC0) return utf8_incomplete_len(s + n - k, k) == k ? k : 0;
+    }
+    return 0;
+}
+
 size_t utf8_encode(uint32_t cp, uint8_t *out) {
     if (cp < 0x80) {
         out[0] = (uint8_t)cp;

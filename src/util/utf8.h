@@ -29,6 +29,11 @@ size_t utf8_decode(const uint8_t *s, size_t n, uint32_t *cp);
  * the bytes of a character split across chunks. Returns 0 when s[0] cannot start one. */
 size_t utf8_incomplete_len(const uint8_t *s, size_t n);
 
+/* Length (0..3) of the incomplete character at the end of s[0..n): the start of a
+ * well-formed sequence that the end cut off. n minus it is where a text cut at n bytes may
+ * end without splitting a character. */
+size_t utf8_tail_len(const uint8_t *s, size_t n);
+
 /* Writes cp (must be <= 0x10FFFF and not a surrogate) as UTF-8 into out (room for 4);
  * returns the number of bytes. */
 size_t utf8_encode(uint32_t cp, uint8_t *out);

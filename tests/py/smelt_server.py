@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -32,6 +33,7 @@ class Server:
                                   stderr=subprocess.PIPE, text=True, env=e)
         self.lines = []
         self.port = None
+        self.admin_port = None
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
@@ -44,6 +46,9 @@ class Server:
     def _read(self):
         for line in self.p.stderr:
             self.lines.append(line)
+            m = re.search(r"admin \(/health, /metrics\) on http://[^ ]+:(\d+)", line)
+            if m:
+                self.admin_port = int(m.group(1))
             m = re.search(r"listening on http://[^:]+:(\d+)", line)
             if m:
                 self.port = int(m.group(1))
@@ -107,8 +112,8 @@ class Server:
             events.append(payload if payload == "[DONE]" else json.loads(payload))
         return st, events, text
 
-    def metrics(self):
-        st, h, data = self.request("GET", "/metrics")
+    def metrics(self, headers=None):
+        st, h, data = self.request("GET", "/metrics", headers=headers)
         assert st == 200
         out = {}
         for line in data.decode().splitlines():
@@ -133,12 +138,89 @@ class Server:
                                      f"{m['smelt_kv_blocks_used']}")
             time.sleep(0.05)
 
-    def rss_kb(self):
+    def rss_kb(self, field="VmRSS"):
+        """The server's resident memory in KiB (field VmHWM: its peak since start, or since
+        reset_peak_rss)."""
         with open(f"/proc/{self.p.pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
         return 0
+
+    def reset_peak_rss(self):
+        """Resets VmHWM to the current RSS (Linux: 5 > /proc/PID/clear_refs); False if not
+        allowed."""
+        try:
+            with open(f"/proc/{self.p.pid}/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+
+def raw_http(host, port, data, timeout=10, src=None, until_close=True):
+    """Sends data (bytes) on a new connection, from source address src if given, and reads
+    what comes back until the server closes the connection (or, with until_close False,
+    until one whole response is in), or timeout seconds pass. The sending runs in a thread:
+    a server that answers early and closes may cut it short (a reset or broken pipe there is
+    not an error). Returns (the bytes received, whether the server closed)."""
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.settimeout(timeout)
+    if src:
+        c.bind((src, 0))
+    c.connect((host, port))
+
+    def send():
+        try:
+            c.sendall(data)
+        except OSError:
+            pass
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    got, closed = b"", False
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            try:
+                k = c.recv(65536)
+            except socket.timeout:
+                break
+            except ConnectionResetError:
+                closed = True
+                break
+            if not k:
+                closed = True
+                break
+            got += k
+            if not until_close and parse_responses(got, complete_only=True):
+                break
+    finally:
+        c.close()
+        t.join(5)
+    return got, closed
+
+
+def parse_responses(buf, complete_only=False):
+    """Splits raw bytes into HTTP responses: a list of (status, headers (lower-case names,
+    a list of values each), body). Interim 1xx responses are listed too. With complete_only,
+    a response whose body is not all there is left out."""
+    out = []
+    while buf:
+        head, sep, rest = buf.partition(b"\r\n\r\n")
+        if not sep:
+            break
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        hdrs = {}
+        for l in lines[1:]:
+            k, _, v = l.partition(":")
+            hdrs.setdefault(k.strip().lower(), []).append(v.strip())
+        n = int(hdrs.get("content-length", ["0"])[0]) if status >= 200 else 0
+        if complete_only and len(rest) < n:
+            break
+        out.append((status, hdrs, rest[:n]))
+        buf = rest[n:]
+    return out
 
 
 def completion_text(events):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from smelt_server import SMELT, Server, completion_text, make_tiny
+from smelt_server import SMELT, Server, completion_text, make_tiny, parse_responses, raw_http
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
 
@@ -219,22 +219,21 @@ def test_huge_string_and_body_limit(srv):
     st, j = srv.post("/v1/completions", {"prompt": "x" * 1_500_000})
     err_of(st, j, 400, code="context_length_exceeded")
     assert time.time() - t0 < 10
-    # 10 MB: over the body limit
-    st, h, data = srv.request("POST", "/v1/completions", b'{"prompt": "' + b"y" * 10_000_000 + b'"}')
+    # 10 MB: over the body limit, refused on its Content-Length before the body is read (a
+    # client that sends it anyway has the answer waiting when its send is cut short)
+    body = b'{"prompt": "' + b"y" * 10_000_000 + b'"}'
+    got, closed = raw_http(srv.host, srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    (st, h, data), = parse_responses(got)
     err_of(st, json.loads(data), 413)
-    # the same without Content-Length (chunked upload)
-    def chunks():
-        yield b'{"prompt": "'
-        for _ in range(30):
-            yield b"z" * 100_000
-        yield b'"}'
-    import http.client
-    c = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
-    c.request("POST", "/v1/completions", body=chunks(), encode_chunked=True,
-              headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
-    r = c.getresponse()
-    assert r.status == 413
-    c.close()
+    assert closed and h["connection"] == ["close"]
+    # the same without Content-Length (chunked upload): refused once the limit is passed
+    chunks = b"".join(b"%x\r\n%s\r\n" % (100_000, b"z" * 100_000) for _ in range(30))
+    got, closed = raw_http(srv.host, srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+    (st, h, data), = parse_responses(got)
+    err_of(st, json.loads(data), 413)
+    assert closed
 
 
 def test_auth(tiny):
@@ -738,23 +737,28 @@ def test_log_json_and_sigterm_drains(tiny):
         t = threading.Thread(target=long_stream)
         t.start()
         import http.client
-        keep = http.client.HTTPConnection(s.host, s.port, timeout=10)  # a keep-alive connection
-        keep.request("GET", "/health")
-        assert keep.getresponse().read() and True
+        keep = http.client.HTTPConnection(s.host, s.port, timeout=10)  # keep-alive connections
+        keep2 = http.client.HTTPConnection(s.host, s.port, timeout=10)
+        for k in (keep, keep2):
+            k.request("GET", "/health")
+            assert k.getresponse().read() and True
         time.sleep(0.3)
         s.p.send_signal(signal.SIGTERM)
         time.sleep(0.2)
-        # an open connection still gets answers: 503 with Retry-After for new work
+        # an open connection still gets answers: 503 with Retry-After for new work (refused on
+        # its headers, so its body is not read: the connection closes after the answer)
         keep.request("POST", "/v1/completions", body=json.dumps({"prompt": "x"}),
                      headers={"Content-Type": "application/json"})
         r = keep.getresponse()
         assert r.status == 503 and r.getheader("Retry-After") == "1"
+        assert r.getheader("Connection") == "close"
         assert json.loads(r.read())["error"]["code"] == "shutting_down"
-        keep.request("GET", "/health")
-        r = keep.getresponse()
+        keep.close()
+        keep2.request("GET", "/health")
+        r = keep2.getresponse()
         assert r.status == 503
         r.read()
-        keep.close()
+        keep2.close()
         # no new connections once shutting down
         with pytest.raises(OSError):
             socket.create_connection((s.host, s.port), timeout=2).recv(1)

@@ -1023,6 +1023,13 @@ static void test_submit_errors(void) {
     T_CHECK(engine_req_new(&r, &p, &bad, 1, &e) == SMELT_OK);
     T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_INVALID);
     engine_req_unref(r);
+    /* more choices than the queue holds (2) could never be queued: INVALID, not busy */
+    p.n = 3;
+    T_CHECK(engine_req_new(&r, &p, prompt, 4, &e) == SMELT_OK);
+    T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_INVALID);
+    T_CHECK(strstr(e.msg, "n 3") && strstr(e.msg, "(2)"));
+    engine_req_unref(r);
+    p.n = 1;
     /* the queue holds 2: with the engine busy, submits start failing with RANGE */
     struct engine_req *rs[8];
     int n_ok = 0, n_busy = 0;

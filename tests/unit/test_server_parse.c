@@ -797,7 +797,48 @@ static void test_jw(void) {
     jw_free(&w);
 }
 
+/* Error messages are valid UTF-8 whatever they quote: a client's invalid bytes become
+ * U+FFFD, a "%.*s" clipped with oai_clip and the buffer's own end never split a character,
+ * and the JSON body is the error itself (jansson refuses invalid UTF-8: it used to fall back
+ * to "out of memory"). */
+static void test_error_text(void) {
+    T_EQ_INT(oai_clip("abc", 2), 2);
+    T_EQ_INT(oai_clip("ab", 5), 2);
+    T_EQ_INT(oai_clip("a\xc3\xa9", 2), 1);          /* é would be split */
+    T_EQ_INT(oai_clip("a\xc3\xa9", 3), 3);
+    T_EQ_INT(oai_clip("\xe2\x82\xac\xe2\x82\xac", 5), 3); /* € € */
+    T_EQ_INT(oai_clip("a\xff\xfe", 2), 2);          /* invalid bytes are not a character to keep */
+    struct oai_err e;
+    oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+             "The model '%s' does not exist", "x\xff\xc3y");
+    T_EQ_STR(e.message, "The model 'x\xef\xbf\xbd\xef\xbf\xbdy' does not exist");
+    char *j = oai_err_json(&e);
+    json_t *p = json_loads(j, 0, NULL);
+    T_CHECK(p && !strcmp(json_string_value(json_object_get(json_object_get(p, "error"), "message")),
+                         e.message));
+    T_CHECK(!strstr(j, "out of memory"));
+    json_decref(p);
+    free(j);
+    /* a message longer than the buffer: cut before a 2-byte character, never inside it */
+    char big[ERR_MSG_MAX * 2];
+    for (size_t i = 0; i + 2 < sizeof big; i += 2) memcpy(big + i, "\xc3\xa9", 2);
+    big[sizeof big - 2] = 0;
+    for (int lead = 0; lead < 2; lead++) {
+        oai_bad(&e, "p\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+                    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+                    "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9",
+                "%s%s", lead ? "x" : "", big);
+        size_t n = strlen(e.message);
+        T_CHECK(n > ERR_MSG_MAX - 8 && n < ERR_MSG_MAX);
+        T_EQ_INT(utf8_validate((const uint8_t *)e.message, n), n);
+        T_CHECK(!strstr(e.message, "\xef\xbf\xbd")); /* cut, not repaired */
+        T_EQ_INT(utf8_validate((const uint8_t *)e.param, strlen(e.param)), strlen(e.param));
+        T_CHECK(strlen(e.param) > 50);
+    }
+}
+
 int main(void) {
+    T_RUN(test_error_text);
     T_RUN(test_outp);
     T_RUN(test_outp_incremental);
     T_RUN(test_outp_xml);

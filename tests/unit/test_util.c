@@ -3,6 +3,8 @@
 #include "util/ckd.h"
 #include "util/err.h"
 #include "util/half.h"
+#include "util/log.h"
+#include "util/utf8.h"
 
 #include <stdint.h>
 
@@ -57,7 +59,46 @@ static void test_half_roundtrip(void) {
     T_NEAR(bf16_to_f32(0x3f80), 1.0, 0);
 }
 
+/* The text log's escaping: control characters (C0, DEL, C1) and ill-formed bytes become
+ * \xNN, well-formed text stays, and a cut never splits a character or an escape. */
+static void test_log_escape(void) {
+    char out[64];
+    struct {
+        const char *in;
+        size_t n;
+        const char *want;
+    } cases[] = {
+        {"GET /v1/models", 14, "GET /v1/models"},
+        {"/\r\nsmelt: fake\x1b[31m", 19, "/\\x0d\\x0asmelt: fake\\x1b[31m"},
+        {"caf\xc3\xa9 \xe2\x82\xac", 9, "caf\xc3\xa9 \xe2\x82\xac"},
+        {"a\xff\xc3z", 4, "a\\xff\\xc3z"},          /* ill-formed: byte by byte */
+        {"\xc2\x9b" "2J\x7f", 5, "\\xc2\\x9b2J\\x7f"}, /* C1 CSI and DEL */
+        {"a\0b", 3, "a\\x00b"},
+        {"\t", 1, "\\x09"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = log_escape(out, sizeof out, cases[i].in, cases[i].n);
+        T_CHECKF(!strcmp(out, cases[i].want), "case %zu: got '%s'", i, out);
+        T_EQ_INT(n, strlen(cases[i].want));
+    }
+    /* cuts: room for "ab" and half of an escape or of a 3-byte character */
+    T_EQ_INT(log_escape(out, 5, "ab\x1b", 3), 2);
+    T_EQ_STR(out, "ab");
+    T_EQ_INT(log_escape(out, 5, "ab\xe2\x82\xac", 5), 2);
+    T_EQ_STR(out, "ab");
+    T_EQ_INT(log_escape(out, 6, "ab\xe2\x82\xac", 5), 5);
+    T_EQ_INT(log_escape(out, 1, "abc", 3), 0);
+    T_EQ_STR(out, "");
+    /* utf8_tail_len: where a cut may fall */
+    T_EQ_INT(utf8_tail_len((const uint8_t *)"ab", 2), 0);
+    T_EQ_INT(utf8_tail_len((const uint8_t *)"a\xe2\x82", 3), 2);
+    T_EQ_INT(utf8_tail_len((const uint8_t *)"a\xe2", 2), 1);
+    T_EQ_INT(utf8_tail_len((const uint8_t *)"a\xe2\x82\xac", 4), 0);
+    T_EQ_INT(utf8_tail_len((const uint8_t *)"a\xff", 2), 0); /* not a character's start */
+}
+
 int main(void) {
+    T_RUN(test_log_escape);
     T_RUN(test_err);
     T_RUN(test_ckd);
     T_RUN(test_arena);
