@@ -7,7 +7,12 @@
  * back runs under ASan/UBSan. The server has an API key ("fuzz-key"): the seeds that reach
  * the routes send "Authorization: Bearer fuzz-key" (32 bytes, so adding it keeps a seed's
  * size parity), others send wrong, empty, partial or repeated keys. The reply is read until
- * the server closes.
+ * the server closes. Seeds and dictionary also carry the framing cases the server refuses
+ * on the headers (Content-Length with Transfer-Encoding, lengths that disagree, codings
+ * other than chunked, Expect: 100-continue, duplicate Host / Authorization, NUL / CR / bare
+ * LF / folded lines, control bytes in the target); the body limit and the body budget are
+ * both 64 KiB, so a body near the limit reaches the 413 and the 503 paths, on the headers
+ * and mid-chunked.
  *
  *   make fuzz FUZZ_SECONDS=60      (seeds: fuzz/corpus/http_server, dict: http_server.dict)
  */
@@ -127,7 +132,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (engine_new(&en, &ec, NULL, NULL, t, &e) != SMELT_OK) abort();
     struct server_config sc = {0};
     sc.port = 0;
-    sc.max_body = 1 << 20;
+    sc.max_body = 1 << 16;
+    sc.body_budget = 1 << 16;
     sc.timeout_s = 5;
     sc.threads = 1;
     sc.quiet = true;
