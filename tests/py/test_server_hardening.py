@@ -317,6 +317,47 @@ def test_body_budget(tiny):
         s.stop()
 
 
+def _cpu_s(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_tiny_chunks_cut_at_the_limit(tiny):
+    # a chunked body that never ends, in 1-byte chunks (the costliest framing): cut with a
+    # 413 at --max-body, not read until --timeout. SMELT_CHUNK_FLOOD_MIB=32 measures the
+    # default limit (docs/server.md).
+    mib = int(os.environ.get("SMELT_CHUNK_FLOOD_MIB", "1"))
+    s = Server(tiny, "--fake-forward", "-t", "1", "--max-body", str(mib * MIB))
+    try:
+        c = socket.create_connection((s.host, s.port), timeout=10)
+        c.sendall(POST.replace(KEY, b"") + b"Transfer-Encoding: chunked\r\n\r\n")
+        blk = b"1\r\nx\r\n" * 100000
+        cpu0, t0, sent = _cpu_s(s.p.pid), time.time(), 0
+        try:
+            while time.time() - t0 < 120:
+                c.sendall(blk)
+                sent += len(blk)
+        except OSError:
+            pass
+        took, cpu = time.time() - t0, _cpu_s(s.p.pid) - cpu0
+        c.settimeout(5)
+        got = b""
+        try:
+            while not parse_responses(got, complete_only=True):
+                k = c.recv(4096)
+                if not k:
+                    break
+                got += k
+        except OSError:
+            pass
+        c.close()
+        print(f"\n{mib} MiB in 1-byte chunks ({sent / MIB:.0f} MiB sent on the wire): 413 after "
+              f"{took:.1f} s, {cpu:.2f} s of server CPU")
+        assert parse_responses(got)[0][0] == 413 and took < 60
+    finally:
+        s.stop()
+
+
 # ---- connections ----
 
 def test_per_client_cap(tiny):
