@@ -99,6 +99,14 @@ class Server:
             j = None
         return st, j
 
+    def stream_in_thread(self, path, obj, timeout=60):
+        """Starts self.stream(path, obj) on a thread; returns (the thread, a dict whose "r"
+        holds stream's result once the thread is done)."""
+        out = {}
+        t = threading.Thread(target=lambda: out.update(r=self.stream(path, obj, timeout)))
+        t.start()
+        return t, out
+
     def stream(self, path, obj, timeout=60):
         """POSTs a streaming request; returns (status, list of parsed data events, raw text).
         The final "[DONE]" is kept as the string "[DONE]"."""
@@ -177,26 +185,33 @@ def raw_http(host, port, data, timeout=10, src=None, until_close=True):
             pass
     t = threading.Thread(target=send, daemon=True)
     t.start()
-    got, closed = b"", False
-    deadline = time.time() + timeout
     try:
-        while time.time() < deadline:
-            try:
-                k = c.recv(65536)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                closed = True
-                break
-            if not k:
-                closed = True
-                break
-            got += k
-            if not until_close and parse_responses(got, complete_only=True):
-                break
+        return read_http(c, timeout, until_close)
     finally:
         c.close()
         t.join(5)
+
+
+def read_http(c, timeout=10, until_close=True):
+    """Reads socket c until the server closes it (or, with until_close False, until one
+    whole response is in), a reset, or timeout seconds. Returns (bytes, whether closed)."""
+    got, closed = b"", False
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        c.settimeout(max(0.01, deadline - time.time()))
+        try:
+            k = c.recv(65536)
+        except socket.timeout:
+            break
+        except OSError:
+            closed = True
+            break
+        if not k:
+            closed = True
+            break
+        got += k
+        if not until_close and parse_responses(got, complete_only=True):
+            break
     return got, closed
 
 

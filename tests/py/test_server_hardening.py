@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from smelt_server import SMELT, Server, make_tiny, parse_responses, raw_http
+from smelt_server import SMELT, Server, make_tiny, parse_responses, raw_http, read_http
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
 
@@ -110,9 +110,7 @@ def test_expect_100_continue_when_accepted(srv):
                   b"Content-Length: %d\r\n\r\n" % len(body))
         assert c.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n")
         c.sendall(body)
-        got = b""
-        while not parse_responses(got, complete_only=True):
-            got += c.recv(4096)
+        got, closed = read_http(c, 5, until_close=False)
         (st, h, data), = parse_responses(got)
         assert st == 200 and json.loads(data)["count"] > 0
     finally:
@@ -223,16 +221,7 @@ def _flood(s, n, head, body_bytes):
     deadline = time.time() + 20
     for c in conns:
         c.setblocking(True)
-        c.settimeout(max(0.1, deadline - time.time()))
-        got = b""
-        try:
-            while True:
-                k = c.recv(65536)
-                if not k:
-                    break
-                got += k
-        except OSError:
-            pass
+        got, closed = read_http(c, max(0.1, deadline - time.time()))
         c.close()
         rs = parse_responses(got)
         out.append(rs[0][0] if rs else None)
@@ -340,16 +329,7 @@ def test_tiny_chunks_cut_at_the_limit(tiny):
         except OSError:
             pass
         took, cpu = time.time() - t0, _cpu_s(s.p.pid) - cpu0
-        c.settimeout(5)
-        got = b""
-        try:
-            while not parse_responses(got, complete_only=True):
-                k = c.recv(4096)
-                if not k:
-                    break
-                got += k
-        except OSError:
-            pass
+        got, closed = read_http(c, 5, until_close=False)
         c.close()
         print(f"\n{mib} MiB in 1-byte chunks ({sent / MIB:.0f} MiB sent on the wire): 413 after "
               f"{took:.1f} s, {cpu:.2f} s of server CPU")
@@ -555,13 +535,8 @@ def test_never_schedulable_is_400_not_429(tiny):
 def test_second_sigterm_stops_at_once(tiny):
     s = Server(tiny, "--fake-forward", "--fake-step-ms", "20", "--grace", "60", "-t", "1")
     try:
-        result = {}
-
-        def long_stream():
-            result["r"] = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 3000,
-                                                        "stream": True, "ignore_eos": True})
-        t = threading.Thread(target=long_stream)
-        t.start()
+        t, result = s.stream_in_thread("/v1/completions", {"prompt": "x", "max_tokens": 3000,
+                                                            "stream": True, "ignore_eos": True})
         time.sleep(0.4)
         s.p.send_signal(signal.SIGTERM)
         time.sleep(0.3)

@@ -729,13 +729,8 @@ def test_idle_connections_do_not_block(srv):
 def test_log_json_and_sigterm_drains(tiny):
     s = Server(tiny, "--log-format", "json", "--fake-forward", "--fake-step-ms", "20", "-t", "1")
     try:
-        result = {}
-
-        def long_stream():
-            result["r"] = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 40,
-                                                        "stream": True, "ignore_eos": True})
-        t = threading.Thread(target=long_stream)
-        t.start()
+        t, result = s.stream_in_thread("/v1/completions", {"prompt": "x", "max_tokens": 40,
+                                                            "stream": True, "ignore_eos": True})
         import http.client
         keep = http.client.HTTPConnection(s.host, s.port, timeout=10)  # keep-alive connections
         keep2 = http.client.HTTPConnection(s.host, s.port, timeout=10)
@@ -835,13 +830,8 @@ def test_shutdown_cancel_finishes_with_abort(tiny):
     s = Server(tiny, "--log-format", "json", "--fake-forward", "--fake-step-ms", "20",
                "--grace", "0.3", "-t", "1")
     try:
-        result = {}
-
-        def long_stream():
-            result["r"] = s.stream("/v1/completions", {"prompt": "x", "max_tokens": 400,
-                                                        "stream": True, "ignore_eos": True})
-        t = threading.Thread(target=long_stream)
-        t.start()
+        t, result = s.stream_in_thread("/v1/completions", {"prompt": "x", "max_tokens": 400,
+                                                            "stream": True, "ignore_eos": True})
         time.sleep(0.3)
         s.p.send_signal(signal.SIGTERM)
         t.join(30)
