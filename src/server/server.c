@@ -809,7 +809,10 @@ static int32_t longest_piece(const struct tok *t) {
     return best;
 }
 
-int server_default_max_connections(long nofile) {
+/* The default connection limit for a process allowed nofile open files: what is left
+ * after a headroom for everything else (model files, the engine, listeners), at most
+ * 8192. */
+static int default_max_connections(long nofile) {
     long n = nofile - (nofile / 8 > 64 ? nofile / 8 : 64);
     if (n > 8192) n = 8192;
     if (n < 16) n = 16;
@@ -895,7 +898,7 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
         struct rlimit rl;
         long nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
                           ? (long)rl.rlim_cur : 1024;
-        s->cfg.max_connections = server_default_max_connections(nofile);
+        s->cfg.max_connections = default_max_connections(nofile);
     }
     if (s->cfg.max_per_client == 0)
         s->cfg.max_per_client = s->cfg.max_connections / 4 > 0 ? s->cfg.max_connections / 4 : 1;

@@ -48,8 +48,8 @@ struct server_config {
                            * connection could send them (accept, or the end of its previous
                            * request): idle and trickling connections close (default 10) */
     int threads;          /* HTTP threads (default 2) */
-    int max_connections;  /* open connections (default: from RLIMIT_NOFILE, see
-                           * server_default_max_connections) */
+    int max_connections;  /* open connections (default: the open-file limit less a
+                           * headroom of max(64, 1/8) for everything else, at most 8192) */
     int max_per_client;   /* open connections from one client address (0: a quarter of
                            * max_connections; < 0: no cap) */
     bool admin;           /* a second listener for /health and /metrics only, with its own
@@ -90,10 +90,6 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
 int server_port(const struct server *s);
 /* The admin listener's port (-1 without one). */
 int server_admin_port(const struct server *s);
-/* The default connection limit for a process allowed nofile open files: what is left
- * after a headroom for everything else (model files, the engine, listeners), at most
- * 8192. */
-int server_default_max_connections(long nofile);
 /* Stops accepting, waits up to grace_s for in-flight requests, cancels the rest, closes
  * every connection. */
 void server_shutdown(struct server *s, double grace_s);
