@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from smelt_server import SMELT, Server, make_tiny, parse_responses, raw_http, read_http
+from smelt_server import SANITIZED, SMELT, Server, make_tiny, parse_responses, raw_http, read_http
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
 
@@ -251,7 +251,7 @@ def test_unauthenticated_bodies_cost_no_memory(tiny, n):
               f"(+{grew:.1f} MiB)")
         # nothing of the bodies is buffered: what grows is per-connection bookkeeping
         # (libmicrohttpd's 32 KiB read buffer at most, our structs), far below one body
-        assert grew < 16 + n * 32 / 1024, grew
+        assert SANITIZED or grew < 16 + n * 32 / 1024, grew
         m = s.metrics(headers={"Authorization": "Bearer k"})
         assert m['smelt_http_requests_total{status="401"}'] == n
     finally:
@@ -288,7 +288,7 @@ def test_body_budget(tiny):
         grew = (peak - base) / 1024
         print(f"\nbody budget 28 MiB, 3 bodies of 8 MiB held (6 MiB sent each): RSS "
               f"{base / 1024:.1f} -> peak {peak / 1024:.1f} MiB (+{grew:.1f} MiB)")
-        assert grew < 28 + 16, grew
+        assert SANITIZED or grew < 28 + 16, grew
         # the held bodies end: their budget comes back
         for c in held:
             c.close()
