@@ -264,16 +264,13 @@ static int parse(int argc, char **argv, struct opts *o) {
     if (o->port < 0 || o->port > 65535 || o->max_seqs < 0 || o->max_batch < 0 ||
         o->max_waiting < 0 || o->kv_size < 0 || o->ctx_size < 0 || o->block_size < 0 ||
         o->block_size > 1024 || !(o->gpu_util > 0 && o->gpu_util <= 1) || o->max_body < 0 ||
-        o->threads < 0 || o->http_threads < 0 || o->http_threads > 256 || o->grace_s < 0) {
+        o->threads < 0 || o->http_threads < 0 || o->http_threads > 256 || o->grace_s < 0 ||
+        o->timeout_s < 0 || o->header_timeout_s < 0) {
         fprintf(stderr, "smelt serve: an option is out of range (see --help)\n");
         return 2;
     }
     if (strcmp(o->log_format, "text") && strcmp(o->log_format, "json")) {
         fprintf(stderr, "smelt serve: --log-format is text or json\n");
-        return 2;
-    }
-    if (o->timeout_s < 0 || o->header_timeout_s < 0) {
-        fprintf(stderr, "smelt serve: an option is out of range (see --help)\n");
         return 2;
     }
     return api_key(o);
