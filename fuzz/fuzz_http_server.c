@@ -92,7 +92,7 @@ static struct tok *make_tok(void) {
     gguf_writer_free(w);
     struct gguf_file *f = NULL;
     struct tok *t = NULL;
-    if (ok && gguf_open(&f, path, &e) == SMELT_OK) tok_new_from_gguf(&t, f, &e);
+    if (ok && gguf_open(&f, path, &e) == SMELT_OK) tok_new_from_gguf(&t, f, NULL, &e);
     gguf_close(f);
     unlink(path);
     return t;

@@ -23,7 +23,10 @@ Outputs (committed; small):
   tests/data/tok/expected.json   per case: the vocab, the pre-tokenizer override, and per
                                  corpus string [number of ids, FNV-1a-64 of the ids as
                                  little-endian int32]; plus the same for 1 MB of random
-                                 Unicode made by random_text(seed) (a seed, not the text)
+                                 Unicode made by random_text(seed) (a seed, not the text);
+                                 and "splits": per PRE name, per corpus string, [number of
+                                 pre-tokens, FNV-1a-64 of their byte lengths], from HF's own
+                                 normalizer and pre_tokenize_str (tok_pretokenize's reference)
 """
 import argparse
 import json
@@ -319,6 +322,12 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+          r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+         r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+         r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 CJK_RE = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 DS_LETTERS = ("\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
               "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c"
@@ -355,6 +364,11 @@ PRE = {
     "smollm": (False, False, [("digits", True), ("bytelevel", True)]),
     "command-r": (True, False, [("digits", True), ("bytelevel", True)]),
     "falcon": (False, False, [("punct",), ("bytelevel", True), ("digits", False), ("split3",)]),
+    # transformers' Qwen3_5Tokenizer
+    "qwen35": (True, False, [("split", QWEN35), ("bytelevel", False)]),
+    # tiktoken's o200k_base through transformers' TikTokenConverter (gpt-oss, Llama 4)
+    "gpt-4o": (False, True, [("split", O200K), ("bytelevel", False)]),
+    "llama4": (False, True, [("split", O200K), ("bytelevel", False)]),
 }
 
 
@@ -385,20 +399,11 @@ def added_tokens(v, byte_level):
     return out
 
 
-def build_bpe(v, pre):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+def pipeline(pre):
+    """The normalizer (or None) and pre-tokenizer of PRE[pre], as HF components."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
 
-    alpha = byte_alphabet()
-    alphabet = set(alpha.values())
-    vocab = {}
-    for i, (t, ty) in enumerate(zip(v["tokens"], v["types"])):
-        # added tokens keep their text (so the added token finds its id); others are
-        # byte-level strings, or plain text that gets spelled in the byte alphabet
-        plain = ty in (2, 3, 4) or set(t) <= alphabet
-        vocab[t if plain else "".join(alpha[b] for b in t.encode("utf-8"))] = i
-    merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
-    nfc, ignore, steps = PRE[pre]
-    tk = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore, fuse_unk=False))
+    nfc, _, steps = PRE[pre]
     pts = []
     for st in steps:
         if st[0] == "split":
@@ -412,9 +417,35 @@ def build_bpe(v, pre):
         elif st[0] == "split3":
             pts.append(pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated",
                                             invert=False))
-    tk.pre_tokenizer = pre_tokenizers.Sequence(pts)
-    if nfc:
-        tk.normalizer = normalizers.NFC()
+    return (normalizers.NFC() if nfc else None), pre_tokenizers.Sequence(pts)
+
+
+def split_lengths(pre, s):
+    """The byte lengths of HF's pre-tokens of s under PRE[pre] (after its normalizer). Every
+    pipeline ends in ByteLevel, so a piece's length in characters is its length in bytes."""
+    norm, pt = pipeline(pre)
+    if norm is not None:
+        s = norm.normalize_str(s)
+    return [len(p) for p, _ in pt.pre_tokenize_str(s)]
+
+
+def build_bpe(v, pre):
+    from tokenizers import Tokenizer, decoders, models
+
+    alpha = byte_alphabet()
+    alphabet = set(alpha.values())
+    vocab = {}
+    for i, (t, ty) in enumerate(zip(v["tokens"], v["types"])):
+        # added tokens keep their text (so the added token finds its id); others are
+        # byte-level strings, or plain text that gets spelled in the byte alphabet
+        plain = ty in (2, 3, 4) or set(t) <= alphabet
+        vocab[t if plain else "".join(alpha[b] for b in t.encode("utf-8"))] = i
+    merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
+    _, ignore, _ = PRE[pre]
+    tk = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore, fuse_unk=False))
+    norm, tk.pre_tokenizer = pipeline(pre)
+    if norm is not None:
+        tk.normalizer = norm
     tk.decoder = decoders.ByteLevel()
     adds = added_tokens(v, True)
     tk.add_special_tokens([a for _, a in adds if a.special])
@@ -544,6 +575,8 @@ CASES = {
     "gpt-2+smollm": ("shared:gpt-2", "smollm"),
     "gpt-2+command-r": ("shared:gpt-2", "command-r"),
     "gpt-2+qwen2": ("shared:gpt-2", "qwen2"),
+    "gpt-2+qwen35": ("shared:gpt-2", "qwen35"),
+    "gpt-2+gpt-4o": ("shared:gpt-2", "gpt-4o"),
 }
 
 
@@ -621,6 +654,15 @@ def main():
         raise SystemExit("a reference does not reproduce HF's .out ids: fix it first")
     if args.check:
         return
+    # every pre-tokenizer's split of every corpus string, exactly (no vocab involved)
+    splits = {}
+    for pre in PRE:
+        rows = []
+        for s in texts:
+            lens = split_lengths(pre, s)
+            rows.append([len(lens), "%016x" % fnv64(lens)])
+        splits[pre] = rows
+    print("splits: %d pre-tokenizers" % len(splits))
     os.makedirs(OUT_DIR, exist_ok=True)
     with open(os.path.join(OUT_DIR, "corpus.inp"), "w", encoding="utf-8", newline="") as f:
         for s in texts:
@@ -631,6 +673,7 @@ def main():
         old = json.load(open(path))["cases"]
     old.update(result["cases"])
     result["cases"] = old
+    result["splits"] = splits
     result["generated_with"] = {"tokenizers": __import__("tokenizers").__version__}
     with open(path, "w") as f:
         json.dump(result, f, indent=0, sort_keys=True)

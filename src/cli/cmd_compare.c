@@ -236,7 +236,7 @@ static smelt_status side_open(struct side *sd, const struct side_opts *so, char 
     }
     if (st == SMELT_OK) st = model_kv_new(sd->m, QT_F16, BLOCK, n_blocks, &sd->kv, e);
     if (st == SMELT_OK) st = kv_pool_init(&sd->pool, n_blocks, BLOCK, e);
-    if (st == SMELT_OK) st = tok_new_from_gguf(&sd->tok, sd->f, e);
+    if (st == SMELT_OK) st = tok_new_from_gguf(&sd->tok, sd->f, NULL, e);
     if (st == SMELT_OK) {
         sd->logits = malloc(sizeof(float) * (size_t)CHUNK * (size_t)sd->m->hp.n_vocab);
         if (!sd->logits) st = err_set(e, SMELT_ERR_NOMEM, "out of memory (%d logit rows)", CHUNK);

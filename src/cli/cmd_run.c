@@ -43,7 +43,7 @@
 struct opts {
     const char *model, *prompt, *system, *backend;
     int n_predict, n_ctx, threads, device;
-    bool raw, interactive, ignore_eos, f32_kv, verbose;
+    bool raw, interactive, ignore_eos, f32_kv, verbose, allow_unknown_pre;
     struct sample_params sp;
     bool set_temp, set_top_k, set_top_p, set_min_p, set_rep, set_last_n;
     int64_t last_n; /* penalty window as llama.cpp means it: N > 0 the last N tokens,
@@ -71,7 +71,9 @@ static void usage(FILE *f) {
             "                     default: all)\n"
             "  -v, --verbose      print the sampling settings in effect\n"
             "  --ignore-eos       keep generating past end-of-generation tokens\n"
-            "  --f32-kv           F32 KV cache (default F16)\n");
+            "  --f32-kv           F32 KV cache (default F16)\n"
+            "  --allow-unknown-pretokenizer  load a tokenizer.ggml.pre smelt does not implement\n"
+            "                     with GPT-2's split (token ids may differ from the model's)\n");
 }
 
 static double now_s(void) {
@@ -106,6 +108,8 @@ static int parse(int argc, char **argv, struct opts *o) {
             o->ignore_eos = true;
         } else if (!strcmp(a, "--f32-kv")) {
             o->f32_kv = true;
+        } else if (!strcmp(a, "--allow-unknown-pretokenizer")) {
+            o->allow_unknown_pre = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             o->verbose = true;
         } else if (!strcmp(a, "--system") && i + 1 < argc) {
@@ -496,7 +500,9 @@ int cmd_run(int argc, char **argv) {
     char path[4096];
     smelt_status st = cli_resolve_model(o.model, true, path, sizeof path, &e);
     if (st == SMELT_OK) st = gguf_open(&s.f, path, &e);
-    if (st == SMELT_OK) st = tok_new_from_gguf(&s.tok, s.f, &e);
+    if (st == SMELT_OK)
+        st = tok_new_from_gguf(&s.tok, s.f, &(struct tok_opts){.allow_unknown_pre = o.allow_unknown_pre},
+                               &e);
     if (st == SMELT_OK) st = cli_backend_new(o.backend, o.device, o.threads, &s.bk, &e);
     if (st == SMELT_OK) st = cli_model_load(path, s.f, s.bk, &s.m, &e);
     if (st == SMELT_OK) {

@@ -54,7 +54,7 @@ struct opts {
     int header_timeout_s, max_connections, max_per_client, admin_port;
     double gpu_util, grace_s, fake_step_ms;
     long long max_body, body_budget;
-    bool no_prefix_cache, f32_kv, fake, quiet;
+    bool no_prefix_cache, f32_kv, fake, quiet, allow_unknown_pre;
     char key_buf[256]; /* the key read from --api-key-file */
 };
 
@@ -71,6 +71,8 @@ static void usage(FILE *f) {
             "  --served-model-name NAME   the model's name in the API (repeat for aliases;\n"
             "                             default: the file name without .gguf)\n"
             "  --chat-template FILE       a Jinja chat template instead of the model's own\n"
+            "  --allow-unknown-pretokenizer  load a tokenizer.ggml.pre smelt does not implement\n"
+            "                             with GPT-2's split (token ids may differ from the model's)\n"
             "  --http-threads N           HTTP threads (default 2; a quarter of the cores, up to 8, on 16+)\n"
             "  --timeout S                a request (headers and body) must arrive within S\n"
             "                             seconds (default 120)\n"
@@ -191,6 +193,7 @@ static int parse(int argc, char **argv, struct opts *o) {
         FLAG("--f32-kv", f32_kv)
         FLAG("--fake-forward", fake)
         FLAG("--quiet", quiet)
+        FLAG("--allow-unknown-pretokenizer", allow_unknown_pre)
 #undef FLAG
         if (a[0] == '-' && a[1]) {
             if (!v) {
@@ -431,7 +434,9 @@ int cmd_serve(int argc, char **argv) {
     bool cuda = false;
     smelt_status st = cli_resolve_model(o.model, true, path, sizeof path, &e);
     if (st == SMELT_OK) st = gguf_open(&f, path, &e);
-    if (st == SMELT_OK) st = tok_new_from_gguf(&tok, f, &e);
+    if (st == SMELT_OK)
+        st = tok_new_from_gguf(&tok, f, &(struct tok_opts){.allow_unknown_pre = o.allow_unknown_pre},
+                               &e);
     if (st == SMELT_OK && !o.fake) {
 #ifdef HAVE_CLI_BACKEND
         cuda = cli_backend_is_cuda(o.backend);

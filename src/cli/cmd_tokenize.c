@@ -13,6 +13,8 @@
  * --split SEP treats the text as several texts separated by SEP and prints the tokens of
  *   each on one line (--ids / --pieces format).
  * --pre NAME uses another pre-tokenizer than the file names (a tokenizer.ggml.pre value).
+ * --allow-unknown-pretokenizer loads a pre-tokenizer smelt does not implement with GPT-2's
+ *   split instead of failing.
  * --bench N encodes the text N more times and prints the best time and MB/s to stderr.
  */
 #include <stdio.h>
@@ -37,6 +39,8 @@ static void usage(FILE *f) {
                "  --file PATH   read the text from PATH (\"-\": stdin)\n"
                "  --split SEP   the text is several texts separated by SEP: one line each\n"
                "  --pre NAME    use this tokenizer.ggml.pre instead of the file's\n"
+               "  --allow-unknown-pretokenizer  load an unknown tokenizer.ggml.pre with\n"
+               "                GPT-2's split (ids may differ from the model's tokenizer)\n"
                "  --bench N     encode N more times, print the best MB/s to stderr\n");
 }
 
@@ -151,6 +155,7 @@ int cmd_tokenize(int argc, char **argv) {
     enum { OUT_TABLE, OUT_IDS, OUT_PIECES } mode = OUT_TABLE;
     unsigned flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
     long bench = 0;
+    bool allow_unknown = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -170,6 +175,8 @@ int cmd_tokenize(int argc, char **argv) {
             split = argv[++i];
         } else if (!strcmp(a, "--pre") && i + 1 < argc) {
             pre = argv[++i];
+        } else if (!strcmp(a, "--allow-unknown-pretokenizer")) {
+            allow_unknown = true;
         } else if (!strcmp(a, "--bench") && i + 1 < argc) {
             bench = strtol(argv[++i], NULL, 10);
             if (bench < 1) {
@@ -212,8 +219,9 @@ int cmd_tokenize(int argc, char **argv) {
     struct tok *t = NULL;
     int rc = 1;
     char path[4096];
+    struct tok_opts to = {.pre = pre, .allow_unknown_pre = allow_unknown};
     if (cli_resolve_model(model, false, path, sizeof path, &e) != SMELT_OK ||
-        gguf_open(&g, path, &e) != SMELT_OK || tok_new_from_gguf_pre(&t, g, pre, &e) != SMELT_OK) {
+        gguf_open(&g, path, &e) != SMELT_OK || tok_new_from_gguf(&t, g, &to, &e) != SMELT_OK) {
         rc = cli_fail("tokenize", &e);
         goto done;
     }

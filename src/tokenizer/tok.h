@@ -4,7 +4,7 @@
  * Two vocab kinds (tokenizer.ggml.model):
  *   "gpt2"  byte-level BPE: merges ranked by tokenizer.ggml.merges; the text is split
  *           first by the pre-tokenizer that tokenizer.ggml.pre names (docs/tokenizer.md
- *           lists them; an unknown name loads with a warning and GPT-2's split).
+ *           lists them; an unknown name is refused unless tok_opts allows it).
  *   "llama" SentencePiece BPE: pieces merged by score, "▁" for spaces, a space prefix
  *           (tokenizer.ggml.add_space_prefix, default on), <0xNN> byte fallback.
  *
@@ -84,20 +84,35 @@ struct tok_buf {
 };
 void tok_buf_free(struct tok_buf *b);
 
+/* Load options (zero-initialize for the defaults). */
+struct tok_opts {
+    const char *pre;        /* a tokenizer.ggml.pre name in place of the file's (tests, files
+                             * whose name is wrong); NULL: the file's */
+    bool allow_unknown_pre; /* load a pre-tokenizer smelt does not implement with GPT-2's
+                             * split (and a warning) instead of failing: token ids may then
+                             * differ from the model's own tokenizer */
+};
+
 /* Builds the tokenizer from f's tokenizer.* keys; it copies what it needs, so f may be
  * closed afterwards. Fails with SMELT_ERR_FORMAT (naming the key) on missing or
- * malformed metadata and SMELT_ERR_UNSUPPORTED for another tokenizer.ggml.model. */
-smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, struct err *e);
-/* The same with another pre-tokenizer (a tokenizer.ggml.pre name) in place of the file's;
- * for tests and for files whose pre name is wrong. NULL: the file's. */
-smelt_status tok_new_from_gguf_pre(struct tok **out, const struct gguf_file *f, const char *pre,
-                                   struct err *e);
+ * malformed metadata, and SMELT_ERR_UNSUPPORTED for another tokenizer.ggml.model or (without
+ * o->allow_unknown_pre) a tokenizer.ggml.pre smelt does not implement. o may be NULL. */
+smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f,
+                               const struct tok_opts *o, struct err *e);
 void tok_free(struct tok *t);
 
 /* Appends the ids of text[0..len) to out (text need not be NUL-terminated and may hold
  * any bytes). flags: TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL. On error out keeps what it had. */
 smelt_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
                         struct tok_ids *out, struct err *e);
+
+/* Byte-level BPE vocabs: appends to out the length in bytes of each pre-token of
+ * text[0..len) (valid UTF-8), in order: the pieces the merges run on, after the
+ * normalizer (NFC, where the pre-tokenizer has one), with no added-token matching. Their
+ * sum is the normalized text's length. For tests and diagnostics (HF's
+ * pre_tokenizer.pre_tokenize_str of the normalized text gives the same pieces). */
+smelt_status tok_pretokenize(const struct tok *t, const char *text, size_t len,
+                             struct tok_ids *out, struct err *e);
 
 /* Appends the text of ids to out: whole-sequence decode, invalid UTF-8 replaced by
  * U+FFFD. flags: TOK_DECODE_*. An id out of range is SMELT_ERR_RANGE. */
@@ -108,7 +123,8 @@ smelt_status tok_decode(const struct tok *t, const int32_t *ids, size_t n, unsig
 enum tok_model tok_model(const struct tok *t);
 int32_t tok_n_vocab(const struct tok *t);
 const struct tok_special *tok_specials(const struct tok *t);
-/* The tokenizer.ggml.pre name ("" for SPM), and whether it was recognized. */
+/* The tokenizer.ggml.pre name ("" for SPM), and whether it was recognized (false only
+ * when loaded with allow_unknown_pre). */
 const char *tok_pre_name(const struct tok *t);
 bool tok_pre_known(const struct tok *t);
 bool tok_add_bos(const struct tok *t);

@@ -77,6 +77,32 @@ static smelt_status encode_text(struct tok_ctx *c, const uint8_t *s, size_t n, s
     return tok_pretok_split(c, s, n, tok_bpe_word, e);
 }
 
+/* The word callback of tok_pretokenize: the pre-token's length, not its ids. */
+static smelt_status word_len(struct tok_ctx *c, const uint8_t *w, size_t n) {
+    (void)w;
+    return n > INT32_MAX ? SMELT_ERR_RANGE : tok_ids_push(c->out, (int32_t)n);
+}
+
+smelt_status tok_pretokenize(const struct tok *t, const char *text, size_t len,
+                             struct tok_ids *out, struct err *e) {
+    if (t->model != TOK_MODEL_BPE)
+        return err_set(e, SMELT_ERR_INVALID, "tok_pretokenize: not a byte-level BPE vocab");
+    if (utf8_validate((const uint8_t *)text, len) < len)
+        return err_set(e, SMELT_ERR_INVALID, "tok_pretokenize: invalid UTF-8");
+    size_t n0 = out->n;
+    struct tok_ctx c = {.t = t, .out = out};
+    const uint8_t *s = (const uint8_t *)text;
+    smelt_status st = SMELT_OK;
+    if (len && t->pre.nfc && !tok_nfc_quick(s, len)) st = tok_nfc(&c, s, len, &s, &len, e);
+    if (st == SMELT_OK && len) {
+        c.patched = tok_pretok_newer(s, len);
+        st = tok_pretok_split(&c, s, len, word_len, e);
+    }
+    if (st != SMELT_OK) out->n = n0;
+    ctx_free(&c);
+    return st;
+}
+
 smelt_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
                         struct tok_ids *out, struct err *e) {
     if (!text && len)

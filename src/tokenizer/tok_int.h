@@ -198,8 +198,13 @@ static inline const struct tok_merge *tok_merge_find(const struct tok *t, int32_
 }
 
 /* ---- tok_pretok.c ---- */
-/* Sets up t->pre for the named pre-tokenizer (unknown: GPT-2's split, known = false). */
-smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, struct err *e);
+/* Sets up t->pre for the named pre-tokenizer. An unknown name is SMELT_ERR_UNSUPPORTED
+ * naming it, unless allow_unknown: then GPT-2's split, known = false. */
+smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, bool allow_unknown,
+                             struct err *e);
+/* Writes the implemented tokenizer.ggml.pre names, space-separated, to buf[0..cap)
+ * (NUL-terminated, cut if too long). */
+void tok_pretok_names(char *buf, size_t cap);
 void tok_pretok_free(struct tok_pretok *p);
 /* Splits text[0..n) (valid UTF-8) into pre-tokens and calls word(ctx, w, wn) on each in
  * order. */

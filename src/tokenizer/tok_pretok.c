@@ -10,10 +10,11 @@
  * Patterns are the tokenizer.json originals (not llama.cpp's rewrites), compiled by PCRE2
  * with UTF + UCP and JIT-compiled. HF runs them with Oniguruma, whose classes differ from
  * PCRE2 10.42's (checked on every code point by scripts/gen-unicode-classes.py): \s has
- * no U+180E, and \p{L} \p{N} \p{P} know the characters of Unicode 15 and 16. So each
+ * no U+180E, and \p{L} \p{N} \p{M} ... know the characters of Unicode 15 and 16. So each
  * pattern is rewritten before compiling: \s becomes Oniguruma's exact list, and a second
- * version extends \p{L} \p{N} \p{P} with the newer characters, used only for text
- * that holds one (tok_pretok_newer); the common case keeps PCRE2's fast property tables.
+ * version extends each \p{X} class (L N P M Lu Ll Lt Lm Lo) with the newer characters,
+ * used only for text that holds one (tok_pretok_newer); the common case keeps PCRE2's fast
+ * property tables.
  * HF's Digits and Punctuation use yet other tables (Rust's char::is_numeric, its own
  * punctuation list): those stages are a table lookup per character, not a regex.
  *
@@ -32,6 +33,13 @@
  *                        Split("[0-9][0-9][0-9]") -- the last two run on the byte-MAPPED
  *                        text, where bytes B2 B3 B9 BC BD BE show as ² ³ ¹ ¼ ½ ¾ and so
  *                        count as digits: emulated on raw bytes by BYTE_DIGITS, DIGIT3.
+ *   qwen35               NFC; Split(QWEN35); ByteLevel(no regex)  (transformers'
+ *                        Qwen3_5Tokenizer: Qwen2's pattern with \p{M} in letter runs)
+ *   gpt-4o, llama4       Split(O200K); ByteLevel(no regex); BPE ignore_merges (tiktoken's
+ *                        o200k_base through transformers' TikTokenConverter, as the
+ *                        gpt-oss and Llama 4 conversions write it; no normalizer)
+ * Any other name is refused at load (tok_pretok_init) unless the caller allows it: a
+ * silently different split gives silently different token ids.
  * The deepseek-llm letter class is written with code points: copies of it in C sources
  * were NFC-normalized by editors (U+212A KELVIN SIGN became K, U+1F7D became U+03CE...),
  * which changes its meaning.
@@ -51,6 +59,17 @@
 #define QWEN2_RE                                                                                   \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Qwen3.5: Qwen2's pattern with combining marks in letter runs (and not in punctuation). */
+#define QWEN35_RE                                                                                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "                 \
+    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* tiktoken's o200k_base (GPT-4o, gpt-oss, Llama 4): case-aware letter runs with an optional
+ * contraction, up to 3 digits, "/" kept after punctuation. */
+#define O200K_RE                                                                                   \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"   \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"   \
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| "                  \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define NEWLINE_RE "[\\r\\n]"
 #define CJK_RE "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* deepseek-llm: cased letters (as listed in its tokenizer.json), with one optional
@@ -91,6 +110,8 @@ static const struct pre_def pre_defs[] = {
     {"mpt olmo", true, false, {{TOK_STEP_REGEX, GPT2_RE}}},
     {"llama-bpe llama3 llama-v3", false, true, {{TOK_STEP_REGEX, LLAMA3_RE}}},
     {"qwen2 deepseek-r1-qwen", true, false, {{TOK_STEP_REGEX, QWEN2_RE}}},
+    {"qwen35", true, false, {{TOK_STEP_REGEX, QWEN35_RE}}},
+    {"gpt-4o llama4", false, true, {{TOK_STEP_REGEX, O200K_RE}}},
     {"deepseek-llm",
      false,
      false,
@@ -165,14 +186,36 @@ bool tok_pretok_newer(const uint8_t *s, size_t n) {
 
 /* ---- pattern rewriting ---- */
 
+/* The Unicode classes the patterns use, each with the code points HF's Oniguruma has in it
+ * and PCRE2 lacks (a class body; "" when none). */
+static const struct uclass {
+    const char *name, *extra;
+} uclasses[] = {
+    {"L", TOK_RE_L_NEW},   {"N", TOK_RE_N_NEW},   {"P", TOK_RE_P_NEW},
+    {"M", TOK_RE_M_NEW},   {"Lu", TOK_RE_Lu_NEW}, {"Ll", TOK_RE_Ll_NEW},
+    {"Lt", TOK_RE_Lt_NEW}, {"Lm", TOK_RE_Lm_NEW}, {"Lo", TOK_RE_Lo_NEW},
+};
+
+/* The class whose name, then "}", starts s (s follows "\p{"), or NULL. */
+static const struct uclass *class_of(const char *s) {
+    for (size_t i = 0; i < sizeof uclasses / sizeof *uclasses; i++) {
+        size_t k = strlen(uclasses[i].name);
+        if (!strncmp(s, uclasses[i].name, k) && s[k] == '}') return &uclasses[i];
+    }
+    return NULL;
+}
+
 /* Rewrites an HF pattern for PCRE2: \s and \S become Oniguruma's whitespace list;
- * with patched, \p{L} \p{N} \p{P} also take the newer code points. Returns a malloc'd
- * string, or NULL when out of memory. *has_new: the pattern names one of those classes. */
-static char *rewrite(const char *pat, bool patched, bool *has_new) {
+ * with patched, each \p{X} of uclasses also takes the newer code points. Returns a
+ * malloc'd string, or NULL when out of memory. *has_new: the pattern names a class that
+ * has newer code points. *unknown: it names a \p{X} that uclasses lacks (a pattern added
+ * to pre_defs with a new class needs it here and in the generator). */
+static char *rewrite(const char *pat, bool patched, bool *has_new, bool *unknown) {
     size_t cap = strlen(pat) * 2 + 64, n = 0;
     char *out = malloc(cap);
     bool in_class = false;
-    *has_new = false;
+    const struct uclass *cls;
+    *has_new = *unknown = false;
 #define PUT(str)                                                                                   \
     do {                                                                                           \
         size_t l_ = strlen(str);                                                                   \
@@ -197,23 +240,21 @@ static char *rewrite(const char *pat, bool patched, bool *has_new) {
         } else if (p[0] == '\\' && p[1] == 'S' && !in_class) {
             PUT("[^" TOK_RE_WS "]");
             p += 2;
-        } else if (p[0] == '\\' && p[1] == 'p' && p[2] == '{' && p[3] && p[4] == '}' &&
-                   strchr("LNP", p[3])) {
-            const char *extra = p[3] == 'L'   ? TOK_RE_L_NEW
-                                : p[3] == 'N' ? TOK_RE_N_NEW
-                                              : TOK_RE_P_NEW;
-            char prop[8] = {'\\', 'p', '{', p[3], '}', 0};
-            if (*extra) *has_new = true;
-            if (!patched || !*extra) {
+        } else if (p[0] == '\\' && p[1] == 'p' && p[2] == '{' && (cls = class_of(p + 3))) {
+            char prop[8];
+            snprintf(prop, sizeof prop, "\\p{%s}", cls->name);
+            if (*cls->extra) *has_new = true;
+            if (!patched || !*cls->extra) {
                 PUT(prop);
             } else {
                 if (!in_class) PUT("[");
                 PUT(prop);
-                PUT(extra);
+                PUT(cls->extra);
                 if (!in_class) PUT("]");
             }
-            p += 5;
+            p += 4 + strlen(cls->name);
         } else if (p[0] == '\\' && p[1]) {
+            if (p[1] == 'p' || p[1] == 'P') *unknown = true;
             char two[3] = {p[0], p[1], 0};
             PUT(two);
             p += 2;
@@ -261,7 +302,15 @@ static bool name_in(const char *names, const char *name) {
     return false;
 }
 
-smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, struct err *e) {
+void tok_pretok_names(char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (size_t i = 0; i < sizeof pre_defs / sizeof *pre_defs && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? " " : "", pre_defs[i].names);
+}
+
+smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, bool allow_unknown,
+                             struct err *e) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     const struct pre_def *d = &pre_defs[0];
@@ -272,19 +321,32 @@ smelt_status tok_pretok_init(struct tok_pretok *p, const char *name, struct err 
             p->known = true;
             break;
         }
+    if (!p->known && !allow_unknown) {
+        char names[320];
+        tok_pretok_names(names, sizeof names);
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "tokenizer.ggml.pre = \"%.64s\": smelt does not implement this "
+                       "pre-tokenizer, and GPT-2's in its place would give other token ids "
+                       "than the model's tokenizer (smelt implements: %s). Pass "
+                       "--allow-unknown-pretokenizer to load it with GPT-2's anyway",
+                       name, names);
+    }
     p->nfc = d->nfc;
     p->ignore_merges = d->ignore_merges;
     for (int i = 0; i < TOK_MAX_STEPS && d->steps[i].kind; i++) {
         p->steps[i].kind = d->steps[i].kind;
         p->n_steps = i + 1;
         if (d->steps[i].kind != TOK_STEP_REGEX) continue;
-        bool has_new;
-        char *fast = rewrite(d->steps[i].re, false, &has_new);
-        char *slow = has_new ? rewrite(d->steps[i].re, true, &has_new) : NULL;
-        if (!fast || (has_new && !slow)) {
+        bool has_new, unknown;
+        char *fast = rewrite(d->steps[i].re, false, &has_new, &unknown);
+        char *slow = has_new ? rewrite(d->steps[i].re, true, &has_new, &unknown) : NULL;
+        if (!fast || (has_new && !slow) || unknown) {
             free(fast);
             free(slow);
             tok_pretok_free(p);
+            if (unknown)
+                return err_set(e, SMELT_ERR_INTERNAL,
+                               "pre-tokenizer %s, stage %d: a \\p{} class without its table", name, i);
             return err_set(e, SMELT_ERR_NOMEM, "pre-tokenizer patterns");
         }
         p->steps[i].re = compile(fast, name, i, e);

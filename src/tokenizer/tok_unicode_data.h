@@ -28,8 +28,46 @@
     "\\x{11B00}-\\x{11B09}\\x{11BE1}\\x{11F43}-\\x{11F4F}\\x{16D6D}-\\x{16D6F}" \
     "\\x{1E5FF}"
 
+/* In Oniguruma's \p{M}, not in PCRE2's: 93 code points. */
+#define TOK_RE_M_NEW \
+    "\\x{897}\\x{CF3}\\x{ECE}\\x{10D69}-\\x{10D6D}\\x{10EFC}-\\x{10EFF}\\x{11241}" \
+    "\\x{113B8}-\\x{113C0}\\x{113C2}\\x{113C5}\\x{113C7}-\\x{113CA}\\x{113CC}-" \
+    "\\x{113D0}\\x{113D2}\\x{113E1}-\\x{113E2}\\x{11F00}-\\x{11F01}\\x{11F03}" \
+    "\\x{11F34}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{11F5A}\\x{13440}\\x{13447}-" \
+    "\\x{13455}\\x{1611E}-\\x{1612F}\\x{1E08F}\\x{1E4EC}-\\x{1E4EF}\\x{1E5EE}-" \
+    "\\x{1E5EF}"
+
+/* In Oniguruma's \p{Lu}, not in PCRE2's: 27 code points. */
+#define TOK_RE_Lu_NEW \
+    "\\x{1C89}\\x{A7CB}-\\x{A7CC}\\x{A7DA}\\x{A7DC}\\x{10D50}-\\x{10D65}"
+
+/* In Oniguruma's \p{Ll}, not in PCRE2's: 31 code points. */
+#define TOK_RE_Ll_NEW \
+    "\\x{1C8A}\\x{A7CD}\\x{A7DB}\\x{10D70}-\\x{10D85}\\x{1DF25}-\\x{1DF2A}"
+
+/* In Oniguruma's \p{Lt}, not in PCRE2's: 0 code points. */
+#define TOK_RE_Lt_NEW ""
+
+/* In Oniguruma's \p{Lm}, not in PCRE2's: 70 code points. */
+#define TOK_RE_Lm_NEW \
+    "\\x{10D4E}\\x{10D6F}\\x{16D40}-\\x{16D42}\\x{16D6B}-\\x{16D6C}\\x{1E030}-" \
+    "\\x{1E06D}\\x{1E4EB}"
+
+/* In Oniguruma's \p{Lo}, not in PCRE2's: 9144 code points. */
+#define TOK_RE_Lo_NEW \
+    "\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D4D}\\x{10D4F}\\x{10EC2}-\\x{10EC4}" \
+    "\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-" \
+    "\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11F02}" \
+    "\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}" \
+    "\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}\\x{16D43}-\\x{16D6A}\\x{18CFF}" \
+    "\\x{1B132}\\x{1B155}\\x{1E4D0}-\\x{1E4EA}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}" \
+    "\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+
 /* Any code point of the TOK_RE_*_NEW classes. */
-static const uint32_t tok_newer[47][2] = {
+static const uint32_t tok_newer[51][2] = {
+    {0x897, 0x897},
+    {0xCF3, 0xCF3},
+    {0xECE, 0xECE},
     {0x1B4E, 0x1B4F},
     {0x1B7F, 0x1B7F},
     {0x1C89, 0x1C8A},
@@ -37,30 +75,32 @@ static const uint32_t tok_newer[47][2] = {
     {0xA7DA, 0xA7DC},
     {0x105C0, 0x105F3},
     {0x10D40, 0x10D65},
-    {0x10D6E, 0x10D85},
+    {0x10D69, 0x10D85},
     {0x10EC2, 0x10EC4},
-    {0x1123F, 0x11240},
+    {0x10EFC, 0x10EFF},
+    {0x1123F, 0x11241},
     {0x11380, 0x11389},
     {0x1138B, 0x1138B},
     {0x1138E, 0x1138E},
     {0x11390, 0x113B5},
-    {0x113B7, 0x113B7},
-    {0x113D1, 0x113D1},
-    {0x113D3, 0x113D5},
+    {0x113B7, 0x113C0},
+    {0x113C2, 0x113C2},
+    {0x113C5, 0x113C5},
+    {0x113C7, 0x113CA},
+    {0x113CC, 0x113D5},
     {0x113D7, 0x113D8},
+    {0x113E1, 0x113E2},
     {0x116D0, 0x116E3},
     {0x11B00, 0x11B09},
     {0x11BC0, 0x11BE1},
     {0x11BF0, 0x11BF9},
-    {0x11F02, 0x11F02},
-    {0x11F04, 0x11F10},
-    {0x11F12, 0x11F33},
-    {0x11F43, 0x11F59},
+    {0x11F00, 0x11F10},
+    {0x11F12, 0x11F3A},
+    {0x11F3E, 0x11F5A},
     {0x1342F, 0x1342F},
-    {0x13441, 0x13446},
+    {0x13440, 0x13455},
     {0x13460, 0x143FA},
-    {0x16100, 0x1611D},
-    {0x16130, 0x16139},
+    {0x16100, 0x16139},
     {0x16D40, 0x16D79},
     {0x18CFF, 0x18CFF},
     {0x1B132, 0x1B132},
@@ -69,10 +109,9 @@ static const uint32_t tok_newer[47][2] = {
     {0x1D2C0, 0x1D2D3},
     {0x1DF25, 0x1DF2A},
     {0x1E030, 0x1E06D},
-    {0x1E4D0, 0x1E4EB},
-    {0x1E4F0, 0x1E4F9},
-    {0x1E5D0, 0x1E5ED},
-    {0x1E5F0, 0x1E5FA},
+    {0x1E08F, 0x1E08F},
+    {0x1E4D0, 0x1E4F9},
+    {0x1E5D0, 0x1E5FA},
     {0x1E5FF, 0x1E5FF},
     {0x2B739, 0x2B739},
     {0x2EBF0, 0x2EE5D},

@@ -363,9 +363,17 @@ static smelt_status specials_build(struct tok *t, const struct gguf_file *f, str
         for (size_t k = 0; k < sizeof eog_names / sizeof *eog_names; k++)
             if (text_is(t, id, eog_names[k])) t->attr[id] |= TOK_A_EOG;
     }
+    /* harmony vocabs (gpt-oss): <|end|> closes one message of a reply that goes on
+     * (analysis, then final); <|return|> and <|call|> end it (llama.cpp decides the same) */
+    int32_t end = tok_find(t, "<|end|>", 7), ret = tok_find(t, "<|return|>", 10),
+            call = tok_find(t, "<|call|>", 8);
+    bool harmony = end >= 0 && ret >= 0 && call >= 0 && (t->attr[ret] & TOK_A_EOG) &&
+                   (t->attr[call] & TOK_A_EOG);
+    if (harmony && t->sp.eot == end) t->sp.eot = -1;
     if (t->sp.eos >= 0) t->attr[t->sp.eos] |= TOK_A_EOG;
     if (t->sp.eot >= 0) t->attr[t->sp.eot] |= TOK_A_EOG;
     if (t->sp.eom >= 0) t->attr[t->sp.eom] |= TOK_A_EOG;
+    if (harmony) t->attr[end] &= (uint8_t)~TOK_A_EOG;
     size_t m = 0;
     for (int32_t id = 0; id < n; id++)
         m += (t->attr[id] & TOK_A_EOG) != 0;
@@ -409,12 +417,10 @@ static smelt_status specials_build(struct tok *t, const struct gguf_file *f, str
 
 /* ---- load ---- */
 
-smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f, struct err *e) {
-    return tok_new_from_gguf_pre(out, f, NULL, e);
-}
-
-smelt_status tok_new_from_gguf_pre(struct tok **out, const struct gguf_file *f,
-                                   const char *pre_name, struct err *e) {
+smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f,
+                               const struct tok_opts *o, struct err *e) {
+    static const struct tok_opts defaults = {0};
+    if (!o) o = &defaults;
     *out = NULL;
     struct gguf_str model;
     if (gguf_get_str(f, "tokenizer.ggml.model", &model, e) != SMELT_OK)
@@ -587,14 +593,15 @@ smelt_status tok_new_from_gguf_pre(struct tok **out, const struct gguf_file *f,
         if ((st = merges_build(t, merges, byte_of_cp, e)) != SMELT_OK) goto fail;
         struct gguf_str pre = {0};
         char name[64] = "default";
-        if (pre_name)
-            snprintf(name, sizeof name, "%s", pre_name);
+        if (o->pre)
+            snprintf(name, sizeof name, "%s", o->pre);
         else if (gguf_get_str(f, "tokenizer.ggml.pre", &pre, &e2) == SMELT_OK)
             gguf_str_copy(pre, name, sizeof name);
-        if ((st = tok_pretok_init(&t->pre, name, e)) != SMELT_OK) goto fail;
+        if ((st = tok_pretok_init(&t->pre, name, o->allow_unknown_pre, e)) != SMELT_OK) goto fail;
         if (!t->pre.known)
-            log_warn("tokenizer: unknown tokenizer.ggml.pre \"%s\"; using GPT-2's "
-                     "pre-tokenizer (token ids may differ from the model's own tokenizer)",
+            log_warn("tokenizer: unknown tokenizer.ggml.pre \"%s\" loaded with GPT-2's "
+                     "pre-tokenizer (--allow-unknown-pretokenizer): token ids may differ from "
+                     "the model's own tokenizer",
                      name);
     } else {
         int found = 0;

@@ -128,3 +128,38 @@ def test_cli_errors():
     assert r.returncode == 1 and "nonexistent" in r.stderr.decode()
     r = run("/nonexistent.gguf", "x", "--bogus")
     assert r.returncode == 2
+
+
+def test_cli_unknown_pretokenizer():
+    # refused, naming it; --allow-unknown-pretokenizer loads it with GPT-2's split
+    path = shared("gpt-2")
+    r = run(path, "Hello world", "--ids", "--pre", "kimi-k2")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and '"kimi-k2"' in err and "--allow-unknown-pretokenizer" in err
+    assert "qwen35" in err and r.stdout == b""
+    r = run(path, "Hello world", "--ids", "--pre", "kimi-k2", "--allow-unknown-pretokenizer")
+    assert r.returncode == 0 and r.stdout.decode() == "15496 995\n"
+    assert "kimi-k2" in r.stderr.decode()  # the warning
+    # the same in smelt run and smelt serve (a vocab-only file whose pre is kimi-k2)
+    gguf = pytest.importorskip("gguf")
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        bad = os.path.join(d, "kimi.gguf")
+        w = gguf.GGUFWriter(bad, "llama")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("kimi-k2")
+        w.add_token_list(["a", "b", "ab", "<|im_end|>"])
+        w.add_token_types([1, 1, 1, 3])
+        w.add_token_merges(["a b"])
+        w.add_eos_token_id(3)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        for cmd in (["run", bad, "hi"], ["serve", bad, "--port", "0", "--fake-forward"]):
+            r = subprocess.run([SMELT, *cmd], capture_output=True, timeout=60)
+            assert r.returncode != 0 and b'"kimi-k2"' in r.stderr, (cmd, r.stderr)
+        # allowed: run gets past the tokenizer (and fails on the missing weights)
+        r = subprocess.run([SMELT, "run", bad, "hi", "--allow-unknown-pretokenizer"],
+                           capture_output=True, timeout=60)
+        assert r.returncode != 0 and b'tokenizer.ggml.pre = "kimi-k2"' not in r.stderr, r.stderr

@@ -255,7 +255,7 @@ static bool make_tok(void) {
     gguf_writer_free(w);
     struct gguf_file *f;
     if (!ok || gguf_open(&f, tok_path, &e) != SMELT_OK) return false;
-    ok = tok_new_from_gguf(&tk, f, &e) == SMELT_OK;
+    ok = tok_new_from_gguf(&tk, f, NULL, &e) == SMELT_OK;
     if (!ok) fprintf(stderr, "tok: %s\n", e.msg);
     gguf_close(f);
     unlink(tok_path);

@@ -194,7 +194,7 @@ static void check_file(const char *ref_name) {
         return;
     }
     T_CHECK(model_load(&c.m, c.f, bk, &e) == SMELT_OK);
-    T_CHECK(tok_new_from_gguf(&c.tok, c.f, &e) == SMELT_OK);
+    T_CHECK(tok_new_from_gguf(&c.tok, c.f, NULL, &e) == SMELT_OK);
     if (!c.m || !c.tok || model_kv_new(c.m, QT_F16, 16, 64, &c.kv, &e) != SMELT_OK ||
         kv_pool_init(&c.pool, 64, 16, &e) != SMELT_OK) {
         T_CHECKF(0, "%s: %s", model_file, e.msg);

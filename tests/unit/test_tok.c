@@ -511,7 +511,7 @@ static void test_load_errors(void) {
     struct gguf_file *g = NULL;
     struct tok *t = NULL;
     T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
-    T_EQ_INT(tok_new_from_gguf(&t, g, &e), SMELT_ERR_UNSUPPORTED);
+    T_EQ_INT(tok_new_from_gguf(&t, g, NULL, &e), SMELT_ERR_UNSUPPORTED);
     T_CHECK(strstr(e.msg, "bert") != NULL);
     T_CHECK(t == NULL);
     gguf_close(g);
@@ -519,7 +519,7 @@ static void test_load_errors(void) {
     gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
     T_CHECK(gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK);
     T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
-    T_CHECK(tok_new_from_gguf(&t, g, &e) != SMELT_OK);
+    T_CHECK(tok_new_from_gguf(&t, g, NULL, &e) != SMELT_OK);
     T_CHECK(strstr(e.msg, "merges") != NULL);
     gguf_close(g);
     /* token types of the wrong length */
@@ -529,7 +529,7 @@ static void test_load_errors(void) {
     gguf_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, ty, 3);
     T_CHECK(gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK);
     T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
-    T_EQ_INT(tok_new_from_gguf(&t, g, &e), SMELT_ERR_FORMAT);
+    T_EQ_INT(tok_new_from_gguf(&t, g, NULL, &e), SMELT_ERR_FORMAT);
     T_CHECK(strstr(e.msg, "token_type") != NULL);
     gguf_close(g);
     /* a GGUF with no tokenizer at all */
@@ -538,7 +538,7 @@ static void test_load_errors(void) {
     gguf_set_str(w2, "general.architecture", "llama");
     T_CHECK(gguf_writer_write(w2, path, NULL, NULL, &e) == SMELT_OK);
     T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
-    T_EQ_INT(tok_new_from_gguf(&t, g, &e), SMELT_ERR_NOT_FOUND);
+    T_EQ_INT(tok_new_from_gguf(&t, g, NULL, &e), SMELT_ERR_NOT_FOUND);
     T_CHECK(strstr(e.msg, "tokenizer.ggml.model") != NULL);
     gguf_close(g);
     gguf_writer_free(w2);
@@ -546,9 +546,42 @@ static void test_load_errors(void) {
     unlink(path);
 }
 
-/* An unknown tokenizer.ggml.pre loads (with a warning) and splits like GPT-2. */
+/* An unknown tokenizer.ggml.pre is refused, naming it; allowed, it loads and splits like
+ * GPT-2. */
 static void test_unknown_pre(void) {
-    struct tok *a = tiny_bpe("no-such-pre"), *b = tiny_bpe("gpt-2");
+    char path[] = "/tmp/smelt-tok-pre-XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    struct gguf_writer *w = NULL;
+    struct err e = {0};
+    T_CHECK(gguf_writer_new(&w, &e) == SMELT_OK);
+    const char *toks[] = {"a", "b", "ab"}, *merges[] = {"a b"};
+    gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_set_str(w, "tokenizer.ggml.pre", "no-such-pre");
+    gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+    gguf_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    T_CHECK(gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK);
+    gguf_writer_free(w);
+    struct gguf_file *g = NULL;
+    struct tok *t = NULL;
+    T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
+    T_EQ_INT(tok_new_from_gguf(&t, g, NULL, &e), SMELT_ERR_UNSUPPORTED);
+    T_CHECK(t == NULL);
+    T_CHECK(strstr(e.msg, "\"no-such-pre\"") && strstr(e.msg, "--allow-unknown-pretokenizer") &&
+            strstr(e.msg, "qwen35"));
+    /* --pre names an unknown one too */
+    struct tok_opts o = {.pre = "qwen99"};
+    T_EQ_INT(tok_new_from_gguf(&t, g, &o, &e), SMELT_ERR_UNSUPPORTED);
+    T_CHECK(strstr(e.msg, "\"qwen99\"") != NULL);
+    o = (struct tok_opts){.allow_unknown_pre = true};
+    T_EQ_INT(tok_new_from_gguf(&t, g, &o, &e), SMELT_OK);
+    T_CHECK(t && !tok_pre_known(t));
+    tok_free(t);
+    gguf_close(g);
+    unlink(path);
+
+    o = (struct tok_opts){.pre = "no-such-pre", .allow_unknown_pre = true};
+    struct tok *a = tiny_bpe_opts(&o), *b = tiny_bpe("gpt-2");
     T_CHECK(a && b);
     if (a && b) {
         T_CHECK(!tok_pre_known(a));
@@ -563,6 +596,48 @@ static void test_unknown_pre(void) {
     }
     tok_free(a);
     tok_free(b);
+}
+
+/* A harmony vocab (gpt-oss: <|return|> and <|call|> end the reply) keeps <|end|> out of the
+ * end-of-generation set, even as the file's eot; elsewhere <|end|> ends a turn (Phi-3). */
+static void test_harmony_eog(void) {
+    const char *toks[] = {"a", "b", "ab", "<|end|>", "<|return|>", "<|call|>", "<|start|>"};
+    int32_t types[] = {1, 1, 1, TOK_T_CONTROL, TOK_T_CONTROL, TOK_T_CONTROL, TOK_T_CONTROL};
+    const char *merges[] = {"a b"};
+    for (int harmony = 0; harmony < 2; harmony++) {
+        char path[] = "/tmp/smelt-tok-eog-XXXXXX";
+        int fd = mkstemp(path);
+        close(fd);
+        struct gguf_writer *w = NULL;
+        struct err e = {0};
+        T_CHECK(gguf_writer_new(&w, &e) == SMELT_OK);
+        uint64_t n = harmony ? 7 : 4;
+        gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
+        gguf_set_str(w, "tokenizer.ggml.pre", "gpt-4o");
+        gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, n);
+        gguf_set_arr(w, "tokenizer.ggml.token_type", GGUF_T_INT32, types, n);
+        gguf_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+        gguf_set_u32(w, "tokenizer.ggml.eot_token_id", 3);
+        if (harmony) gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 4);
+        T_CHECK(gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK);
+        gguf_writer_free(w);
+        struct gguf_file *g = NULL;
+        struct tok *t = NULL;
+        T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
+        T_CHECK(tok_new_from_gguf(&t, g, NULL, &e) == SMELT_OK);
+        if (t) {
+            T_CHECK(tok_is_eog(t, 3) == !harmony);
+            if (harmony) {
+                T_CHECK(tok_is_eog(t, 4) && tok_is_eog(t, 5) && !tok_is_eog(t, 6));
+                size_t ne;
+                const int32_t *ids = tok_eog_ids(t, &ne);
+                T_CHECK(ne == 2 && ids[0] == 4 && ids[1] == 5);
+            }
+        }
+        tok_free(t);
+        gguf_close(g);
+        unlink(path);
+    }
 }
 
 /* Real vocabs: special ids and the end-of-generation set. */
@@ -626,6 +701,7 @@ int main(void) {
     T_RUN(test_threads);
     T_RUN(test_load_errors);
     T_RUN(test_unknown_pre);
+    T_RUN(test_harmony_eog);
     T_RUN(test_specials_models);
     return t_done();
 }

@@ -3,7 +3,10 @@
  * and tests/data/tok/expected.json, made by scripts/make-tok-corpus.py with HF's
  * `tokenizers` loading the same vocab: per case and per string, the id count and the
  * FNV-1a-64 of the ids. A mismatch prints our ids; `scripts/make-tok-corpus.py --show
- * CASE N` prints HF's. (The 1 MB random corpus is checked by tests/py/test_tok_hf.py.) */
+ * CASE N` prints HF's. (The 1 MB random corpus is checked by tests/py/test_tok_hf.py.)
+ * The same file holds, for every pre-tokenizer smelt implements, the byte lengths of HF's
+ * pre-tokens of each string (count and FNV-1a-64): test_splits checks tok_pretokenize
+ * against them, so each pre-tokenizer is checked exactly, apart from any vocab. */
 #include <jansson.h>
 
 #include "t.h"
@@ -68,7 +71,7 @@ static void test_corpus(void) {
         struct tok *t = NULL;
         struct err e = {0};
         if (gguf_open(&g, path, &e) != SMELT_OK ||
-            tok_new_from_gguf_pre(&t, g, pre, &e) != SMELT_OK) {
+            tok_new_from_gguf(&t, g, &(struct tok_opts){.pre = pre}, &e) != SMELT_OK) {
             T_CHECKF(0, "%s: %s", name, e.msg);
             gguf_close(g);
             continue;
@@ -104,7 +107,66 @@ static void test_corpus(void) {
     free(corpus);
 }
 
+/* Every pre-tokenizer's split of every corpus string (GPT-2's vocab carries them; the
+ * split does not depend on the vocab). */
+static void test_splits(void) {
+    char path[1024];
+    if (!vocab_path("shared:gpt-2", path, sizeof path)) {
+        t_skip("../shared/data/vocab/ggml-vocab-gpt-2.gguf absent");
+        return;
+    }
+    size_t len;
+    char *corpus = tu_read(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
+    json_error_t je;
+    json_t *root = json_load_file(SMELT_SOURCE_DIR "/tests/data/tok/expected.json", 0, &je);
+    json_t *splits = json_object_get(root, "splits");
+    T_CHECK(corpus && json_object_size(splits) > 0);
+    static char *strs[MAX_STR];
+    static size_t lens[MAX_STR];
+    int n = corpus ? tu_split_inp(corpus, len, strs, lens, MAX_STR) : 0;
+    struct gguf_file *g = NULL;
+    struct err e = {0};
+    T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
+    const char *pre;
+    json_t *rows;
+    json_object_foreach(splits, pre, rows) {
+        struct tok *t = NULL;
+        if (!g || tok_new_from_gguf(&t, g, &(struct tok_opts){.pre = pre}, &e) != SMELT_OK) {
+            T_CHECKF(0, "pre-tokenizer %s: %s", pre, e.msg);
+            continue;
+        }
+        T_EQ_INT(json_array_size(rows), n);
+        struct tok_ids p = {0};
+        int ok = 0;
+        for (int i = 0; i < n && i < (int)json_array_size(rows); i++) {
+            json_t *row = json_array_get(rows, (size_t)i);
+            p.n = 0;
+            T_CHECK(tok_pretokenize(t, strs[i], lens[i], &p, &e) == SMELT_OK);
+            char h[17];
+            snprintf(h, sizeof h, "%016llx", (unsigned long long)fnv64(p.v, p.n));
+            const char *want = json_string_value(json_array_get(row, 1));
+            bool same = p.n == (size_t)json_integer_value(json_array_get(row, 0)) && want &&
+                        !strcmp(h, want);
+            if (!same) {
+                fprintf(stderr, "%s split [%d]: %zu pieces:", pre, i, p.n);
+                for (size_t k = 0; k < p.n && k < 40; k++)
+                    fprintf(stderr, " %d", p.v[k]);
+                fprintf(stderr, "\n");
+            }
+            T_CHECKF(same, "pre-tokenizer %s, string %d: split differs from HF", pre, i);
+            ok += same;
+        }
+        printf("split %s: %d/%d corpus strings match HF\n", pre, ok, n);
+        tok_ids_free(&p);
+        tok_free(t);
+    }
+    gguf_close(g);
+    json_decref(root);
+    free(corpus);
+}
+
 int main(void) {
     T_RUN(test_corpus);
+    T_RUN(test_splits);
     return t_done();
 }

@@ -34,7 +34,7 @@ static inline struct tok *tu_load(const char *path) {
     struct gguf_file *g = NULL;
     struct tok *t = NULL;
     struct err e = {0};
-    if (gguf_open(&g, path, &e) != SMELT_OK || tok_new_from_gguf(&t, g, &e) != SMELT_OK)
+    if (gguf_open(&g, path, &e) != SMELT_OK || tok_new_from_gguf(&t, g, NULL, &e) != SMELT_OK)
         fprintf(stderr, "load %s: %s\n", path, e.msg);
     gguf_close(g);
     return t;

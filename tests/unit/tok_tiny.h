@@ -33,7 +33,7 @@ static inline void tiny_byte_char(int b, char out[4]) {
     }
 }
 
-static inline struct tok *tiny_open(struct gguf_writer *w, const char *pre) {
+static inline struct tok *tiny_open(struct gguf_writer *w, const struct tok_opts *o) {
     char path[] = "/tmp/smelt-tok-tiny-XXXXXX";
     int fd = mkstemp(path);
     struct tok *t = NULL;
@@ -43,7 +43,7 @@ static inline struct tok *tiny_open(struct gguf_writer *w, const char *pre) {
     struct gguf_file *g = NULL;
     if (gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK &&
         gguf_open(&g, path, &e) == SMELT_OK)
-        tok_new_from_gguf_pre(&t, g, pre, &e);
+        tok_new_from_gguf(&t, g, o, &e);
     if (!t) fprintf(stderr, "tiny vocab: %s\n", e.msg);
     gguf_close(g);
     unlink(path);
@@ -51,7 +51,7 @@ static inline struct tok *tiny_open(struct gguf_writer *w, const char *pre) {
 }
 
 /* Byte-level BPE: ids 0..255 are the bytes; then merged tokens; then specials. */
-static inline struct tok *tiny_bpe(const char *pre) {
+static inline struct tok *tiny_bpe_opts(const struct tok_opts *o) {
     static const char *const merges[] = {
         "Ġ t", "h e",   "Ġt he", "i n",     "Ġ a", "a n", "Ġa n",  "Ġan d",  "e r", "Ġ w",
         "o r", "Ġw or", "l d",   "Ġwor ld", "H e", "l l", "He ll", "Hell o", "Ġ 1", "1 2",
@@ -89,9 +89,15 @@ static inline struct tok *tiny_bpe(const char *pre) {
     gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)(256 + nm));
     gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)(256 + nm + 2));
     gguf_set_bool(w, "tokenizer.ggml.add_bos_token", false);
-    struct tok *t = tiny_open(w, pre);
+    struct tok *t = tiny_open(w, o);
     gguf_writer_free(w);
     return t;
+}
+
+/* The same with pre-tokenizer pre (NULL: the file's, qwen2). */
+static inline struct tok *tiny_bpe(const char *pre) {
+    struct tok_opts o = {.pre = pre};
+    return tiny_bpe_opts(&o);
 }
 
 /* SentencePiece: <unk> <s> </s>, 256 byte tokens, then scored pieces. */
