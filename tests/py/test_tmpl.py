@@ -76,6 +76,39 @@ def test_shared_template(name):
     assert not failures, "\n".join(failures)
 
 
+GPT_OSS = os.environ.get("SMELT_GPT_OSS_TEMPLATE", os.path.join(TEMPLATES, "openai-gpt-oss-120b.jinja"))
+
+
+def test_gpt_oss_template_live():
+    """gpt-oss's harmony template (not committed: it is read from $SMELT_GPT_OSS_TEMPLATE or
+    the shared templates) on every conversation, against live jinja2: reasoning_effort,
+    developer instructions, tools rendered as a TypeScript namespace (enums, defaults,
+    nullable, arrays of objects, oneOf), builtin_tools, model_identity, thinking before a
+    pending call, tool results."""
+    if not os.path.exists(GPT_OSS):
+        pytest.skip(f"SKIP gpt-oss template absent ({GPT_OSS}; set SMELT_GPT_OSS_TEMPLATE)")
+    if os.path.exists(os.path.join(DATA, "expected", "openai-gpt-oss-120b.json")):
+        pytest.skip("SKIP covered by test_shared_template")
+    with open(GPT_OSS, encoding="utf-8") as f:
+        source = f.read()
+    env = mte.hf_environment()
+    failures, rendered = [], 0
+    d = os.path.join(DATA, "conversations")
+    for conv in sorted(os.listdir(d)):
+        path = os.path.join(d, conv)
+        with open(path, encoding="utf-8") as f:
+            want = mte.render(env, source, json.load(f))
+        rc, out, err = smelt_render(GPT_OSS, path)
+        if "output" in want:
+            rendered += 1
+            if rc != 0 or out != want["output"]:
+                failures.append(f"{conv}: rc {rc} {err.strip()[:200]}")
+        elif rc == 0 or (want["error_type"] == "TemplateError" and want["error"] not in err):
+            failures.append(f"{conv}: jinja2 raised {want['error']!r}, smelt: rc {rc} {err.strip()[:200]}")
+    assert not failures, "\n".join(failures)
+    assert rendered >= 15
+
+
 # ---------------------------------------------------------------- differential snippets
 
 CTX = {
