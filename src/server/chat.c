@@ -20,6 +20,10 @@
  * templates that read it); "none" and "minimal" also set `enable_thinking` false (Qwen3's
  * switch) unless chat_template_kwargs sets it. Keys in chat_template_kwargs win.
  *
+ * gpt-oss (harmony): its template reads an assistant turn's reasoning from `thinking`
+ * (and renders it before a pending tool call); clients send it back as `reasoning_content`
+ * (or `reasoning`), so the template gets that text as `thinking`.
+ *
  * continue_final_message: the conversation is rendered without a generation prompt and cut
  * right after the final (assistant) message's content, so the model continues that
  * message instead of starting a new one (vLLM does the same). */
@@ -56,6 +60,25 @@ static bool cut_final(const struct oai_request *rq, char *text, size_t *n, struc
     return true;
 }
 
+/* A copy of messages where each assistant message that carries reasoning_content (or
+ * reasoning) as a string also has it as `thinking` (harmony templates). NULL on OOM. */
+static json_t *with_thinking(json_t *messages) {
+    json_t *out = json_deep_copy(messages);
+    size_t i;
+    json_t *m;
+    json_array_foreach(out, i, m) {
+        json_t *r = json_object_get(m, "reasoning_content");
+        if (!json_is_string(r)) r = json_object_get(m, "reasoning");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && !strcmp(role, "assistant") && json_is_string(r) &&
+            json_object_set(m, "thinking", r) != 0) {
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat_prompt *cp,
                      struct oai_err *e) {
     memset(cp, 0, sizeof *cp);
@@ -86,9 +109,11 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
                         "tool_choice '%.*s' cannot be enforced for this model: its chat "
                         "template's tool-call syntax is not one smelt knows (Hermes/Qwen "
                         "<tool_call>, Qwen3-Coder <function=...>, Mistral [TOOL_CALLS], "
-                        "Llama 3 JSON). Use tool_choice 'auto'.",
+                        "Llama 3 JSON, gpt-oss harmony). Use tool_choice 'auto'.",
                         oai_clip(choice, 64), choice);
-    cp->syntax = tools ? outp_syntax_of(cp->tmpl_src) : OUTP_TOOLS_NONE;
+    /* (harmony is the whole reply format: parsed with or without tools) */
+    cp->syntax = tools || outp_template_harmony(cp->tmpl_src) ? outp_syntax_of(cp->tmpl_src)
+                                                              : OUTP_TOOLS_NONE;
     if (forced && rq->tool_choice == OAI_TOOLS_NAMED && !outp_force_ok(cp->syntax, rq->tool_name))
         return oai_fail(e, 400, "invalid_request_error", "tool_choice", "tool_choice_unsupported",
                         "tool_choice names '%.*s', which this model's tool-call syntax cannot "
@@ -108,12 +133,18 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
             json_object_set_new(own, "enable_thinking", json_false());
         kw = own;
     }
+    json_t *msgs = rq->messages, *own_msgs = NULL;
+    if (cp->syntax == OUTP_HARMONY && !(msgs = own_msgs = with_thinking(rq->messages))) {
+        json_decref(own);
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     struct tmpl_value *ctx = NULL;
     struct err te;
     err_clear(&te);
-    smelt_status st = tmpl_chat_ctx(rq->messages, tools ? rq->tools : NULL, gen_prompt,
+    smelt_status st = tmpl_chat_ctx(msgs, tools ? rq->tools : NULL, gen_prompt,
                                     s->m.bos_text, s->m.eos_text, kw, &ctx, &te);
     json_decref(own);
+    json_decref(own_msgs);
     char *text = NULL;
     size_t n = 0;
     if (st == SMELT_OK) st = tmpl_render(t, ctx, NULL, &text, &n, &te);

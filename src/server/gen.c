@@ -223,7 +223,8 @@ static const char *finish_reason(const struct gen *g, const struct choice *c) {
 /* usage.completion_tokens_details.reasoning_tokens counts tokens, so it is decided per
  * engine event from the raw generated text, with the same rules as outp (leading
  * whitespace, then "<think>" opens the block unless the prompt already opened it; the
- * first "</think>" closes it): a generated token is a reasoning token when any byte of
+ * first "</think>" closes it; harmony: a reply that opens with the analysis channel's
+ * "<|channel|>analysis<|message|>" up to its "<|end|>"): a generated token is a reasoning token when any byte of
  * the text released with it lies in the block, markers included. So the token that
  * straddles the end (its text holds the end of "</think>" and the first content bytes)
  * counts as reasoning, and so do tokens that held a partial "<think>" once it completes.
@@ -237,8 +238,12 @@ static void think_init(struct gen *g, struct choice *c) {
                                               : THINK_START;
 }
 
-static void think_feed(struct choice *c, int32_t token, const char *s, size_t n) {
-    static const char open[] = "<think>", close[] = "</think>";
+static void think_feed(struct gen *g, struct choice *c, int32_t token, const char *s, size_t n) {
+    bool h = g->syntax == OUTP_HARMONY;
+    /* (neither close marker repeats its first byte, which the matching below relies on) */
+    const char *open = h ? "<|channel|>analysis<|message|>" : "<think>";
+    const char *close = h ? "<|end|>" : "</think>";
+    size_t lo = strlen(open), lc = strlen(close);
     if (c->th_state == THINK_OFF || c->th_state == THINK_DONE) return;
     if (token >= 0) c->th_last = false;
     bool hit = c->th_state == THINK_IN, partial = false;
@@ -252,7 +257,7 @@ static void think_feed(struct choice *c, int32_t token, const char *s, size_t n)
                 break;
             }
             partial = true;
-            if (++c->th_k == sizeof open - 1) {
+            if (++c->th_k == lo) {
                 c->th_state = THINK_IN;
                 c->th_k = 0;
                 c->n_reason += c->th_pend;
@@ -264,7 +269,7 @@ static void think_feed(struct choice *c, int32_t token, const char *s, size_t n)
         /* THINK_IN: "</think>" has no border but "<", so a mismatch restarts at b */
         if (b == close[c->th_k]) c->th_k++;
         else c->th_k = b == '<';
-        if (c->th_k == sizeof close - 1) c->th_state = THINK_DONE;
+        if (c->th_k == lc) c->th_state = THINK_DONE;
     }
     if (hit) {
         if (!c->th_last) c->n_reason++;
@@ -538,7 +543,7 @@ static bool collect(struct gen *g) {
                         snprintf(g->error, sizeof g->error, "out of memory");
                     continue;
                 }
-                think_feed(&g->ch[ci], ev->token, g->out.text + ev->text, ev->text_len);
+                think_feed(g, &g->ch[ci], ev->token, g->out.text + ev->text, ev->text_len);
                 if (ev->finish) {
                     account(g, ri, ev);
                     if (ev->finish == ENGINE_ERROR && !g->error[0])
@@ -945,8 +950,10 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         g->prefill = cp.prefill;
         g->prefill_len = cp.prefill_len;
         cp.prefill = NULL; /* g owns it */
-        /* Mistral's and Llama's call markers are control tokens: render them */
-        if (g->syntax == OUTP_MISTRAL || g->syntax == OUTP_LLAMA3) rq->ep.decode_special = true;
+        /* Mistral's and Llama's call markers, and harmony's headers, are control tokens:
+         * render them */
+        if (g->syntax == OUTP_MISTRAL || g->syntax == OUTP_LLAMA3 || g->syntax == OUTP_HARMONY)
+            rq->ep.decode_special = true;
         /* parallel_tool_calls false: Hermes (and Qwen XML) calls end with </tool_call>, so
          * generation can stop there (the parser drops anything after the first call in every
          * syntax) */
@@ -1008,6 +1015,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         think_init(g, &g->ch[i]);
         g->ch[i].op.max_calls = rq->parallel_tool_calls ? 0 : 1;
         g->ch[i].op.tools = rq->tools; /* (qwen_xml: the parameters' types) */
+        g->ch[i].op.no_calls = !rq->tools || rq->tool_choice == OAI_TOOLS_NONE; /* (harmony) */
     }
     if (g->rq.max_tokens == 0) {
         /* echo only: drop the generated token */

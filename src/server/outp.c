@@ -31,7 +31,16 @@ enum {
     S_AFTER = 4, /* after </think> or a call: leading whitespace is dropped */
     S_BARE = 5,  /* a reply that opened with "{": held to the end */
     S_DROP = 6,  /* max_calls reached: the rest is dropped */
+    /* harmony (its own machine, run_harmony) */
+    H_START = 10, /* the reply's start: a header (the prompt wrote "<|start|>assistant") or text */
+    H_HEAD = 11,  /* in a message header, up to <|message|> (held in `name`) */
+    H_BODY = 12,  /* in a message body: to reasoning, content or a call's arguments */
+    H_AFTER = 13, /* after a message: whitespace, then <|start|> (or text: content) */
+    H_TEXT = 14,  /* text outside any message: content, up to <|start|> */
 };
+
+/* Where a harmony message body goes. */
+enum { HT_CONTENT = 0, HT_REASONING = 1, HT_CALL = 2 };
 
 /* The call scanner. */
 enum {
@@ -77,6 +86,15 @@ enum { SCAN_MORE = 0, SCAN_NEXT = 1 };
 #define XML_PARAM "<parameter="
 #define XML_PARAM_CLOSE "</parameter>"
 #define MAX_XNAME 256 /* bytes of a qwen_xml function name or parameter key */
+#define H_START_TAG "<|start|>"
+#define H_CHANNEL "<|channel|>"
+#define H_MESSAGE "<|message|>"
+#define H_END "<|end|>"
+#define H_CALL "<|call|>"
+#define H_RETURN "<|return|>"
+#define H_CONSTRAIN "<|constrain|>"
+#define H_FUNCTIONS "functions."
+#define MAX_HEAD 512 /* bytes of a harmony header before it is not one */
 
 /* ---- templates ---- */
 
@@ -86,8 +104,16 @@ static bool is_qwen_xml(const char *src) {
     return strstr(src, XML_FUNC) && strstr(src, HERMES_OPEN);
 }
 
+/* gpt-oss: messages with channels, <|start|>role<|channel|>c<|message|>...<|end|>. */
+static bool is_harmony(const char *src) {
+    return src && strstr(src, H_CHANNEL) && strstr(src, H_MESSAGE) && strstr(src, H_START_TAG);
+}
+
+bool outp_template_harmony(const char *src) { return is_harmony(src); }
+
 enum outp_syntax outp_syntax_of(const char *src) {
     if (!src) return OUTP_HERMES;
+    if (is_harmony(src)) return OUTP_HARMONY;
     if (is_qwen_xml(src)) return OUTP_QWEN_XML;
     if (strstr(src, HERMES_OPEN)) return OUTP_HERMES;
     if (strstr(src, MISTRAL_OPEN)) return OUTP_MISTRAL;
@@ -98,7 +124,7 @@ enum outp_syntax outp_syntax_of(const char *src) {
 
 bool outp_syntax_known(const char *src) {
     if (!src) return false;
-    if (is_qwen_xml(src)) return true;
+    if (is_harmony(src) || is_qwen_xml(src)) return true;
     /* <function= tags in another wrapper (<seed:tool_call>): not one smelt reads */
     if (strstr(src, XML_FUNC)) return false;
     return strstr(src, HERMES_OPEN) || strstr(src, MISTRAL_OPEN) || strstr(src, PYTHON_TAG) ||
@@ -107,10 +133,12 @@ bool outp_syntax_known(const char *src) {
 
 bool outp_template_has_tools(const char *src) { return src && strstr(src, "tools") != NULL; }
 
-bool outp_template_reasons(const char *src) { return src && strstr(src, THINK_OPEN) != NULL; }
+bool outp_template_reasons(const char *src) {
+    return src && (strstr(src, THINK_OPEN) != NULL || is_harmony(src));
+}
 
 bool outp_force_ok(enum outp_syntax s, const char *name) {
-    if (s != OUTP_QWEN_XML || !name) return true;
+    if ((s != OUTP_QWEN_XML && s != OUTP_HARMONY) || !name) return true;
     size_t n = strlen(name);
     if (n == 0 || n > MAX_XNAME) return false;
     for (size_t i = 0; i < n; i++)
@@ -120,7 +148,14 @@ bool outp_force_ok(enum outp_syntax s, const char *name) {
 
 char *outp_force_prefix(enum outp_syntax s, const char *src, const char *name) {
     struct jw w = {0};
-    if (s == OUTP_QWEN_XML) {
+    if (s == OUTP_HARMONY) {
+        /* the prompt ends with "<|start|>assistant": a commentary message to the function */
+        jw_str(&w, H_CHANNEL "commentary to=" H_FUNCTIONS);
+        if (name) {
+            jw_str(&w, name);
+            jw_str(&w, " " H_CONSTRAIN "json" H_MESSAGE);
+        }
+    } else if (s == OUTP_QWEN_XML) {
         jw_str(&w, HERMES_OPEN "\n" XML_FUNC);
         if (name) {
             jw_str(&w, name);
@@ -217,7 +252,7 @@ void outp_init(struct outp *p, enum outp_syntax syntax, bool reasoning, bool in_
     memset(p, 0, sizeof *p);
     p->syntax = syntax;
     p->reasoning = reasoning;
-    p->state = in_reasoning ? S_THINK : S_START;
+    p->state = syntax == OUTP_HARMONY ? H_START : in_reasoning ? S_THINK : S_START;
 }
 
 void outp_free(struct outp *p) {
@@ -1002,6 +1037,225 @@ more:
     return SCAN_MORE;
 }
 
+/* ---- harmony ----
+ *
+ * gpt-oss replies in messages: "<|channel|>analysis<|message|>...<|end|>" (the prompt wrote
+ * "<|start|>assistant" before the first), then "<|start|>assistant<|channel|>final
+ * <|message|>...", a tool call "<|start|>assistant to=functions.NAME<|channel|>commentary
+ * <|constrain|>json<|message|>{...}<|call|>" (the recipient may also follow the channel).
+ * <|return|> and <|call|> end the generation, so the text usually ends without them.
+ * A header is held (at most MAX_HEAD bytes) until its <|message|>; then the body streams to
+ * reasoning (analysis), a call's arguments (any message to a recipient, when the request
+ * has tools) or content (final, and commentary to no one: a preamble). Text outside any
+ * message is content. */
+
+/* The markers that end a body (<|start|>: the next message began without <|end|>). */
+static const char *const h_body_end[] = {H_END, H_CALL, H_RETURN, H_START_TAG};
+/* The markers that open a header in text outside a message. */
+static const char *const h_open[] = {H_START_TAG, H_CHANNEL};
+
+/* Longest suffix of s[0..n) that is a proper prefix of one of the k markers m. */
+static size_t partial_any(const char *s, size_t n, const char *const *m, int k) {
+    size_t best = 0;
+    for (int j = 0; j < k; j++) {
+        size_t q = partial_in(s, n, m[j]);
+        if (q > best) best = q;
+    }
+    return best;
+}
+
+/* The marker of m[0..k) that occurs first in s[0..n): its index (*at: its offset), or -1. */
+static int first_of(const char *s, size_t n, const char *const *m, int k, size_t *at) {
+    int best = -1;
+    for (int j = 0; j < k; j++) {
+        /* (only a match that starts before the best so far can beat it) */
+        size_t lim = best < 0 ? n : *at + strlen(m[j]) - 1;
+        const char *f = find_in(s, lim < n ? lim : n, m[j]);
+        if (f) {
+            best = j;
+            *at = (size_t)(f - s);
+        }
+    }
+    return best;
+}
+
+/* The value of a header attribute that starts at h[i] (after "to=" or "<|channel|>"): up
+ * to a space or a marker. */
+static size_t h_word(const char *h, size_t n, size_t i) {
+    size_t j = i;
+    while (j < n && h[j] != ' ' && h[j] != '<' && !is_ctl(h[j]))
+        j++;
+    return j - i;
+}
+
+/* A header is complete (`name` holds it, without its <|start|>): where its body goes. */
+static void h_head(struct outp *p, struct outp_delta *d) {
+    const char *h = p->name.p ? p->name.p : "";
+    size_t n = p->name.n, rl = 0, cl = 0;
+    const char *rec = NULL, *ch = NULL;
+    for (size_t i = 0; i + 3 <= n; i++)
+        if (!memcmp(h + i, "to=", 3) && (i == 0 || h[i - 1] == ' ')) {
+            rec = h + i + 3;
+            rl = h_word(h, n, i + 3);
+            break;
+        }
+    const char *c = find_in(h, n, H_CHANNEL);
+    if (c) {
+        ch = c + strlen(H_CHANNEL);
+        cl = h_word(h, n, (size_t)(ch - h));
+    }
+    if (rec && rl > strlen(H_FUNCTIONS) && starts(rec, rl, H_FUNCTIONS)) {
+        rec += strlen(H_FUNCTIONS);
+        rl -= strlen(H_FUNCTIONS);
+    }
+    p->state = H_BODY;
+    p->have_args = false;
+    if (rec && rl && !p->no_calls) {
+        p->vkind = HT_CALL;
+        p->n_calls_total++;
+        struct outp_call *k = new_piece(p, d);
+        if (k && !(k->name = strndup(rec, rl))) p->bad = true;
+    } else {
+        p->vkind = ch && cl == 8 && !memcmp(ch, "analysis", 8) ? HT_REASONING : HT_CONTENT;
+    }
+}
+
+/* Body text of the current message. */
+static void h_emit(struct outp *p, struct outp_delta *d, const char *s, size_t n) {
+    if (!n || p->prefilling) return;
+    if (p->vkind == HT_CALL) {
+        p->have_args = true;
+        jw_raw(&p->args, s, n);
+    } else {
+        jw_raw(p->vkind == HT_REASONING ? &d->reasoning : &d->content, s, n);
+    }
+}
+
+/* The current message ended (its body, or the reply, is over). */
+static void h_done(struct outp *p, struct outp_delta *d) {
+    if (p->vkind != HT_CALL) return;
+    if (!p->have_args) jw_str(&p->args, "{}");
+    flush_args(p, d, true);
+    p->have_args = false;
+    p->vkind = HT_CONTENT;
+    if (p->max_calls > 0 && p->n_calls_total >= p->max_calls) p->state = S_DROP;
+}
+
+/* A header begins (its text from here on goes to `name`). */
+static void h_begin(struct outp *p) {
+    p->name.n = 0;
+    p->hide = 0;
+    p->state = H_HEAD;
+}
+
+/* Runs the harmony machine over pend (as run). */
+static void run_harmony(struct outp *p, struct outp_delta *d, bool final) {
+    const size_t ls = strlen(H_START_TAG);
+    for (;;) {
+        struct jw *b = &p->pend;
+        const char *s = b->p;
+        size_t n = b->n, at = 0;
+        switch (p->state) {
+        case H_START:
+            if (n == 0) return;
+            if (starts(s, n, H_START_TAG)) {
+                consume(b, ls);
+                h_begin(p);
+            } else if (starts(s, n, H_CHANNEL) || starts(s, n, " to=")) {
+                h_begin(p); /* the role came with the prompt */
+            } else if (!final && (prefix_of(s, n, H_START_TAG) || prefix_of(s, n, H_CHANNEL) ||
+                                  prefix_of(s, n, " to="))) {
+                return;
+            } else {
+                p->state = H_TEXT;
+            }
+            continue;
+        case H_HEAD: {
+            const char *m = find_in(s, n, H_MESSAGE);
+            size_t take = m ? (size_t)(m - s) : n - (final ? 0 : partial_in(s, n, H_MESSAGE));
+            if (p->name.n + take > MAX_HEAD) {
+                /* no header after all: its text (less the prefill's) is content */
+                if (!p->prefilling && p->name.n > p->hide)
+                    jw_raw(&d->content, p->name.p + p->hide, p->name.n - p->hide);
+                p->name.n = 0;
+                p->state = H_TEXT;
+                continue;
+            }
+            jw_raw(&p->name, s, take);
+            if (p->prefilling) p->hide += take;
+            if (!m) {
+                consume(b, take);
+                if (final) { /* cut off inside a header: no text */
+                    b->n = 0;
+                    p->state = H_AFTER;
+                }
+                return;
+            }
+            consume(b, take + strlen(H_MESSAGE));
+            h_head(p, d);
+            continue;
+        }
+        case H_BODY: {
+            int k = first_of(s, n, h_body_end, 4, &at);
+            if (k < 0) {
+                size_t keep = final ? 0 : partial_any(s, n, h_body_end, 4);
+                /* (pieces never split a UTF-8 character: pushes may) */
+                if (!final && p->vkind != HT_CALL) keep += utf8_tail_len((const uint8_t *)s, n - keep);
+                h_emit(p, d, s, n - keep);
+                consume(b, n - keep);
+                if (final) h_done(p, d);
+                if (p->vkind == HT_CALL) flush_args(p, d, false);
+                return;
+            }
+            h_emit(p, d, s, at);
+            consume(b, at + (k == 3 ? 0 : strlen(h_body_end[k])));
+            p->state = H_AFTER;
+            h_done(p, d);
+            continue;
+        }
+        case H_AFTER: {
+            size_t w = 0;
+            while (w < n && is_space(s[w]))
+                w++;
+            if (w == n) {
+                if (final) b->n = 0;
+                return;
+            }
+            if (starts(s + w, n - w, H_START_TAG)) {
+                consume(b, w + ls);
+                h_begin(p);
+            } else if (starts(s + w, n - w, H_CHANNEL)) {
+                consume(b, w);
+                h_begin(p);
+            } else if (!final && (prefix_of(s + w, n - w, H_START_TAG) ||
+                                  prefix_of(s + w, n - w, H_CHANNEL))) {
+                return;
+            } else {
+                consume(b, w);
+                p->state = H_TEXT;
+            }
+            continue;
+        }
+        case H_TEXT: {
+            int k = first_of(s, n, h_open, 2, &at);
+            size_t keep = k >= 0 ? n - at : final ? 0 : partial_any(s, n, h_open, 2);
+            if (k < 0 && !final) keep += utf8_tail_len((const uint8_t *)s, n - keep);
+            if (!p->prefilling) jw_raw(&d->content, s, n - keep);
+            consume(b, n - keep);
+            if (k < 0) return;
+            if (k == 0) consume(b, ls);
+            h_begin(p);
+            continue;
+        }
+        case S_DROP:
+            b->n = 0;
+            return;
+        default:
+            return;
+        }
+    }
+}
+
 /* A bare reply (no marker) is a call only when all of it is one call object. */
 static bool bare_is_call(const struct outp *p) {
     json_t *j = json_loadb(p->call.p ? p->call.p : "", p->call.n, 0, NULL);
@@ -1018,6 +1272,10 @@ static void run(struct outp *p, struct outp_delta *d, bool final) {
     if (!p->call.p) jw_raw(&p->call, "", 0);
     if (!p->pend.p || !p->call.p) {
         p->bad = true;
+        return;
+    }
+    if (p->syntax == OUTP_HARMONY) {
+        run_harmony(p, d, final);
         return;
     }
     for (;;) {

@@ -17,6 +17,11 @@
  *   qwen_xml <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...
  *            </function>\n</tool_call>, repeated (Qwen3-Coder, Qwen3.5, Nemotron 3); a
  *            Hermes JSON object inside the tag is read as hermes reads it
+ *   harmony  gpt-oss's messages: <|channel|>analysis<|message|>...<|end|> is reasoning,
+ *            <|start|>assistant<|channel|>final<|message|>... content, and a message to a
+ *            recipient (<|start|>assistant to=functions.NAME<|channel|>commentary
+ *            <|constrain|>json<|message|>{...}) a call of NAME, its body the arguments; the
+ *            syntax is the whole reply format, so it applies with or without tools
  * With hermes, mistral and qwen_xml, a reply that is nothing but a JSON call object (small models
  * often drop the tags) is taken as a call too: it is held to the end and is content
  * unless the whole reply parses as a call.
@@ -63,6 +68,7 @@ enum outp_syntax {
     OUTP_MISTRAL = 2,
     OUTP_LLAMA3 = 3,
     OUTP_QWEN_XML = 4,
+    OUTP_HARMONY = 5,
 };
 
 /* The syntax a chat template's source uses (OUTP_HERMES when it says nothing). */
@@ -72,8 +78,11 @@ enum outp_syntax outp_syntax_of(const char *tmpl_src);
 bool outp_syntax_known(const char *tmpl_src);
 /* Whether the template renders the request's tools at all. */
 bool outp_template_has_tools(const char *tmpl_src);
-/* Whether the template produces <think> reasoning. */
+/* Whether the template produces reasoning (<think>, or harmony's analysis channel). */
 bool outp_template_reasons(const char *tmpl_src);
+/* Whether the template writes the harmony format (gpt-oss): its replies are parsed with
+ * OUTP_HARMONY whether or not the request has tools. */
+bool outp_template_harmony(const char *tmpl_src);
 /* The text that opens a forced call in syntax s of template tmpl_src: any function when
  * name is NULL (tool_choice "required"), else that one. malloc'd; NULL on OOM or for
  * OUTP_TOOLS_NONE. */
@@ -102,6 +111,8 @@ struct outp {
     enum outp_syntax syntax;
     bool reasoning;     /* look for <think> */
     int max_calls;      /* > 0: text after this many calls is dropped */
+    bool no_calls;      /* harmony: the request has no tools, so a message to a recipient
+                         * is content, not a call */
     const struct json_t *tools; /* the request's tools (borrowed; may be NULL): qwen_xml
                                  * reads the parameters' schema types there */
     int state, cs;      /* internal: the text state, the call scanner's state */
@@ -109,13 +120,15 @@ struct outp {
     struct jw call;     /* text of a call region whose name is not out yet (given back) */
     struct jw gap;      /* the whitespace before that region's marker (given back first) */
     struct jw key;      /* the object key being read */
-    struct jw name;     /* the name being read (JSON string text, unquoted) */
+    struct jw name;     /* the name being read (JSON string text, unquoted); harmony: the
+                         * header being read */
     struct jw hold;     /* arguments read before the name, or a string / scalar value */
     struct jw args;     /* arguments not emitted yet (an incomplete UTF-8 character) */
     const char *marker; /* the marker that opened the call region (NULL: bare) */
     int n_calls_total;  /* calls committed */
     int depth;          /* nesting inside the value being scanned */
-    int vkind, vnext;   /* value kind (container / string / scalar), state after it */
+    int vkind, vnext;   /* value kind (container / string / scalar), state after it;
+                         * harmony: where the current body goes */
     bool in_str, esc;   /* JSON string scanning */
     bool key_long;      /* the key was longer than any we look for */
     bool list;          /* inside a [ ... ] list of call objects */

@@ -1,5 +1,5 @@
 /* Server parsing: chat output parsing (reasoning, tool calls in the hermes, mistral, llama3
- * and qwen_xml syntaxes) fed whole and byte by byte (a stream must decide exactly what the
+ * qwen_xml and harmony syntaxes) fed whole and byte by byte (a stream must decide exactly what the
  * whole text decides), OpenAI request validation (each bad field is named), and the JSON
  * string writer against jansson's parser. */
 #include <jansson.h>
@@ -567,6 +567,13 @@ static void test_force_prefix(void) {
     s = outp_force_prefix(OUTP_QWEN_XML, "<tool_call>\n<function=", "f");
     T_EQ_STR(s, "<tool_call>\n<function=f>\n");
     free(s);
+    s = outp_force_prefix(OUTP_HARMONY, "<|channel|>", "f");
+    T_EQ_STR(s, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>");
+    free(s);
+    s = outp_force_prefix(OUTP_HARMONY, "<|channel|>", NULL);
+    T_EQ_STR(s, "<|channel|>commentary to=functions.");
+    free(s);
+    T_CHECK(!outp_force_ok(OUTP_HARMONY, "a b") && outp_force_ok(OUTP_HARMONY, "get_time"));
     s = outp_force_prefix(OUTP_QWEN_XML, "<tool_call>\n<function=", NULL);
     T_EQ_STR(s, "<tool_call>\n<function=");
     free(s);
@@ -610,6 +617,10 @@ static void test_syntax_detect(void) {
     T_EQ_INT(outp_syntax_of("<|start_header_id|>ipython ... tools <|python_tag|>"), OUTP_LLAMA3);
     T_EQ_INT(outp_syntax_of(NULL), OUTP_HERMES);
     T_CHECK(outp_template_reasons("{{ '<think>\\n' }}"));
+    const char *harmony = "<|start|>{{ m.role }}<|channel|>final<|message|>{{ m.content }}<|end|>";
+    T_EQ_INT(outp_syntax_of(harmony), OUTP_HARMONY);
+    T_CHECK(outp_syntax_known(harmony) && outp_template_reasons(harmony) &&
+            outp_template_harmony(harmony) && !outp_template_harmony("<|channel|>"));
     T_CHECK(!outp_template_reasons("plain"));
     /* the real templates, where the shared data is here */
     static const struct {
@@ -620,7 +631,8 @@ static void test_syntax_detect(void) {
                 {"Qwen3.5-4B.jinja", OUTP_QWEN_XML, true},
                 {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", OUTP_QWEN_XML, true},
                 {"ByteDance-Seed-OSS.jinja", -1, false},
-                {"Qwen-Qwen3-0.6B.jinja", OUTP_HERMES, true}};
+                {"Qwen-Qwen3-0.6B.jinja", OUTP_HERMES, true},
+                {"openai-gpt-oss-120b.jinja", OUTP_HARMONY, true}};
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/data/chat-templates/%s", SMELT_SHARED_DIR, real[i].file);
@@ -635,6 +647,160 @@ static void test_syntax_detect(void) {
             T_CHECKF((int)outp_syntax_of(src) == real[i].syntax, "%s: %d", real[i].file,
                      outp_syntax_of(src));
     }
+}
+
+/* ---- harmony (gpt-oss) ---- */
+
+#define HA "<|channel|>analysis<|message|>"
+#define HS "<|end|><|start|>assistant"
+#define HF "<|channel|>final<|message|>"
+
+struct hcase {
+    const char *text, *content, *reasoning;
+    int n_calls;
+    const char *name0, *args0, *name1, *args1;
+    const char *prefill;
+    int max_calls;
+};
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+/* Replies as gpt-oss writes them after the prompt's "<|start|>assistant" (the final
+ * <|return|> / <|call|> is an end-of-generation token, so the text usually stops before). */
+static const struct hcase hcases[] = {
+    {HA "The user asks 2+2. Answer 4." HS HF "2 + 2 = 4.", "2 + 2 = 4.",
+     "The user asks 2+2. Answer 4."},
+    {HA "Simple." HS HF "4<|return|>", "4", "Simple."},
+    /* a call: the recipient after the channel, then before it */
+    {HA "Need the weather." HS
+     "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+     "{\"city\":\"Paris\",\"days\":3}",
+     "", "Need the weather.", 1, "get_weather", "{\"city\":\"Paris\",\"days\":3}"},
+    {HA "Time." HS " to=functions.get_time<|channel|>commentary json<|message|>{\"tz\": "
+     "\"CET\"}<|call|>",
+     "", "Time.", 1, "get_time", "{\"tz\": \"CET\"}"},
+    /* a preamble (commentary to no one) is content */
+    {"<|channel|>commentary<|message|>Let me check." HS
+     " to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>{}",
+     "Let me check.", "", 1, "get_time", "{}"},
+    /* no body: "{}" */
+    {HA "x" HS " to=functions.get_time<|channel|>commentary json<|message|><|call|>", "", "x", 1,
+     "get_time", "{}"},
+    /* a built-in tool's recipient is its name */
+    {" to=browser.search<|channel|>analysis <|constrain|>json<|message|>{\"query\": \"sine\"}",
+     "", "", 1, "browser.search", "{\"query\": \"sine\"}"},
+    /* plain text, no header: content */
+    {"Hello there.", "Hello there.", ""},
+    {"  <b>bold</b> and <|x", "  <b>bold</b> and <|x", ""},
+    /* markup-like text inside bodies stays */
+    {HA "a <|en b" HS HF "c <| d <|end", "c <| d <|end", "a <|en b"},
+    /* cut off inside the next header: nothing of it is text */
+    {HA "hm" HS "<|channel|>fi", "", "hm"},
+    {HA "hm" HS, "", "hm"},
+    /* <|start|> without <|end|> ends the message too */
+    {HA "think<|start|>assistant" HF "done", "done", "think"},
+    /* two analysis messages and a final, with a preamble */
+    {HA "one" HS HA " two" HS "<|channel|>commentary<|message|>Pre." HS HF " Final.",
+     "Pre. Final.", "one two"},
+    /* UTF-8 in every part */
+    {HA "S\xc3\xa3o Paulo \xe2\x82\xac" HS
+     "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+     "{\"city\": \"S\xc3\xa3o Paulo\"}",
+     "", "S\xc3\xa3o Paulo \xe2\x82\xac", 1, "get_weather", "{\"city\": \"S\xc3\xa3o Paulo\"}"},
+    /* parallel_tool_calls false: the first call only */
+    {" to=functions.a<|channel|>commentary json<|message|>{}<|call|><|start|>assistant"
+     " to=functions.b<|channel|>commentary json<|message|>{}",
+     "", "", 1, "a", "{}", NULL, NULL, NULL, 1},
+    {" to=functions.a<|channel|>commentary json<|message|>{\"x\":1}<|end|><|start|>assistant"
+     " to=functions.b<|channel|>commentary json<|message|>{}",
+     "", "", 2, "a", "{\"x\":1}", "b", "{}"},
+    /* forced: a named call's header, then "required"'s open recipient */
+    {"{\"tz\": \"UTC\"}", "", "", 1, "get_time", "{\"tz\": \"UTC\"}",
+     NULL, NULL, "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"},
+    {"get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}", "", "", 1, "get_weather",
+     "{\"city\": \"Oslo\"}", NULL, NULL, "<|channel|>commentary to=functions."},
+};
+#pragma GCC diagnostic pop
+
+static void test_outp_harmony(void) {
+    for (size_t i = 0; i < sizeof hcases / sizeof hcases[0]; i++) {
+        const struct hcase *c = &hcases[i];
+        for (size_t step = 0; step <= 7; step++) {
+            struct parsed r;
+            run_tools(OUTP_HARMONY, true, false, c->max_calls, c->prefill, NULL, c->text, step,
+                      &r);
+            T_CHECKF(!strcmp(r.content.p, c->content), "case %zu step %zu: content '%s' want '%s'",
+                     i, step, r.content.p, c->content);
+            T_CHECKF(!strcmp(r.reasoning.p, c->reasoning),
+                     "case %zu step %zu: reasoning '%s' want '%s'", i, step, r.reasoning.p,
+                     c->reasoning);
+            T_CHECKF(r.n_calls == c->n_calls, "case %zu step %zu: %d calls, want %d", i, step,
+                     r.n_calls, c->n_calls);
+            T_CHECKF(r.shape_ok, "case %zu step %zu: pieces out of order", i, step);
+            if (c->n_calls > 0 && r.n_calls > 0) {
+                T_EQ_STR(r.names[0], c->name0);
+                T_CHECKF(!strcmp(arg(&r, 0), c->args0), "case %zu step %zu: args '%s' want '%s'", i,
+                         step, arg(&r, 0), c->args0);
+            }
+            if (c->n_calls > 1 && r.n_calls > 1) {
+                T_EQ_STR(r.names[1], c->name1);
+                T_EQ_STR(arg(&r, 1), c->args1);
+            }
+            T_CHECK(utf8_validate((const uint8_t *)r.content.p, r.content.n) == r.content.n);
+            T_CHECK(utf8_validate((const uint8_t *)r.reasoning.p, r.reasoning.n) == r.reasoning.n);
+            parsed_free(&r);
+        }
+    }
+}
+
+/* Harmony streams: the reasoning and the arguments come out as they arrive (held back only
+ * while they might be a marker), never splitting a UTF-8 character; without tools in the
+ * request a message to a recipient is content. */
+static void test_outp_harmony_incremental(void) {
+    const char *text = HA "r\xc3\xa9" "ason" HS
+                       "<|channel|>commentary to=functions.f <|constrain|>json<|message|>"
+                       "{\"k\": \"v\xe2\x82\xac\"}";
+    struct outp p;
+    struct outp_delta d = {0};
+    outp_init(&p, OUTP_HARMONY, true, false);
+    size_t n = strlen(text), reason_pieces = 0, arg_pieces = 0, at_name = 0;
+    for (size_t i = 0; i < n; i++) {
+        outp_push(&p, text + i, 1, &d);
+        if (d.reasoning.n) {
+            reason_pieces++;
+            T_CHECK(utf8_validate((const uint8_t *)d.reasoning.p, d.reasoning.n) == d.reasoning.n);
+        }
+        for (int k = 0; k < d.n_calls; k++) {
+            if (d.calls[k].name) at_name = i;
+            else arg_pieces++;
+            T_CHECK(utf8_validate((const uint8_t *)d.calls[k].args.p, d.calls[k].args.n) ==
+                    d.calls[k].args.n);
+        }
+        outp_delta_clear(&d);
+    }
+    outp_finish(&p, &d);
+    /* the name is out when its header's <|message|> is */
+    T_CHECK(at_name == (size_t)(strstr(text, "<|message|>{") - text) + strlen("<|message|>") - 1);
+    T_CHECK(reason_pieces >= 5 && arg_pieces >= 8);
+    outp_delta_free(&d);
+    outp_free(&p);
+
+    struct parsed r;
+    memset(&r, 0, sizeof r);
+    r.shape_ok = true;
+    jw_raw(&r.content, "", 0);
+    jw_raw(&r.reasoning, "", 0);
+    outp_init(&p, OUTP_HARMONY, true, false);
+    p.no_calls = true;
+    outp_push(&p, text, n, &d);
+    outp_finish(&p, &d);
+    take(&r, &d);
+    T_EQ_INT(r.n_calls, 0);
+    T_EQ_STR(r.content.p, "{\"k\": \"v\xe2\x82\xac\"}");
+    T_EQ_STR(r.reasoning.p, "r\xc3\xa9" "ason");
+    parsed_free(&r);
+    outp_delta_free(&d);
+    outp_free(&p);
 }
 
 /* ---- request validation ---- */
@@ -844,6 +1010,8 @@ int main(void) {
     T_RUN(test_outp_xml);
     T_RUN(test_outp_xml_incremental);
     T_RUN(test_outp_xml_unterminated);
+    T_RUN(test_outp_harmony);
+    T_RUN(test_outp_harmony_incremental);
     T_RUN(test_force_prefix);
     T_RUN(test_syntax_detect);
     T_RUN(test_requests);
