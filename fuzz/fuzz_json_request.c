@@ -4,8 +4,9 @@
  *    JSON parsed from model text), fed whole and in small chunks: both must decide the
  *    same content and the same calls (pieces summed by index), pieces in order.
  * The first input byte picks the endpoint, the syntax (bits 1-2; 0 with bit 0 set is
- * qwen_xml, whose parameters are typed by a fixed tools schema), the chunk size and whether
- * a forced call's prefill comes first; the rest is the body / text.
+ * qwen_xml, whose parameters are typed by a fixed tools schema; 0 with bit 0 clear and bit 3
+ * set is harmony, without calls when bit 4 is set), the chunk size and whether a forced
+ * call's prefill comes first; the rest is the body / text.
  *
  *   make fuzz FUZZ_SECONDS=60      (seeds: fuzz/corpus/json_request, dict: json_request.dict)
  */
@@ -60,6 +61,7 @@ static void parse_text(enum outp_syntax syn, bool reasoning, bool in_r, const ch
     struct outp_delta d = {0};
     outp_init(&p, syn, reasoning, in_r);
     p.max_calls = max_calls;
+    p.no_calls = syn == OUTP_HARMONY && in_r;
     if (syn == OUTP_QWEN_XML) p.tools = xml_tools();
     if (prefill) {
         outp_prefill(&p, prefill, strlen(prefill), &d);
@@ -115,8 +117,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* the same bytes as model output; bit 7: a forced call's prefill and max_calls 1 */
     enum outp_syntax syn = (enum outp_syntax)((sel >> 1) & 3);
-    if (syn == OUTP_TOOLS_NONE && (sel & 1)) syn = OUTP_QWEN_XML;
     bool reasoning = (sel >> 3) & 1, in_r = (sel >> 4) & 1, forced = (sel >> 7) & 1;
+    if (syn == OUTP_TOOLS_NONE && (sel & 1)) syn = OUTP_QWEN_XML;
+    else if (syn == OUTP_TOOLS_NONE && reasoning) syn = OUTP_HARMONY;
     char *prefill = forced ? outp_force_prefix(syn, "<tool_call>", n & 1 ? "f" : NULL) : NULL;
     struct decided whole = {0}, chunked = {0};
     parse_text(syn, reasoning, in_r, prefill, forced, body, n, 0, &whole);

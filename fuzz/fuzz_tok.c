@@ -1,15 +1,17 @@
 /* Fuzz target: encode and decode arbitrary bytes with several vocabs.
  *
  * Input: byte 0 picks the vocab and the flags, the rest is the text. Vocabs: the tiny
- * built-in ones (byte-level BPE with the qwen2 pre-tokenizer (NFC) and with falcon's,
- * SentencePiece with byte fallback), plus ../shared/data/vocab gpt-2 and llama-spm when
- * present. Checks, beyond the sanitizers:
+ * built-in ones (byte-level BPE with the qwen2 pre-tokenizer (NFC), falcon's, qwen35's and
+ * gpt-4o's, SentencePiece with byte fallback), plus ../shared/data/vocab gpt-2 and
+ * llama-spm when present. Checks, beyond the sanitizers:
  *  - every id is in the vocab; every decode is valid UTF-8;
  *  - streaming detokenization (one push per id) equals the whole decode;
  *  - decode(encode(x)) == x for valid UTF-8 x where the round trip is defined (no added
  *    token in the ids, NFC text for NFC vocabs, no U+2581 for SPM, every byte in a
  *    byte-level vocab);
- *  - the input's bytes read as ids decode without error.
+ *  - the input's bytes read as ids decode without error;
+ *  - byte-level vocabs: the pre-tokens of valid UTF-8 are non-empty and cover the text
+ *    (for a vocab without NFC, or NFC text, their lengths sum to its length).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +36,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     log_set_level(LOG_ERROR);
     vocabs[n_vocabs++] = tiny_bpe(NULL);
     vocabs[n_vocabs++] = tiny_bpe("falcon");
+    vocabs[n_vocabs++] = tiny_bpe("qwen35");
+    vocabs[n_vocabs++] = tiny_bpe("gpt-4o");
     vocabs[n_vocabs++] = tiny_spm();
     const char *shared = getenv("SMELT_SHARED_DIR");
     static const char *const names[] = {"gpt-2", "llama-spm"};
@@ -97,6 +101,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (tok_decode(t, ids.v, ids.n, spm ? TOK_DECODE_STRIP : 0, &whole, &e) != SMELT_OK)
             abort();
         if (whole.n != n || (n && memcmp(whole.p, text, n))) abort();
+    }
+
+    /* the pre-tokens cover the (normalized) text */
+    if (!spm && valid) {
+        struct tok_ids lens = {0};
+        if (tok_pretokenize(t, text, n, &lens, &e) != SMELT_OK) abort();
+        size_t sum = 0;
+        for (size_t i = 0; i < lens.n; i++) {
+            if (lens.v[i] <= 0) abort();
+            sum += (size_t)lens.v[i];
+        }
+        if ((!t->pre.nfc || tok_nfc_quick((const uint8_t *)text, n)) && sum != n) abort();
+        tok_ids_free(&lens);
     }
 
     /* the input as ids */
