@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from smelt_server import SMELT, Server
+from smelt_server import ROOT, SMELT, Server
 
 gguf = pytest.importorskip("gguf")
 
@@ -690,3 +690,56 @@ def test_strict_tools_refused(server_of):
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(model="m", messages=USER, tools=strict)
     assert ei.value.body["param"] == "tools[1].function.strict"
+
+
+# ---- Qwen3.5: its own template (shared data), thinking and XML calls ----
+
+QWEN35 = os.path.join(os.environ.get("SMELT_SHARED_DIR", os.path.join(ROOT, "..", "shared")),
+                      "data", "chat-templates", "Qwen3.5-4B.jinja")
+
+
+@pytest.mark.parametrize("reply,reasoning,content,calls", [
+    # what Qwen3.5 writes after the prompt's "<think>\n" (the template's own instructions)
+    ("The user wants the weather in Paris. I will call get_weather.\n</think>\n\n<tool_call>\n"
+     "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+     "The user wants the weather in Paris. I will call get_weather.\n", None,
+     [("get_weather", '{"city": "Paris"}')]),
+    ("Both tools.\n</think>\n\nI'll check both.\n\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nS\u00e3o Paulo\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+     "<function=get_time>\n<parameter=tz>\nAmerica/Sao_Paulo\n</parameter>\n</function>\n</tool_call>",
+     "Both tools.\n", "I'll check both.",
+     [("get_weather", '{"city": "S\u00e3o Paulo"}'), ("get_time", '{"tz": "America/Sao_Paulo"}')]),
+    ("Simple question.\n</think>\n\nIt is sunny in Paris.", "Simple question.\n", "It is sunny in Paris.", []),
+])
+def test_qwen35_template(models, reply, reasoning, content, calls):
+    if not os.path.exists(QWEN35):
+        pytest.skip(f"SKIP shared template {QWEN35} absent")
+    s = serve(models["bare"], reply, "--chat-template", QWEN35)
+    try:
+        # the template opens <think> in the prompt: the reply starts inside the reasoning
+        st, t = s.post("/tokenize", {"messages": USER, "tools": TOOLS})
+        st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+        assert d["content"].endswith("<|im_start|>assistant\n<think>\n")
+        msg = chat(s, tools=TOOLS)["choices"][0]["message"]
+        assert msg["reasoning_content"] == reasoning and msg["content"] == content
+        assert calls_of(msg) == calls
+        got_content, got_calls, finish, _ = stream_deltas(s, tools=TOOLS)
+        assert (got_content or None) == content and got_calls == calls
+        assert finish == ("tool_calls" if calls else "stop")
+        if calls:
+            # the calls go back through the template as the model wrote them
+            turn = USER + [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"],
+                                 "content": "sunny"}]
+            st, t = s.post("/tokenize", {"messages": turn, "tools": TOOLS})
+            assert st == 200, t
+            st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+            name, args = calls[0]
+            key, val = next(iter(json.loads(args).items()))
+            assert (f"<tool_call>\n<function={name}>\n<parameter={key}>\n{val}\n</parameter>\n"
+                    "</function>\n</tool_call>") in d["content"], d["content"]
+        # thinking off: the template closes an empty block, the reply is content
+        st, t = s.post("/tokenize", {"messages": USER, "reasoning_effort": "none"})
+        st, d = s.post("/detokenize", {"tokens": t["tokens"]})
+        assert d["content"].endswith("<think>\n\n</think>\n\n")
+    finally:
+        assert s.stop() == 0, s.log()
