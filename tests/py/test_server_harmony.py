@@ -17,8 +17,9 @@ import os
 
 import pytest
 
-from smelt_server import SMELT, Server
-from test_server_tools import TOOLS, USER, byte_alphabet, calls_of, stream_deltas
+from smelt_server import SMELT
+from test_server_tools import (TOOLS, USER, byte_alphabet, calls_of, chat, serve as serve_vocab,
+                               stream_deltas)
 
 gguf = pytest.importorskip("gguf")
 
@@ -110,20 +111,12 @@ def serve(vocab):
         if template not in vocab:
             pytest.skip(f"SKIP the gpt-oss chat template is not at {REAL} "
                         "(set SMELT_GPT_OSS_TEMPLATE)")
-        s = Server(vocab[template], "--fake-forward", "--fake-reply", reply,
-                   "--served-model-name", "m", "--quiet", start_timeout=30)
+        s = serve_vocab(vocab[template], reply)
         started.append(s)
         return s
     yield start
     for s in started:
         assert s.stop() == 0, s.log()
-
-
-def chat(s, **kw):
-    st, j = s.post("/v1/chat/completions", dict({"model": "m", "messages": USER,
-                                                 "max_tokens": 600}, **kw))
-    assert st == 200, j
-    return j
 
 
 def prompt_of(s, **kw):
@@ -148,7 +141,7 @@ def test_reasoning_and_final(serve, template):
     assert j["usage"]["completion_tokens"] == n_tokens(REASON_FINAL)
     # streamed: reasoning deltas token by token, then content; they add up to the whole
     st, events, raw = s.stream("/v1/chat/completions", {"model": "m", "messages": USER,
-                                                        "max_tokens": 600, "stream": True})
+                                                        "max_tokens": 400, "stream": True})
     assert st == 200 and events[-1] == "[DONE]", raw[-500:]
     deltas = [e["choices"][0]["delta"] for e in events[:-1]]
     kinds = [k for d in deltas[1:] for k in d if d[k]]
@@ -160,7 +153,7 @@ def test_reasoning_and_final(serve, template):
     # the SDK sees the same
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
-    r = client.chat.completions.create(model="m", messages=USER, max_tokens=600)
+    r = client.chat.completions.create(model="m", messages=USER, max_tokens=400)
     assert r.choices[0].message.content == "It is sunny in Paris."
     assert r.choices[0].message.model_extra["reasoning_content"] == ANALYSIS
 
@@ -180,7 +173,7 @@ def test_tool_calls_whole_and_streamed(serve, template, reply, want_content, wan
     assert c["message"]["reasoning_content"] in (ANALYSIS, "Time first.")
     for tc in c["message"]["tool_calls"]:
         json.loads(tc["function"]["arguments"])
-    content, calls, finish, events = stream_deltas(s, tools=TOOLS, max_tokens=600)
+    content, calls, finish, events = stream_deltas(s, tools=TOOLS, max_tokens=400)
     assert (content or None) == want_content and calls == want_calls and finish == "tool_calls"
     # the arguments stream in pieces
     assert sum(1 for e in events[:-1] for ch in e["choices"]
@@ -189,7 +182,7 @@ def test_tool_calls_whole_and_streamed(serve, template, reply, want_content, wan
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
     with client.beta.chat.completions.stream(model="m", messages=USER, tools=TOOLS,
-                                             max_tokens=600) as st:
+                                             max_tokens=400) as st:
         for _ in st:
             pass
         final = st.get_final_completion()

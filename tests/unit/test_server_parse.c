@@ -91,6 +91,30 @@ static const char *arg(const struct parsed *r, int i) {
     return r->args[i].p ? r->args[i].p : "";
 }
 
+/* The checks of every case table: content, reasoning, and the calls (names and arguments
+ * exactly as expected, however the text was cut; pieces in order). */
+static void expect(const struct parsed *r, size_t i, size_t step, const char *content,
+                   const char *reasoning, int n_calls, const char *name0, const char *args0,
+                   const char *name1, const char *args1) {
+    T_CHECKF(!strcmp(r->content.p, content), "case %zu step %zu: content '%s' want '%s'", i,
+             step, r->content.p, content);
+    T_CHECKF(!strcmp(r->reasoning.p, reasoning), "case %zu step %zu: reasoning '%s' want '%s'",
+             i, step, r->reasoning.p, reasoning);
+    T_CHECKF(r->n_calls == n_calls, "case %zu step %zu: %d calls, want %d", i, step, r->n_calls,
+             n_calls);
+    T_CHECKF(r->shape_ok, "case %zu step %zu: pieces out of order", i, step);
+    if (n_calls > 0 && r->n_calls > 0) {
+        T_EQ_STR(r->names[0], name0);
+        T_CHECKF(!strcmp(arg(r, 0), args0), "case %zu step %zu: args '%s' want '%s'", i, step,
+                 arg(r, 0), args0);
+    }
+    if (n_calls > 1 && r->n_calls > 1) {
+        T_EQ_STR(r->names[1], name1);
+        T_CHECKF(!strcmp(arg(r, 1), args1), "case %zu step %zu: args1 '%s' want '%s'", i, step,
+                 arg(r, 1), args1);
+    }
+}
+
 struct ocase {
     enum outp_syntax syn;
     bool reasoning, in_reasoning;
@@ -230,25 +254,8 @@ static void test_outp(void) {
             struct parsed r;
             run_pre(c->syn, c->reasoning, c->in_reasoning, c->max_calls, c->prefill, c->text,
                     step, &r);
-            T_CHECKF(!strcmp(r.content.p, c->content), "case %zu step %zu: content '%s' want '%s'",
-                     i, step, r.content.p, c->content);
-            T_CHECKF(!strcmp(r.reasoning.p, c->reasoning_out),
-                     "case %zu step %zu: reasoning '%s' want '%s'", i, step, r.reasoning.p,
-                     c->reasoning_out);
-            T_CHECKF(r.n_calls == c->n_calls, "case %zu step %zu: %d calls, want %d", i, step,
-                     r.n_calls, c->n_calls);
-            T_CHECKF(r.shape_ok, "case %zu step %zu: pieces out of order", i, step);
-            /* the arguments are the model's text exactly, however it was cut */
-            if (c->n_calls > 0 && r.n_calls > 0) {
-                T_EQ_STR(r.names[0], c->name0);
-                T_CHECKF(!strcmp(arg(&r, 0), c->args0), "case %zu step %zu: args '%s' want '%s'",
-                         i, step, arg(&r, 0), c->args0);
-            }
-            if (c->n_calls > 1 && r.n_calls > 1) {
-                T_EQ_STR(r.names[1], c->name1);
-                T_CHECKF(!strcmp(arg(&r, 1), c->args1), "case %zu step %zu: args1 '%s' want '%s'",
-                         i, step, arg(&r, 1), c->args1);
-            }
+            expect(&r, i, step, c->content, c->reasoning_out, c->n_calls, c->name0, c->args0,
+                   c->name1, c->args1);
             parsed_free(&r);
         }
     }
@@ -434,24 +441,8 @@ static void test_outp_xml(void) {
             struct parsed r;
             run_tools(OUTP_QWEN_XML, c->reasoning, false, c->max_calls, c->prefill,
                       c->tools ? tools : NULL, c->text, step, &r);
-            T_CHECKF(!strcmp(r.content.p, c->content), "case %zu step %zu: content '%s' want '%s'",
-                     i, step, r.content.p, c->content);
-            T_CHECKF(!strcmp(r.reasoning.p, c->reasoning_out),
-                     "case %zu step %zu: reasoning '%s' want '%s'", i, step, r.reasoning.p,
-                     c->reasoning_out);
-            T_CHECKF(r.n_calls == c->n_calls, "case %zu step %zu: %d calls, want %d", i, step,
-                     r.n_calls, c->n_calls);
-            T_CHECKF(r.shape_ok, "case %zu step %zu: pieces out of order", i, step);
-            if (c->n_calls > 0 && r.n_calls > 0) {
-                T_EQ_STR(r.names[0], c->name0);
-                T_CHECKF(!strcmp(arg(&r, 0), c->args0), "case %zu step %zu: args '%s' want '%s'", i,
-                         step, arg(&r, 0), c->args0);
-            }
-            if (c->n_calls > 1 && r.n_calls > 1) {
-                T_EQ_STR(r.names[1], c->name1);
-                T_CHECKF(!strcmp(arg(&r, 1), c->args1), "case %zu step %zu: args1 '%s' want '%s'",
-                         i, step, arg(&r, 1), c->args1);
-            }
+            expect(&r, i, step, c->content, c->reasoning_out, c->n_calls, c->name0, c->args0,
+                   c->name1, c->args1);
             /* the arguments smelt writes are always one JSON object, even cut off */
             for (int k = 0; k < r.n_calls; k++) {
                 json_t *j = json_loads(arg(&r, k), 0, NULL);
@@ -729,23 +720,8 @@ static void test_outp_harmony(void) {
             struct parsed r;
             run_tools(OUTP_HARMONY, true, false, c->max_calls, c->prefill, NULL, c->text, step,
                       &r);
-            T_CHECKF(!strcmp(r.content.p, c->content), "case %zu step %zu: content '%s' want '%s'",
-                     i, step, r.content.p, c->content);
-            T_CHECKF(!strcmp(r.reasoning.p, c->reasoning),
-                     "case %zu step %zu: reasoning '%s' want '%s'", i, step, r.reasoning.p,
-                     c->reasoning);
-            T_CHECKF(r.n_calls == c->n_calls, "case %zu step %zu: %d calls, want %d", i, step,
-                     r.n_calls, c->n_calls);
-            T_CHECKF(r.shape_ok, "case %zu step %zu: pieces out of order", i, step);
-            if (c->n_calls > 0 && r.n_calls > 0) {
-                T_EQ_STR(r.names[0], c->name0);
-                T_CHECKF(!strcmp(arg(&r, 0), c->args0), "case %zu step %zu: args '%s' want '%s'", i,
-                         step, arg(&r, 0), c->args0);
-            }
-            if (c->n_calls > 1 && r.n_calls > 1) {
-                T_EQ_STR(r.names[1], c->name1);
-                T_EQ_STR(arg(&r, 1), c->args1);
-            }
+            expect(&r, i, step, c->content, c->reasoning, c->n_calls, c->name0, c->args0,
+                   c->name1, c->args1);
             T_CHECK(utf8_validate((const uint8_t *)r.content.p, r.content.n) == r.content.n);
             T_CHECK(utf8_validate((const uint8_t *)r.reasoning.p, r.reasoning.n) == r.reasoning.n);
             parsed_free(&r);

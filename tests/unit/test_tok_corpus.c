@@ -24,6 +24,23 @@ static uint64_t fnv64(const int32_t *ids, size_t n) {
     return h;
 }
 
+/* Whether v[0..n) matches an expected row [count, "fnv64 hex"]; prints v when not. */
+static bool row_matches(const json_t *row, const int32_t *v, size_t n, const char *what, int i) {
+    char h[17];
+    snprintf(h, sizeof h, "%016llx", (unsigned long long)fnv64(v, n));
+    size_t want_n = (size_t)json_integer_value(json_array_get(row, 0));
+    const char *want_h = json_string_value(json_array_get(row, 1));
+    bool same = n == want_n && want_h && !strcmp(h, want_h);
+    if (!same) {
+        fprintf(stderr, "%s[%d]: %zu values (HF %zu):", what, i, n, want_n);
+        for (size_t k = 0; k < n && k < 40; k++)
+            fprintf(stderr, " %d", v[k]);
+        fprintf(stderr, "\n");
+    }
+    T_CHECKF(same, "%s, string %d: differs from HF", what, i);
+    return same;
+}
+
 /* Path of a case's vocab ("shared:NAME", "pre:VALUE", "arch:VALUE"), or false. */
 static bool vocab_path(const char *src, char *out, size_t cap) {
     if (!strncmp(src, "shared:", 7)) {
@@ -80,22 +97,9 @@ static void test_corpus(void) {
         int ok = 0;
         struct tok_ids ids = {0};
         for (int i = 0; i < n && i < (int)json_array_size(rows); i++) {
-            json_t *row = json_array_get(rows, (size_t)i);
-            size_t want_n = (size_t)json_integer_value(json_array_get(row, 0));
-            const char *want_h = json_string_value(json_array_get(row, 1));
             ids.n = 0;
             T_CHECK(tok_encode(t, strs[i], lens[i], TOK_PARSE_SPECIAL, &ids, &e) == SMELT_OK);
-            char h[17];
-            snprintf(h, sizeof h, "%016llx", (unsigned long long)fnv64(ids.v, ids.n));
-            bool same = ids.n == want_n && want_h && !strcmp(h, want_h);
-            if (!same) {
-                fprintf(stderr, "%s[%d] %zu ids (HF %zu):", name, i, ids.n, want_n);
-                for (size_t k = 0; k < ids.n && k < 40; k++)
-                    fprintf(stderr, " %d", ids.v[k]);
-                fprintf(stderr, "\n");
-            }
-            T_CHECKF(same, "case %s string %d differs from HF", name, i);
-            ok += same;
+            ok += row_matches(json_array_get(rows, (size_t)i), ids.v, ids.n, name, i);
         }
         printf("%s: %d/%d corpus strings match HF\n", name, ok, n);
         tok_ids_free(&ids);
@@ -139,22 +143,11 @@ static void test_splits(void) {
         struct tok_ids p = {0};
         int ok = 0;
         for (int i = 0; i < n && i < (int)json_array_size(rows); i++) {
-            json_t *row = json_array_get(rows, (size_t)i);
             p.n = 0;
             T_CHECK(tok_pretokenize(t, strs[i], lens[i], &p, &e) == SMELT_OK);
-            char h[17];
-            snprintf(h, sizeof h, "%016llx", (unsigned long long)fnv64(p.v, p.n));
-            const char *want = json_string_value(json_array_get(row, 1));
-            bool same = p.n == (size_t)json_integer_value(json_array_get(row, 0)) && want &&
-                        !strcmp(h, want);
-            if (!same) {
-                fprintf(stderr, "%s split [%d]: %zu pieces:", pre, i, p.n);
-                for (size_t k = 0; k < p.n && k < 40; k++)
-                    fprintf(stderr, " %d", p.v[k]);
-                fprintf(stderr, "\n");
-            }
-            T_CHECKF(same, "pre-tokenizer %s, string %d: split differs from HF", pre, i);
-            ok += same;
+            char what[96];
+            snprintf(what, sizeof what, "split %s", pre);
+            ok += row_matches(json_array_get(rows, (size_t)i), p.v, p.n, what, i);
         }
         printf("split %s: %d/%d corpus strings match HF\n", pre, ok, n);
         tok_ids_free(&p);
