@@ -18,7 +18,8 @@
  *
  * reasoning_effort becomes the template variable `reasoning_effort` (as vLLM passes it, for
  * templates that read it); "none" and "minimal" also set `enable_thinking` false (Qwen3's
- * switch) unless chat_template_kwargs sets it. Keys in chat_template_kwargs win.
+ * switch) unless chat_template_kwargs sets it. Keys in chat_template_kwargs win. Harmony
+ * templates (gpt-oss) know low, medium and high only: none and minimal are "low" there.
  *
  * gpt-oss (harmony): its template reads an assistant turn's reasoning from `thinking`
  * (and renders it before a pending tool call); clients send it back as `reasoning_content`
@@ -127,9 +128,11 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
         own = kw ? json_copy(kw) : json_object();
         if (!own) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         const char *re = rq->reasoning_effort;
+        bool off = !strcmp(re, "none") || !strcmp(re, "minimal");
         if (!json_object_get(own, "reasoning_effort"))
-            json_object_set_new(own, "reasoning_effort", json_string(re));
-        if ((!strcmp(re, "none") || !strcmp(re, "minimal")) && !json_object_get(own, "enable_thinking"))
+            json_object_set_new(own, "reasoning_effort",
+                                json_string(off && cp->syntax == OUTP_HARMONY ? "low" : re));
+        if (off && !json_object_get(own, "enable_thinking"))
             json_object_set_new(own, "enable_thinking", json_false());
         kw = own;
     }

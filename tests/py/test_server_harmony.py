@@ -229,6 +229,9 @@ def test_prompt(serve, template):
     # reasoning_effort reaches the system message
     assert "Reasoning: medium" in prompt_of(s)
     assert "Reasoning: high" in prompt_of(s, reasoning_effort="high")
+    # gpt-oss knows low, medium, high: none and minimal are low
+    assert "Reasoning: low" in prompt_of(s, reasoning_effort="minimal")
+    assert "Reasoning: low" in prompt_of(s, reasoning_effort="none")
     assert prompt_of(s).endswith("<|start|>assistant")
     # a pending call's reasoning, sent back as reasoning_content, is rendered as its analysis
     turn = [{"role": "user", "content": "Weather in Paris?"},
