@@ -11,6 +11,9 @@
  * The prompt goes through the model's chat template (tokenizer.chat_template) unless
  * --raw. A file without a template is taken for a base model (Gemma 3 270M base ships
  * none and answers a chat format with noise): its prompt is used as is, with a note.
+ * A harmony template (gpt-oss) makes replies a sequence of channel messages: the reply is
+ * parsed as the server parses it (server/outp.h), its analysis (reasoning) goes to stderr
+ * and its final channel to stdout, and only that is the turn's answer in the conversation.
  *
  * Sampling defaults come from the GGUF (general.sampling.temp, top_k, top_p, min_p,
  * penalty_repeat, penalty_last_n) where it has them; flags override; -v prints the
@@ -34,6 +37,7 @@
 #include "engine/sample.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "server/outp.h"
 #include "tokenizer/tmpl.h"
 #include "tokenizer/tok.h"
 
@@ -233,6 +237,7 @@ struct session {
     struct kv_seq seq;
     struct sampler *smp;
     struct tmpl *tmpl;     /* NULL with --raw */
+    bool harmony;          /* the template writes gpt-oss's harmony format */
     json_t *messages;      /* the conversation so far */
     struct tok_ids cached; /* tokens whose K/V are in the cache, positions 0.. */
     /* the last position's summary for the sampler, and its full row on demand */
@@ -305,10 +310,37 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct
 
 /* Generates up to n_predict tokens after the fed prompt, streaming them to stdout and
  * appending them to answer. */
+/* Writes a reply's text: as is, or (harmony) parsed, its reasoning to stderr and its
+ * content to stdout and the answer. */
+static smelt_status emit(struct session *s, struct outp *op, const char *p, size_t n, bool end,
+                         struct tok_buf *answer, struct err *e) {
+    if (!s->harmony) {
+        if (!n) return SMELT_OK;
+        fwrite(p, 1, n, stdout);
+        fflush(stdout);
+        return append(answer, p, n, e);
+    }
+    struct outp_delta d = {0};
+    if (n) outp_push(op, p, n, &d);
+    if (end) outp_finish(op, &d);
+    if (d.reasoning.n) fwrite(d.reasoning.p, 1, d.reasoning.n, stderr);
+    if (d.content.n) fwrite(d.content.p, 1, d.content.n, stdout);
+    fflush(stdout);
+    smelt_status st = d.content.n ? append(answer, d.content.p, d.content.n, e) : SMELT_OK;
+    if (st == SMELT_OK && (op->bad || d.content.oom || d.reasoning.oom))
+        st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    outp_delta_free(&d);
+    return st;
+}
+
 static smelt_status generate(struct session *s, struct tok_buf *answer, struct err *e) {
     struct tok_detok d;
     struct tok_buf out = {0};
-    tok_detok_init(&d, s->tok, 0);
+    struct outp op;
+    /* harmony's headers are special tokens: the parser needs them */
+    tok_detok_init(&d, s->tok, s->harmony ? TOK_DECODE_SPECIAL : 0);
+    outp_init(&op, OUTP_HARMONY, true, false);
+    op.no_calls = true;
     smelt_status st = SMELT_OK;
     double t0 = now_s();
     int n = 0;
@@ -329,22 +361,18 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
         sampler_accept(s->smp, r.token, true);
         out.n = 0;
         st = tok_detok_push(&d, r.token, &out, e);
-        if (st == SMELT_OK && out.n) {
-            fwrite(out.p, 1, out.n, stdout);
-            fflush(stdout);
-            st = append(answer, out.p, out.n, e);
-        }
+        if (st == SMELT_OK && out.n) st = emit(s, &op, out.p, out.n, false, answer, e);
         /* the last token needs feeding only when a next turn continues after it */
         if (st == SMELT_OK && (n + 1 < s->o->n_predict || s->o->interactive))
             st = feed(s, &r.token, 1, e);
     }
     out.n = 0;
     if (st == SMELT_OK) st = tok_detok_flush(&d, &out, e);
-    if (out.n) fwrite(out.p, 1, out.n, stdout);
-    if (st == SMELT_OK && out.n) st = append(answer, out.p, out.n, e);
+    if (st == SMELT_OK) st = emit(s, &op, out.p, out.n, true, answer, e);
     fputc('\n', stdout);
     fflush(stdout);
     tok_buf_free(&out);
+    outp_free(&op);
     s->t_gen += now_s() - t0;
     s->n_gen += n;
     return st;
@@ -449,6 +477,10 @@ static smelt_status load_template(struct session *s, struct err *e) {
     if (st != SMELT_OK) return st;
     st = tmpl_compile(src.ptr, (size_t)src.len, &s->tmpl, e);
     if (st != SMELT_OK) return err_prefix(e, "tokenizer.chat_template");
+    char *z = strndup(src.ptr, (size_t)src.len);
+    if (!z) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    s->harmony = outp_template_harmony(z);
+    free(z);
     s->messages = json_array();
     if (!s->messages) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     if (s->o->system) return add_message(s, "system", s->o->system, e);
