@@ -175,6 +175,23 @@ struct tensor *bk_view_2d(struct backend *b, const struct tensor *t, int64_t ne0
     return v;
 }
 
+struct tensor *bk_view_3d(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
+                          int64_t ne2, size_t nb1, size_t nb2, size_t offset) {
+    struct tensor *v = new_struct(b);
+    if (b->status != SMELT_OK) return v;
+    BK_ASSERT(tensor_init(v, t->type, ne0, ne1, ne2, 1));
+    BK_ASSERT(nb1 >= v->nb[1] && nb2 >= nb1 * (size_t)(ne1 - 1) + v->nb[1]);
+    BK_ASSERT(offset + nb2 * (size_t)(ne2 - 1) + nb1 * (size_t)(ne1 - 1) + v->nb[1] <=
+              tensor_nbytes(t));
+    v->nb[1] = nb1;
+    v->nb[2] = nb2;
+    v->nb[3] = nb2 * (size_t)ne2;
+    v->data = (char *)t->data + offset;
+    v->backend = t->backend;
+    v->name = t->name;
+    return v;
+}
+
 void bk_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
     if (b->status != SMELT_OK) return;
     BK_ASSERT(nbytes <= tensor_nbytes(dst));
@@ -378,6 +395,55 @@ void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
     BK_ASSERT(vc->ne[1] == m->block_size && vc->ne[2] == kc->ne[2] && vc->ne[3] == kc->ne[3]);
     BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
     b->ops->attention(b, dst, q, kc, vc, m, p);
+}
+
+void bk_copy(struct backend *b, struct tensor *dst, const struct tensor *src) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(dst) && is_f32_rows(src) && tensor_same_shape(dst, src));
+    BK_ASSERT(b->ops->copy);
+    b->ops->copy(b, dst, src);
+}
+
+/* ---- recurrent-state ops ---- */
+
+bool bk_has_recurrent(const struct backend *b) {
+    return b->ops->ssm_conv && b->ops->gated_delta_net && b->ops->copy;
+}
+
+static void check_state_seqs(const struct tensor *seqs) {
+    BK_ASSERT(seqs->type == QT_I32 && seqs->ne[0] == STATE_SEQ_WORDS && seqs->ne[2] == 1);
+}
+
+void bk_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
+                 const struct tensor *w, struct tensor *cs, const struct tensor *seqs, bool silu) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->ssm_conv);
+    BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst) && tensor_same_shape(dst, x) && x->ne[2] == 1);
+    BK_ASSERT(tensor_is_contiguous(x) && tensor_is_contiguous(dst) && dst->data != x->data);
+    BK_ASSERT(w->type == QT_F32 && w->ne[1] == x->ne[0] && w->ne[0] >= 2 && tensor_is_contiguous(w));
+    BK_ASSERT(cs->type == QT_F32 && tensor_is_contiguous(cs) && cs->ne[0] == (w->ne[0] - 1) * x->ne[0]);
+    check_state_seqs(seqs);
+    b->ops->ssm_conv(b, dst, x, w, cs, seqs, silu);
+}
+
+void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv,
+                        const struct tensor *a, const struct tensor *bl, const struct tensor *ssm_a,
+                        const struct tensor *dt_bias, struct tensor *ss, const struct tensor *seqs,
+                        const struct gdn_params *p) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->gated_delta_net);
+    int64_t n = qkv->ne[1], nk = p->n_k_head, hk = p->head_k, nv = p->n_v_head, hv = p->head_v;
+    BK_ASSERT(nk > 0 && hk > 0 && nv > 0 && hv > 0 && nv % nk == 0);
+    BK_ASSERT(is_f32_rows(qkv) && tensor_is_contiguous(qkv) && qkv->ne[0] == 2 * nk * hk + nv * hv);
+    BK_ASSERT(is_f32_rows(a) && is_f32_rows(bl) && a->ne[0] == nv && bl->ne[0] == nv &&
+              a->ne[1] == n && bl->ne[1] == n);
+    BK_ASSERT(ssm_a->type == QT_F32 && ssm_a->ne[0] == nv && dt_bias->type == QT_F32 &&
+              dt_bias->ne[0] == nv);
+    BK_ASSERT(ss->type == QT_F32 && tensor_is_contiguous(ss) && ss->ne[0] == nv * hv * hk);
+    BK_ASSERT(is_f32_rows(dst) && tensor_is_contiguous(dst) && dst->ne[0] == hv &&
+              dst->ne[1] == nv && dst->ne[2] == n);
+    check_state_seqs(seqs);
+    b->ops->gated_delta_net(b, dst, qkv, a, bl, ssm_a, dt_bias, ss, seqs, p);
 }
 
 /* x, or a fresh tensor holding rms_norm(x) * pre->w. */

@@ -95,6 +95,7 @@ struct rope_params {
 enum glu_act {
     GLU_SILU = 0,      /* SwiGLU: silu(gate) * up */
     GLU_GELU_TANH = 1, /* GeGLU with the tanh-approximated GELU (HF gelu_pytorch_tanh) */
+    GLU_SIGMOID = 2,   /* sigmoid(gate) * up: qwen35's attention output gate (CPU only so far) */
 };
 
 /* Mixture of experts: how a row's router logits become the weights of its k experts. The
@@ -139,6 +140,38 @@ struct attn_params {
     float scale;     /* multiplies q.k (1/sqrt(head_dim) usually) */
     float softcap;   /* > 0: scores become softcap * tanh(score / softcap) */
     int32_t window;  /* > 0: key hidden when pos_q - pos_k >= window (sliding window) */
+};
+
+/* Per-step inputs of the recurrent-state ops (bk_ssm_conv, bk_gated_delta_net). A
+ * recurrent layer keeps, per sequence, a fixed-size state in a *slot*: row `slot` of the
+ * layer's state tensors (F32, (state_len, n_slots)). The step says per sequence, as data
+ * in one I32 tensor (STATE_SEQ_WORDS, n_seqs) uploaded before the ops (so a replayed
+ * graph sees new slots with the same arguments):
+ *   STATE_ROW0, STATE_NROWS  its rows in the step: contiguous, in position order;
+ *   STATE_SLOT               the slot its state is read from and written back to;
+ *   STATE_FRESH              1: its first row is position 0, the state starts at zero
+ *                            (the slot's old contents are ignored);
+ *   STATE_SNAP_SLOT, STATE_SNAP_AT  when SNAP_AT >= 0, the state after its first SNAP_AT
+ *                            rows of the step (0 <= SNAP_AT <= NROWS; 0 = the state it
+ *                            came in with) is also written to slot SNAP_SLOT (a snapshot
+ *                            for the prefix cache or a rollback). */
+enum {
+    STATE_ROW0 = 0,
+    STATE_NROWS = 1,
+    STATE_SLOT = 2,
+    STATE_FRESH = 3,
+    STATE_SNAP_SLOT = 4,
+    STATE_SNAP_AT = 5,
+    STATE_SEQ_WORDS = 6,
+};
+
+/* The Gated DeltaNet's head layout (Qwen3-Next / Qwen3.5 linear attention). q and k have
+ * n_k_head heads of head_k, v has n_v_head heads of head_v; n_v_head is a multiple of
+ * n_k_head and value head h reads key head h % n_k_head (GGUF's tiled order: llama.cpp's
+ * converter reorders HF's grouped value heads so). */
+struct gdn_params {
+    int32_t n_k_head, head_k, n_v_head, head_v;
+    float eps; /* L2 norm: x / sqrt(sum(x^2) + eps) (1e-6 in transformers and FLA) */
 };
 
 /* An RMSNorm applied to an op's input before it is used (dst = W rms_norm(x) * w): lets a
@@ -196,6 +229,18 @@ struct backend_ops {
     void (*attention)(struct backend *b, struct tensor *dst, const struct tensor *q,
                       const struct tensor *kc, const struct tensor *vc,
                       const struct attn_meta *m, const struct attn_params *p);
+
+    /* Recurrent-state ops: optional (NULL: the backend cannot run recurrent layers; a
+     * model that has them is refused at load, see bk_has_recurrent). */
+    void (*ssm_conv)(struct backend *b, struct tensor *dst, const struct tensor *x,
+                     const struct tensor *w, struct tensor *cs, const struct tensor *seqs,
+                     bool silu);
+    void (*gated_delta_net)(struct backend *b, struct tensor *dst, const struct tensor *qkv,
+                            const struct tensor *a, const struct tensor *bl,
+                            const struct tensor *ssm_a, const struct tensor *dt_bias,
+                            struct tensor *ss, const struct tensor *seqs,
+                            const struct gdn_params *p);
+    void (*copy)(struct backend *b, struct tensor *dst, const struct tensor *src);
 
     /* Fused ops: optional (NULL = composed from the basic ops by backend.c). */
     void (*matmul_group)(struct backend *b, int n, struct tensor *const *dst,
@@ -289,6 +334,10 @@ struct tensor *bk_reshape(struct backend *b, const struct tensor *t, int64_t ne0
 /* A 2-D view: ne0 x ne1 elements starting offset bytes into t, rows nb1 bytes apart. */
 struct tensor *bk_view_2d(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
                           size_t nb1, size_t offset);
+/* A 3-D view: ne0 x ne1 x ne2 elements starting offset bytes into t, nb1 / nb2 bytes
+ * between rows / planes (e.g. every other head of a projection). */
+struct tensor *bk_view_3d(struct backend *b, const struct tensor *t, int64_t ne0, int64_t ne1,
+                          int64_t ne2, size_t nb1, size_t nb2, size_t offset);
 /* Copies nbytes of host memory into the start of dst / of src into host memory. */
 void bk_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes);
 void bk_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes);
@@ -358,6 +407,42 @@ void bk_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
 void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
                   const struct tensor *kc, const struct tensor *vc, const struct attn_meta *m,
                   const struct attn_params *p);
+
+/* dst = src, element by element: src F32 with any row strides (a view), dst F32 of the
+ * same shape (contiguous or a view). Deinterleaves, and copies state slots. */
+void bk_copy(struct backend *b, struct tensor *dst, const struct tensor *src);
+
+/* ---- recurrent-state ops (the state layout and struct state seqs: see STATE_*) ---- */
+
+/* True when the backend runs bk_ssm_conv and bk_gated_delta_net. */
+bool bk_has_recurrent(const struct backend *b);
+/* Causal depthwise conv1d over each sequence's rows, with its state: for channel c and
+ * row t, dst[c, t] = sum_j w[j, c] * in[c, t - (d_conv - 1) + j], where in[] before the
+ * sequence's first row of the step comes from the conv state (zeros when FRESH); then
+ * SiLU when silu. x, dst F32 (C, n_tokens) (dst may not alias x); w F32 (d_conv, C) (row
+ * c's taps in ne0, oldest input first); cs F32 ((d_conv - 1) * C, n_slots): a slot holds
+ * the last d_conv - 1 input rows, oldest first, each C wide; it is updated to the inputs
+ * ending at the sequence's last row (and its snapshot, when asked, to those ending at
+ * SNAP_AT). seqs I32 (STATE_SEQ_WORDS, n_seqs). */
+void bk_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
+                 const struct tensor *w, struct tensor *cs, const struct tensor *seqs, bool silu);
+/* The gated delta rule (Gated DeltaNet) over each sequence's rows, with its state. Per
+ * row t and value head h (key head kh = h % n_k_head):
+ *   q = l2norm(q_kh) / sqrt(head_k), k = l2norm(k_kh), v = v_h
+ *   g = ssm_a[h] * softplus(a[h] + dt_bias[h])   (log decay, ssm_a = -exp(A_log) <= 0)
+ *   beta = sigmoid(bl[h])
+ *   S = exp(g) S;  S += beta (v - S k) k^T;  dst[:, h, t] = S q
+ * with S (head_v x head_k) the head's state. qkv F32 (2 * n_k_head * head_k + n_v_head *
+ * head_v, n_tokens): q heads, k heads, v heads in a row (the conv's output); a, bl F32
+ * (n_v_head, n_tokens); ssm_a, dt_bias F32 (n_v_head); ss F32 (n_v_head * head_v *
+ * head_k, n_slots): slot = n_v_head states of head_v rows of head_k (row v holds S[v, :]);
+ * dst F32 (head_v, n_v_head, n_tokens). The state is updated (and snapshotted) as in
+ * bk_ssm_conv. A backend may run a chunked form for prefill rows (same math, other
+ * rounding). */
+void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv,
+                        const struct tensor *a, const struct tensor *bl, const struct tensor *ssm_a,
+                        const struct tensor *dt_bias, struct tensor *ss, const struct tensor *seqs,
+                        const struct gdn_params *p);
 
 /* Fused: dst[i] = W[i] x' (+ bias[i]) for i < n, one shared input x' = x, or
  * rms_norm(x) * pre->w when pre is not NULL (norm + quantize + QKV in one pass). bias may

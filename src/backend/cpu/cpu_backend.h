@@ -77,6 +77,16 @@ void cpu_op_moe_route(struct backend *b, struct tensor *ids, struct tensor *weig
 void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
                     const struct tensor *weights, const struct prenorm *pre, bool acc);
+/* Recurrent-state ops and the strided copy (cpu_ops_ssm.c). */
+void cpu_op_copy(struct backend *b, struct tensor *dst, const struct tensor *src);
+void cpu_op_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
+                     const struct tensor *w, struct tensor *cs, const struct tensor *seqs,
+                     bool silu);
+void cpu_op_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv,
+                            const struct tensor *a, const struct tensor *bl,
+                            const struct tensor *ssm_a, const struct tensor *dt_bias,
+                            struct tensor *ss, const struct tensor *seqs,
+                            const struct gdn_params *p);
 /* Row summaries for sampling (cpu_topk.c). */
 void cpu_op_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
                         const struct tensor *rows, const struct tensor *adj);

@@ -121,8 +121,10 @@ static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
         float *y = row_at(c->dst, r);
         if (c->act == GLU_SILU)
             v->silu_mul(y, g, u, n);
-        else
+        else if (c->act == GLU_GELU_TANH)
             v->gelu_mul(y, g, u, n);
+        else /* GLU_SIGMOID: an output gate, once per attention row; scalar is enough */
+            for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
     }
 }
 
