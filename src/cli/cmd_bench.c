@@ -673,7 +673,7 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
         int64_t t = 0;
         st = cli_mem_plan(c.m, &r, &t, e);
     }
-    if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, &c.kv, e);
+    if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, 0, &c.kv, e);
     if (st == SMELT_OK) st = kv_pool_init(&c.pool, n_blocks, BLOCK, e);
     if (st == SMELT_OK) {
         c.n_vocab = c.m->hp.n_vocab;

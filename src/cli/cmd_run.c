@@ -549,7 +549,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (st == SMELT_OK) {
         int32_t n_blocks = (o.n_ctx + BLOCK - 1) / BLOCK;
-        st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, &s.kv, &e);
+        st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, 0, &s.kv, &e);
         if (st == SMELT_OK) st = kv_pool_init(&s.pool, n_blocks, BLOCK, &e);
         gguf_sampling(s.f, &o);
         if (o.verbose) print_sampling(&o);

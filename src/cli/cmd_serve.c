@@ -510,7 +510,7 @@ int cmd_serve(int argc, char **argv) {
                      (long long)pool);
         ec.n_ctx = (int32_t)c;
     }
-    if (st == SMELT_OK && m) st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, &kv, &e);
+    if (st == SMELT_OK && m) st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, 0, &kv, &e);
     if (st == SMELT_OK && o.fake) {
         fk.n_vocab = tok_n_vocab(tok);
         fk.lo = fk.n_vocab > 512 ? 300 : 0;

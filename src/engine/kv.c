@@ -24,6 +24,18 @@ struct kv_prefix {
     uint64_t hits, queries, evictions;
 };
 
+/* Recurrent state slots: a free stack, each snapshot's block (and each block's snapshot),
+ * and an LRU list of idle snapshots (on unreferenced cached blocks), evicted from the
+ * tail. */
+struct kv_slots {
+    int32_t n, max_live, n_live, n_snap;
+    int32_t *free_ids, n_free;
+    int32_t *snap_of;     /* (n_blocks) snapshot slot of each block, -1 */
+    int32_t *blk_of;      /* (n) the block a snapshot slot belongs to, -1: free or live */
+    int32_t *prev, *next; /* (n) idle-snapshot LRU links, -1 = none */
+    int32_t head, tail, n_idle;
+};
+
 smelt_status kv_pool_init(struct kv_pool *p, int32_t n_blocks, int32_t block_size,
                           struct err *e) {
     memset(p, 0, sizeof *p);
@@ -55,15 +67,66 @@ static void prefix_free(struct kv_prefix *c) {
     free(c);
 }
 
+static void slots_free(struct kv_slots *sl) {
+    if (!sl) return;
+    free(sl->free_ids);
+    free(sl->snap_of);
+    free(sl->blk_of);
+    free(sl->prev);
+    free(sl->next);
+    free(sl);
+}
+
 void kv_pool_free(struct kv_pool *p) {
     free(p->free_ids);
     free(p->ref);
     prefix_free(p->prefix);
+    slots_free(p->slots);
     memset(p, 0, sizeof *p);
 }
 
 int32_t kv_pool_available(const struct kv_pool *p) {
     return p->n_free + (p->prefix ? p->prefix->n_idle : 0);
+}
+
+/* ---- state slot internals ---- */
+
+static void idle_unlink(struct kv_slots *sl, int32_t x) {
+    int32_t pv = sl->prev[x], nx = sl->next[x];
+    if (pv >= 0) sl->next[pv] = nx;
+    else sl->head = nx;
+    if (nx >= 0) sl->prev[nx] = pv;
+    else sl->tail = pv;
+    sl->prev[x] = sl->next[x] = -1;
+    sl->n_idle--;
+}
+
+static void idle_push(struct kv_slots *sl, int32_t x) {
+    sl->prev[x] = -1;
+    sl->next[x] = sl->head;
+    if (sl->head >= 0) sl->prev[sl->head] = x;
+    else sl->tail = x;
+    sl->head = x;
+    sl->n_idle++;
+}
+
+/* Detaches block id's snapshot (if any) and frees its slot. */
+static void snap_drop(struct kv_pool *p, int32_t id) {
+    struct kv_slots *sl = p->slots;
+    if (!sl || sl->snap_of[id] < 0) return;
+    int32_t x = sl->snap_of[id];
+    if (p->ref[id] == 0) idle_unlink(sl, x); /* a snapshot is idle while its block is */
+    sl->snap_of[id] = -1;
+    sl->blk_of[x] = -1;
+    sl->n_snap--;
+    sl->free_ids[sl->n_free++] = x;
+}
+
+/* A slot: a free one, else the least recently idled snapshot's. -1 when none. */
+static int32_t slot_take(struct kv_pool *p) {
+    struct kv_slots *sl = p->slots;
+    if (sl->n_free == 0 && sl->n_idle > 0) snap_drop(p, sl->blk_of[sl->tail]);
+    return sl->n_free > 0 ? sl->free_ids[--sl->n_free] : -1;
 }
 
 /* ---- prefix cache internals ---- */
@@ -187,11 +250,18 @@ int32_t kv_prefix_acquire(struct kv_pool *p, struct kv_seq *s, const int32_t *to
             s->blocks = b;
             s->cap = cap;
         }
-        if (p->ref[id] == 0) lru_unlink(c, id);
+        if (p->ref[id] == 0) {
+            lru_unlink(c, id);
+            if (p->slots && p->slots->snap_of[id] >= 0) idle_unlink(p->slots, p->slots->snap_of[id]);
+        }
         p->ref[id]++;
         s->blocks[s->n_blocks++] = id;
         hashes[n] = h;
         parent = h;
+    }
+    if (p->slots) { /* a recurrent state resumes only where a snapshot is */
+        while (n > 0 && p->slots->snap_of[s->blocks[n - 1]] < 0) kv_seq_truncate(p, s, --n * bs);
+        s->restore = n > 0 ? p->slots->snap_of[s->blocks[n - 1]] : -1;
     }
     c->hits += (uint64_t)n;
     return n;
@@ -224,6 +294,12 @@ void kv_pool_stats(const struct kv_pool *p, struct kv_stats *out) {
         out->evictions = p->prefix->evictions;
     }
     out->used = p->n_blocks - out->free - out->idle;
+    if (p->slots) {
+        out->n_slots = p->slots->n;
+        out->live_slots = p->slots->n_live;
+        out->snapshots = p->slots->n_snap;
+        out->idle_snapshots = p->slots->n_idle;
+    }
 }
 
 int32_t kv_blocks_for(const struct kv_pool *p, int32_t n_tokens) {
@@ -234,8 +310,15 @@ int32_t kv_blocks_for(const struct kv_pool *p, int32_t n_tokens) {
 /* Drops one reference; the last one parks a cached block on the LRU list, else frees it. */
 static void unref(struct kv_pool *p, int32_t id) {
     if (p->ref[id] > 0 && --p->ref[id] == 0) {
-        if (p->prefix && p->prefix->hash[id] != 0) lru_push_head(p->prefix, id);
-        else p->free_ids[p->n_free++] = id;
+        if (p->prefix && p->prefix->hash[id] != 0) {
+            lru_push_head(p->prefix, id);
+            if (p->slots && p->slots->snap_of[id] >= 0) idle_push(p->slots, p->slots->snap_of[id]);
+        } else {
+            p->ref[id] = 1; /* snap_drop reads an unreferenced block's snapshot as idle */
+            snap_drop(p, id);
+            p->ref[id] = 0;
+            p->free_ids[p->n_free++] = id;
+        }
     }
 }
 
@@ -245,21 +328,28 @@ static int32_t take_block(struct kv_pool *p) {
     if (p->n_free > 0) return p->free_ids[--p->n_free];
     struct kv_prefix *c = p->prefix;
     int32_t id = c->tail;
+    snap_drop(p, id);
     lru_unlink(c, id);
     table_remove(c, id);
     c->evictions++;
     return id;
 }
 
-void kv_seq_init(struct kv_seq *s) { memset(s, 0, sizeof *s); }
+void kv_seq_init(struct kv_seq *s) {
+    memset(s, 0, sizeof *s);
+    s->slot = s->restore = s->snap_keep = s->snap_last = -1;
+}
 
 smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_tokens, struct err *e) {
     int32_t need = kv_blocks_for(p, n_tokens);
-    if (need <= s->n_blocks) return SMELT_OK;
+    bool want_slot = p->slots && s->slot < 0;
+    if (want_slot && kv_slots_available(p) < 1)
+        return err_set(e, SMELT_ERR_RANGE, "no free recurrent state slot (%d slots)", p->slots->n);
     int32_t more = need - s->n_blocks;
     if (more > kv_pool_available(p))
         return err_set(e, SMELT_ERR_RANGE, "KV cache full: %d more blocks needed, %d free", more,
                        kv_pool_available(p));
+    if (more <= 0) more = 0;
     if (need > s->cap) {
         int32_t cap = s->cap ? s->cap : 8;
         while (cap < need) cap *= 2;
@@ -273,16 +363,118 @@ smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_token
         p->ref[id] = 1;
         s->blocks[s->n_blocks++] = id;
     }
+    if (want_slot) { /* after the blocks: evicting one may have freed a snapshot's slot */
+        s->slot = slot_take(p);
+        p->slots->n_live++;
+    }
     return SMELT_OK;
 }
 
 void kv_seq_truncate(struct kv_pool *p, struct kv_seq *s, int32_t n_tokens) {
     int32_t keep = kv_blocks_for(p, n_tokens);
     while (s->n_blocks > keep) unref(p, s->blocks[--s->n_blocks]);
+    if (n_tokens % p->block_size && keep > 0) { /* the partly kept block changes */
+        int32_t id = s->blocks[keep - 1];
+        snap_drop(p, id);
+        if (p->prefix && p->prefix->hash[id] && p->ref[id] == 1) table_remove(p->prefix, id);
+    }
+    int32_t valid = n_tokens / p->block_size; /* blocks whose end is still before n_tokens */
+    if (s->snap_keep >= valid) s->snap_keep = -1;
+    if (s->snap_last >= valid) s->snap_last = -1;
 }
 
 void kv_seq_release(struct kv_pool *p, struct kv_seq *s) {
     kv_seq_truncate(p, s, 0);
+    if (p->slots && s->slot >= 0) {
+        p->slots->free_ids[p->slots->n_free++] = s->slot;
+        p->slots->n_live--;
+    }
     free(s->blocks);
     kv_seq_init(s);
+}
+
+/* ---- recurrent state slots ---- */
+
+smelt_status kv_slots_enable(struct kv_pool *p, int32_t n_slots, int32_t max_live, struct err *e) {
+    if (p->slots) return SMELT_OK;
+    if (max_live < 1 || n_slots < max_live || n_slots > (1 << 20))
+        return err_set(e, SMELT_ERR_INVALID, "state slots: %d slots for %d live states", n_slots,
+                       max_live);
+    struct kv_slots *sl = calloc(1, sizeof *sl);
+    size_t n = (size_t)n_slots, nb = (size_t)p->n_blocks;
+    if (sl) {
+        sl->free_ids = malloc(n * sizeof *sl->free_ids);
+        sl->snap_of = malloc(nb * sizeof *sl->snap_of);
+        sl->blk_of = malloc(n * sizeof *sl->blk_of);
+        sl->prev = malloc(n * sizeof *sl->prev);
+        sl->next = malloc(n * sizeof *sl->next);
+    }
+    if (!sl || !sl->free_ids || !sl->snap_of || !sl->blk_of || !sl->prev || !sl->next) {
+        slots_free(sl);
+        return err_set(e, SMELT_ERR_NOMEM, "state slots: out of memory");
+    }
+    sl->n = n_slots;
+    sl->max_live = max_live;
+    for (int32_t i = 0; i < n_slots; i++) sl->free_ids[i] = n_slots - 1 - i; /* 0 first */
+    sl->n_free = n_slots;
+    memset(sl->snap_of, 0xff, nb * sizeof *sl->snap_of);
+    memset(sl->blk_of, 0xff, n * sizeof *sl->blk_of);
+    memset(sl->prev, 0xff, n * sizeof *sl->prev);
+    memset(sl->next, 0xff, n * sizeof *sl->next);
+    sl->head = sl->tail = -1;
+    p->slots = sl;
+    return SMELT_OK;
+}
+
+int32_t kv_slots_available(const struct kv_pool *p) {
+    return p->slots ? p->slots->n_free + p->slots->n_idle : 0;
+}
+
+/* Drops the snapshot on s's block index j (-1: none), unless it is s's other one. */
+static void drop_own(struct kv_pool *p, struct kv_seq *s, int32_t j, int32_t other) {
+    if (j >= 0 && j != other && j < s->n_blocks) snap_drop(p, s->blocks[j]);
+}
+
+struct batch_seq kv_seq_step(struct kv_pool *p, struct kv_seq *s, int32_t p0, int32_t p1,
+                             bool keep) {
+    struct batch_seq b = kv_seq_view(s);
+    struct kv_slots *sl = p->slots;
+    int32_t bs = p->block_size, j = p1 / bs - 1; /* the block ending at the last boundary */
+    if (!sl || s->slot < 0 || j < 0 || (j + 1) * bs <= p0 || j >= s->n_blocks ||
+        sl->snap_of[s->blocks[j]] >= 0)
+        return b;
+    /* never take a slot a live state may still need */
+    if (sl->n_free + sl->n_idle <= sl->max_live - sl->n_live) return b;
+    int32_t x = slot_take(p);
+    if (x < 0) return b;
+    int32_t id = s->blocks[j];
+    sl->snap_of[id] = x;
+    sl->blk_of[x] = id;
+    sl->n_snap++;
+    if (keep) {
+        drop_own(p, s, s->snap_keep, s->snap_last);
+        s->snap_keep = j;
+    } else {
+        drop_own(p, s, s->snap_last, s->snap_keep);
+        s->snap_last = j;
+    }
+    b.snap_slot = x;
+    b.snap_pos = (j + 1) * bs;
+    return b;
+}
+
+void kv_seq_rollback(struct kv_pool *p, struct kv_seq *s, int32_t n_keep, int32_t *from) {
+    kv_seq_truncate(p, s, n_keep);
+    *from = n_keep;
+    if (!p->slots) return;
+    *from = 0;
+    s->restore = -1;
+    for (int32_t j = n_keep / p->block_size - 1; j >= 0; j--) {
+        int32_t x = p->slots->snap_of[s->blocks[j]];
+        if (x >= 0) {
+            s->restore = x;
+            *from = (j + 1) * p->block_size;
+            return;
+        }
+    }
 }

@@ -71,7 +71,8 @@ static smelt_status warm_step(struct warm *w, int32_t n_tokens, int32_t n_seqs, 
         w->seq[i] = s;
         w->want[i] = single || p >= last - 1 - extra;
     }
-    for (int32_t s = 0; s < n_seqs; s++) w->seqs[s] = (struct batch_seq){w->table, width};
+    for (int32_t s = 0; s < n_seqs; s++)
+        w->seqs[s] = (struct batch_seq){.blocks = w->table, .n_blocks = width, .slot = s};
     memset(w->rows, 0, (size_t)n_out * sizeof *w->rows);
     for (int32_t r = 0; r < n_out; r++) w->rows[r] = (struct topk_row){.k = 1, .inv_t = 1.0f};
     struct batch b = {n_tokens, w->tok, w->pos, w->seq, w->want, n_seqs, w->seqs};
@@ -109,7 +110,7 @@ smelt_status memplan_measure(struct model *m, const struct memplan_shape *sh0, u
         st = err_set(e, SMELT_ERR_NOMEM, "memory plan: out of memory");
     if (st == SMELT_OK) {
         for (int32_t i = 0; i < width; i++) w.table[i] = i % kv_blocks;
-        st = model_kv_new(m, sh.kv_type, bs, kv_blocks, &w.kv, e);
+        st = model_kv_new(m, sh.kv_type, bs, kv_blocks, sh.max_seqs, &w.kv, e);
     }
     /* the three extremes: a full step over every sequence; one sequence's full chunk (its
      * extra logit rows are prompt-logprob rows); a decode row per sequence */

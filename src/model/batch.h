@@ -10,8 +10,12 @@
  * Contract (checked by model_forward, an error names the row): positions of a sequence
  * are contiguous from 0 across steps; a sequence's block table covers every position it
  * uses (blocks[p / block_size] holds position p); rows of one sequence within a batch are
- * in increasing position order. Rolling back (rejected draft tokens) is just reusing a
- * position: the next write overwrites the slot.
+ * in increasing position order. With recurrent layers also: a sequence's rows are
+ * contiguous, its first row continues its slot's state (the position after the last one
+ * the slot has seen) or is position 0, and the batch's live and snapshot slots are
+ * distinct. Rolling back (rejected draft tokens) reuses positions: the next write
+ * overwrites a KV slot; a recurrent state is first restored from a snapshot at or before
+ * the position (engine/kv.h, kv_seq_rollback) and the tokens after it are fed again.
  *
  * Lives in model/ because the model layer consumes it and the engine (above) builds it:
  * dependencies point down. The struct only points at the caller's arrays. */
@@ -20,10 +24,17 @@
 
 #include <stdint.h>
 
-/* One sequence of a batch: its KV block table. */
+/* One sequence of a batch: its KV block table, and for a model with recurrent layers its
+ * state slot (docs/forward.md, "Memory kinds"). A zero-initialized entry has slot 0 and
+ * no snapshot, which is all a model without recurrent layers reads. */
 struct batch_seq {
     const int32_t *blocks; /* (n_blocks) block ids in the KV cache */
     int32_t n_blocks;
+    int32_t slot;      /* recurrent state slot: read at the sequence's first row (unless
+                        * that row is position 0: a zero state), written after its last */
+    int32_t snap_slot; /* with snap_pos > 0: the state covering positions [0, snap_pos) is */
+    int32_t snap_pos;  /* also written to snap_slot (a snapshot); snap_pos lies in
+                        * [first row's position, last row's position + 1] */
 };
 
 struct batch {

@@ -22,7 +22,7 @@
 #include "util/mix.h"
 
 static const struct arch_def *const archs[] = {&arch_llama, &arch_qwen2, &arch_qwen3,
-                                               &arch_qwen3moe, &arch_gemma3};
+                                               &arch_qwen3moe, &arch_gemma3, &arch_qwen35};
 
 /* ---- loader ---- */
 
@@ -154,6 +154,16 @@ const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, con
     return bind(l, optional, true, ne0, 1, 1, 1, name);
 }
 
+const struct tensor *ld_matrix_f32(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
+                                   const char *fmt, ...) {
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return bind(l, optional, true, ne0, ne1, ne1, name);
+}
+
 static void arch_key(const struct loader *l, const char *suffix, char *key, size_t n) {
     snprintf(key, n, "%s.%s", l->m->hp.arch, suffix);
 }
@@ -183,8 +193,7 @@ smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *
     return l->st;
 }
 
-/* Reads a positive integer key bounded by max into an int32. */
-static void ld_dim(struct loader *l, const char *suffix, bool optional, int32_t *out,
+void ld_dim(struct loader *l, const char *suffix, bool optional, int32_t *out,
                    uint32_t max) {
     uint32_t v = (uint32_t)*out;
     if (ld_u32(l, suffix, optional, &v) != SMELT_OK) return;
@@ -449,9 +458,12 @@ static void load_common(struct loader *l) {
     hp->tied_output = m->output == NULL;
     if (!m->output) m->output = m->tok_embd;
 
-    /* Every layer starts with the model-wide attention shape; architectures adjust. */
+    /* Every layer starts with the model-wide attention shape and a KV cache; architectures
+     * adjust. */
     m->layer = ld_alloc(l, (size_t)hp->n_layer * sizeof *m->layer);
-    if (!m->layer) return;
+    m->mem = ld_alloc(l, (size_t)hp->n_layer * sizeof *m->mem);
+    if (!m->layer || !m->mem) return;
+    for (int il = 0; il < hp->n_layer; il++) m->mem[il].kind = MEM_KV;
     struct rope_params rope = {0};
     ld_rope(l, &rope);
     m->rope_freqs = ld_vector(l, true, rope.n_rot / 2, "rope_freqs.weight");
@@ -538,6 +550,7 @@ uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t bloc
     if (!qi) return 0;
     uint64_t total = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
+        if (m->mem[il].kind != MEM_KV) continue;
         const struct layer_attn *a = &m->layer[il];
         uint64_t row = qtype_row_size(type, a->head_dim_k) + qtype_row_size(type, a->head_dim_v);
         total += row * (uint64_t)block_size * (uint64_t)a->n_head_kv;
@@ -545,8 +558,28 @@ uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t bloc
     return total;
 }
 
+uint64_t model_state_slot_bytes(const struct model *m) {
+    uint64_t total = 0;
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (m->mem[il].kind == MEM_STATE)
+            total += (uint64_t)(m->mem[il].conv_len + m->mem[il].ssm_len) * sizeof(float);
+    return total;
+}
+
+bool model_is_recurrent(const struct model *m) { return model_state_slot_bytes(m) > 0; }
+
+/* Allocates t as (ne0, n) of type, named; nothing when ne0 is 0. */
+static smelt_status kv_tensor(struct model *m, struct tensor *t, uint32_t type, int64_t ne0,
+                              int64_t ne1, int64_t ne2, int64_t ne3, const char *name,
+                              struct err *e) {
+    if (ne0 == 0) return SMELT_OK;
+    tensor_init(t, type, ne0, ne1, ne2, ne3);
+    t->name = name;
+    return bk_buffer_alloc(m->bk, t, e);
+}
+
 smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, int32_t n_blocks,
-                          struct kv_store **out, struct err *e) {
+                          int32_t n_slots, struct kv_store **out, struct err *e) {
     *out = NULL;
     if (!kv_type_ok(type))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "KV cache type %s is not supported (F32, F16, BF16)",
@@ -554,18 +587,30 @@ smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, in
     if (block_size < 1 || block_size > 4096 || n_blocks < 1 || n_blocks > (1 << 24))
         return err_set(e, SMELT_ERR_INVALID, "KV cache: block_size %d, n_blocks %d out of range",
                        block_size, n_blocks);
-    uint64_t bytes = 0;
+    bool rec = model_is_recurrent(m);
+    if (n_slots < 0 || n_slots > (1 << 20) || (rec && n_slots < 1))
+        return err_set(e, SMELT_ERR_INVALID, "recurrent state: %d slots (a model with recurrent "
+                       "layers needs at least one)", n_slots);
+    if (!rec) n_slots = 0;
+    uint64_t bytes = 0, sbytes = 0;
     if (ckd_mul_u64(&bytes, model_kv_block_bytes(m, type, block_size), (uint64_t)n_blocks) ||
         bytes > ((uint64_t)1 << 46))
         return err_set(e, SMELT_ERR_RANGE, "KV cache: %d blocks of %d tokens is too large",
                        n_blocks, block_size);
+    if (ckd_mul_u64(&sbytes, model_state_slot_bytes(m), (uint64_t)n_slots) ||
+        sbytes > ((uint64_t)1 << 46))
+        return err_set(e, SMELT_ERR_RANGE, "recurrent state: %d slots is too large", n_slots);
     struct kv_store *kv = calloc(1, sizeof *kv);
+    size_t nl = (size_t)m->hp.n_layer;
     if (kv) {
-        kv->k = calloc((size_t)m->hp.n_layer, sizeof *kv->k);
-        kv->v = calloc((size_t)m->hp.n_layer, sizeof *kv->v);
+        kv->k = calloc(nl, sizeof *kv->k);
+        kv->v = calloc(nl, sizeof *kv->v);
+        kv->conv = calloc(nl, sizeof *kv->conv);
+        kv->ssm = calloc(nl, sizeof *kv->ssm);
+        kv->slot_pos = malloc(((size_t)n_slots + 1) * sizeof *kv->slot_pos);
     }
-    if (!kv || !kv->k || !kv->v) {
-        if (kv) free(kv->k), free(kv->v);
+    if (!kv || !kv->k || !kv->v || !kv->conv || !kv->ssm || !kv->slot_pos) {
+        if (kv) free(kv->k), free(kv->v), free(kv->conv), free(kv->ssm), free(kv->slot_pos);
         free(kv);
         return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     }
@@ -575,14 +620,23 @@ smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, in
     kv->n_layer = m->hp.n_layer;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
+    kv->n_slots = n_slots;
+    for (int32_t i = 0; i < n_slots; i++) kv->slot_pos[i] = -1;
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct layer_attn *a = &m->layer[il];
-        tensor_init(&kv->k[il], type, a->head_dim_k, block_size, a->n_head_kv, n_blocks);
-        tensor_init(&kv->v[il], type, a->head_dim_v, block_size, a->n_head_kv, n_blocks);
-        kv->k[il].name = "kv.k";
-        kv->v[il].name = "kv.v";
-        smelt_status st = bk_buffer_alloc(m->bk, &kv->k[il], e);
-        if (st == SMELT_OK) st = bk_buffer_alloc(m->bk, &kv->v[il], e);
+        const struct layer_mem *lm = &m->mem[il];
+        smelt_status st = SMELT_OK;
+        if (lm->kind == MEM_KV) {
+            st = kv_tensor(m, &kv->k[il], type, a->head_dim_k, block_size, a->n_head_kv, n_blocks,
+                           "kv.k", e);
+            if (st == SMELT_OK)
+                st = kv_tensor(m, &kv->v[il], type, a->head_dim_v, block_size, a->n_head_kv,
+                               n_blocks, "kv.v", e);
+        } else if (lm->kind == MEM_STATE) {
+            st = kv_tensor(m, &kv->conv[il], QT_F32, lm->conv_len, n_slots, 1, 1, "state.conv", e);
+            if (st == SMELT_OK)
+                st = kv_tensor(m, &kv->ssm[il], QT_F32, lm->ssm_len, n_slots, 1, 1, "state.ssm", e);
+        }
         if (st != SMELT_OK) {
             model_kv_free(m, kv);
             return err_prefix(e, "KV cache layer %d", il);
@@ -597,10 +651,39 @@ void model_kv_free(struct model *m, struct kv_store *kv) {
     for (int il = 0; il < kv->n_layer; il++) {
         bk_buffer_free(m->bk, &kv->k[il]);
         bk_buffer_free(m->bk, &kv->v[il]);
+        bk_buffer_free(m->bk, &kv->conv[il]);
+        bk_buffer_free(m->bk, &kv->ssm[il]);
     }
     free(kv->k);
     free(kv->v);
+    free(kv->conv);
+    free(kv->ssm);
+    free(kv->slot_pos);
     free(kv);
+}
+
+smelt_status model_state_copy(struct model *m, struct kv_store *kv, int32_t dst, int32_t src,
+                              struct err *e) {
+    if (dst < 0 || dst >= kv->n_slots || src < 0 || src >= kv->n_slots)
+        return err_set(e, SMELT_ERR_RANGE, "state copy: slots %d <- %d of %d", dst, src,
+                       kv->n_slots);
+    m->last_logits = NULL;
+    m->last_n_out = 0;
+    if (dst == src) return SMELT_OK;
+    struct backend *bk = m->bk;
+    bk_step_begin(bk);
+    for (int il = 0; il < kv->n_layer; il++) {
+        struct tensor *ts[2] = {&kv->conv[il], &kv->ssm[il]};
+        for (int i = 0; i < 2; i++) {
+            struct tensor *t = ts[i];
+            if (!t->data) continue;
+            bk_copy(bk, bk_view_2d(bk, t, t->ne[0], 1, t->nb[1], (size_t)dst * t->nb[1]),
+                    bk_view_2d(bk, t, t->ne[0], 1, t->nb[1], (size_t)src * t->nb[1]));
+        }
+    }
+    smelt_status st = bk_sync(bk, e);
+    kv->slot_pos[dst] = st == SMELT_OK ? kv->slot_pos[src] : -1;
+    return st != SMELT_OK ? err_prefix(e, "state copy") : SMELT_OK;
 }
 
 /* ---- forward building blocks ---- */
@@ -705,6 +788,60 @@ static smelt_status check_batch(const struct model *m, const struct kv_store *kv
     return SMELT_OK;
 }
 
+/* The recurrent layers' part of the batch contract (batch.h): each sequence's rows are
+ * contiguous with consecutive positions, its first row starts at 0 or continues its slot's
+ * state, its slot and snapshot slot are in range and used once in the batch, and its
+ * snapshot position lies within its rows. Fills words (STATE_SEQ_WORDS per sequence) for
+ * the ops. */
+static smelt_status check_state(struct model *m, const struct kv_store *kv, const struct batch *b,
+                                int32_t *words, struct err *e) {
+    int32_t ns = b->n_seqs;
+    uint8_t *used = arena_calloc(&m->host, (size_t)kv->n_slots);
+    if (!used) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    for (int32_t s = 0; s < ns; s++) words[s * STATE_SEQ_WORDS + STATE_NROWS] = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t *w = words + b->seq[i] * STATE_SEQ_WORDS;
+        if (w[STATE_NROWS] == 0) {
+            w[STATE_ROW0] = i;
+        } else if (w[STATE_ROW0] + w[STATE_NROWS] != i ||
+                   b->pos[i] != b->pos[w[STATE_ROW0]] + w[STATE_NROWS]) {
+            return err_set(e, SMELT_ERR_INVALID,
+                           "batch row %d: sequence %d's rows are not contiguous with consecutive "
+                           "positions (a model with recurrent layers needs them so)", i, b->seq[i]);
+        }
+        w[STATE_NROWS]++;
+    }
+    for (int32_t s = 0; s < ns; s++) {
+        int32_t *w = words + s * STATE_SEQ_WORDS;
+        const struct batch_seq *q = &b->seqs[s];
+        w[STATE_SNAP_SLOT] = 0;
+        w[STATE_SNAP_AT] = -1;
+        w[STATE_SLOT] = q->slot;
+        w[STATE_FRESH] = 0;
+        if (w[STATE_NROWS] == 0) continue;
+        int32_t r0 = w[STATE_ROW0], p0 = b->pos[r0], p1 = p0 + w[STATE_NROWS];
+        if (q->slot < 0 || q->slot >= kv->n_slots || used[q->slot]++)
+            return err_set(e, SMELT_ERR_RANGE, "batch: sequence %d's state slot %d is out of range "
+                           "(%d slots) or used twice", s, q->slot, kv->n_slots);
+        if (p0 != 0 && kv->slot_pos[q->slot] != p0)
+            return err_set(e, SMELT_ERR_INVALID,
+                           "batch row %d: position %d does not continue state slot %d (it covers "
+                           "positions [0, %d))", r0, p0, q->slot, kv->slot_pos[q->slot]);
+        w[STATE_FRESH] = p0 == 0;
+        if (q->snap_pos > 0) {
+            if (q->snap_pos < p0 || q->snap_pos > p1)
+                return err_set(e, SMELT_ERR_RANGE, "batch: sequence %d's snapshot at position %d "
+                               "is outside its rows [%d, %d]", s, q->snap_pos, p0, p1);
+            if (q->snap_slot < 0 || q->snap_slot >= kv->n_slots || used[q->snap_slot]++)
+                return err_set(e, SMELT_ERR_RANGE, "batch: sequence %d's snapshot slot %d is out "
+                               "of range (%d slots) or used twice", s, q->snap_slot, kv->n_slots);
+            w[STATE_SNAP_SLOT] = q->snap_slot;
+            w[STATE_SNAP_AT] = q->snap_pos - p0;
+        }
+    }
+    return SMELT_OK;
+}
+
 /* A scratch I32 tensor holding n host values. */
 static struct tensor *upload_i32(struct backend *bk, const int32_t *v, int64_t n) {
     struct tensor *t = bk_new(bk, QT_I32, n, 1, 1);
@@ -768,8 +905,16 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     if (st != SMELT_OK) return st;
     struct backend *bk = m->bk;
     int32_t n = b->n_tokens;
-    /* Host staging: KV slots, output rows, the block tables padded to a rectangle. */
+    /* Host staging: KV slots, output rows, the block tables padded to a rectangle, the
+     * recurrent layers' rows and slots per sequence. */
     arena_reset(&m->host);
+    int32_t *swords = NULL;
+    if (kv->n_slots > 0) {
+        swords = arena_alloc(&m->host, (size_t)b->n_seqs * STATE_SEQ_WORDS * sizeof(int32_t));
+        if (!swords) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        st = check_state(m, kv, b, swords, e);
+        if (st != SMELT_OK) return st;
+    }
     int32_t max_blocks = 1;
     for (int32_t s = 0; s < b->n_seqs; s++)
         if (b->seqs[s].n_blocks > max_blocks) max_blocks = b->seqs[s].n_blocks;
@@ -828,6 +973,10 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     s.meta.block_size = kv->block_size;
     s.meta.one_per_seq = one_per_seq;
     if (n_out) s.out_rows = upload_i32(bk, rows, n_out);
+    if (swords) {
+        s.state_seqs = bk_new(bk, QT_I32, STATE_SEQ_WORDS, b->n_seqs, 1);
+        bk_upload(bk, s.state_seqs, swords, (size_t)b->n_seqs * STATE_SEQ_WORDS * sizeof(int32_t));
+    }
     /* The sampling inputs and the summaries: fixed sizes for the step's shape, allocated
      * before the ops so a replayed graph finds them at the same addresses. */
     int32_t adj_cap = dev_topk ? model_adj_cap(n_out) : 0;
@@ -916,6 +1065,16 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         }
     }
     st = bk_sync(bk, e);
+    /* what each state slot covers now (unknown after a failed step) */
+    for (int32_t q = 0; swords && q < b->n_seqs; q++) {
+        const int32_t *w = swords + q * STATE_SEQ_WORDS;
+        if (w[STATE_NROWS] == 0) continue;
+        int32_t p1 = b->pos[w[STATE_ROW0]] + w[STATE_NROWS];
+        kv->slot_pos[w[STATE_SLOT]] = st == SMELT_OK ? p1 : -1;
+        if (w[STATE_SNAP_AT] >= 0)
+            kv->slot_pos[w[STATE_SNAP_SLOT]] =
+                st == SMELT_OK ? b->pos[w[STATE_ROW0]] + w[STATE_SNAP_AT] : -1;
+    }
     if (st != SMELT_OK) return err_prefix(e, "forward");
     if (smp && !dev_topk) {
         for (int32_t r = 0; r < n_out; r++) {

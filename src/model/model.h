@@ -48,6 +48,20 @@ struct model_hparams {
     enum moe_gating gating; /* how router logits become expert weights (the arch sets it) */
 };
 
+/* What a layer remembers between steps (docs/forward.md, "Memory kinds"):
+ *   MEM_KV     paged K/V, one entry per position (attention);
+ *   MEM_STATE  a fixed-size recurrent state per sequence, in a slot: a rolling window of
+ *              the last inputs (conv_len floats: a short convolution's d_conv - 1 rows,
+ *              RWKV's token shift) and a state proper (ssm_len floats: the DeltaNet
+ *              matrices, Mamba's SSM state), both F32;
+ *   MEM_NONE   nothing (a layer that sees only its own row). */
+enum mem_kind { MEM_NONE = 0, MEM_KV = 1, MEM_STATE = 2 };
+
+struct layer_mem {
+    enum mem_kind kind;
+    int64_t conv_len, ssm_len; /* MEM_STATE: floats per slot in each part (0: no part) */
+};
+
 /* One layer's attention configuration: fixed at load, read by the forward pass. */
 struct layer_attn {
     int32_t n_head, n_head_kv, head_dim_k, head_dim_v;
@@ -129,6 +143,8 @@ struct model {
     struct model_hparams hp;
     struct backend *bk;
     struct layer_attn *layer;         /* (n_layer) */
+    struct layer_mem *mem;            /* (n_layer) each layer's memory kind: MEM_KV unless
+                                       * the architecture says otherwise */
     const struct tensor *tok_embd;    /* (n_embd, n_vocab) */
     const struct tensor *output_norm; /* (n_embd) */
     const struct tensor *output;      /* (n_embd, n_vocab); == tok_embd when tied */
@@ -153,7 +169,7 @@ struct model {
 };
 
 /* The supported architectures (general.architecture values). */
-extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3;
+extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3, arch_qwen35;
 
 /* Loads hyper-parameters and binds weights of the GGUF's architecture. f must outlive the
  * model. Fails with a message naming the missing or inconsistent key or tensor. */
@@ -161,21 +177,39 @@ smelt_status model_load(struct model **out, const struct gguf_file *f, struct ba
                         struct err *e);
 void model_free(struct model *m);
 
-/* The KV cache storage: one K and one V tensor per layer, each (head_dim, block_size,
- * n_head_kv, n_blocks) of element type `type` (F32, F16). Block ids index the last
- * dimension; which blocks a sequence owns is the engine's business (engine/kv.h). */
+/* The memory of the model's layers (docs/forward.md, "Memory kinds"):
+ * - MEM_KV layers: one K and one V tensor each, (head_dim, block_size, n_head_kv, n_blocks)
+ *   of element type `type` (F32, F16, BF16). Block ids index the last dimension.
+ * - MEM_STATE layers: conv and ssm tensors, F32 (conv_len or ssm_len, n_slots). Slot ids
+ *   index the rows: a running sequence's live state, or a snapshot.
+ * A layer's tensors of the other kind have no data. Which blocks and slots a sequence
+ * owns is the engine's business (engine/kv.h). */
 struct kv_store {
     uint32_t type;
-    int32_t n_layer, block_size, n_blocks;
-    struct tensor *k, *v; /* (n_layer) */
-    uint64_t id;          /* unique in the process (a step graph's key: an address can be reused) */
+    int32_t n_layer, block_size, n_blocks, n_slots;
+    struct tensor *k, *v;       /* (n_layer) */
+    struct tensor *conv, *ssm;  /* (n_layer) */
+    int32_t *slot_pos; /* (n_slots) positions each slot's state covers ([0, slot_pos)), -1
+                        * unknown: checks that a step continues the state it reads */
+    uint64_t id;       /* unique in the process (a step graph's key: an address can be reused) */
 };
 
+/* Allocates the memory of m's layers: n_blocks KV blocks of block_size positions, and
+ * n_slots state slots (0 for a model without recurrent layers; >= 1 otherwise). */
 smelt_status model_kv_new(struct model *m, uint32_t type, int32_t block_size, int32_t n_blocks,
-                          struct kv_store **out, struct err *e);
+                          int32_t n_slots, struct kv_store **out, struct err *e);
 void model_kv_free(struct model *m, struct kv_store *kv);
 /* Bytes of cache one block takes over all layers (K and V). */
 uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t block_size);
+/* Bytes one state slot takes over all layers (0: no recurrent layer). */
+uint64_t model_state_slot_bytes(const struct model *m);
+/* True when some layer keeps a recurrent state (MEM_STATE). */
+bool model_is_recurrent(const struct model *m);
+/* Copies state slot src to slot dst in every recurrent layer (restoring a snapshot into a
+ * sequence's live slot, or taking one). Runs on the backend as a step of its own: the
+ * previous step's logits are gone afterwards. SMELT_ERR_RANGE for a bad slot. */
+smelt_status model_state_copy(struct model *m, struct kv_store *kv, int32_t dst, int32_t src,
+                              struct err *e);
 
 /* Runs one step. Writes the K/V of every row into kv. For the rows that asked for logits
  * (the output rows, in row order):
@@ -209,6 +243,8 @@ struct step {
     struct tensor *out_rows; /* I32 (n_out): rows whose logits are wanted */
     bool out_gathered;       /* the forward already reduced x to the n_out rows */
     struct attn_meta meta;   /* positions, sequences, slots, block tables */
+    struct tensor *state_seqs; /* I32 (STATE_SEQ_WORDS, n_seqs): recurrent layers' rows and
+                                * slots per sequence (NULL without recurrent layers) */
 };
 
 /* Weight binding with shape checks. Errors are sticky: after the first one, calls return
@@ -240,9 +276,15 @@ void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
  * dense ffn_{gate,up,down} (n_ff), or the router ffn_gate_inp (converted to F32) and the
  * experts ffn_{gate,up,down}_exps (n_ff_exp, n_expert). */
 void ld_ffn_weights(struct loader *l, int il, struct ffn_weights *w);
+/* ld_matrix for a small matrix the ops read as F32 (a conv kernel): converted when stored
+ * in another type. */
+const struct tensor *ld_matrix_f32(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
+                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Reads "{arch}.<suffix>" into out; absent: keeps *out when optional, else an error naming
  * the key. */
 smelt_status ld_u32(struct loader *l, const char *suffix, bool optional, uint32_t *out);
+/* A positive integer key bounded by max (an error names the key and the range). */
+void ld_dim(struct loader *l, const char *suffix, bool optional, int32_t *out, uint32_t max);
 smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *out);
 
 /* Forward building blocks. Each returns a new scratch tensor. */

@@ -65,7 +65,7 @@ static bool runner_init(struct runner *r, const struct gguf_file *f, struct back
                         int n_blocks) {
     struct err e;
     memset(r, 0, sizeof *r);
-    if (model_load(&r->m, f, bk, &e) != SMELT_OK || model_kv_new(r->m, kv_type, 16, n_blocks, &r->kv, &e) ||
+    if (model_load(&r->m, f, bk, &e) != SMELT_OK || model_kv_new(r->m, kv_type, 16, n_blocks, 0, &r->kv, &e) ||
         kv_pool_init(&r->pool, n_blocks, 16, &e)) {
         fprintf(stderr, "load (%s): %s\n", bk->ops->name, e.msg);
         return false;

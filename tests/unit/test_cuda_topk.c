@@ -163,7 +163,7 @@ static void test_model_step_graphs(void) {
     struct kv_store *kv = NULL;
     struct kv_pool pool;
     if (gguf_open(&f, FIXTURE, &e) != SMELT_OK || model_load(&m, f, gpu, &e) != SMELT_OK ||
-        model_kv_new(m, QT_F16, 16, 16, &kv, &e) != SMELT_OK || kv_pool_init(&pool, 16, 16, &e) != SMELT_OK) {
+        model_kv_new(m, QT_F16, 16, 16, 0, &kv, &e) != SMELT_OK || kv_pool_init(&pool, 16, 16, &e) != SMELT_OK) {
         T_CHECKF(0, "%s: %s", FIXTURE, e.msg);
         return;
     }

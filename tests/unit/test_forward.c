@@ -353,7 +353,7 @@ static void solo_decode(struct model *m, uint32_t kv_type, int which, int n, flo
     struct kv_store *kv;
     struct kv_pool pool;
     struct err e;
-    T_CHECK(model_kv_new(m, kv_type, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(m, kv_type, BS, N_BLOCKS, 0, &kv, &e) == SMELT_OK);
     T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
     struct seqrun sr = {toks[which], 0, {0}};
     int one = 1;
@@ -379,7 +379,7 @@ static void check_batching(const struct tiny *t) {
 
     struct kv_store *kv;
     struct kv_pool pool;
-    T_CHECK(model_kv_new(L.m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, N_BLOCKS, 0, &kv, &e) == SMELT_OK);
     T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
     struct seqrun sr[3] = {{toks[0], 0, {0}}, {toks[1], 0, {0}}, {toks[2], 0, {0}}};
     /* (seq0, seq1, seq2) tokens per step; totals N each */
@@ -446,7 +446,7 @@ static void check_sparse_logits(const struct tiny *t) {
     solo_decode(L.m, QT_F32, 1, N, solo + (size_t)N * N_VOCAB);
     struct kv_store *kv;
     struct kv_pool pool;
-    T_CHECK(model_kv_new(L.m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, N_BLOCKS, 0, &kv, &e) == SMELT_OK);
     T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
     struct kv_seq q0, q1;
     kv_seq_init(&q0);
@@ -519,7 +519,7 @@ static void test_recycle(void) {
     solo_decode(L.m, QT_F32, 1, N, solo);
     struct kv_store *kv;
     struct kv_pool pool;
-    T_CHECK(model_kv_new(L.m, QT_F32, BS, 6, &kv, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, 6, 0, &kv, &e) == SMELT_OK);
     T_CHECK(kv_pool_init(&pool, 6, BS, &e) == SMELT_OK);
     struct seqrun a = {toks[0], 0, {0}};
     int take = 24;
@@ -556,9 +556,9 @@ static void test_bad_batch(void) {
         return;
     }
     struct kv_store *kv;
-    T_CHECK(model_kv_new(L.m, QT_F32, BS, 4, &kv, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(L.m, QT_F32, BS, 4, 0, &kv, &e) == SMELT_OK);
     int32_t blocks[2] = {1, 3}, tok[2] = {1, 2}, pos[2] = {0, 1}, seq[2] = {0, 0};
-    struct batch_seq bs = {blocks, 2};
+    struct batch_seq bs = {.blocks = blocks, .n_blocks = 2};
     struct batch b = {2, tok, pos, seq, NULL, 1, &bs};
     T_CHECK(model_forward(L.m, kv, &b, NULL, NULL, &e) == SMELT_OK);
     tok[1] = N_VOCAB;
@@ -680,7 +680,7 @@ static bool prefill_logits(struct model *m, const int32_t *ids, int n, float *ou
     struct kv_store *kv;
     struct kv_pool pool;
     struct err e;
-    if (model_kv_new(m, QT_F32, BS, N_BLOCKS, &kv, &e) != SMELT_OK) return false;
+    if (model_kv_new(m, QT_F32, BS, N_BLOCKS, 0, &kv, &e) != SMELT_OK) return false;
     bool ok = kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK;
     struct seqrun sr = {ids, 0, {0}};
     ok = ok && step(m, kv, &pool, &sr, 1, &n, out);
@@ -696,7 +696,7 @@ static void check_picks(struct model *m, const int32_t *ids, int n, int32_t n_to
     struct err e;
     struct kv_store *kv;
     struct kv_pool pool;
-    T_CHECK(model_kv_new(m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(m, QT_F32, BS, N_BLOCKS, 0, &kv, &e) == SMELT_OK);
     T_CHECK(kv_pool_init(&pool, N_BLOCKS, BS, &e) == SMELT_OK);
     struct kv_seq sq;
     kv_seq_init(&sq);
@@ -780,9 +780,9 @@ static void test_padded_vocab(void) {
         /* an id past the tokens is not an input */
         int32_t bad = NT, p0 = 0, s0 = 0;
         struct kv_store *kv;
-        T_CHECK(model_kv_new(pad.m, QT_F32, BS, N_BLOCKS, &kv, &e) == SMELT_OK);
+        T_CHECK(model_kv_new(pad.m, QT_F32, BS, N_BLOCKS, 0, &kv, &e) == SMELT_OK);
         int32_t blk = 0;
-        struct batch_seq v = {&blk, 1};
+        struct batch_seq v = {.blocks = &blk, .n_blocks = 1};
         struct batch b = {1, &bad, &p0, &s0, NULL, 1, &v};
         T_CHECK(model_forward(pad.m, kv, &b, lp, NULL, &e) == SMELT_ERR_RANGE);
         model_kv_free(pad.m, kv);

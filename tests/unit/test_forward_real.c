@@ -129,7 +129,7 @@ static void check_exact(const struct gguf_file *f, json_t *ref, const char *mode
     struct ctx c = {0};
     struct err e;
     if (model_load(&c.m, f, bk_exact, &e) != SMELT_OK ||
-        model_kv_new(c.m, QT_F32, 16, 4, &c.kv, &e) != SMELT_OK ||
+        model_kv_new(c.m, QT_F32, 16, 4, 0, &c.kv, &e) != SMELT_OK ||
         kv_pool_init(&c.pool, 4, 16, &e) != SMELT_OK) {
         T_CHECKF(0, "%s: %s", model_file, e.msg);
         model_free(c.m);
@@ -195,7 +195,7 @@ static void check_file(const char *ref_name) {
     }
     T_CHECK(model_load(&c.m, c.f, bk, &e) == SMELT_OK);
     T_CHECK(tok_new_from_gguf(&c.tok, c.f, NULL, &e) == SMELT_OK);
-    if (!c.m || !c.tok || model_kv_new(c.m, QT_F16, 16, 64, &c.kv, &e) != SMELT_OK ||
+    if (!c.m || !c.tok || model_kv_new(c.m, QT_F16, 16, 64, 0, &c.kv, &e) != SMELT_OK ||
         kv_pool_init(&c.pool, 64, 16, &e) != SMELT_OK) {
         T_CHECKF(0, "%s: %s", model_file, e.msg);
         goto out;

@@ -52,7 +52,7 @@ static bool run(struct model *m, int n_seq, int32_t *const *ids, const int *n, c
     struct err e;
     struct kv_store *kv;
     struct kv_pool pool;
-    if (n_seq > MAXQ || model_kv_new(m, QT_F32, 16, 16, &kv, &e) != SMELT_OK ||
+    if (n_seq > MAXQ || model_kv_new(m, QT_F32, 16, 16, 0, &kv, &e) != SMELT_OK ||
         kv_pool_init(&pool, 16, 16, &e)) {
         fprintf(stderr, "kv: %s\n", e.msg);
         return false;

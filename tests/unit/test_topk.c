@@ -120,7 +120,7 @@ static bool rig_open(struct rig *g, struct err *e) {
     memset(g, 0, sizeof *g);
     return gguf_open(&g->f, FIXTURE, e) == SMELT_OK && cpu_backend_new(&g->bk, 2, e) == SMELT_OK &&
            model_load(&g->m, g->f, g->bk, e) == SMELT_OK &&
-           model_kv_new(g->m, QT_F32, 16, 8, &g->kv, e) == SMELT_OK &&
+           model_kv_new(g->m, QT_F32, 16, 8, 0, &g->kv, e) == SMELT_OK &&
            kv_pool_init(&g->pool, 8, 16, e) == SMELT_OK;
 }
 

@@ -1,0 +1,324 @@
+/* Qwen3.5 (dense, `qwen35`): a hybrid of Gated DeltaNet (linear attention with a
+ * recurrent state) and gated full attention, three to one.
+ *
+ *   per layer, pre-norm:
+ *     h = rms_norm(x) * attn_norm
+ *     x += recurrent ? ssm_out(gated_deltanet(h)) : W_o(attention(h) * sigmoid(gate))
+ *     h = rms_norm(x) * post_attention_norm
+ *     x += down(silu(gate h) * up h)
+ *   gated_deltanet(h):
+ *     qkv = conv1d_silu(W_qkv h)  (causal, kernel d_conv, with its state)
+ *     q, k = l2norm(...), v;  g = ssm_a * softplus(W_a h + dt_bias);  beta = sigmoid(W_b h)
+ *     o = delta rule (bk_gated_delta_net, state per head: head_v x head_k F32)
+ *     return rms_norm(o) * ssm_norm * silu(W_z h)   (per value head)
+ *   attention(h): W_q gives [q | gate] per head; q and k RMS-normed per head, NeoX RoPE on
+ *     the first rope.dimension_count dims (partial rotary, 1/4 of head_dim), paged KV.
+ *
+ * Facts, checked against transformers' qwen3_5 modeling and llama.cpp's qwen35.cpp and
+ * converter (conversion/qwen.py):
+ * - Layer i is recurrent unless (i + 1) % full_attention_interval == 0 (default 4);
+ *   {arch}.attention.recurrent_layers (one flag per layer) overrides the interval.
+ * - {arch}.block_count counts the MTP layers ({arch}.nextn_predict_layers, stored as
+ *   blk.{n_layer}...): they are loaded and kept for speculative decoding, not run.
+ * - Hyper-parameters: ssm.conv_kernel (d_conv), ssm.state_size (head_k),
+ *   ssm.group_count (key heads), ssm.time_step_rank (value heads), ssm.inner_size
+ *   (value heads * head_v).
+ * - The converter stores ssm_a = -exp(A_log), names dt_bias ssm_dt.bias, squeezes the
+ *   conv kernel to (d_conv, channels), adds 1 to every RMSNorm weight except ssm_norm
+ *   (Qwen3.5's norms compute x * (1 + w); the gated norm computes x * w), and reorders
+ *   value heads from HF's grouped order to tiled: value head h reads key head
+ *   h % n_k_head (bk_gated_delta_net).
+ * - The multimodal RoPE sections ({arch}.rope.dimension_sections) split the rotated
+ *   pairs between the text, height and width positions; for text all three are the
+ *   token's position, so the rotation is NeoX RoPE over the rotated dims.
+ * - transformers' l2norm is x * rsqrt(sum x^2 + 1e-6), with that epsilon fixed. */
+#include "model/model.h"
+
+#include <string.h>
+
+struct q35_layer {
+    bool recurrent;
+    const struct tensor *attn_norm;      /* (n_embd) */
+    const struct tensor *post_attn_norm; /* (n_embd): the FFN's pre-norm */
+    /* full attention */
+    const struct tensor *wq;     /* (n_embd, n_head * 2 * head_dim): per head [q | gate] */
+    struct attn_weights attn;    /* wk, wv, wo, q_norm, k_norm (wq unused) */
+    /* gated deltanet */
+    const struct tensor *wqkv;     /* (n_embd, 2 * n_k_head * head_k + n_v_head * head_v) */
+    const struct tensor *wz;       /* attn_gate (n_embd, n_v_head * head_v) */
+    const struct tensor *wb;       /* ssm_beta (n_embd, n_v_head) */
+    const struct tensor *wa;       /* ssm_alpha (n_embd, n_v_head) */
+    const struct tensor *conv;     /* ssm_conv1d F32 (d_conv, conv channels) */
+    const struct tensor *dt_bias;  /* ssm_dt.bias (n_v_head) */
+    const struct tensor *ssm_a;    /* (n_v_head): -exp(A_log) */
+    const struct tensor *ssm_norm; /* (head_v) */
+    const struct tensor *ssm_out;  /* (n_v_head * head_v, n_embd) */
+    /* FFN */
+    const struct tensor *ffn_gate, *ffn_up; /* (n_embd, n_ff) */
+    const struct tensor *ffn_down;          /* (n_ff, n_embd) */
+};
+
+/* The multi-token-prediction head (kept for speculative decoding; not run yet). */
+struct q35_mtp {
+    struct q35_layer block;            /* a full-attention layer */
+    const struct tensor *eh_proj;      /* (2 * n_embd, n_embd) */
+    const struct tensor *enorm, *hnorm; /* (n_embd) */
+    const struct tensor *head_norm;    /* (n_embd) or NULL: output_norm */
+    const struct tensor *head;         /* (n_embd, n_vocab) or NULL: output */
+    const struct tensor *embed;        /* (n_embd, n_vocab) or NULL: token_embd */
+};
+
+struct q35 {
+    struct gdn_params gdn;
+    int32_t d_conv, conv_ch;
+    int32_t sections[4];
+    int32_t n_mtp;
+    struct q35_layer *L; /* (n_layer) */
+    struct q35_mtp mtp;  /* when n_mtp > 0 */
+};
+
+static const char *tname(char *buf, size_t n, int il, const char *suffix) {
+    snprintf(buf, n, "blk.%d.%s", il, suffix);
+    return buf;
+}
+
+static bool is_int(uint32_t t) {
+    return t <= GGUF_T_INT32 || t == GGUF_T_UINT64 || t == GGUF_T_INT64;
+}
+
+/* The layer pattern: one flag per layer (trunk and MTP) from attention.recurrent_layers,
+ * else from full_attention_interval. */
+static void load_pattern(struct loader *l, int n_all, int n_layer, struct q35_layer *L) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", l->m->hp.arch);
+    if (gguf_get(l->f, key)) {
+        const struct gguf_value *arr;
+        if ((l->st = gguf_get_arr(l->f, key, GGUF_T_COUNT, &arr, l->e)) != SMELT_OK) return;
+        uint32_t et = arr->v.arr.type;
+        if (!is_int(et) && et != GGUF_T_BOOL) {
+            l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s: an array of %s, not of flags", key,
+                            gguf_vtype_name((enum gguf_vtype)et));
+            return;
+        }
+        if (arr->v.arr.n != (uint64_t)n_all) {
+            l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s has %llu entries, the model %d layers", key,
+                            (unsigned long long)arr->v.arr.n, n_all);
+            return;
+        }
+        for (int il = 0; il < n_layer; il++) L[il].recurrent = gguf_arr_i64(arr, (uint64_t)il) != 0;
+        return;
+    }
+    uint32_t interval = 4;
+    ld_u32(l, "full_attention_interval", true, &interval);
+    if (l->st == SMELT_OK && (interval == 0 || interval > (uint32_t)n_all)) {
+        l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s.full_attention_interval: %u is out of range "
+                        "(1..%d)", l->m->hp.arch, interval, n_all);
+        return;
+    }
+    for (int il = 0; il < n_layer; il++) L[il].recurrent = (uint32_t)(il + 1) % interval != 0;
+}
+
+/* Binds a full-attention layer's weights (trunk layer or the MTP block). */
+static void load_attn(struct loader *l, int il, struct q35_layer *y) {
+    const struct model *m = l->m;
+    const struct layer_attn *a = &m->layer[0];
+    int64_t e = m->hp.n_embd, hd = a->head_dim_k;
+    y->wq = ld_matrix(l, false, e, 2 * hd * a->n_head, "blk.%d.attn_q.weight", il);
+    y->attn.wk = ld_matrix(l, false, e, hd * a->n_head_kv, "blk.%d.attn_k.weight", il);
+    y->attn.wv = ld_matrix(l, false, e, (int64_t)a->head_dim_v * a->n_head_kv, "blk.%d.attn_v.weight", il);
+    y->attn.wo = ld_matrix(l, false, (int64_t)a->head_dim_v * a->n_head, e, "blk.%d.attn_output.weight", il);
+    y->attn.q_norm = ld_vector(l, false, hd, "blk.%d.attn_q_norm.weight", il);
+    y->attn.k_norm = ld_vector(l, false, hd, "blk.%d.attn_k_norm.weight", il);
+}
+
+static void load_common_block(struct loader *l, int il, struct q35_layer *y) {
+    const struct model_hparams *hp = &l->m->hp;
+    y->attn_norm = ld_vector(l, false, hp->n_embd, "blk.%d.attn_norm.weight", il);
+    y->post_attn_norm = ld_vector(l, false, hp->n_embd, "blk.%d.post_attention_norm.weight", il);
+    y->ffn_gate = ld_matrix(l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_gate.weight", il);
+    y->ffn_up = ld_matrix(l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_up.weight", il);
+    y->ffn_down = ld_matrix(l, false, hp->n_ff, hp->n_embd, "blk.%d.ffn_down.weight", il);
+}
+
+static smelt_status load(struct model *m, const struct gguf_file *f, struct err *e) {
+    struct loader l = {m, f, e, SMELT_OK};
+    struct model_hparams *hp = &m->hp;
+    if (!bk_has_recurrent(m->bk))
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "%s: the %s backend has no kernels for recurrent (Gated DeltaNet) layers "
+                       "yet; run this model with --backend cpu", hp->arch, m->bk->ops->name);
+    struct q35 *Q = ld_alloc(&l, sizeof *Q);
+    if (!Q) return l.st;
+    m->arch_layers = Q;
+    int32_t n_all = hp->n_layer, d_inner = 0, hk = 0, nv = 0, nk = 0;
+    uint32_t n_mtp = 0;
+    ld_u32(&l, "nextn_predict_layers", true, &n_mtp);
+    ld_dim(&l, "ssm.conv_kernel", false, &Q->d_conv, 64);
+    ld_dim(&l, "ssm.inner_size", false, &d_inner, 1u << 20);
+    ld_dim(&l, "ssm.state_size", false, &hk, 4096);
+    ld_dim(&l, "ssm.time_step_rank", false, &nv, 4096);
+    ld_dim(&l, "ssm.group_count", false, &nk, 4096);
+    if (l.st != SMELT_OK) return l.st;
+    if (n_mtp >= (uint32_t)n_all)
+        return err_set(e, SMELT_ERR_FORMAT, "%s.nextn_predict_layers (%u) leaves no layer of %s.block_count (%d)",
+                       hp->arch, n_mtp, hp->arch, n_all);
+    if (Q->d_conv < 2 || nv % nk || d_inner % nv)
+        return err_set(e, SMELT_ERR_FORMAT,
+                       "%s.ssm: conv_kernel %d must be >= 2, group_count %d must divide "
+                       "time_step_rank %d, which must divide inner_size %d", hp->arch, Q->d_conv,
+                       nk, nv, d_inner);
+    Q->n_mtp = (int32_t)n_mtp;
+    hp->n_layer = n_all - Q->n_mtp; /* the trunk; the MTP layers follow it */
+    Q->gdn = (struct gdn_params){nk, hk, nv, d_inner / nv, 1e-6f};
+    Q->conv_ch = 2 * nk * hk + d_inner;
+    if (hp->head_dim_k != hp->head_dim_v)
+        return err_set(e, SMELT_ERR_FORMAT, "%s: key_length %d differs from value_length %d",
+                       hp->arch, hp->head_dim_k, hp->head_dim_v);
+
+    /* RoPE sections: validated, then unused (text positions are equal in every section) */
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", hp->arch);
+    if (gguf_get(f, key)) {
+        const struct gguf_value *arr;
+        if ((l.st = gguf_get_arr(f, key, GGUF_T_COUNT, &arr, e)) != SMELT_OK) return l.st;
+        int64_t sum = 0;
+        for (uint64_t i = 0; i < arr->v.arr.n && i < 4; i++) {
+            int64_t v = is_int(arr->v.arr.type) ? gguf_arr_i64(arr, i) : -1;
+            if (v < 0 || v > 4096) return err_set(e, SMELT_ERR_FORMAT, "%s: entry %llu is not a count", key, (unsigned long long)i);
+            Q->sections[i] = (int32_t)v;
+            sum += v;
+        }
+        if (arr->v.arr.n > 4 || 2 * sum > m->layer[0].rope.n_rot)
+            return err_set(e, SMELT_ERR_FORMAT, "%s: %llu sections of %lld pairs, but "
+                           "rope.dimension_count is %d", key, (unsigned long long)arr->v.arr.n,
+                           (long long)sum, m->layer[0].rope.n_rot);
+    }
+
+    Q->L = ld_alloc(&l, (size_t)hp->n_layer * sizeof *Q->L);
+    if (!Q->L) return l.st;
+    load_pattern(&l, n_all, hp->n_layer, Q->L);
+    if (l.st != SMELT_OK) return l.st;
+    const int64_t E = hp->n_embd, vdim = (int64_t)nv * Q->gdn.head_v;
+    char nb[128];
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct q35_layer *y = &Q->L[il];
+        m->layer[il].rope.mode = ROPE_NEOX;
+        load_common_block(&l, il, y);
+        /* the other kind's tensors must be absent: a pattern that disagrees with the file */
+        const char *stray = y->recurrent ? "attn_k.weight" : "ssm_a";
+        if (l.st == SMELT_OK && gguf_find_tensor(f, tname(nb, sizeof nb, il, stray)))
+            return err_set(e, SMELT_ERR_FORMAT,
+                           "%s: layer %d is %s by the layer pattern, but tensor %s is present",
+                           hp->arch, il, y->recurrent ? "recurrent" : "full attention", nb);
+        if (!y->recurrent) {
+            load_attn(&l, il, y);
+            continue;
+        }
+        m->mem[il] = (struct layer_mem){MEM_STATE, (int64_t)(Q->d_conv - 1) * Q->conv_ch,
+                                        (int64_t)nv * Q->gdn.head_v * hk};
+        y->wqkv = ld_matrix(&l, false, E, Q->conv_ch, "blk.%d.attn_qkv.weight", il);
+        y->wz = ld_matrix(&l, false, E, vdim, "blk.%d.attn_gate.weight", il);
+        y->wb = ld_matrix(&l, false, E, nv, "blk.%d.ssm_beta.weight", il);
+        y->wa = ld_matrix(&l, false, E, nv, "blk.%d.ssm_alpha.weight", il);
+        y->conv = ld_matrix_f32(&l, false, Q->d_conv, Q->conv_ch, "blk.%d.ssm_conv1d.weight", il);
+        y->dt_bias = ld_vector(&l, false, nv, "blk.%d.ssm_dt.bias", il);
+        y->ssm_a = ld_vector(&l, false, nv, "blk.%d.ssm_a", il);
+        y->ssm_norm = ld_vector(&l, false, Q->gdn.head_v, "blk.%d.ssm_norm.weight", il);
+        y->ssm_out = ld_matrix(&l, false, vdim, E, "blk.%d.ssm_out.weight", il);
+    }
+    if (l.st != SMELT_OK) return l.st;
+    if (Q->n_mtp > 0) { /* the first MTP layer (the only one llama.cpp runs either) */
+        int il = hp->n_layer;
+        struct q35_mtp *t = &Q->mtp;
+        load_common_block(&l, il, &t->block);
+        load_attn(&l, il, &t->block);
+        t->eh_proj = ld_matrix(&l, false, 2 * E, E, "blk.%d.nextn.eh_proj.weight", il);
+        t->enorm = ld_vector(&l, false, E, "blk.%d.nextn.enorm.weight", il);
+        t->hnorm = ld_vector(&l, false, E, "blk.%d.nextn.hnorm.weight", il);
+        t->head_norm = ld_vector(&l, true, E, "blk.%d.nextn.shared_head_norm.weight", il);
+        t->head = ld_matrix(&l, true, E, hp->n_vocab, "blk.%d.nextn.shared_head_head.weight", il);
+        t->embed = ld_matrix(&l, true, E, hp->n_vocab, "blk.%d.nextn.embed_tokens.weight", il);
+    }
+    return l.st;
+}
+
+/* The gated deltanet of layer il on rms_norm(x) * norm: returns the input of ssm_out,
+ * (n_v_head * head_v, n_tokens). */
+static struct tensor *deltanet(struct model *m, struct step *s, int il, const struct q35 *Q,
+                               const struct q35_layer *y, const struct tensor *x) {
+    struct backend *bk = s->bk;
+    const struct gdn_params *p = &Q->gdn;
+    int64_t n = s->n_tokens, vdim = (int64_t)p->n_v_head * p->head_v;
+    struct tensor *qkv = bk_new(bk, QT_F32, Q->conv_ch, n, 1);
+    struct tensor *z = bk_new(bk, QT_F32, vdim, n, 1);
+    struct tensor *bl = bk_new(bk, QT_F32, p->n_v_head, n, 1);
+    struct tensor *a = bk_new(bk, QT_F32, p->n_v_head, n, 1);
+    struct tensor *outs[4] = {qkv, z, bl, a};
+    const struct tensor *ws[4] = {y->wqkv, y->wz, y->wb, y->wa};
+    const struct prenorm pre = {y->attn_norm, m->hp.norm_eps};
+    bk_matmul_group(bk, 4, outs, ws, NULL, x, &pre);
+    struct tensor *xc = bk_new(bk, QT_F32, Q->conv_ch, n, 1);
+    bk_ssm_conv(bk, xc, qkv, y->conv, &s->kv->conv[il], s->state_seqs, true);
+    struct tensor *o = bk_new(bk, QT_F32, p->head_v, p->n_v_head, n);
+    bk_gated_delta_net(bk, o, xc, a, bl, y->ssm_a, y->dt_bias, &s->kv->ssm[il], s->state_seqs, p);
+    /* rms_norm(o) * ssm_norm per value head, times silu(z) */
+    struct tensor *oh = bk_reshape(bk, o, p->head_v, p->n_v_head * n, 1);
+    bk_rms_norm(bk, oh, oh, y->ssm_norm, m->hp.norm_eps);
+    bk_glu(bk, z, z, bk_reshape(bk, o, vdim, n, 1), GLU_SILU);
+    return z;
+}
+
+/* The gated attention of layer il on rms_norm(x) * norm: returns the input of W_o,
+ * (n_head * head_dim, n_tokens). */
+static struct tensor *attention(struct model *m, struct step *s, int il, const struct q35_layer *y,
+                                const struct tensor *x) {
+    struct backend *bk = s->bk;
+    const struct layer_attn *a = &m->layer[il];
+    int64_t n = s->n_tokens, hd = a->head_dim_k, nh = a->n_head, nkv = a->n_head_kv;
+    struct tensor *qg = bk_new(bk, QT_F32, 2 * hd * nh, n, 1);
+    struct tensor *k = bk_new(bk, QT_F32, hd * nkv, n, 1);
+    struct tensor *v = bk_new(bk, QT_F32, (int64_t)a->head_dim_v * nkv, n, 1);
+    struct tensor *outs[3] = {qg, k, v};
+    const struct tensor *ws[3] = {y->wq, y->attn.wk, y->attn.wv};
+    const struct prenorm pre = {y->attn_norm, m->hp.norm_eps};
+    bk_matmul_group(bk, 3, outs, ws, NULL, x, &pre);
+    /* deinterleave [q | gate] per head */
+    size_t f = sizeof(float);
+    struct tensor *q = bk_new(bk, QT_F32, hd, nh, n);
+    struct tensor *gate = bk_new(bk, QT_F32, hd * nh, n, 1);
+    bk_copy(bk, q, bk_view_3d(bk, qg, hd, nh, n, 2 * hd * f, 2 * hd * nh * f, 0));
+    bk_copy(bk, bk_reshape(bk, gate, hd, nh, n),
+            bk_view_3d(bk, qg, hd, nh, n, 2 * hd * f, 2 * hd * nh * f, hd * f));
+    k = bk_reshape(bk, k, hd, nkv, n);
+    v = bk_reshape(bk, v, a->head_dim_v, nkv, n);
+    struct qk_prep prep = {y->attn.q_norm, y->attn.k_norm, m->hp.norm_eps, &a->rope};
+    struct tensor *att = bk_new(bk, QT_F32, a->head_dim_v, nh, n);
+    bk_rope_attention(bk, att, q, k, v, &s->kv->k[il], &s->kv->v[il], &s->meta, &prep, &a->attn);
+    att = bk_reshape(bk, att, (int64_t)a->head_dim_v * nh, n, 1);
+    bk_glu(bk, att, gate, att, GLU_SIGMOID); /* att * sigmoid(gate) */
+    return att;
+}
+
+static struct tensor *forward(struct model *m, struct step *s) {
+    const struct q35 *Q = m->arch_layers;
+    struct backend *bk = s->bk;
+    struct tensor *x = fwd_embed(m, s); /* (n_embd, n_tokens), the residual stream */
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct q35_layer *y = &Q->L[il];
+        bool last = il == m->hp.n_layer - 1;
+        size_t mark = bk_scratch_mark(bk);
+        struct tensor *t = y->recurrent ? deltanet(m, s, il, Q, y, x) : attention(m, s, il, y, x);
+        if (last) fwd_keep_out_rows(m, s, &x, &t); /* every row's state and K/V are stored */
+        const float eps = m->hp.norm_eps;
+        const struct prenorm ffn_pre = {y->post_attn_norm, eps};
+        const struct prenorm next_pre = {last ? m->output_norm : Q->L[il + 1].attn_norm, eps};
+        bk_matmul_acc(bk, x, y->recurrent ? y->ssm_out : y->attn.wo, t, &ffn_pre);
+        bk_matmul_acc(bk, x, y->ffn_down,
+                      fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->post_attn_norm, GLU_SILU),
+                      &next_pre);
+        if (!last) bk_scratch_release(bk, mark);
+    }
+    return x;
+}
+
+const struct arch_def arch_qwen35 = {"qwen35", load, forward, FFN_DENSE};
