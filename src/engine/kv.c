@@ -272,7 +272,22 @@ void kv_prefix_register(struct kv_pool *p, int32_t id, uint64_t h, uint64_t pare
     struct kv_prefix *c = p->prefix;
     if (!c || id < 0 || id >= p->n_blocks || c->hash[id] != 0 || h == 0) return;
     uint32_t i = table_find(c, h);
-    if (c->table[i] >= 0) return;
+    if (c->table[i] >= 0) {
+        /* the same content is cached: a snapshot only this copy has moves to the cached
+         * block (the state after the same tokens is the same state) */
+        struct kv_slots *sl = p->slots;
+        int32_t to = c->table[i];
+        if (sl && sl->snap_of[id] >= 0 && sl->snap_of[to] < 0 && c->parent[to] == parent &&
+            !memcmp(c->tokens + (size_t)to * (size_t)p->block_size, tokens,
+                    (size_t)p->block_size * sizeof *tokens)) {
+            int32_t x = sl->snap_of[id];
+            sl->snap_of[id] = -1;
+            sl->snap_of[to] = x;
+            sl->blk_of[x] = to;
+            if (p->ref[to] == 0) idle_push(sl, x);
+        }
+        return;
+    }
     c->table[i] = id;
     c->hash[id] = h;
     c->parent[id] = parent;
@@ -337,7 +352,7 @@ static int32_t take_block(struct kv_pool *p) {
 
 void kv_seq_init(struct kv_seq *s) {
     memset(s, 0, sizeof *s);
-    s->slot = s->restore = s->snap_keep = s->snap_last = -1;
+    s->slot = s->restore = s->snap_keep = s->snap_last[0] = s->snap_last[1] = -1;
 }
 
 smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_tokens, struct err *e) {
@@ -380,7 +395,8 @@ void kv_seq_truncate(struct kv_pool *p, struct kv_seq *s, int32_t n_tokens) {
     }
     int32_t valid = n_tokens / p->block_size; /* blocks whose end is still before n_tokens */
     if (s->snap_keep >= valid) s->snap_keep = -1;
-    if (s->snap_last >= valid) s->snap_last = -1;
+    if (s->snap_last[1] >= valid) s->snap_last[1] = -1;
+    if (s->snap_last[0] >= valid) s->snap_last[0] = s->snap_last[1], s->snap_last[1] = -1;
 }
 
 void kv_seq_release(struct kv_pool *p, struct kv_seq *s) {
@@ -430,9 +446,9 @@ int32_t kv_slots_available(const struct kv_pool *p) {
     return p->slots ? p->slots->n_free + p->slots->n_idle : 0;
 }
 
-/* Drops the snapshot on s's block index j (-1: none), unless it is s's other one. */
-static void drop_own(struct kv_pool *p, struct kv_seq *s, int32_t j, int32_t other) {
-    if (j >= 0 && j != other && j < s->n_blocks) snap_drop(p, s->blocks[j]);
+/* Drops the snapshot on s's block index j (-1: none), unless another of s's holds it. */
+static void drop_own(struct kv_pool *p, struct kv_seq *s, int32_t j, int32_t o1, int32_t o2) {
+    if (j >= 0 && j != o1 && j != o2 && j < s->n_blocks) snap_drop(p, s->blocks[j]);
 }
 
 struct batch_seq kv_seq_step(struct kv_pool *p, struct kv_seq *s, int32_t p0, int32_t p1,
@@ -452,11 +468,14 @@ struct batch_seq kv_seq_step(struct kv_pool *p, struct kv_seq *s, int32_t p0, in
     sl->blk_of[x] = id;
     sl->n_snap++;
     if (keep) {
-        drop_own(p, s, s->snap_keep, s->snap_last);
+        drop_own(p, s, s->snap_keep, s->snap_last[0], s->snap_last[1]);
         s->snap_keep = j;
+    } else if (s->snap_last[1] < 0) {
+        s->snap_last[1] = j;
     } else {
-        drop_own(p, s, s->snap_last, s->snap_keep);
-        s->snap_last = j;
+        drop_own(p, s, s->snap_last[0], s->snap_keep, s->snap_last[1]);
+        s->snap_last[0] = s->snap_last[1];
+        s->snap_last[1] = j;
     }
     b.snap_slot = x;
     b.snap_pos = (j + 1) * bs;

@@ -27,9 +27,11 @@
  *   and belongs to that block: it is cached, shared, parked and evicted with the block.
  *   A prefix-cache hit takes the longest chain of cached blocks whose last block has a
  *   snapshot, and the caller copies the snapshot into the live slot (model_state_copy).
- *   A sequence keeps at most two snapshots while it runs: a *kept* one (the engine: at
- *   the end of the prompt's last full block) and a *trailing* one (the latest block
- *   boundary it passed), which each new trailing snapshot replaces. An idle snapshot
+ *   A sequence keeps at most three snapshots while it runs: a *kept* one (the engine: at
+ *   the end of the prompt's last full block) and two *trailing* ones (the latest block
+ *   boundaries it passed in its steps; a new one replaces the older), so a rollback of up
+ *   to block_size positions always finds a snapshot fewer than 2 * block_size positions
+ *   back. An idle snapshot
  *   (its block unreferenced) is evicted first when a slot is needed; snapshots never
  *   take the last slots that live states may still need (max_live).
  */
@@ -68,7 +70,7 @@ struct kv_seq {
     int32_t restore;   /* a snapshot slot to copy into `slot` before the next step (a
                         * prefix-cache hit, a rollback), -1: none */
     int32_t snap_keep; /* index in blocks of the block carrying its kept snapshot, -1 */
-    int32_t snap_last; /* ... of its trailing snapshot, -1 */
+    int32_t snap_last[2]; /* ... of its two trailing snapshots, older first, -1 */
 };
 
 void kv_seq_init(struct kv_seq *s);
@@ -119,7 +121,8 @@ int32_t kv_prefix_acquire(struct kv_pool *p, struct kv_seq *s, const int32_t *to
 /* Registers block id (full, K/V computed, holding tokens[0 .. block_size)) under hash h
  * with parent hash `parent`. A no-op when caching is off, the block is registered already,
  * or another block holds h (the same content computed twice: this copy stays private and
- * is freed normally). */
+ * is freed normally; its snapshot, when the cached copy has none, moves to the cached
+ * copy). */
 void kv_prefix_register(struct kv_pool *p, int32_t id, uint64_t h, uint64_t parent,
                         const int32_t *tokens);
 
