@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "engine/kv.h"
@@ -282,6 +283,107 @@ static void check_file(const char *variant) {
 static void test_f32(void) { check_file("f32"); }
 static void test_f16(void) { check_file("f16"); }
 
+/* The F32 fixture rewritten with one key set (a u32, or a u32 array of n_arr entries when
+ * n_arr > 0) and one tensor left out; loaded; the error must contain want. */
+static void expect_refused(const char *key, uint32_t val, int n_arr, const char *skip,
+                           const char *want) {
+    struct err e;
+    struct gguf_file *f = NULL, *g = NULL;
+    struct gguf_writer *w = NULL;
+    struct model *m = NULL;
+    char tmp[] = "/tmp/smelt-hybrid-XXXXXX";
+    int fd = mkstemp(tmp);
+    T_CHECK(fd >= 0);
+    close(fd);
+    T_CHECK(gguf_open(&f, REF_DIR "/qwen35-f32.gguf", &e) == SMELT_OK);
+    T_CHECK(gguf_writer_new(&w, &e) == SMELT_OK);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        char name[128];
+        gguf_str_copy(kv->key, name, sizeof name);
+        gguf_set_value(w, name, &kv->val);
+    }
+    if (key && n_arr > 0) {
+        uint8_t flags[64] = {0};
+        gguf_set_arr(w, key, GGUF_T_BOOL, flags, (uint64_t)n_arr);
+    } else if (key) {
+        gguf_set_u32(w, key, val);
+    }
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[128];
+        gguf_str_copy(t->name, name, sizeof name);
+        if (skip && !strcmp(name, skip)) continue;
+        gguf_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+    }
+    T_CHECK(gguf_writer_write(w, tmp, NULL, NULL, &e) == SMELT_OK);
+    gguf_writer_free(w);
+    T_CHECK(gguf_open(&g, tmp, &e) == SMELT_OK);
+    smelt_status st = g ? model_load(&m, g, bk, &e) : SMELT_ERR_IO;
+    T_CHECKF(st != SMELT_OK && strstr(e.msg, want), "want '%s', got: %s", want,
+             st == SMELT_OK ? "loaded" : e.msg);
+    model_free(m);
+    gguf_close(g);
+    gguf_close(f);
+    unlink(tmp);
+}
+
+static void test_bad_files(void) {
+    /* recurrent tensors that disagree with the ssm_* hyper-parameters */
+    expect_refused("qwen35.ssm.state_size", 8, 0, NULL, "tensor blk.0.attn_qkv.weight: shape");
+    expect_refused("qwen35.ssm.conv_kernel", 3, 0, NULL, "tensor blk.0.ssm_conv1d.weight: shape");
+    expect_refused("qwen35.ssm.inner_size", 48, 0, NULL, "tensor blk.0.attn_qkv.weight: shape");
+    expect_refused("qwen35.ssm.time_step_rank", 3, 0, NULL, "group_count 2 must divide");
+    expect_refused(NULL, 0, 0, "blk.4.ssm_a", "tensor blk.4.ssm_a is missing");
+    /* layer patterns that disagree with the file */
+    expect_refused("qwen35.full_attention_interval", 2, 0, NULL,
+                   "layer 1 is full attention by the layer pattern, but tensor blk.1.ssm_a");
+    expect_refused("qwen35.full_attention_interval", 9, 0, NULL, "full_attention_interval: 9");
+    expect_refused("qwen35.attention.recurrent_layers", 0, 5, NULL,
+                   "recurrent_layers has 5 entries, the model 7 layers");
+    expect_refused("qwen35.nextn_predict_layers", 0, 0, "blk.6.nextn.eh_proj.weight",
+                   "layer 6 is recurrent by the layer pattern, but tensor blk.6.attn_k.weight");
+}
+
+/* Batches a recurrent model refuses: rows of a sequence split, a position that does not
+ * continue its slot's state, one slot for two sequences, a snapshot outside the rows. */
+static void test_bad_batch(void) {
+    struct err e;
+    struct gguf_file *f = NULL;
+    struct model *m = NULL;
+    struct kv_store *kv = NULL;
+    T_CHECK(gguf_open(&f, REF_DIR "/qwen35-f32.gguf", &e) == SMELT_OK);
+    T_CHECK(model_load(&m, f, bk, &e) == SMELT_OK);
+    T_CHECK(model_kv_new(m, QT_F32, BS, 4, 0, &kv, &e) == SMELT_ERR_INVALID);
+    T_CHECK(model_kv_new(m, QT_F32, BS, 4, 4, &kv, &e) == SMELT_OK);
+    int32_t blocks[2][1] = {{0}, {1}}, tok[4] = {5, 6, 7, 8}, pos[4] = {0, 0, 1, 2}, seq[4] = {0, 1, 0, 1};
+    struct batch_seq v[2] = {{.blocks = blocks[0], .n_blocks = 1, .slot = 0},
+                             {.blocks = blocks[1], .n_blocks = 1, .slot = 1}};
+    struct batch b = {4, tok, pos, seq, NULL, 2, v};
+    T_CHECK(model_forward(m, kv, &b, NULL, NULL, &e) == SMELT_ERR_INVALID);
+    T_CHECK(strstr(e.msg, "batch row 2: sequence 0's rows are not contiguous") != NULL);
+    int32_t pos2[2] = {3, 4}, seq2[2] = {0, 0};
+    struct batch b2 = {2, tok, pos2, seq2, NULL, 1, v};
+    T_CHECK(model_forward(m, kv, &b2, NULL, NULL, &e) == SMELT_ERR_INVALID);
+    T_CHECK(strstr(e.msg, "position 3 does not continue state slot 0") != NULL);
+    int32_t pos3[2] = {0, 0}, seq3[2] = {0, 1};
+    v[1].slot = 0;
+    struct batch b3 = {2, tok, pos3, seq3, NULL, 2, v};
+    T_CHECK(model_forward(m, kv, &b3, NULL, NULL, &e) == SMELT_ERR_RANGE);
+    v[1].slot = 1;
+    v[0].snap_slot = 2;
+    v[0].snap_pos = 5;
+    T_CHECK(model_forward(m, kv, &b3, NULL, NULL, &e) == SMELT_ERR_RANGE);
+    T_CHECK(strstr(e.msg, "snapshot at position 5 is outside its rows [0, 1]") != NULL);
+    v[0].snap_pos = 1; /* fine now, and slot 0 then covers [0, 1), slot 2 too */
+    T_CHECK(model_forward(m, kv, &b3, NULL, NULL, &e) == SMELT_OK);
+    T_EQ_INT(kv->slot_pos[0], 1);
+    T_EQ_INT(kv->slot_pos[2], 1);
+    model_kv_free(m, kv);
+    model_free(m);
+    gguf_close(f);
+}
+
 int main(void) {
     json_error_t je;
     manifest = json_load_file(REF_DIR "/manifest.json", 0, &je);
@@ -294,6 +396,8 @@ int main(void) {
     }
     T_RUN(test_f32);
     T_RUN(test_f16);
+    T_RUN(test_bad_files);
+    T_RUN(test_bad_batch);
     json_decref(manifest);
     bk_free(bk);
     return t_done();
