@@ -25,11 +25,16 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
                           struct err *e) {
     *tokens = 0;
     uint64_t per_token = model_kv_block_bytes(m, r->shape.kv_type, 1);
+    uint64_t state_b = model_state_slot_bytes(m) * (uint64_t)(r->n_slots > 0 ? r->n_slots : 0);
+    char state[96] = "";
+    if (state_b)
+        snprintf(state, sizeof state, ", recurrent state %d slots (%.0f MiB)", r->n_slots,
+                 mib(state_b));
     uint64_t fr = 0, tot = 0;
     if (!bk_mem_info(m->bk, &fr, &tot)) {
         int64_t t = r->kv_size > 0 ? r->kv_size : r->need > 0 ? r->need : r->cpu_tokens;
-        fprintf(stderr, "smelt %s: memory: cpu: KV pool %lld tokens (%.0f MiB)\n", r->cmd,
-                (long long)t, mib((uint64_t)t * per_token));
+        fprintf(stderr, "smelt %s: memory: cpu: KV pool %lld tokens (%.0f MiB)%s\n", r->cmd,
+                (long long)t, mib((uint64_t)t * per_token), state);
         *tokens = t;
         return SMELT_OK;
     }
@@ -39,6 +44,12 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
     if (st == SMELT_OK && !bk_mem_info(m->bk, &fr, &tot))
         st = err_set(e, SMELT_ERR_DEVICE, "memory plan: the device's free memory is unknown");
     if (st != SMELT_OK) return st;
+    if (state_b + MEMPLAN_MARGIN > fr)
+        return err_set(e, SMELT_ERR_NOMEM,
+                       "the recurrent state of %d sequences needs %.0f MiB, the device has %.0f "
+                       "MiB free of %.0f MiB after the weights (%.0f MiB); lower --max-seqs",
+                       r->shape.max_seqs, mib(state_b), mib(fr), mib(tot), mib(weights));
+    fr -= state_b;
     struct memplan_in in = {
         .free_b = fr, .total_b = tot, .weights_b = weights, .act_b = peak,
         .per_token_b = per_token ? per_token : 1, .util = r->gpu_util > 0 ? r->gpu_util : 0.9,
@@ -49,8 +60,8 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
     if (st != SMELT_OK) return st;
     fprintf(stderr,
             "smelt %s: memory: weights %.0f MiB, activations %.0f MiB, KV pool %lld tokens "
-            "(%.0f MiB); %.0f MiB free of %.0f MiB before the pool\n",
-            r->cmd, mib(weights), mib(peak), (long long)out.tokens, mib(out.bytes), mib(fr),
+            "(%.0f MiB)%s; %.0f MiB free of %.0f MiB before the pool\n",
+            r->cmd, mib(weights), mib(peak), (long long)out.tokens, mib(out.bytes), state, mib(fr),
             mib(tot));
     *tokens = out.tokens;
     return SMELT_OK;

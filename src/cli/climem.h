@@ -5,7 +5,8 @@
  *   cli_mem_plan     measures the activation peak (warm-up steps of the command's largest
  *                    shapes), reserves it, sizes the KV pool and prints one line:
  *                    "smelt CMD: memory: weights W MiB, activations A MiB, KV pool T tokens
- *                    (K MiB)[, F MiB free of N MiB]".
+ *                    (K MiB)[, recurrent state S slots (R MiB)][, F MiB free of N MiB]".
+ *                    The state slots are taken from the free memory before the pool.
  * On the CPU backend nothing is measured: the pool is the size asked for, the command's
  * need, or the command's CPU default. */
 #ifndef SMELT_CLI_CLIMEM_H
@@ -34,6 +35,7 @@ struct cli_mem_req {
     int64_t min_tokens;       /* a full context the pool must hold (0: none) */
     int64_t max_tokens;       /* cap on a filled pool (0: none) */
     int64_t cpu_tokens;       /* a filled pool on the CPU */
+    int32_t n_slots;          /* recurrent state slots the command allocates (0: none) */
     struct memplan_shape shape; /* the command's largest steps */
 };
 

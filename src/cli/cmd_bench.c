@@ -669,12 +669,16 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
         struct cli_mem_req r = {
             .cmd = "bench", .f = f, .need = (int64_t)n_blocks * BLOCK,
             .shape = {.max_tokens = max_chunk > max_b ? max_chunk : max_b, .max_seqs = max_b,
-                      .max_out = max_b, .n_ctx = per_seq, .block_size = BLOCK, .kv_type = QT_F16}};
+                      .max_out = max_b, .n_ctx = per_seq, .block_size = BLOCK, .kv_type = QT_F16},
+            .n_slots = model_is_recurrent(c.m) ? max_b : 0};
         int64_t t = 0;
         st = cli_mem_plan(c.m, &r, &t, e);
     }
-    if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, 0, &c.kv, e);
+    /* a recurrent model: one state slot per sequence, no snapshots */
+    int32_t n_slots = st == SMELT_OK && model_is_recurrent(c.m) ? max_b : 0;
+    if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, n_slots, &c.kv, e);
     if (st == SMELT_OK) st = kv_pool_init(&c.pool, n_blocks, BLOCK, e);
+    if (st == SMELT_OK && n_slots) st = kv_slots_enable(&c.pool, n_slots, n_slots, e);
     if (st == SMELT_OK) {
         c.n_vocab = c.m->hp.n_vocab;
         c.cand = calloc((size_t)MAX_SEQS * TOPK_MAX, sizeof *c.cand);

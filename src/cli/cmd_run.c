@@ -225,6 +225,10 @@ static void print_sampling(const struct opts *o) {
             o->from_file[0] ? o->from_file : "nothing");
 }
 
+/* Recurrent state slots of a model with recurrent layers: the live state, the kept and
+ * two trailing snapshots (engine/kv.h). */
+#define RUN_SLOTS 4
+
 /* Everything one chat needs. */
 struct session {
     struct opts *o;
@@ -286,9 +290,15 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct
             break;
         }
         st = kv_seq_reserve(&s->pool, &s->seq, p0 + (int32_t)take, e);
+        if (st == SMELT_OK && s->seq.restore >= 0) { /* a rollback's snapshot */
+            st = model_state_copy(s->m, s->kv, s->seq.slot, s->seq.restore, e);
+            s->seq.restore = -1;
+        }
         if (st != SMELT_OK) break;
         for (size_t i = 0; i < take; i++) pos[i] = p0 + (int32_t)i;
-        struct batch_seq view = kv_seq_view(&s->seq);
+        /* with recurrent layers, the state at the last block boundary is kept (a later
+         * turn that rewrites the end of the conversation rolls back to it) */
+        struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + (int32_t)take, false);
         struct batch b = {(int32_t)take, ids + done, pos, seq, NULL, 1, &view};
         if (done + take < n) { /* an earlier chunk: its last row's logits are not used */
             st = model_forward(s->m, s->kv, &b, NULL, NULL, e);
@@ -437,7 +447,13 @@ static smelt_status turn(struct session *s, const char *user, struct err *e) {
         while (common < ids.n && common < s->cached.n && ids.v[common] == s->cached.v[common])
             common++;
         if (common == ids.n && common > 0) common--;
-        kv_seq_truncate(&s->pool, &s->seq, (int32_t)common);
+        if (common < s->cached.n) {
+            /* KV layers truncate; a recurrent state restarts from the newest snapshot at or
+             * before common, and the tokens after it are fed again */
+            int32_t from = 0;
+            kv_seq_rollback(&s->pool, &s->seq, (int32_t)common, &from);
+            common = (size_t)from;
+        }
         s->cached.n = common;
         sampler_reset_history(s->smp);
         for (size_t i = 0; i < common; i++) sampler_accept(s->smp, ids.v[i], false);
@@ -542,6 +558,7 @@ int cmd_run(int argc, char **argv) {
         uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
         struct cli_mem_req r = {
             .cmd = "run", .f = s.f, .need = o.n_ctx, .min_tokens = o.n_ctx,
+            .n_slots = model_is_recurrent(s.m) ? RUN_SLOTS : 0,
             .shape = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .max_out = 1, .n_ctx = o.n_ctx,
                       .block_size = BLOCK, .kv_type = kv_type}};
         int64_t t = 0;
@@ -549,8 +566,10 @@ int cmd_run(int argc, char **argv) {
     }
     if (st == SMELT_OK) {
         int32_t n_blocks = (o.n_ctx + BLOCK - 1) / BLOCK;
-        st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, 0, &s.kv, &e);
+        int32_t n_slots = model_is_recurrent(s.m) ? RUN_SLOTS : 0;
+        st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, n_slots, &s.kv, &e);
         if (st == SMELT_OK) st = kv_pool_init(&s.pool, n_blocks, BLOCK, &e);
+        if (st == SMELT_OK && n_slots) st = kv_slots_enable(&s.pool, n_slots, 1, &e);
         gguf_sampling(s.f, &o);
         if (o.verbose) print_sampling(&o);
         if (st == SMELT_OK) st = sample_params_check(&o.sp, s.m->hp.n_vocab, &e);

@@ -479,6 +479,12 @@ int cmd_serve(int argc, char **argv) {
     ec.no_prefix_cache = o.no_prefix_cache;
     uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
     int32_t n_ctx_model = m ? m->hp.n_ctx_train : 0;
+    int32_t n_slots = 0; /* recurrent state slots (engine/memplan.h) */
+    if (st == SMELT_OK && m && model_is_recurrent(m)) {
+        struct engine_config d = ec;
+        engine_config_defaults(&d);
+        n_slots = memplan_state_slots(d.max_seqs);
+    }
     if (st == SMELT_OK) {
         int64_t t = o.kv_size > 0 ? o.kv_size : 1 << 20; /* --fake-forward: no model */
         if (m) {
@@ -490,6 +496,7 @@ int cmd_serve(int argc, char **argv) {
                 .cmd = "serve", .f = f, .gpu_util = o.gpu_util, .kv_size = o.kv_size,
                 .min_tokens = o.ctx_size, .max_tokens = max_t,
                 .cpu_tokens = cpu_kv_tokens(model_kv_block_bytes(m, kv_type, 1)),
+                .n_slots = n_slots,
                 .shape = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,
                           .max_out = engine_max_out_rows(&d),
                           .n_ctx = o.ctx_size > 0 ? o.ctx_size
@@ -510,7 +517,7 @@ int cmd_serve(int argc, char **argv) {
                      (long long)pool);
         ec.n_ctx = (int32_t)c;
     }
-    if (st == SMELT_OK && m) st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, 0, &kv, &e);
+    if (st == SMELT_OK && m) st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, n_slots, &kv, &e);
     if (st == SMELT_OK && o.fake) {
         fk.n_vocab = tok_n_vocab(tok);
         fk.lo = fk.n_vocab > 512 ? 300 : 0;

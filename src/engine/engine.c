@@ -706,6 +706,17 @@ static bool admit(struct engine *en, struct seq *s) {
         kv_seq_release(p, &s->kv);
         return false;
     }
+    if (s->kv.restore >= 0) { /* resume the recurrent state at the snapshot */
+        smelt_status st = en->cfg.forward
+                              ? en->cfg.state_copy(en->cfg.forward_ctx, s->kv.slot, s->kv.restore, &e)
+                              : model_state_copy(en->m, en->kvs, s->kv.slot, s->kv.restore, &e);
+        s->kv.restore = -1;
+        if (st != SMELT_OK) {
+            log_error("engine: restoring a state snapshot failed: %s", e.msg);
+            kv_seq_release(p, &s->kv);
+            return false;
+        }
+    }
     s->n_done = got * bs;
     s->n_bhash = got;
     if (!s->admitted_once) {
@@ -795,7 +806,11 @@ static int32_t schedule(struct engine *en) {
         if (s->rows <= 0) continue;
         int32_t si = en->n_sched;
         en->sched[en->n_sched++] = s;
-        en->b_seqs[si] = kv_seq_view(&s->kv);
+        /* with recurrent layers: a snapshot at the last block boundary of the step, kept
+         * when it ends the prompt's last full block (siblings and retries resume there) */
+        int32_t bs = en->pool.block_size, p1 = s->n_done + s->rows, pb = s->n_prompt / bs * bs;
+        bool keep = pb > s->n_done && p1 / bs * bs == pb;
+        en->b_seqs[si] = kv_seq_step(&en->pool, &s->kv, s->n_done, p1, keep);
         s->pos0 = s->n_done;
         s->out_first = n_out;
         for (int32_t k = 0; k < s->rows; k++, n++) {
@@ -1241,6 +1256,14 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     atomic_init(&en->in_flight, 0);
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
     if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
+    if (m && !cfg.forward) en->cfg.n_slots = cfg.n_slots = kv && model_is_recurrent(m) ? kv->n_slots : 0;
+    if (st == SMELT_OK && cfg.n_slots > 0) {
+        if (cfg.n_slots < cfg.max_seqs || (cfg.forward && !cfg.state_copy))
+            st = err_set(e, SMELT_ERR_INVALID, "engine: %d recurrent state slots for %d sequences "
+                         "(or no state copy)", cfg.n_slots, cfg.max_seqs);
+        else
+            st = kv_slots_enable(&en->pool, cfg.n_slots, cfg.max_seqs, e);
+    }
     size_t nb = (size_t)cfg.max_batch_tokens, ns = (size_t)cfg.max_seqs;
     en->max_out = engine_max_out_rows(&cfg);
     size_t nlog, n_adj = m || !cfg.forward ? (size_t)model_adj_cap(en->max_out) : 0;

@@ -24,6 +24,10 @@
  *      control). Full blocks found in the prefix cache are taken, not recomputed.
  * A sequence that finishes leaves at the end of its step; its full blocks stay in the
  * prefix cache (LRU) for later requests.
+ * Recurrent layers (engine/kv.h): a sequence also holds a state slot while it runs; its
+ * steps snapshot the state at block boundaries (the prompt's last full block is kept),
+ * and a prefix-cache hit or a preempted sequence's return resumes at the last cached
+ * block that has a snapshot.
  *
  * Sampling. A step's rows are independent (one sampler per sequence), so when a step
  * samples many large rows (rows x vocabulary >= 2^20 logits: e.g. 8 rows of a 128k
@@ -66,6 +70,8 @@ struct tok;
  * summaries it returns (engine/sample.h). The buffer is the same every step. */
 typedef smelt_status (*engine_forward_fn)(void *ctx, const struct batch *b, float *logits,
                                           struct err *e);
+/* A fake forward's state copy (a recurrent fake: tests): slot src into slot dst. */
+typedef smelt_status (*engine_state_copy_fn)(void *ctx, int32_t dst, int32_t src, struct err *e);
 
 /* What one step scheduled, for a step observer (tests, tracing). */
 struct engine_step_seq {
@@ -98,6 +104,9 @@ struct engine_config {
     int32_t sample_threads;   /* threads sampling a step's rows (0: auto, 1: the engine's) */
     engine_forward_fn forward; /* NULL: model_forward(model, kv, ...) */
     void *forward_ctx;
+    int32_t n_slots;          /* recurrent state slots (>= max_seqs): with a fake forward;
+                               * with a model that has recurrent layers, the KV store's */
+    engine_state_copy_fn state_copy; /* with a fake forward and n_slots (ctx: forward_ctx) */
     engine_step_fn on_step; /* NULL: none */
     void *on_step_ctx;
 };

@@ -66,6 +66,17 @@ struct memplan_shape {
 smelt_status memplan_measure(struct model *m, const struct memplan_shape *sh, uint64_t *peak,
                              struct err *e);
 
+/* ---- recurrent state slots ----
+ * A model with recurrent layers (model_is_recurrent) also needs state slots, each
+ * model_state_slot_bytes: one live slot per running sequence, and snapshots for the
+ * prefix cache and rollback (engine/kv.h). They are taken from the free memory before
+ * the KV pool is sized. */
+
+/* Slots for max_seqs sequences: a live one each, and about one snapshot each (a sequence
+ * keeps up to three while it runs; with fewer free, snapshots are skipped, which costs
+ * recomputation, never correctness). */
+static inline int32_t memplan_state_slots(int32_t max_seqs) { return 2 * max_seqs + 2; }
+
 /* ---- 3. the KV pool ---- */
 
 struct memplan_in {

@@ -910,6 +910,193 @@ static void test_sched_admission(void) {
     T_CHECK(o.first[2] >= o.first[1]);   /* FIFO: C did not overtake B */
 }
 
+/* ---- a recurrent fake: the state is a hash of every token so far ----
+ * Each sequence's state lives in its slot; the next word is a function of the state, so
+ * it depends on the whole history (a lost, stale or wrong state changes the text). The
+ * forward checks the recurrent part of the batch contract itself: rows contiguous, a
+ * first row that starts at 0 or continues its slot's positions, snapshots inside the
+ * rows; a breach fails the step (the test then sees ENGINE_ERROR). */
+#define REC_SLOTS 64
+struct rec {
+    uint64_t state[REC_SLOTS];
+    int32_t pos[REC_SLOTS]; /* positions each slot covers, -1 unknown */
+    long snaps, copies;
+};
+
+static uint64_t rec_mix(uint64_t h, int32_t t) {
+    h ^= (uint64_t)(uint32_t)t + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+static int32_t rec_word(uint64_t h) { return WORD0 + (int32_t)((h >> 17) % (uint64_t)N_WORDS); }
+
+static smelt_status rec_forward(void *ctx, const struct batch *b, float *logits, struct err *e) {
+    struct rec *f = ctx;
+    int32_t k = 0;
+    for (int32_t i = 0; i < b->n_tokens;) {
+        int32_t sq = b->seq[i], r0 = i;
+        const struct batch_seq *q = &b->seqs[sq];
+        while (i < b->n_tokens && b->seq[i] == sq) i++;
+        for (int32_t j = i; j < b->n_tokens; j++)
+            if (b->seq[j] == sq) return err_set(e, SMELT_ERR_INTERNAL, "rows not contiguous");
+        int32_t p0 = b->pos[r0], p1 = p0 + (i - r0);
+        if (q->slot < 0 || q->slot >= REC_SLOTS || (p0 != 0 && f->pos[q->slot] != p0))
+            return err_set(e, SMELT_ERR_INTERNAL, "slot %d covers %d, row at %d", q->slot,
+                           q->slot >= 0 && q->slot < REC_SLOTS ? f->pos[q->slot] : -1, p0);
+        if (q->snap_pos > 0 && (q->snap_pos < p0 || q->snap_pos > p1 || q->snap_slot == q->slot))
+            return err_set(e, SMELT_ERR_INTERNAL, "snapshot at %d outside [%d, %d]", q->snap_pos,
+                           p0, p1);
+        uint64_t h = p0 == 0 ? 0x1234 : f->state[q->slot];
+        for (int32_t r = r0; r <= i; r++) {
+            int32_t pos = r < i ? b->pos[r] : p1;
+            if (q->snap_pos > 0 && pos == q->snap_pos) {
+                f->state[q->snap_slot] = h;
+                f->pos[q->snap_slot] = pos;
+                f->snaps++;
+            }
+            if (r == i) break;
+            h = rec_mix(h, b->token[r]);
+            if (b->logits[r]) {
+                float *row = logits + (size_t)k++ * VOCAB;
+                for (int v = 0; v < VOCAB; v++) row[v] = 0.0f;
+                row[rec_word(h)] = 10.0f;
+            }
+        }
+        f->state[q->slot] = h;
+        f->pos[q->slot] = p1;
+    }
+    return SMELT_OK;
+}
+
+static smelt_status rec_copy(void *ctx, int32_t dst, int32_t src, struct err *e) {
+    struct rec *f = ctx;
+    if (dst < 0 || dst >= REC_SLOTS || src < 0 || src >= REC_SLOTS || f->pos[src] < 0)
+        return err_set(e, SMELT_ERR_INTERNAL, "copy %d <- %d", dst, src);
+    f->state[dst] = f->state[src];
+    f->pos[dst] = f->pos[src];
+    f->copies++;
+    return SMELT_OK;
+}
+
+/* The greedy continuation under the recurrent fake. */
+static int rec_expect(const int32_t *prompt, int n, int max, int32_t *out) {
+    uint64_t h = 0x1234;
+    for (int i = 0; i < n; i++) h = rec_mix(h, prompt[i]);
+    for (int k = 0; k < max; k++) {
+        out[k] = rec_word(h);
+        h = rec_mix(h, out[k]);
+    }
+    return max;
+}
+
+static struct engine *mk_rec(struct rec *f, int n_blocks, int bs, int max_seqs, int max_batch,
+                             int n_slots) {
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < REC_SLOTS; i++) f->pos[i] = -1;
+    struct engine_config c = {0};
+    c.n_blocks = n_blocks;
+    c.block_size = bs;
+    c.max_seqs = max_seqs;
+    c.max_batch_tokens = max_batch;
+    c.max_waiting = 1024;
+    c.n_ctx = 256;
+    c.n_vocab = VOCAB;
+    c.forward = rec_forward;
+    c.forward_ctx = f;
+    c.n_slots = n_slots;
+    c.state_copy = rec_copy;
+    return start_engine(&c);
+}
+
+static void rec_check(struct engine_req *r, const int32_t *prompt, int n, int maxt, int choices,
+                      int want_cached) {
+    struct result res;
+    collect(r, &res, 0);
+    int32_t expv[512];
+    rec_expect(prompt, n, maxt, expv);
+    for (int c = 0; c < choices; c++) {
+        T_EQ_INT(res.finish[c], ENGINE_LENGTH);
+        T_EQ_INT(res.n_tokens[c], maxt);
+        T_CHECK(memcmp(res.tokens[c], expv, (size_t)maxt * sizeof *expv) == 0);
+        if (want_cached >= 0) T_EQ_INT(res.n_cached[c], want_cached);
+    }
+    result_free(&res);
+}
+
+/* Recurrent state slots in the engine: a follow-up turn resumes at the snapshot of the
+ * previous turn's last full block; n > 1 siblings resume at the prompt's kept snapshot;
+ * under block pressure preempted sequences come back from their snapshots with exactly
+ * their solo text; nothing fails and no slot leaks. */
+static void test_recurrent(void) {
+    struct rec f;
+    struct engine *en = mk_rec(&f, 64, 4, 4, 32, 16);
+    if (!en) return;
+    unsigned long long rs = 77;
+    int32_t turn1[40], turn2[60];
+    random_prompt(turn1, 40, &rs);
+    struct engine_params p;
+    greedy(&p, 8);
+    struct engine_req *r = submit(en, &p, turn1, 40);
+    if (r) rec_check(r, turn1, 40, 8, 1, 0);
+    engine_req_unref(r);
+    /* the follow-up: the first turn (prompt + 8 tokens, of which 47 were computed) and 5
+     * new tokens: resumes at 44, the last block boundary the first turn passed */
+    memcpy(turn2, turn1, sizeof turn1);
+    rec_expect(turn1, 40, 8, turn2 + 40);
+    random_prompt(turn2 + 48, 5, &rs);
+    r = submit(en, &p, turn2, 53);
+    if (r) rec_check(r, turn2, 53, 8, 1, 44);
+    engine_req_unref(r);
+    /* n = 3: the siblings resume at the prompt's kept snapshot (28 of 30) */
+    int32_t p3[30];
+    random_prompt(p3, 30, &rs);
+    p.n = 3;
+    r = submit(en, &p, p3, 30);
+    if (r) {
+        struct result res;
+        collect(r, &res, 0);
+        int32_t expv[16];
+        rec_expect(p3, 30, 8, expv);
+        for (int c = 0; c < 3; c++) {
+            T_CHECK(memcmp(res.tokens[c], expv, sizeof(int32_t) * 8) == 0);
+            T_EQ_INT(res.n_cached[c], c == 0 ? 0 : 28);
+        }
+        result_free(&res);
+    }
+    engine_req_unref(r);
+    wait_idle(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_EQ_INT(st.kv.live_slots, 0);
+    T_EQ_INT(st.requests_finished[ENGINE_ERROR], 0);
+    engine_free(en);
+    T_CHECK(f.copies >= 3 && f.snaps > 0);
+
+    /* preemption: 12 blocks of 4, six sequences growing to 25 tokens */
+    en = mk_rec(&f, 13, 4, 4, 48, 12);
+    if (!en) return;
+    enum { NREQ = 6, NP = 5, MAXT = 20 };
+    int32_t prompts[NREQ][NP];
+    struct engine_req *rr[NREQ];
+    greedy(&p, MAXT);
+    for (int i = 0; i < NREQ; i++) {
+        random_prompt(prompts[i], NP, &rs);
+        rr[i] = submit(en, &p, prompts[i], NP);
+    }
+    for (int i = 0; i < NREQ; i++) {
+        if (rr[i]) rec_check(rr[i], prompts[i], NP, MAXT, 1, -1);
+        engine_req_unref(rr[i]);
+    }
+    wait_idle(en);
+    engine_stats(en, &st);
+    T_EQ_INT(st.requests_finished[ENGINE_ERROR], 0);
+    T_CHECK(st.preemptions > 0);
+    T_EQ_INT(st.kv.live_slots, 0);
+    engine_free(en);
+    printf("rec preempt: copies %ld snaps %ld hits %llu preemptions %llu\n", f.copies, f.snaps, (unsigned long long)st.kv.hit_blocks, (unsigned long long)st.preemptions);
+    T_CHECK(f.copies > 0); /* some preempted sequence resumed from a snapshot */
+}
+
 /* Many concurrent sequences of different lengths each get exactly their solo text, with
  * a small per-step budget (chunked prefill) and a pool too small for all of them
  * (preemption). */
@@ -1156,6 +1343,7 @@ int main(void) {
     T_RUN(test_sched_preempt);
     T_RUN(test_sched_preempt_no_prefix);
     T_RUN(test_sched_admission);
+    T_RUN(test_recurrent);
     T_RUN(test_cancel);
     T_RUN(test_submit_errors);
     T_RUN(test_notify);
