@@ -388,12 +388,15 @@ smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_token
 void kv_seq_truncate(struct kv_pool *p, struct kv_seq *s, int32_t n_tokens) {
     int32_t keep = kv_blocks_for(p, n_tokens);
     while (s->n_blocks > keep) unref(p, s->blocks[--s->n_blocks]);
-    if (n_tokens % p->block_size && keep > 0) { /* the partly kept block changes */
-        int32_t id = s->blocks[keep - 1];
-        snap_drop(p, id);
-        if (p->prefix && p->prefix->hash[id] && p->ref[id] == 1) table_remove(p->prefix, id);
+    int32_t valid = 0; /* blocks that end by n_tokens */
+    if (keep > 0) {
+        valid = n_tokens / p->block_size;
+        if (valid < keep) { /* the partly kept block changes */
+            int32_t id = s->blocks[keep - 1];
+            snap_drop(p, id);
+            if (p->prefix && p->prefix->hash[id] && p->ref[id] == 1) table_remove(p->prefix, id);
+        }
     }
-    int32_t valid = n_tokens / p->block_size; /* blocks whose end is still before n_tokens */
     if (s->snap_keep >= valid) s->snap_keep = -1;
     if (s->snap_last[1] >= valid) s->snap_last[1] = -1;
     if (s->snap_last[0] >= valid) s->snap_last[0] = s->snap_last[1], s->snap_last[1] = -1;

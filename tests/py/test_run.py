@@ -189,3 +189,35 @@ def test_gemma_greedy_matches_transformers():
     want = ref["greedy"]["text"]
     got = r.stdout.rstrip("\n")
     assert want.startswith(got) and len(got) >= 20, (got, want)
+
+
+HYBRID = ROOT / "tests" / "data" / "ref-hybrid" / "qwen35-f32.gguf"
+
+
+def test_hybrid_raw_turns_keep_the_state():
+    """qwen35 (recurrent layers): raw text continues the conversation, so turn 2 reuses all
+    of turn 1, prompt and answer (23 tokens, not a block boundary): the live recurrent
+    state carries over, and the output does not depend on the thread count."""
+    args = (HYBRID, "--raw", "-i", "some prompt text", "--temp", "0", "-n", "9")
+    a = run(*args, stdin="more text\n")
+    b = run(*args, "-t", "1", stdin="more text\n")
+    assert a.returncode == 0, a.stderr
+    assert "recurrent state 4 slots" in a.stderr
+    t = turns(a)
+    (p1, c1, g1), (p2, c2, g2) = t[1], t[2]
+    assert c1 == 0 and g1 == 9 and c2 == p1 + g1, a.stderr
+    assert a.stdout == b.stdout
+
+
+def test_hybrid_chat_rolls_back_to_a_snapshot():
+    """qwen35 with its ChatML template: the random model's answer does not re-tokenize to
+    the tokens it generated, so turn 2 shares only part of turn 1; the recurrent state
+    restarts from the newest snapshot (a block boundary, blocks of 16) at or before the
+    divergence and feeds the rest again."""
+    args = (HYBRID, "-i", "What is the capital of Italy?", "--temp", "0", "-n", "8")
+    a = run(*args, stdin="And of Germany?\n")
+    b = run(*args, "-t", "1", stdin="And of Germany?\n")
+    assert a.returncode == 0, a.stderr
+    (p1, c1, g1), (p2, c2, g2) = turns(a)[1], turns(a)[2]
+    assert 0 < c2 < p1 + g1 and c2 % 16 == 0, a.stderr
+    assert a.stdout == b.stdout
