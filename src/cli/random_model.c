@@ -24,20 +24,28 @@
 
 #include "util/mix.h"
 
+/* Qwen3.5-9B (the official model card and a llama.cpp GGUF's metadata): 32 layers of
+ * 4096, 8 x (3 Gated DeltaNet + 1 gated attention); DeltaNet 16 QK heads and 32 V heads of
+ * 128, conv kernel 4; attention 16 / 4 heads of 256, 64 rotary dims (mrope sections
+ * 11, 11, 10), rope base 1e7; FFN 12288; vocab 248320; untied output; one MTP layer. */
+static const struct rm_hybrid qwen35_9b = {4, 16, 32, 128, 128, 4, 64, {11, 11, 10, 0}, 1};
+
 static const struct rm_preset presets[] = {
     /* name, arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, vocab, rope, tied,
-     * qkv_bias, qk_norm, gemma, swa, n_expert, n_expert_used, n_ff_exp */
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0, 0, 0, 0},
-    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0, 0, 0, 0},
-    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0, 0, 0, 0},
-    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0, 0, 0, 0},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0, 0, 0, 0},
+     * qkv_bias, qk_norm, gemma, swa, n_expert, n_expert_used, n_ff_exp, hybrid */
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0, 0, 0, 0, NULL},
+    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0, 0, 0, 0, NULL},
+    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0, 0, 0, 0, NULL},
+    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0, 0, 0, 0, NULL},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0, 0, 0, 0, NULL},
     {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 1000000.f, false, false, true, false, 0,
-     128, 8, 768},
-    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0},
-    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0},
-    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0, 0, 0, 0},
-    {"tiny-moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, true, false, 0, 16, 4, 256},
+     128, 8, 768, NULL},
+    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL},
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL},
+    {"qwen3.5-9b", "qwen35", 4096, 32, 16, 4, 256, 12288, 248320, 10000000.f, false, false, true,
+     false, 0, 0, 0, 0, &qwen35_9b},
+    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0, 0, 0, 0, NULL},
+    {"tiny-moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, true, false, 0, 16, 4, 256, NULL},
 };
 
 const struct rm_preset *rm_preset_find(const char *name) {
@@ -47,8 +55,8 @@ const struct rm_preset *rm_preset_find(const char *name) {
 }
 
 const char *rm_preset_names(void) {
-    return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, gemma3-270m, "
-           "gemma3-1b, tiny, tiny-moe";
+    return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, qwen3.5-9b, "
+           "gemma3-270m, gemma3-1b, tiny, tiny-moe";
 }
 
 struct tlist {
@@ -90,14 +98,46 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
     const int64_t d = p->n_embd, q = (int64_t)p->n_head * p->head_dim,
                   kv = (int64_t)p->n_head_kv * p->head_dim, f = p->n_ff;
     char nm[64];
+    const struct rm_hybrid *hy = p->hybrid;
     add(&l, "token_embd.weight", RM_MATRIX, d, p->n_vocab);
-    for (int i = 0; i < p->n_layer; i++) {
+    for (int i = 0; i < p->n_layer + (hy ? hy->n_mtp : 0); i++) {
 #define T(suffix, kind, a, b)                                                                  \
     do {                                                                                       \
         snprintf(nm, sizeof nm, "blk.%d." suffix, i);                                          \
         add(&l, nm, kind, a, b);                                                               \
     } while (0)
         T("attn_norm.weight", RM_NORM, d, 1);
+        if (hy) { /* qwen35: DeltaNet or gated attention, then the FFN */
+            if (i < p->n_layer && (i + 1) % hy->interval) {
+                int64_t kd = (int64_t)hy->k_heads * hy->head_k, vd = (int64_t)hy->v_heads * hy->head_v;
+                T("attn_qkv.weight", RM_MATRIX, d, 2 * kd + vd);
+                T("attn_gate.weight", RM_MATRIX, d, vd);
+                T("ssm_conv1d.weight", RM_MATRIX, hy->conv, 2 * kd + vd);
+                T("ssm_dt.bias", RM_BIAS, hy->v_heads, 1);
+                T("ssm_a", RM_DECAY, hy->v_heads, 1);
+                T("ssm_beta.weight", RM_MATRIX, d, hy->v_heads);
+                T("ssm_alpha.weight", RM_MATRIX, d, hy->v_heads);
+                T("ssm_norm.weight", RM_NORM, hy->head_v, 1);
+                T("ssm_out.weight", RM_MATRIX, vd, d);
+            } else {
+                T("attn_q.weight", RM_MATRIX, d, 2 * q);
+                T("attn_k.weight", RM_MATRIX, d, kv);
+                T("attn_v.weight", RM_MATRIX, d, kv);
+                T("attn_output.weight", RM_MATRIX, q, d);
+                T("attn_q_norm.weight", RM_NORM, p->head_dim, 1);
+                T("attn_k_norm.weight", RM_NORM, p->head_dim, 1);
+            }
+            if (i >= p->n_layer) {
+                T("nextn.eh_proj.weight", RM_MATRIX, 2 * d, d);
+                T("nextn.enorm.weight", RM_NORM, d, 1);
+                T("nextn.hnorm.weight", RM_NORM, d, 1);
+            }
+            T("post_attention_norm.weight", RM_NORM, d, 1);
+            T("ffn_gate.weight", RM_MATRIX, d, f);
+            T("ffn_up.weight", RM_MATRIX, d, f);
+            T("ffn_down.weight", RM_MATRIX, f, d);
+            continue;
+        }
         T("attn_q.weight", RM_MATRIX, d, q);
         T("attn_k.weight", RM_MATRIX, d, kv);
         T("attn_v.weight", RM_MATRIX, d, kv);
@@ -156,11 +196,25 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
 #define F32(suffix, v) gguf_set_f32(w, akey(p, suffix, k, sizeof k), (float)(v))
     U32("context_length", 32768);
     U32("embedding_length", p->n_embd);
-    U32("block_count", p->n_layer);
+    U32("block_count", p->n_layer + (p->hybrid ? p->hybrid->n_mtp : 0));
     U32("feed_forward_length", p->n_ff);
     U32("attention.head_count", p->n_head);
     U32("attention.head_count_kv", p->n_head_kv);
-    if (p->gemma) {
+    if (p->hybrid) {
+        const struct rm_hybrid *hy = p->hybrid;
+        U32("attention.key_length", p->head_dim);
+        U32("attention.value_length", p->head_dim);
+        U32("rope.dimension_count", hy->n_rot);
+        gguf_set_arr(w, akey(p, "rope.dimension_sections", k, sizeof k), GGUF_T_INT32,
+                     hy->sections, 4);
+        U32("full_attention_interval", hy->interval);
+        U32("nextn_predict_layers", hy->n_mtp);
+        U32("ssm.conv_kernel", hy->conv);
+        U32("ssm.state_size", hy->head_k);
+        U32("ssm.group_count", hy->k_heads);
+        U32("ssm.time_step_rank", hy->v_heads);
+        U32("ssm.inner_size", hy->v_heads * hy->head_v);
+    } else if (p->gemma) {
         U32("attention.key_length", p->head_dim);
         U32("attention.value_length", p->head_dim);
         U32("attention.sliding_window", p->sliding_window);
@@ -243,7 +297,8 @@ void rm_fill_rows(const struct rm_tensor *t, uint64_t seed, int64_t ti, int64_t 
                   int64_t nrows, float *out) {
     /* Irwin-Hall(4) of 16-bit uniforms: mean 4*32767.5, sd sqrt(4*(65536^2-1)/12). */
     const float mean = 131070.f, inv_sd = 1.0f / 37837.23f;
-    const float scale = t->kind == RM_NORM ? 0.05f : 0.02f, base = t->kind == RM_NORM ? 1.f : 0.f;
+    const float scale = t->kind == RM_NORM ? 0.05f : t->kind == RM_DECAY ? -0.05f : 0.02f;
+    const float base = t->kind == RM_NORM ? 1.f : t->kind == RM_DECAY ? -1.f : 0.f;
     const uint64_t key = mix64(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)ti + 1);
     const uint64_t e0 = (uint64_t)(row0 * t->ne[0]);
     const int64_t n = nrows * t->ne[0];

@@ -18,6 +18,16 @@
 #include "format/gguf.h"
 #include "util/err.h"
 
+/* A hybrid recurrent model's extra shape (qwen35: Gated DeltaNet layers between
+ * full-attention ones). */
+struct rm_hybrid {
+    int interval;                 /* full attention on layers i with (i + 1) % interval == 0 */
+    int k_heads, v_heads, head_k, head_v, conv; /* DeltaNet: ssm.group_count, time_step_rank, ... */
+    int n_rot;                    /* partial rotary dims of the attention layers */
+    int sections[4];              /* rope.dimension_sections */
+    int n_mtp;                    /* MTP layers after the trunk (nextn_predict_layers) */
+};
+
 struct rm_preset {
     const char *name, *arch;
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab;
@@ -26,10 +36,12 @@ struct rm_preset {
     bool gemma;         /* gemma3: post-attention/post-FFN norms, key/value_length, sliding window */
     int sliding_window; /* gemma3 only */
     int n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
+    const struct rm_hybrid *hybrid;        /* NULL: every layer is attention */
 };
 
-/* RM_ROUTER: an MoE router, F32 like the converter writes it (never quantized). */
-enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS, RM_ROUTER };
+/* RM_ROUTER: an MoE router, F32 like the converter writes it (never quantized). RM_DECAY:
+ * -(1 + 0.05 N(0, 1)), a recurrent layer's log-decay scale (ssm_a). */
+enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS, RM_ROUTER, RM_DECAY };
 
 struct rm_tensor {
     char name[64];
