@@ -234,8 +234,11 @@ static smelt_status side_open(struct side *sd, const struct side_opts *so, char 
         int64_t t = 0;
         st = cli_mem_plan(sd->m, &r, &t, e);
     }
-    if (st == SMELT_OK) st = model_kv_new(sd->m, QT_F16, BLOCK, n_blocks, &sd->kv, e);
+    /* one sequence at a time: one state slot for a model with recurrent layers */
+    int32_t n_slots = st == SMELT_OK && model_is_recurrent(sd->m) ? 1 : 0;
+    if (st == SMELT_OK) st = model_kv_new(sd->m, QT_F16, BLOCK, n_blocks, n_slots, &sd->kv, e);
     if (st == SMELT_OK) st = kv_pool_init(&sd->pool, n_blocks, BLOCK, e);
+    if (st == SMELT_OK && n_slots) st = kv_slots_enable(&sd->pool, n_slots, 1, e);
     if (st == SMELT_OK) st = tok_new_from_gguf(&sd->tok, sd->f, NULL, e);
     if (st == SMELT_OK) {
         sd->logits = malloc(sizeof(float) * (size_t)CHUNK * (size_t)sd->m->hp.n_vocab);
