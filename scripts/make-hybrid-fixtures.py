@@ -39,7 +39,6 @@ check of the cached path, verifies that transformers' own prefill + token-by-tok
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import math
@@ -218,21 +217,7 @@ def write_gguf(path, model, cfg, mtp, f16, explicit_pattern):
         w.add_full_attention_interval(3)
     mrf.add_vocab(w, "qwen2")
     w.add_chat_template(CHATML)
-    for tname, arr in gguf_tensors(model, cfg) + mtp:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if f16 and arr.ndim == 2:
-            h = arr.astype(np.float16)
-            assert np.array_equal(h.astype(np.float32), arr), f"{tname} is not float16-exact"
-            arr = h
-        w.add_tensor(tname, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def sha256(path):
-    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+    mrf.write_tensors(w, gguf_tensors(model, cfg) + mtp, f16)
 
 
 def main():
@@ -252,7 +237,7 @@ def main():
     for kind in ("f32", "f16"):
         p = out / f"qwen35-{kind}.gguf"
         write_gguf(p, model, cfg, mtp, f16=kind == "f16", explicit_pattern=kind == "f16")
-        files[kind] = {"file": p.name, "sha256": sha256(p), "bytes": p.stat().st_size}
+        files[kind] = {"file": p.name, "sha256": mrf.sha256(p), "bytes": p.stat().st_size}
     rng = np.random.default_rng(SEED + 1)
     prompts = []
     for pi, n in enumerate(PROMPT_LENGTHS):

@@ -501,7 +501,13 @@ def write_gguf(path, name, arch, model, cfg, kind):
             w.add_vocab_size(cfg.vocab_size)
             w.add_rope_dimension_count(head_dim)
     add_vocab(w, arch)
-    for tname, arr in gguf_tensors(model, arch, cfg):
+    write_tensors(w, gguf_tensors(model, arch, cfg), f16)
+
+
+def write_tensors(w, tensors, f16):
+    """Adds (name, float32 array) tensors (2-D ones as float16 when f16: they must be
+    float16-exact) and writes the file."""
+    for tname, arr in tensors:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if kind == "q8_0" and arr.ndim == 3:
             q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)

@@ -420,8 +420,10 @@ void bk_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
     BK_ASSERT(b->ops->ssm_conv);
     BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst) && tensor_same_shape(dst, x) && x->ne[2] == 1);
     BK_ASSERT(tensor_is_contiguous(x) && tensor_is_contiguous(dst) && dst->data != x->data);
-    BK_ASSERT(w->type == QT_F32 && w->ne[1] == x->ne[0] && w->ne[0] >= 2 && tensor_is_contiguous(w));
-    BK_ASSERT(cs->type == QT_F32 && tensor_is_contiguous(cs) && cs->ne[0] == (w->ne[0] - 1) * x->ne[0]);
+    BK_ASSERT(w->type == QT_F32 && w->ne[1] == x->ne[0] && w->ne[0] >= 2 &&
+              tensor_is_contiguous(w));
+    BK_ASSERT(cs->type == QT_F32 && tensor_is_contiguous(cs) &&
+              cs->ne[0] == (w->ne[0] - 1) * x->ne[0]);
     check_state_seqs(seqs);
     b->ops->ssm_conv(b, dst, x, w, cs, seqs, silu);
 }

@@ -517,7 +517,8 @@ int cmd_serve(int argc, char **argv) {
                      (long long)pool);
         ec.n_ctx = (int32_t)c;
     }
-    if (st == SMELT_OK && m) st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, n_slots, &kv, &e);
+    if (st == SMELT_OK && m)
+        st = model_kv_new(m, kv_type, ec.block_size, ec.n_blocks, n_slots, &kv, &e);
     if (st == SMELT_OK && o.fake) {
         fk.n_vocab = tok_n_vocab(tok);
         fk.lo = fk.n_vocab > 512 ? 300 : 0;

@@ -109,7 +109,8 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
         T("attn_norm.weight", RM_NORM, d, 1);
         if (hy) { /* qwen35: DeltaNet or gated attention, then the FFN */
             if (i < p->n_layer && (i + 1) % hy->interval) {
-                int64_t kd = (int64_t)hy->k_heads * hy->head_k, vd = (int64_t)hy->v_heads * hy->head_v;
+                int64_t kd = (int64_t)hy->k_heads * hy->head_k;
+                int64_t vd = (int64_t)hy->v_heads * hy->head_v;
                 T("attn_qkv.weight", RM_MATRIX, d, 2 * kd + vd);
                 T("attn_gate.weight", RM_MATRIX, d, vd);
                 T("ssm_conv1d.weight", RM_MATRIX, hy->conv, 2 * kd + vd);

@@ -707,9 +707,10 @@ static bool admit(struct engine *en, struct seq *s) {
         return false;
     }
     if (s->kv.restore >= 0) { /* resume the recurrent state at the snapshot */
+        int32_t dst = s->kv.slot, src = s->kv.restore;
         smelt_status st = en->cfg.forward
-                              ? en->cfg.state_copy(en->cfg.forward_ctx, s->kv.slot, s->kv.restore, &e)
-                              : model_state_copy(en->m, en->kvs, s->kv.slot, s->kv.restore, &e);
+                              ? en->cfg.state_copy(en->cfg.forward_ctx, dst, src, &e)
+                              : model_state_copy(en->m, en->kvs, dst, src, &e);
         s->kv.restore = -1;
         if (st != SMELT_OK) {
             log_error("engine: restoring a state snapshot failed: %s", e.msg);
@@ -1256,7 +1257,8 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     atomic_init(&en->in_flight, 0);
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
     if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
-    if (m && !cfg.forward) en->cfg.n_slots = cfg.n_slots = kv && model_is_recurrent(m) ? kv->n_slots : 0;
+    if (m && !cfg.forward) /* a model's slots are its KV store's */
+        en->cfg.n_slots = cfg.n_slots = kv && model_is_recurrent(m) ? kv->n_slots : 0;
     if (st == SMELT_OK && cfg.n_slots > 0) {
         if (cfg.n_slots < cfg.max_seqs || (cfg.forward && !cfg.state_copy))
             st = err_set(e, SMELT_ERR_INVALID, "engine: %d recurrent state slots for %d sequences "

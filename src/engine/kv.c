@@ -252,7 +252,8 @@ int32_t kv_prefix_acquire(struct kv_pool *p, struct kv_seq *s, const int32_t *to
         }
         if (p->ref[id] == 0) {
             lru_unlink(c, id);
-            if (p->slots && p->slots->snap_of[id] >= 0) idle_unlink(p->slots, p->slots->snap_of[id]);
+            if (p->slots && p->slots->snap_of[id] >= 0)
+                idle_unlink(p->slots, p->slots->snap_of[id]);
         }
         p->ref[id]++;
         s->blocks[s->n_blocks++] = id;

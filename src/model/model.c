@@ -125,43 +125,48 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
     return t;
 }
 
+/* bind() with a printf-formatted name. */
+__attribute__((format(printf, 7, 0))) static const struct tensor *
+bindv(struct loader *l, bool optional, bool want_f32, int64_t ne0, int64_t ne1, int64_t ne2,
+      const char *fmt, va_list ap) {
+    char name[128];
+    vsnprintf(name, sizeof name, fmt, ap);
+    return bind(l, optional, want_f32, ne0, ne1, ne2, ne1, name);
+}
+
 const struct tensor *ld_matrix(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
                                const char *fmt, ...) {
-    char name[128];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const struct tensor *t = bindv(l, optional, false, ne0, ne1, 1, fmt, ap);
     va_end(ap);
-    return bind(l, optional, false, ne0, ne1, 1, ne1, name);
+    return t;
 }
 
 const struct tensor *ld_matrices(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
                                  int64_t ne2, const char *fmt, ...) {
-    char name[128];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const struct tensor *t = bindv(l, optional, false, ne0, ne1, ne2, fmt, ap);
     va_end(ap);
-    return bind(l, optional, false, ne0, ne1, ne2, ne1, name);
+    return t;
 }
 
 const struct tensor *ld_vector(struct loader *l, bool optional, int64_t ne0, const char *fmt, ...) {
-    char name[128];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const struct tensor *t = bindv(l, optional, true, ne0, 1, 1, fmt, ap);
     va_end(ap);
-    return bind(l, optional, true, ne0, 1, 1, 1, name);
+    return t;
 }
 
 const struct tensor *ld_matrix_f32(struct loader *l, bool optional, int64_t ne0, int64_t ne1,
                                    const char *fmt, ...) {
-    char name[128];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const struct tensor *t = bindv(l, optional, true, ne0, ne1, 1, fmt, ap);
     va_end(ap);
-    return bind(l, optional, true, ne0, ne1, ne1, name);
+    return t;
 }
 
 static void arch_key(const struct loader *l, const char *suffix, char *key, size_t n) {

@@ -41,8 +41,8 @@ struct q35_layer {
     const struct tensor *attn_norm;      /* (n_embd) */
     const struct tensor *post_attn_norm; /* (n_embd): the FFN's pre-norm */
     /* full attention */
-    const struct tensor *wq;     /* (n_embd, n_head * 2 * head_dim): per head [q | gate] */
-    struct attn_weights attn;    /* wk, wv, wo, q_norm, k_norm (wq unused) */
+    const struct tensor *wq;  /* (n_embd, n_head * 2 * head_dim): per head [q | gate] */
+    struct attn_weights attn; /* wk, wv, wo, q_norm, k_norm (wq unused) */
     /* gated deltanet */
     const struct tensor *wqkv;     /* (n_embd, 2 * n_k_head * head_k + n_v_head * head_v) */
     const struct tensor *wz;       /* attn_gate (n_embd, n_v_head * head_v) */
@@ -60,12 +60,12 @@ struct q35_layer {
 
 /* The multi-token-prediction head (kept for speculative decoding; not run yet). */
 struct q35_mtp {
-    struct q35_layer block;            /* a full-attention layer */
-    const struct tensor *eh_proj;      /* (2 * n_embd, n_embd) */
+    struct q35_layer block;             /* a full-attention layer */
+    const struct tensor *eh_proj;       /* (2 * n_embd, n_embd) */
     const struct tensor *enorm, *hnorm; /* (n_embd) */
-    const struct tensor *head_norm;    /* (n_embd) or NULL: output_norm */
-    const struct tensor *head;         /* (n_embd, n_vocab) or NULL: output */
-    const struct tensor *embed;        /* (n_embd, n_vocab) or NULL: token_embd */
+    const struct tensor *head_norm;     /* (n_embd) or NULL: output_norm */
+    const struct tensor *head;          /* (n_embd, n_vocab) or NULL: output */
+    const struct tensor *embed;         /* (n_embd, n_vocab) or NULL: token_embd */
 };
 
 struct q35 {
@@ -105,17 +105,21 @@ static void load_pattern(struct loader *l, int n_all, int n_layer, struct q35_la
                             (unsigned long long)arr->v.arr.n, n_all);
             return;
         }
-        for (int il = 0; il < n_layer; il++) L[il].recurrent = gguf_arr_i64(arr, (uint64_t)il) != 0;
+        for (int il = 0; il < n_layer; il++)
+            L[il].recurrent = gguf_arr_i64(arr, (uint64_t)il) != 0;
         return;
     }
     uint32_t interval = 4;
     ld_u32(l, "full_attention_interval", true, &interval);
     if (l->st == SMELT_OK && (interval == 0 || interval > (uint32_t)n_all)) {
-        l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s.full_attention_interval: %u is out of range "
-                        "(1..%d)", l->m->hp.arch, interval, n_all);
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "%s.full_attention_interval: %u is out of range "
+                        "(1..%d)",
+                        l->m->hp.arch, interval, n_all);
         return;
     }
-    for (int il = 0; il < n_layer; il++) L[il].recurrent = (uint32_t)(il + 1) % interval != 0;
+    for (int il = 0; il < n_layer; il++)
+        L[il].recurrent = (uint32_t)(il + 1) % interval != 0;
 }
 
 /* Binds a full-attention layer's weights (trunk layer or the MTP block). */
@@ -125,8 +129,10 @@ static void load_attn(struct loader *l, int il, struct q35_layer *y) {
     int64_t e = m->hp.n_embd, hd = a->head_dim_k;
     y->wq = ld_matrix(l, false, e, 2 * hd * a->n_head, "blk.%d.attn_q.weight", il);
     y->attn.wk = ld_matrix(l, false, e, hd * a->n_head_kv, "blk.%d.attn_k.weight", il);
-    y->attn.wv = ld_matrix(l, false, e, (int64_t)a->head_dim_v * a->n_head_kv, "blk.%d.attn_v.weight", il);
-    y->attn.wo = ld_matrix(l, false, (int64_t)a->head_dim_v * a->n_head, e, "blk.%d.attn_output.weight", il);
+    y->attn.wv =
+        ld_matrix(l, false, e, (int64_t)a->head_dim_v * a->n_head_kv, "blk.%d.attn_v.weight", il);
+    y->attn.wo =
+        ld_matrix(l, false, (int64_t)a->head_dim_v * a->n_head, e, "blk.%d.attn_output.weight", il);
     y->attn.q_norm = ld_vector(l, false, hd, "blk.%d.attn_q_norm.weight", il);
     y->attn.k_norm = ld_vector(l, false, hd, "blk.%d.attn_k_norm.weight", il);
 }
@@ -146,7 +152,8 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
     if (!bk_has_recurrent(m->bk))
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "%s: the %s backend has no kernels for recurrent (Gated DeltaNet) layers "
-                       "yet; run this model with --backend cpu", hp->arch, m->bk->ops->name);
+                       "yet; run this model with --backend cpu",
+                       hp->arch, m->bk->ops->name);
     struct q35 *Q = ld_alloc(&l, sizeof *Q);
     if (!Q) return l.st;
     m->arch_layers = Q;
@@ -160,13 +167,14 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
     ld_dim(&l, "ssm.group_count", false, &nk, 4096);
     if (l.st != SMELT_OK) return l.st;
     if (n_mtp >= (uint32_t)n_all)
-        return err_set(e, SMELT_ERR_FORMAT, "%s.nextn_predict_layers (%u) leaves no layer of %s.block_count (%d)",
+        return err_set(e, SMELT_ERR_FORMAT,
+                       "%s.nextn_predict_layers (%u) leaves no layer of %s.block_count (%d)",
                        hp->arch, n_mtp, hp->arch, n_all);
     if (Q->d_conv < 2 || nv % nk || d_inner % nv)
         return err_set(e, SMELT_ERR_FORMAT,
                        "%s.ssm: conv_kernel %d must be >= 2, group_count %d must divide "
-                       "time_step_rank %d, which must divide inner_size %d", hp->arch, Q->d_conv,
-                       nk, nv, d_inner);
+                       "time_step_rank %d, which must divide inner_size %d",
+                       hp->arch, Q->d_conv, nk, nv, d_inner);
     Q->n_mtp = (int32_t)n_mtp;
     hp->n_layer = n_all - Q->n_mtp; /* the trunk; the MTP layers follow it */
     Q->gdn = (struct gdn_params){nk, hk, nv, d_inner / nv, 1e-6f};
@@ -184,14 +192,18 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
         int64_t sum = 0;
         for (uint64_t i = 0; i < arr->v.arr.n && i < 4; i++) {
             int64_t v = is_int(arr->v.arr.type) ? gguf_arr_i64(arr, i) : -1;
-            if (v < 0 || v > 4096) return err_set(e, SMELT_ERR_FORMAT, "%s: entry %llu is not a count", key, (unsigned long long)i);
+            if (v < 0 || v > 4096)
+                return err_set(e, SMELT_ERR_FORMAT, "%s: entry %llu is not a count", key,
+                               (unsigned long long)i);
             Q->sections[i] = (int32_t)v;
             sum += v;
         }
         if (arr->v.arr.n > 4 || 2 * sum > m->layer[0].rope.n_rot)
-            return err_set(e, SMELT_ERR_FORMAT, "%s: %llu sections of %lld pairs, but "
-                           "rope.dimension_count is %d", key, (unsigned long long)arr->v.arr.n,
-                           (long long)sum, m->layer[0].rope.n_rot);
+            return err_set(e, SMELT_ERR_FORMAT,
+                           "%s: %llu sections of %lld pairs, but "
+                           "rope.dimension_count is %d",
+                           key, (unsigned long long)arr->v.arr.n, (long long)sum,
+                           m->layer[0].rope.n_rot);
     }
 
     Q->L = ld_alloc(&l, (size_t)hp->n_layer * sizeof *Q->L);

@@ -48,7 +48,8 @@ static struct hist H[4];
 static void ref_conv_state(const struct hist *h, int at, double *out) {
     for (int i = 0; i < DC - 1; i++) {
         int t = at - (DC - 1) + i;
-        for (int c = 0; c < CH; c++) out[i * CH + c] = t >= 0 ? h->x[t][c] : 0.0;
+        for (int c = 0; c < CH; c++)
+            out[i * CH + c] = t >= 0 ? h->x[t][c] : 0.0;
     }
 }
 
@@ -89,9 +90,11 @@ static void ref_gdn(const struct hist *h, int upto, double *S, double *out) {
             double *Sh = S + hh * HV * HK;
             for (int i = 0; i < HV; i++) {
                 double *Si = Sh + i * HK, sk = 0, so = 0;
-                for (int j = 0; j < HK; j++) Si[j] *= exp(g), sk += Si[j] * k[j];
+                for (int j = 0; j < HK; j++)
+                    Si[j] *= exp(g), sk += Si[j] * k[j];
                 double u = beta * (v[i] - sk);
-                for (int j = 0; j < HK; j++) Si[j] += u * k[j], so += Si[j] * q[j];
+                for (int j = 0; j < HK; j++)
+                    Si[j] += u * k[j], so += Si[j] * q[j];
                 if (out && t == upto - 1) out[hh * HV + i] = so;
             }
         }
@@ -107,7 +110,7 @@ static double rel_err(const float *a, const double *b, int n) {
     return m / mb;
 }
 
-static struct tensor cs_t, ss_t;  /* the state tensors (persistent) */
+static struct tensor cs_t, ss_t; /* the state tensors (persistent) */
 static struct tensor wc_t, sa_t, dt_t;
 static double worst_out, worst_state;
 
@@ -119,7 +122,8 @@ struct part {
 
 static void run_step(const struct part *parts, int np) {
     int n = 0;
-    for (int i = 0; i < np; i++) n += parts[i].n;
+    for (int i = 0; i < np; i++)
+        n += parts[i].n;
     bk_step_begin(bk);
     struct tensor *x = bk_new(bk, QT_F32, CH, n, 1), *xc = bk_new(bk, QT_F32, CH, n, 1);
     struct tensor *a = bk_new(bk, QT_F32, NV, n, 1), *bl = bk_new(bk, QT_F32, NV, n, 1);
@@ -139,7 +143,8 @@ static void run_step(const struct part *parts, int np) {
         memcpy(sw + i * STATE_SEQ_WORDS, w, sizeof w);
         for (int t = 0; t < parts[i].n; t++, r++) {
             float *xr = (float *)x->data + (size_t)r * CH;
-            for (int c = 0; c < CH; c++) xr[c] = h->x[h->n + t][c] = t_randn(&rng);
+            for (int c = 0; c < CH; c++)
+                xr[c] = h->x[h->n + t][c] = t_randn(&rng);
             for (int j = 0; j < NV; j++) {
                 ((float *)a->data)[r * NV + j] = h->a[h->n + t][j] = t_randn(&rng);
                 ((float *)bl->data)[r * NV + j] = h->b[h->n + t][j] = t_randn(&rng);
@@ -166,10 +171,11 @@ static void run_step(const struct part *parts, int np) {
         h->n = n0 + pt->n;
         for (int t = 0; t < pt->n; t++) { /* outputs */
             ref_gdn(h, n0 + t + 1, S, ref_o);
-            double eo = rel_err((float *)o->data + (size_t)(r - pt->n + t) * NV * HV, ref_o, NV * HV);
+            double eo =
+                rel_err((float *)o->data + (size_t)(r - pt->n + t) * NV * HV, ref_o, NV * HV);
             if (eo > worst_out) worst_out = eo;
-            T_CHECKF(eo < 2e-5, "gdn seq %d row %d (%d rows this step): %g", pt->seq, n0 + t,
-                     pt->n, eo);
+            T_CHECKF(eo < 2e-5, "gdn seq %d row %d (%d rows this step): %g", pt->seq, n0 + t, pt->n,
+                     eo);
         }
         /* the live state and the snapshot */
         ref_gdn(h, h->n, S, NULL);
@@ -202,7 +208,8 @@ static void copy_slot(int dst, int src) {
 }
 
 static void test_ssm_ops(void) {
-    for (int i = 0; i < CH * DC; i++) w_conv[i] = t_randn(&rng) * 0.5f;
+    for (int i = 0; i < CH * DC; i++)
+        w_conv[i] = t_randn(&rng) * 0.5f;
     for (int i = 0; i < NV; i++) {
         ssm_a[i] = -expf(t_randn(&rng)); /* -exp(A_log) */
         dt_bias[i] = t_randn(&rng);
@@ -210,10 +217,13 @@ static void test_ssm_ops(void) {
     struct err e;
     tensor_init(&cs_t, QT_F32, CS, SLOTS, 1, 1);
     tensor_init(&ss_t, QT_F32, SS, SLOTS, 1, 1);
-    T_CHECK(bk_buffer_alloc(bk, &cs_t, &e) == SMELT_OK && bk_buffer_alloc(bk, &ss_t, &e) == SMELT_OK);
+    T_CHECK(bk_buffer_alloc(bk, &cs_t, &e) == SMELT_OK &&
+            bk_buffer_alloc(bk, &ss_t, &e) == SMELT_OK);
     /* garbage in every slot: a fresh sequence must not read it */
-    for (int64_t i = 0; i < tensor_nelem(&cs_t); i++) ((float *)cs_t.data)[i] = 1e3f;
-    for (int64_t i = 0; i < tensor_nelem(&ss_t); i++) ((float *)ss_t.data)[i] = -1e3f;
+    for (int64_t i = 0; i < tensor_nelem(&cs_t); i++)
+        ((float *)cs_t.data)[i] = 1e3f;
+    for (int64_t i = 0; i < tensor_nelem(&ss_t); i++)
+        ((float *)ss_t.data)[i] = -1e3f;
     tensor_init(&wc_t, QT_F32, DC, CH, 1, 1);
     wc_t.data = w_conv;
     tensor_init(&sa_t, QT_F32, NV, 1, 1, 1);

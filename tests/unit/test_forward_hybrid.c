@@ -26,6 +26,7 @@
 #include "engine/kv.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "ref_util.h"
 #include "t.h"
 
 #define REF_DIR SMELT_SOURCE_DIR "/tests/data/ref-hybrid"
@@ -55,28 +56,6 @@ struct fx {
     const char *label;
 };
 
-static float *read_f32(const char *name, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", REF_DIR, name);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    float *v = malloc(n * sizeof(float));
-    size_t got = v ? fread(v, sizeof(float), n, fp) : 0;
-    fclose(fp);
-    if (got != n) {
-        free(v);
-        return NULL;
-    }
-    return v;
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 /* Rows got[0..count) against prompt pi's reference rows from position p0. */
 static void compare(struct fx *x, int pi, int p0, int count, const float *got) {
     const struct prompt *pr = &x->p[pi];
@@ -91,7 +70,7 @@ static void compare(struct fx *x, int pi, int p0, int count, const float *got) {
         if (d / max_ref > x->worst) x->worst = d / max_ref;
         T_CHECKF(d / max_ref < TOL, "%s: prompt %d position %d: rel err %g", x->label, pi, p0 + t,
                  d / max_ref);
-        if (argmax(a, x->nv) != argmax(r, x->nv)) x->flips++;
+        if (ref_argmax(a, x->nv) != ref_argmax(r, x->nv)) x->flips++;
     }
 }
 
@@ -112,7 +91,8 @@ static bool feed(struct fx *x, struct kv_seq *q, int pi, int p0, int p1, const i
     int32_t *pos = malloc((size_t)n * 4), *seq = calloc((size_t)n, 4);
     uint8_t *want = malloc((size_t)n);
     float *out = malloc((size_t)n * x->nv * sizeof(float));
-    for (int i = 0; i < n; i++) pos[i] = p0 + i, want[i] = 1;
+    for (int i = 0; i < n; i++)
+        pos[i] = p0 + i, want[i] = 1;
     struct batch_seq view = kv_seq_step(&x->pool, q, p0, p1, false);
     struct batch b = {n, ids ? ids : x->p[pi].ids + p0, pos, seq, want, 1, &view};
     int32_t n_out = 0;
@@ -146,7 +126,8 @@ static void scenarios(struct fx *x) {
     kv_seq_release(&x->pool, &q);
     kv_seq_init(&q);
     feed(x, &q, 2, 0, n2 / 2, NULL);
-    for (int p = n2 / 2; p < n2; p++) feed(x, &q, 2, p, p + 1, NULL);
+    for (int p = n2 / 2; p < n2; p++)
+        feed(x, &q, 2, p, p + 1, NULL);
     kv_seq_release(&x->pool, &q);
 
     /* a batch of the three prompts */
@@ -154,7 +135,8 @@ static void scenarios(struct fx *x) {
         struct kv_seq s3[3];
         struct batch_seq views[3];
         int total = 0;
-        for (int i = 0; i < 3; i++) total += x->p[i].n;
+        for (int i = 0; i < 3; i++)
+            total += x->p[i].n;
         int32_t *tok = malloc((size_t)total * 4), *pos = malloc((size_t)total * 4),
                 *seq = malloc((size_t)total * 4);
         uint8_t *want = malloc((size_t)total);
@@ -178,7 +160,8 @@ static void scenarios(struct fx *x) {
         T_CHECKF(ok, "%s: batch: %s", x->label, e.msg);
         for (int i = 0, o = 0; ok && i < 3; o += x->p[i].n, i++)
             compare(x, i, 0, x->p[i].n, out + (size_t)o * x->nv);
-        for (int i = 0; i < 3; i++) kv_seq_release(&x->pool, &s3[i]);
+        for (int i = 0; i < 3; i++)
+            kv_seq_release(&x->pool, &s3[i]);
         free(tok);
         free(pos);
         free(seq);
@@ -205,7 +188,8 @@ static void scenarios(struct fx *x) {
      * the cache: trailing snapshot at 128 */
     kv_seq_init(&q);
     feed(x, &q, 2, 0, 40, NULL);
-    for (int p = 40; p < 130; p++) feed(x, &q, 2, p, p + 1, NULL);
+    for (int p = 40; p < 130; p++)
+        feed(x, &q, 2, p, p + 1, NULL);
     register_blocks(x, &q, 2, 130);
     kv_seq_release(&x->pool, &q);
     kv_seq_init(&q);
@@ -218,7 +202,8 @@ static void scenarios(struct fx *x) {
     kv_seq_init(&q);
     feed(x, &q, 2, 0, 120, NULL);
     int32_t wrong[10];
-    for (int i = 0; i < 10; i++) wrong[i] = (x->p[2].ids[120 + i] + 1 + i) % x->nv;
+    for (int i = 0; i < 10; i++)
+        wrong[i] = (x->p[2].ids[120 + i] + 1 + i) % x->nv;
     feed(x, &q, 2, 120, 130, wrong);
     int32_t from = -1;
     kv_seq_rollback(&x->pool, &q, 120, &from);
@@ -267,21 +252,27 @@ static void check_file(const char *variant) {
         pr->ids = malloc((size_t)pr->n * 4);
         for (int i = 0; i < pr->n; i++)
             pr->ids[i] = (int32_t)json_integer_value(json_array_get(jids, (size_t)i));
-        pr->ref = read_f32(json_string_value(json_object_get(jp, "logits")), (size_t)pr->n * x.nv);
+        pr->ref = ref_read_f32(REF_DIR, json_string_value(json_object_get(jp, "logits")),
+                               (size_t)pr->n * x.nv);
         T_CHECK(pr->ref != NULL);
     }
     if (x.p[0].ref && x.p[1].ref && x.p[2].ref) scenarios(&x);
     printf("qwen35 %-4s max rel err %.2e, %d argmax flips\n", variant, x.worst, x.flips);
     T_EQ_INT(x.flips, 0);
-    for (int i = 0; i < 3; i++) free(x.p[i].ids), free(x.p[i].ref);
+    for (int i = 0; i < 3; i++)
+        free(x.p[i].ids), free(x.p[i].ref);
     kv_pool_free(&x.pool);
     model_kv_free(x.m, x.kv);
     model_free(x.m);
     gguf_close(x.f);
 }
 
-static void test_f32(void) { check_file("f32"); }
-static void test_f16(void) { check_file("f16"); }
+static void test_f32(void) {
+    check_file("f32");
+}
+static void test_f16(void) {
+    check_file("f16");
+}
 
 /* The F32 fixture rewritten with one key set (a u32, or a u32 array of n_arr entries when
  * n_arr > 0) and one tensor left out; loaded; the error must contain want. */
@@ -356,7 +347,8 @@ static void test_bad_batch(void) {
     T_CHECK(model_load(&m, f, bk, &e) == SMELT_OK);
     T_CHECK(model_kv_new(m, QT_F32, BS, 4, 0, &kv, &e) == SMELT_ERR_INVALID);
     T_CHECK(model_kv_new(m, QT_F32, BS, 4, 4, &kv, &e) == SMELT_OK);
-    int32_t blocks[2][1] = {{0}, {1}}, tok[4] = {5, 6, 7, 8}, pos[4] = {0, 0, 1, 2}, seq[4] = {0, 1, 0, 1};
+    int32_t blocks[2][1] = {{0}, {1}}, tok[4] = {5, 6, 7, 8}, pos[4] = {0, 0, 1, 2},
+            seq[4] = {0, 1, 0, 1};
     struct batch_seq v[2] = {{.blocks = blocks[0], .n_blocks = 1, .slot = 0},
                              {.blocks = blocks[1], .n_blocks = 1, .slot = 1}};
     struct batch b = {4, tok, pos, seq, NULL, 2, v};

@@ -19,6 +19,7 @@
 #include "engine/kv.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "ref_util.h"
 #include "t.h"
 
 #define REF_DIR SMELT_SOURCE_DIR "/tests/data/ref"
@@ -27,20 +28,6 @@
 
 static struct backend *bk;
 
-static float *read_f32(const char *name, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", REF_DIR, name);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    float *v = malloc(n * sizeof(float));
-    size_t got = v ? fread(v, sizeof(float), n, fp) : 0;
-    fclose(fp);
-    if (got != n) {
-        free(v);
-        return NULL;
-    }
-    return v;
-}
 
 /* Runs n_seq prompts as sequences of one fresh cache: the first step takes the first
  * n_first[q] tokens of every sequence (a prefill chunk each, all in one batch), then each
@@ -98,13 +85,6 @@ static bool run(struct model *m, int n_seq, int32_t *const *ids, const int *n, c
     return ok;
 }
 
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 /* One file of a fixture: every prompt run alone as one prefill, alone as a prefill of
  * its first half then one decode step per token, and all prompts together as sequences
  * of one batch (their first halves in one step, then decoding together). tol bounds the
@@ -141,7 +121,8 @@ static void check_model(json_t *jm, const char *variant, bool exact, double tol)
         ids[nq] = malloc((size_t)n[nq] * 4);
         for (int i = 0; i < n[nq]; i++)
             ids[nq][i] = (int32_t)json_integer_value(json_array_get(jids, (size_t)i));
-        ref[nq] = read_f32(json_string_value(json_object_get(jp, "logits")), (size_t)n[nq] * n_vocab);
+        ref[nq] = ref_read_f32(REF_DIR, json_string_value(json_object_get(jp, "logits")),
+                               (size_t)n[nq] * n_vocab);
         out[nq] = malloc((size_t)n[nq] * n_vocab * sizeof(float));
         T_CHECKF(ref[nq] != NULL, "%s: logits file missing", name);
         max_ref[nq] = 0;
@@ -163,7 +144,7 @@ static void check_model(json_t *jm, const char *variant, bool exact, double tol)
                 for (int i = 0; i < n_vocab; i++)
                     if (fabs((double)a[i] - r[i]) > d) d = fabs((double)a[i] - r[i]);
                 if (d / max_ref[q] > worst[mode]) worst[mode] = d / max_ref[q];
-                if (argmax(a, n_vocab) != argmax(r, n_vocab)) flips++;
+                if (ref_argmax(a, n_vocab) != ref_argmax(r, n_vocab)) flips++;
                 positions++;
             }
     }

@@ -44,7 +44,8 @@ static void copy_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     (void)ith;
     struct copy_ctx *c = vctx;
     size_t n = (size_t)c->src->ne[0] * sizeof(float);
-    for (int64_t r = i0; r < i1; r++) memcpy(row3(c->dst, r), row3(c->src, r), n);
+    for (int64_t r = i0; r < i1; r++)
+        memcpy(row3(c->dst, r), row3(c->src, r), n);
 }
 
 void cpu_op_copy(struct backend *b, struct tensor *dst, const struct tensor *src) {
@@ -132,11 +133,14 @@ static size_t gdn_buf_floats(const struct gdn_params *p) {
     return 3 * C * hk + 3 * C * hv + C * C + 2 * C + hk + hk;
 }
 
-static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static inline float softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
 
 static inline float dotf(const float *a, const float *b, int64_t n) {
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -205,13 +209,17 @@ static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h,
             A[s * C + r] = beta[s] * expf(gam[s] - gam[r]) * dotf(K + s * hk, K + r * hk, hk);
         float *ws = W + s * hv, *kcs = Kc + s * hk;
         float eg = beta[s] * expf(gam[s]);
-        for (int64_t i = 0; i < hv; i++) ws[i] = beta[s] * V[s * hv + i];
-        for (int64_t j = 0; j < hk; j++) kcs[j] = eg * K[s * hk + j];
+        for (int64_t i = 0; i < hv; i++)
+            ws[i] = beta[s] * V[s * hv + i];
+        for (int64_t j = 0; j < hk; j++)
+            kcs[j] = eg * K[s * hk + j];
         for (int64_t r = 0; r < s; r++) {
             float ar = A[s * C + r];
             const float *wr = W + r * hv, *kcr = Kc + r * hk;
-            for (int64_t i = 0; i < hv; i++) ws[i] -= ar * wr[i];
-            for (int64_t j = 0; j < hk; j++) kcs[j] -= ar * kcr[j];
+            for (int64_t i = 0; i < hv; i++)
+                ws[i] -= ar * wr[i];
+            for (int64_t j = 0; j < hk; j++)
+                kcs[j] -= ar * kcr[j];
         }
     }
     /* U = W - Kc S0^T, and the outputs' state part e^{gam_t} S0 q_t (S0 still intact) */
@@ -230,22 +238,26 @@ static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h,
         for (int64_t s = 0; s <= t; s++) {
             float w = expf(gam[t] - gam[s]) * dotf(Q + t * hk, K + s * hk, hk);
             const float *us = U + s * hv;
-            for (int64_t i = 0; i < hv; i++) o[i] += w * us[i];
+            for (int64_t i = 0; i < hv; i++)
+                o[i] += w * us[i];
         }
     }
     /* S = e^{gam_n} S0 + sum_s e^{gam_n - gam_s} u_s k_s^T (K rescaled in place) */
     float gl = gam[n - 1], el = expf(gl);
     for (int64_t s = 0; s < n; s++) {
         float f = expf(gl - gam[s]);
-        for (int64_t j = 0; j < hk; j++) K[s * hk + j] *= f;
+        for (int64_t j = 0; j < hk; j++)
+            K[s * hk + j] *= f;
     }
     for (int64_t i = 0; i < hv; i++) {
         float *Si = S + i * hk;
-        for (int64_t j = 0; j < hk; j++) Si[j] *= el;
+        for (int64_t j = 0; j < hk; j++)
+            Si[j] *= el;
         for (int64_t s = 0; s < n; s++) {
             float u = U[s * hv + i];
             const float *ks = K + s * hk;
-            for (int64_t j = 0; j < hk; j++) Si[j] += u * ks[j];
+            for (int64_t j = 0; j < hk; j++)
+                Si[j] += u * ks[j];
         }
     }
 }
