@@ -2,11 +2,12 @@
  * batched forward pass written against the op interface (backend/backend.h).
  *
  * model.c holds what every architecture shares (metadata, weight binding with shape
- * checks, the step's inputs, embedding, attention block, the FFN (dense or mixture of
- * experts), logits). Each architecture family has one file (model_llama.c: llama, qwen2,
- * qwen3, qwen3moe; model_gemma3.c) that binds its own per-layer weights and writes its
- * forward pass as a readable sequence of ops.
- * See docs/forward.md for how to add one.
+ * checks, the layers' memory (KV blocks and recurrent state slots), the step's inputs,
+ * embedding, attention block, the FFN (dense or mixture of experts), logits). Each
+ * architecture family has one file (model_llama.c: llama, qwen2, qwen3, qwen3moe;
+ * model_gemma3.c; model_qwen35.c) that binds its own per-layer weights and writes its
+ * forward pass as a readable sequence of ops. See docs/forward.md for how to add one, and
+ * for the memory kinds.
  *
  * Lifetimes: the gguf_file outlives the model (weights are views into its mapping on the
  * CPU). A kv_store belongs to one model and one backend.
