@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of fuzz/fuzz_model.c: tiny GGUF models (a few KiB) of every
+architecture smelt loads, random weights, no tokenizer (the vocabulary is token_embd's
+rows). Committed under fuzz/corpus/model; rerun after adding an architecture.
+
+    python3 scripts/make-fuzz-model-seeds.py [--out fuzz/corpus/model]
+"""
+import argparse
+import pathlib
+
+import gguf
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+E, FF, V, H, HKV, HD = 8, 8, 8, 2, 1, 4
+
+
+def mat(rng, n_out, n_in):
+    return (rng.standard_normal((n_out, n_in)) * 0.5).astype(np.float32)
+
+
+def vec(rng, n, base=1.0):
+    return (base + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
+def common(w, arch, n_layer):
+    w.add_context_length(64)
+    w.add_embedding_length(E)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(H)
+    w.add_head_count_kv(HKV)
+    w.add_key_length(HD)
+    w.add_value_length(HD)
+    w.add_layer_norm_rms_eps(1e-6)
+
+
+def attn(w, rng, i, q_mult=1, norms=False):
+    w.add_tensor(f"blk.{i}.attn_q.weight", mat(rng, H * HD * q_mult, E))
+    w.add_tensor(f"blk.{i}.attn_k.weight", mat(rng, HKV * HD, E))
+    w.add_tensor(f"blk.{i}.attn_v.weight", mat(rng, HKV * HD, E))
+    w.add_tensor(f"blk.{i}.attn_output.weight", mat(rng, E, H * HD))
+    if norms:
+        w.add_tensor(f"blk.{i}.attn_q_norm.weight", vec(rng, HD))
+        w.add_tensor(f"blk.{i}.attn_k_norm.weight", vec(rng, HD))
+
+
+def ffn(w, rng, i):
+    w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(rng, FF, E))
+    w.add_tensor(f"blk.{i}.ffn_up.weight", mat(rng, FF, E))
+    w.add_tensor(f"blk.{i}.ffn_down.weight", mat(rng, E, FF))
+
+
+def llama(path, rng, arch="llama"):
+    w = gguf.GGUFWriter(str(path), arch)
+    common(w, arch, 2)
+    w.add_tensor("token_embd.weight", mat(rng, V, E))
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", vec(rng, E))
+        attn(w, rng, i, norms=arch in ("qwen3", "gemma3"))
+        if arch == "qwen2":
+            for t, n in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD)):
+                w.add_tensor(f"blk.{i}.attn_{t}.bias", vec(rng, n, 0.0))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", vec(rng, E))
+        if arch == "gemma3":
+            w.add_tensor(f"blk.{i}.post_attention_norm.weight", vec(rng, E))
+            w.add_tensor(f"blk.{i}.post_ffw_norm.weight", vec(rng, E))
+        ffn(w, rng, i)
+    if arch == "gemma3":
+        w.add_sliding_window(4)
+    w.add_tensor("output_norm.weight", vec(rng, E))
+    return w
+
+
+def qwen35(path, rng, mtp):
+    nk, hk, nv, hv, dc = 1, 4, 2, 4, 3
+    ch = 2 * nk * hk + nv * hv
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    common(w, "qwen35", 2 + mtp)
+    w.add_rope_dimension_count(2)
+    w.add_rope_dimension_sections([1, 0, 0, 0])
+    w.add_ssm_conv_kernel(dc)
+    w.add_ssm_state_size(hk)
+    w.add_ssm_group_count(nk)
+    w.add_ssm_time_step_rank(nv)
+    w.add_ssm_inner_size(nv * hv)
+    w.add_full_attention_interval(2)
+    if mtp:
+        w.add_nextn_predict_layers(1)
+    w.add_tensor("token_embd.weight", mat(rng, V, E))
+    for i in range(2 + mtp):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", vec(rng, E))
+        w.add_tensor(f"blk.{i}.post_attention_norm.weight", vec(rng, E))
+        if i == 0:
+            w.add_tensor("blk.0.attn_qkv.weight", mat(rng, ch, E))
+            w.add_tensor("blk.0.attn_gate.weight", mat(rng, nv * hv, E))
+            w.add_tensor("blk.0.ssm_conv1d.weight", mat(rng, ch, dc))
+            w.add_tensor("blk.0.ssm_dt.bias", vec(rng, nv, 0.0))
+            w.add_tensor("blk.0.ssm_a", -vec(rng, nv))
+            w.add_tensor("blk.0.ssm_beta.weight", mat(rng, nv, E))
+            w.add_tensor("blk.0.ssm_alpha.weight", mat(rng, nv, E))
+            w.add_tensor("blk.0.ssm_norm.weight", vec(rng, hv))
+            w.add_tensor("blk.0.ssm_out.weight", mat(rng, E, nv * hv))
+        else:
+            attn(w, rng, i, q_mult=2, norms=True)
+        if i == 2:
+            w.add_tensor("blk.2.nextn.eh_proj.weight", mat(rng, E, 2 * E))
+            w.add_tensor("blk.2.nextn.enorm.weight", vec(rng, E))
+            w.add_tensor("blk.2.nextn.hnorm.weight", vec(rng, E))
+        ffn(w, rng, i)
+    w.add_tensor("output_norm.weight", vec(rng, E))
+    w.add_tensor("output.weight", mat(rng, V, E))
+    return w
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "fuzz" / "corpus" / "model"))
+    out = pathlib.Path(ap.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    writers = [llama(out / f"{a}.gguf", rng, a) for a in ("llama", "qwen2", "qwen3", "gemma3")]
+    writers += [qwen35(out / "qwen35.gguf", rng, 0), qwen35(out / "qwen35-mtp.gguf", rng, 1)]
+    for w in writers:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    print(f"wrote {len(writers)} seeds to {out}")
+
+
+if __name__ == "__main__":
+    main()
