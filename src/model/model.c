@@ -229,11 +229,11 @@ void ld_attn_weights(struct loader *l, int il, struct attn_weights *w) {
     w->k_norm = ld_vector(l, true, a->head_dim_k, "blk.%d.attn_k_norm.weight", il);
 }
 
-void ld_ffn_weights(struct loader *l, int il, struct ffn_weights *w) {
+void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weights *w) {
     const struct model_hparams *hp = &l->m->hp;
     const int64_t d = hp->n_embd;
     memset(w, 0, sizeof *w);
-    w->norm = ld_vector(l, false, d, "blk.%d.ffn_norm.weight", il);
+    w->norm = ld_vector(l, false, d, "blk.%d.%s.weight", il, norm);
     if (l->m->arch->ffn == FFN_DENSE) {
         w->gate = ld_matrix(l, false, d, hp->n_ff, "blk.%d.ffn_gate.weight", il);
         w->up = ld_matrix(l, false, d, hp->n_ff, "blk.%d.ffn_up.weight", il);

@@ -273,10 +273,11 @@ const struct tensor *ld_matrices(struct loader *l, bool optional, int64_t ne0, i
 void *ld_alloc(struct loader *l, size_t nbytes);
 /* Binds the shared attention weights of layer il (biases and Q/K norms optional). */
 void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
-/* Binds the FFN of layer il as the architecture declares it (arch_def.ffn): ffn_norm, then
+/* Binds the FFN of layer il as the architecture declares it (arch_def.ffn): its norm
+ * blk.{il}.{norm}.weight ("ffn_norm"; qwen35: "post_attention_norm"), then
  * dense ffn_{gate,up,down} (n_ff), or the router ffn_gate_inp (converted to F32) and the
  * experts ffn_{gate,up,down}_exps (n_ff_exp, n_expert). */
-void ld_ffn_weights(struct loader *l, int il, struct ffn_weights *w);
+void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weights *w);
 /* ld_matrix for a small matrix the ops read as F32 (a conv kernel): converted when stored
  * in another type. */
 const struct tensor *ld_matrix_f32(struct loader *l, bool optional, int64_t ne0, int64_t ne1,

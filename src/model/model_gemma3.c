@@ -68,7 +68,7 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
         y->attn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.attn_norm.weight", il);
         ld_attn_weights(&l, il, &y->attn);
         y->post_attn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.post_attention_norm.weight", il);
-        ld_ffn_weights(&l, il, &y->ffn);
+        ld_ffn_weights(&l, il, "ffn_norm", &y->ffn);
         y->post_ffn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.post_ffw_norm.weight", il);
         if (l.st != SMELT_OK) return l.st;
         if (!y->attn.q_norm || !y->attn.k_norm)

@@ -41,7 +41,7 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
         struct llama_layer *y = &L[il];
         y->attn_norm = ld_vector(&l, false, hp->n_embd, "blk.%d.attn_norm.weight", il);
         ld_attn_weights(&l, il, &y->attn);
-        ld_ffn_weights(&l, il, &y->ffn);
+        ld_ffn_weights(&l, il, "ffn_norm", &y->ffn);
         if (l.st != SMELT_OK) return l.st;
         if (var == QWEN2 && (!y->attn.bq || !y->attn.bk || !y->attn.bv))
             return err_set(e, SMELT_ERR_NOT_FOUND, "qwen2: tensor blk.%d.attn_%c.bias is missing",

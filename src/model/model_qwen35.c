@@ -39,7 +39,6 @@
 struct q35_layer {
     bool recurrent;
     const struct tensor *attn_norm;      /* (n_embd) */
-    const struct tensor *post_attn_norm; /* (n_embd): the FFN's pre-norm */
     /* full attention */
     const struct tensor *wq;  /* (n_embd, n_head * 2 * head_dim): per head [q | gate] */
     struct attn_weights attn; /* wk, wv, wo, q_norm, k_norm (wq unused) */
@@ -53,9 +52,7 @@ struct q35_layer {
     const struct tensor *ssm_a;    /* (n_v_head): -exp(A_log) */
     const struct tensor *ssm_norm; /* (head_v) */
     const struct tensor *ssm_out;  /* (n_v_head * head_v, n_embd) */
-    /* FFN */
-    const struct tensor *ffn_gate, *ffn_up; /* (n_embd, n_ff) */
-    const struct tensor *ffn_down;          /* (n_ff, n_embd) */
+    struct ffn_weights ffn; /* its norm is post_attention_norm; dense (qwen35moe: experts) */
 };
 
 /* The multi-token-prediction head (kept for speculative decoding; not run yet). */
@@ -138,12 +135,8 @@ static void load_attn(struct loader *l, int il, struct q35_layer *y) {
 }
 
 static void load_common_block(struct loader *l, int il, struct q35_layer *y) {
-    const struct model_hparams *hp = &l->m->hp;
-    y->attn_norm = ld_vector(l, false, hp->n_embd, "blk.%d.attn_norm.weight", il);
-    y->post_attn_norm = ld_vector(l, false, hp->n_embd, "blk.%d.post_attention_norm.weight", il);
-    y->ffn_gate = ld_matrix(l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_gate.weight", il);
-    y->ffn_up = ld_matrix(l, false, hp->n_embd, hp->n_ff, "blk.%d.ffn_up.weight", il);
-    y->ffn_down = ld_matrix(l, false, hp->n_ff, hp->n_embd, "blk.%d.ffn_down.weight", il);
+    y->attn_norm = ld_vector(l, false, l->m->hp.n_embd, "blk.%d.attn_norm.weight", il);
+    ld_ffn_weights(l, il, "post_attention_norm", &y->ffn);
 }
 
 static smelt_status load(struct model *m, const struct gguf_file *f, struct err *e) {
@@ -322,12 +315,11 @@ static struct tensor *forward(struct model *m, struct step *s) {
         struct tensor *t = y->recurrent ? deltanet(m, s, il, Q, y, x) : attention(m, s, il, y, x);
         if (last) fwd_keep_out_rows(m, s, &x, &t); /* every row's state and K/V are stored */
         const float eps = m->hp.norm_eps;
-        const struct prenorm ffn_pre = {y->post_attn_norm, eps};
+        const struct prenorm ffn_pre = {y->ffn.norm, eps};
         const struct prenorm next_pre = {last ? m->output_norm : Q->L[il + 1].attn_norm, eps};
         bk_matmul_acc(bk, x, y->recurrent ? y->ssm_out : y->attn.wo, t, &ffn_pre);
-        bk_matmul_acc(bk, x, y->ffn_down,
-                      fwd_ffn_glu(m, s, y->ffn_gate, y->ffn_up, x, y->post_attn_norm, GLU_SILU),
-                      &next_pre);
+        /* x += FFN(rms_norm(x) * post_attention_norm), SwiGLU */
+        fwd_ffn(m, s, &y->ffn, GLU_SILU, x, x, true, &next_pre);
         if (!last) bk_scratch_release(bk, mark);
     }
     return x;
