@@ -30,7 +30,7 @@
 #include "engine/engine.h"
 #include "format/gguf.h"
 #include "server/server.h"
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
 #include "tokenizer/tok.h"
 
 #define VOCAB (3 + 256 + 6)

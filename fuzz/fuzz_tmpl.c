@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
 
 static const char default_ctx[] =
     "{\"messages\": ["

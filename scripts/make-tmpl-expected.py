@@ -20,7 +20,7 @@ the same time with --now. bos_token / eos_token are "<s>" / "</s>" for every tem
 Rerun after changing a conversation or when ../shared/data/chat-templates changes:
     python3 scripts/make-tmpl-expected.py
 
-It also writes src/tokenizer/tmpl_unicode.c (--unicode-tables): the Unicode case mappings
+It also writes src/template/tmpl_unicode.c (--unicode-tables): the Unicode case mappings
 and str.is*() properties of this Python, so that smelt's upper/lower/title/isalpha/...
 agree with the Python that renders HF templates. Rerun it when moving to a new Python.
 Output: tests/data/tmpl/expected/<template>.json =
@@ -159,7 +159,7 @@ def unicode_tables(path):
          " (Unicode %s): do not edit." % (sys.version.split()[0], unicodedata.unidata_version),
          " * Case mappings and str.is*() properties, so that smelt's upper/lower/title/isalpha/...",
          " * agree with the Python that renders HF chat templates. */",
-         '#include "tokenizer/tmpl_int.h"', ""]
+         '#include "template/tmpl_int.h"', ""]
     for name, lst in (("lower", lower), ("upper", upper), ("title", title)):
         runs = _runs(lst)
         o.append(f"const struct tmpl_case_run tmpl_case_{name}[] = {{")

@@ -38,7 +38,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "server/outp.h"
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
 #include "tokenizer/tok.h"
 
 #define BLOCK 16

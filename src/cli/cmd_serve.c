@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "cli/chat_template.h"
 #include "cli/climem.h"
 #include "cli/cli.h"
 #include "cli/modelref.h"
@@ -33,7 +32,8 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "server/server.h"
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
+#include "template/tmpl_source.h"
 #include "tokenizer/tok.h"
 #include "util/log.h"
 
@@ -428,7 +428,7 @@ int cmd_serve(int argc, char **argv) {
     struct engine *en = NULL;
     struct server *srv = NULL;
     struct tmpl *tm = NULL, *tm_tools = NULL;
-    struct cli_chat_templates ct = {0};
+    struct tmpl_sources ct = {0};
     char *bos = NULL, *eos = NULL, *name = NULL;
     struct fake fk = {0};
     bool cuda = false;
@@ -451,8 +451,8 @@ int cmd_serve(int argc, char **argv) {
         if (st == SMELT_OK) st = cli_model_load(path, f, bk, &m, &e);
     }
     /* the chat templates: --chat-template, the model's (and its tool_use one), or the
-     * ChatML default (cli/chat_template.h) */
-    if (st == SMELT_OK) st = cli_chat_templates_load(&ct, f, o.chat_template, &e);
+     * ChatML default (template/tmpl_source.h) */
+    if (st == SMELT_OK) st = tmpl_sources_load(&ct, f, o.chat_template, &e);
     if (st == SMELT_OK) {
         st = tmpl_compile(ct.src, ct.len, &tm, &e);
         if (st != SMELT_OK) err_prefix(&e, "%s", o.chat_template ? o.chat_template : "chat template");
@@ -642,7 +642,7 @@ int cmd_serve(int argc, char **argv) {
     bk_free(bk);
     tmpl_free(tm);
     tmpl_free(tm_tools);
-    cli_chat_templates_free(&ct);
+    tmpl_sources_free(&ct);
     tok_free(tok);
     gguf_close(f);
     free(bos);

@@ -1,7 +1,7 @@
 /* smelt template MODEL conversation.json: renders a model's chat template.
  *
  * The template comes from the GGUF's tokenizer.chat_template (or --template FILE, or the
- * documented ChatML default when the model has none: cli/chat_template.h, shared with
+ * documented ChatML default when the model has none: template/tmpl_source.h, shared with
  * `smelt serve`); a conversation with tools gets the model's
  * tokenizer.chat_template.tool_use when it has one. bos_token / eos_token are the text
  * of the vocab's BOS/EOS tokens. The context is what Hugging Face's apply_chat_template
@@ -14,10 +14,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli/chat_template.h"
 #include "cli/cli.h"
 #include "format/gguf.h"
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
+#include "template/tmpl_source.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -157,7 +157,7 @@ int cmd_template(int argc, char **argv) {
     struct gguf_file *g = NULL;
     struct tmpl *t = NULL;
     struct tmpl_value *ctx = NULL;
-    struct cli_chat_templates ct = {0};
+    struct tmpl_sources ct = {0};
     json_t *cj = NULL, *extra = NULL;
     if (!vars) return cli_fail("template", &(struct err){SMELT_ERR_NOMEM, "out of memory"});
     for (int i = 1; i < argc; i++) {
@@ -231,7 +231,7 @@ int cmd_template(int argc, char **argv) {
     if (model) {
         if (gguf_open(&g, model, &e)) goto fail;
         if (!src) {
-            if (cli_chat_templates_load(&ct, g, NULL, &e)) goto fail;
+            if (tmpl_sources_load(&ct, g, NULL, &e)) goto fail;
             if (ct.fallback)
                 fprintf(stderr, "smelt template: %s has no tokenizer.chat_template; using the ChatML default\n", model);
             src = ct.src;
@@ -313,7 +313,7 @@ done:
     json_decref(vars);
     free(conv_text);
     free(src);
-    cli_chat_templates_free(&ct);
+    tmpl_sources_free(&ct);
     free(bos);
     free(eos);
     if (g) gguf_close(g);

@@ -1,5 +1,5 @@
 /* Chat prompts: a request's messages (and tools) rendered with the model's chat template,
- * the way Hugging Face's apply_chat_template does (tokenizer/tmpl.h), then tokenized.
+ * the way Hugging Face's apply_chat_template does (template/tmpl.h), then tokenized.
  *
  * Which template: the model's `tokenizer.chat_template.tool_use` when the request passes
  * tools (tools present and tool_choice not "none") and the model has one, else its
@@ -32,7 +32,7 @@
 #include <string.h>
 
 #include "server/server_int.h"
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
 
 void gen_chat_prompt_free(struct chat_prompt *cp) {
     free(cp->text);

@@ -482,7 +482,7 @@ def test_base_model_without_template_chats(tmp_path):
 
 def test_smelt_template_picks_the_same_templates(models, tmp_path):
     # `smelt template` finds templates through the same code as the server
-    # (cli/chat_template.c): the ChatML fallback, and tool_use when a chat has tools
+    # (template/tmpl_source.c): the ChatML fallback, and tool_use when a chat has tools
     import subprocess
 
     def render(model, conv):

@@ -12,8 +12,8 @@
 #include <time.h>
 
 #include "t.h"
-#include "tokenizer/tmpl.h"
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl.h"
+#include "template/tmpl_int.h"
 
 /* Renders src with a context given as JSON text; returns the output (malloc) or NULL
  * with e set. */

@@ -13,7 +13,7 @@
  * expressions, statements and macro calls) is bounded by rt->cdepth; allocations are
  * charged in tmpl_value.c. Exceeding any of them ends the render with SMELT_ERR_RANGE.
  */
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl_int.h"
 
 #include <inttypes.h>
 #include <math.h>

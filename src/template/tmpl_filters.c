@@ -10,7 +10,7 @@
  * urlencode, xmlattr, filesizeformat, wordwrap): a template that merely contains them
  * compiles, and fails with "unsupported filter" only when one actually runs.
  */
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl_int.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -7,8 +7,8 @@
  * Named templates: a GGUF may carry tokenizer.chat_template.<name> (gguf-py writes the
  * names into tokenizer.chat_templates). The one named "tool_use" is what transformers
  * renders when a chat passes tools; it is loaded when present (never with FILE). */
-#ifndef SMELT_CLI_CHAT_TEMPLATE_H
-#define SMELT_CLI_CHAT_TEMPLATE_H
+#ifndef SMELT_TEMPLATE_TMPL_SOURCE_H
+#define SMELT_TEMPLATE_TMPL_SOURCE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -17,7 +17,7 @@
 
 struct gguf_file;
 
-struct cli_chat_templates {
+struct tmpl_sources {
     char *src;      /* the default template's source (malloc'd, NUL-terminated) */
     size_t len;
     bool fallback;  /* src is the ChatML default: the model has no template */
@@ -27,8 +27,8 @@ struct cli_chat_templates {
 
 /* Fills t from file (may be NULL) or the model f (may be NULL when file is given). A
  * template key of the wrong type is an error that names it. */
-smelt_status cli_chat_templates_load(struct cli_chat_templates *t, const struct gguf_file *f,
+smelt_status tmpl_sources_load(struct tmpl_sources *t, const struct gguf_file *f,
                                      const char *file, struct err *e);
-void cli_chat_templates_free(struct cli_chat_templates *t);
+void tmpl_sources_free(struct tmpl_sources *t);
 
 #endif

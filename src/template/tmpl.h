@@ -24,8 +24,8 @@
  *   SMELT_ERR_RANGE        a budget was exceeded
  *   SMELT_ERR_NOMEM        allocation failed
  */
-#ifndef SMELT_TOKENIZER_TMPL_H
-#define SMELT_TOKENIZER_TMPL_H
+#ifndef SMELT_TEMPLATE_TMPL_H
+#define SMELT_TEMPLATE_TMPL_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -10,7 +10,7 @@
  * scope lookups compare pointers. Recursion depth is capped (TMPL_MAX_NEST) so a
  * hostile template cannot overflow the stack while parsing.
  */
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
  *   - inside a tag, `%}`/`}}` only end it when (), [] and {} are balanced;
  *   - string literals are decoded like Python's unicode-escape codec.
  */
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl_int.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -8,7 +8,7 @@
  * which HF uses: the attribute is an undefined value, so calling it fails with
  * "access to attribute 'append' of 'list' object is unsafe".
  */
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl_int.h"
 
 #include <inttypes.h>
 #include <math.h>

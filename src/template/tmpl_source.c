@@ -1,5 +1,5 @@
-/* Finding a model's chat templates: see chat_template.h. */
-#include "cli/chat_template.h"
+/* Finding a model's chat templates: see tmpl_source.h. */
+#include "template/tmpl_source.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "format/gguf.h"
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
 
 #define TOOL_USE_KEY "tokenizer.chat_template.tool_use"
 
@@ -61,7 +61,7 @@ static smelt_status gguf_text(const struct gguf_file *f, const char *key, char *
     return SMELT_OK;
 }
 
-smelt_status cli_chat_templates_load(struct cli_chat_templates *t, const struct gguf_file *f,
+smelt_status tmpl_sources_load(struct tmpl_sources *t, const struct gguf_file *f,
                                      const char *file, struct err *e) {
     memset(t, 0, sizeof *t);
     smelt_status st;
@@ -75,11 +75,11 @@ smelt_status cli_chat_templates_load(struct cli_chat_templates *t, const struct 
         t->fallback = true;
         if (!t->src) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
     }
-    if (st != SMELT_OK) cli_chat_templates_free(t);
+    if (st != SMELT_OK) tmpl_sources_free(t);
     return st;
 }
 
-void cli_chat_templates_free(struct cli_chat_templates *t) {
+void tmpl_sources_free(struct tmpl_sources *t) {
     free(t->src);
     free(t->tool_use);
     memset(t, 0, sizeof *t);

@@ -13,15 +13,15 @@
  * Cycles: only namespaces are mutable, so only they can close a cycle; a render keeps a
  * list of the namespaces it made and clears them at the end.
  */
-#ifndef SMELT_TOKENIZER_TMPL_INT_H
-#define SMELT_TOKENIZER_TMPL_INT_H
+#ifndef SMELT_TEMPLATE_TMPL_INT_H
+#define SMELT_TEMPLATE_TMPL_INT_H
 
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tokenizer/tmpl.h"
+#include "template/tmpl.h"
 
 /* ---------------------------------------------------------------- values */
 

@@ -6,7 +6,7 @@
  * render's cumulative allocation budget: that bounds both its memory and the time it
  * can spend copying. Outside a render (rt == NULL) nothing is charged.
  */
-#include "tokenizer/tmpl_int.h"
+#include "template/tmpl_int.h"
 
 #include <inttypes.h>
 #include <math.h>
