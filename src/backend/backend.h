@@ -515,7 +515,7 @@ bool bk_has_moe(const struct backend *b);
 void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
                     const struct tensor *rows, const struct tensor *adj);
 /* True when the backend implements bk_logits_topk (else the caller summarizes on the
- * host with cpu_topk_row). */
+ * host with topk_summarize_row, backend/topk.h). */
 bool bk_has_logits_topk(const struct backend *b);
 
 /* ---- step graphs ----
@@ -541,13 +541,5 @@ smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e)
 /* Reference matmuls on a CPU backend: weights dequantized to F32 and dotted with F32
  * activations (slow; for checking the forward pass without 8-bit activation noise). */
 void cpu_backend_set_exact(struct backend *b, bool exact);
-/* The logits_topk op on one row in host memory: the CPU backend's implementation and the
- * reference every other backend is checked against. adj: the row's req->adj_n entries
- * (sorted by token); cand: room for req->k candidates; adj_raw: req->adj_n floats or
- * NULL. Fields the request did not ask for (sum_adj without TOPK_SUM, max_raw and
- * lse_raw without TOPK_RAW) are unspecified. Nothing is written when req->k <= 0. */
-void cpu_topk_row(const float *logits, int32_t n_vocab, const struct topk_row *req,
-                  const struct logit_adj *adj, struct topk_summary *sum,
-                  struct topk_cand *cand, float *adj_raw);
 
 #endif

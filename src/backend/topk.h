@@ -13,7 +13,9 @@
  * which the host builds from the sampler's state and uploads with the step.
  *
  * Plain C structs of 4-byte fields, shared by the host, the CPU backend and the CUDA
- * kernels (cuda_sample.cu); layouts must not change without both sides. */
+ * kernels (cuda_sample.cu); layouts must not change without both sides. One row's
+ * summary in host memory is topk_summarize_row (topk.c), the reference of every
+ * backend's op. */
 #ifndef SMELT_BACKEND_TOPK_H
 #define SMELT_BACKEND_TOPK_H
 
@@ -117,7 +119,7 @@ static inline float topk_key_logit(uint64_t key) {
 static inline int32_t topk_key_token(uint64_t key) { return (int32_t)~(uint32_t)key; }
 
 /* Min-heap of keys (h[0] the smallest kept), to keep the k largest of a stream: the host
- * op (cpu_topk.c) and the sampler's fallback over a full row (engine/sample.c). */
+ * summary (topk.c) and the sampler's fallback over a full row (engine/sample.c). */
 static inline void topk_heap_down(uint64_t *h, int64_t n, int64_t i) {
     for (;;) {
         int64_t l = 2 * i + 1, r = l + 1, m = i;
@@ -141,5 +143,18 @@ static inline void topk_heap_up(uint64_t *h, int64_t i) {
         i = p;
     }
 }
+
+/* One row's summary in host memory (topk.c): the reference every backend's logits_topk
+ * op is checked against, the CPU backend's op, and the host path of model_step and the
+ * sampler. logits: the row's n_vocab raw logits; adj: the row's req->adj_n entries (sorted
+ * by token) or NULL; cand: room for req->k candidates; adj_raw: req->adj_n floats or
+ * NULL. Fields the request did not ask for (sum_adj without TOPK_SUM, max_raw and lse_raw
+ * without TOPK_RAW) are unspecified. Nothing is written when req->k <= 0. */
+#ifdef __cplusplus
+extern "C"
+#endif
+void topk_summarize_row(const float *logits, int32_t n_vocab, const struct topk_row *req,
+                        const struct logit_adj *adj, struct topk_summary *sum,
+                        struct topk_cand *cand, float *adj_raw);
 
 #endif

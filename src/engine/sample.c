@@ -876,7 +876,7 @@ smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
             out->token = SAMPLE_NEED_ROW;
             return SMELT_OK;
         }
-        cpu_topk_row(row, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
+        topk_summarize_row(row, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
         sum = &s->hsum;
         cand = s->hcand;
         adj_raw = s->raw_host;
@@ -902,6 +902,6 @@ smelt_status sampler_sample(struct sampler *s, const float *logits, struct sampl
         out->token = -1;
         return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
     }
-    cpu_topk_row(logits, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
+    topk_summarize_row(logits, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
     return sampler_finish(s, &s->hsum, s->hcand, s->raw_host, logits, out, e);
 }

@@ -18,7 +18,7 @@
  * prefix whose mass reaches top_p of the total; min-p keeps ranks whose probability is
  * at least min_p times the best one's; a draw walks the kept tokens, the candidates in
  * rank order first and the rest in token order. sampler_sample does all of it on a
- * full row in host memory (the summary computed by cpu_topk_row).
+ * full row in host memory (the summary computed by topk_summarize_row).
  *
  * Cost per token on the host: O(k) from a summary; a full row only when a draw falls
  * outside the candidates (1-4 passes, see sample.c). Penalties and bias touch only the

@@ -1084,7 +1084,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     if (smp && !dev_topk) {
         for (int32_t r = 0; r < n_out; r++) {
             const struct topk_row *q = &smp->rows[r];
-            cpu_topk_row(rows_here + (size_t)r * m->hp.n_vocab, m->hp.n_vocab, q,
+            topk_summarize_row(rows_here + (size_t)r * m->hp.n_vocab, m->hp.n_vocab, q,
                          smp->adj ? smp->adj + q->adj_off : NULL, &smp->sum[r],
                          smp->cand + (size_t)r * TOPK_MAX,
                          smp->adj_raw ? smp->adj_raw + q->adj_off : NULL);

@@ -1,5 +1,5 @@
-/* The CUDA logits_topk op (cuda_sample.cu) against its CPU twin (cpu_topk_row), and the
- * sampler on device summaries against the sampler on full host rows.
+/* The CUDA logits_topk op (cuda_sample.cu) against its CPU twin (topk_summarize_row,
+ * backend/topk.c), and the sampler on device summaries against the sampler on full host rows.
  *
  *   - op: 152k and 262k vocabularies (and ragged ones) at 1, 3 and 64 rows; rows peaked,
  *     flat, with exact ties, sprinkled -inf and NaN, all equal, nearly all -inf,
@@ -123,7 +123,7 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
             continue;
         }
         struct topk_summary ws;
-        cpu_topk_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, &ws, wc, wraw);
+        topk_summarize_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, &ws, wc, wraw);
         if (!topk_same(what, &q[r], &sums[r], cands + (size_t)r * TOPK_MAX, raws + q[r].adj_off, &ws,
                        wc, wraw, TOL))
             (*n_bad)++;
@@ -201,7 +201,7 @@ static void test_model_step_graphs(void) {
         T_EQ_INT(model_step(m, kv, &b, NULL, &ms, NULL, &e), SMELT_OK);
         T_EQ_INT(model_fetch_rows(m, 0, ns, rows, &e), SMELT_OK);
         for (int s = 0; s < ns; s++) {
-            cpu_topk_row(rows + (size_t)s * nv, nv, &q[s], adj + q[s].adj_off, &ws, wc, wraw);
+            topk_summarize_row(rows + (size_t)s * nv, nv, &q[s], adj + q[s].adj_off, &ws, wc, wraw);
             char what[64];
             snprintf(what, sizeof what, "step %d sequence %d", step, s);
             if (!topk_same(what, &q[s], &sum[s], cand + (size_t)s * TOPK_MAX, raw + q[s].adj_off, &ws, wc,

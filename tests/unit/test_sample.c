@@ -324,7 +324,7 @@ static smelt_status via_summary(struct sampler *s, const float *row, int nv, int
     struct topk_row q;
     int32_t n = sampler_request(s, &q, adj, 0, adj_cap);
     T_CHECK(n >= 0 && q.adj_n == n);
-    if (q.k > 0) cpu_topk_row(row, nv, &q, adj, &sum, cand, raw);
+    if (q.k > 0) topk_summarize_row(row, nv, &q, adj, &sum, cand, raw);
     if (q.k == 1) cand[0] = (struct topk_cand){-5, NAN}; /* never read for k = 1 */
     struct err e;
     smelt_status st = sampler_finish(s, &sum, cand, raw, NULL, r, &e);

@@ -1,4 +1,4 @@
-/* The logits_topk op on the CPU (cpu_topk_row, the CPU backend's op) against a naive
+/* The logits_topk op on the CPU (topk_summarize_row, the CPU backend's op) against a naive
  * reference (every adjustment applied in list order, a full sort of the finite values,
  * sums in double): candidates exactly, ties by token id, counts exactly, sums within
  * 1e-5. Then model_step's summaries against its full rows, on a backend with the op and
@@ -36,7 +36,7 @@ static void check_rows(int nv, int n_rows_per_kind, unsigned long long *rs, int 
                 q.adj_n = 0;
             }
             struct topk_summary gs, ws;
-            cpu_topk_row(x, nv, &q, adj, &gs, gc, graw);
+            topk_summarize_row(x, nv, &q, adj, &gs, gc, graw);
             topk_ref_row(x, nv, &q, adj, &ws, wc, wraw, a, keys);
             char what[64];
             snprintf(what, sizeof what, "nv %d kind %d row %d", nv, kind, it);
@@ -56,8 +56,8 @@ static void test_rows(void) {
     T_CHECKF(bad == 0, "%d rows differ from the reference", bad);
 }
 
-/* The op over a batch of rows: each row as cpu_topk_row alone gives it, at the layout's
- * offsets; a k = 0 row is not written. */
+/* The op over a batch of rows: each row as topk_summarize_row alone gives it, at the
+ * layout's offsets; a k = 0 row is not written. */
 static void test_op(void) {
     struct backend *bk;
     struct err e;
@@ -97,7 +97,7 @@ static void test_op(void) {
             T_EQ_INT(poison, 0x5a5a5a5au);
             continue;
         }
-        cpu_topk_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, &ws, wc, wraw);
+        topk_summarize_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, &ws, wc, wraw);
         T_CHECK(topk_same("op row", &q[r], &sums[r], cands + (size_t)r * TOPK_MAX,
                           raws + q[r].adj_off, &ws, wc, wraw, 0));
     }
@@ -160,7 +160,8 @@ static void step_and_check(struct rig *g, struct err *e) {
         struct topk_summary ws;
         static struct topk_cand wc[TOPK_MAX];
         float wraw[2];
-        cpu_topk_row(full + (size_t)r * nv, nv, &rows[r], adj + rows[r].adj_off, &ws, wc, wraw);
+        topk_summarize_row(full + (size_t)r * nv, nv, &rows[r], adj + rows[r].adj_off, &ws, wc,
+                           wraw);
         T_CHECK(topk_same("model_step", &rows[r], &sum[r], cand + (size_t)r * TOPK_MAX,
                           rows[r].adj_n ? raw : NULL, &ws, wc, wraw, 0));
     }
