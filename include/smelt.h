@@ -1,7 +1,9 @@
 /* smelt — public C API (libsmelt).
  *
  * Opaque handles, explicit enum values that only ever grow, one line per function.
- * Every call that can fail returns a smelt_status; smelt_last_error() gives the message.
+ * Every call that can fail returns a smelt_status; smelt_last_error() then gives its
+ * message, which names what was wrong and where. Errors are per thread: a failure on one
+ * thread never changes the message another thread reads.
  */
 #ifndef SMELT_H
 #define SMELT_H
@@ -36,6 +38,10 @@ const char *smelt_version(void);
 
 /* Human-readable name of a status code ("format error", ...). */
 const char *smelt_status_str(smelt_status s);
+
+/* The message of the last call on this thread that failed ("" if none has); a call that
+ * succeeds leaves it as it was. Valid until the next failing call on this thread. */
+const char *smelt_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,5 @@
-/* The batch: the unit of work of one forward step (DESIGN.md, "The step").
+/* The batch: the unit of work of one forward step (docs/forward.md, "The step" and "The
+ * batch").
  *
  * n_tokens rows drawn from any number of sequences: a prefill chunk of one sequence can
  * sit beside single decode tokens of others. Row i is token[i] of sequence seq[i] at

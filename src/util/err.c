@@ -39,6 +39,20 @@ void err_clear(struct err *e) {
     e->msg[0] = 0;
 }
 
+/* The public API's last error, per thread (smelt_last_error). */
+static _Thread_local char last_error[ERR_MSG_MAX];
+
+smelt_status err_publish(const struct err *e) {
+    if (!e) {
+        snprintf(last_error, sizeof last_error, "no error context");
+        return SMELT_ERR_INTERNAL;
+    }
+    snprintf(last_error, sizeof last_error, "%s", e->msg);
+    return e->code;
+}
+
+const char *smelt_last_error(void) { return last_error; }
+
 const char *smelt_status_str(smelt_status s) {
     switch (s) {
     case SMELT_OK: return "ok";

@@ -25,4 +25,9 @@ smelt_status err_prefix(struct err *e, const char *fmt, ...) __attribute__((form
 /* Clears e to SMELT_OK and an empty message. */
 void err_clear(struct err *e);
 
+/* Makes e's message this thread's smelt_last_error() (include/smelt.h) and returns
+ * e->code: a public API function that fails ends with `return err_publish(&e);`. e NULL:
+ * SMELT_ERR_INTERNAL with the message "no error context". */
+smelt_status err_publish(const struct err *e);
+
 #endif

@@ -6,6 +6,7 @@
 #include "util/log.h"
 #include "util/utf8.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
 static void test_err(void) {
@@ -16,6 +17,39 @@ static void test_err(void) {
     err_prefix(&e, "file %s", "a.gguf");
     T_EQ_STR(e.msg, "file a.gguf: tensor x: bad");
     T_EQ_INT(e.code, SMELT_ERR_FORMAT);
+}
+
+/* smelt_last_error: "" at first, the message published last on this thread, untouched by
+ * another thread's errors, whole messages of the largest size. */
+static void *other_thread(void *arg) {
+    const char **seen = arg;
+    seen[0] = smelt_last_error()[0] ? "not empty" : "";
+    struct err e;
+    err_set(&e, SMELT_ERR_IO, "other thread");
+    err_publish(&e);
+    seen[1] = strcmp(smelt_last_error(), "other thread") ? "wrong" : "ok";
+    return NULL;
+}
+
+static void test_last_error(void) {
+    T_EQ_STR(smelt_last_error(), "");
+    struct err e;
+    err_set(&e, SMELT_ERR_NOT_FOUND, "tensor %s: absent", "output.weight");
+    T_EQ_INT(err_publish(&e), SMELT_ERR_NOT_FOUND);
+    T_EQ_STR(smelt_last_error(), "tensor output.weight: absent");
+    const char *seen[2] = {"unset", "unset"};
+    pthread_t th;
+    T_CHECK(pthread_create(&th, NULL, other_thread, seen) == 0);
+    pthread_join(th, NULL);
+    T_EQ_STR(seen[0], "");
+    T_EQ_STR(seen[1], "ok");
+    T_EQ_STR(smelt_last_error(), "tensor output.weight: absent");
+    memset(e.msg, 'x', sizeof e.msg - 1);
+    e.msg[sizeof e.msg - 1] = 0;
+    err_publish(&e);
+    T_EQ_INT(strlen(smelt_last_error()), ERR_MSG_MAX - 1);
+    T_EQ_INT(err_publish(NULL), SMELT_ERR_INTERNAL);
+    T_EQ_STR(smelt_last_error(), "no error context");
 }
 
 static void test_ckd(void) {
@@ -100,6 +134,7 @@ static void test_log_escape(void) {
 int main(void) {
     T_RUN(test_log_escape);
     T_RUN(test_err);
+    T_RUN(test_last_error);
     T_RUN(test_ckd);
     T_RUN(test_arena);
     T_RUN(test_half_roundtrip);
