@@ -1,9 +1,9 @@
 /* The CPU backend: host memory, a per-step scratch stack, and the op vtable.
  *
  * Weights stay where the GGUF mapping put them (weight_bind only checks the type).
- * Scratch tensors come from a stack that is emptied at each step_begin and rewound per
- * layer (mark/release), so a step costs no malloc once the stack has grown to the
- * step's peak. Ops run synchronously; sync only reports the sticky error. */
+ * Scratch tensors come from a stack (util/arena.h) that is emptied at each step_begin
+ * and rewound per layer (mark/release), so a step costs no malloc once the stack has
+ * grown to the step's peak. Ops run synchronously; sync only reports the sticky error. */
 #include "backend/cpu/cpu_backend.h"
 
 #include <stdlib.h>
@@ -45,120 +45,10 @@ void cpu_parallel(struct cpu_backend *cb, cpu_range_fn fn, void *ctx, int64_t n,
     cpu_pool_run(cb->pool, par_task, &j);
 }
 
-/* ---- scratch stack ---- */
-
-#define CPU_ALIGN 64
-#define MARK_SHIFT 48 /* a mark is (chunk index << 48) | offset in that chunk */
-
-/* The scratch peak (bk_scratch_peak): the current chunk's end of use, offset by the whole
- * chunks before it. */
-static void note_peak(struct cpu_stack *st) {
-    size_t at = st->chunks[st->cur].used;
-    for (int i = 0; i < st->cur; i++) at += st->chunks[i].cap;
-    if (at > st->peak) st->peak = at;
-}
-
-static void *stack_alloc(struct cpu_stack *st, size_t n) {
-    size_t need = (n + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1);
-    if (need < n || need >= ((size_t)1 << MARK_SHIFT)) return NULL;
-    while (st->cur < st->n) {
-        struct cpu_chunk *c = &st->chunks[st->cur];
-        if (c->cap - c->used >= need) {
-            void *p = c->base + c->used;
-            c->used += need;
-            note_peak(st);
-            return p;
-        }
-        if (st->cur + 1 >= st->n) break;
-        st->cur++;
-        st->chunks[st->cur].used = 0;
-    }
-    /* A new chunk after the current one: at least double what exists. */
-    size_t total = 0;
-    for (int i = 0; i < st->n; i++) total += st->chunks[i].cap;
-    size_t cap = need > total ? need : total;
-    if (cap < ((size_t)1 << 20)) cap = (size_t)1 << 20;
-    if (st->n == st->cap) {
-        int nc = st->cap ? st->cap * 2 : 8;
-        struct cpu_chunk *ch = realloc(st->chunks, (size_t)nc * sizeof *ch);
-        if (!ch) return NULL;
-        st->chunks = ch;
-        st->cap = nc;
-    }
-    unsigned char *base = aligned_alloc(CPU_ALIGN, cap);
-    if (!base) return NULL;
-    int at = st->n ? st->cur + 1 : 0;
-    memmove(&st->chunks[at + 1], &st->chunks[at], (size_t)(st->n - at) * sizeof st->chunks[0]);
-    st->chunks[at] = (struct cpu_chunk){base, cap, need};
-    st->n++;
-    st->cur = at;
-    note_peak(st);
-    return base;
-}
-
-static size_t stack_mark(const struct cpu_stack *st) {
-    if (!st->n) return 0;
-    return ((size_t)st->cur << MARK_SHIFT) | st->chunks[st->cur].used;
-}
-
-static void stack_release(struct cpu_stack *st, size_t mark) {
-    if (!st->n) return;
-    int cur = (int)(mark >> MARK_SHIFT);
-    size_t used = mark & (((size_t)1 << MARK_SHIFT) - 1);
-    if (cur > st->cur || (cur == st->cur && used > st->chunks[cur].used)) return; /* stale */
-    st->cur = cur;
-    st->chunks[cur].used = used;
-}
-
-/* Empties the stack; merges several chunks into one of their total size. */
-static void stack_reset(struct cpu_stack *st) {
-    if (st->n > 1) {
-        size_t total = 0;
-        for (int i = 0; i < st->n; i++) total += st->chunks[i].cap;
-        unsigned char *base = aligned_alloc(CPU_ALIGN, total);
-        if (base) {
-            for (int i = 0; i < st->n; i++) free(st->chunks[i].base);
-            st->chunks[0] = (struct cpu_chunk){base, total, 0};
-            st->n = 1;
-        }
-    }
-    st->cur = 0;
-    if (st->n) st->chunks[0].used = 0;
-}
-
-/* Empties the stack into one block of at least n bytes (bk_scratch_reserve). */
-static bool stack_reserve(struct cpu_stack *st, size_t n) {
-    size_t total = 0;
-    for (int i = 0; i < st->n; i++) total += st->chunks[i].cap;
-    if (st->n == 1 && total >= n) {
-        st->cur = 0;
-        st->chunks[0].used = 0;
-        return true;
-    }
-    size_t cap = total > n ? total : n;
-    cap = (cap + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1);
-    if (!st->cap) {
-        st->chunks = malloc(8 * sizeof *st->chunks);
-        if (!st->chunks) return false;
-        st->cap = 8;
-    }
-    unsigned char *base = aligned_alloc(CPU_ALIGN, cap ? cap : CPU_ALIGN);
-    if (!base) return false;
-    for (int i = 0; i < st->n; i++) free(st->chunks[i].base);
-    st->chunks[0] = (struct cpu_chunk){base, cap ? cap : CPU_ALIGN, 0};
-    st->n = 1;
-    st->cur = 0;
-    return true;
-}
-
-static void stack_free(struct cpu_stack *st) {
-    for (int i = 0; i < st->n; i++) free(st->chunks[i].base);
-    free(st->chunks);
-    memset(st, 0, sizeof *st);
-}
+/* ---- scratch ---- */
 
 void *cpu_scratch(struct cpu_backend *cb, size_t nbytes) {
-    void *p = stack_alloc(&cb->scratch, nbytes ? nbytes : 1);
+    void *p = arena_alloc(&cb->scratch, nbytes);
     if (!p) bk_fail(&cb->base, SMELT_ERR_NOMEM, "CPU scratch: out of memory (%zu bytes)", nbytes);
     return p;
 }
@@ -242,7 +132,7 @@ void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w
 
 static void cpu_free(struct backend *b) {
     struct cpu_backend *cb = cpu_of(b);
-    stack_free(&cb->scratch);
+    arena_free(&cb->scratch);
     arena_free(&cb->mm_scratch);
     cpu_pool_free(cb->pool);
     bk_base_free(b);
@@ -278,22 +168,22 @@ static void cpu_buffer_free(struct backend *b, struct tensor *t) {
     free(t->data);
 }
 
-static void cpu_step_begin(struct backend *b) { stack_reset(&cpu_of(b)->scratch); }
+static void cpu_step_begin(struct backend *b) { arena_reset(&cpu_of(b)->scratch); }
 
 static void *cpu_scratch_alloc(struct backend *b, size_t nbytes) {
-    return stack_alloc(&cpu_of(b)->scratch, nbytes ? nbytes : 1);
+    return arena_alloc(&cpu_of(b)->scratch, nbytes);
 }
 
-static size_t cpu_scratch_mark(struct backend *b) { return stack_mark(&cpu_of(b)->scratch); }
+static size_t cpu_scratch_mark(struct backend *b) { return arena_mark(&cpu_of(b)->scratch); }
 
 static void cpu_scratch_release(struct backend *b, size_t mark) {
-    stack_release(&cpu_of(b)->scratch, mark);
+    arena_release(&cpu_of(b)->scratch, mark);
 }
 
-static size_t cpu_scratch_peak(struct backend *b) { return cpu_of(b)->scratch.peak; }
+static size_t cpu_scratch_peak(struct backend *b) { return arena_peak(&cpu_of(b)->scratch); }
 
 static smelt_status cpu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e) {
-    if (!stack_reserve(&cpu_of(b)->scratch, nbytes))
+    if (!arena_reserve(&cpu_of(b)->scratch, nbytes))
         return err_set(e, SMELT_ERR_NOMEM, "CPU scratch: cannot reserve %zu bytes", nbytes);
     return SMELT_OK;
 }
@@ -355,6 +245,7 @@ smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e)
     struct cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return err_set(e, SMELT_ERR_NOMEM, "CPU backend: out of memory");
     bk_base_init(&cb->base, &cpu_ops);
+    arena_init(&cb->scratch);
     arena_init(&cb->mm_scratch);
     smelt_status st = cpu_pool_new(&cb->pool, n_threads, e);
     if (st != SMELT_OK) {

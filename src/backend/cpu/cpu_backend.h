@@ -12,24 +12,9 @@
 #include "backend/cpu/cpu_ops_vec.h"
 #include "backend/cpu/cpu_pool.h"
 
-/* Per-step scratch: a stack of chunks. Allocation bumps the current chunk or moves to
- * the next (kept from earlier steps, or a new one twice the total size); mark/release
- * rewinds. At step_begin, more than one chunk is merged into one of their total size,
- * so a steady workload runs in one block with no malloc per step. */
-struct cpu_chunk {
-    unsigned char *base;
-    size_t cap, used;
-};
-
-struct cpu_stack {
-    struct cpu_chunk *chunks;
-    int n, cap, cur;
-    size_t peak; /* the highest end of an allocation, counted as if the chunks were one block */
-};
-
 struct cpu_backend {
     struct backend base;     /* first: a struct backend * points here */
-    struct cpu_stack scratch;
+    struct arena scratch;    /* per step (util/arena.h): reset at step_begin, rewound per layer */
     struct arena mm_scratch; /* cpu_matmul's quantized activations, reset after each call */
     struct cpu_pool *pool;
     int n_threads;           /* cpu_pool_size(pool) */
