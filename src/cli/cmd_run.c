@@ -40,6 +40,7 @@
 #include "server/outp.h"
 #include "template/tmpl.h"
 #include "tokenizer/tok.h"
+#include "util/array.h"
 
 #define BLOCK 16
 #define PREFILL_CHUNK 256
@@ -257,14 +258,8 @@ struct session {
 };
 
 static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct err *e) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
-        b->p = q;
-        b->cap = cap;
-    }
+    if (!array_grow((void **)&b->p, &b->cap, b->n + n + 1, 1))
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     memcpy(b->p + b->n, p, n);
     b->n += n;
     b->p[b->n] = 0;

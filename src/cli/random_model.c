@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/mix.h"
 
 /* Qwen3.5-9B (the official model card and a llama.cpp GGUF's metadata): 32 layers of
@@ -61,22 +62,17 @@ const char *rm_preset_names(void) {
 
 struct tlist {
     struct rm_tensor *v;
-    int64_t n, cap;
+    int64_t n;
+    size_t cap;
     bool oom;
 };
 
 static void add3(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne0, int64_t ne1,
                  int64_t ne2) {
     if (l->oom) return;
-    if (l->n == l->cap) {
-        int64_t cap = l->cap ? l->cap * 2 : 64;
-        struct rm_tensor *v = realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v) {
-            l->oom = true;
-            return;
-        }
-        l->v = v;
-        l->cap = cap;
+    if (!array_grow((void **)&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v)) {
+        l->oom = true;
+        return;
     }
     struct rm_tensor *t = &l->v[l->n++];
     snprintf(t->name, sizeof t->name, "%s", name);

@@ -25,6 +25,7 @@
 
 #include "model/model.h"
 #include "tokenizer/tok.h"
+#include "util/array.h"
 #include "util/ckd.h"
 #include "util/log.h"
 
@@ -96,13 +97,15 @@ struct seq {
     int32_t choice;
     uint64_t arrival;   /* submit order (preemption picks the newest) */
     int32_t *tok;       /* prompt, then generated tokens */
-    int32_t n_tok, cap_tok, n_prompt;
+    int32_t n_tok, n_prompt;
+    size_t cap_tok;
     int32_t n_done;     /* positions whose K/V are in the cache */
     int32_t n_gen, n_cached;
     bool admitted_once;
     struct kv_seq kv;
     uint64_t *bhash;    /* hashes of the full blocks known so far (cached or registered) */
-    int32_t n_bhash, cap_bhash;
+    int32_t n_bhash;
+    size_t cap_bhash;
     struct sampler *smp;
     bool history;       /* penalties need the token history (sampler_accept) */
     struct tok_detok dt;
@@ -129,17 +132,6 @@ static void out_clear(struct engine_out *o) {
     o->n_ev = o->n_text = o->n_top = 0;
     o->done = false;
     o->error[0] = 0;
-}
-
-static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
 }
 
 static void seq_free(struct seq *s) {
@@ -361,7 +353,8 @@ struct engine {
     struct seq **running; /* (max_seqs) oldest first */
     int32_t n_running;
     struct seq **waiting; /* arrival order */
-    int32_t n_waiting, cap_waiting;
+    int32_t n_waiting;
+    size_t cap_waiting;
     struct seq **sched;   /* this step's sequences, batch order */
     int32_t n_sched;
     int32_t *b_tok, *b_pos, *b_seq;
@@ -421,9 +414,10 @@ static void push_event(struct engine *en, struct engine_req *r, const struct eng
     struct engine_out *o = &r->pend;
     struct engine_event ev = *ev0;
     int32_t n_top = sr ? sr->n_top : 0;
-    bool ok = grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev) &&
-              grow((void **)&o->text, &o->cap_text, o->n_text + text_len + 1, 1) &&
-              grow((void **)&o->top, &o->cap_top, o->n_top + (size_t)n_top + 1, sizeof *o->top);
+    bool ok =
+        array_grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev) &&
+        array_grow((void **)&o->text, &o->cap_text, o->n_text + text_len + 1, 1) &&
+        array_grow((void **)&o->top, &o->cap_top, o->n_top + (size_t)n_top + 1, sizeof *o->top);
     if (ok) {
         ev.text = (uint32_t)o->n_text;
         ev.text_len = (uint32_t)text_len;
@@ -435,7 +429,7 @@ static void push_event(struct engine *en, struct engine_req *r, const struct eng
         if (n_top) memcpy(o->top + o->n_top, sr->top, (size_t)n_top * sizeof *o->top);
         o->n_top += (size_t)n_top;
         o->ev[o->n_ev++] = ev;
-    } else if (grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev)) {
+    } else if (array_grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev)) {
         /* out of memory for the text: the event goes without it */
         ev.text_len = 0;
         ev.n_top = 0;
@@ -487,7 +481,7 @@ static bool release_text(struct engine *en, struct seq *s, bool final) {
         cut = n - keep;
     }
     en->emit.n = 0;
-    if (cut > 0 && grow((void **)&en->emit.p, &en->emit.cap, cut + 1, 1)) {
+    if (cut > 0 && array_grow((void **)&en->emit.p, &en->emit.cap, cut + 1, 1)) {
         memcpy(en->emit.p, s->held.p, cut);
         en->emit.n = cut;
         en->emit.p[cut] = 0;
@@ -537,14 +531,7 @@ static void register_blocks(struct engine *en, struct seq *s) {
     if (!en->pool.prefix) return;
     int32_t bs = en->pool.block_size, full = s->n_done / bs;
     if (full > s->kv.n_blocks) full = s->kv.n_blocks;
-    if (full > s->cap_bhash) {
-        int32_t cap = s->cap_bhash ? s->cap_bhash : 8;
-        while (cap < full) cap *= 2;
-        uint64_t *h = realloc(s->bhash, (size_t)cap * sizeof *h);
-        if (!h) return;
-        s->bhash = h;
-        s->cap_bhash = cap;
-    }
+    if (!array_grow((void **)&s->bhash, &s->cap_bhash, (size_t)full, sizeof *s->bhash)) return;
     for (int32_t b = s->n_bhash; b < full; b++) {
         uint64_t parent = b ? s->bhash[b - 1] : 0;
         const int32_t *t = s->tok + (size_t)b * (size_t)bs;
@@ -563,13 +550,9 @@ static void release_kv(struct engine *en, struct seq *s) {
 
 /* Inserts s into the waiting list in arrival order. */
 static bool waiting_insert(struct engine *en, struct seq *s) {
-    if (en->n_waiting + 1 > en->cap_waiting) {
-        int32_t cap = en->cap_waiting ? en->cap_waiting * 2 : 64;
-        struct seq **w = realloc(en->waiting, (size_t)cap * sizeof *w);
-        if (!w) return false;
-        en->waiting = w;
-        en->cap_waiting = cap;
-    }
+    if (!array_grow((void **)&en->waiting, &en->cap_waiting, (size_t)en->n_waiting + 1,
+                    sizeof *en->waiting))
+        return false;
     int32_t i = en->n_waiting;
     while (i > 0 && en->waiting[i - 1]->arrival > s->arrival) i--;
     memmove(en->waiting + i + 1, en->waiting + i, (size_t)(en->n_waiting - i) * sizeof *en->waiting);
@@ -689,12 +672,8 @@ static bool admit(struct engine *en, struct seq *s) {
         max_cached = s->plp_done / bs;
     int32_t got = 0;
     if (p->prefix && max_cached > 0) {
-        if (max_cached > s->cap_bhash) {
-            uint64_t *h = realloc(s->bhash, (size_t)max_cached * sizeof *h);
-            if (!h) return false;
-            s->bhash = h;
-            s->cap_bhash = max_cached;
-        }
+        if (!array_grow((void **)&s->bhash, &s->cap_bhash, (size_t)max_cached, sizeof *s->bhash))
+            return false;
         got = kv_prefix_acquire(p, &s->kv, s->tok, max_cached, s->bhash);
     }
     int32_t need = kv_blocks_for(p, s->n_tok) - got;
@@ -843,15 +822,9 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
         finish_seq(en, s, ENGINE_STOP, -1, NULL, false, NULL);
         return;
     }
-    if (s->n_tok == s->cap_tok) {
-        int32_t cap = s->cap_tok * 2;
-        int32_t *v = realloc(s->tok, (size_t)cap * sizeof *v);
-        if (!v) {
-            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory");
-            return;
-        }
-        s->tok = v;
-        s->cap_tok = cap;
+    if (!array_grow((void **)&s->tok, &s->cap_tok, (size_t)s->n_tok + 1, sizeof *s->tok)) {
+        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory");
+        return;
     }
     s->tok[s->n_tok++] = t;
     if (s->history) sampler_accept(s->smp, t, true);
@@ -870,7 +843,7 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
         /* flush the held text together with what this token released */
         size_t n0 = en->emit.n;
         tok_detok_flush(&s->dt, &s->held, &e);
-        if (s->held.n && grow((void **)&en->emit.p, &en->emit.cap, n0 + s->held.n + 1, 1)) {
+        if (s->held.n && array_grow((void **)&en->emit.p, &en->emit.cap, n0 + s->held.n + 1, 1)) {
             memcpy(en->emit.p + n0, s->held.p, s->held.n);
             en->emit.n = n0 + s->held.n;
         }
@@ -1381,7 +1354,7 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         r->seqs[i] = s;
         s->req = r;
         s->choice = i;
-        s->cap_tok = cap;
+        s->cap_tok = (size_t)cap;
         s->tok = malloc((size_t)cap * sizeof *s->tok);
         if (!s->tok) return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
         memcpy(s->tok, r->prompt, (size_t)r->n_prompt * sizeof *s->tok);

@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "util/array.h"
 #include "util/mix.h"
 
 /* The prefix-cache index. Hash table: open addressing over block ids keyed by hash[id]
@@ -239,16 +240,9 @@ int32_t kv_prefix_acquire(struct kv_pool *p, struct kv_seq *s, const int32_t *to
         if (id < 0 || c->parent[id] != parent || p->ref[id] == UINT16_MAX ||
             memcmp(c->tokens + (size_t)id * (size_t)bs, t, (size_t)bs * sizeof *t) != 0)
             break;
-        if (n >= s->cap) {
-            int32_t cap = s->cap ? s->cap : 8;
-            while (cap <= n) cap *= 2;
-            int32_t *b = realloc(s->blocks, (size_t)cap * sizeof *b);
-            if (!b) {
-                kv_seq_release(p, s);
-                return 0;
-            }
-            s->blocks = b;
-            s->cap = cap;
+        if (!array_grow((void **)&s->blocks, &s->cap, (size_t)n + 1, sizeof *s->blocks)) {
+            kv_seq_release(p, s);
+            return 0;
         }
         if (p->ref[id] == 0) {
             lru_unlink(c, id);
@@ -366,14 +360,8 @@ smelt_status kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int32_t n_token
         return err_set(e, SMELT_ERR_RANGE, "KV cache full: %d more blocks needed, %d free", more,
                        kv_pool_available(p));
     if (more <= 0) more = 0;
-    if (need > s->cap) {
-        int32_t cap = s->cap ? s->cap : 8;
-        while (cap < need) cap *= 2;
-        int32_t *b = realloc(s->blocks, (size_t)cap * sizeof *b);
-        if (!b) return err_set(e, SMELT_ERR_NOMEM, "KV block table: out of memory");
-        s->blocks = b;
-        s->cap = cap;
-    }
+    if (!array_grow((void **)&s->blocks, &s->cap, (size_t)need, sizeof *s->blocks))
+        return err_set(e, SMELT_ERR_NOMEM, "KV block table: out of memory");
     while (s->n_blocks < need) {
         int32_t id = take_block(p);
         p->ref[id] = 1;

@@ -65,7 +65,8 @@ int32_t kv_pool_available(const struct kv_pool *p);
 /* One sequence's block table, and its state slots. */
 struct kv_seq {
     int32_t *blocks; /* (n_blocks) */
-    int32_t n_blocks, cap;
+    int32_t n_blocks;
+    size_t cap;        /* of blocks */
     int32_t slot;      /* live state slot, -1: none (yet) */
     int32_t restore;   /* a snapshot slot to copy into `slot` before the next step (a
                         * prefix-cache hit, a rollback), -1: none */

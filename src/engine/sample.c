@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "util/array.h"
 
 #define ZCUT 30.0f /* a top-p nucleus never takes tokens with z = (l - max)/T below -ZCUT */
 #define NBUCKET 1024
@@ -77,9 +78,9 @@ struct sampler {
 
     /* scratch for full-row passes */
     uint64_t *keys;
-    int64_t keys_cap;
+    size_t keys_cap;
     struct topk_cand *list;
-    int64_t list_cap;
+    size_t list_cap;
 };
 
 void sample_params_default(struct sample_params *p) {
@@ -302,17 +303,6 @@ const struct sample_params *sampler_params(const struct sampler *s) { return &s-
 
 /* ---- the request: adjustments and what the summary must hold ---- */
 
-static bool grow(void **p, int64_t *cap, int64_t need, size_t elem) {
-    if (need <= *cap) return true;
-    int64_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
-}
-
 static bool reserve_adj(struct sampler *s, int32_t n) {
     if (n <= s->cap_adj && s->adj) return true;
     int32_t c = s->cap_adj ? s->cap_adj : 64;
@@ -458,7 +448,7 @@ static int cand_token_cmp(const void *pa, const void *pb) {
  * whole intervals). Total and walk add in the same order. */
 static int32_t draw_set(struct sampler *s, const struct topk_cand *c, int64_t m, float mx,
                         float inv_t) {
-    if (m > 1 && grow((void **)&s->list, &s->list_cap, m, sizeof *s->list)) {
+    if (m > 1 && array_grow((void **)&s->list, &s->list_cap, m, sizeof *s->list)) {
         if (c != s->list) memcpy(s->list, c, sizeof *c * (size_t)m);
         qsort(s->list, (size_t)m, sizeof *s->list, cand_token_cmp);
         c = s->list;
@@ -537,8 +527,8 @@ static int key_desc(const void *a, const void *b) {
 /* The top_k tokens of the whole row (more than the candidates), then finish_top_k. */
 static smelt_status top_k_full(struct sampler *s, const struct view *v, float zmin, int32_t *tok) {
     int64_t k = s->p.top_k;
-    if (!grow((void **)&s->keys, &s->keys_cap, k, sizeof *s->keys) ||
-        !grow((void **)&s->list, &s->list_cap, k, sizeof *s->list))
+    if (!array_grow((void **)&s->keys, &s->keys_cap, k, sizeof *s->keys) ||
+        !array_grow((void **)&s->list, &s->list_cap, k, sizeof *s->list))
         return SMELT_ERR_NOMEM;
     int64_t n = 0;
     struct adj_walk w = walk_of(s);
@@ -599,7 +589,7 @@ static smelt_status nucleus_full(struct sampler *s, const struct view *v, double
     int64_t n_cut = 0; /* the cut bucket's kept tokens: s->keys[0 .. n_cut), rank order */
     double kept = before; /* candidates + kept tail */
     if (bcut < NBUCKET) {
-        if (!grow((void **)&s->keys, &s->keys_cap, count[bcut] + 1, sizeof *s->keys))
+        if (!array_grow((void **)&s->keys, &s->keys_cap, (size_t)count[bcut] + 1, sizeof *s->keys))
             return SMELT_ERR_NOMEM;
         int64_t n = 0;
         w = walk_of(s);
@@ -720,7 +710,7 @@ static smelt_status choose(struct sampler *s, const struct view *v, int32_t *tok
     }
     /* the candidates in token order, then the other tokens in token order */
     const struct topk_cand *c = v->cand;
-    if (grow((void **)&s->list, &s->list_cap, v->n, sizeof *s->list)) {
+    if (array_grow((void **)&s->list, &s->list_cap, v->n, sizeof *s->list)) {
         memcpy(s->list, v->cand, sizeof *c * (size_t)v->n);
         qsort(s->list, (size_t)v->n, sizeof *s->list, cand_token_cmp);
         c = s->list;
@@ -777,7 +767,7 @@ static bool top_from_summary(struct sampler *s, const struct view *v, uint64_t *
     /* Merge the candidates that are not adjusted (their raw logit is the adjusted one)
      * with the adjusted tokens' raw logits. An adjusted token ranking after the last
      * candidate is certain only when the candidates are every finite token. */
-    if (!v->adj_raw || !grow((void **)&s->keys, &s->keys_cap, s->req.adj_n, sizeof *s->keys))
+    if (!v->adj_raw || !array_grow((void **)&s->keys, &s->keys_cap, s->req.adj_n, sizeof *s->keys))
         return false;
     int32_t nr = 0;
     for (int32_t i = 0; i < s->req.adj_n; i++) {

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "quant/quant.h"
+#include "util/array.h"
 #include "util/ckd.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -185,7 +186,8 @@ struct shard {
 /* KVs of one shard (the first shard's are the model's metadata). */
 struct kvset {
     struct gguf_kv *kv;
-    int64_t n, cap;
+    int64_t n;
+    size_t cap;
     struct index ix;
 };
 
@@ -194,7 +196,8 @@ struct gguf_file {
     uint32_t n_shards;
     struct kvset meta;
     struct gguf_tensor *tensors;
-    int64_t n_tensors, cap_tensors;
+    int64_t n_tensors;
+    size_t cap_tensors;
     struct index tix;
     uint64_t total_size;
     struct pool pool;
@@ -449,13 +452,10 @@ static smelt_status parse_header(struct rd *r, uint32_t *version, uint64_t *n_te
 }
 
 static smelt_status kvset_grow(struct kvset *ks, struct err *e) {
-    if (ks->n < ks->cap) return SMELT_OK;
-    int64_t cap = ks->cap ? ks->cap * 2 : 64;
-    struct gguf_kv *kv = realloc(ks->kv, (size_t)cap * sizeof *kv);
-    if (!kv) return err_set(e, SMELT_ERR_NOMEM, "no memory for metadata");
-    ks->kv = kv;
-    ks->cap = cap;
-    if (!index_reserve(&ks->ix, (uint64_t)cap, kv_name, ks))
+    if ((size_t)ks->n < ks->cap) return SMELT_OK;
+    if (!array_grow((void **)&ks->kv, &ks->cap, (size_t)ks->n + 1, sizeof *ks->kv))
+        return err_set(e, SMELT_ERR_NOMEM, "no memory for metadata");
+    if (!index_reserve(&ks->ix, (uint64_t)ks->cap, kv_name, ks))
         return err_set(e, SMELT_ERR_NOMEM, "no memory for metadata index");
     return SMELT_OK;
 }
@@ -526,13 +526,11 @@ static smelt_status read_alignment(struct rd *r, const struct kvset *ks, uint32_
 }
 
 static smelt_status tensors_grow(struct gguf_file *f, struct err *e) {
-    if (f->n_tensors < f->cap_tensors) return SMELT_OK;
-    int64_t cap = f->cap_tensors ? f->cap_tensors * 2 : 256;
-    struct gguf_tensor *t = realloc(f->tensors, (size_t)cap * sizeof *t);
-    if (!t) return err_set(e, SMELT_ERR_NOMEM, "no memory for tensor infos");
-    f->tensors = t;
-    f->cap_tensors = cap;
-    if (!index_reserve(&f->tix, (uint64_t)cap, tensor_name, f))
+    if ((size_t)f->n_tensors < f->cap_tensors) return SMELT_OK;
+    if (!array_grow((void **)&f->tensors, &f->cap_tensors, (size_t)f->n_tensors + 1,
+                    sizeof *f->tensors))
+        return err_set(e, SMELT_ERR_NOMEM, "no memory for tensor infos");
+    if (!index_reserve(&f->tix, (uint64_t)f->cap_tensors, tensor_name, f))
         return err_set(e, SMELT_ERR_NOMEM, "no memory for tensor index");
     return SMELT_OK;
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "quant/quant.h"
+#include "util/array.h"
 #include "util/ckd.h"
 
 struct wchunk {
@@ -35,9 +36,11 @@ struct wtensor {
 
 struct gguf_writer {
     struct gguf_kv *kv;
-    int64_t n_kv, cap_kv;
+    int64_t n_kv;
+    size_t cap_kv;
     struct wtensor *t;
-    int64_t n_t, cap_t;
+    int64_t n_t;
+    size_t cap_t;
     struct wchunk *mem; /* every copied key, string and array: freed together */
     struct err err;     /* first deferred failure */
 };
@@ -153,15 +156,9 @@ static struct gguf_kv *kv_slot(struct gguf_writer *w, const char *key) {
     size_t kl = strlen(key);
     for (int64_t i = 0; i < w->n_kv; i++)
         if (w->kv[i].key.len == kl && !memcmp(w->kv[i].key.ptr, key, kl)) return &w->kv[i];
-    if (w->n_kv == w->cap_kv) {
-        int64_t cap = w->cap_kv ? w->cap_kv * 2 : 32;
-        struct gguf_kv *kv = realloc(w->kv, (size_t)cap * sizeof *kv);
-        if (!kv) {
-            fail(w, SMELT_ERR_NOMEM, "key '%s': out of memory", key);
-            return NULL;
-        }
-        w->kv = kv;
-        w->cap_kv = cap;
+    if (!array_grow((void **)&w->kv, &w->cap_kv, (size_t)w->n_kv + 1, sizeof *w->kv)) {
+        fail(w, SMELT_ERR_NOMEM, "key '%s': out of memory", key);
+        return NULL;
     }
     struct gguf_kv *s = &w->kv[w->n_kv];
     if (!copy_str(w, &s->key, key, kl)) {
@@ -290,13 +287,8 @@ smelt_status gguf_add_tensor(struct gguf_writer *w, const char *name, uint32_t t
     t.name = wmem(w, nl + 1);
     if (!t.name) return fail(w, SMELT_ERR_NOMEM, "tensor '%s': out of memory", name);
     memcpy(t.name, name, nl + 1);
-    if (w->n_t == w->cap_t) {
-        int64_t cap = w->cap_t ? w->cap_t * 2 : 64;
-        struct wtensor *nt = realloc(w->t, (size_t)cap * sizeof *nt);
-        if (!nt) return fail(w, SMELT_ERR_NOMEM, "tensor '%s': out of memory", name);
-        w->t = nt;
-        w->cap_t = cap;
-    }
+    if (!array_grow((void **)&w->t, &w->cap_t, (size_t)w->n_t + 1, sizeof *w->t))
+        return fail(w, SMELT_ERR_NOMEM, "tensor '%s': out of memory", name);
     w->t[w->n_t++] = t;
     return SMELT_OK;
 }

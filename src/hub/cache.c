@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "hub/hub_internal.h"
+#include "util/array.h"
 #include "util/log.h"
 
 smelt_status hub_repo_dir(const char *cache, const char *repo, char *out, size_t n,
@@ -120,13 +121,8 @@ struct name_list {
 };
 
 static smelt_status push_name(struct name_list *l, const char *s, struct err *e) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        char **v = realloc(l->v, cap * sizeof *v);
-        if (!v) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
-        l->v = v;
-        l->cap = cap;
-    }
+    if (!array_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v))
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     l->v[l->n] = strdup(s);
     if (!l->v[l->n]) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     l->n++;

@@ -20,6 +20,7 @@
 
 #include "hub/hub_internal.h"
 #include "smelt.h"
+#include "util/array.h"
 
 #define HDR_CAP (64 * 1024)
 #define ERR_BODY_CAP 4096
@@ -127,14 +128,7 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
         x->overflow = true;
         return 0;
     }
-    if (r->hdrs_len + n + 1 > x->hdr_cap) {
-        size_t cap = x->hdr_cap ? x->hdr_cap * 2 : 2048;
-        while (cap < r->hdrs_len + n + 1) cap *= 2;
-        char *nb = realloc(r->hdrs, cap);
-        if (!nb) return 0;
-        r->hdrs = nb;
-        x->hdr_cap = cap;
-    }
+    if (!array_grow((void **)&r->hdrs, &x->hdr_cap, r->hdrs_len + n + 1, 1)) return 0;
     /* store "name: value\n" without the CR */
     for (size_t i = 0; i < n; i++)
         if (p[i] != '\r') r->hdrs[r->hdrs_len++] = p[i];

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/ckd.h"
 #include "util/half.h"
 #include "util/mix.h"
@@ -29,15 +30,10 @@ static const struct arch_def *const archs[] = {&arch_llama, &arch_qwen2, &arch_q
 void *ld_alloc(struct loader *l, size_t nbytes) {
     if (l->st != SMELT_OK) return NULL;
     struct model *m = l->m;
-    if (m->n_owned == m->cap_owned) {
-        int64_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
-        void **o = realloc(m->owned, (size_t)nc * sizeof *o);
-        if (!o) {
-            l->st = err_set(l->e, SMELT_ERR_NOMEM, "out of memory loading the model");
-            return NULL;
-        }
-        m->owned = o;
-        m->cap_owned = nc;
+    if (!array_grow((void **)&m->owned, &m->cap_owned, (size_t)m->n_owned + 1,
+                    sizeof *m->owned)) {
+        l->st = err_set(l->e, SMELT_ERR_NOMEM, "out of memory loading the model");
+        return NULL;
     }
     void *p = calloc(1, nbytes ? nbytes : 1);
     if (!p) {
@@ -958,12 +954,8 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     size_t row_bytes = (size_t)m->hp.n_vocab * sizeof(float);
     if (smp && !dev_topk && !logits_out) {
         size_t need = row_bytes * (size_t)n_out;
-        if (need > m->host_rows_cap) {
-            float *h = realloc(m->host_rows, need);
-            if (!h) return err_set(e, SMELT_ERR_NOMEM, "out of memory (%d logit rows)", n_out);
-            m->host_rows = h;
-            m->host_rows_cap = need;
-        }
+        if (!array_grow((void **)&m->host_rows, &m->host_rows_cap, need, 1))
+            return err_set(e, SMELT_ERR_NOMEM, "out of memory (%d logit rows)", n_out);
     }
 
     bk_step_begin(bk);

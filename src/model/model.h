@@ -157,7 +157,8 @@ struct model {
     struct tensor *tensors;
     int64_t n_tensors, cap_tensors;
     void **owned;
-    int64_t n_owned, cap_owned;
+    int64_t n_owned;
+    size_t cap_owned;
 
     struct arena host; /* host scratch for building a step's inputs (one step at a time) */
     struct step_graph graphs[MODEL_GRAPHS];

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/utf8.h"
 
 void jw_free(struct jw *w) {
@@ -18,22 +19,10 @@ void jw_free(struct jw *w) {
 
 bool jw_reserve(struct jw *w, size_t extra) {
     if (w->oom) return false;
-    if (w->n + extra + 1 <= w->cap) return true;
-    size_t cap = w->cap ? w->cap : 256;
-    while (cap < w->n + extra + 1) {
-        if (cap > ((size_t)1 << 40)) {
-            w->oom = true;
-            return false;
-        }
-        cap *= 2;
-    }
-    char *p = realloc(w->p, cap);
-    if (!p) {
+    if (extra > ((size_t)1 << 40) || !array_grow((void **)&w->p, &w->cap, w->n + extra + 1, 1)) {
         w->oom = true;
         return false;
     }
-    w->p = p;
-    w->cap = cap;
     return true;
 }
 

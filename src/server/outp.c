@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/utf8.h"
 
 enum {
@@ -210,15 +211,9 @@ void outp_delta_free(struct outp_delta *d) {
 }
 
 static struct outp_call *new_piece(struct outp *p, struct outp_delta *d) {
-    if (d->n_calls == d->cap_calls) {
-        int cap = d->cap_calls ? d->cap_calls * 2 : 4;
-        struct outp_call *c = realloc(d->calls, (size_t)cap * sizeof *c);
-        if (!c) {
-            p->bad = true;
-            return NULL;
-        }
-        d->calls = c;
-        d->cap_calls = cap;
+    if (!array_grow((void **)&d->calls, &d->cap_calls, (size_t)d->n_calls + 1, sizeof *d->calls)) {
+        p->bad = true;
+        return NULL;
     }
     struct outp_call *c = &d->calls[d->n_calls++];
     memset(c, 0, sizeof *c);

@@ -102,7 +102,8 @@ struct outp_call {
 struct outp_delta {
     struct jw content, reasoning;
     struct outp_call *calls; /* call pieces, in order */
-    int n_calls, cap_calls;
+    int n_calls;
+    size_t cap_calls;
 };
 void outp_delta_clear(struct outp_delta *d);
 void outp_delta_free(struct outp_delta *d);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/ckd.h"
 
 struct lx {
@@ -80,13 +81,7 @@ static smelt_status lex_fail(struct lx *l, size_t pos, const char *fmt, ...) {
 }
 
 static bool push_tok(struct lx *l, struct token tk) {
-    if (l->t->n == l->t->cap) {
-        size_t nc = l->t->cap ? l->t->cap * 2 : 256;
-        struct token *v = realloc(l->t->v, nc * sizeof *v);
-        if (!v) return false;
-        l->t->v = v;
-        l->t->cap = nc;
-    }
+    if (!array_grow((void **)&l->t->v, &l->t->cap, l->t->n + 1, sizeof *l->t->v)) return false;
     l->t->v[l->t->n++] = tk;
     return true;
 }
@@ -337,13 +332,8 @@ static smelt_status decode_string(struct lx *l, size_t at, const char *s, size_t
 }
 
 static bool keep_string(struct tokens *t, char *s) {
-    if (t->n_strings == t->cap_strings) {
-        size_t nc = t->cap_strings ? t->cap_strings * 2 : 32;
-        char **v = realloc(t->strings, nc * sizeof *v);
-        if (!v) return false;
-        t->strings = v;
-        t->cap_strings = nc;
-    }
+    if (!array_grow((void **)&t->strings, &t->cap_strings, t->n_strings + 1, sizeof *t->strings))
+        return false;
     t->strings[t->n_strings++] = s;
     return true;
 }

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 
 #include "tokenizer/tok_int.h"
+#include "util/array.h"
 
 #define SHORT 32
 #define DEAD (-1)
@@ -77,18 +78,6 @@ static const struct centry *cache_get(const struct tok_wcache *w, uint64_t h, co
     }
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 256;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
-}
-
 /* Adds (s -> ids); on any failure the cache just stops growing. */
 static void cache_put(struct tok_wcache *w, uint64_t h, const uint8_t *s, size_t n,
                       const int32_t *ids, size_t m) {
@@ -115,9 +104,9 @@ static void cache_put(struct tok_wcache *w, uint64_t h, const uint8_t *s, size_t
         w->mask = size - 1;
     }
     size_t ecap = w->e_cap;
-    if (!grow((void **)&w->e, &ecap, w->n + 1, sizeof *w->e) ||
-        !grow((void **)&w->keys, &w->keys_cap, w->keys_n + n, 1) ||
-        !grow((void **)&w->ids, &w->ids_cap, w->ids_n + m, sizeof *w->ids)) {
+    if (!array_grow((void **)&w->e, &ecap, w->n + 1, sizeof *w->e) ||
+        !array_grow((void **)&w->keys, &w->keys_cap, w->keys_n + n, 1) ||
+        !array_grow((void **)&w->ids, &w->ids_cap, w->ids_n + m, sizeof *w->ids)) {
         w->full = true;
         return;
     }
@@ -308,7 +297,7 @@ smelt_status tok_bpe_word(struct tok_ctx *c, const uint8_t *w, size_t n) {
         if (e) {
             if (out->n + e->ids_len > out->cap) {
                 size_t cap = out->cap;
-                if (!grow((void **)&out->v, &cap, out->n + e->ids_len, sizeof *out->v))
+                if (!array_grow((void **)&out->v, &cap, out->n + e->ids_len, sizeof *out->v))
                     return SMELT_ERR_NOMEM;
                 out->cap = cap;
             }
@@ -319,11 +308,11 @@ smelt_status tok_bpe_word(struct tok_ctx *c, const uint8_t *w, size_t n) {
     }
     /* Room for n ids at the end of out; merged in place there. */
     size_t cap = out->cap;
-    if (!grow((void **)&out->v, &cap, out->n + n, sizeof *out->v)) return SMELT_ERR_NOMEM;
+    if (!array_grow((void **)&out->v, &cap, out->n + n, sizeof *out->v)) return SMELT_ERR_NOMEM;
     out->cap = cap;
     if (n > SHORT) {
-        if (!grow((void **)&c->sym, &c->sym_cap, n, sizeof *c->sym) ||
-            !grow((void **)&c->heap, &c->heap_cap, 3 * n, sizeof *c->heap))
+        if (!array_grow((void **)&c->sym, &c->sym_cap, n, sizeof *c->sym) ||
+            !array_grow((void **)&c->heap, &c->heap_cap, 3 * n, sizeof *c->heap))
             return SMELT_ERR_NOMEM;
     }
     size_t m = bpe_ids(c, w, n, out->v + out->n, false);
@@ -338,9 +327,9 @@ smelt_status tok_bpe_word_long(struct tok_ctx *c, const uint8_t *w, size_t n);
 smelt_status tok_bpe_word_long(struct tok_ctx *c, const uint8_t *w, size_t n) {
     struct tok_ids *out = c->out;
     size_t cap = out->cap;
-    if (!grow((void **)&out->v, &cap, out->n + n, sizeof *out->v) ||
-        !grow((void **)&c->sym, &c->sym_cap, n, sizeof *c->sym) ||
-        !grow((void **)&c->heap, &c->heap_cap, 3 * n, sizeof *c->heap))
+    if (!array_grow((void **)&out->v, &cap, out->n + n, sizeof *out->v) ||
+        !array_grow((void **)&c->sym, &c->sym_cap, n, sizeof *c->sym) ||
+        !array_grow((void **)&c->heap, &c->heap_cap, 3 * n, sizeof *c->heap))
         return SMELT_ERR_NOMEM;
     out->cap = cap;
     out->n += bpe_ids(c, w, n, out->v + out->n, true);

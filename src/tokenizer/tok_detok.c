@@ -19,18 +19,11 @@
 #include <stdlib.h>
 
 #include "tokenizer/tok_int.h"
+#include "util/array.h"
 #include "util/utf8.h"
 
 static smelt_status reserve(struct tok_buf *b, size_t extra) {
-    if (b->n + extra + 1 <= b->cap) return SMELT_OK;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return SMELT_ERR_NOMEM;
-    b->p = p;
-    b->cap = cap;
-    return SMELT_OK;
+    return array_grow((void **)&b->p, &b->cap, b->n + extra + 1, 1) ? SMELT_OK : SMELT_ERR_NOMEM;
 }
 
 static void put(struct tok_buf *b, const void *s, size_t n) {

@@ -14,18 +14,11 @@
 #include <stdlib.h>
 
 #include "tokenizer/tok_int.h"
+#include "util/array.h"
 #include "util/utf8.h"
 
 smelt_status tok_ctx_buf(struct tok_ctx *c, size_t n) {
-    if (n <= c->buf_cap) return SMELT_OK;
-    size_t cap = c->buf_cap ? c->buf_cap : 4096;
-    while (cap < n)
-        cap *= 2;
-    uint8_t *p = realloc(c->buf, cap);
-    if (!p) return SMELT_ERR_NOMEM;
-    c->buf = p;
-    c->buf_cap = cap;
-    return SMELT_OK;
+    return array_grow((void **)&c->buf, &c->buf_cap, n, 1) ? SMELT_OK : SMELT_ERR_NOMEM;
 }
 
 static void ctx_free(struct tok_ctx *c) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "tokenizer/tok_int.h"
+#include "util/array.h"
 #include "util/utf8.h"
 
 #include "tokenizer/tok_nfc_data.h"
@@ -111,14 +112,8 @@ bool tok_nfc_quick(const uint8_t *s, size_t n) {
 }
 
 static smelt_status grow(struct tok_ctx *c, size_t need, struct err *e) {
-    if (need <= c->nbuf_cap) return SMELT_OK;
-    size_t cap = c->nbuf_cap ? c->nbuf_cap : 4096;
-    while (cap < need)
-        cap *= 2;
-    uint8_t *p = realloc(c->nbuf, cap);
-    if (!p) return err_set(e, SMELT_ERR_NOMEM, "NFC output (%zu bytes)", need);
-    c->nbuf = p;
-    c->nbuf_cap = cap;
+    if (!array_grow((void **)&c->nbuf, &c->nbuf_cap, need, 1))
+        return err_set(e, SMELT_ERR_NOMEM, "NFC output (%zu bytes)", need);
     return SMELT_OK;
 }
 
@@ -129,12 +124,8 @@ static smelt_status nfc_region(struct tok_ctx *c, const uint8_t *s, size_t n, si
     /* Decomposition can grow a character up to 18 code points (U+FDFA is compatibility
      * only; canonical maximum is 4), so 4 per input byte is a safe bound. */
     size_t need = n * 4 + 4;
-    if (need > c->cps_cap) {
-        uint32_t *p = realloc(c->cps, need * sizeof *p);
-        if (!p) return err_set(e, SMELT_ERR_NOMEM, "NFC scratch (%zu code points)", need);
-        c->cps = p;
-        c->cps_cap = need;
-    }
+    if (!array_grow((void **)&c->cps, &c->cps_cap, need, sizeof *c->cps))
+        return err_set(e, SMELT_ERR_NOMEM, "NFC scratch (%zu code points)", need);
     uint32_t *cp = c->cps;
     size_t m = 0;
     for (size_t i = 0; i < n;) {

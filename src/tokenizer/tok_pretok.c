@@ -48,6 +48,7 @@
 #include <stdlib.h>
 
 #include "tokenizer/tok_int.h"
+#include "util/array.h"
 #include "util/utf8.h"
 
 #include "tokenizer/tok_unicode_data.h"
@@ -219,15 +220,9 @@ static char *rewrite(const char *pat, bool patched, bool *has_new, bool *unknown
 #define PUT(str)                                                                                   \
     do {                                                                                           \
         size_t l_ = strlen(str);                                                                   \
-        if (n + l_ + 1 > cap) {                                                                    \
-            while (n + l_ + 1 > cap)                                                               \
-                cap *= 2;                                                                          \
-            char *q_ = realloc(out, cap);                                                          \
-            if (!q_) {                                                                             \
-                free(out);                                                                         \
-                return NULL;                                                                       \
-            }                                                                                      \
-            out = q_;                                                                              \
+        if (!array_grow((void **)&out, &cap, n + l_ + 1, 1)) {                                     \
+            free(out);                                                                             \
+            return NULL;                                                                           \
         }                                                                                          \
         memcpy(out + n, str, l_);                                                                  \
         n += l_;                                                                                   \

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "tokenizer/tok_int.h"
+#include "util/array.h"
 #include "util/ckd.h"
 #include "util/log.h"
 #include "util/utf8.h"
@@ -85,15 +86,7 @@ struct blob {
 };
 
 static bool blob_add(struct blob *b, const void *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return false;
-        b->p = p;
-        b->cap = cap;
-    }
+    if (!array_grow((void **)&b->p, &b->cap, b->n + n + 1, 1)) return false;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     return true;
@@ -161,15 +154,9 @@ static smelt_status merges_build(struct tok *t, const struct gguf_value *arr,
             continue;
         }
         size_t la = (size_t)(sp - s), lb = m.len - la - 1;
-        if (la + lb > cap) {
-            while (cap < la + lb)
-                cap *= 2;
-            uint8_t *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                return err_set(e, SMELT_ERR_NOMEM, "merge scratch");
-            }
-            buf = nb;
+        if (!array_grow((void **)&buf, &cap, la + lb, 1)) {
+            free(buf);
+            return err_set(e, SMELT_ERR_NOMEM, "merge scratch");
         }
         long da = byte_level_decode(s, la, byte_of_cp, buf);
         if (da < 0) memcpy(buf, s, la), da = (long)la;
@@ -200,13 +187,7 @@ static smelt_status merges_build(struct tok *t, const struct gguf_value *arr,
 /* ---- special-token trie ---- */
 
 static int32_t trie_node(struct tok *t, size_t *cap, uint8_t byte) {
-    if ((size_t)t->n_trie == *cap) {
-        size_t nc = *cap ? *cap * 2 : 256;
-        struct tok_trie_node *p = realloc(t->trie, nc * sizeof *p);
-        if (!p) return -1;
-        t->trie = p;
-        *cap = nc;
-    }
+    if (!array_grow((void **)&t->trie, cap, (size_t)t->n_trie + 1, sizeof *t->trie)) return -1;
     t->trie[t->n_trie] = (struct tok_trie_node){.child = -1, .sibling = -1, .id = -1, .byte = byte};
     return t->n_trie++;
 }
@@ -760,13 +741,8 @@ void tok_ids_free(struct tok_ids *ids) {
 }
 
 smelt_status tok_ids_push(struct tok_ids *ids, int32_t id) {
-    if (ids->n == ids->cap) {
-        size_t cap = ids->cap ? ids->cap * 2 : 64;
-        int32_t *p = realloc(ids->v, cap * sizeof *p);
-        if (!p) return SMELT_ERR_NOMEM;
-        ids->v = p;
-        ids->cap = cap;
-    }
+    if (!array_grow((void **)&ids->v, &ids->cap, ids->n + 1, sizeof *ids->v))
+        return SMELT_ERR_NOMEM;
     ids->v[ids->n++] = id;
     return SMELT_OK;
 }

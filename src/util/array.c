@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-bool array_grow(void **p, size_t *cap, size_t need, size_t elem) {
+bool array_grow_slow(void **p, size_t *cap, size_t need, size_t elem) {
     if (*p && need <= *cap) return true;
     size_t c = *cap > 16 ? *cap : 16;
     while (c < need) {
