@@ -55,6 +55,7 @@
 #endif
 
 #include "build_info.h" /* generated at build time: cmake/build_info.cmake */
+#include "util/clock.h"
 
 #define BLOCK 16
 #define MAX_LIST 64
@@ -98,12 +99,6 @@ static void usage(FILE *f) {
             "  -B, --batched N          N sequences decoding together (aggregate tok/s), with each -n\n"
             "  --bw GB/S                bandwidth for the decode bound (CUDA default: 4380, H200)\n"
             "  -o, --output md|json|jsonl|csv   (default md)\n");
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 /* ---- arguments ---- */
@@ -361,10 +356,10 @@ static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r,
         smelt_status st = SMELT_OK;
         for (int s = 0; s < nseq && st == SMELT_OK; s++)
             if (depth) st = prefill(c, &qs[s], 0, depth, chunk, e);
-        double t0 = now_s();
+        double t0 = clock_now();
         if (st == SMELT_OK && np) st = prefill(c, &qs[0], depth, np, chunk, e);
         if (st == SMELT_OK && ng) st = decode(c, qs, nseq, depth + np, ng, e);
-        double dt = now_s() - t0;
+        double dt = clock_now() - t0;
         for (int s = 0; s < nseq; s++) kv_seq_release(&c->pool, &qs[s]);
         if (st != SMELT_OK) return st;
         if (rep < 0) continue;

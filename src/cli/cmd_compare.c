@@ -34,6 +34,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "tokenizer/tok.h"
+#include "util/clock.h"
 
 #define BLOCK 16
 #define CHUNK 64 /* rows per scoring forward: CHUNK x n_vocab floats of logits per side */
@@ -206,12 +207,6 @@ static int parse_args(int argc, char **argv, struct opts *o) {
 
 /* ---- the two sides ---- */
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static smelt_status side_open(struct side *sd, const struct side_opts *so, char letter,
                               int n_tokens, struct err *e) {
     smelt_status st = cli_resolve_model(so->ref, false, sd->path, sizeof sd->path, e);
@@ -306,14 +301,14 @@ static smelt_status measure_speed(struct side *sd, const struct opts *o, struct 
     for (int rep = 0; rep < 2 && st == SMELT_OK; rep++) { /* rep 0 warms up */
         struct kv_seq q;
         kv_seq_init(&q);
-        double t0 = now_s();
+        double t0 = clock_now();
         if (o->pp) st = run_seq(sd, &q, tok, 0, o->pp, 512, false, NULL, e);
-        double t1 = now_s();
+        double t1 = clock_now();
         kv_seq_release(&sd->pool, &q);
         kv_seq_init(&q);
         for (int i = 0; st == SMELT_OK && i < o->tg; i++)
             st = run_seq(sd, &q, tok + i, i, 1, 1, false, NULL, e);
-        double t2 = now_s();
+        double t2 = clock_now();
         kv_seq_release(&sd->pool, &q);
         if (rep == 1) {
             sd->pp_ts = o->pp ? o->pp / (t1 - t0) : 0;

@@ -28,6 +28,7 @@
 #include "format/gguf.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
+#include "util/clock.h"
 
 #define CHUNK_ELEMS (256 * 1024) /* f32 elements per work unit (1 MiB) */
 
@@ -72,15 +73,9 @@ struct qjob {
     struct gguf_file *in;          /* file mode */
     const struct rm_tensor *rt;    /* random mode: the preset's tensors (same order) */
     uint64_t seed;
-    struct timespec t0;
+    double t0; /* clock_now() when writing began */
     uint64_t out_done, out_total;
 };
-
-static double since(const struct timespec *a) {
-    struct timespec b;
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    return (double)(b.tv_sec - a->tv_sec) + (double)(b.tv_nsec - a->tv_nsec) * 1e-9;
-}
 
 /* ---- the threaded conversion of one tensor ---- */
 
@@ -120,8 +115,7 @@ static void *convert_rows(void *arg) {
 static smelt_status fill(void *ctx, int64_t index, void *buf, uint64_t nbytes, struct err *e) {
     struct qjob *job = ctx;
     struct qtensor *t = &job->t[index];
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = clock_now();
     if (nbytes != t->dst_bytes) return err_set(e, SMELT_ERR_INTERNAL, "size mismatch");
     if (nbytes == 0 || t->ne0 == 0) {
         /* an empty tensor: nothing to convert */
@@ -146,7 +140,7 @@ static smelt_status fill(void *ctx, int64_t index, void *buf, uint64_t nbytes, s
         if (w.failed) return err_set(e, SMELT_ERR_NOMEM, "no memory for a conversion buffer");
     }
     job->out_done += nbytes;
-    const double dt = since(&t0);
+    const double dt = clock_now() - t0;
     fprintf(stderr, "[%4" PRId64 "/%" PRId64 "] %-34s %-5s -> %-6s %9.2f MB %8.1f MB/s  %5.1f%%%s%s\n",
             index + 1, job->n, t->name, qtype_name(t->src_type), qtype_name(t->dst_type),
             (double)nbytes / 1e6, dt > 0 ? (double)nbytes / 1e6 / dt : 0.0,
@@ -400,11 +394,11 @@ int cmd_quantize(int argc, char **argv) {
     if (!s) {
         fprintf(stderr, "smelt quantize: %s -> %s as %s, %" PRId64 " tensors, %d threads\n",
                 preset ? preset->name : in_path, out_path, mix.name, job.n, job.threads);
-        clock_gettime(CLOCK_MONOTONIC, &job.t0);
+        job.t0 = clock_now();
         s = gguf_writer_write(w, out_path, fill, &job, &e);
     }
     if (!s) {
-        const double dt = since(&job.t0);
+        const double dt = clock_now() - job.t0;
         uint64_t n_elem = 0;
         for (int64_t i = 0; i < job.n; i++) n_elem += (uint64_t)(job.t[i].ne0 * job.t[i].nrows);
         fprintf(stderr,

@@ -41,6 +41,7 @@
 #include "template/tmpl.h"
 #include "tokenizer/tok.h"
 #include "util/array.h"
+#include "util/clock.h"
 
 #define BLOCK 16
 #define PREFILL_CHUNK 256
@@ -79,12 +80,6 @@ static void usage(FILE *f) {
             "  --f32-kv           F32 KV cache (default F16)\n"
             "  --allow-unknown-pretokenizer  load a tokenizer.ggml.pre smelt does not implement\n"
             "                     with GPT-2's split (token ids may differ from the model's)\n");
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 static bool arg_num(int argc, char **argv, int *i, double *out) {
@@ -347,7 +342,7 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
     outp_init(&op, OUTP_HARMONY, true, false);
     op.no_calls = true;
     smelt_status st = SMELT_OK;
-    double t0 = now_s();
+    double t0 = clock_now();
     int n = 0;
     for (; n < s->o->n_predict && st == SMELT_OK; n++) {
         struct sample_result r;
@@ -378,7 +373,7 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
     fflush(stdout);
     tok_buf_free(&out);
     outp_free(&op);
-    s->t_gen += now_s() - t0;
+    s->t_gen += clock_now() - t0;
     s->n_gen += n;
     return st;
 }
@@ -456,11 +451,11 @@ static smelt_status turn(struct session *s, const char *user, struct err *e) {
         n_feed -= common;
         reused = common;
     }
-    double t0 = now_s();
+    double t0 = clock_now();
     for (size_t i = 0; i < n_feed; i++) sampler_accept(s->smp, feed_ids[i], false);
     if (ids.n == 0) st = err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
     if (st == SMELT_OK) st = feed(s, feed_ids, n_feed, e);
-    s->t_prompt += now_s() - t0;
+    s->t_prompt += clock_now() - t0;
     s->n_prompt += (int64_t)n_feed;
     tok_ids_free(&ids);
     struct tok_buf answer = {0};

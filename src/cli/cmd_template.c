@@ -18,6 +18,7 @@
 #include "format/gguf.h"
 #include "template/tmpl.h"
 #include "template/tmpl_source.h"
+#include "util/clock.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -42,12 +43,6 @@ static void usage(FILE *out) {
             "Exit status: 0 ok, 1 the template failed (the reason is printed), 2 usage error.\n");
 }
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -65,13 +60,13 @@ static smelt_status bench(const char *src, size_t len, const struct tmpl_value *
     }
     for (long i = 0; i < n && !st; i++) {
         struct tmpl *t;
-        double t0 = now_us();
+        double t0 = 1e6 * clock_now();
         if ((st = tmpl_compile(src, len, &t, e))) break;
-        double t1 = now_us();
+        double t1 = 1e6 * clock_now();
         char *out;
         st = tmpl_render(t, ctx, opts, &out, &out_len, e);
         tc[i] = t1 - t0;
-        tr[i] = now_us() - t1;
+        tr[i] = 1e6 * clock_now() - t1;
         if (!st) free(out);
         tmpl_free(t);
     }

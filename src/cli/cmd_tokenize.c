@@ -26,6 +26,7 @@
 #include "cli/modelref.h"
 #include "format/gguf.h"
 #include "tokenizer/tok.h"
+#include "util/clock.h"
 #include "util/utf8.h"
 
 static void usage(FILE *f) {
@@ -98,12 +99,6 @@ static void print_piece(const char *s, size_t n) {
     putchar('\'');
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Encodes text and prints it: ids (ids > 0), pieces (0) or the table (-1). With bench,
  * also times bench more encodes. Returns 0, or 1 after printing the error. */
 static int encode_print(const struct tok *t, const char *text, size_t len, unsigned flags,
@@ -116,12 +111,12 @@ static int encode_print(const struct tok *t, const char *text, size_t len, unsig
         double best = 1e30;
         for (long r = 0; r < bench; r++) {
             ids.n = 0;
-            double t0 = now_s();
+            double t0 = clock_now();
             if (tok_encode(t, text, len, flags, &ids, &e) != SMELT_OK) {
                 tok_ids_free(&ids);
                 return cli_fail("tokenize", &e);
             }
-            double dt = now_s() - t0;
+            double dt = clock_now() - t0;
             if (dt < best) best = dt;
         }
         fprintf(stderr, "tokenize: %zu bytes -> %zu tokens in %.3f ms (best of %ld): %.2f MB/s\n",

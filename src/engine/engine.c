@@ -27,6 +27,7 @@
 #include "tokenizer/tok.h"
 #include "util/array.h"
 #include "util/ckd.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #define DEFAULT_MAX_SEQS 64
@@ -36,12 +37,6 @@
 
 const double engine_hist_bounds[ENGINE_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                   0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 const char *engine_finish_str(enum engine_finish f) {
     switch (f) {
@@ -280,13 +275,7 @@ bool engine_req_poll(struct engine_req *r, struct engine_out *out, bool arm) {
 
 bool engine_req_wait(struct engine_req *r, struct engine_out *out, int timeout_ms) {
     pthread_mutex_lock(&r->mu);
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    if (timeout_ms >= 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = clock_after_ms(timeout_ms);
     while (r->pend.n_ev == 0 && !r->done) {
         if (timeout_ms < 0) pthread_cond_wait(&r->cv, &r->mu);
         else if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) != 0) break;
@@ -436,7 +425,7 @@ static void push_event(struct engine *en, struct engine_req *r, const struct eng
         o->ev[o->n_ev++] = ev;
     }
     if (errmsg && !o->error[0]) snprintf(o->error, sizeof o->error, "%s", errmsg);
-    double t = now_s();
+    double t = clock_now();
     if (ev.token >= 0 && r->t_first == 0) r->t_first = t;
     r->t_end = t;
     if (ev.finish && --r->n_live == 0) {
@@ -810,7 +799,7 @@ static int32_t schedule(struct engine *en) {
 static void on_token(struct engine *en, struct seq *s, const struct sample_result *sr) {
     struct engine_req *r = s->req;
     int32_t t = sr->token;
-    double now = now_s();
+    double now = clock_now();
     pthread_mutex_lock(&en->smu);
     if (s->n_gen == 0) hist_add(&en->stats.ttft, now - r->t_submit);
     else hist_add(&en->stats.itl, now - s->t_last);
@@ -1059,7 +1048,7 @@ static int32_t step(struct engine *en) {
     int32_t n = schedule(en);
     if (en->cfg.on_step && (n > 0 || en->n_obs_preempted > 0)) observe(en, n);
     if (n == 0) return 0;
-    double t0 = now_s();
+    double t0 = clock_now();
     struct batch b = {n, en->b_tok, en->b_pos, en->b_seq, en->b_logits, en->n_sched, en->b_seqs};
     struct err e;
     err_clear(&e);
@@ -1135,7 +1124,7 @@ static int32_t step(struct engine *en) {
         }
     }
     en->n_running = w;
-    double dt = now_s() - t0;
+    double dt = clock_now() - t0;
     pthread_mutex_lock(&en->smu);
     en->stats.steps++;
     en->stats.parallel_sample_steps = en->stats_parallel;
@@ -1407,7 +1396,7 @@ smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *
                      en->n_queued);
     } else {
         r->submitted = true;
-        r->t_submit = now_s();
+        r->t_submit = clock_now();
         for (int32_t i = 0; i < r->p.n; i++) r->seqs[i]->arrival = en->next_arrival++;
         en->n_queued += r->p.n;
         /* one engine reference per choice: each sequence drops its own when it retires */

@@ -21,6 +21,7 @@
 #include "hub/hub_internal.h"
 #include "smelt.h"
 #include "util/array.h"
+#include "util/clock.h"
 
 #define HDR_CAP (64 * 1024)
 #define ERR_BODY_CAP 4096
@@ -87,18 +88,12 @@ struct xfer {
     bool stalled;
 };
 
-static double mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* libcurl calls this about once a second even when nothing moves. */
 static int on_xferinfo(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow) {
     (void)dltotal, (void)ultotal;
     struct xfer *x = ud;
-    double t = mono();
+    double t = clock_now();
     if (dlnow + ulnow != x->last_now) {
         x->last_now = dlnow + ulnow;
         x->last_change = t;
@@ -185,7 +180,7 @@ smelt_status hub_http_do(struct hub_http *h, const struct hub_req *q, struct hub
     memset(r, 0, sizeof *r);
     CURL *c = h->curl;
     curl_easy_reset(c);
-    struct xfer x = {.q = q, .r = r, .stall_s = h->stall_timeout_s, .last_change = mono()};
+    struct xfer x = {.q = q, .r = r, .stall_s = h->stall_timeout_s, .last_change = clock_now()};
     char errbuf[CURL_ERROR_SIZE] = {0};
     char range[64];
     struct curl_slist *hl = NULL, *tmp;

@@ -38,6 +38,7 @@
 
 #include "format/gguf.h"
 #include "hub/hub_internal.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/sha256.h"
 
@@ -132,12 +133,6 @@ smelt_status hub_opts_from_env(struct hub_opts *o, struct err *e) {
 }
 
 /* ---- small helpers ---- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void sleep_s(double s) {
     if (s <= 0) return;
@@ -545,7 +540,7 @@ struct dl {
 static void report(struct dl *d, bool finished) {
     const struct hub_opts *o = d->p->o;
     if (!o->progress) return;
-    double t = now_s();
+    double t = clock_now();
     if (!finished && t - d->last_report < 0.1) return;
     d->last_report = t;
     d->prog.done = d->pos;
@@ -672,7 +667,7 @@ static smelt_status download_blob(struct pull *p, const struct hub_file *f, cons
     strcpy(url, m->url);
     smelt_status st = SMELT_OK;
     int idle = 0, total_attempts = 0;
-    d.t0 = now_s();
+    d.t0 = clock_now();
     struct stat first;
     bool had_prefix = fstat(d.fd, &first) == 0 && first.st_size > 0;
     if (m->has_size) { /* as huggingface_hub: warn, do not refuse, when space looks short */

@@ -31,6 +31,7 @@
 
 #include "server/server_int.h"
 #include "tokenizer/tok.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/utf8.h"
 
@@ -39,12 +40,6 @@
 #define ADMIN_CONNECTIONS 32 /* the admin listener's own connection limit */
 
 const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 501, 503};
-
-double srv_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 void srv_status(struct conn *c, int status, bool count) {
     c->status = status;
@@ -396,7 +391,7 @@ static const struct srv_route *find_route(const char *url, const char **arg) {
     return NULL;
 }
 
-static long long now_ms(void) { return (long long)(srv_now() * 1e3); }
+static long long now_ms(void) { return (long long)(clock_now() * 1e3); }
 
 /* The request deadline passed (see struct sock): marks the socket. Before the headers are
  * in, the header timeout applies; after, the request timeout. */
@@ -425,7 +420,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
     c->mc = mc;
     c->admin = l->admin;
     atomic_init(&c->refs, 1);
-    c->t0 = srv_now();
+    c->t0 = clock_now();
     c->uri = uri;
     c->uri_len = strlen(uri);
     clip_copy(c->path, sizeof c->path, uri); /* the raw target, until first_call decodes it */
@@ -581,9 +576,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
  * line's fields are escaped (log_escape): the method and path are the client's. */
 static void log_request(struct server *s, struct conn *c) {
     if (s->cfg.quiet) return;
-    double total = srv_now() - c->t0;
+    double total = clock_now() - c->t0;
     struct gen *g = c->gen;
-    double tf = g ? gen_first_token_time(g) : 0; /* the engine's clock: the same as srv_now */
+    double tf = g ? gen_first_token_time(g) : 0; /* the engine's clock: clock_now too */
     double ttft = tf > 0 ? tf - c->t0 : -1;
     long long pt = g ? g->usage_prompt : 0, ct = g ? g->usage_completion : 0,
               cached = g ? g->usage_cached : 0;
@@ -750,10 +745,7 @@ static void *watcher(void *arg) {
     size_t cap = 0;
     pthread_mutex_lock(&s->wmu);
     while (!s->wstop) {
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += 200000000L;
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        struct timespec dl = clock_after_ms(200);
         pthread_cond_timedwait(&s->wcv, &s->wmu, &dl);
         if (s->wstop) break;
         end_late_requests(s);
@@ -973,8 +965,8 @@ void server_shutdown(struct server *s, double grace_s) {
     MHD_socket ls = MHD_quiesce_daemon(s->d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
     engine_drain(s->m.en);
-    double t0 = srv_now();
-    while (engine_in_flight(s->m.en) > 0 && srv_now() - t0 < grace_s && !atomic_load(&s->hurry))
+    double t0 = clock_now();
+    while (engine_in_flight(s->m.en) > 0 && clock_now() - t0 < grace_s && !atomic_load(&s->hurry))
         usleep(20000);
     if (engine_in_flight(s->m.en) > 0) {
         if (atomic_load(&s->hurry))
@@ -987,9 +979,9 @@ void server_shutdown(struct server *s, double grace_s) {
     }
     /* every suspended connection is resumed by its request's end; wait for them, and
      * give the last bytes (a stream's error event) a moment to go out */
-    t0 = srv_now();
+    t0 = clock_now();
     while ((atomic_load(&s->n_parked) > 0 || atomic_load(&s->n_streams) > 0) &&
-           srv_now() - t0 < (atomic_load(&s->hurry) ? 1.0 : 5.0))
+           clock_now() - t0 < (atomic_load(&s->hurry) ? 1.0 : 5.0))
         usleep(10000);
 }
 

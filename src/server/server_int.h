@@ -194,7 +194,6 @@ struct conn {
 };
 
 /* ---- server.c ---- */
-double srv_now(void);
 /* Sets the request's status (for the log); with count, also counts it for /metrics, once
  * per request (a stream is counted when its end is known: an engine error after the
  * headers makes it a 500). */
@@ -237,7 +236,7 @@ bool http_check(struct MHD_Connection *mc, const char *uri, size_t uri_len, bool
 enum MHD_Result gen_start(struct conn *c, enum oai_kind kind);
 /* Called again for a suspended non-stream request after it was resumed. */
 enum MHD_Result gen_resume(struct conn *c);
-/* When the engine produced the request's first token (srv_now's clock), 0 if none yet. */
+/* When the engine produced the request's first token (clock_now's clock, util/clock.h), 0 if none yet. */
 double gen_first_token_time(const struct gen *g);
 /* The connection is gone: detaches from the engine and frees. */
 void gen_free(struct gen *g);

@@ -99,9 +99,9 @@ int main(int argc, char **argv) {
                 ((float *)x->data)[i] = (float)(bench_next() >> 40) / 8e6f - 1;
             for (int64_t i = 0; i < d * X; i++)
                 ((float *)router->data)[i] = (float)(bench_next() >> 40) / 8e8f;
-            double t0 = bench_now();
+            double t0 = clock_now();
             bk_moe_route(bk, ids, w, x, router, NULL, MOE_SOFTMAX_TOPK, NULL);
-            double t1 = bench_now();
+            double t1 = clock_now();
             /* the route of random weights is not uniform enough at small n to be typical:
              * use k distinct uniform experts per row instead */
             int32_t *id = ids->data;
@@ -117,12 +117,12 @@ int main(int argc, char **argv) {
                     } while (dup);
                     id[r * k + j] = c;
                 }
-            double t2 = bench_now(), u2 = bench_cpu_now();
+            double t2 = clock_now(), u2 = bench_cpu_now();
             bk_moe_ffn(bk, y, x, &ex, ids, w, NULL, true);
-            double t3 = bench_now(), u3 = bench_cpu_now();
+            double t3 = clock_now(), u3 = bench_cpu_now();
             bk_ffn_glu(bk, g, dg, du, x, GLU_SILU, NULL);
             bk_matmul_acc(bk, y, dd, g, NULL);
-            double t4 = bench_now(), u4 = bench_cpu_now();
+            double t4 = clock_now(), u4 = bench_cpu_now();
             if (bk_sync(bk, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
             if (rep < 0) continue;
             t_route[rep] = t1 - t0;

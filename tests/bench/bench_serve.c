@@ -27,11 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 struct client {
     int id, fd, done_reqs;
@@ -125,7 +121,7 @@ static void sse_byte(struct client *c, char ch) {
     if (c->ev_len == 8 && !memcmp(c->ev, "data: {\"", 8)) {
         /* a data event: completions chunks have "choices":[{...}] (the usage chunk has []) */
         c->ev_len = sizeof c->ev; /* classify once; the body is not needed */
-        double t = now();
+        double t = clock_now();
         if (c->chunks == 0) ttft[n_ttft++] = t - c->t_send;
         else add_itl(t - c->t_last);
         c->t_last = t;
@@ -212,7 +208,7 @@ int main(int argc, char **argv) {
     struct client *cs = calloc((size_t)n_clients, sizeof *cs);
     int ep = epoll_create1(0);
     int active = 0;
-    double t0 = now();
+    double t0 = clock_now();
     for (int i = 0; i < n_clients; i++) {
         struct client *c = &cs[i];
         c->id = i;
@@ -230,7 +226,7 @@ int main(int argc, char **argv) {
         c->hdr_len = 0;
         c->chunks = 0;
         c->at_line_start = true;
-        c->t_send = now();
+        c->t_send = clock_now();
         struct epoll_event ev = {.events = EPOLLOUT | EPOLLIN, .data.ptr = c};
         epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
         active++;
@@ -274,7 +270,7 @@ int main(int argc, char **argv) {
                 c->hdr_len = 0;
                 c->chunks = 0;
                 c->at_line_start = true;
-                c->t_send = now();
+                c->t_send = clock_now();
                 struct epoll_event ev = {.events = EPOLLOUT | EPOLLIN, .data.ptr = c};
                 epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
             } else {
@@ -282,7 +278,7 @@ int main(int argc, char **argv) {
             }
         }
     }
-    double dt = now() - t0;
+    double dt = clock_now() - t0;
     getrusage(RUSAGE_SELF, &ru1);
     double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec -
                           ru0.ru_stime.tv_sec) +

@@ -1,5 +1,6 @@
-/* What the CPU workbenches (bench_matmul.c, bench_moe.c) share: clocks, a median's sort
- * order, a fast generator and random weight bytes. Header-only: each bench is one file. */
+/* What the CPU workbenches (bench_matmul.c, bench_moe.c) share: the CPU clock (wall-clock
+ * time is util/clock.h's clock_now), a median's sort order, a fast generator and random
+ * weight bytes. Header-only: each bench is one file. */
 #ifndef SMELT_BENCH_UTIL_H
 #define SMELT_BENCH_UTIL_H
 
@@ -8,14 +9,8 @@
 #include <time.h>
 
 #include "quant/quant.h"
+#include "util/clock.h"
 #include "util/half.h"
-
-/* Wall-clock seconds (monotonic). */
-static inline double bench_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* CPU seconds of the process, all threads. */
 static inline double bench_cpu_now(void) {

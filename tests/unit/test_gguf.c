@@ -13,6 +13,7 @@
 
 #include "format/gguf.h"
 #include "quant/quant.h"
+#include "util/clock.h"
 
 static char tmpdir[256];
 
@@ -417,12 +418,6 @@ static void test_split(void) {
     T_CHECKF(strstr(e.msg, "NAME-00001-of-00003.gguf") != NULL, "%s", e.msg);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Real vocab files (figures from gguf-py's GGUFReader on the same files). */
 static void test_vocab_files(void) {
     char path[512];
@@ -433,9 +428,9 @@ static void test_vocab_files(void) {
     }
     struct gguf_file *f;
     struct err e;
-    double t0 = now_s();
+    double t0 = clock_now();
     smelt_status st = gguf_open(&f, path, &e);
-    double dt = now_s() - t0;
+    double dt = clock_now() - t0;
     T_CHECKF(st == SMELT_OK, "%s", e.msg);
     if (st) return;
     printf("open %s: %.2f ms\n", path, dt * 1e3);
@@ -468,9 +463,9 @@ static void test_real_models(void) {
         struct err e;
         double best = 1e9;
         for (int rep = 0; rep < 5; rep++) {
-            double t0 = now_s();
+            double t0 = clock_now();
             smelt_status st = gguf_open(&f, path, &e);
-            double dt = now_s() - t0;
+            double dt = clock_now() - t0;
             T_CHECKF(st == SMELT_OK, "%s", e.msg);
             if (st) return;
             if (dt < best) best = dt;

@@ -14,6 +14,7 @@
 #include "t.h"
 #include "template/tmpl.h"
 #include "template/tmpl_int.h"
+#include "util/clock.h"
 
 /* Renders src with a context given as JSON text; returns the output (malloc) or NULL
  * with e set. */
@@ -274,12 +275,6 @@ static char *slurp(const char *path, size_t *len) {
     return b;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void test_shared_templates(void) {
     char dir[1024], idx[1200];
     snprintf(dir, sizeof dir, "%s/data/chat-templates", t_shared_dir());
@@ -343,9 +338,9 @@ static void test_shared_templates(void) {
             struct tmpl_opts o = {.has_now = true, .now = (int64_t)json_integer_value(json_object_get(exp, "now"))};
             char *out = NULL;
             size_t olen = 0;
-            double t0 = now_s();
+            double t0 = clock_now();
             smelt_status st = tmpl_render(t, ctx, &o, &out, &olen, &e);
-            t_total += now_s() - t0;
+            t_total += clock_now() - t0;
             n_timed++;
             json_t *want = json_object_get(r, "output");
             if (want) {
