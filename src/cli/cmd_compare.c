@@ -35,6 +35,7 @@
 #include "model/model.h"
 #include "tokenizer/tok.h"
 #include "util/clock.h"
+#include "util/file.h"
 
 #define BLOCK 16
 #define CHUNK 64 /* rows per scoring forward: CHUNK x n_vocab floats of logits per side */
@@ -440,36 +441,6 @@ static smelt_status decode_text(const struct tok *t, const int32_t *ids, int n, 
 
 /* ---- the command ---- */
 
-static smelt_status read_file(const char *path, char **out, size_t *len, struct err *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(e, SMELT_ERR_IO, "%s: cannot open", path);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            char *nb = cap < ((size_t)1 << 30) ? realloc(buf, cap * 2) : NULL;
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb, cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (!buf) return err_set(e, SMELT_ERR_NOMEM, "%s: out of memory (files up to 1 GiB)", path);
-    if (bad) {
-        free(buf);
-        return err_set(e, SMELT_ERR_IO, "%s: read error", path);
-    }
-    *out = buf, *len = n;
-    return SMELT_OK;
-}
-
 static smelt_status check_vocab(const struct side *sd, struct err *e) {
     const struct tok *a = sd[0].tok, *b = sd[1].tok;
     int32_t na = tok_n_vocab(a), nb = tok_n_vocab(b);
@@ -501,7 +472,7 @@ int cmd_compare(int argc, char **argv) {
     struct scoring sc = {0};
     struct tok_buf tb[2] = {{0}};
     smelt_status st = SMELT_OK;
-    if (o.file) st = read_file(o.file, &text, &text_len, &e);
+    if (o.file) st = file_read_all(o.file, &text, &text_len, &e);
     int n_seq = o.ctx > o.pp ? o.ctx : o.pp;
     if (n_seq < o.tg) n_seq = o.tg;
     if (n_seq < 32 + o.n_greedy) n_seq = 32 + o.n_greedy; /* the default prompt and its continuation */

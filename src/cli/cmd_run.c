@@ -42,6 +42,7 @@
 #include "tokenizer/tok.h"
 #include "util/array.h"
 #include "util/clock.h"
+#include "util/file.h"
 
 #define BLOCK 16
 #define PREFILL_CHUNK 256
@@ -493,24 +494,6 @@ static smelt_status load_template(struct session *s, struct err *e) {
     return SMELT_OK;
 }
 
-static char *read_stdin(void) {
-    size_t cap = 4096, n = 0;
-    char *p = malloc(cap);
-    while (p) {
-        size_t k = fread(p + n, 1, cap - n - 1, stdin);
-        n += k;
-        if (k == 0) break;
-        if (n + 1 == cap) {
-            char *q = realloc(p, cap * 2);
-            if (!q) break;
-            p = q;
-            cap *= 2;
-        }
-    }
-    if (p) p[n] = 0;
-    return p;
-}
-
 static void session_free(struct session *s) {
     sampler_free(s->smp);
     kv_seq_release(&s->pool, &s->seq);
@@ -579,8 +562,10 @@ int cmd_run(int argc, char **argv) {
 
     char *text = NULL;
     if (!o.interactive) {
-        if (!o.prompt) o.prompt = text = read_stdin();
-        st = turn(&s, o.prompt ? o.prompt : "", &e);
+        size_t text_len;
+        if (!o.prompt && (st = file_read_all("-", &text, &text_len, &e)) == SMELT_OK)
+            o.prompt = text;
+        if (st == SMELT_OK) st = turn(&s, o.prompt, &e);
     } else {
         if (o.prompt) st = turn(&s, o.prompt, &e);
         char line[8192];

@@ -19,6 +19,7 @@
 #include "template/tmpl.h"
 #include "template/tmpl_source.h"
 #include "util/clock.h"
+#include "util/file.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -81,45 +82,6 @@ done:
     free(tc);
     free(tr);
     return st;
-}
-
-static char *read_file(const char *path, size_t *len, struct err *e) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        err_set(e, SMELT_ERR_IO, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    bool bad = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf) {
-        err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", path);
-        return NULL;
-    }
-    if (bad) {
-        free(buf);
-        err_set(e, SMELT_ERR_IO, "%s: read error", path);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 /* The text of token id key_id (e.g. tokenizer.ggml.bos_token_id), or NULL. */
@@ -221,7 +183,7 @@ int cmd_template(int argc, char **argv) {
     /* the template and special tokens */
     size_t src_len = 0;
     if (tfile) {
-        if (!(src = read_file(tfile, &src_len, &e))) goto fail;
+        if (file_read_all(tfile, &src, &src_len, &e)) goto fail;
     }
     if (model) {
         if (gguf_open(&g, model, &e)) goto fail;
@@ -239,7 +201,7 @@ int cmd_template(int argc, char **argv) {
 
     /* the conversation */
     size_t conv_len;
-    if (!(conv_text = read_file(conv, &conv_len, &e))) goto fail;
+    if (file_read_all(conv, &conv_text, &conv_len, &e)) goto fail;
     json_error_t je;
     cj = json_loadb(conv_text, conv_len, 0, &je);
     if (!cj) {

@@ -27,6 +27,7 @@
 #include "format/gguf.h"
 #include "tokenizer/tok.h"
 #include "util/clock.h"
+#include "util/file.h"
 #include "util/utf8.h"
 
 static void usage(FILE *f) {
@@ -43,29 +44,6 @@ static void usage(FILE *f) {
                "  --allow-unknown-pretokenizer  load an unknown tokenizer.ggml.pre with\n"
                "                GPT-2's split (ids may differ from the model's tokenizer)\n"
                "  --bench N     encode N more times, print the best MB/s to stderr\n");
-}
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *p = malloc(cap);
-    while (p) {
-        size_t k = fread(p + n, 1, cap - n, f);
-        n += k;
-        if (n < cap) break;
-        char *q = realloc(p, cap * 2);
-        if (!q) {
-            free(p);
-            p = NULL;
-            break;
-        }
-        p = q;
-        cap *= 2;
-    }
-    if (f != stdin) fclose(f);
-    *len = n;
-    return p;
 }
 
 static void print_piece(const char *s, size_t n) {
@@ -199,9 +177,9 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = 0;
     char *owned = NULL;
     if (file) {
-        owned = read_all(file, &len);
-        if (!owned) {
-            fprintf(stderr, "smelt tokenize: cannot read %s\n", file);
+        struct err fe = {0};
+        if (file_read_all(file, &owned, &len, &fe) != SMELT_OK) {
+            fprintf(stderr, "smelt tokenize: %s\n", fe.msg);
             return 1;
         }
         text = owned;

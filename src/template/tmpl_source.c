@@ -1,48 +1,14 @@
 /* Finding a model's chat templates: see tmpl_source.h. */
 #include "template/tmpl_source.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "format/gguf.h"
 #include "template/tmpl.h"
+#include "util/file.h"
 
 #define TOOL_USE_KEY "tokenizer.chat_template.tool_use"
-
-static smelt_status read_file(const char *path, char **out, size_t *len, struct err *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(e, SMELT_ERR_IO, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 14, n = 0;
-    char *p = malloc(cap);
-    while (p) {
-        size_t k = fread(p + n, 1, cap - n - 1, f);
-        n += k;
-        if (k == 0) break;
-        if (n + 1 == cap) {
-            char *q = realloc(p, cap * 2);
-            if (!q) {
-                free(p);
-                p = NULL;
-                break;
-            }
-            p = q;
-            cap *= 2;
-        }
-    }
-    bool bad = p && ferror(f);
-    fclose(f);
-    if (!p) return err_set(e, SMELT_ERR_NOMEM, "%s: out of memory", path);
-    if (bad) {
-        free(p);
-        return err_set(e, SMELT_ERR_IO, "%s: read error", path);
-    }
-    p[n] = 0;
-    *out = p;
-    *len = n;
-    return SMELT_OK;
-}
 
 /* The string at key: SMELT_OK with *out NULL when the key is absent. */
 static smelt_status gguf_text(const struct gguf_file *f, const char *key, char **out,
@@ -65,7 +31,7 @@ smelt_status tmpl_sources_load(struct tmpl_sources *t, const struct gguf_file *f
                                      const char *file, struct err *e) {
     memset(t, 0, sizeof *t);
     smelt_status st;
-    if (file) return read_file(file, &t->src, &t->len, e);
+    if (file) return file_read_all(file, &t->src, &t->len, e);
     st = gguf_text(f, "tokenizer.chat_template", &t->src, &t->len, e);
     if (st == SMELT_OK) st = gguf_text(f, TOOL_USE_KEY, &t->tool_use, &t->tool_use_len, e);
     if (st == SMELT_OK && !t->src) {

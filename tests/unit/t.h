@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/file.h"
+
 static int t_pass_, t_fail_, t_skip_, t_cur_fail_, t_cur_skip_;
 static const char *t_cur_ = "";
 
@@ -116,6 +118,17 @@ static inline const char *t_shared_dir(void) {
 static inline const char *t_source_dir(void) {
     const char *s = getenv("SMELT_SOURCE_DIR");
     return s ? s : SMELT_SOURCE_DIR;
+}
+
+/* The whole file at path (util/file.h: NUL-terminated, "-" is stdin), or NULL when it
+ * cannot be read; *len (may be NULL) gets its size. The caller frees it. */
+static inline char *t_read_file(const char *path, size_t *len) {
+    char *p;
+    size_t n;
+    struct err e;
+    if (file_read_all(path, &p, &n, &e) != SMELT_OK) return NULL;
+    if (len) *len = n;
+    return p;
 }
 
 /* Deterministic PRNG for tests (xorshift64*), seeded per test. */

@@ -25,22 +25,6 @@ static const char *tmp_path(const char *name) {
     return buf[k];
 }
 
-static unsigned char *read_all(const char *path, uint64_t *size) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
-    if (b && fread(b, 1, (size_t)n, fp) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(fp);
-    *size = (uint64_t)n;
-    return b;
-}
-
 /* ---- a writer fixture used by several tests ---- */
 
 #define N_F32 37
@@ -213,8 +197,8 @@ static void test_roundtrip(void) {
     T_EQ_INT(gguf_writer_write(w, path2, NULL, NULL, &e), SMELT_OK);
     gguf_writer_free(w);
     gguf_close(f);
-    uint64_t n1, n2;
-    unsigned char *b1 = read_all(path, &n1), *b2 = read_all(path2, &n2);
+    size_t n1, n2;
+    char *b1 = t_read_file(path, &n1), *b2 = t_read_file(path2, &n2);
     T_CHECK(b1 && b2 && n1 == n2 && memcmp(b1, b2, n1) == 0);
     free(b1);
     free(b2);
@@ -261,8 +245,8 @@ static void test_truncation_everywhere(void) {
     struct err e;
     const char *path = tmp_path("trunc.gguf");
     T_EQ_INT(write_fixture(path, 0, &e), SMELT_OK);
-    uint64_t n;
-    unsigned char *b = read_all(path, &n);
+    size_t n;
+    unsigned char *b = (unsigned char *)t_read_file(path, &n);
     T_CHECK(b != NULL);
     if (!b) return;
     struct gguf_file *f;
@@ -316,8 +300,8 @@ static void test_bad_corpus(void) {
         } else {
             T_CHECKF(strstr(e.msg, want) != NULL, "%s: got '%s', want '%s'", line, e.msg, want);
             /* The same bytes through gguf_open_memory fail the same way. */
-            uint64_t sz;
-            unsigned char *b = read_all(fpath, &sz);
+            size_t sz;
+            unsigned char *b = (unsigned char *)t_read_file(fpath, &sz);
             if (b && !strstr(line, "split")) {
                 struct err e2;
                 T_CHECK(gguf_open_memory(&f, b, sz, &e2) != SMELT_OK);

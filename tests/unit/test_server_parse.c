@@ -627,16 +627,13 @@ static void test_syntax_detect(void) {
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/data/chat-templates/%s", SMELT_SHARED_DIR, real[i].file);
-        FILE *f = fopen(path, "rb");
-        if (!f) continue;
-        static char src[1 << 17];
-        size_t n = fread(src, 1, sizeof src - 1, f);
-        fclose(f);
-        src[n] = 0;
+        char *src = t_read_file(path, NULL);
+        if (!src) continue;
         T_CHECKF(outp_syntax_known(src) == real[i].known, "%s", real[i].file);
         if (real[i].syntax >= 0)
             T_CHECKF((int)outp_syntax_of(src) == real[i].syntax, "%s: %d", real[i].file,
                      outp_syntax_of(src));
+        free(src);
     }
 }
 

@@ -258,23 +258,6 @@ static void test_concurrent_renders(void) {
 
 /* ---- every shared template x every conversation vs jinja2 ---- */
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static void test_shared_templates(void) {
     char dir[1024], idx[1200];
     snprintf(dir, sizeof dir, "%s/data/chat-templates", t_shared_dir());
@@ -301,7 +284,7 @@ static void test_shared_templates(void) {
         snprintf(tpath, sizeof tpath, "%s/%.*s.jinja", dir, (int)(fl - 5), fname);
         json_t *exp = json_load_file(path, 0, NULL);
         size_t slen;
-        char *src = slurp(tpath, &slen);
+        char *src = t_read_file(tpath, &slen);
         if (!exp || !src) {
             T_CHECKF(0, "cannot read %s or %s", path, tpath);
             json_decref(exp);

@@ -458,7 +458,7 @@ static void *encode_all(void *arg) {
 /* Many threads encoding on one tok get the single-threaded ids. */
 static void test_threads(void) {
     size_t len;
-    char *corpus = tu_read(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
+    char *corpus = t_read_file(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
     if (!corpus) {
         T_CHECK(0);
         return;

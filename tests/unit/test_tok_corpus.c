@@ -58,7 +58,7 @@ static bool vocab_path(const char *src, char *out, size_t cap) {
 
 static void test_corpus(void) {
     size_t len;
-    char *corpus = tu_read(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
+    char *corpus = t_read_file(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
     json_error_t je;
     json_t *root = json_load_file(SMELT_SOURCE_DIR "/tests/data/tok/expected.json", 0, &je);
     T_CHECK(corpus && root);
@@ -120,7 +120,7 @@ static void test_splits(void) {
         return;
     }
     size_t len;
-    char *corpus = tu_read(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
+    char *corpus = t_read_file(SMELT_SOURCE_DIR "/tests/data/tok/corpus.inp", &len);
     json_error_t je;
     json_t *root = json_load_file(SMELT_SOURCE_DIR "/tests/data/tok/expected.json", 0, &je);
     json_t *splits = json_object_get(root, "splits");

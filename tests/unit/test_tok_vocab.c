@@ -13,9 +13,9 @@ static void check_pairs(struct tok *t, const char *dir, const char *name) {
     char path[1200];
     snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf.inp", dir, name);
     size_t inl, outl;
-    char *inp = tu_read(path, &inl);
+    char *inp = t_read_file(path, &inl);
     snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf.out", dir, name);
-    char *out = tu_read(path, &outl);
+    char *out = t_read_file(path, &outl);
     T_CHECKF(inp && out, "%s: cannot read .inp/.out", name);
     if (!inp || !out) goto done;
     char *strs[MAX_STR];

@@ -13,23 +13,6 @@
 #include "t.h"
 #include "tokenizer/tok.h"
 
-static inline char *tu_read(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    if (p) p[n] = 0;
-    if (len) *len = (size_t)n;
-    return p;
-}
-
 static inline struct tok *tu_load(const char *path) {
     struct gguf_file *g = NULL;
     struct tok *t = NULL;
