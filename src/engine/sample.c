@@ -22,6 +22,7 @@
 
 #include "backend/backend.h"
 #include "util/array.h"
+#include "util/mix.h"
 
 #define ZCUT 30.0f /* a top-p nucleus never takes tokens with z = (l - max)/T below -ZCUT */
 #define NBUCKET 1024
@@ -128,12 +129,7 @@ smelt_status sample_params_check(const struct sample_params *p, int32_t n_vocab,
 
 /* ---- RNG: splitmix64 seeding, xoshiro256** ---- */
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+static uint64_t splitmix64(uint64_t *x) { return mix64(*x += 0x9e3779b97f4a7c15ULL); }
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 

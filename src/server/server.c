@@ -33,6 +33,7 @@
 #include "tokenizer/tok.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/mix.h"
 #include "util/utf8.h"
 
 #define DEFAULT_MAX_BODY ((size_t)32 << 20)
@@ -48,15 +49,6 @@ void srv_status(struct conn *c, int status, bool count) {
     int i = 0;
     while (i < SRV_N_STATUS && srv_status_codes[i] != status) i++;
     atomic_fetch_add(&c->srv->status_count[i], 1);
-}
-
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
 }
 
 /* "prefix-" + 24 base62 characters, unique per server (a keyed hash of a counter). */
