@@ -1,0 +1,310 @@
+/* Per-state token masks (xgrammar's adaptive token mask, computed by llguidance's trie walk).
+ *
+ * For a DFA state s, walk the token trie from the single configuration (s, unknown stack):
+ * a token is accepted when some path takes all its bytes without leaving s's rule below
+ * where it started (or leaves it exactly at its last byte); uncertain when a path left the
+ * rule with bytes to go and those bytes start with one that may follow the rule somewhere
+ * (LV_OUT); refused otherwise. Refused subtrees are skipped whole. Accepted and refused
+ * tokens hold whatever the stack is; uncertain ones are checked at run time (gram_match.c).
+ *
+ * The slice (gram_vocab.c): when every character of the JSON-string slice leads s to one
+ * state, and so on (a chain, or a loop), the slice's tokens need no walk: with a loop all of
+ * them are accepted, with a chain of k closed states exactly those of at most k characters,
+ * and with a closed state that refuses every slice character none. Only the trie of the
+ * other tokens is walked then.
+ *
+ * Masks are computed lazily under the grammar's lock, and published with release stores
+ * so that readers need no lock; gram_mask_warm fills the reachable states at compile time
+ * within a budget. docs/structured-output.md has the measurements.
+ */
+#include <string.h>
+
+#include "grammar/gram_int.h"
+
+#define SL_UNK (UINT32_MAX - 2)
+#define SL_VISITING (UINT32_MAX - 3)
+#define ACC_BITS_MIN 4096 /* accepted tokens past which a state stores a bitset */
+
+/* ---- slice facts --------------------------------------------------------------------------- */
+
+/* UTF-8 continuation states after a lead byte: the range of the next byte and what follows. */
+enum { U_DONE = 0, U_A1, U_A2, U_A3, U_E0, U_ED, U_F0, U_F4, U_N };
+static const uint8_t u_lo[U_N] = {0, 0x80, 0x80, 0x80, 0xA0, 0x80, 0x90, 0x80};
+static const uint8_t u_hi[U_N] = {0, 0xBF, 0xBF, 0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+static const uint8_t u_next[U_N] = {0, U_DONE, U_A1, U_A2, U_A1, U_A1, U_A2, U_A2};
+
+static uint8_t lead_state(unsigned b) {
+    if (b >= 0xC2 && b <= 0xDF) return U_A1;
+    if (b == 0xE0) return U_E0;
+    if (b == 0xED) return U_ED;
+    if (b >= 0xE1 && b <= 0xEF) return U_A2;
+    if (b == 0xF0) return U_F0;
+    if (b >= 0xF1 && b <= 0xF3) return U_A3;
+    if (b == 0xF4) return U_F4;
+    return U_N;
+}
+
+struct nc {
+    uint32_t t;  /* the common target so far, GRAM_NONE: none yet */
+    bool fail;   /* some character is refused */
+    bool mixed;  /* characters lead to different states, or some refused and some not */
+    bool closed; /* every state inside a multi-byte character is closed */
+};
+
+static void nc_merge(struct nc *r, uint32_t t) {
+    if (!t) {
+        r->fail = true;
+        if (r->t != GRAM_NONE && r->t != 0) r->mixed = true;
+        r->t = 0;
+        return;
+    }
+    if (r->t == GRAM_NONE) r->t = t;
+    else if (r->t != t) r->mixed = true;
+}
+
+/* Continues the characters of the slice from q in UTF-8 state u (a depth-first walk over
+ * byte classes; a character has at most 3 bytes after its lead). */
+static void nc_walk(const struct gauto *a, uint32_t q, uint8_t u, struct nc *r) {
+    if (r->mixed) return;
+    if (u == U_DONE) {
+        nc_merge(r, q);
+        return;
+    }
+    if (!(a->st[q].flags & GS_CLOSED)) r->closed = false;
+    const struct grule *g = &a->rules[a->st[q].rule];
+    uint64_t done[4] = {0};
+    for (unsigned b = u_lo[u]; b <= u_hi[u] && !r->mixed; b++) {
+        unsigned c = g->cmap[b];
+        if (gram_bit(done, c)) continue;
+        gram_bit_set(done, c);
+        uint32_t t = gram_delta(a, q, (uint8_t)b);
+        if (!t) nc_merge(r, 0);
+        else nc_walk(a, t, u_next[u], r);
+    }
+}
+
+/* Where every slice character leads s: a state, 0 when all are refused, GRAM_NONE when mixed.
+ * *closed: s and the states inside multi-byte characters are closed (no call, cannot end). */
+static uint32_t next_char_state(const struct gauto *a, uint32_t s, bool *closed) {
+    struct nc r = {GRAM_NONE, false, false, true};
+    const struct grule *g = &a->rules[a->st[s].rule];
+    uint64_t done[32] = {0}; /* (class, continuation shape) pairs seen */
+    for (unsigned b = 0x20; b < 0x80 && !r.mixed; b++) {
+        if (b == '"' || b == '\\') continue;
+        nc_merge(&r, gram_delta(a, s, (uint8_t)b));
+    }
+    for (unsigned b = 0xC2; b <= 0xF4 && !r.mixed; b++) {
+        uint8_t u = lead_state(b);
+        /* leads of one class and one continuation shape behave alike */
+        unsigned key = g->cmap[b] * 8u + u;
+        if (gram_bit(done, key)) continue;
+        gram_bit_set(done, key);
+        uint32_t t = gram_delta(a, s, (uint8_t)b);
+        if (!t) nc_merge(&r, 0);
+        else nc_walk(a, t, u, &r);
+    }
+    *closed = r.closed && (a->st[s].flags & GS_CLOSED);
+    if (r.mixed) return GRAM_NONE;
+    return r.fail ? 0 : r.t;
+}
+
+/* The slice depth of s (SL_NO, SL_INF or k), following the chain of states the slice's
+ * characters lead to, memoized in g->sl (SL_VISITING marks the chain being followed). */
+static uint32_t slice_depth(struct gram *g, uint32_t s) {
+    if (g->sl[s] != SL_UNK) return g->sl[s];
+    const struct gauto *a = &g->a;
+    uint32_t *path = NULL, np = 0, cap = 0, capp = 0, res, x = s;
+    uint8_t *pure = NULL;
+    while (true) {
+        if (g->sl[x] == SL_VISITING) { /* a loop: any number of characters */
+            res = SL_INF;
+            break;
+        }
+        if (g->sl[x] != SL_UNK) {
+            res = g->sl[x];
+            break;
+        }
+        bool closed;
+        uint32_t t = next_char_state(a, x, &closed);
+        if (t == GRAM_NONE || t == 0) {
+            res = g->sl[x] = t == 0 && closed ? 0 : SL_NO;
+            break;
+        }
+        if (!gram_grow(&path, &cap, (size_t)np + 1, sizeof *path, GRAM_MAX_DFA) ||
+            !gram_grow(&pure, &capp, (size_t)np + 1, 1, GRAM_MAX_DFA)) {
+            res = SL_NO; /* out of memory: no slice; the walk alone is still right */
+            break;
+        }
+        path[np] = x;
+        pure[np++] = closed;
+        g->sl[x] = SL_VISITING;
+        x = t;
+    }
+    /* back along the chain: one more character per closed step; a chain deeper than any
+     * token takes them all */
+    while (np) {
+        uint32_t y = path[--np];
+        if (res != SL_NO && res != SL_INF) res = !pure[np] ? SL_NO : res + 1 > 255 ? SL_INF : res + 1;
+        g->sl[y] = res;
+    }
+    free(path);
+    free(pure);
+    return g->sl[s];
+}
+
+smelt_status gram_mask_slices(struct gram *g, struct err *e) {
+    g->sl = malloc((size_t)g->a.n_st * sizeof *g->sl);
+    if (!g->sl) return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
+    for (uint32_t s = 0; s < g->a.n_st; s++) g->sl[s] = SL_UNK;
+    return SMELT_OK;
+}
+
+/* ---- the walk ---------------------------------------------------------------------------- */
+
+struct ids {
+    int32_t *v;
+    uint32_t n, cap;
+};
+
+static bool add_tok(const struct gram_vocab *v, struct ids *l, int32_t tok) {
+    for (int32_t t = tok; t >= 0; t = v->dup[t]) {
+        if (!gram_grow(&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v, (size_t)v->n))
+            return false;
+        l->v[l->n++] = t;
+    }
+    return true;
+}
+
+struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
+    const struct gram_vocab *v = g->v;
+    const struct gauto *a = &g->a;
+    uint32_t sl = slice_depth(g, s);
+    const struct gtrie *t = sl == SL_NO ? &v->all : &v->rest;
+    uint8_t base = CI_BASE_NONE;
+    uint32_t k = 0;
+    if (sl == SL_INF || (sl != SL_NO && sl > 0)) {
+        base = CI_BASE_SLICE;
+        k = sl == SL_INF || sl > v->s1max ? v->s1max : sl;
+        if (k == 0) base = CI_BASE_NONE;
+    }
+    struct ids acc = {0}, unc = {0};
+    struct gci *c = NULL;
+    gram_stk_clear(sim->stk);
+    sim->local = true;
+    memcpy(sim->follow, a->rules[a->st[s].rule].follow, sizeof sim->follow);
+    struct gcfg c0 = {s, 0};
+    if (!gram_sim_start(sim, &c0, 1, 0)) goto done;
+    uint64_t visited = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        uint32_t i = t->root[b];
+        if (!i || !gram_delta(a, s, (uint8_t)b)) continue;
+        uint32_t end = t->n[i].next;
+        while (i < end) {
+            const struct gtnode *nd = &t->n[i];
+            visited++;
+            gram_sim_pop_to(sim, nd->depth - 1u);
+            if (!gram_sim_step(sim, nd->byte)) {
+                if (sim->oom) goto done;
+                i = nd->next;
+                continue;
+            }
+            if (nd->tok >= 0) {
+                uint8_t f = sim->lf[sim->depth];
+                if (gram_sim_count(sim) || (f & LV_POPPED)) {
+                    if (!add_tok(v, &acc, nd->tok)) goto done;
+                } else if (f & LV_OUT) {
+                    if (!add_tok(v, &unc, nd->tok)) goto done;
+                }
+            }
+            i++;
+        }
+    }
+    g->walk_nodes += visited;
+    if (acc.n > ACC_BITS_MIN) {
+        /* own bitset: the slice part (if any) copied in, the accepted tokens set */
+        size_t bytes = sizeof *c + (size_t)unc.n * sizeof(int32_t) + v->words * sizeof(uint32_t);
+        c = calloc(1, bytes);
+        if (!c) goto done;
+        c->bytes = bytes;
+        c->bits = (uint32_t *)(c + 1);
+        c->unc = (int32_t *)(c->bits + v->words);
+        if (base == CI_BASE_SLICE)
+            memcpy(c->bits, v->cum + (size_t)k * v->words, v->words * sizeof(uint32_t));
+        for (uint32_t j = 0; j < acc.n; j++) c->bits[(uint32_t)acc.v[j] >> 5] |= 1u << (acc.v[j] & 31);
+        c->base = CI_BASE_BITS;
+    } else {
+        size_t bytes = sizeof *c + ((size_t)acc.n + unc.n) * sizeof(int32_t);
+        c = calloc(1, bytes);
+        if (!c) goto done;
+        c->bytes = bytes;
+        c->acc = (int32_t *)(c + 1);
+        c->unc = c->acc + acc.n;
+        if (acc.n) memcpy(c->acc, acc.v, acc.n * sizeof(int32_t));
+        c->n_acc = acc.n;
+        c->base = base;
+        c->k = k;
+    }
+    if (unc.n) memcpy(c->unc, unc.v, unc.n * sizeof(int32_t));
+    c->n_unc = unc.n;
+done:
+    free(acc.v);
+    free(unc.v);
+    return c;
+}
+
+void gram_ci_free(struct gci *c) { free(c); }
+
+const struct gci *gram_mask_get(struct gram *g, uint32_t s, struct gci **tmp) {
+    struct gci *c = atomic_load_explicit(&g->ci[s], memory_order_acquire);
+    if (c) return c;
+    pthread_mutex_lock(&g->mu);
+    c = atomic_load_explicit(&g->ci[s], memory_order_relaxed);
+    if (!c) {
+        c = gram_mask_compute(g, &g->lsim, s);
+        if (c && g->ci_bytes + c->bytes <= GRAM_MASK_BUDGET) {
+            g->ci_bytes += c->bytes;
+            atomic_store_explicit(&g->ci[s], c, memory_order_release);
+        } else if (c) {
+            *tmp = c;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    return c;
+}
+
+void gram_mask_warm(struct gram *g, uint64_t budget) {
+    const struct gauto *a = &g->a;
+    uint32_t *queue = malloc((size_t)a->n_st * sizeof *queue);
+    uint8_t *seen = calloc(a->n_st, 1);
+    if (!queue || !seen) goto done;
+    uint32_t qh = 0, qt = 0, s0 = a->rules[a->root].start;
+    queue[qt++] = s0;
+    seen[s0] = 1;
+    uint64_t start = g->walk_nodes;
+    while (qh < qt && g->walk_nodes - start < budget) {
+        uint32_t s = queue[qh++];
+        const struct gstate *st = &a->st[s];
+        if (st->flags & GS_BYTES) {
+            struct gci *tmp = NULL;
+            if (!gram_mask_get(g, s, &tmp)) break;
+            if (tmp) {
+                gram_ci_free(tmp);
+                break;
+            }
+        }
+        const struct grule *r = &a->rules[st->rule];
+        for (uint32_t c = 0; c < r->n_cls; c++) {
+            uint32_t t = a->trans[st->trans + c];
+            if (t && !seen[t]) seen[t] = 1, queue[qt++] = t;
+        }
+        for (uint32_t k = 0; k < st->n_calls; k++) {
+            const struct gcall *cl = &a->calls[st->calls + k];
+            uint32_t t1 = a->rules[cl->rule].start, t2 = cl->ret;
+            if (!seen[t1]) seen[t1] = 1, queue[qt++] = t1;
+            if (!seen[t2]) seen[t2] = 1, queue[qt++] = t2;
+        }
+    }
+done:
+    free(queue);
+    free(seen);
+}
