@@ -235,3 +235,63 @@ bool gram_buf_gbnf_char(struct tok_buf *b, uint32_t cp) {
     else snprintf(t, sizeof t, "\\U%08X", cp);
     return gram_buf_puts(b, t);
 }
+
+/* JSON's escape of a character it must escape, as a GBNF literal: the short forms where JSON
+ * has one, else \u00xx. */
+static bool put_json_escape(struct tok_buf *b, uint32_t cp) {
+    switch (cp) {
+    case '"': return gram_buf_puts(b, "\"\\\\\\\"\"");
+    case '\\': return gram_buf_puts(b, "\"\\\\\\\\\"");
+    case '\b': return gram_buf_puts(b, "\"\\\\b\"");
+    case '\f': return gram_buf_puts(b, "\"\\\\f\"");
+    case '\n': return gram_buf_puts(b, "\"\\\\n\"");
+    case '\r': return gram_buf_puts(b, "\"\\\\r\"");
+    case '\t': return gram_buf_puts(b, "\"\\\\t\"");
+    default: return gram_buf_printf(b, "\"\\\\u%04x\"", cp);
+    }
+}
+
+static bool json_special(uint32_t cp) { return cp < 0x20 || cp == '"' || cp == '\\'; }
+
+bool gram_buf_chars(struct tok_buf *b, const struct gram_cset *cs, bool json) {
+    uint32_t special[40];
+    int ns = 0;
+    struct gram_cset plain = {0};
+    bool ok = true;
+    for (uint32_t k = 0; ok && k < cs->n; k += 2) {
+        uint32_t lo = cs->r[k], hi = cs->r[k + 1];
+        if (!json) {
+            ok = gram_cset_add(&plain, lo, hi);
+            continue;
+        }
+        for (uint32_t c = lo; c <= hi && c <= '\\'; c++)
+            if (json_special(c)) special[ns++] = c;
+        /* the range minus the specials */
+        for (uint32_t a = lo; ok && a <= hi;) {
+            while (a <= hi && json_special(a)) a++;
+            if (a > hi) break;
+            uint32_t z = a;
+            while (z < hi && !json_special(z + 1)) z++;
+            ok = gram_cset_add(&plain, a, z);
+            a = z + 1;
+        }
+    }
+    bool alt = ns > 0 || plain.n == 0;
+    if (ok && alt) ok = gram_buf_puts(b, "(");
+    if (ok && (plain.n || !ns)) {
+        ok = gram_buf_puts(b, "[");
+        for (uint32_t k = 0; ok && k < plain.n; k += 2) {
+            ok = gram_buf_gbnf_char(b, plain.r[k]);
+            if (ok && plain.r[k + 1] != plain.r[k])
+                ok = gram_buf_puts(b, "-") && gram_buf_gbnf_char(b, plain.r[k + 1]);
+        }
+        ok = ok && gram_buf_puts(b, "]");
+    }
+    for (int k = 0; ok && k < ns; k++) {
+        if ((k > 0 || plain.n) && !gram_buf_puts(b, " | ")) ok = false;
+        if (ok) ok = put_json_escape(b, special[k]);
+    }
+    if (ok && alt) ok = gram_buf_puts(b, ")");
+    gram_cset_free(&plain);
+    return ok;
+}

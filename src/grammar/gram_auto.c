@@ -39,8 +39,8 @@ struct ab {
     int depth;
 };
 
-#define INLINE_MAX 4096u   /* NFA states a rule may have and still be inlined */
-#define INLINE_SHARED 256u /* ... when referenced more than once */
+#define INLINE_MAX 4096u     /* NFA states a rule may have and still be inlined */
+#define INLINE_SHARED 16384u /* ... all its copies together, when referenced more than once */
 
 static bool fail_nomem(struct ab *b) {
     if (!b->failed) err_set(b->e, SMELT_ERR_NOMEM, "grammar: out of memory");
@@ -63,7 +63,14 @@ struct refs {
     uint32_t n, cap;
 };
 
-static bool collect_refs(struct ab *b, uint32_t node, struct refs *out, int depth) {
+static uint32_t sat_add(uint32_t a, uint32_t c) { return a + c < a ? UINT32_MAX : a + c; }
+static uint32_t sat_mul(uint32_t a, uint32_t c) {
+    uint64_t r = (uint64_t)a * c;
+    return r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
+}
+
+/* The rules node references, each with how many copies the repetitions around it make. */
+static bool collect_refs(struct ab *b, uint32_t node, uint32_t copies, struct refs *out, int depth) {
     if (depth > 4 * GRAM_MAX_NEST + 64) {
         err_set(b->e, SMELT_ERR_RANGE, "grammar: expressions nest too deeply");
         b->failed = true;
@@ -72,24 +79,21 @@ static bool collect_refs(struct ab *b, uint32_t node, struct refs *out, int dept
     const struct gx *x = &b->ast->x[node];
     switch (x->kind) {
     case GX_REF:
-        if (!gram_grow(&out->v, &out->cap, (size_t)out->n + 1, sizeof *out->v, UINT32_MAX / 4))
+        if (!gram_grow(&out->v, &out->cap, (size_t)out->n + 2, sizeof *out->v, UINT32_MAX / 4))
             return fail_nomem(b);
         out->v[out->n++] = x->off;
+        out->v[out->n++] = copies;
         return true;
     case GX_SEQ:
     case GX_ALT:
         for (uint32_t k = 0; k < x->n; k++)
-            if (!collect_refs(b, b->ast->kid[x->off + k], out, depth + 1)) return false;
+            if (!collect_refs(b, b->ast->kid[x->off + k], copies, out, depth + 1)) return false;
         return true;
-    case GX_REP: return collect_refs(b, x->off, out, depth + 1);
+    case GX_REP:
+        return collect_refs(b, x->off, sat_mul(copies, x->max == GRAM_INF ? x->min + 1 : x->max),
+                            out, depth + 1);
     default: return true;
     }
-}
-
-static uint32_t sat_add(uint32_t a, uint32_t c) { return a + c < a ? UINT32_MAX : a + c; }
-static uint32_t sat_mul(uint32_t a, uint32_t c) {
-    uint64_t r = (uint64_t)a * c;
-    return r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
 }
 
 /* Estimated NFA states of node, with inlined references expanded. */
@@ -98,7 +102,9 @@ static uint32_t est_node(const struct ab *b, uint32_t node) {
     uint32_t s = 0;
     switch (x->kind) {
     case GX_EMPTY: return 1;
-    case GX_CHARS: return sat_mul(x->n, 6);
+    case GX_CHARS: /* an ASCII range is one edge; others take a few states per byte length */
+        for (uint32_t k = 0; k < x->n; k++) s = sat_add(s, b->ast->rng[x->off + 2 * k + 1] < 0x80 ? 0 : 6);
+        return s + 1;
     case GX_LIT: return x->n + 1;
     case GX_REF: return b->kept[x->off] != GRAM_NONE ? 2 : b->est[x->off];
     case GX_SEQ:
@@ -130,16 +136,16 @@ static bool plan_rules(struct ab *b, uint32_t root) {
         goto done;
     }
     for (uint32_t r = 0; r < n; r++)
-        if (!collect_refs(b, a->rule[r].body, &out[r], 0)) goto done;
+        if (!collect_refs(b, a->rule[r].body, 1, &out[r], 0)) goto done;
     /* reachable rules */
     uint32_t ns = 0;
     stack[ns++] = root;
     reach[root] = 1;
     while (ns) {
         uint32_t r = stack[--ns];
-        for (uint32_t k = 0; k < out[r].n; k++) {
+        for (uint32_t k = 0; k < out[r].n; k += 2) {
             uint32_t t = out[r].v[k];
-            nref[t]++;
+            nref[t] = sat_add(nref[t], out[r].v[k + 1]);
             if (!reach[t]) {
                 reach[t] = 1;
                 stack[ns++] = t;
@@ -160,7 +166,8 @@ static bool plan_rules(struct ab *b, uint32_t root) {
         while (ncs) {
             uint32_t r = cs[ncs - 1];
             if (ci[ncs - 1] < out[r].n) {
-                uint32_t t = out[r].v[ci[ncs - 1]++];
+                uint32_t t = out[r].v[ci[ncs - 1]];
+                ci[ncs - 1] += 2;
                 if (index[t] == GRAM_NONE) {
                     index[t] = low[t] = idx++;
                     stack[nst++] = t;
@@ -187,7 +194,7 @@ static bool plan_rules(struct ab *b, uint32_t root) {
             if (size > 1) {
                 for (uint32_t k = no - size; k < no; k++) rec[order[k]] = 1;
             } else {
-                for (uint32_t k = 0; k < out[r].n; k++)
+                for (uint32_t k = 0; k < out[r].n; k += 2)
                     if (out[r].v[k] == r) rec[r] = 1;
             }
         }
@@ -201,7 +208,8 @@ static bool plan_rules(struct ab *b, uint32_t root) {
             continue;
         }
         b->est[r] = est_node(b, a->rule[r].body);
-        if (b->est[r] > INLINE_MAX || (nref[r] > 1 && b->est[r] > INLINE_SHARED)) b->kept[r] = 0;
+        if (b->est[r] > INLINE_MAX || (nref[r] > 1 && sat_mul(b->est[r], nref[r]) > INLINE_SHARED))
+            b->kept[r] = 0;
     }
     /* number the kept rules: root first */
     uint32_t nk = 0;

@@ -144,6 +144,10 @@ bool gram_buf_puts(struct tok_buf *b, const char *s);
 bool gram_buf_printf(struct tok_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Writes code point cp as it must appear inside a GBNF "..." literal or [...] class. */
 bool gram_buf_gbnf_char(struct tok_buf *b, uint32_t cp);
+/* Writes one GBNF item matching one character of cs (normalized; empty: nothing matches). With
+ * json, as it is written inside a JSON string: '"', '\\' and U+0000..U+001F escaped (short
+ * forms, else \u00xx), every other character raw: one encoding per character. */
+bool gram_buf_chars(struct tok_buf *b, const struct gram_cset *cs, bool json);
 
 /* ---- automaton (gram_auto.c) ----------------------------------------------------------- */
 
