@@ -530,14 +530,14 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
         cut[b->ed[e].hi + 1] = 1;
     }
     uint32_t ncls = 0;
-    uint8_t rep[256];
     for (int c = 0; c < 256; c++) {
-        if (c == 0 || cut[c]) rep[ncls++] = (uint8_t)c;
+        if (c == 0 || cut[c]) ncls++;
         g->cmap[c] = (uint8_t)(ncls - 1);
     }
     g->n_cls = ncls;
     struct dset d = {0};
     bool ok = false;
+    uint32_t bcount[257], bfill[256], *bucket = NULL, capbucket = 0;
     d.mark = calloc(b->nn, sizeof *d.mark);
     d.capmark = b->nn;
     if (!d.mark) {
@@ -566,20 +566,35 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
         au->n_trans += ncls;
         au->st[s].rule = r;
         au->st[s].trans = toff;
-        for (uint32_t c = 0; c < ncls; c++) {
-            d.ntmp = 0;
-            for (uint32_t k = 0; k < d.len[i]; k++) {
-                uint32_t q = d.pool[d.off[i] + k];
-                for (uint32_t e = b->nfirst[q]; e != GRAM_NONE; e = b->ed[e].next) {
-                    const struct ned *x = &b->ed[e];
-                    if (x->kind != NE_BYTE || rep[c] < x->lo || rep[c] > x->hi) continue;
-                    if (!gram_grow(&d.tmp, &d.captmp, (size_t)d.ntmp + 1, sizeof *d.tmp, GRAM_MAX_NFA)) {
-                        fail_nomem(b);
-                        goto done;
-                    }
-                    d.tmp[d.ntmp++] = x->to;
+        /* the targets of the set's byte edges, bucketed by class in one pass */
+        memset(bcount, 0, (ncls + 1) * sizeof *bcount);
+        uint32_t nb = 0;
+        for (uint32_t k = 0; k < d.len[i]; k++)
+            for (uint32_t e = b->nfirst[d.pool[d.off[i] + k]]; e != GRAM_NONE; e = b->ed[e].next)
+                if (b->ed[e].kind == NE_BYTE) {
+                    uint32_t span = (uint32_t)g->cmap[b->ed[e].hi] - g->cmap[b->ed[e].lo] + 1;
+                    for (uint32_t c = g->cmap[b->ed[e].lo]; c <= g->cmap[b->ed[e].hi]; c++) bcount[c + 1]++;
+                    nb += span;
                 }
+        if (!gram_grow(&bucket, &capbucket, nb ? nb : 1, sizeof *bucket, 1u << 28)) {
+            fail_nomem(b);
+            goto done;
+        }
+        for (uint32_t c = 0; c < ncls; c++) bcount[c + 1] += bcount[c];
+        memcpy(bfill, bcount, ncls * sizeof *bfill);
+        for (uint32_t k = 0; k < d.len[i]; k++)
+            for (uint32_t e = b->nfirst[d.pool[d.off[i] + k]]; e != GRAM_NONE; e = b->ed[e].next)
+                if (b->ed[e].kind == NE_BYTE)
+                    for (uint32_t c = g->cmap[b->ed[e].lo]; c <= g->cmap[b->ed[e].hi]; c++)
+                        bucket[bfill[c]++] = b->ed[e].to;
+        for (uint32_t c = 0; c < ncls; c++) {
+            uint32_t nt = bcount[c + 1] - bcount[c];
+            if (!gram_grow(&d.tmp, &d.captmp, nt ? nt : 1, sizeof *d.tmp, GRAM_MAX_NFA)) {
+                fail_nomem(b);
+                goto done;
             }
+            memcpy(d.tmp, bucket + bcount[c], nt * sizeof *d.tmp);
+            d.ntmp = nt;
             if (!closure(b, &d, final)) goto done;
             uint32_t t = intern(b, &d, first);
             if (t == GRAM_NONE) goto done;
@@ -630,6 +645,7 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
     ok = true;
 done:
     dset_free(&d);
+    free(bucket);
     return ok;
 }
 

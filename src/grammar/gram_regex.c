@@ -123,6 +123,7 @@ static bool hex(struct rp *p, int digits, uint32_t *v) {
  * added to cs (returns 2); 0 on error. in_class: inside [...] (\b is backspace there). */
 static int parse_escape(struct rp *p, struct gram_cset *cs, uint32_t *cp, bool in_class) {
     if (p->i >= p->n) return fail(p, SMELT_ERR_INVALID, "'\\' at the end of the pattern"), 0;
+    size_t at = p->i - 1; /* the backslash: where errors point */
     char c = p->s[p->i++];
     switch (c) {
     case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
@@ -134,7 +135,7 @@ static int parse_escape(struct rp *p, struct gram_cset *cs, uint32_t *cp, bool i
     case 'f': *cp = '\f'; return 1;
     case '0':
         if (peek(p) >= '0' && peek(p) <= '9')
-            return fail(p, SMELT_ERR_UNSUPPORTED, "octal escapes are not supported"), 0;
+            return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "octal escapes are not supported"), 0;
         *cp = 0;
         return 1;
     case 'x': return hex(p, 2, cp) ? 1 : 0;
@@ -167,14 +168,14 @@ static int parse_escape(struct rp *p, struct gram_cset *cs, uint32_t *cp, bool i
             *cp = '\b';
             return 1;
         }
-        return fail(p, SMELT_ERR_UNSUPPORTED, "word boundaries (\\b) are not supported"), 0;
-    case 'B': return fail(p, SMELT_ERR_UNSUPPORTED, "\\B is not supported"), 0;
+        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "word boundaries (\\b) are not supported"), 0;
+    case 'B': return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "\\B is not supported"), 0;
     case 'p': case 'P':
-        return fail(p, SMELT_ERR_UNSUPPORTED, "Unicode property classes (\\p{...}) are not supported"), 0;
-    case 'k': return fail(p, SMELT_ERR_UNSUPPORTED, "named backreferences are not supported"), 0;
+        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "Unicode property classes (\\p{...}) are not supported"), 0;
+    case 'k': return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "named backreferences are not supported"), 0;
     default:
         if (c >= '1' && c <= '9')
-            return fail(p, SMELT_ERR_UNSUPPORTED, "backreferences are not supported"), 0;
+            return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "backreferences are not supported"), 0;
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
             return fail(p, SMELT_ERR_INVALID, "unknown escape '\\%c'", c), 0;
         /* identity escape: the character itself (UTF-8 decoded) */

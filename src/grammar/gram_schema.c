@@ -38,7 +38,7 @@ struct sc {
     struct memo *memo;
     uint32_t n_memo, cap_memo;
     json_t *owned; /* merged schemas, freed at the end */
-    int depth, merges;
+    int depth, merges, deref_depth;
     char path[512];
     size_t plen;
     bool need_value, need_string, need_number, need_jchar, need_lchar;
@@ -53,7 +53,10 @@ __attribute__((format(printf, 3, 4))) static bool fail(struct sc *c, smelt_statu
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    err_set(c->e, code, "schema %s: %s", c->plen ? c->path : "(root)", msg);
+    /* a deep path keeps its end, where the problem is */
+    const char *path = c->plen ? c->path : "(root)";
+    if (c->plen > 160) path = c->path + c->plen - 160;
+    err_set(c->e, code, "schema %s%s: %s", c->plen > 160 ? "..." : "", path, msg);
     return false;
 }
 
@@ -393,13 +396,18 @@ static const json_t *merge(struct sc *c, const json_t *a, const json_t *b) {
 static const json_t *deref(struct sc *c, const json_t *s) {
     const json_t *r = json_object_get(s, "$ref");
     if (!r) return s;
+    if (c->deref_depth > 32)
+        return fail(c, SMELT_ERR_UNSUPPORTED, "$ref with sibling keywords that recurses is not supported"), NULL;
     if (!json_is_string(r)) return fail(c, SMELT_ERR_INVALID, "$ref must be a string"), NULL;
     const json_t *t = resolve(c, json_string_value(r));
     if (!t) return NULL;
     json_t *rest = own(c, json_deep_copy(s));
     if (!rest) return NULL;
     json_object_del(rest, "$ref");
-    return merge(c, t, rest);
+    c->deref_depth++;
+    const json_t *m = merge(c, t, rest);
+    c->deref_depth--;
+    return m;
 }
 
 /* ---- numbers -------------------------------------------------------------------------------- */
@@ -989,6 +997,102 @@ static bool gen_types(struct sc *c, const json_t *s, unsigned types, struct tok_
     return ok && (n == 1 || put(c, b, ")"));
 }
 
+/* const/enum with another validation keyword (besides type): the values would need checking
+ * against it; refused. */
+static bool extra_with_values(struct sc *c, const json_t *s) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)s, k, v) {
+        if (!strcmp(k, "const") || !strcmp(k, "enum") || !strcmp(k, "type")) continue;
+        if (in_list(SUPPORTED, k))
+            return fail(c, SMELT_ERR_UNSUPPORTED, "'%s' together with '%s' is not supported", k,
+                        json_object_get(s, "const") ? "const" : "enum"), true;
+    }
+    return false;
+}
+
+/* ---- oneOf: branches must be provably exclusive ------------------------------------------ */
+
+/* The JSON types an instance of s can have (TYPES bits; integer and number overlap). */
+static unsigned possible_types(struct sc *c, const json_t *s, int depth) {
+    if (!json_is_object(s) || depth > 16) return json_is_false(s) ? 0 : 0x7F;
+    s = deref(c, s);
+    if (!s || !json_is_object(s)) return 0x7F;
+    const json_t *cv = json_object_get(s, "const"), *ev = json_object_get(s, "enum");
+    unsigned t = 0;
+    if (cv || json_is_array(ev)) {
+        size_t i;
+        json_t *v;
+        if (cv) ev = NULL;
+        for (i = 0; cv ? i < 1 : i < json_array_size(ev); i++) {
+            v = cv ? (json_t *)cv : json_array_get(ev, i);
+            for (unsigned k = 0; k < 7; k++)
+                if (value_has_type(v, 1u << k)) t |= 1u << k;
+        }
+        return t;
+    }
+    const json_t *any = json_object_get(s, "anyOf");
+    if (!any) any = json_object_get(s, "oneOf");
+    if (json_is_array(any)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach((json_t *)any, i, x) t |= possible_types(c, x, depth + 1);
+    } else {
+        t = 0x7F;
+    }
+    unsigned own = 0;
+    struct err quiet;
+    struct err *save = c->e;
+    c->e = &quiet;
+    bool was = c->failed;
+    if (!types_of(c, s, &own)) own = 0x7F;
+    c->failed = was;
+    c->e = save;
+    if (own) t &= own | ((own & 32) ? 64 : 0);
+    return t;
+}
+
+/* The const/enum values of s as an array (a new reference), or NULL when unrestricted. */
+static json_t *values_of(const json_t *s) {
+    if (!json_is_object(s)) return NULL;
+    const json_t *cv = json_object_get(s, "const"), *ev = json_object_get(s, "enum");
+    if (cv) return json_pack("[O]", cv);
+    return json_is_array(ev) ? json_incref((json_t *)ev) : NULL;
+}
+
+static bool values_disjoint(const json_t *a, const json_t *b) {
+    size_t i, j;
+    json_t *x, *y;
+    json_array_foreach((json_t *)a, i, x) json_array_foreach((json_t *)b, j, y) if (json_same(x, y)) return false;
+    return true;
+}
+
+/* Whether no instance can match both a and b: different types, disjoint const/enum values,
+ * or a property both require whose const/enum values are disjoint (a discriminator). */
+static bool disjoint(struct sc *c, const json_t *a, const json_t *b) {
+    unsigned ta = possible_types(c, a, 0), tb = possible_types(c, b, 0);
+    unsigned na = ta | ((ta & 32) ? 64 : 0) | ((ta & 64) ? 32 : 0);
+    if (!(na & tb)) return true;
+    a = json_is_object(a) ? deref(c, a) : a;
+    b = json_is_object(b) ? deref(c, b) : b;
+    if (!a || !b) return false;
+    json_t *va = values_of(a), *vb = values_of(b);
+    bool d = va && vb && values_disjoint(va, vb);
+    json_decref(va);
+    json_decref(vb);
+    if (d || !json_is_object(a) || !json_is_object(b)) return d;
+    const json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+    const json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    size_t i, j;
+    json_t *x, *y;
+    json_array_foreach((json_t *)ra, i, x) json_array_foreach((json_t *)rb, j, y) {
+        if (!json_is_string(x) || !json_same(x, y)) continue;
+        const json_t *sa = json_object_get(pa, json_string_value(x)), *sb = json_object_get(pb, json_string_value(x));
+        if (sa && sb && disjoint(c, sa, sb)) return true;
+    }
+    return false;
+}
+
 static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
     if (json_is_true(s) || (json_is_object(s) && !has_validation(s, NULL))) {
         c->need_value = true;
@@ -1051,7 +1155,11 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
                 ok = br[i] != NULL;
                 path_pop(c, old);
             }
-            if (ok && one) ok = true; /* exclusivity checked below */
+            for (i = 0; ok && one && i < n; i++)
+                for (size_t j = i + 1; ok && j < n; j++)
+                    if (!disjoint(c, br[i], br[j]))
+                        ok = fail(c, SMELT_ERR_UNSUPPORTED, "oneOf branches %zu and %zu may both match "
+                                  "(oneOf needs different types, consts or a required discriminator)", i, j);
             ok = ok && put(c, b, "(");
             bool first = true;
             for (i = 0; ok && i < n; i++) {
@@ -1065,9 +1173,14 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
             ok = ok && put(c, b, ")");
             free(br);
         }
+    } else if ((json_object_get(s, "const") || json_object_get(s, "enum")) && extra_with_values(c, s)) {
+        ok = false;
     } else if (json_object_get(s, "const")) {
+        unsigned types;
         const json_t *v = json_object_get(s, "const");
-        ok = put_json_value(c, b, v);
+        ok = types_of(c, s, &types);
+        if (ok && !value_has_type(v, types)) ok = fail(c, SMELT_ERR_INVALID, "'const' does not have the schema's type");
+        ok = ok && put_json_value(c, b, v);
     } else if (json_object_get(s, "enum")) {
         unsigned types;
         const json_t *list = json_object_get(s, "enum");
