@@ -39,6 +39,7 @@ struct ab {
     int depth;
 };
 
+#define INLINE_TINY 128u     /* NFA states of a rule inlined however often it is used */
 #define INLINE_MAX 4096u     /* NFA states a rule may have and still be inlined */
 #define INLINE_SHARED 16384u /* ... all its copies together, when referenced more than once */
 
@@ -208,7 +209,10 @@ static bool plan_rules(struct ab *b, uint32_t root) {
             continue;
         }
         b->est[r] = est_node(b, a->rule[r].body);
-        if (b->est[r] > INLINE_MAX || (nref[r] > 1 && sat_mul(b->est[r], nref[r]) > INLINE_SHARED))
+        /* tiny rules are always inlined: a call of a rule that ends after a character or two
+         * would make nearly every token depend on the stack */
+        if (b->est[r] > INLINE_TINY &&
+            (b->est[r] > INLINE_MAX || (nref[r] > 1 && sat_mul(b->est[r], nref[r]) > INLINE_SHARED)))
             b->kept[r] = 0;
     }
     /* number the kept rules: root first */

@@ -332,11 +332,28 @@ struct gci {
 #define SL_NO UINT32_MAX
 #define SL_INF (UINT32_MAX - 1)
 
+/* A slice of the vocabulary for an ASCII byte class A (gram_mask.c), made per grammar for the
+ * states that loop or count over A (a pattern's [a-z0-9]{1,64}): the tokens made of A's bytes
+ * by length (cum + k * words: those of 1..k bytes), and for each trie node whether its subtree
+ * holds a token outside A (mixed): a walk skips the subtrees that do not. */
+struct gdslice {
+    uint64_t cls[2];
+    uint32_t maxlen;
+    uint32_t *cum;
+    uint64_t *mixed;
+};
+
 struct gram {
     atomic_int refs;
     const struct gram_vocab *v;
     struct gauto a;
     uint32_t *sl;              /* per state: slice depth (SL_*, or 0..k) */
+    uint32_t *dsl;             /* per state: dynamic slice (index) when sl is SL_NO, or GRAM_NONE */
+    uint32_t *dsl_k;           /* ... and its depth (SL_INF or k) */
+    struct gdslice *ds;        /* dynamic slices, under mu */
+    uint32_t n_ds;
+    uint8_t *ds_onpath;        /* scratch of the chain searches, under mu */
+    uint32_t *ds_path;
     _Atomic(struct gci *) *ci; /* per state, filled lazily under mu */
     pthread_mutex_t mu;
     struct gstk lstk; /* scratch of the walks, under mu */

@@ -154,9 +154,150 @@ static uint32_t slice_depth(struct gram *g, uint32_t s) {
 
 smelt_status gram_mask_slices(struct gram *g, struct err *e) {
     g->sl = malloc((size_t)g->a.n_st * sizeof *g->sl);
-    if (!g->sl) return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
-    for (uint32_t s = 0; s < g->a.n_st; s++) g->sl[s] = SL_UNK;
+    g->dsl = malloc((size_t)g->a.n_st * sizeof *g->dsl);
+    g->dsl_k = malloc((size_t)g->a.n_st * sizeof *g->dsl_k);
+    if (!g->sl || !g->dsl || !g->dsl_k) return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
+    for (uint32_t s = 0; s < g->a.n_st; s++) g->sl[s] = g->dsl[s] = SL_UNK;
     return SMELT_OK;
+}
+
+/* ---- dynamic slices (ASCII classes) -------------------------------------------------------- */
+
+#define DS_MIN_BYTES 8 /* a class smaller than this is not worth a slice */
+#define DS_MAX 16      /* dynamic slices per grammar */
+
+static bool in_cls(const uint64_t *cls, unsigned b) { return b < 128 && gram_bit(cls, b); }
+
+/* Where every byte of class A leads s: a state, 0 when all are refused, GRAM_NONE when mixed. */
+static uint32_t next_class_state(const struct gauto *a, uint32_t s, const uint64_t *cls) {
+    uint32_t t = GRAM_NONE;
+    bool fail = false;
+    for (unsigned b = 0; b < 128; b++) {
+        if (!gram_bit(cls, b)) continue;
+        uint32_t x = gram_delta(a, s, (uint8_t)b);
+        if (!x) fail = true;
+        else if (t == GRAM_NONE) t = x;
+        else if (t != x) return GRAM_NONE;
+        if (fail && t != GRAM_NONE) return GRAM_NONE;
+    }
+    return fail ? 0 : t;
+}
+
+/* How many bytes of class A every path from s takes (SL_INF: any number, SL_NO: not a pure
+ * chain). Chains are short in practice; this one is bounded by GRAM_MAX_DFA steps. */
+static uint32_t class_depth(const struct gauto *a, uint32_t s, const uint64_t *cls, uint8_t *onpath,
+                            uint32_t *path) {
+    uint32_t np = 0, x = s, res;
+    while (true) {
+        if (onpath[x]) {
+            res = SL_INF;
+            break;
+        }
+        uint32_t t = next_class_state(a, x, cls);
+        bool closed = a->st[x].flags & GS_CLOSED;
+        if (t == GRAM_NONE) {
+            res = SL_NO;
+            break;
+        }
+        if (t == 0) {
+            res = closed ? 0 : SL_NO;
+            break;
+        }
+        onpath[x] = 1;
+        path[np++] = x;
+        x = t;
+    }
+    uint32_t steps = 0;
+    for (uint32_t k = 0; k < np; k++) onpath[path[k]] = 0;
+    if (res == SL_INF || res == SL_NO) return res;
+    for (uint32_t k = np; k-- > 0;) {
+        if (!(a->st[path[k]].flags & GS_CLOSED)) return SL_NO;
+        steps++;
+    }
+    return res + steps > 255 ? SL_INF : res + steps;
+}
+
+/* The dynamic slice of class A (made if new); GRAM_NONE when out of memory or slices. */
+static uint32_t dslice(struct gram *g, const uint64_t *cls) {
+    for (uint32_t k = 0; k < g->n_ds; k++)
+        if (!memcmp(g->ds[k].cls, cls, sizeof g->ds[k].cls)) return k;
+    if (g->n_ds >= DS_MAX) return GRAM_NONE;
+    const struct gram_vocab *v = g->v;
+    const struct gtrie *t = &v->all;
+    struct gdslice d = {{cls[0], cls[1]}, 0, NULL, NULL};
+    uint32_t *psum = malloc(((size_t)t->nn + 1) * sizeof *psum);
+    uint8_t *bad = malloc((size_t)v->max_len + 2);
+    uint16_t *len = NULL;
+    d.mixed = calloc(((size_t)t->nn + 63) / 64, sizeof *d.mixed);
+    if (!psum || !bad || !d.mixed) goto oom;
+    /* psum[i]: tokens before node i (DFS order) whose path leaves the class */
+    psum[0] = 0;
+    bad[0] = 0;
+    for (uint32_t i = 1; i < t->nn; i++) {
+        const struct gtnode *n = &t->n[i];
+        bad[n->depth] = bad[n->depth - 1] || !in_cls(cls, n->byte);
+        psum[i + 1] = psum[i] + (n->tok >= 0 && bad[n->depth]);
+        if (n->tok >= 0 && !bad[n->depth] && n->depth > d.maxlen) d.maxlen = n->depth;
+    }
+    psum[1] = 0;
+    for (uint32_t i = 1; i < t->nn; i++)
+        if (psum[t->n[i].next] != psum[i]) d.mixed[i >> 6] |= 1ull << (i & 63);
+    d.cum = calloc(((size_t)d.maxlen + 1) * v->words, sizeof *d.cum);
+    if (!d.cum) goto oom;
+    for (uint32_t i = 1; i < t->nn; i++) {
+        const struct gtnode *n = &t->n[i];
+        bad[n->depth] = bad[n->depth - 1] || !in_cls(cls, n->byte);
+        if (bad[n->depth]) continue;
+        for (int32_t tok = n->tok; tok >= 0; tok = v->dup[tok])
+            d.cum[(size_t)n->depth * v->words + ((uint32_t)tok >> 5)] |= 1u << (tok & 31);
+    }
+    for (uint32_t k = 1; k <= d.maxlen; k++)
+        for (uint32_t w = 0; w < v->words; w++) d.cum[(size_t)k * v->words + w] |= d.cum[(size_t)(k - 1) * v->words + w];
+    struct gdslice *nd = realloc(g->ds, (g->n_ds + 1) * sizeof *nd);
+    if (!nd) goto oom;
+    g->ds = nd;
+    g->ds[g->n_ds] = d;
+    g->ci_bytes += ((size_t)d.maxlen + 1) * v->words * 4 + ((size_t)t->nn + 63) / 8;
+    free(psum);
+    free(bad);
+    free(len);
+    return g->n_ds++;
+oom:
+    free(psum);
+    free(bad);
+    free(len);
+    free(d.mixed);
+    free(d.cum);
+    return GRAM_NONE;
+}
+
+/* The dynamic slice for s, if one applies: the largest set of ASCII bytes leading s to one
+ * state, when it is a pure chain or loop over them. Sets g->dsl[s], g->dsl_k[s]. */
+static void dslice_of(struct gram *g, uint32_t s) {
+    const struct gauto *a = &g->a;
+    g->dsl[s] = GRAM_NONE;
+    /* the most common target of the ASCII bytes */
+    uint32_t tg[128], cnt[128], nt = 0, best = 0, best_n = 0;
+    for (unsigned b = 0; b < 128; b++) {
+        uint32_t t = gram_delta(a, s, (uint8_t)b), k = 0;
+        if (!t) continue;
+        while (k < nt && tg[k] != t) k++;
+        if (k == nt) tg[nt] = t, cnt[nt++] = 0;
+        if (++cnt[k] > best_n) best_n = cnt[k], best = t;
+    }
+    if (best_n < DS_MIN_BYTES) return;
+    uint64_t cls[2] = {0, 0};
+    for (unsigned b = 0; b < 128; b++)
+        if (gram_delta(a, s, (uint8_t)b) == best) gram_bit_set(cls, b);
+    if (!g->ds_onpath) g->ds_onpath = calloc(a->n_st, 1);
+    if (!g->ds_path) g->ds_path = malloc((size_t)a->n_st * sizeof *g->ds_path);
+    if (!g->ds_onpath || !g->ds_path) return;
+    uint32_t k = class_depth(a, s, cls, g->ds_onpath, g->ds_path);
+    if (k == SL_NO) return;
+    uint32_t d = dslice(g, cls);
+    if (d == GRAM_NONE) return;
+    g->dsl[s] = d;
+    g->dsl_k[s] = k;
 }
 
 /* ---- the walk ---------------------------------------------------------------------------- */
@@ -182,10 +323,21 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
     const struct gtrie *t = sl == SL_NO ? &v->all : &v->rest;
     uint8_t base = CI_BASE_NONE;
     uint32_t k = 0;
+    const uint64_t *skip = NULL; /* dynamic slice: subtrees it decides */
+    const uint32_t *cum = v->cum;
     if (sl == SL_INF || (sl != SL_NO && sl > 0)) {
         base = CI_BASE_SLICE;
         k = sl == SL_INF || sl > v->s1max ? v->s1max : sl;
         if (k == 0) base = CI_BASE_NONE;
+    } else if (sl == SL_NO) {
+        if (g->dsl[s] == SL_UNK) dslice_of(g, s);
+        if (g->dsl[s] != GRAM_NONE) {
+            const struct gdslice *d = &g->ds[g->dsl[s]];
+            skip = d->mixed;
+            cum = d->cum;
+            k = g->dsl_k[s] == SL_INF || g->dsl_k[s] > d->maxlen ? d->maxlen : g->dsl_k[s];
+            base = k ? CI_BASE_BITS : CI_BASE_NONE;
+        }
     }
     struct ids acc = {0}, unc = {0};
     struct gci *c = NULL;
@@ -201,6 +353,10 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
         uint32_t end = t->n[i].next;
         while (i < end) {
             const struct gtnode *nd = &t->n[i];
+            if (skip && !gram_bit(skip, i)) { /* only class tokens below: the slice decides */
+                i = nd->next;
+                continue;
+            }
             visited++;
             gram_sim_pop_to(sim, nd->depth - 1u);
             if (!gram_sim_step(sim, nd->byte)) {
@@ -220,7 +376,7 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
         }
     }
     g->walk_nodes += visited;
-    if (acc.n > ACC_BITS_MIN) {
+    if (acc.n > ACC_BITS_MIN || (skip && base == CI_BASE_BITS)) {
         /* own bitset: the slice part (if any) copied in, the accepted tokens set */
         size_t bytes = sizeof *c + (size_t)unc.n * sizeof(int32_t) + v->words * sizeof(uint32_t);
         c = calloc(1, bytes);
@@ -228,8 +384,8 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
         c->bytes = bytes;
         c->bits = (uint32_t *)(c + 1);
         c->unc = (int32_t *)(c->bits + v->words);
-        if (base == CI_BASE_SLICE)
-            memcpy(c->bits, v->cum + (size_t)k * v->words, v->words * sizeof(uint32_t));
+        if (base == CI_BASE_SLICE || skip)
+            memcpy(c->bits, cum + (size_t)k * v->words, v->words * sizeof(uint32_t));
         for (uint32_t j = 0; j < acc.n; j++) c->bits[(uint32_t)acc.v[j] >> 5] |= 1u << (acc.v[j] & 31);
         c->base = CI_BASE_BITS;
     } else {

@@ -550,7 +550,7 @@ static bool gen_integer(struct sc *c, const json_t *s, struct tok_buf *b) {
 /* Fractions: any digits, all zeros, or not all zeros. */
 #define FRAC_ANY "(\".\" [0-9]{1,16})"
 #define FRAC_ZERO "(\".\" \"0\"{1,16})"
-#define FRAC_NONZERO "(\".\" [0-9]{0,15} [1-9] [0-9]{0,15})"
+#define FRAC_NONZERO "(\".\" \"0\"{0,15} [1-9] [0-9]{0,15})" /* the first nonzero digit: unambiguous */
 
 /* Magnitudes m = I.F with A <(=) m <(=) B (A >= 0 integer, B integer or unbounded). */
 static bool magnitude(struct sc *c, struct tok_buf *b, uint64_t A, bool xa, bool hb, uint64_t B, bool xb) {
@@ -1068,7 +1068,8 @@ static bool values_disjoint(const json_t *a, const json_t *b) {
 }
 
 /* Whether no instance can match both a and b: different types, disjoint const/enum values,
- * or a property both require whose const/enum values are disjoint (a discriminator). */
+ * a property one requires and the other forbids, or a property both require whose values
+ * cannot match both (a discriminator). */
 static bool disjoint(struct sc *c, const json_t *a, const json_t *b) {
     unsigned ta = possible_types(c, a, 0), tb = possible_types(c, b, 0);
     unsigned na = ta | ((ta & 32) ? 64 : 0) | ((ta & 64) ? 32 : 0);
@@ -1085,6 +1086,12 @@ static bool disjoint(struct sc *c, const json_t *a, const json_t *b) {
     const json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
     size_t i, j;
     json_t *x, *y;
+    /* one requires a property the other forbids */
+    for (int side = 0; side < 2; side++) {
+        const json_t *r = side ? rb : ra, *other = side ? a : b, *op = side ? pa : pb;
+        if (!json_is_false(json_object_get(other, "additionalProperties"))) continue;
+        json_array_foreach((json_t *)r, i, x) if (json_is_string(x) && !json_object_get(op, json_string_value(x))) return true;
+    }
     json_array_foreach((json_t *)ra, i, x) json_array_foreach((json_t *)rb, j, y) {
         if (!json_is_string(x) || !json_same(x, y)) continue;
         const json_t *sa = json_object_get(pa, json_string_value(x)), *sb = json_object_get(pb, json_string_value(x));
