@@ -7,7 +7,7 @@
 
 /* Trie nodes the compile-time warm-up may walk (computing the masks of the states reachable
  * from the start); the rest are computed on first use. */
-#define WARM_NODES (300u << 10)
+#define WARM_NODES (128u << 10)
 
 /* Any JSON value, and the root an object (response_format json_object). Whitespace is
  * bounded as in llama.cpp's schema grammars, so that a model cannot pad forever. */
@@ -109,12 +109,9 @@ void gram_unref(struct gram *g) {
     free(g->sl);
     free(g->dsl);
     free(g->dsl_k);
-    for (uint32_t k = 0; k < g->n_ds; k++) {
-        free(g->ds[k].cum);
-        free(g->ds[k].mixed);
-    }
-    free(g->ds);
     free(g->ds_onpath);
+    free(g->bytes);
+    free(g->nbytes);
     free(g->ds_path);
     gram_sim_free(&g->lsim);
     gram_stk_free(&g->lstk);

@@ -456,7 +456,15 @@ static bool closure(struct ab *b, struct dset *d, uint32_t final) {
             d->tmp[nout++] = q;
         }
     }
-    qsort(d->tmp, nout, sizeof *d->tmp, cmp_u32);
+    if (nout > 16) {
+        qsort(d->tmp, nout, sizeof *d->tmp, cmp_u32);
+    } else { /* the common tiny set: insertion sort, no call */
+        for (uint32_t i = 1; i < nout; i++) {
+            uint32_t x = d->tmp[i], j = i;
+            for (; j > 0 && d->tmp[j - 1] > x; j--) d->tmp[j] = d->tmp[j - 1];
+            d->tmp[j] = x;
+        }
+    }
     d->ntmp = nout;
     return true;
 }

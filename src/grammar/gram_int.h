@@ -214,7 +214,27 @@ struct gtrie {
     struct gtnode *n;
     uint32_t nn;
     uint32_t root[256]; /* child of the root for each first byte, 0 = none */
+    /* Nodes with many children (GRAM_WIDE or more) have a child table: wide[i] is its index
+     * + 1 into tab (257 entries each: the child for each byte, 0 = none, then the number of
+     * children), 0 otherwise. A walk
+     * in a state that takes few bytes looks up those instead of visiting every child. */
+    uint32_t *wide;
+    uint32_t *tab;
 };
+#define GRAM_WIDE 24
+
+/* A slice of the vocabulary for an ASCII byte class A (gram_mask.c), made on first use for the
+ * states (of any grammar) that loop or count over A (a pattern's [a-z0-9]{1,64}): the tokens made of A's bytes
+ * by length (cum + k * words: those of 1..k bytes), and for each trie node whether its subtree
+ * holds a token outside A (mixed): a walk skips the subtrees that do not. */
+struct gdslice {
+    uint64_t cls[2];
+    uint32_t maxlen;
+    uint32_t *cum;
+    uint64_t *mixed;
+};
+
+#define GRAM_DS_MAX 64 /* dynamic slices per vocabulary */
 
 enum { GV_NEVER = 0, GV_TEXT = 1, GV_EOG = 2 };
 
@@ -237,6 +257,11 @@ struct gram_vocab {
     uint8_t *s1n;
     uint32_t s1max;
     uint32_t *cum;
+    /* Dynamic slices (gram_mask.c), shared by the vocabulary's grammars: made under ds_mu,
+     * never moved or changed once made (ds has room for GRAM_DS_MAX). */
+    pthread_mutex_t ds_mu;
+    struct gdslice *ds;
+    uint32_t n_ds;
 };
 
 /* ---- stacks and simulation (gram_sim.c) ------------------------------------------------ */
@@ -304,6 +329,28 @@ bool gram_sim_start_closed(struct gsim *s, uint32_t st, uint32_t stk);
 /* Builds level depth + 1 from level depth by byte b; returns whether it is alive (holds a
  * configuration or a flag other than LV_OVER). s->oom is set when memory ran out. */
 bool gram_sim_step(struct gsim *s, uint8_t b);
+/* Makes room for levels up to depth d (walks call it once for the longest token). */
+bool gram_sim_reserve(struct gsim *s, uint32_t d);
+/* gram_sim_step's common case inline: one configuration, no flags, its target simple (no
+ * call, cannot end). Returns 1 stepped, 0 dead (the level is built, empty), -1 when the
+ * general step is needed. Levels up to depth + 1 must be reserved. */
+static inline int gram_sim_step_fast(struct gsim *s, uint8_t b) {
+    uint32_t d = s->depth, lo = s->lv[d], hi = s->lv[d + 1];
+    if (hi - lo != 1 || s->lf[d]) return -1;
+    struct gcfg c = s->cfg[lo];
+    uint32_t t = gram_delta(s->a, c.st, b);
+    if (t && (!(s->a->st[t].flags & GS_SIMPLE) || hi + 1 > s->cap_cfg)) return -1;
+    if (t) s->cfg[hi++] = (struct gcfg){t, c.stk};
+    s->n_cfg = hi;
+    s->depth = d + 1;
+    s->lv[d + 2] = hi;
+    s->lf[d + 1] = 0;
+    return t != 0;
+}
+static inline bool gram_sim_step_any(struct gsim *s, uint8_t b) {
+    int r = gram_sim_step_fast(s, b);
+    return r >= 0 ? r : gram_sim_step(s, b);
+}
 static inline void gram_sim_pop_to(struct gsim *s, uint32_t d) {
     s->depth = d;
     s->n_cfg = s->lv[d + 1];
@@ -332,26 +379,15 @@ struct gci {
 #define SL_NO UINT32_MAX
 #define SL_INF (UINT32_MAX - 1)
 
-/* A slice of the vocabulary for an ASCII byte class A (gram_mask.c), made per grammar for the
- * states that loop or count over A (a pattern's [a-z0-9]{1,64}): the tokens made of A's bytes
- * by length (cum + k * words: those of 1..k bytes), and for each trie node whether its subtree
- * holds a token outside A (mixed): a walk skips the subtrees that do not. */
-struct gdslice {
-    uint64_t cls[2];
-    uint32_t maxlen;
-    uint32_t *cum;
-    uint64_t *mixed;
-};
-
 struct gram {
     atomic_int refs;
     const struct gram_vocab *v;
     struct gauto a;
     uint32_t *sl;              /* per state: slice depth (SL_*, or 0..k) */
-    uint32_t *dsl;             /* per state: dynamic slice (index) when sl is SL_NO, or GRAM_NONE */
+    uint32_t *dsl;             /* per state: the vocabulary's dynamic slice when sl is SL_NO, or GRAM_NONE */
     uint32_t *dsl_k;           /* ... and its depth (SL_INF or k) */
-    struct gdslice *ds;        /* dynamic slices, under mu */
-    uint32_t n_ds;
+    uint64_t (*bytes)[4];      /* per state: the bytes it has edges for ... */
+    uint16_t *nbytes;          /* ... and how many */
     uint8_t *ds_onpath;        /* scratch of the chain searches, under mu */
     uint32_t *ds_path;
     _Atomic(struct gci *) *ci; /* per state, filled lazily under mu */

@@ -156,15 +156,25 @@ smelt_status gram_mask_slices(struct gram *g, struct err *e) {
     g->sl = malloc((size_t)g->a.n_st * sizeof *g->sl);
     g->dsl = malloc((size_t)g->a.n_st * sizeof *g->dsl);
     g->dsl_k = malloc((size_t)g->a.n_st * sizeof *g->dsl_k);
-    if (!g->sl || !g->dsl || !g->dsl_k) return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
-    for (uint32_t s = 0; s < g->a.n_st; s++) g->sl[s] = g->dsl[s] = SL_UNK;
+    g->bytes = calloc(g->a.n_st, sizeof *g->bytes);
+    g->nbytes = calloc(g->a.n_st, sizeof *g->nbytes);
+    if (!g->sl || !g->dsl || !g->dsl_k || !g->bytes || !g->nbytes)
+        return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
+    for (uint32_t s = 0; s < g->a.n_st; s++) {
+        g->sl[s] = g->dsl[s] = SL_UNK;
+        if (s == 0) continue;
+        const struct gstate *st = &g->a.st[s];
+        const uint32_t *row = g->a.trans + st->trans;
+        const uint8_t *cmap = g->a.rules[st->rule].cmap;
+        for (unsigned b = 0; b < 256; b++)
+            if (row[cmap[b]]) gram_bit_set(g->bytes[s], b), g->nbytes[s]++;
+    }
     return SMELT_OK;
 }
 
 /* ---- dynamic slices (ASCII classes) -------------------------------------------------------- */
 
 #define DS_MIN_BYTES 8 /* a class smaller than this is not worth a slice */
-#define DS_MAX 16      /* dynamic slices per grammar */
 
 static bool in_cls(const uint64_t *cls, unsigned b) { return b < 128 && gram_bit(cls, b); }
 
@@ -185,12 +195,20 @@ static uint32_t next_class_state(const struct gauto *a, uint32_t s, const uint64
 
 /* How many bytes of class A every path from s takes (SL_INF: any number, SL_NO: not a pure
  * chain). Chains are short in practice; this one is bounded by GRAM_MAX_DFA steps. */
-static uint32_t class_depth(const struct gauto *a, uint32_t s, const uint64_t *cls, uint8_t *onpath,
-                            uint32_t *path) {
-    uint32_t np = 0, x = s, res;
+/* How many bytes of class A every path from s takes (SL_INF: any number, SL_NO: not a pure
+ * chain), recorded for every state on the chain as a use of slice d (any class with a pure chain
+ * is a right slice for a state, so a chain is searched once). */
+static uint32_t class_depth(struct gram *g, uint32_t s, const uint64_t *cls, uint32_t d) {
+    const struct gauto *a = &g->a;
+    uint8_t *onpath = g->ds_onpath;
+    uint32_t *path = g->ds_path, np = 0, x = s, res;
     while (true) {
         if (onpath[x]) {
             res = SL_INF;
+            break;
+        }
+        if (g->dsl[x] == d) { /* a chain met before */
+            res = g->dsl_k[x];
             break;
         }
         uint32_t t = next_class_state(a, x, cls);
@@ -207,75 +225,74 @@ static uint32_t class_depth(const struct gauto *a, uint32_t s, const uint64_t *c
         path[np++] = x;
         x = t;
     }
-    uint32_t steps = 0;
     for (uint32_t k = 0; k < np; k++) onpath[path[k]] = 0;
-    if (res == SL_INF || res == SL_NO) return res;
     for (uint32_t k = np; k-- > 0;) {
-        if (!(a->st[path[k]].flags & GS_CLOSED)) return SL_NO;
-        steps++;
+        uint32_t y = path[k];
+        if (res != SL_INF && res != SL_NO)
+            res = !(a->st[y].flags & GS_CLOSED) ? SL_NO : res + 1 > 255 ? SL_INF : res + 1;
+        if (res != SL_NO && g->dsl[y] == SL_UNK) g->dsl[y] = d, g->dsl_k[y] = res;
     }
-    return res + steps > 255 ? SL_INF : res + steps;
+    return res;
 }
 
-/* The dynamic slice of class A (made if new); GRAM_NONE when out of memory or slices. */
-static uint32_t dslice(struct gram *g, const uint64_t *cls) {
-    for (uint32_t k = 0; k < g->n_ds; k++)
-        if (!memcmp(g->ds[k].cls, cls, sizeof g->ds[k].cls)) return k;
-    if (g->n_ds >= DS_MAX) return GRAM_NONE;
-    const struct gram_vocab *v = g->v;
+/* Builds the slice of class A into d. */
+static bool dslice_build(const struct gram_vocab *v, const uint64_t *cls, struct gdslice *d) {
     const struct gtrie *t = &v->all;
-    struct gdslice d = {{cls[0], cls[1]}, 0, NULL, NULL};
+    *d = (struct gdslice){{cls[0], cls[1]}, 0, NULL, NULL};
     uint32_t *psum = malloc(((size_t)t->nn + 1) * sizeof *psum);
     uint8_t *bad = malloc((size_t)v->max_len + 2);
-    uint16_t *len = NULL;
-    d.mixed = calloc(((size_t)t->nn + 63) / 64, sizeof *d.mixed);
-    if (!psum || !bad || !d.mixed) goto oom;
+    d->mixed = calloc(((size_t)t->nn + 63) / 64, sizeof *d->mixed);
+    if (!psum || !bad || !d->mixed) goto oom;
     /* psum[i]: tokens before node i (DFS order) whose path leaves the class */
-    psum[0] = 0;
+    psum[0] = psum[1] = 0;
     bad[0] = 0;
     for (uint32_t i = 1; i < t->nn; i++) {
         const struct gtnode *n = &t->n[i];
         bad[n->depth] = bad[n->depth - 1] || !in_cls(cls, n->byte);
         psum[i + 1] = psum[i] + (n->tok >= 0 && bad[n->depth]);
-        if (n->tok >= 0 && !bad[n->depth] && n->depth > d.maxlen) d.maxlen = n->depth;
+        if (n->tok >= 0 && !bad[n->depth] && n->depth > d->maxlen) d->maxlen = n->depth;
     }
-    psum[1] = 0;
     for (uint32_t i = 1; i < t->nn; i++)
-        if (psum[t->n[i].next] != psum[i]) d.mixed[i >> 6] |= 1ull << (i & 63);
-    d.cum = calloc(((size_t)d.maxlen + 1) * v->words, sizeof *d.cum);
-    if (!d.cum) goto oom;
+        if (psum[t->n[i].next] != psum[i]) d->mixed[i >> 6] |= 1ull << (i & 63);
+    d->cum = calloc(((size_t)d->maxlen + 1) * v->words, sizeof *d->cum);
+    if (!d->cum) goto oom;
     for (uint32_t i = 1; i < t->nn; i++) {
         const struct gtnode *n = &t->n[i];
         bad[n->depth] = bad[n->depth - 1] || !in_cls(cls, n->byte);
         if (bad[n->depth]) continue;
         for (int32_t tok = n->tok; tok >= 0; tok = v->dup[tok])
-            d.cum[(size_t)n->depth * v->words + ((uint32_t)tok >> 5)] |= 1u << (tok & 31);
+            d->cum[(size_t)n->depth * v->words + ((uint32_t)tok >> 5)] |= 1u << (tok & 31);
     }
-    for (uint32_t k = 1; k <= d.maxlen; k++)
-        for (uint32_t w = 0; w < v->words; w++) d.cum[(size_t)k * v->words + w] |= d.cum[(size_t)(k - 1) * v->words + w];
-    struct gdslice *nd = realloc(g->ds, (g->n_ds + 1) * sizeof *nd);
-    if (!nd) goto oom;
-    g->ds = nd;
-    g->ds[g->n_ds] = d;
-    g->ci_bytes += ((size_t)d.maxlen + 1) * v->words * 4 + ((size_t)t->nn + 63) / 8;
+    for (uint32_t k = 1; k <= d->maxlen; k++)
+        for (uint32_t w = 0; w < v->words; w++)
+            d->cum[(size_t)k * v->words + w] |= d->cum[(size_t)(k - 1) * v->words + w];
     free(psum);
     free(bad);
-    free(len);
-    return g->n_ds++;
+    return true;
 oom:
     free(psum);
     free(bad);
-    free(len);
-    free(d.mixed);
-    free(d.cum);
-    return GRAM_NONE;
+    free(d->mixed);
+    free(d->cum);
+    return false;
+}
+
+/* The vocabulary's slice of class A, made if new; NULL when out of memory or room. */
+static const struct gdslice *dslice(const struct gram_vocab *cv, const uint64_t *cls) {
+    struct gram_vocab *v = (struct gram_vocab *)cv; /* the slice cache, under ds_mu */
+    const struct gdslice *r = NULL;
+    pthread_mutex_lock(&v->ds_mu);
+    for (uint32_t k = 0; k < v->n_ds && !r; k++)
+        if (!memcmp(v->ds[k].cls, cls, sizeof v->ds[k].cls)) r = &v->ds[k];
+    if (!r && v->n_ds < GRAM_DS_MAX && dslice_build(v, cls, &v->ds[v->n_ds])) r = &v->ds[v->n_ds++];
+    pthread_mutex_unlock(&v->ds_mu);
+    return r;
 }
 
 /* The dynamic slice for s, if one applies: the largest set of ASCII bytes leading s to one
  * state, when it is a pure chain or loop over them. Sets g->dsl[s], g->dsl_k[s]. */
 static void dslice_of(struct gram *g, uint32_t s) {
     const struct gauto *a = &g->a;
-    g->dsl[s] = GRAM_NONE;
     /* the most common target of the ASCII bytes */
     uint32_t tg[128], cnt[128], nt = 0, best = 0, best_n = 0;
     for (unsigned b = 0; b < 128; b++) {
@@ -285,19 +302,17 @@ static void dslice_of(struct gram *g, uint32_t s) {
         if (k == nt) tg[nt] = t, cnt[nt++] = 0;
         if (++cnt[k] > best_n) best_n = cnt[k], best = t;
     }
+    g->dsl[s] = GRAM_NONE;
     if (best_n < DS_MIN_BYTES) return;
     uint64_t cls[2] = {0, 0};
     for (unsigned b = 0; b < 128; b++)
         if (gram_delta(a, s, (uint8_t)b) == best) gram_bit_set(cls, b);
     if (!g->ds_onpath) g->ds_onpath = calloc(a->n_st, 1);
     if (!g->ds_path) g->ds_path = malloc((size_t)a->n_st * sizeof *g->ds_path);
-    if (!g->ds_onpath || !g->ds_path) return;
-    uint32_t k = class_depth(a, s, cls, g->ds_onpath, g->ds_path);
-    if (k == SL_NO) return;
-    uint32_t d = dslice(g, cls);
-    if (d == GRAM_NONE) return;
-    g->dsl[s] = d;
-    g->dsl_k[s] = k;
+    const struct gdslice *d = g->ds_onpath && g->ds_path ? dslice(g->v, cls) : NULL;
+    if (!d) return;
+    g->dsl[s] = SL_UNK;
+    if (class_depth(g, s, cls, (uint32_t)(d - g->v->ds)) == SL_NO) g->dsl[s] = GRAM_NONE;
 }
 
 /* ---- the walk ---------------------------------------------------------------------------- */
@@ -309,9 +324,104 @@ struct ids {
 
 static bool add_tok(const struct gram_vocab *v, struct ids *l, int32_t tok) {
     for (int32_t t = tok; t >= 0; t = v->dup[t]) {
-        if (!gram_grow(&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v, (size_t)v->n))
+        if (l->n == l->cap && !gram_grow(&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v, (size_t)v->n))
             return false;
         l->v[l->n++] = t;
+    }
+    return true;
+}
+
+/* A walk of the trie from one state (gram_mask_compute). While every state on the path is
+ * simple (no call, cannot end) the stack stays empty and one state per depth is the whole
+ * configuration: q[d]. A subtree entered through another state goes to the general simulation,
+ * started from its parent's state. At a node with a child table, only the children the state
+ * takes are visited. */
+struct walk {
+    struct gram *g;
+    const struct gram_vocab *v;
+    const struct gtrie *t;
+    const struct gauto *a;
+    struct gsim *sim;
+    const uint64_t *skip; /* dynamic slice: subtrees it decides */
+    struct ids *acc, *unc;
+    uint64_t visited;
+    bool oom;
+    const uint64_t (*bytes)[4]; /* per state: the bytes it takes (g->bytes) */
+    const uint16_t *nbytes;
+    uint32_t q[GRAM_MAX_PIECE + 2];
+};
+
+/* The subtree [i, end) of t with the general simulation, from state p at depth d. */
+static bool walk_general(struct walk *w, uint32_t p, uint32_t d, uint32_t i, uint32_t end) {
+    const struct gtrie *t = w->t;
+    struct gsim *sim = w->sim;
+    struct gcfg c0 = {p, 0};
+    if (!gram_sim_start(sim, &c0, 1, 0)) return false;
+    while (i < end) {
+        const struct gtnode *m = &t->n[i];
+        if (w->skip && !gram_bit(w->skip, i)) {
+            i = m->next;
+            continue;
+        }
+        w->visited++;
+        gram_sim_pop_to(sim, m->depth - 1u - d);
+        if (!gram_sim_step(sim, m->byte)) {
+            if (sim->oom) return false;
+            i = m->next;
+            continue;
+        }
+        if (m->tok >= 0) {
+            uint8_t f = sim->lf[sim->depth];
+            if (gram_sim_count(sim) || (f & LV_POPPED)) {
+                if (!add_tok(w->v, w->acc, m->tok)) return false;
+            } else if ((f & LV_OUT) && !add_tok(w->v, w->unc, m->tok)) {
+                return false;
+            }
+        }
+        i++;
+    }
+    return true;
+}
+
+/* The nodes [i, end) of the trie (a run of siblings' subtrees), their parents' states in q. */
+static bool walk_range(struct walk *w, uint32_t i, uint32_t end) {
+    const struct gtnode *n = w->t->n;
+    const struct gstate *st = w->a->st;
+    const struct grule *rules = w->a->rules;
+    const uint32_t *trans = w->a->trans;
+    while (i < end) {
+        const struct gtnode *nd = &n[i];
+        if (w->skip && !gram_bit(w->skip, i)) { /* only class tokens below: the slice decides */
+            i = nd->next;
+            continue;
+        }
+        w->visited++;
+        uint32_t d = nd->depth - 1u, p = w->q[d];
+        uint32_t x = trans[st[p].trans + rules[st[p].rule].cmap[nd->byte]];
+        if (!x) {
+            i = nd->next;
+            continue;
+        }
+        if (!(st[x].flags & GS_SIMPLE)) {
+            if (!walk_general(w, p, d, i, nd->next)) return false;
+            i = nd->next;
+            continue;
+        }
+        w->q[d + 1] = x;
+        if (nd->tok >= 0 && !add_tok(w->v, w->acc, nd->tok)) return false;
+        uint32_t wi = w->t->wide[i];
+        const uint32_t *tab = wi ? w->t->tab + (size_t)(wi - 1) * 257 : NULL;
+        if (!tab || w->nbytes[x] >= tab[256]) {
+            i++;
+            continue;
+        }
+        /* a wide node and a state that takes few bytes: those children, by table */
+        for (unsigned k = 0; k < 4; k++)
+            for (uint64_t m = w->bytes[x][k]; m; m &= m - 1) {
+                uint32_t c = tab[k * 64 + (unsigned)__builtin_ctzll(m)];
+                if (c && !walk_range(w, c, n[c].next)) return false;
+            }
+        i = nd->next;
     }
     return true;
 }
@@ -332,7 +442,7 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
     } else if (sl == SL_NO) {
         if (g->dsl[s] == SL_UNK) dslice_of(g, s);
         if (g->dsl[s] != GRAM_NONE) {
-            const struct gdslice *d = &g->ds[g->dsl[s]];
+            const struct gdslice *d = &v->ds[g->dsl[s]];
             skip = d->mixed;
             cum = d->cum;
             k = g->dsl_k[s] == SL_INF || g->dsl_k[s] > d->maxlen ? d->maxlen : g->dsl_k[s];
@@ -344,37 +454,14 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
     gram_stk_clear(sim->stk);
     sim->local = true;
     memcpy(sim->follow, a->rules[a->st[s].rule].follow, sizeof sim->follow);
-    struct gcfg c0 = {s, 0};
-    if (!gram_sim_start(sim, &c0, 1, 0)) goto done;
-    uint64_t visited = 0;
+    if (!gram_sim_reserve(sim, v->max_len + 1)) goto done;
+    struct walk w = {g, v, t, a, sim, skip, &acc, &unc, 0, false, g->bytes, g->nbytes, {0}};
+    w.q[0] = s;
     for (unsigned b = 0; b < 256; b++) {
         uint32_t i = t->root[b];
-        if (!i || !gram_delta(a, s, (uint8_t)b)) continue;
-        uint32_t end = t->n[i].next;
-        while (i < end) {
-            const struct gtnode *nd = &t->n[i];
-            if (skip && !gram_bit(skip, i)) { /* only class tokens below: the slice decides */
-                i = nd->next;
-                continue;
-            }
-            visited++;
-            gram_sim_pop_to(sim, nd->depth - 1u);
-            if (!gram_sim_step(sim, nd->byte)) {
-                if (sim->oom) goto done;
-                i = nd->next;
-                continue;
-            }
-            if (nd->tok >= 0) {
-                uint8_t f = sim->lf[sim->depth];
-                if (gram_sim_count(sim) || (f & LV_POPPED)) {
-                    if (!add_tok(v, &acc, nd->tok)) goto done;
-                } else if (f & LV_OUT) {
-                    if (!add_tok(v, &unc, nd->tok)) goto done;
-                }
-            }
-            i++;
-        }
+        if (i && gram_delta(a, s, (uint8_t)b) && !walk_range(&w, i, t->n[i].next)) goto done;
     }
+    uint64_t visited = w.visited;
     g->walk_nodes += visited;
     if (acc.n > ACC_BITS_MIN || (skip && base == CI_BASE_BITS)) {
         /* own bitset: the slice part (if any) copied in, the accepted tokens set */

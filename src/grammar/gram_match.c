@@ -204,10 +204,10 @@ smelt_status gram_matcher_rollback(struct gram_matcher *m, int32_t k, struct err
 /* Advances by p[0..n). SMELT_ERR_INVALID when refused (nothing changed). */
 static smelt_status advance(struct gram_matcher *m, const uint8_t *p, size_t n, struct err *e) {
     struct gsim *s = &m->sim;
-    if (!gram_sim_start(s, m->cur, m->n_cur, m->done ? LV_DONE : 0))
+    if (!gram_sim_start(s, m->cur, m->n_cur, m->done ? LV_DONE : 0) || !gram_sim_reserve(s, (uint32_t)n + 1))
         return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
     for (size_t i = 0; i < n; i++) {
-        if (!gram_sim_step(s, p[i])) {
+        if (!gram_sim_step_any(s, p[i])) {
             if (s->oom) return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
             if (s->lf[s->depth] & LV_OVER)
                 return err_set(e, SMELT_ERR_RANGE, "grammar matcher: past a bound (%u "
@@ -273,6 +273,7 @@ static bool check_uncertain(struct gram_matcher *m, struct gcfg c, const struct 
     const struct gram_vocab *v = m->v;
     if (!gram_sim_start(s, &c, 1, 0)) return false;
     const uint8_t *prev = NULL; /* the bytes the levels were built for */
+    if (!gram_sim_reserve(s, v->max_len + 1)) return false;
     for (uint32_t j = 0; j < ci->n_unc; j++) {
         int32_t t = ci->unc[j];
         if (bit_get(mask, t)) continue;
@@ -281,7 +282,7 @@ static bool check_uncertain(struct gram_matcher *m, struct gcfg c, const struct 
         while (l < d && l < n && p[l] == prev[l]) l++;
         gram_sim_pop_to(s, l);
         bool alive = l == 0 || s->lv[l + 1] > s->lv[l] || (s->lf[l] & LV_DONE);
-        for (uint32_t i = l; i < n && alive; i++) alive = gram_sim_step(s, p[i]);
+        for (uint32_t i = l; i < n && alive; i++) alive = gram_sim_step_any(s, p[i]);
         if (s->oom) return false;
         prev = p;
         if (alive && s->depth == n && (gram_sim_count(s) || (s->lf[n] & LV_DONE))) bit_set(mask, t);

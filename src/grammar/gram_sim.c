@@ -110,6 +110,8 @@ static bool ensure_levels(struct gsim *s, uint32_t d) {
     return true;
 }
 
+bool gram_sim_reserve(struct gsim *s, uint32_t d) { return ensure_levels(s, d); }
+
 static void new_generation(struct gsim *s) {
     s->seen_n = 0;
     if (++s->gen == 0) {

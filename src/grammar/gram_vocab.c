@@ -75,6 +75,22 @@ static bool build_trie(struct gtrie *t, struct gram_vocab *v, const int32_t *ids
     for (uint32_t i = 1; i < nn; i++)
         if (t->n[i].depth == 1) t->root[t->n[i].byte] = i;
     free(path);
+    /* child tables of the wide nodes */
+    uint32_t nw = 0;
+    t->wide = calloc(nn, sizeof *t->wide);
+    if (!t->wide) return false;
+    for (uint32_t i = 1; i < nn; i++) {
+        uint32_t k = 0;
+        for (uint32_t c = i + 1; c < t->n[i].next; c = t->n[c].next) k++;
+        if (k >= GRAM_WIDE) t->wide[i] = ++nw;
+    }
+    t->tab = calloc((size_t)nw * 257 + 1, sizeof *t->tab);
+    if (!t->tab) return false;
+    for (uint32_t i = 1; i < nn; i++) {
+        if (!t->wide[i]) continue;
+        uint32_t *tab = t->tab + (size_t)(t->wide[i] - 1) * 257;
+        for (uint32_t c = i + 1; c < t->n[i].next; c = t->n[c].next) tab[t->n[c].byte] = c, tab[256]++;
+    }
     return true;
 }
 
@@ -143,12 +159,14 @@ oom:
 static struct gram_vocab *alloc_vocab(int32_t n, size_t bytes) {
     struct gram_vocab *v = calloc(1, sizeof *v);
     if (!v) return NULL;
+    pthread_mutex_init(&v->ds_mu, NULL);
+    v->ds = calloc(GRAM_DS_MAX, sizeof *v->ds);
     v->n = n;
     v->kind = calloc((size_t)n + 1, 1);
     v->off = calloc((size_t)n + 1, sizeof *v->off);
     v->len = calloc((size_t)n + 1, sizeof *v->len);
     v->bytes = malloc(bytes + 1);
-    if (!v->kind || !v->off || !v->len || !v->bytes) {
+    if (!v->kind || !v->off || !v->len || !v->bytes || !v->ds) {
         gram_vocab_free(v);
         return NULL;
     }
@@ -246,8 +264,18 @@ void gram_vocab_free(struct gram_vocab *v) {
     free(v->eog);
     free(v->all.n);
     free(v->rest.n);
+    free(v->all.wide);
+    free(v->all.tab);
+    free(v->rest.wide);
+    free(v->rest.tab);
     free(v->s1n);
     free(v->cum);
+    for (uint32_t k = 0; k < v->n_ds; k++) {
+        free(v->ds[k].cum);
+        free(v->ds[k].mixed);
+    }
+    free(v->ds);
+    pthread_mutex_destroy(&v->ds_mu);
     free(v);
 }
 
