@@ -45,14 +45,13 @@ __attribute__((format(printf, 3, 4))) static uint32_t fail(struct gp *p, size_t 
                                                            const char *fmt, ...) {
     if (p->failed) return GRAM_NONE;
     p->failed = true;
-    char msg[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err_vset(p->e, SMELT_ERR_INVALID, fmt, ap);
     va_end(ap);
     size_t line, col;
     where(p->s, at, &line, &col);
-    err_set(p->e, SMELT_ERR_INVALID, "grammar line %zu column %zu: %s", line, col, msg);
+    err_prefix(p->e, "grammar line %zu column %zu", line, col);
     return GRAM_NONE;
 }
 

@@ -36,12 +36,11 @@ __attribute__((format(printf, 3, 4))) static bool fail(struct rp *p, smelt_statu
                                                        const char *fmt, ...) {
     if (p->failed) return false;
     p->failed = true;
-    char msg[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err_vset(p->e, code, fmt, ap);
     va_end(ap);
-    err_set(p->e, code, "regex column %zu: %s", p->i + 1, msg);
+    err_prefix(p->e, "regex column %zu", p->i + 1);
     return false;
 }
 

@@ -48,15 +48,14 @@ __attribute__((format(printf, 3, 4))) static bool fail(struct sc *c, smelt_statu
                                                        const char *fmt, ...) {
     if (c->failed) return false;
     c->failed = true;
-    char msg[300];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err_vset(c->e, code, fmt, ap);
     va_end(ap);
     /* a deep path keeps its end, where the problem is */
     const char *path = c->plen ? c->path : "(root)";
     if (c->plen > 160) path = c->path + c->plen - 160;
-    err_set(c->e, code, "schema %s%s: %s", c->plen > 160 ? "..." : "", path, msg);
+    err_prefix(c->e, "schema %s%s", c->plen > 160 ? "..." : "", path);
     return false;
 }
 

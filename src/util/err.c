@@ -4,12 +4,17 @@
 #include <stdio.h>
 #include <string.h>
 
-smelt_status err_set(struct err *e, smelt_status code, const char *fmt, ...) {
+smelt_status err_vset(struct err *e, smelt_status code, const char *fmt, va_list ap) {
     if (!e) return code;
     e->code = code;
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    return code;
+}
+
+smelt_status err_set(struct err *e, smelt_status code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    err_vset(e, code, fmt, ap);
     va_end(ap);
     return code;
 }

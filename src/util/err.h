@@ -4,6 +4,8 @@
 #ifndef SMELT_UTIL_ERR_H
 #define SMELT_UTIL_ERR_H
 
+#include <stdarg.h>
+
 #include "smelt.h"
 
 #define ERR_MSG_MAX 512
@@ -17,6 +19,10 @@ struct err {
  * `return err_set(e, SMELT_ERR_FORMAT, "...", ...);`. */
 smelt_status err_set(struct err *e, smelt_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* err_set with a va_list (for callers that format their own messages). */
+smelt_status err_vset(struct err *e, smelt_status code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* Prepends "prefix: " to the existing message (for adding context on the way up);
  * returns e->code. */
