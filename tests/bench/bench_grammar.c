@@ -21,9 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "format/gguf.h"
+#include "../unit/tok_test_util.h"
 #include "grammar/gram.h"
-#include "tokenizer/tok.h"
 
 static const char TOOL_SCHEMA[] =
     "{\"type\": \"object\", \"properties\": {"
@@ -82,23 +81,6 @@ static void row(const char *name, struct stats *s) {
            pct(s, 0.99) * 1e6, pct(s, 1.0) * 1e6, s->n ? pct(s, 0.0) * 1e6 : 0);
 }
 
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)sz + 1);
-    if (p && fread(p, 1, (size_t)sz, f) != (size_t)sz) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    if (p) p[sz] = 0;
-    *n = (size_t)sz;
-    return p;
-}
-
 static bool bit(const uint32_t *m, int32_t t) { return (m[t >> 5] >> (t & 31)) & 1; }
 
 int main(int argc, char **argv) {
@@ -116,17 +98,15 @@ int main(int argc, char **argv) {
         }
     }
     struct err e = {0};
-    struct gguf_file *gf = NULL;
-    struct tok *tk = NULL;
-    if (gguf_open(&gf, model, &e) != SMELT_OK || tok_new_from_gguf(&tk, gf, &e) != SMELT_OK) {
-        fprintf(stderr, "%s: %s (make models)\n", model, e.msg);
+    struct tok *tk = tu_load(model);
+    if (!tk) {
+        fprintf(stderr, "%s: no tokenizer (make models)\n", model);
         return 1;
     }
-    gguf_close(gf);
     const char *schema = TOOL_SCHEMA;
     size_t slen = strlen(TOOL_SCHEMA);
     char *owned = NULL;
-    if (schema_path && !(schema = owned = read_file(schema_path, &slen))) {
+    if (schema_path && !(schema = owned = tu_read(schema_path, &slen))) {
         fprintf(stderr, "%s: cannot read\n", schema_path);
         return 1;
     }

@@ -35,6 +35,21 @@ def _required_packages():
 PACKAGES = _required_packages()
 
 
+def libsmelt_path():
+    """The built libsmelt.so (SMELT_LIB, next to SMELT_BIN, or build/), for the tests that call
+    the C library through ctypes; skips (a failure under SMELT_REQUIRE_MODELS=1) when absent."""
+    cands = []
+    if os.environ.get("SMELT_LIB"):
+        cands.append(os.environ["SMELT_LIB"])
+    if os.environ.get("SMELT_BIN"):
+        cands.append(os.path.join(os.path.dirname(os.environ["SMELT_BIN"]), "libsmelt.so"))
+    cands.append(os.path.join(ROOT, "build", "libsmelt.so"))
+    for c in cands:
+        if os.path.exists(c):
+            return c
+    pytest.skip("SKIP libsmelt.so not built (looked in %s)" % ", ".join(cands))
+
+
 def missing_requirement(reason):
     """True when a skip with this reason is a missing model, build or required package."""
     m = re.search(r"could not import '([\w.]+)'", reason)

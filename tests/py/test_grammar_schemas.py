@@ -23,6 +23,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import libsmelt_path
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -34,19 +35,6 @@ WALKS = 5
 STEPS = 6000
 
 
-def _find_lib():
-    cands = []
-    if os.environ.get("SMELT_LIB"):
-        cands.append(os.environ["SMELT_LIB"])
-    if os.environ.get("SMELT_BIN"):
-        cands.append(os.path.join(os.path.dirname(os.environ["SMELT_BIN"]), "libsmelt.so"))
-    cands.append(os.path.join(ROOT, "build", "libsmelt.so"))
-    for c in cands:
-        if os.path.exists(c):
-            return c
-    pytest.skip("SKIP libsmelt.so not built (looked in %s)" % ", ".join(cands))
-
-
 class Err(C.Structure):
     _fields_ = [("code", C.c_int), ("msg", C.c_char * 512)]
 
@@ -56,7 +44,7 @@ VP = C.c_void_p
 
 @pytest.fixture(scope="module")
 def lib():
-    so = C.CDLL(_find_lib())
+    so = C.CDLL(libsmelt_path())
     sig = {
         "gram_vocab_new_raw": (C.c_int, [C.POINTER(VP), C.c_int32, C.POINTER(C.c_char_p),
                                          C.POINTER(C.c_size_t), C.POINTER(C.c_int32), C.c_int32,
@@ -284,6 +272,16 @@ def check_schema(lib, vocab, path, seed, walks, mutate=True):
 
 def test_corpus_size():
     assert len(CORPUS) >= 200, "the corpus has %d schemas (at least 200)" % len(CORPUS)
+
+
+def test_format_checks_active():
+    """The formats the compiler supports are checked by the validator (else the corpus
+    could not fail on them): date-time and time need rfc3339-validator."""
+    pytest.importorskip("rfc3339_validator")
+    fc = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for f, bad in [("date", "2023-02-29"), ("date-time", "2024-01-01 00:00"), ("time", "25:00:00Z"),
+                   ("uuid", "x"), ("email", "x"), ("ipv4", "01.2.3.4")]:
+        assert not fc.conforms(bad, f), "the %s checker is inactive" % f
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[os.path.basename(p)[:-5] for p in CORPUS])

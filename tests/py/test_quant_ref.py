@@ -11,24 +11,11 @@ import os
 
 import numpy as np
 import pytest
+from conftest import libsmelt_path
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants as gq  # noqa: E402
-
-
-def _find_lib():
-    cands = []
-    if os.environ.get("SMELT_LIB"):
-        cands.append(os.environ["SMELT_LIB"])
-    if os.environ.get("SMELT_BIN"):
-        cands.append(os.path.join(os.path.dirname(os.environ["SMELT_BIN"]), "libsmelt.so"))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cands.append(os.path.join(root, "build", "libsmelt.so"))
-    for c in cands:
-        if os.path.exists(c):
-            return c
-    pytest.skip("SKIP libsmelt.so not built (looked in %s)" % ", ".join(cands))
 
 
 DEQ = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -43,7 +30,7 @@ class QtypeInfo(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def lib():
-    so = ctypes.CDLL(_find_lib())
+    so = ctypes.CDLL(libsmelt_path())
     so.qtype_get.restype = ctypes.POINTER(QtypeInfo)
     so.qtype_get.argtypes = [ctypes.c_uint32]
     so.qtype_row_size.restype = ctypes.c_uint64
