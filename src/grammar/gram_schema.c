@@ -422,14 +422,21 @@ static int ndigits(uint64_t v) {
     return n;
 }
 
-/* Numbers of n digits from lo to hi (as digit strings of length n) as GBNF alternatives. */
+static bool all_digit(const char *s, int n, char d) {
+    for (int k = 0; k < n; k++)
+        if (s[k] != d) return false;
+    return true;
+}
+
+/* Numbers of n digits from lo to hi (digit strings of length n, not terminated) as GBNF
+ * alternatives. */
 static bool same_len(struct sc *c, struct tok_buf *b, const char *lo, const char *hi, int n) {
     if (n == 0) return put(c, b, "\"\"");
     if (!strncmp(lo, hi, (size_t)n)) return put_lit(c, b, lo, (size_t)n);
     if (n == 1) return putf(c, b, "[%c-%c]", lo[0], hi[0]);
     if (lo[0] == hi[0])
         return putf(c, b, "\"%c\" (", lo[0]) && same_len(c, b, lo + 1, hi + 1, n - 1) && put(c, b, ")");
-    bool lo_zero = strspn(lo + 1, "0") == (size_t)(n - 1), hi_nine = strspn(hi + 1, "9") == (size_t)(n - 1);
+    bool lo_zero = all_digit(lo + 1, n - 1, '0'), hi_nine = all_digit(hi + 1, n - 1, '9');
     char a = lo_zero ? lo[0] : (char)(lo[0] + 1), z = hi_nine ? hi[0] : (char)(hi[0] - 1);
     bool first = true, ok = put(c, b, "(");
     char nines[INT_MAXD + 1], zeros[INT_MAXD + 1];

@@ -3,7 +3,10 @@
  * token by token against acceptance (a brute force over the vocabulary) along random walks,
  * rollback included. JSON Schema and regex features: test_grammar_schema.c; the real Qwen2.5
  * vocabulary: test_grammar_vocab.c. */
+#include <pthread.h>
+
 #include "gram_test_util.h"
+#include "grammar/gram_int.h"
 #include "t.h"
 
 static struct gram_vocab *V;
@@ -279,6 +282,59 @@ static void test_eog_and_ended(void) {
     gram_unref(g);
 }
 
+/* Threads sharing one grammar whose masks are all computed on first use (the compile-time
+ * warm-up's are dropped): each walks with its own matcher and checks every mask against
+ * acceptance, while the others fill the shared masks. Run under ThreadSanitizer by
+ * `make tsan`. */
+struct thr {
+    struct gram *g;
+    unsigned long long seed;
+    int bad;
+};
+
+static void *thread_walk(void *arg) {
+    struct thr *t = arg;
+    struct err e;
+    struct gram_matcher *m;
+    if (gram_matcher_new(&m, t->g, 1, &e) != SMELT_OK) {
+        t->bad++;
+        return NULL;
+    }
+    int32_t n = gram_vocab_n(V);
+    uint32_t *mask = calloc(gram_mask_words(n), sizeof *mask);
+    for (int step = 0; step < 40 && !gram_matcher_ended(m); step++) {
+        t->bad += gt_check_mask(m, V, "thread");
+        gram_matcher_fill_mask(m, mask, &e);
+        int32_t pick = -1, seen = 0, want = (int32_t)(t_rand_u64(&t->seed) % 64);
+        for (int32_t k = 0; k < n; k++)
+            if (gt_mask_bit(mask, k) && k != GT_EOG && seen++ <= want) pick = k;
+        if (pick < 0 || gram_matcher_accept(m, pick, &e) != SMELT_OK) break;
+    }
+    free(mask);
+    gram_matcher_free(m);
+    return NULL;
+}
+
+static void test_threads_share_a_grammar(void) {
+    struct err e = {0};
+    struct gram *g = gt_compile(V, GRAM_GBNF, "root ::= [a-z ]{0,3000} \"!\" | [0-9]{1,3000}", &e);
+    T_CHECKF(g != NULL, "%s", e.msg);
+    if (!g) return;
+    for (uint32_t k = 0; k < g->a.n_st; k++) gram_ci_free(atomic_exchange(&g->ci[k], NULL));
+    g->ci_bytes = 0;
+    pthread_t th[4];
+    struct thr a[4];
+    for (int k = 0; k < 4; k++) {
+        a[k] = (struct thr){g, 1000u + (unsigned)k, 0};
+        T_CHECK(pthread_create(&th[k], NULL, thread_walk, &a[k]) == 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        T_EQ_INT(a[k].bad, 0);
+    }
+    gram_unref(g);
+}
+
 static void test_cache(void) {
     struct err e = {0};
     struct gram_cache *c;
@@ -321,6 +377,7 @@ int main(void) {
     T_RUN(test_masks_along_texts);
     T_RUN(test_speculative_rollback);
     T_RUN(test_eog_and_ended);
+    T_RUN(test_threads_share_a_grammar);
     T_RUN(test_cache);
     gram_vocab_free(V);
     return t_done();
