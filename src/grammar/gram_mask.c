@@ -11,9 +11,12 @@
  * state, and so on (a chain, or a loop), the slice's tokens need no walk: with a loop all of
  * them are accepted, with a chain of k closed states exactly those of at most k characters,
  * and with a closed state that refuses every slice character none. Only the trie of the
- * other tokens is walked then.
+ * other tokens is walked then. Dynamic slices do the same for a set of ASCII bytes (the most
+ * common target of a state's ASCII bytes), made on first use and kept in the vocabulary.
  *
- * Masks are computed lazily under the grammar's lock, and published with release stores
+ * The walk (walk_range) keeps one DFA state per depth while the path's states are simple;
+ * trie nodes with many children are entered through their child tables when the state takes
+ * few bytes. Masks are computed lazily under the grammar's lock, and published with release stores
  * so that readers need no lock; gram_mask_warm fills the reachable states at compile time
  * within a budget. docs/structured-output.md has the measurements.
  */
@@ -345,7 +348,6 @@ struct walk {
     const uint64_t *skip; /* dynamic slice: subtrees it decides */
     struct ids *acc, *unc;
     uint64_t visited;
-    bool oom;
     const uint64_t (*bytes)[4]; /* per state: the bytes it takes (g->bytes) */
     const uint16_t *nbytes;
     uint32_t q[GRAM_MAX_PIECE + 2];
@@ -455,7 +457,7 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
     sim->local = true;
     memcpy(sim->follow, a->rules[a->st[s].rule].follow, sizeof sim->follow);
     if (!gram_sim_reserve(sim, v->max_len + 1)) goto done;
-    struct walk w = {g, v, t, a, sim, skip, &acc, &unc, 0, false, g->bytes, g->nbytes, {0}};
+    struct walk w = {g, v, t, a, sim, skip, &acc, &unc, 0, g->bytes, g->nbytes, {0}};
     w.q[0] = s;
     for (unsigned b = 0; b < 256; b++) {
         uint32_t i = t->root[b];
