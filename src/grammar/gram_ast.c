@@ -43,7 +43,7 @@ uint32_t gram_ast_chars(struct gast *a, const uint32_t *ranges, uint32_t n_pairs
         return GRAM_NONE;
     }
     uint32_t off = a->nrng;
-    memcpy(a->rng + off, ranges, 2 * (size_t)n_pairs * sizeof *ranges);
+    if (n_pairs) memcpy(a->rng + off, ranges, 2 * (size_t)n_pairs * sizeof *ranges);
     a->nrng += 2 * n_pairs;
     return new_node(a, GX_CHARS, off, n_pairs, 0, 0);
 }

@@ -328,7 +328,8 @@ static uint32_t parse_sequence(struct gp *p, bool nested) {
         if (node == GRAM_NONE || !push_tmp(p, node)) return GRAM_NONE;
     }
     if (p->failed) return GRAM_NONE;
-    uint32_t node = check_ast(p, gram_ast_list(p->a, GX_SEQ, p->tmp + mark, p->ntmp - mark));
+    /* an empty sequence may come before any item was pushed: no pointer arithmetic on NULL */
+    uint32_t node = check_ast(p, gram_ast_list(p->a, GX_SEQ, p->tmp ? p->tmp + mark : NULL, p->ntmp - mark));
     p->ntmp = mark;
     return node;
 }
