@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "../unit/tok_test_util.h"
+#include "bench_util.h"
 #include "grammar/gram.h"
 
 static const char TOOL_SCHEMA[] =
@@ -44,17 +45,6 @@ static const char *const TOOL_DOCS[] = {
     "\"include\": [\"hourly\", \"alerts\", \"uv\", \"air_quality\"]}",
 };
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 struct stats {
     double *v;
     size_t n, cap;
@@ -71,7 +61,7 @@ static void push(struct stats *s, double x) {
 
 static double pct(struct stats *s, double p) {
     if (!s->n) return 0;
-    qsort(s->v, s->n, sizeof *s->v, cmp_d);
+    qsort(s->v, s->n, sizeof *s->v, bench_cmp_d);
     size_t i = (size_t)(p * (double)(s->n - 1) + 0.5);
     return s->v[i];
 }
@@ -86,12 +76,12 @@ static bool bit(const uint32_t *m, int32_t t) { return (m[t >> 5] >> (t & 31)) &
 int main(int argc, char **argv) {
     const char *model = "models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", *schema_path = NULL;
     int seqs = 200;
-    unsigned long long seed = 1;
+    unsigned long long seed = 1; /* the walks' generator: bench_rng */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--schema") && i + 1 < argc) schema_path = argv[++i];
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) seqs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10) | 1;
         else {
             fprintf(stderr, "usage: %s [--model GGUF] [--schema FILE] [--seqs N] [--seed S]\n", argv[0]);
             return 2;
@@ -113,25 +103,25 @@ int main(int argc, char **argv) {
     int32_t nv = tok_n_vocab(tk);
     printf("model %s (%d tokens), schema %s\n", model, nv, schema_path ? schema_path : "(built-in tool call)");
 
-    double t0 = now();
+    double t0 = bench_now();
     struct gram_vocab *v;
     if (gram_vocab_new(&v, tk, &e) != SMELT_OK) {
         fprintf(stderr, "vocab: %s\n", e.msg);
         return 1;
     }
-    double t_vocab = now() - t0;
+    double t_vocab = bench_now() - t0;
 
     struct stats comp = {0};
     struct gram *g = NULL;
     double t_cold = 0;
     for (int r = 0; r < 21; r++) {
         struct gram *x;
-        t0 = now();
+        t0 = bench_now();
         if (gram_compile(&x, v, GRAM_JSON_SCHEMA, schema, slen, &e) != SMELT_OK) {
             fprintf(stderr, "compile: %s\n", e.msg);
             return 1;
         }
-        double dt = now() - t0;
+        double dt = bench_now() - t0;
         if (r == 0) t_cold = dt, g = x;
         else push(&comp, dt), gram_unref(x);
     }
@@ -142,9 +132,9 @@ int main(int argc, char **argv) {
     gram_unref(hitg);
     struct stats hit = {0};
     for (int r = 0; r < 1000; r++) {
-        t0 = now();
+        t0 = bench_now();
         gram_cache_get(cache, GRAM_JSON_SCHEMA, schema, slen, &hitg, NULL, &e);
-        push(&hit, now() - t0);
+        push(&hit, bench_now() - t0);
         gram_unref(hitg);
     }
     gram_cache_free(cache);
@@ -174,47 +164,48 @@ int main(int argc, char **argv) {
             struct gram_matcher *m;
             gram_matcher_new(&m, g, 0, &e);
             for (size_t i = 0; i <= ids.n; i++) {
-                t0 = now();
+                t0 = bench_now();
                 gram_matcher_fill_mask(m, mask, &e);
-                double dt = now() - t0;
+                double dt = bench_now() - t0;
                 push(pass ? &text_m : &first_m, dt);
                 int32_t tok = i < ids.n ? ids.v[i] : tok_specials(tk)->eos;
                 if (!bit(mask, tok)) {
                     fprintf(stderr, "document %zu: token %zu (%d) not in the mask\n", d, i, tok);
                     return 1;
                 }
-                t0 = now();
+                t0 = bench_now();
                 if (gram_matcher_accept(m, tok, &e) != SMELT_OK) {
                     fprintf(stderr, "document %zu: token %zu: %s\n", d, i, e.msg);
                     return 1;
                 }
-                if (pass) push(&text_a, now() - t0);
+                if (pass) push(&text_a, bench_now() - t0);
             }
             gram_matcher_free(m);
             tok_ids_free(&ids);
         }
     }
     /* random walks */
+    bench_rng ^= seed * 0x9E3779B97F4A7C15ull;
     size_t done = 0, tokens = 0;
     for (int s = 0; s < seqs; s++) {
         struct gram_matcher *m;
         gram_matcher_new(&m, g, 0, &e);
         for (int step = 0; step < 400; step++) {
-            t0 = now();
+            t0 = bench_now();
             gram_matcher_fill_mask(m, mask, &e);
-            push(&walk_m, now() - t0);
+            push(&walk_m, bench_now() - t0);
             int32_t na = 0, nc = 0;
             for (int32_t t = 0; t < nv; t++)
                 if (bit(mask, t)) allowed[na++] = t;
             for (int32_t k = 0; k < na; k++)
                 if (closing[allowed[k]]) allowed[nc++] = allowed[k];
-            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            uint64_t r = bench_next();
             if (gram_matcher_can_end(m)) {
                 done++;
                 break;
             }
             if (!na) break;
-            int32_t pick = allowed[(seed >> 33) % (uint64_t)(nc && (seed >> 20) % 10 < 6 ? nc : na)];
+            int32_t pick = allowed[(r >> 33) % (uint64_t)(nc && (r >> 20) % 10 < 6 ? nc : na)];
             if (gram_matcher_accept(m, pick, &e) != SMELT_OK) {
                 fprintf(stderr, "walk: an allowed token was refused: %s\n", e.msg);
                 return 1;
