@@ -31,12 +31,14 @@ static void walk(struct gram *g, const struct gram_vocab *v, const uint8_t *driv
             continue;
         }
         /* a token: among the allowed ones when there are any (most walks), else any */
-        int32_t want = (int32_t)((drive[i] << 8 | drive[i + 1]) % (uint32_t)nv), pick = -1, seen = 0;
+        int32_t want = (int32_t)((drive[i] << 8 | drive[i + 1]) % (uint32_t)nv), pick = -1,
+                seen = 0;
         for (int32_t t = 0; t < nv; t++)
             if (gt_mask_bit(mask, t) && seen++ == want % 64) pick = t;
         int32_t tok = pick >= 0 && drive[i] % 4 ? pick : want;
         smelt_status st = gram_matcher_accept(m, tok, &e);
-        if ((st == SMELT_OK) != gt_mask_bit(mask, tok) && st != SMELT_ERR_RANGE && st != SMELT_ERR_NOMEM)
+        if ((st == SMELT_OK) != gt_mask_bit(mask, tok) && st != SMELT_ERR_RANGE &&
+            st != SMELT_ERR_NOMEM)
             abort(); /* the mask and acceptance disagree */
         if (gram_matcher_ended(m) && drive[i + 1] & 1) gram_matcher_reset(m);
     }

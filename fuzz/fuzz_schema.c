@@ -29,7 +29,8 @@ static void walk(struct gram *g, const uint8_t *drive, size_t n) {
             if (gt_mask_bit(mask, t) && seen++ == drive[i] % 32) pick = t;
         int32_t tok = pick >= 0 ? pick : (int32_t)(drive[i] % (uint32_t)nv);
         smelt_status st = gram_matcher_accept(m, tok, &e);
-        if ((st == SMELT_OK) != gt_mask_bit(mask, tok) && st != SMELT_ERR_RANGE && st != SMELT_ERR_NOMEM)
+        if ((st == SMELT_OK) != gt_mask_bit(mask, tok) && st != SMELT_ERR_RANGE &&
+            st != SMELT_ERR_NOMEM)
             abort();
         if (gram_matcher_ended(m)) break;
     }

@@ -16,9 +16,11 @@ static const char JSON_OBJECT_GBNF[] =
     "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
     "object ::= \"{\" ws ( string \":\" ws value ( \",\" ws string \":\" ws value )* )? \"}\" ws\n"
     "array ::= \"[\" ws ( value ( \",\" ws value )* )? \"]\" ws\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) )* "
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} "
+    ") )* "
     "\"\\\"\" ws\n"
-    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,16} )? ws\n"
+    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? "
+    "[0-9]{1,16} )? ws\n"
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
 
 static smelt_status to_gbnf(enum gram_kind kind, const char *text, size_t len, struct tok_buf *out,
@@ -26,7 +28,8 @@ static smelt_status to_gbnf(enum gram_kind kind, const char *text, size_t len, s
     switch (kind) {
     case GRAM_GBNF:
         if (!gram_buf_put(out, text, len))
-            return err_set(e, SMELT_ERR_RANGE, "grammar: %zu bytes (at most %u)", len, GRAM_MAX_TEXT);
+            return err_set(e, SMELT_ERR_RANGE, "grammar: %zu bytes (at most %u)", len,
+                           GRAM_MAX_TEXT);
         return SMELT_OK;
     case GRAM_JSON_OBJECT:
         return gram_buf_puts(out, JSON_OBJECT_GBNF) ? SMELT_OK
@@ -40,7 +43,8 @@ static smelt_status to_gbnf(enum gram_kind kind, const char *text, size_t len, s
     }
     case GRAM_JSON_SCHEMA: {
         if (len > GRAM_MAX_TEXT)
-            return err_set(e, SMELT_ERR_RANGE, "schema: %zu bytes (at most %u)", len, GRAM_MAX_TEXT);
+            return err_set(e, SMELT_ERR_RANGE, "schema: %zu bytes (at most %u)", len,
+                           GRAM_MAX_TEXT);
         json_error_t je;
         json_t *j = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
         if (!j)
@@ -104,7 +108,8 @@ struct gram *gram_ref(struct gram *g) {
 void gram_unref(struct gram *g) {
     if (!g || atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1) return;
     if (g->ci)
-        for (uint32_t s = 0; s < g->a.n_st; s++) gram_ci_free(atomic_load(&g->ci[s]));
+        for (uint32_t s = 0; s < g->a.n_st; s++)
+            gram_ci_free(atomic_load(&g->ci[s]));
     free(g->ci);
     free(g->sl);
     free(g->dsl);
@@ -120,7 +125,9 @@ void gram_unref(struct gram *g) {
     free(g);
 }
 
-size_t gram_n_states(const struct gram *g) { return g->a.n_st; }
+size_t gram_n_states(const struct gram *g) {
+    return g->a.n_st;
+}
 
 size_t gram_memory(const struct gram *g) {
     struct gram *m = (struct gram *)g; /* the lock guards ci_bytes */
@@ -152,7 +159,8 @@ struct gram_cache {
 
 static uint64_t text_hash(enum gram_kind kind, const char *s, size_t n) {
     uint64_t h = 0xCBF29CE484222325ull ^ (uint64_t)kind;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001B3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 0x100000001B3ull;
     return mix64(h ^ n);
 }
 
@@ -160,7 +168,8 @@ smelt_status gram_cache_new(struct gram_cache **out, const struct gram_vocab *v,
                             int32_t max_entries, struct err *e) {
     *out = NULL;
     if (max_entries < 1 || max_entries > 1 << 20)
-        return err_set(e, SMELT_ERR_INVALID, "grammar cache: %d entries (1..%d)", max_entries, 1 << 20);
+        return err_set(e, SMELT_ERR_INVALID, "grammar cache: %d entries (1..%d)", max_entries,
+                       1 << 20);
     struct gram_cache *c = calloc(1, sizeof *c);
     if (c) c->e = calloc((size_t)max_entries, sizeof *c->e);
     if (!c || !c->e) {
@@ -195,8 +204,8 @@ static struct centry *find(struct gram_cache *c, uint64_t h, enum gram_kind kind
     return NULL;
 }
 
-smelt_status gram_cache_get(struct gram_cache *c, enum gram_kind kind, const char *text,
-                            size_t len, struct gram **out, bool *hit, struct err *e) {
+smelt_status gram_cache_get(struct gram_cache *c, enum gram_kind kind, const char *text, size_t len,
+                            struct gram **out, bool *hit, struct err *e) {
     *out = NULL;
     if (hit) *hit = false;
     if (!text) text = "", len = 0;

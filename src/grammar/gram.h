@@ -52,7 +52,9 @@ void gram_vocab_free(struct gram_vocab *v);
 int32_t gram_vocab_n(const struct gram_vocab *v);
 
 /* Words of a token bitmask for n tokens: bit (i % 32) of word i / 32 is token i. */
-static inline size_t gram_mask_words(int32_t n) { return ((size_t)n + 31) / 32; }
+static inline size_t gram_mask_words(int32_t n) {
+    return ((size_t)n + 31) / 32;
+}
 
 /* ---- grammars ------------------------------------------------------------------------ */
 
@@ -99,8 +101,8 @@ smelt_status gram_cache_new(struct gram_cache **out, const struct gram_vocab *v,
 void gram_cache_free(struct gram_cache *c);
 /* The grammar for (kind, text), compiled on a miss; a compile error is returned (not
  * cached). *hit says whether it was cached (may be NULL). */
-smelt_status gram_cache_get(struct gram_cache *c, enum gram_kind kind, const char *text,
-                            size_t len, struct gram **out, bool *hit, struct err *e);
+smelt_status gram_cache_get(struct gram_cache *c, enum gram_kind kind, const char *text, size_t len,
+                            struct gram **out, bool *hit, struct err *e);
 
 /* ---- per-sequence matcher ------------------------------------------------------------ */
 

@@ -6,7 +6,9 @@
 
 #include "grammar/gram_int.h"
 
-void gram_ast_init(struct gast *a) { memset(a, 0, sizeof *a); }
+void gram_ast_init(struct gast *a) {
+    memset(a, 0, sizeof *a);
+}
 
 void gram_ast_free(struct gast *a) {
     free(a->x);
@@ -33,7 +35,9 @@ static uint32_t new_node(struct gast *a, uint8_t kind, uint32_t off, uint32_t n,
     return a->nx++;
 }
 
-uint32_t gram_ast_empty(struct gast *a) { return new_node(a, GX_EMPTY, 0, 0, 0, 0); }
+uint32_t gram_ast_empty(struct gast *a) {
+    return new_node(a, GX_EMPTY, 0, 0, 0, 0);
+}
 
 uint32_t gram_ast_chars(struct gast *a, const uint32_t *ranges, uint32_t n_pairs) {
     if (a->oom || a->toobig) return GRAM_NONE;
@@ -189,7 +193,8 @@ bool gram_buf_put(struct tok_buf *b, const void *s, size_t n) {
     if (b->n + n + 1 > GRAM_MAX_TEXT) return false;
     if (b->n + n + 1 > b->cap) {
         size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
+        while (c < b->n + n + 1)
+            c *= 2;
         char *p = realloc(b->p, c);
         if (!p) return false;
         b->p = p;
@@ -201,7 +206,9 @@ bool gram_buf_put(struct tok_buf *b, const void *s, size_t n) {
     return true;
 }
 
-bool gram_buf_puts(struct tok_buf *b, const char *s) { return gram_buf_put(b, s, strlen(s)); }
+bool gram_buf_puts(struct tok_buf *b, const char *s) {
+    return gram_buf_put(b, s, strlen(s));
+}
 
 bool gram_buf_printf(struct tok_buf *b, const char *fmt, ...) {
     char tmp[512];
@@ -216,23 +223,35 @@ bool gram_buf_printf(struct tok_buf *b, const char *fmt, ...) {
 bool gram_buf_gbnf_char(struct tok_buf *b, uint32_t cp) {
     char t[16];
     switch (cp) {
-    case '"': return gram_buf_puts(b, "\\\"");
-    case '\\': return gram_buf_puts(b, "\\\\");
-    case '[': return gram_buf_puts(b, "\\[");
-    case ']': return gram_buf_puts(b, "\\]");
-    case '-': return gram_buf_puts(b, "\\-");
-    case '\n': return gram_buf_puts(b, "\\n");
-    case '\r': return gram_buf_puts(b, "\\r");
-    case '\t': return gram_buf_puts(b, "\\t");
-    default: break;
+    case '"':
+        return gram_buf_puts(b, "\\\"");
+    case '\\':
+        return gram_buf_puts(b, "\\\\");
+    case '[':
+        return gram_buf_puts(b, "\\[");
+    case ']':
+        return gram_buf_puts(b, "\\]");
+    case '-':
+        return gram_buf_puts(b, "\\-");
+    case '\n':
+        return gram_buf_puts(b, "\\n");
+    case '\r':
+        return gram_buf_puts(b, "\\r");
+    case '\t':
+        return gram_buf_puts(b, "\\t");
+    default:
+        break;
     }
     if (cp >= 0x20 && cp < 0x7F) {
         t[0] = (char)cp;
         return gram_buf_put(b, t, 1);
     }
-    if (cp < 0x100) snprintf(t, sizeof t, "\\x%02X", cp);
-    else if (cp < 0x10000) snprintf(t, sizeof t, "\\u%04X", cp);
-    else snprintf(t, sizeof t, "\\U%08X", cp);
+    if (cp < 0x100)
+        snprintf(t, sizeof t, "\\x%02X", cp);
+    else if (cp < 0x10000)
+        snprintf(t, sizeof t, "\\u%04X", cp);
+    else
+        snprintf(t, sizeof t, "\\U%08X", cp);
     return gram_buf_puts(b, t);
 }
 
@@ -240,18 +259,28 @@ bool gram_buf_gbnf_char(struct tok_buf *b, uint32_t cp) {
  * has one, else \u00xx. */
 static bool put_json_escape(struct tok_buf *b, uint32_t cp) {
     switch (cp) {
-    case '"': return gram_buf_puts(b, "\"\\\\\\\"\"");
-    case '\\': return gram_buf_puts(b, "\"\\\\\\\\\"");
-    case '\b': return gram_buf_puts(b, "\"\\\\b\"");
-    case '\f': return gram_buf_puts(b, "\"\\\\f\"");
-    case '\n': return gram_buf_puts(b, "\"\\\\n\"");
-    case '\r': return gram_buf_puts(b, "\"\\\\r\"");
-    case '\t': return gram_buf_puts(b, "\"\\\\t\"");
-    default: return gram_buf_printf(b, "\"\\\\u%04x\"", cp);
+    case '"':
+        return gram_buf_puts(b, "\"\\\\\\\"\"");
+    case '\\':
+        return gram_buf_puts(b, "\"\\\\\\\\\"");
+    case '\b':
+        return gram_buf_puts(b, "\"\\\\b\"");
+    case '\f':
+        return gram_buf_puts(b, "\"\\\\f\"");
+    case '\n':
+        return gram_buf_puts(b, "\"\\\\n\"");
+    case '\r':
+        return gram_buf_puts(b, "\"\\\\r\"");
+    case '\t':
+        return gram_buf_puts(b, "\"\\\\t\"");
+    default:
+        return gram_buf_printf(b, "\"\\\\u%04x\"", cp);
     }
 }
 
-static bool json_special(uint32_t cp) { return cp < 0x20 || cp == '"' || cp == '\\'; }
+static bool json_special(uint32_t cp) {
+    return cp < 0x20 || cp == '"' || cp == '\\';
+}
 
 bool gram_buf_chars(struct tok_buf *b, const struct gram_cset *cs, bool json) {
     uint32_t special[40];
@@ -268,10 +297,12 @@ bool gram_buf_chars(struct tok_buf *b, const struct gram_cset *cs, bool json) {
             if (json_special(c)) special[ns++] = c;
         /* the range minus the specials */
         for (uint32_t a = lo; ok && a <= hi;) {
-            while (a <= hi && json_special(a)) a++;
+            while (a <= hi && json_special(a))
+                a++;
             if (a > hi) break;
             uint32_t z = a;
-            while (z < hi && !json_special(z + 1)) z++;
+            while (z < hi && !json_special(z + 1))
+                z++;
             ok = gram_cset_add(&plain, a, z);
             a = z + 1;
         }

@@ -64,14 +64,17 @@ struct refs {
     uint32_t n, cap;
 };
 
-static uint32_t sat_add(uint32_t a, uint32_t c) { return a + c < a ? UINT32_MAX : a + c; }
+static uint32_t sat_add(uint32_t a, uint32_t c) {
+    return a + c < a ? UINT32_MAX : a + c;
+}
 static uint32_t sat_mul(uint32_t a, uint32_t c) {
     uint64_t r = (uint64_t)a * c;
     return r > UINT32_MAX ? UINT32_MAX : (uint32_t)r;
 }
 
 /* The rules node references, each with how many copies the repetitions around it make. */
-static bool collect_refs(struct ab *b, uint32_t node, uint32_t copies, struct refs *out, int depth) {
+static bool collect_refs(struct ab *b, uint32_t node, uint32_t copies, struct refs *out,
+                         int depth) {
     if (depth > 4 * GRAM_MAX_NEST + 64) {
         err_set(b->e, SMELT_ERR_RANGE, "grammar: expressions nest too deeply");
         b->failed = true;
@@ -93,7 +96,8 @@ static bool collect_refs(struct ab *b, uint32_t node, uint32_t copies, struct re
     case GX_REP:
         return collect_refs(b, x->off, sat_mul(copies, x->max == GRAM_INF ? x->min + 1 : x->max),
                             out, depth + 1);
-    default: return true;
+    default:
+        return true;
     }
 }
 
@@ -102,15 +106,20 @@ static uint32_t est_node(const struct ab *b, uint32_t node) {
     const struct gx *x = &b->ast->x[node];
     uint32_t s = 0;
     switch (x->kind) {
-    case GX_EMPTY: return 1;
+    case GX_EMPTY:
+        return 1;
     case GX_CHARS: /* an ASCII range is one edge; others take a few states per byte length */
-        for (uint32_t k = 0; k < x->n; k++) s = sat_add(s, b->ast->rng[x->off + 2 * k + 1] < 0x80 ? 0 : 6);
+        for (uint32_t k = 0; k < x->n; k++)
+            s = sat_add(s, b->ast->rng[x->off + 2 * k + 1] < 0x80 ? 0 : 6);
         return s + 1;
-    case GX_LIT: return x->n + 1;
-    case GX_REF: return b->kept[x->off] != GRAM_NONE ? 2 : b->est[x->off];
+    case GX_LIT:
+        return x->n + 1;
+    case GX_REF:
+        return b->kept[x->off] != GRAM_NONE ? 2 : b->est[x->off];
     case GX_SEQ:
     case GX_ALT:
-        for (uint32_t k = 0; k < x->n; k++) s = sat_add(s, est_node(b, b->ast->kid[x->off + k]));
+        for (uint32_t k = 0; k < x->n; k++)
+            s = sat_add(s, est_node(b, b->ast->kid[x->off + k]));
         return sat_add(s, 2);
     case GX_REP: {
         uint32_t c = x->max == GRAM_INF ? x->min + 1 : x->max;
@@ -156,7 +165,8 @@ static bool plan_rules(struct ab *b, uint32_t root) {
     /* Tarjan's SCCs (iterative); components come out callees first: `order` is a
      * post-order of the reference graph. */
     uint32_t idx = 0, no = 0, nst = 0, ncs = 0, ncomp = 0;
-    for (uint32_t r = 0; r < n; r++) index[r] = GRAM_NONE;
+    for (uint32_t r = 0; r < n; r++)
+        index[r] = GRAM_NONE;
     for (uint32_t r0 = 0; r0 < n; r0++) {
         if (!reach[r0] || index[r0] != GRAM_NONE) continue;
         cs[ncs] = r0;
@@ -193,7 +203,8 @@ static bool plan_rules(struct ab *b, uint32_t root) {
             } while (t != r);
             ncomp++;
             if (size > 1) {
-                for (uint32_t k = no - size; k < no; k++) rec[order[k]] = 1;
+                for (uint32_t k = no - size; k < no; k++)
+                    rec[order[k]] = 1;
             } else {
                 for (uint32_t k = 0; k < out[r].n; k += 2)
                     if (out[r].v[k] == r) rec[r] = 1;
@@ -212,7 +223,8 @@ static bool plan_rules(struct ab *b, uint32_t root) {
         /* tiny rules are always inlined: a call of a rule that ends after a character or two
          * would make nearly every token depend on the stack */
         if (b->est[r] > INLINE_TINY &&
-            (b->est[r] > INLINE_MAX || (nref[r] > 1 && sat_mul(b->est[r], nref[r]) > INLINE_SHARED)))
+            (b->est[r] > INLINE_MAX ||
+             (nref[r] > 1 && sat_mul(b->est[r], nref[r]) > INLINE_SHARED)))
             b->kept[r] = 0;
     }
     /* number the kept rules: root first */
@@ -234,7 +246,8 @@ static bool plan_rules(struct ab *b, uint32_t root) {
     ok = true;
 done:
     if (out)
-        for (uint32_t r = 0; r < n; r++) free(out[r].v);
+        for (uint32_t r = 0; r < n; r++)
+            free(out[r].v);
     free(out);
     free(nref);
     free(order);
@@ -261,8 +274,8 @@ static uint32_t nfa_new(struct ab *b) {
     return b->nn++;
 }
 
-static bool nfa_edge(struct ab *b, uint32_t from, uint32_t to, uint8_t kind, uint8_t lo,
-                     uint8_t hi, uint32_t arg) {
+static bool nfa_edge(struct ab *b, uint32_t from, uint32_t to, uint8_t kind, uint8_t lo, uint8_t hi,
+                     uint32_t arg) {
     if (b->failed || from == GRAM_NONE || to == GRAM_NONE) return false;
     if (!gram_grow(&b->ed, &b->cape, (size_t)b->ne + 1, sizeof *b->ed, 4 * (size_t)GRAM_MAX_NFA))
         return fail_nomem(b);
@@ -284,9 +297,11 @@ static bool utf8_paths(struct ab *b, uint32_t lo, uint32_t hi, uint32_t in, uint
         uint32_t m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
             if ((lo & m) != 0)
-                return utf8_paths(b, lo, lo | m, in, out) && utf8_paths(b, (lo | m) + 1, hi, in, out);
+                return utf8_paths(b, lo, lo | m, in, out) &&
+                       utf8_paths(b, (lo | m) + 1, hi, in, out);
             if ((hi & m) != m)
-                return utf8_paths(b, lo, (hi & ~m) - 1, in, out) && utf8_paths(b, hi & ~m, hi, in, out);
+                return utf8_paths(b, lo, (hi & ~m) - 1, in, out) &&
+                       utf8_paths(b, hi & ~m, hi, in, out);
         }
     }
     uint8_t x[4], y[4];
@@ -326,7 +341,8 @@ static uint32_t nfa_build(struct ab *b, uint32_t node, uint32_t in) {
     const struct gx *x = &b->ast->x[node];
     uint32_t out = in;
     switch (x->kind) {
-    case GX_EMPTY: break;
+    case GX_EMPTY:
+        break;
     case GX_LIT:
         for (uint32_t k = 0; k < x->n && out != GRAM_NONE; k++) {
             uint32_t nx = nfa_new(b);
@@ -338,7 +354,8 @@ static uint32_t nfa_build(struct ab *b, uint32_t node, uint32_t in) {
     case GX_CHARS:
         out = nfa_new(b);
         for (uint32_t k = 0; k < x->n && out != GRAM_NONE; k++)
-            if (!utf8_paths(b, b->ast->rng[x->off + 2 * k], b->ast->rng[x->off + 2 * k + 1], in, out))
+            if (!utf8_paths(b, b->ast->rng[x->off + 2 * k], b->ast->rng[x->off + 2 * k + 1], in,
+                            out))
                 out = GRAM_NONE;
         break;
     case GX_REF: {
@@ -412,7 +429,8 @@ struct dset {
 
 static uint64_t hash_set(const uint32_t *v, uint32_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
-    for (uint32_t k = 0; k < n; k++) h = (h ^ v[k]) * 0x100000001B3ull, h ^= h >> 29;
+    for (uint32_t k = 0; k < n; k++)
+        h = (h ^ v[k]) * 0x100000001B3ull, h ^= h >> 29;
     return h;
 }
 
@@ -446,7 +464,8 @@ static bool closure(struct ab *b, struct dset *d, uint32_t final) {
             uint32_t t = b->ed[e].to;
             if (d->mark[t] == d->gen) continue;
             d->mark[t] = d->gen;
-            if (!gram_grow(&d->stack, &d->capstack, (size_t)nst + 1, sizeof *d->stack, GRAM_MAX_NFA))
+            if (!gram_grow(&d->stack, &d->capstack, (size_t)nst + 1, sizeof *d->stack,
+                           GRAM_MAX_NFA))
                 return fail_nomem(b);
             d->stack[nst++] = t;
         }
@@ -461,7 +480,8 @@ static bool closure(struct ab *b, struct dset *d, uint32_t final) {
     } else { /* the common tiny set: insertion sort, no call */
         for (uint32_t i = 1; i < nout; i++) {
             uint32_t x = d->tmp[i], j = i;
-            for (; j > 0 && d->tmp[j - 1] > x; j--) d->tmp[j] = d->tmp[j - 1];
+            for (; j > 0 && d->tmp[j - 1] > x; j--)
+                d->tmp[j] = d->tmp[j - 1];
             d->tmp[j] = x;
         }
     }
@@ -481,7 +501,8 @@ static uint32_t intern(struct ab *b, struct dset *d, uint32_t first_state) {
             uint32_t i = d->ht[k] - 1;
             uint64_t h = hash_set(d->pool + d->off[i], d->len[i]);
             uint32_t j = (uint32_t)h & (nc - 1);
-            while (nh[j]) j = (j + 1) & (nc - 1);
+            while (nh[j])
+                j = (j + 1) & (nc - 1);
             nh[j] = d->ht[k];
         }
         free(d->ht);
@@ -585,14 +606,16 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
             for (uint32_t e = b->nfirst[d.pool[d.off[i] + k]]; e != GRAM_NONE; e = b->ed[e].next)
                 if (b->ed[e].kind == NE_BYTE) {
                     uint32_t span = (uint32_t)g->cmap[b->ed[e].hi] - g->cmap[b->ed[e].lo] + 1;
-                    for (uint32_t c = g->cmap[b->ed[e].lo]; c <= g->cmap[b->ed[e].hi]; c++) bcount[c + 1]++;
+                    for (uint32_t c = g->cmap[b->ed[e].lo]; c <= g->cmap[b->ed[e].hi]; c++)
+                        bcount[c + 1]++;
                     nb += span;
                 }
         if (!gram_grow(&bucket, &capbucket, nb ? nb : 1, sizeof *bucket, 1u << 28)) {
             fail_nomem(b);
             goto done;
         }
-        for (uint32_t c = 0; c < ncls; c++) bcount[c + 1] += bcount[c];
+        for (uint32_t c = 0; c < ncls; c++)
+            bcount[c + 1] += bcount[c];
         memcpy(bfill, bcount, ncls * sizeof *bfill);
         for (uint32_t k = 0; k < d.len[i]; k++)
             for (uint32_t e = b->nfirst[d.pool[d.off[i] + k]]; e != GRAM_NONE; e = b->ed[e].next)
@@ -620,7 +643,8 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
                 const struct ned *x = &b->ed[e];
                 if (x->kind != NE_CALL) continue;
                 bool seen = false;
-                for (uint32_t j = coff; j < coff + ncalls; j++) seen |= au->calls[j].rule == x->arg;
+                for (uint32_t j = coff; j < coff + ncalls; j++)
+                    seen |= au->calls[j].rule == x->arg;
                 if (seen) continue;
                 /* every call of this rule from the set */
                 d.ntmp = 0;
@@ -628,7 +652,8 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
                     uint32_t q2 = d.pool[d.off[i] + k2];
                     for (uint32_t e2 = b->nfirst[q2]; e2 != GRAM_NONE; e2 = b->ed[e2].next) {
                         if (b->ed[e2].kind != NE_CALL || b->ed[e2].arg != x->arg) continue;
-                        if (!gram_grow(&d.tmp, &d.captmp, (size_t)d.ntmp + 1, sizeof *d.tmp, GRAM_MAX_NFA)) {
+                        if (!gram_grow(&d.tmp, &d.captmp, (size_t)d.ntmp + 1, sizeof *d.tmp,
+                                       GRAM_MAX_NFA)) {
                             fail_nomem(b);
                             goto done;
                         }
@@ -651,7 +676,8 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
         au->st[s].calls = coff;
         au->st[s].n_calls = (uint16_t)ncalls;
         bool fin = false;
-        for (uint32_t k = 0; k < d.len[i]; k++) fin |= d.pool[d.off[i] + k] == final;
+        for (uint32_t k = 0; k < d.len[i]; k++)
+            fin |= d.pool[d.off[i] + k] == final;
         au->st[s].flags = fin ? GS_FINAL : 0;
     }
     ok = true;
@@ -661,7 +687,8 @@ done:
     return ok;
 }
 
-/* ---- analyses --------------------------------------------------------------------------------- */
+/* ---- analyses ---------------------------------------------------------------------------------
+ */
 
 /* Marks the rules that can end (productive) or end without bytes (nullable): a fixpoint over
  * searches from each rule's start. */
@@ -725,7 +752,8 @@ static bool prune(struct ab *b, const uint8_t *productive) {
         const struct gstate *g = &au->st[s];
         ne += au->rules[g->rule].n_cls + g->n_calls;
     }
-    uint32_t *cnt = calloc((size_t)n + 1, sizeof *cnt), *src = malloc(((size_t)ne + 1) * sizeof *src);
+    uint32_t *cnt = calloc((size_t)n + 1, sizeof *cnt),
+             *src = malloc(((size_t)ne + 1) * sizeof *src);
     uint8_t *live = calloc(n, 1);
     uint32_t *stack = malloc((size_t)n * sizeof *stack);
     if (!cnt || !src || !live || !stack) {
@@ -741,14 +769,19 @@ static bool prune(struct ab *b, const uint8_t *productive) {
             struct gcall *c = &au->calls[g->calls + k];
             if (!productive[c->rule]) c->ret = 0;
         }
-        for (uint32_t c = 0; c < au->rules[g->rule].n_cls; c++) cnt[au->trans[g->trans + c]]++;
-        for (uint32_t k = 0; k < g->n_calls; k++) cnt[au->calls[g->calls + k].ret]++;
+        for (uint32_t c = 0; c < au->rules[g->rule].n_cls; c++)
+            cnt[au->trans[g->trans + c]]++;
+        for (uint32_t k = 0; k < g->n_calls; k++)
+            cnt[au->calls[g->calls + k].ret]++;
     }
-    for (uint32_t s = 1; s <= n; s++) cnt[s] += cnt[s - 1];
+    for (uint32_t s = 1; s <= n; s++)
+        cnt[s] += cnt[s - 1];
     for (uint32_t s = 1; s < n; s++) {
         const struct gstate *g = &au->st[s];
-        for (uint32_t c = 0; c < au->rules[g->rule].n_cls; c++) src[--cnt[au->trans[g->trans + c]]] = s;
-        for (uint32_t k = 0; k < g->n_calls; k++) src[--cnt[au->calls[g->calls + k].ret]] = s;
+        for (uint32_t c = 0; c < au->rules[g->rule].n_cls; c++)
+            src[--cnt[au->trans[g->trans + c]]] = s;
+        for (uint32_t k = 0; k < g->n_calls; k++)
+            src[--cnt[au->calls[g->calls + k].ret]] = s;
     }
     uint32_t ns = 0;
     for (uint32_t s = 1; s < n; s++)
@@ -843,9 +876,11 @@ static bool check_left_recursion(struct ab *b, const uint8_t *nullable) {
                     char cyc[256];
                     size_t w = 0;
                     uint32_t k0 = 0;
-                    while (path[k0] != t) k0++;
+                    while (path[k0] != t)
+                        k0++;
                     for (uint32_t k = k0; k < np && w < sizeof cyc - 60; k++)
-                        w += (size_t)snprintf(cyc + w, sizeof cyc - w, "%s -> ", au->rules[path[k]].name);
+                        w += (size_t)snprintf(cyc + w, sizeof cyc - w, "%s -> ",
+                                              au->rules[path[k]].name);
                     snprintf(cyc + w, sizeof cyc - w, "%s", au->rules[t].name);
                     err_set(b->e, SMELT_ERR_INVALID,
                             "grammar: left recursion (a rule reaches itself before any "
@@ -882,9 +917,10 @@ done:
  * set is "any byte". */
 static bool follow_sets(struct ab *b, const uint8_t *nullable) {
     struct gauto *au = b->au;
-    uint64_t (*first)[4] = calloc(au->n_st, sizeof *first);
+    uint64_t(*first)[4] = calloc(au->n_st, sizeof *first);
     if (!first) return fail_nomem(b);
-    for (uint32_t r = 0; r < au->n_rules; r++) memset(au->rules[r].follow, 0, 32);
+    for (uint32_t r = 0; r < au->n_rules; r++)
+        memset(au->rules[r].follow, 0, 32);
     bool changed = true;
     int round = 0;
     for (; changed && round < 64; round++) {
@@ -910,7 +946,8 @@ static bool follow_sets(struct ab *b, const uint8_t *nullable) {
                 }
             }
             if (g->flags & GS_FINAL)
-                for (int w = 0; w < 4; w++) f[w] |= gr->follow[w];
+                for (int w = 0; w < 4; w++)
+                    f[w] |= gr->follow[w];
             if (memcmp(f, first[s], sizeof f)) {
                 memcpy(first[s], f, sizeof f);
                 changed = true;
@@ -918,12 +955,14 @@ static bool follow_sets(struct ab *b, const uint8_t *nullable) {
         }
     }
     if (changed)
-        for (uint32_t r = 0; r < au->n_rules; r++) memset(au->rules[r].follow, 0xFF, 32);
+        for (uint32_t r = 0; r < au->n_rules; r++)
+            memset(au->rules[r].follow, 0xFF, 32);
     free(first);
     return true;
 }
 
-/* ---- entry -------------------------------------------------------------------------------------- */
+/* ---- entry --------------------------------------------------------------------------------------
+ */
 
 smelt_status gram_auto_build(struct gauto *out, const struct gast *ast, uint32_t root,
                              struct err *e) {
@@ -936,7 +975,8 @@ smelt_status gram_auto_build(struct gauto *out, const struct gast *ast, uint32_t
         fail_nomem(&b);
         goto done;
     }
-    for (uint32_t r = 0; r < ast->nrule; r++) b.kept[r] = GRAM_NONE;
+    for (uint32_t r = 0; r < ast->nrule; r++)
+        b.kept[r] = GRAM_NONE;
     if (!plan_rules(&b, root)) goto done;
     out->root = b.kept[root];
     /* state 0: dead (its transitions all lead to 0) */
@@ -966,8 +1006,9 @@ smelt_status gram_auto_build(struct gauto *out, const struct gast *ast, uint32_t
     }
     if (!rule_fixpoint(&b, true, productive)) goto done;
     if (!productive[out->root]) {
-        err_set(e, SMELT_ERR_INVALID, "grammar: the root rule can never end (no finite text "
-                                      "matches it)");
+        err_set(e, SMELT_ERR_INVALID,
+                "grammar: the root rule can never end (no finite text "
+                "matches it)");
         b.failed = true;
         goto done;
     }

@@ -41,8 +41,8 @@ static void where(const char *s, size_t at, size_t *line, size_t *col) {
     }
 }
 
-__attribute__((format(printf, 3, 4))) static uint32_t fail(struct gp *p, size_t at,
-                                                           const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static uint32_t fail(struct gp *p, size_t at, const char *fmt,
+                                                           ...) {
     if (p->failed) return GRAM_NONE;
     p->failed = true;
     va_list ap;
@@ -65,7 +65,9 @@ static uint32_t check_ast(struct gp *p, uint32_t node) {
     return GRAM_NONE;
 }
 
-static int peek(const struct gp *p) { return p->i < p->n ? (unsigned char)p->s[p->i] : -1; }
+static int peek(const struct gp *p) {
+    return p->i < p->n ? (unsigned char)p->s[p->i] : -1;
+}
 
 static void skip_space(struct gp *p, bool newline_ok) {
     while (p->i < p->n) {
@@ -73,7 +75,8 @@ static void skip_space(struct gp *p, bool newline_ok) {
         if (c == ' ' || c == '\t' || (newline_ok && (c == '\r' || c == '\n'))) {
             p->i++;
         } else if (c == '#') {
-            while (p->i < p->n && p->s[p->i] != '\r' && p->s[p->i] != '\n') p->i++;
+            while (p->i < p->n && p->s[p->i] != '\r' && p->s[p->i] != '\n')
+                p->i++;
         } else {
             break;
         }
@@ -81,8 +84,8 @@ static void skip_space(struct gp *p, bool newline_ok) {
 }
 
 static bool is_name_char(int c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
 }
 
 static bool push_tmp(struct gp *p, uint32_t node) {
@@ -128,15 +131,24 @@ static bool parse_char(struct gp *p, uint32_t *cp) {
         return true;
     }
     switch (c) {
-    case 't': *cp = '\t'; return true;
-    case 'r': *cp = '\r'; return true;
-    case 'n': *cp = '\n'; return true;
+    case 't':
+        *cp = '\t';
+        return true;
+    case 'r':
+        *cp = '\r';
+        return true;
+    case 'n':
+        *cp = '\n';
+        return true;
     case '\\':
     case '"':
     case '[':
     case ']':
-    case '-': *cp = (unsigned char)c; return true;
-    default: return fail(p, at, "unknown escape '\\%c'", c), false;
+    case '-':
+        *cp = (unsigned char)c;
+        return true;
+    default:
+        return fail(p, at, "unknown escape '\\%c'", c), false;
     }
 }
 
@@ -269,7 +281,9 @@ static uint32_t parse_postfix(struct gp *p, uint32_t node, bool nested) {
             }
             if (peek(p) != '}') return fail(p, p->i, "expected '}' to close the repetition");
             p->i++;
-            if (max < min) return fail(p, at, "repetition {%u,%u}: the maximum is below the minimum", min, max);
+            if (max < min)
+                return fail(p, at, "repetition {%u,%u}: the maximum is below the minimum", min,
+                            max);
         } else {
             break;
         }
@@ -314,7 +328,8 @@ static uint32_t parse_sequence(struct gp *p, bool nested) {
             return fail(p, at, "token items (<...>) are not supported");
         } else if (is_name_char((unsigned char)c)) {
             size_t b = p->i;
-            while (p->i < p->n && is_name_char((unsigned char)p->s[p->i])) p->i++;
+            while (p->i < p->n && is_name_char((unsigned char)p->s[p->i]))
+                p->i++;
             uint32_t r = gram_ast_rule(p->a, p->s + b, (uint32_t)(p->i - b));
             if (r != GRAM_NONE && p->a->rule[r].body == GRAM_NONE && p->a->rule[r].ref_at == 0)
                 p->a->rule[r].ref_at = (uint32_t)b + 1;
@@ -329,7 +344,8 @@ static uint32_t parse_sequence(struct gp *p, bool nested) {
     }
     if (p->failed) return GRAM_NONE;
     /* an empty sequence may come before any item was pushed: no pointer arithmetic on NULL */
-    uint32_t node = check_ast(p, gram_ast_list(p->a, GX_SEQ, p->tmp ? p->tmp + mark : NULL, p->ntmp - mark));
+    uint32_t node =
+        check_ast(p, gram_ast_list(p->a, GX_SEQ, p->tmp ? p->tmp + mark : NULL, p->ntmp - mark));
     p->ntmp = mark;
     return node;
 }
@@ -350,7 +366,8 @@ static uint32_t parse_alternates(struct gp *p, bool nested) {
 
 static bool parse_rule(struct gp *p) {
     size_t at = p->i;
-    while (p->i < p->n && is_name_char((unsigned char)p->s[p->i])) p->i++;
+    while (p->i < p->n && is_name_char((unsigned char)p->s[p->i]))
+        p->i++;
     if (p->i == at) {
         fail(p, at, "expected a rule name");
         return false;
@@ -385,7 +402,8 @@ smelt_status gram_gbnf_parse(struct gast *a, const char *text, size_t len, uint3
         return err_set(e, SMELT_ERR_RANGE, "grammar: %zu bytes (at most %u)", len, GRAM_MAX_TEXT);
     struct gp p = {.s = text, .n = len, .a = a, .e = e};
     skip_space(&p, true);
-    while (p.i < p.n && !p.failed) parse_rule(&p);
+    while (p.i < p.n && !p.failed)
+        parse_rule(&p);
     free(p.tmp);
     if (p.failed) return e ? e->code : SMELT_ERR_INVALID;
     for (uint32_t r = 0; r < a->nrule; r++) {

@@ -26,21 +26,21 @@
 #define GRAM_INF UINT32_MAX /* unbounded repetition */
 
 /* Bounds (docs/structured-output.md). Each one refused with an error that names it. */
-#define GRAM_MAX_TEXT (8u << 20)   /* bytes of grammar, schema or regex text */
-#define GRAM_MAX_NODES (1u << 20)  /* expression nodes of one grammar */
-#define GRAM_MAX_NEST 128          /* nesting of groups, schemas, regex groups */
-#define GRAM_MAX_REPEAT 10000      /* bound of one {m,n} */
+#define GRAM_MAX_TEXT (8u << 20)  /* bytes of grammar, schema or regex text */
+#define GRAM_MAX_NODES (1u << 20) /* expression nodes of one grammar */
+#define GRAM_MAX_NEST 128         /* nesting of groups, schemas, regex groups */
+#define GRAM_MAX_REPEAT 10000     /* bound of one {m,n} */
 #ifndef SMELT_FUZZING
-#define GRAM_MAX_NFA (1u << 21)    /* NFA states while compiling */
-#define GRAM_MAX_DFA (1u << 18)    /* DFA states of one grammar */
-#else /* the fuzz build (-O0, ASan, coverage) runs ~100x slower: a grammar at these bounds
+#define GRAM_MAX_NFA (1u << 21) /* NFA states while compiling */
+#define GRAM_MAX_DFA (1u << 18) /* DFA states of one grammar */
+#else /* the fuzz build (-O0, ASan, coverage) runs ~100x slower: a grammar at these bounds         \
        * still compiles well inside libFuzzer's -timeout, and the bounds' errors are reached */
 #define GRAM_MAX_NFA (1u << 16)
 #define GRAM_MAX_DFA (1u << 13)
 #endif
-#define GRAM_MAX_CFGS 2048         /* configurations of one sequence at one byte */
-#define GRAM_MAX_DEPTH 1024        /* stack depth (nesting of recursive rules) */
-#define GRAM_MAX_PIECE 1024        /* longer tokens are never allowed */
+#define GRAM_MAX_CFGS 2048            /* configurations of one sequence at one byte */
+#define GRAM_MAX_DEPTH 1024           /* stack depth (nesting of recursive rules) */
+#define GRAM_MAX_PIECE 1024           /* longer tokens are never allowed */
 #define GRAM_MASK_BUDGET (256u << 20) /* bytes of cached masks per grammar */
 
 /* A growable array: makes room for `need` elements of size `sz` in *p (capacity *cap).
@@ -50,7 +50,8 @@ static inline bool gram_grow(void *pp, uint32_t *cap, size_t need, size_t sz, si
     if (need <= *cap) return true;
     if (need > max) return false;
     size_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     if (c > max) c = max;
     void *q = realloc(*p, c * sz);
     if (!q) return false;
@@ -59,8 +60,12 @@ static inline bool gram_grow(void *pp, uint32_t *cap, size_t need, size_t sz, si
     return true;
 }
 
-static inline bool gram_bit(const uint64_t *set, unsigned b) { return (set[b >> 6] >> (b & 63)) & 1; }
-static inline void gram_bit_set(uint64_t *set, unsigned b) { set[b >> 6] |= 1ull << (b & 63); }
+static inline bool gram_bit(const uint64_t *set, unsigned b) {
+    return (set[b >> 6] >> (b & 63)) & 1;
+}
+static inline void gram_bit_set(uint64_t *set, unsigned b) {
+    set[b >> 6] |= 1ull << (b & 63);
+}
 
 /* ---- expression trees (gram_ast.c) ----------------------------------------------------- */
 
@@ -98,8 +103,8 @@ struct gast {
     uint32_t nrule, caprule;
     char *names;
     uint32_t nnames, capnames;
-    bool oom;     /* an allocation failed: the tree is incomplete */
-    bool toobig;  /* past GRAM_MAX_NODES */
+    bool oom;    /* an allocation failed: the tree is incomplete */
+    bool toobig; /* past GRAM_MAX_NODES */
 };
 
 void gram_ast_init(struct gast *a);
@@ -230,9 +235,9 @@ struct gtrie {
 #define GRAM_WIDE 24
 
 /* A slice of the vocabulary for an ASCII byte class A (gram_mask.c), made on first use for the
- * states (of any grammar) that loop or count over A (a pattern's [a-z0-9]{1,64}): the tokens made of A's bytes
- * by length (cum + k * words: those of 1..k bytes), and for each trie node whether its subtree
- * holds a token outside A (mixed): a walk skips the subtrees that do not. */
+ * states (of any grammar) that loop or count over A (a pattern's [a-z0-9]{1,64}): the tokens made
+ * of A's bytes by length (cum + k * words: those of 1..k bytes), and for each trie node whether its
+ * subtree holds a token outside A (mixed): a walk skips the subtrees that do not. */
 struct gdslice {
     uint64_t cls[2];
     uint32_t maxlen;
@@ -246,12 +251,12 @@ enum { GV_NEVER = 0, GV_TEXT = 1, GV_EOG = 2 };
 
 struct gram_vocab {
     int32_t n;
-    uint32_t words;    /* mask words */
-    uint8_t *kind;     /* GV_* per token */
-    uint32_t *off;     /* piece of token i: bytes[off[i] .. off[i] + len[i]) */
+    uint32_t words; /* mask words */
+    uint8_t *kind;  /* GV_* per token */
+    uint32_t *off;  /* piece of token i: bytes[off[i] .. off[i] + len[i]) */
     uint16_t *len;
     uint8_t *bytes;
-    int32_t *dup;      /* next token with the same piece, -1 */
+    int32_t *dup; /* next token with the same piece, -1 */
     int32_t *eog;
     int32_t n_eog;
     uint32_t max_len;  /* longest piece */
@@ -389,12 +394,12 @@ struct gram {
     atomic_int refs;
     const struct gram_vocab *v;
     struct gauto a;
-    uint32_t *sl;              /* per state: slice depth (SL_*, or 0..k) */
-    uint32_t *dsl;             /* per state: the vocabulary's dynamic slice when sl is SL_NO, or GRAM_NONE */
-    uint32_t *dsl_k;           /* ... and its depth (SL_INF or k) */
-    uint64_t (*bytes)[4];      /* per state: the bytes it has edges for ... */
-    uint16_t *nbytes;          /* ... and how many */
-    uint8_t *ds_onpath;        /* scratch of the chain searches, under mu */
+    uint32_t *sl;    /* per state: slice depth (SL_*, or 0..k) */
+    uint32_t *dsl;   /* per state: the vocabulary's dynamic slice when sl is SL_NO, or GRAM_NONE */
+    uint32_t *dsl_k; /* ... and its depth (SL_INF or k) */
+    uint64_t (*bytes)[4]; /* per state: the bytes it has edges for ... */
+    uint16_t *nbytes;     /* ... and how many */
+    uint8_t *ds_onpath;   /* scratch of the chain searches, under mu */
     uint32_t *ds_path;
     _Atomic(struct gci *) *ci; /* per state, filled lazily under mu */
     pthread_mutex_t mu;

@@ -61,8 +61,10 @@ static void nc_merge(struct nc *r, uint32_t t) {
         r->t = 0;
         return;
     }
-    if (r->t == GRAM_NONE) r->t = t;
-    else if (r->t != t) r->mixed = true;
+    if (r->t == GRAM_NONE)
+        r->t = t;
+    else if (r->t != t)
+        r->mixed = true;
 }
 
 /* Continues the characters of the slice from q in UTF-8 state u (a depth-first walk over
@@ -81,8 +83,10 @@ static void nc_walk(const struct gauto *a, uint32_t q, uint8_t u, struct nc *r) 
         if (gram_bit(done, c)) continue;
         gram_bit_set(done, c);
         uint32_t t = gram_delta(a, q, (uint8_t)b);
-        if (!t) nc_merge(r, 0);
-        else nc_walk(a, t, u_next[u], r);
+        if (!t)
+            nc_merge(r, 0);
+        else
+            nc_walk(a, t, u_next[u], r);
     }
 }
 
@@ -103,8 +107,10 @@ static uint32_t next_char_state(const struct gauto *a, uint32_t s, bool *closed)
         if (gram_bit(done, key)) continue;
         gram_bit_set(done, key);
         uint32_t t = gram_delta(a, s, (uint8_t)b);
-        if (!t) nc_merge(&r, 0);
-        else nc_walk(a, t, u, &r);
+        if (!t)
+            nc_merge(&r, 0);
+        else
+            nc_walk(a, t, u, &r);
     }
     *closed = r.closed && (a->st[s].flags & GS_CLOSED);
     if (r.mixed) return GRAM_NONE;
@@ -147,7 +153,8 @@ static uint32_t slice_depth(struct gram *g, uint32_t s) {
      * token takes them all */
     while (np) {
         uint32_t y = path[--np];
-        if (res != SL_NO && res != SL_INF) res = !pure[np] ? SL_NO : res + 1 > 255 ? SL_INF : res + 1;
+        if (res != SL_NO && res != SL_INF)
+            res = !pure[np] ? SL_NO : res + 1 > 255 ? SL_INF : res + 1;
         g->sl[y] = res;
     }
     free(path);
@@ -179,7 +186,9 @@ smelt_status gram_mask_slices(struct gram *g, struct err *e) {
 
 #define DS_MIN_BYTES 8 /* a class smaller than this is not worth a slice */
 
-static bool in_cls(const uint64_t *cls, unsigned b) { return b < 128 && gram_bit(cls, b); }
+static bool in_cls(const uint64_t *cls, unsigned b) {
+    return b < 128 && gram_bit(cls, b);
+}
 
 /* Where every byte of class A leads s: a state, 0 when all are refused, GRAM_NONE when mixed. */
 static uint32_t next_class_state(const struct gauto *a, uint32_t s, const uint64_t *cls) {
@@ -188,9 +197,12 @@ static uint32_t next_class_state(const struct gauto *a, uint32_t s, const uint64
     for (unsigned b = 0; b < 128; b++) {
         if (!gram_bit(cls, b)) continue;
         uint32_t x = gram_delta(a, s, (uint8_t)b);
-        if (!x) fail = true;
-        else if (t == GRAM_NONE) t = x;
-        else if (t != x) return GRAM_NONE;
+        if (!x)
+            fail = true;
+        else if (t == GRAM_NONE)
+            t = x;
+        else if (t != x)
+            return GRAM_NONE;
         if (fail && t != GRAM_NONE) return GRAM_NONE;
     }
     return fail ? 0 : t;
@@ -228,7 +240,8 @@ static uint32_t class_depth(struct gram *g, uint32_t s, const uint64_t *cls, uin
         path[np++] = x;
         x = t;
     }
-    for (uint32_t k = 0; k < np; k++) onpath[path[k]] = 0;
+    for (uint32_t k = 0; k < np; k++)
+        onpath[path[k]] = 0;
     for (uint32_t k = np; k-- > 0;) {
         uint32_t y = path[k];
         if (res != SL_INF && res != SL_NO)
@@ -301,7 +314,8 @@ static void dslice_of(struct gram *g, uint32_t s) {
     for (unsigned b = 0; b < 128; b++) {
         uint32_t t = gram_delta(a, s, (uint8_t)b), k = 0;
         if (!t) continue;
-        while (k < nt && tg[k] != t) k++;
+        while (k < nt && tg[k] != t)
+            k++;
         if (k == nt) tg[nt] = t, cnt[nt++] = 0;
         if (++cnt[k] > best_n) best_n = cnt[k], best = t;
     }
@@ -327,7 +341,8 @@ struct ids {
 
 static bool add_tok(const struct gram_vocab *v, struct ids *l, int32_t tok) {
     for (int32_t t = tok; t >= 0; t = v->dup[t]) {
-        if (l->n == l->cap && !gram_grow(&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v, (size_t)v->n))
+        if (l->n == l->cap &&
+            !gram_grow(&l->v, &l->cap, (size_t)l->n + 1, sizeof *l->v, (size_t)v->n))
             return false;
         l->v[l->n++] = t;
     }
@@ -475,7 +490,8 @@ struct gci *gram_mask_compute(struct gram *g, struct gsim *sim, uint32_t s) {
         c->unc = (int32_t *)(c->bits + v->words);
         if (base == CI_BASE_SLICE || skip)
             memcpy(c->bits, cum + (size_t)k * v->words, v->words * sizeof(uint32_t));
-        for (uint32_t j = 0; j < acc.n; j++) c->bits[(uint32_t)acc.v[j] >> 5] |= 1u << (acc.v[j] & 31);
+        for (uint32_t j = 0; j < acc.n; j++)
+            c->bits[(uint32_t)acc.v[j] >> 5] |= 1u << (acc.v[j] & 31);
         c->base = CI_BASE_BITS;
     } else {
         size_t bytes = sizeof *c + ((size_t)acc.n + unc.n) * sizeof(int32_t);
@@ -497,7 +513,9 @@ done:
     return c;
 }
 
-void gram_ci_free(struct gci *c) { free(c); }
+void gram_ci_free(struct gci *c) {
+    free(c);
+}
 
 const struct gci *gram_mask_get(struct gram *g, uint32_t s, struct gci **tmp) {
     struct gci *c = atomic_load_explicit(&g->ci[s], memory_order_acquire);

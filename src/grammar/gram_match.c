@@ -45,7 +45,8 @@ struct gram_matcher {
 };
 
 static bool set_cur(struct gram_matcher *m, const struct gcfg *c, uint32_t n) {
-    if (!gram_grow(&m->cur, &m->cap_cur, n ? n : 1, sizeof *m->cur, GRAM_MAX_CFGS + 1)) return false;
+    if (!gram_grow(&m->cur, &m->cap_cur, n ? n : 1, sizeof *m->cur, GRAM_MAX_CFGS + 1))
+        return false;
     if (n) memcpy(m->cur, c, n * sizeof *c);
     m->n_cur = n;
     return true;
@@ -100,7 +101,8 @@ void gram_matcher_free(struct gram_matcher *m) {
     gram_stk_free(&m->stk);
     free(m->cur);
     if (m->ring)
-        for (uint32_t k = 0; k <= m->ring_cap; k++) free(m->ring[k].v);
+        for (uint32_t k = 0; k <= m->ring_cap; k++)
+            free(m->ring[k].v);
     free(m->ring);
     free(m->memo);
     free(m->memo_cfg);
@@ -114,23 +116,29 @@ void gram_matcher_reset(struct gram_matcher *m) {
     if (start(m, &e) != SMELT_OK) m->n_cur = 0, m->done = false; /* nothing allowed */
 }
 
-bool gram_matcher_can_end(const struct gram_matcher *m) { return !m->ended && m->done; }
+bool gram_matcher_can_end(const struct gram_matcher *m) {
+    return !m->ended && m->done;
+}
 
 bool gram_matcher_ended(const struct gram_matcher *m) {
     return m->ended || (m->done && m->n_cur == 0);
 }
 
-int32_t gram_matcher_history(const struct gram_matcher *m) { return (int32_t)m->ring_len; }
+int32_t gram_matcher_history(const struct gram_matcher *m) {
+    return (int32_t)m->ring_len;
+}
 
 /* ---- stack collection ---------------------------------------------------------------------- */
 
 static void mark(const struct gstk *p, uint8_t *live, const struct gcfg *c, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
-        for (uint32_t x = c[i].stk; x && !live[x]; x = p->v[x].parent) live[x] = 1;
+        for (uint32_t x = c[i].stk; x && !live[x]; x = p->v[x].parent)
+            live[x] = 1;
 }
 
 static void remap(const uint32_t *map, struct gcfg *c, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) c[i].stk = map[c[i].stk];
+    for (uint32_t i = 0; i < n; i++)
+        c[i].stk = map[c[i].stk];
 }
 
 static void collect(struct gram_matcher *m) {
@@ -192,7 +200,8 @@ smelt_status gram_matcher_rollback(struct gram_matcher *m, int32_t k, struct err
                        m->ring_len);
     if (k == 0) return SMELT_OK;
     const struct snap *s = &m->ring[(m->ring_head + m->ring_len - (uint32_t)k) % m->ring_cap];
-    if (!set_cur(m, s->v, s->n)) return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
+    if (!set_cur(m, s->v, s->n))
+        return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
     m->done = s->done;
     m->ended = s->ended;
     m->ring_len -= (uint32_t)k;
@@ -204,14 +213,17 @@ smelt_status gram_matcher_rollback(struct gram_matcher *m, int32_t k, struct err
 /* Advances by p[0..n). SMELT_ERR_INVALID when refused (nothing changed). */
 static smelt_status advance(struct gram_matcher *m, const uint8_t *p, size_t n, struct err *e) {
     struct gsim *s = &m->sim;
-    if (!gram_sim_start(s, m->cur, m->n_cur, m->done ? LV_DONE : 0) || !gram_sim_reserve(s, (uint32_t)n + 1))
+    if (!gram_sim_start(s, m->cur, m->n_cur, m->done ? LV_DONE : 0) ||
+        !gram_sim_reserve(s, (uint32_t)n + 1))
         return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
     for (size_t i = 0; i < n; i++) {
         if (!gram_sim_step_any(s, p[i])) {
             if (s->oom) return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
             if (s->lf[s->depth] & LV_OVER)
-                return err_set(e, SMELT_ERR_RANGE, "grammar matcher: past a bound (%u "
-                               "configurations, stack depth %u)", GRAM_MAX_CFGS, GRAM_MAX_DEPTH);
+                return err_set(e, SMELT_ERR_RANGE,
+                               "grammar matcher: past a bound (%u "
+                               "configurations, stack depth %u)",
+                               GRAM_MAX_CFGS, GRAM_MAX_DEPTH);
             return err_set(e, SMELT_ERR_INVALID, "grammar: byte %zu of %zu refused", i, n);
         }
     }
@@ -228,20 +240,25 @@ smelt_status gram_matcher_accept(struct gram_matcher *m, int32_t token, struct e
         return err_set(e, SMELT_ERR_RANGE, "grammar matcher: token %d out of range (%d)", token,
                        m->v->n);
     if (m->ended)
-        return err_set(e, SMELT_ERR_INVALID, "grammar: token %d after the end of generation", token);
+        return err_set(e, SMELT_ERR_INVALID, "grammar: token %d after the end of generation",
+                       token);
     switch (m->v->kind[token]) {
     case GV_EOG:
         if (!m->done)
-            return err_set(e, SMELT_ERR_INVALID, "grammar: end of generation (token %d) before "
-                           "the grammar is complete", token);
+            return err_set(e, SMELT_ERR_INVALID,
+                           "grammar: end of generation (token %d) before "
+                           "the grammar is complete",
+                           token);
         if (!push_history(m)) return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
         m->ended = true;
         return SMELT_OK;
     case GV_TEXT:
         return advance(m, m->v->bytes + m->v->off[token], m->v->len[token], e);
     default:
-        return err_set(e, SMELT_ERR_INVALID, "grammar: token %d is never allowed (control, "
-                       "unused or empty)", token);
+        return err_set(e, SMELT_ERR_INVALID,
+                       "grammar: token %d is never allowed (control, "
+                       "unused or empty)",
+                       token);
     }
 }
 
@@ -263,8 +280,12 @@ smelt_status gram_matcher_accept_bytes(struct gram_matcher *m, const char *s, si
 
 /* ---- masks ---------------------------------------------------------------------------------- */
 
-static bool bit_get(const uint32_t *mask, int32_t t) { return (mask[(uint32_t)t >> 5] >> (t & 31)) & 1; }
-static void bit_set(uint32_t *mask, int32_t t) { mask[(uint32_t)t >> 5] |= 1u << (t & 31); }
+static bool bit_get(const uint32_t *mask, int32_t t) {
+    return (mask[(uint32_t)t >> 5] >> (t & 31)) & 1;
+}
+static void bit_set(uint32_t *mask, int32_t t) {
+    mask[(uint32_t)t >> 5] |= 1u << (t & 31);
+}
 
 /* Walks c's uncertain tokens (sorted by piece) with the real stack; sets those accepted. */
 static bool check_uncertain(struct gram_matcher *m, struct gcfg c, const struct gci *ci,
@@ -279,10 +300,12 @@ static bool check_uncertain(struct gram_matcher *m, struct gcfg c, const struct 
         if (bit_get(mask, t)) continue;
         const uint8_t *p = v->bytes + v->off[t];
         uint32_t n = v->len[t], l = 0, d = s->depth;
-        while (l < d && l < n && p[l] == prev[l]) l++;
+        while (l < d && l < n && p[l] == prev[l])
+            l++;
         gram_sim_pop_to(s, l);
         bool alive = l == 0 || s->lv[l + 1] > s->lv[l] || (s->lf[l] & LV_DONE);
-        for (uint32_t i = l; i < n && alive; i++) alive = gram_sim_step_any(s, p[i]);
+        for (uint32_t i = l; i < n && alive; i++)
+            alive = gram_sim_step_any(s, p[i]);
         if (s->oom) return false;
         prev = p;
         if (alive && s->depth == n && (gram_sim_count(s) || (s->lf[n] & LV_DONE))) bit_set(mask, t);
@@ -318,15 +341,18 @@ smelt_status gram_matcher_fill_mask(struct gram_matcher *m, uint32_t *mask, stru
                                    : ci->base == CI_BASE_SLICE ? v->cum + (size_t)ci->k * v->words
                                                                : NULL;
             if (base)
-                for (uint32_t w = 0; w < v->words; w++) mask[w] |= base[w];
-            for (uint32_t k = 0; k < ci->n_acc; k++) bit_set(mask, ci->acc[k]);
+                for (uint32_t w = 0; w < v->words; w++)
+                    mask[w] |= base[w];
+            for (uint32_t k = 0; k < ci->n_acc; k++)
+                bit_set(mask, ci->acc[k]);
         }
         bool ok = !ci->n_unc || check_uncertain(m, c, ci, mask);
         gram_ci_free(tmp);
         if (!ok) return err_set(e, SMELT_ERR_NOMEM, "grammar matcher: out of memory");
     }
     if (m->done)
-        for (int32_t k = 0; k < v->n_eog; k++) bit_set(mask, v->eog[k]);
+        for (int32_t k = 0; k < v->n_eog; k++)
+            bit_set(mask, v->eog[k]);
     if (gram_grow(&m->memo_cfg, &m->memo_cap, m->n_cur ? m->n_cur : 1, sizeof *m->memo_cfg,
                   GRAM_MAX_CFGS + 1)) {
         memcpy(m->memo, mask, bytes);

@@ -49,7 +49,9 @@ static bool put(struct rp *p, const char *s) {
     return true;
 }
 
-static int peek(const struct rp *p) { return p->i < p->n ? (unsigned char)p->s[p->i] : -1; }
+static int peek(const struct rp *p) {
+    return p->i < p->n ? (unsigned char)p->s[p->i] : -1;
+}
 
 /* ---- emitting characters ----------------------------------------------------------------- */
 
@@ -81,21 +83,27 @@ static bool add_shorthand(struct rp *p, struct gram_cset *cs, char c) {
     struct gram_cset t = {0};
     bool ok = true;
     switch (c | 0x20) {
-    case 'd': ok = add(p, &t, '0', '9'); break;
+    case 'd':
+        ok = add(p, &t, '0', '9');
+        break;
     case 'w':
-        ok = add(p, &t, '0', '9') && add(p, &t, 'A', 'Z') && add(p, &t, 'a', 'z') && add(p, &t, '_', '_');
+        ok = add(p, &t, '0', '9') && add(p, &t, 'A', 'Z') && add(p, &t, 'a', 'z') &&
+             add(p, &t, '_', '_');
         break;
     case 's': {
-        static const uint32_t ws[] = {0x09, 0x0D, 0x20, 0x20, 0xA0, 0xA0, 0x1680, 0x1680, 0x2000,
-                                      0x200A, 0x2028, 0x2029, 0x202F, 0x202F, 0x205F, 0x205F,
-                                      0x3000, 0x3000, 0xFEFF, 0xFEFF};
-        for (size_t k = 0; ok && k < sizeof ws / sizeof *ws; k += 2) ok = add(p, &t, ws[k], ws[k + 1]);
+        static const uint32_t ws[] = {0x09,   0x0D,   0x20,   0x20,   0xA0,   0xA0,   0x1680,
+                                      0x1680, 0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x202F,
+                                      0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
+        for (size_t k = 0; ok && k < sizeof ws / sizeof *ws; k += 2)
+            ok = add(p, &t, ws[k], ws[k + 1]);
         break;
     }
     }
     gram_cset_norm(&t);
-    if (ok && c >= 'A' && c <= 'Z' && !gram_cset_negate(&t)) ok = fail(p, SMELT_ERR_NOMEM, "out of memory");
-    for (uint32_t k = 0; ok && k < t.n; k += 2) ok = add(p, cs, t.r[k], t.r[k + 1]);
+    if (ok && c >= 'A' && c <= 'Z' && !gram_cset_negate(&t))
+        ok = fail(p, SMELT_ERR_NOMEM, "out of memory");
+    for (uint32_t k = 0; ok && k < t.n; k += 2)
+        ok = add(p, cs, t.r[k], t.r[k + 1]);
     gram_cset_free(&t);
     return ok;
 }
@@ -125,25 +133,42 @@ static int parse_escape(struct rp *p, struct gram_cset *cs, uint32_t *cp, bool i
     size_t at = p->i - 1; /* the backslash: where errors point */
     char c = p->s[p->i++];
     switch (c) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
         return add_shorthand(p, cs, c) ? 2 : 0;
-    case 't': *cp = '\t'; return 1;
-    case 'n': *cp = '\n'; return 1;
-    case 'r': *cp = '\r'; return 1;
-    case 'v': *cp = '\v'; return 1;
-    case 'f': *cp = '\f'; return 1;
+    case 't':
+        *cp = '\t';
+        return 1;
+    case 'n':
+        *cp = '\n';
+        return 1;
+    case 'r':
+        *cp = '\r';
+        return 1;
+    case 'v':
+        *cp = '\v';
+        return 1;
+    case 'f':
+        *cp = '\f';
+        return 1;
     case '0':
         if (peek(p) >= '0' && peek(p) <= '9')
             return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "octal escapes are not supported"), 0;
         *cp = 0;
         return 1;
-    case 'x': return hex(p, 2, cp) ? 1 : 0;
+    case 'x':
+        return hex(p, 2, cp) ? 1 : 0;
     case 'u':
         if (peek(p) == '{') {
             p->i++;
             uint32_t v = 0;
             int nd = 0;
-            while (hexval(peek(p)) >= 0 && nd < 7) v = v << 4 | (uint32_t)hexval(p->s[p->i++]), nd++;
+            while (hexval(peek(p)) >= 0 && nd < 7)
+                v = v << 4 | (uint32_t)hexval(p->s[p->i++]), nd++;
             if (peek(p) != '}' || nd == 0 || v > 0x10FFFF)
                 return fail(p, SMELT_ERR_INVALID, "bad \\u{...} escape"), 0;
             p->i++;
@@ -167,11 +192,19 @@ static int parse_escape(struct rp *p, struct gram_cset *cs, uint32_t *cp, bool i
             *cp = '\b';
             return 1;
         }
-        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "word boundaries (\\b) are not supported"), 0;
-    case 'B': return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "\\B is not supported"), 0;
-    case 'p': case 'P':
-        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "Unicode property classes (\\p{...}) are not supported"), 0;
-    case 'k': return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "named backreferences are not supported"), 0;
+        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "word boundaries (\\b) are not supported"),
+               0;
+    case 'B':
+        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "\\B is not supported"), 0;
+    case 'p':
+    case 'P':
+        return p->i = at,
+               fail(p, SMELT_ERR_UNSUPPORTED,
+                    "Unicode property classes (\\p{...}) are not supported"),
+               0;
+    case 'k':
+        return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "named backreferences are not supported"),
+               0;
     default:
         if (c >= '1' && c <= '9')
             return p->i = at, fail(p, SMELT_ERR_UNSUPPORTED, "backreferences are not supported"), 0;
@@ -302,16 +335,20 @@ static bool parse_quant(struct rp *p) {
             return true;
         }
         p->i++;
-        if (max < min) return fail(p, SMELT_ERR_INVALID, "quantifier {%u,%u} out of order", min, max);
-        if (max == GRAM_INF) snprintf(t, sizeof t, "{%u,}", min);
-        else snprintf(t, sizeof t, "{%u,%u}", min, max);
+        if (max < min)
+            return fail(p, SMELT_ERR_INVALID, "quantifier {%u,%u} out of order", min, max);
+        if (max == GRAM_INF)
+            snprintf(t, sizeof t, "{%u,}", min);
+        else
+            snprintf(t, sizeof t, "{%u,%u}", min, max);
     } else {
         return true;
     }
     if (peek(p) == '?') p->i++; /* lazy: same language */
     if (!put(p, t)) return false;
     c = peek(p);
-    if (c == '*' || c == '+' || c == '?' || (c == '{' && p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9'))
+    if (c == '*' || c == '+' || c == '?' ||
+        (c == '{' && p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9'))
         return fail(p, SMELT_ERR_INVALID, "nothing to repeat");
     return true;
 }
@@ -345,8 +382,10 @@ static bool parse_seq(struct rp *p, bool top) {
                 int k = peek(p);
                 if (k == ':') {
                     p->i++;
-                } else if (k == '<' && p->i + 1 < p->n && p->s[p->i + 1] != '=' && p->s[p->i + 1] != '!') {
-                    while (p->i < p->n && p->s[p->i] != '>') p->i++;
+                } else if (k == '<' && p->i + 1 < p->n && p->s[p->i + 1] != '=' &&
+                           p->s[p->i + 1] != '!') {
+                    while (p->i < p->n && p->s[p->i] != '>')
+                        p->i++;
                     if (p->i >= p->n) return fail(p, SMELT_ERR_INVALID, "unterminated group name");
                     p->i++;
                 } else if (k == '=' || k == '!' || k == '<') {
@@ -366,7 +405,8 @@ static bool parse_seq(struct rp *p, bool top) {
         } else if (c == '.') {
             p->i++;
             struct gram_cset cs = {0};
-            bool ok = add(p, &cs, '\n', '\n') && add(p, &cs, '\r', '\r') && add(p, &cs, 0x2028, 0x2029);
+            bool ok =
+                add(p, &cs, '\n', '\n') && add(p, &cs, '\r', '\r') && add(p, &cs, 0x2028, 0x2029);
             gram_cset_norm(&cs);
             if (ok && !gram_cset_negate(&cs)) ok = fail(p, SMELT_ERR_NOMEM, "out of memory");
             ok = ok && put_set(p, &cs);
@@ -377,7 +417,9 @@ static bool parse_seq(struct rp *p, bool top) {
             struct gram_cset cs = {0};
             uint32_t cp;
             int k = parse_escape(p, &cs, &cp, false);
-            bool ok = k == 1 ? put_char(p, cp) : k == 2 ? (gram_cset_norm(&cs), put_set(p, &cs)) : false;
+            bool ok = k == 1   ? put_char(p, cp)
+                      : k == 2 ? (gram_cset_norm(&cs), put_set(p, &cs))
+                               : false;
             gram_cset_free(&cs);
             if (!ok) return false;
         } else if (c == '*' || c == '+' || c == '?') {
@@ -406,7 +448,8 @@ static bool parse_alt(struct rp *p, bool top) {
 /* Top level in JSON-string mode: each alternative gets free characters where it is not
  * anchored. */
 static bool json_top(struct rp *p) {
-    static const char any[] = "([^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}))*";
+    static const char any[] =
+        "([^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}))*";
     if (!put(p, "(")) return false;
     while (true) {
         size_t b = p->i, end = b;

@@ -59,10 +59,13 @@ __attribute__((format(printf, 3, 4))) static bool fail(struct sc *c, smelt_statu
     return false;
 }
 
-static bool nomem(struct sc *c) { return fail(c, SMELT_ERR_NOMEM, "out of memory"); }
+static bool nomem(struct sc *c) {
+    return fail(c, SMELT_ERR_NOMEM, "out of memory");
+}
 
 static bool put(struct sc *c, struct tok_buf *b, const char *s) {
-    if (!gram_buf_puts(b, s)) return fail(c, SMELT_ERR_RANGE, "the grammar grew past %u bytes", GRAM_MAX_TEXT);
+    if (!gram_buf_puts(b, s))
+        return fail(c, SMELT_ERR_RANGE, "the grammar grew past %u bytes", GRAM_MAX_TEXT);
     return true;
 }
 
@@ -119,7 +122,8 @@ static bool put_lit(struct sc *c, struct tok_buf *b, const char *s, size_t n) {
         uint32_t cp;
         size_t k = utf8_decode((const uint8_t *)s + i, n - i, &cp);
         if (!k) return fail(c, SMELT_ERR_INVALID, "invalid UTF-8 in a string");
-        if (!gram_buf_gbnf_char(b, cp)) return fail(c, SMELT_ERR_RANGE, "the grammar grew too large");
+        if (!gram_buf_gbnf_char(b, cp))
+            return fail(c, SMELT_ERR_RANGE, "the grammar grew too large");
         i += k;
     }
     return put(c, b, "\"");
@@ -132,14 +136,29 @@ static bool json_string_text(struct sc *c, struct tok_buf *t, const char *s, siz
     for (size_t i = 0; ok && i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         switch (ch) {
-        case '"': ok = gram_buf_puts(t, "\\\""); break;
-        case '\\': ok = gram_buf_puts(t, "\\\\"); break;
-        case '\b': ok = gram_buf_puts(t, "\\b"); break;
-        case '\f': ok = gram_buf_puts(t, "\\f"); break;
-        case '\n': ok = gram_buf_puts(t, "\\n"); break;
-        case '\r': ok = gram_buf_puts(t, "\\r"); break;
-        case '\t': ok = gram_buf_puts(t, "\\t"); break;
-        default: ok = ch < 0x20 ? gram_buf_printf(t, "\\u%04x", ch) : gram_buf_put(t, s + i, 1);
+        case '"':
+            ok = gram_buf_puts(t, "\\\"");
+            break;
+        case '\\':
+            ok = gram_buf_puts(t, "\\\\");
+            break;
+        case '\b':
+            ok = gram_buf_puts(t, "\\b");
+            break;
+        case '\f':
+            ok = gram_buf_puts(t, "\\f");
+            break;
+        case '\n':
+            ok = gram_buf_puts(t, "\\n");
+            break;
+        case '\r':
+            ok = gram_buf_puts(t, "\\r");
+            break;
+        case '\t':
+            ok = gram_buf_puts(t, "\\t");
+            break;
+        default:
+            ok = ch < 0x20 ? gram_buf_printf(t, "\\u%04x", ch) : gram_buf_put(t, s + i, 1);
         }
     }
     ok = ok && gram_buf_put(t, "\"", 1);
@@ -163,33 +182,91 @@ static bool put_json_value(struct sc *c, struct tok_buf *b, const json_t *v) {
     return ok;
 }
 
-/* ---- rules ------------------------------------------------------------------------------------ */
+/* ---- rules ------------------------------------------------------------------------------------
+ */
 
 /* Appends "name ::= body\n" to the rules. */
 static bool emit_rule(struct sc *c, const char *name, const struct tok_buf *body) {
-    return put(c, c->out, name) && put(c, c->out, " ::= ") && put(c, c->out, body->p ? body->p : "\"\"") &&
-           put(c, c->out, "\n");
+    return put(c, c->out, name) && put(c, c->out, " ::= ") &&
+           put(c, c->out, body->p ? body->p : "\"\"") && put(c, c->out, "\n");
 }
 
-/* ---- keywords --------------------------------------------------------------------------------- */
+/* ---- keywords ---------------------------------------------------------------------------------
+ */
 
-static const char *const ANNOTATIONS[] = {
-    "title", "description", "default", "examples", "example", "$schema", "$id", "id",
-    "$comment", "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
-    "contentSchema", "$anchor", "$vocabulary", "discriminator", "xml", "externalDocs",
-    "nullable", "$defs", "definitions", "$dynamicAnchor", "$recursiveAnchor", NULL};
+static const char *const ANNOTATIONS[] = {"title",
+                                          "description",
+                                          "default",
+                                          "examples",
+                                          "example",
+                                          "$schema",
+                                          "$id",
+                                          "id",
+                                          "$comment",
+                                          "deprecated",
+                                          "readOnly",
+                                          "writeOnly",
+                                          "contentMediaType",
+                                          "contentEncoding",
+                                          "contentSchema",
+                                          "$anchor",
+                                          "$vocabulary",
+                                          "discriminator",
+                                          "xml",
+                                          "externalDocs",
+                                          "nullable",
+                                          "$defs",
+                                          "definitions",
+                                          "$dynamicAnchor",
+                                          "$recursiveAnchor",
+                                          NULL};
 
-static const char *const SUPPORTED[] = {
-    "type", "enum", "const", "properties", "required", "additionalProperties", "items",
-    "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength",
-    "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-    "oneOf", "allOf", "$ref", "minProperties", "maxProperties", "uniqueItems", "multipleOf",
-    NULL};
+static const char *const SUPPORTED[] = {"type",
+                                        "enum",
+                                        "const",
+                                        "properties",
+                                        "required",
+                                        "additionalProperties",
+                                        "items",
+                                        "prefixItems",
+                                        "additionalItems",
+                                        "minItems",
+                                        "maxItems",
+                                        "minLength",
+                                        "maxLength",
+                                        "pattern",
+                                        "format",
+                                        "minimum",
+                                        "maximum",
+                                        "exclusiveMinimum",
+                                        "exclusiveMaximum",
+                                        "anyOf",
+                                        "oneOf",
+                                        "allOf",
+                                        "$ref",
+                                        "minProperties",
+                                        "maxProperties",
+                                        "uniqueItems",
+                                        "multipleOf",
+                                        NULL};
 
-static const char *const REFUSED[] = {
-    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
-    "dependencies", "if", "then", "else", "not", "contains", "minContains", "maxContains",
-    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", NULL};
+static const char *const REFUSED[] = {"patternProperties",
+                                      "propertyNames",
+                                      "dependentRequired",
+                                      "dependentSchemas",
+                                      "dependencies",
+                                      "if",
+                                      "then",
+                                      "else",
+                                      "not",
+                                      "contains",
+                                      "minContains",
+                                      "maxContains",
+                                      "unevaluatedProperties",
+                                      "unevaluatedItems",
+                                      "$dynamicRef",
+                                      "$recursiveRef",
+                                      NULL};
 
 static bool in_list(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -229,11 +306,15 @@ static int hexd(int ch) {
 
 /* The schema a local reference ("#", "#/a/b" with ~0 ~1 and %XX escapes) points to. */
 static const json_t *resolve(struct sc *c, const char *ref) {
-    if (ref[0] != '#') return fail(c, SMELT_ERR_UNSUPPORTED, "$ref '%.100s': only local references (#/...) are supported", ref), NULL;
+    if (ref[0] != '#')
+        return fail(c, SMELT_ERR_UNSUPPORTED,
+                    "$ref '%.100s': only local references (#/...) are supported", ref),
+               NULL;
     const json_t *cur = c->root;
     const char *p = ref + 1;
     if (*p && *p != '/')
-        return fail(c, SMELT_ERR_UNSUPPORTED, "$ref '%.100s': anchors are not supported", ref), NULL;
+        return fail(c, SMELT_ERR_UNSUPPORTED, "$ref '%.100s': anchors are not supported", ref),
+               NULL;
     while (*p == '/') {
         p++;
         char seg[256];
@@ -246,7 +327,8 @@ static const json_t *resolve(struct sc *c, const char *ref) {
             } else if (ch == '~' && (*p == '0' || *p == '1')) {
                 ch = *p++ == '0' ? '~' : '/';
             }
-            if (w + 1 >= sizeof seg) return fail(c, SMELT_ERR_INVALID, "$ref '%.100s': segment too long", ref), NULL;
+            if (w + 1 >= sizeof seg)
+                return fail(c, SMELT_ERR_INVALID, "$ref '%.100s': segment too long", ref), NULL;
             seg[w++] = (char)ch;
         }
         seg[w] = 0;
@@ -266,7 +348,9 @@ static const json_t *resolve(struct sc *c, const char *ref) {
 
 /* ---- merging (allOf, anyOf branches, $ref siblings) ---------------------------------------- */
 
-static bool json_same(const json_t *a, const json_t *b) { return json_equal((json_t *)a, (json_t *)b); }
+static bool json_same(const json_t *a, const json_t *b) {
+    return json_equal((json_t *)a, (json_t *)b);
+}
 
 static json_t *own(struct sc *c, json_t *v) {
     if (!v) return nomem(c), NULL;
@@ -279,11 +363,13 @@ static const json_t *deref(struct sc *c, const json_t *s);
 /* A schema accepting what both a and b accept, for the keywords this compiler knows; refuses
  * combinations it cannot express. Boolean schemas: true is neutral, false absorbs. */
 static const json_t *merge(struct sc *c, const json_t *a, const json_t *b) {
-    if (++c->merges > MAX_MERGES) return fail(c, SMELT_ERR_RANGE, "more than %d merged subschemas", MAX_MERGES), NULL;
+    if (++c->merges > MAX_MERGES)
+        return fail(c, SMELT_ERR_RANGE, "more than %d merged subschemas", MAX_MERGES), NULL;
     if (json_is_true(a) || (json_is_object(a) && json_object_size(a) == 0)) return b;
     if (json_is_true(b) || (json_is_object(b) && json_object_size(b) == 0)) return a;
     if (json_is_false(a) || json_is_false(b)) return json_false();
-    if (!json_is_object(a) || !json_is_object(b)) return fail(c, SMELT_ERR_INVALID, "a schema must be an object or a boolean"), NULL;
+    if (!json_is_object(a) || !json_is_object(b))
+        return fail(c, SMELT_ERR_INVALID, "a schema must be an object or a boolean"), NULL;
     a = deref(c, a);
     b = deref(c, b);
     if (!a || !b) return NULL;
@@ -301,7 +387,8 @@ static const json_t *merge(struct sc *c, const json_t *a, const json_t *b) {
         if (!strcmp(k, "type")) {
             /* intersect; integer is inside number */
             json_t *t = json_array();
-            static const char *const names[] = {"null", "boolean", "object", "array", "string", "number", "integer"};
+            static const char *const names[] = {"null",   "boolean", "object", "array",
+                                                "string", "number",  "integer"};
             for (int i = 0; i < 7; i++) {
                 bool ia = false, ib = false;
                 for (int side = 0; side < 2; side++) {
@@ -310,10 +397,15 @@ static const json_t *merge(struct sc *c, const json_t *a, const json_t *b) {
                     size_t j;
                     json_t *e;
                     if (json_is_string(x)) {
-                        *hit = !strcmp(json_string_value(x), names[i]) || (i == 6 && !strcmp(json_string_value(x), "number"));
+                        *hit = !strcmp(json_string_value(x), names[i]) ||
+                               (i == 6 && !strcmp(json_string_value(x), "number"));
                     } else {
-                        json_array_foreach((json_t *)x, j, e) if (json_is_string(e) && (!strcmp(json_string_value(e), names[i]) ||
-                                                                                        (i == 6 && !strcmp(json_string_value(e), "number")))) *hit = true;
+                        json_array_foreach(
+                            (json_t *)x, j,
+                            e) if (json_is_string(e) &&
+                                   (!strcmp(json_string_value(e), names[i]) ||
+                                    (i == 6 && !strcmp(json_string_value(e), "number")))) *hit =
+                            true;
                     }
                 }
                 if (ia && ib) json_array_append_new(t, json_string(names[i]));
@@ -366,14 +458,16 @@ static const json_t *merge(struct sc *c, const json_t *a, const json_t *b) {
                 bool in_b = json_same(e, bv);
                 size_t i2;
                 json_t *e2;
-                if (json_is_array(bv) && !strcmp(k, "enum")) json_array_foreach(bv, i2, e2) in_b |= json_same(e, e2);
+                if (json_is_array(bv) && !strcmp(k, "enum"))
+                    json_array_foreach(bv, i2, e2) in_b |= json_same(e, e2);
                 if (in_b) json_array_append(r, e);
             }
             json_decref(ea);
             json_object_del(m, "const");
             json_object_set_new(m, "enum", r);
         } else {
-            return fail(c, SMELT_ERR_UNSUPPORTED, "allOf: '%s' differs between the subschemas", k), NULL;
+            return fail(c, SMELT_ERR_UNSUPPORTED, "allOf: '%s' differs between the subschemas", k),
+                   NULL;
         }
     }
     /* additionalProperties false on one side: the other side's extra properties are gone */
@@ -386,7 +480,9 @@ static const json_t *merge(struct sc *c, const json_t *a, const json_t *b) {
         json_t *pv;
         void *tmp;
         if (mp)
-            json_object_foreach_safe(mp, tmp, pk, pv) if (!json_object_get(xp, pk) && json_object_get(yp, pk)) json_object_del(mp, pk);
+            json_object_foreach_safe(mp, tmp, pk,
+                                     pv) if (!json_object_get(xp, pk) && json_object_get(yp, pk))
+                json_object_del(mp, pk);
     }
     return m;
 }
@@ -396,7 +492,9 @@ static const json_t *deref(struct sc *c, const json_t *s) {
     const json_t *r = json_object_get(s, "$ref");
     if (!r) return s;
     if (c->deref_depth > 32)
-        return fail(c, SMELT_ERR_UNSUPPORTED, "$ref with sibling keywords that recurses is not supported"), NULL;
+        return fail(c, SMELT_ERR_UNSUPPORTED,
+                    "$ref with sibling keywords that recurses is not supported"),
+               NULL;
     if (!json_is_string(r)) return fail(c, SMELT_ERR_INVALID, "$ref must be a string"), NULL;
     const json_t *t = resolve(c, json_string_value(r));
     if (!t) return NULL;
@@ -412,13 +510,15 @@ static const json_t *deref(struct sc *c, const json_t *s) {
 /* ---- numbers -------------------------------------------------------------------------------- */
 
 static void digits(uint64_t v, char *out, int n) {
-    for (int k = n - 1; k >= 0; k--, v /= 10) out[k] = (char)('0' + v % 10);
+    for (int k = n - 1; k >= 0; k--, v /= 10)
+        out[k] = (char)('0' + v % 10);
     out[n] = 0;
 }
 
 static int ndigits(uint64_t v) {
     int n = 1;
-    while (v >= 10) v /= 10, n++;
+    while (v >= 10)
+        v /= 10, n++;
     return n;
 }
 
@@ -435,7 +535,8 @@ static bool same_len(struct sc *c, struct tok_buf *b, const char *lo, const char
     if (!strncmp(lo, hi, (size_t)n)) return put_lit(c, b, lo, (size_t)n);
     if (n == 1) return putf(c, b, "[%c-%c]", lo[0], hi[0]);
     if (lo[0] == hi[0])
-        return putf(c, b, "\"%c\" (", lo[0]) && same_len(c, b, lo + 1, hi + 1, n - 1) && put(c, b, ")");
+        return putf(c, b, "\"%c\" (", lo[0]) && same_len(c, b, lo + 1, hi + 1, n - 1) &&
+               put(c, b, ")");
     bool lo_zero = all_digit(lo + 1, n - 1, '0'), hi_nine = all_digit(hi + 1, n - 1, '9');
     char a = lo_zero ? lo[0] : (char)(lo[0] + 1), z = hi_nine ? hi[0] : (char)(hi[0] - 1);
     bool first = true, ok = put(c, b, "(");
@@ -443,7 +544,8 @@ static bool same_len(struct sc *c, struct tok_buf *b, const char *lo, const char
     memset(nines, '9', sizeof nines);
     memset(zeros, '0', sizeof zeros);
     if (ok && !lo_zero) {
-        ok = putf(c, b, "\"%c\" (", lo[0]) && same_len(c, b, lo + 1, nines, n - 1) && put(c, b, ")");
+        ok =
+            putf(c, b, "\"%c\" (", lo[0]) && same_len(c, b, lo + 1, nines, n - 1) && put(c, b, ")");
         first = false;
     }
     if (ok && a <= z) {
@@ -466,7 +568,8 @@ static bool nat_range(struct sc *c, struct tok_buf *b, uint64_t lo, uint64_t hi)
     }
     for (int n = ndigits(lo); ok && lo <= hi && n <= ndigits(hi); n++) {
         uint64_t p10 = 1;
-        for (int k = 1; k < n; k++) p10 *= 10;
+        for (int k = 1; k < n; k++)
+            p10 *= 10;
         uint64_t a = lo > p10 ? lo : p10, z = hi < p10 * 10 - 1 ? hi : p10 * 10 - 1;
         if (a > z) continue;
         char la[INT_MAXD + 2], lz[INT_MAXD + 2];
@@ -481,11 +584,14 @@ static bool nat_range(struct sc *c, struct tok_buf *b, uint64_t lo, uint64_t hi)
 #define NAT_MAX 9999999999999999ull /* 16 digits */
 
 /* Integers in [lo, hi] (has_lo/has_hi: bounded), as one GBNF item. */
-static bool int_range(struct sc *c, struct tok_buf *b, bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
-    if (has_lo && has_hi && lo > hi) return fail(c, SMELT_ERR_INVALID, "no integer lies between the bounds");
+static bool int_range(struct sc *c, struct tok_buf *b, bool has_lo, int64_t lo, bool has_hi,
+                      int64_t hi) {
+    if (has_lo && has_hi && lo > hi)
+        return fail(c, SMELT_ERR_INVALID, "no integer lies between the bounds");
     bool ok = put(c, b, "("), first = true;
     if (!has_lo || lo < 0) { /* negatives: -(1..) */
-        uint64_t mlo = has_hi && hi < 0 ? (uint64_t)(-hi) : 1, mhi = has_lo ? (uint64_t)(-lo) : NAT_MAX;
+        uint64_t mlo = has_hi && hi < 0 ? (uint64_t)(-hi) : 1,
+                 mhi = has_lo ? (uint64_t)(-lo) : NAT_MAX;
         ok = ok && put(c, b, "\"-\" ") && nat_range(c, b, mlo, mhi);
         first = false;
     }
@@ -509,7 +615,8 @@ static bool bound(struct sc *c, const json_t *s, const char *k, bool *has, doubl
 }
 
 /* The bounds of s: [lo, hi] with each end exclusive or not (draft 4 boolean exclusives too). */
-static bool bounds(struct sc *c, const json_t *s, bool *hl, double *lo, bool *xl, bool *hh, double *hi, bool *xh) {
+static bool bounds(struct sc *c, const json_t *s, bool *hl, double *lo, bool *xl, bool *hh,
+                   double *hi, bool *xh) {
     bool hm, hxm, hM, hxM;
     double m, xm, M, xM;
     if (!bound(c, s, "minimum", &hm, &m) || !bound(c, s, "exclusiveMinimum", &hxm, &xm) ||
@@ -533,7 +640,8 @@ static bool gen_integer(struct sc *c, const json_t *s, struct tok_buf *b) {
     if (!bounds(c, s, &hl, &lo, &xl, &hh, &hi, &xh)) return false;
     const json_t *mo = json_object_get(s, "multipleOf");
     if (mo && !(json_is_number(mo) && json_number_value(mo) == 1))
-        return fail(c, SMELT_ERR_UNSUPPORTED, "'multipleOf' is not supported (except 1 on integers)");
+        return fail(c, SMELT_ERR_UNSUPPORTED,
+                    "'multipleOf' is not supported (except 1 on integers)");
     if (!hl && !hh) {
         c->need_number = true;
         return put(c, b, "integer");
@@ -556,10 +664,12 @@ static bool gen_integer(struct sc *c, const json_t *s, struct tok_buf *b) {
 /* Fractions: any digits, all zeros, or not all zeros. */
 #define FRAC_ANY "(\".\" [0-9]{1,16})"
 #define FRAC_ZERO "(\".\" \"0\"{1,16})"
-#define FRAC_NONZERO "(\".\" \"0\"{0,15} [1-9] [0-9]{0,15})" /* the first nonzero digit: unambiguous */
+#define FRAC_NONZERO                                                                               \
+    "(\".\" \"0\"{0,15} [1-9] [0-9]{0,15})" /* the first nonzero digit: unambiguous */
 
 /* Magnitudes m = I.F with A <(=) m <(=) B (A >= 0 integer, B integer or unbounded). */
-static bool magnitude(struct sc *c, struct tok_buf *b, uint64_t A, bool xa, bool hb, uint64_t B, bool xb) {
+static bool magnitude(struct sc *c, struct tok_buf *b, uint64_t A, bool xa, bool hb, uint64_t B,
+                      bool xb) {
     bool ok = put(c, b, "("), first = true;
     /* I strictly between A and B: any fraction */
     uint64_t ilo = A + 1, ihi = hb ? (B ? B - 1 : 0) : NAT_MAX;
@@ -579,7 +689,8 @@ static bool magnitude(struct sc *c, struct tok_buf *b, uint64_t A, bool xa, bool
     if (ok && hb && !xb && !(A == B && xa)) {
         char d[INT_MAXD + 2];
         digits(B, d, ndigits(B));
-        ok = (first || put(c, b, " | ")) && put_lit(c, b, d, strlen(d)) && put(c, b, " " FRAC_ZERO "?");
+        ok = (first || put(c, b, " | ")) && put_lit(c, b, d, strlen(d)) &&
+             put(c, b, " " FRAC_ZERO "?");
         first = false;
     }
     if (ok && first) return fail(c, SMELT_ERR_INVALID, "no number lies between the bounds");
@@ -590,13 +701,16 @@ static bool gen_number(struct sc *c, const json_t *s, struct tok_buf *b) {
     bool hl, xl, hh, xh;
     double lo = 0, hi = 0;
     if (!bounds(c, s, &hl, &lo, &xl, &hh, &hi, &xh)) return false;
-    if (json_object_get(s, "multipleOf")) return fail(c, SMELT_ERR_UNSUPPORTED, "'multipleOf' is not supported on numbers");
+    if (json_object_get(s, "multipleOf"))
+        return fail(c, SMELT_ERR_UNSUPPORTED, "'multipleOf' is not supported on numbers");
     if (!hl && !hh) {
         c->need_number = true;
         return put(c, b, "number");
     }
-    if ((hl && (lo != floor(lo) || fabs(lo) > 1e15)) || (hh && (hi != floor(hi) || fabs(hi) > 1e15)))
-        return fail(c, SMELT_ERR_UNSUPPORTED, "number bounds are supported at integer values up to 1e15");
+    if ((hl && (lo != floor(lo) || fabs(lo) > 1e15)) ||
+        (hh && (hi != floor(hi) || fabs(hi) > 1e15)))
+        return fail(c, SMELT_ERR_UNSUPPORTED,
+                    "number bounds are supported at integer values up to 1e15");
     if (hl && hh && (lo > hi || (lo == hi && (xl || xh))))
         return fail(c, SMELT_ERR_INVALID, "no number lies between the bounds");
     bool ok = put(c, b, "("), first = true;
@@ -624,14 +738,20 @@ static bool gen_number(struct sc *c, const json_t *s, struct tok_buf *b) {
 static const char *format_regex(const char *f) {
 #define YEAR "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
 #define LEAP "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
-#define DATE "(" YEAR "-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))|" LEAP "-02-29)"
-#define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define DATE                                                                                       \
+    "(" YEAR "-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-("  \
+             "0[1-9]|1[0-9]|2[0-8]))|" LEAP "-02-29)"
+#define TIME                                                                                       \
+    "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]" \
+    ")"
 #define OCTET "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
     if (!strcmp(f, "date")) return "^" DATE "$";
     if (!strcmp(f, "time")) return "^" TIME "$";
     if (!strcmp(f, "date-time")) return "^" DATE "T" TIME "$";
-    if (!strcmp(f, "uuid")) return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
-    if (!strcmp(f, "email")) return "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\\.[A-Za-z0-9-]{1,63}){1,3}$";
+    if (!strcmp(f, "uuid"))
+        return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+    if (!strcmp(f, "email"))
+        return "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\\.[A-Za-z0-9-]{1,63}){1,3}$";
     if (!strcmp(f, "ipv4")) return "^" OCTET "(\\." OCTET "){3}$";
     return NULL;
 }
@@ -639,7 +759,7 @@ static const char *format_regex(const char *f) {
 /* One character of a string whose length counts: raw, a short escape, or \uXXXX outside the
  * surrogates (a surrogate pair would decode to one character from two escapes). */
 #define LCHAR_RULE                                                                                 \
-    "lchar ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] "       \
+    "lchar ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-Ce-fE-F] "      \
     "[0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} ) )\n"
 
 static bool gen_string(struct sc *c, const json_t *s, struct tok_buf *b) {
@@ -648,25 +768,35 @@ static bool gen_string(struct sc *c, const json_t *s, struct tok_buf *b) {
     if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)))
         return fail(c, SMELT_ERR_INVALID, "minLength and maxLength must be integers");
     json_int_t lo = mn ? json_integer_value(mn) : 0, hi = mx ? json_integer_value(mx) : -1;
-    if (lo < 0 || (mx && hi < 0)) return fail(c, SMELT_ERR_INVALID, "negative minLength or maxLength");
+    if (lo < 0 || (mx && hi < 0))
+        return fail(c, SMELT_ERR_INVALID, "negative minLength or maxLength");
     if (mx && hi < lo) return fail(c, SMELT_ERR_INVALID, "maxLength is below minLength");
     bool lengths = lo > 0 || mx;
     const char *re = NULL;
     if (fmt && !json_is_string(fmt)) return fail(c, SMELT_ERR_INVALID, "'format' must be a string");
     if (fmt) {
         re = format_regex(json_string_value(fmt));
-        if (!re) return fail(c, SMELT_ERR_UNSUPPORTED, "format '%.60s' is not supported (supported: date, time, date-time, uuid, email, ipv4)", json_string_value(fmt));
+        if (!re)
+            return fail(c, SMELT_ERR_UNSUPPORTED,
+                        "format '%.60s' is not supported (supported: date, time, date-time, uuid, "
+                        "email, ipv4)",
+                        json_string_value(fmt));
     }
-    if (pat && !json_is_string(pat)) return fail(c, SMELT_ERR_INVALID, "'pattern' must be a string");
-    if (pat && re) return fail(c, SMELT_ERR_UNSUPPORTED, "'pattern' together with 'format' is not supported");
+    if (pat && !json_is_string(pat))
+        return fail(c, SMELT_ERR_INVALID, "'pattern' must be a string");
+    if (pat && re)
+        return fail(c, SMELT_ERR_UNSUPPORTED, "'pattern' together with 'format' is not supported");
     if ((pat || re) && lengths)
-        return fail(c, SMELT_ERR_UNSUPPORTED, "'%s' together with minLength/maxLength is not supported", pat ? "pattern" : "format");
+        return fail(c, SMELT_ERR_UNSUPPORTED,
+                    "'%s' together with minLength/maxLength is not supported",
+                    pat ? "pattern" : "format");
     if (pat) re = json_string_value(pat);
     if (re) {
         if (!put(c, b, "\"\\\"\" ")) return false;
         struct err e2 = {0};
         size_t old = pat ? path_push(c, "pattern") : c->plen;
-        smelt_status st = gram_regex_gbnf(re, pat ? json_string_length(pat) : strlen(re), GRAM_RE_JSON_STRING, b, &e2);
+        smelt_status st = gram_regex_gbnf(re, pat ? json_string_length(pat) : strlen(re),
+                                          GRAM_RE_JSON_STRING, b, &e2);
         if (st != SMELT_OK) {
             fail(c, st, "%s", e2.msg);
             return false;
@@ -693,7 +823,8 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b);
 static bool gen_rule(struct sc *c, const json_t *s, struct tok_buf *b) {
     for (uint32_t i = 0; i < c->n_memo; i++)
         if (c->memo[i].s == s) return putf(c, b, "ref-r%u", c->memo[i].id);
-    if (!gram_grow(&c->memo, &c->cap_memo, (size_t)c->n_memo + 1, sizeof *c->memo, 1u << 20)) return nomem(c);
+    if (!gram_grow(&c->memo, &c->cap_memo, (size_t)c->n_memo + 1, sizeof *c->memo, 1u << 20))
+        return nomem(c);
     uint32_t id = ++c->n_rules;
     c->memo[c->n_memo++] = (struct memo){s, id};
     struct tok_buf body = {0};
@@ -705,7 +836,8 @@ static bool gen_rule(struct sc *c, const json_t *s, struct tok_buf *b) {
 }
 
 static bool gen_enum(struct sc *c, const json_t *list, struct tok_buf *b) {
-    if (!json_is_array(list) || json_array_size(list) == 0) return fail(c, SMELT_ERR_INVALID, "'enum' must be a non-empty array");
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return fail(c, SMELT_ERR_INVALID, "'enum' must be a non-empty array");
     bool ok = put(c, b, "(");
     size_t i;
     json_t *v;
@@ -722,7 +854,8 @@ struct ktrie {
     bool end;
 };
 
-static bool key_excluding(struct sc *c, const char **keys, const size_t *lens, size_t n, struct tok_buf *b) {
+static bool key_excluding(struct sc *c, const char **keys, const size_t *lens, size_t n,
+                          struct tok_buf *b) {
     struct ktrie *t = calloc(1, sizeof *t);
     uint32_t nt = 1, cap = 1;
     bool ok = t != NULL;
@@ -737,7 +870,8 @@ static bool key_excluding(struct sc *c, const char **keys, const size_t *lens, s
             }
             i += l;
             uint32_t ch = t[node].child;
-            while (ch && t[ch - 1].cp != cp) ch = t[ch - 1].next;
+            while (ch && t[ch - 1].cp != cp)
+                ch = t[ch - 1].next;
             if (!ch) {
                 if (!gram_grow(&t, &cap, (size_t)nt + 1, sizeof *t, 1u << 22)) {
                     ok = nomem(c);
@@ -770,13 +904,17 @@ static bool key_excluding(struct sc *c, const char **keys, const size_t *lens, s
         for (uint32_t ch = t[i].child; ok && ch; ch = t[ch - 1].next) {
             ok = gram_cset_add(&cs, t[ch - 1].cp, t[ch - 1].cp) || nomem(c);
             if (!ok) break;
-            ok = (first || put(c, &r, " | ")) && gram_buf_chars(&r, &(struct gram_cset){(uint32_t[]){t[ch - 1].cp, t[ch - 1].cp}, 2, 2}, true) &&
+            ok = (first || put(c, &r, " | ")) &&
+                 gram_buf_chars(&r,
+                                &(struct gram_cset){(uint32_t[]){t[ch - 1].cp, t[ch - 1].cp}, 2, 2},
+                                true) &&
                  putf(c, &r, " key-r%u", base + ch);
             first = false;
         }
         gram_cset_norm(&cs);
         if (ok && !gram_cset_negate(&cs)) ok = nomem(c);
-        ok = ok && (first || put(c, &r, " | ")) && (gram_buf_chars(&r, &cs, true) || fail(c, SMELT_ERR_RANGE, "grammar too large")) &&
+        ok = ok && (first || put(c, &r, " | ")) &&
+             (gram_buf_chars(&r, &cs, true) || fail(c, SMELT_ERR_RANGE, "grammar too large")) &&
              put(c, &r, " lchar* \"\\\"\")");
         char name[32];
         snprintf(name, sizeof name, "key-r%u", base + i + 1);
@@ -804,9 +942,12 @@ static bool rule_of(struct sc *c, const char *kind, const struct tok_buf *body, 
 static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
     const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
     const json_t *ap = json_object_get(s, "additionalProperties");
-    if (props && !json_is_object(props)) return fail(c, SMELT_ERR_INVALID, "'properties' must be an object");
-    if (req && !json_is_array(req)) return fail(c, SMELT_ERR_INVALID, "'required' must be an array");
-    if (ap && !json_is_object(ap) && !json_is_boolean(ap)) return fail(c, SMELT_ERR_INVALID, "'additionalProperties' must be a schema");
+    if (props && !json_is_object(props))
+        return fail(c, SMELT_ERR_INVALID, "'properties' must be an object");
+    if (req && !json_is_array(req))
+        return fail(c, SMELT_ERR_INVALID, "'required' must be an array");
+    if (ap && !json_is_object(ap) && !json_is_boolean(ap))
+        return fail(c, SMELT_ERR_INVALID, "'additionalProperties' must be a schema");
     size_t cap = json_object_size(props) + json_array_size(req) + 1;
     const char **keys = calloc(cap, sizeof *keys);
     size_t *klen = calloc(cap, sizeof *klen);
@@ -834,10 +975,14 @@ static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
                 break;
             }
             size_t j = 0;
-            while (j < np && strcmp(keys[j], json_string_value(r))) j++;
+            while (j < np && strcmp(keys[j], json_string_value(r)))
+                j++;
             if (j == np) { /* required but not among properties: additionalProperties decides */
                 if (json_is_false(ap)) {
-                    ok = fail(c, SMELT_ERR_INVALID, "required property '%.60s' is not allowed (additionalProperties is false)", json_string_value(r));
+                    ok = fail(
+                        c, SMELT_ERR_INVALID,
+                        "required property '%.60s' is not allowed (additionalProperties is false)",
+                        json_string_value(r));
                     break;
                 }
                 keys[np] = json_string_value(r);
@@ -849,17 +994,24 @@ static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
     }
     bool extras = ap && (json_is_true(ap) || json_is_object(ap));
     size_t nreq = 0, nall = 0;
-    for (size_t j = 0; j < np; j++) nreq += reqd[j], nall += !json_is_false(sub[j]);
-    const json_t *mnp = json_object_get(s, "minProperties"), *mxp = json_object_get(s, "maxProperties");
+    for (size_t j = 0; j < np; j++)
+        nreq += reqd[j], nall += !json_is_false(sub[j]);
+    const json_t *mnp = json_object_get(s, "minProperties"),
+                 *mxp = json_object_get(s, "maxProperties");
     if (ok && mnp && (!json_is_integer(mnp) || json_integer_value(mnp) > (json_int_t)nreq))
-        ok = fail(c, SMELT_ERR_UNSUPPORTED, "'minProperties' above the number of required properties is not supported");
-    if (ok && mxp && (!json_is_integer(mxp) || extras || json_integer_value(mxp) < (json_int_t)nall))
-        ok = fail(c, SMELT_ERR_UNSUPPORTED, "'maxProperties' below the number of possible properties is not supported");
+        ok = fail(c, SMELT_ERR_UNSUPPORTED,
+                  "'minProperties' above the number of required properties is not supported");
+    if (ok && mxp &&
+        (!json_is_integer(mxp) || extras || json_integer_value(mxp) < (json_int_t)nall))
+        ok = fail(c, SMELT_ERR_UNSUPPORTED,
+                  "'maxProperties' below the number of possible properties is not supported");
     /* each "key": value (trailing ws included) as a rule */
     size_t first_req = np;
     for (size_t j = 0; ok && j < np; j++) {
         if (json_is_false(sub[j])) {
-            if (reqd[j]) ok = fail(c, SMELT_ERR_INVALID, "required property '%.60s' has the schema false", keys[j]);
+            if (reqd[j])
+                ok = fail(c, SMELT_ERR_INVALID, "required property '%.60s' has the schema false",
+                          keys[j]);
             continue;
         }
         if (reqd[j] && first_req == np) first_req = j;
@@ -885,15 +1037,22 @@ static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
         tok_buf_free(&e);
     }
     /* tail: what follows the last declared property */
-    if (ok && extras) ok = put(c, &tail, "( \",\" ws ") && put(c, &tail, ekv.p) && put(c, &tail, " )*");
+    if (ok && extras)
+        ok = put(c, &tail, "( \",\" ws ") && put(c, &tail, ekv.p) && put(c, &tail, " )*");
     ok = ok && put(c, &body, "\"{\" ws");
     if (ok && first_req < np) {
         for (size_t j = 0; ok && j < np; j++) {
             if (json_is_false(sub[j])) continue;
-            if (j < first_req) ok = put(c, &body, " ( ") && put(c, &body, kv[j].p) && put(c, &body, " \",\" ws )?");
-            else if (j == first_req) ok = put(c, &body, " ") && put(c, &body, kv[j].p);
-            else if (reqd[j]) ok = put(c, &body, " \",\" ws ") && put(c, &body, kv[j].p);
-            else ok = put(c, &body, " ( \",\" ws ") && put(c, &body, kv[j].p) && put(c, &body, " )?");
+            if (j < first_req)
+                ok =
+                    put(c, &body, " ( ") && put(c, &body, kv[j].p) && put(c, &body, " \",\" ws )?");
+            else if (j == first_req)
+                ok = put(c, &body, " ") && put(c, &body, kv[j].p);
+            else if (reqd[j])
+                ok = put(c, &body, " \",\" ws ") && put(c, &body, kv[j].p);
+            else
+                ok =
+                    put(c, &body, " ( \",\" ws ") && put(c, &body, kv[j].p) && put(c, &body, " )?");
         }
         if (ok && extras) ok = put(c, &body, " ") && put(c, &body, tail.p);
     } else if (ok) {
@@ -909,11 +1068,12 @@ static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
         for (size_t j = np; ok && j-- > 0;) {
             if (json_is_false(sub[j])) continue;
             /* any: kv_j followed by T_{j+1} */
-            ok = (first || put(c, &any, " | ")) && put(c, &any, kv[j].p) && put(c, &any, " ") && put(c, &any, next.p);
+            ok = (first || put(c, &any, " | ")) && put(c, &any, kv[j].p) && put(c, &any, " ") &&
+                 put(c, &any, next.p);
             first = false;
             struct tok_buf t = {0}, name = {0};
-            ok = ok && put(c, &t, "( \",\" ws ") && put(c, &t, kv[j].p) && put(c, &t, " )? ") && put(c, &t, next.p) &&
-                 rule_of(c, "tail", &t, &name);
+            ok = ok && put(c, &t, "( \",\" ws ") && put(c, &t, kv[j].p) && put(c, &t, " )? ") &&
+                 put(c, &t, next.p) && rule_of(c, "tail", &t, &name);
             tok_buf_free(&next);
             next = name;
             tok_buf_free(&t);
@@ -924,7 +1084,8 @@ static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
         tok_buf_free(&next);
     }
     ok = ok && put(c, &body, " \"}\"") && rule_of(c, "object", &body, b);
-    for (size_t j = 0; kv && j < cap; j++) tok_buf_free(&kv[j]);
+    for (size_t j = 0; kv && j < cap; j++)
+        tok_buf_free(&kv[j]);
     tok_buf_free(&ekv);
     tok_buf_free(&tail);
     tok_buf_free(&body);
@@ -939,7 +1100,8 @@ static bool gen_object(struct sc *c, const json_t *s, struct tok_buf *b) {
 static bool gen_array(struct sc *c, const json_t *s, struct tok_buf *b);
 
 /* The types s allows (bit i: names[i]); 0 when "type" is absent. */
-static const char *const TYPES[] = {"null", "boolean", "object", "array", "string", "number", "integer"};
+static const char *const TYPES[] = {"null",   "boolean", "object", "array",
+                                    "string", "number",  "integer"};
 
 static bool types_of(struct sc *c, const json_t *s, unsigned *out) {
     const json_t *t = json_object_get(s, "type");
@@ -955,7 +1117,8 @@ static bool types_of(struct sc *c, const json_t *s, unsigned *out) {
     json_t *x;
     json_array_foreach((json_t *)t, i, x) {
         int k = 0;
-        while (k < 7 && !(json_is_string(x) && !strcmp(json_string_value(x), TYPES[k]))) k++;
+        while (k < 7 && !(json_is_string(x) && !strcmp(json_string_value(x), TYPES[k])))
+            k++;
         if (k == 7) {
             json_decref(one);
             return fail(c, SMELT_ERR_INVALID, "unknown type");
@@ -971,14 +1134,21 @@ static bool types_of(struct sc *c, const json_t *s, unsigned *out) {
 static bool value_has_type(const json_t *v, unsigned types) {
     if (!types) return true;
     switch (json_typeof(v)) {
-    case JSON_NULL: return types & 1;
+    case JSON_NULL:
+        return types & 1;
     case JSON_TRUE:
-    case JSON_FALSE: return types & 2;
-    case JSON_OBJECT: return types & 4;
-    case JSON_ARRAY: return types & 8;
-    case JSON_STRING: return types & 16;
-    case JSON_INTEGER: return types & (32 | 64);
-    case JSON_REAL: return (types & 32) || ((types & 64) && json_real_value(v) == floor(json_real_value(v)));
+    case JSON_FALSE:
+        return types & 2;
+    case JSON_OBJECT:
+        return types & 4;
+    case JSON_ARRAY:
+        return types & 8;
+    case JSON_STRING:
+        return types & 16;
+    case JSON_INTEGER:
+        return types & (32 | 64);
+    case JSON_REAL:
+        return (types & 32) || ((types & 64) && json_real_value(v) == floor(json_real_value(v)));
     }
     return false;
 }
@@ -991,13 +1161,27 @@ static bool gen_types(struct sc *c, const json_t *s, unsigned types, struct tok_
         ok = first || put(c, b, " | ");
         first = false;
         switch (k) {
-        case 0: ok = ok && put(c, b, "\"null\""); break;
-        case 1: ok = ok && put(c, b, "(\"true\" | \"false\")"); break;
-        case 2: ok = ok && gen_object(c, s, b); break;
-        case 3: ok = ok && gen_array(c, s, b); break;
-        case 4: ok = ok && gen_string(c, s, b); break;
-        case 5: ok = ok && gen_number(c, s, b); break;
-        case 6: ok = ok && gen_integer(c, s, b); break;
+        case 0:
+            ok = ok && put(c, b, "\"null\"");
+            break;
+        case 1:
+            ok = ok && put(c, b, "(\"true\" | \"false\")");
+            break;
+        case 2:
+            ok = ok && gen_object(c, s, b);
+            break;
+        case 3:
+            ok = ok && gen_array(c, s, b);
+            break;
+        case 4:
+            ok = ok && gen_string(c, s, b);
+            break;
+        case 5:
+            ok = ok && gen_number(c, s, b);
+            break;
+        case 6:
+            ok = ok && gen_integer(c, s, b);
+            break;
         }
     }
     return ok && (n == 1 || put(c, b, ")"));
@@ -1012,7 +1196,8 @@ static bool extra_with_values(struct sc *c, const json_t *s) {
         if (!strcmp(k, "const") || !strcmp(k, "enum") || !strcmp(k, "type")) continue;
         if (in_list(SUPPORTED, k))
             return fail(c, SMELT_ERR_UNSUPPORTED, "'%s' together with '%s' is not supported", k,
-                        json_object_get(s, "const") ? "const" : "enum"), true;
+                        json_object_get(s, "const") ? "const" : "enum"),
+                   true;
     }
     return false;
 }
@@ -1069,7 +1254,8 @@ static json_t *values_of(const json_t *s) {
 static bool values_disjoint(const json_t *a, const json_t *b) {
     size_t i, j;
     json_t *x, *y;
-    json_array_foreach((json_t *)a, i, x) json_array_foreach((json_t *)b, j, y) if (json_same(x, y)) return false;
+    json_array_foreach((json_t *)a, i, x)
+        json_array_foreach((json_t *)b, j, y) if (json_same(x, y)) return false;
     return true;
 }
 
@@ -1096,11 +1282,14 @@ static bool disjoint(struct sc *c, const json_t *a, const json_t *b) {
     for (int side = 0; side < 2; side++) {
         const json_t *r = side ? rb : ra, *other = side ? a : b, *op = side ? pa : pb;
         if (!json_is_false(json_object_get(other, "additionalProperties"))) continue;
-        json_array_foreach((json_t *)r, i, x) if (json_is_string(x) && !json_object_get(op, json_string_value(x))) return true;
+        json_array_foreach((json_t *)r, i,
+                           x) if (json_is_string(x) &&
+                                  !json_object_get(op, json_string_value(x))) return true;
     }
     json_array_foreach((json_t *)ra, i, x) json_array_foreach((json_t *)rb, j, y) {
         if (!json_is_string(x) || !json_same(x, y)) continue;
-        const json_t *sa = json_object_get(pa, json_string_value(x)), *sb = json_object_get(pb, json_string_value(x));
+        const json_t *sa = json_object_get(pa, json_string_value(x)),
+                     *sb = json_object_get(pb, json_string_value(x));
         if (sa && sb && disjoint(c, sa, sb)) return true;
     }
     return false;
@@ -1112,11 +1301,14 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
         return put(c, b, "value");
     }
     if (json_is_false(s)) return fail(c, SMELT_ERR_UNSUPPORTED, "the schema false has no instance");
-    if (!json_is_object(s)) return fail(c, SMELT_ERR_INVALID, "a schema must be an object or a boolean");
-    if (++c->depth > GRAM_MAX_NEST) return fail(c, SMELT_ERR_RANGE, "schemas nest deeper than %d", GRAM_MAX_NEST);
+    if (!json_is_object(s))
+        return fail(c, SMELT_ERR_INVALID, "a schema must be an object or a boolean");
+    if (++c->depth > GRAM_MAX_NEST)
+        return fail(c, SMELT_ERR_RANGE, "schemas nest deeper than %d", GRAM_MAX_NEST);
     bool ok = check_keywords(c, s);
     const json_t *ref = json_object_get(s, "$ref");
-    const json_t *all = json_object_get(s, "allOf"), *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
+    const json_t *all = json_object_get(s, "allOf"), *any = json_object_get(s, "anyOf"),
+                 *one = json_object_get(s, "oneOf");
     if (!ok) {
     } else if (ref) {
         if (!json_is_string(ref)) {
@@ -1171,8 +1363,11 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
             for (i = 0; ok && one && i < n; i++)
                 for (size_t j = i + 1; ok && j < n; j++)
                     if (!disjoint(c, br[i], br[j]))
-                        ok = fail(c, SMELT_ERR_UNSUPPORTED, "oneOf branches %zu and %zu may both match "
-                                  "(oneOf needs different types, consts or a required discriminator)", i, j);
+                        ok = fail(
+                            c, SMELT_ERR_UNSUPPORTED,
+                            "oneOf branches %zu and %zu may both match "
+                            "(oneOf needs different types, consts or a required discriminator)",
+                            i, j);
             ok = ok && put(c, b, "(");
             bool first = true;
             for (i = 0; ok && i < n; i++) {
@@ -1182,17 +1377,20 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
                 first = false;
                 path_pop(c, old);
             }
-            if (ok && first) ok = fail(c, SMELT_ERR_UNSUPPORTED, "every branch of '%s' is false", kw);
+            if (ok && first)
+                ok = fail(c, SMELT_ERR_UNSUPPORTED, "every branch of '%s' is false", kw);
             ok = ok && put(c, b, ")");
             free(br);
         }
-    } else if ((json_object_get(s, "const") || json_object_get(s, "enum")) && extra_with_values(c, s)) {
+    } else if ((json_object_get(s, "const") || json_object_get(s, "enum")) &&
+               extra_with_values(c, s)) {
         ok = false;
     } else if (json_object_get(s, "const")) {
         unsigned types;
         const json_t *v = json_object_get(s, "const");
         ok = types_of(c, s, &types);
-        if (ok && !value_has_type(v, types)) ok = fail(c, SMELT_ERR_INVALID, "'const' does not have the schema's type");
+        if (ok && !value_has_type(v, types))
+            ok = fail(c, SMELT_ERR_INVALID, "'const' does not have the schema's type");
         ok = ok && put_json_value(c, b, v);
     } else if (json_object_get(s, "enum")) {
         unsigned types;
@@ -1202,19 +1400,26 @@ static bool gen(struct sc *c, const json_t *s, struct tok_buf *b) {
             json_t *kept = own(c, json_array());
             size_t i;
             json_t *v;
-            json_array_foreach((json_t *)list, i, v) if (kept && value_has_type(v, types)) json_array_append(kept, v);
+            json_array_foreach((json_t *)list, i, v) if (kept && value_has_type(v, types))
+                json_array_append(kept, v);
             list = kept;
-            if (list && !json_array_size(list)) ok = fail(c, SMELT_ERR_INVALID, "no 'enum' value has the schema's type");
+            if (list && !json_array_size(list))
+                ok = fail(c, SMELT_ERR_INVALID, "no 'enum' value has the schema's type");
         }
         ok = ok && list && gen_enum(c, list, b);
     } else {
         unsigned types;
         ok = types_of(c, s, &types);
         if (ok && !types) { /* no "type": what the keywords describe, else any value */
-            static const char *const obj[] = {"properties", "required", "additionalProperties", "minProperties", "maxProperties", NULL};
-            static const char *const arr[] = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", NULL};
+            static const char *const obj[] = {"properties",           "required",
+                                              "additionalProperties", "minProperties",
+                                              "maxProperties",        NULL};
+            static const char *const arr[] = {"items",    "prefixItems", "additionalItems",
+                                              "minItems", "maxItems",    "uniqueItems",
+                                              NULL};
             static const char *const str[] = {"minLength", "maxLength", "pattern", "format", NULL};
-            static const char *const num[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL};
+            static const char *const num[] = {"minimum",          "maximum",    "exclusiveMinimum",
+                                              "exclusiveMaximum", "multipleOf", NULL};
             const char *const *groups[] = {obj, arr, str, num};
             const unsigned bits[] = {4, 8, 16, 32};
             for (int g = 0; g < 4; g++)
@@ -1234,7 +1439,8 @@ static bool gen_array(struct sc *c, const json_t *s, struct tok_buf *b) {
     const json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
     const json_t *rest = items;
     const char *rest_kw = "items";
-    if (prefix && !json_is_array(prefix)) return fail(c, SMELT_ERR_INVALID, "'prefixItems' must be an array");
+    if (prefix && !json_is_array(prefix))
+        return fail(c, SMELT_ERR_INVALID, "'prefixItems' must be an array");
     if (!prefix && json_is_array(items)) { /* drafts 4-2019: items as a tuple */
         prefix = items;
         rest = json_object_get(s, "additionalItems");
@@ -1244,7 +1450,8 @@ static bool gen_array(struct sc *c, const json_t *s, struct tok_buf *b) {
     if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)))
         return fail(c, SMELT_ERR_INVALID, "minItems and maxItems must be integers");
     json_int_t lo = mn ? json_integer_value(mn) : 0, hi = mx ? json_integer_value(mx) : -1;
-    if (lo < 0 || (mx && hi < lo)) return fail(c, SMELT_ERR_INVALID, "minItems/maxItems out of order");
+    if (lo < 0 || (mx && hi < lo))
+        return fail(c, SMELT_ERR_INVALID, "minItems/maxItems out of order");
     if (lo > GRAM_MAX_REPEAT || hi > GRAM_MAX_REPEAT)
         return fail(c, SMELT_ERR_RANGE, "minItems/maxItems above %u", GRAM_MAX_REPEAT);
     const json_t *uq = json_object_get(s, "uniqueItems");
@@ -1255,14 +1462,17 @@ static bool gen_array(struct sc *c, const json_t *s, struct tok_buf *b) {
     bool rest_ok = rest ? !json_is_false(rest) : k == 0;
     json_int_t rlo = lo > (json_int_t)m ? lo - (json_int_t)m : 0;
     json_int_t rhi = !rest_ok ? 0 : mx ? hi - (json_int_t)m : -1;
-    if (rlo > 0 && !rest_ok) return fail(c, SMELT_ERR_INVALID, "minItems needs more items than prefixItems allows");
+    if (rlo > 0 && !rest_ok)
+        return fail(c, SMELT_ERR_INVALID, "minItems needs more items than prefixItems allows");
     struct tok_buf body = {0}, item = {0};
     bool ok = put(c, &body, "\"[\" ws");
     for (size_t i = 0; ok && i < m; i++) {
         size_t old = path_push_i(c, prefix == items ? "items" : "prefixItems", i);
         const json_t *x = json_array_get(prefix, i);
-        if (json_is_false(x)) ok = fail(c, SMELT_ERR_UNSUPPORTED, "a prefix item with the schema false");
-        ok = ok && put(c, &body, i ? " \",\" ws " : " ") && gen(c, x, &body) && put(c, &body, " ws");
+        if (json_is_false(x))
+            ok = fail(c, SMELT_ERR_UNSUPPORTED, "a prefix item with the schema false");
+        ok =
+            ok && put(c, &body, i ? " \",\" ws " : " ") && gen(c, x, &body) && put(c, &body, " ws");
         path_pop(c, old);
     }
     if (ok && rhi != 0) {
@@ -1275,15 +1485,21 @@ static bool gen_array(struct sc *c, const json_t *s, struct tok_buf *b) {
     if (ok && rhi != 0) {
         char q[48];
         if (m > 0) {
-            if (rhi < 0) snprintf(q, sizeof q, "{%lld,}", (long long)rlo);
-            else snprintf(q, sizeof q, "{%lld,%lld}", (long long)rlo, (long long)rhi);
-            ok = put(c, &body, " ( \",\" ws ") && put(c, &body, item.p) && put(c, &body, " ws )") && put(c, &body, q);
+            if (rhi < 0)
+                snprintf(q, sizeof q, "{%lld,}", (long long)rlo);
+            else
+                snprintf(q, sizeof q, "{%lld,%lld}", (long long)rlo, (long long)rhi);
+            ok = put(c, &body, " ( \",\" ws ") && put(c, &body, item.p) && put(c, &body, " ws )") &&
+                 put(c, &body, q);
         } else {
             json_int_t a = rlo ? rlo - 1 : 0, z = rhi < 0 ? -1 : rhi - 1;
-            if (z < 0) snprintf(q, sizeof q, "{%lld,}", (long long)a);
-            else snprintf(q, sizeof q, "{%lld,%lld}", (long long)a, (long long)z);
-            ok = put(c, &body, rlo ? " " : " ( ") && put(c, &body, item.p) && put(c, &body, " ws ( \",\" ws ") &&
-                 put(c, &body, item.p) && put(c, &body, " ws )") && put(c, &body, q) && put(c, &body, rlo ? "" : " )?");
+            if (z < 0)
+                snprintf(q, sizeof q, "{%lld,}", (long long)a);
+            else
+                snprintf(q, sizeof q, "{%lld,%lld}", (long long)a, (long long)z);
+            ok = put(c, &body, rlo ? " " : " ( ") && put(c, &body, item.p) &&
+                 put(c, &body, " ws ( \",\" ws ") && put(c, &body, item.p) &&
+                 put(c, &body, " ws )") && put(c, &body, q) && put(c, &body, rlo ? "" : " )?");
         }
     }
     ok = ok && put(c, &body, " \"]\"") && rule_of(c, "array", &body, b);
@@ -1301,15 +1517,20 @@ smelt_status gram_schema_to_gbnf(const json_t *schema, struct tok_buf *out, stru
     ok = ok && put(&c, out, "root ::= ") && put(&c, out, root.p) && put(&c, out, "\n");
     if (ok && c.need_value) {
         c.need_string = c.need_number = true;
-        ok = put(&c, out, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\")\n"
-                          "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n"
-                          "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n");
+        ok = put(&c, out,
+                 "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\")\n"
+                 "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws "
+                 "value ws )* )? \"}\"\n"
+                 "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n");
     }
     if (ok && c.need_string)
-        ok = put(&c, out, "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) )* \"\\\"\"\n");
+        ok = put(&c, out,
+                 "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" "
+                 "[0-9a-fA-F]{4} ) )* \"\\\"\"\n");
     if (ok && c.need_number)
-        ok = put(&c, out, "number ::= integer ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?\n"
-                          "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
+        ok = put(&c, out,
+                 "number ::= integer ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?\n"
+                 "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
     if (ok && c.need_lchar) ok = put(&c, out, LCHAR_RULE);
     ok = ok && put(&c, out, "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n");
     tok_buf_free(&root);

@@ -18,7 +18,9 @@
 
 #define STK_MAX (1u << 24) /* nodes of one pool */
 
-void gram_stk_init(struct gstk *p) { memset(p, 0, sizeof *p); }
+void gram_stk_init(struct gstk *p) {
+    memset(p, 0, sizeof *p);
+}
 
 void gram_stk_free(struct gstk *p) {
     free(p->v);
@@ -37,13 +39,15 @@ static uint32_t stk_hash(uint32_t ret, uint32_t parent) {
 
 static void stk_insert(struct gstk *p, uint32_t id) {
     uint32_t j = stk_hash(p->v[id].ret, p->v[id].parent) & (p->ht_cap - 1);
-    while (p->ht[j]) j = (j + 1) & (p->ht_cap - 1);
+    while (p->ht[j])
+        j = (j + 1) & (p->ht_cap - 1);
     p->ht[j] = id;
 }
 
 bool gram_stk_rehash(struct gstk *p) {
     uint32_t want = 64;
-    while (want < 4 * (p->n + 1)) want *= 2;
+    while (want < 4 * (p->n + 1))
+        want *= 2;
     if (want != p->ht_cap) {
         uint32_t *h = calloc(want, sizeof *h);
         if (!h) return p->oom = true, false;
@@ -53,7 +57,8 @@ bool gram_stk_rehash(struct gstk *p) {
     } else {
         memset(p->ht, 0, p->ht_cap * sizeof *p->ht);
     }
-    for (uint32_t i = 1; i < p->n; i++) stk_insert(p, i);
+    for (uint32_t i = 1; i < p->n; i++)
+        stk_insert(p, i);
     return true;
 }
 
@@ -99,7 +104,8 @@ void gram_sim_free(struct gsim *s) {
 static bool ensure_levels(struct gsim *s, uint32_t d) {
     if (d + 3 <= s->cap_lv) return true;
     uint32_t c = s->cap_lv ? s->cap_lv : 64;
-    while (c < d + 3) c *= 2;
+    while (c < d + 3)
+        c *= 2;
     uint32_t *lv = realloc(s->lv, c * sizeof *lv);
     if (!lv) return s->oom = true, false;
     s->lv = lv;
@@ -110,7 +116,9 @@ static bool ensure_levels(struct gsim *s, uint32_t d) {
     return true;
 }
 
-bool gram_sim_reserve(struct gsim *s, uint32_t d) { return ensure_levels(s, d); }
+bool gram_sim_reserve(struct gsim *s, uint32_t d) {
+    return ensure_levels(s, d);
+}
 
 static void new_generation(struct gsim *s) {
     s->seen_n = 0;
@@ -135,7 +143,8 @@ static bool seen_insert(struct gsim *s, uint32_t st, uint32_t stk) {
         for (uint32_t k = 0; k < s->seen_cap; k++) {
             if (s->seen_gen[k] != s->gen) continue;
             uint32_t j = (uint32_t)mix64(s->seen_key[k]) & (nc - 1);
-            while (ng[j] == s->gen) j = (j + 1) & (nc - 1);
+            while (ng[j] == s->gen)
+                j = (j + 1) & (nc - 1);
             nk[j] = s->seen_key[k];
             ng[j] = s->gen;
         }

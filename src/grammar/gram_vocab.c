@@ -35,7 +35,8 @@ static int cmp_piece(const void *x, const void *y) {
 static bool build_trie(struct gtrie *t, struct gram_vocab *v, const int32_t *ids, uint32_t n) {
     memset(t, 0, sizeof *t);
     size_t total = 1;
-    for (uint32_t k = 0; k < n; k++) total += v->len[ids[k]];
+    for (uint32_t k = 0; k < n; k++)
+        total += v->len[ids[k]];
     t->n = malloc(total * sizeof *t->n);
     uint32_t *path = malloc((v->max_len + 2) * sizeof *path);
     if (!t->n || !path) {
@@ -51,8 +52,10 @@ static bool build_trie(struct gtrie *t, struct gram_vocab *v, const int32_t *ids
         int32_t id = ids[k];
         const uint8_t *p = v->bytes + v->off[id];
         uint32_t len = v->len[id], l = 0;
-        while (prev && l < len && l < prev_len && p[l] == prev[l]) l++;
-        for (uint32_t d = cur; d > l; d--) t->n[path[d]].next = nn;
+        while (prev && l < len && l < prev_len && p[l] == prev[l])
+            l++;
+        for (uint32_t d = cur; d > l; d--)
+            t->n[path[d]].next = nn;
         for (uint32_t d = l + 1; d <= len; d++) {
             t->n[nn] = (struct gtnode){0, -1, (uint16_t)d, p[d - 1]};
             path[d] = nn++;
@@ -62,14 +65,16 @@ static bool build_trie(struct gtrie *t, struct gram_vocab *v, const int32_t *ids
             last->tok = id;
         } else {
             int32_t x = last->tok;
-            while (v->dup[x] >= 0) x = v->dup[x];
+            while (v->dup[x] >= 0)
+                x = v->dup[x];
             v->dup[x] = id;
         }
         cur = len;
         prev = p;
         prev_len = len;
     }
-    for (uint32_t d = cur; d > 0; d--) t->n[path[d]].next = nn;
+    for (uint32_t d = cur; d > 0; d--)
+        t->n[path[d]].next = nn;
     t->n[0].next = nn;
     t->nn = nn;
     for (uint32_t i = 1; i < nn; i++)
@@ -81,7 +86,8 @@ static bool build_trie(struct gtrie *t, struct gram_vocab *v, const int32_t *ids
     if (!t->wide) return false;
     for (uint32_t i = 1; i < nn; i++) {
         uint32_t k = 0;
-        for (uint32_t c = i + 1; c < t->n[i].next; c = t->n[c].next) k++;
+        for (uint32_t c = i + 1; c < t->n[i].next; c = t->n[c].next)
+            k++;
         if (k >= GRAM_WIDE) t->wide[i] = ++nw;
     }
     t->tab = calloc((size_t)nw * 257 + 1, sizeof *t->tab);
@@ -89,7 +95,8 @@ static bool build_trie(struct gtrie *t, struct gram_vocab *v, const int32_t *ids
     for (uint32_t i = 1; i < nn; i++) {
         if (!t->wide[i]) continue;
         uint32_t *tab = t->tab + (size_t)(t->wide[i] - 1) * 257;
-        for (uint32_t c = i + 1; c < t->n[i].next; c = t->n[c].next) tab[t->n[c].byte] = c, tab[256]++;
+        for (uint32_t c = i + 1; c < t->n[i].next; c = t->n[c].next)
+            tab[t->n[c].byte] = c, tab[256]++;
     }
     return true;
 }
@@ -140,7 +147,8 @@ static smelt_status build(struct gram_vocab *v, struct err *e) {
     }
     /* the rest trie shares dup chains with the full one: tokens of one piece are all in the
      * slice or all outside, so the chains agree; reset the rest's own marks first */
-    for (uint32_t k = 0; k < nr; k++) v->dup[ids[k]] = -1;
+    for (uint32_t k = 0; k < nr; k++)
+        v->dup[ids[k]] = -1;
     if (!build_trie(&v->rest, v, ids, nr)) goto oom;
     v->cum = calloc(((size_t)v->s1max + 1) * v->words, sizeof *v->cum);
     if (!v->cum) goto oom;
@@ -279,4 +287,6 @@ void gram_vocab_free(struct gram_vocab *v) {
     free(v);
 }
 
-int32_t gram_vocab_n(const struct gram_vocab *v) { return v->n; }
+int32_t gram_vocab_n(const struct gram_vocab *v) {
+    return v->n;
+}

@@ -27,21 +27,28 @@
 
 static const char TOOL_SCHEMA[] =
     "{\"type\": \"object\", \"properties\": {"
-    "\"location\": {\"type\": \"string\", \"description\": \"City and state, e.g. San Francisco, CA\"},"
+    "\"location\": {\"type\": \"string\", \"description\": \"City and state, e.g. San Francisco, "
+    "CA\"},"
     "\"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]},"
     "\"days\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 14},"
-    "\"include\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"enum\": [\"hourly\", \"alerts\", \"uv\", \"air_quality\"]}},"
-    "\"notify\": {\"type\": \"object\", \"properties\": {\"email\": {\"type\": \"string\"}, \"threshold_c\": {\"type\": \"number\"}},"
+    "\"include\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"enum\": [\"hourly\", "
+    "\"alerts\", \"uv\", \"air_quality\"]}},"
+    "\"notify\": {\"type\": \"object\", \"properties\": {\"email\": {\"type\": \"string\"}, "
+    "\"threshold_c\": {\"type\": \"number\"}},"
     " \"required\": [\"email\"], \"additionalProperties\": false}},"
     "\"required\": [\"location\", \"unit\"], \"additionalProperties\": false}";
 
 static const char *const TOOL_DOCS[] = {
     "{\"location\": \"San Francisco, CA\", \"unit\": \"fahrenheit\"}",
-    "{\"location\": \"Paris, France\", \"unit\": \"celsius\", \"days\": 5, \"include\": [\"hourly\", \"uv\"]}",
-    "{\n  \"location\": \"Tokyo\",\n  \"unit\": \"celsius\",\n  \"days\": 14,\n  \"include\": [\"alerts\"],\n"
+    "{\"location\": \"Paris, France\", \"unit\": \"celsius\", \"days\": 5, \"include\": "
+    "[\"hourly\", \"uv\"]}",
+    "{\n  \"location\": \"Tokyo\",\n  \"unit\": \"celsius\",\n  \"days\": 14,\n  \"include\": "
+    "[\"alerts\"],\n"
     "  \"notify\": {\"email\": \"ops@example.com\", \"threshold_c\": 35.5}\n}",
-    "{\"location\": \"Reykjavík, Iceland\", \"unit\": \"celsius\", \"days\": 3, \"notify\": {\"email\": \"a@b.is\"}}",
-    "{\"location\": \"New York City, NY (Manhattan, near Central Park)\", \"unit\": \"fahrenheit\", \"days\": 7, "
+    "{\"location\": \"Reykjavík, Iceland\", \"unit\": \"celsius\", \"days\": 3, \"notify\": "
+    "{\"email\": \"a@b.is\"}}",
+    "{\"location\": \"New York City, NY (Manhattan, near Central Park)\", \"unit\": "
+    "\"fahrenheit\", \"days\": 7, "
     "\"include\": [\"hourly\", \"alerts\", \"uv\", \"air_quality\"]}",
 };
 
@@ -67,23 +74,30 @@ static double pct(struct stats *s, double p) {
 }
 
 static void row(const char *name, struct stats *s) {
-    printf("%-34s %8zu %9.2f %9.2f %9.2f %9.2f %9.2f\n", name, s->n, pct(s, 0.5) * 1e6, pct(s, 0.9) * 1e6,
-           pct(s, 0.99) * 1e6, pct(s, 1.0) * 1e6, s->n ? pct(s, 0.0) * 1e6 : 0);
+    printf("%-34s %8zu %9.2f %9.2f %9.2f %9.2f %9.2f\n", name, s->n, pct(s, 0.5) * 1e6,
+           pct(s, 0.9) * 1e6, pct(s, 0.99) * 1e6, pct(s, 1.0) * 1e6, s->n ? pct(s, 0.0) * 1e6 : 0);
 }
 
-static bool bit(const uint32_t *m, int32_t t) { return (m[t >> 5] >> (t & 31)) & 1; }
+static bool bit(const uint32_t *m, int32_t t) {
+    return (m[t >> 5] >> (t & 31)) & 1;
+}
 
 int main(int argc, char **argv) {
     const char *model = "models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", *schema_path = NULL;
     int seqs = 200;
     unsigned long long seed = 1; /* the walks' generator: bench_rng */
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--schema") && i + 1 < argc) schema_path = argv[++i];
-        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) seqs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10) | 1;
+        if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--schema") && i + 1 < argc)
+            schema_path = argv[++i];
+        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc)
+            seqs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10) | 1;
         else {
-            fprintf(stderr, "usage: %s [--model GGUF] [--schema FILE] [--seqs N] [--seed S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--model GGUF] [--schema FILE] [--seqs N] [--seed S]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -101,7 +115,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int32_t nv = tok_n_vocab(tk);
-    printf("model %s (%d tokens), schema %s\n", model, nv, schema_path ? schema_path : "(built-in tool call)");
+    printf("model %s (%d tokens), schema %s\n", model, nv,
+           schema_path ? schema_path : "(built-in tool call)");
 
     double t0 = bench_now();
     struct gram_vocab *v;
@@ -122,8 +137,10 @@ int main(int argc, char **argv) {
             return 1;
         }
         double dt = bench_now() - t0;
-        if (r == 0) t_cold = dt, g = x;
-        else push(&comp, dt), gram_unref(x);
+        if (r == 0)
+            t_cold = dt, g = x;
+        else
+            push(&comp, dt), gram_unref(x);
     }
     struct gram_cache *cache;
     gram_cache_new(&cache, v, 16, &e);
@@ -140,9 +157,10 @@ int main(int argc, char **argv) {
     gram_cache_free(cache);
 
     printf("vocab build         %8.1f ms\n", t_vocab * 1e3);
-    printf("compile, first      %8.2f ms (%zu automaton states, %zu bytes after warm-up)\n", t_cold * 1e3,
-           gram_n_states(g), gram_memory(g));
-    printf("compile, median     %8.2f ms (min %.2f, of %zu)\n", pct(&comp, 0.5) * 1e3, pct(&comp, 0) * 1e3, comp.n);
+    printf("compile, first      %8.2f ms (%zu automaton states, %zu bytes after warm-up)\n",
+           t_cold * 1e3, gram_n_states(g), gram_memory(g));
+    printf("compile, median     %8.2f ms (min %.2f, of %zu)\n", pct(&comp, 0.5) * 1e3,
+           pct(&comp, 0) * 1e3, comp.n);
     printf("cache hit, median   %8.2f us\n\n", pct(&hit, 0.5) * 1e6);
 
     size_t nw = gram_mask_words(nv);
@@ -152,7 +170,8 @@ int main(int argc, char **argv) {
     for (int32_t t = 0; t < nv; t++) {
         size_t l;
         const char *p = tok_piece(tk, t, &l);
-        for (size_t k = 0; k < l; k++) closing[t] |= p[k] == '"' || p[k] == '}' || p[k] == ']' || p[k] == ',';
+        for (size_t k = 0; k < l; k++)
+            closing[t] |= p[k] == '"' || p[k] == '}' || p[k] == ']' || p[k] == ',';
     }
     struct stats text_m = {0}, text_a = {0}, first_m = {0}, walk_m = {0};
     /* realistic documents, tokenized: the first pass runs on masks computed at first use */
@@ -214,7 +233,8 @@ int main(int argc, char **argv) {
         }
         gram_matcher_free(m);
     }
-    printf("%-34s %8s %9s %9s %9s %9s %9s\n", "per token (us)", "n", "p50", "p90", "p99", "max", "min");
+    printf("%-34s %8s %9s %9s %9s %9s %9s\n", "per token (us)", "n", "p50", "p90", "p99", "max",
+           "min");
     if (!schema_path) {
         row("mask, documents, first use", &first_m);
         row("mask, documents, warm", &text_m);

@@ -11,12 +11,14 @@
 #include "grammar/gram.h"
 
 static const char *const gt_pieces[] = {
-    "{\"", "\":", "\", \"", "\"}", " \"", "\",", "\"", "true", "false", "null", "123", "0.5",
-    "-1", "e+", "abc", "ab", "a", "b", "c", "\n", "  ", "\n  ", "\t", "é", "\xC3", "\xA9",
-    "\xE2\x82", "\xAC", "€", "😀", "\xF0\x9F", "\x98\x80", "}", "]", "[", "{", ",", ":",
-    "\\n", "\\\"", "\\u00e9", "\\", "hello", " world", "x\"y", "\"\n", "ab\"", "[\"", "\"]",
-    "2024", "-01", "-15", "T", "Z", ":00", "12", "@", ".", "com", "user", "--", "xyz", "AB",
-    "a1", "1a", "  \"", "}}", "]]", "\"},", "\"],", "0", "1", "9", "00", "+", "E", "..",
+    "{\"",      "\":",      "\", \"", "\"}",    " \"",  "\",",  "\"",       "true", "false", "null",
+    "123",      "0.5",      "-1",     "e+",     "abc",  "ab",   "a",        "b",    "c",     "\n",
+    "  ",       "\n  ",     "\t",     "é",      "\xC3", "\xA9", "\xE2\x82", "\xAC", "€",     "😀",
+    "\xF0\x9F", "\x98\x80", "}",      "]",      "[",    "{",    ",",        ":",    "\\n",   "\\\"",
+    "\\u00e9",  "\\",       "hello",  " world", "x\"y", "\"\n", "ab\"",     "[\"",  "\"]",   "2024",
+    "-01",      "-15",      "T",      "Z",      ":00",  "12",   "@",        ".",    "com",   "user",
+    "--",       "xyz",      "AB",     "a1",     "1a",   "  \"", "}}",       "]]",   "\"},",  "\"],",
+    "0",        "1",        "9",      "00",     "+",    "E",    "..",
 };
 
 #define GT_EOG 0 /* token 0: end of generation; tokens 1..256: the bytes; then gt_pieces */
@@ -45,7 +47,8 @@ static inline struct gram_vocab *gt_vocab(void) {
     int32_t eog = GT_EOG;
     struct gram_vocab *v = NULL;
     struct err e = {0};
-    if (gram_vocab_new_raw(&v, n, p, l, &eog, 1, &e) != SMELT_OK) fprintf(stderr, "vocab: %s\n", e.msg);
+    if (gram_vocab_new_raw(&v, n, p, l, &eog, 1, &e) != SMELT_OK)
+        fprintf(stderr, "vocab: %s\n", e.msg);
     free(p);
     free(l);
     return v;
@@ -68,11 +71,14 @@ static inline bool gt_accepts(struct gram *g, const char *text, size_t n) {
     return ok;
 }
 
-static inline bool gt_mask_bit(const uint32_t *mask, int32_t t) { return (mask[t >> 5] >> (t & 31)) & 1; }
+static inline bool gt_mask_bit(const uint32_t *mask, int32_t t) {
+    return (mask[t >> 5] >> (t & 31)) & 1;
+}
 
 /* Checks m's mask against accepting each token (and rolling back); m needs max_rollback >= 1.
  * Returns the number of disagreements (printing the first few). */
-static inline int gt_check_mask(struct gram_matcher *m, const struct gram_vocab *v, const char *ctx) {
+static inline int gt_check_mask(struct gram_matcher *m, const struct gram_vocab *v,
+                                const char *ctx) {
     int32_t n = gram_vocab_n(v);
     uint32_t *mask = calloc(gram_mask_words(n), sizeof *mask);
     struct err e;

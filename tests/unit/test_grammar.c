@@ -17,8 +17,10 @@ static void check_lang(const char *gbnf, const char *const *yes, const char *con
     struct gram *g = gt_compile(V, GRAM_GBNF, gbnf, &e);
     T_CHECKF(g != NULL, "%s: %s", gbnf, e.msg);
     if (!g) return;
-    for (; yes && *yes; yes++) T_CHECKF(gt_accepts(g, *yes, strlen(*yes)), "%s should take \"%s\"", gbnf, *yes);
-    for (; no && *no; no++) T_CHECKF(!gt_accepts(g, *no, strlen(*no)), "%s should refuse \"%s\"", gbnf, *no);
+    for (; yes && *yes; yes++)
+        T_CHECKF(gt_accepts(g, *yes, strlen(*yes)), "%s should take \"%s\"", gbnf, *yes);
+    for (; no && *no; no++)
+        T_CHECKF(!gt_accepts(g, *no, strlen(*no)), "%s should refuse \"%s\"", gbnf, *no);
     gram_unref(g);
 }
 
@@ -71,12 +73,14 @@ static void test_classes(void) {
 static void test_rules_and_recursion(void) {
     check_lang("root ::= greet \" \" name\ngreet ::= \"hi\" | \"hello\"\nname ::= [a-z]+",
                L("hi bob", "hello x"), L("hi", "hey bob", "hi Bob"));
-    check_lang("root ::= p\np ::= \"(\" p \")\" | \"\"", L("", "()", "((()))"), L("(", "())", ")("));
+    check_lang("root ::= p\np ::= \"(\" p \")\" | \"\"", L("", "()", "((()))"),
+               L("(", "())", ")("));
     check_lang("root ::= e\ne ::= t (\"+\" t)*\nt ::= [0-9]+ | \"(\" e \")\"",
                L("1", "1+2", "(1+2)+3", "((4))"), L("1+", "(1", "+1"));
     check_lang("root ::= a\na ::= \"x\" a | \"y\"", L("y", "xxy"), L("x", "xx"));
     /* comments and hyphenated names */
-    check_lang("# a comment\nroot ::= my-rule # trailing\nmy-rule ::= \"z\" # more\n", L("z"), L("y"));
+    check_lang("# a comment\nroot ::= my-rule # trailing\nmy-rule ::= \"z\" # more\n", L("z"),
+               L("y"));
 }
 
 static void test_unproductive_pruned(void) {
@@ -94,15 +98,19 @@ static void check_error(const char *gbnf, smelt_status want, const char *needle)
 }
 
 static void test_errors(void) {
-    check_error("root ::= undefined-rule", SMELT_ERR_INVALID, "line 1 column 10: rule 'undefined-rule' is not defined");
+    check_error("root ::= undefined-rule", SMELT_ERR_INVALID,
+                "line 1 column 10: rule 'undefined-rule' is not defined");
     check_error("other ::= \"a\"", SMELT_ERR_INVALID, "no rule named 'root'");
-    check_error("root ::= \"a\"\nroot ::= \"b\"", SMELT_ERR_INVALID, "line 2 column 1: rule 'root' is defined twice");
-    check_error("root ::= \"abc", SMELT_ERR_INVALID, "line 1 column 10: unterminated string literal");
+    check_error("root ::= \"a\"\nroot ::= \"b\"", SMELT_ERR_INVALID,
+                "line 2 column 1: rule 'root' is defined twice");
+    check_error("root ::= \"abc", SMELT_ERR_INVALID,
+                "line 1 column 10: unterminated string literal");
     check_error("root ::= [abc", SMELT_ERR_INVALID, "unterminated character class");
     check_error("root ::= \"\\q\"", SMELT_ERR_INVALID, "unknown escape '\\q'");
     check_error("root ::= \"\\x4\"", SMELT_ERR_INVALID, "expected 2 hex digits");
     check_error("root ::= [z-a]", SMELT_ERR_INVALID, "reversed");
-    check_error("root ::= \"a\"\n  x ::= \"b\"\nbad", SMELT_ERR_INVALID, "line 3 column 4: expected '::='");
+    check_error("root ::= \"a\"\n  x ::= \"b\"\nbad", SMELT_ERR_INVALID,
+                "line 3 column 4: expected '::='");
     check_error("root ::= \"a\" )", SMELT_ERR_INVALID, "line 1 column 14: unexpected ')'");
     check_error("root ::= (\"a\"", SMELT_ERR_INVALID, "expected ')'");
     check_error("root ::= \"a\"{3,2}", SMELT_ERR_INVALID, "the maximum is below the minimum");
@@ -176,14 +184,16 @@ static void test_masks_random_walks(void) {
     static const char *const gs[] = {
         "root ::= \"abc\" | \"ab\" [a-z]* | \"x\" root",
         "root ::= [^\"\\\\]* \"\\\"\" [0-9]{1,3}",
-        "root ::= v\nv ::= \"[\" ( v (\",\" v)* )? \"]\" | \"null\" | s\ns ::= \"\\\"\" [^\"]* \"\\\"\"",
+        "root ::= v\nv ::= \"[\" ( v (\",\" v)* )? \"]\" | \"null\" | s\ns ::= \"\\\"\" [^\"]* "
+        "\"\\\"\"",
         "root ::= ( [a-c] | \"é\" | \"😀\" )* \"!\"",
         "root ::= \"{\\\"\" [a-z]{0,4} \"\\\":\" ( \"true\" | \"123\" ) \"}\"",
         "root ::= p\np ::= \"(\" p \")\" p | \"\"",
         "root ::= .{0,5} \"x\"",
     };
     for (size_t i = 0; i < sizeof gs / sizeof *gs; i++)
-        for (unsigned long long seed = 1; seed <= 4; seed++) walk(gs[i], GRAM_GBNF, 24, seed * 7919 + i);
+        for (unsigned long long seed = 1; seed <= 4; seed++)
+            walk(gs[i], GRAM_GBNF, 24, seed * 7919 + i);
     walk("", GRAM_JSON_OBJECT, 40, 11);
     walk("", GRAM_JSON_OBJECT, 40, 12);
 }
@@ -216,8 +226,10 @@ static void masks_along(enum gram_kind kind, const char *gbnf, const char *text)
 static void test_masks_along_texts(void) {
     masks_along(GRAM_JSON_OBJECT, "", "{\"a\": [\"x\", {\"b\": null}], \"c\": \"d\"}");
     masks_along(GRAM_JSON_OBJECT, "", "{\"k\":[[\"\\n\"],[],{}],\"é\":-1.5e+3,\"t\":true}");
-    masks_along(GRAM_GBNF, "root ::= v\nv ::= \"[\" ( v (\",\" v)* )? \"]\" | \"null\" | \"\\\"\" [^\"]* \"\\\"\"",
-                "[[\"ab\",null],[\"\"],\"x\"]");
+    masks_along(
+        GRAM_GBNF,
+        "root ::= v\nv ::= \"[\" ( v (\",\" v)* )? \"]\" | \"null\" | \"\\\"\" [^\"]* \"\\\"\"",
+        "[[\"ab\",null],[\"\"],\"x\"]");
     masks_along(GRAM_GBNF, "root ::= p\np ::= \"(\" p \")\" p | \"\"", "(()(()))()");
 }
 
@@ -245,7 +257,8 @@ static void test_speculative_rollback(void) {
     T_CHECK(gram_matcher_rollback(m, 1, &e) == SMELT_OK); /* undo the end */
     T_CHECK(gram_matcher_accept(m, c, &e) == SMELT_OK);
     /* the ring keeps only the last 4 steps */
-    for (int i = 0; i < 10; i++) T_CHECK(gram_matcher_accept(m, c, &e) == SMELT_OK);
+    for (int i = 0; i < 10; i++)
+        T_CHECK(gram_matcher_accept(m, c, &e) == SMELT_OK);
     T_EQ_INT(gram_matcher_history(m), 4);
     gram_matcher_reset(m);
     T_EQ_INT(gram_matcher_history(m), 0);
@@ -270,12 +283,14 @@ static void test_eog_and_ended(void) {
     T_CHECK(gram_matcher_ended(m)); /* only EOG can follow */
     gram_matcher_fill_mask(m, mask, &e);
     int on = 0;
-    for (int32_t w = 0; w < nw; w++) on += __builtin_popcount(mask[w]);
+    for (int32_t w = 0; w < nw; w++)
+        on += __builtin_popcount(mask[w]);
     T_EQ_INT(on, 1);
     T_CHECK(gram_matcher_accept(m, GT_EOG, &e) == SMELT_OK);
     gram_matcher_fill_mask(m, mask, &e);
     on = 0;
-    for (int32_t w = 0; w < nw; w++) on += __builtin_popcount(mask[w]);
+    for (int32_t w = 0; w < nw; w++)
+        on += __builtin_popcount(mask[w]);
     T_EQ_INT(on, 0);
     free(mask);
     gram_matcher_free(m);
@@ -320,7 +335,8 @@ static void test_threads_share_a_grammar(void) {
     struct gram *g = gt_compile(V, GRAM_GBNF, "root ::= [a-z ]{0,3000} \"!\" | [0-9]{1,3000}", &e);
     T_CHECKF(g != NULL, "%s", e.msg);
     if (!g) return;
-    for (uint32_t k = 0; k < g->a.n_st; k++) gram_ci_free(atomic_exchange(&g->ci[k], NULL));
+    for (uint32_t k = 0; k < g->a.n_st; k++)
+        gram_ci_free(atomic_exchange(&g->ci[k], NULL));
     g->ci_bytes = 0;
     pthread_t th[4];
     struct thr a[4];
