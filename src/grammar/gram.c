@@ -154,6 +154,7 @@ struct gram_cache {
     const struct gram_vocab *v;
     struct centry *e;
     int32_t n, max;
+    size_t max_bytes;
     uint64_t clock;
 };
 
@@ -165,7 +166,7 @@ static uint64_t text_hash(enum gram_kind kind, const char *s, size_t n) {
 }
 
 smelt_status gram_cache_new(struct gram_cache **out, const struct gram_vocab *v,
-                            int32_t max_entries, struct err *e) {
+                            int32_t max_entries, size_t max_bytes, struct err *e) {
     *out = NULL;
     if (max_entries < 1 || max_entries > 1 << 20)
         return err_set(e, SMELT_ERR_INVALID, "grammar cache: %d entries (1..%d)", max_entries,
@@ -179,6 +180,7 @@ smelt_status gram_cache_new(struct gram_cache **out, const struct gram_vocab *v,
     pthread_mutex_init(&c->mu, NULL);
     c->v = v;
     c->max = max_entries;
+    c->max_bytes = max_bytes;
     *out = c;
     return SMELT_OK;
 }
@@ -240,10 +242,14 @@ smelt_status gram_cache_get(struct gram_cache *c, enum gram_kind kind, const cha
         pthread_mutex_unlock(&c->mu);
         return SMELT_OK;
     }
-    if (c->n == c->max) {
+    /* room: fewer than max entries, and their memory with the new one within max_bytes */
+    size_t bytes = gram_memory(g);
+    for (int32_t i = 0; i < c->n; i++) bytes += gram_memory(c->e[i].g);
+    while (c->n && (c->n == c->max || bytes > c->max_bytes)) {
         int32_t old = 0;
         for (int32_t i = 1; i < c->n; i++)
             if (c->e[i].used < c->e[old].used) old = i;
+        bytes -= gram_memory(c->e[old].g);
         free(c->e[old].text);
         gram_unref(c->e[old].g);
         c->e[old] = c->e[--c->n];

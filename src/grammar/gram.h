@@ -92,12 +92,14 @@ smelt_status gram_regex_to_gbnf(const char *re, size_t len, struct tok_buf *out,
 
 /* ---- the cache ----------------------------------------------------------------------- */
 
-/* Compiled grammars by (kind, text), least recently used dropped past max_entries. Lookups
- * lock; the grammar returned is the caller's reference (gram_unref it). */
+/* Compiled grammars by (kind, text). The least recently used are dropped past max_entries, or
+ * while the cached grammars hold more than max_bytes together (gram_memory, counted when one
+ * is added: their masks grow as they are used). Lookups lock; the grammar returned is the
+ * caller's reference (gram_unref it), valid after it leaves the cache. */
 struct gram_cache;
 
 smelt_status gram_cache_new(struct gram_cache **out, const struct gram_vocab *v,
-                            int32_t max_entries, struct err *e);
+                            int32_t max_entries, size_t max_bytes, struct err *e);
 void gram_cache_free(struct gram_cache *c);
 /* The grammar for (kind, text), compiled on a miss; a compile error is returned (not
  * cached). *hit says whether it was cached (may be NULL). */

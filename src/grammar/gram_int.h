@@ -41,7 +41,7 @@
 #define GRAM_MAX_CFGS 2048            /* configurations of one sequence at one byte */
 #define GRAM_MAX_DEPTH 1024           /* stack depth (nesting of recursive rules) */
 #define GRAM_MAX_PIECE 1024           /* longer tokens are never allowed */
-#define GRAM_MASK_BUDGET (256u << 20) /* bytes of cached masks per grammar */
+#define GRAM_MASK_BUDGET (64u << 20) /* bytes of cached masks per grammar */
 
 /* A growable array: makes room for `need` elements of size `sz` in *p (capacity *cap).
  * Returns false when out of memory or past `max` elements. */

@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
             push(&comp, dt), gram_unref(x);
     }
     struct gram_cache *cache;
-    gram_cache_new(&cache, v, 16, &e);
+    gram_cache_new(&cache, v, 16, (size_t)1 << 30, &e);
     struct gram *hitg;
     gram_cache_get(cache, GRAM_JSON_SCHEMA, schema, slen, &hitg, NULL, &e);
     gram_unref(hitg);

@@ -354,7 +354,7 @@ static void test_threads_share_a_grammar(void) {
 static void test_cache(void) {
     struct err e = {0};
     struct gram_cache *c;
-    T_CHECK(gram_cache_new(&c, V, 2, &e) == SMELT_OK);
+    T_CHECK(gram_cache_new(&c, V, 2, SIZE_MAX, &e) == SMELT_OK);
     struct gram *g1, *g2, *g3;
     bool hit;
     T_CHECK(gram_cache_get(c, GRAM_GBNF, "root ::= \"a\"", 12, &g1, &hit, &e) == SMELT_OK && !hit);
@@ -376,6 +376,16 @@ static void test_cache(void) {
     gram_cache_free(c);
     gram_unref(g1);
     gram_unref(g2);
+    /* a byte bound: each new grammar evicts the last one */
+    T_CHECK(gram_cache_new(&c, V, 8, 1, &e) == SMELT_OK);
+    T_CHECK(gram_cache_get(c, GRAM_GBNF, "root ::= \"a\"", 12, &g1, &hit, &e) == SMELT_OK && !hit);
+    T_CHECK(gram_cache_get(c, GRAM_GBNF, "root ::= \"b\"", 12, &g2, &hit, &e) == SMELT_OK && !hit);
+    gram_unref(g2);
+    T_CHECK(gram_cache_get(c, GRAM_GBNF, "root ::= \"a\"", 12, &g2, &hit, &e) == SMELT_OK && !hit);
+    T_CHECK(g2 != g1 && gt_accepts(g1, "a", 1) && gt_accepts(g2, "a", 1));
+    gram_unref(g2);
+    gram_unref(g1);
+    gram_cache_free(c);
 }
 
 int main(void) {
