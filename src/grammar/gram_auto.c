@@ -32,9 +32,11 @@ struct ab {
     uint32_t *kept;   /* ast rule -> automaton rule, GRAM_NONE when inlined */
     uint32_t *est;    /* ast rule -> estimated NFA states of its body */
     uint32_t *nfirst; /* NFA state -> first edge (GRAM_NONE) */
-    uint32_t nn, capn;
+    uint32_t nn;
+    size_t capn;
     struct ned *ed;
-    uint32_t ne, cape;
+    uint32_t ne;
+    size_t cape;
     uint64_t nfa_total;
     int depth;
 };
@@ -61,7 +63,8 @@ static bool fail_big(struct ab *b, const char *what, uint64_t limit) {
 
 struct refs {
     uint32_t *v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
 };
 
 static uint32_t sat_add(uint32_t a, uint32_t c) {
@@ -416,15 +419,18 @@ static uint32_t nfa_build(struct ab *b, uint32_t node, uint32_t in) {
 
 struct dset {
     uint32_t *pool; /* the NFA sets of the DFA states, back to back */
-    uint32_t npool, cappool;
+    uint32_t npool;
+    size_t cappool;
     uint32_t *off, *len; /* per DFA state of this rule */
-    uint32_t cap_st, cap_len;
+    size_t cap_st, cap_len;
     uint32_t *ht; /* DFA state index (within the rule) + 1, 0 = empty */
     uint32_t ht_cap, count;
     uint32_t *mark; /* NFA state -> generation */
     uint32_t capmark, gen;
-    uint32_t *stack, capstack;
-    uint32_t *tmp, captmp, ntmp;
+    uint32_t *stack;
+    size_t capstack;
+    uint32_t *tmp, ntmp;
+    size_t captmp;
 };
 
 static uint64_t hash_set(const uint32_t *v, uint32_t n) {
@@ -570,7 +576,8 @@ static bool determinize(struct ab *b, uint32_t r, uint32_t final) {
     g->n_cls = ncls;
     struct dset d = {0};
     bool ok = false;
-    uint32_t bcount[257], bfill[256], *bucket = NULL, capbucket = 0;
+    uint32_t bcount[257], bfill[256], *bucket = NULL;
+    size_t capbucket = 0;
     d.mark = calloc(b->nn, sizeof *d.mark);
     d.capmark = b->nn;
     if (!d.mark) {

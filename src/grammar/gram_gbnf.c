@@ -25,7 +25,8 @@ struct gp {
     bool failed;
     int nest;
     uint32_t *tmp; /* items of the sequences and alternatives being built (a stack) */
-    uint32_t ntmp, captmp;
+    uint32_t ntmp;
+    size_t captmp;
 };
 
 static void where(const char *s, size_t at, size_t *line, size_t *col) {

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include "grammar/gram.h"
+#include "util/array.h"
 
 #define GRAM_NONE UINT32_MAX
 #define GRAM_INF UINT32_MAX /* unbounded repetition */
@@ -43,21 +44,10 @@
 #define GRAM_MAX_PIECE 1024           /* longer tokens are never allowed */
 #define GRAM_MASK_BUDGET (64u << 20) /* bytes of cached masks per grammar */
 
-/* A growable array: makes room for `need` elements of size `sz` in *p (capacity *cap).
- * Returns false when out of memory or past `max` elements. */
-static inline bool gram_grow(void *pp, uint32_t *cap, size_t need, size_t sz, size_t max) {
-    void **p = (void **)pp;
-    if (need <= *cap) return true;
-    if (need > max) return false;
-    size_t c = *cap ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    if (c > max) c = max;
-    void *q = realloc(*p, c * sz);
-    if (!q) return false;
-    *p = q;
-    *cap = (uint32_t)c;
-    return true;
+/* array_grow (util/array.h) with a bound: makes room for `need` elements of size `sz` in *p
+ * (capacity *cap); false when out of memory or past `max` elements (a grammar's bounds). */
+static inline bool gram_grow(void *pp, size_t *cap, size_t need, size_t sz, size_t max) {
+    return need <= max && array_grow((void **)pp, cap, need, sz);
 }
 
 static inline bool gram_bit(const uint64_t *set, unsigned b) {
@@ -92,17 +82,23 @@ struct gast_rule {
 
 struct gast {
     struct gx *x;
-    uint32_t nx, capx;
+    uint32_t nx;
+    size_t capx;
     uint32_t *kid;
-    uint32_t nkid, capkid;
+    uint32_t nkid;
+    size_t capkid;
     uint32_t *rng;
-    uint32_t nrng, caprng;
+    uint32_t nrng;
+    size_t caprng;
     uint8_t *byt;
-    uint32_t nbyt, capbyt;
+    uint32_t nbyt;
+    size_t capbyt;
     struct gast_rule *rule;
-    uint32_t nrule, caprule;
+    uint32_t nrule;
+    size_t caprule;
     char *names;
-    uint32_t nnames, capnames;
+    uint32_t nnames;
+    size_t capnames;
     bool oom;    /* an allocation failed: the tree is incomplete */
     bool toobig; /* past GRAM_MAX_NODES */
 };
@@ -123,7 +119,8 @@ uint32_t gram_ast_rule(struct gast *a, const char *name, uint32_t len);
 /* Code point sets as sorted, disjoint [lo, hi] pairs (a growable array of uint32). */
 struct gram_cset {
     uint32_t *r;
-    uint32_t n, cap; /* n counts uint32s (2 per range) */
+    uint32_t n; /* uint32s (2 per range) */
+    size_t cap;
 };
 bool gram_cset_add(struct gram_cset *s, uint32_t lo, uint32_t hi);
 /* Sorts and merges the ranges. */
@@ -192,13 +189,17 @@ struct grule {
 /* The automaton of a grammar. State 0 is the dead state; states of a rule are contiguous. */
 struct gauto {
     struct gstate *st;
-    uint32_t n_st, cap_st;
+    uint32_t n_st;
+    size_t cap_st;
     uint32_t *trans;
-    uint32_t n_trans, cap_trans;
+    uint32_t n_trans;
+    size_t cap_trans;
     struct gcall *calls;
-    uint32_t n_calls, cap_calls;
+    uint32_t n_calls;
+    size_t cap_calls;
     struct grule *rules;
-    uint32_t n_rules, cap_rules;
+    uint32_t n_rules;
+    size_t cap_rules;
     uint32_t root; /* rule */
 };
 
@@ -285,7 +286,8 @@ struct gstk_node {
 
 struct gstk {
     struct gstk_node *v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
     uint32_t *ht; /* open addressing, 0 = empty */
     uint32_t ht_cap;
     bool oom; /* an allocation failed */
@@ -318,12 +320,13 @@ struct gsim {
     bool local;         /* the bottom of the stack is unknown: ending it is LV_POPPED */
     uint64_t follow[4]; /* local: what may follow the position's rule */
     struct gcfg *cfg;
-    uint32_t n_cfg, cap_cfg;
+    uint32_t n_cfg;
+    size_t cap_cfg;
     uint32_t *lv; /* level d = cfg[lv[d] .. lv[d + 1]) */
     uint8_t *lf;  /* flags of level d */
     uint32_t depth, cap_lv;
     struct gcfg *work;
-    uint32_t cap_work;
+    size_t cap_work;
     uint64_t *seen_key; /* (st, stk) pairs of the level being built ... */
     uint32_t *seen_gen; /* ... valid when their generation is gen */
     uint32_t seen_cap, seen_n;

@@ -122,7 +122,8 @@ static uint32_t next_char_state(const struct gauto *a, uint32_t s, bool *closed)
 static uint32_t slice_depth(struct gram *g, uint32_t s) {
     if (g->sl[s] != SL_UNK) return g->sl[s];
     const struct gauto *a = &g->a;
-    uint32_t *path = NULL, np = 0, cap = 0, capp = 0, res, x = s;
+    uint32_t *path = NULL, np = 0, res, x = s;
+    size_t cap = 0, capp = 0;
     uint8_t *pure = NULL;
     while (true) {
         if (g->sl[x] == SL_VISITING) { /* a loop: any number of characters */
@@ -336,7 +337,8 @@ static void dslice_of(struct gram *g, uint32_t s) {
 
 struct ids {
     int32_t *v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
 };
 
 static bool add_tok(const struct gram_vocab *v, struct ids *l, int32_t tok) {

@@ -19,7 +19,8 @@
 
 struct snap {
     struct gcfg *v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
     bool done, ended;
 };
 
@@ -30,14 +31,16 @@ struct gram_matcher {
     struct gstk stk;
     struct gsim sim;
     struct gcfg *cur;
-    uint32_t n_cur, cap_cur;
+    uint32_t n_cur;
+    size_t cap_cur;
     bool done;  /* the root rule can end here */
     bool ended; /* an end-of-generation token was taken */
     struct snap *ring;
     uint32_t ring_cap, ring_head, ring_len;
     uint32_t *memo; /* the last mask and the set it was made for */
     struct gcfg *memo_cfg;
-    uint32_t memo_n, memo_cap;
+    uint32_t memo_n;
+    size_t memo_cap;
     bool memo_ok, memo_done;
     uint32_t *stamp; /* per DFA state: the fill that applied its masks */
     uint32_t stamp_gen;

@@ -36,7 +36,8 @@ struct sc {
     bool failed;
     uint32_t n_rules;
     struct memo *memo;
-    uint32_t n_memo, cap_memo;
+    uint32_t n_memo;
+    size_t cap_memo;
     json_t *owned; /* merged schemas, freed at the end */
     int depth, merges, deref_depth;
     char path[512];
@@ -857,7 +858,8 @@ struct ktrie {
 static bool key_excluding(struct sc *c, const char **keys, const size_t *lens, size_t n,
                           struct tok_buf *b) {
     struct ktrie *t = calloc(1, sizeof *t);
-    uint32_t nt = 1, cap = 1;
+    uint32_t nt = 1;
+    size_t cap = 1;
     bool ok = t != NULL;
     for (size_t k = 0; ok && k < n; k++) {
         uint32_t node = 0;

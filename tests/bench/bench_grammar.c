@@ -24,6 +24,8 @@
 #include "../unit/tok_test_util.h"
 #include "bench_util.h"
 #include "grammar/gram.h"
+#include "util/clock.h"
+#include "util/file.h"
 
 static const char TOOL_SCHEMA[] =
     "{\"type\": \"object\", \"properties\": {"
@@ -110,33 +112,36 @@ int main(int argc, char **argv) {
     const char *schema = TOOL_SCHEMA;
     size_t slen = strlen(TOOL_SCHEMA);
     char *owned = NULL;
-    if (schema_path && !(schema = owned = tu_read(schema_path, &slen))) {
-        fprintf(stderr, "%s: cannot read\n", schema_path);
-        return 1;
+    if (schema_path) {
+        if (file_read_all(schema_path, &owned, &slen, &e) != SMELT_OK) {
+            fprintf(stderr, "%s\n", e.msg);
+            return 1;
+        }
+        schema = owned;
     }
     int32_t nv = tok_n_vocab(tk);
     printf("model %s (%d tokens), schema %s\n", model, nv,
            schema_path ? schema_path : "(built-in tool call)");
 
-    double t0 = bench_now();
+    double t0 = clock_now();
     struct gram_vocab *v;
     if (gram_vocab_new(&v, tk, &e) != SMELT_OK) {
         fprintf(stderr, "vocab: %s\n", e.msg);
         return 1;
     }
-    double t_vocab = bench_now() - t0;
+    double t_vocab = clock_now() - t0;
 
     struct stats comp = {0};
     struct gram *g = NULL;
     double t_cold = 0;
     for (int r = 0; r < 21; r++) {
         struct gram *x;
-        t0 = bench_now();
+        t0 = clock_now();
         if (gram_compile(&x, v, GRAM_JSON_SCHEMA, schema, slen, &e) != SMELT_OK) {
             fprintf(stderr, "compile: %s\n", e.msg);
             return 1;
         }
-        double dt = bench_now() - t0;
+        double dt = clock_now() - t0;
         if (r == 0)
             t_cold = dt, g = x;
         else
@@ -149,9 +154,9 @@ int main(int argc, char **argv) {
     gram_unref(hitg);
     struct stats hit = {0};
     for (int r = 0; r < 1000; r++) {
-        t0 = bench_now();
+        t0 = clock_now();
         gram_cache_get(cache, GRAM_JSON_SCHEMA, schema, slen, &hitg, NULL, &e);
-        push(&hit, bench_now() - t0);
+        push(&hit, clock_now() - t0);
         gram_unref(hitg);
     }
     gram_cache_free(cache);
@@ -183,21 +188,21 @@ int main(int argc, char **argv) {
             struct gram_matcher *m;
             gram_matcher_new(&m, g, 0, &e);
             for (size_t i = 0; i <= ids.n; i++) {
-                t0 = bench_now();
+                t0 = clock_now();
                 gram_matcher_fill_mask(m, mask, &e);
-                double dt = bench_now() - t0;
+                double dt = clock_now() - t0;
                 push(pass ? &text_m : &first_m, dt);
                 int32_t tok = i < ids.n ? ids.v[i] : tok_specials(tk)->eos;
                 if (!bit(mask, tok)) {
                     fprintf(stderr, "document %zu: token %zu (%d) not in the mask\n", d, i, tok);
                     return 1;
                 }
-                t0 = bench_now();
+                t0 = clock_now();
                 if (gram_matcher_accept(m, tok, &e) != SMELT_OK) {
                     fprintf(stderr, "document %zu: token %zu: %s\n", d, i, e.msg);
                     return 1;
                 }
-                if (pass) push(&text_a, bench_now() - t0);
+                if (pass) push(&text_a, clock_now() - t0);
             }
             gram_matcher_free(m);
             tok_ids_free(&ids);
@@ -210,9 +215,9 @@ int main(int argc, char **argv) {
         struct gram_matcher *m;
         gram_matcher_new(&m, g, 0, &e);
         for (int step = 0; step < 400; step++) {
-            t0 = bench_now();
+            t0 = clock_now();
             gram_matcher_fill_mask(m, mask, &e);
-            push(&walk_m, bench_now() - t0);
+            push(&walk_m, clock_now() - t0);
             int32_t na = 0, nc = 0;
             for (int32_t t = 0; t < nv; t++)
                 if (bit(mask, t)) allowed[na++] = t;

@@ -3,10 +3,9 @@
  * refused one is invalid for the schema; the taken ones are checked by Python's jsonschema
  * over the corpus in tests/py/test_grammar_schemas.py), what is refused at compile time with
  * the feature and its JSON path, and hostile inputs compiled or refused in bounded time. */
-#include <time.h>
-
 #include "gram_test_util.h"
 #include "grammar/gram_int.h"
+#include "util/clock.h"
 #include "t.h"
 
 static struct gram_vocab *V;
@@ -276,20 +275,15 @@ static void test_refusals(void) {
     refused(GRAM_REGEX, "a^b", "'^' is supported only at the start");
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* Hostile inputs: each compiles or is refused, quickly (the bound here is loose: a shared,
  * loaded CI box; each takes milliseconds on a quiet one). */
 static void hostile(enum gram_kind kind, const char *text, size_t len) {
     struct err e = {0};
     struct gram *g = NULL;
-    double t0 = now_s();
+    double t0 = clock_now();
     smelt_status st = gram_compile(&g, V, kind, text, len, &e);
-    double dt = now_s() - t0;
+    double dt = clock_now() - t0;
     if (getenv("GRAM_TEST_VERBOSE"))
         fprintf(stderr, "%.50s: %.3f s, %s\n", text, dt, st ? e.msg : "compiled");
     T_CHECKF(dt < 10.0, "%.60s...: %.1f s", text, dt);
