@@ -69,11 +69,11 @@ def test_a_sideways_include_fails(tmp_path):
 
 def test_a_folder_without_a_row_fails(tmp_path):
     root = copy_tree(tmp_path)
-    (root / "src" / "grammar").mkdir()
-    (root / "src" / "grammar" / "g.c").write_text('#include "util/err.h"\n')
+    (root / "src" / "newlayer").mkdir()
+    (root / "src" / "newlayer" / "g.c").write_text('#include "util/err.h"\n')
     r = check(str(root))
     assert r.returncode == 1
-    assert "src/grammar/g.c: its folder has no row" in r.stdout
+    assert "src/newlayer/g.c: its folder has no row" in r.stdout
 
 
 def test_a_row_must_name_known_layers(tmp_path):
