@@ -244,7 +244,8 @@ smelt_status gram_cache_get(struct gram_cache *c, enum gram_kind kind, const cha
     }
     /* room: fewer than max entries, and their memory with the new one within max_bytes */
     size_t bytes = gram_memory(g);
-    for (int32_t i = 0; i < c->n; i++) bytes += gram_memory(c->e[i].g);
+    for (int32_t i = 0; i < c->n; i++)
+        bytes += gram_memory(c->e[i].g);
     while (c->n && (c->n == c->max || bytes > c->max_bytes)) {
         int32_t old = 0;
         for (int32_t i = 1; i < c->n; i++)

@@ -39,9 +39,9 @@
 #define GRAM_MAX_NFA (1u << 16)
 #define GRAM_MAX_DFA (1u << 13)
 #endif
-#define GRAM_MAX_CFGS 2048            /* configurations of one sequence at one byte */
-#define GRAM_MAX_DEPTH 1024           /* stack depth (nesting of recursive rules) */
-#define GRAM_MAX_PIECE 1024           /* longer tokens are never allowed */
+#define GRAM_MAX_CFGS 2048           /* configurations of one sequence at one byte */
+#define GRAM_MAX_DEPTH 1024          /* stack depth (nesting of recursive rules) */
+#define GRAM_MAX_PIECE 1024          /* longer tokens are never allowed */
 #define GRAM_MASK_BUDGET (64u << 20) /* bytes of cached masks per grammar */
 
 /* array_grow (util/array.h) with a bound: makes room for `need` elements of size `sz` in *p

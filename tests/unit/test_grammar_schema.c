@@ -275,7 +275,6 @@ static void test_refusals(void) {
     refused(GRAM_REGEX, "a^b", "'^' is supported only at the start");
 }
 
-
 /* Hostile inputs: each compiles or is refused, quickly (the bound here is loose: a shared,
  * loaded CI box; each takes milliseconds on a quiet one). */
 static void hostile(enum gram_kind kind, const char *text, size_t len) {
