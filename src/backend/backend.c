@@ -234,6 +234,36 @@ static bool is_f32_rows(const struct tensor *t) {
     return t->type == QT_F32 && t->nb[0] == sizeof(float);
 }
 
+static bool has(const struct backend *b, uint32_t features) {
+    return bk_missing_features(b, features) == 0;
+}
+
+/* The feature bits a rope, GLU or attention call uses. */
+static uint32_t rope_needs(const struct rope_params *p) {
+    return p->yarn_unrounded ? BK_FEAT_YARN_UNROUNDED : 0;
+}
+static uint32_t glu_needs(enum glu_act act) {
+    return act == GLU_SWIGLU_OAI ? BK_FEAT_SWIGLU_OAI : 0;
+}
+static uint32_t attn_needs(const struct attn_params *p) {
+    return p->sinks ? BK_FEAT_ATTN_SINKS : 0;
+}
+
+uint32_t bk_missing_features(const struct backend *b, uint32_t features) {
+    return features & ~b->ops->features;
+}
+
+const char *bk_feature_names(uint32_t features, char *buf, size_t n) {
+    static const char *const names[] = {"attention sinks", "gpt-oss's clamped SwiGLU",
+                                        "expert biases", "unrounded YaRN"};
+    size_t o = 0;
+    if (n) buf[0] = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (features & (1u << i))
+            o += (size_t)snprintf(buf + o, o < n ? n - o : 0, "%s%s", o ? ", " : "", names[i]);
+    return buf;
+}
+
 void bk_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,
                  const struct tensor *ids) {
     if (b->status != SMELT_OK) return;
@@ -258,6 +288,7 @@ void bk_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
     BK_ASSERT(p->n_rot > 0 && p->n_rot % 2 == 0 && p->n_rot <= x->ne[0]);
     BK_ASSERT(!p->freq_factors ||
               (p->freq_factors->type == QT_F32 && p->freq_factors->ne[0] >= p->n_rot / 2));
+    BK_ASSERT(has(b, rope_needs(p)));
     b->ops->rope(b, x, pos, p);
 }
 
@@ -295,6 +326,7 @@ void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
     if (b->status != SMELT_OK) return;
     BK_ASSERT(is_f32_rows(dst) && is_f32_rows(gate) && is_f32_rows(up));
     BK_ASSERT(tensor_same_shape(dst, gate) && tensor_same_shape(dst, up));
+    BK_ASSERT(has(b, glu_needs(act)));
     b->ops->glu(b, dst, gate, up, act);
 }
 
@@ -356,6 +388,15 @@ void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     BK_ASSERT(is_f32_rows(weights) && tensor_same_shape(weights, ids) && ids->ne[2] == 1);
     BK_ASSERT(ids->ne[0] >= 1 && ids->ne[0] <= n_expert);
     BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == n_embd));
+    const bool bias = w->gate_b || w->up_b || w->down_b;
+    BK_ASSERT(!bias || (w->gate_b && w->up_b && w->down_b));
+    BK_ASSERT(!bias || (is_f32_rows(w->gate_b) && tensor_is_contiguous(w->gate_b) &&
+                        w->gate_b->ne[0] == n_ff && w->gate_b->ne[1] == n_expert));
+    BK_ASSERT(!bias || (is_f32_rows(w->up_b) && tensor_is_contiguous(w->up_b) &&
+                        tensor_same_shape(w->up_b, w->gate_b)));
+    BK_ASSERT(!bias || (is_f32_rows(w->down_b) && tensor_is_contiguous(w->down_b) &&
+                        w->down_b->ne[0] == n_embd && w->down_b->ne[1] == n_expert));
+    BK_ASSERT(has(b, glu_needs(w->act) | (bias ? BK_FEAT_MOE_BIAS : 0)));
     b->ops->moe_ffn(b, dst, x, w, ids, weights, pre, acc);
 }
 
@@ -394,6 +435,8 @@ void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
     BK_ASSERT(kc->ne[0] == q->ne[0] && kc->ne[1] == m->block_size && q->ne[1] % kc->ne[2] == 0);
     BK_ASSERT(vc->ne[1] == m->block_size && vc->ne[2] == kc->ne[2] && vc->ne[3] == kc->ne[3]);
     BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
+    BK_ASSERT(!p->sinks || (p->sinks->type == QT_F32 && p->sinks->ne[0] == q->ne[1]));
+    BK_ASSERT(has(b, attn_needs(p)));
     b->ops->attention(b, dst, q, kc, vc, m, p);
 }
 
@@ -498,6 +541,7 @@ void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     check_matmul(dst, w_up, x);
     BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == x->ne[0]));
     if (b->ops->ffn_glu) {
+        BK_ASSERT(has(b, glu_needs(act)));
         b->ops->ffn_glu(b, dst, w_gate, w_up, x, act, pre);
         return;
     }
@@ -519,6 +563,7 @@ void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
         check_meta(m, k->ne[2]);
         check_cache(kc, k, m->block_size);
         check_cache(vc, v, m->block_size);
+        BK_ASSERT(has(b, rope_needs(p->rope)));
         b->ops->rope_kv_store(b, q, k, v, kc, vc, m, p);
         return;
     }
@@ -548,6 +593,8 @@ void bk_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
     check_cache(vc, v, m->block_size);
     BK_ASSERT(kc->ne[0] == q->ne[0] && q->ne[1] % kc->ne[2] == 0);
     BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
+    BK_ASSERT(!ap->sinks || (ap->sinks->type == QT_F32 && ap->sinks->ne[0] == q->ne[1]));
+    BK_ASSERT(has(b, rope_needs(qp->rope) | attn_needs(ap)));
     b->ops->rope_attention(b, dst, q, k, v, kc, vc, m, qp, ap);
 }
 

@@ -90,13 +90,24 @@ struct rope_params {
     float beta_fast, beta_slow; /* YaRN correction range (rotations) */
     int32_t n_ctx_orig;  /* YaRN: the context length the model was trained at */
     const struct tensor *freq_factors; /* F32 (n_rot/2) divisors (Llama-3 rope_freqs) or NULL */
+    bool yarn_unrounded; /* YaRN's correction range [lo, hi] kept fractional (HF truncate =
+                          * False: gpt-oss, as OpenAI's reference); false: lo floored, hi
+                          * ceiled (HF's default, llama.cpp). Needs BK_FEAT_YARN_UNROUNDED. */
 };
 
 enum glu_act {
     GLU_SILU = 0,      /* SwiGLU: silu(gate) * up */
     GLU_GELU_TANH = 1, /* GeGLU with the tanh-approximated GELU (HF gelu_pytorch_tanh) */
     GLU_SIGMOID = 2,   /* sigmoid(gate) * up: qwen35's attention output gate (CPU only so far) */
+    GLU_SWIGLU_OAI = 3, /* gpt-oss's clamped SwiGLU: with g = min(gate, L), u = clamp(up, -L,
+                         * L): g * sigmoid(A g) * (u + 1), A = GLU_OAI_ALPHA, L =
+                         * GLU_OAI_LIMIT. Needs BK_FEAT_SWIGLU_OAI. */
 };
+
+/* gpt-oss's SwiGLU constants (transformers' swiglu_alpha / swiglu_limit defaults; GGUF has
+ * no key for them, llama.cpp fixes them too). */
+#define GLU_OAI_ALPHA 1.702f
+#define GLU_OAI_LIMIT 7.0f
 
 /* Mixture of experts: how a row's router logits become the weights of its k experts. The
  * k experts are always the k largest logits (ties: the lower id first), listed in that
@@ -115,7 +126,12 @@ struct moe_experts {
     const struct tensor *gate; /* (n_embd, n_ff, n_expert) */
     const struct tensor *up;   /* (n_embd, n_ff, n_expert) */
     const struct tensor *down; /* (n_ff, n_embd, n_expert) */
-    enum glu_act act;          /* h = act(gate x) * (up x) */
+    enum glu_act act;          /* h = act(gate x + gate_b, up x + up_b) */
+    /* Per-expert biases (gpt-oss), F32, or all three NULL; expert e's is row e. Needs
+     * BK_FEAT_MOE_BIAS. */
+    const struct tensor *gate_b; /* (n_ff, n_expert) */
+    const struct tensor *up_b;   /* (n_ff, n_expert) */
+    const struct tensor *down_b; /* (n_embd, n_expert): y_e = down h + down_b */
 };
 
 /* Per-step inputs of the KV store and attention ops. All are backend tensors written by
@@ -140,6 +156,21 @@ struct attn_params {
     float scale;     /* multiplies q.k (1/sqrt(head_dim) usually) */
     float softcap;   /* > 0: scores become softcap * tanh(score / softcap) */
     int32_t window;  /* > 0: key hidden when pos_q - pos_k >= window (sliding window) */
+    /* Attention sinks (gpt-oss): F32 (n_head) or NULL. Head h's softmax gets one more
+     * logit, sinks[h] (not scaled, not soft-capped), that takes probability but has no
+     * value: p_j = exp(s_j) / (sum_i exp(s_i) + exp(sinks[h])). Needs BK_FEAT_ATTN_SINKS. */
+    const struct tensor *sinks;
+};
+
+/* What a backend implements beyond the basic op contracts (bits of backend_ops.features).
+ * A model whose architecture needs one the backend lacks is refused at load, naming it
+ * (arch_def.needs); the bk_ wrappers assert that an op is not asked for one it lacks. */
+enum bk_feature {
+    BK_FEAT_ATTN_SINKS = 1u << 0,     /* attn_params.sinks (attention, rope_attention) */
+    BK_FEAT_SWIGLU_OAI = 1u << 1,     /* GLU_SWIGLU_OAI (glu, ffn_glu, moe_ffn) */
+    BK_FEAT_MOE_BIAS = 1u << 2,       /* moe_experts.gate_b / up_b / down_b */
+    BK_FEAT_YARN_UNROUNDED = 1u << 3, /* rope_params.yarn_unrounded (rope and the fused
+                                       * ops that rotate) */
 };
 
 /* Per-step inputs of the recurrent-state ops (bk_ssm_conv, bk_gated_delta_net). A
@@ -193,6 +224,7 @@ struct qk_prep {
 
 struct backend_ops {
     const char *name;
+    uint32_t features; /* enum bk_feature bits this backend implements */
     void (*free)(struct backend *b);
 
     /* Memory. */
@@ -504,6 +536,12 @@ void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct tensor *weights, const struct prenorm *pre, bool acc);
 /* True when the backend implements the two MoE ops (else the loader refuses MoE models). */
 bool bk_has_moe(const struct backend *b);
+/* The bits of `features` (enum bk_feature) the backend does not implement (0: all of
+ * them). */
+uint32_t bk_missing_features(const struct backend *b, uint32_t features);
+/* Names the enum bk_feature bits of `features` in buf ("attention sinks, ..."); returns
+ * buf. */
+const char *bk_feature_names(uint32_t features, char *buf, size_t n);
 
 /* Row summaries for sampling (backend/topk.h, docs/sampling.md): for each row r of logits
  * F32 (n_vocab, n_rows), with rows I32 (TOPK_ROW_WORDS, n_rows) holding struct topk_row

@@ -22,8 +22,9 @@
 #include "util/half.h"
 #include "util/mix.h"
 
-static const struct arch_def *const archs[] = {&arch_llama, &arch_qwen2, &arch_qwen3,
-                                               &arch_qwen3moe, &arch_gemma3, &arch_qwen35};
+static const struct arch_def *const archs[] = {&arch_llama,   &arch_qwen2,  &arch_qwen3,
+                                               &arch_qwen3moe, &arch_gemma3, &arch_qwen35,
+                                               &arch_gpt_oss};
 
 /* ---- loader ---- */
 
@@ -244,6 +245,21 @@ void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weigh
     w->gate = ld_matrices(l, false, d, f, ne, "blk.%d.ffn_gate_exps.weight", il);
     w->up = ld_matrices(l, false, d, f, ne, "blk.%d.ffn_up_exps.weight", il);
     w->down = ld_matrices(l, false, f, d, ne, "blk.%d.ffn_down_exps.weight", il);
+    w->router_b = ld_vector(l, true, ne, "blk.%d.ffn_gate_inp.bias", il);
+    /* the experts' biases: one row per expert, F32 */
+    static const char *const exps[3] = {"gate", "up", "down"};
+    const struct tensor **eb[3] = {&w->gate_b, &w->up_b, &w->down_b};
+    for (int j = 0; j < 3; j++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.bias", il, exps[j]);
+        *eb[j] = bind(l, true, true, j < 2 ? f : d, ne, 1, ne, name);
+    }
+    if (l->st == SMELT_OK && (w->gate_b || w->up_b || w->down_b) &&
+        !(w->gate_b && w->up_b && w->down_b)) {
+        const int miss = !w->gate_b ? 0 : !w->up_b ? 1 : 2;
+        l->st = err_set(l->e, SMELT_ERR_NOT_FOUND,
+                        "tensor blk.%d.ffn_%s_exps.bias is missing (the file has other expert "
+                        "biases of the layer)", il, exps[miss]);
+    }
 }
 
 /* The expert keys of an FFN_MOE architecture; a dense one with experts is refused. */
@@ -258,7 +274,7 @@ static void ld_experts(struct loader *l) {
             arch_key(l, "expert_count", key, sizeof key);
             l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED,
                             "%s is %u: mixture-of-experts %s files are not supported (MoE "
-                            "architectures: qwen3moe)", key, n, hp->arch);
+                            "architectures: qwen3moe, gpt-oss)", key, n, hp->arch);
         }
         return;
     }
@@ -506,6 +522,13 @@ smelt_status model_load(struct model **out, const struct gguf_file *f, struct ba
                        "%s is a mixture-of-experts architecture and the %s backend has no "
                        "mixture-of-experts ops yet (run it with --backend cpu)", arch->name,
                        bk->ops->name);
+    if (bk_missing_features(bk, arch->needs)) {
+        char names[160];
+        bk_feature_names(bk_missing_features(bk, arch->needs), names, sizeof names);
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "%s needs %s, which the %s backend does not implement yet (run it with "
+                       "--backend cpu)", arch->name, names, bk->ops->name);
+    }
 
     struct model *m = calloc(1, sizeof *m);
     if (!m) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
@@ -733,8 +756,8 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
     const int64_t k = m->hp.n_expert_used;
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1);     /* (k, n) each row's experts */
     struct tensor *weights = bk_new(bk, QT_F32, k, n, 1); /* (k, n) and their weights */
-    bk_moe_route(bk, ids, weights, x, w->router, NULL, m->hp.gating, &pre);
-    const struct moe_experts ex = {w->gate, w->up, w->down, act};
+    bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre);
+    const struct moe_experts ex = {w->gate, w->up, w->down, act, w->gate_b, w->up_b, w->down_b};
     bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc);
 }
 

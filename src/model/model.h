@@ -5,9 +5,9 @@
  * checks, the layers' memory (KV blocks and recurrent state slots), the step's inputs,
  * embedding, attention block, the FFN (dense or mixture of experts), logits). Each
  * architecture family has one file (model_llama.c: llama, qwen2, qwen3, qwen3moe;
- * model_gemma3.c; model_qwen35.c) that binds its own per-layer weights and writes its
- * forward pass as a readable sequence of ops. See docs/forward.md for how to add one, and
- * for the memory kinds.
+ * model_gemma3.c; model_qwen35.c; model_gpt_oss.c) that binds its own per-layer weights and
+ * writes its forward pass as a readable sequence of ops. See docs/forward.md for how to add
+ * one, and for the memory kinds.
  *
  * Lifetimes: the gguf_file outlives the model (weights are views into its mapping on the
  * CPU). A kv_store belongs to one model and one backend.
@@ -91,6 +91,10 @@ struct ffn_weights {
     const struct tensor *gate;   /* dense (n_embd, n_ff); MoE (n_embd, n_ff_exp, n_expert) */
     const struct tensor *up;     /* as gate */
     const struct tensor *down;   /* dense (n_ff, n_embd); MoE (n_ff_exp, n_embd, n_expert) */
+    /* MoE biases (gpt-oss), F32, or NULL */
+    const struct tensor *router_b;       /* (n_expert) */
+    const struct tensor *gate_b, *up_b;  /* (n_ff_exp, n_expert): all three or none */
+    const struct tensor *down_b;         /* (n_embd, n_expert) */
 };
 
 /* What an architecture's FFN layers are. */
@@ -114,6 +118,8 @@ struct arch_def {
      * norm. Ops only: errors are sticky in the backend. */
     struct tensor *(*forward)(struct model *m, struct step *s);
     enum ffn_kind ffn; /* FFN_MOE: the loader reads the expert keys first */
+    uint32_t needs;    /* enum bk_feature bits the forward uses: a backend without one of
+                        * them is refused before anything is bound */
 };
 
 /* Where a step shape's logits were left (see model_forward and bk_graph_replay). */
@@ -171,7 +177,8 @@ struct model {
 };
 
 /* The supported architectures (general.architecture values). */
-extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3, arch_qwen35;
+extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3,
+    arch_qwen35, arch_gpt_oss;
 
 /* Loads hyper-parameters and binds weights of the GGUF's architecture. f must outlive the
  * model. Fails with a message naming the missing or inconsistent key or tensor. */
@@ -275,9 +282,10 @@ void *ld_alloc(struct loader *l, size_t nbytes);
 /* Binds the shared attention weights of layer il (biases and Q/K norms optional). */
 void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
 /* Binds the FFN of layer il as the architecture declares it (arch_def.ffn): its norm
- * blk.{il}.{norm}.weight ("ffn_norm"; qwen35: "post_attention_norm"), then
+ * blk.{il}.{norm}.weight ("ffn_norm"; qwen35 and gpt-oss: "post_attention_norm"), then
  * dense ffn_{gate,up,down} (n_ff), or the router ffn_gate_inp (converted to F32) and the
- * experts ffn_{gate,up,down}_exps (n_ff_exp, n_expert). */
+ * experts ffn_{gate,up,down}_exps (n_ff_exp, n_expert), with their biases when the file has
+ * them (ffn_gate_inp.bias; ffn_{gate,up,down}_exps.bias, all three or none; F32). */
 void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weights *w);
 /* ld_matrix for a small matrix the ops read as F32 (a conv kernel): converted when stored
  * in another type. */

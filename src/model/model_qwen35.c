@@ -325,4 +325,4 @@ static struct tensor *forward(struct model *m, struct step *s) {
     return x;
 }
 
-const struct arch_def arch_qwen35 = {"qwen35", load, forward, FFN_DENSE};
+const struct arch_def arch_qwen35 = {"qwen35", load, forward, FFN_DENSE, 0};

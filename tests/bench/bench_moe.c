@@ -72,8 +72,10 @@ int main(int argc, char **argv) {
     struct backend *bk;
     struct err e;
     if (cpu_backend_new(&bk, threads, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
-    struct moe_experts ex = {weights(bk, type, d, f, X), weights(bk, type, d, f, X),
-                             weights(bk, type, f, d, X), GLU_SILU};
+    struct moe_experts ex = {.gate = weights(bk, type, d, f, X),
+                             .up = weights(bk, type, d, f, X),
+                             .down = weights(bk, type, f, d, X),
+                             .act = GLU_SILU};
     struct tensor *dg = weights(bk, type, d, f * k, 1), *du = weights(bk, type, d, f * k, 1),
                   *dd = weights(bk, type, f * k, d, 1);
     if (!ex.gate || !ex.up || !ex.down || !dg || !du || !dd) return 1;

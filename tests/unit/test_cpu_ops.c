@@ -75,8 +75,12 @@ static void rope_ref(const float *x, double *y, int64_t head_dim, const struct r
     double lo = 0, hi = 0;
     if (p->ext_factor != 0) {
         double d = p->n_rot, b = p->freq_base;
-        lo = floor(d * log(p->n_ctx_orig / (p->beta_fast * 2 * M_PI)) / (2 * log(b)));
-        hi = ceil(d * log(p->n_ctx_orig / (p->beta_slow * 2 * M_PI)) / (2 * log(b)));
+        lo = d * log(p->n_ctx_orig / (p->beta_fast * 2 * M_PI)) / (2 * log(b));
+        hi = d * log(p->n_ctx_orig / (p->beta_slow * 2 * M_PI)) / (2 * log(b));
+        if (!p->yarn_unrounded) { /* HF truncate = True */
+            lo = floor(lo);
+            hi = ceil(hi);
+        }
         lo = fmax(lo, 0);
         hi = fmin(hi, d - 1);
         if (lo == hi) hi += 0.001;
@@ -138,6 +142,14 @@ static void test_rope(void) {
     p.n_ctx_orig = 2048;
     p.freq_base = 10000;
     check_rope(&p, 128);
+    /* gpt-oss-20b's YaRN: factor 32 over 4096, base 150000, head_dim 64, the correction
+     * range unrounded (8.09..17.40 instead of 8..18) */
+    p.n_rot = 64;
+    p.freq_base = 150000;
+    p.freq_scale = 1.0f / 32;
+    p.n_ctx_orig = 4096;
+    p.yarn_unrounded = true;
+    check_rope(&p, 64);
     /* Llama-3 frequency factors */
     bk_step_begin(bk);
     struct rope_params q = {.mode = ROPE_NORM, .n_rot = 16, .freq_base = 500000, .freq_scale = 1,
@@ -201,6 +213,25 @@ static void test_elementwise(void) {
         ref[i] = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * C[i];
     }
     T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
+    /* gpt-oss's clamped SwiGLU, on inputs that cross both clamps (|x| up to ~12) */
+    struct tensor *g8 = bk_new(bk, QT_F32, n, rows, 1), *u8 = bk_new(bk, QT_F32, n, rows, 1);
+    for (int64_t i = 0; i < n * rows; i++) {
+        ((float *)g8->data)[i] = 4.0f * A[i];
+        ((float *)u8->data)[i] = 4.0f * C[i];
+    }
+    bk_glu(bk, y, g8, u8, GLU_SWIGLU_OAI);
+    int clamped = 0;
+    for (int64_t i = 0; i < n * rows; i++) {
+        double g = 4.0f * A[i], u = 4.0f * C[i];
+        clamped += g > 7 || fabs(u) > 7;
+        g = fmin(g, 7.0);
+        u = fmax(-7.0, fmin(u, 7.0));
+        ref[i] = g / (1 + exp(-1.702 * g)) * (u + 1);
+    }
+    T_CHECKF(max_err(y->data, ref, n * rows) < 2e-6 && clamped > 8, "swiglu_oai: err %g, %d clamped",
+             max_err(y->data, ref, n * rows), clamped);
+    bk_glu(bk, g8, g8, u8, GLU_SWIGLU_OAI); /* in place */
+    T_CHECK(memcmp(g8->data, y->data, (size_t)(n * rows) * 4) == 0);
 
     memcpy(y->data, A, (size_t)(n * rows) * 4);
     bk_softcap(bk, y, 3.0f);
@@ -286,8 +317,8 @@ static void test_fused(void) {
 
 /* Paged attention against a dense reference: three sequences with scattered block
  * tables, a prefill chunk beside decode rows, GQA, sliding window, soft-capping, F32 and
- * F16 caches. */
-static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
+ * F16 caches, attention sinks. */
+static void check_attention(uint32_t kv_type, int32_t window, float softcap, bool sinks) {
     bk_step_begin(bk);
     const int64_t dk = 24, dv = 16, n_kv = 2, n_head = 6, bs = 4, n_blocks = 16;
     const int n_seq = 3;
@@ -336,6 +367,10 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
     struct attn_meta m = {i32(qpos, 7), i32(qseq, 7), i32(qslot, 7), tb, (int32_t)bs, false};
     struct tensor *q = rand_f32(dk, n_head, 7), *out = bk_new(bk, QT_F32, dv, n_head, 7);
     struct attn_params ap = {.scale = 0.3f, .softcap = softcap, .window = window};
+    /* per-head sinks around the scores' scale, one far above them (takes most of the mass) */
+    struct tensor *sk = rand_f32(n_head, 1, 1);
+    ((float *)sk->data)[1] = 6.0f;
+    if (sinks) ap.sinks = sk;
     bk_attention(bk, out, q, &kc, &vc, &m, &ap);
     T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
 
@@ -362,7 +397,10 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
                 sc[n++] = s;
                 if (s > mx) mx = s;
             }
+            const double sink = sinks ? ((float *)sk->data)[h] : -INFINITY;
+            if (sink > mx) mx = sink;
             for (int p = 0; p < n; p++) sum += sc[p] = exp(sc[p] - mx);
+            sum += exp(sink - mx);
             for (int p = 0; p < n; p++) {
                 const float *vv = (float *)V->data + ((base + p) * n_kv + g) * dv;
                 for (int d = 0; d < dv; d++) {
@@ -373,8 +411,8 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
             double e = max_err((float *)out->data + (i * n_head + h) * dv, ref, dv);
             if (e > worst) worst = e;
         }
-    T_CHECKF(worst < 1e-5, "type %s window %d softcap %g: err %g", qtype_name(kv_type), window,
-             (double)softcap, worst);
+    T_CHECKF(worst < 1e-5, "type %s window %d softcap %g sinks %d: err %g", qtype_name(kv_type),
+             window, (double)softcap, sinks, worst);
     free(pos);
     free(seq);
     free(slot);
@@ -383,10 +421,12 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap) {
 }
 
 static void test_attention(void) {
-    check_attention(QT_F32, 0, 0);
-    check_attention(QT_F32, 3, 0);
-    check_attention(QT_F32, 0, 2.5f);
-    check_attention(QT_F16, 5, 0);
+    check_attention(QT_F32, 0, 0, false);
+    check_attention(QT_F32, 3, 0, false);
+    check_attention(QT_F32, 0, 2.5f, false);
+    check_attention(QT_F16, 5, 0, false);
+    check_attention(QT_F32, 0, 0, true); /* gpt-oss: sinks, with and without the window */
+    check_attention(QT_F16, 3, 0, true);
 }
 
 /* Every ISA's vector kernels against double references at ragged lengths. */

@@ -44,7 +44,10 @@ struct tiny {
     const char *arch;
     int n_head, n_head_kv, head_dim; /* head_dim 0: n_embd / n_head, no key_length key */
     bool bias, qk_norm, gemma, tied;
+    bool oai;          /* gpt-oss: output bias, sinks, post_attention_norm as the FFN's norm,
+                        * router and expert biases, sliding window on even layers */
     uint32_t wtype;    /* type of the 2-D weights (0: F32) */
+    uint32_t etype;    /* type of the expert weights (0: wtype) */
     int n_embd, n_ff; /* 0: N_EMBD, N_FF */
     /* mixture of experts (qwen3moe): n_expert experts of n_ff_exp, n_used per token */
     int n_expert, n_used, n_ff_exp;
@@ -52,6 +55,7 @@ struct tiny {
     const char *skip_key;
     const char *bad_tensor;
     int bad_dim; /* the dimension of bad_tensor that gets one too many (0: ne1) */
+    const char *skip_tensor; /* not written */
     /* tokenizer.ggml.tokens with this many tokens (0: none); boost_from > 0: output rows
      * boost_from.. (the embedding's, when tied) are +-20 times rows 0.., so that, were they
      * scored, they would win */
@@ -79,6 +83,7 @@ static int ff_of(const struct tiny *t) { return t->n_ff ? t->n_ff : N_FF; }
 static void add3(struct gguf_writer *w, struct wbuf *wb, const struct tiny *t, const char *name,
                  int64_t ne0, int64_t ne1, int64_t ne2, const float *data) {
     int64_t ne[3] = {ne0, ne1, ne2};
+    if (t->skip_tensor && !strcmp(name, t->skip_tensor)) return;
     if (t->bad_tensor && !strcmp(name, t->bad_tensor)) { /* one row (or expert) too many */
         ne[t->bad_dim ? t->bad_dim : 1] += 1;
         float *big = calloc((size_t)(ne[0] * ne[1] * ne[2]), sizeof(float));
@@ -87,15 +92,16 @@ static void add3(struct gguf_writer *w, struct wbuf *wb, const struct tiny *t, c
         data = big;
     }
     const uint32_t nd = ne[2] > 1 ? 3 : ne[1] > 1 ? 2 : 1;
-    /* matrices quantized with the reference quantizer; the router stays F32 (as in real
-     * files: llama.cpp never quantizes it) */
-    if (t->wtype && nd > 1 && !strstr(name, "ffn_gate_inp")) {
-        const struct qtype_info *qi = qtype_get(t->wtype);
-        size_t bytes = qtype_row_size(t->wtype, ne[0]) * (size_t)(ne[1] * ne[2]);
+    /* matrices quantized with the reference quantizer; the router and biases stay F32 (as
+     * in real files: llama.cpp never quantizes them) */
+    const uint32_t type = nd == 3 && t->etype ? t->etype : t->wtype;
+    if (type && nd > 1 && !strstr(name, "ffn_gate_inp") && !strstr(name, ".bias")) {
+        const struct qtype_info *qi = qtype_get(type);
+        size_t bytes = qtype_row_size(type, ne[0]) * (size_t)(ne[1] * ne[2]);
         void *q = malloc(bytes);
         qi->quantize(data, q, ne[0] * ne[1] * ne[2]);
         wb->bufs[wb->n++] = q;
-        gguf_add_tensor(w, name, t->wtype, nd, ne, q);
+        gguf_add_tensor(w, name, type, nd, ne, q);
         return;
     }
     gguf_add_tensor(w, name, QT_F32, nd, ne, data);
@@ -148,10 +154,8 @@ static void write_tiny(const struct tiny *t, const char *path) {
         key_u32(w, t, "rope.scaling.original_context_length", 64);
         key_f32(w, t, "rope.scaling.yarn_attn_factor", t->yarn_attn);
     }
-    if (t->gemma) {
-        key_u32(w, t, "attention.sliding_window", 5);
-        key_f32(w, t, "rope.freq_base_swa", 100.0f);
-    }
+    if (t->gemma || t->oai) key_u32(w, t, "attention.sliding_window", 5);
+    if (t->gemma) key_f32(w, t, "rope.freq_base_swa", 100.0f);
     if (t->n_expert) {
         key_u32(w, t, "expert_count", (uint32_t)t->n_expert);
         key_u32(w, t, "expert_used_count", (uint32_t)t->n_used);
@@ -204,11 +208,23 @@ static void write_tiny(const struct tiny *t, const char *path) {
             T("blk.%d.post_attention_norm.weight", E, 1, 0.1f, 1);
             T("blk.%d.post_ffw_norm.weight", E, 1, 0.1f, 1);
         }
-        T("blk.%d.ffn_norm.weight", E, 1, 0.1f, 1);
+        if (t->oai) {
+            T("blk.%d.attn_output.bias", E, 1, 0.1f, 0);
+            T("blk.%d.attn_sinks.weight", t->n_head, 1, 1.0f, 0);
+            T("blk.%d.post_attention_norm.weight", E, 1, 0.1f, 1);
+        } else {
+            T("blk.%d.ffn_norm.weight", E, 1, 0.1f, 1);
+        }
         if (t->n_expert) {
             const int X = t->n_expert, FE = t->n_ff_exp;
             const float sx = sqrtf((float)N_FF / (float)FE);
             T("blk.%d.ffn_gate_inp.weight", E, X, 0.25f * se, 0);
+            if (t->oai) {
+                T("blk.%d.ffn_gate_inp.bias", X, 1, 0.3f, 0);
+                T("blk.%d.ffn_gate_exps.bias", FE, X, 0.3f, 0);
+                T("blk.%d.ffn_up_exps.bias", FE, X, 0.3f, 0);
+                T("blk.%d.ffn_down_exps.bias", E, X, 0.1f, 0);
+            }
 #define T3(fmt, ne0, ne1, scale)                                                               \
     snprintf(n, sizeof n, fmt, il);                                                            \
     add3(w, &wb, t, n, ne0, ne1, X, rnd(&wb, (int64_t)(ne0) * (ne1) * X, scale, 0, &s))
@@ -236,6 +252,8 @@ static const struct tiny archs[] = {
      .gemma = true, .tied = true},
     {.arch = "qwen3moe", .n_head = 4, .n_head_kv = 2, .head_dim = 16, .qk_norm = true,
      .n_expert = 16, .n_used = 4, .n_ff_exp = 24},
+    {.arch = "gpt-oss", .n_head = 4, .n_head_kv = 2, .head_dim = 16, .bias = true, .oai = true,
+     .n_expert = 16, .n_used = 4, .n_ff_exp = 24},
 };
 
 /* The same architectures with quantized weights, at shapes the block sizes allow (every
@@ -255,6 +273,10 @@ static const struct tiny qarchs[] = {
      .n_embd = 64, .n_ff = 128, .n_expert = 16, .n_used = 4, .n_ff_exp = 32},
     {.arch = "qwen3moe", .n_head = 4, .n_head_kv = 2, .head_dim = 64, .qk_norm = true, .wtype = QT_Q4_K,
      .n_embd = 256, .n_ff = 512, .n_expert = 8, .n_used = 2, .n_ff_exp = 256},
+    /* gpt-oss as its real files hold it: MXFP4 experts, Q8_0 elsewhere */
+    {.arch = "gpt-oss", .n_head = 4, .n_head_kv = 2, .head_dim = 32, .bias = true, .oai = true,
+     .wtype = QT_Q8_0, .etype = QT_MXFP4, .n_embd = 64, .n_ff = 128, .n_expert = 16, .n_used = 4,
+     .n_ff_exp = 64},
 };
 
 /* Batched-vs-solo tolerance. The integer kernels give every row the same arithmetic
@@ -500,6 +522,7 @@ static void test_qwen2(void) { check_batching(&archs[1]); }
 static void test_qwen3(void) { check_batching(&archs[2]); }
 static void test_gemma3(void) { check_batching(&archs[3]); }
 static void test_qwen3moe(void) { check_batching(&archs[4]); }
+static void test_gpt_oss(void) { check_batching(&archs[5]); }
 static void test_quantized(void) {
     for (size_t i = 0; i < sizeof qarchs / sizeof qarchs[0]; i++) check_batching(&qarchs[i]);
 }
@@ -650,6 +673,44 @@ static void test_moe_load_errors(void) {
     no_moe.moe_ffn = NULL;
     bk->ops = &no_moe;
     expect_load_error(archs[4], "qwen3moe is a mixture-of-experts architecture", "test backend");
+    bk->ops = ops;
+}
+
+/* gpt-oss files without the tensors it needs, and a backend without the ops it needs. */
+static void test_gpt_oss_load_errors(void) {
+    const struct tiny g = archs[5];
+    struct tiny t = g;
+    t.bad_tensor = "blk.2.attn_sinks.weight";
+    expect_load_error(t, "tensor blk.2.attn_sinks.weight: shape (4, 2)", "say (4)");
+    t = g;
+    t.bad_tensor = "blk.1.ffn_down_exps.bias"; /* (32, 17): one expert too many */
+    expect_load_error(t, "tensor blk.1.ffn_down_exps.bias: shape (32, 17)", "say (32, 16)");
+    t = g;
+    t.skip_key = "attention.sliding_window";
+    expect_load_error(t, "gpt-oss.attention.sliding_window", "missing");
+    static const char *const need[][2] = {
+        {"blk.1.attn_sinks.weight", "tensor blk.1.attn_sinks.weight is missing"},
+        {"blk.0.attn_output.bias", "tensor blk.0.attn_output.bias is missing"},
+        {"blk.2.post_attention_norm.weight", "tensor blk.2.post_attention_norm.weight is missing"},
+        {"blk.0.ffn_gate_inp.bias", "gpt-oss: tensor blk.0.ffn_gate_inp.bias is missing"},
+        {"blk.1.ffn_gate_exps.bias", "tensor blk.1.ffn_gate_exps.bias is missing"},
+        {"blk.1.ffn_up_exps.bias", "tensor blk.1.ffn_up_exps.bias is missing (the file has other"},
+        {"output.weight", "gpt-oss: tensor output.weight is missing"},
+    };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        t = g;
+        t.skip_tensor = need[i][0];
+        expect_load_error(t, need[i][1], NULL);
+    }
+    /* a backend with the MoE ops but without sinks, the clamped SwiGLU, expert biases or
+     * unrounded YaRN: refused, naming what it lacks */
+    const struct backend_ops *ops = bk->ops;
+    struct backend_ops no_oai = *ops;
+    no_oai.name = "test";
+    no_oai.features = BK_FEAT_MOE_BIAS;
+    bk->ops = &no_oai;
+    expect_load_error(g, "gpt-oss needs attention sinks, gpt-oss's clamped SwiGLU, unrounded YaRN",
+                      "test backend does not implement");
     bk->ops = ops;
 }
 
@@ -816,12 +877,14 @@ int main(void) {
     T_RUN(test_qwen3);
     T_RUN(test_gemma3);
     T_RUN(test_qwen3moe);
+    T_RUN(test_gpt_oss);
     T_RUN(test_quantized);
     T_RUN(test_sparse_logits);
     T_RUN(test_recycle);
     T_RUN(test_bad_batch);
     T_RUN(test_load_errors);
     T_RUN(test_moe_load_errors);
+    T_RUN(test_gpt_oss_load_errors);
     T_RUN(test_yarn_attn_factor);
     T_RUN(test_padded_vocab);
     T_RUN(test_vocab_errors);

@@ -186,11 +186,26 @@ struct ffn_case {
     uint32_t type;
     int64_t n_embd, n_ff, n_expert, k, n;
     enum glu_act act;
+    bool bias;  /* expert biases (gpt-oss) */
+    float gain; /* gate/up weights' scale times 1/sqrt(n_embd) (0: 1); large enough for
+                 * GLU_SWIGLU_OAI's clamps to act */
 };
 
-/* y (n_embd, n) in double from dequantized weights, as bk_moe_ffn's contract says. */
+/* act(g) * u in double. */
+static double glu_ref(enum glu_act act, double g, double u) {
+    if (act == GLU_SILU) return g / (1 + exp(-g)) * u;
+    if (act == GLU_GELU_TANH)
+        return 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+    g = fmin(g, 7.0); /* gpt-oss: alpha 1.702, limit 7 */
+    u = fmax(-7.0, fmin(u, 7.0));
+    return g / (1 + exp(-1.702 * g)) * (u + 1);
+}
+
+/* y (n_embd, n) in double from dequantized weights, as bk_moe_ffn's contract says. bias:
+ * the gate, up and down biases (rows of n_ff, n_ff, n_embd per expert) or NULL. */
 static void ffn_ref(const struct ffn_case *fc, const float *x, const float *nw,
-                    const float *const dq[3], const int32_t *ids, const float *wt, double *y) {
+                    const float *const dq[3], const float *const *bias, const int32_t *ids,
+                    const float *wt, double *y) {
     const int64_t E = fc->n_embd, F = fc->n_ff;
     double *h = malloc(sizeof(double) * (size_t)E), *a = malloc(sizeof(double) * (size_t)F);
     for (int64_t r = 0; r < fc->n; r++) {
@@ -202,18 +217,14 @@ static void ffn_ref(const struct ffn_case *fc, const float *x, const float *nw,
             const int64_t e = ids[r * fc->k + j];
             for (int64_t f = 0; f < F; f++) {
                 const float *gw = dq[0] + (e * F + f) * E, *uw = dq[1] + (e * F + f) * E;
-                double g = 0, u = 0;
+                double g = bias ? bias[0][e * F + f] : 0, u = bias ? bias[1][e * F + f] : 0;
                 for (int64_t i = 0; i < E; i++)
                     g += gw[i] * h[i], u += uw[i] * h[i];
-                double act =
-                    fc->act == GLU_SILU
-                        ? g / (1 + exp(-g))
-                        : 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-                a[f] = act * u;
+                a[f] = glu_ref(fc->act, g, u);
             }
             for (int64_t d = 0; d < E; d++) {
                 const float *dw = dq[2] + (e * E + d) * F;
-                double s = 0;
+                double s = bias ? bias[2][e * E + d] : 0;
                 for (int64_t f = 0; f < F; f++)
                     s += dw[f] * a[f];
                 yr[d] += wt[r * fc->k + j] * s;
@@ -245,11 +256,25 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
     cpu_backend_set_exact(bk, exact);
     const int64_t E = fc->n_embd, F = fc->n_ff, X = fc->n_expert, k = fc->k, n = fc->n;
     const float ws = 1.0f / sqrtf((float)E), ds = 1.0f / sqrtf((float)F);
+    const float gs = ws * (fc->gain > 0 ? fc->gain : 1.0f);
     float *dq[3];
-    struct tensor *gate = rand_experts(fc->type, E, F, X, ws, &dq[0]);
+    struct tensor *gate = rand_experts(fc->type, E, F, X, gs, &dq[0]);
     gate->name = "gate_exps";
-    struct moe_experts w = {gate, rand_experts(fc->type, E, F, X, ws, &dq[1]),
-                            rand_experts(fc->type, F, E, X, ds, &dq[2]), fc->act};
+    struct moe_experts w = {.gate = gate,
+                            .up = rand_experts(fc->type, E, F, X, gs, &dq[1]),
+                            .down = rand_experts(fc->type, F, E, X, ds, &dq[2]),
+                            .act = fc->act};
+    const float *bias[3] = {NULL, NULL, NULL};
+    if (fc->bias) {
+        struct tensor *gb = rand_f32(F, X, 0.5f), *ub = rand_f32(F, X, 0.5f),
+                      *db = rand_f32(E, X, 0.5f);
+        w.gate_b = gb;
+        w.up_b = ub;
+        w.down_b = db;
+        bias[0] = gb->data;
+        bias[1] = ub->data;
+        bias[2] = db->data;
+    }
     struct tensor *x = rand_f32(E, n, 1.0f), *router = rand_f32(E, X, ws);
     struct tensor *nw = rand_f32(E, 1, 0.2f);
     for (int64_t i = 0; i < E; i++)
@@ -269,7 +294,8 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
     struct tensor *y = bk_new(bk, QT_F32, E, n, 1);
     bk_moe_ffn(bk, y, x, &w, ids, wt, &pre, false);
     double *ref = malloc(sizeof(double) * (size_t)(E * n));
-    ffn_ref(fc, x->data, nw->data, (const float *const *)dq, ids->data, wt->data, ref);
+    ffn_ref(fc, x->data, nw->data, (const float *const *)dq, fc->bias ? bias : NULL, ids->data,
+            wt->data, ref);
     /* exact: f32 arithmetic on the same weights; fast: 15-bit activations (K-quants and the
      * legacy types), f32 for F32/F16 weights */
     const bool f = fc->type == QT_F32 || fc->type == QT_F16;
@@ -311,11 +337,16 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
              qtype_name(fc->type), exact ? "exact" : "fast", worst, bt);
     struct err e;
     T_CHECK(bk_sync(bk, &e) == SMELT_OK);
-    printf("moe_ffn %-5s %-5s n_embd %3lld n_ff %3lld experts %2lld (%d used) k %lld rows %2lld: "
-           "rel err %.2e, row alone vs batch %.2e\n",
-           qtype_name(fc->type), exact ? "exact" : "fast", (long long)E, (long long)F, (long long)X,
-           used, (long long)k, (long long)n, err, worst);
-    T_CHECK(used >= X / 2);
+    printf(
+        "moe_ffn %-5s %-5s %s%s n_embd %3lld n_ff %3lld experts %2lld (%d used) k %lld rows %2lld: "
+        "rel err %.2e, row alone vs batch %.2e\n",
+        qtype_name(fc->type), exact ? "exact" : "fast",
+        fc->act == GLU_SWIGLU_OAI ? "oai"
+        : fc->act == GLU_SILU     ? "silu"
+                                  : "gelu",
+        fc->bias ? "+bias" : "", (long long)E, (long long)F, (long long)X, used, (long long)k,
+        (long long)n, err, worst);
+    T_CHECK(used >= (X / 2 < n * k ? X / 2 : n * k));
     cpu_backend_set_exact(bk, false);
     free(ref);
     free(acc0);
@@ -325,14 +356,22 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
 
 static void test_ffn(void) {
     const struct ffn_case cases[] = {
-        {QT_F32, 96, 40, 11, 3, 17, GLU_SILU},
-        {QT_F16, 72, 24, 6, 2, 5, GLU_GELU_TANH},
-        {QT_Q8_0, 96, 64, 11, 3, 17, GLU_SILU},
-        {QT_Q4_0, 64, 32, 9, 4, 12, GLU_SILU},
-        {QT_Q5_1, 96, 32, 5, 2, 3, GLU_GELU_TANH},
-        {QT_Q4_K, 256, 256, 8, 3, 21, GLU_SILU}, /* >= 8 rows on some experts: packed path */
-        {QT_Q6_K, 256, 256, 6, 2, 4, GLU_SILU},
-        {QT_Q8_0, 64, 32, 8, 4, 300, GLU_SILU}, /* 1200 (row, expert) pairs: groups of experts */
+        {QT_F32, 96, 40, 11, 3, 17, GLU_SILU, false, 0},
+        {QT_F16, 72, 24, 6, 2, 5, GLU_GELU_TANH, false, 0},
+        {QT_Q8_0, 96, 64, 11, 3, 17, GLU_SILU, false, 0},
+        {QT_Q4_0, 64, 32, 9, 4, 12, GLU_SILU, false, 0},
+        {QT_Q5_1, 96, 32, 5, 2, 3, GLU_GELU_TANH, false, 0},
+        {QT_Q4_K, 256, 256, 8, 3, 21, GLU_SILU, false,
+         0}, /* >= 8 rows on some experts: packed path */
+        {QT_Q6_K, 256, 256, 6, 2, 4, GLU_SILU, false, 0},
+        {QT_Q8_0, 64, 32, 8, 4, 300, GLU_SILU, false,
+         0}, /* 1200 (row, expert) pairs: groups of experts */
+        /* gpt-oss: expert biases, the clamped SwiGLU with gate/up values well past its
+         * limits (gain 5: |gate| ~ 5), MXFP4 experts as the real checkpoints ship them */
+        {QT_F32, 96, 40, 16, 4, 17, GLU_SWIGLU_OAI, true, 5.0f},
+        {QT_MXFP4, 64, 96, 16, 4, 23, GLU_SWIGLU_OAI, true, 5.0f},
+        {QT_MXFP4, 128, 64, 32, 4, 1, GLU_SWIGLU_OAI, true, 5.0f}, /* decode: one row */
+        {QT_Q8_0, 64, 32, 16, 4, 300, GLU_SWIGLU_OAI, true, 5.0f}, /* several groups */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         check_ffn(&cases[i], false);
@@ -346,8 +385,10 @@ static void test_bad_id(void) {
     float *dq[3];
     struct tensor *gate = rand_experts(QT_F32, 32, 16, 4, 0.2f, &dq[0]);
     gate->name = "blk.3.ffn_gate_exps.weight";
-    struct moe_experts w = {gate, rand_experts(QT_F32, 32, 16, 4, 0.2f, &dq[1]),
-                            rand_experts(QT_F32, 16, 32, 4, 0.2f, &dq[2]), GLU_SILU};
+    struct moe_experts w = {.gate = gate,
+                            .up = rand_experts(QT_F32, 32, 16, 4, 0.2f, &dq[1]),
+                            .down = rand_experts(QT_F32, 16, 32, 4, 0.2f, &dq[2]),
+                            .act = GLU_SILU};
     struct tensor *x = rand_f32(32, 2, 1.0f), *y = bk_new(bk, QT_F32, 32, 2, 1);
     struct tensor *ids = bk_new(bk, QT_I32, 2, 2, 1), *wt = rand_f32(2, 2, 1.0f);
     const int32_t bad[4] = {0, 1, 3, 4};
@@ -368,7 +409,8 @@ static void test_bad_id(void) {
     y = bk_new(bk, QT_F32, 32, 600, 1);
     ids = bk_new(bk, QT_I32, 2, 600, 1);
     wt = rand_f32(2, 600, 1.0f);
-    for (int i = 0; i < 1200; i++) ((int32_t *)ids->data)[i] = 2;
+    for (int i = 0; i < 1200; i++)
+        ((int32_t *)ids->data)[i] = 2;
     bk_moe_ffn(bk, y, x, &w, ids, wt, NULL, false);
     T_CHECK(bk_sync(bk, &e) != SMELT_OK);
     T_CHECKF(strstr(e.msg, "expert 2 is listed twice"), "%s", e.msg);

@@ -9,7 +9,8 @@
  * query heads that share a KV head are scored together, so every key and value row is
  * read (and converted from F16) once per item, not once per query head. Scores for the
  * whole visible range are kept (G x n_keys floats per thread), softmaxed exactly (max
- * subtracted), then the values are summed. Visible keys are positions
+ * subtracted; an attention sink, gpt-oss's per-head logit with no value, joins the max and
+ * the sum), then the values are summed. Visible keys are positions
  * [max(0, pos - window + 1), pos] of the row's own sequence; nothing past pos is read. */
 #include <math.h>
 #include <string.h>
@@ -71,6 +72,7 @@ struct attn_ctx {
     struct tensor *dst;
     const struct tensor *q, *kc, *vc, *blocks;
     const int32_t *pos, *seq;
+    const float *sinks; /* (n_head) or NULL */
     int32_t block_size;
     struct attn_params p;
     const struct cpu_vec *vec;
@@ -116,11 +118,16 @@ static void attn_range(void *vctx, int ith, int64_t i0, int64_t i1) {
                 scores[qh * n + j] = s;
             }
         }
-        /* softmax numerators per query head; the 1/sum is applied to the output */
+        /* softmax numerators per query head; the 1/sum is applied to the output. A sink
+         * is one more logit in the max and the sum, with no value. */
         for (int64_t qh = 0; qh < G; qh++) {
             float *sc = scores + qh * n, mx = -INFINITY;
             for (int64_t j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
-            inv_sum[qh] = 1.0f / V->exp_sum(sc, n, mx);
+            const float sink = c->sinks ? c->sinks[g * G + qh] : -INFINITY;
+            if (sink > mx) mx = sink;
+            float sum = V->exp_sum(sc, n, mx);
+            if (c->sinks) sum += expf(sink - mx);
+            inv_sum[qh] = 1.0f / sum;
             memset(tensor_row(c->dst, g * G + qh, t, 0), 0, (size_t)dv * sizeof(float));
         }
         /* out[qh] = sum_j p[qh][j] v_j / sum */
@@ -149,7 +156,7 @@ void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor
                       const struct attn_meta *m, const struct attn_params *p) {
     struct cpu_backend *cb = cpu_of(b);
     struct attn_ctx c = {dst, q, kc, vc, m->blocks, m->pos->data, m->seq->data,
-                         m->block_size, *p, cb->vec, 0, NULL, 0};
+                         p->sinks ? p->sinks->data : NULL, m->block_size, *p, cb->vec, 0, NULL, 0};
     int64_t n_tokens = q->ne[2], G = q->ne[1] / kc->ne[2];
     if (G > 64) {
         bk_fail(b, SMELT_ERR_UNSUPPORTED, "attention: %lld query heads per KV head (max 64)",

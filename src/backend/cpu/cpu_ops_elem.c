@@ -108,6 +108,25 @@ void cpu_op_scale(struct backend *b, struct tensor *dst, const struct tensor *x,
 
 /* ---- GLU ---- */
 
+/* gpt-oss's clamped SwiGLU through the SiLU kernel: g sigmoid(A g) (u + 1) = silu(A g) (u +
+ * 1) / A, with g and u clamped first (a comparison that keeps NaN, as torch.clamp does),
+ * in chunks that fit the stack. */
+static void swiglu_oai_mul(const struct cpu_vec *v, float *y, const float *g, const float *u,
+                           int64_t n) {
+    enum { CHUNK = 256 };
+    const float a = GLU_OAI_ALPHA, lim = GLU_OAI_LIMIT, inv_a = 1.0f / GLU_OAI_ALPHA;
+    float gs[CHUNK], us[CHUNK];
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+        const int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        for (int64_t i = 0; i < m; i++) {
+            const float x = g[i0 + i], w = u[i0 + i];
+            gs[i] = a * (x > lim ? lim : x);
+            us[i] = ((w > lim ? lim : w < -lim ? -lim : w) + 1.0f) * inv_a;
+        }
+        v->silu_mul(y + i0, gs, us, m);
+    }
+}
+
 /* act(gate) * up with the vector kernels (cpu_ops_vec.h): SIMD GELU/SiLU through a
  * polynomial exp instead of libm's tanhf/expf per element (libm's tanhf was ~15% of a
  * Gemma 3 prefill). */
@@ -123,6 +142,8 @@ static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
             v->silu_mul(y, g, u, n);
         else if (c->act == GLU_GELU_TANH)
             v->gelu_mul(y, g, u, n);
+        else if (c->act == GLU_SWIGLU_OAI)
+            swiglu_oai_mul(v, y, g, u, n);
         else /* GLU_SIGMOID: an output gate, once per attention row; scalar is enough */
             for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
     }

@@ -11,8 +11,8 @@
  * activation kernels; the reference matmul under cpu_backend_set_exact): gate and up of
  * every expert in one fork-join, then down. An expert's weights therefore stream once
  * per step however many rows chose it: a grouped matmul in a prefill chunk, a
- * matrix-vector product over the selected experts only for a decode row. Each row's expert
- * outputs are
+ * matrix-vector product over the selected experts only for a decode row. An expert's
+ * biases (gpt-oss) are added to its gate/up and down outputs. Each row's expert outputs are
  * accumulated, times their weights, into a zeroed buffer in increasing expert id (the order
  * transformers sums in), then written to dst or added to it. A row's arithmetic depends
  * on the other rows only through the row count each expert's matmuls see (the kernels
@@ -133,6 +133,27 @@ static void scatter_range(void *vctx, int ith, int64_t d0, int64_t d1) {
     }
 }
 
+/* Per-expert biases (gpt-oss): row i of a block of rows gets bias row expert[i] of each of
+ * up to two bias tensors (parallel over block rows). */
+struct bias_ctx {
+    const int32_t *expert; /* the expert of each block row */
+    float *y[2];
+    const struct tensor *b[2];
+    int64_t width;
+};
+
+static void bias_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bias_ctx *c = vctx;
+    (void)ith;
+    for (int j = 0; j < 2 && c->b[j]; j++)
+        for (int64_t i = i0; i < i1; i++) {
+            float *y = c->y[j] + (size_t)(i * c->width);
+            const float *bias = tensor_row(c->b[j], c->expert[i], 0, 0);
+            for (int64_t d = 0; d < c->width; d++)
+                y[d] += bias[d];
+        }
+}
+
 /* Items per thread worth waking the pool for: about 64K floats moved. */
 static int64_t move_chunk(int64_t floats_per_item) {
     return 65536 / (floats_per_item > 0 ? floats_per_item : 1) + 1;
@@ -187,9 +208,10 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
     int64_t *start = cpu_scratch(cb, (size_t)(n_exp + 1) * sizeof(int64_t));
     int64_t *fill = cpu_scratch(cb, (size_t)n_exp * sizeof(int64_t));
     int32_t *row = cpu_scratch(cb, (size_t)nk * sizeof(int32_t));
+    int32_t *pe = cpu_scratch(cb, (size_t)nk * sizeof(int32_t)); /* each pair's expert */
     float *rw = cpu_scratch(cb, (size_t)nk * sizeof(float));
     float *y = cpu_scratch(cb, (size_t)(n * n_embd) * sizeof(float));
-    if (!start || !fill || !row || !rw || !y) goto done;
+    if (!start || !fill || !row || !pe || !rw || !y) goto done;
     memset(start, 0, (size_t)(n_exp + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < nk; i++) {
         if (id[i] < 0 || id[i] >= n_exp) {
@@ -214,6 +236,7 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
     for (int64_t i = 0; i < nk; i++) {
         int64_t at = fill[id[i]]++;
         row[at] = (int32_t)(i / k);
+        pe[at] = id[i];
         rw[at] = wt[i];
     }
 
@@ -262,6 +285,10 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
                 u + r0 * n_ff};
         }
         run_products(b, mm, n_mm, name);
+        if (w->gate_b) {
+            struct bias_ctx bc = {pe + base, {g, u}, {w->gate_b, w->up_b}, n_ff};
+            cpu_parallel(cb, bias_range, &bc, c, move_chunk(2 * n_ff));
+        }
         struct tensor gt = f32_view(g, n_ff, c), ut = f32_view(u, n_ff, c);
         cpu_op_glu(b, &gt, &gt, &ut, w->act);
         n_mm = 0;
@@ -275,6 +302,10 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
                                 ye + r0 * n_embd};
         }
         run_products(b, mm, n_mm, name);
+        if (w->down_b) {
+            struct bias_ctx bc = {pe + base, {ye, NULL}, {w->down_b, NULL}, n_embd};
+            cpu_parallel(cb, bias_range, &bc, c, move_chunk(n_embd));
+        }
         struct move_ctx scatter = {row + base, rw + base, ye, y, n_embd, c};
         cpu_parallel(cb, scatter_range, &scatter, n_embd, move_chunk(c));
         e0 = e1;

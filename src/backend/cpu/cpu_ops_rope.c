@@ -10,7 +10,8 @@
  *   YaRN:  ramp_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), mixed = ramp_i *
  *          ext_factor; theta = theta_int (1 - mixed) + theta_ext mixed; the magnitude
  *          gets (1 + 0.1 ln(1/freq_scale)), with lo/hi the correction range of beta_fast
- *          / beta_slow rotations over n_ctx_orig.
+ *          / beta_slow rotations over n_ctx_orig, floored / ceiled to whole pairs unless
+ *          yarn_unrounded (HF's truncate = False, gpt-oss).
  * NORM rotates adjacent pairs (2i, 2i+1); NEOX rotates (i, i + n_rot/2). */
 #include <math.h>
 
@@ -26,8 +27,12 @@ void cpu_rope_cache(const struct rope_params *p, int32_t pos, float *cos_out, fl
     const float *ff = p->freq_factors ? p->freq_factors->data : NULL;
     double lo = 0, hi = 0, mscale = p->attn_factor;
     if (p->ext_factor != 0) {
-        lo = floor(corr_dim(p->n_rot, p->n_ctx_orig, p->beta_fast, p->freq_base));
-        hi = ceil(corr_dim(p->n_rot, p->n_ctx_orig, p->beta_slow, p->freq_base));
+        lo = corr_dim(p->n_rot, p->n_ctx_orig, p->beta_fast, p->freq_base);
+        hi = corr_dim(p->n_rot, p->n_ctx_orig, p->beta_slow, p->freq_base);
+        if (!p->yarn_unrounded) {
+            lo = floor(lo);
+            hi = ceil(hi);
+        }
         if (lo < 0) lo = 0;
         if (hi > p->n_rot - 1) hi = p->n_rot - 1;
         mscale *= 1.0 + 0.1 * log(1.0 / p->freq_scale);
