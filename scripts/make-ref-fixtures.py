@@ -76,9 +76,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import gguf  # noqa: E402
 import transformers  # noqa: E402
-from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)  # noqa: E402
+from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "py"))
@@ -172,6 +173,21 @@ def specs():
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             tie_word_embeddings=False, use_sliding_window=False, attention_bias=False,
             **common)),
+        # gpt-oss's block at a tiny size: 16 experts of 32, 4 per token, router and expert
+        # biases, the clamped SwiGLU (alpha 1.702, limit 7: the expert weights are large
+        # enough that gate and up cross the limit), attention sinks, Q/K/V/O biases, layer 0
+        # sliding (window 8 < the 24-token prompt) and layer 1 full, and gpt-oss-20b's own
+        # YaRN (theta 1.5e5, factor 32 over 4096, truncate False: with head_dim 16 the ramp
+        # runs over pairs 2.02..4.35, not the rounded 2..5)
+        "gpt-oss": ("gpt-oss", GptOssForCausalLM, GptOssConfig(
+            hidden_size=32, intermediate_size=32, num_local_experts=16, num_experts_per_tok=4,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+            rms_norm_eps=1e-5, attention_bias=True, swiglu_alpha=1.702, swiglu_limit=7.0,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 4096},
+            tie_word_embeddings=False, **dict(common, max_position_embeddings=131072))),
     }
 
 
@@ -191,15 +207,40 @@ def q8_0_exact(w):
     return (q * d).reshape(w.shape)
 
 
+def mxfp4_exact(w):
+    """w rounded to values MXFP4 stores exactly (gguf-py's quantizer and ggml's): per
+    block of 32 along the last dimension, s * {0, 0.5, 1, 1.5, 2, 3, 4, 6} with sign and s a
+    power of two, the largest magnitude exactly 6 s (so the block's E8M0 scale is s / 2 and
+    every element is one of its E2M1 values; float16-exact too)."""
+    b = w.reshape(-1, 32)
+    amax = b.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    s = torch.exp2(torch.ceil(torch.log2(amax / 6)))
+    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    q = grid[torch.argmin((b.abs() / s).unsqueeze(-1).sub(grid).abs(), dim=-1)] * torch.sign(b)
+    top = b.abs().argmax(dim=1, keepdim=True)
+    q.scatter_(1, top, 6 * torch.sign(b.gather(1, top)))
+    return (q * s).reshape(w.shape)
+
+
 def init_weights(model, arch, gen):
     """Random weights with O(1) activations (HF's default init of std 0.02 would give
     nearly uniform logits, a weak test). 2-D weights are made float16-exact, expert
-    weights (3-D) Q8_0-exact."""
+    weights (3-D) Q8_0-exact (gpt-oss: MXFP4-exact along their input dimension, as the
+    GGUF stores them)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 3:  # experts (n_expert, out, in)
+            if p.dim() == 3 and arch == "gpt-oss":  # experts (n_expert, in, out)
+                # gate_up large enough to cross the SwiGLU's limit of 7 now and then
+                gain = 4.0 if "gate_up" in name else 1.0
+                w = torch.randn(p.shape, generator=gen) * gain / math.sqrt(p.shape[1])
+                p.copy_(mxfp4_exact(w.transpose(1, 2)).transpose(1, 2))
+            elif p.dim() == 3:  # experts (n_expert, out, in)
                 w = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[2])
                 p.copy_(q8_0_exact(w))
+            elif name.endswith("_bias"):  # gpt-oss's expert biases (n_expert, out)
+                p.copy_((torch.randn(p.shape, generator=gen) * 0.5).half().float())
+            elif name.endswith("sinks"):  # gpt-oss: a logit per head, as large as the scores
+                p.copy_((torch.randn(p.shape, generator=gen) * 1.5).half().float())
             elif p.dim() == 2:
                 fan_in = p.shape[1]
                 # embeddings and lm_head: logits of std ~2 whether tied or not
@@ -301,6 +342,18 @@ def add_vocab(w, arch):
         w.add_eos_token_id(tokens.index("<|im_end|>"))
         w.add_pad_token_id(eot)
         w.add_add_bos_token(False)
+    elif arch == "gpt-oss":  # o200k's conventions: byte-level BPE, pre-tokenizer gpt-4o
+        specials = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>",
+                    "<|message|>", "<|channel|>"]
+        tokens, types, merges = gpt2_vocab(N_VOCAB, specials)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-4o")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(tokens.index("<|startoftext|>"))
+        w.add_eos_token_id(tokens.index("<|return|>"))
+        w.add_pad_token_id(tokens.index("<|endoftext|>"))
     elif arch == "gemma3":
         head = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
         ctrl = {"<pad>": 3, "<eos>": 3, "<bos>": 3, "<unk>": 2,
@@ -375,6 +428,10 @@ HF_TO_GGUF = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -403,6 +460,24 @@ def gguf_tensors(model, arch, cfg):
             continue
         assert name.startswith("model.layers."), name
         _, _, bid, rest = name.split(".", 3)
+        # gpt-oss (GptOssModel's conversion): its experts are stored (n_expert, in, out);
+        # gate_up_proj (n_expert, n_embd, 2 n_ff_exp) is transposed and de-interleaved (gate
+        # the even columns, up the odd ones), and so is its bias (n_expert, 2 n_ff_exp)
+        if rest == "mlp.experts.down_proj" and arch == "gpt-oss":
+            out.append((f"blk.{bid}.ffn_down_exps.weight", w.transpose(0, 2, 1)))
+            continue
+        if rest == "mlp.experts.gate_up_proj" and arch == "gpt-oss":
+            t = w.transpose(0, 2, 1)
+            out.append((f"blk.{bid}.ffn_gate_exps.weight", t[:, ::2, :]))
+            out.append((f"blk.{bid}.ffn_up_exps.weight", t[:, 1::2, :]))
+            continue
+        if rest == "mlp.experts.gate_up_proj_bias":
+            out.append((f"blk.{bid}.ffn_gate_exps.bias", w[:, ::2]))
+            out.append((f"blk.{bid}.ffn_up_exps.bias", w[:, 1::2]))
+            continue
+        if rest == "mlp.experts.down_proj_bias":
+            out.append((f"blk.{bid}.ffn_down_exps.bias", w))
+            continue
         if rest == "mlp.experts.gate_up_proj":  # (n_expert, 2 n_ff_exp, n_embd)
             f = w.shape[1] // 2
             out.append((f"blk.{bid}.ffn_gate_exps.weight", w[:, :f, :]))
@@ -414,7 +489,7 @@ def gguf_tensors(model, arch, cfg):
         if rest == "mlp.gate.weight":
             out.append((f"blk.{bid}.ffn_gate_inp.weight", w))
             continue
-        if gemma and rest == "post_attention_layernorm.weight":
+        if (gemma or arch == "gpt-oss") and rest == "post_attention_layernorm.weight":
             g = "post_attention_norm.weight"
         elif gemma and rest == "pre_feedforward_layernorm.weight":
             g = "ffn_norm.weight"
@@ -463,13 +538,14 @@ def add_rope_scaling(w, rp):
 
 
 def write_gguf(path, name, arch, model, cfg, kind):
-    """kind: "f32"; "f16" (matrices F16); "q8_0" (experts Q8_0, other matrices F16).
-    Vectors and the router stay F32, as the converter writes them."""
+    """kind: "f32"; "f16" (matrices F16); "q8_0" / "mxfp4" (experts Q8_0 / MXFP4, other
+    matrices F16). Vectors, biases and the router stay F32, as the converter writes them."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type("model")
     w.add_name(f"smelt ref {name}")
     w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                     "mxfp4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE}[kind])
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -490,13 +566,17 @@ def write_gguf(path, name, arch, model, cfg, kind):
     else:
         w.add_rope_freq_base(rp["rope_theta"])
         add_rope_scaling(w, rp)
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "gpt-oss"):
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "gpt-oss"):
             w.add_expert_count(cfg.num_experts)
             w.add_expert_used_count(cfg.num_experts_per_tok)
+        if arch == "qwen3moe":
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters
+            w.add_sliding_window(cfg.sliding_window)
+            w.add_expert_feed_forward_length(cfg.intermediate_size)
         if arch == "llama":
             w.add_vocab_size(cfg.vocab_size)
             w.add_rope_dimension_count(head_dim)
@@ -509,13 +589,15 @@ def write_tensors(w, tensors, f16):
     float16-exact) and writes the file."""
     for tname, arr in tensors:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if kind == "q8_0" and arr.ndim == 3:
-            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-            back = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
-            assert np.array_equal(back.reshape(arr.shape), arr), f"{tname} is not Q8_0-exact"
-            w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if kind in ("q8_0", "mxfp4") and arr.ndim == 3:
+            qt = gguf.GGMLQuantizationType[kind.upper()]
+            q = gguf.quants.quantize(arr, qt)
+            back = gguf.quants.dequantize(q, qt)
+            assert np.array_equal(back.reshape(arr.shape), arr), f"{tname} is not {kind}-exact"
+            w.add_tensor(tname, q, raw_dtype=qt)
             continue
-        if kind != "f32" and arr.ndim >= 2 and "ffn_gate_inp" not in tname:
+        if (kind != "f32" and arr.ndim >= 2 and "ffn_gate_inp" not in tname
+                and not tname.endswith(".bias")):
             h = arr.astype(np.float16)
             assert np.array_equal(h.astype(np.float32), arr), f"{tname} is not float16-exact"
             arr = h
@@ -524,6 +606,24 @@ def write_tensors(w, tensors, f16):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def count_swiglu_clamps(model):
+    """Counts, over every later forward of model, the gate values above gpt-oss's SwiGLU
+    limit and the up values outside it (a wrapper around each experts module's
+    _apply_gate); returns the live counter dict."""
+    counts = {"gate": 0, "up": 0, "values": 0}
+    for layer in model.model.layers:
+        ex = layer.mlp.experts
+        orig = ex._apply_gate
+
+        def wrapped(gate_up, orig=orig, lim=ex.limit):
+            counts["gate"] += int((gate_up[..., ::2] > lim).sum())
+            counts["up"] += int((gate_up[..., 1::2].abs() > lim).sum())
+            counts["values"] += gate_up.shape[-1] // 2 * (gate_up.numel() // gate_up.shape[-1])
+            return orig(gate_up)
+        ex._apply_gate = wrapped
+    return counts
 
 
 # ---------------------------------------------------------------------------- round trip
@@ -544,7 +644,10 @@ def check_hf_gguf_roundtrip(out, fname, name, cls, cfg, prompts):
     recorded ones. First with the config transformers derives from the GGUF (reported,
     not required: its key mapping is incomplete for some of these files), then with the
     HF config the file was made from (required to match: every weight, as transformers
-    reads and un-permutes it, must be the one the logits were recorded with)."""
+    reads and un-permutes it, must be the one the logits were recorded with). Except for
+    gpt-oss, which transformers' GGUF reader cannot read at all (it fails on llama.cpp's
+    rope.scaling keys, and its tensor processor expects ffn_*_projs experts where llama.cpp
+    writes ffn_*_exps): reported; the numpy reference is the check of those files."""
     tol = 1e-4 * max(1.0, max(p["max_abs_logit"] for p in prompts))
     transformers.logging.set_verbosity_error()  # the expected load failures are reported below
     transformers.logging.disable_progress_bar()
@@ -555,8 +658,13 @@ def check_hf_gguf_roundtrip(out, fname, name, cls, cfg, prompts):
         own = f"{d:.3g}" + ("" if d <= tol else " (differs: transformers' GGUF config mapping)")
     except Exception as ex:  # noqa: BLE001 - reported, not fatal
         own = f"not loadable ({type(ex).__name__}: {str(ex).splitlines()[0][:80]})"
-    m = cls.from_pretrained(str(out), gguf_file=fname, config=copy.deepcopy(cfg),
-                            dtype=torch.float32, attn_implementation="eager")
+    try:
+        m = cls.from_pretrained(str(out), gguf_file=fname, config=copy.deepcopy(cfg),
+                                dtype=torch.float32, attn_implementation="eager")
+    except Exception as ex:  # noqa: BLE001 - gpt-oss only, see above
+        if cls is not GptOssForCausalLM:
+            raise
+        return f"{fname:22s} not loadable by transformers' GGUF reader ({type(ex).__name__})"
     d = max_diff(m.eval(), out, prompts)
     if d > tol:
         sys.exit(f"ROUND TRIP FAILED {fname}: transformers reading the GGUF gives logits "
@@ -613,11 +721,13 @@ def main():
         model.eval()
         init_weights(model, arch, gen)
         files = {}
-        for kind in ("f32", "f16", "q8_0") if moe else ("f32", "f16"):
+        qkind = "mxfp4" if arch == "gpt-oss" else "q8_0"  # how the real files store experts
+        for kind in ("f32", "f16", qkind) if moe else ("f32", "f16"):
             p = out / f"{name}-{kind}.gguf"
             write_gguf(p, name, arch, model, cfg, kind)
             files[kind] = {"file": p.name, "sha256": sha256(p), "bytes": p.stat().st_size}
         routed = [set() for _ in range(cfg.num_hidden_layers)] if moe else None
+        clamped = count_swiglu_clamps(model) if arch == "gpt-oss" else None
         rng = np.random.default_rng(SEED + 100 + mi)
         prompts = []
         refs = {k: ref_forward.RefModel(str(out / v["file"])) for k, v in files.items()}
@@ -669,9 +779,17 @@ def main():
             if min(sets) < n_pos // 2 or min(used) < c.num_experts * 3 // 4:
                 sys.exit(f"{name}: routing too uniform (sets {sets}, experts used {used})")
             info.update(n_expert=c.num_experts, n_expert_used=c.num_experts_per_tok,
-                        n_ff_exp=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
                         routing={"distinct_expert_sets_per_layer": sets,
                                  "experts_used_per_layer": used, "positions": n_pos})
+            if arch == "qwen3moe":
+                info.update(n_ff_exp=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob)
+        if arch == "gpt-oss":
+            # the SwiGLU's limit must act somewhere, on gate (above) and up (both sides)
+            if min(clamped["gate"], clamped["up"]) == 0:
+                sys.exit(f"{name}: the SwiGLU limit never acts ({clamped})")
+            info.update(n_ff_exp=c.intermediate_size, sliding_window=c.sliding_window,
+                        layer_types=c.layer_types, swiglu_alpha=c.swiglu_alpha,
+                        swiglu_limit=c.swiglu_limit, swiglu_clamped=clamped)
         if arch == "gemma3":
             info.update(sliding_window=c.sliding_window, layer_types=c.layer_types,
                         final_logit_softcapping=c.final_logit_softcapping,

@@ -2,8 +2,8 @@
 
     python3 tests/py/ref_forward.py MODEL.gguf ID [ID ...]    # prints top-5 per position
 
-Architectures: llama, qwen2, qwen3, gemma3 (dense decoders) and qwen3moe (mixture of
-experts). It reads weights with
+Architectures: llama, qwen2, qwen3, gemma3 (dense decoders), qwen3moe and gpt-oss (mixtures
+of experts). It reads weights with
 gguf-py (GGUFReader + gguf.quants.dequantize, so F32, F16, BF16 and the quantized types
 gguf-py knows all work) and follows llama.cpp's GGUF conventions, not Hugging Face's:
 
@@ -37,6 +37,15 @@ gguf-py knows all work) and follows llama.cpp's GGUF conventions, not Hugging Fa
   their probabilities renormalized to sum 1 (always: qwen3moe has no key for it); the
   output is the weighted sum of those experts' down(silu(gate h) * up h), with expert e's
   matrices the slices [e] of ffn_{gate,up,down}_exps (numpy (n_expert, out, in)).
+- gpt-oss: q/k/v biases and attn_output.bias; attn_sinks (n_head) is one more logit in
+  each head's softmax, with no value; layer i is sliding-window when i % pattern <
+  pattern - 1 (`attention.sliding_window_pattern`, default 2), with rope.freq_base_swa
+  (default rope.freq_base) and the same scaling; YaRN's correction range is not rounded
+  (gpt-oss's HF config has truncate = False; GGUF has no key for it, so it goes with the
+  architecture); post_attention_norm is the FFN's pre-norm; the router has a bias
+  (ffn_gate_inp.bias), its k largest logits are softmaxed among themselves; an expert is
+  down(act(gate h + gb, up h + ub)) + db with act(g, u) = g' sigmoid(1.702 g') (u' + 1),
+  g' = min(g, 7), u' = clamp(u, -7, 7) (the constants have no GGUF key either).
 - output is `output.weight`, or token_embd when absent (tied).
 
 Computation is float64 for a clean reference. Shapes: ids (n,) -> logits (n, n_vocab).
@@ -68,7 +77,7 @@ class RefModel:
             raise ImportError("ref_forward needs the gguf package (pip install gguf)")
         r = gguf.GGUFReader(path)
         self.arch = a = _field(r, "general.architecture")
-        if a not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3"):
+        if a not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss"):
             raise ValueError(f"{path}: unsupported architecture {a!r}")
         self.n_embd = _field(r, f"{a}.embedding_length")
         self.n_layer = _field(r, f"{a}.block_count")
@@ -77,10 +86,13 @@ class RefModel:
         self.head_dim = _field(r, f"{a}.attention.key_length", self.n_embd // self.n_head)
         self.eps = _field(r, f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
         self.rope_base = _field(r, f"{a}.rope.freq_base", 10000.0)
-        self.rope_base_swa = _field(r, f"{a}.rope.freq_base_swa", 10000.0)
+        self.rope_base_swa = _field(r, f"{a}.rope.freq_base_swa",
+                                    self.rope_base if a == "gpt-oss" else 10000.0)
         self.rope_dim = _field(r, f"{a}.rope.dimension_count", self.head_dim)
         self.sliding_window = _field(r, f"{a}.attention.sliding_window")
-        self.swa_pattern = _field(r, f"{a}.attention.sliding_window_pattern", 6)
+        self.swa_pattern = _field(r, f"{a}.attention.sliding_window_pattern",
+                                  2 if a == "gpt-oss" else 6)
+        self.yarn_truncate = a != "gpt-oss"
         self.softcap = _field(r, f"{a}.final_logit_softcapping")
         self.scaling = _field(r, f"{a}.rope.scaling.type", "none")
         self.scale_factor = _field(r, f"{a}.rope.scaling.factor", 1.0)
@@ -100,7 +112,7 @@ class RefModel:
         self.n_vocab = self.t["token_embd.weight"].shape[0]
 
     def is_local(self, il: int) -> bool:
-        if self.arch != "gemma3" or not self.sliding_window:
+        if self.arch not in ("gemma3", "gpt-oss") or not self.sliding_window:
             return False
         pat = self.swa_pattern
         if isinstance(pat, (list, tuple)):  # array form: true = sliding
@@ -126,8 +138,10 @@ class RefModel:
         # yarn
         def corr(rot):
             return d * np.log(self.orig_ctx / (rot * 2 * np.pi)) / (2 * np.log(base))
-        low = max(np.floor(corr(self.beta_fast)), 0.0)
-        high = min(np.ceil(corr(self.beta_slow)), d - 1.0)
+        low, high = corr(self.beta_fast), corr(self.beta_slow)
+        if self.yarn_truncate:
+            low, high = np.floor(low), np.ceil(high)
+        low, high = max(low, 0.0), min(high, d - 1.0)
         if low == high:
             high += 0.001
         ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0.0, 1.0)
@@ -157,8 +171,13 @@ class RefModel:
             out[..., h:d] = x0 * sin + x1 * cos
         return out
 
-    def glu(self, h, wg, wu, wd):
+    def glu(self, h, wg, wu, wd, bias=None):
         gate, up = h @ wg.T, h @ wu.T
+        if self.arch == "gpt-oss":
+            gb, ub, db = bias
+            g = np.minimum(gate + gb, 7.0)
+            u = np.clip(up + ub, -7.0, 7.0)
+            return (g / (1 + np.exp(-1.702 * g)) * (u + 1)) @ wd.T + db
         if self.arch == "gemma3":
             act = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
         else:
@@ -169,6 +188,19 @@ class RefModel:
         """Mixture of experts on the normed rows h (n, n_embd)."""
         T, k = self.t, self.n_expert_used
         logits = h @ T[p + "ffn_gate_inp.weight"].T          # (n, n_expert)
+        if self.arch == "gpt-oss":  # biased logits, softmax over the k largest
+            logits = logits + T[p + "ffn_gate_inp.bias"]
+            out = np.zeros_like(h)
+            for i in range(h.shape[0]):
+                top = np.argsort(-logits[i], kind="stable")[:k]
+                w = np.exp(logits[i, top] - logits[i, top].max())
+                w /= w.sum()
+                for e, we in zip(top, w):
+                    bias = [T[p + f"ffn_{x}_exps.bias"][e] for x in ("gate", "up", "down")]
+                    out[i] += we * self.glu(h[i:i + 1], T[p + "ffn_gate_exps.weight"][e],
+                                            T[p + "ffn_up_exps.weight"][e],
+                                            T[p + "ffn_down_exps.weight"][e], bias)[0]
+            return out
         prob = np.exp(logits - logits.max(axis=1, keepdims=True))
         prob /= prob.sum(axis=1, keepdims=True)
         out = np.zeros_like(h)
@@ -207,7 +239,8 @@ class RefModel:
                 k = self.rmsnorm(k, T[p + "attn_k_norm.weight"])
             local = self.is_local(il)
             base = self.rope_base_swa if local else self.rope_base
-            q, k = self.rope(q, pos, base, not local), self.rope(k, pos, base, not local)
+            scaled = not local or self.arch == "gpt-oss"
+            q, k = self.rope(q, pos, base, scaled), self.rope(k, pos, base, scaled)
             # mask: causal, plus the sliding window on local layers
             dq = pos[:, None] - pos[None, :]
             visible = dq >= 0
@@ -218,14 +251,19 @@ class RefModel:
             for hh in range(H):
                 s = q[:, hh, :] @ k[:, hh // g, :].T / np.sqrt(hd)
                 s = np.where(visible, s, -np.inf)
-                s = np.exp(s - s.max(axis=1, keepdims=True))
-                s /= s.sum(axis=1, keepdims=True)
+                sink = T[p + "attn_sinks.weight"][hh] if p + "attn_sinks.weight" in T else -np.inf
+                mx = np.maximum(s.max(axis=1, keepdims=True), sink)
+                s = np.exp(s - mx)
+                s /= s.sum(axis=1, keepdims=True) + np.exp(sink - mx)
                 att[:, hh, :] = s @ v[:, hh // g, :]
             o = att.reshape(n, H * hd) @ T[p + "attn_output.weight"].T
-            if p + "post_attention_norm.weight" in T:
+            if p + "attn_output.bias" in T:
+                o = o + T[p + "attn_output.bias"]
+            if self.arch == "gemma3":
                 o = self.rmsnorm(o, T[p + "post_attention_norm.weight"])
             x = x + o
-            h = self.rmsnorm(x, T[p + "ffn_norm.weight"])
+            ffn_norm = "post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"
+            h = self.rmsnorm(x, T[p + ffn_norm + ".weight"])
             if p + "ffn_gate_inp.weight" in T:
                 f = self.moe(h, p)
             else:

@@ -112,6 +112,19 @@ def test_dequantize_bit_exact(lib, t, scale_offs):
     assert same_bits(got, ref), f"{t.name}: {first_diff(got, ref)}"
 
 
+def test_dequantize_mxfp4_every_exponent(lib):
+    # gpt-oss's experts: every E8M0 scale byte (0 and 1 take ggml's subnormal branch, 255 the
+    # largest) with every code in both nibbles, bit for bit against gguf-py.
+    raw = np.zeros((256 * 16, 17), dtype=np.uint8)
+    for e in range(256):
+        blk = raw[e * 16:(e + 1) * 16]
+        blk[:, 0] = e
+        blk[:, 1:] = (np.arange(16, dtype=np.uint8)[:, None] * 17 + np.arange(16)) & 0xFF
+    ref = gq.dequantize(raw.reshape(-1), T.MXFP4).reshape(-1).astype(np.float32, copy=False)
+    got = c_dequant(lib, T.MXFP4, raw)
+    assert same_bits(got, ref), f"MXFP4: {first_diff(got, ref)}"
+
+
 def test_dequantize_iq1_m_special_scales(lib):
     # IQ1_M's f16 super-scale is spread over the top nibbles of its 4 scale words.
     rng = np.random.default_rng(7)

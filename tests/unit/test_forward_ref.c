@@ -1,9 +1,9 @@
 /* The CPU forward pass against transformers' logits on the tiny random-weight fixtures of
  * tests/data/ref (llama, llama3 scaling, qwen2, qwen3, gemma3, linear and YaRN scaling,
- * qwen3moe; F32 and F16 GGUF files holding the same numbers, and qwen3moe's Q8_0-experts
- * file holding them too). Every position of every prompt must have the same argmax and a
- * max relative error (max |d logit| / max |logit|) under 1e-4 (Q8_0 on the fast path:
- * 1e-3).
+ * qwen3moe, gpt-oss; F32 and F16 GGUF files holding the same numbers, and the MoE models'
+ * quantized-experts files holding them too: qwen3moe's Q8_0, gpt-oss's MXFP4). Every
+ * position of every prompt must have the same argmax and a max relative error (max |d
+ * logit| / max |logit|) under 1e-4 (quantized experts on the fast path: 1e-3).
  *
  * Each prompt runs as one prefill, and as a prefill of the first part then one decode
  * step per remaining token (the cache path); then all prompts run together as sequences
@@ -93,7 +93,7 @@ static void check_model(json_t *jm, const char *variant, bool exact, double tol)
     enum { MAXQ = 4 };
     const char *name = json_string_value(json_object_get(jm, "name"));
     json_t *jf = json_object_get(json_object_get(jm, "files"), variant);
-    if (!jf) return; /* only the MoE fixture has a q8_0 file */
+    if (!jf) return; /* only the MoE fixtures have a quantized-experts file */
     const char *file = json_string_value(json_object_get(jf, "file"));
     char path[512];
     snprintf(path, sizeof path, "%s/%s", REF_DIR, file);
@@ -149,7 +149,7 @@ static void check_model(json_t *jm, const char *variant, bool exact, double tol)
             }
     }
     const double w = fmax(worst[0], fmax(worst[1], worst[2]));
-    printf("%-12s %-4s %-5s max rel err %.2e (prefill %.2e, decode %.2e, batch of %d %.2e) over "
+    printf("%-12s %-5s %-5s max rel err %.2e (prefill %.2e, decode %.2e, batch of %d %.2e) over "
            "%d positions, %d argmax flips\n", name, variant, exact ? "exact" : "fast", w, worst[0],
            worst[1], nq, worst[2], positions, flips);
     T_CHECKF(w < tol, "%s %s: max rel err %g (tol %g)", name, variant, w, tol);
@@ -174,11 +174,14 @@ static void check_all(const char *variant, bool exact, double tol) {
 
 static void test_f32(void) { check_all("f32", false, TOL); }
 static void test_f16(void) { check_all("f16", false, TOL); }
-/* The MoE fixture's Q8_0 experts: exact, the same bound; the fast path rounds the
- * experts' inputs to 15 bits (docs/forward.md), a looser one. */
-static void test_q8_0(void) {
+/* The MoE fixtures' quantized experts (qwen3moe Q8_0, gpt-oss MXFP4): exact, the same
+ * bound; the fast path rounds the experts' inputs to 15 bits (docs/forward.md), a looser
+ * one. */
+static void test_quantized_experts(void) {
     check_all("q8_0", true, TOL);
     check_all("q8_0", false, TOL_Q);
+    check_all("mxfp4", true, TOL);
+    check_all("mxfp4", false, TOL_Q);
 }
 
 int main(void) {
@@ -193,7 +196,7 @@ int main(void) {
     }
     T_RUN(test_f32);
     T_RUN(test_f16);
-    T_RUN(test_q8_0);
+    T_RUN(test_quantized_experts);
     json_decref(manifest);
     bk_free(bk);
     return t_done();
