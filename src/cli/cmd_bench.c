@@ -30,8 +30,8 @@
  * holds it (token_embd only for the rows it gathers, unless it is also the output matrix;
  * of a mixture of experts' expert tensors only the experts the step's rows select: k of
  * n_expert for one row, n (1 - (1 - k/n)^B) expected for B rows routed at random, the
- * "active bytes") plus the K and V of every sequence's context (at the run's middle). The
- * bandwidth is
+ * "active bytes", expert biases included) plus the K and V of every sequence's context (at
+ * the run's middle; a sliding-window layer reads at most its window). The bandwidth is
  * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
  * (TARGETS.md); on the CPU no bound is printed unless given. */
 #include <math.h>
@@ -309,8 +309,8 @@ struct row {
 };
 
 /* Bytes one decode step of nseq sequences reads at context length ctx_len each: the
- * weights as the backend holds them (the selected experts only), and the K/V of every
- * sequence. */
+ * weights as the backend holds them (the selected experts only, with their biases), and the
+ * K/V of every sequence (a sliding-window layer's last `window` positions only). */
 static double step_bytes(const struct model *m, int nseq, double ctx_len) {
     /* the expected share of each expert tensor read: distinct experts among nseq rows
      * each choosing k of n at random, over n */
@@ -322,10 +322,18 @@ static double step_bytes(const struct model *m, int nseq, double ctx_len) {
         double b = (double)bk_weight_bytes(m->bk, t->type, t->ne);
         if (b == 0) b = (double)tensor_nbytes(t);
         if (t == m->tok_embd && !m->hp.tied_output) b = b / (double)t->ne[1] * nseq; /* rows */
-        if (n > 1 && t->ne[2] == m->hp.n_expert) b *= expert_share;
+        const bool expert_bias = t->name && strstr(t->name, "_exps.bias"); /* gpt-oss */
+        if (n > 1 && (t->ne[2] == m->hp.n_expert || expert_bias)) b *= expert_share;
         w += b;
     }
-    return w + (double)model_kv_block_bytes(m, QT_F16, 1) * ctx_len * nseq;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer_attn *a = &m->layer[il];
+        const double row = (double)(qtype_row_size(QT_F16, a->head_dim_k) +
+                                    qtype_row_size(QT_F16, a->head_dim_v)) * a->n_head_kv;
+        const int32_t win = a->attn.window;
+        w += row * (win > 0 && win < ctx_len ? win : ctx_len) * nseq;
+    }
+    return w;
 }
 
 /* Sample statistics as llama-bench computes them: mean, and the standard deviation with

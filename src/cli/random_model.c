@@ -14,6 +14,15 @@
  * router ffn_gate_inp (2048, 128) is F32; `smelt quantize` then gives them llama.cpp's
  * Q4_K_M types (experts' gate/up Q4_K, down Q6_K on the more-bits layers else Q4_K).
  * tiny-moe: tiny's attention with qwen3moe's Q/K norms and 16 experts of 256, 4 per token.
+ * gpt-oss-20b / -120b (public configs openai/gpt-oss-20b and -120b, llama.cpp's gpt-oss GGUF
+ * layout): n_embd 2880, 24 / 36 layers, 64 heads of 64 (key_length written), 8 KV heads,
+ * 32 / 128 experts of 2880 with 4 per token, rope base 150000 with YaRN factor 32 over
+ * 4096, window 128 on the even layers, vocab 201088, untied output; Q/K/V/O biases,
+ * attn_sinks (F32), post_attention_norm as the FFN's norm, a router with a bias and expert
+ * biases {2880, n_expert} (F32: biases are never quantized). `smelt quantize ... MXFP4_MOE`
+ * gives the layout of the MXFP4 files llama.cpp's converter writes (ggml-org's
+ * gpt-oss-20b-mxfp4.gguf): experts MXFP4, every other matrix Q8_0, router and vectors F32.
+ * tiny-gpt-oss: gpt-oss's block at tiny's size, 16 experts of 256, 4 per token.
  */
 #include "cli/random_model.h"
 
@@ -33,20 +42,26 @@ static const struct rm_hybrid qwen35_9b = {4, 16, 32, 128, 128, 4, 64, {11, 11, 
 
 static const struct rm_preset presets[] = {
     /* name, arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, vocab, rope, tied,
-     * qkv_bias, qk_norm, gemma, swa, n_expert, n_expert_used, n_ff_exp, hybrid */
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0, 0, 0, 0, NULL},
-    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0, 0, 0, 0, NULL},
-    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0, 0, 0, 0, NULL},
-    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0, 0, 0, 0, NULL},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0, 0, 0, 0, NULL},
+     * qkv_bias, qk_norm, gemma, swa, n_expert, n_expert_used, n_ff_exp, hybrid, oai */
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 500000.f, false, false, false, false, 0, 0, 0, 0, NULL, false},
+    {"llama3-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 500000.f, true, false, false, false, 0, 0, 0, 0, NULL, false},
+    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1000000.f, true, true, false, false, 0, 0, 0, 0, NULL, false},
+    {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 1000000.f, false, true, false, false, 0, 0, 0, 0, NULL, false},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 1000000.f, false, false, true, false, 0, 0, 0, 0, NULL, false},
     {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 1000000.f, false, false, true, false, 0,
-     128, 8, 768, NULL},
-    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL},
-    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL},
+     128, 8, 768, NULL, false},
+    {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL, false},
+    {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL, false},
     {"qwen3.5-9b", "qwen35", 4096, 32, 16, 4, 256, 12288, 248320, 10000000.f, false, false, true,
-     false, 0, 0, 0, 0, &qwen35_9b},
-    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0, 0, 0, 0, NULL},
-    {"tiny-moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, true, false, 0, 16, 4, 256, NULL},
+     false, 0, 0, 0, 0, &qwen35_9b, false},
+    {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0, 0, 0, 0, NULL, false},
+    {"tiny-moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, true, false, 0, 16, 4, 256, NULL, false},
+    {"gpt-oss-20b", "gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088, 150000.f, false, true, false, false, 128, 32, 4,
+     2880, NULL, true},
+    {"gpt-oss-120b", "gpt-oss", 2880, 36, 64, 8, 64, 2880, 201088, 150000.f, false, true, false, false, 128, 128,
+     4, 2880, NULL, true},
+    {"tiny-gpt-oss", "gpt-oss", 256, 2, 4, 2, 64, 256, 1000, 150000.f, false, true, false, false, 128, 16, 4, 256, NULL,
+     true},
 };
 
 const struct rm_preset *rm_preset_find(const char *name) {
@@ -57,7 +72,7 @@ const struct rm_preset *rm_preset_find(const char *name) {
 
 const char *rm_preset_names(void) {
     return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, qwen3.5-9b, "
-           "gemma3-270m, gemma3-1b, tiny, tiny-moe";
+           "gpt-oss-20b, gpt-oss-120b, gemma3-270m, gemma3-1b, tiny, tiny-moe, tiny-gpt-oss";
 }
 
 struct tlist {
@@ -139,6 +154,10 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
         T("attn_k.weight", RM_MATRIX, d, kv);
         T("attn_v.weight", RM_MATRIX, d, kv);
         T("attn_output.weight", RM_MATRIX, q, d);
+        if (p->oai) {
+            T("attn_output.bias", RM_BIAS, d, 1);
+            T("attn_sinks.weight", RM_BIAS, p->n_head, 1);
+        }
         if (p->qkv_bias) {
             T("attn_q.bias", RM_BIAS, q, 1);
             T("attn_k.bias", RM_BIAS, kv, 1);
@@ -148,15 +167,19 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
             T("attn_q_norm.weight", RM_NORM, p->head_dim, 1);
             T("attn_k_norm.weight", RM_NORM, p->head_dim, 1);
         }
-        if (p->gemma) T("post_attention_norm.weight", RM_NORM, d, 1);
-        T("ffn_norm.weight", RM_NORM, d, 1);
+        if (p->gemma || p->oai) T("post_attention_norm.weight", RM_NORM, d, 1);
+        if (!p->oai) T("ffn_norm.weight", RM_NORM, d, 1);
         if (p->n_expert) { /* the router, then n_expert stacked matrices per projection */
             const int64_t fe = p->n_ff_exp, ne = p->n_expert;
             T("ffn_gate_inp.weight", RM_ROUTER, d, ne);
+            if (p->oai) T("ffn_gate_inp.bias", RM_BIAS, ne, 1);
             static const char *const exps[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
             for (int j = 0; j < 3; j++) {
                 snprintf(nm, sizeof nm, "blk.%d.%s.weight", i, exps[j]);
                 add3(&l, nm, RM_MATRIX, j < 2 ? d : fe, j < 2 ? fe : d, ne);
+                if (!p->oai) continue;
+                snprintf(nm, sizeof nm, "blk.%d.%s.bias", i, exps[j]);
+                add(&l, nm, RM_BIAS, j < 2 ? fe : d, ne);
             }
         } else {
             T("ffn_gate.weight", RM_MATRIX, d, f);
@@ -191,7 +214,7 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
     gguf_set_str(w, "general.name", name);
 #define U32(suffix, v) gguf_set_u32(w, akey(p, suffix, k, sizeof k), (uint32_t)(v))
 #define F32(suffix, v) gguf_set_f32(w, akey(p, suffix, k, sizeof k), (float)(v))
-    U32("context_length", 32768);
+    U32("context_length", p->oai ? 131072 : 32768);
     U32("embedding_length", p->n_embd);
     U32("block_count", p->n_layer + (p->hybrid ? p->hybrid->n_mtp : 0));
     U32("feed_forward_length", p->n_ff);
@@ -227,8 +250,16 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
         U32("expert_used_count", p->n_expert_used);
         U32("expert_feed_forward_length", p->n_ff_exp);
     }
+    if (p->oai) { /* as llama.cpp's converter writes gpt-oss's config */
+        U32("attention.sliding_window", p->sliding_window);
+        gguf_set_str(w, akey(p, "rope.scaling.type", k, sizeof k), "yarn");
+        F32("rope.scaling.factor", 32);
+        U32("rope.scaling.original_context_length", 4096);
+        F32("rope.scaling.yarn_beta_fast", 32);
+        F32("rope.scaling.yarn_beta_slow", 1);
+    }
     F32("rope.freq_base", p->rope_base);
-    F32("attention.layer_norm_rms_epsilon", 1e-6);
+    F32("attention.layer_norm_rms_epsilon", p->oai ? 1e-5 : 1e-6);
     gguf_set_u32(w, "general.file_type", file_type);
     U32("vocab_size", p->n_vocab);
 #undef U32

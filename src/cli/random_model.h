@@ -34,9 +34,11 @@ struct rm_preset {
     float rope_base;
     bool tied, qkv_bias, qk_norm;
     bool gemma;         /* gemma3: post-attention/post-FFN norms, key/value_length, sliding window */
-    int sliding_window; /* gemma3 only */
+    int sliding_window; /* gemma3 and gpt-oss */
     int n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
     const struct rm_hybrid *hybrid;        /* NULL: every layer is attention */
+    bool oai; /* gpt-oss: output bias, sinks, post_attention_norm as the FFN's norm, router
+               * and expert biases, YaRN (factor 32 over 4096), every other layer windowed */
 };
 
 /* RM_ROUTER: an MoE router, F32 like the converter writes it (never quantized). RM_DECAY:

@@ -145,7 +145,8 @@ def test_csv_and_jsonl_match_json_fields():
 def step_bytes(path, ns, ctx):
     """Bytes a decode step of ns sequences reads at context ctx, from gguf-py's reading of
     the file: every tensor, token_embd's gathered rows (untied), the expected share of each
-    expert tensor an MoE step selects, the F16 K and V of every sequence."""
+    expert tensor an MoE step selects (gpt-oss's expert biases too), the F16 K and V of every
+    sequence (on gpt-oss's sliding layers, the window's only)."""
     reader = gguf.GGUFReader(path)
     kv = {f.name: f for f in reader.fields.values()}
     arch = kv["general.architecture"].contents()
@@ -167,8 +168,15 @@ def step_bytes(path, ns, ctx):
         if t.name.endswith("_exps.weight"):
             assert int(t.shape[2]) == n_exp
             b *= share  # a mixture of experts: the active bytes
+        if t.name.endswith("_exps.bias"):
+            assert int(t.shape[1]) == n_exp
+            b *= share
         w += b
-    return w + n_layer * 2 * n_kv * head_dim * 2 * ctx * ns  # K and V, F16
+    window = u32(f"{arch}.attention.sliding_window", 0) if arch == "gpt-oss" else 0
+    for il in range(n_layer):  # gpt-oss: the even layers see the last `window` positions
+        keys = min(ctx, window) if window and il % 2 == 0 else ctx
+        w += 2 * n_kv * head_dim * 2 * keys * ns  # K and V, F16
+    return w
 
 
 def test_batched_and_bandwidth_bound():
@@ -196,6 +204,21 @@ def test_moe_active_bytes_bound():
     for r in rows:
         ns = r["n_seqs"]
         want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(moe, ns, 4 + 6 / 2))
+        assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
+
+
+def test_gpt_oss_active_bytes_bound():
+    """gpt-oss: the experts' biases follow their experts, and a sliding layer reads only its
+    window of K/V (the gpt-oss fixture: 16 experts, 4 used, window 8 on layer 0, at a context
+    of 16 + 6 / 2)."""
+    moe = TINY.parent / "gpt-oss-mxfp4.gguf"
+    bw = 20.0
+    rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "16", "-r", "2", "--bw", bw,
+                      model=moe)
+    assert [r["n_seqs"] for r in rows] == [1, 3]
+    for r in rows:
+        ns = r["n_seqs"]
+        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(moe, ns, 16 + 6 / 2))
         assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
 
 

@@ -553,6 +553,51 @@ def test_random_tiny_moe_runs(tmp_path):
     assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
 
 
+def test_gpt_oss_20b_mxfp4_plan():
+    """gpt-oss-20b's preset, quantized as MXFP4_MOE, has the layout of the MXFP4 file
+    llama.cpp's converter writes (ggml-org/gpt-oss-20b-GGUF: 459 tensors, 289 F32, the 72
+    expert tensors MXFP4, 12.1 GB): every other matrix Q8_0, biases, sinks and the router
+    F32."""
+    if not os.path.exists(SMELT):
+        pytest.skip("SKIP smelt binary not built")
+    rows, total = plan("--random", "gpt-oss-20b", "/nonexistent.gguf", "MXFP4_MOE")
+    from collections import Counter
+    c = Counter(t for _, _, t in rows.values())
+    # 24 layers x (attn_norm, q/k/v/o biases, sinks, post_attention_norm, router weight and
+    # bias, 3 expert biases) + output_norm F32; 24 x (q, k, v, o) + token_embd + output Q8_0
+    assert c == {"F32": 289, "MXFP4": 72, "Q8_0": 98}, c
+    assert rows["blk.3.ffn_gate_exps.weight"] == ("2880x2880x32", "F16", "MXFP4")
+    assert rows["blk.3.ffn_down_exps.weight"] == ("2880x2880x32", "F16", "MXFP4")
+    assert rows["blk.3.ffn_up_exps.bias"] == ("2880x32", "F32", "F32")
+    assert rows["blk.3.ffn_gate_inp.weight"] == ("2880x32", "F32", "F32")
+    assert rows["blk.3.attn_sinks.weight"] == ("64", "F32", "F32")
+    assert rows["blk.3.attn_q.weight"] == ("2880x4096", "F16", "Q8_0")  # 64 heads of 64
+    assert rows["blk.3.attn_k.weight"][0] == "2880x512"                 # 8 KV heads
+    assert rows["blk.3.post_attention_norm.weight"][2] == "F32"
+    assert "blk.3.ffn_norm.weight" not in rows
+    assert rows["token_embd.weight"] == ("2880x201088", "F16", "Q8_0")
+    assert rows["output.weight"][2] == "Q8_0"
+    mb = float(total.split("->")[1].split()[0])
+    assert 12000 < mb < 12200, total
+
+
+def test_random_tiny_gpt_oss_runs(tmp_path):
+    """A random gpt-oss file as the preset writes it loads and runs (smelt bench on the CPU),
+    with gpt-oss's keys and tensors."""
+    out = tmp_path / "tiny-gpt-oss.gguf"
+    smelt("--random", "tiny-gpt-oss", out, "MXFP4_MOE")
+    r, ts = tensors(out)
+    assert ts["blk.1.ffn_down_exps.weight"].tensor_type == T.MXFP4
+    assert tuple(int(x) for x in ts["blk.1.ffn_down_exps.bias"].shape) == (256, 16)
+    assert ts["blk.0.attn_sinks.weight"].tensor_type == T.F32
+    assert r.fields["gpt-oss.attention.sliding_window"].contents() == 128
+    assert r.fields["gpt-oss.rope.scaling.type"].contents() == "yarn"
+    b = subprocess.run([SMELT, "bench", "-m", str(out), "--backend", "cpu", "-p", "8", "-n", "4",
+                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=120)
+    assert b.returncode == 0, b.stderr
+    assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
+
+
 def test_random_gemma3_270m_matches_real_file():
     if not os.path.exists(GEMMA):
         pytest.skip(f"SKIP {GEMMA} absent (make models)")
