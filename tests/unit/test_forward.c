@@ -1,5 +1,5 @@
 /* Forward-pass properties on tiny random models written here with the GGUF writer
- * (llama, qwen2, qwen3, gemma3 and qwen3moe shapes):
+ * (llama, qwen2, qwen3, gemma3, qwen3moe and gpt-oss shapes):
  * - a sequence's logits do not depend on which other sequences share its batch;
  * - prefill followed by decode lands where token-at-a-time decode does;
  * - a recycled block carries no history from its last owner;
@@ -12,7 +12,8 @@
  *   the rows beside it (bitwise with Q8_0 experts, whose kernels are row-count invariant);
  * - loading fails with a message naming the bad key or tensor (for MoE files: expert
  *   tensors that disagree with expert_count / expert_used_count, a router of the wrong
- *   shape, a backend without the MoE ops);
+ *   shape, a backend without the MoE ops; gpt-oss files without its sinks or biases, a
+ *   backend without the features gpt-oss's ops need);
  * - a tokenizer with fewer tokens than token_embd has rows (padded vocabulary) limits the
  *   ids and logits to the tokens; one with more is refused.
  * Numerical agreement with transformers is test_forward_ref.c's job. */

@@ -1,7 +1,8 @@
 /* The mixture-of-experts ops (bk_moe_route, bk_moe_ffn) on the CPU backend against naive
  * double-precision references written here from the math: fresh random inputs at ragged
  * sizes, every gating mode, float and quantized experts (the int8-activation kernels and
- * the reference path of cpu_backend_set_exact), accumulate and in-place forms.
+ * the reference path of cpu_backend_set_exact), accumulate and in-place forms, and
+ * gpt-oss's experts (biases, the clamped SwiGLU past its limits, MXFP4 weights).
  * Batch invariance: a row's experts and weights are the same bits whether it is routed
  * alone or among others, and so is its FFN output where the matmul kernels are row-count
  * invariant (legacy types; every type on the scalar path). Runs once per CPU kernel level
