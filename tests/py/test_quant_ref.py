@@ -539,6 +539,14 @@ def test_qwen3_30b_a3b_q4_k_m_plan():
     assert 18400 < mb < 18700, total
 
 
+def assert_bench_runs(path):
+    """smelt bench runs a prefill and a decode test on the file (CPU)."""
+    b = subprocess.run([SMELT, "bench", "-m", str(path), "--backend", "cpu", "-p", "8", "-n", "4",
+                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=120)
+    assert b.returncode == 0, b.stderr
+    assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
+
+
 def test_random_tiny_moe_runs(tmp_path):
     """A random MoE file as the preset writes it loads and runs (smelt bench on the CPU)."""
     out = tmp_path / "tiny-moe.gguf"
@@ -547,10 +555,7 @@ def test_random_tiny_moe_runs(tmp_path):
     assert tuple(int(x) for x in ts["blk.1.ffn_down_exps.weight"].shape) == (256, 256, 16)
     assert ts["blk.1.ffn_gate_inp.weight"].tensor_type == T.F32
     assert r.fields["qwen3moe.expert_used_count"].contents() == 4
-    b = subprocess.run([SMELT, "bench", "-m", str(out), "--backend", "cpu", "-p", "8", "-n", "4",
-                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=120)
-    assert b.returncode == 0, b.stderr
-    assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
+    assert_bench_runs(out)
 
 
 def test_gpt_oss_20b_mxfp4_plan():
@@ -592,10 +597,7 @@ def test_random_tiny_gpt_oss_runs(tmp_path):
     assert ts["blk.0.attn_sinks.weight"].tensor_type == T.F32
     assert r.fields["gpt-oss.attention.sliding_window"].contents() == 128
     assert r.fields["gpt-oss.rope.scaling.type"].contents() == "yarn"
-    b = subprocess.run([SMELT, "bench", "-m", str(out), "--backend", "cpu", "-p", "8", "-n", "4",
-                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=120)
-    assert b.returncode == 0, b.stderr
-    assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
+    assert_bench_runs(out)
 
 
 def test_random_gemma3_270m_matches_real_file():
