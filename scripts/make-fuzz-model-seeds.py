@@ -113,6 +113,43 @@ def qwen35(path, rng, mtp):
     return w
 
 
+def moe(path, rng, arch):
+    """qwen3moe, or gpt-oss (biases, sinks, post_attention_norm, window, YaRN): 4 experts
+    of FF, 2 per token."""
+    oai = arch == "gpt-oss"
+    n_exp, n_used = 4, 2
+    w = gguf.GGUFWriter(str(path), arch)
+    common(w, arch, 2)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(FF)
+    if oai:
+        w.add_sliding_window(2)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(16)
+    w.add_tensor("token_embd.weight", mat(rng, V, E))
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", vec(rng, E))
+        attn(w, rng, i, norms=not oai)
+        norm = "post_attention_norm" if oai else "ffn_norm"
+        w.add_tensor(f"blk.{i}.{norm}.weight", vec(rng, E))
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", mat(rng, n_exp, E))
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", mat(rng, n_exp * FF, E).reshape(n_exp, FF, E))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", mat(rng, n_exp * FF, E).reshape(n_exp, FF, E))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", mat(rng, n_exp * E, FF).reshape(n_exp, E, FF))
+        if oai:
+            for t, n in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD), ("output", E)):
+                w.add_tensor(f"blk.{i}.attn_{t}.bias", vec(rng, n, 0.0))
+            w.add_tensor(f"blk.{i}.attn_sinks.weight", vec(rng, H, 0.0))
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.bias", vec(rng, n_exp, 0.0))
+            for t, n in (("gate", FF), ("up", FF), ("down", E)):
+                w.add_tensor(f"blk.{i}.ffn_{t}_exps.bias", mat(rng, n_exp, n))
+    w.add_tensor("output_norm.weight", vec(rng, E))
+    w.add_tensor("output.weight", mat(rng, V, E))
+    return w
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "fuzz" / "corpus" / "model"))
@@ -121,6 +158,7 @@ def main():
     rng = np.random.default_rng(7)
     writers = [llama(out / f"{a}.gguf", rng, a) for a in ("llama", "qwen2", "qwen3", "gemma3")]
     writers += [qwen35(out / "qwen35.gguf", rng, 0), qwen35(out / "qwen35-mtp.gguf", rng, 1)]
+    writers += [moe(out / f"{a}.gguf", rng, a) for a in ("qwen3moe", "gpt-oss")]
     for w in writers:
         w.write_header_to_file()
         w.write_kv_data_to_file()
