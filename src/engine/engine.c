@@ -448,17 +448,18 @@ static size_t partial_stop(const char *held, size_t n, const char *stop, size_t 
     return 0;
 }
 
-/* Releases what the stop strings allow from s->held into en->emit. Returns true when a
- * stop string was found (held is then dropped: the stop and what follows never show). */
-static bool release_text(struct engine *en, struct seq *s, bool final) {
+/* Releases what the stop strings allow from s->held into en->emit. Returns 1 + the index of
+ * the stop string found first in the text (held is then dropped: the stop and what follows
+ * never show), 0 when none was. */
+static int release_text(struct engine *en, struct seq *s, bool final) {
     struct engine_req *r = s->req;
     size_t n = s->held.n, cut = n;
-    bool hit = false;
+    int hit = 0;
     for (int32_t i = 0; i < r->p.n_stop; i++) {
         const char *f = memmem(s->held.p ? s->held.p : "", n, r->stop[i], r->stop_len[i]);
         if (f && (size_t)(f - s->held.p) < cut) {
             cut = (size_t)(f - s->held.p);
-            hit = true;
+            hit = i + 1;
         }
     }
     if (!hit && !final) {
@@ -485,19 +486,23 @@ static bool release_text(struct engine *en, struct seq *s, bool final) {
 }
 
 /* Ends s with `why`: releases the held text (unless a stop string cut it), pushes the
- * final event (carrying token tok >= 0 when the last sampled token goes with it). */
+ * final event (carrying token tok >= 0 when the last sampled token goes with it). stop: 1 +
+ * the index of the stop string that ended it, 0 if none did (when the text is not ready,
+ * the final release may still find one). */
 static void finish_seq(struct engine *en, struct seq *s, enum engine_finish why, int32_t tok,
-                       const struct sample_result *sr, bool text_ready, const char *errmsg) {
+                       const struct sample_result *sr, bool text_ready, int stop,
+                       const char *errmsg) {
     if (!text_ready) {
         if (why != ENGINE_ERROR && why != ENGINE_CANCELLED) {
             struct err e;
             tok_detok_flush(&s->dt, &s->held, &e);
-            release_text(en, s, true);
+            stop = release_text(en, s, true);
         } else {
             en->emit.n = 0;
         }
     }
     struct engine_event ev = {.choice = s->choice, .token = tok, .finish = (uint8_t)why};
+    if (why == ENGINE_STOP) ev.stop = (uint8_t)stop;
     ev.logprob = sr ? sr->logprob : 0;
     ev.n_prompt = s->n_prompt;
     ev.n_cached = s->n_cached;
@@ -581,7 +586,7 @@ static void preempt(struct engine *en, struct seq *s) {
     if (en->obs_preempted && en->n_obs_preempted < en->cfg.max_seqs)
         en->obs_preempted[en->n_obs_preempted++] = s->arrival;
     if (!waiting_insert(en, s)) {
-        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory while preempting");
+        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, "out of memory while preempting");
         seq_retire(en, s);
         return;
     }
@@ -604,7 +609,7 @@ static void intake(struct engine *en, struct engine_req *list) {
         for (int32_t i = 0; i < r->p.n; i++) {
             struct seq *s = r->seqs[i];
             if (!waiting_insert(en, s)) {
-                finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory");
+                finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, "out of memory");
                 seq_retire(en, s);
                 pthread_mutex_lock(&en->qmu);
                 en->n_queued--;
@@ -625,7 +630,7 @@ static void reap_cancelled(struct engine *en) {
                     (size_t)(en->n_running - i - 1) * sizeof *en->running);
             en->n_running--;
             register_blocks(en, s);
-            finish_seq(en, s, ENGINE_CANCELLED, -1, NULL, false, NULL);
+            finish_seq(en, s, ENGINE_CANCELLED, -1, NULL, false, 0, NULL);
             seq_retire(en, s);
         } else {
             i++;
@@ -635,7 +640,7 @@ static void reap_cancelled(struct engine *en) {
     for (int32_t i = 0; i < en->n_waiting; i++) {
         struct seq *s = en->waiting[i];
         if (all || atomic_load(&s->req->cancelled)) {
-            finish_seq(en, s, ENGINE_CANCELLED, -1, NULL, false, NULL);
+            finish_seq(en, s, ENGINE_CANCELLED, -1, NULL, false, 0, NULL);
             seq_retire(en, s);
             gone++;
         } else {
@@ -808,23 +813,23 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
     s->t_last = now;
     s->n_gen++;
     if ((!r->p.ignore_eos && tok_is_eog(en->tok, t)) || is_stop_id(r, t)) {
-        finish_seq(en, s, ENGINE_STOP, -1, NULL, false, NULL);
+        finish_seq(en, s, ENGINE_STOP, -1, NULL, false, 0, NULL);
         return;
     }
     if (!array_grow((void **)&s->tok, &s->cap_tok, (size_t)s->n_tok + 1, sizeof *s->tok)) {
-        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, "out of memory");
+        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, "out of memory");
         return;
     }
     s->tok[s->n_tok++] = t;
     if (s->history) sampler_accept(s->smp, t, true);
     struct err e;
     if (tok_detok_push(&s->dt, t, &s->held, &e) != SMELT_OK) {
-        finish_seq(en, s, ENGINE_ERROR, t, sr, false, e.msg);
+        finish_seq(en, s, ENGINE_ERROR, t, sr, false, 0, e.msg);
         return;
     }
-    bool hit = release_text(en, s, false);
+    int hit = release_text(en, s, false);
     if (hit) {
-        finish_seq(en, s, ENGINE_STOP, t, sr, true, NULL);
+        finish_seq(en, s, ENGINE_STOP, t, sr, true, hit, NULL);
         return;
     }
     bool at_max = r->p.max_tokens >= 0 && s->n_gen >= r->p.max_tokens;
@@ -837,7 +842,7 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
             en->emit.n = n0 + s->held.n;
         }
         s->held.n = 0;
-        finish_seq(en, s, ENGINE_LENGTH, t, sr, true, NULL);
+        finish_seq(en, s, ENGINE_LENGTH, t, sr, true, 0, NULL);
         return;
     }
     struct engine_event ev = {.choice = s->choice, .token = t, .logprob = sr->logprob};
@@ -1058,7 +1063,7 @@ static int32_t step(struct engine *en) {
     for (int32_t i = 0; i < en->n_sched; i++) {
         struct seq *s = en->sched[i];
         if (st != SMELT_OK) {
-            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, e.msg);
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, e.msg);
             continue;
         }
         if (s->plp && s->pos0 < s->n_prompt - 1) {
@@ -1066,7 +1071,7 @@ static int32_t step(struct engine *en) {
             if (nr > s->rows) nr = s->rows;
             struct err fe;
             if (fetch_rows(en, s->out_first, nr, &fe) != SMELT_OK) {
-                finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, fe.msg);
+                finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, fe.msg);
                 continue;
             }
             prompt_logprobs(en, s);
@@ -1106,9 +1111,9 @@ static int32_t step(struct engine *en) {
     }
     for (int32_t i = 0; i < en->n_jobs; i++) {
         struct sample_job *j = &en->jobs[i];
-        if (j->st != SMELT_OK) finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, j->msg);
+        if (j->st != SMELT_OK) finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, 0, j->msg);
         else if (j->r.token < 0)
-            finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, "sampler: no token");
+            finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, 0, "sampler: no token");
         else on_token(en, j->s, &j->r);
     }
     /* finished sequences leave */

@@ -166,6 +166,9 @@ struct engine_event {
     uint32_t text_len;
     uint8_t finish;      /* enum engine_finish; nonzero: the choice's last event */
     uint8_t prompt;      /* a prompt token's logprob (prompt_logprobs), in prompt order */
+    uint8_t stop;        /* with finish ENGINE_STOP: 1 + the index (in engine_params.stop) of
+                          * the stop string that ended the choice; 0: an end-of-generation
+                          * token or a stop id did */
     /* with finish: the choice's totals */
     int32_t n_prompt, n_cached, n_gen;
 };

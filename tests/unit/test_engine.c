@@ -364,6 +364,7 @@ struct result {
     int32_t tokens[ENGINE_MAX_N][512];
     int n_tokens[ENGINE_MAX_N];
     int finish[ENGINE_MAX_N];
+    int stop[ENGINE_MAX_N]; /* the final event's stop (1 + stop string index) */
     int n_prompt, n_cached[ENGINE_MAX_N], n_gen[ENGINE_MAX_N];
     float logprob0;
     int n_top0;
@@ -401,6 +402,7 @@ static void collect(struct engine_req *r, struct result *res, int cancel_after) 
             }
             if (ev->finish) {
                 res->finish[c] = ev->finish;
+                res->stop[c] = ev->stop;
                 res->n_prompt = ev->n_prompt;
                 res->n_cached[c] = ev->n_cached;
                 res->n_gen[c] = ev->n_gen;
@@ -474,6 +476,7 @@ static void test_basic_stops(void) {
     detok(expv, n, &want);
     T_EQ_STR(res.text[0].p, want.p);
     T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.stop[0], 0); /* no stop string ended it */
     T_EQ_INT(res.n_gen[0], n + 1);
     engine_req_unref(r);
     result_free(&res);
@@ -498,6 +501,21 @@ static void test_basic_stops(void) {
     collect(r, &res, 0);
     T_EQ_STR(res.text[0].p, "lo worl");
     T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.stop[0], 1); /* stops[0] */
+    engine_req_unref(r);
+    result_free(&res);
+
+    /* two stop strings in the text: the one that comes first in it is reported, whatever
+     * its place in the list */
+    const char *stops3[] = {"STOP", "wor"};
+    greedy(&p, 100);
+    p.stop = stops3;
+    p.n_stop = 2;
+    r = submit(en, &p, prompt, 3);
+    collect(r, &res, 0);
+    T_EQ_STR(res.text[0].p, "lo ");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.stop[0], 2);
     engine_req_unref(r);
     result_free(&res);
 
@@ -524,6 +542,7 @@ static void test_basic_stops(void) {
     collect(r, &res, 0);
     T_EQ_STR(res.text[0].p, "lo world");
     T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.stop[0], 0); /* a stop id is not a stop string */
     engine_req_unref(r);
     result_free(&res);
 
