@@ -95,6 +95,16 @@ struct oai_request {
     bool add_generation_prompt, continue_final_message;
 };
 
+/* Typed field getters for request parsers: each leaves *out as it is for null, and returns
+ * false with a 400 naming `name` for a wrong type or a value outside [lo, hi]. An integer
+ * may be written as a float with no fraction (5.0). */
+bool oai_get_bool(json_t *v, const char *name, bool *out, struct oai_err *e);
+bool oai_get_num(json_t *v, const char *name, double lo, double hi, double *out,
+                 struct oai_err *e);
+bool oai_get_int(json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                 struct oai_err *e);
+bool oai_get_str(json_t *v, const char *name, const char **out, struct oai_err *e);
+
 /* Parses and validates a request body. n_vocab bounds token ids (logit_bias, prompts,
  * stop_token_ids). defaults (may be NULL) are the sampling parameters of fields the
  * request does not set (the model's own defaults). Chat messages are normalized in place for templates: a content list of
@@ -102,6 +112,13 @@ struct oai_request {
  * tool call's arguments string is parsed into an object when it is valid JSON. */
 bool oai_parse(const char *body, size_t len, enum oai_kind kind, int32_t n_vocab,
                const struct sample_params *defaults, struct oai_request *out, struct oai_err *e);
+/* A request body parsed as a JSON object (duplicate keys refused), or NULL with a 400. */
+json_t *oai_load_object(const char *body, size_t len, struct oai_err *e);
+/* The same as oai_parse for a body already parsed (root: taken, freed with the request, also on
+ * failure): the other APIs' routes build a chat request's body and parse it here. */
+bool oai_parse_json(json_t *root, enum oai_kind kind, int32_t n_vocab,
+                    const struct sample_params *defaults, struct oai_request *out,
+                    struct oai_err *e);
 void oai_request_free(struct oai_request *r);
 
 #endif

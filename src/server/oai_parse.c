@@ -104,16 +104,16 @@ void oai_request_free(struct oai_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* ---- typed getters: each returns false with e filled on a type or range error ---- */
+/* ---- typed getters (oai.h) ---- */
 
-static bool get_bool(json_t *v, const char *name, bool *out, struct oai_err *e) {
+bool oai_get_bool(json_t *v, const char *name, bool *out, struct oai_err *e) {
     if (json_is_null(v)) return true;
     if (!json_is_boolean(v)) return oai_bad(e, name, "'%s' must be a boolean", name);
     *out = json_is_true(v);
     return true;
 }
 
-static bool get_num(json_t *v, const char *name, double lo, double hi, double *out,
+bool oai_get_num(json_t *v, const char *name, double lo, double hi, double *out,
                     struct oai_err *e) {
     if (json_is_null(v)) return true;
     if (!json_is_number(v)) return oai_bad(e, name, "'%s' must be a number", name);
@@ -124,7 +124,7 @@ static bool get_num(json_t *v, const char *name, double lo, double hi, double *o
     return true;
 }
 
-static bool get_int(json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
+bool oai_get_int(json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
                     struct oai_err *e) {
     if (json_is_null(v)) return true;
     int64_t x;
@@ -143,7 +143,7 @@ static bool get_int(json_t *v, const char *name, int64_t lo, int64_t hi, int64_t
     return true;
 }
 
-static bool get_str(json_t *v, const char *name, const char **out, struct oai_err *e) {
+bool oai_get_str(json_t *v, const char *name, const char **out, struct oai_err *e) {
     if (json_is_null(v)) return true;
     if (!json_is_string(v)) return oai_bad(e, name, "'%s' must be a string", name);
     *out = json_string_value(v);
@@ -249,10 +249,10 @@ static bool parse_stream_options(json_t *v, struct oai_request *r, struct oai_er
     json_t *x;
     json_object_foreach(v, k, x) {
         if (!strcmp(k, "include_usage")) {
-            if (!get_bool(x, "stream_options.include_usage", &r->include_usage, e)) return false;
+            if (!oai_get_bool(x, "stream_options.include_usage", &r->include_usage, e)) return false;
         } else if (!strcmp(k, "continuous_usage_stats") || !strcmp(k, "include_obfuscation")) {
             bool b = false;
-            if (!get_bool(x, k, &b, e)) return false;
+            if (!oai_get_bool(x, k, &b, e)) return false;
             if (b && !strcmp(k, "continuous_usage_stats"))
                 return oai_bad(e, "stream_options.continuous_usage_stats", "not supported");
         } else {
@@ -550,64 +550,64 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
     double d;
     int64_t i;
     bool chat = kind == OAI_CHAT;
-    if (!strcmp(k, "model")) return get_str(v, k, &r->model, e);
+    if (!strcmp(k, "model")) return oai_get_str(v, k, &r->model, e);
     if (chat && !strcmp(k, "messages")) return parse_messages(v, r, e);
     if (!chat && !strcmp(k, "prompt")) return true; /* parsed after the loop */
-    if (!strcmp(k, "stream")) return get_bool(v, k, &r->stream, e);
+    if (!strcmp(k, "stream")) return oai_get_bool(v, k, &r->stream, e);
     if (!strcmp(k, "stream_options")) return parse_stream_options(v, r, e);
     if (!strcmp(k, "temperature")) {
         d = sp->temperature;
-        if (!get_num(v, k, 0, 2, &d, e)) return false;
+        if (!oai_get_num(v, k, 0, 2, &d, e)) return false;
         sp->temperature = (float)d;
         return true;
     }
     if (!strcmp(k, "top_p")) {
         d = sp->top_p;
-        if (!get_num(v, k, 0, 1, &d, e)) return false;
+        if (!oai_get_num(v, k, 0, 1, &d, e)) return false;
         sp->top_p = (float)d;
         return true;
     }
     if (!strcmp(k, "top_k")) {
         i = sp->top_k;
-        if (!get_int(v, k, -1, 1 << 30, &i, e)) return false;
+        if (!oai_get_int(v, k, -1, 1 << 30, &i, e)) return false;
         sp->top_k = (int32_t)i;
         return true;
     }
     if (!strcmp(k, "min_p")) {
         d = sp->min_p;
-        if (!get_num(v, k, 0, 1, &d, e)) return false;
+        if (!oai_get_num(v, k, 0, 1, &d, e)) return false;
         sp->min_p = (float)d;
         return true;
     }
     if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
         d = 0;
-        if (!get_num(v, k, -2, 2, &d, e)) return false;
+        if (!oai_get_num(v, k, -2, 2, &d, e)) return false;
         if (k[0] == 'p') sp->presence_penalty = (float)d;
         else sp->frequency_penalty = (float)d;
         return true;
     }
     if (!strcmp(k, "repetition_penalty")) {
         d = sp->repetition_penalty;
-        if (!get_num(v, k, 0.01, 10, &d, e)) return false;
+        if (!oai_get_num(v, k, 0.01, 10, &d, e)) return false;
         sp->repetition_penalty = (float)d;
         return true;
     }
     if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
         i = r->max_tokens;
         int64_t lo = !chat ? 0 : 1;
-        if (!get_int(v, k, lo, 1 << 30, &i, e)) return false;
+        if (!oai_get_int(v, k, lo, 1 << 30, &i, e)) return false;
         if (!json_is_null(v)) r->max_tokens = (int32_t)i;
         return true;
     }
     if (!strcmp(k, "n")) {
         i = r->n;
-        if (!get_int(v, k, 1, ENGINE_MAX_N, &i, e)) return false;
+        if (!oai_get_int(v, k, 1, ENGINE_MAX_N, &i, e)) return false;
         r->n = (int32_t)i;
         return true;
     }
     if (!strcmp(k, "seed")) {
         i = 0;
-        if (!get_int(v, k, INT64_MIN, INT64_MAX, &i, e)) return false;
+        if (!oai_get_int(v, k, INT64_MIN, INT64_MAX, &i, e)) return false;
         if (!json_is_null(v)) {
             r->has_seed = true;
             sp->seed = (uint64_t)i;
@@ -617,23 +617,23 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
     if (!strcmp(k, "stop")) return parse_stop(v, r, e);
     if (!strcmp(k, "stop_token_ids")) return parse_stop_ids(v, n_vocab, r, e);
     if (!strcmp(k, "logit_bias")) return parse_logit_bias(v, n_vocab, r, e);
-    if (!strcmp(k, "ignore_eos")) return get_bool(v, k, &r->ignore_eos, e);
+    if (!strcmp(k, "ignore_eos")) return oai_get_bool(v, k, &r->ignore_eos, e);
     if (!strcmp(k, "skip_special_tokens")) {
         bool skip = true;
-        if (!get_bool(v, k, &skip, e)) return false;
+        if (!oai_get_bool(v, k, &skip, e)) return false;
         r->ep.decode_special = !skip;
         return true;
     }
     if (!strcmp(k, "response_format")) return parse_response_format(v, e);
     if (!strcmp(k, "min_tokens")) {
         i = 0;
-        if (!get_int(v, k, 0, 1 << 30, &i, e)) return false;
+        if (!oai_get_int(v, k, 0, 1 << 30, &i, e)) return false;
         if (i > 0) return oai_bad(e, k, "'min_tokens' is not supported yet");
         return true;
     }
     if (!strcmp(k, "include_stop_str_in_output")) {
         bool b = false;
-        if (!get_bool(v, k, &b, e)) return false;
+        if (!oai_get_bool(v, k, &b, e)) return false;
         if (b) return oai_bad(e, k, "'include_stop_str_in_output' is not supported yet");
         return true;
     }
@@ -647,16 +647,16 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
         return true;
     }
     if (chat) {
-        if (!strcmp(k, "logprobs")) return get_bool(v, k, &r->logprobs, e);
+        if (!strcmp(k, "logprobs")) return oai_get_bool(v, k, &r->logprobs, e);
         if (!strcmp(k, "top_logprobs")) {
             i = 0;
-            if (!get_int(v, k, 0, MAX_TOP_LOGPROBS, &i, e)) return false;
+            if (!oai_get_int(v, k, 0, MAX_TOP_LOGPROBS, &i, e)) return false;
             r->top_logprobs = (int32_t)i;
             return true;
         }
         if (!strcmp(k, "tools")) return parse_tools(v, r, e);
         if (!strcmp(k, "tool_choice")) return true; /* after tools, below */
-        if (!strcmp(k, "parallel_tool_calls")) return get_bool(v, k, &r->parallel_tool_calls, e);
+        if (!strcmp(k, "parallel_tool_calls")) return oai_get_bool(v, k, &r->parallel_tool_calls, e);
         if (!strcmp(k, "chat_template_kwargs")) {
             if (json_is_null(v)) return true;
             if (!json_is_object(v)) return oai_bad(e, k, "'chat_template_kwargs' must be an object");
@@ -674,27 +674,27 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
             return oai_bad(e, k, "'reasoning_effort' must be one of none, minimal, low, medium, "
                            "high");
         }
-        if (!strcmp(k, "add_generation_prompt")) return get_bool(v, k, &r->add_generation_prompt, e);
+        if (!strcmp(k, "add_generation_prompt")) return oai_get_bool(v, k, &r->add_generation_prompt, e);
         if (!strcmp(k, "continue_final_message"))
-            return get_bool(v, k, &r->continue_final_message, e);
+            return oai_get_bool(v, k, &r->continue_final_message, e);
     } else {
         if (!strcmp(k, "logprobs")) {
             i = -1;
-            if (!get_int(v, k, 0, MAX_TOP_LOGPROBS, &i, e)) return false;
+            if (!oai_get_int(v, k, 0, MAX_TOP_LOGPROBS, &i, e)) return false;
             if (i >= 0) {
                 r->logprobs = true;
                 r->top_logprobs = (int32_t)i;
             }
             return true;
         }
-        if (!strcmp(k, "echo")) return get_bool(v, k, &r->echo, e);
+        if (!strcmp(k, "echo")) return oai_get_bool(v, k, &r->echo, e);
         if (!strcmp(k, "suffix")) {
             if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return true;
             return oai_bad(e, k, "'suffix' is not supported");
         }
         if (!strcmp(k, "best_of")) {
             i = 1;
-            if (!get_int(v, k, 1, ENGINE_MAX_N, &i, e)) return false;
+            if (!oai_get_int(v, k, 1, ENGINE_MAX_N, &i, e)) return false;
             int64_t n = 1;
             json_t *nv = json_object_get(r->root, "n");
             if (nv && json_is_integer(nv)) n = json_integer_value(nv);
@@ -708,8 +708,35 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
                    oai_clip(k, 64), k);
 }
 
+json_t *oai_load_object(const char *body, size_t len, struct oai_err *e) {
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        oai_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, "
+                "column %d)", je.text, je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        oai_bad(e, NULL, "The request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
 bool oai_parse(const char *body, size_t len, enum oai_kind kind, int32_t n_vocab,
                const struct sample_params *defaults, struct oai_request *r, struct oai_err *e) {
+    json_t *root = oai_load_object(body, len, e);
+    if (!root) {
+        memset(r, 0, sizeof *r);
+        return false;
+    }
+    return oai_parse_json(root, kind, n_vocab, defaults, r, e);
+}
+
+bool oai_parse_json(json_t *root, enum oai_kind kind, int32_t n_vocab,
+                    const struct sample_params *defaults, struct oai_request *r,
+                    struct oai_err *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->max_tokens = -1;
@@ -723,11 +750,7 @@ bool oai_parse(const char *body, size_t len, enum oai_kind kind, int32_t n_vocab
         r->ep.sp.n_bias = 0;
         r->ep.sp.n_logprobs = -1;
     }
-    json_error_t je;
-    r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!r->root)
-        return oai_bad(e, NULL, "We could not parse the JSON body of your request: %s (line %d, "
-                       "column %d)", je.text, je.line, je.column);
+    r->root = root;
     if (!json_is_object(r->root))
         return oai_bad(e, NULL, "The request body must be a JSON object");
     const char *k;
