@@ -46,14 +46,14 @@
 
 struct opts {
     const char *model, *host, *api_key, *api_key_file, *served, *backend, *chat_template;
-    const char *log_format, *fake_reply, *admin_host;
+    const char *log_format, *fake_reply, *admin_host, *cors_origins;
     const char *aliases[8];
     int n_aliases;
     int port, device, threads, http_threads, timeout_s, max_seqs, max_batch, max_waiting;
     int block_size, kv_size, ctx_size, fake_fail_at;
     int header_timeout_s, max_connections, max_per_client, admin_port;
     double gpu_util, grace_s, fake_step_ms;
-    long long max_body, body_budget;
+    long long max_body, body_budget, response_store; /* response_store: -1 not given */
     bool no_prefix_cache, f32_kv, fake, quiet, allow_unknown_pre;
     char key_buf[256]; /* the key read from --api-key-file */
 };
@@ -65,7 +65,7 @@ static void usage(FILE *f) {
             "server:\n"
             "  --host ADDR                listen address (default 127.0.0.1; 0.0.0.0 for all)\n"
             "  --port N                   port (default 8080; 0 picks a free one)\n"
-            "  --api-key KEY              require 'Authorization: Bearer KEY'; visible in ps:\n"
+            "  --api-key KEY              require the key (Authorization: Bearer or x-api-key); in ps:\n"
             "                             prefer --api-key-file FILE (its first line) or the\n"
             "                             environment variable SMELT_API_KEY\n"
             "  --served-model-name NAME   the model's name in the API (repeat for aliases;\n"
@@ -88,6 +88,10 @@ static void usage(FILE *f) {
             "  --admin-port N             also serve /health and /metrics on port N, with its\n"
             "                             own connections (reachable when the main port is full)\n"
             "  --admin-host ADDR          the admin port's address (default: --host)\n"
+            "  --cors-origins LIST        answer CORS preflights and allow browsers from these\n"
+            "                             origins: a comma list, or * (default: none)\n"
+            "  --response-store BYTES     finished /v1/responses kept in memory for\n"
+            "                             previous_response_id (default 67108864; 0: none)\n"
             "  --log-format text|json     request log lines (default text); --quiet: none\n"
             "  --grace S                  on SIGTERM, let requests finish for S seconds (default 30);\n"
             "                             a second SIGTERM or SIGINT cancels them at once\n"
@@ -176,6 +180,7 @@ static int parse(int argc, char **argv, struct opts *o) {
     o->device = -1; /* not given */
     o->admin_port = -1;
     o->max_per_client = -2; /* not given */
+    o->response_store = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -205,6 +210,7 @@ static int parse(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "--api-key")) o->api_key = v;
             else if (!strcmp(a, "--api-key-file")) o->api_key_file = v;
             else if (!strcmp(a, "--admin-host")) o->admin_host = v;
+            else if (!strcmp(a, "--cors-origins")) o->cors_origins = v;
             else if (!strcmp(a, "--backend")) o->backend = v;
             else if (!strcmp(a, "--chat-template")) o->chat_template = v;
             else if (!strcmp(a, "--log-format")) o->log_format = v;
@@ -232,8 +238,10 @@ static int parse(int argc, char **argv, struct opts *o) {
                 o->max_per_client = (int)x;
             else if (!strcmp(a, "--admin-port") && x >= 0 && x <= 65535) o->admin_port = (int)x;
             else if (!strcmp(a, "--body-budget") && x >= 1) o->body_budget = (long long)x;
+            else if (!strcmp(a, "--response-store") && x >= 0) o->response_store = (long long)x;
             else if (!strcmp(a, "--max-connections") || !strcmp(a, "--admin-port") ||
-                     !strcmp(a, "--max-connections-per-client") || !strcmp(a, "--body-budget")) {
+                     !strcmp(a, "--max-connections-per-client") || !strcmp(a, "--body-budget") ||
+                     !strcmp(a, "--response-store")) {
                 fprintf(stderr, "smelt serve: %s %s is out of range (see --help)\n", a, v);
                 return 2;
             }
@@ -572,6 +580,9 @@ int cmd_serve(int argc, char **argv) {
         sc.threads = o.http_threads;
         sc.log_json = !strcmp(o.log_format, "json");
         sc.quiet = o.quiet;
+        sc.cors_origins = o.cors_origins;
+        sc.response_store = o.response_store > 0 ? (size_t)o.response_store : 0;
+        sc.no_response_store = o.response_store == 0;
         struct server_model sm = {0};
         /* the requested model name may also be the reference given on the command line */
         const char *aliases[8];

@@ -462,14 +462,16 @@ static void usage_reasoning(struct gen *g) {
     g->usage_reasoning = r < g->usage_completion ? r : g->usage_completion;
 }
 
-/* The stream's end: an error event if it failed, the usage chunk, [DONE]. Its status is
- * known here (the 200 on the wire becomes the error event's 500 or 503 in the log and
- * /metrics), and is counted before the last bytes go out. */
+static void openai_tail(struct gen *g, const struct oai_err *err);
+
+/* The stream's end: an error event if it failed, the usage chunk, [DONE] (or the API's last
+ * events). Its status is known here (the 200 on the wire becomes the error event's 500 or
+ * 503 in the log and /metrics), and is counted before the last bytes go out. */
 static void stream_tail(struct gen *g) {
-    struct jw *w = &g->sse;
     int status = 200;
-    if (g->error[0] || g->cancelled) {
-        struct oai_err e;
+    bool failed = g->error[0] || g->cancelled;
+    struct oai_err e;
+    if (failed) {
         if (g->error[0]) oai_fail(&e, 500, "server_error", NULL, NULL, "%s", g->error);
         else oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the request was cancelled "
                       "(the server is shutting down)");
@@ -477,14 +479,28 @@ static void stream_tail(struct gen *g) {
         if (g->error[0] && !atomic_load(&g->client_gone))
             log_error("request %s %s: the engine failed after the stream began: %s", g->id,
                       g->conn->path, g->error);
-        char *s = oai_err_json(&e);
+    }
+    usage_reasoning(g);
+    if (g->api)
+        g->api->end(g, failed ? &e : NULL);
+    else
+        openai_tail(g, failed ? &e : NULL);
+    g->stream_end = true;
+    if (atomic_load(&g->client_gone)) srv_status(g->conn, 499, false); /* (counted on close) */
+    else srv_status(g->conn, status, true);
+}
+
+/* OpenAI's stream end: the error event, the usage chunk, [DONE]. */
+static void openai_tail(struct gen *g, const struct oai_err *err) {
+    struct jw *w = &g->sse;
+    if (err) {
+        char *s = oai_err_json(err);
         jw_str(w, "data: ");
         jw_str(w, s);
         jw_str(w, "\n\n");
         free(s);
     }
     if (g->rq.include_usage) {
-        usage_reasoning(g);
         chunk_begin(g, w);
         jw_printf(w, "],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
                      "\"total_tokens\":%lld,\"prompt_tokens_details\":{\"cached_tokens\":%lld,"
@@ -496,9 +512,6 @@ static void stream_tail(struct gen *g) {
                   (long long)g->usage_reasoning);
     }
     jw_str(w, "data: [DONE]\n\n");
-    g->stream_end = true;
-    if (atomic_load(&g->client_gone)) srv_status(g->conn, 499, false); /* (counted on close) */
-    else srv_status(g->conn, status, true);
 }
 
 /* ---- collecting events ---- */
@@ -550,8 +563,14 @@ static bool collect(struct gen *g) {
                         snprintf(g->error, sizeof g->error, "%s",
                                  g->out.error[0] ? g->out.error : "the engine failed");
                 }
-                if (stream) stream_event(g, ci, ev);
-                else whole_event(g, ci, ev);
+                if (g->api) {
+                    if (ev->finish) g->ch[ci].finish = ev->finish;
+                    gen_api_event(g, ev);
+                } else if (stream) {
+                    stream_event(g, ci, ev);
+                } else {
+                    whole_event(g, ci, ev);
+                }
             }
             if (g->out.done) {
                 g->req_done[ri] = true;
@@ -742,6 +761,16 @@ static enum MHD_Result respond_whole(struct conn *c) {
                  "the request was cancelled (the server is shutting down)");
         return srv_error(c, &e);
     }
+    if (g->api) {
+        usage_reasoning(g);
+        char *body = g->api->whole(g);
+        if (!body) {
+            struct oai_err e;
+            oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+            return srv_error(c, &e);
+        }
+        return srv_respond(c, 200, body, NULL);
+    }
     json_t *choices = json_array();
     for (int32_t i = 0; i < g->n_choices; i++)
         json_array_append_new(choices, g->rq.kind == OAI_CHAT ? chat_choice_json(g, i)
@@ -807,20 +836,14 @@ void gen_free(struct gen *g) {
     free(g->pch);
     free(g->ptok0);
     free(g->prefill);
+    gen_api_free(g);
+    json_decref(g->api_req);
     engine_out_free(&g->out);
     outp_delta_free(&g->delta);
     jw_free(&g->sse);
     oai_request_free(&g->rq);
     pthread_mutex_destroy(&g->mu);
     free(g);
-}
-
-static bool model_ok(struct server *s, const char *name) {
-    if (!name || !strcmp(name, s->m.id)) return true;
-    if (s->m.hidden_alias && !strcmp(name, s->m.hidden_alias)) return true;
-    for (int i = 0; i < s->m.n_aliases; i++)
-        if (!strcmp(name, s->m.aliases[i])) return true;
-    return false;
 }
 
 static uint64_t random_seed(void) {
@@ -868,12 +891,17 @@ static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp
 
 static enum MHD_Result fail(struct conn *c, const struct oai_err *e) {
     struct gen *g = c->gen;
+    struct oai_err ae = *e;
+    if (g->api) { /* the chat request's field names, as the API calls them */
+        if (!strcmp(ae.param, "messages")) snprintf(ae.param, sizeof ae.param, "%s", g->api->prompt_param);
+        if (!strcmp(ae.param, "max_tokens")) snprintf(ae.param, sizeof ae.param, "%s", g->api->max_param);
+    }
     c->gen = NULL;
     gen_free(g);
-    return srv_error(c, e);
+    return srv_error(c, &ae);
 }
 
-enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
+enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_api *api) {
     struct server *s = c->srv;
     struct oai_err e;
     struct gen *g = calloc(1, sizeof *g);
@@ -887,18 +915,23 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
     if (ci) g->fd = ci->connect_fd;
     c->gen = g;
     g->created = (int64_t)time(NULL);
-    srv_new_id(s, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    g->api = api;
+    srv_new_id(s, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id,
+               sizeof g->id);
     memcpy(c->id, g->id, sizeof c->id);
     if (atomic_load(&s->draining)) {
         oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
         return fail(c, &e);
     }
-    if (!oai_parse(c->body.p ? c->body.p : "", c->body.n, kind, tok_n_vocab(s->m.tok),
-                   &s->m.defaults, &g->rq, &e))
+    const char *body = c->body.p ? c->body.p : "";
+    if (api ? !api->parse(g, body, c->body.n, &e)
+            : !oai_parse(body, c->body.n, kind, tok_n_vocab(s->m.tok), &s->m.defaults, &g->rq, &e))
         return fail(c, &e);
     srv_body_free(c);
     struct oai_request *rq = &g->rq;
-    if (!model_ok(s, rq->model)) {
+    kind = rq->kind;
+    g->n_user_stops = rq->ep.n_stop;
+    if (rq->model && !srv_model_known(s, rq->model)) {
         oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
                  "The model '%.*s' does not exist (this server serves '%s')",
                  oai_clip(rq->model, 200), rq->model, s->m.id);
@@ -980,6 +1013,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
             return fail(c, &e);
         }
         if (g->ptok0) g->ptok0[ri] = ids.v[0];
+        g->req_prompt_tokens[ri] = (int32_t)ids.n; /* (the engine's count, once it is done) */
         struct engine_params ep = rq->ep;
         ep.n = rq->n;
         ep.max_tokens = rq->max_tokens;
@@ -1028,6 +1062,8 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind) {
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        srv_add_headers(c, r);
+        if (api) api->begin(g);
         atomic_fetch_add(&c->refs, 1);
         atomic_fetch_add(&s->n_streams, 1);
         srv_status(c, 200, false); /* counted at its end (stream_tail, on_completed) */

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/apis.h"
 #include "server/server_int.h"
 #include "tokenizer/tok.h"
 #include "util/clock.h"
@@ -39,8 +40,11 @@
 #define DEFAULT_MAX_BODY ((size_t)32 << 20)
 #define DEFAULT_HEADER_TIMEOUT_S 10
 #define ADMIN_CONNECTIONS 32 /* the admin listener's own connection limit */
+#define DEFAULT_RESPONSE_STORE ((size_t)64 << 20)
+#define RESP_STORE_COUNT 16384 /* responses kept at most (docs/server.md) */
 
-const int srv_status_codes[SRV_N_STATUS] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 501, 503};
+const int srv_status_codes[SRV_N_STATUS] = {200, 204, 400, 401, 403, 404, 405,
+                                            408, 413, 429, 499, 500, 501, 503};
 
 void srv_status(struct conn *c, int status, bool count) {
     c->status = status;
@@ -92,6 +96,37 @@ void srv_conn_unref(struct conn *c) {
     free(c);
 }
 
+/* ---- CORS ---- */
+
+/* The request's Origin when --cors-origins allows it (a comma list of origins, compared
+ * without case, or "*"); NULL when there is none or it is not allowed. */
+static const char *cors_origin(struct conn *c) {
+    const char *list = c->srv->cfg.cors_origins;
+    if (!list || !*list) return NULL;
+    const char *o = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
+    if (!o || !*o) return NULL;
+    size_t on = strlen(o);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *q = p;
+        while (*q && *q != ',') q++;
+        const char *end = q;
+        while (end > p && end[-1] == ' ') end--;
+        size_t n = (size_t)(end - p);
+        if ((n == 1 && *p == '*') || (n == on && !strncasecmp(p, o, n))) return o;
+        p = q;
+    }
+    return NULL;
+}
+
+void srv_add_headers(struct conn *c, struct MHD_Response *r) {
+    const char *o = cors_origin(c);
+    if (!o) return;
+    bool any = !strcmp(c->srv->cfg.cors_origins, "*");
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", any ? "*" : o);
+    if (!any) MHD_add_response_header(r, "Vary", "Origin");
+}
+
 enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype) {
     size_t n = body ? strlen(body) : 0;
     struct MHD_Response *r =
@@ -105,16 +140,22 @@ enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405 && c->allow) MHD_add_response_header(r, "Allow", c->allow);
     if (c->close) MHD_add_response_header(r, "Connection", "close");
+    srv_add_headers(c, r);
     srv_status(c, status, true);
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
+/* e as a body in the shape of the request's API. */
+static char *err_json(const struct conn *c, const struct oai_err *e) {
+    return c->rt && c->rt->err_json ? c->rt->err_json(e) : oai_err_json(e);
+}
+
 enum MHD_Result srv_error(struct conn *c, const struct oai_err *e) {
     if (e->status >= 500 && e->status != 501 && e->status != 503)
         log_error("request %s %s: %d %s", c->method, c->path, e->status, e->message);
-    return srv_respond(c, e->status, oai_err_json(e), NULL);
+    return srv_respond(c, e->status, err_json(c, e), NULL);
 }
 
 /* Answers e while MHD is reading the body, where it cannot queue a response: the answer is
@@ -124,7 +165,7 @@ enum MHD_Result srv_error(struct conn *c, const struct oai_err *e) {
 static enum MHD_Result refuse_now(struct conn *c, const struct oai_err *e) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    char *body = oai_err_json(e);
+    char *body = err_json(c, e);
     char head[256];
     const char *reason = MHD_get_reason_phrase_for((unsigned)e->status);
     int hn = snprintf(head, sizeof head,
@@ -160,19 +201,28 @@ static enum MHD_Result respond_json(struct conn *c, int status, json_t *j) {
  * time, so the time taken depends on neither the key's bytes nor its length (a byte-wise
  * compare would stop at the first difference, and one over the longer string leaks the
  * length). The key's digest is made once, in server_new. */
-static bool authorized(struct conn *c) {
-    struct server *s = c->srv;
-    if (!s->auth) return true;
-    const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
-    while (*h == ' ') h++;
+static bool key_matches(struct server *s, const char *key) {
     uint8_t d[SHA256_DIGEST_LEN];
-    sha256(h, strlen(h), d);
+    sha256(key, strlen(key), d);
     unsigned char x = 0;
     for (int i = 0; i < SHA256_DIGEST_LEN; i++)
         x |= (unsigned char)(d[i] ^ s->key_digest[i]);
     return x == 0;
+}
+
+/* The key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+ * (Anthropic's); either one that matches will do. */
+static bool authorized(struct conn *c) {
+    struct server *s = c->srv;
+    if (!s->auth) return true;
+    const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization");
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ') h++;
+        if (key_matches(s, h)) return true;
+    }
+    h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "x-api-key");
+    return h && key_matches(s, h);
 }
 
 /* ---- small routes ---- */
@@ -183,7 +233,7 @@ static json_t *model_obj(struct server *s, const char *id) {
                      (int)s->m.n_ctx);
 }
 
-static bool model_known(struct server *s, const char *name) {
+bool srv_model_known(struct server *s, const char *name) {
     if (!strcmp(name, s->m.id)) return true;
     if (s->m.hidden_alias && !strcmp(name, s->m.hidden_alias)) return true;
     for (int i = 0; i < s->m.n_aliases; i++)
@@ -194,7 +244,7 @@ static bool model_known(struct server *s, const char *name) {
 static enum MHD_Result route_model(struct conn *c) {
     struct server *s = c->srv;
     const char *id = c->arg;
-    if (!model_known(s, id)) {
+    if (!srv_model_known(s, id)) {
         struct oai_err e;
         oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
                  "The model '%.*s' does not exist", oai_clip(id, 200), id);
@@ -245,11 +295,8 @@ static enum MHD_Result route_tokenize(struct conn *c) {
             json_t *v = json_object_get(j, pass[k]);
             if (v) json_object_set(cj, pass[k], v);
         }
-        char *cbody = cj ? json_dumps(cj, JSON_COMPACT) : NULL;
-        json_decref(cj);
-        ok = cbody ? oai_parse(cbody, strlen(cbody), OAI_CHAT, tok_n_vocab(s->m.tok), NULL, &rq, &e)
-                   : oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
-        free(cbody);
+        ok = cj ? oai_parse_json(cj, OAI_CHAT, tok_n_vocab(s->m.tok), NULL, &rq, &e)
+                : oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         struct chat_prompt cp = {0};
         if (ok) ok = gen_chat_prompt(s, &rq, &cp, &e);
         if (ok) ok = gen_chat_tokenize(s, &cp, &ids, &e);
@@ -348,21 +395,28 @@ static enum MHD_Result route_metrics(struct conn *c) {
     return srv_respond(c, 200, m, "text/plain; version=0.0.4; charset=utf-8");
 }
 
-static enum MHD_Result route_chat(struct conn *c) { return gen_start(c, OAI_CHAT); }
-static enum MHD_Result route_completions(struct conn *c) { return gen_start(c, OAI_COMPLETION); }
+static enum MHD_Result route_chat(struct conn *c) { return gen_start(c, OAI_CHAT, NULL); }
+static enum MHD_Result route_completions(struct conn *c) {
+    return gen_start(c, OAI_COMPLETION, NULL);
+}
 
 /* ---- the access handler ---- */
 
 /* Every route: a new one is one entry. The checks of first_call read the flags. */
 static const struct srv_route routes[] = {
-    {"/health", SRV_GET, SRV_OPEN | SRV_ADMIN, "health", route_health},
-    {"/metrics", SRV_GET, SRV_ADMIN, "metrics", route_metrics},
-    {"/models", SRV_GET, 0, "models", route_models},
-    {"/models/*", SRV_GET, 0, "models", route_model},
-    {"/chat/completions", SRV_POST, SRV_BODY, "chat", route_chat},
-    {"/completions", SRV_POST, SRV_BODY, "completions", route_completions},
-    {"/tokenize", SRV_POST, SRV_BODY, "tokenize", route_tokenize},
-    {"/detokenize", SRV_POST, SRV_BODY, "detokenize", route_detokenize},
+    {"/health", SRV_GET, SRV_OPEN | SRV_ADMIN, "health", route_health, NULL},
+    {"/metrics", SRV_GET, SRV_ADMIN, "metrics", route_metrics, NULL},
+    {"/models", SRV_GET, 0, "models", route_models, NULL},
+    {"/models/*", SRV_GET, 0, "models", route_model, NULL},
+    {"/chat/completions", SRV_POST, SRV_BODY, "chat", route_chat, NULL},
+    {"/completions", SRV_POST, SRV_BODY, "completions", route_completions, NULL},
+    {"/tokenize", SRV_POST, SRV_BODY, "tokenize", route_tokenize, NULL},
+    {"/detokenize", SRV_POST, SRV_BODY, "detokenize", route_detokenize, NULL},
+    {"/messages", SRV_POST, SRV_BODY, "messages", anth_route_messages, anth_err_json},
+    {"/messages/count_tokens", SRV_POST, SRV_BODY, "count_tokens", anth_route_count_tokens,
+     anth_err_json},
+    {"/responses", SRV_POST, SRV_BODY, "responses", resp_route_create, NULL},
+    {"/responses/*", SRV_GET, 0, "responses", resp_route_get, NULL},
 };
 
 /* The route of url (also without its /v1 prefix); *arg: the part a '*' matched. */
@@ -422,6 +476,40 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
     return c;
 }
 
+/* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method; --cors-origins
+ * set): answered before the API key is checked, as browsers send it without credentials.
+ * An allowed origin gets 204 with the route's methods and the headers it asked for (or
+ * the ones smelt reads); any other, 403. */
+static enum MHD_Result preflight(struct conn *c, const struct srv_route *rt,
+                                 const struct http_framing *f) {
+    struct oai_err e;
+    if (!rt) {
+        oai_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Unknown route OPTIONS %.*s",
+                 oai_clip(c->path, 200), c->path);
+        return srv_error(c, &e);
+    }
+    if (!cors_origin(c)) {
+        oai_fail(&e, 403, "permission_error", NULL, "origin_not_allowed",
+                 "This origin is not allowed (--cors-origins)");
+        return srv_error(c, &e);
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    const char *hdrs = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND,
+                                                   "Access-Control-Request-Headers");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            rt->methods & SRV_POST ? "POST, OPTIONS" : "GET, HEAD, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            hdrs && *hdrs ? hdrs : "Authorization, Content-Type, x-api-key");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "7200");
+    if (f->has_body) MHD_add_response_header(r, "Connection", "close");
+    srv_add_headers(c, r);
+    srv_status(c, 204, true);
+    enum MHD_Result ret = MHD_queue_response(c->mc, 204, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* The first handler call: the headers are in, nothing of the body is read. Every check
  * that needs no body happens here, in this order (each refusal is answered at once; a
  * request with a body pending is then closed, so its body is never read): the header
@@ -457,9 +545,14 @@ static enum MHD_Result first_call(struct conn *c, const char *url, const char *m
         oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
         return srv_error(c, &e);
     }
+    if (!strcmp(method, "OPTIONS") && s->cfg.cors_origins && *s->cfg.cors_origins &&
+        MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin") &&
+        MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Access-Control-Request-Method"))
+        return preflight(c, rt, &f);
     if (!(rt && (rt->flags & SRV_OPEN)) && !authorized(c)) {
         oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
-                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'");
+                 "Incorrect or missing API key: send it as 'Authorization: Bearer KEY' or "
+                 "'x-api-key: KEY'");
         return srv_error(c, &e);
     }
     if (!rt) {
@@ -852,6 +945,7 @@ static int daemon_port(struct MHD_Daemon *d, int asked) {
 
 static void server_destroy(struct server *s) {
     watcher_stop(s);
+    resp_store_free(s->store);
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_cond_destroy(&s->wcv);
@@ -892,6 +986,12 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
                                   "read", s->cfg.body_budget, s->cfg.max_body);
         free(s);
         return st;
+    }
+    if (!s->cfg.response_store) s->cfg.response_store = DEFAULT_RESPONSE_STORE;
+    if (!s->cfg.no_response_store &&
+        !(s->store = resp_store_new(s->cfg.response_store, RESP_STORE_COUNT))) {
+        free(s);
+        return err_set(e, SMELT_ERR_NOMEM, "server: out of memory");
     }
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);

@@ -56,6 +56,11 @@ struct server_config {
                            * connections: reachable when the main one is full */
     const char *admin_host; /* its address (default: host) */
     int admin_port;       /* its port (0: any free port, see server_admin_port) */
+    const char *cors_origins; /* origins allowed by CORS: a comma list, or "*" (NULL or "":
+                               * none; preflights are then refused like any OPTIONS) */
+    size_t response_store;    /* bytes of finished /v1/responses kept for previous_response_id
+                               * (0: the default, 64 MiB) */
+    bool no_response_store;   /* keep none */
     bool log_json;        /* request log lines as JSON */
     bool quiet;           /* no request log lines */
 };

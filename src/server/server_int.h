@@ -15,8 +15,8 @@
 #include "util/sha256.h"
 
 /* HTTP status counters for /metrics. */
-#define SRV_N_STATUS 12
-/* 200, 400, 401, 404, 405, 408 (the request did not arrive in time), 413, 429, 499 (the
+#define SRV_N_STATUS 14
+/* 200, 204 (a CORS preflight), 400, 401, 403 (a CORS preflight from an origin not allowed), 404, 405, 408 (the request did not arrive in time), 413, 429, 499 (the
  * client went away first), 500, 501, 503 */
 extern const int srv_status_codes[SRV_N_STATUS];
 
@@ -41,6 +41,45 @@ struct listener {
 };
 
 struct conn;
+struct gen;
+
+/* A reply's block, in the order the model wrote it, for the APIs whose replies are lists of
+ * typed blocks (Anthropic Messages, OpenAI Responses): gen_api.c cuts the output parser's
+ * pieces into them. */
+enum gen_block_kind { GEN_TEXT = 0, GEN_REASONING = 1, GEN_CALL = 2 };
+struct gen_block {
+    uint8_t kind;
+    bool closed;
+    struct jw text;     /* the text, the reasoning, or the call's arguments (as written) */
+    char *name;         /* GEN_CALL: the function's name (malloc'd) */
+    char id[48];        /* made by the API's open hook (a tool_use id, an item id) */
+    char call_id[48];   /* GEN_CALL: a second id where the API has one (Responses' call_id) */
+};
+
+/* An API served over the chat machinery: its request becomes a chat request (messages,
+ * tools, sampling) that gen.c renders, runs and parses as it does OpenAI chat; the API
+ * formats the reply. Replies have one choice. The stream hooks append SSE events to g->sse;
+ * each runs once per event, in order: begin, then open / piece... / close per block, then
+ * end. */
+struct gen_api {
+    const char *id_prefix; /* of the response id: "msg_", "resp_" */
+    const char *prompt_param, *max_param; /* the API's names of chat's "messages" and
+                                           * "max_tokens", for errors that name them */
+    const char *block_prefix[3];          /* of a block's id, by gen_block_kind (NULL: none) */
+    const char *call_id_prefix;           /* of a call block's call_id (NULL: none) */
+    /* Parses the request body into g->rq (a chat request; n 1) and g->api_req (the body as
+     * sent, kept for the response); a refusal is a 400 naming the API's own field. */
+    bool (*parse)(struct gen *g, const char *body, size_t len, struct oai_err *e);
+    void (*begin)(struct gen *g);                           /* the stream's first events */
+    void (*open)(struct gen *g, int32_t bi);                /* block bi begins */
+    void (*piece)(struct gen *g, int32_t bi, const char *s, size_t n); /* bi grew by s */
+    void (*close)(struct gen *g, int32_t bi);               /* bi is complete */
+    void (*end)(struct gen *g, const struct oai_err *e);    /* the stream's last events; e:
+                                                             * the reply failed (cut short) */
+    /* The whole (non-streamed) response's body (malloc'd); NULL: out of memory. */
+    char *(*whole)(struct gen *g);
+};
+
 /* A route's handler: runs once the whole request is in; queues the answer. */
 typedef enum MHD_Result (*srv_route_fn)(struct conn *c);
 /* A route (server.c's table: one entry per route, the early checks read its flags). */
@@ -51,6 +90,9 @@ struct srv_route {
     unsigned flags;           /* SRV_OPEN, SRV_ADMIN, SRV_BODY */
     const char *name;         /* for the log */
     srv_route_fn fn;
+    /* the error body in the route's API shape (NULL: OpenAI's, oai_err_json); also for the
+     * refusals made on the headers (401, 405, 413...) */
+    char *(*err_json)(const struct oai_err *e);
 };
 #define SRV_GET 1u
 #define SRV_POST 2u
@@ -92,6 +134,7 @@ struct server {
      * is late (see struct sock) */
     pthread_mutex_t smu;
     struct sock *socks;
+    struct resp_store *store;       /* finished /v1/responses (NULL: --response-store 0) */
 };
 
 /* One choice's accumulated output (non-streaming), and its stream state. */
@@ -140,6 +183,15 @@ struct gen {
     size_t *echo_len;
     struct choice *pch;
     int32_t *ptok0;
+    /* another API (NULL: OpenAI chat / completions): its reply as blocks */
+    const struct gen_api *api;
+    json_t *api_req;             /* the request as sent (owned) */
+    struct gen_block *blk;       /* (n_blk) */
+    int32_t n_blk, cap_blk;
+    int32_t n_user_stops;        /* the request's own stop strings: rq.stop[0 .. n) */
+    uint8_t stop;                /* the final event's engine_event.stop */
+    bool api_done;               /* the final event came: the last block is the reply's last */
+    int64_t seq;                 /* the API's stream event counter (Responses' sequence_number) */
     /* chat */
     enum outp_syntax syntax;
     bool reasoning, in_reasoning;
@@ -194,6 +246,8 @@ struct conn {
 };
 
 /* ---- server.c ---- */
+/* Adds the headers every response to c carries (CORS, when the request's Origin is allowed). */
+void srv_add_headers(struct conn *c, struct MHD_Response *r);
 /* Sets the request's status (for the log); with count, also counts it for /metrics, once
  * per request (a stream is counted when its end is known: an engine error after the
  * headers makes it a 500). */
@@ -207,6 +261,8 @@ void srv_body_free(struct conn *c);
 enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *ctype);
 enum MHD_Result srv_error(struct conn *c, const struct oai_err *e);
 void srv_new_id(struct server *s, const char *prefix, char *out, size_t n);
+/* Whether name is the served model or one of its aliases. */
+bool srv_model_known(struct server *s, const char *name);
 
 void srv_watch(struct server *s, struct gen *g);   /* under g->mu */
 void srv_unwatch(struct server *s, struct gen *g); /* under g->mu, or when g is freed */
@@ -231,9 +287,10 @@ bool http_check(struct MHD_Connection *mc, const char *uri, size_t uri_len, bool
                 struct oai_err *e);
 
 /* ---- gen.c ---- */
-/* Starts a chat or completions request from c's body: parses, builds prompts, submits.
- * Queues the response (errors, a stream) or suspends the connection until it is done. */
-enum MHD_Result gen_start(struct conn *c, enum oai_kind kind);
+/* Starts a generation request from c's body: parses (OpenAI chat or completions, or, with
+ * api, that API's parser: a chat request), builds prompts, submits. Queues the response
+ * (errors, a stream) or suspends the connection until it is done. */
+enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_api *api);
 /* Called again for a suspended non-stream request after it was resumed. */
 enum MHD_Result gen_resume(struct conn *c);
 /* When the engine produced the request's first token (clock_now's clock, util/clock.h), 0 if none yet. */
@@ -266,6 +323,29 @@ void gen_chat_prompt_free(struct chat_prompt *cp);
 /* Appends the prompt's tokens to ids (BOS first for the ChatML fallback). */
 bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct tok_ids *ids,
                        struct oai_err *e);
+
+/* ---- gen_api.c ---- */
+/* One engine event of an API reply (g->api): the output parser's pieces cut into blocks
+ * (g->blk), and, streaming, the API's open / piece / close hooks called as they form. */
+void gen_api_event(struct gen *g, const struct engine_event *ev);
+void gen_api_free(struct gen *g);
+/* Why the reply ended, in the terms every block API shares. */
+enum gen_end { GEN_END_TURN, GEN_END_LENGTH, GEN_END_STOP_SEQ, GEN_END_CALLS, GEN_END_FAILED };
+/* The reply's end; *stop_seq: the request's stop string that ended it (GEN_END_STOP_SEQ). */
+enum gen_end gen_api_end(const struct gen *g, const char **stop_seq);
+
+/* ---- anthropic.c ---- */
+enum MHD_Result anth_route_messages(struct conn *c);      /* POST /v1/messages */
+enum MHD_Result anth_route_count_tokens(struct conn *c);  /* POST /v1/messages/count_tokens */
+
+/* ---- responses.c ---- */
+enum MHD_Result resp_route_create(struct conn *c);        /* POST /v1/responses */
+enum MHD_Result resp_route_get(struct conn *c);           /* GET /v1/responses/{id} */
+/* The store of finished responses that previous_response_id and GET name: bounded by count
+ * and bytes, least recently used first out; thread-safe. */
+struct resp_store;
+struct resp_store *resp_store_new(size_t max_bytes, int32_t max_count);
+void resp_store_free(struct resp_store *st);
 
 /* ---- metrics.c ---- */
 char *metrics_text(struct server *s);
