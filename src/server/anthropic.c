@@ -381,8 +381,10 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
                            "does not have yet; leave strict out to get calls parsed from the "
                            "model's text, not guaranteed to match the schema", p);
         if (!only_keys(t, p, keys, e)) return false;
-        json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
+        /* (in OpenAI's order: templates write the tools as JSON, keys as they come) */
+        json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && json_is_string(desc)) json_object_set(fn, "description", desc);
+        if (fn) json_object_set(fn, "parameters", schema);
         json_t *x = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
         if (!x || json_array_append_new(out, x) != 0) return nomem(e);
     }

@@ -6,7 +6,8 @@
  * tool call. A block of one kind grows until a piece of another kind arrives (then it is
  * closed and the next one opens), or the reply ends. A text or reasoning block never opens
  * on whitespace (the model's blank lines before an answer or between blocks are dropped:
- * the APIs refuse blank text blocks when a client sends them back).
+ * the APIs refuse blank text blocks when a client sends them back), and a reasoning block
+ * does not end on it either.
  *
  * The same code runs for a stream and a whole response, event by event, so both end with
  * the same blocks; a stream also calls the API's open / piece / close hooks as the blocks
@@ -23,6 +24,7 @@ void gen_api_free(struct gen *g) {
         free(g->blk[i].name);
     }
     free(g->blk);
+    jw_free(&g->held_ws);
     g->blk = NULL;
     g->n_blk = g->cap_blk = 0;
 }
@@ -30,6 +32,7 @@ void gen_api_free(struct gen *g) {
 static bool streaming(const struct gen *g) { return g->rq.stream; }
 
 static void close_last(struct gen *g) {
+    g->held_ws.n = 0;
     if (g->n_blk == 0 || g->blk[g->n_blk - 1].closed) return;
     g->blk[g->n_blk - 1].closed = true;
     if (streaming(g)) g->api->close(g, g->n_blk - 1);
@@ -72,17 +75,32 @@ static void grow(struct gen *g, struct gen_block *b, const char *s, size_t n) {
     if (streaming(g)) g->api->piece(g, (int32_t)(b - g->blk), s, n);
 }
 
+static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
 /* Text or reasoning: appended to the open block of that kind, or opens one at the first
- * byte that is not whitespace. */
+ * byte that is not whitespace. A reasoning block's trailing whitespace (the newline a
+ * template writes before </think>) is held until more reasoning follows it, so it never
+ * ends the block. */
 static void take_text(struct gen *g, enum gen_block_kind kind, const char *s, size_t n) {
     struct gen_block *last = g->n_blk ? &g->blk[g->n_blk - 1] : NULL;
     if (!last || last->closed || last->kind != kind) {
-        while (n && (*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t')) s++, n--;
+        while (n && is_ws(*s)) s++, n--;
         if (!n) return;
         last = open_block(g, kind, NULL);
         if (!last) return;
     }
-    grow(g, last, s, n);
+    if (kind != GEN_REASONING) {
+        grow(g, last, s, n);
+        return;
+    }
+    size_t body = n;
+    while (body && is_ws(s[body - 1])) body--;
+    if (body) {
+        if (g->held_ws.n) grow(g, last, g->held_ws.p, g->held_ws.n);
+        g->held_ws.n = 0;
+        grow(g, last, s, body);
+    }
+    jw_raw(&g->held_ws, s + body, n - body);
 }
 
 void gen_api_event(struct gen *g, const struct engine_event *ev) {

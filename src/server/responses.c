@@ -357,7 +357,7 @@ static bool convert_input(json_t *in, json_t *msgs, struct oai_err *e) {
 
 static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
     static const char *const keys[] = {"type", "name", "description", "parameters", "strict", NULL};
-    if (json_is_null(tools)) return true;
+    if (!tools || json_is_null(tools)) return true;
     if (!json_is_array(tools)) return oai_bad(e, "tools", "'tools' must be a list");
     size_t i;
     json_t *t;
@@ -384,9 +384,10 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
                            "smelt does not have yet; send strict false to get calls parsed from "
                            "the model's text, not guaranteed to match the schema", p);
         if (!only_keys(t, p, keys, e)) return false;
+        /* (in chat's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
-        if (fn && json_is_object(params)) json_object_set(fn, "parameters", params);
         if (fn && json_is_string(desc)) json_object_set(fn, "description", desc);
+        if (fn && json_is_object(params)) json_object_set(fn, "parameters", params);
         json_t *x = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
         if (!x || json_array_append_new(out, x) != 0) return nomem(e);
     }
@@ -485,6 +486,7 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
         return true;
     }
     if (!strcmp(k, "stream_options")) {
+        if (json_is_null(v)) return true;
         if (!check_obj(v, k, so_keys, e)) return false;
         return oai_get_bool(json_object_get(v, "include_obfuscation"),
                             "stream_options.include_obfuscation", &b, e);

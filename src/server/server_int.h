@@ -191,6 +191,7 @@ struct gen {
     int32_t n_user_stops;        /* the request's own stop strings: rq.stop[0 .. n) */
     uint8_t stop;                /* the final event's engine_event.stop */
     bool api_done;               /* the final event came: the last block is the reply's last */
+    struct jw held_ws;           /* a reasoning block's trailing whitespace, held back */
     int64_t seq;                 /* the API's stream event counter (Responses' sequence_number) */
     /* chat */
     enum outp_syntax syntax;
