@@ -319,10 +319,16 @@ static enum MHD_Result route_tokenize(struct conn *c) {
     json_t *arr = json_array();
     for (size_t i = 0; i < ids.n; i++) {
         if (json_is_true(pieces)) {
+            /* a piece that is not valid UTF-8 on its own (a byte-fallback token, part of an
+             * emoji) is its byte values, as llama.cpp gives it: the pieces always rejoin */
             size_t pl;
             const char *p = tok_piece(s->m.tok, ids.v[i], &pl);
-            json_t *pj = json_stringn(p, pl);
-            if (!pj) pj = json_stringn_nocheck("", 0);
+            json_t *pj = utf8_validate((const uint8_t *)p, pl) == pl ? json_stringn(p, pl) : NULL;
+            if (!pj) {
+                pj = json_array();
+                for (size_t b = 0; pj && b < pl; b++)
+                    json_array_append_new(pj, json_integer((uint8_t)p[b]));
+            }
             json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids.v[i], "piece", pj));
         } else {
             json_array_append_new(arr, json_integer(ids.v[i]));
