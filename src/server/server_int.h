@@ -10,6 +10,7 @@
 #include "server/jw.h"
 #include "server/oai.h"
 #include "server/outp.h"
+#include "server/resp_store.h"
 #include "server/server.h"
 #include "tokenizer/tok.h"
 #include "util/sha256.h"
@@ -342,11 +343,6 @@ enum MHD_Result anth_route_count_tokens(struct conn *c);  /* POST /v1/messages/c
 /* ---- responses.c ---- */
 enum MHD_Result resp_route_create(struct conn *c);        /* POST /v1/responses */
 enum MHD_Result resp_route_get(struct conn *c);           /* GET /v1/responses/{id} */
-/* The store of finished responses that previous_response_id and GET name: bounded by count
- * and bytes, least recently used first out; thread-safe. */
-struct resp_store;
-struct resp_store *resp_store_new(size_t max_bytes, int32_t max_count);
-void resp_store_free(struct resp_store *st);
 
 /* ---- metrics.c ---- */
 char *metrics_text(struct server *s);
