@@ -65,24 +65,6 @@ char *anth_err_json(const struct oai_err *e) {
 
 /* ---- the request ---- */
 
-static bool nomem(struct oai_err *e) {
-    return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-}
-
-/* Refuses a key of obj that is not in allowed (NULL-terminated). */
-static bool only_keys(json_t *obj, const char *param, const char *const *allowed,
-                      struct oai_err *e) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(obj, k, v) {
-        int i = 0;
-        while (allowed[i] && strcmp(allowed[i], k)) i++;
-        if (!allowed[i])
-            return oai_bad(e, param, "%s: unknown field '%.*s'", param, oai_clip(k, 64), k);
-    }
-    return true;
-}
-
 /* Appends s[0..n) without its lines that begin with Claude Code's billing header (each such
  * line goes with its newline). */
 static void put_stable(struct jw *out, const char *s, size_t n) {
@@ -119,7 +101,7 @@ static bool text_of(json_t *v, const char *param, bool system, struct jw *out, s
             return oai_bad(e, p, "%s: blocks of type '%.*s' are not supported here (text only)", p,
                            oai_clip(json_string_value(type), 32), json_string_value(type));
         if (!json_is_string(text)) return oai_bad(e, p, "%s.text must be a string", p);
-        if (!only_keys(b, p, keys, e)) return false;
+        if (!oai_only_keys(b, p, keys, e)) return false;
         struct jw t = {0};
         if (system) put_stable(&t, json_string_value(text), json_string_length(text));
         else jw_raw(&t, json_string_value(text), json_string_length(text));
@@ -140,14 +122,25 @@ static json_t *jw_string(struct jw *w) {
 /* Appends {"role": role, "content": text} to out. */
 static bool push_msg(json_t *out, const char *role, struct jw *text, struct oai_err *e) {
     json_t *m = json_pack("{s:s, s:o}", "role", role, "content", jw_string(text));
-    if (!m || text->oom || json_array_append_new(out, m) != 0) return nomem(e);
+    if (!m || text->oom || json_array_append_new(out, m) != 0) return oai_nomem(e);
+    return true;
+}
+
+/* A text block b (param p) of a message: its text appended to out ("\n" between blocks). */
+static bool text_block(json_t *b, const char *p, struct jw *out, bool *any, struct oai_err *e) {
+    static const char *const keys[] = {"type", "text", "cache_control", "citations", NULL};
+    json_t *t = json_object_get(b, "text");
+    if (!json_is_string(t)) return oai_bad(e, p, "%s.text must be a string", p);
+    if (!oai_only_keys(b, p, keys, e)) return false;
+    if (*any) jw_raw(out, "\n", 1);
+    jw_raw(out, json_string_value(t), json_string_length(t));
+    *any = true;
     return true;
 }
 
 /* A user message's blocks: text blocks gather into user messages, each tool_result block is
  * a tool message, in order. */
 static bool user_blocks(json_t *content, const char *param, json_t *out, struct oai_err *e) {
-    static const char *const text_keys[] = {"type", "text", "cache_control", "citations", NULL};
     static const char *const result_keys[] = {"type", "tool_use_id", "content", "is_error",
                                               "cache_control", NULL};
     struct jw text = {0};
@@ -164,15 +157,8 @@ static bool user_blocks(json_t *content, const char *param, json_t *out, struct 
             break;
         }
         if (!strcmp(ts, "text")) {
-            json_t *t = json_object_get(b, "text");
-            if (!json_is_string(t)) {
-                ok = oai_bad(e, p, "%s.text must be a string", p);
-                break;
-            }
-            if (!(ok = only_keys(b, p, text_keys, e))) break;
-            if (any_text) jw_raw(&text, "\n", 1);
-            jw_raw(&text, json_string_value(t), json_string_length(t));
-            any_text = any = true;
+            if (!(ok = text_block(b, p, &text, &any_text, e))) break;
+            any = true;
         } else if (!strcmp(ts, "tool_result")) {
             json_t *id = json_object_get(b, "tool_use_id");
             json_t *is_err = json_object_get(b, "is_error");
@@ -186,7 +172,7 @@ static bool user_blocks(json_t *content, const char *param, json_t *out, struct 
                 ok = oai_bad(e, p, "%s.is_error must be a boolean", p);
                 break;
             }
-            if (!(ok = only_keys(b, p, result_keys, e))) break;
+            if (!(ok = oai_only_keys(b, p, result_keys, e))) break;
             if (any_text && !(ok = push_msg(out, "user", &text, e))) break;
             text.n = 0;
             any_text = false;
@@ -197,7 +183,7 @@ static bool user_blocks(json_t *content, const char *param, json_t *out, struct 
             }
             json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content",
                                   jw_string(&r));
-            if (!m || r.oom || json_array_append_new(out, m) != 0) ok = nomem(e);
+            if (!m || r.oom || json_array_append_new(out, m) != 0) ok = oai_nomem(e);
             jw_free(&r);
             any = true;
             if (!ok) break;
@@ -220,7 +206,6 @@ static bool user_blocks(json_t *content, const char *param, json_t *out, struct 
  * holds (a final assistant message must be text, to be continued). */
 static bool assistant_blocks(json_t *content, const char *param, json_t *out, bool *has_text,
                              bool *has_calls, struct oai_err *e) {
-    static const char *const text_keys[] = {"type", "text", "cache_control", "citations", NULL};
     static const char *const use_keys[] = {"type", "id", "name", "input", "cache_control",
                                            "caller", NULL};
     static const char *const think_keys[] = {"type", "thinking", "signature", "cache_control", NULL};
@@ -228,7 +213,7 @@ static bool assistant_blocks(json_t *content, const char *param, json_t *out, bo
     struct jw text = {0}, reason = {0};
     json_t *calls = json_array();
     bool ok = calls != NULL, any_text = false;
-    if (!ok) return nomem(e);
+    if (!ok) return oai_nomem(e);
     size_t i;
     json_t *b;
     json_array_foreach(content, i, b) {
@@ -240,15 +225,7 @@ static bool assistant_blocks(json_t *content, const char *param, json_t *out, bo
             break;
         }
         if (!strcmp(ts, "text")) {
-            json_t *t = json_object_get(b, "text");
-            if (!json_is_string(t)) {
-                ok = oai_bad(e, p, "%s.text must be a string", p);
-                break;
-            }
-            if (!(ok = only_keys(b, p, text_keys, e))) break;
-            if (any_text) jw_raw(&text, "\n", 1);
-            jw_raw(&text, json_string_value(t), json_string_length(t));
-            any_text = true;
+            if (!(ok = text_block(b, p, &text, &any_text, e))) break;
         } else if (!strcmp(ts, "tool_use")) {
             json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
             json_t *input = json_object_get(b, "input");
@@ -260,12 +237,12 @@ static bool assistant_blocks(json_t *content, const char *param, json_t *out, bo
                 ok = oai_bad(e, p, "%s.input must be an object", p);
                 break;
             }
-            if (!(ok = only_keys(b, p, use_keys, e))) break;
+            if (!(ok = oai_only_keys(b, p, use_keys, e))) break;
             /* (arguments as an object: templates read them as a mapping) */
             json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function",
                                      "function", "name", name, "arguments", input);
             if (!call || json_array_append_new(calls, call) != 0) {
-                ok = nomem(e);
+                ok = oai_nomem(e);
                 break;
             }
         } else if (!strcmp(ts, "thinking")) {
@@ -274,10 +251,10 @@ static bool assistant_blocks(json_t *content, const char *param, json_t *out, bo
                 ok = oai_bad(e, p, "%s.thinking must be a string", p);
                 break;
             }
-            if (!(ok = only_keys(b, p, think_keys, e))) break;
+            if (!(ok = oai_only_keys(b, p, think_keys, e))) break;
             jw_raw(&reason, json_string_value(t), json_string_length(t));
         } else if (!strcmp(ts, "redacted_thinking")) {
-            if (!(ok = only_keys(b, p, redacted_keys, e))) break; /* nothing readable: dropped */
+            if (!(ok = oai_only_keys(b, p, redacted_keys, e))) break; /* nothing readable: dropped */
         } else if (!strcmp(ts, "image") || !strcmp(ts, "document") ||
                    !strcmp(ts, "server_tool_use") || !strcmp(ts, "web_search_tool_result") ||
                    !strcmp(ts, "web_fetch_tool_result") ||
@@ -297,7 +274,7 @@ static bool assistant_blocks(json_t *content, const char *param, json_t *out, bo
                               any_text ? jw_string(&text) : json_null());
         if (m && json_array_size(calls)) json_object_set(m, "tool_calls", calls);
         if (m && reason.n) json_object_set_new(m, "reasoning_content", jw_string(&reason));
-        if (!m || text.oom || reason.oom || json_array_append_new(out, m) != 0) ok = nomem(e);
+        if (!m || text.oom || reason.oom || json_array_append_new(out, m) != 0) ok = oai_nomem(e);
     }
     *has_text = any_text;
     *has_calls = json_array_size(calls) > 0;
@@ -322,14 +299,14 @@ static bool convert_messages(json_t *msgs, json_t *out, bool *prefill, struct oa
         bool user = role && !strcmp(role, "user"), assistant = role && !strcmp(role, "assistant");
         if (!user && !assistant)
             return oai_bad(e, p, "%s.role must be \"user\" or \"assistant\"", p);
-        if (!only_keys(m, p, keys, e)) return false;
+        if (!oai_only_keys(m, p, keys, e)) return false;
         json_t *content = json_object_get(m, "content");
         char cp[64];
         snprintf(cp, sizeof cp, "%s.content", p);
         bool has_text = false, has_calls = false;
         if (json_is_string(content)) {
             json_t *x = json_pack("{s:s, s:O}", "role", role, "content", content);
-            if (!x || json_array_append_new(out, x) != 0) return nomem(e);
+            if (!x || json_array_append_new(out, x) != 0) return oai_nomem(e);
             has_text = true;
         } else if (!json_is_array(content)) {
             return oai_bad(e, cp, "%s must be a string or a list of content blocks", cp);
@@ -380,13 +357,13 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
             return oai_bad(e, p, "%s.strict: strict tools need constrained decoding, which smelt "
                            "does not have yet; leave strict out to get calls parsed from the "
                            "model's text, not guaranteed to match the schema", p);
-        if (!only_keys(t, p, keys, e)) return false;
+        if (!oai_only_keys(t, p, keys, e)) return false;
         /* (in OpenAI's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && json_is_string(desc)) json_object_set(fn, "description", desc);
         if (fn) json_object_set(fn, "parameters", schema);
         json_t *x = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
-        if (!x || json_array_append_new(out, x) != 0) return nomem(e);
+        if (!x || json_array_append_new(out, x) != 0) return oai_nomem(e);
     }
     return true;
 }
@@ -397,7 +374,7 @@ static bool convert_tool_choice(json_t *v, json_t *chat, struct oai_err *e) {
     if (json_is_null(v)) return true;
     const char *t = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
     if (!t) return oai_bad(e, "tool_choice", "'tool_choice' must be an object with a 'type'");
-    if (!only_keys(v, "tool_choice", keys, e)) return false;
+    if (!oai_only_keys(v, "tool_choice", keys, e)) return false;
     json_t *dp = json_object_get(v, "disable_parallel_tool_use");
     if (dp && !json_is_boolean(dp) && !json_is_null(dp))
         return oai_bad(e, "tool_choice", "tool_choice.disable_parallel_tool_use must be a boolean");
@@ -412,7 +389,7 @@ static bool convert_tool_choice(json_t *v, json_t *chat, struct oai_err *e) {
     } else {
         return oai_bad(e, "tool_choice", "tool_choice.type must be auto, any, tool or none");
     }
-    if (!x || json_object_set_new(chat, "tool_choice", x) != 0) return nomem(e);
+    if (!x || json_object_set_new(chat, "tool_choice", x) != 0) return oai_nomem(e);
     if (json_is_true(dp)) json_object_set_new(chat, "parallel_tool_calls", json_false());
     return true;
 }
@@ -423,7 +400,7 @@ static bool convert_thinking(json_t *v, int64_t max_tokens, json_t *kw, struct o
     if (json_is_null(v)) return true;
     const char *t = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
     if (!t) return oai_bad(e, "thinking", "'thinking' must be an object with a 'type'");
-    if (!only_keys(v, "thinking", keys, e)) return false;
+    if (!oai_only_keys(v, "thinking", keys, e)) return false;
     json_t *display = json_object_get(v, "display");
     if (display && !json_is_null(display) &&
         (!json_is_string(display) || (strcmp(json_string_value(display), "summarized") &&
@@ -448,14 +425,14 @@ static bool convert_thinking(json_t *v, int64_t max_tokens, json_t *kw, struct o
     } else {
         return oai_bad(e, "thinking", "thinking.type must be enabled, adaptive or disabled");
     }
-    return json_object_set_new(kw, "enable_thinking", json_boolean(on)) == 0 || nomem(e);
+    return json_object_set_new(kw, "enable_thinking", json_boolean(on)) == 0 || oai_nomem(e);
 }
 
 static bool convert_output_config(json_t *v, json_t *chat, struct oai_err *e) {
     static const char *const keys[] = {"effort", "format", NULL};
     if (json_is_null(v)) return true;
     if (!json_is_object(v)) return oai_bad(e, "output_config", "'output_config' must be an object");
-    if (!only_keys(v, "output_config", keys, e)) return false;
+    if (!oai_only_keys(v, "output_config", keys, e)) return false;
     json_t *f = json_object_get(v, "format");
     if (f && !json_is_null(f))
         return oai_bad(e, "output_config.format", "output_config.format (structured outputs) "
@@ -467,7 +444,7 @@ static bool convert_output_config(json_t *v, json_t *chat, struct oai_err *e) {
     for (int i = 0; json_is_string(eff) && from[i]; i++)
         if (!strcmp(json_string_value(eff), from[i]))
             return json_object_set_new(chat, "reasoning_effort", json_string(to[i])) == 0 ||
-                   nomem(e);
+                   oai_nomem(e);
     return oai_bad(e, "output_config.effort", "output_config.effort must be low, medium, high, "
                    "xhigh or max");
 }
@@ -487,7 +464,7 @@ static bool convert_stops(json_t *v, json_t *chat, struct oai_err *e) {
             return oai_bad(e, "stop_sequences", "each stop sequence is at most %d bytes",
                            ENGINE_MAX_STOP_LEN);
     }
-    return json_object_set(chat, "stop", v) == 0 || nomem(e);
+    return json_object_set(chat, "stop", v) == 0 || oai_nomem(e);
 }
 
 static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
@@ -499,7 +476,7 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
     json_t *msgs = json_array();
     if (!kw || !msgs || json_object_set_new(chat, "messages", msgs) != 0) {
         json_decref(kw);
-        return nomem(e);
+        return oai_nomem(e);
     }
     int64_t max_tokens = -1;
     bool ok = true;
@@ -533,7 +510,7 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
             }
             json_t *u = json_is_object(v) ? json_object_get(v, "user_id") : NULL;
             static const char *const mkeys[] = {"user_id", NULL};
-            if (json_is_object(v) && !(ok = only_keys(v, k, mkeys, e))) break;
+            if (json_is_object(v) && !(ok = oai_only_keys(v, k, mkeys, e))) break;
             if (u && !json_is_string(u) && !json_is_null(u)) {
                 ok = oai_bad(e, "metadata.user_id", "metadata.user_id must be a string");
                 break;
@@ -577,7 +554,7 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
     if (ok && tools && !json_is_null(tools)) {
         json_t *out = json_array();
         ok = out && json_object_set_new(chat, "tools", out) == 0 ? convert_tools(tools, out, e)
-                                                                  : nomem(e);
+                                                                  : oai_nomem(e);
     }
     if (ok && json_object_get(req, "tool_choice"))
         ok = convert_tool_choice(json_object_get(req, "tool_choice"), chat, e);
@@ -585,7 +562,7 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
         ok = convert_thinking(json_object_get(req, "thinking"), count ? -1 : max_tokens, kw, e);
     if (ok && json_object_get(req, "output_config"))
         ok = convert_output_config(json_object_get(req, "output_config"), chat, e);
-    if (ok && json_object_size(kw)) ok = json_object_set(chat, "chat_template_kwargs", kw) == 0 || nomem(e);
+    if (ok && json_object_size(kw)) ok = json_object_set(chat, "chat_template_kwargs", kw) == 0 || oai_nomem(e);
     json_decref(kw);
     return ok;
 }
@@ -594,7 +571,7 @@ bool anth_parse(json_t *req, bool count, int32_t n_vocab, const struct sample_pa
                 struct oai_request *rq, struct oai_err *e) {
     memset(rq, 0, sizeof *rq);
     json_t *chat = json_object();
-    if (!chat) return nomem(e);
+    if (!chat) return oai_nomem(e);
     if (!convert(req, count, chat, e)) {
         json_decref(chat);
         return false;

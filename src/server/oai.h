@@ -95,6 +95,11 @@ struct oai_request {
     bool add_generation_prompt, continue_final_message;
 };
 
+/* A 500 "out of memory" (false). */
+bool oai_nomem(struct oai_err *e);
+/* Refuses (a 400 naming param and the key) a key of obj that is not in allowed
+ * (NULL-terminated). */
+bool oai_only_keys(json_t *obj, const char *param, const char *const *allowed, struct oai_err *e);
 /* Typed field getters for request parsers: each leaves *out as it is for null, and returns
  * false with a 400 naming `name` for a wrong type or a value outside [lo, hi]. An integer
  * may be written as a float with no fraction (5.0). */

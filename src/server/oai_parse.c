@@ -104,6 +104,22 @@ void oai_request_free(struct oai_request *r) {
     memset(r, 0, sizeof *r);
 }
 
+bool oai_nomem(struct oai_err *e) {
+    return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+bool oai_only_keys(json_t *obj, const char *param, const char *const *allowed, struct oai_err *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v) {
+        int i = 0;
+        while (allowed[i] && strcmp(allowed[i], k)) i++;
+        if (!allowed[i])
+            return oai_bad(e, param, "%s: unknown field '%.*s'", param, oai_clip(k, 64), k);
+    }
+    return true;
+}
+
 /* ---- typed getters (oai.h) ---- */
 
 bool oai_get_bool(json_t *v, const char *name, bool *out, struct oai_err *e) {

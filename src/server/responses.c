@@ -38,23 +38,6 @@
 
 /* ---- the request ---- */
 
-static bool nomem(struct oai_err *e) {
-    return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-}
-
-static bool only_keys(json_t *obj, const char *param, const char *const *allowed,
-                      struct oai_err *e) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(obj, k, v) {
-        int i = 0;
-        while (allowed[i] && strcmp(allowed[i], k)) i++;
-        if (!allowed[i])
-            return oai_bad(e, param, "%s: unknown field '%.*s'", param, oai_clip(k, 64), k);
-    }
-    return true;
-}
-
 /* The text of content (a string, or parts of the given types joined by "\n") into out. */
 static bool parts_text(json_t *content, const char *param, const char *const *types,
                        struct jw *out, struct oai_err *e) {
@@ -82,7 +65,7 @@ static bool parts_text(json_t *content, const char *param, const char *const *ty
         }
         json_t *text = json_object_get(p, "text");
         if (!json_is_string(text)) return oai_bad(e, pp, "%s.text must be a string", pp);
-        if (!only_keys(p, pp, keys, e)) return false;
+        if (!oai_only_keys(p, pp, keys, e)) return false;
         if (i) jw_raw(out, "\n", 1);
         jw_raw(out, json_string_value(text), json_string_length(text));
     }
@@ -116,17 +99,17 @@ static bool message_item(json_t *it, const char *p, json_t *msgs, struct jw *rea
     if (!role || (strcmp(role, "user") && strcmp(role, "system") && strcmp(role, "developer") &&
                   strcmp(role, "assistant")))
         return oai_bad(e, p, "%s.role must be user, system, developer or assistant", p);
-    if (!only_keys(it, p, keys, e)) return false;
+    if (!oai_only_keys(it, p, keys, e)) return false;
     bool assistant = !strcmp(role, "assistant");
     char cp[112];
     snprintf(cp, sizeof cp, "%s.content", p);
     struct jw t = {0};
     bool ok = parts_text(json_object_get(it, "content"), cp, assistant ? out_types : in_types, &t, e);
     if (ok && assistant) {
-        ok = new_assistant(msgs, jw_string(&t), reason) || nomem(e);
+        ok = new_assistant(msgs, jw_string(&t), reason) || oai_nomem(e);
     } else if (ok) {
         json_t *m = json_pack("{s:s, s:o}", "role", role, "content", jw_string(&t));
-        ok = (m && !t.oom && json_array_append_new(msgs, m) == 0) || nomem(e);
+        ok = (m && !t.oom && json_array_append_new(msgs, m) == 0) || oai_nomem(e);
     }
     jw_free(&t);
     return ok;
@@ -142,17 +125,17 @@ static bool function_call_item(json_t *it, const char *p, json_t *msgs, struct j
     if (!json_is_string(name) || json_string_length(name) == 0)
         return oai_bad(e, p, "%s.name must be a non-empty string", p);
     if (!json_is_string(args)) return oai_bad(e, p, "%s.arguments must be a string", p);
-    if (!only_keys(it, p, keys, e)) return false;
+    if (!oai_only_keys(it, p, keys, e)) return false;
     json_t *m = reason->n ? NULL : last_assistant(msgs);
-    if (!m && !(m = new_assistant(msgs, json_null(), reason))) return nomem(e);
+    if (!m && !(m = new_assistant(msgs, json_null(), reason))) return oai_nomem(e);
     json_t *calls = json_object_get(m, "tool_calls");
     if (!calls) {
         calls = json_array();
-        if (!calls || json_object_set_new(m, "tool_calls", calls) != 0) return nomem(e);
+        if (!calls || json_object_set_new(m, "tool_calls", calls) != 0) return oai_nomem(e);
     }
     json_t *c = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function", "function",
                           "name", name, "arguments", args);
-    return (c && json_array_append_new(calls, c) == 0) || nomem(e);
+    return (c && json_array_append_new(calls, c) == 0) || oai_nomem(e);
 }
 
 static bool function_output_item(json_t *it, const char *p, json_t *msgs, struct oai_err *e) {
@@ -161,7 +144,7 @@ static bool function_output_item(json_t *it, const char *p, json_t *msgs, struct
     json_t *call_id = json_object_get(it, "call_id");
     if (!json_is_string(call_id) || json_string_length(call_id) == 0)
         return oai_bad(e, p, "%s.call_id must be a non-empty string", p);
-    if (!only_keys(it, p, keys, e)) return false;
+    if (!oai_only_keys(it, p, keys, e)) return false;
     char op[112];
     snprintf(op, sizeof op, "%s.output", p);
     struct jw t = {0};
@@ -169,7 +152,7 @@ static bool function_output_item(json_t *it, const char *p, json_t *msgs, struct
     if (ok) {
         json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id, "content",
                               jw_string(&t));
-        ok = (m && !t.oom && json_array_append_new(msgs, m) == 0) || nomem(e);
+        ok = (m && !t.oom && json_array_append_new(msgs, m) == 0) || oai_nomem(e);
     }
     jw_free(&t);
     return ok;
@@ -182,7 +165,7 @@ static bool reasoning_item(json_t *it, const char *p, struct jw *reason, struct 
                                        "status", NULL};
     static const char *const rtypes[] = {"reasoning_text", NULL};
     static const char *const stypes[] = {"summary_text", NULL};
-    if (!only_keys(it, p, keys, e)) return false;
+    if (!oai_only_keys(it, p, keys, e)) return false;
     json_t *content = json_object_get(it, "content"), *summary = json_object_get(it, "summary");
     char cp[112];
     bool use_content = json_is_array(content) && json_array_size(content) > 0;
@@ -196,7 +179,7 @@ static bool reasoning_item(json_t *it, const char *p, struct jw *reason, struct 
 static bool convert_input(json_t *in, json_t *msgs, struct oai_err *e) {
     if (json_is_string(in)) {
         json_t *m = json_pack("{s:s, s:O}", "role", "user", "content", in);
-        return (m && json_array_append_new(msgs, m) == 0) || nomem(e);
+        return (m && json_array_append_new(msgs, m) == 0) || oai_nomem(e);
     }
     if (!json_is_array(in) || json_array_size(in) == 0)
         return oai_bad(e, "input", "'input' must be a string or a non-empty list of items");
@@ -259,13 +242,13 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
             return oai_bad(e, p, "%s.strict: strict schemas need constrained decoding, which "
                            "smelt does not have yet; send strict false to get calls parsed from "
                            "the model's text, not guaranteed to match the schema", p);
-        if (!only_keys(t, p, keys, e)) return false;
+        if (!oai_only_keys(t, p, keys, e)) return false;
         /* (in chat's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && json_is_string(desc)) json_object_set(fn, "description", desc);
         if (fn && json_is_object(params)) json_object_set(fn, "parameters", params);
         json_t *x = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
-        if (!x || json_array_append_new(out, x) != 0) return nomem(e);
+        if (!x || json_array_append_new(out, x) != 0) return oai_nomem(e);
     }
     return true;
 }
@@ -277,7 +260,7 @@ static bool convert_tool_choice(json_t *v, json_t *chat, struct oai_err *e) {
         if (strcmp(s, "auto") && strcmp(s, "none") && strcmp(s, "required"))
             return oai_bad(e, "tool_choice", "'tool_choice' must be auto, none, required or "
                            "{\"type\": \"function\", \"name\": ...}");
-        return json_object_set(chat, "tool_choice", v) == 0 || nomem(e);
+        return json_object_set(chat, "tool_choice", v) == 0 || oai_nomem(e);
     }
     const char *t = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
     json_t *name = json_is_object(v) ? json_object_get(v, "name") : NULL;
@@ -285,13 +268,13 @@ static bool convert_tool_choice(json_t *v, json_t *chat, struct oai_err *e) {
         return oai_bad(e, "tool_choice", "'tool_choice' must be auto, none, required or "
                        "{\"type\": \"function\", \"name\": ...} (other kinds are not supported)");
     json_t *x = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
-    return (x && json_object_set_new(chat, "tool_choice", x) == 0) || nomem(e);
+    return (x && json_object_set_new(chat, "tool_choice", x) == 0) || oai_nomem(e);
 }
 
 static bool check_obj(json_t *v, const char *k, const char *const *keys, struct oai_err *e) {
     if (json_is_null(v)) return true;
     if (!json_is_object(v)) return oai_bad(e, k, "'%s' must be an object", k);
-    return only_keys(v, k, keys, e);
+    return oai_only_keys(v, k, keys, e);
 }
 
 /* One top-level field (the ones needing the others come after the loop). */
@@ -312,22 +295,22 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
         return true;
     if (!strcmp(k, "model")) {
         if (!oai_get_str(v, k, &s, e)) return false;
-        return !s || json_object_set(chat, k, v) == 0 || nomem(e);
+        return !s || json_object_set(chat, k, v) == 0 || oai_nomem(e);
     }
     if (!strcmp(k, "stream") || !strcmp(k, "parallel_tool_calls")) {
         if (!oai_get_bool(v, k, &b, e)) return false;
-        return json_is_null(v) || json_object_set(chat, k, v) == 0 || nomem(e);
+        return json_is_null(v) || json_object_set(chat, k, v) == 0 || oai_nomem(e);
     }
     if (!strcmp(k, "store")) return oai_get_bool(v, k, &b, e);
     if (!strcmp(k, "previous_response_id")) return oai_get_str(v, k, &s, e);
     if (!strcmp(k, "temperature") || !strcmp(k, "top_p")) {
         if (!oai_get_num(v, k, 0, k[0] == 't' && k[1] == 'e' ? 2 : 1, &d, e)) return false;
-        return json_is_null(v) || json_object_set(chat, k, v) == 0 || nomem(e);
+        return json_is_null(v) || json_object_set(chat, k, v) == 0 || oai_nomem(e);
     }
     if (!strcmp(k, "max_output_tokens")) {
         if (!oai_get_int(v, k, 1, 1 << 30, &i, e)) return false;
         return json_is_null(v) || json_object_set_new(chat, "max_tokens", json_integer(i)) == 0 ||
-               nomem(e);
+               oai_nomem(e);
     }
     if (!strcmp(k, "reasoning")) {
         if (!check_obj(v, k, reasoning_keys, e)) return false;
@@ -340,7 +323,7 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
             if (!strcmp(json_string_value(eff), from[j]))
                 return json_object_set_new(chat, "reasoning_effort",
                                            json_string(j == 5 ? "high" : from[j])) == 0 ||
-                       nomem(e);
+                       oai_nomem(e);
         return oai_bad(e, "reasoning.effort", "reasoning.effort must be none, minimal, low, "
                        "medium, high or xhigh");
     }
@@ -421,7 +404,7 @@ bool resp_parse(json_t *req, const json_t *history, int32_t n_vocab,
     json_t *chat = json_object(), *msgs = json_array(), *tools = json_array();
     bool ok = chat && msgs && tools;
     if (ok) ok = json_object_set(chat, "messages", msgs) == 0;
-    if (!ok) nomem(e);
+    if (!ok) oai_nomem(e);
     const char *k;
     json_t *v;
     if (ok) json_object_foreach(req, k, v) if (!(ok = field(k, v, chat, e))) break;
@@ -430,18 +413,18 @@ bool resp_parse(json_t *req, const json_t *history, int32_t n_vocab,
         ok = oai_bad(e, "instructions", "'instructions' must be a string");
     if (ok && json_is_string(instr) && json_string_length(instr)) {
         json_t *m = json_pack("{s:s, s:O}", "role", "system", "content", instr);
-        ok = (m && json_array_append_new(msgs, m) == 0) || nomem(e);
+        ok = (m && json_array_append_new(msgs, m) == 0) || oai_nomem(e);
     }
     if (ok && history) {
         /* (copied: parsing normalizes messages in place) */
         json_t *h = json_deep_copy(history);
-        ok = (h && json_array_extend(msgs, h) == 0) || nomem(e);
+        ok = (h && json_array_extend(msgs, h) == 0) || oai_nomem(e);
         json_decref(h);
     }
     json_t *in = json_object_get(req, "input");
     if (ok) ok = in ? convert_input(in, msgs, e) : oai_bad(e, "input", "'input' is required");
     if (ok) ok = convert_tools(json_object_get(req, "tools"), tools, e);
-    if (ok && json_array_size(tools)) ok = json_object_set(chat, "tools", tools) == 0 || nomem(e);
+    if (ok && json_array_size(tools)) ok = json_object_set(chat, "tools", tools) == 0 || oai_nomem(e);
     if (ok && json_object_get(req, "tool_choice"))
         ok = convert_tool_choice(json_object_get(req, "tool_choice"), chat, e);
     json_decref(msgs);

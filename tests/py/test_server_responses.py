@@ -1,6 +1,7 @@
 """The OpenAI Responses API (/v1/responses) through `smelt serve`, over raw HTTP and the
 official `openai` SDK's client.responses, with exactly the model text each case needs
-(test_server_anthropic's vocabulary and Qwen3-shaped template, `--fake-forward --fake-reply`).
+(test_server_anthropic's vocabulary, Qwen3-shaped template and server fixtures,
+`--fake-forward --fake-reply`).
 
 Checked: output items (reasoning, message / output_text, function_call) whole and streamed
 (the semantic event sequence, sequence numbers, the same item ids in every event and in the
@@ -20,40 +21,17 @@ from smelt_server import SMELT, Server
 gguf = pytest.importorskip("gguf")
 openai = pytest.importorskip("openai")
 
-from test_server_anthropic import QWEN3, REPLY, USER  # noqa: E402
-from test_server_tools import write_vocab  # noqa: E402
+# the vocabulary, template, scripted reply and server fixtures
+from test_server_anthropic import MODEL, REPLY, USER, files, serve  # noqa: E402,F401
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
 
-MODEL = "m"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                          "required": ["city"]}}]
 OAI_TOOLS = [{"type": "function", "function": {"name": "get_weather",
                                                "description": "Weather in a city",
                                                "parameters": TOOLS[0]["parameters"]}}]
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("responses")
-    t = d / "qwen3.jinja"
-    t.write_text(QWEN3)
-    return {"vocab": write_vocab(str(d / "vocab.gguf")), "tmpl": str(t)}
-
-
-@pytest.fixture
-def serve(files):
-    started = []
-
-    def start(reply, *args):
-        s = Server(files["vocab"], "--fake-forward", "--fake-reply", reply, "--served-model-name",
-                   MODEL, "--chat-template", files["tmpl"], "--quiet", *args, start_timeout=30)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        assert s.stop() == 0, s.log()
 
 
 def create(s, body, status=200):
