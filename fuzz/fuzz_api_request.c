@@ -46,8 +46,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(&rq, 0, sizeof rq);
     json_t *req = oai_load_object(body, n, &e);
     bool ok = req != NULL;
-    if (ok && anthropic) ok = anth_parse(req, variant, 1000, NULL, &rq, &e);
-    else if (ok) ok = resp_parse(req, variant ? history() : NULL, 1000, NULL, &rq, &e);
+    if (ok && anthropic)
+        ok = anth_parse(req, variant, 1000, NULL, &rq, &e);
+    else if (ok)
+        ok = resp_parse(req, variant ? history() : NULL, 1000, NULL, &rq, &e);
     if (ok) {
         if (rq.kind != OAI_CHAT || rq.n != 1 || !json_is_array(rq.messages) ||
             json_array_size(rq.messages) == 0)

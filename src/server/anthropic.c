@@ -46,20 +46,35 @@
 char *anth_err_json(const struct oai_err *e) {
     const char *t;
     switch (e->status) {
-    case 401: t = "authentication_error"; break;
-    case 403: t = "permission_error"; break;
-    case 404: t = "not_found_error"; break;
-    case 413: t = "request_too_large"; break;
-    case 429: t = "rate_limit_error"; break;
-    case 503: t = "overloaded_error"; break;
-    default: t = e->status >= 500 ? "api_error" : "invalid_request_error"; break;
+    case 401:
+        t = "authentication_error";
+        break;
+    case 403:
+        t = "permission_error";
+        break;
+    case 404:
+        t = "not_found_error";
+        break;
+    case 413:
+        t = "request_too_large";
+        break;
+    case 429:
+        t = "rate_limit_error";
+        break;
+    case 503:
+        t = "overloaded_error";
+        break;
+    default:
+        t = e->status >= 500 ? "api_error" : "invalid_request_error";
+        break;
     }
-    json_t *root = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", t,
-                             "message", e->message);
+    json_t *root = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", t, "message",
+                             e->message);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
-    if (!s) s = strdup("{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":"
-                       "\"out of memory\"}}");
+    if (!s)
+        s = strdup("{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":"
+                   "\"out of memory\"}}");
     return s;
 }
 
@@ -83,11 +98,14 @@ static bool text_of(json_t *v, const char *param, bool system, struct jw *out, s
     static const char *const keys[] = {"type", "text", "cache_control", "citations", NULL};
     if (!v || json_is_null(v)) return true;
     if (json_is_string(v)) {
-        if (system) put_stable(out, json_string_value(v), json_string_length(v));
-        else jw_raw(out, json_string_value(v), json_string_length(v));
+        if (system)
+            put_stable(out, json_string_value(v), json_string_length(v));
+        else
+            jw_raw(out, json_string_value(v), json_string_length(v));
         return true;
     }
-    if (!json_is_array(v)) return oai_bad(e, param, "%s must be a string or a list of text blocks", param);
+    if (!json_is_array(v))
+        return oai_bad(e, param, "%s must be a string or a list of text blocks", param);
     size_t i;
     json_t *b;
     bool first = true;
@@ -103,8 +121,10 @@ static bool text_of(json_t *v, const char *param, bool system, struct jw *out, s
         if (!json_is_string(text)) return oai_bad(e, p, "%s.text must be a string", p);
         if (!oai_only_keys(b, p, keys, e)) return false;
         struct jw t = {0};
-        if (system) put_stable(&t, json_string_value(text), json_string_length(text));
-        else jw_raw(&t, json_string_value(text), json_string_length(text));
+        if (system)
+            put_stable(&t, json_string_value(text), json_string_length(text));
+        else
+            jw_raw(&t, json_string_value(text), json_string_length(text));
         if (t.n || !system) {
             if (!first) jw_raw(out, "\n", 1);
             jw_raw(out, t.p ? t.p : "", t.n);
@@ -141,8 +161,8 @@ static bool text_block(json_t *b, const char *p, struct jw *out, bool *any, stru
 /* A user message's blocks: text blocks gather into user messages, each tool_result block is
  * a tool message, in order. */
 static bool user_blocks(json_t *content, const char *param, json_t *out, struct oai_err *e) {
-    static const char *const result_keys[] = {"type", "tool_use_id", "content", "is_error",
-                                              "cache_control", NULL};
+    static const char *const result_keys[] = {"type",     "tool_use_id",   "content",
+                                              "is_error", "cache_control", NULL};
     struct jw text = {0};
     bool any_text = false, any = false, ok = true;
     size_t i;
@@ -189,8 +209,10 @@ static bool user_blocks(json_t *content, const char *param, json_t *out, struct 
             if (!ok) break;
         } else if (!strcmp(ts, "image") || !strcmp(ts, "document") ||
                    !strcmp(ts, "search_result") || !strcmp(ts, "container_upload")) {
-            ok = oai_bad(e, p, "%s: content blocks of type '%s' are not supported (text and "
-                         "tool_result only)", p, ts);
+            ok = oai_bad(e, p,
+                         "%s: content blocks of type '%s' are not supported (text and "
+                         "tool_result only)",
+                         p, ts);
             break;
         } else {
             ok = oai_bad(e, p, "%s: unknown content block type '%.*s'", p, oai_clip(ts, 32), ts);
@@ -206,9 +228,10 @@ static bool user_blocks(json_t *content, const char *param, json_t *out, struct 
  * holds (a final assistant message must be text, to be continued). */
 static bool assistant_blocks(json_t *content, const char *param, json_t *out, bool *has_text,
                              bool *has_calls, struct oai_err *e) {
-    static const char *const use_keys[] = {"type", "id", "name", "input", "cache_control",
-                                           "caller", NULL};
-    static const char *const think_keys[] = {"type", "thinking", "signature", "cache_control", NULL};
+    static const char *const use_keys[] = {"type",          "id",     "name", "input",
+                                           "cache_control", "caller", NULL};
+    static const char *const think_keys[] = {"type", "thinking", "signature", "cache_control",
+                                             NULL};
     static const char *const redacted_keys[] = {"type", "data", "cache_control", NULL};
     struct jw text = {0}, reason = {0};
     json_t *calls = json_array();
@@ -254,15 +277,17 @@ static bool assistant_blocks(json_t *content, const char *param, json_t *out, bo
             if (!(ok = oai_only_keys(b, p, think_keys, e))) break;
             jw_raw(&reason, json_string_value(t), json_string_length(t));
         } else if (!strcmp(ts, "redacted_thinking")) {
-            if (!(ok = oai_only_keys(b, p, redacted_keys, e))) break; /* nothing readable: dropped */
+            if (!(ok = oai_only_keys(b, p, redacted_keys, e)))
+                break; /* nothing readable: dropped */
         } else if (!strcmp(ts, "image") || !strcmp(ts, "document") ||
                    !strcmp(ts, "server_tool_use") || !strcmp(ts, "web_search_tool_result") ||
                    !strcmp(ts, "web_fetch_tool_result") ||
-                   !strcmp(ts, "code_execution_tool_result") ||
-                   !strcmp(ts, "container_upload") || !strcmp(ts, "mcp_tool_use") ||
-                   !strcmp(ts, "mcp_tool_result")) {
-            ok = oai_bad(e, p, "%s: content blocks of type '%s' are not supported (text, "
-                         "tool_use and thinking only)", p, ts);
+                   !strcmp(ts, "code_execution_tool_result") || !strcmp(ts, "container_upload") ||
+                   !strcmp(ts, "mcp_tool_use") || !strcmp(ts, "mcp_tool_result")) {
+            ok = oai_bad(e, p,
+                         "%s: content blocks of type '%s' are not supported (text, "
+                         "tool_use and thinking only)",
+                         p, ts);
             break;
         } else {
             ok = oai_bad(e, p, "%s: unknown content block type '%.*s'", p, oai_clip(ts, 32), ts);
@@ -318,8 +343,10 @@ static bool convert_messages(json_t *msgs, json_t *out, bool *prefill, struct oa
         if (assistant && i == n - 1) {
             /* a prefill: the reply continues this message */
             if (has_calls || !has_text)
-                return oai_bad(e, p, "%s: a final assistant message is continued by the reply, "
-                               "so it must hold text and no tool_use", p);
+                return oai_bad(e, p,
+                               "%s: a final assistant message is continued by the reply, "
+                               "so it must hold text and no tool_use",
+                               p);
             *prefill = true;
         }
     }
@@ -327,8 +354,9 @@ static bool convert_messages(json_t *msgs, json_t *out, bool *prefill, struct oa
 }
 
 static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
-    static const char *const keys[] = {"name", "description", "input_schema", "type",
-                                       "cache_control", "strict", "eager_input_streaming", NULL};
+    static const char *const keys[] = {
+        "name",          "description", "input_schema",          "type",
+        "cache_control", "strict",      "eager_input_streaming", NULL};
     if (!json_is_array(tools)) return oai_bad(e, "tools", "'tools' must be a list");
     if (json_array_size(tools) > 512) return oai_bad(e, "tools", "'tools' holds at most 512 tools");
     size_t i;
@@ -340,7 +368,8 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
         json_t *type = json_object_get(t, "type");
         if (type && !json_is_null(type) &&
             (!json_is_string(type) || strcmp(json_string_value(type), "custom") != 0))
-            return oai_bad(e, p, "%s: tools of type '%.*s' (Anthropic's server tools) are not "
+            return oai_bad(e, p,
+                           "%s: tools of type '%.*s' (Anthropic's server tools) are not "
                            "supported; client tools (name, description, input_schema) are",
                            p, json_is_string(type) ? oai_clip(json_string_value(type), 48) : 1,
                            json_is_string(type) ? json_string_value(type) : "?");
@@ -354,9 +383,11 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
         if (strict && !json_is_boolean(strict) && !json_is_null(strict))
             return oai_bad(e, p, "%s.strict must be a boolean", p);
         if (json_is_true(strict))
-            return oai_bad(e, p, "%s.strict: strict tools need constrained decoding, which smelt "
+            return oai_bad(e, p,
+                           "%s.strict: strict tools need constrained decoding, which smelt "
                            "does not have yet; leave strict out to get calls parsed from the "
-                           "model's text, not guaranteed to match the schema", p);
+                           "model's text, not guaranteed to match the schema",
+                           p);
         if (!oai_only_keys(t, p, keys, e)) return false;
         /* (in OpenAI's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
@@ -379,9 +410,12 @@ static bool convert_tool_choice(json_t *v, json_t *chat, struct oai_err *e) {
     if (dp && !json_is_boolean(dp) && !json_is_null(dp))
         return oai_bad(e, "tool_choice", "tool_choice.disable_parallel_tool_use must be a boolean");
     json_t *name = json_object_get(v, "name"), *x;
-    if (!strcmp(t, "auto")) x = json_string("auto");
-    else if (!strcmp(t, "any")) x = json_string("required");
-    else if (!strcmp(t, "none")) x = json_string("none");
+    if (!strcmp(t, "auto"))
+        x = json_string("auto");
+    else if (!strcmp(t, "any"))
+        x = json_string("required");
+    else if (!strcmp(t, "none"))
+        x = json_string("none");
     else if (!strcmp(t, "tool")) {
         if (!json_is_string(name))
             return oai_bad(e, "tool_choice", "tool_choice of type 'tool' needs a 'name'");
@@ -411,12 +445,15 @@ static bool convert_thinking(json_t *v, int64_t max_tokens, json_t *kw, struct o
         int64_t b = 0;
         json_t *bv = json_object_get(v, "budget_tokens");
         if (!bv || json_is_null(bv))
-            return oai_bad(e, "thinking.budget_tokens", "thinking of type 'enabled' needs "
+            return oai_bad(e, "thinking.budget_tokens",
+                           "thinking of type 'enabled' needs "
                            "'budget_tokens'");
         if (!oai_get_int(bv, "thinking.budget_tokens", 1024, 1 << 30, &b, e)) return false;
         if (max_tokens > 0 && b >= max_tokens)
-            return oai_bad(e, "thinking.budget_tokens", "thinking.budget_tokens (%lld) must be "
-                           "less than max_tokens (%lld)", (long long)b, (long long)max_tokens);
+            return oai_bad(e, "thinking.budget_tokens",
+                           "thinking.budget_tokens (%lld) must be "
+                           "less than max_tokens (%lld)",
+                           (long long)b, (long long)max_tokens);
         on = true;
     } else if (!strcmp(t, "adaptive")) {
         on = true;
@@ -435,7 +472,8 @@ static bool convert_output_config(json_t *v, json_t *chat, struct oai_err *e) {
     if (!oai_only_keys(v, "output_config", keys, e)) return false;
     json_t *f = json_object_get(v, "format");
     if (f && !json_is_null(f))
-        return oai_bad(e, "output_config.format", "output_config.format (structured outputs) "
+        return oai_bad(e, "output_config.format",
+                       "output_config.format (structured outputs) "
                        "needs constrained decoding, which smelt does not have yet");
     json_t *eff = json_object_get(v, "effort");
     if (!eff || json_is_null(eff)) return true;
@@ -445,16 +483,20 @@ static bool convert_output_config(json_t *v, json_t *chat, struct oai_err *e) {
         if (!strcmp(json_string_value(eff), from[i]))
             return json_object_set_new(chat, "reasoning_effort", json_string(to[i])) == 0 ||
                    oai_nomem(e);
-    return oai_bad(e, "output_config.effort", "output_config.effort must be low, medium, high, "
+    return oai_bad(e, "output_config.effort",
+                   "output_config.effort must be low, medium, high, "
                    "xhigh or max");
 }
 
 static bool convert_stops(json_t *v, json_t *chat, struct oai_err *e) {
     if (json_is_null(v)) return true;
-    if (!json_is_array(v)) return oai_bad(e, "stop_sequences", "'stop_sequences' must be a list of strings");
+    if (!json_is_array(v))
+        return oai_bad(e, "stop_sequences", "'stop_sequences' must be a list of strings");
     if (json_array_size(v) > ENGINE_MAX_STOPS)
-        return oai_bad(e, "stop_sequences", "'stop_sequences' holds at most %d sequences here, "
-                       "got %zu", ENGINE_MAX_STOPS, json_array_size(v));
+        return oai_bad(e, "stop_sequences",
+                       "'stop_sequences' holds at most %d sequences here, "
+                       "got %zu",
+                       ENGINE_MAX_STOPS, json_array_size(v));
     size_t i;
     json_t *s;
     json_array_foreach(v, i, s) {
@@ -468,8 +510,8 @@ static bool convert_stops(json_t *v, json_t *chat, struct oai_err *e) {
 }
 
 static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
-    static const char *const harmless[] = {"metadata", "service_tier", "cache_control",
-                                           "inference_geo", "speed", "diagnostics", NULL};
+    static const char *const harmless[] = {
+        "metadata", "service_tier", "cache_control", "inference_geo", "speed", "diagnostics", NULL};
     static const char *const unsupported[] = {"container", "mcp_servers", "context_management",
                                               NULL};
     json_t *kw = json_object();
@@ -521,18 +563,21 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
             /* below, in order */
         } else {
             int i = 0;
-            while (harmless[i] && strcmp(harmless[i], k)) i++;
+            while (harmless[i] && strcmp(harmless[i], k))
+                i++;
             if (harmless[i]) continue;
             i = 0;
-            while (unsupported[i] && strcmp(unsupported[i], k)) i++;
-            ok = unsupported[i] ? oai_bad(e, k, "'%s' is not supported", k)
-                                : oai_bad(e, k, "%.*s: Extra inputs are not permitted",
-                                          oai_clip(k, 64), k);
+            while (unsupported[i] && strcmp(unsupported[i], k))
+                i++;
+            ok = unsupported[i]
+                     ? oai_bad(e, k, "'%s' is not supported", k)
+                     : oai_bad(e, k, "%.*s: Extra inputs are not permitted", oai_clip(k, 64), k);
             break;
         }
     }
     if (ok && !count && max_tokens < 0) ok = oai_bad(e, "max_tokens", "'max_tokens' is required");
-    if (ok && max_tokens > 0 && !count) json_object_set_new(chat, "max_tokens", json_integer(max_tokens));
+    if (ok && max_tokens > 0 && !count)
+        json_object_set_new(chat, "max_tokens", json_integer(max_tokens));
     /* system first */
     json_t *sys = json_object_get(req, "system");
     if (ok && sys && !json_is_null(sys)) {
@@ -544,7 +589,8 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
     bool prefill = false;
     if (ok) {
         json_t *m = json_object_get(req, "messages");
-        ok = m ? convert_messages(m, msgs, &prefill, e) : oai_bad(e, "messages", "'messages' is required");
+        ok = m ? convert_messages(m, msgs, &prefill, e)
+               : oai_bad(e, "messages", "'messages' is required");
     }
     if (ok && prefill) {
         json_object_set_new(chat, "add_generation_prompt", json_false());
@@ -554,7 +600,7 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
     if (ok && tools && !json_is_null(tools)) {
         json_t *out = json_array();
         ok = out && json_object_set_new(chat, "tools", out) == 0 ? convert_tools(tools, out, e)
-                                                                  : oai_nomem(e);
+                                                                 : oai_nomem(e);
     }
     if (ok && json_object_get(req, "tool_choice"))
         ok = convert_tool_choice(json_object_get(req, "tool_choice"), chat, e);
@@ -562,7 +608,8 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
         ok = convert_thinking(json_object_get(req, "thinking"), count ? -1 : max_tokens, kw, e);
     if (ok && json_object_get(req, "output_config"))
         ok = convert_output_config(json_object_get(req, "output_config"), chat, e);
-    if (ok && json_object_size(kw)) ok = json_object_set(chat, "chat_template_kwargs", kw) == 0 || oai_nomem(e);
+    if (ok && json_object_size(kw))
+        ok = json_object_set(chat, "chat_template_kwargs", kw) == 0 || oai_nomem(e);
     json_decref(kw);
     return ok;
 }
@@ -579,7 +626,8 @@ bool anth_parse(json_t *req, bool count, int32_t n_vocab, const struct sample_pa
     if (oai_parse_json(chat, OAI_CHAT, n_vocab, defaults, rq, e)) return true;
     /* (each field was checked above: what is left names chat's fields) */
     if (!strcmp(e->param, "stop")) snprintf(e->param, sizeof e->param, "stop_sequences");
-    if (!strcmp(e->param, "continue_final_message")) snprintf(e->param, sizeof e->param, "messages");
+    if (!strcmp(e->param, "continue_final_message"))
+        snprintf(e->param, sizeof e->param, "messages");
     return false;
 }
 
@@ -593,16 +641,21 @@ static void ev_begin(struct jw *w, const char *name) {
 
 static const char *stop_reason(enum gen_end end) {
     switch (end) {
-    case GEN_END_LENGTH: return "max_tokens";
-    case GEN_END_CALLS: return "tool_use";
-    case GEN_END_STOP_SEQ: return "stop_sequence";
-    default: return "end_turn";
+    case GEN_END_LENGTH:
+        return "max_tokens";
+    case GEN_END_CALLS:
+        return "tool_use";
+    case GEN_END_STOP_SEQ:
+        return "stop_sequence";
+    default:
+        return "end_turn";
     }
 }
 
 static void usage_members(struct gen *g, struct jw *w) {
-    jw_printf(w, "\"input_tokens\":%lld,\"cache_creation_input_tokens\":0,"
-                 "\"cache_read_input_tokens\":%lld,\"output_tokens\":%lld",
+    jw_printf(w,
+              "\"input_tokens\":%lld,\"cache_creation_input_tokens\":0,"
+              "\"cache_read_input_tokens\":%lld,\"output_tokens\":%lld",
               (long long)(g->usage_prompt - g->usage_cached), (long long)g->usage_cached,
               (long long)g->usage_completion);
 }
@@ -614,9 +667,11 @@ static void a_begin(struct gen *g) {
     jw_str(w, g->id);
     jw_str(w, "\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":");
     jw_json_str(w, g->srv->m.id, strlen(g->srv->m.id));
-    jw_printf(w, ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%d,"
-                 "\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,"
-                 "\"output_tokens\":0}}}\n\n", g->req_prompt_tokens[0]);
+    jw_printf(w,
+              ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%d,"
+              "\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,"
+              "\"output_tokens\":0}}}\n\n",
+              g->req_prompt_tokens[0]);
     ev_begin(w, "ping");
     jw_str(w, "{\"type\":\"ping\"}\n\n");
 }
@@ -640,9 +695,9 @@ static void a_open(struct gen *g, int32_t bi) {
 }
 
 static void a_piece(struct gen *g, int32_t bi, const char *s, size_t n) {
-    static const char *const delta[] = {"{\"type\":\"text_delta\",\"text\":",
-                                        "{\"type\":\"thinking_delta\",\"thinking\":",
-                                        "{\"type\":\"input_json_delta\",\"partial_json\":"};
+    static const char *const delta[] = {
+        "{\"type\":\"text_delta\",\"text\":", "{\"type\":\"thinking_delta\",\"thinking\":",
+        "{\"type\":\"input_json_delta\",\"partial_json\":"};
     struct jw *w = &g->sse;
     ev_begin(w, "content_block_delta");
     jw_printf(w, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":", bi);
@@ -673,8 +728,10 @@ static void a_end(struct gen *g, const struct oai_err *err) {
     jw_str(w, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"");
     jw_str(w, stop_reason(end));
     jw_str(w, "\",\"stop_sequence\":");
-    if (seq) jw_json_str(w, seq, strlen(seq));
-    else jw_str(w, "null");
+    if (seq)
+        jw_json_str(w, seq, strlen(seq));
+    else
+        jw_str(w, "null");
     jw_str(w, "},\"usage\":{");
     usage_members(g, w);
     jw_str(w, "}}\n\n");
@@ -695,7 +752,8 @@ static char *a_whole(struct gen *g) {
             x = json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking", text, "signature", "");
         } else {
             json_decref(text);
-            json_t *in = json_loadb(b->text.p ? b->text.p : "", b->text.n, JSON_REJECT_DUPLICATES, NULL);
+            json_t *in =
+                json_loadb(b->text.p ? b->text.p : "", b->text.n, JSON_REJECT_DUPLICATES, NULL);
             if (!json_is_object(in)) {
                 json_decref(in);
                 in = json_object();
@@ -708,17 +766,15 @@ static char *a_whole(struct gen *g) {
             content = NULL;
         }
     }
-    json_t *usage = json_pack("{s:I, s:i, s:I, s:I}", "input_tokens",
-                              (json_int_t)(g->usage_prompt - g->usage_cached),
-                              "cache_creation_input_tokens", 0, "cache_read_input_tokens",
-                              (json_int_t)g->usage_cached, "output_tokens",
-                              (json_int_t)g->usage_completion);
+    json_t *usage = json_pack(
+        "{s:I, s:i, s:I, s:I}", "input_tokens", (json_int_t)(g->usage_prompt - g->usage_cached),
+        "cache_creation_input_tokens", 0, "cache_read_input_tokens", (json_int_t)g->usage_cached,
+        "output_tokens", (json_int_t)g->usage_completion);
     json_t *root = content && usage
                        ? json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", g->id, "type",
-                                   "message", "role", "assistant", "model", g->srv->m.id,
-                                   "content", content, "stop_reason", stop_reason(end),
-                                   "stop_sequence", seq ? json_string(seq) : json_null(),
-                                   "usage", usage)
+                                   "message", "role", "assistant", "model", g->srv->m.id, "content",
+                                   content, "stop_reason", stop_reason(end), "stop_sequence",
+                                   seq ? json_string(seq) : json_null(), "usage", usage)
                        : NULL;
     if (!root) {
         json_decref(content);
@@ -751,7 +807,9 @@ static const struct gen_api anth_api = {
 
 /* ---- the routes ---- */
 
-enum MHD_Result anth_route_messages(struct conn *c) { return gen_start(c, OAI_CHAT, &anth_api); }
+enum MHD_Result anth_route_messages(struct conn *c) {
+    return gen_start(c, OAI_CHAT, &anth_api);
+}
 
 enum MHD_Result anth_route_count_tokens(struct conn *c) {
     struct server *s = c->srv;

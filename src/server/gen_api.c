@@ -29,7 +29,9 @@ void gen_api_free(struct gen *g) {
     g->n_blk = g->cap_blk = 0;
 }
 
-static bool streaming(const struct gen *g) { return g->rq.stream; }
+static bool streaming(const struct gen *g) {
+    return g->rq.stream;
+}
 
 static void close_last(struct gen *g) {
     g->held_ws.n = 0;
@@ -75,7 +77,9 @@ static void grow(struct gen *g, struct gen_block *b, const char *s, size_t n) {
     if (streaming(g)) g->api->piece(g, (int32_t)(b - g->blk), s, n);
 }
 
-static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+static bool is_ws(char c) {
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
 
 /* Text or reasoning: appended to the open block of that kind, or opens one at the first
  * byte that is not whitespace. A reasoning block's trailing whitespace (the newline a
@@ -84,7 +88,8 @@ static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\
 static void take_text(struct gen *g, enum gen_block_kind kind, const char *s, size_t n) {
     struct gen_block *last = g->n_blk ? &g->blk[g->n_blk - 1] : NULL;
     if (!last || last->closed || last->kind != kind) {
-        while (n && is_ws(*s)) s++, n--;
+        while (n && is_ws(*s))
+            s++, n--;
         if (!n) return;
         last = open_block(g, kind, NULL);
         if (!last) return;
@@ -94,7 +99,8 @@ static void take_text(struct gen *g, enum gen_block_kind kind, const char *s, si
         return;
     }
     size_t body = n;
-    while (body && is_ws(s[body - 1])) body--;
+    while (body && is_ws(s[body - 1]))
+        body--;
     if (body) {
         if (g->held_ws.n) grow(g, last, g->held_ws.p, g->held_ws.n);
         g->held_ws.n = 0;

@@ -13,14 +13,14 @@ struct entry {
     struct entry *prev, *next; /* LRU list, most recent first */
     struct entry *chain;       /* hash bucket */
     char id[48];
-    char *conv, *resp;         /* the conversation, the response object (JSON texts) */
+    char *conv, *resp; /* the conversation, the response object (JSON texts) */
     size_t bytes;
 };
 
 struct resp_store {
     pthread_mutex_t mu;
     struct entry **bucket;
-    size_t n_bucket;           /* a power of two */
+    size_t n_bucket; /* a power of two */
     struct entry *head, *tail;
     int32_t count, max_count;
     size_t bytes, max_bytes;
@@ -28,7 +28,8 @@ struct resp_store {
 
 static size_t id_hash(const char *id) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *id; id++) h = (h ^ (uint8_t)*id) * 1099511628211ull;
+    for (; *id; id++)
+        h = (h ^ (uint8_t)*id) * 1099511628211ull;
     return (size_t)h;
 }
 
@@ -36,7 +37,8 @@ struct resp_store *resp_store_new(size_t max_bytes, int32_t max_count) {
     struct resp_store *st = calloc(1, sizeof *st);
     if (!st) return NULL;
     st->n_bucket = 64;
-    while ((int64_t)st->n_bucket < max_count) st->n_bucket *= 2;
+    while ((int64_t)st->n_bucket < max_count)
+        st->n_bucket *= 2;
     st->bucket = calloc(st->n_bucket, sizeof *st->bucket);
     if (!st->bucket) {
         free(st);
@@ -50,15 +52,20 @@ struct resp_store *resp_store_new(size_t max_bytes, int32_t max_count) {
 
 static struct entry **find(struct resp_store *st, const char *id) {
     struct entry **p = &st->bucket[id_hash(id) & (st->n_bucket - 1)];
-    while (*p && strcmp((*p)->id, id)) p = &(*p)->chain;
+    while (*p && strcmp((*p)->id, id))
+        p = &(*p)->chain;
     return p;
 }
 
 static void unlink_lru(struct resp_store *st, struct entry *x) {
-    if (x->prev) x->prev->next = x->next;
-    else st->head = x->next;
-    if (x->next) x->next->prev = x->prev;
-    else st->tail = x->prev;
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        st->head = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    else
+        st->tail = x->prev;
     x->prev = x->next = NULL;
 }
 
@@ -81,7 +88,8 @@ static void drop(struct resp_store *st, struct entry *x) {
 
 void resp_store_free(struct resp_store *st) {
     if (!st) return;
-    while (st->head) drop(st, st->head);
+    while (st->head)
+        drop(st, st->head);
     free(st->bucket);
     pthread_mutex_destroy(&st->mu);
     free(st);

@@ -39,8 +39,8 @@
 /* ---- the request ---- */
 
 /* The text of content (a string, or parts of the given types joined by "\n") into out. */
-static bool parts_text(json_t *content, const char *param, const char *const *types,
-                       struct jw *out, struct oai_err *e) {
+static bool parts_text(json_t *content, const char *param, const char *const *types, struct jw *out,
+                       struct oai_err *e) {
     static const char *const keys[] = {"type", "text", "annotations", "logprobs", NULL};
     if (json_is_string(content)) {
         jw_raw(out, json_string_value(content), json_string_length(content));
@@ -56,12 +56,13 @@ static bool parts_text(json_t *content, const char *param, const char *const *ty
         const char *t = json_is_object(p) ? json_string_value(json_object_get(p, "type")) : NULL;
         if (!t) return oai_bad(e, pp, "%s must be a content part with a 'type'", pp);
         int k = 0;
-        while (types[k] && strcmp(types[k], t)) k++;
+        while (types[k] && strcmp(types[k], t))
+            k++;
         if (!types[k]) {
-            bool media = !strcmp(t, "input_image") || !strcmp(t, "input_file") ||
-                         !strcmp(t, "input_audio");
-            return oai_bad(e, pp, "%s: content parts of type '%.*s' are %s", pp, oai_clip(t, 32),
-                           t, media ? "not supported (text only)" : "not allowed here");
+            bool media =
+                !strcmp(t, "input_image") || !strcmp(t, "input_file") || !strcmp(t, "input_audio");
+            return oai_bad(e, pp, "%s: content parts of type '%.*s' are %s", pp, oai_clip(t, 32), t,
+                           media ? "not supported (text only)" : "not allowed here");
         }
         json_t *text = json_object_get(p, "text");
         if (!json_is_string(text)) return oai_bad(e, pp, "%s.text must be a string", pp);
@@ -72,7 +73,9 @@ static bool parts_text(json_t *content, const char *param, const char *const *ty
     return true;
 }
 
-static json_t *jw_string(struct jw *w) { return json_stringn(w->p ? w->p : "", w->n); }
+static json_t *jw_string(struct jw *w) {
+    return json_stringn(w->p ? w->p : "", w->n);
+}
 
 /* The last message of msgs when it is an assistant message (function calls join it). */
 static json_t *last_assistant(json_t *msgs) {
@@ -104,7 +107,8 @@ static bool message_item(json_t *it, const char *p, json_t *msgs, struct jw *rea
     char cp[112];
     snprintf(cp, sizeof cp, "%s.content", p);
     struct jw t = {0};
-    bool ok = parts_text(json_object_get(it, "content"), cp, assistant ? out_types : in_types, &t, e);
+    bool ok =
+        parts_text(json_object_get(it, "content"), cp, assistant ? out_types : in_types, &t, e);
     if (ok && assistant) {
         ok = new_assistant(msgs, jw_string(&t), reason) || oai_nomem(e);
     } else if (ok) {
@@ -117,7 +121,8 @@ static bool message_item(json_t *it, const char *p, json_t *msgs, struct jw *rea
 
 static bool function_call_item(json_t *it, const char *p, json_t *msgs, struct jw *reason,
                                struct oai_err *e) {
-    static const char *const keys[] = {"type", "id", "call_id", "name", "arguments", "status", NULL};
+    static const char *const keys[] = {"type",      "id",     "call_id", "name",
+                                       "arguments", "status", NULL};
     json_t *call_id = json_object_get(it, "call_id"), *name = json_object_get(it, "name");
     json_t *args = json_object_get(it, "arguments");
     if (!json_is_string(call_id) || json_string_length(call_id) == 0)
@@ -161,7 +166,7 @@ static bool function_output_item(json_t *it, const char *p, json_t *msgs, struct
 /* A reasoning item: its text (content's reasoning_text parts, else summary's summary_text
  * parts) becomes the next assistant message's reasoning_content. */
 static bool reasoning_item(json_t *it, const char *p, struct jw *reason, struct oai_err *e) {
-    static const char *const keys[] = {"type", "id", "summary", "content", "encrypted_content",
+    static const char *const keys[] = {"type",   "id", "summary", "content", "encrypted_content",
                                        "status", NULL};
     static const char *const rtypes[] = {"reasoning_text", NULL};
     static const char *const stypes[] = {"summary_text", NULL};
@@ -200,14 +205,19 @@ static bool convert_input(json_t *in, json_t *msgs, struct oai_err *e) {
             ok = oai_bad(e, p, "%s.type must be a string", p);
             break;
         }
-        if (!t || !strcmp(t, "message")) ok = message_item(it, p, msgs, &reason, e);
-        else if (!strcmp(t, "function_call")) ok = function_call_item(it, p, msgs, &reason, e);
-        else if (!strcmp(t, "function_call_output")) ok = function_output_item(it, p, msgs, e);
-        else if (!strcmp(t, "reasoning")) ok = reasoning_item(it, p, &reason, e);
+        if (!t || !strcmp(t, "message"))
+            ok = message_item(it, p, msgs, &reason, e);
+        else if (!strcmp(t, "function_call"))
+            ok = function_call_item(it, p, msgs, &reason, e);
+        else if (!strcmp(t, "function_call_output"))
+            ok = function_output_item(it, p, msgs, e);
+        else if (!strcmp(t, "reasoning"))
+            ok = reasoning_item(it, p, &reason, e);
         else
-            ok = oai_bad(e, p, "%s: items of type '%.*s' are not supported (message, "
-                         "function_call, function_call_output and reasoning are)", p,
-                         oai_clip(t, 48), t);
+            ok = oai_bad(e, p,
+                         "%s: items of type '%.*s' are not supported (message, "
+                         "function_call, function_call_output and reasoning are)",
+                         p, oai_clip(t, 48), t);
         if (!ok) break;
     }
     jw_free(&reason); /* (reasoning with no assistant message after it is dropped) */
@@ -226,8 +236,10 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
         const char *type = json_is_object(t) ? json_string_value(json_object_get(t, "type")) : NULL;
         if (!type) return oai_bad(e, p, "%s must be an object with a 'type'", p);
         if (strcmp(type, "function") != 0)
-            return oai_bad(e, p, "%s: tools of type '%.*s' are not supported (function tools "
-                           "only)", p, oai_clip(type, 48), type);
+            return oai_bad(e, p,
+                           "%s: tools of type '%.*s' are not supported (function tools "
+                           "only)",
+                           p, oai_clip(type, 48), type);
         json_t *name = json_object_get(t, "name"), *desc = json_object_get(t, "description");
         json_t *params = json_object_get(t, "parameters"), *strict = json_object_get(t, "strict");
         if (!json_is_string(name) || json_string_length(name) == 0 || json_string_length(name) > 64)
@@ -239,9 +251,11 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
         if (strict && !json_is_boolean(strict) && !json_is_null(strict))
             return oai_bad(e, p, "%s.strict must be a boolean", p);
         if (json_is_true(strict))
-            return oai_bad(e, p, "%s.strict: strict schemas need constrained decoding, which "
+            return oai_bad(e, p,
+                           "%s.strict: strict schemas need constrained decoding, which "
                            "smelt does not have yet; send strict false to get calls parsed from "
-                           "the model's text, not guaranteed to match the schema", p);
+                           "the model's text, not guaranteed to match the schema",
+                           p);
         if (!oai_only_keys(t, p, keys, e)) return false;
         /* (in chat's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
@@ -258,14 +272,16 @@ static bool convert_tool_choice(json_t *v, json_t *chat, struct oai_err *e) {
     if (json_is_string(v)) {
         const char *s = json_string_value(v);
         if (strcmp(s, "auto") && strcmp(s, "none") && strcmp(s, "required"))
-            return oai_bad(e, "tool_choice", "'tool_choice' must be auto, none, required or "
+            return oai_bad(e, "tool_choice",
+                           "'tool_choice' must be auto, none, required or "
                            "{\"type\": \"function\", \"name\": ...}");
         return json_object_set(chat, "tool_choice", v) == 0 || oai_nomem(e);
     }
     const char *t = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
     json_t *name = json_is_object(v) ? json_object_get(v, "name") : NULL;
     if (!t || strcmp(t, "function") != 0 || !json_is_string(name) || json_object_size(v) != 2)
-        return oai_bad(e, "tool_choice", "'tool_choice' must be auto, none, required or "
+        return oai_bad(e, "tool_choice",
+                       "'tool_choice' must be auto, none, required or "
                        "{\"type\": \"function\", \"name\": ...} (other kinds are not supported)");
     json_t *x = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
     return (x && json_object_set_new(chat, "tool_choice", x) == 0) || oai_nomem(e);
@@ -279,8 +295,9 @@ static bool check_obj(json_t *v, const char *k, const char *const *keys, struct 
 
 /* One top-level field (the ones needing the others come after the loop). */
 static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
-    static const char *const harmless[] = {"user", "safety_identifier", "prompt_cache_key",
-                                           "service_tier", "prompt_cache_retention", NULL};
+    static const char *const harmless[] = {
+        "user",         "safety_identifier",      "prompt_cache_key",
+        "service_tier", "prompt_cache_retention", NULL};
     static const char *const unsupported[] = {"conversation", "prompt", "max_tool_calls",
                                               "context_management", NULL};
     static const char *const reasoning_keys[] = {"effort", "summary", "generate_summary", NULL};
@@ -318,13 +335,15 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
         if (sum && !json_is_null(sum) && !json_is_string(sum))
             return oai_bad(e, "reasoning.summary", "reasoning.summary must be a string");
         if (!eff || json_is_null(eff)) return true;
-        static const char *const from[] = {"none", "minimal", "low", "medium", "high", "xhigh", NULL};
+        static const char *const from[] = {"none", "minimal", "low", "medium",
+                                           "high", "xhigh",   NULL};
         for (int j = 0; json_is_string(eff) && from[j]; j++)
             if (!strcmp(json_string_value(eff), from[j]))
                 return json_object_set_new(chat, "reasoning_effort",
                                            json_string(j == 5 ? "high" : from[j])) == 0 ||
                        oai_nomem(e);
-        return oai_bad(e, "reasoning.effort", "reasoning.effort must be none, minimal, low, "
+        return oai_bad(e, "reasoning.effort",
+                       "reasoning.effort must be none, minimal, low, "
                        "medium, high or xhigh");
     }
     if (!strcmp(k, "text")) {
@@ -334,13 +353,14 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
         if (f && !json_is_null(f) && !ft)
             return oai_bad(e, "text.format", "text.format must be an object with a 'type'");
         if (ft && strcmp(ft, "text") != 0)
-            return oai_bad(e, "text.format", "text.format type '%.*s' is not supported yet "
+            return oai_bad(e, "text.format",
+                           "text.format type '%.*s' is not supported yet "
                            "(constrained decoding is not implemented); only 'text' is accepted",
                            oai_clip(ft, 32), ft);
         if (vb && !json_is_null(vb) &&
-            (!json_is_string(vb) || (strcmp(json_string_value(vb), "low") &&
-                                     strcmp(json_string_value(vb), "medium") &&
-                                     strcmp(json_string_value(vb), "high"))))
+            (!json_is_string(vb) ||
+             (strcmp(json_string_value(vb), "low") && strcmp(json_string_value(vb), "medium") &&
+              strcmp(json_string_value(vb), "high"))))
             return oai_bad(e, "text.verbosity", "text.verbosity must be low, medium or high");
         return true;
     }
@@ -357,16 +377,20 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
         const char *mk;
         json_t *mv;
         json_object_foreach(v, mk, mv) if (!json_is_string(mv) || strlen(mk) > 64 ||
-                                           json_string_length(mv) > 512)
-            return oai_bad(e, k, "metadata: keys of at most 64 characters, string values of "
-                           "at most 512");
+                                           json_string_length(mv) >
+                                               512) return oai_bad(e, k,
+                                                                   "metadata: keys of at most 64 "
+                                                                   "characters, string values of "
+                                                                   "at most 512");
         return true;
     }
     if (!strcmp(k, "truncation")) {
         if (!oai_get_str(v, k, &s, e)) return false;
         if (s && strcmp(s, "disabled") != 0)
-            return oai_bad(e, k, "truncation '%.*s' is not supported (only 'disabled': a "
-                           "conversation longer than the context is refused)", oai_clip(s, 32), s);
+            return oai_bad(e, k,
+                           "truncation '%.*s' is not supported (only 'disabled': a "
+                           "conversation longer than the context is refused)",
+                           oai_clip(s, 32), s);
         return true;
     }
     if (!strcmp(k, "include")) {
@@ -378,8 +402,10 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
             /* encrypted reasoning is for stateless clients that send reasoning back: smelt's
              * reasoning items carry their text, which is sent back the same way */
             if (!json_is_string(x) || strcmp(json_string_value(x), "reasoning.encrypted_content"))
-                return oai_bad(e, k, "include[%zu]: only 'reasoning.encrypted_content' is "
-                               "supported", j);
+                return oai_bad(e, k,
+                               "include[%zu]: only 'reasoning.encrypted_content' is "
+                               "supported",
+                               j);
         }
         return true;
     }
@@ -394,7 +420,8 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
     for (int j = 0; harmless[j]; j++)
         if (!strcmp(k, harmless[j])) return true;
     for (int j = 0; unsupported[j]; j++)
-        if (!strcmp(k, unsupported[j])) return json_is_null(v) || oai_bad(e, k, "'%s' is not supported", k);
+        if (!strcmp(k, unsupported[j]))
+            return json_is_null(v) || oai_bad(e, k, "'%s' is not supported", k);
     return oai_bad(e, k, "Unrecognized request argument supplied: %.*s", oai_clip(k, 64), k);
 }
 
@@ -424,7 +451,8 @@ bool resp_parse(json_t *req, const json_t *history, int32_t n_vocab,
     json_t *in = json_object_get(req, "input");
     if (ok) ok = in ? convert_input(in, msgs, e) : oai_bad(e, "input", "'input' is required");
     if (ok) ok = convert_tools(json_object_get(req, "tools"), tools, e);
-    if (ok && json_array_size(tools)) ok = json_object_set(chat, "tools", tools) == 0 || oai_nomem(e);
+    if (ok && json_array_size(tools))
+        ok = json_object_set(chat, "tools", tools) == 0 || oai_nomem(e);
     if (ok && json_object_get(req, "tool_choice"))
         ok = convert_tool_choice(json_object_get(req, "tool_choice"), chat, e);
     json_decref(msgs);
@@ -447,12 +475,13 @@ bool resp_parse(json_t *req, const json_t *history, int32_t n_vocab,
 static const char *item_status(const struct gen *g, int32_t bi) {
     if (!g->blk[bi].closed) return "in_progress";
     return g->api_done && bi == g->n_blk - 1 && g->ch[0].finish == ENGINE_LENGTH ? "incomplete"
-                                                                                  : "completed";
+                                                                                 : "completed";
 }
 
 static json_t *text_part(const struct gen_block *b, bool full) {
     json_t *t = json_stringn_nocheck(full && b->text.p ? b->text.p : "", full ? b->text.n : 0);
-    if (b->kind == GEN_REASONING) return json_pack("{s:s, s:o}", "type", "reasoning_text", "text", t);
+    if (b->kind == GEN_REASONING)
+        return json_pack("{s:s, s:o}", "type", "reasoning_text", "text", t);
     return json_pack("{s:s, s:o, s:[], s:[]}", "type", "output_text", "text", t, "annotations",
                      "logprobs");
 }
@@ -461,11 +490,11 @@ static json_t *item_json(const struct gen *g, int32_t bi, bool full) {
     const struct gen_block *b = &g->blk[bi];
     const char *st = item_status(g, bi);
     if (b->kind == GEN_CALL)
-        return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "id", b->id, "type", "function_call",
-                         "status", st, "call_id", b->call_id, "name",
-                         json_stringn_nocheck(b->name, strlen(b->name)), "arguments",
-                         json_stringn_nocheck(full && b->text.p ? b->text.p : "",
-                                              full ? b->text.n : 0));
+        return json_pack(
+            "{s:s, s:s, s:s, s:s, s:o, s:o}", "id", b->id, "type", "function_call", "status", st,
+            "call_id", b->call_id, "name", json_stringn_nocheck(b->name, strlen(b->name)),
+            "arguments",
+            json_stringn_nocheck(full && b->text.p ? b->text.p : "", full ? b->text.n : 0));
     json_t *parts = full ? json_pack("[o]", text_part(b, true)) : json_array();
     if (b->kind == GEN_REASONING)
         return json_pack("{s:s, s:s, s:s, s:[], s:o, s:n}", "id", b->id, "type", "reasoning",
@@ -514,9 +543,10 @@ static json_t *response_json(struct gen *g, const char *status, const struct oai
                                   "summary", json_object_get(re, "summary")));
     json_object_set_new(r, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(r, "background", json_false());
-    json_object_set_new(r, "error", err ? json_pack("{s:s, s:s}", "code", "server_error",
-                                                    "message", err->message)
-                                        : json_null());
+    json_object_set_new(
+        r, "error",
+        err ? json_pack("{s:s, s:s}", "code", "server_error", "message", err->message)
+            : json_null());
     bool length = done && !err && g->ch[0].finish == ENGINE_LENGTH;
     json_object_set_new(r, "incomplete_details",
                         length ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null());
@@ -539,10 +569,10 @@ static json_t *reply_message(const struct gen *g) {
     for (int32_t i = 0; calls && i < g->n_blk; i++) {
         const struct gen_block *b = &g->blk[i];
         if (b->kind == GEN_CALL) {
-            json_t *c = json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", b->call_id, "type", "function",
-                                  "function", "name", json_stringn_nocheck(b->name, strlen(b->name)),
-                                  "arguments",
-                                  json_stringn_nocheck(b->text.p ? b->text.p : "", b->text.n));
+            json_t *c =
+                json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", b->call_id, "type", "function",
+                          "function", "name", json_stringn_nocheck(b->name, strlen(b->name)),
+                          "arguments", json_stringn_nocheck(b->text.p ? b->text.p : "", b->text.n));
             if (!c || json_array_append_new(calls, c) != 0) {
                 json_decref(calls);
                 calls = NULL;
@@ -557,7 +587,8 @@ static json_t *reply_message(const struct gen *g) {
                                   text.n ? json_stringn_nocheck(text.p, text.n) : json_null())
                       : NULL;
     if (m && json_array_size(calls)) json_object_set(m, "tool_calls", calls);
-    if (m && reason.n) json_object_set_new(m, "reasoning_content", json_stringn_nocheck(reason.p, reason.n));
+    if (m && reason.n)
+        json_object_set_new(m, "reasoning_content", json_stringn_nocheck(reason.p, reason.n));
     if (text.oom || reason.oom) {
         json_decref(m);
         m = NULL;
@@ -582,8 +613,10 @@ static void keep(struct gen *g, json_t *resp) {
     char *rt = json_dumps(resp, JSON_COMPACT);
     json_decref(conv);
     json_decref(reply);
-    if (ct && rt) resp_store_put(st, g->id, ct, rt);
-    else free(ct), free(rt);
+    if (ct && rt)
+        resp_store_put(st, g->id, ct, rt);
+    else
+        free(ct), free(rt);
 }
 
 /* ---- streaming ---- */
@@ -612,7 +645,8 @@ static void event(struct gen *g, const char *type, json_t *obj) {
 }
 
 static void r_begin(struct gen *g) {
-    event(g, "response.created", json_pack("{s:o}", "response", response_json(g, "in_progress", NULL)));
+    event(g, "response.created",
+          json_pack("{s:o}", "response", response_json(g, "in_progress", NULL)));
     event(g, "response.in_progress",
           json_pack("{s:o}", "response", response_json(g, "in_progress", NULL)));
 }
@@ -629,7 +663,8 @@ static void r_open(struct gen *g, int32_t bi) {
 
 /* The delta events are the hot path (one per token): written directly. */
 static void r_piece(struct gen *g, int32_t bi, const char *s, size_t n) {
-    static const char *const type[] = {"response.output_text.delta", "response.reasoning_text.delta",
+    static const char *const type[] = {"response.output_text.delta",
+                                       "response.reasoning_text.delta",
                                        "response.function_call_arguments.delta"};
     const struct gen_block *b = &g->blk[bi];
     struct jw *w = &g->sse;
@@ -670,9 +705,11 @@ static void r_close(struct gen *g, int32_t bi) {
 
 static void r_end(struct gen *g, const struct oai_err *err) {
     if (err) {
-        event(g, "error", json_pack("{s:s, s:s, s:n}", "code", err->code[0] ? err->code : "server_error",
-                                    "message", err->message, "param"));
-        event(g, "response.failed", json_pack("{s:o}", "response", response_json(g, "failed", err)));
+        event(g, "error",
+              json_pack("{s:s, s:s, s:n}", "code", err->code[0] ? err->code : "server_error",
+                        "message", err->message, "param"));
+        event(g, "response.failed",
+              json_pack("{s:o}", "response", response_json(g, "failed", err)));
         return;
     }
     const char *seq;
@@ -711,8 +748,8 @@ static bool r_parse(struct gen *g, const char *body, size_t len, struct oai_err 
                                           : " (this server does not store responses: "
                                             "--response-store 0)");
     }
-    bool ok = resp_parse(g->api_req, hist, tok_n_vocab(g->srv->m.tok), &g->srv->m.defaults,
-                         &g->rq, e);
+    bool ok =
+        resp_parse(g->api_req, hist, tok_n_vocab(g->srv->m.tok), &g->srv->m.defaults, &g->rq, e);
     json_decref(hist);
     return ok;
 }
@@ -734,7 +771,9 @@ static const struct gen_api resp_api = {
 
 /* ---- the routes ---- */
 
-enum MHD_Result resp_route_create(struct conn *c) { return gen_start(c, OAI_CHAT, &resp_api); }
+enum MHD_Result resp_route_create(struct conn *c) {
+    return gen_start(c, OAI_CHAT, &resp_api);
+}
 
 enum MHD_Result resp_route_get(struct conn *c) {
     char *r = resp_store_get(c->srv->store, c->arg, false);

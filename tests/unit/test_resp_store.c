@@ -10,7 +10,9 @@
 #include "server/resp_store.h"
 #include "t.h"
 
-static char *text(const char *s) { return strdup(s); }
+static char *text(const char *s) {
+    return strdup(s);
+}
 
 static bool has(struct resp_store *st, const char *id) {
     char *x = resp_store_get(st, id, false);
@@ -61,7 +63,8 @@ static void test_byte_bound(void) {
     struct resp_store *st = resp_store_new(7000, 1000);
     if (!st) return;
     const char *ids[] = {"r0", "r1", "r2", "r3", "r4"};
-    for (int i = 0; i < 5; i++) resp_store_put(st, ids[i], text(big), text(big));
+    for (int i = 0; i < 5; i++)
+        resp_store_put(st, ids[i], text(big), text(big));
     T_CHECK(!has(st, "r0") && !has(st, "r1"));
     T_CHECK(has(st, "r2") && has(st, "r3") && has(st, "r4"));
     /* larger than the whole store: not kept, and nothing evicted for it */
@@ -93,8 +96,10 @@ static void test_threads(void) {
     shared = resp_store_new(64 * 1024, 100);
     if (!shared) return;
     pthread_t th[4];
-    for (long i = 0; i < 4; i++) pthread_create(&th[i], NULL, worker, (void *)i);
-    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (long i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, worker, (void *)i);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
     /* the last put of each thread is there; at most 100 entries are */
     int n = 0;
     char id[32];
