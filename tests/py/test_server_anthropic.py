@@ -483,3 +483,24 @@ def test_count_tokens(serve):
     err(s, {"model": MODEL}, "messages", path="/v1/messages/count_tokens")
     st, j = s.post("/v1/messages/count_tokens", {"model": "nope", "messages": USER})
     assert st == 404 and j["error"]["type"] == "not_found_error"
+
+
+def test_engine_failure_mid_reply(serve):
+    # a step with a row at position 60 or later fails: the prompt (~36 tokens) prefills, and
+    # the reply is cut about 24 tokens in
+    s = serve(REPLY, "--fake-fail-at", "60")
+    events = stream(s, {"messages": USER})
+    names = [n for n, _ in events]
+    assert names[:2] == ["message_start", "ping"] and names[-1] == "error", names
+    assert "message_delta" not in names and "message_stop" not in names
+    assert names.count("content_block_start") == names.count("content_block_stop") >= 1
+    assert events[-1][1] == {"type": "error", "error": {"type": "api_error",
+                                                        "message": events[-1][1]["error"]["message"]}}
+    st, j = s.post("/v1/messages", {"model": MODEL, "max_tokens": 400, "messages": USER})
+    assert st == 500 and j["type"] == "error" and j["error"]["type"] == "api_error", j
+    c = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.APIStatusError):
+        with c.messages.stream(model=MODEL, max_tokens=400, messages=USER) as st:
+            for _ in st:
+                pass
+    assert s.metrics()['smelt_http_requests_total{status="500"}'] == 3

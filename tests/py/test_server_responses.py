@@ -286,3 +286,18 @@ def test_refusals_name_the_field(serve):
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model=MODEL, input="hi", temperature=3)
     assert e.value.body["param"] == "temperature"
+
+
+def test_engine_failure_mid_reply(serve):
+    s = serve(REPLY, "--fake-fail-at", "60")
+    ev = events_of(s, {"input": USER})
+    types = [e["type"] for e in ev]
+    assert types[:2] == ["response.created", "response.in_progress"], types
+    assert "response.output_item.added" in types and "response.output_item.done" in types
+    assert types[-2:] == ["error", "response.failed"], types
+    assert ev[-2]["code"] == "server_error" and ev[-2]["message"]
+    failed = ev[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert [e["sequence_number"] for e in ev] == list(range(len(ev)))
+    st, j = s.post("/v1/responses", {"model": MODEL, "input": USER})
+    assert st == 500 and j["error"]["type"] == "server_error", j
