@@ -25,7 +25,10 @@
  * Reply -> Anthropic. Blocks (gen_api.c) become content blocks: reasoning a thinking block
  * (signature ""), text a text block, a call a tool_use block ("toolu_" id; input: the
  * arguments parsed, {} when they are not a JSON object, e.g. cut off by max_tokens).
- * stop_reason: max_tokens, tool_use, stop_sequence (with the matched string), else end_turn.
+ * stop_reason: max_tokens, tool_use, stop_sequence (with the matched string),
+ * model_context_window_exceeded (max_tokens is a cap, not checked against the context: a
+ * reply may run to the context's end; Claude Code asks 32,000 whatever the model), else
+ * end_turn.
  * usage: input_tokens are the prompt tokens not taken from the prefix cache,
  * cache_read_input_tokens the ones that were (Anthropic's split), cache_creation 0. A stream
  * is message_start (input_tokens: the whole prompt, not yet split), ping, per block
@@ -643,6 +646,8 @@ static const char *stop_reason(enum gen_end end) {
     switch (end) {
     case GEN_END_LENGTH:
         return "max_tokens";
+    case GEN_END_CONTEXT:
+        return "model_context_window_exceeded";
     case GEN_END_CALLS:
         return "tool_use";
     case GEN_END_STOP_SEQ:
@@ -795,6 +800,7 @@ static const struct gen_api anth_api = {
     .id_prefix = "msg_",
     .prompt_param = "messages",
     .max_param = "max_tokens",
+    .max_is_cap = true, /* (Claude Code asks 32,000 tokens whatever the context) */
     .block_prefix = {NULL, NULL, "toolu_"},
     .parse = a_parse,
     .begin = a_begin,

@@ -937,7 +937,8 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
                  oai_clip(rq->model, 200), rq->model, s->m.id);
         return fail(c, &e);
     }
-    bool explicit_max = rq->max_tokens >= 0 && (kind == OAI_CHAT ||
+    /* (an API whose max_tokens is only a cap runs to the context's end instead) */
+    bool explicit_max = rq->max_tokens >= 0 && !(api && api->max_is_cap) && (kind == OAI_CHAT ||
                                                  json_object_get(rq->root, "max_tokens") != NULL);
     g->n_reqs = kind == OAI_CHAT ? 1 : rq->n_prompts;
     g->n_choices = g->n_reqs * rq->n;

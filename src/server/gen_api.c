@@ -144,7 +144,9 @@ enum gen_end gen_api_end(const struct gen *g, const char **stop_seq) {
     *stop_seq = NULL;
     if (g->error[0] || g->cancelled || c->finish == ENGINE_ERROR || c->finish == ENGINE_CANCELLED)
         return GEN_END_FAILED;
-    if (c->finish == ENGINE_LENGTH) return GEN_END_LENGTH;
+    if (c->finish == ENGINE_LENGTH)
+        return g->rq.max_tokens < 0 || g->usage_completion < g->rq.max_tokens ? GEN_END_CONTEXT
+                                                                               : GEN_END_LENGTH;
     if (c->n_calls > 0) return GEN_END_CALLS;
     if (c->finish == ENGINE_STOP && g->stop > 0 && g->stop <= g->n_user_stops) {
         *stop_seq = g->rq.stop[g->stop - 1];

@@ -713,7 +713,8 @@ static void r_end(struct gen *g, const struct oai_err *err) {
         return;
     }
     const char *seq;
-    bool length = gen_api_end(g, &seq) == GEN_END_LENGTH;
+    enum gen_end end = gen_api_end(g, &seq);
+    bool length = end == GEN_END_LENGTH || end == GEN_END_CONTEXT;
     json_t *resp = response_json(g, length ? "incomplete" : "completed", NULL);
     keep(g, resp);
     event(g, length ? "response.incomplete" : "response.completed",
@@ -722,7 +723,8 @@ static void r_end(struct gen *g, const struct oai_err *err) {
 
 static char *r_whole(struct gen *g) {
     const char *seq;
-    bool length = gen_api_end(g, &seq) == GEN_END_LENGTH;
+    enum gen_end end = gen_api_end(g, &seq);
+    bool length = end == GEN_END_LENGTH || end == GEN_END_CONTEXT;
     json_t *resp = response_json(g, length ? "incomplete" : "completed", NULL);
     keep(g, resp);
     char *s = resp ? json_dumps(resp, JSON_COMPACT) : NULL;

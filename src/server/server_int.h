@@ -66,6 +66,8 @@ struct gen_api {
     const char *id_prefix; /* of the response id: "msg_", "resp_" */
     const char *prompt_param, *max_param; /* the API's names of chat's "messages" and
                                            * "max_tokens", for errors that name them */
+    bool max_is_cap;                      /* max_tokens past the context is not refused: the
+                                           * reply stops at the context's end (GEN_END_CONTEXT) */
     const char *block_prefix[3];          /* of a block's id, by gen_block_kind (NULL: none) */
     const char *call_id_prefix;           /* of a call block's call_id (NULL: none) */
     /* Parses the request body into g->rq (a chat request; n 1) and g->api_req (the body as
@@ -332,7 +334,14 @@ bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct to
 void gen_api_event(struct gen *g, const struct engine_event *ev);
 void gen_api_free(struct gen *g);
 /* Why the reply ended, in the terms every block API shares. */
-enum gen_end { GEN_END_TURN, GEN_END_LENGTH, GEN_END_STOP_SEQ, GEN_END_CALLS, GEN_END_FAILED };
+enum gen_end {
+    GEN_END_TURN,     /* the model ended its turn */
+    GEN_END_LENGTH,   /* max_tokens */
+    GEN_END_CONTEXT,  /* the context's end, before max_tokens */
+    GEN_END_STOP_SEQ, /* a stop string of the request */
+    GEN_END_CALLS,    /* the reply calls tools */
+    GEN_END_FAILED,   /* cut short: shutdown or an engine failure */
+};
 /* The reply's end; *stop_seq: the request's stop string that ended it (GEN_END_STOP_SEQ). */
 enum gen_end gen_api_end(const struct gen *g, const char **stop_seq);
 

@@ -504,3 +504,17 @@ def test_engine_failure_mid_reply(serve):
             for _ in st:
                 pass
     assert s.metrics()['smelt_http_requests_total{status="500"}'] == 3
+
+
+def test_max_tokens_is_a_cap(serve):
+    # Claude Code asks max_tokens 32000 whatever the model: not refused, the reply stops at
+    # the context's end (the OpenAI routes refuse prompt + max_tokens over the context)
+    s = serve(REPLY, "-c", "80")
+    j = msg(s, {"messages": USER, "max_tokens": 32000})
+    u = j["usage"]
+    assert j["stop_reason"] == "model_context_window_exceeded", j
+    assert u["input_tokens"] + u["cache_read_input_tokens"] + u["output_tokens"] == 80
+    assert rebuild(stream(s, {"messages": USER, "max_tokens": 32000}))["stop_reason"] == \
+        "model_context_window_exceeded"
+    st, j = s.post("/v1/chat/completions", {"messages": USER, "max_tokens": 32000})
+    assert st == 400 and j["error"]["param"] == "max_tokens"
