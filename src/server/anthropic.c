@@ -513,10 +513,13 @@ static bool convert_stops(json_t *v, json_t *chat, struct oai_err *e) {
 }
 
 static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
+    /* context_management asks the server to clear old tool results or thinking as the
+     * context fills; smelt does not, but Claude Code sends it in every request and cannot be
+     * told not to, so it is accepted (a session runs to the context's end instead) */
     static const char *const harmless[] = {
-        "metadata", "service_tier", "cache_control", "inference_geo", "speed", "diagnostics", NULL};
-    static const char *const unsupported[] = {"container", "mcp_servers", "context_management",
-                                              NULL};
+        "metadata", "service_tier", "cache_control",      "inference_geo",
+        "speed",    "diagnostics",  "context_management", NULL};
+    static const char *const unsupported[] = {"container", "mcp_servers", NULL};
     json_t *kw = json_object();
     json_t *msgs = json_array();
     if (!kw || !msgs || json_object_set_new(chat, "messages", msgs) != 0) {
@@ -564,6 +567,9 @@ static bool convert(json_t *req, bool count, json_t *chat, struct oai_err *e) {
                    !strcmp(k, "tool_choice") || !strcmp(k, "thinking") ||
                    !strcmp(k, "output_config")) {
             /* below, in order */
+        } else if (!strcmp(k, "context_management") && !json_is_object(v) && !json_is_null(v)) {
+            ok = oai_bad(e, k, "'context_management' must be an object");
+            break;
         } else {
             int i = 0;
             while (harmless[i] && strcmp(harmless[i], k))

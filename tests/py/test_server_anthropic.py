@@ -421,6 +421,7 @@ def test_refusals_name_the_field(serve):
         "output_config.format")
     err(s, dict(base, metadata={"user_id": 5}), "metadata.user_id")
     err(s, dict(base, container="c"), "container")
+    err(s, dict(base, context_management=5), "context_management")
     err(s, dict(base, frequency_penalty=1), "frequency_penalty")
     err(s, dict(base, messages=USER + [{"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}]}]), "final assistant")
