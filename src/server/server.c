@@ -1,7 +1,7 @@
-/* HTTP side of the server: the libmicrohttpd daemons, connections, routing, auth, the
+/* HTTP side of the server: the libmicrohttpd daemons, connections, routing, auth, CORS, the
  * small routes (/health, /v1/models, /metrics, /tokenize, /detokenize), request logging
- * and shutdown. Generation routes are in gen.c, the strict header checks in http.c. See
- * server.h.
+ * and shutdown. Generation routes are in gen.c (OpenAI), anthropic.c and responses.c, the
+ * strict header checks in http.c. See server.h.
  *
  * A request's life: MHD's URI callback (on_uri) allocates a struct conn when the request
  * line is in. MHD calls on_request once when the headers are in (first_call: every

@@ -2,6 +2,9 @@
  *
  * Routes (each also without the /v1 prefix):
  *   POST /v1/chat/completions, POST /v1/completions   generation (streaming or not)
+ *   POST /v1/messages, /v1/messages/count_tokens      Anthropic Messages (anthropic.c)
+ *   POST /v1/responses, GET /v1/responses/{id}        OpenAI Responses (responses.c)
+ *   OPTIONS                                           CORS preflights (cors_origins)
  *   GET  /v1/models, GET /v1/models/{id}
  *   GET  /health                                      200 {"status":"ok"}; no auth
  *   GET  /metrics                                     Prometheus text format
