@@ -53,7 +53,7 @@ struct scan {
     bool layout_bad;       /* a gap other than CR LF between two lines */
     bool bad_name, bad_value;
     char what[64];         /* the first bad field's name (for the message) */
-    int n_host, n_auth, n_cl, n_te;
+    int n_host, n_auth, n_xkey, n_cl, n_te;
     uint64_t cl;
     bool cl_bad, cl_differ;
     char te[256];          /* the Transfer-Encoding values, joined with ", " */
@@ -101,6 +101,7 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     }
     if (key_size == 4 && !strncasecmp(key, "Host", 4)) sc->n_host++;
     else if (key_size == 13 && !strncasecmp(key, "Authorization", 13)) sc->n_auth++;
+    else if (key_size == 9 && !strncasecmp(key, "x-api-key", 9)) sc->n_xkey++;
     else if (key_size == 14 && !strncasecmp(key, "Content-Length", 14)) {
         uint64_t x = 0;
         if (!parse_length(value, value_size, &x)) sc->cl_bad = true;
@@ -181,9 +182,10 @@ bool http_check(struct MHD_Connection *mc, const char *uri, size_t uri_len, bool
     if (v11 ? sc.n_host != 1 : sc.n_host > 1)
         return oai_fail(e, 400, "invalid_request_error", NULL, "bad_request",
                         "An HTTP/1.1 request needs exactly one Host header (got %d)", sc.n_host);
-    if (sc.n_auth > 1)
-        return oai_fail(e, 400, "invalid_request_error", NULL, "bad_request",
-                        "Authorization is given %d times", sc.n_auth);
+    if (sc.n_auth > 1 || sc.n_xkey > 1)
+        return oai_fail(e, 400, "invalid_request_error", NULL, "bad_request", "%s is given %d times",
+                        sc.n_auth > 1 ? "Authorization" : "x-api-key",
+                        sc.n_auth > 1 ? sc.n_auth : sc.n_xkey);
     if (sc.cl_bad || sc.cl_differ)
         return oai_fail(e, 400, "invalid_request_error", NULL, "bad_request",
                         sc.cl_bad ? "Content-Length is not a number"

@@ -281,9 +281,10 @@ struct http_framing {
 /* Checks a request's line and headers (mc, at the first handler call) as RFC 9112 asks,
  * beyond what libmicrohttpd checks: every header (duplicates too) with no control byte in
  * a value (NUL, CR, LF...), token names, CR LF line ends, no folded lines; exactly one Host
- * on HTTP/1.1; one Authorization; Content-Length headers that agree; Transfer-Encoding
- * (HTTP/1.1 only, never with Content-Length) whose one and last coding is chunked. uri /
- * uri_len: the raw target as MHD's URI callback saw it; uri_bad: it held a control byte.
+ * on HTTP/1.1; one Authorization, one x-api-key; Content-Length headers that agree;
+ * Transfer-Encoding (HTTP/1.1 only, never with Content-Length) whose one and last coding is
+ * chunked. uri / uri_len: the raw target as MHD's URI callback saw it; uri_bad: it held a
+ * control byte.
  * Fills f, or returns false with e: a 400, or a 501 for a transfer coding smelt does not
  * decode. The caller answers and closes the connection. */
 bool http_check(struct MHD_Connection *mc, const char *uri, size_t uri_len, bool uri_bad,

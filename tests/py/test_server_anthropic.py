@@ -23,7 +23,7 @@ import os
 
 import pytest
 
-from smelt_server import ROOT, SMELT, Server
+from smelt_server import ROOT, SMELT, Server, parse_responses, raw_http
 
 gguf = pytest.importorskip("gguf")
 anthropic = pytest.importorskip("anthropic")
@@ -458,6 +458,10 @@ def test_api_key_and_error_shape_on_headers(serve):
     st, j = s.post("/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": USER},
                    {"x-api-key": "wrong"})
     assert st == 401
+    # a key given twice is ambiguous: refused, as two Authorization headers are
+    got, closed = raw_http(s.host, s.port, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n"
+                           b"x-api-key: sekret\r\nx-api-key: other\r\nContent-Length: 2\r\n\r\n{}")
+    assert parse_responses(got)[0][0] == 400 and closed
     # refusals made on the headers use the route's shape
     st, h, data = s.request("GET", "/v1/messages", headers={"x-api-key": "sekret"})
     assert st == 405 and json.loads(data)["type"] == "error"
