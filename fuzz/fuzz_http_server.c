@@ -2,7 +2,8 @@
  * sends on one connection (request line, headers, body; possibly several pipelined
  * requests or garbage). They go to an in-process `smelt serve` (libmicrohttpd + every
  * route: chat with a Hermes-style template (tools, forced calls through a prefill) and a
- * tool_use template, completions, tokenize, detokenize, models, metrics) over a fake
+ * tool_use template, completions, Anthropic messages and count_tokens, responses (and GET),
+ * tokenize, detokenize, models, metrics, CORS preflights) over a fake
  * forward pass whose tokens include tool-call markers, so the whole path from socket bytes to engine and
  * back runs under ASan/UBSan. The server has an API key ("fuzz-key"): the seeds that reach
  * the routes send "Authorization: Bearer fuzz-key" (32 bytes, so adding it keeps a seed's
@@ -138,6 +139,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     sc.threads = 1;
     sc.quiet = true;
     sc.api_key = "fuzz-key"; /* the Authorization check is fuzzed too (seeds send the key) */
+    sc.cors_origins = "http://a"; /* preflights and the CORS header are reached too */
     struct server_model sm = {0};
     sm.id = "fuzz";
     sm.en = en;
