@@ -29,8 +29,10 @@ stamp=build/.pydeps-stamp
 case "$PY" in
 */bin/python | */bin/python3)
     venv=${PY%/bin/python*}
-    if [ ! -e "$PY" ]; then
+    # (re)made when absent or broken (an interrupted creation leaves one without pip)
+    if [ ! -e "$PY" ] || ! "$PY" -m pip --version > /dev/null 2>&1; then
         echo "install-deps: making the Python virtual environment $venv"
+        rm -rf "$venv"
         python3 -m venv "$venv"
     fi
     [ -f "$venv/pyvenv.cfg" ] && stamp=$venv/.smelt-requirements-stamp ;;
