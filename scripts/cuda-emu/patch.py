@@ -30,7 +30,7 @@ def main():
         t = p.read_text()
         # kernel<<<grid, block, smem, stream>>>(args) -> EMU_CHEVRON((kernel), grid, block, smem, stream)(args)
         t = re.sub(r"(\b[A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.+?)>>>\(", r"EMU_CHEVRON((\1), \2)(", t)
-        if p.name == "cuda_elem.cu":
+        if p.name == "cuda_gate.cu":
             t = rewrite(t, r'asm volatile\("mov\.u64 %0, %%globaltimer;" : "=l"\((t0?)\)\);', r"\1 = 0;", "globaltimer")
         if p.name == "cuda_attn.cu":
             t = rewrite(t, r'asm volatile\("cp\.async\.cg\.shared\.global \[%0\], \[%1\], 16, %2;\\n".*?: "memory"\);',

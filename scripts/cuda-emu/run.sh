@@ -35,14 +35,25 @@ cc=(gcc -O2 -fno-strict-aliasing -std=gnu17 -include "$here/emu_api.h" -DSMELT_H
     -I"$root/tests/unit" -I"$out/src" -I"$root/include" -I"$cuda_inc")
 echo "cuda-emu: compiling the CUDA sources for the CPU"
 objs=()
-for f in mmv elem sample rope attn mmq; do
-    "${cxx[@]}" -c "$out/src/backend/cuda/cuda_$f.cu" -o "$out/cuda_$f.o" &
-    objs+=("$out/cuda_$f.o")
+throttle() { while [ "$(jobs -rp | wc -l)" -ge "${CUDA_EMU_JOBS:-6}" ]; do wait -n; done; }
+for f in "$out"/src/backend/cuda/*.cu; do
+    o=$out/$(basename "$f" .cu).o
+    throttle
+    "${cxx[@]}" -c "$f" -o "$o" &
+    objs+=("$o")
 done
 g++ -O2 -std=c++17 -I"$cuda_inc" -c "$here/emu.cpp" -o "$out/emu.o" &
-"${cc[@]}" -c "$out/src/backend/cuda/cuda_backend.c" -o "$out/cuda_backend.o" &
 wait
-libs=("$out/cuda_backend.o" "${objs[@]}" "$out/emu.o" build/libsmelt_core.a -L"${CUDA_HOME:-/usr/local/cuda}/lib64"
+# the backend's C files (mm_tune.c, plain C, is in build/libsmelt_core.a already)
+for f in "$out"/src/backend/cuda/*.c; do
+    [ "$(basename "$f")" = mm_tune.c ] && continue
+    o=$out/$(basename "$f" .c).o
+    throttle
+    "${cc[@]}" -c "$f" -o "$o" &
+    objs+=("$o")
+done
+wait
+libs=("${objs[@]}" "$out/emu.o" build/libsmelt_core.a -L"${CUDA_HOME:-/usr/local/cuda}/lib64"
       -lcudart -lcublas -lcublasLt -lm -lpthread $(pkg-config --libs jansson libpcre2-8 libmicrohttpd libcurl))
 link() { # name source
     "${cc[@]}" -c "$2" -o "$out/$1.o"

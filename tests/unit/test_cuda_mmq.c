@@ -58,7 +58,7 @@ int main(void) {
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
-#include "backend/mm_tune.h"
+#include "backend/cuda/mm_tune.h"
 #include "quant/quant.h"
 #include "util/half.h"
 

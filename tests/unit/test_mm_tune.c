@@ -1,4 +1,4 @@
-/* The matmul path table (src/backend/mm_tune.c): buckets, candidate lists, the write-once
+/* The matmul path table (src/backend/cuda/mm_tune.c): buckets, candidate lists, the write-once
  * table, the environment overrides and the log text. Host-only (no GPU); the timing
  * itself is exercised by test_cuda_mmq (test_mmq_tuned) on a GPU. The expectations are
  * written out by hand from the bucket list and rules in mm_tune.h, not computed with the
@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend/mm_tune.h"
+#include "backend/cuda/mm_tune.h"
 #include "quant/quant.h"
 
 static void test_buckets(void) {

@@ -14,7 +14,7 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e);
 /* Device bytes held by bound weights. */
 uint64_t cuda_backend_weight_bytes(const struct backend *b);
 /* The matmul path recorded for weights (type, rows, k) at n token rows, for tests and
- * benches (struct mmtune_ent, backend/mm_tune.h: the choice, its time, every candidate's
+ * benches (struct mmtune_ent, backend/cuda/mm_tune.h: the choice, its time, every candidate's
  * time), or NULL when nothing is recorded for that key (not seen yet, seen only during
  * capture, n <= 8, the type has no tensor-core kernel, or measuring is off). Valid until
  * the backend records another key or is freed. */

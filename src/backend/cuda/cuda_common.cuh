@@ -38,6 +38,9 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 static __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
+/* Blocks of tb threads that cover n elements. */
+static inline unsigned nblocks(int64_t n, int tb) { return (unsigned)((n + tb - 1) / tb); }
+
 /* ---- programmatic dependent launch (Hopper+) ----
  * Kernels launched with klaunch() may start while the kernel before them in the stream is
  * still running (cudaLaunchAttributeProgrammaticStreamSerialization; kept by graph capture

@@ -1,5 +1,6 @@
-/* Launchers of smelt's CUDA kernels (C linkage), used by cuda_backend.cu. Each family
- * lives in its own .cu file; every pointer is device memory; everything is enqueued on
+/* Launchers of smelt's CUDA kernels (C linkage), used by the backend (cuda_ops.c,
+ * cuda_matmul.c). Each family lives in its own .cu file (the products have their own
+ * headers: cuda_mmv.h, cuda_mmq.h); every pointer is device memory; everything is enqueued on
  * `stream` (a cudaStream_t) and returns without waiting. Shapes follow backend.h:
  * (ne0, ne1, ...) with ne0 contiguous. Activations are F32. */
 #ifndef SMELT_CUDA_KERNELS_H
@@ -17,12 +18,17 @@ struct cuda_qweight;
 extern int cuda_pdl_on;
 extern int cuda_pdl_fence; /* the next kernel follows a copy: launch it fully ordered */
 
-/* ---- cuda_elem.cu ---- */
+/* ---- cuda_norm.cu ---- */
 
 /* dst[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w may be NULL); rows of n, row strides in
  * elements (in place ok). */
 void cuda_rms_norm(float *dst, const float *x, const float *w, int64_t n, int64_t rows,
                    int64_t x_stride, int64_t dst_stride, float eps, void *stream);
+/* Softmax over each row of n. */
+void cuda_softmax(float *x, int64_t n, int64_t rows, void *stream);
+
+/* ---- cuda_elem.cu ---- */
+
 /* dst = a + c; c is broadcast over rows when c_rows == 1 (n elements per row). */
 void cuda_add(float *dst, const float *a, const float *c, int64_t n, int64_t rows, int64_t c_rows,
               void *stream);
@@ -30,8 +36,9 @@ void cuda_scale(float *dst, const float *x, float s, int64_t n, void *stream);
 /* dst = act(gate) * up; act 0 = SiLU, 1 = tanh-GELU. */
 void cuda_glu(float *dst, const float *gate, const float *up, int act, int64_t n, void *stream);
 void cuda_softcap(float *x, float cap, int64_t n, void *stream);
-/* Softmax over each row of n. */
-void cuda_softmax(float *x, int64_t n, int64_t rows, void *stream);
+
+/* ---- cuda_getrows.cu ---- */
+
 /* dst[t] = row ids[t] of src (rows of n elements of `type`, plain F32/F16/BF16 contiguous
  * with row stride src_stride bytes), as F32. */
 void cuda_get_rows_plain(float *dst, const void *src, uint32_t type, int64_t src_stride,
@@ -39,10 +46,15 @@ void cuda_get_rows_plain(float *dst, const void *src, uint32_t type, int64_t src
 /* Same for a repacked weight (struct cuda_qweight). */
 void cuda_get_rows_q(float *dst, const struct cuda_qweight *w, const int32_t *ids, int64_t n_ids,
                      void *stream);
+
+/* ---- cuda_convert.cu ---- */
+
 /* W (repacked) dequantized to F16, rows [r0, r0 + nr) -> dst (nr, k) row-major. */
 void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_t r0, int64_t nr, void *stream);
 /* F32 -> F16, n elements. */
 void cuda_f32_to_f16(void *dst, const float *src, int64_t n, void *stream);
+
+/* ---- cuda_gate.cu ---- */
 
 /* Holds the stream until *flag (device view of host-mapped memory) is set or timeout_ns
  * pass (one thread, normal launch). */

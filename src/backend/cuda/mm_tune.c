@@ -10,7 +10,7 @@
  * powers of two suffice (65-128, 129-256, 257-512) and > 512 is one bucket (rare: only
  * with a larger step budget). Eight buckets x ~8 distinct weight shapes per model bounds
  * the table and the tuning time (docs/cuda-backend.md gives the estimate). */
-#include "backend/mm_tune.h"
+#include "backend/cuda/mm_tune.h"
 
 #include <stdarg.h>
 #include <stdio.h>

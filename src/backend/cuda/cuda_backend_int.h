@@ -1,0 +1,224 @@
+/* The CUDA backend's private header: its struct and the helpers its files share.
+ * (File map: cuda_backend.c.) */
+#ifndef SMELT_CUDA_BACKEND_INT_H
+#define SMELT_CUDA_BACKEND_INT_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmq.h"
+#include "backend/cuda/cuda_mmv.h"
+#include "backend/cuda/mm_tune.h"
+
+#define GEMM_MIN_ROWS 33                 /* token rows from which cuBLAS beats repeated mmv */
+/* Token rows from CUDA_MMV_MAX_N + 1 up to MMQ_MAX_ROWS use the tensor-core kernel
+ * (cuda_mmq.cu: quantized weights dequantized in registers, f16 MMA) for the types it has
+ * (Q4_K, Q6_K, Q8_0); above, cuBLAS on dequantized weights. 64 was measured on the H200
+ * (2026-11-29, 8B Q4_K_M) with the earlier int8 kernel: mmq won at 16-64 rows (batched
+ * decode x32 786 -> 2,624 tok/s, x64 2,860 -> 3,317), cuBLAS at 512 (pp512 13.3k vs 7.3k).
+ * test_cuda_mmq's SMELT_BENCH=1 summary lines give the switch point for the current one.
+ * This is the static switch (SMELT_NO_TUNE=1, capture, failure to measure); the backend
+ * measures the real one per shape at first use. SMELT_MMQ_MAX_ROWS=N fixes the switch at
+ * N rows when the backend is created (0 = off) and leaves only the tile to measure. */
+#define MMQ_MAX_ROWS 64
+#define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
+#define SCRATCH_ALIGN 256
+#define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
+#define ATT_Q_MAX_K 32768 /* widest attention / GLU output given an int8 form (att_q) */
+#define CUDA_GRAPHS 64
+
+struct dchunk {
+    unsigned char *base;
+    size_t cap, used;
+};
+
+struct pending_dl {
+    void *dst;
+    size_t off, n;
+};
+
+struct cuda_backend {
+    struct backend base;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    /* device scratch stack */
+    struct dchunk *chunks;
+    int n_chunks, cap_chunks, cur;
+    size_t peak; /* bk_scratch_peak: highest end of use, as if the chunks were one block */
+    /* pinned staging */
+    unsigned char *pin;
+    size_t pin_cap, pin_used;
+    /* A step's input uploads (between step_begin and its first op) are gathered into one
+     * copy: a run of ascending destinations in one scratch chunk whose staging bytes
+     * mirror their device offsets, gaps included (scratch no kernel has written yet this
+     * step). Uploads to other memory (buffers, weights) are copied alone, in order. */
+    struct {
+        bool defer;          /* in the step's input phase */
+        unsigned char *dev0; /* the run's first destination; NULL: no run */
+        unsigned char *lim;  /* the end of its scratch chunk */
+        size_t off0, span;   /* its staging offset and length */
+    } up;
+    struct pending_dl *dl;
+    int n_dl, cap_dl;
+    /* weights */
+    void **dev; /* plain device allocations (vectors) */
+    int n_dev, cap_dev;
+    struct cuda_qweight **qws; /* repacked matrices */
+    int n_qws, cap_qws;
+    uint64_t weight_bytes;
+    uint32_t warned_types[4]; /* bit per type id already logged as "via F16" */
+    /* step graphs: a shape's ops run eagerly the first time (scratch grows to its size),
+     * are captured the second time, and replayed after that */
+    struct graph_ent {
+        uint64_t key, last_use;
+        int seen;
+        cudaGraphExec_t exec;
+    } graphs[CUDA_GRAPHS];
+    uint64_t clock;
+    int capturing; /* index of the entry being captured, or -1 */
+    bool no_graph; /* SMELT_NO_GRAPH=1 */
+    int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
+    bool mmq_rows_fixed;  /* SMELT_MMQ_MAX_ROWS given: the mmq/gemm switch is not measured */
+    /* matmul paths measured on this device ("matrix products: the paths and the choice") */
+    struct mmtune tune;
+    struct mmtune_env tune_env; /* SMELT_NO_TUNE, SMELT_MMQ_TILE */
+    cudaEvent_t tune_ev[2 * (MMTUNE_RUNS + 1)];
+    int tune_ev_n;       /* events created, -1 = cannot time */
+    uint64_t tune_flush; /* bytes written between timed runs (2 x L2, capped), 0 = none */
+    bool tuning;         /* candidate runs in progress (profile labels) */
+    bool tune_full_logged;
+    /* The residual stream prepared for its next norm by a decode matmul_acc epilogue
+     * (cuda_mmv_epi.post_*): the int8 form of w * x and per-32 sums of squares of x, valid
+     * until any other op runs. Fixed device buffers (graph replays see fixed addresses). */
+    struct {
+        void *buf;     /* cuda_mmv_scratch_bytes(PREP_MAX_K, CUDA_MMV_MAX_N) */
+        float *ss;     /* (CUDA_MMV_MAX_N, PREP_MAX_K / 32) */
+        unsigned *cnt; /* PREP_MAX_K / 32 counters, zero between launches */
+        const void *x, *w;
+        int64_t n, k;
+        float eps;
+        bool valid;
+    } prep;
+    /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
+     * the attention launch itself) or of a small GLU's output (its epilogue), for the
+     * product that consumes it next (W_o or W_down in cu_matmul_acc), sparing its quantize
+     * launch. Valid until any other op runs. */
+    struct {
+        void *buf;     /* cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N), fixed (graphs) */
+        const void *x; /* the attention output (dv * n_head, n) it is the int8 form of */
+        int64_t n, k;
+        bool valid;
+    } att_q;
+    /* SMELT_PROFILE=1: an event after each kernel (graphs off), times summed per name */
+    bool prof;
+    cudaEvent_t prof_start;
+    volatile int *gate_h; /* host-mapped flag that opens the step's gate */
+    int *gate_d;
+    struct prof_ev {
+        cudaEvent_t ev;
+        char name[48];
+        uint64_t bytes;
+    } *pev;
+    int n_pev, cap_pev;
+    struct prof_row {
+        char name[48];
+        uint64_t calls, bytes;
+        double ms;
+    } *prow;
+    int n_prow, cap_prow;
+    /* RoPE speed tables (cuda_rope.freq), one per parameter set seen (Gemma 3: two per
+     * model). Keyed by the parameters and the freq_factors pointer: weights stay bound
+     * until the backend is freed, so a pointer never comes back with other contents. */
+    struct rope_tab {
+        struct cuda_rope key;
+        double *freq;
+    } *rope_tab;
+    int n_rope_tab, cap_rope_tab;
+};
+
+static inline struct cuda_backend *cu_of(struct backend *b) { return (struct cuda_backend *)b; }
+
+#define CU_FAIL(cb, rc, what)                                                                  \
+    bk_fail(&(cb)->base, SMELT_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(rc))
+
+
+/* ---- cuda_prof.c ---- */
+void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void prof_collect(struct cuda_backend *cb);
+void prof_print(struct cuda_backend *cb);
+
+/* ---- cuda_backend.c ---- */
+void check_launch(struct cuda_backend *cb, const char *what);
+
+/* ---- cuda_mem.c ---- */
+void *stack_alloc(struct cuda_backend *cb, size_t n);
+void *scratch(struct cuda_backend *cb, size_t n);
+void up_flush(struct cuda_backend *cb);
+smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e);
+smelt_status cu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e);
+void cu_buffer_free(struct backend *b, struct tensor *t);
+void cu_step_begin(struct backend *b);
+void *cu_scratch_alloc(struct backend *b, size_t nbytes);
+size_t cu_scratch_mark(struct backend *b);
+void cu_scratch_release(struct backend *b, size_t mark);
+void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes);
+void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes);
+smelt_status cu_sync(struct backend *b, struct err *e);
+bool cu_mem_info(struct backend *b, uint64_t *free_b, uint64_t *total_b);
+uint64_t cu_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENSOR_MAX_DIMS]);
+size_t cu_scratch_peak(struct backend *b);
+smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e);
+
+/* ---- cuda_matmul.c ---- */
+const struct cuda_qweight *qw_of(struct cuda_backend *cb, const struct tensor *w);
+void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
+            const void *xq);
+void tune_report(struct cuda_backend *cb);
+
+/* ---- cuda_ops.c ---- */
+void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids);
+void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w, float eps);
+void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p);
+void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x);
+void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
+                   const struct prenorm *next);
+void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c);
+void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
+void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up, enum glu_act act);
+void cu_softcap(struct backend *b, struct tensor *x, float cap);
+void cu_softmax(struct backend *b, struct tensor *x);
+void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k, const struct tensor *v,
+                 const struct attn_meta *m);
+void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
+                  const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p);
+void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits, const struct tensor *rows,
+                    const struct tensor *adj);
+void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
+                     const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre);
+void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
+                const struct tensor *x, enum glu_act act, const struct prenorm *pre);
+void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v, struct tensor *kc,
+                      struct tensor *vc, const struct attn_meta *m, const struct qk_prep *p);
+void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k, const struct tensor *v,
+                       struct tensor *kc, struct tensor *vc, const struct attn_meta *m, const struct qk_prep *qp,
+                       const struct attn_params *ap);
+
+/* ---- cuda_graph.c ---- */
+void graphs_clear(struct cuda_backend *cb);
+bool cu_graph_replay(struct backend *b, uint64_t key);
+void cu_graph_begin(struct backend *b, uint64_t key);
+void cu_graph_end(struct backend *b);
+
+/* Every op asks this before its first launch: the pending input copy goes out first. */
+static inline bool ok(struct cuda_backend *cb) {
+    if (cb->up.defer) up_flush(cb);
+    return cb->base.status == SMELT_OK;
+}
+
+#endif

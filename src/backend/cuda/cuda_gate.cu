@@ -1,0 +1,25 @@
+/* The profile's stream gate (SMELT_PROFILE=1, cuda_prof.c). */
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "backend/cuda/cuda_kernels.h"
+}
+
+/* ---------------------------------------------------------------- kernels ---- */
+
+/* Spins until *flag (host-mapped memory) is non-zero or timeout_ns pass: holds the stream
+ * while the host enqueues a whole step (SMELT_PROFILE). */
+static __global__ void gate_kernel(const volatile int *flag, unsigned long long timeout_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        if (*flag) return;
+        __nanosleep(2000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < timeout_ns);
+}
+/* --------------------------------------------------------------- launchers ---- */
+
+extern "C" void cuda_gate(const int *flag, unsigned long long timeout_ns, void *stream) {
+    gate_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(flag, timeout_ns);
+}

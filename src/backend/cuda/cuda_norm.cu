@@ -1,0 +1,78 @@
+/* Row normalizations of the CUDA backend: RMSNorm and softmax (one block per row, block
+ * reductions). CPU twins: src/backend/cpu/. */
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "backend/cuda/cuda_kernels.h"
+}
+
+/* ---------------------------------------------------------------- kernels ---- */
+
+/* One block per row; the sum of squares in double-free f32 with a tree reduction. */
+static __global__ void rms_norm_kernel(float *dst, const float *x,
+                                       const float *__restrict__ w, int64_t n, int64_t xs, int64_t ds,
+                                       float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const float *xr = x + blockIdx.x * xs;
+    float *dr = dst + blockIdx.x * ds;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    __shared__ float part[32];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+
+static __device__ float block_reduce(float v, bool is_max, float *sh) {
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float u = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : (is_max ? -INFINITY : 0.0f);
+        u = is_max ? warp_max(u) : warp_sum(u);
+        if (threadIdx.x == 0) sh[0] = u;
+    }
+    __syncthreads();
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+static __global__ void softmax_kernel(float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float sh[32];
+    float *r = x + blockIdx.x * n;
+    float mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, r[i]);
+    mx = block_reduce(mx, true, sh);
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float e = expf(r[i] - mx);
+        r[i] = e;
+        s += e;
+    }
+    s = block_reduce(s, false, sh);
+    const float inv = 1.0f / s;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) r[i] *= inv;
+}
+/* --------------------------------------------------------------- launchers ---- */
+
+extern "C" void cuda_rms_norm(float *dst, const float *x, const float *w, int64_t n, int64_t rows,
+                              int64_t x_stride, int64_t dst_stride, float eps, void *stream) {
+    int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64;
+    klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, (cudaStream_t)stream, dst, x, w, n, x_stride, dst_stride, eps);
+}
+
+extern "C" void cuda_softmax(float *x, int64_t n, int64_t rows, void *stream) {
+    klaunch(softmax_kernel, dim3((unsigned)rows), dim3(256), 0, (cudaStream_t)stream, x, n);
+}

@@ -1,0 +1,499 @@
+/* The CUDA backend's op shims: each op of backend.h enqueued on the backend's stream
+ * through the kernels' launchers (cuda_kernels.h, cuda_mmv.h; products through
+ * cuda_matmul.c). The decode fusions keep their bookkeeping here: the residual stream a
+ * product's epilogue prepared for the next norm (cb->prep) and the int8 form of the
+ * attention's or a small GLU's output (cb->att_q), each valid only until the next op. */
+#include "backend/cuda/cuda_backend_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- ops ---- */
+
+void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    if (src->extra) cuda_get_rows_q(dst->data, src->extra, ids->data, ids->ne[0], cb->stream);
+    else cuda_get_rows_plain(dst->data, src->data, src->type, (int64_t)src->nb[1], ids->data, src->ne[0], ids->ne[0],
+                             cb->stream);
+    check_launch(cb, "get_rows");
+}
+
+void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                        float eps) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_rms_norm(dst->data, x->data, w ? w->data : NULL, x->ne[0], tensor_nrows(x), (int64_t)(x->nb[1] / 4),
+                  (int64_t)(dst->nb[1] / 4), eps, cb->stream);
+    check_launch(cb, "rms_norm");
+}
+
+static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, struct cuda_rope *r) {
+    memset(r, 0, sizeof *r);
+    r->mode = p->mode;
+    r->n_rot = p->n_rot;
+    r->freq_base = p->freq_base;
+    r->freq_scale = p->freq_scale;
+    r->ext_factor = p->ext_factor;
+    r->attn_factor = p->attn_factor;
+    r->mscale = p->attn_factor;
+    r->freq_factors = p->freq_factors ? p->freq_factors->data : NULL;
+    if (p->ext_factor != 0) {
+        /* the dimension index at which a frequency makes n turns over n_ctx_orig */
+        double base = p->freq_base, nr = p->n_rot, n0 = p->n_ctx_orig;
+        double lo = floor(nr * log(n0 / (p->beta_fast * 2 * M_PI)) / (2 * log(base)));
+        double hi = ceil(nr * log(n0 / (p->beta_slow * 2 * M_PI)) / (2 * log(base)));
+        if (lo < 0) lo = 0;
+        if (hi > nr - 1) hi = nr - 1;
+        r->corr_lo = (float)lo;
+        r->corr_hi = (float)hi;
+        r->mscale = (float)(p->attn_factor * (1.0 + 0.1 * log(1.0 / p->freq_scale)));
+    }
+    /* the speed table of this parameter set: made at its first use (an eager step; were it
+     * captured, the fill would replay with the graph, harmlessly) */
+    for (int i = 0; i < cb->n_rope_tab; i++) {
+        const struct cuda_rope *k = &cb->rope_tab[i].key;
+        if (k->n_rot == r->n_rot && k->freq_base == r->freq_base && k->freq_scale == r->freq_scale &&
+            k->ext_factor == r->ext_factor && k->corr_lo == r->corr_lo && k->corr_hi == r->corr_hi &&
+            k->freq_factors == r->freq_factors) {
+            r->freq = cb->rope_tab[i].freq;
+            return true;
+        }
+    }
+    if (cb->n_rope_tab == cb->cap_rope_tab) {
+        int cap = cb->cap_rope_tab ? 2 * cb->cap_rope_tab : 4;
+        struct rope_tab *t = realloc(cb->rope_tab, sizeof *t * (size_t)cap);
+        if (!t) {
+            bk_fail(&cb->base, SMELT_ERR_NOMEM, "out of memory (RoPE tables)");
+            return false;
+        }
+        cb->rope_tab = t;
+        cb->cap_rope_tab = cap;
+    }
+    double *f = NULL;
+    cudaError_t ce = cudaMalloc((void **)&f, (size_t)(p->n_rot / 2 + 1) * sizeof(double));
+    if (ce != cudaSuccess) {
+        bk_fail(&cb->base, SMELT_ERR_DEVICE, "cuda rope table: %s", cudaGetErrorString(ce));
+        return false;
+    }
+    cuda_rope_freq_fill(f, r, cb->stream);
+    check_launch(cb, "rope table");
+    cuda_pdl_fence = 1; /* the fused decode attention reads the table before its PDL wait */
+    cb->rope_tab[cb->n_rope_tab].key = *r;
+    cb->rope_tab[cb->n_rope_tab++].freq = f;
+    r->freq = f;
+    return ok(cb);
+}
+
+void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    struct cuda_rope r;
+    if (!rope_args(cb, p, &r)) return;
+    cuda_rope_inplace(x->data, pos->data, (int)x->ne[0], (int)x->ne[1], x->ne[2], &r, NULL, 0, cb->stream);
+    check_launch(cb, "rope");
+}
+
+void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
+    struct cuda_backend *cb = cu_of(b);
+    cb->prep.valid = false;
+    cb->att_q.valid = false;
+    const struct cuda_qweight *qw = qw_of(cb, w);
+    if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
+}
+
+static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type);
+
+/* The prepared form of x for a norm of weight pre->w, if the last op made it. */
+static bool prep_matches(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre) {
+    return cb->prep.valid && pre && pre->w && cb->prep.x == x->data && cb->prep.w == pre->w->data &&
+           cb->prep.n == x->ne[1] && cb->prep.k == x->ne[0] && cb->prep.eps == pre->eps;
+}
+
+/* att_q.buf when the last op was the attention that wrote x and its int8 form fits qw. */
+static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, const struct cuda_qweight *qw) {
+    return cb->att_q.valid && qw && cb->att_q.x == x->data && cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] &&
+                   qw->k == x->ne[0] && cuda_mmv_needs_quant(qw->type)
+               ? cb->att_q.buf
+               : NULL;
+}
+
+/* dst += W x. In decode, with `next` given, the same launch also prepares dst for the norm
+ * the caller applies next (cb->prep), sparing the next product its norm+quantize launch. */
+void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
+                          const struct prenorm *next) {
+    struct cuda_backend *cb = cu_of(b);
+    const struct cuda_qweight *qw = qw_of(cb, w);
+    const void *att_xq = att_q_for(cb, x, qw); /* x's int8 form, if the attention made it */
+    cb->prep.valid = false;
+    cb->att_q.valid = false;
+    if (!qw || !ok(cb)) return;
+    const int64_t n = x->ne[1];
+    if (!(next && next->w && cb->prep.buf && n <= CUDA_MMV_MAX_N && cuda_mmv_needs_quant(qw->type) &&
+          qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float))) {
+        matmul(cb, qw, x->data, n, dst->data, true, att_xq);
+        return;
+    }
+    size_t mark = cu_scratch_mark(b);
+    const void *xq = att_xq ? att_xq : quantized(cb, x->data, qw->k, n, qw->type);
+    if (!xq) return;
+    struct cuda_mmv_epi epi = {0};
+    epi.post_w = next->w->data;
+    cuda_mmv_scratch_parts(cb->prep.buf, qw->rows, (int)n, &epi.post_xq, &epi.post_xd);
+    epi.post_ss = cb->prep.ss;
+    epi.post_cnt = cb->prep.cnt;
+    float *y = dst->data;
+    struct err e;
+    if (cuda_mmv_multi(&qw, &y, NULL, 1, x->data, (int)n, xq, 1, &epi, cb->stream, &e) != SMELT_OK) {
+        bk_fail(b, e.code, "%s", e.msg);
+        return;
+    }
+    prof_mark(cb, qw->bytes, "mmv+prep %s %lldx%lld n=%d", qtype_name(qw->type), (long long)qw->rows,
+              (long long)qw->k, (int)n);
+    cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data, n, qw->rows,
+                                  next->eps, true};
+    cu_scratch_release(b, mark);
+}
+
+
+void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_add(dst->data, a->data, c->data, a->ne[0], tensor_nrows(a), tensor_nrows(c), cb->stream);
+    check_launch(cb, "add");
+}
+
+void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_scale(dst->data, x->data, s, tensor_nelem(x), cb->stream);
+    check_launch(cb, "scale");
+}
+
+void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
+                   enum glu_act act) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_glu(dst->data, gate->data, up->data, act == GLU_SILU ? 0 : 1, tensor_nelem(gate), cb->stream);
+    check_launch(cb, "glu");
+}
+
+void cu_softcap(struct backend *b, struct tensor *x, float cap) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_softcap(x->data, cap, tensor_nelem(x), cb->stream);
+    check_launch(cb, "softcap");
+}
+
+void cu_softmax(struct backend *b, struct tensor *x) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_softmax(x->data, x->ne[0], tensor_nrows(x), cb->stream);
+    check_launch(cb, "softmax");
+}
+
+void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k,
+                        const struct tensor *v, const struct attn_meta *m) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    cuda_kv_store(kc->data, vc->data, kc->type, k->data, v->data, m->slot->data, (int)k->ne[0], (int)v->ne[0],
+                  (int)k->ne[1], m->block_size, k->ne[2], cb->stream);
+    check_launch(cb, "kv_store");
+}
+
+/* The attention call's arguments for the step's shape (no RoPE fused). */
+static bool attn_args(struct cuda_backend *cb, struct cuda_attn_args *out, struct tensor *dst, const struct tensor *q,
+                      const struct tensor *kc, const struct tensor *vc, const struct attn_meta *m,
+                      const struct attn_params *p) {
+    if (kc->ne[0] > 256 || vc->ne[0] > 256) {
+        bk_fail(&cb->base, SMELT_ERR_UNSUPPORTED, "cuda attention: head_dim %lld > 256", (long long)kc->ne[0]);
+        return false;
+    }
+    struct cuda_attn_args a = {
+        .dst = dst->data, .q = q->data, .kc = kc->data, .vc = vc->data, .cache_type = kc->type,
+        .pos = m->pos->data, .seq = m->seq->data, .blocks = m->blocks->data,
+        .max_blocks = (int)m->blocks->ne[0], .block_size = m->block_size, .n_seqs = (int)m->blocks->ne[1],
+        .dk = (int)kc->ne[0], .dv = (int)vc->ne[0], .n_head = (int)q->ne[1], .n_kv = (int)kc->ne[2],
+        .n_tokens = q->ne[2], .scale = p->scale, .softcap = p->softcap, .window = p->window,
+        .kernel = CUDA_ATTN_AUTO};
+    a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
+    if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
+    *out = a;
+    return true;
+}
+
+/* Enqueues attention a (its dst, q_out and scratch filled in here). */
+static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
+    struct backend *b = &cb->base;
+    /* decode: the output's int8 form too, for W_o's product (att_q) */
+    const int64_t width = (int64_t)a.dv * a.n_head;
+    const bool want_q = cb->att_q.buf && a.n_tokens <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K;
+    if (want_q) a.q_out = cb->att_q.buf;
+    size_t mark = cu_scratch_mark(b);
+    /* the kernel and its scratch follow from the step's shape only (graph replay) */
+    uint64_t need = cuda_attn_scratch_bytes(&a);
+    if (need) {
+        a.scratch = scratch(cb, need);
+        if (!a.scratch) return;
+    }
+    cuda_attention(&a, cb->stream);
+    check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
+    if (want_q && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true};
+    cu_scratch_release(b, mark);
+}
+
+void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
+                         const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
+    struct cuda_backend *cb = cu_of(b);
+    struct cuda_attn_args a;
+    if (ok(cb) && attn_args(cb, &a, dst, q, kc, vc, m, p)) attention_run(cb, a);
+}
+
+/* ---- sampling summaries (cuda_sample.cu) ---- */
+
+void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
+                           const struct tensor *rows, const struct tensor *adj) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    int n_rows = (int)logits->ne[1], nv = (int)logits->ne[0];
+    size_t mark = cu_scratch_mark(b);
+    void *sc = scratch(cb, cuda_topk_scratch_bytes(n_rows, nv));
+    if (!sc) return;
+    struct cuda_topk_args a = {.logits = logits->data, .ld = (int64_t)(logits->nb[1] / sizeof(float)),
+                               .n_vocab = nv, .n_rows = n_rows, .rows = rows->data, .adj = adj->data,
+                               .adj_cap = (int)adj->ne[1], .out = dst->data, .scratch = sc};
+    cuda_logits_topk(&a, cb->stream);
+    check_launch(cb, "logits_topk");
+    cu_scratch_release(b, mark);
+}
+
+/* ---- fused ops ---- */
+
+/* x' = rms_norm(x) * pre->w in scratch (or x itself when pre is NULL). */
+static const float *prenormed(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre) {
+    if (!pre) return x->data;
+    float *xn = scratch(cb, (size_t)tensor_nelem(x) * sizeof(float));
+    if (!xn) return NULL;
+    cuda_rms_norm(xn, x->data, pre->w ? pre->w->data : NULL, x->ne[0], x->ne[1], (int64_t)(x->nb[1] / 4), x->ne[0],
+                  pre->eps, cb->stream);
+    check_launch(cb, "rms_norm");
+    return xn;
+}
+
+/* The quantized form of x for n <= 8 rows, shared by several weights of the same width. */
+static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type) {
+    if (n > CUDA_MMV_MAX_N || !cuda_mmv_needs_quant(type)) return NULL;
+    void *sc = scratch(cb, cuda_mmv_scratch_bytes(k, (int)n));
+    struct err e;
+    if (sc && cuda_mmv_quantize(x, k, (int)n, sc, cb->stream, &e) != SMELT_OK) {
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+        return NULL;
+    }
+    prof_mark(cb, 0, "quantize act");
+    return sc;
+}
+
+/* The normalized input of a decode matmul group in its int8 form (scratch), and in f32 (xn)
+ * when float-typed weights need it: one RMSNorm+quantize launch. */
+static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre,
+                                  float **xn) {
+    const int64_t k = x->ne[0];
+    const int n = (int)x->ne[1];
+    void *sc = scratch(cb, cuda_mmv_scratch_bytes(k, n));
+    if (!sc) return NULL;
+    if (xn) {
+        *xn = scratch(cb, (size_t)(k * n) * sizeof(float));
+        if (!*xn) return NULL;
+    }
+    struct err e;
+    if (cuda_mmv_norm_quantize(x->data, (int64_t)(x->nb[1] / 4), pre->w ? pre->w->data : NULL, pre->eps, k, n, sc,
+                               xn ? *xn : NULL, cb->stream, &e) != SMELT_OK) {
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+        return NULL;
+    }
+    prof_mark(cb, 0, "rms_norm+quantize");
+    return sc;
+}
+
+/* Decode (<= 8 rows): one RMSNorm+quantize launch, then one mmv launch per run of weights
+ * that stack (Q, K and V of one type, or Q4_K_M's Q4_K Q and K with a Q6_K V), biases
+ * added in the same launch. */
+static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *w,
+                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
+    const struct cuda_qweight *qw[3];
+    bool any_float = false, any_quant = false;
+    for (int i = 0; i < n; i++) {
+        if (!(qw[i] = qw_of(cb, w[i]))) return;
+        if (cuda_mmv_needs_quant(qw[i]->type)) any_quant = true;
+        else any_float = true;
+    }
+    const float *xf = x->data;
+    const void *xq = NULL;
+    struct cuda_mmv_epi epi = {0};
+    if (any_quant && prep_matches(cb, x, pre)) {
+        /* the previous product left x's int8 form: only float weights need a norm launch */
+        xq = cb->prep.buf;
+        epi.pre_ss = cb->prep.ss;
+        epi.pre_eps = pre->eps;
+        if (any_float && !(xf = prenormed(cb, x, pre))) return;
+    } else if (pre && any_quant) {
+        float *xn = NULL;
+        xq = norm_quantized(cb, x, pre, any_float ? &xn : NULL);
+        if (!xq) return;
+        if (any_float) xf = xn;
+    } else {
+        if (!(xf = prenormed(cb, x, pre))) return;
+        uint32_t qt = qw[0]->type;
+        for (int i = 0; i < n; i++)
+            if (cuda_mmv_needs_quant(qw[i]->type)) qt = qw[i]->type;
+        if (any_quant && !(xq = quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
+    }
+    for (int i = 0; i < n && ok(cb);) {
+        int j = i + 1;
+        while (j < n && cuda_mmv_stackable(&qw[i], j + 1 - i)) j++;
+        float *y[3];
+        const float *b[3];
+        for (int t = i; t < j; t++) {
+            y[t - i] = dst[t]->data;
+            b[t - i] = bias && bias[t] ? bias[t]->data : NULL;
+        }
+        struct err e;
+        bool q = cuda_mmv_needs_quant(qw[i]->type);
+        if (cuda_mmv_multi(&qw[i], y, b, j - i, xf, (int)x->ne[1], q ? xq : NULL, 0, q && epi.pre_ss ? &epi : NULL,
+                           cb->stream, &e) != SMELT_OK) {
+            bk_fail(&cb->base, e.code, "%s", e.msg);
+            return;
+        }
+        uint64_t bytes = 0;
+        for (int t = i; t < j; t++) bytes += qw[t]->bytes;
+        prof_mark(cb, bytes, "mmv %s%s%s x%d %lldx%lld n=%d", qtype_name(qw[i]->type),
+                  qw[j - 1]->type != qw[i]->type ? "+" : "",
+                  qw[j - 1]->type != qw[i]->type ? qtype_name(qw[j - 1]->type) : "", j - i,
+                  (long long)(qw[i]->rows), (long long)qw[i]->k, (int)x->ne[1]);
+        i = j;
+    }
+}
+
+void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
+                            const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
+    struct cuda_backend *cb = cu_of(b);
+    cb->att_q.valid = false; /* only the op right after the attention may use it */
+    if (!ok(cb)) return;
+    size_t mark = cu_scratch_mark(b);
+    if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3) {
+        matmul_group_mmv(cb, n, dst, w, bias, x, pre);
+        cu_scratch_release(b, mark);
+        return;
+    }
+    const float *xn = prenormed(cb, x, pre);
+    if (!xn) return;
+    for (int i = 0; i < n && ok(cb); i++) {
+        const struct cuda_qweight *qw = qw_of(cb, w[i]);
+        if (!qw) return;
+        matmul(cb, qw, xn, x->ne[1], dst[i]->data, false, NULL);
+        if (bias && bias[i]) {
+            cuda_add(dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1, cb->stream);
+            check_launch(cb, "bias");
+        }
+    }
+    cu_scratch_release(b, mark);
+}
+
+void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
+                       const struct tensor *x, enum glu_act act, const struct prenorm *pre) {
+    struct cuda_backend *cb = cu_of(b);
+    cb->att_q.valid = false; /* only the op right after the attention may use it */
+    if (!ok(cb)) return;
+    const struct cuda_qweight *qg = qw_of(cb, w_gate), *qu = qw_of(cb, w_up);
+    if (!qg || !qu) return;
+    size_t mark = cu_scratch_mark(b);
+    int64_t n = x->ne[1];
+    if (n <= CUDA_MMV_MAX_N && qg->type == qu->type && qg->rows == qu->rows) {
+        /* decode: gate, up and the activation in one kernel (one read of x's int8 form) */
+        struct err e;
+        const float *xn = x->data;
+        const void *sc = NULL;
+        struct cuda_mmv_epi epi = {0};
+        if (cuda_mmv_needs_quant(qg->type) && prep_matches(cb, x, pre)) {
+            sc = cb->prep.buf;
+            epi.pre_ss = cb->prep.ss;
+            epi.pre_eps = pre->eps;
+        } else if (cuda_mmv_needs_quant(qg->type)) {
+            if (pre) sc = norm_quantized(cb, x, pre, NULL);
+            else sc = quantized(cb, xn, x->ne[0], n, qg->type);
+            if (!sc) return;
+        } else if (pre) {
+            xn = prenormed(cb, x, pre);
+            if (!xn) return;
+        }
+        /* The output's int8 form for the down product (att_q), made by the block that
+         * completes each 32-row group instead of a quantize launch, for one token row of a
+         * small GLU only (H200): Qwen2.5-0.5B Q8_0 (4864x896) tg128 +2.3%, but x8 batched
+         * 4,446 -> 3,883 tok/s (the group's last block quantizes 8 rows alone); Llama-3-8B
+         * Q4_K_M (14336x4096, 3,584 blocks) tg128 394 -> 358, there the launch is cheaper. */
+        const bool qout = sc && n == 1 && cb->att_q.buf && qg->rows % 32 == 0 && qg->rows <= ATT_Q_MAX_K &&
+                          qg->rows * qg->k <= ((int64_t)16 << 20) && dst->nb[1] == (size_t)qg->rows * sizeof(float);
+        if (qout) {
+            epi.post_cnt = cb->prep.cnt;
+            cuda_mmv_scratch_parts(cb->att_q.buf, qg->rows, (int)n, &epi.post_xq, &epi.post_xd);
+        }
+        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
+                         epi.pre_ss || qout ? &epi : NULL, cb->stream, &e) != SMELT_OK)
+            bk_fail(b, e.code, "%s", e.msg);
+        prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
+                  qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
+        if (qout && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true};
+        cu_scratch_release(b, mark);
+        return;
+    }
+    const float *xn = prenormed(cb, x, pre);
+    float *g = scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
+    if (!xn || !g) return;
+    const void *xq = quantized(cb, xn, x->ne[0], x->ne[1], qg->type);
+    matmul(cb, qg, xn, x->ne[1], g, false, xq);
+    matmul(cb, qu, xn, x->ne[1], dst->data, false,
+           cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
+    cuda_glu(dst->data, g, dst->data, act == GLU_SILU ? 0 : 1, tensor_nelem(dst), cb->stream);
+    check_launch(cb, "glu");
+    cu_scratch_release(b, mark);
+}
+
+void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
+                             struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
+                             const struct qk_prep *p) {
+    struct cuda_backend *cb = cu_of(b);
+    if (!ok(cb)) return;
+    struct cuda_rope r;
+    if (!rope_args(cb, p->rope, &r)) return;
+    cuda_rope_kv_store(q->data, k->data, v->data, kc->data, vc->data, kc->type, m->pos->data, m->slot->data,
+                       (int)k->ne[0], (int)v->ne[0], (int)q->ne[1], (int)k->ne[1], m->block_size, k->ne[2], &r,
+                       p->q_norm ? p->q_norm->data : NULL, p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
+    check_launch(cb, "rope+kv_store");
+}
+
+/* A decode step (every sequence one row) whose attention runs the decode kernel: RoPE and
+ * the KV store happen inside it (cuda_attn_args.rope); q and k stay raw. Else the two
+ * launches. */
+void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,
+                              const struct tensor *v, struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
+                              const struct qk_prep *qp, const struct attn_params *ap) {
+    struct cuda_backend *cb = cu_of(b);
+    struct cuda_attn_args a;
+    if (!ok(cb) || !attn_args(cb, &a, dst, q, kc, vc, m, ap)) return;
+    struct cuda_attn_plan plan;
+    cuda_attn_plan(&a, &plan);
+    if (!m->one_per_seq || plan.kernel != CUDA_ATTN_DECODE || a.dk != a.dv) {
+        cu_rope_kv_store(b, q, k, v, kc, vc, m, qp);
+        if (ok(cb)) attention_run(cb, a);
+        return;
+    }
+    if (!rope_args(cb, qp->rope, &a.rope)) return;
+    a.k_new = k->data;
+    a.v_new = v->data;
+    a.slot = m->slot->data;
+    a.q_norm = qp->q_norm ? qp->q_norm->data : NULL;
+    a.k_norm = qp->k_norm ? qp->k_norm->data : NULL;
+    a.norm_eps = qp->eps;
+    attention_run(cb, a);
+}
