@@ -40,10 +40,10 @@
 
 #include "util/log.h"
 
-void check_launch(struct cuda_backend *cb, const char *what) {
+void cu_check_launch(struct cuda_backend *cb, const char *what) {
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) CU_FAIL(cb, rc, what);
-    prof_mark(cb, 0, "%s", what);
+    cu_prof_mark(cb, 0, "%s", what);
     cb->prep.valid = false; /* any other op may have written the prepared tensor */
     cb->att_q.valid = false;
 }
@@ -53,8 +53,8 @@ void check_launch(struct cuda_backend *cb, const char *what) {
 static void cu_free(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
     cudaStreamSynchronize(cb->stream);
-    prof_print(cb);
-    tune_report(cb);
+    cu_prof_print(cb);
+    cu_tune_report(cb);
     for (int i = 0; i < cb->tune_ev_n; i++) cudaEventDestroy(cb->tune_ev[i]);
     mmtune_free(&cb->tune);
     for (int i = 0; i < cb->cap_pev; i++) cudaEventDestroy(cb->pev[i].ev);
@@ -79,7 +79,7 @@ static void cu_free(struct backend *b) {
     free(cb->chunks);
     cudaFreeHost(cb->pin);
     free(cb->dl);
-    graphs_clear(cb);
+    cu_graphs_clear(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     bk_base_free(b);

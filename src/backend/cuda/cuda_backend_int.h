@@ -149,17 +149,17 @@ static inline struct cuda_backend *cu_of(struct backend *b) { return (struct cud
 
 
 /* ---- cuda_prof.c ---- */
-void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void prof_collect(struct cuda_backend *cb);
-void prof_print(struct cuda_backend *cb);
+void cu_prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void cu_prof_collect(struct cuda_backend *cb);
+void cu_prof_print(struct cuda_backend *cb);
 
 /* ---- cuda_backend.c ---- */
-void check_launch(struct cuda_backend *cb, const char *what);
+void cu_check_launch(struct cuda_backend *cb, const char *what);
 
 /* ---- cuda_mem.c ---- */
-void *stack_alloc(struct cuda_backend *cb, size_t n);
-void *scratch(struct cuda_backend *cb, size_t n);
-void up_flush(struct cuda_backend *cb);
+void *cu_stack_alloc(struct cuda_backend *cb, size_t n);
+void *cu_scratch(struct cuda_backend *cb, size_t n);
+void cu_up_flush(struct cuda_backend *cb);
 smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e);
 smelt_status cu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e);
 void cu_buffer_free(struct backend *b, struct tensor *t);
@@ -176,10 +176,10 @@ size_t cu_scratch_peak(struct backend *b);
 smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e);
 
 /* ---- cuda_matmul.c ---- */
-const struct cuda_qweight *qw_of(struct cuda_backend *cb, const struct tensor *w);
-void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
+const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor *w);
+void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
             const void *xq);
-void tune_report(struct cuda_backend *cb);
+void cu_tune_report(struct cuda_backend *cb);
 
 /* ---- cuda_ops.c ---- */
 void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids);
@@ -210,14 +210,14 @@ void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
                        const struct attn_params *ap);
 
 /* ---- cuda_graph.c ---- */
-void graphs_clear(struct cuda_backend *cb);
+void cu_graphs_clear(struct cuda_backend *cb);
 bool cu_graph_replay(struct backend *b, uint64_t key);
 void cu_graph_begin(struct backend *b, uint64_t key);
 void cu_graph_end(struct backend *b);
 
 /* Every op asks this before its first launch: the pending input copy goes out first. */
-static inline bool ok(struct cuda_backend *cb) {
-    if (cb->up.defer) up_flush(cb);
+static inline bool cu_ok(struct cuda_backend *cb) {
+    if (cb->up.defer) cu_up_flush(cb);
     return cb->base.status == SMELT_OK;
 }
 

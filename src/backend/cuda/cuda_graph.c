@@ -9,7 +9,7 @@
 
 /* ---- step graphs ---- */
 
-void graphs_clear(struct cuda_backend *cb) {
+void cu_graphs_clear(struct cuda_backend *cb) {
     for (int i = 0; i < CUDA_GRAPHS; i++) {
         if (cb->graphs[i].exec) cudaGraphExecDestroy(cb->graphs[i].exec);
         memset(&cb->graphs[i], 0, sizeof cb->graphs[i]);
@@ -24,7 +24,7 @@ static struct graph_ent *graph_find(struct cuda_backend *cb, uint64_t key) {
 
 bool cu_graph_replay(struct backend *b, uint64_t key) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb) || cb->no_graph) return false;
+    if (!cu_ok(cb) || cb->no_graph) return false;
     struct graph_ent *g = graph_find(cb, key);
     if (!g || !g->exec) return false;
     g->last_use = ++cb->clock;
@@ -39,7 +39,7 @@ bool cu_graph_replay(struct backend *b, uint64_t key) {
 void cu_graph_begin(struct backend *b, uint64_t key) {
     struct cuda_backend *cb = cu_of(b);
     cb->capturing = -1;
-    if (cb->no_graph || !ok(cb)) return;
+    if (cb->no_graph || !cu_ok(cb)) return;
     struct graph_ent *g = graph_find(cb, key);
     if (!g) { /* a new shape: take a free or the least recently used entry */
         g = &cb->graphs[0];
@@ -71,14 +71,14 @@ void cu_graph_end(struct backend *b) {
     cb->capturing = -1;
     cudaGraph_t graph = NULL;
     cudaError_t rc = cudaStreamEndCapture(cb->stream, &graph);
-    if (rc == cudaSuccess && ok(cb)) rc = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (rc == cudaSuccess && cu_ok(cb)) rc = cudaGraphInstantiate(&g->exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (rc != cudaSuccess) {
         g->exec = NULL;
         CU_FAIL(cb, rc, "capturing the step graph (SMELT_NO_GRAPH=1 turns graphs off)");
         return;
     }
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     /* the captured ops have not run yet */
     rc = cudaGraphLaunch(g->exec, cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "graph launch");

@@ -15,7 +15,7 @@
 
 /* ---- matrix products ---- */
 
-const struct cuda_qweight *qw_of(struct cuda_backend *cb, const struct tensor *w) {
+const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor *w) {
     if (!w->extra) bk_fail(&cb->base, SMELT_ERR_INTERNAL, "tensor %s: not a bound GPU weight",
                            w->name ? w->name : "?");
     return w->extra;
@@ -107,31 +107,31 @@ static smelt_status gemm_run(struct cuda_backend *cb, const struct cuda_qweight 
         cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, qw->q,
                           CUDA_R_32F, (int)k, x, CUDA_R_32F, (int)k, &beta, y, CUDA_R_32F, (int)rows,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        prof_mark(cb, qw->bytes, "%scublas f32 gemm n=%lld k=%lld", cb->tuning ? "tune " : "", (long long)n,
+        cu_prof_mark(cb, qw->bytes, "%scublas f32 gemm n=%lld k=%lld", cb->tuning ? "tune " : "", (long long)n,
                   (long long)k);
     } else {
         void *xh = sc;
         void *wh = (unsigned char *)sc + ALIGN_UP(k * n * 2);
         int64_t tile = gemm_tile_rows(qw);
         cuda_f32_to_f16(xh, x, k * n, cb->stream);
-        prof_mark(cb, 0, "%sact f32->f16", cb->tuning ? "tune " : "");
+        cu_prof_mark(cb, 0, "%sact f32->f16", cb->tuning ? "tune " : "");
         cs = CUBLAS_STATUS_SUCCESS;
         if (qw->type == QT_F16) { /* F16 weights are already what cuBLAS reads: no tile copy */
             cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, qw->q,
                               CUDA_R_16F, (int)k, xh, CUDA_R_16F, (int)k, &beta, y, CUDA_R_32F, (int)rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            prof_mark(cb, qw->bytes, "%scublas f16 gemm n=%lld k=%lld", cb->tuning ? "tune " : "", (long long)n,
+            cu_prof_mark(cb, qw->bytes, "%scublas f16 gemm n=%lld k=%lld", cb->tuning ? "tune " : "", (long long)n,
                       (long long)k);
         }
         for (int64_t r0 = qw->type == QT_F16 ? rows : 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS; r0 += tile) {
             int64_t nr = rows - r0 < tile ? rows - r0 : tile;
             cuda_dequant_f16(wh, qw, r0, nr, cb->stream);
-            prof_mark(cb, qw->bytes * (uint64_t)nr / (uint64_t)rows, "%sdequant %s->f16", cb->tuning ? "tune " : "",
+            cu_prof_mark(cb, qw->bytes * (uint64_t)nr / (uint64_t)rows, "%sdequant %s->f16", cb->tuning ? "tune " : "",
                       qtype_name(qw->type));
             cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)k, &alpha, wh,
                               CUDA_R_16F, (int)k, xh, CUDA_R_16F, (int)k, &beta, y + r0, CUDA_R_32F,
                               (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            prof_mark(cb, (uint64_t)(nr * k) * 2, "%scublas f16 gemm n=%lld k=%lld", cb->tuning ? "tune " : "",
+            cu_prof_mark(cb, (uint64_t)(nr * k) * 2, "%scublas f16 gemm n=%lld k=%lld", cb->tuning ? "tune " : "",
                       (long long)n, (long long)k);
         }
     }
@@ -155,10 +155,10 @@ static smelt_status mmv_run(struct cuda_backend *cb, const struct cuda_qweight *
         smelt_status st = SMELT_OK;
         if (quant && xs != xq) {
             st = cuda_mmv_quantize(xt, qw->k, nt, (void *)xs, cb->stream, e);
-            prof_mark(cb, 0, "%squantize act", cb->tuning ? "tune " : "");
+            cu_prof_mark(cb, 0, "%squantize act", cb->tuning ? "tune " : "");
         }
         if (st == SMELT_OK) st = cuda_mmv_pre(qw, xt, nt, y + t0 * qw->rows, xs, acc, cb->stream, e);
-        prof_mark(cb, qw->bytes, "%smmv %s %lldx%lld n=%d", cb->tuning ? "tune " : "", qtype_name(qw->type),
+        cu_prof_mark(cb, qw->bytes, "%smmv %s %lldx%lld n=%d", cb->tuning ? "tune " : "", qtype_name(qw->type),
                   (long long)qw->rows, (long long)qw->k, nt);
         if (st != SMELT_OK) return st;
     }
@@ -174,7 +174,7 @@ static smelt_status path_run(struct cuda_backend *cb, const struct cuda_qweight 
     if (choice == MMTUNE_MMV) return mmv_run(cb, qw, x, n, y, acc, xq, sc, e);
     smelt_status st = cuda_mmq_quantize(x, qw->k, n, sc, cb->stream, e);
     if (st == SMELT_OK) st = cuda_mmq_pre(qw, n, y, sc, sc_bytes, acc, choice, cb->stream, e);
-    prof_mark(cb, qw->bytes, "%smmq %s %lldx%lld n=%lld", cb->tuning ? "tune " : "", qtype_name(qw->type),
+    cu_prof_mark(cb, qw->bytes, "%smmq %s %lldx%lld n=%lld", cb->tuning ? "tune " : "", qtype_name(qw->type),
               (long long)qw->rows, (long long)qw->k, (long long)n);
     return st;
 }
@@ -212,7 +212,7 @@ static float time_path(struct cuda_backend *cb, const struct cuda_qweight *qw, i
         if (flush) {
             rc = cudaMemsetAsync(flush, r, flush_bytes, cb->stream);
             cuda_pdl_fence = 1; /* the next kernel waits for the memset as for a copy */
-            prof_mark(cb, flush_bytes, "tune L2 flush");
+            cu_prof_mark(cb, flush_bytes, "tune L2 flush");
         }
         if (rc == cudaSuccess) rc = cudaEventRecord(cb->tune_ev[2 * r], cb->stream);
         if (rc != cudaSuccess) break;
@@ -299,17 +299,17 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
             if (path_scratch(qw, cand[i], n, xq, &b, &e) != SMELT_OK) why = e.msg;
             if (b > need) need = b;
         }
-        float *yc = acc ? stack_alloc(cb, (size_t)(qw->rows * n) * sizeof(float)) : y;
-        void *sc = why ? NULL : stack_alloc(cb, need ? need : 1);
-        void *flush = cb->tune_flush ? stack_alloc(cb, cb->tune_flush) : NULL;
+        float *yc = acc ? cu_stack_alloc(cb, (size_t)(qw->rows * n) * sizeof(float)) : y;
+        void *sc = why ? NULL : cu_stack_alloc(cb, need ? need : 1);
+        void *flush = cb->tune_flush ? cu_stack_alloc(cb, cb->tune_flush) : NULL;
         if (!why && (!yc || !sc)) why = "out of device scratch";
         if (!why) {
             if (cb->prof) *cb->gate_h = 1; /* the profile's gate would hold the sync for 2 s */
             cb->tuning = true;
-            for (int i = 0; i < nc && ok(cb); i++)
+            for (int i = 0; i < nc && cu_ok(cb); i++)
                 us[i] = time_path(cb, qw, cand[i], x, n, yc, xq, sc, need, flush, flush ? cb->tune_flush : 0);
             cb->tuning = false;
-            const int w = ok(cb) ? mmtune_fastest(us, nc) : -1;
+            const int w = cu_ok(cb) ? mmtune_fastest(us, nc) : -1;
             ent.n_cand = nc;
             ent.static_choice = st == MMTUNE_MMQ_AUTO ? cuda_mmq_tile_auto(qw, n) : st;
             for (int i = 0; i < nc; i++) {
@@ -324,7 +324,7 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
         }
         cu_scratch_release(&cb->base, mark);
     } else if (nc) why = "no CUDA events";
-    if (!ok(cb)) return st;
+    if (!cu_ok(cb)) return st;
     const struct mmtune_ent *got = NULL;
     if (mmtune_put(&cb->tune, &ent, &got, &e) != SMELT_OK) {
         if (!cb->tune_full_logged) log_warn("cuda: %s: further matmul shapes keep static choices", e.msg);
@@ -370,7 +370,7 @@ static int choose(struct cuda_backend *cb, const struct cuda_qweight *qw, const 
 }
 
 /* At cu_free: the measured table, once (info level: which path won where on this GPU). */
-void tune_report(struct cuda_backend *cb) {
+void cu_tune_report(struct cuda_backend *cb) {
     /* debug level: `smelt run` would otherwise end every answer with the table */
     if (!cb->tune.n || log_get_level() < LOG_DEBUG) return;
     size_t cap = (size_t)cb->tune.n * 96 + 256;
@@ -390,11 +390,11 @@ void tune_report(struct cuda_backend *cb) {
 
 /* y (rows, n) (+)= W x for any n, by the chosen path. xq: x's quantized form when n <= 8
  * and a matmul group already made it. */
-void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
+void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
                    bool acc, const void *xq) {
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     const int choice = choose(cb, qw, x, n, y, acc, xq);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     struct err e;
     uint64_t bytes = 0;
     if (path_scratch(qw, choice, n, xq, &bytes, &e) != SMELT_OK) {
@@ -403,7 +403,7 @@ void matmul(struct cuda_backend *cb, const struct cuda_qweight *qw, const float 
     }
     size_t mark = cu_scratch_mark(&cb->base);
     void *sc = NULL;
-    if (bytes && !(sc = scratch(cb, bytes))) return;
+    if (bytes && !(sc = cu_scratch(cb, bytes))) return;
     if (path_run(cb, qw, choice, x, n, y, acc, xq, sc, bytes, &e) != SMELT_OK) {
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return;

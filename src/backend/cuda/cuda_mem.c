@@ -45,7 +45,7 @@ static void note_peak(struct cuda_backend *cb) {
     if (at > cb->peak) cb->peak = at;
 }
 
-void *stack_alloc(struct cuda_backend *cb, size_t n) {
+void *cu_stack_alloc(struct cuda_backend *cb, size_t n) {
     size_t need = (n + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
     if (need < n || need >= ((size_t)1 << MARK_SHIFT)) return NULL;
     while (cb->cur < cb->n_chunks) {
@@ -87,7 +87,7 @@ void *stack_alloc(struct cuda_backend *cb, size_t n) {
 
 static void stack_reset(struct cuda_backend *cb) {
     if (cb->n_chunks > 1) { /* merge into one chunk of the total size */
-        graphs_clear(cb); /* recorded steps point into the chunks being freed */
+        cu_graphs_clear(cb); /* recorded steps point into the chunks being freed */
         size_t total = 0;
         for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
         cudaStreamSynchronize(cb->stream);
@@ -105,8 +105,8 @@ static void stack_reset(struct cuda_backend *cb) {
     if (cb->n_chunks) cb->chunks[0].used = 0;
 }
 
-void *scratch(struct cuda_backend *cb, size_t n) {
-    void *p = stack_alloc(cb, n ? n : 1);
+void *cu_scratch(struct cuda_backend *cb, size_t n) {
+    void *p = cu_stack_alloc(cb, n ? n : 1);
     if (!p) bk_fail(&cb->base, SMELT_ERR_NOMEM, "GPU scratch: out of device memory (%zu bytes)", n);
     return p;
 }
@@ -265,7 +265,7 @@ void cu_step_begin(struct backend *b) {
     }
 }
 
-void *cu_scratch_alloc(struct backend *b, size_t nbytes) { return stack_alloc(cu_of(b), nbytes ? nbytes : 1); }
+void *cu_scratch_alloc(struct backend *b, size_t nbytes) { return cu_stack_alloc(cu_of(b), nbytes ? nbytes : 1); }
 
 size_t cu_scratch_mark(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
@@ -294,7 +294,7 @@ static void up_run_flush(struct cuda_backend *cb) {
 }
 
 /* The end of the input phase: the run goes out, later uploads are copied at once. */
-void up_flush(struct cuda_backend *cb) {
+void cu_up_flush(struct cuda_backend *cb) {
     cb->up.defer = false;
     up_run_flush(cb);
 }
@@ -350,7 +350,7 @@ void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nb
 
 void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     size_t off;
     unsigned char *p = pin_take(cb, nbytes, &off);
     if (!p) {
@@ -374,17 +374,17 @@ void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t 
         cb->cap_dl = nc;
     }
     cb->dl[cb->n_dl++] = (struct pending_dl){dst, off, nbytes};
-    prof_mark(cb, nbytes, "download");
+    cu_prof_mark(cb, nbytes, "download");
 }
 
 smelt_status cu_sync(struct backend *b, struct err *e) {
     struct cuda_backend *cb = cu_of(b);
-    up_flush(cb);
+    cu_up_flush(cb);
     if (cb->prof) *cb->gate_h = 1;
     cudaError_t rc = cudaStreamSynchronize(cb->stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "GPU step");
-    if (cb->prof && ok(cb)) prof_collect(cb);
-    if (ok(cb))
+    if (cb->prof && cu_ok(cb)) cu_prof_collect(cb);
+    if (cu_ok(cb))
         for (int i = 0; i < cb->n_dl; i++) memcpy(cb->dl[i].dst, cb->pin + cb->dl[i].off, cb->dl[i].n);
     cb->n_dl = 0;
     (void)e;
@@ -431,7 +431,7 @@ smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e)
     cap = (cap + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
     if (cap == 0) cap = SCRATCH_ALIGN;
     cudaStreamSynchronize(cb->stream);
-    graphs_clear(cb); /* recorded steps may point at the old chunks or at freed buffers */
+    cu_graphs_clear(cb); /* recorded steps may point at the old chunks or at freed buffers */
     if (cb->n_chunks == 1 && total >= cap) {
         cb->cur = 0;
         cb->chunks[0].used = 0;

@@ -13,20 +13,20 @@
 
 void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     if (src->extra) cuda_get_rows_q(dst->data, src->extra, ids->data, ids->ne[0], cb->stream);
     else cuda_get_rows_plain(dst->data, src->data, src->type, (int64_t)src->nb[1], ids->data, src->ne[0], ids->ne[0],
                              cb->stream);
-    check_launch(cb, "get_rows");
+    cu_check_launch(cb, "get_rows");
 }
 
 void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
                         float eps) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_rms_norm(dst->data, x->data, w ? w->data : NULL, x->ne[0], tensor_nrows(x), (int64_t)(x->nb[1] / 4),
                   (int64_t)(dst->nb[1] / 4), eps, cb->stream);
-    check_launch(cb, "rms_norm");
+    cu_check_launch(cb, "rms_norm");
 }
 
 static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, struct cuda_rope *r) {
@@ -78,29 +78,29 @@ static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, stru
         return false;
     }
     cuda_rope_freq_fill(f, r, cb->stream);
-    check_launch(cb, "rope table");
+    cu_check_launch(cb, "rope table");
     cuda_pdl_fence = 1; /* the fused decode attention reads the table before its PDL wait */
     cb->rope_tab[cb->n_rope_tab].key = *r;
     cb->rope_tab[cb->n_rope_tab++].freq = f;
     r->freq = f;
-    return ok(cb);
+    return cu_ok(cb);
 }
 
 void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     struct cuda_rope r;
     if (!rope_args(cb, p, &r)) return;
     cuda_rope_inplace(x->data, pos->data, (int)x->ne[0], (int)x->ne[1], x->ne[2], &r, NULL, 0, cb->stream);
-    check_launch(cb, "rope");
+    cu_check_launch(cb, "rope");
 }
 
 void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
     struct cuda_backend *cb = cu_of(b);
     cb->prep.valid = false;
     cb->att_q.valid = false;
-    const struct cuda_qweight *qw = qw_of(cb, w);
-    if (qw) matmul(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
+    const struct cuda_qweight *qw = cu_qw_of(cb, w);
+    if (qw) cu_mm(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
 }
 
 static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type);
@@ -124,15 +124,15 @@ static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, co
 void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
                           const struct prenorm *next) {
     struct cuda_backend *cb = cu_of(b);
-    const struct cuda_qweight *qw = qw_of(cb, w);
+    const struct cuda_qweight *qw = cu_qw_of(cb, w);
     const void *att_xq = att_q_for(cb, x, qw); /* x's int8 form, if the attention made it */
     cb->prep.valid = false;
     cb->att_q.valid = false;
-    if (!qw || !ok(cb)) return;
+    if (!qw || !cu_ok(cb)) return;
     const int64_t n = x->ne[1];
     if (!(next && next->w && cb->prep.buf && n <= CUDA_MMV_MAX_N && cuda_mmv_needs_quant(qw->type) &&
           qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float))) {
-        matmul(cb, qw, x->data, n, dst->data, true, att_xq);
+        cu_mm(cb, qw, x->data, n, dst->data, true, att_xq);
         return;
     }
     size_t mark = cu_scratch_mark(b);
@@ -149,7 +149,7 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
         bk_fail(b, e.code, "%s", e.msg);
         return;
     }
-    prof_mark(cb, qw->bytes, "mmv+prep %s %lldx%lld n=%d", qtype_name(qw->type), (long long)qw->rows,
+    cu_prof_mark(cb, qw->bytes, "mmv+prep %s %lldx%lld n=%d", qtype_name(qw->type), (long long)qw->rows,
               (long long)qw->k, (int)n);
     cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data, n, qw->rows,
                                   next->eps, true};
@@ -159,47 +159,47 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
 
 void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_add(dst->data, a->data, c->data, a->ne[0], tensor_nrows(a), tensor_nrows(c), cb->stream);
-    check_launch(cb, "add");
+    cu_check_launch(cb, "add");
 }
 
 void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_scale(dst->data, x->data, s, tensor_nelem(x), cb->stream);
-    check_launch(cb, "scale");
+    cu_check_launch(cb, "scale");
 }
 
 void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
                    enum glu_act act) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_glu(dst->data, gate->data, up->data, act == GLU_SILU ? 0 : 1, tensor_nelem(gate), cb->stream);
-    check_launch(cb, "glu");
+    cu_check_launch(cb, "glu");
 }
 
 void cu_softcap(struct backend *b, struct tensor *x, float cap) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_softcap(x->data, cap, tensor_nelem(x), cb->stream);
-    check_launch(cb, "softcap");
+    cu_check_launch(cb, "softcap");
 }
 
 void cu_softmax(struct backend *b, struct tensor *x) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_softmax(x->data, x->ne[0], tensor_nrows(x), cb->stream);
-    check_launch(cb, "softmax");
+    cu_check_launch(cb, "softmax");
 }
 
 void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k,
                         const struct tensor *v, const struct attn_meta *m) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     cuda_kv_store(kc->data, vc->data, kc->type, k->data, v->data, m->slot->data, (int)k->ne[0], (int)v->ne[0],
                   (int)k->ne[1], m->block_size, k->ne[2], cb->stream);
-    check_launch(cb, "kv_store");
+    cu_check_launch(cb, "kv_store");
 }
 
 /* The attention call's arguments for the step's shape (no RoPE fused). */
@@ -234,12 +234,12 @@ static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
     /* the kernel and its scratch follow from the step's shape only (graph replay) */
     uint64_t need = cuda_attn_scratch_bytes(&a);
     if (need) {
-        a.scratch = scratch(cb, need);
+        a.scratch = cu_scratch(cb, need);
         if (!a.scratch) return;
     }
     cuda_attention(&a, cb->stream);
-    check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
-    if (want_q && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true};
+    cu_check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
+    if (want_q && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true};
     cu_scratch_release(b, mark);
 }
 
@@ -247,7 +247,7 @@ void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
                          const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
     struct cuda_backend *cb = cu_of(b);
     struct cuda_attn_args a;
-    if (ok(cb) && attn_args(cb, &a, dst, q, kc, vc, m, p)) attention_run(cb, a);
+    if (cu_ok(cb) && attn_args(cb, &a, dst, q, kc, vc, m, p)) attention_run(cb, a);
 }
 
 /* ---- sampling summaries (cuda_sample.cu) ---- */
@@ -255,16 +255,16 @@ void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
 void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
                            const struct tensor *rows, const struct tensor *adj) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     int n_rows = (int)logits->ne[1], nv = (int)logits->ne[0];
     size_t mark = cu_scratch_mark(b);
-    void *sc = scratch(cb, cuda_topk_scratch_bytes(n_rows, nv));
+    void *sc = cu_scratch(cb, cuda_topk_scratch_bytes(n_rows, nv));
     if (!sc) return;
     struct cuda_topk_args a = {.logits = logits->data, .ld = (int64_t)(logits->nb[1] / sizeof(float)),
                                .n_vocab = nv, .n_rows = n_rows, .rows = rows->data, .adj = adj->data,
                                .adj_cap = (int)adj->ne[1], .out = dst->data, .scratch = sc};
     cuda_logits_topk(&a, cb->stream);
-    check_launch(cb, "logits_topk");
+    cu_check_launch(cb, "logits_topk");
     cu_scratch_release(b, mark);
 }
 
@@ -273,24 +273,24 @@ void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *
 /* x' = rms_norm(x) * pre->w in scratch (or x itself when pre is NULL). */
 static const float *prenormed(struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre) {
     if (!pre) return x->data;
-    float *xn = scratch(cb, (size_t)tensor_nelem(x) * sizeof(float));
+    float *xn = cu_scratch(cb, (size_t)tensor_nelem(x) * sizeof(float));
     if (!xn) return NULL;
     cuda_rms_norm(xn, x->data, pre->w ? pre->w->data : NULL, x->ne[0], x->ne[1], (int64_t)(x->nb[1] / 4), x->ne[0],
                   pre->eps, cb->stream);
-    check_launch(cb, "rms_norm");
+    cu_check_launch(cb, "rms_norm");
     return xn;
 }
 
 /* The quantized form of x for n <= 8 rows, shared by several weights of the same width. */
 static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type) {
     if (n > CUDA_MMV_MAX_N || !cuda_mmv_needs_quant(type)) return NULL;
-    void *sc = scratch(cb, cuda_mmv_scratch_bytes(k, (int)n));
+    void *sc = cu_scratch(cb, cuda_mmv_scratch_bytes(k, (int)n));
     struct err e;
     if (sc && cuda_mmv_quantize(x, k, (int)n, sc, cb->stream, &e) != SMELT_OK) {
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return NULL;
     }
-    prof_mark(cb, 0, "quantize act");
+    cu_prof_mark(cb, 0, "quantize act");
     return sc;
 }
 
@@ -300,10 +300,10 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
                                   float **xn) {
     const int64_t k = x->ne[0];
     const int n = (int)x->ne[1];
-    void *sc = scratch(cb, cuda_mmv_scratch_bytes(k, n));
+    void *sc = cu_scratch(cb, cuda_mmv_scratch_bytes(k, n));
     if (!sc) return NULL;
     if (xn) {
-        *xn = scratch(cb, (size_t)(k * n) * sizeof(float));
+        *xn = cu_scratch(cb, (size_t)(k * n) * sizeof(float));
         if (!*xn) return NULL;
     }
     struct err e;
@@ -312,7 +312,7 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return NULL;
     }
-    prof_mark(cb, 0, "rms_norm+quantize");
+    cu_prof_mark(cb, 0, "rms_norm+quantize");
     return sc;
 }
 
@@ -324,7 +324,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
     const struct cuda_qweight *qw[3];
     bool any_float = false, any_quant = false;
     for (int i = 0; i < n; i++) {
-        if (!(qw[i] = qw_of(cb, w[i]))) return;
+        if (!(qw[i] = cu_qw_of(cb, w[i]))) return;
         if (cuda_mmv_needs_quant(qw[i]->type)) any_quant = true;
         else any_float = true;
     }
@@ -349,7 +349,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
             if (cuda_mmv_needs_quant(qw[i]->type)) qt = qw[i]->type;
         if (any_quant && !(xq = quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
     }
-    for (int i = 0; i < n && ok(cb);) {
+    for (int i = 0; i < n && cu_ok(cb);) {
         int j = i + 1;
         while (j < n && cuda_mmv_stackable(&qw[i], j + 1 - i)) j++;
         float *y[3];
@@ -367,7 +367,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
         }
         uint64_t bytes = 0;
         for (int t = i; t < j; t++) bytes += qw[t]->bytes;
-        prof_mark(cb, bytes, "mmv %s%s%s x%d %lldx%lld n=%d", qtype_name(qw[i]->type),
+        cu_prof_mark(cb, bytes, "mmv %s%s%s x%d %lldx%lld n=%d", qtype_name(qw[i]->type),
                   qw[j - 1]->type != qw[i]->type ? "+" : "",
                   qw[j - 1]->type != qw[i]->type ? qtype_name(qw[j - 1]->type) : "", j - i,
                   (long long)(qw[i]->rows), (long long)qw[i]->k, (int)x->ne[1]);
@@ -379,7 +379,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_of(b);
     cb->att_q.valid = false; /* only the op right after the attention may use it */
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
     if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3) {
         matmul_group_mmv(cb, n, dst, w, bias, x, pre);
@@ -388,13 +388,13 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
     }
     const float *xn = prenormed(cb, x, pre);
     if (!xn) return;
-    for (int i = 0; i < n && ok(cb); i++) {
-        const struct cuda_qweight *qw = qw_of(cb, w[i]);
+    for (int i = 0; i < n && cu_ok(cb); i++) {
+        const struct cuda_qweight *qw = cu_qw_of(cb, w[i]);
         if (!qw) return;
-        matmul(cb, qw, xn, x->ne[1], dst[i]->data, false, NULL);
+        cu_mm(cb, qw, xn, x->ne[1], dst[i]->data, false, NULL);
         if (bias && bias[i]) {
             cuda_add(dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1, cb->stream);
-            check_launch(cb, "bias");
+            cu_check_launch(cb, "bias");
         }
     }
     cu_scratch_release(b, mark);
@@ -404,8 +404,8 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
                        const struct tensor *x, enum glu_act act, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_of(b);
     cb->att_q.valid = false; /* only the op right after the attention may use it */
-    if (!ok(cb)) return;
-    const struct cuda_qweight *qg = qw_of(cb, w_gate), *qu = qw_of(cb, w_up);
+    if (!cu_ok(cb)) return;
+    const struct cuda_qweight *qg = cu_qw_of(cb, w_gate), *qu = cu_qw_of(cb, w_up);
     if (!qg || !qu) return;
     size_t mark = cu_scratch_mark(b);
     int64_t n = x->ne[1];
@@ -441,21 +441,21 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
         if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
                          epi.pre_ss || qout ? &epi : NULL, cb->stream, &e) != SMELT_OK)
             bk_fail(b, e.code, "%s", e.msg);
-        prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
+        cu_prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
                   qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
-        if (qout && ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true};
+        if (qout && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true};
         cu_scratch_release(b, mark);
         return;
     }
     const float *xn = prenormed(cb, x, pre);
-    float *g = scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
+    float *g = cu_scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
     if (!xn || !g) return;
     const void *xq = quantized(cb, xn, x->ne[0], x->ne[1], qg->type);
-    matmul(cb, qg, xn, x->ne[1], g, false, xq);
-    matmul(cb, qu, xn, x->ne[1], dst->data, false,
+    cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
+    cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
            cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
     cuda_glu(dst->data, g, dst->data, act == GLU_SILU ? 0 : 1, tensor_nelem(dst), cb->stream);
-    check_launch(cb, "glu");
+    cu_check_launch(cb, "glu");
     cu_scratch_release(b, mark);
 }
 
@@ -463,13 +463,13 @@ void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, con
                              struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
                              const struct qk_prep *p) {
     struct cuda_backend *cb = cu_of(b);
-    if (!ok(cb)) return;
+    if (!cu_ok(cb)) return;
     struct cuda_rope r;
     if (!rope_args(cb, p->rope, &r)) return;
     cuda_rope_kv_store(q->data, k->data, v->data, kc->data, vc->data, kc->type, m->pos->data, m->slot->data,
                        (int)k->ne[0], (int)v->ne[0], (int)q->ne[1], (int)k->ne[1], m->block_size, k->ne[2], &r,
                        p->q_norm ? p->q_norm->data : NULL, p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
-    check_launch(cb, "rope+kv_store");
+    cu_check_launch(cb, "rope+kv_store");
 }
 
 /* A decode step (every sequence one row) whose attention runs the decode kernel: RoPE and
@@ -480,12 +480,12 @@ void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
                               const struct qk_prep *qp, const struct attn_params *ap) {
     struct cuda_backend *cb = cu_of(b);
     struct cuda_attn_args a;
-    if (!ok(cb) || !attn_args(cb, &a, dst, q, kc, vc, m, ap)) return;
+    if (!cu_ok(cb) || !attn_args(cb, &a, dst, q, kc, vc, m, ap)) return;
     struct cuda_attn_plan plan;
     cuda_attn_plan(&a, &plan);
     if (!m->one_per_seq || plan.kernel != CUDA_ATTN_DECODE || a.dk != a.dv) {
         cu_rope_kv_store(b, q, k, v, kc, vc, m, qp);
-        if (ok(cb)) attention_run(cb, a);
+        if (cu_ok(cb)) attention_run(cb, a);
         return;
     }
     if (!rope_args(cb, qp->rope, &a.rope)) return;

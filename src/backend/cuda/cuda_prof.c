@@ -16,8 +16,8 @@
  * holds the stream until the host has enqueued the whole step (sync opens it; it also
  * opens by itself after 2 s, so a queue that fills up cannot deadlock). The events between
  * kernels stop programmatic launch overlap: the figures are per-kernel times in sequence. */
-void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) {
-    if (!cb->prof || !ok(cb)) return;
+void cu_prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) {
+    if (!cb->prof || !cu_ok(cb)) return;
     if (cb->n_pev == cb->cap_pev) {
         int nc = cb->cap_pev ? cb->cap_pev * 2 : 1024;
         struct prof_ev *a = realloc(cb->pev, (size_t)nc * sizeof *a);
@@ -42,7 +42,7 @@ void prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) {
 }
 
 /* After cudaStreamSynchronize: folds this step's intervals into the table. */
-void prof_collect(struct cuda_backend *cb) {
+void cu_prof_collect(struct cuda_backend *cb) {
     cudaEvent_t prev = cb->prof_start;
     for (int i = 0; i < cb->n_pev; i++) {
         struct prof_ev *p = &cb->pev[i];
@@ -78,7 +78,7 @@ static int prof_cmp(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-void prof_print(struct cuda_backend *cb) {
+void cu_prof_print(struct cuda_backend *cb) {
     if (!cb->prof || !cb->n_prow) return;
     qsort(cb->prow, (size_t)cb->n_prow, sizeof *cb->prow, prof_cmp);
     double total = 0;
