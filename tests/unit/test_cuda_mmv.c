@@ -72,7 +72,7 @@ static double mmv_tol(uint32_t type) {
     }
 }
 
-/* The types with kernels in cuda_mmv_types.cuh, and whether their block is 256 wide. */
+/* The types with kernels in cuda_mmv_tq.cu, and whether their block is 256 wide. */
 static const uint32_t new_types[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_IQ4_NL,
                                      QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
 #define N_NEW_TYPES (sizeof new_types / sizeof new_types[0])
@@ -448,7 +448,7 @@ static void test_mmv_epilogue(void) {
         }
 }
 
-/* The types of cuda_mmv_types.cuh against the CPU twin: every n from 1 to 8; ragged row
+/* The types of cuda_mmv_tq.cu against the CPU twin: every n from 1 to 8; ragged row
  * counts; widths that are block multiples but not powers of two, one below a warp's 32
  * units (896: lanes idle), and one past a step's units in flight (4608: a second pass). */
 static void test_mmv_new_types(void) {
@@ -695,7 +695,7 @@ static void bench(void) {
         }
 }
 
-/* The types of cuda_mmv_types.cuh: one product of a 4096x4096 and of a 14336x4096 matrix at
+/* The types of cuda_mmv_tq.cu: one product of a 4096x4096 and of a 14336x4096 matrix at
  * n = 1 (weights rotated through > 1 GiB, 200 products replayed as one graph). GB/s counts
  * the bytes held on the device (qw.bytes, a few % above GGUF's for Q3_K and Q5_K). */
 static void bench_new_types(void) {

@@ -10,7 +10,7 @@
  */
 #include <string.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mmv.cuh"
 
 #include <stdint.h>
 
@@ -23,33 +23,9 @@ extern "C" {
 #include "quant/quant.h"
 }
 
-#define MMV_WARPS 4
 #define QK_K 256
 
 /* ---------------------------------------------------------------- kernels ---- */
-
-/* The int8 form of the activations (every decode product's input): xq[i] = round(x[i] / d)
- * with one scale per 16 values, d = max|x| / 127 over the group, and xd[i / 16] = {d, d *
- * sum(q)} (the sum serves the weights with an offset or a min). One scale per 16, not 32:
- * each halving of the group halves the activations' share of the logits' error, and per 32
- * left a real AWQ checkpoint at cosine 0.99899 against the CPU (docs/cuda-backend.md).
- *
- * quant16: one value v per lane, for element o; the 16 lanes of each half-warp hold the 16
- * values of one group (o % 16 == lane % 16). Called by the whole warp (full-mask
- * shuffles); only lanes with `store` write. */
-static __device__ __forceinline__ void quant16(float v, int8_t *xq, float2 *xd, int64_t o, bool store) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    const float d = amax / 127.0f;
-    const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
-    int s = q;
-#pragma unroll
-    for (int m = 8; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-    if (!store) return;
-    xq[o] = (int8_t)q;
-    if ((o & 15) == 0) xd[o >> 4] = make_float2(d, d * (float)s);
-}
 
 /* x[n*k] f32 -> its int8 form (quant16); total is a multiple of 32. */
 static __global__ void quantize_act_kernel(const float *x, int8_t *__restrict__ xq, float2 *__restrict__ xd,
@@ -88,199 +64,6 @@ static __global__ void __launch_bounds__(1024)
         quant16(v, xq, xd, o, true);
     }
 }
-
-static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
-    int s = dp4a((int)a.x, (int)b.x, 0);
-    s = dp4a((int)a.y, (int)b.y, s);
-    s = dp4a((int)a.z, (int)b.z, s);
-    return dp4a((int)a.w, (int)b.w, s);
-}
-
-/* Every kernel: R rows per warp (the activations loaded for a unit are reused across the R
- * rows: L1 traffic for activations is the limit otherwise), MMV_WARPS warps per block.
- * Lane l takes units l, l+32, ... of 16 B of quant bits; consecutive lanes read
- * consecutive 16 B of weights, and their activation slices fall in whole 32 B sectors. */
-#ifndef MMV_R
-#define MMV_R 2
-#endif
-/* Minimum resident blocks per SM asked of the compiler (caps registers); 1 = no cap. */
-#ifndef MMV_MINB
-#define MMV_MINB 1
-#endif
-/* Units of 16 B each lane loads before computing (bytes in flight per warp). */
-#ifndef MMV_U
-#define MMV_U 4
-#endif
-
-/* The weights a launch reads: up to MMV_MATS matrices of one type and row length whose
- * rows are stacked (Q, K and V in one launch: output row r belongs to the first matrix i
- * with r < end[i], and goes to y[i] with that matrix's optional bias b[i] added), or
- * (GLU != 0) a gate and an up matrix of the same shape, whose rows are computed together
- * (R = 2: row r of the warp is matrix r) and combined into act(gate) * up in y[0]. */
-#define MMV_MATS 3
-struct mmv_mats {
-    const void *q[MMV_MATS], *s[MMV_MATS], *d[MMV_MATS];
-    float *y[MMV_MATS];
-    const float *b[MMV_MATS];
-    int end[MMV_MATS];
-    int n;
-    int mix_row; /* mmv_q4k_q6k: the first Q6_K row (0: one type) */
-    struct cuda_mmv_epi epi; /* see cuda_mmv.h; zero = plain product */
-    int k;
-};
-
-/* The r-th row of a warp whose first row is row0: which matrix, and the row within it. */
-struct mrow_ref {
-    const void *q, *s, *d;
-    int64_t row; /* within its matrix */
-    int mat;
-};
-
-template <int GLU>
-static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int r) {
-    mrow_ref o;
-    if (GLU) {
-        o.mat = r;
-        o.row = row0;
-    } else {
-        const int total = m.end[m.n - 1];
-        const int row = min(row0 + r, total - 1);
-        o.mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
-        o.row = row - (o.mat == 0 ? 0 : o.mat == 1 ? m.end[0] : m.end[1]);
-    }
-    o.q = o.mat == 0 ? m.q[0] : o.mat == 1 ? m.q[1] : m.q[2];
-    o.s = o.mat == 0 ? m.s[0] : o.mat == 1 ? m.s[1] : m.s[2];
-    o.d = o.mat == 0 ? m.d[0] : o.mat == 1 ? m.d[1] : m.d[2];
-    return o;
-}
-
-static __device__ __forceinline__ float glu_act(int glu, float g) {
-    if (glu == 1) return g / (1.0f + expf(-g));
-    const float c = 0.7978845608028654f; /* GELU, tanh form */
-    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-}
-
-template <int N, int R>
-struct mmv_acc {
-    float v[R][N];
-    __device__ __forceinline__ void zero() {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int t = 0; t < N; t++) v[r][t] = 0.0f;
-    }
-    /* The RMSNorm factor of each token row when the input is the raw residual's int8 form
-     * (epi.pre_ss: per-32 sums of squares): rsqrt(mean(x^2) + eps); else 1. */
-    __device__ __forceinline__ void pre_scale(const mmv_mats &m, int lane, float *sc) {
-#pragma unroll
-        for (int t = 0; t < N; t++) sc[t] = 1.0f;
-        if (!m.epi.pre_ss) return;
-        const int groups = m.k / 32;
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            float ss = 0.0f;
-            for (int j = lane; j < groups; j += 32) ss += m.epi.pre_ss[(int64_t)t * groups + j];
-            sc[t] = rsqrtf(warp_sum(ss) / (float)m.k + m.epi.pre_eps);
-        }
-    }
-    /* Split-K (KS warps of a block share its rows, each over its own slice of k): the
-     * warps' partial sums meet in warp 0, lane 0 holding each total and the other lanes 0,
-     * so the stores' warp_sum keeps it. True for the warp that stores. */
-    template <int KS>
-    __device__ __forceinline__ bool ks_reduce(int lane) {
-        if constexpr (KS == 1) {
-            return true;
-        } else {
-            __shared__ float part[KS][R][N];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int t = 0; t < N; t++) {
-                    const float sum = warp_sum(v[r][t]);
-                    if (lane == 0) part[threadIdx.y][r][t] = sum;
-                }
-            __syncthreads();
-            if (threadIdx.y != 0) return false;
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int t = 0; t < N; t++) {
-                    float tot = 0.0f;
-#pragma unroll
-                    for (int w = 0; w < KS; w++) tot += part[w][r][t];
-                    v[r][t] = lane == 0 ? tot : 0.0f;
-                }
-            return true;
-        }
-    }
-    /* GLU: v[0] is the gate, v[1] the up projection of row row0 (rows = the matrices').
-     * Only `writer` stores; per_block: output rows per block (the epilogue's grouping). */
-    __device__ __forceinline__ void store_glu(const mmv_mats &m, int row0, int lane, int glu, bool writer = true,
-                                              int per_block = MMV_WARPS) {
-        const int rows = m.end[0];
-        float sc[N];
-        pre_scale(m, lane, sc);
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            const float g = warp_sum(v[0][t]) * sc[t], u = warp_sum(v[R - 1][t]) * sc[t];
-            if (lane == 0 && writer) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
-        }
-        if (m.epi.post_cnt) post_quantize(m, per_block);
-    }
-    /* Only `writer` stores; per_block: output rows per block (the epilogue's grouping). */
-    __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate, bool writer = true,
-                                          int per_block = MMV_WARPS * R) {
-        const int total = m.end[m.n - 1];
-        float sc[N];
-        pre_scale(m, lane, sc);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int row = row0 + r;
-            const int mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
-            const int start = mat == 0 ? 0 : mat == 1 ? m.end[0] : m.end[1];
-            const int rows = (mat == 0 ? m.end[0] : mat == 1 ? m.end[1] : m.end[2]) - start;
-            float *y = mat == 0 ? m.y[0] : mat == 1 ? m.y[1] : m.y[2];
-            const float *b = mat == 0 ? m.b[0] : mat == 1 ? m.b[1] : m.b[2];
-#pragma unroll
-            for (int t = 0; t < N; t++) {
-                const float s = warp_sum(v[r][t]) * sc[t];
-                if (lane == 0 && writer && row < total) {
-                    float *o = y + (int64_t)t * rows + (row - start);
-                    *o = (accumulate ? *o : 0.0f) + s + (b ? b[row - start] : 0.0f);
-                }
-            }
-        }
-        if (m.epi.post_cnt) post_quantize(m, per_block);
-    }
-    /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
-     * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
-     * group, as cuda_mmv_quantize would, and stores the group's sum of squares of y when
-     * post_ss is given: the next product's input prepared without a launch. One output
-     * matrix (GLU: its one output), rows % 32 == 0, so every warp of every block is live
-     * here. per_block: output rows per block. */
-    __device__ __forceinline__ void post_quantize(const mmv_mats &m, int per_block) {
-        const int rows = m.end[0], grp = blockIdx.x * per_block / 32;
-        __shared__ int last;
-        if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
-        __syncthreads();
-        if (threadIdx.x == 0 && threadIdx.y == 0)
-            last = atomicAdd(&m.epi.post_cnt[grp], 1u) == (unsigned)(32 / per_block - 1);
-        __syncthreads();
-        if (!last || threadIdx.y != 0) return;
-        __threadfence();
-        const int lane = threadIdx.x, row = grp * 32 + lane;
-        const float w = m.epi.post_w ? m.epi.post_w[row] : 1.0f;
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            const int64_t o = (int64_t)t * rows + row;
-            const float y = __ldcg(m.y[0] + o); /* other blocks' stores: from L2 */
-            quant16(y * w, m.epi.post_xq, (float2 *)m.epi.post_xd, o, true);
-            const float ss = warp_sum(y * y);
-            if (lane == 0 && m.epi.post_ss) m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
-        }
-        if (lane == 0) m.epi.post_cnt[grp] = 0;
-    }
-};
 
 /* Q4_K: {d, dmin} and the 24-bit scale/min field of unit u's sub-block pair from the four
  * words of its super-block's repacked scales (layout below). */
@@ -608,7 +391,6 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     else acc.store(m, row0, lane, accumulate, wr, KS > 1 ? R : MMV_WARPS * R);
 }
 
-#include "backend/cuda/cuda_mmv_types.cuh" /* Q4_0 .. IQ4_XS: mmv_tq, repack_tq, tq_* */
 
 /* 8 weights of a plain float type from 16 bytes (F16/BF16) or 32 bytes (F32). */
 template <uint32_t T>
@@ -725,7 +507,7 @@ extern "C" int cuda_mmv_supported(uint32_t type, int64_t k) {
     case QT_Q8_0: return k % 32 == 0;
     case QT_Q4_K:
     case QT_Q6_K: return k % QK_K == 0;
-    default: return tq_supported(type, k);
+    default: return cuda_mmv_tq_supported(type, k);
     }
 }
 
@@ -795,7 +577,7 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t typ
             w->bytes = nblk * 210;
             break;
         }
-        default: ce = tq_upload(w, type, tmp, nblk, st); break;
+        default: ce = cuda_mmv_tq_upload(w, type, tmp, nblk, st); break;
         }
         if (ce == cudaSuccess) ce = cudaGetLastError();
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
@@ -907,7 +689,7 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
             return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
         return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    default: return tq_launch<N, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    default: return cuda_mmv_tq_launch(N, GLU, type, grid, block, st, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
 }

@@ -1,8 +1,8 @@
-/* Device layouts of the GGUF types whose mmv kernels live in cuda_mmv_types.cuh (Q4_0, Q4_1,
+/* Device layouts of the GGUF types whose mmv kernels live in cuda_mmv_tq.cu (Q4_0, Q4_1,
  * Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q5_K), and their dequantization from those layouts
- * (the >8-row GEMM path's F16 tiles, embedding rows). Included by cuda_mmv_types.cuh and
- * cuda_elem.cu; everything here is inline or a template, so an including file pays only for
- * what it calls.
+ * (the >8-row GEMM path's F16 tiles, embedding rows). Included by cuda_mmv_tq.cu,
+ * cuda_getrows.cu and cuda_convert.cu; everything here is inline or a template, so an
+ * including file pays only for what it calls.
  *
  * Split layouts (struct cuda_qweight's q, s, d; every array 16-byte aligned, blocks in row
  * order, "block" = the GGUF block). Bytes per 256 weights on the device vs GGUF:

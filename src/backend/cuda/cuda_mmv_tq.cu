@@ -1,7 +1,8 @@
 /* mmv kernels (decode: 1..8 token rows) for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K
- * and Q5_K, their repacking at upload, and their launch. Included once from cuda_mmv.cu after
- * the Q8_0 kernel: it uses that file's mmv_mats / mrow_ref / mref / mmv_acc and MMV_* knobs, so
- * stacked matrices, the GLU mode and the pre_ss / post_* epilogues work as for Q4_K.
+ * and Q5_K, their repacking at upload, and their launch (called by cuda_mmv.cu's launchers
+ * through cuda_mmv.cuh). They use the family's mmv_mats / mrow_ref / mref / mmv_acc and MMV_*
+ * knobs (cuda_mmv.cuh), so stacked matrices, the GLU mode and the pre_ss / post_* epilogues
+ * work as for Q4_K.
  *
  * Device layouts: cuda_qtypes.cuh. One generic kernel (mmv_tq) walks each row in units of
  * 16 bytes of quant bits, lane l taking units l, l+32, ... (a warp reads 512 consecutive bytes
@@ -11,7 +12,7 @@
  * after its first weight loads and before its first activation read.
  *
  * Per unit (16 B of quant bits) and token row, against the int8 activations (xq, xds = {dx,
- * dx*sum} per 16 values: quant16 in cuda_mmv.cu), with dot = __dp4a over one run of 16
+ * dx*sum} per 16 values: quant16 in cuda_mmv.cuh), with dot = __dp4a over one run of 16
  * weights and the sums over the two (or four) runs of 16 of the unit, each with its dx:
  *   Q4_0  32 weights: d * sum(dx * dot(q) - 8 * dx*sum)           (q = nibble, 0..15)
  *   Q4_1  32 weights: d * sum(dx * dot(q)) + m * sum(dx*sum)
@@ -23,13 +24,11 @@
  *   Q2_K  64 weights (four runs of 16, shifts 0..3): d * sum(sc * dx * dot) - dmin * sum(m * dx*sum)
  *   Q3_K  64 weights (as Q2_K, q = low2 | hbit << 2 in 0..7): d * sum(sc * (dx * dot - 4 * dx*sum))
  */
+#include "backend/cuda/cuda_mmv.cuh"
 #include "backend/cuda/cuda_qtypes.cuh"
 
-static __device__ __forceinline__ int tq_dot16(uint4 a, uint4 b) {
-    int s = dp4a((int)a.x, (int)b.x, 0);
-    s = dp4a((int)a.y, (int)b.y, s);
-    s = dp4a((int)a.z, (int)b.z, s);
-    return dp4a((int)a.w, (int)b.w, s);
+extern "C" {
+#include "quant/quant.h"
 }
 
 static __device__ __forceinline__ uint4 tq_lo4(uint4 w) {
@@ -94,7 +93,7 @@ struct tq_legacy {
             const float xsum = da.y + db.y;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const float dot = da.x * (float)tq_dot16(wa[r], xa) + db.x * (float)tq_dot16(wb[r], xb);
+                const float dot = da.x * (float)dot16(wa[r], xa) + db.x * (float)dot16(wb[r], xb);
                 if (MIN) acc.v[r][t] += dm[r].x * dot + dm[r].y * xsum;
                 else acc.v[r][t] += dm[r].x * (dot - off * xsum);
             }
@@ -148,7 +147,7 @@ struct tq_iq4x {
             const float dxa = xds[e >> 4].x, dxb = xds[(e >> 4) + 1].x;
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc.v[r][t] += dl[r] * (dxa * (float)tq_dot16(wa[r], xa) + dxb * (float)tq_dot16(wb[r], xb));
+                acc.v[r][t] += dl[r] * (dxa * (float)dot16(wa[r], xa) + dxb * (float)dot16(wb[r], xb));
         }
     }
 };
@@ -192,8 +191,8 @@ struct tq_q5_k {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const uint32_t pk = v[r].pk;
-                acc.v[r][t] += dm[r].x * ((float)(pk & 63) * dxa * (float)tq_dot16(wa[r], xa) +
-                                          (float)((pk >> 12) & 63) * dxb * (float)tq_dot16(wb[r], xb)) -
+                acc.v[r][t] += dm[r].x * ((float)(pk & 63) * dxa * (float)dot16(wa[r], xa) +
+                                          (float)((pk >> 12) & 63) * dxb * (float)dot16(wb[r], xb)) -
                                dm[r].y * ((float)((pk >> 6) & 63) * sxa + (float)((pk >> 18) & 63) * sxb);
             }
         }
@@ -259,9 +258,9 @@ struct tq_q23_k {
                         w.z |= tq_spread4(h >> 8) << 2;
                         w.w |= tq_spread4(h >> 12) << 2;
                         /* q = low2 | hbit << 2 is the value + 4 */
-                        fs[r] += (float)(int8_t)sb * (dx * (float)tq_dot16(w, x) - 4.0f * sx);
+                        fs[r] += (float)(int8_t)sb * (dx * (float)dot16(w, x) - 4.0f * sx);
                     } else {
-                        fs[r] += (float)(sb & 15) * dx * (float)tq_dot16(w, x);
+                        fs[r] += (float)(sb & 15) * dx * (float)dot16(w, x);
                         ms[r] += (float)(sb >> 4) * sx;
                     }
                 }
@@ -441,9 +440,8 @@ static void tq_sizes(uint32_t type, int64_t nblk, uint64_t *qb, uint64_t *sb, ui
     }
 }
 
-/* cuda_qweight_upload's part for these types: allocates w's arrays and enqueues the repack of
- * the nblk GGUF blocks at tmp (device). */
-static cudaError_t tq_upload(struct cuda_qweight *w, uint32_t type, const void *tmp, int64_t nblk, cudaStream_t st) {
+extern "C" cudaError_t cuda_mmv_tq_upload(struct cuda_qweight *w, uint32_t type, const void *tmp, int64_t nblk,
+                                          cudaStream_t st) {
     uint64_t qb, sb, db;
     tq_sizes(type, nblk, &qb, &sb, &db);
     if (!qb) return cudaErrorInvalidValue;
@@ -459,12 +457,11 @@ static cudaError_t tq_upload(struct cuda_qweight *w, uint32_t type, const void *
     return cudaGetLastError();
 }
 
-static int tq_supported(uint32_t type, int64_t k) {
+extern "C" int cuda_mmv_tq_supported(uint32_t type, int64_t k) {
     if (!tq_type(type)) return 0;
     return k % (type == QT_Q2_K || type == QT_Q3_K || type == QT_Q5_K || type == QT_IQ4_XS ? TQ_QK : 32) == 0;
 }
 
-/* launch_g's part for these types. */
 template <int N, int GLU>
 static cudaError_t tq_launch(uint32_t type, dim3 grid, dim3 block, cudaStream_t st, const struct mmv_mats &m,
                              const int8_t *xq, const float2 *xd, int k, int acc) {
@@ -480,4 +477,27 @@ static cudaError_t tq_launch(uint32_t type, dim3 grid, dim3 block, cudaStream_t 
     case QT_Q3_K: return klaunch(mmv_tq<tq_q23_k<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
+}
+
+template <int GLU>
+static cudaError_t tq_launch_n(int n, uint32_t type, dim3 grid, dim3 block, cudaStream_t st, const struct mmv_mats &m,
+                               const int8_t *xq, const float2 *xd, int k, int acc) {
+    switch (n) {
+    case 1: return tq_launch<1, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 2: return tq_launch<2, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 3: return tq_launch<3, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 4: return tq_launch<4, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 5: return tq_launch<5, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 6: return tq_launch<6, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 7: return tq_launch<7, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 8: return tq_launch<8, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    }
+    return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 grid, dim3 block, cudaStream_t st,
+                                          const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
+                                          int acc) {
+    if (glu) return tq_launch_n<1>(n, type, grid, block, st, m, xq, xd, k, acc);
+    return tq_launch_n<0>(n, type, grid, block, st, m, xq, xd, k, acc);
 }
