@@ -72,6 +72,8 @@ int main(void) {
 #include "util/half.h"
 
 static struct backend *cpu, *gpu;
+/* The launch context of the direct kernel calls: device 0, the default stream (main). */
+static struct cuda_ctx g_ctx;
 static unsigned long long g_seed = 0xa77e2024ULL;
 
 #define CK(call)                                                                               \
@@ -375,7 +377,7 @@ static void check_case(const struct attn_case *c) {
         .dv = c->d, .n_head = b.n_head, .n_kv = c->n_kv, .n_tokens = b.n_tokens, .scale = ap.scale,
         .softcap = c->softcap, .window = c->window, .max_keys = b.max_keys, .kernel = CUDA_ATTN_AUTO};
     struct cuda_attn_plan plan;
-    cuda_attn_plan(&a, &plan);
+    cuda_attn_plan(&g_ctx, &a, &plan);
     char what[64];
     snprintf(what, sizeof what, "backend(%s)", kernel_name(plan.kernel));
     compare(c, &b, out, ref, tol_for(plan.kernel, c->type), what);
@@ -385,21 +387,21 @@ static void check_case(const struct attn_case *c) {
     a.dst = dout;
     for (int k = CUDA_ATTN_GENERIC; k <= CUDA_ATTN_PREFILL; k++) {
         a.kernel = k;
-        cuda_attn_plan(&a, &plan);
+        cuda_attn_plan(&g_ctx, &a, &plan);
         if (plan.kernel != k) continue; /* fell back: that kernel cannot run this shape */
-        uint64_t need = cuda_attn_scratch_bytes(&a);
+        uint64_t need = cuda_attn_scratch_bytes(&g_ctx, &a);
         cudaFree(scr);
         scr = NULL;
         if (need) CK(cudaMalloc(&scr, need));
         a.scratch = scr;
         CK(cudaMemset(dout, 0xff, sizeof(float) * out_n)); /* NaN: an unwritten output shows */
-        cuda_attention(&a, NULL);
+        cuda_attention(&g_ctx, &a);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(out, dout, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
         snprintf(what, sizeof what, "%s s%d/%d", kernel_name(k), plan.dec_split, plan.pf_split);
         compare(c, &b, out, ref, tol_for(k, c->type), what);
-        T_EQ_INT(cuda_attn_counters_busy(), 0);
+        T_EQ_INT(cuda_attn_counters_busy(&g_ctx), 0);
     }
 done:
     cudaFree(scr);
@@ -578,7 +580,7 @@ static void check_rope_case(const struct rope_case *rc) {
                                    .n_seqs = b.n_seqs, .dk = d, .dv = d, .n_head = b.n_head, .n_kv = c->n_kv,
                                    .n_tokens = n, .window = c->window, .max_keys = b.max_keys};
         struct cuda_attn_plan plan;
-        cuda_attn_plan(&a, &plan);
+        cuda_attn_plan(&g_ctx, &a, &plan);
         T_CHECKF(plan.kernel == CUDA_ATTN_DECODE, "%s: plan %s, not the decode kernel", c->name,
                  kernel_name(plan.kernel));
     }
@@ -676,7 +678,7 @@ static bool dev_upload(const struct attn_case *c, const struct built *b, struct 
         fprintf(stderr, "device inputs: %s\n", cudaGetErrorString(cudaGetLastError()));
         dev_free(d);
     }
-    cuda_pdl_fence = 1; /* the next kernel follows copies */
+    g_ctx.pdl_fence = 1; /* the next kernel follows copies */
     return ok;
 }
 
@@ -770,8 +772,8 @@ static void check_fused(const struct attn_case *c) {
         a.split = splits[si % 5];
         a.split_keys = splits[si % 5] ? 1 : 0; /* forced: every row with >= split keys uses them all */
         struct cuda_attn_plan plan;
-        cuda_attn_plan(&a, &plan);
-        uint64_t need = cuda_attn_scratch_bytes(&a);
+        cuda_attn_plan(&g_ctx, &a, &plan);
+        uint64_t need = cuda_attn_scratch_bytes(&g_ctx, &a);
         cudaFree(scr);
         scr = NULL;
         if (need) CK(cudaMalloc(&scr, need));
@@ -779,12 +781,12 @@ static void check_fused(const struct attn_case *c) {
         for (int rep = 0; rep < 2; rep++) {
             CK(cudaMemset(dout, 0xff, sizeof(float) * out_n)); /* NaN */
             CK(cudaMemset(qa, 0x7f, qbytes));
-            cuda_pdl_fence = 1;
-            cuda_attention(&a, NULL);
+            g_ctx.pdl_fence = 1;
+            cuda_attention(&g_ctx, &a);
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(rep ? out2 : out, dout, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
-            T_EQ_INT(cuda_attn_counters_busy(), 0);
+            T_EQ_INT(cuda_attn_counters_busy(&g_ctx), 0);
         }
         char what[64];
         snprintf(what, sizeof what, "%s t%d sub%d %s%d", kernel_name(plan.kernel), plan.dec_threads, plan.dec_sub,
@@ -792,8 +794,8 @@ static void check_fused(const struct attn_case *c) {
         compare(c, &b, out, ref, tol_for(CUDA_ATTN_DECODE, c->type), what);
         T_CHECKF(memcmp(out, out2, sizeof(float) * out_n) == 0, "%s %s: a repeated call differs", c->name, what);
         /* the int8 form against cuda_mmv_quantize of the f32 output */
-        cuda_pdl_fence = 1;
-        T_CHECK(cuda_mmv_quantize(dout, width, b.n_tokens, qr, NULL, &e) == SMELT_OK);
+        g_ctx.pdl_fence = 1;
+        T_CHECK(cuda_mmv_quantize(&g_ctx, dout, width, b.n_tokens, qr, &e) == SMELT_OK);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hqa, qa, qbytes, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(hqr, qr, qbytes, cudaMemcpyDeviceToHost));
@@ -843,8 +845,10 @@ static void test_attn_pdl(void) {
         T_CHECK(0);
         goto done;
     }
-    printf("  PDL %s\n", cuda_pdl_on ? "on" : "off (device before sm_90, or SMELT_NO_PDL)");
+    printf("  PDL %s\n", g_ctx.pdl_on ? "on" : "off (device before sm_90, or SMELT_NO_PDL)");
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    struct cuda_ctx sctx = g_ctx; /* g_ctx on st (its counters shared, not freed) */
+    sctx.stream = st;
     CK(cudaMalloc((void **)&q0, sizeof(float) * out_n));
     CK(cudaMalloc((void **)&dout, sizeof(float) * out_n));
     CK(cudaMalloc((void **)&dout2, sizeof(float) * out_n));
@@ -856,16 +860,16 @@ static void test_attn_pdl(void) {
     a.q_out = qa;
     a.split = 8;
     a.split_keys = 1;
-    uint64_t need = cuda_attn_scratch_bytes(&a);
+    uint64_t need = cuda_attn_scratch_bytes(&g_ctx, &a);
     if (need) CK(cudaMalloc(&scr, need));
     a.scratch = scr;
     for (int mode = 0; mode < 2; mode++) {
         if (mode == 1) { /* the chain captured once, replayed below */
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-            cuda_pdl_fence = 1;
-            cuda_scale(d.q, q0, 1.0f, (int64_t)out_n, st);
-            cuda_attention(&a, st);
-            cuda_scale(dout2, dout, 1.0f, (int64_t)out_n, st);
+            sctx.pdl_fence = 1;
+            cuda_scale(&sctx, d.q, q0, 1.0f, (int64_t)out_n);
+            cuda_attention(&sctx, &a);
+            cuda_scale(&sctx, dout2, dout, 1.0f, (int64_t)out_n);
             CK(cudaStreamEndCapture(st, &g));
             CK(cudaGraphInstantiate(&ge, g, 0));
         }
@@ -875,10 +879,10 @@ static void test_attn_pdl(void) {
             CK(cudaMemsetAsync(dout2, 0xff, sizeof(float) * out_n, st));
             CK(cudaMemsetAsync(qa, 0x7f, qbytes, st));
             if (mode == 0) {
-                cuda_pdl_fence = 1;
-                cuda_scale(d.q, q0, 1.0f, (int64_t)out_n, st);
-                cuda_attention(&a, st);
-                cuda_scale(dout2, dout, 1.0f, (int64_t)out_n, st);
+                sctx.pdl_fence = 1;
+                cuda_scale(&sctx, d.q, q0, 1.0f, (int64_t)out_n);
+                cuda_attention(&sctx, &a);
+                cuda_scale(&sctx, dout2, dout, 1.0f, (int64_t)out_n);
             } else {
                 CK(cudaGraphLaunch(ge, st));
             }
@@ -886,9 +890,9 @@ static void test_attn_pdl(void) {
             CK(cudaStreamSynchronize(st));
             CK(cudaMemcpy(out, dout2, sizeof(float) * out_n, cudaMemcpyDeviceToHost));
             compare(c, &b, out, ref, 1e-4, mode ? "pdl graph" : "pdl eager");
-            T_EQ_INT(cuda_attn_counters_busy(), 0);
-            cuda_pdl_fence = 1;
-            T_CHECK(cuda_mmv_quantize(dout, width, b.n_tokens, qr, NULL, &e) == SMELT_OK);
+            T_EQ_INT(cuda_attn_counters_busy(&sctx), 0);
+            g_ctx.pdl_fence = 1;
+            T_CHECK(cuda_mmv_quantize(&g_ctx, dout, width, b.n_tokens, qr, &e) == SMELT_OK);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(hqa, qa, qbytes, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(hqr, qr, qbytes, cudaMemcpyDeviceToHost));
@@ -918,25 +922,25 @@ static void test_attn_plan(void) {
     struct cuda_attn_args a = {.cache_type = QT_F16, .max_blocks = 64, .block_size = 16, .n_seqs = 1, .dk = 128,
                                .dv = 128, .n_head = 32, .n_kv = 8, .n_tokens = 1, .max_keys = 1024};
     struct cuda_attn_plan p;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* one decode row */
     T_CHECK(p.dec_split > 1);             /* 8 blocks would not fill the GPU */
     T_EQ_INT(p.dec_min_keys, 32);         /* one stage of 32 keys (8 KB of d = 128 F16) */
-    T_CHECK(cuda_attn_scratch_bytes(&a) > 0);
+    T_CHECK(cuda_attn_scratch_bytes(&g_ctx, &a) > 0);
     a.max_keys = 256; /* a short table: few splits in the grid */
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.dec_split, 8);
     a.split = 8; /* forced, capped at 64 */
     a.split_keys = 5;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.dec_split, 8);
     T_EQ_INT(p.dec_min_keys, 5);
     a.split = 1000;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.dec_split, 64);
     a.n_tokens = a.n_seqs = 1024; /* more (row, KV head) pairs than split counters: no split */
     a.split = 2;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.dec_split, 1);
     T_EQ_INT((int)p.dec_partial_bytes, 0);
     a.split = a.split_keys = 0;
@@ -944,39 +948,39 @@ static void test_attn_plan(void) {
     a.n_tokens = a.n_seqs = 1;
     a.n_seqs = 64;
     a.n_tokens = 64;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* 64 decode rows */
     a.n_seqs = 1;
     a.n_tokens = 512;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_HYBRID); /* a prefill chunk */
     T_CHECK(p.pf_slots >= 8 && p.list_bytes > 0);
     a.n_seqs = 9;
     a.n_tokens = 520;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_HYBRID); /* a chunk beside 8 decode rows */
     T_CHECK(p.dec_slots >= 8);
     a.cache_type = QT_F32;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_DECODE); /* no tensor cores on F32 */
     a.kernel = CUDA_ATTN_PREFILL;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_DECODE);
     a.cache_type = QT_BF16;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_PREFILL);
     T_EQ_INT(p.short_max, 0);
     a.kernel = CUDA_ATTN_AUTO;
     a.dk = a.dv = 96;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_GENERIC); /* head_dim 96 */
     a.dk = a.dv = 128;
     a.n_kv = 1;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_GENERIC); /* 32 query heads per KV head */
     a.n_kv = 8;
     a.dv = 64;
-    cuda_attn_plan(&a, &p);
+    cuda_attn_plan(&g_ctx, &a, &p);
     T_EQ_INT(p.kernel, CUDA_ATTN_GENERIC); /* dk != dv */
 }
 
@@ -986,9 +990,9 @@ static double time_calls(struct cuda_attn_args *args, int n_args, int reps) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    for (int i = 0; i < n_args; i++) cuda_attention(&args[i], NULL); /* warm-up, one round */
+    for (int i = 0; i < n_args; i++) cuda_attention(&g_ctx, &args[i]); /* warm-up, one round */
     cudaEventRecord(e0, 0);
-    for (int i = 0; i < reps; i++) cuda_attention(&args[i % n_args], NULL);
+    for (int i = 0; i < reps; i++) cuda_attention(&g_ctx, &args[i % n_args]);
     cudaEventRecord(e1, 0);
     cudaEventSynchronize(e1);
     float ms = 0;
@@ -1064,8 +1068,8 @@ static void bench_one(const char *label, int n_seq, int depth, int n_rows, int k
                                    .scale = 1.0f / sqrtf((float)BD), .max_keys = width * BBS,
                                    .kernel = kernels[ki]};
         struct cuda_attn_plan p;
-        cuda_attn_plan(&a, &p);
-        uint64_t need = cuda_attn_scratch_bytes(&a);
+        cuda_attn_plan(&g_ctx, &a, &p);
+        uint64_t need = cuda_attn_scratch_bytes(&g_ctx, &a);
         cudaFree(scr);
         scr = NULL;
         if (need && cudaMalloc(&scr, need) != cudaSuccess) {
@@ -1122,20 +1126,20 @@ out:
 
 /* One call as a step makes it: with sep_rope, the RoPE + KV store launch, then the
  * attention without its fused RoPE. */
-static void graph_call(const struct cuda_attn_args *a, int sep_rope, cudaStream_t st) {
+static void graph_call(const struct cuda_attn_args *a, int sep_rope, struct cuda_ctx *sc) {
     if (!sep_rope) {
-        cuda_attention(a, st);
+        cuda_attention(sc, a);
         return;
     }
     struct cuda_attn_args u = *a;
     u.rope.freq = NULL;
-    cuda_rope_kv_store((float *)a->q, (float *)a->k_new, a->v_new, (void *)a->kc, (void *)a->vc, a->cache_type,
+    cuda_rope_kv_store(sc, (float *)a->q, (float *)a->k_new, a->v_new, (void *)a->kc, (void *)a->vc, a->cache_type,
                        a->pos, a->slot, a->dk, a->dv, a->n_head, a->n_kv, a->block_size, a->n_tokens, &a->rope,
-                       NULL, NULL, 0.0f, st);
-    cuda_attention(&u, st);
+                       NULL, NULL, 0.0f);
+    cuda_attention(sc, &u);
 }
 
-static double time_graph(const struct cuda_attn_args *args, int n_args, void *qbuf, int sep_rope, cudaStream_t st) {
+static double time_graph(const struct cuda_attn_args *args, int n_args, void *qbuf, int sep_rope, struct cuda_ctx *sc) {
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -1143,30 +1147,30 @@ static double time_graph(const struct cuda_attn_args *args, int n_args, void *qb
     double us = -1;
     const int64_t width = (int64_t)args[0].dv * args[0].n_head;
     for (int i = 0; i < n_args; i++) { /* eager first: the kernels' smem opt-ins */
-        graph_call(&args[i], sep_rope, st);
-        if (qbuf) cuda_mmv_quantize(args[i].dst, width, (int)args[i].n_tokens, qbuf, st, &e);
+        graph_call(&args[i], sep_rope, sc);
+        if (qbuf) cuda_mmv_quantize(sc, args[i].dst, width, (int)args[i].n_tokens, qbuf, &e);
     }
-    if (cudaStreamSynchronize(st) != cudaSuccess) goto out;
-    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) != cudaSuccess) goto out;
-    cuda_pdl_fence = 1; /* as a step's first kernel after its input copies */
+    if (cudaStreamSynchronize(sc->stream) != cudaSuccess) goto out;
+    if (cudaStreamBeginCapture(sc->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) goto out;
+    sc->pdl_fence = 1; /* as a step's first kernel after its input copies */
     for (int i = 0; i < GRAPH_CALLS; i++) {
-        graph_call(&args[i % n_args], sep_rope, st);
-        if (qbuf) cuda_mmv_quantize(args[i % n_args].dst, width, (int)args[i % n_args].n_tokens, qbuf, st, &e);
+        graph_call(&args[i % n_args], sep_rope, sc);
+        if (qbuf) cuda_mmv_quantize(sc, args[i % n_args].dst, width, (int)args[i % n_args].n_tokens, qbuf, &e);
     }
-    if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) goto out;
+    if (cudaStreamEndCapture(sc->stream, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) goto out;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    cudaGraphLaunch(ge, st); /* warm-up */
-    cudaEventRecord(e0, st);
-    for (int r = 0; r < 5; r++) cudaGraphLaunch(ge, st);
-    cudaEventRecord(e1, st);
+    cudaGraphLaunch(ge, sc->stream); /* warm-up */
+    cudaEventRecord(e0, sc->stream);
+    for (int r = 0; r < 5; r++) cudaGraphLaunch(ge, sc->stream);
+    cudaEventRecord(e1, sc->stream);
     if (cudaEventSynchronize(e1) == cudaSuccess) {
         float ms = 0;
         cudaEventElapsedTime(&ms, e0, e1);
         us = ms * 1e3 / (5 * GRAPH_CALLS);
     }
 out:
-    if (cudaGetLastError() != cudaSuccess || cuda_attn_counters_busy() != 0) us = -1;
+    if (cudaGetLastError() != cudaSuccess || cuda_attn_counters_busy(sc) != 0) us = -1;
     if (ge) cudaGraphExecDestroy(ge);
     if (g) cudaGraphDestroy(g);
     if (e0) cudaEventDestroy(e0);
@@ -1206,6 +1210,8 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
         cudaGetLastError();
         goto out;
     }
+    struct cuda_ctx sctx = g_ctx; /* g_ctx on st (its counters shared, not freed) */
+    sctx.stream = st;
     cudaMemset(kc, 0x3c, cache_bytes); /* F16 ~1.06 */
     cudaMemset(vc, 0x3c, cache_bytes);
     const int32_t p = depth - 1, zero = 0;
@@ -1221,7 +1227,7 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
     cudaMemcpy(slot, &sl, sizeof sl, cudaMemcpyHostToDevice);
     struct cuda_rope rope = {.mode = 2, .n_rot = d, .freq_base = 500000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f,
                              .mscale = 1.0f};
-    cuda_rope_freq_fill(freq, &rope, NULL);
+    cuda_rope_freq_fill(&g_ctx, freq, &rope);
     rope.freq = freq;
     struct cuda_attn_args a = {.dst = dst, .q = q, .kc = kc, .vc = vc, .cache_type = QT_F16, .pos = pos, .seq = seq,
                                .max_blocks = width, .block_size = bs, .n_seqs = 1, .dk = d, .dv = d,
@@ -1250,10 +1256,10 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
             av.slot = slot;
         }
         struct cuda_attn_plan pl;
-        cuda_attn_plan(&av, &pl);
+        cuda_attn_plan(&g_ctx, &av, &pl);
         cudaFree(scr);
         scr = NULL;
-        uint64_t need = cuda_attn_scratch_bytes(&av);
+        uint64_t need = cuda_attn_scratch_bytes(&g_ctx, &av);
         if (need && cudaMalloc(&scr, need) != cudaSuccess) {
             cudaGetLastError();
             goto out;
@@ -1263,7 +1269,7 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
             args[c].blocks = tables + (size_t)c * width;
             args[c].scratch = scr;
         }
-        const double us = time_graph(args, copies, v == 2 ? qb : NULL, v == 7, st);
+        const double us = time_graph(args, copies, v == 2 ? qb : NULL, v == 7, &sctx);
         const int want = (depth + pl.dec_min_keys - 1) / pl.dec_min_keys;
         const int used = pl.dec_split > 1 ? (want < pl.dec_split ? want : pl.dec_split) : 1;
         printf("bench graph %-12s 1 seq @ %5d  %-18s %-7s t%d sub %2d grid split %2d, used %2d (>= %3d keys): "
@@ -1293,7 +1299,7 @@ out:
 
 static void bench(void) {
     const int gdepths[4] = {16, 128, 256, 4096};
-    printf("bench: PDL %s\n", cuda_pdl_on ? "on" : "off");
+    printf("bench: PDL %s\n", g_ctx.pdl_on ? "on" : "off");
     for (int di = 0; di < 4; di++) bench_graph("llama3-8b", 32, 8, 128, gdepths[di]);
     const int qdepths[5] = {16, 64, 128, 256, 4096};
     for (int di = 0; di < 5; di++) bench_graph("qwen2.5-0.5b", 14, 2, 64, qdepths[di]);
@@ -1323,14 +1329,16 @@ int main(void) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    cuda_pdl_on = major >= 9 && !getenv("SMELT_NO_PDL"); /* launches as the backend makes them */
+    if (cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) { /* PDL as the backend launches */
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
     T_RUN(test_attn_cases);
     T_RUN(test_attn_fused);
     T_RUN(test_rope_attention);
     T_RUN(test_attn_pdl);
     if (getenv("SMELT_BENCH")) bench();
+    cuda_ctx_free(&g_ctx);
     bk_free(gpu);
     bk_free(cpu);
     return t_done();

@@ -63,6 +63,8 @@ int main(void) {
 #include "util/half.h"
 
 static unsigned long long g_seed = 0x3a9;
+/* The launch context of the direct kernel calls: device 0, the default stream (main). */
+static struct cuda_ctx g_ctx;
 
 #define GUARD 4096 /* floats after y that must stay untouched */
 #define SENTINEL 12345.0f
@@ -251,7 +253,7 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
     struct cuda_qweight qw;
     struct err e;
     memset(&qw, 0, sizeof qw);
-    smelt_status up = cuda_qweight_upload(&qw, type, w, rows, k, NULL, &e);
+    smelt_status up = cuda_qweight_upload(&g_ctx, &qw, type, w, rows, k, &e);
     T_CHECKF(up == SMELT_OK, "upload: %s", e.msg);
     int nmax = 0;
     for (int i = 0; i < n_ns; i++)
@@ -267,7 +269,7 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
     uint64_t sbytes = 0;
     if (!x || !y || !y2 || !yq || !yx || !mag) abort();
     if (up != SMELT_OK) goto out;
-    T_EQ_INT(cuda_mmq_scratch_bytes(rows, k, nmax, &sbytes, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, rows, k, nmax, &sbytes, &e), SMELT_OK);
     CK(cudaMalloc((void **)&dx, sizeof(float) * nmax * k));
     CK(cudaMalloc((void **)&dy, sizeof(float) * (nmax * rows + GUARD)));
     CK(cudaMalloc(&scratch, sbytes));
@@ -304,7 +306,7 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
         int auto_done = 0;
         for (int tile = CUDA_MMQ_TILE_AUTO; tile < cuda_mmq_tile_count(); tile++) {
             int bm = 0, bn = 0;
-            const int tl = tile == CUDA_MMQ_TILE_AUTO ? cuda_mmq_tile_auto(&qw, n) : tile;
+            const int tl = tile == CUDA_MMQ_TILE_AUTO ? cuda_mmq_tile_auto(&g_ctx, &qw, n) : tile;
             T_CHECK(tl >= 0 && tl < cuda_mmq_tile_count());
             if (tl < 0) continue;
             cuda_mmq_tile_shape(tl, &bm, &bn);
@@ -313,8 +315,8 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
             for (int i = 0; i < GUARD; i++)
                 y[n * rows + i] = SENTINEL;
             CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
-            smelt_status st = cuda_mmq_quantize(dx, k, n, scratch, NULL, &e);
-            if (st == SMELT_OK) st = cuda_mmq_pre(&qw, n, dy, scratch, sbytes, 0, tile, NULL, &e);
+            smelt_status st = cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e);
+            if (st == SMELT_OK) st = cuda_mmq_pre(&g_ctx, &qw, n, dy, scratch, sbytes, 0, tile, &e);
             if (st == SMELT_ERR_UNSUPPORTED && tile != CUDA_MMQ_TILE_AUTO) { /* too much smem here */
                 printf("mmq %-5s %5lldx%-5lld n=%-3d tile %3dx%-3d: not on this device (%s)\n",
                        qtype_name(type), (long long)rows, (long long)k, n, bm, bn, e.msg);
@@ -325,12 +327,12 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
             compare(tile == CUDA_MMQ_TILE_AUTO ? "auto" : "", type, rows, k, n, bm, bn,
-                    cuda_mmq_grid(&qw, n, tile), y, yq, mag, yx, stride, 0);
+                    cuda_mmq_grid(&g_ctx, &qw, n, tile), y, yq, mag, yx, stride, 0);
             if (tile == CUDA_MMQ_TILE_AUTO) { /* again: the same bits */
                 for (int64_t i = 0; i < n * rows; i++)
                     y2[i] = NAN;
                 CK(cudaMemcpy(dy, y2, sizeof(float) * n * rows, cudaMemcpyHostToDevice));
-                T_EQ_INT(cuda_mmq(&qw, dx, n, dy, scratch, sbytes, 0, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmq(&g_ctx, &qw, dx, n, dy, scratch, sbytes, 0, &e), SMELT_OK);
                 CK(cudaMemcpy(y2, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
                 int diff = 0;
                 for (int64_t i = 0; i < n * rows; i++)
@@ -347,12 +349,12 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
         for (int i = 0; i < GUARD; i++)
             y[n * rows + i] = SENTINEL;
         CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
-        T_EQ_INT(cuda_mmq(&qw, dx, n, dy, scratch, sbytes, 1, NULL, &e), SMELT_OK);
+        T_EQ_INT(cuda_mmq(&g_ctx, &qw, dx, n, dy, scratch, sbytes, 1, &e), SMELT_OK);
         CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
         {
             int bm, bn;
-            cuda_mmq_tile_shape(cuda_mmq_tile_auto(&qw, n), &bm, &bn);
-            compare("accumulate", type, rows, k, n, bm, bn, cuda_mmq_grid(&qw, n, -1), y, yq, mag,
+            cuda_mmq_tile_shape(cuda_mmq_tile_auto(&g_ctx, &qw, n), &bm, &bn);
+            compare("accumulate", type, rows, k, n, bm, bn, cuda_mmq_grid(&g_ctx, &qw, n, -1), y, yq, mag,
                     yx, stride, 13);
         }
     }
@@ -423,31 +425,33 @@ static void test_mmq_graph(void) {
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     if (!x || !ya || !yb) abort();
-    T_EQ_INT(cuda_qweight_upload(&q1, QT_Q4_K, h1, r1, k, NULL, &e), SMELT_OK);
-    T_EQ_INT(cuda_qweight_upload(&q2, QT_Q6_K, h2, r2, k, NULL, &e), SMELT_OK);
-    T_EQ_INT(cuda_mmq_scratch_bytes(r2, k, n, &sbytes, &e), SMELT_OK);
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &q1, QT_Q4_K, h1, r1, k, &e), SMELT_OK);
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &q2, QT_Q6_K, h2, r2, k, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, r2, k, n, &sbytes, &e), SMELT_OK);
     for (int64_t i = 0; i < n * k; i++)
         x[i] = t_randn(&g_seed);
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    struct cuda_ctx sctx = g_ctx; /* g_ctx on st (its counters shared, not freed) */
+    sctx.stream = st;
     CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
     CK(cudaMalloc((void **)&dy, sizeof(float) * n * (r1 + r2)));
     CK(cudaMalloc(&scratch, sbytes));
     CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
-    printf("mmq graph: grids of %d and %d blocks\n", cuda_mmq_grid(&q1, n, -1),
-           cuda_mmq_grid(&q2, n, -1));
+    printf("mmq graph: grids of %d and %d blocks\n", cuda_mmq_grid(&g_ctx, &q1, n, -1),
+           cuda_mmq_grid(&g_ctx, &q2, n, -1));
     /* eager */
-    T_EQ_INT(cuda_mmq_quantize(dx, k, n, scratch, st, &e), SMELT_OK);
-    T_EQ_INT(cuda_mmq_pre(&q1, n, dy, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e), SMELT_OK);
-    T_EQ_INT(cuda_mmq_pre(&q2, n, dy + n * r1, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e),
+    T_EQ_INT(cuda_mmq_quantize(&sctx, dx, k, n, scratch, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_pre(&sctx, &q1, n, dy, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_pre(&sctx, &q2, n, dy + n * r1, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, &e),
              SMELT_OK);
     CK(cudaStreamSynchronize(st));
     CK(cudaMemcpy(ya, dy, sizeof(float) * n * (r1 + r2), cudaMemcpyDeviceToHost));
     /* captured */
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-    smelt_status s1 = cuda_mmq_quantize(dx, k, n, scratch, st, &e);
-    if (s1 == SMELT_OK) s1 = cuda_mmq_pre(&q1, n, dy, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e);
+    smelt_status s1 = cuda_mmq_quantize(&sctx, dx, k, n, scratch, &e);
+    if (s1 == SMELT_OK) s1 = cuda_mmq_pre(&sctx, &q1, n, dy, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, &e);
     if (s1 == SMELT_OK)
-        s1 = cuda_mmq_pre(&q2, n, dy + n * r1, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, st, &e);
+        s1 = cuda_mmq_pre(&sctx, &q2, n, dy + n * r1, scratch, sbytes, 0, CUDA_MMQ_TILE_AUTO, &e);
     cudaError_t ce = cudaStreamEndCapture(st, &graph);
     T_CHECKF(s1 == SMELT_OK, "%s", e.msg);
     CK(ce);
@@ -750,20 +754,20 @@ static void test_mmq_rejects(void) {
     qw.type = QT_F16;
     qw.rows = 16;
     qw.k = 256;
-    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 0, 0, CUDA_MMQ_TILE_AUTO, NULL, &e),
+    T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, 16, NULL, NULL, 0, 0, CUDA_MMQ_TILE_AUTO, &e),
              SMELT_ERR_UNSUPPORTED);
     T_CHECK(strstr(e.msg, "F16") != NULL);
     qw.type = QT_Q8_0;
-    T_EQ_INT(cuda_mmq_pre(&qw, 0, NULL, NULL, 0, 0, CUDA_MMQ_TILE_AUTO, NULL, &e), SMELT_ERR_INVALID);
-    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 0, 0, 99, NULL, &e), SMELT_ERR_INVALID);
-    T_EQ_INT(cuda_mmq_scratch_bytes(16, 256, 16, &bytes, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, 0, NULL, NULL, 0, 0, CUDA_MMQ_TILE_AUTO, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, 16, NULL, NULL, 0, 0, 99, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, 16, 256, 16, &bytes, &e), SMELT_OK);
     T_CHECK(bytes >= 16 * 256 * 2);
     /* scratch too small: refused before any launch (cuda_mmq_scratch_bytes is the most any
      * tile of the shape needs, so one byte less than it may still be enough for the tile the
      * call picks: ask with far too little) */
-    T_EQ_INT(cuda_mmq_pre(&qw, 16, NULL, NULL, 64, 0, CUDA_MMQ_TILE_AUTO, NULL, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, 16, NULL, NULL, 64, 0, CUDA_MMQ_TILE_AUTO, &e), SMELT_ERR_INVALID);
     T_CHECK(strstr(e.msg, "scratch") != NULL);
-    T_EQ_INT(cuda_mmq_quantize(NULL, 100, 4, NULL, NULL, &e), SMELT_ERR_INVALID);
+    T_EQ_INT(cuda_mmq_quantize(&g_ctx, NULL, 100, 4, NULL, &e), SMELT_ERR_INVALID);
 }
 
 /* ---- bench ---- */
@@ -780,6 +784,7 @@ struct bench_ctx {
     uint64_t sq_bytes;
     cublasHandle_t cublas;
     cudaStream_t st;
+    struct cuda_ctx lc; /* the launches' context: g_ctx on st */
     int gemm_ok;
 };
 
@@ -790,20 +795,20 @@ static void bench_enqueue(struct bench_ctx *c, enum bench_op op, int i) {
     const int64_t rows = c->rows, k = c->k;
     const int n = c->n;
     if (op == OP_MMQ) {
-        if (cuda_mmq_quantize(c->dx, k, n, c->sq, c->st, &e) == SMELT_OK)
-            cuda_mmq_pre(w, n, c->dy, c->sq, c->sq_bytes, 0, c->tile, c->st, &e);
+        if (cuda_mmq_quantize(&c->lc, c->dx, k, n, c->sq, &e) == SMELT_OK)
+            cuda_mmq_pre(&c->lc, w, n, c->dy, c->sq, c->sq_bytes, 0, c->tile, &e);
     } else if (op == OP_MMV) { /* as the backend below GEMM_MIN_ROWS: 8-row chunks */
         for (int t0 = 0; t0 < n; t0 += CUDA_MMV_MAX_N) {
             const int nt = n - t0 < CUDA_MMV_MAX_N ? n - t0 : CUDA_MMV_MAX_N;
-            cuda_mmv_quantize(c->dx + (int64_t)t0 * k, k, nt, c->sv, c->st, &e);
-            cuda_mmv_pre(w, c->dx + (int64_t)t0 * k, nt, c->dy + (int64_t)t0 * rows, c->sv, 0, c->st, &e);
+            cuda_mmv_quantize(&c->lc, c->dx + (int64_t)t0 * k, k, nt, c->sv, &e);
+            cuda_mmv_pre(&c->lc, w, c->dx + (int64_t)t0 * k, nt, c->dy + (int64_t)t0 * rows, c->sv, 0, &e);
         }
     } else { /* as the backend's gemm(): x to F16, W to F16 in row tiles, cublasGemmEx */
         const float alpha = 1.0f, beta = 0.0f;
-        cuda_f32_to_f16(c->xh, c->dx, k * n, c->st);
+        cuda_f32_to_f16(&c->lc, c->xh, c->dx, k * n);
         for (int64_t r0 = 0; r0 < rows; r0 += c->tile_rows) {
             const int64_t nr = rows - r0 < c->tile_rows ? rows - r0 : c->tile_rows;
-            cuda_dequant_f16(c->wh, w, r0, nr, c->st);
+            cuda_dequant_f16(&c->lc, c->wh, w, r0, nr);
             if (cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)k, &alpha, c->wh,
                              CUDA_R_16F, (int)k, c->xh, CUDA_R_16F, (int)k, &beta, c->dy + r0,
                              CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
@@ -895,6 +900,8 @@ static void bench(void) {
         return;
     }
     cublasSetStream(c.cublas, c.st);
+    c.lc = g_ctx;
+    c.lc.stream = c.st;
     cublasSetWorkspace(c.cublas, cublas_ws, 32 << 20); /* no allocation inside a capture */
     for (int ti = 0; ti < 3; ti++)
         for (int ni = 0; ni < BENCH_NS; ni++)
@@ -926,14 +933,14 @@ static void bench(void) {
             struct cuda_qweight *qw = calloc((size_t)copies, sizeof *qw);
             int ok = qw != NULL;
             for (int cc = 0; cc < copies && ok; cc++)
-                ok = cuda_qweight_upload(&qw[cc], type, host, rows, k, NULL, &e) == SMELT_OK;
+                ok = cuda_qweight_upload(&g_ctx, &qw[cc], type, host, rows, k, &e) == SMELT_OK;
             const int nmax = ns[BENCH_NS - 1];
             float *dx = NULL, *dy = NULL;
             void *sq = NULL, *sv = NULL, *xh = NULL, *wh = NULL;
             uint64_t sq_bytes = 0;
             int64_t tile_rows = (int64_t)(((size_t)64 << 20) / ((size_t)k * 2));
             if (tile_rows > rows) tile_rows = rows;
-            ok = ok && cuda_mmq_scratch_bytes(rows, k, nmax, &sq_bytes, &e) == SMELT_OK &&
+            ok = ok && cuda_mmq_scratch_bytes(&g_ctx, rows, k, nmax, &sq_bytes, &e) == SMELT_OK &&
                  cudaMalloc((void **)&dx, sizeof(float) * nmax * k) == cudaSuccess &&
                  cudaMalloc((void **)&dy, sizeof(float) * nmax * rows) == cudaSuccess &&
                  cudaMalloc(&sq, sq_bytes) == cudaSuccess &&
@@ -970,7 +977,7 @@ static void bench(void) {
                 c.n = n;
                 /* mmq: the automatic tile, then each tile */
                 c.tile = CUDA_MMQ_TILE_AUTO;
-                const int at = cuda_mmq_tile_auto(&qw[0], n);
+                const int at = cuda_mmq_tile_auto(&g_ctx, &qw[0], n);
                 const double us_auto = bench_time(&c, OP_MMQ, reps);
                 int abm = 0, abn = 0, best_tile = -1;
                 cuda_mmq_tile_shape(at, &abm, &abn);
@@ -983,7 +990,7 @@ static void bench(void) {
                     if (bn > 2 * n && bn > 16) continue; /* mostly padding */
                     c.tile = tile;
                     const double us = bench_time(&c, OP_MMQ, reps);
-                    snprintf(what, sizeof what, "mmq %dx%d g%d", bm, bn, cuda_mmq_grid(&qw[0], n, tile));
+                    snprintf(what, sizeof what, "mmq %dx%d g%d", bm, bn, cuda_mmq_grid(&g_ctx, &qw[0], n, tile));
                     bench_row(what, shapes[si].name, type, n, us, ops, bytes);
                     if (us > 0 && us < best) best = us, best_tile = tile;
                 }
@@ -1003,7 +1010,7 @@ static void bench(void) {
                        "tile %dx%d %.2f us) | mmv %.2f us | cuBLAS %.2f us | fastest %s | mmq "
                        "%.0f GB/s (%.0f%% of HBM), %.0f TFLOP/s\n",
                        qtype_name(type), shapes[si].name, n, us_auto, abm, abn,
-                       cuda_mmq_grid(&qw[0], n, -1), bbm, bbn, best, us_mmv, us_gemm, winner,
+                       cuda_mmq_grid(&g_ctx, &qw[0], n, -1), bbm, bbn, best, us_mmv, us_gemm, winner,
                        us_auto > 0 ? bytes / us_auto / 1e3 : 0,
                        us_auto > 0 ? bytes / us_auto / 1e3 / 4380 * 100 : 0,
                        us_auto > 0 ? ops / us_auto / 1e6 : 0);
@@ -1172,6 +1179,11 @@ int main(void) {
                prop.major, prop.minor);
         return 77;
     }
+    struct err e;
+    if (cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
     T_RUN(test_mmq_rejects);
     T_RUN(test_mmq_q4_k);
     T_RUN(test_mmq_q6_k);
@@ -1182,6 +1194,7 @@ int main(void) {
     const char *bm = getenv("SMELT_BENCH");
     if (bm && strcmp(bm, "tune") != 0) bench();
     if (bm) bench_tuned();
+    cuda_ctx_free(&g_ctx);
     return t_done();
 }
 #endif

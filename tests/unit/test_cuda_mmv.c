@@ -33,6 +33,8 @@ int main(void) {
 #include "util/half.h"
 
 static unsigned long long g_seed = 0x5eed;
+/* The launch context of every call: device 0, the default stream (main makes it). */
+static struct cuda_ctx g_ctx;
 
 static void *make_weights(uint32_t type, int64_t rows, int64_t k, float *deq) {
     const struct qtype_info *qi = qtype_get(type);
@@ -96,7 +98,7 @@ static void check_case(uint32_t type, int64_t rows, int64_t k, int n) {
     quantize_like_gpu(x, n * k, xh);
     struct cuda_qweight qw;
     struct err e;
-    T_EQ_INT(cuda_qweight_upload(&qw, type, w, rows, k, NULL, &e), SMELT_OK);
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, type, w, rows, k, &e), SMELT_OK);
     float *dx, *dy;
     void *scratch;
     float *y = malloc(sizeof(float) * (size_t)(n * rows));
@@ -105,7 +107,7 @@ static void check_case(uint32_t type, int64_t rows, int64_t k, int n) {
     CK(cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, n)));
     CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
     CK(cudaMemset(dy, 0xff, sizeof(float) * n * rows)); /* poison: NaN if a row is unwritten */
-    T_EQ_INT(cuda_mmv(&qw, dx, n, dy, scratch, NULL, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmv(&g_ctx, &qw, dx, n, dy, scratch, &e), SMELT_OK);
     CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
     int bad = 0;
     double err2 = 0, ref2 = 0, worst = 0;
@@ -183,11 +185,11 @@ static void test_mmv_multi(void) {
             CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
             CK(cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, n)));
             CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
-            T_EQ_INT(cuda_mmv_quantize(dx, k, n, scratch, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_quantize(&g_ctx, dx, k, n, scratch, &e), SMELT_OK);
             for (int m = 0; m < 3; m++) {
                 float *deq = malloc(sizeof(float) * (size_t)(rows[m] * k));
                 void *w = make_weights(mt[m], rows[m], k, deq);
-                T_EQ_INT(cuda_qweight_upload(&qw[m], mt[m], w, rows[m], k, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw[m], mt[m], w, rows[m], k, &e), SMELT_OK);
                 qp[m] = &qw[m];
                 float *bh = malloc(sizeof(float) * (size_t)rows[m]), *y0 = malloc(sizeof(float) * (size_t)(n * rows[m]));
                 for (int64_t i = 0; i < rows[m]; i++) bh[i] = t_randn(&g_seed);
@@ -206,16 +208,16 @@ static void test_mmv_multi(void) {
             }
             /* one launch: y += W x + b; separately: y += W x, then the bias on the host copy */
             T_CHECK(cuda_mmv_stackable(qp, 3));
-            T_EQ_INT(cuda_mmv_multi(qp, dy, bp, 3, dx, n, scratch, 1, NULL, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_multi(&g_ctx, qp, dy, bp, 3, dx, n, scratch, 1, NULL, &e), SMELT_OK);
             if (mix) { /* K without V: one type; Q6_K rows off a block boundary: refused */
                 const struct cuda_qweight *odd[2] = {qp[1], qp[2]};
                 T_CHECK(cuda_mmv_stackable(qp, 2));
                 T_CHECK(!cuda_mmv_stackable(odd, 2)); /* 36 rows of Q4_K, then Q6_K */
-                T_CHECK(cuda_mmv_multi(odd, dy, bp, 2, dx, n, scratch, 1, NULL, NULL, &e) == SMELT_ERR_INVALID);
+                T_CHECK(cuda_mmv_multi(&g_ctx, odd, dy, bp, 2, dx, n, scratch, 1, NULL, &e) == SMELT_ERR_INVALID);
             }
             int bad = 0;
             for (int m = 0; m < 3; m++) {
-                T_EQ_INT(cuda_mmv_pre(&qw[m], dx, n, dy1[m], scratch, 1, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmv_pre(&g_ctx, &qw[m], dx, n, dy1[m], scratch, 1, &e), SMELT_OK);
                 float *a = malloc(sizeof(float) * (size_t)(n * rows[m])), *b = malloc(sizeof(float) * (size_t)(n * rows[m]));
                 float *bh = malloc(sizeof(float) * (size_t)rows[m]);
                 CK(cudaMemcpy(a, dy[m], sizeof(float) * n * rows[m], cudaMemcpyDeviceToHost));
@@ -269,7 +271,7 @@ static void test_norm_quantize(void) {
         CK(cudaMalloc(&s2, cuda_mmv_scratch_bytes(k, n)));
         CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dw, w, sizeof(float) * k, cudaMemcpyHostToDevice));
-        T_EQ_INT(cuda_mmv_norm_quantize(dx, k, dw, 1e-6f, k, n, s1, dxn, NULL, &e), SMELT_OK);
+        T_EQ_INT(cuda_mmv_norm_quantize(&g_ctx, dx, k, dw, 1e-6f, k, n, s1, dxn, &e), SMELT_OK);
         CK(cudaMemcpy(xn, dxn, sizeof(float) * n * k, cudaMemcpyDeviceToHost));
         double worst = 0;
         for (int t = 0; t < n; t++) {
@@ -285,9 +287,9 @@ static void test_norm_quantize(void) {
         float *deq = malloc(sizeof(float) * (size_t)(rows * k));
         void *wq = make_weights(QT_Q8_0, rows, k, deq);
         struct cuda_qweight qw;
-        T_EQ_INT(cuda_qweight_upload(&qw, QT_Q8_0, wq, rows, k, NULL, &e), SMELT_OK);
-        T_EQ_INT(cuda_mmv_pre(&qw, dxn, n, dy1, s1, 0, NULL, &e), SMELT_OK); /* from the fused int8 form */
-        T_EQ_INT(cuda_mmv(&qw, dxn, n, dy2, s2, NULL, &e), SMELT_OK);        /* quantized separately */
+        T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, QT_Q8_0, wq, rows, k, &e), SMELT_OK);
+        T_EQ_INT(cuda_mmv_pre(&g_ctx, &qw, dxn, n, dy1, s1, 0, &e), SMELT_OK); /* from the fused int8 form */
+        T_EQ_INT(cuda_mmv(&g_ctx, &qw, dxn, n, dy2, s2, &e), SMELT_OK);        /* quantized separately */
         float *y1 = malloc(sizeof(float) * (size_t)(n * rows)), *y2 = malloc(sizeof(float) * (size_t)(n * rows));
         CK(cudaMemcpy(y1, dy1, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(y2, dy2, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
@@ -333,10 +335,10 @@ static void test_mmv_epilogue(void) {
             void *h2 = make_weights(type, r2, r1, deq);
             void *hg = make_weights(type, r2, r1, deq);
             void *hu = make_weights(type, r2, r1, deq);
-            T_EQ_INT(cuda_qweight_upload(&w1, type, h1, r1, k1, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_qweight_upload(&w2, type, h2, r2, r1, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_qweight_upload(&wg, type, hg, r2, r1, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_qweight_upload(&wu, type, hu, r2, r1, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&g_ctx, &w1, type, h1, r1, k1, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&g_ctx, &w2, type, h2, r2, r1, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&g_ctx, &wg, type, hg, r2, r1, &e), SMELT_OK);
+            T_EQ_INT(cuda_qweight_upload(&g_ctx, &wu, type, hu, r2, r1, &e), SMELT_OK);
             float *x = malloc(sizeof(float) * (size_t)(n * k1)), *y0 = malloc(sizeof(float) * (size_t)(n * r1));
             float *nw = malloc(sizeof(float) * (size_t)r1);
             for (int64_t i = 0; i < n * k1; i++) x[i] = t_randn(&g_seed);
@@ -363,7 +365,7 @@ static void test_mmv_epilogue(void) {
             CK(cudaMemcpy(dya, y0, sizeof(float) * n * r1, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(dyb, y0, sizeof(float) * n * r1, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(dnw, nw, sizeof(float) * r1, cudaMemcpyHostToDevice));
-            T_EQ_INT(cuda_mmv_quantize(dx, k1, n, sx, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_quantize(&g_ctx, dx, k1, n, sx, &e), SMELT_OK);
             /* fused chain */
             struct cuda_mmv_epi post = {0};
             post.post_w = dnw;
@@ -371,19 +373,19 @@ static void test_mmv_epilogue(void) {
             post.post_ss = dss;
             post.post_cnt = cnt;
             const struct cuda_qweight *p1 = &w1, *p2 = &w2;
-            T_EQ_INT(cuda_mmv_multi(&p1, &dya, NULL, 1, dx, n, sx, 1, &post, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_multi(&g_ctx, &p1, &dya, NULL, 1, dx, n, sx, 1, &post, &e), SMELT_OK);
             struct cuda_mmv_epi pre = {0};
             pre.pre_ss = dss;
             pre.pre_eps = 1e-5f;
-            T_EQ_INT(cuda_mmv_multi(&p2, &dza, NULL, 1, NULL, n, sa, 0, &pre, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_multi(&g_ctx, &p2, &dza, NULL, 1, NULL, n, sa, 0, &pre, &e), SMELT_OK);
             struct cuda_mmv_epi glu_epi = pre; /* the GLU output's int8 form too (small GLUs) */
             void *sg, *sq;
             CK(cudaMalloc(&sg, cuda_mmv_scratch_bytes(r2, n)));
             CK(cudaMalloc(&sq, cuda_mmv_scratch_bytes(r2, n)));
             cuda_mmv_scratch_parts(sg, r2, n, &glu_epi.post_xq, &glu_epi.post_xd);
             glu_epi.post_cnt = cnt;
-            T_EQ_INT(cuda_mmv_glu(&wg, &wu, 0, NULL, n, dga, sa, &glu_epi, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_mmv_quantize(dga, r2, n, sq, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_glu(&g_ctx, &wg, &wu, 0, NULL, n, dga, sa, &glu_epi, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_quantize(&g_ctx, dga, r2, n, sq, &e), SMELT_OK);
             int qsame = 1;
             {
                 int8_t *gq[2];
@@ -404,10 +406,10 @@ static void test_mmv_epilogue(void) {
             cudaFree(sg);
             cudaFree(sq);
             /* plain chain */
-            T_EQ_INT(cuda_mmv_pre(&w1, dx, n, dyb, sx, 1, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_mmv_norm_quantize(dyb, r1, dnw, 1e-5f, r1, n, sb, NULL, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_mmv_pre(&w2, NULL, n, dzb, sb, 0, NULL, &e), SMELT_OK);
-            T_EQ_INT(cuda_mmv_glu(&wg, &wu, 0, NULL, n, dgb, sb, NULL, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_pre(&g_ctx, &w1, dx, n, dyb, sx, 1, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_norm_quantize(&g_ctx, dyb, r1, dnw, 1e-5f, r1, n, sb, NULL, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_pre(&g_ctx, &w2, NULL, n, dzb, sb, 0, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmv_glu(&g_ctx, &wg, &wu, 0, NULL, n, dgb, sb, NULL, &e), SMELT_OK);
             float *ya = malloc(sizeof(float) * (size_t)(n * r1)), *yb = malloc(sizeof(float) * (size_t)(n * r1));
             float *za = malloc(sizeof(float) * (size_t)(n * r2)), *zb = malloc(sizeof(float) * (size_t)(n * r2));
             float *ga = malloc(sizeof(float) * (size_t)(n * r2)), *gb = malloc(sizeof(float) * (size_t)(n * r2));
@@ -474,7 +476,7 @@ static void test_dequant_types(void) {
         float *deq = malloc(sizeof(float) * (size_t)(rows * k));
         void *w = make_weights(type, rows, k, deq);
         struct cuda_qweight qw;
-        T_EQ_INT(cuda_qweight_upload(&qw, type, w, rows, k, NULL, &e), SMELT_OK);
+        T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, type, w, rows, k, &e), SMELT_OK);
         void *dh;
         float *dr;
         int32_t *dids;
@@ -482,8 +484,8 @@ static void test_dequant_types(void) {
         CK(cudaMalloc((void **)&dr, sizeof(float) * (size_t)(4 * k)));
         CK(cudaMalloc((void **)&dids, sizeof ids));
         CK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
-        cuda_dequant_f16(dh, &qw, r0, nr, NULL);
-        cuda_get_rows_q(dr, &qw, dids, 4, NULL);
+        cuda_dequant_f16(&g_ctx, dh, &qw, r0, nr);
+        cuda_get_rows_q(&g_ctx, dr, &qw, dids, 4);
         CK(cudaGetLastError());
         uint16_t *h = malloc(2 * (size_t)(nr * k));
         float *g = malloc(sizeof(float) * (size_t)(4 * k));
@@ -540,8 +542,8 @@ static void test_mmv_glu_types(void) {
                 for (int64_t i = 0; i < n * k; i++) x[i] = 2.0f * t_randn(&g_seed);
                 quantize_like_gpu(x, n * k, xh);
                 struct cuda_qweight wg, wu;
-                T_EQ_INT(cuda_qweight_upload(&wg, type, hg, rows, k, NULL, &e), SMELT_OK);
-                T_EQ_INT(cuda_qweight_upload(&wu, type, hu, rows, k, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_qweight_upload(&g_ctx, &wg, type, hg, rows, k, &e), SMELT_OK);
+                T_EQ_INT(cuda_qweight_upload(&g_ctx, &wu, type, hu, rows, k, &e), SMELT_OK);
                 float *dx, *dy;
                 void *scratch;
                 CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
@@ -549,8 +551,8 @@ static void test_mmv_glu_types(void) {
                 CK(cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, n)));
                 CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
                 CK(cudaMemset(dy, 0xff, sizeof(float) * n * rows));
-                T_EQ_INT(cuda_mmv_quantize(dx, k, n, scratch, NULL, &e), SMELT_OK);
-                T_EQ_INT(cuda_mmv_glu(&wg, &wu, act, dx, n, dy, scratch, NULL, NULL, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmv_quantize(&g_ctx, dx, k, n, scratch, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmv_glu(&g_ctx, &wg, &wu, act, dx, n, dy, scratch, NULL, &e), SMELT_OK);
                 float *y = malloc(sizeof(float) * (size_t)(n * rows));
                 CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
                 const double tol = mmv_tol(type);
@@ -597,7 +599,7 @@ static void test_mmv_rejects(void) {
     struct cuda_qweight qw;
     struct err e;
     uint8_t junk[144] = {0};
-    T_EQ_INT(cuda_qweight_upload(&qw, QT_Q4_K, junk, 1, 100, NULL, &e), SMELT_ERR_UNSUPPORTED);
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, QT_Q4_K, junk, 1, 100, &e), SMELT_ERR_UNSUPPORTED);
     T_CHECK(strstr(e.msg, "Q4_K") != NULL);
 }
 
@@ -638,14 +640,14 @@ static void bench(void) {
             for (int64_t r = 1; r < rows; r++) memcpy(host + rb * r, host, rb);
             struct cuda_qweight *qw = calloc((size_t)copies, sizeof *qw);
             int ok = 1;
-            for (int c = 0; c < copies && ok; c++) ok = cuda_qweight_upload(&qw[c], type, host, rows, k, NULL, &e) == SMELT_OK;
+            for (int c = 0; c < copies && ok; c++) ok = cuda_qweight_upload(&g_ctx, &qw[c], type, host, rows, k, &e) == SMELT_OK;
             float *dx, *dy;
             void *scratch;
             cudaMalloc((void **)&dx, sizeof(float) * 8 * k);
             cudaMalloc((void **)&dy, sizeof(float) * 8 * rows);
             cudaMalloc(&scratch, cuda_mmv_scratch_bytes(k, 8));
             cudaMemset(dx, 0, sizeof(float) * 8 * k);
-            for (int n = 1; n <= (cuda_mmv_variant ? 1 : 8) && ok; n *= 2) {
+            for (int n = 1; n <= (g_ctx.mmv_variant ? 1 : 8) && ok; n *= 2) {
                 /* 200 products in one graph (as the decode step replays them), the activations
                  * quantized once: the time per product includes the graph's launch gap */
                 cudaEvent_t a, b;
@@ -653,15 +655,17 @@ static void bench(void) {
                 cudaEventCreate(&b);
                 cudaStream_t st;
                 cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-                cuda_mmv_quantize(dx, k, n, scratch, st, &e);
+                struct cuda_ctx sctx = g_ctx; /* g_ctx on this stream (its counters shared, not freed) */
+                sctx.stream = st;
+                cuda_mmv_quantize(&sctx, dx, k, n, scratch, &e);
                 const int reps = 200;
                 cudaGraph_t g = NULL;
                 cudaGraphExec_t ge = NULL;
                 int glu = type != QT_F16 && shapes[si].glu;
                 cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
                 for (int i = 0; i < reps; i++) {
-                    if (glu) cuda_mmv_glu(&qw[(2 * i) % copies], &qw[(2 * i + 1) % copies], 0, dx, n, dy, scratch, NULL, st, &e);
-                    else cuda_mmv_pre(&qw[i % copies], dx, n, dy, scratch, 0, st, &e);
+                    if (glu) cuda_mmv_glu(&sctx, &qw[(2 * i) % copies], &qw[(2 * i + 1) % copies], 0, dx, n, dy, scratch, NULL, &e);
+                    else cuda_mmv_pre(&sctx, &qw[i % copies], dx, n, dy, scratch, 0, &e);
                 }
                 cudaStreamEndCapture(st, &g);
                 if (!g || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
@@ -722,7 +726,7 @@ static void bench_new_types(void) {
             }
             struct cuda_qweight *qw = calloc((size_t)copies, sizeof *qw);
             int ok = 1;
-            for (int c = 0; c < copies && ok; c++) ok = cuda_qweight_upload(&qw[c], type, host, rows, k, NULL, &e) == SMELT_OK;
+            for (int c = 0; c < copies && ok; c++) ok = cuda_qweight_upload(&g_ctx, &qw[c], type, host, rows, k, &e) == SMELT_OK;
             float *dx, *dy;
             void *scratch;
             cudaMalloc((void **)&dx, sizeof(float) * k);
@@ -731,6 +735,8 @@ static void bench_new_types(void) {
             cudaMemset(dx, 0, sizeof(float) * k);
             cudaStream_t st;
             cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+            struct cuda_ctx sctx = g_ctx; /* g_ctx on this stream (its counters shared, not freed) */
+            sctx.stream = st;
             cudaEvent_t a, b;
             cudaEventCreate(&a);
             cudaEventCreate(&b);
@@ -738,9 +744,9 @@ static void bench_new_types(void) {
             cudaGraphExec_t ge = NULL;
             const int reps = 200;
             if (ok) {
-                cuda_mmv_quantize(dx, k, 1, scratch, st, &e);
+                cuda_mmv_quantize(&sctx, dx, k, 1, scratch, &e);
                 cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
-                for (int i = 0; i < reps; i++) cuda_mmv_pre(&qw[i % copies], dx, 1, dy, scratch, 0, st, &e);
+                for (int i = 0; i < reps; i++) cuda_mmv_pre(&sctx, &qw[i % copies], dx, 1, dy, scratch, 0, &e);
                 cudaStreamEndCapture(st, &g);
             }
             if (!ok || !g || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
@@ -780,9 +786,11 @@ int main(void) {
         printf("SKIP test_cuda_mmv: no CUDA device on this machine\n");
         return 77;
     }
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    cuda_pdl_on = major >= 9 && !getenv("SMELT_NO_PDL"); /* launches as the backend makes them */
+    struct err e;
+    if (cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) { /* PDL as the backend launches */
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
     T_RUN(test_mmv_types);
     T_RUN(test_mmv_new_types);
     T_RUN(test_dequant_types);
@@ -796,13 +804,14 @@ int main(void) {
         bench_new_types();
     }
     if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q6_K / Q8_0 kernel shapes (cuda_mmv.cu) */
-        for (cuda_mmv_variant = 1; cuda_mmv_variant <= 10; cuda_mmv_variant++) {
-            printf("variant %d\n", cuda_mmv_variant);
+        for (g_ctx.mmv_variant = 1; g_ctx.mmv_variant <= 10; g_ctx.mmv_variant++) {
+            printf("variant %d\n", g_ctx.mmv_variant);
             T_RUN(test_mmv_types); /* the variant's results too (one-token Q4_K / Q6_K / Q8_0 only) */
             T_RUN(test_mmv_epilogue);
             bench();
         }
-    cuda_mmv_variant = 0;
+    g_ctx.mmv_variant = 0;
+    cuda_ctx_free(&g_ctx);
     return t_done();
 }
 #endif

@@ -45,6 +45,7 @@ int main(void) {
 #define TOL 1e-5
 
 static struct backend *gpu;
+static struct cuda_ctx g_ctx; /* the bench's direct calls: device 0, the default stream */
 
 /* The op on the GPU over rows x (n_rows of nv). out: topk_out_words(n_rows, cap) words,
  * poisoned with 0x5a bytes before the op. */
@@ -69,7 +70,7 @@ static bool gpu_topk(const float *x, int nv, int n_rows, const struct topk_row *
         fprintf(stderr, "gpu: %s\n", e.msg);
         return false;
     }
-    T_EQ_INT(cuda_topk_counters_busy(), 0); /* the merging blocks reset their rows' counters */
+    T_EQ_INT(cuda_topk_counters_busy(cuda_backend_ctx(gpu)), 0); /* the merging blocks reset their rows' counters */
     return true;
 }
 
@@ -363,7 +364,7 @@ static void bench(void) {
                     topk_make_adj(adj + r * 32, 32, nv, &rs);
                 }
                 void *dx, *dq, *da, *dout, *dsc;
-                uint64_t sc = cuda_topk_scratch_bytes(n, nv);
+                uint64_t sc = cuda_topk_scratch_bytes(&g_ctx, n, nv);
                 CK(cudaMalloc(&dx, nx * 4));
                 CK(cudaMalloc(&dq, sizeof *q * (size_t)n));
                 CK(cudaMalloc(&da, sizeof *adj * (size_t)cap));
@@ -373,13 +374,13 @@ static void bench(void) {
                 CK(cudaMemcpy(dq, q, sizeof *q * (size_t)n, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(da, adj, sizeof *adj * (size_t)cap, cudaMemcpyHostToDevice));
                 struct cuda_topk_args a = {dx, nv, nv, n, dq, da, cap, dout, dsc};
-                for (int i = 0; i < 10; i++) cuda_logits_topk(&a, NULL);
+                for (int i = 0; i < 10; i++) cuda_logits_topk(&g_ctx, &a);
                 cudaEvent_t e0, e1;
                 cudaEventCreate(&e0);
                 cudaEventCreate(&e1);
                 const int reps = 200;
                 cudaEventRecord(e0, 0);
-                for (int i = 0; i < reps; i++) cuda_logits_topk(&a, NULL);
+                for (int i = 0; i < reps; i++) cuda_logits_topk(&g_ctx, &a);
                 cudaEventRecord(e1, 0);
                 cudaEventSynchronize(e1);
                 CK(cudaGetLastError());
@@ -416,7 +417,10 @@ int main(void) {
     T_RUN(test_op_vs_twin);
     T_RUN(test_model_step_graphs);
     T_RUN(test_sampler_on_device);
-    if (getenv("SMELT_BENCH")) bench();
+    if (getenv("SMELT_BENCH") && cuda_ctx_init(&g_ctx, 0, NULL, &e) == SMELT_OK) {
+        bench();
+        cuda_ctx_free(&g_ctx);
+    }
     bk_free(gpu);
     return t_done();
 }

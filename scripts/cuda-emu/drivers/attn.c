@@ -6,11 +6,11 @@
 #undef main
 int main(void) {
     struct err e;
-    if (cpu_backend_new(&cpu, 2, &e) != SMELT_OK) return 1;
-    cuda_pdl_on = 1;
+    if (cpu_backend_new(&cpu, 2, &e) != SMELT_OK || cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) return 1;
     T_RUN(test_attn_plan);
     T_RUN(test_attn_fused);
     T_RUN(test_attn_pdl);
+    cuda_ctx_free(&g_ctx);
     bk_free(cpu);
     return t_done();
 }

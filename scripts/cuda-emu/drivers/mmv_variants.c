@@ -4,12 +4,13 @@
 #include "unit/test_cuda_mmv.c"
 #undef main
 int main(void) {
-    cuda_pdl_on = 1;
-    for (cuda_mmv_variant = 1; cuda_mmv_variant <= 10; cuda_mmv_variant++) {
-        printf("variant %d\n", cuda_mmv_variant);
+    struct err e;
+    if (cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) return 1;
+    for (g_ctx.mmv_variant = 1; g_ctx.mmv_variant <= 10; g_ctx.mmv_variant++) {
+        printf("variant %d\n", g_ctx.mmv_variant);
         T_RUN(test_mmv_types);
         T_RUN(test_mmv_epilogue);
     }
-    cuda_mmv_variant = 0;
+    cuda_ctx_free(&g_ctx);
     return t_done();
 }

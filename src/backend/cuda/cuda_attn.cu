@@ -338,14 +338,13 @@ static __device__ __forceinline__ void dec_load(T *dst, const T *kc, const T *vc
     }
 }
 
-/* Split counters of the decode kernel: one per (row slot, KV head, query-head subset) of a
- * call with more than one split, zero between calls (the block that merges a row resets its
- * counter). Device globals (zero at module load), so the backend and the tests need no
- * buffer of their own; one call at a time per device. ATTN_CNT bounds slots x n_kv x n_sub
- * of a split plan; the plan only splits while slots x n_kv < 4 blocks per SM, far below it,
- * and takes subsets only while the whole grid is within one block per SM. */
-#define ATTN_CNT 4096
-static __device__ unsigned attn_cnt[ATTN_CNT];
+/* Split counters of the decode kernel (attn_cnt, the launch context's): one per (row slot,
+ * KV head, query-head subset) of a call with more than one split, zero between calls (the
+ * block that merges a row resets its counter), so one call at a time per context. ATTN_CNT
+ * bounds slots x n_kv x n_sub of a split plan; the plan only splits while slots x n_kv < 4
+ * blocks per SM, far below it, and takes subsets only while the whole grid is within one
+ * block per SM. */
+#define ATTN_CNT CUDA_ATTN_COUNTERS
 
 /* The int8 form of the output (cuda_mmv_quantize's layout: xq int8 per value, xd {d, d *
  * sum} per 16 values), or both NULL. */
@@ -391,7 +390,7 @@ static __device__ __forceinline__ void dec_store(float *dst, const attn_qout &q,
 template <typename T, int D, int GMAX, int TH>
 static __global__ void __launch_bounds__(TH)
     attn_decode_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, const int *rows, float *partial,
-                       int n_split, int min_keys, int n_sub, const attn_qout qo) {
+                       int n_split, int min_keys, int n_sub, const attn_qout qo, unsigned *attn_cnt) {
     using C = dec_cfg<T, D, TH>;
     constexpr int NK = C::NK, P = C::P, LD = C::LD, CE = C::CE, HG = C::HG;
     constexpr int GPT = (GMAX + HG - 1) / HG; /* heads per thread in C */
@@ -1155,18 +1154,9 @@ static __global__ void attn_merge_kernel(float *dst, const float *partial, int n
  * Plan and launchers
  * ------------------------------------------------------------------------------------ */
 
-static int sm_count(void) {
-    static int n = 0;
-    if (n > 0) return n;
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0) {
-        n = v;
-        return n;
-    }
-    cudaGetLastError();
-    return 132; /* no device (plan queried on a machine without a GPU): an H200 */
-}
+/* The SM count the plan sizes grids for: the context's device, or an H200's 132 in a
+ * context without one (the plan's tests on a machine without a GPU). */
+static int sm_count(const struct cuda_ctx *ctx) { return ctx && ctx->n_sm > 0 ? ctx->n_sm : 132; }
 
 /* Doubles the split while the blocks do not reach `target`, keeping at least min_keys
  * keys per split of the longest row; forced > 0 replaces the choice (capped at max_split). */
@@ -1180,7 +1170,8 @@ static int choose_split(int64_t units, int max_keys, int min_keys, int max_split
 static uint64_t align256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
 
 /* The decode kernel's splits for `slots` row slots: its counters cover slots x n_kv. */
-static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p, int64_t slots, int64_t target) {
+static void plan_decode(const struct cuda_ctx *ctx, const struct cuda_attn_args *a, struct cuda_attn_plan *p,
+                        int64_t slots, int64_t target) {
     const int nk = 8192 / (a->dk * (a->cache_type == QT_F32 ? 4 : 2)); /* keys per stage */
     const uint64_t row_bytes = (uint64_t)a->n_head * (uint64_t)(a->dv + 2) * sizeof(float);
     p->dec_slots = (int)slots;
@@ -1202,7 +1193,7 @@ static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p
     const int G = a->n_head / a->n_kv;
     int sub = a->dec_sub > 0 ? a->dec_sub : 1;
     if (a->dec_sub <= 0)
-        while (sub < G && slots * a->n_kv * p->dec_split * (sub + 1) <= sm_count()) sub++;
+        while (sub < G && slots * a->n_kv * p->dec_split * (sub + 1) <= sm_count(ctx)) sub++;
     if (sub > G) sub = G;
     if (p->dec_split > 1 && slots * a->n_kv * sub > ATTN_CNT) sub = 1; /* the split counters */
     const int gs = (G + sub - 1) / sub;
@@ -1211,12 +1202,12 @@ static void plan_decode(const struct cuda_attn_args *a, struct cuda_attn_plan *p
      * one row, H200: Qwen2.5-0.5B shape @16 / 256 keys 5.26 -> 4.47 / 9.67 -> 7.66 us,
      * Llama-3-8B @16 4.66 -> 4.11 (64 blocks: @256 7.61 -> 7.75); 0.5B @4096 (128 blocks)
      * 15.05 -> 15.39, so 128 threads there */
-    p->dec_threads = a->cache_type != QT_F32 && slots * a->n_kv * p->dec_split < sm_count() / 2 ? 256 : 128;
+    p->dec_threads = a->cache_type != QT_F32 && slots * a->n_kv * p->dec_split < sm_count(ctx) / 2 ? 256 : 128;
     if (a->dec_threads == 128 || (a->dec_threads == 256 && a->cache_type != QT_F32)) p->dec_threads = a->dec_threads;
     if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)slots * p->dec_split * row_bytes);
 }
 
-extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p) {
+extern "C" void cuda_attn_plan(const struct cuda_ctx *ctx, const struct cuda_attn_args *a, struct cuda_attn_plan *p) {
     memset(p, 0, sizeof *p);
     const int G = a->n_kv > 0 && a->n_head % a->n_kv == 0 ? a->n_head / a->n_kv : 0;
     const bool typed = a->cache_type == QT_F16 || a->cache_type == QT_BF16 || a->cache_type == QT_F32;
@@ -1230,16 +1221,16 @@ extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_
     else k = n <= a->n_seqs || n <= PF_SHORT ? CUDA_ATTN_DECODE : CUDA_ATTN_HYBRID;
     p->kernel = k;
     const uint64_t row_bytes = (uint64_t)a->n_head * (uint64_t)(a->dv + 2) * sizeof(float);
-    const int64_t target = 4 * (int64_t)sm_count();
+    const int64_t target = 4 * (int64_t)sm_count(ctx);
     if (k == CUDA_ATTN_GENERIC) {
         /* (rows x heads x splits) fills the GPU twice over, >= 128 keys per split */
         p->dec_slots = (int)n;
-        p->dec_split = choose_split(n * a->n_head, a->max_keys, 128, 64, 2 * (int64_t)sm_count(), a->split);
+        p->dec_split = choose_split(n * a->n_head, a->max_keys, 128, 64, 2 * (int64_t)sm_count(ctx), a->split);
         if (p->dec_split > 1) p->dec_partial_bytes = align256((uint64_t)n * p->dec_split * row_bytes);
     } else if (k == CUDA_ATTN_DECODE) {
         /* 2 blocks per SM: at depth 4096 (8B shape, one sequence) 32 splits beat 64 (26.0 vs
          * 29.2 us per call, H200), the merge being the difference */
-        plan_decode(a, p, n, 2 * (int64_t)sm_count());
+        plan_decode(ctx, a, p, n, 2 * (int64_t)sm_count(ctx));
     } else {
         const int bn = a->dk <= 128 ? 64 : 32;
         const int short_max = k == CUDA_ATTN_PREFILL ? 0 : PF_SHORT;
@@ -1251,7 +1242,7 @@ extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_
         if (short_max > 0) {
             int64_t slots = (int64_t)a->n_seqs * 2 * short_max; /* a sequence's head and tail groups */
             if (slots > n) slots = n;
-            plan_decode(a, p, slots, target);
+            plan_decode(ctx, a, p, slots, target);
         }
         if (p->pf_split > 1) p->pf_partial_bytes = align256((uint64_t)n * p->pf_split * row_bytes);
         /* starts (n + 1), tiles (1 + 2n), short rows (1 + n), kind (n) */
@@ -1259,111 +1250,106 @@ extern "C" void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_
     }
 }
 
-extern "C" uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a) {
+extern "C" uint64_t cuda_attn_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_attn_args *a) {
     struct cuda_attn_plan p;
-    cuda_attn_plan(a, &p);
+    cuda_attn_plan(ctx, a, &p);
     return p.dec_partial_bytes + p.pf_partial_bytes + p.list_bytes;
 }
 
-extern "C" int cuda_attn_counters_busy(void) { return device_counters_busy(attn_cnt); }
+extern "C" int cuda_attn_counters_busy(const struct cuda_ctx *ctx) {
+    return device_counters_busy(ctx->attn_cnt, ATTN_CNT);
+}
 
 /* Launch errors stay pending for the caller's cudaGetLastError (cuda_attention is void). */
 template <typename T>
-static void launch_generic(const struct cuda_attn_args *a, float *partial, int s, cudaStream_t st) {
+static void launch_generic(const struct cuda_attn_args *a, float *partial, int s, struct cuda_ctx *ctx) {
     dim3 grid((unsigned)a->n_head, (unsigned)a->n_tokens, (unsigned)s);
-    (void)klaunch(attn_generic_kernel<T>, grid, dim3(GEN_WARPS * 32), 0, st, *a, (const T *)a->kc, (const T *)a->vc,
+    (void)klaunch(attn_generic_kernel<T>, grid, dim3(GEN_WARPS * 32), 0, ctx, *a, (const T *)a->kc, (const T *)a->vc,
                   partial, s);
 }
 
 template <typename T, int D, int GMAX, int TH>
 static void launch_decode_t(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, int sub, const attn_qout &qo, cudaStream_t st) {
+                            int min_keys, int sub, const attn_qout &qo, struct cuda_ctx *ctx) {
     constexpr size_t smem = dec_smem_bytes<T, D, GMAX>();
-    /* > 48 KB of dynamic smem needs the opt-in, once per kernel (the first call runs
-     * eagerly, before any graph capture); a failure stays pending and the launch reports it */
-    static bool attr = false;
-    if (!attr)
-        attr = cudaFuncSetAttribute(attn_decode_kernel<T, D, GMAX, TH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem) == cudaSuccess;
+    /* > 48 KB of dynamic smem needs the opt-in, once per kernel and context (the first call
+     * runs eagerly, before any graph capture); a failure stays pending and the launch reports it */
+    smem_optin_once(ctx, (const void *)attn_decode_kernel<T, D, GMAX, TH>, smem);
     dim3 grid((unsigned)((int64_t)slots * a->n_kv * sub), (unsigned)s);
-    (void)klaunch(attn_decode_kernel<T, D, GMAX, TH>, grid, dim3(TH), smem, st, *a, (const T *)a->kc,
-                  (const T *)a->vc, rows, partial, s, min_keys, sub, qo);
+    (void)klaunch(attn_decode_kernel<T, D, GMAX, TH>, grid, dim3(TH), smem, ctx, *a, (const T *)a->kc,
+                  (const T *)a->vc, rows, partial, s, min_keys, sub, qo, ctx->attn_cnt);
 }
 
 template <typename T, int D, int GMAX>
 static void launch_decode_g(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, int threads, int sub, const attn_qout &qo, cudaStream_t st) {
+                            int min_keys, int threads, int sub, const attn_qout &qo, struct cuda_ctx *ctx) {
     if constexpr (sizeof(T) == 2) /* 256 threads: 16-bit caches only (F32 runs 4-chunk scoring) */
-        if (threads == 256) return launch_decode_t<T, D, GMAX, 256>(a, rows, slots, partial, s, min_keys, sub, qo, st);
-    launch_decode_t<T, D, GMAX, 128>(a, rows, slots, partial, s, min_keys, sub, qo, st);
+        if (threads == 256) return launch_decode_t<T, D, GMAX, 256>(a, rows, slots, partial, s, min_keys, sub, qo, ctx);
+    launch_decode_t<T, D, GMAX, 128>(a, rows, slots, partial, s, min_keys, sub, qo, ctx);
 }
 
 template <typename T, int D>
 static void launch_decode_d(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                            int min_keys, int threads, int sub, const attn_qout &qo, cudaStream_t st) {
+                            int min_keys, int threads, int sub, const attn_qout &qo, struct cuda_ctx *ctx) {
     const int G = a->n_head / a->n_kv, GS = (G + sub - 1) / sub; /* heads per block */
-    if (GS <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
-    else if (GS <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
-    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
+    if (GS <= 4) launch_decode_g<T, D, 4>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
+    else if (GS <= 8) launch_decode_g<T, D, 8>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
+    else launch_decode_g<T, D, 16>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
 }
 
 template <typename T>
 static void launch_decode(const struct cuda_attn_args *a, const int *rows, int slots, float *partial, int s,
-                          int min_keys, int threads, int sub, const attn_qout &qo, cudaStream_t st) {
-    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
-    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
-    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, threads, sub, qo, st);
+                          int min_keys, int threads, int sub, const attn_qout &qo, struct cuda_ctx *ctx) {
+    if (a->dk == 64) launch_decode_d<T, 64>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
+    else if (a->dk == 128) launch_decode_d<T, 128>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
+    else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
 }
 
 template <typename T, int D>
 static void launch_prefill_d(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
-                             cudaStream_t st) {
+                             struct cuda_ctx *ctx) {
     constexpr size_t smem = pf_cfg<D>::SMEM;
-    static bool attr = false; /* as in launch_decode_g */
-    if (!attr)
-        attr = cudaFuncSetAttribute(attn_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem) == cudaSuccess;
+    smem_optin_once(ctx, (const void *)attn_prefill_kernel<T, D>, smem); /* as in launch_decode_t */
     dim3 grid((unsigned)a->n_head, (unsigned)slots, (unsigned)s);
-    (void)klaunch(attn_prefill_kernel<T, D>, grid, dim3(PF_THREADS), smem, st, *a, (const T *)a->kc,
+    (void)klaunch(attn_prefill_kernel<T, D>, grid, dim3(PF_THREADS), smem, ctx, *a, (const T *)a->kc,
                   (const T *)a->vc, tiles, partial, s);
 }
 
 template <typename T>
 static void launch_prefill(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
-                           cudaStream_t st) {
-    if (a->dk == 64) launch_prefill_d<T, 64>(a, tiles, slots, partial, s, st);
-    else if (a->dk == 128) launch_prefill_d<T, 128>(a, tiles, slots, partial, s, st);
-    else launch_prefill_d<T, 256>(a, tiles, slots, partial, s, st);
+                           struct cuda_ctx *ctx) {
+    if (a->dk == 64) launch_prefill_d<T, 64>(a, tiles, slots, partial, s, ctx);
+    else if (a->dk == 128) launch_prefill_d<T, 128>(a, tiles, slots, partial, s, ctx);
+    else launch_prefill_d<T, 256>(a, tiles, slots, partial, s, ctx);
 }
 
 static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, const struct cuda_attn_plan &p,
-                              float *partial, const attn_qout &qo, cudaStream_t st) {
+                              float *partial, const attn_qout &qo, struct cuda_ctx *ctx) {
     const int s = p.dec_split, mk = p.dec_min_keys, th = p.dec_threads, sub = p.dec_sub;
-    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, st);
+    if (a->cache_type == QT_F16) launch_decode<__half>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, ctx);
     else if (a->cache_type == QT_BF16)
-        launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, st);
-    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, st);
+        launch_decode<__nv_bfloat16>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, ctx);
+    else launch_decode<float>(a, rows, p.dec_slots, partial, s, mk, th, sub, qo, ctx);
 }
 
 static void launch_merge(const struct cuda_attn_args *a, const float *partial, int slots, int s, const int *rows,
-                         const int *kind, cudaStream_t st) {
-    (void)klaunch(attn_merge_kernel, dim3((unsigned)((int64_t)slots * a->n_head)), dim3(128), 0, st, a->dst, partial,
+                         const int *kind, struct cuda_ctx *ctx) {
+    (void)klaunch(attn_merge_kernel, dim3((unsigned)((int64_t)slots * a->n_head)), dim3(128), 0, ctx, a->dst, partial,
                   a->n_head, a->dv, s, rows, kind);
 }
 
-extern "C" void cuda_attention(const struct cuda_attn_args *a_in, void *stream) {
-    cudaStream_t st = (cudaStream_t)stream;
+extern "C" void cuda_attention(struct cuda_ctx *ctx, const struct cuda_attn_args *a_in) {
     struct cuda_attn_plan p;
-    cuda_attn_plan(a_in, &p);
+    cuda_attn_plan(ctx, a_in, &p);
     struct cuda_attn_args unfused;
     const struct cuda_attn_args *a = a_in;
     if (a_in->rope.freq && p.kernel != CUDA_ATTN_DECODE) { /* only the decode kernel fuses RoPE */
         unfused = *a_in;
         unfused.rope.freq = NULL;
-        cuda_rope_kv_store((float *)a_in->q, (float *)a_in->k_new, a_in->v_new, (void *)a_in->kc, (void *)a_in->vc,
+        cuda_rope_kv_store(ctx, (float *)a_in->q, (float *)a_in->k_new, a_in->v_new, (void *)a_in->kc, (void *)a_in->vc,
                            a_in->cache_type, a_in->pos, a_in->slot, a_in->dk, a_in->dv, a_in->n_head, a_in->n_kv,
                            a_in->block_size, a_in->n_tokens, &a_in->rope, a_in->q_norm, a_in->k_norm,
-                           a_in->norm_eps, stream);
+                           a_in->norm_eps);
         a = &unfused;
     }
     unsigned char *scr = (unsigned char *)a->scratch;
@@ -1383,24 +1369,24 @@ extern "C" void cuda_attention(const struct cuda_attn_args *a_in, void *stream) 
     }
 
     if (p.kernel == CUDA_ATTN_GENERIC) {
-        if (a->cache_type == QT_F16) launch_generic<__half>(a, dec_partial, p.dec_split, st);
-        else if (a->cache_type == QT_BF16) launch_generic<__nv_bfloat16>(a, dec_partial, p.dec_split, st);
-        else launch_generic<float>(a, dec_partial, p.dec_split, st);
-        if (p.dec_split > 1) launch_merge(a, dec_partial, n, p.dec_split, NULL, NULL, st);
+        if (a->cache_type == QT_F16) launch_generic<__half>(a, dec_partial, p.dec_split, ctx);
+        else if (a->cache_type == QT_BF16) launch_generic<__nv_bfloat16>(a, dec_partial, p.dec_split, ctx);
+        else launch_generic<float>(a, dec_partial, p.dec_split, ctx);
+        if (p.dec_split > 1) launch_merge(a, dec_partial, n, p.dec_split, NULL, NULL, ctx);
     } else if (p.kernel == CUDA_ATTN_DECODE) {
-        launch_decode_any(a, NULL, p, dec_partial, qo, st);
+        launch_decode_any(a, NULL, p, dec_partial, qo, ctx);
     } else {
         /* hybrid / prefill: lists laid out as starts (n + 1) | tiles (1 + 2n) | short (1 + n) | kind (n) */
         int *starts = lists, *tiles = starts + (n + 1), *short_rows = tiles + (1 + 2 * n), *kind = short_rows + (1 + n);
-        (void)klaunch(attn_tiles_kernel, dim3(1), dim3(1024), 0, st, a->seq, n, p.short_max, p.dec_slots, starts, tiles,
-                      short_rows, kind);
-        if (a->cache_type == QT_F16) launch_prefill<__half>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
-        else launch_prefill<__nv_bfloat16>(a, tiles, p.pf_slots, pf_partial, p.pf_split, st);
-        if (p.pf_split > 1) launch_merge(a, pf_partial, n, p.pf_split, NULL, kind, st);
-        if (p.short_max > 0) launch_decode_any(a, short_rows, p, dec_partial, qo, st);
+        (void)klaunch(attn_tiles_kernel, dim3(1), dim3(1024), 0, ctx, a->seq, n, p.short_max,
+                      p.dec_slots, starts, tiles, short_rows, kind);
+        if (a->cache_type == QT_F16) launch_prefill<__half>(a, tiles, p.pf_slots, pf_partial, p.pf_split, ctx);
+        else launch_prefill<__nv_bfloat16>(a, tiles, p.pf_slots, pf_partial, p.pf_split, ctx);
+        if (p.pf_split > 1) launch_merge(a, pf_partial, n, p.pf_split, NULL, kind, ctx);
+        if (p.short_max > 0) launch_decode_any(a, short_rows, p, dec_partial, qo, ctx);
     }
     if (want_q && !qo.xq) {
         struct err e;
-        (void)cuda_mmv_quantize(a->dst, width, n, a->q_out, st, &e); /* a launch error stays pending */
+        (void)cuda_mmv_quantize(ctx, a->dst, width, n, a->q_out, &e); /* a launch error stays pending */
     }
 }

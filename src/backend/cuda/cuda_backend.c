@@ -21,15 +21,23 @@
  * measurement, up to MMQ_MAX_ROWS rows the tensor-core kernel, more rows cuBLAS (F32
  * weights: FP32 GEMM).
  *
+ * No process-wide state: everything a backend keeps lives in its struct, and what the
+ * kernels' launchers keep between calls (PDL, device facts, attribute once-flags, the split
+ * counters) in its launch context (cb->ctx, cuda_ctx.h). CUDA's current device is per
+ * thread, so every op-table entry that touches the device makes the backend's current
+ * (cu_enter). Several backends (on several GPUs, or sharing one) can run in one process,
+ * from one thread or several; one backend is driven by one thread at a time.
+ *
  * Files (each owns one thing; cuda_backend_int.h holds the struct and what they share):
- *   cuda_backend.c  lifecycle: creation (device, stream, cuBLAS, the settings read from the
- *                   environment), the op table, teardown
+ *   cuda_backend.c  lifecycle: creation (device, stream, cuBLAS, the launch context, the
+ *                   settings read from the environment), the op table, teardown
  *   cuda_mem.c      weights, buffers, the scratch stack, pinned staging and transfers,
  *                   memory planning
  *   cuda_matmul.c   matrix products: the paths and the measured choice between them
  *   cuda_ops.c      the op shims, with the decode fusions' bookkeeping
  *   cuda_graph.c    step graphs: capture and replay
  *   cuda_prof.c     SMELT_PROFILE=1
+ *   cuda_ctx.c      the launch context: creation, teardown
  *   mm_tune.c       the matmul path table (plain C: tested without a GPU)
  *   cuda_*.cu       the kernels, one family per file; launchers in cuda_kernels.h,
  *                   cuda_mmv.h and cuda_mmq.h */
@@ -51,8 +59,8 @@ void cu_check_launch(struct cuda_backend *cb, const char *what) {
 /* ---- lifecycle ---- */
 
 static void cu_free(struct backend *b) {
-    struct cuda_backend *cb = cu_of(b);
-    cudaStreamSynchronize(cb->stream);
+    struct cuda_backend *cb = cu_enter(b);
+    cudaStreamSynchronize(cb->ctx.stream);
     cu_prof_print(cb);
     cu_tune_report(cb);
     for (int i = 0; i < cb->tune_ev_n; i++) cudaEventDestroy(cb->tune_ev[i]);
@@ -81,7 +89,8 @@ static void cu_free(struct backend *b) {
     free(cb->dl);
     cu_graphs_clear(cb);
     cublasDestroy(cb->cublas);
-    cudaStreamDestroy(cb->stream);
+    cuda_ctx_free(&cb->ctx);
+    cudaStreamDestroy(cb->ctx.stream);
     bk_base_free(b);
     free(cb);
 }
@@ -125,6 +134,8 @@ static const struct backend_ops cuda_ops = {
     .scratch_reserve = cu_scratch_reserve,
 };
 
+struct cuda_ctx *cuda_backend_ctx(struct backend *b) { return &cu_of(b)->ctx; }
+
 int cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -145,20 +156,29 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     struct cuda_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     bk_base_init(&cb->base, &cuda_ops);
-    cb->device = device;
-    rc = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
+    cudaStream_t stream = NULL;
+    rc = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (rc != cudaSuccess) {
         bk_base_free(&cb->base);
         free(cb);
         return err_set(e, SMELT_ERR_DEVICE, "cudaStreamCreate: %s", cudaGetErrorString(rc));
     }
+    /* the launch context: PDL on sm_90+ unless SMELT_NO_PDL, the kernels' counters */
+    smelt_status st = cuda_ctx_init(&cb->ctx, device, stream, e);
+    if (st != SMELT_OK) {
+        cudaStreamDestroy(stream);
+        bk_base_free(&cb->base);
+        free(cb);
+        return st;
+    }
     if (cublasCreate(&cb->cublas) != CUBLAS_STATUS_SUCCESS) {
-        cudaStreamDestroy(cb->stream);
+        cuda_ctx_free(&cb->ctx);
+        cudaStreamDestroy(cb->ctx.stream);
         bk_base_free(&cb->base);
         free(cb);
         return err_set(e, SMELT_ERR_DEVICE, "cublasCreate failed");
     }
-    cublasSetStream(cb->cublas, cb->stream);
+    cublasSetStream(cb->cublas, cb->ctx.stream);
     /* the decode epilogue's buffers (small; without them decode takes the plain path) */
     if (cudaMalloc(&cb->prep.buf, cuda_mmv_scratch_bytes(PREP_MAX_K, CUDA_MMV_MAX_N)) != cudaSuccess ||
         cudaMalloc((void **)&cb->prep.ss, sizeof(float) * CUDA_MMV_MAX_N * (PREP_MAX_K / 32)) != cudaSuccess ||
@@ -175,7 +195,7 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         cudaGetLastError();
         cb->att_q.buf = NULL;
     }
-    cudaDeviceSynchronize(); /* the counters' memsets, before any kernel on cb->stream */
+    cudaDeviceSynchronize(); /* the counters' memsets, before any kernel on cb->ctx.stream */
     const char *ng = getenv("SMELT_NO_GRAPH");
     cb->no_graph = ng && *ng && strcmp(ng, "0") != 0;
     const char *mq = getenv("SMELT_MMQ_MAX_ROWS");
@@ -188,11 +208,6 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     if (bad_tile)
         log_warn("SMELT_MMQ_TILE=%s is not a tile number (0..%d): ignored", getenv("SMELT_MMQ_TILE"),
                  cuda_mmq_tile_count() - 1);
-    int major = 0;
-    const char *np = getenv("SMELT_NO_PDL");
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
-        !(np && *np && strcmp(np, "0") != 0))
-        cuda_pdl_on = 1;
     const char *pf = getenv("SMELT_PROFILE");
     void *gh = NULL;
     if (pf && *pf && strcmp(pf, "0") != 0 && cudaEventCreate(&cb->prof_start) == cudaSuccess &&

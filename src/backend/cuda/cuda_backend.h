@@ -21,6 +21,10 @@ uint64_t cuda_backend_weight_bytes(const struct backend *b);
 struct mmtune_ent;
 const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,
                                                int64_t n);
+/* The backend's launch context (cuda_ctx.h: its device, stream and the kernels' counters),
+ * for tests that check the counters after an op. Owned by the backend. */
+struct cuda_ctx;
+struct cuda_ctx *cuda_backend_ctx(struct backend *b);
 /* Free and total device memory. */
 smelt_status cuda_mem_info(int device, uint64_t *free_b, uint64_t *total_b, struct err *e);
 

@@ -1,5 +1,5 @@
-/* The CUDA backend's private header: its struct and the helpers its files share.
- * (File map: cuda_backend.c.) */
+/* The CUDA backend's private header: its struct, the helpers its files share, and the op
+ * table's entries (the file map is in cuda_backend.c's header). */
 #ifndef SMELT_CUDA_BACKEND_INT_H
 #define SMELT_CUDA_BACKEND_INT_H
 
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_ctx.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
@@ -44,8 +45,7 @@ struct pending_dl {
 
 struct cuda_backend {
     struct backend base;
-    int device;
-    cudaStream_t stream;
+    struct cuda_ctx ctx; /* the device, the stream, and the kernels' launch state (cuda_ctx.h) */
     cublasHandle_t cublas;
     /* device scratch stack */
     struct dchunk *chunks;
@@ -147,19 +147,60 @@ static inline struct cuda_backend *cu_of(struct backend *b) { return (struct cud
 #define CU_FAIL(cb, rc, what)                                                                  \
     bk_fail(&(cb)->base, SMELT_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(rc))
 
+/* Every entry point of the op table that touches the device starts here: the backend's
+ * device becomes the calling thread's current one (CUDA's current device is per thread;
+ * a new thread starts on device 0), so backends on several GPUs work from one thread or
+ * several. One cudaGetDevice when it already is (the usual case); a failure is sticky. */
+static inline struct cuda_backend *cu_enter(struct backend *b) {
+    struct cuda_backend *cb = cu_of(b);
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != cb->ctx.device) {
+        cudaError_t rc = cudaSetDevice(cb->ctx.device);
+        if (rc != cudaSuccess) CU_FAIL(cb, rc, "making the backend's GPU current");
+    }
+    return cb;
+}
+/* ---- shared helpers ----
+ * The op table's entries (cu_weight_bind .. cu_graph_end below) keep the contracts of
+ * backend.h's struct backend_ops; these are the helpers between the files. */
 
-/* ---- cuda_prof.c ---- */
-void cu_prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* cuda_prof.c (SMELT_PROFILE=1; all three do nothing when it is off). Closes the interval
+ * of the kernel(s) just enqueued, named fmt, which read `bytes` (0: unknown). */
+void cu_prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* After the stream's sync: folds the step's intervals into the table. */
 void cu_prof_collect(struct cuda_backend *cb);
+/* At free: the table to stderr. */
 void cu_prof_print(struct cuda_backend *cb);
 
-/* ---- cuda_backend.c ---- */
+/* cuda_backend.c. After a launch: its error (sticky), the profile mark `what`, and the
+ * end of the decode fusions' validity (any op may have written their tensors). */
 void cu_check_launch(struct cuda_backend *cb, const char *what);
 
-/* ---- cuda_mem.c ---- */
+/* cuda_mem.c. n bytes of the step's scratch stack (grown by a device allocation when it
+ * must), or NULL; cu_scratch also fails the backend (sticky) on NULL. Released by
+ * cu_scratch_release(mark). */
 void *cu_stack_alloc(struct cuda_backend *cb, size_t n);
 void *cu_scratch(struct cuda_backend *cb, size_t n);
+/* Ends the step's input phase: the gathered input uploads go out as one copy. */
 void cu_up_flush(struct cuda_backend *cb);
+
+/* cuda_matmul.c. The repacked weight of a bound tensor, or NULL (the backend failed). */
+const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor *w);
+/* y (rows, n) (+)= W x for any n by the chosen path (measured at a key's first eager call:
+ * the section comment in cuda_matmul.c); xq: x's int8 form when n <= 8 and a matmul group
+ * made it, else NULL. Errors are sticky. */
+void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
+           const void *xq);
+/* At free: the measured path table, at debug level. */
+void cu_tune_report(struct cuda_backend *cb);
+
+/* cuda_graph.c. Drops every recorded step graph (their scratch addresses are gone). */
+void cu_graphs_clear(struct cuda_backend *cb);
+
+/* ---- the op table's entries (cuda_backend.c's cuda_ops) ---- */
+
+/* cuda_mem.c */
 smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e);
 smelt_status cu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e);
 void cu_buffer_free(struct backend *b, struct tensor *t);
@@ -175,13 +216,7 @@ uint64_t cu_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENS
 size_t cu_scratch_peak(struct backend *b);
 smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e);
 
-/* ---- cuda_matmul.c ---- */
-const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor *w);
-void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
-            const void *xq);
-void cu_tune_report(struct cuda_backend *cb);
-
-/* ---- cuda_ops.c ---- */
+/* cuda_ops.c */
 void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids);
 void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w, float eps);
 void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p);
@@ -190,11 +225,12 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
                    const struct prenorm *next);
 void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c);
 void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
-void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up, enum glu_act act);
+void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
+            enum glu_act act);
 void cu_softcap(struct backend *b, struct tensor *x, float cap);
 void cu_softmax(struct backend *b, struct tensor *x);
-void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k, const struct tensor *v,
-                 const struct attn_meta *m);
+void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k,
+                 const struct tensor *v, const struct attn_meta *m);
 void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
                   const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p);
 void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits, const struct tensor *rows,
@@ -205,12 +241,11 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
                 const struct tensor *x, enum glu_act act, const struct prenorm *pre);
 void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v, struct tensor *kc,
                       struct tensor *vc, const struct attn_meta *m, const struct qk_prep *p);
-void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k, const struct tensor *v,
-                       struct tensor *kc, struct tensor *vc, const struct attn_meta *m, const struct qk_prep *qp,
-                       const struct attn_params *ap);
+void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,
+                       const struct tensor *v, struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
+                       const struct qk_prep *qp, const struct attn_params *ap);
 
-/* ---- cuda_graph.c ---- */
-void cu_graphs_clear(struct cuda_backend *cb);
+/* cuda_graph.c */
 bool cu_graph_replay(struct backend *b, uint64_t key);
 void cu_graph_begin(struct backend *b, uint64_t key);
 void cu_graph_end(struct backend *b);

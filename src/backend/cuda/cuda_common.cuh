@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "backend/cuda/cuda_ctx.h"
 #include "util/err.h"
 }
 
@@ -57,8 +58,8 @@ static inline unsigned nblocks(int64_t n, int tb) { return (unsigned)((n + tb - 
  *     kernel's blocks can be resident while that data is still being written, and the
  *     non-coherent cache may hand them lines of an earlier layer's buffer at the same
  *     scratch address (seen on the H200 as wrong logits under graph replay).
- * On devices before sm_90, and with SMELT_NO_PDL=1, klaunch() launches normally and both
- * calls compile to nothing. */
+ * On devices before sm_90, and with SMELT_NO_PDL=1 (cuda_ctx.pdl_on = 0), klaunch()
+ * launches normally and both calls compile to nothing. */
 static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -71,13 +72,11 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-/* Set once by the backend: the device supports PDL and SMELT_NO_PDL is not set. */
-extern "C" int cuda_pdl_on;
-/* Set by the backend after a host<->device copy on the stream: griddepcontrol.wait covers
- * only the previous *kernel*, so the first kernel after a copy (the step's inputs) is
- * launched without the attribute, fully ordered after the copy. Measured on the H200:
- * without this, the first kernel of a step read the token ids before they had arrived. */
-extern "C" int cuda_pdl_fence;
+/* cuda_ctx.pdl_fence is set by the context's owner after a host<->device copy on the
+ * stream: griddepcontrol.wait covers only the previous *kernel*, so the first kernel after a
+ * copy (the step's inputs) is launched without the attribute, fully ordered after the copy.
+ * Measured on the H200: without this, the first kernel of a step read the token ids before
+ * they had arrived. */
 
 /* Kernels with (almost) no shared memory (the decode products, norms, quantizers: at most
  * CARVEOUT_SMALL_SMEM bytes, static) ask for the smallest shared-memory carveout, i.e. the
@@ -87,13 +86,11 @@ extern "C" int cuda_pdl_fence;
  * same hint on the decode attention cost 8B at depth 4096 a quarter of its speed
  * (occupancy), and on batched decode 7%. */
 #define CARVEOUT_SMALL_SMEM 4096
-static inline void carveout_once(const void *fn, size_t smem) {
-    static const void *seen[256];
-    static int n_seen;
+static inline void carveout_once(struct cuda_ctx *c, const void *fn, size_t smem) {
     if (smem > 0) return;
-    for (int i = 0; i < n_seen; i++)
-        if (seen[i] == fn) return;
-    if (n_seen < 256) seen[n_seen++] = fn;
+    for (int i = 0; i < c->n_carved; i++)
+        if (c->carved[i] == fn) return;
+    if (c->n_carved < CUDA_CTX_FUNCS) c->carved[c->n_carved++] = fn;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
         (void)cudaGetLastError(); /* not sticky: the launch that follows reports its own errors */
@@ -102,21 +99,34 @@ static inline void carveout_once(const void *fn, size_t smem) {
     if (fa.sharedSizeBytes <= CARVEOUT_SMALL_SMEM) cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 0);
 }
 
+/* A kernel's dynamic shared-memory limit raised to `bytes` (above 48 KB it needs the
+ * opt-in), once per context: recorded only when it worked, so a failure stays pending for
+ * the launch that follows to report. */
+static inline void smem_optin_once(struct cuda_ctx *c, const void *fn, size_t bytes) {
+    for (int i = 0; i < c->n_smem_raised; i++)
+        if (c->smem_raised[i] == fn) return;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) == cudaSuccess &&
+        c->n_smem_raised < CUDA_CTX_FUNCS)
+        c->smem_raised[c->n_smem_raised++] = fn;
+}
+
+/* Launches kernel on c's stream, with programmatic dependent launch when c has it on and
+ * no copy came since the last kernel. */
 template <typename... P, typename... A>
-static inline cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+static inline cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, struct cuda_ctx *c,
                                   A... args) {
-    carveout_once((const void *)kernel, smem);
+    carveout_once(c, (const void *)kernel, smem);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
+    cfg.stream = c->stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = cuda_pdl_on && !cuda_pdl_fence ? 1 : 0;
-    cuda_pdl_fence = 0;
+    cfg.numAttrs = c->pdl_on && !c->pdl_fence ? 1 : 0;
+    c->pdl_fence = 0;
     return cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
 }
 
@@ -130,17 +140,18 @@ __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2hal
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
-/* Tests: synchronizes the device and counts the non-zero entries of a device-global counter
- * array (the split and merge counters, zero between calls); -1 on a CUDA error. */
-template <int N>
-static int device_counters_busy(const unsigned (&cnt)[N]) {
-    unsigned h[N];
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, cnt, sizeof h) != cudaSuccess) {
+/* Tests: synchronizes the device and counts the non-zero entries of one of a context's
+ * counter arrays (n <= CUDA_ATTN_COUNTERS: the split and merge counters, zero between
+ * calls); -1 on a CUDA error. */
+static inline int device_counters_busy(const unsigned *cnt, int n) {
+    unsigned h[CUDA_ATTN_COUNTERS];
+    if (n > CUDA_ATTN_COUNTERS || cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpy(h, cnt, sizeof(unsigned) * (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
     int busy = 0;
-    for (int i = 0; i < N; i++) busy += h[i] != 0;
+    for (int i = 0; i < n; i++) busy += h[i] != 0;
     return busy;
 }
 

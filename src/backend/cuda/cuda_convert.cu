@@ -90,30 +90,30 @@ static __global__ void f32_to_f16_kernel(__half *dst, const float *src, int64_t 
 
 /* --------------------------------------------------------------- launchers ---- */
 
-extern "C" void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_t r0, int64_t nr, void *stream) {
+extern "C" void cuda_dequant_f16(struct cuda_ctx *ctx, void *dst, const struct cuda_qweight *w,
+                                 int64_t r0, int64_t nr) {
     const int k = (int)w->k, groups = (int)(nr * (k / 32));
     const unsigned grid = nblocks(groups, 128);
-    cudaStream_t st = (cudaStream_t)stream;
     __half *o = (__half *)dst;
     switch (w->type) {
-    case QT_Q8_0: klaunch(dequant_f16_kernel<QT_Q8_0>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q4_K: klaunch(dequant_f16_kernel<QT_Q4_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q6_K: klaunch(dequant_f16_kernel<QT_Q6_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_F16: klaunch(dequant_f16_kernel<QT_F16>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q4_0: klaunch(dequant_f16_kernel<QT_Q4_0>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q4_1: klaunch(dequant_f16_kernel<QT_Q4_1>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q5_0: klaunch(dequant_f16_kernel<QT_Q5_0>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q5_1: klaunch(dequant_f16_kernel<QT_Q5_1>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_IQ4_NL: klaunch(dequant_f16_kernel<QT_IQ4_NL>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_IQ4_XS: klaunch(dequant_f16_kernel<QT_IQ4_XS>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q2_K: klaunch(dequant_f16_kernel<QT_Q2_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q3_K: klaunch(dequant_f16_kernel<QT_Q3_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_Q5_K: klaunch(dequant_f16_kernel<QT_Q5_K>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    case QT_BF16: klaunch(dequant_f16_kernel<QT_BF16>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
-    default: klaunch(dequant_f16_kernel<QT_F32>, dim3(grid), dim3(128), 0, st, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q8_0: klaunch(dequant_f16_kernel<QT_Q8_0>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q4_K: klaunch(dequant_f16_kernel<QT_Q4_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q6_K: klaunch(dequant_f16_kernel<QT_Q6_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_F16: klaunch(dequant_f16_kernel<QT_F16>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q4_0: klaunch(dequant_f16_kernel<QT_Q4_0>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q4_1: klaunch(dequant_f16_kernel<QT_Q4_1>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q5_0: klaunch(dequant_f16_kernel<QT_Q5_0>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q5_1: klaunch(dequant_f16_kernel<QT_Q5_1>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_IQ4_NL: klaunch(dequant_f16_kernel<QT_IQ4_NL>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_IQ4_XS: klaunch(dequant_f16_kernel<QT_IQ4_XS>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q2_K: klaunch(dequant_f16_kernel<QT_Q2_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q3_K: klaunch(dequant_f16_kernel<QT_Q3_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_Q5_K: klaunch(dequant_f16_kernel<QT_Q5_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_BF16: klaunch(dequant_f16_kernel<QT_BF16>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    default: klaunch(dequant_f16_kernel<QT_F32>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
     }
 }
 
-extern "C" void cuda_f32_to_f16(void *dst, const float *src, int64_t n, void *stream) {
-    klaunch(f32_to_f16_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, (__half *)dst, src, n);
+extern "C" void cuda_f32_to_f16(struct cuda_ctx *ctx, void *dst, const float *src, int64_t n) {
+    klaunch(f32_to_f16_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, (__half *)dst, src, n);
 }

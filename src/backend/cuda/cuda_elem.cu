@@ -46,20 +46,20 @@ static __global__ void softcap_kernel(float *x, float cap, int64_t n) {
 }
 /* --------------------------------------------------------------- launchers ---- */
 
-extern "C" void cuda_add(float *dst, const float *a, const float *c, int64_t n, int64_t rows, int64_t c_rows,
-                         void *stream) {
+extern "C" void cuda_add(struct cuda_ctx *ctx, float *dst, const float *a, const float *c,
+                         int64_t n, int64_t rows, int64_t c_rows) {
     int64_t total = n * rows;
-    klaunch(add_kernel, dim3(nblocks(total, 256)), dim3(256), 0, (cudaStream_t)stream, dst, a, c, n, total, c_rows == 1 && rows > 1);
+    klaunch(add_kernel, dim3(nblocks(total, 256)), dim3(256), 0, ctx, dst, a, c, n, total, c_rows == 1 && rows > 1);
 }
 
-extern "C" void cuda_scale(float *dst, const float *x, float s, int64_t n, void *stream) {
-    klaunch(scale_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, dst, x, s, n);
+extern "C" void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, float s, int64_t n) {
+    klaunch(scale_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, x, s, n);
 }
 
-extern "C" void cuda_glu(float *dst, const float *gate, const float *up, int act, int64_t n, void *stream) {
-    klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, dst, gate, up, act, n);
+extern "C" void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n) {
+    klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n);
 }
 
-extern "C" void cuda_softcap(float *x, float cap, int64_t n, void *stream) {
-    klaunch(softcap_kernel, dim3(nblocks(n, 256)), dim3(256), 0, (cudaStream_t)stream, x, cap, n);
+extern "C" void cuda_softcap(struct cuda_ctx *ctx, float *x, float cap, int64_t n) {
+    klaunch(softcap_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, x, cap, n);
 }

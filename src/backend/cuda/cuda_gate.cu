@@ -20,6 +20,6 @@ static __global__ void gate_kernel(const volatile int *flag, unsigned long long 
 }
 /* --------------------------------------------------------------- launchers ---- */
 
-extern "C" void cuda_gate(const int *flag, unsigned long long timeout_ns, void *stream) {
-    gate_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(flag, timeout_ns);
+extern "C" void cuda_gate(struct cuda_ctx *ctx, const int *flag, unsigned long long timeout_ns) {
+    gate_kernel<<<1, 1, 0, ctx->stream>>>(flag, timeout_ns);
 }

@@ -87,15 +87,16 @@ static __global__ void get_rows_q_kernel(float *dst, uint32_t type, const void *
 
 /* --------------------------------------------------------------- launchers ---- */
 
-extern "C" void cuda_get_rows_plain(float *dst, const void *src, uint32_t type, int64_t src_stride,
-                                    const int32_t *ids, int64_t n, int64_t n_ids, void *stream) {
+extern "C" void cuda_get_rows_plain(struct cuda_ctx *ctx, float *dst, const void *src,
+                                    uint32_t type, int64_t src_stride, const int32_t *ids,
+                                    int64_t n, int64_t n_ids) {
     dim3 grid(nblocks(n, 256) < 64 ? nblocks(n, 256) : 64, (unsigned)n_ids);
-    klaunch(get_rows_plain_kernel, dim3(grid), dim3(256), 0, (cudaStream_t)stream, dst, (const uint8_t *)src, type, src_stride,
+    klaunch(get_rows_plain_kernel, dim3(grid), dim3(256), 0, ctx, dst, (const uint8_t *)src, type, src_stride,
                                                                     ids, n);
 }
 
-extern "C" void cuda_get_rows_q(float *dst, const struct cuda_qweight *w, const int32_t *ids, int64_t n_ids,
-                                void *stream) {
+extern "C" void cuda_get_rows_q(struct cuda_ctx *ctx, float *dst, const struct cuda_qweight *w,
+                                const int32_t *ids, int64_t n_ids) {
     dim3 grid(nblocks(w->k, 256) < 64 ? nblocks(w->k, 256) : 64, (unsigned)n_ids);
-    klaunch(get_rows_q_kernel, dim3(grid), dim3(256), 0, (cudaStream_t)stream, dst, w->type, w->q, w->s, w->d, w->k, ids);
+    klaunch(get_rows_q_kernel, dim3(grid), dim3(256), 0, ctx, dst, w->type, w->q, w->s, w->d, w->k, ids);
 }

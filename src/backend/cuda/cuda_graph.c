@@ -23,12 +23,12 @@ static struct graph_ent *graph_find(struct cuda_backend *cb, uint64_t key) {
 }
 
 bool cu_graph_replay(struct backend *b, uint64_t key) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb) || cb->no_graph) return false;
     struct graph_ent *g = graph_find(cb, key);
     if (!g || !g->exec) return false;
     g->last_use = ++cb->clock;
-    cudaError_t rc = cudaGraphLaunch(g->exec, cb->stream);
+    cudaError_t rc = cudaGraphLaunch(g->exec, cb->ctx.stream);
     if (rc != cudaSuccess) {
         CU_FAIL(cb, rc, "graph launch");
         return true; /* the step failed; the sticky error reports it */
@@ -37,7 +37,7 @@ bool cu_graph_replay(struct backend *b, uint64_t key) {
 }
 
 void cu_graph_begin(struct backend *b, uint64_t key) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     cb->capturing = -1;
     if (cb->no_graph || !cu_ok(cb)) return;
     struct graph_ent *g = graph_find(cb, key);
@@ -56,7 +56,7 @@ void cu_graph_begin(struct backend *b, uint64_t key) {
     }
     g->last_use = ++cb->clock;
     if (g->seen++ == 0 || g->exec) return; /* first time: run eagerly */
-    cudaError_t rc = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed);
+    cudaError_t rc = cudaStreamBeginCapture(cb->ctx.stream, cudaStreamCaptureModeRelaxed);
     if (rc != cudaSuccess) {
         cudaGetLastError();
         return; /* run eagerly */
@@ -65,12 +65,12 @@ void cu_graph_begin(struct backend *b, uint64_t key) {
 }
 
 void cu_graph_end(struct backend *b) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (cb->capturing < 0) return;
     struct graph_ent *g = &cb->graphs[cb->capturing];
     cb->capturing = -1;
     cudaGraph_t graph = NULL;
-    cudaError_t rc = cudaStreamEndCapture(cb->stream, &graph);
+    cudaError_t rc = cudaStreamEndCapture(cb->ctx.stream, &graph);
     if (rc == cudaSuccess && cu_ok(cb)) rc = cudaGraphInstantiate(&g->exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (rc != cudaSuccess) {
@@ -80,6 +80,6 @@ void cu_graph_end(struct backend *b) {
     }
     if (!cu_ok(cb)) return;
     /* the captured ops have not run yet */
-    rc = cudaGraphLaunch(g->exec, cb->stream);
+    rc = cudaGraphLaunch(g->exec, cb->ctx.stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "graph launch");
 }

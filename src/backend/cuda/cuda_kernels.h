@@ -1,12 +1,15 @@
 /* Launchers of smelt's CUDA kernels (C linkage), used by the backend (cuda_ops.c,
  * cuda_matmul.c). Each family lives in its own .cu file (the products have their own
  * headers: cuda_mmv.h, cuda_mmq.h); every pointer is device memory; everything is enqueued on
- * `stream` (a cudaStream_t) and returns without waiting. Shapes follow backend.h:
- * (ne0, ne1, ...) with ne0 contiguous. Activations are F32. */
+ * the stream of the launch context `ctx` (cuda_ctx.h, the first argument) and returns
+ * without waiting. Shapes follow backend.h: (ne0, ne1, ...) with ne0 contiguous.
+ * Activations are F32. */
 #ifndef SMELT_CUDA_KERNELS_H
 #define SMELT_CUDA_KERNELS_H
 
 #include <stdint.h>
+
+#include "backend/cuda/cuda_ctx.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -14,51 +17,49 @@ extern "C" {
 
 struct cuda_qweight;
 
-/* Programmatic dependent launch on (cuda_common.cuh): set once by the backend. */
-extern int cuda_pdl_on;
-extern int cuda_pdl_fence; /* the next kernel follows a copy: launch it fully ordered */
-
 /* ---- cuda_norm.cu ---- */
 
 /* dst[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w may be NULL); rows of n, row strides in
  * elements (in place ok). */
-void cuda_rms_norm(float *dst, const float *x, const float *w, int64_t n, int64_t rows,
-                   int64_t x_stride, int64_t dst_stride, float eps, void *stream);
+void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n,
+                   int64_t rows, int64_t x_stride, int64_t dst_stride, float eps);
 /* Softmax over each row of n. */
-void cuda_softmax(float *x, int64_t n, int64_t rows, void *stream);
+void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows);
 
 /* ---- cuda_elem.cu ---- */
 
 /* dst = a + c; c is broadcast over rows when c_rows == 1 (n elements per row). */
-void cuda_add(float *dst, const float *a, const float *c, int64_t n, int64_t rows, int64_t c_rows,
-              void *stream);
-void cuda_scale(float *dst, const float *x, float s, int64_t n, void *stream);
+void cuda_add(struct cuda_ctx *ctx, float *dst, const float *a, const float *c, int64_t n,
+              int64_t rows, int64_t c_rows);
+void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, float s, int64_t n);
 /* dst = act(gate) * up; act 0 = SiLU, 1 = tanh-GELU. */
-void cuda_glu(float *dst, const float *gate, const float *up, int act, int64_t n, void *stream);
-void cuda_softcap(float *x, float cap, int64_t n, void *stream);
+void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
+              int64_t n);
+void cuda_softcap(struct cuda_ctx *ctx, float *x, float cap, int64_t n);
 
 /* ---- cuda_getrows.cu ---- */
 
 /* dst[t] = row ids[t] of src (rows of n elements of `type`, plain F32/F16/BF16 contiguous
  * with row stride src_stride bytes), as F32. */
-void cuda_get_rows_plain(float *dst, const void *src, uint32_t type, int64_t src_stride,
-                         const int32_t *ids, int64_t n, int64_t n_ids, void *stream);
+void cuda_get_rows_plain(struct cuda_ctx *ctx, float *dst, const void *src, uint32_t type,
+                         int64_t src_stride, const int32_t *ids, int64_t n, int64_t n_ids);
 /* Same for a repacked weight (struct cuda_qweight). */
-void cuda_get_rows_q(float *dst, const struct cuda_qweight *w, const int32_t *ids, int64_t n_ids,
-                     void *stream);
+void cuda_get_rows_q(struct cuda_ctx *ctx, float *dst, const struct cuda_qweight *w,
+                     const int32_t *ids, int64_t n_ids);
 
 /* ---- cuda_convert.cu ---- */
 
 /* W (repacked) dequantized to F16, rows [r0, r0 + nr) -> dst (nr, k) row-major. */
-void cuda_dequant_f16(void *dst, const struct cuda_qweight *w, int64_t r0, int64_t nr, void *stream);
+void cuda_dequant_f16(struct cuda_ctx *ctx, void *dst, const struct cuda_qweight *w, int64_t r0,
+                      int64_t nr);
 /* F32 -> F16, n elements. */
-void cuda_f32_to_f16(void *dst, const float *src, int64_t n, void *stream);
+void cuda_f32_to_f16(struct cuda_ctx *ctx, void *dst, const float *src, int64_t n);
 
 /* ---- cuda_gate.cu ---- */
 
 /* Holds the stream until *flag (device view of host-mapped memory) is set or timeout_ns
  * pass (one thread, normal launch). */
-void cuda_gate(const int *flag, unsigned long long timeout_ns, void *stream);
+void cuda_gate(struct cuda_ctx *ctx, const int *flag, unsigned long long timeout_ns);
 
 /* ---- cuda_rope.cu ---- */
 
@@ -75,23 +76,24 @@ struct cuda_rope {
     const double *freq;
 };
 /* Fills freq (n_rot/2 doubles, device) for r's parameters (r->freq is not read). */
-void cuda_rope_freq_fill(double *freq, const struct cuda_rope *r, void *stream);
+void cuda_rope_freq_fill(struct cuda_ctx *ctx, double *freq, const struct cuda_rope *r);
 /* Optional per-head RMSNorm (norm_w != NULL) then RoPE, in place on x (head_dim, n_head,
  * n_tokens) with positions pos (n_tokens). */
-void cuda_rope_inplace(float *x, const int32_t *pos, int head_dim, int n_head, int64_t n_tokens,
-                       const struct cuda_rope *r, const float *norm_w, float eps, void *stream);
+void cuda_rope_inplace(struct cuda_ctx *ctx, float *x, const int32_t *pos, int head_dim, int n_head,
+                       int64_t n_tokens, const struct cuda_rope *r, const float *norm_w, float eps);
 /* Stores rows of k (dk, n_kv, n_tokens) and v (dv, n_kv, n_tokens) into the caches
  * (d, block_size, n_kv, n_blocks) at slot[t], converting to cache_type (F32/F16/BF16). */
-void cuda_kv_store(void *kc, void *vc, uint32_t cache_type, const float *k, const float *v,
-                   const int32_t *slot, int dk, int dv, int n_kv, int block_size,
-                   int64_t n_tokens, void *stream);
+void cuda_kv_store(struct cuda_ctx *ctx, void *kc, void *vc, uint32_t cache_type, const float *k,
+                   const float *v, const int32_t *slot, int dk, int dv, int n_kv, int block_size,
+                   int64_t n_tokens);
 
 /* RoPE (after the optional per-head RMSNorms) of q (dk, n_head, n) and k (dk, n_kv, n) in
  * place, and the store of k and v (dv, n_kv, n) into the caches at slot[t], in one launch. */
-void cuda_rope_kv_store(float *q, float *k, const float *v, void *kc, void *vc, uint32_t cache_type,
-                        const int32_t *pos, const int32_t *slot, int dk, int dv, int n_head, int n_kv,
-                        int block_size, int64_t n_tokens, const struct cuda_rope *r, const float *q_norm,
-                        const float *k_norm, float eps, void *stream);
+void cuda_rope_kv_store(struct cuda_ctx *ctx, float *q, float *k, const float *v, void *kc, void *vc,
+                        uint32_t cache_type, const int32_t *pos, const int32_t *slot, int dk, int dv,
+                        int n_head, int n_kv, int block_size, int64_t n_tokens,
+                        const struct cuda_rope *r, const float *q_norm, const float *k_norm,
+                        float eps);
 
 /* ---- cuda_attn.cu ---- */
 
@@ -163,16 +165,18 @@ struct cuda_attn_plan {
     int short_max;               /* hybrid: groups of <= this many rows go to decode */
     uint64_t dec_partial_bytes, pf_partial_bytes, list_bytes; /* scratch, in this order */
 };
-void cuda_attn_plan(const struct cuda_attn_args *a, struct cuda_attn_plan *p);
+/* The grid sizes follow ctx's SM count (a context without a device: an H200's 132). */
+void cuda_attn_plan(const struct cuda_ctx *ctx, const struct cuda_attn_args *a,
+                    struct cuda_attn_plan *p);
 /* Device scratch the call needs (0 when none). */
-uint64_t cuda_attn_scratch_bytes(const struct cuda_attn_args *a);
+uint64_t cuda_attn_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_attn_args *a);
 /* Enqueues the attention (programmatic dependent launches: see cuda_common.cuh). The decode
- * kernel's split counters are device globals of this file: calls must not run concurrently
- * on two streams of one device. Launch errors are left for cudaGetLastError. */
-void cuda_attention(const struct cuda_attn_args *a, void *stream);
-/* Tests: synchronizes the device and returns how many of the decode kernel's split
- * counters are not zero (they must all be zero between calls), or -1 on a CUDA error. */
-int cuda_attn_counters_busy(void);
+ * kernel counts its split blocks in ctx's counters: one call at a time per context (its
+ * stream orders them). Launch errors are left for cudaGetLastError. */
+void cuda_attention(struct cuda_ctx *ctx, const struct cuda_attn_args *a);
+/* Tests: synchronizes the device and returns how many of ctx's decode split counters are
+ * not zero (they must all be zero between calls), or -1 on a CUDA error. */
+int cuda_attn_counters_busy(const struct cuda_ctx *ctx);
 
 /* ---- cuda_sample.cu ---- */
 
@@ -187,11 +191,13 @@ struct cuda_topk_args {
     void *out;           /* topk_out_words(n_rows, adj_cap) int32 words */
     void *scratch;       /* cuda_topk_scratch_bytes(n_rows, n_vocab) */
 };
-uint64_t cuda_topk_scratch_bytes(int n_rows, int n_vocab);
-void cuda_logits_topk(const struct cuda_topk_args *a, void *stream);
-/* Tests: synchronizes the device and returns how many of the per-row merge counters are not
- * zero (they must all be zero between calls), or -1 on a CUDA error. */
-int cuda_topk_counters_busy(void);
+uint64_t cuda_topk_scratch_bytes(const struct cuda_ctx *ctx, int n_rows, int n_vocab);
+/* The merge counts the split blocks of each row in ctx's counters: one call at a time per
+ * context. */
+void cuda_logits_topk(struct cuda_ctx *ctx, const struct cuda_topk_args *a);
+/* Tests: synchronizes the device and returns how many of ctx's per-row merge counters are
+ * not zero (they must all be zero between calls), or -1 on a CUDA error. */
+int cuda_topk_counters_busy(const struct cuda_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -80,8 +80,8 @@ static int64_t gemm_tile_rows(const struct cuda_qweight *qw) {
 }
 
 /* Scratch bytes path `choice` needs (one region; path_run carves it). */
-static smelt_status path_scratch(const struct cuda_qweight *qw, int choice, int64_t n, const void *xq,
-                                 uint64_t *bytes, struct err *e) {
+static smelt_status path_scratch(struct cuda_backend *cb, const struct cuda_qweight *qw, int choice, int64_t n,
+                                 const void *xq, uint64_t *bytes, struct err *e) {
     *bytes = 0;
     if (choice == MMTUNE_GEMM) {
         if (qw->type != QT_F32)
@@ -93,7 +93,7 @@ static smelt_status path_scratch(const struct cuda_qweight *qw, int choice, int6
             *bytes = cuda_mmv_scratch_bytes(qw->k, CUDA_MMV_MAX_N);
         return SMELT_OK;
     }
-    return cuda_mmq_scratch_bytes(qw->rows, qw->k, n, bytes, e);
+    return cuda_mmq_scratch_bytes(&cb->ctx, qw->rows, qw->k, n, bytes, e);
 }
 
 /* y (rows, n) (+)= W x through cuBLAS: x to F16 at sc, W dequantized to F16 in row tiles
@@ -113,7 +113,7 @@ static smelt_status gemm_run(struct cuda_backend *cb, const struct cuda_qweight 
         void *xh = sc;
         void *wh = (unsigned char *)sc + ALIGN_UP(k * n * 2);
         int64_t tile = gemm_tile_rows(qw);
-        cuda_f32_to_f16(xh, x, k * n, cb->stream);
+        cuda_f32_to_f16(&cb->ctx, xh, x, k * n);
         cu_prof_mark(cb, 0, "%sact f32->f16", cb->tuning ? "tune " : "");
         cs = CUBLAS_STATUS_SUCCESS;
         if (qw->type == QT_F16) { /* F16 weights are already what cuBLAS reads: no tile copy */
@@ -125,7 +125,7 @@ static smelt_status gemm_run(struct cuda_backend *cb, const struct cuda_qweight 
         }
         for (int64_t r0 = qw->type == QT_F16 ? rows : 0; r0 < rows && cs == CUBLAS_STATUS_SUCCESS; r0 += tile) {
             int64_t nr = rows - r0 < tile ? rows - r0 : tile;
-            cuda_dequant_f16(wh, qw, r0, nr, cb->stream);
+            cuda_dequant_f16(&cb->ctx, wh, qw, r0, nr);
             cu_prof_mark(cb, qw->bytes * (uint64_t)nr / (uint64_t)rows, "%sdequant %s->f16", cb->tuning ? "tune " : "",
                       qtype_name(qw->type));
             cs = cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)k, &alpha, wh,
@@ -154,10 +154,10 @@ static smelt_status mmv_run(struct cuda_backend *cb, const struct cuda_qweight *
         const float *xt = x + t0 * qw->k;
         smelt_status st = SMELT_OK;
         if (quant && xs != xq) {
-            st = cuda_mmv_quantize(xt, qw->k, nt, (void *)xs, cb->stream, e);
+            st = cuda_mmv_quantize(&cb->ctx, xt, qw->k, nt, (void *)xs, e);
             cu_prof_mark(cb, 0, "%squantize act", cb->tuning ? "tune " : "");
         }
-        if (st == SMELT_OK) st = cuda_mmv_pre(qw, xt, nt, y + t0 * qw->rows, xs, acc, cb->stream, e);
+        if (st == SMELT_OK) st = cuda_mmv_pre(&cb->ctx, qw, xt, nt, y + t0 * qw->rows, xs, acc, e);
         cu_prof_mark(cb, qw->bytes, "%smmv %s %lldx%lld n=%d", cb->tuning ? "tune " : "", qtype_name(qw->type),
                   (long long)qw->rows, (long long)qw->k, nt);
         if (st != SMELT_OK) return st;
@@ -172,8 +172,8 @@ static smelt_status path_run(struct cuda_backend *cb, const struct cuda_qweight 
                              struct err *e) {
     if (choice == MMTUNE_GEMM) return gemm_run(cb, qw, x, n, y, acc, sc, e);
     if (choice == MMTUNE_MMV) return mmv_run(cb, qw, x, n, y, acc, xq, sc, e);
-    smelt_status st = cuda_mmq_quantize(x, qw->k, n, sc, cb->stream, e);
-    if (st == SMELT_OK) st = cuda_mmq_pre(qw, n, y, sc, sc_bytes, acc, choice, cb->stream, e);
+    smelt_status st = cuda_mmq_quantize(&cb->ctx, x, qw->k, n, sc, e);
+    if (st == SMELT_OK) st = cuda_mmq_pre(&cb->ctx, qw, n, y, sc, sc_bytes, acc, choice, e);
     cu_prof_mark(cb, qw->bytes, "%smmq %s %lldx%lld n=%lld", cb->tuning ? "tune " : "", qtype_name(qw->type),
               (long long)qw->rows, (long long)qw->k, (long long)n);
     return st;
@@ -188,7 +188,7 @@ static int static_choice(const struct cuda_backend *cb, const struct cuda_qweigh
 static bool stream_capturing(struct cuda_backend *cb) {
     if (cb->capturing >= 0) return true;
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess) {
+    if (cudaStreamIsCapturing(cb->ctx.stream, &cs) != cudaSuccess) {
         cudaGetLastError();
         return true; /* unknown: do not sync */
     }
@@ -210,11 +210,11 @@ static float time_path(struct cuda_backend *cb, const struct cuda_qweight *qw, i
     cudaError_t rc = cudaSuccess;
     for (int r = 0; r <= MMTUNE_RUNS && rc == cudaSuccess; r++) {
         if (flush) {
-            rc = cudaMemsetAsync(flush, r, flush_bytes, cb->stream);
-            cuda_pdl_fence = 1; /* the next kernel waits for the memset as for a copy */
+            rc = cudaMemsetAsync(flush, r, flush_bytes, cb->ctx.stream);
+            cb->ctx.pdl_fence = 1; /* the next kernel waits for the memset as for a copy */
             cu_prof_mark(cb, flush_bytes, "tune L2 flush");
         }
-        if (rc == cudaSuccess) rc = cudaEventRecord(cb->tune_ev[2 * r], cb->stream);
+        if (rc == cudaSuccess) rc = cudaEventRecord(cb->tune_ev[2 * r], cb->ctx.stream);
         if (rc != cudaSuccess) break;
         if (path_run(cb, qw, choice, x, n, yc, false, xq, sc, sc_bytes, &e) != SMELT_OK) {
             char name[32];
@@ -224,7 +224,7 @@ static float time_path(struct cuda_backend *cb, const struct cuda_qweight *qw, i
             cudaGetLastError();
             return -1;
         }
-        rc = cudaEventRecord(cb->tune_ev[2 * r + 1], cb->stream);
+        rc = cudaEventRecord(cb->tune_ev[2 * r + 1], cb->ctx.stream);
     }
     if (rc == cudaSuccess) rc = cudaEventSynchronize(cb->tune_ev[2 * MMTUNE_RUNS + 1]);
     if (rc != cudaSuccess) {
@@ -258,7 +258,7 @@ static bool tune_ready(struct cuda_backend *cb) {
         cb->tune_ev_n++;
     }
     int l2 = 0;
-    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->device) != cudaSuccess) {
+    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, cb->ctx.device) != cudaSuccess) {
         cudaGetLastError();
         l2 = 0;
     }
@@ -279,7 +279,7 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
     for (int t = 0; t < n_tiles; t++) {
         int bm = 0;
         cuda_mmq_tile_shape(t, &bm, &bn[t]);
-        fits[t] = cuda_mmq_tile_fits(qw->type, t) == 1;
+        fits[t] = cuda_mmq_tile_fits(&cb->ctx, qw->type, t) == 1;
     }
     const struct mmtune_space sp = {.n_tiles = n_tiles, .tile_bn = bn, .tile_fits = fits, .mmq = true,
                                     .mmq_max_rows = cb->mmq_rows_fixed ? cb->mmq_max_rows : INT64_MAX,
@@ -296,7 +296,7 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
         uint64_t need = 0;
         for (int i = 0; i < nc && !why; i++) {
             uint64_t b = 0;
-            if (path_scratch(qw, cand[i], n, xq, &b, &e) != SMELT_OK) why = e.msg;
+            if (path_scratch(cb, qw, cand[i], n, xq, &b, &e) != SMELT_OK) why = e.msg;
             if (b > need) need = b;
         }
         float *yc = acc ? cu_stack_alloc(cb, (size_t)(qw->rows * n) * sizeof(float)) : y;
@@ -311,7 +311,7 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
             cb->tuning = false;
             const int w = cu_ok(cb) ? mmtune_fastest(us, nc) : -1;
             ent.n_cand = nc;
-            ent.static_choice = st == MMTUNE_MMQ_AUTO ? cuda_mmq_tile_auto(qw, n) : st;
+            ent.static_choice = st == MMTUNE_MMQ_AUTO ? cuda_mmq_tile_auto(&cb->ctx, qw, n) : st;
             for (int i = 0; i < nc; i++) {
                 ent.cand[i] = cand[i];
                 ent.cand_us[i] = us[i];
@@ -397,7 +397,7 @@ void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *
     if (!cu_ok(cb)) return;
     struct err e;
     uint64_t bytes = 0;
-    if (path_scratch(qw, choice, n, xq, &bytes, &e) != SMELT_OK) {
+    if (path_scratch(cb, qw, choice, n, xq, &bytes, &e) != SMELT_OK) {
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return;
     }

@@ -90,7 +90,7 @@ static void stack_reset(struct cuda_backend *cb) {
         cu_graphs_clear(cb); /* recorded steps point into the chunks being freed */
         size_t total = 0;
         for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
-        cudaStreamSynchronize(cb->stream);
+        cudaStreamSynchronize(cb->ctx.stream);
         for (int i = 0; i < cb->n_chunks; i++) cudaFree(cb->chunks[i].base);
         void *base = NULL;
         if (cudaMalloc(&base, total) == cudaSuccess) {
@@ -118,7 +118,7 @@ static unsigned char *pin_take(struct cuda_backend *cb, size_t n, size_t *off) {
     if (cb->pin_used + need > cb->pin_cap) {
         /* Grow: wait for the copies in flight from the old buffer, finish pending downloads. */
         if (cb->prof) *cb->gate_h = 1;
-        cudaStreamSynchronize(cb->stream);
+        cudaStreamSynchronize(cb->ctx.stream);
         for (int i = 0; i < cb->n_dl; i++) memcpy(cb->dl[i].dst, cb->pin + cb->dl[i].off, cb->dl[i].n);
         cb->n_dl = 0;
         size_t cap = cb->pin_cap * 2;
@@ -169,7 +169,7 @@ static uint16_t *host_to_f16(const struct tensor *t) {
 }
 
 smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     const char *name = t->name ? t->name : "?";
     if (!tensor_is_contiguous(t))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: not contiguous", name);
@@ -196,7 +196,7 @@ smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) 
     int64_t k = t->ne[0], rows = tensor_nrows(t);
     smelt_status st;
     if (cuda_mmv_supported(t->type, k)) {
-        st = cuda_qweight_upload(qw, t->type, t->data, rows, k, cb->stream, e);
+        st = cuda_qweight_upload(&cb->ctx, qw, t->type, t->data, rows, k, e);
     } else {
         uint16_t *h = host_to_f16(t);
         if (!h) {
@@ -207,7 +207,7 @@ smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) 
         if (!warned(cb, t->type))
             log_warn("cuda: no GPU kernel for %s weights yet: they run as F16 (more memory, "
                      "slower)", qtype_name(t->type));
-        st = cuda_qweight_upload(qw, QT_F16, h, rows, k, cb->stream, e);
+        st = cuda_qweight_upload(&cb->ctx, qw, QT_F16, h, rows, k, e);
         free(h);
     }
     if (st != SMELT_OK) {
@@ -227,6 +227,7 @@ smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) 
 }
 
 smelt_status cu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e) {
+    cu_enter(b);
     size_t n = tensor_nbytes(t);
     void *p = NULL;
     cudaError_t rc = cudaMalloc(&p, n ? n : 1);
@@ -241,7 +242,7 @@ smelt_status cu_buffer_alloc(struct backend *b, struct tensor *t, struct err *e)
 }
 
 void cu_buffer_free(struct backend *b, struct tensor *t) {
-    (void)b;
+    cu_enter(b);
     cudaFree(t->data);
     t->data = NULL;
 }
@@ -249,7 +250,7 @@ void cu_buffer_free(struct backend *b, struct tensor *t) {
 /* ---- step, scratch, transfers ---- */
 
 void cu_step_begin(struct backend *b) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     stack_reset(cb);
     cb->prep.valid = false;
     cb->att_q.valid = false;
@@ -260,12 +261,12 @@ void cu_step_begin(struct backend *b) {
     if (cb->prof) {
         cb->n_pev = 0;
         *cb->gate_h = 0;
-        cuda_gate(cb->gate_d, 2000000000ull, cb->stream);
-        cudaEventRecord(cb->prof_start, cb->stream);
+        cuda_gate(&cb->ctx, cb->gate_d, 2000000000ull);
+        cudaEventRecord(cb->prof_start, cb->ctx.stream);
     }
 }
 
-void *cu_scratch_alloc(struct backend *b, size_t nbytes) { return cu_stack_alloc(cu_of(b), nbytes ? nbytes : 1); }
+void *cu_scratch_alloc(struct backend *b, size_t nbytes) { return cu_stack_alloc(cu_enter(b), nbytes ? nbytes : 1); }
 
 size_t cu_scratch_mark(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
@@ -287,9 +288,9 @@ void cu_scratch_release(struct backend *b, size_t mark) {
 static void up_run_flush(struct cuda_backend *cb) {
     if (!cb->up.dev0) return;
     cudaError_t rc = cudaMemcpyAsync(cb->up.dev0, cb->pin + cb->up.off0, cb->up.span, cudaMemcpyHostToDevice,
-                                     cb->stream);
+                                     cb->ctx.stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "upload");
-    cuda_pdl_fence = 1;
+    cb->ctx.pdl_fence = 1;
     cb->up.dev0 = NULL;
 }
 
@@ -311,7 +312,7 @@ static unsigned char *scratch_lim(const struct cuda_backend *cb, const unsigned 
 }
 
 void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nbytes) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     unsigned char *d = dst->data;
     size_t off;
     unsigned char *lim = cb->up.defer ? scratch_lim(cb, d, nbytes) : NULL;
@@ -343,13 +344,13 @@ void cu_upload(struct backend *b, struct tensor *dst, const void *src, size_t nb
         cb->up.span = nbytes;
         return;
     }
-    cudaError_t rc = cudaMemcpyAsync(d, p, nbytes, cudaMemcpyHostToDevice, cb->stream);
+    cudaError_t rc = cudaMemcpyAsync(d, p, nbytes, cudaMemcpyHostToDevice, cb->ctx.stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "upload");
-    cuda_pdl_fence = 1;
+    cb->ctx.pdl_fence = 1;
 }
 
 void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t nbytes) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     size_t off;
     unsigned char *p = pin_take(cb, nbytes, &off);
@@ -357,8 +358,8 @@ void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t 
         bk_fail(b, SMELT_ERR_NOMEM, "pinned staging: out of memory (%zu bytes)", nbytes);
         return;
     }
-    cudaError_t rc = cudaMemcpyAsync(p, src->data, nbytes, cudaMemcpyDeviceToHost, cb->stream);
-    cuda_pdl_fence = 1;
+    cudaError_t rc = cudaMemcpyAsync(p, src->data, nbytes, cudaMemcpyDeviceToHost, cb->ctx.stream);
+    cb->ctx.pdl_fence = 1;
     if (rc != cudaSuccess) {
         CU_FAIL(cb, rc, "download");
         return;
@@ -378,10 +379,10 @@ void cu_download(struct backend *b, void *dst, const struct tensor *src, size_t 
 }
 
 smelt_status cu_sync(struct backend *b, struct err *e) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     cu_up_flush(cb);
     if (cb->prof) *cb->gate_h = 1;
-    cudaError_t rc = cudaStreamSynchronize(cb->stream);
+    cudaError_t rc = cudaStreamSynchronize(cb->ctx.stream);
     if (rc != cudaSuccess) CU_FAIL(cb, rc, "GPU step");
     if (cb->prof && cu_ok(cb)) cu_prof_collect(cb);
     if (cu_ok(cb))
@@ -394,7 +395,7 @@ smelt_status cu_sync(struct backend *b, struct err *e) {
 
 bool cu_mem_info(struct backend *b, uint64_t *free_b, uint64_t *total_b) {
     size_t f = 0, t = 0;
-    if (cudaSetDevice(cu_of(b)->device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    if (cudaSetDevice(cu_of(b)->ctx.device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
@@ -424,13 +425,13 @@ size_t cu_scratch_peak(struct backend *b) { return cu_of(b)->peak; }
 
 /* One chunk of at least nbytes (and of at least what the stack holds now). */
 smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     size_t total = 0;
     for (int i = 0; i < cb->n_chunks; i++) total += cb->chunks[i].cap;
     size_t cap = total > nbytes ? total : nbytes;
     cap = (cap + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
     if (cap == 0) cap = SCRATCH_ALIGN;
-    cudaStreamSynchronize(cb->stream);
+    cudaStreamSynchronize(cb->ctx.stream);
     cu_graphs_clear(cb); /* recorded steps may point at the old chunks or at freed buffers */
     if (cb->n_chunks == 1 && total >= cap) {
         cb->cur = 0;

@@ -46,6 +46,8 @@
  * multiple of 128, so the 8 rows x 4 words of a fragment load, and the 8 rows of an
  * ldmatrix matrix, hit distinct banks; the scale table's rows are 72 (36) B apart.
  */
+#include <string.h>
+
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
@@ -761,13 +763,11 @@ static int type_index(uint32_t type) {
     return type == QT_Q4_K ? 0 : type == QT_Q6_K ? 1 : 2;
 }
 
-/* Device facts, queried once per device (the backend uses one device; a change of device
- * re-queries). occ[type][tile]: resident blocks per SM, 0 where the tile does not fit. */
-struct mmq_dev {
-    int dev, n_sm, smem_max;
-    int occ[3][N_TILES];
-};
-static mmq_dev g_dev = {-1, 0, 0, {{0}}};
+/* Device facts, queried into the launch context at its first mmq call: the SM count
+ * (cuda_ctx.n_sm), the opt-in shared memory per block (mmq_smem_max) and, per type and tile,
+ * the resident blocks per SM (mmq_occ; 0 where the tile does not fit). The query also raises
+ * each kernel's dynamic shared-memory limit on the device. */
+static_assert(N_TILES == CUDA_MMQ_TILES && 3 == CUDA_MMQ_TYPES, "cuda_ctx.mmq_occ's shape");
 
 template <uint32_t T, int I> static cudaError_t query_occ(int *occ, int smem_max) {
     constexpr int bytes = mmq_cfg<T, I>::SMEM;
@@ -792,23 +792,19 @@ template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max) {
     return ce;
 }
 
-static cudaError_t device_facts(const mmq_dev **out) {
-    int dev = 0;
-    cudaError_t ce = cudaGetDevice(&dev);
-    if (ce != cudaSuccess) return ce;
-    if (g_dev.dev != dev) {
-        mmq_dev d;
-        d.dev = dev;
-        ce = cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev);
-        if (ce == cudaSuccess)
-            ce = cudaDeviceGetAttribute(&d.smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        if (ce == cudaSuccess) ce = query_type<QT_Q4_K>(d.occ[0], d.smem_max);
-        if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(d.occ[1], d.smem_max);
-        if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(d.occ[2], d.smem_max);
+static cudaError_t device_facts(struct cuda_ctx *ctx, const struct cuda_ctx **out) {
+    if (!ctx->mmq_ready) {
+        int smem_max = 0, occ[3][N_TILES] = {{0}};
+        cudaError_t ce = cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
+        if (ce == cudaSuccess) ce = query_type<QT_Q4_K>(occ[0], smem_max);
+        if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(occ[1], smem_max);
+        if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(occ[2], smem_max);
         if (ce != cudaSuccess) return ce;
-        g_dev = d;
+        ctx->mmq_smem_max = smem_max;
+        memcpy(ctx->mmq_occ, occ, sizeof occ);
+        ctx->mmq_ready = 1;
     }
-    *out = &g_dev;
+    *out = ctx;
     return cudaSuccess;
 }
 
@@ -819,14 +815,14 @@ struct mmq_plan {
     uint64_t work_bytes;
 };
 
-static mmq_plan plan_of(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n,
+static mmq_plan plan_of(const struct cuda_ctx *d, uint32_t type, int64_t rows, int64_t k, int64_t n,
                         int tile) {
     const int bm = tiles[tile][0] * 16 * tiles[tile][2], bn = tiles[tile][1] * 8 * tiles[tile][3];
     mmq_plan p;
     p.nsb = (int)((k + 255) / 256);
     p.tiles_n = (int)((n + bn - 1) / bn);
     p.units = (long long)((rows + bm - 1) / bm) * p.tiles_n * p.nsb;
-    long long grid = (long long)d->n_sm * d->occ[type_index(type)][tile];
+    long long grid = (long long)d->n_sm * d->mmq_occ[type_index(type)][tile];
     if (grid > MMQ_MAX_BLOCKS) grid = MMQ_MAX_BLOCKS;
     if (grid > p.units) grid = p.units;
     if (grid < 1) grid = 1;
@@ -843,7 +839,7 @@ static mmq_plan plan_of(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k
  * their partials), else 128 (4096-row matrices at n <= 128, K/V projections: measured on
  * the H200, 128-row tiles were up to 2x faster there). Tiles that do not fit the device
  * are skipped. */
-static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, int64_t n) {
+static int pick_tile(const struct cuda_ctx *d, uint32_t type, int64_t rows, int64_t k, int64_t n) {
     const int ti = type_index(type);
     int want[2];
     if (n <= 16) want[0] = 1, want[1] = 0;
@@ -851,12 +847,12 @@ static int pick_tile(const mmq_dev *d, uint32_t type, int64_t rows, int64_t k, i
     else want[0] = 4, want[1] = 6;
     for (int c = 0; c < 2; c++) {
         const int t = want[c];
-        if (!d->occ[ti][t]) continue;
+        if (!d->mmq_occ[ti][t]) continue;
         const mmq_plan p = plan_of(d, type, rows, k, n, t);
         if (c == 1 || p.units >= 4LL * p.grid) return t;
     }
     for (int t = 0; t < N_TILES; t++) /* anything that fits */
-        if (d->occ[ti][t]) return t;
+        if (d->mmq_occ[ti][t]) return t;
     return 0;
 }
 
@@ -897,28 +893,28 @@ extern "C" int cuda_mmq_supported(uint32_t type, int64_t k) {
     }
 }
 
-extern "C" int cuda_mmq_tile_auto(const struct cuda_qweight *w, int64_t n) {
-    const mmq_dev *d;
-    if (device_facts(&d) != cudaSuccess) {
+extern "C" int cuda_mmq_tile_auto(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n) {
+    const struct cuda_ctx *d;
+    if (device_facts(ctx, &d) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
     return pick_tile(d, w->type, w->rows, w->k, n);
 }
 
-extern "C" int cuda_mmq_tile_fits(uint32_t type, int tile) {
+extern "C" int cuda_mmq_tile_fits(struct cuda_ctx *ctx, uint32_t type, int tile) {
     if (tile < 0 || tile >= N_TILES || !cuda_mmq_supported(type, type == QT_Q8_0 ? 64 : 256)) return 0;
-    const mmq_dev *d;
-    if (device_facts(&d) != cudaSuccess) {
+    const struct cuda_ctx *d;
+    if (device_facts(ctx, &d) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
-    return d->occ[type_index(type)][tile] > 0;
+    return d->mmq_occ[type_index(type)][tile] > 0;
 }
 
-extern "C" int cuda_mmq_grid(const struct cuda_qweight *w, int64_t n, int tile) {
-    const mmq_dev *d;
-    if (device_facts(&d) != cudaSuccess) {
+extern "C" int cuda_mmq_grid(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, int tile) {
+    const struct cuda_ctx *d;
+    if (device_facts(ctx, &d) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
@@ -932,18 +928,18 @@ static uint64_t xh_bytes(int64_t k, int64_t n) {
     return ((uint64_t)k * (uint64_t)n * 2 + 255) & ~255ull;
 }
 
-extern "C" smelt_status cuda_mmq_scratch_bytes(int64_t rows, int64_t k, int64_t n, uint64_t *bytes,
-                                               struct err *e) {
+extern "C" smelt_status cuda_mmq_scratch_bytes(struct cuda_ctx *ctx, int64_t rows, int64_t k, int64_t n,
+                                               uint64_t *bytes, struct err *e) {
     if (rows < 1 || k < 1 || n < 1)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: scratch for %lld x %lld, %lld tokens",
                        (long long)rows, (long long)k, (long long)n);
-    const mmq_dev *d;
-    CUDA_TRY(device_facts(&d), e);
+    const struct cuda_ctx *d;
+    CUDA_TRY(device_facts(ctx, &d), e);
     uint64_t work = 0;
     const uint32_t types[3] = {QT_Q4_K, QT_Q6_K, QT_Q8_0};
     for (int ti = 0; ti < 3; ti++)
         for (int t = 0; t < N_TILES; t++)
-            if (d->occ[ti][t]) {
+            if (d->mmq_occ[ti][t]) {
                 const mmq_plan p = plan_of(d, types[ti], rows, k, n, t);
                 if (p.work_bytes > work) work = p.work_bytes;
             }
@@ -951,8 +947,8 @@ extern "C" smelt_status cuda_mmq_scratch_bytes(int64_t rows, int64_t k, int64_t 
     return SMELT_OK;
 }
 
-extern "C" smelt_status cuda_mmq_quantize(const float *x, int64_t k, int64_t n, void *scratch,
-                                          void *stream, struct err *e) {
+extern "C" smelt_status cuda_mmq_quantize(struct cuda_ctx *ctx, const float *x, int64_t k,
+                                          int64_t n, void *scratch, struct err *e) {
     if (k <= 0 || k % 16 != 0 || n < 1)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmq: converting %lld x %lld activations (k %% 16 != 0?)", (long long)n,
@@ -963,31 +959,31 @@ extern "C" smelt_status cuda_mmq_quantize(const float *x, int64_t k, int64_t n, 
     const int tb = 256;
     const unsigned blocks = (unsigned)((groups + tb - 1) / tb);
     if (((uintptr_t)x & 15) == 0)
-        mmq_convert_kernel<true><<<blocks, tb, 0, (cudaStream_t)stream>>>(x, xh, cnt, groups);
+        mmq_convert_kernel<true><<<blocks, tb, 0, ctx->stream>>>(x, xh, cnt, groups);
     else
-        mmq_convert_kernel<false><<<blocks, tb, 0, (cudaStream_t)stream>>>(x, xh, cnt, groups);
+        mmq_convert_kernel<false><<<blocks, tb, 0, ctx->stream>>>(x, xh, cnt, groups);
     CUDA_TRY_LAUNCH(e);
     return SMELT_OK;
 }
 
-extern "C" smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, float *y,
+extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, float *y,
                                      void *scratch, uint64_t scratch_bytes, int accumulate,
-                                     int tile, void *stream, struct err *e) {
+                                     int tile, struct err *e) {
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
     if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 28))
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: %lld token rows x %lld weight rows",
                        (long long)n, (long long)w->rows);
-    const mmq_dev *d;
-    CUDA_TRY(device_facts(&d), e);
+    const struct cuda_ctx *d;
+    CUDA_TRY(device_facts(ctx, &d), e);
     if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w->type, w->rows, w->k, n);
     if (tile < 0 || tile >= N_TILES)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: tile %d (0..%d)", tile, N_TILES - 1);
-    if (!d->occ[type_index(w->type)][tile])
+    if (!d->mmq_occ[type_index(w->type)][tile])
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "cuda mmq: tile %d needs %d B of shared memory, the device has %d", tile,
-                       smem_bytes_of(w->type, tile), d->smem_max);
+                       smem_bytes_of(w->type, tile), d->mmq_smem_max);
     const mmq_plan p = plan_of(d, w->type, w->rows, w->k, n, tile);
     const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
     if (scratch_bytes < need)
@@ -1012,7 +1008,7 @@ extern "C" smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, fl
     a.nsb = p.nsb;
     a.tiles_n = p.tiles_n;
     a.grid = p.grid;
-    cudaStream_t st = (cudaStream_t)stream;
+    cudaStream_t st = ctx->stream;
     cudaError_t ce;
     switch (w->type) {
     case QT_Q4_K: ce = launch_type<QT_Q4_K>(a, tile, st); break;
@@ -1026,13 +1022,13 @@ extern "C" smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, fl
     return SMELT_OK;
 }
 
-extern "C" smelt_status cuda_mmq(const struct cuda_qweight *w, const float *x, int64_t n, float *y,
-                                 void *scratch, uint64_t scratch_bytes, int accumulate, void *stream,
-                                 struct err *e) {
+extern "C" smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x,
+                                 int64_t n, float *y, void *scratch, uint64_t scratch_bytes,
+                                 int accumulate, struct err *e) {
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
-    smelt_status st = cuda_mmq_quantize(x, w->k, n, scratch, stream, e);
+    smelt_status st = cuda_mmq_quantize(ctx, x, w->k, n, scratch, e);
     if (st) return st;
-    return cuda_mmq_pre(w, n, y, scratch, scratch_bytes, accumulate, CUDA_MMQ_TILE_AUTO, stream, e);
+    return cuda_mmq_pre(ctx, w, n, y, scratch, scratch_bytes, accumulate, CUDA_MMQ_TILE_AUTO, e);
 }

@@ -37,16 +37,17 @@ extern "C" {
 int cuda_mmq_supported(uint32_t type, int64_t k);
 
 /* Device scratch bytes for cuda_mmq_quantize(k, n) followed by cuda_mmq_pre on weights of
- * up to `rows` rows (any tile) on the current device: the f16 activations, the split-tile
- * counters and the partial sums of split tiles. */
-smelt_status cuda_mmq_scratch_bytes(int64_t rows, int64_t k, int64_t n, uint64_t *bytes,
-                                    struct err *e);
+ * up to `rows` rows (any tile) on ctx's device: the f16 activations, the split-tile
+ * counters and the partial sums of split tiles. The device's tile facts are queried into
+ * ctx at the first call that needs them (here, cuda_mmq_pre, the tile queries). */
+smelt_status cuda_mmq_scratch_bytes(struct cuda_ctx *ctx, int64_t rows, int64_t k, int64_t n,
+                                    uint64_t *bytes, struct err *e);
 
 /* x[n][k] (f32, device) -> scratch: f16 activations (clamped to +-65504), and the split-tile
- * counters zeroed. k % 64 == 0. Asynchronous on stream (a cudaStream_t, 0 = default). One
- * call can serve several cuda_mmq_pre calls (weights sharing x) on the same stream. */
-smelt_status cuda_mmq_quantize(const float *x, int64_t k, int64_t n, void *scratch, void *stream,
-                               struct err *e);
+ * counters zeroed. k % 64 == 0. Asynchronous on ctx's stream. One call can serve several
+ * cuda_mmq_pre calls (weights sharing x) on the same stream. */
+smelt_status cuda_mmq_quantize(struct cuda_ctx *ctx, const float *x, int64_t k, int64_t n,
+                               void *scratch, struct err *e);
 
 /* y[n][w->rows] = (or += with accumulate != 0) W x, x read from scratch as
  * cuda_mmq_quantize(x, w->k, n) left it; scratch_bytes: the scratch's size (checked against
@@ -54,26 +55,26 @@ smelt_status cuda_mmq_quantize(const float *x, int64_t k, int64_t n, void *scrat
  * fit the device's shared memory is refused with SMELT_ERR_UNSUPPORTED). Asynchronous and
  * graph-capturable (no host sync; the launch shape depends only on (type, rows, k, n,
  * tile) and the device); errors are argument and launch errors only. */
-smelt_status cuda_mmq_pre(const struct cuda_qweight *w, int64_t n, float *y, void *scratch,
-                          uint64_t scratch_bytes, int accumulate, int tile, void *stream,
+smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, float *y,
+                          void *scratch, uint64_t scratch_bytes, int accumulate, int tile,
                           struct err *e);
 
 /* cuda_mmq_quantize then cuda_mmq_pre with the automatic tile. */
-smelt_status cuda_mmq(const struct cuda_qweight *w, const float *x, int64_t n, float *y,
-                      void *scratch, uint64_t scratch_bytes, int accumulate, void *stream,
+smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
+                      float *y, void *scratch, uint64_t scratch_bytes, int accumulate,
                       struct err *e);
 
 /* The fixed tiles: weight rows x token rows per thread block. */
 int cuda_mmq_tile_count(void);
 void cuda_mmq_tile_shape(int tile, int *rows, int *tokens);
-/* The tile CUDA_MMQ_TILE_AUTO picks for this product on the current device (-1 on a
- * device query error). */
-int cuda_mmq_tile_auto(const struct cuda_qweight *w, int64_t n);
-/* 1 when tile fits the current device for weights of this type (resident blocks per SM
- * > 0), 0 when not (or the type has no kernel), -1 on a device query error. */
-int cuda_mmq_tile_fits(uint32_t type, int tile);
+/* The tile CUDA_MMQ_TILE_AUTO picks for this product on ctx's device (-1 on a device query
+ * error). */
+int cuda_mmq_tile_auto(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n);
+/* 1 when tile fits ctx's device for weights of this type (resident blocks per SM > 0), 0
+ * when not (or the type has no kernel), -1 on a device query error. */
+int cuda_mmq_tile_fits(struct cuda_ctx *ctx, uint32_t type, int tile);
 /* Thread blocks cuda_mmq_pre launches for this product and tile (-1 on error): one wave. */
-int cuda_mmq_grid(const struct cuda_qweight *w, int64_t n, int tile);
+int cuda_mmq_grid(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, int tile);
 
 #ifdef __cplusplus
 }

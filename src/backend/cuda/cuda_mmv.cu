@@ -14,10 +14,6 @@
 
 #include <stdint.h>
 
-/* See cuda_common.cuh (programmatic dependent launch); set by the backend at creation. */
-extern "C" int cuda_pdl_on = 0;
-extern "C" int cuda_pdl_fence = 0;
-
 extern "C" {
 #include "backend/cuda/cuda_mmv.h"
 #include "quant/quant.h"
@@ -520,13 +516,14 @@ extern "C" void cuda_qweight_free(struct cuda_qweight *w) {
     w->bytes = 0;
 }
 
-extern "C" smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t type, const void *host,
-                                            int64_t rows, int64_t k, void *stream, struct err *e) {
+extern "C" smelt_status cuda_qweight_upload(struct cuda_ctx *ctx, struct cuda_qweight *w,
+                                            uint32_t type, const void *host, int64_t rows,
+                                            int64_t k, struct err *e) {
     memset(w, 0, sizeof *w);
     if (!cuda_mmv_supported(type, k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmv: type %s with row length %lld",
                        qtype_name(type), (long long)k);
-    cudaStream_t st = (cudaStream_t)stream;
+    cudaStream_t st = ctx->stream;
     uint64_t row_bytes = qtype_row_size(type, k);
     uint64_t total = row_bytes * (uint64_t)rows;
     w->type = type;
@@ -596,36 +593,34 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     return ((nk + 255) & ~255ull) + nk / 16 * 8;
 }
 
-/* Tuning experiments (tests/unit/test_cuda_mmv.c, SMELT_BENCH_VARIANTS): 0 = the default;
- * else rows per warp R, units in flight U and split-K of the one-token Q4_K, Q6_K and Q8_0
- * kernels. */
-extern "C" int cuda_mmv_variant = 0;
-
+/* Tuning experiments (tests/unit/test_cuda_mmv.c, SMELT_BENCH_VARIANTS: cuda_ctx.mmv_variant):
+ * 0 = the default; else rows per warp R, units in flight U and split-K of the one-token
+ * Q4_K, Q6_K and Q8_0 kernels. */
 template <int GLU, int R, int U, int KS = 1>
 static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
-                              const float2 *xd, int acc, cudaStream_t st) {
+                              const float2 *xd, int acc, struct cuda_ctx *ctx) {
     const int per_block = (KS > 1 ? 1 : MMV_WARPS) * (GLU ? 1 : R);
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32, MMV_WARPS);
-    if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
+    if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
     if (type == QT_Q6_K)
-        return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
-    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, st, m, xq, xd, k, acc);
+        return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
 }
 
 template <int GLU>
 static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
-                                  const float2 *xd, int acc, cudaStream_t st) {
+                                  const float2 *xd, int acc, struct cuda_ctx *ctx) {
     switch (v) {
-    case 1: return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, st);
-    case 2: return launch_var<GLU, 1, 2>(type, m, rows, k, xq, xd, acc, st);
-    case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, acc, st);
-    case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, acc, st);
-    case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, acc, st);
-    case 6: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, acc, st);
-    case 7: return launch_var<GLU, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
-    case 8: return launch_var<GLU, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
-    case 9: return launch_var<GLU, 1, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
-    default: return launch_var<GLU, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+    case 1: return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, ctx);
+    case 2: return launch_var<GLU, 1, 2>(type, m, rows, k, xq, xd, acc, ctx);
+    case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, acc, ctx);
+    case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, acc, ctx);
+    case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, acc, ctx);
+    case 6: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, acc, ctx);
+    case 7: return launch_var<GLU, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+    case 8: return launch_var<GLU, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+    case 9: return launch_var<GLU, 1, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+    default: return launch_var<GLU, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
     }
 }
 
@@ -633,20 +628,20 @@ static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m
  * 1 = SiLU, 2 = tanh-GELU: y = act(W x) * (W2 x), m holding W and W2 of one shape. */
 template <int N, int GLU>
 static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, const float *x, const int8_t *xq,
-                            const float2 *xd, int acc, cudaStream_t st) {
+                            const float2 *xd, int acc, struct cuda_ctx *ctx) {
     const dim3 block(32, MMV_WARPS);
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const int rows = m.end[GLU ? 0 : m.n - 1];
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block));
     if (!GLU && m.mix_row) /* Q4_K rows, then Q6_K rows */
-        return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, st, m, xq, xd, k, acc);
+        return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, ctx, m, xq, xd, k, acc);
     switch (type) {
-    case QT_F32: return klaunch(mmv_float<N, MMV_R, QT_F32, GLU>, grid, block, 0, st, m, x, k, acc);
-    case QT_F16: return klaunch(mmv_float<N, MMV_R, QT_F16, GLU>, grid, block, 0, st, m, x, k, acc);
-    case QT_BF16: return klaunch(mmv_float<N, MMV_R, QT_BF16, GLU>, grid, block, 0, st, m, x, k, acc);
+    case QT_F32: return klaunch(mmv_float<N, MMV_R, QT_F32, GLU>, grid, block, 0, ctx, m, x, k, acc);
+    case QT_F16: return klaunch(mmv_float<N, MMV_R, QT_F16, GLU>, grid, block, 0, ctx, m, x, k, acc);
+    case QT_BF16: return klaunch(mmv_float<N, MMV_R, QT_BF16, GLU>, grid, block, 0, ctx, m, x, k, acc);
     case QT_Q8_0:
-        if (N == 1 && cuda_mmv_variant > 0)
-            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, acc, st);
+        if (N == 1 && ctx->mmv_variant > 0)
+            return launch_variant<GLU>(ctx->mmv_variant, type, m, rows, k, xq, xd, acc, ctx);
         /* one token (H200, graph-replayed, test_cuda_mmv SMELT_BENCH_VARIANTS): long rows
          * split k over the block's 4 warps (4096x14336: 24.4 us -> 17.1 with 4 rows a warp
          * and one unit in flight; Qwen2.5-0.5B's 896x4864: 4.5 -> 2.8 with 2 rows); short
@@ -655,50 +650,50 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
          * 4096x4096 and the 128k-row output keep 2 rows and 4 units (6.2 us, vs 6.3-8.9; 126
          * us, vs 124-193) */
         if (N == 1 && !GLU && k >= 8192 && rows <= 65536)
-            return launch_var<0, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+            return launch_var<0, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
-            return launch_var<0, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
+            return launch_var<0, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
         /* short rows of a vocabulary-sized matrix (Qwen2.5-0.5B's 151936x896 output): 2 rows
          * a warp, 2 units (half the blocks of the rule below): tg128 1,433 -> 1,456 tok/s
          * end to end (R2 U1 1,428, R4 U1 1,421, R2 U4 1,429; H200, 2026-12-01) */
-        if (N == 1 && !GLU && k < 2048 && rows > 65536) return launch_var<0, 2, 2>(type, m, rows, k, xq, xd, acc, st);
-        if (N == 1 && !GLU && k < 2048) return launch_var<0, 1, 2>(type, m, rows, k, xq, xd, acc, st);
+        if (N == 1 && !GLU && k < 2048 && rows > 65536) return launch_var<0, 2, 2>(type, m, rows, k, xq, xd, acc, ctx);
+        if (N == 1 && !GLU && k < 2048) return launch_var<0, 1, 2>(type, m, rows, k, xq, xd, acc, ctx);
         if (N == 1 && GLU && (int64_t)rows * k >= ((int64_t)16 << 20))
-            return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, st);
-        return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+            return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, ctx);
+        return klaunch(mmv_q8_0<N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_Q4_K:
-        if (N == 1 && cuda_mmv_variant > 0)
-            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, acc, st);
+        if (N == 1 && ctx->mmv_variant > 0)
+            return launch_variant<GLU>(ctx->mmv_variant, type, m, rows, k, xq, xd, acc, ctx);
         /* one token (same bench): 2 units of 16 B in flight per row beat 4 (fewer registers,
          * more warps: 14336x4096 GLU 21.3 -> 20.4 us, 4096x14336 13.4 -> 11.7 us); the
          * 128k-row output matrix runs best with one (91.8 -> 84.1 us) */
-        if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, st);
+        if (N == 1 && rows > 65536) return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, ctx);
         /* short and long rows (0.5B's 896x4864): split k over the block's warps, 4.31 -> 2.29 us */
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
-            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
-        if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, st, m, xq, xd, k, acc);
-        return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+        if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, ctx, m, xq, xd, k, acc);
+        return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_Q6_K:
-        if (N == 1 && cuda_mmv_variant > 0)
-            return launch_variant<GLU>(cuda_mmv_variant, type, m, rows, k, xq, xd, acc, st);
+        if (N == 1 && ctx->mmv_variant > 0)
+            return launch_variant<GLU>(ctx->mmv_variant, type, m, rows, k, xq, xd, acc, ctx);
         /* one token (same bench, 2026-12-01): short and long rows (0.5B's 896x4864) split k
          * over the block's warps, 5.0 -> 2.2 us. 4096x14336 (Q4_K_M's Q6_K down layers)
          * measured 17.6 -> 14.3 us alone with 4 rows, one unit and split-K, but 8B Q4_K_M
          * tg128 fell 456 -> 452 tok/s with it (behind its next-norm epilogue): not taken.
          * GLU, 4096x4096 and the output matrix: 2 rows, 2 units (within 1% of the best). */
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
-            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, st);
-        return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    default: return cuda_mmv_tq_launch(N, GLU, type, grid, block, st, m, xq, xd, k, acc);
+            return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+        return klaunch(mmv_q6_k<N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    default: return cuda_mmv_tq_launch(N, GLU, type, grid, block, ctx, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
 }
 
 template <int N>
 static cudaError_t launch(const struct mmv_mats &m, uint32_t type, int k, const float *x, const int8_t *xq,
-                          const float2 *xd, int acc, int act, cudaStream_t st) {
-    if (act) return launch_g<N, 1>(m, type, k, x, xq, xd, act, st);
-    return launch_g<N, 0>(m, type, k, x, xq, xd, acc, st);
+                          const float2 *xd, int acc, int act, struct cuda_ctx *ctx) {
+    if (act) return launch_g<N, 1>(m, type, k, x, xq, xd, act, ctx);
+    return launch_g<N, 0>(m, type, k, x, xq, xd, acc, ctx);
 }
 
 /* int8 values (nk, padded to 256 B), then {d, d * sum} per 16 values. */
@@ -718,37 +713,36 @@ extern "C" int cuda_mmv_needs_quant(uint32_t type) {
     return type != QT_F16 && type != QT_BF16 && type != QT_F32;
 }
 
-extern "C" smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, void *stream,
+extern "C" smelt_status cuda_mmv_quantize(struct cuda_ctx *ctx, const float *x, int64_t k, int n, void *scratch,
                                           struct err *e) {
     int8_t *xq;
     float2 *xd;
     scratch_parts(scratch, k, n, &xq, &xd);
     const int64_t nk = k * n;
     const int tb = 256;
-    CUDA_TRY(klaunch(quantize_act_kernel, dim3((unsigned)((nk + tb - 1) / tb)), dim3(tb), 0, (cudaStream_t)stream,
+    CUDA_TRY(klaunch(quantize_act_kernel, dim3((unsigned)((nk + tb - 1) / tb)), dim3(tb), 0, ctx,
                      x, xq, xd, nk),
              e);
     return SMELT_OK;
 }
 
-static smelt_status mmv_dispatch(const struct mmv_mats &m, uint32_t type, int64_t k, const float *x, int n,
-                                 const void *scratch, int accumulate, int act, void *stream, struct err *e) {
+static smelt_status mmv_dispatch(struct cuda_ctx *ctx, const struct mmv_mats &m, uint32_t type, int64_t k,
+                                 const float *x, int n, const void *scratch, int accumulate, int act, struct err *e) {
     if (n < 1 || n > CUDA_MMV_MAX_N)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d token rows (1..%d)", n, CUDA_MMV_MAX_N);
-    cudaStream_t st = (cudaStream_t)stream;
     int8_t *xq;
     float2 *xd;
     scratch_parts(scratch, k, n, &xq, &xd);
     cudaError_t rc = cudaErrorInvalidValue;
     switch (n) {
-    case 1: rc = launch<1>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 2: rc = launch<2>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 3: rc = launch<3>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 4: rc = launch<4>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 5: rc = launch<5>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 6: rc = launch<6>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 7: rc = launch<7>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
-    case 8: rc = launch<8>(m, type, (int)k, x, xq, xd, accumulate, act, st); break;
+    case 1: rc = launch<1>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 2: rc = launch<2>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 3: rc = launch<3>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 4: rc = launch<4>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 5: rc = launch<5>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 6: rc = launch<6>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 7: rc = launch<7>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
+    case 8: rc = launch<8>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
     }
     if (rc != cudaSuccess)
         return err_set(e, SMELT_ERR_DEVICE, "cuda mmv launch (%s, %lld wide, %d rows): %s", qtype_name(type),
@@ -784,9 +778,10 @@ extern "C" int cuda_mmv_stackable(const struct cuda_qweight *const *w, int count
     return 1;
 }
 
-extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
-                                       int count, const float *x, int n, const void *scratch, int accumulate,
-                                       const struct cuda_mmv_epi *epi, void *stream, struct err *e) {
+extern "C" smelt_status cuda_mmv_multi(struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
+                                       float *const *y, const float *const *b, int count,
+                                       const float *x, int n, const void *scratch, int accumulate,
+                                       const struct cuda_mmv_epi *epi, struct err *e) {
     if (count < 1 || count > MMV_MATS)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d matrices in one launch (1..%d)", count, MMV_MATS);
     if (!cuda_mmv_stackable(w, count))
@@ -810,17 +805,19 @@ extern "C" smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, floa
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv: a raw-residual input needs a quantized weight");
         m.epi = *epi;
     }
-    return mmv_dispatch(m, w[0]->type, w[0]->k, x, n, scratch, accumulate, 0, stream, e);
+    return mmv_dispatch(ctx, m, w[0]->type, w[0]->k, x, n, scratch, accumulate, 0, e);
 }
 
-extern "C" smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
-                                     const void *scratch, int accumulate, void *stream, struct err *e) {
-    return cuda_mmv_multi(&w, &y, NULL, 1, x, n, scratch, accumulate, NULL, stream, e);
-}
-
-extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
+extern "C" smelt_status cuda_mmv_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w,
                                      const float *x, int n, float *y, const void *scratch,
-                                     const struct cuda_mmv_epi *epi, void *stream, struct err *e) {
+                                     int accumulate, struct err *e) {
+    return cuda_mmv_multi(ctx, &w, &y, NULL, 1, x, n, scratch, accumulate, NULL, e);
+}
+
+extern "C" smelt_status cuda_mmv_glu(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                                     const struct cuda_qweight *up, int act, const float *x, int n,
+                                     float *y, const void *scratch, const struct cuda_mmv_epi *epi,
+                                     struct err *e) {
     if (gate->type != up->type || gate->rows != up->rows || gate->k != up->k)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: gate and up differ in type or shape");
     struct mmv_mats m;
@@ -834,11 +831,12 @@ extern "C" smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const stru
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: unsupported epilogue");
         m.epi = *epi;
     }
-    return mmv_dispatch(m, gate->type, gate->k, x, n, scratch, 0, act == 0 ? 1 : 2, stream, e);
+    return mmv_dispatch(ctx, m, gate->type, gate->k, x, n, scratch, 0, act == 0 ? 1 : 2, e);
 }
 
-extern "C" smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride, const float *w, float eps,
-                                               int64_t k, int n, void *scratch, float *xn, void *stream,
+extern "C" smelt_status cuda_mmv_norm_quantize(struct cuda_ctx *ctx, const float *x,
+                                               int64_t x_stride, const float *w, float eps,
+                                               int64_t k, int n, void *scratch, float *xn,
                                                struct err *e) {
     if (k % 32 != 0 || k > INT32_MAX)
         return err_set(e, SMELT_ERR_INVALID, "cuda norm+quantize: row length %lld", (long long)k);
@@ -846,18 +844,18 @@ extern "C" smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride,
     float2 *xd;
     scratch_parts(scratch, k, n, &xq, &xd);
     const int tb = k >= 8192 ? 1024 : k >= 2048 ? 512 : 256;
-    cudaError_t rc = klaunch(norm_quant_kernel, dim3((unsigned)n), dim3(tb), 0, (cudaStream_t)stream, x, x_stride,
+    cudaError_t rc = klaunch(norm_quant_kernel, dim3((unsigned)n), dim3(tb), 0, ctx, x, x_stride,
                              w, eps, (int)k, xq, xd, xn);
     if (rc != cudaSuccess)
         return err_set(e, SMELT_ERR_DEVICE, "cuda norm+quantize launch: %s", cudaGetErrorString(rc));
     return SMELT_OK;
 }
 
-extern "C" smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
-                                 void *scratch, void *stream, struct err *e) {
+extern "C" smelt_status cuda_mmv(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int n, float *y,
+                                 void *scratch, struct err *e) {
     if (cuda_mmv_needs_quant(w->type)) {
-        smelt_status st = cuda_mmv_quantize(x, w->k, n, scratch, stream, e);
+        smelt_status st = cuda_mmv_quantize(ctx, x, w->k, n, scratch, e);
         if (st) return st;
     }
-    return cuda_mmv_pre(w, x, n, y, scratch, 0, stream, e);
+    return cuda_mmv_pre(ctx, w, x, n, y, scratch, 0, e);
 }

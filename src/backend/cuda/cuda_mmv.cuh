@@ -241,7 +241,7 @@ extern "C" int cuda_mmv_tq_supported(uint32_t type, int64_t k);
 extern "C" cudaError_t cuda_mmv_tq_upload(struct cuda_qweight *w, uint32_t type, const void *tmp, int64_t nblk,
                                           cudaStream_t st);
 /* launch_g's part for those types: n token rows (1..8), glu as launch_g's GLU. */
-extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 grid, dim3 block, cudaStream_t st,
+extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 grid, dim3 block, struct cuda_ctx *ctx,
                                           const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
                                           int acc);
 

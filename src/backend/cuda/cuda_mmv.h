@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_ctx.h"
 #include "util/err.h"
 
 #ifdef __cplusplus
@@ -23,9 +24,6 @@ extern "C" {
 #endif
 
 #define CUDA_MMV_MAX_N 8
-
-/* Tuning experiments only (test_cuda_mmv's SMELT_BENCH_VARIANTS): 0 = default kernels. */
-extern int cuda_mmv_variant;
 
 struct cuda_qweight {
     uint32_t type;  /* enum qtype of the source tensor */
@@ -40,29 +38,31 @@ struct cuda_qweight {
 /* True when the kernels handle this type with row length k. */
 int cuda_mmv_supported(uint32_t type, int64_t k);
 
-/* Uploads `rows` rows of k elements of GGUF type `type` from host memory and repacks them.
- * `stream` is a cudaStream_t (0 = default). */
-smelt_status cuda_qweight_upload(struct cuda_qweight *w, uint32_t type, const void *host,
-                                 int64_t rows, int64_t k, void *stream, struct err *e);
+/* Uploads `rows` rows of k elements of GGUF type `type` from host memory and repacks them
+ * on ctx's stream, and waits for it. */
+smelt_status cuda_qweight_upload(struct cuda_ctx *ctx, struct cuda_qweight *w, uint32_t type,
+                                 const void *host, int64_t rows, int64_t k, struct err *e);
 void cuda_qweight_free(struct cuda_qweight *w);
 
 /* Device scratch bytes cuda_mmv needs for n rows of k activations. */
 uint64_t cuda_mmv_scratch_bytes(int64_t k, int n);
 
 /* y[n][w->rows] = x[n][w->k] . W^T; x, y, scratch are device pointers. Asynchronous on
- * stream; errors are launch errors only. */
-smelt_status cuda_mmv(const struct cuda_qweight *w, const float *x, int n, float *y,
-                      void *scratch, void *stream, struct err *e);
+ * ctx's stream; errors are launch errors only. ctx->mmv_variant > 0 (tests, benchmarks)
+ * replaces the one-token Q4_K, Q6_K and Q8_0 kernels' shape (test_cuda_mmv's
+ * SMELT_BENCH_VARIANTS). */
+smelt_status cuda_mmv(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int n,
+                      float *y, void *scratch, struct err *e);
 
 /* The two halves of cuda_mmv, so one quantized input serves several weights (Q, K, V):
  * cuda_mmv_quantize writes x's int8 form into scratch (only for types where
  * cuda_mmv_needs_quant); cuda_mmv_pre reads it (and x itself for float weights). With
  * accumulate != 0, y += W x instead of y = W x. */
 int cuda_mmv_needs_quant(uint32_t type);
-smelt_status cuda_mmv_quantize(const float *x, int64_t k, int n, void *scratch, void *stream,
-                               struct err *e);
-smelt_status cuda_mmv_pre(const struct cuda_qweight *w, const float *x, int n, float *y,
-                          const void *scratch, int accumulate, void *stream, struct err *e);
+smelt_status cuda_mmv_quantize(struct cuda_ctx *ctx, const float *x, int64_t k, int n,
+                               void *scratch, struct err *e);
+smelt_status cuda_mmv_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x,
+                          int n, float *y, const void *scratch, int accumulate, struct err *e);
 /* Optional prologue/epilogue of a product, for decode chains without separate norm and
  * quantize launches (all device pointers; zero fields = off):
  *   - pre_ss: the int8 input is the quantized form of w * x for a raw residual x, and
@@ -94,19 +94,20 @@ int cuda_mmv_stackable(const struct cuda_qweight *const *w, int count);
 /* Several matrices of one row length in one launch (e.g. Q, K and V; see
  * cuda_mmv_stackable): y[i] (+)= W[i] x (+ b[i] when b and b[i] are not NULL), count <= 3,
  * after cuda_mmv_quantize when the type needs it. epi may be NULL. */
-smelt_status cuda_mmv_multi(const struct cuda_qweight *const *w, float *const *y, const float *const *b,
-                            int count, const float *x, int n, const void *scratch, int accumulate,
-                            const struct cuda_mmv_epi *epi, void *stream, struct err *e);
+smelt_status cuda_mmv_multi(struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
+                            float *const *y, const float *const *b, int count, const float *x,
+                            int n, const void *scratch, int accumulate,
+                            const struct cuda_mmv_epi *epi, struct err *e);
 /* RMSNorm of n rows of k (row stride x_stride floats; w may be NULL) and the quantization of
  * cuda_mmv_quantize in one launch; xn (may be NULL) also gets the normalized f32 rows. */
-smelt_status cuda_mmv_norm_quantize(const float *x, int64_t x_stride, const float *w, float eps,
-                                    int64_t k, int n, void *scratch, float *xn, void *stream,
-                                    struct err *e);
+smelt_status cuda_mmv_norm_quantize(struct cuda_ctx *ctx, const float *x, int64_t x_stride,
+                                    const float *w, float eps, int64_t k, int n, void *scratch,
+                                    float *xn, struct err *e);
 /* y = act(W_gate x) * (W_up x) in one pass (act 0 = SiLU, 1 = tanh-GELU), after
  * cuda_mmv_quantize when the type needs it; gate and up must share type and shape. */
-smelt_status cuda_mmv_glu(const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
-                          const float *x, int n, float *y, const void *scratch,
-                          const struct cuda_mmv_epi *epi, void *stream, struct err *e);
+smelt_status cuda_mmv_glu(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                          const struct cuda_qweight *up, int act, const float *x, int n, float *y,
+                          const void *scratch, const struct cuda_mmv_epi *epi, struct err *e);
 
 #ifdef __cplusplus
 }

@@ -463,41 +463,42 @@ extern "C" int cuda_mmv_tq_supported(uint32_t type, int64_t k) {
 }
 
 template <int N, int GLU>
-static cudaError_t tq_launch(uint32_t type, dim3 grid, dim3 block, cudaStream_t st, const struct mmv_mats &m,
+static cudaError_t tq_launch(uint32_t type, dim3 grid, dim3 block, struct cuda_ctx *ctx, const struct mmv_mats &m,
                              const int8_t *xq, const float2 *xd, int k, int acc) {
     switch (type) {
-    case QT_Q4_0: return klaunch(mmv_tq<tq_legacy<0, 0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q4_1: return klaunch(mmv_tq<tq_legacy<0, 1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q5_0: return klaunch(mmv_tq<tq_legacy<1, 0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q5_1: return klaunch(mmv_tq<tq_legacy<1, 1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_IQ4_NL: return klaunch(mmv_tq<tq_iq4x<0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_IQ4_XS: return klaunch(mmv_tq<tq_iq4x<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q5_K: return klaunch(mmv_tq<tq_q5_k, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q2_K: return klaunch(mmv_tq<tq_q23_k<0>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
-    case QT_Q3_K: return klaunch(mmv_tq<tq_q23_k<1>, N, MMV_R, GLU>, grid, block, 0, st, m, xq, xd, k, acc);
+    case QT_Q4_0: return klaunch(mmv_tq<tq_legacy<0, 0>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_Q4_1: return klaunch(mmv_tq<tq_legacy<0, 1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_Q5_0: return klaunch(mmv_tq<tq_legacy<1, 0>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_Q5_1: return klaunch(mmv_tq<tq_legacy<1, 1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_IQ4_NL: return klaunch(mmv_tq<tq_iq4x<0>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_IQ4_XS: return klaunch(mmv_tq<tq_iq4x<1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_Q5_K: return klaunch(mmv_tq<tq_q5_k, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_Q2_K: return klaunch(mmv_tq<tq_q23_k<0>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_Q3_K: return klaunch(mmv_tq<tq_q23_k<1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
 }
 
 template <int GLU>
-static cudaError_t tq_launch_n(int n, uint32_t type, dim3 grid, dim3 block, cudaStream_t st, const struct mmv_mats &m,
-                               const int8_t *xq, const float2 *xd, int k, int acc) {
+static cudaError_t tq_launch_n(int n, uint32_t type, dim3 grid, dim3 block, struct cuda_ctx *ctx,
+                               const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
+                               int acc) {
     switch (n) {
-    case 1: return tq_launch<1, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 2: return tq_launch<2, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 3: return tq_launch<3, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 4: return tq_launch<4, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 5: return tq_launch<5, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 6: return tq_launch<6, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 7: return tq_launch<7, GLU>(type, grid, block, st, m, xq, xd, k, acc);
-    case 8: return tq_launch<8, GLU>(type, grid, block, st, m, xq, xd, k, acc);
+    case 1: return tq_launch<1, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 2: return tq_launch<2, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 3: return tq_launch<3, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 4: return tq_launch<4, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 5: return tq_launch<5, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 6: return tq_launch<6, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 7: return tq_launch<7, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
+    case 8: return tq_launch<8, GLU>(type, grid, block, ctx, m, xq, xd, k, acc);
     }
     return cudaErrorInvalidValue;
 }
 
-extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 grid, dim3 block, cudaStream_t st,
+extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 grid, dim3 block, struct cuda_ctx *ctx,
                                           const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
                                           int acc) {
-    if (glu) return tq_launch_n<1>(n, type, grid, block, st, m, xq, xd, k, acc);
-    return tq_launch_n<0>(n, type, grid, block, st, m, xq, xd, k, acc);
+    if (glu) return tq_launch_n<1>(n, type, grid, block, ctx, m, xq, xd, k, acc);
+    return tq_launch_n<0>(n, type, grid, block, ctx, m, xq, xd, k, acc);
 }

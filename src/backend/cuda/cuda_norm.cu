@@ -67,12 +67,12 @@ static __global__ void softmax_kernel(float *x, int64_t n) {
 }
 /* --------------------------------------------------------------- launchers ---- */
 
-extern "C" void cuda_rms_norm(float *dst, const float *x, const float *w, int64_t n, int64_t rows,
-                              int64_t x_stride, int64_t dst_stride, float eps, void *stream) {
+extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n, int64_t rows,
+                              int64_t x_stride, int64_t dst_stride, float eps) {
     int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64;
-    klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, (cudaStream_t)stream, dst, x, w, n, x_stride, dst_stride, eps);
+    klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, ctx, dst, x, w, n, x_stride, dst_stride, eps);
 }
 
-extern "C" void cuda_softmax(float *x, int64_t n, int64_t rows, void *stream) {
-    klaunch(softmax_kernel, dim3((unsigned)rows), dim3(256), 0, (cudaStream_t)stream, x, n);
+extern "C" void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows) {
+    klaunch(softmax_kernel, dim3((unsigned)rows), dim3(256), 0, ctx, x, n);
 }

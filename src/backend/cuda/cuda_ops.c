@@ -12,20 +12,21 @@
 /* ---- ops ---- */
 
 void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    if (src->extra) cuda_get_rows_q(dst->data, src->extra, ids->data, ids->ne[0], cb->stream);
-    else cuda_get_rows_plain(dst->data, src->data, src->type, (int64_t)src->nb[1], ids->data, src->ne[0], ids->ne[0],
-                             cb->stream);
+    if (src->extra) cuda_get_rows_q(&cb->ctx, dst->data, src->extra, ids->data, ids->ne[0]);
+    else
+        cuda_get_rows_plain(&cb->ctx, dst->data, src->data, src->type, (int64_t)src->nb[1],
+                            ids->data, src->ne[0], ids->ne[0]);
     cu_check_launch(cb, "get_rows");
 }
 
 void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
                         float eps) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_rms_norm(dst->data, x->data, w ? w->data : NULL, x->ne[0], tensor_nrows(x), (int64_t)(x->nb[1] / 4),
-                  (int64_t)(dst->nb[1] / 4), eps, cb->stream);
+    cuda_rms_norm(&cb->ctx, dst->data, x->data, w ? w->data : NULL, x->ne[0], tensor_nrows(x), (int64_t)(x->nb[1] / 4),
+                  (int64_t)(dst->nb[1] / 4), eps);
     cu_check_launch(cb, "rms_norm");
 }
 
@@ -77,9 +78,9 @@ static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, stru
         bk_fail(&cb->base, SMELT_ERR_DEVICE, "cuda rope table: %s", cudaGetErrorString(ce));
         return false;
     }
-    cuda_rope_freq_fill(f, r, cb->stream);
+    cuda_rope_freq_fill(&cb->ctx, f, r);
     cu_check_launch(cb, "rope table");
-    cuda_pdl_fence = 1; /* the fused decode attention reads the table before its PDL wait */
+    cb->ctx.pdl_fence = 1; /* the fused decode attention reads the table before its PDL wait */
     cb->rope_tab[cb->n_rope_tab].key = *r;
     cb->rope_tab[cb->n_rope_tab++].freq = f;
     r->freq = f;
@@ -87,16 +88,16 @@ static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, stru
 }
 
 void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     struct cuda_rope r;
     if (!rope_args(cb, p, &r)) return;
-    cuda_rope_inplace(x->data, pos->data, (int)x->ne[0], (int)x->ne[1], x->ne[2], &r, NULL, 0, cb->stream);
+    cuda_rope_inplace(&cb->ctx, x->data, pos->data, (int)x->ne[0], (int)x->ne[1], x->ne[2], &r, NULL, 0);
     cu_check_launch(cb, "rope");
 }
 
 void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     cb->prep.valid = false;
     cb->att_q.valid = false;
     const struct cuda_qweight *qw = cu_qw_of(cb, w);
@@ -123,7 +124,7 @@ static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, co
  * the caller applies next (cb->prep), sparing the next product its norm+quantize launch. */
 void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
                           const struct prenorm *next) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     const struct cuda_qweight *qw = cu_qw_of(cb, w);
     const void *att_xq = att_q_for(cb, x, qw); /* x's int8 form, if the attention made it */
     cb->prep.valid = false;
@@ -145,7 +146,7 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
     epi.post_cnt = cb->prep.cnt;
     float *y = dst->data;
     struct err e;
-    if (cuda_mmv_multi(&qw, &y, NULL, 1, x->data, (int)n, xq, 1, &epi, cb->stream, &e) != SMELT_OK) {
+    if (cuda_mmv_multi(&cb->ctx, &qw, &y, NULL, 1, x->data, (int)n, xq, 1, &epi, &e) != SMELT_OK) {
         bk_fail(b, e.code, "%s", e.msg);
         return;
     }
@@ -158,47 +159,47 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
 
 
 void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_add(dst->data, a->data, c->data, a->ne[0], tensor_nrows(a), tensor_nrows(c), cb->stream);
+    cuda_add(&cb->ctx, dst->data, a->data, c->data, a->ne[0], tensor_nrows(a), tensor_nrows(c));
     cu_check_launch(cb, "add");
 }
 
 void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_scale(dst->data, x->data, s, tensor_nelem(x), cb->stream);
+    cuda_scale(&cb->ctx, dst->data, x->data, s, tensor_nelem(x));
     cu_check_launch(cb, "scale");
 }
 
 void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
                    enum glu_act act) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_glu(dst->data, gate->data, up->data, act == GLU_SILU ? 0 : 1, tensor_nelem(gate), cb->stream);
+    cuda_glu(&cb->ctx, dst->data, gate->data, up->data, act == GLU_SILU ? 0 : 1, tensor_nelem(gate));
     cu_check_launch(cb, "glu");
 }
 
 void cu_softcap(struct backend *b, struct tensor *x, float cap) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_softcap(x->data, cap, tensor_nelem(x), cb->stream);
+    cuda_softcap(&cb->ctx, x->data, cap, tensor_nelem(x));
     cu_check_launch(cb, "softcap");
 }
 
 void cu_softmax(struct backend *b, struct tensor *x) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_softmax(x->data, x->ne[0], tensor_nrows(x), cb->stream);
+    cuda_softmax(&cb->ctx, x->data, x->ne[0], tensor_nrows(x));
     cu_check_launch(cb, "softmax");
 }
 
 void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k,
                         const struct tensor *v, const struct attn_meta *m) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_kv_store(kc->data, vc->data, kc->type, k->data, v->data, m->slot->data, (int)k->ne[0], (int)v->ne[0],
-                  (int)k->ne[1], m->block_size, k->ne[2], cb->stream);
+    cuda_kv_store(&cb->ctx, kc->data, vc->data, kc->type, k->data, v->data, m->slot->data, (int)k->ne[0], (int)v->ne[0],
+                  (int)k->ne[1], m->block_size, k->ne[2]);
     cu_check_launch(cb, "kv_store");
 }
 
@@ -232,12 +233,12 @@ static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
     if (want_q) a.q_out = cb->att_q.buf;
     size_t mark = cu_scratch_mark(b);
     /* the kernel and its scratch follow from the step's shape only (graph replay) */
-    uint64_t need = cuda_attn_scratch_bytes(&a);
+    uint64_t need = cuda_attn_scratch_bytes(&cb->ctx, &a);
     if (need) {
         a.scratch = cu_scratch(cb, need);
         if (!a.scratch) return;
     }
-    cuda_attention(&a, cb->stream);
+    cuda_attention(&cb->ctx, &a);
     cu_check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
     if (want_q && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true};
     cu_scratch_release(b, mark);
@@ -245,7 +246,7 @@ static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
 
 void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
                          const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     struct cuda_attn_args a;
     if (cu_ok(cb) && attn_args(cb, &a, dst, q, kc, vc, m, p)) attention_run(cb, a);
 }
@@ -254,16 +255,16 @@ void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
 
 void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
                            const struct tensor *rows, const struct tensor *adj) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     int n_rows = (int)logits->ne[1], nv = (int)logits->ne[0];
     size_t mark = cu_scratch_mark(b);
-    void *sc = cu_scratch(cb, cuda_topk_scratch_bytes(n_rows, nv));
+    void *sc = cu_scratch(cb, cuda_topk_scratch_bytes(&cb->ctx, n_rows, nv));
     if (!sc) return;
     struct cuda_topk_args a = {.logits = logits->data, .ld = (int64_t)(logits->nb[1] / sizeof(float)),
                                .n_vocab = nv, .n_rows = n_rows, .rows = rows->data, .adj = adj->data,
                                .adj_cap = (int)adj->ne[1], .out = dst->data, .scratch = sc};
-    cuda_logits_topk(&a, cb->stream);
+    cuda_logits_topk(&cb->ctx, &a);
     cu_check_launch(cb, "logits_topk");
     cu_scratch_release(b, mark);
 }
@@ -275,8 +276,8 @@ static const float *prenormed(struct cuda_backend *cb, const struct tensor *x, c
     if (!pre) return x->data;
     float *xn = cu_scratch(cb, (size_t)tensor_nelem(x) * sizeof(float));
     if (!xn) return NULL;
-    cuda_rms_norm(xn, x->data, pre->w ? pre->w->data : NULL, x->ne[0], x->ne[1], (int64_t)(x->nb[1] / 4), x->ne[0],
-                  pre->eps, cb->stream);
+    cuda_rms_norm(&cb->ctx, xn, x->data, pre->w ? pre->w->data : NULL, x->ne[0], x->ne[1],
+                  (int64_t)(x->nb[1] / 4), x->ne[0], pre->eps);
     cu_check_launch(cb, "rms_norm");
     return xn;
 }
@@ -286,7 +287,7 @@ static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k,
     if (n > CUDA_MMV_MAX_N || !cuda_mmv_needs_quant(type)) return NULL;
     void *sc = cu_scratch(cb, cuda_mmv_scratch_bytes(k, (int)n));
     struct err e;
-    if (sc && cuda_mmv_quantize(x, k, (int)n, sc, cb->stream, &e) != SMELT_OK) {
+    if (sc && cuda_mmv_quantize(&cb->ctx, x, k, (int)n, sc, &e) != SMELT_OK) {
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return NULL;
     }
@@ -307,8 +308,9 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
         if (!*xn) return NULL;
     }
     struct err e;
-    if (cuda_mmv_norm_quantize(x->data, (int64_t)(x->nb[1] / 4), pre->w ? pre->w->data : NULL, pre->eps, k, n, sc,
-                               xn ? *xn : NULL, cb->stream, &e) != SMELT_OK) {
+    if (cuda_mmv_norm_quantize(&cb->ctx, x->data, (int64_t)(x->nb[1] / 4),
+                               pre->w ? pre->w->data : NULL, pre->eps, k, n, sc, xn ? *xn : NULL,
+                               &e) != SMELT_OK) {
         bk_fail(&cb->base, e.code, "%s", e.msg);
         return NULL;
     }
@@ -360,8 +362,8 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
         }
         struct err e;
         bool q = cuda_mmv_needs_quant(qw[i]->type);
-        if (cuda_mmv_multi(&qw[i], y, b, j - i, xf, (int)x->ne[1], q ? xq : NULL, 0, q && epi.pre_ss ? &epi : NULL,
-                           cb->stream, &e) != SMELT_OK) {
+        if (cuda_mmv_multi(&cb->ctx, &qw[i], y, b, j - i, xf, (int)x->ne[1], q ? xq : NULL, 0,
+                           q && epi.pre_ss ? &epi : NULL, &e) != SMELT_OK) {
             bk_fail(&cb->base, e.code, "%s", e.msg);
             return;
         }
@@ -377,7 +379,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
 
 void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
@@ -393,7 +395,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
         if (!qw) return;
         cu_mm(cb, qw, xn, x->ne[1], dst[i]->data, false, NULL);
         if (bias && bias[i]) {
-            cuda_add(dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1, cb->stream);
+            cuda_add(&cb->ctx, dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1);
             cu_check_launch(cb, "bias");
         }
     }
@@ -402,7 +404,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
 
 void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
                        const struct tensor *x, enum glu_act act, const struct prenorm *pre) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     const struct cuda_qweight *qg = cu_qw_of(cb, w_gate), *qu = cu_qw_of(cb, w_up);
@@ -438,8 +440,8 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
             epi.post_cnt = cb->prep.cnt;
             cuda_mmv_scratch_parts(cb->att_q.buf, qg->rows, (int)n, &epi.post_xq, &epi.post_xd);
         }
-        if (cuda_mmv_glu(qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
-                         epi.pre_ss || qout ? &epi : NULL, cb->stream, &e) != SMELT_OK)
+        if (cuda_mmv_glu(&cb->ctx, qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
+                         epi.pre_ss || qout ? &epi : NULL, &e) != SMELT_OK)
             bk_fail(b, e.code, "%s", e.msg);
         cu_prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
                   qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
@@ -454,7 +456,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
     cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
            cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
-    cuda_glu(dst->data, g, dst->data, act == GLU_SILU ? 0 : 1, tensor_nelem(dst), cb->stream);
+    cuda_glu(&cb->ctx, dst->data, g, dst->data, act == GLU_SILU ? 0 : 1, tensor_nelem(dst));
     cu_check_launch(cb, "glu");
     cu_scratch_release(b, mark);
 }
@@ -462,13 +464,13 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
 void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
                              struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
                              const struct qk_prep *p) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     struct cuda_rope r;
     if (!rope_args(cb, p->rope, &r)) return;
-    cuda_rope_kv_store(q->data, k->data, v->data, kc->data, vc->data, kc->type, m->pos->data, m->slot->data,
+    cuda_rope_kv_store(&cb->ctx, q->data, k->data, v->data, kc->data, vc->data, kc->type, m->pos->data, m->slot->data,
                        (int)k->ne[0], (int)v->ne[0], (int)q->ne[1], (int)k->ne[1], m->block_size, k->ne[2], &r,
-                       p->q_norm ? p->q_norm->data : NULL, p->k_norm ? p->k_norm->data : NULL, p->eps, cb->stream);
+                       p->q_norm ? p->q_norm->data : NULL, p->k_norm ? p->k_norm->data : NULL, p->eps);
     cu_check_launch(cb, "rope+kv_store");
 }
 
@@ -478,11 +480,11 @@ void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, con
 void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,
                               const struct tensor *v, struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
                               const struct qk_prep *qp, const struct attn_params *ap) {
-    struct cuda_backend *cb = cu_of(b);
+    struct cuda_backend *cb = cu_enter(b);
     struct cuda_attn_args a;
     if (!cu_ok(cb) || !attn_args(cb, &a, dst, q, kc, vc, m, ap)) return;
     struct cuda_attn_plan plan;
-    cuda_attn_plan(&a, &plan);
+    cuda_attn_plan(&cb->ctx, &a, &plan);
     if (!m->one_per_seq || plan.kernel != CUDA_ATTN_DECODE || a.dk != a.dv) {
         cu_rope_kv_store(b, q, k, v, kc, vc, m, qp);
         if (cu_ok(cb)) attention_run(cb, a);

@@ -38,7 +38,7 @@ void cu_prof_mark(struct cuda_backend *cb, uint64_t bytes, const char *fmt, ...)
     vsnprintf(p->name, sizeof p->name, fmt, ap);
     va_end(ap);
     p->bytes = bytes;
-    cudaEventRecord(p->ev, cb->stream);
+    cudaEventRecord(p->ev, cb->ctx.stream);
 }
 
 /* After cudaStreamSynchronize: folds this step's intervals into the table. */

@@ -29,10 +29,10 @@ static __global__ void rope_freq_kernel(double *freq, struct cuda_rope r) {
     freq[i] = inv * mul;
 }
 
-extern "C" void cuda_rope_freq_fill(double *freq, const struct cuda_rope *r, void *stream) {
+extern "C" void cuda_rope_freq_fill(struct cuda_ctx *ctx, double *freq, const struct cuda_rope *r) {
     const int half = r->n_rot / 2;
     if (half < 1) return;
-    rope_freq_kernel<<<(half + 127) / 128, 128, 0, (cudaStream_t)stream>>>(freq, *r);
+    rope_freq_kernel<<<(half + 127) / 128, 128, 0, ctx->stream>>>(freq, *r);
 }
 
 /* Optional RMSNorm of one head's row xr (head_dim values, in place), then its rotation at
@@ -121,43 +121,43 @@ static __global__ void kv_store_kernel(T *kc, T *vc, const float *k,
     for (int i = threadIdx.x; i < dv; i += blockDim.x) vd[i] = from_f32<T>(vs[i]);
 }
 
-extern "C" void cuda_rope_inplace(float *x, const int32_t *pos, int head_dim, int n_head, int64_t n_tokens,
-                                  const struct cuda_rope *r, const float *norm_w, float eps, void *stream) {
+extern "C" void cuda_rope_inplace(struct cuda_ctx *ctx, float *x, const int32_t *pos, int head_dim,
+                                  int n_head, int64_t n_tokens, const struct cuda_rope *r,
+                                  const float *norm_w, float eps) {
     dim3 grid((unsigned)n_head, (unsigned)n_tokens);
     int tb = head_dim >= 256 ? 128 : 64;
-    klaunch(rope_kernel, grid, dim3(tb), 0, (cudaStream_t)stream, x, pos, head_dim, n_head, *r, norm_w, eps);
+    klaunch(rope_kernel, grid, dim3(tb), 0, ctx, x, pos, head_dim, n_head, *r, norm_w, eps);
 }
 
-extern "C" void cuda_kv_store(void *kc, void *vc, uint32_t cache_type, const float *k, const float *v,
-                              const int32_t *slot, int dk, int dv, int n_kv, int block_size, int64_t n_tokens,
-                              void *stream) {
+extern "C" void cuda_kv_store(struct cuda_ctx *ctx, void *kc, void *vc, uint32_t cache_type,
+                              const float *k, const float *v, const int32_t *slot, int dk, int dv,
+                              int n_kv, int block_size, int64_t n_tokens) {
     dim3 grid((unsigned)n_kv, (unsigned)n_tokens);
-    cudaStream_t st = (cudaStream_t)stream;
     if (cache_type == QT_F16)
-        klaunch(kv_store_kernel<__half>, grid, dim3(128), 0, st, (__half *)kc, (__half *)vc, k, v, slot, dk, dv, n_kv,
+        klaunch(kv_store_kernel<__half>, grid, dim3(128), 0, ctx, (__half *)kc, (__half *)vc, k, v, slot, dk, dv, n_kv,
                 block_size);
     else if (cache_type == QT_BF16)
-        klaunch(kv_store_kernel<__nv_bfloat16>, grid, dim3(128), 0, st, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, k,
+        klaunch(kv_store_kernel<__nv_bfloat16>, grid, dim3(128), 0, ctx, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, k,
                 v, slot, dk, dv, n_kv, block_size);
     else
-        klaunch(kv_store_kernel<float>, grid, dim3(128), 0, st, (float *)kc, (float *)vc, k, v, slot, dk, dv, n_kv,
+        klaunch(kv_store_kernel<float>, grid, dim3(128), 0, ctx, (float *)kc, (float *)vc, k, v, slot, dk, dv, n_kv,
                 block_size);
 }
 
-extern "C" void cuda_rope_kv_store(float *q, float *k, const float *v, void *kc, void *vc, uint32_t cache_type,
-                                   const int32_t *pos, const int32_t *slot, int dk, int dv, int n_head, int n_kv,
+extern "C" void cuda_rope_kv_store(struct cuda_ctx *ctx, float *q, float *k, const float *v,
+                                   void *kc, void *vc, uint32_t cache_type, const int32_t *pos,
+                                   const int32_t *slot, int dk, int dv, int n_head, int n_kv,
                                    int block_size, int64_t n_tokens, const struct cuda_rope *r,
-                                   const float *q_norm, const float *k_norm, float eps, void *stream) {
+                                   const float *q_norm, const float *k_norm, float eps) {
     dim3 grid((unsigned)(n_head + n_kv), (unsigned)n_tokens);
     dim3 tb(dk >= 256 ? 128 : 64);
-    cudaStream_t st = (cudaStream_t)stream;
     if (cache_type == QT_F16)
-        klaunch(rope_kv_kernel<__half>, grid, tb, 0, st, q, k, v, (__half *)kc, (__half *)vc, pos, slot, dk, dv,
+        klaunch(rope_kv_kernel<__half>, grid, tb, 0, ctx, q, k, v, (__half *)kc, (__half *)vc, pos, slot, dk, dv,
                 n_head, n_kv, block_size, *r, q_norm, k_norm, eps);
     else if (cache_type == QT_BF16)
-        klaunch(rope_kv_kernel<__nv_bfloat16>, grid, tb, 0, st, q, k, v, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc,
+        klaunch(rope_kv_kernel<__nv_bfloat16>, grid, tb, 0, ctx, q, k, v, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc,
                 pos, slot, dk, dv, n_head, n_kv, block_size, *r, q_norm, k_norm, eps);
     else
-        klaunch(rope_kv_kernel<float>, grid, tb, 0, st, q, k, v, (float *)kc, (float *)vc, pos, slot, dk, dv, n_head,
+        klaunch(rope_kv_kernel<float>, grid, tb, 0, ctx, q, k, v, (float *)kc, (float *)vc, pos, slot, dk, dv, n_head,
                 n_kv, block_size, *r, q_norm, k_norm, eps);
 }

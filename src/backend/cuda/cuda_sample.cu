@@ -53,15 +53,14 @@ extern "C" {
 #define TK_SLICE_MIN 4096                 /* tokens per block at least (4 rounds) */
 #define TK_BITS (TK_SLICE_MAX / 32)
 
-#define TK_CNT 1024                       /* rows merged by their last block (counters) */
+#define TK_CNT CUDA_TOPK_COUNTERS          /* rows merged by their last block (counters) */
 
 static_assert(TK_THREADS == 256, "the radix select has one histogram bin per thread");
 static_assert(TK_CAP - TK_ROUND >= TOPK_MAX, "a round must fit after a select");
 static_assert(TK_CAP % TK_THREADS == 0, "select registers");
 
-/* Per-row counters of finished split blocks: zero between calls (the merging block resets
- * its row's); device globals, so one call at a time per device. */
-static __device__ unsigned tk_cnt[TK_CNT];
+/* Per-row counters of finished split blocks (tk_cnt, the launch context's topk_cnt): zero
+ * between calls (the merging block resets its row's), so one call at a time per context. */
 
 /* One (row, split)'s result. */
 struct tk_part {
@@ -325,7 +324,7 @@ static __global__ void __launch_bounds__(TK_THREADS)
 topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_split, const struct topk_row *rows,
                     const struct logit_adj *adj, int adj_cap, float *__restrict__ adj_raw, struct tk_part *parts,
                     unsigned long long *pkeys, int fused, struct topk_summary *__restrict__ sums,
-                    struct topk_cand *__restrict__ cands) {
+                    struct topk_cand *__restrict__ cands, unsigned *tk_cnt) {
     pdl_wait();
     pdl_trigger();
     __shared__ unsigned long long sk[TK_CAP];
@@ -548,23 +547,11 @@ topk_merge_kernel(int n_split, const struct topk_row *rows, const struct tk_part
 
 /* ---------------------------------------------------------------- launchers ---- */
 
-static int sm_count(void) {
-    static int n; /* a benign race: every thread computes the same value */
-    if (n <= 0) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            cudaGetLastError();
-            v = 132;
-        }
-        n = v > 0 ? v : 132;
-    }
-    return n;
-}
-
 /* Slices: about two blocks per SM over the step, 4K..64K tokens each, multiples of 32
  * (whole bitmap words), no empty block. */
-static void plan(int n_rows, int nv, int *n_split, int *slice) {
-    const int want = (2 * sm_count() + n_rows - 1) / n_rows;
+static void plan(const struct cuda_ctx *ctx, int n_rows, int nv, int *n_split, int *slice) {
+    const int sms = ctx->n_sm > 0 ? ctx->n_sm : 132;
+    const int want = (2 * sms + n_rows - 1) / n_rows;
     const int most = (nv + TK_SLICE_MIN - 1) / TK_SLICE_MIN;
     const int least = (nv + TK_SLICE_MAX - 1) / TK_SLICE_MAX;
     int ns = want < most ? want : most;
@@ -576,17 +563,16 @@ static void plan(int n_rows, int nv, int *n_split, int *slice) {
     *n_split = (nv + sl - 1) / sl;
 }
 
-extern "C" uint64_t cuda_topk_scratch_bytes(int n_rows, int n_vocab) {
+extern "C" uint64_t cuda_topk_scratch_bytes(const struct cuda_ctx *ctx, int n_rows, int n_vocab) {
     int ns, sl;
-    plan(n_rows, n_vocab, &ns, &sl);
+    plan(ctx, n_rows, n_vocab, &ns, &sl);
     return (uint64_t)n_rows * ns * (sizeof(struct tk_part) + TOPK_MAX * sizeof(unsigned long long));
 }
 
-extern "C" void cuda_logits_topk(const struct cuda_topk_args *a, void *stream) {
+extern "C" void cuda_logits_topk(struct cuda_ctx *ctx, const struct cuda_topk_args *a) {
     if (a->n_rows <= 0 || a->n_vocab <= 0) return;
-    cudaStream_t st = (cudaStream_t)stream;
     int ns, sl;
-    plan(a->n_rows, a->n_vocab, &ns, &sl);
+    plan(ctx, a->n_rows, a->n_vocab, &ns, &sl);
     struct tk_part *parts = (struct tk_part *)a->scratch;
     unsigned long long *pkeys = (unsigned long long *)(parts + (int64_t)a->n_rows * ns);
     int32_t *out = (int32_t *)a->out;
@@ -594,13 +580,16 @@ extern "C" void cuda_logits_topk(const struct cuda_topk_args *a, void *stream) {
     struct topk_summary *sums = (struct topk_summary *)out;
     struct topk_cand *cands = (struct topk_cand *)(out + topk_cand_word(a->n_rows));
     const int fused = a->n_rows <= TK_CNT;
-    (void)klaunch(topk_partial_kernel, dim3((unsigned)ns, (unsigned)a->n_rows), dim3(TK_THREADS), 0, st,
+    (void)klaunch(topk_partial_kernel, dim3((unsigned)ns, (unsigned)a->n_rows), dim3(TK_THREADS), 0, ctx,
                   (const float *)a->logits, a->ld, a->n_vocab, sl, ns, (const struct topk_row *)a->rows,
-                  (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys, fused, sums, cands);
+                  (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys, fused, sums, cands,
+                  ctx->topk_cnt);
     if (!fused)
-        (void)klaunch(topk_merge_kernel, dim3((unsigned)a->n_rows), dim3(TK_THREADS), 0, st, ns,
+        (void)klaunch(topk_merge_kernel, dim3((unsigned)a->n_rows), dim3(TK_THREADS), 0, ctx, ns,
                       (const struct topk_row *)a->rows, (const struct tk_part *)parts,
                       (const unsigned long long *)pkeys, sums, cands);
 }
 
-extern "C" int cuda_topk_counters_busy(void) { return device_counters_busy(tk_cnt); }
+extern "C" int cuda_topk_counters_busy(const struct cuda_ctx *ctx) {
+    return device_counters_busy(ctx->topk_cnt, TK_CNT);
+}
