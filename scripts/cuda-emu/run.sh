@@ -2,8 +2,9 @@
 # The CUDA kernels' tests on the CPU, for sessions and machines without a GPU: builds the CUDA
 # sources as C++ against a fiber-based emulator (emu.h, emu.cpp; patch.py rewrites launches and
 # inline PTX) and runs test_cuda_mmv, the one-token kernel variants, test_cuda_attn's kernel
-# tests and test_cuda_forward on the fixtures. It checks logic, not speed, the memory model,
-# PDL or races (see emu.h), and is no substitute for the GPU run: docs/cuda-backend.md.
+# tests, test_cuda_forward on the fixtures and test_cuda_multi's single-thread parts (two
+# backends interleaved). It checks logic, not speed, the memory model, PDL or races (see
+# emu.h), and is no substitute for the GPU run: docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
 #     --quick      test_cuda_mmv and the attention tests only (about 3 minutes on 2 cores)
@@ -61,7 +62,11 @@ link() { # name source
 }
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
 link attn "$here/drivers/attn.c"
-[ $quick = 1 ] || { link mmv_variants "$here/drivers/mmv_variants.c"; link forward "$here/drivers/forward.c"; }
+[ $quick = 1 ] || {
+    link mmv_variants "$here/drivers/mmv_variants.c"
+    link forward "$here/drivers/forward.c"
+    link multi "$here/drivers/multi.c"
+}
 [ ${#models[@]} = 0 ] || link logits "$here/drivers/logits.c"
 
 fail=0
@@ -76,6 +81,7 @@ run ./attn
 if [ $quick = 0 ]; then
     run ./mmv_variants
     run ./forward
+    run ./multi
 fi
 for m in "${models[@]}"; do
     ./logits "$m" 2> /dev/null | tee -a "$out/logits.log" || fail=1
