@@ -832,7 +832,7 @@ static mmq_plan plan_of(const struct cuda_ctx *d, uint32_t type, int64_t rows, i
 }
 
 /* Heuristic (the static choice: SMELT_NO_TUNE=1, and the fallback of the backend's
- * measured choice, cuda_backend.c): the token width is the smallest tile width >= n (at
+ * measured choice, cuda_matmul.c): the token width is the smallest tile width >= n (at
  * most 64; wider n takes several token tiles); 256 weight rows where that leaves at least
  * 4 units per block (the activations are re-read once per row tile, so taller tiles read
  * less of them; but a tile split between many blocks costs its last block the sum of all

@@ -2,14 +2,15 @@
  * given (weight type, rows, k, token-row bucket), chosen once by timing the candidates on
  * the running device. This file is the host-side bookkeeping only (buckets, the candidate
  * list, the write-once table, the log text), so it builds and is tested without a GPU; the
- * timing and the contract with CUDA graphs are in cuda_backend.c ("matmul path choice")
- * and docs/cuda-backend.md ("Choosing the path by measurement").
+ * timing and the contract with CUDA graphs are in cuda_matmul.c ("matrix products: the
+ * paths and the choice between them") and docs/cuda-backend.md ("Choosing the path by
+ * measurement").
  *
  * A choice is an int: >= 0 one of the tensor-core kernel's fixed tiles (cuda_mmq.h),
  * MMTUNE_MMQ_AUTO that kernel with its static per-shape tile, MMTUNE_GEMM dequantization
  * to F16 + cuBLAS, MMTUNE_MMV the 8-row kernel repeated over 8-row chunks. */
-#ifndef SMELT_BACKEND_MM_TUNE_H
-#define SMELT_BACKEND_MM_TUNE_H
+#ifndef SMELT_CUDA_MM_TUNE_H
+#define SMELT_CUDA_MM_TUNE_H
 
 #include <stdbool.h>
 #include <stddef.h>
