@@ -1,6 +1,6 @@
 /* The CUDA runtime and cuBLAS calls smelt and its tests make, as macros onto the emulator
  * (emu.cpp): device memory is host memory, one stream, captures become replayable lists.
- * Force-included into the C sources too (cuda_backend.c, the tests). */
+ * Force-included into the C sources too (the backend's cuda_*.c, the tests). */
 #ifndef EMU_API_H
 #define EMU_API_H
 #include <cuda_runtime_api.h>

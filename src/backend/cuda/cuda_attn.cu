@@ -410,7 +410,7 @@ static __global__ void __launch_bounds__(TH)
      * (cuda_common.cuh). With RoPE fused (a decode step, no row list), the positions and
      * block tables (and slots) are the step's host-copied inputs, complete before its first
      * kernel ran, the RoPE table was made by a kernel launched without PDL after it
-     * (cuda_pdl_fence), and the only cache slot this step writes is each row's new key,
+     * (cuda_ctx.pdl_fence), and the only cache slot this step writes is each row's new key,
      * which this kernel substitutes from shared memory and never copies: the first stage's
      * loads and the RoPE angles go out before the wait, overlapping the previous kernel's
      * tail. Block (slot 0, split 0) always waits, so the
