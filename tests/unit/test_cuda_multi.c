@@ -150,7 +150,7 @@ static bool run_open(struct run *r, int device, const char *path) {
     memset(r, 0, sizeof *r);
     r->device = device;
     if (cuda_backend_new(&r->bk, device, &e) != SMELT_OK || gguf_open(&r->f, path, &e) != SMELT_OK ||
-        model_load(&r->m, r->f, r->bk, &e) != SMELT_OK || model_kv_new(r->m, QT_F16, 16, 16, &r->kv, &e) != SMELT_OK ||
+        model_load(&r->m, r->f, r->bk, &e) != SMELT_OK || model_kv_new(r->m, QT_F16, 16, 16, 0, &r->kv, &e) != SMELT_OK ||
         kv_pool_init(&r->pool, 16, 16, &e) != SMELT_OK) {
         fprintf(stderr, "%s on GPU %d: %s\n", path, device, e.msg);
         return false;
