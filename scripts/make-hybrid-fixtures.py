@@ -217,7 +217,7 @@ def write_gguf(path, model, cfg, mtp, f16, explicit_pattern):
         w.add_full_attention_interval(3)
     mrf.add_vocab(w, "qwen2")
     w.add_chat_template(CHATML)
-    mrf.write_tensors(w, gguf_tensors(model, cfg) + mtp, f16)
+    mrf.write_tensors(w, gguf_tensors(model, cfg) + mtp, "f16" if f16 else "f32")
 
 
 def main():

@@ -581,12 +581,14 @@ def write_gguf(path, name, arch, model, cfg, kind):
             w.add_vocab_size(cfg.vocab_size)
             w.add_rope_dimension_count(head_dim)
     add_vocab(w, arch)
-    write_tensors(w, gguf_tensors(model, arch, cfg), f16)
+    write_tensors(w, gguf_tensors(model, arch, cfg), kind)
 
 
-def write_tensors(w, tensors, f16):
-    """Adds (name, float32 array) tensors (2-D ones as float16 when f16: they must be
-    float16-exact) and writes the file."""
+def write_tensors(w, tensors, kind):
+    """Adds (name, float32 array) tensors and writes the file. kind "f32": as they are;
+    "f16": 2-D and 3-D ones as float16 (they must be float16-exact), the routers
+    (ffn_gate_inp*) F32; "q8_0": experts (3-D) Q8_0 (they must be Q8_0-exact), the
+    rest as "f16"."""
     for tname, arr in tensors:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if kind in ("q8_0", "mxfp4") and arr.ndim == 3:

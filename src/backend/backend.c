@@ -255,7 +255,8 @@ uint32_t bk_missing_features(const struct backend *b, uint32_t features) {
 
 const char *bk_feature_names(uint32_t features, char *buf, size_t n) {
     static const char *const names[] = {"attention sinks", "gpt-oss's clamped SwiGLU",
-                                        "expert biases", "unrounded YaRN"};
+                                        "expert biases", "unrounded YaRN",
+                                        "a per-row GLU gate (shared experts)"};
     size_t o = 0;
     if (n) buf[0] = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -325,8 +326,11 @@ void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
             const struct tensor *up, enum glu_act act) {
     if (b->status != SMELT_OK) return;
     BK_ASSERT(is_f32_rows(dst) && is_f32_rows(gate) && is_f32_rows(up));
-    BK_ASSERT(tensor_same_shape(dst, gate) && tensor_same_shape(dst, up));
-    BK_ASSERT(has(b, glu_needs(act)));
+    BK_ASSERT(tensor_same_shape(dst, up));
+    bool row_gate = !tensor_same_shape(dst, gate);
+    BK_ASSERT(!row_gate || (gate->ne[0] == 1 && tensor_nrows(gate) == tensor_nrows(up) &&
+                            act != GLU_SWIGLU_OAI));
+    BK_ASSERT(has(b, glu_needs(act) | (row_gate ? BK_FEAT_GLU_ROW_GATE : 0)));
     b->ops->glu(b, dst, gate, up, act);
 }
 

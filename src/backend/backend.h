@@ -171,6 +171,7 @@ enum bk_feature {
     BK_FEAT_MOE_BIAS = 1u << 2,       /* moe_experts.gate_b / up_b / down_b */
     BK_FEAT_YARN_UNROUNDED = 1u << 3, /* rope_params.yarn_unrounded (rope and the fused
                                        * ops that rotate) */
+    BK_FEAT_GLU_ROW_GATE = 1u << 4,   /* glu with one gate per row (a shared expert's) */
 };
 
 /* Per-step inputs of the recurrent-state ops (bk_ssm_conv, bk_gated_delta_net). A
@@ -198,11 +199,13 @@ enum {
 
 /* The Gated DeltaNet's head layout (Qwen3-Next / Qwen3.5 linear attention). q and k have
  * n_k_head heads of head_k, v has n_v_head heads of head_v; n_v_head is a multiple of
- * n_k_head and value head h reads key head h % n_k_head (GGUF's tiled order: llama.cpp's
- * converter reorders HF's grouped value heads so). */
+ * n_k_head, and value head h reads key head h % n_k_head (the tiled order: llama.cpp's
+ * converter reorders Qwen3.5's value heads so), or h / (n_v_head / n_k_head) when grouped
+ * (HF's order, which Qwen3-Next GGUFs keep). */
 struct gdn_params {
     int32_t n_k_head, head_k, n_v_head, head_v;
-    float eps; /* L2 norm: x / sqrt(sum(x^2) + eps) (1e-6 in transformers and FLA) */
+    float eps;    /* L2 norm: x / sqrt(sum(x^2) + eps) (1e-6 in transformers and FLA) */
+    bool grouped; /* value heads grouped by key head (qwen3next) rather than tiled */
 };
 
 /* An RMSNorm applied to an op's input before it is used (dst = W rms_norm(x) * w): lets a
@@ -419,7 +422,9 @@ void bk_add(struct backend *b, struct tensor *dst, const struct tensor *a,
             const struct tensor *c);
 /* dst = x * s. In place ok. */
 void bk_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
-/* dst = act(gate) * up, all the same shape. In place ok (dst == gate or up). */
+/* dst = act(gate) * up, all the same shape; or gate (1, rows of up): one gate per row,
+ * dst[:, r] = act(gate[r]) * up[:, r] (a shared expert's sigmoid gate; not with
+ * GLU_SWIGLU_OAI; needs BK_FEAT_GLU_ROW_GATE). In place ok (dst == gate or up). */
 void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
             const struct tensor *up, enum glu_act act);
 /* x = cap * tanh(x / cap), in place (final-logit soft-capping). */
@@ -468,7 +473,8 @@ void bk_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
  * head_v, n_tokens): q heads, k heads, v heads in a row (the conv's output); a, bl F32
  * (n_v_head, n_tokens); ssm_a, dt_bias F32 (n_v_head); ss F32 (n_v_head * head_v *
  * head_k, n_slots): slot = n_v_head states of head_v rows of head_k (row v holds S[v, :]);
- * dst F32 (head_v, n_v_head, n_tokens). The state is updated (and snapshotted) as in
+ * dst F32 (head_v, n_v_head, n_tokens). kh = h / (n_v_head / n_k_head) when p->grouped.
+ * The state is updated (and snapshotted) as in
  * bk_ssm_conv. A backend may run a chunked form for prefill rows (same math, other
  * rounding). */
 void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv,

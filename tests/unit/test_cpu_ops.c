@@ -232,6 +232,24 @@ static void test_elementwise(void) {
              max_err(y->data, ref, n * rows), clamped);
     bk_glu(bk, g8, g8, u8, GLU_SWIGLU_OAI); /* in place */
     T_CHECK(memcmp(g8->data, y->data, (size_t)(n * rows) * 4) == 0);
+    bk_glu(bk, y, a, c, GLU_SIGMOID);
+    for (int64_t i = 0; i < n * rows; i++) ref[i] = C[i] / (1 + exp(-(double)A[i]));
+    T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
+    /* one gate per row (a shared expert's), every activation; in place on up */
+    struct tensor *g1 = rand_f32(1, rows, 1);
+    const float *G = g1->data;
+    for (int act = GLU_SILU; act <= GLU_SIGMOID; act++) {
+        memcpy(y->data, C, (size_t)(n * rows) * 4);
+        bk_glu(bk, y, g1, y, (enum glu_act)act);
+        for (int64_t i = 0; i < n * rows; i++) {
+            double x = G[i / n];
+            double f = act == GLU_SILU        ? x / (1 + exp(-x))
+                       : act == GLU_SIGMOID ? 1 / (1 + exp(-x))
+                                            : 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+            ref[i] = f * C[i];
+        }
+        T_CHECKF(max_err(y->data, ref, n * rows) < 1e-6, "row gate, act %d", act);
+    }
 
     memcpy(y->data, A, (size_t)(n * rows) * 4);
     bk_softcap(bk, y, 3.0f);

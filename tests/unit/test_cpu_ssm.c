@@ -8,7 +8,9 @@
  * (the fused recurrent path), chunks of 1..130 rows (the chunkwise path, several chunks
  * of 64), snapshots at the start, inside and at the end of a sequence's rows, and a
  * restore: a snapshot copied into a new slot continues as its own sequence. Outputs,
- * live states and snapshots are all compared. */
+ * live states and snapshots are all compared. All of it twice: value heads tiled over the
+ * key heads (qwen35's GGUF order, value head h reads key head h % 2) and grouped
+ * (qwen3next's, h / 2). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,6 +32,7 @@
 
 static struct backend *bk;
 static unsigned long long rng = 0x55d1e17aULL;
+static bool grouped; /* the head layout under test (gdn_params.grouped) */
 
 /* The weights, fixed for the whole test. */
 static float w_conv[CH * DC], ssm_a[NV], dt_bias[NV];
@@ -70,7 +73,7 @@ static void ref_gdn(const struct hist *h, int upto, double *S, double *out) {
     memset(S, 0, sizeof(double) * SS);
     for (int t = 0; t < upto; t++) {
         for (int hh = 0; hh < NV; hh++) {
-            int kh = hh % NK;
+            int kh = grouped ? hh / (NV / NK) : hh % NK;
             const float *row = h->xc[t];
             double q[HK], k[HK], qq = 0, kk = 0;
             for (int j = 0; j < HK; j++) {
@@ -152,7 +155,7 @@ static void run_step(const struct part *parts, int np) {
         }
     }
     bk_ssm_conv(bk, xc, x, &wc_t, &cs_t, seqs, true);
-    struct gdn_params p = {NK, HK, NV, HV, 1e-6f};
+    struct gdn_params p = {NK, HK, NV, HV, 1e-6f, grouped};
     bk_gated_delta_net(bk, o, xc, a, bl, &sa_t, &dt_t, &ss_t, seqs, &p);
     struct err e;
     T_CHECK(bk_sync(bk, &e) == SMELT_OK);
@@ -207,7 +210,10 @@ static void copy_slot(int dst, int src) {
     T_CHECK(bk_sync(bk, &e) == SMELT_OK);
 }
 
-static void test_ssm_ops(void) {
+static void ssm_ops(bool grouped_heads) {
+    grouped = grouped_heads;
+    memset(H, 0, sizeof H);
+    worst_out = worst_state = 0;
     for (int i = 0; i < CH * DC; i++)
         w_conv[i] = t_randn(&rng) * 0.5f;
     for (int i = 0; i < NV; i++) {
@@ -243,15 +249,24 @@ static void test_ssm_ops(void) {
     H[3].n = 33;
     run_step((struct part[]){{3, 1, 3, -1, -1}, {0, 1, 0, -1, -1}}, 2);
     run_step((struct part[]){{3, 40, 3, 6, 17}, {1, 1, 1, -1, -1}}, 2);
-    printf("max rel err: outputs %.2e, states %.2e\n", worst_out, worst_state);
+    printf("%s: max rel err: outputs %.2e, states %.2e\n", grouped ? "grouped" : "tiled",
+           worst_out, worst_state);
     bk_buffer_free(bk, &cs_t);
     bk_buffer_free(bk, &ss_t);
+}
+
+static void test_ssm_ops_tiled(void) {
+    ssm_ops(false);
+}
+static void test_ssm_ops_grouped(void) {
+    ssm_ops(true);
 }
 
 int main(void) {
     struct err e;
     if (cpu_backend_new(&bk, 2, &e) != SMELT_OK) return 1;
-    T_RUN(test_ssm_ops);
+    T_RUN(test_ssm_ops_tiled);
+    T_RUN(test_ssm_ops_grouped);
     bk_free(bk);
     return t_done();
 }

@@ -207,7 +207,8 @@ static smelt_status cpu_sync(struct backend *b, struct err *e) {
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
-    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED,
+    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED |
+                BK_FEAT_GLU_ROW_GATE,
     .weight_bind = cpu_weight_bind,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,

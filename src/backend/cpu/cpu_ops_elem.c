@@ -132,13 +132,19 @@ static void swiglu_oai_mul(const struct cpu_vec *v, float *y, const float *g, co
  * Gemma 3 prefill). */
 static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     struct bin_ctx *c = vctx; /* a = gate, c = up */
-    int64_t n = c->a->ne[0];
+    int64_t n = c->c->ne[0];
     const struct cpu_vec *v = c->vec;
     for (int64_t r = i0; r < i1; r++) {
         const float *g = row_at(c->a, r);
         const float *u = row_at(c->c, r);
         float *y = row_at(c->dst, r);
-        if (c->act == GLU_SILU)
+        if (c->a->ne[0] == 1 && n > 1) { /* one gate for the row: act(g) * up */
+            float s, one = 1.0f;
+            if (c->act == GLU_SILU) v->silu_mul(&s, g, &one, 1);
+            else if (c->act == GLU_GELU_TANH) v->gelu_mul(&s, g, &one, 1);
+            else s = 1.0f / (1.0f + expf(-*g));
+            for (int64_t i = 0; i < n; i++) y[i] = s * u[i];
+        } else if (c->act == GLU_SILU)
             v->silu_mul(y, g, u, n);
         else if (c->act == GLU_GELU_TANH)
             v->gelu_mul(y, g, u, n);
@@ -154,7 +160,7 @@ void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate
     struct bin_ctx ctx = {.dst = dst, .a = gate, .c = up, .act = act, .vec = cpu_of(b)->vec};
     /* a thread per 16K elements at least: the few rows of an MoE expert block (8 rows of
      * 768 at decode) are not worth waking the pool for */
-    cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(gate), 16384 / gate->ne[0] + 1);
+    cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(up), 16384 / up->ne[0] + 1);
 }
 
 /* ---- softcap, softmax ---- */

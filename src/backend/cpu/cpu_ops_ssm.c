@@ -148,7 +148,8 @@ static inline float dotf(const float *a, const float *b, int64_t n) {
 static void gdn_load(const struct gdn_ctx *c, int64_t r, int64_t h, float *q, float *k,
                      const float **v, float *g, float *beta) {
     const struct gdn_params *p = &c->p;
-    int64_t hk = p->head_k, kh = h % p->n_k_head;
+    int64_t hk = p->head_k,
+            kh = p->grouped ? h / (p->n_v_head / p->n_k_head) : h % p->n_k_head;
     const float *row = (const float *)c->qkv->data + r * c->qkv->ne[0];
     const float *qs = row + kh * hk, *ks = row + (int64_t)p->n_k_head * hk + kh * hk;
     float qq = dotf(qs, qs, hk), kk = dotf(ks, ks, hk);
