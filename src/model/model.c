@@ -22,9 +22,9 @@
 #include "util/half.h"
 #include "util/mix.h"
 
-static const struct arch_def *const archs[] = {&arch_llama,   &arch_qwen2,  &arch_qwen3,
-                                               &arch_qwen3moe, &arch_gemma3, &arch_qwen35,
-                                               &arch_gpt_oss};
+static const struct arch_def *const archs[] = {
+    &arch_llama,  &arch_qwen2,  &arch_qwen3,     &arch_qwen3moe,  &arch_gemma3,
+    &arch_qwen35, &arch_qwen35moe, &arch_qwen3next, &arch_gpt_oss};
 
 /* ---- loader ---- */
 
@@ -197,11 +197,12 @@ smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *
 
 void ld_dim(struct loader *l, const char *suffix, bool optional, int32_t *out,
                    uint32_t max) {
+    char key[128];
+    arch_key(l, suffix, key, sizeof key);
+    if (optional && !gguf_get(l->f, key)) return; /* absent: *out stays as it is */
     uint32_t v = (uint32_t)*out;
     if (ld_u32(l, suffix, optional, &v) != SMELT_OK) return;
     if (v == 0 || v > max) {
-        char key[128];
-        arch_key(l, suffix, key, sizeof key);
         l->st = err_set(l->e, SMELT_ERR_FORMAT, "metadata key %s: %u is out of range (1..%u)",
                         key, v, max);
         return;
@@ -260,6 +261,26 @@ void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weigh
                         "tensor blk.%d.ffn_%s_exps.bias is missing (the file has other expert "
                         "biases of the layer)", il, exps[miss]);
     }
+    /* a shared expert: all three projections when the file has any of them */
+    bool any = false;
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_shexp.weight", il, exps[i]);
+        any = any || gguf_find_tensor(l->f, name) != NULL;
+    }
+    if (!any || l->st != SMELT_OK) return;
+    const int64_t fs = hp->n_ff_shexp;
+    if (fs == 0) {
+        char key[128];
+        arch_key(l, "expert_shared_feed_forward_length", key, sizeof key);
+        l->st = err_set(l->e, SMELT_ERR_FORMAT,
+                        "tensor %s: a shared expert, but %s is absent and %s.feed_forward_length "
+                        "is 0", name, key, hp->arch);
+        return;
+    }
+    w->sh_gate = ld_matrix(l, false, d, fs, "blk.%d.ffn_gate_shexp.weight", il);
+    w->sh_up = ld_matrix(l, false, d, fs, "blk.%d.ffn_up_shexp.weight", il);
+    w->sh_down = ld_matrix(l, false, fs, d, "blk.%d.ffn_down_shexp.weight", il);
+    w->sh_gate_inp = ld_vector(l, true, d, "blk.%d.ffn_gate_inp_shexp.weight", il);
 }
 
 /* The expert keys of an FFN_MOE architecture; a dense one with experts is refused. */
@@ -271,10 +292,15 @@ static void ld_experts(struct loader *l) {
         uint32_t n = 0;
         ld_u32(l, "expert_count", true, &n);
         if (l->st == SMELT_OK && n > 0) {
+            char list[128] = "";
+            for (size_t i = 0, o = 0; i < sizeof archs / sizeof archs[0] && o < sizeof list; i++)
+                if (archs[i]->ffn == FFN_MOE)
+                    o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "",
+                                          archs[i]->name);
             arch_key(l, "expert_count", key, sizeof key);
             l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED,
                             "%s is %u: mixture-of-experts %s files are not supported (MoE "
-                            "architectures: qwen3moe, gpt-oss)", key, n, hp->arch);
+                            "architectures: %s)", key, n, hp->arch, list);
         }
         return;
     }
@@ -297,6 +323,8 @@ static void ld_experts(struct loader *l) {
         return;
     }
     ld_dim(l, "expert_feed_forward_length", true, &hp->n_ff_exp, 1u << 22);
+    hp->n_ff_shexp = hp->n_ff; /* llama.cpp's default */
+    ld_dim(l, "expert_shared_feed_forward_length", true, &hp->n_ff_shexp, 1u << 22);
 }
 
 /* RoPE from {arch}.rope.*: frequency base, rotated dims, scaling (linear, YaRN), and the
@@ -392,7 +420,8 @@ static void load_common(struct loader *l) {
     struct model_hparams *hp = &m->hp;
     ld_dim(l, "embedding_length", false, &hp->n_embd, 1u << 18);
     ld_dim(l, "block_count", false, &hp->n_layer, 1u << 12);
-    ld_dim(l, "feed_forward_length", false, &hp->n_ff, 1u << 22);
+    /* an MoE file may have no dense FFN width (Qwen3.5's MoE models) */
+    ld_dim(l, "feed_forward_length", m->arch->ffn == FFN_MOE, &hp->n_ff, 1u << 22);
     ld_dim(l, "context_length", false, &hp->n_ctx_train, 1u << 30);
     ld_dim(l, "attention.head_count", false, &hp->n_head, 1u << 12);
     hp->n_head_kv = hp->n_head;
@@ -757,8 +786,19 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1);     /* (k, n) each row's experts */
     struct tensor *weights = bk_new(bk, QT_F32, k, n, 1); /* (k, n) and their weights */
     bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre);
+    struct tensor *sh = NULL; /* the shared expert's hidden rows, from x before dst changes */
+    if (w->sh_up) {
+        sh = bk_new(bk, QT_F32, w->sh_up->ne[1], n, 1); /* (n_ff_shexp, n) */
+        bk_ffn_glu(bk, sh, w->sh_gate, w->sh_up, x, act, &pre);
+        if (w->sh_gate_inp) { /* sigmoid(g . x') scales its output; W_down is linear */
+            struct tensor *g = bk_new(bk, QT_F32, 1, n, 1);
+            bk_matmul_group(bk, 1, &g, &w->sh_gate_inp, NULL, x, &pre);
+            bk_glu(bk, sh, g, sh, GLU_SIGMOID);
+        }
+    }
     const struct moe_experts ex = {w->gate, w->up, w->down, act, w->gate_b, w->up_b, w->down_b};
     bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc);
+    if (sh) bk_matmul_acc(bk, dst, w->sh_down, sh, next);
 }
 
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att) {

@@ -5,9 +5,9 @@
  * checks, the layers' memory (KV blocks and recurrent state slots), the step's inputs,
  * embedding, attention block, the FFN (dense or mixture of experts), logits). Each
  * architecture family has one file (model_llama.c: llama, qwen2, qwen3, qwen3moe;
- * model_gemma3.c; model_qwen35.c; model_gpt_oss.c) that binds its own per-layer weights and
- * writes its forward pass as a readable sequence of ops. See docs/forward.md for how to add
- * one, and for the memory kinds.
+ * model_gemma3.c; model_qwen35.c: qwen35, qwen35moe, qwen3next; model_gpt_oss.c) that
+ * binds its own per-layer weights and writes its forward pass as a readable sequence of
+ * ops. See docs/forward.md for how to add one, and for the memory kinds.
  *
  * Lifetimes: the gguf_file outlives the model (weights are views into its mapping on the
  * CPU). A kv_store belongs to one model and one backend.
@@ -46,6 +46,8 @@ struct model_hparams {
     int32_t n_expert;      /* {arch}.expert_count */
     int32_t n_expert_used; /* {arch}.expert_used_count: experts per token */
     int32_t n_ff_exp;      /* {arch}.expert_feed_forward_length (default n_ff / n_expert_used) */
+    int32_t n_ff_shexp;    /* {arch}.expert_shared_feed_forward_length (default n_ff): the
+                            * shared expert's width, where the layers have one */
     enum moe_gating gating; /* how router logits become expert weights (the arch sets it) */
 };
 
@@ -84,7 +86,10 @@ struct attn_weights {
     const struct tensor *k_norm; /* (head_dim_k) or NULL */
 };
 
-/* One layer's FFN on rms_norm(x) * norm: dense, or a mixture of experts (router set). */
+/* One layer's FFN on rms_norm(x) * norm: dense, or a mixture of experts (router set),
+ * optionally with a shared expert: a dense FFN every row runs beside its routed experts
+ * (qwen35moe, qwen3next; qwen2moe and deepseek have one too), its output scaled by
+ * sigmoid(sh_gate_inp . x') when that gate is present. */
 struct ffn_weights {
     const struct tensor *norm;   /* (n_embd) */
     const struct tensor *router; /* MoE: F32 (n_embd, n_expert); NULL: dense */
@@ -95,6 +100,9 @@ struct ffn_weights {
     const struct tensor *router_b;       /* (n_expert) */
     const struct tensor *gate_b, *up_b;  /* (n_ff_exp, n_expert): all three or none */
     const struct tensor *down_b;         /* (n_embd, n_expert) */
+    const struct tensor *sh_gate, *sh_up; /* shared expert (n_embd, n_ff_shexp) or NULL */
+    const struct tensor *sh_down;         /* (n_ff_shexp, n_embd) */
+    const struct tensor *sh_gate_inp;     /* F32 (n_embd, 1) or NULL: no gate */
 };
 
 /* What an architecture's FFN layers are. */
@@ -178,7 +186,7 @@ struct model {
 
 /* The supported architectures (general.architecture values). */
 extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3,
-    arch_qwen35, arch_gpt_oss;
+    arch_qwen35, arch_qwen35moe, arch_qwen3next, arch_gpt_oss;
 
 /* Loads hyper-parameters and binds weights of the GGUF's architecture. f must outlive the
  * model. Fails with a message naming the missing or inconsistent key or tensor. */
@@ -285,7 +293,9 @@ void ld_attn_weights(struct loader *l, int il, struct attn_weights *w);
  * blk.{il}.{norm}.weight ("ffn_norm"; qwen35 and gpt-oss: "post_attention_norm"), then
  * dense ffn_{gate,up,down} (n_ff), or the router ffn_gate_inp (converted to F32) and the
  * experts ffn_{gate,up,down}_exps (n_ff_exp, n_expert), with their biases when the file has
- * them (ffn_gate_inp.bias; ffn_{gate,up,down}_exps.bias, all three or none; F32). */
+ * them (ffn_gate_inp.bias; ffn_{gate,up,down}_exps.bias, all three or none; F32), and the
+ * shared expert when the file has one: ffn_{gate,up,down}_shexp (n_ff_shexp; all three or
+ * none) and its gate ffn_gate_inp_shexp (n_embd, optional, converted to F32). */
 void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weights *w);
 /* ld_matrix for a small matrix the ops read as F32 (a conv kernel): converted when stored
  * in another type. */
@@ -294,7 +304,8 @@ const struct tensor *ld_matrix_f32(struct loader *l, bool optional, int64_t ne0,
 /* Reads "{arch}.<suffix>" into out; absent: keeps *out when optional, else an error naming
  * the key. */
 smelt_status ld_u32(struct loader *l, const char *suffix, bool optional, uint32_t *out);
-/* A positive integer key bounded by max (an error names the key and the range). */
+/* A positive integer key bounded by max (an error names the key and the range); when
+ * optional and absent, *out is kept as it is. */
 void ld_dim(struct loader *l, const char *suffix, bool optional, int32_t *out, uint32_t max);
 smelt_status ld_f32(struct loader *l, const char *suffix, bool optional, float *out);
 
@@ -313,7 +324,8 @@ struct tensor *fwd_attention(struct model *m, struct step *s, int il, const stru
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att);
 /* The FFN of a layer, dense or MoE, on x' = rms_norm(x) * w->norm:
  *   dense  W_down (act(W_gate x') * (W_up x'))
- *   MoE    the router picks each row's experts (bk_moe_route), bk_moe_ffn sums them
+ *   MoE    the router picks each row's experts (bk_moe_route), bk_moe_ffn sums them,
+ *          plus the shared expert's dense FFN (times sigmoid(sh_gate_inp . x') if gated)
  * into dst (n_embd, rows of x): dst = FFN, or dst += FFN when acc (the residual add; dst
  * may be x). next: bk_matmul_acc's hint (the norm the caller applies to dst next; may be
  * NULL). */

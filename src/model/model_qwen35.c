@@ -1,11 +1,17 @@
-/* Qwen3.5 (dense, `qwen35`): a hybrid of Gated DeltaNet (linear attention with a
- * recurrent state) and gated full attention, three to one.
+/* Qwen3.5 and Qwen3-Next: a hybrid of Gated DeltaNet (linear attention with a recurrent
+ * state) and gated full attention, three to one. Three variants of one block:
+ *   qwen35     Qwen3.5 dense: the FFN is a dense SwiGLU;
+ *   qwen35moe  Qwen3.5 / Qwen3.6 MoE (35B-A3B, 122B-A10B, 397B-A17B): the FFN is a mixture
+ *              of experts (softmax, top-k, renormalized: MOE_SOFTMAX_TOPK) plus a shared
+ *              expert scaled by sigmoid(ffn_gate_inp_shexp . h) (fwd_ffn);
+ *   qwen3next  Qwen3-Next (80B-A3B): qwen35moe's FFN; its DeltaNet projections are packed
+ *              and its value heads grouped (below); plain NeoX RoPE (no sections).
  *
  *   per layer, pre-norm:
  *     h = rms_norm(x) * attn_norm
  *     x += recurrent ? ssm_out(gated_deltanet(h)) : W_o(attention(h) * sigmoid(gate))
  *     h = rms_norm(x) * post_attention_norm
- *     x += down(silu(gate h) * up h)
+ *     x += FFN(h)   (qwen35: down(silu(gate h) * up h); MoE variants: experts + shared)
  *   gated_deltanet(h):
  *     qkv = conv1d_silu(W_qkv h)  (causal, kernel d_conv, with its state)
  *     q, k = l2norm(...), v;  g = ssm_a * softplus(W_a h + dt_bias);  beta = sigmoid(W_b h)
@@ -31,7 +37,23 @@
  * - The multimodal RoPE sections ({arch}.rope.dimension_sections) split the rotated
  *   pairs between the text, height and width positions; for text all three are the
  *   token's position, so the rotation is NeoX RoPE over the rotated dims.
- * - transformers' l2norm is x * rsqrt(sum x^2 + 1e-6), with that epsilon fixed. */
+ * - transformers' l2norm is x * rsqrt(sum x^2 + 1e-6), with that epsilon fixed.
+ * - qwen35moe / qwen3next (transformers' Qwen3_5MoeSparseMoeBlock = Qwen3NextSparseMoeBlock,
+ *   llama.cpp's qwen35moe.cpp / qwen3next.cpp): every layer's FFN (the MTP layer's too) is
+ *   MoE with a shared expert ffn_{gate,up,down}_shexp of expert_shared_feed_forward_length
+ *   and its gate ffn_gate_inp_shexp (n_embd): both required. The routing is renormalized
+ *   always (Qwen3-Next's config has norm_topk_prob, true in the released model; the GGUF
+ *   has no key and llama.cpp normalizes). transformers' mlp_only_layers /
+ *   decoder_sparse_step (dense layers in Qwen3-Next) are not in the GGUF: llama.cpp
+ *   requires the router in every layer, and so does smelt. Qwen3.5's MoE files have no
+ *   feed_forward_length (n_ff 0).
+ * - qwen3next's DeltaNet: the converter keeps HF's grouped value-head order (value head h
+ *   reads key head h / (n_v / n_k); gdn_params.grouped), splits in_proj_qkvz into
+ *   attn_qkv = [q heads | k heads | v heads] and attn_gate (z), or, in files from before
+ *   that split, keeps it as ssm_in: per key head [q | k | v (n_v/n_k heads) | z (as v)];
+ *   in_proj_ba is ssm_ba: per key head [b (n_v/n_k) | a (n_v/n_k)]. Both are
+ *   deinterleaved here with strided copies. Its norms are qwen35's (x (1 + w), stored
+ *   w + 1; the gated norm x w). */
 #include "model/model.h"
 
 #include <string.h>
@@ -45,14 +67,18 @@ struct q35_layer {
     /* gated deltanet */
     const struct tensor *wqkv;     /* (n_embd, 2 * n_k_head * head_k + n_v_head * head_v) */
     const struct tensor *wz;       /* attn_gate (n_embd, n_v_head * head_v) */
+    const struct tensor *win;      /* qwen3next ssm_in (n_embd, conv channels + n_v_head *
+                                    * head_v): packed per key head; NULL: wqkv and wz */
     const struct tensor *wb;       /* ssm_beta (n_embd, n_v_head) */
     const struct tensor *wa;       /* ssm_alpha (n_embd, n_v_head) */
+    const struct tensor *wba;      /* qwen3next ssm_ba (n_embd, 2 * n_v_head): packed per
+                                    * key head; NULL: wb and wa */
     const struct tensor *conv;     /* ssm_conv1d F32 (d_conv, conv channels) */
     const struct tensor *dt_bias;  /* ssm_dt.bias (n_v_head) */
     const struct tensor *ssm_a;    /* (n_v_head): -exp(A_log) */
     const struct tensor *ssm_norm; /* (head_v) */
     const struct tensor *ssm_out;  /* (n_v_head * head_v, n_embd) */
-    struct ffn_weights ffn; /* its norm is post_attention_norm; dense (qwen35moe: experts) */
+    struct ffn_weights ffn; /* its norm is post_attention_norm; dense, or experts + shared */
 };
 
 /* The multi-token-prediction head (kept for speculative decoding; not run yet). */
@@ -134,12 +160,19 @@ static void load_attn(struct loader *l, int il, struct q35_layer *y) {
     y->attn.k_norm = ld_vector(l, false, hd, "blk.%d.attn_k_norm.weight", il);
 }
 
+enum variant { QWEN35, QWEN35MOE, QWEN3NEXT };
+
 static void load_common_block(struct loader *l, int il, struct q35_layer *y) {
     y->attn_norm = ld_vector(l, false, l->m->hp.n_embd, "blk.%d.attn_norm.weight", il);
     ld_ffn_weights(l, il, "post_attention_norm", &y->ffn);
+    /* the MoE variants' shared expert is part of the block, not an option */
+    if (l->st == SMELT_OK && y->ffn.router && (!y->ffn.sh_up || !y->ffn.sh_gate_inp))
+        l->st = err_set(l->e, SMELT_ERR_NOT_FOUND, "%s: tensor blk.%d.%s.weight is missing",
+                        l->m->hp.arch, il, y->ffn.sh_up ? "ffn_gate_inp_shexp" : "ffn_up_shexp");
 }
 
-static smelt_status load(struct model *m, const struct gguf_file *f, struct err *e) {
+static smelt_status load(struct model *m, const struct gguf_file *f, struct err *e,
+                         enum variant var) {
     struct loader l = {m, f, e, SMELT_OK};
     struct model_hparams *hp = &m->hp;
     if (!bk_has_recurrent(m->bk))
@@ -170,7 +203,8 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
                        hp->arch, Q->d_conv, nk, nv, d_inner);
     Q->n_mtp = (int32_t)n_mtp;
     hp->n_layer = n_all - Q->n_mtp; /* the trunk; the MTP layers follow it */
-    Q->gdn = (struct gdn_params){nk, hk, nv, d_inner / nv, 1e-6f};
+    Q->gdn = (struct gdn_params){nk, hk, nv, d_inner / nv, 1e-6f, var == QWEN3NEXT};
+    if (var != QWEN35) hp->gating = MOE_SOFTMAX_TOPK; /* softmax, top-k, renormalized */
     Q->conv_ch = 2 * nk * hk + d_inner;
     if (hp->head_dim_k != hp->head_dim_v)
         return err_set(e, SMELT_ERR_FORMAT, "%s: key_length %d differs from value_length %d",
@@ -221,10 +255,18 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
         }
         m->mem[il] = (struct layer_mem){MEM_STATE, (int64_t)(Q->d_conv - 1) * Q->conv_ch,
                                         (int64_t)nv * Q->gdn.head_v * hk};
-        y->wqkv = ld_matrix(&l, false, E, Q->conv_ch, "blk.%d.attn_qkv.weight", il);
-        y->wz = ld_matrix(&l, false, E, vdim, "blk.%d.attn_gate.weight", il);
-        y->wb = ld_matrix(&l, false, E, nv, "blk.%d.ssm_beta.weight", il);
-        y->wa = ld_matrix(&l, false, E, nv, "blk.%d.ssm_alpha.weight", il);
+        if (var == QWEN3NEXT && gguf_find_tensor(f, tname(nb, sizeof nb, il, "ssm_in.weight"))) {
+            y->win = ld_matrix(&l, false, E, Q->conv_ch + vdim, "blk.%d.ssm_in.weight", il);
+        } else {
+            y->wqkv = ld_matrix(&l, false, E, Q->conv_ch, "blk.%d.attn_qkv.weight", il);
+            y->wz = ld_matrix(&l, false, E, vdim, "blk.%d.attn_gate.weight", il);
+        }
+        if (var == QWEN3NEXT) {
+            y->wba = ld_matrix(&l, false, E, 2 * (int64_t)nv, "blk.%d.ssm_ba.weight", il);
+        } else {
+            y->wb = ld_matrix(&l, false, E, nv, "blk.%d.ssm_beta.weight", il);
+            y->wa = ld_matrix(&l, false, E, nv, "blk.%d.ssm_alpha.weight", il);
+        }
         y->conv = ld_matrix_f32(&l, false, Q->d_conv, Q->conv_ch, "blk.%d.ssm_conv1d.weight", il);
         y->dt_bias = ld_vector(&l, false, nv, "blk.%d.ssm_dt.bias", il);
         y->ssm_a = ld_vector(&l, false, nv, "blk.%d.ssm_a", il);
@@ -247,27 +289,59 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
     return l.st;
 }
 
+/* dst's view (w, nh, rows) at element offset doff (runs of w floats, one per head, rows
+ * dst->nb[1] apart) = runs of w floats at element offset off of src's rows, step floats
+ * apart: gathers one part per head out of a projection that packs several per head. */
+static void gather_heads(struct backend *bk, struct tensor *dst, int64_t doff,
+                         const struct tensor *src, int64_t off, int64_t w, int64_t nh,
+                         int64_t step) {
+    const size_t f = sizeof(float);
+    const int64_t n = src->ne[1];
+    bk_copy(bk, bk_view_3d(bk, dst, w, nh, n, (size_t)w * f, dst->nb[1], (size_t)doff * f),
+            bk_view_3d(bk, src, w, nh, n, (size_t)step * f, src->nb[1], (size_t)off * f));
+}
+
 /* The gated deltanet of layer il on rms_norm(x) * norm: returns the input of ssm_out,
  * (n_v_head * head_v, n_tokens). */
 static struct tensor *deltanet(struct model *m, struct step *s, int il, const struct q35 *Q,
                                const struct q35_layer *y, const struct tensor *x) {
     struct backend *bk = s->bk;
     const struct gdn_params *p = &Q->gdn;
-    int64_t n = s->n_tokens, vdim = (int64_t)p->n_v_head * p->head_v;
+    const int64_t n = s->n_tokens, nk = p->n_k_head, hk = p->head_k, nv = p->n_v_head,
+                  vdim = nv * p->head_v, r = nv / nk;
     struct tensor *qkv = bk_new(bk, QT_F32, Q->conv_ch, n, 1);
     struct tensor *z = bk_new(bk, QT_F32, vdim, n, 1);
-    struct tensor *bl = bk_new(bk, QT_F32, p->n_v_head, n, 1);
-    struct tensor *a = bk_new(bk, QT_F32, p->n_v_head, n, 1);
-    struct tensor *outs[4] = {qkv, z, bl, a};
-    const struct tensor *ws[4] = {y->wqkv, y->wz, y->wb, y->wa};
+    struct tensor *bl = bk_new(bk, QT_F32, nv, n, 1);
+    struct tensor *a = bk_new(bk, QT_F32, nv, n, 1);
+    /* the projections: qkv, z, b, a, or qwen3next's packed ones, then unpacked */
+    struct tensor *qkvz = y->win ? bk_new(bk, QT_F32, Q->conv_ch + vdim, n, 1) : NULL;
+    struct tensor *ba = y->wba ? bk_new(bk, QT_F32, 2 * nv, n, 1) : NULL;
+    struct tensor *outs[4];
+    const struct tensor *ws[4];
+    int no = 0;
+    if (qkvz) outs[no] = qkvz, ws[no++] = y->win;
+    else outs[no] = qkv, ws[no++] = y->wqkv, outs[no] = z, ws[no++] = y->wz;
+    if (ba) outs[no] = ba, ws[no++] = y->wba;
+    else outs[no] = bl, ws[no++] = y->wb, outs[no] = a, ws[no++] = y->wa;
     const struct prenorm pre = {y->attn_norm, m->hp.norm_eps};
-    bk_matmul_group(bk, 4, outs, ws, NULL, x, &pre);
+    bk_matmul_group(bk, no, outs, ws, NULL, x, &pre);
+    if (qkvz) { /* per key head [q | k | v (r heads) | z (r heads)] */
+        const int64_t P = 2 * hk + 2 * r * p->head_v;
+        gather_heads(bk, qkv, 0, qkvz, 0, hk, nk, P);
+        gather_heads(bk, qkv, nk * hk, qkvz, hk, hk, nk, P);
+        gather_heads(bk, qkv, 2 * nk * hk, qkvz, 2 * hk, r * p->head_v, nk, P);
+        gather_heads(bk, z, 0, qkvz, 2 * hk + r * p->head_v, r * p->head_v, nk, P);
+    }
+    if (ba) { /* per key head [b (r heads) | a (r heads)] */
+        gather_heads(bk, bl, 0, ba, 0, r, nk, 2 * r);
+        gather_heads(bk, a, 0, ba, r, r, nk, 2 * r);
+    }
     struct tensor *xc = bk_new(bk, QT_F32, Q->conv_ch, n, 1);
     bk_ssm_conv(bk, xc, qkv, y->conv, &s->kv->conv[il], s->state_seqs, true);
-    struct tensor *o = bk_new(bk, QT_F32, p->head_v, p->n_v_head, n);
+    struct tensor *o = bk_new(bk, QT_F32, p->head_v, nv, n);
     bk_gated_delta_net(bk, o, xc, a, bl, y->ssm_a, y->dt_bias, &s->kv->ssm[il], s->state_seqs, p);
     /* rms_norm(o) * ssm_norm per value head, times silu(z) */
-    struct tensor *oh = bk_reshape(bk, o, p->head_v, p->n_v_head * n, 1);
+    struct tensor *oh = bk_reshape(bk, o, p->head_v, nv * n, 1);
     bk_rms_norm(bk, oh, oh, y->ssm_norm, m->hp.norm_eps);
     bk_glu(bk, z, z, bk_reshape(bk, o, vdim, n, 1), GLU_SILU);
     return z;
@@ -288,12 +362,11 @@ static struct tensor *attention(struct model *m, struct step *s, int il, const s
     const struct prenorm pre = {y->attn_norm, m->hp.norm_eps};
     bk_matmul_group(bk, 3, outs, ws, NULL, x, &pre);
     /* deinterleave [q | gate] per head */
-    size_t f = sizeof(float);
-    struct tensor *q = bk_new(bk, QT_F32, hd, nh, n);
+    struct tensor *q = bk_new(bk, QT_F32, hd * nh, n, 1);
     struct tensor *gate = bk_new(bk, QT_F32, hd * nh, n, 1);
-    bk_copy(bk, q, bk_view_3d(bk, qg, hd, nh, n, 2 * hd * f, 2 * hd * nh * f, 0));
-    bk_copy(bk, bk_reshape(bk, gate, hd, nh, n),
-            bk_view_3d(bk, qg, hd, nh, n, 2 * hd * f, 2 * hd * nh * f, hd * f));
+    gather_heads(bk, q, 0, qg, 0, hd, nh, 2 * hd);
+    gather_heads(bk, gate, 0, qg, hd, hd, nh, 2 * hd);
+    q = bk_reshape(bk, q, hd, nh, n);
     k = bk_reshape(bk, k, hd, nkv, n);
     v = bk_reshape(bk, v, a->head_dim_v, nkv, n);
     struct qk_prep prep = {y->attn.q_norm, y->attn.k_norm, m->hp.norm_eps, &a->rope};
@@ -325,4 +398,18 @@ static struct tensor *forward(struct model *m, struct step *s) {
     return x;
 }
 
-const struct arch_def arch_qwen35 = {"qwen35", load, forward, FFN_DENSE, 0};
+static smelt_status load_qwen35(struct model *m, const struct gguf_file *f, struct err *e) {
+    return load(m, f, e, QWEN35);
+}
+static smelt_status load_qwen35moe(struct model *m, const struct gguf_file *f, struct err *e) {
+    return load(m, f, e, QWEN35MOE);
+}
+static smelt_status load_qwen3next(struct model *m, const struct gguf_file *f, struct err *e) {
+    return load(m, f, e, QWEN3NEXT);
+}
+
+const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE, 0};
+const struct arch_def arch_qwen35moe = {"qwen35moe", load_qwen35moe, forward, FFN_MOE,
+                                        BK_FEAT_GLU_ROW_GATE};
+const struct arch_def arch_qwen3next = {"qwen3next", load_qwen3next, forward, FFN_MOE,
+                                        BK_FEAT_GLU_ROW_GATE};

@@ -1,12 +1,17 @@
-/* The qwen35 forward on the CPU (Gated DeltaNet + gated attention, recurrent state slots)
- * against transformers' logits (tests/data/ref-hybrid, made by
- * scripts/make-hybrid-fixtures.py from Qwen3_5ForCausalLM), driving the memory
- * bookkeeping (engine/kv.h: blocks, state slots, snapshots, prefix cache) as the engine
- * and `smelt run` do. For the F32 and the F16 file (the same numbers; the layer pattern
- * given by full_attention_interval in one, attention.recurrent_layers in the other):
+/* The hybrid forwards on the CPU (Gated DeltaNet + gated attention, recurrent state
+ * slots) against transformers' logits (tests/data/ref-hybrid, made by
+ * scripts/make-hybrid-fixtures.py from Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and
+ * Qwen3NextForCausalLM), driving the memory bookkeeping (engine/kv.h: blocks, state
+ * slots, snapshots, prefix cache) as the engine and `smelt run` do. For every file of the
+ * manifest (qwen35: F32 and F16, the layer pattern given by full_attention_interval in
+ * one, attention.recurrent_layers in the other; qwen35moe: F16; qwen3next: F16 as
+ * today's converter writes it and as older files pack the projections, ssm_in):
  *   - a long prefill: the 150-token prompt in one step (three 64-token chunks);
  *   - prefill then decode: 75 tokens, then one per step;
- *   - a batch of the three prompts (1, 7, 150 tokens) as three sequences in one step;
+ *   - a batch of the three prompts (1, 7, 150 tokens) as three sequences in one step, whose
+ *     rows must also equal, bit for bit, each prompt run alone in one step (batch
+ *     invariance: for the MoE models, a row's experts do not depend on the rows beside
+ *     it);
  *   - a prefix-cache hit: a second sequence takes the first's cached blocks up to its
  *     last snapshot, restores the snapshot and computes only the rest;
  *   - preemption: a sequence decoding token by token is released at 130 and resumed
@@ -51,9 +56,10 @@ struct fx {
     struct kv_pool pool;
     int nv;
     struct prompt p[3];
-    double worst;
+    float *solo[3]; /* each prompt's logits alone in one step */
+    double worst, batch_diff;
     int flips;
-    const char *label;
+    const char *name, *label;
 };
 
 /* Rows got[0..count) against prompt pi's reference rows from position p0. */
@@ -68,16 +74,18 @@ static void compare(struct fx *x, int pi, int p0, int count, const float *got) {
         for (int i = 0; i < x->nv; i++)
             if (fabs((double)a[i] - r[i]) > d) d = fabs((double)a[i] - r[i]);
         if (d / max_ref > x->worst) x->worst = d / max_ref;
-        T_CHECKF(d / max_ref < TOL, "%s: prompt %d position %d: rel err %g", x->label, pi, p0 + t,
-                 d / max_ref);
+        T_CHECKF(d / max_ref < TOL, "%s %s: prompt %d position %d: rel err %g", x->name, x->label,
+                 pi, p0 + t, d / max_ref);
         if (ref_argmax(a, x->nv) != ref_argmax(r, x->nv)) x->flips++;
     }
 }
 
 /* Feeds prompt pi's positions [p0, p1) of sequence q in one step (snapshotting the last
  * block boundary as kv_seq_step decides; `ids` overrides the tokens when not NULL), and
- * compares the logits with the reference unless ids is given. */
-static bool feed(struct fx *x, struct kv_seq *q, int pi, int p0, int p1, const int32_t *ids) {
+ * compares the logits with the reference unless ids is given; keep (may be NULL) gets
+ * them. */
+static bool feed_keep(struct fx *x, struct kv_seq *q, int pi, int p0, int p1,
+                      const int32_t *ids, float *keep) {
     struct err e;
     if (kv_seq_reserve(&x->pool, q, p1, &e) != SMELT_OK) {
         T_CHECKF(0, "reserve: %s", e.msg);
@@ -97,13 +105,18 @@ static bool feed(struct fx *x, struct kv_seq *q, int pi, int p0, int p1, const i
     struct batch b = {n, ids ? ids : x->p[pi].ids + p0, pos, seq, want, 1, &view};
     int32_t n_out = 0;
     bool ok = model_forward(x->m, x->kv, &b, out, &n_out, &e) == SMELT_OK && n_out == n;
-    T_CHECKF(ok, "%s: forward [%d, %d): %s", x->label, p0, p1, e.msg);
+    T_CHECKF(ok, "%s %s: forward [%d, %d): %s", x->name, x->label, p0, p1, e.msg);
     if (ok && !ids) compare(x, pi, p0, n, out);
+    if (ok && keep) memcpy(keep, out, (size_t)n * x->nv * sizeof(float));
     free(pos);
     free(seq);
     free(want);
     free(out);
     return ok;
+}
+
+static bool feed(struct fx *x, struct kv_seq *q, int pi, int p0, int p1, const int32_t *ids) {
+    return feed_keep(x, q, pi, p0, p1, ids, NULL);
 }
 
 /* Registers q's full blocks of prompt pi in the prefix cache (as the engine does). */
@@ -120,10 +133,13 @@ static void register_blocks(struct fx *x, struct kv_seq *q, int pi, int n_done) 
 static void scenarios(struct fx *x) {
     struct kv_seq q, r;
     int n2 = x->p[2].n;
-    /* long prefill, then prefill + decode */
-    kv_seq_init(&q);
-    feed(x, &q, 2, 0, n2, NULL);
-    kv_seq_release(&x->pool, &q);
+    /* each prompt alone in one step (the long one: a long prefill), then prefill +
+     * decode */
+    for (int i = 0; i < 3; i++) {
+        kv_seq_init(&q);
+        feed_keep(x, &q, i, 0, x->p[i].n, NULL, x->solo[i]);
+        kv_seq_release(&x->pool, &q);
+    }
     kv_seq_init(&q);
     feed(x, &q, 2, 0, n2 / 2, NULL);
     for (int p = n2 / 2; p < n2; p++)
@@ -158,8 +174,14 @@ static void scenarios(struct fx *x) {
         int32_t n_out = 0;
         bool ok = model_forward(x->m, x->kv, &b, out, &n_out, &e) == SMELT_OK && n_out == total;
         T_CHECKF(ok, "%s: batch: %s", x->label, e.msg);
-        for (int i = 0, o = 0; ok && i < 3; o += x->p[i].n, i++)
-            compare(x, i, 0, x->p[i].n, out + (size_t)o * x->nv);
+        for (int i = 0, o = 0; ok && i < 3; o += x->p[i].n, i++) {
+            const float *got = out + (size_t)o * x->nv;
+            compare(x, i, 0, x->p[i].n, got);
+            for (size_t j = 0; j < (size_t)x->p[i].n * x->nv; j++) {
+                double d = fabs((double)got[j] - x->solo[i][j]);
+                if (d > x->batch_diff) x->batch_diff = d;
+            }
+        }
         for (int i = 0; i < 3; i++)
             kv_seq_release(&x->pool, &s3[i]);
         free(tok);
@@ -220,13 +242,21 @@ static void scenarios(struct fx *x) {
     T_CHECK(st.snapshots <= st.n_slots);
 }
 
-static void check_file(const char *variant) {
-    json_t *jm = json_array_get(json_object_get(manifest, "models"), 0);
+/* Model `name`'s file `variant` of the manifest through every scenario. */
+static void check_file(const char *name, const char *variant) {
+    json_t *jm = NULL, *j;
+    size_t im;
+    json_array_foreach(json_object_get(manifest, "models"), im, j)
+        if (!strcmp(json_string_value(json_object_get(j, "name")), name)) jm = j;
     const char *file = json_string_value(
         json_object_get(json_object_get(json_object_get(jm, "files"), variant), "file"));
+    if (!file) {
+        T_CHECKF(0, "%s %s: not in the manifest", name, variant);
+        return;
+    }
     char path[512];
     snprintf(path, sizeof path, "%s/%s", REF_DIR, file);
-    struct fx x = {.label = variant};
+    struct fx x = {.name = name, .label = variant};
     struct err e;
     if (gguf_open(&x.f, path, &e) != SMELT_OK || model_load(&x.m, x.f, bk, &e) != SMELT_OK) {
         T_CHECKF(0, "%s: %s", file, e.msg);
@@ -239,6 +269,12 @@ static void check_file(const char *variant) {
     T_CHECK(x.m->mem[2].kind == MEM_KV && x.m->mem[5].kind == MEM_KV);
     T_CHECK(x.m->mem[0].kind == MEM_STATE && x.m->mem[4].kind == MEM_STATE);
     T_EQ_INT(model_kv_block_bytes(x.m, QT_F32, 1), 2 * 2 * 2 * 32 * 4);
+    if (strcmp(name, "qwen35")) { /* 16 experts of 16, 4 per token, a shared one of 24 */
+        T_EQ_INT(x.m->hp.n_expert, 16);
+        T_EQ_INT(x.m->hp.n_expert_used, 4);
+        T_EQ_INT(x.m->hp.n_ff_exp, 16);
+        T_EQ_INT(x.m->hp.n_ff_shexp, 24);
+    }
     T_CHECK(model_kv_new(x.m, QT_F32, BS, NB, SLOTS, &x.kv, &e) == SMELT_OK);
     T_CHECK(kv_pool_init(&x.pool, NB, BS, &e) == SMELT_OK);
     T_CHECK(kv_prefix_enable(&x.pool, &e) == SMELT_OK);
@@ -254,30 +290,44 @@ static void check_file(const char *variant) {
             pr->ids[i] = (int32_t)json_integer_value(json_array_get(jids, (size_t)i));
         pr->ref = ref_read_f32(REF_DIR, json_string_value(json_object_get(jp, "logits")),
                                (size_t)pr->n * x.nv);
+        x.solo[ip] = calloc((size_t)pr->n * x.nv, sizeof(float));
         T_CHECK(pr->ref != NULL);
     }
     if (x.p[0].ref && x.p[1].ref && x.p[2].ref) scenarios(&x);
-    printf("qwen35 %-4s max rel err %.2e, %d argmax flips\n", variant, x.worst, x.flips);
+    printf("%-9s %-10s max rel err %.2e, %d argmax flips; batch vs alone: max |d logit| %.2g\n",
+           name, variant, x.worst, x.flips, x.batch_diff);
     T_EQ_INT(x.flips, 0);
+    /* bitwise: the F32/F16 matmul kernels are row-count invariant, the recurrent ops run
+     * each sequence's rows on their own, and a row's experts depend on it alone */
+    T_CHECKF(x.batch_diff == 0, "%s %s: a row in a batch differs from it alone by %g", name,
+             variant, x.batch_diff);
     for (int i = 0; i < 3; i++)
-        free(x.p[i].ids), free(x.p[i].ref);
+        free(x.p[i].ids), free(x.p[i].ref), free(x.solo[i]);
     kv_pool_free(&x.pool);
     model_kv_free(x.m, x.kv);
     model_free(x.m);
     gguf_close(x.f);
 }
 
-static void test_f32(void) {
-    check_file("f32");
+static void test_qwen35(void) {
+    check_file("qwen35", "f32");
+    check_file("qwen35", "f16");
 }
-static void test_f16(void) {
-    check_file("f16");
+static void test_qwen35moe(void) {
+    check_file("qwen35moe", "f16");
+}
+static void test_qwen3next(void) {
+    check_file("qwen3next", "f16");
+    check_file("qwen3next", "f16-ssm_in");
 }
 
-/* The F32 fixture rewritten with one key set (a u32, or a u32 array of n_arr entries when
- * n_arr > 0) and one tensor left out; loaded; the error must contain want. */
-static void expect_refused(const char *key, uint32_t val, int n_arr, const char *skip,
-                           const char *want) {
+#define DROP UINT32_MAX
+
+/* Fixture `file` rewritten with one key set (a u32, a u32 array of n_arr entries when
+ * n_arr > 0, or left out when val is DROP) and one tensor left out; loaded; the error
+ * must contain want. */
+static void expect_refused(const char *file, const char *key, uint32_t val, int n_arr,
+                           const char *skip, const char *want) {
     struct err e;
     struct gguf_file *f = NULL, *g = NULL;
     struct gguf_writer *w = NULL;
@@ -286,15 +336,18 @@ static void expect_refused(const char *key, uint32_t val, int n_arr, const char 
     int fd = mkstemp(tmp);
     T_CHECK(fd >= 0);
     close(fd);
-    T_CHECK(gguf_open(&f, REF_DIR "/qwen35-f32.gguf", &e) == SMELT_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", REF_DIR, file);
+    T_CHECK(gguf_open(&f, path, &e) == SMELT_OK);
     T_CHECK(gguf_writer_new(&w, &e) == SMELT_OK);
     for (int64_t i = 0; i < gguf_n_kv(f); i++) {
         const struct gguf_kv *kv = gguf_kv_at(f, i);
         char name[128];
         gguf_str_copy(kv->key, name, sizeof name);
-        gguf_set_value(w, name, &kv->val);
+        if (!(key && val == DROP && !strcmp(name, key))) gguf_set_value(w, name, &kv->val);
     }
-    if (key && n_arr > 0) {
+    if (key && val == DROP) {
+    } else if (key && n_arr > 0) {
         uint8_t flags[64] = {0};
         gguf_set_arr(w, key, GGUF_T_BOOL, flags, (uint64_t)n_arr);
     } else if (key) {
@@ -320,20 +373,44 @@ static void expect_refused(const char *key, uint32_t val, int n_arr, const char 
 }
 
 static void test_bad_files(void) {
+    const char *Q35 = "qwen35-f32.gguf", *MOE = "qwen35moe-f16.gguf", *NXT = "qwen3next-f16.gguf";
     /* recurrent tensors that disagree with the ssm_* hyper-parameters */
-    expect_refused("qwen35.ssm.state_size", 8, 0, NULL, "tensor blk.0.attn_qkv.weight: shape");
-    expect_refused("qwen35.ssm.conv_kernel", 3, 0, NULL, "tensor blk.0.ssm_conv1d.weight: shape");
-    expect_refused("qwen35.ssm.inner_size", 48, 0, NULL, "tensor blk.0.attn_qkv.weight: shape");
-    expect_refused("qwen35.ssm.time_step_rank", 3, 0, NULL, "group_count 2 must divide");
-    expect_refused(NULL, 0, 0, "blk.4.ssm_a", "tensor blk.4.ssm_a is missing");
+    expect_refused(Q35, "qwen35.ssm.state_size", 8, 0, NULL,
+                   "tensor blk.0.attn_qkv.weight: shape");
+    expect_refused(Q35, "qwen35.ssm.conv_kernel", 3, 0, NULL,
+                   "tensor blk.0.ssm_conv1d.weight: shape");
+    expect_refused(Q35, "qwen35.ssm.inner_size", 48, 0, NULL, "tensor blk.0.attn_qkv.weight: shape");
+    expect_refused(Q35, "qwen35.ssm.time_step_rank", 3, 0, NULL, "group_count 2 must divide");
+    expect_refused(Q35, NULL, 0, 0, "blk.4.ssm_a", "tensor blk.4.ssm_a is missing");
     /* layer patterns that disagree with the file */
-    expect_refused("qwen35.full_attention_interval", 2, 0, NULL,
+    expect_refused(Q35, "qwen35.full_attention_interval", 2, 0, NULL,
                    "layer 1 is full attention by the layer pattern, but tensor blk.1.ssm_a");
-    expect_refused("qwen35.full_attention_interval", 9, 0, NULL, "full_attention_interval: 9");
-    expect_refused("qwen35.attention.recurrent_layers", 0, 5, NULL,
+    expect_refused(Q35, "qwen35.full_attention_interval", 9, 0, NULL, "full_attention_interval: 9");
+    expect_refused(Q35, "qwen35.attention.recurrent_layers", 0, 5, NULL,
                    "recurrent_layers has 5 entries, the model 7 layers");
-    expect_refused("qwen35.nextn_predict_layers", 0, 0, "blk.6.nextn.eh_proj.weight",
+    expect_refused(Q35, "qwen35.nextn_predict_layers", 0, 0, "blk.6.nextn.eh_proj.weight",
                    "layer 6 is recurrent by the layer pattern, but tensor blk.6.attn_k.weight");
+    /* the MoE variants: the shared expert is required, whole and of the keys' width */
+    expect_refused(MOE, NULL, 0, 0, "blk.1.ffn_up_shexp.weight",
+                   "tensor blk.1.ffn_up_shexp.weight is missing");
+    expect_refused(MOE, NULL, 0, 0, "blk.6.ffn_gate_inp_shexp.weight",
+                   "qwen35moe: tensor blk.6.ffn_gate_inp_shexp.weight is missing");
+    expect_refused(MOE, "qwen35moe.expert_shared_feed_forward_length", 20, 0, NULL,
+                   "tensor blk.0.ffn_gate_shexp.weight: shape (64, 24), but the "
+                   "hyper-parameters say (64, 20)");
+    expect_refused(MOE, "qwen35moe.expert_shared_feed_forward_length", DROP, 0, NULL,
+                   "qwen35moe.expert_shared_feed_forward_length is absent and "
+                   "qwen35moe.feed_forward_length is 0");
+    expect_refused(MOE, "qwen35moe.expert_feed_forward_length", DROP, 0, NULL,
+                   "qwen35moe.expert_feed_forward_length is absent");
+    expect_refused(MOE, "qwen35moe.expert_count", 17, 0, NULL,
+                   "tensor blk.0.ffn_gate_inp.weight: shape (64, 16), but the hyper-parameters "
+                   "say (64, 17)");
+    /* qwen3next's packed projections */
+    expect_refused(NXT, NULL, 0, 0, "blk.3.ssm_ba.weight", "tensor blk.3.ssm_ba.weight is missing");
+    expect_refused("qwen3next-f16-ssm_in.gguf", "qwen3next.ssm.inner_size", 64, 0, NULL,
+                   "tensor blk.0.ssm_in.weight: shape (64, 256), but the hyper-parameters say "
+                   "(64, 192)");
 }
 
 /* Batches a recurrent model refuses: rows of a sequence split, a position that does not
@@ -386,8 +463,9 @@ int main(void) {
         bk_free(bk);
         return 77;
     }
-    T_RUN(test_f32);
-    T_RUN(test_f16);
+    T_RUN(test_qwen35);
+    T_RUN(test_qwen35moe);
+    T_RUN(test_qwen3next);
     T_RUN(test_bad_files);
     T_RUN(test_bad_batch);
     json_decref(manifest);
