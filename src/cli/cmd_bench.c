@@ -30,8 +30,10 @@
  * holds it (token_embd only for the rows it gathers, unless it is also the output matrix;
  * of a mixture of experts' expert tensors only the experts the step's rows select: k of
  * n_expert for one row, n (1 - (1 - k/n)^B) expected for B rows routed at random, the
- * "active bytes", expert biases included) plus the K and V of every sequence's context (at
- * the run's middle; a sliding-window layer reads at most its window). The bandwidth is
+ * "active bytes", expert biases included; not the MTP layers a hybrid file carries, which no
+ * step runs) plus the K and V of every sequence's context (at the run's middle; a
+ * sliding-window layer reads at most its window) and, with recurrent layers, each
+ * sequence's state read and written back. The bandwidth is
  * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
  * (TARGETS.md); on the CPU no bound is printed unless given. */
 #include <math.h>
@@ -308,9 +310,10 @@ struct row {
     double bw_pct; /* < 0: none */
 };
 
-/* Bytes one decode step of nseq sequences reads at context length ctx_len each: the
- * weights as the backend holds them (the selected experts only, with their biases), and the
- * K/V of every sequence (a sliding-window layer's last `window` positions only). */
+/* Bytes one decode step of nseq sequences moves at context length ctx_len each: the
+ * weights of the layers it runs as the backend holds them (the selected experts only, with
+ * their biases), the K/V of every sequence in the attention layers (a sliding-window
+ * layer's last `window` positions only), and its recurrent state (read and written). */
 static double step_bytes(const struct model *m, int nseq, double ctx_len) {
     /* the expected share of each expert tensor read: distinct experts among nseq rows
      * each choosing k of n at random, over n */
@@ -319,6 +322,8 @@ static double step_bytes(const struct model *m, int nseq, double ctx_len) {
     double w = 0;
     for (int64_t i = 0; i < m->n_tensors; i++) {
         const struct tensor *t = &m->tensors[i];
+        int il = -1; /* blk.{n_layer}..: an MTP layer, loaded and not run */
+        if (t->name && sscanf(t->name, "blk.%d.", &il) == 1 && il >= m->hp.n_layer) continue;
         double b = (double)bk_weight_bytes(m->bk, t->type, t->ne);
         if (b == 0) b = (double)tensor_nbytes(t);
         if (t == m->tok_embd && !m->hp.tied_output) b = b / (double)t->ne[1] * nseq; /* rows */
@@ -327,13 +332,14 @@ static double step_bytes(const struct model *m, int nseq, double ctx_len) {
         w += b;
     }
     for (int il = 0; il < m->hp.n_layer; il++) {
+        if (m->mem[il].kind != MEM_KV) continue; /* a recurrent layer: its state, below */
         const struct layer_attn *a = &m->layer[il];
         const double row = (double)(qtype_row_size(QT_F16, a->head_dim_k) +
                                     qtype_row_size(QT_F16, a->head_dim_v)) * a->n_head_kv;
         const int32_t win = a->attn.window;
         w += row * (win > 0 && win < ctx_len ? win : ctx_len) * nseq;
     }
-    return w;
+    return w + 2.0 * (double)model_state_slot_bytes(m) * nseq;
 }
 
 /* Sample statistics as llama-bench computes them: mean, and the standard deviation with

@@ -38,7 +38,16 @@
  * 4096, 8 x (3 Gated DeltaNet + 1 gated attention); DeltaNet 16 QK heads and 32 V heads of
  * 128, conv kernel 4; attention 16 / 4 heads of 256, 64 rotary dims (mrope sections
  * 11, 11, 10), rope base 1e7; FFN 12288; vocab 248320; untied output; one MTP layer. */
-static const struct rm_hybrid qwen35_9b = {4, 16, 32, 128, 128, 4, 64, {11, 11, 10, 0}, 1};
+static const struct rm_hybrid qwen35_9b = {4, 16, 32, 128, 128, 4, 64, {11, 11, 10, 0}, 1, 0};
+/* Qwen3.5-35B-A3B and Qwen3.6-35B-A3B (the same shape; their config.json and a llama.cpp
+ * qwen35moe GGUF's metadata): 40 layers of 2048, 10 x (3 Gated DeltaNet + 1 gated
+ * attention); DeltaNet 16 QK heads and 32 V heads of 128, conv kernel 4; attention 16 / 2
+ * heads of 256, 64 rotary dims (sections 11, 11, 10), rope base 1e7; every FFN 256
+ * experts of 512, 8 per token, plus a shared expert of 512 with its gate; no dense FFN
+ * width (no feed_forward_length key); vocab 248320; untied output; one MTP layer (MoE
+ * too). tiny-qwen35moe: the same at 256 wide, 4 layers, 16 experts of 256, 4 per token. */
+static const struct rm_hybrid qwen35_35b = {4, 16, 32, 128, 128, 4, 64, {11, 11, 10, 0}, 1, 512};
+static const struct rm_hybrid qwen35_tiny = {4, 2, 4, 64, 64, 4, 16, {3, 3, 2, 0}, 1, 256};
 
 static const struct rm_preset presets[] = {
     /* name, arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, vocab, rope, tied,
@@ -54,8 +63,12 @@ static const struct rm_preset presets[] = {
     {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 1000000.f, true, false, true, true, 512, 0, 0, 0, NULL, false},
     {"qwen3.5-9b", "qwen35", 4096, 32, 16, 4, 256, 12288, 248320, 10000000.f, false, false, true,
      false, 0, 0, 0, 0, &qwen35_9b, false},
+    {"qwen3.5-35b-a3b", "qwen35moe", 2048, 40, 16, 2, 256, 0, 248320, 10000000.f, false, false,
+     true, false, 0, 256, 8, 512, &qwen35_35b, false},
     {"tiny", "llama", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, false, false, 0, 0, 0, 0, NULL, false},
     {"tiny-moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 1000, 10000.f, false, false, true, false, 0, 16, 4, 256, NULL, false},
+    {"tiny-qwen35moe", "qwen35moe", 256, 4, 4, 2, 64, 0, 1000, 10000.f, false, false, true, false,
+     0, 16, 4, 256, &qwen35_tiny, false},
     {"gpt-oss-20b", "gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088, 150000.f, false, true, false, false, 128, 32, 4,
      2880, NULL, true},
     {"gpt-oss-120b", "gpt-oss", 2880, 36, 64, 8, 64, 2880, 201088, 150000.f, false, true, false, false, 128, 128,
@@ -72,7 +85,8 @@ const struct rm_preset *rm_preset_find(const char *name) {
 
 const char *rm_preset_names(void) {
     return "llama3-8b, llama3-1b, qwen2.5-0.5b, qwen2.5-7b, qwen3-8b, qwen3-30b-a3b, qwen3.5-9b, "
-           "gpt-oss-20b, gpt-oss-120b, gemma3-270m, gemma3-1b, tiny, tiny-moe, tiny-gpt-oss";
+           "qwen3.5-35b-a3b, gpt-oss-20b, gpt-oss-120b, gemma3-270m, gemma3-1b, tiny, tiny-moe, "
+           "tiny-qwen35moe, tiny-gpt-oss";
 }
 
 struct tlist {
@@ -101,6 +115,36 @@ static void add3(struct tlist *l, const char *name, enum rm_kind kind, int64_t n
 
 static void add(struct tlist *l, const char *name, enum rm_kind kind, int64_t ne0, int64_t ne1) {
     add3(l, name, kind, ne0, ne1, 1);
+}
+
+/* Layer i's MoE FFN: the router, then n_expert stacked matrices per projection (gpt-oss:
+ * with the router's and the experts' biases), then the shared expert and its gate
+ * (n_embd, 1) where the model has one. */
+static void add_moe(struct tlist *l, const struct rm_preset *p, int i) {
+    const int64_t d = p->n_embd, fe = p->n_ff_exp, ne = p->n_expert;
+    const int64_t fs = p->hybrid ? p->hybrid->n_ff_shexp : 0;
+    static const char *const proj[3] = {"gate", "up", "down"};
+    char nm[64];
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp.weight", i);
+    add(l, nm, RM_ROUTER, d, ne);
+    if (p->oai) {
+        snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp.bias", i);
+        add(l, nm, RM_BIAS, ne, 1);
+    }
+    for (int j = 0; j < 3; j++) {
+        snprintf(nm, sizeof nm, "blk.%d.ffn_%s_exps.weight", i, proj[j]);
+        add3(l, nm, RM_MATRIX, j < 2 ? d : fe, j < 2 ? fe : d, ne);
+        if (!p->oai) continue;
+        snprintf(nm, sizeof nm, "blk.%d.ffn_%s_exps.bias", i, proj[j]);
+        add(l, nm, RM_BIAS, j < 2 ? fe : d, ne);
+    }
+    if (!fs) return;
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp_shexp.weight", i);
+    add(l, nm, RM_ROUTER, d, 1);
+    for (int j = 0; j < 3; j++) {
+        snprintf(nm, sizeof nm, "blk.%d.ffn_%s_shexp.weight", i, proj[j]);
+        add(l, nm, RM_MATRIX, j < 2 ? d : fs, j < 2 ? fs : d);
+    }
 }
 
 smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64_t *n,
@@ -145,6 +189,10 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
                 T("nextn.hnorm.weight", RM_NORM, d, 1);
             }
             T("post_attention_norm.weight", RM_NORM, d, 1);
+            if (p->n_expert) {
+                add_moe(&l, p, i);
+                continue;
+            }
             T("ffn_gate.weight", RM_MATRIX, d, f);
             T("ffn_up.weight", RM_MATRIX, d, f);
             T("ffn_down.weight", RM_MATRIX, f, d);
@@ -169,18 +217,8 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
         }
         if (p->gemma || p->oai) T("post_attention_norm.weight", RM_NORM, d, 1);
         if (!p->oai) T("ffn_norm.weight", RM_NORM, d, 1);
-        if (p->n_expert) { /* the router, then n_expert stacked matrices per projection */
-            const int64_t fe = p->n_ff_exp, ne = p->n_expert;
-            T("ffn_gate_inp.weight", RM_ROUTER, d, ne);
-            if (p->oai) T("ffn_gate_inp.bias", RM_BIAS, ne, 1);
-            static const char *const exps[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
-            for (int j = 0; j < 3; j++) {
-                snprintf(nm, sizeof nm, "blk.%d.%s.weight", i, exps[j]);
-                add3(&l, nm, RM_MATRIX, j < 2 ? d : fe, j < 2 ? fe : d, ne);
-                if (!p->oai) continue;
-                snprintf(nm, sizeof nm, "blk.%d.%s.bias", i, exps[j]);
-                add(&l, nm, RM_BIAS, j < 2 ? fe : d, ne);
-            }
+        if (p->n_expert) {
+            add_moe(&l, p, i);
         } else {
             T("ffn_gate.weight", RM_MATRIX, d, f);
             T("ffn_up.weight", RM_MATRIX, d, f);
@@ -217,7 +255,7 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
     U32("context_length", p->oai ? 131072 : 32768);
     U32("embedding_length", p->n_embd);
     U32("block_count", p->n_layer + (p->hybrid ? p->hybrid->n_mtp : 0));
-    U32("feed_forward_length", p->n_ff);
+    if (p->n_ff) U32("feed_forward_length", p->n_ff); /* Qwen3.5's MoE models have none */
     U32("attention.head_count", p->n_head);
     U32("attention.head_count_kv", p->n_head_kv);
     if (p->hybrid) {
@@ -249,6 +287,8 @@ smelt_status rm_write_metadata(struct gguf_writer *w, const struct rm_preset *p,
         U32("expert_count", p->n_expert);
         U32("expert_used_count", p->n_expert_used);
         U32("expert_feed_forward_length", p->n_ff_exp);
+        if (p->hybrid && p->hybrid->n_ff_shexp)
+            U32("expert_shared_feed_forward_length", p->hybrid->n_ff_shexp);
     }
     if (p->oai) { /* as llama.cpp's converter writes gpt-oss's config */
         U32("attention.sliding_window", p->sliding_window);

@@ -26,6 +26,8 @@ struct rm_hybrid {
     int n_rot;                    /* partial rotary dims of the attention layers */
     int sections[4];              /* rope.dimension_sections */
     int n_mtp;                    /* MTP layers after the trunk (nextn_predict_layers) */
+    int n_ff_shexp;               /* MoE (qwen35moe): a shared expert of this width beside
+                                   * the routed ones, with its sigmoid gate; 0: none */
 };
 
 struct rm_preset {

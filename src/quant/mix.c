@@ -216,6 +216,9 @@ smelt_status quant_mix_next(struct quant_mix_state *s, const char *name, uint32_
     const char *dummy;
     if (!why) why = &dummy;
     *why = NULL;
+    /* dimensions as ggml counts them (ggml_n_dims): trailing 1s do not count, so a (n, 1)
+     * tensor (a shared expert's gate, ffn_gate_inp_shexp) is a vector and stays as is */
+    while (n_dims > 1 && ne[n_dims - 1] == 1) n_dims--;
     if (!quant_mix_allows(name, n_dims)) {
         *out_type = cur_type;
         return SMELT_OK;

@@ -91,8 +91,9 @@ void quant_mix_begin(struct quant_mix_state *s, const struct quant_mix *mix,
  * a norm, not a router, not one of the small special tensors). */
 bool quant_mix_allows(const char *name, uint32_t n_dims);
 
-/* The type for the next tensor (in quant_mix_order_cmp order). cur_type is its type in
- * the input; tensors that are not quantized keep it. *why (may be NULL) gets a short
+/* The type for the next tensor (in quant_mix_order_cmp order), n_dims its stored
+ * dimensions (trailing dimensions of 1 are not counted, as ggml_n_dims does). cur_type is
+ * its type in the input; tensors that are not quantized keep it. *why (may be NULL) gets a short
  * static note when a rule or a fallback changed the type ("attn_v more bits",
  * "row 896 % 256: fallback"), else NULL. Fails (SMELT_ERR_UNSUPPORTED) when the row
  * length fits no type the rules allow. */

@@ -143,10 +143,13 @@ def test_csv_and_jsonl_match_json_fields():
 
 
 def step_bytes(path, ns, ctx):
-    """Bytes a decode step of ns sequences reads at context ctx, from gguf-py's reading of
-    the file: every tensor, token_embd's gathered rows (untied), the expected share of each
+    """Bytes a decode step of ns sequences moves at context ctx, from gguf-py's reading of
+    the file: every tensor but the MTP layers' (blk.N for N >= block_count -
+    nextn_predict_layers), token_embd's gathered rows (untied), the expected share of each
     expert tensor an MoE step selects (gpt-oss's expert biases too), the F16 K and V of every
-    sequence (on gpt-oss's sliding layers, the window's only)."""
+    sequence in the attention layers (on gpt-oss's sliding layers, the window's only), and,
+    with Gated DeltaNet layers, each sequence's F32 state read and written (and the conv
+    kernels as the F32 the loader makes of them)."""
     reader = gguf.GGUFReader(path)
     kv = {f.name: f for f in reader.fields.values()}
     arch = kv["general.architecture"].contents()
@@ -155,14 +158,27 @@ def step_bytes(path, ns, ctx):
         return int(kv[k].parts[kv[k].data[0]][0]) if k in kv else default
 
     n_layer, n_embd = u32(f"{arch}.block_count"), u32(f"{arch}.embedding_length")
+    n_layer -= u32(f"{arch}.nextn_predict_layers", 0)
     n_head, n_kv = u32(f"{arch}.attention.head_count"), u32(f"{arch}.attention.head_count_kv")
     head_dim = u32(f"{arch}.attention.key_length", n_embd // n_head)
     n_exp, k = u32(f"{arch}.expert_count", 0), u32(f"{arch}.expert_used_count", 0)
     share = 1 - (1 - k / n_exp) ** ns if n_exp else 1
     tied = "output.weight" not in {t.name for t in reader.tensors}
-    w = 0
+    attn_layers, state = list(range(n_layer)), 0
+    if f"{arch}.ssm.conv_kernel" in kv:  # qwen35 family: full attention every interval layers
+        interval = u32(f"{arch}.full_attention_interval")
+        attn_layers = [il for il in range(n_layer) if (il + 1) % interval == 0]
+        hk, nk, nv = (u32(f"{arch}.ssm.{k}") for k in ("state_size", "group_count", "time_step_rank"))
+        d_inner, conv = u32(f"{arch}.ssm.inner_size"), u32(f"{arch}.ssm.conv_kernel")
+        per_layer = (conv - 1) * (2 * nk * hk + d_inner) + d_inner * hk
+        state = 2 * 4 * per_layer * (n_layer - len(attn_layers)) * ns
+    w = state
     for t in reader.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layer:
+            continue  # an MTP layer: not run
         b = int(t.n_bytes)
+        if t.name.endswith("ssm_conv1d.weight"):
+            b = 4 * int(t.n_elements)  # held as F32 (the loader converts it)
         if t.name == "token_embd.weight" and not tied:
             b = b // int(t.shape[1]) * ns  # only the gathered rows
         if t.name.endswith("_exps.weight"):
@@ -173,7 +189,7 @@ def step_bytes(path, ns, ctx):
             b *= share
         w += b
     window = u32(f"{arch}.attention.sliding_window", 0) if arch == "gpt-oss" else 0
-    for il in range(n_layer):  # gpt-oss: the even layers see the last `window` positions
+    for il in attn_layers:  # gpt-oss: the even layers see the last `window` positions
         keys = min(ctx, window) if window and il % 2 == 0 else ctx
         w += 2 * n_kv * head_dim * 2 * keys * ns  # K and V, F16
     return w
@@ -193,33 +209,38 @@ def test_batched_and_bandwidth_bound():
     assert md[0].rstrip().endswith(" bw % |") and "tg6 x3" in md[3]
 
 
+def check_bound(model, batch, depth=4):
+    """tg6 at `depth`, alone and as a batch of `batch`: bw_pct against step_bytes."""
+    bw = 20.0
+    rows = bench_json("-p", "0", "-n", "6", "-B", batch, "-d", depth, "-r", "2", "--bw", bw,
+                      model=model)
+    assert [r["n_seqs"] for r in rows] == [1, batch]
+    for r in rows:
+        ns = r["n_seqs"]
+        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(model, ns, depth + 6 / 2))
+        assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
+
+
 def test_moe_active_bytes_bound():
     """A mixture of experts reads, per decode step, only the experts its rows select: k of
     n_expert expert matrices for one row, n (1 - (1 - k/n)^B) expected for B rows routed at
     random. The bound is that step's bytes (the qwen3moe fixture: 16 experts, 4 used)."""
-    moe = TINY.parent / "qwen3moe-q8_0.gguf"
-    bw = 20.0
-    rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "4", "-r", "2", "--bw", bw, model=moe)
-    assert [r["n_seqs"] for r in rows] == [1, 3]
-    for r in rows:
-        ns = r["n_seqs"]
-        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(moe, ns, 4 + 6 / 2))
-        assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
+    check_bound(TINY.parent / "qwen3moe-q8_0.gguf", 3)
 
 
 def test_gpt_oss_active_bytes_bound():
     """gpt-oss: the experts' biases follow their experts, and a sliding layer reads only its
     window of K/V (the gpt-oss fixture: 16 experts, 4 used, window 8 on layer 0, at a context
     of 16 + 6 / 2)."""
-    moe = TINY.parent / "gpt-oss-mxfp4.gguf"
-    bw = 20.0
-    rows = bench_json("-p", "0", "-n", "6", "-B", "3", "-d", "16", "-r", "2", "--bw", bw,
-                      model=moe)
-    assert [r["n_seqs"] for r in rows] == [1, 3]
-    for r in rows:
-        ns = r["n_seqs"]
-        want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(moe, ns, 16 + 6 / 2))
-        assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
+    check_bound(TINY.parent / "gpt-oss-mxfp4.gguf", 3, depth=16)
+
+
+def test_hybrid_moe_bound():
+    """A hybrid MoE file (the qwen35moe fixture: 4 of 16 experts, a shared expert, 4
+    DeltaNet and 2 attention layers, an MTP layer): the bound counts the active experts,
+    the shared expert whole, K/V of the attention layers only, the recurrent state read and
+    written per sequence, and not the MTP layer."""
+    check_bound(ROOT / "tests" / "data" / "ref-hybrid" / "qwen35moe-f16.gguf", 2)
 
 
 def test_bad_arguments():

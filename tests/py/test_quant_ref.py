@@ -600,6 +600,57 @@ def test_random_tiny_gpt_oss_runs(tmp_path):
     assert_bench_runs(out)
 
 
+def test_qwen35_35b_a3b_q4_k_m_plan():
+    """The hybrid MoE benchmark preset: Qwen3.5-35B-A3B's (and Qwen3.6-35B-A3B's) shapes
+    (30 DeltaNet and 10 attention layers, 256 experts of 512 with a shared expert of 512,
+    one MTP layer) and llama.cpp's Q4_K_M types for them."""
+    if not os.path.exists(SMELT):
+        pytest.skip("SKIP smelt binary not built")
+    rows, total = plan("--random", "qwen3.5-35b-a3b", "/nonexistent.gguf", "Q4_K_M")
+    from collections import Counter
+    c = Counter(t for _, _, t in rows.values())
+    # F16: the 30 conv kernels (rows of 4 fit no block); Q6_K: attn_qkv / attn_v and both
+    # ffn_down of the more-bits layers, and output
+    assert c == {"F32": 279, "F16": 30, "Q4_K": 379, "Q6_K": 64}, c
+    assert rows["blk.0.attn_qkv.weight"] == ("2048x8192", "F16", "Q6_K")  # 16 x 2 x 128 + 32 x 128
+    assert rows["blk.0.ssm_out.weight"] == ("4096x2048", "F16", "Q4_K")
+    assert rows["blk.0.ssm_conv1d.weight"] == ("4x8192", "F16", "F16")
+    assert rows["blk.3.attn_q.weight"] == ("2048x8192", "F16", "Q4_K")  # 16 heads x [q | gate] x 256
+    assert rows["blk.3.attn_k.weight"] == ("2048x512", "F16", "Q4_K")   # 2 KV heads
+    assert rows["blk.1.ffn_gate_inp.weight"] == ("2048x256", "F32", "F32")
+    assert rows["blk.1.ffn_gate_exps.weight"] == ("2048x512x256", "F16", "Q4_K")
+    assert rows["blk.6.ffn_down_exps.weight"] == ("512x2048x256", "F16", "Q4_K")
+    assert rows["blk.7.ffn_down_exps.weight"][2] == "Q6_K"  # (7 - 5) % 3 == 2
+    assert rows["blk.1.ffn_gate_inp_shexp.weight"] == ("2048x1", "F32", "F32")  # a vector
+    assert rows["blk.1.ffn_up_shexp.weight"] == ("2048x512", "F16", "Q4_K")
+    assert rows["blk.40.nextn.eh_proj.weight"] == ("4096x2048", "F16", "Q4_K")
+    assert rows["output.weight"] == ("2048x248320", "F16", "Q6_K")
+    # 21,700 MB; without the MTP layer (547 MB) 21,154 MB: llama.cpp's Q4_K_M of
+    # Qwen3.5-35B-A3B, converted without it, is 21.2 GB
+    mb = float(total.split("->")[1].split()[0])
+    assert 21600 < mb < 21800, total
+
+
+def test_random_tiny_qwen35moe_runs(tmp_path):
+    """The hybrid MoE preset's layout at a tiny size loads and runs (smelt bench on the
+    CPU, one and two sequences)."""
+    out = tmp_path / "tiny-qwen35moe.gguf"
+    smelt("--random", "tiny-qwen35moe", out, "Q4_K_M")
+    r, ts = tensors(out)
+    assert r.fields["general.architecture"].contents() == "qwen35moe"
+    assert "qwen35moe.feed_forward_length" not in r.fields
+    assert r.fields["qwen35moe.expert_shared_feed_forward_length"].contents() == 256
+    assert tuple(int(x) for x in ts["blk.2.ffn_down_exps.weight"].shape) == (256, 256, 16)
+    assert ts["blk.2.ffn_gate_inp_shexp.weight"].tensor_type == T.F32
+    assert "blk.3.attn_q.weight" in ts and "blk.3.ssm_a" not in ts  # layer 3: attention
+    b = subprocess.run([SMELT, "bench", "-m", str(out), "--backend", "cpu", "-p", "8", "-n", "4",
+                        "-B", "2", "-r", "1", "-o", "json"], capture_output=True, text=True,
+                       timeout=120)
+    assert b.returncode == 0, b.stderr
+    assert [(x["n_prompt"], x["n_gen"], x["n_seqs"]) for x in json.loads(b.stdout)] == [
+        (8, 0, 1), (0, 4, 1), (0, 4, 2)]
+
+
 def test_random_gemma3_270m_matches_real_file():
     if not os.path.exists(GEMMA):
         pytest.skip(f"SKIP {GEMMA} absent (make models)")
