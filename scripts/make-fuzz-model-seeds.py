@@ -72,13 +72,33 @@ def llama(path, rng, arch="llama"):
     return w
 
 
-def qwen35(path, rng, mtp):
+def moe_ffn(w, rng, i):
+    """4 experts of 4, 2 per token, a shared expert of 4 with its gate."""
+    w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", mat(rng, 4, E))
+    for t in ("gate", "up"):
+        w.add_tensor(f"blk.{i}.ffn_{t}_exps.weight", np.stack([mat(rng, 4, E) for _ in range(4)]))
+    w.add_tensor(f"blk.{i}.ffn_down_exps.weight", np.stack([mat(rng, E, 4) for _ in range(4)]))
+    w.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.weight", mat(rng, 1, E))
+    w.add_tensor(f"blk.{i}.ffn_gate_shexp.weight", mat(rng, 4, E))
+    w.add_tensor(f"blk.{i}.ffn_up_shexp.weight", mat(rng, 4, E))
+    w.add_tensor(f"blk.{i}.ffn_down_shexp.weight", mat(rng, E, 4))
+
+
+def qwen35(path, rng, mtp, arch="qwen35", ssm_in=False):
+    """qwen35, qwen35moe (MoE FFN with a shared expert) or qwen3next (that FFN, packed
+    projections: attn_qkv + attn_gate or ssm_in, and ssm_ba)."""
     nk, hk, nv, hv, dc = 1, 4, 2, 4, 3
     ch = 2 * nk * hk + nv * hv
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    common(w, "qwen35", 2 + mtp)
+    w = gguf.GGUFWriter(str(path), arch)
+    common(w, arch, 2 + mtp)
     w.add_rope_dimension_count(2)
-    w.add_rope_dimension_sections([1, 0, 0, 0])
+    if arch != "qwen3next":
+        w.add_rope_dimension_sections([1, 0, 0, 0])
+    if arch != "qwen35":
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(4)
+        w.add_expert_shared_feed_forward_length(4)
     w.add_ssm_conv_kernel(dc)
     w.add_ssm_state_size(hk)
     w.add_ssm_group_count(nk)
@@ -92,13 +112,19 @@ def qwen35(path, rng, mtp):
         w.add_tensor(f"blk.{i}.attn_norm.weight", vec(rng, E))
         w.add_tensor(f"blk.{i}.post_attention_norm.weight", vec(rng, E))
         if i == 0:
-            w.add_tensor("blk.0.attn_qkv.weight", mat(rng, ch, E))
-            w.add_tensor("blk.0.attn_gate.weight", mat(rng, nv * hv, E))
+            if ssm_in:
+                w.add_tensor("blk.0.ssm_in.weight", mat(rng, ch + nv * hv, E))
+            else:
+                w.add_tensor("blk.0.attn_qkv.weight", mat(rng, ch, E))
+                w.add_tensor("blk.0.attn_gate.weight", mat(rng, nv * hv, E))
             w.add_tensor("blk.0.ssm_conv1d.weight", mat(rng, ch, dc))
             w.add_tensor("blk.0.ssm_dt.bias", vec(rng, nv, 0.0))
             w.add_tensor("blk.0.ssm_a", -vec(rng, nv))
-            w.add_tensor("blk.0.ssm_beta.weight", mat(rng, nv, E))
-            w.add_tensor("blk.0.ssm_alpha.weight", mat(rng, nv, E))
+            if arch == "qwen3next":
+                w.add_tensor("blk.0.ssm_ba.weight", mat(rng, 2 * nv, E))
+            else:
+                w.add_tensor("blk.0.ssm_beta.weight", mat(rng, nv, E))
+                w.add_tensor("blk.0.ssm_alpha.weight", mat(rng, nv, E))
             w.add_tensor("blk.0.ssm_norm.weight", vec(rng, hv))
             w.add_tensor("blk.0.ssm_out.weight", mat(rng, E, nv * hv))
         else:
@@ -107,7 +133,10 @@ def qwen35(path, rng, mtp):
             w.add_tensor("blk.2.nextn.eh_proj.weight", mat(rng, E, 2 * E))
             w.add_tensor("blk.2.nextn.enorm.weight", vec(rng, E))
             w.add_tensor("blk.2.nextn.hnorm.weight", vec(rng, E))
-        ffn(w, rng, i)
+        if arch == "qwen35":
+            ffn(w, rng, i)
+        else:
+            moe_ffn(w, rng, i)
     w.add_tensor("output_norm.weight", vec(rng, E))
     w.add_tensor("output.weight", mat(rng, V, E))
     return w
@@ -159,6 +188,9 @@ def main():
     writers = [llama(out / f"{a}.gguf", rng, a) for a in ("llama", "qwen2", "qwen3", "gemma3")]
     writers += [qwen35(out / "qwen35.gguf", rng, 0), qwen35(out / "qwen35-mtp.gguf", rng, 1)]
     writers += [moe(out / f"{a}.gguf", rng, a) for a in ("qwen3moe", "gpt-oss")]
+    writers += [qwen35(out / "qwen35moe-mtp.gguf", rng, 1, "qwen35moe"),
+                qwen35(out / "qwen3next.gguf", rng, 0, "qwen3next"),
+                qwen35(out / "qwen3next-ssm_in.gguf", rng, 1, "qwen3next", ssm_in=True)]
     for w in writers:
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -1,6 +1,7 @@
 /* The CUDA backend against the CPU backend on whole models.
  *
- * Models: the tiny transformers fixtures (tests/data/ref, F32 and F16), the real test
+ * Models: the tiny transformers fixtures (tests/data/ref, F32 and F16; the hybrid ones of
+ * tests/data/ref-hybrid must be refused while the backend lacks their ops), the real test
  * models under models/ when fetched, and any GGUF listed in SMELT_CUDA_MODELS (colon
  * separated: random-weight files made by `smelt quantize --random` on the GPU machine).
  * For each:
@@ -719,6 +720,44 @@ static void test_fixtures(void) {
         }
 }
 
+/* The hybrid fixtures (qwen35, qwen35moe, qwen3next): a backend without the recurrent
+ * ops (or the MoE ops) refuses them at load, naming what it lacks and the CPU way out. */
+static void test_hybrid_refused(void) {
+    char dir[512], mpath[600];
+    snprintf(dir, sizeof dir, "%s/tests/data/ref-hybrid", t_source_dir());
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    json_error_t je;
+    json_t *man = json_load_file(mpath, 0, &je), *jm, *jf;
+    if (!man) {
+        t_skip("tests/data/ref-hybrid/manifest.json absent");
+        return;
+    }
+    if (bk_has_recurrent(gpu)) { /* then the fixtures must run: not written yet */
+        t_skip("the backend has the recurrent ops: compare it with transformers instead");
+        json_decref(man);
+        return;
+    }
+    size_t im;
+    const char *kind;
+    json_array_foreach(json_object_get(man, "models"), im, jm) {
+        json_object_foreach(json_object_get(jm, "files"), kind, jf) {
+            char path[700];
+            snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(jf, "file")));
+            struct gguf_file *f = NULL;
+            struct model *m = NULL;
+            struct err e;
+            T_CHECK(gguf_open(&f, path, &e) == SMELT_OK);
+            smelt_status st = f ? model_load(&m, f, gpu, &e) : SMELT_ERR_IO;
+            T_CHECKF(st == SMELT_ERR_UNSUPPORTED && strstr(e.msg, "--backend cpu") &&
+                         (strstr(e.msg, "recurrent") || strstr(e.msg, "mixture-of-experts")),
+                     "%s: %s", path, st == SMELT_OK ? "loaded" : e.msg);
+            model_free(m);
+            gguf_close(f);
+        }
+    }
+    json_decref(man);
+}
+
 static void test_real_models(void) {
     const char *names[] = {"models/gemma3-270m-q4_k_m.gguf", "models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"};
     int ran = 0;
@@ -811,6 +850,7 @@ int main(void) {
     T_RUN(test_gpu_vs_reference);
     T_RUN(test_gpu_mixed_batches);
     T_RUN(test_fixtures);
+    T_RUN(test_hybrid_refused);
     T_RUN(test_real_models);
     bk_free(cpu);
     bk_free(gpu);
