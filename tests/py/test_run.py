@@ -194,11 +194,14 @@ def test_gemma_greedy_matches_transformers():
 HYBRID = ROOT / "tests" / "data" / "ref-hybrid" / "qwen35-f32.gguf"
 
 
-def test_hybrid_raw_turns_keep_the_state():
-    """qwen35 (recurrent layers): raw text continues the conversation, so turn 2 reuses all
-    of turn 1, prompt and answer (23 tokens, not a block boundary): the live recurrent
-    state carries over, and the output does not depend on the thread count."""
-    args = (HYBRID, "--raw", "-i", "some prompt text", "--temp", "0", "-n", "9")
+@pytest.mark.parametrize("model", ["qwen35-f32", "qwen35moe-f16", "qwen3next-f16"])
+def test_hybrid_raw_turns_keep_the_state(model):
+    """qwen35, qwen35moe, qwen3next (recurrent layers): raw text continues the
+    conversation, so turn 2 reuses all of turn 1, prompt and answer (23 tokens, not a block
+    boundary): the live recurrent state carries over, and the output does not depend on
+    the thread count."""
+    args = (HYBRID.parent / f"{model}.gguf", "--raw", "-i", "some prompt text", "--temp", "0",
+            "-n", "9")
     a = run(*args, stdin="more text\n")
     b = run(*args, "-t", "1", stdin="more text\n")
     assert a.returncode == 0, a.stderr
