@@ -539,12 +539,16 @@ def test_qwen3_30b_a3b_q4_k_m_plan():
     assert 18400 < mb < 18700, total
 
 
-def assert_bench_runs(path):
-    """smelt bench runs a prefill and a decode test on the file (CPU)."""
+def assert_bench_runs(path, batch=1):
+    """smelt bench runs a prefill and a decode test on the file (CPU), and a batched decode
+    of `batch` sequences when batch > 1."""
+    more = ["-B", str(batch)] if batch > 1 else []
     b = subprocess.run([SMELT, "bench", "-m", str(path), "--backend", "cpu", "-p", "8", "-n", "4",
-                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=120)
+                        "-r", "1", "-o", "json", *more], capture_output=True, text=True,
+                       timeout=120)
     assert b.returncode == 0, b.stderr
-    assert [(x["n_prompt"], x["n_gen"]) for x in json.loads(b.stdout)] == [(8, 0), (0, 4)]
+    want = [(8, 0, 1), (0, 4, 1)] + ([(0, 4, batch)] if batch > 1 else [])
+    assert [(x["n_prompt"], x["n_gen"], x["n_seqs"]) for x in json.loads(b.stdout)] == want
 
 
 def test_random_tiny_moe_runs(tmp_path):
@@ -643,12 +647,7 @@ def test_random_tiny_qwen35moe_runs(tmp_path):
     assert tuple(int(x) for x in ts["blk.2.ffn_down_exps.weight"].shape) == (256, 256, 16)
     assert ts["blk.2.ffn_gate_inp_shexp.weight"].tensor_type == T.F32
     assert "blk.3.attn_q.weight" in ts and "blk.3.ssm_a" not in ts  # layer 3: attention
-    b = subprocess.run([SMELT, "bench", "-m", str(out), "--backend", "cpu", "-p", "8", "-n", "4",
-                        "-B", "2", "-r", "1", "-o", "json"], capture_output=True, text=True,
-                       timeout=120)
-    assert b.returncode == 0, b.stderr
-    assert [(x["n_prompt"], x["n_gen"], x["n_seqs"]) for x in json.loads(b.stdout)] == [
-        (8, 0, 1), (0, 4, 1), (0, 4, 2)]
+    assert_bench_runs(out, batch=2)
 
 
 def test_random_gemma3_270m_matches_real_file():
