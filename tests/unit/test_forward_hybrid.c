@@ -19,7 +19,8 @@
  *   - a rollback: 10 wrong tokens at 120..129 are rolled back to 120 (the state comes
  *     from the snapshot at 112, positions 112..119 are fed again), then the right ones.
  * Every logits row must have the same argmax as transformers' and a max relative error
- * (max |d logit| / max |logit|) under 1e-4. Bad files are refused naming the tensor. */
+ * (max |d logit| / max |logit|) under 1e-4. Bad files are refused naming the tensor, and
+ * a backend without a feature the MoE variants need refuses them naming it. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -408,6 +409,16 @@ static void test_bad_files(void) {
                    "say (64, 17)");
     /* qwen3next's packed projections */
     expect_refused(NXT, NULL, 0, 0, "blk.3.ssm_ba.weight", "tensor blk.3.ssm_ba.weight is missing");
+    /* a backend with the recurrent and MoE ops but without the per-row GLU gate */
+    const struct backend_ops *ops = bk->ops;
+    struct backend_ops no_gate = *ops;
+    no_gate.name = "test";
+    no_gate.features &= ~(uint32_t)BK_FEAT_GLU_ROW_GATE;
+    bk->ops = &no_gate;
+    expect_refused(MOE, NULL, 0, 0, NULL,
+                   "qwen35moe needs a per-row GLU gate (shared experts), which the test backend");
+    expect_refused(NXT, NULL, 0, 0, NULL, "qwen3next needs a per-row GLU gate");
+    bk->ops = ops;
     expect_refused("qwen3next-f16-ssm_in.gguf", "qwen3next.ssm.inner_size", 64, 0, NULL,
                    "tensor blk.0.ssm_in.weight: shape (64, 256), but the hyper-parameters say "
                    "(64, 192)");
