@@ -78,10 +78,11 @@ fuzz-build: deps
 	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Debug -DSMELT_FUZZ=ON >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 
-# Each fuzz target runs for FUZZ_SECONDS on its committed seed corpus (fuzz/corpus/NAME).
+# Each fuzz target runs for FUZZ_SECONDS on its committed seed corpus (fuzz/corpus/NAME), JOBS
+# targets at a time.
 FUZZ_SECONDS ?= 60
 fuzz: fuzz-build
-	@scripts/run-fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
+	@scripts/run-fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS) $(JOBS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
