@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what smelt needs to build and test on Debian 12, skipping what is present.
 #   Debian: cmake, a C compiler, clang + libFuzzer runtime, pkg-config, and the -dev
-#           packages of the libraries smelt links (jansson, libmicrohttpd, PCRE2, libcurl).
+#           packages of the libraries smelt links (jansson, libmicrohttpd, PCRE2, libcurl,
+#           libyaml).
 #   Python: the test references listed in tests/requirements.txt, installed into the
 #           virtual environment .venv (made here with python3 -m venv; Debian's own
 #           python3 refuses pip installs outside one, PEP 668). PYTHON=/path/to/python
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(build-essential cmake pkg-config clang libclang-rt-14-dev python3-venv
-      libjansson-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev)
+      libjansson-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev libyaml-dev)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -14,6 +14,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
+int cmd_config(int argc, char **argv);
 
 /* Prints "smelt CMD: <status>: <message>" to stderr and returns 1. */
 int cli_fail(const char *cmd, const struct err *e);

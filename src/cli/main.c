@@ -22,6 +22,7 @@ static const struct command commands[] = {
     {"quantize", cmd_quantize, "convert a GGUF to another weight type, or write a random model"},
     {"tokenize", cmd_tokenize, "print the tokens of a text"},
     {"template", cmd_template, "render a model's chat template for a conversation"},
+    {"config", cmd_config, "print the settings smelt serve would use, and where each came from"},
 };
 
 int cli_fail(const char *cmd, const struct err *e) {

@@ -997,7 +997,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
             rq->ep.stop = rq->stop;
         }
     }
-    uint64_t seed = rq->has_seed ? rq->ep.sp.seed : random_seed();
+    uint64_t seed = rq->has_seed || s->m.seed_set ? rq->ep.sp.seed : random_seed();
     struct tok_ids ids = {0};
     for (int32_t ri = 0; ri < g->n_reqs; ri++) {
         ids.n = 0;

@@ -86,7 +86,10 @@ struct server_model {
     const char *bos_text, *eos_text; /* template variables bos_token / eos_token; may be NULL */
     int32_t n_ctx;                  /* positions per sequence */
     int64_t created;                /* Unix time for /v1/models */
-    struct sample_params defaults;  /* sampling defaults (the GGUF's general.sampling.*) */
+    struct sample_params defaults;  /* sampling defaults of fields a request does not set (the
+                                     * GGUF's general.sampling.* < the server's settings) */
+    bool seed_set;                  /* defaults.seed is the seed of requests without one (else
+                                     * each draws a random one) */
 };
 
 struct server;
