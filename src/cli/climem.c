@@ -27,6 +27,7 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
     uint64_t per_token = model_kv_block_bytes(m, r->shape.kv_type, 1);
     uint64_t state_b = model_state_slot_bytes(m) * (uint64_t)(r->n_slots > 0 ? r->n_slots : 0);
     char state[96] = "";
+    if (r->used_b) *r->used_b = 0;
     if (state_b)
         snprintf(state, sizeof state, ", recurrent state %d slots (%.0f MiB)", r->n_slots,
                  mib(state_b));
@@ -54,7 +55,7 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
         .free_b = fr, .total_b = tot, .weights_b = weights, .act_b = peak,
         .per_token_b = per_token ? per_token : 1, .util = r->gpu_util > 0 ? r->gpu_util : 0.9,
         .margin_b = MEMPLAN_MARGIN, .kv_size = r->kv_size, .need = r->need,
-        .min_tokens = r->min_tokens, .max_tokens = r->max_tokens};
+        .min_tokens = r->min_tokens, .max_tokens = r->max_tokens, .others_b = r->others_b};
     struct memplan_out out;
     st = memplan_kv(&in, &out, e);
     if (st != SMELT_OK) return st;
@@ -64,5 +65,6 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
             r->cmd, mib(weights), mib(peak), (long long)out.tokens, mib(out.bytes), state, mib(fr),
             mib(tot));
     *tokens = out.tokens;
+    if (r->used_b) *r->used_b = weights + peak + state_b + out.bytes;
     return SMELT_OK;
 }

@@ -36,6 +36,9 @@ struct cli_mem_req {
     int64_t max_tokens;       /* cap on a filled pool (0: none) */
     int64_t cpu_tokens;       /* a filled pool on the CPU */
     int32_t n_slots;          /* recurrent state slots the command allocates (0: none) */
+    uint64_t others_b;        /* device bytes other models of the process hold (memplan_in) */
+    uint64_t *used_b;         /* when set: gets the device bytes this model holds (weights,
+                               * activations, state, KV pool); 0 on the CPU */
     struct memplan_shape shape; /* the command's largest steps */
 };
 

@@ -22,6 +22,7 @@
 #include "cli/cli.h"
 #include "cli/serve_model.h"
 #include "config/config.h"
+#include "server/models.h"
 #include "server/server.h"
 
 #define USAGE                                                                                     \
@@ -129,6 +130,38 @@ static void server_config_of(const struct cfg *c, const char *key, struct server
     sc->no_response_store = cfg_has(c, -1, CFG_RESPONSE_STORE) && rs == 0;
 }
 
+/* ---- loading models for the server (server/models.h's loader) ---- */
+
+/* What the loader callbacks need: the settings, the models, and the device bytes each loaded
+ * one holds (loads and unloads run one at a time: on the starting thread before the server
+ * listens, then on the server's loader thread). */
+struct loader {
+    const struct cfg *c;
+    const struct serve_list *l;
+    uint64_t *used; /* (l->n) device bytes of each loaded model */
+};
+
+static smelt_status load_model(void *ctx, int i, struct server_model *m, void **handle,
+                               struct err *e) {
+    struct loader *ld = ctx;
+    const struct serve_entry *me = &ld->l->v[i];
+    uint64_t others = 0;
+    for (int j = 0; j < ld->l->n; j++)
+        if (j != i && me->device >= 0 && ld->l->v[j].device == me->device) others += ld->used[j];
+    struct serve_inst *in = NULL;
+    smelt_status st = serve_inst_load(ld->c, me->ci, me->ref, me->name, others, &in, m, e);
+    if (st != SMELT_OK) return st;
+    ld->used[i] = serve_inst_device_bytes(in);
+    *handle = in;
+    return SMELT_OK;
+}
+
+static void unload_model(void *ctx, int i, void *handle) {
+    struct loader *ld = ctx;
+    ld->used[i] = 0;
+    serve_inst_free(handle);
+}
+
 int cmd_serve(int argc, char **argv) {
     struct err e;
     err_clear(&e);
@@ -138,20 +171,10 @@ int cmd_serve(int argc, char **argv) {
     char key_buf[256];
     const char *key = NULL;
     if (rc < 0) rc = api_key(&c, key_buf, sizeof key_buf, &key);
-    const struct cfg_val *models = cfg_get(&c, -1, CFG_MODEL);
-    if (rc < 0 && (!models->set || models->n_list == 0)) {
-        fprintf(stderr, "%s\nsmelt serve: no model to serve (see --help)\n", USAGE);
-        rc = 2;
-    } else if (rc < 0 && (models->n_list > 1 || c.n_models || cfg_has(&c, -1, CFG_MODELS_DIR))) {
-        fprintf(stderr, "smelt serve: one model at a time\n");
-        rc = 2;
-    }
     if (rc >= 0) {
         cfg_free(&c);
         return rc;
     }
-    const char *ref = models->list[0];
-    const struct cfg_val *served = cfg_get(&c, -1, CFG_SERVED_MODEL_NAME);
 
     /* signals: handled by sigwait in this thread; every thread created below inherits the
      * blocked mask. SIGPIPE is ignored (a client closing its socket is not fatal). */
@@ -167,34 +190,35 @@ int cmd_serve(int argc, char **argv) {
         setrlimit(RLIMIT_NOFILE, &rl);
     }
 
-    struct serve_inst *in = NULL;
+    struct serve_list l = {0};
+    struct server_model_def *defs = NULL;
+    struct loader ld = {.c = &c, .l = &l};
     struct server *srv = NULL;
-    struct server_model sm = {0};
-    char *name = NULL;
-    smelt_status st = serve_inst_load(&c, -1, ref, &in, &sm, &e);
+    smelt_status st = serve_list_build(&c, true, &l, &e);
     if (st == SMELT_OK) {
-        const char *path = serve_inst_path(in);
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        bool has_served = served->set && served->n_list > 0;
-        name = has_served ? strdup(served->list[0]) : strdup(base);
-        if (name && !has_served) {
-            size_t n = strlen(name);
-            if (n > 5 && !strcmp(name + n - 5, ".gguf")) name[n - 5] = 0;
-        }
+        defs = calloc((size_t)l.n, sizeof *defs);
+        ld.used = calloc((size_t)l.n, sizeof *ld.used);
+        if (!defs || !ld.used) st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; st == SMELT_OK && i < l.n; i++) {
+        const struct serve_entry *m = &l.v[i];
+        defs[i] = (struct server_model_def){
+            .id = m->name, .aliases = (const char *const *)m->aliases, .n_aliases = m->n_aliases,
+            .hidden_alias = m->hidden, .pinned = m->pinned, .preload = m->preload,
+            .device = m->device, .n_ctx = (int32_t)cfg_int(&c, m->ci, CFG_CTX_SIZE)};
+    }
+    if (st == SMELT_OK) {
         struct server_config sc;
         server_config_of(&c, key, &sc);
-        /* the requested model name may also be the reference given on the command line */
-        if (!has_served && strcmp(ref, name ? name : "")) sm.hidden_alias = ref;
-        sm.id = name ? name : "model";
-        sm.aliases = has_served ? (const char *const *)served->list + 1 : NULL;
-        sm.n_aliases = has_served ? served->n_list - 1 : 0;
-        st = server_new(&srv, &sc, &sm, &e);
+        struct server_loader sl = {load_model, unload_model, &ld};
+        st = server_new_models(&srv, &sc, defs, l.n, &sl, (int)cfg_int(&c, -1, CFG_MAX_LOADED_MODELS),
+                               &e);
         if (st == SMELT_OK) {
-            char line[512];
             double grace = cfg_num(&c, -1, CFG_GRACE);
             const char *host = sc.host ? sc.host : "127.0.0.1";
-            fprintf(stderr, "smelt serve: %s %s\n", sm.id, serve_inst_describe(in, line, sizeof line));
+            if (l.n > 1)
+                fprintf(stderr, "smelt serve: %d models (%s the default); the others load on "
+                                "their first request\n", l.n, l.v[0].name);
             if (server_admin_port(srv) >= 0)
                 fprintf(stderr, "smelt serve: admin (/health, /metrics) on http://%s:%d\n",
                         sc.admin_host ? sc.admin_host : host, server_admin_port(srv));
@@ -217,9 +241,10 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     rc = st == SMELT_OK ? 0 : cli_fail("serve", &e);
-    server_free(srv);
-    serve_inst_free(in);
-    free(name);
+    server_free(srv); /* (unloads the models) */
+    serve_list_free(&l);
+    free(defs);
+    free(ld.used);
     cfg_free(&c);
     if (rc == 0) fprintf(stderr, "smelt serve: stopped\n");
     return rc;

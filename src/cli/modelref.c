@@ -139,6 +139,11 @@ static smelt_status copy_out(const char *src, char *out, size_t n, struct err *e
     return SMELT_OK;
 }
 
+bool cli_model_is_local(const char *ref) {
+    struct stat sb;
+    return ref && (stat(ref, &sb) == 0 || looks_like_path(ref));
+}
+
 smelt_status cli_resolve_model(const char *ref, bool allow_pull, char *path_out, size_t n,
                                struct err *e) {
     struct err local;

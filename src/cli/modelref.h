@@ -26,6 +26,10 @@
 smelt_status cli_resolve_model(const char *ref, bool allow_pull, char *path_out, size_t n,
                                struct err *e);
 
+/* True when ref names a local file or folder (it exists, or it reads as a path: rule 1, 2 or
+ * the missing-file case above), false for a hub reference. */
+bool cli_model_is_local(const char *ref);
+
 /* Progress display for hub transfers: a bar (bytes, rate, time left) when stderr is a
  * terminal, plain lines every 10% or 5 s otherwise. ctx is a struct cli_progress. */
 struct cli_progress {

@@ -1,9 +1,12 @@
 /* Loading one model of `smelt serve` (serve_model.h). */
 #include "cli/serve_model.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -137,6 +140,7 @@ struct serve_inst {
     char *bos, *eos;
     struct fake fk;
     bool fake, cuda;
+    uint64_t used_b; /* device bytes it holds */
 };
 
 static char *token_text(const struct tok *t, int32_t id) {
@@ -171,9 +175,10 @@ static int64_t cpu_kv_tokens(uint64_t per_token) {
  * them), then its settings. The file's values are checked (a file with an out-of-range
  * value would fail every request): a bad one is dropped with a warning. The penalty
  * window counts like llama.cpp's penalty_last_n: -1 all, 0 none (a repetition penalty
- * that no setting gave is then off), N the last N tokens. */
+ * that no setting gave is then off), N the last N tokens. Prints one line saying what is in
+ * effect and where each value came from. */
 static void sampling_defaults(const struct cfg *c, int ci, const struct gguf_file *f,
-                              const char *path, int32_t n_ctx, int32_t n_vocab,
+                              const char *name, int32_t n_ctx, int32_t n_vocab,
                               struct server_model *sm) {
     struct sample_params *p = &sm->defaults, d;
     sample_params_default(p);
@@ -182,42 +187,61 @@ static void sampling_defaults(const struct cfg *c, int ci, const struct gguf_fil
     uint32_t k;
     int64_t n, last_n = -1;
     bool have_last = false;
-    if (gguf_get_f32(f, "general.sampling.temp", &x, NULL) == SMELT_OK) p->temperature = x;
+    /* where each came from: 0 the default, 1 the file, 2 a setting */
+    enum { TEMP, TOP_K, TOP_P, MIN_P, REP, LAST_N, NSRC };
+    int src[NSRC] = {0};
+    if (gguf_get_f32(f, "general.sampling.temp", &x, NULL) == SMELT_OK) p->temperature = x, src[TEMP] = 1;
     if (gguf_get_u32(f, "general.sampling.top_k", &k, NULL) == SMELT_OK && k <= INT32_MAX)
-        p->top_k = (int32_t)k;
-    if (gguf_get_f32(f, "general.sampling.top_p", &x, NULL) == SMELT_OK) p->top_p = x;
-    if (gguf_get_f32(f, "general.sampling.min_p", &x, NULL) == SMELT_OK) p->min_p = x;
+        p->top_k = (int32_t)k, src[TOP_K] = 1;
+    if (gguf_get_f32(f, "general.sampling.top_p", &x, NULL) == SMELT_OK) p->top_p = x, src[TOP_P] = 1;
+    if (gguf_get_f32(f, "general.sampling.min_p", &x, NULL) == SMELT_OK) p->min_p = x, src[MIN_P] = 1;
     if (gguf_get_f32(f, "general.sampling.penalty_repeat", &x, NULL) == SMELT_OK)
-        p->repetition_penalty = x;
+        p->repetition_penalty = x, src[REP] = 1;
     if (gguf_get_i64(f, "general.sampling.penalty_last_n", &n, NULL) == SMELT_OK && n >= -1 &&
         n <= INT32_MAX)
-        last_n = n, have_last = true;
+        last_n = n, have_last = true, src[LAST_N] = 1;
     struct err e;
     struct sample_params t = *p;
     if (t.top_p == 0.0f) t.top_p = 1.0f; /* (greedy: the request path reads it so) */
     if (sample_params_check(&t, n_vocab, &e) != SMELT_OK) {
-        log_warn("%s: the file's general.sampling.* defaults are not used: %s", path, e.msg);
+        log_warn("%s: the file's general.sampling.* defaults are not used: %s", name, e.msg);
         *p = d;
         last_n = -1;
         have_last = false;
+        memset(src, 0, sizeof src);
     }
-    bool set_rep = cfg_has(c, ci, CFG_REPEAT_PENALTY), set_last = cfg_has(c, ci, CFG_REPEAT_LAST_N);
-    if (cfg_has(c, ci, CFG_TEMP)) p->temperature = (float)cfg_num(c, ci, CFG_TEMP);
-    if (cfg_has(c, ci, CFG_TOP_K)) p->top_k = (int32_t)cfg_int(c, ci, CFG_TOP_K);
-    if (cfg_has(c, ci, CFG_TOP_P)) p->top_p = (float)cfg_num(c, ci, CFG_TOP_P);
-    if (cfg_has(c, ci, CFG_MIN_P)) p->min_p = (float)cfg_num(c, ci, CFG_MIN_P);
-    if (set_rep) p->repetition_penalty = (float)cfg_num(c, ci, CFG_REPEAT_PENALTY);
-    if (set_last) last_n = cfg_int(c, ci, CFG_REPEAT_LAST_N), have_last = true;
+    static const enum cfg_key keys[NSRC] = {CFG_TEMP, CFG_TOP_K, CFG_TOP_P, CFG_MIN_P,
+                                            CFG_REPEAT_PENALTY, CFG_REPEAT_LAST_N};
+    for (int i = 0; i < NSRC; i++)
+        if (cfg_has(c, ci, keys[i])) src[i] = 2;
+    if (src[TEMP] == 2) p->temperature = (float)cfg_num(c, ci, CFG_TEMP);
+    if (src[TOP_K] == 2) p->top_k = (int32_t)cfg_int(c, ci, CFG_TOP_K);
+    if (src[TOP_P] == 2) p->top_p = (float)cfg_num(c, ci, CFG_TOP_P);
+    if (src[MIN_P] == 2) p->min_p = (float)cfg_num(c, ci, CFG_MIN_P);
+    if (src[REP] == 2) p->repetition_penalty = (float)cfg_num(c, ci, CFG_REPEAT_PENALTY);
+    if (src[LAST_N] == 2) last_n = cfg_int(c, ci, CFG_REPEAT_LAST_N), have_last = true;
     if (!have_last || last_n < 0) {
         p->penalty_last_n = 0; /* the whole history */
     } else if (last_n == 0) {
         p->penalty_last_n = 0;
-        if (set_last || !set_rep) p->repetition_penalty = 1.0f;
+        if (src[LAST_N] == 2 || src[REP] != 2) p->repetition_penalty = 1.0f;
     } else {
         p->penalty_last_n = last_n >= n_ctx ? 0 : (int32_t)last_n;
     }
     sm->seed_set = cfg_has(c, ci, CFG_SEED);
     p->seed = (uint64_t)cfg_int(c, ci, CFG_SEED);
+    char w[NSRC][96];
+    for (int i = 0; i < NSRC; i++) {
+        if (src[i] == 2) cfg_src_text(c, keys[i], cfg_get(c, ci, keys[i]), w[i], sizeof w[i]);
+        else snprintf(w[i], sizeof w[i], "%s", src[i] ? "the file" : "default");
+    }
+    char seed[48] = "random", win[48] = "all tokens";
+    if (sm->seed_set) snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
+    if (p->penalty_last_n > 0) snprintf(win, sizeof win, "the last %d tokens", p->penalty_last_n);
+    fprintf(stderr, "smelt serve: %s: sampling defaults: temperature %g (%s), top_k %d (%s), "
+                    "top_p %g (%s), min_p %g (%s), repeat_penalty %g (%s) over %s (%s), seed %s\n",
+            name, (double)p->temperature, w[TEMP], p->top_k, w[TOP_K], (double)p->top_p, w[TOP_P],
+            (double)p->min_p, w[MIN_P], (double)p->repetition_penalty, w[REP], win, w[LAST_N], seed);
 }
 
 void serve_inst_free(struct serve_inst *in) {
@@ -238,6 +262,7 @@ void serve_inst_free(struct serve_inst *in) {
 }
 
 const char *serve_inst_path(const struct serve_inst *in) { return in->path; }
+uint64_t serve_inst_device_bytes(const struct serve_inst *in) { return in->used_b; }
 
 const char *serve_inst_describe(const struct serve_inst *in, char *buf, size_t n) {
     const struct engine_config *c = engine_config(in->en);
@@ -248,11 +273,17 @@ const char *serve_inst_describe(const struct serve_inst *in, char *buf, size_t n
     return buf;
 }
 
-smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, struct serve_inst **out,
-                             struct server_model *sm, struct err *e) {
+smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const char *name,
+                             uint64_t others_b, struct serve_inst **out, struct server_model *sm,
+                             struct err *e) {
     *out = NULL;
     struct serve_inst *in = calloc(1, sizeof *in);
     if (!in) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    double delay_ms = cfg_num(c, ci, CFG_FAKE_LOAD_MS);
+    if (delay_ms > 0) {
+        struct timespec ts = {(time_t)(delay_ms / 1000), (long)(fmod(delay_ms, 1000) * 1e6)};
+        nanosleep(&ts, NULL);
+    }
     in->fake = cfg_bool(c, ci, CFG_FAKE_FORWARD);
     const char *backend = cfg_str(c, ci, CFG_BACKEND);
     const char *chat_template = cfg_str(c, ci, CFG_CHAT_TEMPLATE);
@@ -311,7 +342,7 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, struc
                 .cmd = "serve", .f = in->f, .gpu_util = cfg_num(c, ci, CFG_GPU_MEMORY_UTILIZATION),
                 .kv_size = kv_size, .min_tokens = ctx_size, .max_tokens = max_t,
                 .cpu_tokens = cpu_kv_tokens(model_kv_block_bytes(in->m, kv_type, 1)),
-                .n_slots = n_slots,
+                .n_slots = n_slots, .others_b = others_b, .used_b = &in->used_b,
                 .shape = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,
                           .max_out = engine_max_out_rows(&d),
                           .n_ctx = ctx_size > 0 ? (int32_t)ctx_size
@@ -362,7 +393,194 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, struc
     sm->eos_text = in->eos;
     sm->n_ctx = engine_config(in->en)->n_ctx;
     sm->created = (int64_t)time(NULL);
-    sampling_defaults(c, ci, in->f, in->path, sm->n_ctx, tok_n_vocab(in->tok), sm);
+    char line[512];
+    fprintf(stderr, "smelt serve: %s %s\n", name, serve_inst_describe(in, line, sizeof line));
+    sampling_defaults(c, ci, in->f, name, sm->n_ctx, tok_n_vocab(in->tok), sm);
     *out = in;
     return SMELT_OK;
+}
+
+/* ---- the models a server offers ---- */
+
+void serve_list_free(struct serve_list *l) {
+    for (int i = 0; l->v && i < l->n; i++) {
+        struct serve_entry *m = &l->v[i];
+        free(m->ref);
+        free(m->name);
+        free(m->hidden);
+        for (int k = 0; k < m->n_aliases; k++) free(m->aliases[k]);
+        free(m->aliases);
+    }
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+/* The file name of path without its folder and .gguf (the default name of a model). */
+static char *base_name(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *b = path + n;
+    while (b > path && b[-1] != '/') b--;
+    size_t m = (size_t)(path + n - b);
+    if (m > 5 && !strncmp(b + m - 5, ".gguf", 5)) m -= 5;
+    return strndup(b, m);
+}
+
+/* Adds the model ref (settings ci) to l: resolves it (pulling a reference only when it loads
+ * at start), names it. names: the served names for it (NULL: from the file). */
+static smelt_status add_model(struct serve_list *l, const struct cfg *c, int ci, const char *ref,
+                              const char *name, const char *const *aliases, int n_aliases,
+                              const char *from, bool pull, struct err *e) {
+    struct serve_entry *m = &l->v[l->n];
+    memset(m, 0, sizeof *m);
+    m->ci = ci;
+    snprintf(m->from, sizeof m->from, "%s", from);
+    m->pinned = ci >= 0 && cfg_bool(c, ci, CFG_PINNED);
+    m->preload = (l->n == 0 && strcmp(from, "--models-dir")) || m->pinned;
+    const char *backend = cfg_str(c, ci, CFG_BACKEND);
+    m->device = cli_backend_is_cuda(backend)
+                    ? (cfg_has(c, ci, CFG_DEVICE) ? (int)cfg_int(c, ci, CFG_DEVICE) : 0) : -1;
+    char path[4096];
+    smelt_status st = SMELT_OK;
+    if ((m->preload && pull) || cli_model_is_local(ref)) {
+        st = cli_resolve_model(ref, m->preload && pull, path, sizeof path, e);
+    } else if (cli_resolve_model(ref, false, path, sizeof path, NULL) != SMELT_OK) {
+        snprintf(path, sizeof path, "%s", ref); /* not cached: pulled when it loads */
+    }
+    if (st != SMELT_OK) return err_prefix(e, "%s", from);
+    bool cached = strcmp(path, ref) != 0 || cli_model_is_local(ref);
+    m->ref = strdup(path);
+    m->name = name ? strdup(name) : cached ? base_name(path) : strdup(ref);
+    m->aliases = calloc((size_t)n_aliases + 1, sizeof *m->aliases);
+    bool oom = !m->ref || !m->name || !m->aliases;
+    for (int k = 0; !oom && k < n_aliases; k++) {
+        oom = !(m->aliases[k] = strdup(aliases[k]));
+        m->n_aliases += !oom;
+    }
+    if (!oom && !name && strcmp(ref, m->name)) oom = !(m->hidden = strdup(ref));
+    l->n++;
+    return oom ? err_set(e, SMELT_ERR_NOMEM, "out of memory") : SMELT_OK;
+}
+
+/* Whether a model file name is a split part other than the first (-0000N-of-0000M.gguf). */
+static bool later_split_part(const char *name) {
+    size_t n = strlen(name);
+    if (n < 20 || strcmp(name + n - 5, ".gguf")) return false;
+    const char *p = name + n - 20; /* "-00002-of-00003.gguf" */
+    return p[0] == '-' && !strncmp(p + 6, "-of-", 4) && strncmp(p + 1, "00001", 5) != 0;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The entries of dir that are models: *.gguf files (first split parts) and folders holding
+ * one (hub_find_in_dir), sorted; malloc'd names in *out. */
+static smelt_status scan_dir(const char *dir, char ***out, int *n, struct err *e) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return err_set(e, SMELT_ERR_IO, "--models-dir %s: %s", dir, strerror(errno));
+    char **v = NULL;
+    int cap = 0;
+    smelt_status st = SMELT_OK;
+    struct dirent *de;
+    while (st == SMELT_OK && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char p[4096], found[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (stat(p, &sb) != 0) continue;
+        size_t ln = strlen(de->d_name);
+        bool file = S_ISREG(sb.st_mode) && ln > 5 && !strcmp(de->d_name + ln - 5, ".gguf") &&
+                    !later_split_part(de->d_name);
+        bool folder = S_ISDIR(sb.st_mode) && hub_find_in_dir(p, "", found, sizeof found, NULL) == SMELT_OK;
+        if (!file && !folder) continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+            else v = nv;
+        }
+        if (st == SMELT_OK && !(v[*n] = strdup(de->d_name))) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        if (st == SMELT_OK) (*n)++;
+    }
+    closedir(d);
+    if (st == SMELT_OK && *n > 1) qsort(v, (size_t)*n, sizeof *v, cmp_str);
+    *out = v;
+    return st;
+}
+
+smelt_status serve_list_build(const struct cfg *c, bool pull, struct serve_list *out,
+                              struct err *e) {
+    memset(out, 0, sizeof *out);
+    const struct cfg_val *ml = cfg_get(c, -1, CFG_MODEL), *served = cfg_get(c, -1, CFG_SERVED_MODEL_NAME);
+    const char *dir = cfg_str(c, -1, CFG_MODELS_DIR);
+    char **files = NULL;
+    int n_files = 0;
+    smelt_status st = dir ? scan_dir(dir, &files, &n_files, e) : SMELT_OK;
+    int n = (ml->set ? ml->n_list : 0) + c->n_models + n_files;
+    if (st == SMELT_OK && n == 0)
+        st = err_set(e, SMELT_ERR_INVALID, dir ? "--models-dir %s holds no GGUF file" : "no model to "
+                     "serve: give MODEL, a config file's models: list or --models-dir (see --help)",
+                     dir);
+    bool named = served->set && served->n_list > 0;
+    if (st == SMELT_OK && named && n > 1)
+        st = err_set(e, SMELT_ERR_INVALID, "--served-model-name names one model; with several, "
+                     "name them in the config file's models: list");
+    if (st == SMELT_OK && !(out->v = calloc((size_t)n, sizeof *out->v)))
+        st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == SMELT_OK && ml->set && i < ml->n_list; i++)
+        st = add_model(out, c, -1, ml->list[i], named ? served->list[0] : NULL,
+                       named ? (const char *const *)served->list + 1 : NULL,
+                       named ? served->n_list - 1 : 0, "--model", pull, e);
+    for (int i = 0; st == SMELT_OK && i < c->n_models; i++) {
+        char from[64];
+        const struct cfg_val *al = &c->models[i].v[CFG_ALIASES];
+        snprintf(from, sizeof from, "%s:%u: models[%d]", c->file ? c->file : "config",
+                 c->models[i].line, i);
+        st = add_model(out, c, i, c->models[i].v[CFG_MODEL].list[0], cfg_str(c, i, CFG_NAME),
+                       al->set ? (const char *const *)al->list : NULL, al->set ? al->n_list : 0,
+                       from, pull, e);
+    }
+    for (int i = 0; st == SMELT_OK && i < n_files; i++) { /* named after the file or folder */
+        char p[4096], *name = base_name(files[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        st = name ? add_model(out, c, -1, p, name, NULL, 0, "--models-dir", pull, e)
+                  : err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        free(name);
+    }
+    for (int i = 0; i < n_files; i++) free(files[i]);
+    free(files);
+    /* every name once */
+    for (int i = 0; st == SMELT_OK && i < out->n; i++) {
+        const struct serve_entry *a = &out->v[i];
+        for (int j = 0; st == SMELT_OK && j <= i; j++) {
+            const struct serve_entry *b = &out->v[j];
+            for (int x = -1; st == SMELT_OK && x < a->n_aliases; x++) {
+                const char *an = x < 0 ? a->name : a->aliases[x];
+                for (int y = -1; st == SMELT_OK && y < b->n_aliases; y++) {
+                    const char *bn = y < 0 ? b->name : b->aliases[y];
+                    if ((i != j || x > y) && !strcmp(an, bn))
+                        st = err_set(e, SMELT_ERR_INVALID, "the model name '%s' is given twice "
+                                     "(%s and %s): name one of them (a models: entry's name)",
+                                     an, b->from, a->from);
+                }
+            }
+        }
+    }
+    if (st != SMELT_OK) serve_list_free(out);
+    return st;
+}
+
+void serve_list_print(FILE *f, const struct serve_list *l) {
+    fprintf(f, "# the models served (the first is the default):\n");
+    for (int i = 0; i < l->n; i++) {
+        const struct serve_entry *m = &l->v[i];
+        fprintf(f, "#   %s: %s%s%s (%s; %s)", m->name, m->ref, m->pinned ? ", pinned" : "",
+                m->preload ? ", loaded at start" : ", loaded on demand", m->from,
+                m->device >= 0 ? "cuda" : "cpu");
+        for (int k = 0; k < m->n_aliases; k++) fprintf(f, "%s%s", k ? ", " : "; aliases: ", m->aliases[k]);
+        fputc('\n', f);
+    }
 }

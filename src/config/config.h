@@ -88,6 +88,7 @@ enum cfg_key {
     CFG_FAKE_STEP_MS,
     CFG_FAKE_REPLY,
     CFG_FAKE_FAIL_AT,
+    CFG_FAKE_LOAD_MS,
     CFG_N
 };
 

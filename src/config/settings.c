@@ -155,6 +155,9 @@ const struct cfg_def cfg_defs[CFG_N] = {
     [CFG_FAKE_FAIL_AT] = {"fake_fail_at", 0, CFG_INT, CFG_SEC_TEST, M, NULL, 0, BIG, false, NULL,
                           "N", "with --fake-forward: a step with a row at position >= N fails "
                                "(tests: engine errors)"},
+    [CFG_FAKE_LOAD_MS] = {"fake_load_ms", 0, CFG_NUM, CFG_SEC_TEST, M, NULL, 0, 1e6, false, NULL,
+                          "X", "loading the model takes X ms longer (tests: requests during a "
+                               "load)"},
 };
 
 int cfg_find(const char *key) {

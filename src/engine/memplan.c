@@ -144,8 +144,9 @@ smelt_status memplan_kv(const struct memplan_in *in, struct memplan_out *out, st
     memset(out, 0, sizeof *out);
     uint64_t pt = in->per_token_b ? in->per_token_b : 1;
     double keep = (double)in->total_b * (1.0 - in->util) + (double)in->margin_b;
-    double budget = (double)in->free_b - keep;
     double explicit_room = (double)in->free_b - (double)in->margin_b;
+    double budget = (double)in->free_b + (double)in->others_b - keep;
+    if (budget > explicit_room) budget = explicit_room;
     int64_t asked = in->kv_size > 0 ? in->kv_size : in->need;
     int64_t t;
     if (asked > 0) {

@@ -90,6 +90,9 @@ struct memplan_in {
     int64_t need;             /* > 0: the command's own size (run, bench); 0: fill (serve) */
     int64_t min_tokens;       /* the pool must hold at least this many (a full context) */
     int64_t max_tokens;       /* cap on a filled pool (0: none) */
+    uint64_t others_b;        /* device bytes other models of this process hold (several
+                               * models in one server): each model's utilization is its own
+                               * share of the device, so theirs is not charged to this one */
 };
 
 struct memplan_out {
@@ -99,7 +102,8 @@ struct memplan_out {
 };
 
 /* The KV pool size: kv_size, else need, else budget / per_token capped at max_tokens,
- * where budget = free - (1 - util) * total - margin (0 when negative). An explicit size
+ * where budget = free + others - (1 - util) * total - margin (0 when negative), never
+ * more than free - margin. An explicit size
  * (kv_size or need) is checked against the free memory less the margin only: it was asked
  * for, the utilization is for sizing. Fails with SMELT_ERR_NOMEM and the numbers (free,
  * total, weights, activations, the utilization, what to try) when the pool would not fit,

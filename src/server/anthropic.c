@@ -677,7 +677,7 @@ static void a_begin(struct gen *g) {
     jw_str(w, "{\"type\":\"message_start\",\"message\":{\"id\":\"");
     jw_str(w, g->id);
     jw_str(w, "\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":");
-    jw_json_str(w, g->srv->m.id, strlen(g->srv->m.id));
+    jw_json_str(w, g->m->id, strlen(g->m->id));
     jw_printf(w,
               ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%d,"
               "\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,"
@@ -783,7 +783,7 @@ static char *a_whole(struct gen *g) {
         "output_tokens", (json_int_t)g->usage_completion);
     json_t *root = content && usage
                        ? json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", g->id, "type",
-                                   "message", "role", "assistant", "model", g->srv->m.id, "content",
+                                   "message", "role", "assistant", "model", g->m->id, "content",
                                    content, "stop_reason", stop_reason(end), "stop_sequence",
                                    seq ? json_string(seq) : json_null(), "usage", usage)
                        : NULL;
@@ -796,10 +796,9 @@ static char *a_whole(struct gen *g) {
     return s;
 }
 
-static bool a_parse(struct gen *g, const char *body, size_t len, struct oai_err *e) {
-    g->api_req = oai_load_object(body, len, e);
-    return g->api_req && anth_parse(g->api_req, false, tok_n_vocab(g->srv->m.tok),
-                                    &g->srv->m.defaults, &g->rq, e);
+static bool a_parse(struct gen *g, json_t *body, struct oai_err *e) {
+    g->api_req = body;
+    return anth_parse(g->api_req, false, tok_n_vocab(g->m->tok), &g->m->defaults, &g->rq, e);
 }
 
 static const struct gen_api anth_api = {
@@ -824,20 +823,22 @@ enum MHD_Result anth_route_messages(struct conn *c) {
 }
 
 enum MHD_Result anth_route_count_tokens(struct conn *c) {
-    struct server *s = c->srv;
     struct oai_err e;
     struct oai_request rq = {0};
     struct chat_prompt cp = {0};
     struct tok_ids ids = {0};
+    const struct server_model *m;
     json_t *req = oai_load_object(c->body.p ? c->body.p : "", c->body.n, &e);
+    if (!req) return srv_error(c, &e);
+    enum srv_want w = srv_model_for(c, json_string_value(json_object_get(req, "model")), &m, &e);
+    if (w != SRV_HAVE) { /* (the body stays for the route's next run) */
+        json_decref(req);
+        return srv_not_yet(c, w, &e);
+    }
     srv_body_free(c);
-    bool ok = req && anth_parse(req, true, tok_n_vocab(s->m.tok), NULL, &rq, &e);
-    if (ok && rq.model && !srv_model_known(s, rq.model))
-        ok = oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
-                      "The model '%.*s' does not exist (this server serves '%s')",
-                      oai_clip(rq.model, 200), rq.model, s->m.id);
-    if (ok) ok = gen_chat_prompt(s, &rq, &cp, &e);
-    if (ok) ok = gen_chat_tokenize(s, &cp, &ids, &e);
+    bool ok = anth_parse(req, true, tok_n_vocab(m->tok), NULL, &rq, &e);
+    if (ok) ok = gen_chat_prompt(m, &rq, &cp, &e);
+    if (ok) ok = gen_chat_tokenize(m, &cp, &ids, &e);
     gen_chat_prompt_free(&cp);
     oai_request_free(&rq);
     json_decref(req);

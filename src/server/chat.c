@@ -80,19 +80,19 @@ static json_t *with_thinking(json_t *messages) {
     return out;
 }
 
-bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat_prompt *cp,
-                     struct oai_err *e) {
+bool gen_chat_prompt(const struct server_model *m, const struct oai_request *rq,
+                     struct chat_prompt *cp, struct oai_err *e) {
     memset(cp, 0, sizeof *cp);
-    if (!s->m.tmpl)
+    if (!m->tmpl)
         return oai_fail(e, 400, "invalid_request_error", "messages", "no_chat_template",
                         "This model has no chat template: use /v1/completions, or start the "
                         "server with --chat-template FILE");
     bool tools = rq->tools && rq->tool_choice != OAI_TOOLS_NONE;
-    const struct tmpl *t = s->m.tmpl;
-    cp->tmpl_src = s->m.tmpl_src;
-    if (tools && s->m.tmpl_tools) {
-        t = s->m.tmpl_tools;
-        cp->tmpl_src = s->m.tmpl_tools_src;
+    const struct tmpl *t = m->tmpl;
+    cp->tmpl_src = m->tmpl_src;
+    if (tools && m->tmpl_tools) {
+        t = m->tmpl_tools;
+        cp->tmpl_src = m->tmpl_tools_src;
     }
     if (tools && cp->tmpl_src && !outp_template_has_tools(cp->tmpl_src))
         return oai_fail(e, 400, "invalid_request_error", "tools", "tools_not_supported",
@@ -100,7 +100,7 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
                         "would never see them%s. Send the request without 'tools' (or with "
                         "tool_choice 'none'), or start the server with a --chat-template that "
                         "supports tools.",
-                        s->m.tmpl_fallback ? " (the model has no chat template; the ChatML "
+                        m->tmpl_fallback ? " (the model has no chat template; the ChatML "
                                              "default is in use)" : "");
     bool forced = tools && (rq->tool_choice == OAI_TOOLS_REQUIRED ||
                             rq->tool_choice == OAI_TOOLS_NAMED);
@@ -145,7 +145,7 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
     struct err te;
     err_clear(&te);
     smelt_status st = tmpl_chat_ctx(msgs, tools ? rq->tools : NULL, gen_prompt,
-                                    s->m.bos_text, s->m.eos_text, kw, &ctx, &te);
+                                    m->bos_text, m->eos_text, kw, &ctx, &te);
     json_decref(own);
     json_decref(own_msgs);
     char *text = NULL;
@@ -190,12 +190,12 @@ bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat
     return true;
 }
 
-bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct tok_ids *ids,
-                       struct oai_err *e) {
+bool gen_chat_tokenize(const struct server_model *m, const struct chat_prompt *cp,
+                       struct tok_ids *ids, struct oai_err *e) {
     /* the template writes the special tokens itself, except the ChatML fallback's BOS */
-    const struct tok_special *sp = tok_specials(s->m.tok);
-    if (s->m.tmpl_fallback && tok_add_bos(s->m.tok) && sp->bos >= 0 &&
+    const struct tok_special *sp = tok_specials(m->tok);
+    if (m->tmpl_fallback && tok_add_bos(m->tok) && sp->bos >= 0 &&
         tok_ids_push(ids, sp->bos) != SMELT_OK)
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    return gen_tokenize(s, cp->text, cp->len, TOK_PARSE_SPECIAL, "messages", ids, e);
+    return gen_tokenize(m, cp->text, cp->len, TOK_PARSE_SPECIAL, "messages", ids, e);
 }

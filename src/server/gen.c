@@ -28,41 +28,41 @@
 
 /* ---- prompts ---- */
 
-bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
+bool gen_tokenize(const struct server_model *m, const char *text, size_t len, unsigned flags,
                   const char *param, struct tok_ids *out, struct oai_err *e) {
     /* a text of L bytes is at least L / max_piece tokens: refuse hopeless prompts before
      * spending time on them (the count is then a lower bound, and the message says so;
      * check_length gives the exact count of prompts that were tokenized) */
-    int32_t mp = s->max_piece > 0 ? s->max_piece : 1;
+    int32_t mp = m->max_piece > 0 ? m->max_piece : 1;
     int64_t min_tokens = (int64_t)(len / (size_t)mp);
-    if (min_tokens >= s->m.n_ctx)
+    if (min_tokens >= m->n_ctx)
         return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, your %s "
                         "is at least %lld tokens long: an estimate, not an exact count (it is "
                         "%zu bytes and no token of this model is longer than %d bytes, so it "
                         "was not tokenized).",
-                        s->m.n_ctx, param, (long long)min_tokens, len, mp);
+                        m->n_ctx, param, (long long)min_tokens, len, mp);
     struct err te;
-    if (tok_encode(s->m.tok, text, len, flags, out, &te) != SMELT_OK)
+    if (tok_encode(m->tok, text, len, flags, out, &te) != SMELT_OK)
         return oai_fail(e, te.code == SMELT_ERR_NOMEM ? 500 : 400,
                         te.code == SMELT_ERR_NOMEM ? "server_error" : "invalid_request_error",
                         NULL, NULL, "tokenizer: %s", te.msg);
     return true;
 }
 
-static bool check_length(struct server *s, const struct oai_request *rq, int32_t n_prompt,
+static bool check_length(const struct server_model *m, const struct oai_request *rq, int32_t n_prompt,
                          bool explicit_max, struct oai_err *e) {
     const char *param = rq->kind == OAI_CHAT ? "messages" : "prompt";
-    if (n_prompt >= s->m.n_ctx)
+    if (n_prompt >= m->n_ctx)
         return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, your %s "
                         "resulted in %d tokens (counted exactly). Please reduce its length.",
-                        s->m.n_ctx, param, n_prompt);
-    if (explicit_max && rq->max_tokens > 0 && (int64_t)n_prompt + rq->max_tokens > s->m.n_ctx)
+                        m->n_ctx, param, n_prompt);
+    if (explicit_max && rq->max_tokens > 0 && (int64_t)n_prompt + rq->max_tokens > m->n_ctx)
         return oai_fail(e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, you "
                         "requested %lld tokens (%d in the %s, %d for the completion).",
-                        s->m.n_ctx, (long long)n_prompt + rq->max_tokens, n_prompt,
+                        m->n_ctx, (long long)n_prompt + rq->max_tokens, n_prompt,
                         rq->kind == OAI_CHAT ? "messages" : "prompt", rq->max_tokens);
     return true;
 }
@@ -104,7 +104,7 @@ static bool try_park(struct gen *g) {
 
 static void token_str(struct gen *g, struct jw *w, int32_t tok) {
     size_t n;
-    const char *p = tok_piece(g->srv->m.tok, tok, &n);
+    const char *p = tok_piece(g->m->tok, tok, &n);
     jw_json_str(w, p, n);
 }
 
@@ -112,7 +112,7 @@ static void token_str(struct gen *g, struct jw *w, int32_t tok) {
 static void chat_lp_entry(struct gen *g, struct jw *w, int32_t tok, float lp,
                           const struct sample_token_logprob *top, int32_t n_top) {
     size_t n;
-    const char *p = tok_piece(g->srv->m.tok, tok, &n);
+    const char *p = tok_piece(g->m->tok, tok, &n);
     jw_str(w, "{\"token\":");
     jw_json_str(w, p, n);
     jw_str(w, ",\"logprob\":");
@@ -121,7 +121,7 @@ static void chat_lp_entry(struct gen *g, struct jw *w, int32_t tok, float lp,
     jw_bytes_array(w, p, n);
     jw_str(w, ",\"top_logprobs\":[");
     for (int32_t i = 0; i < n_top && i < g->rq.top_logprobs; i++) {
-        p = tok_piece(g->srv->m.tok, top[i].token, &n);
+        p = tok_piece(g->m->tok, top[i].token, &n);
         if (i) jw_raw(w, ",", 1);
         jw_str(w, "{\"token\":");
         jw_json_str(w, p, n);
@@ -174,8 +174,8 @@ static void legacy_lp(struct gen *g, struct jw *w, const int32_t *tok, const flo
         if (i) jw_raw(w, ",", 1);
         jw_int(w, *offset);
         size_t pn;
-        tok_piece(g->srv->m.tok, tok[i], &pn);
-        if (!tok_is_control(g->srv->m.tok, tok[i])) *offset += (int64_t)pn; /* as decoded */
+        tok_piece(g->m->tok, tok[i], &pn);
+        if (!tok_is_control(g->m->tok, tok[i])) *offset += (int64_t)pn; /* as decoded */
     }
     jw_str(w, "]}");
 }
@@ -289,7 +289,7 @@ static void chunk_begin(struct gen *g, struct jw *w) {
                                      : "\",\"object\":\"text_completion\",\"created\":");
     jw_int(w, g->created);
     jw_str(w, ",\"model\":");
-    jw_json_str(w, g->srv->m.id, strlen(g->srv->m.id));
+    jw_json_str(w, g->m->id, strlen(g->m->id));
     jw_str(w, ",\"system_fingerprint\":\"");
     jw_str(w, g->srv->fingerprint);
     jw_str(w, "\",\"choices\":[");
@@ -777,7 +777,7 @@ static enum MHD_Result respond_whole(struct conn *c) {
                                                               : completion_choice_json(g, i));
     json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", g->id, "object",
                              g->rq.kind == OAI_CHAT ? "chat.completion" : "text_completion",
-                             "created", (json_int_t)g->created, "model", g->srv->m.id,
+                             "created", (json_int_t)g->created, "model", g->m->id,
                              "system_fingerprint", g->srv->fingerprint, "choices", choices,
                              "usage", usage_json(g));
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
@@ -842,6 +842,7 @@ void gen_free(struct gen *g) {
     outp_delta_free(&g->delta);
     jw_free(&g->sse);
     oai_request_free(&g->rq);
+    json_decref(g->body);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
@@ -859,14 +860,13 @@ static uint64_t random_seed(void) {
 /* Builds the prompt of request ri into ids (chat: cp, rendered). */
 static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp,
                          struct tok_ids *ids, struct oai_err *e) {
-    struct server *s = g->srv;
-    if (g->rq.kind == OAI_CHAT) return gen_chat_tokenize(s, cp, ids, e);
+    if (g->rq.kind == OAI_CHAT) return gen_chat_tokenize(g->m, cp, ids, e);
     const struct oai_prompt *p = &g->rq.prompts[ri];
     if (p->ids) {
         for (int32_t i = 0; i < p->n_ids; i++)
             if (tok_ids_push(ids, p->ids[i]) != SMELT_OK)
                 return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    } else if (!gen_tokenize(s, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, "prompt",
+    } else if (!gen_tokenize(g->m, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, "prompt",
                              ids, e)) {
         return false;
     }
@@ -874,7 +874,7 @@ static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp
         if (p->ids) {
             struct tok_buf b = {0};
             struct err te;
-            if (tok_decode(s->m.tok, p->ids, (size_t)p->n_ids, TOK_DECODE_STRIP, &b, &te) != SMELT_OK) {
+            if (tok_decode(g->m->tok, p->ids, (size_t)p->n_ids, TOK_DECODE_STRIP, &b, &te) != SMELT_OK) {
                 tok_buf_free(&b);
                 return oai_bad(e, "prompt", "%s", te.msg);
             }
@@ -904,39 +904,45 @@ static enum MHD_Result fail(struct conn *c, const struct oai_err *e) {
 enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_api *api) {
     struct server *s = c->srv;
     struct oai_err e;
-    struct gen *g = calloc(1, sizeof *g);
-    if (!g) return MHD_NO;
-    pthread_mutex_init(&g->mu, NULL);
-    g->srv = s;
-    g->conn = c;
-    g->fd = -1;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci) g->fd = ci->connect_fd;
-    c->gen = g;
-    g->created = (int64_t)time(NULL);
-    g->api = api;
-    srv_new_id(s, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id,
-               sizeof g->id);
-    memcpy(c->id, g->id, sizeof c->id);
-    if (atomic_load(&s->draining)) {
-        oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-        return fail(c, &e);
+    struct gen *g = c->gen;
+    if (!g) { /* (a request that waited for its model to load comes here again, with its gen) */
+        if (!(g = calloc(1, sizeof *g))) return MHD_NO;
+        pthread_mutex_init(&g->mu, NULL);
+        g->srv = s;
+        g->conn = c;
+        g->fd = -1;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci) g->fd = ci->connect_fd;
+        c->gen = g;
+        g->created = (int64_t)time(NULL);
+        g->api = api;
+        srv_new_id(s, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id,
+                   sizeof g->id);
+        memcpy(c->id, g->id, sizeof c->id);
+        if (atomic_load(&s->draining)) {
+            oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+            return fail(c, &e);
+        }
+        if (!(g->body = oai_load_object(c->body.p ? c->body.p : "", c->body.n, &e)))
+            return fail(c, &e);
+        srv_body_free(c);
     }
-    const char *body = c->body.p ? c->body.p : "";
-    if (api ? !api->parse(g, body, c->body.n, &e)
-            : !oai_parse(body, c->body.n, kind, tok_n_vocab(s->m.tok), &s->m.defaults, &g->rq, &e))
+    /* the model ("model" when it is a string: a wrong type is the parser's 400) */
+    switch (srv_model_for(c, json_string_value(json_object_get(g->body, "model")), &g->m, &e)) {
+    case SRV_PARKED: return MHD_YES;
+    case SRV_CLOSE: return MHD_NO;
+    case SRV_REFUSED: return fail(c, &e);
+    case SRV_HAVE: break;
+    }
+    json_t *body = g->body;
+    g->body = NULL;
+    if (api ? !api->parse(g, body, &e)
+            : !oai_parse_json(body, kind, tok_n_vocab(g->m->tok), &g->m->defaults, &g->rq, &e))
         return fail(c, &e);
-    srv_body_free(c);
     struct oai_request *rq = &g->rq;
     kind = rq->kind;
     g->n_user_stops = rq->ep.n_stop;
-    if (rq->model && !srv_model_known(s, rq->model)) {
-        oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
-                 "The model '%.*s' does not exist (this server serves '%s')",
-                 oai_clip(rq->model, 200), rq->model, s->m.id);
-        return fail(c, &e);
-    }
     /* (an API whose max_tokens is only a cap runs to the context's end instead) */
     bool explicit_max = rq->max_tokens >= 0 && !(api && api->max_is_cap) && (kind == OAI_CHAT ||
                                                  json_object_get(rq->root, "max_tokens") != NULL);
@@ -944,7 +950,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
     g->n_choices = g->n_reqs * rq->n;
     /* all of a request's sequences are queued at once: more than the queue holds could never
      * be, whatever the load (a 400, not a 429 to retry) */
-    int32_t max_waiting = engine_config(s->m.en)->max_waiting;
+    int32_t max_waiting = engine_config(g->m->en)->max_waiting;
     if (g->n_choices > max_waiting) {
         oai_fail(&e, 400, "invalid_request_error", rq->n > 1 ? "n" : "prompt", "too_many_sequences",
                  "This request asks for %d sequences (%d prompt%s x n %d), more than the server "
@@ -977,7 +983,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
     }
     struct chat_prompt cp = {0};
     if (kind == OAI_CHAT) {
-        if (!gen_chat_prompt(s, rq, &cp, &e)) return fail(c, &e);
+        if (!gen_chat_prompt(g->m, rq, &cp, &e)) return fail(c, &e);
         g->syntax = cp.syntax;
         g->reasoning = cp.reasoning;
         g->in_reasoning = cp.in_reasoning;
@@ -997,12 +1003,12 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
             rq->ep.stop = rq->stop;
         }
     }
-    uint64_t seed = rq->has_seed || s->m.seed_set ? rq->ep.sp.seed : random_seed();
+    uint64_t seed = rq->has_seed || g->m->seed_set ? rq->ep.sp.seed : random_seed();
     struct tok_ids ids = {0};
     for (int32_t ri = 0; ri < g->n_reqs; ri++) {
         ids.n = 0;
         if (!build_prompt(g, ri, &cp, &ids, &e) ||
-            !check_length(s, rq, (int32_t)ids.n, explicit_max, &e)) {
+            !check_length(g->m, rq, (int32_t)ids.n, explicit_max, &e)) {
             tok_ids_free(&ids);
             gen_chat_prompt_free(&cp);
             return fail(c, &e);
@@ -1026,7 +1032,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
         smelt_status st = engine_req_new(&g->reqs[ri], &ep, ids.v, (int32_t)ids.n, &te);
         if (st == SMELT_OK) {
             engine_req_set_notify(g->reqs[ri], on_ready, g, rq->stream);
-            st = engine_submit(s->m.en, g->reqs[ri], &te);
+            st = engine_submit(g->m->en, g->reqs[ri], &te);
         }
         if (st != SMELT_OK) {
             tok_ids_free(&ids);

@@ -516,7 +516,7 @@ static json_t *response_json(struct gen *g, const char *status, const struct oai
         }
     json_t *r = out ? json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "id", g->id, "object", "response",
                                 "created_at", (json_int_t)g->created, "status", status, "model",
-                                g->srv->m.id, "output", out)
+                                g->m->id, "output", out)
                     : NULL;
     if (!r) return NULL;
 #define ECHO(key, dflt)                                                                            \
@@ -732,9 +732,8 @@ static char *r_whole(struct gen *g) {
     return s;
 }
 
-static bool r_parse(struct gen *g, const char *body, size_t len, struct oai_err *e) {
-    g->api_req = oai_load_object(body, len, e);
-    if (!g->api_req) return false;
+static bool r_parse(struct gen *g, json_t *body, struct oai_err *e) {
+    g->api_req = body;
     json_t *prev = json_object_get(g->api_req, "previous_response_id"), *hist = NULL;
     if (json_is_string(prev)) {
         const char *id = json_string_value(prev);
@@ -751,7 +750,7 @@ static bool r_parse(struct gen *g, const char *body, size_t len, struct oai_err 
                                             "--response-store 0)");
     }
     bool ok =
-        resp_parse(g->api_req, hist, tok_n_vocab(g->srv->m.tok), &g->srv->m.defaults, &g->rq, e);
+        resp_parse(g->api_req, hist, tok_n_vocab(g->m->tok), &g->m->defaults, &g->rq, e);
     json_decref(hist);
     return ok;
 }

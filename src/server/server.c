@@ -71,6 +71,8 @@ void srv_new_id(struct server *s, const char *prefix, char *out, size_t n) {
     snprintf(out, n, "%s%s", prefix, id);
 }
 
+static bool mwait_cancel(struct conn *c);
+
 /* ---- the body budget ---- */
 
 /* Takes n bytes of the server's body budget; false (nothing taken) when that would pass it. */
@@ -91,6 +93,8 @@ void srv_body_free(struct conn *c) {
 void srv_conn_unref(struct conn *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     gen_free(c->gen);
+    mwait_cancel(c);
+    if (c->model) srv_model_release(c->srv->models, c->model);
     srv_body_free(c);
     atomic_fetch_sub(&c->srv->n_conns, 1);
     free(c);
@@ -225,51 +229,196 @@ static bool authorized(struct conn *c) {
     return h && key_matches(s, h);
 }
 
-/* ---- small routes ---- */
-
-static json_t *model_obj(struct server *s, const char *id) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", id, "object", "model", "created",
-                     (json_int_t)s->m.created, "owned_by", "smelt", "max_model_len",
-                     (int)s->m.n_ctx);
+enum MHD_Result srv_not_yet(struct conn *c, enum srv_want w, const struct oai_err *e) {
+    return w == SRV_PARKED ? MHD_YES : w == SRV_CLOSE ? MHD_NO : srv_error(c, e);
 }
 
-bool srv_model_known(struct server *s, const char *name) {
-    if (!strcmp(name, s->m.id)) return true;
-    if (s->m.hidden_alias && !strcmp(name, s->m.hidden_alias)) return true;
-    for (int i = 0; i < s->m.n_aliases; i++)
-        if (!strcmp(name, s->m.aliases[i])) return true;
-    return false;
+/* ---- small routes ---- */
+
+/* ---- the request's model ---- */
+
+/* park / wake of a request waiting for its model (server/models.h): both run under the
+ * registry's lock, so a wake never comes before its park. */
+static void mwait_park(void *ctx) {
+    struct conn *c = ctx;
+    struct server *s = c->srv;
+    c->mwaiting = true;
+    c->mwait_end = 0;
+    c->mwait_t0 = clock_now();
+    atomic_fetch_add(&s->n_parked, 1);
+    MHD_suspend_connection(c->mc);
+    pthread_mutex_lock(&s->wmu);
+    c->mprev = NULL;
+    c->mnext = s->mwaits;
+    if (s->mwaits) s->mwaits->mprev = c;
+    s->mwaits = c;
+    pthread_mutex_unlock(&s->wmu);
+}
+
+/* Takes c off the watcher's list (it is there while it waits). */
+static void mwait_unlist(struct server *s, struct conn *c) {
+    pthread_mutex_lock(&s->wmu);
+    if (c->mprev) c->mprev->mnext = c->mnext;
+    else if (s->mwaits == c) s->mwaits = c->mnext;
+    if (c->mnext) c->mnext->mprev = c->mprev;
+    c->mprev = c->mnext = NULL;
+    pthread_mutex_unlock(&s->wmu);
+}
+
+/* Ends c's wait for its model before the load does; true when it was still waiting (the
+ * caller then resumes it, if it should run again). */
+static bool mwait_cancel(struct conn *c) {
+    if (!c->mw.on || !srv_model_unwait(c->srv->models, &c->mw)) return false;
+    mwait_unlist(c->srv, c);
+    atomic_fetch_sub(&c->srv->n_parked, 1);
+    return true;
+}
+
+static void mwait_wake(void *ctx) {
+    struct conn *c = ctx;
+    mwait_unlist(c->srv, c);
+    atomic_fetch_sub(&c->srv->n_parked, 1);
+    MHD_resume_connection(c->mc);
+}
+
+/* "'a'", "'a', 'b' and 'c'" or "'a', 'b' and N more": the names a 404 lists. */
+static void served_names(struct server *s, char *buf, size_t n) {
+    int k = srv_models_count(s->models);
+    size_t w = 0;
+    buf[0] = 0;
+    for (int i = 0; i < k && i < 3 && w < n; i++) {
+        const char *id = srv_model_def(srv_models_at(s->models, i))->id;
+        const char *sep = i == 0 ? "" : (i == k - 1 || i == 2) && k <= 3 ? " and " : ", ";
+        w += (size_t)snprintf(buf + w, n - w, "%s'%.*s'", sep, oai_clip(id, 64), id);
+    }
+    if (k > 3 && w < n) snprintf(buf + w, n - w, " and %d more", k - 3);
+}
+
+enum srv_want srv_model_for(struct conn *c, const char *name, const struct server_model **m,
+                            struct oai_err *e) {
+    struct server *s = c->srv;
+    if (c->m) {
+        *m = c->m;
+        return SRV_HAVE;
+    }
+    struct srv_model *sm = srv_models_find(s->models, name);
+    if (c->mwait_end == MWAIT_GONE) return SRV_CLOSE;
+    if (atomic_load(&s->draining)) {
+        oai_fail(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return SRV_REFUSED;
+    }
+    if (!sm) {
+        char names[256];
+        served_names(s, names, sizeof names);
+        oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                 "The model '%.*s' does not exist (this server serves %s)", oai_clip(name, 200),
+                 name, names);
+        return SRV_REFUSED;
+    }
+    if (c->mwait_end == MWAIT_LATE) {
+        oai_fail(e, 503, "server_error", "model", "model_loading",
+                 "The model '%s' is still loading after %d s (--timeout); retry later",
+                 srv_model_def(sm)->id, s->cfg.timeout_s);
+        return SRV_REFUSED;
+    }
+    char err[ERR_MSG_MAX];
+    c->mw.park = mwait_park;
+    c->mw.wake = mwait_wake;
+    c->mw.ctx = c;
+    switch (srv_model_acquire(s->models, sm, &c->mw, m, err, sizeof err)) {
+    case SRV_READY:
+        c->model = sm;
+        c->m = *m;
+        return SRV_HAVE;
+    case SRV_WAIT: return SRV_PARKED;
+    case SRV_FAILED: break;
+    }
+    oai_fail(e, 500, "server_error", "model", "model_load_failed", "The model '%s' could not be "
+             "loaded: %s", srv_model_def(sm)->id, err);
+    return SRV_REFUSED;
+}
+
+/* ---- small routes ---- */
+
+/* A /v1/models entry: id (one of the model's names), its state as llama.cpp's router shows
+ * it ("status": {"value": "loaded" | "loading" | "unloaded" | "unloading"}, with the last
+ * failed load's message), max_model_len when known. */
+static json_t *model_obj(struct server *s, struct srv_model *sm, const char *id) {
+    struct srv_model_info in;
+    srv_model_info(s->models, sm, &in);
+    json_t *st = json_pack("{s:s}", "value", srv_model_state_str(in.state));
+    if (st && in.error[0]) {
+        json_object_set_new(st, "failed", json_true());
+        json_object_set_new(st, "error", json_string(in.error));
+    }
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", id, "object", "model", "created",
+                          (json_int_t)(in.created ? in.created : s->created), "owned_by",
+                          "smelt", "status", st);
+    if (o && in.n_ctx > 0) json_object_set_new(o, "max_model_len", json_integer(in.n_ctx));
+    return o;
 }
 
 static enum MHD_Result route_model(struct conn *c) {
     struct server *s = c->srv;
     const char *id = c->arg;
-    if (!srv_model_known(s, id)) {
+    struct srv_model *sm = srv_models_find(s->models, id);
+    if (!sm) {
         struct oai_err e;
         oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
                  "The model '%.*s' does not exist", oai_clip(id, 200), id);
         return srv_error(c, &e);
     }
-    return respond_json(c, 200, model_obj(s, id));
+    return respond_json(c, 200, model_obj(s, sm, id));
 }
 
+/* Every model, each under each of its listed names. */
 static enum MHD_Result route_models(struct conn *c) {
     struct server *s = c->srv;
     json_t *list = json_array();
-    json_array_append_new(list, model_obj(s, s->m.id));
-    for (int i = 0; i < s->m.n_aliases; i++) json_array_append_new(list, model_obj(s, s->m.aliases[i]));
+    for (int i = 0; i < srv_models_count(s->models); i++) {
+        struct srv_model *sm = srv_models_at(s->models, i);
+        const struct server_model_def *d = srv_model_def(sm);
+        json_array_append_new(list, model_obj(s, sm, d->id));
+        for (int k = 0; k < d->n_aliases; k++) json_array_append_new(list, model_obj(s, sm, d->aliases[k]));
+    }
     return respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", list));
 }
 
-static enum MHD_Result route_tokenize(struct conn *c) {
-    struct server *s = c->srv;
-    struct oai_err e;
+/* The body of /tokenize or /detokenize as an object, and its model (srv_model_for). */
+static enum srv_want body_and_model(struct conn *c, json_t **j, const struct server_model **m,
+                                    struct oai_err *e) {
     json_error_t je;
-    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
-    if (!j || !json_is_object(j)) {
-        json_decref(j);
-        oai_bad(&e, NULL, "The body must be a JSON object%s%s", j ? "" : ": ", j ? "" : je.text);
-        return srv_error(c, &e);
+    *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
+    if (!*j || !json_is_object(*j)) {
+        oai_bad(e, NULL, "The body must be a JSON object%s%s", *j ? "" : ": ", *j ? "" : je.text);
+        json_decref(*j);
+        *j = NULL;
+        return SRV_REFUSED;
+    }
+    json_t *name = json_object_get(*j, "model");
+    if (name && !json_is_string(name) && !json_is_null(name)) {
+        oai_bad(e, "model", "'model' must be a string");
+        json_decref(*j);
+        *j = NULL;
+        return SRV_REFUSED;
+    }
+    enum srv_want w = srv_model_for(c, json_string_value(name), m, e);
+    if (w != SRV_HAVE) {
+        json_decref(*j);
+        *j = NULL;
+    }
+    return w;
+}
+
+static enum MHD_Result route_tokenize(struct conn *c) {
+    struct oai_err e;
+    json_t *j;
+    const struct server_model *m;
+    switch (body_and_model(c, &j, &m, &e)) {
+    case SRV_PARKED: return MHD_YES;
+    case SRV_CLOSE: return MHD_NO;
+    case SRV_REFUSED: return srv_error(c, &e);
+    case SRV_HAVE: break;
     }
     json_t *text = json_object_get(j, "content");
     if (!text) text = json_object_get(j, "prompt");
@@ -295,11 +444,11 @@ static enum MHD_Result route_tokenize(struct conn *c) {
             json_t *v = json_object_get(j, pass[k]);
             if (v) json_object_set(cj, pass[k], v);
         }
-        ok = cj ? oai_parse_json(cj, OAI_CHAT, tok_n_vocab(s->m.tok), NULL, &rq, &e)
+        ok = cj ? oai_parse_json(cj, OAI_CHAT, tok_n_vocab(m->tok), NULL, &rq, &e)
                 : oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         struct chat_prompt cp = {0};
-        if (ok) ok = gen_chat_prompt(s, &rq, &cp, &e);
-        if (ok) ok = gen_chat_tokenize(s, &cp, &ids, &e);
+        if (ok) ok = gen_chat_prompt(m, &rq, &cp, &e);
+        if (ok) ok = gen_chat_tokenize(m, &cp, &ids, &e);
         gen_chat_prompt_free(&cp);
         oai_request_free(&rq);
     } else if (json_is_string(text)) {
@@ -310,7 +459,7 @@ static enum MHD_Result route_tokenize(struct conn *c) {
         ok = oai_bad(&e, "content", "'content' (a string) or 'messages' is required");
     }
     if (ok && add && !json_is_boolean(add)) ok = oai_bad(&e, "add_special", "must be a boolean");
-    if (ok && !msgs) ok = gen_tokenize(s, src, slen, flags, "content", &ids, &e);
+    if (ok && !msgs) ok = gen_tokenize(m, src, slen, flags, "content", &ids, &e);
     if (!ok) {
         json_decref(j);
         tok_ids_free(&ids);
@@ -322,7 +471,7 @@ static enum MHD_Result route_tokenize(struct conn *c) {
             /* a piece that is not valid UTF-8 on its own (a byte-fallback token, part of an
              * emoji) is its byte values, as llama.cpp gives it: the pieces always rejoin */
             size_t pl;
-            const char *p = tok_piece(s->m.tok, ids.v[i], &pl);
+            const char *p = tok_piece(m->tok, ids.v[i], &pl);
             json_t *pj = utf8_validate((const uint8_t *)p, pl) == pl ? json_stringn(p, pl) : NULL;
             if (!pj) {
                 pj = json_array();
@@ -335,21 +484,21 @@ static enum MHD_Result route_tokenize(struct conn *c) {
         }
     }
     json_t *out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", (int)ids.n,
-                            "max_model_len", (int)s->m.n_ctx);
+                            "max_model_len", (int)m->n_ctx);
     tok_ids_free(&ids);
     json_decref(j);
     return respond_json(c, 200, out);
 }
 
 static enum MHD_Result route_detokenize(struct conn *c) {
-    struct server *s = c->srv;
     struct oai_err e;
-    json_error_t je;
-    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
-    if (!json_is_object(j)) {
-        json_decref(j);
-        oai_bad(&e, NULL, "The body must be a JSON object%s%s", j ? "" : ": ", j ? "" : je.text);
-        return srv_error(c, &e);
+    json_t *j;
+    const struct server_model *m;
+    switch (body_and_model(c, &j, &m, &e)) {
+    case SRV_PARKED: return MHD_YES;
+    case SRV_CLOSE: return MHD_NO;
+    case SRV_REFUSED: return srv_error(c, &e);
+    case SRV_HAVE: break;
     }
     json_t *toks = json_object_get(j, "tokens");
     if (!json_is_array(toks)) {
@@ -361,7 +510,7 @@ static enum MHD_Result route_detokenize(struct conn *c) {
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     json_t *x;
     bool ok = ids != NULL;
-    int32_t nv = tok_n_vocab(s->m.tok);
+    int32_t nv = tok_n_vocab(m->tok);
     json_array_foreach(toks, i, x) {
         if (!ok) break;
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= nv) {
@@ -374,7 +523,7 @@ static enum MHD_Result route_detokenize(struct conn *c) {
     json_decref(j);
     struct tok_buf out = {0};
     struct err te;
-    if (ok && tok_decode(s->m.tok, ids, n, TOK_DECODE_SPECIAL | TOK_DECODE_STRIP, &out, &te) != SMELT_OK)
+    if (ok && tok_decode(m->tok, ids, n, TOK_DECODE_SPECIAL | TOK_DECODE_STRIP, &out, &te) != SMELT_OK)
         ok = oai_bad(&e, "tokens", "%s", te.msg);
     free(ids);
     if (!ok) {
@@ -475,6 +624,8 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
     c->t0 = clock_now();
     c->uri = uri;
     c->uri_len = strlen(uri);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c->fd = ci ? ci->connect_fd : -1;
     clip_copy(c->path, sizeof c->path, uri); /* the raw target, until first_call decodes it */
     for (size_t i = 0; i < c->uri_len && !c->uri_bad; i++)
         c->uri_bad = (unsigned char)uri[i] <= 0x20 || uri[i] == 0x7F;
@@ -648,6 +799,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     struct conn *c = *con_cls;
     if (!c) return MHD_NO; /* on_uri ran out of memory */
     if (!c->started) return first_call(c, url, method, version);
+    if (c->mwaiting) { /* its model is loaded (or the wait ended): the route runs again */
+        c->mwaiting = false;
+        return c->rt->fn(c);
+    }
     if (c->gen) return gen_resume(c); /* a suspended request was resumed */
     if (*upload_size) {
         enum MHD_Result r = body_chunk(c, upload_data, *upload_size);
@@ -825,6 +980,38 @@ static void end_late_requests(struct server *s) {
     pthread_mutex_unlock(&s->smu);
 }
 
+/* Ends the waits for a model load that passed --timeout, or whose client hung up: each
+ * such request is resumed (its route answers 503 model_loading, or closes). Called with wmu
+ * held; drops it while it ends them (srv_model_unwait takes the registry's lock, which is
+ * taken before wmu elsewhere). A collected conn is kept alive by a reference. */
+static void end_model_waits(struct server *s) {
+    enum { MAX = 64 };
+    struct conn *late[MAX];
+    uint8_t why[MAX];
+    int n = 0;
+    double now = clock_now();
+    for (struct conn *c = s->mwaits; c && n < MAX; c = c->mnext) {
+        uint8_t w = now - c->mwait_t0 > s->cfg.timeout_s ? MWAIT_LATE : 0;
+        struct pollfd p = {c->fd, POLLRDHUP, 0};
+        if (!w && c->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            w = MWAIT_GONE;
+        if (!w) continue;
+        atomic_fetch_add(&c->refs, 1);
+        late[n] = c;
+        why[n++] = w;
+    }
+    if (n == 0) return;
+    pthread_mutex_unlock(&s->wmu);
+    for (int i = 0; i < n; i++) {
+        if (mwait_cancel(late[i])) {
+            late[i]->mwait_end = why[i];
+            MHD_resume_connection(late[i]->mc);
+        }
+        srv_conn_unref(late[i]);
+    }
+    pthread_mutex_lock(&s->wmu);
+}
+
 /* Every 200 ms: the request deadline (end_late_requests), then one poll() over the parked
  * sockets; a hang-up (the peer closed: POLLRDHUP, POLLHUP or POLLERR) cancels that
  * connection's requests. A gen stays valid while it is on the list (it is parked, so MHD
@@ -840,6 +1027,7 @@ static void *watcher(void *arg) {
         pthread_cond_timedwait(&s->wcv, &s->wmu, &dl);
         if (s->wstop) break;
         end_late_requests(s);
+        end_model_waits(s);
         size_t n = 0;
         for (struct gen *g = s->watch; g; g = g->wnext) n++;
         if (n > cap) {
@@ -881,16 +1069,6 @@ static void watcher_stop(struct server *s) {
 }
 
 /* ---- lifecycle ---- */
-
-static int32_t longest_piece(const struct tok *t) {
-    int32_t best = 1, nv = tok_n_vocab(t);
-    for (int32_t i = 0; i < nv; i++) {
-        size_t n;
-        tok_piece(t, i, &n);
-        if ((int32_t)n > best) best = (int32_t)n;
-    }
-    return best;
-}
 
 /* The default connection limit for a process allowed nofile open files: what is left
  * after a headroom for everything else (model files, the engine, listeners), at most
@@ -952,6 +1130,7 @@ static int daemon_port(struct MHD_Daemon *d, int asked) {
 static void server_destroy(struct server *s) {
     watcher_stop(s);
     resp_store_free(s->store);
+    srv_models_free(s->models);
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->wmu);
     pthread_cond_destroy(&s->wcv);
@@ -959,13 +1138,11 @@ static void server_destroy(struct server *s) {
     free(s);
 }
 
-smelt_status server_new(struct server **out, const struct server_config *cfg,
-                        const struct server_model *m, struct err *e) {
-    *out = NULL;
-    struct server *s = calloc(1, sizeof *s);
-    if (!s) return err_set(e, SMELT_ERR_NOMEM, "server: out of memory");
+/* Starts the server over its models (s->models, taken: freed with s on failure). */
+static smelt_status server_start(struct server **out, struct server *s, const struct server_config *cfg,
+                                 struct err *e) {
     s->cfg = *cfg;
-    s->m = *m;
+    s->created = (int64_t)time(NULL);
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
     if (!s->cfg.admin_host) s->cfg.admin_host = s->cfg.host;
     if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
@@ -990,6 +1167,7 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
         smelt_status st = err_set(e, SMELT_ERR_INVALID, "--body-budget %zu is less than "
                                   "--max-body %zu: a body of the largest size could never be "
                                   "read", s->cfg.body_budget, s->cfg.max_body);
+        srv_models_free(s->models);
         free(s);
         return st;
     }
@@ -1007,7 +1185,6 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key) key[0] = (uint64_t)time(NULL) ^ (uint64_t)getpid();
     s->id_key = key[0];
     snprintf(s->fingerprint, sizeof s->fingerprint, "fp_smelt%08llx", (unsigned long long)(key[1] & 0xffffffffu));
-    s->max_piece = longest_piece(m->tok);
     s->auth = s->cfg.api_key && *s->cfg.api_key;
     if (s->auth) sha256(s->cfg.api_key, strlen(s->cfg.api_key), s->key_digest);
     s->main_l = (struct listener){s, false};
@@ -1049,6 +1226,38 @@ smelt_status server_new(struct server **out, const struct server_config *cfg,
     return SMELT_OK;
 }
 
+smelt_status server_new(struct server **out, const struct server_config *cfg,
+                        const struct server_model *m, struct err *e) {
+    *out = NULL;
+    struct server *s = calloc(1, sizeof *s);
+    if (!s) return err_set(e, SMELT_ERR_NOMEM, "server: out of memory");
+    struct server_model_def d = {.id = m->id, .aliases = m->aliases, .n_aliases = m->n_aliases,
+                                 .hidden_alias = m->hidden_alias, .pinned = true, .device = -1};
+    smelt_status st = srv_models_new(&s->models, &d, 1, NULL, 0, e);
+    if (st != SMELT_OK) {
+        free(s);
+        return st;
+    }
+    srv_models_put(s->models, 0, m);
+    return server_start(out, s, cfg, e);
+}
+
+smelt_status server_new_models(struct server **out, const struct server_config *cfg,
+                               const struct server_model_def *defs, int n,
+                               const struct server_loader *ld, int max_loaded, struct err *e) {
+    *out = NULL;
+    struct server *s = calloc(1, sizeof *s);
+    if (!s) return err_set(e, SMELT_ERR_NOMEM, "server: out of memory");
+    smelt_status st = srv_models_new(&s->models, defs, n, ld, max_loaded, e);
+    if (st == SMELT_OK) st = srv_models_preload(s->models, e);
+    if (st != SMELT_OK) {
+        srv_models_free(s->models);
+        free(s);
+        return st;
+    }
+    return server_start(out, s, cfg, e);
+}
+
 int server_port(const struct server *s) { return s->port; }
 
 int server_admin_port(const struct server *s) { return s->admin_port; }
@@ -1062,18 +1271,19 @@ void server_shutdown(struct server *s, double grace_s) {
     atomic_store(&s->draining, true);
     MHD_socket ls = MHD_quiesce_daemon(s->d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
-    engine_drain(s->m.en);
+    srv_models_drain(s->models);
+    srv_models_wake_all(s->models); /* requests waiting for a load: 503 */
     double t0 = clock_now();
-    while (engine_in_flight(s->m.en) > 0 && clock_now() - t0 < grace_s && !atomic_load(&s->hurry))
+    int32_t n;
+    while ((n = srv_models_in_flight(s->models)) > 0 && clock_now() - t0 < grace_s &&
+           !atomic_load(&s->hurry))
         usleep(20000);
-    if (engine_in_flight(s->m.en) > 0) {
+    if ((n = srv_models_in_flight(s->models)) > 0) {
         if (atomic_load(&s->hurry))
-            log_warn("shutdown: a second signal: cancelling %d requests now",
-                     engine_in_flight(s->m.en));
+            log_warn("shutdown: a second signal: cancelling %d requests now", n);
         else
-            log_warn("shutdown: cancelling %d requests still running after %.0f s",
-                     engine_in_flight(s->m.en), grace_s);
-        engine_cancel_all(s->m.en);
+            log_warn("shutdown: cancelling %d requests still running after %.0f s", n, grace_s);
+        srv_models_cancel_all(s->models);
     }
     /* every suspended connection is resumed by its request's end; wait for them, and
      * give the last bytes (a stream's error event) a moment to go out */

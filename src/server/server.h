@@ -1,4 +1,5 @@
-/* The OpenAI-compatible HTTP server (libmicrohttpd + jansson) over one engine.
+/* The OpenAI-compatible HTTP server (libmicrohttpd + jansson) over one model's engine, or
+ * several models' (server/models.h: loaded on demand, routed by the request's "model").
  *
  * Routes (each also without the /v1 prefix):
  *   POST /v1/chat/completions, POST /v1/completions   generation (streaming or not)
@@ -90,13 +91,22 @@ struct server_model {
                                      * GGUF's general.sampling.* < the server's settings) */
     bool seed_set;                  /* defaults.seed is the seed of requests without one (else
                                      * each draws a random one) */
+    int32_t max_piece;              /* (set by the server) the longest token piece in bytes */
 };
 
 struct server;
+struct server_loader;
+struct server_model_def;
 
-/* Starts listening and serving. */
+/* Starts listening and serving one model, loaded by the caller. */
 smelt_status server_new(struct server **out, const struct server_config *cfg,
                         const struct server_model *m, struct err *e);
+/* Starts serving n models (server/models.h: defs[0] is the default one), loaded and unloaded
+ * by ld; at most max_loaded at once (0: no bound). The models to load at start (preload,
+ * pinned) are loaded before it listens; the first failure fails. */
+smelt_status server_new_models(struct server **out, const struct server_config *cfg,
+                               const struct server_model_def *defs, int n,
+                               const struct server_loader *ld, int max_loaded, struct err *e);
 /* The port it listens on. */
 int server_port(const struct server *s);
 /* The admin listener's port (-1 without one). */

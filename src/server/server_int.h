@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "server/jw.h"
+#include "server/models.h"
 #include "server/oai.h"
 #include "server/outp.h"
 #include "server/resp_store.h"
@@ -70,9 +71,10 @@ struct gen_api {
                                            * reply stops at the context's end (GEN_END_CONTEXT) */
     const char *block_prefix[3];          /* of a block's id, by gen_block_kind (NULL: none) */
     const char *call_id_prefix;           /* of a call block's call_id (NULL: none) */
-    /* Parses the request body into g->rq (a chat request; n 1) and g->api_req (the body as
-     * sent, kept for the response); a refusal is a 400 naming the API's own field. */
-    bool (*parse)(struct gen *g, const char *body, size_t len, struct oai_err *e);
+    /* Parses the request body (a JSON object, taken: kept as g->api_req, the body as sent,
+     * for the response) into g->rq (a chat request; n 1) for the request's model g->m (its
+     * vocabulary, its sampling defaults); a refusal is a 400 naming the API's own field. */
+    bool (*parse)(struct gen *g, json_t *body, struct oai_err *e);
     void (*begin)(struct gen *g);                           /* the stream's first events */
     void (*open)(struct gen *g, int32_t bi);                /* block bi begins */
     void (*piece)(struct gen *g, int32_t bi, const char *s, size_t n); /* bi grew by s */
@@ -105,10 +107,10 @@ struct srv_route {
 
 struct server {
     struct server_config cfg;
-    struct server_model m;
+    struct srv_models *models; /* what it serves (server/models.h) */
+    int64_t created;           /* when it started (Unix time: /v1/models of unloaded models) */
     struct MHD_Daemon *d;
     int port;
-    int32_t max_piece; /* longest token piece in bytes (prompt-length precheck) */
     bool auth;         /* an API key is set */
     uint8_t key_digest[SHA256_DIGEST_LEN]; /* of the API key */
     atomic_bool draining;
@@ -131,6 +133,7 @@ struct server {
     pthread_mutex_t wmu;
     pthread_cond_t wcv;
     struct gen *watch; /* parked gens (doubly linked through wprev / wnext) */
+    struct conn *mwaits; /* requests parked until their model is loaded (mprev / mnext) */
     pthread_t wth;
     bool wstarted, wstop;
     /* the request deadline: every open socket; the watcher also closes those whose request
@@ -166,6 +169,8 @@ struct choice {
 struct gen {
     struct server *srv;
     struct conn *conn;
+    const struct server_model *m; /* its model (the connection holds the reference) */
+    json_t *body;                /* the parsed body, until oai_parse_json takes it */
     struct oai_request rq;
     char id[48];
     int64_t created;
@@ -247,11 +252,33 @@ struct conn {
     char id[48];                 /* the response id, once a generation request has one */
     double t0;
     struct gen *gen;
+    /* the request's model (srv_model_for): held from its acquire to the end of the request */
+    struct srv_model *model;
+    const struct server_model *m;
+    struct srv_model_wait mw;    /* parked until the model is loaded */
+    bool mwaiting;               /* parked for it: the route runs again when resumed */
+    uint8_t mwait_end;           /* why the watcher ended the wait: MWAIT_LATE, MWAIT_GONE */
+    double mwait_t0;             /* since when (the wait is bounded by --timeout) */
+    int fd;                      /* its socket (for the watcher) */
+    struct conn *mprev, *mnext;  /* server->mwaits, under wmu */
 };
+#define MWAIT_LATE 1
+#define MWAIT_GONE 2
 
 /* ---- server.c ---- */
 /* Adds the headers every response to c carries (CORS, when the request's Origin is allowed). */
 void srv_add_headers(struct conn *c, struct MHD_Response *r);
+/* What srv_model_for decided. */
+enum srv_want { SRV_HAVE, SRV_PARKED, SRV_REFUSED, SRV_CLOSE };
+/* The model a request names (name NULL: the default one), loaded: SRV_HAVE with *m (held
+ * until the request ends; asking again returns the same); SRV_PARKED: the connection is
+ * suspended until the model is loaded (return MHD_YES; the route runs again then, and
+ * asks again); SRV_REFUSED: *e holds the answer (404 model_not_found, 503 while shutting
+ * down or when the load outlasts --timeout, 500 model_load_failed with the load's error);
+ * SRV_CLOSE: the client went away while it waited (return MHD_NO). Every route that needs
+ * a model goes through it. */
+enum srv_want srv_model_for(struct conn *c, const char *name, const struct server_model **m,
+                            struct oai_err *e);
 /* Sets the request's status (for the log); with count, also counts it for /metrics, once
  * per request (a stream is counted when its end is known: an engine error after the
  * headers makes it a 500). */
@@ -266,7 +293,9 @@ enum MHD_Result srv_respond(struct conn *c, int status, char *body, const char *
 enum MHD_Result srv_error(struct conn *c, const struct oai_err *e);
 void srv_new_id(struct server *s, const char *prefix, char *out, size_t n);
 /* Whether name is the served model or one of its aliases. */
-bool srv_model_known(struct server *s, const char *name);
+/* The answer of a route whose model srv_model_for did not give (w: SRV_PARKED, SRV_CLOSE,
+ * or SRV_REFUSED with e). */
+enum MHD_Result srv_not_yet(struct conn *c, enum srv_want w, const struct oai_err *e);
 
 void srv_watch(struct server *s, struct gen *g);   /* under g->mu */
 void srv_unwatch(struct server *s, struct gen *g); /* under g->mu, or when g is freed */
@@ -305,7 +334,7 @@ void gen_free(struct gen *g);
 /* Tokenizes text for /tokenize and prompts (flags: TOK_*). A text too long for the context
  * by its length alone is refused first, untokenized: a 400 naming param ("prompt",
  * "messages", "content"). */
-bool gen_tokenize(struct server *s, const char *text, size_t len, unsigned flags,
+bool gen_tokenize(const struct server_model *m, const char *text, size_t len, unsigned flags,
                   const char *param, struct tok_ids *out, struct oai_err *e);
 
 /* ---- chat.c ---- */
@@ -322,12 +351,12 @@ struct chat_prompt {
 };
 /* Picks the template, checks tools / tool_choice against it, renders the messages and
  * appends the prefill of a forced call. Errors are 400s that name the field. */
-bool gen_chat_prompt(struct server *s, const struct oai_request *rq, struct chat_prompt *cp,
-                     struct oai_err *e);
+bool gen_chat_prompt(const struct server_model *m, const struct oai_request *rq,
+                     struct chat_prompt *cp, struct oai_err *e);
 void gen_chat_prompt_free(struct chat_prompt *cp);
 /* Appends the prompt's tokens to ids (BOS first for the ChatML fallback). */
-bool gen_chat_tokenize(struct server *s, const struct chat_prompt *cp, struct tok_ids *ids,
-                       struct oai_err *e);
+bool gen_chat_tokenize(const struct server_model *m, const struct chat_prompt *cp,
+                       struct tok_ids *ids, struct oai_err *e);
 
 /* ---- gen_api.c ---- */
 /* One engine event of an API reply (g->api): the output parser's pieces cut into blocks

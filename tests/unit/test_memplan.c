@@ -40,6 +40,20 @@ static void test_kv_fill(void) {
     in.util = 1.0; /* everything but the margin */
     T_EQ_INT(memplan_kv(&in, &out, &e), SMELT_OK);
     T_EQ_INT(out.tokens, (int64_t)((10 * GIB - 256 * MIB) / (128 * 1024)));
+    /* a second model on the device: what the first holds (6 GiB of the 16) is not charged
+     * to this one's utilization (0.5: 8 GiB of its own, here 4 GiB free, less its weights
+     * and activations, already gone from free) */
+    in = base_in();
+    in.free_b = 4 * GIB;
+    in.util = 0.5;
+    in.others_b = 6 * GIB;
+    T_EQ_INT(memplan_kv(&in, &out, &e), SMELT_OK);
+    T_EQ_INT(out.budget, 2 * GIB - 256 * MIB); /* 4 + 6 - 8 (kept back) - margin */
+    in.others_b = 10 * GIB; /* never more than what is free */
+    T_EQ_INT(memplan_kv(&in, &out, &e), SMELT_OK);
+    T_EQ_INT(out.budget, 4 * GIB - 256 * MIB);
+    in.others_b = 0; /* without the others: 4 - 8 < 0 */
+    T_EQ_INT(memplan_kv(&in, &out, &e), SMELT_ERR_NOMEM);
 }
 
 static void test_kv_too_small(void) {
