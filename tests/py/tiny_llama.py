@@ -2,14 +2,15 @@
 serve several at once: different vocabularies make a request routed to the wrong model
 visible). The vocabulary is the synthetic SentencePiece one `smelt quantize --random` writes
 (<unk> <s> </s>, 256 byte tokens, then "\u2581t0", "\u2581t1", ...); the weights are
-N(0, 0.02) from a seeded generator, F32."""
+N(0, 0.02) from a seeded generator, F32; heads of 64 (a size every backend's attention
+takes)."""
 import numpy as np
 
 import gguf
 
 
-def write_tiny_llama(path, n_vocab, seed=0, sampling=None, n_embd=64, n_layer=1, n_head=4,
-                     n_head_kv=2, n_ff=128, n_ctx=4096, chat_template=None):
+def write_tiny_llama(path, n_vocab, seed=0, sampling=None, n_embd=128, n_layer=1, n_head=2,
+                     n_head_kv=1, n_ff=256, n_ctx=4096, chat_template=None):
     """Writes the model to path; sampling: {"temp": 0.0, "top_k": 1, ...} as
     general.sampling.* keys (temp, top_p, min_p, penalty_repeat: f32; top_k: u32;
     penalty_last_n: i32)."""
