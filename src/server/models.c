@@ -160,8 +160,10 @@ static struct srv_model *victim(struct srv_models *r, const struct srv_model *no
 /* Unloads x (LOADED, idle), dropping the lock meanwhile. Its counters go to its base. */
 static void unload(struct srv_models *r, struct srv_model *x, const char *why) {
     struct engine_stats st;
-    engine_stats(x->m.en, &st);
-    stats_add(&x->base, &st);
+    if (x->m.en) {
+        engine_stats(x->m.en, &st);
+        stats_add(&x->base, &st);
+    }
     x->state = SRV_UNLOADING;
     void *h = x->handle;
     x->handle = NULL;
@@ -232,7 +234,7 @@ static void load_done(struct srv_models *r, struct srv_model *sm, smelt_status s
         sm->loads++;
         sm->ever = true;
         sm->last_used = ++r->clock;
-        if (r->draining) engine_drain(sm->m.en);
+        if (r->draining && sm->m.en) engine_drain(sm->m.en);
         log_info("model %s: loaded", sm->def.id);
     } else {
         sm->state = SRV_UNLOADED;
@@ -436,7 +438,7 @@ void srv_model_info(struct srv_models *r, struct srv_model *sm, struct srv_model
 
 bool srv_model_stats(struct srv_models *r, struct srv_model *sm, struct engine_stats *out) {
     pthread_mutex_lock(&r->mu);
-    bool loaded = sm->state == SRV_LOADED, ever = sm->ever;
+    bool loaded = sm->state == SRV_LOADED && sm->m.en, ever = sm->ever;
     if (loaded) sm->refs++; /* (engine_stats takes the engine's own lock) */
     struct engine_stats base = sm->base;
     pthread_mutex_unlock(&r->mu);
@@ -456,7 +458,7 @@ static int32_t each_engine(struct srv_models *r, int op) {
     if (op == 0) r->draining = true;
     for (int i = 0; i < r->n; i++) {
         struct srv_model *sm = &r->v[i];
-        if (sm->state != SRV_LOADED) continue;
+        if (sm->state != SRV_LOADED || !sm->m.en) continue;
         if (op == 0) engine_drain(sm->m.en);
         else if (op == 1) sum += engine_in_flight(sm->m.en);
         else engine_cancel_all(sm->m.en);
