@@ -35,6 +35,7 @@ static void listing(const struct cfg *c) {
     free(out);
 }
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     uint8_t mode = data[0];
