@@ -410,17 +410,13 @@ static enum srv_want body_and_model(struct conn *c, json_t **j, const struct ser
     return w;
 }
 
-/* The answer of a small route whose model is not there (yet): parked, gone, or refused. */
-static enum MHD_Result not_yet(struct conn *c, enum srv_want w, const struct oai_err *e) {
-    return w == SRV_PARKED ? MHD_YES : w == SRV_CLOSE ? MHD_NO : srv_error(c, e);
-}
 
 static enum MHD_Result route_tokenize(struct conn *c) {
     struct oai_err e;
     json_t *j;
     const struct server_model *m;
     enum srv_want w = body_and_model(c, &j, &m, &e);
-    if (w != SRV_HAVE) return not_yet(c, w, &e);
+    if (w != SRV_HAVE) return srv_not_yet(c, w, &e);
     json_t *text = json_object_get(j, "content");
     if (!text) text = json_object_get(j, "prompt");
     json_t *msgs = json_object_get(j, "messages");
@@ -496,7 +492,7 @@ static enum MHD_Result route_detokenize(struct conn *c) {
     json_t *j;
     const struct server_model *m;
     enum srv_want w = body_and_model(c, &j, &m, &e);
-    if (w != SRV_HAVE) return not_yet(c, w, &e);
+    if (w != SRV_HAVE) return srv_not_yet(c, w, &e);
     json_t *toks = json_object_get(j, "tokens");
     if (!json_is_array(toks)) {
         json_decref(j);
