@@ -205,7 +205,8 @@ int cmd_serve(int argc, char **argv) {
         defs[i] = (struct server_model_def){
             .id = m->name, .aliases = (const char *const *)m->aliases, .n_aliases = m->n_aliases,
             .hidden_alias = m->hidden, .pinned = m->pinned, .preload = m->preload,
-            .device = m->device, .n_ctx = (int32_t)cfg_int(&c, m->ci, CFG_CTX_SIZE)};
+            .device = m->device, .n_ctx = (int32_t)cfg_int(&c, m->ci, CFG_CTX_SIZE),
+            .ttl_s = cfg_num(&c, m->ci, CFG_TTL)};
     }
     if (st == SMELT_OK) {
         struct server_config sc;

@@ -77,6 +77,7 @@ enum cfg_key {
     CFG_BLOCK_SIZE,
     CFG_NO_PREFIX_CACHE,
     CFG_F32_KV,
+    CFG_TTL,
     CFG_TEMP,
     CFG_TOP_K,
     CFG_TOP_P,

@@ -123,6 +123,9 @@ const struct cfg_def cfg_defs[CFG_N] = {
                              NULL, NULL, "do not reuse the KV of shared prompt prefixes"},
     [CFG_F32_KV] = {"f32_kv", 0, CFG_BOOL, CFG_SEC_ENGINE, M, NULL, 0, 0, false, NULL, NULL,
                     "F32 KV cache (default F16)"},
+    [CFG_TTL] = {"ttl", 0, CFG_NUM, CFG_SEC_ENGINE, M, NULL, 0, 1e9, false, NULL, "S",
+                 "unload the model after S seconds without a request (0 or unset: never; "
+                 "pinned models stay)"},
     /* ---- sampling defaults: the model file's general.sampling.* < these < the request ---- */
     [CFG_TEMP] = {"temp", 0, CFG_NUM, CFG_SEC_SAMPLING, M, NULL, 0, 100, false, NULL, "X",
                   "temperature of requests that give none (0: greedy; default: the model "

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "tokenizer/tok.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 struct srv_model {
@@ -20,6 +21,8 @@ struct srv_model {
     void *handle;
     int refs;                     /* requests holding it */
     uint64_t last_used;           /* r->clock at its last acquire (LRU) */
+    double idle_since;            /* clock_now() when the last request let it go (ttl) */
+    bool unload_wanted;           /* srv_model_unload: unload once idle */
     uint64_t attempt;             /* load attempts started */
     uint64_t failed;              /* the attempt that failed last (0: none since a success) */
     char error[ERR_MSG_MAX];
@@ -173,6 +176,7 @@ static void unload(struct srv_models *r, struct srv_model *x, const char *why) {
     pthread_mutex_lock(&r->mu);
     memset(&x->m, 0, sizeof x->m);
     x->state = SRV_UNLOADED;
+    x->unload_wanted = false;
     x->unloads++;
     if (x->waiters && !r->draining) start_load(r, x); /* requests came in meanwhile */
 }
@@ -234,6 +238,7 @@ static void load_done(struct srv_models *r, struct srv_model *sm, smelt_status s
         sm->loads++;
         sm->ever = true;
         sm->last_used = ++r->clock;
+        sm->idle_since = clock_now();
         if (r->draining && sm->m.en) engine_drain(sm->m.en);
         log_info("model %s: loaded", sm->def.id);
     } else {
@@ -248,12 +253,41 @@ static void load_done(struct srv_models *r, struct srv_model *sm, smelt_status s
     wake_waiters(sm);
 }
 
+/* Unloads every idle model whose unload was asked for or whose ttl ran out. Returns the
+ * seconds until the next ttl runs out (-1: none). */
+static double unload_idle(struct srv_models *r) {
+    for (;;) {
+        double now = clock_now(), next = -1;
+        struct srv_model *x = NULL;
+        for (int i = 0; i < r->n && !x; i++) {
+            struct srv_model *sm = &r->v[i];
+            if (sm->state != SRV_LOADED || sm->refs > 0 || sm->def.pinned) continue;
+            double left = sm->def.ttl_s > 0 ? sm->idle_since + sm->def.ttl_s - now : -1;
+            if (sm->unload_wanted || (sm->def.ttl_s > 0 && left <= 0)) x = sm;
+            else if (left > 0 && (next < 0 || left < next)) next = left;
+        }
+        if (!x) return next;
+        unload(r, x, x->unload_wanted ? "asked for" : "idle for its ttl");
+    }
+}
+
 static void *loader(void *arg) {
     struct srv_models *r = arg;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         if (r->q_len == 0) {
-            pthread_cond_wait(&r->cv, &r->mu);
+            double next = r->draining ? -1 : unload_idle(r);
+            if (r->q_len > 0 || r->stop) continue; /* (unload dropped the lock) */
+            if (next < 0) {
+                pthread_cond_wait(&r->cv, &r->mu);
+            } else {
+                struct timespec dl;
+                clock_gettime(CLOCK_REALTIME, &dl);
+                double t = (double)dl.tv_sec + dl.tv_nsec * 1e-9 + next + 1e-3;
+                dl.tv_sec = (time_t)t;
+                dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
+                pthread_cond_timedwait(&r->cv, &r->mu, &dl);
+            }
             continue;
         }
         struct srv_model *sm = &r->v[r->queue[r->q_head]];
@@ -313,6 +347,7 @@ void srv_models_put(struct srv_models *r, int i, const struct server_model *m) {
     sm->loads = 1;
     sm->ever = true;
     sm->last_used = ++r->clock;
+    sm->idle_since = clock_now();
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -399,10 +434,30 @@ enum srv_acquire srv_model_acquire(struct srv_models *r, struct srv_model *sm,
     return a;
 }
 
-void srv_model_release(struct srv_models *r, struct srv_model *sm) {
+/* Drops a reference; used: a request's (the idle time of the ttl starts again). */
+static void release(struct srv_models *r, struct srv_model *sm, bool used) {
     pthread_mutex_lock(&r->mu);
-    if (--sm->refs == 0) pthread_cond_broadcast(&r->cv); /* a load may wait for an idle model */
+    if (used) sm->idle_since = clock_now();
+    /* a load may wait for an idle model; an unload may wait for this one */
+    if (--sm->refs == 0) pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+}
+
+void srv_model_release(struct srv_models *r, struct srv_model *sm) { release(r, sm, true); }
+
+enum srv_unload srv_model_unload(struct srv_models *r, struct srv_model *sm) {
+    pthread_mutex_lock(&r->mu);
+    enum srv_unload u = sm->def.pinned              ? SRV_UNLOAD_PINNED
+                        : sm->state == SRV_LOADING  ? SRV_UNLOAD_LOADING
+                        : sm->state != SRV_LOADED   ? SRV_UNLOAD_NOT_LOADED
+                        : !r->has_ld                ? SRV_UNLOAD_PINNED
+                                                    : SRV_UNLOAD_QUEUED;
+    if (u == SRV_UNLOAD_QUEUED) {
+        sm->unload_wanted = true;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return u;
 }
 
 bool srv_model_unwait(struct srv_models *r, struct srv_model_wait *w) {
@@ -445,7 +500,7 @@ bool srv_model_stats(struct srv_models *r, struct srv_model *sm, struct engine_s
     memset(out, 0, sizeof *out);
     if (loaded) {
         engine_stats(sm->m.en, out);
-        srv_model_release(r, sm);
+        release(r, sm, false); /* (a scrape is not a use: the ttl runs on) */
     }
     stats_add(out, &base);
     return ever;

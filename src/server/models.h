@@ -19,6 +19,10 @@
  * load waits for one while requests still wait for it. A load that fails for memory
  * (SMELT_ERR_NOMEM) unloads the least recently used idle model on the same device and tries
  * again, until none is left. Pinned models are loaded at start and never unloaded.
+ *
+ * Idle: a model with a ttl is unloaded once no request has held it for ttl seconds, and
+ * srv_model_unload asks for a model's unload now (or as soon as no request holds it). Both
+ * run on the loader thread.
  */
 #ifndef SMELT_SERVER_MODELS_H
 #define SMELT_SERVER_MODELS_H
@@ -51,6 +55,7 @@ struct server_model_def {
     int device;                   /* the CUDA device it runs on (-1: the CPU): loads that run
                                    * out of memory unload models of the same device */
     int32_t n_ctx;                /* its context when known before loading (0: unknown) */
+    double ttl_s;                 /* unloaded after this long without a request (0: never) */
 };
 
 enum srv_model_state { SRV_UNLOADED = 0, SRV_LOADING = 1, SRV_LOADED = 2, SRV_UNLOADING = 3 };
@@ -102,6 +107,12 @@ void srv_model_release(struct srv_models *r, struct srv_model *sm);
 /* Takes w off its wait list; true when it was still waiting (the caller then owns the
  * wake-up: wake will not run). */
 bool srv_model_unwait(struct srv_models *r, struct srv_model_wait *w);
+enum srv_unload { SRV_UNLOAD_QUEUED, SRV_UNLOAD_NOT_LOADED, SRV_UNLOAD_PINNED, SRV_UNLOAD_LOADING };
+/* Asks for sm's unload: SRV_UNLOAD_QUEUED when it is loaded (the loader unloads it as soon as
+ * no request holds it; requests that come meanwhile are served); SRV_UNLOAD_NOT_LOADED when
+ * it is unloaded or unloading already; SRV_UNLOAD_PINNED (never unloaded) and
+ * SRV_UNLOAD_LOADING (requests wait for that load) refuse. */
+enum srv_unload srv_model_unload(struct srv_models *r, struct srv_model *sm);
 /* Wakes every waiting request (shutdown: they answer 503 when they run again). */
 void srv_models_wake_all(struct srv_models *r);
 

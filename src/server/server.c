@@ -528,6 +528,59 @@ static enum MHD_Result route_detokenize(struct conn *c) {
     return respond_json(c, 200, json_pack("{s:O, s:o}", "content", txt, "prompt", txt));
 }
 
+/* The body of /models/load or /models/unload: {"model": NAME}, NAME a served model. */
+static struct srv_model *managed_model(struct conn *c, struct oai_err *e) {
+    json_error_t je;
+    json_t *j = json_loadb(c->body.p ? c->body.p : "", c->body.n, JSON_REJECT_DUPLICATES, &je);
+    const char *name = json_string_value(json_object_get(j, "model"));
+    struct srv_model *sm = name ? srv_models_find(c->srv->models, name) : NULL;
+    if (!json_is_object(j))
+        oai_bad(e, NULL, "The body must be a JSON object%s%s", j ? "" : ": ", j ? "" : je.text);
+    else if (!name)
+        oai_bad(e, "model", "'model' (a string: the model's name) is required");
+    else if (!sm)
+        oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                 "The model '%.*s' does not exist", oai_clip(name, 200), name);
+    json_decref(j);
+    return sm;
+}
+
+/* POST /models/load {"model"}: loads the model (unloading others as a request would) and
+ * answers once it is loaded, as llama.cpp's router: {"success": true}. */
+static enum MHD_Result route_model_load(struct conn *c) {
+    struct oai_err e;
+    const struct server_model *m;
+    struct srv_model *sm = managed_model(c, &e); /* (again when it waited for the load) */
+    if (!sm) return srv_error(c, &e);
+    enum srv_want w = srv_model_for(c, srv_model_def(sm)->id, &m, &e);
+    if (w != SRV_HAVE) return srv_not_yet(c, w, &e);
+    return respond_json(c, 200, json_pack("{s:b}", "success", 1));
+}
+
+/* POST /models/unload {"model"}: unloads the model as soon as no request holds it (200
+ * {"success": true}, also when it is not loaded); a pinned model, or one loading for
+ * requests that wait, is refused (400). */
+static enum MHD_Result route_model_unload(struct conn *c) {
+    struct oai_err e;
+    struct srv_model *sm = managed_model(c, &e);
+    if (!sm) return srv_error(c, &e);
+    const char *id = srv_model_def(sm)->id;
+    switch (srv_model_unload(c->srv->models, sm)) {
+    case SRV_UNLOAD_QUEUED:
+    case SRV_UNLOAD_NOT_LOADED: return respond_json(c, 200, json_pack("{s:b}", "success", 1));
+    case SRV_UNLOAD_PINNED:
+        oai_fail(&e, 400, "invalid_request_error", "model", "model_pinned",
+                 "The model '%s' is pinned: it is never unloaded", id);
+        break;
+    case SRV_UNLOAD_LOADING:
+        oai_fail(&e, 400, "invalid_request_error", "model", "model_loading",
+                 "The model '%s' is loading for requests that wait for it; unload it once "
+                 "it is loaded", id);
+        break;
+    }
+    return srv_error(c, &e);
+}
+
 static enum MHD_Result route_health(struct conn *c) {
     if (atomic_load(&c->srv->draining)) {
         struct oai_err e;
@@ -555,6 +608,8 @@ static const struct srv_route routes[] = {
     {"/health", SRV_GET, SRV_OPEN | SRV_ADMIN, "health", route_health, NULL},
     {"/metrics", SRV_GET, SRV_ADMIN, "metrics", route_metrics, NULL},
     {"/models", SRV_GET, 0, "models", route_models, NULL},
+    {"/models/load", SRV_POST, SRV_BODY, "model_load", route_model_load, NULL},
+    {"/models/unload", SRV_POST, SRV_BODY, "model_unload", route_model_unload, NULL},
     {"/models/*", SRV_GET, 0, "models", route_model, NULL},
     {"/chat/completions", SRV_POST, SRV_BODY, "chat", route_chat, NULL},
     {"/completions", SRV_POST, SRV_BODY, "completions", route_completions, NULL},

@@ -164,6 +164,72 @@ models:
         assert s.stop() == 0
 
 
+def wait_state(s, model, want, limit=5.0):
+    """Seconds until model's state is want (polling /v1/models), or fails after limit."""
+    t0 = time.time()
+    while models_state(s)[model] != want:
+        assert time.time() - t0 < limit, (model, want, models_state(s))
+        time.sleep(0.02)
+    return time.time() - t0
+
+
+def test_load_unload_endpoints_and_ttl(tiny, tmp_path):
+    # llama.cpp router's POST /models/load and /models/unload; llama-swap's per-model ttl
+    cfg = config(tmp_path, f"""
+models:
+  - model: {tiny["v300"]}
+  - model: {tiny["v500"]}
+    ttl: 0.6
+  - model: {tiny["v700"]}
+    pinned: true
+    ttl: 0.01
+""")
+    s = serve("--config=" + cfg)
+    try:
+        assert models_state(s) == {"v300": "loaded", "v500": "unloaded", "v700": "loaded"}
+        # load answers once the model is loaded; loading a loaded one is a no-op
+        for _ in range(2):
+            st, j = s.post("/models/load", {"model": "v500"})
+            assert st == 200 and j == {"success": True}, j
+            assert models_state(s)["v500"] == "loaded"
+        # v500's ttl runs from its last request: used every 0.2 s it stays loaded ...
+        for _ in range(5):
+            assert complete(s, "v500", n=2)[0] == 200
+            s.metrics()  # (a scrape is not a use)
+            time.sleep(0.2)
+        m = s.metrics()
+        assert m['smelt_model_loads_total{model="v500"}'] == 1
+        assert m['smelt_model_unloads_total{model="v500"}'] == 0
+        # ... and idle it is unloaded (logged), then loaded again by the next request
+        t = wait_state(s, "v500", "unloaded")
+        assert t < 3 and "model v500: unloading (idle for its ttl)" in s.log()
+        assert complete(s, "v500", n=2)[0] == 200
+        # unload: the default model too; the next request loads it again (same text)
+        text = complete(s, "v300")[1]["choices"][0]["text"]
+        st, j = s.post("/v1/models/unload", {"model": "v300"})
+        assert st == 200 and j == {"success": True}, j
+        wait_state(s, "v300", "unloaded")
+        assert "model v300: unloading (asked for)" in s.log()
+        st, j = s.post("/models/unload", {"model": "v300"})  # not loaded: nothing to do
+        assert st == 200 and j == {"success": True}
+        assert complete(s, "v300")[1]["choices"][0]["text"] == text
+        # the pinned one stays, whatever its ttl; refusals name the field
+        st, j = s.post("/models/unload", {"model": "v700"})
+        assert st == 400 and j["error"]["code"] == "model_pinned" and "v700" in j["error"]["message"]
+        assert models_state(s)["v700"] == "loaded"
+        for body, status, param in (({"model": "gpt-4"}, 404, "model"), ({}, 400, "model"),
+                                    ({"model": 3}, 400, "model")):
+            for path in ("/models/load", "/models/unload"):
+                st, j = s.post(path, body)
+                assert st == status and j["error"]["param"] == param, (path, body, j)
+        st, h, body = s.request("GET", "/models/load")
+        assert st == 405
+        st, h, body = s.request("POST", "/models/unload", b"[1]")
+        assert st == 400 and json.loads(body)["error"]["param"] is None
+    finally:
+        assert s.stop() == 0
+
+
 def test_load_failure_is_reported_and_isolated(tiny, tmp_path):
     cfg = config(tmp_path, f"""
 models:

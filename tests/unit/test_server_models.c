@@ -4,13 +4,16 @@
  * suites cannot reach on a CPU: unloading the least recently used idle model of the same
  * device when a load runs out of memory (never a busy, pinned or other device's one), the
  * --max-loaded-models bound waiting for a model to become idle, a failed load reported to
- * its waiters and retried by the next request, and park/wake pairing. */
+ * its waiters and retried by the next request, park/wake pairing, an unload asked for
+ * (waiting for the model's requests) and a ttl's idle unload (not reset by a metrics
+ * scrape). */
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
 
 #include "server/models.h"
 #include "t.h"
+#include "util/clock.h"
 
 #define N 4
 
@@ -236,9 +239,72 @@ static void test_failed_load_reported_then_retried(void) {
     srv_models_free(r);
 }
 
+/* Waits (up to 5 s) for model i to reach st; the seconds it took, or -1. */
+static double wait_state(struct srv_models *r, int i, enum srv_model_state st) {
+    double t0 = clock_now();
+    while (state(r, i) != st) {
+        if (clock_now() - t0 > 5) return -1;
+        struct timespec ts = {0, 2000000L};
+        nanosleep(&ts, NULL);
+    }
+    return clock_now() - t0;
+}
+
+static void test_unload_asked_for_and_ttl(void) {
+    struct fake f = {.size = {1, 1, 1, 1}, .budget = {100, 100}};
+    struct server_model_def defs[N];
+    for (int i = 0; i < N; i++)
+        defs[i] = (struct server_model_def){.id = names[i], .pinned = i == 3,
+                                            .ttl_s = i == 1 ? 0.3 : i == 3 ? 0.01 : 0};
+    struct server_loader ld = {fake_load, fake_unload, &f};
+    struct srv_models *r = NULL;
+    struct err e;
+    T_EQ_INT(srv_models_new(&r, defs, N, &ld, 0, &e), SMELT_OK);
+    T_EQ_INT(srv_models_preload(r, &e), SMELT_OK);
+    const struct server_model *m;
+    char err[ERR_MSG_MAX];
+    /* asked for while a request holds it: unloaded when the request lets it go */
+    T_EQ_INT(get(r, 0, &m, err), SRV_READY);
+    T_EQ_INT(srv_model_unload(r, srv_models_at(r, 0)), SRV_UNLOAD_QUEUED);
+    struct holder h = {r, 0, 200};
+    pthread_t th;
+    double t0 = clock_now();
+    pthread_create(&th, NULL, release_later, &h);
+    T_CHECK(wait_state(r, 0, SRV_UNLOADED) >= 0);
+    T_CHECKF(clock_now() - t0 >= 0.19, "unloaded after %.3f s, before its request ended",
+             clock_now() - t0);
+    pthread_join(th, NULL);
+    T_EQ_INT(f.unloads[0], 1);
+    T_EQ_INT(srv_model_unload(r, srv_models_at(r, 0)), SRV_UNLOAD_NOT_LOADED);
+    T_EQ_INT(srv_model_unload(r, srv_models_at(r, 3)), SRV_UNLOAD_PINNED);
+    /* a requested again after its unload: loaded again, and not unloaded (no ttl) */
+    T_EQ_INT(get(r, 0, &m, err), SRV_READY);
+    srv_model_release(r, srv_models_at(r, 0));
+    /* b's ttl of 0.3 s runs from its last request's end; a scrape does not restart it */
+    T_EQ_INT(get(r, 1, &m, err), SRV_READY);
+    srv_model_release(r, srv_models_at(r, 1));
+    t0 = clock_now();
+    struct engine_stats st;
+    for (int k = 0; k < 5; k++) {
+        struct timespec ts = {0, 40000000L};
+        nanosleep(&ts, NULL);
+        srv_model_stats(r, srv_models_at(r, 1), &st);
+    }
+    T_CHECK(wait_state(r, 1, SRV_UNLOADED) >= 0);
+    double idle = clock_now() - t0;
+    T_CHECKF(idle >= 0.29 && idle < 1.5, "b unloaded after %.3f s idle (ttl 0.3 s)", idle);
+    /* the pinned d (ttl 0.01 s) and a (no ttl) stay */
+    T_EQ_INT(state(r, 3), SRV_LOADED);
+    T_EQ_INT(state(r, 0), SRV_LOADED);
+    T_EQ_INT(f.unloads[3], 0);
+    srv_models_free(r);
+    T_EQ_INT(f.loaded_now, 0);
+}
+
 int main(void) {
     T_RUN(test_out_of_memory_unloads_lru_of_the_device);
     T_RUN(test_max_loaded_waits_for_an_idle_model);
     T_RUN(test_failed_load_reported_then_retried);
+    T_RUN(test_unload_asked_for_and_ttl);
     return t_done();
 }
