@@ -134,6 +134,17 @@ run_test() { # name [prefix command...]
 for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_memplan test_cuda_multi; do
     [ -x "$bin/$t" ] && run_test $t || say "test $t: not built"
 done
+# several models in one smelt serve on the CUDA backend (backend auto picks it): three tiny
+# llamas in one process, loaded, unloaded and reloaded; every model's KV pool bounded so
+# that the three fit one GPU whatever its share
+if python3 -c 'import pytest, gguf' 2> /dev/null; then
+    t0=$SECONDS
+    if SMELT_BIN=$bin/smelt SMELT_KV_SIZE=16384 python3 -m pytest -q tests/py/test_server_models.py \
+        > "$out/test_server_models.log" 2>&1; then v=passed; else v=FAILED; fail=1; fi
+    say "test test_server_models.py (CUDA): $v, $((SECONDS - t0)) s"
+else
+    say "test test_server_models.py (CUDA): SKIPPED: no pytest or gguf"
+fi
 [ $quick = 0 ] && sanitize
 wait $gen
 # whole models: the fixtures, models/*.gguf when present, the real files named in
