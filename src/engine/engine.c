@@ -1152,7 +1152,6 @@ static void publish_state(struct engine *en) {
 
 static void *engine_main(void *arg) {
     struct engine *en = arg;
-    publish_state(en); /* /metrics shows the pool before the first request */
     for (;;) {
         pthread_mutex_lock(&en->qmu);
         while (!en->stop && !en->in_head && en->n_running == 0 && en->n_waiting == 0)
@@ -1272,6 +1271,8 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     }
     if (st == SMELT_OK) {
         pool_start(en);
+        publish_state(en); /* /metrics shows the pool before the first request (published
+                            * here, not in the thread: a scrape may come before it runs) */
         if (pthread_create(&en->thread, NULL, engine_main, en) != 0)
             st = err_set(e, SMELT_ERR_INTERNAL, "engine: cannot start the engine thread");
         else en->thread_started = true;
