@@ -347,7 +347,8 @@ void bk_softmax(struct backend *b, struct tensor *x) {
 }
 
 void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
-                    const struct tensor *rows, const struct tensor *adj) {
+                    const struct tensor *rows, const struct tensor *adj,
+                    const struct tensor *mask) {
     if (b->status != SMELT_OK) return;
     BK_ASSERT(b->ops->logits_topk);
     BK_ASSERT(is_f32_rows(logits) && tensor_is_contiguous(logits) && logits->ne[2] == 1);
@@ -355,7 +356,9 @@ void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *
     BK_ASSERT(rows->type == QT_I32 && rows->ne[0] == TOPK_ROW_WORDS && rows->ne[1] == n_rows);
     BK_ASSERT(adj->type == QT_I32 && adj->ne[0] == TOPK_ADJ_WORDS);
     BK_ASSERT(dst->type == QT_I32 && tensor_nelem(dst) == topk_out_words(n_rows, adj->ne[1]));
-    b->ops->logits_topk(b, dst, logits, rows, adj);
+    BK_ASSERT(!mask || (mask->type == QT_I32 && tensor_is_contiguous(mask) &&
+                        mask->ne[0] == topk_mask_words(logits->ne[0]) && mask->ne[1] == n_rows));
+    b->ops->logits_topk(b, dst, logits, rows, adj, mask);
 }
 
 bool bk_has_logits_topk(const struct backend *b) { return b->ops->logits_topk != NULL; }

@@ -307,7 +307,8 @@ struct backend_ops {
     /* Row summaries for sampling: optional (NULL: model_step brings the rows to the host
      * and summarizes them there). See bk_logits_topk. */
     void (*logits_topk)(struct backend *b, struct tensor *dst, const struct tensor *logits,
-                        const struct tensor *rows, const struct tensor *adj);
+                        const struct tensor *rows, const struct tensor *adj,
+                        const struct tensor *mask);
 
     /* Step graphs: optional (NULL: ops always run one by one). See bk_graph_replay. */
     bool (*graph_replay)(struct backend *b, uint64_t key);
@@ -554,10 +555,12 @@ const char *bk_feature_names(uint32_t features, char *buf, size_t n);
  * and adj I32 (TOPK_ADJ_WORDS, adj_cap) the adjustment entries the rows reference (each
  * row's range inside [0, adj_cap), sorted by token), writes into dst I32
  * (topk_out_words(n_rows, adj_cap)) the row's summary, its k best candidates by adjusted
- * logit and the raw logits of its adjustments' tokens. A row with k = 0 is skipped.
- * Graph-friendly: everything per step is data in the three tensors. */
+ * logit and the raw logits of its adjustments' tokens. A row with k = 0 is skipped. mask
+ * I32 (topk_mask_words(n_vocab), n_rows), or NULL when no row has TOPK_MASK: row r's
+ * allowed tokens, read for rows whose flags have TOPK_MASK (the others' mask rows may hold
+ * anything). Graph-friendly: everything per step is data in the tensors. */
 void bk_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
-                    const struct tensor *rows, const struct tensor *adj);
+                    const struct tensor *rows, const struct tensor *adj, const struct tensor *mask);
 /* True when the backend implements bk_logits_topk (else the caller summarizes on the
  * host with topk_summarize_row, backend/topk.h). */
 bool bk_has_logits_topk(const struct backend *b);

@@ -12,6 +12,12 @@
  * penalties over the token history and the logit bias: a few hundred tokens at most),
  * which the host builds from the sampler's state and uploads with the step.
  *
+ * A row may also have a token mask (TOPK_MASK: structured output, docs/structured-output.md):
+ * a bitmask of the allowed tokens, bit (i % 32) of word i / 32 for token i. A token whose bit
+ * is clear counts as a logit of -inf before anything else, raw and adjusted alike: the
+ * summary, the sums and the raw log-sum-exp (logprobs) are those of the masked row, as vLLM
+ * applies a grammar's bitmask to the logits before its sampler.
+ *
  * Plain C structs of 4-byte fields, shared by the host, the CPU backend and the CUDA
  * kernels (cuda_sample.cu); layouts must not change without both sides. One row's
  * summary in host memory is topk_summarize_row (topk.c), the reference of every
@@ -27,12 +33,13 @@
 /* Flags of struct topk_row. */
 #define TOPK_SUM 1 /* compute sum_adj */
 #define TOPK_RAW 2 /* compute max_raw and lse_raw */
+#define TOPK_MASK 4 /* apply the row's token mask (the mask tensor's row of this row) */
 
 /* What one output row needs (the op's per-row input, TOPK_ROW_WORDS words). */
 struct topk_row {
     int32_t k;       /* candidates wanted: 0 = skip the row (its summary is unspecified),
                       * 1..TOPK_MAX */
-    int32_t flags;   /* TOPK_SUM | TOPK_RAW */
+    int32_t flags;   /* TOPK_SUM | TOPK_RAW | TOPK_MASK */
     float inv_t;     /* 1 / temperature for sum_adj (> 0; 1 when unused) */
     int32_t adj_off; /* this row's adjustments: adj[adj_off .. adj_off + adj_n), sorted by */
     int32_t adj_n;   /*   token (entries of one token adjacent, applied in list order) */
@@ -51,6 +58,16 @@ struct logit_adj {
     float rep, sub, add;
 };
 #define TOPK_ADJ_WORDS 4
+
+/* Words of a token mask over n_vocab tokens (uint32: bit i % 32 of word i / 32 = token i,
+ * set = allowed; xgrammar's and vLLM's layout, the grammar engine's gram_mask_words). */
+static inline int64_t topk_mask_words(int64_t n_vocab) {
+    return (n_vocab + 31) / 32;
+}
+/* Whether token i is allowed by mask (NULL: every token is). */
+static inline int topk_allowed(const uint32_t *mask, int32_t i) {
+    return !mask || (mask[i >> 5] >> (i & 31)) & 1u;
+}
 
 /* One entry applied on the host. Separate statements, and the files that call it are
  * built for baseline x86-64 (no FMA to contract into), so each step rounds on its own
@@ -147,14 +164,17 @@ static inline void topk_heap_up(uint64_t *h, int64_t i) {
 /* One row's summary in host memory (topk.c): the reference every backend's logits_topk
  * op is checked against, the CPU backend's op, and the host path of model_step and the
  * sampler. logits: the row's n_vocab raw logits; adj: the row's req->adj_n entries (sorted
- * by token) or NULL; cand: room for req->k candidates; adj_raw: req->adj_n floats or
- * NULL. Fields the request did not ask for (sum_adj without TOPK_SUM, max_raw and lse_raw
- * without TOPK_RAW) are unspecified. Nothing is written when req->k <= 0. */
+ * by token) or NULL; mask: the row's token mask (topk_mask_words(n_vocab) words), applied
+ * when req->flags has TOPK_MASK, or NULL (no mask); cand: room for req->k candidates;
+ * adj_raw: req->adj_n floats or NULL (a masked token's raw logit is -inf). Fields the
+ * request did not ask for (sum_adj without TOPK_SUM, max_raw and lse_raw without TOPK_RAW)
+ * are unspecified. Nothing is written when req->k <= 0. */
 #ifdef __cplusplus
 extern "C"
 #endif
-void topk_summarize_row(const float *logits, int32_t n_vocab, const struct topk_row *req,
-                        const struct logit_adj *adj, struct topk_summary *sum,
-                        struct topk_cand *cand, float *adj_raw);
+    void
+    topk_summarize_row(const float *logits, int32_t n_vocab, const struct topk_row *req,
+                       const struct logit_adj *adj, const uint32_t *mask, struct topk_summary *sum,
+                       struct topk_cand *cand, float *adj_raw);
 
 #endif

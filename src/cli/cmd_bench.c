@@ -270,7 +270,7 @@ static smelt_status prefill(struct ctx *c, struct kv_seq *q, int pos0, int n, in
         for (int i = 0; i < take; i++) tok[i] = rand_tok(c), pos[i] = pos0 + done + i, seq[i] = 0;
         struct batch_seq view = kv_seq_view(q);
         struct batch b = {take, tok, pos, seq, NULL, 1, &view};
-        struct model_sample ms = {1, c->greedy, NULL, 0, c->sum, c->cand, NULL};
+        struct model_sample ms = {.n_rows = 1, .rows = c->greedy, .sum = c->sum, .cand = c->cand};
         st = model_step(c->m, c->kv, &b, NULL, &ms, NULL, e);
         done += take;
     }
@@ -289,7 +289,8 @@ static smelt_status decode(struct ctx *c, struct kv_seq *qs, int nseq, int pos0,
     for (int i = 0; st == SMELT_OK && i < n; i++) {
         for (int s = 0; s < nseq; s++) tok[s] = rand_tok(c), pos[s] = pos0 + i;
         struct batch b = {nseq, tok, pos, seq, want, nseq, views};
-        struct model_sample ms = {nseq, c->greedy, NULL, 0, c->sum, c->cand, NULL};
+        struct model_sample ms = {
+            .n_rows = nseq, .rows = c->greedy, .sum = c->sum, .cand = c->cand};
         st = model_step(c->m, c->kv, &b, NULL, &ms, NULL, e);
     }
     return st;

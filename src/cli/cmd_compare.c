@@ -279,7 +279,7 @@ static smelt_status run_seq(struct side *sd, struct kv_seq *q, const int32_t *to
             struct topk_row greedy = {.k = 1, .inv_t = 1.0f};
             struct topk_summary sum;
             struct topk_cand cand[TOPK_MAX];
-            struct model_sample ms = {1, &greedy, NULL, 0, &sum, cand, NULL};
+            struct model_sample ms = {.n_rows = 1, .rows = &greedy, .sum = &sum, .cand = cand};
             st = model_step(sd->m, sd->kv, &b, NULL, &ms, NULL, e);
             if (st == SMELT_OK && next) *next = sum.top_token;
         }

@@ -296,8 +296,13 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct
         } else {
             int32_t n_adj = sampler_request(s->smp, &s->req, s->adj, 0, model_adj_cap(1));
             if (n_adj < 0) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
-            struct model_sample ms = {1, &s->req, s->adj, n_adj > 0 ? n_adj : 0, &s->sum, s->cand,
-                                      s->adj_raw};
+            struct model_sample ms = {.n_rows = 1,
+                                      .rows = &s->req,
+                                      .adj = s->adj,
+                                      .n_adj = n_adj > 0 ? n_adj : 0,
+                                      .sum = &s->sum,
+                                      .cand = s->cand,
+                                      .adj_raw = s->adj_raw};
             if (st == SMELT_OK) st = model_step(s->m, s->kv, &b, NULL, &ms, NULL, e);
         }
         for (size_t i = 0; i < take && st == SMELT_OK; i++)

@@ -1032,7 +1032,13 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
                                       cap - n_adj);
         if (got > 0) n_adj += got; /* < 0 (out of memory): sampler_finish reports it */
     }
-    struct model_sample ms = {n_out, en->q_rows, en->q_adj, n_adj, en->q_sum, en->q_cand, en->q_raw};
+    struct model_sample ms = {.n_rows = n_out,
+                              .rows = en->q_rows,
+                              .adj = en->q_adj,
+                              .n_adj = n_adj,
+                              .sum = en->q_sum,
+                              .cand = en->q_cand,
+                              .adj_raw = en->q_raw};
     return model_step(en->m, en->kvs, b, NULL, &ms, NULL, e);
 }
 

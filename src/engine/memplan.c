@@ -76,7 +76,7 @@ static smelt_status warm_step(struct warm *w, int32_t n_tokens, int32_t n_seqs, 
     memset(w->rows, 0, (size_t)n_out * sizeof *w->rows);
     for (int32_t r = 0; r < n_out; r++) w->rows[r] = (struct topk_row){.k = 1, .inv_t = 1.0f};
     struct batch b = {n_tokens, w->tok, w->pos, w->seq, w->want, n_seqs, w->seqs};
-    struct model_sample ms = {n_out, w->rows, NULL, 0, w->sum, w->cand, NULL};
+    struct model_sample ms = {.n_rows = n_out, .rows = w->rows, .sum = w->sum, .cand = w->cand};
     return model_step(w->m, w->kv, &b, NULL, &ms, NULL, e);
 }
 

@@ -77,6 +77,10 @@ struct sampler {
     double pend_u, pend_c;
     int32_t pend_tok;
 
+    /* the token mask of the rows (structured output; not owned), and a row with it applied */
+    const uint32_t *mask;
+    float *mrow;
+
     /* scratch for full-row passes */
     uint64_t *keys;
     size_t keys_cap;
@@ -292,7 +296,12 @@ void sampler_free(struct sampler *s) {
     free(s->raw_host);
     free(s->keys);
     free(s->list);
+    free(s->mrow);
     free(s);
+}
+
+void sampler_set_mask(struct sampler *s, const uint32_t *mask) {
+    s->mask = mask;
 }
 
 const struct sample_params *sampler_params(const struct sampler *s) { return &s->p; }
@@ -369,7 +378,7 @@ static void make_req(struct sampler *s) {
     int32_t n_lp = p->n_logprobs;
     /* the raw top-n_lp can need n_lp candidates besides every adjusted token */
     int32_t lp_k = n_lp > 0 ? imin(TOPK_MAX, n_lp + n_adj) : 1;
-    int32_t k, flags = n_lp >= 0 ? TOPK_RAW : 0;
+    int32_t k, flags = (n_lp >= 0 ? TOPK_RAW : 0) | (s->mask ? TOPK_MASK : 0);
     if (p->temperature == 0.0f) {
         k = lp_k;
     } else {
@@ -857,12 +866,19 @@ smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
     if (!s->requested)
         return s->req_nomem ? err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory")
                             : err_set(e, SMELT_ERR_INTERNAL, "sampler: no open request");
+    if (row && s->mask) { /* the full-row passes see the masked row */
+        if (!s->mrow && !(s->mrow = malloc(sizeof *s->mrow * (size_t)s->n_vocab)))
+            return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            s->mrow[i] = topk_allowed(s->mask, i) ? row[i] : -INFINITY;
+        row = s->mrow;
+    }
     if (s->host_only) {
         if (!row) {
             out->token = SAMPLE_NEED_ROW;
             return SMELT_OK;
         }
-        topk_summarize_row(row, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
+        topk_summarize_row(row, s->n_vocab, &s->req, s->adj, NULL, &s->hsum, s->hcand, s->raw_host);
         sum = &s->hsum;
         cand = s->hcand;
         adj_raw = s->raw_host;
@@ -888,6 +904,7 @@ smelt_status sampler_sample(struct sampler *s, const float *logits, struct sampl
         out->token = -1;
         return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
     }
-    topk_summarize_row(logits, s->n_vocab, &s->req, s->adj, &s->hsum, s->hcand, s->raw_host);
+    topk_summarize_row(logits, s->n_vocab, &s->req, s->adj, s->mask, &s->hsum, s->hcand,
+                       s->raw_host);
     return sampler_finish(s, &s->hsum, s->hcand, s->raw_host, logits, out, e);
 }

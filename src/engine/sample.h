@@ -27,6 +27,11 @@
  *
  * Logprobs are those of the model's raw distribution (log-softmax of the logits before
  * penalties, bias, temperature and truncation), as vLLM reports by default.
+ *
+ * A token mask (sampler_set_mask: structured output) takes the refused tokens out of the
+ * row before everything else, as if the model had given them a logit of -inf: the draw,
+ * and the logprobs too, are those of the masked row (vLLM applies a grammar's bitmask to
+ * the logits before its sampler, so its "raw" logprobs are the masked ones as well).
  */
 #ifndef SMELT_ENGINE_SAMPLE_H
 #define SMELT_ENGINE_SAMPLE_H
@@ -89,6 +94,13 @@ void sampler_accept(struct sampler *s, int32_t token, bool generated);
 
 /* Forgets the history (e.g. a new request on a reused sampler); the RNG keeps going. */
 void sampler_reset_history(struct sampler *s);
+
+/* The token mask of the sequence's next rows, or NULL for none: topk_mask_words(n_vocab)
+ * words, bit (i % 32) of word i / 32 set = token i allowed (backend/topk.h). Not copied: the
+ * caller keeps it and may write it after sampler_request (whose row then asks for
+ * TOPK_MASK) as long as it holds the row's mask when sampler_finish or sampler_sample
+ * runs. */
+void sampler_set_mask(struct sampler *s, const uint32_t *mask);
 
 /* out->token of sampler_finish when the full row is needed. */
 #define SAMPLE_NEED_ROW (-2)

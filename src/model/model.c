@@ -938,6 +938,11 @@ static smelt_status check_sample(const struct model *m, const struct model_sampl
         if (w->k < 0 || w->k > TOPK_MAX || (w->k > 0 && !(w->inv_t > 0.0f && isfinite(w->inv_t))))
             return err_set(e, SMELT_ERR_INVALID, "sampling row %d: k %d, inv_t %g", r, w->k,
                            (double)w->inv_t);
+        if (w->k > 0 && (w->flags & TOPK_MASK) && !q->mask)
+            return err_set(e, SMELT_ERR_INVALID,
+                           "sampling row %d: a token mask is asked for "
+                           "and none is given",
+                           r);
         if (w->adj_off < 0 || w->adj_n < 0 || w->adj_off > q->n_adj || w->adj_n > q->n_adj - w->adj_off)
             return err_set(e, SMELT_ERR_RANGE, "sampling row %d: adjustments [%d, +%d) outside "
                            "the list of %d", r, w->adj_off, w->adj_n, q->n_adj);
@@ -1007,11 +1012,19 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         if (b->seqs[s].n_blocks)
             memcpy(tables + (size_t)s * max_blocks, b->seqs[s].blocks,
                    (size_t)b->seqs[s].n_blocks * sizeof(int32_t));
+    /* masked rows: [mask_r0, mask_r1) holds every row with a token mask */
+    int32_t mask_r0 = 0, mask_r1 = 0;
     if (smp) {
         st = check_sample(m, smp, n_out, e);
         if (st != SMELT_OK) return st;
         if (n_out == 0) smp = NULL;
+        for (int32_t r = 0; smp && r < n_out; r++)
+            if (smp->rows[r].k > 0 && (smp->rows[r].flags & TOPK_MASK)) {
+                if (mask_r1 == 0) mask_r0 = r;
+                mask_r1 = r + 1;
+            }
     }
+    bool masked = mask_r1 > 0;
     /* Summaries on the device, or (a backend without the op) of rows brought here. */
     bool dev_topk = smp && bk_has_logits_topk(bk);
     size_t row_bytes = (size_t)m->hp.n_vocab * sizeof(float);
@@ -1040,11 +1053,13 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     /* The sampling inputs and the summaries: fixed sizes for the step's shape, allocated
      * before the ops so a replayed graph finds them at the same addresses. */
     int32_t adj_cap = dev_topk ? model_adj_cap(n_out) : 0;
-    struct tensor *topk_rows = NULL, *topk_adj = NULL, *topk_out = NULL;
+    const int64_t mask_words = topk_mask_words(m->hp.n_vocab);
+    struct tensor *topk_rows = NULL, *topk_adj = NULL, *topk_out = NULL, *topk_mask = NULL;
     if (dev_topk) {
         topk_rows = bk_new(bk, QT_I32, TOPK_ROW_WORDS, n_out, 1);
         topk_adj = bk_new(bk, QT_I32, TOPK_ADJ_WORDS, adj_cap, 1);
         topk_out = bk_new(bk, QT_I32, topk_out_words(n_out, adj_cap), 1, 1);
+        if (masked) topk_mask = bk_new(bk, QT_I32, mask_words, n_out, 1);
         bk_upload(bk, topk_rows, smp->rows, (size_t)n_out * sizeof(struct topk_row));
         if (smp->n_adj)
             bk_upload(bk, topk_adj, smp->adj, (size_t)smp->n_adj * sizeof(struct logit_adj));
@@ -1058,9 +1073,14 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
      * cost a capture for nothing. The KV store's id stands for the model and its caches:
      * not its address, which a store allocated after this one is freed can get (a graph
      * recorded with a freed model's weights replayed for the next model; seen in
-     * test_cuda_forward, which loads the fixtures one by one). */
-    const uint64_t shape[] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)b->n_seqs, (uint64_t)max_blocks,
-                              kv->id, (uint64_t)dev_topk, (uint64_t)one_per_seq};
+     * test_cuda_forward, which loads the fixtures one by one).
+     * A step with token masks keeps the summaries out of its graph: the masks are written
+     * while the device runs the forward (fill_masks), then uploaded, then summarized. */
+    const bool topk_in_graph = dev_topk && !masked;
+    const uint64_t shape[] = {
+        (uint64_t)n,          (uint64_t)n_out, (uint64_t)b->n_seqs,
+        (uint64_t)max_blocks, kv->id,          (uint64_t)dev_topk + 2 * (uint64_t)masked,
+        (uint64_t)one_per_seq};
     uint64_t key = 0;
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) key = mix64((key + 0x9e3779b97f4a7c15ull) ^ shape[i]);
     struct step_graph *sg = NULL;
@@ -1084,7 +1104,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
             struct tensor *lg = bk_new(bk, QT_F32, m->hp.n_vocab, n_out, 1); /* (n_vocab, n_out) */
             bk_matmul_group(bk, 1, &lg, &m->output, NULL, xo, &pre);
             if (m->hp.final_softcap > 0) bk_softcap(bk, lg, m->hp.final_softcap);
-            if (dev_topk) bk_logits_topk(bk, topk_out, lg, topk_rows, topk_adj);
+            if (topk_in_graph) bk_logits_topk(bk, topk_out, lg, topk_rows, topk_adj, NULL);
             logits_data = lg->data;
         }
         if (one_per_seq) {
@@ -1102,6 +1122,15 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         tensor_init(&lt, QT_F32, m->hp.n_vocab, n_out, 1, 1);
         lt.data = logits_data;
         lt.backend = bk;
+    }
+    /* the masks: written now, while an asynchronous device runs the forward */
+    if (masked && smp->fill_masks) smp->fill_masks(smp->fill_ctx);
+    if (dev_topk && masked) {
+        struct tensor *mv = bk_view_2d(bk, topk_mask, mask_words, mask_r1 - mask_r0,
+                                       (size_t)mask_words * 4, (size_t)mask_r0 * mask_words * 4);
+        bk_upload(bk, mv, smp->mask + (size_t)mask_r0 * mask_words,
+                  (size_t)(mask_r1 - mask_r0) * mask_words * 4);
+        bk_logits_topk(bk, topk_out, &lt, topk_rows, topk_adj, topk_mask);
     }
     float *rows_here = logits_out ? logits_out : smp && !dev_topk ? m->host_rows : NULL;
     if (n_out && rows_here) bk_download(bk, rows_here, &lt, (size_t)n_out * row_bytes);
@@ -1140,9 +1169,10 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         for (int32_t r = 0; r < n_out; r++) {
             const struct topk_row *q = &smp->rows[r];
             topk_summarize_row(rows_here + (size_t)r * m->hp.n_vocab, m->hp.n_vocab, q,
-                         smp->adj ? smp->adj + q->adj_off : NULL, &smp->sum[r],
-                         smp->cand + (size_t)r * TOPK_MAX,
-                         smp->adj_raw ? smp->adj_raw + q->adj_off : NULL);
+                               smp->adj ? smp->adj + q->adj_off : NULL,
+                               smp->mask ? smp->mask + (size_t)r * mask_words : NULL, &smp->sum[r],
+                               smp->cand + (size_t)r * TOPK_MAX,
+                               smp->adj_raw ? smp->adj_raw + q->adj_off : NULL);
         }
     }
     m->last_logits = logits_data;

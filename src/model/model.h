@@ -151,6 +151,17 @@ struct model_sample {
                                     * k > 1 (a k = 1 row's candidate is in its summary) */
     float *adj_raw;                /* out: (n_adj) raw logit of each entry's token; may be
                                     * NULL */
+    /* Token masks (structured output): row r's allowed tokens at mask + r * words
+     * (words = topk_mask_words(n_vocab)), read for the rows whose request has TOPK_MASK;
+     * NULL when none has. */
+    const uint32_t *mask;
+    /* NULL, or called once per step that has masked rows, after the forward's ops are
+     * issued and before the summaries are made: it writes the masks. On a backend that runs
+     * asynchronously (CUDA) the device computes the forward meanwhile, so the host's mask
+     * work overlaps it. It cannot fail the step: a row whose mask could not be made is the
+     * caller's to handle (it still gets a summary of whatever its mask row holds). */
+    void (*fill_masks)(void *ctx);
+    void *fill_ctx;
 };
 
 struct model {

@@ -64,7 +64,7 @@ static bool gpu_topk(const float *x, int nv, int n_rows, const struct topk_row *
     bk_upload(gpu, rq, q, (size_t)n_rows * sizeof *q);
     if (n_adj) bk_upload(gpu, ad, adj, (size_t)n_adj * sizeof *adj);
     bk_upload(gpu, ot, out, out_bytes);
-    bk_logits_topk(gpu, ot, lg, rq, ad);
+    bk_logits_topk(gpu, ot, lg, rq, ad, NULL);
     bk_download(gpu, out, ot, out_bytes);
     if (bk_sync(gpu, &e) != SMELT_OK) {
         fprintf(stderr, "gpu: %s\n", e.msg);
@@ -124,7 +124,7 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
             continue;
         }
         struct topk_summary ws;
-        topk_summarize_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, &ws, wc, wraw);
+        topk_summarize_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, NULL, &ws, wc, wraw);
         if (!topk_same(what, &q[r], &sums[r], cands + (size_t)r * TOPK_MAX, raws + q[r].adj_off, &ws,
                        wc, wraw, TOL))
             (*n_bad)++;
@@ -198,11 +198,18 @@ static void test_model_step_graphs(void) {
             n_adj += q[s].adj_n;
         }
         struct batch b = {ns, tok, pos, seq, want, ns, views};
-        struct model_sample ms = {ns, q, adj, n_adj, sum, cand, raw};
+        struct model_sample ms = {.n_rows = ns,
+                                  .rows = q,
+                                  .adj = adj,
+                                  .n_adj = n_adj,
+                                  .sum = sum,
+                                  .cand = cand,
+                                  .adj_raw = raw};
         T_EQ_INT(model_step(m, kv, &b, NULL, &ms, NULL, &e), SMELT_OK);
         T_EQ_INT(model_fetch_rows(m, 0, ns, rows, &e), SMELT_OK);
         for (int s = 0; s < ns; s++) {
-            topk_summarize_row(rows + (size_t)s * nv, nv, &q[s], adj + q[s].adj_off, &ws, wc, wraw);
+            topk_summarize_row(rows + (size_t)s * nv, nv, &q[s], adj + q[s].adj_off, NULL, &ws, wc,
+                               wraw);
             char what[64];
             snprintf(what, sizeof what, "step %d sequence %d", step, s);
             if (!topk_same(what, &q[s], &sum[s], cand + (size_t)s * TOPK_MAX, raw + q[s].adj_off, &ws, wc,

@@ -781,7 +781,13 @@ static void check_picks(struct model *m, const int32_t *ids, int n, int32_t n_to
         struct topk_summary sum;
         static struct topk_cand cand[TOPK_MAX];
         float raw[8];
-        struct model_sample ms = {1, &row, adj, row.adj_n, &sum, cand, raw};
+        struct model_sample ms = {.n_rows = 1,
+                                  .rows = &row,
+                                  .adj = adj,
+                                  .n_adj = row.adj_n,
+                                  .sum = &sum,
+                                  .cand = cand,
+                                  .adj_raw = raw};
         T_CHECK(model_step(m, kv, &b, NULL, &ms, NULL, &e) == SMELT_OK);
         struct sample_result r;
         T_CHECK(sampler_finish(smp, &sum, cand, raw, NULL, &r, &e) == SMELT_OK);

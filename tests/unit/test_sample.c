@@ -313,7 +313,7 @@ static void test_large_vocab_speed(void) {
  * device would), finish from the summary, and only when it asks, again with the row.
  * adj_cap < the request's adjustments makes the request ask for nothing (k = 0). */
 static smelt_status via_summary(struct sampler *s, const float *row, int nv, int32_t adj_cap,
-                                struct sample_result *r, int *n_full) {
+                                const uint32_t *mask, struct sample_result *r, int *n_full) {
     static struct logit_adj adj[ADJ_CAP];
     static float raw[ADJ_CAP];
     static struct topk_cand cand[TOPK_MAX];
@@ -322,7 +322,7 @@ static smelt_status via_summary(struct sampler *s, const float *row, int nv, int
     struct topk_row q;
     int32_t n = sampler_request(s, &q, adj, 0, adj_cap);
     T_CHECK(n >= 0 && q.adj_n == n);
-    if (q.k > 0) topk_summarize_row(row, nv, &q, adj, &sum, cand, raw);
+    if (q.k > 0) topk_summarize_row(row, nv, &q, adj, mask, &sum, cand, raw);
     if (q.k == 1) cand[0] = (struct topk_cand){-5, NAN}; /* never read for k = 1 */
     struct err e;
     smelt_status st = sampler_finish(s, &sum, cand, raw, NULL, r, &e);
@@ -374,8 +374,24 @@ static void make_row(float *x, int nv, int kind, unsigned long long *rs) {
     }
 }
 
+/* A token mask over nv tokens for a step: half the tokens, a sparse few, or a run (the
+ * row's own argmax refused now and then by the run's place). */
+static void make_mask(uint32_t *m, int nv, int step, unsigned long long *rs) {
+    memset(m, 0, sizeof *m * (size_t)((nv + 31) / 32));
+    int lo = (int)(t_rand_u64(rs) % (uint64_t)nv);
+    for (int i = 0; i < nv; i++) {
+        bool on = step % 3 == 0   ? t_rand_u64(rs) % 2
+                  : step % 3 == 1 ? t_rand_u64(rs) % 40 == 0
+                                  : i >= lo && i < lo + 25;
+        if (on) m[i / 32] |= 1u << (i % 32);
+    }
+    m[lo / 32] |= 1u << (lo % 32); /* never empty */
+}
+
 /* The summary path gives what the full-row sampler gives, token for token, logprob for
- * logprob, over several steps with a growing history, for every kind of request. */
+ * logprob, over several steps with a growing history, for every kind of request. With a
+ * token mask, both also give what an unmasked sampler gives on the row with the refused
+ * tokens at -inf (the mask is the model saying -inf), and never a refused token. */
 static void test_summary_matches_full(void) {
     const struct case_params cases[] = {
         {0, 1, 0, 1, 0, 0, 0, -1, 0},           /* greedy */
@@ -395,48 +411,76 @@ static void test_summary_matches_full(void) {
     float *row = malloc(sizeof *row * 1000);
     struct logit_bias bias[8];
     int full_by_case[sizeof cases / sizeof cases[0]] = {0};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-        for (int vi = 0; vi < 2; vi++)
-            for (int kind = 0; kind < 5; kind++) {
-                int nv = nvs[vi];
-                struct sample_params p;
-                make_params(&p, &cases[ci], bias, nv, &rs);
-                p.seed = 1000 + ci;
-                struct sampler *a, *b;
-                struct err e;
-                T_EQ_INT(sampler_new(&a, &p, nv, &e), SMELT_OK);
-                T_EQ_INT(sampler_new(&b, &p, nv, &e), SMELT_OK);
-                for (int h = 0; h < 30; h++) {
-                    int32_t t = (int32_t)(t_rand_u64(&rs) % (uint64_t)nv);
-                    sampler_accept(a, t, h > 10);
-                    sampler_accept(b, t, h > 10);
-                }
-                for (int step = 0; step < 8; step++) {
-                    make_row(row, nv, kind + step, &rs);
-                    struct sample_result ra, rb;
-                    smelt_status sa = sampler_sample(a, row, &ra, &e);
-                    /* every third step: no room for the adjustments (k = 0, host only) */
-                    int32_t cap = step % 3 == 2 ? 1 : ADJ_CAP;
-                    smelt_status sb = via_summary(b, row, nv, cap, &rb, &full_by_case[ci]);
-                    T_EQ_INT(sa, sb);
-                    if (sa != SMELT_OK) continue; /* e.g. a row of NaN and -inf only */
-                    T_CHECKF(ra.token == rb.token, "case %zu nv %d kind %d step %d: %d vs %d", ci,
-                             nv, kind, step, ra.token, rb.token);
-                    T_CHECK(ra.token >= 0 && ra.token < nv);
-                    if (p.n_logprobs >= 0) {
-                        T_CHECK(ra.logprob == rb.logprob);
-                        T_EQ_INT(ra.n_top, rb.n_top);
-                        for (int i = 0; i < ra.n_top && i < rb.n_top; i++) {
-                            T_EQ_INT(ra.top[i].token, rb.top[i].token);
-                            T_CHECK(ra.top[i].logprob == rb.top[i].logprob);
-                        }
+    uint32_t mask[(1000 + 31) / 32];
+    float *mrow = malloc(sizeof *mrow * 1000);
+    int n_masked_draws = 0;
+    for (int masked = 0; masked < 2; masked++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (int vi = 0; vi < 2; vi++)
+                for (int kind = 0; kind < 5; kind++) {
+                    int nv = nvs[vi];
+                    struct sample_params p;
+                    make_params(&p, &cases[ci], bias, nv, &rs);
+                    p.seed = 1000 + ci;
+                    struct sampler *a, *b, *c;
+                    struct err e;
+                    T_EQ_INT(sampler_new(&a, &p, nv, &e), SMELT_OK);
+                    T_EQ_INT(sampler_new(&b, &p, nv, &e), SMELT_OK);
+                    T_EQ_INT(sampler_new(&c, &p, nv, &e), SMELT_OK);
+                    if (masked) {
+                        sampler_set_mask(a, mask);
+                        sampler_set_mask(b, mask);
                     }
-                    sampler_accept(a, ra.token, true);
-                    sampler_accept(b, rb.token, true);
+                    for (int h = 0; h < 30; h++) {
+                        int32_t t = (int32_t)(t_rand_u64(&rs) % (uint64_t)nv);
+                        sampler_accept(a, t, h > 10);
+                        sampler_accept(b, t, h > 10);
+                        sampler_accept(c, t, h > 10);
+                    }
+                    for (int step = 0; step < 8; step++) {
+                        make_row(row, nv, kind + step, &rs);
+                        make_mask(mask, nv, step, &rs);
+                        for (int i = 0; i < nv; i++)
+                            mrow[i] = (mask[i / 32] >> (i % 32)) & 1 ? row[i] : -INFINITY;
+                        struct sample_result ra, rb, rc;
+                        smelt_status sa = sampler_sample(a, row, &ra, &e);
+                        /* every third step: no room for the adjustments (k = 0, host only) */
+                        int32_t cap = step % 3 == 2 ? 1 : ADJ_CAP;
+                        smelt_status sb = via_summary(b, row, nv, cap, masked ? mask : NULL, &rb,
+                                                      &full_by_case[ci]);
+                        smelt_status sc = sampler_sample(c, masked ? mrow : row, &rc, &e);
+                        T_EQ_INT(sa, sb);
+                        T_EQ_INT(sa, sc);
+                        if (sa != SMELT_OK) continue; /* e.g. a row of NaN and -inf only */
+                        T_CHECKF(ra.token == rb.token && ra.token == rc.token,
+                                 "case %zu nv %d kind %d step %d masked %d: %d vs %d vs %d", ci, nv,
+                                 kind, step, masked, ra.token, rb.token, rc.token);
+                        T_CHECK(ra.token >= 0 && ra.token < nv);
+                        if (masked) {
+                            T_CHECK((mask[ra.token / 32] >> (ra.token % 32)) & 1);
+                            n_masked_draws++;
+                        }
+                        if (p.n_logprobs >= 0) {
+                            T_CHECK(ra.logprob == rb.logprob && ra.logprob == rc.logprob);
+                            T_EQ_INT(ra.n_top, rb.n_top);
+                            T_EQ_INT(ra.n_top, rc.n_top);
+                            for (int i = 0; i < ra.n_top && i < rb.n_top && i < rc.n_top; i++) {
+                                T_EQ_INT(ra.top[i].token, rb.top[i].token);
+                                T_EQ_INT(ra.top[i].token, rc.top[i].token);
+                                T_CHECK(ra.top[i].logprob == rb.top[i].logprob &&
+                                        ra.top[i].logprob == rc.top[i].logprob);
+                            }
+                        }
+                        sampler_accept(a, ra.token, true);
+                        sampler_accept(b, rb.token, true);
+                        sampler_accept(c, rc.token, true);
+                    }
+                    sampler_free(a);
+                    sampler_free(b);
+                    sampler_free(c);
                 }
-                sampler_free(a);
-                sampler_free(b);
-            }
+    T_CHECK(n_masked_draws > 500);
+    free(mrow);
     /* greedy needs no full row but when the adjustments did not fit (every third step) */
     T_CHECKF(full_by_case[0] == 0, "greedy asked for %d rows", full_by_case[0]);
     T_CHECKF(full_by_case[4] == 0, "top-k 40 asked for %d rows", full_by_case[4]);
@@ -525,7 +569,7 @@ static void test_summary_distributions(void) {
         int n_full = 0;
         for (int d = 0; d < draws; d++) {
             struct sample_result r;
-            T_EQ_INT(via_summary(s, row, nv, ADJ_CAP, &r, &n_full), SMELT_OK);
+            T_EQ_INT(via_summary(s, row, nv, ADJ_CAP, NULL, &r, &n_full), SMELT_OK);
             if (r.token >= 0 && r.token < nv) hits[r.token]++;
             else T_CHECK(0);
         }
@@ -561,7 +605,7 @@ static void test_logprobs_adjusted(void) {
         for (int i = 0; i < 300; i++) sampler_accept(s, (int32_t)(t_rand_u64(&rs) % nv), true);
         struct sample_result r;
         int n_full = 0;
-        T_EQ_INT(via_summary(s, row, nv, ADJ_CAP, &r, &n_full), SMELT_OK);
+        T_EQ_INT(via_summary(s, row, nv, ADJ_CAP, NULL, &r, &n_full), SMELT_OK);
         double mx = -INFINITY, sum = 0;
         for (int i = 0; i < nv; i++) mx = row[i] > mx ? row[i] : mx;
         for (int i = 0; i < nv; i++) sum += exp(row[i] - mx);

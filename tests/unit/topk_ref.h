@@ -64,14 +64,62 @@ static inline int topk_key_desc(const void *a, const void *b) {
     return x > y ? -1 : x < y ? 1 : 0;
 }
 
-/* The naive reference of one row. keys: scratch of nv entries. */
+/* Token mask kinds: random dense (90% allowed), sparse (~0.5%), one run of 40 tokens,
+ * nothing allowed, everything allowed, only the last token, every other word empty. */
+#define MASK_KINDS 7
+
+/* A token mask of kind `kind` over nv tokens (topk_mask_words(nv) words); the bits past nv
+ * in the last word are random: they must be ignored. */
+static inline void topk_make_mask(uint32_t *m, int nv, int kind, unsigned long long *rs) {
+    int64_t words = topk_mask_words(nv);
+    int lo = (int)(t_rand_u64(rs) % (uint64_t)nv);
+    for (int64_t w = 0; w < words; w++) {
+        uint32_t bits = 0;
+        for (int b = 0; b < 32; b++) {
+            int i = (int)(w * 32 + b);
+            bool on;
+            switch (kind % MASK_KINDS) {
+            case 0:
+                on = t_rand_u64(rs) % 10 != 0;
+                break;
+            case 1:
+                on = t_rand_u64(rs) % 200 == 0;
+                break;
+            case 2:
+                on = i >= lo && i < lo + 40;
+                break;
+            case 3:
+                on = false;
+                break;
+            case 4:
+                on = true;
+                break;
+            case 5:
+                on = i == nv - 1;
+                break;
+            default:
+                on = w % 2 == 0 && t_rand_u64(rs) % 2;
+                break;
+            }
+            if (i >= nv) on = t_rand_u64(rs) % 2;
+            bits |= (uint32_t)on << b;
+        }
+        m[w] = bits;
+    }
+}
+
+/* The naive reference of one row: mask (applied with TOPK_MASK) as -inf raw logits first,
+ * then the adjustments. keys: scratch of nv entries. */
 static inline void topk_ref_row(const float *x, int nv, const struct topk_row *q,
-                         const struct logit_adj *adj, struct topk_summary *sum,
-                         struct topk_cand *cand, float *adj_raw, float *a, uint64_t *keys) {
-    memcpy(a, x, sizeof *a * (size_t)nv);
+                                const struct logit_adj *adj, const uint32_t *mask,
+                                struct topk_summary *sum, struct topk_cand *cand, float *adj_raw,
+                                float *a, uint64_t *keys) {
+    const uint32_t *mk = q->flags & TOPK_MASK ? mask : NULL;
+    for (int i = 0; i < nv; i++)
+        a[i] = mk && !((mk[i / 32] >> (i % 32)) & 1) ? -INFINITY : x[i];
     for (int e = 0; e < q->adj_n; e++) { /* list order, straight from the contract */
         int32_t t = adj[e].token;
-        adj_raw[e] = x[t];
+        adj_raw[e] = mk && !((mk[t / 32] >> (t % 32)) & 1) ? -INFINITY : x[t];
         float l = a[t];
         if (adj[e].rep != 1.0f) l = l > 0.0f ? l / adj[e].rep : l * adj[e].rep;
         l = l - adj[e].sub;
@@ -81,7 +129,7 @@ static inline void topk_ref_row(const float *x, int nv, const struct topk_row *q
     double mr = -INFINITY;
     for (int i = 0; i < nv; i++) {
         if (a[i] > -INFINITY) keys[nf++] = topk_key(a[i], i);
-        if (x[i] > mr) mr = x[i];
+        if ((!mk || ((mk[i / 32] >> (i % 32)) & 1)) && x[i] > mr) mr = x[i];
     }
     qsort(keys, (size_t)nf, sizeof *keys, topk_key_desc);
     int k = q->k < nf ? q->k : nf;
@@ -95,7 +143,8 @@ static inline void topk_ref_row(const float *x, int nv, const struct topk_row *q
     double sa = 0, sr = 0;
     for (int i = 0; i < nv; i++) {
         if (a[i] > -INFINITY) sa += exp(((double)a[i] - sum->max_adj) * q->inv_t);
-        if (x[i] > -INFINITY) sr += exp((double)x[i] - mr);
+        if (x[i] > -INFINITY && (!mk || ((mk[i / 32] >> (i % 32)) & 1)))
+            sr += exp((double)x[i] - mr);
     }
     sum->sum_adj = (float)sa;
     sum->max_raw = (float)mr;

@@ -74,7 +74,8 @@ void cpu_op_gated_delta_net(struct backend *b, struct tensor *dst, const struct 
                             const struct gdn_params *p);
 /* Row summaries for sampling (cpu_topk.c). */
 void cpu_op_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
-                        const struct tensor *rows, const struct tensor *adj);
+                        const struct tensor *rows, const struct tensor *adj,
+                        const struct tensor *mask);
 /* Matmul: cpu_matmul (quantized activations, SIMD, the pool) for contiguous operands,
  * else the reference below. */
 void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,

@@ -234,7 +234,7 @@ void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const 
 void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q, const struct tensor *kc,
                   const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p);
 void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits, const struct tensor *rows,
-                    const struct tensor *adj);
+                    const struct tensor *adj, const struct tensor *mask);
 void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                      const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre);
 void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,

@@ -254,9 +254,13 @@ void cu_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
 /* ---- sampling summaries (cuda_sample.cu) ---- */
 
 void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *logits,
-                           const struct tensor *rows, const struct tensor *adj) {
+                    const struct tensor *rows, const struct tensor *adj, const struct tensor *mask) {
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
+    if (mask) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "logits_topk: token masks are not implemented on CUDA");
+        return;
+    }
     int n_rows = (int)logits->ne[1], nv = (int)logits->ne[0];
     size_t mark = cu_scratch_mark(b);
     void *sc = cu_scratch(cb, cuda_topk_scratch_bytes(&cb->ctx, n_rows, nv));
