@@ -34,6 +34,10 @@
 #define DEFAULT_BATCH_TOKENS 512
 #define DEFAULT_MAX_WAITING 1024
 #define DEFAULT_BLOCK 16
+/* Compiled grammars kept by an engine: at most this many, holding at most this many bytes
+ * (their automata and the masks they computed; gram_cache_new). */
+#define ENGINE_GRAMMAR_CACHE 64
+#define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)256 << 20)
 
 const double engine_hist_bounds[ENGINE_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                   0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0};
@@ -69,6 +73,7 @@ struct engine_req {
     struct logit_bias *bias;
     int32_t *prompt;
     int32_t n_prompt;
+    char *g_prefix, *g_trigger; /* owned copies of p.grammar's */
     bool submitted;
     struct engine_req *next_in; /* incoming queue link */
     struct seq **seqs;          /* (p.n) handed to the engine at submit */
@@ -103,6 +108,12 @@ struct seq {
     size_t cap_bhash;
     struct sampler *smp;
     bool history;       /* penalties need the token history (sampler_accept) */
+    /* the request's grammar: its matcher once it applies (NULL: no grammar, or a lazy one
+     * whose trigger has not come yet) */
+    struct gram_matcher *gm;
+    bool g_wait;           /* a lazy grammar waiting for its trigger in the output */
+    struct tok_buf g_tail; /* the output's last bytes, for a trigger across tokens */
+    struct err *g_err;     /* this step's mask failed (why); the choice ends with an error */
     struct tok_detok dt;
     struct tok_buf held; /* detokenized text not yet released (stop-string lookahead) */
     double t_last;
@@ -131,6 +142,9 @@ static void out_clear(struct engine_out *o) {
 
 static void seq_free(struct seq *s) {
     if (!s) return;
+    gram_matcher_free(s->gm);
+    tok_buf_free(&s->g_tail);
+    free(s->g_err);
     free(s->tok);
     free(s->bhash);
     sampler_free(s->smp);
@@ -145,6 +159,9 @@ static void req_free(struct engine_req *r) {
     free(r->stop_ids);
     free(r->bias);
     free(r->prompt);
+    gram_unref(r->p.grammar.g);
+    free(r->g_prefix);
+    free(r->g_trigger);
     if (r->seqs)
         for (int32_t i = 0; i < r->p.n; i++) seq_free(r->seqs[i]);
     free(r->seqs);
@@ -190,7 +207,23 @@ smelt_status engine_req_new(struct engine_req **out, const struct engine_params 
     r->p.stop = NULL;
     r->p.stop_ids = NULL;
     r->p.sp.bias = NULL;
+    r->p.grammar = (struct engine_grammar){0};
     bool ok = true;
+    if (p->grammar.g) { /* the grammar, its forced beginning and its trigger */
+        const struct engine_grammar *g = &p->grammar;
+        r->p.grammar.g = gram_ref(g->g);
+        r->g_prefix = malloc(g->prefix_len + 1);
+        r->g_trigger = malloc(g->trigger_len + 1);
+        ok = r->g_prefix && r->g_trigger;
+        if (ok) {
+            if (g->prefix_len) memcpy(r->g_prefix, g->prefix, g->prefix_len);
+            if (g->trigger_len) memcpy(r->g_trigger, g->trigger, g->trigger_len);
+            r->p.grammar.prefix = r->g_prefix;
+            r->p.grammar.prefix_len = g->prefix_len;
+            r->p.grammar.trigger = g->trigger_len ? r->g_trigger : NULL;
+            r->p.grammar.trigger_len = g->trigger_len;
+        }
+    }
     r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
     if (r->prompt) memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
     else ok = false;
@@ -359,6 +392,16 @@ struct engine {
     float *q_raw;              /* (model_adj_cap(max_out)) */
     struct topk_summary *q_sum; /* (max_out) */
     struct topk_cand *q_cand;  /* (max_out, TOPK_MAX) */
+    /* grammars: the vocabulary and the cache of compiled grammars, made on first use (gmu
+     * guards making them; the cache locks itself); the step's token masks, row r's at
+     * q_mask + r * mask_words, allocated on the first step with a grammar */
+    pthread_mutex_t gmu;
+    struct gram_vocab *gvocab;
+    struct gram_cache *gcache;
+    uint32_t *q_mask;   /* (max_out, mask_words) */
+    int64_t mask_words; /* topk_mask_words(n_vocab) */
+    double stats_gsec;  /* engine thread only; published with the stats */
+    uint64_t stats_grows;
     struct tok_buf emit; /* scratch for released text */
     struct sample_job *jobs; /* (max_seqs) this step's rows to sample */
     int32_t n_jobs;
@@ -800,6 +843,107 @@ static int32_t schedule(struct engine *en) {
     return n;
 }
 
+/* ---- grammars ---- */
+
+/* s's grammar takes token t: its matcher, or (a lazy grammar) the search for the trigger,
+ * which starts the matcher on the output from the trigger on. */
+static smelt_status grammar_take(struct engine *en, struct seq *s, int32_t t, struct err *e) {
+    if (s->gm) {
+        smelt_status st = gram_matcher_accept(s->gm, t, e);
+        return st == SMELT_OK ? st : err_prefix(e, "grammar");
+    }
+    const struct engine_grammar *g = &s->req->p.grammar;
+    size_t n;
+    const char *p = tok_piece(en->tok, t, &n);
+    struct tok_buf *b = &s->g_tail;
+    if (!array_grow((void **)&b->p, &b->cap, b->n + n + 1, 1))
+        return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+    const char *hit = memmem(b->p, b->n, g->trigger, g->trigger_len);
+    if (!hit) { /* keep what could be the start of the trigger */
+        size_t keep = g->trigger_len - 1 < b->n ? g->trigger_len - 1 : b->n;
+        memmove(b->p, b->p + b->n - keep, keep);
+        b->n = keep;
+        return SMELT_OK;
+    }
+    smelt_status st = gram_matcher_new(&s->gm, g->g, ENGINE_GRAMMAR_ROLLBACK, e);
+    if (st == SMELT_OK) st = gram_matcher_accept_bytes(s->gm, hit, b->n - (size_t)(hit - b->p), e);
+    s->g_wait = false;
+    b->n = 0;
+    if (st != SMELT_OK)
+        return err_prefix(e, "grammar: the output from its trigger \"%.*s\" on",
+                          (int)g->trigger_len, g->trigger);
+    return SMELT_OK;
+}
+
+/* model_step's fill_masks (and the fake forward's, before its rows are sampled): the token
+ * mask of every row whose sequence is under a grammar. A failure is kept with the sequence,
+ * which ends with an error after the step. */
+static void fill_masks(void *ctx) {
+    struct engine *en = ctx;
+    double t0 = clock_now();
+    size_t gw = gram_mask_words(gram_vocab_n(en->gvocab));
+    for (int32_t i = 0; i < en->n_sched; i++) {
+        struct seq *s = en->sched[i];
+        if (!s->gm || s->out_row < 0) continue;
+        uint32_t *row = en->q_mask + (size_t)s->out_row * (size_t)en->mask_words;
+        struct err e;
+        if (gram_matcher_fill_mask(s->gm, row, &e) != SMELT_OK && !s->g_err &&
+            (s->g_err = malloc(sizeof *s->g_err)))
+            *s->g_err = e;
+        memset(row + gw, 0, ((size_t)en->mask_words - gw) * sizeof *row);
+        en->stats_grows++;
+    }
+    en->stats_gsec += clock_now() - t0;
+}
+
+/* Points each sampled row's sampler at its token mask (or at none). false: no row has a
+ * grammar, or no memory for the masks (the grammar rows then end with an error). */
+static bool bind_masks(struct engine *en) {
+    bool any = false;
+    for (int32_t i = 0; i < en->n_sched && !any; i++)
+        any = en->sched[i]->gm && en->sched[i]->out_row >= 0;
+    if (any && !en->q_mask)
+        en->q_mask = malloc((size_t)en->max_out * (size_t)en->mask_words * sizeof *en->q_mask);
+    for (int32_t i = 0; i < en->n_sched; i++) {
+        struct seq *s = en->sched[i];
+        if (s->out_row < 0) continue;
+        bool on = s->gm && en->q_mask;
+        sampler_set_mask(s->smp,
+                         on ? en->q_mask + (size_t)s->out_row * (size_t)en->mask_words : NULL);
+        if (s->gm && !on && !s->g_err && (s->g_err = malloc(sizeof *s->g_err)))
+            err_set(s->g_err, SMELT_ERR_NOMEM, "grammar: out of memory for the token masks");
+    }
+    return any && en->q_mask;
+}
+
+smelt_status engine_grammar(struct engine *en, enum gram_kind kind, const char *text, size_t len,
+                            struct gram **out, struct err *e) {
+    *out = NULL;
+    smelt_status st = SMELT_OK;
+    pthread_mutex_lock(&en->gmu);
+    if (!en->gcache) {
+        struct gram_vocab *v = NULL;
+        st = gram_vocab_new(&v, en->tok, e);
+        if (st == SMELT_OK && gram_vocab_n(v) > en->n_vocab)
+            st = err_set(e, SMELT_ERR_UNSUPPORTED,
+                         "grammar: the tokenizer has %d tokens, more than "
+                         "the model's %d logits",
+                         gram_vocab_n(v), en->n_vocab);
+        if (st == SMELT_OK)
+            st =
+                gram_cache_new(&en->gcache, v, ENGINE_GRAMMAR_CACHE, ENGINE_GRAMMAR_CACHE_BYTES, e);
+        if (st == SMELT_OK)
+            en->gvocab = v;
+        else
+            gram_vocab_free(v);
+    }
+    struct gram_cache *c = en->gcache;
+    pthread_mutex_unlock(&en->gmu);
+    return st == SMELT_OK ? gram_cache_get(c, kind, text, len, out, NULL, e) : st;
+}
+
 /* Handles a freshly sampled token of s. */
 static void on_token(struct engine *en, struct seq *s, const struct sample_result *sr) {
     struct engine_req *r = s->req;
@@ -812,7 +956,17 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
     pthread_mutex_unlock(&en->smu);
     s->t_last = now;
     s->n_gen++;
-    if ((!r->p.ignore_eos && tok_is_eog(en->tok, t)) || is_stop_id(r, t)) {
+    struct err e;
+    if (s->gm || s->g_wait) {
+        smelt_status gst = grammar_take(en, s, t, &e);
+        en->stats_gsec += clock_now() - now;
+        if (gst != SMELT_OK) {
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, e.msg);
+            return;
+        }
+    }
+    /* under a grammar, end-of-generation was allowed only where it is complete: it ends */
+    if ((tok_is_eog(en->tok, t) && (!r->p.ignore_eos || s->gm)) || is_stop_id(r, t)) {
         finish_seq(en, s, ENGINE_STOP, -1, NULL, false, 0, NULL);
         return;
     }
@@ -822,7 +976,6 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
     }
     s->tok[s->n_tok++] = t;
     if (s->history) sampler_accept(s->smp, t, true);
-    struct err e;
     if (tok_detok_push(&s->dt, t, &s->held, &e) != SMELT_OK) {
         finish_seq(en, s, ENGINE_ERROR, t, sr, false, 0, e.msg);
         return;
@@ -833,7 +986,8 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
         return;
     }
     bool at_max = r->p.max_tokens >= 0 && s->n_gen >= r->p.max_tokens;
-    if (at_max || s->n_tok >= en->cfg.n_ctx) {
+    bool ended = s->gm && gram_matcher_ended(s->gm); /* complete, and nothing can follow */
+    if (at_max || ended || s->n_tok >= en->cfg.n_ctx) {
         /* flush the held text together with what this token released */
         size_t n0 = en->emit.n;
         tok_detok_flush(&s->dt, &s->held, &e);
@@ -842,7 +996,7 @@ static void on_token(struct engine *en, struct seq *s, const struct sample_resul
             en->emit.n = n0 + s->held.n;
         }
         s->held.n = 0;
-        finish_seq(en, s, ENGINE_LENGTH, t, sr, true, 0, NULL);
+        finish_seq(en, s, ended ? ENGINE_STOP : ENGINE_LENGTH, t, sr, true, 0, NULL);
         return;
     }
     struct engine_event ev = {.choice = s->choice, .token = t, .logprob = sr->logprob};
@@ -1020,7 +1174,12 @@ static smelt_status fetch_rows(struct engine *en, int32_t first, int32_t count, 
  * output row (engine/sample.h), with the samplers' requests and adjustments uploaded
  * beside the batch. */
 static smelt_status run_forward(struct engine *en, const struct batch *b, struct err *e) {
-    if (en->cfg.forward) return en->cfg.forward(en->cfg.forward_ctx, b, en->logits, e);
+    bool masks = bind_masks(en);
+    if (en->cfg.forward) {
+        smelt_status st = en->cfg.forward(en->cfg.forward_ctx, b, en->logits, e);
+        if (st == SMELT_OK && masks) fill_masks(en);
+        return st;
+    }
     int32_t n_out = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) n_out += b->logits[i] != 0;
     memset(en->q_rows, 0, (size_t)n_out * sizeof *en->q_rows); /* k = 0: no summary */
@@ -1038,7 +1197,10 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
                               .n_adj = n_adj,
                               .sum = en->q_sum,
                               .cand = en->q_cand,
-                              .adj_raw = en->q_raw};
+                              .adj_raw = en->q_raw,
+                              .mask = masks ? en->q_mask : NULL,
+                              .fill_masks = fill_masks,
+                              .fill_ctx = en};
     return model_step(en->m, en->kvs, b, NULL, &ms, NULL, e);
 }
 
@@ -1085,6 +1247,10 @@ static int32_t step(struct engine *en) {
         s->n_done += s->rows;
         register_blocks(en, s);
         if (s->choice == 0 && s->n_done >= s->n_prompt) s->req->prompt_ready = true;
+        if (s->out_row >= 0 && s->g_err) {
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, s->g_err->msg);
+            continue;
+        }
         if (s->out_row >= 0) {
             struct sample_job *j = &en->jobs[en->n_jobs++];
             j->s = s;
@@ -1140,6 +1306,8 @@ static int32_t step(struct engine *en) {
     en->stats.steps++;
     en->stats.parallel_sample_steps = en->stats_parallel;
     en->stats.sample_full_rows = en->stats_full_rows;
+    en->stats.grammar_rows = en->stats_grows;
+    en->stats.grammar_seconds = en->stats_gsec;
     en->stats.step_rows += (uint64_t)n;
     en->stats.step_seconds += dt;
     pthread_mutex_unlock(&en->smu);
@@ -1225,6 +1393,8 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     pthread_mutex_init(&en->qmu, NULL);
     pthread_cond_init(&en->qcv, NULL);
     pthread_mutex_init(&en->smu, NULL);
+    pthread_mutex_init(&en->gmu, NULL);
+    en->mask_words = topk_mask_words(n_vocab);
     atomic_init(&en->cancel_all, false);
     atomic_init(&en->in_flight, 0);
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
@@ -1321,6 +1491,10 @@ void engine_free(struct engine *en) {
     free(en->q_cand);
     free(en->q_adj);
     free(en->q_raw);
+    free(en->q_mask);
+    gram_cache_free(en->gcache);
+    gram_vocab_free(en->gvocab);
+    pthread_mutex_destroy(&en->gmu);
     tok_buf_free(&en->emit);
     pthread_mutex_destroy(&en->qmu);
     pthread_cond_destroy(&en->qcv);
@@ -1372,6 +1546,17 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         if (s->history)
             for (int32_t k = 0; k < r->n_prompt; k++) sampler_accept(s->smp, r->prompt[k], false);
         tok_detok_init(&s->dt, en->tok, r->p.decode_special ? TOK_DECODE_SPECIAL : 0);
+        const struct engine_grammar *g = &r->p.grammar;
+        if (g->g && g->trigger_len) {
+            s->g_wait = true;
+        } else if (g->g) {
+            st = gram_matcher_new(&s->gm, g->g, ENGINE_GRAMMAR_ROLLBACK, e);
+            if (st == SMELT_OK && g->prefix_len)
+                st = gram_matcher_accept_bytes(s->gm, g->prefix, g->prefix_len, e);
+            if (st != SMELT_OK)
+                return err_prefix(e, "grammar: the output's forced beginning (%zu bytes)",
+                                  g->prefix_len);
+        }
     }
     return SMELT_OK;
 }
@@ -1393,6 +1578,13 @@ smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *
                        r->p.n, en->cfg.max_waiting);
     smelt_status st = sample_params_check(&r->p.sp, en->n_vocab, e);
     if (st != SMELT_OK) return st;
+    pthread_mutex_lock(&en->gmu);
+    bool g_ok = !r->p.grammar.g || gram_vocab_of(r->p.grammar.g) == en->gvocab;
+    pthread_mutex_unlock(&en->gmu);
+    if (!g_ok)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "the grammar was not compiled for this engine's "
+                       "vocabulary (engine_grammar)");
     st = make_seqs(en, r, e);
     if (st != SMELT_OK) {
         for (int32_t i = 0; r->seqs && i < r->p.n; i++) seq_free(r->seqs[i]);

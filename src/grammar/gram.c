@@ -129,6 +129,10 @@ size_t gram_n_states(const struct gram *g) {
     return g->a.n_st;
 }
 
+const struct gram_vocab *gram_vocab_of(const struct gram *g) {
+    return g->v;
+}
+
 size_t gram_memory(const struct gram *g) {
     struct gram *m = (struct gram *)g; /* the lock guards ci_bytes */
     pthread_mutex_lock(&m->mu);

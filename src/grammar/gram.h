@@ -79,6 +79,8 @@ smelt_status gram_compile(struct gram **out, const struct gram_vocab *v, enum gr
 struct gram *gram_ref(struct gram *g);
 /* Drops a reference (NULL is a no-op); the last one frees the grammar. */
 void gram_unref(struct gram *g);
+/* The vocabulary the grammar was compiled for. */
+const struct gram_vocab *gram_vocab_of(const struct gram *g);
 /* Automaton states and the bytes the grammar holds now (its lazily filled masks included). */
 size_t gram_n_states(const struct gram *g);
 size_t gram_memory(const struct gram *g);

@@ -284,6 +284,8 @@ static int32_t hash_next(int32_t t, int32_t pos) {
 struct fake {
     int32_t (*next)(int32_t t, int32_t pos);
     int nv; /* logit row length (0: VOCAB); ids >= VOCAB get -inf-ish logits */
+    bool noisy; /* the other tokens get logits in [0, 1) from (token, position, id), not 0:
+                 * a mask's choice among them depends on the row's inputs */
     int sleep_us;
     long rows, steps;
     int max_rows_seen;
@@ -297,6 +299,13 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
         if (!b->logits[i]) continue;
         float *row = logits + (size_t)k++ * (size_t)nv;
         for (int v = 0; v < nv; v++) row[v] = v < VOCAB ? 0.0f : -50.0f;
+        for (int v = 0; f->noisy && v < VOCAB; v++) {
+            uint32_t h = (uint32_t)b->token[i] * 2654435761u ^ (uint32_t)b->pos[i] * 40503u ^
+                         (uint32_t)v * 2246822519u;
+            h ^= h >> 15;
+            h *= 2654435761u;
+            row[v] = (float)(h >> 8) / (float)(1u << 24);
+        }
         row[f->next(b->token[i], b->pos[i])] = 10.0f;
     }
     f->rows += b->n_tokens;
@@ -1345,6 +1354,258 @@ static void test_notify(void) {
     engine_free(en);
 }
 
+/* ---- grammars ---- */
+
+/* The preferred next token is always eos. */
+static int32_t eos_next(int32_t t, int32_t pos) {
+    (void)t;
+    (void)pos;
+    return EOS;
+}
+
+static struct gram *grammar(struct engine *en, enum gram_kind kind, const char *text) {
+    struct gram *g = NULL;
+    struct err e;
+    smelt_status st = engine_grammar(en, kind, text, strlen(text), &g, &e);
+    T_CHECKF(st == SMELT_OK, "grammar %s: %s", text, e.msg);
+    return g;
+}
+
+/* Whether text is a sentence of g (complete) or a prefix of one (!complete). */
+static bool in_grammar(struct gram *g, const char *text, bool complete) {
+    struct gram_matcher *m;
+    struct err e;
+    if (gram_matcher_new(&m, g, 0, &e) != SMELT_OK) return false;
+    bool ok = gram_matcher_accept_bytes(m, text, strlen(text), &e) == SMELT_OK &&
+              gram_matcher_can_end(m) == complete;
+    gram_matcher_free(m);
+    return ok;
+}
+
+/* One greedy request alone: its result. */
+static void run_one(struct engine *en, const struct engine_params *p, const int32_t *prompt, int n,
+                    struct result *res) {
+    struct engine_req *r = submit(en, p, prompt, n);
+    memset(res, 0, sizeof *res);
+    if (!r) return;
+    collect(r, res, 0);
+    engine_req_unref(r);
+}
+
+/* The grammar is followed whatever the model prefers: end-of-generation only once complete
+ * (a model that always wants eos writes the whole sentence), the choice ends when nothing
+ * can follow, max_tokens leaves a valid prefix ("length"), a forced beginning is taken
+ * first, a lazy grammar waits for its trigger. */
+static void test_grammar_enforced(void) {
+    struct fake f = {.next = eos_next};
+    struct engine *en = mk_engine(&f, 64, 4, 8, 64, 64, 256);
+    if (!en) return;
+    int32_t prompt[3] = {1, BYTE0 + 'a', WORD0};
+    struct engine_params p;
+    struct result res;
+
+    /* without a grammar: eos at once */
+    greedy(&p, 20);
+    run_one(en, &p, prompt, 3, &res);
+    T_EQ_STR(res.text[0].p ? res.text[0].p : "", "");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    result_free(&res);
+
+    /* a fixed sentence: written whole; it ends right after (no eos sampled) */
+    struct gram *g = grammar(en, GRAM_GBNF, "root ::= \"ab\" [0-9]{2} \" the end\"");
+    p.grammar.g = g;
+    run_one(en, &p, prompt, 3, &res);
+    T_CHECKF(res.text[0].p && in_grammar(g, res.text[0].p, true), "%s", res.text[0].p);
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.n_gen[0], res.n_tokens[0]); /* no eos among the generated tokens */
+    result_free(&res);
+    /* max_tokens in the middle: a prefix, "length" */
+    p.max_tokens = 3;
+    run_one(en, &p, prompt, 3, &res);
+    T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+    T_CHECK(res.text[0].p && in_grammar(g, res.text[0].p, false));
+    result_free(&res);
+    gram_unref(g);
+
+    /* optional rest: eos is taken as soon as the sentence is complete */
+    g = grammar(en, GRAM_GBNF, "root ::= \"x\" (\"yz\")*");
+    p.grammar.g = g;
+    p.max_tokens = 20;
+    run_one(en, &p, prompt, 3, &res);
+    T_EQ_STR(res.text[0].p, "x");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    T_EQ_INT(res.n_gen[0], 2); /* "x", eos */
+    result_free(&res);
+    /* ignore_eos: eos is still the end of a grammar */
+    p.ignore_eos = true;
+    run_one(en, &p, prompt, 3, &res);
+    T_EQ_STR(res.text[0].p, "x");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    result_free(&res);
+    p.ignore_eos = false;
+
+    /* a forced beginning (the prompt's prefill) is taken first: the output is the rest */
+    p.grammar.prefix = "xyzy";
+    p.grammar.prefix_len = 4;
+    run_one(en, &p, prompt, 3, &res);
+    T_EQ_STR(res.text[0].p, "z");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    result_free(&res);
+    /* a forced beginning the grammar refuses fails the submit */
+    p.grammar.prefix = "xx";
+    p.grammar.prefix_len = 2;
+    struct engine_req *r;
+    struct err e;
+    T_CHECK(engine_req_new(&r, &p, prompt, 3, &e) == SMELT_OK);
+    T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_INVALID);
+    T_CHECKF(strstr(e.msg, "grammar") != NULL, "%s", e.msg);
+    engine_req_unref(r);
+    p.grammar.prefix = NULL;
+    p.grammar.prefix_len = 0;
+    gram_unref(g);
+    engine_free(en);
+
+    /* a lazy grammar: free text until its trigger ("ld!" across tokens), then the grammar */
+    f.next = counter_next;
+    en = mk_engine(&f, 64, 4, 8, 64, 64, 256);
+    if (!en) return;
+    g = grammar(en, GRAM_GBNF, "root ::= \"ld!\" \" the end\"");
+    greedy(&p, 30);
+    p.grammar.g = g;
+    p.grammar.trigger = "ld!";
+    p.grammar.trigger_len = 3;
+    run_one(en, &p, prompt, 3, &res);
+    T_EQ_STR(res.text[0].p, "lo world! the end");
+    T_EQ_INT(res.finish[0], ENGINE_STOP);
+    result_free(&res);
+    /* its trigger never comes: no constraint */
+    p.grammar.trigger = "zzz";
+    run_one(en, &p, prompt, 3, &res);
+    struct tok_buf want = {0};
+    int32_t expv[64];
+    bool eos;
+    int n = expect_tokens(counter_next, prompt, 3, 30, expv, &eos);
+    detok(expv, n, &want);
+    T_EQ_STR(res.text[0].p, want.p);
+    tok_buf_free(&want);
+    result_free(&res);
+    gram_unref(g);
+
+    /* a grammar from another engine's vocabulary is refused */
+    struct engine *en2 = mk_engine(&f, 16, 4, 1, 8, 8, 64);
+    g = en2 ? grammar(en2, GRAM_GBNF, "root ::= \"a\"") : NULL;
+    greedy(&p, 4);
+    p.grammar.g = g;
+    if (g) {
+        T_CHECK(engine_req_new(&r, &p, prompt, 3, &e) == SMELT_OK);
+        T_EQ_INT(engine_submit(en, r, &e), SMELT_ERR_INVALID);
+        T_CHECK(strstr(e.msg, "vocabulary") != NULL);
+        engine_req_unref(r);
+    }
+    gram_unref(g);
+    engine_free(en2);
+    /* compile errors name the place */
+    struct gram *bad = NULL;
+    const char *pp = "{\"type\": \"object\", \"patternProperties\": {\"a\": {}}}";
+    T_EQ_INT(engine_grammar(en, GRAM_JSON_SCHEMA, pp, strlen(pp), &bad, &e), SMELT_ERR_UNSUPPORTED);
+    T_CHECKF(strstr(e.msg, "patternProperties") != NULL, "%s", e.msg);
+    T_CHECK(bad == NULL);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_CHECK(st.grammar_rows > 0 && st.grammar_seconds > 0);
+    engine_free(en);
+}
+
+/* Batch invariance: requests with different grammars and without one, all in the same
+ * steps (and preempted: a small pool), each get exactly what they get alone. n > 1 with
+ * sampling: every choice follows the grammar. */
+static void test_grammar_batch(void) {
+    enum { NREQ = 12 };
+    struct fake f = {.next = hash_next, .noisy = true};
+    struct engine *en = mk_engine(&f, 14, 4, 8, 24, 64, 56);
+    struct engine *solo = mk_engine(&f, 64, 4, 1, 64, 64, 96);
+    if (!en || !solo) {
+        engine_free(en);
+        engine_free(solo);
+        return;
+    }
+    const char *src[3] = {"root ::= \"[\" [0-9]+ (\",\" [0-9]+)* \"]\"",
+                          "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+                          "\"integer\"}, \"b\": {\"type\": \"string\", \"maxLength\": 5}}, "
+                          "\"required\": [\"a\", \"b\"]}",
+                          "(Hel|lo|[a-z ]){3,12}!"};
+    const enum gram_kind kinds[3] = {GRAM_GBNF, GRAM_JSON_SCHEMA, GRAM_REGEX};
+    struct gram *g[3], *gs[3];
+    for (int k = 0; k < 3; k++) {
+        g[k] = grammar(en, kinds[k], src[k]);
+        gs[k] = grammar(solo, kinds[k], src[k]);
+    }
+    struct engine_req *rs[NREQ];
+    int32_t prompts[NREQ][8];
+    struct engine_params ps[NREQ], ps_solo[NREQ];
+    unsigned long long seed = 7;
+    for (int i = 0; i < NREQ; i++) {
+        for (int k = 0; k < 8; k++)
+            prompts[i][k] = WORD0 + (int32_t)(t_rand_u64(&seed) % N_WORDS);
+        greedy(&ps[i], 10 + i * 3);
+        ps_solo[i] = ps[i];
+        if (i % 4 != 3) { /* every fourth has no grammar */
+            ps[i].grammar.g = g[i % 4 % 3];
+            ps_solo[i].grammar.g = gs[i % 4 % 3];
+        }
+        rs[i] = submit(en, &ps[i], prompts[i], 8);
+    }
+    for (int i = 0; i < NREQ; i++) {
+        struct result res, want;
+        if (!rs[i]) continue;
+        collect(rs[i], &res, 0);
+        run_one(solo, &ps_solo[i], prompts[i], 8, &want);
+        T_EQ_INT(res.n_tokens[0], want.n_tokens[0]);
+        T_CHECKF(memcmp(res.tokens[0], want.tokens[0],
+                        sizeof *res.tokens[0] * (size_t)want.n_tokens[0]) == 0,
+                 "request %d differs from its solo run", i);
+        T_EQ_INT(res.finish[0], want.finish[0]);
+        if (ps[i].grammar.g)
+            T_CHECKF(in_grammar(ps[i].grammar.g, res.text[0].p ? res.text[0].p : "",
+                                res.finish[0] == ENGINE_STOP),
+                     "request %d: '%s' (finish %d)", i, res.text[0].p, res.finish[0]);
+        engine_req_unref(rs[i]);
+        result_free(&res);
+        result_free(&want);
+    }
+    struct engine_stats st;
+    wait_idle(en);
+    engine_stats(en, &st);
+    T_CHECK(st.preemptions > 0);
+    /* n = 4, sampled: each choice its own matcher */
+    struct engine_params p;
+    engine_params_default(&p);
+    p.sp.temperature = 1.5f;
+    p.sp.seed = 11;
+    p.max_tokens = 40;
+    p.n = 4;
+    p.grammar.g = g[1];
+    struct engine_req *r = submit(en, &p, prompts[0], 8);
+    if (r) {
+        struct result res;
+        collect(r, &res, 0);
+        for (int c = 0; c < 4; c++)
+            T_CHECKF(
+                in_grammar(g[1], res.text[c].p ? res.text[c].p : "", res.finish[c] == ENGINE_STOP),
+                "choice %d: '%s'", c, res.text[c].p);
+        T_CHECK(strcmp(res.text[0].p ? res.text[0].p : "", res.text[1].p ? res.text[1].p : "") ||
+                strcmp(res.text[2].p ? res.text[2].p : "", res.text[3].p ? res.text[3].p : ""));
+        engine_req_unref(r);
+        result_free(&res);
+    }
+    for (int k = 0; k < 3; k++) {
+        gram_unref(g[k]);
+        gram_unref(gs[k]);
+    }
+    engine_free(en);
+    engine_free(solo);
+}
+
 int main(void) {
     T_RUN(test_prefix_index);
     T_RUN(test_prefix_churn);
@@ -1367,6 +1628,8 @@ int main(void) {
     T_RUN(test_submit_errors);
     T_RUN(test_notify);
     T_RUN(test_prompt_logprobs);
+    T_RUN(test_grammar_enforced);
+    T_RUN(test_grammar_batch);
     tok_free(tk);
     return t_done();
 }
