@@ -4,7 +4,8 @@
  * Input: byte 0 picks the kind (even: GBNF, odd: regex); the rest up to a NUL is the grammar,
  * the bytes after the NUL drive a walk over a small vocabulary (every byte, JSON-ish pieces,
  * partial UTF-8, an end-of-generation token): each byte picks a token, which must be accepted
- * exactly when the mask allows it; some bytes roll back instead. Any crash, ASan/UBSan report,
+ * exactly when the mask allows it; some bytes roll back instead. A GBNF grammar that compiles
+ * also compiles with its rules renamed (gram_gbnf_prefix). Any crash, ASan/UBSan report,
  * leak, hang past libFuzzer's -timeout, or a mask that disagrees with acceptance is a finding.
  *
  *   make fuzz FUZZ_SECONDS=120      (seeds: fuzz/corpus/gbnf, dictionary: fuzz/gbnf.dict)
@@ -59,6 +60,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (gram_compile(&g, V, kind, (const char *)text, len, &e) == SMELT_OK) {
         if (nul) walk(g, V, nul + 1, size - 1 - len - 1);
         gram_unref(g);
+        /* its rules renamed (gram_gbnf_prefix) under a new root: the same grammar */
+        struct tok_buf r = {0};
+        static const char head[] = "root ::= p-root\n";
+        r.p = malloc(sizeof head);
+        if (kind == GRAM_GBNF && r.p) {
+            memcpy(r.p, head, sizeof head);
+            r.n = r.cap = sizeof head - 1;
+            if (gram_gbnf_prefix((const char *)text, len, "p-", &r, &e) == SMELT_OK) {
+                smelt_status st = gram_compile(&g, V, GRAM_GBNF, r.p, r.n, &e);
+                if (st != SMELT_OK && st != SMELT_ERR_RANGE && st != SMELT_ERR_NOMEM) abort();
+                gram_unref(g);
+            } else if (e.code != SMELT_ERR_NOMEM) {
+                abort(); /* a grammar that compiles lexes */
+            }
+        }
+        tok_buf_free(&r);
     } else if (!e.msg[0] || e.code == SMELT_OK) {
         abort(); /* an error must say what went wrong */
     }

@@ -392,12 +392,13 @@ struct engine {
     float *q_raw;              /* (model_adj_cap(max_out)) */
     struct topk_summary *q_sum; /* (max_out) */
     struct topk_cand *q_cand;  /* (max_out, TOPK_MAX) */
-    /* grammars: the vocabulary and the cache of compiled grammars, made on first use (gmu
-     * guards making them; the cache locks itself); the step's token masks, row r's at
+    /* grammars: the vocabularies and their caches of compiled grammars, made on first use
+     * (gmu guards making them; a cache locks itself), [1] with control tokens as text (for
+     * requests that render them, decode_special); the step's token masks, row r's at
      * q_mask + r * mask_words, allocated on the first step with a grammar */
     pthread_mutex_t gmu;
-    struct gram_vocab *gvocab;
-    struct gram_cache *gcache;
+    struct gram_vocab *gvocab[2];
+    struct gram_cache *gcache[2];
     uint32_t *q_mask;   /* (max_out, mask_words) */
     int64_t mask_words; /* topk_mask_words(n_vocab) */
     double stats_gsec;  /* engine thread only; published with the stats */
@@ -883,10 +884,10 @@ static smelt_status grammar_take(struct engine *en, struct seq *s, int32_t t, st
 static void fill_masks(void *ctx) {
     struct engine *en = ctx;
     double t0 = clock_now();
-    size_t gw = gram_mask_words(gram_vocab_n(en->gvocab));
     for (int32_t i = 0; i < en->n_sched; i++) {
         struct seq *s = en->sched[i];
         if (!s->gm || s->out_row < 0) continue;
+        size_t gw = gram_mask_words(gram_vocab_n(gram_vocab_of(s->req->p.grammar.g)));
         uint32_t *row = en->q_mask + (size_t)s->out_row * (size_t)en->mask_words;
         struct err e;
         if (gram_matcher_fill_mask(s->gm, row, &e) != SMELT_OK && !s->g_err &&
@@ -919,27 +920,27 @@ static bool bind_masks(struct engine *en) {
 }
 
 smelt_status engine_grammar(struct engine *en, enum gram_kind kind, const char *text, size_t len,
-                            struct gram **out, struct err *e) {
+                            bool control, struct gram **out, struct err *e) {
     *out = NULL;
     smelt_status st = SMELT_OK;
     pthread_mutex_lock(&en->gmu);
-    if (!en->gcache) {
+    if (!en->gcache[control]) {
         struct gram_vocab *v = NULL;
-        st = gram_vocab_new(&v, en->tok, e);
+        st = gram_vocab_new(&v, en->tok, control ? GRAM_VOCAB_CONTROL : 0, e);
         if (st == SMELT_OK && gram_vocab_n(v) > en->n_vocab)
             st = err_set(e, SMELT_ERR_UNSUPPORTED,
                          "grammar: the tokenizer has %d tokens, more than "
                          "the model's %d logits",
                          gram_vocab_n(v), en->n_vocab);
         if (st == SMELT_OK)
-            st =
-                gram_cache_new(&en->gcache, v, ENGINE_GRAMMAR_CACHE, ENGINE_GRAMMAR_CACHE_BYTES, e);
+            st = gram_cache_new(&en->gcache[control], v, ENGINE_GRAMMAR_CACHE,
+                                ENGINE_GRAMMAR_CACHE_BYTES, e);
         if (st == SMELT_OK)
-            en->gvocab = v;
+            en->gvocab[control] = v;
         else
             gram_vocab_free(v);
     }
-    struct gram_cache *c = en->gcache;
+    struct gram_cache *c = en->gcache[control];
     pthread_mutex_unlock(&en->gmu);
     return st == SMELT_OK ? gram_cache_get(c, kind, text, len, out, NULL, e) : st;
 }
@@ -1492,8 +1493,10 @@ void engine_free(struct engine *en) {
     free(en->q_adj);
     free(en->q_raw);
     free(en->q_mask);
-    gram_cache_free(en->gcache);
-    gram_vocab_free(en->gvocab);
+    for (int i = 0; i < 2; i++) {
+        gram_cache_free(en->gcache[i]);
+        gram_vocab_free(en->gvocab[i]);
+    }
     pthread_mutex_destroy(&en->gmu);
     tok_buf_free(&en->emit);
     pthread_mutex_destroy(&en->qmu);
@@ -1579,12 +1582,13 @@ smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *
     smelt_status st = sample_params_check(&r->p.sp, en->n_vocab, e);
     if (st != SMELT_OK) return st;
     pthread_mutex_lock(&en->gmu);
-    bool g_ok = !r->p.grammar.g || gram_vocab_of(r->p.grammar.g) == en->gvocab;
+    bool g_ok = !r->p.grammar.g || gram_vocab_of(r->p.grammar.g) == en->gvocab[r->p.decode_special];
     pthread_mutex_unlock(&en->gmu);
     if (!g_ok)
         return err_set(e, SMELT_ERR_INVALID,
                        "the grammar was not compiled for this engine's "
-                       "vocabulary (engine_grammar)");
+                       "vocabulary (engine_grammar, with control tokens as text exactly when "
+                       "the request renders them: decode_special)");
     st = make_seqs(en, r, e);
     if (st != SMELT_OK) {
         for (int32_t i = 0; r->seqs && i < r->p.n; i++) seq_free(r->seqs[i]);

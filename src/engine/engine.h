@@ -262,14 +262,16 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg, st
 /* Cancels everything in flight, stops the thread, frees the engine. */
 void engine_free(struct engine *en);
 
-/* The grammar of kind and text[0..len) compiled for the engine's vocabulary,
- * from its cache of compiled grammars (made with the vocabulary on the first call: ~0.2 s
- * for 150k tokens). *out is the caller's reference (gram_unref), for engine_params.grammar.
- * Errors are gram_compile's (they name the line and column, or the schema feature and its
- * JSON path); SMELT_ERR_UNSUPPORTED when the tokenizer has more tokens than the model's
- * logit rows. Any thread. */
+/* The grammar of kind and text[0..len) compiled for the engine's vocabulary, from its cache
+ * of compiled grammars (made with the vocabulary on the first call: ~0.2 s for 150k tokens).
+ * control: the vocabulary that has control tokens as text (GRAM_VOCAB_CONTROL), for requests
+ * whose output renders them (engine_params.decode_special must equal it: submit checks).
+ * *out is the caller's reference (gram_unref), for engine_params.grammar. Errors are
+ * gram_compile's (they name the line and column, or the schema feature and its JSON path);
+ * SMELT_ERR_UNSUPPORTED when the tokenizer has more tokens than the model's logit rows. Any
+ * thread. */
 smelt_status engine_grammar(struct engine *en, enum gram_kind kind, const char *text, size_t len,
-                            struct gram **out, struct err *e);
+                            bool control, struct gram **out, struct err *e);
 
 /* Queues r (the engine takes its own reference). Errors: SMELT_ERR_INVALID when the prompt
  * does not fit the context (n_ctx, itself capped by the KV pool; the message gives both

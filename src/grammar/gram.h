@@ -37,12 +37,21 @@
 /* ---- vocabulary ---------------------------------------------------------------------- */
 
 /* A tokenizer's tokens as the grammar engine sees them: each token's bytes (tok_piece), a
- * trie over them, the JSON-string slice, and the end-of-generation tokens. Control and unused
- * tokens are never allowed by a mask; end-of-generation tokens exactly when the grammar is
- * complete. Made once per tokenizer (~0.1 s for 150k tokens) and shared. */
+ * trie over them, the JSON-string slice, and the end-of-generation tokens. Unknown and unused
+ * tokens are never allowed by a mask, control tokens neither (unless GRAM_VOCAB_CONTROL);
+ * end-of-generation tokens exactly when the grammar is complete. Made once per tokenizer
+ * (~0.1 s for 150k tokens) and shared. */
 struct gram_vocab;
 
-smelt_status gram_vocab_new(struct gram_vocab **out, const struct tok *t, struct err *e);
+/* Flags of gram_vocab_new. */
+#define GRAM_VOCAB_CONTROL                                                                         \
+    1u /* control tokens (not end-of-generation) are text: their piece                             \
+        * ("[ARGS]", "<|channel|>"), for outputs whose text shows them                             \
+        * (a detokenizer that renders special tokens) and grammars that                            \
+        * write those markers */
+
+smelt_status gram_vocab_new(struct gram_vocab **out, const struct tok *t, unsigned flags,
+                            struct err *e);
 /* The same from raw pieces (tests, fuzzing): n tokens, token i's bytes pieces[i][0..lens[i]),
  * a NULL piece for a token that is never allowed; eog[0..n_eog) the end-of-generation ids. */
 smelt_status gram_vocab_new_raw(struct gram_vocab **out, int32_t n, const char *const *pieces,
@@ -85,6 +94,14 @@ const struct gram_vocab *gram_vocab_of(const struct gram *g);
 size_t gram_n_states(const struct gram *g);
 size_t gram_memory(const struct gram *g);
 
+/* Appends the GBNF grammar text[0..len) to out with every rule name, defined or referenced,
+ * prefixed by prefix (name characters [A-Za-z0-9_-] only): several grammars (a schema's
+ * gram_schema_to_gbnf output for each tool) compose into one without clashes, their roots
+ * becoming prefix"root". Literals, classes, repetition counts and comments are copied as they
+ * are. Errors: SMELT_ERR_INVALID (a bad prefix, an unterminated literal or class, with line
+ * and column), SMELT_ERR_NOMEM. */
+smelt_status gram_gbnf_prefix(const char *text, size_t len, const char *prefix, struct tok_buf *out,
+                              struct err *e);
 /* The GBNF grammar that a JSON Schema compiles to (root rule "root"), appended to out; the
  * errors are gram_compile's. For reading and for composing a larger grammar. */
 smelt_status gram_schema_to_gbnf(const json_t *schema, struct tok_buf *out, struct err *e);

@@ -421,3 +421,53 @@ smelt_status gram_gbnf_parse(struct gast *a, const char *text, size_t len, uint3
     *root = r;
     return SMELT_OK;
 }
+
+/* ---- renaming (gram_gbnf_prefix) ------------------------------------------------------------ */
+
+static bool put_bytes(struct tok_buf *out, const char *s, size_t n) {
+    if (!array_grow((void **)&out->p, &out->cap, out->n + n + 1, 1)) return false;
+    memcpy(out->p + out->n, s, n);
+    out->n += n;
+    out->p[out->n] = 0;
+    return true;
+}
+
+smelt_status gram_gbnf_prefix(const char *text, size_t len, const char *prefix, struct tok_buf *out,
+                              struct err *e) {
+    size_t pl = strlen(prefix);
+    for (size_t k = 0; k < pl; k++)
+        if (!is_name_char((unsigned char)prefix[k]))
+            return err_set(e, SMELT_ERR_INVALID, "grammar: rule prefix '%s' is not a name", prefix);
+    struct gp p = {.s = text, .n = len, .e = e};
+    size_t i = 0;
+    while (i < len) {
+        char c = text[i];
+        size_t j = i + 1;
+        if (c == '"' || c == '[') { /* a literal or a class, escapes included */
+            char close = c == '"' ? '"' : ']';
+            while (j < len && text[j] != close && text[j] != '\n')
+                j += text[j] == '\\' && j + 1 < len ? 2 : 1;
+            if (j >= len || text[j] != close) {
+                fail(&p, i, "unterminated %s", c == '"' ? "literal" : "class");
+                return p.e ? p.e->code : SMELT_ERR_INVALID;
+            }
+            j++;
+        } else if (c == '#') { /* a comment */
+            while (j < len && text[j] != '\n')
+                j++;
+        } else if (c == '{') { /* a repetition count */
+            while (j < len && text[j] != '}' && text[j] != '\n')
+                j++;
+            if (j < len && text[j] == '}') j++;
+        } else if (is_name_char((unsigned char)c)) {
+            while (j < len && is_name_char((unsigned char)text[j]))
+                j++;
+            if (!put_bytes(out, prefix, pl))
+                return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
+        }
+        if (!put_bytes(out, text + i, j - i))
+            return err_set(e, SMELT_ERR_NOMEM, "grammar: out of memory");
+        i = j;
+    }
+    return SMELT_OK;
+}

@@ -219,7 +219,8 @@ smelt_status gram_vocab_new_raw(struct gram_vocab **out, int32_t n, const char *
     return SMELT_OK;
 }
 
-smelt_status gram_vocab_new(struct gram_vocab **out, const struct tok *t, struct err *e) {
+smelt_status gram_vocab_new(struct gram_vocab **out, const struct tok *t, unsigned flags,
+                            struct err *e) {
     *out = NULL;
     int32_t n = tok_n_vocab(t);
     if (n <= 0) return err_set(e, SMELT_ERR_INVALID, "grammar vocabulary: %d tokens", n);
@@ -244,7 +245,9 @@ smelt_status gram_vocab_new(struct gram_vocab **out, const struct tok *t, struct
             continue;
         }
         enum tok_type ty = tok_token_type(t, i);
-        if (ty == TOK_T_CONTROL || ty == TOK_T_UNKNOWN || ty == TOK_T_UNUSED) continue;
+        if ((ty == TOK_T_CONTROL && !(flags & GRAM_VOCAB_CONTROL)) || ty == TOK_T_UNKNOWN ||
+            ty == TOK_T_UNUSED)
+            continue;
         size_t len;
         const char *p = tok_piece(t, i, &len);
         if (len == 0 || len > GRAM_MAX_PIECE) continue;

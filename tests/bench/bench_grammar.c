@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
 
     double t0 = clock_now();
     struct gram_vocab *v;
-    if (gram_vocab_new(&v, tk, &e) != SMELT_OK) {
+    if (gram_vocab_new(&v, tk, 0, &e) != SMELT_OK) {
         fprintf(stderr, "vocab: %s\n", e.msg);
         return 1;
     }

@@ -1366,7 +1366,7 @@ static int32_t eos_next(int32_t t, int32_t pos) {
 static struct gram *grammar(struct engine *en, enum gram_kind kind, const char *text) {
     struct gram *g = NULL;
     struct err e;
-    smelt_status st = engine_grammar(en, kind, text, strlen(text), &g, &e);
+    smelt_status st = engine_grammar(en, kind, text, strlen(text), false, &g, &e);
     T_CHECKF(st == SMELT_OK, "grammar %s: %s", text, e.msg);
     return g;
 }
@@ -1507,7 +1507,8 @@ static void test_grammar_enforced(void) {
     /* compile errors name the place */
     struct gram *bad = NULL;
     const char *pp = "{\"type\": \"object\", \"patternProperties\": {\"a\": {}}}";
-    T_EQ_INT(engine_grammar(en, GRAM_JSON_SCHEMA, pp, strlen(pp), &bad, &e), SMELT_ERR_UNSUPPORTED);
+    T_EQ_INT(engine_grammar(en, GRAM_JSON_SCHEMA, pp, strlen(pp), false, &bad, &e),
+             SMELT_ERR_UNSUPPORTED);
     T_CHECKF(strstr(e.msg, "patternProperties") != NULL, "%s", e.msg);
     T_CHECK(bad == NULL);
     struct engine_stats st;
@@ -1521,9 +1522,9 @@ static void test_grammar_enforced(void) {
  * sampling: every choice follows the grammar. */
 static void test_grammar_batch(void) {
     enum { NREQ = 12 };
-    struct fake f = {.next = hash_next, .noisy = true};
-    struct engine *en = mk_engine(&f, 14, 4, 8, 24, 64, 56);
-    struct engine *solo = mk_engine(&f, 64, 4, 1, 64, 64, 96);
+    struct fake f = {.next = hash_next, .noisy = true, .sleep_us = 300};
+    struct engine *en = mk_engine(&f, 10, 4, 8, 24, 64, 40);
+    struct engine *solo = mk_engine(&f, 64, 4, 1, 64, 64, 40);
     if (!en || !solo) {
         engine_free(en);
         engine_free(solo);

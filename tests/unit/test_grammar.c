@@ -388,6 +388,42 @@ static void test_cache(void) {
     gram_cache_free(c);
 }
 
+/* gram_gbnf_prefix: every rule name gets the prefix (definitions, references, the root),
+ * nothing else does (literals with names and escapes in them, classes, counts, comments);
+ * two prefixed grammars compose into one whose language is their union. */
+static bool buf_add(struct tok_buf *b, const char *s) {
+    size_t n = strlen(s);
+    char *p = realloc(b->p, b->n + n + 1);
+    if (!p) return false;
+    memcpy(p + b->n, s, n + 1);
+    b->p = p;
+    b->n += n;
+    b->cap = b->n + 1;
+    return true;
+}
+
+static void test_prefix_rules(void) {
+    const char *a = "root ::= x (\"root\\\" x\" | [a-z\\]]{2,3})  # root x\nx ::= \"[x]\" | x-y\n"
+                    "x-y ::= \"y\"+";
+    const char *b = "root ::= \"b\" root | \"c\"";
+    struct tok_buf t = {0};
+    struct err e;
+    T_CHECK(buf_add(&t, "root ::= p-root | q_root\n"));
+    T_EQ_INT(gram_gbnf_prefix(a, strlen(a), "p-", &t, &e), SMELT_OK);
+    T_CHECK(buf_add(&t, "\n"));
+    T_EQ_INT(gram_gbnf_prefix(b, strlen(b), "q_", &t, &e), SMELT_OK);
+    T_CHECKF(strstr(t.p, "p-root ::= p-x (\"root\\\" x\" | [a-z\\]]{2,3})  # root x") != NULL, "%s",
+             t.p);
+    T_CHECK(strstr(t.p, "p-x-y ::= \"y\"+") != NULL);
+    check_lang(t.p, L("[x]root\" x", "yyab", "[x]zz]", "bbc", "c"),
+               L("[x]", "root\" x", "bb", "y"));
+    t.n = 0;
+    T_EQ_INT(gram_gbnf_prefix("root ::= \"a", 12, "p", &t, &e), SMELT_ERR_INVALID);
+    T_CHECKF(strstr(e.msg, "line 1 column 10") != NULL, "%s", e.msg);
+    T_EQ_INT(gram_gbnf_prefix(b, strlen(b), "p q", &t, &e), SMELT_ERR_INVALID);
+    tok_buf_free(&t);
+}
+
 int main(void) {
     V = gt_vocab();
     if (!V) return 1;
@@ -405,6 +441,7 @@ int main(void) {
     T_RUN(test_eog_and_ended);
     T_RUN(test_threads_share_a_grammar);
     T_RUN(test_cache);
+    T_RUN(test_prefix_rules);
     gram_vocab_free(V);
     return t_done();
 }
