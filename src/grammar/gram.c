@@ -23,8 +23,8 @@ static const char JSON_OBJECT_GBNF[] =
     "[0-9]{1,16} )? ws\n"
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
 
-static smelt_status to_gbnf(enum gram_kind kind, const char *text, size_t len, struct tok_buf *out,
-                            struct err *e) {
+smelt_status gram_to_gbnf(enum gram_kind kind, const char *text, size_t len, struct tok_buf *out,
+                          struct err *e) {
     switch (kind) {
     case GRAM_GBNF:
         if (!gram_buf_put(out, text, len))
@@ -65,7 +65,7 @@ smelt_status gram_compile(struct gram **out, const struct gram_vocab *v, enum gr
     struct gast ast;
     gram_ast_init(&ast);
     struct gram *g = NULL;
-    smelt_status st = to_gbnf(kind, text ? text : "", text ? len : 0, &gbnf, e);
+    smelt_status st = gram_to_gbnf(kind, text ? text : "", text ? len : 0, &gbnf, e);
     uint32_t root = 0;
     if (st == SMELT_OK) st = gram_gbnf_parse(&ast, gbnf.p ? gbnf.p : "", gbnf.n, &root, e);
     if (st != SMELT_OK) goto done;

@@ -102,6 +102,11 @@ size_t gram_memory(const struct gram *g);
  * and column), SMELT_ERR_NOMEM. */
 smelt_status gram_gbnf_prefix(const char *text, size_t len, const char *prefix, struct tok_buf *out,
                               struct err *e);
+/* The GBNF grammar that (kind, text) compiles from, appended to out: GBNF as it is, the
+ * translation of a JSON Schema or a regex, the json_object grammar; root rule "root". The
+ * errors are gram_compile's front end's. For composing a larger grammar (gram_gbnf_prefix). */
+smelt_status gram_to_gbnf(enum gram_kind kind, const char *text, size_t len, struct tok_buf *out,
+                          struct err *e);
 /* The GBNF grammar that a JSON Schema compiles to (root rule "root"), appended to out; the
  * errors are gram_compile's. For reading and for composing a larger grammar. */
 smelt_status gram_schema_to_gbnf(const json_t *schema, struct tok_buf *out, struct err *e);

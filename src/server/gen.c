@@ -889,6 +889,51 @@ static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp
     return true;
 }
 
+/* The compiled grammar of g's reply (NULL: free), and what the engine needs beside it
+ * (g->grammar: the prefill as its forced beginning, or its trigger). Errors are 400s that
+ * name the field (the grammar's line and column, the schema's feature and JSON path). */
+static bool reply_grammar(struct gen *g, const struct chat_prompt *cp, struct gram **out,
+                          struct oai_err *e) {
+    const struct oai_request *rq = &g->rq;
+    struct sgram sg;
+    *out = NULL;
+    if (!sgram_build(rq, rq->kind == OAI_CHAT ? cp : NULL, &sg, e)) return false;
+    if (!sg.kind) return true;
+    struct err te;
+    err_clear(&te);
+    bool control = rq->ep.decode_special;
+    smelt_status st = SMELT_OK;
+    const char *param = sg.param;
+    /* a grammar composed around the request's GBNF: that one alone first, so that its errors
+     * give its own lines and columns */
+    if (sg.composed && rq->gkind == GRAM_GBNF) {
+        st = engine_grammar(g->m->en, rq->gkind, rq->gtext, rq->glen, control, out, &te);
+        gram_unref(*out);
+        *out = NULL;
+        param = rq->gparam;
+    }
+    if (st == SMELT_OK) {
+        param = sg.param;
+        st = engine_grammar(g->m->en, sg.kind, sg.text.p ? sg.text.p : "", sg.text.n, control, out,
+                            &te);
+    }
+    bool prefill = sg.prefill;
+    const char *trigger = sg.trigger;
+    sgram_free(&sg);
+    if (st == SMELT_ERR_NOMEM) return oai_fail(e, 500, "server_error", NULL, NULL, "%s", te.msg);
+    if (st != SMELT_OK) return oai_bad(e, param, "%s: %s", param, te.msg);
+    g->grammar = (struct engine_grammar){.g = NULL};
+    if (prefill) {
+        g->grammar.prefix = g->prefill;
+        g->grammar.prefix_len = g->prefill_len;
+    }
+    if (trigger) {
+        g->grammar.trigger = trigger;
+        g->grammar.trigger_len = strlen(trigger);
+    }
+    return true;
+}
+
 static enum MHD_Result fail(struct conn *c, const struct oai_err *e) {
     struct gen *g = c->gen;
     struct oai_err ae = *e;
@@ -1003,6 +1048,12 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
             rq->ep.stop = rq->stop;
         }
     }
+    /* structured output: the reply's grammar, compiled (cached) for the engine's vocabulary */
+    struct gram *gram = NULL;
+    if (!reply_grammar(g, &cp, &gram, &e)) {
+        gen_chat_prompt_free(&cp);
+        return fail(c, &e);
+    }
     uint64_t seed = rq->has_seed || g->m->seed_set ? rq->ep.sp.seed : random_seed();
     struct tok_ids ids = {0};
     for (int32_t ri = 0; ri < g->n_reqs; ri++) {
@@ -1024,6 +1075,8 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
         struct engine_params ep = rq->ep;
         ep.n = rq->n;
         ep.max_tokens = rq->max_tokens;
+        ep.grammar = g->grammar;
+        ep.grammar.g = gram;
         /* completions with echo and max_tokens 0: the prompt only (one token is generated
          * and dropped) */
         if (ep.max_tokens == 0) ep.max_tokens = 1;
@@ -1037,6 +1090,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
         if (st != SMELT_OK) {
             tok_ids_free(&ids);
             gen_chat_prompt_free(&cp);
+            gram_unref(gram);
             if (st == SMELT_ERR_RANGE)
                 oai_fail(&e, 429, "rate_limit_error", NULL, "queue_full",
                          "The server is busy (%s); retry later", te.msg);
@@ -1051,6 +1105,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
     }
     tok_ids_free(&ids);
     gen_chat_prompt_free(&cp);
+    gram_unref(gram); /* the engine requests hold their own references */
     for (int32_t i = 0; i < g->n_choices; i++) {
         outp_init(&g->ch[i].op, g->syntax, g->reasoning, g->in_reasoning);
         think_init(g, &g->ch[i]);

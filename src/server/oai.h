@@ -11,8 +11,12 @@
  * add_generation_prompt, continue_final_message.
  *
  * Chat's reasoning_effort is checked (none, minimal, low, medium, high) and given to the
- * chat template (see chat.c); tools[].function.strict true is refused (no constrained
- * decoding yet).
+ * chat template (see chat.c).
+ *
+ * Structured output (docs/structured-output.md): response_format json_object / json_schema,
+ * llama.cpp's grammar (GBNF) and json_schema fields (at most one of the three), and
+ * tools[].function.strict are parsed here into the request's grammar source; sgram.c turns
+ * them (with the chat template's tool-call syntax) into the grammar the engine enforces.
  */
 #ifndef SMELT_SERVER_OAI_H
 #define SMELT_SERVER_OAI_H
@@ -22,6 +26,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "grammar/gram.h"
 #include "util/err.h"
 
 struct oai_err {
@@ -93,6 +98,14 @@ struct oai_request {
     json_t *template_kwargs; /* borrowed, NULL when absent */
     const char *reasoning_effort; /* "none" .. "high" (static), NULL when absent */
     bool add_generation_prompt, continue_final_message;
+    bool tools_strict; /* some tool has function.strict true */
+
+    /* structured output: the grammar the reply must follow (besides strict tools) */
+    enum gram_kind gkind; /* 0: none; GRAM_JSON_OBJECT, GRAM_JSON_SCHEMA, GRAM_GBNF */
+    const char *gtext;    /* its text (the schema's JSON, the GBNF); into root or gtext_own */
+    size_t glen;
+    char *gtext_own;
+    const char *gparam; /* the field it came from ("response_format", "grammar", ...) */
 };
 
 /* A 500 "out of memory" (false). */

@@ -100,6 +100,7 @@ void oai_request_free(struct oai_request *r) {
     free(r->prompts);
     free(r->stop_ids);
     free(r->bias);
+    free(r->gtext_own);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
 }
@@ -279,16 +280,103 @@ static bool parse_stream_options(json_t *v, struct oai_request *r, struct oai_er
     return true;
 }
 
-static bool parse_response_format(json_t *v, struct oai_err *e) {
+/* The output's grammar comes from one field only. */
+static bool set_grammar(struct oai_request *r, enum gram_kind kind, const json_t *schema,
+                        const char *text, size_t len, const char *param, struct oai_err *e) {
+    if (r->gkind)
+        return oai_bad(e, param, "'%s' and '%s' both constrain the output: send one of them",
+                       r->gparam, param);
+    r->gkind = kind;
+    r->gparam = param;
+    if (schema) { /* the schema's text, for the grammar cache's key and the compiler */
+        r->gtext_own = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!r->gtext_own) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        text = r->gtext_own;
+        len = strlen(text);
+    }
+    r->gtext = text ? text : "";
+    r->glen = text ? len : 0;
+    return true;
+}
+
+/* A JSON Schema value: an object, or true (anything) / false (nothing). */
+static bool schema_ok(const json_t *s) {
+    return json_is_object(s) || json_is_boolean(s);
+}
+
+/* response_format: text; json_object (llama.cpp: with an optional "schema"); json_schema
+ * with OpenAI's {"json_schema": {"name", "schema", "strict", "description"}} (or llama.cpp's
+ * "schema" beside "type"). */
+static bool parse_response_format(json_t *v, struct oai_request *r, struct oai_err *e) {
     if (json_is_null(v)) return true;
     json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
     if (!json_is_string(t))
         return oai_bad(e, "response_format", "'response_format' must be an object with a 'type'");
-    if (!strcmp(json_string_value(t), "text")) return true;
-    return oai_bad(e, "response_format",
-                   "response_format type '%.*s' is not supported yet (constrained decoding is "
-                   "not implemented); only 'text' is accepted",
-                   oai_clip(json_string_value(t), 32), json_string_value(t));
+    const char *type = json_string_value(t);
+    json_t *schema = json_object_get(v, "schema");
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        bool known = !strcmp(k, "type") || (strcmp(type, "text") && !strcmp(k, "schema")) ||
+                     (!strcmp(type, "json_schema") && !strcmp(k, "json_schema"));
+        if (!known)
+            return oai_bad(e, "response_format",
+                           "response_format: unknown field '%.*s' for "
+                           "type '%.*s'",
+                           oai_clip(k, 40), k, oai_clip(type, 32), type);
+    }
+    if (schema && !schema_ok(schema))
+        return oai_bad(e, "response_format.schema",
+                       "response_format.schema must be a JSON "
+                       "Schema object");
+    if (!strcmp(type, "text")) return true;
+    if (!strcmp(type, "json_object"))
+        return set_grammar(r, schema ? GRAM_JSON_SCHEMA : GRAM_JSON_OBJECT, schema, NULL, 0,
+                           "response_format", e);
+    if (strcmp(type, "json_schema") != 0)
+        return oai_bad(e, "response_format",
+                       "response_format type '%.*s' is not supported: "
+                       "'text', 'json_object' and 'json_schema' are",
+                       oai_clip(type, 32), type);
+    json_t *js = json_object_get(v, "json_schema");
+    if (js) {
+        if (!json_is_object(js))
+            return oai_bad(e, "response_format.json_schema",
+                           "response_format.json_schema must be an object");
+        json_object_foreach(js, k, x) {
+            if (!strcmp(k, "schema")) {
+                if (schema)
+                    return oai_bad(
+                        e, "response_format.json_schema.schema",
+                        "response_format has two schemas (schema and json_schema.schema)");
+                if (!schema_ok(x))
+                    return oai_bad(e, "response_format.json_schema.schema",
+                                   "response_format.json_schema.schema must be a JSON Schema "
+                                   "object");
+                schema = x;
+            } else if (!strcmp(k, "name") || !strcmp(k, "description")) {
+                if (!json_is_string(x))
+                    return oai_bad(e, "response_format.json_schema",
+                                   "response_format.json_schema."
+                                   "%s must be a string",
+                                   k);
+            } else if (!strcmp(k, "strict")) {
+                /* strict or not, the schema is enforced (its grammar admits only valid
+                 * documents) */
+                if (!json_is_boolean(x) && !json_is_null(x))
+                    return oai_bad(e, "response_format.json_schema.strict",
+                                   "response_format.json_schema.strict must be a boolean");
+            } else {
+                return oai_bad(e, "response_format.json_schema",
+                               "response_format.json_schema: "
+                               "unknown field '%.*s'",
+                               oai_clip(k, 40), k);
+            }
+        }
+    }
+    /* no schema: any JSON object */
+    return set_grammar(r, schema ? GRAM_JSON_SCHEMA : GRAM_JSON_OBJECT, schema, NULL, 0,
+                       schema && js ? "response_format.json_schema.schema" : "response_format", e);
 }
 
 /* ---- chat ---- */
@@ -426,18 +514,16 @@ static bool parse_tools(json_t *v, struct oai_request *r, struct oai_err *e) {
         json_t *params = json_object_get(fn, "parameters");
         if (params && !json_is_object(params) && !json_is_null(params))
             return oai_bad(e, "tools", "tools[%zu].function.parameters must be an object", i);
-        /* strict: the arguments must follow the schema exactly, which only constrained
-         * decoding can promise */
+        /* strict: the arguments must follow the schema exactly (constrained decoding: the
+         * call is written under a grammar, docs/structured-output.md) */
         json_t *strict = json_object_get(fn, "strict");
-        if (!strict || json_is_false(strict) || json_is_null(strict)) continue;
-        char param[64];
-        snprintf(param, sizeof param, "tools[%zu].function.strict", i);
-        if (!json_is_boolean(strict))
+        if (!strict || json_is_null(strict)) continue;
+        if (!json_is_boolean(strict)) {
+            char param[64];
+            snprintf(param, sizeof param, "tools[%zu].function.strict", i);
             return oai_bad(e, param, "%s must be a boolean", param);
-        return oai_bad(e, param, "%s: strict schemas need constrained decoding, which smelt "
-                       "does not have yet; send strict false (or leave it out) to get calls "
-                       "parsed from the model's text, not guaranteed to match the schema",
-                       param);
+        }
+        if (json_is_true(strict)) r->tools_strict = true;
     }
     if (json_array_size(v) > 0) r->tools = v;
     return true;
@@ -551,10 +637,10 @@ static bool harmless(const char *k) {
 
 /* Fields OpenAI has that smelt refuses (named in the error). */
 static bool unsupported(const char *k) {
-    static const char *const names[] = {"audio", "prediction", "functions", "function_call",
-                                        "web_search_options", "guided_json", "guided_regex",
-                                        "guided_choice", "guided_grammar", "structured_outputs",
-                                        "grammar", "json_schema", NULL};
+    static const char *const names[] = {
+        "audio",       "prediction",   "functions",     "function_call",  "web_search_options",
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+        NULL};
     for (int i = 0; names[i]; i++)
         if (!strcmp(k, names[i])) return true;
     return false;
@@ -640,7 +726,20 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
         r->ep.decode_special = !skip;
         return true;
     }
-    if (!strcmp(k, "response_format")) return parse_response_format(v, e);
+    if (!strcmp(k, "response_format")) return parse_response_format(v, r, e);
+    /* llama.cpp's fields: a GBNF grammar, a JSON Schema */
+    if (!strcmp(k, "grammar")) {
+        if (json_is_null(v)) return true;
+        if (!json_is_string(v)) return oai_bad(e, k, "'grammar' must be a string (GBNF)");
+        if (json_string_length(v) == 0) return true; /* llama.cpp: empty is none */
+        return set_grammar(r, GRAM_GBNF, NULL, json_string_value(v), json_string_length(v),
+                           "grammar", e);
+    }
+    if (!strcmp(k, "json_schema")) {
+        if (json_is_null(v)) return true;
+        if (!schema_ok(v)) return oai_bad(e, k, "'json_schema' must be a JSON Schema object");
+        return set_grammar(r, GRAM_JSON_SCHEMA, v, NULL, 0, "json_schema", e);
+    }
     if (!strcmp(k, "min_tokens")) {
         i = 0;
         if (!oai_get_int(v, k, 0, 1 << 30, &i, e)) return false;

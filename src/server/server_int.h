@@ -204,8 +204,10 @@ struct gen {
     /* chat */
     enum outp_syntax syntax;
     bool reasoning, in_reasoning;
-    char *prefill;               /* the forced call's opening (the prompt ends with it) */
+    char *prefill; /* the forced call's opening (the prompt ends with it) */
     size_t prefill_len;
+    struct engine_grammar grammar; /* structured output: the reply's grammar (g NULL here: it
+                                    * is the engine requests'), its forced beginning or trigger */
 
     /* waking: the engine's notify sets pending, or resumes the parked connection */
     pthread_mutex_t mu;
@@ -382,6 +384,24 @@ enum MHD_Result anth_route_count_tokens(struct conn *c);  /* POST /v1/messages/c
 /* ---- responses.c ---- */
 enum MHD_Result resp_route_create(struct conn *c);        /* POST /v1/responses */
 enum MHD_Result resp_route_get(struct conn *c);           /* GET /v1/responses/{id} */
+
+/* ---- sgram.c ---- */
+/* The grammar a request's reply must follow (structured output), before compiling. */
+struct sgram {
+    enum gram_kind kind; /* 0: none */
+    struct jw text;      /* its text: the request's own (kind as given), or composed GBNF */
+    bool composed;       /* text is GBNF built around the request's grammar / the calls */
+    bool prefill;        /* it begins with the chat prompt's prefill (a forced call) */
+    const char *trigger; /* lazy: it applies from this marker in the reply on (static) */
+    const char *param;   /* the request field its errors name (static) */
+};
+/* The grammar of request rq (chat: cp its rendered prompt, for the tool-call syntax and the
+ * reasoning; completions: NULL), or kind 0 when the reply is free. Errors are 400s naming
+ * the field (a tool's schema that cannot be enforced in the template's syntax, a syntax smelt
+ * cannot constrain). */
+bool sgram_build(const struct oai_request *rq, const struct chat_prompt *cp, struct sgram *g,
+                 struct oai_err *e);
+void sgram_free(struct sgram *g);
 
 /* ---- metrics.c ---- */
 char *metrics_text(struct server *s);

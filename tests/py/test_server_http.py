@@ -104,7 +104,9 @@ def test_unknown_route_and_method(srv):
     (b'{"prompt": "hi", "temperature": -1}', "temperature"),
     (b'{"prompt": "hi", "n": 1000}', "n"),
     (b'{"prompt": "hi", "top_logprobs": 2}', "top_logprobs"),    # a chat-only field
-    (b'{"prompt": "hi", "response_format": {"type": "json_object"}}', "response_format"),
+    (b'{"prompt": "hi", "response_format": {"type": "xml"}}', "response_format"),
+    (b'{"prompt": "hi", "grammar": "root ::= nope"}', "grammar"),             # undefined rule
+    (b'{"prompt": "hi", "json_schema": {"type": "object", "not": {}}}', "json_schema"),
     (b'{"prompt": [99999]}', "prompt"),
 ])
 def test_bad_requests(srv, body, param):

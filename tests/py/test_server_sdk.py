@@ -146,8 +146,10 @@ def test_errors_are_sdk_exceptions(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=USER,
                                        response_format={"type": "json_schema", "json_schema": {
-                                           "name": "x", "schema": {"type": "object"}}})
-    assert e.value.body["param"] == "response_format"
+                                           "name": "x", "schema": {"type": "object", "properties": {
+                                               "a": {"type": "object", "patternProperties": {}}}}}})
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    assert "/properties/a" in e.value.body["message"] and "patternProperties" in e.value.body["message"]
     bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

@@ -790,14 +790,22 @@ static const struct rcase rcases[] = {
     {OAI_COMPLETION, "{\"prompt\": [1, 2, 3], \"max_tokens\": 5}", 0, NULL},
     {OAI_COMPLETION, "{\"prompt\": [[1, 2], \"text\"], \"n\": 2}", 0, NULL},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 3, \"echo\": true}", 0, NULL},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"user\": \"u1\", "
-               "\"metadata\": {\"a\": \"b\"}, \"store\": false}", 0, NULL},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"developer\", \"content\": [{\"type\": \"text\", "
-               "\"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}]}", 0, NULL},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
-               "{\"type\": \"text\"}}", 0, NULL},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": null, "
-               "\"seed\": null, \"max_tokens\": null}", 0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"user\": \"u1\", "
+     "\"metadata\": {\"a\": \"b\"}, \"store\": false}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"developer\", \"content\": [{\"type\": \"text\", "
+     "\"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}]}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"text\"}}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": null, "
+     "\"seed\": null, \"max_tokens\": null}",
+     0, NULL},
     /* errors */
     {OAI_COMPLETION, "{\"prompt\": \"hi\"", 400, ""},
     {OAI_COMPLETION, "[1, 2]", 400, ""},
@@ -822,44 +830,155 @@ static const struct rcase rcases[] = {
     {OAI_CHAT, "{\"messages\": []}", 400, "messages"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", 400, "messages[0]"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0]"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
-               "\"image_url\": {\"url\": \"x\"}}]}]}", 400, "messages[0].content"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
-               "{\"type\": \"json_schema\", \"json_schema\": {}}}", 400, "response_format"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
-               "\"required\"}", 400, "tool_choice"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-               "\"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
-               "\"function\", \"function\": {\"name\": \"g\"}}}", 400, "tool_choice"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+     "\"image_url\": {\"url\": \"x\"}}]}]}",
+     400, "messages[0].content"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"xml\"}}",
+     400, "response_format"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+     "\"required\"}",
+     400, "tool_choice"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
+     "\"function\", \"function\": {\"name\": \"g\"}}}",
+     400, "tool_choice"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 3}",
      400, "top_logprobs"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"audio\": {}}", 400,
      "audio"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"y\"}", 400,
      "prompt"},
-    /* strict tool schemas need constrained decoding: refused, naming the tool */
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-               "\"function\", \"function\": {\"name\": \"f\", \"strict\": false}}, {\"type\": "
-               "\"function\", \"function\": {\"name\": \"g\", \"strict\": true}}]}", 400,
-     "tools[1].function.strict"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-               "\"function\", \"function\": {\"name\": \"f\", \"strict\": \"yes\"}}]}", 400,
-     "tools[0].function.strict"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-               "\"function\", \"function\": {\"name\": \"f\", \"strict\": false}}, {\"type\": "
-               "\"function\", \"function\": {\"name\": \"g\", \"strict\": null}}]}", 0, NULL},
+    /* strict tools: a boolean (the grammar is made by sgram.c) */
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\", \"strict\": false}}, {\"type\": "
+     "\"function\", \"function\": {\"name\": \"g\", \"strict\": true}}]}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\", \"strict\": \"yes\"}}]}",
+     400, "tools[0].function.strict"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\", \"strict\": false}}, {\"type\": "
+     "\"function\", \"function\": {\"name\": \"g\", \"strict\": null}}]}",
+     0, NULL},
     /* reasoning_effort: checked (chat only) */
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
-               "\"minimal\"}", 0, NULL},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
-               "null}", 0, NULL},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
-               "\"max\"}", 400, "reasoning_effort"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
-               "1}", 400, "reasoning_effort"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+     "\"minimal\"}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+     "null}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+     "\"max\"}",
+     400, "reasoning_effort"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": "
+     "1}",
+     400, "reasoning_effort"},
     {OAI_COMPLETION, "{\"prompt\": \"hi\", \"reasoning_effort\": \"low\"}", 400,
      "reasoning_effort"},
+    /* structured output: response_format, llama.cpp's grammar and json_schema, one of them */
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"response_format\": {\"type\": \"json_object\"}}", 0,
+     NULL},
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\"\"}", 0, NULL},
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"grammar\": \"\"}", 0, NULL},
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"json_schema\": {\"type\": \"integer\"}}", 0, NULL},
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"grammar\": 5}", 400, "grammar"},
+    {OAI_COMPLETION, "{\"prompt\": \"hi\", \"json_schema\": \"x\"}", 400, "json_schema"},
+    {OAI_COMPLETION,
+     "{\"prompt\": \"hi\", \"json_schema\": {}, \"grammar\": \"root ::= \\\"a\\\"\"}", 400,
+     "grammar"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"strict\": true, "
+     "\"schema\": {\"type\": \"object\"}}}}",
+     0, NULL},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"schema\": 5}}}",
+     400, "response_format.json_schema.schema"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"format\": 5}}}",
+     400, "response_format.json_schema"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"json_object\", \"strict\": true}}",
+     400, "response_format"},
+    {OAI_CHAT,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+     "{\"type\": \"json_object\"}, \"json_schema\": {}}",
+     400, "json_schema"},
 };
+
+/* What the structured-output fields become: the grammar's kind, text and field. */
+static void test_grammar_fields(void) {
+    struct {
+        enum oai_kind kind;
+        const char *body;
+        enum gram_kind gkind;
+        const char *text, *param;
+    } cases[] = {
+        {OAI_COMPLETION, "{\"prompt\": \"hi\"}", 0, "", ""},
+        {OAI_COMPLETION, "{\"prompt\": \"hi\", \"grammar\": \"root ::= [a-z]+\"}", GRAM_GBNF,
+         "root ::= [a-z]+", "grammar"},
+        {OAI_COMPLETION,
+         "{\"prompt\": \"hi\", \"json_schema\": {\"type\": \"array\", \"items\": "
+         "{\"type\": \"string\"}}}",
+         GRAM_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"string\"}}", "json_schema"},
+        {OAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_object\"}}",
+         GRAM_JSON_OBJECT, "", "response_format"},
+        {OAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_object\", \"schema\": {\"const\": 1}}}",
+         GRAM_JSON_SCHEMA, "{\"const\":1}", "response_format"},
+        {OAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"schema\": "
+         "{\"type\": \"object\", \"properties\": {\"b\": {}, \"a\": {}}}}}}",
+         GRAM_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"b\":{},\"a\":{}}}",
+         "response_format.json_schema.schema"},
+        {OAI_CHAT,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\"}}}",
+         GRAM_JSON_OBJECT, "", "response_format"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct oai_request r;
+        struct oai_err e = {0};
+        T_CHECKF(oai_parse(cases[i].body, strlen(cases[i].body), cases[i].kind, 1000, NULL, &r, &e),
+                 "case %zu: %s", i, e.message);
+        T_EQ_INT(r.gkind, cases[i].gkind);
+        T_EQ_STR(r.gkind ? r.gparam : "", cases[i].param);
+        if (cases[i].gkind && cases[i].gkind != GRAM_JSON_OBJECT) {
+            T_EQ_INT((int)r.glen, (int)strlen(cases[i].text));
+            T_CHECKF(r.gtext && !memcmp(r.gtext, cases[i].text, r.glen), "case %zu: %.*s", i,
+                     (int)r.glen, r.gtext);
+        }
+        oai_request_free(&r);
+    }
+    /* strict tools are marked */
+    const char *b =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+        "\"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}";
+    struct oai_request r;
+    struct oai_err e;
+    T_CHECK(oai_parse(b, strlen(b), OAI_CHAT, 1000, NULL, &r, &e));
+    T_CHECK(r.tools_strict);
+    oai_request_free(&r);
+}
 
 static void test_requests(void) {
     for (size_t i = 0; i < sizeof rcases / sizeof rcases[0]; i++) {
@@ -988,6 +1107,7 @@ int main(void) {
     T_RUN(test_force_prefix);
     T_RUN(test_syntax_detect);
     T_RUN(test_requests);
+    T_RUN(test_grammar_fields);
     T_RUN(test_jw);
     return t_done();
 }
