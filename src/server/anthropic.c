@@ -385,17 +385,12 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
         if (!json_is_object(schema)) return oai_bad(e, p, "%s.input_schema must be an object", p);
         if (strict && !json_is_boolean(strict) && !json_is_null(strict))
             return oai_bad(e, p, "%s.strict must be a boolean", p);
-        if (json_is_true(strict))
-            return oai_bad(e, p,
-                           "%s.strict: strict tools need constrained decoding, which smelt "
-                           "does not have yet; leave strict out to get calls parsed from the "
-                           "model's text, not guaranteed to match the schema",
-                           p);
         if (!oai_only_keys(t, p, keys, e)) return false;
         /* (in OpenAI's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && json_is_string(desc)) json_object_set(fn, "description", desc);
         if (fn) json_object_set(fn, "parameters", schema);
+        if (fn && json_is_true(strict)) json_object_set(fn, "strict", strict); /* (a grammar) */
         json_t *x = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
         if (!x || json_array_append_new(out, x) != 0) return oai_nomem(e);
     }
@@ -474,10 +469,21 @@ static bool convert_output_config(json_t *v, json_t *chat, struct oai_err *e) {
     if (!json_is_object(v)) return oai_bad(e, "output_config", "'output_config' must be an object");
     if (!oai_only_keys(v, "output_config", keys, e)) return false;
     json_t *f = json_object_get(v, "format");
-    if (f && !json_is_null(f))
-        return oai_bad(e, "output_config.format",
-                       "output_config.format (structured outputs) "
-                       "needs constrained decoding, which smelt does not have yet");
+    if (f && !json_is_null(f)) { /* structured outputs: {"type": "json_schema", "schema": ...} */
+        static const char *const fkeys[] = {"type", "schema", NULL};
+        const char *ft = json_is_object(f) ? json_string_value(json_object_get(f, "type")) : NULL;
+        json_t *schema = json_object_get(f, "schema");
+        if (!ft || strcmp(ft, "json_schema") != 0)
+            return oai_bad(e, "output_config.format", "output_config.format must be "
+                           "{\"type\": \"json_schema\", \"schema\": ...}");
+        if (!oai_only_keys(f, "output_config.format", fkeys, e)) return false;
+        if (!json_is_object(schema) && !json_is_boolean(schema))
+            return oai_bad(e, "output_config.format.schema", "output_config.format.schema must "
+                           "be a JSON Schema");
+        json_t *rf = json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema",
+                               "name", "output", "schema", schema);
+        if (!rf || json_object_set_new(chat, "response_format", rf) != 0) return oai_nomem(e);
+    }
     json_t *eff = json_object_get(v, "effort");
     if (!eff || json_is_null(eff)) return true;
     static const char *const from[] = {"low", "medium", "high", "xhigh", "max", NULL};
@@ -805,6 +811,8 @@ static const struct gen_api anth_api = {
     .id_prefix = "msg_",
     .prompt_param = "messages",
     .max_param = "max_tokens",
+    .format_param = "output_config.format",
+    .schema_param = "input_schema",
     .max_is_cap = true, /* (Claude Code asks 32,000 tokens whatever the context) */
     .block_prefix = {NULL, NULL, "toolu_"},
     .parse = a_parse,

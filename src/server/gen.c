@@ -934,12 +934,39 @@ static bool reply_grammar(struct gen *g, const struct chat_prompt *cp, struct gr
     return true;
 }
 
+/* e's param, and the message that begins with it, with the chat name `from` (the param's
+ * prefix, or a part of it that starts with '.') spelled `to`, the API's own name. */
+static void api_name(struct oai_err *e, const char *from, const char *to) {
+    size_t fl = strlen(from), pl = strlen(e->param);
+    char *at = from[0] == '.' ? strstr(e->param, from) : strncmp(e->param, from, fl) ? NULL : e->param;
+    if (!to || !at) return;
+    struct jw p = {0}, m = {0}; /* the param spelled the API's way; the message */
+    jw_raw(&p, e->param, (size_t)(at - e->param));
+    jw_str(&p, from[0] == '.' ? "." : "");
+    jw_str(&p, to);
+    jw_str(&p, at + fl);
+    bool lead = !strncmp(e->message, e->param, pl); /* "param: ..." */
+    jw_raw(&m, p.p, p.n);
+    jw_str(&m, e->message + (lead ? pl : 0));
+    if (!p.oom && !m.oom) {
+        snprintf(e->param, sizeof e->param, "%.*s", oai_clip(p.p, (int)sizeof e->param - 1), p.p);
+        if (lead)
+            snprintf(e->message, sizeof e->message, "%.*s",
+                     oai_clip(m.p, (int)sizeof e->message - 1), m.p);
+    }
+    jw_free(&p);
+    jw_free(&m);
+}
+
 static enum MHD_Result fail(struct conn *c, const struct oai_err *e) {
     struct gen *g = c->gen;
     struct oai_err ae = *e;
     if (g->api) { /* the chat request's field names, as the API calls them */
         if (!strcmp(ae.param, "messages")) snprintf(ae.param, sizeof ae.param, "%s", g->api->prompt_param);
         if (!strcmp(ae.param, "max_tokens")) snprintf(ae.param, sizeof ae.param, "%s", g->api->max_param);
+        api_name(&ae, "response_format.json_schema", g->api->format_param);
+        api_name(&ae, "response_format", g->api->format_param);
+        api_name(&ae, ".function.parameters", g->api->schema_param);
     }
     c->gen = NULL;
     gen_free(g);

@@ -224,6 +224,32 @@ static bool convert_input(json_t *in, json_t *msgs, struct oai_err *e) {
     return ok;
 }
 
+/* text.format json_object / json_schema (name, schema, strict, description) -> chat's
+ * response_format (the reply under a grammar: docs/structured-output.md). */
+static bool text_format(json_t *f, const char *type, json_t *chat, struct oai_err *e) {
+    static const char *const obj_keys[] = {"type", NULL};
+    static const char *const js_keys[] = {"type", "name", "schema", "strict", "description", NULL};
+    json_t *rf = NULL;
+    if (!strcmp(type, "json_object")) {
+        if (!oai_only_keys(f, "text.format", obj_keys, e)) return false;
+        rf = json_pack("{s:s}", "type", "json_object");
+    } else if (!strcmp(type, "json_schema")) {
+        if (!oai_only_keys(f, "text.format", js_keys, e)) return false;
+        json_t *schema = json_object_get(f, "schema"), *name = json_object_get(f, "name");
+        if (!json_is_object(schema) && !json_is_boolean(schema))
+            return oai_bad(e, "text.format.schema", "text.format.schema must be a JSON Schema");
+        if (name && !json_is_string(name))
+            return oai_bad(e, "text.format.name", "text.format.name must be a string");
+        json_t *js = json_pack("{s:O}", "schema", schema);
+        if (js && json_is_string(name)) json_object_set(js, "name", name);
+        rf = js ? json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js) : NULL;
+    } else {
+        return oai_bad(e, "text.format", "text.format type '%.*s' is not supported (text, "
+                       "json_object and json_schema are)", oai_clip(type, 32), type);
+    }
+    return (rf && json_object_set_new(chat, "response_format", rf) == 0) || oai_nomem(e);
+}
+
 static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
     static const char *const keys[] = {"type", "name", "description", "parameters", "strict", NULL};
     if (!tools || json_is_null(tools)) return true;
@@ -250,17 +276,12 @@ static bool convert_tools(json_t *tools, json_t *out, struct oai_err *e) {
             return oai_bad(e, p, "%s.parameters must be an object", p);
         if (strict && !json_is_boolean(strict) && !json_is_null(strict))
             return oai_bad(e, p, "%s.strict must be a boolean", p);
-        if (json_is_true(strict))
-            return oai_bad(e, p,
-                           "%s.strict: strict schemas need constrained decoding, which "
-                           "smelt does not have yet; send strict false to get calls parsed from "
-                           "the model's text, not guaranteed to match the schema",
-                           p);
         if (!oai_only_keys(t, p, keys, e)) return false;
         /* (in chat's order: templates write the tools as JSON, keys as they come) */
         json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && json_is_string(desc)) json_object_set(fn, "description", desc);
         if (fn && json_is_object(params)) json_object_set(fn, "parameters", params);
+        if (fn && json_is_true(strict)) json_object_set(fn, "strict", strict); /* (a grammar) */
         json_t *x = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
         if (!x || json_array_append_new(out, x) != 0) return oai_nomem(e);
     }
@@ -352,11 +373,7 @@ static bool field(const char *k, json_t *v, json_t *chat, struct oai_err *e) {
         const char *ft = json_is_object(f) ? json_string_value(json_object_get(f, "type")) : NULL;
         if (f && !json_is_null(f) && !ft)
             return oai_bad(e, "text.format", "text.format must be an object with a 'type'");
-        if (ft && strcmp(ft, "text") != 0)
-            return oai_bad(e, "text.format",
-                           "text.format type '%.*s' is not supported yet "
-                           "(constrained decoding is not implemented); only 'text' is accepted",
-                           oai_clip(ft, 32), ft);
+        if (ft && strcmp(ft, "text") != 0 && !text_format(f, ft, chat, e)) return false;
         if (vb && !json_is_null(vb) &&
             (!json_is_string(vb) ||
              (strcmp(json_string_value(vb), "low") && strcmp(json_string_value(vb), "medium") &&
@@ -759,6 +776,8 @@ static const struct gen_api resp_api = {
     .id_prefix = "resp_",
     .prompt_param = "input",
     .max_param = "max_output_tokens",
+    .format_param = "text.format",
+    .schema_param = "parameters",
     .block_prefix = {"msg_", "rs_", "fc_"},
     .call_id_prefix = "call_",
     .parse = r_parse,

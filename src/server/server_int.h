@@ -67,6 +67,8 @@ struct gen_api {
     const char *id_prefix; /* of the response id: "msg_", "resp_" */
     const char *prompt_param, *max_param; /* the API's names of chat's "messages" and
                                            * "max_tokens", for errors that name them */
+    const char *format_param;             /* its name of chat's response_format */
+    const char *schema_param;             /* its name of a tool's function.parameters */
     bool max_is_cap;                      /* max_tokens past the context is not refused: the
                                            * reply stops at the context's end (GEN_END_CONTEXT) */
     const char *block_prefix[3];          /* of a block's id, by gen_block_kind (NULL: none) */

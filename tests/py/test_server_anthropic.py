@@ -409,7 +409,7 @@ def test_refusals_name_the_field(serve):
     err(s, dict(base, stop_sequences=["x"] * 17), "stop_sequences")
     err(s, dict(base, tools=[{"name": "f"}]), "tools[0].input_schema")
     err(s, dict(base, tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0]")
-    err(s, dict(base, tools=[dict(TOOLS[0], strict=True)]), "strict")
+    err(s, dict(base, tools=[dict(TOOLS[0], strict="yes")]), "strict")
     err(s, dict(base, tool_choice={"type": "any"}), "tool_choice")
     err(s, dict(base, tools=TOOLS, tool_choice={"type": "tool", "name": "nope"}), "nope")
     err(s, dict(base, tools=TOOLS, tool_choice={"type": "sometimes"}), "tool_choice")
@@ -417,7 +417,7 @@ def test_refusals_name_the_field(serve):
     err(s, dict(base, thinking={"type": "enabled", "budget_tokens": 1024}), "less than max_tokens")
     err(s, dict(base, max_tokens=5000, thinking={"type": "enabled", "budget_tokens": 100}),
         "thinking.budget_tokens")
-    err(s, dict(base, output_config={"format": {"type": "json_schema", "schema": {}}}),
+    err(s, dict(base, output_config={"format": {"type": "xml", "schema": {}}}),
         "output_config.format")
     err(s, dict(base, metadata={"user_id": 5}), "metadata.user_id")
     err(s, dict(base, container="c"), "container")
