@@ -2,9 +2,10 @@
 # The CUDA kernels' tests on the CPU, for sessions and machines without a GPU: builds the CUDA
 # sources as C++ against a fiber-based emulator (emu.h, emu.cpp; patch.py rewrites launches and
 # inline PTX) and runs test_cuda_mmv, the one-token kernel variants, test_cuda_attn's kernel
-# tests, test_cuda_forward on the fixtures and test_cuda_multi's single-thread parts (two
-# backends interleaved). It checks logic, not speed, the memory model, PDL or races (see
-# emu.h), and is no substitute for the GPU run: docs/cuda-backend.md.
+# tests, test_cuda_topk at smaller sizes (drivers/topk.c), test_cuda_forward on the fixtures
+# and test_cuda_multi's single-thread parts (two backends interleaved). It checks logic, not
+# speed, the memory model, PDL or races (see emu.h), and is no substitute for the GPU run:
+# docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
 #     --quick      test_cuda_mmv and the attention tests only (about 3 minutes on 2 cores)
@@ -20,7 +21,7 @@ quick=0 models=()
 for a in "$@"; do
     case "$a" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) models+=("$a") ;;
     esac
 done
@@ -63,6 +64,7 @@ link() { # name source
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
 link attn "$here/drivers/attn.c"
 [ $quick = 1 ] || {
+    link topk "$here/drivers/topk.c"
     link mmv_variants "$here/drivers/mmv_variants.c"
     link forward "$here/drivers/forward.c"
     link multi "$here/drivers/multi.c"
@@ -79,6 +81,7 @@ cd "$out"
 run ./test_cuda_mmv
 run ./attn
 if [ $quick = 0 ]; then
+    run ./topk
     run ./mmv_variants
     run ./forward
     run ./multi

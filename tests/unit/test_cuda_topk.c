@@ -5,21 +5,25 @@
  *     flat, with exact ties, sprinkled -inf and NaN, all equal, nearly all -inf,
  *     increasing and decreasing; per row a random request (k 0/1/2/40/256, sums or not,
  *     temperature) and an adjustment list (0-500 entries: penalties, boosts, bans, a
- *     token twice, the first and last token). Candidates must equal the twin's exactly
+ *     token twice, the first and last token) and, for about half the rows, a token mask
+ *     (TOPK_MASK: dense, sparse, one run, none or all allowed, the last token only, empty
+ *     words; random bits past the vocabulary). Candidates must equal the twin's exactly
  *     (ids, order and values: ties are broken by token id on both sides), counts
  *     exactly, sums within 1e-5 relative, the raw logits of adjusted tokens exactly; a
  *     k = 0 row must stay untouched. The first difference is printed.
  *   - model_step on the tiny llama fixture: several steps of one shape (eager, captured,
- *     replayed) with different requests each step; each step's summaries equal the twin
- *     on the same step's logits (model_fetch_rows).
+ *     replayed) with different requests each step, every other step with token masks
+ *     written by model_sample.fill_masks while the forward runs; each step's summaries
+ *     equal the twin on the same step's logits (model_fetch_rows).
  *   - sampler: for the same seed (the same random draw), the sampler on the device's
  *     summaries, fetching the row only when it asks, picks what it picks with the row
  *     given at once, exactly; and what the full-row host sampler picks, exactly for the
  *     requests that do not depend on the summed mass (logprobs within 1e-4).
  *
  * SMELT_BENCH=1 adds the kernel time per call and per row at 152k/262k and 1/64 rows,
- * greedy (k = 1) and sampling (k = 256, both sums, 32 adjustments a row), with the read
- * bandwidth (rows x n_vocab x 4 bytes / time). */
+ * greedy (k = 1) and sampling (k = 256, both sums, 32 adjustments a row), each without and
+ * with a token mask (90% of the tokens allowed, at random), with the read bandwidth
+ * (rows x n_vocab x 4 bytes / time; the mask's n_vocab / 8 bytes a row not counted). */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
 
@@ -47,10 +51,11 @@ int main(void) {
 static struct backend *gpu;
 static struct cuda_ctx g_ctx; /* the bench's direct calls: device 0, the default stream */
 
-/* The op on the GPU over rows x (n_rows of nv). out: topk_out_words(n_rows, cap) words,
- * poisoned with 0x5a bytes before the op. */
+/* The op on the GPU over rows x (n_rows of nv). mask: (topk_mask_words(nv), n_rows) words or
+ * NULL. out: topk_out_words(n_rows, cap) words, poisoned with 0x5a bytes before the op. */
 static bool gpu_topk(const float *x, int nv, int n_rows, const struct topk_row *q,
-                     const struct logit_adj *adj, int n_adj, int cap, int32_t *out) {
+                     const struct logit_adj *adj, int n_adj, int cap, const uint32_t *mask,
+                     int32_t *out) {
     struct err e;
     if (cap < 1) cap = 1;
     size_t out_bytes = (size_t)topk_out_words(n_rows, cap) * 4;
@@ -59,12 +64,15 @@ static bool gpu_topk(const float *x, int nv, int n_rows, const struct topk_row *
     struct tensor *rq = bk_new(gpu, QT_I32, TOPK_ROW_WORDS, n_rows, 1);
     struct tensor *ad = bk_new(gpu, QT_I32, TOPK_ADJ_WORDS, cap, 1);
     struct tensor *ot = bk_new(gpu, QT_I32, topk_out_words(n_rows, cap), 1, 1);
+    const int64_t words = topk_mask_words(nv);
+    struct tensor *mk = mask ? bk_new(gpu, QT_I32, words, n_rows, 1) : NULL;
+    if (mk) bk_upload(gpu, mk, mask, (size_t)words * n_rows * sizeof *mask);
     memset(out, 0x5a, out_bytes);
     bk_upload(gpu, lg, x, (size_t)nv * n_rows * sizeof(float));
     bk_upload(gpu, rq, q, (size_t)n_rows * sizeof *q);
     if (n_adj) bk_upload(gpu, ad, adj, (size_t)n_adj * sizeof *adj);
     bk_upload(gpu, ot, out, out_bytes);
-    bk_logits_topk(gpu, ot, lg, rq, ad, NULL);
+    bk_logits_topk(gpu, ot, lg, rq, ad, mk);
     bk_download(gpu, out, ot, out_bytes);
     if (bk_sync(gpu, &e) != SMELT_OK) {
         fprintf(stderr, "gpu: %s\n", e.msg);
@@ -84,7 +92,9 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
     for (int r = 0; r < n_rows; r++) cap += 500;
     struct logit_adj *adj = calloc((size_t)cap, sizeof *adj);
     int32_t *out = malloc((size_t)topk_out_words(n_rows, cap) * 4);
-    if (!x || !q || !adj || !out) {
+    const int64_t words = topk_mask_words(nv);
+    uint32_t *mask = malloc((size_t)words * n_rows * sizeof *mask);
+    if (!x || !q || !adj || !out || !mask) {
         (*n_bad)++;
         goto done;
     }
@@ -94,7 +104,8 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
         topk_make_row(x + (size_t)r * nv, nv, r + (int)(t_rand_u64(rs) % ROW_KINDS), rs);
         q[r].k = ks[t_rand_u64(rs) % 5];
         if (r == 0) q[r].k = 256;
-        q[r].flags = (int32_t)(t_rand_u64(rs) % 4);
+        q[r].flags = (int32_t)(t_rand_u64(rs) % 8); /* TOPK_SUM | TOPK_RAW | TOPK_MASK */
+        topk_make_mask(mask + (size_t)r * words, nv, (int)(t_rand_u64(rs) % MASK_KINDS), rs);
         q[r].inv_t = t_rand_u64(rs) % 2 ? 1.0f : 1.0f / 0.6f;
         int na = adj_sizes[t_rand_u64(rs) % 4];
         if (na > nv) na = nv;
@@ -102,7 +113,7 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
         q[r].adj_n = topk_make_adj(adj + n_adj, na, nv, rs);
         n_adj += q[r].adj_n;
     }
-    if (!gpu_topk(x, nv, n_rows, q, adj, n_adj, cap, out)) {
+    if (!gpu_topk(x, nv, n_rows, q, adj, n_adj, cap, mask, out)) {
         (*n_bad)++;
         goto done;
     }
@@ -124,7 +135,8 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
             continue;
         }
         struct topk_summary ws;
-        topk_summarize_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, NULL, &ws, wc, wraw);
+        topk_summarize_row(x + (size_t)r * nv, nv, &q[r], adj + q[r].adj_off, mask + (size_t)r * words, &ws,
+                           wc, wraw);
         if (!topk_same(what, &q[r], &sums[r], cands + (size_t)r * TOPK_MAX, raws + q[r].adj_off, &ws,
                        wc, wraw, TOL))
             (*n_bad)++;
@@ -136,6 +148,7 @@ done:
     free(q);
     free(adj);
     free(out);
+    free(mask);
 }
 
 static void test_op_vs_twin(void) {
@@ -154,6 +167,21 @@ static void test_op_vs_twin(void) {
 }
 
 /* ---- model_step with graphs ---- */
+
+/* model_sample.fill_masks of the masked steps: writes row r's mask (kind r + step) and counts
+ * its calls. */
+struct fill {
+    uint32_t *mask;
+    int nv, ns, step, calls;
+    unsigned long long rs;
+};
+
+static void fill_masks(void *ctx) {
+    struct fill *f = ctx;
+    for (int r = 0; r < f->ns; r++)
+        topk_make_mask(f->mask + (size_t)r * topk_mask_words(f->nv), f->nv, r + f->step, &f->rs);
+    f->calls++;
+}
 
 static void test_model_step_graphs(void) {
     char FIXTURE[4096];
@@ -185,6 +213,9 @@ static void test_model_step_graphs(void) {
     struct logit_adj adj[24];
     float raw[24], wraw[24];
     int bad = 0;
+    /* odd steps: sequences 0 and 2 under token masks, written while the forward runs */
+    uint32_t *mask = malloc((size_t)topk_mask_words(nv) * ns * sizeof *mask);
+    struct fill fl = {mask, nv, ns, 0, 0, 0x3b};
     for (int step = 0; step < 6; step++) {
         struct topk_row q[3];
         int n_adj = 0;
@@ -196,7 +227,9 @@ static void test_model_step_graphs(void) {
                                      (step + s) % 4, 1.0f / (0.5f + 0.1f * step), n_adj, 0, 0};
             q[s].adj_n = topk_make_adj(adj + n_adj, na, nv, &rs);
             n_adj += q[s].adj_n;
+            if (step % 2 && s != 1) q[s].flags |= TOPK_MASK;
         }
+        fl.step = step;
         struct batch b = {ns, tok, pos, seq, want, ns, views};
         struct model_sample ms = {.n_rows = ns,
                                   .rows = q,
@@ -204,12 +237,16 @@ static void test_model_step_graphs(void) {
                                   .n_adj = n_adj,
                                   .sum = sum,
                                   .cand = cand,
-                                  .adj_raw = raw};
+                                  .adj_raw = raw,
+                                  .mask = step % 2 ? mask : NULL,
+                                  .fill_masks = step % 2 ? fill_masks : NULL,
+                                  .fill_ctx = &fl};
         T_EQ_INT(model_step(m, kv, &b, NULL, &ms, NULL, &e), SMELT_OK);
         T_EQ_INT(model_fetch_rows(m, 0, ns, rows, &e), SMELT_OK);
+        T_EQ_INT(fl.calls, (step + 1) / 2);
         for (int s = 0; s < ns; s++) {
-            topk_summarize_row(rows + (size_t)s * nv, nv, &q[s], adj + q[s].adj_off, NULL, &ws, wc,
-                               wraw);
+            topk_summarize_row(rows + (size_t)s * nv, nv, &q[s], adj + q[s].adj_off,
+                               mask + (size_t)s * topk_mask_words(nv), &ws, wc, wraw);
             char what[64];
             snprintf(what, sizeof what, "step %d sequence %d", step, s);
             if (!topk_same(what, &q[s], &sum[s], cand + (size_t)s * TOPK_MAX, raw + q[s].adj_off, &ws, wc,
@@ -219,6 +256,7 @@ static void test_model_step_graphs(void) {
     }
     T_CHECKF(bad == 0, "%d summaries differ from the twin on the step's own logits", bad);
     free(rows);
+    free(mask);
     for (int s = 0; s < ns; s++) kv_seq_release(&pool, &sq[s]);
     kv_pool_free(&pool);
     model_kv_free(m, kv);
@@ -265,6 +303,17 @@ static void test_sampler_on_device(void) {
         }
     }
     unsigned long long rs = 0x5a;
+    /* rows 1, 4 and 7 under a token mask (a grammar's): dense, sparse, a run of 40 */
+    const int64_t words = topk_mask_words(nv);
+    uint32_t *mask = malloc((size_t)words * n_rows * sizeof *mask);
+    for (int r = 0; r < n_rows; r++) {
+        topk_make_mask(mask + (size_t)r * words, nv, r / 3, &rs);
+        if (r % 3 == 1) {
+            sampler_set_mask(a[r], mask + (size_t)r * words);
+            sampler_set_mask(b[r], mask + (size_t)r * words);
+            sampler_set_mask(c[r], mask + (size_t)r * words);
+        }
+    }
     float *x = calloc((size_t)nv * n_rows, sizeof *x);
     const int cap = 4096;
     struct logit_adj *adj = malloc(sizeof *adj * cap), *adj_c = malloc(sizeof *adj * cap);
@@ -282,7 +331,7 @@ static void test_sampler_on_device(void) {
             T_EQ_INT(sampler_request(c[r], &qc, adj_c, 0, cap), got);
             n_adj += got > 0 ? got : 0;
         }
-        if (!gpu_topk(x, nv, n_rows, q, adj, n_adj, cap, out)) {
+        if (!gpu_topk(x, nv, n_rows, q, adj, n_adj, cap, mask, out)) {
             T_CHECK(0);
             break;
         }
@@ -321,6 +370,10 @@ static void test_sampler_on_device(void) {
                 loose++;
                 loose_ab += !ab;
             }
+            if (r % 3 == 1 && !topk_allowed(mask + (size_t)r * words, rb.token)) {
+                fprintf(stderr, "  step %d row %d: token %d is masked\n", step, r, rb.token);
+                diff_ab++;
+            }
             sampler_accept(a[r], rb.token, true);
             sampler_accept(b[r], rb.token, true);
             sampler_accept(c[r], rb.token, true);
@@ -340,6 +393,7 @@ static void test_sampler_on_device(void) {
     free(adj);
     free(adj_c);
     free(out);
+    free(mask);
 }
 
 /* ---- bench ---- */
@@ -358,29 +412,39 @@ static void bench(void) {
     unsigned long long rs = 1;
     for (int vi = 0; vi < 2; vi++)
         for (int ri = 0; ri < 2; ri++)
-            for (int mode = 0; mode < 2; mode++) {
-                int nv = nvs[vi], n = rows[ri], per_row_adj = mode ? 32 : 0, cap = n * 32;
+            for (int mode = 0; mode < 4; mode++) { /* bit 0: sampling; bit 1: masked */
+                const bool smp = mode & 1, masked = mode & 2;
+                int nv = nvs[vi], n = rows[ri], per_row_adj = smp ? 32 : 0, cap = n * 32;
                 size_t nx = (size_t)nv * n;
                 float *hx = malloc(sizeof *hx * nx);
                 for (size_t i = 0; i < nx; i++) hx[i] = 3.0f * t_randn(&rs);
                 struct topk_row *q = calloc((size_t)n, sizeof *q);
                 struct logit_adj *adj = malloc(sizeof *adj * (size_t)cap);
                 for (int r = 0; r < n; r++) {
-                    q[r] = (struct topk_row){mode ? TOPK_MAX : 1, mode ? TOPK_SUM | TOPK_RAW : 0,
+                    q[r] = (struct topk_row){smp ? TOPK_MAX : 1,
+                                             (smp ? TOPK_SUM | TOPK_RAW : 0) | (masked ? TOPK_MASK : 0),
                                              1.0f / 0.8f, r * 32, per_row_adj, 0};
                     topk_make_adj(adj + r * 32, 32, nv, &rs);
                 }
-                void *dx, *dq, *da, *dout, *dsc;
+                const int64_t words = topk_mask_words(nv);
+                uint32_t *hm = malloc(sizeof *hm * (size_t)words * n);
+                for (int r = 0; r < n; r++) topk_make_mask(hm + (size_t)r * words, nv, 0, &rs);
+                void *dx, *dq, *da, *dout, *dsc, *dm;
                 uint64_t sc = cuda_topk_scratch_bytes(&g_ctx, n, nv);
                 CK(cudaMalloc(&dx, nx * 4));
                 CK(cudaMalloc(&dq, sizeof *q * (size_t)n));
                 CK(cudaMalloc(&da, sizeof *adj * (size_t)cap));
                 CK(cudaMalloc(&dout, (size_t)topk_out_words(n, cap) * 4));
                 CK(cudaMalloc(&dsc, sc));
+                CK(cudaMalloc(&dm, sizeof *hm * (size_t)words * n));
+                CK(cudaMemcpy(dm, hm, sizeof *hm * (size_t)words * n, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(dx, hx, nx * 4, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(dq, q, sizeof *q * (size_t)n, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(da, adj, sizeof *adj * (size_t)cap, cudaMemcpyHostToDevice));
-                struct cuda_topk_args a = {dx, nv, nv, n, dq, da, cap, dout, dsc};
+                struct cuda_topk_args a = {.logits = dx, .ld = nv, .n_vocab = nv, .n_rows = n,
+                                           .rows = dq, .adj = da, .adj_cap = cap,
+                                           .mask = masked ? dm : NULL, .mask_ld = words,
+                                           .out = dout, .scratch = dsc};
                 for (int i = 0; i < 10; i++) cuda_logits_topk(&g_ctx, &a);
                 cudaEvent_t e0, e1;
                 cudaEventCreate(&e0);
@@ -396,7 +460,9 @@ static void bench(void) {
                 double us = ms * 1e3 / reps;
                 printf("bench topk n_vocab %6d rows %2d %-28s: %8.2f us/call %7.2f us/row %7.1f GB/s "
                        "(scratch %llu KB)\n",
-                       nv, n, mode ? "sampling (k 256, sums, 32 adj)" : "greedy (k 1)", us, us / n,
+                       nv, n, (const char *[]){"greedy (k 1)", "sampling (k 256, sums, 32 adj)",
+                                               "greedy, masked", "sampling, masked"}[mode],
+                       us, us / n,
                        (double)nx * 4 / us / 1e3, (unsigned long long)(sc >> 10));
                 cudaEventDestroy(e0);
                 cudaEventDestroy(e1);
@@ -405,6 +471,8 @@ static void bench(void) {
                 cudaFree(da);
                 cudaFree(dout);
                 cudaFree(dsc);
+                cudaFree(dm);
+                free(hm);
                 free(hx);
                 free(q);
                 free(adj);

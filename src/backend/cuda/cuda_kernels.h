@@ -188,6 +188,9 @@ struct cuda_topk_args {
     const void *rows;    /* struct topk_row (n_rows) */
     const void *adj;     /* struct logit_adj (adj_cap) */
     int adj_cap;
+    const void *mask;    /* uint32 (mask_ld, n_rows): the token masks of TOPK_MASK rows, or
+                          * NULL (no row has one) */
+    int64_t mask_ld;     /* words from one row's mask to the next */
     void *out;           /* topk_out_words(n_rows, adj_cap) int32 words */
     void *scratch;       /* cuda_topk_scratch_bytes(n_rows, n_vocab) */
 };

@@ -257,17 +257,15 @@ void cu_logits_topk(struct backend *b, struct tensor *dst, const struct tensor *
                     const struct tensor *rows, const struct tensor *adj, const struct tensor *mask) {
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    if (mask) {
-        bk_fail(b, SMELT_ERR_UNSUPPORTED, "logits_topk: token masks are not implemented on CUDA");
-        return;
-    }
     int n_rows = (int)logits->ne[1], nv = (int)logits->ne[0];
     size_t mark = cu_scratch_mark(b);
     void *sc = cu_scratch(cb, cuda_topk_scratch_bytes(&cb->ctx, n_rows, nv));
     if (!sc) return;
     struct cuda_topk_args a = {.logits = logits->data, .ld = (int64_t)(logits->nb[1] / sizeof(float)),
                                .n_vocab = nv, .n_rows = n_rows, .rows = rows->data, .adj = adj->data,
-                               .adj_cap = (int)adj->ne[1], .out = dst->data, .scratch = sc};
+                               .adj_cap = (int)adj->ne[1], .mask = mask ? mask->data : NULL,
+                               .mask_ld = mask ? (int64_t)(mask->nb[1] / sizeof(uint32_t)) : 0,
+                               .out = dst->data, .scratch = sc};
     cuda_logits_topk(&cb->ctx, &a);
     cu_check_launch(cb, "logits_topk");
     cu_scratch_release(b, mark);

@@ -10,6 +10,9 @@
  *    has about two blocks per SM). It streams its slice once: each thread loads 4 floats
  *    per round (coalesced; the next round's loads are issued before the current round
  *    is processed), so the only pass over the logits is this one.
+ *    - Token mask (TOPK_MASK rows: structured output): a token whose bit is clear is a
+ *      logit of -inf, raw and adjusted, before anything else (its adjustments are not
+ *      applied, its raw logit for adj_raw is -inf); 32 threads of a warp read one word.
  *    - Adjustments: the row's entries whose token falls in the slice (found by binary
  *      search in the row's sorted list) set bits in a shared bitmap of the slice and
  *      have their raw logit copied out; a marked token finds its entries by binary
@@ -322,7 +325,8 @@ static __device__ void merge_row(int r, int n_split, const struct topk_row *rows
  * read-only path (no const __restrict__ on them: cuda_common.cuh). */
 static __global__ void __launch_bounds__(TK_THREADS)
 topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_split, const struct topk_row *rows,
-                    const struct logit_adj *adj, int adj_cap, float *__restrict__ adj_raw, struct tk_part *parts,
+                    const struct logit_adj *adj, int adj_cap, const uint32_t *mask, int64_t mask_ld,
+                    float *__restrict__ adj_raw, struct tk_part *parts,
                     unsigned long long *pkeys, int fused, struct topk_summary *__restrict__ sums,
                     struct topk_cand *__restrict__ cands, unsigned *tk_cnt) {
     pdl_wait();
@@ -340,6 +344,8 @@ topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_sp
     const float *x = logits + (int64_t)r * ld;
     const bool want_raw = q.flags & TOPK_RAW, want_sum = q.flags & TOPK_SUM;
     const float inv_t = q.inv_t > 0.0f ? q.inv_t : 1.0f;
+    /* the row's token mask (NULL: every token allowed) */
+    const uint32_t *M = (q.flags & TOPK_MASK) && mask ? mask + (int64_t)r * mask_ld : NULL;
 
     /* the row's adjustments of tokens in [lo, hi): entries [e0, e1) of A */
     int an = q.adj_n;
@@ -355,7 +361,8 @@ topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_sp
         for (int e = e0 + tid; e < e1; e += TK_THREADS) {
             const int o = A[e].token - lo;
             atomicOr(&sbits[o >> 5], 1u << (o & 31));
-            adj_raw[q.adj_off + e] = x[A[e].token];
+            const int t = A[e].token;
+            adj_raw[q.adj_off + e] = !M || ((M[t >> 5] >> (t & 31)) & 1u) ? x[t] : -INFINITY;
         }
     }
     if (tid == 0) {
@@ -386,9 +393,10 @@ topk_partial_kernel(const float *logits, int64_t ld, int nv, int slice, int n_sp
 #pragma unroll
         for (int j = 0; j < TK_PER; j++) {
             const int i = base + j * TK_THREADS + tid;
-            const float rv = cur[j];
+            const bool off = M && i < hi && !((M[i >> 5] >> (i & 31)) & 1u); /* masked */
+            const float rv = off ? -INFINITY : cur[j];
             float av = rv;
-            if (has_adj && i < hi && ((sbits[(i - lo) >> 5] >> ((i - lo) & 31)) & 1u))
+            if (has_adj && !off && i < hi && ((sbits[(i - lo) >> 5] >> ((i - lo) & 31)) & 1u))
                 for (int e = lower_bound(A, e0, e1, i); e < e1 && A[e].token == i; e++) av = adj_apply(av, A[e]);
             if (want_raw && rv > -INFINITY) ms_add(mr, sr, rv, 1.0f);
             kk[j] = 0ull;
@@ -582,7 +590,8 @@ extern "C" void cuda_logits_topk(struct cuda_ctx *ctx, const struct cuda_topk_ar
     const int fused = a->n_rows <= TK_CNT;
     (void)klaunch(topk_partial_kernel, dim3((unsigned)ns, (unsigned)a->n_rows), dim3(TK_THREADS), 0, ctx,
                   (const float *)a->logits, a->ld, a->n_vocab, sl, ns, (const struct topk_row *)a->rows,
-                  (const struct logit_adj *)a->adj, a->adj_cap, adj_raw, parts, pkeys, fused, sums, cands,
+                  (const struct logit_adj *)a->adj, a->adj_cap, (const uint32_t *)a->mask, a->mask_ld, adj_raw,
+                  parts, pkeys, fused, sums, cands,
                   ctx->topk_cnt);
     if (!fused)
         (void)klaunch(topk_merge_kernel, dim3((unsigned)a->n_rows), dim3(TK_THREADS), 0, ctx, ns,
