@@ -54,7 +54,7 @@ static void histogram(struct jw *w, const struct per_model *pm, int n, const cha
 enum series_of {
     S_PROMPT, S_CACHED, S_GEN, S_RUNNING, S_WAITING, S_KV_TOTAL, S_KV_USED, S_KV_CACHED,
     S_KV_FREE, S_KV_RATIO, S_PC_QUERIES, S_PC_HITS, S_PC_RATE, S_PC_EVICTIONS, S_PREEMPTIONS,
-    S_STEPS, S_ROWS, S_STEP_SECONDS, S_ENGINE_END, /* (above: engine figures) */
+    S_STEPS, S_ROWS, S_STEP_SECONDS, S_GRAMMAR_ROWS, S_GRAMMAR_SECONDS, S_ENGINE_END, /* (above: engine figures) */
     S_LOADED = S_ENGINE_END, S_LOADS, S_UNLOADS, S_FAILURES, S_N
 };
 
@@ -86,6 +86,10 @@ static const struct {
     [S_ROWS] = {"smelt_engine_step_rows_total", "counter", "Batch rows (tokens) over all steps."},
     [S_STEP_SECONDS] = {"smelt_engine_step_seconds_total", "counter",
                         "Time in forward steps and sampling."},
+    [S_GRAMMAR_ROWS] = {"smelt_grammar_rows_total", "counter",
+                        "Rows sampled under a grammar's token mask."},
+    [S_GRAMMAR_SECONDS] = {"smelt_grammar_seconds_total", "counter",
+                           "Host time writing grammar token masks and accepting tokens in grammars."},
     [S_LOADED] = {"smelt_model_loaded", "gauge", "1 while the model is loaded."},
     [S_LOADS] = {"smelt_model_loads_total", "counter", "Loads of the model that succeeded."},
     [S_UNLOADS] = {"smelt_model_unloads_total", "counter",
@@ -115,6 +119,8 @@ static double value(const struct per_model *p, enum series_of k) {
     case S_STEPS: return (double)st->steps;
     case S_ROWS: return (double)st->step_rows;
     case S_STEP_SECONDS: return st->step_seconds;
+    case S_GRAMMAR_ROWS: return (double)st->grammar_rows;
+    case S_GRAMMAR_SECONDS: return st->grammar_seconds;
     case S_LOADED: return p->info.state == SRV_LOADED;
     case S_LOADS: return (double)p->info.loads;
     case S_UNLOADS: return (double)p->info.unloads;

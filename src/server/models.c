@@ -73,6 +73,8 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b) {
     a->parallel_sample_steps += b->parallel_sample_steps;
     a->sample_full_rows += b->sample_full_rows;
     a->step_seconds += b->step_seconds;
+    a->grammar_rows += b->grammar_rows;
+    a->grammar_seconds += b->grammar_seconds;
     a->kv.query_blocks += b->kv.query_blocks;
     a->kv.hit_blocks += b->kv.hit_blocks;
     a->kv.evictions += b->kv.evictions;
