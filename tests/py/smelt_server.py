@@ -154,19 +154,22 @@ class Server:
                 out[plain] = out.get(plain, 0.0) + float(value)
         return out
 
-    def wait_idle(self, timeout=20):
-        """Waits until no sequence runs or waits and no KV block is used; returns metrics."""
+    def wait_idle(self, timeout=20, streams=False):
+        """Waits until no sequence runs or waits and no KV block is used (and, with streams, no
+        streaming response is open: a dropped client's stream ends when the server notices the
+        closed socket, which may come after its sequence left); returns metrics."""
         t0 = time.time()
         while True:
             m = self.metrics()
             if (m["smelt_num_requests_running"] == 0 and m["smelt_num_requests_waiting"] == 0
-                    and m["smelt_kv_blocks_used"] == 0):
+                    and m["smelt_kv_blocks_used"] == 0
+                    and (not streams or m["smelt_http_streams"] == 0)):
                 return m
             if time.time() - t0 > timeout:
                 raise AssertionError(f"server not idle after {timeout} s: running "
                                      f"{m['smelt_num_requests_running']}, waiting "
                                      f"{m['smelt_num_requests_waiting']}, kv used "
-                                     f"{m['smelt_kv_blocks_used']}")
+                                     f"{m['smelt_kv_blocks_used']}, streams {m['smelt_http_streams']}")
             time.sleep(0.05)
 
     def rss_kb(self, field="VmRSS"):

@@ -112,7 +112,7 @@ def test_soak_no_leaks(srv):
         kinds = list(ex.map(lambda i: one_mixed(srv, i), range(300, 2300)))
     dt = time.time() - t0
     assert kinds.count("dropped") > 100
-    m = srv.wait_idle()
+    m = srv.wait_idle(streams=True)
     rss1 = srv.rss_kb()
     assert m["smelt_kv_blocks_used"] == 0 and m["smelt_http_streams"] == 0
     assert m['smelt_request_finish_total{reason="error"}'] == 0
