@@ -124,6 +124,7 @@ static void server_config_of(const struct cfg *c, const char *key, struct server
     sc->threads = (int)cfg_int(c, -1, CFG_HTTP_THREADS);
     sc->log_json = !strcmp(cfg_str(c, -1, CFG_LOG_FORMAT), "json");
     sc->quiet = cfg_bool(c, -1, CFG_QUIET);
+    sc->no_webui = cfg_bool(c, -1, CFG_NO_WEBUI);
     sc->cors_origins = cfg_str(c, -1, CFG_CORS_ORIGINS);
     int64_t rs = cfg_int(c, -1, CFG_RESPONSE_STORE); /* not given: the default */
     sc->response_store = cfg_has(c, -1, CFG_RESPONSE_STORE) && rs > 0 ? (size_t)rs : 0;
@@ -223,6 +224,8 @@ int cmd_serve(int argc, char **argv) {
             if (server_admin_port(srv) >= 0)
                 fprintf(stderr, "smelt serve: admin (/health, /metrics) on http://%s:%d\n",
                         sc.admin_host ? sc.admin_host : host, server_admin_port(srv));
+            if (server_has_webui(srv))
+                fprintf(stderr, "smelt serve: web chat at http://%s:%d/\n", host, server_port(srv));
             fprintf(stderr, "smelt serve: listening on http://%s:%d\n", host, server_port(srv));
             fflush(stderr);
             int sig = 0;

@@ -55,6 +55,7 @@ enum cfg_key {
     CFG_ADMIN_HOST,
     CFG_CORS_ORIGINS,
     CFG_RESPONSE_STORE,
+    CFG_NO_WEBUI,
     CFG_LOG_FORMAT,
     CFG_QUIET,
     CFG_GRACE,

@@ -75,6 +75,8 @@ const struct cfg_def cfg_defs[CFG_N] = {
     [CFG_RESPONSE_STORE] = {"response_store", 0, CFG_INT, CFG_SEC_SERVER, S, NULL, 0, I64, false,
                             NULL, "BYTES", "finished /v1/responses kept in memory for "
                                            "previous_response_id (default 67108864; 0: none)"},
+    [CFG_NO_WEBUI] = {"no_webui", 0, CFG_BOOL, CFG_SEC_SERVER, S, NULL, 0, 0, false, NULL, NULL,
+                      "do not serve the web chat at /"},
     [CFG_LOG_FORMAT] = {"log_format", 0, CFG_ENUM, CFG_SEC_SERVER, S, "text", 0, 0, false,
                         "text|json", "text|json", "request log lines"},
     [CFG_QUIET] = {"quiet", 0, CFG_BOOL, CFG_SEC_SERVER, S, NULL, 0, 0, false, NULL, NULL,

@@ -1,7 +1,7 @@
 /* HTTP side of the server: the libmicrohttpd daemons, connections, routing, auth, CORS, the
  * small routes (/health, /v1/models, /metrics, /tokenize, /detokenize), request logging
  * and shutdown. Generation routes are in gen.c (OpenAI), anthropic.c and responses.c, the
- * strict header checks in http.c. See server.h.
+ * web chat's files in webui.c, the strict header checks in http.c. See server.h.
  *
  * A request's life: MHD's URI callback (on_uri) allocates a struct conn when the request
  * line is in. MHD calls on_request once when the headers are in (first_call: every
@@ -43,7 +43,7 @@
 #define DEFAULT_RESPONSE_STORE ((size_t)64 << 20)
 #define RESP_STORE_COUNT 16384 /* responses kept at most (docs/server.md) */
 
-const int srv_status_codes[SRV_N_STATUS] = {200, 204, 400, 401, 403, 404, 405,
+const int srv_status_codes[SRV_N_STATUS] = {200, 204, 304, 400, 401, 403, 404, 405,
                                             408, 413, 429, 499, 500, 501, 503};
 
 void srv_status(struct conn *c, int status, bool count) {
@@ -620,6 +620,8 @@ static const struct srv_route routes[] = {
      anth_err_json},
     {"/responses", SRV_POST, SRV_BODY, "responses", resp_route_create, NULL},
     {"/responses/*", SRV_GET, 0, "responses", resp_route_get, NULL},
+    {"/", SRV_GET, SRV_OPEN | SRV_WEBUI, "webui", webui_route, NULL},
+    {"/webui/*", SRV_GET, SRV_OPEN | SRV_WEBUI, "webui", webui_route, NULL},
 };
 
 /* The route of url (also without its /v1 prefix); *arg: the part a '*' matched. */
@@ -745,6 +747,7 @@ static enum MHD_Result first_call(struct conn *c, const char *url, const char *m
     c->close = f.has_body; /* a refusal leaves the body unread: close after the answer */
     const struct srv_route *rt = find_route(url, &c->arg);
     if (rt && c->admin && !(rt->flags & SRV_ADMIN)) rt = NULL; /* the admin port has two */
+    if (rt && (rt->flags & SRV_WEBUI) && s->cfg.no_webui) rt = NULL;
     c->rt = rt; /* (for the log, whatever the answer) */
     if (atomic_load(&s->draining) && !(rt && (rt->flags & SRV_ADMIN))) {
         oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");

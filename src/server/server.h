@@ -10,6 +10,7 @@
  *   GET  /health                                      200 {"status":"ok"}; no auth
  *   GET  /metrics                                     Prometheus text format
  *   POST /tokenize, POST /detokenize
+ *   GET  /, GET /webui/{name}                         the web chat's files (webui.c); no auth
  *
  * Threads: libmicrohttpd's internal epoll threads (a small pool) run every connection.
  * Parsing, templating and tokenizing happen there; the engine thread only schedules and
@@ -65,6 +66,7 @@ struct server_config {
     size_t response_store;    /* bytes of finished /v1/responses kept for previous_response_id
                                * (0: the default, 64 MiB) */
     bool no_response_store;   /* keep none */
+    bool no_webui;        /* do not serve the web chat (/ and /webui/...: 404) */
     bool log_json;        /* request log lines as JSON */
     bool quiet;           /* no request log lines */
 };
@@ -109,6 +111,8 @@ smelt_status server_new_models(struct server **out, const struct server_config *
                                const struct server_loader *ld, int max_loaded, struct err *e);
 /* The port it listens on. */
 int server_port(const struct server *s);
+/* Whether it serves the web chat at / (built with it, and not turned off by no_webui). */
+bool server_has_webui(const struct server *s);
 /* The admin listener's port (-1 without one). */
 int server_admin_port(const struct server *s);
 /* Stops accepting, waits up to grace_s for in-flight requests, cancels the rest, closes

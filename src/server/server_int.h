@@ -17,8 +17,8 @@
 #include "util/sha256.h"
 
 /* HTTP status counters for /metrics. */
-#define SRV_N_STATUS 14
-/* 200, 204 (a CORS preflight), 400, 401, 403 (a CORS preflight from an origin not allowed), 404, 405, 408 (the request did not arrive in time), 413, 429, 499 (the
+#define SRV_N_STATUS 15
+/* 200, 204 (a CORS preflight), 304 (the web chat's files, unchanged), 400, 401, 403 (a CORS preflight from an origin not allowed), 404, 405, 408 (the request did not arrive in time), 413, 429, 499 (the
  * client went away first), 500, 501, 503 */
 extern const int srv_status_codes[SRV_N_STATUS];
 
@@ -106,6 +106,7 @@ struct srv_route {
 #define SRV_OPEN 1u  /* no API key needed */
 #define SRV_ADMIN 2u /* also served on the admin listener, and while draining */
 #define SRV_BODY 4u  /* takes a request body (up to --max-body); others take none */
+#define SRV_WEBUI 8u /* the web chat's files: absent with --no-webui */
 
 struct server {
     struct server_config cfg;
@@ -404,6 +405,9 @@ struct sgram {
 bool sgram_build(const struct oai_request *rq, const struct chat_prompt *cp, struct sgram *g,
                  struct oai_err *e);
 void sgram_free(struct sgram *g);
+
+/* ---- webui.c ---- */
+enum MHD_Result webui_route(struct conn *c); /* GET / and /webui/NAME: the web chat's files */
 
 /* ---- metrics.c ---- */
 char *metrics_text(struct server *s);
