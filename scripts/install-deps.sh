@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what smelt needs to build and test on Debian 12, skipping what is present.
-#   Debian: cmake, a C compiler, clang + libFuzzer runtime, pkg-config, and the -dev
-#           packages of the libraries smelt links (jansson, libmicrohttpd, PCRE2, libcurl,
-#           libyaml).
+#   Debian: cmake, a C compiler, clang + libFuzzer runtime, pkg-config, the -dev packages
+#           of the libraries smelt links (jansson, libmicrohttpd, PCRE2, libcurl, libyaml), the
+#           scripts the web chat embeds at build time (marked, highlight.js, DOMPurify), and
+#           Chromium with its WebDriver for the web chat's browser tests.
 #   Python: the test references listed in tests/requirements.txt, installed into the
 #           virtual environment .venv (made here with python3 -m venv; Debian's own
 #           python3 refuses pip installs outside one, PEP 668). PYTHON=/path/to/python
@@ -12,16 +13,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(build-essential cmake pkg-config clang libclang-rt-14-dev python3-venv
-      libjansson-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev libyaml-dev)
-missing=()
-for p in "${debs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "install-deps: installing Debian packages: ${missing[*]}"
+      libjansson-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev libyaml-dev
+      libjs-marked libjs-highlight.js node-dompurify)
+# Chromium's recommends (printing, notifications, power, more fonts) serve no headless test:
+# without them it adds ~145 packages (185 MB to download) to a fresh Debian 12, with them ~260.
+browser=(chromium chromium-driver)
+missing() {
+    local p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+    done
+}
+mapfile -t need < <(missing "${debs[@]}")
+mapfile -t need_browser < <(missing "${browser[@]}")
+if [ ${#need[@]} -gt 0 ] || [ ${#need_browser[@]} -gt 0 ]; then
+    echo "install-deps: installing Debian packages: ${need[*]} ${need_browser[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    [ ${#need[@]} -eq 0 ] ||
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+    [ ${#need_browser[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+        --no-install-recommends "${need_browser[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-.venv/bin/python}

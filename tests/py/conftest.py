@@ -6,7 +6,9 @@ that need the real models:
 - a test model is absent: the reason names `make models`, scripts/fetch-test-models.sh,
   a path under models/ or says "model absent";
 - the build is absent: the reason names the smelt binary or libsmelt.so;
-- a package of tests/requirements.txt is missing (pytest.importorskip).
+- a package of tests/requirements.txt is missing (pytest.importorskip);
+- Chromium or its WebDriver is missing (the web chat's browser tests: the reason names
+  chromium).
 A skip inside a test or a fixture becomes that test's failure; a module skipped whole at
 import (importorskip at module level) is listed at the end and fails the run. Other skips
 (no ../shared data, a feature not in this build) stay skips. Without the variable every
@@ -19,7 +21,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRE = os.environ.get("SMELT_REQUIRE_MODELS") == "1"
 MARKERS = ("make models", "fetch-test-models", "models/", "model absent", "smelt binary",
-           "libsmelt.so")
+           "libsmelt.so", "chromium")
 
 
 def _required_packages():
