@@ -133,10 +133,22 @@ def test_etag_304(serve):
 
 
 def test_api_key_guards_the_api_not_the_page(serve):
-    s = serve("--api-key", "sesame")
+    s = serve("--api-key", "sesame", "--cors-origins", "https://a.example")
     for path in SOURCES:
-        st, _, body = s.request("GET", path)
+        st, h, body = s.request("GET", path)
         assert st == 200 and body, path
+        assert "access-control-allow-origin" not in h  # (no Origin: the page's own load)
+    # --cors-origins: the files carry the CORS headers too, their CSP unchanged; a preflight is
+    # answered without the key with the route's methods
+    st, h, _ = s.request("GET", "/webui/app.js", headers={"Origin": "https://a.example"})
+    assert st == 200 and h["access-control-allow-origin"] == "https://a.example"
+    check_headers(h, "/webui/app.js")
+    st, h, _ = s.request("OPTIONS", "/", headers={"Origin": "https://a.example",
+                                                  "Access-Control-Request-Method": "GET"})
+    assert st == 204 and h["access-control-allow-methods"] == "GET, HEAD, OPTIONS"
+    # a body on the page's routes is refused on the headers, as on every route that takes none
+    st, _, _ = s.request("GET", "/", b"x" * 10)
+    assert st == 413
     key = {"Authorization": "Bearer sesame"}
     st, _, _ = s.request("GET", "/v1/models")
     assert st == 401

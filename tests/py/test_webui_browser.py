@@ -7,12 +7,15 @@ makes of a known reply can be checked exactly. Checked:
 - a message sent, its answer seen streaming (partial, with the cursor) then complete: the
   reasoning folded, the markdown rendered (heading, bold, a highlighted code block), tokens
   and tok/s shown; the conversation titled in the list;
-- the model picker lists /v1/models (two names here) and the request carries the chosen one,
-  kept across a reload; the conversation is there after a reload; rename and delete;
+- the model picker lists /v1/models (two names here) and the request carries the chosen one
+  and the settings (system prompt, temperature, top_p, top_k, min_p, max_tokens), all kept
+  across a reload; every control shown has an accessible name; the conversation is there
+  after a reload; rename and delete;
 - Stop aborts a long answer: the page marks it stopped and the server cancels the request
   (its KV freed, the request logged 499);
 - model output, reasoning, user text and titles never run script or inject markup past the
-  sanitizer, whether they come from the stream or from the browser's storage;
+  sanitizer, whether they come from the stream or from the browser's storage (where
+  malformed entries are skipped);
 - a server with an API key: the page itself loads without it, asks for it on the 401 of
   /v1/models, and chats once it is given.
 
@@ -37,8 +40,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-from test_server_anthropic import QWEN3  # noqa: E402
-from test_server_tools import write_vocab  # noqa: E402
+from test_server_anthropic import files  # noqa: E402,F401  (the vocabulary and template)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
 
@@ -56,17 +58,10 @@ HOSTILE = ('Look: <img src=x onerror="window.__xss=1"> <script>window.__xss=2</s
            '</iframe>\n\n```html\n<img src=x onerror=alert(1)>\n```\n')
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("webui")
-    t = d / "qwen3.jinja"
-    t.write_text(QWEN3)
-    return {"vocab": write_vocab(str(d / "vocab.gguf")), "tmpl": str(t)}
-
-
 @pytest.fixture
 def serve(files):
-    """serve(reply, *args) -> a started server (stopped after the test)."""
+    """serve(reply, *args) -> a started server (stopped after the test), with its request log
+    (test_server_anthropic's vocabulary and template: `files`)."""
     started = []
 
     def start(reply, *args):
@@ -160,7 +155,7 @@ def send(d, text, enter=False):
 
 def test_chat_streams_renders_and_persists(serve, browser):
     d = browser
-    s = serve(REPLY, "--fake-step-ms", "15")
+    s = serve(REPLY, "--fake-step-ms", "8")
     open_page(d, s)
     assert models_listed(d) == ["m", "alt"]  # /v1/models: the name and its alias
     assert "Send a message" in d.find_element(By.ID, "messages").text
@@ -201,22 +196,40 @@ def test_chat_streams_renders_and_persists(serve, browser):
     titles = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#conversations .conv-title")]
     assert titles == ["hello there"]
 
-    # another model from the picker; the second turn carries the first
+    # another model from the picker and sampling settings; the second turn carries the first
     Select(d.find_element(By.ID, "model")).select_by_value("alt")
+    d.find_element(By.ID, "toggle-settings").click()
+    assert d.find_element(By.ID, "toggle-settings").get_attribute("aria-expanded") == "true"
+    chosen = {"set-system": "Be brief.", "set-temperature": "0.5", "set-top-p": "0.9",
+              "set-top-k": "40", "set-min-p": "0.05", "set-max-tokens": "500"}
+    for id_, v in chosen.items():
+        box = d.find_element(By.ID, id_)
+        box.send_keys(v, Keys.TAB)  # change event
+    # every control on the page has a name a screen reader can say (its label, aria-label or text)
+    shown = d.execute_script("""return [...document.querySelectorAll(
+        'button, input, select, textarea, [role=log]')].filter((e) => e.getClientRects().length);""")
+    assert len(shown) > 10
+    assert [c.get_attribute("outerHTML")[:80] for c in shown if not c.accessible_name.strip()] == []
     send(d, "and again")
     wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant")) == 2,
          "no second answer")
     wait_answer_done(d)
     body = d.execute_script("return window.__bodies")[-1]
     assert body["model"] == "alt"
-    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
-    assert body["messages"][1]["content"].startswith("# Greeting")
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
+    assert body["messages"][0]["content"] == "Be brief."
+    assert body["messages"][2]["content"].startswith("# Greeting")
+    assert "<think>" not in body["messages"][2]["content"]  # reasoning is not sent back
+    assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "max_tokens")} == {
+        "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "max_tokens": 500}
 
     # a reload: the conversation, its answers and the chosen model are still there
     d.refresh()
     open_page(d, s)
     models_listed(d)
     assert Select(d.find_element(By.ID, "model")).first_selected_option.get_attribute("value") == "alt"
+    for id_, v in chosen.items():  # the settings too
+        assert d.find_element(By.ID, id_).get_attribute("value") == v, id_
     assert [e.text for e in d.find_elements(By.CSS_SELECTOR, "#conversations .conv-title")] == ["hello there"]
     msgs = d.find_elements(By.CSS_SELECTOR, "#messages .msg")
     assert [m.get_attribute("class") for m in msgs] == ["msg user", "msg assistant"] * 2
@@ -321,11 +334,13 @@ def test_model_output_is_sanitized(serve, browser):
     assert all(l.get_attribute("rel") == "noopener noreferrer" for l in links if l.get_attribute("href"))
 
     # the same from the browser's storage (another tab, an older page, a crafted entry):
-    # title, user text, reasoning and answer
+    # title, user text, reasoning and answer; entries the page cannot show are left out
     d.execute_script("""
         const bad = arguments[0];
-        localStorage.setItem('smelt.conversations', JSON.stringify([{id: 'x', title: bad,
-            created: 1, updated: 1, messages: [{role: 'user', content: bad},
+        localStorage.setItem('smelt.conversations', JSON.stringify([null, 5, 'x', {id: 'y'},
+            {id: 'z', messages: {}}, {id: 'w', messages: [null]},
+            {id: 'v', messages: [{role: 'user', content: {toString: 1}}]},
+            {id: 'x', title: bad, created: 1, updated: 1, messages: [{role: 'user', content: bad},
             {role: 'assistant', content: bad, reasoning: bad, model: bad}]}]));
         localStorage.setItem('smelt.current', JSON.stringify('x'));""", HOSTILE)
     d.refresh()
@@ -333,7 +348,8 @@ def test_model_output_is_sanitized(serve, browser):
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant .content pre"),
          "the stored conversation did not render")
     assert_inert(d)
-    assert d.find_element(By.CSS_SELECTOR, "#conversations .conv-title").text.startswith("Look: <img")
+    titles = d.find_elements(By.CSS_SELECTOR, "#conversations .conv-title")
+    assert len(titles) == 1 and titles[0].text.startswith("Look: <img")
     # the page still works
     send(d, "still alive?")
     wait_answer_done(d)

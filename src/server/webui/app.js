@@ -18,7 +18,7 @@
     model: $("model"), status: $("status"), input: $("input"), send: $("send"), stop: $("stop"),
     settings: $("settings"), toggleSettings: $("toggle-settings"), toggleSidebar: $("toggle-sidebar"),
     system: $("set-system"), temperature: $("set-temperature"), topP: $("set-top-p"),
-    maxTokens: $("set-max-tokens"), apiKey: $("set-api-key"), keyRow: $("key-row"), keyNote: $("key-note"),
+    topK: $("set-top-k"), minP: $("set-min-p"), maxTokens: $("set-max-tokens"), apiKey: $("set-api-key"), keyRow: $("key-row"), keyNote: $("key-note"),
   };
 
   /* ---- storage ---- */
@@ -43,11 +43,16 @@
   }
 
   const settings = Object.assign(
-    { model: "", system: "", temperature: "", top_p: "", max_tokens: "", apiKey: "" },
+    { model: "", system: "", temperature: "", top_p: "", top_k: "", min_p: "", max_tokens: "", apiKey: "" },
     load(KEYS.settings, {}));
-  let convs = load(KEYS.convs, []);
-  if (!Array.isArray(convs)) convs = [];
-  convs = convs.filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages));
+  /* the stored conversations, less entries this page cannot show (storage is shared with
+   * other tabs and older pages; anything in it may be malformed) */
+  function loadConvs() {
+    const v = load(KEYS.convs, []);
+    return (Array.isArray(v) ? v : []).filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages)
+      && c.messages.every((m) => m && typeof m.content === "string"));
+  }
+  let convs = loadConvs();
   let currentId = load(KEYS.current, null);
   let busy = null; /* the answer streaming now: {controller, conv, msg} */
   let lastSave = 0;
@@ -126,30 +131,31 @@
     return t.length > 48 ? t.slice(0, 47) + "\u2026" : t || "New chat";
   }
 
+  /* A button showing text (named label for a screen reader when text is a symbol). */
+  function button(cls, text, label, onClick) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = cls;
+    b.textContent = text;
+    if (label) b.setAttribute("aria-label", label);
+    b.addEventListener("click", onClick);
+    return b;
+  }
+
   function renderList() {
     el.list.textContent = "";
     for (const c of convs) {
       const li = document.createElement("li");
       li.dataset.id = c.id;
       if (c.id === currentId) li.className = "current";
-      const title = document.createElement("button");
-      title.type = "button";
-      title.className = "conv-title";
-      title.textContent = c.title || "New chat";
+      const name = c.title || "New chat";
+      const title = button("conv-title", name, null, () => select(c.id));
       title.title = c.title || "";
-      title.addEventListener("click", () => select(c.id));
-      const rename = document.createElement("button");
-      rename.type = "button";
-      rename.className = "rename";
+      if (c.id === currentId) title.setAttribute("aria-current", "true");
+      const rename = button("rename", "\u270E", "Rename " + name, () => startRename(li, c));
       rename.title = "Rename";
-      rename.textContent = "\u270E";
-      rename.addEventListener("click", () => startRename(li, c));
-      const del = document.createElement("button");
-      del.type = "button";
-      del.className = "delete";
+      const del = button("delete", "\u2715", "Delete " + name, () => askDelete(del, c));
       del.title = "Delete";
-      del.textContent = "\u2715";
-      del.addEventListener("click", () => askDelete(del, c));
       li.append(title, rename, del);
       el.list.appendChild(li);
     }
@@ -161,6 +167,7 @@
     input.className = "rename-input";
     input.value = c.title || "";
     input.maxLength = 200;
+    input.setAttribute("aria-label", "New title");
     li.textContent = "";
     li.appendChild(input);
     input.focus();
@@ -202,6 +209,7 @@
     renderConversation();
   }
 
+  /* Shows conversation id (null: a new, empty one). */
   function select(id) {
     currentId = id;
     store(KEYS.current, currentId);
@@ -302,12 +310,7 @@
       stats.appendChild(span);
     }
     if (final && last && !busy) {
-      const again = document.createElement("button");
-      again.type = "button";
-      again.className = "regenerate";
-      again.textContent = "Regenerate";
-      again.addEventListener("click", regenerate);
-      stats.appendChild(again);
+      stats.appendChild(button("regenerate", "Regenerate", null, regenerate));
     }
   }
 
@@ -401,16 +404,22 @@
     const body = { messages, stream: true, stream_options: { include_usage: true } };
     if (settings.model) body.model = settings.model;
     const num = (v) => (v === "" || v === null || v === undefined ? null : Number(v));
-    const t = num(settings.temperature), p = num(settings.top_p), n = num(settings.max_tokens);
-    if (t !== null && isFinite(t)) body.temperature = t;
-    if (p !== null && isFinite(p)) body.top_p = p;
-    if (n !== null && isFinite(n) && n >= 1) body.max_tokens = Math.floor(n);
+    for (const k of ["temperature", "top_p", "min_p"]) {
+      const v = num(settings[k]);
+      if (v !== null && isFinite(v)) body[k] = v;
+    }
+    for (const k of ["top_k", "max_tokens"]) {
+      const v = num(settings[k]);
+      if (v !== null && isFinite(v) && v >= 1) body[k] = Math.floor(v);
+    }
     return body;
   }
 
   function setBusy(on) {
     el.send.disabled = on;
     el.stop.hidden = !on;
+    /* a screen reader announces the answer once it is complete, not each token */
+    el.messages.setAttribute("aria-busy", String(on));
   }
 
   let renderPending = 0; /* the requestAnimationFrame of the streaming answer's next render */
@@ -561,8 +570,8 @@
   /* ---- settings ---- */
 
   const fields = [
-    [el.system, "system"], [el.temperature, "temperature"], [el.topP, "top_p"],
-    [el.maxTokens, "max_tokens"], [el.apiKey, "apiKey"],
+    [el.system, "system"], [el.temperature, "temperature"], [el.topP, "top_p"], [el.topK, "top_k"],
+    [el.minP, "min_p"], [el.maxTokens, "max_tokens"], [el.apiKey, "apiKey"],
   ];
   for (const [input, key] of fields) {
     input.value = settings[key];
@@ -599,19 +608,11 @@
       busy.controller.abort();
     }
   });
-  el.newChat.addEventListener("click", () => {
-    currentId = null;
-    store(KEYS.current, null);
-    el.app.classList.remove("show-sidebar");
-    renderList();
-    renderConversation();
-    el.input.focus();
-  });
+  el.newChat.addEventListener("click", () => select(null));
   /* another tab changed the conversations */
   window.addEventListener("storage", (e) => {
     if (e.key !== KEYS.convs || busy) return;
-    const v = load(KEYS.convs, []);
-    convs = Array.isArray(v) ? v : [];
+    convs = loadConvs();
     renderList();
     renderConversation();
   });
