@@ -3,7 +3,8 @@
  * requests or garbage). They go to an in-process `smelt serve` (libmicrohttpd + every
  * route: chat with a Hermes-style template (tools, forced calls through a prefill) and a
  * tool_use template, completions, Anthropic messages and count_tokens, responses (and GET),
- * tokenize, detokenize, models, metrics, CORS preflights) over a fake
+ * tokenize, detokenize, models, metrics, CORS preflights, the web chat's files with their
+ * If-None-Match lists) over a fake
  * forward pass whose tokens include tool-call markers, so the whole path from socket bytes to engine and
  * back runs under ASan/UBSan. The server has an API key ("fuzz-key"): the seeds that reach
  * the routes send "Authorization: Bearer fuzz-key" (32 bytes, so adding it keeps a seed's
