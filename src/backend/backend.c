@@ -246,7 +246,7 @@ static uint32_t glu_needs(enum glu_act act) {
     return act == GLU_SWIGLU_OAI ? BK_FEAT_SWIGLU_OAI : 0;
 }
 static uint32_t attn_needs(const struct attn_params *p) {
-    return p->sinks ? BK_FEAT_ATTN_SINKS : 0;
+    return (p->sinks ? BK_FEAT_ATTN_SINKS : 0) | (p->non_causal ? BK_FEAT_NON_CAUSAL : 0);
 }
 
 uint32_t bk_missing_features(const struct backend *b, uint32_t features) {
@@ -256,7 +256,8 @@ uint32_t bk_missing_features(const struct backend *b, uint32_t features) {
 const char *bk_feature_names(uint32_t features, char *buf, size_t n) {
     static const char *const names[] = {"attention sinks", "gpt-oss's clamped SwiGLU",
                                         "expert biases", "unrounded YaRN",
-                                        "a per-row GLU gate (shared experts)"};
+                                        "a per-row GLU gate (shared experts)", "LayerNorm",
+                                        "non-gated activations", "bidirectional attention"};
     size_t o = 0;
     if (n) buf[0] = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -280,6 +281,24 @@ void bk_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
     BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst) && tensor_same_shape(dst, x));
     BK_ASSERT(!w || (w->type == QT_F32 && w->ne[0] == x->ne[0]));
     b->ops->rms_norm(b, dst, x, w, eps);
+}
+
+void bk_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                   const struct tensor *w, const struct tensor *bias, float eps) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->layer_norm && has(b, BK_FEAT_LAYER_NORM));
+    BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst) && tensor_same_shape(dst, x));
+    BK_ASSERT(!w || (w->type == QT_F32 && w->ne[0] == x->ne[0]));
+    BK_ASSERT(!bias || (bias->type == QT_F32 && bias->ne[0] == x->ne[0]));
+    b->ops->layer_norm(b, dst, x, w, bias, eps);
+}
+
+void bk_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->act && has(b, BK_FEAT_ACT));
+    BK_ASSERT(is_f32_rows(dst) && is_f32_rows(x) && tensor_same_shape(dst, x));
+    BK_ASSERT(act == GLU_SILU || act == GLU_GELU_TANH || act == GLU_GELU_ERF);
+    b->ops->act(b, dst, x, act);
 }
 
 void bk_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
@@ -416,6 +435,13 @@ static void check_meta(const struct attn_meta *m, int64_t n_tokens) {
     BK_ASSERT(m->blocks->type == QT_I32 && m->block_size > 0);
 }
 
+/* Bidirectional attention has its key counts and neither a window nor sinks. */
+static void check_non_causal(const struct attn_meta *m, const struct attn_params *p) {
+    if (!p->non_causal) return;
+    BK_ASSERT(m->n_keys && m->n_keys->type == QT_I32 && m->n_keys->ne[0] == m->blocks->ne[1]);
+    BK_ASSERT(p->window == 0 && !p->sinks);
+}
+
 /* cache (head_dim, block_size, n_kv_head, n_blocks) against rows (head_dim, n_kv_head, n). */
 static void check_cache(const struct tensor *c, const struct tensor *x, int32_t block_size) {
     BK_ASSERT(c->ne[0] == x->ne[0] && c->ne[1] == block_size && c->ne[2] == x->ne[1]);
@@ -443,6 +469,7 @@ void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,
     BK_ASSERT(vc->ne[1] == m->block_size && vc->ne[2] == kc->ne[2] && vc->ne[3] == kc->ne[3]);
     BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
     BK_ASSERT(!p->sinks || (p->sinks->type == QT_F32 && p->sinks->ne[0] == q->ne[1]));
+    check_non_causal(m, p);
     BK_ASSERT(has(b, attn_needs(p)));
     b->ops->attention(b, dst, q, kc, vc, m, p);
 }
@@ -601,6 +628,7 @@ void bk_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
     BK_ASSERT(kc->ne[0] == q->ne[0] && q->ne[1] % kc->ne[2] == 0);
     BK_ASSERT(dst->ne[0] == vc->ne[0] && dst->ne[1] == q->ne[1] && dst->ne[2] == q->ne[2]);
     BK_ASSERT(!ap->sinks || (ap->sinks->type == QT_F32 && ap->sinks->ne[0] == q->ne[1]));
+    check_non_causal(m, ap);
     BK_ASSERT(has(b, rope_needs(qp->rope) | attn_needs(ap)));
     b->ops->rope_attention(b, dst, q, k, v, kc, vc, m, qp, ap);
 }

@@ -102,6 +102,8 @@ enum glu_act {
     GLU_SWIGLU_OAI = 3, /* gpt-oss's clamped SwiGLU: with g = min(gate, L), u = clamp(up, -L,
                          * L): g * sigmoid(A g) * (u + 1), A = GLU_OAI_ALPHA, L =
                          * GLU_OAI_LIMIT. Needs BK_FEAT_SWIGLU_OAI. */
+    GLU_GELU_ERF = 4,   /* the exact GELU, x * (1 + erf(x / sqrt 2)) / 2 (HF "gelu"): bert's
+                         * non-gated FFN, through bk_act only */
 };
 
 /* gpt-oss's SwiGLU constants (transformers' swiglu_alpha / swiglu_limit defaults; GGUF has
@@ -150,6 +152,9 @@ struct attn_meta {
     bool one_per_seq;            /* every sequence has exactly one row in the step (a decode
                                   * step): each row's new key is its last key. Part of the
                                   * step's shape (graph key). */
+    const struct tensor *n_keys; /* I32 (n_seqs): with non-causal attention, the keys each
+                                  * sequence's rows see, positions [0, n_keys[seq]) (all of
+                                  * them stored before attention runs); NULL otherwise */
 };
 
 struct attn_params {
@@ -160,6 +165,10 @@ struct attn_params {
      * logit, sinks[h] (not scaled, not soft-capped), that takes probability but has no
      * value: p_j = exp(s_j) / (sum_i exp(s_i) + exp(sinks[h])). Needs BK_FEAT_ATTN_SINKS. */
     const struct tensor *sinks;
+    /* Bidirectional attention (encoders: bert): a row sees every key of its sequence,
+     * positions [0, attn_meta.n_keys[seq]), later ones too; no window, no sinks. Needs
+     * BK_FEAT_NON_CAUSAL. */
+    bool non_causal;
 };
 
 /* What a backend implements beyond the basic op contracts (bits of backend_ops.features).
@@ -172,6 +181,9 @@ enum bk_feature {
     BK_FEAT_YARN_UNROUNDED = 1u << 3, /* rope_params.yarn_unrounded (rope and the fused
                                        * ops that rotate) */
     BK_FEAT_GLU_ROW_GATE = 1u << 4,   /* glu with one gate per row (a shared expert's) */
+    BK_FEAT_LAYER_NORM = 1u << 5,     /* bk_layer_norm */
+    BK_FEAT_ACT = 1u << 6,            /* bk_act (a non-gated FFN's activation) */
+    BK_FEAT_NON_CAUSAL = 1u << 7,     /* attn_params.non_causal (attention, rope_attention) */
 };
 
 /* Per-step inputs of the recurrent-state ops (bk_ssm_conv, bk_gated_delta_net). A
@@ -247,6 +259,10 @@ struct backend_ops {
                      const struct tensor *ids);
     void (*rms_norm)(struct backend *b, struct tensor *dst, const struct tensor *x,
                      const struct tensor *w, float eps);
+    /* Optional, with their feature bits (BK_FEAT_LAYER_NORM, BK_FEAT_ACT): encoders' ops. */
+    void (*layer_norm)(struct backend *b, struct tensor *dst, const struct tensor *x,
+                       const struct tensor *w, const struct tensor *bias, float eps);
+    void (*act)(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act);
     void (*rope)(struct backend *b, struct tensor *x, const struct tensor *pos,
                  const struct rope_params *p);
     void (*matmul)(struct backend *b, struct tensor *dst, const struct tensor *w,
@@ -411,6 +427,14 @@ void bk_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src
  * NULL. Works per head too: view q as (head_dim, n_head * n_tokens). In place ok. */
 void bk_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
                  const struct tensor *w, float eps);
+/* LayerNorm over ne0 of every row: dst = (x - mean(x)) / sqrt(var(x) + eps) * w + bias
+ * (var the biased variance, as torch's LayerNorm). w, bias F32 (ne0) or NULL. In place ok.
+ * Needs BK_FEAT_LAYER_NORM. */
+void bk_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                   const struct tensor *w, const struct tensor *bias, float eps);
+/* dst = act(x) element-wise, no gate (a non-gated FFN: bert's GELU): act GLU_SILU (silu x),
+ * GLU_GELU_TANH or GLU_GELU_ERF. Same shapes; in place ok. Needs BK_FEAT_ACT. */
+void bk_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act);
 /* In place on x (head_dim, n_head, n_tokens) with pos I32 (n_tokens). */
 void bk_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
              const struct rope_params *p);
@@ -439,7 +463,8 @@ void bk_softmax(struct backend *b, struct tensor *x);
 void bk_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc,
                  const struct tensor *k, const struct tensor *v, const struct attn_meta *m);
 /* Causal attention of q (head_dim_k, n_head, n_tokens) over each row's sequence in the
- * paged caches (see struct attn_meta); GQA when n_head is a multiple of the caches'
+ * paged caches (see struct attn_meta), or bidirectional with p->non_causal (over the
+ * sequence's m->n_keys keys); GQA when n_head is a multiple of the caches'
  * n_kv_head (query head h reads KV head h / (n_head / n_kv_head)).
  * dst (head_dim_v, n_head, n_tokens) F32. */
 void bk_attention(struct backend *b, struct tensor *dst, const struct tensor *q,

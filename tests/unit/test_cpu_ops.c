@@ -65,6 +65,78 @@ static void test_rms_norm(void) {
     T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
 }
 
+/* LayerNorm (torch's: biased variance) with and without weight and bias, in place too, on
+ * rows with a large mean (a one-pass variance would cancel there). */
+static void test_layer_norm(void) {
+    bk_step_begin(bk);
+    int64_t n = 83, rows = 6;
+    struct tensor *x = rand_f32(n, rows, 1), *w = rand_f32(n, 1, 1), *b = rand_f32(n, 1, 1);
+    for (int64_t i = 0; i < n * rows; i++) ((float *)x->data)[i] = ((float *)x->data)[i] * 3 + 250;
+    struct tensor *y = bk_new(bk, QT_F32, n, rows, 1);
+    double ref[83], worst = 0;
+    for (int mode = 0; mode < 3; mode++) {
+        const struct tensor *ww = mode == 2 ? NULL : w, *bb = mode == 0 ? b : NULL;
+        bk_layer_norm(bk, y, x, ww, bb, 1e-12f);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = (float *)x->data + r * n;
+            double mean = 0, var = 0;
+            for (int64_t i = 0; i < n; i++) mean += xr[i];
+            mean /= (double)n;
+            for (int64_t i = 0; i < n; i++) var += (xr[i] - mean) * (xr[i] - mean);
+            var /= (double)n;
+            for (int64_t i = 0; i < n; i++) {
+                ref[i] = (xr[i] - mean) / sqrt(var + 1e-12);
+                if (ww) ref[i] *= ((float *)w->data)[i];
+                if (bb) ref[i] += ((float *)b->data)[i];
+            }
+            double e = max_err((float *)y->data + r * n, ref, n);
+            if (e > worst) worst = e;
+        }
+    }
+    T_CHECKF(worst < 2e-6, "layer_norm: err %g", worst);
+    /* in place */
+    float first[83];
+    memcpy(first, x->data, sizeof first);
+    bk_layer_norm(bk, x, x, w, b, 1e-5f);
+    double mean = 0, var = 0;
+    for (int i = 0; i < 83; i++) mean += first[i];
+    mean /= 83;
+    for (int i = 0; i < 83; i++) var += (first[i] - mean) * (first[i] - mean);
+    for (int i = 0; i < 83; i++)
+        ref[i] = (first[i] - mean) / sqrt(var / 83 + 1e-5) * ((float *)w->data)[i] +
+                 ((float *)b->data)[i];
+    T_CHECK(max_err(x->data, ref, 83) < 2e-6);
+    T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
+}
+
+/* The plain activations (bk_act) against libm in double, over [-12, 12] and beyond. */
+static void test_act(void) {
+    bk_step_begin(bk);
+    int64_t n = 1001, rows = 3;
+    struct tensor *x = rand_f32(n, rows, 1), *y = bk_new(bk, QT_F32, n, rows, 1);
+    float *xd = x->data;
+    for (int64_t i = 0; i < n * rows; i++) xd[i] *= 4.0f;
+    xd[0] = -40.0f, xd[1] = 40.0f, xd[2] = 0.0f;
+    static const enum glu_act acts[3] = {GLU_GELU_ERF, GLU_GELU_TANH, GLU_SILU};
+    for (int a = 0; a < 3; a++) {
+        bk_act(bk, y, x, acts[a]);
+        double worst = 0;
+        for (int64_t i = 0; i < n * rows; i++) {
+            double v = xd[i], r;
+            if (acts[a] == GLU_GELU_ERF) r = 0.5 * v * (1 + erf(v / sqrt(2.0)));
+            else if (acts[a] == GLU_GELU_TANH)
+                r = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+            else r = v / (1 + exp(-v));
+            double e = fabs(((float *)y->data)[i] - r) / (fabs(r) > 1 ? fabs(r) : 1);
+            if (e > worst) worst = e;
+        }
+        T_CHECKF(worst < 2e-6, "act %d: err %g", (int)acts[a], worst);
+    }
+    bk_act(bk, x, x, GLU_GELU_ERF); /* in place */
+    T_CHECK(fabsf(xd[1] - 40.0f) < 1e-5f && fabsf(xd[0]) < 1e-5f);
+    T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
+}
+
 /* Reference RoPE: rotation of pairs as complex multiplication by e^{i theta}, with HF's
  * arrangement of YaRN (blend inverse frequencies, scale cos/sin). */
 static void rope_ref(const float *x, double *y, int64_t head_dim, const struct rope_params *p,
@@ -336,7 +408,8 @@ static void test_fused(void) {
 /* Paged attention against a dense reference: three sequences with scattered block
  * tables, a prefill chunk beside decode rows, GQA, sliding window, soft-capping, F32 and
  * F16 caches, attention sinks. */
-static void check_attention(uint32_t kv_type, int32_t window, float softcap, bool sinks) {
+/* nc: bidirectional (an encoder's): every query sees its whole sequence, later keys too. */
+static void check_attention(uint32_t kv_type, int32_t window, float softcap, bool sinks, bool nc) {
     bk_step_begin(bk);
     const int64_t dk = 24, dv = 16, n_kv = 2, n_head = 6, bs = 4, n_blocks = 16;
     const int n_seq = 3;
@@ -368,7 +441,7 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap, boo
     struct tensor *K = rand_f32(dk, n_kv, total), *V = rand_f32(dv, n_kv, total);
     int32_t flat[12];
     for (int s = 0; s < n_seq; s++) memcpy(flat + 4 * s, table[s], 16);
-    struct attn_meta all = {i32(pos, total), i32(seq, total), i32(slot, total), NULL, (int32_t)bs, false};
+    struct attn_meta all = {i32(pos, total), i32(seq, total), i32(slot, total), NULL, (int32_t)bs, false, NULL};
     struct tensor *tb = bk_new(bk, QT_I32, 4, n_seq, 1);
     memcpy(tb->data, flat, sizeof flat);
     all.blocks = tb;
@@ -382,13 +455,17 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap, boo
         qseq[i] = seq[qrow[i]];
         qslot[i] = slot[qrow[i]];
     }
-    struct attn_meta m = {i32(qpos, 7), i32(qseq, 7), i32(qslot, 7), tb, (int32_t)bs, false};
+    struct attn_meta m = {i32(qpos, 7), i32(qseq, 7), i32(qslot, 7), tb, (int32_t)bs, false, NULL};
     struct tensor *q = rand_f32(dk, n_head, 7), *out = bk_new(bk, QT_F32, dv, n_head, 7);
     struct attn_params ap = {.scale = 0.3f, .softcap = softcap, .window = window};
     /* per-head sinks around the scores' scale, one far above them (takes most of the mass) */
     struct tensor *sk = rand_f32(n_head, 1, 1);
     ((float *)sk->data)[1] = 6.0f;
     if (sinks) ap.sinks = sk;
+    if (nc) {
+        ap.non_causal = true;
+        m.n_keys = i32(seq_len, n_seq);
+    }
     bk_attention(bk, out, q, &kc, &vc, &m, &ap);
     T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
 
@@ -400,7 +477,7 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap, boo
             double sc[16], mx = -1e300, sum = 0, ref[16] = {0};
             int base = qrow[i] - qpos[i]; /* row of position 0 of this sequence */
             int n = 0;
-            for (int p = 0; p <= qpos[i]; p++) {
+            for (int p = 0; p < (nc ? seq_len[qseq[i]] : qpos[i] + 1); p++) {
                 double s = -INFINITY;
                 if (!(window > 0 && qpos[i] - p >= window)) {
                     s = 0;
@@ -429,8 +506,8 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap, boo
             double e = max_err((float *)out->data + (i * n_head + h) * dv, ref, dv);
             if (e > worst) worst = e;
         }
-    T_CHECKF(worst < 1e-5, "type %s window %d softcap %g sinks %d: err %g", qtype_name(kv_type),
-             window, (double)softcap, sinks, worst);
+    T_CHECKF(worst < 1e-5, "type %s window %d softcap %g sinks %d non-causal %d: err %g",
+             qtype_name(kv_type), window, (double)softcap, sinks, nc, worst);
     free(pos);
     free(seq);
     free(slot);
@@ -439,12 +516,14 @@ static void check_attention(uint32_t kv_type, int32_t window, float softcap, boo
 }
 
 static void test_attention(void) {
-    check_attention(QT_F32, 0, 0, false);
-    check_attention(QT_F32, 3, 0, false);
-    check_attention(QT_F32, 0, 2.5f, false);
-    check_attention(QT_F16, 5, 0, false);
-    check_attention(QT_F32, 0, 0, true); /* gpt-oss: sinks, with and without the window */
-    check_attention(QT_F16, 3, 0, true);
+    check_attention(QT_F32, 0, 0, false, false);
+    check_attention(QT_F32, 3, 0, false, false);
+    check_attention(QT_F32, 0, 2.5f, false, false);
+    check_attention(QT_F16, 5, 0, false, false);
+    check_attention(QT_F32, 0, 0, true, false); /* gpt-oss: sinks, with and without the window */
+    check_attention(QT_F16, 3, 0, true, false);
+    check_attention(QT_F32, 0, 0, false, true); /* bert: bidirectional */
+    check_attention(QT_F16, 0, 0, false, true);
 }
 
 /* Every ISA's vector kernels against double references at ragged lengths. */
@@ -560,6 +639,8 @@ int main(void) {
     struct err e;
     if (cpu_backend_new(&bk, 1, &e) != SMELT_OK) return 1;
     T_RUN(test_rms_norm);
+    T_RUN(test_layer_norm);
+    T_RUN(test_act);
     T_RUN(test_rope);
     T_RUN(test_get_rows);
     T_RUN(test_elementwise);

@@ -280,7 +280,7 @@ static bool run_cpu(const struct attn_case *c, const struct built *b, float *out
     tensor_host(&seq, QT_I32, b->n_tokens, 1, 1, 1, b->seq);
     tensor_host(&slot, QT_I32, b->n_tokens, 1, 1, 1, b->pos); /* unused by attention */
     tensor_host(&tb, QT_I32, b->max_blocks, b->n_seqs, 1, 1, b->tables);
-    struct attn_meta m = {&pos, &seq, &slot, &tb, c->bs, false};
+    struct attn_meta m = {&pos, &seq, &slot, &tb, c->bs, false, NULL};
     struct attn_params ap = {.scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window};
     struct err e;
     bk_step_begin(cpu);
@@ -362,7 +362,7 @@ static void check_case(const struct attn_case *c) {
     bk_upload(gpu, pos, b.pos, sizeof(int32_t) * b.n_tokens);
     bk_upload(gpu, seq, b.seq, sizeof(int32_t) * b.n_tokens);
     bk_upload(gpu, tb, b.tables, sizeof(int32_t) * b.max_blocks * b.n_seqs);
-    struct attn_meta m = {pos, seq, pos, tb, c->bs, false};
+    struct attn_meta m = {pos, seq, pos, tb, c->bs, false, NULL};
     struct attn_params ap = {.scale = 1.0f / sqrtf((float)c->d), .softcap = c->softcap, .window = c->window};
     bk_attention(gpu, dst, q, &kc, &vc, &m, &ap);
     bk_download(gpu, out, dst, sizeof(float) * out_n);
@@ -524,7 +524,7 @@ static void check_rope_case(const struct rope_case *rc) {
         struct rope_params rpc = rp;
         rpc.freq_factors = rc->factors ? &fft : NULL;
         struct qk_prep qp = {rc->qk_norm ? &qw : NULL, rc->qk_norm ? &kw : NULL, 1e-6f, &rpc};
-        struct attn_meta m = {&pos, &seq, &sl, &tb, c->bs, true};
+        struct attn_meta m = {&pos, &seq, &sl, &tb, c->bs, true, NULL};
         bk_step_begin(cpu);
         bk_rope_kv_store(cpu, &q, &k, &v, &kc, &vc, &m, &qp);
         bk_attention(cpu, &dst, &q, &kc, &vc, &m, &ap);
@@ -565,7 +565,7 @@ static void check_rope_case(const struct rope_case *rc) {
     struct rope_params rpg = rp;
     rpg.freq_factors = rc->factors ? &gff : NULL;
     struct qk_prep qp = {rc->qk_norm ? qw : NULL, rc->qk_norm ? kw : NULL, 1e-6f, &rpg};
-    struct attn_meta m = {pos, seq, sl, tb, c->bs, true};
+    struct attn_meta m = {pos, seq, sl, tb, c->bs, true, NULL};
     bk_rope_attention(gpu, dst, q, k, v, &gkc, &gvc, &m, &qp, &ap);
     bk_download(gpu, out, dst, sizeof(float) * qn);
     bk_download(gpu, kc_gpu, &gkc, b.cache_bytes);

@@ -208,7 +208,7 @@ static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
     .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED |
-                BK_FEAT_GLU_ROW_GATE,
+                BK_FEAT_GLU_ROW_GATE | BK_FEAT_LAYER_NORM | BK_FEAT_ACT | BK_FEAT_NON_CAUSAL,
     .weight_bind = cpu_weight_bind,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
@@ -221,6 +221,8 @@ static const struct backend_ops cpu_ops = {
     .sync = cpu_sync,
     .get_rows = cpu_op_get_rows,
     .rms_norm = cpu_op_rms_norm,
+    .layer_norm = cpu_op_layer_norm,
+    .act = cpu_op_act,
     .rope = cpu_op_rope,
     .matmul = cpu_op_matmul,
     .add = cpu_op_add,

@@ -40,6 +40,9 @@ void cpu_op_get_rows(struct backend *b, struct tensor *dst, const struct tensor 
                      const struct tensor *ids);
 void cpu_op_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
                      const struct tensor *w, float eps);
+void cpu_op_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                       const struct tensor *w, const struct tensor *bias, float eps);
+void cpu_op_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act);
 void cpu_op_add(struct backend *b, struct tensor *dst, const struct tensor *a,
                 const struct tensor *c);
 void cpu_op_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);

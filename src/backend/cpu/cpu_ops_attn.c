@@ -1,5 +1,5 @@
-/* CPU paged-KV ops: storing a step's K/V rows into cache blocks, and causal attention
- * over each row's sequence.
+/* CPU paged-KV ops: storing a step's K/V rows into cache blocks, and causal (or, for
+ * encoders, bidirectional) attention over each row's sequence.
  *
  * Cache layout (one K and one V tensor per layer): (head_dim, block_size, n_kv_head,
  * n_blocks), i.e. [block][kv head][token in block][dim] in memory. A (block, head) tile
@@ -11,7 +11,9 @@
  * whole visible range are kept (G x n_keys floats per thread), softmaxed exactly (max
  * subtracted; an attention sink, gpt-oss's per-head logit with no value, joins the max and
  * the sum), then the values are summed. Visible keys are positions
- * [max(0, pos - window + 1), pos] of the row's own sequence; nothing past pos is read. */
+ * [max(0, pos - window + 1), pos] of the row's own sequence; nothing past pos is read.
+ * Bidirectional (non-causal) attention sees [0, n_keys[seq]) instead, every key of the
+ * sequence (the model checked that all of them are in this step, stored before). */
 #include <math.h>
 #include <string.h>
 
@@ -72,6 +74,7 @@ struct attn_ctx {
     struct tensor *dst;
     const struct tensor *q, *kc, *vc, *blocks;
     const int32_t *pos, *seq;
+    const int32_t *n_keys; /* non-causal: keys per sequence; NULL: causal */
     const float *sinks; /* (n_head) or NULL */
     int32_t block_size;
     struct attn_params p;
@@ -99,6 +102,7 @@ static void attn_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     for (int64_t item = i0; item < i1; item++) {
         int64_t t = item / n_kv, g = item % n_kv;
         int64_t pos = c->pos[t], j0 = first_key(pos, c->p.window), n = pos - j0 + 1;
+        if (c->n_keys) j0 = 0, n = c->n_keys[c->seq[t]];
         const int32_t *table = tensor_row(c->blocks, c->seq[t], 0, 0);
         const float *q0 = tensor_row(c->q, g * G, t, 0); /* the group's G query heads */
 
@@ -156,7 +160,8 @@ void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor
                       const struct attn_meta *m, const struct attn_params *p) {
     struct cpu_backend *cb = cpu_of(b);
     struct attn_ctx c = {dst, q, kc, vc, m->blocks, m->pos->data, m->seq->data,
-                         p->sinks ? p->sinks->data : NULL, m->block_size, *p, cb->vec, 0, NULL, 0};
+                         p->non_causal ? m->n_keys->data : NULL, p->sinks ? p->sinks->data : NULL,
+                         m->block_size, *p, cb->vec, 0, NULL, 0};
     int64_t n_tokens = q->ne[2], G = q->ne[1] / kc->ne[2];
     if (G > 64) {
         bk_fail(b, SMELT_ERR_UNSUPPORTED, "attention: %lld query heads per KV head (max 64)",
@@ -164,7 +169,7 @@ void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor
         return;
     }
     for (int64_t t = 0; t < n_tokens; t++) {
-        int64_t n = c.pos[t] - first_key(c.pos[t], p->window) + 1;
+        int64_t n = c.n_keys ? c.n_keys[c.seq[t]] : c.pos[t] - first_key(c.pos[t], p->window) + 1;
         if (n > c.max_keys) c.max_keys = n;
     }
     c.buf_per_thread = (size_t)(G * c.max_keys + kc->ne[0] + vc->ne[0] + 16) & ~(size_t)15;

@@ -1,5 +1,5 @@
-/* CPU row-wise and element-wise ops: embedding/row gather, RMSNorm, add, scale, GLU
- * activations, soft-capping, softmax. All parallel over rows; none is a bottleneck next
+/* CPU row-wise and element-wise ops: embedding/row gather, RMSNorm, LayerNorm, add, scale,
+ * GLU and plain activations, soft-capping, softmax. All parallel over rows; none is a bottleneck next
  * to the matmuls (each touches n_embd or n_ff floats per row once). */
 #include <math.h>
 #include <string.h>
@@ -61,6 +61,42 @@ void cpu_op_rms_norm(struct backend *b, struct tensor *dst, const struct tensor 
                      const struct tensor *w, float eps) {
     struct norm_ctx c = {dst, x, w, eps};
     cpu_parallel(cpu_of(b), rms_norm_range, &c, tensor_nrows(x), 8);
+}
+
+/* ---- layer_norm ---- */
+
+struct lnorm_ctx {
+    struct tensor *dst;
+    const struct tensor *x, *w, *b;
+    float eps;
+};
+
+/* Mean and biased variance in double, two passes (no cancellation for large means). */
+static void layer_norm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct lnorm_ctx *c = vctx;
+    int64_t n = c->x->ne[0];
+    const float *w = c->w ? c->w->data : NULL, *bias = c->b ? c->b->data : NULL;
+    for (int64_t r = i0; r < i1; r++) {
+        const float *x = row_at(c->x, r);
+        float *y = row_at(c->dst, r);
+        double s = 0, ss = 0;
+        for (int64_t i = 0; i < n; i++) s += x[i];
+        const double mean = s / (double)n;
+        for (int64_t i = 0; i < n; i++) ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+        const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)c->eps)), m = (float)mean;
+        for (int64_t i = 0; i < n; i++) {
+            float v = (x[i] - m) * inv;
+            if (w) v *= w[i];
+            if (bias) v += bias[i];
+            y[i] = v;
+        }
+    }
+}
+
+void cpu_op_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
+                       const struct tensor *w, const struct tensor *bias, float eps) {
+    struct lnorm_ctx c = {dst, x, w, bias, eps};
+    cpu_parallel(cpu_of(b), layer_norm_range, &c, tensor_nrows(x), 8);
 }
 
 /* ---- add, scale ---- */
@@ -161,6 +197,33 @@ void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate
     /* a thread per 16K elements at least: the few rows of an MoE expert block (8 rows of
      * 768 at decode) are not worth waking the pool for */
     cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(up), 16384 / up->ne[0] + 1);
+}
+
+/* ---- plain activations (a non-gated FFN) ---- */
+
+/* Scalar libm: bert's FFN is one activation per n_ff element of each row, small next to
+ * its two matmuls. */
+static void act_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct bin_ctx *c = vctx;
+    int64_t n = c->a->ne[0];
+    for (int64_t r = i0; r < i1; r++) {
+        const float *x = row_at(c->a, r);
+        float *y = row_at(c->dst, r);
+        for (int64_t i = 0; i < n; i++) {
+            const float v = x[i];
+            if (c->act == GLU_GELU_ERF)
+                y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+            else if (c->act == GLU_GELU_TANH)
+                y[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+            else /* GLU_SILU */
+                y[i] = v / (1.0f + expf(-v));
+        }
+    }
+}
+
+void cpu_op_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act) {
+    struct bin_ctx ctx = {.dst = dst, .a = x, .act = act};
+    cpu_parallel(cpu_of(b), act_range, &ctx, tensor_nrows(x), 16384 / x->ne[0] + 1);
 }
 
 /* ---- softcap, softmax ---- */
