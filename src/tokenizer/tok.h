@@ -7,6 +7,12 @@
  *           lists them; an unknown name is refused unless tok_opts allows it).
  *   "llama" SentencePiece BPE: pieces merged by score, "▁" for spaces, a space prefix
  *           (tokenizer.ggml.add_space_prefix, default on), <0xNN> byte fallback.
+ *   "bert"  WordPiece (BERT's tokenizer): HF's BertNormalizer (control characters dropped,
+ *           whitespace to spaces, CJK set apart, accents stripped and lowercase as
+ *           tokenizer.ggml.normalizer.lowercase / .strip_accents say), BertPreTokenizer
+ *           (whitespace and punctuation), then per word the longest vocabulary piece
+ *           first, "##" continuations, [UNK] for a word that cannot be covered; [CLS] ...
+ *           [SEP] around it with TOK_ADD_SPECIAL.
  *
  * Encoding: control tokens (and the unknown token) are matched in the text when
  * TOK_PARSE_SPECIAL is given, user-defined tokens always (as Hugging Face does with
@@ -44,6 +50,7 @@ enum tok_type {
 enum tok_model {
     TOK_MODEL_BPE = 1, /* "gpt2": byte-level BPE */
     TOK_MODEL_SPM = 2, /* "llama": SentencePiece BPE */
+    TOK_MODEL_WPM = 3, /* "bert": WordPiece */
 };
 
 /* Special token ids; -1 where the vocab has none. */

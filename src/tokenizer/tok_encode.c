@@ -8,7 +8,8 @@
  *  3. Each text segment between them is encoded on its own: BPE vocabs NFC-normalize
  *     (when the pre-tokenizer says so), pre-tokenize and merge each pre-token; SPM vocabs
  *     run SentencePiece on the segment, with a space prefix on each segment (HF's
- *     Prepend normalizer applies per segment; llama.cpp does the same).
+ *     Prepend normalizer applies per segment; llama.cpp does the same); WordPiece vocabs
+ *     normalize, split and cover each word (tok_wpm.c).
  *  4. BOS / EOS around it all with TOK_ADD_SPECIAL, where the vocab asks for them.
  */
 #include <stdlib.h>
@@ -29,6 +30,8 @@ static void ctx_free(struct tok_ctx *c) {
     free(c->buf);
     free(c->nbuf);
     free(c->cps);
+    free(c->cps2);
+    free(c->offs);
 }
 
 /* The longest added token at s[0..n) that flags allow, or -1; *len gets its length. */
@@ -62,6 +65,7 @@ static smelt_status encode_text(struct tok_ctx *c, const uint8_t *s, size_t n, s
     const struct tok *t = c->t;
     if (n == 0) return SMELT_OK;
     if (t->model == TOK_MODEL_SPM) return tok_spm_segment(c, s, n, t->add_space_prefix, e);
+    if (t->model == TOK_MODEL_WPM) return tok_wpm_segment(c, s, n, e);
     if (t->pre.nfc && !tok_nfc_quick(s, n)) {
         smelt_status st = tok_nfc(c, s, n, &s, &n, e);
         if (st != SMELT_OK) return st;

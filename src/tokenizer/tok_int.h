@@ -9,9 +9,11 @@
  *   piece/piece_off the bytes each token decodes to (byte-level chars mapped back to
  *                  bytes, "▁" -> ' ', <0xNN> -> the byte; control tokens: their text)
  *   map            open-addressing hash of ids keyed by the *lookup key* of each id: the
- *                  piece for BPE vocabs (so a pre-token's raw bytes look up directly) and
- *                  the GGUF text for SPM vocabs (whose merges run on "▁"-escaped text;
- *                  key/key_off, where whitespace user-defined tokens are respelled)
+ *                  piece for BPE vocabs (so a pre-token's raw bytes look up directly), the
+ *                  GGUF text for SPM vocabs (whose merges run on "▁"-escaped text;
+ *                  key/key_off, where whitespace user-defined tokens are respelled) and for
+ *                  WordPiece vocabs (llama.cpp's "phantom space" spelling: "▁" + a word's
+ *                  first piece, a continuation without its "##")
  *   merges         BPE only: (left id, right id) -> (rank, merged id)
  *   trie           the tokens matched in raw text before pre-tokenization (control,
  *                  unknown, user-defined), longest match first
@@ -109,7 +111,9 @@ struct tok {
     struct tok_special sp;
     int32_t *eog;
     size_t n_eog;
-    bool add_bos, add_eos, add_space_prefix;
+    bool add_bos, add_eos, add_space_prefix; /* (WordPiece: pieces carry their space) */
+    bool wpm_lower, wpm_strip; /* WordPiece: lowercase, strip accents (BertNormalizer) */
+    size_t max_text;           /* the longest token text, in bytes */
     bool has_byte_fallback; /* SPM: all 256 <0xNN> tokens exist */
 };
 
@@ -131,8 +135,12 @@ struct tok_ctx {
     size_t buf_cap;
     uint8_t *nbuf; /* NFC output */
     size_t nbuf_cap;
-    uint32_t *cps; /* NFC code point scratch */
+    uint32_t *cps; /* NFC code point scratch; WordPiece: the normalized text */
     size_t cps_cap;
+    uint32_t *cps2; /* WordPiece: the code points before each normalizing stage */
+    size_t cps2_cap;
+    uint32_t *offs; /* WordPiece: byte offsets of a word's characters */
+    size_t offs_cap;
     /* BPE per-call word cache */
     struct tok_wcache *cache;
 };
@@ -162,6 +170,10 @@ static inline const char *tok_key(const struct tok *t, int32_t id, size_t *len) 
     if (t->model == TOK_MODEL_BPE) {
         *len = t->piece_off[id + 1] - t->piece_off[id];
         return t->piece + t->piece_off[id];
+    }
+    if (t->model == TOK_MODEL_WPM) {
+        *len = t->text_off[id + 1] - t->text_off[id];
+        return t->text + t->text_off[id];
     }
     *len = t->key_off[id + 1] - t->key_off[id];
     return t->key + t->key_off[id];
@@ -233,6 +245,15 @@ bool tok_nfc_quick(const uint8_t *s, size_t n);
 /* NFC of s[0..n) (valid UTF-8) into c->nbuf; *out / *out_n point at the result. */
 smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_t **out,
                      size_t *out_n, struct err *e);
+
+/* Canonical decomposition and ordering (NFD, HF's data) of in[0..n) into out (room for
+ * 4 n code points); returns the length. */
+size_t tok_nfd(const uint32_t *in, size_t n, uint32_t *out);
+
+/* ---- tok_wpm.c ---- */
+/* Appends the WordPiece ids of one text segment (valid UTF-8, no added tokens in it) to
+ * c->out: BERT's normalizer and pre-tokenizer, then greedy longest-match pieces. */
+smelt_status tok_wpm_segment(struct tok_ctx *c, const uint8_t *s, size_t n, struct err *e);
 
 /* Grows c->buf to at least n bytes. */
 smelt_status tok_ctx_buf(struct tok_ctx *c, size_t n);

@@ -117,56 +117,71 @@ static smelt_status grow(struct tok_ctx *c, size_t need, struct err *e) {
     return SMELT_OK;
 }
 
-/* Appends NFC(s[0..n)) to c->nbuf at *o (room for 4 bytes per output code point is
- * made here). */
-static smelt_status nfc_region(struct tok_ctx *c, const uint8_t *s, size_t n, size_t *o,
-                               struct err *e) {
-    /* Decomposition can grow a character up to 18 code points (U+FDFA is compatibility
-     * only; canonical maximum is 4), so 4 per input byte is a safe bound. */
-    size_t need = n * 4 + 4;
-    if (!array_grow((void **)&c->cps, &c->cps_cap, need, sizeof *c->cps))
-        return err_set(e, SMELT_ERR_NOMEM, "NFC scratch (%zu code points)", need);
-    uint32_t *cp = c->cps;
+/* Canonical decomposition (Hangul algorithmically) and canonical ordering of in[0..n) into
+ * out (room for 4 n code points: a canonical decomposition is at most 4 long); returns the
+ * length. in and out must not overlap. */
+static size_t decompose(const uint32_t *in, size_t n, uint32_t *out) {
     size_t m = 0;
-    for (size_t i = 0; i < n;) {
-        uint32_t x;
-        size_t k = utf8_decode(s + i, n - i, &x);
-        if (!k) {
-            x = UTF8_REPLACEMENT;
-            k = 1;
-        }
-        i += k;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = in[i];
         if (x >= SBASE && x < SBASE + SCOUNT) {
             uint32_t si = x - SBASE;
-            cp[m++] = LBASE + si / NCOUNT;
-            cp[m++] = VBASE + (si % NCOUNT) / TCOUNT;
-            if (si % TCOUNT) cp[m++] = TBASE + si % TCOUNT;
+            out[m++] = LBASE + si / NCOUNT;
+            out[m++] = VBASE + (si % NCOUNT) / TCOUNT;
+            if (si % TCOUNT) out[m++] = TBASE + si % TCOUNT;
             continue;
         }
         const uint32_t *d;
         size_t dn = x >= 0xC0 ? decomp_of(x, &d) : 0;
         if (dn) {
             for (size_t j = 0; j < dn; j++)
-                cp[m++] = d[j];
+                out[m++] = d[j];
         } else {
-            cp[m++] = x;
+            out[m++] = x;
         }
     }
     /* Canonical ordering: stable sort each run of non-starters by class (runs are short;
      * insertion sort). */
     for (size_t i = 1; i < m; i++) {
-        uint32_t cc = ccc_of(cp[i]);
+        uint32_t cc = ccc_of(out[i]);
         if (cc == 0) continue;
         size_t j = i;
-        uint32_t x = cp[i];
+        uint32_t x = out[i];
         while (j > 0) {
-            uint32_t pc = ccc_of(cp[j - 1]);
+            uint32_t pc = ccc_of(out[j - 1]);
             if (pc == 0 || pc <= cc) break;
-            cp[j] = cp[j - 1];
+            out[j] = out[j - 1];
             j--;
         }
-        cp[j] = x;
+        out[j] = x;
     }
+    return m;
+}
+
+size_t tok_nfd(const uint32_t *in, size_t n, uint32_t *out) { return decompose(in, n, out); }
+
+/* Appends NFC(s[0..n)) to c->nbuf at *o (room for 4 bytes per output code point is
+ * made here). */
+static smelt_status nfc_region(struct tok_ctx *c, const uint8_t *s, size_t n, size_t *o,
+                               struct err *e) {
+    /* The region's code points (at most n) go after the room for their decomposition (at
+     * most 4 each: U+FDFA is compatibility only; the canonical maximum is 4). */
+    size_t need = n * 5 + 4;
+    if (!array_grow((void **)&c->cps, &c->cps_cap, need, sizeof *c->cps))
+        return err_set(e, SMELT_ERR_NOMEM, "NFC scratch (%zu code points)", need);
+    uint32_t *cp = c->cps, *raw = c->cps + 4 * n + 4;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t x;
+        size_t len = utf8_decode(s + i, n - i, &x);
+        if (!len) {
+            x = UTF8_REPLACEMENT;
+            len = 1;
+        }
+        i += len;
+        raw[k++] = x;
+    }
+    size_t m = decompose(raw, k, cp);
     /* Canonical composition. */
     if (m > 0) {
         size_t starter = 0, w = 1;

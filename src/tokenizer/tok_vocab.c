@@ -9,6 +9,9 @@
  *  - Where two tokens share a string, the later id wins (HF's vocab dict, llama.cpp).
  *  - Token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
  *  - add_bos defaults to on for SPM vocabs, off for BPE; add_space_prefix to on.
+ *  - WordPiece ("bert") tokens are in llama.cpp's "phantom space" form: "▁" + a word's
+ *    first piece, a "##" continuation without its "##", control tokens as they are; so a
+ *    piece decodes like SentencePiece's ("▁" -> ' ') and the text is the lookup key.
  *  - End-of-generation tokens: eos/eot/eom ids plus tokens named like llama.cpp's list.
  *  - SPM user-defined tokens made only of spaces (Gemma's "  " .. 31 spaces; the converter
  *    stores them with real spaces) are not added tokens in HF's Gemma tokenizer: they
@@ -288,6 +291,13 @@ static bool text_is(const struct tok *t, int32_t id, const char *z) {
     return n == strlen(z) && memcmp(t->text + t->text_off[id], z, n) == 0;
 }
 
+/* The first id whose GGUF text is z, or -1. */
+static int32_t tok_find_text(const struct tok *t, const char *z) {
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (text_is(t, id, z)) return id;
+    return -1;
+}
+
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -310,6 +320,26 @@ static const char *const eot_names[] = {
     "<｜end▁of▁sentence｜>",
 };
 
+/* WordPiece vocabs: [CLS] text [SEP]. BOS is tokenizer.ggml.bos_token_id (llama.cpp's
+ * converter writes [CLS] there), else cls_token_id, else the token "[CLS]"; EOS likewise
+ * with [SEP] (llama.cpp ends a BERT input with its separator id). The normalizer:
+ * tokenizer.ggml.normalizer.lowercase, and .strip_accents, which follows lowercase when
+ * absent (HF's BertNormalizer). A file without the lowercase key comes from a converter
+ * that predates it, whose BERT files were all lowercased (uncased BERT, and llama.cpp's
+ * tokenizer lowercased then whatever the model): on. */
+static smelt_status wpm_specials(struct tok *t, const struct gguf_file *f, struct err *e) {
+    if (t->sp.bos < 0) t->sp.bos = get_id(f, "tokenizer.ggml.cls_token_id", t->n_vocab);
+    if (t->sp.bos < 0) t->sp.bos = tok_find_text(t, "[CLS]");
+    if (t->sp.eos < 0) t->sp.eos = t->sp.sep >= 0 ? t->sp.sep : tok_find_text(t, "[SEP]");
+    if (t->sp.unk < 0) t->sp.unk = tok_find_text(t, "[UNK]");
+    t->wpm_lower = get_flag(f, "tokenizer.ggml.normalizer.lowercase", true);
+    t->wpm_strip = get_flag(f, "tokenizer.ggml.normalizer.strip_accents", t->wpm_lower);
+    if (t->sp.unk < 0) /* a word no piece covers becomes the unknown token: WordPiece needs it */
+        return err_set(e, SMELT_ERR_FORMAT, "tokenizer: a WordPiece (\"bert\") vocab needs an "
+                       "unknown token: no tokenizer.ggml.unknown_token_id and no \"[UNK]\"");
+    return SMELT_OK;
+}
+
 static smelt_status specials_build(struct tok *t, const struct gguf_file *f, struct err *e) {
     int32_t n = t->n_vocab;
     t->sp.bos = get_id(f, "tokenizer.ggml.bos_token_id", n);
@@ -322,10 +352,14 @@ static smelt_status specials_build(struct tok *t, const struct gguf_file *f, str
     if (t->sp.sep < 0) t->sp.sep = get_id(f, "tokenizer.ggml.separator_token_id", n);
     t->sp.mask = get_id(f, "tokenizer.ggml.mask_token_id", n);
 
-    bool spm = t->model == TOK_MODEL_SPM;
-    t->add_bos = get_flag(f, "tokenizer.ggml.add_bos_token", spm);
-    t->add_eos = get_flag(f, "tokenizer.ggml.add_eos_token", false);
-    t->add_space_prefix = spm && get_flag(f, "tokenizer.ggml.add_space_prefix", true);
+    bool spm = t->model == TOK_MODEL_SPM, wpm = t->model == TOK_MODEL_WPM;
+    if (wpm) {
+        smelt_status st = wpm_specials(t, f, e);
+        if (st != SMELT_OK) return st;
+    }
+    t->add_bos = get_flag(f, "tokenizer.ggml.add_bos_token", spm || wpm);
+    t->add_eos = get_flag(f, "tokenizer.ggml.add_eos_token", wpm);
+    t->add_space_prefix = (spm && get_flag(f, "tokenizer.ggml.add_space_prefix", true)) || wpm;
     if (t->add_bos && t->sp.bos < 0) t->add_bos = false;
     if (t->add_eos && t->sp.eos < 0) t->add_eos = false;
 
@@ -411,11 +445,13 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f,
         kind = TOK_MODEL_BPE;
     else if (gguf_str_eq(model, "llama"))
         kind = TOK_MODEL_SPM;
+    else if (gguf_str_eq(model, "bert"))
+        kind = TOK_MODEL_WPM;
     else {
         char buf[64];
         return err_set(e, SMELT_ERR_UNSUPPORTED,
-                       "tokenizer.ggml.model = \"%s\": only \"gpt2\" (byte-level BPE) and "
-                       "\"llama\" (SentencePiece BPE) are supported",
+                       "tokenizer.ggml.model = \"%s\": only \"gpt2\" (byte-level BPE), "
+                       "\"llama\" (SentencePiece BPE) and \"bert\" (WordPiece) are supported",
                        gguf_str_copy(model, buf, sizeof buf));
     }
     const struct gguf_value *toks;
@@ -459,7 +495,7 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f,
         } else if (e2.code != SMELT_ERR_NOT_FOUND) {
             return err_set(e, e2.code, "%s", e2.msg);
         }
-    } else {
+    } else if (kind == TOK_MODEL_BPE) {
         if (gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_T_STRING, &merges, e) != SMELT_OK)
             return err_prefix(e, "tokenizer (byte-level BPE needs merges)");
     }
@@ -506,6 +542,7 @@ smelt_status tok_new_from_gguf(struct tok **out, const struct gguf_file *f,
         }
         t->text_off[i] = (uint32_t)tb.n;
         t->piece_off[i] = (uint32_t)pb.n;
+        if (s.len > t->max_text) t->max_text = s.len;
         if (!blob_add(&tb, s.ptr, s.len)) goto nomem;
         if (tb.n > UINT32_MAX / 2) {
             st = err_set(e, SMELT_ERR_FORMAT, "tokenizer.ggml.tokens: strings too large");

@@ -511,8 +511,16 @@ static void test_load_errors(void) {
     struct gguf_file *g = NULL;
     struct tok *t = NULL;
     T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
+    /* WordPiece without an unknown token */
+    T_EQ_INT(tok_new_from_gguf(&t, g, NULL, &e), SMELT_ERR_FORMAT);
+    T_CHECKF(strstr(e.msg, "[UNK]") != NULL, "%s", e.msg);
+    T_CHECK(t == NULL);
+    gguf_close(g);
+    gguf_set_str(w, "tokenizer.ggml.model", "t5"); /* (Unigram: not supported) */
+    T_CHECK(gguf_writer_write(w, path, NULL, NULL, &e) == SMELT_OK);
+    T_CHECK(gguf_open(&g, path, &e) == SMELT_OK);
     T_EQ_INT(tok_new_from_gguf(&t, g, NULL, &e), SMELT_ERR_UNSUPPORTED);
-    T_CHECK(strstr(e.msg, "bert") != NULL);
+    T_CHECKF(strstr(e.msg, "t5") != NULL, "%s", e.msg);
     T_CHECK(t == NULL);
     gguf_close(g);
     /* a byte-level vocab without merges */
