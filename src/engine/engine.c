@@ -125,17 +125,21 @@ struct seq {
     bool plp;           /* reports prompt logprobs (choice 0 of such a request) */
     int32_t plp_done;   /* prompt positions whose logprobs went out (a recompute skips them) */
     uint8_t finish;     /* set when it ends this step */
+    /* an embedding (req->p.embed) */
+    double *pool;       /* (n_embd) sum of the rows its pooling takes so far */
+    int32_t n_rows_out; /* its output rows this step */
 };
 
 void engine_out_free(struct engine_out *o) {
     free(o->ev);
     free(o->text);
     free(o->top);
+    free(o->embd);
     memset(o, 0, sizeof *o);
 }
 
 static void out_clear(struct engine_out *o) {
-    o->n_ev = o->n_text = o->n_top = 0;
+    o->n_ev = o->n_text = o->n_top = o->n_embd = 0;
     o->done = false;
     o->error[0] = 0;
 }
@@ -147,6 +151,7 @@ static void seq_free(struct seq *s) {
     free(s->g_err);
     free(s->tok);
     free(s->bhash);
+    free(s->pool);
     sampler_free(s->smp);
     tok_buf_free(&s->held);
     free(s);
@@ -180,6 +185,8 @@ smelt_status engine_req_new(struct engine_req **out, const struct engine_params 
     *out = NULL;
     if (p->n < 1 || p->n > ENGINE_MAX_N)
         return err_set(e, SMELT_ERR_INVALID, "n must be in [1, %d], got %d", ENGINE_MAX_N, p->n);
+    if (p->embed && p->n != 1)
+        return err_set(e, SMELT_ERR_INVALID, "an embedding has one choice, got n %d", p->n);
     if (p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOPS)
         return err_set(e, SMELT_ERR_INVALID, "stop: at most %d stop strings, got %d",
                        ENGINE_MAX_STOPS, p->n_stop);
@@ -383,6 +390,11 @@ struct engine {
     uint8_t *b_logits;
     struct batch_seq *b_seqs;
     int32_t max_out;  /* output rows a step can have: max_seqs + ENGINE_PLP_ROWS */
+    /* an embedding model (its pooling is not POOL_NONE): every sequence is an embedding */
+    enum model_pooling pooling;
+    bool bidir;       /* its attention is bidirectional: a sequence runs whole in one step */
+    int32_t n_embd;
+    float *hidden;    /* (max_batch_tokens, n_embd) the step's output rows */
     float *logits;    /* (max_out, n_vocab) full rows: from the start with a fake forward
                        * (which writes every row), else on the first prompt-logprobs row or
                        * full-row sampling fallback */
@@ -404,6 +416,7 @@ struct engine {
     double stats_gsec;  /* engine thread only; published with the stats */
     uint64_t stats_grows;
     struct tok_buf emit; /* scratch for released text */
+    float *emit_embd;    /* (n_embd) an embedding being pushed */
     struct sample_job *jobs; /* (max_seqs) this step's rows to sample */
     int32_t n_jobs;
     int32_t *pick;           /* (max_seqs) the jobs sample_jobs works on */
@@ -422,6 +435,15 @@ struct engine {
 };
 
 const struct engine_config *engine_config(const struct engine *en) { return &en->cfg; }
+
+int32_t engine_embd_size(const struct engine *en) { return en->pooling != POOL_NONE ? en->n_embd : 0; }
+
+int32_t engine_embd_max_tokens(const struct engine *en) {
+    if (en->pooling == POOL_NONE) return 0;
+    int32_t n = en->cfg.n_ctx;
+    if (en->bidir && en->cfg.max_batch_tokens < n) n = en->cfg.max_batch_tokens;
+    return n;
+}
 
 int32_t engine_in_flight(struct engine *en) { return atomic_load(&en->in_flight); }
 
@@ -451,6 +473,19 @@ static void push_event(struct engine *en, struct engine_req *r, const struct eng
         array_grow((void **)&o->ev, &o->cap_ev, o->n_ev + 1, sizeof *o->ev) &&
         array_grow((void **)&o->text, &o->cap_text, o->n_text + text_len + 1, 1) &&
         array_grow((void **)&o->top, &o->cap_top, o->n_top + (size_t)n_top + 1, sizeof *o->top);
+    if (ev.n_embd > 0) { /* an embedding's vector: from en->emit_embd */
+        ok = ok && array_grow((void **)&o->embd, &o->cap_embd, o->n_embd + (size_t)ev.n_embd,
+                              sizeof *o->embd);
+        if (ok) {
+            memcpy(o->embd + o->n_embd, en->emit_embd, (size_t)ev.n_embd * sizeof *o->embd);
+            ev.embd = (uint32_t)o->n_embd;
+            o->n_embd += (size_t)ev.n_embd;
+        } else {
+            ev.n_embd = 0;
+            ev.finish = ENGINE_ERROR;
+            errmsg = "out of memory for an embedding";
+        }
+    }
     if (ok) {
         ev.text = (uint32_t)o->n_text;
         ev.text_len = (uint32_t)text_len;
@@ -708,6 +743,8 @@ static bool admit(struct engine *en, struct seq *s) {
     /* prompt logprobs need the logits of every prompt row not yet reported */
     if (s->plp && s->plp_done < s->n_prompt - 1 && max_cached > s->plp_done / bs)
         max_cached = s->plp_done / bs;
+    /* mean and cls pooling need rows a cached prefix would skip */
+    if (s->pool && en->pooling != POOL_LAST) max_cached = 0;
     int32_t got = 0;
     if (p->prefix && max_cached > 0) {
         if (!array_grow((void **)&s->bhash, &s->cap_bhash, (size_t)max_cached, sizeof *s->bhash))
@@ -737,6 +774,7 @@ static bool admit(struct engine *en, struct seq *s) {
     }
     s->n_done = got * bs;
     s->n_bhash = got;
+    if (s->pool) memset(s->pool, 0, (size_t)en->n_embd * sizeof *s->pool);
     if (!s->admitted_once) {
         s->admitted_once = true;
         s->n_cached = s->n_done;
@@ -800,6 +838,7 @@ static int32_t schedule(struct engine *en) {
             i++; /* a sibling waits for choice 0's prompt to reach the cache */
             continue;
         }
+        if (en->bidir && s->n_tok > budget) break; /* it runs whole: next step */
         if (!admit(en, s)) break;
         memmove(en->waiting + i, en->waiting + i + 1,
                 (size_t)(en->n_waiting - i - 1) * sizeof *en->waiting);
@@ -831,15 +870,20 @@ static int32_t schedule(struct engine *en) {
         en->b_seqs[si] = kv_seq_step(&en->pool, &s->kv, s->n_done, p1, keep);
         s->pos0 = s->n_done;
         s->out_first = n_out;
+        s->n_rows_out = 0;
         for (int32_t k = 0; k < s->rows; k++, n++) {
             int32_t pos = s->n_done + k;
             en->b_tok[n] = s->tok[pos];
             en->b_pos[n] = pos;
             en->b_seq[n] = si;
-            en->b_logits[n] = pos == s->n_tok - 1 || (s->plp && pos < s->n_prompt - 1);
-            if (en->b_logits[n]) n_out++;
+            if (s->pool) /* the rows its pooling takes */
+                en->b_logits[n] = en->pooling == POOL_MEAN || pos == (en->pooling == POOL_CLS
+                                                                      ? 0 : s->n_tok - 1);
+            else
+                en->b_logits[n] = pos == s->n_tok - 1 || (s->plp && pos < s->n_prompt - 1);
+            if (en->b_logits[n]) n_out++, s->n_rows_out++;
         }
-        s->out_row = s->n_done + s->rows == s->n_tok ? n_out - 1 : -1;
+        s->out_row = !s->pool && s->n_done + s->rows == s->n_tok ? n_out - 1 : -1;
     }
     return n;
 }
@@ -1181,6 +1225,8 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
         if (st == SMELT_OK && masks) fill_masks(en);
         return st;
     }
+    if (en->pooling != POOL_NONE) /* (an embedding model's requests carry no grammar) */
+        return model_step_hidden(en->m, en->kvs, b, en->hidden, NULL, e);
     int32_t n_out = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) n_out += b->logits[i] != 0;
     memset(en->q_rows, 0, (size_t)n_out * sizeof *en->q_rows); /* k = 0: no summary */
@@ -1203,6 +1249,30 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
                               .fill_masks = fill_masks,
                               .fill_ctx = en};
     return model_step(en->m, en->kvs, b, NULL, &ms, NULL, e);
+}
+
+/* Adds s's output rows of the step (en->hidden, from its first output row) to its sums. */
+static void pool_rows(struct engine *en, struct seq *s) {
+    const int32_t d = en->n_embd;
+    for (int32_t r = 0; r < s->n_rows_out; r++) {
+        const float *h = en->hidden + (size_t)(s->out_first + r) * (size_t)d;
+        for (int32_t i = 0; i < d; i++) s->pool[i] += h[i];
+    }
+}
+
+/* s's input is done: it ends with its pooled vector (the mean of its rows, or the one row
+ * cls / last pooling took). */
+static void finish_embedding(struct engine *en, struct seq *s) {
+    const double inv = en->pooling == POOL_MEAN ? 1.0 / s->n_tok : 1.0;
+    for (int32_t i = 0; i < en->n_embd; i++) en->emit_embd[i] = (float)(s->pool[i] * inv);
+    struct engine_event ev = {.choice = s->choice, .token = -1, .finish = ENGINE_STOP,
+                              .n_prompt = s->n_prompt, .n_cached = s->n_cached,
+                              .n_embd = en->n_embd};
+    s->finish = ENGINE_STOP;
+    push_event(en, s->req, &ev, NULL, 0, NULL, NULL);
+    pthread_mutex_lock(&en->smu);
+    en->stats.requests_finished[ENGINE_STOP]++;
+    pthread_mutex_unlock(&en->smu);
 }
 
 /* Shows the step just scheduled (n rows) to the observer. */
@@ -1245,6 +1315,7 @@ static int32_t step(struct engine *en) {
             }
             prompt_logprobs(en, s);
         }
+        if (s->pool) pool_rows(en, s);
         s->n_done += s->rows;
         register_blocks(en, s);
         if (s->choice == 0 && s->n_done >= s->n_prompt) s->req->prompt_ready = true;
@@ -1252,6 +1323,7 @@ static int32_t step(struct engine *en) {
             finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, s->g_err->msg);
             continue;
         }
+        if (s->pool && s->n_done == s->n_tok) finish_embedding(en, s);
         if (s->out_row >= 0) {
             struct sample_job *j = &en->jobs[en->n_jobs++];
             j->s = s;
@@ -1398,8 +1470,14 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
     en->mask_words = topk_mask_words(n_vocab);
     atomic_init(&en->cancel_all, false);
     atomic_init(&en->in_flight, 0);
+    if (m && !cfg.forward && m->hp.pooling != POOL_NONE) {
+        en->pooling = m->hp.pooling;
+        en->bidir = !model_is_causal(m);
+        en->n_embd = m->hp.n_embd;
+    }
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
-    if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
+    /* a bidirectional model's K/V depend on the tokens after them: no block is reusable */
+    if (st == SMELT_OK && !cfg.no_prefix_cache && !en->bidir) st = kv_prefix_enable(&en->pool, e);
     if (m && !cfg.forward) /* a model's slots are its KV store's */
         en->cfg.n_slots = cfg.n_slots = kv && model_is_recurrent(m) ? kv->n_slots : 0;
     if (st == SMELT_OK && cfg.n_slots > 0) {
@@ -1434,6 +1512,10 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
         if (cfg.forward) { /* a fake forward writes full rows (and keeps state in them) */
             en->logits = malloc(nlog);
             ok = ok && en->logits;
+        } else if (en->pooling != POOL_NONE) { /* hidden rows, not logits */
+            en->hidden = malloc(nb * (size_t)en->n_embd * sizeof *en->hidden);
+            en->emit_embd = malloc((size_t)en->n_embd * sizeof *en->emit_embd);
+            ok = ok && en->hidden && en->emit_embd;
         } else {
             en->q_rows = calloc((size_t)en->max_out, sizeof *en->q_rows);
             en->q_sum = calloc((size_t)en->max_out, sizeof *en->q_sum);
@@ -1498,6 +1580,8 @@ void engine_free(struct engine *en) {
         gram_vocab_free(en->gvocab[i]);
     }
     pthread_mutex_destroy(&en->gmu);
+    free(en->hidden);
+    free(en->emit_embd);
     tok_buf_free(&en->emit);
     pthread_mutex_destroy(&en->qmu);
     pthread_cond_destroy(&en->qcv);
@@ -1540,6 +1624,12 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         s->out_row = -1;
         s->plp = i == 0 && r->p.prompt_logprobs >= 0;
         kv_seq_init(&s->kv);
+        if (r->p.embed) { /* nothing to sample: the sums of its pooled rows instead */
+            s->pool = calloc((size_t)en->n_embd, sizeof *s->pool);
+            if (!s->pool) return err_set(e, SMELT_ERR_NOMEM, "request: out of memory");
+            tok_detok_init(&s->dt, en->tok, 0);
+            continue;
+        }
         struct sample_params sp = r->p.sp;
         sp.seed = r->p.sp.seed + (uint64_t)i;
         smelt_status st = sampler_new(&s->smp, &sp, en->n_vocab, e);
@@ -1567,7 +1657,18 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
 smelt_status engine_submit(struct engine *en, struct engine_req *r, struct err *e) {
     if (r->submitted) return err_set(e, SMELT_ERR_INVALID, "request submitted twice");
     int32_t n_ctx = en->cfg.n_ctx;
-    if (r->n_prompt >= n_ctx)
+    if (r->p.embed != (en->pooling != POOL_NONE))
+        return err_set(e, SMELT_ERR_INVALID, r->p.embed
+                       ? "this model is not an embedding model (it declares no pooling type)"
+                       : "this model is an embedding model: it makes embeddings, not text");
+    if (r->p.embed && r->n_prompt > engine_embd_max_tokens(en))
+        return err_set(e, SMELT_ERR_INVALID, "the input is %d tokens long, but this model embeds "
+                       "at most %d tokens (%s)", r->n_prompt, engine_embd_max_tokens(en),
+                       en->bidir && en->cfg.max_batch_tokens < n_ctx
+                           ? "a bidirectional model's input runs in one step of the batch "
+                             "token budget"
+                           : "its context");
+    if (r->n_prompt >= n_ctx && !r->p.embed)
         return err_set(e, SMELT_ERR_INVALID,
                        "the prompt is %d tokens long, but this model's context holds %d tokens "
                        "(prompt and completion together)",

@@ -51,6 +51,15 @@
  * is then a prefix of a sentence of the grammar. A lazy grammar (a trigger) applies from
  * the first occurrence of its trigger in the output on (a tool call in a free reply).
  *
+ * Embeddings. An embedding model's requests (engine_params.embed) are sequences that are
+ * prefilled and end: the rows their pooling needs (every row for mean pooling, the first
+ * for cls, the last for last) come back as final hidden states (model_step_hidden), are
+ * summed on the host as the chunks run, and the choice ends with the pooled vector. A
+ * bidirectional model's sequence runs whole in one step (admitted only when it fits the
+ * step's budget), and its blocks never enter the prefix cache: their K/V depend on later
+ * tokens. With causal attention, only last-token pooling takes prefix-cache hits (the other
+ * poolings need rows a hit would skip).
+ *
  * n > 1: a request's choices are separate sequences (seeds seed, seed+1, ...). With the
  * prefix cache on, choice 0 prefills the prompt first and the others join when it is
  * done, taking its full blocks from the cache instead of recomputing them.
@@ -180,6 +189,9 @@ struct engine_params {
                                * after the first, with this many alternatives (choice 0 only;
                                * the prompt is computed in full: no prefix-cache hits) */
     struct engine_grammar grammar; /* g NULL: unconstrained */
+    bool embed;               /* an embedding (n 1; an embedding model's requests all are):
+                               * the prompt is run and the choice ends with its pooled vector
+                               * (engine_event.embd); nothing is sampled or generated */
 };
 void engine_params_default(struct engine_params *p);
 
@@ -201,6 +213,11 @@ struct engine_event {
                           * token or a stop id did */
     /* with finish: the choice's totals */
     int32_t n_prompt, n_cached, n_gen;
+    /* with finish ENGINE_STOP, an embedding's vector: out->embd[embd .. embd + n_embd),
+     * pooled as the model declares (the mean, the first or the last row's final hidden
+     * state), not normalized; n_embd 0 otherwise */
+    uint32_t embd;
+    int32_t n_embd;
 };
 
 /* A batch of events taken from a channel by engine_req_poll. Zero-initialize; the poll
@@ -212,6 +229,8 @@ struct engine_out {
     size_t n_text, cap_text;
     struct sample_token_logprob *top;
     size_t n_top, cap_top;
+    float *embd;         /* embeddings' vectors (engine_event.embd) */
+    size_t n_embd, cap_embd;
     bool done;           /* every choice has finished: nothing more will come */
     char error[ERR_MSG_MAX]; /* with a finish of ENGINE_ERROR */
 };
@@ -275,7 +294,9 @@ smelt_status engine_grammar(struct engine *en, enum gram_kind kind, const char *
 
 /* Queues r (the engine takes its own reference). Errors: SMELT_ERR_INVALID when the prompt
  * does not fit the context (n_ctx, itself capped by the KV pool; the message gives both
- * counts), a prompt token is not in the vocabulary, a sampling parameter is out of range,
+ * counts; an embedding's input may fill it, see engine_embd_max_tokens), the request is an
+ * embedding and the model is not an embedding model or the other way round, a prompt
+ * token is not in the vocabulary, a sampling parameter is out of range,
  * r has more choices than the waiting queue holds (it could never be queued), or r was
  * submitted before; SMELT_ERR_RANGE ("busy") when the waiting queue is full;
  * SMELT_ERR_CANCELLED after engine_drain; SMELT_ERR_NOMEM. */
@@ -287,6 +308,15 @@ void engine_drain(struct engine *en);
 void engine_cancel_all(struct engine *en);
 /* Requests queued or running. */
 int32_t engine_in_flight(struct engine *en);
+
+/* An embedding model's vector size (the model's n_embd) when the model declares a pooling
+ * type: then every request must be an embedding (engine_params.embed) and none may be;
+ * 0 for a generative model, whose requests may not be embeddings. */
+int32_t engine_embd_size(const struct engine *en);
+/* The longest input an embedding request may have, in tokens: the context, and with
+ * bidirectional attention (an encoder: a sequence runs whole, in one step) the step's token
+ * budget too. 0 for a generative model. */
+int32_t engine_embd_max_tokens(const struct engine *en);
 
 /* The effective configuration (defaults filled in). */
 const struct engine_config *engine_config(const struct engine *en);

@@ -24,7 +24,7 @@
 
 static const struct arch_def *const archs[] = {
     &arch_llama,  &arch_qwen2,  &arch_qwen3,     &arch_qwen3moe,  &arch_gemma3,
-    &arch_qwen35, &arch_qwen35moe, &arch_qwen3next, &arch_gpt_oss};
+    &arch_qwen35, &arch_qwen35moe, &arch_qwen3next, &arch_gpt_oss, &arch_bert};
 
 /* ---- loader ---- */
 
@@ -415,6 +415,43 @@ static void ld_rope(struct loader *l, struct rope_params *r) {
     }
 }
 
+/* What an embedding model declares: {arch}.pooling_type (GGUF's values: 0 none, 1 mean,
+ * 2 cls, 3 last, 4 rank) and {arch}.attention.causal. An encoder is bidirectional, and pools
+ * by the mean when the file names no pooling (sentence-transformers' default); a decoder
+ * is causal (a bidirectional decoder, e.g. a diffusion LM, is refused), and a generative
+ * model when it names none. Rerankers (rank) are refused: no route serves them. */
+static void ld_embedding(struct loader *l) {
+    struct model *m = l->m;
+    struct model_hparams *hp = &m->hp;
+    const bool enc = m->arch->encoder;
+    uint32_t pool = enc ? POOL_MEAN : POOL_NONE;
+    char key[128];
+    if (ld_u32(l, "pooling_type", true, &pool) != SMELT_OK) return;
+    arch_key(l, "pooling_type", key, sizeof key);
+    if (pool == 4) {
+        l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "%s is 4 (rank): rerankers are not "
+                        "supported", key);
+        return;
+    }
+    if (pool > POOL_LAST || (enc && pool == POOL_NONE)) {
+        l->st = err_set(l->e, pool > 4 ? SMELT_ERR_FORMAT : SMELT_ERR_UNSUPPORTED,
+                        "%s is %u: %s", key, pool, pool > 4 ? "not a pooling type (0..4)"
+                        : "an encoder's per-token hidden states are not served (mean, cls or "
+                          "last pooling is)");
+        return;
+    }
+    hp->pooling = (enum model_pooling)pool;
+    hp->causal = !enc;
+    arch_key(l, "attention.causal", key, sizeof key);
+    if (!gguf_get(l->f, key)) return;
+    bool causal = true;
+    if ((l->st = gguf_get_bool(l->f, key, &causal, l->e)) != SMELT_OK) return;
+    if (causal != hp->causal)
+        l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED, "%s is %s: %s", key, causal ? "true" : "false",
+                        enc ? "an encoder's attention is bidirectional"
+                            : "bidirectional attention is supported for encoders (bert) only");
+}
+
 static void load_common(struct loader *l) {
     struct model *m = l->m;
     struct model_hparams *hp = &m->hp;
@@ -426,7 +463,9 @@ static void load_common(struct loader *l) {
     ld_dim(l, "attention.head_count", false, &hp->n_head, 1u << 12);
     hp->n_head_kv = hp->n_head;
     ld_dim(l, "attention.head_count_kv", true, &hp->n_head_kv, 1u << 12);
-    ld_f32(l, "attention.layer_norm_rms_epsilon", false, &hp->norm_eps);
+    ld_f32(l, m->arch->encoder ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon",
+           false, &hp->norm_eps);
+    ld_embedding(l);
     if (l->st != SMELT_OK) return;
     if (hp->n_head % hp->n_head_kv) {
         l->st = err_set(l->e, SMELT_ERR_FORMAT,
@@ -447,9 +486,8 @@ static void load_common(struct loader *l) {
     hp->head_dim_v = hp->head_dim_k;
     ld_dim(l, "attention.value_length", true, &hp->head_dim_v, 1u << 14);
     if (l->st == SMELT_OK && (hp->norm_eps <= 0 || hp->norm_eps > 1)) {
-        l->st = err_set(l->e, SMELT_ERR_FORMAT,
-                        "%s.attention.layer_norm_rms_epsilon: %g is out of range", hp->arch,
-                        (double)hp->norm_eps);
+        l->st = err_set(l->e, SMELT_ERR_FORMAT, "%s.attention.layer_norm%s_epsilon: %g is out of "
+                        "range", hp->arch, m->arch->encoder ? "" : "_rms", (double)hp->norm_eps);
         return;
     }
     hp->embd_scale = 1.0f;
@@ -499,10 +537,12 @@ static void load_common(struct loader *l) {
         hp->n_vocab = (int32_t)nt;
     }
     m->tok_embd = bind(l, false, false, hp->n_embd, rows, 1, hp->n_vocab, "token_embd.weight");
-    m->output_norm = ld_vector(l, false, hp->n_embd, "output_norm.weight");
-    m->output = bind(l, true, false, hp->n_embd, rows, 1, hp->n_vocab, "output.weight");
-    hp->tied_output = m->output == NULL;
-    if (!m->output) m->output = m->tok_embd;
+    if (!m->arch->encoder) { /* an encoder's last LayerNorm is its output; it has no head */
+        m->output_norm = ld_vector(l, false, hp->n_embd, "output_norm.weight");
+        m->output = bind(l, true, false, hp->n_embd, rows, 1, hp->n_vocab, "output.weight");
+        hp->tied_output = m->output == NULL;
+        if (!m->output) m->output = m->tok_embd;
+    }
 
     /* Every layer starts with the model-wide attention shape and a KV cache; architectures
      * adjust. */
@@ -527,6 +567,7 @@ static void load_common(struct loader *l) {
         a->attn.scale = 1.0f / sqrtf((float)hp->head_dim_k);
         a->attn.softcap = attn_softcap;
         a->attn.window = 0;
+        a->attn.non_causal = !hp->causal;
     }
 }
 
@@ -620,6 +661,8 @@ uint64_t model_state_slot_bytes(const struct model *m) {
 }
 
 bool model_is_recurrent(const struct model *m) { return model_state_slot_bytes(m) > 0; }
+
+bool model_is_causal(const struct model *m) { return m->hp.causal; }
 
 /* Allocates t as (ne0, n) of type, named; nothing when ne0 is 0. */
 static smelt_status kv_tensor(struct model *m, struct tensor *t, uint32_t type, int64_t ne0,
@@ -842,6 +885,9 @@ static smelt_status check_batch(const struct model *m, const struct kv_store *kv
         if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs)
             return err_set(e, SMELT_ERR_RANGE, "batch row %d: sequence %d of %d", i, b->seq[i],
                            b->n_seqs);
+        if (m->n_pos > 0 && b->pos[i] >= m->n_pos)
+            return err_set(e, SMELT_ERR_RANGE, "batch row %d: position %d is past %s's %d "
+                           "position embeddings", i, b->pos[i], m->hp.arch, m->n_pos);
         int64_t cap = (int64_t)b->seqs[b->seq[i]].n_blocks * kv->block_size;
         if (b->pos[i] < 0 || b->pos[i] >= cap)
             return err_set(e, SMELT_ERR_RANGE,
@@ -959,14 +1005,49 @@ static smelt_status check_sample(const struct model *m, const struct model_sampl
     return SMELT_OK;
 }
 
+/* Bidirectional attention's part of the contract: each sequence of the batch is whole, its
+ * rows at positions 0, 1, ... in order (every key a row attends to is computed in this
+ * step). Fills n_keys (n_seqs): each sequence's length. */
+static smelt_status check_whole(const struct model *m, const struct batch *b, int32_t *n_keys,
+                                struct err *e) {
+    memset(n_keys, 0, (size_t)b->n_seqs * sizeof *n_keys);
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t s = b->seq[i];
+        if (b->pos[i] != n_keys[s])
+            return err_set(e, SMELT_ERR_INVALID, "batch row %d: position %d of sequence %d, "
+                           "expected %d: %s's attention is bidirectional, so a sequence's rows "
+                           "must be all of it, in order from position 0", i, b->pos[i], s,
+                           n_keys[s], m->hp.arch);
+        n_keys[s]++;
+    }
+    return SMELT_OK;
+}
+
 smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *b,
                            float *logits_out, int32_t *n_out_p, struct err *e) {
     return model_step(m, kv, b, logits_out, NULL, n_out_p, e);
 }
 
+static smelt_status run_step(struct model *m, struct kv_store *kv, const struct batch *b,
+                             float *logits_out, struct model_sample *smp, float *hidden,
+                             int32_t *n_out_p, struct err *e);
+
 smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch *b,
                         float *logits_out, struct model_sample *smp, int32_t *n_out_p,
                         struct err *e) {
+    return run_step(m, kv, b, logits_out, smp, NULL, n_out_p, e);
+}
+
+smelt_status model_step_hidden(struct model *m, struct kv_store *kv, const struct batch *b,
+                               float *hidden, int32_t *n_out_p, struct err *e) {
+    if (!hidden) return err_set(e, SMELT_ERR_INVALID, "model_step_hidden: no output buffer");
+    return run_step(m, kv, b, NULL, NULL, hidden, n_out_p, e);
+}
+
+/* The step: logits (model_step) or, with hidden, the output rows' final hidden states. */
+static smelt_status run_step(struct model *m, struct kv_store *kv, const struct batch *b,
+                             float *logits_out, struct model_sample *smp, float *hidden,
+                             int32_t *n_out_p, struct err *e) {
     if (n_out_p) *n_out_p = 0;
     m->last_logits = NULL;
     m->last_n_out = 0;
@@ -990,6 +1071,12 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     /* The table's width is part of the step's shape (its graph key): round it up so a
      * growing context keeps one shape for 16 blocks at a time. */
     max_blocks = (max_blocks + 15) / 16 * 16;
+    int32_t *n_keys = NULL;
+    if (!m->hp.causal) {
+        n_keys = arena_alloc(&m->host, (size_t)b->n_seqs * sizeof(int32_t));
+        if (!n_keys) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+        if ((st = check_whole(m, b, n_keys, e)) != SMELT_OK) return st;
+    }
     int32_t *slot = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
     int32_t *rows = arena_alloc(&m->host, (size_t)n * sizeof(int32_t));
     int32_t *tables = arena_calloc(&m->host, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
@@ -1012,6 +1099,11 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         if (b->seqs[s].n_blocks)
             memcpy(tables + (size_t)s * max_blocks, b->seqs[s].blocks,
                    (size_t)b->seqs[s].n_blocks * sizeof(int32_t));
+    if (!hidden && n_out > 0 && !m->output)
+        return err_set(e, SMELT_ERR_INVALID, "batch row %d asks for logits, but %s has no output "
+                       "head: it is an embedding model (its output is hidden states)", rows[0],
+                       m->hp.arch);
+    if (hidden) smp = NULL;
     /* masked rows: [mask_r0, mask_r1) holds every row with a token mask */
     int32_t mask_r0 = 0, mask_r1 = 0;
     if (smp) {
@@ -1045,6 +1137,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     s.meta.blocks = tb;
     s.meta.block_size = kv->block_size;
     s.meta.one_per_seq = one_per_seq;
+    if (n_keys) s.meta.n_keys = upload_i32(bk, n_keys, b->n_seqs);
     if (n_out) s.out_rows = upload_i32(bk, rows, n_out);
     if (swords) {
         s.state_seqs = bk_new(bk, QT_I32, STATE_SEQ_WORDS, b->n_seqs, 1);
@@ -1084,13 +1177,25 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
     uint64_t key = 0;
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) key = mix64((key + 0x9e3779b97f4a7c15ull) ^ shape[i]);
     struct step_graph *sg = NULL;
-    for (int i = 0; i < MODEL_GRAPHS && one_per_seq; i++)
+    bool graph = one_per_seq && !hidden; /* (embedding steps are prefills: never replayed) */
+    for (int i = 0; i < MODEL_GRAPHS && graph; i++)
         if (m->graphs[i].used && m->graphs[i].key == key) sg = &m->graphs[i];
     void *logits_data = NULL;
-    if (sg && bk_graph_replay(bk, key)) {
+    if (hidden) {
+        struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
+        if (n_out) {
+            struct tensor *xo = x; /* (n_embd, n_out) */
+            if (!s.out_gathered) {
+                xo = bk_new(bk, QT_F32, m->hp.n_embd, n_out, 1);
+                bk_get_rows(bk, xo, x, s.out_rows);
+            }
+            if (m->output_norm) bk_rms_norm(bk, xo, xo, m->output_norm, m->hp.norm_eps);
+            bk_download(bk, hidden, xo, (size_t)n_out * (size_t)m->hp.n_embd * sizeof(float));
+        }
+    } else if (sg && bk_graph_replay(bk, key)) {
         logits_data = sg->logits;
     } else {
-        if (one_per_seq) bk_graph_begin(bk, key);
+        if (graph) bk_graph_begin(bk, key);
         struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
         if (n_out) {
             struct tensor *xo = x; /* (n_embd, n_out) when the last layer kept only them */
@@ -1107,7 +1212,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
             if (topk_in_graph) bk_logits_topk(bk, topk_out, lg, topk_rows, topk_adj, NULL);
             logits_data = lg->data;
         }
-        if (one_per_seq) {
+        if (graph) {
             bk_graph_end(bk);
             if (!sg) { /* remember where this shape's logits are (round-robin over the slots) */
                 sg = &m->graphs[m->next_graph++ % MODEL_GRAPHS];
@@ -1118,7 +1223,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         }
     }
     struct tensor lt;
-    if (n_out) {
+    if (n_out && !hidden) {
         tensor_init(&lt, QT_F32, m->hp.n_vocab, n_out, 1, 1);
         lt.data = logits_data;
         lt.backend = bk;
@@ -1133,7 +1238,7 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
         bk_logits_topk(bk, topk_out, &lt, topk_rows, topk_adj, topk_mask);
     }
     float *rows_here = logits_out ? logits_out : smp && !dev_topk ? m->host_rows : NULL;
-    if (n_out && rows_here) bk_download(bk, rows_here, &lt, (size_t)n_out * row_bytes);
+    if (n_out && rows_here && !hidden) bk_download(bk, rows_here, &lt, (size_t)n_out * row_bytes);
     if (dev_topk) {
         /* the summaries; the candidates only when a row has more than one; the raw
          * logits of the adjusted tokens only when there are some */

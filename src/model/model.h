@@ -5,9 +5,9 @@
  * checks, the layers' memory (KV blocks and recurrent state slots), the step's inputs,
  * embedding, attention block, the FFN (dense or mixture of experts), logits). Each
  * architecture family has one file (model_llama.c: llama, qwen2, qwen3, qwen3moe;
- * model_gemma3.c; model_qwen35.c: qwen35, qwen35moe, qwen3next; model_gpt_oss.c) that
- * binds its own per-layer weights and writes its forward pass as a readable sequence of
- * ops. See docs/forward.md for how to add one, and for the memory kinds.
+ * model_gemma3.c; model_qwen35.c: qwen35, qwen35moe, qwen3next; model_gpt_oss.c;
+ * model_bert.c) that binds its own per-layer weights and writes its forward pass as a
+ * readable sequence of ops. See docs/forward.md for how to add one, and for the memory kinds.
  *
  * Lifetimes: the gguf_file outlives the model (weights are views into its mapping on the
  * CPU). A kv_store belongs to one model and one backend.
@@ -24,6 +24,17 @@
 #include "util/arena.h"
 
 #define MODEL_ARCH_NAME_MAX 32
+
+/* How an embedding model makes one vector of a sequence's final hidden states, as
+ * llama.cpp's converter writes {arch}.pooling_type from sentence-transformers' Pooling
+ * module (the values are GGUF's). The model returns the rows (model_step_hidden); the
+ * engine pools them. Rerankers (4, rank) are refused at load. */
+enum model_pooling {
+    POOL_NONE = 0, /* not an embedding model */
+    POOL_MEAN = 1, /* the mean of every row */
+    POOL_CLS = 2,  /* the first row (position 0: BERT's [CLS]) */
+    POOL_LAST = 3, /* the last row (decoder embedding models: Qwen3-Embedding) */
+};
 
 /* Hyper-parameters common to the supported architectures. Per-layer attention shapes
  * (which may differ between layers) are in struct layer_attn. */
@@ -49,6 +60,9 @@ struct model_hparams {
     int32_t n_ff_shexp;    /* {arch}.expert_shared_feed_forward_length (default n_ff): the
                             * shared expert's width, where the layers have one */
     enum moe_gating gating; /* how router logits become expert weights (the arch sets it) */
+    /* embedding models */
+    enum model_pooling pooling; /* {arch}.pooling_type: POOL_NONE for a generative model */
+    bool causal;          /* {arch}.attention.causal (default true; encoders: false) */
 };
 
 /* What a layer remembers between steps (docs/forward.md, "Memory kinds"):
@@ -128,6 +142,9 @@ struct arch_def {
     enum ffn_kind ffn; /* FFN_MOE: the loader reads the expert keys first */
     uint32_t needs;    /* enum bk_feature bits the forward uses: a backend without one of
                         * them is refused before anything is bound */
+    bool encoder;      /* an encoder (bert): LayerNorm's epsilon key, bidirectional attention,
+                        * no output norm and no output head (hidden states only, for
+                        * embeddings), pooling MEAN when the file names none */
 };
 
 /* Where a step shape's logits were left (see model_forward and bk_graph_replay). */
@@ -173,7 +190,10 @@ struct model {
                                        * the architecture says otherwise */
     const struct tensor *tok_embd;    /* (n_embd, n_vocab) */
     const struct tensor *output_norm; /* (n_embd) */
-    const struct tensor *output;      /* (n_embd, n_vocab); == tok_embd when tied */
+    const struct tensor *output;      /* (n_embd, n_vocab); == tok_embd when tied; NULL for
+                                       * an encoder (no logits) */
+    int32_t n_pos;                    /* absolute position embeddings: positions stay below
+                                       * it (0: no bound) */
     const struct tensor *rope_freqs;  /* (n_rot / 2) or NULL: Llama-3 frequency factors */
     void *arch_layers;                /* the architecture's per-layer weight structs */
 
@@ -197,7 +217,7 @@ struct model {
 
 /* The supported architectures (general.architecture values). */
 extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, arch_gemma3,
-    arch_qwen35, arch_qwen35moe, arch_qwen3next, arch_gpt_oss;
+    arch_qwen35, arch_qwen35moe, arch_qwen3next, arch_gpt_oss, arch_bert;
 
 /* Loads hyper-parameters and binds weights of the GGUF's architecture. f must outlive the
  * model. Fails with a message naming the missing or inconsistent key or tensor. */
@@ -231,6 +251,9 @@ void model_kv_free(struct model *m, struct kv_store *kv);
 uint64_t model_kv_block_bytes(const struct model *m, uint32_t type, int32_t block_size);
 /* Bytes one state slot takes over all layers (0: no recurrent layer). */
 uint64_t model_state_slot_bytes(const struct model *m);
+/* True when every row sees only the positions before it (not an encoder): the K/V of a
+ * position depend on the tokens up to it alone, so a cached prefix can be reused. */
+bool model_is_causal(const struct model *m);
 /* True when some layer keeps a recurrent state (MEM_STATE). */
 bool model_is_recurrent(const struct model *m);
 /* Copies state slot src to slot dst in every recurrent layer (restoring a snapshot into a
@@ -252,6 +275,14 @@ smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch
 /* model_step with full logits only (tests, prompt scoring, tools). */
 smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *batch,
                            float *logits_out, int32_t *n_out, struct err *e);
+/* model_step for an embedding model: the output rows (batch.logits) get their final hidden
+ * states instead of logits, after the output norm (an encoder's last LayerNorm is its
+ * output), into hidden (host, (n_embd) floats per output row, in row order), for the
+ * caller to pool (hp.pooling). With bidirectional attention (!hp.causal) each sequence of
+ * the batch must be whole: its rows are positions 0, 1, ... in order, and it has none in
+ * the cache from before (an error names the row). *n_out (may be NULL): output rows. */
+smelt_status model_step_hidden(struct model *m, struct kv_store *kv, const struct batch *batch,
+                               float *hidden, int32_t *n_out, struct err *e);
 /* Copies output rows [first, first + count) of the last step's logits to dst (host,
  * (n_vocab) floats per row). Valid until the next step. */
 smelt_status model_fetch_rows(struct model *m, int32_t first, int32_t count, float *dst,

@@ -408,8 +408,8 @@ static smelt_status load_qwen3next(struct model *m, const struct gguf_file *f, s
     return load(m, f, e, QWEN3NEXT);
 }
 
-const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE, 0};
+const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE, 0, false};
 const struct arch_def arch_qwen35moe = {"qwen35moe", load_qwen35moe, forward, FFN_MOE,
-                                        BK_FEAT_GLU_ROW_GATE};
+                                        BK_FEAT_GLU_ROW_GATE, false};
 const struct arch_def arch_qwen3next = {"qwen3next", load_qwen3next, forward, FFN_MOE,
-                                        BK_FEAT_GLU_ROW_GATE};
+                                        BK_FEAT_GLU_ROW_GATE, false};
