@@ -238,6 +238,7 @@ static void sampling_defaults(const struct cfg *c, int ci, const struct gguf_fil
     char seed[48] = "random", win[48] = "all tokens";
     if (sm->seed_set) snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
     if (p->penalty_last_n > 0) snprintf(win, sizeof win, "the last %d tokens", p->penalty_last_n);
+    if (engine_embd_size(sm->en) > 0) return; /* (nothing is sampled) */
     fprintf(stderr, "smelt serve: %s: sampling defaults: temperature %g (%s), top_k %d (%s), "
                     "top_p %g (%s), min_p %g (%s), repeat_penalty %g (%s) over %s (%s), seed %s\n",
             name, (double)p->temperature, w[TEMP], p->top_k, w[TOP_K], (double)p->top_p, w[TOP_P],
@@ -376,7 +377,7 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
         serve_inst_free(in);
         return st;
     }
-    if (in->ct.fallback)
+    if (in->ct.fallback && engine_embd_size(in->en) == 0) /* (an embedding model has no chat) */
         fprintf(stderr, "smelt serve: the model has no chat template "
                         "(tokenizer.chat_template): chat requests use the ChatML default\n");
     if (in->ct.tool_use)
@@ -395,6 +396,11 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
     sm->created = (int64_t)time(NULL);
     char line[512];
     fprintf(stderr, "smelt serve: %s %s\n", name, serve_inst_describe(in, line, sizeof line));
+    if (engine_embd_size(in->en) > 0)
+        fprintf(stderr, "smelt serve: %s: an embedding model (%s pooling, %d dimensions, inputs "
+                "of up to %d tokens): /v1/embeddings only\n", name,
+                (const char *[]){"", "mean", "cls", "last"}[in->m->hp.pooling],
+                engine_embd_size(in->en), engine_embd_max_tokens(in->en));
     sampling_defaults(c, ci, in->f, name, sm->n_ctx, tok_n_vocab(in->tok), sm);
     *out = in;
     return SMELT_OK;

@@ -1474,10 +1474,11 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
         en->pooling = m->hp.pooling;
         en->bidir = !model_is_causal(m);
         en->n_embd = m->hp.n_embd;
+        /* a bidirectional model's K/V depend on the tokens after them: no block is reusable */
+        if (en->bidir) en->cfg.no_prefix_cache = cfg.no_prefix_cache = true;
     }
     smelt_status st = kv_pool_init(&en->pool, cfg.n_blocks, cfg.block_size, e);
-    /* a bidirectional model's K/V depend on the tokens after them: no block is reusable */
-    if (st == SMELT_OK && !cfg.no_prefix_cache && !en->bidir) st = kv_prefix_enable(&en->pool, e);
+    if (st == SMELT_OK && !cfg.no_prefix_cache) st = kv_prefix_enable(&en->pool, e);
     if (m && !cfg.forward) /* a model's slots are its KV store's */
         en->cfg.n_slots = cfg.n_slots = kv && model_is_recurrent(m) ? kv->n_slots : 0;
     if (st == SMELT_OK && cfg.n_slots > 0) {

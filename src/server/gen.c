@@ -50,9 +50,23 @@ bool gen_tokenize(const struct server_model *m, const char *text, size_t len, un
     return true;
 }
 
-static bool check_length(const struct server_model *m, const struct oai_request *rq, int32_t n_prompt,
-                         bool explicit_max, struct oai_err *e) {
-    const char *param = rq->kind == OAI_CHAT ? "messages" : "prompt";
+/* The request field that holds the prompt, for errors. */
+static const char *prompt_param(enum oai_kind kind) {
+    return kind == OAI_CHAT ? "messages" : kind == OAI_EMBEDDING ? "input" : "prompt";
+}
+
+static bool check_length(const struct server_model *m, const struct oai_request *rq, int32_t ri,
+                         int32_t n_prompt, bool explicit_max, struct oai_err *e) {
+    const char *param = prompt_param(rq->kind);
+    if (rq->kind == OAI_EMBEDDING) { /* (the input may fill the context: nothing follows) */
+        int32_t max = engine_embd_max_tokens(m->en);
+        if (n_prompt > max)
+            return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                            "This model's maximum input length is %d tokens. However, input %d "
+                            "resulted in %d tokens (counted exactly). Please reduce its length.",
+                            max, ri, n_prompt);
+        return true;
+    }
     if (n_prompt >= m->n_ctx)
         return oai_fail(e, 400, "invalid_request_error", param, "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, your %s "
@@ -62,8 +76,8 @@ static bool check_length(const struct server_model *m, const struct oai_request 
         return oai_fail(e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, you "
                         "requested %lld tokens (%d in the %s, %d for the completion).",
-                        m->n_ctx, (long long)n_prompt + rq->max_tokens, n_prompt,
-                        rq->kind == OAI_CHAT ? "messages" : "prompt", rq->max_tokens);
+                        m->n_ctx, (long long)n_prompt + rq->max_tokens, n_prompt, param,
+                        rq->max_tokens);
     return true;
 }
 
@@ -556,6 +570,11 @@ static bool collect(struct gen *g) {
                         snprintf(g->error, sizeof g->error, "out of memory");
                     continue;
                 }
+                if (ev->n_embd > 0 && ev->n_embd == g->n_embd && g->embd)
+                    memcpy(g->embd + (size_t)ri * (size_t)g->n_embd, g->out.embd + ev->embd,
+                           (size_t)g->n_embd * sizeof *g->embd);
+                else if (g->embd && ev->finish == ENGINE_STOP && !g->error[0])
+                    snprintf(g->error, sizeof g->error, "input %d: no embedding came back", ri);
                 think_feed(g, &g->ch[ci], ev->token, g->out.text + ev->text, ev->text_len);
                 if (ev->finish) {
                     account(g, ri, ev);
@@ -761,9 +780,9 @@ static enum MHD_Result respond_whole(struct conn *c) {
                  "the request was cancelled (the server is shutting down)");
         return srv_error(c, &e);
     }
-    if (g->api) {
+    if (g->rq.kind == OAI_EMBEDDING || g->api) {
         usage_reasoning(g);
-        char *body = g->api->whole(g);
+        char *body = g->api ? g->api->whole(g) : embed_body(g);
         if (!body) {
             struct oai_err e;
             oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
@@ -836,6 +855,7 @@ void gen_free(struct gen *g) {
     free(g->pch);
     free(g->ptok0);
     free(g->prefill);
+    free(g->embd);
     gen_api_free(g);
     json_decref(g->api_req);
     engine_out_free(&g->out);
@@ -866,8 +886,8 @@ static bool build_prompt(struct gen *g, int32_t ri, const struct chat_prompt *cp
         for (int32_t i = 0; i < p->n_ids; i++)
             if (tok_ids_push(ids, p->ids[i]) != SMELT_OK)
                 return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    } else if (!gen_tokenize(g->m, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, "prompt",
-                             ids, e)) {
+    } else if (!gen_tokenize(g->m, p->text, p->len, TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL,
+                             prompt_param(g->rq.kind), ids, e)) {
         return false;
     }
     if (g->rq.echo) {
@@ -989,8 +1009,11 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
         c->gen = g;
         g->created = (int64_t)time(NULL);
         g->api = api;
-        srv_new_id(s, api ? api->id_prefix : kind == OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id,
-                   sizeof g->id);
+        srv_new_id(s, api                    ? api->id_prefix
+                      : kind == OAI_CHAT      ? "chatcmpl-"
+                      : kind == OAI_EMBEDDING ? "embd-"
+                                              : "cmpl-",
+                   g->id, sizeof g->id);
         memcpy(c->id, g->id, sizeof c->id);
         if (atomic_load(&s->draining)) {
             oai_fail(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
@@ -1015,6 +1038,25 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
     struct oai_request *rq = &g->rq;
     kind = rq->kind;
     g->n_user_stops = rq->ep.n_stop;
+    /* an embedding model makes vectors, a generative one text: the other routes refuse */
+    g->n_embd = engine_embd_size(g->m->en);
+    if ((kind == OAI_EMBEDDING) != (g->n_embd > 0)) {
+        if (kind == OAI_EMBEDDING)
+            oai_fail(&e, 400, "invalid_request_error", "model", "model_not_supported",
+                     "The model '%s' is not an embedding model (its GGUF declares no pooling "
+                     "type): it generates text on /v1/chat/completions and /v1/completions, "
+                     "and has no /v1/embeddings", g->m->id);
+        else
+            oai_fail(&e, 400, "invalid_request_error", "model", "model_not_supported",
+                     "The model '%s' is an embedding model: it serves /v1/embeddings only, and "
+                     "generates no text", g->m->id);
+        return fail(c, &e);
+    }
+    if (kind == OAI_EMBEDDING && rq->dimensions > g->n_embd) {
+        oai_bad(&e, "dimensions", "'dimensions' is %d, but the model's embeddings have %d",
+                rq->dimensions, g->n_embd);
+        return fail(c, &e);
+    }
     /* (an API whose max_tokens is only a cap runs to the context's end instead) */
     bool explicit_max = rq->max_tokens >= 0 && !(api && api->max_is_cap) && (kind == OAI_CHAT ||
                                                  json_object_get(rq->root, "max_tokens") != NULL);
@@ -1035,6 +1077,13 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
     g->req_prompt_tokens = calloc((size_t)g->n_reqs, sizeof *g->req_prompt_tokens);
     g->req_cached = calloc((size_t)g->n_reqs, sizeof *g->req_cached);
     g->ch = calloc((size_t)g->n_choices, sizeof *g->ch);
+    if (kind == OAI_EMBEDDING) {
+        g->embd = calloc((size_t)g->n_reqs * (size_t)g->n_embd, sizeof *g->embd);
+        if (!g->embd) {
+            oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+            return fail(c, &e);
+        }
+    }
     if (rq->echo) {
         g->echo_text = calloc((size_t)g->n_reqs, sizeof *g->echo_text);
         g->echo_len = calloc((size_t)g->n_reqs, sizeof *g->echo_len);
@@ -1086,7 +1135,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
     for (int32_t ri = 0; ri < g->n_reqs; ri++) {
         ids.n = 0;
         if (!build_prompt(g, ri, &cp, &ids, &e) ||
-            !check_length(g->m, rq, (int32_t)ids.n, explicit_max, &e)) {
+            !check_length(g->m, rq, ri, (int32_t)ids.n, explicit_max, &e)) {
             tok_ids_free(&ids);
             gen_chat_prompt_free(&cp);
             return fail(c, &e);
@@ -1094,7 +1143,10 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
         if (ids.n == 0) {
             tok_ids_free(&ids);
             gen_chat_prompt_free(&cp);
-            oai_bad(&e, kind == OAI_CHAT ? "messages" : "prompt", "the prompt is empty");
+            if (kind == OAI_EMBEDDING)
+                oai_bad(&e, "input", "input %d is empty (it has no tokens)", ri);
+            else
+                oai_bad(&e, prompt_param(kind), "the prompt is empty");
             return fail(c, &e);
         }
         if (g->ptok0) g->ptok0[ri] = ids.v[0];
@@ -1124,7 +1176,7 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
             else if (st == SMELT_ERR_CANCELLED)
                 oai_fail(&e, 503, "server_error", NULL, "shutting_down", "%s", te.msg);
             else if (st == SMELT_ERR_INVALID)
-                oai_bad(&e, kind == OAI_CHAT ? "messages" : "prompt", "%s", te.msg);
+                oai_bad(&e, prompt_param(kind), "%s", te.msg);
             else
                 oai_fail(&e, 500, "server_error", NULL, NULL, "%s", te.msg);
             return fail(c, &e); /* gen_free detaches what was submitted */

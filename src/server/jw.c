@@ -137,3 +137,29 @@ void jw_bytes_array(struct jw *w, const char *s, size_t n) {
     }
     jw_raw(w, "]", 1);
 }
+
+void jw_base64(struct jw *w, const void *data, size_t n) {
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const uint8_t *p = data;
+    if (!jw_reserve(w, (n + 2) / 3 * 4 + 2)) return;
+    char *o = w->p + w->n;
+    *o++ = '"';
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t x = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        *o++ = b64[x >> 18];
+        *o++ = b64[x >> 12 & 63];
+        *o++ = b64[x >> 6 & 63];
+        *o++ = b64[x & 63];
+    }
+    if (i < n) { /* one or two bytes left: padded */
+        uint32_t x = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
+        *o++ = b64[x >> 18];
+        *o++ = b64[x >> 12 & 63];
+        *o++ = i + 1 < n ? b64[x >> 6 & 63] : '=';
+        *o++ = '=';
+    }
+    *o++ = '"';
+    w->n = (size_t)(o - w->p);
+    w->p[w->n] = 0;
+}

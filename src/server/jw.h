@@ -36,5 +36,7 @@ void jw_int(struct jw *w, int64_t v);
 void jw_float(struct jw *w, double v);
 /* Appends the bytes of s[0..n) as a JSON array of integers ([104, 105]). */
 void jw_bytes_array(struct jw *w, const char *s, size_t n);
+/* Appends data[0..n) as a JSON string of its base64 (RFC 4648, padded). */
+void jw_base64(struct jw *w, const void *data, size_t n);
 
 #endif

@@ -51,7 +51,7 @@ int oai_clip(const char *s, int max);
 /* The error as a JSON body (malloc'd, NUL-terminated). */
 char *oai_err_json(const struct oai_err *e);
 
-enum oai_kind { OAI_CHAT = 0, OAI_COMPLETION = 1 };
+enum oai_kind { OAI_CHAT = 0, OAI_COMPLETION = 1, OAI_EMBEDDING = 2 };
 
 enum oai_tool_choice {
     OAI_TOOLS_AUTO = 0,
@@ -84,10 +84,14 @@ struct oai_request {
     int32_t top_logprobs;
     bool ignore_eos;
 
-    /* completions */
+    /* completions; embeddings: the inputs */
     struct oai_prompt *prompts; /* (n_prompts) owned */
     int32_t n_prompts;
     bool echo;
+
+    /* embeddings (ep.embed set, max_tokens 0) */
+    bool base64;         /* encoding_format "base64": little-endian float32s, base64 */
+    int32_t dimensions;  /* > 0: cut each vector to this many and normalize again */
 
     /* chat */
     json_t *messages;    /* borrowed from root; normalized for templates (see oai_parse) */

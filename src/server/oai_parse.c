@@ -16,6 +16,7 @@
 #include "util/utf8.h"
 
 #define MAX_PROMPTS 1024
+#define MAX_INPUTS 2048 /* an embeddings request's inputs (OpenAI's limit) */
 #define MAX_TOP_LOGPROBS 20
 
 /* Formats into dst (cap bytes) as valid UTF-8, whatever the arguments hold: a cut (the
@@ -568,37 +569,41 @@ static bool parse_tool_choice(json_t *v, struct oai_request *r, struct oai_err *
 
 /* ---- completions prompt ---- */
 
-static bool ids_from_array(json_t *a, int32_t n_vocab, struct oai_prompt *p, size_t pi,
-                           struct oai_err *e) {
+/* param: "prompt" (completions) or "input" (embeddings), for the messages. */
+static bool ids_from_array(json_t *a, const char *param, int32_t n_vocab, struct oai_prompt *p,
+                           size_t pi, struct oai_err *e) {
     size_t n = json_array_size(a), i;
-    if (n == 0) return oai_bad(e, "prompt", "prompt %zu is empty", pi);
-    if (n > (1u << 24)) return oai_bad(e, "prompt", "prompt %zu is too long", pi);
+    if (n == 0) return oai_bad(e, param, "%s %zu is empty", param, pi);
+    if (n > (1u << 24)) return oai_bad(e, param, "%s %zu is too long", param, pi);
     p->ids = malloc(n * sizeof *p->ids);
     if (!p->ids) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     p->n_ids = (int32_t)n;
     json_t *x;
     json_array_foreach(a, i, x) {
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= n_vocab)
-            return oai_bad(e, "prompt", "prompt token %zu is not a token id (0..%d)", i,
-                           n_vocab - 1);
+            return oai_bad(e, param, "%s %zu: token %zu is not a token id (0..%d)", param, pi,
+                           i, n_vocab - 1);
         p->ids[i] = (int32_t)json_integer_value(x);
     }
     return true;
 }
 
-static bool parse_prompt(json_t *v, int32_t n_vocab, struct oai_request *r, struct oai_err *e) {
-    if (!v || json_is_null(v)) return oai_bad(e, "prompt", "'prompt' is required");
+/* The completions prompt or the embeddings input (param): a string, a list of strings, a
+ * list of token ids or a list of lists of token ids; at most max of them. */
+static bool parse_prompt(json_t *v, const char *param, size_t max, int32_t n_vocab,
+                         struct oai_request *r, struct oai_err *e) {
+    if (!v || json_is_null(v)) return oai_bad(e, param, "'%s' is required", param);
     size_t n = 1;
     if (json_is_array(v)) {
         n = json_array_size(v);
-        if (n == 0) return oai_bad(e, "prompt", "'prompt' must not be an empty list");
+        if (n == 0) return oai_bad(e, param, "'%s' must not be an empty list", param);
         /* a list of integers is one prompt of token ids */
         if (json_is_integer(json_array_get(v, 0))) n = 1;
     } else if (!json_is_string(v)) {
-        return oai_bad(e, "prompt", "'prompt' must be a string, a list of strings, a list of "
-                       "token ids or a list of lists of token ids");
+        return oai_bad(e, param, "'%s' must be a string, a list of strings, a list of token ids "
+                       "or a list of lists of token ids", param);
     }
-    if (n > MAX_PROMPTS) return oai_bad(e, "prompt", "at most %d prompts", MAX_PROMPTS);
+    if (n > max) return oai_bad(e, param, "'%s': at most %zu items, got %zu", param, max, n);
     r->prompts = calloc(n, sizeof *r->prompts);
     if (!r->prompts) return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     r->n_prompts = (int32_t)n;
@@ -607,7 +612,8 @@ static bool parse_prompt(json_t *v, int32_t n_vocab, struct oai_request *r, stru
         r->prompts[0].len = json_string_length(v);
         return true;
     }
-    if (json_is_integer(json_array_get(v, 0))) return ids_from_array(v, n_vocab, &r->prompts[0], 0, e);
+    if (json_is_integer(json_array_get(v, 0)))
+        return ids_from_array(v, param, n_vocab, &r->prompts[0], 0, e);
     size_t i;
     json_t *x;
     json_array_foreach(v, i, x) {
@@ -615,11 +621,46 @@ static bool parse_prompt(json_t *v, int32_t n_vocab, struct oai_request *r, stru
             r->prompts[i].text = json_string_value(x);
             r->prompts[i].len = json_string_length(x);
         } else if (json_is_array(x)) {
-            if (!ids_from_array(x, n_vocab, &r->prompts[i], i, e)) return false;
+            if (!ids_from_array(x, param, n_vocab, &r->prompts[i], i, e)) return false;
         } else {
-            return oai_bad(e, "prompt", "prompt %zu must be a string or a list of token ids", i);
+            return oai_bad(e, param, "%s %zu must be a string or a list of token ids", param, i);
         }
     }
+    return true;
+}
+
+/* ---- embeddings ---- */
+
+/* /v1/embeddings: input, model, encoding_format ("float" or "base64"), dimensions (1 or
+ * more: the vector is cut to that many and normalized again; the route checks the model's
+ * size), user. Anything else is a 400 naming it (sampling fields mean nothing here). */
+static bool parse_embedding(struct oai_request *r, int32_t n_vocab, struct oai_err *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(r->root, k, v) {
+        if (!strcmp(k, "model")) {
+            if (!oai_get_str(v, k, &r->model, e)) return false;
+        } else if (!strcmp(k, "encoding_format")) {
+            const char *f = "float";
+            if (!oai_get_str(v, k, &f, e)) return false;
+            if (strcmp(f, "float") && strcmp(f, "base64"))
+                return oai_bad(e, k, "'encoding_format' must be \"float\" or \"base64\", got "
+                               "\"%.*s\"", oai_clip(f, 64), f);
+            r->base64 = !strcmp(f, "base64");
+        } else if (!strcmp(k, "dimensions")) {
+            int64_t d = 0;
+            if (!oai_get_int(v, k, 1, INT32_MAX, &d, e)) return false;
+            r->dimensions = (int32_t)d;
+        } else if (strcmp(k, "input") && strcmp(k, "user")) {
+            return oai_bad(e, k, "Unrecognized request argument supplied: %.*s (an embeddings "
+                           "request takes input, model, encoding_format, dimensions and user)",
+                           oai_clip(k, 64), k);
+        }
+    }
+    if (!parse_prompt(json_object_get(r->root, "input"), "input", MAX_INPUTS, n_vocab, r, e))
+        return false;
+    r->ep.embed = true;
+    r->max_tokens = 0;
     return true;
 }
 
@@ -868,6 +909,7 @@ bool oai_parse_json(json_t *root, enum oai_kind kind, int32_t n_vocab,
     r->root = root;
     if (!json_is_object(r->root))
         return oai_bad(e, NULL, "The request body must be a JSON object");
+    if (kind == OAI_EMBEDDING) return parse_embedding(r, n_vocab, e);
     const char *k;
     json_t *v;
     json_object_foreach(r->root, k, v) {
@@ -882,7 +924,8 @@ bool oai_parse_json(json_t *root, enum oai_kind kind, int32_t n_vocab,
             return oai_bad(e, "continue_final_message", "'continue_final_message' and "
                            "'add_generation_prompt' cannot both be true");
     } else {
-        if (!parse_prompt(json_object_get(r->root, "prompt"), n_vocab, r, e)) return false;
+        if (!parse_prompt(json_object_get(r->root, "prompt"), "prompt", MAX_PROMPTS, n_vocab, r, e))
+            return false;
         if (r->max_tokens == 0 && !r->echo)
             return oai_bad(e, "max_tokens", "'max_tokens' must be at least 1");
         if (r->max_tokens < 0) r->max_tokens = 16; /* OpenAI's default for completions */

@@ -1,7 +1,8 @@
 /* HTTP side of the server: the libmicrohttpd daemons, connections, routing, auth, CORS, the
  * small routes (/health, /v1/models, /metrics, /tokenize, /detokenize), request logging
- * and shutdown. Generation routes are in gen.c (OpenAI), anthropic.c and responses.c, the
- * web chat's files in webui.c, the strict header checks in http.c. See server.h.
+ * and shutdown. Generation routes are in gen.c (OpenAI, and /v1/embeddings, whose inputs
+ * run as prompts that end in a vector: embed.c), anthropic.c and responses.c, the web
+ * chat's files in webui.c, the strict header checks in http.c. See server.h.
  *
  * A request's life: MHD's URI callback (on_uri) allocates a struct conn when the request
  * line is in. MHD calls on_request once when the headers are in (first_call: every
@@ -600,6 +601,7 @@ static enum MHD_Result route_chat(struct conn *c) { return gen_start(c, OAI_CHAT
 static enum MHD_Result route_completions(struct conn *c) {
     return gen_start(c, OAI_COMPLETION, NULL);
 }
+static enum MHD_Result route_embeddings(struct conn *c) { return gen_start(c, OAI_EMBEDDING, NULL); }
 
 /* ---- the access handler ---- */
 
@@ -613,6 +615,7 @@ static const struct srv_route routes[] = {
     {"/models/*", SRV_GET, 0, "models", route_model, NULL},
     {"/chat/completions", SRV_POST, SRV_BODY, "chat", route_chat, NULL},
     {"/completions", SRV_POST, SRV_BODY, "completions", route_completions, NULL},
+    {"/embeddings", SRV_POST, SRV_BODY, "embeddings", route_embeddings, NULL},
     {"/tokenize", SRV_POST, SRV_BODY, "tokenize", route_tokenize, NULL},
     {"/detokenize", SRV_POST, SRV_BODY, "detokenize", route_detokenize, NULL},
     {"/messages", SRV_POST, SRV_BODY, "messages", anth_route_messages, anth_err_json},

@@ -227,7 +227,14 @@ struct gen {
     bool stream_end;             /* [DONE] formatted: end after sse is sent */
     int64_t usage_prompt, usage_completion, usage_cached;
     int64_t usage_reasoning;     /* summed from the choices' n_reason at the end */
+    /* embeddings: each input's pooled vector, as the engine gave it */
+    float *embd;                 /* (n_reqs, n_embd) */
+    int32_t n_embd;              /* the model's vector size (engine_embd_size) */
 };
+
+/* The body of an embeddings response (malloc'd; NULL: out of memory): each input's vector
+ * (g->embd) L2-normalized, cut to rq.dimensions first when set, as floats or base64 (embed.c). */
+char *embed_body(const struct gen *g);
 
 /* A request, from its request line (MHD's URI callback) to its completion. */
 struct conn {

@@ -1,0 +1,157 @@
+"""/v1/embeddings through `smelt serve`, with the official `openai` SDK's
+client.embeddings.create and raw HTTP, on the tiny embedding fixtures of
+tests/data/ref-embed (scripts/make-embed-fixtures.py): a BERT encoder (WordPiece, mean
+pooling) whose references are sentence-transformers' own embeddings of texts, and a Qwen3
+decoder (last-token pooling) whose references are transformers' on token ids.
+
+- Every input of a request comes back in order, L2-normalized, within cosine 0.9999 of the
+  reference; usage counts HF's tokens; base64 (the SDK's default) and float carry the same
+  float32 values; dimensions cuts and normalizes again.
+- Requests are refused in OpenAI's error shape naming the field: unknown fields, bad
+  input shapes, token ids out of range, an input past the model's limit, dimensions past
+  the model's size.
+- An embedding model refuses the generation routes (chat, completions, Anthropic
+  Messages) and a generative model refuses /v1/embeddings, each saying why.
+One server per model, module-scoped."""
+import base64
+import json
+import os
+import struct
+
+import pytest
+
+from smelt_server import ROOT, SMELT, Server
+
+openai = pytest.importorskip("openai")
+np = pytest.importorskip("numpy")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SMELT), reason=f"no smelt binary at {SMELT}")
+
+DIR = os.path.join(ROOT, "tests", "data", "ref-embed")
+MANIFEST = json.load(open(os.path.join(DIR, "manifest.json")))
+MODELS = {m["name"]: m for m in MANIFEST["models"]}
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    s = Server(os.path.join(DIR, "bert-f16.gguf"), "--served-model-name", "minibert", "--quiet")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    s = Server(os.path.join(DIR, "qwen3emb-f32.gguf"), "--quiet")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+def client(s):
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="none", timeout=60, max_retries=0)
+
+
+def test_sdk_texts_match_sentence_transformers(bert):
+    ref = MODELS["bert"]["inputs"]
+    texts = [x["text"] for x in ref]
+    c = client(bert)
+    r = c.embeddings.create(model="minibert", input=texts)  # the SDK asks for base64
+    assert r.object == "list" and r.model == "minibert"
+    assert [d.index for d in r.data] == list(range(len(texts)))
+    for d, x in zip(r.data, ref):
+        assert d.object == "embedding" and len(d.embedding) == MODELS["bert"]["n_embd"]
+        assert cosine(d.embedding, x["embedding"]) >= 0.9999, x["text"]
+        assert abs(np.linalg.norm(d.embedding) - 1) < 1e-5
+    n_tokens = sum(len(x["ids"]) for x in ref)  # HF's WordPiece ids, [CLS] and [SEP] included
+    assert r.usage.prompt_tokens == n_tokens and r.usage.total_tokens == n_tokens
+    # one string, and floats on the wire
+    one = c.embeddings.create(model="minibert", input=texts[1], encoding_format="float")
+    assert len(one.data) == 1
+    assert np.array_equal(np.float32(one.data[0].embedding), np.float32(r.data[1].embedding))
+
+
+def test_base64_is_the_float32_values(bert):
+    body = {"input": ["Hello, world!", "naïve café"]}
+    st, f = bert.post("/v1/embeddings", body)
+    assert st == 200, f
+    st, b = bert.post("/v1/embeddings", dict(body, encoding_format="base64"))
+    assert st == 200, b
+    for x, y in zip(f["data"], b["data"]):
+        raw = base64.b64decode(y["embedding"])
+        got = struct.unpack("<%df" % (len(raw) // 4), raw)
+        assert np.array_equal(np.float32(got), np.float32(x["embedding"]))
+
+
+def test_token_ids_and_dimensions(qwen):
+    ref = MODELS["qwen3emb"]["inputs"]
+    st, j = qwen.post("/v1/embeddings", {"input": [x["ids"] for x in ref]})
+    assert st == 200, j
+    for d, x in zip(j["data"], ref):
+        assert cosine(d["embedding"], x["embedding"]) >= 0.9999
+    assert j["usage"]["prompt_tokens"] == sum(len(x["ids"]) for x in ref)
+    # one list of ids is one input
+    st, one = qwen.post("/v1/embeddings", {"input": ref[2]["ids"]})
+    assert st == 200 and len(one["data"]) == 1
+    assert cosine(one["data"][0]["embedding"], ref[2]["embedding"]) >= 0.9999
+    # dimensions: the first 16 values, normalized again (the SDK's parameter)
+    r = client(qwen).embeddings.create(model="qwen3emb-f32", input=[ref[1]["ids"]],
+                                       dimensions=16)
+    want = np.asarray(ref[1]["embedding"][:16])
+    assert len(r.data[0].embedding) == 16
+    assert cosine(r.data[0].embedding, want) >= 0.9999
+    assert abs(np.linalg.norm(r.data[0].embedding) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({}, "input", "required"),
+    ({"input": []}, "input", "empty list"),
+    ({"input": 7}, "input", "must be a string"),
+    ({"input": ["a", 7]}, "input", "input 1"),
+    ({"input": [[1, 2], []]}, "input", "input 1 is empty"),
+    ({"input": [[1, 99999]]}, "input", "not a token id"),
+    ({"input": "a", "encoding_format": "int8"}, "encoding_format", "base64"),
+    ({"input": "a", "dimensions": 0}, "dimensions", None),
+    ({"input": "a", "dimensions": 33}, "dimensions", "32"),
+    ({"input": "a", "stream": True}, "stream", "Unrecognized"),
+    ({"input": "a", "temperature": 0.5}, "temperature", "Unrecognized"),
+    ({"input": "a", "model": "nope"}, "model", "does not exist"),
+    ({"input": " ".join(["fox"] * 80)}, "input", "maximum input length is 64"),
+])
+def test_refusals_name_the_field(bert, body, param, words):
+    st, j = bert.post("/v1/embeddings", body)
+    assert st in (400, 404), (st, j)
+    err = j["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+    if words:
+        assert words in err["message"], err
+
+
+def test_embedding_model_refuses_generation(bert):
+    c = client(bert)
+    with pytest.raises(openai.BadRequestError) as ex:
+        c.chat.completions.create(model="minibert", messages=[{"role": "user", "content": "hi"}])
+    assert "embedding model" in str(ex.value) and "/v1/embeddings" in str(ex.value)
+    st, j = bert.post("/v1/completions", {"prompt": "hi"})
+    assert st == 400 and j["error"]["code"] == "model_not_supported", j
+    # Anthropic Messages: the same refusal in Anthropic's error shape
+    st, j = bert.post("/v1/messages", {"model": "minibert", "max_tokens": 4,
+                                       "messages": [{"role": "user", "content": "hi"}]})
+    assert st == 400 and j["type"] == "error" and "embedding model" in j["error"]["message"], j
+    # /tokenize serves it (WordPiece ids, [CLS] ... [SEP])
+    st, j = bert.post("/tokenize", {"content": MODELS["bert"]["inputs"][0]["text"]})
+    assert st == 200 and j["tokens"] == MODELS["bert"]["inputs"][0]["ids"], j
+
+
+def test_generative_model_refuses_embeddings():
+    s = Server(os.path.join(ROOT, "tests", "data", "ref", "qwen3-f32.gguf"), "--quiet")
+    try:
+        with pytest.raises(openai.BadRequestError) as ex:
+            client(s).embeddings.create(model="qwen3-f32", input="hello")
+        assert "not an embedding model" in str(ex.value)
+        assert ex.value.body["param"] == "model" and ex.value.body["code"] == "model_not_supported"
+    finally:
+        assert s.stop() == 0, s.log()
