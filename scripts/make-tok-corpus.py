@@ -307,6 +307,8 @@ def read_vocab(path):
         "scores": numbers("tokenizer.ggml.scores"),
         "merges": strings("tokenizer.ggml.merges"),
         "add_space_prefix": bool(scalar("tokenizer.ggml.add_space_prefix", True)),
+        "lowercase": bool(scalar("tokenizer.ggml.normalizer.lowercase", True)),
+        "strip_accents": scalar("tokenizer.ggml.normalizer.strip_accents"),
     }
     for k in ("bos", "eos", "unknown", "padding"):
         v[k] = scalar("tokenizer.ggml.%s_token_id" % k)
@@ -487,8 +489,34 @@ def build_spm(v):
     return tk
 
 
+def build_wpm(v):
+    """BERT's tokenizer as its tokenizer.json builds it (HF's BertNormalizer,
+    BertPreTokenizer, WordPiece), over the GGUF's vocab in HF's spelling: llama.cpp's
+    phantom-space form undone (a bracketed token as it is, "\u2581x" -> "x", else "##x")."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+
+    def hf(t):
+        if t.startswith("[") and t.endswith("]"):
+            return t
+        return t[1:] if t.startswith("\u2581") else "##" + t
+
+    toks = [hf(t) for t in v["tokens"]]
+    vocab = {t: i for i, t in enumerate(toks)}
+    tk = Tokenizer(models.WordPiece(vocab, unk_token=toks[v["unknown"]],
+                                    continuing_subword_prefix="##", max_input_chars_per_word=100))
+    tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                               strip_accents=v["strip_accents"],
+                                               lowercase=v["lowercase"])
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.add_special_tokens([AddedToken(toks[i], special=True, normalized=False)
+                           for i, ty in enumerate(v["types"]) if ty == 3])
+    return tk
+
+
 def reference(path, pre=None):
     v = read_vocab(path)
+    if v["model"] == "bert":
+        return build_wpm(v)
     if v["model"] == "gpt2":
         p = pre or v["pre"]
         return build_bpe(v, p if p in PRE else "gpt-2")
@@ -539,7 +567,8 @@ def gguf_str_kv(path, key):
 
 # The project's test models (scripts/fetch-test-models.sh) come first: the recorded
 # expectations are for their vocabs.
-PREFERRED = ["qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", "gemma3-270m-q4_k_m.gguf"]
+PREFERRED = ["qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", "gemma3-270m-q4_k_m.gguf",
+             "all-minilm-l6-v2-f16.gguf"]
 
 
 def find_model(key, want):
@@ -566,6 +595,7 @@ CASES = {
     "phi-3": ("shared:phi-3", None),
     "qwen2": ("pre:qwen2", None),
     "gemma3": ("arch:gemma3", None),
+    "bert": ("arch:bert", None),  # all-MiniLM-L6-v2's WordPiece (bert-base-uncased's vocab)
     "gpt-2+llama-bpe": ("shared:gpt-2", "llama-bpe"),
     "gpt-2+deepseek-coder": ("shared:gpt-2", "deepseek-coder"),
     "gpt-2+falcon": ("shared:gpt-2", "falcon"),

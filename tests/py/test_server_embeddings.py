@@ -155,3 +155,29 @@ def test_generative_model_refuses_embeddings():
         assert ex.value.body["param"] == "model" and ex.value.body["code"] == "model_not_supported"
     finally:
         assert s.stop() == 0, s.log()
+
+
+MINILM = os.path.join(ROOT, "models", "all-minilm-l6-v2-f16.gguf")
+
+
+def test_real_minilm_matches_sentence_transformers():
+    """The real all-MiniLM-L6-v2 (F16, converted by scripts/fetch-test-models.sh) against
+    sentence-transformers' own embeddings of the same texts, and HF's WordPiece ids."""
+    if not os.path.exists(MINILM):
+        pytest.skip(f"model absent: {MINILM} (make models)")
+    ref = json.load(open(os.path.join(DIR, "minilm.json")))
+    s = Server(MINILM, "--served-model-name", "all-MiniLM-L6-v2", "--quiet")
+    try:
+        texts = [x["text"] for x in ref["inputs"]]
+        r = client(s).embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+        cos = [cosine(d.embedding, x["embedding"]) for d, x in zip(r.data, ref["inputs"])]
+        assert min(cos) >= 0.9999, cos
+        assert r.usage.prompt_tokens == sum(len(x["ids"]) for x in ref["inputs"])
+        for x in ref["inputs"]:
+            st, j = s.post("/tokenize", {"content": x["text"]})
+            assert st == 200 and j["tokens"] == x["ids"], x["text"]
+        # the paraphrase is nearer than the physics
+        e = [np.asarray(d.embedding) for d in r.data]
+        assert e[0] @ e[1] > 0.5 > e[0] @ e[2]
+    finally:
+        assert s.stop() == 0, s.log()
