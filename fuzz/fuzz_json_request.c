@@ -1,5 +1,7 @@
 /* libFuzzer target for the server's JSON paths:
  *  - OpenAI request bodies (oai_parse, both endpoints), then the error body of a refusal;
+ *    every body also as an embeddings request (a parsed one has inputs of text or of ids
+ *    in the vocab, none empty), and its bytes through jw_base64 (the length RFC 4648 says);
  *  - the chat output parser (reasoning and tool calls in every syntax, whose calls are
  *    JSON parsed from model text), fed whole and in small chunks: both must decide the
  *    same content and the same calls (pieces summed by index), pieces in order.
@@ -114,6 +116,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(j);
     }
     oai_request_free(&r);
+
+    if (oai_parse((const char *)body, n, OAI_EMBEDDING, 1000, NULL, &r, &e)) {
+        if (r.n_prompts < 1 || !r.ep.embed || r.dimensions < 0) abort();
+        for (int32_t i = 0; i < r.n_prompts; i++) {
+            const struct oai_prompt *p = &r.prompts[i];
+            if (!p->text && (!p->ids || p->n_ids < 1)) abort();
+            for (int32_t k = 0; p->ids && k < p->n_ids; k++)
+                if (p->ids[k] < 0 || p->ids[k] >= 1000) abort();
+        }
+    } else {
+        char *j = oai_err_json(&e);
+        sink += strlen(j);
+        free(j);
+    }
+    oai_request_free(&r);
+    struct jw b64 = {0};
+    jw_base64(&b64, body, n);
+    if (b64.n != (n + 2) / 3 * 4 + 2 || b64.p[0] != '"' || b64.p[b64.n - 1] != '"') abort();
+    jw_free(&b64);
 
     /* the same bytes as model output; bit 7: a forced call's prefill and max_calls 1 */
     enum outp_syntax syn = (enum outp_syntax)((sel >> 1) & 3);

@@ -4,7 +4,8 @@
  * RoPE sections, the MTP layer); a model that loads gets a small memory (2 KV blocks of
  * 16, 2 state slots when it has recurrent layers) and runs one 3-token step with a
  * snapshot, so a shape the loader let through that an op cannot take shows up as a crash
- * or an ASan report. A failed load must carry a message.
+ * or an ASan report (an embedding model's step returns every row's hidden state instead of
+ * logits: model_step_hidden). A failed load must carry a message.
  *
  *   make fuzz FUZZ_SECONDS=120      (seeds: fuzz/corpus/model, made by
  *                                    scripts/make-fuzz-model-seeds.py)
@@ -43,11 +44,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int32_t seq[3] = {0, 0, 0}, blocks[1] = {0};
             struct batch_seq v = {.blocks = blocks, .n_blocks = 1, .slot = 0,
                                   .snap_slot = 1, .snap_pos = slots ? 2 : 0};
+            uint8_t all[3] = {1, 1, 1};
             struct batch b = {3, tok, pos, seq, NULL, 1, &v};
-            float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
-            if (logits && model_forward(m, kv, &b, logits, NULL, &e) != SMELT_OK && !e.msg[0])
-                __builtin_trap();
-            free(logits);
+            if (m->hp.pooling != POOL_NONE) {
+                b.logits = all;
+                float *hidden = malloc(3 * (size_t)m->hp.n_embd * sizeof(float));
+                if (hidden && model_step_hidden(m, kv, &b, hidden, NULL, &e) != SMELT_OK &&
+                    !e.msg[0])
+                    __builtin_trap();
+                free(hidden);
+            } else {
+                float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
+                if (logits && model_forward(m, kv, &b, logits, NULL, &e) != SMELT_OK && !e.msg[0])
+                    __builtin_trap();
+                free(logits);
+            }
             model_kv_free(m, kv);
         }
         model_free(m);

@@ -179,6 +179,36 @@ def moe(path, rng, arch):
     return w
 
 
+def bert(path, rng):
+    """An encoder embedding model (mean pooling): LayerNorms with biases, learned positions."""
+    w = gguf.GGUFWriter(str(path), "bert")
+    w.add_context_length(64)
+    w.add_embedding_length(E)
+    w.add_block_count(2)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(H)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_tensor("token_embd.weight", mat(rng, V, E))
+    w.add_tensor("token_types.weight", mat(rng, 2, E))
+    w.add_tensor("position_embd.weight", mat(rng, 64, E))
+    w.add_tensor("token_embd_norm.weight", vec(rng, E))
+    w.add_tensor("token_embd_norm.bias", vec(rng, E, 0.0))
+    for i in range(2):
+        for t, n in (("attn_q", E), ("attn_k", E), ("attn_v", E), ("attn_output", E)):
+            w.add_tensor(f"blk.{i}.{t}.weight", mat(rng, n, E))
+            w.add_tensor(f"blk.{i}.{t}.bias", vec(rng, n, 0.0))
+        for t in ("attn_output_norm", "layer_output_norm"):
+            w.add_tensor(f"blk.{i}.{t}.weight", vec(rng, E))
+            w.add_tensor(f"blk.{i}.{t}.bias", vec(rng, E, 0.0))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(rng, FF, E))
+        w.add_tensor(f"blk.{i}.ffn_up.bias", vec(rng, FF, 0.0))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(rng, E, FF))
+        w.add_tensor(f"blk.{i}.ffn_down.bias", vec(rng, E, 0.0))
+    return w
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "fuzz" / "corpus" / "model"))
@@ -191,6 +221,8 @@ def main():
     writers += [qwen35(out / "qwen35moe-mtp.gguf", rng, 1, "qwen35moe"),
                 qwen35(out / "qwen3next.gguf", rng, 0, "qwen3next"),
                 qwen35(out / "qwen3next-ssm_in.gguf", rng, 1, "qwen3next", ssm_in=True)]
+    writers += [bert(out / "bert.gguf", rng), llama(out / "qwen3emb.gguf", rng, "qwen3")]
+    writers[-1].add_pooling_type(gguf.PoolingType.LAST)  # a decoder embedding model
     for w in writers:
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -836,6 +836,68 @@ static void test_step_uploads(void) {
     bk_buffer_free(gpu, &buf);
 }
 
+/* Embedding models (tests/data/ref-embed): the qwen3 decoder with last-token pooling runs on
+ * the GPU (model_step_hidden: the last row's final hidden state), within cosine 0.9999 of
+ * transformers; bert is refused, naming the encoder ops the backend lacks. */
+static void test_gpu_embeddings(void) {
+    const char *dir = SMELT_SOURCE_DIR "/tests/data/ref-embed";
+    char path[700];
+    struct err e;
+    struct gguf_file *f = NULL;
+    struct model *m = NULL;
+    snprintf(path, sizeof path, "%s/bert-f16.gguf", dir);
+    T_CHECK(gguf_open(&f, path, &e) == SMELT_OK);
+    if (bk_missing_features(gpu, arch_bert.needs)) {
+        T_EQ_INT(model_load(&m, f, gpu, &e), SMELT_ERR_UNSUPPORTED);
+        T_CHECKF(strstr(e.msg, "LayerNorm") && strstr(e.msg, "bidirectional attention"), "%s", e.msg);
+        printf("bert on the GPU: refused: %s\n", e.msg);
+    }
+    gguf_close(f);
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    json_t *man = json_load_file(path, 0, NULL), *inputs = NULL;
+    for (size_t i = 0; man && i < json_array_size(json_object_get(man, "models")); i++) {
+        json_t *mm = json_array_get(json_object_get(man, "models"), i);
+        if (!strcmp(json_string_value(json_object_get(mm, "name")), "qwen3emb"))
+            inputs = json_object_get(mm, "inputs");
+    }
+    T_CHECK(inputs != NULL);
+    snprintf(path, sizeof path, "%s/qwen3emb-f32.gguf", dir);
+    struct kv_store *kv = NULL;
+    if (!inputs || gguf_open(&f, path, &e) != SMELT_OK || model_load(&m, f, gpu, &e) != SMELT_OK ||
+        model_kv_new(m, QT_F16, 16, 8, 0, &kv, &e) != SMELT_OK) {
+        T_CHECKF(0, "qwen3emb: %s", e.msg);
+        json_decref(man);
+        return;
+    }
+    const int d = m->hp.n_embd;
+    double worst = 1;
+    for (size_t k = 0; k < json_array_size(inputs); k++) {
+        json_t *in = json_array_get(inputs, k), *jids = json_object_get(in, "ids");
+        int32_t n = (int32_t)json_array_size(jids), tok[128], pos[128], seq[128] = {0};
+        if (n < 1 || n > 128) continue;
+        int32_t blocks[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        uint8_t want[128] = {0};
+        for (int32_t i = 0; i < n && i < 128; i++)
+            tok[i] = (int32_t)json_integer_value(json_array_get(jids, (size_t)i)), pos[i] = i;
+        want[n - 1] = 1;
+        struct batch_seq bs = {blocks, (n + 15) / 16, 0, 0, 0};
+        struct batch b = {n, tok, pos, seq, want, 1, &bs};
+        float h[256];
+        T_CHECK(d <= 256 && model_step_hidden(m, kv, &b, h, NULL, &e) == SMELT_OK);
+        float ref[256];
+        for (int j = 0; j < d; j++)
+            ref[j] = (float)json_real_value(json_array_get(json_object_get(in, "embedding"), (size_t)j));
+        double c = cosine(h, ref, d);
+        if (c < worst) worst = c;
+    }
+    printf("qwen3emb on the GPU vs transformers: min cosine %.7f\n", worst);
+    T_CHECKF(worst >= 0.9999, "cosine %.6f", worst);
+    model_kv_free(m, kv);
+    model_free(m);
+    gguf_close(f);
+    json_decref(man);
+}
+
 int main(void) {
     if (cuda_device_count() == 0) {
         printf("SKIP test_cuda_forward: no CUDA device on this machine\n");
@@ -852,6 +914,7 @@ int main(void) {
     T_RUN(test_fixtures);
     T_RUN(test_hybrid_refused);
     T_RUN(test_real_models);
+    T_RUN(test_gpu_embeddings);
     bk_free(cpu);
     bk_free(gpu);
     return t_done();
