@@ -191,17 +191,7 @@ def write_bert(path, model, cfg, vocab, pooling, f16):
     w.add_add_bos_token(True)
     w.add_add_eos_token(True)
     w.add_bool("tokenizer.ggml.normalizer.lowercase", True)
-    for name, arr in bert_tensors(model):
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if f16 and arr.ndim == 2:
-            h = arr.astype(np.float16)
-            assert np.array_equal(h.astype(np.float32), arr), name
-            arr = h
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    ref_fixtures().write_tensors(w, bert_tensors(model), "f16" if f16 else "f32")
 
 
 def make_bert(out, gen):
@@ -307,17 +297,7 @@ def make_qwen3(out, gen, mrf):
                 _, bid, rest = name.split(".", 2)
                 g = "ffn_norm.weight" if rest == "post_attention_layernorm.weight" else mrf.HF_TO_GGUF[rest]
                 tensors.append((f"blk.{bid}.{g}", t))
-        for name, arr in tensors:
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
-            if f16 and arr.ndim == 2:
-                h = arr.astype(np.float16)
-                assert np.array_equal(h.astype(np.float32), arr), name
-                arr = h
-            w.add_tensor(name, arr)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        mrf.write_tensors(w, tensors, "f16" if f16 else "f32")
     return [{"name": "qwen3emb", "files": ["qwen3emb-f32.gguf", "qwen3emb-f16.gguf"],
              "pooling": "last", "n_embd": cfg.hidden_size, "inputs": inputs}]
 
