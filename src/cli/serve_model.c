@@ -378,11 +378,11 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
         return st;
     }
     if (in->ct.fallback && engine_embd_size(in->en) == 0) /* (an embedding model has no chat) */
-        fprintf(stderr, "smelt serve: the model has no chat template "
-                        "(tokenizer.chat_template): chat requests use the ChatML default\n");
+        fprintf(stderr, "smelt serve: %s: the model has no chat template "
+                        "(tokenizer.chat_template): chat requests use the ChatML default\n", name);
     if (in->ct.tool_use)
-        fprintf(stderr, "smelt serve: requests with tools use the model's "
-                        "tokenizer.chat_template.tool_use\n");
+        fprintf(stderr, "smelt serve: %s: requests with tools use the model's "
+                        "tokenizer.chat_template.tool_use\n", name);
     sm->en = in->en;
     sm->tok = in->tok;
     sm->tmpl = in->tm;

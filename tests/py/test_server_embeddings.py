@@ -11,7 +11,8 @@ decoder (last-token pooling) whose references are transformers' on token ids.
   input shapes, token ids out of range, an input past the model's limit, dimensions past
   the model's size.
 - An embedding model refuses the generation routes (chat, completions, Anthropic
-  Messages) and a generative model refuses /v1/embeddings, each saying why.
+  Messages) and a generative model refuses /v1/embeddings, each saying why; both served by
+  one server, each request routed to its model.
 One server per model, module-scoped."""
 import base64
 import json
@@ -146,15 +147,45 @@ def test_embedding_model_refuses_generation(bert):
     assert st == 200 and j["tokens"] == MODELS["bert"]["inputs"][0]["ids"], j
 
 
-def test_generative_model_refuses_embeddings():
-    s = Server(os.path.join(ROOT, "tests", "data", "ref", "qwen3-f32.gguf"), "--quiet")
+def test_embedding_and_generative_models_in_one_server():
+    """An embedding model and a generative one served together: each route finds its model
+    by the request's "model" (the second loads on its first request), and each refuses the
+    other's route."""
+    s = Server(os.path.join(DIR, "bert-f16.gguf"),
+               os.path.join(ROOT, "tests", "data", "ref", "qwen3-f32.gguf"), "--quiet")
     try:
+        c = client(s)
+        ref = MODELS["bert"]["inputs"]
+        r = c.embeddings.create(model="bert-f16", input=[x["text"] for x in ref])
+        assert min(cosine(d.embedding, x["embedding"]) for d, x in zip(r.data, ref)) >= 0.9999
+        assert r.model == "bert-f16"
+        # no "model": the first (default) model, here the embedding one
+        st, j = s.post("/v1/embeddings", {"input": ref[0]["text"]})
+        assert st == 200 and j["model"] == "bert-f16", j
+        st, j = s.post("/v1/completions", {"model": "qwen3-f32", "prompt": [1, 2, 3],
+                                           "max_tokens": 3, "temperature": 0})
+        assert st == 200 and j["model"] == "qwen3-f32" and j["usage"]["completion_tokens"] == 3, j
         with pytest.raises(openai.BadRequestError) as ex:
-            client(s).embeddings.create(model="qwen3-f32", input="hello")
-        assert "not an embedding model" in str(ex.value)
+            c.embeddings.create(model="qwen3-f32", input="hello")
+        assert "'qwen3-f32' is not an embedding model" in str(ex.value)
         assert ex.value.body["param"] == "model" and ex.value.body["code"] == "model_not_supported"
+        with pytest.raises(openai.BadRequestError) as ex:
+            c.chat.completions.create(model="bert-f16",
+                                      messages=[{"role": "user", "content": "hi"}])
+        assert "'bert-f16' is an embedding model" in str(ex.value)
+        # the embedding model still answers after the generative one ran
+        st, j = s.post("/v1/embeddings", {"model": "bert-f16", "input": [ref[1]["ids"]]})
+        assert st == 200 and cosine(j["data"][0]["embedding"], ref[1]["embedding"]) >= 0.9999, j
     finally:
         assert s.stop() == 0, s.log()
+    # the start-up lines are per model: the embedding one's says what it serves, and neither
+    # the ChatML fallback nor sampling defaults are announced for it
+    log = s.log()
+    assert "bert-f16: an embedding model (mean pooling, 32 dimensions, inputs of up to 64 tokens)" \
+        in log, log
+    assert "bert-f16: sampling defaults" not in log and "qwen3-f32: sampling defaults" in log, log
+    assert "bert-f16: the model has no chat template" not in log, log
+    assert "qwen3-f32: the model has no chat template" in log, log
 
 
 MINILM = os.path.join(ROOT, "models", "all-minilm-l6-v2-f16.gguf")
