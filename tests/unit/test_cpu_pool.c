@@ -1,5 +1,6 @@
 /* Thread pool: every index runs exactly once per call, across many rapid calls, across
- * sleeps (the futex path), and writes made inside the job are visible to the caller. */
+ * sleeps (the futex path), and writes made inside the job are visible to the caller; an
+ * idle pool uses no CPU. */
 #include <stdatomic.h>
 #include <time.h>
 
@@ -68,6 +69,36 @@ static void test_pool_sleep_wake(void) {
     run_checks(4, 60, 3);
 }
 
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* An idle pool uses no CPU: after a burst of jobs and the spin window, the process's CPU
+ * time over 300 ms of waiting stays under 15 ms (a spinning worker would take up to 300 ms). A server waiting for requests depends on this. */
+static void test_pool_idle_no_cpu(void) {
+    /* no more threads than CPUs: an oversubscribed pool spins only briefly anyway */
+    int n = cpu_count_online() < 4 ? cpu_count_online() : 4;
+    if (n < 2) n = 2;
+    struct cpu_pool *p = NULL;
+    struct err e = {0};
+    T_EQ_INT(cpu_pool_new(&p, n, &e), SMELT_OK);
+    if (!p) return;
+    struct hits h;
+    memset(&h, 0, sizeof h);
+    h.nth_expected = n;
+    for (int i = 0; i < 200; i++)
+        cpu_pool_run(p, mark, &h);
+    struct timespec settle = {0, 100 * 1000 * 1000}, idle = {0, 300 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+    double c0 = cpu_seconds();
+    nanosleep(&idle, NULL);
+    double used = cpu_seconds() - c0;
+    T_CHECKF(used < 0.015, "idle pool of %d threads used %.1f ms of CPU in 300 ms", n, used * 1e3);
+    cpu_pool_free(p);
+}
+
 static void test_pool_default_size(void) {
     struct cpu_pool *p = NULL;
     struct err e = {0};
@@ -111,6 +142,7 @@ static void test_pool_create_destroy(void) {
 int main(void) {
     T_RUN(test_pool_exactly_once);
     T_RUN(test_pool_sleep_wake);
+    T_RUN(test_pool_idle_no_cpu);
     T_RUN(test_pool_default_size);
     T_RUN(test_pool_create_destroy);
     return t_done();
