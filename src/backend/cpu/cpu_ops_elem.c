@@ -47,13 +47,19 @@ static void rms_norm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     for (int64_t r = i0; r < i1; r++) {
         const float *x = row_at(c->x, r);
         float *y = row_at(c->dst, r);
-        double ss = 0;
-        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        /* eight independent double sums (one chain of dependent adds was ~4 cycles per
+         * element: 3% of a Gemma 3 prefill, with its per-head q/k norms), in a fixed order */
+        double s8[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) s8[j] += (double)x[i + j] * x[i + j];
+        for (; i < n; i++) s8[0] += (double)x[i] * x[i];
+        double ss = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
         float inv = (float)(1.0 / sqrt(ss / (double)n + (double)c->eps));
         if (w)
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+            for (i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
         else
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv;
+            for (i = 0; i < n; i++) y[i] = x[i] * inv;
     }
 }
 
