@@ -610,6 +610,12 @@ void bk_graph_end(struct backend *b);
 
 /* The CPU backend with n_threads workers (0: one per core). */
 smelt_status cpu_backend_new(struct backend **out, int n_threads, struct err *e);
+/* STREAM-like read bandwidth of this machine in GB/s (*gbs): n_threads threads (<= 0: all
+ * CPUs) summing a buffer of `bytes` (at least 1 MiB), best of `passes` timed passes after
+ * one untimed one. What a memory-bound CPU decode step reading that many bytes can reach
+ * (smelt bench --bw measure). Errors: NOMEM, or the pool's. */
+smelt_status cpu_read_bandwidth(int n_threads, uint64_t bytes, int passes, double *gbs,
+                                struct err *e);
 /* Reference matmuls on a CPU backend: weights dequantized to F32 and dotted with F32
  * activations (slow; for checking the forward pass without 8-bit activation noise). */
 void cpu_backend_set_exact(struct backend *b, bool exact);

@@ -24,7 +24,7 @@
  * Output (-o): md (llama-bench's table: model, size, params, backend, ngl on a GPU,
  * threads on the CPU or when given, n_batch / n_ubatch when not the defaults, test, t/s;
  * then smelt's "bw %" column when a bound is known), json, jsonl, csv (llama-bench's field
- * names and value formats for the fields smelt has, then n_seqs and bw_pct).
+ * names and value formats for the fields smelt has, then n_seqs, bw_pct and bw_gbs).
  *
  * The bound of a decode step is bandwidth / bytes read: every weight once as the device
  * holds it (token_embd only for the rows it gathers, unless it is also the output matrix;
@@ -35,7 +35,8 @@
  * sliding-window layer reads at most its window) and, with recurrent layers, each
  * sequence's state read and written back. The bandwidth is
  * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
- * (TARGETS.md); on the CPU no bound is printed unless given. */
+ * (TARGETS.md); on the CPU no bound is printed unless given, or measured (--bw measure:
+ * cpu_read_bandwidth, a STREAM-like read of a step's bytes with the bench's threads). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +77,7 @@ struct opts {
     struct list n_prompt, n_gen, depth, n_batch, n_ubatch, threads, batched;
     int pg[MAX_LIST][2], n_pg;
     int reps, device, ngl;
-    bool no_warmup, threads_given;
+    bool no_warmup, threads_given, bw_measure;
     double bw_gbs;
 };
 
@@ -99,7 +100,8 @@ static void usage(FILE *f) {
             "                           all layers on one device)\n"
             "  --backend auto|cpu|cuda, --device N (also -mg, --main-gpu N)\n"
             "  -B, --batched N          N sequences decoding together (aggregate tok/s), with each -n\n"
-            "  --bw GB/S                bandwidth for the decode bound (CUDA default: 4380, H200)\n"
+            "  --bw GB/S|measure        bandwidth for the decode bound (CUDA default: 4380, H200);\n"
+            "                           measure: the CPU's read bandwidth over a step's bytes\n"
             "  -o, --output md|json|jsonl|csv   (default md)\n");
 }
 
@@ -195,7 +197,10 @@ static int parse_args(int argc, char **argv, struct opts *o) {
         else if (IS("-ngl", "--n-gpu-layers")) ok = parse_num(v, -1, &o->ngl);
         else if (IS("--backend", "--backend")) o->backend = v;
         else if (IS("--device", "-mg") || IS("--main-gpu", "--main-gpu")) ok = parse_num(v, 0, &o->device);
-        else if (IS("--bw", "--bw")) ok = (o->bw_gbs = atof(v)) > 0;
+        else if (IS("--bw", "--bw")) {
+            if (!strcmp(v, "measure")) o->bw_measure = true;
+            else ok = (o->bw_gbs = atof(v)) > 0;
+        }
         else if (IS("-o", "--output")) o->output = v;
         else {
             fprintf(stderr, "smelt bench: unknown option %s (see --help)\n", a);
@@ -309,6 +314,7 @@ struct row {
     uint64_t avg_ns, std_ns;
     double avg_ts, std_ts;
     double bw_pct; /* < 0: none */
+    double bw_gbs; /* the bandwidth bw_pct is taken against (< 0: none) */
 };
 
 /* Bytes one decode step of nseq sequences moves at context length ctx_len each: the
@@ -364,7 +370,7 @@ static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r,
     time_t now = time(NULL);
     struct tm tmv;
     strftime(r->test_time, sizeof r->test_time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
-    r->bw_pct = -1;
+    r->bw_pct = r->bw_gbs = -1;
     for (int rep = o->no_warmup ? 0 : -1; rep < o->reps; rep++) { /* rep -1: warm-up */
         struct kv_seq qs[MAX_SEQS];
         for (int s = 0; s < nseq; s++) kv_seq_init(&qs[s]);
@@ -395,6 +401,7 @@ static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r,
         /* steps per second achieved against the bound's: bandwidth / bytes of a step */
         double bytes = step_bytes(c->m, nseq, depth + ng / 2.0);
         r->bw_pct = 100.0 * (r->avg_ts / nseq) / (bw * 1e9 / bytes);
+        r->bw_gbs = bw;
     }
     return SMELT_OK;
 }
@@ -459,7 +466,7 @@ static void print_header(struct printer *p) {
         printf("build_commit,build_number,cpu_info,gpu_info,backends,model_filename,model_type,"
                "model_size,model_n_params,n_batch,n_ubatch,n_threads,type_k,type_v,n_gpu_layers,"
                "main_gpu,n_prompt,n_gen,n_depth,test_time,avg_ns,stddev_ns,avg_ts,stddev_ts,"
-               "n_seqs,bw_pct\n");
+               "n_seqs,bw_pct,bw_gbs\n");
     } else if (p->json) {
         printf("[\n");
     }
@@ -531,8 +538,8 @@ static void print_row(struct printer *p, const struct row *r) {
                o->device, r->n_prompt, r->n_gen, r->n_depth, r->test_time,
                (unsigned long long)r->avg_ns, (unsigned long long)r->std_ns, r->avg_ts, r->std_ts,
                r->n_seqs);
-        if (r->bw_pct >= 0) printf("\"%.2f\"\n", r->bw_pct);
-        else printf("\"\"\n");
+        if (r->bw_pct >= 0) printf("\"%.2f\",\"%.2f\"\n", r->bw_pct, r->bw_gbs);
+        else printf("\"\",\"\"\n");
     } else {
         /* json: one object per test, indented, comma-separated; jsonl: one per line */
         const char *open = p->json ? "  {\n" : "{", *sep = p->json ? ",\n" : ", ";
@@ -567,6 +574,9 @@ static void print_row(struct printer *p, const struct row *r) {
         KEY("n_seqs"), printf("%d%s", r->n_seqs, sep);
         KEY("bw_pct");
         if (r->bw_pct >= 0) printf("%.2f%s", r->bw_pct, sep);
+        else printf("null%s", sep);
+        KEY("bw_gbs");
+        if (r->bw_gbs >= 0) printf("%.2f%s", r->bw_gbs, sep);
         else printf("null%s", sep);
         KEY("samples_ns"), printf("[ ");
         for (int k = 0; k < r->n_samples; k++) printf("%s%llu", k ? ", " : "", (unsigned long long)r->samples_ns[k]);
@@ -707,6 +717,14 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
     bool cuda = st == SMELT_OK && cli_backend_is_cuda(o->backend);
     double bw = o->bw_gbs > 0 ? o->bw_gbs : (cuda ? 4380.0 : 0.0);
     int n_thr = threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (st == SMELT_OK && o->bw_measure && !cuda) {
+        /* STREAM-like: the same threads reading as many bytes as a decode step */
+        double bytes = step_bytes(c.m, 1, 0);
+        st = cpu_read_bandwidth(n_thr, (uint64_t)bytes, 8, &bw, e);
+        if (st == SMELT_OK)
+            fprintf(stderr, "smelt bench: read bandwidth %.1f GB/s (%d threads over %.0f MiB, "
+                            "best of 8 passes)\n", bw, n_thr, bytes / 1048576.0);
+    }
     struct row *r = calloc(1, sizeof *r);
     if (st == SMELT_OK && !r) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
     for (int ib = 0; st == SMELT_OK && ib < o->n_batch.n; ib++)
@@ -755,7 +773,7 @@ int cmd_bench(int argc, char **argv) {
     p.csv = !strcmp(o.output, "csv");
     bool cuda = cli_backend_is_cuda(o.backend);
     p.backend = cuda ? "CUDA" : "CPU";
-    p.show_bw = cuda || o.bw_gbs > 0;
+    p.show_bw = cuda || o.bw_gbs > 0 || o.bw_measure;
     read_cpu_info(p.cpu_info, sizeof p.cpu_info);
     if (cuda) read_gpu_info(o.device, p.gpu_info, sizeof p.gpu_info);
     print_header(&p);

@@ -23,7 +23,7 @@ TINY = ROOT / "tests" / "data" / "ref" / "qwen2-f32.gguf"
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename",
           "model_type", "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads",
           "type_k", "type_v", "n_gpu_layers", "main_gpu", "n_prompt", "n_gen", "n_depth",
-          "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "n_seqs", "bw_pct"]
+          "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "n_seqs", "bw_pct", "bw_gbs"]
 
 
 def git_head():
@@ -83,7 +83,7 @@ def test_json_fields_and_statistics():
         assert r["stddev_ns"] == pytest.approx(statistics.stdev(ns), abs=1)
         assert r["avg_ts"] == pytest.approx(statistics.mean(ts), rel=1e-4)
         assert r["stddev_ts"] == pytest.approx(statistics.stdev(ts), rel=1e-3, abs=1e-3)
-        assert r["bw_pct"] is None  # no bandwidth on the CPU unless --bw
+        assert r["bw_pct"] is None and r["bw_gbs"] is None  # no bandwidth on the CPU unless --bw
 
 
 def test_lists_ranges_and_order():
@@ -203,6 +203,7 @@ def test_batched_and_bandwidth_bound():
         ns = r["n_seqs"]
         want = 100 * (r["avg_ts"] / ns) / (bw * 1e9 / step_bytes(TINY, ns, 4 + 6 / 2))
         assert r["bw_pct"] == pytest.approx(want, rel=1e-3)
+        assert r["bw_gbs"] == bw
         # aggregate tokens per second: ns rows per step
         assert r["samples_ts"][0] == pytest.approx(1e9 * 6 * ns / r["samples_ns"][0], rel=1e-5)
     md = bench("-p", "0", "-n", "6", "-B", "3", "-r", "1", "--bw", bw).stdout.splitlines()
@@ -241,6 +242,20 @@ def test_hybrid_moe_bound():
     the shared expert whole, K/V of the attention layers only, the recurrent state read and
     written per sequence, and not the MTP layer."""
     check_bound(ROOT / "tests" / "data" / "ref-hybrid" / "qwen35moe-f16.gguf", 2)
+
+
+def test_measured_bandwidth():
+    """--bw measure: the CPU's STREAM-like read bandwidth over a step's bytes, printed on
+    stderr and used as the bound (bw_gbs) of the decode rows only."""
+    r = bench("-p", "8", "-n", "4", "-r", "1", "-o", "json", "--bw", "measure")
+    m = re.search(r"read bandwidth ([0-9.]+) GB/s \(1 threads over [0-9]+ MiB", r.stderr)
+    assert m, r.stderr
+    gbs = float(m.group(1))
+    assert 0.1 < gbs < 10000
+    rows = json.loads(r.stdout)
+    pp, tg = rows
+    assert pp["bw_pct"] is None and pp["bw_gbs"] is None
+    assert tg["bw_gbs"] == pytest.approx(gbs, abs=0.051) and 0 < tg["bw_pct"]
 
 
 def test_bad_arguments():
