@@ -1,7 +1,7 @@
 /* Matmul workbench: times cpu_matmul on decode (n = 1) and prefill (n = 128) shapes and
  * prints GB/s of weights read (decode is bandwidth-bound) and GFLOP/s (2·rows·k·n / time).
  *
- *   build/bench_matmul [-t THREADS] [-r REPS] [-n N1,N2..] [-T TYPE,TYPE..] [-s RxK,RxK..]
+ *   build/bench_matmul [-t THREADS] [-r REPS] [-n N1,N2..] [-T TYPE,TYPE..] [-s RxK,RxK..] [-P]
  *   SMELT_CPU_ISA=avx2 build/bench_matmul ...   (force a lower SIMD path)
  *
  * Defaults: 2 threads; types Q4_K, Q6_K, Q8_0, Q5_0, F16; the Qwen2.5-0.5B shapes 4864x896
@@ -11,7 +11,8 @@
  * CPU time of a run (all threads; waiting in the pool's spin loop counts, descheduled
  * time does not) and GF/cpu-s the work per CPU-second: the kernel's speed per core when
  * other processes compete for the cores. Weights are random bytes (scales sanitized), as in the
- * tests.
+ * tests. Weights are repacked as the CPU backend does (cpu_matmul_repack) where the level has
+ * a repacked kernel; -P runs the file layout instead.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,7 @@ static void *make_weights(uint32_t t, int64_t rows, int64_t k, size_t *bytes) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 2, reps = 5;
+    int threads = 2, reps = 5, norepack = 0;
     const char *types = "Q4_K,Q6_K,Q8_0,Q5_0,F16", *shapes = "4864x896,896x4864,151936x896",
                *ns = "1,128";
     for (int i = 1; i < argc; i++) {
@@ -45,8 +46,10 @@ int main(int argc, char **argv) {
             types = argv[++i];
         else if (!strcmp(argv[i], "-s") && i + 1 < argc)
             shapes = argv[++i];
+        else if (!strcmp(argv[i], "-P"))
+            norepack = 1;
         else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-n N,..] [-T TYPE,..] [-s RxK,..]\n",
+            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [-n N,..] [-T TYPE,..] [-s RxK,..] [-P]\n",
                     argv[0]);
             return 2;
         }
@@ -90,6 +93,13 @@ int main(int argc, char **argv) {
             }
             size_t wbytes = 0;
             void *w = make_weights(t, rows, k, &wbytes);
+            /* as the CPU backend runs weights: repacked where the level has a kernel */
+            struct cpu_rweight *rw = NULL;
+            if (w && !norepack &&
+                cpu_matmul_repack(pool, cpu_isa_best(), t, w, rows, k, &rw, &e) != SMELT_OK) {
+                fprintf(stderr, "repack: %s\n", e.msg);
+                return 1;
+            }
             for (const char *np = ns; *np;) {
                 int n = atoi(np);
                 while (*np && *np != ',')
@@ -108,7 +118,9 @@ int main(int argc, char **argv) {
                 for (int r = -1; r < R; r++) {
                     arena_reset(&ar);
                     double t0 = clock_now(), c0 = bench_cpu_now();
-                    if (cpu_matmul(pool, t, w, rows, k, x, n, y, &ar, &e) != SMELT_OK) {
+                    smelt_status st = rw ? cpu_matmul_rw(pool, rw, x, n, y, &ar, &e)
+                                         : cpu_matmul(pool, t, w, rows, k, x, n, y, &ar, &e);
+                    if (st != SMELT_OK) {
                         fprintf(stderr, "matmul: %s\n", e.msg);
                         return 1;
                     }
@@ -131,6 +143,7 @@ int main(int argc, char **argv) {
                 free(y);
             }
             free(w);
+            cpu_rweight_free(rw);
         }
     }
     arena_free(&ar);

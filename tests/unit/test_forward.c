@@ -3,9 +3,8 @@
  * - a sequence's logits do not depend on which other sequences share its batch;
  * - prefill followed by decode lands where token-at-a-time decode does;
  * - a recycled block carries no history from its last owner;
- * - the same with quantized weights (the int8 kernels real models run): bitwise on the
- *   scalar path, within a stated bound on the SIMD ones, whose prefill kernels (8+ rows:
- *   16-bit activations against unpacked weights) round differently from the decode ones;
+ * - the same with quantized weights (the integer kernels real models run): bitwise at
+ *   every kernel level (the repacked decode kernels do the packed prefill's arithmetic);
  * - an F16 KV cache stays close to the F32 one;
  * - a mixture-of-experts model (qwen3moe: 16 experts, 4 per token, so rows of a batch go
  *   to different experts) keeps every property above: a row's experts do not depend on
@@ -281,15 +280,12 @@ static const struct tiny qarchs[] = {
 };
 
 /* Batched-vs-solo tolerance. The integer kernels give every row the same arithmetic
- * whatever the number of rows (exact: 0), except the K-quants on AVX2/AVX-512, whose
- * prefill kernel (8+ rows: 16-bit activations against unpacked 16-bit sc*v weights) and
- * decode kernel (two 8-bit activation planes, summed at the end) round the f32 scale
- * products differently: measured worst 4.8e-4 (Q4_K, AVX-512, 2026-12-02), bound 2e-3.
- * F32 weights: f32 rounding (tile shapes differ), 1e-5. */
+ * whatever the number of rows at every level (exact: 0): the repacked decode kernels
+ * reproduce the packed prefill kernels bit for bit (cpu_gemv_*.c; until 2026-12-02 the
+ * K-quants on AVX2/AVX-512 differed by up to 4.8e-4). F32 weights: f32 rounding (tile
+ * shapes differ), 1e-5. */
 static double batch_tol(const struct tiny *t) {
-    if (!t->wtype) return 1e-5;
-    if (cpu_isa_best() == CPU_ISA_SCALAR || qtype_get(t->wtype)->blck_size != 256) return 0;
-    return 2e-3;
+    return t->wtype ? 0 : 1e-5;
 }
 
 struct loaded {

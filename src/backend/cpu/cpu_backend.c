@@ -1,6 +1,7 @@
 /* The CPU backend: host memory, a per-step scratch stack, and the op vtable.
  *
- * Weights stay where the GGUF mapping put them (weight_bind only checks the type).
+ * Weights stay where the GGUF mapping put them (weight_bind only checks the type); a
+ * matrix gets a repacked copy for the decode kernels at its first matmul (cpu_repacked).
  * Scratch tensors come from a stack (util/arena.h) that is emptied at each step_begin
  * and rewound per layer (mark/release), so a step costs no malloc once the stack has
  * grown to the step's peak. Ops run synchronously; sync only reports the sticky error. */
@@ -9,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_matmul.h"
+#include "util/array.h"
 #include "util/half.h"
 
 /* ---- threads ---- */
@@ -113,6 +116,48 @@ void cpu_op_matmul_ref(struct backend *b, struct tensor *dst, const struct tenso
     cpu_parallel(c.cb, mm_range, &c, w->ne[1], 16);
 }
 
+/* What t->extra of a weight holds once the CPU backend has run a matmul on it: the
+ * repacked copies (cpu_matmul.h) of its matrices, one per expert of a 3D tensor; n = 0 when
+ * there are none (no repacked kernel for the type, or no memory: the file layout runs,
+ * with the same results). */
+struct cpu_repacked {
+    int64_t n;
+    struct cpu_rweight *m[];
+};
+
+/* Matrix e of w (an expert of a 3D tensor; 0 for a matrix), repacked. The copies are made
+ * at the first matmul rather than at bind: a tensor bound as a matrix may only ever feed
+ * get_rows (an untied token embedding), and copying it would be waste. t->extra is the
+ * backend's own cache field, so it is set through the const pointer. NULL: none. */
+const struct cpu_rweight *cpu_repacked(struct cpu_backend *cb, const struct tensor *w, int64_t e) {
+    const struct cpu_repacked *rp = w->extra;
+    if (!rp) {
+        const struct cpu_kernel *kn = cpu_matmul_kernel(w->type, cpu_isa_best());
+        const bool can = kn && kn->gemv && w->ne[3] == 1 && tensor_is_contiguous(w);
+        int64_t n = can ? w->ne[2] : 0;
+        struct cpu_repacked *h = calloc(1, sizeof *h + (size_t)n * sizeof h->m[0]);
+        if (!h || !array_grow((void **)&cb->rws, &cb->cap_rws, cb->n_rws + 1, sizeof *cb->rws)) {
+            free(h);
+            return NULL;
+        }
+        cb->rws[cb->n_rws++] = h;
+        for (int64_t i = 0; i < n; i++) {
+            struct err er;
+            if (cpu_matmul_repack(cb->pool, cpu_isa_best(), w->type,
+                                  (const char *)w->data + i * w->nb[2], w->ne[1], w->ne[0],
+                                  &h->m[i], &er) != SMELT_OK || !h->m[i]) {
+                for (int64_t j = 0; j < i; j++) cpu_rweight_free(h->m[j]);
+                n = 0;
+                break;
+            }
+        }
+        h->n = n;
+        ((struct tensor *)w)->extra = h;
+        rp = h;
+    }
+    return e < rp->n ? rp->m[e] : NULL;
+}
+
 void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
                    const struct tensor *x) {
     struct cpu_backend *cb = cpu_of(b);
@@ -122,8 +167,11 @@ void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w
         return;
     }
     struct err e;
-    smelt_status st = cpu_matmul(cb->pool, w->type, w->data, w->ne[1], w->ne[0], x->data,
-                                 x->ne[1], dst->data, &cb->mm_scratch, &e);
+    const struct cpu_rweight *rw = cpu_repacked(cb, w, 0);
+    smelt_status st = rw ? cpu_matmul_rw(cb->pool, rw, x->data, x->ne[1], dst->data,
+                                         &cb->mm_scratch, &e)
+                         : cpu_matmul(cb->pool, w->type, w->data, w->ne[1], w->ne[0], x->data,
+                                      x->ne[1], dst->data, &cb->mm_scratch, &e);
     arena_reset(&cb->mm_scratch);
     if (st != SMELT_OK) bk_fail(b, st, "%s: %s", w->name ? w->name : "matmul", e.msg);
 }
@@ -134,6 +182,11 @@ static void cpu_free(struct backend *b) {
     struct cpu_backend *cb = cpu_of(b);
     arena_free(&cb->scratch);
     arena_free(&cb->mm_scratch);
+    for (size_t i = 0; i < cb->n_rws; i++) {
+        for (int64_t j = 0; j < cb->rws[i]->n; j++) cpu_rweight_free(cb->rws[i]->m[j]);
+        free(cb->rws[i]);
+    }
+    free(cb->rws);
     cpu_pool_free(cb->pool);
     bk_base_free(b);
     free(cb);

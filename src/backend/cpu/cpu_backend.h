@@ -20,6 +20,8 @@ struct cpu_backend {
     int n_threads;           /* cpu_pool_size(pool) */
     const struct cpu_vec *vec; /* vector kernels for the best ISA */
     bool exact;              /* reference matmuls (cpu_backend_set_exact) */
+    struct cpu_repacked **rws; /* the weights' repacked copies (cpu_repacked), freed with it */
+    size_t n_rws, cap_rws;
 };
 
 static inline struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
@@ -83,6 +85,11 @@ void cpu_op_logits_topk(struct backend *b, struct tensor *dst, const struct tens
  * else the reference below. */
 void cpu_op_matmul(struct backend *b, struct tensor *dst, const struct tensor *w,
                    const struct tensor *x);
+/* Matrix e of weight w (an expert of a 3D tensor, 0 for a matrix) repacked for the decode
+ * kernels (cpu_matmul.h), made at the weight's first use and kept in w->extra until the
+ * backend is freed; NULL when the type has none at this level (or memory ran out): use the
+ * file layout, which gives the same results. */
+const struct cpu_rweight *cpu_repacked(struct cpu_backend *cb, const struct tensor *w, int64_t e);
 /* Reference matmul: dequantizes each weight row once per call and dots it with every
  * input column. Exact for F32 (f32 products, f32 sums); the fast quantized kernels
  * (cpu_matmul.h) are checked against it. */

@@ -12,7 +12,7 @@
  *
  * Formats. X rows are quantized per call into one of:
  *   CPU_ACT_F32   X as given (f32 rows); used by F32/F16/BF16 weights.
- *   CPU_ACT_Q8_32 partner of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL,
+ *   CPU_ACT_Q8_32 partner of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/MXFP4,
  *   CPU_ACT_Q8_K  partner of the K-quants and IQ4_XS: each X row becomes TWO rows
  *                 ("planes", hi then lo, at q and q + cpu_act_row_bytes) in the classic
  *                 block layout below, with every block scale equal to 128·D (hi) or D (lo).
@@ -28,9 +28,18 @@
  *                   int8_t hi[k] @0 | int8_t lo[k] @kp | int32_t neg[k/4] @2kp (minus the
  *                   sum of v over each 4 elements: the VNNI kernels' +128 weight offset) |
  *                   float sv[k/32] @3kp (sum of v per block, for Q4_1/Q5_1 mins) | float D
- *   CPU_ACT_X16   the values as int16 for kernels that multiply 16-bit weights (AVX-512
- *                 K-quant prefill; AVX2 legacy types and K-quant prefill), one row:
- *                 int16_t v[k] @0 | float sv[k/16] @2k (sum of v per 16) | float D
+ *   CPU_ACT_X16_32 / CPU_ACT_X16_64   the values as int16 for kernels that multiply 16-bit
+ *                 weights (AVX2 legacy and K-quant prefill / AVX-512 K-quant prefill):
+ *                 int16_t v[k] @0 | float sv[k/16] @2k (sum of v per 16, natural groups) |
+ *                 float D, the values of each chunk of W = 32 / 64 elements reordered so
+ *                 that position (W/2)·h + 2λ + e holds element 4λ + 2h + e (h, e < 2): a
+ *                 vpmaddwd / vpdpwssd lane λ over the chunk's two vectors sums the 4
+ *                 consecutive elements 4λ..4λ+3, the lane structure of the repacked decode
+ *                 kernels (cpu_gemv_*.c), which reproduce these kernels' arithmetic.
+ *   CPU_ACT_XK    partner of the AVX-512 repacked K-quant decode kernels, one row:
+ *                 int8_t hi[k] @0 | int8_t lo[k] @kp | int16_t p2[k/2] @2kp (sum of v over
+ *                 each pair of elements, for the -32/-4 offsets of Q6_K/Q3_K) |
+ *                 float sv[k/16] @2kp+k (sum of v per 16) | float D (kp as X2_32)
  * Every quantizer (scalar, SIMD) computes the same f32 products and rounding, so all paths
  * dot the same integers.
  *
@@ -42,8 +51,10 @@
 #ifndef SMELT_BACKEND_CPU_KERNELS_H
 #define SMELT_BACKEND_CPU_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "quant/blocks.h"
 #include "quant/quant.h"
@@ -54,7 +65,9 @@ enum cpu_act {
     CPU_ACT_Q8_32,
     CPU_ACT_Q8_K,
     CPU_ACT_X2_32,
-    CPU_ACT_X16,
+    CPU_ACT_X16_32,
+    CPU_ACT_X16_64,
+    CPU_ACT_XK,
     CPU_ACT_COUNT
 };
 
@@ -64,28 +77,56 @@ typedef void (*cpu_gemm_fn)(int64_t k, const void *w, size_t wstride, const void
                             float *y, size_t ystride, int nr, int nc);
 typedef void (*cpu_quant_fn)(const float *x, void *q, int64_t k);
 
-/* Optional prefill path: pack() unpacks nr weight rows once into a kernel-friendly layout
- * (row r at dst + r*packed_row_bytes(k)), and gemm_packed() is a tile kernel (same contract
+/* Optional prefill path: pack() unpacks blocks b0..b1-1 of nr weight rows once into a
+ * kernel-friendly layout (row r at dst + r*packed_row_bytes(k), each block at its place in
+ * the row; a whole row is b0 = 0, b1 = k / block, and b0 is even), and gemm_packed() is a
+ * tile kernel (same contract
  * as gemm) that reads that layout. The driver uses it when X has enough rows to amortize
  * the unpack (CPU_PACK_MIN_N); the unpack then costs once per chunk instead of once per
  * register tile of X rows. */
-typedef void (*cpu_pack_fn)(int64_t k, const void *w, size_t wstride, int nr, void *dst);
+typedef void (*cpu_pack_fn)(int64_t k, const void *w, size_t wstride, int nr, int64_t b0,
+                            int64_t b1, void *dst);
 typedef size_t (*cpu_packed_size_fn)(int64_t k);
 #define CPU_PACK_MIN_N 8
 
+/* Repacked decode path (cpu_matmul_repack): the weights of a group of G rows, interleaved
+ * as described under "Repacked weights" below, dotted against nc X rows (format act_gemv)
+ * at once: y[c*ystride + r] for r < nr (the group's valid rows), c < nc. */
+typedef void (*cpu_gemv_fn)(int64_t k, const void *grp, const void *x, size_t xstride, float *y,
+                            size_t ystride, int nr, int nc);
+/* Repacks nr (<= G) rows of the file layout (row r at w + r*ws) into one group at dst, rows
+ * nr..G-1 zero; unrepack does the inverse (row r to dst + r*ds) for blocks b0..b1-1 (each
+ * block at its place in the rows). */
+typedef void (*cpu_rp_fn)(uint32_t type, int64_t k, const void *w, size_t ws, int nr, void *dst);
+typedef void (*cpu_unrp_fn)(uint32_t type, const void *grp, int nr, int64_t b0, int64_t b1,
+                            void *dst, size_t ds);
+
 struct cpu_kernel {
     enum cpu_act act;
-    cpu_gemm_fn gemm;
+    cpu_gemm_fn gemm; /* NULL with a packed path: the packed path runs at every n */
     cpu_pack_fn pack; /* NULL: no packed path */
     cpu_packed_size_fn packed_row_bytes;
     cpu_gemm_fn gemm_packed;
     enum cpu_act act_packed; /* activation format of gemm_packed (NONE: act) */
+    /* repacked decode (gemv NULL: the type is not repacked at this level) */
+    int G;
+    enum cpu_act act_gemv;
+    cpu_gemv_fn gemv;
+    cpu_rp_fn repack;
+    cpu_unrp_fn unrepack;
 };
 
 /* Each ISA file fills the entries it implements (index: enum qtype) and leaves the rest. */
 void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]);
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]);
 void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]);
+/* The kernel table entry of (wtype, isa lowered to the machine's), for tests; NULL for an
+ * id out of range. */
+#include "backend/cpu/cpu_features.h"
+const struct cpu_kernel *cpu_matmul_kernel(uint32_t wtype, enum cpu_isa isa);
+/* Adds the repacked decode kernels of the level (gemv, repack, unrepack) to its entries. */
+void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]);
+void cpu_gemv_avx512(struct cpu_kernel tab[QT_COUNT]);
 
 /* 16256 = 127·128: the largest |v| of the 15-bit activation values (see above). */
 #define CPU_ACT_VMAX 16256
@@ -96,12 +137,58 @@ void cpu_quantize_q8_32_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_K_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_32_avx2(const float *x, void *q, int64_t k);
 void cpu_quantize_q8_K_avx2(const float *x, void *q, int64_t k);
-void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k);
-void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k);
 void cpu_quantize_x2_32_scalar(const float *x, void *q, int64_t k);
-void cpu_quantize_x16_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_32_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_x2_32_avx2(const float *x, void *q, int64_t k);
-void cpu_quantize_x16_avx2(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_32_avx2(const float *x, void *q, int64_t k);
+
+void cpu_quantize_x16_64_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_xk_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_64_avx512(const float *x, void *q, int64_t k);
+void cpu_quantize_xk_avx2(const float *x, void *q, int64_t k);
+void cpu_quantize_xk_avx512(const float *x, void *q, int64_t k);
+
+/* ---- Repacked weights (cpu_repack.c) ----
+ * A matrix is cut into groups of G rows (the last one padded with zero rows). A group holds
+ * its blocks in order; block b is a tile of G·bb bytes (bb = the type's bytes per block):
+ * the block's bytes are split into sections of 2- or 4-byte units (1 for MXFP4's
+ * exponent), and unit j of row r sits at section start + (j·G + r)·unit, the section
+ * starting at G × (the section's offset in the block). So the G rows' f16 scales are
+ * 2G contiguous bytes, and one 64-byte load in a 4-byte section gives the same 4
+ * consecutive bytes of 16 rows: with G = 16 a vpdpbusd lane is a row. The bytes are the
+ * file's own; only their order changes, so repacking is exact and reversible. */
+struct cpu_rp_sec {
+    uint16_t off, len, unit; /* bytes in the block; unit 1, 2 or 4 */
+};
+#define CPU_RP_MAXSEC 3
+struct cpu_rp_layout {
+    int n;
+    struct cpu_rp_sec sec[CPU_RP_MAXSEC];
+};
+/* The sections of a type's block; false for types that are not repacked. */
+bool cpu_rp_layout(uint32_t type, struct cpu_rp_layout *out);
+/* Generic (any G) repack / unrepack of one group, as cpu_rp_fn / cpu_unrp_fn with G. */
+void cpu_rp_pack_any(int G, uint32_t type, int64_t k, const void *w, size_t ws, int nr, void *dst);
+void cpu_rp_unpack_any(int G, uint32_t type, int64_t k, const void *grp, int nr, void *dst,
+                       size_t ds);
+/* One section of 1- or 2-byte units (f16 scales, MXFP4's exponent) of one block between
+ * nr rows (section start of row r at row0 + r*ws) and its place in the tile (base), for
+ * the SIMD copies, which transpose the 4-byte sections themselves: to_group (rows
+ * nr..G-1 zeroed), or back. Inline with a constant unit: plain moves per row. */
+static inline void cpu_rp_small(int G, int unit, int len, char *base, char *row0, size_t ws,
+                                int nr, bool to_group) {
+    for (int j = 0; j < len / unit; j++)
+        for (int r = 0; r < G; r++) {
+            char *u = base + ((size_t)j * G + r) * unit, *f = row0 + r * ws + j * unit;
+            if (!to_group) {
+                if (r < nr) memcpy(f, u, unit == 2 ? 2 : 1);
+            } else if (r < nr) {
+                memcpy(u, f, unit == 2 ? 2 : 1);
+            } else {
+                memset(u, 0, unit == 2 ? 2 : 1);
+            }
+        }
+}
 
 /* Rows (planes) per X row of a format. */
 static inline int cpu_act_planes(enum cpu_act act) {
@@ -121,8 +208,12 @@ static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
     case CPU_ACT_X2_32:
         n = 3 * ((n + 63) & ~(size_t)63) + n / 8 + 4;
         break;
-    case CPU_ACT_X16:
+    case CPU_ACT_X16_32:
+    case CPU_ACT_X16_64:
         n = 2 * n + n / 4 + 4;
+        break;
+    case CPU_ACT_XK:
+        n = 2 * ((n + 63) & ~(size_t)63) + n + n / 4 + 4;
         break;
     case CPU_ACT_F32:
         n = 4 * n;
@@ -163,6 +254,16 @@ static inline const float *cpu_x2_sv(const void *x, int64_t k) {
 static inline float cpu_x2_D(const void *x, int64_t k) {
     return cpu_x2_sv(x, k)[k / 32];
 }
+/* Sections of an XK row (hi and lo as X2_32). */
+static inline const int16_t *cpu_xk_p2(const void *x, int64_t k) {
+    return (const int16_t *)((const char *)x + 2 * cpu_x2_kp(k));
+}
+static inline const float *cpu_xk_sv(const void *x, int64_t k) {
+    return (const float *)((const char *)x + 2 * cpu_x2_kp(k) + (size_t)k);
+}
+static inline float cpu_xk_D(const void *x, int64_t k) {
+    return cpu_xk_sv(x, k)[k / 16];
+}
 /* Sections of an X16 row. */
 static inline const float *cpu_x16_sv(const void *x, int64_t k) {
     return (const float *)((const int16_t *)x + k);
@@ -174,6 +275,16 @@ static inline float cpu_x16_D(const void *x, int64_t k) {
 /* The non-linear 4-bit codebook of IQ4_NL / IQ4_XS (a format constant). */
 static const int8_t cpu_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                              1,    13,   25,  38,  53,  69,  89,  113};
+
+/* MXFP4's E2M1 values doubled (a format constant), and its block scale: E8M0 exponent e
+ * to 2^(e-128), bitwise as the reference (quant_lowbit.c): e = 0, 1 are f32 denormals. */
+static const int8_t cpu_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static inline float cpu_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* Q4_K / Q5_K 6-bit scales and mins of sub-block j (< 8), from the 12 packed bytes. */
 static inline void cpu_q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {

@@ -2,17 +2,19 @@
  * chunks of the output to the pool's threads. See cpu_matmul.h for the contract and
  * cpu_kernels.h for the kernel interface.
  *
- * Partition. The output Y[n][rows] is cut into chunks of RB weight rows × CB X rows.
+ * Partition. The output Y[n][rows] is cut into chunks of RB weight rows (all n X rows).
  * Threads take chunks from an atomic counter (dynamic: on a shared machine one thread may
- * be descheduled, and static splits then wait for it). Chunk index i maps to column chunk
- * i / n_rchunks and row chunk i % n_rchunks, so at any time all threads work on the same
- * X rows (hot in L2) and sweep the weights. Inside a chunk, 4 weight rows at a time are
- * dotted against all CB X rows: the 4 rows' blocks stay in L1 while X streams from L2.
- * RB is a multiple of 16 rows so two threads never write the same 64-byte line of Y
- * (apart from Y's own misalignment). Decode (n = 1) uses large contiguous row chunks so
- * the hardware prefetcher sees long streams. With the packed path (n >= CPU_PACK_MIN_N and
- * the kernel has one) a thread first unpacks its chunk's rows into its own buffer (RB is
- * capped so that buffer stays ~256 KiB) and the tiles read that.
+ * be descheduled, and static splits then wait for it). With the packed path a thread first
+ * unpacks its chunk's rows once into its own buffer (RB is capped so that buffer stays
+ * ~256 KiB, in L2), then runs the tiles over the X rows CB at a time (as many as fit in
+ * ~512 KiB of quantized X, so an X chunk stays in L2 while the chunk's rows sweep it):
+ * the weights are unpacked once per matmul, and X chunks come from L3 once per row chunk.
+ * (Until 2026-12-02 the column chunks were the outer loop and the rows were unpacked again
+ * for each: up to 7x for k = 8192 at n = 128, a quarter of a Q8_0 prefill matmul.) Inside
+ * a chunk, 4 weight rows at a time are dotted against CB X rows. RB is a multiple of 16
+ * rows so two threads never write the same 64-byte line of Y (apart from Y's own
+ * misalignment). Decode on repacked weights takes chunks of whole groups (gemv kernels).
+ * A batch (cpu_matmul_batch) runs several products' chunks from one counter: one fork-join.
  */
 #include "backend/cpu/cpu_matmul.h"
 
@@ -20,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "quant/quant.h"
@@ -34,22 +37,27 @@ static void init_tables(void) {
     g_quant[CPU_ISA_SCALAR][CPU_ACT_Q8_32] = cpu_quantize_q8_32_scalar;
     g_quant[CPU_ISA_SCALAR][CPU_ACT_Q8_K] = cpu_quantize_q8_K_scalar;
     g_quant[CPU_ISA_SCALAR][CPU_ACT_X2_32] = cpu_quantize_x2_32_scalar;
-    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16] = cpu_quantize_x16_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_32] = cpu_quantize_x16_32_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_64] = cpu_quantize_x16_64_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_XK] = cpu_quantize_xk_scalar;
     for (int i = 1; i < CPU_ISA_COUNT; i++) {
         memcpy(g_tab[i], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
         memcpy(g_quant[i], g_quant[CPU_ISA_SCALAR], sizeof g_quant[0]);
     }
 #if defined(__x86_64__)
     cpu_kernels_avx2(g_tab[CPU_ISA_AVX2]);
+    cpu_gemv_avx2(g_tab[CPU_ISA_AVX2]);
+    g_quant[CPU_ISA_AVX2][CPU_ACT_XK] = cpu_quantize_xk_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_32] = cpu_quantize_q8_32_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_K] = cpu_quantize_q8_K_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_X2_32] = cpu_quantize_x2_32_avx2;
-    g_quant[CPU_ISA_AVX2][CPU_ACT_X16] = cpu_quantize_x16_avx2;
+    g_quant[CPU_ISA_AVX2][CPU_ACT_X16_32] = cpu_quantize_x16_32_avx2;
     memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
     memcpy(g_quant[CPU_ISA_AVX512], g_quant[CPU_ISA_AVX2], sizeof g_quant[0]);
     cpu_kernels_avx512(g_tab[CPU_ISA_AVX512]);
-    g_quant[CPU_ISA_AVX512][CPU_ACT_Q8_32] = cpu_quantize_q8_32_avx512;
-    g_quant[CPU_ISA_AVX512][CPU_ACT_Q8_K] = cpu_quantize_q8_K_avx512;
+    cpu_gemv_avx512(g_tab[CPU_ISA_AVX512]);
+    g_quant[CPU_ISA_AVX512][CPU_ACT_X16_64] = cpu_quantize_x16_64_avx512;
+    g_quant[CPU_ISA_AVX512][CPU_ACT_XK] = cpu_quantize_xk_avx512;
 #endif
 }
 
@@ -62,7 +70,13 @@ static enum cpu_isa clamp_isa(enum cpu_isa isa) {
 bool cpu_matmul_has_kernel(uint32_t wtype, enum cpu_isa isa) {
     pthread_once(&g_once, init_tables);
     if (wtype >= QT_COUNT) return false;
-    return g_tab[clamp_isa(isa)][wtype].gemm != NULL;
+    const struct cpu_kernel *kn = &g_tab[clamp_isa(isa)][wtype];
+    return kn->gemm != NULL || kn->gemm_packed != NULL;
+}
+
+const struct cpu_kernel *cpu_matmul_kernel(uint32_t wtype, enum cpu_isa isa) {
+    pthread_once(&g_once, init_tables);
+    return wtype < QT_COUNT ? &g_tab[clamp_isa(isa)][wtype] : NULL;
 }
 
 bool cpu_matmul_supports(uint32_t wtype) {
@@ -71,13 +85,25 @@ bool cpu_matmul_supports(uint32_t wtype) {
     return qi && qi->dequantize;
 }
 
+struct cpu_rweight {
+    uint32_t type;
+    enum cpu_isa isa;
+    int G;
+    int64_t rows, k, ngroups;
+    size_t group_bytes; /* G rows: k / block × G × block bytes */
+    char *data;
+};
+
 struct mm_job {
+    const struct cpu_kernel *kern;
+    const struct cpu_rweight *rw; /* repacked weights (NULL: w in the file layout) */
+    bool gemv;                    /* decode on rw: chunks of rb groups, the gemv kernel */
     cpu_gemm_fn gemm;   /* the tile kernel (F32 kernel for the dequantize fallback) */
     cpu_quant_fn quant; /* activation quantizer (NULL: X used as is) */
     void (*dequant)(const void *src, float *dst, int64_t n); /* fallback only */
     const char *w;
     size_t wstride;
-    int64_t rows, k, n;
+    int64_t rows, k, n, nb; /* nb: blocks per row */
     const float *x;
     char *xq;       /* quantized X (or X itself) */
     size_t xstride; /* bytes between X rows in xq (all planes of a row) */
@@ -86,11 +112,11 @@ struct mm_job {
     float *y;
     cpu_pack_fn pack; /* packed prefill path (NULL: off) */
     size_t packed_row;
-    int64_t rb, cb, n_rchunks, n_chunks;
+    int64_t rb, cb, n_chunks;
     /* per-thread work area (at tbuf + ith * tstride, shared by the jobs of a batch: a
      * thread runs one chunk at a time): the fallback's dequantized row (k floats), or the
-     * packed rows (rb * packed_row bytes), then at ptmp_off, with two planes, 2·cb·CPU_MR
-     * floats of per-plane results */
+     * packed rows (rb * packed_row bytes, then G unrepacked rows with rw), then at ptmp_off,
+     * with two planes, 2·cb·CPU_MR floats of per-plane results */
     size_t tbytes, ptmp_off;
 };
 
@@ -117,18 +143,55 @@ static void quant_task(void *arg, int ith, int nth) {
     }
 }
 
-/* Chunk i of job j on thread ith. */
+/* Packs rows r0..r1-1 into the thread's area (from the repacked groups or the file). */
+static void pack_rows(const struct mm_job *j, char *buf, int64_t r0, int64_t r1) {
+    if (!j->rw) {
+        j->pack(j->k, j->w + r0 * j->wstride, j->wstride, (int)(r1 - r0), 0, j->nb, buf);
+        return;
+    }
+    /* a few blocks of one group at a time back to the file layout (in L1), then packed;
+     * the next blocks' bytes are prefetched while these are packed */
+    const struct cpu_rweight *rw = j->rw;
+    char *tmp = buf + (size_t)j->rb * j->packed_row;
+    const int64_t nb = j->nb;
+    const size_t tile = (size_t)rw->G * (j->wstride / (size_t)nb);
+    int64_t step = (int64_t)(8192 / tile) & ~(int64_t)1;
+    if (step < 2) step = 2;
+    for (int64_t r = r0; r < r1; r += rw->G) {
+        int nr = r1 - r < rw->G ? (int)(r1 - r) : rw->G;
+        const char *grp = rw->data + (r / rw->G) * rw->group_bytes;
+        for (int64_t b0 = 0; b0 < nb; b0 += step) {
+            int64_t b1 = b0 + step < nb ? b0 + step : nb;
+            const char *nx = grp + (size_t)b1 * tile;
+            for (size_t o = 0; b1 < nb && o < (size_t)step * tile; o += 64)
+                __builtin_prefetch(nx + o);
+            j->kern->unrepack(rw->type, grp, nr, b0, b1, tmp, j->wstride);
+            j->pack(j->k, tmp, j->wstride, nr, b0, b1, buf + (r - r0) * j->packed_row);
+        }
+    }
+}
+
+/* Chunk i of job j on a thread whose work area is `area`: RB weight rows against all n X
+ * rows, CB X rows at a time (the packed rows are made once and reused for every X chunk);
+ * or, decoding on repacked weights, rb groups through the gemv kernel. */
 static void run_chunk(const struct mm_job *j, int64_t i, char *area) {
-    int64_t r0 = (i % j->n_rchunks) * j->rb, c0 = (i / j->n_rchunks) * j->cb;
-    int64_t r1 = r0 + j->rb > j->rows ? j->rows : r0 + j->rb;
-    int64_t nc = c0 + j->cb > j->n ? j->n - c0 : j->cb;
-    const char *xc = j->xq + c0 * j->xstride;
-    float *yc = j->y + c0 * j->rows;
+    if (j->gemv) {
+        const struct cpu_rweight *rw = j->rw;
+        int64_t g0 = i * j->rb, g1 = g0 + j->rb > rw->ngroups ? rw->ngroups : g0 + j->rb;
+        for (int64_t g = g0; g < g1; g++) {
+            int64_t r = g * rw->G;
+            int nr = rw->rows - r < rw->G ? (int)(rw->rows - r) : rw->G;
+            j->kern->gemv(j->k, rw->data + g * rw->group_bytes, j->xq, j->xstride, j->y + r,
+                          (size_t)rw->rows, nr, (int)j->n);
+        }
+        return;
+    }
+    int64_t r0 = i * j->rb, r1 = r0 + j->rb > j->rows ? j->rows : r0 + j->rb;
     if (j->dequant) {
         float *buf = (float *)area;
         for (int64_t r = r0; r < r1; r++) {
             j->dequant(j->w + r * j->wstride, buf, j->k);
-            j->gemm(j->k, buf, 0, xc, j->xstride, yc + r, (size_t)j->rows, 1, (int)nc);
+            j->gemm(j->k, buf, 0, j->xq, j->xstride, j->y + r, (size_t)j->rows, 1, (int)j->n);
         }
         return;
     }
@@ -136,27 +199,32 @@ static void run_chunk(const struct mm_job *j, int64_t i, char *area) {
     size_t wstride = j->wstride;
     int64_t rbase = 0;
     if (j->pack) {
-        j->pack(j->k, j->w + r0 * j->wstride, j->wstride, (int)(r1 - r0), area);
+        pack_rows(j, area, r0, r1);
         wbase = area;
         wstride = j->packed_row;
         rbase = r0;
     }
-    if (j->planes == 2) { /* hi and lo rows interleaved: 2·nc kernel columns */
-        float *t = (float *)(area + j->ptmp_off);
+    for (int64_t c0 = 0; c0 < j->n; c0 += j->cb) {
+        int64_t nc = c0 + j->cb > j->n ? j->n - c0 : j->cb;
+        const char *xc = j->xq + c0 * j->xstride;
+        float *yc = j->y + c0 * j->rows;
+        if (j->planes == 2) { /* hi and lo rows interleaved: 2·nc kernel columns */
+            float *t = (float *)(area + j->ptmp_off);
+            for (int64_t r = r0; r < r1; r += CPU_MR) {
+                int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
+                j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, t, CPU_MR,
+                        nr, (int)(2 * nc));
+                for (int64_t c = 0; c < nc; c++)
+                    for (int q = 0; q < nr; q++)
+                        yc[c * j->rows + r + q] = t[2 * c * CPU_MR + q] + t[(2 * c + 1) * CPU_MR + q];
+            }
+            continue;
+        }
         for (int64_t r = r0; r < r1; r += CPU_MR) {
             int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
-            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, t, CPU_MR, nr,
-                    (int)(2 * nc));
-            for (int64_t c = 0; c < nc; c++)
-                for (int q = 0; q < nr; q++)
-                    yc[c * j->rows + r + q] = t[2 * c * CPU_MR + q] + t[(2 * c + 1) * CPU_MR + q];
+            j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, yc + r,
+                    (size_t)j->rows, nr, (int)nc);
         }
-        return;
-    }
-    for (int64_t r = r0; r < r1; r += CPU_MR) {
-        int nr = r1 - r < CPU_MR ? (int)(r1 - r) : CPU_MR;
-        j->gemm(j->k, wbase + (r - rbase) * wstride, wstride, xc, j->pstride, yc + r,
-                (size_t)j->rows, nr, (int)nc);
     }
 }
 
@@ -176,16 +244,20 @@ static void gemm_task(void *arg, int ith, int nth) {
 /* Chooses RB x CB chunks: enough chunks for balance, big enough to amortize the counter. */
 static void plan(struct mm_job *j, int nth) {
     int64_t rows = j->rows, n = j->n;
+    if (j->gemv) { /* chunks of whole groups: ~8 per thread */
+        int64_t per = (j->rw->ngroups + 8 * nth - 1) / (8 * nth);
+        j->rb = per < 1 ? 1 : per;
+        j->n_chunks = (j->rw->ngroups + j->rb - 1) / j->rb;
+        return;
+    }
     /* Column chunk: X rows whose quantized bytes fit comfortably in L2 (~512 KiB). */
     int64_t cb = (int64_t)((512 * 1024) / (j->xstride ? j->xstride : 1));
     if (cb < 4) cb = 4;
     if (cb > n) cb = n;
-    int64_t n_cchunks = (n + cb - 1) / cb;
-    /* Row chunk: at least 16 rows; aim for >= 4 chunks per thread in total (8 for decode,
-     * where chunks are cheap and balance matters most). */
+    /* Row chunk: at least 16 rows; aim for >= 4 chunks per thread (8 for decode, where
+     * chunks are cheap and balance matters most). */
     int64_t want = (int64_t)nth * (n == 1 ? 8 : 4);
-    int64_t per_c = (want + n_cchunks - 1) / n_cchunks;
-    int64_t rb = (rows + per_c - 1) / per_c;
+    int64_t rb = (rows + want - 1) / want;
     rb = (rb + 15) & ~(int64_t)15;
     if (rb < 16) rb = 16;
     if (n > 1 && rb > 256) rb = 256; /* weights of a chunk stay near L2 */
@@ -196,29 +268,39 @@ static void plan(struct mm_job *j, int nth) {
     }
     j->rb = rb;
     j->cb = cb;
-    j->n_rchunks = (rows + rb - 1) / rb;
-    j->n_chunks = j->n_rchunks * n_cchunks;
+    j->n_chunks = (rows + rb - 1) / rb;
 }
+
+/* Decode on repacked weights runs the gemv kernels below this many X rows (the results are
+ * the same bits either way: the kernels do the packed path's arithmetic). */
+#define GEMV_MAX_N 4
 
 /* Checks one product and fills its job (kernel, activation format, plan, the sizes of its
  * per-thread area); *xbytes gets the bytes of its quantized X (0: X is used as is). */
 static smelt_status job_init(struct mm_job *j, enum cpu_isa isa, const struct cpu_mm *m, int nth,
                              size_t *xbytes, struct err *e) {
-    const struct qtype_info *qi = qtype_get(m->wtype);
-    if (!qi) return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: unknown weight type id %u", m->wtype);
-    if (m->rows < 0 || m->n < 0 || m->k <= 0)
+    const struct cpu_rweight *rw = m->rw;
+    const uint32_t wtype = rw ? rw->type : m->wtype;
+    const int64_t rows = rw ? rw->rows : m->rows, k = rw ? rw->k : m->k;
+    if (rw) isa = rw->isa; /* the layout is the level's it was repacked for */
+    const struct qtype_info *qi = qtype_get(wtype);
+    if (!qi) return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: unknown weight type id %u", wtype);
+    if (rows < 0 || m->n < 0 || k <= 0)
         return err_set(e, SMELT_ERR_INVALID, "matmul %s: bad shape rows=%lld k=%lld n=%lld",
-                       qi->name, (long long)m->rows, (long long)m->k, (long long)m->n);
-    if (m->k % qi->blck_size)
+                       qi->name, (long long)rows, (long long)k, (long long)m->n);
+    if (k % qi->blck_size)
         return err_set(e, SMELT_ERR_INVALID,
                        "matmul %s: row length %lld is not a multiple of the block size %u",
-                       qi->name, (long long)m->k, qi->blck_size);
+                       qi->name, (long long)k, qi->blck_size);
     memset(j, 0, sizeof *j);
     *xbytes = 0;
-    const struct cpu_kernel *kern = &g_tab[isa][m->wtype];
+    const struct cpu_kernel *kern = &g_tab[isa][wtype];
     enum cpu_act act = kern->act;
+    j->kern = kern;
+    j->rw = rw;
+    j->gemv = rw && m->n < GEMV_MAX_N;
     j->gemm = kern->gemm;
-    if (!j->gemm) {
+    if (!j->gemm && !kern->gemm_packed) {
         if (!qi->dequantize)
             return err_set(e, SMELT_ERR_UNSUPPORTED, "matmul: no CPU kernel for weight type %s",
                            qi->name);
@@ -227,37 +309,42 @@ static smelt_status job_init(struct mm_job *j, enum cpu_isa isa, const struct cp
         act = CPU_ACT_F32;
     }
     j->w = m->w;
-    j->wstride = (size_t)qtype_row_size(m->wtype, m->k);
-    j->rows = m->rows;
-    j->k = m->k;
+    j->wstride = (size_t)qtype_row_size(wtype, k);
+    j->rows = rows;
+    j->k = k;
+    j->nb = k / qi->blck_size;
     j->n = m->n;
     j->x = m->x;
     j->y = m->y;
     j->planes = 1;
-    if (kern->pack && !j->dequant && m->n >= CPU_PACK_MIN_N) {
+    /* The packed path at every n where the level has a repacked decode kernel (or no
+     * other kernel), so that a row gets the same bits whatever the path. */
+    if (j->gemv) {
+        act = kern->act_gemv;
+    } else if (kern->pack && !j->dequant && (m->n >= CPU_PACK_MIN_N || !kern->gemm || kern->gemv)) {
         j->pack = kern->pack;
         j->gemm = kern->gemm_packed;
-        j->packed_row = kern->packed_row_bytes(m->k);
+        j->packed_row = kern->packed_row_bytes(k);
         if (kern->act_packed != CPU_ACT_NONE) act = kern->act_packed;
     }
     if (act == CPU_ACT_F32) {
         j->xq = (char *)m->x;
-        j->xstride = j->pstride = (size_t)m->k * sizeof(float);
+        j->xstride = j->pstride = (size_t)k * sizeof(float);
     } else {
         j->quant = g_quant[isa][act];
         j->planes = cpu_act_planes(act);
-        j->pstride = cpu_act_row_bytes(act, m->k);
+        j->pstride = cpu_act_row_bytes(act, k);
         j->xstride = j->pstride * (size_t)j->planes;
         *xbytes = j->xstride * (size_t)m->n;
     }
-    if (m->rows == 0 || m->n == 0) {
+    if (rows == 0 || m->n == 0) {
         j->n_chunks = 0;
         return SMELT_OK;
     }
     plan(j, nth);
     size_t a = 0;
-    if (j->dequant) a = (size_t)m->k * sizeof(float);
-    if (j->pack) a = (size_t)j->rb * j->packed_row;
+    if (j->dequant) a = (size_t)k * sizeof(float);
+    if (j->pack) a = (size_t)j->rb * j->packed_row + (rw ? (size_t)rw->G * j->wstride : 0);
     j->ptmp_off = (a + 63) & ~(size_t)63;
     j->tbytes = j->ptmp_off;
     if (j->planes == 2) j->tbytes += (size_t)(2 * j->cb * CPU_MR) * sizeof(float);
@@ -326,7 +413,7 @@ smelt_status cpu_matmul_batch_isa(struct cpu_pool *p, enum cpu_isa isa, const st
 smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
                             int64_t rows, int64_t k, const float *x, int64_t n, float *y,
                             struct arena *scratch, struct err *e) {
-    const struct cpu_mm m = {wtype, w, rows, k, x, n, y};
+    const struct cpu_mm m = {wtype, w, rows, k, x, n, y, NULL};
     return cpu_matmul_batch_isa(p, isa, &m, 1, scratch, e);
 }
 
@@ -338,4 +425,82 @@ smelt_status cpu_matmul(struct cpu_pool *p, uint32_t wtype, const void *w, int64
 smelt_status cpu_matmul_batch(struct cpu_pool *p, const struct cpu_mm *mm, int n_mm,
                               struct arena *scratch, struct err *e) {
     return cpu_matmul_batch_isa(p, cpu_isa_best(), mm, n_mm, scratch, e);
+}
+
+/* ---- repacked weights ---- */
+
+struct rp_job {
+    struct cpu_rweight *rw;
+    const struct cpu_kernel *kern;
+    const char *w;
+    size_t wstride;
+};
+
+static void repack_task(void *arg, int ith, int nth) {
+    struct rp_job *j = arg;
+    struct cpu_rweight *rw = j->rw;
+    for (int64_t g = ith; g < rw->ngroups; g += nth) {
+        int64_t r = g * rw->G;
+        int nr = rw->rows - r < rw->G ? (int)(rw->rows - r) : rw->G;
+        j->kern->repack(rw->type, rw->k, j->w + r * j->wstride, j->wstride, nr,
+                        rw->data + g * rw->group_bytes);
+    }
+}
+
+smelt_status cpu_matmul_repack(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
+                               int64_t rows, int64_t k, struct cpu_rweight **out, struct err *e) {
+    pthread_once(&g_once, init_tables);
+    *out = NULL;
+    isa = clamp_isa(isa);
+    const struct qtype_info *qi = qtype_get(wtype);
+    if (!qi || wtype >= QT_COUNT || !g_tab[isa][wtype].gemv) return SMELT_OK;
+    if (rows <= 0 || k <= 0 || k % qi->blck_size)
+        return err_set(e, SMELT_ERR_INVALID, "repack %s: bad shape rows=%lld k=%lld", qi->name,
+                       (long long)rows, (long long)k);
+    const struct cpu_kernel *kern = &g_tab[isa][wtype];
+    struct cpu_rweight *rw = calloc(1, sizeof *rw);
+    if (!rw) return err_set(e, SMELT_ERR_NOMEM, "repack %s: out of memory", qi->name);
+    rw->type = wtype;
+    rw->isa = isa;
+    rw->G = kern->G;
+    rw->rows = rows;
+    rw->k = k;
+    rw->ngroups = (rows + rw->G - 1) / rw->G;
+    rw->group_bytes = (size_t)(k / qi->blck_size) * (size_t)rw->G * qi->type_size;
+    size_t bytes = rw->group_bytes * (size_t)rw->ngroups;
+    rw->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    /* the copy on 2 MiB pages where the kernel gives them (transparent huge pages in madvise
+     * mode), the aligned interior of the allocation: a decode step streams every byte once,
+     * and each 4 KiB page would be a TLB miss (a two-level walk in a virtual machine) */
+    const uintptr_t huge = (uintptr_t)2 << 20, at = (uintptr_t)rw->data;
+    const uintptr_t h0 = (at + huge - 1) & ~(huge - 1), h1 = (at + bytes) & ~(huge - 1);
+    if (rw->data && h1 > h0) madvise((void *)h0, h1 - h0, MADV_HUGEPAGE);
+    if (!rw->data) {
+        free(rw);
+        return err_set(e, SMELT_ERR_NOMEM, "repack %s: out of memory for %zu bytes (%lld x %lld)",
+                       qi->name, bytes, (long long)rows, (long long)k);
+    }
+    struct rp_job j = {rw, kern, w, (size_t)qtype_row_size(wtype, k)};
+    if (cpu_pool_size(p) > 1 && rw->ngroups > 1)
+        cpu_pool_run(p, repack_task, &j);
+    else
+        repack_task(&j, 0, 1);
+    *out = rw;
+    return SMELT_OK;
+}
+
+void cpu_rweight_free(struct cpu_rweight *rw) {
+    if (!rw) return;
+    free(rw->data);
+    free(rw);
+}
+
+size_t cpu_rweight_bytes(const struct cpu_rweight *rw) {
+    return rw ? rw->group_bytes * (size_t)rw->ngroups : 0;
+}
+
+smelt_status cpu_matmul_rw(struct cpu_pool *p, const struct cpu_rweight *rw, const float *x,
+                           int64_t n, float *y, struct arena *scratch, struct err *e) {
+    const struct cpu_mm m = {rw->type, NULL, rw->rows, rw->k, x, n, y, rw};
+    return cpu_matmul_batch_isa(p, rw->isa, &m, 1, scratch, e);
 }

@@ -47,7 +47,10 @@ smelt_status cpu_matmul_isa(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype
                             int64_t rows, int64_t k, const float *x, int64_t n, float *y,
                             struct arena *scratch, struct err *e);
 
-/* One product of a batch: y[n][rows] = x[n][k] · w[rows][k]ᵀ, as in cpu_matmul. */
+/* One product of a batch: y[n][rows] = x[n][k] · w[rows][k]ᵀ, as in cpu_matmul; with rw
+ * (cpu_matmul_repack) the weights are its repacked copy, and wtype, w, rows and k are
+ * taken from it. */
+struct cpu_rweight;
 struct cpu_mm {
     uint32_t wtype;
     const void *w;
@@ -55,6 +58,7 @@ struct cpu_mm {
     const float *x;
     int64_t n;
     float *y;
+    const struct cpu_rweight *rw; /* NULL: w in the file layout */
 };
 
 /* Several independent products in one parallel region: every X quantized in one pass,
@@ -67,6 +71,26 @@ smelt_status cpu_matmul_batch(struct cpu_pool *p, const struct cpu_mm *mm, int n
                               struct arena *scratch, struct err *e);
 smelt_status cpu_matmul_batch_isa(struct cpu_pool *p, enum cpu_isa isa, const struct cpu_mm *mm,
                                   int n_mm, struct arena *scratch, struct err *e);
+
+/* ---- Repacked weights ----
+ * At levels with repacked decode kernels (cpu_kernels.h, "Repacked weights"), a weight
+ * matrix is copied once into a row-interleaved layout: decode (few X rows) streams it
+ * with the gemv kernels, prefill unrepacks it per chunk into the packed path. A row's
+ * result has the same bits on either path, and the same as cpu_matmul_isa at that level
+ * on the file layout. */
+
+/* Repacks W (rows × k of wtype, the file layout) for the level isa (lowered to what the
+ * machine has), in parallel on the pool. *out = NULL and SMELT_OK when (wtype, isa) has no
+ * repacked kernel: use cpu_matmul on W. Errors: SMELT_ERR_INVALID (shape), NOMEM. Free
+ * with cpu_rweight_free; W itself is not referenced afterwards. */
+smelt_status cpu_matmul_repack(struct cpu_pool *p, enum cpu_isa isa, uint32_t wtype, const void *w,
+                               int64_t rows, int64_t k, struct cpu_rweight **out, struct err *e);
+void cpu_rweight_free(struct cpu_rweight *rw);
+/* Bytes of the repacked copy. */
+size_t cpu_rweight_bytes(const struct cpu_rweight *rw);
+/* Y[n][rows] = X[n][k] · Wᵀ on repacked W, as cpu_matmul (same errors, same scratch use). */
+smelt_status cpu_matmul_rw(struct cpu_pool *p, const struct cpu_rweight *rw, const float *x,
+                           int64_t n, float *y, struct arena *scratch, struct err *e);
 
 /* True when wtype has an integer/float kernel (not the dequantize fallback) at this ISA. */
 bool cpu_matmul_has_kernel(uint32_t wtype, enum cpu_isa isa);

@@ -1,18 +1,20 @@
-/* AVX2/FMA/F16C matmul kernels and activation quantizers (compiled with -mavx2 -mfma
- * -mf16c -mbmi2; called only when cpu_features says the CPU and OS support them).
+/* AVX2/FMA/F16C matmul kernels for the file layout, and activation quantizers (compiled
+ * with -mavx2 -mfma -mf16c -mbmi2; called only when cpu_features says the CPU and OS
+ * support them): the packed prefill path of the legacy types, MXFP4 and Q2_K..Q6_K, the
+ * IQ4_XS kernel (Q8_K planes: vpmaddubsw on |v| · sign(x, v), then vpmaddwd with the
+ * scales), and F32/F16/BF16. Decode of the packed-path types runs on repacked weights
+ * (cpu_gemv_avx2.c), whose kernels reproduce these ones' arithmetic per row; a call on
+ * the file layout takes the packed path at any n.
  *
- * Integer dot of u8 weights × s8 activations: vpmaddubsw (pairs → i16; the operands are
- * bounded so it never saturates: 2·63·127 < 32767 for the widest unsigned quant, Q6_K)
- * then vpmaddwd with 1 or with the block scales (→ i32). Signed weights (Q8_0, IQ4) use
- * |w| · sign(x, w). One f32 FMA per block (32) or super-block (256) and tile element.
+ * Packed rows (X16_32 activations, quad-pair order): the legacy types as their int16
+ * values v with d (and m) per block, two vpmaddwd per block give each lane the exact dot
+ * of a quad; Q2_K..Q6_K share one kernel over the 16-bit products sc·v (kp_* builds them
+ * through a common d·sc·u − dm·mn form). One f32 FMA per block or half super-block and
+ * tile element; lane reductions through hsum_ps (a fixed tree).
  *
  * Tiles: R weight rows × C activation rows, R = 4 (1 for a ragged tail), C = 2 (1 for an
- * odd tail); the unpacked weight vectors of a block are reused across the C columns.
- * Packed prefill path (cpu_kernels.h): the legacy unsigned types store their unpacked
- * bytes; Q2_K..Q6_K share one kernel over a common d·sc·u − dm·mn form (kp_*).
- *
- * Measured on the 2-core dev VM (Sapphire Rapids flags), 1 thread, 896×4864, GFLOP per
- * CPU-second n=1/128: Q4_K 52/80, Q6_K 32/79, Q8_0 37/62, Q5_0 31/72, F16 25/68.
+ * odd tail). Measured on the 2-core dev VM (Sapphire Rapids flags), 1 thread, 896×4864,
+ * GFLOP per CPU-second n=128: Q4_K 80, Q6_K 79, Q8_0 62, Q5_0 72, F16 68.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -149,16 +151,69 @@ void cpu_quantize_x2_32_avx2(const float *x, void *q, int64_t k) {
     sv[k / 32] = amax / (float)CPU_ACT_VMAX;
 }
 
-void cpu_quantize_x16_avx2(const float *x, void *q, int64_t k) {
+/* Quad-pair order of a 32-element chunk (X16_32) from its natural int16 halves a, b:
+ * *o0 = the pairs 4λ, 4λ+1 (λ < 8), *o1 = 4λ+2, 4λ+3, i.e. the even / odd dwords. */
+INLINE void quadpairs(__m256i a, __m256i b, __m256i *o0, __m256i *o1) {
+    __m256 e = _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0x88);
+    __m256 o = _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0xdd);
+    *o0 = _mm256_permute4x64_epi64(_mm256_castps_si256(e), 0xd8);
+    *o1 = _mm256_permute4x64_epi64(_mm256_castps_si256(o), 0xd8);
+}
+
+void cpu_quantize_x16_32_avx2(const float *x, void *q, int64_t k) {
     int16_t *v16 = q;
     float *sv = (float *)(v16 + k);
     float amax = row_amax(x, k);
     const __m256 vid = _mm256_set1_ps(amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f);
+    for (int64_t i = 0; i < k; i += 32) {
+        __m256i v[4], h[2];
+        UNROLL
+        for (int j = 0; j < 4; j++)
+            v[j] = act_v8(x + i + 8 * j, vid);
+        UNROLL
+        for (int j = 0; j < 2; j++) {
+            h[j] = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[2 * j], v[2 * j + 1]), 0xd8);
+            sv[i / 16 + j] = (float)hsum_epi32(_mm256_add_epi32(v[2 * j], v[2 * j + 1]));
+        }
+        __m256i o0, o1;
+        quadpairs(h[0], h[1], &o0, &o1);
+        _mm256_storeu_si256((__m256i *)(v16 + i), o0);
+        _mm256_storeu_si256((__m256i *)(v16 + i + 16), o1);
+    }
+    sv[k / 16] = amax / (float)CPU_ACT_VMAX;
+}
+
+/* i32 × 8 → int8 × 8 (values fit) */
+INLINE __m128i i32_to_i8(__m256i v) {
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_packs_epi16(w, w);
+}
+
+/* XK (repacked K-quant decode): both planes, pair sums of v, sums per 16 (cpu_kernels.h). */
+void cpu_quantize_xk_avx2(const float *x, void *q, int64_t k) {
+    const size_t kp = cpu_x2_kp(k);
+    int8_t *hq = q, *lq = (int8_t *)q + kp;
+    int16_t *p2 = (int16_t *)((char *)q + 2 * kp);
+    float *sv = (float *)((char *)q + 2 * kp + (size_t)k);
+    float amax = row_amax(x, k);
+    const __m256 vid = _mm256_set1_ps(amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f);
+    const __m256i c64 = _mm256_set1_epi32(64);
     for (int64_t i = 0; i < k; i += 16) {
-        __m256i a = act_v8(x + i, vid), b = act_v8(x + i + 8, vid);
-        __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
-        _mm256_storeu_si256((__m256i *)(v16 + i), p);
-        sv[i / 16] = (float)hsum_epi32(_mm256_add_epi32(a, b));
+        __m256i v0 = act_v8(x + i, vid), v1 = act_v8(x + i + 8, vid);
+        __m256i h0 = _mm256_srai_epi32(_mm256_add_epi32(v0, c64), 7);
+        __m256i h1 = _mm256_srai_epi32(_mm256_add_epi32(v1, c64), 7);
+        __m256i l0 = _mm256_sub_epi32(v0, _mm256_slli_epi32(h0, 7));
+        __m256i l1 = _mm256_sub_epi32(v1, _mm256_slli_epi32(h1, 7));
+        _mm_storel_epi64((__m128i *)(hq + i), i32_to_i8(h0));
+        _mm_storel_epi64((__m128i *)(hq + i + 8), i32_to_i8(h1));
+        _mm_storel_epi64((__m128i *)(lq + i), i32_to_i8(l0));
+        _mm_storel_epi64((__m128i *)(lq + i + 8), i32_to_i8(l1));
+        /* pair sums v[2j] + v[2j+1] of the 16 values, in order */
+        __m256i pr = _mm256_hadd_epi32(v0, v1); /* p0 p1 p4 p5 | p2 p3 p6 p7 ... */
+        pr = _mm256_permute4x64_epi64(pr, 0xd8);
+        __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(pr), _mm256_extracti128_si256(pr, 1));
+        _mm_storeu_si128((__m128i *)(p2 + i / 2), p16);
+        sv[i / 16] = (float)hsum_epi32(_mm256_add_epi32(v0, v1));
     }
     sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }
@@ -313,6 +368,13 @@ INLINE __m256i legacy_unpack(uint32_t t, const char *row, int64_t i, float *d, f
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
         return _mm256_shuffle_epi8(tab, nibbles_32(b->qs));
     }
+    case QT_MXFP4: {
+        const struct block_mxfp4 *b = (const struct block_mxfp4 *)row + i;
+        *d = cpu_e8m0_half(b->e);
+        const __m256i tab =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_mxfp4));
+        return _mm256_shuffle_epi8(tab, nibbles_32(b->qs));
+    }
     default: { /* Q8_0 */
         const struct block_q8_0 *b = (const struct block_q8_0 *)row + i;
         *d = f16(b->d);
@@ -325,7 +387,7 @@ INLINE int legacy_offset(uint32_t t) {
     return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0;
 }
 INLINE int legacy_signed(uint32_t t) {
-    return t == QT_Q8_0 || t == QT_IQ4_NL;
+    return t == QT_Q8_0 || t == QT_IQ4_NL || t == QT_MXFP4;
 }
 INLINE int legacy_has_min(uint32_t t) {
     return t == QT_Q4_1 || t == QT_Q5_1;
@@ -343,28 +405,32 @@ INLINE size_t packed_legacy_bytes(uint32_t t, int64_t k) {
     return (n + 63) & ~(size_t)63;
 }
 
-/* The 32 values of block i as two vectors of 16 int16 (v = q - offset, or the signed value). */
+/* The 32 values of block i as two vectors of 16 int16 (v = q - offset, or the signed value)
+ * in X16_32's quad-pair order. */
 INLINE void legacy_v16(uint32_t t, const char *row, int64_t i, __m256i *v0, __m256i *v1, float *d,
                        float *m) {
     __m256i q = legacy_unpack(t, row, i, d, m);
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m256i a, b;
     if (legacy_signed(t)) {
-        *v0 = _mm256_cvtepi8_epi16(lo);
-        *v1 = _mm256_cvtepi8_epi16(hi);
+        a = _mm256_cvtepi8_epi16(lo);
+        b = _mm256_cvtepi8_epi16(hi);
     } else {
         const __m256i off = _mm256_set1_epi16((short)legacy_offset(t));
-        *v0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(lo), off);
-        *v1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(hi), off);
+        a = _mm256_sub_epi16(_mm256_cvtepu8_epi16(lo), off);
+        b = _mm256_sub_epi16(_mm256_cvtepu8_epi16(hi), off);
     }
+    quadpairs(a, b, v0, v1);
 }
 
-INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, int64_t b0,
+                        int64_t b1, void *dst) {
     const size_t prow = packed_legacy_bytes(t, k);
     const int64_t nb = k / 32;
     for (int r = 0; r < nr; r++) {
         int16_t *v = (int16_t *)((char *)dst + r * prow);
         float *d = (float *)(v + k), *m = d + nb;
-        for (int64_t i = 0; i < nb; i++) {
+        for (int64_t i = b0; i < b1; i++) {
             __m256i v0, v1;
             float mm = 0.0f;
             legacy_v16(t, (const char *)w + r * ws, i, &v0, &v1, &d[i], &mm);
@@ -375,7 +441,7 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
     }
 }
 
-INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w, size_t ws,
+INLINE void legacy_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
                         const char *x, size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     float macc[4][2];
@@ -393,18 +459,11 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
     for (int64_t i = 0; i < k / 32; i++) {
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m256i v0, v1;
-            float d, m = 0.0f;
-            if (packed) {
-                const int16_t *pv = (const int16_t *)(w + r * ws);
-                const float *pd = (const float *)(pv + k);
-                v0 = _mm256_load_si256((const __m256i *)(pv + 32 * i));
-                v1 = _mm256_load_si256((const __m256i *)(pv + 32 * i + 16));
-                d = pd[i];
-                if (legacy_has_min(t)) m = pd[k / 32 + i];
-            } else {
-                legacy_v16(t, w + r * ws, i, &v0, &v1, &d, &m);
-            }
+            const int16_t *pv = (const int16_t *)(w + r * ws);
+            const float *pd = (const float *)(pv + k);
+            const __m256i v0 = _mm256_load_si256((const __m256i *)(pv + 32 * i));
+            const __m256i v1 = _mm256_load_si256((const __m256i *)(pv + 32 * i + 16));
+            const float d = pd[i], m = has_min ? pd[k / 32 + i] : 0.0f;
             UNROLL
             for (int c = 0; c < C; c++) {
                 const int16_t *xv = (const int16_t *)(x + c * xs) + 32 * i;
@@ -412,7 +471,10 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
                     _mm256_add_epi32(_mm256_madd_epi16(v0, _mm256_load_si256((const __m256i *)xv)),
                                      _mm256_madd_epi16(v1, _mm256_load_si256((const __m256i *)(xv + 16))));
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc[r][c]);
-                if (legacy_has_min(t)) macc[r][c] += m * (xsv[c][2 * i] + xsv[c][2 * i + 1]);
+                if (has_min) /* one rounding, as the decode kernels do it */
+                    macc[r][c] = _mm_cvtss_f32(_mm_fmadd_ss(
+                        _mm_set_ss(m), _mm_set_ss(xsv[c][2 * i] + xsv[c][2 * i + 1]),
+                        _mm_set_ss(macc[r][c])));
             }
         }
     }
@@ -422,20 +484,15 @@ INLINE void legacy_tile(uint32_t t, int packed, int R, int C, int64_t k, const c
     for (int c = 0; c < C; c++)
         y[c * ys + r] = cpu_x16_D(x + c * xs, k) * (hsum_ps(acc[r][c]) + macc[r][c]);
 }
-#define Q8_0_TILE(R, C, ...) legacy_tile(QT_Q8_0, 0, R, C, __VA_ARGS__)
-#define Q4_0_TILE(R, C, ...) legacy_tile(QT_Q4_0, 0, R, C, __VA_ARGS__)
-#define Q4_1_TILE(R, C, ...) legacy_tile(QT_Q4_1, 0, R, C, __VA_ARGS__)
-#define Q5_0_TILE(R, C, ...) legacy_tile(QT_Q5_0, 0, R, C, __VA_ARGS__)
-#define Q5_1_TILE(R, C, ...) legacy_tile(QT_Q5_1, 0, R, C, __VA_ARGS__)
-#define IQ4_NL_TILE(R, C, ...) legacy_tile(QT_IQ4_NL, 0, R, C, __VA_ARGS__)
 /* Packed rows hold int16 values for every legacy type: one kernel with and one without mins. */
-#define PACKED_TILE(R, C, ...) legacy_tile(QT_Q8_0, 1, R, C, __VA_ARGS__)
-#define PACKED_MIN_TILE(R, C, ...) legacy_tile(QT_Q4_1, 1, R, C, __VA_ARGS__)
+#define PACKED_TILE(R, C, ...) legacy_tile(0, R, C, __VA_ARGS__)
+#define PACKED_MIN_TILE(R, C, ...) legacy_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed_legacy, PACKED_TILE)
 TILE_DRIVER(packed_legacy_min, PACKED_MIN_TILE)
 #define PACK_FNS(name, T)                                                                          \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
-        pack_legacy(T, k, w, ws, nr, dst);                                                         \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
+                            void *dst) {                                                           \
+        pack_legacy(T, k, w, ws, nr, b0, b1, dst);                                                 \
     }                                                                                              \
     static size_t packed_bytes_##name(int64_t k) {                                                 \
         return packed_legacy_bytes(T, k);                                                          \
@@ -446,14 +503,8 @@ PACK_FNS(q4_1, QT_Q4_1)
 PACK_FNS(q5_0, QT_Q5_0)
 PACK_FNS(q5_1, QT_Q5_1)
 PACK_FNS(iq4_nl, QT_IQ4_NL)
-TILE_DRIVER(q8_0, Q8_0_TILE)
-TILE_DRIVER(q4_0, Q4_0_TILE)
-TILE_DRIVER(q4_1, Q4_1_TILE)
-TILE_DRIVER(q5_0, Q5_0_TILE)
-TILE_DRIVER(q5_1, Q5_1_TILE)
-TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
-
-/* ---- Q4_K × Q8_K ---- */
+PACK_FNS(mxfp4, QT_MXFP4)
+/* ---- K-quant scales ---- */
 
 /* Unpacks the 8 6-bit scales and mins of a Q4_K/Q5_K block into two 8 × i16 vectors. */
 INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
@@ -466,239 +517,6 @@ INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
     *sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
     *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
-
-INLINE void q4_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
-                      float *y, size_t ys) {
-    __m256 acc[4][2];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm256_setzero_ps();
-    const float *xd[2];
-    const int16_t *xb[2];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xb[c] = cpu_act_sK(x + c * xs, k);
-    }
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int64_t i = 0; i < k / 256; i++) {
-        /* bsums of each 32-element sub-block, per column: 8 × i16 */
-        __m128i bsp[2];
-        UNROLL
-        for (int c = 0; c < C; c++) {
-            __m256i b16 = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
-            __m256i pair = _mm256_madd_epi16(b16, _mm256_set1_epi16(1)); /* 8 × i32 */
-            bsp[c] =
-                _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
-        }
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const struct block_q4_K *b = (const struct block_q4_K *)(w + r * ws) + i;
-            __m128i sc, mn;
-            q4k_scales_mins(b->scales, &sc, &mn);
-            const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
-            __m256i isum[2];
-            UNROLL
-            for (int c = 0; c < C; c++)
-                isum[c] = _mm256_setzero_si256();
-            UNROLL
-            for (int p = 0; p < 4; p++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
-                __m256i lo = _mm256_and_si256(raw, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-                /* scale of sub-block 2p and 2p+1 broadcast to all i16 lanes */
-                __m256i s_lo =
-                    _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
-                __m256i s_hi = _mm256_shuffle_epi8(
-                    sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
-                UNROLL
-                for (int c = 0; c < C; c++) {
-                    const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
-                    __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
-                    __m256i ph =
-                        _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pl, s_lo));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(ph, s_hi));
-                }
-            }
-            float d = f16(b->d), dmin = f16(b->dmin);
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                __m128i ms = _mm_madd_epi16(mn, bsp[c]); /* 4 × i32 */
-                __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(ms));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
-                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-                acc[r][c] = _mm256_fnmadd_ps(msf, _mm256_set1_ps(dmin * xd[c][i]), acc[r][c]);
-            }
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]);
-}
-#define Q4_K_TILE(R, C, ...) q4_K_tile(R, C, __VA_ARGS__)
-TILE_DRIVER(q4_K, Q4_K_TILE)
-
-/* ---- Q6_K × Q8_K ---- */
-
-INLINE void q6_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
-                      float *y, size_t ys) {
-    __m256 acc[4][2];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm256_setzero_ps();
-    const float *xd[2];
-    const int16_t *xb[2];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xb[c] = cpu_act_sK(x + c * xs, k);
-    }
-    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
-    for (int64_t i = 0; i < k / 256; i++) {
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const struct block_q6_K *b = (const struct block_q6_K *)(w + r * ws) + i;
-            /* 16 scales as i16; the -32 offset is applied through the bsums */
-            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-            __m256i isum[2];
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
-                isum[c] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
-                isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), isum[c]);
-            }
-            UNROLL
-            for (int h = 0; h < 2; h++) {
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-                __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
-                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                       _mm256_and_si256(qh, m30));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-                UNROLL
-                for (int s = 0; s < 4; s++) {
-                    int g = 8 * h + 2 * s;
-                    /* [sc_g x8 | sc_g+1 x8] as i16 */
-                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]),
-                                                   _mm_set1_epi16(b->scales[g]));
-                    UNROLL
-                    for (int c = 0; c < C; c++) {
-                        const int8_t *xq =
-                            (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
-                        __m256i p =
-                            _mm256_maddubs_epi16(q[s], _mm256_load_si256((const __m256i *)xq));
-                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
-                    }
-                }
-            }
-            float d = f16(b->d);
-            UNROLL
-            for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
-                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]);
-}
-#define Q6_K_TILE(R, C, ...) q6_K_tile(R, C, __VA_ARGS__)
-TILE_DRIVER(q6_K, Q6_K_TILE)
-
-/* ---- Q5_K × Q8_K (Q4_K plus a fifth bit from qh) ---- */
-
-INLINE void q5_K_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
-                      float *y, size_t ys) {
-    __m256 acc[4][2];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm256_setzero_ps();
-    const float *xd[2];
-    const int16_t *xb[2];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xb[c] = cpu_act_sK(x + c * xs, k);
-    }
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    for (int64_t i = 0; i < k / 256; i++) {
-        __m128i bsp[2];
-        UNROLL
-        for (int c = 0; c < C; c++) {
-            __m256i pair = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i)),
-                                             _mm256_set1_epi16(1));
-            bsp[c] =
-                _mm_packs_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
-        }
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const struct block_q5_K *b = (const struct block_q5_K *)(w + r * ws) + i;
-            __m128i sc, mn;
-            q4k_scales_mins(b->scales, &sc, &mn);
-            const __m256i sc2 = _mm256_broadcastsi128_si256(sc);
-            __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
-            __m256i isum[2];
-            UNROLL
-            for (int c = 0; c < C; c++)
-                isum[c] = _mm256_setzero_si256();
-            UNROLL
-            for (int p = 0; p < 4; p++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * p));
-                __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4),
-                                             _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                qh = _mm256_srli_epi16(qh, 1);
-                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
-                                             _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                qh = _mm256_srli_epi16(qh, 1);
-                __m256i s_lo =
-                    _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p))));
-                __m256i s_hi = _mm256_shuffle_epi8(
-                    sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * p + 1))));
-                UNROLL
-                for (int c = 0; c < C; c++) {
-                    const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i + 64 * p;
-                    __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
-                    __m256i ph =
-                        _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pl, s_lo));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(ph, s_hi));
-                }
-            }
-            float d = f16(b->d), dmin = f16(b->dmin);
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                __m256 msf = _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mn, bsp[c])));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
-                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-                acc[r][c] = _mm256_fnmadd_ps(msf, _mm256_set1_ps(dmin * xd[c][i]), acc[r][c]);
-            }
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]);
-}
-#define Q5_K_TILE(R, C, ...) q5_K_tile(R, C, __VA_ARGS__)
-TILE_DRIVER(q5_K, Q5_K_TILE)
 
 /* [v[2s] x8 | v[2s+1] x8] from 16 i16 values. */
 INLINE __m256i pair_bcast(__m256i v16, int s) {
@@ -724,101 +542,6 @@ INLINE __m256i q3k_scales16(const uint8_t *s12) {
     __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
     return _mm256_cvtepi8_epi16(sc);
 }
-
-/* ---- Q2_K / Q3_K × Q8_K: 16 groups of 16, element n = 128h + 32s + l ---- */
-
-INLINE void q23_K_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                       size_t xs, float *y, size_t ys) {
-    __m256 acc[4][2];
-    float macc[4][2];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++) {
-        acc[r][c] = _mm256_setzero_ps();
-        macc[r][c] = 0.0f;
-    }
-    const float *xd[2];
-    const int16_t *xb[2];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xb[c] = cpu_act_sK(x + c * xs, k);
-    }
-    const __m256i m3 = _mm256_set1_epi8(3);
-    for (int64_t i = 0; i < k / 256; i++) {
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const uint8_t *qs, *hm = NULL;
-            __m256i sc16, mn16 = _mm256_setzero_si256();
-            float d, dmin = 0.0f;
-            if (t == QT_Q2_K) {
-                const struct block_q2_K *b = (const struct block_q2_K *)(w + r * ws) + i;
-                __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
-                sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15)));
-                mn16 =
-                    _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
-                qs = b->qs;
-                d = f16(b->d);
-                dmin = f16(b->dmin);
-            } else {
-                const struct block_q3_K *b = (const struct block_q3_K *)(w + r * ws) + i;
-                sc16 = q3k_scales16(b->scales);
-                qs = b->qs;
-                hm = b->hmask;
-                d = f16(b->d);
-            }
-            __m256i isum[2];
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
-                if (t == QT_Q3_K) /* q = (low + 4·hbit) - 4: the -4 through the bsums */
-                    isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                               _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
-                else {
-                    isum[c] = _mm256_setzero_si256();
-                    macc[r][c] += dmin * xd[c][i] * (float)hsum_epi32(_mm256_madd_epi16(mn16, bs));
-                }
-            }
-            __m256i hv = hm ? _mm256_loadu_si256((const __m256i *)hm) : _mm256_setzero_si256();
-            UNROLL
-            for (int h = 0; h < 2; h++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-                UNROLL
-                for (int s = 0; s < 4; s++) {
-                    __m256i q = _mm256_and_si256(raw, m3);
-                    raw = _mm256_srli_epi16(raw, 2);
-                    if (t == QT_Q3_K) {
-                        __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
-                        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit);
-                        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
-                    }
-                    __m256i scv = pair_bcast(sc16, 4 * h + s); /* groups 8h + 2s, +1 */
-                    UNROLL
-                    for (int c = 0; c < C; c++) {
-                        const int8_t *xq =
-                            (const int8_t *)(x + c * xs) + 256 * i + 128 * h + 32 * s;
-                        __m256i p = _mm256_maddubs_epi16(q, _mm256_load_si256((const __m256i *)xq));
-                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
-                    }
-                }
-            }
-            UNROLL
-            for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
-                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]) - macc[r][c];
-}
-#define Q2_K_TILE(R, C, ...) q23_K_tile(QT_Q2_K, R, C, __VA_ARGS__)
-#define Q3_K_TILE(R, C, ...) q23_K_tile(QT_Q3_K, R, C, __VA_ARGS__)
-TILE_DRIVER(q2_K, Q2_K_TILE)
-TILE_DRIVER(q3_K, Q3_K_TILE)
 
 /* ---- IQ4_XS × Q8_K: signed codebook values, |v|·sign(x, v) ---- */
 
@@ -1008,13 +731,20 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
     float d, dm, mf[16];
     memcpy(&d, o + 544, 4);
     memcpy(&dm, o + 548, 4);
+    __m256i w16[2];
     for (int g = 0; g < 16; g++) {
         int16_t sc, mn;
         memcpy(&sc, o + 256 + 32 * (g / 2) + 16 * (g % 2), 2); /* pair_bcast layout */
         memcpy(&mn, o + 512 + 2 * g, 2);
         __m256i u = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *)(o + 16 * g)));
         u = _mm256_sub_epi16(u, _mm256_set1_epi16((short)off));
-        _mm256_store_si256((__m256i *)(p + 32 * g), _mm256_mullo_epi16(u, _mm256_set1_epi16(sc)));
+        w16[g % 2] = _mm256_mullo_epi16(u, _mm256_set1_epi16(sc));
+        if (g % 2) { /* X16_32 order per 32 elements */
+            __m256i e0, e1;
+            quadpairs(w16[0], w16[1], &e0, &e1);
+            _mm256_store_si256((__m256i *)(p + 32 * (g - 1)), e0);
+            _mm256_store_si256((__m256i *)(p + 32 * g), e1);
+        }
         mf[g] = has_min ? dm * (float)mn : 0.0f;
     }
     memcpy(p + 512, mf, 64);
@@ -1025,9 +755,10 @@ INLINE size_t k16_bytes(int64_t k) {
     return (size_t)(k / 256) * K16_PACKED;
 }
 
-INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, int64_t b0,
+                     int64_t b1, void *dst) {
     for (int r = 0; r < nr; r++)
-        for (int64_t i = 0; i < k / 256; i++)
+        for (int64_t i = b0; i < b1; i++)
             k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * k16_bytes(k) + i * K16_PACKED);
 }
 
@@ -1087,8 +818,9 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
 TILE_DRIVER(packed_k16, K16_TILE)
 TILE_DRIVER(packed_k16_min, K16_MIN_TILE)
 #define KP_FNS(name, T)                                                                            \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
-        k16_pack(T, k, w, ws, nr, dst);                                                            \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
+                            void *dst) {                                                           \
+        k16_pack(T, k, w, ws, nr, b0, b1, dst);                                                    \
     }
 KP_FNS(q2_K, QT_Q2_K)
 KP_FNS(q3_K, QT_Q3_K)
@@ -1104,8 +836,7 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
 #define LEGACY(T, name, ptile)                                                                     \
-    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16,                                               \
-                                 .gemm = gemm_##name,                                              \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16_32,                                            \
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_##name,                          \
                                  .gemm_packed = ptile}
@@ -1115,14 +846,13 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     LEGACY(QT_Q5_0, q5_0, gemm_packed_legacy);
     LEGACY(QT_Q5_1, q5_1, gemm_packed_legacy_min);
     LEGACY(QT_IQ4_NL, iq4_nl, gemm_packed_legacy);
+    LEGACY(QT_MXFP4, mxfp4, gemm_packed_legacy);
 #undef LEGACY
 #define KQUANT(T, name, ptile)                                                                     \
-    tab[T] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,                                              \
-                                 .gemm = gemm_##name,                                              \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16_32,                                            \
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_k16,                             \
-                                 .gemm_packed = ptile,                                             \
-                                 .act_packed = CPU_ACT_X16}
+                                 .gemm_packed = ptile}
     KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
     KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
     KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);

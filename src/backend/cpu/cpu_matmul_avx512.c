@@ -1,25 +1,24 @@
-/* AVX-512 (F/BW/VL/DQ + VNNI) matmul kernels (compiled with -mavx512*; called only when
- * cpu_features reports them OS-enabled). Same contract as the AVX2 kernels
- * (cpu_kernels.h); what changes is the width and the integer dot instructions:
+/* AVX-512 (F/BW/VL/DQ + VNNI) matmul kernels for the file layout (compiled with -mavx512*;
+ * called only when cpu_features reports them OS-enabled): the packed prefill path of every
+ * integer type, and F32/F16/BF16 (16 lanes, FMA). Decode of the integer types runs on
+ * repacked weights (cpu_gemv_avx512.c), whose kernels reproduce these ones' arithmetic
+ * per row; a call on the file layout takes the packed path at any n, so a row gets the
+ * same bits whichever path computed it.
  *
- *  - legacy 32-blocks: two blocks per zmm. Weights become unsigned bytes (Q8_0 and IQ4_NL
- *    by +128, Q4_0 by +8, Q5_0 by +16) and vpdpbusd sums u8·s8 into i32 lanes, starting
- *    from an accumulator that already holds -OFF·sum(x) of each block (lane 0 of the
- *    block's 8 lanes), so the offset costs nothing per tile element. Then one cvt, one
- *    scale product and one FMA per two blocks.
- *  - K-quants / IQ4_XS: a super-block is 4 zmm of 64 elements. vpmaddubsw (u8·s8 pairs,
- *    bounded below i16 saturation) then vpdpwssd with the sub-block scales as i16 lanes
- *    accumulates the whole super-block in i32; one cvt + FMA per super-block. IQ4_XS
- *    values are signed: |v| · (x negated where v < 0) (AVX-512 has no vpsignb).
- *  - F32/F16/BF16: 16 lanes, FMA.
+ *  - legacy 32-blocks (X2_32): the packed row holds u = v + 128 (Q8_0/IQ4_NL/MXFP4 +128,
+ *    Q4_0 +8+120, Q5_0 +16+112), two blocks per zmm; per lane of 4 elements two vpdpbusd
+ *    (hi plane from the lane's -Σv, shift by 7, lo plane) give the exact Σ v·x, then one
+ *    FMA with the blocks' scales; mins on lanes 0 and 8 only; an odd last block in a
+ *    scalar tail rounded explicitly.
+ *  - K-quants / IQ4_XS (X16_64): the packed super-block holds the 16-bit products sc·v
+ *    in quad-pair order (cpu_kernels.h), one vpdpwssd per 32 elements, one cvt + FMA with
+ *    d per super-block, one FMA of dmin·m against the sums of v for the mins.
+ *  - every lane reduction goes through hsum16 (a fixed tree).
  *
  * Tiles: R = 4 weight rows × C = 4 activation rows (16 accumulators); tails use R = 1 and
- * C = 1..3. The unpacked weights of a block are reused across the C columns. Packed
- * prefill path (cpu_kernels.h): legacy types store v+128 bytes and f32 scales; K-quants
- * store the unpacked super-block (struct ksb) with compact scales (KQ_PACKED bytes).
- *
- * Measured on the 2-core dev VM (Sapphire Rapids flags), GFLOP per CPU-second at n=128:
- * 105-135 for every integer type (packed path), ~80-90 for F16; see docs/cpu-backend.md.
+ * C = 1..3. Measured on the 2-core dev VM (Sapphire Rapids flags), GFLOP per CPU-second at
+ * n=128: 105-135 for every integer type (packed path), ~80-90 for F16; see
+ * docs/cpu-backend.md.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -32,21 +31,21 @@
  * live in registers (GCC -O2 would otherwise keep them on the stack). */
 #define UNROLL _Pragma("GCC unroll 8")
 #define MAXC 4
-/* Software prefetch distance for weight rows, in blocks (decode streams weights from DRAM;
- * 8 blocks ahead measured ~10-20% faster than none on a 145 MB Q8_0 matrix). */
-#define PFD 8
 
 INLINE float f16(uint16_t h) {
     return _cvtsh_ss(h);
 }
 
-void cpu_quantize_q8_32_avx512(const float *x, void *q, int64_t k) {
-    cpu_quantize_q8_32_avx2(x, q, k);
+/* Sum of the 16 lanes in a fixed order ((l + l+8) + (l+4 + l+12), then lanes 0+2 and 1+3,
+ * then 0+1), independent of the compiler's _mm512_reduce_add_ps: the repacked decode
+ * kernels (cpu_gemv_avx512.c) do the same tree vertically to get the same bits. */
+INLINE float hsum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    __m128 b = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
 
-void cpu_quantize_q8_K_avx512(const float *x, void *q, int64_t k) {
-    cpu_quantize_q8_K_avx2(x, q, k);
-}
 
 /* Walks an nr × nc request in R×C tiles: R in {4, 1}, C = 4 then the 1..3 tail. */
 #define TILE_DRIVER(name, TILE)                                                                    \
@@ -181,6 +180,8 @@ INLINE size_t legacy_size(uint32_t t) {
         return sizeof(struct block_q5_1);
     case QT_IQ4_NL:
         return sizeof(struct block_iq4_nl);
+    case QT_MXFP4:
+        return sizeof(struct block_mxfp4);
     default:
         return sizeof(struct block_q8_0);
     }
@@ -195,78 +196,58 @@ INLINE __m512i nibbles_2x(const uint8_t *qs0, const uint8_t *qs1) {
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
 }
 
-/* Unsigned quants of blocks i and i+1 (the second ignored when `one`), with scales
- * [d0 x8, d1 x8] and mins likewise. */
-INLINE __m512i legacy_unpack2(uint32_t t, const char *row, int64_t i, __m512 *d2, __m512 *m2) {
+/* The quants of blocks i and i+1 as bytes (unsigned q, or v + 128 for the signed types
+ * Q8_0, IQ4_NL and MXFP4). */
+INLINE __m512i legacy_unpack2(uint32_t t, const char *row, int64_t i) {
     const size_t bs = legacy_size(t);
     const char *p0 = row + i * bs, *p1 = p0 + bs;
-    uint16_t h0, h1;
-    memcpy(&h0, p0, 2);
-    memcpy(&h1, p1, 2);
-    *d2 = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
-    __m512i q;
     switch (t) {
     case QT_Q4_0:
-        q = nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2);
-        break;
-    case QT_IQ4_NL: {
-        /* codebook + 128 as unsigned bytes */
+        return nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2);
+    case QT_IQ4_NL:
+    case QT_MXFP4: { /* codebook + 128 as unsigned bytes */
+        const int o = t == QT_MXFP4 ? 1 : 2;
         const __m512i tab = _mm512_xor_si512(
-            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)),
+            _mm512_broadcast_i32x4(_mm_loadu_si128(
+                (const __m128i *)(t == QT_MXFP4 ? cpu_kvalues_mxfp4 : cpu_kvalues_iq4nl))),
             _mm512_set1_epi8((char)0x80));
-        q = _mm512_shuffle_epi8(tab, nibbles_2x((const uint8_t *)p0 + 2, (const uint8_t *)p1 + 2));
-        break;
+        return _mm512_shuffle_epi8(tab, nibbles_2x((const uint8_t *)p0 + o, (const uint8_t *)p1 + o));
     }
     case QT_Q4_1:
-        q = nibbles_2x((const uint8_t *)p0 + 4, (const uint8_t *)p1 + 4);
-        break;
+        return nibbles_2x((const uint8_t *)p0 + 4, (const uint8_t *)p1 + 4);
     case QT_Q5_0:
     case QT_Q5_1: {
         const int o = t == QT_Q5_0 ? 2 : 4;
         uint32_t qh0, qh1;
         memcpy(&qh0, p0 + o, 4);
         memcpy(&qh1, p1 + o, 4);
-        q = nibbles_2x((const uint8_t *)p0 + o + 4, (const uint8_t *)p1 + o + 4);
+        __m512i q = nibbles_2x((const uint8_t *)p0 + o + 4, (const uint8_t *)p1 + o + 4);
         __mmask64 hb = (__mmask64)qh0 | (__mmask64)qh1 << 32;
-        q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
-        break;
+        return _mm512_or_si512(q, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
     }
-    default: /* Q8_0: w + 128 */
-        q = _mm512_inserti64x4(
+    default: { /* Q8_0: w + 128 */
+        __m512i q = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
             _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1);
-        q = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
-        break;
+        return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
     }
-    if (legacy_has_min(t)) {
-        memcpy(&h0, p0 + 2, 2);
-        memcpy(&h1, p1 + 2, 2);
-        *m2 =
-            _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
     }
-    return q;
 }
 
 /* One block (the odd tail): the same with 256-bit vectors. */
-INLINE __m256i legacy_unpack1(uint32_t t, const char *row, int64_t i, float *d, float *m) {
+INLINE __m256i legacy_unpack1(uint32_t t, const char *row, int64_t i) {
     const char *p0 = row + i * legacy_size(t);
-    uint16_t h;
-    memcpy(&h, p0, 2);
-    *d = f16(h);
-    const int o = t == QT_Q4_1 || t == QT_Q5_1 ? 4 : 2;
-    if (legacy_has_min(t)) {
-        memcpy(&h, p0 + 2, 2);
-        *m = f16(h);
-    }
     if (t == QT_Q8_0)
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p0 + 2)),
                                 _mm256_set1_epi8((char)0x80));
+    const int o = t == QT_MXFP4 ? 1 : t == QT_Q4_1 || t == QT_Q5_1 ? 4 : 2;
     int qso = (t == QT_Q5_0 || t == QT_Q5_1) ? o + 4 : o;
     __m128i tq = _mm_loadu_si128((const __m128i *)(p0 + qso));
     __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(tq, 4), tq), _mm256_set1_epi8(15));
-    if (t == QT_IQ4_NL) {
+    if (t == QT_IQ4_NL || t == QT_MXFP4) {
         const __m256i tab = _mm256_xor_si256(
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                (const __m128i *)(t == QT_MXFP4 ? cpu_kvalues_mxfp4 : cpu_kvalues_iq4nl))),
             _mm256_set1_epi8((char)0x80));
         q = _mm256_shuffle_epi8(tab, q);
     }
@@ -301,34 +282,33 @@ INLINE char packed_bias(uint32_t t) {
     case QT_Q5_1:
         return (char)128;
     default:
-        return 0; /* Q8_0, IQ4_NL: already v + 128 */
+        return 0; /* Q8_0, IQ4_NL, MXFP4: already v + 128 */
     }
 }
 
-INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr, int64_t b0,
+                        int64_t b1, void *dst) {
     const size_t prow = packed_legacy_bytes(t, k), bs = legacy_size(t);
     const int64_t nb = k / 32;
     for (int r = 0; r < nr; r++) {
         const char *row = (const char *)w + r * ws;
         uint8_t *q = (uint8_t *)dst + r * prow;
         float *d = (float *)(q + k), *m = d + nb;
-        int64_t i = 0;
-        for (; i + 2 <= nb; i += 2) {
-            __m512 d2, m2;
-            __m512i v = legacy_unpack2(t, row, i, &d2, &m2);
+        int64_t i = b0;
+        for (; i + 2 <= b1; i += 2) {
+            __m512i v = legacy_unpack2(t, row, i);
             _mm512_store_si512((void *)(q + 32 * i),
                                _mm512_add_epi8(v, _mm512_set1_epi8(packed_bias(t))));
         }
-        if (i < nb) {
-            float dd, mm = 0.0f;
-            __m256i v = legacy_unpack1(t, row, i, &dd, &mm);
+        if (i < b1) {
+            __m256i v = legacy_unpack1(t, row, i);
             _mm256_store_si256((__m256i *)(q + 32 * i),
                                _mm256_add_epi8(v, _mm256_set1_epi8(packed_bias(t))));
         }
-        for (int64_t b = 0; b < nb; b++) {
+        for (int64_t b = b0; b < b1; b++) {
             uint16_t h;
             memcpy(&h, row + b * bs, 2);
-            d[b] = f16(h);
+            d[b] = t == QT_MXFP4 ? cpu_e8m0_half((uint8_t)row[b * bs]) : f16(h);
             if (legacy_has_min(t)) {
                 memcpy(&h, row + b * bs + 2, 2);
                 m[b] = f16(h);
@@ -337,14 +317,14 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
     }
 }
 
-/* Legacy types against X2_32 (cpu_kernels.h), packed or unpacked: u = v + 128 (v the
+/* Legacy types against X2_32 (cpu_kernels.h), packed rows: u = v + 128 (v the
  * signed integer that d multiplies) and, per lane of 4 elements,
  *     128·(neg + sum u·hi) + sum u·lo = sum v·x16 + 128·(neg + sum x16) = sum v·x16,
  * x16 = 128·hi + lo and neg = -sum x16: two vpdpbusd and a shift give the exact 15-bit
  * dot of each lane (|lane| <= 4·128·16256 < 2^24, so the cvt is exact too). Then one FMA
  * with the block scales [d_b ×8, d_b+1 ×8] per two blocks, the row scale D at the end:
  *     y = D · (sum over blocks of d_b · dot_b [+ m_b · sum_b x16]). */
-INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char *w, size_t ws,
+INLINE void x2_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
                     const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
@@ -352,7 +332,6 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
         UNROLL
     for (int c = 0; c < C; c++)
         acc[r][c] = _mm512_setzero_ps();
-    const int has_min = legacy_has_min(t);
     const int8_t *xh[MAXC], *xl[MAXC];
     const int32_t *xn[MAXC];
     const float *xsv[MAXC];
@@ -364,15 +343,13 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
         xsv[c] = cpu_x2_sv(x + c * xs, k);
     }
     const int64_t nb = k / 32;
-    const float *wd[4] = {NULL, NULL, NULL, NULL}, *wm[4] = {NULL, NULL, NULL, NULL};
-    if (packed)
-        UNROLL
+    const float *wd[4], *wm[4];
+    UNROLL
     for (int r = 0; r < R; r++) {
         wd[r] = (const float *)(w + r * ws + k);
         wm[r] = wd[r] + nb;
     }
     const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i bias = _mm512_set1_epi8(packed_bias(t));
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
         __m512 sv2[MAXC];
@@ -383,20 +360,14 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
                 0x0101, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xsv[c] + i)))));
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m512i u;
-            __m512 d2, m2 = _mm512_setzero_ps();
-            if (packed) {
-                u = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
-                d2 = _mm512_permutexvar_ps(
-                    idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
-                if (has_min)
-                    m2 = _mm512_permutexvar_ps(
-                        idx_d,
-                        _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wm[r] + i)))));
-            } else {
-                _mm_prefetch(w + r * ws + (i + PFD) * legacy_size(t), _MM_HINT_T0);
-                u = _mm512_add_epi8(legacy_unpack2(t, w + r * ws, i, &d2, &m2), bias);
-            }
+            __m512i u = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
+            __m512 m2 = _mm512_setzero_ps();
+            __m512 d2 = _mm512_permutexvar_ps(
+                idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
+            if (has_min)
+                m2 = _mm512_permutexvar_ps(
+                    idx_d,
+                    _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wm[r] + i)))));
             UNROLL
             for (int c = 0; c < C; c++) {
                 __m512i p = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(xn[c] + 8 * i)), u,
@@ -404,7 +375,8 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
                 p = _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 7), u,
                                         _mm512_load_si512((const void *)(xl[c] + 32 * i)));
                 acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d2, acc[r][c]);
-                if (has_min) acc[r][c] = _mm512_fmadd_ps(m2, sv2[c], acc[r][c]);
+                /* mins on the two blocks' first lanes only (the decode kernels do the same) */
+                if (has_min) acc[r][c] = _mm512_mask3_fmadd_ps(m2, sv2[c], acc[r][c], 0x0101);
             }
         }
     }
@@ -412,16 +384,8 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
     if (i < nb) {
         UNROLL
         for (int r = 0; r < R; r++) {
-            float d, m = 0.0f;
-            __m256i u;
-            if (packed) {
-                u = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
-                d = wd[r][i];
-                if (has_min) m = wm[r][i];
-            } else {
-                u = _mm256_add_epi8(legacy_unpack1(t, w + r * ws, i, &d, &m),
-                                    _mm256_set1_epi8(packed_bias(t)));
-            }
+            const float d = wd[r][i], m = has_min ? wm[r][i] : 0.0f;
+            const __m256i u = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
             UNROLL
             for (int c = 0; c < C; c++) {
                 __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)(xn[c] + 8 * i)), u,
@@ -432,7 +396,10 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
                     _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                tail[r][c] = d * (float)_mm_cvtsi128_si32(s4) + m * xsv[c][i];
+                /* d·isum (+ m·sv), rounded as the decode kernels round it */
+                __m128 tv = _mm_mul_ss(_mm_set_ss(d), _mm_cvtepi32_ps(s4));
+                if (has_min) tv = _mm_fmadd_ss(_mm_set_ss(m), _mm_set_ss(xsv[c][i]), tv);
+                tail[r][c] = _mm_cvtss_f32(tv);
             }
         }
     }
@@ -440,30 +407,19 @@ INLINE void x2_tile(uint32_t t, int packed, int R, int C, int64_t k, const char 
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = cpu_x2_D(x + c * xs, k) * (_mm512_reduce_add_ps(acc[r][c]) + tail[r][c]);
+        y[c * ys + r] = cpu_x2_D(x + c * xs, k) * (hsum16(acc[r][c]) + tail[r][c]);
 }
-#define Q8_0_TILE(R, C, ...) x2_tile(QT_Q8_0, 0, R, C, __VA_ARGS__)
-#define Q4_0_TILE(R, C, ...) x2_tile(QT_Q4_0, 0, R, C, __VA_ARGS__)
-#define Q4_1_TILE(R, C, ...) x2_tile(QT_Q4_1, 0, R, C, __VA_ARGS__)
-#define Q5_0_TILE(R, C, ...) x2_tile(QT_Q5_0, 0, R, C, __VA_ARGS__)
-#define Q5_1_TILE(R, C, ...) x2_tile(QT_Q5_1, 0, R, C, __VA_ARGS__)
-#define IQ4_NL_TILE(R, C, ...) x2_tile(QT_IQ4_NL, 0, R, C, __VA_ARGS__)
-TILE_DRIVER(q8_0, Q8_0_TILE)
-TILE_DRIVER(q4_0, Q4_0_TILE)
-TILE_DRIVER(q4_1, Q4_1_TILE)
-TILE_DRIVER(q5_0, Q5_0_TILE)
-TILE_DRIVER(q5_1, Q5_1_TILE)
-TILE_DRIVER(iq4_nl, IQ4_NL_TILE)
 /* The packed layout is the same v + 128 bytes for every type: one kernel (with or without
- * mins); packed_bias(Q8_0) = 0 is all it needs from the type. */
-#define PACKED_TILE(R, C, ...) x2_tile(QT_Q8_0, 1, R, C, __VA_ARGS__)
-#define PACKED_MIN_TILE(R, C, ...) x2_tile(QT_Q4_1, 1, R, C, __VA_ARGS__)
+ * mins). */
+#define PACKED_TILE(R, C, ...) x2_tile(0, R, C, __VA_ARGS__)
+#define PACKED_MIN_TILE(R, C, ...) x2_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed, PACKED_TILE)
 TILE_DRIVER(packed_min, PACKED_MIN_TILE)
 
 #define PACK_FNS(name, T)                                                                          \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
-        pack_legacy(T, k, w, ws, nr, dst);                                                         \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
+                            void *dst) {                                                           \
+        pack_legacy(T, k, w, ws, nr, b0, b1, dst);                                                 \
     }                                                                                              \
     static size_t packed_bytes_##name(int64_t k) {                                                 \
         return packed_legacy_bytes(T, k);                                                          \
@@ -474,12 +430,12 @@ PACK_FNS(q4_1, QT_Q4_1)
 PACK_FNS(q5_0, QT_Q5_0)
 PACK_FNS(q5_1, QT_Q5_1)
 PACK_FNS(iq4_nl, QT_IQ4_NL)
+PACK_FNS(mxfp4, QT_MXFP4)
 
 /* ---- K-quants and IQ4_XS × Q8_K: a super-block is 4 zmm of 64 elements ---- */
 
 struct ksb {
     __m512i q[4];     /* unsigned quants (IQ4_XS: |v|) of elements 64z .. 64z+63 */
-    __m512i sc[4];    /* i16 lane scales for vpdpwssd over vpmaddubsw pairs of q[z] */
     __m256i scc;      /* the same, compact: 8 (sub-blocks of 32) or 16 (of 16) i16 scales */
     __mmask64 neg[4]; /* IQ4_XS: lanes whose value is negative */
     __m128i mins;     /* Q4_K/Q5_K: 8 mins as i16 (dot with bsums of 32) */
@@ -487,20 +443,6 @@ struct ksb {
     __m256i corr16;   /* Q3_K/Q6_K: 16 scales as i16 (times -4 / -32 and bsums) */
     float d, dmin;
 };
-
-/* i16 lane pattern for sub-block scales: lanes [16a .. 16a+15] get scale (2z + a) for
- * 32-element sub-blocks, [8a .. 8a+7] get scale (4z + a) for 16-element groups. */
-INLINE __m512i idx_sub32(int z) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * z))),
-                              _mm256_set1_epi16((short)(2 * z + 1)), 1);
-}
-INLINE __m512i idx_sub16(int z) {
-    return _mm512_inserti64x4(
-        _mm512_castsi256_si512(
-            _mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 1)), _mm_set1_epi16((short)(4 * z)))),
-        _mm256_set_m128i(_mm_set1_epi16((short)(4 * z + 3)), _mm_set1_epi16((short)(4 * z + 2))),
-        1);
-}
 
 INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
     uint32_t a[3];
@@ -557,7 +499,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         u->dmin = f16(hm);
         __m128i sc8;
         q4k_scales_mins(scales, &sc8, &u->mins);
-        __m512i sc = _mm512_castsi128_si512(sc8);
         u->scc = _mm256_zextsi128_si256(sc8);
         __m512i qhz = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh))
                          : _mm512_setzero_si512();
@@ -582,7 +523,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
                 u->q[z] =
                     _mm512_or_si512(u->q[z], _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10)));
             }
-            u->sc[z] = _mm512_permutexvar_epi16(idx_sub32(z), sc);
         }
         break;
     }
@@ -590,7 +530,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
         const struct block_q6_K *b = (const struct block_q6_K *)row + i;
         u->d = f16(b->d);
         u->corr16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-        __m512i sc = _mm512_castsi256_si512(u->corr16);
         u->scc = u->corr16;
         const __m512i m30 = _mm512_set1_epi8(0x30);
         UNROLL
@@ -610,9 +549,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
             u->q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
             u->q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
         }
-        UNROLL
-        for (int z = 0; z < 4; z++)
-            u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
         break;
     }
     case QT_Q2_K:
@@ -636,7 +572,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
             hm = b->hmask;
             u->d = f16(b->d);
         }
-        __m512i sc = _mm512_castsi256_si512(sc16);
         u->scc = sc16;
         const __m512i m3 = _mm512_set1_epi8(3);
         __m512i hmz = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm))
@@ -659,7 +594,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
                                                                  _mm512_set1_epi8(4)));
                 }
                 u->q[z] = q;
-                u->sc[z] = _mm512_permutexvar_epi16(idx_sub16(z), sc);
             }
         }
         break;
@@ -677,7 +611,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
                                     _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14));
         hi = _mm_slli_epi16(_mm_and_si128(hi, _mm_set1_epi16(3)), 4);
         __m128i ls = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(nib), hi), _mm_set1_epi16(32));
-        __m512i sc = _mm512_castsi128_si512(ls);
         u->scc = _mm256_zextsi128_si256(ls);
         const __m512i tab =
             _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
@@ -691,7 +624,6 @@ INLINE void kq_unpack(uint32_t t, const char *row, int64_t i, struct ksb *u) {
             __m512i v = _mm512_shuffle_epi8(tab, nz);
             u->neg[z] = _mm512_movepi8_mask(v);
             u->q[z] = _mm512_abs_epi8(v);
-            u->sc[z] = _mm512_permutexvar_epi16(idx_sub32(z), sc);
         }
         break;
     }
@@ -713,10 +645,17 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
     kq_unpack(t, row, i, &u);
     const __m512i scw = _mm512_castsi256_si512(u.scc);
     const int sub16 = t == QT_Q6_K || t == QT_Q2_K || t == QT_Q3_K;
+    /* X16Q order (cpu_kernels.h): of each 64-element chunk, zmm h holds the pairs
+     * 4λ + 2h, 4λ + 2h + 1 (λ < 16) of the chunk's natural w16 a ‖ b */
+    const __m512i perm0 = _mm512_set_epi16(61, 60, 57, 56, 53, 52, 49, 48, 45, 44, 41, 40, 37, 36,
+                                           33, 32, 29, 28, 25, 24, 21, 20, 17, 16, 13, 12, 9, 8, 5,
+                                           4, 1, 0);
+    const __m512i perm1 = _mm512_add_epi16(perm0, _mm512_set1_epi16(2));
     UNROLL
-    for (int z = 0; z < 4; z++)
+    for (int z = 0; z < 4; z++) {
+        __m512i nat[2];
         UNROLL
-    for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2; h++) {
         __m512i q = _mm512_cvtepu8_epi16(h ? _mm512_extracti64x4_epi64(u.q[z], 1)
                                            : _mm512_castsi512_si256(u.q[z]));
         if (t == QT_Q6_K) q = _mm512_sub_epi16(q, _mm512_set1_epi16(32));
@@ -727,8 +666,11 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
         __m512i idx = sub16 ? _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * z + 2 * h)),
                                                  _mm256_set1_epi16((short)(4 * z + 2 * h + 1)), 1)
                             : _mm512_set1_epi16((short)(2 * z + h));
-        _mm512_store_si512((void *)(p + 64 * (2 * z + h)),
-                           _mm512_mullo_epi16(q, _mm512_permutexvar_epi16(idx, scw)));
+            nat[h] = _mm512_mullo_epi16(q, _mm512_permutexvar_epi16(idx, scw));
+        }
+        _mm512_store_si512((void *)(p + 128 * z), _mm512_permutex2var_epi16(nat[0], perm0, nat[1]));
+        _mm512_store_si512((void *)(p + 128 * z + 64),
+                           _mm512_permutex2var_epi16(nat[0], perm1, nat[1]));
     }
     float mf[16] = {0};
     if (t == QT_Q4_K || t == QT_Q5_K) {
@@ -750,10 +692,11 @@ INLINE size_t k16_packed_bytes(int64_t k) {
     return (size_t)(k / 256) * K16_PACKED;
 }
 
-INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, int64_t b0,
+                     int64_t b1, void *dst) {
     const size_t prow = k16_packed_bytes(k);
     for (int r = 0; r < nr; r++)
-        for (int64_t i = 0; i < k / 256; i++)
+        for (int64_t i = b0; i < b1; i++)
             k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * prow + i * K16_PACKED);
 }
 
@@ -799,86 +742,17 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * _mm512_reduce_add_ps(acc[r][c]);
+        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum16(acc[r][c]);
 }
 #define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
 #define K16_MIN_TILE(R, C, ...) k16_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed_k16, K16_TILE)
 TILE_DRIVER(packed_k16_min, K16_MIN_TILE)
 
-/* ---- K-quants and IQ4_XS, unpacked (decode) path: two Q8_K planes ---- */
-
-INLINE void kq_tile(uint32_t t, int R, int C, int64_t k, const char *w, size_t ws,
-                    const char *x, size_t xs, float *y, size_t ys) {
-    __m512 acc[4][MAXC];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm512_setzero_ps();
-    const float *xd[MAXC];
-    const int16_t *xb[MAXC];
-    UNROLL
-    for (int c = 0; c < C; c++) {
-        xd[c] = cpu_act_d(x + c * xs, k);
-        xb[c] = cpu_act_sK(x + c * xs, k);
-    }
-    for (int64_t i = 0; i < k / 256; i++) {
-        __m256i bs16[MAXC];
-        __m128i bs32[MAXC];
-        UNROLL
-        for (int c = 0; c < C; c++) {
-            bs16[c] = _mm256_loadu_si256((const __m256i *)(xb[c] + 16 * i));
-            if (t == QT_Q4_K || t == QT_Q5_K) {
-                __m256i pair = _mm256_madd_epi16(bs16[c], _mm256_set1_epi16(1));
-                bs32[c] = _mm_packs_epi32(_mm256_castsi256_si128(pair),
-                                          _mm256_extracti128_si256(pair, 1));
-            }
-        }
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            struct ksb u;
-            kq_unpack(t, w + r * ws, i, &u);
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                const int8_t *xq = (const int8_t *)(x + c * xs) + 256 * i;
-                __m512i isum = _mm512_setzero_si512();
-                if (t == QT_Q6_K || t == QT_Q3_K) {
-                    __m256i cr = _mm256_madd_epi16(u.corr16, bs16[c]);
-                    cr = _mm256_slli_epi32(cr, t == QT_Q6_K ? 5 : 2);
-                    isum = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), cr));
-                }
-                UNROLL
-                for (int z = 0; z < 4; z++) {
-                    __m512i xv = _mm512_load_si512((const void *)(xq + 64 * z));
-                    if (t == QT_IQ4_XS)
-                        xv = _mm512_mask_sub_epi8(xv, u.neg[z], _mm512_setzero_si512(), xv);
-                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.q[z], xv), u.sc[z]);
-                }
-                float dx = xd[c][i];
-                acc[r][c] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dx), acc[r][c]);
-                if (t == QT_Q4_K || t == QT_Q5_K) {
-                    __m128 ms = _mm_cvtepi32_ps(_mm_madd_epi16(u.mins, bs32[c]));
-                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(ms),
-                                                 _mm512_set1_ps(u.dmin * dx), acc[r][c]);
-                } else if (t == QT_Q2_K) {
-                    __m256 ms = _mm256_cvtepi32_ps(_mm256_madd_epi16(u.mins16, bs16[c]));
-                    acc[r][c] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(ms),
-                                                 _mm512_set1_ps(u.dmin * dx), acc[r][c]);
-                }
-            }
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
-}
 #define KQ_FNS(name, T)                                                                            \
-    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, void *dst) {              \
-        k16_pack(T, k, w, ws, nr, dst);                                                            \
+    static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
+                            void *dst) {                                                           \
+        k16_pack(T, k, w, ws, nr, b0, b1, dst);                                                    \
     }
 KQ_FNS(q2_K, QT_Q2_K)
 KQ_FNS(q3_K, QT_Q3_K)
@@ -889,26 +763,12 @@ KQ_FNS(iq4_xs, QT_IQ4_XS)
 static size_t packed_bytes_k16(int64_t k) {
     return k16_packed_bytes(k);
 }
-#define Q2_K_TILE(R, C, ...) kq_tile(QT_Q2_K, R, C, __VA_ARGS__)
-#define Q3_K_TILE(R, C, ...) kq_tile(QT_Q3_K, R, C, __VA_ARGS__)
-#define Q4_K_TILE(R, C, ...) kq_tile(QT_Q4_K, R, C, __VA_ARGS__)
-#define Q5_K_TILE(R, C, ...) kq_tile(QT_Q5_K, R, C, __VA_ARGS__)
-#define Q6_K_TILE(R, C, ...) kq_tile(QT_Q6_K, R, C, __VA_ARGS__)
-#define IQ4_XS_TILE(R, C, ...) kq_tile(QT_IQ4_XS, R, C, __VA_ARGS__)
-TILE_DRIVER(q2_K, Q2_K_TILE)
-TILE_DRIVER(q3_K, Q3_K_TILE)
-TILE_DRIVER(q4_K, Q4_K_TILE)
-TILE_DRIVER(q5_K, Q5_K_TILE)
-TILE_DRIVER(q6_K, Q6_K_TILE)
-TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
-
 void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
 #define LEGACY(T, name, ptile)                                                                     \
     tab[T] = (struct cpu_kernel){.act = CPU_ACT_X2_32,                                             \
-                                 .gemm = gemm_##name,                                              \
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_##name,                          \
                                  .gemm_packed = ptile}
@@ -918,14 +778,13 @@ void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
     LEGACY(QT_Q5_0, q5_0, gemm_packed);
     LEGACY(QT_Q5_1, q5_1, gemm_packed_min);
     LEGACY(QT_IQ4_NL, iq4_nl, gemm_packed);
+    LEGACY(QT_MXFP4, mxfp4, gemm_packed);
 #undef LEGACY
 #define KQUANT(T, name, ptile)                                                                     \
-    tab[T] = (struct cpu_kernel){.act = CPU_ACT_Q8_K,                                              \
-                                 .gemm = gemm_##name,                                              \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16_64,                                              \
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_k16,                             \
-                                 .gemm_packed = ptile,                                             \
-                                 .act_packed = CPU_ACT_X16}
+                                 .gemm_packed = ptile}
     KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
     KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
     KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);

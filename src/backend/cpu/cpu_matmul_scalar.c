@@ -137,20 +137,33 @@ static float dot_q5_1(int64_t k, const void *w, const void *x) {
     return sum;
 }
 
-static float dot_iq4_nl(int64_t k, const void *w, const void *x) {
-    const struct block_iq4_nl *b = w;
+/* Codebook blocks of 32 (IQ4_NL: f16 d then 16 bytes of nibbles; MXFP4: the E8M0 exponent
+ * then the nibbles): the nibble of element j < 16 is the low half of byte j, j + 16 the
+ * high half. */
+static float dot_lut(int64_t k, const uint8_t *w, size_t bs, const int8_t kv[16], bool e8m0,
+                     const void *x) {
     const int8_t *xq = x;
     const float *xd = cpu_act_d(x, k);
     float sum = 0;
-    for (int64_t i = 0; i < k / 32; i++) {
+    for (int64_t i = 0; i < k / 32; i++, w += bs) {
         const int8_t *q = xq + 32 * i;
+        const uint8_t *qs = w + (e8m0 ? 1 : 2);
         int isum = 0;
         for (int j = 0; j < 16; j++)
-            isum += cpu_kvalues_iq4nl[b[i].qs[j] & 15] * q[j] +
-                    cpu_kvalues_iq4nl[b[i].qs[j] >> 4] * q[j + 16];
-        sum += f16_to_f32(b[i].d) * xd[i] * (float)isum;
+            isum += kv[qs[j] & 15] * q[j] + kv[qs[j] >> 4] * q[j + 16];
+        uint16_t h;
+        memcpy(&h, w, 2);
+        sum += (e8m0 ? cpu_e8m0_half(w[0]) : f16_to_f32(h)) * xd[i] * (float)isum;
     }
     return sum;
+}
+
+static float dot_iq4_nl(int64_t k, const void *w, const void *x) {
+    return dot_lut(k, w, sizeof(struct block_iq4_nl), cpu_kvalues_iq4nl, false, x);
+}
+
+static float dot_mxfp4(int64_t k, const void *w, const void *x) {
+    return dot_lut(k, w, sizeof(struct block_mxfp4), cpu_kvalues_mxfp4, true, x);
 }
 
 /* ---- K-quants (256-blocks) against Q8_K ---- */
@@ -333,6 +346,7 @@ TILE_FN(q4_1)
 TILE_FN(q5_0)
 TILE_FN(q5_1)
 TILE_FN(iq4_nl)
+TILE_FN(mxfp4)
 TILE_FN(q2_K)
 TILE_FN(q3_K)
 TILE_FN(q4_K)
@@ -350,6 +364,7 @@ void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_Q5_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_0};
     tab[QT_Q5_1] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q5_1};
     tab[QT_IQ4_NL] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_iq4_nl};
+    tab[QT_MXFP4] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_mxfp4};
     tab[QT_Q2_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q2_K};
     tab[QT_Q3_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q3_K};
     tab[QT_Q4_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q4_K};

@@ -279,10 +279,16 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
                                          n_embd,
                                          xr,
                                          ce,
-                                         g + r0 * n_ff};
-            mm[n_mm++] = (struct cpu_mm){
-                w->up->type,  (const char *)w->up->data + e * w->up->nb[2], n_ff, n_embd, xr, ce,
-                u + r0 * n_ff};
+                                         g + r0 * n_ff,
+                                         cpu_repacked(cb, w->gate, e)};
+            mm[n_mm++] = (struct cpu_mm){w->up->type,
+                                         (const char *)w->up->data + e * w->up->nb[2],
+                                         n_ff,
+                                         n_embd,
+                                         xr,
+                                         ce,
+                                         u + r0 * n_ff,
+                                         cpu_repacked(cb, w->up, e)};
         }
         run_products(b, mm, n_mm, name);
         if (w->gate_b) {
@@ -295,11 +301,14 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         for (int64_t e = e0; e < e1; e++) {
             const int64_t r0 = start[e] - base, ce = start[e + 1] - start[e];
             if (ce == 0) continue;
-            mm[n_mm++] =
-                (struct cpu_mm){w->down->type,   (const char *)w->down->data + e * w->down->nb[2],
-                                n_embd,          n_ff,
-                                g + r0 * n_ff,   ce,
-                                ye + r0 * n_embd};
+            mm[n_mm++] = (struct cpu_mm){w->down->type,
+                                         (const char *)w->down->data + e * w->down->nb[2],
+                                         n_embd,
+                                         n_ff,
+                                         g + r0 * n_ff,
+                                         ce,
+                                         ye + r0 * n_embd,
+                                         cpu_repacked(cb, w->down, e)};
         }
         run_products(b, mm, n_mm, name);
         if (w->down_b) {

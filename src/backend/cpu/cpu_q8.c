@@ -90,18 +90,59 @@ void cpu_quantize_x2_32_scalar(const float *x, void *q, int64_t k) {
     sv[k / 32] = amax / (float)CPU_ACT_VMAX;
 }
 
-/* X16 (K-quant kernels with 16-bit weights). */
-void cpu_quantize_x16_scalar(const float *x, void *q, int64_t k) {
+/* X16_32 / X16_64: v as int16 with sums per 16, each chunk of W elements in quad-pair order
+ * (cpu_kernels.h): position (W/2)·h + 2λ + e holds element 4λ + 2h + e. */
+static void quantize_x16(const float *x, void *q, int64_t k, int W) {
     int16_t *v16 = q;
     float *sv = (float *)(v16 + k);
     float amax = row_amax(x, k);
     float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
+    for (int64_t c = 0; c < k; c += W) {
+        int16_t t[64];
+        for (int i = 0; i < W; i++)
+            t[i] = (int16_t)act_v(x[c + i], id);
+        for (int g = 0; g < W / 16; g++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 16; i++)
+                sum += t[16 * g + i];
+            sv[c / 16 + g] = (float)sum;
+        }
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < W / 4; l++)
+                for (int e = 0; e < 2; e++)
+                    v16[c + W / 2 * h + 2 * l + e] = t[4 * l + 2 * h + e];
+    }
+    sv[k / 16] = amax / (float)CPU_ACT_VMAX;
+}
+
+void cpu_quantize_x16_32_scalar(const float *x, void *q, int64_t k) {
+    quantize_x16(x, q, k, 32);
+}
+
+void cpu_quantize_x16_64_scalar(const float *x, void *q, int64_t k) {
+    quantize_x16(x, q, k, 64);
+}
+
+/* XK (repacked K-quant decode): both planes, pair sums of v, sums of v per 16, D. */
+void cpu_quantize_xk_scalar(const float *x, void *q, int64_t k) {
+    const size_t kp = cpu_x2_kp(k);
+    int8_t *hi = q, *lo = (int8_t *)q + kp;
+    int16_t *p2 = (int16_t *)((char *)q + 2 * kp);
+    float *sv = (float *)((char *)q + 2 * kp + (size_t)k);
+    float amax = row_amax(x, k);
+    float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
     for (int64_t g = 0; g < k / 16; g++) {
         int32_t sum = 0;
-        for (int i = 0; i < 16; i++) {
-            int32_t v = act_v(x[16 * g + i], id);
-            v16[16 * g + i] = (int16_t)v;
-            sum += v;
+        for (int i = 16 * g; i < 16 * g + 16; i += 2) {
+            int32_t v0 = act_v(x[i], id), v1 = act_v(x[i + 1], id);
+            for (int e = 0; e < 2; e++) {
+                int32_t v = e ? v1 : v0;
+                int32_t h = (v + 64 + 128 * 128) / 128 - 128;
+                hi[i + e] = (int8_t)h;
+                lo[i + e] = (int8_t)(v - 128 * h);
+            }
+            p2[i / 2] = (int16_t)(v0 + v1);
+            sum += v0 + v1;
         }
         sv[g] = (float)sum;
     }

@@ -1,0 +1,462 @@
+/* AVX2 decode kernels on repacked weights (G = 8 rows per group, cpu_kernels.h "Repacked
+ * weights") and the repack/unrepack transposes (the XK quantizer is in cpu_matmul_avx2.c
+ * with the level's other quantizers).
+ *
+ * Lane = row, as on AVX-512 (cpu_gemv_avx512.c, whose notes apply): a ymm load in a
+ * 4-byte section gives 4 consecutive bytes of 8 rows. Without VNNI, a quad's exact 15-bit
+ * dot is vpmaddubsw on each activation plane (hi, lo) then vpmaddwd with 128 / 1 (legacy)
+ * or with the quad's sub-block scale as an i16 pair (K-quants). Signed weights (Q8_0,
+ * IQ4_NL, MXFP4) go through |w| and the activations' sign (vpsignb), so no sum saturates.
+ *
+ * Bitwise batch invariance: each kernel reproduces, per row, the packed prefill kernel of
+ * cpu_matmul_avx2.c for its type (8 f32 lanes per row, lane λ fed by the exact sums of the
+ * quads 4λ..4λ+3 of each 32-element chunk through X16_32, the same FMAs, hsum_ps's tree
+ * done vertically).
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+#define GR 8 /* rows per group */
+
+/* ---- 8 × 8 dword transposes: repack and unrepack ---- */
+
+INLINE void tr8(__m256i r[8]) {
+    __m256i t[8], u[8];
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
+}
+
+INLINE __m256i mask8(int m) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Copies blocks b0..b1-1 of nr rows between the file layout (row r at w + r*ws) and one
+ * group, to_group or back; 4-byte sections by 8 x 8 dword transposes, the f16/byte units by cpu_rp_small. Rows
+ * nr..7 of the group are zeroed on the way in. */
+INLINE void rp_copy8(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws, char *grp,
+                      int nr, int to_group) {
+    struct cpu_rp_layout lay;
+    const struct qtype_info *qi = qtype_get(type);
+    if (!qi || !cpu_rp_layout(type, &lay)) return;
+    const size_t bb = qi->type_size, tile = GR * bb;
+    for (int64_t b = b0; b < b1; b++) {
+        for (int s = 0; s < lay.n; s++) {
+            const struct cpu_rp_sec *sc = &lay.sec[s];
+            char *base = grp + (size_t)b * tile + (size_t)GR * sc->off;
+            char *row0 = w + b * bb + sc->off;
+            if (sc->unit == 2) {
+                cpu_rp_small(GR, 2, sc->len, base, row0, ws, nr, to_group);
+                continue;
+            }
+            if (sc->unit == 1) {
+                cpu_rp_small(GR, 1, sc->len, base, row0, ws, nr, to_group);
+                continue;
+            }
+            const int n4 = sc->len / 4;
+            for (int j0 = 0; j0 < n4; j0 += 8) {
+                const int m = n4 - j0 < 8 ? n4 - j0 : 8;
+                const __m256i mk = mask8(m);
+                /* unrolled with the bounds as conditions, so v stays in registers */
+                __m256i v[8];
+                UNROLL
+                for (int i = 0; i < 8; i++) {
+                    if (to_group)
+                        v[i] = i < nr ? _mm256_maskload_epi32((const int *)(row0 + i * ws + 4 * j0), mk)
+                                      : _mm256_setzero_si256();
+                    else
+                        v[i] = _mm256_maskload_epi32((const int *)(base + (size_t)(j0 + i) * 32),
+                                                     _mm256_set1_epi32(i < m ? -1 : 0));
+                }
+                tr8(v);
+                UNROLL
+                for (int i = 0; i < 8; i++) {
+                    if (to_group) {
+                        if (i < m) _mm256_storeu_si256((__m256i *)(base + (size_t)(j0 + i) * 32), v[i]);
+                    } else if (i < nr) {
+                        _mm256_maskstore_epi32((int *)(row0 + i * ws + 4 * j0), mk, v[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void rp_pack8(uint32_t type, int64_t k, const void *w, size_t ws, int nr, void *dst) {
+    rp_copy8(type, 0, k / qtype_get(type)->blck_size, (char *)w, ws, dst, nr, 1);
+}
+
+static void rp_unpack8(uint32_t type, const void *grp, int nr, int64_t b0, int64_t b1, void *dst,
+                        size_t ds) {
+    rp_copy8(type, b0, b1, dst, ds, (char *)grp, nr, 0);
+}
+
+/* ---- shared pieces ---- */
+
+/* Vertical hsum_ps tree (cpu_matmul_avx2.c): ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). */
+INLINE __m256 tree8(const __m256 a[8]) {
+    __m256 s0 = _mm256_add_ps(a[0], a[4]), s1 = _mm256_add_ps(a[1], a[5]);
+    __m256 s2 = _mm256_add_ps(a[2], a[6]), s3 = _mm256_add_ps(a[3], a[7]);
+    return _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+}
+
+INLINE void store_rows(float *y, __m256 v, int nr) {
+    if (nr >= 8)
+        _mm256_storeu_ps(y, v);
+    else
+        _mm256_maskstore_ps(y, mask8(nr), v);
+}
+
+INLINE __m256i bcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Exact sum over a quad of u·(128·hi + lo) per row: u unsigned (<= 63), or |w| with the
+ * sign moved onto the activations (sg: the signed weights, NULL for unsigned u). */
+INLINE __m256i quad_dot(__m256i u, const __m256i *sg, const int8_t *hi, const int8_t *lo,
+                        __m256i s_hi, __m256i s_lo) {
+    __m256i xh = bcast4(hi), xl = bcast4(lo);
+    if (sg) {
+        xh = _mm256_sign_epi8(xh, *sg);
+        xl = _mm256_sign_epi8(xl, *sg);
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xh), s_hi),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), s_lo));
+}
+
+/* ---- legacy 32-blocks against X2_32 ----
+ * The packed prefill (legacy_tile, X16_32) keeps 8 lanes per row, lane λ the exact dot of
+ * quad λ of each block, FMA'd with d per block; Q4_1/Q5_1's m·Σv goes to one scalar per row
+ * (one FMA per block). Tiles (G = 8): d[8] @0 (m[8] @16 for Q4_1/Q5_1; MXFP4 the 8
+ * exponent bytes @0), then dwords @32j: Q8_0 the 8 qs units; Q4_0/IQ4_NL/Q4_1/MXFP4 the 4
+ * qs units (low nibbles quads 0..3, high 4..7); Q5_0/Q5_1 qh then 4 qs units. */
+INLINE int lg_min(uint32_t t) {
+    return t == QT_Q4_1 || t == QT_Q5_1;
+}
+
+INLINE __m256 lg_d8(uint32_t t, const char *tile) {
+    if (t != QT_MXFP4) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)tile));
+    __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i lt2 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(big, tiny, lt2));
+}
+
+/* Quad l (< 8) of a block's tile: unsigned q (Q4_0/Q4_1/Q5_0/Q5_1, *sg untouched) or the
+ * signed values in *sg with |v| returned (Q8_0, IQ4_NL, MXFP4). */
+INLINE __m256i lg_quad(uint32_t t, const char *tile, int l, __m256i *sg) {
+    const char *q = tile + (t == QT_MXFP4 ? 8 : lg_min(t) ? 32 : 16);
+    if (t == QT_Q8_0) {
+        *sg = _mm256_loadu_si256((const __m256i *)(q + 32 * l));
+        return _mm256_abs_epi8(*sg);
+    }
+    const int h5 = t == QT_Q5_0 || t == QT_Q5_1;
+    __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * (h5 + l % 4)));
+    __m256i v = l < 4 ? _mm256_and_si256(raw, _mm256_set1_epi8(15))
+                      : _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+    if (t == QT_IQ4_NL || t == QT_MXFP4) {
+        *sg = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(
+                                      t == QT_MXFP4 ? cpu_kvalues_mxfp4 : cpu_kvalues_iq4nl))),
+                                  v);
+        return _mm256_abs_epi8(*sg);
+    }
+    if (h5) { /* bits 4l..4l+3 of each row's qh dword: byte l/2, nibble l%2 */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)q);
+        const char b = (char)(l / 2);
+        __m256i bc = _mm256_shuffle_epi8(
+            qh, _mm256_setr_epi8(b, b, b, b, 4 + b, 4 + b, 4 + b, 4 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                 12 + b, 12 + b, 12 + b, 12 + b, b, b, b, b, 4 + b, 4 + b, 4 + b,
+                                 4 + b, 8 + b, 8 + b, 8 + b, 8 + b, 12 + b, 12 + b, 12 + b, 12 + b));
+        const int sh = 4 * (l % 2);
+        const __m256i bits = _mm256_set1_epi32((int)((1u << sh) | (2u << (sh + 8)) |
+                                                     (4u << (sh + 16)) | (8u << (sh + 24))));
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bc, bits), bits);
+        v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    return v;
+}
+
+INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
+                        size_t ys, int nr, int nc) {
+    const struct qtype_info *qi = qtype_get(t);
+    const size_t tile_bytes = GR * (size_t)qi->type_size;
+    const int signed_w = t == QT_Q8_0 || t == QT_IQ4_NL || t == QT_MXFP4;
+    const int off = t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0;
+    const __m256i s128 = _mm256_set1_epi16(128), s1 = _mm256_set1_epi16(1);
+    for (int c = 0; c < nc; c++) {
+        const char *xc = (const char *)x + c * xs;
+        const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
+        const int32_t *neg = cpu_x2_neg(xc, k);
+        const float *sv = cpu_x2_sv(xc, k);
+        __m256 acc[8], macc = _mm256_setzero_ps();
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            acc[l] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < k / 32; b++) {
+            const char *tile = (const char *)grp + b * tile_bytes;
+            const __m256 d8 = lg_d8(t, tile);
+            UNROLL
+            for (int l = 0; l < 8; l++) {
+                const int64_t q = 8 * b + l;
+                __m256i sg;
+                __m256i u = lg_quad(t, tile, l, &sg);
+                __m256i p = quad_dot(u, signed_w ? &sg : NULL, hi + 4 * q, lo + 4 * q, s128, s1);
+                if (off) /* Σ(q - off)·v = Σq·v + off·neg */
+                    p = _mm256_add_epi32(p, _mm256_set1_epi32(off * neg[q]));
+                acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d8, acc[l]);
+            }
+            if (lg_min(t))
+                macc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))),
+                                       _mm256_set1_ps(sv[b]), macc);
+        }
+        __m256 r = _mm256_add_ps(tree8(acc), macc);
+        store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_x2_D(xc, k)), r), nr);
+    }
+}
+#define LEGACY_GEMV(name, T)                                                                       \
+    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
+                            size_t ys, int nr, int nc) {                                           \
+        gemv_legacy(T, k, grp, x, xs, y, ys, nr, nc);                                              \
+    }
+LEGACY_GEMV(q8_0, QT_Q8_0)
+LEGACY_GEMV(q4_0, QT_Q4_0)
+LEGACY_GEMV(q4_1, QT_Q4_1)
+LEGACY_GEMV(q5_0, QT_Q5_0)
+LEGACY_GEMV(q5_1, QT_Q5_1)
+LEGACY_GEMV(iq4_nl, QT_IQ4_NL)
+LEGACY_GEMV(mxfp4, QT_MXFP4)
+
+/* ---- K-quants against XK ----
+ * The packed prefill (k16_tile, X16_32) keeps 8 lanes per row; per super-block and half h
+ * (128 elements), lane λ gets the exact Σ sc·v·x over quad λ of the 4 chunks 4h..4h+3 and
+ * one FMA with d; then (Q4_K, Q5_K, Q2_K) lane λ's two min terms mf[λ]·sv[λ] and
+ * mf[λ+8]·sv[λ+8]. Element n = 32c + 4λ + e of chunk c: its tile unit and scale group are
+ * the type's (below); Q6_K's -32 and Q3_K's -4 go through the pair sums of X.
+ * Tiles (G = 8): Q4_K/Q5_K d[8] @0, dmin[8] @16, dwords @32 + 32j (scales j 0..2, Q5_K qh
+ * j 3..10, then qs); Q6_K dwords @32j (ql 0..31, qh 32..47, scales 48..51), d @1664; Q2_K
+ * dwords @32j (scales 0..3, qs 4..19), d @640, dmin @656; Q3_K dwords @32j (hmask 0..7,
+ * qs 8..23, scales 24..26), d @864. */
+INLINE __m256i pair16(__m256i sc) {
+    return _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(sc, 16));
+}
+
+INLINE __m256i byte_of(__m256i d, int b) {
+    return _mm256_and_si256(_mm256_srli_epi32(d, 8 * b), _mm256_set1_epi32(255));
+}
+
+/* The scale pairs S[g] (16 groups of 16; Q4_K/Q5_K's 8 scales twice) and min factors mf[g]
+ * (dmin·m as the prefill rounds it; 0 without mins) of a super-block's tile, and d. */
+INLINE void k_scales(uint32_t t, const char *tile, __m256i S[16], __m256 mf[16], __m256 *d8) {
+    switch (t) {
+    case QT_Q4_K:
+    case QT_Q5_K: {
+        *d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)));
+        const __m256i s0 = _mm256_loadu_si256((const __m256i *)(tile + 32));
+        const __m256i s1 = _mm256_loadu_si256((const __m256i *)(tile + 64));
+        const __m256i s2 = _mm256_loadu_si256((const __m256i *)(tile + 96));
+        const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15),
+                      m48 = _mm256_set1_epi32(48);
+        UNROLL
+        for (int z = 0; z < 4; z++) {
+            __m256i sc = _mm256_and_si256(_mm256_srli_epi32(s0, 8 * z), m63);
+            __m256i mn = _mm256_and_si256(_mm256_srli_epi32(s1, 8 * z), m63);
+            __m256i sc4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 8 * z), m15),
+                                          _mm256_and_si256(_mm256_srli_epi32(s0, 8 * z + 2), m48));
+            __m256i mn4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 8 * z + 4), m15),
+                                          _mm256_and_si256(_mm256_srli_epi32(s1, 8 * z + 2), m48));
+            S[2 * z] = S[2 * z + 1] = pair16(sc);
+            S[2 * z + 8] = S[2 * z + 9] = pair16(sc4);
+            mf[2 * z] = mf[2 * z + 1] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+            mf[2 * z + 8] = mf[2 * z + 9] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn4));
+        }
+        break;
+    }
+    case QT_Q6_K:
+        *d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 1664)));
+        UNROLL
+        for (int q = 0; q < 4; q++) {
+            __m256i sd = _mm256_loadu_si256((const __m256i *)(tile + 32 * (48 + q)));
+            UNROLL
+            for (int b = 0; b < 4; b++)
+                S[4 * q + b] = pair16(_mm256_srai_epi32(_mm256_slli_epi32(sd, 24 - 8 * b), 24));
+        }
+        break;
+    case QT_Q2_K: {
+        *d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 640)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 656)));
+        UNROLL
+        for (int q = 0; q < 4; q++) {
+            __m256i sd = _mm256_loadu_si256((const __m256i *)(tile + 32 * q));
+            UNROLL
+            for (int b = 0; b < 4; b++) {
+                __m256i by = byte_of(sd, b);
+                S[4 * q + b] = pair16(_mm256_and_si256(by, _mm256_set1_epi32(15)));
+                mf[4 * q + b] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(by, 4)));
+            }
+        }
+        break;
+    }
+    default: { /* Q3_K */
+        *d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 864)));
+        const __m256i s0 = _mm256_loadu_si256((const __m256i *)(tile + 32 * 24));
+        const __m256i s1 = _mm256_loadu_si256((const __m256i *)(tile + 32 * 25));
+        const __m256i s2 = _mm256_loadu_si256((const __m256i *)(tile + 32 * 26));
+        UNROLL
+        for (int g = 0; g < 16; g++) {
+            __m256i lb = byte_of(g % 8 < 4 ? s0 : s1, g % 4);
+            __m256i low = g < 8 ? _mm256_and_si256(lb, _mm256_set1_epi32(15)) : _mm256_srli_epi32(lb, 4);
+            __m256i high = _mm256_and_si256(_mm256_srli_epi32(byte_of(s2, g % 4), 2 * (g / 4)),
+                                            _mm256_set1_epi32(3));
+            S[g] = pair16(_mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)),
+                                           _mm256_set1_epi32(32)));
+        }
+        break;
+    }
+    }
+}
+
+/* Unsigned quants of quad λ of chunk c (elements 32c + 4λ..), 8 rows. */
+INLINE __m256i k_quad(uint32_t t, const char *tile, int c, int l) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+#define DW(j) _mm256_loadu_si256((const __m256i *)(tile + 32 * (j)))
+    switch (t) {
+    case QT_Q4_K:
+    case QT_Q5_K: { /* qs unit 8(c/2) + λ, nibble c%2; Q5_K: bit c of qh unit λ */
+        const int q0 = t == QT_Q4_K ? 4 : 12;
+        __m256i raw = DW(q0 + 8 * (c / 2) + l);
+        __m256i q = c % 2 ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4) : _mm256_and_si256(raw, m4);
+        if (t == QT_Q5_K) {
+            const __m256i bit = _mm256_set1_epi8((char)(1 << c));
+            __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(DW(4 + l), bit), bit);
+            q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+        }
+        return q;
+    }
+    case QT_Q6_K: { /* h = c/4, s = c%4: ql unit 16h + 8(s&1) + λ nibble s>>1, qh unit 32 + 8h + λ bits 2s */
+        const int h = c / 4, s = c % 4;
+        __m256i ql = DW(16 * h + 8 * (s & 1) + l), qh = DW(32 + 8 * h + l);
+        __m256i lo4 = s >> 1 ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+        __m256i hi2 = 2 * s >= 4 ? _mm256_srli_epi16(qh, 2 * s - 4) : _mm256_slli_epi16(qh, 4 - 2 * s);
+        return _mm256_or_si256(lo4, _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
+    }
+    case QT_Q2_K: { /* qs unit 4 + 8h + λ, bits 2s */
+        const int h = c / 4, s = c % 4;
+        return _mm256_and_si256(_mm256_srli_epi16(DW(4 + 8 * h + l), 2 * s), m3);
+    }
+    default: { /* Q3_K: qs unit 8 + 8h + λ bits 2s, third bit: hmask unit λ bit 4h + s */
+        const int h = c / 4, s = c % 4;
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(DW(8 + 8 * h + l), 2 * s), m3);
+        const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(DW(l), bit), bit);
+        return _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
+    }
+    }
+#undef DW
+}
+
+INLINE void gemv_k(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
+                   size_t ys, int nr, int nc) {
+    const struct qtype_info *qi = qtype_get(t);
+    const size_t tile_bytes = GR * (size_t)qi->type_size;
+    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
+    const int off_sh = t == QT_Q6_K ? 5 : t == QT_Q3_K ? 2 : 0; /* -32 / -4 */
+    for (int c = 0; c < nc; c++) {
+        const char *xc = (const char *)x + c * xs;
+        const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
+        const int16_t *p2 = cpu_xk_p2(xc, k);
+        const float *sv = cpu_xk_sv(xc, k);
+        __m256 acc[8];
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            acc[l] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < k / 256; i++) {
+            const char *tile = (const char *)grp + i * tile_bytes;
+            _Alignas(32) __m256i S[16];
+            _Alignas(32) __m256 mf[16];
+            __m256 d8;
+            k_scales(t, tile, S, mf, &d8);
+            const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
+            const int16_t *pb = p2 + 128 * i;
+            for (int l = 0; l < 8; l++) {
+                UNROLL
+                for (int h = 0; h < 2; h++) {
+                    __m256i ah = _mm256_setzero_si256(), al = ah, cr = ah;
+                    UNROLL
+                    for (int cc = 0; cc < 4; cc++) {
+                        const int ch = 4 * h + cc, e = 32 * ch + 4 * l, g = 2 * ch + l / 4;
+                        __m256i q = k_quad(t, tile, ch, l);
+                        ah = _mm256_add_epi32(ah, _mm256_madd_epi16(_mm256_maddubs_epi16(q, bcast4(hb + e)), S[g]));
+                        al = _mm256_add_epi32(al, _mm256_madd_epi16(_mm256_maddubs_epi16(q, bcast4(lb + e)), S[g]));
+                        if (off_sh) cr = _mm256_add_epi32(cr, _mm256_madd_epi16(bcast4(pb + e / 2), S[g]));
+                    }
+                    __m256i is = _mm256_add_epi32(_mm256_slli_epi32(ah, 7), al);
+                    if (off_sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(cr, off_sh));
+                    acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[l]);
+                }
+                if (has_min) {
+                    acc[l] = _mm256_fnmadd_ps(mf[l], _mm256_set1_ps(sv[16 * i + l]), acc[l]);
+                    acc[l] = _mm256_fnmadd_ps(mf[l + 8], _mm256_set1_ps(sv[16 * i + l + 8]), acc[l]);
+                }
+            }
+        }
+        store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
+    }
+}
+#define K_GEMV(name, T)                                                                            \
+    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
+                            size_t ys, int nr, int nc) {                                           \
+        gemv_k(T, k, grp, x, xs, y, ys, nr, nc);                                                   \
+    }
+K_GEMV(q2_K, QT_Q2_K)
+K_GEMV(q3_K, QT_Q3_K)
+K_GEMV(q4_K, QT_Q4_K)
+K_GEMV(q5_K, QT_Q5_K)
+K_GEMV(q6_K, QT_Q6_K)
+
+void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
+#define GEMV(T, fn, a)                                                                             \
+    do {                                                                                           \
+        tab[T].G = GR;                                                                             \
+        tab[T].act_gemv = a;                                                                       \
+        tab[T].gemv = fn;                                                                          \
+        tab[T].repack = rp_pack8;                                                                  \
+        tab[T].unrepack = rp_unpack8;                                                              \
+    } while (0)
+    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32);
+    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32);
+    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32);
+    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32);
+    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32);
+    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32);
+    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32);
+    GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK);
+    GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK);
+    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK);
+    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK);
+    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK);
+#undef GEMV
+}
+#endif
