@@ -45,6 +45,11 @@ static void init_tables(void) {
         memcpy(g_quant[i], g_quant[CPU_ISA_SCALAR], sizeof g_quant[0]);
     }
 #if defined(__x86_64__)
+    /* A level's table functions are compiled with its flags and may use its instructions
+     * themselves (gcc fills the table with EVEX stores in cpu_kernels_avx512): call them
+     * only where the CPU has the level. Levels above stay copies of the one below, which
+     * clamp_isa never hands out. */
+    if (cpu_isa_supported() < CPU_ISA_AVX2) return;
     cpu_kernels_avx2(g_tab[CPU_ISA_AVX2]);
     cpu_gemv_avx2(g_tab[CPU_ISA_AVX2]);
     g_quant[CPU_ISA_AVX2][CPU_ACT_XK] = cpu_quantize_xk_avx2;
@@ -54,6 +59,7 @@ static void init_tables(void) {
     g_quant[CPU_ISA_AVX2][CPU_ACT_X16_32] = cpu_quantize_x16_32_avx2;
     memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
     memcpy(g_quant[CPU_ISA_AVX512], g_quant[CPU_ISA_AVX2], sizeof g_quant[0]);
+    if (cpu_isa_supported() < CPU_ISA_AVX512) return;
     cpu_kernels_avx512(g_tab[CPU_ISA_AVX512]);
     cpu_gemv_avx512(g_tab[CPU_ISA_AVX512]);
     g_quant[CPU_ISA_AVX512][CPU_ACT_X16_64] = cpu_quantize_x16_64_avx512;

@@ -68,8 +68,11 @@ static void init(void) {
                              gelu_mul, silu_mul, to_f16,   from_f16};
     for (int i = 0; i < CPU_ISA_COUNT; i++) tables[i] = scalar;
 #if defined(__x86_64__)
+    /* the fill functions are compiled with their level's flags: only where the CPU has it */
+    if (cpu_isa_supported() < CPU_ISA_AVX2) return;
     cpu_vec_fill_avx2(&tables[CPU_ISA_AVX2]);
     tables[CPU_ISA_AVX512] = tables[CPU_ISA_AVX2];
+    if (cpu_isa_supported() < CPU_ISA_AVX512) return;
     cpu_vec_fill_avx512(&tables[CPU_ISA_AVX512]);
 #endif
 }
