@@ -436,6 +436,64 @@ K_GEMV(q4_K, QT_Q4_K)
 K_GEMV(q5_K, QT_Q5_K)
 K_GEMV(q6_K, QT_Q6_K)
 
+/* ---- IQ4_XS against XK ----
+ * The packed prefill (k16_tile on iq4_xs_k16_block's w16 = (ls - 32)·v) as for the
+ * K-quants, without mins: per half h, lane λ gets the exact Σ over quad λ of chunks
+ * 4h..4h+3, one FMA with d. Chunk c is sub-block c: element 32c + 4λ + e is the low nibble
+ * (λ < 4) or high nibble (λ >= 4) of qs[16c + 4(λ % 4) + e]. Tile (1088 bytes): d[8] @0,
+ * scales_h[8] @16, dwords @32 + 32j: j = 0 scales_l, 1 + u qs[4u..4u+3]. The codebook
+ * values are signed: |v| with the sign moved onto the activations. */
+static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
+                        int nr, int nc) {
+    const size_t tile_bytes = GR * sizeof(struct block_iq4_xs);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+    for (int c = 0; c < nc; c++) {
+        const char *xc = (const char *)x + c * xs;
+        const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
+        __m256 acc[8];
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            acc[l] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < k / 256; i++) {
+            const char *tile = (const char *)grp + i * tile_bytes;
+            _Alignas(32) __m256i S[8];
+            const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(tile + 16)));
+            const __m256i sl = _mm256_loadu_si256((const __m256i *)(tile + 32));
+            UNROLL
+            for (int z = 0; z < 8; z++) {
+                __m256i ls = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi32(sl, 4 * z), _mm256_set1_epi32(15)),
+                    _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * z), _mm256_set1_epi32(3)), 4));
+                S[z] = pair16(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)));
+            }
+            const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
+            const char *qs = tile + 64;
+            const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
+            for (int l = 0; l < 8; l++) {
+                UNROLL
+                for (int h = 0; h < 2; h++) {
+                    __m256i ah = _mm256_setzero_si256(), al = ah;
+                    UNROLL
+                    for (int cc = 0; cc < 4; cc++) {
+                        const int z = 4 * h + cc, e = 32 * z + 4 * l;
+                        __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (4 * z + l % 4)));
+                        __m256i idx = l < 4 ? _mm256_and_si256(raw, m4)
+                                            : _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                        __m256i sv = _mm256_shuffle_epi8(tab, idx), av = _mm256_abs_epi8(sv);
+                        __m256i xh = _mm256_sign_epi8(bcast4(hb + e), sv), xl = _mm256_sign_epi8(bcast4(lb + e), sv);
+                        ah = _mm256_add_epi32(ah, _mm256_madd_epi16(_mm256_maddubs_epi16(av, xh), S[z]));
+                        al = _mm256_add_epi32(al, _mm256_madd_epi16(_mm256_maddubs_epi16(av, xl), S[z]));
+                    }
+                    __m256i is = _mm256_add_epi32(_mm256_slli_epi32(ah, 7), al);
+                    acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[l]);
+                }
+            }
+        }
+        store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
+    }
+}
+
 void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
 #define GEMV(T, fn, a)                                                                             \
     do {                                                                                           \
@@ -457,6 +515,7 @@ void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
     GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK);
     GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK);
     GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK);
+    GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK);
 #undef GEMV
 }
 #endif

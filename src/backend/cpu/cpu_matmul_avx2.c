@@ -1,15 +1,14 @@
 /* AVX2/FMA/F16C matmul kernels for the file layout, and activation quantizers (compiled
  * with -mavx2 -mfma -mf16c -mbmi2; called only when cpu_features says the CPU and OS
- * support them): the packed prefill path of the legacy types, MXFP4 and Q2_K..Q6_K, the
- * IQ4_XS kernel (Q8_K planes: vpmaddubsw on |v| · sign(x, v), then vpmaddwd with the
- * scales), and F32/F16/BF16. Decode of the packed-path types runs on repacked weights
+ * support them): the packed prefill path of the legacy types, MXFP4, Q2_K..Q6_K and
+ * IQ4_XS, and F32/F16/BF16. Decode of the packed-path types runs on repacked weights
  * (cpu_gemv_avx2.c), whose kernels reproduce these ones' arithmetic per row; a call on
  * the file layout takes the packed path at any n.
  *
  * Packed rows (X16_32 activations, quad-pair order): the legacy types as their int16
  * values v with d (and m) per block, two vpmaddwd per block give each lane the exact dot
- * of a quad; Q2_K..Q6_K share one kernel over the 16-bit products sc·v (kp_* builds them
- * through a common d·sc·u − dm·mn form). One f32 FMA per block or half super-block and
+ * of a quad; Q2_K..Q6_K and IQ4_XS share one kernel over the 16-bit products sc·v (kp_*
+ * builds the K-quants' through a common d·sc·u − dm·mn form). One f32 FMA per block or half super-block and
  * tile element; lane reductions through hsum_ps (a fixed tree).
  *
  * Tiles: R weight rows × C activation rows, R = 4 (1 for a ragged tail), C = 2 (1 for an
@@ -543,61 +542,6 @@ INLINE __m256i q3k_scales16(const uint8_t *s12) {
     return _mm256_cvtepi8_epi16(sc);
 }
 
-/* ---- IQ4_XS × Q8_K: signed codebook values, |v|·sign(x, v) ---- */
-
-INLINE void iq4_xs_tile(int R, int C, int64_t k, const char *w, size_t ws, const char *x, size_t xs,
-                        float *y, size_t ys) {
-    __m256 acc[4][2];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm256_setzero_ps();
-    const float *xd[2];
-    UNROLL
-    for (int c = 0; c < C; c++)
-        xd[c] = cpu_act_d(x + c * xs, k);
-    const __m256i tab =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
-    for (int64_t i = 0; i < k / 256; i++) {
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const struct block_iq4_xs *b = (const struct block_iq4_xs *)(w + r * ws) + i;
-            __m256i isum[2];
-            UNROLL
-            for (int c = 0; c < C; c++)
-                isum[c] = _mm256_setzero_si256();
-            UNROLL
-            for (int j = 0; j < 8; j++) {
-                int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) |
-                         ((b->scales_h >> (2 * j)) & 3) << 4;
-                __m256i q = _mm256_shuffle_epi8(tab, nibbles_32(b->qs + 16 * j));
-                __m256i aq = _mm256_sign_epi8(q, q);
-                __m256i scv = _mm256_set1_epi16((short)(ls - 32));
-                UNROLL
-                for (int c = 0; c < C; c++) {
-                    __m256i xv =
-                        _mm256_load_si256((const __m256i *)(x + c * xs + 256 * i + 32 * j));
-                    __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, scv));
-                }
-            }
-            float d = f16(b->d);
-            UNROLL
-            for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
-                                            _mm256_set1_ps(d * xd[c][i]), acc[r][c]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = hsum_ps(acc[r][c]);
-}
-#define IQ4_XS_TILE(R, C, ...) iq4_xs_tile(R, C, __VA_ARGS__)
-TILE_DRIVER(iq4_xs, IQ4_XS_TILE)
-
 /* ---- K-quants, packed prefill path (one kernel for Q2_K..Q6_K) ----
  * Every K-quant super-block is rewritten as unsigned quants u in element order, a scale
  * sc and a "min" mn per group of 16, and two f32 factors, such that
@@ -723,7 +667,31 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
  * i32 accumulators per super-block (16 products of <= 4096·16256 < 2^30 per lane each). */
 #define K16_PACKED 640
 
+/* IQ4_XS: w16 = (ls - 32) · codebook value, per sub-block of 32 (one chunk); no mins. */
+INLINE void iq4_xs_k16_block(const char *row, int64_t i, char *p) {
+    const struct block_iq4_xs *b = (const struct block_iq4_xs *)row + i;
+    const __m256i tab =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
+    for (int j = 0; j < 8; j++) {
+        const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | ((b->scales_h >> (2 * j)) & 3) << 4;
+        const __m256i v = _mm256_shuffle_epi8(tab, nibbles_32(b->qs + 16 * j));
+        const __m256i sc = _mm256_set1_epi16((short)(ls - 32));
+        __m256i e0, e1;
+        quadpairs(_mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), sc),
+                  _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)), sc), &e0, &e1);
+        _mm256_store_si256((__m256i *)(p + 64 * j), e0);
+        _mm256_store_si256((__m256i *)(p + 64 * j + 32), e1);
+    }
+    const float d = f16(b->d);
+    memset(p + 512, 0, 64);
+    memcpy(p + 576, &d, 4);
+}
+
 INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
+    if (t == QT_IQ4_XS) {
+        iq4_xs_k16_block(row, i, p);
+        return;
+    }
     _Alignas(32) uint8_t o[KP_BYTES];
     kp_pack_block(t, row, i, o);
     const int off = t == QT_Q6_K ? 32 : t == QT_Q3_K ? 4 : 0;
@@ -827,6 +795,7 @@ KP_FNS(q3_K, QT_Q3_K)
 KP_FNS(q4_K, QT_Q4_K)
 KP_FNS(q5_K, QT_Q5_K)
 KP_FNS(q6_K, QT_Q6_K)
+KP_FNS(iq4_xs, QT_IQ4_XS)
 static size_t packed_bytes_k16(int64_t k) {
     return k16_bytes(k);
 }
@@ -858,7 +827,7 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);
     KQUANT(QT_Q5_K, q5_K, gemm_packed_k16_min);
     KQUANT(QT_Q6_K, q6_K, gemm_packed_k16);
+    KQUANT(QT_IQ4_XS, iq4_xs, gemm_packed_k16);
 #undef KQUANT
-    tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs};
 }
 #endif
