@@ -122,6 +122,8 @@ struct seq {
     int32_t out_row;    /* index of its logits row, or -1 */
     int32_t out_first;  /* index of its first logits row (prompt logprobs) */
     int32_t pos0;       /* its first position this step */
+    struct spec_seq sp; /* speculation: its proposals this step (sp.n_draft rows after the
+                         * last token, each with logits, from out_row on) and its policy */
     bool plp;           /* reports prompt logprobs (choice 0 of such a request) */
     int32_t plp_done;   /* prompt positions whose logprobs went out (a recompute skips them) */
     uint8_t finish;     /* set when it ends this step */
@@ -153,6 +155,7 @@ static void seq_free(struct seq *s) {
     free(s->bhash);
     free(s->pool);
     sampler_free(s->smp);
+    spec_seq_free(&s->sp);
     tok_buf_free(&s->held);
     free(s);
 }
@@ -354,6 +357,7 @@ struct sample_pool {
 struct sample_job {
     struct seq *s;
     bool full;          /* finish from the full row (en->logits row s->out_row) */
+    bool spec;          /* verifies the sequence's drafts (after the other rows) */
     struct sample_result r;
     smelt_status st;
     char msg[ERR_MSG_MAX];
@@ -429,6 +433,10 @@ struct engine {
     int32_t n_obs_preempted;
     uint64_t stats_parallel; /* engine thread only; published with the stats */
     uint64_t stats_full_rows;
+    /* speculation (NULL: off) */
+    struct spec *spec;
+    struct spec_job *spec_jobs;      /* (max_seqs) */
+    struct sample_result *spec_out;  /* (SPEC_K_MAX + 1) one sequence's verified tokens */
 
     pthread_mutex_t smu; /* guards stats */
     struct engine_stats stats;
@@ -586,6 +594,8 @@ static void finish_seq(struct engine *en, struct seq *s, enum engine_finish why,
     ev.n_prompt = s->n_prompt;
     ev.n_cached = s->n_cached;
     ev.n_gen = s->n_gen;
+    ev.n_proposed = (int32_t)s->sp.n_proposed;
+    ev.n_accepted = (int32_t)s->sp.n_accepted;
     push_event(en, s->req, &ev, en->emit.p, en->emit.n, sr, errmsg);
     s->finish = (uint8_t)why;
     pthread_mutex_lock(&en->smu);
@@ -612,6 +622,7 @@ static void register_blocks(struct engine *en, struct seq *s) {
         kv_prefix_register(&en->pool, s->kv.blocks[b], s->bhash[b], parent, t);
     }
     if (full > s->n_bhash) s->n_bhash = full;
+    spec_register(en->spec, &s->sp, s->kv.blocks, s->bhash, s->n_bhash);
 }
 
 static void release_kv(struct engine *en, struct seq *s) {
@@ -775,6 +786,7 @@ static bool admit(struct engine *en, struct seq *s) {
     s->n_done = got * bs;
     s->n_bhash = got;
     if (s->pool) memset(s->pool, 0, (size_t)en->n_embd * sizeof *s->pool);
+    spec_admit(en->spec, &s->sp, s->kv.blocks, s->bhash, got);
     if (!s->admitted_once) {
         s->admitted_once = true;
         s->n_cached = s->n_done;
@@ -784,6 +796,42 @@ static bool admit(struct engine *en, struct seq *s) {
         pthread_mutex_unlock(&en->smu);
     }
     return true;
+}
+
+/* The decoding sequences (one row each so far) propose drafts within the step's budget:
+ * their KV is reserved for them first, without preempting anyone. Returns the budget left. */
+static int32_t schedule_spec(struct engine *en, int32_t budget) {
+    int32_t n_dec = 0, n_jobs = 0;
+    for (int32_t i = 0; i < en->n_running; i++) {
+        struct seq *s = en->running[i];
+        s->sp.n_draft = 0;
+        n_dec += s->rows == 1 && s->n_tok - s->n_done == 1;
+    }
+    for (int32_t i = 0; i < en->n_running && budget > 0; i++) {
+        struct seq *s = en->running[i];
+        if (s->rows != 1 || s->n_tok - s->n_done != 1 || s->pool) continue; /* (an embedding) */
+        int32_t k = spec_want(en->spec, &s->sp, n_dec);
+        const struct engine_req *r = s->req;
+        if (r->p.max_tokens >= 0 && k > r->p.max_tokens - s->n_gen - 1)
+            k = r->p.max_tokens - s->n_gen - 1; /* the step emits at most k + 1 tokens */
+        if (k > en->cfg.n_ctx - s->n_tok) k = en->cfg.n_ctx - s->n_tok;
+        if (k > budget) k = budget;
+        struct err e;
+        if (k <= 0 || kv_seq_reserve(&en->pool, &s->kv, s->n_done + 1 + k, &e) != SMELT_OK) continue;
+        en->spec_jobs[n_jobs++] = (struct spec_job){&s->sp, s->tok, s->n_tok, k, kv_seq_view(&s->kv),
+                                                    r->p.sp.temperature};
+        budget -= k;
+    }
+    struct err e;
+    err_clear(&e);
+    if (spec_propose(en->spec, en->spec_jobs, n_jobs, &e) != SMELT_OK)
+        log_warn("engine: proposing drafts failed (the step goes on without them): %s", e.msg);
+    for (int32_t j = 0; j < n_jobs; j++) {
+        const struct spec_job *job = &en->spec_jobs[j];
+        budget += job->k - job->ss->n_draft;
+    }
+    for (int32_t i = 0; i < en->n_running; i++) en->running[i]->rows += en->running[i]->sp.n_draft;
+    return budget;
 }
 
 /* Decides this step's rows. Returns the number of rows. */
@@ -817,6 +865,7 @@ static int32_t schedule(struct engine *en) {
             break; /* s itself was the newest: everything after it is gone too */
         }
     }
+    if (en->spec) budget = schedule_spec(en, budget);
     /* prefill chunks of the admitted, oldest first; a prompt-logprobs chunk needs the logits
      * of every row, and those rows are capped per step */
     int32_t plp_left = ENGINE_PLP_ROWS;
@@ -871,19 +920,21 @@ static int32_t schedule(struct engine *en) {
         s->pos0 = s->n_done;
         s->out_first = n_out;
         s->n_rows_out = 0;
+        s->out_row = -1;
         for (int32_t k = 0; k < s->rows; k++, n++) {
             int32_t pos = s->n_done + k;
-            en->b_tok[n] = s->tok[pos];
+            /* past the tokens: the drafts, every row with its logits */
+            en->b_tok[n] = pos < s->n_tok ? s->tok[pos] : s->sp.draft[pos - s->n_tok];
             en->b_pos[n] = pos;
             en->b_seq[n] = si;
             if (s->pool) /* the rows its pooling takes */
                 en->b_logits[n] = en->pooling == POOL_MEAN || pos == (en->pooling == POOL_CLS
                                                                       ? 0 : s->n_tok - 1);
-            else
-                en->b_logits[n] = pos == s->n_tok - 1 || (s->plp && pos < s->n_prompt - 1);
+            else /* past the tokens: the drafts, every row with its logits */
+                en->b_logits[n] = pos >= s->n_tok - 1 || (s->plp && pos < s->n_prompt - 1);
+            if (!s->pool && pos == s->n_tok - 1) s->out_row = n_out;
             if (en->b_logits[n]) n_out++, s->n_rows_out++;
         }
-        s->out_row = !s->pool && s->n_done + s->rows == s->n_tok ? n_out - 1 : -1;
     }
     return n;
 }
@@ -1234,9 +1285,20 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
     for (int32_t i = 0; i < en->n_sched; i++) {
         struct seq *s = en->sched[i];
         if (s->out_row < 0) continue;
-        int32_t got = sampler_request(s->smp, &en->q_rows[s->out_row], en->q_adj + n_adj, n_adj,
-                                      cap - n_adj);
-        if (got > 0) n_adj += got; /* < 0 (out of memory): sampler_finish reports it */
+        /* a speculating sequence's row j is the request after drafts 1..j: the same unless
+         * penalties read the history */
+        int32_t nd = s->sp.n_draft;
+        for (int32_t j = 0; j <= nd; j++) {
+            struct topk_row *row = &en->q_rows[s->out_row + j];
+            if (j > 0 && !s->history) {
+                *row = en->q_rows[s->out_row];
+                continue;
+            }
+            int32_t got = sampler_request(s->smp, row, en->q_adj + n_adj, n_adj, cap - n_adj);
+            if (got > 0) n_adj += got; /* < 0 (out of memory): sampler_finish reports it */
+            if (j < nd) sampler_accept(s->smp, s->sp.draft[j], true);
+        }
+        if (nd > 0 && s->history) sampler_unaccept(s->smp, nd);
     }
     struct model_sample ms = {.n_rows = n_out,
                               .rows = en->q_rows,
@@ -1286,6 +1348,84 @@ static void observe(struct engine *en, int32_t n) {
     en->cfg.on_step(en->cfg.on_step_ctx, &info);
 }
 
+/* Row j of a speculating sequence for spec_verify. */
+struct spec_src {
+    struct engine *en;
+    struct seq *s;
+};
+
+static void spec_get(void *ctx, int32_t j, const struct topk_row **req,
+                     const struct topk_summary **sum, const struct topk_cand **cand,
+                     const float **adj_raw) {
+    struct spec_src *c = ctx;
+    struct engine *en = c->en;
+    int32_t r = c->s->out_row + j;
+    *sum = NULL;
+    *cand = NULL;
+    *adj_raw = NULL;
+    *req = NULL;
+    if (en->cfg.forward) return; /* full rows: the summary is made from them */
+    *req = &en->q_rows[r];
+    *sum = &en->q_sum[r];
+    *cand = en->q_cand + (size_t)r * TOPK_MAX;
+    *adj_raw = en->q_raw + en->q_rows[r].adj_off;
+}
+
+static const float *spec_full(void *ctx, int32_t j, struct err *e) {
+    struct spec_src *c = ctx;
+    int32_t r = c->s->out_row + j;
+    if (fetch_rows(c->en, r, 1, e) != SMELT_OK) return NULL;
+    if (!c->en->cfg.forward) c->en->stats_full_rows++;
+    return c->en->logits + (size_t)r * (size_t)c->en->n_vocab;
+}
+
+/* Verifies s's drafts, emits the tokens, and keeps the K/V of the accepted positions. */
+static void verify_spec(struct engine *en, struct seq *s) {
+    struct spec_src c = {en, s};
+    struct spec_rows src = {spec_get, spec_full, &c};
+    int32_t nd = s->sp.n_draft, n = 0, n_full = 0;
+    struct err e;
+    err_clear(&e);
+    smelt_status st = spec_verify(s->smp, s->history, &s->sp, &src, en->spec_out, &n, &n_full, &e);
+    if (st != SMELT_OK || n < 1) {
+        spec_commit(en->spec, &s->sp, 0, s->n_done);
+        finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0,
+                   e.msg[0] ? e.msg : "speculation: no token");
+        return;
+    }
+    int32_t acc = n - 1, n_keep = s->n_done + 1 + acc; /* the last token and the accepted */
+    pthread_mutex_lock(&en->smu);
+    en->stats.spec_steps++;
+    en->stats.spec_proposed += (uint64_t)nd;
+    en->stats.spec_accepted += (uint64_t)acc;
+    pthread_mutex_unlock(&en->smu);
+    spec_commit(en->spec, &s->sp, acc, n_keep);
+    for (int32_t i = 0; i < n && !s->finish; i++) on_token(en, s, &en->spec_out[i]);
+    if (n_keep > s->n_tok) n_keep = s->n_tok; /* it finished before the last ones */
+    if (!s->finish && acc < nd) {
+        int32_t from = n_keep;
+        kv_seq_rollback(&en->pool, &s->kv, n_keep, &from);
+        n_keep = from;
+    }
+    s->n_done = n_keep;
+    register_blocks(en, s);
+}
+
+/* Copies the snapshots that rollbacks asked for into the live state slots (after every
+ * fetch of the step's logits: a copy is a step of its own on the backend). */
+static void restore_states(struct engine *en) {
+    for (int32_t i = 0; i < en->n_running; i++) {
+        struct seq *s = en->running[i];
+        if (s->kv.restore < 0) continue;
+        struct err e;
+        int32_t dst = s->kv.slot, src = s->kv.restore;
+        s->kv.restore = -1;
+        smelt_status st = en->cfg.forward ? en->cfg.state_copy(en->cfg.forward_ctx, dst, src, &e)
+                                          : model_state_copy(en->m, en->kvs, dst, src, &e);
+        if (st != SMELT_OK) finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, e.msg);
+    }
+}
+
 /* One step. Returns the number of rows it ran. */
 static int32_t step(struct engine *en) {
     reap_cancelled(en);
@@ -1303,6 +1443,13 @@ static int32_t step(struct engine *en) {
         struct seq *s = en->sched[i];
         if (st != SMELT_OK) {
             finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, e.msg);
+            continue;
+        }
+        if (s->sp.n_draft > 0) { /* its positions are settled by the verification */
+            struct sample_job *j = &en->jobs[en->n_jobs++];
+            j->s = s;
+            j->full = en->cfg.forward != NULL;
+            j->spec = true;
             continue;
         }
         if (s->plp && s->pos0 < s->n_prompt - 1) {
@@ -1328,18 +1475,20 @@ static int32_t step(struct engine *en) {
             struct sample_job *j = &en->jobs[en->n_jobs++];
             j->s = s;
             j->full = en->cfg.forward != NULL;
+            j->spec = false;
         }
     }
     /* Pass 1 samples every row: from its summary (cheap, on this thread), or from the
      * full rows of a fake forward. Rows whose summary was not enough get their full row
      * and pass 2 finishes them. */
     en->n_pick = 0;
-    for (int32_t i = 0; i < en->n_jobs; i++) en->pick[en->n_pick++] = i;
+    for (int32_t i = 0; i < en->n_jobs; i++)
+        if (!en->jobs[i].spec) en->pick[en->n_pick++] = i;
     sample_jobs(en, en->cfg.forward != NULL);
     en->n_pick = 0;
     for (int32_t i = 0; i < en->n_jobs; i++) {
         struct sample_job *j = &en->jobs[i];
-        if (j->st != SMELT_OK || j->r.token != SAMPLE_NEED_ROW) continue;
+        if (j->spec || j->st != SMELT_OK || j->r.token != SAMPLE_NEED_ROW) continue;
         j->full = true;
         struct err fe;
         smelt_status fst = fetch_rows(en, j->s->out_row, 1, &fe);
@@ -1356,11 +1505,13 @@ static int32_t step(struct engine *en) {
     }
     for (int32_t i = 0; i < en->n_jobs; i++) {
         struct sample_job *j = &en->jobs[i];
-        if (j->st != SMELT_OK) finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, 0, j->msg);
+        if (j->spec) verify_spec(en, j->s);
+        else if (j->st != SMELT_OK) finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, 0, j->msg);
         else if (j->r.token < 0)
             finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, 0, "sampler: no token");
         else on_token(en, j->s, &j->r);
     }
+    restore_states(en);
     /* finished sequences leave */
     int32_t w = 0;
     for (int32_t i = 0; i < en->n_running; i++) {
@@ -1375,7 +1526,11 @@ static int32_t step(struct engine *en) {
     }
     en->n_running = w;
     double dt = clock_now() - t0;
+    struct spec_stats ss;
+    spec_get_stats(en->spec, &ss);
     pthread_mutex_lock(&en->smu);
+    en->stats.spec_draft_steps = ss.draft_steps;
+    en->stats.spec_draft_seconds = ss.draft_seconds;
     en->stats.steps++;
     en->stats.parallel_sample_steps = en->stats_parallel;
     en->stats.sample_full_rows = en->stats_full_rows;
@@ -1430,9 +1585,18 @@ void engine_config_defaults(struct engine_config *c) {
     if (c->max_batch_tokens < c->max_seqs) c->max_batch_tokens = c->max_seqs;
     if (c->max_waiting <= 0) c->max_waiting = DEFAULT_MAX_WAITING;
     if (c->block_size <= 0) c->block_size = DEFAULT_BLOCK;
+    if (c->spec.kind != SPEC_OFF) spec_config_defaults(&c->spec);
 }
 
-int32_t engine_max_out_rows(const struct engine_config *c) { return c->max_seqs + ENGINE_PLP_ROWS; }
+int32_t engine_max_out_rows(const struct engine_config *c) {
+    int32_t spec = 0;
+    if (c->spec.kind != SPEC_OFF) {
+        struct spec_config sc = c->spec;
+        spec_config_defaults(&sc);
+        spec = (sc.max_batch < c->max_seqs ? sc.max_batch : c->max_seqs) * sc.k_max;
+    }
+    return c->max_seqs + ENGINE_PLP_ROWS + spec;
+}
 
 smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, struct model *m,
                         struct kv_store *kv, const struct tok *tok, struct err *e) {
@@ -1529,6 +1693,14 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
             st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory (%d sequences, %d tokens)",
                          cfg.max_seqs, cfg.max_batch_tokens);
     }
+    if (st == SMELT_OK && cfg.spec.kind != SPEC_OFF) {
+        st = spec_new(&en->spec, &cfg.spec, m, n_vocab, cfg.n_blocks, cfg.block_size,
+                      cfg.max_batch_tokens, cfg.max_seqs, e);
+        en->spec_jobs = calloc(ns, sizeof *en->spec_jobs);
+        en->spec_out = calloc(SPEC_K_MAX + 1, sizeof *en->spec_out);
+        if (st == SMELT_OK && (!en->spec_jobs || !en->spec_out))
+            st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory");
+    }
     if (st == SMELT_OK) {
         pool_start(en);
         publish_state(en); /* /metrics shows the pool before the first request (published
@@ -1557,6 +1729,9 @@ void engine_free(struct engine *en) {
     }
     if (en->pool_s.inited) pool_stop(en);
     kv_pool_free(&en->pool);
+    spec_free(en->spec);
+    free(en->spec_jobs);
+    free(en->spec_out);
     free(en->jobs);
     free(en->running);
     free(en->waiting);
@@ -1633,6 +1808,9 @@ static smelt_status make_seqs(struct engine *en, struct engine_req *r, struct er
         }
         struct sample_params sp = r->p.sp;
         sp.seed = r->p.sp.seed + (uint64_t)i;
+        spec_seq_init(&s->sp, sp.seed);
+        s->sp.off = r->p.no_spec;
+        s->sp.point_mass = r->p.spec_point_mass;
         smelt_status st = sampler_new(&s->smp, &sp, en->n_vocab, e);
         if (st != SMELT_OK) return st;
         s->history = sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f ||

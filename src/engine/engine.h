@@ -29,6 +29,15 @@
  * and a prefix-cache hit or a preempted sequence's return resumes at the last cached
  * block that has a snapshot.
  *
+ * Speculation (engine_config.spec, engine/spec.h): in a step with at most spec.max_batch
+ * decoding sequences, each decoding sequence whose adaptive k is > 0 proposes up to k
+ * tokens (its KV reserved for them without preempting anyone: no room, no drafts); its
+ * last token and the drafts are rows of the step, each with logits. After the forward the
+ * rows are verified in order (spec_verify), 1..k+1 tokens are emitted, and the K/V of the
+ * rejected rows are rolled back (kv_seq_rollback; recurrent layers restore a snapshot at
+ * the end of the step and feed the accepted tokens again in the next). The prefix cache
+ * only ever registers accepted positions.
+ *
  * Sampling. A step's rows are independent (one sampler per sequence), so when a step
  * samples many large rows (rows x vocabulary >= 2^20 logits: e.g. 8 rows of a 128k
  * vocabulary) a small pool of threads samples them in parallel; the results are then
@@ -77,6 +86,7 @@
 #include "engine/kv.h"
 #include "engine/sample.h"
 #include "grammar/gram.h"
+#include "engine/spec.h"
 #include "model/batch.h"
 #include "util/err.h"
 
@@ -129,13 +139,14 @@ struct engine_config {
     engine_state_copy_fn state_copy; /* with a fake forward and n_slots (ctx: forward_ctx) */
     engine_step_fn on_step; /* NULL: none */
     void *on_step_ctx;
+    struct spec_config spec; /* speculative decoding (engine/spec.h); kind SPEC_OFF: none */
 };
 
 /* Fills the fields engine_new defaults (max_seqs, max_batch_tokens, max_waiting,
  * block_size) where they are <= 0: what the engine will run with, for sizing memory. */
 void engine_config_defaults(struct engine_config *c);
 /* The most rows a step of this configuration asks logits for (one per sequence, plus the
- * prompt-logprob rows of ENGINE_PLP_ROWS). */
+ * prompt-logprob rows of ENGINE_PLP_ROWS, plus the draft rows of speculating sequences). */
 int32_t engine_max_out_rows(const struct engine_config *c);
 
 /* Why a choice ended. */
@@ -192,6 +203,10 @@ struct engine_params {
     bool embed;               /* an embedding (n 1; an embedding model's requests all are):
                                * the prompt is run and the choice ends with its pooled vector
                                * (engine_event.embd); nothing is sampled or generated */
+    bool no_spec;             /* do not speculate for this request (engine_config.spec) */
+    bool spec_point_mass;     /* a draft model proposes its argmax, not draws from its q:
+                               * the output is the non-speculative one for the seed, whatever
+                               * the load (docs/speculative.md) */
 };
 void engine_params_default(struct engine_params *p);
 
@@ -218,6 +233,7 @@ struct engine_event {
      * state), not normalized; n_embd 0 otherwise */
     uint32_t embd;
     int32_t n_embd;
+    int32_t n_proposed, n_accepted; /* speculative draft tokens proposed, and accepted */
 };
 
 /* A batch of events taken from a channel by engine_req_poll. Zero-initialize; the poll
@@ -344,6 +360,10 @@ struct engine_stats {
     uint64_t grammar_rows;         /* rows sampled under a grammar's mask */
     double grammar_seconds;        /* host time writing their masks and accepting their
                                     * tokens (the masks overlap an asynchronous forward) */
+    uint64_t spec_steps;           /* sequence-steps that verified drafts */
+    uint64_t spec_proposed, spec_accepted; /* draft tokens */
+    uint64_t spec_draft_steps;     /* forward steps of a draft model */
+    double spec_draft_seconds;     /* time in them (inside step_seconds) */
     int32_t running, waiting;      /* sequences */
     struct kv_stats kv;
     struct engine_hist ttft, itl;  /* time to first token; inter-token latency */

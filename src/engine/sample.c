@@ -51,10 +51,13 @@ struct sampler {
     int32_t n_vocab;
     uint64_t rng[4]; /* xoshiro256** */
 
-    /* Penalty window: a ring of the last `cap` tokens (cap grows when unbounded). */
+    /* Penalty window: a ring of the last tokens (cap grows when unbounded). Windowed, the
+     * ring holds SAMPLE_MAX_UNDO tokens more than the window, already outside it (their
+     * counts removed), so sampler_unaccept can bring them back into it. */
     struct hist_entry *ring;
     int64_t ring_cap, ring_len, ring_head; /* head = index of the oldest entry */
     bool windowed;
+    int64_t window; /* windowed: the tokens counted, the newest ones */
     /* token -> counts, open addressing; slots with zero counts are cleared on rebuild */
     struct penalty_slot *slots;
     int32_t slot_cap, slot_used;
@@ -211,22 +214,31 @@ void sampler_accept(struct sampler *s, int32_t token, bool generated) {
     if (token < 0 || token >= s->n_vocab) return;
     struct hist_entry h = {token, generated};
     if (s->ring_len == s->ring_cap) {
-        if (s->windowed) { /* evict the oldest */
-            count_add(s, s->ring[s->ring_head], -1);
-            s->ring[s->ring_head] = h;
+        if (s->windowed) { /* drop the oldest: it left the window SAMPLE_MAX_UNDO tokens ago */
             s->ring_head = (s->ring_head + 1) % s->ring_cap;
-            count_add(s, h, +1);
-            return;
+            s->ring_len--;
+        } else {
+            int64_t cap = s->ring_cap * 2;
+            struct hist_entry *nr = realloc(s->ring, sizeof *nr * (size_t)cap);
+            if (!nr) return;
+            s->ring = nr;
+            s->ring_cap = cap;
         }
-        int64_t cap = s->ring_cap * 2;
-        struct hist_entry *nr = realloc(s->ring, sizeof *nr * (size_t)cap);
-        if (!nr) return;
-        s->ring = nr;
-        s->ring_cap = cap;
     }
     s->ring[(s->ring_head + s->ring_len) % s->ring_cap] = h;
     s->ring_len++;
     count_add(s, h, +1);
+    if (s->windowed && s->ring_len > s->window) /* the token that leaves the window */
+        count_add(s, s->ring[(s->ring_head + s->ring_len - 1 - s->window) % s->ring_cap], -1);
+}
+
+void sampler_unaccept(struct sampler *s, int32_t n) {
+    for (int32_t i = 0; i < n && s->ring_len > 0; i++) {
+        count_add(s, s->ring[(s->ring_head + s->ring_len - 1) % s->ring_cap], -1);
+        s->ring_len--;
+        if (s->windowed && s->ring_len >= s->window) /* the token that comes back into it */
+            count_add(s, s->ring[(s->ring_head + s->ring_len - s->window) % s->ring_cap], +1);
+    }
 }
 
 void sampler_reset_history(struct sampler *s) {
@@ -255,7 +267,8 @@ smelt_status sampler_new(struct sampler **out, const struct sample_params *p, in
     uint64_t seed = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&seed);
     s->windowed = p->penalty_last_n > 0;
-    s->ring_cap = s->windowed ? p->penalty_last_n : 256;
+    s->window = s->windowed ? p->penalty_last_n : 0;
+    s->ring_cap = s->windowed ? (int64_t)p->penalty_last_n + SAMPLE_MAX_UNDO : 256;
     s->ring = malloc(sizeof *s->ring * (size_t)s->ring_cap);
     s->slot_cap = 64;
     s->slots = malloc(sizeof *s->slots * (size_t)s->slot_cap);
@@ -558,14 +571,21 @@ static inline bool is_tail(float a, int32_t i, const struct topk_cand *last) {
     return a < last->logit || (a == last->logit && topk_key(a, i) < topk_key(last->logit, last->token));
 }
 
-/* The nucleus (need: top_p x total; INFINITY for none) and the min-p cut (zmin) both fall
- * past the candidates, which are all kept. One pass histograms the mass of the other
- * tokens by bucket of z (only z >= max(zmin, -ZCUT): the kept set is the shorter of the
- * two ranked prefixes, so tokens below the min-p cut never matter); the nucleus ends in
- * one bucket, whose tokens alone are collected and sorted; the draw walks the kept
- * tokens in token order. */
-static smelt_status nucleus_full(struct sampler *s, const struct view *v, double need, float zmin,
-                                 int32_t *tok) {
+/* Where a nucleus (need: top_p x total; INFINITY for none) and a min-p cut (zmin) that both
+ * fall past the candidates (which are all kept) cut the rest of the row. */
+struct ncut {
+    int bcut;         /* buckets below it are kept whole; NBUCKET: no nucleus cut */
+    uint64_t cut_key; /* in the cut bucket, keys >= it are kept */
+    float zlo;        /* tokens with z below it are never kept */
+    double kept;      /* mass of everything kept: candidates and tail */
+};
+
+/* One pass histograms the mass of the other tokens by bucket of z (only z >= max(zmin,
+ * -ZCUT): the kept set is the shorter of the two ranked prefixes, so tokens below the min-p
+ * cut never matter); the nucleus ends in one bucket, whose tokens alone are collected and
+ * sorted. */
+static smelt_status nucleus_cut(struct sampler *s, const struct view *v, double need, float zmin,
+                                struct ncut *nc) {
     const float mx = v->mx, inv_t = v->inv_t;
     const struct topk_cand *last = &v->cand[v->n - 1];
     const float zlo = zmin > -ZCUT ? zmin : -ZCUT;
@@ -582,7 +602,7 @@ static smelt_status nucleus_full(struct sampler *s, const struct view *v, double
         mass[b] += weight(a, mx, inv_t);
         count[b]++;
     }
-    int bcut = NBUCKET; /* buckets below it are kept whole; NBUCKET: no nucleus cut */
+    int bcut = NBUCKET;
     double before = cmass;
     for (int b = 0; b < NBUCKET; b++) {
         if (before + mass[b] >= need) {
@@ -610,20 +630,34 @@ static smelt_status nucleus_full(struct sampler *s, const struct view *v, double
             if (kept >= need) break;
         }
     }
-    /* the draw walks every kept token (candidates and tail) in token order */
-    const uint64_t cut_key = n_cut > 0 ? s->keys[n_cut - 1] : UINT64_MAX;
-    double u = rng_uniform(s->rng) * kept, run = 0.0;
+    *nc = (struct ncut){bcut, n_cut > 0 ? s->keys[n_cut - 1] : UINT64_MAX, zlo, kept};
+    return SMELT_OK;
+}
+
+/* Whether a token past the candidates (adjusted logit a) is kept by the cut. */
+static bool ncut_keeps(const struct view *v, const struct ncut *nc, float a, int32_t i) {
+    if (!(a > -INFINITY)) return false;
+    float z = (a - v->mx) * v->inv_t;
+    if (!(z >= nc->zlo)) return false;
+    int b = bucket_of(z);
+    return b < nc->bcut || (b == nc->bcut && topk_key(a, i) >= nc->cut_key);
+}
+
+/* The nucleus and min-p cut past the candidates (nucleus_cut), then a draw that walks every
+ * kept token (candidates and tail) in token order. */
+static smelt_status nucleus_full(struct sampler *s, const struct view *v, double need, float zmin,
+                                 int32_t *tok) {
+    struct ncut nc;
+    if (nucleus_cut(s, v, need, zmin, &nc) != SMELT_OK) return SMELT_ERR_NOMEM;
+    const float mx = v->mx, inv_t = v->inv_t;
+    const struct topk_cand *last = &v->cand[v->n - 1];
+    double u = rng_uniform(s->rng) * nc.kept, run = 0.0;
     *tok = last->token;
-    w = walk_of(s);
+    struct adj_walk w = walk_of(s);
     for (int32_t i = 0; i < s->n_vocab; i++) {
         float a = adj_value(&w, v->row, i);
         if (!(a > -INFINITY)) continue;
-        float z = (a - mx) * inv_t;
-        if (is_tail(a, i, last)) {
-            if (!(z >= zlo)) continue;
-            int b = bucket_of(z);
-            if (b > bcut || (b == bcut && topk_key(a, i) < cut_key)) continue;
-        }
+        if (is_tail(a, i, last) && !ncut_keeps(v, &nc, a, i)) continue;
         *tok = i;
         run += weight(a, mx, inv_t);
         if (u < run) break;
@@ -858,43 +892,377 @@ static smelt_status finish(struct sampler *s, const struct view *v, struct sampl
     return SMELT_OK;
 }
 
-smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
-                            const struct topk_cand *cand, const float *adj_raw,
-                            const float *row, struct sample_result *out, struct err *e) {
-    memset(out, 0, sizeof *out);
-    out->token = -1;
-    if (!s->requested)
-        return s->req_nomem ? err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory")
-                            : err_set(e, SMELT_ERR_INTERNAL, "sampler: no open request");
-    if (row && s->mask) { /* the full-row passes see the masked row */
-        if (!s->mrow && !(s->mrow = malloc(sizeof *s->mrow * (size_t)s->n_vocab)))
-            return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
-        for (int32_t i = 0; i < s->n_vocab; i++)
-            s->mrow[i] = topk_allowed(s->mask, i) ? row[i] : -INFINITY;
-        row = s->mrow;
-    }
+/* The view of the open request's row: from the summary, or (a request that asked for
+ * nothing) from a summary made here of the row. False when that needs the row. */
+static bool make_view(struct sampler *s, const struct topk_summary *sum,
+                      const struct topk_cand *cand, const float *adj_raw, const float *row,
+                      struct view *v, struct topk_cand *one) {
     if (s->host_only) {
-        if (!row) {
-            out->token = SAMPLE_NEED_ROW;
-            return SMELT_OK;
-        }
+        if (!row) return false;
         topk_summarize_row(row, s->n_vocab, &s->req, s->adj, NULL, &s->hsum, s->hcand, s->raw_host);
         sum = &s->hsum;
         cand = s->hcand;
         adj_raw = s->raw_host;
     }
-    struct topk_cand one = {sum->top_token, sum->top_logit};
-    struct view v = {.sum = sum, .adj_raw = adj_raw, .row = row, .inv_t = s->req.inv_t};
-    v.n = imax(0, imin(sum->n_cand, s->req.k));
-    v.cand = s->req.k == 1 ? &one : cand;
-    v.complete = v.n == sum->n_finite;
-    v.mx = v.n > 0 ? v.cand[0].logit : -INFINITY;
-    smelt_status st = finish(s, &v, out, e);
+    *one = (struct topk_cand){sum->top_token, sum->top_logit};
+    *v = (struct view){.sum = sum, .adj_raw = adj_raw, .row = row, .inv_t = s->req.inv_t};
+    v->n = imax(0, imin(sum->n_cand, s->req.k));
+    v->cand = s->req.k == 1 ? one : cand;
+    v->complete = v->n == sum->n_finite;
+    v->mx = v->n > 0 ? v->cand[0].logit : -INFINITY;
+    return true;
+}
+
+/* Checks that a request is open; with a token mask, *row (when given) becomes the row with
+ * the mask applied, which the full-row passes then see. */
+static smelt_status check_open(struct sampler *s, const float **row, struct sample_result *out,
+                               struct err *e) {
+    memset(out, 0, sizeof *out);
+    out->token = -1;
+    if (!s->requested)
+        return s->req_nomem ? err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory")
+                            : err_set(e, SMELT_ERR_INTERNAL, "sampler: no open request");
+    if (*row && s->mask) {
+        if (!s->mrow && !(s->mrow = malloc(sizeof *s->mrow * (size_t)s->n_vocab)))
+            return err_set(e, SMELT_ERR_NOMEM, "sampler: out of memory");
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            s->mrow[i] = topk_allowed(s->mask, i) ? (*row)[i] : -INFINITY;
+        *row = s->mrow;
+    }
+    return SMELT_OK;
+}
+
+smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
+                            const struct topk_cand *cand, const float *adj_raw,
+                            const float *row, struct sample_result *out, struct err *e) {
+    smelt_status st = check_open(s, &row, out, e);
+    if (st != SMELT_OK) return st;
+    struct view v;
+    struct topk_cand one;
+    if (!make_view(s, sum, cand, adj_raw, row, &v, &one)) {
+        out->token = SAMPLE_NEED_ROW;
+        return SMELT_OK;
+    }
+    st = finish(s, &v, out, e);
     if (st != SMELT_OK || out->token != SAMPLE_NEED_ROW) {
         s->requested = false;
         s->pend = PEND_NONE;
     }
     return st;
+}
+
+void sampler_reopen(struct sampler *s, const struct topk_row *row) {
+    if (prepare(s) && row->k == 0) s->host_only = true;
+}
+
+/* ---- speculative verification ----
+ *
+ * The row's sampling distribution p (temperature > 0) as the draws above define it: a set of
+ * kept tokens, each with probability weight(a) / mass. Three shapes:
+ *   KEPT_RANK     a ranked prefix: tokens whose key is >= min_key (top-k; a top-p nucleus or
+ *                 min-p cut that ends inside the candidates; all the candidates when they are
+ *                 every finite token);
+ *   KEPT_ALL      every finite token (no truncation, more tokens than the candidates);
+ *   KEPT_NUCLEUS  the candidates and the tail tokens a struct ncut keeps (a nucleus or
+ *                 min-p cut past the candidates). */
+enum kept_kind { KEPT_RANK, KEPT_ALL, KEPT_NUCLEUS };
+
+struct kept {
+    enum kept_kind kind;
+    uint64_t min_key; /* KEPT_RANK */
+    bool in_cands;    /* KEPT_RANK: every kept token is a candidate */
+    double mass;
+    struct ncut nc; /* KEPT_NUCLEUS */
+};
+
+/* The mass of the ranked prefix c[0..m) (rank order). */
+static double prefix_mass(const struct topk_cand *c, int64_t m, float mx, float inv_t) {
+    double t = 0.0;
+    for (int64_t i = 0; i < m; i++) t += weight(c[i].logit, mx, inv_t);
+    return t;
+}
+
+/* How finish_top_k cuts c[0..m): the kept prefix length. */
+static int64_t top_k_keep(const struct sampler *s, const struct topk_cand *c, int64_t m, float mx,
+                          float inv_t, float zmin) {
+    double need = s->p.top_p < 1.0f ? s->p.top_p * prefix_mass(c, m, mx, inv_t) : INFINITY;
+    double acc = 0.0;
+    int64_t keep = 0;
+    while (keep < m) {
+        float z = (c[keep].logit - mx) * inv_t;
+        if (keep > 0 && z < zmin) break;
+        acc += weight(c[keep].logit, mx, inv_t);
+        keep++;
+        if (acc >= need) break;
+    }
+    return keep;
+}
+
+static void kept_rank(struct kept *k, const struct topk_cand *c, int64_t keep, float mx, float inv_t,
+                      bool in_cands) {
+    k->kind = KEPT_RANK;
+    k->min_key = topk_key(c[keep - 1].logit, c[keep - 1].token);
+    k->in_cands = in_cands;
+    k->mass = prefix_mass(c, keep, mx, inv_t);
+}
+
+/* The kept set of the row as choose() draws from it. *need: the row is needed (v->row is
+ * NULL). */
+static smelt_status kept_of(struct sampler *s, const struct view *v, struct kept *k, bool *need) {
+    const struct sample_params *p = &s->p;
+    const float mx = v->mx, inv_t = v->inv_t;
+    const float zmin = p->min_p > 0.0f ? logf(p->min_p) : -INFINITY;
+    *need = false;
+    memset(k, 0, sizeof *k);
+    if (p->top_k > 0 && p->top_k < s->n_vocab) {
+        if (p->top_k <= v->n || v->complete) {
+            int64_t m = imin(p->top_k, v->n);
+            kept_rank(k, v->cand, top_k_keep(s, v->cand, m, mx, inv_t, zmin), mx, inv_t, true);
+            return SMELT_OK;
+        }
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        /* the top_k tokens of the whole row, ranked (as top_k_full) */
+        int64_t kk = p->top_k, n = 0;
+        if (!array_grow((void **)&s->keys, &s->keys_cap, kk, sizeof *s->keys) ||
+            !array_grow((void **)&s->list, &s->list_cap, kk, sizeof *s->list))
+            return SMELT_ERR_NOMEM;
+        struct adj_walk w = walk_of(s);
+        for (int32_t i = 0; i < s->n_vocab; i++) {
+            float a = adj_value(&w, v->row, i);
+            if (a > -INFINITY) key_offer(s->keys, &n, kk, topk_key(a, i));
+        }
+        qsort(s->keys, (size_t)n, sizeof *s->keys, key_desc);
+        for (int64_t i = 0; i < n; i++)
+            s->list[i] = (struct topk_cand){topk_key_token(s->keys[i]), topk_key_logit(s->keys[i])};
+        kept_rank(k, s->list, top_k_keep(s, s->list, n, mx, inv_t, zmin), mx, inv_t, false);
+        return SMELT_OK;
+    }
+    int64_t cut = minp_cut(v->cand, v->n, mx, inv_t, zmin);
+    if (p->top_p < 1.0f) {
+        double total = v->complete ? prefix_mass(v->cand, v->n, mx, inv_t) : (double)v->sum->sum_adj;
+        double want = p->top_p * total, acc = 0.0;
+        int64_t end = -1;
+        for (int32_t i = 0; i < v->n && end < 0; i++) {
+            acc += weight(v->cand[i].logit, mx, inv_t);
+            if (acc >= want) end = i + 1;
+        }
+        if (end < 0 && v->complete) end = v->n;
+        if (end > 0 || cut > 0) {
+            int64_t keep = end > 0 && (cut < 0 || end < cut) ? end : cut;
+            kept_rank(k, v->cand, keep, mx, inv_t, true);
+            return SMELT_OK;
+        }
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        k->kind = KEPT_NUCLEUS;
+        if (nucleus_cut(s, v, want, zmin, &k->nc) != SMELT_OK) return SMELT_ERR_NOMEM;
+        k->mass = k->nc.kept;
+        return SMELT_OK;
+    }
+    if (p->min_p > 0.0f) {
+        if (cut > 0 || v->complete) {
+            kept_rank(k, v->cand, cut > 0 ? cut : v->n, mx, inv_t, true);
+            return SMELT_OK;
+        }
+        if (!v->row) {
+            *need = true;
+            return SMELT_OK;
+        }
+        k->kind = KEPT_NUCLEUS;
+        if (nucleus_cut(s, v, INFINITY, zmin, &k->nc) != SMELT_OK) return SMELT_ERR_NOMEM;
+        k->mass = k->nc.kept;
+        return SMELT_OK;
+    }
+    if (v->complete) {
+        kept_rank(k, v->cand, v->n, mx, inv_t, true);
+        return SMELT_OK;
+    }
+    k->kind = KEPT_ALL;
+    k->mass = (double)v->sum->sum_adj;
+    return SMELT_OK;
+}
+
+/* The adjusted logit of token t: from the row, the candidates, or the raw logit of an
+ * adjusted token. False when only the row has it. */
+static bool adjusted_of(const struct sampler *s, const struct view *v, int32_t t, float *a) {
+    int32_t ai = adj_find(s, t);
+    float raw;
+    if (v->row) {
+        raw = v->row[t];
+    } else {
+        for (int32_t i = 0; i < v->n; i++)
+            if (v->cand[i].token == t) {
+                *a = v->cand[i].logit;
+                return true;
+            }
+        if (ai < 0 || !v->adj_raw) return false;
+        raw = v->adj_raw[ai];
+    }
+    float x = raw;
+    for (int32_t j = ai; j >= 0 && j < s->req.adj_n && s->adj[j].token == t; j++)
+        x = topk_adj_apply(x, &s->adj[j]);
+    *a = x;
+    return true;
+}
+
+/* p(t) under the kept set k. False when it needs the row. */
+static bool kept_prob(const struct sampler *s, const struct view *v, const struct kept *k,
+                      int32_t t, double *pr) {
+    *pr = 0.0;
+    if (t < 0 || t >= s->n_vocab) return true;
+    float a;
+    if (!adjusted_of(s, v, t, &a)) {
+        /* not a candidate, so it ranks after all of them */
+        return k->kind == KEPT_RANK && k->in_cands;
+    }
+    if (!(a > -INFINITY)) return true;
+    bool keep = true;
+    if (k->kind == KEPT_RANK) {
+        keep = topk_key(a, t) >= k->min_key;
+    } else if (k->kind == KEPT_NUCLEUS) {
+        const struct topk_cand *last = &v->cand[v->n - 1];
+        keep = !is_tail(a, t, last) || ncut_keeps(v, &k->nc, a, t);
+    }
+    if (keep) *pr = weight(a, v->mx, v->inv_t) / k->mass;
+    return true;
+}
+
+static double q_of(const struct sample_q *q, int32_t t) {
+    int32_t lo = 0, hi = q->n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (q->token[mid] < t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < q->n && q->token[lo] == t ? (double)q->prob[lo] : 0.0;
+}
+
+/* A draw from norm(max(0, p - q)) over the whole row, in token order (two passes). */
+static int32_t residual_walk(struct sampler *s, const struct view *v, const struct kept *k,
+                             const struct sample_q *q) {
+    double total = 0.0;
+    for (int pass = 0; pass < 2; pass++) {
+        double u = pass ? rng_uniform(s->rng) * total : 0.0, run = 0.0;
+        int32_t last = -1;
+        for (int32_t t = 0; t < s->n_vocab; t++) {
+            double pt;
+            kept_prob(s, v, k, t, &pt); /* with the row: always known */
+            double r = pt - q_of(q, t);
+            if (!(r > 0.0)) continue;
+            last = t;
+            run += r;
+            if (pass && u < run) return t;
+        }
+        if (!pass) total = run;
+        if (!pass && !(total > 0.0)) return v->cand[0].token; /* p = q: a rejection had odds 0 */
+        if (pass) return last;
+    }
+    return v->cand[0].token;
+}
+
+/* Accepts the draft with probability min(1, p(draft) / q(draft)), else draws from
+ * norm(max(0, p - q)): by rejection from p (draw y from p, keep it with probability
+ * max(0, p(y) - q(y)) / p(y)) up to 64 times, then exactly over the row. *need: the row
+ * is needed (v->row NULL). */
+static smelt_status verify_sampled(struct sampler *s, const struct view *v, int32_t draft,
+                                   const struct sample_q *q, int32_t *tok, bool *accepted,
+                                   bool *need) {
+    struct kept k;
+    *accepted = false;
+    smelt_status st = kept_of(s, v, &k, need);
+    if (st != SMELT_OK || *need) return st;
+    double pd, qd = q_of(q, draft);
+    if (!kept_prob(s, v, &k, draft, &pd)) {
+        *need = true;
+        return SMELT_OK;
+    }
+    double u = rng_uniform(s->rng);
+    if (qd > 0.0 && u * qd <= pd) {
+        *tok = draft;
+        *accepted = true;
+        return SMELT_OK;
+    }
+    for (int it = 0; it < 64; it++) {
+        int32_t y = -1;
+        st = choose(s, v, &y, need);
+        if (st != SMELT_OK || *need) return st;
+        double py, qy = q_of(q, y);
+        if (!kept_prob(s, v, &k, y, &py)) {
+            *need = true;
+            return SMELT_OK;
+        }
+        double u2 = rng_uniform(s->rng);
+        if (qy <= 0.0 || u2 * py < py - qy) {
+            *tok = y;
+            return SMELT_OK;
+        }
+    }
+    if (!v->row) {
+        *need = true;
+        return SMELT_OK;
+    }
+    *tok = residual_walk(s, v, &k, q);
+    return SMELT_OK;
+}
+
+smelt_status sampler_verify(struct sampler *s, const struct topk_summary *sum,
+                            const struct topk_cand *cand, const float *adj_raw, const float *row,
+                            int32_t draft, const struct sample_q *q, struct sample_result *out,
+                            bool *accepted, struct err *e) {
+    *accepted = false;
+    if (draft < 0 || !q || q->n <= 0 || s->p.temperature == 0.0f) {
+        smelt_status st = sampler_finish(s, sum, cand, adj_raw, row, out, e);
+        *accepted = st == SMELT_OK && draft >= 0 && out->token == draft;
+        return st;
+    }
+    smelt_status st = check_open(s, &row, out, e);
+    if (st != SMELT_OK) return st;
+    struct view v;
+    struct topk_cand one;
+    if (!make_view(s, sum, cand, adj_raw, row, &v, &one)) {
+        out->token = SAMPLE_NEED_ROW;
+        return SMELT_OK;
+    }
+    if (v.n <= 0) {
+        s->requested = false;
+        return err_set(e, SMELT_ERR_INVALID, "sampler: every token is banned or NaN");
+    }
+    /* a call that needs the row gives back its draws: the call with the row makes them again */
+    uint64_t rng0[4];
+    memcpy(rng0, s->rng, sizeof rng0);
+    s->pend = PEND_NONE;
+    int32_t tok = -1;
+    bool need = false;
+    st = verify_sampled(s, &v, draft, q, &tok, accepted, &need);
+    if (st != SMELT_OK) {
+        s->requested = false;
+        return err_set(e, st, "sampler: out of memory");
+    }
+    if (!need && s->p.n_logprobs >= 0) {
+        float raw = 0.0f;
+        if (!(v.sum->lse_raw > -INFINITY)) {
+            s->requested = false;
+            return err_set(e, SMELT_ERR_INVALID, "sampler: every logit is -inf or NaN");
+        }
+        need = !raw_of(s, &v, tok, &raw) || (s->p.n_logprobs > 0 && !top_logprobs(s, &v, out));
+        out->logprob = raw - v.sum->lse_raw;
+    }
+    s->pend = PEND_NONE;
+    if (need) {
+        memcpy(s->rng, rng0, sizeof rng0);
+        *accepted = false;
+        out->n_top = 0;
+        out->token = SAMPLE_NEED_ROW;
+        return SMELT_OK;
+    }
+    out->token = tok;
+    s->requested = false;
+    return SMELT_OK;
 }
 
 smelt_status sampler_sample(struct sampler *s, const float *logits, struct sample_result *out,

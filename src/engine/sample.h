@@ -43,6 +43,8 @@
 #include "util/err.h"
 
 #define SAMPLE_MAX_LOGPROBS 20
+/* Tokens sampler_unaccept can take back (speculative decoding's drafts). */
+#define SAMPLE_MAX_UNDO 32
 
 struct logit_bias {
     int32_t token;
@@ -92,6 +94,10 @@ void sampler_free(struct sampler *s);
  * each sampled token with generated=true) for the penalties. */
 void sampler_accept(struct sampler *s, int32_t token, bool generated);
 
+/* Takes back the last n tokens sampler_accept recorded (n <= SAMPLE_MAX_UNDO): the history,
+ * and with it the penalties, is as before they were accepted. */
+void sampler_unaccept(struct sampler *s, int32_t n);
+
 /* Forgets the history (e.g. a new request on a reused sampler); the RNG keeps going. */
 void sampler_reset_history(struct sampler *s);
 
@@ -123,6 +129,40 @@ int32_t sampler_request(struct sampler *s, struct topk_row *row, struct logit_ad
 smelt_status sampler_finish(struct sampler *s, const struct topk_summary *sum,
                             const struct topk_cand *cand, const float *adj_raw,
                             const float *row, struct sample_result *out, struct err *e);
+
+/* Opens again the request of a row made earlier by sampler_request (which filled *row),
+ * with the same history as then: the adjustments are rebuilt, so sampler_finish or
+ * sampler_verify can then finish that row (speculative decoding requests several rows of
+ * one sequence before the step, then finishes them one by one). row->k == 0 (the request
+ * asked for nothing) makes the row's summary on the host from the full row. */
+void sampler_reopen(struct sampler *s, const struct topk_row *row);
+
+/* A sampled draft's proposal distribution: q(token[i]) = prob[i] over n tokens, token
+ * ascending; q is 0 elsewhere. */
+struct sample_q {
+    int32_t n;
+    const int32_t *token;
+    const float *prob;
+};
+
+/* Verifies a draft token against the open request's row (speculative decoding), with the
+ * same inputs as sampler_finish. Sets out->token to the token the row emits and *accepted
+ * when that is the draft:
+ *   - greedy, or q NULL (a deterministic proposal: q is a point mass on the draft): the
+ *     token sampler_finish picks, with the same random draw; accepted when it equals the
+ *     draft. This is rejection sampling with a point mass (accepted with probability
+ *     p(draft), else a draw from p without the draft, which is norm(max(0, p - q))), and a
+ *     run verified this way emits exactly the tokens sampler_finish would have;
+ *   - q given (a sampled draft): accepted when u <= p(draft) / q(draft), else a draw from
+ *     norm(max(0, p - q)).
+ * p is the row's distribution after the adjustments, temperature and truncation, exactly
+ * as sampler_finish draws from it. draft < 0: sampler_finish. SAMPLE_NEED_ROW as for
+ * sampler_finish (the draws are made again by the call with the row); logprobs of the
+ * emitted token when asked. Does not accept the token. */
+smelt_status sampler_verify(struct sampler *s, const struct topk_summary *sum,
+                            const struct topk_cand *cand, const float *adj_raw, const float *row,
+                            int32_t draft, const struct sample_q *q, struct sample_result *out,
+                            bool *accepted, struct err *e);
 
 /* Picks the next token from the raw logits[n_vocab] in host memory (request + summary on
  * the host + finish). logits are not modified. Does not accept the token. */

@@ -286,6 +286,7 @@ struct fake {
     int nv; /* logit row length (0: VOCAB); ids >= VOCAB get -inf-ish logits */
     bool noisy; /* the other tokens get logits in [0, 1) from (token, position, id), not 0:
                  * a mask's choice among them depends on the row's inputs */
+    bool soft; /* the words get spread logits (a sampled choice is not the argmax) */
     int sleep_us;
     long rows, steps;
     int max_rows_seen;
@@ -306,7 +307,13 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
             h *= 2654435761u;
             row[v] = (float)(h >> 8) / (float)(1u << 24);
         }
-        row[f->next(b->token[i], b->pos[i])] = 10.0f;
+        if (f->soft) {
+            for (int v = WORD0; v < VOCAB; v++)
+                row[v] = 0.4f * (float)((b->token[i] * 31 + v * 17 + b->pos[i] % 3) % 7);
+            row[f->next(b->token[i], b->pos[i])] += 1.5f;
+        } else {
+            row[f->next(b->token[i], b->pos[i])] = 10.0f;
+        }
     }
     f->rows += b->n_tokens;
     f->steps++;
@@ -375,6 +382,7 @@ struct result {
     int finish[ENGINE_MAX_N];
     int stop[ENGINE_MAX_N]; /* the final event's stop (1 + stop string index) */
     int n_prompt, n_cached[ENGINE_MAX_N], n_gen[ENGINE_MAX_N];
+    int n_proposed[ENGINE_MAX_N], n_accepted[ENGINE_MAX_N];
     float logprob0;
     int n_top0;
     int n_events;
@@ -415,6 +423,8 @@ static void collect(struct engine_req *r, struct result *res, int cancel_after) 
                 res->n_prompt = ev->n_prompt;
                 res->n_cached[c] = ev->n_cached;
                 res->n_gen[c] = ev->n_gen;
+                res->n_proposed[c] = ev->n_proposed;
+                res->n_accepted[c] = ev->n_accepted;
             }
             res->n_events++;
             if (cancel_after > 0 && res->n_events == cancel_after) engine_req_cancel(r);
@@ -1605,6 +1615,207 @@ static void test_grammar_batch(void) {
     }
     engine_free(en);
     engine_free(solo);
+/* ---- speculative decoding ----
+ * "cycle": after word w comes w + 1 among the first six words, except that at positions
+ * divisible by 5 the word jumps elsewhere: an n-gram finds repeats everywhere, is right
+ * most of the time and wrong at the jumps. Never eos. */
+static int32_t cycle_next(int32_t t, int32_t pos) {
+    if (t < WORD0 || t >= VOCAB) return WORD0;
+    int32_t w = t - WORD0;
+    w = pos % 5 == 0 ? (w * 7 + 3) % N_WORDS : (w + 1) % 6;
+    return WORD0 + w;
+}
+
+static struct engine *mk_spec(struct fake *f, int n_blocks, int max_seqs, int k_max) {
+    struct engine_config c = fake_config(f, n_blocks, 4, max_seqs, 64, 64, 256);
+    c.spec.kind = SPEC_NGRAM;
+    c.spec.k_max = k_max;
+    c.spec.ngram_min = 1;
+    c.spec.max_batch = max_seqs;
+    c.spec.row_cost = 0.01f;
+    return start_engine(&c);
+}
+
+/* Greedy: n-gram speculation emits exactly the greedy continuation (an independent
+ * expectation), for several sequences at once, with drafts both accepted and rejected;
+ * a follow-up turn finds as many cached tokens as without speculation (the prefix cache
+ * holds only accepted positions). */
+static void test_spec_greedy(void) {
+    enum { NREQ = 6, NP = 9, MAXT = 60 };
+    struct fake f = {.next = cycle_next}, f0 = {.next = cycle_next};
+    struct engine *en = mk_spec(&f, 256, 8, 6), *en0 = mk_engine(&f0, 256, 4, 8, 64, 64, 256);
+    if (!en || !en0) return;
+    unsigned long long rs = 5;
+    int32_t prompts[NREQ][NP];
+    struct engine_req *rr[NREQ];
+    struct engine_params p;
+    greedy(&p, MAXT);
+    for (int i = 0; i < NREQ; i++) {
+        random_prompt(prompts[i], NP, &rs);
+        rr[i] = submit(en, &p, prompts[i], NP);
+    }
+    int proposed = 0, accepted = 0;
+    int32_t expv[MAXT];
+    for (int i = 0; i < NREQ; i++) {
+        if (!rr[i]) continue;
+        struct result res;
+        collect(rr[i], &res, 0);
+        bool eos;
+        int n = expect_tokens(cycle_next, prompts[i], NP, MAXT, expv, &eos);
+        T_EQ_INT(res.n_tokens[0], n);
+        T_CHECK(memcmp(res.tokens[0], expv, (size_t)n * sizeof *expv) == 0);
+        T_EQ_INT(res.finish[0], ENGINE_LENGTH);
+        proposed += res.n_proposed[0];
+        accepted += res.n_accepted[0];
+        result_free(&res);
+        engine_req_unref(rr[i]);
+    }
+    printf("spec greedy: %d proposed, %d accepted\n", proposed, accepted);
+    T_CHECK(accepted > MAXT * NREQ / 4); /* most repeats are right */
+    T_CHECK(accepted < proposed);        /* and the jumps are not */
+    /* the follow-up turn: the prompt, the answer and more */
+    int32_t turn2[NP + MAXT + 3];
+    memcpy(turn2, prompts[0], sizeof prompts[0]);
+    bool eos;
+    expect_tokens(cycle_next, prompts[0], NP, MAXT, turn2 + NP, &eos);
+    random_prompt(turn2 + NP + MAXT, 3, &rs);
+    int cached[2];
+    for (int k = 0; k < 2; k++) {
+        greedy(&p, 4);
+        struct engine_req *r = submit(k ? en0 : en, &p, turn2, NP + MAXT + 3);
+        if (k) { /* the engine without speculation needs the first turn too */
+            struct engine_req *r0 = NULL;
+            engine_req_unref(r);
+            greedy(&p, MAXT);
+            r0 = submit(en0, &p, prompts[0], NP);
+            struct result res;
+            if (r0) collect(r0, &res, 0), result_free(&res);
+            engine_req_unref(r0);
+            greedy(&p, 4);
+            r = submit(en0, &p, turn2, NP + MAXT + 3);
+        }
+        struct result res;
+        cached[k] = -1;
+        if (r) {
+            collect(r, &res, 0);
+            cached[k] = res.n_cached[0];
+            result_free(&res);
+        }
+        engine_req_unref(r);
+    }
+    T_EQ_INT(cached[0], cached[1]);
+    T_CHECK(cached[0] >= NP + MAXT - 4);
+    wait_idle(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    T_CHECK(st.spec_proposed >= (uint64_t)proposed); /* and the follow-ups' */
+    T_CHECK(st.spec_steps > 0);
+    T_EQ_INT(st.kv.used, 0);
+    engine_free(en);
+    engine_free(en0);
+}
+
+/* Sampled, with a deterministic proposer: the tokens are those of the same seeds without
+ * speculation, token for token (the coupled draw of sampler_verify); a request that opts
+ * out proposes nothing. */
+static void test_spec_sampled_same_seed(void) {
+    enum { NREQ = 4, NP = 7, MAXT = 80 };
+    struct fake f = {.next = cycle_next, .soft = true}, f0 = {.next = cycle_next, .soft = true};
+    struct engine *en = mk_spec(&f, 512, 8, 4), *en0 = mk_engine(&f0, 512, 4, 8, 64, 64, 256);
+    if (!en || !en0) return;
+    unsigned long long rs = 11;
+    int32_t prompt[NP];
+    int accepted = 0, proposed = 0;
+    for (int i = 0; i < NREQ; i++) {
+        random_prompt(prompt, NP, &rs);
+        struct engine_params p;
+        engine_params_default(&p);
+        p.max_tokens = MAXT;
+        p.sp.temperature = 0.7f + 0.2f * (float)i;
+        p.sp.top_p = i == 1 ? 0.9f : 1.0f;
+        p.sp.top_k = i == 2 ? 5 : 0;
+        p.sp.repetition_penalty = i == 3 ? 1.3f : 1.0f; /* each row its own request */
+        p.sp.seed = 1000 + (uint64_t)i;
+        p.n = 2;
+        struct result a, b;
+        struct engine_req *r = submit(en, &p, prompt, NP), *r0 = submit(en0, &p, prompt, NP);
+        if (r) collect(r, &a, 0);
+        if (r0) collect(r0, &b, 0);
+        for (int c = 0; r && r0 && c < 2; c++) {
+            T_EQ_INT(a.n_tokens[c], b.n_tokens[c]);
+            T_CHECK(memcmp(a.tokens[c], b.tokens[c], sizeof(int32_t) * (size_t)b.n_tokens[c]) == 0);
+            accepted += a.n_accepted[c];
+            proposed += a.n_proposed[c];
+        }
+        if (r) result_free(&a);
+        if (r0) result_free(&b);
+        engine_req_unref(r);
+        engine_req_unref(r0);
+    }
+    printf("spec sampled: %d proposed, %d accepted\n", proposed, accepted);
+    T_CHECK(accepted > 0 && accepted < proposed);
+    struct engine_params p;
+    greedy(&p, 20);
+    p.no_spec = true;
+    struct engine_req *r = submit(en, &p, prompt, NP);
+    if (r) {
+        struct result res;
+        collect(r, &res, 0);
+        T_EQ_INT(res.n_proposed[0], 0);
+        result_free(&res);
+    }
+    engine_req_unref(r);
+    engine_free(en);
+    engine_free(en0);
+}
+
+/* Recurrent layers: rejected drafts restore a snapshot and feed the accepted tokens again;
+ * the text is still exactly the solo greedy one. */
+static void test_spec_recurrent(void) {
+    struct rec f;
+    memset(&f, 0, sizeof f);
+    for (int i = 0; i < REC_SLOTS; i++) f.pos[i] = -1;
+    struct engine_config c = {0};
+    c.n_blocks = 128;
+    c.block_size = 4;
+    c.max_seqs = 4;
+    c.max_batch_tokens = 64;
+    c.max_waiting = 64;
+    c.n_ctx = 256;
+    c.n_vocab = VOCAB;
+    c.forward = rec_forward;
+    c.forward_ctx = &f;
+    c.n_slots = 16;
+    c.state_copy = rec_copy;
+    c.spec.kind = SPEC_NGRAM;
+    c.spec.ngram_min = 1;
+    c.spec.row_cost = 0.01f;
+    struct engine *en = start_engine(&c);
+    if (!en) return;
+    enum { NREQ = 4, NP = 6, MAXT = 60 };
+    unsigned long long rs = 23;
+    int32_t prompts[NREQ][NP];
+    struct engine_req *rr[NREQ];
+    struct engine_params p;
+    greedy(&p, MAXT);
+    for (int i = 0; i < NREQ; i++) {
+        random_prompt(prompts[i], NP, &rs);
+        rr[i] = submit(en, &p, prompts[i], NP);
+    }
+    for (int i = 0; i < NREQ; i++) {
+        if (rr[i]) rec_check(rr[i], prompts[i], NP, MAXT, 1, -1);
+        engine_req_unref(rr[i]);
+    }
+    wait_idle(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    printf("spec recurrent: %llu proposed, %llu accepted, %ld copies\n",
+           (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted, f.copies);
+    T_CHECK(st.spec_proposed > st.spec_accepted); /* rejections, so rollbacks */
+    T_CHECK(f.copies > 0);                        /* ... that restored snapshots */
+    T_EQ_INT(st.requests_finished[ENGINE_ERROR], 0);
+    T_EQ_INT(st.kv.live_slots, 0);
+    engine_free(en);
 }
 
 int main(void) {
@@ -1631,6 +1842,9 @@ int main(void) {
     T_RUN(test_prompt_logprobs);
     T_RUN(test_grammar_enforced);
     T_RUN(test_grammar_batch);
+    T_RUN(test_spec_greedy);
+    T_RUN(test_spec_sampled_same_seed);
+    T_RUN(test_spec_recurrent);
     tok_free(tk);
     return t_done();
 }
