@@ -24,7 +24,7 @@ smelt_status cli_model_load(const char *name, const struct gguf_file *f, struct 
 smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t *tokens,
                           struct err *e) {
     *tokens = 0;
-    uint64_t per_token = model_kv_block_bytes(m, r->shape.kv_type, 1);
+    uint64_t per_token = model_kv_block_bytes(m, r->shape.kv_type, 1) + r->extra_per_token;
     uint64_t state_b = model_state_slot_bytes(m) * (uint64_t)(r->n_slots > 0 ? r->n_slots : 0);
     char state[96] = "";
     if (r->used_b) *r->used_b = 0;

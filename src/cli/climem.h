@@ -39,6 +39,8 @@ struct cli_mem_req {
     uint64_t others_b;        /* device bytes other models of the process hold (memplan_in) */
     uint64_t *used_b;         /* when set: gets the device bytes this model holds (weights,
                                * activations, state, KV pool); 0 on the CPU */
+    uint64_t extra_per_token; /* KV bytes per pool token besides the model's (a draft model's
+                               * store of the same blocks: cli/clispec.h) */
     struct memplan_shape shape; /* the command's largest steps */
 };
 

@@ -20,6 +20,13 @@
  * settings in effect. Prompt and generation speeds go to stderr at the end; with -i, each
  * turn also prints "turn N: prompt P tokens (R reused from the cache), generation G
  * tokens" (P: the tokens it prefilled).
+ *
+ * Speculative decoding (--spec, --draft: cli/clispec.h, engine/spec.h): after each sampled
+ * token the proposer drafts up to k more; the token and the drafts are fed as one step with
+ * every row's summary, spec_verify keeps the agreeing prefix (or what rejection sampling
+ * accepts) and the token the first rejected row draws, and the rejected positions are rolled
+ * back. Greedy output is the non-speculative output; so is sampled output with n-gram
+ * drafts, for the same seed. The end line adds "speculation: P proposed, A accepted".
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,9 +39,11 @@
 #include "cli/cli.h"
 #include "cli/climem.h"
 #include "cli/clibackend.h"
+#include "cli/clispec.h"
 #include "cli/modelref.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
+#include "engine/spec.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "server/outp.h"
@@ -57,6 +66,7 @@ struct opts {
                      * -1 the whole context, 0 no penalty; valid when have_last_n */
     bool have_last_n;
     char from_file[128]; /* the general.sampling.* keys that set something, for -v */
+    struct cli_spec spec;
 };
 
 static void usage(FILE *f) {
@@ -80,7 +90,8 @@ static void usage(FILE *f) {
             "  --ignore-eos       keep generating past end-of-generation tokens\n"
             "  --f32-kv           F32 KV cache (default F16)\n"
             "  --allow-unknown-pretokenizer  load a tokenizer.ggml.pre smelt does not implement\n"
-            "                     with GPT-2's split (token ids may differ from the model's)\n");
+            "                     with GPT-2's split (token ids may differ from the model's)\n"
+            "%s", cli_spec_usage);
 }
 
 static bool arg_num(int argc, char **argv, int *i, double *out) {
@@ -98,6 +109,7 @@ static int parse(int argc, char **argv, struct opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double v = 0;
+        int rc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -117,6 +129,8 @@ static int parse(int argc, char **argv, struct opts *o) {
             o->system = argv[++i];
         } else if (!strcmp(a, "--backend") && i + 1 < argc) {
             o->backend = argv[++i];
+        } else if ((rc = cli_spec_arg(&o->spec, "run", argc, argv, &i)) != 0) {
+            if (rc == 2) return 2;
         } else if (a[0] == '-' && a[1] != 0) {
             if (!arg_num(argc, argv, &i, &v)) {
                 fprintf(stderr, "smelt run: %s needs a number\n", a);
@@ -251,6 +265,16 @@ struct session {
     double t_prompt, t_gen;
     int64_t n_prompt, n_gen;
     int n_turns;
+    /* speculative decoding (sp NULL: off): a verify step's rows, summaries and tokens */
+    struct spec *sp;
+    struct spec_seq ss;
+    struct topk_row vreq[SPEC_K_MAX + 1];
+    struct topk_summary vsum[SPEC_K_MAX + 1];
+    struct topk_cand *vcand;   /* ((SPEC_K_MAX + 1) * TOPK_MAX) */
+    struct logit_adj *vadj;    /* (model_adj_cap(SPEC_K_MAX + 1)) */
+    float *vraw;               /* (model_adj_cap(SPEC_K_MAX + 1)) */
+    struct sample_result vout[SPEC_K_MAX + 1];
+    int64_t n_spec_steps;
 };
 
 static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct err *e) {
@@ -262,9 +286,10 @@ static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct er
     return SMELT_OK;
 }
 
-/* Feeds ids (appended after the cached tokens) through the model; leaves the last
- * position's summary, as the sampler requested it, in s->sum / s->cand / s->adj_raw. */
-static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct err *e) {
+/* Feeds ids (appended after the cached tokens) through the model; with summary, leaves the
+ * last position's summary, as the sampler requested it, in s->sum / s->cand / s->adj_raw. */
+static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool summary,
+                         struct err *e) {
     int32_t *pos = malloc(PREFILL_CHUNK * sizeof *pos), *seq = calloc(PREFILL_CHUNK, sizeof *seq);
     if (!pos || !seq) {
         free(pos);
@@ -291,7 +316,7 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, struct
          * turn that rewrites the end of the conversation rolls back to it) */
         struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + (int32_t)take, false);
         struct batch b = {(int32_t)take, ids + done, pos, seq, NULL, 1, &view};
-        if (done + take < n) { /* an earlier chunk: its last row's logits are not used */
+        if (done + take < n || !summary) { /* its last row's logits are not used */
             st = model_forward(s->m, s->kv, &b, NULL, NULL, e);
         } else {
             int32_t n_adj = sampler_request(s->smp, &s->req, s->adj, 0, model_adj_cap(1));
@@ -339,6 +364,111 @@ static smelt_status emit(struct session *s, struct outp *op, const char *p, size
     return st;
 }
 
+/* The K/V hold n_kv positions (the first cached.n are the cached tokens); keeps the first
+ * n <= cached.n: K/V truncate; a recurrent state restarts from a snapshot and the tokens
+ * after it are fed again. */
+static smelt_status cache_keep(struct session *s, size_t n_kv, size_t n, struct err *e) {
+    if (n >= n_kv) return SMELT_OK;
+    int32_t from = (int32_t)n;
+    kv_seq_rollback(&s->pool, &s->seq, (int32_t)n, &from);
+    size_t again = n - (size_t)from;
+    s->cached.n = (size_t)from;
+    if (!again) return SMELT_OK;
+    int32_t *ids = malloc(again * sizeof *ids);
+    if (!ids) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    memcpy(ids, s->cached.v + from, again * sizeof *ids);
+    smelt_status st = feed(s, ids, again, false, e);
+    free(ids);
+    return st;
+}
+
+/* The next token from the last fed row's summary (its full row when the sampler asks). */
+static smelt_status sample_last(struct session *s, struct sample_result *r, struct err *e) {
+    smelt_status st = sampler_finish(s->smp, &s->sum, s->cand, s->adj_raw, NULL, r, e);
+    if (st == SMELT_OK && r->token == SAMPLE_NEED_ROW) {
+        st = model_fetch_rows(s->m, 0, 1, s->logits, e);
+        if (st == SMELT_OK) st = sampler_finish(s->smp, &s->sum, s->cand, s->adj_raw, s->logits, r, e);
+    }
+    return st;
+}
+
+/* Row j of the last verify step, for spec_verify. */
+static void verify_get(void *ctx, int32_t j, const struct topk_row **req,
+                       const struct topk_summary **sum, const struct topk_cand **cand,
+                       const float **adj_raw) {
+    struct session *s = ctx;
+    *req = &s->vreq[j];
+    *sum = &s->vsum[j];
+    *cand = s->vcand + (size_t)j * TOPK_MAX;
+    *adj_raw = s->vraw + s->vreq[j].adj_off;
+}
+
+static const float *verify_full(void *ctx, int32_t j, struct err *e) {
+    struct session *s = ctx;
+    return model_fetch_rows(s->m, j, 1, s->logits, e) == SMELT_OK ? s->logits : NULL;
+}
+
+/* Drafts after the pending token t (not fed yet): s->ss.n_draft of them (0: none), at most
+ * left - 1 (the step emits up to one more). */
+static smelt_status propose(struct session *s, int32_t t, int left, struct err *e) {
+    s->ss.n_draft = 0;
+    int32_t k = s->sp ? spec_want(s->sp, &s->ss, 1) : 0;
+    int32_t room = s->o->n_ctx - (int32_t)s->cached.n - 1;
+    if (k > left - 1) k = left - 1;
+    if (k > room) k = room;
+    if (k <= 0) return SMELT_OK;
+    struct err e2;
+    if (kv_seq_reserve(&s->pool, &s->seq, (int32_t)s->cached.n + 1 + k, &e2) != SMELT_OK)
+        return SMELT_OK; /* no room for drafts: a plain step */
+    smelt_status st = tok_ids_push(&s->cached, t); /* the proposer reads t after the cache */
+    if (st != SMELT_OK) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    struct spec_job job = {&s->ss, s->cached.v, (int32_t)s->cached.n, k, kv_seq_view(&s->seq),
+                           s->o->sp.temperature};
+    st = spec_propose(s->sp, &job, 1, e);
+    s->cached.n--;
+    return st;
+}
+
+/* Feeds the pending token t and the drafts as one step and verifies them: s->vout[0..*n)
+ * gets the accepted drafts and then the token the step emits after them. The cache then
+ * holds t and the accepted drafts. */
+static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct err *e) {
+    int32_t nd = s->ss.n_draft, rows = nd + 1, p0 = (int32_t)s->cached.n;
+    int32_t tok[SPEC_K_MAX + 1], pos[SPEC_K_MAX + 1], seq[SPEC_K_MAX + 1];
+    uint8_t want[SPEC_K_MAX + 1];
+    int32_t cap = model_adj_cap(rows), off = 0;
+    for (int32_t j = 0; j < rows; j++) {
+        tok[j] = j ? s->ss.draft[j - 1] : t;
+        pos[j] = p0 + j;
+        seq[j] = 0;
+        want[j] = 1;
+        /* row j's request: the history after drafts 1..j */
+        int32_t got = sampler_request(s->smp, &s->vreq[j], s->vadj + off, off, cap - off);
+        if (got > 0) off += got;
+        if (j < nd) sampler_accept(s->smp, s->ss.draft[j], true);
+    }
+    sampler_unaccept(s->smp, nd);
+    struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + rows, false);
+    struct batch b = {rows, tok, pos, seq, want, 1, &view};
+    struct model_sample ms = {rows, s->vreq, s->vadj, off, s->vsum, s->vcand, s->vraw};
+    smelt_status st = model_step(s->m, s->kv, &b, NULL, &ms, NULL, e);
+    struct spec_rows src = {verify_get, verify_full, s};
+    int32_t n_full = 0;
+    *n = 0;
+    if (st == SMELT_OK) st = spec_verify(s->smp, true, &s->ss, &src, s->vout, n, &n_full, e);
+    if (st != SMELT_OK) return st;
+    int32_t acc = *n - 1;
+    spec_commit(s->sp, &s->ss, acc, p0 + 1 + acc);
+    s->n_spec_steps++;
+    for (int32_t j = 0; j <= acc && st == SMELT_OK; j++) st = tok_ids_push(&s->cached, tok[j]);
+    if (st == SMELT_OK && acc < nd) /* the rejected rows' K/V go */
+        st = cache_keep(s, (size_t)(p0 + rows), (size_t)(p0 + 1 + acc), e);
+    return st;
+}
+
+/* Generates up to n_predict tokens after the fed prompt, streaming them to stdout and
+ * appending them to answer. A sampled token is fed with the next step; the last one only
+ * when a next turn continues after it. */
 static smelt_status generate(struct session *s, struct tok_buf *answer, struct err *e) {
     struct tok_detok d;
     struct tok_buf out = {0};
@@ -347,30 +477,53 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
     tok_detok_init(&d, s->tok, s->harmony ? TOK_DECODE_SPECIAL : 0);
     outp_init(&op, OUTP_HARMONY, true, false);
     op.no_calls = true;
-    smelt_status st = SMELT_OK;
     double t0 = clock_now();
     int n = 0;
-    for (; n < s->o->n_predict && st == SMELT_OK; n++) {
-        struct sample_result r;
-        st = sampler_finish(s->smp, &s->sum, s->cand, s->adj_raw, NULL, &r, e);
-        if (st == SMELT_OK && r.token == SAMPLE_NEED_ROW) {
-            st = model_fetch_rows(s->m, 0, 1, s->logits, e);
-            if (st == SMELT_OK) st = sampler_finish(s->smp, &s->sum, s->cand, s->adj_raw, s->logits, &r, e);
+    struct sample_result r;
+    smelt_status st = sample_last(s, &r, e);
+    /* r.token is pending: sampled, not fed. A verify step emits accepted drafts (fed, in
+     * the cache) and then a new pending token. */
+    int32_t emit_q[SPEC_K_MAX + 1], n_q = 0, q_at = 0;
+    size_t fed_at = 0; /* cache position of emit_q[0] */
+    while (st == SMELT_OK) {
+        int32_t t = q_at < n_q ? emit_q[q_at] : r.token;
+        bool fed = q_at < n_q; /* an accepted draft: already in the cache */
+        bool eog = !s->o->ignore_eos && tok_is_eog(s->tok, t);
+        if (!eog) {
+            sampler_accept(s->smp, t, true);
+            out.n = 0;
+            st = tok_detok_push(&d, t, &out, e);
+            if (st == SMELT_OK && out.n) st = emit(s, &op, out.p, out.n, false, answer, e);
+            if (st != SMELT_OK) break;
+            n++;
         }
-        if (st != SMELT_OK) break;
-        if (!s->o->ignore_eos && tok_is_eog(s->tok, r.token)) {
-            /* the end-of-turn token belongs to the conversation (the next turn's rendering
-             * has it): feed it so the cache matches */
-            if (s->o->interactive) st = feed(s, &r.token, 1, e);
+        if (eog || n >= s->o->n_predict) {
+            /* the conversation goes on after this token (the end-of-turn token too: the next
+             * turn's rendering has it): the cache must end with it */
+            if (s->o->interactive)
+                st = fed ? cache_keep(s, s->cached.n, fed_at + (size_t)q_at + 1, e)
+                         : feed(s, &t, 1, true, e);
             break;
         }
-        sampler_accept(s->smp, r.token, true);
-        out.n = 0;
-        st = tok_detok_push(&d, r.token, &out, e);
-        if (st == SMELT_OK && out.n) st = emit(s, &op, out.p, out.n, false, answer, e);
-        /* the last token needs feeding only when a next turn continues after it */
-        if (st == SMELT_OK && (n + 1 < s->o->n_predict || s->o->interactive))
-            st = feed(s, &r.token, 1, e);
+        if (fed) {
+            q_at++;
+            continue;
+        }
+        st = propose(s, t, s->o->n_predict - n, e);
+        if (st != SMELT_OK) break;
+        if (s->ss.n_draft > 0) {
+            int32_t m = 0;
+            fed_at = s->cached.n + 1;
+            st = feed_verify(s, t, &m, e);
+            if (st != SMELT_OK) break;
+            for (int32_t i = 0; i + 1 < m; i++) emit_q[i] = s->vout[i].token;
+            n_q = m - 1;
+            q_at = 0;
+            r = s->vout[m - 1];
+        } else {
+            st = feed(s, &t, 1, true, e);
+            if (st == SMELT_OK) st = sample_last(s, &r, e);
+        }
     }
     out.n = 0;
     if (st == SMELT_OK) st = tok_detok_flush(&d, &out, e);
@@ -460,7 +613,7 @@ static smelt_status turn(struct session *s, const char *user, struct err *e) {
     double t0 = clock_now();
     for (size_t i = 0; i < n_feed; i++) sampler_accept(s->smp, feed_ids[i], false);
     if (ids.n == 0) st = err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
-    if (st == SMELT_OK) st = feed(s, feed_ids, n_feed, e);
+    if (st == SMELT_OK) st = feed(s, feed_ids, n_feed, true, e);
     s->t_prompt += clock_now() - t0;
     s->n_prompt += (int64_t)n_feed;
     tok_ids_free(&ids);
@@ -501,6 +654,12 @@ static smelt_status load_template(struct session *s, struct err *e) {
 
 static void session_free(struct session *s) {
     sampler_free(s->smp);
+    spec_free(s->sp);
+    spec_seq_free(&s->ss);
+    free(s->vcand);
+    free(s->vadj);
+    free(s->vraw);
+    cli_spec_free(&s->o->spec);
     kv_seq_release(&s->pool, &s->seq);
     kv_pool_free(&s->pool);
     if (s->m) model_kv_free(s->m, s->kv);
@@ -531,22 +690,44 @@ int cmd_run(int argc, char **argv) {
                                &e);
     if (st == SMELT_OK) st = cli_backend_new(o.backend, o.device, o.threads, &s.bk, &e);
     if (st == SMELT_OK) st = cli_model_load(path, s.f, s.bk, &s.m, &e);
+    uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
+    struct spec_config scfg = {0};
+    if (st == SMELT_OK) st = cli_spec_config(&o.spec, &scfg, &e);
+    if (st == SMELT_OK && scfg.kind != SPEC_OFF) spec_config_defaults(&scfg);
+    int32_t max_out = scfg.kind != SPEC_OFF ? scfg.k_max + 1 : 1;
+    if (st == SMELT_OK) { /* a draft (its steps: the prompt's chunks, then one row) */
+        struct memplan_shape dsh = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .max_out = 1,
+                                    .n_ctx = o.n_ctx, .block_size = BLOCK, .kv_type = kv_type};
+        st = cli_spec_load(&o.spec, o.backend, o.device, o.threads, s.tok, &dsh, &e);
+    }
     if (st == SMELT_OK) {
-        /* the memory plan: one sequence, prefill chunks of PREFILL_CHUNK, one logits row */
-        uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
+        /* the memory plan: one sequence, prefill chunks of PREFILL_CHUNK, one logits row (a
+         * verify step's k + 1) */
         struct cli_mem_req r = {
             .cmd = "run", .f = s.f, .need = o.n_ctx, .min_tokens = o.n_ctx,
             .n_slots = model_is_recurrent(s.m) ? RUN_SLOTS : 0,
-            .shape = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .max_out = 1, .n_ctx = o.n_ctx,
-                      .block_size = BLOCK, .kv_type = kv_type}};
+            .extra_per_token = cli_spec_kv_bytes(&o.spec, kv_type),
+            .shape = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .max_out = max_out,
+                      .n_ctx = o.n_ctx, .block_size = BLOCK, .kv_type = kv_type}};
         int64_t t = 0;
         st = cli_mem_plan(s.m, &r, &t, &e);
     }
     if (st == SMELT_OK) {
         int32_t n_blocks = (o.n_ctx + BLOCK - 1) / BLOCK;
         int32_t n_slots = model_is_recurrent(s.m) ? RUN_SLOTS : 0;
-        st = model_kv_new(s.m, o.f32_kv ? QT_F32 : QT_F16, BLOCK, n_blocks, n_slots, &s.kv, &e);
+        st = model_kv_new(s.m, kv_type, BLOCK, n_blocks, n_slots, &s.kv, &e);
         if (st == SMELT_OK) st = kv_pool_init(&s.pool, n_blocks, BLOCK, &e);
+        if (st == SMELT_OK && scfg.kind != SPEC_OFF) {
+            st = cli_spec_kv(&o.spec, kv_type, BLOCK, n_blocks, &scfg, &e);
+            if (st == SMELT_OK)
+                st = spec_new(&s.sp, &scfg, s.m, s.m->hp.n_vocab, n_blocks, BLOCK, PREFILL_CHUNK, 1, &e);
+            spec_seq_init(&s.ss, o.sp.seed);
+            s.vcand = malloc((SPEC_K_MAX + 1) * TOPK_MAX * sizeof *s.vcand);
+            s.vadj = malloc((size_t)model_adj_cap(SPEC_K_MAX + 1) * sizeof *s.vadj);
+            s.vraw = malloc((size_t)model_adj_cap(SPEC_K_MAX + 1) * sizeof *s.vraw);
+            if (st == SMELT_OK && (!s.vcand || !s.vadj || !s.vraw))
+                st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
+        }
         if (st == SMELT_OK && n_slots) st = kv_slots_enable(&s.pool, n_slots, 1, &e);
         gguf_sampling(s.f, &o);
         if (o.verbose) print_sampling(&o);
@@ -588,6 +769,13 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "prompt: %lld tokens, %.1f tok/s; generation: %lld tokens, %.1f tok/s\n",
                 (long long)s.n_prompt, s.t_prompt > 0 ? (double)s.n_prompt / s.t_prompt : 0.0,
                 (long long)s.n_gen, s.t_gen > 0 ? (double)s.n_gen / s.t_gen : 0.0);
+    if (st == SMELT_OK && s.sp)
+        fprintf(stderr, "speculation (%s): %llu proposed, %llu accepted (%.1f%%), %lld verify "
+                        "steps\n",
+                spec_kind_name(spec_get_config(s.sp)->kind), (unsigned long long)s.ss.n_proposed,
+                (unsigned long long)s.ss.n_accepted,
+                s.ss.n_proposed ? 100.0 * (double)s.ss.n_accepted / (double)s.ss.n_proposed : 0.0,
+                (long long)s.n_spec_steps);
     rc = st == SMELT_OK ? 0 : cli_fail("run", &e);
     session_free(&s);
     return rc;

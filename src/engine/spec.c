@@ -96,6 +96,7 @@ static double expected_tokens(double a, int32_t k) {
 
 int32_t spec_want(const struct spec *sp, struct spec_seq *ss, int32_t n_decoding) {
     if (!sp || ss->off || n_decoding > sp->cfg.max_batch) return 0;
+    if (sp->cfg.fixed) return sp->cfg.k_max;
     double a = ss->acc_a / (ss->acc_a + ss->acc_r);
     double c = sp->cfg.row_cost + (sp->cfg.draft_cost > 0 ? sp->cfg.draft_cost : 0.0f);
     int32_t best = 0;
@@ -186,9 +187,10 @@ static bool take_draft(struct spec *sp, struct spec_job *job, int32_t r, int32_t
     struct spec_seq *ss = job->ss;
     const struct topk_summary *sum = &sp->q_sum[r];
     ss->q[j].n = 0;
+    if (sum->top_token < 0 || sum->top_token >= sp->n_vocab) return false; /* not the target's */
     if (job->temperature <= 0.0f || ss->point_mass) {
         ss->draft[j] = sum->top_token;
-        return sum->top_token >= 0;
+        return true;
     }
     if (!ss->q_tok) {
         ss->q_tok = malloc(SPEC_K_MAX * SPEC_Q_MAX * sizeof *ss->q_tok);
@@ -201,6 +203,9 @@ static bool take_draft(struct spec *sp, struct spec_job *job, int32_t r, int32_t
     }
     const struct topk_cand *c = sp->q_cand + (size_t)r * TOPK_MAX;
     int32_t n = sum->n_cand < SPEC_Q_MAX ? sum->n_cand : SPEC_Q_MAX;
+    while (n > 0 && c[n - 1].token >= sp->n_vocab) n--; /* ids only the draft has */
+    for (int32_t i = 0; i < n; i++)
+        if (c[i].token >= sp->n_vocab) return false;
     if (n <= 0) return false;
     int32_t *tok = ss->q_tok + j * SPEC_Q_MAX;
     float *prob = ss->q_prob + j * SPEC_Q_MAX;
@@ -264,9 +269,15 @@ static void stage(struct spec *sp, int32_t *n, int32_t si, int32_t token, int32_
 
 static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_t n_jobs,
                                   struct err *e) {
+    int32_t nd = sp->cfg.draft->hp.n_vocab;
     for (int32_t i = 0; i < n_jobs; i++) {
-        jobs[i].ss->n_draft = 0;
-        if (jobs[i].ss->kv_done > jobs[i].n_tok - 1) jobs[i].ss->kv_done = jobs[i].n_tok - 1;
+        struct spec_seq *ss = jobs[i].ss;
+        ss->n_draft = 0;
+        if (ss->kv_done > jobs[i].n_tok - 1) ss->kv_done = jobs[i].n_tok - 1;
+        /* a token the draft does not have (a padded vocabulary's last ids): it cannot
+         * follow this sequence any more (off: skipped below, never asked again) */
+        for (int32_t p = ss->kv_done; p < jobs[i].n_tok && !ss->off; p++)
+            ss->off = jobs[i].tok[p] >= nd;
     }
     /* catch up: positions [kv_done, n_tok) of every job, the last one's logits giving d_1 */
     for (int32_t first = 0; first < n_jobs;) {
@@ -274,6 +285,10 @@ static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_
         for (int32_t i = first; i < n_jobs && n < sp->max_rows && ns < sp->max_seqs; i++) {
             struct spec_job *job = &jobs[i];
             struct spec_seq *ss = job->ss;
+            if (ss->off) {
+                next = i + 1;
+                continue;
+            }
             int32_t pend = job->n_tok - ss->kv_done, take = pend;
             if (take > sp->max_rows - n) take = sp->max_rows - n; /* >= 1 */
             int32_t si = ns++;
@@ -286,6 +301,10 @@ static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_
             if (done) sp->q_rows[n_out++] = draft_req(job);
             next = done ? i + 1 : i;
             if (!done) break;
+        }
+        if (n == 0) { /* the rest were off */
+            first = next;
+            continue;
         }
         smelt_status st = draft_step(sp, n, ns, n_out, e);
         if (st != SMELT_OK) return st;
@@ -304,7 +323,7 @@ static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_
         int32_t n = 0, n_out = 0;
         for (int32_t i = 0; i < n_jobs; i++) {
             struct spec_job *job = &jobs[i];
-            if (job->ss->n_draft != j || j >= job->k) continue;
+            if (job->ss->n_draft != j || j >= job->k || job->ss->off) continue;
             sp->b_seqs[n] = job->view;
             sp->b_seqs[n].snap_pos = 0;
             sp->b_job[n] = i;
@@ -355,13 +374,10 @@ smelt_status spec_new(struct spec **out, const struct spec_config *cfg0, const s
         const struct model *d = cfg.draft;
         const struct kv_store *kv = cfg.draft_kv;
         if (!d || !kv) return err_set(e, SMELT_ERR_INVALID, "--spec draft needs a draft model (--draft)");
-        if (d->hp.n_vocab != n_vocab)
-            return err_set(e, SMELT_ERR_INVALID, "draft model: %d tokens, the target %d",
-                           d->hp.n_vocab, n_vocab);
         if (model_is_recurrent(d))
             return err_set(e, SMELT_ERR_UNSUPPORTED, "draft model %s: recurrent layers cannot roll "
                            "back a rejected draft cheaply; use an attention-only draft", d->hp.arch);
-        if (kv->n_blocks != n_blocks || kv->block_size != block_size)
+        if (kv->n_blocks < n_blocks || kv->block_size != block_size)
             return err_set(e, SMELT_ERR_INVALID, "draft KV store: %d blocks of %d, the target's %d "
                            "of %d", kv->n_blocks, kv->block_size, n_blocks, block_size);
         if (cfg.draft_cost < 0.0f) {

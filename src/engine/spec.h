@@ -62,6 +62,7 @@ struct spec_config {
                         * (default 0.1; docs/speculative.md) */
     float draft_cost;  /* cost of one draft token, relative to a target step (SPEC_DRAFT;
                         * < 0: the draft's weight bytes over the target's) */
+    bool fixed;        /* propose k_max tokens every step: no adaptive k (measurements) */
     struct model *draft;       /* SPEC_DRAFT: the draft model (attention layers only) */
     struct kv_store *draft_kv; /* its store: the target's block size and count */
 };
@@ -100,9 +101,11 @@ struct spec;
 
 /* Creates the speculation state of an engine (or smelt run) whose target (NULL with a fake
  * forward) has n_vocab tokens and a KV pool of n_blocks blocks of block_size; steps have at
- * most max_rows rows over at most max_seqs sequences. SPEC_DRAFT checks the draft: the same
- * n_vocab, no recurrent layers, a store of the same block count and size (errors name both
- * values); SPEC_MTP is refused (SMELT_ERR_UNSUPPORTED). */
+ * most max_rows rows over at most max_seqs sequences. SPEC_DRAFT checks the draft: no
+ * recurrent layers, a store of at least the block count and of the same block size (errors
+ * name both values); its vocabulary is the caller's to check (cli/clispec.h): a draft id
+ * past the target's n_vocab is never proposed, and a sequence holding a token past the
+ * draft's stops speculating. SPEC_MTP is refused (SMELT_ERR_UNSUPPORTED). */
 smelt_status spec_new(struct spec **out, const struct spec_config *cfg, const struct model *target,
                       int32_t n_vocab, int32_t n_blocks, int32_t block_size, int32_t max_rows,
                       int32_t max_seqs, struct err *e);
