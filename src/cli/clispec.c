@@ -111,9 +111,11 @@ smelt_status cli_spec_load(struct cli_spec *s, const char *backend, int device, 
                        s->draft, s->m->hp.arch);
     uint64_t fr, tot;
     if (shape && bk_mem_info(s->bk, &fr, &tot)) {
-        uint64_t peak = 0;
+        uint64_t peak = 0, w = 0, tr = 0;
         st = memplan_measure(s->m, shape, &peak, e);
         if (st != SMELT_OK) return err_prefix(e, "draft model %s", s->draft);
+        memplan_weight_bytes(s->bk, s->f, &w, &tr);
+        s->device_b = w + peak;
     }
     return SMELT_OK;
 }

@@ -41,6 +41,7 @@ struct cli_spec {
     struct backend *bk;
     struct model *m;
     struct kv_store *kv;
+    uint64_t device_b; /* device bytes the draft's weights and scratch hold (0 on the CPU) */
 };
 
 /* The options' lines for a command's --help. */

@@ -17,6 +17,11 @@
  *   ppP+tgT  (-pg P,T) a prompt then T decode steps, timed together
  *   tgN xB   (-B B) B sequences, each after a -d token prompt, decoding N steps in one
  *            batch of B rows: aggregate decode tokens/s (llama-batched-bench's S_TG)
+ *   tgN vR   (--verify-rows R, with -n and -B) the shape of speculative verify steps: every
+ *            step feeds R rows of each sequence, each with its logits summarized, and moves
+ *            R positions on (as if every draft were accepted): t/s is then the ceiling of
+ *            speculation with k = R - 1, and R B / t/s the step time, the verify cost that
+ *            docs/speculative.md projects speedups from
  * Tokens are random ids: the speed of a dense model does not depend on them. t/s is
  * (n_prompt + n_gen * B) / time per run, averaged over the runs (llama-bench's avg_ts);
  * standard deviations are the sample ones.
@@ -36,7 +41,14 @@
  * sequence's state read and written back. The bandwidth is
  * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
  * (TARGETS.md); on the CPU no bound is printed unless given, or measured (--bw measure:
- * cpu_read_bandwidth, a STREAM-like read of a step's bytes with the bench's threads). */
+ * cpu_read_bandwidth, a STREAM-like read of a step's bytes with the bench's threads).
+ *
+ * Speculative decoding (--spec, --draft, --spec-k, ...: cli/clispec.h): the tg and batched
+ * tests then generate through the engine, greedily and past end-of-generation, from a real
+ * prompt (-f FILE, raw text; default: a short repeat-and-edit C prompt) rather than random
+ * ids: each runs without speculation, then with it ("+spec" in the test name), and the spec
+ * row adds the acceptance rate and tokens per verify step. t/s counts the tokens after the
+ * first of each sequence over the time from the first one to the last (decode only). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,10 +60,14 @@
 #include "cli/cli.h"
 #include "cli/clibackend.h"
 #include "cli/climem.h"
+#include "cli/clispec.h"
 #include "cli/modelref.h"
+#include "engine/engine.h"
 #include "engine/kv.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "tokenizer/tok.h"
+#include "util/file.h"
 
 #ifdef SMELT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -64,6 +80,7 @@
 #define MAX_LIST 64
 #define MAX_SEQS 64
 #define MAX_REPS 1000
+#define MAX_ROWS (MAX_SEQS * (SPEC_K_MAX + 1)) /* rows of a decode step */
 
 struct list {
     int v[MAX_LIST];
@@ -74,11 +91,13 @@ struct opts {
     const char *models[MAX_LIST];
     int n_models;
     const char *backend, *output;
-    struct list n_prompt, n_gen, depth, n_batch, n_ubatch, threads, batched;
+    struct list n_prompt, n_gen, depth, n_batch, n_ubatch, threads, batched, vrows;
     int pg[MAX_LIST][2], n_pg;
     int reps, device, ngl;
     bool no_warmup, threads_given, bw_measure;
     double bw_gbs;
+    struct cli_spec spec;
+    const char *prompt_file; /* -f: the generation tests' prompt with speculation */
 };
 
 static void usage(FILE *f) {
@@ -100,9 +119,13 @@ static void usage(FILE *f) {
             "                           all layers on one device)\n"
             "  --backend auto|cpu|cuda, --device N (also -mg, --main-gpu N)\n"
             "  -B, --batched N          N sequences decoding together (aggregate tok/s), with each -n\n"
+            "  --verify-rows R          decode steps of R rows per sequence (speculation's verify\n"
+            "                           shape; 1..17, default 1)\n"
             "  --bw GB/S|measure        bandwidth for the decode bound (CUDA default: 4380, H200);\n"
             "                           measure: the CPU's read bandwidth over a step's bytes\n"
-            "  -o, --output md|json|jsonl|csv   (default md)\n");
+            "  -o, --output md|json|jsonl|csv   (default md)\n"
+            "  -f FILE                  with speculation: the prompt (raw text) of the tg tests\n"
+            "%s", cli_spec_usage);
 }
 
 /* ---- arguments ---- */
@@ -177,6 +200,9 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             o->no_warmup = true;
             continue;
         }
+        int sr = cli_spec_arg(&o->spec, "bench", argc, argv, &i);
+        if (sr == 2) return 2;
+        if (sr == 1) continue;
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
             fprintf(stderr, "smelt bench: %s needs a value (or is unknown)\n", a);
@@ -193,6 +219,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
         else if (IS("-ub", "--ubatch-size")) ok = parse_list(v, &o->n_ubatch);
         else if (IS("-t", "--threads")) ok = parse_list(v, &o->threads), o->threads_given = true;
         else if (IS("-B", "--batched")) ok = parse_list(v, &o->batched);
+        else if (IS("--verify-rows", "--verify-rows")) ok = parse_list(v, &o->vrows);
         else if (IS("-r", "--repetitions")) ok = parse_num(v, 1, &o->reps) && o->reps <= MAX_REPS;
         else if (IS("-ngl", "--n-gpu-layers")) ok = parse_num(v, -1, &o->ngl);
         else if (IS("--backend", "--backend")) o->backend = v;
@@ -202,6 +229,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             else ok = (o->bw_gbs = atof(v)) > 0;
         }
         else if (IS("-o", "--output")) o->output = v;
+        else if (IS("-f", "--file")) o->prompt_file = v;
         else {
             fprintf(stderr, "smelt bench: unknown option %s (see --help)\n", a);
             return 2;
@@ -223,6 +251,10 @@ static int parse_args(int argc, char **argv, struct opts *o) {
     if (!o->n_batch.n) o->n_batch = (struct list){{2048}, 1};
     if (!o->n_ubatch.n) o->n_ubatch = (struct list){{512}, 1};
     if (!o->threads.n) o->threads = (struct list){{0}, 1};
+    if (!o->vrows.n) o->vrows = (struct list){{1}, 1};
+    for (int i = 0; i < o->vrows.n; i++)
+        if (o->vrows.v[i] < 1 || o->vrows.v[i] > SPEC_K_MAX + 1)
+            return fprintf(stderr, "smelt bench: --verify-rows is 1 to %d\n", SPEC_K_MAX + 1), 2;
     for (int i = 0; i < o->n_batch.n; i++)
         if (o->n_batch.v[i] < 1) return fprintf(stderr, "smelt bench: -b must be >= 1\n"), 2;
     for (int i = 0; i < o->n_ubatch.n; i++)
@@ -252,9 +284,9 @@ struct ctx {
     struct kv_store *kv;
     struct kv_pool pool;
     int n_vocab;
-    struct topk_row greedy[MAX_SEQS];  /* k = 1 requests */
-    struct topk_summary sum[MAX_SEQS];
-    struct topk_cand *cand;            /* (MAX_SEQS, TOPK_MAX), unused by k = 1 rows */
+    struct topk_row greedy[MAX_ROWS];  /* k = 1 requests */
+    struct topk_summary sum[MAX_ROWS];
+    struct topk_cand *cand;            /* (MAX_ROWS, TOPK_MAX), unused by k = 1 rows */
     unsigned long long rng;
 };
 
@@ -283,19 +315,24 @@ static smelt_status prefill(struct ctx *c, struct kv_seq *q, int pos0, int n, in
     return st;
 }
 
-/* n decode steps of the nseq sequences together (one row each). */
-static smelt_status decode(struct ctx *c, struct kv_seq *qs, int nseq, int pos0, int n, struct err *e) {
-    int32_t tok[MAX_SEQS], pos[MAX_SEQS], seq[MAX_SEQS];
-    uint8_t want[MAX_SEQS];
+/* n tokens of the nseq sequences together, vr rows (positions) of each per step. */
+static smelt_status decode(struct ctx *c, struct kv_seq *qs, int nseq, int pos0, int n, int vr,
+                           struct err *e) {
+    static int32_t tok[MAX_ROWS], pos[MAX_ROWS], seq[MAX_ROWS];
+    static uint8_t want[MAX_ROWS];
     struct batch_seq views[MAX_SEQS];
     smelt_status st = SMELT_OK;
-    for (int s = 0; s < nseq && st == SMELT_OK; s++) st = kv_seq_reserve(&c->pool, &qs[s], pos0 + n, e);
-    for (int s = 0; s < nseq; s++) views[s] = kv_seq_view(&qs[s]), seq[s] = s, want[s] = 1;
-    for (int i = 0; st == SMELT_OK && i < n; i++) {
-        for (int s = 0; s < nseq; s++) tok[s] = rand_tok(c), pos[s] = pos0 + i;
-        struct batch b = {nseq, tok, pos, seq, want, nseq, views};
-        struct model_sample ms = {
-            .n_rows = nseq, .rows = c->greedy, .sum = c->sum, .cand = c->cand};
+    int steps = (n + vr - 1) / vr;
+    for (int s = 0; s < nseq && st == SMELT_OK; s++)
+        st = kv_seq_reserve(&c->pool, &qs[s], pos0 + steps * vr, e);
+    for (int s = 0; s < nseq; s++) views[s] = kv_seq_view(&qs[s]);
+    for (int i = 0; st == SMELT_OK && i < steps; i++) {
+        int rows = 0;
+        for (int s = 0; s < nseq; s++)
+            for (int j = 0; j < vr; j++, rows++)
+                tok[rows] = rand_tok(c), pos[rows] = pos0 + i * vr + j, seq[rows] = s, want[rows] = 1;
+        struct batch b = {rows, tok, pos, seq, want, nseq, views};
+        struct model_sample ms = {.n_rows = rows, .rows = c->greedy, .sum = c->sum, .cand = c->cand};
         st = model_step(c->m, c->kv, &b, NULL, &ms, NULL, e);
     }
     return st;
@@ -307,6 +344,7 @@ struct row {
     const char *model_type;
     double model_size, model_n_params;
     int n_batch, n_ubatch, n_threads, n_prompt, n_gen, n_depth, n_seqs;
+    int n_vrows; /* rows per sequence in a decode step (1: plain decoding) */
     char test_time[32];
     uint64_t samples_ns[MAX_REPS];
     double samples_ts[MAX_REPS];
@@ -315,6 +353,9 @@ struct row {
     double avg_ts, std_ts;
     double bw_pct; /* < 0: none */
     double bw_gbs; /* the bandwidth bw_pct is taken against (< 0: none) */
+    const char *spec; /* speculation: "off" or the proposer (engine tests); NULL: raw test */
+    uint64_t spec_proposed, spec_accepted;
+    double spec_tps; /* tokens a verify step emitted, on average */
 };
 
 /* Bytes one decode step of nseq sequences moves at context length ctx_len each: the
@@ -379,7 +420,7 @@ static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r,
             if (depth) st = prefill(c, &qs[s], 0, depth, chunk, e);
         double t0 = clock_now();
         if (st == SMELT_OK && np) st = prefill(c, &qs[0], depth, np, chunk, e);
-        if (st == SMELT_OK && ng) st = decode(c, qs, nseq, depth + np, ng, e);
+        if (st == SMELT_OK && ng) st = decode(c, qs, nseq, depth + np, ng, r->n_vrows, e);
         double dt = clock_now() - t0;
         for (int s = 0; s < nseq; s++) kv_seq_release(&c->pool, &qs[s]);
         if (st != SMELT_OK) return st;
@@ -406,13 +447,97 @@ static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r,
     return SMELT_OK;
 }
 
+/* ---- generation through the engine (with speculation) ---- */
+
+/* A repeat-and-edit prompt: code the model is asked to write again with a change, the case
+ * n-gram lookup is for (-f replaces it). */
+static const char default_prompt[] =
+    "// Rewrite this function so that it skips negative numbers; keep the rest as it is.\n"
+    "int sum_positive(const int *a, int n) {\n"
+    "    int s = 0;\n"
+    "    for (int i = 0; i < n; i++) {\n"
+    "        s += a[i];\n"
+    "    }\n"
+    "    return s;\n"
+    "}\n"
+    "// The rewritten function:\n";
+
+/* r->n_seqs sequences of r->n_gen greedy tokens from prompt through en; t/s over the
+ * decode span (first token to last), the speculation counts from the final events. */
+static smelt_status run_engine_test(struct engine *en, const struct opts *o, struct row *r,
+                                    const int32_t *prompt, int n_prompt, struct err *e) {
+    time_t now = time(NULL);
+    struct tm tmv;
+    strftime(r->test_time, sizeof r->test_time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
+    r->bw_pct = -1;
+    int ns = r->n_seqs;
+    for (int rep = o->no_warmup ? 0 : -1; rep < o->reps; rep++) {
+        struct engine_req *rq[MAX_SEQS] = {0};
+        struct engine_params p;
+        engine_params_default(&p);
+        p.sp.temperature = 0;
+        p.max_tokens = r->n_gen;
+        p.ignore_eos = true;
+        smelt_status st = SMELT_OK;
+        for (int i = 0; i < ns && st == SMELT_OK; i++) {
+            st = engine_req_new(&rq[i], &p, prompt, n_prompt, e);
+            if (st == SMELT_OK) st = engine_submit(en, rq[i], e);
+        }
+        double t0 = 1e300, t1 = 0;
+        uint64_t prop = 0, acc = 0;
+        int64_t toks = 0;
+        for (int i = 0; i < ns && rq[i]; i++) {
+            struct engine_out out = {0};
+            bool done = false;
+            while (st == SMELT_OK && !done) {
+                if (!engine_req_wait(rq[i], &out, -1)) continue;
+                for (size_t k = 0; k < out.n_ev; k++) {
+                    const struct engine_event *ev = &out.ev[k];
+                    if (!ev->finish) continue;
+                    if (ev->finish == ENGINE_ERROR)
+                        st = err_set(e, SMELT_ERR_INTERNAL, "generation failed: %s", out.error);
+                    prop += (uint64_t)ev->n_proposed;
+                    acc += (uint64_t)ev->n_accepted;
+                    toks += ev->n_gen - 1;
+                }
+                done = out.done;
+            }
+            engine_out_free(&out);
+            double ts, tf, te;
+            engine_req_times(rq[i], &ts, &tf, &te);
+            if (tf < t0) t0 = tf;
+            if (te > t1) t1 = te;
+        }
+        for (int i = 0; i < ns; i++) engine_req_unref(rq[i]);
+        if (st != SMELT_OK) return st;
+        if (rep < 0) continue;
+        double dt = t1 > t0 ? t1 - t0 : 1e-9;
+        r->samples_ns[r->n_samples] = (uint64_t)(dt * 1e9);
+        r->samples_ts[r->n_samples] = (double)toks / dt;
+        r->n_samples++;
+        r->spec_proposed += prop;
+        r->spec_accepted += acc;
+    }
+    struct engine_stats es;
+    engine_stats(en, &es);
+    r->spec_tps = es.spec_steps ? 1.0 + (double)es.spec_accepted / (double)es.spec_steps : 0.0;
+    int n = r->n_samples;
+    double ns_d[MAX_REPS];
+    for (int i = 0; i < n; i++) ns_d[i] = (double)r->samples_ns[i];
+    r->avg_ns = (uint64_t)mean_of(ns_d, n);
+    r->std_ns = (uint64_t)stdev_of(ns_d, n);
+    r->avg_ts = mean_of(r->samples_ts, n);
+    r->std_ts = stdev_of(r->samples_ts, n);
+    return SMELT_OK;
+}
+
 /* ---- output ---- */
 
 struct printer {
     const struct opts *o;
     const char *backend;  /* "CPU", "CUDA" */
     char cpu_info[128], gpu_info[260];
-    bool md, json, jsonl, csv, show_bw;
+    bool md, json, jsonl, csv, show_bw, show_spec;
     int n_rows;
 };
 
@@ -421,7 +546,14 @@ static void test_name(const struct row *r, char *buf, size_t n) {
     else if (r->n_gen > 0 && r->n_prompt == 0) snprintf(buf, n, "tg%d", r->n_gen);
     else snprintf(buf, n, "pp%d+tg%d", r->n_prompt, r->n_gen);
     if (r->n_seqs > 1) snprintf(buf + strlen(buf), n - strlen(buf), " x%d", r->n_seqs);
+    if (r->n_vrows > 1) snprintf(buf + strlen(buf), n - strlen(buf), " v%d", r->n_vrows);
     if (r->n_depth > 0) snprintf(buf + strlen(buf), n - strlen(buf), " @ d%d", r->n_depth);
+    if (r->spec && strcmp(r->spec, "off"))
+        snprintf(buf + strlen(buf), n - strlen(buf), " +%s", r->spec);
+}
+
+static double accept_pct(const struct row *r) {
+    return r->spec_proposed ? 100.0 * (double)r->spec_accepted / (double)r->spec_proposed : 0.0;
 }
 
 /* md columns (llama-bench's selection and widths; negative: left-aligned) */
@@ -442,9 +574,10 @@ static int md_cols(const struct printer *p, struct col *c) {
     if (cpu || o->threads_given) c[n++] = (struct col){"threads", 7};
     if (o->n_batch.n > 1 || o->n_batch.v[0] != 2048) c[n++] = (struct col){"n_batch", 7};
     if (o->n_ubatch.n > 1 || o->n_ubatch.v[0] != 512) c[n++] = (struct col){"n_ubatch", 8};
-    c[n++] = (struct col){"test", 15};
+    c[n++] = (struct col){"test", p->show_spec ? 22 : 15};
     c[n++] = (struct col){"t/s", 20};
     if (p->show_bw) c[n++] = (struct col){"bw %", 6};
+    if (p->show_spec) c[n++] = (struct col){"accept %", 8};
     return n;
 }
 
@@ -466,7 +599,7 @@ static void print_header(struct printer *p) {
         printf("build_commit,build_number,cpu_info,gpu_info,backends,model_filename,model_type,"
                "model_size,model_n_params,n_batch,n_ubatch,n_threads,type_k,type_v,n_gpu_layers,"
                "main_gpu,n_prompt,n_gen,n_depth,test_time,avg_ns,stddev_ns,avg_ts,stddev_ts,"
-               "n_seqs,bw_pct,bw_gbs\n");
+               "n_seqs,bw_pct,bw_gbs%s\n", p->show_spec ? ",spec,spec_proposed,spec_accepted" : "");
     } else if (p->json) {
         printf("[\n");
     }
@@ -522,6 +655,9 @@ static void print_row(struct printer *p, const struct row *r) {
             else if (!strcmp(nm, "t/s")) {
                 snprintf(v, sizeof v, "%.2f ± %.2f", r->avg_ts, r->std_ts);
                 w += 1; /* the ± is two bytes */
+            } else if (!strcmp(nm, "accept %")) {
+                if (r->spec && strcmp(r->spec, "off")) snprintf(v, sizeof v, "%.1f", accept_pct(r));
+                else v[0] = 0;
             } else if (r->bw_pct >= 0) snprintf(v, sizeof v, "%.1f", r->bw_pct);
             else v[0] = 0;
             printf(" %*s |", w, v);
@@ -538,8 +674,12 @@ static void print_row(struct printer *p, const struct row *r) {
                o->device, r->n_prompt, r->n_gen, r->n_depth, r->test_time,
                (unsigned long long)r->avg_ns, (unsigned long long)r->std_ns, r->avg_ts, r->std_ts,
                r->n_seqs);
-        if (r->bw_pct >= 0) printf("\"%.2f\",\"%.2f\"\n", r->bw_pct, r->bw_gbs);
-        else printf("\"\",\"\"\n");
+        if (r->bw_pct >= 0) printf("\"%.2f\",\"%.2f\"", r->bw_pct, r->bw_gbs);
+        else printf("\"\",\"\"");
+        if (p->show_spec)
+            printf(",\"%s\",\"%llu\",\"%llu\"", r->spec ? r->spec : "",
+                   (unsigned long long)r->spec_proposed, (unsigned long long)r->spec_accepted);
+        printf("\n");
     } else {
         /* json: one object per test, indented, comma-separated; jsonl: one per line */
         const char *open = p->json ? "  {\n" : "{", *sep = p->json ? ",\n" : ", ";
@@ -578,6 +718,13 @@ static void print_row(struct printer *p, const struct row *r) {
         KEY("bw_gbs");
         if (r->bw_gbs >= 0) printf("%.2f%s", r->bw_gbs, sep);
         else printf("null%s", sep);
+        if (r->spec) {
+            KEY("spec"), json_str(r->spec), printf("%s", sep);
+            KEY("spec_proposed"), printf("%llu%s", (unsigned long long)r->spec_proposed, sep);
+            KEY("spec_accepted"), printf("%llu%s", (unsigned long long)r->spec_accepted, sep);
+            KEY("spec_accept_pct"), printf("%.2f%s", accept_pct(r), sep);
+            KEY("spec_tokens_per_step"), printf("%.3f%s", r->spec_tps, sep);
+        }
         KEY("samples_ns"), printf("[ ");
         for (int k = 0; k < r->n_samples; k++) printf("%s%llu", k ? ", " : "", (unsigned long long)r->samples_ns[k]);
         printf(" ]%s", sep);
@@ -677,33 +824,69 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
         if (o->pg[i][0] > max_np) max_np = o->pg[i][0];
         if (o->pg[i][1] > max_ng) max_ng = o->pg[i][1];
     }
-    int per_seq = list_max(&o->depth) + max_np + max_ng + BLOCK;
-    int n_blocks = max_b * ((per_seq + BLOCK - 1) / BLOCK) + 1;
-    smelt_status st = cli_resolve_model(ref, false, path, sizeof path, e);
+    struct spec_config scfg = {0};
+    smelt_status st = cli_spec_config(&o->spec, &scfg, e);
+    bool spec = st == SMELT_OK && scfg.kind != SPEC_OFF;
+    struct tok *tok = NULL;
+    struct tok_ids prompt = {0};
+    struct cli_spec cs = o->spec; /* this model's draft */
+    if (st == SMELT_OK) st = cli_resolve_model(ref, false, path, sizeof path, e);
     if (st == SMELT_OK) st = gguf_open(&f, path, e);
+    if (st == SMELT_OK && spec) { /* the tg tests' prompt */
+        char *text = NULL;
+        size_t len = sizeof default_prompt - 1;
+        st = tok_new_from_gguf(&tok, f, NULL, e);
+        if (st == SMELT_OK && o->prompt_file) st = file_read_all(o->prompt_file, &text, &len, e);
+        if (st == SMELT_OK)
+            st = tok_encode(tok, text ? text : default_prompt, len, TOK_ADD_SPECIAL, &prompt, e);
+        free(text);
+        if (st == SMELT_OK && prompt.n == 0) st = err_set(e, SMELT_ERR_INVALID, "-f: an empty prompt");
+        if ((int)prompt.n > max_np) max_np = (int)prompt.n;
+    }
+    int max_vr = list_max(&o->vrows);
+    int per_seq = list_max(&o->depth) + max_np + max_ng + BLOCK + SPEC_K_MAX + max_vr;
+    int n_blocks = max_b * ((per_seq + BLOCK - 1) / BLOCK) + 1;
     /* -mg is llama-bench's main_gpu: reported whatever the backend, used only by CUDA */
     if (st == SMELT_OK) st = cli_backend_new(o->backend, cli_backend_is_cuda(o->backend) ? o->device : -1, threads, &bk, e);
     if (st == SMELT_OK) st = cli_model_load(path, f, bk, &c.m, e);
+    /* with speculation: an engine of max_b sequences and steps of 512 rows (its draft too) */
+    struct engine_config ec = {.max_seqs = max_b, .max_batch_tokens = 512, .n_blocks = n_blocks,
+                               .block_size = BLOCK, .n_ctx = per_seq, .spec = scfg};
+    engine_config_defaults(&ec);
+    if (st == SMELT_OK && spec) {
+        struct memplan_shape dsh = {.max_tokens = ec.max_batch_tokens, .max_seqs = max_b,
+                                    .max_out = max_b, .n_ctx = per_seq, .block_size = BLOCK,
+                                    .kv_type = QT_F16};
+        st = cli_spec_load(&cs, o->backend, cli_backend_is_cuda(o->backend) ? o->device : -1,
+                           threads, tok, &dsh, e);
+    }
     if (st == SMELT_OK) {
-        /* the memory plan: the longest prompt chunk, or max_b decode rows */
+        /* the memory plan: the longest prompt chunk, or max_b decode rows (with speculation,
+         * the engine's steps) */
+        int max_t = max_chunk > max_b * max_vr ? max_chunk : max_b * max_vr;
+        int max_o = spec && engine_max_out_rows(&ec) > max_b * max_vr ? engine_max_out_rows(&ec)
+                                                                       : max_b * max_vr;
         struct cli_mem_req r = {
             .cmd = "bench", .f = f, .need = (int64_t)n_blocks * BLOCK,
-            .shape = {.max_tokens = max_chunk > max_b ? max_chunk : max_b, .max_seqs = max_b,
-                      .max_out = max_b, .n_ctx = per_seq, .block_size = BLOCK, .kv_type = QT_F16},
-            .n_slots = model_is_recurrent(c.m) ? max_b : 0};
+            .shape = {.max_tokens = spec && ec.max_batch_tokens > max_t ? ec.max_batch_tokens : max_t,
+                      .max_seqs = max_b, .max_out = max_o,
+                      .n_ctx = per_seq, .block_size = BLOCK, .kv_type = QT_F16},
+            .n_slots = model_is_recurrent(c.m) ? memplan_state_slots(max_b) : 0,
+            .extra_per_token = cli_spec_kv_bytes(&cs, QT_F16)};
         int64_t t = 0;
         st = cli_mem_plan(c.m, &r, &t, e);
     }
-    /* a recurrent model: one state slot per sequence, no snapshots */
-    int32_t n_slots = st == SMELT_OK && model_is_recurrent(c.m) ? max_b : 0;
+    /* a recurrent model: one state slot per sequence (the engine's tests: snapshots too) */
+    int32_t n_slots = st == SMELT_OK && model_is_recurrent(c.m) ? memplan_state_slots(max_b) : 0;
     if (st == SMELT_OK) st = model_kv_new(c.m, QT_F16, BLOCK, n_blocks, n_slots, &c.kv, e);
     if (st == SMELT_OK) st = kv_pool_init(&c.pool, n_blocks, BLOCK, e);
-    if (st == SMELT_OK && n_slots) st = kv_slots_enable(&c.pool, n_slots, n_slots, e);
+    if (st == SMELT_OK && n_slots) st = kv_slots_enable(&c.pool, n_slots, max_b, e);
+    if (st == SMELT_OK && spec) st = cli_spec_kv(&cs, QT_F16, BLOCK, n_blocks, &ec.spec, e);
     if (st == SMELT_OK) {
         c.n_vocab = c.m->hp.n_vocab;
-        c.cand = calloc((size_t)MAX_SEQS * TOPK_MAX, sizeof *c.cand);
+        c.cand = calloc((size_t)MAX_ROWS * TOPK_MAX, sizeof *c.cand);
         if (!c.cand) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < MAX_SEQS; i++) c.greedy[i] = (struct topk_row){.k = 1, .inv_t = 1.0f};
+        for (int i = 0; i < MAX_ROWS; i++) c.greedy[i] = (struct topk_row){.k = 1, .inv_t = 1.0f};
     }
     double size = 0, params = 0;
     if (st == SMELT_OK) {
@@ -733,26 +916,50 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
                 int nb = o->n_batch.v[ib], nub = o->n_ubatch.v[iu];
                 int chunk = nub < nb ? nub : nb;
                 /* pp, tg, pg (llama-bench's order), then smelt's batched decode */
-                int kinds[4] = {o->n_prompt.n, o->n_gen.n, o->n_pg, o->batched.n * o->n_gen.n};
+                /* the decode tests run once per --verify-rows value */
+                int nv = o->vrows.n;
+                int kinds[4] = {o->n_prompt.n, o->n_gen.n * nv, o->n_pg, o->batched.n * o->n_gen.n * nv};
                 for (int kind = 0; st == SMELT_OK && kind < 4; kind++)
                     for (int k = 0; st == SMELT_OK && k < kinds[kind]; k++) {
-                        int np = 0, ng = 0, ns = 1;
+                        int np = 0, ng = 0, ns = 1, vr = 1;
                         if (kind == 0) np = o->n_prompt.v[k];
-                        else if (kind == 1) ng = o->n_gen.v[k];
+                        else if (kind == 1) ng = o->n_gen.v[k / nv], vr = o->vrows.v[k % nv];
                         else if (kind == 2) np = o->pg[k][0], ng = o->pg[k][1];
-                        else ns = o->batched.v[k / o->n_gen.n], ng = o->n_gen.v[k % o->n_gen.n];
+                        else ns = o->batched.v[k / (o->n_gen.n * nv)],
+                             ng = o->n_gen.v[k / nv % o->n_gen.n], vr = o->vrows.v[k % nv];
                         if (np + ng == 0) continue;
+                        if (spec && vr > 1) continue; /* the engine tests have their own shape */
                         memset(r, 0, sizeof *r);
                         *r = (struct row){.model_filename = ref, .model_type = desc, .model_size = size,
                                           .model_n_params = params, .n_batch = nb, .n_ubatch = nub,
                                           .n_threads = n_thr, .n_prompt = np, .n_gen = ng,
-                                          .n_depth = o->depth.v[id], .n_seqs = ns};
+                                          .n_depth = o->depth.v[id], .n_seqs = ns, .n_vrows = vr};
+                        if (spec && (kind == 1 || kind == 3)) {
+                            /* through the engine: without, then with speculation */
+                            struct row base = *r;
+                            for (int on = 0; st == SMELT_OK && on < 2; on++) {
+                                struct engine_config c2 = ec;
+                                if (!on) c2.spec.kind = SPEC_OFF;
+                                *r = base;
+                                r->spec = on ? spec_kind_name(scfg.kind) : "off";
+                                struct engine *en = NULL;
+                                st = engine_new(&en, &c2, c.m, c.kv, tok, e);
+                                if (st == SMELT_OK)
+                                    st = run_engine_test(en, o, r, prompt.v, (int)prompt.n, e);
+                                engine_free(en);
+                                if (st == SMELT_OK) print_row(p, r);
+                            }
+                            continue;
+                        }
                         st = run_test(&c, o, r, chunk, bw, e);
                         if (st == SMELT_OK) print_row(p, r);
                     }
             }
     free(r);
     free(c.cand);
+    cli_spec_free(&cs);
+    tok_ids_free(&prompt);
+    tok_free(tok);
     if (c.kv) model_kv_free(c.m, c.kv);
     kv_pool_free(&c.pool);
     model_free(c.m);
@@ -774,6 +981,7 @@ int cmd_bench(int argc, char **argv) {
     bool cuda = cli_backend_is_cuda(o.backend);
     p.backend = cuda ? "CUDA" : "CPU";
     p.show_bw = cuda || o.bw_gbs > 0 || o.bw_measure;
+    p.show_spec = o.spec.kind || o.spec.draft;
     read_cpu_info(p.cpu_info, sizeof p.cpu_info);
     if (cuda) read_gpu_info(o.device, p.gpu_info, sizeof p.gpu_info);
     print_header(&p);

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "cli/climem.h"
 #include "cli/clibackend.h"
+#include "cli/clispec.h"
 #include "cli/modelref.h"
 #include "engine/engine.h"
 #include "format/gguf.h"
@@ -138,6 +139,7 @@ struct serve_inst {
     struct tmpl *tm, *tm_tools;
     struct tmpl_sources ct;
     char *bos, *eos;
+    struct cli_spec spec; /* speculative decoding: the draft model (its own backend and KV) */
     struct fake fk;
     bool fake, cuda;
     uint64_t used_b; /* device bytes it holds */
@@ -248,6 +250,7 @@ static void sampling_defaults(const struct cfg *c, int ci, const struct gguf_fil
 void serve_inst_free(struct serve_inst *in) {
     if (!in) return;
     engine_free(in->en);
+    cli_spec_free(&in->spec);
     if (in->m && in->kv) model_kv_free(in->m, in->kv);
     model_free(in->m);
     bk_free(in->bk);
@@ -268,9 +271,10 @@ uint64_t serve_inst_device_bytes(const struct serve_inst *in) { return in->used_
 const char *serve_inst_describe(const struct serve_inst *in, char *buf, size_t n) {
     const struct engine_config *c = engine_config(in->en);
     snprintf(buf, n, "on %s: %d sequences, %d tokens per step, KV %d blocks of %d (%lld tokens), "
-             "context %d, prefix cache %s", in->fake ? "a fake forward" : in->cuda ? "cuda" : "cpu",
-             c->max_seqs, c->max_batch_tokens, c->n_blocks, c->block_size,
-             (long long)c->n_blocks * c->block_size, c->n_ctx, c->no_prefix_cache ? "off" : "on");
+             "context %d, prefix cache %s, speculation %s",
+             in->fake ? "a fake forward" : in->cuda ? "cuda" : "cpu", c->max_seqs,
+             c->max_batch_tokens, c->n_blocks, c->block_size, (long long)c->n_blocks * c->block_size,
+             c->n_ctx, c->no_prefix_cache ? "off" : "on", spec_kind_name(c->spec.kind));
     return buf;
 }
 
@@ -332,6 +336,24 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
         engine_config_defaults(&d);
         n_slots = memplan_state_slots(d.max_seqs);
     }
+    /* speculative decoding: the draft is loaded (and its scratch measured) before the
+     * target's pool is sized; its KV has the pool's blocks, so its bytes per token are added
+     * to the target's, and what it holds on the device to the model's share */
+    in->spec = (struct cli_spec){.kind = cfg_str(c, ci, CFG_SPEC), .draft = cfg_str(c, ci, CFG_DRAFT),
+                                 .k = (int)cfg_int(c, ci, CFG_SPEC_K),
+                                 .max_batch = (int)cfg_int(c, ci, CFG_SPEC_MAX_BATCH),
+                                 .fixed = cfg_bool(c, ci, CFG_SPEC_FIXED)};
+    if (st == SMELT_OK) st = cli_spec_config(&in->spec, &ec.spec, e);
+    if (st == SMELT_OK && in->spec.draft) { /* the draft runs the engine's steps' rows */
+        struct engine_config d = ec;
+        engine_config_defaults(&d);
+        struct memplan_shape dsh = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,
+                                    .max_out = d.max_seqs,
+                                    .n_ctx = ctx_size > 0 ? (int32_t)ctx_size : 4096,
+                                    .block_size = ec.block_size, .kv_type = kv_type};
+        st = cli_spec_load(&in->spec, backend, device, threads, in->tok, &dsh, e);
+    }
+    uint64_t spec_per_token = cli_spec_kv_bytes(&in->spec, kv_type);
     if (st == SMELT_OK) {
         int64_t t = kv_size > 0 ? kv_size : 1 << 20; /* --fake-forward: no model */
         if (in->m) {
@@ -342,14 +364,16 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
             struct cli_mem_req r = {
                 .cmd = "serve", .f = in->f, .gpu_util = cfg_num(c, ci, CFG_GPU_MEMORY_UTILIZATION),
                 .kv_size = kv_size, .min_tokens = ctx_size, .max_tokens = max_t,
-                .cpu_tokens = cpu_kv_tokens(model_kv_block_bytes(in->m, kv_type, 1)),
+                .cpu_tokens = cpu_kv_tokens(model_kv_block_bytes(in->m, kv_type, 1) + spec_per_token),
                 .n_slots = n_slots, .others_b = others_b, .used_b = &in->used_b,
+                .extra_per_token = spec_per_token,
                 .shape = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,
                           .max_out = engine_max_out_rows(&d),
                           .n_ctx = ctx_size > 0 ? (int32_t)ctx_size
                                    : n_ctx_model > 0 ? n_ctx_model : d.max_batch_tokens,
                           .block_size = ec.block_size, .kv_type = kv_type}};
             st = cli_mem_plan(in->m, &r, &t, e);
+            in->used_b += in->spec.device_b;
         }
         int64_t nb = (t + ec.block_size - 1) / ec.block_size;
         if (nb > (1 << 24)) nb = 1 << 24;
@@ -366,6 +390,7 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
     }
     if (st == SMELT_OK && in->m)
         st = model_kv_new(in->m, kv_type, ec.block_size, ec.n_blocks, n_slots, &in->kv, e);
+    if (st == SMELT_OK) st = cli_spec_kv(&in->spec, kv_type, ec.block_size, ec.n_blocks, &ec.spec, e);
     if (st == SMELT_OK && in->fake) {
         st = fake_init(&in->fk, c, ci, in->tok, ec.n_blocks, e);
         ec.forward = fake_forward;

@@ -86,6 +86,11 @@ enum cfg_key {
     CFG_REPEAT_PENALTY,
     CFG_REPEAT_LAST_N,
     CFG_SEED,
+    CFG_SPEC,
+    CFG_DRAFT,
+    CFG_SPEC_K,
+    CFG_SPEC_MAX_BATCH,
+    CFG_SPEC_FIXED,
     CFG_FAKE_FORWARD,
     CFG_FAKE_STEP_MS,
     CFG_FAKE_REPLY,
@@ -111,7 +116,14 @@ enum cfg_type {
 #define CFG_POSITIONAL 128u /* positional arguments append to it (serve's MODEL) */
 
 /* --help's sections. */
-enum cfg_section { CFG_SEC_MODELS, CFG_SEC_SERVER, CFG_SEC_ENGINE, CFG_SEC_SAMPLING, CFG_SEC_TEST };
+enum cfg_section {
+    CFG_SEC_MODELS,
+    CFG_SEC_SERVER,
+    CFG_SEC_ENGINE,
+    CFG_SEC_SAMPLING,
+    CFG_SEC_SPEC,
+    CFG_SEC_TEST
+};
 
 struct cfg_def {
     const char *key;     /* YAML key; flag --key ('_' as '-'); environment SMELT_KEY */

@@ -149,6 +149,22 @@ const struct cfg_def cfg_defs[CFG_N] = {
     [CFG_SEED] = {"seed", 0, CFG_INT, CFG_SEC_SAMPLING, M, NULL, 0, I64, false, NULL, "N",
                   "seed of requests that give none (the same request then gives the same text; "
                   "default: a random one per request)"},
+    /* ---- speculative decoding (docs/speculative.md): per model, a draft goes with its
+     * target ---- */
+    [CFG_SPEC] = {"spec", 0, CFG_ENUM, CFG_SEC_SPEC, M, NULL, 0, 0, false, "ngram|draft|mtp|off",
+                  "ngram|draft|mtp|off",
+                  "the proposer: n-gram prompt lookup, a draft model, the model's MTP head (not "
+                  "served yet), or none (default: draft with --draft, else off)"},
+    [CFG_DRAFT] = {"draft", 0, CFG_STR, CFG_SEC_SPEC, M, NULL, 0, 0, false, NULL, "MODEL",
+                   "a draft model with the target's vocabulary: a GGUF file, a directory or "
+                   "org/repo[:quant]; loaded and unloaded with its target, on its device, its KV "
+                   "in the target's memory plan"},
+    [CFG_SPEC_K] = {"spec_k", 0, CFG_INT, CFG_SEC_SPEC, M, "4", 1, 16, false, NULL, "N",
+                    "draft tokens per step at most"},
+    [CFG_SPEC_MAX_BATCH] = {"spec_max_batch", 0, CFG_INT, CFG_SEC_SPEC, M, "8", 1, 1 << 20, false,
+                            NULL, "N", "no speculation in a step with more decoding sequences"},
+    [CFG_SPEC_FIXED] = {"spec_fixed", 0, CFG_BOOL, CFG_SEC_SPEC, M, NULL, 0, 0, false, NULL, NULL,
+                        "propose k tokens every step (no adaptive k: measurements)"},
     /* ---- tests and benchmarks ---- */
     [CFG_FAKE_FORWARD] = {"fake_forward", 0, CFG_BOOL, CFG_SEC_TEST, M, NULL, 0, 0, false, NULL,
                           NULL, "no model compute: fixed logits (server benchmarks)"},

@@ -538,6 +538,8 @@ static void account(struct gen *g, int32_t ri, const struct engine_event *ev) {
         g->usage_cached += ev->n_cached;
     }
     if (g->rq.max_tokens != 0) g->usage_completion += ev->n_gen; /* 0: echo only */
+    g->usage_proposed += ev->n_proposed;
+    g->usage_accepted += ev->n_accepted;
     if (ev->finish == ENGINE_CANCELLED) g->cancelled = true;
 }
 
@@ -1160,6 +1162,9 @@ enum MHD_Result gen_start(struct conn *c, enum oai_kind kind, const struct gen_a
          * and dropped) */
         if (ep.max_tokens == 0) ep.max_tokens = 1;
         ep.sp.seed = seed + (uint64_t)ri * (uint64_t)rq->n;
+        /* a seeded request gets point-mass drafts: its output is the non-speculative one for
+         * the seed whatever the load (docs/speculative.md) */
+        ep.spec_point_mass = rq->has_seed;
         struct err te;
         smelt_status st = engine_req_new(&g->reqs[ri], &ep, ids.v, (int32_t)ids.n, &te);
         if (st == SMELT_OK) {

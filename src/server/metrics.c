@@ -54,7 +54,9 @@ static void histogram(struct jw *w, const struct per_model *pm, int n, const cha
 enum series_of {
     S_PROMPT, S_CACHED, S_GEN, S_RUNNING, S_WAITING, S_KV_TOTAL, S_KV_USED, S_KV_CACHED,
     S_KV_FREE, S_KV_RATIO, S_PC_QUERIES, S_PC_HITS, S_PC_RATE, S_PC_EVICTIONS, S_PREEMPTIONS,
-    S_STEPS, S_ROWS, S_STEP_SECONDS, S_GRAMMAR_ROWS, S_GRAMMAR_SECONDS, S_ENGINE_END, /* (above: engine figures) */
+    S_STEPS, S_ROWS, S_STEP_SECONDS, S_GRAMMAR_ROWS, S_GRAMMAR_SECONDS, S_SPEC_STEPS,
+    S_SPEC_PROPOSED, S_SPEC_ACCEPTED, S_SPEC_RATIO, S_SPEC_DRAFT_STEPS, S_SPEC_DRAFT_SECONDS,
+    S_ENGINE_END, /* (above: engine figures) */
     S_LOADED = S_ENGINE_END, S_LOADS, S_UNLOADS, S_FAILURES, S_N
 };
 
@@ -90,6 +92,18 @@ static const struct {
                         "Rows sampled under a grammar's token mask."},
     [S_GRAMMAR_SECONDS] = {"smelt_grammar_seconds_total", "counter",
                            "Host time writing grammar token masks and accepting tokens in grammars."},
+    [S_SPEC_STEPS] = {"smelt_spec_steps_total", "counter",
+                      "Sequence-steps that verified speculative draft tokens."},
+    [S_SPEC_PROPOSED] = {"smelt_spec_proposed_tokens_total", "counter",
+                         "Speculative draft tokens proposed."},
+    [S_SPEC_ACCEPTED] = {"smelt_spec_accepted_tokens_total", "counter",
+                         "Speculative draft tokens accepted."},
+    [S_SPEC_RATIO] = {"smelt_spec_acceptance_ratio", "gauge",
+                      "Accepted / proposed draft tokens since start."},
+    [S_SPEC_DRAFT_STEPS] = {"smelt_spec_draft_steps_total", "counter",
+                            "Forward steps of the draft model."},
+    [S_SPEC_DRAFT_SECONDS] = {"smelt_spec_draft_seconds_total", "counter",
+                              "Time in draft-model steps (inside the step time)."},
     [S_LOADED] = {"smelt_model_loaded", "gauge", "1 while the model is loaded."},
     [S_LOADS] = {"smelt_model_loads_total", "counter", "Loads of the model that succeeded."},
     [S_UNLOADS] = {"smelt_model_unloads_total", "counter",
@@ -121,6 +135,13 @@ static double value(const struct per_model *p, enum series_of k) {
     case S_STEP_SECONDS: return st->step_seconds;
     case S_GRAMMAR_ROWS: return (double)st->grammar_rows;
     case S_GRAMMAR_SECONDS: return st->grammar_seconds;
+    case S_SPEC_STEPS: return (double)st->spec_steps;
+    case S_SPEC_PROPOSED: return (double)st->spec_proposed;
+    case S_SPEC_ACCEPTED: return (double)st->spec_accepted;
+    case S_SPEC_RATIO:
+        return st->spec_proposed ? (double)st->spec_accepted / (double)st->spec_proposed : 0.0;
+    case S_SPEC_DRAFT_STEPS: return (double)st->spec_draft_steps;
+    case S_SPEC_DRAFT_SECONDS: return st->spec_draft_seconds;
     case S_LOADED: return p->info.state == SRV_LOADED;
     case S_LOADS: return (double)p->info.loads;
     case S_UNLOADS: return (double)p->info.unloads;

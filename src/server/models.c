@@ -75,6 +75,11 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b) {
     a->step_seconds += b->step_seconds;
     a->grammar_rows += b->grammar_rows;
     a->grammar_seconds += b->grammar_seconds;
+    a->spec_steps += b->spec_steps;
+    a->spec_proposed += b->spec_proposed;
+    a->spec_accepted += b->spec_accepted;
+    a->spec_draft_steps += b->spec_draft_steps;
+    a->spec_draft_seconds += b->spec_draft_seconds;
     a->kv.query_blocks += b->kv.query_blocks;
     a->kv.hit_blocks += b->kv.hit_blocks;
     a->kv.evictions += b->kv.evictions;

@@ -761,6 +761,12 @@ static bool parse_field(const char *k, json_t *v, enum oai_kind kind, int32_t n_
     if (!strcmp(k, "stop_token_ids")) return parse_stop_ids(v, n_vocab, r, e);
     if (!strcmp(k, "logit_bias")) return parse_logit_bias(v, n_vocab, r, e);
     if (!strcmp(k, "ignore_eos")) return oai_get_bool(v, k, &r->ignore_eos, e);
+    if (!strcmp(k, "speculative")) { /* smelt's: false opts out of speculative decoding */
+        bool b = true;
+        if (!oai_get_bool(v, k, &b, e)) return false;
+        r->ep.no_spec = !b;
+        return true;
+    }
     if (!strcmp(k, "skip_special_tokens")) {
         bool skip = true;
         if (!oai_get_bool(v, k, &skip, e)) return false;

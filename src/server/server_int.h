@@ -226,6 +226,7 @@ struct gen {
     size_t sse_off;
     bool stream_end;             /* [DONE] formatted: end after sse is sent */
     int64_t usage_prompt, usage_completion, usage_cached;
+    int64_t usage_proposed, usage_accepted; /* speculative draft tokens (the request log) */
     int64_t usage_reasoning;     /* summed from the choices' n_reason at the end */
     /* embeddings: each input's pooled vector, as the engine gave it */
     float *embd;                 /* (n_reqs, n_embd) */
