@@ -883,6 +883,7 @@ static void log_request(struct server *s, struct conn *c) {
     long long pt = g ? g->usage_prompt : 0, ct = g ? g->usage_completion : 0,
               cached = g ? g->usage_cached : 0;
     long long sprop = g ? g->usage_proposed : 0, sacc = g ? g->usage_accepted : 0;
+    bool spec = engine_config(s->m.en)->spec.kind != SPEC_OFF; /* the fields only then */
     const char *id = c->id[0] ? c->id : "-";
     pthread_mutex_lock(&s->log_mu);
     if (s->cfg.log_json) {
@@ -900,8 +901,9 @@ static void log_request(struct server *s, struct conn *c) {
         jw_str(&w, ",\"route\":");
         jw_json_str(&w, rt, strlen(rt));
         jw_printf(&w, ",\"status\":%d,\"prompt_tokens\":%lld,\"cached_tokens\":%lld,"
-                      "\"completion_tokens\":%lld,\"spec_proposed\":%lld,\"spec_accepted\":%lld,"
-                      "\"ttft_s\":", c->status, pt, cached, ct, sprop, sacc);
+                      "\"completion_tokens\":%lld,", c->status, pt, cached, ct);
+        if (spec) jw_printf(&w, "\"spec_proposed\":%lld,\"spec_accepted\":%lld,", sprop, sacc);
+        jw_str(&w, "\"ttft_s\":");
         if (ttft >= 0) jw_float(&w, ttft);
         else jw_str(&w, "null");
         jw_str(&w, ",\"total_s\":");
@@ -914,11 +916,11 @@ static void log_request(struct server *s, struct conn *c) {
         if (ttft >= 0) snprintf(tt, sizeof tt, "%.3fs", ttft);
         log_escape(method, sizeof method, c->method, strlen(c->method));
         log_escape(path, sizeof path, c->path, strlen(c->path));
-        char spec[64] = "";
-        if (sprop) snprintf(spec, sizeof spec, " proposed=%lld accepted=%lld", sprop, sacc);
+        char spec_f[64] = "";
+        if (spec) snprintf(spec_f, sizeof spec_f, " proposed=%lld accepted=%lld", sprop, sacc);
         fprintf(stderr, "smelt: request %s %s %s %d prompt=%lld cached=%lld completion=%lld%s "
                         "ttft=%s total=%.3fs\n",
-                id, method, path, c->status, pt, cached, ct, spec, tt, total);
+                id, method, path, c->status, pt, cached, ct, spec_f, tt, total);
     }
     pthread_mutex_unlock(&s->log_mu);
 }

@@ -220,7 +220,10 @@ def test_serve_spec_metrics_and_log(tiny):
     log = s.log()
     lines = [l for l in log.splitlines() if "smelt: request" in l and "/v1/completions" in l]
     assert len(lines) == 7, log
-    assert sum("proposed=" in l for l in lines) == 6, lines  # the opted-out one has none
+    counts = [re.search(r"proposed=(\d+) accepted=(\d+)", l) for l in lines]
+    assert all(counts), lines
+    assert sum(int(m[1]) > 0 for m in counts) == 6, lines  # the opted-out one proposed none
+    assert sum(int(m[1]) for m in counts) == proposed
     assert "speculation draft" in log
 
 

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Speculative decoding checked and measured in one command (docs/speculative.md), on the CPU
+# or on a GPU: the same script gives the CPU figures of the doc and the H200 ones still to
+# measure.
+#
+#   usage: scripts/spec-check.sh [-b BIN_DIR] [-o OUT_DIR] [-m MODEL_DIR] [--backend cpu|cuda]
+#                                [--quick] [--costs]
+#     -b BIN_DIR   the binaries (smelt, test_spec, test_engine); default build
+#     -o OUT_DIR   logs and summary.txt (default spec-check-out)
+#     -m DIR       where the truncated drafts and random-weight files are made (default
+#                  /tmp/smelt-models)
+#     --backend B  cpu or cuda (default cuda when nvidia-smi sees a GPU, else cpu)
+#     --quick      identity checks only (no timings)
+#     --costs      also the verify-step costs of the random Llama-3-8B Q4_K_M and its
+#                  Llama-3.2-1B Q4_K_M draft (--verify-rows 1,2,3,5,9 at -B 1,2,4,8,16, and
+#                  the engine with the draft at -B 1,4,16): the inputs of the speedup
+#                  projection and of the break-even batch (GPU; ~10 min on the H200)
+#
+# 1. identity: greedy `smelt run` on the real Qwen2.5-Coder 0.5B (models/) with n-gram drafts
+#    on a repeat-and-edit prompt, the model as its own draft, and its first 20 and 12 layers
+#    as drafts (made with scripts/make-truncated-draft.py): the text must be the plain run's.
+#    On the CPU a difference is a failure; on CUDA, whose rows are not bitwise
+#    batch-invariant (docs/cuda-backend.md), a difference is reported with the first byte
+#    that differs (a near-tie argmax flipping), and the logic tests below decide.
+# 2. acceptance and wall-clock tok/s of the same runs, with and without speculation.
+# 3. the engine and sampler logic: test_spec and test_engine.
+# Exit status: 0 when every check passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=build out=spec-check-out models=/tmp/smelt-models backend="" quick=0 costs=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -b) bin=$2; shift 2 ;;
+    -o) out=$2; shift 2 ;;
+    -m) models=$2; shift 2 ;;
+    --backend) backend=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --costs) costs=1; shift ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "spec-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+if [ -z "$backend" ]; then
+    backend=cpu
+    command -v nvidia-smi > /dev/null && nvidia-smi > /dev/null 2>&1 && backend=cuda
+fi
+mkdir -p "$out" "$models"
+out=$(cd "$out" && pwd)
+bin=$(cd "$bin" && pwd)
+smelt=$bin/smelt
+summary=$out/summary.txt
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+fail=0
+say "spec-check: backend $backend, tree $(git rev-parse --short=8 HEAD 2>/dev/null || echo ?), $(date -u +%Y-%m-%dT%H:%MZ)"
+
+qwen=models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf
+edit='Rewrite this function so that it skips negative numbers; keep everything else as it is.
+
+int sum(const int *a, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) {
+        s += a[i];
+    }
+    return s;
+}'
+code='Write a C function that parses a decimal integer from a string, with overflow checks.'
+
+# one run: prints "tok/s proposed accepted" and leaves the text in $out/$name.txt
+one() {
+    local name=$1; shift
+    "$smelt" run "$qwen" --backend "$backend" --temp 0 "$@" > "$out/$name.txt" 2> "$out/$name.err"
+    local rc=$?
+    local ts p a
+    ts=$(sed -n 's/.*generation: [0-9]* tokens, \([0-9.]*\) tok\/s.*/\1/p' "$out/$name.err")
+    p=$(sed -n 's/.*: \([0-9]*\) proposed, \([0-9]*\) accepted.*/\1/p' "$out/$name.err")
+    a=$(sed -n 's/.*: \([0-9]*\) proposed, \([0-9]*\) accepted.*/\2/p' "$out/$name.err")
+    echo "${rc} ${ts:-0} ${p:-0} ${a:-0}"
+}
+
+check() { # name prompt n spec-args...
+    local name=$1 prompt=$2 n=$3; shift 3
+    read -r rc0 ts0 _ _ <<< "$(one "$name-plain" "$prompt" -n "$n")"
+    read -r rc1 ts1 p a <<< "$(one "$name" "$prompt" -n "$n" "$@")"
+    local verdict=SAME
+    if [ "$rc0" != 0 ] || [ "$rc1" != 0 ]; then
+        verdict="ERROR (see $out/$name.err)"
+        fail=1
+    elif ! cmp -s "$out/$name-plain.txt" "$out/$name.txt"; then
+        verdict="DIFF at $(cmp "$out/$name-plain.txt" "$out/$name.txt" | sed 's/.*byte \([0-9]*\).*/byte \1/')"
+        [ "$backend" = cpu ] && fail=1
+    fi
+    local pct=0
+    [ "$p" -gt 0 ] && pct=$(awk "BEGIN{printf \"%.1f\", 100*$a/$p}")
+    say "$(printf '%-28s %-6s accepted %5s / %-5s (%5s%%)  tok/s %7s -> %7s' "$name" "$verdict" "$a" "$p" "$pct" "$ts0" "$ts1")"
+}
+
+if [ -f "$qwen" ]; then
+    for l in 20 12; do
+        [ -f "$models/qwen-coder-$l.gguf" ] ||
+            python3 scripts/make-truncated-draft.py "$qwen" "$models/qwen-coder-$l.gguf" --layers "$l" > /dev/null
+    done
+    n=200
+    [ "$quick" = 1 ] && n=60
+    say "identity and acceptance, greedy, $n tokens (tok/s: without -> with speculation):"
+    check ngram-edit "$edit" $n --spec ngram
+    check ngram-edit-k8 "$edit" $n --spec ngram --spec-k 8
+    check ngram-code "$code" $n --spec ngram
+    check self-draft "$code" 60 --draft "$qwen" --spec-fixed
+    check draft20-code "$code" $n --draft "$models/qwen-coder-20.gguf" --spec-fixed
+    check draft20-edit "$edit" $n --draft "$models/qwen-coder-20.gguf" --spec-fixed
+    check draft12-code "$code" $n --draft "$models/qwen-coder-12.gguf" --spec-fixed
+else
+    say "identity: SKIP ($qwen absent: scripts/fetch-test-models.sh)"
+fi
+
+for t in test_spec test_engine; do
+    if "$bin/$t" > "$out/$t.log" 2>&1; then say "$t: $(tail -1 "$out/$t.log")"
+    else say "$t: FAILED (see $out/$t.log)"; fail=1; fi
+done
+
+if [ "$costs" = 1 ]; then
+    for p in llama3-8b llama3-1b; do
+        [ -f "$models/$p-q4km.gguf" ] ||
+            "$smelt" quantize --random "$p" "$models/$p-q4km.gguf" Q4_K_M > /dev/null 2>&1
+    done
+    say "verify-step costs, random Llama-3-8B Q4_K_M (t/s = rows per step x sequences / step time):"
+    "$smelt" bench -m "$models/llama3-8b-q4km.gguf" --backend "$backend" -p 0 -n 128 -r 3 \
+        --verify-rows 1,2,3,5,9 -B 1,2,4,8,16 | tee -a "$summary"
+    say "the draft alone, random Llama-3.2-1B Q4_K_M:"
+    "$smelt" bench -m "$models/llama3-1b-q4km.gguf" --backend "$backend" -p 0 -n 128 -r 3 -B 1,4,16 |
+        tee -a "$summary"
+    say "the engine with the draft (random weights: nothing is accepted, so this is the cost side):"
+    "$smelt" bench -m "$models/llama3-8b-q4km.gguf" --backend "$backend" -p 0 -n 128 -r 3 -B 1,4,16 \
+        --draft "$models/llama3-1b-q4km.gguf" --spec-k 4 --spec-fixed | tee -a "$summary"
+fi
+say "spec-check: $([ $fail = 0 ] && echo passed || echo FAILED)"
+exit $fail
