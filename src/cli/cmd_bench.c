@@ -405,6 +405,17 @@ static double stdev_of(const double *v, int n) {
     return sqrt(s / (n - 1));
 }
 
+/* The row's means and standard deviations from its samples. */
+static void row_stats(struct row *r) {
+    int n = r->n_samples;
+    double ns_d[MAX_REPS] = {0};
+    for (int i = 0; i < n; i++) ns_d[i] = (double)r->samples_ns[i];
+    r->avg_ns = (uint64_t)mean_of(ns_d, n);
+    r->std_ns = (uint64_t)stdev_of(ns_d, n);
+    r->avg_ts = mean_of(r->samples_ts, n);
+    r->std_ts = stdev_of(r->samples_ts, n);
+}
+
 static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r, int chunk,
                              double bw, struct err *e) {
     int np = r->n_prompt, ng = r->n_gen, nseq = r->n_seqs, depth = r->n_depth;
@@ -431,13 +442,7 @@ static smelt_status run_test(struct ctx *c, const struct opts *o, struct row *r,
         r->samples_ts[r->n_samples] = 1e9 * (double)(np + ng * nseq) / (double)ns;
         r->n_samples++;
     }
-    int n = r->n_samples;
-    double ns_d[MAX_REPS];
-    for (int i = 0; i < n; i++) ns_d[i] = (double)r->samples_ns[i];
-    r->avg_ns = (uint64_t)mean_of(ns_d, n);
-    r->std_ns = (uint64_t)stdev_of(ns_d, n);
-    r->avg_ts = mean_of(r->samples_ts, n);
-    r->std_ts = stdev_of(r->samples_ts, n);
+    row_stats(r);
     if (bw > 0 && ng && !np) {
         /* steps per second achieved against the bound's: bandwidth / bytes of a step */
         double bytes = step_bytes(c->m, nseq, depth + ng / 2.0);
@@ -521,13 +526,7 @@ static smelt_status run_engine_test(struct engine *en, const struct opts *o, str
     struct engine_stats es;
     engine_stats(en, &es);
     r->spec_tps = es.spec_steps ? 1.0 + (double)es.spec_accepted / (double)es.spec_steps : 0.0;
-    int n = r->n_samples;
-    double ns_d[MAX_REPS];
-    for (int i = 0; i < n; i++) ns_d[i] = (double)r->samples_ns[i];
-    r->avg_ns = (uint64_t)mean_of(ns_d, n);
-    r->std_ns = (uint64_t)stdev_of(ns_d, n);
-    r->avg_ts = mean_of(r->samples_ts, n);
-    r->std_ts = stdev_of(r->samples_ts, n);
+    row_stats(r);
     return SMELT_OK;
 }
 
