@@ -17,7 +17,8 @@
 #                  projection and of the break-even batch (GPU; ~10 min on the H200)
 #
 # 1. identity: greedy `smelt run` on the real Qwen2.5-Coder 0.5B (models/) with n-gram drafts
-#    on a repeat-and-edit prompt, the model as its own draft, and its first 20 and 12 layers
+#    on repeat-and-edit prompts (tests/data/spec/edit-1k.txt: a 956-token C file to print
+#    again with a rename), the model as its own draft, and its first 20 and 12 layers
 #    as drafts (made with scripts/make-truncated-draft.py): the text must be the plain run's.
 #    On the CPU a difference is a failure; on CUDA, whose rows are not bitwise
 #    batch-invariant (docs/cuda-backend.md), a difference is reported with the first byte
@@ -106,6 +107,10 @@ if [ -f "$qwen" ]; then
     check ngram-edit "$edit" $n --spec ngram
     check ngram-edit-k8 "$edit" $n --spec ngram --spec-k 8
     check ngram-code "$code" $n --spec ngram
+    # the floor's case: repeat-and-edit of a ~1,000-token file (the whole file on a GPU)
+    nf=$([ "$backend" = cuda ] && echo 1100 || echo 300)
+    [ "$quick" = 1 ] && nf=60
+    check ngram-file "$(cat tests/data/spec/edit-1k.txt)" "$nf" --spec ngram --spec-k 8 -c 4096
     check self-draft "$code" 60 --draft "$qwen" --spec-fixed
     check draft20-code "$code" $n --draft "$models/qwen-coder-20.gguf" --spec-fixed
     check draft20-edit "$edit" $n --draft "$models/qwen-coder-20.gguf" --spec-fixed
