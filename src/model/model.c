@@ -633,6 +633,27 @@ void model_free(struct model *m) {
     free(m);
 }
 
+smelt_status model_mtp_new(const struct model *m, struct model **out, struct err *e) {
+    *out = NULL;
+    if (!m->arch->mtp)
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "%s has no multi-token-prediction head (smelt runs Qwen3.5's and "
+                       "Qwen3-Next's)", m->hp.arch);
+    struct model *h = calloc(1, sizeof *h);
+    if (!h) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    h->bk = m->bk;
+    h->hp = m->hp;
+    arena_init(&h->host);
+    smelt_status st = m->arch->mtp(m, h, e);
+    if (st != SMELT_OK) {
+        model_free(h);
+        return st;
+    }
+    snprintf(h->hp.arch, sizeof h->hp.arch, "%s", h->arch->name);
+    *out = h;
+    return SMELT_OK;
+}
+
 /* ---- KV store ---- */
 
 static bool kv_type_ok(uint32_t type) {
@@ -845,7 +866,7 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
 }
 
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att) {
-    if (s->n_out == 0 || s->n_out == s->n_tokens || s->out_gathered) return;
+    if (s->n_out == 0 || s->n_out == s->n_tokens || s->out_gathered || s->keep_all) return;
     struct tensor *xo = bk_new(s->bk, QT_F32, (*x)->ne[0], s->n_out, 1);
     struct tensor *ao = bk_new(s->bk, QT_F32, (*att)->ne[0], s->n_out, 1);
     bk_get_rows(s->bk, xo, *x, s->out_rows);
@@ -1030,25 +1051,37 @@ smelt_status model_forward(struct model *m, struct kv_store *kv, const struct ba
 
 static smelt_status run_step(struct model *m, struct kv_store *kv, const struct batch *b,
                              float *logits_out, struct model_sample *smp, float *hidden,
-                             int32_t *n_out_p, struct err *e);
+                             int32_t *n_out_p, const float *hidden_in, float *hidden_out,
+                             struct err *e);
 
 smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch *b,
                         float *logits_out, struct model_sample *smp, int32_t *n_out_p,
                         struct err *e) {
-    return run_step(m, kv, b, logits_out, smp, NULL, n_out_p, e);
+    return run_step(m, kv, b, logits_out, smp, NULL, n_out_p, NULL, NULL, e);
 }
 
 smelt_status model_step_hidden(struct model *m, struct kv_store *kv, const struct batch *b,
                                float *hidden, int32_t *n_out_p, struct err *e) {
     if (!hidden) return err_set(e, SMELT_ERR_INVALID, "model_step_hidden: no output buffer");
-    return run_step(m, kv, b, NULL, NULL, hidden, n_out_p, e);
+    return run_step(m, kv, b, NULL, NULL, hidden, n_out_p, NULL, NULL, e);
 }
 
-/* The step: logits (model_step) or, with hidden, the output rows' final hidden states. */
+smelt_status model_step_mtp(struct model *m, struct kv_store *kv, const struct batch *b,
+                            float *logits_out, struct model_sample *smp, int32_t *n_out_p,
+                            const float *hidden_in, float *hidden_out, struct err *e) {
+    return run_step(m, kv, b, logits_out, smp, NULL, n_out_p, hidden_in, hidden_out, e);
+}
+
+/* The step: logits (model_step) or, with hidden, the output rows' final hidden states
+ * (model_step_hidden); hidden_in / hidden_out: model_step_mtp's. */
 static smelt_status run_step(struct model *m, struct kv_store *kv, const struct batch *b,
                              float *logits_out, struct model_sample *smp, float *hidden,
-                             int32_t *n_out_p, struct err *e) {
+                             int32_t *n_out_p, const float *hidden_in, float *hidden_out,
+                             struct err *e) {
     if (n_out_p) *n_out_p = 0;
+    if (m->arch->reads_hidden && !hidden_in)
+        return err_set(e, SMELT_ERR_INVALID, "%s: a step needs the trunk's hidden states",
+                       m->hp.arch);
     m->last_logits = NULL;
     m->last_n_out = 0;
     smelt_status st = check_batch(m, kv, b, e);
@@ -1082,7 +1115,7 @@ static smelt_status run_step(struct model *m, struct kv_store *kv, const struct 
     int32_t *tables = arena_calloc(&m->host, (size_t)max_blocks * (size_t)b->n_seqs * sizeof(int32_t));
     if (!slot || !rows || !tables) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     /* a decode step: every sequence has exactly one row */
-    bool one_per_seq = n == b->n_seqs;
+    bool one_per_seq = n == b->n_seqs && !hidden_in && !hidden_out;
     if (one_per_seq) {
         uint8_t *seen = arena_calloc(&m->host, (size_t)n);
         if (!seen) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
@@ -1127,7 +1160,12 @@ static smelt_status run_step(struct model *m, struct kv_store *kv, const struct 
     }
 
     bk_step_begin(bk);
-    struct step s = {.bk = bk, .kv = kv, .n_tokens = n, .n_out = n_out};
+    struct step s = {.bk = bk, .kv = kv, .n_tokens = n, .n_out = n_out, .keep_all = hidden_out};
+    size_t hid_bytes = (size_t)m->hp.n_embd * (size_t)n * sizeof(float);
+    if (hidden_in) {
+        s.hidden = bk_new(bk, QT_F32, m->hp.n_embd, n, 1);
+        bk_upload(bk, s.hidden, hidden_in, hid_bytes);
+    }
     s.token = upload_i32(bk, b->token, n);
     s.meta.pos = upload_i32(bk, b->pos, n);
     s.meta.seq = upload_i32(bk, b->seq, n);
@@ -1197,6 +1235,11 @@ static smelt_status run_step(struct model *m, struct kv_store *kv, const struct 
     } else {
         if (graph) bk_graph_begin(bk, key);
         struct tensor *x = m->arch->forward(m, &s); /* (n_embd, n_tokens) */
+        if (hidden_out) {
+            struct tensor *h = bk_new(bk, QT_F32, m->hp.n_embd, n, 1);
+            bk_rms_norm(bk, h, x, m->output_norm, m->hp.norm_eps);
+            bk_download(bk, hidden_out, h, hid_bytes);
+        }
         if (n_out) {
             struct tensor *xo = x; /* (n_embd, n_out) when the last layer kept only them */
             if (!s.out_gathered) {

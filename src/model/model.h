@@ -145,6 +145,10 @@ struct arch_def {
     bool encoder;      /* an encoder (bert): LayerNorm's epsilon key, bidirectional attention,
                         * no output norm and no output head (hidden states only, for
                         * embeddings), pooling MEAN when the file names none */
+    /* Makes head (zeroed, its bk, hp and host arena set) the model's multi-token-prediction
+     * head (model_mtp_new), or NULL: the architecture has none. */
+    smelt_status (*mtp)(const struct model *m, struct model *head, struct err *e);
+    bool reads_hidden; /* the forward reads struct step.hidden (model_step_mtp's hidden_in) */
 };
 
 /* Where a step shape's logits were left (see model_forward and bk_graph_replay). */
@@ -272,6 +276,23 @@ smelt_status model_state_copy(struct model *m, struct kv_store *kv, int32_t dst,
 smelt_status model_step(struct model *m, struct kv_store *kv, const struct batch *batch,
                         float *logits_out, struct model_sample *smp, int32_t *n_out,
                         struct err *e);
+/* model_step with hidden states, for a multi-token-prediction head and its trunk:
+ *   hidden_in  (host, (n_embd, n_tokens)) or NULL: row i's input hidden state, for a model
+ *              that reads one (an MTP head: the trunk's hidden state at the row's position);
+ *   hidden_out (host, (n_embd, n_tokens)) or NULL: every row's final hidden state, the input
+ *              of the logits (rms_norm(x) * output_norm), is written there; every row then
+ *              runs the whole last layer.
+ * A step with either is never a step graph. */
+smelt_status model_step_mtp(struct model *m, struct kv_store *kv, const struct batch *batch,
+                               float *logits_out, struct model_sample *smp, int32_t *n_out,
+                               const float *hidden_in, float *hidden_out, struct err *e);
+/* The model's multi-token-prediction head (Qwen3.5's nextn layer) as a model of its own: one
+ * row (token t at position p, the trunk's final hidden state h at p - 1 as hidden_in) gives
+ * the logits of the token after t, and its own final hidden state (hidden_out) stands in for
+ * the trunk's at p in the next row. Its memory is one attention layer (model_kv_new on it).
+ * It shares m's weights and backend: m outlives it; free it with model_free.
+ * SMELT_ERR_UNSUPPORTED when the file has no MTP layer (the message names the key). */
+smelt_status model_mtp_new(const struct model *m, struct model **out, struct err *e);
 /* model_step with full logits only (tests, prompt scoring, tools). */
 smelt_status model_forward(struct model *m, struct kv_store *kv, const struct batch *batch,
                            float *logits_out, int32_t *n_out, struct err *e);
@@ -304,6 +325,9 @@ struct step {
     struct attn_meta meta;   /* positions, sequences, slots, block tables */
     struct tensor *state_seqs; /* I32 (STATE_SEQ_WORDS, n_seqs): recurrent layers' rows and
                                 * slots per sequence (NULL without recurrent layers) */
+    struct tensor *hidden;     /* F32 (n_embd, n_tokens): model_step_hidden's hidden_in, or
+                                * NULL */
+    bool keep_all;             /* every row runs the last layer (fwd_keep_out_rows: no-op) */
 };
 
 /* Weight binding with shape checks. Errors are sticky: after the first one, calls return

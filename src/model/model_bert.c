@@ -124,4 +124,5 @@ static struct tensor *forward(struct model *m, struct step *s) {
 }
 
 const struct arch_def arch_bert = {"bert", load, forward, FFN_DENSE,
-                                   BK_FEAT_LAYER_NORM | BK_FEAT_ACT | BK_FEAT_NON_CAUSAL, true};
+                                   BK_FEAT_LAYER_NORM | BK_FEAT_ACT | BK_FEAT_NON_CAUSAL, true, NULL,
+                                   false};

@@ -103,4 +103,4 @@ static struct tensor *forward(struct model *m, struct step *s) {
     return x;
 }
 
-const struct arch_def arch_gemma3 = {"gemma3", load, forward, FFN_DENSE, 0, false};
+const struct arch_def arch_gemma3 = {"gemma3", load, forward, FFN_DENSE, 0, false, NULL, false};

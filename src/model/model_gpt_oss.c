@@ -103,4 +103,4 @@ static struct tensor *forward(struct model *m, struct step *s) {
 
 const struct arch_def arch_gpt_oss = {"gpt-oss", load, forward, FFN_MOE,
                                       BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS |
-                                          BK_FEAT_YARN_UNROUNDED, false};
+                                          BK_FEAT_YARN_UNROUNDED, false, NULL, false};

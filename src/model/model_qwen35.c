@@ -25,7 +25,11 @@
  * - Layer i is recurrent unless (i + 1) % full_attention_interval == 0 (default 4);
  *   {arch}.attention.recurrent_layers (one flag per layer) overrides the interval.
  * - {arch}.block_count counts the MTP layers ({arch}.nextn_predict_layers, stored as
- *   blk.{n_layer}...): they are loaded and kept for speculative decoding, not run.
+ *   blk.{n_layer}...): the trunk's forward never runs them; the first one is the model's
+ *   multi-token-prediction head (model_mtp_new, --spec mtp), checked against vLLM's
+ *   qwen3_next_mtp.py: x = eh_proj [rms_norm(embed(t)) * enorm ; rms_norm(h) * hnorm], h
+ *   the trunk's final hidden state (after output_norm) one position earlier, then one
+ *   full-attention block with its own K/V, then the shared (or its own) norm and head.
  * - Hyper-parameters: ssm.conv_kernel (d_conv), ssm.state_size (head_k),
  *   ssm.group_count (key heads), ssm.time_step_rank (value heads), ssm.inner_size
  *   (value heads * head_v).
@@ -81,7 +85,7 @@ struct q35_layer {
     struct ffn_weights ffn; /* its norm is post_attention_norm; dense, or experts + shared */
 };
 
-/* The multi-token-prediction head (kept for speculative decoding; not run yet). */
+/* The multi-token-prediction head (model_mtp_new). */
 struct q35_mtp {
     struct q35_layer block;             /* a full-attention layer */
     const struct tensor *eh_proj;       /* (2 * n_embd, n_embd) */
@@ -277,6 +281,7 @@ static smelt_status load(struct model *m, const struct gguf_file *f, struct err 
     if (Q->n_mtp > 0) { /* the first MTP layer (the only one llama.cpp runs either) */
         int il = hp->n_layer;
         struct q35_mtp *t = &Q->mtp;
+        m->layer[il].rope.mode = ROPE_NEOX;
         load_common_block(&l, il, &t->block);
         load_attn(&l, il, &t->block);
         t->eh_proj = ld_matrix(&l, false, 2 * E, E, "blk.%d.nextn.eh_proj.weight", il);
@@ -398,6 +403,57 @@ static struct tensor *forward(struct model *m, struct step *s) {
     return x;
 }
 
+/* The MTP head's forward (hidden_in: the trunk's final hidden states, one row earlier). */
+static struct tensor *mtp_forward(struct model *m, struct step *s) {
+    const struct q35_mtp *t = m->arch_layers;
+    const struct q35_layer *y = &t->block;
+    struct backend *bk = s->bk;
+    const int64_t E = m->hp.n_embd, n = s->n_tokens;
+    const float eps = m->hp.norm_eps;
+    /* x = eh_proj [rms_norm(embed(t)) * enorm ; rms_norm(h) * hnorm], (2 n_embd, n) in */
+    struct tensor *emb = fwd_embed(m, s);
+    bk_rms_norm(bk, emb, emb, t->enorm, eps);
+    struct tensor *hn = bk_new(bk, QT_F32, E, n, 1);
+    bk_rms_norm(bk, hn, s->hidden, t->hnorm, eps);
+    struct tensor *cat = bk_new(bk, QT_F32, 2 * E, n, 1);
+    bk_copy(bk, bk_view_2d(bk, cat, E, n, cat->nb[1], 0), emb);
+    bk_copy(bk, bk_view_2d(bk, cat, E, n, cat->nb[1], (size_t)E * sizeof(float)), hn);
+    struct tensor *x = bk_new(bk, QT_F32, E, n, 1);
+    bk_matmul_group(bk, 1, &x, &t->eh_proj, NULL, cat, NULL);
+    /* one full-attention block (its K/V: layer 0 of the head's store) */
+    struct tensor *a = attention(m, s, 0, y, x);
+    fwd_keep_out_rows(m, s, &x, &a);
+    const struct prenorm ffn_pre = {y->ffn.norm, eps}, next_pre = {m->output_norm, eps};
+    bk_matmul_acc(bk, x, y->attn.wo, a, &ffn_pre);
+    fwd_ffn(m, s, &y->ffn, GLU_SILU, x, x, true, &next_pre);
+    return x;
+}
+
+static const struct arch_def arch_mtp = {"qwen35-mtp", NULL, mtp_forward, FFN_MOE, 0, false, NULL, true};
+
+static smelt_status mtp_new(const struct model *m, struct model *h, struct err *e) {
+    const struct q35 *Q = m->arch_layers;
+    if (Q->n_mtp == 0)
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "%s: this file has no multi-token-prediction layer (%s.nextn_predict_layers "
+                       "is 0 or absent: a converter or quantizer may have dropped it)",
+                       m->hp.arch, m->hp.arch);
+    struct loader l = {h, NULL, e, SMELT_OK};
+    h->arch = &arch_mtp;
+    h->hp.n_layer = 1;
+    h->layer = ld_alloc(&l, sizeof *h->layer);
+    h->mem = ld_alloc(&l, sizeof *h->mem);
+    if (l.st != SMELT_OK) return l.st;
+    h->layer[0] = m->layer[m->hp.n_layer];
+    h->mem[0] = (struct layer_mem){MEM_KV, 0, 0};
+    h->arch_layers = (void *)&Q->mtp;
+    h->tok_embd = Q->mtp.embed ? Q->mtp.embed : m->tok_embd;
+    h->output_norm = Q->mtp.head_norm ? Q->mtp.head_norm : m->output_norm;
+    h->output = Q->mtp.head ? Q->mtp.head : m->output;
+    h->rope_freqs = m->rope_freqs;
+    return SMELT_OK;
+}
+
 static smelt_status load_qwen35(struct model *m, const struct gguf_file *f, struct err *e) {
     return load(m, f, e, QWEN35);
 }
@@ -408,8 +464,8 @@ static smelt_status load_qwen3next(struct model *m, const struct gguf_file *f, s
     return load(m, f, e, QWEN3NEXT);
 }
 
-const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE, 0, false};
+const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE, 0, false, mtp_new, false};
 const struct arch_def arch_qwen35moe = {"qwen35moe", load_qwen35moe, forward, FFN_MOE,
-                                        BK_FEAT_GLU_ROW_GATE, false};
+                                        BK_FEAT_GLU_ROW_GATE, false, mtp_new, false};
 const struct arch_def arch_qwen3next = {"qwen3next", load_qwen3next, forward, FFN_MOE,
-                                        BK_FEAT_GLU_ROW_GATE, false};
+                                        BK_FEAT_GLU_ROW_GATE, false, mtp_new, false};
