@@ -119,6 +119,17 @@ else
     say "identity: SKIP ($qwen absent: scripts/fetch-test-models.sh)"
 fi
 
+# the MTP head on the qwen35moe fixture (random head: identity under rollbacks; the CPU only,
+# as the CUDA backend has no recurrent ops yet)
+if [ "$backend" = cpu ]; then
+    mtp_fix=tests/data/ref-hybrid/qwen35moe-f16.gguf
+    "$smelt" run "$mtp_fix" "Hello there, the quick brown fox" -n 100 --temp 0 > "$out/mtp-plain.txt" 2> /dev/null
+    "$smelt" run "$mtp_fix" "Hello there, the quick brown fox" -n 100 --temp 0 --spec mtp --spec-fixed \
+        > "$out/mtp.txt" 2> "$out/mtp.err"
+    if cmp -s "$out/mtp-plain.txt" "$out/mtp.txt"; then say "mtp (fixture): SAME, $(grep -o '[0-9]* proposed.*' "$out/mtp.err")"
+    else say "mtp (fixture): DIFF or ERROR (see $out/mtp.err)"; fail=1; fi
+fi
+
 for t in test_spec test_engine; do
     if "$bin/$t" > "$out/$t.log" 2>&1; then say "$t: $(tail -1 "$out/$t.log")"
     else say "$t: FAILED (see $out/$t.log)"; fail=1; fi

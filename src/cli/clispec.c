@@ -83,8 +83,12 @@ static void token_quote(const struct tok *t, int32_t id, char *buf, size_t n) {
 }
 
 smelt_status cli_spec_load(struct cli_spec *s, const char *backend, int device, int threads,
-                           const struct tok *target, const struct memplan_shape *shape,
-                           struct err *e) {
+                           const struct tok *target, struct model *target_m,
+                           const struct memplan_shape *shape, struct err *e) {
+    if (s->kind && !strcmp(s->kind, "mtp") && target_m) {
+        smelt_status st = model_mtp_new(target_m, &s->m, e);
+        return st == SMELT_OK ? SMELT_OK : err_prefix(e, "--spec mtp");
+    }
     if (!s->draft) return SMELT_OK;
     smelt_status st = cli_resolve_model(s->draft, true, s->path, sizeof s->path, e);
     if (st == SMELT_OK) st = gguf_open(&s->f, s->path, e);
@@ -128,7 +132,8 @@ smelt_status cli_spec_kv(struct cli_spec *s, uint32_t kv_type, int32_t block_siz
                          int32_t n_blocks, struct spec_config *cfg, struct err *e) {
     if (!s->m) return SMELT_OK;
     smelt_status st = model_kv_new(s->m, kv_type, block_size, n_blocks, 0, &s->kv, e);
-    if (st != SMELT_OK) return err_prefix(e, "draft model %s", s->draft);
+    if (st != SMELT_OK) return err_prefix(e, s->draft ? "draft model %s" : "MTP head%s",
+                                          s->draft ? s->draft : "");
     cfg->draft = s->m;
     cfg->draft_kv = s->kv;
     return SMELT_OK;

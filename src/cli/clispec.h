@@ -58,13 +58,15 @@ smelt_status cli_spec_config(const struct cli_spec *s, struct spec_config *out, 
 /* With --draft: loads the draft on a backend like the target's (name, device, threads),
  * checks its vocabulary against the target's tokenizer, and on a device measures its
  * largest steps (shape: the caller's, the draft running the same rows) so its scratch is
- * reserved before the target's KV pool is sized. A no-op without --draft. */
+ * reserved before the target's KV pool is sized. With --spec mtp: makes the target model's
+ * MTP head (model_mtp_new: it shares the target's weights and backend; refused, naming the
+ * key, for a file without one). A no-op otherwise. */
 smelt_status cli_spec_load(struct cli_spec *s, const char *backend, int device, int threads,
-                           const struct tok *target, const struct memplan_shape *shape,
-                           struct err *e);
+                           const struct tok *target, struct model *target_m,
+                           const struct memplan_shape *shape, struct err *e);
 
-/* KV bytes the draft takes per token (0 without a draft): the target's memory plan adds
- * it to its own, as the two pools have the same number of blocks. */
+/* KV bytes the draft (or the MTP head) takes per token (0 without one): the target's memory
+ * plan adds it to its own, as the two pools have the same number of blocks. */
 uint64_t cli_spec_kv_bytes(const struct cli_spec *s, uint32_t kv_type);
 
 /* Allocates the draft's KV store (n_blocks of block_size) and points cfg at the draft. */

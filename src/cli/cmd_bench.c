@@ -857,7 +857,7 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
                                     .max_out = max_b, .n_ctx = per_seq, .block_size = BLOCK,
                                     .kv_type = QT_F16};
         st = cli_spec_load(&cs, o->backend, cli_backend_is_cuda(o->backend) ? o->device : -1,
-                           threads, tok, &dsh, e);
+                           threads, tok, c.m, &dsh, e);
     }
     if (st == SMELT_OK) {
         /* the memory plan: the longest prompt chunk, or max_b decode rows (with speculation,

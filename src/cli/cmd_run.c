@@ -275,6 +275,10 @@ struct session {
     float *vraw;               /* (model_adj_cap(SPEC_K_MAX + 1)) */
     struct sample_result vout[SPEC_K_MAX + 1];
     int64_t n_spec_steps;
+    /* --spec mtp: a step's final hidden states (PREFILL_CHUNK, n_embd), and the last row's
+     * (n_embd) at position hold_pos (-1: none) until the token after it is known */
+    float *hid, *hold;
+    int32_t hold_pos;
 };
 
 static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct err *e) {
@@ -286,10 +290,33 @@ static smelt_status append(struct tok_buf *b, const char *p, size_t n, struct er
     return SMELT_OK;
 }
 
+/* --spec mtp: the MTP head sees rows [p0, p0 + n) of the last step (their hidden states,
+ * the tokens after them: next) and computes its K/V there (engine/spec.h). */
+static smelt_status observe(struct session *s, int32_t p0, int32_t n, const float *hidden,
+                            const int32_t *next, struct err *e) {
+    struct spec_obs o = {&s->ss, p0, n, hidden, next, kv_seq_view(&s->seq), s->o->sp.temperature};
+    return spec_observe(s->sp, &o, 1, e);
+}
+
+/* The held row (the last one fed, whose next token was unknown) with its next token t, at
+ * the position after it. */
+static smelt_status observe_held(struct session *s, int32_t t, struct err *e) {
+    if (!spec_wants_hidden(s->sp)) return SMELT_OK;
+    int32_t at = s->hold_pos;
+    s->hold_pos = -1;
+    if (at < 0 || (size_t)at + 1 != s->cached.n) return SMELT_OK; /* rolled back since */
+    return observe(s, at, 1, s->hold, &t, e);
+}
+
 /* Feeds ids (appended after the cached tokens) through the model; with summary, leaves the
  * last position's summary, as the sampler requested it, in s->sum / s->cand / s->adj_raw. */
 static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool summary,
                          struct err *e) {
+    bool mtp = spec_wants_hidden(s->sp);
+    if (mtp && n > 0) {
+        smelt_status st = observe_held(s, ids[0], e);
+        if (st != SMELT_OK) return st;
+    }
     int32_t *pos = malloc(PREFILL_CHUNK * sizeof *pos), *seq = calloc(PREFILL_CHUNK, sizeof *seq);
     if (!pos || !seq) {
         free(pos);
@@ -316,8 +343,9 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool s
          * turn that rewrites the end of the conversation rolls back to it) */
         struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + (int32_t)take, false);
         struct batch b = {(int32_t)take, ids + done, pos, seq, NULL, 1, &view};
+        float *hid = mtp ? s->hid : NULL;
         if (done + take < n || !summary) { /* its last row's logits are not used */
-            st = model_forward(s->m, s->kv, &b, NULL, NULL, e);
+            st = model_step_hidden(s->m, s->kv, &b, NULL, NULL, NULL, NULL, hid, e);
         } else {
             int32_t n_adj = sampler_request(s->smp, &s->req, s->adj, 0, model_adj_cap(1));
             if (n_adj < 0) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
@@ -328,10 +356,20 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool s
                                       .sum = &s->sum,
                                       .cand = s->cand,
                                       .adj_raw = s->adj_raw};
-            if (st == SMELT_OK) st = model_step(s->m, s->kv, &b, NULL, &ms, NULL, e);
+            if (st == SMELT_OK)
+                st = model_step_hidden(s->m, s->kv, &b, NULL, &ms, NULL, NULL, hid, e);
         }
         for (size_t i = 0; i < take && st == SMELT_OK; i++)
             st = tok_ids_push(&s->cached, ids[done + i]);
+        if (st == SMELT_OK && mtp) { /* the rows whose next token is known; the last is held */
+            int32_t known = (int32_t)take - (done + take == n);
+            if (known > 0) st = observe(s, p0, known, s->hid, ids + done + 1, e);
+            if (known < (int32_t)take) {
+                size_t E = (size_t)s->m->hp.n_embd;
+                memcpy(s->hold, s->hid + (size_t)known * E, E * sizeof *s->hold);
+                s->hold_pos = p0 + known;
+            }
+        }
         done += take;
     }
     free(pos);
@@ -373,6 +411,12 @@ static smelt_status cache_keep(struct session *s, size_t n_kv, size_t n, struct 
     kv_seq_rollback(&s->pool, &s->seq, (int32_t)n, &from);
     size_t again = n - (size_t)from;
     s->cached.n = (size_t)from;
+    if (!again && s->seq.restore >= 0) { /* kept exactly to a snapshot: restore it now (a
+                                          * verify step, unlike feed, does not) */
+        smelt_status st = model_state_copy(s->m, s->kv, s->seq.slot, s->seq.restore, e);
+        s->seq.restore = -1;
+        return st;
+    }
     if (!again) return SMELT_OK;
     int32_t *ids = malloc(again * sizeof *ids);
     if (!ids) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
@@ -451,7 +495,9 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
     struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + rows, false);
     struct batch b = {rows, tok, pos, seq, want, 1, &view};
     struct model_sample ms = {rows, s->vreq, s->vadj, off, s->vsum, s->vcand, s->vraw};
-    smelt_status st = model_step(s->m, s->kv, &b, NULL, &ms, NULL, e);
+    bool mtp = spec_wants_hidden(s->sp);
+    smelt_status st = model_step_hidden(s->m, s->kv, &b, NULL, &ms, NULL, NULL,
+                                        mtp ? s->hid : NULL, e);
     struct spec_rows src = {verify_get, verify_full, s};
     int32_t n_full = 0;
     *n = 0;
@@ -459,6 +505,12 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
     if (st != SMELT_OK) return st;
     int32_t acc = *n - 1;
     spec_commit(s->sp, &s->ss, acc, p0 + 1 + acc);
+    if (mtp) { /* the kept rows: t and the accepted drafts, each followed by the next */
+        int32_t next[SPEC_K_MAX + 1];
+        for (int32_t j = 0; j <= acc; j++) next[j] = j < acc ? tok[j + 1] : s->vout[acc].token;
+        st = observe(s, p0, acc + 1, s->hid, next, e);
+        if (st != SMELT_OK) return st;
+    }
     s->n_spec_steps++;
     for (int32_t j = 0; j <= acc && st == SMELT_OK; j++) st = tok_ids_push(&s->cached, tok[j]);
     if (st == SMELT_OK && acc < nd) /* the rejected rows' K/V go */
@@ -481,6 +533,7 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
     int n = 0;
     struct sample_result r;
     smelt_status st = sample_last(s, &r, e);
+    if (st == SMELT_OK && r.token >= 0) st = observe_held(s, r.token, e);
     /* r.token is pending: sampled, not fed. A verify step emits accepted drafts (fed, in
      * the cache) and then a new pending token. */
     int32_t emit_q[SPEC_K_MAX + 1], n_q = 0, q_at = 0;
@@ -523,6 +576,7 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
         } else {
             st = feed(s, &t, 1, true, e);
             if (st == SMELT_OK) st = sample_last(s, &r, e);
+            if (st == SMELT_OK && r.token >= 0) st = observe_held(s, r.token, e);
         }
     }
     out.n = 0;
@@ -656,6 +710,8 @@ static void session_free(struct session *s) {
     sampler_free(s->smp);
     spec_free(s->sp);
     spec_seq_free(&s->ss);
+    free(s->hid);
+    free(s->hold);
     free(s->vcand);
     free(s->vadj);
     free(s->vraw);
@@ -698,7 +754,7 @@ int cmd_run(int argc, char **argv) {
     if (st == SMELT_OK) { /* a draft (its steps: the prompt's chunks, then one row) */
         struct memplan_shape dsh = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .max_out = 1,
                                     .n_ctx = o.n_ctx, .block_size = BLOCK, .kv_type = kv_type};
-        st = cli_spec_load(&o.spec, o.backend, o.device, o.threads, s.tok, &dsh, &e);
+        st = cli_spec_load(&o.spec, o.backend, o.device, o.threads, s.tok, s.m, &dsh, &e);
     }
     if (st == SMELT_OK) {
         /* the memory plan: one sequence, prefill chunks of PREFILL_CHUNK, one logits row (a
@@ -725,7 +781,14 @@ int cmd_run(int argc, char **argv) {
             s.vcand = malloc((SPEC_K_MAX + 1) * TOPK_MAX * sizeof *s.vcand);
             s.vadj = malloc((size_t)model_adj_cap(SPEC_K_MAX + 1) * sizeof *s.vadj);
             s.vraw = malloc((size_t)model_adj_cap(SPEC_K_MAX + 1) * sizeof *s.vraw);
-            if (st == SMELT_OK && (!s.vcand || !s.vadj || !s.vraw))
+            size_t E = (size_t)s.m->hp.n_embd;
+            s.hold_pos = -1;
+            if (st == SMELT_OK && spec_wants_hidden(s.sp)) {
+                s.hid = malloc((size_t)PREFILL_CHUNK * E * sizeof *s.hid);
+                s.hold = malloc(E * sizeof *s.hold);
+            }
+            if (st == SMELT_OK && (!s.vcand || !s.vadj || !s.vraw ||
+                                   (spec_wants_hidden(s.sp) && (!s.hid || !s.hold))))
                 st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
         }
         if (st == SMELT_OK && n_slots) st = kv_slots_enable(&s.pool, n_slots, 1, &e);

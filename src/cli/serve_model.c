@@ -344,14 +344,15 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
                                  .max_batch = (int)cfg_int(c, ci, CFG_SPEC_MAX_BATCH),
                                  .fixed = cfg_bool(c, ci, CFG_SPEC_FIXED)};
     if (st == SMELT_OK) st = cli_spec_config(&in->spec, &ec.spec, e);
-    if (st == SMELT_OK && in->spec.draft) { /* the draft runs the engine's steps' rows */
+    /* a draft (or the MTP head) runs the engine's steps' rows */
+    if (st == SMELT_OK && (in->spec.draft || ec.spec.kind == SPEC_MTP)) {
         struct engine_config d = ec;
         engine_config_defaults(&d);
         struct memplan_shape dsh = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,
                                     .max_out = d.max_seqs,
                                     .n_ctx = ctx_size > 0 ? (int32_t)ctx_size : 4096,
                                     .block_size = ec.block_size, .kv_type = kv_type};
-        st = cli_spec_load(&in->spec, backend, device, threads, in->tok, &dsh, e);
+        st = cli_spec_load(&in->spec, backend, device, threads, in->tok, in->m, &dsh, e);
     }
     uint64_t spec_per_token = cli_spec_kv_bytes(&in->spec, kv_type);
     if (st == SMELT_OK) {

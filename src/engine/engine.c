@@ -1693,6 +1693,10 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
             st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory (%d sequences, %d tokens)",
                          cfg.max_seqs, cfg.max_batch_tokens);
     }
+    if (st == SMELT_OK && cfg.spec.kind == SPEC_MTP)
+        st = err_set(e, SMELT_ERR_UNSUPPORTED,
+                     "--spec mtp: the engine (serve, bench) does not pass the trunk's hidden "
+                     "states to the MTP head yet; smelt run has it (docs/speculative.md)");
     if (st == SMELT_OK && cfg.spec.kind != SPEC_OFF) {
         st = spec_new(&en->spec, &cfg.spec, m, n_vocab, cfg.n_blocks, cfg.block_size,
                       cfg.max_batch_tokens, cfg.max_seqs, e);

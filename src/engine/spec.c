@@ -37,6 +37,8 @@ struct spec {
     struct topk_row *q_rows;          /* (max_seqs) */
     struct topk_summary *q_sum;       /* (max_seqs) */
     struct topk_cand *q_cand;         /* (max_seqs, TOPK_MAX) */
+    float *b_hin, *b_hout;            /* SPEC_MTP (max_rows, n_embd): the head's hidden in/out */
+    int32_t *b_out;                   /* SPEC_MTP (max_rows): a row's output index, or -1 */
     struct spec_stats stats;
 };
 
@@ -80,8 +82,11 @@ void spec_seq_init(struct spec_seq *ss, uint64_t seed) {
 void spec_seq_free(struct spec_seq *ss) {
     free(ss->q_tok);
     free(ss->q_prob);
+    free(ss->mtp_h);
     ss->q_tok = NULL;
     ss->q_prob = NULL;
+    ss->mtp_h = NULL;
+    ss->mtp_for = 0;
 }
 
 /* ---- the adaptive k ---- */
@@ -240,12 +245,14 @@ static smelt_status draft_step(struct spec *sp, int32_t n, int32_t ns, int32_t n
     double t0 = clock_now();
     struct batch b = {n, sp->b_tok, sp->b_pos, sp->b_seq, sp->b_logits, ns, sp->b_seqs};
     struct model_sample ms = {n_out, sp->q_rows, NULL, 0, sp->q_sum, sp->q_cand, NULL};
-    smelt_status st = model_step(sp->cfg.draft, sp->cfg.draft_kv, &b, NULL, n_out ? &ms : NULL,
-                                 NULL, e);
+    bool mtp = sp->cfg.kind == SPEC_MTP;
+    smelt_status st = model_step_hidden(sp->cfg.draft, sp->cfg.draft_kv, &b, NULL,
+                                        n_out ? &ms : NULL, NULL, mtp ? sp->b_hin : NULL,
+                                        mtp ? sp->b_hout : NULL, e);
     sp->stats.draft_steps++;
     sp->stats.draft_rows += (uint64_t)n;
     sp->stats.draft_seconds += clock_now() - t0;
-    return st == SMELT_OK ? SMELT_OK : err_prefix(e, "draft model");
+    return st == SMELT_OK ? SMELT_OK : err_prefix(e, mtp ? "MTP head" : "draft model");
 }
 
 /* The request of a draft output row. */
@@ -343,8 +350,106 @@ static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_
     return SMELT_OK;
 }
 
+/* ---- the MTP head ---- */
+
+/* Draft j of ss and the head's hidden state after it, from output row r of the last head
+ * step (its batch row hr). False: no draft (a token the target lacks, out of memory). */
+static bool mtp_take(struct spec *sp, struct spec_seq *ss, float temperature, int32_t r,
+                     int32_t hr, int32_t j) {
+    size_t E = (size_t)sp->cfg.draft->hp.n_embd;
+    struct spec_job job = {.ss = ss, .temperature = temperature};
+    if (!ss->mtp_h) ss->mtp_h = malloc(E * sizeof *ss->mtp_h);
+    if (!ss->mtp_h || !take_draft(sp, &job, r, j)) return false;
+    memcpy(ss->mtp_h, sp->b_hout + (size_t)hr * E, E * sizeof *ss->mtp_h);
+    return true;
+}
+
+smelt_status spec_observe(struct spec *sp, struct spec_obs *obs, int32_t n_obs, struct err *e) {
+    if (!spec_wants_hidden(sp)) return SMELT_OK;
+    const size_t E = (size_t)sp->cfg.draft->hp.n_embd;
+    for (int32_t first = 0; first < n_obs;) {
+        int32_t n = 0, ns = 0, n_out = 0, i = first;
+        for (; i < n_obs && ns < sp->max_seqs; i++) {
+            struct spec_obs *o = &obs[i];
+            struct spec_seq *ss = o->ss;
+            int32_t end = o->pos0 + o->n;
+            ss->mtp_for = 0;
+            if (ss->off || end <= ss->kv_done) continue; /* already computed (a re-feed) */
+            if (ss->kv_done < o->pos0) ss->kv_done = o->pos0; /* a gap: stale positions */
+            int32_t from = ss->kv_done;
+            if (end - from > sp->max_rows) {
+                return err_set(e, SMELT_ERR_INVALID, "MTP head: %d rows observed, steps take %d",
+                               end - from, sp->max_rows);
+            }
+            if (n + end - from > sp->max_rows) break; /* the next head step */
+            int32_t si = ns++;
+            sp->b_seqs[si] = o->view;
+            sp->b_seqs[si].snap_pos = 0;
+            sp->b_job[si] = i;
+            for (int32_t p = from; p < end; p++) {
+                memcpy(sp->b_hin + (size_t)n * E, o->hidden + (size_t)(p - o->pos0) * E,
+                       E * sizeof(float));
+                sp->b_out[n] = p == end - 1 ? n_out : -1;
+                stage(sp, &n, si, o->next[p - o->pos0], p, p == end - 1);
+            }
+            const struct spec_job oj = {.ss = ss, .temperature = o->temperature};
+            sp->q_rows[n_out++] = draft_req(&oj);
+        }
+        if (n > 0) {
+            smelt_status st = draft_step(sp, n, ns, n_out, e);
+            if (st != SMELT_OK) return st;
+            for (int32_t r = 0; r < n; r++) {
+                if (sp->b_out[r] < 0) continue;
+                struct spec_obs *o = &obs[sp->b_job[sp->b_seq[r]]];
+                o->ss->kv_done = o->pos0 + o->n;
+                /* row p predicts the token after next[p]: d_1 of a sequence of p + 2 tokens */
+                if (mtp_take(sp, o->ss, o->temperature, sp->b_out[r], r, 0))
+                    o->ss->mtp_for = sp->b_pos[r] + 2;
+            }
+        }
+        first = i;
+    }
+    return SMELT_OK;
+}
+
+/* d_1 from spec_observe, then one head row per job and step: d_j at position
+ * n_tok - 2 + j, reading the head's hidden state of the row before, gives d_{j+1}. */
+static smelt_status mtp_propose(struct spec *sp, struct spec_job *jobs, int32_t n_jobs,
+                                struct err *e) {
+    const size_t E = (size_t)sp->cfg.draft->hp.n_embd;
+    for (int32_t i = 0; i < n_jobs; i++) {
+        struct spec_seq *ss = jobs[i].ss;
+        ss->n_draft = !ss->off && ss->mtp_for == jobs[i].n_tok && ss->mtp_for > 0;
+    }
+    for (int32_t j = 1; j < SPEC_K_MAX; j++) {
+        int32_t n = 0, n_out = 0;
+        for (int32_t i = 0; i < n_jobs && n < sp->max_rows; i++) {
+            struct spec_job *job = &jobs[i];
+            if (job->ss->n_draft != j || j >= job->k) continue;
+            sp->b_seqs[n] = job->view;
+            sp->b_seqs[n].snap_pos = 0;
+            sp->b_job[n] = i;
+            memcpy(sp->b_hin + (size_t)n * E, job->ss->mtp_h, E * sizeof(float));
+            int32_t si = n;
+            stage(sp, &n, si, job->ss->draft[j - 1], job->n_tok - 2 + j, true);
+            sp->q_rows[n_out++] = draft_req(job);
+        }
+        if (n == 0) break;
+        smelt_status st = draft_step(sp, n, n, n_out, e);
+        if (st != SMELT_OK) return st;
+        for (int32_t r = 0; r < n; r++) {
+            struct spec_job *job = &jobs[sp->b_job[r]];
+            if (mtp_take(sp, job->ss, job->temperature, r, r, j)) job->ss->n_draft = j + 1;
+        }
+    }
+    return SMELT_OK;
+}
+
 static const struct spec_proposer prop_ngram = {"ngram", ngram_propose, false};
 static const struct spec_proposer prop_draft = {"draft", draft_propose, true};
+static const struct spec_proposer prop_mtp = {"mtp", mtp_propose, true};
+
+bool spec_wants_hidden(const struct spec *sp) { return sp && sp->prop == &prop_mtp; }
 
 /* ---- the state ---- */
 
@@ -364,23 +469,26 @@ smelt_status spec_new(struct spec **out, const struct spec_config *cfg0, const s
     switch (cfg.kind) {
     case SPEC_NGRAM: prop = &prop_ngram; break;
     case SPEC_DRAFT: prop = &prop_draft; break;
-    case SPEC_MTP:
-        return err_set(e, SMELT_ERR_UNSUPPORTED,
-                       "--spec mtp: the MTP proposer is not implemented yet (docs/speculative.md); "
-                       "use --spec ngram or --draft MODEL");
+    case SPEC_MTP: prop = &prop_mtp; break;
     default: return err_set(e, SMELT_ERR_INVALID, "speculation: no proposer");
     }
-    if (cfg.kind == SPEC_DRAFT) {
+    if (cfg.kind == SPEC_DRAFT || cfg.kind == SPEC_MTP) {
         const struct model *d = cfg.draft;
         const struct kv_store *kv = cfg.draft_kv;
-        if (!d || !kv) return err_set(e, SMELT_ERR_INVALID, "--spec draft needs a draft model (--draft)");
+        if (!d || !kv)
+            return err_set(e, SMELT_ERR_INVALID, "%s",
+                           cfg.kind == SPEC_MTP ? "--spec mtp needs the target's MTP head"
+                                                : "--spec draft needs a draft model (--draft)");
         if (model_is_recurrent(d))
             return err_set(e, SMELT_ERR_UNSUPPORTED, "draft model %s: recurrent layers cannot roll "
                            "back a rejected draft cheaply; use an attention-only draft", d->hp.arch);
         if (kv->n_blocks < n_blocks || kv->block_size != block_size)
             return err_set(e, SMELT_ERR_INVALID, "draft KV store: %d blocks of %d, the target's %d "
                            "of %d", kv->n_blocks, kv->block_size, n_blocks, block_size);
-        if (cfg.draft_cost < 0.0f) {
+        if (cfg.draft_cost < 0.0f && cfg.kind == SPEC_MTP) {
+            /* the head shares the target's weights: one layer (and the head) of the trunk's */
+            cfg.draft_cost = target ? 1.0f / (float)(target->hp.n_layer + 1) : 0.1f;
+        } else if (cfg.draft_cost < 0.0f) {
             uint64_t tb = weight_bytes(target), db = weight_bytes(d);
             cfg.draft_cost = tb ? (float)((double)db / (double)tb) : 0.5f;
         }
@@ -396,8 +504,18 @@ smelt_status spec_new(struct spec **out, const struct spec_config *cfg0, const s
     sp->block_size = block_size;
     sp->max_rows = max_rows;
     sp->max_seqs = max_seqs;
-    if (cfg.kind == SPEC_DRAFT) {
+    if (cfg.kind == SPEC_DRAFT || cfg.kind == SPEC_MTP) {
         size_t r = (size_t)max_rows, s = (size_t)max_seqs;
+        if (cfg.kind == SPEC_MTP) {
+            size_t E = (size_t)cfg.draft->hp.n_embd;
+            sp->b_hin = malloc(r * E * sizeof *sp->b_hin);
+            sp->b_hout = malloc(r * E * sizeof *sp->b_hout);
+            sp->b_out = malloc(r * sizeof *sp->b_out);
+            if (!sp->b_hin || !sp->b_hout || !sp->b_out) {
+                spec_free(sp);
+                return err_set(e, SMELT_ERR_NOMEM, "speculation: out of memory (%d rows)", max_rows);
+            }
+        }
         sp->tag = calloc((size_t)n_blocks, sizeof *sp->tag);
         sp->b_tok = malloc(r * sizeof *sp->b_tok);
         sp->b_pos = malloc(r * sizeof *sp->b_pos);
@@ -430,6 +548,9 @@ void spec_free(struct spec *sp) {
     free(sp->q_rows);
     free(sp->q_sum);
     free(sp->q_cand);
+    free(sp->b_hin);
+    free(sp->b_hout);
+    free(sp->b_out);
     free(sp);
 }
 

@@ -22,9 +22,13 @@
  *               it hold the chain the block's prefix hash names. Its proposals are its argmax
  *               (greedy targets, or when asked for point masses) or draws from q, its
  *               distribution over its SPEC_Q_MAX best tokens at the target's temperature;
- *   SPEC_MTP    the target's own multi-token-prediction head: a proposer with K/V in the
- *               target's store, plugged in like the draft (docs/speculative.md says what
- *               it needs from the model side); not available yet.
+ *   SPEC_MTP    the target's own multi-token-prediction head (model_mtp_new): a head row
+ *               at position p reads token t_{p+1} and the trunk's final hidden state h_p
+ *               and predicts t_{p+2}. Its K/V (its own store, the target's block ids and
+ *               tags, as for the draft) are computed from the trunk's hidden states after
+ *               each target step (spec_observe: the step's kept rows, whose next tokens are
+ *               known by then), which also gives d_1; spec_propose chains k - 1 more rows,
+ *               each reading the head's own hidden state of the row before.
  *
  * Adaptive k (spec_want): per sequence, a decayed estimate of the per-token acceptance
  * probability a picks the k in [0, k_max] that maximizes the expected tokens per unit of
@@ -63,7 +67,8 @@ struct spec_config {
     float draft_cost;  /* cost of one draft token, relative to a target step (SPEC_DRAFT;
                         * < 0: the draft's weight bytes over the target's) */
     bool fixed;        /* propose k_max tokens every step: no adaptive k (measurements) */
-    struct model *draft;       /* SPEC_DRAFT: the draft model (attention layers only) */
+    struct model *draft;       /* SPEC_DRAFT: the draft model (attention layers only);
+                                * SPEC_MTP: the target's head (model_mtp_new) */
     struct kv_store *draft_kv; /* its store: the target's block size and count */
 };
 
@@ -90,6 +95,10 @@ struct spec_seq {
     int32_t kv_done;
     uint64_t rng[4];
     uint64_t n_proposed, n_accepted; /* totals */
+    /* SPEC_MTP: draft[0] and q[0] (set by spec_observe) hold d_1 for a sequence of
+     * mtp_for tokens, and mtp_h (n_embd) the head's hidden state of the row that gave it */
+    int32_t mtp_for;
+    float *mtp_h;
     int32_t *q_tok;  /* (SPEC_K_MAX * SPEC_Q_MAX) storage of q, on first use */
     float *q_prob;
 };
@@ -105,7 +114,7 @@ struct spec;
  * recurrent layers, a store of at least the block count and of the same block size (errors
  * name both values); its vocabulary is the caller's to check (cli/clispec.h): a draft id
  * past the target's n_vocab is never proposed, and a sequence holding a token past the
- * draft's stops speculating. SPEC_MTP is refused (SMELT_ERR_UNSUPPORTED). */
+ * draft's stops speculating. SPEC_MTP checks the head's store as SPEC_DRAFT does. */
 smelt_status spec_new(struct spec **out, const struct spec_config *cfg, const struct model *target,
                       int32_t n_vocab, int32_t n_blocks, int32_t block_size, int32_t max_rows,
                       int32_t max_seqs, struct err *e);
@@ -168,6 +177,25 @@ struct spec_rows {
 smelt_status spec_verify(struct sampler *smp, bool history, const struct spec_seq *ss,
                          const struct spec_rows *src, struct sample_result *out,
                          int32_t *n_out, int32_t *n_full, struct err *e);
+
+/* SPEC_MTP: the target's last step, as one sequence saw it. */
+struct spec_obs {
+    struct spec_seq *ss;
+    int32_t pos0, n;       /* positions [pos0, pos0 + n) of the step, kept (not rolled back) */
+    const float *hidden;   /* (n_embd, n) their final hidden states (model_step_hidden) */
+    const int32_t *next;   /* (n) the token after each position (all known) */
+    struct batch_seq view; /* the target's block table (through pos0 + n positions) */
+    float temperature;     /* the target's: 0 proposes argmaxes */
+};
+/* True when the proposer reads the target's hidden states (SPEC_MTP): the caller steps the
+ * target with model_step_hidden and calls spec_observe after each step. */
+bool spec_wants_hidden(const struct spec *sp);
+/* SPEC_MTP, after a target step, its sampling and its rollbacks: the head computes its K/V
+ * at the observed positions it has not computed (a gap before them, a prefix-cache hit's
+ * blocks it has no K/V for, is skipped: those positions stay stale, which costs acceptance,
+ * never correctness); the last row of each gives that sequence's d_1. Runs on the target's
+ * backend: the target's last logits are gone afterwards. No-op for other proposers. */
+smelt_status spec_observe(struct spec *sp, struct spec_obs *obs, int32_t n, struct err *e);
 
 /* Totals since spec_new. */
 struct spec_stats {

@@ -158,8 +158,8 @@ static void test_want(void) {
     /* what spec_new refuses */
     struct spec_config c = {.kind = SPEC_MTP};
     struct err e;
-    T_EQ_INT(spec_new(&sp, &c, NULL, 100, 16, 4, 64, 8, &e), SMELT_ERR_UNSUPPORTED);
-    T_CHECK(strstr(e.msg, "mtp") != NULL);
+    T_EQ_INT(spec_new(&sp, &c, NULL, 100, 16, 4, 64, 8, &e), SMELT_ERR_INVALID);
+    T_CHECK(strstr(e.msg, "MTP head") != NULL);
     c.kind = SPEC_DRAFT;
     T_EQ_INT(spec_new(&sp, &c, NULL, 100, 16, 4, 64, 8, &e), SMELT_ERR_INVALID);
     T_CHECK(strstr(e.msg, "--draft") != NULL);
