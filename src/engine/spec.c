@@ -274,6 +274,51 @@ static void stage(struct spec *sp, int32_t *n, int32_t si, int32_t token, int32_
     (*n)++;
 }
 
+/* Draft j of ss and the head's hidden state after it, from output row r of the last head
+ * step (its batch row hr). False: no draft (a token the target lacks, out of memory). */
+static bool mtp_take(struct spec *sp, struct spec_seq *ss, float temperature, int32_t r,
+                     int32_t hr, int32_t j) {
+    size_t E = (size_t)sp->cfg.draft->hp.n_embd;
+    struct spec_job job = {.ss = ss, .temperature = temperature};
+    if (!ss->mtp_h) ss->mtp_h = malloc(E * sizeof *ss->mtp_h);
+    if (!ss->mtp_h || !take_draft(sp, &job, r, j)) return false;
+    memcpy(ss->mtp_h, sp->b_hout + (size_t)hr * E, E * sizeof *ss->mtp_h);
+    return true;
+}
+
+/* The one-row steps after d_1: d_j of each job still proposing (n_draft == j < k) at
+ * position n_tok - 1 + j (the MTP head: n_tok - 2 + j, reading its own hidden state of the
+ * row before) gives d_{j+1}. A draft's rows extend its K/V; the head's are provisional. */
+static smelt_status chain(struct spec *sp, struct spec_job *jobs, int32_t n_jobs, bool mtp,
+                          struct err *e) {
+    const size_t E = mtp ? (size_t)sp->cfg.draft->hp.n_embd : 0;
+    for (int32_t j = 1; j < SPEC_K_MAX; j++) {
+        int32_t n = 0, n_out = 0;
+        for (int32_t i = 0; i < n_jobs && n < sp->max_rows; i++) {
+            struct spec_job *job = &jobs[i];
+            if (job->ss->n_draft != j || j >= job->k || job->ss->off) continue;
+            sp->b_seqs[n] = job->view;
+            sp->b_seqs[n].snap_pos = 0;
+            sp->b_job[n] = i;
+            if (mtp) memcpy(sp->b_hin + (size_t)n * E, job->ss->mtp_h, E * sizeof(float));
+            int32_t si = n;
+            stage(sp, &n, si, job->ss->draft[j - 1], job->n_tok - (mtp ? 2 : 1) + j, true);
+            sp->q_rows[n_out++] = draft_req(job);
+        }
+        if (n == 0) break;
+        smelt_status st = draft_step(sp, n, n, n_out, e);
+        if (st != SMELT_OK) return st;
+        for (int32_t r = 0; r < n; r++) {
+            struct spec_job *job = &jobs[sp->b_job[r]];
+            if (!mtp) job->ss->kv_done++;
+            bool ok = mtp ? mtp_take(sp, job->ss, job->temperature, r, r, j)
+                          : take_draft(sp, job, r, j);
+            if (ok) job->ss->n_draft = j + 1;
+        }
+    }
+    return SMELT_OK;
+}
+
 static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_t n_jobs,
                                   struct err *e) {
     int32_t nd = sp->cfg.draft->hp.n_vocab;
@@ -325,44 +370,10 @@ static smelt_status draft_propose(struct spec *sp, struct spec_job *jobs, int32_
         }
         first = next;
     }
-    /* then one row per job and step: d_j at position n_tok - 1 + j gives d_{j+1} */
-    for (int32_t j = 1; j < SPEC_K_MAX; j++) {
-        int32_t n = 0, n_out = 0;
-        for (int32_t i = 0; i < n_jobs; i++) {
-            struct spec_job *job = &jobs[i];
-            if (job->ss->n_draft != j || j >= job->k || job->ss->off) continue;
-            sp->b_seqs[n] = job->view;
-            sp->b_seqs[n].snap_pos = 0;
-            sp->b_job[n] = i;
-            int32_t si = n;
-            stage(sp, &n, si, job->ss->draft[j - 1], job->n_tok - 1 + j, true);
-            sp->q_rows[n_out++] = draft_req(job);
-        }
-        if (n == 0) break;
-        smelt_status st = draft_step(sp, n, n, n_out, e);
-        if (st != SMELT_OK) return st;
-        for (int32_t r = 0; r < n; r++) {
-            struct spec_job *job = &jobs[sp->b_job[r]];
-            job->ss->kv_done++;
-            if (take_draft(sp, job, r, j)) job->ss->n_draft = j + 1;
-        }
-    }
-    return SMELT_OK;
+    return chain(sp, jobs, n_jobs, false, e);
 }
 
 /* ---- the MTP head ---- */
-
-/* Draft j of ss and the head's hidden state after it, from output row r of the last head
- * step (its batch row hr). False: no draft (a token the target lacks, out of memory). */
-static bool mtp_take(struct spec *sp, struct spec_seq *ss, float temperature, int32_t r,
-                     int32_t hr, int32_t j) {
-    size_t E = (size_t)sp->cfg.draft->hp.n_embd;
-    struct spec_job job = {.ss = ss, .temperature = temperature};
-    if (!ss->mtp_h) ss->mtp_h = malloc(E * sizeof *ss->mtp_h);
-    if (!ss->mtp_h || !take_draft(sp, &job, r, j)) return false;
-    memcpy(ss->mtp_h, sp->b_hout + (size_t)hr * E, E * sizeof *ss->mtp_h);
-    return true;
-}
 
 smelt_status spec_observe(struct spec *sp, struct spec_obs *obs, int32_t n_obs, struct err *e) {
     if (!spec_wants_hidden(sp)) return SMELT_OK;
@@ -416,33 +427,11 @@ smelt_status spec_observe(struct spec *sp, struct spec_obs *obs, int32_t n_obs, 
  * n_tok - 2 + j, reading the head's hidden state of the row before, gives d_{j+1}. */
 static smelt_status mtp_propose(struct spec *sp, struct spec_job *jobs, int32_t n_jobs,
                                 struct err *e) {
-    const size_t E = (size_t)sp->cfg.draft->hp.n_embd;
     for (int32_t i = 0; i < n_jobs; i++) {
         struct spec_seq *ss = jobs[i].ss;
         ss->n_draft = !ss->off && ss->mtp_for == jobs[i].n_tok && ss->mtp_for > 0;
     }
-    for (int32_t j = 1; j < SPEC_K_MAX; j++) {
-        int32_t n = 0, n_out = 0;
-        for (int32_t i = 0; i < n_jobs && n < sp->max_rows; i++) {
-            struct spec_job *job = &jobs[i];
-            if (job->ss->n_draft != j || j >= job->k) continue;
-            sp->b_seqs[n] = job->view;
-            sp->b_seqs[n].snap_pos = 0;
-            sp->b_job[n] = i;
-            memcpy(sp->b_hin + (size_t)n * E, job->ss->mtp_h, E * sizeof(float));
-            int32_t si = n;
-            stage(sp, &n, si, job->ss->draft[j - 1], job->n_tok - 2 + j, true);
-            sp->q_rows[n_out++] = draft_req(job);
-        }
-        if (n == 0) break;
-        smelt_status st = draft_step(sp, n, n, n_out, e);
-        if (st != SMELT_OK) return st;
-        for (int32_t r = 0; r < n; r++) {
-            struct spec_job *job = &jobs[sp->b_job[r]];
-            if (mtp_take(sp, job->ss, job->temperature, r, r, j)) job->ss->n_draft = j + 1;
-        }
-    }
-    return SMELT_OK;
+    return chain(sp, jobs, n_jobs, true, e);
 }
 
 static const struct spec_proposer prop_ngram = {"ngram", ngram_propose, false};
