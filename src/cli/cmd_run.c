@@ -494,7 +494,8 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
     sampler_unaccept(s->smp, nd);
     struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + rows, false);
     struct batch b = {rows, tok, pos, seq, want, 1, &view};
-    struct model_sample ms = {rows, s->vreq, s->vadj, off, s->vsum, s->vcand, s->vraw};
+    struct model_sample ms = {.n_rows = rows, .rows = s->vreq, .adj = s->vadj, .n_adj = off,
+                              .sum = s->vsum, .cand = s->vcand, .adj_raw = s->vraw};
     bool mtp = spec_wants_hidden(s->sp);
     smelt_status st = model_step_hidden(s->m, s->kv, &b, NULL, &ms, NULL, NULL,
                                         mtp ? s->hid : NULL, e);

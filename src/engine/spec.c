@@ -244,7 +244,7 @@ static bool take_draft(struct spec *sp, struct spec_job *job, int32_t r, int32_t
 static smelt_status draft_step(struct spec *sp, int32_t n, int32_t ns, int32_t n_out, struct err *e) {
     double t0 = clock_now();
     struct batch b = {n, sp->b_tok, sp->b_pos, sp->b_seq, sp->b_logits, ns, sp->b_seqs};
-    struct model_sample ms = {n_out, sp->q_rows, NULL, 0, sp->q_sum, sp->q_cand, NULL};
+    struct model_sample ms = {.n_rows = n_out, .rows = sp->q_rows, .sum = sp->q_sum, .cand = sp->q_cand};
     bool mtp = sp->cfg.kind == SPEC_MTP;
     smelt_status st = model_step_hidden(sp->cfg.draft, sp->cfg.draft_kv, &b, NULL,
                                         n_out ? &ms : NULL, NULL, mtp ? sp->b_hin : NULL,

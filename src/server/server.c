@@ -883,7 +883,8 @@ static void log_request(struct server *s, struct conn *c) {
     long long pt = g ? g->usage_prompt : 0, ct = g ? g->usage_completion : 0,
               cached = g ? g->usage_cached : 0;
     long long sprop = g ? g->usage_proposed : 0, sacc = g ? g->usage_accepted : 0;
-    bool spec = engine_config(s->m.en)->spec.kind != SPEC_OFF; /* the fields only then */
+    /* the fields only on a model that speculates */
+    bool spec = g && g->m && g->m->en && engine_config(g->m->en)->spec.kind != SPEC_OFF;
     const char *id = c->id[0] ? c->id : "-";
     pthread_mutex_lock(&s->log_mu);
     if (s->cfg.log_json) {

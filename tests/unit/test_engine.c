@@ -1615,6 +1615,8 @@ static void test_grammar_batch(void) {
     }
     engine_free(en);
     engine_free(solo);
+}
+
 /* ---- speculative decoding ----
  * "cycle": after word w comes w + 1 among the first six words, except that at positions
  * divisible by 5 the word jumps elsewhere: an n-gram finds repeats everywhere, is right

@@ -258,7 +258,7 @@ static void test_verify_row(void) {
             struct topk_row req;
             int32_t na = sampler_request(s, &req, adj, 0, CAP);
             struct topk_summary sum;
-            topk_summarize_row(row, nv, &req, na ? adj : NULL, &sum, cand, raw);
+            topk_summarize_row(row, nv, &req, na ? adj : NULL, NULL, &sum, cand, raw);
             int32_t draft = point;
             if (c->sampled) { /* draft ~ q */
                 double u = u01(&rs), run = 0;
@@ -436,8 +436,8 @@ static void test_verify_chain(void) {
                 for (int j = 0; j <= CK; j++) {
                     chain_logits(tmp, n + j, cr.row[j], 0);
                     int32_t na = sampler_request(s, &cr.req[j], cr.adj[j], 0, 64);
-                    topk_summarize_row(cr.row[j], CV, &cr.req[j], na ? cr.adj[j] : NULL, &cr.sum[j],
-                                       cr.cand[j], cr.raw[j]);
+                    topk_summarize_row(cr.row[j], CV, &cr.req[j], na ? cr.adj[j] : NULL, NULL,
+                                       &cr.sum[j], cr.cand[j], cr.raw[j]);
                     if (j < CK) sampler_accept(s, ss.draft[j], true);
                 }
                 sampler_unaccept(s, CK);
