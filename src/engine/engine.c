@@ -798,6 +798,43 @@ static bool admit(struct engine *en, struct seq *s) {
     return true;
 }
 
+/* How many of s's drafts (s->sp.draft[0..n_draft)) its grammar lets it verify. Under its
+ * matcher: the longest run the grammar takes (the matcher is left as it was: fill_masks walks
+ * the drafts again for the masks of the rows after them). A lazy grammar waiting for its
+ * trigger: the drafts before the one that completes the trigger (the rows after it would be
+ * under the grammar without a mask; the row that samples it is free). */
+static int32_t grammar_cut(struct engine *en, struct seq *s) {
+    const int32_t *d = s->sp.draft;
+    int32_t n = s->sp.n_draft;
+    struct err e;
+    if (s->gm) {
+        int32_t took = gram_matcher_accept_tokens(s->gm, d, n, &e);
+        if (took > 0 && gram_matcher_rollback(s->gm, took, &e) != SMELT_OK) {
+            /* cannot happen (took <= ENGINE_GRAMMAR_ROLLBACK); the choice ends */
+            if (!s->g_err && (s->g_err = malloc(sizeof *s->g_err))) *s->g_err = e;
+            return 0;
+        }
+        return took > 0 ? took : 0;
+    }
+    const struct engine_grammar *g = &s->req->p.grammar;
+    struct tok_buf b = {0};
+    int32_t keep = 0;
+    if (array_grow((void **)&b.p, &b.cap, s->g_tail.n + 1, 1)) {
+        memcpy(b.p, s->g_tail.p, s->g_tail.n);
+        b.n = s->g_tail.n;
+        for (; keep < n; keep++) {
+            size_t len;
+            const char *piece = tok_piece(en->tok, d[keep], &len);
+            if (!array_grow((void **)&b.p, &b.cap, b.n + len + 1, 1)) break;
+            memcpy(b.p + b.n, piece, len);
+            b.n += len;
+            if (memmem(b.p, b.n, g->trigger, g->trigger_len)) break;
+        }
+    }
+    tok_buf_free(&b);
+    return keep;
+}
+
 /* The decoding sequences (one row each so far) propose drafts within the step's budget:
  * their KV is reserved for them first, without preempting anyone. Returns the budget left. */
 static int32_t schedule_spec(struct engine *en, int32_t budget) {
@@ -816,6 +853,8 @@ static int32_t schedule_spec(struct engine *en, int32_t budget) {
             k = r->p.max_tokens - s->n_gen - 1; /* the step emits at most k + 1 tokens */
         if (k > en->cfg.n_ctx - s->n_tok) k = en->cfg.n_ctx - s->n_tok;
         if (k > budget) k = budget;
+        /* under a grammar the drafts are checked and rolled back in its matcher */
+        if ((s->gm || s->g_wait) && k > ENGINE_GRAMMAR_ROLLBACK) k = ENGINE_GRAMMAR_ROLLBACK;
         struct err e;
         if (k <= 0 || kv_seq_reserve(&en->pool, &s->kv, s->n_done + 1 + k, &e) != SMELT_OK) continue;
         en->spec_jobs[n_jobs++] = (struct spec_job){&s->sp, s->tok, s->n_tok, k, kv_seq_view(&s->kv),
@@ -826,6 +865,10 @@ static int32_t schedule_spec(struct engine *en, int32_t budget) {
     err_clear(&e);
     if (spec_propose(en->spec, en->spec_jobs, n_jobs, &e) != SMELT_OK)
         log_warn("engine: proposing drafts failed (the step goes on without them): %s", e.msg);
+    for (int32_t i = 0; i < en->n_running; i++) {
+        struct seq *s = en->running[i];
+        if (s->sp.n_draft > 0 && (s->gm || s->g_wait)) s->sp.n_draft = grammar_cut(en, s);
+    }
     for (int32_t j = 0; j < n_jobs; j++) {
         const struct spec_job *job = &en->spec_jobs[j];
         budget += job->k - job->ss->n_draft;
@@ -983,13 +1026,25 @@ static void fill_masks(void *ctx) {
         struct seq *s = en->sched[i];
         if (!s->gm || s->out_row < 0) continue;
         size_t gw = gram_mask_words(gram_vocab_n(gram_vocab_of(s->req->p.grammar.g)));
-        uint32_t *row = en->q_mask + (size_t)s->out_row * (size_t)en->mask_words;
+        /* a speculating sequence's row j follows drafts 1..j: the matcher takes them (they
+         * were checked by grammar_cut), then gives them back */
+        int32_t nd = s->sp.n_draft, took = 0;
         struct err e;
-        if (gram_matcher_fill_mask(s->gm, row, &e) != SMELT_OK && !s->g_err &&
-            (s->g_err = malloc(sizeof *s->g_err)))
-            *s->g_err = e;
-        memset(row + gw, 0, ((size_t)en->mask_words - gw) * sizeof *row);
-        en->stats_grows++;
+        smelt_status st = SMELT_OK;
+        for (int32_t j = 0; j <= nd; j++) {
+            uint32_t *row = en->q_mask + (size_t)(s->out_row + j) * (size_t)en->mask_words;
+            if (st == SMELT_OK) st = gram_matcher_fill_mask(s->gm, row, &e);
+            memset(row + gw, 0, ((size_t)en->mask_words - gw) * sizeof *row);
+            if (st == SMELT_OK && j < nd && (st = gram_matcher_accept(s->gm, s->sp.draft[j], &e)) == SMELT_OK)
+                took++;
+            en->stats_grows++;
+        }
+        if (took > 0) {
+            struct err re;
+            smelt_status rst = gram_matcher_rollback(s->gm, took, &re);
+            if (st == SMELT_OK && rst != SMELT_OK) st = rst, e = re;
+        }
+        if (st != SMELT_OK && !s->g_err && (s->g_err = malloc(sizeof *s->g_err))) *s->g_err = e;
     }
     en->stats_gsec += clock_now() - t0;
 }
@@ -1364,6 +1419,8 @@ static void spec_get(void *ctx, int32_t j, const struct topk_row **req,
     *cand = NULL;
     *adj_raw = NULL;
     *req = NULL;
+    if (c->s->gm && en->q_mask) /* (as bind_masks set row 0's) */
+        sampler_set_mask(c->s->smp, en->q_mask + (size_t)r * (size_t)en->mask_words);
     if (en->cfg.forward) return; /* full rows: the summary is made from them */
     *req = &en->q_rows[r];
     *sum = &en->q_sum[r];
@@ -1443,6 +1500,11 @@ static int32_t step(struct engine *en) {
         struct seq *s = en->sched[i];
         if (st != SMELT_OK) {
             finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, e.msg);
+            continue;
+        }
+        if (s->sp.n_draft > 0 && s->g_err) {
+            spec_commit(en->spec, &s->sp, 0, s->n_done);
+            finish_seq(en, s, ENGINE_ERROR, -1, NULL, false, 0, s->g_err->msg);
             continue;
         }
         if (s->sp.n_draft > 0) { /* its positions are settled by the verification */

@@ -1717,6 +1717,85 @@ static void test_spec_greedy(void) {
     engine_free(en0);
 }
 
+/* Grammars with speculation: the drafts are cut where the grammar refuses them, the verify
+ * rows carry the masks of the states after the drafts, and the matcher gives back what was
+ * not accepted. The model (cycle_next, noisy) keeps wanting "!" and " ST", which the
+ * grammars refuse, and the n-gram keeps proposing them (they are in the prompts): each
+ * request's tokens, greedy or seeded, with a grammar, a lazy one or none, all in the same
+ * steps, are exactly those it gets alone without speculation. */
+static void test_spec_grammar(void) {
+    enum { NREQ = 8, NP = 12, MAXT = 40 };
+    struct fake f = {.next = cycle_next, .noisy = true};
+    struct engine *en = mk_spec(&f, 512, NREQ, 6), *en0 = mk_engine(&f, 512, 4, 1, 64, 64, 256);
+    if (!en || !en0) {
+        engine_free(en);
+        engine_free(en0);
+        return;
+    }
+    const char *src[3] = {"root ::= (\"Hel\" | \"lo\" | \" wor\" | \"ld\" | \".\"){30,}",
+                          "(Hel|lo| wor|ld| the){30,}",
+                          "root ::= \"!\" (\"Hel\" | \"lo\" | \" wor\" | \" end\"){30,}"};
+    const enum gram_kind kinds[3] = {GRAM_GBNF, GRAM_REGEX, GRAM_GBNF};
+    struct gram *g[3], *g0[3];
+    for (int k = 0; k < 3; k++) {
+        g[k] = grammar(en, kinds[k], src[k]);
+        g0[k] = grammar(en0, kinds[k], src[k]);
+    }
+    unsigned long long rs = 5;
+    int32_t prompts[NREQ][NP];
+    struct engine_params ps[NREQ], ps0[NREQ];
+    struct engine_req *rr[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        random_prompt(prompts[i], 3, &rs);
+        for (int k = 3; k < NP; k++) prompts[i][k] = WORD0 + (k - 3) % 6; /* "Hel lo wor ld ! ST" */
+        greedy(&ps[i], MAXT);
+        if (i == 6) { /* sampled, seeded: the n-gram's drafts are point masses */
+            ps[i].sp.temperature = 0.8f;
+            ps[i].sp.seed = 99;
+        }
+        int gi = i % 4; /* 0, 1: grammars; 2: lazy, from "!" on; 3: none */
+        ps0[i] = ps[i];
+        if (gi < 3) {
+            ps[i].grammar.g = g[gi];
+            ps0[i].grammar.g = g0[gi];
+        }
+        if (gi == 2) {
+            ps[i].grammar.trigger = ps0[i].grammar.trigger = "!";
+            ps[i].grammar.trigger_len = ps0[i].grammar.trigger_len = 1;
+        }
+        rr[i] = submit(en, &ps[i], prompts[i], NP);
+    }
+    int proposed = 0, accepted = 0;
+    for (int i = 0; i < NREQ; i++) {
+        if (!rr[i]) continue;
+        struct result res, want;
+        collect(rr[i], &res, 0);
+        run_one(en0, &ps0[i], prompts[i], NP, &want);
+        T_EQ_INT(res.n_tokens[0], want.n_tokens[0]);
+        T_CHECKF(res.n_tokens[0] == want.n_tokens[0] &&
+                     memcmp(res.tokens[0], want.tokens[0],
+                            sizeof *res.tokens[0] * (size_t)want.n_tokens[0]) == 0,
+                 "request %d: '%s' with speculation, '%s' without", i,
+                 res.text[0].p ? res.text[0].p : "", want.text[0].p ? want.text[0].p : "");
+        T_EQ_INT(res.finish[0], want.finish[0]);
+        if (i % 4 < 3) {
+            proposed += res.n_proposed[0];
+            accepted += res.n_accepted[0];
+        }
+        engine_req_unref(rr[i]);
+        result_free(&res);
+        result_free(&want);
+    }
+    printf("spec grammar: %d proposed, %d accepted under grammars\n", proposed, accepted);
+    T_CHECK(accepted > 0 && accepted < proposed);
+    for (int k = 0; k < 3; k++) {
+        gram_unref(g[k]);
+        gram_unref(g0[k]);
+    }
+    engine_free(en);
+    engine_free(en0);
+}
+
 /* Sampled, with a deterministic proposer: the tokens are those of the same seeds without
  * speculation, token for token (the coupled draw of sampler_verify); a request that opts
  * out proposes nothing. */
@@ -1846,6 +1925,7 @@ int main(void) {
     T_RUN(test_grammar_batch);
     T_RUN(test_spec_greedy);
     T_RUN(test_spec_sampled_same_seed);
+    T_RUN(test_spec_grammar);
     T_RUN(test_spec_recurrent);
     tok_free(tk);
     return t_done();
