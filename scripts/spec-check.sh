@@ -19,7 +19,8 @@
 # 1. identity: greedy `smelt run` on the real Qwen2.5-Coder 0.5B (models/) with n-gram drafts
 #    on repeat-and-edit prompts (tests/data/spec/edit-1k.txt: a 956-token C file to print
 #    again with a rename), the model as its own draft, and its first 20 and 12 layers
-#    as drafts (made with scripts/make-truncated-draft.py): the text must be the plain run's.
+#    as drafts (made with scripts/make-truncated-draft.py), and a two-turn chat (-i) whose
+#    second turn must reuse the cache as without drafts: the text must be the plain run's.
 #    On the CPU a difference is a failure; on CUDA, whose rows are not bitwise
 #    batch-invariant (docs/cuda-backend.md), a difference is reported with the first byte
 #    that differs (a near-tie argmax flipping), and the logic tests below decide.
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --backend) backend=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --costs) costs=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "spec-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -115,6 +116,23 @@ if [ -f "$qwen" ]; then
     check draft20-code "$code" $n --draft "$models/qwen-coder-20.gguf" --spec-fixed
     check draft20-edit "$edit" $n --draft "$models/qwen-coder-20.gguf" --spec-fixed
     check draft12-code "$code" $n --draft "$models/qwen-coder-12.gguf" --spec-fixed
+    # a chat whose second turn continues the first's (rolled-back) cache: the same text and
+    # the same reuse as without speculation
+    turns() { grep -o 'turn [0-9]*: prompt [0-9]* tokens ([0-9]* reused from the cache)' "$1"; }
+    for v in plain ngram; do
+        extra=()
+        [ $v = ngram ] && extra=(--spec ngram)
+        echo "Now say it again, twice." | "$smelt" run "$qwen" --backend "$backend" --temp 0 -n 60 \
+            -i "Repeat after me: the quick brown fox jumps over the lazy dog." "${extra[@]}" \
+            > "$out/chat-$v.txt" 2> "$out/chat-$v.err"
+    done
+    if cmp -s "$out/chat-plain.txt" "$out/chat-ngram.txt" &&
+        [ "$(turns "$out/chat-plain.err")" = "$(turns "$out/chat-ngram.err")" ]; then
+        say "chat-turns (ngram): SAME text and cache reuse ($(turns "$out/chat-ngram.err" | tail -1))"
+    else
+        say "chat-turns (ngram): DIFF (see $out/chat-*.txt, chat-*.err)"
+        [ "$backend" = cpu ] && fail=1
+    fi
 else
     say "identity: SKIP ($qwen absent: scripts/fetch-test-models.sh)"
 fi

@@ -1,13 +1,15 @@
 """Speculative decoding end to end (docs/speculative.md): `smelt run`, `smelt serve` and
-`smelt bench` with --spec ngram and --draft.
+`smelt bench` with --spec ngram, --draft and --spec mtp.
 
 The reference is smelt itself without speculation: greedy output must be the same token for
 token (the CPU backend computes a row's logits with the same bits at any row count below
-eight, and the verify steps stay below), on the tiny fixtures and a random tiny model (every
-draft rejected: rollbacks all the way), and on the real Qwen2.5-Coder 0.5B (n-gram on a
-repeat-and-edit prompt, the model as its own draft, a truncated-layer self-draft, and a chat
-whose second turn continues from the first's cache). A draft with another vocabulary is
-refused with both sizes and the first differing token."""
+eight, and the verify steps here stay below), on the tiny fixtures and a random tiny model
+(every draft rejected: rollbacks all the way), and on the real Qwen2.5-Coder 0.5B through
+one server: n-gram drafts on a repeat-and-edit prompt, and a json_schema request whose
+drafts are cut and masked by its grammar. A draft with another vocabulary is refused with
+both sizes and the first differing token. The long real-model identity runs (hundreds of
+tokens, the model as its own draft, truncated-layer drafts, the acceptance table) are
+scripts/spec-check.sh's, which runs on the CPU and on the GPU."""
 import json
 import os
 import pathlib
@@ -84,8 +86,10 @@ def test_fixtures_greedy_identical():
         r = run(*args, *extra, "--spec-fixed")
         assert base.returncode == 0 and r.returncode == 0, r.stderr
         assert r.stdout == base.stdout, (model, extra)
-        proposed, _ = spec_counts(r)
+        proposed, accepted = spec_counts(r)
         assert proposed > 0, r.stderr
+        if "--draft" in extra:  # the model as its own draft: every draft is the target's argmax
+            assert accepted == proposed, r.stderr
 
 
 def test_random_draft_rolls_back(tiny):
@@ -146,101 +150,128 @@ def test_draft_vocabulary_refused():
     assert r.returncode == 2
 
 
-def test_qwen_ngram_repeat_and_edit():
-    need(QWEN)
-    base = run(QWEN, EDIT, "-n", "100", "--temp", "0")
-    r = run(QWEN, EDIT, "-n", "100", "--temp", "0", "--spec", "ngram")
-    assert base.returncode == 0 and r.returncode == 0, r.stderr
-    assert r.stdout == base.stdout
-    proposed, accepted = spec_counts(r)
-    assert accepted > 20, r.stderr
-
-
-def test_qwen_self_and_truncated_draft(tmp_path):
-    """The real model as its own draft accepts everything; a 20-layer copy of it (its first
-    20 of 24 blocks) some; both give the plain text."""
-    need(QWEN)
-    prompt = "Write a C function that reverses a string in place."
-    base = run(QWEN, prompt, "-n", "24", "--temp", "0")
-    assert base.returncode == 0, base.stderr
-    r = run(QWEN, prompt, "-n", "24", "--temp", "0", "--draft", QWEN, "--spec-fixed")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == base.stdout
-    proposed, accepted = spec_counts(r)
-    assert proposed > 0 and accepted == proposed
-    draft = truncated(QWEN, tmp_path / "qwen-20.gguf", 20)
-    r = run(QWEN, prompt, "-n", "24", "--temp", "0", "--draft", draft, "--spec-fixed")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == base.stdout
-    proposed, accepted = spec_counts(r)
-    assert 0 < accepted < proposed
-
-
 TURN = re.compile(r"turn (\d+): prompt (\d+) tokens \((\d+) reused from the cache\), "
                   r"generation (\d+) tokens")
 
 
-def test_qwen_chat_turns_continue_the_cache():
-    """-i with n-gram drafts: the second turn reuses exactly what it reuses without them, and
-    says the same: the rolled-back cache holds what the plain run's holds."""
-    need(QWEN)
-    args = ["-i", "Repeat after me: the quick brown fox jumps over the lazy dog.", "--temp", "0",
-            "-n", "40"]
-    stdin = "Now say it again, twice.\n"
-    base = run(QWEN, *args, stdin=stdin)
-    r = run(QWEN, *args, "--spec", "ngram", stdin=stdin)
+def test_chat_turns_continue_the_cache():
+    """-i with n-gram drafts on the qwen2 fixture (random weights: most drafts rolled back):
+    the second turn reuses exactly what it reuses without them, and says the same: the
+    rolled-back cache holds what the plain run's holds."""
+    args = ["-i", "Repeat after me: a b c a b c a b c", "--temp", "0", "-n", "40"]
+    stdin = "Again, twice.\n"
+    base = run(FIX, *args, stdin=stdin)
+    r = run(FIX, *args, "--spec", "ngram", "--spec-fixed", stdin=stdin)
     assert base.returncode == 0 and r.returncode == 0, r.stderr
     assert r.stdout == base.stdout
-    assert TURN.findall(r.stderr) == TURN.findall(base.stderr)
-    assert spec_counts(r)[1] > 0
+    turns = TURN.findall(r.stderr)
+    assert len(turns) == 2 and int(turns[1][2]) > 0 and turns == TURN.findall(base.stderr)
+    assert spec_counts(r)[0] > 0
 
 
-def metric(text, name):
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+def metric(text, name, model=None):
+    """The value of a series (of model's, when given), or None."""
+    lab = rf'\{{model="{re.escape(model)}"\}}' if model else r"(?:\{[^}]*\})?"
+    m = re.search(rf"^{name}{lab} (\S+)$", text, re.M)
     return float(m[1]) if m else None
 
 
-def complete(s, prompt, **kw):
-    st, j = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 40, "temperature": 0, **kw},
-                   timeout=300)
+def complete(s, prompt, path="/v1/completions", **kw):
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, **kw}
+    if path != "/v1/completions":
+        body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+    st, j = s.post(path, body, timeout=300)
     assert st == 200, j
     return j
 
 
-def test_serve_spec_metrics_and_log(tiny):
-    """smelt serve with a draft: concurrent greedy requests get the text of a server without
-    one, /metrics counts proposed and accepted tokens, the request log line carries them,
-    and a request that opts out ("speculative": false) proposes nothing."""
+def text_of(j):
+    c = j["choices"][0]
+    return c["message"]["content"] if "message" in c else c["text"]
+
+
+def pairs(s, reqs):
+    """Each request twice at once, with and without speculation (6 rows a step at most with
+    --spec-k 4): their texts."""
     import concurrent.futures as cf
+    jobs = [(r, spec) for r in reqs for spec in (True, False)]
+    with cf.ThreadPoolExecutor(len(jobs)) as ex:
+        out = list(ex.map(lambda a: complete(s, **a[0], speculative=a[1]), jobs))
+    return [(text_of(out[2 * i]), text_of(out[2 * i + 1])) for i in range(len(reqs))]
+
+
+@pytest.fixture(scope="module")
+def qwen_server():
+    need(QWEN)
+    s = Server(str(QWEN), "--spec", "ngram", "--spec-k", "4", "--max-seqs", "4", "-c", "1024")
+    yield s
+    s.stop()
+
+
+def test_qwen_ngram_and_grammar(qwen_server):
+    """The real model with n-gram drafts, greedy: a repeat-and-edit request, and a
+    json_schema chat request (its drafts are cut where the grammar refuses them, its verify
+    rows masked as the drafts advance the matcher), each next to the same request with
+    "speculative": false: the same text; drafts were accepted under the grammar."""
+    s = qwen_server
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {
+        "type": "object", "properties": {"name": {"type": "string"}, "qty": {"type": "integer"}},
+        "required": ["name", "qty"]}}}, "required": ["items"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "list", "schema": schema}}
+    m0 = s.request("GET", "/metrics")[2].decode()
+    (a, b), = pairs(s, [dict(prompt=EDIT, max_tokens=24)])
+    assert a == b
+    m1 = s.request("GET", "/metrics")[2].decode()
+    (a, b), = pairs(s, [dict(prompt='Print exactly this JSON, on one line: {"items": [{"name": '
+                                    '"apple", "qty": 1}, {"name": "pear", "qty": 2}]}',
+                             path="/v1/chat/completions", max_tokens=24, response_format=fmt)])
+    assert a == b and a.startswith("{"), a
+    m2 = s.request("GET", "/metrics")[2].decode()
+    acc = [metric(m, "smelt_spec_accepted_tokens_total") or 0 for m in (m0, m1, m2)]
+    assert acc[1] > acc[0] and acc[2] > acc[1], (acc, m2)
+    assert metric(m2, "smelt_grammar_rows_total") > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny, tmp_path_factory):
+    """The tiny model twice: "tiny" (the first, without speculation) and "spec", whose
+    models: entry gives it the 1-layer draft: speculation is a model's setting."""
     model, draft = tiny
+    cfg = tmp_path_factory.mktemp("spec-cfg") / "smelt.yaml"
+    cfg.write_text(f"models:\n  - name: spec\n    model: {model}\n    draft: {draft}\n"
+                   f"    spec_k: 5\n    pinned: true\n")
+    s = Server(str(model), "--config", str(cfg), "--max-seqs", "8")
+    yield s
+    s.stop()
+
+
+def test_serve_spec_metrics_and_log(tiny_server):
+    """A model served with a draft: concurrent greedy requests get the text of the same
+    weights served without one, /metrics counts its proposed and accepted tokens (the other
+    model's stay 0), the request log line carries them, and a request that opts out
+    ("speculative": false) proposes nothing."""
+    import concurrent.futures as cf
+    s = tiny_server
     prompts = [f"count {i} {i} {i} and then" for i in range(6)]
-    plain = Server(str(model), "--max-seqs", "8")
-    try:
-        want = [complete(plain, p)["choices"][0]["text"] for p in prompts]
-    finally:
-        plain.stop()
-    s = Server(str(model), "--draft", str(draft), "--spec-k", "5", "--max-seqs", "8")
-    try:
-        with cf.ThreadPoolExecutor(6) as ex:
-            got = list(ex.map(lambda p: complete(s, p)["choices"][0]["text"], prompts))
-        assert got == want
-        complete(s, prompts[0], speculative=False)
-        st, _, data = s.request("GET", "/metrics")
-        m = data.decode()
-        proposed = metric(m, "smelt_spec_proposed_tokens_total")
-        accepted = metric(m, "smelt_spec_accepted_tokens_total")
-        assert proposed and proposed > 0 and accepted is not None and accepted <= proposed, m
-        assert metric(m, "smelt_spec_draft_steps_total") > 0
-    finally:
-        s.stop()
+    want = [text_of(complete(s, p, model="tiny")) for p in prompts]
+    with cf.ThreadPoolExecutor(6) as ex:
+        got = list(ex.map(lambda p: text_of(complete(s, p, model="spec")), prompts))
+    assert got == want
+    assert text_of(complete(s, prompts[0], model="spec", speculative=False)) == want[0]
+    m = s.request("GET", "/metrics")[2].decode()
+    proposed = metric(m, "smelt_spec_proposed_tokens_total", "spec")
+    accepted = metric(m, "smelt_spec_accepted_tokens_total", "spec")
+    assert proposed and proposed > 0 and accepted is not None and accepted <= proposed, m
+    assert metric(m, "smelt_spec_draft_steps_total", "spec") > 0
+    assert metric(m, "smelt_spec_proposed_tokens_total", "tiny") == 0
     log = s.log()
     lines = [l for l in log.splitlines() if "smelt: request" in l and "/v1/completions" in l]
-    assert len(lines) == 7, log
+    assert len(lines) == 13, log
     counts = [re.search(r"proposed=(\d+) accepted=(\d+)", l) for l in lines]
-    assert all(counts), lines
-    assert sum(int(m[1]) > 0 for m in counts) == 6, lines  # the opted-out one proposed none
-    assert sum(int(m[1]) for m in counts) == proposed
-    assert "speculation draft" in log
+    assert sum(bool(c) for c in counts) == 7, lines  # the fields only on the speculating model
+    assert sum(int(c[1]) > 0 for c in counts if c) == 6, lines  # the opted-out one: none
+    assert sum(int(c[1]) for c in counts if c) == proposed
+    assert re.search(r"spec .*speculation draft", log) and re.search(r"tiny .*speculation off", log)
 
 
 def test_serve_ngram_fake_forward():
