@@ -435,8 +435,8 @@ int cfg_load_args(struct cfg *c, int argc, char **argv, const char *usage) {
 
 static const char *const section_names[] = {"models", "server", "engine",
                                             "sampling defaults (a request's own fields win)",
-                                            "speculative decoding (docs/speculative.md; a request "
-                                            "opts out with \"speculative\": false)",
+                                            ("speculative decoding (docs/speculative.md; a "
+                                             "request opts out with \"speculative\": false)"),
                                             "tests and benchmarks"};
 
 /* Writes text wrapped to width, every line after the first indented by indent. */
