@@ -264,8 +264,14 @@ def test_serve_spec_metrics_and_log(tiny_server):
     assert proposed and proposed > 0 and accepted is not None and accepted <= proposed, m
     assert metric(m, "smelt_spec_draft_steps_total", "spec") > 0
     assert metric(m, "smelt_spec_proposed_tokens_total", "tiny") == 0
-    log = s.log()
-    lines = [l for l in log.splitlines() if "smelt: request" in l and "/v1/completions" in l]
+    import time
+    t0 = time.time()
+    while True:  # a request's log line is written after its response is sent
+        log = s.log()
+        lines = [l for l in log.splitlines() if "smelt: request" in l and "/v1/completions" in l]
+        if len(lines) >= 13 or time.time() - t0 > 10:
+            break
+        time.sleep(0.05)
     assert len(lines) == 13, log
     counts = [re.search(r"proposed=(\d+) accepted=(\d+)", l) for l in lines]
     assert sum(bool(c) for c in counts) == 7, lines  # the fields only on the speculating model
