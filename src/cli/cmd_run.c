@@ -345,7 +345,7 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool s
         struct batch b = {(int32_t)take, ids + done, pos, seq, NULL, 1, &view};
         float *hid = mtp ? s->hid : NULL;
         if (done + take < n || !summary) { /* its last row's logits are not used */
-            st = model_step_hidden(s->m, s->kv, &b, NULL, NULL, NULL, NULL, hid, e);
+            st = model_step_mtp(s->m, s->kv, &b, NULL, NULL, NULL, NULL, hid, e);
         } else {
             int32_t n_adj = sampler_request(s->smp, &s->req, s->adj, 0, model_adj_cap(1));
             if (n_adj < 0) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
@@ -357,9 +357,9 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool s
                                       .cand = s->cand,
                                       .adj_raw = s->adj_raw};
             if (st == SMELT_OK)
-                st = model_step_hidden(s->m, s->kv, &b, NULL, &ms, NULL, NULL, hid, e);
-        }
-        for (size_t i = 0; i < take && st == SMELT_OK; i++)
+                st = model_step_mtp(s->m, s->kv, &b, NULL, &ms, NULL, NULL, hid, e);
+                                    }
+                                    for (size_t i = 0; i < take && st == SMELT_OK; i++)
             st = tok_ids_push(&s->cached, ids[done + i]);
         if (st == SMELT_OK && mtp) { /* the rows whose next token is known; the last is held */
             int32_t known = (int32_t)take - (done + take == n);
@@ -497,7 +497,7 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
     struct model_sample ms = {.n_rows = rows, .rows = s->vreq, .adj = s->vadj, .n_adj = off,
                               .sum = s->vsum, .cand = s->vcand, .adj_raw = s->vraw};
     bool mtp = spec_wants_hidden(s->sp);
-    smelt_status st = model_step_hidden(s->m, s->kv, &b, NULL, &ms, NULL, NULL,
+    smelt_status st = model_step_mtp(s->m, s->kv, &b, NULL, &ms, NULL, NULL,
                                         mtp ? s->hid : NULL, e);
     struct spec_rows src = {verify_get, verify_full, s};
     int32_t n_full = 0;

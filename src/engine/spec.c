@@ -246,9 +246,9 @@ static smelt_status draft_step(struct spec *sp, int32_t n, int32_t ns, int32_t n
     struct batch b = {n, sp->b_tok, sp->b_pos, sp->b_seq, sp->b_logits, ns, sp->b_seqs};
     struct model_sample ms = {.n_rows = n_out, .rows = sp->q_rows, .sum = sp->q_sum, .cand = sp->q_cand};
     bool mtp = sp->cfg.kind == SPEC_MTP;
-    smelt_status st = model_step_hidden(sp->cfg.draft, sp->cfg.draft_kv, &b, NULL,
-                                        n_out ? &ms : NULL, NULL, mtp ? sp->b_hin : NULL,
-                                        mtp ? sp->b_hout : NULL, e);
+    smelt_status st = model_step_mtp(sp->cfg.draft, sp->cfg.draft_kv, &b, NULL,
+                                     n_out ? &ms : NULL, NULL, mtp ? sp->b_hin : NULL,
+                                     mtp ? sp->b_hout : NULL, e);
     sp->stats.draft_steps++;
     sp->stats.draft_rows += (uint64_t)n;
     sp->stats.draft_seconds += clock_now() - t0;

@@ -182,13 +182,13 @@ smelt_status spec_verify(struct sampler *smp, bool history, const struct spec_se
 struct spec_obs {
     struct spec_seq *ss;
     int32_t pos0, n;       /* positions [pos0, pos0 + n) of the step, kept (not rolled back) */
-    const float *hidden;   /* (n_embd, n) their final hidden states (model_step_hidden) */
+    const float *hidden;   /* (n_embd, n) their final hidden states (model_step_mtp) */
     const int32_t *next;   /* (n) the token after each position (all known) */
     struct batch_seq view; /* the target's block table (through pos0 + n positions) */
     float temperature;     /* the target's: 0 proposes argmaxes */
 };
 /* True when the proposer reads the target's hidden states (SPEC_MTP): the caller steps the
- * target with model_step_hidden and calls spec_observe after each step. */
+ * target with model_step_mtp and calls spec_observe after each step. */
 bool spec_wants_hidden(const struct spec *sp);
 /* SPEC_MTP, after a target step, its sampling and its rollbacks: the head computes its K/V
  * at the observed positions it has not computed (a gap before them, a prefix-cache hit's

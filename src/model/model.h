@@ -325,7 +325,7 @@ struct step {
     struct attn_meta meta;   /* positions, sequences, slots, block tables */
     struct tensor *state_seqs; /* I32 (STATE_SEQ_WORDS, n_seqs): recurrent layers' rows and
                                 * slots per sequence (NULL without recurrent layers) */
-    struct tensor *hidden;     /* F32 (n_embd, n_tokens): model_step_hidden's hidden_in, or
+    struct tensor *hidden;     /* F32 (n_embd, n_tokens): model_step_mtp's hidden_in, or
                                 * NULL */
     bool keep_all;             /* every row runs the last layer (fwd_keep_out_rows: no-op) */
 };

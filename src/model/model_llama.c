@@ -91,4 +91,5 @@ static smelt_status load_qwen3moe(struct model *m, const struct gguf_file *f, st
 const struct arch_def arch_llama = {"llama", load_llama, forward, FFN_DENSE, 0, false, NULL, false};
 const struct arch_def arch_qwen2 = {"qwen2", load_qwen2, forward, FFN_DENSE, 0, false, NULL, false};
 const struct arch_def arch_qwen3 = {"qwen3", load_qwen3, forward, FFN_DENSE, 0, false, NULL, false};
-const struct arch_def arch_qwen3moe = {"qwen3moe", load_qwen3moe, forward, FFN_MOE, 0, false, NULL, false};
+const struct arch_def arch_qwen3moe = {"qwen3moe", load_qwen3moe, forward, FFN_MOE,
+                                       0, false, NULL, false};

@@ -429,7 +429,8 @@ static struct tensor *mtp_forward(struct model *m, struct step *s) {
     return x;
 }
 
-static const struct arch_def arch_mtp = {"qwen35-mtp", NULL, mtp_forward, FFN_MOE, 0, false, NULL, true};
+static const struct arch_def arch_mtp = {"qwen35-mtp", NULL, mtp_forward, FFN_MOE,
+                                         0, false, NULL, true};
 
 static smelt_status mtp_new(const struct model *m, struct model *h, struct err *e) {
     const struct q35 *Q = m->arch_layers;
@@ -464,7 +465,8 @@ static smelt_status load_qwen3next(struct model *m, const struct gguf_file *f, s
     return load(m, f, e, QWEN3NEXT);
 }
 
-const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE, 0, false, mtp_new, false};
+const struct arch_def arch_qwen35 = {"qwen35", load_qwen35, forward, FFN_DENSE,
+                                     0, false, mtp_new, false};
 const struct arch_def arch_qwen35moe = {"qwen35moe", load_qwen35moe, forward, FFN_MOE,
                                         BK_FEAT_GLU_ROW_GATE, false, mtp_new, false};
 const struct arch_def arch_qwen3next = {"qwen3next", load_qwen3next, forward, FFN_MOE,
