@@ -3,8 +3,10 @@
 # sources as C++ against a fiber-based emulator (emu.h, emu.cpp; patch.py rewrites launches and
 # inline PTX) and runs test_cuda_mmv, the one-token kernel variants, test_cuda_attn's kernel
 # tests, test_cuda_topk at smaller sizes (drivers/topk.c), test_cuda_ssm (the recurrent-state
-# ops), test_cuda_forward on the fixtures and test_cuda_multi's single-thread parts (two backends interleaved). It checks logic, not
-# speed, the memory model, PDL or races (see emu.h), and is no substitute for the GPU run:
+# ops), test_cuda_forward on the fixtures, test_cuda_multi's single-thread parts (two
+# backends interleaved) and the hybrid fixtures (drivers/hybrid.c: qwen35 through the
+# transformers scenarios and against the CPU). It checks logic, not speed, the memory
+# model, PDL or races (see emu.h), and is no substitute for the GPU run:
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
@@ -70,6 +72,7 @@ link test_cuda_ssm tests/unit/test_cuda_ssm.c
     link mmv_variants "$here/drivers/mmv_variants.c"
     link forward "$here/drivers/forward.c"
     link multi "$here/drivers/multi.c"
+    link hybrid "$here/drivers/hybrid.c"
 }
 [ ${#models[@]} = 0 ] || link logits "$here/drivers/logits.c"
 
@@ -88,6 +91,7 @@ if [ $quick = 0 ]; then
     run ./mmv_variants
     run ./forward
     run ./multi
+    run ./hybrid
 fi
 for m in "${models[@]}"; do
     ./logits "$m" 2> /dev/null | tee -a "$out/logits.log" || fail=1
