@@ -67,8 +67,9 @@ sanitize() { # compute-sanitizer over the test binaries: memcheck on all, racech
     [ -n "$san" ] || { say "compute-sanitizer: not found, skipped"; fail=1; return; }
     local t tool
     for tool in memcheck racecheck; do
-        for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_memplan test_cuda_multi test_cuda_forward; do
-            [ $tool = racecheck ] && case $t in test_memplan|test_cuda_multi|test_cuda_forward) continue ;; esac
+        for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_cuda_ssm test_memplan test_cuda_multi \
+            test_cuda_forward; do
+            [ $tool = racecheck ] && case $t in test_cuda_ssm|test_memplan|test_cuda_multi|test_cuda_forward) continue ;; esac
             [ -x "$bin/$t" ] || continue
             local t0=$SECONDS
             # racecheck: SMELT_TEST_SMALL=1 skips test_cuda_mmq's shapes above 4M weights
@@ -110,10 +111,12 @@ make_model() { # preset type file
 }
 L8Q4=$models/llama3-8b-q4_k_m.gguf L8Q8=$models/llama3-8b-q8_0.gguf L8F16=$models/llama3-8b-f16.gguf
 Q05Q8=$models/qwen2.5-0.5b-q8_0.gguf Q05Q4=$models/qwen2.5-0.5b-q4_k_m.gguf
+Q35Q4=$models/qwen3.5-9b-q4_k_m.gguf
 (
     make_model qwen2.5-0.5b Q8_0 "$Q05Q8"
     make_model llama3-8b Q4_K_M "$L8Q4"
     make_model qwen2.5-0.5b Q4_K_M "$Q05Q4"
+    make_model qwen3.5-9b Q4_K_M "$Q35Q4"
     if [ $quick = 0 ]; then
         make_model llama3-8b Q8_0 "$L8Q8"
         make_model llama3-8b F16 "$L8F16"
@@ -131,7 +134,7 @@ run_test() { # name [prefix command...]
     [ $rc = 77 ] && { verdict="SKIPPED: $(grep -m1 -i skip "$out/$name.log")"; fail=1; }
     say "test $name: $verdict, $((SECONDS - t0)) s"
 }
-for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_memplan test_cuda_multi; do
+for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_cuda_ssm test_memplan test_cuda_multi; do
     [ -x "$bin/$t" ] && run_test $t || say "test $t: not built"
 done
 # several models in one smelt serve on the CUDA backend (backend auto picks it): three tiny
@@ -149,8 +152,9 @@ fi
 wait $gen
 # whole models: the fixtures, models/*.gguf when present, the real files named in
 # SMELT_CUDA_REAL_MODELS (strict) and the random-weight files (lenient)
-SMELT_CUDA_MODELS="$Q05Q8:$Q05Q4" run_test test_cuda_forward
+SMELT_CUDA_MODELS="$Q05Q8:$Q05Q4:$Q35Q4" run_test test_cuda_forward
 grep -E "cosine|argmax|greedy" "$out/test_cuda_forward.log" | grep -iE "fail|models/|real" | head -20 >> "$summary"
+grep -E " on cuda: |SKIP gpu vs transformers" "$out/test_cuda_forward.log" | head -10 >> "$summary" # the hybrid fixtures
 
 bench() { # label file args...
     local label=$1 file=$2; shift 2
@@ -162,12 +166,15 @@ if [ $quick = 1 ]; then
     bench 8B-Q4_K_M "$L8Q4" -p 0 -n 128 -r 3
     bench 0.5B-Q8_0 "$Q05Q8" -p 0 -n 128 -r 3
     bench 0.5B-Q4_K_M "$Q05Q4" -p 0 -n 128 -r 3
+    bench Q3.5-9B-Q4_K_M "$Q35Q4" -p 0 -n 128 -r 3
 else
     bench 8B-Q4_K_M "$L8Q4" -p 512 -n 128 -r 3
     bench 8B-Q8_0 "$L8Q8" -p 512 -n 128 -r 3
     bench 8B-F16 "$L8F16" -p 512 -n 128 -r 3
     bench 0.5B-Q8_0 "$Q05Q8" -p 512 -n 128 -r 3
     bench 0.5B-Q4_K_M "$Q05Q4" -p 0 -n 128 -r 3
+    bench Q3.5-9B-Q4_K_M "$Q35Q4" -p 512 -n 128 -r 3
+    bench Q3.5-9B-batched "$Q35Q4" -p 0 -n 64 -B 8,32 -r 2
     bench 8B-depth "$L8Q4" -p 0 -n 64 -d 4096 -r 2
     bench 0.5B-depth "$Q05Q8" -p 0 -n 64 -d 4096 -r 2
     bench 8B-batched "$L8Q4" -p 0 -n 64 -B 8,32,64 -r 2

@@ -2,13 +2,16 @@
 # The CUDA kernels' tests on the CPU, for sessions and machines without a GPU: builds the CUDA
 # sources as C++ against a fiber-based emulator (emu.h, emu.cpp; patch.py rewrites launches and
 # inline PTX) and runs test_cuda_mmv, the one-token kernel variants, test_cuda_attn's kernel
-# tests, test_cuda_topk at smaller sizes (drivers/topk.c), test_cuda_forward on the fixtures
-# and test_cuda_multi's single-thread parts (two backends interleaved). It checks logic, not
-# speed, the memory model, PDL or races (see emu.h), and is no substitute for the GPU run:
+# tests, test_cuda_topk at smaller sizes (drivers/topk.c), test_cuda_ssm (the recurrent-state
+# ops), test_cuda_forward on the fixtures, test_cuda_multi's single-thread parts (two
+# backends interleaved) and the hybrid fixtures (drivers/hybrid.c: qwen35 through the
+# transformers scenarios and against the CPU). It checks logic, not speed, the memory
+# model, PDL or races (see emu.h), and is no substitute for the GPU run:
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
-#     --quick      test_cuda_mmv and the attention tests only (about 3 minutes on 2 cores)
+#     --quick      test_cuda_mmv, the attention tests and test_cuda_ssm only (about 3
+#                  minutes on 2 cores)
 #     MODEL.gguf   also the logits check (drivers/logits.c) on each file: slow, minutes to
 #                  hours by size (Qwen2.5-0.5B: ~1 h)
 #   needs: the normal build in build/ (libsmelt_core.a), g++, python3, the CUDA headers
@@ -63,11 +66,13 @@ link() { # name source
 }
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
 link attn "$here/drivers/attn.c"
+link test_cuda_ssm tests/unit/test_cuda_ssm.c
 [ $quick = 1 ] || {
     link topk "$here/drivers/topk.c"
     link mmv_variants "$here/drivers/mmv_variants.c"
     link forward "$here/drivers/forward.c"
     link multi "$here/drivers/multi.c"
+    link hybrid "$here/drivers/hybrid.c"
 }
 [ ${#models[@]} = 0 ] || link logits "$here/drivers/logits.c"
 
@@ -80,11 +85,13 @@ run() { # label command...
 cd "$out"
 run ./test_cuda_mmv
 run ./attn
+run ./test_cuda_ssm
 if [ $quick = 0 ]; then
     run ./topk
     run ./mmv_variants
     run ./forward
     run ./multi
+    run ./hybrid
 fi
 for m in "${models[@]}"; do
     ./logits "$m" 2> /dev/null | tee -a "$out/logits.log" || fail=1

@@ -35,6 +35,7 @@
  *                   memory planning
  *   cuda_matmul.c   matrix products: the paths and the measured choice between them
  *   cuda_ops.c      the op shims, with the decode fusions' bookkeeping
+ *   cuda_ops_ssm.c  the recurrent-state op shims (conv, gated delta rule, strided copy)
  *   cuda_graph.c    step graphs: capture and replay
  *   cuda_prof.c     SMELT_PROFILE=1
  *   cuda_ctx.c      the launch context: creation, teardown
@@ -98,6 +99,7 @@ static void cu_free(struct backend *b) {
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .free = cu_free,
+    .features = BK_FEAT_GLU_ROW_GATE,
     .weight_bind = cu_weight_bind,
     .buffer_alloc = cu_buffer_alloc,
     .buffer_free = cu_buffer_free,
@@ -119,6 +121,9 @@ static const struct backend_ops cuda_ops = {
     .softmax = cu_softmax,
     .kv_store = cu_kv_store,
     .attention = cu_attention,
+    .ssm_conv = cu_ssm_conv,
+    .gated_delta_net = cu_gated_delta_net,
+    .copy = cu_copy,
     .matmul_group = cu_matmul_group,
     .matmul_acc = cu_matmul_acc,
     .ffn_glu = cu_ffn_glu,

@@ -245,6 +245,14 @@ void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
                        const struct tensor *v, struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
                        const struct qk_prep *qp, const struct attn_params *ap);
 
+/* cuda_ops_ssm.c */
+void cu_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                 struct tensor *cs, const struct tensor *seqs, bool silu);
+void cu_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv, const struct tensor *a,
+                        const struct tensor *bl, const struct tensor *ssm_a, const struct tensor *dt_bias,
+                        struct tensor *ss, const struct tensor *seqs, const struct gdn_params *p);
+void cu_copy(struct backend *b, struct tensor *dst, const struct tensor *src);
+
 /* cuda_graph.c */
 bool cu_graph_replay(struct backend *b, uint64_t key);
 void cu_graph_begin(struct backend *b, uint64_t key);

@@ -1,5 +1,6 @@
-/* Element-wise kernels of the CUDA backend: add, scale, GLU, soft-capping. CPU twins:
- * src/backend/cpu/. */
+/* Element-wise kernels of the CUDA backend: add, scale, GLU (a gate per element or per
+ * row), soft-capping, the strided copy. CPU twins: src/backend/cpu/ (cpu_ops_elem.c;
+ * cpu_ops_ssm.c's cpu_op_copy). */
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
@@ -28,14 +29,28 @@ static __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-static __global__ void glu_kernel(float *dst, const float *gate, const float *up, int act, int64_t n) {
+/* row_n > 0: one gate per row of row_n elements (a shared expert's). */
+static __global__ void glu_kernel(float *dst, const float *gate, const float *up, int act, int64_t n,
+                                  int64_t row_n) {
     pdl_wait();
     pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    const float a = act == 0 ? g / (1.0f + expf(-g)) : gelu_tanh(g);
+    const float g = gate[row_n ? i / row_n : i];
+    const float a = act == 0 ? g / (1.0f + expf(-g)) : act == 1 ? gelu_tanh(g) : 1.0f / (1.0f + expf(-g));
     dst[i] = a * up[i];
+}
+
+/* A thread per element of the box, rows of ne0 (row index r over ne1 x ne2 x ne3). */
+static __global__ void copy_kernel(float *dst, const float *src, int64_t ne0, int64_t ne1, int64_t ne2,
+                                   int64_t total, int64_t d1, int64_t d2, int64_t d3, int64_t s1, int64_t s2,
+                                   int64_t s3) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const int64_t i0 = i % ne0, r = i / ne0, i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
+    dst[i0 + i1 * d1 + i2 * d2 + i3 * d3] = src[i0 + i1 * s1 + i2 * s2 + i3 * s3];
 }
 
 static __global__ void softcap_kernel(float *x, float cap, int64_t n) {
@@ -57,7 +72,21 @@ extern "C" void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, flo
 }
 
 extern "C" void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n) {
-    klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n);
+    klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, (int64_t)0);
+}
+
+extern "C" void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
+                                  int64_t row_n, int64_t rows) {
+    const int64_t n = row_n * rows;
+    klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, row_n);
+}
+
+extern "C" void cuda_copy(struct cuda_ctx *ctx, float *dst, const float *src, const int64_t ne[4],
+                          const int64_t ds[3], const int64_t ss[3]) {
+    const int64_t total = ne[0] * ne[1] * ne[2] * ne[3];
+    if (total == 0) return;
+    klaunch(copy_kernel, dim3(nblocks(total, 256)), dim3(256), 0, ctx, dst, src, ne[0], ne[1], ne[2], total, ds[0],
+            ds[1], ds[2], ss[0], ss[1], ss[2]);
 }
 
 extern "C" void cuda_softcap(struct cuda_ctx *ctx, float *x, float cap, int64_t n) {

@@ -32,9 +32,16 @@ void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows);
 void cuda_add(struct cuda_ctx *ctx, float *dst, const float *a, const float *c, int64_t n,
               int64_t rows, int64_t c_rows);
 void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, float s, int64_t n);
-/* dst = act(gate) * up; act 0 = SiLU, 1 = tanh-GELU. */
+/* dst = act(gate) * up; act (enum glu_act's values) 0 = SiLU, 1 = tanh-GELU, 2 = sigmoid. */
 void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
               int64_t n);
+/* The same with one gate per row: dst[r, i] = act(gate[r]) * up[r, i], rows of row_n. */
+void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
+                       int64_t row_n, int64_t rows);
+/* dst = src over a (ne0, ne1, ne2, ne3) F32 box; strides in floats, ne0 contiguous on both
+ * sides (bk_copy: deinterleaving views, state slots). */
+void cuda_copy(struct cuda_ctx *ctx, float *dst, const float *src, const int64_t ne[4],
+               const int64_t dst_stride[3], const int64_t src_stride[3]);
 void cuda_softcap(struct cuda_ctx *ctx, float *x, float cap, int64_t n);
 
 /* ---- cuda_getrows.cu ---- */
@@ -177,6 +184,37 @@ void cuda_attention(struct cuda_ctx *ctx, const struct cuda_attn_args *a);
 /* Tests: synchronizes the device and returns how many of ctx's decode split counters are
  * not zero (they must all be zero between calls), or -1 on a CUDA error. */
 int cuda_attn_counters_busy(const struct cuda_ctx *ctx);
+
+/* ---- cuda_ssm.cu ---- */
+
+/* bk_ssm_conv (backend.h) on x, dst (channels, n_tokens), w (d_conv, channels), the conv
+ * states cs ((d_conv - 1) * channels, n_slots) and the state words seqs (STATE_SEQ_WORDS,
+ * n_seqs). */
+void cuda_ssm_conv(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, float *cs,
+                   const int32_t *seqs, int64_t channels, int d_conv, int64_t n_tokens, int n_seqs,
+                   int silu);
+
+#define CUDA_GDN_MAX_HEAD_K 256
+
+/* bk_gated_delta_net's operands (backend.h): every pointer device memory. */
+struct cuda_gdn_args {
+    float *dst;          /* (head_v, n_v_head, n_tokens) */
+    const float *qkv;    /* (2 * n_k_head * head_k + n_v_head * head_v, n_tokens) */
+    const float *a, *bl; /* (n_v_head, n_tokens) */
+    const float *ssm_a, *dt_bias; /* (n_v_head) */
+    float *ss;           /* (n_v_head * head_v * head_k, n_slots) */
+    const int32_t *seqs; /* (STATE_SEQ_WORDS, n_seqs) */
+    int64_t n_tokens;
+    int n_seqs, n_k_head, head_k, n_v_head, head_v, grouped;
+    float eps;
+    void *scratch;       /* cuda_gdn_scratch_bytes(n_tokens, n_k_head, head_k, n_v_head) */
+};
+/* Whether the kernels take this key head size (a multiple of 4 up to CUDA_GDN_MAX_HEAD_K). */
+int cuda_gdn_supported(int head_k);
+uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head);
+/* Two launches: the norms and gates of every row, then the recurrence per (value head, tile
+ * of state rows, sequence). */
+void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn_args *a);
 
 /* ---- cuda_sample.cu ---- */
 

@@ -168,27 +168,41 @@ static uint16_t *host_to_f16(const struct tensor *t) {
     return out;
 }
 
+/* *out = a plain device copy of t's bytes, recorded for cu_free. */
+static smelt_status plain_copy(struct cuda_backend *cb, const struct tensor *t, const char *name, void **out,
+                               struct err *e) {
+    size_t n = tensor_nbytes(t);
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, n);
+    if (rc == cudaSuccess) rc = cudaMemcpy(p, t->data, n, cudaMemcpyHostToDevice);
+    if (rc != cudaSuccess) {
+        cudaFree(p);
+        return err_set(e, SMELT_ERR_DEVICE, "tensor %s: uploading %zu bytes: %s", name, n, cudaGetErrorString(rc));
+    }
+    if (!push_ptr(&cb->dev, &cb->n_dev, &cb->cap_dev, p)) {
+        cudaFree(p);
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
+    cb->weight_bytes += n;
+    *out = p;
+    return SMELT_OK;
+}
+
 smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) {
     struct cuda_backend *cb = cu_enter(b);
     const char *name = t->name ? t->name : "?";
     if (!tensor_is_contiguous(t))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: not contiguous", name);
-    if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) {
-        /* vectors: plain copies (the loader already made them F32) */
-        size_t n = tensor_nbytes(t);
+    /* Vectors (the loader already made them F32), and F32 matrices with rows no product
+     * kernel takes (the conv taps, (d_conv, C), read by bk_ssm_conv): plain copies. Such a
+     * matrix given to a product fails there, naming it (cu_qw_of). */
+    if ((t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) ||
+        (t->type == QT_F32 && !cuda_mmv_supported(QT_F32, t->ne[0]))) {
         void *p = NULL;
-        cudaError_t rc = cudaMalloc(&p, n);
-        if (rc == cudaSuccess) rc = cudaMemcpy(p, t->data, n, cudaMemcpyHostToDevice);
-        if (rc != cudaSuccess)
-            return err_set(e, SMELT_ERR_DEVICE, "tensor %s: uploading %zu bytes: %s", name, n,
-                           cudaGetErrorString(rc));
-        if (!push_ptr(&cb->dev, &cb->n_dev, &cb->cap_dev, p)) {
-            cudaFree(p);
-            return err_set(e, SMELT_ERR_NOMEM, "out of memory");
-        }
+        smelt_status st = plain_copy(cb, t, name, &p, e);
+        if (st != SMELT_OK) return st;
         t->data = p;
         t->backend = b;
-        cb->weight_bytes += n;
         return SMELT_OK;
     }
     struct cuda_qweight *qw = calloc(1, sizeof *qw);
@@ -413,7 +427,8 @@ uint64_t cu_weight_bytes(struct backend *b, uint32_t type, const int64_t ne[TENS
     (void)b;
     uint64_t rows = (uint64_t)ne[1] * (uint64_t)ne[2] * (uint64_t)ne[3];
     if (rows == 1) return (uint64_t)ne[0] * sizeof(float);
-    if (!cuda_mmv_supported(type, ne[0])) return (uint64_t)ne[0] * rows * 2;
+    if (!cuda_mmv_supported(type, ne[0])) /* F16; F32 rows as they are (cu_weight_bind) */
+        return (uint64_t)ne[0] * rows * (type == QT_F32 ? 4 : 2);
     uint64_t bytes = qtype_row_size(type, ne[0]) * rows;
     const struct qtype_info *qi = qtype_get(type);
     if (type != QT_F32 && type != QT_F16 && type != QT_BF16 && qi && qi->type_size)

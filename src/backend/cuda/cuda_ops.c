@@ -176,7 +176,11 @@ void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, co
                    enum glu_act act) {
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    cuda_glu(&cb->ctx, dst->data, gate->data, up->data, act == GLU_SILU ? 0 : 1, tensor_nelem(gate));
+    /* the kernels' act codes are enum glu_act's (SiLU, tanh-GELU, sigmoid) */
+    if (gate->ne[0] == 1 && up->ne[0] > 1) /* one gate per row */
+        cuda_glu_row_gate(&cb->ctx, dst->data, gate->data, up->data, (int)act, up->ne[0], tensor_nrows(up));
+    else
+        cuda_glu(&cb->ctx, dst->data, gate->data, up->data, (int)act, tensor_nelem(gate));
     cu_check_launch(cb, "glu");
 }
 

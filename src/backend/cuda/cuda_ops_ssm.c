@@ -1,0 +1,49 @@
+/* The CUDA backend's recurrent-state op shims (bk_ssm_conv, bk_gated_delta_net, bk_copy):
+ * the kernels are cuda_ssm.cu's and cuda_elem.cu's copy. The state slots are device
+ * buffers (bk_buffer_alloc, sized by the memory plan: engine/memplan.h); a step reads and
+ * writes them, and its snapshots, in place, and model_state_copy's restores are bk_copy
+ * launches on the stream: a step never moves state through the host. */
+#include "backend/cuda/cuda_backend_int.h"
+
+void cu_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                 struct tensor *cs, const struct tensor *seqs, bool silu) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    cuda_ssm_conv(&cb->ctx, dst->data, x->data, w->data, cs->data, seqs->data, x->ne[0], (int)w->ne[0], x->ne[1],
+                  (int)seqs->ne[1], silu);
+    cu_check_launch(cb, "ssm_conv");
+}
+
+void cu_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv, const struct tensor *a,
+                        const struct tensor *bl, const struct tensor *ssm_a, const struct tensor *dt_bias,
+                        struct tensor *ss, const struct tensor *seqs, const struct gdn_params *p) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    if (!cuda_gdn_supported(p->head_k)) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED,
+                "cuda gated delta net: key head size (ssm.state_size) %d is not a multiple of 4 up to %d",
+                p->head_k, CUDA_GDN_MAX_HEAD_K);
+        return;
+    }
+    size_t mark = cu_scratch_mark(b);
+    const int64_t n = qkv->ne[1];
+    void *sc = cu_scratch(cb, cuda_gdn_scratch_bytes(n, p->n_k_head, p->head_k, p->n_v_head));
+    if (!sc) return;
+    struct cuda_gdn_args g = {.dst = dst->data, .qkv = qkv->data, .a = a->data, .bl = bl->data,
+                              .ssm_a = ssm_a->data, .dt_bias = dt_bias->data, .ss = ss->data,
+                              .seqs = seqs->data, .n_tokens = n, .n_seqs = (int)seqs->ne[1],
+                              .n_k_head = p->n_k_head, .head_k = p->head_k, .n_v_head = p->n_v_head,
+                              .head_v = p->head_v, .grouped = p->grouped, .eps = p->eps, .scratch = sc};
+    cuda_gated_delta_net(&cb->ctx, &g);
+    cu_check_launch(cb, "gated_delta_net");
+    cu_scratch_release(b, mark);
+}
+
+void cu_copy(struct backend *b, struct tensor *dst, const struct tensor *src) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    const int64_t ds[3] = {(int64_t)(dst->nb[1] / 4), (int64_t)(dst->nb[2] / 4), (int64_t)(dst->nb[3] / 4)};
+    const int64_t ss[3] = {(int64_t)(src->nb[1] / 4), (int64_t)(src->nb[2] / 4), (int64_t)(src->nb[3] / 4)};
+    cuda_copy(&cb->ctx, dst->data, src->data, src->ne, ds, ss);
+    cu_check_launch(cb, "copy");
+}
