@@ -245,10 +245,23 @@ void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
                        const struct tensor *v, struct tensor *kc, struct tensor *vc, const struct attn_meta *m,
                        const struct qk_prep *qp, const struct attn_params *ap);
 
+/* cuda_ops_moe.c */
+void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights, const struct tensor *x,
+                  const struct tensor *router, const struct tensor *bias, enum moe_gating gating,
+                  const struct prenorm *pre);
+void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct moe_experts *w,
+                const struct tensor *ids, const struct tensor *weights, const struct prenorm *pre, bool acc);
+
 /* cuda_graph.c */
 bool cu_graph_replay(struct backend *b, uint64_t key);
 void cu_graph_begin(struct backend *b, uint64_t key);
 void cu_graph_end(struct backend *b);
+
+/* The kernels' activation number (cuda_glu, cuda_mmv_glu): 0 SiLU, 1 tanh-GELU, 2 gpt-oss's
+ * clamped SwiGLU. */
+static inline int cu_glu_code(enum glu_act act) {
+    return act == GLU_SILU ? 0 : act == GLU_GELU_TANH ? 1 : 2;
+}
 
 /* Every op asks this before its first launch: the pending input copy goes out first. */
 static inline bool cu_ok(struct cuda_backend *cb) {
