@@ -63,6 +63,9 @@ def main():
             t = rewrite(t, r'asm\("lop3\.b32.*?\);\n', "d = (a & B) | c;\n", "mmq lop3")
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "mmq extern shared")
+        if p.name == "cuda_moe.cu":
+            t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
+                        r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "moe extern shared")
         left = [ln for ln in t.split("\n") if re.search(r"\basm\b", ln) and "griddepcontrol" not in ln
                 and not ln.strip().startswith(("*", "/"))]
         if left:

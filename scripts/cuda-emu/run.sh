@@ -65,6 +65,7 @@ link() { # name source
     g++ -no-pie -o "$out/$1" "$out/$1.o" "${libs[@]}" 2> >(grep -v "warning" >&2)
 }
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
+link test_cuda_moe tests/unit/test_cuda_moe.c
 link attn "$here/drivers/attn.c"
 link test_cuda_ssm tests/unit/test_cuda_ssm.c
 [ $quick = 1 ] || {
@@ -84,6 +85,7 @@ run() { # label command...
 }
 cd "$out"
 run ./test_cuda_mmv
+run ./test_cuda_moe
 run ./attn
 run ./test_cuda_ssm
 if [ $quick = 0 ]; then

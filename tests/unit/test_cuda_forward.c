@@ -664,8 +664,8 @@ static bool multi_step(struct runner *r, struct kv_seq *sq, int32_t (*tok)[20], 
 }
 
 static void test_gpu_mixed_batches(void) {
-    const char *names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3"};
-    for (int a = 0; a < 5; a++)
+    const char *names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"};
+    for (int a = 0; a < 7; a++)
         for (int f16 = 0; f16 < 2; f16++) {
             char path[512];
             snprintf(path, sizeof path, "%s/tests/data/ref/%s-%s.gguf", t_source_dir(), names[a], f16 ? "f16" : "f32");
@@ -715,13 +715,21 @@ static void test_gpu_mixed_batches(void) {
 }
 
 static void test_fixtures(void) {
-    const char *names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3"};
-    for (int i = 0; i < 5; i++)
+    /* the mixture-of-experts fixtures too (the CUDA MoE ops, gpt-oss's sinks, clamped SwiGLU,
+     * expert biases) */
+    const char *names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"};
+    for (int i = 0; i < 7; i++)
         for (int f16 = 0; f16 < 2; f16++) {
             char path[512];
             snprintf(path, sizeof path, "%s/tests/data/ref/%s-%s.gguf", t_source_dir(), names[i], f16 ? "f16" : "f32");
             check_model(path, FIXTURE); /* judged against transformers by test_gpu_vs_reference */
         }
+    const char *quant[] = {"gpt-oss-mxfp4", "qwen3moe-q8_0"}; /* quantized experts: lenient */
+    for (int i = 0; i < 2; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/tests/data/ref/%s.gguf", t_source_dir(), quant[i]);
+        check_model(path, RANDOM);
+    }
 }
 
 /* The hybrid fixtures (tests/data/ref-hybrid: qwen35, qwen35moe, qwen3next) on the GPU

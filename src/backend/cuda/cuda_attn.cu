@@ -241,6 +241,7 @@ static __global__ void __launch_bounds__(GEN_WARPS * 32)
         L += sl[w] * f[w];
     }
     if (n_split == 1) {
+        if (a.sinks && M != -INFINITY) L += expf(a.sinks[h] - M); /* the sink's share */
         float *dr = a.dst + (t * a.n_head + h) * (int64_t)a.dv;
         for (int i = threadIdx.x; i < a.dv; i += blockDim.x) {
             float acc = 0.0f;
@@ -677,7 +678,9 @@ static __global__ void __launch_bounds__(TH)
             for (int k = 0; k < GPT; k++) {
                 const int h = kpart == 0 ? head_of(k) : -1;
                 if (h >= 0) { /* warp-uniform */
-                    const float l = s_l[h], inv = l > 0.0f ? 1.0f / l : 0.0f;
+                    const float m = s_m[h];
+                    const float l = s_l[h] + (a.sinks && m != -INFINITY ? expf(a.sinks[head0 + h] - m) : 0.0f);
+                    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
                     dec_store(a.dst, qo, (t * a.n_head + head0 + h) * D + 2 * dp, o[k][0] * inv, o[k][1] * inv);
                 }
             }
@@ -714,7 +717,8 @@ static __global__ void __launch_bounds__(TH)
                     const float M = warp_max(fmaxf(m0, m1));
                     const float e0 = m0 == -INFINITY ? 0.0f : expf(m0 - M);
                     const float e1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
-                    const float L = warp_sum(l0 * e0 + l1 * e1);
+                    const float L = warp_sum(l0 * e0 + l1 * e1) +
+                                    (a.sinks && M != -INFINITY ? expf(a.sinks[head0 + h] - M) : 0.0f);
                     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
                     if (lane < ns) s_w[h * MAXS + lane] = e0 * inv;
                     if (lane + 32 < ns) s_w[h * MAXS + lane + 32] = e1 * inv;
@@ -1012,7 +1016,8 @@ static __global__ void __launch_bounds__(PF_THREADS)
             const int64_t t = row0 + r;
             const float m = half ? mB : mA, l = half ? lB : lA;
             if (n_split == 1) {
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                const float ls = l + (a.sinks && m != -INFINITY ? expf(a.sinks[h] - m) : 0.0f);
+                const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
                 float *dr = a.dst + (t * a.n_head + h) * D + 2 * tig;
 #pragma unroll
                 for (int i = 0; i < D / 8; i++)
@@ -1123,7 +1128,7 @@ static __global__ void __launch_bounds__(1024)
  * per (slot, head); slot -> row through `rows` ({count, row...}) when given, else
  * row = slot; rows with kind[row] != 0 are skipped when kind is given. */
 static __global__ void attn_merge_kernel(float *dst, const float *partial, int n_head, int dv, int n_split,
-                                         const int *rows, const int *kind) {
+                                         const int *rows, const int *kind, const float *sinks) {
     pdl_wait();
     pdl_trigger();
     const int h = blockIdx.x % n_head;
@@ -1139,6 +1144,7 @@ static __global__ void attn_merge_kernel(float *dst, const float *partial, int n
         const float ms = pr[s * (dv + 2)];
         if (ms != -INFINITY) L += pr[s * (dv + 2) + 1] * expf(ms - M);
     }
+    if (sinks && M != -INFINITY) L += expf(sinks[h] - M); /* the sink's share */
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
         float acc = 0.0f;
@@ -1335,7 +1341,7 @@ static void launch_decode_any(const struct cuda_attn_args *a, const int *rows, c
 static void launch_merge(const struct cuda_attn_args *a, const float *partial, int slots, int s, const int *rows,
                          const int *kind, struct cuda_ctx *ctx) {
     (void)klaunch(attn_merge_kernel, dim3((unsigned)((int64_t)slots * a->n_head)), dim3(128), 0, ctx, a->dst, partial,
-                  a->n_head, a->dv, s, rows, kind);
+                  a->n_head, a->dv, s, rows, kind, a->sinks);
 }
 
 extern "C" void cuda_attention(struct cuda_ctx *ctx, const struct cuda_attn_args *a_in) {

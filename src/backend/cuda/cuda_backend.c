@@ -98,6 +98,7 @@ static void cu_free(struct backend *b) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED,
     .free = cu_free,
     .features = BK_FEAT_GLU_ROW_GATE,
     .weight_bind = cu_weight_bind,
@@ -129,6 +130,8 @@ static const struct backend_ops cuda_ops = {
     .ffn_glu = cu_ffn_glu,
     .rope_kv_store = cu_rope_kv_store,
     .rope_attention = cu_rope_attention,
+    .moe_route = cu_moe_route,
+    .moe_ffn = cu_moe_ffn,
     .logits_topk = cu_logits_topk,
     .graph_replay = cu_graph_replay,
     .graph_begin = cu_graph_begin,

@@ -252,11 +252,23 @@ void cu_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
                         const struct tensor *bl, const struct tensor *ssm_a, const struct tensor *dt_bias,
                         struct tensor *ss, const struct tensor *seqs, const struct gdn_params *p);
 void cu_copy(struct backend *b, struct tensor *dst, const struct tensor *src);
+/* cuda_ops_moe.c */
+void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights, const struct tensor *x,
+                  const struct tensor *router, const struct tensor *bias, enum moe_gating gating,
+                  const struct prenorm *pre);
+void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct moe_experts *w,
+                const struct tensor *ids, const struct tensor *weights, const struct prenorm *pre, bool acc);
 
 /* cuda_graph.c */
 bool cu_graph_replay(struct backend *b, uint64_t key);
 void cu_graph_begin(struct backend *b, uint64_t key);
 void cu_graph_end(struct backend *b);
+
+/* The fused mmv GLU kernels' activation number (cuda_mmv_glu, cuda_mmv_glu_id): 0 SiLU,
+ * 1 tanh-GELU, 2 gpt-oss's clamped SwiGLU (cuda_glu takes enum glu_act's value itself). */
+static inline int cu_glu_code(enum glu_act act) {
+    return act == GLU_SILU ? 0 : act == GLU_GELU_TANH ? 1 : 2;
+}
 
 /* Every op asks this before its first launch: the pending input copy goes out first. */
 static inline bool cu_ok(struct cuda_backend *cb) {

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
+#include "backend/backend.h" /* GLU_OAI_ALPHA, GLU_OAI_LIMIT */
 #include "backend/cuda/cuda_kernels.h"
 }
 
@@ -37,6 +38,12 @@ static __global__ void glu_kernel(float *dst, const float *gate, const float *up
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = gate[row_n ? i / row_n : i];
+    if (act == 3) { /* gpt-oss's clamped SwiGLU (backend.h's GLU_SWIGLU_OAI); NaN stays */
+        const float gc = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g, u = up[i];
+        const float uc = u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u;
+        dst[i] = gc / (1.0f + expf(-GLU_OAI_ALPHA * gc)) * (uc + 1.0f);
+        return;
+    }
     const float a = act == 0 ? g / (1.0f + expf(-g)) : act == 1 ? gelu_tanh(g) : 1.0f / (1.0f + expf(-g));
     dst[i] = a * up[i];
 }

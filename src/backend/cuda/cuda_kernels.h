@@ -32,7 +32,8 @@ void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows);
 void cuda_add(struct cuda_ctx *ctx, float *dst, const float *a, const float *c, int64_t n,
               int64_t rows, int64_t c_rows);
 void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, float s, int64_t n);
-/* dst = act(gate) * up; act (enum glu_act's values) 0 = SiLU, 1 = tanh-GELU, 2 = sigmoid. */
+/* dst = act(gate) * up; act is enum glu_act's value: 0 = SiLU, 1 = tanh-GELU, 2 = sigmoid,
+ * 3 = gpt-oss's clamped SwiGLU (GLU_SWIGLU_OAI: the clamp applies to up too). */
 void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
               int64_t n);
 /* The same with one gate per row: dst[r, i] = act(gate[r]) * up[r, i], rows of row_n. */
@@ -124,6 +125,8 @@ struct cuda_attn_args {
     int64_t n_tokens;
     float scale, softcap;
     int window;
+    const float *sinks;    /* (n_head) or NULL: attention sinks (backend.h's attn_params.sinks),
+                            * one more logit per head in the softmax, with no value */
     int max_keys;          /* upper bound of keys any row sees (sizes the split) */
     int kernel;            /* enum cuda_attn_kernel: AUTO, or one forced (tests, benchmarks);
                             * a kernel that cannot run the shape falls back (see the plan) */

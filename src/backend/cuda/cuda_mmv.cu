@@ -217,7 +217,9 @@ template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
-    q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, k, accumulate);
+    if (!mmv_id_live(m)) return;
+    q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, mmv_id_x<N>(m, xq, k),
+                               mmv_id_x<N>(m, xds, k / 16), k, accumulate);
 }
 
 /* Q6_K: unit u's 16 B of low bits, 16 B of high bits and its two sub-block scales. */
@@ -318,7 +320,9 @@ template <int N, int R, int GLU, int U = 2, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
-    q6k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, xq, xds, k, accumulate);
+    if (!mmv_id_live(m)) return;
+    q6k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, mmv_id_x<N>(m, xq, k),
+                               mmv_id_x<N>(m, xds, k / 16), k, accumulate);
 }
 
 /* Q4_K matrices stacked with a Q6_K one after them (Q4_K_M's Q, K and V on most layers):
@@ -341,6 +345,9 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
              int k, int accumulate) {
     static_assert(KS == 1 || KS == MMV_WARPS, "split-K: every warp of the block");
     pdl_trigger();
+    if (!mmv_id_live(m)) return;
+    xq = mmv_id_x<N>(m, xq, k);
+    xds = mmv_id_x<N>(m, xds, k / 16);
     const int row0 = mmv_row0<R, GLU, KS>();
     const int ws = KS > 1 ? threadIdx.y : 0;
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
@@ -413,6 +420,8 @@ template <int N, int R, uint32_t T, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_float(const struct mmv_mats m, const float *x, int k, int accumulate) {
     pdl_trigger();
+    if (!mmv_id_live(m)) return;
+    x = mmv_id_x<N>(m, x, k);
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;
@@ -600,7 +609,7 @@ template <int GLU, int R, int U, int KS = 1>
 static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
                               const float2 *xd, int acc, struct cuda_ctx *ctx) {
     const int per_block = (KS > 1 ? 1 : MMV_WARPS) * (GLU ? 1 : R);
-    const dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32, MMV_WARPS);
+    const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1), block(32, MMV_WARPS);
     if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
     if (type == QT_Q6_K)
         return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
@@ -632,7 +641,7 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     const dim3 block(32, MMV_WARPS);
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const int rows = m.end[GLU ? 0 : m.n - 1];
-    const dim3 grid((unsigned)((rows + per_block - 1) / per_block));
+    const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1);
     if (!GLU && m.mix_row) /* Q4_K rows, then Q6_K rows */
         return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, ctx, m, xq, xd, k, acc);
     switch (type) {
@@ -726,13 +735,15 @@ extern "C" smelt_status cuda_mmv_quantize(struct cuda_ctx *ctx, const float *x, 
     return SMELT_OK;
 }
 
+/* xrows: the token rows of x's int8 form in scratch (n, or an expert launch's total). */
 static smelt_status mmv_dispatch(struct cuda_ctx *ctx, const struct mmv_mats &m, uint32_t type, int64_t k,
-                                 const float *x, int n, const void *scratch, int accumulate, int act, struct err *e) {
+                                 const float *x, int n, int64_t xrows, const void *scratch, int accumulate, int act,
+                                 struct err *e) {
     if (n < 1 || n > CUDA_MMV_MAX_N)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmv: %d token rows (1..%d)", n, CUDA_MMV_MAX_N);
     int8_t *xq;
     float2 *xd;
-    scratch_parts(scratch, k, n, &xq, &xd);
+    scratch_parts(scratch, k, (int)xrows, &xq, &xd);
     cudaError_t rc = cudaErrorInvalidValue;
     switch (n) {
     case 1: rc = launch<1>(m, type, (int)k, x, xq, xd, accumulate, act, ctx); break;
@@ -805,7 +816,7 @@ extern "C" smelt_status cuda_mmv_multi(struct cuda_ctx *ctx, const struct cuda_q
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv: a raw-residual input needs a quantized weight");
         m.epi = *epi;
     }
-    return mmv_dispatch(ctx, m, w[0]->type, w[0]->k, x, n, scratch, accumulate, 0, e);
+    return mmv_dispatch(ctx, m, w[0]->type, w[0]->k, x, n, n, scratch, accumulate, 0, e);
 }
 
 extern "C" smelt_status cuda_mmv_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w,
@@ -831,7 +842,51 @@ extern "C" smelt_status cuda_mmv_glu(struct cuda_ctx *ctx, const struct cuda_qwe
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu: unsupported epilogue");
         m.epi = *epi;
     }
-    return mmv_dispatch(ctx, m, gate->type, gate->k, x, n, scratch, 0, act == 0 ? 1 : 2, e);
+    return mmv_dispatch(ctx, m, gate->type, gate->k, x, n, n, scratch, 0, act + 1, e);
+}
+
+/* Expert mode's mats: w's experts of rows / n_exp rows each (see struct mmv_mats). */
+static smelt_status id_mats(struct mmv_mats *m, const struct cuda_qweight *w, const struct cuda_mmv_ids *id, int n,
+                            struct err *e) {
+    if (!id->eid || id->n_exp < 1 || w->rows % id->n_exp != 0 || id->n_chunks < 1 || id->n_chunks > 65535 ||
+        id->x_div < 1 || id->x_rows < (int64_t)((id->n_chunks - 1) / id->x_div + 1) * n)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda mmv by id: %lld rows over %d experts, %d chunks of %d rows, x_div %d, %lld input rows",
+                       (long long)w->rows, id->n_exp, id->n_chunks, n, id->x_div, (long long)id->x_rows);
+    m->end[0] = m->end[1] = m->end[2] = (int)(w->rows / id->n_exp);
+    m->eid = id->eid;
+    m->n_chunks = id->n_chunks;
+    m->x_div = id->x_div;
+    m->n_exp = id->n_exp;
+    return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_mmv_ids *id,
+                                    int n, const float *x, float *y, const void *scratch, struct err *e) {
+    struct mmv_mats m;
+    memset(&m, 0, sizeof m);
+    mats_add(&m, w, y, NULL);
+    m.k = (int)w->k;
+    smelt_status st = id_mats(&m, w, id, n, e);
+    if (st != SMELT_OK) return st;
+    return mmv_dispatch(ctx, m, w->type, w->k, x, n, id->x_rows, scratch, 0, 0, e);
+}
+
+extern "C" smelt_status cuda_mmv_glu_id(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                                        const struct cuda_qweight *up, int act, const struct cuda_mmv_ids *id, int n,
+                                        const float *x, float *y, const void *scratch, struct err *e) {
+    if (gate->type != up->type || gate->rows != up->rows || gate->k != up->k)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmv glu by id: gate and up differ in type or shape");
+    struct mmv_mats m;
+    memset(&m, 0, sizeof m);
+    mats_add(&m, gate, y, NULL);
+    mats_add(&m, up, y, NULL);
+    m.k = (int)gate->k;
+    m.bias[0] = id->gate_b;
+    m.bias[1] = id->up_b;
+    smelt_status st = id_mats(&m, gate, id, n, e);
+    if (st != SMELT_OK) return st;
+    return mmv_dispatch(ctx, m, gate->type, gate->k, x, n, id->x_rows, scratch, 0, act + 1, e);
 }
 
 extern "C" smelt_status cuda_mmv_norm_quantize(struct cuda_ctx *ctx, const float *x,

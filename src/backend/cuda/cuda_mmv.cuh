@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
+#include "backend/backend.h" /* GLU_OAI_ALPHA, GLU_OAI_LIMIT */
 #include "backend/cuda/cuda_mmv.h"
 }
 
@@ -77,7 +78,35 @@ struct mmv_mats {
     int mix_row; /* mmv_q4k_q6k: the first Q6_K row (0: one type) */
     struct cuda_mmv_epi epi; /* see cuda_mmv.h; zero = plain product */
     int k;
+    /* Expert mode ("mmv by id", cuda_mmv_id / cuda_mmv_glu_id; eid NULL = off): block row
+     * blockIdx.y is chunk c of N token rows, run against expert e = eid[c] of a weight of
+     * n_exp stacked matrices of end[0] rows each (rows e * end[0] + ...); its activations are
+     * chunk c / x_div's (x_div = k slots per token when every slot of a token reads that
+     * token's row), its output rows go to y + c * N * end[0]. A chunk whose e is outside
+     * [0, n_exp) (unused, or a bad id) does nothing. GLU: bias[0] / bias[1] (may be NULL)
+     * are the experts' gate / up biases, (end[0], n_exp). */
+    const int32_t *eid;
+    int n_chunks, x_div, n_exp;
+    const float *bias[2];
 };
+
+/* Expert mode: the block's expert (0 when off). */
+static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) { return m.eid ? m.eid[blockIdx.y] : 0; }
+
+/* Expert mode, first thing in a kernel: waits for the ids (an earlier kernel wrote them, so
+ * the weights cannot be loaded before the wait) and says whether the block has work. */
+static __device__ __forceinline__ bool mmv_id_live(const mmv_mats &m) {
+    if (!m.eid) return true;
+    pdl_wait();
+    const int e = m.eid[blockIdx.y];
+    return e >= 0 && e < m.n_exp;
+}
+
+/* Expert mode: the block's activations (per_row elements a token row) within x. */
+template <int N, class T>
+static __device__ __forceinline__ const T *mmv_id_x(const mmv_mats &m, const T *x, int64_t per_row) {
+    return m.eid ? x + (int64_t)(blockIdx.y / m.x_div) * N * per_row : x;
+}
 
 /* The r-th row of a warp whose first row is row0: which matrix, and the row within it. */
 struct mrow_ref {
@@ -98,6 +127,7 @@ static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int
         o.mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
         o.row = row - (o.mat == 0 ? 0 : o.mat == 1 ? m.end[0] : m.end[1]);
     }
+    o.row += mmv_expert(m) * m.end[0]; /* expert mode: the expert's rows */
     o.q = o.mat == 0 ? m.q[0] : o.mat == 1 ? m.q[1] : m.q[2];
     o.s = o.mat == 0 ? m.s[0] : o.mat == 1 ? m.s[1] : m.s[2];
     o.d = o.mat == 0 ? m.d[0] : o.mat == 1 ? m.d[1] : m.d[2];
@@ -106,6 +136,10 @@ static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int
 
 static __device__ __forceinline__ float glu_act(int glu, float g) {
     if (glu == 1) return g / (1.0f + expf(-g));
+    if (glu == 3) { /* gpt-oss's clamped SwiGLU (the up half is clamped in store_glu); NaN stays */
+        g = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g;
+        return g / (1.0f + expf(-GLU_OAI_ALPHA * g));
+    }
     const float c = 0.7978845608028654f; /* GELU, tanh form */
     return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
 }
@@ -170,10 +204,17 @@ struct mmv_acc {
         const int rows = m.end[0];
         float sc[N];
         pre_scale(m, lane, sc);
+        /* expert mode: the chunk's rows of y, the expert's biases */
+        float *y = m.y[0] + (int64_t)blockIdx.y * N * rows;
+        const int64_t e = mmv_expert(m);
+        const float bg = m.bias[0] ? m.bias[0][e * rows + row0] : 0.0f;
+        const float bu = m.bias[1] ? m.bias[1][e * rows + row0] : 0.0f;
 #pragma unroll
         for (int t = 0; t < N; t++) {
-            const float g = warp_sum(v[0][t]) * sc[t], u = warp_sum(v[R - 1][t]) * sc[t];
-            if (lane == 0 && writer) m.y[0][(int64_t)t * rows + row0] = glu_act(glu, g) * u;
+            const float g = warp_sum(v[0][t]) * sc[t] + bg, u = warp_sum(v[R - 1][t]) * sc[t] + bu;
+            const float uu = glu == 3 ? (u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u) + 1.0f
+                                      : u;
+            if (lane == 0 && writer) y[(int64_t)t * rows + row0] = glu_act(glu, g) * uu;
         }
         if (m.epi.post_cnt) post_quantize(m, per_block);
     }
@@ -189,7 +230,7 @@ struct mmv_acc {
             const int mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
             const int start = mat == 0 ? 0 : mat == 1 ? m.end[0] : m.end[1];
             const int rows = (mat == 0 ? m.end[0] : mat == 1 ? m.end[1] : m.end[2]) - start;
-            float *y = mat == 0 ? m.y[0] : mat == 1 ? m.y[1] : m.y[2];
+            float *y = (mat == 0 ? m.y[0] : mat == 1 ? m.y[1] : m.y[2]) + (int64_t)blockIdx.y * N * rows;
             const float *b = mat == 0 ? m.b[0] : mat == 1 ? m.b[1] : m.b[2];
 #pragma unroll
             for (int t = 0; t < N; t++) {

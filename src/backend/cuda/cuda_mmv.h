@@ -103,11 +103,38 @@ smelt_status cuda_mmv_multi(struct cuda_ctx *ctx, const struct cuda_qweight *con
 smelt_status cuda_mmv_norm_quantize(struct cuda_ctx *ctx, const float *x, int64_t x_stride,
                                     const float *w, float eps, int64_t k, int n, void *scratch,
                                     float *xn, struct err *e);
-/* y = act(W_gate x) * (W_up x) in one pass (act 0 = SiLU, 1 = tanh-GELU), after
+/* y = act(W_gate x) * (W_up x) in one pass (act 0 = SiLU, 1 = tanh-GELU, 2 = gpt-oss's
+ * clamped SwiGLU, backend.h's GLU_SWIGLU_OAI), after
  * cuda_mmv_quantize when the type needs it; gate and up must share type and shape. */
 smelt_status cuda_mmv_glu(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
                           const struct cuda_qweight *up, int act, const float *x, int n, float *y,
                           const void *scratch, const struct cuda_mmv_epi *epi, struct err *e);
+
+/* Expert products ("mmv by id", the mixture-of-experts FFN): w stacks n_exp experts' matrices
+ * (w->rows = n_exp x rows per expert, as a 3-D GGUF tensor binds), and a launch runs n_chunks
+ * chunks of n (1..8) token rows, chunk c against expert eid[c] (device memory, written by an
+ * earlier kernel: the ids are never read on the host). Chunk c reads token rows
+ * (c / x_div) * n .. + n of x (or of its int8 form in scratch, which holds x_rows rows:
+ * cuda_mmv_quantize(x, k, x_rows) made it) and writes rows c * n .. + n of y, each
+ * rows-per-expert wide. A chunk whose id is outside [0, n_exp) writes nothing (an unused
+ * chunk of a grouped launch, or a bad id: never an out-of-bounds read). Decode: chunk = one
+ * (token, slot) pair, n = 1, x_div = k slots; grouped rows (prefill): chunk = n rows of one
+ * expert, x_div = 1. */
+struct cuda_mmv_ids {
+    const int32_t *eid;         /* (n_chunks) */
+    int n_chunks;               /* 1..65535 */
+    int x_div;                  /* >= 1 */
+    int n_exp;
+    int64_t x_rows;             /* >= ((n_chunks - 1) / x_div + 1) * n */
+    const float *gate_b, *up_b; /* GLU: the experts' biases, (rows per expert, n_exp), or NULL */
+};
+/* y (chunk c's rows) = W[eid[c]] x (chunk c / x_div's rows). */
+smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_mmv_ids *id,
+                         int n, const float *x, float *y, const void *scratch, struct err *e);
+/* y = act(W_gate[e] x + gate_b[e]) * (W_up[e] x + up_b[e]) per chunk (act as cuda_mmv_glu). */
+smelt_status cuda_mmv_glu_id(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                             const struct cuda_qweight *up, int act, const struct cuda_mmv_ids *id, int n,
+                             const float *x, float *y, const void *scratch, struct err *e);
 
 #ifdef __cplusplus
 }

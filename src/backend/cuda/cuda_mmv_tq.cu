@@ -277,6 +277,9 @@ template <class TT, int N, int R, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_tq(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
+    if (!mmv_id_live(m)) return;
+    xq = mmv_id_x<N>(m, xq, k);
+    xds = mmv_id_x<N>(m, xds, k / 16);
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
     const int lane = threadIdx.x;

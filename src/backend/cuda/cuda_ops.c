@@ -43,8 +43,12 @@ static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, stru
     if (p->ext_factor != 0) {
         /* the dimension index at which a frequency makes n turns over n_ctx_orig */
         double base = p->freq_base, nr = p->n_rot, n0 = p->n_ctx_orig;
-        double lo = floor(nr * log(n0 / (p->beta_fast * 2 * M_PI)) / (2 * log(base)));
-        double hi = ceil(nr * log(n0 / (p->beta_slow * 2 * M_PI)) / (2 * log(base)));
+        double lo = nr * log(n0 / (p->beta_fast * 2 * M_PI)) / (2 * log(base));
+        double hi = nr * log(n0 / (p->beta_slow * 2 * M_PI)) / (2 * log(base));
+        if (!p->yarn_unrounded) { /* HF's default truncate = True, llama.cpp; gpt-oss keeps them */
+            lo = floor(lo);
+            hi = ceil(hi);
+        }
         if (lo < 0) lo = 0;
         if (hi > nr - 1) hi = nr - 1;
         r->corr_lo = (float)lo;
@@ -176,7 +180,7 @@ void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, co
                    enum glu_act act) {
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
-    /* the kernels' act codes are enum glu_act's (SiLU, tanh-GELU, sigmoid) */
+    /* the kernels' act codes are enum glu_act's (SiLU, tanh-GELU, sigmoid, clamped SwiGLU) */
     if (gate->ne[0] == 1 && up->ne[0] > 1) /* one gate per row */
         cuda_glu_row_gate(&cb->ctx, dst->data, gate->data, up->data, (int)act, up->ne[0], tensor_nrows(up));
     else
@@ -221,7 +225,7 @@ static bool attn_args(struct cuda_backend *cb, struct cuda_attn_args *out, struc
         .max_blocks = (int)m->blocks->ne[0], .block_size = m->block_size, .n_seqs = (int)m->blocks->ne[1],
         .dk = (int)kc->ne[0], .dv = (int)vc->ne[0], .n_head = (int)q->ne[1], .n_kv = (int)kc->ne[2],
         .n_tokens = q->ne[2], .scale = p->scale, .softcap = p->softcap, .window = p->window,
-        .kernel = CUDA_ATTN_AUTO};
+        .sinks = p->sinks ? p->sinks->data : NULL, .kernel = CUDA_ATTN_AUTO};
     a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
     if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
     *out = a;
@@ -446,7 +450,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
             epi.post_cnt = cb->prep.cnt;
             cuda_mmv_scratch_parts(cb->att_q.buf, qg->rows, (int)n, &epi.post_xq, &epi.post_xd);
         }
-        if (cuda_mmv_glu(&cb->ctx, qg, qu, act == GLU_SILU ? 0 : 1, xn, (int)n, dst->data, sc,
+        if (cuda_mmv_glu(&cb->ctx, qg, qu, cu_glu_code(act), xn, (int)n, dst->data, sc,
                          epi.pre_ss || qout ? &epi : NULL, &e) != SMELT_OK)
             bk_fail(b, e.code, "%s", e.msg);
         cu_prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
@@ -462,7 +466,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
     cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
            cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
-    cuda_glu(&cb->ctx, dst->data, g, dst->data, act == GLU_SILU ? 0 : 1, tensor_nelem(dst));
+    cuda_glu(&cb->ctx, dst->data, g, dst->data, (int)act, tensor_nelem(dst));
     cu_check_launch(cb, "glu");
     cu_scratch_release(b, mark);
 }

@@ -1,0 +1,322 @@
+/* Mixture-of-experts kernels: the router (norm, logits, top-k, weights in one launch), the
+ * grouping of a step's (row, slot) pairs by expert, the experts' input rows (norm and int8
+ * form, gathered in the grouped order), and the weighted sum of the experts' outputs fused
+ * with the residual add. See cuda_moe.h; CPU twin: cpu_ops_moe.c; how the backend chains them
+ * with the mmv kernels' expert mode: cuda_ops_moe.c.
+ *
+ * Batch invariance: the router and the combine give each row one block whose arithmetic
+ * depends on that row alone (fixed reduction trees, no atomics); the grouping places rows by
+ * atomics, but every grouped row is computed alone by the products, so its bits do not
+ * depend on where it lands. */
+#include "backend/cuda/cuda_mmv.cuh" /* quant16: the int8 form of the experts' inputs */
+
+extern "C" {
+#include "backend/cuda/cuda_moe.h"
+}
+
+#define ROUTE_THREADS 256
+#define MOE_ROWS_THREADS 256
+
+/* ---------------------------------------------------------------- kernels ---- */
+
+/* Block-wide sum (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
+template <class T> static __device__ __forceinline__ T block_sum(T v, T *part) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* part may still be read from a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    T t = lane < nw ? part[lane] : (T)0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+/* a (value va, id ia) ranks before b: larger, ties to the lower id, NaN after any number. */
+static __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
+    if (ib < 0) return ia >= 0;
+    if (ia < 0) return false;
+    const bool na = isnan(va), nb = isnan(vb);
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return ia < ib;
+}
+
+/* One block per row: x' into shared memory, each warp dots it with experts w, w + 8, ..., then
+ * warp 0 picks the k best and computes their weights. Shared: n_embd + n_exp floats, n_exp
+ * taken flags. */
+static __global__ void __launch_bounds__(ROUTE_THREADS)
+    route_kernel(const float *x, int n_embd, const float *router, const float *bias, int n_exp,
+                 int k, int gating, int has_pre, const float *pre_w, float eps, int32_t *ids,
+                 float *wts) {
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *xs = (float *)smem, *lg = xs + n_embd;
+    unsigned char *taken = (unsigned char *)(lg + n_exp);
+    __shared__ double dpart[32];
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * n_embd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float inv = 1.0f;
+    if (has_pre) { /* as cpu_op_rms_norm: the sum of squares in double */
+        double ss = 0;
+        for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
+            ss += (double)xr[i] * xr[i];
+        ss = block_sum(ss, dpart);
+        inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)eps));
+    }
+    for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
+        xs[i] = has_pre ? (pre_w ? xr[i] * inv * pre_w[i] : xr[i] * inv) : xr[i];
+    for (int i = threadIdx.x; i < n_exp; i += blockDim.x)
+        taken[i] = 0;
+    __syncthreads();
+    for (int ex = warp; ex < n_exp; ex += nw) {
+        const float *w = router + (int64_t)ex * n_embd;
+        float s = 0.0f;
+        for (int i = lane; i < n_embd; i += 32)
+            s += w[i] * xs[i];
+        s = warp_sum(s);
+        if (lane == 0) lg[ex] = bias ? s + bias[ex] : s;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    __shared__ int id[32]; /* the picks, largest first */
+    float *wt = wts + r * k;
+    for (int j = 0; j < k; j++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int ex = lane; ex < n_exp; ex += 32)
+            if (!taken[ex] && ranks_before(lg[ex], ex, bv, bi)) bv = lg[ex], bi = ex;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) {
+            id[j] = bi;
+            ids[r * k + j] = bi;
+            taken[bi] = 1;
+        }
+        __syncwarp();
+    }
+    /* weights: exp(l - max) over all (gating 0) or over the k (gating 1), in double */
+    double mx = lg[id[0]], z = 0;
+    if (gating == 0) {
+        for (int ex = lane; ex < n_exp; ex += 32)
+            mx = lg[ex] > mx ? (double)lg[ex] : mx;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const double om = __shfl_xor_sync(0xffffffffu, mx, o);
+            mx = om > mx ? om : mx;
+        }
+        for (int ex = lane; ex < n_exp; ex += 32)
+            z += exp((double)lg[ex] - mx);
+    } else {
+        for (int j = lane; j < k; j += 32)
+            z += exp((double)lg[id[j]] - mx);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        z += __shfl_xor_sync(0xffffffffu, z, o);
+    for (int j = lane; j < k; j += 32)
+        wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
+}
+
+/* One block: counts per expert, padded offsets (chunks of ch rows), the chunk table, then
+ * every pair's place. Shared: 2 x n_exp ints. */
+static __global__ void __launch_bounds__(1024)
+    group_kernel(const int32_t *ids, int64_t n_pairs, int k, int n_exp, int ch, int64_t n_chunks,
+                 int32_t *chunk_eid, int32_t *pos, int32_t *src) {
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char smem[];
+    int *cnt = (int *)smem, *off = cnt + n_exp;
+    const int64_t n_rows = n_chunks * ch;
+    for (int i = threadIdx.x; i < n_exp; i += blockDim.x)
+        cnt[i] = 0;
+    for (int64_t i = threadIdx.x; i < n_rows; i += blockDim.x)
+        src[i] = -1;
+    for (int64_t i = threadIdx.x; i < n_chunks; i += blockDim.x)
+        chunk_eid[i] = -1;
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int ex = ids[p];
+        if (ex >= 0 && ex < n_exp) atomicAdd(&cnt[ex], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* exclusive scan of the padded counts: lane l owns a run of experts */
+        const int lane = threadIdx.x, per = (n_exp + 31) / 32, e0 = lane * per,
+                  e1 = min(e0 + per, n_exp);
+        int run = 0;
+        for (int ex = e0; ex < e1; ex++)
+            run += (cnt[ex] + ch - 1) / ch * ch;
+        int incl = run;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        int at = incl - run;
+        for (int ex = e0; ex < e1; ex++) {
+            off[ex] = at;
+            at += (cnt[ex] + ch - 1) / ch * ch;
+        }
+    }
+    __syncthreads();
+    for (int ex = threadIdx.x; ex < n_exp; ex += blockDim.x) {
+        const int c0 = off[ex] / ch, c1 = (off[ex] + cnt[ex] + ch - 1) / ch;
+        for (int c = c0; c < c1; c++)
+            chunk_eid[c] = ex;
+        cnt[ex] = 0; /* now the fill counter (only this thread read it) */
+    }
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int ex = ids[p];
+        if (ex < 0 || ex >= n_exp) {
+            pos[p] = -1;
+            continue;
+        }
+        const int at = off[ex] + atomicAdd(&cnt[ex], 1);
+        pos[p] = at;
+        src[at] = (int32_t)(p / k);
+    }
+}
+
+/* One block per output row: x' of its source row (norm as route_kernel's, zeros for padding),
+ * stored as f32 (xf) and in the int8 form (quant16 per 16 values; warp w quantizes groups of
+ * 32 w, w + warps, ...). */
+static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
+    gather_kernel(const float *x, int n_embd, const int32_t *src, int has_pre, const float *pre_w,
+                  float eps, int8_t *xq, float2 *xd, float *xf) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ double dpart[32];
+    const int64_t i = blockIdx.x;
+    const int64_t row = src ? src[i] : i;
+    const float *xr = x + (row < 0 ? 0 : row) * n_embd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float inv = 1.0f;
+    if (has_pre && row >= 0) {
+        double ss = 0;
+        for (int j = threadIdx.x; j < n_embd; j += blockDim.x)
+            ss += (double)xr[j] * xr[j];
+        ss = block_sum(ss, dpart);
+        inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)eps));
+    }
+    for (int g = warp; g < n_embd / 32; g += nw) {
+        const int j = g * 32 + lane;
+        const int64_t o = i * n_embd + j;
+        float v = 0.0f;
+        if (row >= 0) v = has_pre ? (pre_w ? xr[j] * inv * pre_w[j] : xr[j] * inv) : xr[j];
+        if (xf) xf[o] = v;
+        quant16(v, xq, xd, o, true);
+    }
+}
+
+/* One block per row; each thread sums its columns over the row's slots in increasing expert
+ * id, then writes or adds into dst. */
+static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
+    combine_kernel(float *dst, const float *y, const int32_t *pos, const int32_t *ids,
+                   const float *wts, const float *down_b, int n_embd, int k, int n_exp, int acc) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ int order[32];
+    const int64_t r = blockIdx.x;
+    const int32_t *id = ids + r * k;
+    if (threadIdx.x < k) { /* slot j's rank by (id, slot) */
+        const int j = threadIdx.x, ej = id[j];
+        int rank = 0;
+        for (int q = 0; q < k; q++)
+            rank += id[q] < ej || (id[q] == ej && q < j);
+        order[rank] = j;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < n_embd; d += blockDim.x) {
+        float s = 0.0f;
+        for (int q = 0; q < k; q++) {
+            const int j = order[q], ex = id[j];
+            const int64_t p = pos ? pos[r * k + j] : r * k + j;
+            if (p < 0 || ex < 0 || ex >= n_exp) continue;
+            float v = y[p * n_embd + d];
+            if (down_b) v += down_b[(int64_t)ex * n_embd + d];
+            s += wts[r * k + j] * v;
+        }
+        float *o = dst + r * n_embd + d;
+        *o = acc ? *o + s : s;
+    }
+}
+
+/* --------------------------------------------------------------- launchers ---- */
+
+extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int64_t n_embd,
+                                       int64_t n, const float *router, const float *bias, int n_exp,
+                                       int k, int gating, int has_pre, const float *pre_w,
+                                       float eps, int32_t *ids, float *weights, struct err *e) {
+    const size_t smem = (size_t)(n_embd + n_exp) * sizeof(float) + (size_t)n_exp;
+    if (k < 1 || k > 32 || k > n_exp || n < 1 || n > INT32_MAX || n_embd > INT32_MAX ||
+        smem > 200 * 1024)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda moe route: %lld rows of %lld, top %d of %d experts", (long long)n,
+                       (long long)n_embd, k, n_exp);
+    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_kernel, smem);
+    CUDA_TRY(klaunch(route_kernel, dim3((unsigned)n), dim3(ROUTE_THREADS), smem, ctx, x,
+                     (int)n_embd, router, bias, n_exp, k, gating, has_pre, pre_w, eps, ids,
+                     weights),
+             e);
+    return SMELT_OK;
+}
+
+extern "C" int64_t cuda_moe_chunks(int64_t n_pairs, int n_exp, int ch) {
+    const int64_t active = n_pairs < n_exp ? n_pairs : n_exp;
+    return (n_pairs + active * (ch - 1)) / ch;
+}
+
+extern "C" smelt_status cuda_moe_group(struct cuda_ctx *ctx, const int32_t *ids, int64_t n, int k,
+                                       int n_exp, int ch, int64_t n_chunks, int32_t *chunk_eid,
+                                       int32_t *pos, int32_t *src, struct err *e) {
+    if (n_exp < 1 || n_exp > CUDA_MOE_MAX_EXPERTS || ch < 1 || k < 1 || n < 1 ||
+        n_chunks != cuda_moe_chunks(n * k, n_exp, ch) || n_chunks * ch > INT32_MAX)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda moe group: %lld rows x %d slots over %d experts, %lld chunks of %d",
+                       (long long)n, k, n_exp, (long long)n_chunks, ch);
+    const size_t smem = (size_t)2 * n_exp * sizeof(int);
+    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)group_kernel, smem);
+    CUDA_TRY(klaunch(group_kernel, dim3(1), dim3(1024), smem, ctx, ids, n * k, k, n_exp, ch,
+                     n_chunks, chunk_eid, pos, src),
+             e);
+    return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_moe_gather(struct cuda_ctx *ctx, const float *x, int64_t n_embd,
+                                        const int32_t *src, int64_t n_rows, int has_pre,
+                                        const float *pre_w, float eps, void *xq_scratch, float *xf,
+                                        struct err *e) {
+    if (n_embd % 32 != 0 || n_embd > INT32_MAX || n_rows < 1 || n_rows > INT32_MAX)
+        return err_set(e, SMELT_ERR_INVALID, "cuda moe gather: %lld rows of %lld",
+                       (long long)n_rows, (long long)n_embd);
+    int8_t *xq;
+    void *xd;
+    cuda_mmv_scratch_parts(xq_scratch, n_embd, (int)n_rows, &xq, &xd);
+    CUDA_TRY(klaunch(gather_kernel, dim3((unsigned)n_rows), dim3(MOE_ROWS_THREADS), 0, ctx, x,
+                     (int)n_embd, src, has_pre, pre_w, eps, xq, (float2 *)xd, xf),
+             e);
+    return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_moe_combine(struct cuda_ctx *ctx, float *dst, const float *y,
+                                         const int32_t *pos, const int32_t *ids,
+                                         const float *weights, const float *down_b, int64_t n_embd,
+                                         int64_t n, int k, int n_exp, int acc, struct err *e) {
+    if (k < 1 || k > 32 || n < 1 || n > INT32_MAX || n_embd > INT32_MAX)
+        return err_set(e, SMELT_ERR_INVALID, "cuda moe combine: %lld rows of %lld, %d slots",
+                       (long long)n, (long long)n_embd, k);
+    CUDA_TRY(klaunch(combine_kernel, dim3((unsigned)n), dim3(MOE_ROWS_THREADS), 0, ctx, dst, y, pos,
+                     ids, weights, down_b, (int)n_embd, k, n_exp, acc),
+             e);
+    return SMELT_OK;
+}

@@ -1,0 +1,139 @@
+/* The CUDA backend's mixture-of-experts ops (bk_moe_route, bk_moe_ffn; CPU twin:
+ * cpu_ops_moe.c). Kernels: cuda_moe.cu (router, grouping, input rows, weighted sum) and the
+ * mmv kernels' expert mode (cuda_mmv.h: "mmv by id"); nothing is read back to the host.
+ *
+ * moe_ffn, for x (n_embd, n) with k slots a row:
+ *   decode (n <= CUDA_MMV_MAX_N): every (row, slot) pair is a chunk of one row:
+ *     x' int8 (and f32 for float experts)           cuda_moe_gather, n rows
+ *     h[p] = act(gate[e] x' + b) * (up[e] x' + b)    cuda_mmv_glu_id, n k chunks (x_div = k)
+ *     h's int8 form                                  cuda_mmv_quantize, n k rows
+ *     y[p] = down[e] h[p]                            cuda_mmv_id, n k chunks
+ *     dst (+)= sum_j w_j (y[p_j] + down_b[e_j])       cuda_moe_combine (the residual add)
+ *   so a token reads its k experts' rows only.
+ *   more rows: the pairs are grouped by expert on the device (cuda_moe_group) into chunks of
+ *   CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
+ *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
+ *   weights once), and the combine reads each pair's output from its grouped row.
+ * Scratch depends on (n, k, n_expert) only, never on the routing (graphs replay). */
+#include "backend/cuda/cuda_backend_int.h"
+
+#include "backend/cuda/cuda_moe.h"
+
+/* enum moe_gating as cuda_moe_route numbers it */
+_Static_assert(MOE_SOFTMAX == 0 && MOE_SOFTMAX_TOPK == 1, "cuda_moe_route's gating");
+
+void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
+                  const struct tensor *x, const struct tensor *router, const struct tensor *bias,
+                  enum moe_gating gating, const struct prenorm *pre) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    const struct cuda_qweight *qr = cu_qw_of(cb, router); /* F32: plain rows */
+    if (!qr) return;
+    struct err e;
+    if (cuda_moe_route(&cb->ctx, x->data, x->ne[0], x->ne[1], qr->q, bias ? bias->data : NULL,
+                       (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL,
+                       pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, ids->data,
+                       weights->data, &e) != SMELT_OK) {
+        bk_fail(b, e.code, "%s", e.msg);
+        return;
+    }
+    cu_check_launch(cb, "moe route");
+}
+
+/* The (n_rows, k) int8 form of f32 rows for an expert product of qw (NULL when the type reads
+ * f32 directly), from the scratch. */
+static void *quantized_rows(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x,
+                            int64_t k, int64_t n_rows) {
+    if (!cuda_mmv_needs_quant(qw->type)) return NULL;
+    void *sc = cu_scratch(cb, cuda_mmv_scratch_bytes(k, (int)n_rows));
+    struct err e;
+    if (sc && cuda_mmv_quantize(&cb->ctx, x, k, (int)n_rows, sc, &e) != SMELT_OK)
+        bk_fail(&cb->base, e.code, "%s", e.msg);
+    cu_check_launch(cb, "moe quantize");
+    return sc;
+}
+
+void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
+                const struct moe_experts *w, const struct tensor *ids, const struct tensor *weights,
+                const struct prenorm *pre, bool acc) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    const struct cuda_qweight *qg = cu_qw_of(cb, w->gate), *qu = cu_qw_of(cb, w->up),
+                              *qd = cu_qw_of(cb, w->down);
+    if (!qg || !qu || !qd) return;
+    const char *name = w->gate->name ? w->gate->name : "moe_ffn";
+    const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
+    const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
+    if (qg->type != qu->type) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "%s: gate (%s) and up (%s) experts differ in type", name,
+                qtype_name(qg->type), qtype_name(qu->type));
+        return;
+    }
+    if (n_exp > CUDA_MOE_MAX_EXPERTS) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "%s: %d experts (the GPU groups at most %d)", name, n_exp,
+                CUDA_MOE_MAX_EXPERTS);
+        return;
+    }
+    const size_t mark = cu_scratch_mark(b);
+    struct err e;
+    smelt_status st = SMELT_OK;
+    const bool decode = n <= CUDA_MMV_MAX_N;
+    const int ch = decode ? 1 : CUDA_MMV_MAX_N;
+    /* chunks and grouped rows: decode, one chunk per pair; else whole chunks per expert */
+    const int64_t n_chunks = decode ? n * k : cuda_moe_chunks(n * k, n_exp, ch),
+                  rows = n_chunks * ch;
+    int32_t *chunk_eid = decode ? ids->data : cu_scratch(cb, (size_t)n_chunks * sizeof(int32_t));
+    int32_t *pos = decode ? NULL : cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
+    int32_t *src = decode ? NULL : cu_scratch(cb, (size_t)rows * sizeof(int32_t));
+    const int64_t x_rows = decode ? n : rows;
+    void *xq = cu_scratch(cb, cuda_mmv_scratch_bytes(n_embd, (int)x_rows));
+    float *xf = cuda_mmv_needs_quant(qg->type)
+                    ? NULL
+                    : cu_scratch(cb, (size_t)(x_rows * n_embd) * sizeof(float));
+    float *h = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
+    float *y = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
+    if (!chunk_eid || (!decode && (!pos || !src)) || !xq ||
+        (!cuda_mmv_needs_quant(qg->type) && !xf) || !h || !y)
+        return;
+    if (n_chunks > 65535) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED,
+                "%s: %lld rows x %d experts in one step (at most 65535 chunks)", name, (long long)n,
+                k);
+        return;
+    }
+    if (!decode)
+        st =
+            cuda_moe_group(&cb->ctx, ids->data, n, k, n_exp, ch, n_chunks, chunk_eid, pos, src, &e);
+    if (st == SMELT_OK)
+        st = cuda_moe_gather(&cb->ctx, x->data, n_embd, src, x_rows, pre != NULL,
+                             pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, &e);
+    cu_check_launch(cb, "moe gather");
+    struct cuda_mmv_ids id = {chunk_eid,
+                              (int)n_chunks,
+                              decode ? k : 1,
+                              n_exp,
+                              x_rows,
+                              w->gate_b ? w->gate_b->data : NULL,
+                              w->up_b ? w->up_b->data : NULL};
+    if (st == SMELT_OK)
+        st = cuda_mmv_glu_id(&cb->ctx, qg, qu, cu_glu_code(w->act), &id, ch, xf, h, xq, &e);
+    cu_check_launch(cb, "moe gate/up");
+    if (st != SMELT_OK) {
+        bk_fail(b, e.code, "%s: %s", name, e.msg);
+        return;
+    }
+    const void *hq = quantized_rows(cb, qd, h, n_ff, rows);
+    if (!cu_ok(cb) || (cuda_mmv_needs_quant(qd->type) && !hq)) return;
+    id = (struct cuda_mmv_ids){chunk_eid, (int)n_chunks, 1, n_exp, rows, NULL, NULL};
+    st = cuda_mmv_id(&cb->ctx, qd, &id, ch, h, y, hq, &e);
+    cu_check_launch(cb, "moe down");
+    if (st == SMELT_OK)
+        st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
+                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, &e);
+    cu_check_launch(cb, "moe combine");
+    if (st != SMELT_OK) {
+        bk_fail(b, e.code, "%s: %s", name, e.msg);
+        return;
+    }
+    cu_scratch_release(b, mark);
+}
