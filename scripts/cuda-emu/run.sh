@@ -8,7 +8,7 @@
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
-#     --quick      test_cuda_mmv and the attention tests only (about 3 minutes on 2 cores)
+#     --quick      test_cuda_mmv, test_cuda_mmb and the attention tests only (about 3 minutes on 2 cores)
 #     MODEL.gguf   also the logits check (drivers/logits.c) on each file: slow, minutes to
 #                  hours by size (Qwen2.5-0.5B: ~1 h)
 #   needs: the normal build in build/ (libsmelt_core.a), g++, python3, the CUDA headers
@@ -62,6 +62,7 @@ link() { # name source
     g++ -no-pie -o "$out/$1" "$out/$1.o" "${libs[@]}" 2> >(grep -v "warning" >&2)
 }
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
+link test_cuda_mmb tests/unit/test_cuda_mmb.c
 link attn "$here/drivers/attn.c"
 [ $quick = 1 ] || {
     link topk "$here/drivers/topk.c"
@@ -79,6 +80,7 @@ run() { # label command...
 }
 cd "$out"
 run ./test_cuda_mmv
+SMELT_TEST_SMALL=1 run ./test_cuda_mmb # every row count 1..64 on the ragged shapes
 run ./attn
 if [ $quick = 0 ]; then
     run ./topk
