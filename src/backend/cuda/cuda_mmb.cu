@@ -100,12 +100,12 @@ static __global__ void mmb_convert_kernel(const float *x, __half *xp, int *cnt, 
 /* This lane's weights of super-block s: pieces t and 4 + t of rows a and b, their scales. */
 static __device__ __forceinline__ void load_w(uint4 (&w)[6], const uint4 *qa, const uint4 *qb, const uint4 *sa,
                                               const uint4 *sb, int s) {
-    w[0] = __ldg(qa + s * 8);
-    w[1] = __ldg(qa + s * 8 + 4);
-    w[2] = __ldg(qb + s * 8);
-    w[3] = __ldg(qb + s * 8 + 4);
-    w[4] = __ldg(sa + s);
-    w[5] = __ldg(sb + s);
+    w[0] = *(qa + s * 8);
+    w[1] = *(qa + s * 8 + 4);
+    w[2] = *(qb + s * 8);
+    w[3] = *(qb + s * 8 + 4);
+    w[4] = *(sa + s);
+    w[5] = *(sb + s);
 }
 
 /* Copies super-block s of the 8 NT tokens' f16 activations into a stage. */
