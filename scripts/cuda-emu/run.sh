@@ -8,7 +8,7 @@
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
-#     --quick      test_cuda_mmv, test_cuda_mmb and the attention tests only (about 3 minutes on 2 cores)
+#     --quick      test_cuda_mmv, test_cuda_mmb and the attention tests only (about 8 minutes on 2 cores)
 #     MODEL.gguf   also the logits check (drivers/logits.c) on each file: slow, minutes to
 #                  hours by size (Qwen2.5-0.5B: ~1 h)
 #   needs: the normal build in build/ (libsmelt_core.a), g++, python3, the CUDA headers

@@ -8,7 +8,8 @@
  *
  * Every token-row count 1..64 on ragged shapes (rows not a multiple of 64, one to 16
  * super-blocks per K split, a split count that does not divide the super-blocks), plus
- * the Llama-3-8B K/V and 4096x4096 shapes at a few counts (sampled rows). Outputs poisoned
+ * the same with the K splits of a one-SM device (long K ranges per block); the
+ * Llama-3-8B K/V and 4096x4096 shapes at a few counts (sampled rows). Outputs poisoned
  * with NaN and followed by a guard band; accumulate mode; two runs the same bits.
  * Batch invariance: token row t's outputs at n rows are bitwise those at 64 rows (the
  * kernel's K split never depends on n, and no row's sums see another row's values).
@@ -70,7 +71,7 @@ static bool checked(int64_t r, int64_t rows, int64_t stride) {
 
 /* One weight against every n of ns (ascending, the last one NMAX): correctness per n,
  * accumulate at the largest, determinism and batch invariance against the NMAX run. */
-static void check_weight(int64_t rows, int64_t k, const int *ns, int n_ns) {
+static void check_weight(struct cuda_ctx *ctx, int64_t rows, int64_t k, const int *ns, int n_ns) {
     const uint32_t type = QT_Q4_K;
     float *w16 = malloc(sizeof(float) * (size_t)(rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
     float *x = malloc(sizeof(float) * (size_t)(NMAX * k));
@@ -88,8 +89,8 @@ static void check_weight(int64_t rows, int64_t k, const int *ns, int n_ns) {
     uint64_t sbytes = 0;
     int64_t stride = (int64_t)((double)rows * k * NMAX / 2e7);
     if (stride < 1) stride = 1;
-    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, type, hw, rows, k, &e), SMELT_OK);
-    T_EQ_INT(cuda_mmb_scratch_bytes(&g_ctx, rows, k, NMAX, &sbytes, &e), SMELT_OK);
+    T_EQ_INT(cuda_qweight_upload(ctx, &qw, type, hw, rows, k, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmb_scratch_bytes(ctx, rows, k, NMAX, &sbytes, &e), SMELT_OK);
     CK(cudaMalloc((void **)&dx, sizeof(float) * NMAX * k));
     CK(cudaMalloc((void **)&dy, sizeof(float) * (NMAX * rows + GUARD)));
     CK(cudaMalloc(&sc, sbytes));
@@ -117,7 +118,7 @@ static void check_weight(int64_t rows, int64_t k, const int *ns, int n_ns) {
             for (int64_t i = 0; i < n * rows; i++) y[i] = NAN;
             for (int i = 0; i < GUARD; i++) y[n * rows + i] = SENTINEL;
             CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
-            smelt_status st = cuda_mmb(&g_ctx, &qw, dx, n, dy, sc, sbytes, 0, &e);
+            smelt_status st = cuda_mmb(ctx, &qw, dx, n, dy, sc, sbytes, 0, &e);
             T_CHECKF(st == SMELT_OK, "%s", e.msg);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
@@ -144,7 +145,7 @@ static void check_weight(int64_t rows, int64_t k, const int *ns, int n_ns) {
             const double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
             if (pass == 0 || ni == 0 || ni == n_ns - 1 || bad || nan || guard || diff)
                 printf("mmb Q4_K %5lldx%-5lld n=%-2d splits %2d: %s  max |err|/mag %.1e  rel RMS vs exact %.2e%s\n",
-                       (long long)rows, (long long)k, n, cuda_mmb_splits(&g_ctx, rows, k),
+                       (long long)rows, (long long)k, n, cuda_mmb_splits(ctx, rows, k),
                        bad || nan || guard || diff ? "MISMATCH" : "ok", worst, rel,
                        pass ? "  (bitwise = its rows at 64)" : "");
             T_CHECKF(bad == 0, "n=%d: %d outputs off", n, bad);
@@ -155,12 +156,12 @@ static void check_weight(int64_t rows, int64_t k, const int *ns, int n_ns) {
                      diff, NMAX);
             if (pass == 0) memcpy(y64, y, sizeof(float) * (size_t)(NMAX * rows));
             if (pass == 0) { /* again: the same bits; then accumulate onto y0 */
-                T_EQ_INT(cuda_mmb(&g_ctx, &qw, dx, n, dy, sc, sbytes, 0, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmb(ctx, &qw, dx, n, dy, sc, sbytes, 0, &e), SMELT_OK);
                 CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
                 T_CHECK(memcmp(y, y64, sizeof(float) * (size_t)(n * rows)) == 0);
                 for (int64_t i = 0; i < n * rows; i++) y[i] = (float)(i % 13) - 6.0f;
                 CK(cudaMemcpy(dy, y, sizeof(float) * n * rows, cudaMemcpyHostToDevice));
-                T_EQ_INT(cuda_mmb(&g_ctx, &qw, dx, n, dy, sc, sbytes, 1, &e), SMELT_OK);
+                T_EQ_INT(cuda_mmb(ctx, &qw, dx, n, dy, sc, sbytes, 1, &e), SMELT_OK);
                 CK(cudaMemcpy(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost));
                 int acc_bad = 0;
                 for (int64_t i = 0; i < n * rows; i++)
@@ -188,9 +189,16 @@ out:
 static void test_mmb_all_rows(void) {
     int ns[NMAX];
     for (int i = 0; i < NMAX; i++) ns[i] = i + 1;
-    check_weight(67, 768, ns, NMAX);   /* one row tile, ragged; 3 super-blocks */
-    check_weight(301, 2560, ns, NMAX); /* 5 row tiles, the last ragged; 10 super-blocks */
-    check_weight(130, 4352, ns, NMAX); /* 17 super-blocks: a split count that does not divide them */
+    /* the device's K splits (on a big GPU: one or two super-blocks a block), then those of a
+     * one-SM device (long K ranges through the double-buffered pipeline, uneven splits) */
+    struct cuda_ctx one = g_ctx;
+    one.n_sm = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        struct cuda_ctx *c = pass ? &one : &g_ctx;
+        check_weight(c, 67, 768, ns, NMAX);   /* ragged rows; 3 super-blocks */
+        check_weight(c, 301, 2560, ns, NMAX); /* 5 row tiles, the last ragged; 10 super-blocks */
+        check_weight(c, 130, 4352, ns, NMAX); /* 17 super-blocks */
+    }
 }
 
 static void test_mmb_model_shapes(void) {
@@ -199,8 +207,8 @@ static void test_mmb_model_shapes(void) {
         return;
     }
     const int ns[] = {1, 2, 3, 8, 9, 17, 33, 64};
-    check_weight(1024, 4096, ns, 8);
-    check_weight(4096, 4096, ns, 8);
+    check_weight(&g_ctx, 1024, 4096, ns, 8);
+    check_weight(&g_ctx, 4096, 4096, ns, 8);
 }
 
 static void test_mmb_rejects(void) {
