@@ -67,7 +67,7 @@ sanitize() { # compute-sanitizer over the test binaries: memcheck on all, racech
     [ -n "$san" ] || { say "compute-sanitizer: not found, skipped"; fail=1; return; }
     local t tool
     for tool in memcheck racecheck; do
-        for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_cuda_ssm test_cuda_moe test_memplan test_cuda_multi \
+        for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_mmb test_cuda_topk test_cuda_ssm test_cuda_moe test_memplan test_cuda_multi \
             test_cuda_forward; do
             [ $tool = racecheck ] && case $t in test_cuda_ssm|test_memplan|test_cuda_multi|test_cuda_forward) continue ;; esac
             [ -x "$bin/$t" ] || continue
@@ -134,7 +134,7 @@ run_test() { # name [prefix command...]
     [ $rc = 77 ] && { verdict="SKIPPED: $(grep -m1 -i skip "$out/$name.log")"; fail=1; }
     say "test $name: $verdict, $((SECONDS - t0)) s"
 }
-for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_topk test_cuda_ssm test_cuda_moe test_memplan test_cuda_multi; do
+for t in test_cuda_mmv test_cuda_attn test_cuda_mmq test_cuda_mmb test_cuda_topk test_cuda_ssm test_cuda_moe test_memplan test_cuda_multi; do
     [ -x "$bin/$t" ] && run_test $t || say "test $t: not built"
 done
 # several models in one smelt serve on the CUDA backend (backend auto picks it): three tiny

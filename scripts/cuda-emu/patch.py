@@ -47,7 +47,7 @@ def main():
                         "emu_ldsm(r, p, true);\n", "attn ldmatrix trans")
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "attn extern shared")
-        if p.name == "cuda_mmq.cu":
+        if p.name == "cuda_mma.cuh":
             t = rewrite(t, r"(void cp_async16\(void \*smem, const void \*gmem\) \{).*?\n\}",
                         r"\1 memcpy(smem, gmem, 16); }", "mmq cp.async 16")
             t = rewrite(t, r"(void cp_async4\(void \*smem, const void \*gmem\) \{).*?\n\}",
@@ -61,8 +61,9 @@ def main():
             t = rewrite(t, r'asm\("mul\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, 0, 1);\n", "mmq mul.f16x2")
             t = rewrite(t, r'asm\("fma\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, c, 2);\n", "mmq fma.f16x2")
             t = rewrite(t, r'asm\("lop3\.b32.*?\);\n', "d = (a & B) | c;\n", "mmq lop3")
+        if p.name in ("cuda_mmq.cu", "cuda_mmb.cu"):
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
-                        r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "mmq extern shared")
+                        r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", f"{p.stem} extern shared")
         if p.name == "cuda_moe.cu":
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "moe extern shared")

@@ -10,8 +10,8 @@
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
-#     --quick      test_cuda_mmv, the attention tests and test_cuda_ssm only (about 3
-#                  minutes on 2 cores)
+#     --quick      test_cuda_mmv, test_cuda_mmb, the attention tests and test_cuda_ssm only (about
+#                  10 minutes on 2 cores)
 #     MODEL.gguf   also the logits check (drivers/logits.c) on each file: slow, minutes to
 #                  hours by size (Qwen2.5-0.5B: ~1 h)
 #   needs: the normal build in build/ (libsmelt_core.a), g++, python3, the CUDA headers
@@ -66,6 +66,7 @@ link() { # name source
 }
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
 link test_cuda_moe tests/unit/test_cuda_moe.c
+link test_cuda_mmb tests/unit/test_cuda_mmb.c
 link attn "$here/drivers/attn.c"
 link test_cuda_ssm tests/unit/test_cuda_ssm.c
 [ $quick = 1 ] || {
@@ -86,6 +87,7 @@ run() { # label command...
 cd "$out"
 run ./test_cuda_mmv
 run ./test_cuda_moe
+SMELT_TEST_SMALL=1 run ./test_cuda_mmb # every row count 1..64 on the ragged shapes
 run ./attn
 run ./test_cuda_ssm
 if [ $quick = 0 ]; then

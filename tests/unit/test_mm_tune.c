@@ -56,6 +56,31 @@ static int same(const int *a, int na, const int *b, int nb) {
     return na == nb && (na == 0 || memcmp(a, b, sizeof(int) * (size_t)na) == 0);
 }
 
+/* The small-batch kernel (mmb): first among the candidates from 2 to 64 rows; at 2..8 rows
+ * it is weighed against mmv alone; not at 1 row or above 64. */
+static void test_candidates_mmb(void) {
+    const int all[7] = {1, 1, 1, 1, 1, 1, 1};
+    struct mmtune_space s = {.n_tiles = 7, .tile_bn = bn7, .tile_fits = all, .mmq = true,
+                             .mmq_max_rows = INT64_MAX, .gemm = true, .mmv = true, .mmb = true};
+    int out[MMTUNE_MAX_CAND], n;
+    T_EQ_INT(mmtune_candidates(1, &s, out, MMTUNE_MAX_CAND), 0);
+    n = mmtune_candidates(2, &s, out, MMTUNE_MAX_CAND);
+    T_CHECK(same(out, n, (int[]){MMTUNE_MMB, MMTUNE_MMV}, 2));
+    n = mmtune_candidates(8, &s, out, MMTUNE_MAX_CAND);
+    T_CHECK(same(out, n, (int[]){MMTUNE_MMB, MMTUNE_MMV}, 2));
+    n = mmtune_candidates(9, &s, out, MMTUNE_MAX_CAND);
+    T_CHECK(same(out, n, (int[]){MMTUNE_MMB, 0, 1, MMTUNE_GEMM, MMTUNE_MMV}, 5));
+    n = mmtune_candidates(64, &s, out, MMTUNE_MAX_CAND);
+    T_CHECK(n > 0 && out[0] == MMTUNE_MMB);
+    n = mmtune_candidates(65, &s, out, MMTUNE_MAX_CAND);
+    T_CHECK(n > 0 && out[0] != MMTUNE_MMB);
+    s.mmb = false;
+    T_EQ_INT(mmtune_candidates(4, &s, out, MMTUNE_MAX_CAND), 0);
+    int64_t lo, hi;
+    mmtune_bucket_range(MMTUNE_BUCKET_SMALL, &lo, &hi);
+    T_CHECK(lo == 2 && hi == 8);
+}
+
 static void test_candidates(void) {
     const int all[7] = {1, 1, 1, 1, 1, 1, 1};
     int out[MMTUNE_MAX_CAND], n;
@@ -218,6 +243,7 @@ static void test_format(void) {
     char name[32];
     T_EQ_STR(mmtune_choice_name(MMTUNE_GEMM, shape7, name, sizeof name), "cuBLAS");
     T_EQ_STR(mmtune_choice_name(MMTUNE_MMV, shape7, name, sizeof name), "mmv x8");
+    T_EQ_STR(mmtune_choice_name(MMTUNE_MMB, shape7, name, sizeof name), "mmb");
     T_EQ_STR(mmtune_choice_name(6, shape7, name, sizeof name), "mmq 128x64");
     T_EQ_STR(mmtune_choice_name(MMTUNE_MMQ_AUTO, shape7, name, sizeof name), "mmq auto");
     struct mmtune t;
@@ -262,6 +288,7 @@ static void test_format(void) {
 int main(void) {
     T_RUN(test_buckets);
     T_RUN(test_candidates);
+    T_RUN(test_candidates_mmb);
     T_RUN(test_fastest_median);
     T_RUN(test_table);
     T_RUN(test_env);

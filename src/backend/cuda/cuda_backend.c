@@ -209,6 +209,9 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     const char *mq = getenv("SMELT_MMQ_MAX_ROWS");
     cb->mmq_rows_fixed = mq && *mq;
     cb->mmq_max_rows = cb->mmq_rows_fixed ? strtoll(mq, NULL, 10) : MMQ_MAX_ROWS;
+    const char *mp = getenv("SMELT_MM_PATH");
+    cb->mm_path = mp && !strcmp(mp, "mmb") ? 1 : mp && !strcmp(mp, "legacy") ? -1 : 0;
+    if (mp && *mp && !cb->mm_path) log_warn("SMELT_MM_PATH=%s is neither mmb nor legacy: ignored", mp);
     bool bad_tile = false;
     mmtune_init(&cb->tune);
     mmtune_env_parse(getenv("SMELT_NO_TUNE"), getenv("SMELT_MMQ_TILE"), cuda_mmq_tile_count(), &cb->tune_env,

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_ctx.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmb.h"
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
 #include "backend/cuda/mm_tune.h"
@@ -85,6 +86,8 @@ struct cuda_backend {
     bool no_graph; /* SMELT_NO_GRAPH=1 */
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
     bool mmq_rows_fixed;  /* SMELT_MMQ_MAX_ROWS given: the mmq/gemm switch is not measured */
+    int mm_path;          /* SMELT_MM_PATH: 0 measured, 1 "mmb" (forced, 2..64 rows where it has
+                           * a kernel), -1 "legacy" (never mmb) */
     /* matmul paths measured on this device ("matrix products: the paths and the choice") */
     struct mmtune tune;
     struct mmtune_env tune_env; /* SMELT_NO_TUNE, SMELT_MMQ_TILE */
@@ -190,6 +193,10 @@ const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor
 /* y (rows, n) (+)= W x for any n by the chosen path (measured at a key's first eager call:
  * the section comment in cuda_matmul.c); xq: x's int8 form when n <= 8 and a matmul group
  * made it, else NULL. Errors are sticky. */
+/* True when a 2..8-row product of qw takes mmb (forced, or measured faster than mmv: the
+ * measurement runs here at the key's first eager call); the decode ops then leave their fused
+ * mmv path for cu_mm. x: the product's input (timing only). */
+bool cu_mm_small_batch(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n);
 void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
            const void *xq);
 /* At free: the measured path table, at debug level. */

@@ -88,6 +88,7 @@ static smelt_status path_scratch(struct cuda_backend *cb, const struct cuda_qwei
             *bytes = ALIGN_UP(qw->k * n * 2) + (qw->type == QT_F16 ? 0 : ALIGN_UP(gemm_tile_rows(qw) * qw->k * 2));
         return SMELT_OK;
     }
+    if (choice == MMTUNE_MMB) return cuda_mmb_scratch_bytes(&cb->ctx, qw->rows, qw->k, n, bytes, e);
     if (choice == MMTUNE_MMV) {
         if (cuda_mmv_needs_quant(qw->type) && (!xq || n > CUDA_MMV_MAX_N))
             *bytes = cuda_mmv_scratch_bytes(qw->k, CUDA_MMV_MAX_N);
@@ -172,6 +173,12 @@ static smelt_status path_run(struct cuda_backend *cb, const struct cuda_qweight 
                              struct err *e) {
     if (choice == MMTUNE_GEMM) return gemm_run(cb, qw, x, n, y, acc, sc, e);
     if (choice == MMTUNE_MMV) return mmv_run(cb, qw, x, n, y, acc, xq, sc, e);
+    if (choice == MMTUNE_MMB) {
+        smelt_status st = cuda_mmb(&cb->ctx, qw, x, n, y, sc, sc_bytes, acc, e);
+        cu_prof_mark(cb, qw->bytes, "%smmb %s %lldx%lld n=%lld", cb->tuning ? "tune " : "", qtype_name(qw->type),
+                     (long long)qw->rows, (long long)qw->k, (long long)n);
+        return st;
+    }
     smelt_status st = cuda_mmq_quantize(&cb->ctx, x, qw->k, n, sc, e);
     if (st == SMELT_OK) st = cuda_mmq_pre(&cb->ctx, qw, n, y, sc, sc_bytes, acc, choice, e);
     cu_prof_mark(cb, qw->bytes, "%smmq %s %lldx%lld n=%lld", cb->tuning ? "tune " : "", qtype_name(qw->type),
@@ -180,7 +187,13 @@ static smelt_status path_run(struct cuda_backend *cb, const struct cuda_qweight 
 }
 
 /* The choice without measuring (SMELT_NO_TUNE=1, capture, failure). */
+/* mmb may serve this product: its type, 2..64 rows, not SMELT_MM_PATH=legacy. */
+static bool mmb_ok(const struct cuda_backend *cb, const struct cuda_qweight *qw, int64_t n) {
+    return cb->mm_path >= 0 && n >= 2 && n <= CUDA_MMB_MAX_ROWS && cuda_mmb_supported(qw->type, qw->k);
+}
+
 static int static_choice(const struct cuda_backend *cb, const struct cuda_qweight *qw, int64_t n) {
+    if (cb->mm_path > 0 && mmb_ok(cb, qw, n)) return MMTUNE_MMB;
     if (n > CUDA_MMV_MAX_N && n <= cb->mmq_max_rows && cuda_mmq_supported(qw->type, qw->k)) return cb->tune_env.tile;
     return n >= GEMM_MIN_ROWS ? MMTUNE_GEMM : MMTUNE_MMV;
 }
@@ -283,7 +296,8 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
     }
     const struct mmtune_space sp = {.n_tiles = n_tiles, .tile_bn = bn, .tile_fits = fits, .mmq = true,
                                     .mmq_max_rows = cb->mmq_rows_fixed ? cb->mmq_max_rows : INT64_MAX,
-                                    .gemm = !cb->mmq_rows_fixed, .mmv = !cb->mmq_rows_fixed};
+                                    .gemm = !cb->mmq_rows_fixed, .mmv = !cb->mmq_rows_fixed || n <= CUDA_MMV_MAX_N,
+                                    .mmb = mmb_ok(cb, qw, n)};
     int cand[MMTUNE_MAX_CAND];
     float us[MMTUNE_MAX_CAND];
     const int nc = mmtune_candidates(n, &sp, cand, MMTUNE_MAX_CAND);
@@ -359,14 +373,20 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
 static int choose(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
                   bool acc, const void *xq) {
     const int st = static_choice(cb, qw, n);
-    const int bucket = mmtune_bucket(n);
-    if (!cb->tune_env.tune || bucket < 0 || !cuda_mmq_supported(qw->type, qw->k)) return st;
+    int bucket = mmtune_bucket(n);
+    if (bucket < 0 && mmb_ok(cb, qw, n)) bucket = MMTUNE_BUCKET_SMALL; /* mmb against mmv */
+    if (cb->mm_path > 0 || !cb->tune_env.tune || bucket < 0 || !cuda_mmq_supported(qw->type, qw->k)) return st;
     if (cb->mmq_rows_fixed && st < MMTUNE_MMQ_AUTO) return st; /* the switch is fixed: tiles only */
     const struct mmtune_key key = {qw->type, qw->rows, qw->k, bucket};
     const struct mmtune_ent *ent = mmtune_find(&cb->tune, &key);
     if (ent) return ent->choice;
     if (stream_capturing(cb)) return st; /* measured at the key's next eager call */
     return tune(cb, qw, x, n, y, acc, xq, st, &key);
+}
+
+bool cu_mm_small_batch(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n) {
+    if (!cu_ok(cb) || n > CUDA_MMV_MAX_N || !mmb_ok(cb, qw, n)) return false;
+    return choose(cb, qw, x, n, NULL, true, NULL) == MMTUNE_MMB; /* acc: timing writes its own scratch */
 }
 
 /* At cu_free: the measured table, once (info level: which path won where on this GPU). */

@@ -136,7 +136,8 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
     if (!qw || !cu_ok(cb)) return;
     const int64_t n = x->ne[1];
     if (!(next && next->w && cb->prep.buf && n <= CUDA_MMV_MAX_N && cuda_mmv_needs_quant(qw->type) &&
-          qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float))) {
+          qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float)) ||
+        cu_mm_small_batch(cb, qw, x->data, n)) {
         cu_mm(cb, qw, x->data, n, dst->data, true, att_xq);
         return;
     }
@@ -393,7 +394,10 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
     cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
-    if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3) {
+    bool mmb = false; /* 2..8 rows where the small-batch kernel won: unfused, through cu_mm */
+    for (int i = 0; i < n && x->ne[1] <= CUDA_MMV_MAX_N && !mmb; i++)
+        mmb = w[i]->extra && cu_mm_small_batch(cb, w[i]->extra, x->data, x->ne[1]);
+    if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3 && !mmb) {
         matmul_group_mmv(cb, n, dst, w, bias, x, pre);
         cu_scratch_release(b, mark);
         return;
@@ -421,7 +425,8 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     if (!qg || !qu) return;
     size_t mark = cu_scratch_mark(b);
     int64_t n = x->ne[1];
-    if (n <= CUDA_MMV_MAX_N && qg->type == qu->type && qg->rows == qu->rows) {
+    if (n <= CUDA_MMV_MAX_N && qg->type == qu->type && qg->rows == qu->rows &&
+        !cu_mm_small_batch(cb, qg, x->data, n)) {
         /* decode: gate, up and the activation in one kernel (one read of x's int8 form) */
         struct err e;
         const float *xn = x->data;
@@ -462,7 +467,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     const float *xn = prenormed(cb, x, pre);
     float *g = cu_scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
     if (!xn || !g) return;
-    const void *xq = quantized(cb, xn, x->ne[0], x->ne[1], qg->type);
+    const void *xq = cu_mm_small_batch(cb, qg, xn, n) ? NULL : quantized(cb, xn, x->ne[0], x->ne[1], qg->type);
     cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
     cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
            cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);

@@ -29,8 +29,8 @@ int mmtune_bucket(int64_t n) {
 }
 
 void mmtune_bucket_range(int b, int64_t *lo, int64_t *hi) {
-    if (b < 0 || b >= MMTUNE_BUCKETS) {
-        *lo = 1;
+    if (b < 0 || b >= MMTUNE_BUCKETS) { /* incl. MMTUNE_BUCKET_SMALL */
+        *lo = b == MMTUNE_BUCKET_SMALL ? 2 : 1;
         *hi = 8;
         return;
     }
@@ -40,7 +40,11 @@ void mmtune_bucket_range(int b, int64_t *lo, int64_t *hi) {
 
 int mmtune_candidates(int64_t n, const struct mmtune_space *s, int *out, int max) {
     int c = 0;
-    if (n <= 8) return 0;
+    if (s->mmb && n >= 2 && n <= 64 && max > 0) out[c++] = MMTUNE_MMB;
+    if (n <= 8) {
+        if (c && c < max) out[c++] = MMTUNE_MMV;
+        return c > 1 ? c : 0;
+    }
     if (s->mmq && n <= s->mmq_max_rows)
         for (int t = 0; t < s->n_tiles && c < max; t++) {
             const int64_t bn = s->tile_bn[t];
@@ -146,6 +150,8 @@ const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, cha
         snprintf(buf, size, "cuBLAS");
     else if (choice == MMTUNE_MMV)
         snprintf(buf, size, "mmv x8");
+    else if (choice == MMTUNE_MMB)
+        snprintf(buf, size, "mmb");
     else if (choice == MMTUNE_MMQ_AUTO)
         snprintf(buf, size, "mmq auto");
     else if (choice >= 0 && tile_shape) {

@@ -21,9 +21,13 @@
 #define MMTUNE_MMQ_AUTO (-1) /* == CUDA_MMQ_TILE_AUTO */
 #define MMTUNE_GEMM (-2)
 #define MMTUNE_MMV (-3)
+#define MMTUNE_MMB (-4) /* the small-batch tensor-core kernel (cuda_mmb.h), 2..64 rows */
 
 /* Token-row buckets: 9-16, 17-32, 33-48, 49-64, 65-128, 129-256, 257-512, > 512. */
 #define MMTUNE_BUCKETS 8
+/* The key bucket of 2..8 rows, measured only where mmb is a candidate (mmb against mmv);
+ * mmtune_bucket() keeps -1 for them (the fused mmv decode path). */
+#define MMTUNE_BUCKET_SMALL MMTUNE_BUCKETS
 /* Above this many token rows the repeated 8-row kernel is no candidate (it re-reads the
  * weights once per 8 rows: at 32 rows it is 4x an HBM-bound product). */
 #define MMTUNE_MMV_MAX_ROWS 32
@@ -47,14 +51,15 @@ struct mmtune_space {
     int64_t mmq_max_rows; /* mmq only up to this many rows (INT64_MAX: no limit) */
     bool gemm; /* dequant + cuBLAS is a candidate (false: SMELT_MMQ_MAX_ROWS fixed the switch) */
     bool mmv;  /* the repeated 8-row kernel is a candidate (n <= MMTUNE_MMV_MAX_ROWS) */
+    bool mmb;  /* the small-batch kernel is a candidate (2 <= n <= 64) */
 };
 
 /* The candidates for n token rows, in the order they are timed (ties go to the earlier):
- * each fitting tile that is neither mostly padding (token width > 2n and > 16) nor much
+ * mmb (when s->mmb and 2 <= n <= 64), then each fitting tile that is neither mostly padding (token width > 2n and > 16) nor much
  * too narrow (n > 16 x token width: every weight dequantized more than 16 times; this
  * bounds the tuning time of large prefill batches), then cuBLAS, then mmv. Returns how
  * many (<= max), 0 when there is nothing to choose between (one candidate or none: the
- * caller keeps its static choice). */
+ * caller keeps its static choice). For 2..8 rows: mmb and mmv when s->mmb, else none. */
 int mmtune_candidates(int64_t n, const struct mmtune_space *s, int *out, int max);
 
 /* Index of the fastest of n times (us; <= 0 or NaN = the candidate failed), the first of

@@ -1,0 +1,57 @@
+/* Quantized matrix x a small batch of token rows (2..64) on the tensor cores ("mmb"):
+ * batched decode, where the per-weight work of mmv (1..8 rows) and the tile machinery of
+ * mmq (9..512 rows) cost more than reading the weights.
+ *
+ *   y[t][r] = sum_k W[r][k] * x[t][k]      t < n <= CUDA_MMB_MAX_ROWS, r < w->rows
+ *
+ * The weights are read from the "split" layout cuda_mmv uploads (cuda_mmv.h) straight into
+ * registers, exactly once per call whatever n is: each lane of a warp loads two 16-byte
+ * pieces of each of its two weight rows per 256-wide super-block and dequantizes them into
+ * the f16 A fragments of mma.sync.m16n8k16 (the same f16 values cuda_mmq makes: f16(q *
+ * f16(d*sc) - f16(dmin*m)) for Q4_K). The activations are converted once per call to f16
+ * in the order the fragments want them, and each block stages its K range of them in
+ * shared memory (cp.async, double-buffered); f32 accumulators over the whole range. The
+ * K range is split over blocks by (rows, k, SM count) only, never by n, and the splits
+ * are summed in a fixed order: a token row's result is the same bits whatever n is and
+ * whatever the other rows hold (batch-invariant within this kernel).
+ *
+ * Types: Q4_K (k % 256 == 0). Needs sm_80 or newer. Design note, bytes and instructions
+ * per weight, ceilings and measurements: docs/cuda-backend.md, "Small-batch tensor-core
+ * matmul". */
+#ifndef SMELT_CUDA_MMB_H
+#define SMELT_CUDA_MMB_H
+
+#include <stdint.h>
+
+#include "backend/cuda/cuda_mmv.h"
+#include "util/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_MMB_MAX_ROWS 64 /* token rows one call takes */
+
+/* True when the kernel handles this weight type with row length k. */
+int cuda_mmb_supported(uint32_t type, int64_t k);
+
+/* Blocks the K range of a rows x k product is split into on ctx's device (1: no split;
+ * the same for every n). */
+int cuda_mmb_splits(const struct cuda_ctx *ctx, int64_t rows, int64_t k);
+
+/* Device scratch bytes cuda_mmb needs for this product: the f16 activations, one counter
+ * per 64 weight rows and the partial sums of the K splits. */
+smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64_t rows, int64_t k, int64_t n,
+                                    uint64_t *bytes, struct err *e);
+
+/* y[n][w->rows] = (or += with accumulate != 0) W x for x[n][w->k] (f32, device, 16-byte
+ * aligned), 1 <= n <= CUDA_MMB_MAX_ROWS; scratch of scratch_bytes (>= cuda_mmb_scratch_bytes).
+ * Two launches on ctx's stream (the conversion, the product); asynchronous and
+ * graph-capturable; errors are argument and launch errors only. */
+smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
+                      float *y, void *scratch, uint64_t scratch_bytes, int accumulate, struct err *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
