@@ -98,9 +98,9 @@ static void cu_free(struct backend *b) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
-    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED,
+    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED |
+                BK_FEAT_GLU_ROW_GATE,
     .free = cu_free,
-    .features = BK_FEAT_GLU_ROW_GATE,
     .weight_bind = cu_weight_bind,
     .buffer_alloc = cu_buffer_alloc,
     .buffer_free = cu_buffer_free,
