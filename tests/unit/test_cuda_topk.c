@@ -93,7 +93,7 @@ static void run_config(int nv, int n_rows, unsigned long long *rs, int *n_bad, i
     struct logit_adj *adj = calloc((size_t)cap, sizeof *adj);
     int32_t *out = malloc((size_t)topk_out_words(n_rows, cap) * 4);
     const int64_t words = topk_mask_words(nv);
-    uint32_t *mask = malloc((size_t)words * n_rows * sizeof *mask);
+    uint32_t *mask = calloc((size_t)words * n_rows, sizeof *mask);
     if (!x || !q || !adj || !out || !mask) {
         (*n_bad)++;
         goto done;
@@ -214,7 +214,7 @@ static void test_model_step_graphs(void) {
     float raw[24], wraw[24];
     int bad = 0;
     /* odd steps: sequences 0 and 2 under token masks, written while the forward runs */
-    uint32_t *mask = malloc((size_t)topk_mask_words(nv) * ns * sizeof *mask);
+    uint32_t *mask = calloc((size_t)topk_mask_words(nv) * ns, sizeof *mask);
     struct fill fl = {mask, nv, ns, 0, 0, 0x3b};
     for (int step = 0; step < 6; step++) {
         struct topk_row q[3];
@@ -305,7 +305,7 @@ static void test_sampler_on_device(void) {
     unsigned long long rs = 0x5a;
     /* rows 1, 4 and 7 under a token mask (a grammar's): dense, sparse, a run of 40 */
     const int64_t words = topk_mask_words(nv);
-    uint32_t *mask = malloc((size_t)words * n_rows * sizeof *mask);
+    uint32_t *mask = calloc((size_t)words * n_rows, sizeof *mask);
     for (int r = 0; r < n_rows; r++) {
         topk_make_mask(mask + (size_t)r * words, nv, r / 3, &rs);
         if (r % 3 == 1) {

@@ -530,8 +530,8 @@ extern "C" smelt_status cuda_qweight_upload(struct cuda_ctx *ctx, struct cuda_qw
                                             int64_t k, struct err *e) {
     memset(w, 0, sizeof *w);
     if (!cuda_mmv_supported(type, k))
-        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmv: type %s with row length %lld",
-                       qtype_name(type), (long long)k);
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmv: type %s with row length %lld has no GPU "
+                       "kernel (run the model with --backend cpu)", qtype_name(type), (long long)k);
     cudaStream_t st = ctx->stream;
     uint64_t row_bytes = qtype_row_size(type, k);
     uint64_t total = row_bytes * (uint64_t)rows;
