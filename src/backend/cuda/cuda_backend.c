@@ -98,8 +98,11 @@ static void cu_free(struct backend *b) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
-    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED |
-                BK_FEAT_GLU_ROW_GATE,
+    /* BK_FEAT_ATTN_SINKS is left out, so gpt-oss is refused at load: its sinks are written
+     * (cuda_attn.cu), but on the H200 (2026-12-02) the gpt-oss fixtures matched transformers
+     * over 32 positions and then fell to a worst row cosine of 0.9855 against the CPU in
+     * test_cuda_forward's longer check. Until that is found, the CPU runs gpt-oss. */
+    .features = BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED | BK_FEAT_GLU_ROW_GATE,
     .free = cu_free,
     .weight_bind = cu_weight_bind,
     .buffer_alloc = cu_buffer_alloc,
