@@ -250,6 +250,11 @@ smelt_status tok_nfc(struct tok_ctx *c, const uint8_t *s, size_t n, const uint8_
  * 4 n code points); returns the length. */
 size_t tok_nfd(const uint32_t *in, size_t n, uint32_t *out);
 
+/* ---- tok_pretok.c ---- */
+/* True for HF's punctuation: ASCII punctuation or Unicode's P* (tok_unicode_data.h), what
+ * the byte-level Punctuation split and BertPreTokenizer both set apart. */
+bool tok_is_punct(uint32_t cp);
+
 /* ---- tok_wpm.c ---- */
 /* Appends the WordPiece ids of one text segment (valid UTF-8, no added tokens in it) to
  * c->out: BERT's normalizer and pre-tokenizer, then greedy longest-match pieces. */

@@ -163,7 +163,8 @@ static bool is_numeric(uint32_t cp) {
     return IN(tok_numeric, cp);
 }
 
-static bool is_punct(uint32_t cp) {
+/* HF's Punctuation (tok_int.h). */
+bool tok_is_punct(uint32_t cp) {
     if (cp < 0x80)
         return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) ||
                (cp >= 0x5B && cp <= 0x60) || (cp >= 0x7B && cp <= 0x7E);
@@ -448,7 +449,7 @@ static smelt_status run(struct tok_ctx *c, int step, const uint8_t *s, size_t n,
                 uint32_t cp;
                 size_t l = utf8_decode(s + j, n - j, &cp);
                 if (!l) l = 1, cp = 0xFFFD;
-                bool m = k == TOK_STEP_PUNCT ? is_punct(cp) : is_numeric(cp);
+                bool m = k == TOK_STEP_PUNCT ? tok_is_punct(cp) : is_numeric(cp);
                 if (j == i)
                     in = m;
                 else if (m != in || (m && k == TOK_STEP_DIGITS))

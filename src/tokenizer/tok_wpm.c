@@ -117,13 +117,6 @@ static size_t normalize(struct tok_ctx *c, const uint8_t *s, size_t n, struct er
     return w;
 }
 
-static bool is_punct(uint32_t cp) {
-    if (cp < 0x80)
-        return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) ||
-               (cp >= 0x5B && cp <= 0x60) || (cp >= 0x7B && cp <= 0x7E);
-    return IN(wpm_punct, cp);
-}
-
 static smelt_status push(struct tok_ctx *c, int32_t id, struct err *e) {
     return tok_ids_push(c->out, id) == SMELT_OK ? SMELT_OK
                                                 : err_set(e, SMELT_ERR_NOMEM, "token ids");
@@ -175,7 +168,7 @@ smelt_status tok_wpm_segment(struct tok_ctx *c, const uint8_t *s, size_t n, stru
     size_t w0 = 0;
     for (size_t i = 0; i <= m && st == SMELT_OK; i++) {
         bool end = i == m, space = !end && (cp[i] == ' ' || IN(wpm_space, cp[i]));
-        bool punct = !end && !space && is_punct(cp[i]);
+        bool punct = !end && !space && tok_is_punct(cp[i]);
         if (!end && !space && !punct) continue;
         if (i > w0) st = word(c, cp + w0, i - w0, e);
         if (st == SMELT_OK && punct) st = word(c, cp + i, 1, e);
