@@ -33,6 +33,7 @@ int main(void) {
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "quant/quant.h"
+#include "moe_ref.h"
 
 static struct backend *cpu, *gpu;
 static unsigned long long rng = 0x6375646d6f65ULL;
@@ -82,22 +83,6 @@ static bool gpu_sync(void) {
     return true;
 }
 
-static void norm_ref(const float *x, const float *w, int64_t n, float eps, double *out) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    double inv = 1 / sqrt(ss / (double)n + eps);
-    for (int64_t i = 0; i < n; i++)
-        out[i] = x[i] * inv * (w ? w[i] : 1.0f);
-}
-
-/* ---- router ---- */
-
-struct route_case {
-    int64_t n_embd, n_expert, k, n;
-    enum moe_gating gating;
-    bool bias, pre;
-};
 
 /* The GPU's route of x (E, n): ids, weights to host. */
 static bool gpu_route(const struct route_case *rc, const float *x, int64_t n,

@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "quant/quant.h"
 #include "t.h"
+#include "moe_ref.h"
 
 static struct backend *bk;
 static unsigned long long rng = 0x6d6f65ULL;
@@ -29,23 +30,7 @@ static struct tensor *rand_f32(int64_t ne0, int64_t ne1, float scale) {
     return t;
 }
 
-/* x / sqrt(mean(x^2) + eps) * w in double. */
-static void norm_ref(const float *x, const float *w, int64_t n, float eps, double *out) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    double inv = 1 / sqrt(ss / (double)n + eps);
-    for (int64_t i = 0; i < n; i++)
-        out[i] = x[i] * inv * (w ? w[i] : 1.0f);
-}
-
 /* ---- router ---- */
-
-struct route_case {
-    int64_t n_embd, n_expert, k, n;
-    enum moe_gating gating;
-    bool bias, pre;
-};
 
 static void check_route(const struct route_case *rc) {
     bk_step_begin(bk);
