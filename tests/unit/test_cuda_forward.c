@@ -663,10 +663,20 @@ static bool multi_step(struct runner *r, struct kv_seq *sq, int32_t (*tok)[20], 
     return true;
 }
 
+/* gpt-oss while the backend lacks one of its features (cuda_backend.c leaves the sinks bit off
+ * until its GPU-vs-CPU mismatch is found): its load refusal is test_gpu_vs_reference's to check,
+ * the checks below that need it loaded skip it, saying so. */
+static bool gpt_oss_refused(const char *name) {
+    if (strncmp(name, "gpt-oss", 7) || !bk_missing_features(gpu, arch_gpt_oss.needs)) return false;
+    printf("SKIP %s: the backend refuses gpt-oss (features it does not declare)\n", name);
+    return true;
+}
+
 static void test_gpu_mixed_batches(void) {
     const char *names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"};
     for (int a = 0; a < 7; a++)
         for (int f16 = 0; f16 < 2; f16++) {
+            if (gpt_oss_refused(names[a])) continue;
             char path[512];
             snprintf(path, sizeof path, "%s/tests/data/ref/%s-%s.gguf", t_source_dir(), names[a], f16 ? "f16" : "f32");
             struct gguf_file *f;
@@ -720,12 +730,14 @@ static void test_fixtures(void) {
     const char *names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"};
     for (int i = 0; i < 7; i++)
         for (int f16 = 0; f16 < 2; f16++) {
+            if (gpt_oss_refused(names[i])) continue;
             char path[512];
             snprintf(path, sizeof path, "%s/tests/data/ref/%s-%s.gguf", t_source_dir(), names[i], f16 ? "f16" : "f32");
             check_model(path, FIXTURE); /* judged against transformers by test_gpu_vs_reference */
         }
     const char *quant[] = {"gpt-oss-mxfp4", "qwen3moe-q8_0"}; /* quantized experts: lenient */
     for (int i = 0; i < 2; i++) {
+        if (gpt_oss_refused(quant[i])) continue;
         char path[512];
         snprintf(path, sizeof path, "%s/tests/data/ref/%s.gguf", t_source_dir(), quant[i]);
         check_model(path, RANDOM);
