@@ -1008,6 +1008,20 @@ static void kept_rank(struct kept *k, const struct topk_cand *c, int64_t keep, f
 
 /* The kept set of the row as choose() draws from it. *need: the row is needed (v->row is
  * NULL). */
+/* k = the nucleus of v's full row up to mass want (INFINITY: min-p alone); without the row,
+ * *need asks the caller for it. */
+static smelt_status kept_nucleus(struct sampler *s, const struct view *v, double want, float zmin,
+                                 struct kept *k, bool *need) {
+    if (!v->row) {
+        *need = true;
+        return SMELT_OK;
+    }
+    k->kind = KEPT_NUCLEUS;
+    if (nucleus_cut(s, v, want, zmin, &k->nc) != SMELT_OK) return SMELT_ERR_NOMEM;
+    k->mass = k->nc.kept;
+    return SMELT_OK;
+}
+
 static smelt_status kept_of(struct sampler *s, const struct view *v, struct kept *k, bool *need) {
     const struct sample_params *p = &s->p;
     const float mx = v->mx, inv_t = v->inv_t;
@@ -1055,28 +1069,14 @@ static smelt_status kept_of(struct sampler *s, const struct view *v, struct kept
             kept_rank(k, v->cand, keep, mx, inv_t, true);
             return SMELT_OK;
         }
-        if (!v->row) {
-            *need = true;
-            return SMELT_OK;
-        }
-        k->kind = KEPT_NUCLEUS;
-        if (nucleus_cut(s, v, want, zmin, &k->nc) != SMELT_OK) return SMELT_ERR_NOMEM;
-        k->mass = k->nc.kept;
-        return SMELT_OK;
+        return kept_nucleus(s, v, want, zmin, k, need);
     }
     if (p->min_p > 0.0f) {
         if (cut > 0 || v->complete) {
             kept_rank(k, v->cand, cut > 0 ? cut : v->n, mx, inv_t, true);
             return SMELT_OK;
         }
-        if (!v->row) {
-            *need = true;
-            return SMELT_OK;
-        }
-        k->kind = KEPT_NUCLEUS;
-        if (nucleus_cut(s, v, INFINITY, zmin, &k->nc) != SMELT_OK) return SMELT_ERR_NOMEM;
-        k->mass = k->nc.kept;
-        return SMELT_OK;
+        return kept_nucleus(s, v, INFINITY, zmin, k, need);
     }
     if (v->complete) {
         kept_rank(k, v->cand, v->n, mx, inv_t, true);
