@@ -1169,10 +1169,18 @@ static void run_harmony(struct outp *p, struct outp_delta *d, bool final) {
             const char *m = find_in(s, n, H_MESSAGE);
             size_t take = m ? (size_t)(m - s) : n - (final ? 0 : partial_in(s, n, H_MESSAGE));
             if (p->name.n + take > MAX_HEAD) {
-                /* no header after all: its text (less the prefill's) is content */
-                if (!p->prefilling && p->name.n > p->hide)
-                    jw_raw(&d->content, p->name.p + p->hide, p->name.n - p->hide);
+                /* no header after all: its text (less the prefill's) goes back in front of what
+                 * is pending and is read again as text, so a stream split inside it finds the
+                 * tags the whole text finds */
+                if (!p->prefilling && p->name.n > p->hide) {
+                    size_t k = p->name.n - p->hide;
+                    jw_raw(b, p->name.p + p->hide, k); /* grow by k, then rotate into place */
+                    if (b->oom) return;
+                    memmove(b->p + k, b->p, b->n - k);
+                    memcpy(b->p, p->name.p + p->hide, k);
+                }
                 p->name.n = 0;
+                p->hide = 0;
                 p->state = H_TEXT;
                 continue;
             }
