@@ -325,6 +325,7 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
     struct engine_config ec = {0};
     ec.max_seqs = (int32_t)cfg_int(c, ci, CFG_MAX_SEQS);
     ec.max_batch_tokens = (int32_t)cfg_int(c, ci, CFG_MAX_BATCH_TOKENS);
+    ec.itl_target_s = cfg_num(c, ci, CFG_ITL_TARGET_MS) / 1e3;
     ec.max_waiting = (int32_t)cfg_int(c, ci, CFG_MAX_WAITING);
     ec.block_size = cfg_int(c, ci, CFG_BLOCK_SIZE) > 0 ? (int32_t)cfg_int(c, ci, CFG_BLOCK_SIZE) : 16;
     ec.no_prefix_cache = cfg_bool(c, ci, CFG_NO_PREFIX_CACHE);

@@ -71,6 +71,7 @@ enum cfg_key {
     CFG_THREADS,
     CFG_MAX_SEQS,
     CFG_MAX_BATCH_TOKENS,
+    CFG_ITL_TARGET_MS,
     CFG_MAX_WAITING,
     CFG_CTX_SIZE,
     CFG_KV_SIZE,

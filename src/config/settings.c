@@ -109,6 +109,9 @@ const struct cfg_def cfg_defs[CFG_N] = {
                       "N", "sequences in flight"},
     [CFG_MAX_BATCH_TOKENS] = {"max_batch_tokens", 0, CFG_INT, CFG_SEC_ENGINE, M, "512", 0, BIG,
                               false, NULL, "N", "tokens per step: decodes + prefill chunks"},
+    [CFG_ITL_TARGET_MS] = {"itl_target_ms", 0, CFG_NUM, CFG_SEC_ENGINE, M, "0", 0, 1e6, false, NULL,
+                           "MS", "with sequences decoding, cut a step's prefill rows to what is "
+                                 "predicted to run in MS (at least 64 rows; 0: no cut)"},
     [CFG_MAX_WAITING] = {"max_waiting", 0, CFG_INT, CFG_SEC_ENGINE, M, "1024", 0, BIG, false, NULL,
                          "N", "queued sequences before 429"},
     [CFG_CTX_SIZE] = {"ctx_size", 'c', CFG_INT, CFG_SEC_ENGINE, M, NULL, 0, BIG, false, NULL, "N",

@@ -363,6 +363,36 @@ struct sample_job {
     char msg[ERR_MSG_MAX];
 };
 
+/* A step's duration against its rows, t = a + b x rows, fitted by least squares over the
+ * recent steps (each older step weighs FIT_DECAY times less), for itl_target_s. Attention
+ * at depth and sampling make the real cost more than a line; the weights let the line
+ * follow them as the load changes. */
+#define FIT_DECAY 0.95
+struct step_fit {
+    double w, sx, sy, sxx, sxy;
+};
+
+static void fit_add(struct step_fit *f, double rows, double sec) {
+    f->w = f->w * FIT_DECAY + 1;
+    f->sx = f->sx * FIT_DECAY + rows;
+    f->sy = f->sy * FIT_DECAY + sec;
+    f->sxx = f->sxx * FIT_DECAY + rows * rows;
+    f->sxy = f->sxy * FIT_DECAY + rows * sec;
+}
+
+/* The most rows a step is predicted to run in sec seconds: INT32_MAX while the steps seen
+ * do not define a line (their sizes spread less than FIT_MIN_SD rows, where noise would set
+ * the slope, or time does not grow with rows). */
+#define FIT_MIN_SD 16.0
+static int32_t fit_rows(const struct step_fit *f, double sec) {
+    double den = f->w * f->sxx - f->sx * f->sx; /* w^2 x the rows' variance */
+    if (den < FIT_MIN_SD * FIT_MIN_SD * f->w * f->w) return INT32_MAX;
+    double b = (f->w * f->sxy - f->sx * f->sy) / den;
+    if (!(b > 0)) return INT32_MAX;
+    double a = (f->sy - b * f->sx) / f->w, r = (sec - a) / b;
+    return r <= 0 ? 0 : r >= 1e9 ? INT32_MAX : (int32_t)r;
+}
+
 struct engine {
     struct engine_config cfg;
     struct model *m;
@@ -431,6 +461,8 @@ struct engine {
     struct engine_step_seq *obs_seqs; /* (max_seqs) */
     uint64_t *obs_preempted;          /* (max_seqs) */
     int32_t n_obs_preempted;
+    int32_t obs_budget;
+    struct step_fit fit; /* step seconds against rows (itl_target_s) */
     uint64_t stats_parallel; /* engine thread only; published with the stats */
     uint64_t stats_full_rows;
     /* speculation (NULL: off) */
@@ -909,6 +941,14 @@ static int32_t schedule(struct engine *en) {
         }
     }
     if (en->spec) budget = schedule_spec(en, budget);
+    int32_t used = en->cfg.max_batch_tokens - budget; /* decode and draft rows */
+    if (en->cfg.itl_target_s > 0 && used > 0) {
+        int32_t cap = fit_rows(&en->fit, en->cfg.itl_target_s);
+        int32_t allow = cap == INT32_MAX ? budget : cap - used;
+        if (allow < ENGINE_MIN_CHUNK) allow = ENGINE_MIN_CHUNK;
+        if (allow < budget) budget = allow;
+    }
+    en->obs_budget = used + budget;
     /* prefill chunks of the admitted, oldest first; a prompt-logprobs chunk needs the logits
      * of every row, and those rows are capped per step */
     int32_t plp_left = ENGINE_PLP_ROWS;
@@ -1398,8 +1438,9 @@ static void observe(struct engine *en, int32_t n) {
         const struct seq *s = en->running[i];
         en->obs_seqs[i] = (struct engine_step_seq){s->arrival, s->n_done, s->n_tok, s->rows};
     }
-    struct engine_step_info info = {
-        n, en->n_running, en->n_waiting, en->obs_seqs, en->obs_preempted, en->n_obs_preempted};
+    struct engine_step_info info = {n,           en->obs_budget,    en->n_running,
+                                    en->n_waiting, en->obs_seqs, en->obs_preempted,
+                                    en->n_obs_preempted};
     en->cfg.on_step(en->cfg.on_step_ctx, &info);
 }
 
@@ -1588,6 +1629,7 @@ static int32_t step(struct engine *en) {
     }
     en->n_running = w;
     double dt = clock_now() - t0;
+    fit_add(&en->fit, n, dt);
     struct spec_stats ss;
     spec_get_stats(en->spec, &ss);
     pthread_mutex_lock(&en->smu);

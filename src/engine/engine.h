@@ -18,7 +18,11 @@
  *      prompt and generated so far) and the reservation retried. Nothing is failed.
  *   3. Prefill: sequences still in their prompt get chunks from what is left of the
  *      per-step token budget (max_batch_tokens), oldest first, so one long prompt cannot
- *      freeze the decodes of the others.
+ *      freeze the decodes of the others. With itl_target_s and decodes in the step, the
+ *      budget is also cut to the rows a step is predicted to run in that time (a line
+ *      t = a + b x rows fitted to the recent steps' times), but never below
+ *      ENGINE_MIN_CHUNK prefill rows: decoders see bounded inter-token latency, and
+ *      prompts still progress every step. A step without decodes takes the whole budget.
  *   4. Admission: waiting sequences join (FIFO) while fewer than max_seqs run, budget is
  *      left, and the blocks for their whole prompt can be reserved now (admission
  *      control). Full blocks found in the prefix cache are taken, not recomputed.
@@ -112,6 +116,8 @@ struct engine_step_seq {
 };
 struct engine_step_info {
     int32_t n_rows;                        /* rows of the step's batch */
+    int32_t budget;                        /* rows the step could have had (max_batch_tokens,
+                                            * or less under itl_target_s) */
     int32_t n_running, n_waiting;          /* sequences, after scheduling */
     const struct engine_step_seq *running; /* (n_running) oldest first */
     const uint64_t *preempted;             /* (n_preempted) arrivals, in preemption order */
@@ -124,6 +130,8 @@ typedef void (*engine_step_fn)(void *ctx, const struct engine_step_info *info);
 struct engine_config {
     int32_t max_seqs;         /* sequences running at once (default 64) */
     int32_t max_batch_tokens; /* rows per step: decodes + prefill chunks (default 512) */
+    double itl_target_s;      /* > 0: steps with decodes aim at this duration by cutting
+                               * their prefill rows (scheduling step 3); 0: off */
     int32_t max_waiting;      /* sequences (choices) queued before submit refuses with
                                * SMELT_ERR_RANGE (default 1024) */
     int32_t n_ctx;            /* positions per sequence (default: the model's, capped by KV) */
@@ -162,6 +170,9 @@ const char *engine_finish_str(enum engine_finish f); /* "stop", "length", ... */
 /* Logits rows, beyond one per sequence, that prompt-logprob prefill chunks may use in a
  * step (each of their rows needs its logits). */
 #define ENGINE_PLP_ROWS 64
+/* Prefill rows a step with decodes always gets (when prompts wait), whatever itl_target_s
+ * predicts, so that prompts progress even where one decode step is longer than the target. */
+#define ENGINE_MIN_CHUNK 64
 
 #define ENGINE_MAX_STOPS 16
 #define ENGINE_MAX_STOP_LEN 1024

@@ -288,6 +288,7 @@ struct fake {
                  * a mask's choice among them depends on the row's inputs */
     bool soft; /* the words get spread logits (a sampled choice is not the argmax) */
     int sleep_us;
+    int sleep_row_us; /* more per row of the step (a step's time grows with its rows) */
     long rows, steps;
     int max_rows_seen;
 };
@@ -318,7 +319,8 @@ static smelt_status fake_forward(void *ctx, const struct batch *b, float *logits
     f->rows += b->n_tokens;
     f->steps++;
     if (b->n_tokens > f->max_rows_seen) f->max_rows_seen = b->n_tokens;
-    if (f->sleep_us) usleep((useconds_t)f->sleep_us);
+    if (f->sleep_us || f->sleep_row_us)
+        usleep((useconds_t)(f->sleep_us + f->sleep_row_us * b->n_tokens));
     return SMELT_OK;
 }
 
@@ -673,6 +675,7 @@ struct sched_obs {
     int watch_decoders;  /* how many other sequences must decode beside each chunk */
     int chunks;          /* steps that ran a prefill chunk of it */
     int chunks_beside;   /* ... with watch_decoders decodes in the same step */
+    int chunk_rows[256]; /* the rows of each of its chunks (the first 256) */
     atomic_int decoding; /* the most decodes seen in one step */
 };
 
@@ -708,7 +711,7 @@ static void on_step(void *ctx, const struct engine_step_info *in) {
         sum += q->rows;
         if (pend == 1 && q->rows != 1) o->frozen++;
         if (pend == 1 && q->rows == 1 && (int64_t)q->arrival != o->watch) decodes++;
-        if (q->rows < pend && in->n_rows < o->max_batch) o->unused_budget++;
+        if (q->rows < pend && in->n_rows < in->budget) o->unused_budget++;
         if ((int64_t)q->arrival == o->watch && q->rows > 0 && pend > 1) watched = q;
         if (q->arrival < OBS_MAX && q->rows > 0) {
             if (o->first[q->arrival] < 0) o->first[q->arrival] = step;
@@ -718,7 +721,9 @@ static void on_step(void *ctx, const struct engine_step_info *in) {
     }
     if (sum != in->n_rows) o->rows_mismatch++;
     if (decodes > atomic_load(&o->decoding)) atomic_store(&o->decoding, decodes);
+    if (in->budget > o->max_batch) o->over_budget++;
     if (watched) {
+        if (o->chunks < 256) o->chunk_rows[o->chunks] = watched->rows;
         o->chunks++;
         if (decodes == o->watch_decoders) o->chunks_beside++;
     }
@@ -835,6 +840,61 @@ static void test_sched_chunked_prefill(void) {
     /* 150 rows at 16 - 3 a step: 12 chunks, each beside the three decodes */
     T_EQ_INT(o.chunks, (NP + BATCH - NDEC - 1) / (BATCH - NDEC));
     T_EQ_INT(o.chunks_beside, o.chunks);
+}
+
+/* With itl_target_s, a step beside decodes gets the prefill rows that the fitted step time
+ * predicts fit the target (the fake's steps take 2 ms + 20 us a row: a 5 ms target leaves
+ * ~150 rows, 147 of them prefill), never fewer than ENGINE_MIN_CHUNK; the first mixed step,
+ * before any line is known, takes the whole budget. The prompt still gets its solo tokens. */
+static void test_sched_itl_target(void) {
+    enum { NDEC = 3, NP = 1500, BATCH = 512 };
+    struct fake f = {.next = hash_next, .sleep_us = 2000, .sleep_row_us = 20};
+    struct sched_obs o;
+    obs_init(&o, BATCH, 8);
+    struct engine_config c = fake_config(&f, 256, 16, 8, BATCH, 1024, 2048);
+    c.on_step = on_step;
+    c.on_step_ctx = &o;
+    c.itl_target_s = 0.005;
+    struct engine *en = start_engine(&c);
+    if (!en) return;
+    o.watch = NDEC;
+    o.watch_decoders = NDEC;
+    unsigned long long rs = 17;
+    static int32_t long_prompt[NP];
+    int32_t dec_prompt[NDEC][3];
+    struct engine_req *dec[NDEC];
+    struct engine_params p;
+    greedy(&p, 1000);
+    for (int i = 0; i < NDEC; i++) {
+        random_prompt(dec_prompt[i], 3, &rs);
+        dec[i] = submit(en, &p, dec_prompt[i], 3);
+    }
+    for (int i = 0; i < 5000 && atomic_load(&o.decoding) < NDEC; i++)
+        usleep(1000);
+    T_EQ_INT(atomic_load(&o.decoding), NDEC);
+    random_prompt(long_prompt, NP, &rs);
+    greedy(&p, 3);
+    struct engine_req *lr = submit(en, &p, long_prompt, NP);
+    if (lr) {
+        expect_solo(lr, long_prompt, NP, 3);
+        engine_req_unref(lr);
+    }
+    for (int i = 0; i < NDEC; i++) {
+        if (!dec[i]) continue;
+        engine_req_cancel(dec[i]);
+        engine_req_unref(dec[i]);
+    }
+    engine_free(en);
+    obs_check(&o);
+    T_CHECK(o.chunks >= 4);
+    T_EQ_INT(o.chunks_beside, o.chunks);
+    T_EQ_INT(o.chunk_rows[0], BATCH - NDEC); /* no line yet: the whole budget */
+    /* then cut: 147 predicted; a loaded machine's late wake-ups only lengthen the steps
+     * (fewer rows), so the upper bound is safe and the floor is the minimum chunk */
+    for (int k = 1; k < o.chunks - 1 && k < 256; k++) {
+        T_CHECKF(o.chunk_rows[k] <= 220, "chunk %d: %d rows", k, o.chunk_rows[k]);
+        T_CHECKF(o.chunk_rows[k] >= ENGINE_MIN_CHUNK, "chunk %d: %d rows", k, o.chunk_rows[k]);
+    }
 }
 
 /* No more than max_seqs sequences run at once; the rest wait and all finish right. */
@@ -1912,6 +1972,7 @@ int main(void) {
     T_RUN(test_concurrency);
     T_RUN(test_parallel_sampling);
     T_RUN(test_sched_chunked_prefill);
+    T_RUN(test_sched_itl_target);
     T_RUN(test_sched_max_seqs);
     T_RUN(test_sched_preempt);
     T_RUN(test_sched_preempt_no_prefix);
