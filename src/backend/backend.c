@@ -398,6 +398,54 @@ void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
     b->ops->moe_route(b, ids, weights, x, router, bias, gating, pre);
 }
 
+/* bk_moe_ffn with the experts bound to another backend eb (--n-cpu-moe: b the GPU, eb the
+ * CPU): x' (x normed on b), the ids and the weights go to eb, which runs the experts, and
+ * their sum comes back to be written or added on b. eb's scratch is its own: nothing else
+ * runs on it between its step_begin here and the sync. b waits for its device twice (the
+ * rows out, then eb's result in), so such a step cannot be a graph (model.c runs it
+ * eagerly). */
+static void moe_ffn_elsewhere(struct backend *b, struct backend *eb, struct tensor *dst,
+                              const struct tensor *x, const struct moe_experts *w,
+                              const struct tensor *ids, const struct tensor *weights,
+                              const struct prenorm *pre, bool acc) {
+    const int64_t n_embd = x->ne[0], n = x->ne[1], k = ids->ne[0];
+    const size_t mark = bk_scratch_mark(b);
+    const struct tensor *xn = x;
+    if (pre) {
+        struct tensor *t = bk_new(b, QT_F32, n_embd, n, 1);
+        bk_rms_norm(b, t, x, pre->w, pre->eps);
+        xn = t;
+    }
+    bk_step_begin(eb);
+    struct tensor *xh = bk_new(eb, QT_F32, n_embd, n, 1), *yh = bk_new(eb, QT_F32, n_embd, n, 1);
+    struct tensor *ih = bk_new(eb, QT_I32, k, n, 1), *wh = bk_new(eb, QT_F32, k, n, 1);
+    struct err e;
+    if (!xh->data || !yh->data || !ih->data || !wh->data) {
+        bk_sync(eb, &e);
+        bk_fail(b, e.code, "experts on %s: %s", eb->ops->name, e.msg);
+        bk_scratch_release(b, mark);
+        return;
+    }
+    bk_download(b, xh->data, xn, (size_t)(n * n_embd) * sizeof(float));
+    bk_download(b, ih->data, ids, (size_t)(n * k) * sizeof(int32_t));
+    bk_download(b, wh->data, weights, (size_t)(n * k) * sizeof(float));
+    if (bk_sync(b, &e) != SMELT_OK) { /* the sticky error stays b's */
+        bk_scratch_release(b, mark);
+        return;
+    }
+    bk_moe_ffn(eb, yh, xh, w, ih, wh, NULL, false);
+    if (bk_sync(eb, &e) != SMELT_OK) {
+        bk_fail(b, e.code, "experts on %s: %s", eb->ops->name, e.msg);
+        bk_scratch_release(b, mark);
+        return;
+    }
+    struct tensor *y = bk_new(b, QT_F32, n_embd, n, 1);
+    bk_upload(b, y, yh->data, (size_t)(n * n_embd) * sizeof(float));
+    if (acc) bk_add(b, dst, dst, y);
+    else bk_scale(b, dst, y, 1.0f);
+    bk_scratch_release(b, mark);
+}
+
 void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids,
                 const struct tensor *weights, const struct prenorm *pre, bool acc) {
@@ -422,6 +470,15 @@ void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                         tensor_same_shape(w->up_b, w->gate_b)));
     BK_ASSERT(!bias || (is_f32_rows(w->down_b) && tensor_is_contiguous(w->down_b) &&
                         w->down_b->ne[0] == n_embd && w->down_b->ne[1] == n_expert));
+    struct backend *eb = w->gate->backend; /* where the experts live */
+    if (eb && eb != b) {
+        BK_ASSERT(w->up->backend == eb && w->down->backend == eb);
+        BK_ASSERT(!bias || (w->gate_b->backend == eb && w->up_b->backend == eb &&
+                            w->down_b->backend == eb));
+        BK_ASSERT(has(eb, glu_needs(w->act) | (bias ? BK_FEAT_MOE_BIAS : 0)));
+        moe_ffn_elsewhere(b, eb, dst, x, w, ids, weights, pre, acc);
+        return;
+    }
     BK_ASSERT(has(b, glu_needs(w->act) | (bias ? BK_FEAT_MOE_BIAS : 0)));
     b->ops->moe_ffn(b, dst, x, w, ids, weights, pre, acc);
 }

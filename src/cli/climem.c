@@ -3,22 +3,30 @@
 #include <stdio.h>
 
 #include "backend/backend.h"
+#include "cli/clibackend.h"
 #include "format/gguf.h"
 #include "model/model.h"
 
 static double mib(uint64_t b) { return (double)b / (double)MEMPLAN_MIB; }
 
 smelt_status cli_model_load(const char *name, const struct gguf_file *f, struct backend *bk,
-                            struct model **out, struct err *e) {
+                            int32_t n_cpu_moe, int threads, struct model **out, struct err *e) {
     *out = NULL;
     uint64_t fr = 0, tot = 0;
-    if (bk_mem_info(bk, &fr, &tot)) {
-        uint64_t w = 0, tr = 0;
-        memplan_weight_bytes(bk, f, &w, &tr);
-        smelt_status st = memplan_weights_fit(name, w, tr, fr, tot, e);
+    if (!bk_mem_info(bk, &fr, &tot)) {
+        n_cpu_moe = 0; /* a host backend: every expert is in host memory already */
+    } else {
+        struct memplan_weights w;
+        memplan_weight_bytes(bk, f, n_cpu_moe, &w);
+        smelt_status st = memplan_weights_fit(name, &w, fr, tot, e);
         if (st != SMELT_OK) return st;
     }
-    return model_load(out, f, bk, e);
+    struct model_place place = {NULL, n_cpu_moe};
+    if (n_cpu_moe > 0) {
+        smelt_status st = cli_backend_new("cpu", -1, threads, &place.host_bk, e);
+        if (st != SMELT_OK) return err_prefix(e, "--n-cpu-moe");
+    }
+    return model_load_placed(out, f, bk, &place, e);
 }
 
 smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t *tokens,
@@ -39,8 +47,10 @@ smelt_status cli_mem_plan(struct model *m, const struct cli_mem_req *r, int64_t 
         *tokens = t;
         return SMELT_OK;
     }
-    uint64_t weights = 0, transient = 0, peak = 0;
-    memplan_weight_bytes(m->bk, r->f, &weights, &transient);
+    uint64_t peak = 0;
+    struct memplan_weights mw;
+    memplan_weight_bytes(m->bk, r->f, m->n_cpu_moe, &mw);
+    const uint64_t weights = mw.weights;
     smelt_status st = memplan_measure(m, &r->shape, &peak, e);
     if (st == SMELT_OK && !bk_mem_info(m->bk, &fr, &tot))
         st = err_set(e, SMELT_ERR_DEVICE, "memory plan: the device's free memory is unknown");

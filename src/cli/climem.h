@@ -22,9 +22,11 @@ struct gguf_file;
 struct model;
 
 /* Checks the weights of f fit bk's device (name: the model, for the message), then
- * model_load. */
+ * loads it. n_cpu_moe > 0 (--n-cpu-moe) on a device backend: the experts of the first
+ * n_cpu_moe layers stay in host memory and run on a CPU backend of `threads` threads (0:
+ * all cores); ignored on the CPU backend. */
 smelt_status cli_model_load(const char *name, const struct gguf_file *f, struct backend *bk,
-                            struct model **out, struct err *e);
+                            int32_t n_cpu_moe, int threads, struct model **out, struct err *e);
 
 struct cli_mem_req {
     const char *cmd;          /* "serve", "run", "bench": the info line's prefix */

@@ -107,7 +107,7 @@ smelt_status cli_spec_load(struct cli_spec *s, const char *backend, int device, 
                        s->draft, nd, nt, d, a, b);
     }
     st = cli_backend_new(backend, device, threads, &s->bk, e);
-    if (st == SMELT_OK) st = cli_model_load(s->draft, s->f, s->bk, &s->m, e);
+    if (st == SMELT_OK) st = cli_model_load(s->draft, s->f, s->bk, 0, 0, &s->m, e);
     if (st != SMELT_OK) return err_prefix(e, "draft model %s", s->draft);
     if (model_is_recurrent(s->m))
         return err_set(e, SMELT_ERR_UNSUPPORTED,
@@ -115,11 +115,12 @@ smelt_status cli_spec_load(struct cli_spec *s, const char *backend, int device, 
                        s->draft, s->m->hp.arch);
     uint64_t fr, tot;
     if (shape && bk_mem_info(s->bk, &fr, &tot)) {
-        uint64_t peak = 0, w = 0, tr = 0;
+        uint64_t peak = 0;
         st = memplan_measure(s->m, shape, &peak, e);
         if (st != SMELT_OK) return err_prefix(e, "draft model %s", s->draft);
-        memplan_weight_bytes(s->bk, s->f, &w, &tr);
-        s->device_b = w + peak;
+        struct memplan_weights w;
+        memplan_weight_bytes(s->bk, s->f, 0, &w);
+        s->device_b = w.weights + peak;
     }
     return SMELT_OK;
 }

@@ -93,7 +93,7 @@ struct opts {
     const char *backend, *output;
     struct list n_prompt, n_gen, depth, n_batch, n_ubatch, threads, batched, vrows;
     int pg[MAX_LIST][2], n_pg;
-    int reps, device, ngl;
+    int reps, device, ngl, n_cpu_moe;
     bool no_warmup, threads_given, bw_measure;
     double bw_gbs;
     struct cli_spec spec;
@@ -118,6 +118,8 @@ static void usage(FILE *f) {
             "  -ngl, --n-gpu-layers N   0 runs on the CPU; other values use the GPU (smelt puts\n"
             "                           all layers on one device)\n"
             "  --backend auto|cpu|cuda, --device N (also -mg, --main-gpu N)\n"
+            "  -ncmoe, --n-cpu-moe N    the experts of the first N layers in host memory, run on\n"
+            "                           the CPU (with a GPU backend)\n"
             "  -B, --batched N          N sequences decoding together (aggregate tok/s), with each -n\n"
             "  --verify-rows R          decode steps of R rows per sequence (speculation's verify\n"
             "                           shape; 1..17, default 1)\n"
@@ -223,6 +225,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
         else if (IS("-r", "--repetitions")) ok = parse_num(v, 1, &o->reps) && o->reps <= MAX_REPS;
         else if (IS("-ngl", "--n-gpu-layers")) ok = parse_num(v, -1, &o->ngl);
         else if (IS("--backend", "--backend")) o->backend = v;
+        else if (IS("-ncmoe", "--n-cpu-moe")) ok = parse_num(v, 0, &o->n_cpu_moe);
         else if (IS("--device", "-mg") || IS("--main-gpu", "--main-gpu")) ok = parse_num(v, 0, &o->device);
         else if (IS("--bw", "--bw")) {
             if (!strcmp(v, "measure")) o->bw_measure = true;
@@ -847,7 +850,7 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
     int n_blocks = max_b * ((per_seq + BLOCK - 1) / BLOCK) + 1;
     /* -mg is llama-bench's main_gpu: reported whatever the backend, used only by CUDA */
     if (st == SMELT_OK) st = cli_backend_new(o->backend, cli_backend_is_cuda(o->backend) ? o->device : -1, threads, &bk, e);
-    if (st == SMELT_OK) st = cli_model_load(path, f, bk, &c.m, e);
+    if (st == SMELT_OK) st = cli_model_load(path, f, bk, o->n_cpu_moe, threads, &c.m, e);
     /* with speculation: an engine of max_b sequences and steps of 512 rows (its draft too) */
     struct engine_config ec = {.max_seqs = max_b, .max_batch_tokens = 512, .n_blocks = n_blocks,
                                .block_size = BLOCK, .n_ctx = per_seq, .spec = scfg};

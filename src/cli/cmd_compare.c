@@ -220,7 +220,7 @@ static smelt_status side_open(struct side *sd, const struct side_opts *so, char 
                            letter, letter);
         cpu_backend_set_exact(sd->bk, true);
     }
-    if (st == SMELT_OK) st = cli_model_load(sd->path, sd->f, sd->bk, &sd->m, e);
+    if (st == SMELT_OK) st = cli_model_load(sd->path, sd->f, sd->bk, 0, 0, &sd->m, e);
     int n_blocks = (n_tokens + BLOCK - 1) / BLOCK + 1;
     if (st == SMELT_OK) {
         struct cli_mem_req r = {

@@ -58,7 +58,7 @@
 
 struct opts {
     const char *model, *prompt, *system, *backend;
-    int n_predict, n_ctx, threads, device;
+    int n_predict, n_ctx, threads, device, n_cpu_moe;
     bool raw, interactive, ignore_eos, f32_kv, verbose, allow_unknown_pre;
     struct sample_params sp;
     bool set_temp, set_top_k, set_top_p, set_min_p, set_rep, set_last_n;
@@ -82,6 +82,8 @@ static void usage(FILE *f) {
             "  -c N               context size in tokens (default 4096)\n"
             "  -t, --threads N    CPU threads (default: all)\n"
             "  --backend B        auto (CUDA when present), cpu or cuda; --device N\n"
+            "  --n-cpu-moe N      keep the experts of the first N layers in host memory and\n"
+            "                     run them on the CPU (a mixture of experts larger than the GPU)\n"
             "  --temp X           temperature (0: greedy)\n"
             "  --top-k N, --top-p X, --min-p X, --repeat-penalty X, --seed N\n"
             "  --repeat-last-n N  penalize the last N tokens (-1: all, 0: no penalty;\n"
@@ -139,6 +141,11 @@ static int parse(int argc, char **argv, struct opts *o) {
             if (!strcmp(a, "-n")) o->n_predict = (int)v;
             else if (!strcmp(a, "-c")) o->n_ctx = (int)v;
             else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)v;
+            else if (!strcmp(a, "--n-cpu-moe") && v >= 0 && v <= 65536) o->n_cpu_moe = (int)v;
+            else if (!strcmp(a, "--n-cpu-moe")) {
+                fprintf(stderr, "smelt run: --n-cpu-moe takes a layer count (0, 1, ...)\n");
+                return 2;
+            }
             else if (!strcmp(a, "--device") && v >= 0 && v <= 1024) o->device = (int)v;
             else if (!strcmp(a, "--device")) {
                 fprintf(stderr, "smelt run: --device takes a CUDA device index (0, 1, ...)\n");
@@ -746,7 +753,7 @@ int cmd_run(int argc, char **argv) {
         st = tok_new_from_gguf(&s.tok, s.f, &(struct tok_opts){.allow_unknown_pre = o.allow_unknown_pre},
                                &e);
     if (st == SMELT_OK) st = cli_backend_new(o.backend, o.device, o.threads, &s.bk, &e);
-    if (st == SMELT_OK) st = cli_model_load(path, s.f, s.bk, &s.m, &e);
+    if (st == SMELT_OK) st = cli_model_load(path, s.f, s.bk, o.n_cpu_moe, o.threads, &s.m, &e);
     uint32_t kv_type = o.f32_kv ? QT_F32 : QT_F16;
     struct spec_config scfg = {0};
     if (st == SMELT_OK) st = cli_spec_config(&o.spec, &scfg, &e);

@@ -305,7 +305,8 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
     if (st == SMELT_OK && !in->fake) {
         in->cuda = cli_backend_is_cuda(backend);
         st = cli_backend_new(backend, device, threads, &in->bk, e);
-        if (st == SMELT_OK) st = cli_model_load(in->path, in->f, in->bk, &in->m, e);
+        if (st == SMELT_OK) st = cli_model_load(in->path, in->f, in->bk, (int32_t)cfg_int(c, ci, CFG_N_CPU_MOE),
+                                                threads, &in->m, e);
     }
     /* the chat templates: --chat-template, the model's (and its tool_use one), or the
      * ChatML default (template/tmpl_source.h) */

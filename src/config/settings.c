@@ -103,6 +103,9 @@ const struct cfg_def cfg_defs[CFG_N] = {
                                                        "a GPU is visible)"},
     [CFG_DEVICE] = {"device", 0, CFG_INT, CFG_SEC_ENGINE, M, NULL, 0, 1024, false, NULL, "N",
                     "a CUDA device index (0, 1, ...; default 0)"},
+    [CFG_N_CPU_MOE] = {"n_cpu_moe", 0, CFG_INT, CFG_SEC_ENGINE, M, "0", 0, 65536, false, NULL, "N",
+                       "keep the experts of the first N layers in host memory and run them on "
+                       "the CPU (a mixture of experts larger than the GPU)"},
     [CFG_THREADS] = {"threads", 't', CFG_INT, CFG_SEC_ENGINE, M, NULL, 0, 4096, false, NULL, "N",
                      "CPU threads (default: all cores)"},
     [CFG_MAX_SEQS] = {"max_seqs", 0, CFG_INT, CFG_SEC_ENGINE, M, "64", 0, 1 << 20, false, NULL,

@@ -1,6 +1,8 @@
 /* The device memory plan (see memplan.h). */
 #include "engine/memplan.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,30 +14,51 @@ static double mib(uint64_t b) { return (double)b / (double)MEMPLAN_MIB; }
 
 /* ---- 1. weights ---- */
 
-void memplan_weight_bytes(struct backend *bk, const struct gguf_file *f, uint64_t *weights,
-                          uint64_t *transient) {
-    *weights = *transient = 0;
+void memplan_weight_bytes(struct backend *bk, const struct gguf_file *f, int32_t n_cpu_moe,
+                          struct memplan_weights *w) {
+    memset(w, 0, sizeof *w);
+    w->n_cpu_moe = n_cpu_moe;
     int64_t n = gguf_n_tensors(f);
+    uint64_t layer_b = 0; /* the current layer's expert bytes (tensors come layer by layer) */
+    int cur = -1;
     for (int64_t i = 0; i < n; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         int64_t ne[TENSOR_MAX_DIMS] = {1, 1, 1, 1};
         for (int d = 0; d < TENSOR_MAX_DIMS && d < GGUF_MAX_DIMS; d++) ne[d] = t->ne[d];
         uint64_t b = bk_weight_bytes(bk, t->type, ne);
         if (b == 0) continue; /* a host backend: nothing is copied */
-        *weights += b;
-        if (t->nbytes > *transient) *transient = t->nbytes;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (model_expert_on_host(name, INT32_MAX)) { /* an expert tensor */
+            int layer = -1;
+            sscanf(name, "blk.%d.", &layer);
+            if (layer != cur) layer_b = 0, cur = layer;
+            layer_b += b;
+            if (layer_b > w->expert_layer) w->expert_layer = layer_b;
+            if (model_expert_on_host(name, n_cpu_moe)) continue;
+        }
+        w->weights += b;
+        if (t->nbytes > w->transient) w->transient = t->nbytes;
     }
 }
 
-smelt_status memplan_weights_fit(const char *model, uint64_t weights, uint64_t transient,
+smelt_status memplan_weights_fit(const char *model, const struct memplan_weights *w,
                                  uint64_t free_b, uint64_t total_b, struct err *e) {
-    if (weights + transient <= free_b) return SMELT_OK;
+    const uint64_t need = w->weights + w->transient;
+    if (need <= free_b) return SMELT_OK;
+    char moe[160] = "";
+    if (w->expert_layer > 0) { /* each layer moved to the host frees expert_layer bytes */
+        uint64_t more = (need - free_b + w->expert_layer - 1) / w->expert_layer;
+        snprintf(moe, sizeof moe, ", or keep the experts of the first %lld layers in host memory "
+                 "(--n-cpu-moe %lld: %.0f MiB a layer)", (long long)(w->n_cpu_moe + (int64_t)more),
+                 (long long)(w->n_cpu_moe + (int64_t)more), mib(w->expert_layer));
+    }
     return err_set(e, SMELT_ERR_NOMEM,
                    "%s does not fit on the device: its weights need %.0f MiB (+ %.0f MiB while "
                    "uploading), the device has %.0f MiB free of %.0f MiB; try a smaller "
-                   "quantization, free the device, or another --device",
-                   model ? model : "the model", mib(weights), mib(transient), mib(free_b),
-                   mib(total_b));
+                   "quantization, free the device, or another --device%s",
+                   model ? model : "the model", mib(w->weights), mib(w->transient), mib(free_b),
+                   mib(total_b), moe);
 }
 
 /* ---- 2. activations ---- */

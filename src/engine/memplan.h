@@ -37,13 +37,19 @@ struct gguf_file;
 
 /* ---- 1. weights ---- */
 
-/* Device bytes loading f's tensors onto bk takes: *weights (what stays) and *transient
- * (the largest single tensor, held once more during its upload). Both 0 on the CPU. */
-void memplan_weight_bytes(struct backend *bk, const struct gguf_file *f, uint64_t *weights,
-                          uint64_t *transient);
-/* SMELT_OK when weights + transient fit in free_b; else SMELT_ERR_NOMEM with a message
- * naming the model and giving needed, free and total MiB and what to try. */
-smelt_status memplan_weights_fit(const char *model, uint64_t weights, uint64_t transient,
+/* What loading f's tensors onto bk takes on its device. */
+struct memplan_weights {
+    uint64_t weights;      /* bytes that stay */
+    uint64_t transient;    /* the largest single tensor, held once more during its upload */
+    uint64_t expert_layer; /* the most bytes one layer's experts take (what --n-cpu-moe moves
+                            * per layer); 0: no experts on the device */
+    int32_t n_cpu_moe;     /* the layers whose experts stay on the host (model_expert_on_host) */
+};
+/* Fills *w for f on bk, the experts of the first n_cpu_moe layers kept on the host. All 0
+ * on the CPU (weights stay in the mapping). */
+void memplan_weight_bytes(struct backend *bk, const struct gguf_file *f, int32_t n_cpu_moe,
+                          struct memplan_weights *w);
+smelt_status memplan_weights_fit(const char *model, const struct memplan_weights *w,
                                  uint64_t free_b, uint64_t total_b, struct err *e);
 
 /* ---- 2. activations ---- */

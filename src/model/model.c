@@ -116,7 +116,8 @@ static const struct tensor *bind(struct loader *l, bool optional, bool want_f32,
         t->name = nm;
         t->data = buf;
     }
-    l->st = bk_weight_bind(m->bk, t, l->e);
+    struct backend *to = m->host_bk && model_expert_on_host(name, m->n_cpu_moe) ? m->host_bk : m->bk;
+    l->st = bk_weight_bind(to, t, l->e);
     if (l->st != SMELT_OK) return NULL;
     m->n_tensors++;
     return t;
@@ -571,9 +572,23 @@ static void load_common(struct loader *l) {
     }
 }
 
+bool model_expert_on_host(const char *name, int32_t n_cpu_moe) {
+    int layer = -1, end = 0;
+    if (n_cpu_moe <= 0 || sscanf(name, "blk.%d.ffn_%n", &layer, &end) != 1 || end == 0)
+        return false;
+    const char *dot = strchr(name + end, '.');
+    return layer >= 0 && layer < n_cpu_moe && dot && dot - (name + end) >= 5 &&
+           !strncmp(dot - 5, "_exps", 5);
+}
+
 smelt_status model_load(struct model **out, const struct gguf_file *f, struct backend *bk,
                         struct err *e) {
-    *out = NULL;
+    return model_load_placed(out, f, bk, NULL, e);
+}
+
+/* The architecture of f, checked against what bk can run. */
+static smelt_status find_arch(const struct gguf_file *f, struct backend *bk,
+                              const struct arch_def **out, struct err *e) {
     struct gguf_str an;
     smelt_status st = gguf_get_str(f, "general.architecture", &an, e);
     if (st != SMELT_OK) return err_prefix(e, "model");
@@ -599,11 +614,37 @@ smelt_status model_load(struct model **out, const struct gguf_file *f, struct ba
                        "%s needs %s, which the %s backend does not implement yet (run it with "
                        "--backend cpu)", arch->name, names, bk->ops->name);
     }
+    *out = arch;
+    return SMELT_OK;
+}
 
+smelt_status model_load_placed(struct model **out, const struct gguf_file *f, struct backend *bk,
+                               const struct model_place *place, struct err *e) {
+    *out = NULL;
+    struct backend *host_bk = place ? place->host_bk : NULL;
+    const int32_t n_cpu_moe = place && host_bk ? place->n_cpu_moe : 0;
+    const struct arch_def *arch = NULL;
+    smelt_status st = find_arch(f, bk, &arch, e);
+    if (st == SMELT_OK && host_bk && arch->ffn == FFN_MOE && n_cpu_moe > 0 && !bk_has_moe(host_bk))
+        st = err_set(e, SMELT_ERR_UNSUPPORTED, "--n-cpu-moe: the %s backend has no "
+                     "mixture-of-experts ops", host_bk->ops->name);
+    if (st != SMELT_OK) {
+        bk_free(host_bk);
+        return st;
+    }
     struct model *m = calloc(1, sizeof *m);
-    if (!m) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    if (!m) {
+        bk_free(host_bk);
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    }
     m->arch = arch;
     m->bk = bk;
+    if (arch->ffn == FFN_MOE && n_cpu_moe > 0) {
+        m->host_bk = host_bk;
+        m->n_cpu_moe = n_cpu_moe;
+    } else {
+        bk_free(host_bk); /* nothing would run there */
+    }
     arena_init(&m->host);
     snprintf(m->hp.arch, sizeof m->hp.arch, "%s", arch->name);
     m->cap_tensors = gguf_n_tensors(f);
@@ -625,6 +666,7 @@ smelt_status model_load(struct model **out, const struct gguf_file *f, struct ba
 
 void model_free(struct model *m) {
     if (!m) return;
+    if (m->host_bk) bk_free(m->host_bk);
     for (int64_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->tensors);
@@ -1215,7 +1257,9 @@ static smelt_status run_step(struct model *m, struct kv_store *kv, const struct 
     uint64_t key = 0;
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) key = mix64((key + 0x9e3779b97f4a7c15ull) ^ shape[i]);
     struct step_graph *sg = NULL;
-    bool graph = one_per_seq && !hidden; /* (embedding steps are prefills: never replayed) */
+    /* (embedding steps are prefills: never replayed; experts on the host wait for the
+     * device mid-step, which a graph cannot) */
+    bool graph = one_per_seq && !hidden && !m->host_bk;
     for (int i = 0; i < MODEL_GRAPHS && graph; i++)
         if (m->graphs[i].used && m->graphs[i].key == key) sg = &m->graphs[i];
     void *logits_data = NULL;

@@ -189,6 +189,11 @@ struct model {
     const struct arch_def *arch;
     struct model_hparams hp;
     struct backend *bk;
+    /* --n-cpu-moe: the experts of layers 0..n_cpu_moe-1 are bound to host_bk (a CPU
+     * backend the model owns) and run there; bk_moe_ffn moves the rows across (backend.c).
+     * Steps then run without graphs (the crossing waits for the device). NULL / 0: none. */
+    struct backend *host_bk;
+    int32_t n_cpu_moe;
     struct layer_attn *layer;         /* (n_layer) */
     struct layer_mem *mem;            /* (n_layer) each layer's memory kind: MEM_KV unless
                                        * the architecture says otherwise */
@@ -227,7 +232,20 @@ extern const struct arch_def arch_llama, arch_qwen2, arch_qwen3, arch_qwen3moe, 
  * model. Fails with a message naming the missing or inconsistent key or tensor. */
 smelt_status model_load(struct model **out, const struct gguf_file *f, struct backend *bk,
                         struct err *e);
+/* Where a model's weights go besides bk (model_load_placed). */
+struct model_place {
+    struct backend *host_bk; /* taken over by the model (freed by model_free, also when the
+                              * load fails); NULL: everything on bk */
+    int32_t n_cpu_moe;       /* the experts of the first n_cpu_moe layers go to host_bk */
+};
+/* model_load with some experts kept on a host backend (--n-cpu-moe). A model without
+ * experts, or n_cpu_moe 0, loads as model_load does (host_bk is freed unused). */
+smelt_status model_load_placed(struct model **out, const struct gguf_file *f, struct backend *bk,
+                               const struct model_place *place, struct err *e);
 void model_free(struct model *m);
+/* True when GGUF tensor `name` is an expert tensor (blk.N.ffn_*_exps.*) of a layer N <
+ * n_cpu_moe: the tensors --n-cpu-moe keeps on the host. */
+bool model_expert_on_host(const char *name, int32_t n_cpu_moe);
 
 /* The memory of the model's layers (docs/forward.md, "Memory kinds"):
  * - MEM_KV layers: one K and one V tensor each, (head_dim, block_size, n_head_kv, n_blocks)

@@ -63,19 +63,25 @@ struct runner {
     struct kv_pool pool;
 };
 
-/* A model with recurrent layers gets 8 state slots, for up to 4 live sequences. */
-static bool runner_init(struct runner *r, const struct gguf_file *f, struct backend *bk, uint32_t kv_type,
-                        int n_blocks) {
+/* A model with recurrent layers gets 8 state slots, for up to 4 live sequences. place: where
+ * experts go besides bk (--n-cpu-moe), or NULL. */
+static bool runner_init_placed(struct runner *r, const struct gguf_file *f, struct backend *bk,
+                               uint32_t kv_type, int n_blocks, const struct model_place *place) {
     struct err e;
     memset(r, 0, sizeof *r);
     int32_t slots = 0;
-    if (model_load(&r->m, f, bk, &e) != SMELT_OK ||
+    if (model_load_placed(&r->m, f, bk, place, &e) != SMELT_OK ||
         model_kv_new(r->m, kv_type, 16, n_blocks, slots = model_is_recurrent(r->m) ? 8 : 0, &r->kv, &e) ||
         kv_pool_init(&r->pool, n_blocks, 16, &e) || (slots && kv_slots_enable(&r->pool, slots, 4, &e))) {
         fprintf(stderr, "load (%s): %s\n", bk->ops->name, e.msg);
         return false;
     }
     return true;
+}
+
+static bool runner_init(struct runner *r, const struct gguf_file *f, struct backend *bk, uint32_t kv_type,
+                        int n_blocks) {
+    return runner_init_placed(r, f, bk, kv_type, n_blocks, NULL);
 }
 
 static void runner_free(struct runner *r) {
@@ -724,6 +730,67 @@ static void test_gpu_mixed_batches(void) {
         }
 }
 
+/* --n-cpu-moe on the GPU: the qwen3moe fixtures with the experts of the first layer (then
+ * of every layer) on a CPU backend, the rest on the GPU (bk_moe_ffn moves the rows across
+ * mid-step; steps run without graphs). A 14-token prompt as a prefill of 6 rows, then one
+ * decode step per token, against the CPU alone: every row's argmax, and the largest error
+ * relative to the row's largest |logit| under 1e-4 (F32 experts) or 1e-3 (Q8_0: the CPU's
+ * fast path on both sides, the GPU's attention and router beside it). */
+static void test_gpu_experts_on_host(void) {
+    const char *files[] = {"qwen3moe-f32", "qwen3moe-q8_0"};
+    for (int fi = 0; fi < 2; fi++)
+        for (int all = 0; all < 2; all++) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/tests/data/ref/%s.gguf", t_source_dir(), files[fi]);
+            struct gguf_file *f;
+            struct err e;
+            if (gguf_open(&f, path, &e) != SMELT_OK) {
+                T_CHECKF(0, "%s: %s", path, e.msg);
+                continue;
+            }
+            struct backend *hb = NULL;
+            T_CHECK(cpu_backend_new(&hb, 0, &e) == SMELT_OK);
+            struct model_place place = {hb, all ? 1000 : 1};
+            struct runner rc, rg;
+            bool ok = runner_init(&rc, f, cpu, QT_F32, 16);
+            ok = runner_init_placed(&rg, f, gpu, QT_F32, 16, &place) && ok;
+            T_CHECKF(ok && rg.m->host_bk == hb, "%s: load with --n-cpu-moe", path);
+            enum { N = 14, P = 6 };
+            const int nv = ok ? rc.m->hp.n_vocab : 1;
+            int32_t tok[N];
+            for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 53 + 7) % nv);
+            float *a = malloc(sizeof(float) * N * (size_t)nv), *b = malloc(sizeof(float) * N * (size_t)nv);
+            struct kv_seq qa, qb;
+            kv_seq_init(&qa);
+            kv_seq_init(&qb);
+            ok = ok && a && b && step(&rc, &qa, tok, P, 0, a) && step(&rg, &qb, tok, P, 0, b);
+            for (int i = P; ok && i < N; i++)
+                ok = step(&rc, &qa, tok + i, 1, i, a + (size_t)i * nv) && step(&rg, &qb, tok + i, 1, i, b + (size_t)i * nv);
+            double worst = 0;
+            int flips = 0;
+            for (int i = 0; ok && i < N; i++) {
+                const float *x = b + (size_t)i * nv, *y = a + (size_t)i * nv;
+                double d = 0, mx = 1e-6;
+                for (int v = 0; v < nv; v++) d = fmax(d, fabs((double)x[v] - y[v])), mx = fmax(mx, fabs(y[v]));
+                worst = fmax(worst, d / mx);
+                flips += argmax(x, nv) != argmax(y, nv);
+            }
+            T_CHECKF(ok, "%s: steps with the experts on the host", path);
+            printf("gpu, experts of %s layer%s on the cpu, %-14s max rel err vs cpu %.2e, %d argmax flips\n",
+                   all ? "every" : "the first", all ? "" : "", files[fi], worst, flips);
+            T_CHECKF(worst < (fi ? 1e-3 : 1e-4) && flips == 0, "%s: rel err %g, %d flips", path, worst, flips);
+            if (ok) {
+                kv_seq_release(&rc.pool, &qa);
+                kv_seq_release(&rg.pool, &qb);
+            }
+            free(a);
+            free(b);
+            runner_free(&rc);
+            runner_free(&rg); /* frees hb with the model */
+            gguf_close(f);
+        }
+}
+
 static void test_fixtures(void) {
     /* the mixture-of-experts fixtures too (the CUDA MoE ops, gpt-oss's sinks, clamped SwiGLU,
      * expert biases) */
@@ -951,6 +1018,7 @@ int main(void) {
     T_RUN(test_gpu_vs_reference);
     T_RUN(test_gpu_mixed_batches);
     T_RUN(test_fixtures);
+    T_RUN(test_gpu_experts_on_host);
     T_RUN(test_hybrid);
     T_RUN(test_real_models);
     T_RUN(test_gpu_embeddings);

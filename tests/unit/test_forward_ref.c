@@ -184,6 +184,65 @@ static void test_quantized_experts(void) {
     check_all("mxfp4", false, TOL_Q);
 }
 
+/* --n-cpu-moe's path (bk_moe_ffn with the experts bound to another backend: backend.c's
+ * moe_ffn_elsewhere), here with a second CPU backend holding the experts of the first
+ * layer (or all): every prompt's logits, run as one batch of sequences, equal the plain
+ * model's bit for bit (the same kernels; the norm and the residual add moved out of the
+ * expert op are the same arithmetic). */
+static void check_elsewhere(const char *file, int32_t n_cpu_moe) {
+    enum { NQ = 3, NT = 12 };
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", REF_DIR, file);
+    struct err e;
+    struct gguf_file *f = NULL;
+    struct model *m = NULL, *mp = NULL;
+    struct backend *hb = NULL;
+    T_CHECKF(gguf_open(&f, path, &e) == SMELT_OK, "%s: %s", file, e.msg);
+    if (!f) return;
+    T_CHECK(model_load(&m, f, bk, &e) == SMELT_OK);
+    T_CHECK(cpu_backend_new(&hb, 2, &e) == SMELT_OK);
+    struct model_place place = {hb, n_cpu_moe};
+    T_CHECKF(model_load_placed(&mp, f, bk, &place, &e) == SMELT_OK, "%s", e.msg);
+    if (m && mp) {
+        T_CHECK(mp->host_bk == hb && mp->n_cpu_moe == n_cpu_moe);
+        int n_host = 0;
+        for (int64_t i = 0; i < mp->n_tensors; i++)
+            n_host += mp->tensors[i].backend == hb;
+        T_CHECKF(n_host == 3 * (n_cpu_moe < m->hp.n_layer ? n_cpu_moe : m->hp.n_layer) ||
+                     n_host == 6 * (n_cpu_moe < m->hp.n_layer ? n_cpu_moe : m->hp.n_layer),
+                 "%d tensors on the host backend", n_host); /* gate, up, down (+ biases) */
+        int32_t buf[NQ][NT], *ids[NQ];
+        int n[NQ], n_first[NQ];
+        float *a[NQ], *b[NQ];
+        for (int q = 0; q < NQ; q++) {
+            n[q] = NT - 3 * q;
+            n_first[q] = n[q] / 2;
+            for (int t = 0; t < n[q]; t++) buf[q][t] = (int32_t)((q * 37 + t * 11 + 1) % m->hp.n_vocab);
+            ids[q] = buf[q];
+            a[q] = calloc((size_t)NT * (size_t)m->hp.n_vocab, sizeof(float));
+            b[q] = calloc((size_t)NT * (size_t)m->hp.n_vocab, sizeof(float));
+        }
+        T_CHECK(run(m, NQ, ids, n, n_first, a));
+        T_CHECK(run(mp, NQ, ids, n, n_first, b));
+        for (int q = 0; q < NQ; q++) {
+            T_CHECKF(memcmp(a[q], b[q], sizeof(float) * (size_t)n[q] * (size_t)m->hp.n_vocab) == 0,
+                     "%s, --n-cpu-moe %d: prompt %d differs", file, n_cpu_moe, q);
+            free(a[q]);
+            free(b[q]);
+        }
+    }
+    model_free(mp); /* and hb with it (model_load_placed frees hb itself when it fails) */
+    model_free(m);
+    gguf_close(f);
+}
+
+static void test_experts_elsewhere(void) {
+    cpu_backend_set_exact(bk, false);
+    check_elsewhere("qwen3moe-q8_0.gguf", 1);
+    check_elsewhere("qwen3moe-f32.gguf", 99);
+    check_elsewhere("gpt-oss-mxfp4.gguf", 1); /* expert biases too */
+}
+
 int main(void) {
     json_error_t je;
     manifest = json_load_file(REF_DIR "/manifest.json", 0, &je);
@@ -197,6 +256,7 @@ int main(void) {
     T_RUN(test_f32);
     T_RUN(test_f16);
     T_RUN(test_quantized_experts);
+    T_RUN(test_experts_elsewhere);
     json_decref(manifest);
     bk_free(bk);
     return t_done();

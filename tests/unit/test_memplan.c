@@ -112,12 +112,19 @@ static void test_kv_explicit(void) {
 
 static void test_weights_fit(void) {
     struct err e;
-    T_EQ_INT(memplan_weights_fit("m.gguf", 4 * GIB, 100 * MIB, 5 * GIB, 16 * GIB, &e), SMELT_OK);
-    T_EQ_INT(memplan_weights_fit("big.gguf", 70 * GIB, 1 * GIB, 60 * GIB, 80 * GIB, &e),
-             SMELT_ERR_NOMEM);
+    struct memplan_weights w = {.weights = 4 * GIB, .transient = 100 * MIB};
+    T_EQ_INT(memplan_weights_fit("m.gguf", &w, 5 * GIB, 16 * GIB, &e), SMELT_OK);
+    w = (struct memplan_weights){.weights = 70 * GIB, .transient = 1 * GIB};
+    T_EQ_INT(memplan_weights_fit("big.gguf", &w, 60 * GIB, 80 * GIB, &e), SMELT_ERR_NOMEM);
     T_CHECKF(strstr(e.msg, "big.gguf") && strstr(e.msg, "71680 MiB") && strstr(e.msg, "61440 MiB free") &&
-                 strstr(e.msg, "81920 MiB") && strstr(e.msg, "--device"),
+                 strstr(e.msg, "81920 MiB") && strstr(e.msg, "--device") && !strstr(e.msg, "--n-cpu-moe"),
              "%s", e.msg);
+    /* with experts: 11 GiB too many, 300 MiB a layer: 38 layers' experts to the host (on top
+     * of the 2 already there) */
+    w = (struct memplan_weights){.weights = 70 * GIB, .transient = 1 * GIB, .expert_layer = 300 * MIB,
+                                 .n_cpu_moe = 2};
+    T_EQ_INT(memplan_weights_fit("moe.gguf", &w, 60 * GIB, 80 * GIB, &e), SMELT_ERR_NOMEM);
+    T_CHECKF(strstr(e.msg, "--n-cpu-moe 40") && strstr(e.msg, "300 MiB a layer"), "%s", e.msg);
 }
 
 /* A tiny model on bk (tests/data/ref: random weights), or NULL. */
