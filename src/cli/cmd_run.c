@@ -45,6 +45,7 @@
 #include "engine/sample.h"
 #include "engine/spec.h"
 #include "format/gguf.h"
+#include "grammar/gram.h"
 #include "model/model.h"
 #include "server/outp.h"
 #include "template/tmpl.h"
@@ -58,6 +59,7 @@
 
 struct opts {
     const char *model, *prompt, *system, *backend;
+    const char *schema_file, *grammar_file; /* --json-schema, --grammar */
     int n_predict, n_ctx, threads, device, n_cpu_moe;
     bool raw, interactive, ignore_eos, f32_kv, verbose, allow_unknown_pre;
     struct sample_params sp;
@@ -90,6 +92,9 @@ static void usage(FILE *f) {
             "                     default: all)\n"
             "  -v, --verbose      print the sampling settings in effect\n"
             "  --ignore-eos       keep generating past end-of-generation tokens\n"
+            "  --json-schema FILE every answer is JSON valid against the JSON Schema in FILE\n"
+            "  --grammar FILE     every answer is a sentence of the GBNF grammar in FILE\n"
+            "                     (docs/structured-output.md says what each supports)\n"
             "  --f32-kv           F32 KV cache (default F16)\n"
             "  --allow-unknown-pretokenizer  load a tokenizer.ggml.pre smelt does not implement\n"
             "                     with GPT-2's split (token ids may differ from the model's)\n"
@@ -131,6 +136,10 @@ static int parse(int argc, char **argv, struct opts *o) {
             o->system = argv[++i];
         } else if (!strcmp(a, "--backend") && i + 1 < argc) {
             o->backend = argv[++i];
+        } else if (!strcmp(a, "--json-schema") && i + 1 < argc) {
+            o->schema_file = argv[++i];
+        } else if (!strcmp(a, "--grammar") && i + 1 < argc) {
+            o->grammar_file = argv[++i];
         } else if ((rc = cli_spec_arg(&o->spec, "run", argc, argv, &i)) != 0) {
             if (rc == 2) return 2;
         } else if (a[0] == '-' && a[1] != 0) {
@@ -269,6 +278,12 @@ struct session {
     struct topk_summary sum;
     struct topk_cand cand[TOPK_MAX];
     float *logits;           /* (n_vocab) */
+    /* --json-schema / --grammar: the answer's matcher (reset each turn) and the next
+     * token's mask (topk_mask_words(n_vocab) words), which the sampler applies */
+    struct gram_vocab *gv;
+    struct gram *gram;
+    struct gram_matcher *gm;
+    uint32_t *mask;
     double t_prompt, t_gen;
     int64_t n_prompt, n_gen;
     int n_turns;
@@ -356,13 +371,16 @@ static smelt_status feed(struct session *s, const int32_t *ids, size_t n, bool s
         } else {
             int32_t n_adj = sampler_request(s->smp, &s->req, s->adj, 0, model_adj_cap(1));
             if (n_adj < 0) st = err_set(e, SMELT_ERR_NOMEM, "out of memory");
+            /* the next token's mask: the matcher has taken every token before it */
+            if (st == SMELT_OK && s->gm) st = gram_matcher_fill_mask(s->gm, s->mask, e);
             struct model_sample ms = {.n_rows = 1,
                                       .rows = &s->req,
                                       .adj = s->adj,
                                       .n_adj = n_adj > 0 ? n_adj : 0,
                                       .sum = &s->sum,
                                       .cand = s->cand,
-                                      .adj_raw = s->adj_raw};
+                                      .adj_raw = s->adj_raw,
+                                      .mask = s->mask};
             if (st == SMELT_OK)
                 st = model_step_mtp(s->m, s->kv, &b, NULL, &ms, NULL, NULL, hid, e);
                                     }
@@ -550,6 +568,9 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
         int32_t t = q_at < n_q ? emit_q[q_at] : r.token;
         bool fed = q_at < n_q; /* an accepted draft: already in the cache */
         bool eog = !s->o->ignore_eos && tok_is_eog(s->tok, t);
+        if (s->gm && (st = gram_matcher_accept(s->gm, t, e)) != SMELT_OK) break;
+        if (s->gm && gram_matcher_ended(s->gm)) /* the answer is complete: nothing can follow */
+            eog = eog || tok_is_eog(s->tok, t);
         if (!eog) {
             sampler_accept(s->smp, t, true);
             out.n = 0;
@@ -558,7 +579,7 @@ static smelt_status generate(struct session *s, struct tok_buf *answer, struct e
             if (st != SMELT_OK) break;
             n++;
         }
-        if (eog || n >= s->o->n_predict) {
+        if (eog || n >= s->o->n_predict || (s->gm && gram_matcher_ended(s->gm))) {
             /* the conversation goes on after this token (the end-of-turn token too: the next
              * turn's rendering has it): the cache must end with it */
             if (s->o->interactive)
@@ -674,6 +695,7 @@ static smelt_status turn(struct session *s, const char *user, struct err *e) {
     }
     double t0 = clock_now();
     for (size_t i = 0; i < n_feed; i++) sampler_accept(s->smp, feed_ids[i], false);
+    if (s->gm) gram_matcher_reset(s->gm); /* each answer is a sentence of the grammar */
     if (ids.n == 0) st = err_set(e, SMELT_ERR_INVALID, "the prompt is empty");
     if (st == SMELT_OK) st = feed(s, feed_ids, n_feed, true, e);
     s->t_prompt += clock_now() - t0;
@@ -714,8 +736,43 @@ static smelt_status load_template(struct session *s, struct err *e) {
     return SMELT_OK;
 }
 
+/* --json-schema FILE / --grammar FILE: the grammar every answer follows (its tokens masked
+ * before sampling, as the server's response_format and grammar fields do). */
+static smelt_status load_grammar(struct session *s, struct err *e) {
+    const struct opts *o = s->o;
+    if (o->schema_file && o->grammar_file)
+        return err_set(e, SMELT_ERR_INVALID, "--json-schema and --grammar: give one of them");
+    const char *path = o->schema_file ? o->schema_file : o->grammar_file;
+    if (s->sp)
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "%s with speculative decoding: smelt run does not "
+                       "combine them yet (smelt serve does)", o->schema_file ? "--json-schema" : "--grammar");
+    char *text = NULL;
+    size_t len = 0;
+    smelt_status st = file_read_all(path, &text, &len, e);
+    if (st != SMELT_OK) {
+        free(text);
+        return err_prefix(e, "%s", path);
+    }
+    st = gram_vocab_new(&s->gv, s->tok, 0, e);
+    if (st == SMELT_OK) {
+        st = gram_compile(&s->gram, s->gv, o->schema_file ? GRAM_JSON_SCHEMA : GRAM_GBNF, text, len, e);
+        if (st != SMELT_OK) err_prefix(e, "%s", path);
+    }
+    free(text);
+    if (st == SMELT_OK) st = gram_matcher_new(&s->gm, s->gram, 0, e);
+    if (st != SMELT_OK) return st;
+    s->mask = calloc(topk_mask_words(s->m->hp.n_vocab), sizeof *s->mask);
+    if (!s->mask) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    sampler_set_mask(s->smp, s->mask);
+    return SMELT_OK;
+}
+
 static void session_free(struct session *s) {
     sampler_free(s->smp);
+    gram_matcher_free(s->gm);
+    gram_unref(s->gram);
+    gram_vocab_free(s->gv);
+    free(s->mask);
     spec_free(s->sp);
     spec_seq_free(&s->ss);
     free(s->hid);
@@ -804,12 +861,17 @@ int cmd_run(int argc, char **argv) {
         if (o.verbose) print_sampling(&o);
         if (st == SMELT_OK) st = sample_params_check(&o.sp, s.m->hp.n_vocab, &e);
         if (st == SMELT_OK) st = sampler_new(&s.smp, &o.sp, s.m->hp.n_vocab, &e);
+        if (st == SMELT_OK && (o.schema_file || o.grammar_file)) st = load_grammar(&s, &e);
         s.logits = malloc((size_t)s.m->hp.n_vocab * sizeof(float));
         s.adj = malloc((size_t)model_adj_cap(1) * sizeof *s.adj);
         s.adj_raw = malloc((size_t)model_adj_cap(1) * sizeof *s.adj_raw);
         if (st == SMELT_OK && (!s.logits || !s.adj || !s.adj_raw))
             st = err_set(&e, SMELT_ERR_NOMEM, "out of memory");
         if (st == SMELT_OK && !o.raw) st = load_template(&s, &e);
+        if (st == SMELT_OK && s.harmony && s.gm)
+            st = err_set(&e, SMELT_ERR_UNSUPPORTED, "%s with the harmony format (gpt-oss): smelt serve "
+                         "constrains its final channel; smelt run does not yet",
+                         o.schema_file ? "--json-schema" : "--grammar");
     }
     kv_seq_init(&s.seq);
     if (st != SMELT_OK) {

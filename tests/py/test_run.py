@@ -224,3 +224,52 @@ def test_hybrid_chat_rolls_back_to_a_snapshot():
     (p1, c1, g1), (p2, c2, g2) = turns(a)[1], turns(a)[2]
     assert 0 < c2 < p1 + g1 and c2 % 16 == 0, a.stderr
     assert a.stdout == b.stdout
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 20},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
+                                  "maxItems": 3}}}
+
+
+@pytest.mark.parametrize("temp", ["0", "0.9"])
+def test_qwen_json_schema(tmp_path, temp):
+    """--json-schema: the answer parses and validates (greedy and sampled), and it ends where
+    the object closes, well before -n."""
+    need(QWEN)
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    r = run(QWEN, "Describe a person as JSON.", "--json-schema", schema, "--temp", temp,
+            "--seed", "7", "-n", "120")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, PERSON)
+    n = int(re.search(r"generation: (\d+) tokens", r.stderr)[1])
+    assert n < 120
+
+
+def test_grammar_gbnf(tmp_path):
+    """--grammar: a GBNF grammar holds the answer to its sentences (the tiny fixture's random
+    weights would write anything else), at -n's length or where the grammar ends."""
+    g = tmp_path / "g.gbnf"
+    g.write_text('root ::= "yes" | "no" | ("maybe " [0-9])\n')
+    r = run(TINY, "hello", "--grammar", g, "--temp", "0.8", "--seed", "3", "-n", "8")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"(yes|no|maybe [0-9])\n", r.stdout), repr(r.stdout)
+
+
+def test_grammar_errors(tmp_path):
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text("root ::= \"a\" | ( \n")
+    r = run(TINY, "hi", "--grammar", bad, "-n", "2")
+    assert r.returncode != 0 and str(bad) in r.stderr and "line" in r.stderr, r.stderr
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "patternProperties": {"^a": {}}}))
+    r = run(TINY, "hi", "--json-schema", schema, "-n", "2")
+    assert r.returncode != 0 and "patternProperties" in r.stderr, r.stderr
+    r = run(TINY, "hi", "--json-schema", tmp_path / "absent.json", "-n", "2")
+    assert r.returncode != 0 and "absent.json" in r.stderr, r.stderr
+    r = run(TINY, "hi", "--json-schema", schema, "--grammar", bad, "-n", "2")
+    assert r.returncode != 0 and "give one of them" in r.stderr, r.stderr
