@@ -364,10 +364,17 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
             struct engine_config d = ec;
             engine_config_defaults(&d);
             int64_t max_t = (int64_t)(1 << 24) * ec.block_size;
+            int64_t cpu_t = cpu_kv_tokens(model_kv_block_bytes(in->m, kv_type, 1) + spec_per_token);
+            if (!model_is_causal(in->m)) {
+                /* an encoder: an input runs whole in one step and nothing is cached after
+                 * it, so the pool holds one step (each sequence rounded up to its blocks) */
+                max_t = (int64_t)d.max_batch_tokens + (int64_t)d.max_seqs * ec.block_size;
+                if (cpu_t > max_t) cpu_t = max_t;
+            }
             struct cli_mem_req r = {
                 .cmd = "serve", .f = in->f, .gpu_util = cfg_num(c, ci, CFG_GPU_MEMORY_UTILIZATION),
                 .kv_size = kv_size, .min_tokens = ctx_size, .max_tokens = max_t,
-                .cpu_tokens = cpu_kv_tokens(model_kv_block_bytes(in->m, kv_type, 1) + spec_per_token),
+                .cpu_tokens = cpu_t,
                 .n_slots = n_slots, .others_b = others_b, .used_b = &in->used_b,
                 .extra_per_token = spec_per_token,
                 .shape = {.max_tokens = d.max_batch_tokens, .max_seqs = d.max_seqs,

@@ -212,3 +212,13 @@ def test_real_minilm_matches_sentence_transformers():
         assert e[0] @ e[1] > 0.5 > e[0] @ e[2]
     finally:
         assert s.stop() == 0, s.log()
+
+
+def test_encoder_pool_holds_one_step(bert):
+    """A bidirectional model's input runs whole in one step and is never cached: its KV pool
+    is one step's tokens (--max-batch-tokens 512 + 64 sequences x a 16-token block), not a
+    generation-sized pool."""
+    import re
+    m = re.search(r"KV pool (\d+) tokens", bert.log())
+    assert m, bert.log()
+    assert int(m[1]) == 512 + 64 * 16

@@ -102,7 +102,8 @@ static const struct backend_ops cuda_ops = {
      * (cuda_attn.cu), but on the H200 (2026-12-02) the gpt-oss fixtures matched transformers
      * over 32 positions and then fell to a worst row cosine of 0.9855 against the CPU in
      * test_cuda_forward's longer check. Until that is found, the CPU runs gpt-oss. */
-    .features = BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED | BK_FEAT_GLU_ROW_GATE,
+    .features = BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED | BK_FEAT_GLU_ROW_GATE |
+                BK_FEAT_LAYER_NORM | BK_FEAT_ACT | BK_FEAT_NON_CAUSAL,
     .free = cu_free,
     .weight_bind = cu_weight_bind,
     .buffer_alloc = cu_buffer_alloc,
@@ -116,6 +117,8 @@ static const struct backend_ops cuda_ops = {
     .sync = cu_sync,
     .get_rows = cu_get_rows,
     .rms_norm = cu_rms_norm,
+    .layer_norm = cu_layer_norm,
+    .act = cu_act,
     .rope = cu_rope,
     .matmul = cu_matmul,
     .add = cu_add,

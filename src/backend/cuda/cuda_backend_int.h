@@ -226,6 +226,9 @@ smelt_status cu_scratch_reserve(struct backend *b, size_t nbytes, struct err *e)
 /* cuda_ops.c */
 void cu_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src, const struct tensor *ids);
 void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w, float eps);
+void cu_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                   const struct tensor *bias, float eps);
+void cu_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act);
 void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p);
 void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x);
 void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,

@@ -1,5 +1,5 @@
 /* Element-wise kernels of the CUDA backend: add, scale, GLU (a gate per element or per
- * row), soft-capping, the strided copy. CPU twins: src/backend/cpu/ (cpu_ops_elem.c;
+ * row), plain activations, soft-capping, the strided copy, the non-causal key bound. CPU twins: src/backend/cpu/ (cpu_ops_elem.c;
  * cpu_ops_ssm.c's cpu_op_copy). */
 #include "backend/cuda/cuda_common.cuh"
 
@@ -46,6 +46,28 @@ static __global__ void glu_kernel(float *dst, const float *gate, const float *up
     }
     const float a = act == 0 ? g / (1.0f + expf(-g)) : act == 1 ? gelu_tanh(g) : 1.0f / (1.0f + expf(-g));
     dst[i] = a * up[i];
+}
+
+/* A non-gated FFN's activation (bert): act is enum glu_act's GLU_SILU 0, GLU_GELU_TANH 1 or
+ * GLU_GELU_ERF 4 (the CPU's cpu_op_act; in place ok). */
+static __global__ void act_kernel(float *dst, const float *x, int act, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = x[i];
+    dst[i] = act == 4 ? 0.5f * v * (1.0f + erff(v * 0.70710678118654752f))
+           : act == 1 ? gelu_tanh(v)
+                      : v / (1.0f + expf(-v));
+}
+
+/* Bidirectional attention: each row's last visible key is its sequence's last, n_keys[seq] -
+ * 1 (the attention kernels bound a row's keys by this "position"). */
+static __global__ void key_bound_kernel(int32_t *kpos, const int32_t *seq, const int32_t *n_keys, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) kpos[i] = n_keys[seq[i]] - 1;
 }
 
 /* A thread per element of the box, rows of ne0 (row index r over ne1 x ne2 x ne3). */
@@ -98,4 +120,13 @@ extern "C" void cuda_copy(struct cuda_ctx *ctx, float *dst, const float *src, co
 
 extern "C" void cuda_softcap(struct cuda_ctx *ctx, float *x, float cap, int64_t n) {
     klaunch(softcap_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, x, cap, n);
+}
+
+extern "C" void cuda_act(struct cuda_ctx *ctx, float *dst, const float *x, int act, int64_t n) {
+    klaunch(act_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, x, act, n);
+}
+
+extern "C" void cuda_key_bound(struct cuda_ctx *ctx, int32_t *kpos, const int32_t *seq, const int32_t *n_keys,
+                               int64_t n) {
+    klaunch(key_bound_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, kpos, seq, n_keys, n);
 }

@@ -25,6 +25,10 @@ void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float
                    int64_t rows, int64_t x_stride, int64_t dst_stride, float eps);
 /* Softmax over each row of n. */
 void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows);
+/* dst[r] = (x[r] - mean) / sqrt(var + eps) * w + b (biased variance; w, b may be NULL); rows
+ * of n, row strides in elements (in place ok). */
+void cuda_layer_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, const float *b,
+                     int64_t n, int64_t rows, int64_t x_stride, int64_t dst_stride, float eps);
 
 /* ---- cuda_elem.cu ---- */
 
@@ -44,6 +48,11 @@ void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, cons
 void cuda_copy(struct cuda_ctx *ctx, float *dst, const float *src, const int64_t ne[4],
                const int64_t dst_stride[3], const int64_t src_stride[3]);
 void cuda_softcap(struct cuda_ctx *ctx, float *x, float cap, int64_t n);
+/* dst = act(x) over n elements, act enum glu_act's GLU_SILU, GLU_GELU_TANH or GLU_GELU_ERF
+ * (in place ok). */
+void cuda_act(struct cuda_ctx *ctx, float *dst, const float *x, int act, int64_t n);
+/* kpos[i] = n_keys[seq[i]] - 1 for n rows: the key bound of bidirectional attention. */
+void cuda_key_bound(struct cuda_ctx *ctx, int32_t *kpos, const int32_t *seq, const int32_t *n_keys, int64_t n);
 
 /* ---- cuda_getrows.cu ---- */
 

@@ -1,5 +1,5 @@
-/* Row normalizations of the CUDA backend: RMSNorm and softmax (one block per row, block
- * reductions). CPU twins: src/backend/cpu/. */
+/* Row normalizations of the CUDA backend: RMSNorm, LayerNorm and softmax (one block per
+ * row, block reductions). CPU twins: src/backend/cpu/. */
 #include "backend/cuda/cuda_common.cuh"
 
 extern "C" {
@@ -65,6 +65,34 @@ static __global__ void softmax_kernel(float *x, int64_t n) {
     const float inv = 1.0f / s;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) r[i] *= inv;
 }
+/* LayerNorm (encoders: bert), one block per row: the mean, then the biased variance around
+ * it (two passes, as the CPU's cpu_op_layer_norm, which sums in double: here f32 partial
+ * sums, a tree reduction), y = (x - mean) / sqrt(var + eps) * w + b (w, b may be NULL). */
+static __global__ void layer_norm_kernel(float *dst, const float *x, const float *__restrict__ w,
+                                         const float *__restrict__ b, int64_t n, int64_t xs, int64_t ds,
+                                         float eps) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float sh[32];
+    const float *xr = x + blockIdx.x * xs;
+    float *dr = dst + blockIdx.x * ds;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    const float mean = block_reduce(s, false, sh) / (float)n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float d = xr[i] - mean;
+        ss += d * d;
+    }
+    const float inv = rsqrtf(block_reduce(ss, false, sh) / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = (xr[i] - mean) * inv;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        dr[i] = v;
+    }
+}
+
 /* --------------------------------------------------------------- launchers ---- */
 
 extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n, int64_t rows,
@@ -75,4 +103,10 @@ extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, 
 
 extern "C" void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows) {
     klaunch(softmax_kernel, dim3((unsigned)rows), dim3(256), 0, ctx, x, n);
+}
+
+extern "C" void cuda_layer_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, const float *b,
+                                int64_t n, int64_t rows, int64_t x_stride, int64_t dst_stride, float eps) {
+    int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64;
+    klaunch(layer_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, ctx, dst, x, w, b, n, x_stride, dst_stride, eps);
 }

@@ -30,6 +30,26 @@ void cu_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x, 
     cu_check_launch(cb, "rms_norm");
 }
 
+void cu_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                   const struct tensor *bias, float eps) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    cuda_layer_norm(&cb->ctx, dst->data, x->data, w ? w->data : NULL, bias ? bias->data : NULL, x->ne[0],
+                    tensor_nrows(x), (int64_t)(x->nb[1] / 4), (int64_t)(dst->nb[1] / 4), eps);
+    cu_check_launch(cb, "layer_norm");
+}
+
+void cu_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    if (act != GLU_SILU && act != GLU_GELU_TANH && act != GLU_GELU_ERF) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "cuda act: activation %d", (int)act);
+        return;
+    }
+    cuda_act(&cb->ctx, dst->data, x->data, (int)act, tensor_nelem(x));
+    cu_check_launch(cb, "act");
+}
+
 static bool rope_args(struct cuda_backend *cb, const struct rope_params *p, struct cuda_rope *r) {
     memset(r, 0, sizeof *r);
     r->mode = p->mode;
@@ -229,6 +249,14 @@ static bool attn_args(struct cuda_backend *cb, struct cuda_attn_args *out, struc
         .sinks = p->sinks ? p->sinks->data : NULL, .kernel = CUDA_ATTN_AUTO};
     a.max_keys = (int)(m->blocks->ne[0] * m->block_size);
     if (p->window > 0 && a.max_keys > p->window) a.max_keys = p->window;
+    if (p->non_causal) { /* every row sees its sequence's keys 0..n_keys - 1: that bound
+                          * stands in for the row's position (scratch of the caller's layer) */
+        int32_t *kpos = cu_scratch(cb, (size_t)q->ne[2] * sizeof(int32_t));
+        if (!kpos) return false;
+        cuda_key_bound(&cb->ctx, kpos, m->seq->data, m->n_keys->data, q->ne[2]);
+        cu_check_launch(cb, "key bound");
+        a.pos = kpos;
+    }
     *out = a;
     return true;
 }
@@ -500,7 +528,7 @@ void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
     if (!cu_ok(cb) || !attn_args(cb, &a, dst, q, kc, vc, m, ap)) return;
     struct cuda_attn_plan plan;
     cuda_attn_plan(&cb->ctx, &a, &plan);
-    if (!m->one_per_seq || plan.kernel != CUDA_ATTN_DECODE || a.dk != a.dv) {
+    if (!m->one_per_seq || plan.kernel != CUDA_ATTN_DECODE || a.dk != a.dv || ap->non_causal) {
         cu_rope_kv_store(b, q, k, v, kc, vc, m, qp);
         if (cu_ok(cb)) attention_run(cb, a);
         return;
