@@ -122,6 +122,7 @@ struct seq {
     int32_t out_row;    /* index of its logits row, or -1 */
     int32_t out_first;  /* index of its first logits row (prompt logprobs) */
     int32_t pos0;       /* its first position this step */
+    int32_t b_row0;     /* its first row in the step's batch */
     struct spec_seq sp; /* speculation: its proposals this step (sp.n_draft rows after the
                          * last token, each with logits, from out_row on) and its policy */
     bool plp;           /* reports prompt logprobs (choice 0 of such a request) */
@@ -468,6 +469,9 @@ struct engine {
     /* speculation (NULL: off) */
     struct spec *spec;
     struct spec_job *spec_jobs;      /* (max_seqs) */
+    struct spec_obs *spec_obs;       /* (max_seqs) SPEC_MTP: the step's kept rows per sequence */
+    float *mtp_hid;                  /* SPEC_MTP (max_batch_tokens, n_embd): the trunk's final
+                                      * hidden state of every row of the step */
     struct sample_result *spec_out;  /* (SPEC_K_MAX + 1) one sequence's verified tokens */
 
     pthread_mutex_t smu; /* guards stats */
@@ -957,6 +961,16 @@ static int32_t schedule(struct engine *en) {
         int32_t pend = s->n_tok - s->n_done;
         if (pend <= 1) continue;
         s->rows = pend < budget ? pend : budget;
+        /* admission reserved a prompt's blocks; a sequence feeding tokens again after a
+         * recurrent state's rollback (to the snapshot before its accepted tokens) also
+         * reaches its pending token's position, which may need a block more. Without one
+         * (the pool dry), it runs what its blocks cover and waits for the rest. */
+        struct err re;
+        if (kv_seq_reserve(p, &s->kv, s->n_done + s->rows, &re) != SMELT_OK) {
+            int32_t covered = s->kv.n_blocks * p->block_size - s->n_done;
+            s->rows = covered < s->rows ? (covered > 0 ? covered : 0) : s->rows;
+            if (s->rows == 0) continue;
+        }
         if (s->plp && s->n_done < s->n_prompt) {
             if (s->rows > plp_left) s->rows = plp_left;
             plp_left -= s->rows;
@@ -1001,6 +1015,7 @@ static int32_t schedule(struct engine *en) {
         bool keep = pb > s->n_done && p1 / bs * bs == pb;
         en->b_seqs[si] = kv_seq_step(&en->pool, &s->kv, s->n_done, p1, keep);
         s->pos0 = s->n_done;
+        s->b_row0 = n;
         s->out_first = n_out;
         s->n_rows_out = 0;
         s->out_row = -1;
@@ -1405,7 +1420,31 @@ static smelt_status run_forward(struct engine *en, const struct batch *b, struct
                               .mask = masks ? en->q_mask : NULL,
                               .fill_masks = fill_masks,
                               .fill_ctx = en};
+    if (en->mtp_hid) /* the MTP head reads every row's final hidden state (observe_mtp) */
+        return model_step_mtp(en->m, en->kvs, b, NULL, &ms, NULL, NULL, en->mtp_hid, e);
     return model_step(en->m, en->kvs, b, NULL, &ms, NULL, e);
+}
+
+/* SPEC_MTP, after a step's tokens are settled (sampled, verified, rolled back) and before
+ * its snapshots are restored: each sequence's kept rows of the step, positions [pos0,
+ * n_done), whose next tokens are all known now (the prompt's, or the ones just sampled and
+ * accepted), go to the MTP head with their hidden states: it computes its K/V there and
+ * predicts each sequence's next draft (spec_observe). A row rolled back (a rejected draft, a
+ * recurrent state's rows after its snapshot) is observed when it is computed again. */
+static void observe_mtp(struct engine *en) {
+    int32_t n = 0;
+    const size_t E = (size_t)en->m->hp.n_embd;
+    for (int32_t i = 0; i < en->n_sched; i++) {
+        struct seq *s = en->sched[i];
+        if (s->finish || s->pool || s->n_done <= s->pos0 || s->n_done >= s->n_tok) continue;
+        en->spec_obs[n++] = (struct spec_obs){&s->sp, s->pos0, s->n_done - s->pos0,
+                                              en->mtp_hid + (size_t)s->b_row0 * E, s->tok + s->pos0 + 1,
+                                              kv_seq_view(&s->kv), s->req->p.sp.temperature};
+    }
+    struct err e;
+    err_clear(&e);
+    if (n > 0 && spec_observe(en->spec, en->spec_obs, n, &e) != SMELT_OK)
+        log_warn("engine: the MTP head's step failed (the sequences go on without drafts): %s", e.msg);
 }
 
 /* Adds s's output rows of the step (en->hidden, from its first output row) to its sums. */
@@ -1614,6 +1653,7 @@ static int32_t step(struct engine *en) {
             finish_seq(en, j->s, ENGINE_ERROR, -1, NULL, false, 0, "sampler: no token");
         else on_token(en, j->s, &j->r);
     }
+    if (en->mtp_hid && st == SMELT_OK) observe_mtp(en);
     restore_states(en);
     /* finished sequences leave */
     int32_t w = 0;
@@ -1797,10 +1837,15 @@ smelt_status engine_new(struct engine **out, const struct engine_config *cfg0, s
             st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory (%d sequences, %d tokens)",
                          cfg.max_seqs, cfg.max_batch_tokens);
     }
-    if (st == SMELT_OK && cfg.spec.kind == SPEC_MTP)
-        st = err_set(e, SMELT_ERR_UNSUPPORTED,
-                     "--spec mtp: the engine (serve, bench) does not pass the trunk's hidden "
-                     "states to the MTP head yet; smelt run has it (docs/speculative.md)");
+    if (st == SMELT_OK && cfg.spec.kind == SPEC_MTP) {
+        if (!m)
+            st = err_set(e, SMELT_ERR_INVALID, "--spec mtp needs a model (not a fake forward)");
+        else {
+            en->mtp_hid = malloc((size_t)cfg.max_batch_tokens * (size_t)m->hp.n_embd * sizeof(float));
+            en->spec_obs = calloc(ns, sizeof *en->spec_obs);
+            if (!en->mtp_hid || !en->spec_obs) st = err_set(e, SMELT_ERR_NOMEM, "engine: out of memory");
+        }
+    }
     if (st == SMELT_OK && cfg.spec.kind != SPEC_OFF) {
         st = spec_new(&en->spec, &cfg.spec, m, n_vocab, cfg.n_blocks, cfg.block_size,
                       cfg.max_batch_tokens, cfg.max_seqs, e);
@@ -1865,6 +1910,8 @@ void engine_free(struct engine *en) {
     }
     pthread_mutex_destroy(&en->gmu);
     free(en->hidden);
+    free(en->mtp_hid);
+    free(en->spec_obs);
     free(en->emit_embd);
     tok_buf_free(&en->emit);
     pthread_mutex_destroy(&en->qmu);
