@@ -736,8 +736,10 @@ static void test_gpu_mixed_batches(void) {
  * of every layer) on a CPU backend, the rest on the GPU (bk_moe_ffn moves the rows across
  * mid-step; steps run without graphs). A 14-token prompt as a prefill of 6 rows, then one
  * decode step per token, against the CPU alone: every row's argmax, and the largest error
- * relative to the row's largest |logit| under 1e-4 (F32 experts) or 1e-3 (Q8_0: the CPU's
- * fast path on both sides, the GPU's attention and router beside it). */
+ * relative to the row's largest |logit| under 1e-4, except the Q8_0 file with only its
+ * first layer on the CPU: its other layers' Q8_0 experts run on the GPU, whose 8-bit
+ * activations put it 4.8e-3 from the CPU's (H200, 2026-12-03; the lenient check of
+ * test_fixtures: 1e-2); with every layer's experts on the CPU it is 2.5e-5. */
 static void test_gpu_experts_on_host(void) {
     const char *files[] = {"qwen3moe-f32", "qwen3moe-q8_0"};
     for (int fi = 0; fi < 2; fi++)
@@ -780,7 +782,7 @@ static void test_gpu_experts_on_host(void) {
             T_CHECKF(ok, "%s: steps with the experts on the host", path);
             printf("gpu, experts of %s layer%s on the cpu, %-14s max rel err vs cpu %.2e, %d argmax flips\n",
                    all ? "every" : "the first", all ? "" : "", files[fi], worst, flips);
-            T_CHECKF(worst < (fi ? 1e-3 : 1e-4) && flips == 0, "%s: rel err %g, %d flips", path, worst, flips);
+            T_CHECKF(worst < (fi && !all ? 1e-2 : 1e-4) && flips == 0, "%s: rel err %g, %d flips", path, worst, flips);
             if (ok) {
                 kv_seq_release(&rc.pool, &qa);
                 kv_seq_release(&rg.pool, &qb);
