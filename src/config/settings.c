@@ -159,8 +159,8 @@ const struct cfg_def cfg_defs[CFG_N] = {
      * target ---- */
     [CFG_SPEC] = {"spec", 0, CFG_ENUM, CFG_SEC_SPEC, M, NULL, 0, 0, false, "ngram|draft|mtp|off",
                   "ngram|draft|mtp|off",
-                  "the proposer: n-gram prompt lookup, a draft model, the model's MTP head (not "
-                  "served yet), or none (default: draft with --draft, else off)"},
+                  "the proposer: n-gram prompt lookup, a draft model, the model's MTP head, or "
+                  "none (default: draft with --draft, else off)"},
     [CFG_DRAFT] = {"draft", 0, CFG_STR, CFG_SEC_SPEC, M, NULL, 0, 0, false, NULL, "MODEL",
                    "a draft model with the target's vocabulary: a GGUF file, a directory or "
                    "org/repo[:quant]; loaded and unloaded with its target, on its device, its KV "
