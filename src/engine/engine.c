@@ -844,13 +844,21 @@ static int32_t grammar_cut(struct engine *en, struct seq *s) {
     int32_t n = s->sp.n_draft;
     struct err e;
     if (s->gm) {
-        int32_t took = gram_matcher_accept_tokens(s->gm, d, n, &e);
-        if (took > 0 && gram_matcher_rollback(s->gm, took, &e) != SMELT_OK) {
-            /* cannot happen (took <= ENGINE_GRAMMAR_ROLLBACK); the choice ends */
+        /* the run the grammar takes, short of a draft that completes it: the row after that
+         * draft would have nothing left to draw (its mask empty: "every token is banned"),
+         * so the row before it draws it, and the choice ends there */
+        int32_t took = 0, back = 0;
+        while (took < n && gram_matcher_accept(s->gm, d[took], &e) == SMELT_OK) {
+            back++;
+            if (gram_matcher_ended(s->gm)) break;
+            took++;
+        }
+        if (back > 0 && gram_matcher_rollback(s->gm, back, &e) != SMELT_OK) {
+            /* cannot happen (back <= ENGINE_GRAMMAR_ROLLBACK); the choice ends */
             if (!s->g_err && (s->g_err = malloc(sizeof *s->g_err))) *s->g_err = e;
             return 0;
         }
-        return took > 0 ? took : 0;
+        return took;
     }
     const struct engine_grammar *g = &s->req->p.grammar;
     struct tok_buf b = {0};
