@@ -29,7 +29,7 @@
 # work but for the grammar. Exit status: 0 when smelt's schema/plain ratio is >= 0.90 on
 # every model, 1 otherwise (or when a server did not start).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 bin=build out=schema-floor-out models=/tmp/smelt-models llama="" C=64 R=2 P=72 N=128
 schema_args=() free=() files=()
 while [ $# -gt 0 ]; do
@@ -70,8 +70,11 @@ if [ ${#files[@]} = 0 ]; then
     q8=$models/qwen2.5-0.5b-q8_0.gguf
     if [ ! -f "$q8" ]; then
         echo "schema-floor: making $q8"
-        "$smelt" quantize --random qwen2.5-0.5b "$q8.tmp" Q8_0 > "$out/quantize.log" 2>&1 &&
-            mv "$q8.tmp" "$q8" || { echo "schema-floor: quantize failed (see $out/quantize.log)" >&2; exit 1; }
+        if ! "$smelt" quantize --random qwen2.5-0.5b "$q8.part" Q8_0 > "$out/quantize.log" 2>&1; then
+            echo "schema-floor: quantize failed (see $out/quantize.log)" >&2
+            exit 1
+        fi
+        mv -f "$q8.part" "$q8"
     fi
     files=("$q8")
     real=models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf
@@ -88,8 +91,8 @@ stop() {
 }
 trap stop EXIT
 wait_up() { # url log: the server answers /health with 200 within 600 s
-    local i
-    for i in $(seq 1 1200); do
+    local _
+    for _ in $(seq 1 1200); do
         if ! kill -0 "$srv_pid" 2> /dev/null; then
             echo "schema-floor: the server exited (see $2):" >&2
             tail -5 "$2" >&2
