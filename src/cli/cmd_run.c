@@ -284,6 +284,8 @@ struct session {
     struct gram *gram;
     struct gram_matcher *gm;
     uint32_t *mask;
+    uint32_t *vmask; /* with speculation: verify row j's mask at vmask + j * words (the
+                      * matcher after the pending token and drafts 1..j) */
     double t_prompt, t_gen;
     int64_t n_prompt, n_gen;
     int n_turns;
@@ -466,6 +468,8 @@ static void verify_get(void *ctx, int32_t j, const struct topk_row **req,
                        const struct topk_summary **sum, const struct topk_cand **cand,
                        const float **adj_raw) {
     struct session *s = ctx;
+    if (s->vmask) /* row j's draw and its full row see row j's mask */
+        sampler_set_mask(s->smp, s->vmask + (size_t)j * topk_mask_words(s->m->hp.n_vocab));
     *req = &s->vreq[j];
     *sum = &s->vsum[j];
     *cand = s->vcand + (size_t)j * TOPK_MAX;
@@ -495,6 +499,23 @@ static smelt_status propose(struct session *s, int32_t t, int left, struct err *
                            s->o->sp.temperature};
     st = spec_propose(s->sp, &job, 1, e);
     s->cached.n--;
+    if (st == SMELT_OK && s->gm && s->ss.n_draft > 0) {
+        /* the grammar's cut: the matcher (after t) takes the run of drafts it allows, and
+         * gives them back; a refused draft and those after it are never verified, nor is
+         * a draft that completes the answer (the row after it would have nothing to draw:
+         * the row before it draws it, and the answer ends there) */
+        int32_t took = 0;
+        while (took < s->ss.n_draft && gram_matcher_accept(s->gm, s->ss.draft[took], e) == SMELT_OK) {
+            took++;
+            if (gram_matcher_ended(s->gm)) {
+                took--;
+                st = gram_matcher_rollback(s->gm, 1, e);
+                break;
+            }
+        }
+        if (st == SMELT_OK && took > 0) st = gram_matcher_rollback(s->gm, took, e);
+        s->ss.n_draft = took;
+    }
     return st;
 }
 
@@ -517,17 +538,32 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
         if (j < nd) sampler_accept(s->smp, s->ss.draft[j], true);
     }
     sampler_unaccept(s->smp, nd);
+    smelt_status st = SMELT_OK;
+    if (s->gm) { /* row j's mask: the matcher after t and drafts 1..j (propose checked them) */
+        size_t words = topk_mask_words(s->m->hp.n_vocab);
+        int32_t took = 0;
+        for (int32_t j = 0; j < rows && st == SMELT_OK; j++) {
+            st = gram_matcher_fill_mask(s->gm, s->vmask + (size_t)j * words, e);
+            if (st == SMELT_OK && j < nd && (st = gram_matcher_accept(s->gm, tok[j + 1], e)) == SMELT_OK)
+                took++;
+        }
+        if (took > 0) {
+            smelt_status st2 = gram_matcher_rollback(s->gm, took, e);
+            if (st == SMELT_OK) st = st2;
+        }
+        if (st != SMELT_OK) return st;
+    }
     struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + rows, false);
     struct batch b = {rows, tok, pos, seq, want, 1, &view};
     struct model_sample ms = {.n_rows = rows, .rows = s->vreq, .adj = s->vadj, .n_adj = off,
-                              .sum = s->vsum, .cand = s->vcand, .adj_raw = s->vraw};
+                              .sum = s->vsum, .cand = s->vcand, .adj_raw = s->vraw, .mask = s->vmask};
     bool mtp = spec_wants_hidden(s->sp);
-    smelt_status st = model_step_mtp(s->m, s->kv, &b, NULL, &ms, NULL, NULL,
-                                        mtp ? s->hid : NULL, e);
+    st = model_step_mtp(s->m, s->kv, &b, NULL, &ms, NULL, NULL, mtp ? s->hid : NULL, e);
     struct spec_rows src = {verify_get, verify_full, s};
     int32_t n_full = 0;
     *n = 0;
     if (st == SMELT_OK) st = spec_verify(s->smp, true, &s->ss, &src, s->vout, n, &n_full, e);
+    if (s->vmask) sampler_set_mask(s->smp, s->mask); /* the one-row steps' mask again */
     if (st != SMELT_OK) return st;
     int32_t acc = *n - 1;
     spec_commit(s->sp, &s->ss, acc, p0 + 1 + acc);
@@ -743,9 +779,6 @@ static smelt_status load_grammar(struct session *s, struct err *e) {
     if (o->schema_file && o->grammar_file)
         return err_set(e, SMELT_ERR_INVALID, "--json-schema and --grammar: give one of them");
     const char *path = o->schema_file ? o->schema_file : o->grammar_file;
-    if (s->sp)
-        return err_set(e, SMELT_ERR_UNSUPPORTED, "%s with speculative decoding: smelt run does not "
-                       "combine them yet (smelt serve does)", o->schema_file ? "--json-schema" : "--grammar");
     char *text = NULL;
     size_t len = 0;
     smelt_status st = file_read_all(path, &text, &len, e);
@@ -759,10 +792,14 @@ static smelt_status load_grammar(struct session *s, struct err *e) {
         if (st != SMELT_OK) err_prefix(e, "%s", path);
     }
     free(text);
-    if (st == SMELT_OK) st = gram_matcher_new(&s->gm, s->gram, 0, e);
+    /* with speculation the matcher checks a run of drafts and gives it back */
+    if (st == SMELT_OK) st = gram_matcher_new(&s->gm, s->gram, s->sp ? SPEC_K_MAX : 0, e);
     if (st != SMELT_OK) return st;
-    s->mask = calloc(topk_mask_words(s->m->hp.n_vocab), sizeof *s->mask);
+    size_t words = topk_mask_words(s->m->hp.n_vocab);
+    s->mask = calloc(words, sizeof *s->mask);
     if (!s->mask) return err_set(e, SMELT_ERR_NOMEM, "out of memory");
+    if (s->sp && !(s->vmask = calloc(words * (SPEC_K_MAX + 1), sizeof *s->vmask)))
+        return err_set(e, SMELT_ERR_NOMEM, "out of memory");
     sampler_set_mask(s->smp, s->mask);
     return SMELT_OK;
 }
@@ -773,6 +810,7 @@ static void session_free(struct session *s) {
     gram_unref(s->gram);
     gram_vocab_free(s->gv);
     free(s->mask);
+    free(s->vmask);
     spec_free(s->sp);
     spec_seq_free(&s->ss);
     free(s->hid);

@@ -250,6 +250,34 @@ def test_qwen_json_schema(tmp_path, temp):
     assert n < 120
 
 
+ITEMS = {"type": "object", "additionalProperties": False, "required": ["items"],
+         "properties": {"items": {"type": "array", "maxItems": 4, "items": {
+             "type": "object", "additionalProperties": False, "required": ["name", "qty"],
+             "properties": {"name": {"type": "string", "maxLength": 20},
+                            "qty": {"type": "integer", "minimum": 0, "maximum": 99}}}}}}
+
+
+def test_qwen_json_schema_spec(tmp_path):
+    """--json-schema with n-gram drafts (greedy): the drafts are cut where the grammar
+    refuses them and before one that would complete the document, each verify row has its
+    own mask, and the answer is the one without drafts (which copies the prompt: drafts are
+    accepted under the grammar, up to the closing brace)."""
+    need(QWEN)
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = tmp_path / "items.json"
+    schema.write_text(json.dumps(ITEMS))
+    prompt = ('Print exactly this JSON, on one line: {"items": [{"name": "apple", "qty": 1}, '
+              '{"name": "pear", "qty": 2}, {"name": "plum", "qty": 3}]}')
+    base = run(QWEN, prompt, "--json-schema", schema, "--temp", "0", "-n", "80")
+    r = run(QWEN, prompt, "--json-schema", schema, "--temp", "0", "-n", "80", "--spec", "ngram",
+            "--spec-fixed")
+    assert base.returncode == 0 and r.returncode == 0, r.stderr
+    assert r.stdout == base.stdout
+    jsonschema.validate(json.loads(r.stdout), ITEMS)
+    m = re.search(r"(\d+) proposed, (\d+) accepted", r.stderr)
+    assert m and int(m[2]) > 0, r.stderr
+
+
 def test_grammar_gbnf(tmp_path):
     """--grammar: a GBNF grammar holds the answer to its sentences (the tiny fixture's random
     weights would write anything else), at -n's length or where the grammar ends."""
