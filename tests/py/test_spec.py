@@ -150,6 +150,25 @@ def test_draft_vocabulary_refused():
     assert r.returncode == 2
 
 
+def test_run_grammar_with_drafts(tmp_path):
+    """smelt run --grammar with each proposer on the fixtures (greedy): the answer under the
+    grammar is the one without drafts; the fixture as its own draft and n-gram drafts are
+    accepted through the per-row masks, the MTP head's (random) ones verified and rejected."""
+    g = tmp_path / "g.gbnf"
+    g.write_text("root ::= [^<]{1,400}\n")
+    for model, prompt, specs in (
+            (FIX, "a b c a b c a b c", (("--spec", "ngram"), ("--draft", FIX))),
+            (HYBRID_MOE, "hello yes no", (("--spec", "mtp"),))):
+        base = run(model, prompt, "--grammar", g, "--temp", "0", "-n", "40")
+        assert base.returncode == 0, base.stderr
+        for spec in specs:
+            r = run(model, prompt, "--grammar", g, "--temp", "0", "-n", "40", *spec, "--spec-fixed")
+            assert r.returncode == 0, r.stderr
+            assert r.stdout == base.stdout, spec
+            proposed, accepted = spec_counts(r)
+            assert proposed > 0 and (accepted > 0 or spec[1] == "mtp"), (spec, r.stderr)
+
+
 TURN = re.compile(r"turn (\d+): prompt (\d+) tokens \((\d+) reused from the cache\), "
                   r"generation (\d+) tokens")
 
