@@ -15,14 +15,17 @@
 #     --model FILE  the models to serve, one run each (repeatable). Default: the floor's file,
 #                   random Qwen2.5-0.5B Q8_0 ($MODEL_DIR/qwen2.5-0.5b-q8_0.gguf, made with
 #                   `smelt quantize --random` if absent; a synthetic vocabulary of the real
-#                   size), then the real Qwen2.5-Coder 0.5B Q4_K_M of models/ when present
-#                   (the real 151k-token vocabulary: real masks and real JSON)
+#                   size, mostly byte tokens under a schema). The real Qwen2.5-Coder 0.5B
+#                   Q4_K_M (models/) has the real 151k-token vocabulary (real masks, real
+#                   JSON): --model models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf
 #     -C -R -P -N   the load (default 64 clients x 2 requests, ~72-word unique prompts, at most
 #                   128 tokens), as scripts/schema-load.py takes it
 #     --schema FILE a JSON Schema (default: schema-load.py's tool call)
 #     --free        the plain pass is not matched to the schema pass's lengths (schema-load.py)
 #   env: SMELT_PORT (default 18530), LLAMA_PORT (default 18531), PYTHON (default python3,
-#        needs aiohttp), SERVE_ARGS (extra flags for smelt serve), LLAMA_ARGS (for llama-server)
+#        needs aiohttp), SERVE_ARGS (extra flags for smelt serve), LLAMA_ARGS (for llama-server),
+#        LOAD_TIMEOUT (seconds per schema-load.py run, default 240: llama.cpp's grammar
+#        sampling is serial host work, ~10 ms a token published, and may not finish)
 #
 # Each pass runs the schema load first, then the plain one with every request generating
 # exactly the tokens its schema twin generated (ignore_eos): the two passes do the same
@@ -77,8 +80,6 @@ if [ ${#files[@]} = 0 ]; then
         mv -f "$q8.part" "$q8"
     fi
     files=("$q8")
-    real=models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf
-    [ -f "$real" ] && files+=("$real")
 fi
 
 srv_pid=""
@@ -90,6 +91,11 @@ stop() {
     fi
 }
 trap stop EXIT
+up() { # url: /health answers 200
+    "$PYTHON" -c 'import sys, urllib.request
+try: sys.exit(urllib.request.urlopen(sys.argv[1] + "/health", timeout=5).status != 200)
+except Exception: sys.exit(1)' "$1"
+}
 wait_up() { # url log: the server answers /health with 200 within 600 s
     local _
     for _ in $(seq 1 1200); do
@@ -98,7 +104,7 @@ wait_up() { # url log: the server answers /health with 200 within 600 s
             tail -5 "$2" >&2
             return 1
         fi
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "$1/health")" = 200 ] && return 0
+        up "$1" && return 0
         sleep 0.5
     done
     echo "schema-floor: $1 not up after 600 s (see $2)" >&2
@@ -135,12 +141,15 @@ for f in "${files[@]}"; do
             continue
         fi
         res=$out/$eng-$name.jsonl
-        "$PYTHON" scripts/schema-load.py "$url" "$name" "$C" "$R" "$P" "$N" "${schema_args[@]}" \
-            "${free[@]}" > "$res" 2> "$out/$eng-$name.load.err"
+        timeout "${LOAD_TIMEOUT:-240}" "$PYTHON" scripts/schema-load.py "$url" "$name" "$C" "$R" "$P" "$N" \
+            "${schema_args[@]}" "${free[@]}" > "$res" 2> "$out/$eng-$name.load.err"
         rc=$?
         stop
         if [ $rc != 0 ] || [ "$(wc -l < "$res")" -lt 3 ]; then
-            say "$(printf '%-10s %-44s load FAILED (see %s)' $eng "$name" "$out/$eng-$name.load.err")"
+            why=FAILED
+            [ $rc = 124 ] && why="TIMED OUT after ${LOAD_TIMEOUT:-240} s"
+            say "$(printf '%-6s %-44s load %s (see %s): %s' $eng "$name" "$why" "$out/$eng-$name.load.err" \
+                "$(head -c 300 "$res" | tr '\n' ' ')")"
             tail -3 "$out/$eng-$name.load.err" >&2
             fail=1
             continue
