@@ -505,7 +505,8 @@ static smelt_status propose(struct session *s, int32_t t, int left, struct err *
          * a draft that completes the answer (the row after it would have nothing to draw:
          * the row before it draws it, and the answer ends there) */
         int32_t took = 0;
-        while (took < s->ss.n_draft && gram_matcher_accept(s->gm, s->ss.draft[took], e) == SMELT_OK) {
+        while (took < s->ss.n_draft &&
+               gram_matcher_accept(s->gm, s->ss.draft[took], e) == SMELT_OK) {
             took++;
             if (gram_matcher_ended(s->gm)) {
                 took--;
@@ -544,7 +545,8 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
         int32_t took = 0;
         for (int32_t j = 0; j < rows && st == SMELT_OK; j++) {
             st = gram_matcher_fill_mask(s->gm, s->vmask + (size_t)j * words, e);
-            if (st == SMELT_OK && j < nd && (st = gram_matcher_accept(s->gm, tok[j + 1], e)) == SMELT_OK)
+            if (st == SMELT_OK && j < nd &&
+                (st = gram_matcher_accept(s->gm, tok[j + 1], e)) == SMELT_OK)
                 took++;
         }
         if (took > 0) {
@@ -555,8 +557,14 @@ static smelt_status feed_verify(struct session *s, int32_t t, int32_t *n, struct
     }
     struct batch_seq view = kv_seq_step(&s->pool, &s->seq, p0, p0 + rows, false);
     struct batch b = {rows, tok, pos, seq, want, 1, &view};
-    struct model_sample ms = {.n_rows = rows, .rows = s->vreq, .adj = s->vadj, .n_adj = off,
-                              .sum = s->vsum, .cand = s->vcand, .adj_raw = s->vraw, .mask = s->vmask};
+    struct model_sample ms = {.n_rows = rows,
+                              .rows = s->vreq,
+                              .adj = s->vadj,
+                              .n_adj = off,
+                              .sum = s->vsum,
+                              .cand = s->vcand,
+                              .adj_raw = s->vraw,
+                              .mask = s->vmask};
     bool mtp = spec_wants_hidden(s->sp);
     st = model_step_mtp(s->m, s->kv, &b, NULL, &ms, NULL, NULL, mtp ? s->hid : NULL, e);
     struct spec_rows src = {verify_get, verify_full, s};
