@@ -391,6 +391,49 @@ def test_real_model_one_batch(qwen):
     assert s.metrics()["smelt_grammar_rows_total"] > 0
 
 
+def test_sdk_parse_pydantic_and_strict_tool(qwen):
+    """The official openai SDK's structured outputs as applications use them: parse() with a
+    Pydantic model (the SDK turns it into a strict json_schema response_format and parses
+    the reply back into the model), and a strict tool made by openai.pydantic_function_tool
+    under a named tool_choice, whose parsed arguments come back as the tool's model."""
+    import datetime
+    from typing import List, Literal
+
+    import pydantic
+    openai = pytest.importorskip("openai")
+
+    class Attendee(pydantic.BaseModel):
+        name: str
+        role: Literal["host", "guest"]
+
+    class Event(pydantic.BaseModel):
+        title: str
+        day: datetime.date
+        attendees: List[Attendee]
+
+    class GetWeather(pydantic.BaseModel):
+        city: str
+        unit: Literal["celsius", "fahrenheit"]
+
+    client = openai.OpenAI(base_url=qwen.url + "/v1", api_key="none", timeout=120, max_retries=0)
+    parse = client.chat.completions.parse if hasattr(client.chat.completions, "parse") \
+        else client.beta.chat.completions.parse
+    r = parse(model="m", temperature=0, max_tokens=120, response_format=Event,
+              messages=[{"role": "user", "content": "Make up a team lunch next week with two people."}])
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop", r
+    assert isinstance(msg.parsed, Event), msg
+    assert msg.parsed.attendees and all(a.role in ("host", "guest") for a in msg.parsed.attendees)
+    r = parse(model="m", temperature=0, max_tokens=60,
+              messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+              tools=[openai.pydantic_function_tool(GetWeather)],
+              tool_choice={"type": "function", "function": {"name": "GetWeather"}})
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "GetWeather"
+    assert isinstance(call.function.parsed_arguments, GetWeather), call
+    assert call.function.parsed_arguments.unit in ("celsius", "fahrenheit")
+
+
 def test_real_model_refusals(qwen):
     """Refusals name the field and the schema path, and the server goes on."""
     cases = [
