@@ -112,6 +112,24 @@ static void rp_unpack8(uint32_t type, const void *grp, int nr, int64_t b0, int64
 
 /* ---- shared pieces ---- */
 
+/* Software prefetch of the tile PF_AHEAD blocks ahead (every cache line of it). Without it
+ * a K-quant super-block's loads jump across its 1-2 KiB tile (one quad position of every
+ * chunk per pass), and out of DRAM the AVX2 kernels ran at ~9 GB/s against ~15 GB/s from
+ * L3; the prefetches (1 per 64 bytes, ~2% of the instructions) let loads and arithmetic
+ * overlap. */
+INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
+    const char *p = tile + ahead;
+    for (size_t o = 0; o < tile_bytes; o += 64)
+        _mm_prefetch(p + o, _MM_HINT_T0);
+}
+#ifndef PF_BYTES
+#define PF_BYTES 2048 /* distance ahead, at least two tiles */
+#endif
+INLINE size_t pf_ahead(size_t tile_bytes) {
+    size_t n = (PF_BYTES + tile_bytes - 1) / tile_bytes;
+    return (n < 2 ? 2 : n) * tile_bytes;
+}
+
 /* Vertical hsum_ps tree (cpu_matmul_avx2.c): ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). */
 INLINE __m256 tree8(const __m256 a[8]) {
     __m256 s0 = _mm256_add_ps(a[0], a[4]), s1 = _mm256_add_ps(a[1], a[5]);
@@ -205,6 +223,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
     const int signed_w = t == QT_Q8_0 || t == QT_IQ4_NL || t == QT_MXFP4;
     const int off = t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0;
     const __m256i s128 = _mm256_set1_epi16(128), s1 = _mm256_set1_epi16(1);
+    const size_t ahead = pf_ahead(tile_bytes);
     for (int c = 0; c < nc; c++) {
         const char *xc = (const char *)x + c * xs;
         const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
@@ -216,6 +235,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
             acc[l] = _mm256_setzero_ps();
         for (int64_t b = 0; b < k / 32; b++) {
             const char *tile = (const char *)grp + b * tile_bytes;
+            gemv_prefetch(tile, tile_bytes, ahead);
             const __m256 d8 = lg_d8(t, tile);
             UNROLL
             for (int l = 0; l < 8; l++) {
@@ -383,6 +403,7 @@ INLINE void gemv_k(uint32_t t, int64_t k, const void *grp, const void *x, size_t
     const size_t tile_bytes = GR * (size_t)qi->type_size;
     const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
     const int off_sh = t == QT_Q6_K ? 5 : t == QT_Q3_K ? 2 : 0; /* -32 / -4 */
+    const size_t ahead = pf_ahead(tile_bytes);
     for (int c = 0; c < nc; c++) {
         const char *xc = (const char *)x + c * xs;
         const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
@@ -398,6 +419,7 @@ INLINE void gemv_k(uint32_t t, int64_t k, const void *grp, const void *x, size_t
             _Alignas(32) __m256 mf[16];
             __m256 d8;
             k_scales(t, tile, S, mf, &d8);
+            gemv_prefetch(tile, tile_bytes, ahead);
             const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
             const int16_t *pb = p2 + 128 * i;
             for (int l = 0; l < 8; l++) {
@@ -446,6 +468,7 @@ K_GEMV(q6_K, QT_Q6_K)
 static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
                         int nr, int nc) {
     const size_t tile_bytes = GR * sizeof(struct block_iq4_xs);
+    const size_t ahead = pf_ahead(tile_bytes);
     const __m256i m4 = _mm256_set1_epi8(15);
     const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl));
     for (int c = 0; c < nc; c++) {
@@ -457,6 +480,7 @@ static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, fl
             acc[l] = _mm256_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
+            gemv_prefetch(tile, tile_bytes, ahead);
             _Alignas(32) __m256i S[8];
             const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(tile + 16)));
             const __m256i sl = _mm256_loadu_si256((const __m256i *)(tile + 32));
