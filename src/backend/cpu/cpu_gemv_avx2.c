@@ -112,7 +112,7 @@ static void rp_unpack8(uint32_t type, const void *grp, int nr, int64_t b0, int64
 
 /* ---- shared pieces ---- */
 
-/* Software prefetch of the tile PF_AHEAD blocks ahead (every cache line of it). Without it
+/* Software prefetch of every cache line of the tile PF_BYTES (at least two tiles) ahead. Without it
  * a K-quant super-block's loads jump across its 1-2 KiB tile (one quad position of every
  * chunk per pass), and out of DRAM the AVX2 kernels ran at ~9 GB/s against ~15 GB/s from
  * L3; the prefetches (1 per 64 bytes, ~2% of the instructions) let loads and arithmetic

@@ -195,22 +195,6 @@ void cpu_quantize_xk_avx512(const float *x, void *q, int64_t k) {
 
 /* ---- shared pieces of the kernels ---- */
 
-/* Software prefetch of every cache line of the tile PF_BYTES (at least two tiles) ahead,
- * as in cpu_gemv_avx2.c: a super-block's loads jump across its 2-4 KiB tile, and the
- * hardware prefetcher alone left the kernels well below the read bandwidth out of DRAM. */
-INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
-    const char *p = tile + ahead;
-    for (size_t o = 0; o < tile_bytes; o += 64)
-        _mm_prefetch(p + o, _MM_HINT_T0);
-}
-#ifndef PF_BYTES
-#define PF_BYTES 2048
-#endif
-INLINE size_t pf_ahead(size_t tile_bytes) {
-    size_t n = (PF_BYTES + tile_bytes - 1) / tile_bytes;
-    return (n < 2 ? 2 : n) * tile_bytes;
-}
-
 /* Vertical cpu_hsum16 tree: lane r of the result is row r's reduction of acc[0..15]. */
 INLINE __m512 tree16(const __m512 a[16]) {
     __m512 s[8], t[4];
@@ -282,7 +266,6 @@ INLINE void gemv_q45(int q5, int64_t k, const void *grp, const void *x, size_t x
             acc[l] = _mm512_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
-            gemv_prefetch(tile, tile_bytes, pf_ahead(tile_bytes));
             _Alignas(64) __m512i S[8];
             _Alignas(64) __m512 mf[8];
             __m512 d16;
@@ -355,7 +338,6 @@ static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, floa
             acc[l] = _mm512_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
-            gemv_prefetch(tile, tile_bytes, pf_ahead(tile_bytes));
             _Alignas(64) __m512i S[16];
             UNROLL
             for (int q = 0; q < 4; q++) {
@@ -422,7 +404,6 @@ static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, fl
             acc[l] = _mm512_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
-            gemv_prefetch(tile, tile_bytes, pf_ahead(tile_bytes));
             _Alignas(64) __m512i S[8];
             const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(tile + 32)));
             const __m512i sl = _mm512_loadu_si512((const void *)(tile + 64));
@@ -497,7 +478,6 @@ INLINE void gemv_q23(uint32_t t, int64_t k, const void *grp, const void *x, size
             acc[l] = _mm512_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
-            gemv_prefetch(tile, tile_bytes, pf_ahead(tile_bytes));
             _Alignas(64) __m512i S[16];
             _Alignas(64) __m512 mf[16];
             __m512 d16;
@@ -657,7 +637,6 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
             UNROLL
             for (int e = 0; e < 2; e++) {
                 const char *tile = (const char *)grp + (b + e) * tile_bytes;
-                gemv_prefetch(tile, tile_bytes, pf_ahead(tile_bytes));
                 const __m512 d16 = lg_d16(t, tile);
                 UNROLL
                 for (int l = 0; l < 8; l++) {
