@@ -14,6 +14,7 @@
 # shape Q8_0, Llama-3.2-1B shape Q4_K_M) are written into OUT_DIR/files once by
 # `smelt quantize --random`. ROUNDS (default 6), NICE and GAP go to bench-vs-llamacpp.sh;
 # smelt's rows carry its decode GB/s against the read bandwidth it measures (--bw measure).
+# THREADS (default 1,2 and all cores) and ISAS (default "avx512 avx2") narrow a sitting.
 # Results: OUT_DIR/{avx512,avx2}/summary.md and OUT_DIR/floors.md (both, with the CPU model,
 # the date, smelt's commit and the load average).
 set -euo pipefail
@@ -30,8 +31,10 @@ l1b="$OUT/files/llama3.2-1b-shape-q4_k_m.gguf"
 [ -s "$l1b" ] || "$SMELT" quantize --random llama3-1b "$l1b" Q4_K_M
 FILES=(models/gemma3-270m-q4_k_m.gguf models/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf "$q8" "$l1b")
 n=$(nproc)
-THREADS=1,2
-[ "$n" -gt 2 ] && THREADS="1,2,$n"
+if [ -z "${THREADS:-}" ]; then
+    THREADS=1,2
+    [ "$n" -gt 2 ] && THREADS="1,2,$n"
+fi
 export THREADS
 
 {
@@ -40,7 +43,7 @@ export THREADS
     echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $n CPUs;" \
         "smelt $(git rev-parse --short HEAD 2>/dev/null || echo '?'); llama.cpp in $LSRC"
 } > "$OUT/floors.md"
-for isa in avx512 avx2; do
+for isa in ${ISAS:-avx512 avx2}; do
     bin="$LSRC/build-$isa/bin"
     [ -x "$bin/llama-bench" ] || { echo "skip $isa: no $bin/llama-bench" >&2; continue; }
     echo -e "\n## $isa\n" >> "$OUT/floors.md"
