@@ -34,10 +34,11 @@
  * finished, or a consumer that read the output early, shows NaN or a mismatch.
  *
  * SMELT_BENCH=1 adds timings on Llama-3-8B shapes (32 query heads, 8 KV heads, d = 128,
- * F16 cache, blocks of 16): decode at depths 512/4096/16384 for 1 and 64 sequences
+ * F16 cache, blocks of 16): decode at depths 512/4096/16384 for 1 and 64 sequences, 32768 for 1
  * (GB/s of K/V bytes, caches rotated through >= 1 GiB so reads come from HBM) and
  * prefill of 512 and 2048 tokens (TFLOP/s of the causal QK^T and PV products), old
- * (GENERIC) kernel against the new ones; then one decode row at depths 16/256/4096 on
+ * (GENERIC) kernel against the new ones; then one decode row at depths 16/128/256/4096 (8B also
+ * 16384/32768, with 16 / 32 splits forced and 256 threads from 4096 up) on
  * Llama-3-8B and Qwen2.5-0.5B (14 query heads, 2 KV heads, d = 64) shapes as graphs of
  * 100 calls (launch gaps included, as in a step): with the int8 output, without it, without
  * it plus a quantize launch (the layer before this change), and a sweep of split_keys.
@@ -1239,15 +1240,20 @@ static void bench_graph(const char *model, int n_head, int n_kv, int d, int dept
      * step's call); 7: RoPE + KV store as their own launch before it */
     /* 9..12: rope fused, the query heads over sub blocks per KV head (sub 2, one head a
      * block; at 128 threads) */
-    const char *names[13] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
+    /* 13..15 (depth >= 4096 only): rope fused with 16 / 32 splits forced, and at 256
+     * threads: the plan's 64 splits against fewer, longer ones (issue 19, attention at depth) */
+    const char *names[16] = {"int8 out", "no int8 out", "+ quantize launch", "split_keys nk/2",
                              "split_keys nk", "split_keys 4nk", "rope fused", "rope launch", "rope fused t128",
-                             "rope sub 2", "rope sub G", "rope sub 2 t128", "rope sub G t128"};
-    const int sk[13] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0, 0, 0, 0, 0, 0};
-    for (int v = 0; v < 13; v++) {
+                             "rope sub 2", "rope sub G", "rope sub 2 t128", "rope sub G t128",
+                             "rope split 16", "rope split 32", "rope fused t256"};
+    const int sk[16] = {0, 0, 0, nk / 2, nk, 4 * nk, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const int nv = depth >= 4096 ? 16 : 13;
+    for (int v = 0; v < nv; v++) {
         struct cuda_attn_args av = a;
         av.q_out = v == 1 || v == 2 ? NULL : qa;
         av.split_keys = sk[v];
-        av.dec_threads = v == 8 || v >= 11 ? 128 : 0;
+        av.split = v == 13 ? 16 : v == 14 ? 32 : 0;
+        av.dec_threads = v == 8 || (v >= 11 && v <= 12) ? 128 : v == 15 ? 256 : 0;
         av.dec_sub = v == 9 || v == 11 ? 2 : v == 10 || v == 12 ? n_head / n_kv : 0;
         if (v >= 6) {
             av.rope = rope;
@@ -1298,15 +1304,16 @@ out:
 }
 
 static void bench(void) {
-    const int gdepths[4] = {16, 128, 256, 4096};
+    const int gdepths[6] = {16, 128, 256, 4096, 16384, 32768};
     printf("bench: PDL %s\n", g_ctx.pdl_on ? "on" : "off");
-    for (int di = 0; di < 4; di++) bench_graph("llama3-8b", 32, 8, 128, gdepths[di]);
+    for (int di = 0; di < 6; di++) bench_graph("llama3-8b", 32, 8, 128, gdepths[di]);
     const int qdepths[5] = {16, 64, 128, 256, 4096};
     for (int di = 0; di < 5; di++) bench_graph("qwen2.5-0.5b", 14, 2, 64, qdepths[di]);
-    const int depths[3] = {512, 4096, 16384}, seqs[2] = {1, 64};
+    const int depths[4] = {512, 4096, 16384, 32768}, seqs[2] = {1, 64};
     char label[64];
     for (int si = 0; si < 2; si++)
-        for (int di = 0; di < 3; di++) {
+        for (int di = 0; di < 4; di++) {
+            if (si == 1 && depths[di] > 16384) continue; /* 17 GB of cache and ~40 ms a call */
             snprintf(label, sizeof label, "decode %d seq @ %d", seqs[si], depths[di]);
             bench_one(label, seqs[si], depths[di], 0, CUDA_ATTN_AUTO);
         }
