@@ -13,7 +13,9 @@
  *   - batch invariance: a decode row alone equals its row in a decode batch bit for bit, a
  *     grouped row equals its row in another grouped batch bit for bit, and decode and
  *     grouped forms of a row agree to cosine 0.99999;
- *   - an id outside [0, n_expert) is skipped (no out-of-bounds read, the rest unchanged).
+ *   - an id outside [0, n_expert) is skipped (no out-of-bounds read, the rest unchanged);
+ *   - decode's fused epilogues (h's int8 form in the gate/up launch, the weighted sum in the
+ *     down launch) give the same bits as the separate launches (SMELT_MOE_UNFUSED=1).
  * Skips (77) without a GPU. */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
@@ -36,6 +38,7 @@ int main(void) {
 #include "moe_ref.h"
 
 static struct backend *cpu, *gpu;
+static struct backend *gpu_unf; /* SMELT_MOE_UNFUSED=1: decode's separate quantize and combine */
 static unsigned long long rng = 0x6375646d6f65ULL;
 
 static float *randv(int64_t n, float scale) {
@@ -228,6 +231,8 @@ struct ffn_setup {
     struct tensor *g_nw, *g_router;
 };
 
+static void bind_ffn(struct ffn_setup *s);
+
 static void setup_ffn(struct ffn_setup *s, const struct ffn_case *fc) {
     memset(s, 0, sizeof *s);
     s->fc = fc;
@@ -236,20 +241,28 @@ static void setup_ffn(struct ffn_setup *s, const struct ffn_case *fc) {
     s->hw[0] = rand_weight(fc->type, E, F, X, gs);
     s->hw[1] = rand_weight(fc->type, E, F, X, gs);
     s->hw[2] = rand_weight(fc->type, F, E, X, 1.0f / sqrtf((float)F));
+    if (fc->bias)
+        s->hb[0] = randv(F * X, 0.5f), s->hb[1] = randv(F * X, 0.5f), s->hb[2] = randv(E * X, 0.5f);
+    s->nwv = randv(E, 0.2f);
+    for (int64_t i = 0; i < E; i++)
+        s->nwv[i] += 1.0f;
+    s->rw = randv(E * X, ws);
+    bind_ffn(s);
+}
+
+/* s's host weights bound to gpu (the current one). */
+static void bind_ffn(struct ffn_setup *s) {
+    const struct ffn_case *fc = s->fc;
+    const int64_t E = fc->n_embd, F = fc->n_ff, X = fc->n_expert;
     s->gw.gate = gpu_weight(fc->type, E, F, X, s->hw[0]);
     s->gw.up = gpu_weight(fc->type, E, F, X, s->hw[1]);
     s->gw.down = gpu_weight(fc->type, F, E, X, s->hw[2]);
     s->gw.act = fc->act;
     if (fc->bias) {
-        s->hb[0] = randv(F * X, 0.5f), s->hb[1] = randv(F * X, 0.5f), s->hb[2] = randv(E * X, 0.5f);
         s->gw.gate_b = gpu_weight(QT_F32, F, X, 1, s->hb[0]);
         s->gw.up_b = gpu_weight(QT_F32, F, X, 1, s->hb[1]);
         s->gw.down_b = gpu_weight(QT_F32, E, X, 1, s->hb[2]);
     }
-    s->nwv = randv(E, 0.2f);
-    for (int64_t i = 0; i < E; i++)
-        s->nwv[i] += 1.0f;
-    s->rw = randv(E * X, ws);
     s->g_nw = gpu_weight(QT_F32, E, 1, 1, s->nwv);
     s->g_router = gpu_weight(QT_F32, E, X, 1, s->rw);
 }
@@ -407,6 +420,31 @@ static void check_ffn(const struct ffn_case *fc) {
         T_CHECKF(finite && rest, "bad id: finite %d, other rows unchanged %d", finite, rest);
         free(yin);
     }
+    /* decode's fused epilogues (h's int8 form in the gate/up launch, the weighted sum in the
+     * down launch) against the separate launches: the same bits, plain and accumulating */
+    if (gpu_unf) {
+        struct ffn_setup s2 = s;
+        struct backend *g0 = gpu;
+        const int64_t dn[] = {1, 3, 8};
+        float *yin = randv(E * 8, 1.0f), *y2 = malloc(sizeof(float) * (size_t)(E * 8));
+        gpu = gpu_unf;
+        bind_ffn(&s2);
+        gpu = g0;
+        for (int acc = 0; acc < 2; acc++)
+            for (size_t in = 0; in < sizeof dn / sizeof dn[0]; in++) {
+                const int64_t n = dn[in];
+                memcpy(y, yin, sizeof(float) * (size_t)(E * n));
+                memcpy(y2, yin, sizeof(float) * (size_t)(E * n));
+                T_CHECK(gpu_ffn(&s, x, n, y, ids, wt, acc, false, -1));
+                gpu = gpu_unf;
+                T_CHECK(gpu_ffn(&s2, x, n, y2, ids, wt, acc, false, -1));
+                gpu = g0;
+                T_CHECKF(!memcmp(y, y2, sizeof(float) * (size_t)(E * n)),
+                         "%s: fused and separate decode differ (%lld rows, acc %d)",
+                         qtype_name(fc->type), (long long)n, acc);
+            }
+        free(yin), free(y2);
+    }
     free(x), free(y), free(yc), free(wt), free(y1), free(ids);
     free_ffn(&s);
 }
@@ -442,8 +480,15 @@ int main(void) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
+    setenv("SMELT_MOE_UNFUSED", "1", 1);
+    if (cuda_backend_new(&gpu_unf, 0, &e) != SMELT_OK) {
+        fprintf(stderr, "backend: %s\n", e.msg);
+        return 1;
+    }
+    unsetenv("SMELT_MOE_UNFUSED");
     T_RUN(test_route);
     T_RUN(test_ffn);
+    bk_free(gpu_unf);
     bk_free(gpu);
     bk_free(cpu);
     return t_done();

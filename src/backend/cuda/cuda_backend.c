@@ -74,6 +74,7 @@ static void cu_free(struct backend *b) {
     cudaFree(cb->prep.buf);
     cudaFree(cb->prep.ss);
     cudaFree(cb->prep.cnt);
+    cudaFree(cb->moe_cnt);
     cudaFree(cb->att_q.buf);
     for (int i = 0; i < cb->n_rope_tab; i++) cudaFree(cb->rope_tab[i].freq);
     free(cb->rope_tab);
@@ -208,6 +209,14 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     if (cudaMalloc(&cb->att_q.buf, cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N)) != cudaSuccess) {
         cudaGetLastError();
         cb->att_q.buf = NULL;
+    }
+    const char *mu = getenv("SMELT_MOE_UNFUSED");
+    if ((!mu || !*mu || strcmp(mu, "0") == 0) &&
+        (cudaMalloc((void **)&cb->moe_cnt, sizeof(unsigned) * MOE_CNT_MAX) != cudaSuccess ||
+         cudaMemset(cb->moe_cnt, 0, sizeof(unsigned) * MOE_CNT_MAX) != cudaSuccess)) {
+        cudaGetLastError();
+        cudaFree(cb->moe_cnt);
+        cb->moe_cnt = NULL;
     }
     cudaDeviceSynchronize(); /* the counters' memsets, before any kernel on cb->ctx.stream */
     const char *ng = getenv("SMELT_NO_GRAPH");

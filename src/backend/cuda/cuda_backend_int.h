@@ -30,6 +30,7 @@
 #define MMQ_MAX_ROWS 64
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
+#define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB) */
 #define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
 #define ATT_Q_MAX_K 32768 /* widest attention / GLU output given an int8 form (att_q) */
 #define CUDA_GRAPHS 64
@@ -108,6 +109,10 @@ struct cuda_backend {
         float eps;
         bool valid;
     } prep;
+    /* The MoE decode epilogues' counters (cuda_mmv_ids' post_cnt and cmb_cnt): MOE_CNT_MAX,
+     * zero between launches; NULL (or SMELT_MOE_UNFUSED=1) = the separate h-quantize and
+     * combine launches. */
+    unsigned *moe_cnt;
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
      * the attention launch itself) or of a small GLU's output (its epilogue), for the
      * product that consumes it next (W_o or W_down in cu_matmul_acc), sparing its quantize

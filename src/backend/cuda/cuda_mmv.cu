@@ -861,6 +861,34 @@ static smelt_status id_mats(struct mmv_mats *m, const struct cuda_qweight *w, co
     return SMELT_OK;
 }
 
+/* Expert mode's fused epilogues (see struct cuda_mmv_ids). */
+static smelt_status id_epi(struct mmv_mats *m, const struct cuda_qweight *w, const struct cuda_mmv_ids *id, int n,
+                           int glu, struct err *e) {
+    const int rows = m->end[0];
+    if (id->post_cnt) {
+        if (!glu || !cuda_mmv_needs_quant(w->type) || rows % 32 != 0 || !id->post_xq || !id->post_xd)
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv by id: a quantizing epilogue needs a quantized GLU "
+                                                 "with rows a multiple of 32");
+        m->epi.post_cnt = id->post_cnt;
+        m->epi.post_xq = id->post_xq;
+        m->epi.post_xd = id->post_xd;
+    }
+    if (id->cmb_dst) {
+        if (glu || n != 1 || id->x_div != 1 || rows % 32 != 0 || id->cmb_k < 1 || id->cmb_k > 32 ||
+            id->n_chunks % id->cmb_k != 0 || !id->cmb_ids || !id->cmb_w || !id->cmb_cnt)
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv by id: a combining epilogue needs one row a chunk, %d "
+                                                 "slots a token and rows a multiple of 32", id->cmb_k);
+        m->cmb.dst = id->cmb_dst;
+        m->cmb.ids = id->cmb_ids;
+        m->cmb.w = id->cmb_w;
+        m->cmb.b = id->cmb_b;
+        m->cmb.cnt = id->cmb_cnt;
+        m->cmb.k = id->cmb_k;
+        m->cmb.acc = id->cmb_acc;
+    }
+    return SMELT_OK;
+}
+
 extern "C" smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_mmv_ids *id,
                                     int n, const float *x, float *y, const void *scratch, struct err *e) {
     struct mmv_mats m;
@@ -868,6 +896,7 @@ extern "C" smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qwei
     mats_add(&m, w, y, NULL);
     m.k = (int)w->k;
     smelt_status st = id_mats(&m, w, id, n, e);
+    if (st == SMELT_OK) st = id_epi(&m, w, id, n, 0, e);
     if (st != SMELT_OK) return st;
     return mmv_dispatch(ctx, m, w->type, w->k, x, n, id->x_rows, scratch, 0, 0, e);
 }
@@ -885,6 +914,7 @@ extern "C" smelt_status cuda_mmv_glu_id(struct cuda_ctx *ctx, const struct cuda_
     m.bias[0] = id->gate_b;
     m.bias[1] = id->up_b;
     smelt_status st = id_mats(&m, gate, id, n, e);
+    if (st == SMELT_OK) st = id_epi(&m, gate, id, n, 1, e);
     if (st != SMELT_OK) return st;
     return mmv_dispatch(ctx, m, gate->type, gate->k, x, n, id->x_rows, scratch, 0, act + 1, e);
 }

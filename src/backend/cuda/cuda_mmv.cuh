@@ -88,6 +88,18 @@ struct mmv_mats {
     const int32_t *eid;
     int n_chunks, x_div, n_exp;
     const float *bias[2];
+    /* Expert mode, one token row a chunk (N = 1), chunks (token, slot) in slot order:
+     * the weighted sum of the k slots' outputs (cuda_moe_combine's, with pos NULL) fused
+     * into the store (cmb.dst NULL = off). The block that completes rows row_b .. + per_block
+     * of a token over its live slots (counted in cnt[token * rows + row_b], which it resets)
+     * writes dst (+)= sum over the slots in increasing expert id of w * (y + b[e]). */
+    struct {
+        float *dst;
+        const int32_t *ids;
+        const float *w, *b;
+        unsigned *cnt;
+        int k, acc;
+    } cmb;
 };
 
 /* Expert mode: the block's expert (0 when off). */
@@ -242,6 +254,46 @@ struct mmv_acc {
             }
         }
         if (m.epi.post_cnt) post_quantize(m, per_block);
+        if (m.cmb.dst) combine(m, per_block);
+    }
+    /* cmb.dst (see mmv_mats): the last live slot's block of a token's rows sums the slots. */
+    __device__ __forceinline__ void combine(const mmv_mats &m, int per_block) {
+        const int rows = m.end[0], k = m.cmb.k, r = blockIdx.y / k, row_b = blockIdx.x * per_block;
+        const int32_t *id = m.cmb.ids + (int64_t)r * k;
+        __shared__ int last;
+        __shared__ int order[32];
+        if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
+        __syncthreads();
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            int live = 0;
+            for (int j = 0; j < k; j++) live += id[j] >= 0 && id[j] < m.n_exp;
+            unsigned *cn = m.cmb.cnt + (int64_t)r * rows + row_b;
+            last = atomicAdd(cn, 1u) == (unsigned)(live - 1);
+            if (last) *cn = 0u; /* every live slot has counted */
+        }
+        __syncthreads();
+        if (!last || threadIdx.y != 0) return;
+        __threadfence();
+        const int lane = threadIdx.x;
+        if (lane < k) { /* slot j's rank by (id, slot), as combine_kernel */
+            const int ej = id[lane];
+            int rank = 0;
+            for (int q = 0; q < k; q++) rank += id[q] < ej || (id[q] == ej && q < lane);
+            order[rank] = lane;
+        }
+        __syncwarp();
+        const int row = row_b + lane;
+        if (lane >= per_block || row >= rows) return;
+        float s = 0.0f;
+        for (int q = 0; q < k; q++) {
+            const int j = order[q], ex = id[j];
+            if (ex < 0 || ex >= m.n_exp) continue;
+            float v = __ldcg(m.y[0] + ((int64_t)r * k + j) * rows + row); /* other blocks': L2 */
+            if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
+            s += m.cmb.w[(int64_t)r * k + j] * v;
+        }
+        float *o = m.cmb.dst + (int64_t)r * rows + row;
+        *o = m.cmb.acc ? *o + s : s;
     }
     /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
      * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
@@ -251,11 +303,14 @@ struct mmv_acc {
      * here. per_block: output rows per block. */
     __device__ __forceinline__ void post_quantize(const mmv_mats &m, int per_block) {
         const int rows = m.end[0], grp = blockIdx.x * per_block / 32;
+        /* expert mode: chunk c's counters, y rows and int8 rows (post_ss unused) */
+        const int64_t c = m.eid ? blockIdx.y : 0;
+        unsigned *cnt = m.epi.post_cnt + c * (rows / 32);
         __shared__ int last;
         if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0)
-            last = atomicAdd(&m.epi.post_cnt[grp], 1u) == (unsigned)(32 / per_block - 1);
+            last = atomicAdd(&cnt[grp], 1u) == (unsigned)(32 / per_block - 1);
         __syncthreads();
         if (!last || threadIdx.y != 0) return;
         __threadfence();
@@ -263,13 +318,13 @@ struct mmv_acc {
         const float w = m.epi.post_w ? m.epi.post_w[row] : 1.0f;
 #pragma unroll
         for (int t = 0; t < N; t++) {
-            const int64_t o = (int64_t)t * rows + row;
+            const int64_t o = (c * N + t) * rows + row;
             const float y = __ldcg(m.y[0] + o); /* other blocks' stores: from L2 */
             quant16(y * w, m.epi.post_xq, (float2 *)m.epi.post_xd, o, true);
             const float ss = warp_sum(y * y);
             if (lane == 0 && m.epi.post_ss) m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
         }
-        if (lane == 0) m.epi.post_cnt[grp] = 0;
+        if (lane == 0) cnt[grp] = 0;
     }
 };
 

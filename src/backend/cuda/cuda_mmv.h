@@ -127,6 +127,24 @@ struct cuda_mmv_ids {
     int n_exp;
     int64_t x_rows;             /* >= ((n_chunks - 1) / x_div + 1) * n */
     const float *gate_b, *up_b; /* GLU: the experts' biases, (rows per expert, n_exp), or NULL */
+    /* Optional fused epilogues (zero = off; all device memory):
+     *  - GLU (cuda_mmv_glu_id), quantized type, rows per expert % 32 == 0: post_cnt
+     *    (n_chunks x rows / 32 counters, zeroed, left zeroed) and post_xq/post_xd (the parts of
+     *    a cuda_mmv_scratch_bytes(rows per expert, n_chunks * n) scratch): y's int8 form, as
+     *    cuda_mmv_quantize(y, rows, n_chunks * n) would write it, without its launch.
+     *  - cuda_mmv_id with n = 1, x_div = 1 and chunks (token, slot) in slot order (decode),
+     *    rows per expert % 32 == 0: cmb_dst (n_chunks / cmb_k token rows) gets
+     *    cuda_moe_combine(cmb_dst, y, NULL, cmb_ids, cmb_w, cmb_b, ...) in the same launch;
+     *    cmb_cnt: (n_chunks / cmb_k) x rows-per-expert counters, zeroed, left zeroed. y is
+     *    still written (the sum reads it back from L2). */
+    unsigned *post_cnt;
+    int8_t *post_xq;
+    void *post_xd;
+    float *cmb_dst;
+    const int32_t *cmb_ids;
+    const float *cmb_w, *cmb_b;
+    unsigned *cmb_cnt;
+    int cmb_k, cmb_acc;
 };
 /* y (chunk c's rows) = W[eid[c]] x (chunk c / x_div's rows). */
 smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_mmv_ids *id,

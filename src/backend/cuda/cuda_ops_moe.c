@@ -6,10 +6,13 @@
  *   decode (n <= CUDA_MMV_MAX_N): every (row, slot) pair is a chunk of one row:
  *     x' int8 (and f32 for float experts)           cuda_moe_gather, n rows
  *     h[p] = act(gate[e] x' + b) * (up[e] x' + b)    cuda_mmv_glu_id, n k chunks (x_div = k)
- *     h's int8 form                                  cuda_mmv_quantize, n k rows
+ *       and h's int8 form in its epilogue (quantized types, n_ff % 32 == 0; else a
+ *       cuda_mmv_quantize launch of n k rows)
  *     y[p] = down[e] h[p]                            cuda_mmv_id, n k chunks
- *     dst (+)= sum_j w_j (y[p_j] + down_b[e_j])       cuda_moe_combine (the residual add)
- *   so a token reads its k experts' rows only.
+ *       and in its epilogue dst (+)= sum_j w_j (y[p_j] + down_b[e_j]) (the residual add; in
+ *       increasing expert id, as cuda_moe_combine, which runs instead when n_embd % 32 != 0)
+ *   so a token reads its k experts' rows only, in 3 launches after the router (6 before
+ *   2026-12-03; SMELT_MOE_UNFUSED=1 gives the old chain back for comparison).
  *   more rows: the pairs are grouped by expert on the device (cuda_moe_group) into chunks of
  *   CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
  *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
@@ -115,6 +118,21 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                               x_rows,
                               w->gate_b ? w->gate_b->data : NULL,
                               w->up_b ? w->up_b->data : NULL};
+    /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch,
+     * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
+     * quantize, then n * n_embd for the sum */
+    const int64_t n_q = n_chunks * (n_ff / 32);
+    const bool fuse_q = decode && cb->moe_cnt && cuda_mmv_needs_quant(qg->type) &&
+                        cuda_mmv_needs_quant(qd->type) && n_ff % 32 == 0 && n_q <= MOE_CNT_MAX;
+    const bool fuse_c = decode && cb->moe_cnt && n_embd % 32 == 0 &&
+                        (fuse_q ? n_q : 0) + n * n_embd <= MOE_CNT_MAX;
+    void *hq = NULL;
+    if (fuse_q) {
+        hq = cu_scratch(cb, cuda_mmv_scratch_bytes(n_ff, (int)rows));
+        if (!hq) return;
+        cuda_mmv_scratch_parts(hq, n_ff, (int)rows, &id.post_xq, &id.post_xd);
+        id.post_cnt = cb->moe_cnt;
+    }
     if (st == SMELT_OK)
         st = cuda_mmv_glu_id(&cb->ctx, qg, qu, cu_glu_code(w->act), &id, ch, xf, h, xq, &e);
     cu_check_launch(cb, "moe gate/up");
@@ -122,12 +140,21 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
         bk_fail(b, e.code, "%s: %s", name, e.msg);
         return;
     }
-    const void *hq = quantized_rows(cb, qd, h, n_ff, rows);
+    if (!fuse_q) hq = quantized_rows(cb, qd, h, n_ff, rows);
     if (!cu_ok(cb) || (cuda_mmv_needs_quant(qd->type) && !hq)) return;
     id = (struct cuda_mmv_ids){chunk_eid, (int)n_chunks, 1, n_exp, rows, NULL, NULL};
+    if (fuse_c) {
+        id.cmb_dst = dst->data;
+        id.cmb_ids = ids->data;
+        id.cmb_w = weights->data;
+        id.cmb_b = w->down_b ? w->down_b->data : NULL;
+        id.cmb_cnt = cb->moe_cnt + (fuse_q ? n_q : 0);
+        id.cmb_k = k;
+        id.cmb_acc = acc;
+    }
     st = cuda_mmv_id(&cb->ctx, qd, &id, ch, h, y, hq, &e);
     cu_check_launch(cb, "moe down");
-    if (st == SMELT_OK)
+    if (st == SMELT_OK && !fuse_c)
         st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
                               w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, &e);
     cu_check_launch(cb, "moe combine");
