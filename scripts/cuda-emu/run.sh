@@ -3,14 +3,16 @@
 # sources as C++ against a fiber-based emulator (emu.h, emu.cpp; patch.py rewrites launches and
 # inline PTX) and runs test_cuda_mmv, the one-token kernel variants, test_cuda_attn's kernel
 # tests, test_cuda_topk at smaller sizes (drivers/topk.c), test_cuda_ssm (the recurrent-state
-# ops), test_cuda_forward on the fixtures, test_cuda_multi's single-thread parts (two
+# ops), test_cuda_encoder (bert's ops), test_cuda_forward on the fixtures and the embedding
+# models (drivers/forward.c embed), test_cuda_multi's single-thread parts (two
 # backends interleaved) and the hybrid fixtures (drivers/hybrid.c: qwen35 through the
 # transformers scenarios and against the CPU). It checks logic, not speed, the memory
 # model, PDL or races (see emu.h), and is no substitute for the GPU run:
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
-#     --quick      test_cuda_mmv, test_cuda_mmb, the attention tests and test_cuda_ssm only (about
+#     --quick      test_cuda_mmv, test_cuda_mmb, the attention tests, test_cuda_ssm and
+#                  test_cuda_encoder only (about
 #                  10 minutes on 2 cores)
 #     MODEL.gguf   also the logits check (drivers/logits.c) on each file: slow, minutes to
 #                  hours by size (Qwen2.5-0.5B: ~1 h)
@@ -69,6 +71,7 @@ link test_cuda_moe tests/unit/test_cuda_moe.c
 link test_cuda_mmb tests/unit/test_cuda_mmb.c
 link attn "$here/drivers/attn.c"
 link test_cuda_ssm tests/unit/test_cuda_ssm.c
+link test_cuda_encoder tests/unit/test_cuda_encoder.c
 [ $quick = 1 ] || {
     link topk "$here/drivers/topk.c"
     link mmv_variants "$here/drivers/mmv_variants.c"
@@ -90,10 +93,12 @@ run ./test_cuda_moe
 SMELT_TEST_SMALL=1 run ./test_cuda_mmb # every row count 1..64 on the ragged shapes
 run ./attn
 run ./test_cuda_ssm
+run ./test_cuda_encoder
 if [ $quick = 0 ]; then
     run ./topk
     run ./mmv_variants
     run ./forward
+    run ./forward embed
     run ./multi
     run ./hybrid
 fi

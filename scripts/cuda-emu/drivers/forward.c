@@ -1,6 +1,8 @@
 /* test_cuda_forward on the emulator: the fixtures (every architecture, F32 and F16), or the
  * GGUF files named on the command line (lenient, as SMELT_CUDA_MODELS; a second argument
- * "strict" for real weights). */
+ * "strict" for real weights), or with the one argument "embed" the embedding models (the
+ * bert and qwen3 fixtures against sentence-transformers / transformers, and the real
+ * all-MiniLM-L6-v2 from make models against the CPU when it is there). */
 #define main test_main
 #include "unit/test_cuda_forward.c"
 #undef main
@@ -13,7 +15,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
-    if (argc > 1) {
+    if (argc == 2 && !strcmp(argv[1], "embed")) {
+        T_RUN(test_gpu_embeddings);
+        T_RUN(test_real_minilm);
+    } else if (argc > 1) {
         g_path = argv[1];
         g_strict = argc > 2 && !strcmp(argv[2], "strict");
         T_RUN(one);
