@@ -988,7 +988,8 @@ static int32_t engine_embed(struct backend *bk, const char *path, int n, int32_t
     for (int i = 0; i < n; i++) {
         struct engine_out o = {0};
         bool got = false;
-        while (r[i] && !got && engine_req_wait(r[i], &o, 20000)) {
+        /* 3 minutes: a step takes over 20 s on the emulator (scripts/cuda-emu), ms on a GPU */
+        while (r[i] && !got && engine_req_wait(r[i], &o, 180000)) {
             for (size_t k = 0; k < o.n_ev && !got; k++) {
                 const struct engine_event *ev = &o.ev[k];
                 if (!ev->finish) continue;
