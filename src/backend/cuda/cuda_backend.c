@@ -227,6 +227,9 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     const char *mp = getenv("SMELT_MM_PATH");
     cb->mm_path = mp && !strcmp(mp, "mmb") ? 1 : mp && !strcmp(mp, "legacy") ? -1 : 0;
     if (mp && *mp && !cb->mm_path) log_warn("SMELT_MM_PATH=%s is neither mmb nor legacy: ignored", mp);
+    const char *me = getenv("SMELT_MOE_PATH");
+    cb->moe_path = me && !strcmp(me, "mmv") ? 1 : me && !strcmp(me, "mmq") ? 2 : 0;
+    if (me && *me && !cb->moe_path) log_warn("SMELT_MOE_PATH=%s is neither mmv nor mmq: ignored", me);
     bool bad_tile = false;
     mmtune_init(&cb->tune);
     mmtune_env_parse(getenv("SMELT_NO_TUNE"), getenv("SMELT_MMQ_TILE"), cuda_mmq_tile_count(), &cb->tune_env,

@@ -86,6 +86,7 @@ struct cuda_backend {
     int capturing; /* index of the entry being captured, or -1 */
     bool no_graph; /* SMELT_NO_GRAPH=1 */
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
+    int moe_path;         /* SMELT_MOE_PATH: 0 by rows (cu_moe_ffn), 1 "mmv", 2 "mmq" */
     bool mmq_rows_fixed;  /* SMELT_MMQ_MAX_ROWS given: the mmq/gemm switch is not measured */
     int mm_path;          /* SMELT_MM_PATH: 0 measured, 1 "mmb" (forced, 2..64 rows where it has
                            * a kernel), -1 "legacy" (never mmb) */

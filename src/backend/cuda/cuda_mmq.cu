@@ -130,10 +130,16 @@ struct mmq_args {
     int nsb;     /* units per tile: ceil(k / 256) */
     int tiles_n; /* token tiles */
     int grid;    /* P */
+    /* by expert id (cuda_mmq_id_pre; NULL: a plain product): token tile tn multiplies expert
+     * tile_eid[tn] (rows: rows per expert); the used tiles are the prefix of the n_tiles_max
+     * entries that are >= 0, counted by each block; whole tiles per block (no K split) */
+    const int *tile_eid;
+    int n_tiles_max;
 };
 
 /* First unit of block b, and the block that owns unit u. */
 static __device__ __forceinline__ long long unit_begin(const mmq_args &a, long long b) {
+    if (a.tile_eid) return b * (a.units / a.nsb) / a.grid * a.nsb; /* whole tiles */
     return b * a.units / a.grid;
 }
 static __device__ __forceinline__ long long unit_owner(const mmq_args &a, long long u) {
@@ -143,7 +149,7 @@ static __device__ __forceinline__ long long unit_owner(const mmq_args &a, long l
 /* A unit's place: K slice s of token tile tn of row tile rt (tile = rt * tiles_n + tn).
  * Advanced one unit at a time, so the per-unit path has no 64-bit division. */
 struct upos {
-    int s, tn, rt;
+    int s, tn, rt, e; /* e: the expert of token tile tn (by id), else 0 */
 };
 
 static __device__ __forceinline__ upos pos_of(const mmq_args &a, long long u) {
@@ -152,6 +158,7 @@ static __device__ __forceinline__ upos pos_of(const mmq_args &a, long long u) {
     p.s = (int)(u - tile * a.nsb);
     p.rt = (int)(tile / a.tiles_n);
     p.tn = (int)(tile - (long long)p.rt * a.tiles_n);
+    p.e = a.tile_eid && p.tn < a.n_tiles_max ? a.tile_eid[p.tn] : 0;
     return p;
 }
 
@@ -162,6 +169,7 @@ static __device__ __forceinline__ void pos_next(const mmq_args &a, upos &p) {
             p.tn = 0;
             p.rt++;
         }
+        if (a.tile_eid && p.tn < a.n_tiles_max) p.e = a.tile_eid[p.tn];
     }
 }
 
@@ -245,10 +253,11 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
         }
     }
     const bool full = row0 + BM <= a.rows;
+    const long long eb = (long long)p.e * a.rows; /* the expert's first row (by id) */
     if constexpr (T == QT_Q4_K) { /* 8 x 16 B a row; 32 rows per pass */
         const int r = tid >> 3, c = tid & 7;
         const long long rs = (long long)a.nsb * 128; /* source row stride */
-        const unsigned char *src = a.wq + ((long long)(row0 + r) * a.nsb + s) * 128 + c * 16;
+        const unsigned char *src = a.wq + ((eb + row0 + r) * a.nsb + s) * 128 + c * 16;
 #pragma unroll
         for (int it = 0; it < BM / 32; it++) {
             const long long off = full ? it * 32 * rs
@@ -257,7 +266,7 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
         }
     } else if constexpr (T == QT_Q6_K) { /* 12 x 16 B a row */
         const long long rs = (long long)a.nsb * 192;
-        const unsigned char *base = a.wq + ((long long)row0 * a.nsb + s) * 192;
+        const unsigned char *base = a.wq + ((eb + row0) * a.nsb + s) * 192;
 #pragma unroll
         for (int it = 0; it < BM * 12 / MMQ_THREADS; it++) {
             const int i = tid + it * MMQ_THREADS, r = i / 12, c = i - r * 12;
@@ -267,7 +276,7 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     } else { /* Q8_0: q = k int8 per row, 16 x 16 B a row; 16 rows per pass */
         const int r = tid >> 4, c = tid & 15;
         if (c < 2 * nbv) {
-            const unsigned char *src = a.wq + (long long)(row0 + r) * a.k + s * 256 + c * 16;
+            const unsigned char *src = a.wq + (eb + row0 + r) * a.k + s * 256 + c * 16;
 #pragma unroll
             for (int it = 0; it < BM / 16; it++) {
                 const long long off =
@@ -278,7 +287,7 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     }
     if constexpr (T == QT_Q4_K || T == QT_Q6_K) { /* 16 B of scales a row (+ Q6_K's d) */
         if (tid < BM) {
-            const long long blk = (long long)min(row0 + tid, a.rows - 1) * a.nsb + s;
+            const long long blk = (eb + min(row0 + tid, a.rows - 1)) * a.nsb + s;
             cp_async16(st + C::S + tid * 16, a.ws + blk * 16);
             if constexpr (T == QT_Q6_K)
                 /* d is an f16 in a 2-byte array padded to whole words (cuda_qweight_upload):
@@ -291,7 +300,7 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
         for (int i = tid; i < BM * 4; i += MMQ_THREADS) {
             const int r = i >> 2, c = i & 3;
             if (2 * c < nbv) {
-                const long long gr = min(row0 + r, a.rows - 1);
+                const long long gr = eb + min(row0 + r, a.rows - 1);
                 cp_async4(st + C::S + r * 16 + c * 4, a.ws + (gr * nblk + s * 8) * 2 + c * 4);
             }
         }
@@ -330,7 +339,8 @@ static __device__ __forceinline__ void prep_scales(const mmq_args &a, const unsi
             *(uint2 *)(out + 8 * j) = e;
         }
     } else if constexpr (T == QT_Q6_K) {
-        const long long blk = (long long)min(p.rt * BM + r, a.rows - 1) * a.nsb + p.s;
+        const long long blk =
+            ((long long)p.e * a.rows + min(p.rt * BM + r, a.rows - 1)) * a.nsb + p.s;
         const uint32_t dw = *(const uint32_t *)(st + C::D + r * 4);
         const uint32_t d2 = __byte_perm(dw, dw, (blk & 1) ? 0x3232 : 0x1010);
         const uint32_t w[4] = {raw.x ^ 0x80808080u, raw.y ^ 0x80808080u, raw.z ^ 0x80808080u,
@@ -601,12 +611,27 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
 }
 
 template <uint32_t T, int I>
-static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_kernel(const mmq_args a) {
+static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_kernel(const mmq_args a_in) {
     using C = mmq_cfg<T, I>;
     constexpr int NS = C::NS, RT = C::RT, NT = C::NT;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % C::WM, wn = warp / C::WM;
+    mmq_args a = a_in;
+    if (a.tile_eid) { /* by id: the used token tiles are a prefix; the work is known here only */
+        __shared__ int used_s;
+        if (tid == 0) used_s = 0;
+        __syncthreads();
+        int mine = 0;
+        for (int i = tid; i < a.n_tiles_max; i += MMQ_THREADS)
+            mine += a.tile_eid[i] >= 0;
+        if (mine) atomicAdd(&used_s, mine);
+        __syncthreads();
+        const int used = used_s;
+        a.tiles_n = used;
+        a.units = (long long)((a.rows + C::BM - 1) / C::BM) * used * a.nsb;
+        if (used == 0) return; /* (uniform) */
+    }
     const long long b = blockIdx.x;
     const long long u_begin = unit_begin(a, b), u_end = unit_begin(a, b + 1);
 
@@ -927,6 +952,8 @@ extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qwe
     a.nsb = p.nsb;
     a.tiles_n = p.tiles_n;
     a.grid = p.grid;
+    a.tile_eid = NULL;
+    a.n_tiles_max = 0;
     cudaStream_t st = ctx->stream;
     cudaError_t ce;
     switch (w->type) {
@@ -950,4 +977,85 @@ extern "C" smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight
     smelt_status st = cuda_mmq_quantize(ctx, x, w->k, n, scratch, e);
     if (st) return st;
     return cuda_mmq_pre(ctx, w, n, y, scratch, scratch_bytes, accumulate, CUDA_MMQ_TILE_AUTO, e);
+}
+
+extern "C" int cuda_mmq_id_tile(struct cuda_ctx *ctx, uint32_t type, int64_t rows_e, int64_t k,
+                                int64_t n_pairs, int tokens) {
+    const struct cuda_ctx *d;
+    if (device_facts(ctx, &d) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (!cuda_mmq_supported(type, k)) return -1;
+    const int ti = type_index(type);
+    /* the 256-row tile where every block gets 2 tiles or more of the expected work, else 128 */
+    const int tall = tokens == 16 ? 1 : tokens == 32 ? 3 : tokens == 64 ? 4 : -1;
+    const int low = tokens == 16 ? 0 : tokens == 32 ? 2 : tokens == 64 ? 6 : -1;
+    if (tall < 0) return -1;
+    const long long tiles =
+        (long long)((rows_e + 255) / 256) * ((n_pairs + tokens - 1) / tokens);
+    const bool tall_ok = d->mmq_occ[ti][tall] > 0, low_ok = d->mmq_occ[ti][low] > 0;
+    if (tall_ok && (!low_ok || tiles >= 2LL * d->n_sm * d->mmq_occ[ti][tall])) return tall;
+    return low_ok ? low : -1;
+}
+
+extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w,
+                                        int64_t rows_e, int n_exp, const int32_t *tile_eid,
+                                        int64_t n_tiles, int64_t n, float *y, void *scratch,
+                                        uint64_t scratch_bytes, int tile, struct err *e) {
+    if (!cuda_mmq_supported(w->type, w->k))
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq by id: type %s with row length %lld",
+                       qtype_name(w->type), (long long)w->k);
+    const struct cuda_ctx *d;
+    CUDA_TRY(device_facts(ctx, &d), e);
+    int bm = 0, bn = 0;
+    if (tile >= 0 && tile < N_TILES) cuda_mmq_tile_shape(tile, &bm, &bn);
+    if (n_exp < 1 || rows_e < 1 || rows_e * n_exp != w->rows || rows_e > (1 << 28) || n < 1 ||
+        n > (1 << 24) || tile < 0 || tile >= N_TILES || n_tiles < 1 || n_tiles * bn != n)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda mmq by id: %lld rows x %d experts of %lld, %lld tiles of %d tokens, "
+                       "%lld tokens, tile %d",
+                       (long long)rows_e, n_exp, (long long)w->rows, (long long)n_tiles, bn,
+                       (long long)n, tile);
+    if (!d->mmq_occ[type_index(w->type)][tile])
+        return err_set(e, SMELT_ERR_UNSUPPORTED,
+                       "cuda mmq by id: tile %d needs %d B of shared memory, the device has %d",
+                       tile, smem_bytes_of(w->type, tile), d->mmq_smem_max);
+    /* the grid as for the bound (every tile used); the blocks split the used tiles */
+    const mmq_plan p = plan_of(d, w->type, rows_e, w->k, n, tile);
+    const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
+    if (scratch_bytes < need)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmq by id: scratch of %llu B, needs %llu",
+                       (unsigned long long)scratch_bytes, (unsigned long long)need);
+    unsigned char *sc = (unsigned char *)scratch;
+    mmq_args a;
+    a.wq = (const unsigned char *)w->q;
+    a.ws = (const unsigned char *)w->s;
+    a.wd = (const unsigned char *)w->d;
+    a.cnt = (int *)sc;
+    a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
+    a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
+    a.y = y;
+    a.units = p.units;
+    a.rows = (int)rows_e;
+    a.k = (int)w->k;
+    a.n = (int)n;
+    a.accumulate = 0;
+    a.nsb = p.nsb;
+    a.tiles_n = p.tiles_n;
+    a.grid = p.grid;
+    a.tile_eid = tile_eid;
+    a.n_tiles_max = (int)n_tiles;
+    cudaStream_t st = ctx->stream;
+    cudaError_t ce;
+    switch (w->type) {
+    case QT_Q4_K: ce = launch_type<QT_Q4_K>(a, tile, st); break;
+    case QT_Q6_K: ce = launch_type<QT_Q6_K>(a, tile, st); break;
+    default: ce = launch_type<QT_Q8_0>(a, tile, st); break;
+    }
+    if (ce != cudaSuccess)
+        return err_set(e, SMELT_ERR_DEVICE, "cuda mmq by id: %s %lld x %lld, %lld tokens: %s",
+                       qtype_name(w->type), (long long)rows_e, (long long)w->k, (long long)n,
+                       cudaGetErrorString(ce));
+    return SMELT_OK;
 }

@@ -59,6 +59,25 @@ smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, in
                           void *scratch, uint64_t scratch_bytes, int accumulate, int tile,
                           struct err *e);
 
+/* Expert products on the tensor cores ("mmq by id", the grouped mixture-of-experts FFN): w
+ * stacks n_exp experts' matrices of rows_e rows each (w->rows = n_exp x rows_e); the n token
+ * rows (from scratch, as cuda_mmq_quantize(x, w->k, n) left it) are n_tiles tiles of the
+ * tile's token width (n = n_tiles x width), tile t multiplied by expert tile_eid[t] (device
+ * memory, cuda_moe_group's chunk table with chunks of the tile's width): the tiles with an
+ * id >= 0 must be a prefix (the grouping's order); the rest are not computed and their rows
+ * of y are not written. y (n, rows_e) = W[tile_eid[t]] x. Each block computes whole tiles
+ * over all of K in a fixed order, so a row's result depends on its own x and expert alone
+ * (batch invariance), not on the other rows' experts. tile: cuda_mmq_id_tile's. Graph-
+ * capturable: the launch shape depends on (type, rows_e, k, n, tile) only. */
+smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t rows_e,
+                             int n_exp, const int32_t *tile_eid, int64_t n_tiles, int64_t n,
+                             float *y, void *scratch, uint64_t scratch_bytes, int tile,
+                             struct err *e);
+/* The tile for cuda_mmq_id_pre with token width `tokens` (16, 32 or 64) on experts of rows_e
+ * x k, for about n_pairs grouped rows; -1 when none fits (or the type has no kernel). */
+int cuda_mmq_id_tile(struct cuda_ctx *ctx, uint32_t type, int64_t rows_e, int64_t k,
+                     int64_t n_pairs, int tokens);
+
 /* cuda_mmq_quantize then cuda_mmq_pre with the automatic tile. */
 smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
                       float *y, void *scratch, uint64_t scratch_bytes, int accumulate,

@@ -17,6 +17,18 @@
  *   CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
  *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
  *   weights once), and the combine reads each pair's output from its grouped row.
+ *   more rows on the tensor cores ("mmq by id", the default for more than CUDA_MMV_MAX_N rows
+ *   where mmq takes the experts' types and there are no gate/up biases; SMELT_MOE_PATH=mmv or
+ *   mmq forces a path): the same grouping in chunks of the mmq tile's token width ch (16, 32
+ *   or 64, by the mean rows per expert), f32 input rows gathered, then
+ *     x' f16                                         cuda_mmq_quantize, n_chunks ch rows
+ *     g = gate[e] x', u = up[e] x'                   cuda_mmq_id_pre (a token tile = a chunk)
+ *     h = act(g) * u                                 cuda_glu (in place in g)
+ *     h f16; y = down[e] h                           cuda_mmq_quantize, cuda_mmq_id_pre
+ *     dst (+)= ...                                   cuda_moe_combine, as above
+ *   so each expert's weight tile is read once per chunk of ch of its rows; chunk tables and
+ *   every launch shape are bounds of (n, k, n_expert), the used chunks are counted on the
+ *   device.
  * Scratch depends on (n, k, n_expert) only, never on the routing (graphs replay). */
 #include "backend/cuda/cuda_backend_int.h"
 
@@ -56,6 +68,88 @@ static void *quantized_rows(struct cuda_backend *cb, const struct cuda_qweight *
     return sc;
 }
 
+/* The token width of the mmq-by-id chunks: the narrowest of 16, 32, 64 that holds the mean
+ * rows per expert (padding each expert's rows to a whole chunk costs less than re-reading its
+ * weights for a second chunk). */
+static int mmq_width(int64_t n_pairs, int n_exp) {
+    const int64_t mean = (n_pairs + n_exp - 1) / n_exp;
+    return mean <= 16 ? 16 : mean <= 32 ? 32 : 64;
+}
+
+/* The grouped FFN on the tensor cores (see the file comment). Returns false (nothing done)
+ * where the path does not apply, true where it ran or failed the backend. */
+static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struct tensor *x,
+                        const struct moe_experts *w, const struct tensor *ids,
+                        const struct tensor *weights, const struct prenorm *pre, bool acc,
+                        const struct cuda_qweight *qg, const struct cuda_qweight *qu,
+                        const struct cuda_qweight *qd, const char *name) {
+    struct backend *b = &cb->base;
+    const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
+    const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
+    if (cb->moe_path == 1 || n <= CUDA_MMV_MAX_N || w->gate_b || w->up_b ||
+        !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
+        qg->rows != n_ff * n_exp || qd->rows != n_embd * n_exp)
+        return false;
+    const int ch = mmq_width(n * k, n_exp);
+    const int tg = cuda_mmq_id_tile(&cb->ctx, qg->type, n_ff, n_embd, n * k, ch);
+    const int td = cuda_mmq_id_tile(&cb->ctx, qd->type, n_embd, n_ff, n * k, ch);
+    if (tg < 0 || td < 0) return false;
+    const int64_t n_chunks = cuda_moe_chunks(n * k, n_exp, ch), rows = n_chunks * ch;
+    if (rows > (1 << 24)) return false;
+    struct err e;
+    uint64_t sb_gu = 0, sb_d = 0;
+    if (cuda_mmq_scratch_bytes(&cb->ctx, n_ff, n_embd, rows, &sb_gu, &e) != SMELT_OK ||
+        cuda_mmq_scratch_bytes(&cb->ctx, n_embd, n_ff, rows, &sb_d, &e) != SMELT_OK) {
+        bk_fail(b, e.code, "%s: %s", name, e.msg);
+        return true;
+    }
+    const uint64_t sb = sb_gu > sb_d ? sb_gu : sb_d;
+    const size_t mark = cu_scratch_mark(b);
+    int32_t *chunk_eid = cu_scratch(cb, (size_t)n_chunks * sizeof(int32_t));
+    int32_t *pos = cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
+    int32_t *src = cu_scratch(cb, (size_t)rows * sizeof(int32_t));
+    void *xq = cu_scratch(cb, cuda_mmv_scratch_bytes(n_embd, (int)rows));
+    float *xf = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
+    void *msc = cu_scratch(cb, (size_t)sb);
+    float *g = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
+    float *u = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
+    float *y = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
+    if (!chunk_eid || !pos || !src || !xq || !xf || !msc || !g || !u || !y) return true;
+    smelt_status st =
+        cuda_moe_group(&cb->ctx, ids->data, n, k, n_exp, ch, n_chunks, chunk_eid, pos, src, &e);
+    if (st == SMELT_OK)
+        st = cuda_moe_gather(&cb->ctx, x->data, n_embd, src, rows, pre != NULL,
+                             pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, &e);
+    if (st == SMELT_OK) st = cuda_mmq_quantize(&cb->ctx, xf, n_embd, rows, msc, &e);
+    if (st == SMELT_OK)
+        st = cuda_mmq_id_pre(&cb->ctx, qg, n_ff, n_exp, chunk_eid, n_chunks, rows, g, msc, sb, tg,
+                             &e);
+    if (st == SMELT_OK)
+        st = cuda_mmq_id_pre(&cb->ctx, qu, n_ff, n_exp, chunk_eid, n_chunks, rows, u, msc, sb, tg,
+                             &e);
+    cu_check_launch(cb, "moe gate/up (mmq)");
+    if (st == SMELT_OK) {
+        /* rows of unused chunks hold stale values: elementwise, never read by the down
+         * product's used tiles nor by the combine */
+        cuda_glu(&cb->ctx, g, g, u, cu_glu_code(w->act), rows * n_ff);
+        st = cuda_mmq_quantize(&cb->ctx, g, n_ff, rows, msc, &e);
+    }
+    if (st == SMELT_OK)
+        st = cuda_mmq_id_pre(&cb->ctx, qd, n_embd, n_exp, chunk_eid, n_chunks, rows, y, msc, sb,
+                             td, &e);
+    cu_check_launch(cb, "moe down (mmq)");
+    if (st == SMELT_OK)
+        st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
+                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, &e);
+    cu_check_launch(cb, "moe combine");
+    if (st != SMELT_OK) {
+        bk_fail(b, e.code, "%s: %s", name, e.msg);
+        return true;
+    }
+    cu_scratch_release(b, mark);
+    return true;
+}
+
 void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids, const struct tensor *weights,
                 const struct prenorm *pre, bool acc) {
@@ -77,6 +171,7 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 CUDA_MOE_MAX_EXPERTS);
         return;
     }
+    if (moe_ffn_mmq(cb, dst, x, w, ids, weights, pre, acc, qg, qu, qd, name)) return;
     const size_t mark = cu_scratch_mark(b);
     struct err e;
     smelt_status st = SMELT_OK;
