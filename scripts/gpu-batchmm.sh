@@ -54,6 +54,17 @@ SMELT_BENCH=1 SMELT_TEST_SMALL=1 "$bin/test_cuda_mmb" > "$out/bench-mmb.log" 2>&
 note "SMELT_BENCH table ($((SECONDS - t0)) s; us per product, graph-replayed, weights from HBM):"
 grep '^bench mmb' "$out/bench-mmb.log" | sed 's/^bench mmb //' | tee -a "$sum"
 
+# the K split's target of blocks per SM (default 4): the 4096x4096 / 1024x4096 products get 2
+# / 1 super-block per block at 4; the sweep says whether fewer, longer blocks (1, 2) or more
+# (8) read the weights faster. The tests run under each value too (the bits must not change
+# with n whatever the split).
+for bps in 1 2 8; do
+    t0=$SECONDS
+    SMELT_MMB_BLOCKS_PER_SM=$bps SMELT_BENCH=1 SMELT_TEST_SMALL=1 "$bin/test_cuda_mmb" > "$out/bench-mmb-bps$bps.log" 2>&1
+    note "SMELT_MMB_BLOCKS_PER_SM=$bps: rc $? ($((SECONDS - t0)) s): $(tail -1 "$out/bench-mmb-bps$bps.log")"
+    grep '^bench mmb' "$out/bench-mmb-bps$bps.log" | sed 's/^bench mmb //' | tee -a "$sum"
+done
+
 [ -n "${qpid:-}" ] && wait "$qpid"
 if [ -f "$m8" ]; then
     for mode in default mmb legacy; do
@@ -67,8 +78,26 @@ if [ -f "$m8" ]; then
     done
     note "measured path table (default run, SMELT_LOG=debug):"
     grep -A 12 'matmul paths measured' "$out/bench-8b-default.log" | grep 'Q4_K\|Q6_K' | head -12 | tee -a "$sum"
+    # where a step of 8 rows goes: per kernel, mmb's Q4_K products against the Q6_K ones
+    # (attn_v, half the ffn_down, output) that still take mmv (docs/cuda-backend.md)
+    t0=$SECONDS
+    SMELT_PROFILE=1 "$bin/smelt" bench -m "$m8" -p 0 -n 32 -d 128 -B 8 -r 1 -o md > "$out/profile-8b-B8.log" 2>&1
+    note "SMELT_PROFILE, 8 rows, default path (rc $?, $((SECONDS - t0)) s):"
+    grep -A 25 '^SMELT_PROFILE' "$out/profile-8b-B8.log" | tee -a "$sum"
 else
     note "no 8B file: $(tail -2 "$out/quantize.log" 2>/dev/null)"
+fi
+# Q8_0: no mmb kernel yet, so default = legacy there; the baseline for the Q8_0 kernel
+m8q8=$models/llama3-8b-Q8_0.gguf
+[ -f "$m8q8" ] || { "$bin/smelt" quantize --random llama3-8b "$m8q8.part" Q8_0 > "$out/quantize-q8.log" 2>&1 &&
+    mv -f "$m8q8.part" "$m8q8"; }
+if [ -f "$m8q8" ]; then
+    t0=$SECONDS
+    "$bin/smelt" bench -m "$m8q8" -p 0 -n 128 -d 128 -B 1,8,32,64 -o md > "$out/bench-8b-q8.log" 2>&1
+    note "8B Q8_0 batched decode, default path (rc $?, $((SECONDS - t0)) s):"
+    grep '^|' "$out/bench-8b-q8.log" | tee -a "$sum"
+else
+    note "no 8B Q8_0 file: $(tail -2 "$out/quantize-q8.log" 2>/dev/null)"
 fi
 echo "=== summary ($sum) ==="
 cat "$sum"
