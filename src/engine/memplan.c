@@ -25,10 +25,11 @@ void memplan_weight_bytes(struct backend *bk, const struct gguf_file *f, int32_t
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         int64_t ne[TENSOR_MAX_DIMS] = {1, 1, 1, 1};
         for (int d = 0; d < TENSOR_MAX_DIMS && d < GGUF_MAX_DIMS; d++) ne[d] = t->ne[d];
-        uint64_t b = bk_weight_bytes(bk, t->type, ne);
-        if (b == 0) continue; /* a host backend: nothing is copied */
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        /* the conv taps (and bert's token types) are held F32 whatever the file's type */
+        uint64_t b = bk_weight_bytes(bk, model_tensor_widened(name) ? QT_F32 : t->type, ne);
+        if (b == 0) continue; /* a host backend: nothing is copied */
         if (model_expert_on_host(name, INT32_MAX)) { /* an expert tensor */
             int layer = -1;
             sscanf(name, "blk.%d.", &layer);

@@ -581,6 +581,16 @@ bool model_expert_on_host(const char *name, int32_t n_cpu_moe) {
            !strncmp(dot - 5, "_exps", 5);
 }
 
+bool model_tensor_widened(const char *name) {
+    static const char *const sfx[] = {".ssm_conv1d.weight", "token_types.weight"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof sfx / sizeof *sfx; i++) {
+        size_t k = strlen(sfx[i]);
+        if (n >= k && !strcmp(name + n - k, sfx[i])) return true;
+    }
+    return false;
+}
+
 smelt_status model_load(struct model **out, const struct gguf_file *f, struct backend *bk,
                         struct err *e) {
     return model_load_placed(out, f, bk, NULL, e);

@@ -246,6 +246,10 @@ void model_free(struct model *m);
 /* True when GGUF tensor `name` is an expert tensor (blk.N.ffn_*_exps.*) of a layer N <
  * n_cpu_moe: the tensors --n-cpu-moe keeps on the host. */
 bool model_expert_on_host(const char *name, int32_t n_cpu_moe);
+/* True when GGUF tensor `name` is a matrix the loader widens to F32 whatever its file type
+ * (ld_matrix_f32: the conv taps blk.N.ssm_conv1d.weight, bert's token_types.weight): the
+ * memory plan counts it as F32. */
+bool model_tensor_widened(const char *name);
 
 /* The memory of the model's layers (docs/forward.md, "Memory kinds"):
  * - MEM_KV layers: one K and one V tensor each, (head_dim, block_size, n_head_kv, n_blocks)

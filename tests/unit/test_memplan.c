@@ -185,6 +185,19 @@ static void test_measure_cpu(void) {
     bk_free(bk);
 }
 
+/* The conv taps (and bert's token types) are held F32 by the loader (ld_matrix_f32), so
+ * the plan counts them as F32 whatever the file's type: a device held 2 bytes a tap less
+ * than it needed for an F16 file. */
+static void test_widened(void) {
+    T_CHECK(model_tensor_widened("blk.0.ssm_conv1d.weight"));
+    T_CHECK(model_tensor_widened("blk.39.ssm_conv1d.weight"));
+    T_CHECK(model_tensor_widened("token_types.weight"));
+    T_CHECK(!model_tensor_widened("blk.0.ssm_conv1d.bias"));
+    T_CHECK(!model_tensor_widened("blk.0.ssm_out.weight"));
+    T_CHECK(!model_tensor_widened("weight"));
+    T_CHECK(!model_tensor_widened(""));
+}
+
 static void test_cuda(void) {
 #ifdef SMELT_HAVE_CUDA
     if (cuda_device_count() == 0) {
@@ -221,6 +234,7 @@ int main(void) {
     T_RUN(test_kv_explicit);
     T_RUN(test_weights_fit);
     T_RUN(test_measure_cpu);
+    T_RUN(test_widened);
     T_RUN(test_cuda);
     return t_done();
 }
