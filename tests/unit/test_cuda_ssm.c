@@ -13,7 +13,10 @@
  * largest magnitude. The delta rule runs key heads of 16 (the fixtures'), 12 and 36 (masked
  * columns), 128 (the real models') and 256, value heads of 7..128 (masked rows), tiled and
  * grouped (qwen3next) value heads. A key head size the kernels do not take is refused as a
- * sticky error naming it. Copies must be exact; GLU within 1e-6. */
+ * sticky error naming it. The GPU's chunkwise form (a second backend with
+ * SMELT_GDN_CHUNK_MIN=1: every step chunked, decode rows too) must match both the GPU's
+ * recurrence and the CPU within the same 2e-4, outputs and every slot. Copies must be
+ * exact; GLU within 1e-6. */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
 
@@ -32,7 +35,7 @@ int main(void) {
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 
-static struct backend *cpu, *gpu;
+static struct backend *cpu, *gpu, *gpu_chunk; /* gpu_chunk: SMELT_GDN_CHUNK_MIN=1 */
 static unsigned long long rs = 0x55a1c0deULL;
 
 static float *rand_buf(size_t n, float scale) {
@@ -228,6 +231,33 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
     T_CHECKF(sc == SMELT_OK, "cpu: %s", e.msg);
     smelt_status sg = gdn_run(gpu, &p, qkv, av, bv, ssm_a, dt, ss0, og, ssg, &e);
     T_CHECKF(sg == SMELT_OK, "gpu: %s", e.msg);
+    /* the chunkwise form (every step, decode rows included) against the GPU's recurrence
+     * and the CPU: the same bound (F32 state; rounding only) */
+    double worst_ch = 0;
+    if (gpu_chunk) {
+        float *oh[STEPS], *ssh = calloc(slot_n, sizeof(float));
+        for (int s = 0; s < STEPS; s++) oh[s] = calloc(rows[s] * nv * hv, sizeof(float));
+        smelt_status sh = gdn_run(gpu_chunk, &p, qkv, av, bv, ssm_a, dt, ss0, oh, ssh, &e);
+        T_CHECKF(sh == SMELT_OK, "gpu chunked: %s", e.msg);
+        for (int s = 0; sh == SMELT_OK && sg == SMELT_OK && sc == SMELT_OK && s < STEPS; s++) {
+            double r = fmax(rel_err(oh[s], og[s], rows[s] * nv * hv), rel_err(oh[s], oc[s], rows[s] * nv * hv));
+            worst_ch = fmax(worst_ch, r);
+            T_CHECKF(r < 2e-4, "gdn chunked nk %d hk %d nv %d hv %d%s step %d: outputs rel err %.3g", nk, hk, nv,
+                     hv, grouped ? " grouped" : "", s, r);
+        }
+        if (sh == SMELT_OK && sg == SMELT_OK && sc == SMELT_OK) {
+            const size_t per = slot_n / SLOTS;
+            for (int sl = 0; sl < 8; sl++) {
+                double r = fmax(rel_err(ssh + sl * per, ssg + sl * per, per), rel_err(ssh + sl * per, ssc + sl * per, per));
+                worst_ch = fmax(worst_ch, r);
+                T_CHECKF(r < 2e-4, "gdn chunked nk %d hk %d nv %d hv %d%s: slot %d rel err %.3g", nk, hk, nv, hv,
+                         grouped ? " grouped" : "", sl, r);
+            }
+            T_CHECKF(!memcmp(ssh + 8 * per, ss0 + 8 * per, 2 * per * sizeof(float)), "gdn chunked: an idle slot changed");
+        }
+        for (int s = 0; s < STEPS; s++) free(oh[s]);
+        free(ssh);
+    }
     double worst = 0, worst_st = 0;
     for (int s = 0; sc == SMELT_OK && sg == SMELT_OK && s < STEPS; s++) {
         double r = rel_err(og[s], oc[s], rows[s] * nv * hv);
@@ -245,8 +275,8 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
         }
         T_CHECKF(!memcmp(ssg + 8 * per, ss0 + 8 * per, 2 * per * sizeof(float)), "gdn: an idle slot changed");
     }
-    printf("gdn nk %d hk %-3d nv %d hv %-3d %-7s: max rel err outputs %.2e, states %.2e\n", nk, hk, nv, hv,
-           grouped ? "grouped" : "tiled", worst, worst_st);
+    printf("gdn nk %d hk %-3d nv %d hv %-3d %-7s: max rel err outputs %.2e, states %.2e; chunked vs both %.2e\n",
+           nk, hk, nv, hv, grouped ? "grouped" : "tiled", worst, worst_st, worst_ch);
     for (int s = 0; s < STEPS; s++) free(qkv[s]), free(av[s]), free(bv[s]), free(oc[s]), free(og[s]);
     free(ssm_a), free(dt), free(ss0), free(ssc), free(ssg);
 }
@@ -349,6 +379,12 @@ int main(void) {
         return 1;
     }
     cpu_backend_set_exact(cpu, true);
+    setenv("SMELT_GDN_CHUNK_MIN", "1", 1); /* read when a backend is created */
+    if (cuda_backend_new(&gpu_chunk, 0, &e) != SMELT_OK) {
+        fprintf(stderr, "backend: %s\n", e.msg);
+        return 1;
+    }
+    unsetenv("SMELT_GDN_CHUNK_MIN");
     T_RUN(test_conv);
     T_RUN(test_gdn);
     T_RUN(test_gdn_refused);
@@ -356,6 +392,7 @@ int main(void) {
     T_RUN(test_glu);
     bk_free(cpu);
     bk_free(gpu);
+    bk_free(gpu_chunk);
     return t_done();
 }
 #endif

@@ -224,6 +224,11 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     const char *mq = getenv("SMELT_MMQ_MAX_ROWS");
     cb->mmq_rows_fixed = mq && *mq;
     cb->mmq_max_rows = cb->mmq_rows_fixed ? strtoll(mq, NULL, 10) : MMQ_MAX_ROWS;
+    /* SMELT_GDN_CHUNK_MIN=N: the delta rule's chunkwise form for steps of >= N token rows
+     * (0: never; 1: every step). Default GDN_CHUNK_MIN: not yet measured on a GPU. */
+    const char *gc = getenv("SMELT_GDN_CHUNK_MIN");
+    cb->gdn_chunk_min = gc && *gc ? strtoll(gc, NULL, 10) : GDN_CHUNK_MIN;
+    if (cb->gdn_chunk_min < 0) cb->gdn_chunk_min = 0;
     const char *mp = getenv("SMELT_MM_PATH");
     cb->mm_path = mp && !strcmp(mp, "mmb") ? 1 : mp && !strcmp(mp, "legacy") ? -1 : 0;
     if (mp && *mp && !cb->mm_path) log_warn("SMELT_MM_PATH=%s is neither mmb nor legacy: ignored", mp);

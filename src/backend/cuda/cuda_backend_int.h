@@ -28,6 +28,7 @@
  * measures the real one per shape at first use. SMELT_MMQ_MAX_ROWS=N fixes the switch at
  * N rows when the backend is created (0 = off) and leaves only the tile to measure. */
 #define MMQ_MAX_ROWS 64
+#define GDN_CHUNK_MIN 1024 /* token rows a step from which the delta rule runs chunked (cuda_ssm.cu) */
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB) */
@@ -87,6 +88,8 @@ struct cuda_backend {
     bool no_graph; /* SMELT_NO_GRAPH=1 */
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
     int moe_path;         /* SMELT_MOE_PATH: 0 by rows (cu_moe_ffn), 1 "mmv", 2 "mmq" */
+    int64_t gdn_chunk_min; /* bk_gated_delta_net: steps of at least this many token rows take
+                            * the chunkwise form (0: never); GDN_CHUNK_MIN or SMELT_GDN_CHUNK_MIN */
     bool mmq_rows_fixed;  /* SMELT_MMQ_MAX_ROWS given: the mmq/gemm switch is not measured */
     int mm_path;          /* SMELT_MM_PATH: 0 measured, 1 "mmb" (forced, 2..64 rows where it has
                            * a kernel), -1 "legacy" (never mmb) */

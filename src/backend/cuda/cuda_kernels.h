@@ -219,13 +219,20 @@ struct cuda_gdn_args {
     int64_t n_tokens;
     int n_seqs, n_k_head, head_k, n_v_head, head_v, grouped;
     float eps;
-    void *scratch;       /* cuda_gdn_scratch_bytes(n_tokens, n_k_head, head_k, n_v_head) */
+    int chunked;         /* 1: the chunkwise (WY) form, chunks of CUDA_GDN_CHUNK rows; 0: the
+                          * recurrence token by token */
+    void *scratch;       /* cuda_gdn_scratch_bytes(n_tokens, n_k_head, head_k, n_v_head,
+                          * head_v, chunked) */
 };
+#define CUDA_GDN_CHUNK 64
 /* Whether the kernels take this key head size (a multiple of 4 up to CUDA_GDN_MAX_HEAD_K). */
 int cuda_gdn_supported(int head_k);
-uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head);
-/* Two launches: the norms and gates of every row, then the recurrence per (value head, tile
- * of state rows, sequence). */
+uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head, int head_v,
+                                int chunked);
+/* Two launches (the norms and gates of every row, then the recurrence per (value head, tile
+ * of state rows, sequence)), or three when chunked (the norms and gates, the chunks' WY
+ * factors per (chunk, value head, sequence), then the chunks of each sequence in order per
+ * (value head, tile of state rows, sequence)). */
 void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn_args *a);
 
 /* ---- cuda_sample.cu ---- */

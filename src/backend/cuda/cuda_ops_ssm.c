@@ -27,13 +27,16 @@ void cu_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
     }
     size_t mark = cu_scratch_mark(b);
     const int64_t n = qkv->ne[1];
-    void *sc = cu_scratch(cb, cuda_gdn_scratch_bytes(n, p->n_k_head, p->head_k, p->n_v_head));
+    /* the chunkwise form for steps of at least gdn_chunk_min rows (SMELT_GDN_CHUNK_MIN) */
+    const int chunked = cb->gdn_chunk_min > 0 && n >= cb->gdn_chunk_min;
+    void *sc = cu_scratch(cb, cuda_gdn_scratch_bytes(n, p->n_k_head, p->head_k, p->n_v_head, p->head_v, chunked));
     if (!sc) return;
     struct cuda_gdn_args g = {.dst = dst->data, .qkv = qkv->data, .a = a->data, .bl = bl->data,
                               .ssm_a = ssm_a->data, .dt_bias = dt_bias->data, .ss = ss->data,
                               .seqs = seqs->data, .n_tokens = n, .n_seqs = (int)seqs->ne[1],
                               .n_k_head = p->n_k_head, .head_k = p->head_k, .n_v_head = p->n_v_head,
-                              .head_v = p->head_v, .grouped = p->grouped, .eps = p->eps, .scratch = sc};
+                              .head_v = p->head_v, .grouped = p->grouped, .eps = p->eps,
+                              .chunked = chunked, .scratch = sc};
     cuda_gated_delta_net(&cb->ctx, &g);
     cu_check_launch(cb, "gated_delta_net");
     cu_scratch_release(b, mark);

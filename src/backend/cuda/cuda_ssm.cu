@@ -88,8 +88,8 @@ static __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x
  * e^g and beta of every value head. */
 static __global__ void gdn_prep_kernel(float *qn, float *kn, float2 *gb, const float *qkv, const float *a,
                                        const float *bl, const float *__restrict__ ssm_a,
-                                       const float *__restrict__ dt_bias, int nk, int hk, int nv, int64_t row_len,
-                                       float eps) {
+                                       const float *__restrict__ dt_bias, float *graw, int nk, int hk, int nv,
+                                       int64_t row_len, float eps) {
     pdl_wait();
     pdl_trigger();
     const int64_t t = blockIdx.x;
@@ -109,6 +109,7 @@ static __global__ void gdn_prep_kernel(float *qn, float *kn, float2 *gb, const f
     for (int h = threadIdx.x; h < nv; h += blockDim.x) {
         const float g = ssm_a[h] * softplus(a[t * nv + h] + dt_bias[h]);
         gb[t * nv + h] = make_float2(expf(g), 1.0f / (1.0f + expf(-bl[t * nv + h])));
+        if (graw) graw[t * nv + h] = g; /* the chunked form sums the logs (e^g may underflow) */
     }
 }
 
@@ -186,6 +187,170 @@ static __global__ void gdn_scan_kernel(float *dst, const float *qn, const float 
     row_store(srow, s, p, hk, ok);
 }
 
+
+/* ---- the chunkwise (WY) form, chunks of CUDA_GDN_CHUNK rows (the CPU's gdn_chunk) ----
+ * Per value head, with gam_t the cumulative log decay inside the chunk and S0 its incoming
+ * state:
+ *   (I + A) W = diag(beta) V,  (I + A) Kc = diag(beta e^{gam}) K,
+ *     A[s][r] = beta_s e^{gam_s - gam_r} k_s.k_r  (r < s; forward substitution)
+ *   u_s = w_s - S0 kc_s
+ *   o_t = e^{gam_t} S0 q_t + sum_{s<=t} e^{gam_t - gam_s} (q_t.k_s) u_s
+ *   S_C = e^{gam_C} S0 + sum_s e^{gam_C - gam_s} u_s k_s^T
+ * gdn_wy (a block per (chunk, value head, sequence), all chunks at once): gam, A, the
+ * output weights P[t][s] = e^{gam_t - gam_s} q_t.k_s (s <= t), and W, Kc by forward
+ * substitution, a thread per column. gdn_chunk_scan (the scan's grid and register state):
+ * for each chunk of the sequence in order, u and the state part of o (dots with S0 of
+ * independent rows: no chain from token to token), then S_C, then the intra-chunk part of
+ * o from u in shared memory. A snapshot point splits the chunks there (as on the CPU). */
+
+/* Chunk c of a sequence's rows: [0, cut) then [cut, n) in chunks of CUDA_GDN_CHUNK, cut the
+ * snapshot point (n without one). False past the last. */
+static __device__ __forceinline__ bool chunk_of(const int32_t *q, int c, int *t0, int *len) {
+    const int n = q[STATE_NROWS], at = q[STATE_SNAP_AT];
+    const int cut = at >= 0 && at <= n ? at : n, c1 = (cut + CUDA_GDN_CHUNK - 1) / CUDA_GDN_CHUNK;
+    if (c < c1) {
+        *t0 = c * CUDA_GDN_CHUNK;
+        *len = min(CUDA_GDN_CHUNK, cut - *t0);
+        return true;
+    }
+    *t0 = cut + (c - c1) * CUDA_GDN_CHUNK;
+    *len = min(CUDA_GDN_CHUNK, n - *t0);
+    return *t0 < n;
+}
+
+/* grid (chunks, value heads, sequences), block 128. Per token row r and value head h:
+ * gam[r nv + h]; W (hv), Kc (hk) and P (CUDA_GDN_CHUNK: row t's weights of the chunk's rows
+ * s <= t) at row (r nv + h). */
+static __global__ void __launch_bounds__(128) gdn_wy_kernel(float *W, float *Kc, float *P, float *gam_out,
+                                                            const float *qn, const float *kn, const float2 *gb,
+                                                            const float *graw, const float *qkv, const int32_t *seqs,
+                                                            int nk, int hk, int nv, int hv, int64_t row_len,
+                                                            int grouped) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float A[CUDA_GDN_CHUNK][CUDA_GDN_CHUNK + 1];
+    __shared__ float gam[CUDA_GDN_CHUNK], beta[CUDA_GDN_CHUNK];
+    const int32_t *q = seqs + (int64_t)blockIdx.z * STATE_SEQ_WORDS;
+    if (q[STATE_NROWS] <= 0) return;
+    int t0, len;
+    if (!chunk_of(q, blockIdx.x, &t0, &len)) return; /* the whole block */
+    const int h = blockIdx.y, kh = grouped ? h / (nv / nk) : h % nk;
+    const int64_t r0 = q[STATE_ROW0] + t0;
+    if (threadIdx.x == 0) {
+        float c = 0.0f;
+        for (int t = 0; t < len; t++) {
+            c += graw[(r0 + t) * nv + h];
+            gam[t] = c;
+            beta[t] = gb[(r0 + t) * nv + h].y;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < len) gam_out[(r0 + threadIdx.x) * nv + h] = gam[threadIdx.x];
+    for (int idx = threadIdx.x; idx < len * len; idx += blockDim.x) {
+        const int s = idx / len, r = idx % len;
+        if (r > s) continue;
+        const float *ks = kn + ((r0 + s) * nk + kh) * hk, *kr = kn + ((r0 + r) * nk + kh) * hk,
+                    *qs = qn + ((r0 + s) * nk + kh) * hk;
+        float dk = 0.0f, dq = 0.0f;
+        for (int j = 0; j < hk; j++) {
+            dk += ks[j] * kr[j];
+            dq += qs[j] * kr[j];
+        }
+        const float e = expf(gam[s] - gam[r]);
+        if (r < s) A[s][r] = beta[s] * e * dk;
+        P[((r0 + s) * nv + h) * CUDA_GDN_CHUNK + r] = e * dq;
+    }
+    __syncthreads();
+    const int64_t v_off = 2 * (int64_t)nk * hk + (int64_t)h * hv;
+    for (int j = threadIdx.x; j < hv + hk; j += blockDim.x) { /* column j of [W | Kc]: this thread's own */
+        const bool isv = j < hv;
+        const int jj = isv ? j : j - hv, w = isv ? hv : hk;
+        float *X = isv ? W : Kc;
+        for (int s = 0; s < len; s++) {
+            const int64_t r = r0 + s;
+            float val = isv ? beta[s] * qkv[r * row_len + v_off + jj]
+                            : beta[s] * expf(gam[s]) * kn[(r * nk + kh) * hk + jj];
+            for (int p = 0; p < s; p++) val -= A[s][p] * X[((r0 + p) * nv + h) * w + jj];
+            X[(r * nv + h) * w + jj] = val;
+        }
+    }
+}
+
+/* grid (value heads x row tiles, sequences), block rows per tile (<= 32) x GDN_P: the
+ * scan's layout (state row i of the tile in the registers of GDN_P threads). */
+template <int KPT>
+static __global__ void gdn_chunk_scan_kernel(float *dst, const float *qn, const float *kn, const float *W,
+                                             const float *Kc, const float *P, const float *gam, float *ss,
+                                             const int32_t *seqs, int nk, int hk, int nv, int hv, int grouped) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float U[CUDA_GDN_CHUNK][32], O[CUDA_GDN_CHUNK][32];
+    const int rb = blockDim.x / GDN_P, tiles = (hv + rb - 1) / rb;
+    const int h = blockIdx.x / tiles, p = threadIdx.x % GDN_P, ri = threadIdx.x / GDN_P;
+    const int i = (blockIdx.x % tiles) * rb + ri; /* the state row */
+    const int32_t *q = seqs + (int64_t)blockIdx.y * STATE_SEQ_WORDS;
+    const int n = q[STATE_NROWS];
+    if (n <= 0) return; /* the whole block */
+    const int64_t r0 = q[STATE_ROW0];
+    const int at = q[STATE_SNAP_AT];
+    const bool ok = i < hv;
+    const int kh = grouped ? h / (nv / nk) : h % nk;
+    const int64_t hd = (int64_t)hv * hk, slot_floats = (int64_t)nv * hd, off = h * hd + (int64_t)i * hk;
+    float *srow = ss + q[STATE_SLOT] * slot_floats + off;
+    float s[KPT];
+    row_load(s, srow, p, hk, ok && !q[STATE_FRESH]);
+    int t0, len;
+    for (int c = 0; chunk_of(q, c, &t0, &len); c++) {
+        if (t0 == at) row_store(ss + q[STATE_SNAP_SLOT] * slot_floats + off, s, p, hk, ok);
+        const int64_t rc = r0 + t0;
+        /* u_t = w_t - S0 kc_t and e^{gam_t} S0 q_t: independent rows */
+        for (int t = 0; t < len; t++) {
+            const int64_t r = rc + t;
+            float kk[KPT], qq[KPT];
+            row_load(kk, Kc + (r * nv + h) * hk, p, hk, true);
+            row_load(qq, qn + (r * nk + kh) * hk, p, hk, true);
+            float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+            for (int e = 0; e < KPT; e++) {
+                sk += s[e] * kk[e];
+                sq += s[e] * qq[e];
+            }
+            sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+            sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+            sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+            sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+            if (p == 0) {
+                U[t][ri] = ok ? W[(r * nv + h) * hv + i] - sk : 0.0f;
+                O[t][ri] = expf(gam[r * nv + h]) * sq;
+            }
+        }
+        __syncthreads();
+        /* S_C = e^{gam_C} S0 + sum_t e^{gam_C - gam_t} u_t k_t^T */
+        const float gl = gam[(rc + len - 1) * nv + h], el = expf(gl);
+#pragma unroll
+        for (int e = 0; e < KPT; e++) s[e] *= el;
+        for (int t = 0; t < len; t++) {
+            const int64_t r = rc + t;
+            float kk[KPT];
+            row_load(kk, kn + (r * nk + kh) * hk, p, hk, true);
+            const float f = expf(gl - gam[r * nv + h]) * U[t][ri];
+#pragma unroll
+            for (int e = 0; e < KPT; e++) s[e] += f * kk[e];
+        }
+        /* o_t += sum_{s<=t} P[t][s] u_s: the row's GDN_P threads take every GDN_P-th t */
+        for (int t = p; t < len; t += GDN_P) {
+            const int64_t r = rc + t;
+            const float *pr = P + (r * nv + h) * CUDA_GDN_CHUNK;
+            float o = O[t][ri];
+            for (int u = 0; u <= t; u++) o += pr[u] * U[u][ri];
+            if (ok) dst[(r * nv + h) * hv + i] = o;
+        }
+        __syncthreads(); /* U and O are the next chunk's */
+    }
+    if (at == n) row_store(ss + q[STATE_SNAP_SLOT] * slot_floats + off, s, p, hk, ok);
+    row_store(srow, s, p, hk, ok);
+}
+
 /* --------------------------------------------------------------- launchers ---- */
 
 extern "C" void cuda_ssm_conv(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, float *cs,
@@ -197,8 +362,20 @@ extern "C" void cuda_ssm_conv(struct cuda_ctx *ctx, float *dst, const float *x, 
             seqs, channels, d_conv, silu);
 }
 
-extern "C" uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head) {
-    return (uint64_t)n_tokens * (2 * (uint64_t)n_k_head * head_k + 2 * (uint64_t)n_v_head) * sizeof(float);
+#define GDN_ALIGN 64 /* floats */
+static float *galign(float *p) {
+    return (float *)(((uintptr_t)p + GDN_ALIGN * sizeof(float) - 1) & ~(uintptr_t)(GDN_ALIGN * sizeof(float) - 1));
+}
+
+/* qn, kn (head_k, n_k_head, n), gb (float2: n_v_head, n); chunked: also graw and gam
+ * (n_v_head, n), W (head_v, n_v_head, n), Kc (head_k, n_v_head, n), P (CUDA_GDN_CHUNK,
+ * n_v_head, n). */
+extern "C" uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head, int head_v,
+                                           int chunked) {
+    uint64_t per = 2 * (uint64_t)n_k_head * head_k + 2 * (uint64_t)n_v_head;
+    if (!chunked) return (uint64_t)n_tokens * per * sizeof(float);
+    per += (uint64_t)n_v_head * (2 + (uint64_t)head_v + (uint64_t)head_k + CUDA_GDN_CHUNK);
+    return ((uint64_t)n_tokens * per + 5 * GDN_ALIGN) * sizeof(float); /* each region aligned */
 }
 
 extern "C" int cuda_gdn_supported(int head_k) { return head_k > 0 && head_k % 4 == 0 && head_k <= CUDA_GDN_MAX_HEAD_K; }
@@ -212,16 +389,43 @@ static void scan_launch(struct cuda_ctx *ctx, const struct cuda_gdn_args *a, con
             (int64_t)(2 * a->n_k_head * a->head_k + a->n_v_head * a->head_v), a->grouped);
 }
 
+template <int KPT>
+static void chunk_scan_launch(struct cuda_ctx *ctx, const struct cuda_gdn_args *a, const float *qn, const float *kn,
+                              const float *W, const float *Kc, const float *P, const float *gam, int rb) {
+    const int tiles = (a->head_v + rb - 1) / rb;
+    klaunch(gdn_chunk_scan_kernel<KPT>, dim3((unsigned)(a->n_v_head * tiles), (unsigned)a->n_seqs),
+            dim3(rb * GDN_P), 0, ctx, a->dst, qn, kn, W, Kc, P, gam, a->ss, a->seqs, a->n_k_head, a->head_k,
+            a->n_v_head, a->head_v, a->grouped);
+}
+
 extern "C" void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn_args *a) {
-    const int nk = a->n_k_head, hk = a->head_k, nv = a->n_v_head;
-    float *qn = (float *)a->scratch, *kn = qn + a->n_tokens * nk * hk;
-    float2 *gb = (float2 *)(kn + a->n_tokens * nk * hk);
-    const int64_t row_len = 2 * (int64_t)nk * hk + (int64_t)nv * a->head_v;
-    klaunch(gdn_prep_kernel, dim3((unsigned)a->n_tokens), dim3(128), 0, ctx, qn, kn, gb, a->qkv, a->a, a->bl,
-            a->ssm_a, a->dt_bias, nk, hk, nv, row_len, a->eps);
+    const int nk = a->n_k_head, hk = a->head_k, nv = a->n_v_head, hv = a->head_v;
+    const int64_t n = a->n_tokens;
+    float *qn = (float *)a->scratch, *kn = qn + n * nk * hk;
+    float2 *gb = (float2 *)(kn + n * nk * hk);
+    /* chunked only, past the scan's scratch: regions of GDN_ALIGN floats (Kc rows are read
+     * as float4) */
+    float *graw = galign((float *)(gb + n * nv)), *gam = galign(graw + n * nv), *W = galign(gam + n * nv),
+          *Kc = galign(W + n * nv * hv), *P = galign(Kc + n * nv * hk);
+    const int64_t row_len = 2 * (int64_t)nk * hk + (int64_t)nv * hv;
+    klaunch(gdn_prep_kernel, dim3((unsigned)n), dim3(128), 0, ctx, qn, kn, gb, a->qkv, a->a, a->bl, a->ssm_a,
+            a->dt_bias, a->chunked ? graw : NULL, nk, hk, nv, row_len, a->eps);
     /* 32 state rows a block; 16 when that leaves fewer blocks than two per SM */
     const int sms = ctx->n_sm > 0 ? ctx->n_sm : 132;
-    const int rb = (int64_t)nv * ((a->head_v + 31) / 32) * a->n_seqs < 2 * sms ? 16 : 32;
+    const int rb = (int64_t)nv * ((hv + 31) / 32) * a->n_seqs < 2 * sms ? 16 : 32;
+    if (a->chunked) {
+        /* a sequence has at most n rows, split once more by its snapshot point */
+        const unsigned chunks = (unsigned)((n + CUDA_GDN_CHUNK - 1) / CUDA_GDN_CHUNK + 1);
+        klaunch(gdn_wy_kernel, dim3(chunks, (unsigned)nv, (unsigned)a->n_seqs), dim3(128), 0, ctx, W, Kc, P, gam,
+                (const float *)qn, (const float *)kn, (const float2 *)gb, (const float *)graw, a->qkv, a->seqs, nk,
+                hk, nv, hv, row_len, a->grouped);
+        if (hk <= 16) chunk_scan_launch<4>(ctx, a, qn, kn, W, Kc, P, gam, rb);
+        else if (hk <= 32) chunk_scan_launch<8>(ctx, a, qn, kn, W, Kc, P, gam, rb);
+        else if (hk <= 64) chunk_scan_launch<16>(ctx, a, qn, kn, W, Kc, P, gam, rb);
+        else if (hk <= 128) chunk_scan_launch<32>(ctx, a, qn, kn, W, Kc, P, gam, rb);
+        else chunk_scan_launch<64>(ctx, a, qn, kn, W, Kc, P, gam, rb);
+        return;
+    }
     if (hk <= 16) scan_launch<4>(ctx, a, qn, kn, gb, rb);
     else if (hk <= 32) scan_launch<8>(ctx, a, qn, kn, gb, rb);
     else if (hk <= 64) scan_launch<16>(ctx, a, qn, kn, gb, rb);
