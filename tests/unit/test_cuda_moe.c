@@ -593,6 +593,9 @@ static void test_ffn(void) {
         {QT_F16, 64, 96, 16, 4, GLU_SILU, false, 0},
         {QT_F32, 96, 64, 7, 2, GLU_SILU, false, 0},
         {QT_BF16, 64, 96, 16, 4, GLU_SILU, false, 0},
+        /* the tiny qwen35moe / qwen3next fixtures' experts: rows of 16 (down) and 24 */
+        {QT_F16, 64, 16, 16, 4, GLU_SILU, false, 0},
+        {QT_F32, 64, 24, 7, 2, GLU_SILU, false, 0},
         /* gpt-oss's experts: biases, the clamped SwiGLU pushed past both clamps */
         {QT_Q8_0, 96, 64, 16, 4, GLU_SWIGLU_OAI, true, 12},
         {QT_MXFP4, 96, 64, 16, 4, GLU_SWIGLU_OAI, true, 12},

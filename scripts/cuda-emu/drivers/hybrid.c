@@ -1,13 +1,14 @@
 /* test_cuda_forward's hybrid checks on the emulator: the ref-hybrid fixtures through
- * hybrid_check.h's scenarios against transformers (test_hybrid: qwen35 runs, the MoE
- * variants are refused while the backend has no MoE ops), then check_model's GPU-vs-CPU
- * check (logits, greedy text, batch invariance with its op trace) on the qwen35 files. */
+ * hybrid_check.h's scenarios against transformers (test_hybrid: qwen35, qwen35moe and
+ * qwen3next), then check_model's GPU-vs-CPU check (logits, greedy text, batch invariance
+ * with its op trace) on every fixture file. */
 #define main test_main
 #include "unit/test_cuda_forward.c"
 #undef main
 static void qwen35_vs_cpu(void) {
-    const char *files[] = {"qwen35-f32.gguf", "qwen35-f16.gguf"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[] = {"qwen35-f32.gguf", "qwen35-f16.gguf", "qwen35moe-f16.gguf", "qwen3next-f16.gguf",
+                           "qwen3next-f16-ssm_in.gguf"};
+    for (int i = 0; i < 5; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/tests/data/ref-hybrid/%s", t_source_dir(), files[i]);
         check_model(path, FIXTURE);

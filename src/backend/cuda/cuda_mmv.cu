@@ -506,9 +506,12 @@ static __global__ void repack_q6_k(const uint8_t *__restrict__ src, uint8_t *__r
 
 extern "C" int cuda_mmv_supported(uint32_t type, int64_t k) {
     switch (type) {
+    /* plain floats: mmv_float reads units of 8 (x by float4 pairs), cuBLAS any width; 8
+     * rather than 32 so that the tiny fixtures' 16- and 24-wide expert rows (qwen35moe,
+     * qwen3next: n_ff_exp 16, n_ff_shexp 24) run on the GPU */
     case QT_F16:
     case QT_BF16:
-    case QT_F32: return k % 32 == 0;
+    case QT_F32: return k > 0 && k % 8 == 0;
     case QT_Q8_0: return k % 32 == 0;
     case QT_Q4_K:
     case QT_Q6_K: return k % QK_K == 0;
