@@ -248,12 +248,14 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
         if (sh == SMELT_OK && sg == SMELT_OK && sc == SMELT_OK) {
             const size_t per = slot_n / SLOTS;
             for (int sl = 0; sl < 8; sl++) {
-                double r = fmax(rel_err(ssh + sl * per, ssg + sl * per, per), rel_err(ssh + sl * per, ssc + sl * per, per));
+                const float *h = ssh + sl * per;
+                double r = fmax(rel_err(h, ssg + sl * per, per), rel_err(h, ssc + sl * per, per));
                 worst_ch = fmax(worst_ch, r);
                 T_CHECKF(r < 2e-4, "gdn chunked nk %d hk %d nv %d hv %d%s: slot %d rel err %.3g", nk, hk, nv, hv,
                          grouped ? " grouped" : "", sl, r);
             }
-            T_CHECKF(!memcmp(ssh + 8 * per, ss0 + 8 * per, 2 * per * sizeof(float)), "gdn chunked: an idle slot changed");
+            T_CHECKF(!memcmp(ssh + 8 * per, ss0 + 8 * per, 2 * per * sizeof(float)),
+                     "gdn chunked: an idle slot changed");
         }
         for (int s = 0; s < STEPS; s++) free(oh[s]);
         free(ssh);

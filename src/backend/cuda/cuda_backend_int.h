@@ -28,7 +28,7 @@
  * measures the real one per shape at first use. SMELT_MMQ_MAX_ROWS=N fixes the switch at
  * N rows when the backend is created (0 = off) and leaves only the tile to measure. */
 #define MMQ_MAX_ROWS 64
-#define GDN_CHUNK_MIN 1024 /* token rows a step from which the delta rule runs chunked (cuda_ssm.cu) */
+#define GDN_CHUNK_MIN 256 /* rows a step from which the delta rule runs chunked (prompt steps of -ub 512) */
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB) */
