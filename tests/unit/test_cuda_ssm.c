@@ -35,7 +35,7 @@ int main(void) {
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 
-static struct backend *cpu, *gpu, *gpu_chunk; /* gpu_chunk: SMELT_GDN_CHUNK_MIN=1 */
+static struct backend *cpu, *gpu, *gpu_chunk; /* SMELT_GDN_CHUNK_MIN=0 (never chunked), =1 (always) */
 static unsigned long long rs = 0x55a1c0deULL;
 
 static float *rand_buf(size_t n, float scale) {
@@ -376,6 +376,7 @@ int main(void) {
         return 77;
     }
     struct err e;
+    setenv("SMELT_GDN_CHUNK_MIN", "0", 1); /* gpu: the recurrence on every step */
     if (cpu_backend_new(&cpu, 2, &e) != SMELT_OK || cuda_backend_new(&gpu, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
