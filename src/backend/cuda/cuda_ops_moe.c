@@ -206,13 +206,13 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
         st = cuda_moe_gather(&cb->ctx, x->data, n_embd, src, x_rows, pre != NULL,
                              pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, &e);
     cu_check_launch(cb, "moe gather");
-    struct cuda_mmv_ids id = {chunk_eid,
-                              (int)n_chunks,
-                              decode ? k : 1,
-                              n_exp,
-                              x_rows,
-                              w->gate_b ? w->gate_b->data : NULL,
-                              w->up_b ? w->up_b->data : NULL};
+    struct cuda_mmv_ids id = {.eid = chunk_eid,
+                              .n_chunks = (int)n_chunks,
+                              .x_div = decode ? k : 1,
+                              .n_exp = n_exp,
+                              .x_rows = x_rows,
+                              .gate_b = w->gate_b ? w->gate_b->data : NULL,
+                              .up_b = w->up_b ? w->up_b->data : NULL};
     /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch,
      * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
      * quantize, then n * n_embd for the sum */
@@ -237,7 +237,8 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     }
     if (!fuse_q) hq = quantized_rows(cb, qd, h, n_ff, rows);
     if (!cu_ok(cb) || (cuda_mmv_needs_quant(qd->type) && !hq)) return;
-    id = (struct cuda_mmv_ids){chunk_eid, (int)n_chunks, 1, n_exp, rows, NULL, NULL};
+    id = (struct cuda_mmv_ids){.eid = chunk_eid, .n_chunks = (int)n_chunks, .x_div = 1, .n_exp = n_exp,
+                               .x_rows = rows};
     if (fuse_c) {
         id.cmb_dst = dst->data;
         id.cmb_ids = ids->data;
