@@ -16,7 +16,7 @@
  *     f16 against int8 activations; 0.99993 seen on the emulator);
  *   - an id outside [0, n_expert) is skipped (no out-of-bounds read, the rest unchanged);
  *   - decode's fused epilogues (h's int8 form in the gate/up launch, the weighted sum in the
- *     down launch) give the same bits as the separate launches (SMELT_MOE_UNFUSED=1);
+ *     down launch, SMELT_MOE_FUSED=1) give the same bits as the separate launches (the default);
  *   - the grouped path on both kinds of products (a second backend made with
  *     SMELT_MOE_PATH=mmv runs the mmv-by-id kernels for the types mmq also takes), and on
  *     given routings (9..512 rows; uniform, every row's first slot on expert 0 with the rest
@@ -46,7 +46,7 @@ int main(void) {
 #include "moe_ref.h"
 
 static struct backend *cpu, *gpu, *gpu_mmq, *gpu_mmv;
-static struct backend *gpu_unf; /* SMELT_MOE_UNFUSED=1: decode's separate quantize and combine */
+static struct backend *gpu_unf; /* the defaults: decode's separate quantize and combine */
 static unsigned long long rng = 0x6375646d6f65ULL;
 
 static float *randv(int64_t n, float scale) {
@@ -615,24 +615,25 @@ int main(void) {
         return 77;
     }
     struct err e;
+    setenv("SMELT_MOE_FUSED", "1", 1); /* read when a backend is created */
     setenv("SMELT_MOE_PATH", "mmv", 1);
     if (cpu_backend_new(&cpu, 1, &e) != SMELT_OK ||
         cuda_backend_new(&gpu_mmv, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
-    unsetenv("SMELT_MOE_PATH");
+    setenv("SMELT_MOE_PATH", "mmq", 1);
     if (cuda_backend_new(&gpu_mmq, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
     gpu = gpu_mmq;
-    setenv("SMELT_MOE_UNFUSED", "1", 1);
-    if (cuda_backend_new(&gpu_unf, 0, &e) != SMELT_OK) {
+    unsetenv("SMELT_MOE_PATH");
+    unsetenv("SMELT_MOE_FUSED");
+    if (cuda_backend_new(&gpu_unf, 0, &e) != SMELT_OK) { /* the defaults: separate launches */
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }
-    unsetenv("SMELT_MOE_UNFUSED");
     const char *small = getenv("SMELT_TEST_SMALL");
     if (!(small && *small && strcmp(small, "0"))) T_RUN(test_route);
     T_RUN(test_ffn);

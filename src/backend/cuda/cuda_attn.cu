@@ -724,51 +724,20 @@ static __global__ void __launch_bounds__(TH)
                     if (lane + 32 < ns) s_w[h * MAXS + lane + 32] = e1 * inv;
                 }
                 __syncthreads();
-                if constexpr (GPT <= 4) {
-                    /* The thread's heads in one pass over the splits: GPT x 8 independent L2
-                     * loads in flight per unrolled round instead of 8, so 64 splits cost
-                     * 8 / GPT times fewer L2 round trips on the call's critical path (the
-                     * last block's merge). Each accumulator still sums the splits in
-                     * order 0..ns-1: the same bits as one head at a time. */
-                    float acc[GPT][2];
 #pragma unroll
-                    for (int k = 0; k < GPT; k++) acc[k][0] = acc[k][1] = 0.0f;
-                    const float *pb0 = partial + (pbase + (int64_t)hg * n_split) * (D + 2) + 2 + 2 * dp;
+                for (int k = 0; k < GPT; k++) {
+                    const int h = hg + HG * k;
+                    if (h < Gb) { /* warp-uniform */
+                        const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2) + 2 + 2 * dp;
+                        float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll 8
-                    for (int sp = 0; sp < ns; sp++) {
-#pragma unroll
-                        for (int k = 0; k < GPT; k++) {
-                            const int h = hg + HG * k;
-                            if (h < Gb) { /* warp-uniform */
-                                const float w = s_w[h * MAXS + sp];
-                                const float2 v = __ldcg(reinterpret_cast<const float2 *>(
-                                    pb0 + ((int64_t)HG * k * n_split + sp) * (D + 2)));
-                                acc[k][0] += w * v.x;
-                                acc[k][1] += w * v.y;
-                            }
+                        for (int sp = 0; sp < ns; sp++) {
+                            const float w = s_w[h * MAXS + sp];
+                            const float2 v = __ldcg(reinterpret_cast<const float2 *>(pb + sp * (D + 2)));
+                            acc0 += w * v.x;
+                            acc1 += w * v.y;
                         }
-                    }
-#pragma unroll
-                    for (int k = 0; k < GPT; k++) {
-                        const int h = hg + HG * k;
-                        if (h < Gb) dec_store(a.dst, qo, (t * a.n_head + head0 + h) * D + 2 * dp, acc[k][0], acc[k][1]);
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < GPT; k++) {
-                        const int h = hg + HG * k;
-                        if (h < Gb) { /* warp-uniform */
-                            const float *pb = partial + (pbase + (int64_t)h * n_split) * (D + 2) + 2 + 2 * dp;
-                            float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll 8
-                            for (int sp = 0; sp < ns; sp++) {
-                                const float w = s_w[h * MAXS + sp];
-                                const float2 v = __ldcg(reinterpret_cast<const float2 *>(pb + sp * (D + 2)));
-                                acc0 += w * v.x;
-                                acc1 += w * v.y;
-                            }
-                            dec_store(a.dst, qo, (t * a.n_head + head0 + h) * D + 2 * dp, acc0, acc1);
-                        }
+                        dec_store(a.dst, qo, (t * a.n_head + head0 + h) * D + 2 * dp, acc0, acc1);
                     }
                 }
                 if (tid == 0) *cnt = 0; /* every split has counted: ready for the next call */

@@ -210,8 +210,11 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         cudaGetLastError();
         cb->att_q.buf = NULL;
     }
-    const char *mu = getenv("SMELT_MOE_UNFUSED");
-    if ((!mu || !*mu || strcmp(mu, "0") == 0) &&
+    /* SMELT_MOE_FUSED=1: MoE decode's fused epilogues (cuda_ops_moe.c). Off by default until
+     * they have run on a GPU (written 2026-12-03, checked on the emulator only: the
+     * last-block read-back is what the emulator cannot judge). */
+    const char *mf = getenv("SMELT_MOE_FUSED");
+    if (mf && *mf && strcmp(mf, "0") != 0 &&
         (cudaMalloc((void **)&cb->moe_cnt, sizeof(unsigned) * MOE_CNT_MAX) != cudaSuccess ||
          cudaMemset(cb->moe_cnt, 0, sizeof(unsigned) * MOE_CNT_MAX) != cudaSuccess)) {
         cudaGetLastError();
@@ -233,6 +236,8 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
     cb->mm_path = mp && !strcmp(mp, "mmb") ? 1 : mp && !strcmp(mp, "legacy") ? -1 : 0;
     if (mp && *mp && !cb->mm_path) log_warn("SMELT_MM_PATH=%s is neither mmb nor legacy: ignored", mp);
     const char *me = getenv("SMELT_MOE_PATH");
+    /* the grouped expert products on tensor cores (mmq by id) only with SMELT_MOE_PATH=mmq
+     * until they have run on a GPU (2026-12-03: emulator only) */
     cb->moe_path = me && !strcmp(me, "mmv") ? 1 : me && !strcmp(me, "mmq") ? 2 : 0;
     if (me && *me && !cb->moe_path) log_warn("SMELT_MOE_PATH=%s is neither mmv nor mmq: ignored", me);
     bool bad_tile = false;

@@ -28,7 +28,8 @@
  * measures the real one per shape at first use. SMELT_MMQ_MAX_ROWS=N fixes the switch at
  * N rows when the backend is created (0 = off) and leaves only the tile to measure. */
 #define MMQ_MAX_ROWS 64
-#define GDN_CHUNK_MIN 256 /* rows a step from which the delta rule runs chunked (prompt steps of -ub 512) */
+#define GDN_CHUNK_MIN 0 /* rows a step from which the delta rule runs chunked: 0, never, until the
+                          * chunked kernels have run on a GPU (SMELT_GDN_CHUNK_MIN=256 takes -ub 512 steps) */
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB) */
@@ -114,7 +115,7 @@ struct cuda_backend {
         bool valid;
     } prep;
     /* The MoE decode epilogues' counters (cuda_mmv_ids' post_cnt and cmb_cnt): MOE_CNT_MAX,
-     * zero between launches; NULL (or SMELT_MOE_UNFUSED=1) = the separate h-quantize and
+     * zero between launches; NULL (the default; SMELT_MOE_FUSED=1 allocates it) = the separate h-quantize and
      * combine launches. */
     unsigned *moe_cnt;
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
