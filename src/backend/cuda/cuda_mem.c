@@ -195,12 +195,15 @@ smelt_status cu_weight_bind(struct backend *b, struct tensor *t, struct err *e) 
         return err_set(e, SMELT_ERR_UNSUPPORTED, "tensor %s: not contiguous", name);
     /* Vectors (the loader already made them F32), and F32 matrices with rows no product
      * kernel takes (the conv taps, (d_conv, C), read by bk_ssm_conv): plain copies. Such a
-     * matrix given to a product fails there, naming it (cu_qw_of). An F32 vector whose
-     * length mmv takes is bound as a one-row F32 weight instead: the same plain bytes at
-     * t->data, and a product may take it (the shared expert's gate ffn_gate_inp_shexp,
-     * (n_embd) or (n_embd, 1), a one-row product in qwen35moe / qwen3next). */
+     * matrix given to a product fails there, naming it (cu_qw_of). The shared expert's gate
+     * ffn_gate_inp_shexp ((n_embd) or (n_embd, 1), a one-row product in qwen35moe /
+     * qwen3next) is bound as a one-row F32 weight instead: the same plain bytes at t->data,
+     * and a product may take it. Only that tensor, until the one-row-weight binding of every
+     * vector has run on a GPU (2026-12-03: emulator only). */
     const bool vec = t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1;
-    if ((vec && !(t->type == QT_F32 && cuda_mmv_supported(QT_F32, t->ne[0]))) ||
+    const bool as_weight = vec && t->type == QT_F32 && cuda_mmv_supported(QT_F32, t->ne[0]) &&
+                           t->name && strstr(t->name, "ffn_gate_inp_shexp");
+    if ((vec && !as_weight) ||
         (t->type == QT_F32 && !cuda_mmv_supported(QT_F32, t->ne[0]))) {
         void *p = NULL;
         smelt_status st = plain_copy(cb, t, name, &p, e);

@@ -4,12 +4,12 @@
  *
  * Work split. A block is 4 warps over 64 weight rows (a warp: one 16-row m16 tile) and one
  * range of K super-blocks; the grid is (row tiles) x (K splits), the split count chosen from
- * (rows, k, SMs) only, so that about 4 blocks per SM (SMELT_MMB_BLOCKS_PER_SM) run whatever n
- * is. Each warp keeps its 16 rows x 8*NT tokens of f32 accumulators in registers over its
- * whole K range. A block that shares its row tile with other K splits writes its partial tile
- * (fragment order, coalesced float4) to the scratch and counts itself; the last to arrive adds
- * the partials in split order (the same bits whoever is last) and stores y. Counters are
- * zeroed by the conversion and reset by their last user, so a captured graph replays.
+ * (rows, k, SMs) only, so that about 4 blocks per SM run whatever n is. Each warp keeps its
+ * 16 rows x 8*NT tokens of f32 accumulators in registers over its whole K range. A block
+ * that shares its row tile with other K splits writes its partial tile (fragment order,
+ * coalesced float4) to the scratch and counts itself; the last to arrive adds the partials
+ * in split order (the same bits whoever is last) and stores y. Counters are zeroed by the
+ * conversion and reset by their last user, so a captured graph replays.
  *
  * Weights: lane (g, t) of a warp (g = lane >> 2, t = lane & 3) owns rows g and g + 8 of the
  * warp's tile. Of each row's 128 quant bytes per super-block (split layout: byte 32c + i,
@@ -36,7 +36,6 @@
  *
  * Shared memory: 2 stages x 8*NT tokens x 528 B (256 f16 + 16 B pad: the 8 rows of an
  * ldmatrix matrix fall in distinct banks). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -50,7 +49,7 @@ extern "C" {
 #define MMB_THREADS 128
 #define MMB_BM 64           /* weight rows per block: 4 warps x 16 */
 #define MMB_XS 528          /* shared bytes per token per stage */
-#define MMB_BLOCKS_PER_SM 4 /* the K split aims at this many blocks per SM (default) */
+#define MMB_BLOCKS_PER_SM 4 /* the K split aims at this many blocks per SM */
 
 struct mmb_args {
     const unsigned char *wq, *ws; /* split-layout Q4_K: quant bits, 16-byte scale records */
@@ -258,12 +257,15 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_q4k_kernel(const mmb_a
 #pragma unroll
         for (int i = 0; i < 4; i++)
             sum[j][i] = 0.0f;
-    /* split order: independent of timing. Every split's partial, this block's own included
-     * (the same floats as acc), comes back from the scratch: no branch in the loop, so the
-     * unrolled body issues its loads together rather than one L2 round trip per split (ks is
-     * up to 16). */
-#pragma unroll 4
-    for (int kk = 0; kk < a.ks; kk++) {
+    for (int kk = 0; kk < a.ks; kk++) { /* split order: independent of timing */
+        if (kk == (int)blockIdx.y) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sum[j][i] += acc[j][i];
+            continue;
+        }
         const float4 *rp = (const float4 *)a.part + ((tile * a.ks + kk) * MMB_THREADS + tid) * NT;
 #pragma unroll
         for (int j = 0; j < NT; j++) {
@@ -294,24 +296,12 @@ static int nt_of(int64_t n) {
     return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
 }
 
-/* The K split's target of blocks per SM: MMB_BLOCKS_PER_SM, or SMELT_MMB_BLOCKS_PER_SM
- * (1..64; a tuning knob for the GPU sweep, read once). It depends on neither n nor timing, so
- * the split, and with it every output's bits, stays the same at every row count. */
-static int blocks_per_sm(void) {
-    static const int v = [] {
-        const char *s = getenv("SMELT_MMB_BLOCKS_PER_SM");
-        const long b = s && *s ? strtol(s, NULL, 10) : 0;
-        return b >= 1 && b <= 64 ? (int)b : MMB_BLOCKS_PER_SM;
-    }();
-    return v;
-}
-
 static mmb_plan plan_of(const struct cuda_ctx *c, int64_t rows, int64_t k, int64_t n) {
     mmb_plan p;
     p.nsb = (int)(k / 256);
     p.rtiles = (int)((rows + MMB_BM - 1) / MMB_BM);
     const long long n_sm = c->n_sm > 0 ? c->n_sm : 132;
-    long long want = (blocks_per_sm() * n_sm + p.rtiles - 1) / p.rtiles;
+    long long want = (MMB_BLOCKS_PER_SM * n_sm + p.rtiles - 1) / p.rtiles;
     if (want > p.nsb) want = p.nsb;
     if (want < 1) want = 1;
     p.kr = (int)((p.nsb + want - 1) / want);
