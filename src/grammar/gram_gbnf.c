@@ -443,9 +443,10 @@ smelt_status gram_gbnf_prefix(const char *text, size_t len, const char *prefix, 
     while (i < len) {
         char c = text[i];
         size_t j = i + 1;
-        if (c == '"' || c == '[') { /* a literal or a class, escapes included */
+        if (c == '"' || c == '[') { /* a literal or a class, escapes and raw newlines included
+                                     * (the parser takes a raw newline inside them too) */
             char close = c == '"' ? '"' : ']';
-            while (j < len && text[j] != close && text[j] != '\n')
+            while (j < len && text[j] != close)
                 j += text[j] == '\\' && j + 1 < len ? 2 : 1;
             if (j >= len || text[j] != close) {
                 fail(&p, i, "unterminated %s", c == '"' ? "literal" : "class");
