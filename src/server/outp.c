@@ -1178,6 +1178,9 @@ static void run_harmony(struct outp *p, struct outp_delta *d, bool final) {
                     if (b->oom) return;
                     memmove(b->p + k, b->p, b->n - k);
                     memcpy(b->p, p->name.p + p->hide, k);
+                    /* the channel tag that opened it is text now, or it would open the same
+                     * header again (forever) */
+                    if (starts(b->p, b->n, H_CHANNEL)) p->text_skip = strlen(H_CHANNEL);
                 }
                 p->name.n = 0;
                 p->hide = 0;
@@ -1240,6 +1243,13 @@ static void run_harmony(struct outp *p, struct outp_delta *d, bool final) {
             continue;
         }
         case H_TEXT: {
+            if (p->text_skip && n) {
+                size_t t = p->text_skip < n ? p->text_skip : n;
+                if (!p->prefilling) jw_raw(&d->content, s, t);
+                consume(b, t);
+                p->text_skip -= t;
+                continue;
+            }
             int k = first_of(s, n, h_open, 2, &at);
             size_t keep = k >= 0 ? n - at : final ? 0 : partial_any(s, n, h_open, 2);
             if (k < 0 && !final) keep += utf8_tail_len((const uint8_t *)s, n - keep);

@@ -139,6 +139,8 @@ struct outp {
     bool prefilling;    /* inside outp_prefill */
     bool hide_marker;   /* the region's marker came from the prefill */
     size_t hide;        /* bytes at the start of `call` that came from the prefill */
+    size_t text_skip;   /* harmony: bytes at the start of `pend` read as text whatever they
+                         * are (the channel tag that opened a header too long to be one) */
     bool bad;           /* allocation failure */
     /* qwen_xml */
     const struct json_t *xprops; /* the current call's "properties" schema (NULL: unknown) */
