@@ -1178,10 +1178,10 @@ static void run_harmony(struct outp *p, struct outp_delta *d, bool final) {
                     if (b->oom) return;
                     memmove(b->p + k, b->p, b->n - k);
                     memcpy(b->p, p->name.p + p->hide, k);
-                    /* the channel tag that opened it is text now, or it would open the same
-                     * header again (forever) */
-                    if (starts(b->p, b->n, H_CHANNEL)) p->text_skip = strlen(H_CHANNEL);
                 }
+                /* the channel tag that opened it (re-inserted, or never taken in) is text
+                 * now, or it would open the same header again (forever) */
+                if (starts(b->p, b->n, H_CHANNEL)) p->text_skip = strlen(H_CHANNEL);
                 p->name.n = 0;
                 p->hide = 0;
                 p->state = H_TEXT;
