@@ -142,6 +142,15 @@ static inline unsigned long long t_rand_u64(unsigned long long *s) {
 static inline float t_rand_f(unsigned long long *s) {
     return (float)((t_rand_u64(s) >> 40) * (1.0 / 8388608.0) - 1.0);
 }
+/* The largest |a - b| over the largest |b| (b the reference; n elements). */
+static inline double t_rel_err(const float *a, const float *b, size_t n) {
+    double d = 0, m = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / m;
+}
 /* Standard normal (Box-Muller). */
 static inline float t_randn(unsigned long long *s) {
     double u1 = ((t_rand_u64(s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);

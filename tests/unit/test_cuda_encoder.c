@@ -33,14 +33,6 @@ static float *rand_buf(size_t n, float scale, float offset) {
     return p;
 }
 
-static double rel_err(const float *a, const float *b, size_t n) {
-    double d = 0, m = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        m = fmax(m, fabs((double)b[i]));
-    }
-    return d / m;
-}
 
 static struct tensor *put(struct backend *b, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, const void *src) {
     struct tensor *t = bk_new(b, type, ne0, ne1, ne2);
@@ -72,7 +64,7 @@ static void test_layer_norm(void) {
             float *w = wb ? rand_buf((size_t)n, 1.0f, 1.0f) : NULL, *bias = wb ? rand_buf((size_t)n, 0.5f, 0) : NULL;
             float *a = malloc((size_t)(n * rows) * sizeof *a), *g = malloc((size_t)(n * rows) * sizeof *g);
             T_CHECK(norm_run(cpu, n, rows, x, w, bias, a) && norm_run(gpu, n, rows, x, w, bias, g));
-            double err = rel_err(g, a, (size_t)(n * rows));
+            double err = t_rel_err(g, a, (size_t)(n * rows));
             T_CHECKF(n == 1 ? err < 1e-6 : err < 2e-5, "layer_norm n=%lld weights %d: rel err %g", (long long)n, wb, err);
             free(x), free(w), free(bias), free(a), free(g);
         }
@@ -96,7 +88,7 @@ static void test_act(void) {
             bk_download(b, out[s], t, (size_t)(n * rows) * sizeof(float));
             T_CHECKF(bk_sync(b, &e) == SMELT_OK, "%s", e.msg);
         }
-        double err = rel_err(out[1], out[0], (size_t)(n * rows));
+        double err = t_rel_err(out[1], out[0], (size_t)(n * rows));
         T_CHECKF(err < 1e-6, "act %d: rel err %g", (int)acts[k], err);
         free(x), free(out[0]), free(out[1]);
     }
@@ -161,7 +153,7 @@ static void test_non_causal(void) {
             uint32_t type = t ? QT_F32 : QT_F16;
             T_CHECK(attn_run(cpu, type, nh, nkv, hd, n_seq, len, q, k, v, a) &&
                     attn_run(gpu, type, nh, nkv, hd, n_seq, len, q, k, v, g));
-            double err = rel_err(g, a, (size_t)(rows * nh * hd));
+            double err = t_rel_err(g, a, (size_t)(rows * nh * hd));
             T_CHECKF(err < (t ? 2e-5 : 2e-3), "non-causal %dx%d heads of %d, %s cache: rel err %g", nh, nkv, hd,
                      t ? "F32" : "F16", err);
             /* and it is not causal: the first row of the 40-row sequence sees its 40 keys,

@@ -45,15 +45,6 @@ static float *rand_buf(size_t n, float scale) {
     return p;
 }
 
-/* Largest |a - b| over the largest |b|. */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double d = 0, m = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        m = fmax(m, fabs((double)b[i]));
-    }
-    return d / m;
-}
 
 /* One sequence of a step: rows, slot, fresh, snapshot slot and point (-1: none). */
 struct sq {
@@ -155,12 +146,12 @@ static void test_conv(void) {
         for (int s = 0; ok && s < STEPS; s++) {
             int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
             size_t n = (size_t)words(s, wd) * (size_t)k->C;
-            double r = rel_err(og[s], oc[s], n);
+            double r = t_rel_err(og[s], oc[s], n);
             worst = fmax(worst, r);
             T_CHECKF(r < 1e-5, "conv C %lld d %d step %d: outputs rel err %.3g", (long long)k->C, k->d, s, r);
         }
         if (ok) {
-            double r = rel_err(csg, csc, slot_n);
+            double r = t_rel_err(csg, csc, slot_n);
             worst = fmax(worst, r);
             T_CHECKF(r < 1e-5, "conv C %lld d %d: states rel err %.3g", (long long)k->C, k->d, r);
             size_t per = slot_n / SLOTS; /* slots 8 and 9: untouched */
@@ -240,7 +231,7 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
         smelt_status sh = gdn_run(gpu_chunk, &p, qkv, av, bv, ssm_a, dt, ss0, oh, ssh, &e);
         T_CHECKF(sh == SMELT_OK, "gpu chunked: %s", e.msg);
         for (int s = 0; sh == SMELT_OK && sg == SMELT_OK && sc == SMELT_OK && s < STEPS; s++) {
-            double r = fmax(rel_err(oh[s], og[s], rows[s] * nv * hv), rel_err(oh[s], oc[s], rows[s] * nv * hv));
+            double r = fmax(t_rel_err(oh[s], og[s], rows[s] * nv * hv), t_rel_err(oh[s], oc[s], rows[s] * nv * hv));
             worst_ch = fmax(worst_ch, r);
             T_CHECKF(r < 2e-4, "gdn chunked nk %d hk %d nv %d hv %d%s step %d: outputs rel err %.3g", nk, hk, nv,
                      hv, grouped ? " grouped" : "", s, r);
@@ -249,7 +240,7 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
             const size_t per = slot_n / SLOTS;
             for (int sl = 0; sl < 8; sl++) {
                 const float *h = ssh + sl * per;
-                double r = fmax(rel_err(h, ssg + sl * per, per), rel_err(h, ssc + sl * per, per));
+                double r = fmax(t_rel_err(h, ssg + sl * per, per), t_rel_err(h, ssc + sl * per, per));
                 worst_ch = fmax(worst_ch, r);
                 T_CHECKF(r < 2e-4, "gdn chunked nk %d hk %d nv %d hv %d%s: slot %d rel err %.3g", nk, hk, nv, hv,
                          grouped ? " grouped" : "", sl, r);
@@ -262,7 +253,7 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
     }
     double worst = 0, worst_st = 0;
     for (int s = 0; sc == SMELT_OK && sg == SMELT_OK && s < STEPS; s++) {
-        double r = rel_err(og[s], oc[s], rows[s] * nv * hv);
+        double r = t_rel_err(og[s], oc[s], rows[s] * nv * hv);
         worst = fmax(worst, r);
         T_CHECKF(r < 2e-4, "gdn nk %d hk %d nv %d hv %d%s step %d: outputs rel err %.3g", nk, hk, nv, hv,
                  grouped ? " grouped" : "", s, r);
@@ -270,7 +261,7 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
     if (sc == SMELT_OK && sg == SMELT_OK) {
         const size_t per = slot_n / SLOTS;
         for (int sl = 0; sl < 8; sl++) {
-            double r = rel_err(ssg + sl * per, ssc + sl * per, per);
+            double r = t_rel_err(ssg + sl * per, ssc + sl * per, per);
             worst_st = fmax(worst_st, r);
             T_CHECKF(r < 2e-4, "gdn nk %d hk %d nv %d hv %d%s: slot %d rel err %.3g", nk, hk, nv, hv,
                      grouped ? " grouped" : "", sl, r);
@@ -363,7 +354,7 @@ static void test_glu(void) {
                 bk_download(b, res[k], u, tensor_nbytes(u));
                 T_EQ_INT(bk_sync(b, &e), SMELT_OK);
             }
-            double r = rel_err(res[1], res[0], (size_t)(n * rows));
+            double r = t_rel_err(res[1], res[0], (size_t)(n * rows));
             T_CHECKF(r < 1e-6, "glu act %d row gate %d: rel err %.3g", a, row_gate, r);
             free(res[0]), free(res[1]);
         }
