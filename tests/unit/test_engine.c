@@ -789,6 +789,30 @@ static void random_prompt(int32_t *p, int n, unsigned long long *rs) {
         p[k] = (int32_t)(BYTE0 + t_rand_u64(rs) % 256);
 }
 
+/* Starts ndec sequences of random 3-token prompts (up to maxt tokens each), waits until all
+ * of them decode, then runs a long random prompt of np tokens beside them, which must get
+ * its solo tokens (3). The decoders are left running (dec, their prompts in dec_prompt). */
+static void long_beside_decoders(struct engine *en, struct sched_obs *o, int ndec,
+                                 int32_t (*dec_prompt)[3], struct engine_req **dec,
+                                 int32_t *long_prompt, int np, int maxt, unsigned long long *rs) {
+    struct engine_params p;
+    greedy(&p, maxt);
+    for (int i = 0; i < ndec; i++) {
+        random_prompt(dec_prompt[i], 3, rs);
+        dec[i] = submit(en, &p, dec_prompt[i], 3);
+    }
+    for (int i = 0; i < 5000 && atomic_load(&o->decoding) < ndec; i++)
+        usleep(1000);
+    T_EQ_INT(atomic_load(&o->decoding), ndec);
+    random_prompt(long_prompt, np, rs);
+    greedy(&p, 3);
+    struct engine_req *lr = submit(en, &p, long_prompt, np);
+    if (lr) {
+        expect_solo(lr, long_prompt, np, 3);
+        engine_req_unref(lr);
+    }
+}
+
 /* A long prompt is prefilled in chunks over many steps; every sequence already decoding
  * gets its token in each of those steps (decodes first), the chunk takes exactly the rest
  * of the budget, and no step has more rows than max_batch_tokens. */
@@ -803,23 +827,8 @@ static void test_sched_chunked_prefill(void) {
     unsigned long long rs = 5;
     int32_t dec_prompt[NDEC][3], long_prompt[NP];
     struct engine_req *dec[NDEC];
-    struct engine_params p;
-    greedy(&p, 400); /* they outlive the long prefill; cancelled after it */
-    for (int i = 0; i < NDEC; i++) {
-        random_prompt(dec_prompt[i], 3, &rs);
-        dec[i] = submit(en, &p, dec_prompt[i], 3);
-    }
-    /* the long prompt arrives once all of them decode */
-    for (int i = 0; i < 5000 && atomic_load(&o.decoding) < NDEC; i++)
-        usleep(1000);
-    T_EQ_INT(atomic_load(&o.decoding), NDEC);
-    random_prompt(long_prompt, NP, &rs);
-    greedy(&p, 3);
-    struct engine_req *lr = submit(en, &p, long_prompt, NP);
-    if (lr) {
-        expect_solo(lr, long_prompt, NP, 3);
-        engine_req_unref(lr);
-    }
+    /* the decoders outlive the long prefill; cancelled after it */
+    long_beside_decoders(en, &o, NDEC, dec_prompt, dec, long_prompt, NP, 400, &rs);
     for (int i = 0; i < NDEC; i++) {
         if (!dec[i]) continue;
         engine_req_cancel(dec[i]);
@@ -863,22 +872,7 @@ static void test_sched_itl_target(void) {
     static int32_t long_prompt[NP];
     int32_t dec_prompt[NDEC][3];
     struct engine_req *dec[NDEC];
-    struct engine_params p;
-    greedy(&p, 1000);
-    for (int i = 0; i < NDEC; i++) {
-        random_prompt(dec_prompt[i], 3, &rs);
-        dec[i] = submit(en, &p, dec_prompt[i], 3);
-    }
-    for (int i = 0; i < 5000 && atomic_load(&o.decoding) < NDEC; i++)
-        usleep(1000);
-    T_EQ_INT(atomic_load(&o.decoding), NDEC);
-    random_prompt(long_prompt, NP, &rs);
-    greedy(&p, 3);
-    struct engine_req *lr = submit(en, &p, long_prompt, NP);
-    if (lr) {
-        expect_solo(lr, long_prompt, NP, 3);
-        engine_req_unref(lr);
-    }
+    long_beside_decoders(en, &o, NDEC, dec_prompt, dec, long_prompt, NP, 1000, &rs);
     for (int i = 0; i < NDEC; i++) {
         if (!dec[i]) continue;
         engine_req_cancel(dec[i]);
