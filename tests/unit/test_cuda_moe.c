@@ -16,7 +16,7 @@
  *     f16 against int8 activations; 0.99993 seen on the emulator);
  *   - an id outside [0, n_expert) is skipped (no out-of-bounds read, the rest unchanged);
  *   - decode's fused epilogues (h's int8 form in the gate/up launch, the weighted sum in the
- *     down launch, SMELT_MOE_FUSED=1) give the same bits as the separate launches (the default);
+ *     down launch, the default) give the same bits as the separate launches (SMELT_MOE_FUSED=0);
  *   - the grouped path on both kinds of products (a second backend made with
  *     SMELT_MOE_PATH=mmv runs the mmv-by-id kernels for the types mmq also takes), and on
  *     given routings (9..512 rows; uniform, every row's first slot on expert 0 with the rest
@@ -615,7 +615,7 @@ int main(void) {
         return 77;
     }
     struct err e;
-    setenv("SMELT_MOE_FUSED", "1", 1); /* read when a backend is created */
+    unsetenv("SMELT_MOE_FUSED"); /* read when a backend is created: fused by default */
     setenv("SMELT_MOE_PATH", "mmv", 1);
     if (cpu_backend_new(&cpu, 1, &e) != SMELT_OK ||
         cuda_backend_new(&gpu_mmv, 0, &e) != SMELT_OK) {
@@ -629,8 +629,8 @@ int main(void) {
     }
     gpu = gpu_mmq;
     unsetenv("SMELT_MOE_PATH");
-    unsetenv("SMELT_MOE_FUSED");
-    if (cuda_backend_new(&gpu_unf, 0, &e) != SMELT_OK) { /* the defaults: separate launches */
+    setenv("SMELT_MOE_FUSED", "0", 1);
+    if (cuda_backend_new(&gpu_unf, 0, &e) != SMELT_OK) { /* the separate launches */
         fprintf(stderr, "backend: %s\n", e.msg);
         return 1;
     }

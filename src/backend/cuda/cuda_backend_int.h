@@ -28,8 +28,9 @@
  * measures the real one per shape at first use. SMELT_MMQ_MAX_ROWS=N fixes the switch at
  * N rows when the backend is created (0 = off) and leaves only the tile to measure. */
 #define MMQ_MAX_ROWS 64
-#define GDN_CHUNK_MIN 0 /* rows a step from which the delta rule runs chunked: 0, never, until the
-                          * chunked kernels have run on a GPU (SMELT_GDN_CHUNK_MIN=256 takes -ub 512 steps) */
+#define GDN_CHUNK_MIN 0 /* rows a step from which the delta rule runs chunked: 0, never (H200,
+                         * 2026-12-03: the CUDA-core chunked form is 3x slower than the recurrence
+                         * on Qwen3.5-9B pp512/pp4096; SMELT_GDN_CHUNK_MIN=N turns it on) */
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
 #define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB) */
@@ -88,7 +89,10 @@ struct cuda_backend {
     int capturing; /* index of the entry being captured, or -1 */
     bool no_graph; /* SMELT_NO_GRAPH=1 */
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
-    int moe_path;         /* SMELT_MOE_PATH: 0 by rows (cu_moe_ffn), 1 "mmv", 2 "mmq" */
+    int64_t gemm_min_rows; /* GEMM_MIN_ROWS or SMELT_GEMM_MIN_ROWS: products of fewer rows that mmq
+                            * does not take stay on mmv (F32 activations for plain-float weights) */
+    int moe_path;         /* SMELT_MOE_PATH: 0 by rows (mmq by id above CUDA_MMV_MAX_N where it takes the
+                           * experts), 1 "mmv", 2 "mmq" */
     int64_t gdn_chunk_min; /* bk_gated_delta_net: steps of at least this many token rows take
                             * the chunkwise form (0: never); GDN_CHUNK_MIN or SMELT_GDN_CHUNK_MIN */
     bool mmq_rows_fixed;  /* SMELT_MMQ_MAX_ROWS given: the mmq/gemm switch is not measured */
@@ -115,8 +119,8 @@ struct cuda_backend {
         bool valid;
     } prep;
     /* The MoE decode epilogues' counters (cuda_mmv_ids' post_cnt and cmb_cnt): MOE_CNT_MAX,
-     * zero between launches; NULL (the default; SMELT_MOE_FUSED=1 allocates it) = the separate h-quantize and
-     * combine launches. */
+     * zero between launches; NULL (SMELT_MOE_FUSED=0, or no memory) = the separate h-quantize
+     * and combine launches. */
     unsigned *moe_cnt;
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
      * the attention launch itself) or of a small GLU's output (its epilogue), for the

@@ -63,9 +63,10 @@ const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor
  *      the static choice, so the key stays stable; a failed candidate is skipped.
  * Overrides (read at creation): SMELT_NO_TUNE=1 static choices only; SMELT_MMQ_TILE=N
  * static choices with tile N wherever they use mmq; SMELT_MMQ_MAX_ROWS=N fixes the
- * mmq/gemm switch at N rows (0 = no mmq) and leaves only the tile to measure. Static
- * choice: mmq with cuda_mmq's heuristic tile for 9..MMQ_MAX_ROWS rows, mmv below
- * GEMM_MIN_ROWS, else gemm. */
+ * mmq/gemm switch at N rows (0 = no mmq) and leaves only the tile to measure;
+ * SMELT_GEMM_MIN_ROWS=N moves the mmv/gemm switch (tests: plain-float weights on mmv keep F32
+ * activations, where cuBLAS rounds them to F16). Static choice: mmq with cuda_mmq's heuristic
+ * tile for 9..MMQ_MAX_ROWS rows, mmv below GEMM_MIN_ROWS, else gemm. */
 
 _Static_assert(MMTUNE_MMQ_AUTO == CUDA_MMQ_TILE_AUTO, "a choice is passed to cuda_mmq_pre as its tile");
 
@@ -195,7 +196,7 @@ static bool mmb_ok(const struct cuda_backend *cb, const struct cuda_qweight *qw,
 static int static_choice(const struct cuda_backend *cb, const struct cuda_qweight *qw, int64_t n) {
     if (cb->mm_path > 0 && mmb_ok(cb, qw, n)) return MMTUNE_MMB;
     if (n > CUDA_MMV_MAX_N && n <= cb->mmq_max_rows && cuda_mmq_supported(qw->type, qw->k)) return cb->tune_env.tile;
-    return n >= GEMM_MIN_ROWS ? MMTUNE_GEMM : MMTUNE_MMV;
+    return n >= cb->gemm_min_rows ? MMTUNE_GEMM : MMTUNE_MMV;
 }
 
 static bool stream_capturing(struct cuda_backend *cb) {

@@ -12,7 +12,7 @@
  *       and in its epilogue dst (+)= sum_j w_j (y[p_j] + down_b[e_j]) (the residual add; in
  *       increasing expert id, as cuda_moe_combine, which runs instead when n_embd % 32 != 0)
  *   so a token reads its k experts' rows only, in 3 launches after the router (6 before
- *   2026-12-03; SMELT_MOE_FUSED=1 turns the fusion on: off by default until it has run on a GPU).
+ *   2026-12-03; SMELT_MOE_FUSED=0 keeps the separate launches).
  *   more rows: the pairs are grouped by expert on the device (cuda_moe_group) into chunks of
  *   CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
  *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
@@ -86,7 +86,7 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     struct backend *b = &cb->base;
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
-    if (cb->moe_path != 2 || n <= CUDA_MMV_MAX_N || w->gate_b || w->up_b ||
+    if (cb->moe_path == 1 || n <= CUDA_MMV_MAX_N || w->gate_b || w->up_b ||
         !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
         qg->rows != n_ff * n_exp || qd->rows != n_embd * n_exp)
         return false;
