@@ -14,8 +14,10 @@ extern "C" {
 #include "backend/cuda/cuda_moe.h"
 }
 
-#define ROUTE_THREADS 256
+#define ROUTE_WARPS 8 /* experts per block of route_logits_kernel, a warp each (256 threads: the
+                        * norm sums as gather_kernel's, so router and experts see one x') */
 #define MOE_ROWS_THREADS 256
+static_assert(ROUTE_WARPS * 32 == MOE_ROWS_THREADS, "the router's norm sums as the gather's");
 
 /* ---------------------------------------------------------------- kernels ---- */
 
@@ -45,22 +47,23 @@ static __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, 
     return ia < ib;
 }
 
-/* One block per row: x' into shared memory, each warp dots it with experts w, w + 8, ..., then
- * warp 0 picks the k best and computes their weights. Shared: n_embd + n_exp floats, n_exp
- * taken flags. */
-static __global__ void __launch_bounds__(ROUTE_THREADS)
-    route_kernel(const float *x, int n_embd, const float *router, const float *bias, int n_exp,
-                 int k, int gating, int has_pre, const float *pre_w, float eps, int32_t *ids,
-                 float *wts) {
+/* The logits: block (r, c) computes experts c ROUTE_WARPS .. + ROUTE_WARPS - 1 of row r, one warp
+ * each, from x' (the norm) in shared memory; lg is (n, n_exp). Spread over n_exp / ROUTE_WARPS
+ * blocks a row, so that one token's router (Qwen3-30B-A3B: 128 x 2048 F32, 1 MB) is read by
+ * 16 multiprocessors, not one (one block a row read it at ~21 GB/s: 48 us a layer, 28% of
+ * decode's GPU time on the H200, 2026-12-03). A logit's arithmetic depends on its row and
+ * expert only, whatever n is. Shared: n_embd floats. */
+static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    route_logits_kernel(const float *x, int n_embd, const float *router, const float *bias,
+                        int n_exp, int has_pre, const float *pre_w, float eps, float *lg) {
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
-    float *xs = (float *)smem, *lg = xs + n_embd;
-    unsigned char *taken = (unsigned char *)(lg + n_exp);
+    float *xs = (float *)smem;
     __shared__ double dpart[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * n_embd;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, ex = blockIdx.y * ROUTE_WARPS + (threadIdx.x >> 5);
     float inv = 1.0f;
     if (has_pre) { /* as cpu_op_rms_norm: the sum of squares in double */
         double ss = 0;
@@ -71,19 +74,42 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     }
     for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
         xs[i] = has_pre ? (pre_w ? xr[i] * inv * pre_w[i] : xr[i] * inv) : xr[i];
-    for (int i = threadIdx.x; i < n_exp; i += blockDim.x)
-        taken[i] = 0;
     __syncthreads();
-    for (int ex = warp; ex < n_exp; ex += nw) {
-        const float *w = router + (int64_t)ex * n_embd;
-        float s = 0.0f;
+    if (ex >= n_exp) return;
+    const float *w = router + (int64_t)ex * n_embd;
+    float s = 0.0f;
+    if ((n_embd & 3) == 0) { /* 16-byte loads, every one of them in flight at once */
+        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs;
+#pragma unroll 8
+        for (int i = lane; i < n_embd / 4; i += 32) {
+            const float4 a = w4[i], c = x4[i];
+            s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+        }
+    } else {
+#pragma unroll 8
         for (int i = lane; i < n_embd; i += 32)
             s += w[i] * xs[i];
-        s = warp_sum(s);
-        if (lane == 0) lg[ex] = bias ? s + bias[ex] : s;
     }
-    __syncthreads();
-    if (warp != 0) return;
+    s = warp_sum(s);
+    if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
+}
+
+/* One warp per row: the k best of its logits (largest first; ties to the lower id) and their
+ * weights. Shared: n_exp floats, n_exp taken flags. */
+static __global__ void __launch_bounds__(32)
+    route_pick_kernel(const float *lgs, int n_exp, int k, int gating, int32_t *ids, float *wts) {
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *lg = (float *)smem;
+    unsigned char *taken = (unsigned char *)(lg + n_exp);
+    const int64_t r = blockIdx.x;
+    const int lane = threadIdx.x;
+    for (int i = lane; i < n_exp; i += 32) {
+        lg[i] = lgs[r * n_exp + i];
+        taken[i] = 0;
+    }
+    __syncwarp();
     __shared__ int id[32]; /* the picks, largest first */
     float *wt = wts + r * k;
     for (int j = 0; j < k; j++) {
@@ -187,7 +213,7 @@ static __global__ void __launch_bounds__(1024)
     }
 }
 
-/* One block per output row: x' of its source row (norm as route_kernel's, zeros for padding),
+/* One block per output row: x' of its source row (norm as route_logits_kernel's, zeros for padding),
  * stored as f32 (xf) and in the int8 form (quant16 per 16 values; warp w quantizes groups of
  * 32 w, w + warps, ...). */
 static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
@@ -253,20 +279,29 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
 
 /* --------------------------------------------------------------- launchers ---- */
 
+extern "C" size_t cuda_moe_route_scratch_bytes(int64_t n, int n_exp) {
+    return (size_t)n * (size_t)n_exp * sizeof(float);
+}
+
 extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int64_t n_embd,
                                        int64_t n, const float *router, const float *bias, int n_exp,
                                        int k, int gating, int has_pre, const float *pre_w,
-                                       float eps, int32_t *ids, float *weights, struct err *e) {
-    const size_t smem = (size_t)(n_embd + n_exp) * sizeof(float) + (size_t)n_exp;
-    if (k < 1 || k > 32 || k > n_exp || n < 1 || n > INT32_MAX || n_embd > INT32_MAX ||
-        smem > 200 * 1024)
+                                       float eps, int32_t *ids, float *weights, float *lg_scratch,
+                                       struct err *e) {
+    const size_t smem = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + 1);
+    if (k < 1 || k > 32 || k > n_exp || n < 1 || n > INT32_MAX || n_exp > 65535 * ROUTE_WARPS || n_embd > INT32_MAX ||
+        smem > 200 * 1024 || smem_pick > 200 * 1024)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda moe route: %lld rows of %lld, top %d of %d experts", (long long)n,
                        (long long)n_embd, k, n_exp);
-    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_kernel, smem);
-    CUDA_TRY(klaunch(route_kernel, dim3((unsigned)n), dim3(ROUTE_THREADS), smem, ctx, x,
-                     (int)n_embd, router, bias, n_exp, k, gating, has_pre, pre_w, eps, ids,
-                     weights),
+    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_logits_kernel, smem);
+    if (smem_pick > 48 * 1024) smem_optin_once(ctx, (const void *)route_pick_kernel, smem_pick);
+    CUDA_TRY(klaunch(route_logits_kernel, dim3((unsigned)n, (unsigned)((n_exp + ROUTE_WARPS - 1) / ROUTE_WARPS)),
+                     dim3(ROUTE_WARPS * 32), smem, ctx, x, (int)n_embd, router, bias, n_exp,
+                     has_pre, pre_w, eps, lg_scratch),
+             e);
+    CUDA_TRY(klaunch(route_pick_kernel, dim3((unsigned)n), dim3(32), smem_pick, ctx,
+                     (const float *)lg_scratch, n_exp, k, gating, ids, weights),
              e);
     return SMELT_OK;
 }

@@ -22,7 +22,8 @@ extern "C" {
 
 #define CUDA_MOE_MAX_EXPERTS 4096 /* the grouping counts experts in shared memory */
 
-/* The router, one block per row r of x (n_embd, n):
+/* The router, for each row r of x (n_embd, n) (two launches: the logits over n_exp / 8 blocks a
+ * row, then one warp a row picks; lg_scratch holds cuda_moe_route_scratch_bytes):
  *   x' = x_r, or rms_norm(x_r) * pre_w when has_pre (pre_w may be NULL: no weight);
  *   logits[e] = router[e] . x' (+ bias[e]),  router F32 (n_embd, n_exp), bias (n_exp) or NULL;
  *   ids[., r] = the k largest logits' experts, largest first, ties to the lower id, a NaN
@@ -33,7 +34,9 @@ extern "C" {
 smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int64_t n_embd, int64_t n,
                             const float *router, const float *bias, int n_exp, int k, int gating,
                             int has_pre, const float *pre_w, float eps, int32_t *ids,
-                            float *weights, struct err *e);
+                            float *weights, float *lg_scratch, struct err *e);
+/* Bytes of cuda_moe_route's logits scratch for n rows of n_exp experts. */
+size_t cuda_moe_route_scratch_bytes(int64_t n, int n_exp);
 
 /* Chunks of a grouped expert launch for n_pairs (row, slot) pairs over n_exp experts in chunks
  * of ch rows: each expert's pairs take whole chunks, so at most

@@ -45,13 +45,15 @@ void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
     const struct cuda_qweight *qr = cu_qw_of(cb, router); /* F32: plain rows */
     if (!qr) return;
     struct err e;
+    const size_t mark = cu_scratch_mark(b);
+    float *lg = cu_scratch(cb, cuda_moe_route_scratch_bytes(x->ne[1], (int)router->ne[1]));
+    if (!lg) return;
     if (cuda_moe_route(&cb->ctx, x->data, x->ne[0], x->ne[1], qr->q, bias ? bias->data : NULL,
                        (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL,
                        pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, ids->data,
-                       weights->data, &e) != SMELT_OK) {
+                       weights->data, lg, &e) != SMELT_OK)
         bk_fail(b, e.code, "%s", e.msg);
-        return;
-    }
+    cu_scratch_release(b, mark);
     cu_check_launch(cb, "moe route");
 }
 
