@@ -12,7 +12,7 @@
  *       and in its epilogue dst (+)= sum_j w_j (y[p_j] + down_b[e_j]) (the residual add; in
  *       increasing expert id, as cuda_moe_combine, which runs instead when n_embd % 32 != 0)
  *   so a token reads its k experts' rows only, in 3 launches after the router (6 before
- *   2026-12-03; SMELT_MOE_FUSED=0 keeps the separate launches).
+ *   2026-12-03; at one row, MOE_FUSED_MAX_ROWS; SMELT_MOE_FUSED=0 keeps the separate launches).
  *   more rows: the pairs are grouped by expert on the device (cuda_moe_group) into chunks of
  *   CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
  *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
@@ -33,6 +33,11 @@
 #include "backend/cuda/cuda_backend_int.h"
 
 #include "backend/cuda/cuda_moe.h"
+
+/* Decode's fused epilogues pay at one row only: H200, 2026-12-04, Qwen3-30B-A3B Q4_K_M at
+ * depth 128, fused against separate: 1 sequence 264.5 / 258.2 tok/s, 8 sequences 654.7 /
+ * 790.0, 16 sequences 1,218 / 1,220. */
+#define MOE_FUSED_MAX_ROWS 1
 
 /* enum moe_gating as cuda_moe_route numbers it */
 _Static_assert(MOE_SOFTMAX == 0 && MOE_SOFTMAX_TOPK == 1, "cuda_moe_route's gating");
@@ -219,9 +224,10 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
      * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
      * quantize, then n * n_embd for the sum */
     const int64_t n_q = n_chunks * (n_ff / 32);
-    const bool fuse_q = decode && cb->moe_cnt && cuda_mmv_needs_quant(qg->type) &&
+    const bool fuse = decode && n <= MOE_FUSED_MAX_ROWS && cb->moe_cnt;
+    const bool fuse_q = fuse && cuda_mmv_needs_quant(qg->type) &&
                         cuda_mmv_needs_quant(qd->type) && n_ff % 32 == 0 && n_q <= MOE_CNT_MAX;
-    const bool fuse_c = decode && cb->moe_cnt && n_embd % 32 == 0 &&
+    const bool fuse_c = fuse && n_embd % 32 == 0 &&
                         (fuse_q ? n_q : 0) + n * n_embd <= MOE_CNT_MAX;
     void *hq = NULL;
     if (fuse_q) {
