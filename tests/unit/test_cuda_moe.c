@@ -1,6 +1,6 @@
 /* The CUDA mixture-of-experts ops (cuda_ops_moe.c: cuda_moe.cu and the mmv kernels' expert
  * mode) against their CPU twin (cpu_ops_moe.c), on fresh random data at ragged sizes:
- *   - router: rows of 1..37, 7..40 experts, k 1..8, both gatings, with and without the
+ *   - router: rows of 1..37 and 150, 7..40 experts, k 1..8, both gatings, with and without the
  *     norm and a bias, two experts with the same router row (a tie the lower id must win):
  *     ids equal to a double reference wherever no other logit is within 1e-5 of the k-th,
  *     weights within 1e-5; every row routed alone gets the same bits as in the batch;
@@ -200,6 +200,8 @@ static void test_route(void) {
         {32, 7, 7, 6, MOE_SOFTMAX_TOPK, false, true},
         {288, 40, 8, 37, MOE_SOFTMAX_TOPK, false, true},
         {160, 32, 4, 1, MOE_SOFTMAX_TOPK, true, true},
+        /* a block a row from ROUTE_ROWS_WHOLE (128) rows: each row alone takes the spread form */
+        {160, 40, 8, 150, MOE_SOFTMAX_TOPK, true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_route(&cases[i]);

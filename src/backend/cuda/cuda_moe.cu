@@ -17,6 +17,7 @@ extern "C" {
 #define ROUTE_WARPS 8 /* experts per block of route_logits_kernel, a warp each (256 threads: the
                         * norm sums as gather_kernel's, so router and experts see one x') */
 #define MOE_ROWS_THREADS 256
+#define ROUTE_ROWS_WHOLE 128 /* rows from which a block computes all of a row's logits */
 static_assert(ROUTE_WARPS * 32 == MOE_ROWS_THREADS, "the router's norm sums as the gather's");
 
 /* ---------------------------------------------------------------- kernels ---- */
@@ -47,15 +48,17 @@ static __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, 
     return ia < ib;
 }
 
-/* The logits: block (r, c) computes experts c ROUTE_WARPS .. + ROUTE_WARPS - 1 of row r, one warp
- * each, from x' (the norm) in shared memory; lg is (n, n_exp). Spread over n_exp / ROUTE_WARPS
- * blocks a row, so that one token's router (Qwen3-30B-A3B: 128 x 2048 F32, 1 MB) is read by
- * 16 multiprocessors, not one (one block a row read it at ~21 GB/s: 48 us a layer, 28% of
- * decode's GPU time on the H200, 2026-12-03). A logit's arithmetic depends on its row and
- * expert only, whatever n is. Shared: n_embd floats. */
+/* The logits: block (r, c) computes experts c per_block .. + per_block - 1 of row r (warp w
+ * those = w mod ROUTE_WARPS) from x' (the norm) in shared memory; lg is (n, n_exp). Fewer
+ * than ROUTE_ROWS_WHOLE rows spread over n_exp / ROUTE_WARPS blocks a row, so that one
+ * token's router (Qwen3-30B-A3B: 128 x 2048 F32, 1 MB) is read by 16 multiprocessors, not
+ * one (one block a row read it at ~21 GB/s: 48 us a layer, 28% of decode's GPU time on the
+ * H200, 2026-12-03). A logit's arithmetic depends on its row and expert only, whatever n and
+ * per_block are. Shared: n_embd floats. */
 static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     route_logits_kernel(const float *x, int n_embd, const float *router, const float *bias,
-                        int n_exp, int has_pre, const float *pre_w, float eps, float *lg) {
+                        int n_exp, int per_block, int has_pre, const float *pre_w, float eps,
+                        float *lg) {
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -63,7 +66,8 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     __shared__ double dpart[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * n_embd;
-    const int lane = threadIdx.x & 31, ex = blockIdx.y * ROUTE_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, e0 = blockIdx.y * per_block,
+              e1 = min(e0 + per_block, n_exp);
     float inv = 1.0f;
     if (has_pre) { /* as cpu_op_rms_norm: the sum of squares in double */
         double ss = 0;
@@ -75,23 +79,24 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
         xs[i] = has_pre ? (pre_w ? xr[i] * inv * pre_w[i] : xr[i] * inv) : xr[i];
     __syncthreads();
-    if (ex >= n_exp) return;
-    const float *w = router + (int64_t)ex * n_embd;
-    float s = 0.0f;
-    if ((n_embd & 3) == 0) { /* 16-byte loads, every one of them in flight at once */
-        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs;
+    for (int ex = e0 + (threadIdx.x >> 5); ex < e1; ex += ROUTE_WARPS) {
+        const float *w = router + (int64_t)ex * n_embd;
+        float s = 0.0f;
+        if ((n_embd & 3) == 0) { /* 16-byte loads, every one of them in flight at once */
+            const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs;
 #pragma unroll 8
-        for (int i = lane; i < n_embd / 4; i += 32) {
-            const float4 a = w4[i], c = x4[i];
-            s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+            for (int i = lane; i < n_embd / 4; i += 32) {
+                const float4 a = w4[i], c = x4[i];
+                s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+            }
+        } else {
+#pragma unroll 8
+            for (int i = lane; i < n_embd; i += 32)
+                s += w[i] * xs[i];
         }
-    } else {
-#pragma unroll 8
-        for (int i = lane; i < n_embd; i += 32)
-            s += w[i] * xs[i];
+        s = warp_sum(s);
+        if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
     }
-    s = warp_sum(s);
-    if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
 }
 
 /* One warp per row: the k best of its logits (largest first; ties to the lower id) and their
@@ -296,9 +301,11 @@ extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int
                        (long long)n_embd, k, n_exp);
     if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_logits_kernel, smem);
     if (smem_pick > 48 * 1024) smem_optin_once(ctx, (const void *)route_pick_kernel, smem_pick);
-    CUDA_TRY(klaunch(route_logits_kernel, dim3((unsigned)n, (unsigned)((n_exp + ROUTE_WARPS - 1) / ROUTE_WARPS)),
+    /* enough rows fill the GPU with a block a row (no norm done twice); fewer spread a row */
+    const int per_block = n >= ROUTE_ROWS_WHOLE ? n_exp : ROUTE_WARPS;
+    CUDA_TRY(klaunch(route_logits_kernel, dim3((unsigned)n, (unsigned)((n_exp + per_block - 1) / per_block)),
                      dim3(ROUTE_WARPS * 32), smem, ctx, x, (int)n_embd, router, bias, n_exp,
-                     has_pre, pre_w, eps, lg_scratch),
+                     per_block, has_pre, pre_w, eps, lg_scratch),
              e);
     CUDA_TRY(klaunch(route_pick_kernel, dim3((unsigned)n), dim3(32), smem_pick, ctx,
                      (const float *)lg_scratch, n_exp, k, gating, ids, weights),
