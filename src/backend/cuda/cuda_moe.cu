@@ -82,17 +82,11 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     for (int ex = e0 + (threadIdx.x >> 5); ex < e1; ex += ROUTE_WARPS) {
         const float *w = router + (int64_t)ex * n_embd;
         float s = 0.0f;
-        if ((n_embd & 3) == 0) { /* 16-byte loads, every one of them in flight at once */
-            const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs;
+        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs; /* n_embd % 4 == 0 */
 #pragma unroll 8
-            for (int i = lane; i < n_embd / 4; i += 32) {
-                const float4 a = w4[i], c = x4[i];
-                s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
-            }
-        } else {
-#pragma unroll 8
-            for (int i = lane; i < n_embd; i += 32)
-                s += w[i] * xs[i];
+        for (int i = lane; i < n_embd / 4; i += 32) { /* 16-byte loads, all in flight at once */
+            const float4 a = w4[i], c = x4[i];
+            s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
         }
         s = warp_sum(s);
         if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
@@ -295,6 +289,7 @@ extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int
                                        struct err *e) {
     const size_t smem = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + 1);
     if (k < 1 || k > 32 || k > n_exp || n < 1 || n > INT32_MAX || n_exp > 65535 * ROUTE_WARPS || n_embd > INT32_MAX ||
+        n_embd % 4 != 0 ||
         smem > 200 * 1024 || smem_pick > 200 * 1024)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda moe route: %lld rows of %lld, top %d of %d experts", (long long)n,

@@ -30,7 +30,7 @@ extern "C" {
  *   losing to any number; weights[., r] by gating (backend.h's enum moe_gating: 0 = softmax
  *   over all n_exp, 1 = softmax over the k), in double.
  * A row's results depend on that row alone (batch invariance). ids I32 (k, n), weights F32
- * (k, n). k <= 32 (one warp picks). */
+ * (k, n). k <= 32 (one warp picks); n_embd % 4 == 0 (16-byte loads). */
 smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int64_t n_embd, int64_t n,
                             const float *router, const float *bias, int n_exp, int k, int gating,
                             int has_pre, const float *pre_w, float eps, int32_t *ids,
