@@ -76,7 +76,7 @@ static double mmv_tol(uint32_t type) {
 
 /* The types with kernels in cuda_mmv_tq.cu, and whether their block is 256 wide. */
 static const uint32_t new_types[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_IQ4_NL,
-                                     QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
+                                     QT_IQ4_XS, QT_MXFP4, QT_Q2_K, QT_Q3_K, QT_Q5_K};
 #define N_NEW_TYPES (sizeof new_types / sizeof new_types[0])
 static int is_k256(uint32_t type) { return qtype_get(type)->blck_size == 256; }
 
@@ -165,7 +165,7 @@ static void test_mmv_types(void) {
 static void test_mmv_multi(void) {
     /* QT_COUNT: Q4_K_M's mix, Q4_K Q and K with a Q6_K V (mmv_q4k_q6k) */
     const uint32_t types[] = {QT_F16,  QT_Q8_0,   QT_Q4_K,   QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0,
-                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K, QT_COUNT};
+                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4, QT_Q2_K, QT_Q3_K, QT_Q5_K, QT_COUNT};
     const int64_t k = 768;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int n = 1; n <= 3; n += 2) {
@@ -323,7 +323,7 @@ static void test_norm_quantize(void) {
  * counters left at zero. */
 static void test_mmv_epilogue(void) {
     const uint32_t types[] = {QT_Q8_0, QT_Q4_K,   QT_Q6_K,   QT_Q4_0, QT_Q4_1, QT_Q5_0,
-                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_Q2_K, QT_Q3_K, QT_Q5_K};
+                              QT_Q5_1, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4, QT_Q2_K, QT_Q3_K, QT_Q5_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (int n = 1; n <= 5; n += 4) {
             const uint32_t type = types[ti];

@@ -3,8 +3,8 @@
  * Memory:
  *   - Weights: matrices are uploaded once into the mmv kernels' repacked layouts
  *     (cuda_mmv.h; t->extra points at the descriptor, t->data at its quant bits): F16,
- *     BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS. Types without a
- *     GPU kernel yet (IQ1/IQ2/IQ3, TQ, MXFP4, ...) are dequantized on the host to F16 at
+ *     BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4. Types without
+ *     a GPU kernel yet (IQ1/IQ2/IQ3, TQ, NVFP4, ...) are dequantized on the host to F16 at
  *     upload (correct, 3-8x the bytes; logged once per type). The mmq kernel covers only
  *     Q4_K/Q6_K/Q8_0: the other quantized types repeat mmv up to GEMM_MIN_ROWS - 1 token
  *     rows, then take cuBLAS on F16 tiles (cuda_dequant_f16 reads every repacked layout).
@@ -99,11 +99,7 @@ static void cu_free(struct backend *b) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
-    /* BK_FEAT_ATTN_SINKS is left out, so gpt-oss is refused at load: its sinks are written
-     * (cuda_attn.cu), but on the H200 (2026-12-02) the gpt-oss fixtures matched transformers
-     * over 32 positions and then fell to a worst row cosine of 0.9855 against the CPU in
-     * test_cuda_forward's longer check. Until that is found, the CPU runs gpt-oss. */
-    .features = BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED | BK_FEAT_GLU_ROW_GATE |
+    .features = BK_FEAT_ATTN_SINKS | BK_FEAT_SWIGLU_OAI | BK_FEAT_MOE_BIAS | BK_FEAT_YARN_UNROUNDED | BK_FEAT_GLU_ROW_GATE |
                 BK_FEAT_LAYER_NORM | BK_FEAT_ACT | BK_FEAT_NON_CAUSAL,
     .free = cu_free,
     .weight_bind = cu_weight_bind,

@@ -106,6 +106,7 @@ extern "C" void cuda_dequant_f16(struct cuda_ctx *ctx, void *dst, const struct c
     case QT_Q5_1: klaunch(dequant_f16_kernel<QT_Q5_1>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_IQ4_NL: klaunch(dequant_f16_kernel<QT_IQ4_NL>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_IQ4_XS: klaunch(dequant_f16_kernel<QT_IQ4_XS>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
+    case QT_MXFP4: klaunch(dequant_f16_kernel<QT_MXFP4>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_Q2_K: klaunch(dequant_f16_kernel<QT_Q2_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_Q3_K: klaunch(dequant_f16_kernel<QT_Q3_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;
     case QT_Q5_K: klaunch(dequant_f16_kernel<QT_Q5_K>, dim3(grid), dim3(128), 0, ctx, o, w->q, w->s, w->d, k, r0, groups); break;

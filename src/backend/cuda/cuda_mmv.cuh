@@ -328,7 +328,7 @@ struct mmv_acc {
     }
 };
 
-/* ---- cuda_mmv_tq.cu: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q5_K ---- */
+/* ---- cuda_mmv_tq.cu: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q5_K ---- */
 
 /* Whether those kernels handle type with row length k. */
 extern "C" int cuda_mmv_tq_supported(uint32_t type, int64_t k);

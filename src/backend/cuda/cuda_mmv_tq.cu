@@ -1,5 +1,5 @@
-/* mmv kernels (decode: 1..8 token rows) for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K
- * and Q5_K, their repacking at upload, and their launch (called by cuda_mmv.cu's launchers
+/* mmv kernels (decode: 1..8 token rows) for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4,
+ * Q2_K, Q3_K and Q5_K, their repacking at upload, and their launch (called by cuda_mmv.cu's launchers
  * through cuda_mmv.cuh). They use the family's mmv_mats / mrow_ref / mref / mmv_acc and MMV_*
  * knobs (cuda_mmv.cuh), so stacked matrices, the GLU mode and the pre_ss / post_* epilogues
  * work as for Q4_K.
@@ -19,6 +19,7 @@
  *   Q5_0  32 weights: d * sum(dx * dot(q) - 16 * dx*sum)          (q = nibble | qh bit << 4)
  *   Q5_1  32 weights: d * sum(dx * dot(q)) + m * sum(dx*sum)
  *   IQ4_NL/IQ4_XS 32 weights: dl * sum(dx * dot(kv[code]))        (codes mapped by tq_iq4)
+ *   MXFP4 32 weights: e8m0/2 * sum(dx * dot(2 * fp4[code]))          (codes mapped by tq_mx4)
  *   Q5_K  32 weights (two runs of 16 in sub-blocks 2g, 2g+1, as Q4_K's units):
  *         d * sum(sc * dx * dot) - dmin * sum(m * dx*sum)
  *   Q2_K  64 weights (four runs of 16, shifts 0..3): d * sum(sc * dx * dot) - dmin * sum(m * dx*sum)
@@ -101,10 +102,12 @@ struct tq_legacy {
     }
 };
 
-/* IQ4_NL (XS = 0: unit = block, half d) and IQ4_XS (XS = 1: unit = sub-block u % 8 of
- * super-block u / 8, scale from the 8-byte header). */
-template <int XS>
+/* IQ4_NL (F = 0: unit = block, half d), IQ4_XS (F = 1: unit = sub-block u % 8 of
+ * super-block u / 8, scale from the 8-byte header) and MXFP4 (F = 2: unit = block, E8M0
+ * byte, kvalues_mxfp4). */
+template <int F>
 struct tq_iq4x {
+    static constexpr int XS = F == 1, MX = F == 2;
     static constexpr int W = 32, U = MMV_U;
     struct ld {
         uint4 q;
@@ -119,7 +122,7 @@ struct tq_iq4x {
             v.a = h.x;
             v.b = h.y;
         } else {
-            v.a = ((const unsigned short *)rr.s)[b];
+            v.a = MX ? ((const uint8_t *)rr.s)[b] : ((const unsigned short *)rr.s)[b];
             v.b = 0;
         }
         return v;
@@ -131,9 +134,15 @@ struct tq_iq4x {
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const uint4 q = v[r].q;
-            wa[r] = make_uint4(tq_iq4(q.x), tq_iq4(q.x >> 16), tq_iq4(q.y), tq_iq4(q.y >> 16));
-            wb[r] = make_uint4(tq_iq4(q.z), tq_iq4(q.z >> 16), tq_iq4(q.w), tq_iq4(q.w >> 16));
-            dl[r] = __half2float(__ushort_as_half((unsigned short)(v[r].a & 0xffff)));
+            if (MX) {
+                wa[r] = make_uint4(tq_mx4(q.x), tq_mx4(q.x >> 16), tq_mx4(q.y), tq_mx4(q.y >> 16));
+                wb[r] = make_uint4(tq_mx4(q.z), tq_mx4(q.z >> 16), tq_mx4(q.w), tq_mx4(q.w >> 16));
+                dl[r] = tq_e8m0_half(v[r].a);
+            } else {
+                wa[r] = make_uint4(tq_iq4(q.x), tq_iq4(q.x >> 16), tq_iq4(q.y), tq_iq4(q.y >> 16));
+                wb[r] = make_uint4(tq_iq4(q.z), tq_iq4(q.z >> 16), tq_iq4(q.w), tq_iq4(q.w >> 16));
+                dl[r] = __half2float(__ushort_as_half((unsigned short)(v[r].a & 0xffff)));
+            }
             if (XS) {
                 const int sub = u & 7;
                 const int ls = (int)((v[r].b >> (4 * sub)) & 15) | (int)((v[r].a >> (16 + 2 * sub)) & 3) << 4;
@@ -354,6 +363,10 @@ static __global__ void repack_tq(uint32_t type, const uint8_t *__restrict__ src,
         tq_put32(d + 4 * b, tq_get32(p + 4));
         for (int i = 0; i < 16; i++) q[16 * b + i] = p[8 + i];
         break;
+    case QT_MXFP4: /* e, qs[16] */
+        s[b] = p[0];
+        tq_iq4_order(p + 1, q + 16 * b);
+        break;
     case QT_IQ4_XS:
         for (int i = 0; i < 8; i++) s[8 * b + i] = p[i];
         for (int sub = 0; sub < 8; sub++) tq_iq4_order(p + 8 + 16 * sub, q + 128 * b + 16 * sub);
@@ -437,6 +450,7 @@ static void tq_sizes(uint32_t type, int64_t nblk, uint64_t *qb, uint64_t *sb, ui
     case QT_Q5_0: *qb = 16 * n, *sb = 2 * n, *db = 4 * n; break;
     case QT_Q5_1: *qb = 16 * n, *sb = 4 * n, *db = 4 * n; break;
     case QT_IQ4_XS: *qb = 128 * n, *sb = 8 * n; break;
+    case QT_MXFP4: *qb = 16 * n, *sb = n; break;
     case QT_Q5_K: *qb = 160 * n, *sb = 16 * n, *db = 4 * n; break;
     case QT_Q2_K: *qb = 64 * n, *sb = 16 * n, *db = 4 * n; break;
     case QT_Q3_K: *qb = 96 * n, *sb = 16 * n, *db = 2 * n; break;
@@ -475,6 +489,7 @@ static cudaError_t tq_launch(uint32_t type, dim3 grid, dim3 block, struct cuda_c
     case QT_Q5_1: return klaunch(mmv_tq<tq_legacy<1, 1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_IQ4_NL: return klaunch(mmv_tq<tq_iq4x<0>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_IQ4_XS: return klaunch(mmv_tq<tq_iq4x<1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
+    case QT_MXFP4: return klaunch(mmv_tq<tq_iq4x<2>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_Q5_K: return klaunch(mmv_tq<tq_q5_k, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_Q2_K: return klaunch(mmv_tq<tq_q23_k<0>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_Q3_K: return klaunch(mmv_tq<tq_q23_k<1>, N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);

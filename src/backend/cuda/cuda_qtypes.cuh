@@ -1,5 +1,5 @@
 /* Device layouts of the GGUF types whose mmv kernels live in cuda_mmv_tq.cu (Q4_0, Q4_1,
- * Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q5_K), and their dequantization from those layouts
+ * Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q5_K), and their dequantization from those layouts
  * (the >8-row GEMM path's F16 tiles, embedding rows). Included by cuda_mmv_tq.cu,
  * cuda_getrows.cu and cuda_convert.cu; everything here is inline or a template, so an
  * including file pays only for what it calls.
@@ -16,6 +16,9 @@
  *          s: half d per block                                        144 = 144
  *   IQ4_XS q: 16 B per 32-element sub-block, element order as IQ4_NL
  *          s: the 8-byte GGUF header per super-block {d, scales_h, scales_l[4]}  136 = 136
+ *   MXFP4  q: as IQ4_NL (codes index kvalues_mxfp4: E2M1 values doubled, -12..12)
+ *          s: the E8M0 exponent byte e per block (scale 2^(e-128) undoes the doubling)
+ *                                                                     136 = 136
  *   Q5_K   q: 160 B per super-block: the 128 B of nibbles as GGUF/Q4_K, then 8 u32 words,
  *          word c for unit c (= 16 B of nibbles c, pair g = c/2, half hf = c%2): bit i = bit 4
  *          of element 64g + 16hf + i, bit 16 + i = bit 4 of element 64g + 32 + 16hf + i
@@ -44,7 +47,7 @@ extern "C" {
 /* The types this file lays out. */
 static __host__ __device__ __forceinline__ bool tq_type(uint32_t t) {
     return t == QT_Q4_0 || t == QT_Q4_1 || t == QT_Q5_0 || t == QT_Q5_1 || t == QT_IQ4_NL || t == QT_IQ4_XS ||
-           t == QT_Q2_K || t == QT_Q3_K || t == QT_Q5_K;
+           t == QT_MXFP4 || t == QT_Q2_K || t == QT_Q3_K || t == QT_Q5_K;
 }
 
 /* Bits 0..3 of x moved to bit 0 of bytes 0..3 (the four shifted copies do not overlap). */
@@ -66,6 +69,21 @@ static __device__ __forceinline__ uint32_t tq_iq4(uint32_t sel) {
     return __byte_perm(lo, hi, 0x3210u | ((sel >> 1) & 0x4444u));
 }
 
+/* MXFP4 codes -> int8 values (kvalues_mxfp4: 0, 1, 2, 3, 4, 6, 8, 12, then the same negated),
+ * as tq_iq4 does for IQ4's table. */
+static __device__ __forceinline__ uint32_t tq_mx4(uint32_t sel) {
+    constexpr uint32_t t0 = tq_pack4(0, 1, 2, 3), t1 = tq_pack4(4, 6, 8, 12);
+    constexpr uint32_t t2 = tq_pack4(0, -1, -2, -3), t3 = tq_pack4(-4, -6, -8, -12);
+    const uint32_t s = sel & 0x7777u;
+    const uint32_t lo = __byte_perm(t0, t1, s), hi = __byte_perm(t2, t3, s);
+    return __byte_perm(lo, hi, 0x3210u | ((sel >> 1) & 0x4444u));
+}
+
+/* MXFP4's E8M0 byte e -> 2^(e-128), to the bit as quant_from_mxfp4 (e = 0, 1: f32 denormals). */
+static __device__ __forceinline__ float tq_e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
 /* 32 weights of group j32 (elements 32*j32 ..) of row `row` of a k-wide matrix of type T in
  * the layouts above, as f32. */
 template <uint32_t T>
@@ -85,11 +103,13 @@ static __device__ __forceinline__ void tq_deq32(const void *q, const void *s, co
             o[i] = dm.x * (float)(a - off) + dm.y;
             o[i + 16] = dm.x * (float)(b - off) + dm.y;
         }
-    } else if (T == QT_IQ4_NL || T == QT_IQ4_XS) {
+    } else if (T == QT_IQ4_NL || T == QT_IQ4_XS || T == QT_MXFP4) {
         const uint4 w = ((const uint4 *)q)[gi];
         float dl;
         if (T == QT_IQ4_NL) {
             dl = __half2float(((const __half *)s)[gi]);
+        } else if (T == QT_MXFP4) {
+            dl = tq_e8m0_half(((const uint8_t *)s)[gi]);
         } else {
             const uint2 h = ((const uint2 *)s)[gi >> 3];
             const int sub = (int)(gi & 7);
@@ -99,7 +119,8 @@ static __device__ __forceinline__ void tq_deq32(const void *q, const void *s, co
         const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const uint32_t v = tq_iq4(ws[j >> 1] >> (16 * (j & 1)));
+            const uint32_t sel = ws[j >> 1] >> (16 * (j & 1));
+            const uint32_t v = T == QT_MXFP4 ? tq_mx4(sel) : tq_iq4(sel);
 #pragma unroll
             for (int b = 0; b < 4; b++) o[4 * j + b] = dl * (float)(int8_t)(v >> (8 * b));
         }
@@ -150,6 +171,7 @@ static __device__ __forceinline__ void tq_deq32_rt(uint32_t type, const void *q,
     case QT_Q5_1: tq_deq32<QT_Q5_1>(q, s, d, row, k, j32, o); break;
     case QT_IQ4_NL: tq_deq32<QT_IQ4_NL>(q, s, d, row, k, j32, o); break;
     case QT_IQ4_XS: tq_deq32<QT_IQ4_XS>(q, s, d, row, k, j32, o); break;
+    case QT_MXFP4: tq_deq32<QT_MXFP4>(q, s, d, row, k, j32, o); break;
     case QT_Q2_K: tq_deq32<QT_Q2_K>(q, s, d, row, k, j32, o); break;
     case QT_Q3_K: tq_deq32<QT_Q3_K>(q, s, d, row, k, j32, o); break;
     case QT_Q5_K: tq_deq32<QT_Q5_K>(q, s, d, row, k, j32, o); break;
