@@ -12,27 +12,53 @@
  * conversion and reset by their last user, so a captured graph replays.
  *
  * Weights: lane (g, t) of a warp (g = lane >> 2, t = lane & 3) owns rows g and g + 8 of the
- * warp's tile. Of each row's 128 quant bytes per super-block (split layout: byte 32c + i,
- * i < 32, holds K 64c + i in its low nibble, K 64c + 32 + i in its high one) it loads the
- * 16-byte pieces t and 4 + t with one ld.global.v4 each (a warp instruction reads 8 rows x
- * 64 contiguous bytes), plus the row's 16-byte scale record; the next super-block's loads
- * are issued before the current one's math, and the first ones before griddepcontrol.wait.
- * Nothing goes through shared memory but the activations.
+ * warp's tile. Per 256-wide K slice ("super-block", eight blocks of the 32-wide types) it
+ * loads its 16-byte pieces of both rows with ld.global.v4 (the four lanes of a row take
+ * complementary pieces, so a warp instruction reads whole 32-byte sectors of 8 rows: 64
+ * contiguous bytes a row, or Q6_K's bytes 0-31 and 64-95), plus the scale words the pieces
+ * need (one instruction reads 8 rows x 16 contiguous bytes, or less); the next super-block's loads are issued before the
+ * current one's math, and the first ones before griddepcontrol.wait. Nothing goes through
+ * shared memory but the activations. Per type (mmb_fmt<T>; layouts: cuda_mmv.cu,
+ * cuda_qtypes.cuh), with loads per lane per row and super-block:
+ *   Q4_K  128 B nibbles (byte 32c + i, i < 32: K 64c + i low, 64c + 32 + i high): pieces t
+ *         and 4 + t; the 16-byte scale record. 2 x 16 B + 16 B.
+ *   Q5_K  Q4_K's nibbles and pieces, and the words of fifth bits for them (word P: bit i =
+ *         byte i's low nibble, 16 + i its high one): words t, 4 + t; scale-pair words t >> 1
+ *         and 2 + (t >> 1); {d, dmin}. 2 x 16 B + 5 x 4 B.
+ *   Q6_K  ql[128], qh[64] as GGUF: ql pieces 4a + h and 4a + h + 2 (a = t >> 1, h = t & 1;
+ *         K 128a + 32L + 16h + i low nibble, + 64 high) and qh piece t, which holds exactly
+ *         their 2-bit fields (bits 2L, 4 + 2L); 8 of the 16 int8 scales (8a..8a+7); d.
+ *         3 x 16 B + 8 B + 2 B.
+ *   Q8_0  256 int8: pieces 4L + t (L = 0..3, K 64L + 16t + i); the 8 f16 scales.
+ *         4 x 16 B + 16 B.
+ *   Q4_0  eight 16-byte blocks (byte j: K j low nibble, j + 16 high): blocks t and 4 + t;
+ *         the 8 f16 scales. 2 x 16 B + 16 B.
  *
  * Fragments (PTX ISA, mma.m16n8k16, f16): A a0 = row g, k {2t, 2t+1}; a1 = row g+8, same k;
  * a2 = row g, k {2t+8, 2t+9}; a3 = row g+8, same k. B b0 = k {2t, 2t+1}, token g; b1 = k
  * {2t+8, 2t+9}. The sum over k does not care how the 16 mma k slots map to real K
- * positions, as long as A and B agree, so the kernel picks the map its loads make cheap:
- * word wd (bytes 4wd..4wd+3) of piece L (0, 1) of lane t holds, with c = 2L + (t >> 1) and
- * kb = 64c + 16(t & 1) + 4wd, the low nibbles of K kb..kb+3 and the high nibbles of
- * K kb+32..kb+35. One LOP3 with 0x000f000f (0x00f000f0) turns bytes 0 and 2 into an f16x2
- * of K (kb, kb+2) (+32), the word shifted by 8 gives (kb+1, kb+3). So step st = 8L + 2wd +
- * h (h = 0 low nibbles, 1 high) of a super-block maps mma slots {2t, 2t+1} to K {kb', kb'+2}
- * and {2t+8, 2t+9} to {kb'+1, kb'+3}, kb' = kb + 32h. The conversion kernel writes the f16
- * activations in exactly that order (per token, per super-block, per step: 16 values in
- * slot order), so ldmatrix.x4 hands each lane its B fragments of two steps at once.
- * Dequantization is mmq's (cuda_mma.cuh): 1024 + q exact in f16, q recovered exactly, then
- * one f16 FMA q * f16(d*sc) - f16(dmin*m): the same f16 weights as mmq, one rounding each.
+ * positions, as long as A and B agree, so the kernel picks the map its loads make cheap.
+ * In every type a 32-bit word of a lane's piece holds four consecutive K positions kb..kb+3
+ * (in its bytes, or in their low nibbles, the high nibbles holding another run); one LOP3
+ * (0x000f000f, 0x00f000f0) or PRMT turns bytes 0 and 2 into an f16x2 and the word shifted by
+ * 8 gives bytes 1 and 3, so slots {2t, 2t+1} stand for K {kb, kb+2} and {2t+8, 2t+9} for
+ * {kb+1, kb+3}. Step st (0..15) of a super-block, lane t, its word's kb (mmb_fmt<T>::kb):
+ *   Q4_K, Q5_K  st = 8L + 2wd + h:  kb = 64(2L + (t >> 1)) + 32h + 16(t & 1) + 4wd
+ *   Q6_K        st = 8L + 2wd + h:  kb = 128(t >> 1) + 64h + 32L + 16(t & 1) + 4wd
+ *   Q4_0        st = 8L + 2wd + h:  kb = 32(4L + t) + 16h + 4wd
+ *   Q8_0        st = 4L + wd:       kb = 64L + 16t + 4wd
+ * (L: the lane's piece, wd: the word in it, h: low or high nibbles.) The conversion kernel
+ * writes the f16 activations in exactly that order (per token, per super-block, per step:
+ * 16 values in slot order), so ldmatrix.x4 hands each lane its B fragments of two steps
+ * (2sp, 2sp + 1) at once: the two nibbles of one word, or (Q8_0) two words of one piece.
+ *
+ * Dequantization (cuda_mma.cuh's dq_* helpers and Q4_K's own lines; mmq's operations where it
+ * has the type): the integer reaches f16 exactly through the magic number 1024 (a nibble in
+ * bits 4..7 gives 1024 + 16q, and v/16 - 64 is exact), then one f16 operation with the f16
+ * scale, so each weight is rounded once: Q4_K, Q5_K q * f16(d*sc) - f16(dmin*m) (one FMA);
+ * Q6_K (q - 32) * f16(d*sc); Q8_0 q * d; Q4_0 (q - 8) * d. Q6_K's and Q8_0's are cuda_mmq's
+ * values to the bit (the same operations); Q5_K and Q4_0 have no mmq kernel. Q5_K's fifth
+ * bits go into place by a multiply: (bits & 15) * 0x00040010 puts bits 0 and 2 at 4 and 20.
  *
  * Shared memory: 2 stages x 8*NT tokens x 528 B (256 f16 + 16 B pad: the 8 rows of an
  * ldmatrix matrix fall in distinct banks). */
