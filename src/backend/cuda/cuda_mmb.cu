@@ -100,22 +100,23 @@ static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-/* Steps 2sp and 2sp + 1 of the super-block: the B fragments of the NT token tiles (one
- * ldmatrix.x4 each: xs is the lane's address of tile 0, step 2sp) times A fragments f0 and
- * f1. */
-template <int NT>
-static __device__ __forceinline__ void mma_pair(float (&acc)[NT][4], const uint32_t (&f0)[4],
-                                                const uint32_t (&f1)[4], uint32_t xs) {
-    uint32_t b[NT][4];
+/* The B fragments of steps 2sp and 2sp + 1 of the super-block for the NT token tiles, one
+ * ldmatrix.x4 each (xs: the lane's address of tile 0, step 2sp), and the mma of step 2sp + h
+ * with A fragment f. A type dequantizes step 2sp's fragment, runs its mma, then step 2sp + 1's
+ * (one fragment live at a time: Q4_K 79 registers at NT = 1 rather than 86; Q6_K makes both
+ * first, as the other order spilled at NT = 2). */
+template <int NT> static __device__ __forceinline__ void ldsm_pair(uint32_t (&b)[NT][4], uint32_t xs) {
 #pragma unroll
     for (int j = 0; j < NT; j++)
         ldsm_x4(b[j], xs + j * 8 * MMB_XS);
+}
+
+template <int NT>
+static __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint32_t (&f)[4], const uint32_t (&b)[NT][4],
+                                                int h) {
 #pragma unroll
     for (int j = 0; j < NT; j++)
-        mma_f16(acc[j], f0, b[j][0], b[j][1]);
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-        mma_f16(acc[j], f1, b[j][2], b[j][3]);
+        mma_f16(acc[j], f, b[j][2 * h], b[j][2 * h + 1]);
 }
 
 /* Q4_K / Q5_K: the f16x2 {d*sc, d*sc} and {-dmin*m, -dmin*m} of sub-blocks 2c + h, c = 2L +
@@ -182,20 +183,22 @@ template <> struct mmb_fmt<QT_Q4_K> {
         for (int L = 0; L < 2; L++)
 #pragma unroll
             for (int wd = 0; wd < 4; wd++) {
-                uint32_t f0[4], f1[4];
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const uint32_t A = word_of(w.q[i][L], wd), A8 = A >> 8;
-                    /* low nibbles: 1024 + q, q exact, then one rounding of q * d*sc - dmin*m */
-                    f0[i] = h2_fma(h2_sub(and_or<0x000f000fu>(A, MAGIC), H_1024), sc[i][L][0], mn[i][L][0]);
-                    f0[2 + i] = h2_fma(h2_sub(and_or<0x000f000fu>(A8, MAGIC), H_1024), sc[i][L][0], mn[i][L][0]);
-                    /* high nibbles: 1024 + 16 q, q = v / 16 - 64 exactly */
-                    f1[i] = h2_fma(h2_fma(and_or<0x00f000f0u>(A, MAGIC), H_SIXTEENTH, H_M64), sc[i][L][1],
-                                   mn[i][L][1]);
-                    f1[2 + i] = h2_fma(h2_fma(and_or<0x00f000f0u>(A8, MAGIC), H_SIXTEENTH, H_M64), sc[i][L][1],
-                                       mn[i][L][1]);
-                }
-                mma_pair<NT>(acc, f0, f1, xa + (4 * L + wd) * 64);
+                uint32_t b[NT][4];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
+                const uint32_t A = word_of(w.q[0][L], wd), A8 = A >> 8, B = word_of(w.q[1][L], wd), B8 = B >> 8;
+                uint32_t f[4];
+                /* low nibbles: 1024 + q, q exact, then one rounding of q * d*sc - dmin*m */
+                f[0] = h2_fma(h2_sub(and_or<0x000f000fu>(A, MAGIC), H_1024), sc[0][L][0], mn[0][L][0]);
+                f[1] = h2_fma(h2_sub(and_or<0x000f000fu>(B, MAGIC), H_1024), sc[1][L][0], mn[1][L][0]);
+                f[2] = h2_fma(h2_sub(and_or<0x000f000fu>(A8, MAGIC), H_1024), sc[0][L][0], mn[0][L][0]);
+                f[3] = h2_fma(h2_sub(and_or<0x000f000fu>(B8, MAGIC), H_1024), sc[1][L][0], mn[1][L][0]);
+                mma_step<NT>(acc, f, b, 0);
+                /* high nibbles: 1024 + 16 q, q = v / 16 - 64 exactly */
+                f[0] = h2_fma(h2_fma(and_or<0x00f000f0u>(A, MAGIC), H_SIXTEENTH, H_M64), sc[0][L][1], mn[0][L][1]);
+                f[1] = h2_fma(h2_fma(and_or<0x00f000f0u>(B, MAGIC), H_SIXTEENTH, H_M64), sc[1][L][1], mn[1][L][1]);
+                f[2] = h2_fma(h2_fma(and_or<0x00f000f0u>(A8, MAGIC), H_SIXTEENTH, H_M64), sc[0][L][1], mn[0][L][1]);
+                f[3] = h2_fma(h2_fma(and_or<0x00f000f0u>(B8, MAGIC), H_SIXTEENTH, H_M64), sc[1][L][1], mn[1][L][1]);
+                mma_step<NT>(acc, f, b, 1);
             }
     }
 };
@@ -250,17 +253,22 @@ template <> struct mmb_fmt<QT_Q5_K> {
         for (int L = 0; L < 2; L++)
 #pragma unroll
             for (int wd = 0; wd < 4; wd++) {
-                uint32_t f0[4], f1[4];
+                uint32_t b[NT][4], f[4], hi[2][2];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    uint32_t lo[2], hi[2];
-                    dq_q5_k(word_of(w.q[i][L], wd), w.h[i][L] >> (4 * wd), lo, hi);
-                    f0[i] = h2_fma(lo[0], sc[i][L][0], mn[i][L][0]);
-                    f0[2 + i] = h2_fma(lo[1], sc[i][L][0], mn[i][L][0]);
-                    f1[i] = h2_fma(hi[0], sc[i][L][1], mn[i][L][1]);
-                    f1[2 + i] = h2_fma(hi[1], sc[i][L][1], mn[i][L][1]);
+                    uint32_t lo[2];
+                    dq_q5_k(word_of(w.q[i][L], wd), w.h[i][L] >> (4 * wd), lo, hi[i]);
+                    f[i] = h2_fma(lo[0], sc[i][L][0], mn[i][L][0]);
+                    f[2 + i] = h2_fma(lo[1], sc[i][L][0], mn[i][L][0]);
                 }
-                mma_pair<NT>(acc, f0, f1, xa + (4 * L + wd) * 64);
+                mma_step<NT>(acc, f, b, 0);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    f[i] = h2_fma(hi[i][0], sc[i][L][1], mn[i][L][1]);
+                    f[2 + i] = h2_fma(hi[i][1], sc[i][L][1], mn[i][L][1]);
+                }
+                mma_step<NT>(acc, f, b, 1);
             }
     }
 };
@@ -329,7 +337,9 @@ template <> struct mmb_fmt<QT_Q6_K> {
         for (int L = 0; L < 2; L++)
 #pragma unroll
             for (int wd = 0; wd < 4; wd++) {
-                uint32_t f0[4], f1[4];
+                /* both steps' fragments first (ptxas spilled 4 bytes at NT = 2 the other way) */
+                uint32_t b[NT][4], f0[4], f1[4];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     uint32_t lo[2], hi[2];
@@ -341,7 +351,8 @@ template <> struct mmb_fmt<QT_Q6_K> {
                     f1[i] = h2_mul(hi[0], sc[i][L][1]);
                     f1[2 + i] = h2_mul(hi[1], sc[i][L][1]);
                 }
-                mma_pair<NT>(acc, f0, f1, xa + (4 * L + wd) * 64);
+                mma_step<NT>(acc, f0, b, 0);
+                mma_step<NT>(acc, f1, b, 1);
             }
     }
 };
@@ -382,13 +393,15 @@ template <> struct mmb_fmt<QT_Q8_0> {
             const uint32_t d2[2] = {__byte_perm(word_of(w.s[0], L), 0, sel), __byte_perm(word_of(w.s[1], L), 0, sel)};
 #pragma unroll
             for (int p = 0; p < 2; p++) {
-                uint32_t f0[4], f1[4];
+                uint32_t b[NT][4], f[4];
+                ldsm_pair<NT>(b, xa + (2 * L + p) * 64);
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    dq_q8_0(word_of(w.q[i][L], 2 * p), d2[i], f0[i], f0[2 + i]);
-                    dq_q8_0(word_of(w.q[i][L], 2 * p + 1), d2[i], f1[i], f1[2 + i]);
+                for (int h = 0; h < 2; h++) { /* step 4L + 2p + h: word 2p + h */
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        dq_q8_0(word_of(w.q[i][L], 2 * p + h), d2[i], f[i], f[2 + i]);
+                    mma_step<NT>(acc, f, b, h);
                 }
-                mma_pair<NT>(acc, f0, f1, xa + (2 * L + p) * 64);
             }
         }
     }
@@ -419,14 +432,16 @@ template <> struct mmb_fmt<QT_Q4_0> {
                 d2[i] = __byte_perm(L ? ((t >> 1) ? w.s[i].w : w.s[i].z) : ((t >> 1) ? w.s[i].y : w.s[i].x), 0, sel);
 #pragma unroll
             for (int wd = 0; wd < 4; wd++) {
-                uint32_t f0[4], f1[4];
+                uint32_t b[NT][4], f[4];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const uint32_t A = word_of(w.q[i][L], wd);
-                    dq_q4_0<0>(A, d2[i], f0[i], f0[2 + i]);
-                    dq_q4_0<1>(A, d2[i], f1[i], f1[2 + i]);
-                }
-                mma_pair<NT>(acc, f0, f1, xa + (4 * L + wd) * 64);
+                for (int i = 0; i < 2; i++)
+                    dq_q4_0<0>(word_of(w.q[i][L], wd), d2[i], f[i], f[2 + i]);
+                mma_step<NT>(acc, f, b, 0);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    dq_q4_0<1>(word_of(w.q[i][L], wd), d2[i], f[i], f[2 + i]);
+                mma_step<NT>(acc, f, b, 1);
             }
         }
     }
