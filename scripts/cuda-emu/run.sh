@@ -90,7 +90,7 @@ run() { # label command...
 cd "$out"
 run ./test_cuda_mmv
 run ./test_cuda_moe
-SMELT_TEST_SMALL=1 run ./test_cuda_mmb # every row count 1..64 on the ragged shapes
+SMELT_TEST_SMALL=1 run ./test_cuda_mmb # Q4_K at every row count 1..64 on the ragged shapes, the other types at 8
 run ./attn
 run ./test_cuda_ssm
 run ./test_cuda_encoder

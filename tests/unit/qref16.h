@@ -35,7 +35,8 @@ static float x16(float v) {
 }
 
 /* The f16 weights of one row as the kernel computes them, from the GGUF bytes (the block
- * formats as documented in ggml: Q4_K 6-bit scales/mins packed in 12 bytes, Q6_K ql/qh). */
+ * formats as documented in ggml: Q4_K 6-bit scales/mins packed in 12 bytes, Q6_K ql/qh; Q5_K
+ * as Q4_K with a fifth bit, Q4_0 and Q8_0 one f16 scale per 32). */
 static void ref_row_f16(uint32_t type, const uint8_t *row, int64_t k, float *w) {
     if (type == QT_Q8_0) {
         for (int64_t b = 0; b < k / 32; b++) {
@@ -60,6 +61,36 @@ static void ref_row_f16(uint32_t type, const uint8_t *row, int64_t k, float *w) 
                 const double s16 = f16v(d * (float)s), m16 = f16v(dmin * (float)m);
                 for (int i = 0; i < 32; i++) {
                     const int q = (j & 1) ? qs[32 * (j / 2) + i] >> 4 : qs[32 * (j / 2) + i] & 0xf;
+                    w[256 * b + 32 * j + i] = rne16(q * s16 - m16);
+                }
+            }
+        }
+    } else if (type == QT_Q4_0) { /* d, qs[16]: byte j = element j (low nibble), j + 16 (high) */
+        for (int64_t b = 0; b < k / 32; b++) {
+            const uint8_t *p = row + 18 * b;
+            const double d = h16(p);
+            for (int j = 0; j < 16; j++) {
+                w[32 * b + j] = rne16(((p[2 + j] & 0xf) - 8) * d);
+                w[32 * b + j + 16] = rne16(((p[2 + j] >> 4) - 8) * d);
+            }
+        }
+    } else if (type == QT_Q5_K) { /* d, dmin, scales[12] (as Q4_K), qh[32], qs[128]: as Q4_K */
+        for (int64_t b = 0; b < k / 256; b++) { /* with bit 4 of element 32j + l in qh[l] bit j */
+            const uint8_t *p = row + 176 * b, *sc = p + 4, *qh = p + 16, *qs = p + 48;
+            const float d = (float)h16(p), dmin = (float)h16(p + 2);
+            for (int j = 0; j < 8; j++) {
+                int s, m;
+                if (j < 4) {
+                    s = sc[j] & 63;
+                    m = sc[j + 4] & 63;
+                } else {
+                    s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+                    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+                }
+                const double s16 = f16v(d * (float)s), m16 = f16v(dmin * (float)m);
+                for (int i = 0; i < 32; i++) {
+                    const int lo = (j & 1) ? qs[32 * (j / 2) + i] >> 4 : qs[32 * (j / 2) + i] & 0xf;
+                    const int q = lo | ((qh[i] >> j) & 1) << 4;
                     w[256 * b + 32 * j + i] = rne16(q * s16 - m16);
                 }
             }

@@ -1,4 +1,5 @@
-/* CUDA small-batch tensor-core matmul (cuda_mmb) against its CPU twin.
+/* CUDA small-batch tensor-core matmul (cuda_mmb) against its CPU twin, for every type it has
+ * (Q4_K, Q6_K, Q8_0, Q5_K, Q4_0).
  *
  * Weights: Gaussian values quantized with the reference quantizer (rows of different
  * magnitude); references in double (qref16.h, shared with test_cuda_mmq): y_h, the f16
@@ -6,19 +7,25 @@
  * output within 2e-5 * sum|w x| + 1e-6 (test_cuda_mmq's bound); y, the library's
  * dequantized W against exact x: relative RMS < 2e-3.
  *
- * Every token-row count 1..64 on ragged shapes (rows not a multiple of 64, one to 16
+ * The f16 weights to the bit: one-hot activations read every weight of a 130x768 matrix
+ * back through the kernel, compared with qref16.h's (cuda_mmq's values for Q6_K and Q8_0).
+ * Q4_K at every token-row count 1..64 on ragged shapes (rows not a multiple of 64, one to 16
  * super-blocks per K split, a split count that does not divide the super-blocks), plus
- * the same with the K splits of a one-SM device (long K ranges per block); the
- * Llama-3-8B K/V and 4096x4096 shapes at a few counts (sampled rows). Outputs poisoned
- * with NaN and followed by a guard band; accumulate mode; two runs the same bits.
+ * the same with the K splits of a one-SM device (long K ranges per block); the other types
+ * at n = 1, 2, 7, 8, 9, 16, 33, 64 on two of those shapes, both contexts; the
+ * Llama-3-8B K/V and 4096x4096 shapes at a few counts (sampled rows), every type. Outputs
+ * poisoned with NaN and followed by a guard band; accumulate mode; two runs the same bits.
  * Batch invariance: token row t's outputs at n rows are bitwise those at 64 rows (the
  * kernel's K split never depends on n, and no row's sums see another row's values).
+ * SMELT_TEST_MMB_TYPES=Q6_K,Q8_0 (say) keeps the listed types; SMELT_TEST_SMALL=1 leaves out
+ * the model shapes (the CPU emulator).
  *
- * SMELT_BENCH=1 adds, per shape (4096x4096, 14336x4096, 4096x14336, 1024x4096) and
+ * SMELT_BENCH=1 adds, per type and shape (4096x4096, 14336x4096, 4096x14336, 1024x4096) and
  * n = 1, 2, 4, 8, 16, 32, 64: microseconds per product of mmb, of the mmv kernel (n <= 8:
- * one launch; above, 8-row chunks as the backend runs it) and of mmq (its automatic tile),
- * each as replays of a CUDA graph of products whose weights rotate through > 1 GiB of
- * copies (from HBM, as in a decode step), with GB/s against 4.38 TB/s ("bench mmb" lines). */
+ * one launch; above, 8-row chunks as the backend runs it) and of mmq (its automatic tile;
+ * -1: no kernel for the type), each as replays of a CUDA graph of products whose weights
+ * rotate through > 1 GiB of copies (from HBM, as in a decode step), with GB/s against
+ * 4.38 TB/s of the device bytes ("bench mmb" lines). */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
 
@@ -71,8 +78,8 @@ static bool checked(int64_t r, int64_t rows, int64_t stride) {
 
 /* One weight against every n of ns (ascending, the last one NMAX): correctness per n,
  * accumulate at the largest, determinism and batch invariance against the NMAX run. */
-static void check_weight(struct cuda_ctx *ctx, int64_t rows, int64_t k, const int *ns, int n_ns) {
-    const uint32_t type = QT_Q4_K;
+static void check_weight(struct cuda_ctx *ctx, uint32_t type, int64_t rows, int64_t k, const int *ns, int n_ns) {
+    const char *tn = qtype_name(type);
     float *w16 = malloc(sizeof(float) * (size_t)(rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
     float *x = malloc(sizeof(float) * (size_t)(NMAX * k));
     float *y = malloc(sizeof(float) * (size_t)(NMAX * rows + GUARD));
@@ -136,7 +143,7 @@ static void check_weight(struct cuda_ctx *ctx, int64_t rows, int64_t k, const in
                     const double dev = fabs(y[i] - yq[i]);
                     if (dev / (mag[i] + 1e-30) > worst) worst = dev / (mag[i] + 1e-30);
                     if (!(dev <= 2e-5 * mag[i] + 1e-6) && bad++ < 3)
-                        fprintf(stderr, "  mmb Q4_K %lldx%lld n=%d: y[%d][%lld] = %.7g, ref %.7g (mag %.3g)\n",
+                        fprintf(stderr, "  mmb %s %lldx%lld n=%d: y[%d][%lld] = %.7g, ref %.7g (mag %.3g)\n", tn,
                                 (long long)rows, (long long)k, n, t, (long long)r, y[i], yq[i], mag[i]);
                     err2 += (y[i] - yx[i]) * (y[i] - yx[i]);
                     ref2 += yx[i] * yx[i];
@@ -144,8 +151,8 @@ static void check_weight(struct cuda_ctx *ctx, int64_t rows, int64_t k, const in
             for (int i = 0; i < GUARD; i++) guard += y[n * rows + i] != SENTINEL;
             const double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
             if (pass == 0 || ni == 0 || ni == n_ns - 1 || bad || nan || guard || diff)
-                printf("mmb Q4_K %5lldx%-5lld n=%-2d splits %2d: %s  max |err|/mag %.1e  rel RMS vs exact %.2e%s\n",
-                       (long long)rows, (long long)k, n, cuda_mmb_splits(ctx, rows, k),
+                printf("mmb %-4s %5lldx%-5lld n=%-2d splits %2d: %s  max |err|/mag %.1e  rel RMS vs exact %.2e%s\n",
+                       tn, (long long)rows, (long long)k, n, cuda_mmb_splits(ctx, rows, k),
                        bad || nan || guard || diff ? "MISMATCH" : "ok", worst, rel,
                        pass ? "  (bitwise = its rows at 64)" : "");
             T_CHECKF(bad == 0, "n=%d: %d outputs off", n, bad);
@@ -186,7 +193,26 @@ out:
     free(mag);
 }
 
+/* The types of the kernel; SMELT_TEST_MMB_TYPES (e.g. "Q6_K,Q8_0") keeps the listed ones
+ * (the emulator runs one or two at a time). */
+static const uint32_t all_types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0, QT_Q5_K, QT_Q4_0};
+#define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
+
+static bool type_on(uint32_t type) {
+    const char *s = getenv("SMELT_TEST_MMB_TYPES");
+    if (!s || !*s) return true;
+    const char *name = qtype_name(type);
+    const size_t len = strlen(name);
+    for (const char *p = s; (p = strstr(p, name)) != NULL; p += len)
+        if ((p == s || p[-1] == ',') && (p[len] == ',' || p[len] == 0)) return true;
+    return false;
+}
+
 static void test_mmb_all_rows(void) {
+    if (!type_on(QT_Q4_K)) {
+        printf("skipped: Q4_K at every n (SMELT_TEST_MMB_TYPES)\n");
+        return;
+    }
     int ns[NMAX];
     for (int i = 0; i < NMAX; i++) ns[i] = i + 1;
     /* the device's K splits (on a big GPU: one or two super-blocks a block), then those of a
@@ -195,9 +221,80 @@ static void test_mmb_all_rows(void) {
     one.n_sm = 1;
     for (int pass = 0; pass < 2; pass++) {
         struct cuda_ctx *c = pass ? &one : &g_ctx;
-        check_weight(c, 67, 768, ns, NMAX);   /* ragged rows; 3 super-blocks */
-        check_weight(c, 301, 2560, ns, NMAX); /* 5 row tiles, the last ragged; 10 super-blocks */
-        check_weight(c, 130, 4352, ns, NMAX); /* 17 super-blocks */
+        check_weight(c, QT_Q4_K, 67, 768, ns, NMAX);   /* ragged rows; 3 super-blocks */
+        check_weight(c, QT_Q4_K, 301, 2560, ns, NMAX); /* 5 row tiles, the last ragged; 10 super-blocks */
+        check_weight(c, QT_Q4_K, 130, 4352, ns, NMAX); /* 17 super-blocks */
+    }
+}
+
+/* Every type on ragged shapes with several row tiles and K splits (the device's and a
+ * one-SM context's), at token-row counts around the kernel's 8-row tiles. */
+static void test_mmb_types(void) {
+    const int ns[] = {1, 2, 7, 8, 9, 16, 33, 64};
+    const int n_ns = (int)(sizeof ns / sizeof ns[0]);
+    struct cuda_ctx one = g_ctx;
+    one.n_sm = 1;
+    for (int ti = 1; ti < N_TYPES; ti++) {
+        const uint32_t type = all_types[ti];
+        if (!type_on(type)) continue;
+        for (int pass = 0; pass < 2; pass++) {
+            struct cuda_ctx *c = pass ? &one : &g_ctx;
+            check_weight(c, type, 301, 2560, ns, n_ns); /* 5 row tiles, the last ragged; 10 super-blocks */
+            check_weight(c, type, 130, 4352, ns, n_ns); /* 17 super-blocks */
+        }
+    }
+}
+
+/* The f16 weights themselves, to the bit (up to the sign of a zero): token row t of a call is the one-hot vector of K
+ * position k0 + t, so y[t][r] = w16[r][k0 + t] exactly (one product by 1, the rest adds
+ * zeros), against qref16.h's weights (cuda_mmq's values for Q6_K and Q8_0). Every K
+ * position of every row, 64 at a call. */
+static void test_mmb_weights_exact(void) {
+    const int64_t rows = 130, k = 768;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = all_types[ti];
+        if (!type_on(type)) continue;
+        float *w16 = malloc(sizeof(float) * (size_t)(rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
+        float *x = calloc((size_t)(NMAX * k), sizeof(float)), *y = malloc(sizeof(float) * (size_t)(NMAX * rows));
+        if (!w16 || !deq || !x || !y) abort();
+        void *hw = make_weights(type, rows, k, w16, deq, &g_seed);
+        struct cuda_qweight qw;
+        struct err e;
+        memset(&qw, 0, sizeof qw);
+        float *dx = NULL, *dy = NULL;
+        void *sc = NULL;
+        uint64_t sbytes = 0;
+        int bad = 0;
+        T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, type, hw, rows, k, &e), SMELT_OK);
+        T_EQ_INT(cuda_mmb_scratch_bytes(&g_ctx, rows, k, NMAX, &sbytes, &e), SMELT_OK);
+        CK(cudaMalloc((void **)&dx, sizeof(float) * NMAX * k));
+        CK(cudaMalloc((void **)&dy, sizeof(float) * NMAX * rows));
+        CK(cudaMalloc(&sc, sbytes));
+        for (int64_t k0 = 0; k0 < k; k0 += NMAX) {
+            memset(x, 0, sizeof(float) * (size_t)(NMAX * k));
+            for (int t = 0; t < NMAX; t++) x[t * k + k0 + t] = 1.0f;
+            CK(cudaMemcpy(dx, x, sizeof(float) * NMAX * k, cudaMemcpyHostToDevice));
+            T_EQ_INT(cuda_mmb(&g_ctx, &qw, dx, NMAX, dy, sc, sbytes, 0, &e), SMELT_OK);
+            CK(cudaMemcpy(y, dy, sizeof(float) * NMAX * rows, cudaMemcpyDeviceToHost));
+            for (int t = 0; t < NMAX; t++)
+                for (int64_t r = 0; r < rows; r++)
+                    if (!(y[t * rows + r] == w16[r * k + k0 + t]) && bad++ < 3) /* +0 for -0 allowed */
+                        fprintf(stderr, "  mmb %s weight [%lld][%lld] = %.9g, reference f16 %.9g\n", qtype_name(type),
+                                (long long)r, (long long)(k0 + t), y[t * rows + r], w16[r * k + k0 + t]);
+        }
+        printf("mmb %-4s %lldx%lld: every f16 weight %s\n", qtype_name(type), (long long)rows, (long long)k,
+               bad ? "MISMATCH" : "bitwise = the reference's");
+        T_CHECKF(bad == 0, "%s: %d weights differ from the reference f16", qtype_name(type), bad);
+    out:
+        cuda_qweight_free(&qw);
+        cudaFree(dx);
+        cudaFree(dy);
+        cudaFree(sc);
+        free(hw);
+        free(w16);
+        free(deq);
+        free(x);
+        free(y);
     }
 }
 
@@ -207,8 +304,11 @@ static void test_mmb_model_shapes(void) {
         return;
     }
     const int ns[] = {1, 2, 3, 8, 9, 17, 33, 64};
-    check_weight(&g_ctx, 1024, 4096, ns, 8);
-    check_weight(&g_ctx, 4096, 4096, ns, 8);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        if (!type_on(all_types[ti])) continue;
+        check_weight(&g_ctx, all_types[ti], 1024, 4096, ns, 8);
+        check_weight(&g_ctx, all_types[ti], 4096, 4096, ns, 8);
+    }
 }
 
 static void test_mmb_rejects(void) {
@@ -216,14 +316,19 @@ static void test_mmb_rejects(void) {
     struct err e;
     uint64_t bytes = 0;
     memset(&qw, 0, sizeof qw);
-    T_CHECK(cuda_mmb_supported(QT_Q4_K, 4096));
-    T_CHECK(!cuda_mmb_supported(QT_Q4_K, 896));
-    T_CHECK(!cuda_mmb_supported(QT_Q8_0, 4096));
-    qw.type = QT_Q6_K;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        T_CHECK(cuda_mmb_supported(all_types[ti], 4096));
+        T_CHECK(cuda_mmb_supported(all_types[ti], 14336));
+        T_CHECK(!cuda_mmb_supported(all_types[ti], 896)); /* k % 256 != 0 (Qwen2.5-0.5B) */
+    }
+    T_CHECK(!cuda_mmb_supported(QT_Q8_0, 96));
+    T_CHECK(!cuda_mmb_supported(QT_Q2_K, 4096));
+    T_CHECK(!cuda_mmb_supported(QT_F16, 4096));
+    qw.type = QT_Q3_K;
     qw.rows = 16;
     qw.k = 256;
     T_EQ_INT(cuda_mmb(&g_ctx, &qw, NULL, 4, NULL, NULL, 0, 0, &e), SMELT_ERR_UNSUPPORTED);
-    T_CHECK(strstr(e.msg, "Q6_K") != NULL);
+    T_CHECK(strstr(e.msg, "Q3_K") != NULL);
     qw.type = QT_Q4_K;
     T_EQ_INT(cuda_mmb(&g_ctx, &qw, NULL, 65, NULL, NULL, 0, 0, &e), SMELT_ERR_INVALID);
     T_EQ_INT(cuda_mmb_scratch_bytes(&g_ctx, 16, 256, 65, &bytes, &e), SMELT_ERR_INVALID);
@@ -297,7 +402,7 @@ static double btime(struct bctx *c, enum bop op, int reps) {
     return ms * 1e3 / (3.0 * reps);
 }
 
-static void bench(void) {
+static void bench_type(uint32_t type) {
     const struct {
         const char *name;
         int64_t rows, k;
@@ -310,15 +415,15 @@ static void bench(void) {
         memset(&c, 0, sizeof c);
         c.rows = shapes[si].rows;
         c.k = shapes[si].k;
-        const uint64_t bytes = qtype_row_size(QT_Q4_K, c.k) * (uint64_t)c.rows;
+        const uint64_t bytes = qtype_row_size(type, c.k) * (uint64_t)c.rows; /* GGUF bytes: copies */
         c.copies = (int)(((uint64_t)1 << 30) / bytes) + 1;
         c.qw = calloc((size_t)c.copies, sizeof *c.qw);
         float *w16 = malloc(sizeof(float) * (size_t)(c.rows * c.k)), *deq = malloc(sizeof(float) * (size_t)(c.rows * c.k));
         float *hx = malloc(sizeof(float) * (size_t)(NMAX * c.k));
         if (!c.qw || !w16 || !deq || !hx) abort();
-        void *hw = make_weights(QT_Q4_K, c.rows, c.k, w16, deq, &g_seed);
+        void *hw = make_weights(type, c.rows, c.k, w16, deq, &g_seed);
         int ok = 1;
-        for (int i = 0; i < c.copies && ok; i++) ok = cuda_qweight_upload(&g_ctx, &c.qw[i], QT_Q4_K, hw, c.rows, c.k, &e) == SMELT_OK;
+        for (int i = 0; i < c.copies && ok; i++) ok = cuda_qweight_upload(&g_ctx, &c.qw[i], type, hw, c.rows, c.k, &e) == SMELT_OK;
         for (int64_t i = 0; i < NMAX * c.k; i++) hx[i] = t_randn(&g_seed);
         uint64_t sb = 0, t = 0;
         cuda_mmb_scratch_bytes(&g_ctx, c.rows, c.k, NMAX, &sb, &e);
@@ -335,9 +440,9 @@ static void bench(void) {
             c.n = ns[ni];
             const int reps = 2 * c.copies < 32 ? 32 : 2 * c.copies;
             const double us[3] = {btime(&c, B_MMB, reps), btime(&c, B_MMV, reps), btime(&c, B_MMQ, reps)};
-            const double hbm = (double)bytes / 4.38e6; /* us at 4.38 TB/s */
-            printf("bench mmb Q4_K %-10s n=%-2d  mmb %7.2f us (%3.0f%% of HBM)  mmv %7.2f us  mmq %7.2f us  -> %s\n",
-                   shapes[si].name, c.n, us[0], us[0] > 0 ? 100 * hbm / us[0] : 0, us[1], us[2],
+            const double hbm = (double)c.qw[0].bytes / 4.38e6; /* us at 4.38 TB/s, device bytes */
+            printf("bench mmb %-4s %-10s n=%-2d  mmb %7.2f us (%3.0f%% of HBM)  mmv %7.2f us  mmq %7.2f us  -> %s\n",
+                   qtype_name(type), shapes[si].name, c.n, us[0], us[0] > 0 ? 100 * hbm / us[0] : 0, us[1], us[2],
                    us[0] > 0 && (us[1] <= 0 || us[0] < us[1]) && (us[2] <= 0 || us[0] < us[2]) ? "mmb"
                    : us[1] > 0 && (us[2] <= 0 || us[1] < us[2])                                 ? "mmv"
                                                                                                  : "mmq");
@@ -373,9 +478,13 @@ int main(void) {
         return 1;
     }
     T_RUN(test_mmb_rejects);
+    T_RUN(test_mmb_weights_exact);
     T_RUN(test_mmb_all_rows);
+    T_RUN(test_mmb_types);
     T_RUN(test_mmb_model_shapes);
-    if (getenv("SMELT_BENCH")) bench();
+    if (getenv("SMELT_BENCH"))
+        for (int ti = 0; ti < N_TYPES; ti++)
+            if (type_on(all_types[ti])) bench_type(all_types[ti]);
     cuda_ctx_free(&g_ctx);
     return t_done();
 }

@@ -91,4 +91,63 @@ static __device__ __forceinline__ uint32_t lds32(const unsigned char *p) {
 #define H_M64 0xd400d400u      /* -64 */
 #define H_M96 0xd600d600u      /* -96 = -64 - 32 */
 
+
+/* ---- Dequantization of one 32-bit word of packed weights into f16x2 pairs (cuda_mmb;
+ * free for cuda_mmq). A word holds K positions kb..kb+3 in its bytes 0..3 (for the 4-bit
+ * types: in the low nibbles, and kb'..kb'+3 of another run in the high nibbles); every helper
+ * returns the pair (byte 0, byte 2) in p02 and (byte 1, byte 3) in p13, the order mma's
+ * fragments take them in (cuda_mmb.cu's file comment). Each weight is the f16 its reference
+ * computes with one rounding: the integer part reaches f16 exactly through the magic number,
+ * then one f16 multiply (or FMA) by the f16 scale. The same values as cuda_mmq's kernels
+ * where both have the type (Q6_K, Q8_0). */
+
+#define H_1032 0x64086408u /* 1024 + 8 (Q4_0's offset) */
+#define H_M72 0xd480d480u  /* -72 = -64 - 8 */
+
+/* Q8_0: 4 int8 weights times {d, d}: f16(q * d). */
+static __device__ __forceinline__ void dq_q8_0(uint32_t w, uint32_t d2, uint32_t &p02, uint32_t &p13) {
+    w ^= 0x80808080u; /* int8 q -> unsigned q + 128 -> f16 1024 + (q + 128) -> q, exactly */
+    p02 = h2_mul(h2_sub(__byte_perm(w, 0x64u, 0x4240), H_1152), d2);
+    p13 = h2_mul(h2_sub(__byte_perm(w, 0x64u, 0x4341), H_1152), d2);
+}
+
+/* Q4_0: the low (HI = 0) or high (HI = 1) nibbles of w, q - 8, times {d, d}: f16((q - 8) d). */
+template <int HI> static __device__ __forceinline__ void dq_q4_0(uint32_t w, uint32_t d2, uint32_t &p02, uint32_t &p13) {
+    const uint32_t w8 = w >> 8;
+    if (HI) { /* 1024 + 16 q: v / 16 - 72 = q - 8 exactly */
+        p02 = h2_mul(h2_fma(and_or<0x00f000f0u>(w, MAGIC), H_SIXTEENTH, H_M72), d2);
+        p13 = h2_mul(h2_fma(and_or<0x00f000f0u>(w8, MAGIC), H_SIXTEENTH, H_M72), d2);
+    } else {
+        p02 = h2_mul(h2_sub(and_or<0x000f000fu>(w, MAGIC), H_1032), d2);
+        p13 = h2_mul(h2_sub(and_or<0x000f000fu>(w8, MAGIC), H_1032), d2);
+    }
+}
+
+/* Q6_K: q - 32 (not yet scaled) of a word of ql and the word of qh whose bytes hold the
+ * same bytes' 2-bit fields: the low nibbles take bits 2A..2A+1 of their qh byte, the high
+ * nibbles bits 4+2A..5+2A (cuda_mmq.cu's Q6_K dequantization, the same operations). lo: low
+ * nibbles {p02, p13}, hi: high nibbles. */
+template <int A>
+static __device__ __forceinline__ void dq_q6_k(uint32_t ql, uint32_t qh, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+    const uint32_t q02 = A ? qh << 2 : qh << 4; /* bytes 0, 2: low field at bits 4..5, high at 8..9 */
+    const uint32_t q13 = qh >> (4 + 2 * A);      /* bytes 1, 3: the same */
+    const uint32_t ql8 = ql >> 8;
+    lo[0] = h2_sub(and_or<0x000f000fu>(ql, and_or<0x00300030u>(q02, MAGIC)), H_1056);
+    lo[1] = h2_sub(and_or<0x000f000fu>(ql8, and_or<0x00300030u>(q13, MAGIC)), H_1056);
+    hi[0] = h2_fma(and_or<0x00f000f0u>(ql, and_or<0x03000300u>(q02, MAGIC)), H_SIXTEENTH, H_M96);
+    hi[1] = h2_fma(and_or<0x00f000f0u>(ql8, and_or<0x03000300u>(q13, MAGIC)), H_SIXTEENTH, H_M96);
+}
+
+/* Q5_K: q (0..31, not yet scaled) of a word of nibbles and its fifth bits h: bits 0..3 of h
+ * = the low nibbles' (bytes 0..3), bits 16..19 the high nibbles'. A multiply places two of
+ * four bits 16 apart (the shifted copies do not overlap), the mask keeps them: bit 4 (20)
+ * of 1024 + q, bit 8 (24) of 1024 + 16 q. lo: low nibbles {p02, p13}, hi: high nibbles. */
+static __device__ __forceinline__ void dq_q5_k(uint32_t w, uint32_t h, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+    const uint32_t w8 = w >> 8, hl = h & 0xfu, hh = (h >> 16) & 0xfu;
+    lo[0] = h2_sub(and_or<0x000f000fu>(w, and_or<0x00100010u>(hl * 0x00040010u, MAGIC)), H_1024);
+    lo[1] = h2_sub(and_or<0x000f000fu>(w8, and_or<0x00100010u>(hl * 0x00020008u, MAGIC)), H_1024);
+    hi[0] = h2_fma(and_or<0x00f000f0u>(w, and_or<0x01000100u>(hh * 0x00400100u, MAGIC)), H_SIXTEENTH, H_M64);
+    hi[1] = h2_fma(and_or<0x00f000f0u>(w8, and_or<0x01000100u>(hh * 0x00200080u, MAGIC)), H_SIXTEENTH, H_M64);
+}
+
 #endif

@@ -12,27 +12,53 @@
  * conversion and reset by their last user, so a captured graph replays.
  *
  * Weights: lane (g, t) of a warp (g = lane >> 2, t = lane & 3) owns rows g and g + 8 of the
- * warp's tile. Of each row's 128 quant bytes per super-block (split layout: byte 32c + i,
- * i < 32, holds K 64c + i in its low nibble, K 64c + 32 + i in its high one) it loads the
- * 16-byte pieces t and 4 + t with one ld.global.v4 each (a warp instruction reads 8 rows x
- * 64 contiguous bytes), plus the row's 16-byte scale record; the next super-block's loads
- * are issued before the current one's math, and the first ones before griddepcontrol.wait.
- * Nothing goes through shared memory but the activations.
+ * warp's tile. Per 256-wide K slice ("super-block", eight blocks of the 32-wide types) it
+ * loads its 16-byte pieces of both rows with ld.global.v4 (the four lanes of a row take
+ * complementary pieces, so a warp instruction reads whole 32-byte sectors of 8 rows: 64
+ * contiguous bytes a row, or Q6_K's bytes 0-31 and 64-95), plus the scale words the pieces
+ * need (one instruction reads 8 rows x 16 contiguous bytes, or less); the next super-block's loads are issued before the
+ * current one's math, and the first ones before griddepcontrol.wait. Nothing goes through
+ * shared memory but the activations. Per type (mmb_fmt<T>; layouts: cuda_mmv.cu,
+ * cuda_qtypes.cuh), with loads per lane per row and super-block:
+ *   Q4_K  128 B nibbles (byte 32c + i, i < 32: K 64c + i low, 64c + 32 + i high): pieces t
+ *         and 4 + t; the 16-byte scale record. 2 x 16 B + 16 B.
+ *   Q5_K  Q4_K's nibbles and pieces, and the words of fifth bits for them (word P: bit i =
+ *         byte i's low nibble, 16 + i its high one): words t, 4 + t; scale-pair words t >> 1
+ *         and 2 + (t >> 1); {d, dmin}. 2 x 16 B + 5 x 4 B.
+ *   Q6_K  ql[128], qh[64] as GGUF: ql pieces 4a + h and 4a + h + 2 (a = t >> 1, h = t & 1;
+ *         K 128a + 32L + 16h + i low nibble, + 64 high) and qh piece t, which holds exactly
+ *         their 2-bit fields (bits 2L, 4 + 2L); 8 of the 16 int8 scales (8a..8a+7); d.
+ *         3 x 16 B + 8 B + 2 B.
+ *   Q8_0  256 int8: pieces 4L + t (L = 0..3, K 64L + 16t + i); the 8 f16 scales.
+ *         4 x 16 B + 16 B.
+ *   Q4_0  eight 16-byte blocks (byte j: K j low nibble, j + 16 high): blocks t and 4 + t;
+ *         the 8 f16 scales. 2 x 16 B + 16 B.
  *
  * Fragments (PTX ISA, mma.m16n8k16, f16): A a0 = row g, k {2t, 2t+1}; a1 = row g+8, same k;
  * a2 = row g, k {2t+8, 2t+9}; a3 = row g+8, same k. B b0 = k {2t, 2t+1}, token g; b1 = k
  * {2t+8, 2t+9}. The sum over k does not care how the 16 mma k slots map to real K
- * positions, as long as A and B agree, so the kernel picks the map its loads make cheap:
- * word wd (bytes 4wd..4wd+3) of piece L (0, 1) of lane t holds, with c = 2L + (t >> 1) and
- * kb = 64c + 16(t & 1) + 4wd, the low nibbles of K kb..kb+3 and the high nibbles of
- * K kb+32..kb+35. One LOP3 with 0x000f000f (0x00f000f0) turns bytes 0 and 2 into an f16x2
- * of K (kb, kb+2) (+32), the word shifted by 8 gives (kb+1, kb+3). So step st = 8L + 2wd +
- * h (h = 0 low nibbles, 1 high) of a super-block maps mma slots {2t, 2t+1} to K {kb', kb'+2}
- * and {2t+8, 2t+9} to {kb'+1, kb'+3}, kb' = kb + 32h. The conversion kernel writes the f16
- * activations in exactly that order (per token, per super-block, per step: 16 values in
- * slot order), so ldmatrix.x4 hands each lane its B fragments of two steps at once.
- * Dequantization is mmq's (cuda_mma.cuh): 1024 + q exact in f16, q recovered exactly, then
- * one f16 FMA q * f16(d*sc) - f16(dmin*m): the same f16 weights as mmq, one rounding each.
+ * positions, as long as A and B agree, so the kernel picks the map its loads make cheap.
+ * In every type a 32-bit word of a lane's piece holds four consecutive K positions kb..kb+3
+ * (in its bytes, or in their low nibbles, the high nibbles holding another run); one LOP3
+ * (0x000f000f, 0x00f000f0) or PRMT turns bytes 0 and 2 into an f16x2 and the word shifted by
+ * 8 gives bytes 1 and 3, so slots {2t, 2t+1} stand for K {kb, kb+2} and {2t+8, 2t+9} for
+ * {kb+1, kb+3}. Step st (0..15) of a super-block, lane t, its word's kb (mmb_fmt<T>::kb):
+ *   Q4_K, Q5_K  st = 8L + 2wd + h:  kb = 64(2L + (t >> 1)) + 32h + 16(t & 1) + 4wd
+ *   Q6_K        st = 8L + 2wd + h:  kb = 128(t >> 1) + 64h + 32L + 16(t & 1) + 4wd
+ *   Q4_0        st = 8L + 2wd + h:  kb = 32(4L + t) + 16h + 4wd
+ *   Q8_0        st = 4L + wd:       kb = 64L + 16t + 4wd
+ * (L: the lane's piece, wd: the word in it, h: low or high nibbles.) The conversion kernel
+ * writes the f16 activations in exactly that order (per token, per super-block, per step:
+ * 16 values in slot order), so ldmatrix.x4 hands each lane its B fragments of two steps
+ * (2sp, 2sp + 1) at once: the two nibbles of one word, or (Q8_0) two words of one piece.
+ *
+ * Dequantization (cuda_mma.cuh's dq_* helpers and Q4_K's own lines; mmq's operations where it
+ * has the type): the integer reaches f16 exactly through the magic number 1024 (a nibble in
+ * bits 4..7 gives 1024 + 16q, and v/16 - 64 is exact), then one f16 operation with the f16
+ * scale, so each weight is rounded once: Q4_K, Q5_K q * f16(d*sc) - f16(dmin*m) (one FMA);
+ * Q6_K (q - 32) * f16(d*sc); Q8_0 q * d; Q4_0 (q - 8) * d. Q6_K's and Q8_0's are cuda_mmq's
+ * values to the bit (the same operations); Q5_K and Q4_0 have no mmq kernel. Q5_K's fifth
+ * bits go into place by a multiply: (bits & 15) * 0x00040010 puts bits 0 and 2 at 4 and 20.
  *
  * Shared memory: 2 stages x 8*NT tokens x 528 B (256 f16 + 16 B pad: the 8 rows of an
  * ldmatrix matrix fall in distinct banks). */
@@ -52,12 +78,373 @@ extern "C" {
 #define MMB_BLOCKS_PER_SM 4 /* the K split aims at this many blocks per SM */
 
 struct mmb_args {
-    const unsigned char *wq, *ws; /* split-layout Q4_K: quant bits, 16-byte scale records */
-    const __half *xp;             /* (8 NT, k) f16 activations, fragment order */
-    float *y;                     /* (n, rows) */
-    float *part;                  /* partial tiles: (row tile, split, thread, NT float4) */
-    int *cnt;                     /* one counter per row tile */
+    const unsigned char *wq, *ws, *wd; /* split-layout weights: cuda_qweight q, s, d */
+    const float *x;                    /* (n, k) f32 activations (the conversion's input) */
+    const __half *xp;                  /* (8 NT, k) f16 activations, fragment order */
+    float *y;                          /* (n, rows) */
+    float *part;                       /* partial tiles: (row tile, split, thread, NT float4) */
+    int *cnt;                          /* one counter per row tile */
     int rows, k, n, nsb, kr, ks, accumulate;
+};
+
+/* ------------------------------------------------------------ weight types ---- */
+
+/* Per type (file comment): kb(st, t), the first of the K positions {kb, kb+1, kb+2, kb+3}
+ * that lane t's word of step st holds (slots {2t, 2t+1} = K {kb, kb+2}, {2t+8, 2t+9} =
+ * K {kb+1, kb+3}); src, the lane's row pointers, and raw, its registers of one
+ * super-block (rows a = g and b = g + 8); load, the next super-block's loads; compute, the
+ * super-block's 8 step pairs of dequantization and mma. */
+template <uint32_t T> struct mmb_fmt;
+
+static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* The B fragments of steps 2sp and 2sp + 1 of the super-block for the NT token tiles, one
+ * ldmatrix.x4 each (xs: the lane's address of tile 0, step 2sp), and the mma of step 2sp + h
+ * with A fragment f. A type dequantizes step 2sp's fragment, runs its mma, then step 2sp + 1's
+ * (one fragment live at a time: Q4_K 79 registers at NT = 1 rather than 86; Q6_K makes both
+ * first, as the other order spilled at NT = 2). */
+template <int NT> static __device__ __forceinline__ void ldsm_pair(uint32_t (&b)[NT][4], uint32_t xs) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        ldsm_x4(b[j], xs + j * 8 * MMB_XS);
+}
+
+template <int NT>
+static __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint32_t (&f)[4], const uint32_t (&b)[NT][4],
+                                                int h) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        mma_f16(acc[j], f, b[j][2 * h], b[j][2 * h + 1]);
+}
+
+/* Q4_K / Q5_K: the f16x2 {d*sc, d*sc} and {-dmin*m, -dmin*m} of sub-blocks 2c + h, c = 2L +
+ * (t >> 1), from {d, dmin} and the 24-bit fields of pairs c (L = 0, 1): one rounding each,
+ * as cuda_mmq's scale table. */
+static __device__ __forceinline__ void kq_scales(uint32_t dmin_d, const uint32_t (&pl)[2], uint32_t (&sc)[2][2],
+                                                 uint32_t (&mn)[2][2]) {
+    const uint32_t dm = dmin_d ^ 0x80000000u; /* {d, -dmin} */
+#pragma unroll
+    for (int L = 0; L < 2; L++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t f = pl[L] >> (12 * h);                                /* sub-block 2c + h */
+            const uint32_t sm = (f & 0x3fu) | ((f << 10) & 0x003f0000u) | MAGIC; /* 1024 + {sc, m} */
+            const uint32_t r2 = h2_mul(h2_sub(sm, H_1024), dm);                 /* {d*sc, -dmin*m} */
+            sc[L][h] = __byte_perm(r2, r2, 0x1010);
+            mn[L][h] = __byte_perm(r2, r2, 0x3232);
+        }
+}
+
+/* Q4_K: q = 128 B of nibbles per super-block (byte 32c + i: K 64c + i low, 64c + 32 + i
+ * high), s = 16 B: {d, dmin}, then the 6-bit scale/min pairs (cuda_mmv.cu's repack). Lane t
+ * loads pieces t and 4 + t of each row (c = 2L + (t >> 1), i = 16 (t & 1) + 4 wd + j). */
+template <> struct mmb_fmt<QT_Q4_K> {
+    static __device__ __forceinline__ int kb(int st, int t) {
+        const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
+        return 64 * (2 * L + (t >> 1)) + 32 * h + 16 * (t & 1) + 4 * wd;
+    }
+    struct src {
+        const uint4 *q[2], *s[2];
+    };
+    struct raw {
+        uint4 q[2][2], s[2]; /* [row][piece L], [row] */
+    };
+    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+        src p;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 8 + t;
+            p.s[i] = (const uint4 *)a.ws + r[i] * a.nsb;
+        }
+        return p;
+    }
+    static __device__ __forceinline__ void load(raw &w, const src &p, int s) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            w.q[i][0] = p.q[i][s * 8];
+            w.q[i][1] = p.q[i][s * 8 + 4];
+            w.s[i] = p.s[i][s];
+        }
+    }
+    template <int NT>
+    static __device__ __forceinline__ void compute(float (&acc)[NT][4], const raw &w, uint32_t xa, int t) {
+        uint32_t sc[2][2][2], mn[2][2][2]; /* [row][L][h] */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            /* words 1..3 = pairs 0..2 in their low 24 bits, pair 3 in their top bytes */
+            const uint4 v = w.s[i];
+            const uint32_t p3 = (v.y >> 24) | ((v.z >> 24) << 8) | ((v.w >> 24) << 16);
+            const uint32_t pl[2] = {(t >> 1) ? v.z : v.y, (t >> 1) ? p3 : v.w};
+            kq_scales(v.x, pl, sc[i], mn[i]);
+        }
+#pragma unroll
+        for (int L = 0; L < 2; L++)
+#pragma unroll
+            for (int wd = 0; wd < 4; wd++) {
+                uint32_t b[NT][4];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
+                const uint32_t A = word_of(w.q[0][L], wd), A8 = A >> 8, B = word_of(w.q[1][L], wd), B8 = B >> 8;
+                uint32_t f[4];
+                /* low nibbles: 1024 + q, q exact, then one rounding of q * d*sc - dmin*m */
+                f[0] = h2_fma(h2_sub(and_or<0x000f000fu>(A, MAGIC), H_1024), sc[0][L][0], mn[0][L][0]);
+                f[1] = h2_fma(h2_sub(and_or<0x000f000fu>(B, MAGIC), H_1024), sc[1][L][0], mn[1][L][0]);
+                f[2] = h2_fma(h2_sub(and_or<0x000f000fu>(A8, MAGIC), H_1024), sc[0][L][0], mn[0][L][0]);
+                f[3] = h2_fma(h2_sub(and_or<0x000f000fu>(B8, MAGIC), H_1024), sc[1][L][0], mn[1][L][0]);
+                mma_step<NT>(acc, f, b, 0);
+                /* high nibbles: 1024 + 16 q, q = v / 16 - 64 exactly */
+                f[0] = h2_fma(h2_fma(and_or<0x00f000f0u>(A, MAGIC), H_SIXTEENTH, H_M64), sc[0][L][1], mn[0][L][1]);
+                f[1] = h2_fma(h2_fma(and_or<0x00f000f0u>(B, MAGIC), H_SIXTEENTH, H_M64), sc[1][L][1], mn[1][L][1]);
+                f[2] = h2_fma(h2_fma(and_or<0x00f000f0u>(A8, MAGIC), H_SIXTEENTH, H_M64), sc[0][L][1], mn[0][L][1]);
+                f[3] = h2_fma(h2_fma(and_or<0x00f000f0u>(B8, MAGIC), H_SIXTEENTH, H_M64), sc[1][L][1], mn[1][L][1]);
+                mma_step<NT>(acc, f, b, 1);
+            }
+    }
+};
+
+/* Q5_K: q = 160 B per super-block: Q4_K's 128 B of nibbles, then 8 words of fifth bits
+ * (word P for nibble piece P: bit i for its low nibbles' byte i, bit 16 + i for the high
+ * ones'); s = 4 words, word c = the 24-bit field of sub-block pair c; d = {d, dmin}
+ * (cuda_qtypes.cuh). Q4_K's pieces and K order; per row also words t and 4 + t of the
+ * fifth bits, pairs t >> 1 and 2 + (t >> 1) of the scales, and d. */
+template <> struct mmb_fmt<QT_Q5_K> {
+    static __device__ __forceinline__ int kb(int st, int t) { return mmb_fmt<QT_Q4_K>::kb(st, t); }
+    struct src {
+        const uint4 *q[2];
+        const uint32_t *h[2], *s[2], *d[2];
+    };
+    struct raw {
+        uint4 q[2][2];
+        uint32_t h[2][2], s[2][2], d[2];
+    };
+    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+        src p;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 10 + t;
+            p.h[i] = (const uint32_t *)a.wq + r[i] * a.nsb * 40 + 32 + t;
+            p.s[i] = (const uint32_t *)a.ws + r[i] * a.nsb * 4 + (t >> 1);
+            p.d[i] = (const uint32_t *)a.wd + r[i] * a.nsb;
+        }
+        return p;
+    }
+    static __device__ __forceinline__ void load(raw &w, const src &p, int s) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            w.q[i][0] = p.q[i][s * 10];
+            w.q[i][1] = p.q[i][s * 10 + 4];
+            w.h[i][0] = p.h[i][s * 40];
+            w.h[i][1] = p.h[i][s * 40 + 4];
+            w.s[i][0] = p.s[i][s * 4];
+            w.s[i][1] = p.s[i][s * 4 + 2];
+            w.d[i] = p.d[i][s];
+        }
+    }
+    template <int NT>
+    static __device__ __forceinline__ void compute(float (&acc)[NT][4], const raw &w, uint32_t xa, int) {
+        uint32_t sc[2][2][2], mn[2][2][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t pl[2] = {w.s[i][0], w.s[i][1]};
+            kq_scales(w.d[i], pl, sc[i], mn[i]);
+        }
+#pragma unroll
+        for (int L = 0; L < 2; L++)
+#pragma unroll
+            for (int wd = 0; wd < 4; wd++) {
+                uint32_t b[NT][4], f[4], hi[2][2];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    uint32_t lo[2];
+                    dq_q5_k(word_of(w.q[i][L], wd), w.h[i][L] >> (4 * wd), lo, hi[i]);
+                    f[i] = h2_fma(lo[0], sc[i][L][0], mn[i][L][0]);
+                    f[2 + i] = h2_fma(lo[1], sc[i][L][0], mn[i][L][0]);
+                }
+                mma_step<NT>(acc, f, b, 0);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    f[i] = h2_fma(hi[i][0], sc[i][L][1], mn[i][L][1]);
+                    f[2 + i] = h2_fma(hi[i][1], sc[i][L][1], mn[i][L][1]);
+                }
+                mma_step<NT>(acc, f, b, 1);
+            }
+    }
+};
+
+/* Q6_K: q = 192 B per super-block, ql[128] then qh[64] as GGUF (ql byte 64a + 32L + i: K
+ * 128a + 32L + i low nibble, + 64 high; their top 2 bits: qh byte 32a + i, bits 2L and
+ * 4 + 2L), s = 16 int8 scales (one per 16 K), d = f16 per super-block. Lane t (a = t >> 1,
+ * h = t & 1) loads ql pieces 4a + h + 2L (L = 0, 1) and qh piece t, which holds exactly
+ * their top bits, 8 scale bytes 8a.. and d. */
+template <> struct mmb_fmt<QT_Q6_K> {
+    static __device__ __forceinline__ int kb(int st, int t) {
+        const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
+        return 128 * (t >> 1) + 64 * h + 32 * L + 16 * (t & 1) + 4 * wd;
+    }
+    struct src {
+        const uint4 *q[2];
+        const uint2 *s[2];
+        const unsigned short *d[2];
+        int oh; /* qh piece 8 + t relative to the first ql piece */
+    };
+    struct raw {
+        uint4 ql[2][2], qh[2];
+        uint2 s[2];
+        uint32_t d[2];
+    };
+    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+        src p;
+        const int pl = 4 * (t >> 1) + (t & 1);
+        p.oh = 8 + t - pl;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 12 + pl;
+            p.s[i] = (const uint2 *)a.ws + r[i] * a.nsb * 2 + (t >> 1);
+            p.d[i] = (const unsigned short *)a.wd + r[i] * a.nsb;
+        }
+        return p;
+    }
+    static __device__ __forceinline__ void load(raw &w, const src &p, int s) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            w.ql[i][0] = p.q[i][s * 12];
+            w.ql[i][1] = p.q[i][s * 12 + 2];
+            w.qh[i] = p.q[i][s * 12 + p.oh];
+            w.s[i] = p.s[i][s * 2];
+            w.d[i] = p.d[i][s];
+        }
+    }
+    template <int NT>
+    static __device__ __forceinline__ void compute(float (&acc)[NT][4], const raw &w, uint32_t xa, int t) {
+        /* scale of step (L, wd, h'): byte h + 2L + 4h' of the 8 (16-chunk 8a + h + 2L + 4h');
+         * {sc of L = 0, L = 1} of a word in one f16x2: int8 -> f16 1152 + sc -> sc, times d */
+        const uint32_t sel = (t & 1) ? 0x4341u : 0x4240u;
+        uint32_t sc[2][2][2]; /* [row][L][h'] */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t d2 = __byte_perm(w.d[i], 0, 0x1010);
+#pragma unroll
+            for (int hp = 0; hp < 2; hp++) {
+                const uint32_t v = __byte_perm((hp ? w.s[i].y : w.s[i].x) ^ 0x80808080u, 0x64u, sel);
+                const uint32_t r2 = h2_mul(h2_sub(v, H_1152), d2);
+                sc[i][0][hp] = __byte_perm(r2, r2, 0x1010);
+                sc[i][1][hp] = __byte_perm(r2, r2, 0x3232);
+            }
+        }
+#pragma unroll
+        for (int L = 0; L < 2; L++)
+#pragma unroll
+            for (int wd = 0; wd < 4; wd++) {
+                /* both steps' fragments first (ptxas spilled 4 bytes at NT = 2 the other way) */
+                uint32_t b[NT][4], f0[4], f1[4];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    uint32_t lo[2], hi[2];
+                    const uint32_t ql = word_of(w.ql[i][L], wd), qh = word_of(w.qh[i], wd);
+                    if (L) dq_q6_k<1>(ql, qh, lo, hi);
+                    else dq_q6_k<0>(ql, qh, lo, hi);
+                    f0[i] = h2_mul(lo[0], sc[i][L][0]);
+                    f0[2 + i] = h2_mul(lo[1], sc[i][L][0]);
+                    f1[i] = h2_mul(hi[0], sc[i][L][1]);
+                    f1[2 + i] = h2_mul(hi[1], sc[i][L][1]);
+                }
+                mma_step<NT>(acc, f0, b, 0);
+                mma_step<NT>(acc, f1, b, 1);
+            }
+    }
+};
+
+/* Q8_0: q = the int8 weights row-major, s = f16 d per 32 (a super-block's 8 in 16 B). Lane
+ * t loads pieces 4L + t (L = 0..3: K 64L + 16t.., block 2L + (t >> 1)) and the 8 scales. */
+template <> struct mmb_fmt<QT_Q8_0> {
+    static __device__ __forceinline__ int kb(int st, int t) { return 64 * (st >> 2) + 16 * t + 4 * (st & 3); }
+    struct src {
+        const uint4 *q[2], *s[2];
+    };
+    struct raw {
+        uint4 q[2][4], s[2];
+    };
+    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+        src p;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 16 + t;
+            p.s[i] = (const uint4 *)a.ws + r[i] * a.nsb;
+        }
+        return p;
+    }
+    static __device__ __forceinline__ void load(raw &w, const src &p, int s) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+#pragma unroll
+            for (int L = 0; L < 4; L++)
+                w.q[i][L] = p.q[i][s * 16 + 4 * L];
+            w.s[i] = p.s[i][s];
+        }
+    }
+    template <int NT>
+    static __device__ __forceinline__ void compute(float (&acc)[NT][4], const raw &w, uint32_t xa, int t) {
+        const uint32_t sel = (t >> 1) ? 0x3232u : 0x1010u; /* block 2L + (t >> 1): half of word L */
+#pragma unroll
+        for (int L = 0; L < 4; L++) {
+            const uint32_t d2[2] = {__byte_perm(word_of(w.s[0], L), 0, sel), __byte_perm(word_of(w.s[1], L), 0, sel)};
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                uint32_t b[NT][4], f[4];
+                ldsm_pair<NT>(b, xa + (2 * L + p) * 64);
+#pragma unroll
+                for (int h = 0; h < 2; h++) { /* step 4L + 2p + h: word 2p + h */
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        dq_q8_0(word_of(w.q[i][L], 2 * p + h), d2[i], f[i], f[2 + i]);
+                    mma_step<NT>(acc, f, b, h);
+                }
+            }
+        }
+    }
+};
+
+/* Q4_0: q = 16 B per 32-block as GGUF (byte j: K j low nibble, j + 16 high), s = f16 d per
+ * block (a super-block's 8 in 16 B). Lane t loads blocks t and 4 + t (Q4_K's pieces) and the
+ * 8 scales. */
+template <> struct mmb_fmt<QT_Q4_0> {
+    static __device__ __forceinline__ int kb(int st, int t) {
+        const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
+        return 32 * (4 * L + t) + 16 * h + 4 * wd;
+    }
+    using src = mmb_fmt<QT_Q4_K>::src;
+    using raw = mmb_fmt<QT_Q4_K>::raw;
+    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+        return mmb_fmt<QT_Q4_K>::init(a, r, t);
+    }
+    static __device__ __forceinline__ void load(raw &w, const src &p, int s) { mmb_fmt<QT_Q4_K>::load(w, p, s); }
+    template <int NT>
+    static __device__ __forceinline__ void compute(float (&acc)[NT][4], const raw &w, uint32_t xa, int t) {
+        const uint32_t sel = (t & 1) ? 0x3232u : 0x1010u; /* block 4L + t: half t & 1 of word 2L + (t >> 1) */
+#pragma unroll
+        for (int L = 0; L < 2; L++) {
+            uint32_t d2[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                d2[i] = __byte_perm(L ? ((t >> 1) ? w.s[i].w : w.s[i].z) : ((t >> 1) ? w.s[i].y : w.s[i].x), 0, sel);
+#pragma unroll
+            for (int wd = 0; wd < 4; wd++) {
+                uint32_t b[NT][4], f[4];
+                ldsm_pair<NT>(b, xa + (4 * L + wd) * 64);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    dq_q4_0<0>(word_of(w.q[i][L], wd), d2[i], f[i], f[2 + i]);
+                mma_step<NT>(acc, f, b, 0);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    dq_q4_0<1>(word_of(w.q[i][L], wd), d2[i], f[i], f[2 + i]);
+                mma_step<NT>(acc, f, b, 1);
+            }
+        }
+    }
 };
 
 /* ------------------------------------------------------------------ kernels ---- */
@@ -68,8 +455,10 @@ static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
     return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
 }
 
-/* x (n, k) f32 -> xp (npad, k) f16 in fragment order (file comment), rows n..npad-1 zero;
- * also zeroes n_cnt counters. One thread per (token, super-block, step): 16 values. */
+/* x (n, k) f32 -> xp (npad, k) f16 in type T's fragment order (file comment), rows
+ * n..npad-1 zero; also zeroes n_cnt counters. One thread per (token, super-block, step):
+ * 16 values. */
+template <uint32_t T>
 static __global__ void mmb_convert_kernel(const float *x, __half *xp, int *cnt, int n_cnt, int k, int n,
                                           long long items) {
     pdl_wait();
@@ -80,14 +469,12 @@ static __global__ void mmb_convert_kernel(const float *x, __half *xp, int *cnt, 
     const int nsb = k >> 8, st = (int)(i & 15);
     const long long ts = i >> 4;
     const int tok = (int)(ts / nsb), s = (int)(ts - (long long)tok * nsb);
-    const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
     uint32_t o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (tok < n) {
         const float *src = x + (long long)tok * k + s * 256;
 #pragma unroll
         for (int t = 0; t < 4; t++) {
-            const int kb = 64 * (2 * L + (t >> 1)) + 32 * h + 16 * (t & 1) + 4 * wd;
-            const float4 v = *(const float4 *)(src + kb);
+            const float4 v = *(const float4 *)(src + mmb_fmt<T>::kb(st, t));
             o[t] = pack_h2(v.x, v.z);     /* slots 2t, 2t+1: K kb, kb+2 */
             o[4 + t] = pack_h2(v.y, v.w); /* slots 2t+8, 2t+9: K kb+1, kb+3 */
         }
@@ -97,17 +484,6 @@ static __global__ void mmb_convert_kernel(const float *x, __half *xp, int *cnt, 
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/* This lane's weights of super-block s: pieces t and 4 + t of rows a and b, their scales. */
-static __device__ __forceinline__ void load_w(uint4 (&w)[6], const uint4 *qa, const uint4 *qb, const uint4 *sa,
-                                              const uint4 *sb, int s) {
-    w[0] = *(qa + s * 8);
-    w[1] = *(qa + s * 8 + 4);
-    w[2] = *(qb + s * 8);
-    w[3] = *(qb + s * 8 + 4);
-    w[4] = *(sa + s);
-    w[5] = *(sb + s);
-}
-
 /* Copies super-block s of the 8 NT tokens' f16 activations into a stage. */
 template <int NT>
 static __device__ __forceinline__ void copy_x(const mmb_args &a, unsigned char *dst, int s, int tid) {
@@ -115,62 +491,6 @@ static __device__ __forceinline__ void copy_x(const mmb_args &a, unsigned char *
     for (int c = tid; c < 8 * NT * 32; c += MMB_THREADS) {
         const int tok = c >> 5, u = c & 31;
         cp_async16(dst + tok * MMB_XS + u * 16, a.xp + (long long)tok * a.k + s * 256 + u * 8);
-    }
-}
-
-/* One super-block: the lane's scale pairs, then 16 steps of RT = 1 x NT mma. xa: the lane's
- * ldmatrix address of token tile 0, steps 0 and 1, in the stage. */
-template <int NT>
-static __device__ __forceinline__ void compute_sb(float (&acc)[NT][4], const uint4 (&w)[6], uint32_t xa, int t) {
-    uint32_t sc[2][2][2], mn[2][2][2]; /* [row a, b][piece L][nibble h]: {d*sc} x2, {-dmin*m} x2 */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        /* word 0 = {d, dmin}; words 1..3 = {sc, m} x 6 bits of sub-block pairs 0..2 in their
-         * low 24 bits, pair 3 in their top bytes (cuda_mmv.cu's repack) */
-        const uint4 raw = w[4 + r];
-        const uint32_t dm = raw.x ^ 0x80000000u; /* {d, -dmin} */
-        const uint32_t p3 = (raw.y >> 24) | ((raw.z >> 24) << 8) | ((raw.w >> 24) << 16);
-        const uint32_t pl[2] = {(t >> 1) ? raw.z : raw.y, (t >> 1) ? p3 : raw.w}; /* pair 2L + (t >> 1) */
-#pragma unroll
-        for (int L = 0; L < 2; L++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint32_t f = pl[L] >> (12 * h); /* sub-block 2c + h */
-                const uint32_t sm = (f & 0x3fu) | ((f << 10) & 0x003f0000u) | MAGIC; /* 1024 + {sc, m} */
-                const uint32_t r2 = h2_mul(h2_sub(sm, H_1024), dm);                 /* {d*sc, -dmin*m} */
-                sc[r][L][h] = __byte_perm(r2, r2, 0x1010);
-                mn[r][L][h] = __byte_perm(r2, r2, 0x3232);
-            }
-    }
-#pragma unroll
-    for (int L = 0; L < 2; L++) {
-        const uint32_t wa[4] = {w[L].x, w[L].y, w[L].z, w[L].w};
-        const uint32_t wb[4] = {w[2 + L].x, w[2 + L].y, w[2 + L].z, w[2 + L].w};
-#pragma unroll
-        for (int wd = 0; wd < 4; wd++) {
-            uint32_t b[NT][4];
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                ldsm_x4(b[j], xa + j * 8 * MMB_XS + (8 * L + 2 * wd) * 32);
-            const uint32_t A = wa[wd], A8 = A >> 8, B = wb[wd], B8 = B >> 8;
-            uint32_t f[4];
-            /* h = 0: low nibbles, q exact, then one rounding of q * d*sc - dmin*m */
-            f[0] = h2_fma(h2_sub(and_or<0x000f000fu>(A, MAGIC), H_1024), sc[0][L][0], mn[0][L][0]);
-            f[1] = h2_fma(h2_sub(and_or<0x000f000fu>(B, MAGIC), H_1024), sc[1][L][0], mn[1][L][0]);
-            f[2] = h2_fma(h2_sub(and_or<0x000f000fu>(A8, MAGIC), H_1024), sc[0][L][0], mn[0][L][0]);
-            f[3] = h2_fma(h2_sub(and_or<0x000f000fu>(B8, MAGIC), H_1024), sc[1][L][0], mn[1][L][0]);
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                mma_f16(acc[j], f, b[j][0], b[j][1]);
-            /* h = 1: high nibbles, 1024 + 16 q, q = v / 16 - 64 exactly */
-            f[0] = h2_fma(h2_fma(and_or<0x00f000f0u>(A, MAGIC), H_SIXTEENTH, H_M64), sc[0][L][1], mn[0][L][1]);
-            f[1] = h2_fma(h2_fma(and_or<0x00f000f0u>(B, MAGIC), H_SIXTEENTH, H_M64), sc[1][L][1], mn[1][L][1]);
-            f[2] = h2_fma(h2_fma(and_or<0x00f000f0u>(A8, MAGIC), H_SIXTEENTH, H_M64), sc[0][L][1], mn[0][L][1]);
-            f[3] = h2_fma(h2_fma(and_or<0x00f000f0u>(B8, MAGIC), H_SIXTEENTH, H_M64), sc[1][L][1], mn[1][L][1]);
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                mma_f16(acc[j], f, b[j][2], b[j][3]);
-        }
     }
 }
 
@@ -189,8 +509,9 @@ static __device__ __forceinline__ void store_y(const mmb_args &a, const float (&
         }
 }
 
-template <int NT>
-static __global__ void __launch_bounds__(MMB_THREADS) mmb_q4k_kernel(const mmb_args a) {
+template <uint32_t T, int NT>
+static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args a) {
+    using F = mmb_fmt<T>;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int last;
     constexpr int STAGE = 8 * NT * MMB_XS;
@@ -198,11 +519,10 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_q4k_kernel(const mmb_a
     const int s0 = blockIdx.y * a.kr, s1 = min(s0 + a.kr, a.nsb);
     const int row = blockIdx.x * MMB_BM + warp * 16 + (lane >> 2);
     /* rows past the matrix read the last one (their results are never stored) */
-    const long long ra = min(row, a.rows - 1), rb = min(row + 8, a.rows - 1);
-    const uint4 *qa = (const uint4 *)a.wq + ra * a.nsb * 8 + t, *qb = (const uint4 *)a.wq + rb * a.nsb * 8 + t;
-    const uint4 *sa = (const uint4 *)a.ws + ra * a.nsb, *sb = (const uint4 *)a.ws + rb * a.nsb;
-    uint4 cur[6], nxt[6];
-    load_w(cur, qa, qb, sa, sb, s0); /* weights only: before the wait (cuda_common.cuh) */
+    const long long rr[2] = {min(row, a.rows - 1), min(row + 8, a.rows - 1)};
+    const typename F::src src = F::init(a, rr, t);
+    typename F::raw cur, nxt;
+    F::load(cur, src, s0); /* weights only: before the wait (cuda_common.cuh) */
     pdl_wait();
     pdl_trigger();
     copy_x<NT>(a, smem, s0, tid);
@@ -213,24 +533,20 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_q4k_kernel(const mmb_a
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[j][i] = 0.0f;
-    /* ldmatrix: lane 8i + r8 gives row (token) r8 of matrix i = {step 2wd + (i >> 1)} x {slots
+    /* ldmatrix: lane 8i + r8 gives row (token) r8 of matrix i = {step 2sp + (i >> 1)} x {slots
      * 0-7, 8-15 (i & 1)} */
     const int mi = lane >> 3;
     const uint32_t xa = smem_u32(smem) + (lane & 7) * MMB_XS + (mi >> 1) * 32 + (mi & 1) * 16;
-#pragma unroll
-    for (int j = 0; j < 6; j++)
-        nxt[j] = cur[j];
+    nxt = cur;
     for (int s = s0; s < s1; s++) {
         const int i = s - s0;
-        if (s + 1 < s1) load_w(nxt, qa, qb, sa, sb, s + 1);
+        if (s + 1 < s1) F::load(nxt, src, s + 1);
         cp_wait<0>();    /* super-block s's activations landed (this thread's copies) ... */
         __syncthreads(); /* ... everyone's; every warp is done with the other stage */
         if (s + 1 < s1) copy_x<NT>(a, smem + ((i + 1) & 1) * STAGE, s + 1, tid);
         cp_commit();
-        compute_sb<NT>(acc, cur, xa + (i & 1) * STAGE, t);
-#pragma unroll
-        for (int j = 0; j < 6; j++)
-            cur[j] = nxt[j];
+        F::template compute<NT>(acc, cur, xa + (i & 1) * STAGE, t);
+        cur = nxt;
     }
     if (a.ks == 1) {
         store_y<NT>(a, acc, row, t);
@@ -314,7 +630,8 @@ static mmb_plan plan_of(const struct cuda_ctx *c, int64_t rows, int64_t k, int64
 }
 
 extern "C" int cuda_mmb_supported(uint32_t type, int64_t k) {
-    return type == QT_Q4_K && k > 0 && k % 256 == 0 && k <= (1 << 30);
+    const bool typed = type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || type == QT_Q8_0 || type == QT_Q4_0;
+    return typed && k > 0 && k % 256 == 0 && k <= (1 << 30);
 }
 
 extern "C" int cuda_mmb_splits(const struct cuda_ctx *ctx, int64_t rows, int64_t k) {
@@ -332,16 +649,32 @@ extern "C" smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64
     return SMELT_OK;
 }
 
-template <int NT> static cudaError_t launch_nt(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
+template <uint32_t T, int NT>
+static cudaError_t launch_nt(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
     const size_t smem = 2 * 8 * NT * MMB_XS;
-    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)mmb_q4k_kernel<NT>, smem);
-    return klaunch(mmb_q4k_kernel<NT>, dim3((unsigned)p.rtiles, (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
+    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)mmb_kernel<T, NT>, smem);
+    return klaunch(mmb_kernel<T, NT>, dim3((unsigned)p.rtiles, (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
+}
+
+/* The conversion and the product of type T. */
+template <uint32_t T> static cudaError_t launch_type(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
+    const long long items = (long long)8 * p.nt * p.nsb * 16;
+    const long long threads = items > p.rtiles ? items : p.rtiles;
+    cudaError_t ce = klaunch(mmb_convert_kernel<T>, dim3(nblocks(threads, 256)), dim3(256), 0, ctx, a.x, (__half *)a.xp,
+                             a.cnt, p.rtiles, a.k, a.n, items);
+    if (ce != cudaSuccess) return ce;
+    switch (p.nt) {
+    case 1: return launch_nt<T, 1>(ctx, p, a);
+    case 2: return launch_nt<T, 2>(ctx, p, a);
+    case 4: return launch_nt<T, 4>(ctx, p, a);
+    default: return launch_nt<T, 8>(ctx, p, a);
+    }
 }
 
 extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
                                  float *y, void *scratch, uint64_t scratch_bytes, int accumulate, struct err *e) {
     if (!w || !cuda_mmb_supported(w->type, w->k) || w->rows < 1 || w->rows > (1 << 30))
-        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmb: %s %lldx%lld has no kernel (Q4_K, k %% 256 == 0)",
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmb: %s %lldx%lld has no kernel (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0; k %% 256 == 0)",
                        w ? qtype_name(w->type) : "?", w ? (long long)w->rows : 0LL, w ? (long long)w->k : 0LL);
     if (n < 1 || n > CUDA_MMB_MAX_ROWS || !x || !y || !scratch || ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15))
         return err_set(e, SMELT_ERR_INVALID,
@@ -356,6 +689,8 @@ extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight
     mmb_args a;
     a.wq = (const unsigned char *)w->q;
     a.ws = (const unsigned char *)w->s;
+    a.wd = (const unsigned char *)w->d;
+    a.x = x;
     a.xp = (const __half *)scratch;
     a.cnt = (int *)((unsigned char *)scratch + p.xp_bytes);
     a.part = p.part_bytes ? (float *)((unsigned char *)scratch + p.xp_bytes + p.cnt_bytes) : NULL;
@@ -367,17 +702,13 @@ extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight
     a.kr = p.kr;
     a.ks = p.ks;
     a.accumulate = accumulate != 0;
-    const long long items = (long long)8 * p.nt * p.nsb * 16;
-    const long long threads = items > p.rtiles ? items : p.rtiles;
-    CUDA_TRY(klaunch(mmb_convert_kernel, dim3(nblocks(threads, 256)), dim3(256), 0, ctx, x, (__half *)a.xp, a.cnt,
-                     p.rtiles, a.k, a.n, items),
-             e);
     cudaError_t ce;
-    switch (p.nt) {
-    case 1: ce = launch_nt<1>(ctx, p, a); break;
-    case 2: ce = launch_nt<2>(ctx, p, a); break;
-    case 4: ce = launch_nt<4>(ctx, p, a); break;
-    default: ce = launch_nt<8>(ctx, p, a); break;
+    switch (w->type) {
+    case QT_Q4_K: ce = launch_type<QT_Q4_K>(ctx, p, a); break;
+    case QT_Q5_K: ce = launch_type<QT_Q5_K>(ctx, p, a); break;
+    case QT_Q6_K: ce = launch_type<QT_Q6_K>(ctx, p, a); break;
+    case QT_Q8_0: ce = launch_type<QT_Q8_0>(ctx, p, a); break;
+    default: ce = launch_type<QT_Q4_0>(ctx, p, a); break;
     }
     CUDA_TRY(ce, e);
     return SMELT_OK;

@@ -4,20 +4,22 @@
  *
  *   y[t][r] = sum_k W[r][k] * x[t][k]      t < n <= CUDA_MMB_MAX_ROWS, r < w->rows
  *
- * The weights are read from the "split" layout cuda_mmv uploads (cuda_mmv.h) straight into
- * registers, exactly once per call whatever n is: each lane of a warp loads two 16-byte
- * pieces of each of its two weight rows per 256-wide super-block and dequantizes them into
- * the f16 A fragments of mma.sync.m16n8k16 (the same f16 values cuda_mmq makes: f16(q *
- * f16(d*sc) - f16(dmin*m)) for Q4_K). The activations are converted once per call to f16
- * in the order the fragments want them, and each block stages its K range of them in
- * shared memory (cp.async, double-buffered); f32 accumulators over the whole range. The
- * K range is split over blocks by (rows, k, SM count) only, never by n, and the splits
- * are summed in a fixed order: a token row's result is the same bits whatever n is and
- * whatever the other rows hold (batch-invariant within this kernel).
+ * The weights are read from the "split" layout cuda_mmv uploads (cuda_mmv.h, cuda_qtypes.cuh)
+ * straight into registers, exactly once per call whatever n is: each lane of a warp loads
+ * its 16-byte pieces (and scale words) of its two weight rows per 256-wide K slice and
+ * dequantizes them into the f16 A fragments of mma.sync.m16n8k16, with the same f16 values
+ * cuda_mmq makes where it has the type (Q4_K: f16(q * f16(d*sc) - f16(dmin*m)); Q6_K:
+ * f16((q - 32) * f16(d*sc)); Q8_0: f16(q * d)) and the like for the others (Q5_K as Q4_K,
+ * Q4_0: f16((q - 8) * d)). The activations are converted once per call to f16 in the order
+ * the type's fragments want them, and each block stages its K range of them in shared
+ * memory (cp.async, double-buffered); f32 accumulators over the whole range. The K range is
+ * split over blocks by (rows, k, SM count) only, never by n, and the splits are summed in a
+ * fixed order: a token row's result is the same bits whatever n is and whatever the other
+ * rows hold (batch-invariant within this kernel).
  *
- * Types: Q4_K (k % 256 == 0). Needs sm_80 or newer. Design note, bytes and instructions
- * per weight, ceilings and measurements: docs/cuda-backend.md, "Small-batch tensor-core
- * matmul". */
+ * Types: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, each with k % 256 == 0. Needs sm_80 or newer. Design
+ * note, bytes and instructions per weight, ceilings and measurements: docs/cuda-backend.md,
+ * "Small-batch tensor-core matmul". */
 #ifndef SMELT_CUDA_MMB_H
 #define SMELT_CUDA_MMB_H
 
