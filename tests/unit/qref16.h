@@ -4,6 +4,8 @@
 #ifndef SMELT_TEST_QREF16_H
 #define SMELT_TEST_QREF16_H
 
+#include "quant/iq_tables.h" /* quant_kvalues_mxfp4 */
+
 /* v rounded once to the nearest f16 (ties to even), as a float (exact). v is exact in
  * double here (a product of f16 values plus an f16). */
 static float rne16(double v) {
@@ -63,6 +65,16 @@ static void ref_row_f16(uint32_t type, const uint8_t *row, int64_t k, float *w) 
                     const int q = (j & 1) ? qs[32 * (j / 2) + i] >> 4 : qs[32 * (j / 2) + i] & 0xf;
                     w[256 * b + 32 * j + i] = rne16(q * s16 - m16);
                 }
+            }
+        }
+    } else if (type == QT_MXFP4) { /* e, qs[16] as Q4_0's, codes into kvalues_mxfp4 (x2) */
+        for (int64_t b = 0; b < k / 32; b++) {
+            const uint8_t *p = row + 17 * b;
+            /* the scale 2^(e-128) as an f16: 0 below 2^-24, the largest finite above */
+            const double d = p[0] < 104 ? 0.0 : p[0] >= 144 ? 65504.0 : ldexp(1.0, p[0] - 128);
+            for (int j = 0; j < 16; j++) {
+                w[32 * b + j] = rne16(quant_kvalues_mxfp4[p[1 + j] & 0xf] * d);
+                w[32 * b + j + 16] = rne16(quant_kvalues_mxfp4[p[1 + j] >> 4] * d);
             }
         }
     } else if (type == QT_Q4_0) { /* d, qs[16]: byte j = element j (low nibble), j + 16 (high) */

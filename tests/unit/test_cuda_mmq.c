@@ -302,6 +302,16 @@ static void test_mmq_q8_0(void) {
     check_weight(QT_Q8_0, 4096, 4096, ns, 6, 0);
 }
 
+/* gpt-oss's experts: 2880-wide rows are 90 blocks, 11 whole units and a partial one, and
+ * their scale rows are padded (cuda_qtypes.cuh) */
+static void test_mmq_mxfp4(void) {
+    const int ns[] = {9, 16, 33, 64, 100, 512};
+    check_weight(QT_MXFP4, 40, 64, ns, 3, 0); /* a single partial unit */
+    check_weight(QT_MXFP4, 67, 768, ns, 6, 0);
+    check_weight(QT_MXFP4, 131, 2880, ns, 6, 0);
+    check_weight(QT_MXFP4, 2880, 2880, ns, 6, 0);
+}
+
 static void test_mmq_big_x(void) {
     const int ns[] = {12, 40};
     check_weight(QT_Q4_K, 300, 1024, ns, 2, 1);
@@ -648,6 +658,8 @@ static void test_mmq_rejects(void) {
     T_CHECK(!cuda_mmq_supported(QT_Q4_K, 896));
     T_CHECK(cuda_mmq_supported(QT_Q8_0, 896));
     T_CHECK(!cuda_mmq_supported(QT_Q8_0, 800)); /* k/32 odd */
+    T_CHECK(cuda_mmq_supported(QT_MXFP4, 2880));
+    T_CHECK(!cuda_mmq_supported(QT_MXFP4, 2880 + 16));
     T_CHECK(!cuda_mmq_supported(QT_F16, 4096));
     T_CHECK(!cuda_mmq_supported(QT_Q5_0, 4096));
     struct cuda_qweight qw;
@@ -1091,6 +1103,7 @@ int main(void) {
     T_RUN(test_mmq_q4_k);
     T_RUN(test_mmq_q6_k);
     T_RUN(test_mmq_q8_0);
+    T_RUN(test_mmq_mxfp4);
     T_RUN(test_mmq_big_x);
     T_RUN(test_mmq_graph);
     T_RUN(test_mmq_tuned);

@@ -580,6 +580,9 @@ static void test_grouped(void) {
         {QT_Q4_K, 256, 512, 12, 4, GLU_SILU, false, 0},
         {QT_Q6_K, 256, 256, 9, 3, GLU_SILU, false, 0},
         {QT_Q8_0, 192, 320, 10, 4, GLU_GELU_TANH, false, 0}, /* partial row tiles */
+        /* gpt-oss's: MXFP4 (partial K slices: 5 and 3 blocks), biases, the clamped SwiGLU */
+        {QT_MXFP4, 160, 96, 16, 4, GLU_SWIGLU_OAI, true, 12},
+        {QT_Q8_0, 192, 320, 10, 4, GLU_SWIGLU_OAI, true, 12},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_grouped(&cases[i]);

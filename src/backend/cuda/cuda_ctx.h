@@ -32,7 +32,7 @@ extern "C" {
 #define CUDA_CTX_FUNCS 512         /* kernels a context remembers per attribute */
 #define CUDA_ATTN_COUNTERS 4096    /* the decode attention's split counters (cuda_attn.cu) */
 #define CUDA_TOPK_COUNTERS 1024    /* top-k's per-row merge counters (cuda_sample.cu) */
-#define CUDA_MMQ_TYPES 3           /* Q4_K, Q6_K, Q8_0 (cuda_mmq.cu) */
+#define CUDA_MMQ_TYPES 4           /* Q4_K, Q6_K, Q8_0, MXFP4 (cuda_mmq.cu) */
 #define CUDA_MMQ_TILES 7           /* cuda_mmq_tile_count() */
 
 struct cuda_ctx {

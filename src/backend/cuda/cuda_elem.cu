@@ -30,6 +30,16 @@ static __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+static __device__ __forceinline__ float glu_val(int act, float g, float u) {
+    if (act == 3) { /* gpt-oss's clamped SwiGLU (backend.h's GLU_SWIGLU_OAI); NaN stays */
+        const float gc = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g;
+        const float uc = u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u;
+        return gc / (1.0f + expf(-GLU_OAI_ALPHA * gc)) * (uc + 1.0f);
+    }
+    const float a = act == 0 ? g / (1.0f + expf(-g)) : act == 1 ? gelu_tanh(g) : 1.0f / (1.0f + expf(-g));
+    return a * u;
+}
+
 /* row_n > 0: one gate per row of row_n elements (a shared expert's). */
 static __global__ void glu_kernel(float *dst, const float *gate, const float *up, int act, int64_t n,
                                   int64_t row_n) {
@@ -37,15 +47,24 @@ static __global__ void glu_kernel(float *dst, const float *gate, const float *up
     pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[row_n ? i / row_n : i];
-    if (act == 3) { /* gpt-oss's clamped SwiGLU (backend.h's GLU_SWIGLU_OAI); NaN stays */
-        const float gc = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g, u = up[i];
-        const float uc = u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u;
-        dst[i] = gc / (1.0f + expf(-GLU_OAI_ALPHA * gc)) * (uc + 1.0f);
-        return;
-    }
-    const float a = act == 0 ? g / (1.0f + expf(-g)) : act == 1 ? gelu_tanh(g) : 1.0f / (1.0f + expf(-g));
-    dst[i] = a * up[i];
+    dst[i] = glu_val(act, gate[row_n ? i / row_n : i], up[i]);
+}
+
+/* Grouped expert rows (rows of n_ff, chunk c = row / ch of expert eid[c], -1: unused, left
+ * as it is): act(gate + gate_b[e]) * (up + up_b[e]), either bias NULL for none. */
+static __global__ void glu_expert_bias_kernel(float *dst, const float *gate, const float *up, int act,
+                                              const float *gate_b, const float *up_b, const int32_t *eid,
+                                              int ch, int64_t n_ff, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int64_t row = i / n_ff, col = i - row * n_ff;
+    const int e = eid[row / ch];
+    if (e < 0) return;
+    const float g = gate[i] + (gate_b ? gate_b[e * n_ff + col] : 0.0f);
+    const float u = up[i] + (up_b ? up_b[e * n_ff + col] : 0.0f);
+    dst[i] = glu_val(act, g, u);
 }
 
 /* A non-gated FFN's activation (bert): act is enum glu_act's GLU_SILU 0, GLU_GELU_TANH 1 or
@@ -102,6 +121,14 @@ extern "C" void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, flo
 
 extern "C" void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n) {
     klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, (int64_t)0);
+}
+
+extern "C" void cuda_glu_expert_bias(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
+                                     const float *gate_b, const float *up_b, const int32_t *eid, int ch,
+                                     int64_t n_ff, int64_t rows) {
+    const int64_t n = n_ff * rows;
+    klaunch(glu_expert_bias_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, gate_b, up_b, eid,
+            ch, n_ff, n);
 }
 
 extern "C" void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,

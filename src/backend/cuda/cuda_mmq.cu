@@ -61,6 +61,7 @@ extern "C" {
 #define MMQ_CNT_BYTES (MMQ_MAX_BLOCKS * 4)
 
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_qtypes.cuh" /* MXFP4's layout: tq_mx4, tq_mx_s */
 
 /* ---------------------------------------------------------- configuration ---- */
 
@@ -91,6 +92,9 @@ template <> struct mmq_fmt<QT_Q6_K> {
 };
 template <> struct mmq_fmt<QT_Q8_0> {
     static constexpr int q_bytes = 256, q_stride = 272, d_bytes = 0, sb_stride = 36;
+};
+template <> struct mmq_fmt<QT_MXFP4> {
+    static constexpr int q_bytes = 128, q_stride = 144, d_bytes = 0, sb_stride = 36;
 };
 
 template <uint32_t T, int I> struct mmq_cfg {
@@ -217,7 +221,7 @@ static __global__ void mmq_convert_kernel(const float *__restrict__ x, __half *_
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/* Valid 32-blocks in K slice s (< 8 only in a Q8_0 row's last slice). */
+/* Valid 32-blocks in K slice s (< 8 only in a Q8_0 or MXFP4 row's last slice). */
 static __device__ __forceinline__ int slice_blocks(const mmq_args &a, int s) {
     return min(8, (a.k >> 5) - s * 8);
 }
@@ -236,7 +240,7 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     const int nbv = slice_blocks(a, s);
     { /* f16 activations: 32 x 16 B a token; 8 tokens per pass */
         const int r = tid >> 5, c = tid & 31;
-        if (T != QT_Q8_0 || c < 4 * nbv) {
+        if ((T != QT_Q8_0 && T != QT_MXFP4) || c < 4 * nbv) {
             const __half *src = a.xh + (long long)(tok0 + r) * a.k + s * 256 + c * 8;
             unsigned char *dst = st + C::X + r * MMQ_XS + c * 16;
             if (tok0 + BN <= a.n) {
@@ -273,6 +277,18 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
             const int gr = full ? r : min(row0 + r, a.rows - 1) - row0;
             cp_async16(st + r * QS + c * 16, base + gr * rs + c * 16);
         }
+    } else if constexpr (T == QT_MXFP4) { /* 16 B of codes a block, 8 a row; 32 rows per pass */
+        const int r = tid >> 3, c = tid & 7;
+        const long long nblk = a.k >> 5;
+        if (c < nbv) {
+            const unsigned char *src = a.wq + ((eb + row0 + r) * nblk + s * 8 + c) * 16;
+#pragma unroll
+            for (int it = 0; it < BM / 32; it++) {
+                const long long off = (long long)(full ? it * 32 : min(row0 + r + it * 32, a.rows - 1) - row0 - r) *
+                                      nblk * 16;
+                cp_async16(st + (r + it * 32) * QS + c * 16, src + off);
+            }
+        }
     } else { /* Q8_0: q = k int8 per row, 16 x 16 B a row; 16 rows per pass */
         const int r = tid >> 4, c = tid & 15;
         if (c < 2 * nbv) {
@@ -293,6 +309,15 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
                 /* d is an f16 in a 2-byte array padded to whole words (cuda_qweight_upload):
                  * copy the aligned word holding it */
                 cp_async4(st + C::D + tid * 4, a.wd + ((blk * 2) & ~3LL));
+        }
+    } else if constexpr (T == QT_MXFP4) { /* 8 E8M0 bytes a row, as 2 words (rows padded to 4) */
+        const long long nblk = a.k >> 5;
+        for (int i = tid; i < BM * 2; i += MMQ_THREADS) {
+            const int r = i >> 1, c = i & 1;
+            if (4 * c < nbv) {
+                const long long gr = eb + min(row0 + r, a.rows - 1);
+                cp_async4(st + C::S + r * 16 + c * 4, a.ws + tq_mx_s(gr, nblk, s * 8 + 4 * c));
+            }
         }
     } else { /* Q8_0: 8 f16 scales a row, copied as 4 words (k/32 is even) */
         const long long nblk = a.k >> 5;
@@ -356,6 +381,19 @@ static __device__ __forceinline__ void prep_scales(const mmq_args &a, const unsi
             e.x = __byte_perm(r2, r2, 0x1010);
             e.y = __byte_perm(r2, r2, 0x3232);
             *(uint2 *)(out + 8 * j) = e;
+        }
+    } else if constexpr (T == QT_MXFP4) {
+        /* E8M0 e -> the f16 2^(e-128): exponent field e - 113 where normal, a mantissa bit
+         * down to 2^-24, 0 below (|w| < 2^-21), the largest finite above (never in a real
+         * file); both halves */
+        const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int jj = 0; jj < SPT; jj++) {
+            const int j = j0 + jj;
+            const int ex = (int)((j0 ? w[1] >> (8 * jj) : w[jj >> 2] >> (8 * (jj & 3))) & 0xffu);
+            const uint32_t h = ex >= 144 ? 0x7bffu : ex >= 114 ? (uint32_t)(ex - 113) << 10
+                             : ex >= 104 ? 1u << (ex - 104) : 0u;
+            *(uint32_t *)(out + 4 * j) = h | h << 16;
         }
     } else {
         const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -494,6 +532,31 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                     mma_chunk<RT, NT>(acc, alo, xa, cl);
                     mma_chunk<RT, NT>(acc, ahi, xa, ch);
                 }
+    } else if constexpr (T == QT_MXFP4) {
+        /* 32-block j = chunks 2j, 2j+1 = bytes 16j .. 16j + 15 (cuda_qtypes.cuh: nibble m of
+         * word w is element 8w + m): chunk 2j + c's K 4t..4t+3 are the codes in half t & 1 of
+         * word 2c + (t >> 1); tq_mx4 maps them to int8, then as Q8_0 */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j >= nbv) break;
+            uint32_t a0[RT][4], a1[RT][4];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int h8 = 0; h8 < 2; h8++) {
+                    const unsigned char *wr = wbase - 4 * t + (16 * rt + 8 * h8) * QS + 16 * j + 4 * (t >> 1);
+                    const uint32_t d2 = *(const uint32_t *)(sbase + (16 * rt + 8 * h8) * SBS + 4 * j);
+                    const int sh = 16 * (t & 1);
+                    const uint32_t w0 = tq_mx4(lds32(wr) >> sh) ^ 0x80808080u;
+                    const uint32_t w1 = tq_mx4(lds32(wr + 8) >> sh) ^ 0x80808080u;
+                    a0[rt][h8] = h2_mul(h2_sub(__byte_perm(w0, 0x64u, 0x4240), H_1152), d2);
+                    a0[rt][2 + h8] = h2_mul(h2_sub(__byte_perm(w0, 0x64u, 0x4341), H_1152), d2);
+                    a1[rt][h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4240), H_1152), d2);
+                    a1[rt][2 + h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4341), H_1152), d2);
+                }
+            mma_chunk<RT, NT>(acc, a0, xa, 2 * j);
+            mma_chunk<RT, NT>(acc, a1, xa, 2 * j + 1);
+        }
     } else { /* Q8_0: 32-block j = chunks 2j, 2j+1 = bytes 32j .. 32j + 31 */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -699,19 +762,20 @@ static int smem_bytes_of(uint32_t type, int tile) {
     switch (type) {
     case QT_Q4_K: return smem_of<QT_Q4_K>(tile);
     case QT_Q6_K: return smem_of<QT_Q6_K>(tile);
+    case QT_MXFP4: return smem_of<QT_MXFP4>(tile);
     default: return smem_of<QT_Q8_0>(tile);
     }
 }
 
 static int type_index(uint32_t type) {
-    return type == QT_Q4_K ? 0 : type == QT_Q6_K ? 1 : 2;
+    return type == QT_Q4_K ? 0 : type == QT_Q6_K ? 1 : type == QT_MXFP4 ? 3 : 2;
 }
 
 /* Device facts, queried into the launch context at its first mmq call: the SM count
  * (cuda_ctx.n_sm), the opt-in shared memory per block (mmq_smem_max) and, per type and tile,
  * the resident blocks per SM (mmq_occ; 0 where the tile does not fit). The query also raises
  * each kernel's dynamic shared-memory limit on the device. */
-static_assert(N_TILES == CUDA_MMQ_TILES && 3 == CUDA_MMQ_TYPES, "cuda_ctx.mmq_occ's shape");
+static_assert(N_TILES == CUDA_MMQ_TILES && 4 == CUDA_MMQ_TYPES, "cuda_ctx.mmq_occ's shape");
 
 template <uint32_t T, int I> static cudaError_t query_occ(int *occ, int smem_max) {
     constexpr int bytes = mmq_cfg<T, I>::SMEM;
@@ -738,11 +802,12 @@ template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max) {
 
 static cudaError_t device_facts(struct cuda_ctx *ctx, const struct cuda_ctx **out) {
     if (!ctx->mmq_ready) {
-        int smem_max = 0, occ[3][N_TILES] = {{0}};
+        int smem_max = 0, occ[CUDA_MMQ_TYPES][N_TILES] = {{0}};
         cudaError_t ce = cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
         if (ce == cudaSuccess) ce = query_type<QT_Q4_K>(occ[0], smem_max);
         if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(occ[1], smem_max);
         if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(occ[2], smem_max);
+        if (ce == cudaSuccess) ce = query_type<QT_MXFP4>(occ[3], smem_max);
         if (ce != cudaSuccess) return ce;
         ctx->mmq_smem_max = smem_max;
         memcpy(ctx->mmq_occ, occ, sizeof occ);
@@ -833,6 +898,7 @@ extern "C" int cuda_mmq_supported(uint32_t type, int64_t k) {
     case QT_Q4_K:
     case QT_Q6_K: return k % 256 == 0;
     case QT_Q8_0: return k % 64 == 0; /* the scale copies are 4-byte pairs of blocks */
+    case QT_MXFP4: return k % 32 == 0;
     default: return 0;
     }
 }
@@ -880,8 +946,8 @@ extern "C" smelt_status cuda_mmq_scratch_bytes(struct cuda_ctx *ctx, int64_t row
     const struct cuda_ctx *d;
     CUDA_TRY(device_facts(ctx, &d), e);
     uint64_t work = 0;
-    const uint32_t types[3] = {QT_Q4_K, QT_Q6_K, QT_Q8_0};
-    for (int ti = 0; ti < 3; ti++)
+    const uint32_t types[CUDA_MMQ_TYPES] = {QT_Q4_K, QT_Q6_K, QT_Q8_0, QT_MXFP4};
+    for (int ti = 0; ti < CUDA_MMQ_TYPES; ti++)
         for (int t = 0; t < N_TILES; t++)
             if (d->mmq_occ[ti][t]) {
                 const mmq_plan p = plan_of(d, types[ti], rows, k, n, t);
@@ -959,6 +1025,7 @@ extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qwe
     switch (w->type) {
     case QT_Q4_K: ce = launch_type<QT_Q4_K>(a, tile, st); break;
     case QT_Q6_K: ce = launch_type<QT_Q6_K>(a, tile, st); break;
+    case QT_MXFP4: ce = launch_type<QT_MXFP4>(a, tile, st); break;
     default: ce = launch_type<QT_Q8_0>(a, tile, st); break;
     }
     if (ce != cudaSuccess)
@@ -1051,6 +1118,7 @@ extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_
     switch (w->type) {
     case QT_Q4_K: ce = launch_type<QT_Q4_K>(a, tile, st); break;
     case QT_Q6_K: ce = launch_type<QT_Q6_K>(a, tile, st); break;
+    case QT_MXFP4: ce = launch_type<QT_MXFP4>(a, tile, st); break;
     default: ce = launch_type<QT_Q8_0>(a, tile, st); break;
     }
     if (ce != cudaSuccess)

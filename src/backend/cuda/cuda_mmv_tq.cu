@@ -122,7 +122,7 @@ struct tq_iq4x {
             v.a = h.x;
             v.b = h.y;
         } else {
-            v.a = MX ? ((const uint8_t *)rr.s)[b] : ((const unsigned short *)rr.s)[b];
+            v.a = MX ? ((const uint8_t *)rr.s)[tq_mx_s(rr.row, upr, u)] : ((const unsigned short *)rr.s)[b];
             v.b = 0;
         }
         return v;
@@ -335,7 +335,8 @@ static __device__ __forceinline__ void tq_iq4_order(const uint8_t *src, uint8_t 
 /* One thread per GGUF block of src (a temporary device copy) into the layouts of
  * cuda_qtypes.cuh. */
 static __global__ void repack_tq(uint32_t type, const uint8_t *__restrict__ src, uint8_t *__restrict__ q,
-                                 uint8_t *__restrict__ s, uint8_t *__restrict__ d, int64_t nblk, uint32_t bsize) {
+                                 uint8_t *__restrict__ s, uint8_t *__restrict__ d, int64_t nblk, uint32_t bsize,
+                                 int64_t upr) {
     const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= nblk) return;
     const uint8_t *p = src + b * bsize;
@@ -363,8 +364,8 @@ static __global__ void repack_tq(uint32_t type, const uint8_t *__restrict__ src,
         tq_put32(d + 4 * b, tq_get32(p + 4));
         for (int i = 0; i < 16; i++) q[16 * b + i] = p[8 + i];
         break;
-    case QT_MXFP4: /* e, qs[16] */
-        s[b] = p[0];
+    case QT_MXFP4: /* e, qs[16]; upr: blocks a row */
+        s[tq_mx_s(b / upr, upr, b % upr)] = p[0];
         tq_iq4_order(p + 1, q + 16 * b);
         break;
     case QT_IQ4_XS:
@@ -439,8 +440,8 @@ static __global__ void repack_tq(uint32_t type, const uint8_t *__restrict__ src,
     }
 }
 
-/* Device bytes of q, s, d for nblk GGUF blocks of type (0 where unused). */
-static void tq_sizes(uint32_t type, int64_t nblk, uint64_t *qb, uint64_t *sb, uint64_t *db) {
+/* Device bytes of q, s, d for nblk GGUF blocks of type, rows of k (0 where unused). */
+static void tq_sizes(uint32_t type, int64_t nblk, int64_t k, uint64_t *qb, uint64_t *sb, uint64_t *db) {
     const uint64_t n = (uint64_t)nblk;
     *qb = *sb = *db = 0;
     switch (type) {
@@ -450,7 +451,7 @@ static void tq_sizes(uint32_t type, int64_t nblk, uint64_t *qb, uint64_t *sb, ui
     case QT_Q5_0: *qb = 16 * n, *sb = 2 * n, *db = 4 * n; break;
     case QT_Q5_1: *qb = 16 * n, *sb = 4 * n, *db = 4 * n; break;
     case QT_IQ4_XS: *qb = 128 * n, *sb = 8 * n; break;
-    case QT_MXFP4: *qb = 16 * n, *sb = n; break;
+    case QT_MXFP4: *qb = 16 * n, *sb = (uint64_t)tq_mx_s(nblk / (k / 32), k / 32, 0); break;
     case QT_Q5_K: *qb = 160 * n, *sb = 16 * n, *db = 4 * n; break;
     case QT_Q2_K: *qb = 64 * n, *sb = 16 * n, *db = 4 * n; break;
     case QT_Q3_K: *qb = 96 * n, *sb = 16 * n, *db = 2 * n; break;
@@ -460,17 +461,18 @@ static void tq_sizes(uint32_t type, int64_t nblk, uint64_t *qb, uint64_t *sb, ui
 extern "C" cudaError_t cuda_mmv_tq_upload(struct cuda_qweight *w, uint32_t type, const void *tmp, int64_t nblk,
                                           cudaStream_t st) {
     uint64_t qb, sb, db;
-    tq_sizes(type, nblk, &qb, &sb, &db);
+    tq_sizes(type, nblk, w->k, &qb, &sb, &db);
     if (!qb) return cudaErrorInvalidValue;
     cudaError_t ce = cudaMalloc(&w->q, qb);
     if (ce == cudaSuccess) ce = cudaMalloc(&w->s, sb);
+    if (ce == cudaSuccess && type == QT_MXFP4) ce = cudaMemsetAsync(w->s, 0, sb, st); /* the padding */
     if (ce == cudaSuccess && db) ce = cudaMalloc(&w->d, db);
     if (ce != cudaSuccess) return ce;
     w->bytes = qb + sb + db;
     const int tb = 256;
     repack_tq<<<(unsigned)((nblk + tb - 1) / tb), tb, 0, st>>>(type, (const uint8_t *)tmp, (uint8_t *)w->q,
                                                                (uint8_t *)w->s, (uint8_t *)w->d, nblk,
-                                                               qtype_get(type)->type_size);
+                                                               qtype_get(type)->type_size, w->k / 32);
     return cudaGetLastError();
 }
 

@@ -18,12 +18,12 @@
  *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
  *   weights once), and the combine reads each pair's output from its grouped row.
  *   more rows on the tensor cores ("mmq by id", the default for more than CUDA_MMV_MAX_N rows
- *   where mmq takes the experts' types and there are no gate/up biases; SMELT_MOE_PATH=mmv or
+ *   where mmq takes the experts' types; SMELT_MOE_PATH=mmv or
  *   mmq forces a path): the same grouping in chunks of the mmq tile's token width ch (16, 32
  *   or 64, by the mean rows per expert), f32 input rows gathered, then
  *     x' f16                                         cuda_mmq_quantize, n_chunks ch rows
  *     g = gate[e] x', u = up[e] x'                   cuda_mmq_id_pre (a token tile = a chunk)
- *     h = act(g) * u                                 cuda_glu (in place in g)
+ *     h = act(g + gate_b[e]) * (u + up_b[e])         cuda_glu_expert_bias (in place in g)
  *     h f16; y = down[e] h                           cuda_mmq_quantize, cuda_mmq_id_pre
  *     dst (+)= ...                                   cuda_moe_combine, as above
  *   so each expert's weight tile is read once per chunk of ch of its rows; chunk tables and
@@ -93,8 +93,7 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     struct backend *b = &cb->base;
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
-    if (cb->moe_path == 1 || n <= CUDA_MMV_MAX_N || w->gate_b || w->up_b ||
-        !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
+    if (cb->moe_path == 1 || n <= CUDA_MMV_MAX_N || !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
         qg->rows != n_ff * n_exp || qd->rows != n_embd * n_exp)
         return false;
     const int ch = mmq_width(n * k, n_exp);
@@ -136,9 +135,10 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
                              &e);
     cu_check_launch(cb, "moe gate/up (mmq)");
     if (st == SMELT_OK) {
-        /* rows of unused chunks hold stale values: elementwise, never read by the down
+        /* rows of unused chunks hold stale values: skipped here, never read by the down
          * product's used tiles nor by the combine */
-        cuda_glu(&cb->ctx, g, g, u, cu_glu_code(w->act), rows * n_ff);
+        cuda_glu_expert_bias(&cb->ctx, g, g, u, cu_glu_code(w->act), w->gate_b ? w->gate_b->data : NULL,
+                             w->up_b ? w->up_b->data : NULL, chunk_eid, ch, n_ff, rows);
         st = cuda_mmq_quantize(&cb->ctx, g, n_ff, rows, msc, &e);
     }
     if (st == SMELT_OK)

@@ -17,8 +17,9 @@
  *   IQ4_XS q: 16 B per 32-element sub-block, element order as IQ4_NL
  *          s: the 8-byte GGUF header per super-block {d, scales_h, scales_l[4]}  136 = 136
  *   MXFP4  q: as IQ4_NL (codes index kvalues_mxfp4: E2M1 values doubled, -12..12)
- *          s: the E8M0 exponent byte e per block (scale 2^(e-128) undoes the doubling)
- *                                                                     136 = 136
+ *          s: the E8M0 exponent byte e per block (scale 2^(e-128) undoes the doubling),
+ *          each row's bytes padded to a multiple of 4 (tq_mx_s: cuda_mmq copies them in
+ *          4-byte words)                                             ~136 = 136
  *   Q5_K   q: 160 B per super-block: the 128 B of nibbles as GGUF/Q4_K, then 8 u32 words,
  *          word c for unit c (= 16 B of nibbles c, pair g = c/2, half hf = c%2): bit i = bit 4
  *          of element 64g + 16hf + i, bit 16 + i = bit 4 of element 64g + 32 + 16hf + i
@@ -79,6 +80,11 @@ static __device__ __forceinline__ uint32_t tq_mx4(uint32_t sel) {
     return __byte_perm(lo, hi, 0x3210u | ((sel >> 1) & 0x4444u));
 }
 
+/* Index of block u of row `row` (upr blocks a row) in MXFP4's padded scale bytes. */
+static __host__ __device__ __forceinline__ int64_t tq_mx_s(int64_t row, int64_t upr, int64_t u) {
+    return row * ((upr + 3) & ~(int64_t)3) + u;
+}
+
 /* MXFP4's E8M0 byte e -> 2^(e-128), to the bit as quant_from_mxfp4 (e = 0, 1: f32 denormals). */
 static __device__ __forceinline__ float tq_e8m0_half(uint32_t e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
@@ -109,7 +115,7 @@ static __device__ __forceinline__ void tq_deq32(const void *q, const void *s, co
         if (T == QT_IQ4_NL) {
             dl = __half2float(((const __half *)s)[gi]);
         } else if (T == QT_MXFP4) {
-            dl = tq_e8m0_half(((const uint8_t *)s)[gi]);
+            dl = tq_e8m0_half(((const uint8_t *)s)[tq_mx_s(row, k / 32, j32)]);
         } else {
             const uint2 h = ((const uint2 *)s)[gi >> 3];
             const int sub = (int)(gi & 7);
