@@ -1,0 +1,343 @@
+/* AVX2 matmul kernels of the codebook i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+ * IQ3_XXS, IQ3_S) and the ternary types (TQ1_0, TQ2_0) against Q8_K activations, and of
+ * NVFP4 and Q1_0 against Q8_32 ones (compiled with -mavx2 -mfma -mf16c -mbmi2). The same
+ * source compiled with the AVX-512 flags is cpu_matmul_iq_avx512.c (IQ_AVX512 defined): there
+ * vpdpwssd fuses the scale multiply with the accumulation.
+ *
+ * Every super-block of a weight row is decoded once per register tile into 8 vectors of 32
+ * weights as magnitude (u8) and sign (an int8 whose sign is the weight's; never 0 where the
+ * magnitude is not), plus a 16-bit integer scale per element pair, with the fractions of
+ * the format folded into integers exactly as the scalar twin (cpu_matmul_iq_scalar.c):
+ *   IQ2_*, IQ3_*: grid row bytes | sign bits expanded to bytes | 2s+1 per 16 or 32
+ *   IQ1_*:        8g ± 1 (the ±1/8 delta times 8) in {-9, -7, -1, 1, 7, 9} | 2s+1
+ *   TQ*:          t - 1 in {-1, 0, 1} | 1
+ * Then per activation row (plane) and vector: vpmaddubsw(|w|, sign(x, w)) (|w| <= 62 and
+ * |x| <= 127: no int16 saturation), vpmaddwd with the scales, int32 sums per super-block
+ * (exact), one f32 FMA with d·x_d per super-block. The tile is nr (<= 4) weight rows × up
+ * to 4 activation rows at a time, so at decode (one X row, two planes) each super-block
+ * is decoded once. Figures: docs/cpu-backend.md.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "quant/iq_tables.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+
+INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+INLINE uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+INLINE float f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+/* Σ pairs of |w|·(x signed as w), times the 16-bit scales, added to acc (8 int32 lanes). */
+INLINE __m256i dot32_acc(__m256i acc, __m256i mag, __m256i sgn, __m256i sc, __m256i x) {
+    __m256i p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, sgn));
+#if defined(IQ_AVX512)
+    return _mm256_dpwssd_epi32(acc, p, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+#endif
+}
+
+/* A decoded super-block: 256 weights as 8 vectors of magnitudes and signs, the integer
+ * scale of each element pair, and the float factor of the integer sum. */
+struct wblk {
+    __m256i mag[8], sgn[8], sc[8];
+    float d;
+};
+
+/* Bytes of ±1 from 4 sign bytes (byte g covers elements 8g..8g+7, bit j element j). */
+INLINE __m256i signs32(uint32_t s4) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                           0x0101010101010101LL, 0);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)s4), shuf);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
+    return _mm256_or_si256(v, _mm256_set1_epi8(1));
+}
+
+/* Scale pairs: 2·lo+1 on the first 16 elements, 2·hi+1 on the second 16. */
+INLINE __m256i sc16(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
+}
+
+INLINE __m256i grid8x4(const uint64_t *g, int i0, int i1, int i2, int i3) {
+    return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1], (long long)g[i0]);
+}
+
+INLINE uint32_t ksigns4(uint32_t sg) {
+    const uint8_t *ks = quant_ksigns_iq2xs;
+    return ks[sg & 127] | (uint32_t)ks[(sg >> 7) & 127] << 8 | (uint32_t)ks[(sg >> 14) & 127] << 16 |
+           (uint32_t)ks[(sg >> 21) & 127] << 24;
+}
+
+/* ---- decoders: one super-block (quant/blocks.h layouts) ---- */
+
+INLINE void dec_iq2_xxs(const void *blk, struct wblk *o) {
+    const struct block_iq2_xxs *b = blk;
+    const uint8_t *qs = (const uint8_t *)b->qs;
+    o->d = f16(b->d) * 0.125f;
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        uint32_t a = rd32(qs + 8 * v), sg = rd32(qs + 8 * v + 4);
+        o->mag[v] = grid8x4(quant_iq2xxs_grid, a & 255, (a >> 8) & 255, (a >> 16) & 255, a >> 24);
+        o->sgn[v] = signs32(ksigns4(sg));
+        o->sc[v] = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
+    }
+}
+
+INLINE void dec_iq2_xs(const void *blk, struct wblk *o) {
+    const struct block_iq2_xs *b = blk;
+    const uint8_t *ks = quant_ksigns_iq2xs;
+    o->d = f16(b->d) * 0.125f;
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        const uint16_t *q = b->qs + 4 * v;
+        o->mag[v] = grid8x4(quant_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
+        o->sgn[v] = signs32(ks[q[0] >> 9] | (uint32_t)ks[q[1] >> 9] << 8 |
+                            (uint32_t)ks[q[2] >> 9] << 16 | (uint32_t)ks[q[3] >> 9] << 24);
+        o->sc[v] = sc16(b->scales[v] & 15, b->scales[v] >> 4);
+    }
+}
+
+INLINE void dec_iq2_s(const void *blk, struct wblk *o) {
+    const struct block_iq2_s *b = blk;
+    o->d = f16(b->d) * 0.125f;
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        const uint8_t *q = b->qs + 4 * v;
+        int h = b->qh[v];
+        o->mag[v] = grid8x4(quant_iq2s_grid, q[0] | (h & 3) << 8, q[1] | (h & 12) << 6,
+                            q[2] | (h & 48) << 4, q[3] | (h & 192) << 2);
+        o->sgn[v] = signs32(rd32(b->qs + 32 + 4 * v));
+        o->sc[v] = sc16(b->scales[v] & 15, b->scales[v] >> 4);
+    }
+}
+
+INLINE void dec_iq3_xxs(const void *blk, struct wblk *o) {
+    const struct block_iq3_xxs *b = blk;
+    const uint8_t *qs = b->qs;
+    const uint32_t *g = quant_iq3xxs_grid;
+    o->d = f16(b->d) * 0.25f;
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        const uint8_t *q = qs + 8 * v;
+        uint32_t sg = rd32(qs + 64 + 4 * v);
+        o->mag[v] = _mm256_set_epi32((int)g[q[7]], (int)g[q[6]], (int)g[q[5]], (int)g[q[4]],
+                                     (int)g[q[3]], (int)g[q[2]], (int)g[q[1]], (int)g[q[0]]);
+        o->sgn[v] = signs32(ksigns4(sg));
+        o->sc[v] = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
+    }
+}
+
+INLINE void dec_iq3_s(const void *blk, struct wblk *o) {
+    const struct block_iq3_s *b = blk;
+    const uint32_t *g = quant_iq3s_grid;
+    o->d = f16(b->d);
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        const uint8_t *q = b->qs + 8 * v;
+        int h = b->qh[v];
+        o->mag[v] = _mm256_set_epi32(
+            (int)g[q[7] | (h & 128) << 1], (int)g[q[6] | (h & 64) << 2], (int)g[q[5] | (h & 32) << 3],
+            (int)g[q[4] | (h & 16) << 4], (int)g[q[3] | (h & 8) << 5], (int)g[q[2] | (h & 4) << 6],
+            (int)g[q[1] | (h & 2) << 7], (int)g[q[0] | (h & 1) << 8]);
+        o->sgn[v] = signs32(rd32(b->signs + 4 * v));
+        int nib = (b->scales[v / 2] >> (4 * (v % 2))) & 15;
+        o->sc[v] = _mm256_set1_epi16((short)(2 * nib + 1));
+    }
+}
+
+/* 8g + delta for IQ1 grid bytes g in {-1, 0, 1} and delta bytes ±1: odd, never 0. */
+INLINE void iq1_weights(struct wblk *o, int v, __m256i g, __m256i delta) {
+    __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta);
+    o->mag[v] = _mm256_abs_epi8(w);
+    o->sgn[v] = w;
+}
+
+INLINE void dec_iq1_s(const void *blk, struct wblk *o) {
+    const struct block_iq1_s *b = blk;
+    o->d = f16(b->d) * 0.125f;
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        const uint8_t *q = b->qs + 4 * v;
+        int h = b->qh[v];
+        __m256i g = grid8x4(quant_iq1s_grid, q[0] | (h & 7) << 8, q[1] | (h & 56) << 5,
+                            q[2] | (h & 448) << 2, q[3] | (h & 3584) >> 1);
+        iq1_weights(o, v, g, _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
+        o->sc[v] = _mm256_set1_epi16((short)(2 * ((h >> 12) & 7) + 1));
+    }
+}
+
+INLINE void dec_iq1_m(const void *blk, struct wblk *o) {
+    const struct block_iq1_m *b = blk;
+    uint16_t sc[4];
+    memcpy(sc, b->scales, 8);
+    uint16_t dh = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
+                             (sc[3] & 0xf000));
+    o->d = f16(dh) * 0.125f;
+    const long long neg = -1LL, pos = 0x0101010101010101LL;
+    UNROLL
+    for (int v = 0; v < 8; v++) {
+        const uint8_t *q = b->qs + 4 * v;
+        int h0 = b->qh[2 * v], h1 = b->qh[2 * v + 1]; /* groups 4v, 4v+1 | 4v+2, 4v+3 */
+        __m256i g = grid8x4(quant_iq1s_grid, q[0] | (h0 & 7) << 8, q[1] | (h0 & 0x70) << 4,
+                            q[2] | (h1 & 7) << 8, q[3] | (h1 & 0x70) << 4);
+        __m256i delta = _mm256_set_epi64x(h1 & 0x80 ? neg : pos, h1 & 8 ? neg : pos,
+                                          h0 & 0x80 ? neg : pos, h0 & 8 ? neg : pos);
+        iq1_weights(o, v, g, delta);
+        int p = 2 * v; /* 3-bit scales p, p + 1 of word p / 4 */
+        o->sc[v] = sc16((sc[p / 4] >> (3 * (p % 4))) & 7, (sc[p / 4] >> (3 * (p % 4) + 3)) & 7);
+    }
+}
+
+/* t - 1 from ternary digits t in {0, 1, 2}. */
+INLINE void tq_weights(struct wblk *o, int v, __m256i t) {
+    __m256i w = _mm256_sub_epi8(t, _mm256_set1_epi8(1));
+    o->mag[v] = _mm256_abs_epi8(w);
+    o->sgn[v] = w;
+    o->sc[v] = _mm256_set1_epi16(1);
+}
+
+/* TQ1_0's base-3 digit of each byte q: ((q·p mod 256)·3) >> 8, p the power of 3 of that
+ * byte's digit given per 16-bit lane (the same for both bytes of a lane). */
+INLINE __m256i trits(__m256i q, __m256i p) {
+    const __m256i lo8 = _mm256_set1_epi16(0x00ff), hi8 = _mm256_set1_epi16((short)0xff00);
+    __m256i m = _mm256_or_si256(_mm256_and_si256(_mm256_mullo_epi16(q, p), lo8),
+                                _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(q, hi8), p), hi8));
+    __m256i te = _mm256_mulhi_epu16(_mm256_and_si256(m, lo8), _mm256_set1_epi16(768));
+    __m256i to = _mm256_mulhi_epu16(_mm256_and_si256(m, hi8), _mm256_set1_epi16(3));
+    return _mm256_or_si256(te, _mm256_slli_epi16(to, 8));
+}
+
+INLINE void dec_tq1_0(const void *blk, struct wblk *o) {
+    const struct block_tq1_0 *b = blk;
+    o->d = f16(b->d);
+    __m256i q32 = _mm256_loadu_si256((const __m256i *)b->qs);
+    __m256i q16 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
+    static const short pw[5] = {1, 3, 9, 27, 81};
+    UNROLL
+    for (int t = 0; t < 5; t++)
+        tq_weights(o, t, trits(q32, _mm256_set1_epi16(pw[t])));
+    tq_weights(o, 5, trits(q16, _mm256_set_m128i(_mm_set1_epi16(3), _mm_set1_epi16(1))));
+    tq_weights(o, 6, trits(q16, _mm256_set_m128i(_mm_set1_epi16(27), _mm_set1_epi16(9))));
+    /* elements 224..239: digit 4 of qs[32..47]; 240 + 4t + m: digit t of qh[m] */
+    __m256i q7 = _mm256_inserti128_si256(q16, _mm_set1_epi32((int)rd32(b->qh)), 1);
+    __m256i p7 = _mm256_set_epi16(27, 27, 9, 9, 3, 3, 1, 1, 81, 81, 81, 81, 81, 81, 81, 81);
+    tq_weights(o, 7, trits(q7, p7));
+}
+
+INLINE void dec_tq2_0(const void *blk, struct wblk *o) {
+    const struct block_tq2_0 *b = blk;
+    o->d = f16(b->d);
+    const __m256i m3 = _mm256_set1_epi8(3);
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+        UNROLL
+        for (int s = 0; s < 4; s++)
+            tq_weights(o, 4 * h + s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m3));
+    }
+}
+
+/* ---- the tile over Q8_K activations ---- */
+
+/* nr weight rows × C activation rows (planes) at x + c·xstride. */
+INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
+                   size_t ystride, int nr, const int C, size_t bsize,
+                   void (*dec)(const void *, struct wblk *)) {
+    const float *xd[4];
+    for (int c = 0; c < C; c++)
+        xd[c] = cpu_act_d(x + c * xstride, k);
+    for (int r = 0; r < nr; r++) {
+        const char *row = w + r * wstride;
+        __m256 acc[4];
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < k / 256; i++) {
+            struct wblk wb;
+            dec(row + i * bsize, &wb);
+            for (int c = 0; c < C; c++) {
+                const __m256i *xv = (const __m256i *)(x + c * xstride + 256 * i);
+                __m256i s = _mm256_setzero_si256();
+                UNROLL
+                for (int v = 0; v < 8; v++)
+                    s = dot32_acc(s, wb.mag[v], wb.sgn[v], wb.sc[v], _mm256_loadu_si256(xv + v));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wb.d * xd[c][i]), acc[c]);
+            }
+        }
+        for (int c = 0; c < C; c++)
+            y[c * ystride + r] = hsum_ps(acc[c]);
+    }
+}
+
+#define GEMM_K(name, block)                                                                        \
+    static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
+                            size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
+        for (int c0 = 0; c0 < nc; c0 += 4) {                                                       \
+            const char *xc = (const char *)x + c0 * xstride;                                       \
+            float *yc = y + c0 * ystride;                                                          \
+            switch (nc - c0 < 4 ? nc - c0 : 4) {                                                   \
+            case 1:                                                                                \
+                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 1, sizeof(block), dec_##name); \
+                break;                                                                             \
+            case 2:                                                                                \
+                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 2, sizeof(block), dec_##name); \
+                break;                                                                             \
+            case 3:                                                                                \
+                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 3, sizeof(block), dec_##name); \
+                break;                                                                             \
+            default:                                                                               \
+                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 4, sizeof(block), dec_##name); \
+            }                                                                                      \
+        }                                                                                          \
+    }
+GEMM_K(iq2_xxs, struct block_iq2_xxs)
+GEMM_K(iq2_xs, struct block_iq2_xs)
+GEMM_K(iq2_s, struct block_iq2_s)
+GEMM_K(iq3_xxs, struct block_iq3_xxs)
+GEMM_K(iq3_s, struct block_iq3_s)
+GEMM_K(iq1_s, struct block_iq1_s)
+GEMM_K(iq1_m, struct block_iq1_m)
+GEMM_K(tq1_0, struct block_tq1_0)
+GEMM_K(tq2_0, struct block_tq2_0)
+
+#if defined(IQ_AVX512)
+#define IQ_REGISTER cpu_kernels_iq_avx512
+#else
+#define IQ_REGISTER cpu_kernels_iq_avx2
+#endif
+
+void IQ_REGISTER(struct cpu_kernel tab[QT_COUNT]) {
+    tab[QT_IQ2_XXS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq2_xxs};
+    tab[QT_IQ2_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq2_xs};
+    tab[QT_IQ2_S] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq2_s};
+    tab[QT_IQ3_XXS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq3_xxs};
+    tab[QT_IQ3_S] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq3_s};
+    tab[QT_IQ1_S] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq1_s};
+    tab[QT_IQ1_M] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq1_m};
+    tab[QT_TQ1_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_tq1_0};
+    tab[QT_TQ2_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_tq2_0};
+}
+#endif
