@@ -603,7 +603,7 @@ static void test_matmul_errors(void) {
 static void test_matmul_batch(void) {
     unsigned long long s = 0xba7c4ULL;
     enum { NB = 7 };
-    const uint32_t type[NB] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q6_K, QT_Q5_0, QT_IQ2_XS, QT_Q4_0};
+    const uint32_t type[NB] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q6_K, QT_Q5_0, QT_Q8_K, QT_Q4_0};
     const int64_t rows[NB] = {70, 33, 17, 48, 64, 20, 16}, k[NB] = {512, 96, 40, 256, 64, 256, 64};
     const int64_t n[NB] = {19, 1, 3, 1, 9, 2, 0};
     void *w[NB];
