@@ -60,13 +60,6 @@ INLINE __m256i dot32_acc(__m256i acc, __m256i mag, __m256i sgn, __m256i sc, __m2
 #endif
 }
 
-/* A decoded super-block: 256 weights as 8 vectors of magnitudes and signs, the integer
- * scale of each element pair, and the float factor of the integer sum. */
-struct wblk {
-    __m256i mag[8], sgn[8], sc[8];
-    float d;
-};
-
 /* Bytes of ±1 from 4 sign bytes (byte g covers elements 8g..8g+7, bit j element j). */
 INLINE __m256i signs32(uint32_t s4) {
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
@@ -92,132 +85,121 @@ INLINE uint32_t ksigns4(uint32_t sg) {
            (uint32_t)ks[(sg >> 21) & 127] << 24;
 }
 
-/* ---- decoders: one super-block (quant/blocks.h layouts) ---- */
+/* ---- decoders: vector v (< 8, elements 32v..32v+31) of a super-block (quant/blocks.h
+ * layouts) as magnitudes, signs and pair scales; dscale_* is the block's float factor ---- */
 
-INLINE void dec_iq2_xxs(const void *blk, struct wblk *o) {
-    const struct block_iq2_xxs *b = blk;
-    const uint8_t *qs = (const uint8_t *)b->qs;
-    o->d = f16(b->d) * 0.125f;
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        uint32_t a = rd32(qs + 8 * v), sg = rd32(qs + 8 * v + 4);
-        o->mag[v] = grid8x4(quant_iq2xxs_grid, a & 255, (a >> 8) & 255, (a >> 16) & 255, a >> 24);
-        o->sgn[v] = signs32(ksigns4(sg));
-        o->sc[v] = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
-    }
+INLINE float dscale_iq2_xxs(const void *blk) {
+    return f16(((const struct block_iq2_xxs *)blk)->d) * 0.125f;
+}
+INLINE void dec_iq2_xxs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
+    const uint8_t *qs = (const uint8_t *)((const struct block_iq2_xxs *)blk)->qs;
+    uint32_t a = rd32(qs + 8 * v), sg = rd32(qs + 8 * v + 4);
+    *mag = grid8x4(quant_iq2xxs_grid, a & 255, (a >> 8) & 255, (a >> 16) & 255, a >> 24);
+    *sgn = signs32(ksigns4(sg));
+    *sc = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
 }
 
-INLINE void dec_iq2_xs(const void *blk, struct wblk *o) {
+INLINE float dscale_iq2_xs(const void *blk) {
+    return f16(((const struct block_iq2_xs *)blk)->d) * 0.125f;
+}
+INLINE void dec_iq2_xs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq2_xs *b = blk;
     const uint8_t *ks = quant_ksigns_iq2xs;
-    o->d = f16(b->d) * 0.125f;
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        const uint16_t *q = b->qs + 4 * v;
-        o->mag[v] = grid8x4(quant_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
-        o->sgn[v] = signs32(ks[q[0] >> 9] | (uint32_t)ks[q[1] >> 9] << 8 |
-                            (uint32_t)ks[q[2] >> 9] << 16 | (uint32_t)ks[q[3] >> 9] << 24);
-        o->sc[v] = sc16(b->scales[v] & 15, b->scales[v] >> 4);
-    }
+    const uint16_t *q = b->qs + 4 * v;
+    *mag = grid8x4(quant_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
+    *sgn = signs32(ks[q[0] >> 9] | (uint32_t)ks[q[1] >> 9] << 8 | (uint32_t)ks[q[2] >> 9] << 16 |
+                   (uint32_t)ks[q[3] >> 9] << 24);
+    *sc = sc16(b->scales[v] & 15, b->scales[v] >> 4);
 }
 
-INLINE void dec_iq2_s(const void *blk, struct wblk *o) {
+INLINE float dscale_iq2_s(const void *blk) {
+    return f16(((const struct block_iq2_s *)blk)->d) * 0.125f;
+}
+INLINE void dec_iq2_s(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq2_s *b = blk;
-    o->d = f16(b->d) * 0.125f;
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        const uint8_t *q = b->qs + 4 * v;
-        int h = b->qh[v];
-        o->mag[v] = grid8x4(quant_iq2s_grid, q[0] | (h & 3) << 8, q[1] | (h & 12) << 6,
-                            q[2] | (h & 48) << 4, q[3] | (h & 192) << 2);
-        o->sgn[v] = signs32(rd32(b->qs + 32 + 4 * v));
-        o->sc[v] = sc16(b->scales[v] & 15, b->scales[v] >> 4);
-    }
+    const uint8_t *q = b->qs + 4 * v;
+    int h = b->qh[v];
+    *mag = grid8x4(quant_iq2s_grid, q[0] | (h & 3) << 8, q[1] | (h & 12) << 6, q[2] | (h & 48) << 4,
+                   q[3] | (h & 192) << 2);
+    *sgn = signs32(rd32(b->qs + 32 + 4 * v));
+    *sc = sc16(b->scales[v] & 15, b->scales[v] >> 4);
 }
 
-INLINE void dec_iq3_xxs(const void *blk, struct wblk *o) {
-    const struct block_iq3_xxs *b = blk;
-    const uint8_t *qs = b->qs;
+INLINE float dscale_iq3_xxs(const void *blk) {
+    return f16(((const struct block_iq3_xxs *)blk)->d) * 0.25f;
+}
+INLINE void dec_iq3_xxs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
+    const uint8_t *qs = ((const struct block_iq3_xxs *)blk)->qs, *q = qs + 8 * v;
     const uint32_t *g = quant_iq3xxs_grid;
-    o->d = f16(b->d) * 0.25f;
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        const uint8_t *q = qs + 8 * v;
-        uint32_t sg = rd32(qs + 64 + 4 * v);
-        o->mag[v] = _mm256_set_epi32((int)g[q[7]], (int)g[q[6]], (int)g[q[5]], (int)g[q[4]],
-                                     (int)g[q[3]], (int)g[q[2]], (int)g[q[1]], (int)g[q[0]]);
-        o->sgn[v] = signs32(ksigns4(sg));
-        o->sc[v] = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
-    }
+    uint32_t sg = rd32(qs + 64 + 4 * v);
+    *mag = _mm256_set_epi32((int)g[q[7]], (int)g[q[6]], (int)g[q[5]], (int)g[q[4]], (int)g[q[3]],
+                            (int)g[q[2]], (int)g[q[1]], (int)g[q[0]]);
+    *sgn = signs32(ksigns4(sg));
+    *sc = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
 }
 
-INLINE void dec_iq3_s(const void *blk, struct wblk *o) {
+INLINE float dscale_iq3_s(const void *blk) {
+    return f16(((const struct block_iq3_s *)blk)->d);
+}
+INLINE void dec_iq3_s(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq3_s *b = blk;
     const uint32_t *g = quant_iq3s_grid;
-    o->d = f16(b->d);
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        const uint8_t *q = b->qs + 8 * v;
-        int h = b->qh[v];
-        o->mag[v] = _mm256_set_epi32(
-            (int)g[q[7] | (h & 128) << 1], (int)g[q[6] | (h & 64) << 2], (int)g[q[5] | (h & 32) << 3],
-            (int)g[q[4] | (h & 16) << 4], (int)g[q[3] | (h & 8) << 5], (int)g[q[2] | (h & 4) << 6],
-            (int)g[q[1] | (h & 2) << 7], (int)g[q[0] | (h & 1) << 8]);
-        o->sgn[v] = signs32(rd32(b->signs + 4 * v));
-        int nib = (b->scales[v / 2] >> (4 * (v % 2))) & 15;
-        o->sc[v] = _mm256_set1_epi16((short)(2 * nib + 1));
-    }
+    const uint8_t *q = b->qs + 8 * v;
+    int h = b->qh[v];
+    *mag = _mm256_set_epi32((int)g[q[7] | (h & 128) << 1], (int)g[q[6] | (h & 64) << 2],
+                            (int)g[q[5] | (h & 32) << 3], (int)g[q[4] | (h & 16) << 4],
+                            (int)g[q[3] | (h & 8) << 5], (int)g[q[2] | (h & 4) << 6],
+                            (int)g[q[1] | (h & 2) << 7], (int)g[q[0] | (h & 1) << 8]);
+    *sgn = signs32(rd32(b->signs + 4 * v));
+    *sc = _mm256_set1_epi16((short)(2 * ((b->scales[v / 2] >> (4 * (v % 2))) & 15) + 1));
 }
 
 /* 8g + delta for IQ1 grid bytes g in {-1, 0, 1} and delta bytes ±1: odd, never 0. */
-INLINE void iq1_weights(struct wblk *o, int v, __m256i g, __m256i delta) {
+INLINE void iq1_weights(__m256i g, __m256i delta, __m256i *mag, __m256i *sgn) {
     __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta);
-    o->mag[v] = _mm256_abs_epi8(w);
-    o->sgn[v] = w;
+    *mag = _mm256_abs_epi8(w);
+    *sgn = w;
 }
 
-INLINE void dec_iq1_s(const void *blk, struct wblk *o) {
+INLINE float dscale_iq1_s(const void *blk) {
+    return f16(((const struct block_iq1_s *)blk)->d) * 0.125f;
+}
+INLINE void dec_iq1_s(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq1_s *b = blk;
-    o->d = f16(b->d) * 0.125f;
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        const uint8_t *q = b->qs + 4 * v;
-        int h = b->qh[v];
-        __m256i g = grid8x4(quant_iq1s_grid, q[0] | (h & 7) << 8, q[1] | (h & 56) << 5,
-                            q[2] | (h & 448) << 2, q[3] | (h & 3584) >> 1);
-        iq1_weights(o, v, g, _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
-        o->sc[v] = _mm256_set1_epi16((short)(2 * ((h >> 12) & 7) + 1));
-    }
+    const uint8_t *q = b->qs + 4 * v;
+    int h = b->qh[v];
+    __m256i g = grid8x4(quant_iq1s_grid, q[0] | (h & 7) << 8, q[1] | (h & 56) << 5,
+                        q[2] | (h & 448) << 2, q[3] | (h & 3584) >> 1);
+    iq1_weights(g, _mm256_set1_epi8(h & 0x8000 ? -1 : 1), mag, sgn);
+    *sc = _mm256_set1_epi16((short)(2 * ((h >> 12) & 7) + 1));
 }
 
-INLINE void dec_iq1_m(const void *blk, struct wblk *o) {
-    const struct block_iq1_m *b = blk;
+INLINE float dscale_iq1_m(const void *blk) {
     uint16_t sc[4];
-    memcpy(sc, b->scales, 8);
-    uint16_t dh = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
-                             (sc[3] & 0xf000));
-    o->d = f16(dh) * 0.125f;
+    memcpy(sc, ((const struct block_iq1_m *)blk)->scales, 8);
+    return f16((uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
+                          (sc[3] & 0xf000))) * 0.125f;
+}
+INLINE void dec_iq1_m(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
+    const struct block_iq1_m *b = blk;
     const long long neg = -1LL, pos = 0x0101010101010101LL;
-    UNROLL
-    for (int v = 0; v < 8; v++) {
-        const uint8_t *q = b->qs + 4 * v;
-        int h0 = b->qh[2 * v], h1 = b->qh[2 * v + 1]; /* groups 4v, 4v+1 | 4v+2, 4v+3 */
-        __m256i g = grid8x4(quant_iq1s_grid, q[0] | (h0 & 7) << 8, q[1] | (h0 & 0x70) << 4,
-                            q[2] | (h1 & 7) << 8, q[3] | (h1 & 0x70) << 4);
-        __m256i delta = _mm256_set_epi64x(h1 & 0x80 ? neg : pos, h1 & 8 ? neg : pos,
-                                          h0 & 0x80 ? neg : pos, h0 & 8 ? neg : pos);
-        iq1_weights(o, v, g, delta);
-        int p = 2 * v; /* 3-bit scales p, p + 1 of word p / 4 */
-        o->sc[v] = sc16((sc[p / 4] >> (3 * (p % 4))) & 7, (sc[p / 4] >> (3 * (p % 4) + 3)) & 7);
-    }
+    const uint8_t *q = b->qs + 4 * v;
+    int h0 = b->qh[2 * v], h1 = b->qh[2 * v + 1]; /* groups 4v, 4v+1 | 4v+2, 4v+3 */
+    __m256i g = grid8x4(quant_iq1s_grid, q[0] | (h0 & 7) << 8, q[1] | (h0 & 0x70) << 4,
+                        q[2] | (h1 & 7) << 8, q[3] | (h1 & 0x70) << 4);
+    __m256i delta = _mm256_set_epi64x(h1 & 0x80 ? neg : pos, h1 & 8 ? neg : pos,
+                                      h0 & 0x80 ? neg : pos, h0 & 8 ? neg : pos);
+    iq1_weights(g, delta, mag, sgn);
+    int w = rd16(b->scales + 2 * (v / 2)), sh = 6 * (v % 2); /* 3-bit scales 2v, 2v + 1 */
+    *sc = sc16((w >> sh) & 7, (w >> (sh + 3)) & 7);
 }
 
 /* t - 1 from ternary digits t in {0, 1, 2}. */
-INLINE void tq_weights(struct wblk *o, int v, __m256i t) {
+INLINE void tq_weights(__m256i t, __m256i *mag, __m256i *sgn, __m256i *sc) {
     __m256i w = _mm256_sub_epi8(t, _mm256_set1_epi8(1));
-    o->mag[v] = _mm256_abs_epi8(w);
-    o->sgn[v] = w;
-    o->sc[v] = _mm256_set1_epi16(1);
+    *mag = _mm256_abs_epi8(w);
+    *sgn = w;
+    *sc = _mm256_set1_epi16(1);
 }
 
 /* TQ1_0's base-3 digit of each byte q: ((q·p mod 256)·3) >> 8, p the power of 3 of that
@@ -231,42 +213,50 @@ INLINE __m256i trits(__m256i q, __m256i p) {
     return _mm256_or_si256(te, _mm256_slli_epi16(to, 8));
 }
 
-INLINE void dec_tq1_0(const void *blk, struct wblk *o) {
+INLINE float dscale_tq1_0(const void *blk) {
+    return f16(((const struct block_tq1_0 *)blk)->d);
+}
+INLINE void dec_tq1_0(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_tq1_0 *b = blk;
-    o->d = f16(b->d);
-    __m256i q32 = _mm256_loadu_si256((const __m256i *)b->qs);
-    __m256i q16 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
     static const short pw[5] = {1, 3, 9, 27, 81};
-    UNROLL
-    for (int t = 0; t < 5; t++)
-        tq_weights(o, t, trits(q32, _mm256_set1_epi16(pw[t])));
-    tq_weights(o, 5, trits(q16, _mm256_set_m128i(_mm_set1_epi16(3), _mm_set1_epi16(1))));
-    tq_weights(o, 6, trits(q16, _mm256_set_m128i(_mm_set1_epi16(27), _mm_set1_epi16(9))));
-    /* elements 224..239: digit 4 of qs[32..47]; 240 + 4t + m: digit t of qh[m] */
-    __m256i q7 = _mm256_inserti128_si256(q16, _mm_set1_epi32((int)rd32(b->qh)), 1);
-    __m256i p7 = _mm256_set_epi16(27, 27, 9, 9, 3, 3, 1, 1, 81, 81, 81, 81, 81, 81, 81, 81);
-    tq_weights(o, 7, trits(q7, p7));
+    __m256i t;
+    if (v < 5) { /* elements 32v + m: digit v of qs[m] */
+        t = trits(_mm256_loadu_si256((const __m256i *)b->qs), _mm256_set1_epi16(pw[v]));
+    } else {
+        /* 160 + 16t + m: digit t of qs[32 + m]; 240 + 4t + m: digit t of qh[m] */
+        __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
+        __m256i p;
+        if (v == 5)
+            p = _mm256_set_m128i(_mm_set1_epi16(3), _mm_set1_epi16(1));
+        else if (v == 6)
+            p = _mm256_set_m128i(_mm_set1_epi16(27), _mm_set1_epi16(9));
+        else {
+            q = _mm256_inserti128_si256(q, _mm_set1_epi32((int)rd32(b->qh)), 1);
+            p = _mm256_set_epi16(27, 27, 9, 9, 3, 3, 1, 1, 81, 81, 81, 81, 81, 81, 81, 81);
+        }
+        t = trits(q, p);
+    }
+    tq_weights(t, mag, sgn, sc);
 }
 
-INLINE void dec_tq2_0(const void *blk, struct wblk *o) {
-    const struct block_tq2_0 *b = blk;
-    o->d = f16(b->d);
-    const __m256i m3 = _mm256_set1_epi8(3);
-    UNROLL
-    for (int h = 0; h < 2; h++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
-        UNROLL
-        for (int s = 0; s < 4; s++)
-            tq_weights(o, 4 * h + s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m3));
-    }
+INLINE float dscale_tq2_0(const void *blk) {
+    return f16(((const struct block_tq2_0 *)blk)->d);
+}
+INLINE void dec_tq2_0(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
+    const struct block_tq2_0 *b = blk; /* 128h + 32s + l: bits 2s of qs[32h + l] */
+    __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * (v / 4)));
+    tq_weights(_mm256_and_si256(_mm256_srli_epi16(q, 2 * (v % 4)), _mm256_set1_epi8(3)), mag, sgn, sc);
 }
 
 /* ---- the tile over Q8_K activations ---- */
 
-/* nr weight rows × C activation rows (planes) at x + c·xstride. */
+typedef void (*dec_k_fn)(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc);
+
+/* nr weight rows × C activation rows (planes) at x + c·xstride: each vector of weights is
+ * decoded once and dotted against the C rows while in registers. */
 INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
-                   size_t ystride, int nr, const int C, size_t bsize,
-                   void (*dec)(const void *, struct wblk *)) {
+                   size_t ystride, int nr, const int C, size_t bsize, float (*dscale)(const void *),
+                   dec_k_fn dec) {
     const float *xd[4];
     for (int c = 0; c < C; c++)
         xd[c] = cpu_act_d(x + c * xstride, k);
@@ -276,15 +266,77 @@ INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size
         for (int c = 0; c < C; c++)
             acc[c] = _mm256_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
-            struct wblk wb;
-            dec(row + i * bsize, &wb);
-            for (int c = 0; c < C; c++) {
-                const __m256i *xv = (const __m256i *)(x + c * xstride + 256 * i);
-                __m256i s = _mm256_setzero_si256();
-                UNROLL
-                for (int v = 0; v < 8; v++)
-                    s = dot32_acc(s, wb.mag[v], wb.sgn[v], wb.sc[v], _mm256_loadu_si256(xv + v));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wb.d * xd[c][i]), acc[c]);
+            const char *blk = row + i * bsize;
+            __m256i s[4];
+            for (int c = 0; c < C; c++)
+                s[c] = _mm256_setzero_si256();
+            UNROLL
+            for (int v = 0; v < 8; v++) {
+                __m256i mag, sgn, sc;
+                dec(blk, v, &mag, &sgn, &sc);
+                for (int c = 0; c < C; c++)
+                    s[c] = dot32_acc(s[c], mag, sgn, sc,
+                                     _mm256_loadu_si256((const __m256i *)(x + c * xstride + 256 * i) + v));
+            }
+            float d = dscale(blk);
+            for (int c = 0; c < C; c++)
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(d * xd[c][i]), acc[c]);
+        }
+        for (int c = 0; c < C; c++)
+            y[c * ystride + r] = hsum_ps(acc[c]);
+    }
+}
+
+/* ---- NVFP4 (64-blocks) and Q1_0 (128-blocks) over Q8_32 activations ---- */
+
+/* Vector v of a block as magnitudes and signs, and the f32 scale of each int32 lane (the
+ * lane sums 4 consecutive elements). */
+typedef void (*dec_32_fn)(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256 *scale);
+
+INLINE void dec_nvfp4(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256 *scale) {
+    const struct block_nvfp4 *b = blk; /* vector v: sub-blocks 2v, 2v + 1 */
+    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_mxfp4));
+    __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * v));
+    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+    __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+    __m256i wv = _mm256_shuffle_epi8(kv, idx);
+    *mag = _mm256_abs_epi8(wv);
+    *sgn = wv;
+    *scale = _mm256_set_m128(_mm_set1_ps(cpu_ue4m3_half(b->d[2 * v + 1])),
+                             _mm_set1_ps(cpu_ue4m3_half(b->d[2 * v])));
+}
+
+INLINE void dec_q1_0(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256 *scale) {
+    const struct block_q1_0 *b = blk; /* bit set: +d, clear: -d */
+    *mag = _mm256_set1_epi8(1);
+    *sgn = signs32(~rd32(b->qs + 4 * v));
+    *scale = _mm256_set1_ps(f16(b->d));
+}
+
+/* As tile_k for blocks of V vectors with f32 scales per lane; x's scale per 32. */
+INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
+                    size_t ystride, int nr, const int C, size_t bsize, const int V, dec_32_fn dec) {
+    const float *xd[4];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; c++)
+        xd[c] = cpu_act_d(x + c * xstride, k);
+    for (int r = 0; r < nr; r++) {
+        const char *row = w + r * wstride;
+        __m256 acc[4];
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < k / (32 * V); i++) {
+            UNROLL
+            for (int v = 0; v < V; v++) {
+                __m256i mag, sgn;
+                __m256 scale;
+                dec(row + i * bsize, v, &mag, &sgn, &scale);
+                for (int c = 0; c < C; c++) {
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * xstride) + i * V + v);
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(xv, sgn)), ones);
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                             _mm256_mul_ps(scale, _mm256_set1_ps(xd[c][i * V + v])), acc[c]);
+                }
             }
         }
         for (int c = 0; c < C; c++)
@@ -292,7 +344,8 @@ INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size
     }
 }
 
-#define GEMM_K(name, block)                                                                        \
+/* The tile function of a type: columns in groups of 4, the tail specialized. */
+#define GEMM_TILES(name, TILE, ...)                                                                \
     static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
                             size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
         for (int c0 = 0; c0 < nc; c0 += 4) {                                                       \
@@ -300,28 +353,31 @@ INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size
             float *yc = y + c0 * ystride;                                                          \
             switch (nc - c0 < 4 ? nc - c0 : 4) {                                                   \
             case 1:                                                                                \
-                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 1, sizeof(block), dec_##name); \
+                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 1, __VA_ARGS__);                 \
                 break;                                                                             \
             case 2:                                                                                \
-                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 2, sizeof(block), dec_##name); \
+                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 2, __VA_ARGS__);                 \
                 break;                                                                             \
             case 3:                                                                                \
-                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 3, sizeof(block), dec_##name); \
+                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 3, __VA_ARGS__);                 \
                 break;                                                                             \
             default:                                                                               \
-                tile_k(k, w, wstride, xc, xstride, yc, ystride, nr, 4, sizeof(block), dec_##name); \
+                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 4, __VA_ARGS__);                 \
             }                                                                                      \
         }                                                                                          \
     }
-GEMM_K(iq2_xxs, struct block_iq2_xxs)
-GEMM_K(iq2_xs, struct block_iq2_xs)
-GEMM_K(iq2_s, struct block_iq2_s)
-GEMM_K(iq3_xxs, struct block_iq3_xxs)
-GEMM_K(iq3_s, struct block_iq3_s)
-GEMM_K(iq1_s, struct block_iq1_s)
-GEMM_K(iq1_m, struct block_iq1_m)
-GEMM_K(tq1_0, struct block_tq1_0)
-GEMM_K(tq2_0, struct block_tq2_0)
+#define GEMM_K(name) GEMM_TILES(name, tile_k, sizeof(struct block_##name), dscale_##name, dec_##name)
+GEMM_K(iq2_xxs)
+GEMM_K(iq2_xs)
+GEMM_K(iq2_s)
+GEMM_K(iq3_xxs)
+GEMM_K(iq3_s)
+GEMM_K(iq1_s)
+GEMM_K(iq1_m)
+GEMM_K(tq1_0)
+GEMM_K(tq2_0)
+GEMM_TILES(nvfp4, tile_32, sizeof(struct block_nvfp4), 2, dec_nvfp4)
+GEMM_TILES(q1_0, tile_32, sizeof(struct block_q1_0), 4, dec_q1_0)
 
 #if defined(IQ_AVX512)
 #define IQ_REGISTER cpu_kernels_iq_avx512
@@ -339,5 +395,7 @@ void IQ_REGISTER(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_IQ1_M] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq1_m};
     tab[QT_TQ1_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_tq1_0};
     tab[QT_TQ2_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_tq2_0};
+    tab[QT_NVFP4] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_nvfp4};
+    tab[QT_Q1_0] = (struct cpu_kernel){.act = CPU_ACT_Q8_32, .gemm = gemm_q1_0};
 }
 #endif
