@@ -79,10 +79,23 @@ INLINE __m256i grid8x4(const uint64_t *g, int i0, int i1, int i2, int i3) {
     return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1], (long long)g[i0]);
 }
 
-INLINE uint32_t ksigns4(uint32_t sg) {
-    const uint8_t *ks = quant_ksigns_iq2xs;
-    return ks[sg & 127] | (uint32_t)ks[(sg >> 7) & 127] << 8 | (uint32_t)ks[(sg >> 14) & 127] << 16 |
-           (uint32_t)ks[(sg >> 21) & 127] << 24;
+/* The ksigns_iq2xs sign bytes (7 bits i, an 8th making the count of negatives even:
+ * i | parity(i) << 7) expanded to 8 bytes of ±1, a format constant built at compile time
+ * (the tests hold it to the reference dequantizer, which reads quant_ksigns_iq2xs). */
+#define KS_PAR(i) (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1)
+#define KS_BYTE(i, j) ((((i) | KS_PAR(i) << 7) >> (j) & 1 ? 0xffULL : 0x01ULL) << (8 * (j)))
+#define KS_ROW(i)                                                                                  \
+    (KS_BYTE(i, 0) | KS_BYTE(i, 1) | KS_BYTE(i, 2) | KS_BYTE(i, 3) | KS_BYTE(i, 4) |             \
+     KS_BYTE(i, 5) | KS_BYTE(i, 6) | KS_BYTE(i, 7))
+#define KS_4(i) KS_ROW(i), KS_ROW(i + 1), KS_ROW(i + 2), KS_ROW(i + 3)
+#define KS_16(i) KS_4(i), KS_4(i + 4), KS_4(i + 8), KS_4(i + 12)
+static const uint64_t ksign_bytes[128] = {KS_16(0),  KS_16(16), KS_16(32), KS_16(48),
+                                          KS_16(64), KS_16(80), KS_16(96), KS_16(112)};
+
+/* ±1 bytes of 4 groups of 8 from 4 7-bit ksigns indices. */
+INLINE __m256i ksigns32(int i0, int i1, int i2, int i3) {
+    return _mm256_set_epi64x((long long)ksign_bytes[i3], (long long)ksign_bytes[i2],
+                             (long long)ksign_bytes[i1], (long long)ksign_bytes[i0]);
 }
 
 /* ---- decoders: vector v (< 8, elements 32v..32v+31) of a super-block (quant/blocks.h
@@ -95,7 +108,7 @@ INLINE void dec_iq2_xxs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m2
     const uint8_t *qs = (const uint8_t *)((const struct block_iq2_xxs *)blk)->qs;
     uint32_t a = rd32(qs + 8 * v), sg = rd32(qs + 8 * v + 4);
     *mag = grid8x4(quant_iq2xxs_grid, a & 255, (a >> 8) & 255, (a >> 16) & 255, a >> 24);
-    *sgn = signs32(ksigns4(sg));
+    *sgn = ksigns32(sg & 127, (sg >> 7) & 127, (sg >> 14) & 127, (sg >> 21) & 127);
     *sc = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
 }
 
@@ -104,11 +117,9 @@ INLINE float dscale_iq2_xs(const void *blk) {
 }
 INLINE void dec_iq2_xs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq2_xs *b = blk;
-    const uint8_t *ks = quant_ksigns_iq2xs;
     const uint16_t *q = b->qs + 4 * v;
     *mag = grid8x4(quant_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
-    *sgn = signs32(ks[q[0] >> 9] | (uint32_t)ks[q[1] >> 9] << 8 | (uint32_t)ks[q[2] >> 9] << 16 |
-                   (uint32_t)ks[q[3] >> 9] << 24);
+    *sgn = ksigns32(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9);
     *sc = sc16(b->scales[v] & 15, b->scales[v] >> 4);
 }
 
@@ -134,7 +145,7 @@ INLINE void dec_iq3_xxs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m2
     uint32_t sg = rd32(qs + 64 + 4 * v);
     *mag = _mm256_set_epi32((int)g[q[7]], (int)g[q[6]], (int)g[q[5]], (int)g[q[4]], (int)g[q[3]],
                             (int)g[q[2]], (int)g[q[1]], (int)g[q[0]]);
-    *sgn = signs32(ksigns4(sg));
+    *sgn = ksigns32(sg & 127, (sg >> 7) & 127, (sg >> 14) & 127, (sg >> 21) & 127);
     *sc = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
 }
 
