@@ -340,6 +340,21 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar, cons
         T_CHECKF(bad_b == 0, "%s %s: %d outputs beyond the activation-rounding bound (worst %.2f)",
                  qi->name, cpu_isa_name(isa), bad_b, worst);
         check_repacked(t, pool, ar, (enum cpu_isa)isa, w, rows, k, x, n, y);
+        /* batch invariance on the file layout: each X row alone gives its outputs' bits */
+        if (g && n > 1) {
+            float *y1 = malloc(sizeof(float) * (size_t)rows);
+            int bad1 = 0;
+            for (int64_t c = 0; c < n; c++) {
+                T_EQ_INT(cpu_matmul_isa(pool, (enum cpu_isa)isa, t, w, rows, k, x + c * k, 1, y1,
+                                        ar, &e),
+                         SMELT_OK);
+                for (int64_t r = 0; r < rows; r++)
+                    if (memcmp(&y1[r], &y[c * rows + r], 4)) bad1++;
+            }
+            T_CHECKF(bad1 == 0, "%s %s: %d outputs differ between n = 1 and n = %lld", qi->name,
+                     cpu_isa_name(isa), bad1, (long long)n);
+            free(y1);
+        }
         if (isa == 0)
             memcpy(y0, y, sizeof(float) * (size_t)(n * rows));
         else {
