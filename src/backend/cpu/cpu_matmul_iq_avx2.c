@@ -4,9 +4,9 @@
  * source compiled with the AVX-512 flags is cpu_matmul_iq_avx512.c (IQ_AVX512 defined): there
  * vpdpwssd fuses the scale multiply with the accumulation.
  *
- * Every super-block of a weight row is decoded once per register tile into 8 vectors of 32
- * weights as magnitude (u8) and sign (an int8 whose sign is the weight's; never 0 where the
- * magnitude is not), plus a 16-bit integer scale per element pair, with the fractions of
+ * Each vector of 32 weights is decoded once per tile, in registers, as magnitudes (u8) and
+ * signs (an int8 whose sign is the weight's; never 0 where the magnitude is not), plus a
+ * 16-bit integer scale per element pair, with the fractions of
  * the format folded into integers exactly as the scalar twin (cpu_matmul_iq_scalar.c):
  *   IQ2_*, IQ3_*: grid row bytes | sign bits expanded to bytes | 2s+1 per 16 or 32
  *   IQ1_*:        8g ± 1 (the ±1/8 delta times 8) in {-9, -7, -1, 1, 7, 9} | 2s+1
@@ -14,8 +14,10 @@
  * Then per activation row (plane) and vector: vpmaddubsw(|w|, sign(x, w)) (|w| <= 62 and
  * |x| <= 127: no int16 saturation), vpmaddwd with the scales, int32 sums per super-block
  * (exact), one f32 FMA with d·x_d per super-block. The tile is nr (<= 4) weight rows × up
- * to 4 activation rows at a time, so at decode (one X row, two planes) each super-block
- * is decoded once. Figures: docs/cpu-backend.md.
+ * to IQ_C = 8 activation rows, so at decode (one X row, two planes) each weight is decoded
+ * once. Each output's arithmetic is the same whatever the tile: batch-invariant bits.
+ * NVFP4 (E4M3 scale per 16) and Q1_0 (±d) use the same decode-and-dot with one f32 FMA per
+ * 32 (the activation scale is per 32). Figures: docs/cpu-backend.md.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -26,6 +28,8 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
+/* Activation rows (planes) per tile: a weight vector is decoded once for IQ_C of them. */
+#define IQ_C 8
 
 INLINE float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -268,17 +272,17 @@ typedef void (*dec_k_fn)(const void *blk, int v, __m256i *mag, __m256i *sgn, __m
 INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
                    size_t ystride, int nr, const int C, size_t bsize, float (*dscale)(const void *),
                    dec_k_fn dec) {
-    const float *xd[4];
+    const float *xd[IQ_C];
     for (int c = 0; c < C; c++)
         xd[c] = cpu_act_d(x + c * xstride, k);
     for (int r = 0; r < nr; r++) {
         const char *row = w + r * wstride;
-        __m256 acc[4];
+        __m256 acc[IQ_C];
         for (int c = 0; c < C; c++)
             acc[c] = _mm256_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *blk = row + i * bsize;
-            __m256i s[4];
+            __m256i s[IQ_C];
             for (int c = 0; c < C; c++)
                 s[c] = _mm256_setzero_si256();
             UNROLL
@@ -327,13 +331,13 @@ INLINE void dec_q1_0(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256 
 /* As tile_k for blocks of V vectors with f32 scales per lane; x's scale per 32. */
 INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
                     size_t ystride, int nr, const int C, size_t bsize, const int V, dec_32_fn dec) {
-    const float *xd[4];
+    const float *xd[IQ_C];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int c = 0; c < C; c++)
         xd[c] = cpu_act_d(x + c * xstride, k);
     for (int r = 0; r < nr; r++) {
         const char *row = w + r * wstride;
-        __m256 acc[4];
+        __m256 acc[IQ_C];
         for (int c = 0; c < C; c++)
             acc[c] = _mm256_setzero_ps();
         for (int64_t i = 0; i < k / (32 * V); i++) {
@@ -355,25 +359,26 @@ INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, siz
     }
 }
 
-/* The tile function of a type: columns in groups of 4, the tail specialized. */
+/* The tile function of a type: columns in groups of IQ_C, the tail specialized. */
+#define TILE_CASE(n, TILE, ...)                                                                    \
+    case n:                                                                                        \
+        TILE(k, w, wstride, xc, xstride, yc, ystride, nr, n, __VA_ARGS__);                         \
+        break;
 #define GEMM_TILES(name, TILE, ...)                                                                \
     static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
                             size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
-        for (int c0 = 0; c0 < nc; c0 += 4) {                                                       \
+        for (int c0 = 0; c0 < nc; c0 += IQ_C) {                                                   \
             const char *xc = (const char *)x + c0 * xstride;                                       \
             float *yc = y + c0 * ystride;                                                          \
-            switch (nc - c0 < 4 ? nc - c0 : 4) {                                                   \
-            case 1:                                                                                \
-                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 1, __VA_ARGS__);                 \
-                break;                                                                             \
-            case 2:                                                                                \
-                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 2, __VA_ARGS__);                 \
-                break;                                                                             \
-            case 3:                                                                                \
-                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 3, __VA_ARGS__);                 \
-                break;                                                                             \
-            default:                                                                               \
-                TILE(k, w, wstride, xc, xstride, yc, ystride, nr, 4, __VA_ARGS__);                 \
+            switch (nc - c0 < IQ_C ? nc - c0 : IQ_C) {                                             \
+                TILE_CASE(1, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(2, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(3, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(4, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(5, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(6, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(7, TILE, __VA_ARGS__)                                                    \
+                TILE_CASE(8, TILE, __VA_ARGS__)                                                    \
             }                                                                                      \
         }                                                                                          \
     }
