@@ -6,8 +6,8 @@
  *
  * Each vector of 32 weights is decoded once per tile, in registers, as magnitudes (u8) and
  * signs (an int8 whose sign is the weight's; never 0 where the magnitude is not), plus a
- * 16-bit integer scale per element pair, with the fractions of
- * the format folded into integers exactly as the scalar twin (cpu_matmul_iq_scalar.c):
+ * 16-bit integer scale per element pair, with the fractions of the format folded into
+ * integers exactly as the scalar twin (cpu_matmul_iq_scalar.c):
  *   IQ2_*, IQ3_*: grid row bytes | sign bits expanded to bytes | 2s+1 per 16 or 32
  *   IQ1_*:        8g ± 1 (the ±1/8 delta times 8) in {-9, -7, -1, 1, 7, 9} | 2s+1
  *   TQ*:          t - 1 in {-1, 0, 1} | 1
@@ -66,8 +66,8 @@ INLINE __m256i dot32_acc(__m256i acc, __m256i mag, __m256i sgn, __m256i sc, __m2
 
 /* Bytes of ±1 from 4 sign bytes (byte g covers elements 8g..8g+7, bit j element j). */
 INLINE __m256i signs32(uint32_t s4) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                           0x0101010101010101LL, 0);
+    const __m256i shuf =
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
     const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)s4), shuf);
     v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
@@ -76,20 +76,22 @@ INLINE __m256i signs32(uint32_t s4) {
 
 /* Scale pairs: 2·lo+1 on the first 16 elements, 2·hi+1 on the second 16. */
 INLINE __m256i sc16(int lo, int hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)),
+                            _mm_set1_epi16((short)(2 * lo + 1)));
 }
 
 INLINE __m256i grid8x4(const uint64_t *g, int i0, int i1, int i2, int i3) {
-    return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1], (long long)g[i0]);
+    return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1],
+                             (long long)g[i0]);
 }
 
 /* The ksigns_iq2xs sign bytes (7 bits i, an 8th making the count of negatives even:
  * i | parity(i) << 7) expanded to 8 bytes of ±1, a format constant built at compile time
  * (the tests hold it to the reference dequantizer, which reads quant_ksigns_iq2xs). */
 #define KS_PAR(i) (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1)
-#define KS_BYTE(i, j) ((((i) | KS_PAR(i) << 7) >> (j) & 1 ? 0xffULL : 0x01ULL) << (8 * (j)))
+#define KS_BYTE(i, j) (((((i) | KS_PAR(i) << 7) >> (j)) & 1 ? 0xffULL : 0x01ULL) << (8 * (j)))
 #define KS_ROW(i)                                                                                  \
-    (KS_BYTE(i, 0) | KS_BYTE(i, 1) | KS_BYTE(i, 2) | KS_BYTE(i, 3) | KS_BYTE(i, 4) |             \
+    (KS_BYTE(i, 0) | KS_BYTE(i, 1) | KS_BYTE(i, 2) | KS_BYTE(i, 3) | KS_BYTE(i, 4) |               \
      KS_BYTE(i, 5) | KS_BYTE(i, 6) | KS_BYTE(i, 7))
 #define KS_4(i) KS_ROW(i), KS_ROW(i + 1), KS_ROW(i + 2), KS_ROW(i + 3)
 #define KS_16(i) KS_4(i), KS_4(i + 4), KS_4(i + 8), KS_4(i + 12)
@@ -121,9 +123,10 @@ INLINE float dscale_iq2_xs(const void *blk) {
 }
 INLINE void dec_iq2_xs(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq2_xs *b = blk;
-    const uint16_t *q = b->qs + 4 * v;
-    *mag = grid8x4(quant_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
-    *sgn = ksigns32(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9);
+    const uint8_t *qb = (const uint8_t *)b->qs + 8 * v; /* 4 little-endian u16 */
+    int q0 = rd16(qb), q1 = rd16(qb + 2), q2 = rd16(qb + 4), q3 = rd16(qb + 6);
+    *mag = grid8x4(quant_iq2xs_grid, q0 & 511, q1 & 511, q2 & 511, q3 & 511);
+    *sgn = ksigns32(q0 >> 9, q1 >> 9, q2 >> 9, q3 >> 9);
     *sc = sc16(b->scales[v] & 15, b->scales[v] >> 4);
 }
 
@@ -193,7 +196,8 @@ INLINE float dscale_iq1_m(const void *blk) {
     uint16_t sc[4];
     memcpy(sc, ((const struct block_iq1_m *)blk)->scales, 8);
     return f16((uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
-                          (sc[3] & 0xf000))) * 0.125f;
+                          (sc[3] & 0xf000))) *
+           0.125f;
 }
 INLINE void dec_iq1_m(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_iq1_m *b = blk;
@@ -221,8 +225,9 @@ INLINE void tq_weights(__m256i t, __m256i *mag, __m256i *sgn, __m256i *sc) {
  * byte's digit given per 16-bit lane (the same for both bytes of a lane). */
 INLINE __m256i trits(__m256i q, __m256i p) {
     const __m256i lo8 = _mm256_set1_epi16(0x00ff), hi8 = _mm256_set1_epi16((short)0xff00);
-    __m256i m = _mm256_or_si256(_mm256_and_si256(_mm256_mullo_epi16(q, p), lo8),
-                                _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(q, hi8), p), hi8));
+    __m256i m =
+        _mm256_or_si256(_mm256_and_si256(_mm256_mullo_epi16(q, p), lo8),
+                        _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(q, hi8), p), hi8));
     __m256i te = _mm256_mulhi_epu16(_mm256_and_si256(m, lo8), _mm256_set1_epi16(768));
     __m256i to = _mm256_mulhi_epu16(_mm256_and_si256(m, hi8), _mm256_set1_epi16(3));
     return _mm256_or_si256(te, _mm256_slli_epi16(to, 8));
@@ -260,7 +265,8 @@ INLINE float dscale_tq2_0(const void *blk) {
 INLINE void dec_tq2_0(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256i *sc) {
     const struct block_tq2_0 *b = blk; /* 128h + 32s + l: bits 2s of qs[32h + l] */
     __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * (v / 4)));
-    tq_weights(_mm256_and_si256(_mm256_srli_epi16(q, 2 * (v % 4)), _mm256_set1_epi8(3)), mag, sgn, sc);
+    tq_weights(_mm256_and_si256(_mm256_srli_epi16(q, 2 * (v % 4)), _mm256_set1_epi8(3)), mag, sgn,
+               sc);
 }
 
 /* ---- the tile over Q8_K activations ---- */
@@ -269,9 +275,9 @@ typedef void (*dec_k_fn)(const void *blk, int v, __m256i *mag, __m256i *sgn, __m
 
 /* nr weight rows × C activation rows (planes) at x + c·xstride: each vector of weights is
  * decoded once and dotted against the C rows while in registers. */
-INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
-                   size_t ystride, int nr, const int C, size_t bsize, float (*dscale)(const void *),
-                   dec_k_fn dec) {
+INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride,
+                   float *y, size_t ystride, int nr, const int C, size_t bsize,
+                   float (*dscale)(const void *), dec_k_fn dec) {
     const float *xd[IQ_C];
     for (int c = 0; c < C; c++)
         xd[c] = cpu_act_d(x + c * xstride, k);
@@ -290,12 +296,14 @@ INLINE void tile_k(int64_t k, const char *w, size_t wstride, const char *x, size
                 __m256i mag, sgn, sc;
                 dec(blk, v, &mag, &sgn, &sc);
                 for (int c = 0; c < C; c++)
-                    s[c] = dot32_acc(s[c], mag, sgn, sc,
-                                     _mm256_loadu_si256((const __m256i *)(x + c * xstride + 256 * i) + v));
+                    s[c] = dot32_acc(
+                        s[c], mag, sgn, sc,
+                        _mm256_loadu_si256((const __m256i *)(x + c * xstride + 256 * i) + v));
             }
             float d = dscale(blk);
             for (int c = 0; c < C; c++)
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(d * xd[c][i]), acc[c]);
+                acc[c] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), _mm256_set1_ps(d * xd[c][i]), acc[c]);
         }
         for (int c = 0; c < C; c++)
             y[c * ystride + r] = hsum_ps(acc[c]);
@@ -310,9 +318,11 @@ typedef void (*dec_32_fn)(const void *blk, int v, __m256i *mag, __m256i *sgn, __
 
 INLINE void dec_nvfp4(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256 *scale) {
     const struct block_nvfp4 *b = blk; /* vector v: sub-blocks 2v, 2v + 1 */
-    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_mxfp4));
+    const __m256i kv =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cpu_kvalues_mxfp4));
     __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * v));
-    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)),
+            hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
     __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
     __m256i wv = _mm256_shuffle_epi8(kv, idx);
     *mag = _mm256_abs_epi8(wv);
@@ -329,8 +339,9 @@ INLINE void dec_q1_0(const void *blk, int v, __m256i *mag, __m256i *sgn, __m256 
 }
 
 /* As tile_k for blocks of V vectors with f32 scales per lane; x's scale per 32. */
-INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride, float *y,
-                    size_t ystride, int nr, const int C, size_t bsize, const int V, dec_32_fn dec) {
+INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, size_t xstride,
+                    float *y, size_t ystride, int nr, const int C, size_t bsize, const int V,
+                    dec_32_fn dec) {
     const float *xd[IQ_C];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int c = 0; c < C; c++)
@@ -348,9 +359,11 @@ INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, siz
                 dec(row + i * bsize, v, &mag, &sgn, &scale);
                 for (int c = 0; c < C; c++) {
                     __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * xstride) + i * V + v);
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(xv, sgn)), ones);
+                    __m256i p = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xv, sgn)), ones);
                     acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                             _mm256_mul_ps(scale, _mm256_set1_ps(xd[c][i * V + v])), acc[c]);
+                                             _mm256_mul_ps(scale, _mm256_set1_ps(xd[c][i * V + v])),
+                                             acc[c]);
                 }
             }
         }
@@ -359,30 +372,28 @@ INLINE void tile_32(int64_t k, const char *w, size_t wstride, const char *x, siz
     }
 }
 
-/* The tile function of a type: columns in groups of IQ_C, the tail specialized. */
+/* The tile function of a type: columns in tiles of 8, then 4, 2, 1 (the driver's nc is
+ * even: two planes per X row). Four instantiations per type keep the code (and the
+ * sanitizer build) small; every column's arithmetic is the same in all of them. */
 #define TILE_CASE(n, TILE, ...)                                                                    \
-    case n:                                                                                        \
-        TILE(k, w, wstride, xc, xstride, yc, ystride, nr, n, __VA_ARGS__);                         \
-        break;
+    if (nc - c0 >= n) {                                                                            \
+        TILE(k, w, wstride, (const char *)x + c0 * xstride, xstride, y + c0 * ystride, ystride,    \
+             nr, n, __VA_ARGS__);                                                                  \
+        c0 += n;                                                                                   \
+        continue;                                                                                  \
+    }
 #define GEMM_TILES(name, TILE, ...)                                                                \
     static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
                             size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
-        for (int c0 = 0; c0 < nc; c0 += IQ_C) {                                                   \
-            const char *xc = (const char *)x + c0 * xstride;                                       \
-            float *yc = y + c0 * ystride;                                                          \
-            switch (nc - c0 < IQ_C ? nc - c0 : IQ_C) {                                             \
-                TILE_CASE(1, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(2, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(3, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(4, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(5, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(6, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(7, TILE, __VA_ARGS__)                                                    \
-                TILE_CASE(8, TILE, __VA_ARGS__)                                                    \
-            }                                                                                      \
+        for (int c0 = 0; c0 < nc;) {                                                               \
+            TILE_CASE(IQ_C, TILE, __VA_ARGS__)                                                     \
+            TILE_CASE(4, TILE, __VA_ARGS__)                                                        \
+            TILE_CASE(2, TILE, __VA_ARGS__)                                                        \
+            TILE_CASE(1, TILE, __VA_ARGS__)                                                        \
         }                                                                                          \
     }
-#define GEMM_K(name) GEMM_TILES(name, tile_k, sizeof(struct block_##name), dscale_##name, dec_##name)
+#define GEMM_K(name)                                                                               \
+    GEMM_TILES(name, tile_k, sizeof(struct block_##name), dscale_##name, dec_##name)
 GEMM_K(iq2_xxs)
 GEMM_K(iq2_xs)
 GEMM_K(iq2_s)

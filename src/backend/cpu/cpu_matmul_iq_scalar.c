@@ -73,7 +73,8 @@ static float dot_iq2_xs(int64_t k, const void *w, const void *x) {
             int part = 0;
             for (int g = 2 * s; g < 2 * s + 2; g++) {
                 uint16_t v = b[i].qs[g];
-                part += dot8_signed(quant_iq2xs_grid[v & 511], quant_ksigns_iq2xs[v >> 9], q + 8 * g);
+                part +=
+                    dot8_signed(quant_iq2xs_grid[v & 511], quant_ksigns_iq2xs[v >> 9], q + 8 * g);
             }
             isum += (2 * ((b[i].scales[s / 2] >> (4 * (s % 2))) & 15) + 1) * part;
         }
@@ -119,7 +120,8 @@ static float dot_iq3_xxs(int64_t k, const void *w, const void *x) {
             for (int g = 0; g < 4; g++) {
                 uint64_t row = quant_iq3xxs_grid[qs[8 * ib + 2 * g]] |
                                (uint64_t)quant_iq3xxs_grid[qs[8 * ib + 2 * g + 1]] << 32;
-                part += dot8_signed(row, quant_ksigns_iq2xs[(sg >> (7 * g)) & 127], q + 32 * ib + 8 * g);
+                part += dot8_signed(row, quant_ksigns_iq2xs[(sg >> (7 * g)) & 127],
+                                    q + 32 * ib + 8 * g);
             }
             isum += (2 * (int)(sg >> 28) + 1) * part;
         }
