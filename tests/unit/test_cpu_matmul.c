@@ -16,7 +16,8 @@
  *     quantized and only check 1 applies (with xq = x).
  *
  * Also: SIMD quantizers produce the same bytes as the scalar ones, SIMD and scalar
- * matmuls agree to 2e-5 * sum |w||x|, and bad arguments give the documented errors.
+ * matmuls agree to 2e-5 * sum |w||x|, every integer type gives each X row the same bits
+ * alone as in the batch, and bad arguments give the documented errors.
  */
 #include <stdint.h>
 
