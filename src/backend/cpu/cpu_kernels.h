@@ -120,6 +120,10 @@ struct cpu_kernel {
 void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]);
 void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]);
 void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]);
+/* The i-quant, ternary, NVFP4 and Q1_0 kernels (cpu_matmul_iq_*.c), called by the above. */
+void cpu_kernels_iq_scalar(struct cpu_kernel tab[QT_COUNT]);
+void cpu_kernels_iq_avx2(struct cpu_kernel tab[QT_COUNT]);
+void cpu_kernels_iq_avx512(struct cpu_kernel tab[QT_COUNT]);
 /* The kernel table entry of (wtype, isa lowered to the machine's), for tests; NULL for an
  * id out of range. */
 #include "backend/cpu/cpu_features.h"
@@ -281,6 +285,19 @@ static const int8_t cpu_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22
 static const int8_t cpu_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 static inline float cpu_e8m0_half(uint8_t e) {
     uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* NVFP4's sub-block scale: unsigned E4M3 (bias 7) halved to match the doubled kvalues;
+ * bytes 0x00 and 0x7f are 0 and bit 7 is otherwise ignored, as the reference
+ * (quant_lowbit.c). Built bitwise: m·2^-10 for e = 0, else (1 + m/8)·2^(e-8). */
+static inline float cpu_ue4m3_half(uint8_t x) {
+    if (x == 0 || x == 0x7f) return 0.0f;
+    int e = (x >> 3) & 15, m = x & 7;
+    if (e == 0) return (float)m * (1.0f / 1024.0f);
+    uint32_t bits = (uint32_t)(e + 119) << 23 | (uint32_t)m << 20;
     float f;
     memcpy(&f, &bits, 4);
     return f;

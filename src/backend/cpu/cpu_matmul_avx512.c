@@ -792,5 +792,6 @@ void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
     KQUANT(QT_Q6_K, q6_K, gemm_packed_k16);
     KQUANT(QT_IQ4_XS, iq4_xs, gemm_packed_k16);
 #undef KQUANT
+    cpu_kernels_iq_avx512(tab);
 }
 #endif

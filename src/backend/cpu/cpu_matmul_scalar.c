@@ -371,4 +371,5 @@ void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_Q5_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q5_K};
     tab[QT_Q6_K] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_q6_K};
     tab[QT_IQ4_XS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq4_xs};
+    cpu_kernels_iq_scalar(tab);
 }
