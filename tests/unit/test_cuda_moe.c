@@ -354,9 +354,9 @@ static bool float_type(uint32_t t) {
 
 /* The grouped rows of this case run on mmq by id (cuda_ops_moe.c's condition). */
 static bool mmq_type(const struct ffn_case *fc) {
-    const bool t = fc->type == QT_Q4_K || fc->type == QT_Q6_K || fc->type == QT_Q8_0;
-    const int64_t m = fc->type == QT_Q8_0 ? 64 : 256;
-    return t && !fc->bias && fc->n_embd % m == 0 && fc->n_ff % m == 0;
+    const bool t = fc->type == QT_Q4_K || fc->type == QT_Q6_K || fc->type == QT_Q8_0 || fc->type == QT_MXFP4;
+    const int64_t m = fc->type == QT_Q8_0 ? 64 : fc->type == QT_MXFP4 ? 32 : 256;
+    return t && fc->n_embd % m == 0 && fc->n_ff % m == 0;
 }
 
 static void check_ffn(const struct ffn_case *fc) {
@@ -526,6 +526,11 @@ static void check_grouped(const struct ffn_case *fc) {
     sv.gw.up = gpu_weight(fc->type, E, fc->n_ff, X, sm.hw[1]);
     sv.gw.down = gpu_weight(fc->type, fc->n_ff, E, X, sm.hw[2]);
     sv.g_nw = gpu_weight(QT_F32, E, 1, 1, sm.nwv);
+    if (fc->bias) { /* and the same biases */
+        sv.gw.gate_b = gpu_weight(QT_F32, fc->n_ff, X, 1, sm.hb[0]);
+        sv.gw.up_b = gpu_weight(QT_F32, fc->n_ff, X, 1, sm.hb[1]);
+        sv.gw.down_b = gpu_weight(QT_F32, E, X, 1, sm.hb[2]);
+    }
     sv.hw[0] = sv.hw[1] = sv.hw[2] = NULL;
     double worst[2] = {0, 0}, worst_cos[2] = {1, 1}, mm_cos = 1;
     for (int pat = 0; pat < 3; pat++) {

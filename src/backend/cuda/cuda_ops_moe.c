@@ -137,7 +137,8 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     if (st == SMELT_OK) {
         /* rows of unused chunks hold stale values: skipped here, never read by the down
          * product's used tiles nor by the combine */
-        cuda_glu_expert_bias(&cb->ctx, g, g, u, cu_glu_code(w->act), w->gate_b ? w->gate_b->data : NULL,
+        /* (enum glu_act's own number, as cuda_glu: cu_glu_code is the mmv kernels') */
+        cuda_glu_expert_bias(&cb->ctx, g, g, u, (int)w->act, w->gate_b ? w->gate_b->data : NULL,
                              w->up_b ? w->up_b->data : NULL, chunk_eid, ch, n_ff, rows);
         st = cuda_mmq_quantize(&cb->ctx, g, n_ff, rows, msc, &e);
     }
