@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA kernels' tests on the CPU, for sessions and machines without a GPU: builds the CUDA
 # sources as C++ against a fiber-based emulator (emu.h, emu.cpp; patch.py rewrites launches and
-# inline PTX) and runs test_cuda_mmv, the one-token kernel variants, test_cuda_attn's kernel
+# inline PTX) and runs test_cuda_mmv, test_cuda_mmq at small sizes (drivers/mmq.c), the one-token kernel variants, test_cuda_attn's kernel
 # tests, test_cuda_topk at smaller sizes (drivers/topk.c), test_cuda_ssm (the recurrent-state
 # ops), test_cuda_encoder (bert's ops), test_cuda_forward on the fixtures and the embedding
 # models (drivers/forward.c embed), test_cuda_multi's single-thread parts (two
@@ -11,7 +11,7 @@
 # docs/cuda-backend.md.
 #
 #   usage: scripts/cuda-emu/run.sh [--quick] [MODEL.gguf...]
-#     --quick      test_cuda_mmv, test_cuda_mmb, the attention tests, test_cuda_ssm and
+#     --quick      test_cuda_mmv, test_cuda_mmb, mmq, the attention tests, test_cuda_ssm and
 #                  test_cuda_encoder only (about
 #                  10 minutes on 2 cores)
 #     MODEL.gguf   also the logits check (drivers/logits.c) on each file: slow, minutes to
@@ -69,6 +69,7 @@ link() { # name source
 link test_cuda_mmv tests/unit/test_cuda_mmv.c
 link test_cuda_moe tests/unit/test_cuda_moe.c
 link test_cuda_mmb tests/unit/test_cuda_mmb.c
+link mmq "$here/drivers/mmq.c"
 link attn "$here/drivers/attn.c"
 link test_cuda_ssm tests/unit/test_cuda_ssm.c
 link test_cuda_encoder tests/unit/test_cuda_encoder.c
@@ -91,6 +92,7 @@ cd "$out"
 run ./test_cuda_mmv
 run ./test_cuda_moe
 SMELT_TEST_SMALL=1 run ./test_cuda_mmb # Q4_K at every row count 1..64 on the ragged shapes, the other types at 8
+run ./mmq # every mmq type at small shapes, MXFP4's partial slices (drivers/mmq.c)
 run ./attn
 run ./test_cuda_ssm
 run ./test_cuda_encoder

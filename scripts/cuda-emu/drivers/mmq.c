@@ -1,0 +1,24 @@
+/* test_cuda_mmq on the emulator, at sizes it can run in about a minute: every mmq type on a
+ * small shape and a partial last K slice (Q8_0, MXFP4), every tile, and the argument checks.
+ * The full test (4096-row shapes, 512 tokens) is the GPU's. */
+#define main test_main
+#include "unit/test_cuda_mmq.c"
+#undef main
+static void small_types(void) {
+    const int ns[] = {9, 33, 100};
+    check_weight(QT_Q4_K, 67, 768, ns, 3, 0);
+    check_weight(QT_Q6_K, 40, 512, ns, 3, 0);
+    check_weight(QT_Q8_0, 131, 896, ns, 3, 0); /* 3.5 units */
+    check_weight(QT_MXFP4, 40, 64, ns, 3, 0);  /* a single partial unit */
+    check_weight(QT_MXFP4, 131, 2880, ns, 3, 0); /* gpt-oss's width: 11 units and 2 blocks */
+}
+int main(void) {
+    struct err e;
+    if (cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    T_RUN(test_mmq_rejects);
+    T_RUN(small_types);
+    return t_done();
+}
