@@ -323,4 +323,15 @@ static inline void cpu_q3k_scales(const uint8_t *s, int8_t out[16]) {
     }
 }
 
+/* The scalar kernels' tile (cpu_matmul_scalar.c, cpu_matmul_iq_scalar.c): gemm_NAME runs
+ * dot_NAME(k, weight row, activation row) for each of nr rows and nc activation rows. */
+#define CPU_SCALAR_TILE(name)                                                                      \
+    static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
+                            size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
+        for (int c = 0; c < nc; c++)                                                               \
+            for (int r = 0; r < nr; r++)                                                           \
+                y[(size_t)c * ystride + r] =                                                       \
+                    dot_##name(k, (const char *)w + r * wstride, (const char *)x + c * xstride);   \
+    }
+
 #endif

@@ -315,25 +315,17 @@ static float dot_q1_0(int64_t k, const void *w, const void *x) {
     return sum;
 }
 
-#define TILE_FN(name)                                                                              \
-    static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
-                            size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
-        for (int c = 0; c < nc; c++)                                                               \
-            for (int r = 0; r < nr; r++)                                                           \
-                y[(size_t)c * ystride + r] =                                                       \
-                    dot_##name(k, (const char *)w + r * wstride, (const char *)x + c * xstride);   \
-    }
-TILE_FN(iq2_xxs)
-TILE_FN(iq2_xs)
-TILE_FN(iq2_s)
-TILE_FN(iq3_xxs)
-TILE_FN(iq3_s)
-TILE_FN(iq1_s)
-TILE_FN(iq1_m)
-TILE_FN(tq1_0)
-TILE_FN(tq2_0)
-TILE_FN(nvfp4)
-TILE_FN(q1_0)
+CPU_SCALAR_TILE(iq2_xxs)
+CPU_SCALAR_TILE(iq2_xs)
+CPU_SCALAR_TILE(iq2_s)
+CPU_SCALAR_TILE(iq3_xxs)
+CPU_SCALAR_TILE(iq3_s)
+CPU_SCALAR_TILE(iq1_s)
+CPU_SCALAR_TILE(iq1_m)
+CPU_SCALAR_TILE(tq1_0)
+CPU_SCALAR_TILE(tq2_0)
+CPU_SCALAR_TILE(nvfp4)
+CPU_SCALAR_TILE(q1_0)
 
 void cpu_kernels_iq_scalar(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_IQ2_XXS] = (struct cpu_kernel){.act = CPU_ACT_Q8_K, .gemm = gemm_iq2_xxs};

@@ -329,30 +329,22 @@ static float dot_iq4_xs(int64_t k, const void *w, const void *x) {
 
 /* ---- tiles ---- */
 
-#define TILE_FN(name)                                                                              \
-    static void gemm_##name(int64_t k, const void *w, size_t wstride, const void *x,               \
-                            size_t xstride, float *y, size_t ystride, int nr, int nc) {            \
-        for (int c = 0; c < nc; c++)                                                               \
-            for (int r = 0; r < nr; r++)                                                           \
-                y[(size_t)c * ystride + r] =                                                       \
-                    dot_##name(k, (const char *)w + r * wstride, (const char *)x + c * xstride);   \
-    }
-TILE_FN(f32)
-TILE_FN(f16)
-TILE_FN(bf16)
-TILE_FN(q8_0)
-TILE_FN(q4_0)
-TILE_FN(q4_1)
-TILE_FN(q5_0)
-TILE_FN(q5_1)
-TILE_FN(iq4_nl)
-TILE_FN(mxfp4)
-TILE_FN(q2_K)
-TILE_FN(q3_K)
-TILE_FN(q4_K)
-TILE_FN(q5_K)
-TILE_FN(q6_K)
-TILE_FN(iq4_xs)
+CPU_SCALAR_TILE(f32)
+CPU_SCALAR_TILE(f16)
+CPU_SCALAR_TILE(bf16)
+CPU_SCALAR_TILE(q8_0)
+CPU_SCALAR_TILE(q4_0)
+CPU_SCALAR_TILE(q4_1)
+CPU_SCALAR_TILE(q5_0)
+CPU_SCALAR_TILE(q5_1)
+CPU_SCALAR_TILE(iq4_nl)
+CPU_SCALAR_TILE(mxfp4)
+CPU_SCALAR_TILE(q2_K)
+CPU_SCALAR_TILE(q3_K)
+CPU_SCALAR_TILE(q4_K)
+CPU_SCALAR_TILE(q5_K)
+CPU_SCALAR_TILE(q6_K)
+CPU_SCALAR_TILE(iq4_xs)
 
 void cpu_kernels_scalar(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F32] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f32};
