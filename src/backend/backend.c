@@ -433,7 +433,7 @@ static void moe_ffn_elsewhere(struct backend *b, struct backend *eb, struct tens
         bk_scratch_release(b, mark);
         return;
     }
-    bk_moe_ffn(eb, yh, xh, w, ih, wh, NULL, false);
+    bk_moe_ffn(eb, yh, xh, w, ih, wh, NULL, false, NULL);
     if (bk_sync(eb, &e) != SMELT_OK) {
         bk_fail(b, e.code, "experts on %s: %s", eb->ops->name, e.msg);
         bk_scratch_release(b, mark);
@@ -448,7 +448,8 @@ static void moe_ffn_elsewhere(struct backend *b, struct backend *eb, struct tens
 
 void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids,
-                const struct tensor *weights, const struct prenorm *pre, bool acc) {
+                const struct tensor *weights, const struct prenorm *pre, bool acc,
+                const struct prenorm *next) {
     if (b->status != SMELT_OK) return;
     BK_ASSERT(b->ops->moe_ffn);
     BK_ASSERT(is_f32_rows(x) && tensor_is_contiguous(x) && x->ne[2] == 1);
@@ -480,7 +481,7 @@ void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
         return;
     }
     BK_ASSERT(has(b, glu_needs(w->act) | (bias ? BK_FEAT_MOE_BIAS : 0)));
-    b->ops->moe_ffn(b, dst, x, w, ids, weights, pre, acc);
+    b->ops->moe_ffn(b, dst, x, w, ids, weights, pre, acc, next);
 }
 
 bool bk_has_moe(const struct backend *b) { return b->ops->moe_route && b->ops->moe_ffn; }

@@ -318,7 +318,8 @@ struct backend_ops {
                       const struct prenorm *pre);
     void (*moe_ffn)(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
-                    const struct tensor *weights, const struct prenorm *pre, bool acc);
+                    const struct tensor *weights, const struct prenorm *pre, bool acc,
+                    const struct prenorm *next);
 
     /* Row summaries for sampling: optional (NULL: model_step brings the rows to the host
      * and summarizes them there). See bk_logits_topk. */
@@ -562,10 +563,12 @@ void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
  * row differs from running that row alone only as its matmuls differ between row counts.
  * The scratch it takes depends on the shapes (n, k, n_expert) only, never on the routing,
  * so a replayed step graph finds it at the same addresses. An id outside [0, n_expert)
- * never reads out of bounds (the CPU reports it as a sticky error). */
+ * never reads out of bounds (the CPU reports it as a sticky error). next (may be NULL) is
+ * bk_matmul_acc's hint: the norm through which the caller uses dst next. */
 void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids,
-                const struct tensor *weights, const struct prenorm *pre, bool acc);
+                const struct tensor *weights, const struct prenorm *pre, bool acc,
+                const struct prenorm *next);
 /* True when the backend implements the two MoE ops (else the loader refuses MoE models). */
 bool bk_has_moe(const struct backend *b);
 /* The bits of `features` (enum bk_feature) the backend does not implement (0: all of

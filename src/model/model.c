@@ -901,7 +901,6 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
     const int64_t k = m->hp.n_expert_used;
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1);     /* (k, n) each row's experts */
     struct tensor *weights = bk_new(bk, QT_F32, k, n, 1); /* (k, n) and their weights */
-    bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre);
     struct tensor *sh = NULL; /* the shared expert's hidden rows, from x before dst changes */
     if (w->sh_up) {
         sh = bk_new(bk, QT_F32, w->sh_up->ne[1], n, 1); /* (n_ff_shexp, n) */
@@ -913,7 +912,10 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
         }
     }
     const struct moe_experts ex = {w->gate, w->up, w->down, act, w->gate_b, w->up_b, w->down_b};
-    bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc);
+    /* the router right before the experts: a backend may hand the experts' input rows from
+     * one to the other (the CUDA decode router writes them) */
+    bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre);
+    bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc, acc && !sh ? next : NULL);
     if (sh) bk_matmul_acc(bk, dst, w->sh_down, sh, next);
 }
 

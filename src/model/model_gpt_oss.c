@@ -94,8 +94,10 @@ static struct tensor *forward(struct model *m, struct step *s) {
         struct tensor *o = bk_new(bk, QT_F32, m->hp.n_embd, x->ne[1], 1);
         bk_matmul_group(bk, 1, &o, &y->attn.wo, &y->attn_out_b, att, NULL);
         bk_add(bk, x, x, o);
-        /* x += MoE(rms_norm(x) * post_attention_norm) */
-        fwd_ffn(m, s, &y->ffn, GLU_SWIGLU_OAI, x, x, true, NULL);
+        /* x += MoE(rms_norm(x) * post_attention_norm); the next norm is the hint for a
+         * backend that prepares x for it in the same pass (bk_matmul_acc's) */
+        const struct prenorm next_pre = {last ? m->output_norm : L[il + 1].attn_norm, m->hp.norm_eps};
+        fwd_ffn(m, s, &y->ffn, GLU_SWIGLU_OAI, x, x, true, &next_pre);
         if (!last) bk_scratch_release(bk, mark);
     }
     return x;

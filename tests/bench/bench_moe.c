@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
                     id[r * k + j] = c;
                 }
             double t2 = clock_now(), u2 = bench_cpu_now();
-            bk_moe_ffn(bk, y, x, &ex, ids, w, NULL, true);
+            bk_moe_ffn(bk, y, x, &ex, ids, w, NULL, true, NULL);
             double t3 = clock_now(), u3 = bench_cpu_now();
             bk_ffn_glu(bk, g, dg, du, x, GLU_SILU, NULL);
             bk_matmul_acc(bk, y, dd, g, NULL);

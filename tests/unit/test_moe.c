@@ -278,7 +278,7 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
     }
 
     struct tensor *y = bk_new(bk, QT_F32, E, n, 1);
-    bk_moe_ffn(bk, y, x, &w, ids, wt, &pre, false);
+    bk_moe_ffn(bk, y, x, &w, ids, wt, &pre, false, NULL);
     double *ref = malloc(sizeof(double) * (size_t)(E * n));
     ffn_ref(fc, x->data, nw->data, (const float *const *)dq, fc->bias ? bias : NULL, ids->data,
             wt->data, ref);
@@ -295,8 +295,8 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
     float *acc0 = malloc(tensor_nbytes(acc));
     memcpy(acc0, acc->data, tensor_nbytes(acc));
     memcpy(xc->data, x->data, tensor_nbytes(x));
-    bk_moe_ffn(bk, acc, x, &w, ids, wt, &pre, true);
-    bk_moe_ffn(bk, xc, xc, &w, ids, wt, &pre, true);
+    bk_moe_ffn(bk, acc, x, &w, ids, wt, &pre, true, NULL);
+    bk_moe_ffn(bk, xc, xc, &w, ids, wt, &pre, true, NULL);
     double d_acc = 0, d_in = 0;
     for (int64_t i = 0; i < E * n; i++) {
         const float yi = ((float *)y->data)[i];
@@ -312,7 +312,7 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
         struct tensor *i1 = bk_view_2d(bk, ids, k, 1, ids->nb[1], (size_t)r * ids->nb[1]);
         struct tensor *w1 = bk_view_2d(bk, wt, k, 1, wt->nb[1], (size_t)r * wt->nb[1]);
         struct tensor *y1 = bk_new(bk, QT_F32, E, 1, 1);
-        bk_moe_ffn(bk, y1, x1, &w, i1, w1, &pre, false);
+        bk_moe_ffn(bk, y1, x1, &w, i1, w1, &pre, false, NULL);
         const float *a = y1->data, *b = tensor_row(y, r, 0, 0);
         double m = 0, mb = 1e-6;
         for (int64_t d = 0; d < E; d++)
@@ -379,7 +379,7 @@ static void test_bad_id(void) {
     struct tensor *ids = bk_new(bk, QT_I32, 2, 2, 1), *wt = rand_f32(2, 2, 1.0f);
     const int32_t bad[4] = {0, 1, 3, 4};
     memcpy(ids->data, bad, sizeof bad);
-    bk_moe_ffn(bk, y, x, &w, ids, wt, NULL, false);
+    bk_moe_ffn(bk, y, x, &w, ids, wt, NULL, false, NULL);
     struct err e;
     T_CHECK(bk_sync(bk, &e) != SMELT_OK);
     T_CHECKF(strstr(e.msg, "blk.3.ffn_gate_exps.weight") && strstr(e.msg, "expert 4"), "%s", e.msg);
@@ -397,7 +397,7 @@ static void test_bad_id(void) {
     wt = rand_f32(2, 600, 1.0f);
     for (int i = 0; i < 1200; i++)
         ((int32_t *)ids->data)[i] = 2;
-    bk_moe_ffn(bk, y, x, &w, ids, wt, NULL, false);
+    bk_moe_ffn(bk, y, x, &w, ids, wt, NULL, false, NULL);
     T_CHECK(bk_sync(bk, &e) != SMELT_OK);
     T_CHECKF(strstr(e.msg, "expert 2 is listed twice"), "%s", e.msg);
     for (int i = 0; i < 3; i++)

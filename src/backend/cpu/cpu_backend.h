@@ -66,7 +66,8 @@ void cpu_op_moe_route(struct backend *b, struct tensor *ids, struct tensor *weig
                       const struct prenorm *pre);
 void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
-                    const struct tensor *weights, const struct prenorm *pre, bool acc);
+                    const struct tensor *weights, const struct prenorm *pre, bool acc,
+                    const struct prenorm *next);
 /* Recurrent-state ops and the strided copy (cpu_ops_ssm.c). */
 void cpu_op_copy(struct backend *b, struct tensor *dst, const struct tensor *src);
 void cpu_op_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,

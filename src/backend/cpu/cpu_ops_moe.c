@@ -196,7 +196,9 @@ static void run_products(struct backend *b, const struct cpu_mm *mm, int n, cons
 
 void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
-                    const struct tensor *weights, const struct prenorm *pre, bool acc) {
+                    const struct tensor *weights, const struct prenorm *pre, bool acc,
+                    const struct prenorm *next) {
+    (void)next; /* no prepared form on the CPU */
     struct cpu_backend *cb = cpu_of(b);
     const int64_t n_embd = x->ne[0], n = x->ne[1], k = ids->ne[0];
     const int64_t n_ff = w->gate->ne[1], n_exp = w->gate->ne[2], nk = n * k;

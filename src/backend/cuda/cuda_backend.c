@@ -44,6 +44,7 @@
  *                   cuda_mmv.h and cuda_mmq.h */
 #include "backend/cuda/cuda_backend_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +76,8 @@ static void cu_free(struct backend *b) {
     cudaFree(cb->prep.ss);
     cudaFree(cb->prep.cnt);
     cudaFree(cb->moe_cnt);
+    cudaFree(cb->moe_xin.buf);
+    cudaFree(cb->moe_xin.xf);
     cudaFree(cb->att_q.buf);
     for (int i = 0; i < cb->n_rope_tab; i++) cudaFree(cb->rope_tab[i].freq);
     free(cb->rope_tab);
@@ -210,14 +213,30 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
      * launches. H200, 2026-12-03: test_cuda_moe's fused-against-separate cases bitwise equal;
      * Qwen3-30B-A3B Q4_K_M tg128 195.2 tok/s against 192.8 separate. */
     const char *mf = getenv("SMELT_MOE_FUSED");
+    const size_t n_cnt = MOE_CNT_MAX + CUDA_MOE_FUSED_ROUTE_ROWS;
     if (!(mf && !strcmp(mf, "0")) &&
-        (cudaMalloc((void **)&cb->moe_cnt, sizeof(unsigned) * MOE_CNT_MAX) != cudaSuccess ||
-         cudaMemset(cb->moe_cnt, 0, sizeof(unsigned) * MOE_CNT_MAX) != cudaSuccess)) {
+        (cudaMalloc((void **)&cb->moe_cnt, sizeof(unsigned) * n_cnt) != cudaSuccess ||
+         cudaMemset(cb->moe_cnt, 0, sizeof(unsigned) * n_cnt) != cudaSuccess ||
+         cudaMalloc(&cb->moe_xin.buf, cuda_mmv_scratch_bytes(PREP_MAX_K, CUDA_MOE_FUSED_ROUTE_ROWS)) !=
+             cudaSuccess ||
+         cudaMalloc((void **)&cb->moe_xin.xf, sizeof(float) * PREP_MAX_K * CUDA_MOE_FUSED_ROUTE_ROWS) !=
+             cudaSuccess)) {
         cudaGetLastError();
         cudaFree(cb->moe_cnt);
+        cudaFree(cb->moe_xin.buf);
+        cudaFree(cb->moe_xin.xf);
         cb->moe_cnt = NULL;
+        cb->moe_xin.buf = NULL;
+        cb->moe_xin.xf = NULL;
     }
     cudaDeviceSynchronize(); /* the counters' memsets, before any kernel on cb->ctx.stream */
+    /* SMELT_MMV_ID_VARIANT=G,D: the one-token expert products' shapes (tuning runs;
+     * launch_variant in cuda_mmv.cu numbers them) */
+    const char *iv = getenv("SMELT_MMV_ID_VARIANT");
+    if (iv && *iv && sscanf(iv, "%d,%d", &cb->ctx.mmv_id_variant[0], &cb->ctx.mmv_id_variant[1]) != 2) {
+        log_warn("SMELT_MMV_ID_VARIANT=%s is not G,D: ignored", iv);
+        cb->ctx.mmv_id_variant[0] = cb->ctx.mmv_id_variant[1] = 0;
+    }
     const char *ng = getenv("SMELT_NO_GRAPH");
     cb->no_graph = ng && *ng && strcmp(ng, "0") != 0;
     const char *mq = getenv("SMELT_MMQ_MAX_ROWS");
@@ -240,6 +259,9 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
      * mmv by id); SMELT_MOE_PATH=mmv keeps mmv, =mmq is the default */
     cb->moe_path = me && !strcmp(me, "mmv") ? 1 : me && !strcmp(me, "mmq") ? 2 : 0;
     if (me && *me && !cb->moe_path) log_warn("SMELT_MOE_PATH=%s is neither mmv nor mmq: ignored", me);
+    const char *mm = getenv("SMELT_MOE_MMQ_MIN_ROWS");
+    cb->moe_mmq_min = mm && *mm ? strtoll(mm, NULL, 10) : CUDA_MMV_MAX_N + 1;
+    if (cb->moe_mmq_min < 2) cb->moe_mmq_min = 2;
     bool bad_tile = false;
     mmtune_init(&cb->tune);
     mmtune_env_parse(getenv("SMELT_NO_TUNE"), getenv("SMELT_MMQ_TILE"), cuda_mmq_tile_count(), &cb->tune_env,

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_mmb.h"
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
+#include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/mm_tune.h"
 
 #define GEMM_MIN_ROWS 33                 /* token rows from which cuBLAS beats repeated mmv */
@@ -33,7 +34,7 @@
                          * on Qwen3.5-9B pp512/pp4096; SMELT_GDN_CHUNK_MIN=N turns it on) */
 #define GEMM_TILE_BYTES ((size_t)64 << 20) /* F16 weight tile for the GEMM path */
 #define SCRATCH_ALIGN 256
-#define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB) */
+#define MOE_CNT_MAX 131072 /* counters of the MoE decode epilogues (512 KiB), then the router's */
 #define PREP_MAX_K 65536 /* widest residual stream the decode epilogue prepares */
 #define ATT_Q_MAX_K 32768 /* widest attention / GLU output given an int8 form (att_q) */
 #define CUDA_GRAPHS 64
@@ -91,6 +92,8 @@ struct cuda_backend {
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
     int64_t gemm_min_rows; /* GEMM_MIN_ROWS or SMELT_GEMM_MIN_ROWS: products of fewer rows that mmq
                             * does not take stay on mmv (F32 activations for plain-float weights) */
+    int64_t moe_mmq_min;  /* SMELT_MOE_MMQ_MIN_ROWS (measurements): steps of at least this many
+                           * rows may take mmq by id; default CUDA_MMV_MAX_N + 1 */
     int moe_path;         /* SMELT_MOE_PATH: 0 by rows (mmq by id above CUDA_MMV_MAX_N where it takes the
                            * experts), 1 "mmv", 2 "mmq" */
     int64_t gdn_chunk_min; /* bk_gated_delta_net: steps of at least this many token rows take
@@ -122,6 +125,21 @@ struct cuda_backend {
      * zero between launches; NULL (SMELT_MOE_FUSED=0, or no memory) = the separate h-quantize
      * and combine launches. */
     unsigned *moe_cnt;
+    /* The experts' input rows that the decode router (cuda_moe_route_fused) wrote with the
+     * ids, for the moe_ffn that runs right after it on the same x (op_seq one higher): its
+     * gather launch is spared. Fixed device buffers (graphs), allocated with moe_cnt (whose
+     * last CUDA_MOE_FUSED_ROUTE_ROWS counters are the router's); NULL = the router's two
+     * launches and the gather. */
+    struct {
+        void *buf; /* cuda_mmv_scratch_bytes(PREP_MAX_K, CUDA_MOE_FUSED_ROUTE_ROWS) */
+        float *xf; /* (PREP_MAX_K, CUDA_MOE_FUSED_ROUTE_ROWS) */
+        const void *x, *pre_w;
+        int64_t n, k;
+        float eps;
+        int has_pre;
+        uint64_t seq; /* op_seq of the router that wrote them */
+    } moe_xin;
+    uint64_t op_seq; /* entries into the op table (cu_enter) */
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
      * the attention launch itself) or of a small GLU's output (its epilogue), for the
      * product that consumes it next (W_o or W_down in cu_matmul_acc), sparing its quantize
@@ -170,6 +188,7 @@ static inline struct cuda_backend *cu_of(struct backend *b) { return (struct cud
  * several. One cudaGetDevice when it already is (the usual case); a failure is sticky. */
 static inline struct cuda_backend *cu_enter(struct backend *b) {
     struct cuda_backend *cb = cu_of(b);
+    cb->op_seq++;
     int dev = -1;
     if (cudaGetDevice(&dev) != cudaSuccess || dev != cb->ctx.device) {
         cudaError_t rc = cudaSetDevice(cb->ctx.device);
@@ -281,7 +300,8 @@ void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
                   const struct tensor *router, const struct tensor *bias, enum moe_gating gating,
                   const struct prenorm *pre);
 void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct moe_experts *w,
-                const struct tensor *ids, const struct tensor *weights, const struct prenorm *pre, bool acc);
+                const struct tensor *ids, const struct tensor *weights, const struct prenorm *pre, bool acc,
+                const struct prenorm *next);
 
 /* cuda_graph.c */
 bool cu_graph_replay(struct backend *b, uint64_t key);

@@ -45,6 +45,8 @@ struct cuda_ctx {
     int pdl_fence;        /* set after a copy on the stream: the next kernel is launched
                            * fully ordered (griddepcontrol.wait covers kernels only) */
     int mmv_variant;      /* tests: the one-token mmv kernels' shape (0 = the default) */
+    int mmv_id_variant[2]; /* benchmarks (SMELT_MMV_ID_VARIANT=G,D): the one-token expert
+                            * launches' shape, [0] gate/up, [1] down (0 = the default) */
     /* mmq: the tiles' resident blocks per SM on this device, queried at first use */
     int mmq_ready, mmq_smem_max;
     int mmq_occ[CUDA_MMQ_TYPES][CUDA_MMQ_TILES];

@@ -645,6 +645,14 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const int rows = m.end[GLU ? 0 : m.n - 1];
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1);
+    /* benchmarks: an expert (by id) launch's shape from ctx->mmv_id_variant */
+    const int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
+    if (idv > 0 && (type == QT_Q8_0 || type == QT_Q4_K || type == QT_Q6_K))
+        return launch_variant<GLU>(idv, type, m, rows, k, xq, xd, acc, ctx);
+    if (idv > 0) {
+        const cudaError_t rc = cuda_mmv_tq_variant(idv, GLU, type, rows, ctx, m, xq, xd, k, acc);
+        if (rc != cudaErrorNotSupported) return rc;
+    }
     if (!GLU && m.mix_row) /* Q4_K rows, then Q6_K rows */
         return klaunch(mmv_q4k_q6k<N, N == 1 ? 2 : MMV_U>, grid, block, 0, ctx, m, xq, xd, k, acc);
     switch (type) {
@@ -888,6 +896,13 @@ static smelt_status id_epi(struct mmv_mats *m, const struct cuda_qweight *w, con
         m->cmb.cnt = id->cmb_cnt;
         m->cmb.k = id->cmb_k;
         m->cmb.acc = id->cmb_acc;
+        if (id->cmb_post_xq) {
+            m->cmb.post_w = id->cmb_post_w;
+            m->cmb.post_xq = id->cmb_post_xq;
+            m->cmb.post_xd = (float2 *)id->cmb_post_xd;
+            m->cmb.post_ss = id->cmb_post_ss;
+            m->cmb.post_cnt = id->cmb_cnt + (int64_t)(id->n_chunks / id->cmb_k) * rows;
+        }
     }
     return SMELT_OK;
 }

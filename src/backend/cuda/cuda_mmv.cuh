@@ -92,13 +92,22 @@ struct mmv_mats {
      * the weighted sum of the k slots' outputs (cuda_moe_combine's, with pos NULL) fused
      * into the store (cmb.dst NULL = off). The block that completes rows row_b .. + per_block
      * of a token over its live slots (counted in cnt[token * rows + row_b], which it resets)
-     * writes dst (+)= sum over the slots in increasing expert id of w * (y + b[e]). */
+     * writes dst (+)= sum over the slots in increasing expert id of w * (y + b[e]).
+     * post_xq (NULL = off): then the block that completes a group of 32 dst rows of a token
+     * (counted in post_cnt[token * rows / 32 + group], reset) writes the next norm's input
+     * as the cu_matmul_acc epilogue does (post_quantize): the int8 form of post_w * dst and
+     * the group's sum of squares of dst. */
     struct {
         float *dst;
         const int32_t *ids;
         const float *w, *b;
         unsigned *cnt;
         int k, acc;
+        const float *post_w;
+        int8_t *post_xq;
+        float2 *post_xd;
+        float *post_ss;
+        unsigned *post_cnt;
     } cmb;
 };
 
@@ -283,17 +292,36 @@ struct mmv_acc {
         }
         __syncwarp();
         const int row = row_b + lane;
-        if (lane >= per_block || row >= rows) return;
-        float s = 0.0f;
-        for (int q = 0; q < k; q++) {
-            const int j = order[q], ex = id[j];
-            if (ex < 0 || ex >= m.n_exp) continue;
-            float v = __ldcg(m.y[0] + ((int64_t)r * k + j) * rows + row); /* other blocks': L2 */
-            if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
-            s += m.cmb.w[(int64_t)r * k + j] * v;
+        if (lane < per_block && row < rows) {
+            float s = 0.0f;
+            for (int q = 0; q < k; q++) {
+                const int j = order[q], ex = id[j];
+                if (ex < 0 || ex >= m.n_exp) continue;
+                float v = __ldcg(m.y[0] + ((int64_t)r * k + j) * rows + row); /* other blocks': L2 */
+                if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
+                s += m.cmb.w[(int64_t)r * k + j] * v;
+            }
+            float *o = m.cmb.dst + (int64_t)r * rows + row;
+            *o = m.cmb.acc ? *o + s : s;
         }
-        float *o = m.cmb.dst + (int64_t)r * rows + row;
-        *o = m.cmb.acc ? *o + s : s;
+        if (!m.cmb.post_xq) return;
+        /* the next norm's input, once the token's 32-row group is summed (rows % 32 == 0) */
+        __threadfence();
+        __syncwarp();
+        const int grp = row_b / 32;
+        unsigned *pc = m.cmb.post_cnt + (int64_t)r * (rows / 32) + grp;
+        int done = 0;
+        if (lane == 0) done = atomicAdd(pc, 1u) == (unsigned)(32 / per_block - 1);
+        if (!__shfl_sync(0xffffffffu, done, 0)) return;
+        __threadfence();
+        const int64_t o = (int64_t)r * rows + grp * 32 + lane;
+        const float y = __ldcg(m.cmb.dst + o); /* other blocks' sums: from L2 */
+        quant16(y * (m.cmb.post_w ? m.cmb.post_w[grp * 32 + lane] : 1.0f), m.cmb.post_xq, m.cmb.post_xd, o, true);
+        const float ss = warp_sum(y * y);
+        if (lane == 0) {
+            if (m.cmb.post_ss) m.cmb.post_ss[(int64_t)r * (rows / 32) + grp] = ss;
+            *pc = 0u;
+        }
     }
     /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
      * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
@@ -340,5 +368,8 @@ extern "C" cudaError_t cuda_mmv_tq_upload(struct cuda_qweight *w, uint32_t type,
 extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 grid, dim3 block, struct cuda_ctx *ctx,
                                           const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
                                           int acc);
+extern "C" cudaError_t cuda_mmv_tq_variant(int v, int glu, uint32_t type, int rows, struct cuda_ctx *ctx,
+                                           const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
+                                           int acc);
 
 #endif

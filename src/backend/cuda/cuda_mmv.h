@@ -136,7 +136,9 @@ struct cuda_mmv_ids {
      *    rows per expert % 32 == 0: cmb_dst (n_chunks / cmb_k token rows) gets
      *    cuda_moe_combine(cmb_dst, y, NULL, cmb_ids, cmb_w, cmb_b, ...) in the same launch;
      *    cmb_cnt: (n_chunks / cmb_k) x rows-per-expert counters, zeroed, left zeroed. y is
-     *    still written (the sum reads it back from L2). */
+     *    still written (the sum reads it back from L2). With cmb_post_xq, also the next
+     *    norm's input of cmb_dst as cuda_moe_combine's post_* writes it; its counters follow
+     *    cmb_cnt's: (n_chunks / cmb_k) x rows / 32 more. */
     unsigned *post_cnt;
     int8_t *post_xq;
     void *post_xd;
@@ -145,6 +147,10 @@ struct cuda_mmv_ids {
     const float *cmb_w, *cmb_b;
     unsigned *cmb_cnt;
     int cmb_k, cmb_acc;
+    const float *cmb_post_w;
+    int8_t *cmb_post_xq;
+    void *cmb_post_xd;
+    float *cmb_post_ss;
 };
 /* y (chunk c's rows) = W[eid[c]] x (chunk c / x_div's rows). */
 smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_mmv_ids *id,

@@ -282,7 +282,7 @@ struct tq_q23_k {
 
 /* y (+)= W x for a type TT above: R rows per warp (GLU: gate and up of one row), MMV_WARPS
  * warps per block, TT::U units of 16 B per lane in flight. */
-template <class TT, int N, int R, int GLU>
+template <class TT, int N, int R, int GLU, int U = TT::U>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_tq(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
     pdl_trigger();
@@ -298,17 +298,17 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mrow_ref rr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
-    for (int base = 0; base < upr; base += 32 * TT::U) {
-        typename TT::ld v[TT::U][R];
+    for (int base = 0; base < upr; base += 32 * U) {
+        typename TT::ld v[U][R];
 #pragma unroll
-        for (int i = 0; i < TT::U; i++) {
+        for (int i = 0; i < U; i++) {
             const int u = min(base + lane + 32 * i, upr - 1);
 #pragma unroll
             for (int r = 0; r < R; r++) v[i][r] = TT::load(rr[r], u, upr);
         }
         if (base == 0) pdl_wait(); /* every lane: the first weights are in flight; activations next */
 #pragma unroll
-        for (int i = 0; i < TT::U; i++) {
+        for (int i = 0; i < U; i++) {
             const int u = base + lane + 32 * i;
             if (u < upr) TT::template dot<N, R>(acc, v[i], xq, xds, u, k);
         }
@@ -521,4 +521,37 @@ extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 gr
                                           int acc) {
     if (glu) return tq_launch_n<1>(n, type, grid, block, ctx, m, xq, xd, k, acc);
     return tq_launch_n<0>(n, type, grid, block, ctx, m, xq, xd, k, acc);
+}
+
+/* Benchmarks (cuda_ctx.mmv_id_variant): MXFP4's one-token kernel with R rows a warp (GLU: gate
+ * and up of one row) and U units in flight, v as launch_variant in cuda_mmv.cu numbers them
+ * (1: R2 U1, 2: R1 U2, 3: R2 U2, 4: R2 U3, 5: R4 U1, 6: R2 U4). cudaErrorNotSupported: no
+ * such variant here (the caller launches the default). */
+template <int GLU, int R, int U>
+static cudaError_t tq_var(const struct mmv_mats &m, int rows, struct cuda_ctx *ctx, const int8_t *xq,
+                          const float2 *xd, int k, int acc) {
+    const int per_block = MMV_WARPS * (GLU ? 1 : R);
+    const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1), block(32, MMV_WARPS);
+    return klaunch(mmv_tq<tq_iq4x<2>, 1, GLU ? 2 : R, GLU, U>, grid, block, 0, ctx, m, xq, xd, k, acc);
+}
+
+template <int GLU>
+static cudaError_t tq_variant(int v, const struct mmv_mats &m, int rows, struct cuda_ctx *ctx, const int8_t *xq,
+                              const float2 *xd, int k, int acc) {
+    switch (v) {
+    case 1: return tq_var<GLU, 2, 1>(m, rows, ctx, xq, xd, k, acc);
+    case 2: return tq_var<GLU, 1, 2>(m, rows, ctx, xq, xd, k, acc);
+    case 3: return tq_var<GLU, 2, 2>(m, rows, ctx, xq, xd, k, acc);
+    case 4: return tq_var<GLU, 2, 3>(m, rows, ctx, xq, xd, k, acc);
+    case 5: return tq_var<GLU, 4, 1>(m, rows, ctx, xq, xd, k, acc);
+    case 6: return tq_var<GLU, 2, 4>(m, rows, ctx, xq, xd, k, acc);
+    }
+    return cudaErrorNotSupported;
+}
+
+extern "C" cudaError_t cuda_mmv_tq_variant(int v, int glu, uint32_t type, int rows, struct cuda_ctx *ctx,
+                                           const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
+                                           int acc) {
+    if (type != QT_MXFP4) return cudaErrorNotSupported;
+    return glu ? tq_variant<1>(v, m, rows, ctx, xq, xd, k, acc) : tq_variant<0>(v, m, rows, ctx, xq, xd, k, acc);
 }

@@ -48,6 +48,38 @@ static __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, 
     return ia < ib;
 }
 
+/* Row r's x' (rms_norm(x_r) * pre_w when has_pre, else x_r) into xs (n_embd floats, shared),
+ * by a block of ROUTE_WARPS warps: the norm's sum of squares in double, as cpu_op_rms_norm,
+ * through one fixed tree, so that the router, the experts' input rows (gather_kernel) and the
+ * fused decode router all see the same bits. Ends with a barrier. */
+static __device__ __forceinline__ void route_norm(const float *xr, int n_embd, int has_pre, const float *pre_w,
+                                                  float eps, float *xs, double *dpart) {
+    float inv = 1.0f;
+    if (has_pre) {
+        double ss = 0;
+        for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
+            ss += (double)xr[i] * xr[i];
+        ss = block_sum(ss, dpart);
+        inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)eps));
+    }
+    for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
+        xs[i] = has_pre ? (pre_w ? xr[i] * inv * pre_w[i] : xr[i] * inv) : xr[i];
+    __syncthreads();
+}
+
+/* One logit, by one warp: router row w . x' (+ bias). Its arithmetic depends on the row and
+ * the expert only (fixed lane stride, fixed unroll, fixed warp tree). */
+static __device__ __forceinline__ float route_dot(const float *w, const float *xs, int n_embd, int lane) {
+    float s = 0.0f;
+    const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs; /* n_embd % 4 == 0 */
+#pragma unroll 8
+    for (int i = lane; i < n_embd / 4; i += 32) { /* 16-byte loads, all in flight at once */
+        const float4 a = w4[i], c = x4[i];
+        s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+    }
+    return warp_sum(s);
+}
+
 /* The logits: block (r, c) computes experts c per_block .. + per_block - 1 of row r (warp w
  * those = w mod ROUTE_WARPS) from x' (the norm) in shared memory; lg is (n, n_exp). Fewer
  * than ROUTE_ROWS_WHOLE rows spread over n_exp / ROUTE_WARPS blocks a row, so that one
@@ -65,52 +97,27 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     float *xs = (float *)smem;
     __shared__ double dpart[32];
     const int64_t r = blockIdx.x;
-    const float *xr = x + r * n_embd;
     const int lane = threadIdx.x & 31, e0 = blockIdx.y * per_block,
               e1 = min(e0 + per_block, n_exp);
-    float inv = 1.0f;
-    if (has_pre) { /* as cpu_op_rms_norm: the sum of squares in double */
-        double ss = 0;
-        for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
-            ss += (double)xr[i] * xr[i];
-        ss = block_sum(ss, dpart);
-        inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)eps));
-    }
-    for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
-        xs[i] = has_pre ? (pre_w ? xr[i] * inv * pre_w[i] : xr[i] * inv) : xr[i];
-    __syncthreads();
+    route_norm(x + r * n_embd, n_embd, has_pre, pre_w, eps, xs, dpart);
     for (int ex = e0 + (threadIdx.x >> 5); ex < e1; ex += ROUTE_WARPS) {
-        const float *w = router + (int64_t)ex * n_embd;
-        float s = 0.0f;
-        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs; /* n_embd % 4 == 0 */
-#pragma unroll 8
-        for (int i = lane; i < n_embd / 4; i += 32) { /* 16-byte loads, all in flight at once */
-            const float4 a = w4[i], c = x4[i];
-            s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
-        }
-        s = warp_sum(s);
+        const float s = route_dot(router + (int64_t)ex * n_embd, xs, n_embd, lane);
         if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
     }
 }
 
-/* One warp per row: the k best of its logits (largest first; ties to the lower id) and their
- * weights. Shared: n_exp floats, n_exp taken flags. */
-static __global__ void __launch_bounds__(32)
-    route_pick_kernel(const float *lgs, int n_exp, int k, int gating, int32_t *ids, float *wts) {
-    pdl_wait();
-    pdl_trigger();
-    extern __shared__ __align__(16) unsigned char smem[];
-    float *lg = (float *)smem;
-    unsigned char *taken = (unsigned char *)(lg + n_exp);
-    const int64_t r = blockIdx.x;
-    const int lane = threadIdx.x;
+/* One warp: the k best of row r's logits lgs[0, n_exp) (largest first; ties to the lower id)
+ * and their weights into ids, wt (k each). lg, taken: shared, n_exp each. The logits are read
+ * from L2 (__ldcg): in the fused router other blocks wrote them. */
+static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, int k, int gating, float *lg,
+                                                  unsigned char *taken, int32_t *ids, float *wt) {
+    const int lane = threadIdx.x & 31;
     for (int i = lane; i < n_exp; i += 32) {
-        lg[i] = lgs[r * n_exp + i];
+        lg[i] = __ldcg(lgs + i);
         taken[i] = 0;
     }
     __syncwarp();
     __shared__ int id[32]; /* the picks, largest first */
-    float *wt = wts + r * k;
     for (int j = 0; j < k; j++) {
         float bv = 0.0f;
         int bi = -1;
@@ -124,7 +131,7 @@ static __global__ void __launch_bounds__(32)
         }
         if (lane == 0) {
             id[j] = bi;
-            ids[r * k + j] = bi;
+            ids[j] = bi;
             taken[bi] = 1;
         }
         __syncwarp();
@@ -150,6 +157,63 @@ static __global__ void __launch_bounds__(32)
         z += __shfl_xor_sync(0xffffffffu, z, o);
     for (int j = lane; j < k; j += 32)
         wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
+}
+
+/* One warp per row: the pick of route_pick. Shared: n_exp floats, n_exp taken flags. */
+static __global__ void __launch_bounds__(32)
+    route_pick_kernel(const float *lgs, int n_exp, int k, int gating, int32_t *ids, float *wts) {
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int64_t r = blockIdx.x;
+    float *lg = (float *)smem;
+    route_pick(lgs + r * n_exp, n_exp, k, gating, lg, (unsigned char *)(lg + n_exp), ids + r * k,
+               wts + r * k);
+}
+
+/* Decode's router in one launch (route_logits_kernel, route_pick_kernel and gather_kernel's
+ * work for rows that are not regrouped): block (r, c) of (n, nb) computes x' of row r,
+ * experts c per_block .. of its logits, and its share of the experts' input row (groups of 32
+ * c ROUTE_WARPS + w, stepping by nb ROUTE_WARPS: f32 into xf, int8 as quant16); the last of
+ * the row's blocks to finish (cnt[r], back to zero after) picks. Every value is computed as
+ * by the three kernels (same functions, same trees), so the results are bitwise theirs. Shared:
+ * max(n_embd floats, n_exp floats + n_exp bytes). */
+static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    route_fused_kernel(const float *x, int n_embd, const float *router, const float *bias, int n_exp,
+                       int per_block, int k, int gating, int has_pre, const float *pre_w, float eps,
+                       float *lg, unsigned *cnt, int32_t *ids, float *wts, int8_t *xq, float2 *xd,
+                       float *xf) {
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *xs = (float *)smem;
+    __shared__ double dpart[32];
+    __shared__ int last;
+    const int64_t r = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.y, nb = gridDim.y;
+    const int e0 = c * per_block, e1 = min(e0 + per_block, n_exp);
+    route_norm(x + r * n_embd, n_embd, has_pre, pre_w, eps, xs, dpart);
+    for (int ex = e0 + warp; ex < e1; ex += ROUTE_WARPS) {
+        const float s = route_dot(router + (int64_t)ex * n_embd, xs, n_embd, lane);
+        if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
+    }
+    for (int g = c * ROUTE_WARPS + warp; g < n_embd / 32; g += nb * ROUTE_WARPS) {
+        const int64_t o = r * n_embd + g * 32 + lane;
+        const float v = xs[g * 32 + lane];
+        if (xf) xf[o] = v;
+        quant16(v, xq, xd, o, true);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&cnt[r], 1u) == (unsigned)nb - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (warp == 0) {
+        route_pick(lg + r * n_exp, n_exp, k, gating, xs, (unsigned char *)(xs + n_exp), ids + r * k,
+                   wts + r * k);
+        if (lane == 0) cnt[r] = 0;
+    }
 }
 
 /* One block: counts per expert, padded offsets (chunks of ch rows), the chunk table, then
@@ -247,7 +311,8 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
  * id, then writes or adds into dst. */
 static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     combine_kernel(float *dst, const float *y, const int32_t *pos, const int32_t *ids,
-                   const float *wts, const float *down_b, int n_embd, int k, int n_exp, int acc) {
+                   const float *wts, const float *down_b, int n_embd, int k, int n_exp, int acc,
+                   const float *post_w, int8_t *post_xq, float2 *post_xd, float *post_ss) {
     pdl_wait();
     pdl_trigger();
     __shared__ int order[32];
@@ -272,7 +337,13 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
             s += wts[r * k + j] * v;
         }
         float *o = dst + r * n_embd + d;
-        *o = acc ? *o + s : s;
+        const float v = acc ? *o + s : s;
+        *o = v;
+        if (post_xq) { /* n_embd % 32 == 0: whole warps here; as the mmv epilogue's */
+            quant16(v * (post_w ? post_w[d] : 1.0f), post_xq, post_xd, r * n_embd + d, true);
+            const float ss = warp_sum(v * v);
+            if ((threadIdx.x & 31) == 0 && post_ss) post_ss[r * (n_embd / 32) + d / 32] = ss;
+        }
     }
 }
 
@@ -304,6 +375,33 @@ extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int
              e);
     CUDA_TRY(klaunch(route_pick_kernel, dim3((unsigned)n), dim3(32), smem_pick, ctx,
                      (const float *)lg_scratch, n_exp, k, gating, ids, weights),
+             e);
+    return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *x, int64_t n_embd, int64_t n,
+                                             const float *router, const float *bias, int n_exp, int k,
+                                             int gating, int has_pre, const float *pre_w, float eps,
+                                             int32_t *ids, float *weights, float *lg_scratch, unsigned *cnt,
+                                             void *xq_scratch, float *xf, struct err *e) {
+    const size_t smem_norm = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + 1);
+    const size_t smem = smem_norm > smem_pick ? smem_norm : smem_pick;
+    if (k < 1 || k > 32 || k > n_exp || n < 1 || n > CUDA_MOE_FUSED_ROUTE_ROWS || n_exp > 65535 ||
+        n_embd > INT32_MAX || n_embd % 32 != 0 || smem > 200 * 1024)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda moe route (fused): %lld rows of %lld, top %d of %d experts", (long long)n,
+                       (long long)n_embd, k, n_exp);
+    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_fused_kernel, smem);
+    /* about 32 blocks a row: a warp a logit, at most ROUTE_WARPS logits a block */
+    int per_block = (n_exp + 31) / 32;
+    if (per_block > ROUTE_WARPS) per_block = ROUTE_WARPS;
+    const int nb = (n_exp + per_block - 1) / per_block;
+    int8_t *xq;
+    void *xd;
+    cuda_mmv_scratch_parts(xq_scratch, n_embd, (int)n, &xq, &xd);
+    CUDA_TRY(klaunch(route_fused_kernel, dim3((unsigned)n, (unsigned)nb), dim3(ROUTE_WARPS * 32), smem, ctx, x,
+                     (int)n_embd, router, bias, n_exp, per_block, k, gating, has_pre, pre_w, eps, lg_scratch, cnt,
+                     ids, weights, xq, (float2 *)xd, xf),
              e);
     return SMELT_OK;
 }
@@ -348,12 +446,14 @@ extern "C" smelt_status cuda_moe_gather(struct cuda_ctx *ctx, const float *x, in
 extern "C" smelt_status cuda_moe_combine(struct cuda_ctx *ctx, float *dst, const float *y,
                                          const int32_t *pos, const int32_t *ids,
                                          const float *weights, const float *down_b, int64_t n_embd,
-                                         int64_t n, int k, int n_exp, int acc, struct err *e) {
-    if (k < 1 || k > 32 || n < 1 || n > INT32_MAX || n_embd > INT32_MAX)
+                                         int64_t n, int k, int n_exp, int acc,
+                                         const struct cuda_moe_post *post, struct err *e) {
+    if (k < 1 || k > 32 || n < 1 || n > INT32_MAX || n_embd > INT32_MAX || (post && n_embd % 32 != 0))
         return err_set(e, SMELT_ERR_INVALID, "cuda moe combine: %lld rows of %lld, %d slots",
                        (long long)n, (long long)n_embd, k);
     CUDA_TRY(klaunch(combine_kernel, dim3((unsigned)n), dim3(MOE_ROWS_THREADS), 0, ctx, dst, y, pos,
-                     ids, weights, down_b, (int)n_embd, k, n_exp, acc),
+                     ids, weights, down_b, (int)n_embd, k, n_exp, acc, post ? post->w : NULL,
+                     post ? post->xq : NULL, post ? (float2 *)post->xd : NULL, post ? post->ss : NULL),
              e);
     return SMELT_OK;
 }

@@ -38,6 +38,18 @@ smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int64_t n_embd
 /* Bytes of cuda_moe_route's logits scratch for n rows of n_exp experts. */
 size_t cuda_moe_route_scratch_bytes(int64_t n, int n_exp);
 
+/* cuda_moe_route for a decode step (n <= CUDA_MOE_FUSED_ROUTE_ROWS) in one launch, which also
+ * writes the experts' input rows as cuda_moe_gather(src NULL, n rows) would: x' int8 at
+ * xq_scratch (cuda_mmv_quantize's layout for n rows) and f32 at xf (n_embd, n; NULL: not
+ * written). Bitwise the results of those two calls. cnt: n counters, zero before and after
+ * (the last block of a row picks). n_embd % 32 == 0. */
+#define CUDA_MOE_FUSED_ROUTE_ROWS 8
+smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *x, int64_t n_embd, int64_t n,
+                                  const float *router, const float *bias, int n_exp, int k, int gating,
+                                  int has_pre, const float *pre_w, float eps, int32_t *ids, float *weights,
+                                  float *lg_scratch, unsigned *cnt, void *xq_scratch, float *xf,
+                                  struct err *e);
+
 /* Chunks of a grouped expert launch for n_pairs (row, slot) pairs over n_exp experts in chunks
  * of ch rows: each expert's pairs take whole chunks, so at most
  * (n_pairs + min(n_exp, n_pairs) * (ch - 1)) / ch of them (a bound of the shape alone). */
@@ -66,10 +78,20 @@ smelt_status cuda_moe_gather(struct cuda_ctx *ctx, const float *x, int64_t n_emb
  *       down_b[ids[j, r]]), p = pos[r * k + j] (pos NULL: p = r * k + j; p < 0 or an id
  *       outside [0, n_exp): no term);
  *   dst[r] = s, or dst[r] += s when acc.
- * y F32 (n_embd, rows); down_b F32 (n_embd, n_exp) or NULL. */
+ * y F32 (n_embd, rows); down_b F32 (n_embd, n_exp) or NULL. post (NULL = none; n_embd % 32
+ * == 0): also the next norm's input, as the decode matmul epilogue prepares it (cu_matmul_acc):
+ * the int8 form of w * dst at xq/xd (cuda_mmv_quantize's layout for n rows of n_embd) and
+ * per group of 32 the sum of squares of dst at ss[r * n_embd / 32 + group]. */
+struct cuda_moe_post {
+    const float *w; /* may be NULL: no weight */
+    int8_t *xq;
+    void *xd;
+    float *ss; /* may be NULL */
+};
 smelt_status cuda_moe_combine(struct cuda_ctx *ctx, float *dst, const float *y, const int32_t *pos,
                               const int32_t *ids, const float *weights, const float *down_b,
-                              int64_t n_embd, int64_t n, int k, int n_exp, int acc, struct err *e);
+                              int64_t n_embd, int64_t n, int k, int n_exp, int acc,
+                              const struct cuda_moe_post *post, struct err *e);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,9 @@
  *
  * moe_ffn, for x (n_embd, n) with k slots a row:
  *   decode (n <= CUDA_MMV_MAX_N): every (row, slot) pair is a chunk of one row:
- *     x' int8 (and f32 for float experts)           cuda_moe_gather, n rows
+ *     x' int8 (and f32 for float experts)           cuda_moe_gather, n rows; none when the
+ *       op before was the fused decode router on the same x (cuda_moe_route_fused wrote
+ *       them into cb->moe_xin with the ids: router, pick and gather in one launch)
  *     h[p] = act(gate[e] x' + b) * (up[e] x' + b)    cuda_mmv_glu_id, n k chunks (x_div = k)
  *       and h's int8 form in its epilogue (quantized types, n_ff % 32 == 0; else a
  *       cuda_mmv_quantize launch of n k rows)
@@ -32,8 +34,6 @@
  * Scratch depends on (n, k, n_expert) only, never on the routing (graphs replay). */
 #include "backend/cuda/cuda_backend_int.h"
 
-#include "backend/cuda/cuda_moe.h"
-
 /* Decode's fused epilogues pay at one row only: H200, 2026-12-04, Qwen3-30B-A3B Q4_K_M at
  * depth 128, fused against separate: 1 sequence 264.5 / 258.2 tok/s, 8 sequences 654.7 /
  * 790.0, 16 sequences 1,218 / 1,220. */
@@ -51,15 +51,36 @@ void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
     if (!qr) return;
     struct err e;
     const size_t mark = cu_scratch_mark(b);
-    float *lg = cu_scratch(cb, cuda_moe_route_scratch_bytes(x->ne[1], (int)router->ne[1]));
+    const int64_t n_embd = x->ne[0], n = x->ne[1];
+    float *lg = cu_scratch(cb, cuda_moe_route_scratch_bytes(n, (int)router->ne[1]));
     if (!lg) return;
-    if (cuda_moe_route(&cb->ctx, x->data, x->ne[0], x->ne[1], qr->q, bias ? bias->data : NULL,
-                       (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL,
-                       pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, ids->data,
-                       weights->data, lg, &e) != SMELT_OK)
-        bk_fail(b, e.code, "%s", e.msg);
+    const float *pre_w = pre && pre->w ? pre->w->data : NULL;
+    /* a decode step: one launch, which also writes the experts' input rows (moe_xin) */
+    const bool fused = cb->moe_xin.buf && n <= CUDA_MOE_FUSED_ROUTE_ROWS && n <= CUDA_MMV_MAX_N &&
+                       n_embd % 32 == 0 && n_embd <= PREP_MAX_K;
+    smelt_status st;
+    if (fused)
+        st = cuda_moe_route_fused(&cb->ctx, x->data, n_embd, n, qr->q, bias ? bias->data : NULL,
+                                  (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL, pre_w,
+                                  pre ? pre->eps : 0, ids->data, weights->data, lg,
+                                  cb->moe_cnt + MOE_CNT_MAX, cb->moe_xin.buf, cb->moe_xin.xf, &e);
+    else
+        st = cuda_moe_route(&cb->ctx, x->data, n_embd, n, qr->q, bias ? bias->data : NULL,
+                            (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL, pre_w,
+                            pre ? pre->eps : 0, ids->data, weights->data, lg, &e);
+    if (st != SMELT_OK) bk_fail(b, e.code, "%s", e.msg);
     cu_scratch_release(b, mark);
     cu_check_launch(cb, "moe route");
+    if (fused && st == SMELT_OK)
+        cb->moe_xin = (typeof(cb->moe_xin)){cb->moe_xin.buf, cb->moe_xin.xf, x->data, pre_w, n, n_embd,
+                                            pre ? pre->eps : 0, pre != NULL, cb->op_seq};
+}
+
+/* moe_xin's rows, when the op just before this one was the decode router on the same x. */
+static bool xin_matches(const struct cuda_backend *cb, const struct tensor *x, const struct prenorm *pre) {
+    return cb->moe_xin.buf && cb->moe_xin.seq + 1 == cb->op_seq && cb->moe_xin.x == x->data &&
+           cb->moe_xin.n == x->ne[1] && cb->moe_xin.k == x->ne[0] && cb->moe_xin.has_pre == (pre != NULL) &&
+           (!pre || (cb->moe_xin.pre_w == (pre->w ? pre->w->data : NULL) && cb->moe_xin.eps == pre->eps));
 }
 
 /* The (n_rows, k) int8 form of f32 rows for an expert product of qw (NULL when the type reads
@@ -93,7 +114,7 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     struct backend *b = &cb->base;
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
-    if (cb->moe_path == 1 || n <= CUDA_MMV_MAX_N || !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
+    if (cb->moe_path == 1 || n < cb->moe_mmq_min || !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
         qg->rows != n_ff * n_exp || qd->rows != n_embd * n_exp)
         return false;
     const int ch = mmq_width(n * k, n_exp);
@@ -148,7 +169,7 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     cu_check_launch(cb, "moe down (mmq)");
     if (st == SMELT_OK)
         st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
-                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, &e);
+                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, NULL, &e);
     cu_check_launch(cb, "moe combine");
     if (st != SMELT_OK) {
         bk_fail(b, e.code, "%s: %s", name, e.msg);
@@ -160,8 +181,9 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
 
 void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids, const struct tensor *weights,
-                const struct prenorm *pre, bool acc) {
+                const struct prenorm *pre, bool acc, const struct prenorm *next) {
     struct cuda_backend *cb = cu_enter(b);
+    const bool have_xin = xin_matches(cb, x, pre); /* before anything else runs */
     if (!cu_ok(cb)) return;
     const struct cuda_qweight *qg = cu_qw_of(cb, w->gate), *qu = cu_qw_of(cb, w->up),
                               *qd = cu_qw_of(cb, w->down);
@@ -192,10 +214,12 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     int32_t *pos = decode ? NULL : cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
     int32_t *src = decode ? NULL : cu_scratch(cb, (size_t)rows * sizeof(int32_t));
     const int64_t x_rows = decode ? n : rows;
-    void *xq = cu_scratch(cb, cuda_mmv_scratch_bytes(n_embd, (int)x_rows));
-    float *xf = cuda_mmv_needs_quant(qg->type)
-                    ? NULL
-                    : cu_scratch(cb, (size_t)(x_rows * n_embd) * sizeof(float));
+    /* decode after the fused router: its rows (f32 and int8, n of them) */
+    const bool use_xin = decode && have_xin;
+    void *xq = use_xin ? cb->moe_xin.buf : cu_scratch(cb, cuda_mmv_scratch_bytes(n_embd, (int)x_rows));
+    float *xf = cuda_mmv_needs_quant(qg->type) ? NULL
+                : use_xin                      ? cb->moe_xin.xf
+                                               : cu_scratch(cb, (size_t)(x_rows * n_embd) * sizeof(float));
     float *h = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
     float *y = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
     if (!chunk_eid || (!decode && (!pos || !src)) || !xq ||
@@ -210,10 +234,11 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     if (!decode)
         st =
             cuda_moe_group(&cb->ctx, ids->data, n, k, n_exp, ch, n_chunks, chunk_eid, pos, src, &e);
-    if (st == SMELT_OK)
+    if (st == SMELT_OK && !use_xin) {
         st = cuda_moe_gather(&cb->ctx, x->data, n_embd, src, x_rows, pre != NULL,
                              pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, &e);
-    cu_check_launch(cb, "moe gather");
+        cu_check_launch(cb, "moe gather");
+    }
     struct cuda_mmv_ids id = {.eid = chunk_eid,
                               .n_chunks = (int)n_chunks,
                               .x_div = decode ? k : 1,
@@ -228,8 +253,19 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     const bool fuse = decode && n <= MOE_FUSED_MAX_ROWS && cb->moe_cnt;
     const bool fuse_q = fuse && cuda_mmv_needs_quant(qg->type) &&
                         cuda_mmv_needs_quant(qd->type) && n_ff % 32 == 0 && n_q <= MOE_CNT_MAX;
+    /* decode with the next norm known: the weighted sum also prepares dst for it (cb->prep,
+     * as cu_matmul_acc's epilogue), at every decode row count, so that a row's next
+     * product sees the same input whatever the step's rows */
+    const bool prep = decode && next && next->w && cb->prep.buf && n_embd % 32 == 0 &&
+                      n_embd <= PREP_MAX_K;
     const bool fuse_c = fuse && n_embd % 32 == 0 &&
-                        (fuse_q ? n_q : 0) + n * n_embd <= MOE_CNT_MAX;
+                        (fuse_q ? n_q : 0) + n * n_embd + (prep ? n * n_embd / 32 : 0) <= MOE_CNT_MAX;
+    struct cuda_moe_post post = {0};
+    if (prep) {
+        post.w = next->w->data;
+        post.ss = cb->prep.ss;
+        cuda_mmv_scratch_parts(cb->prep.buf, n_embd, (int)n, &post.xq, &post.xd);
+    }
     void *hq = NULL;
     if (fuse_q) {
         hq = cu_scratch(cb, cuda_mmv_scratch_bytes(n_ff, (int)rows));
@@ -256,16 +292,26 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
         id.cmb_cnt = cb->moe_cnt + (fuse_q ? n_q : 0);
         id.cmb_k = k;
         id.cmb_acc = acc;
+        if (prep) {
+            id.cmb_post_w = post.w;
+            id.cmb_post_xq = post.xq;
+            id.cmb_post_xd = post.xd;
+            id.cmb_post_ss = post.ss;
+        }
     }
     st = cuda_mmv_id(&cb->ctx, qd, &id, ch, h, y, hq, &e);
     cu_check_launch(cb, "moe down");
     if (st == SMELT_OK && !fuse_c)
         st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
-                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, &e);
+                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc,
+                              prep ? &post : NULL, &e);
     cu_check_launch(cb, "moe combine");
     if (st != SMELT_OK) {
         bk_fail(b, e.code, "%s: %s", name, e.msg);
         return;
     }
     cu_scratch_release(b, mark);
+    if (prep) /* after cu_check_launch, which clears it */
+        cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data,
+                                      n, n_embd, next->eps, true};
 }
