@@ -645,8 +645,21 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
     const int per_block = MMV_WARPS * (GLU ? 1 : MMV_R);
     const int rows = m.end[GLU ? 0 : m.n - 1];
     const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1);
-    /* benchmarks: an expert (by id) launch's shape from ctx->mmv_id_variant */
-    const int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
+    /* The one-token expert (by id) launches' shape: ctx->mmv_id_variant when set (tuning
+     * runs, SMELT_MMV_ID_VARIANT), else by type, as measured end to end (H200, 2026-12-04,
+     * tg128, the expert products' shapes swept one at a time then together):
+     *   - gate/up one unit in flight (variant 1): Qwen3-30B-A3B Q4_K 303 -> 310 tok/s,
+     *     gpt-oss-20b MXFP4 419 -> 441 (its rows are short: 64 and 90 units, so U > 1 mostly
+     *     loads clamped copies and costs registers);
+     *   - down, Q4_K / Q6_K 4 rows a warp, one unit (variant 5): the 30B's 768-wide rows
+     *     (24 units a row) 303 -> 329; MXFP4 two rows, two units (variant 3): 2880-wide, +1%.
+     * Together: 30B 303 -> 331, gpt-oss 419 -> 434. Q8_0 and the other types: unmeasured,
+     * the dense rules. */
+    int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
+    if (m.eid && N == 1 && !ctx->mmv_id_variant[0] && !ctx->mmv_id_variant[1]) {
+        if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : 5;
+        else if (type == QT_MXFP4) idv = GLU ? 1 : 3;
+    }
     if (idv > 0 && (type == QT_Q8_0 || type == QT_Q4_K || type == QT_Q6_K))
         return launch_variant<GLU>(idv, type, m, rows, k, xq, xd, acc, ctx);
     if (idv > 0) {

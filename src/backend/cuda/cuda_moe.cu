@@ -67,18 +67,45 @@ static __device__ __forceinline__ void route_norm(const float *xr, int n_embd, i
     __syncthreads();
 }
 
-/* One logit, by one warp: router row w . x' (+ bias). Its arithmetic depends on the row and
- * the expert only (fixed lane stride, fixed unroll, fixed warp tree). */
-static __device__ __forceinline__ float route_dot(const float *w, const float *xs, int n_embd, int lane) {
+/* The first PF of a lane's 16-byte pieces of router row w (n_embd % 4 == 0), loaded ahead:
+ * the fused router issues them before its PDL wait (weights only), so they stream while the
+ * previous kernel finishes. */
+template <int PF>
+static __device__ __forceinline__ void route_prefetch(const float *w, int n_embd, int lane, float4 *pf) {
+    const float4 *w4 = (const float4 *)w;
+#pragma unroll
+    for (int j = 0; j < PF; j++) {
+        const int i = lane + 32 * j;
+        pf[j] = i < n_embd / 4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+/* One logit, by one warp: router row w . x' (+ bias), the first PF pieces from pf (as
+ * route_prefetch loaded them). Its arithmetic depends on the row and the expert only: the
+ * same terms in the same order (lane stride 32, one sum a lane, a fixed warp tree) whatever
+ * PF is, so both routers give the same bits. */
+template <int PF>
+static __device__ __forceinline__ float route_dot(const float *w, const float4 *pf, const float *xs, int n_embd,
+                                                  int lane) {
     float s = 0.0f;
-    const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs; /* n_embd % 4 == 0 */
+    const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)xs;
+    const int n4 = n_embd / 4;
+#pragma unroll
+    for (int j = 0; j < PF; j++) {
+        const int i = lane + 32 * j;
+        if (i < n4) {
+            const float4 a = pf[j], c = x4[i];
+            s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+        }
+    }
 #pragma unroll 8
-    for (int i = lane; i < n_embd / 4; i += 32) { /* 16-byte loads, all in flight at once */
+    for (int i = lane + 32 * PF; i < n4; i += 32) { /* 16-byte loads, all in flight at once */
         const float4 a = w4[i], c = x4[i];
         s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
     }
     return warp_sum(s);
 }
+#define ROUTE_PF 16 /* pieces the fused router loads ahead: 2048-wide rows whole, 2880 70% */
 
 /* The logits: block (r, c) computes experts c per_block .. + per_block - 1 of row r (warp w
  * those = w mod ROUTE_WARPS) from x' (the norm) in shared memory; lg is (n, n_exp). Fewer
@@ -101,7 +128,7 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
               e1 = min(e0 + per_block, n_exp);
     route_norm(x + r * n_embd, n_embd, has_pre, pre_w, eps, xs, dpart);
     for (int ex = e0 + (threadIdx.x >> 5); ex < e1; ex += ROUTE_WARPS) {
-        const float s = route_dot(router + (int64_t)ex * n_embd, xs, n_embd, lane);
+        const float s = route_dot<0>(router + (int64_t)ex * n_embd, NULL, xs, n_embd, lane);
         if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
     }
 }
@@ -183,6 +210,10 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
                        int per_block, int k, int gating, int has_pre, const float *pre_w, float eps,
                        float *lg, unsigned *cnt, int32_t *ids, float *wts, int8_t *xq, float2 *xd,
                        float *xf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.y, nb = gridDim.y;
+    const int e0 = c * per_block, e1 = min(e0 + per_block, n_exp), ex = e0 + warp; /* per_block <= warps */
+    float4 pf[ROUTE_PF];
+    if (ex < e1) route_prefetch<ROUTE_PF>(router + (int64_t)ex * n_embd, n_embd, lane, pf);
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -190,11 +221,9 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     __shared__ double dpart[32];
     __shared__ int last;
     const int64_t r = blockIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.y, nb = gridDim.y;
-    const int e0 = c * per_block, e1 = min(e0 + per_block, n_exp);
     route_norm(x + r * n_embd, n_embd, has_pre, pre_w, eps, xs, dpart);
-    for (int ex = e0 + warp; ex < e1; ex += ROUTE_WARPS) {
-        const float s = route_dot(router + (int64_t)ex * n_embd, xs, n_embd, lane);
+    if (ex < e1) {
+        const float s = route_dot<ROUTE_PF>(router + (int64_t)ex * n_embd, pf, xs, n_embd, lane);
         if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
     }
     for (int g = c * ROUTE_WARPS + warp; g < n_embd / 32; g += nb * ROUTE_WARPS) {
@@ -392,7 +421,8 @@ extern "C" smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *
                        "cuda moe route (fused): %lld rows of %lld, top %d of %d experts", (long long)n,
                        (long long)n_embd, k, n_exp);
     if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_fused_kernel, smem);
-    /* about 32 blocks a row: a warp a logit, at most ROUTE_WARPS logits a block */
+    /* about 32 blocks a row: a warp a logit, at most ROUTE_WARPS logits a block (the kernel
+     * gives warp w expert c per_block + w only) */
     int per_block = (n_exp + 31) / 32;
     if (per_block > ROUTE_WARPS) per_block = ROUTE_WARPS;
     const int nb = (n_exp + per_block - 1) / per_block;

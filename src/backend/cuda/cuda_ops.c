@@ -361,7 +361,8 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
  * that stack (Q, K and V of one type, or Q4_K_M's Q4_K Q and K with a Q6_K V), biases
  * added in the same launch. */
 static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *w,
-                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
+                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre,
+                             const void *att_xq) {
     const struct cuda_qweight *qw[3];
     bool any_float = false, any_quant = false;
     for (int i = 0; i < n; i++) {
@@ -388,7 +389,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
         uint32_t qt = qw[0]->type;
         for (int i = 0; i < n; i++)
             if (cuda_mmv_needs_quant(qw[i]->type)) qt = qw[i]->type;
-        if (any_quant && !(xq = quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
+        if (any_quant && !(xq = att_xq ? att_xq : quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
     }
     for (int i = 0; i < n && cu_ok(cb);) {
         int j = i + 1;
@@ -419,6 +420,9 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
 void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_enter(b);
+    /* one matrix on the attention's output with no norm (gpt-oss's W_o, which has a bias):
+     * the attention's int8 form of it, as cu_matmul_acc takes */
+    const void *att_xq = n == 1 && !pre ? att_q_for(cb, x, cu_qw_of(cb, w[0])) : NULL;
     cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
@@ -426,7 +430,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
     for (int i = 0; i < n && x->ne[1] <= CUDA_MMV_MAX_N && !mmb; i++)
         mmb = w[i]->extra && cu_mm_small_batch(cb, w[i]->extra, x->data, x->ne[1]);
     if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3 && !mmb) {
-        matmul_group_mmv(cb, n, dst, w, bias, x, pre);
+        matmul_group_mmv(cb, n, dst, w, bias, x, pre, att_xq);
         cu_scratch_release(b, mark);
         return;
     }
