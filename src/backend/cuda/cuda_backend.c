@@ -259,9 +259,6 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
      * mmv by id); SMELT_MOE_PATH=mmv keeps mmv, =mmq is the default */
     cb->moe_path = me && !strcmp(me, "mmv") ? 1 : me && !strcmp(me, "mmq") ? 2 : 0;
     if (me && *me && !cb->moe_path) log_warn("SMELT_MOE_PATH=%s is neither mmv nor mmq: ignored", me);
-    const char *mm = getenv("SMELT_MOE_MMQ_MIN_ROWS");
-    cb->moe_mmq_min = mm && *mm ? strtoll(mm, NULL, 10) : CUDA_MMV_MAX_N + 1;
-    if (cb->moe_mmq_min < 2) cb->moe_mmq_min = 2;
     bool bad_tile = false;
     mmtune_init(&cb->tune);
     mmtune_env_parse(getenv("SMELT_NO_TUNE"), getenv("SMELT_MMQ_TILE"), cuda_mmq_tile_count(), &cb->tune_env,

@@ -92,8 +92,6 @@ struct cuda_backend {
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
     int64_t gemm_min_rows; /* GEMM_MIN_ROWS or SMELT_GEMM_MIN_ROWS: products of fewer rows that mmq
                             * does not take stay on mmv (F32 activations for plain-float weights) */
-    int64_t moe_mmq_min;  /* SMELT_MOE_MMQ_MIN_ROWS (measurements): steps of at least this many
-                           * rows may take mmq by id; default CUDA_MMV_MAX_N + 1 */
     int moe_path;         /* SMELT_MOE_PATH: 0 by rows (mmq by id above CUDA_MMV_MAX_N where it takes the
                            * experts), 1 "mmv", 2 "mmq" */
     int64_t gdn_chunk_min; /* bk_gated_delta_net: steps of at least this many token rows take

@@ -114,7 +114,7 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     struct backend *b = &cb->base;
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
-    if (cb->moe_path == 1 || n < cb->moe_mmq_min || !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
+    if (cb->moe_path == 1 || n <= CUDA_MMV_MAX_N || !cuda_mmq_supported(qg->type, n_embd) || !cuda_mmq_supported(qd->type, n_ff) ||
         qg->rows != n_ff * n_exp || qd->rows != n_embd * n_exp)
         return false;
     const int ch = mmq_width(n * k, n_exp);
