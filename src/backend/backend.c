@@ -613,15 +613,17 @@ void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
 }
 
 void bk_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w,
-                   const struct tensor *x, const struct prenorm *next) {
+                   const struct tensor *bias, const struct tensor *x, const struct prenorm *next) {
     if (b->status != SMELT_OK) return;
     check_matmul(dst, w, x);
+    BK_ASSERT(!bias || (bias->type == QT_F32 && bias->ne[0] == dst->ne[0]));
     if (b->ops->matmul_acc) {
-        b->ops->matmul_acc(b, dst, w, x, next);
+        b->ops->matmul_acc(b, dst, w, bias, x, next);
         return;
     }
     struct tensor *t = bk_new(b, QT_F32, dst->ne[0], dst->ne[1], 1);
     bk_matmul(b, t, w, x);
+    if (bias) bk_add(b, t, t, bias);
     bk_add(b, dst, dst, t);
 }
 

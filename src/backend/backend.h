@@ -298,7 +298,8 @@ struct backend_ops {
                          const struct tensor *const *w, const struct tensor *const *bias,
                          const struct tensor *x, const struct prenorm *pre);
     void (*matmul_acc)(struct backend *b, struct tensor *dst, const struct tensor *w,
-                       const struct tensor *x, const struct prenorm *next);
+                       const struct tensor *bias, const struct tensor *x,
+                       const struct prenorm *next);
     void (*ffn_glu)(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
                     const struct tensor *w_up, const struct tensor *x, enum glu_act act,
                     const struct prenorm *pre);
@@ -515,11 +516,12 @@ void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
 void bk_matmul_group(struct backend *b, int n, struct tensor *const *dst,
                      const struct tensor *const *w, const struct tensor *const *bias,
                      const struct tensor *x, const struct prenorm *pre);
-/* Fused: dst += W x (the output projection and the residual add in one pass). next (may be
- * NULL) is a hint: the caller's next use of dst is a bk_matmul_group or bk_ffn_glu through
- * this norm, for which a backend may prepare dst in the same pass. */
+/* Fused: dst += W x (+ bias), as dst + (W x + bias) (transformers' order: the projection
+ * with its bias, then the residual add), in one pass. bias may be NULL or F32 (dst->ne0).
+ * next (may be NULL) is a hint: the caller's next use of dst is a bk_matmul_group or
+ * bk_ffn_glu through this norm, for which a backend may prepare dst in the same pass. */
 void bk_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w,
-                   const struct tensor *x, const struct prenorm *next);
+                   const struct tensor *bias, const struct tensor *x, const struct prenorm *next);
 /* Fused: dst (n_ff, n) = act(W_gate x') * (W_up x'), x' as in bk_matmul_group. */
 void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
                 const struct tensor *w_up, const struct tensor *x, enum glu_act act,

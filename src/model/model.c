@@ -894,7 +894,7 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
     if (!w->router) {
         struct tensor *g = bk_new(bk, QT_F32, w->gate->ne[1], n, 1); /* (n_ff, n) */
         bk_ffn_glu(bk, g, w->gate, w->up, x, act, &pre);
-        if (acc) bk_matmul_acc(bk, dst, w->down, g, next);
+        if (acc) bk_matmul_acc(bk, dst, w->down, NULL, g, next);
         else bk_matmul(bk, dst, w->down, g);
         return;
     }
@@ -916,7 +916,7 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
      * one to the other (the CUDA decode router writes them) */
     bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre);
     bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc, acc && !sh ? next : NULL);
-    if (sh) bk_matmul_acc(bk, dst, w->sh_down, sh, next);
+    if (sh) bk_matmul_acc(bk, dst, w->sh_down, NULL, sh, next);
 }
 
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att) {

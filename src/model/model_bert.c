@@ -108,15 +108,13 @@ static struct tensor *forward(struct model *m, struct step *s) {
         att = bk_reshape(bk, att, (int64_t)a->head_dim_v * a->n_head, n, 1);
         if (last) fwd_keep_out_rows(m, s, &x, &att); /* the rest runs on the output rows */
         /* x = LayerNorm(x + W_o att + b_o) */
-        bk_matmul_acc(bk, x, y->attn.wo, att, NULL);
-        if (y->bo) bk_add(bk, x, x, y->bo);
+        bk_matmul_acc(bk, x, y->attn.wo, y->bo, att, NULL);
         bk_layer_norm(bk, x, x, y->attn_ln, y->attn_ln_b, eps);
         /* x = LayerNorm(x + W_down gelu(W_up x + b_up) + b_down) */
         struct tensor *u = bk_new(bk, QT_F32, m->hp.n_ff, x->ne[1], 1); /* (n_ff, rows) */
         bk_matmul_group(bk, 1, &u, &y->up, &y->up_b, x, NULL);
         bk_act(bk, u, u, GLU_GELU_ERF);
-        bk_matmul_acc(bk, x, y->down, u, NULL);
-        if (y->down_b) bk_add(bk, x, x, y->down_b);
+        bk_matmul_acc(bk, x, y->down, y->down_b, u, NULL);
         bk_layer_norm(bk, x, x, y->out_ln, y->out_ln_b, eps);
         if (!last) bk_scratch_release(bk, mark);
     }

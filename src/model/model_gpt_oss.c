@@ -91,9 +91,7 @@ static struct tensor *forward(struct model *m, struct step *s) {
         /* x += (W_o attention(rms_norm(x) * attn_norm) + b_o), in transformers' order */
         struct tensor *att = fwd_attention(m, s, il, &y->attn, x, y->attn_norm);
         if (last) fwd_keep_out_rows(m, s, &x, &att); /* the rest runs on the output rows */
-        struct tensor *o = bk_new(bk, QT_F32, m->hp.n_embd, x->ne[1], 1);
-        bk_matmul_group(bk, 1, &o, &y->attn.wo, &y->attn_out_b, att, NULL);
-        bk_add(bk, x, x, o);
+        bk_matmul_acc(bk, x, y->attn.wo, y->attn_out_b, att, NULL);
         /* x += MoE(rms_norm(x) * post_attention_norm); the next norm is the hint for a
          * backend that prepares x for it in the same pass (bk_matmul_acc's) */
         const struct prenorm next_pre = {last ? m->output_norm : L[il + 1].attn_norm, m->hp.norm_eps};

@@ -67,7 +67,7 @@ static struct tensor *forward(struct model *m, struct step *s) {
         const float eps = m->hp.norm_eps;
         const struct prenorm ffn_pre = {y->ffn.norm, eps};
         const struct prenorm next_pre = {last ? m->output_norm : L[il + 1].attn_norm, eps};
-        bk_matmul_acc(bk, x, y->attn.wo, att, &ffn_pre);
+        bk_matmul_acc(bk, x, y->attn.wo, NULL, att, &ffn_pre);
         /* x += FFN(rms_norm(x) * ffn_norm), SwiGLU, dense or mixture of experts */
         fwd_ffn(m, s, &y->ffn, GLU_SILU, x, x, true, &next_pre);
         if (!last) bk_scratch_release(bk, mark);

@@ -395,7 +395,7 @@ static struct tensor *forward(struct model *m, struct step *s) {
         const float eps = m->hp.norm_eps;
         const struct prenorm ffn_pre = {y->ffn.norm, eps};
         const struct prenorm next_pre = {last ? m->output_norm : Q->L[il + 1].attn_norm, eps};
-        bk_matmul_acc(bk, x, y->recurrent ? y->ssm_out : y->attn.wo, t, &ffn_pre);
+        bk_matmul_acc(bk, x, y->recurrent ? y->ssm_out : y->attn.wo, NULL, t, &ffn_pre);
         /* x += FFN(rms_norm(x) * post_attention_norm), SwiGLU */
         fwd_ffn(m, s, &y->ffn, GLU_SILU, x, x, true, &next_pre);
         if (!last) bk_scratch_release(bk, mark);
@@ -424,7 +424,7 @@ static struct tensor *mtp_forward(struct model *m, struct step *s) {
     struct tensor *a = attention(m, s, 0, y, x);
     fwd_keep_out_rows(m, s, &x, &a);
     const struct prenorm ffn_pre = {y->ffn.norm, eps}, next_pre = {m->output_norm, eps};
-    bk_matmul_acc(bk, x, y->attn.wo, a, &ffn_pre);
+    bk_matmul_acc(bk, x, y->attn.wo, NULL, a, &ffn_pre);
     fwd_ffn(m, s, &y->ffn, GLU_SILU, x, x, true, &next_pre);
     return x;
 }

@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
             bk_moe_ffn(bk, y, x, &ex, ids, w, NULL, true, NULL);
             double t3 = clock_now(), u3 = bench_cpu_now();
             bk_ffn_glu(bk, g, dg, du, x, GLU_SILU, NULL);
-            bk_matmul_acc(bk, y, dd, g, NULL);
+            bk_matmul_acc(bk, y, dd, NULL, g, NULL);
             double t4 = clock_now(), u4 = bench_cpu_now();
             if (bk_sync(bk, &e) != SMELT_OK) return fprintf(stderr, "%s\n", e.msg), 1;
             if (rep < 0) continue;

@@ -382,8 +382,11 @@ static void test_fused(void) {
     struct prenorm pre = {nw, 1e-5f};
     const struct tensor *ws[1] = {w}, *bs[1] = {bias};
     bk_matmul_group(bk, 1, &y, ws, bs, x, &pre);
-    bk_matmul_acc(bk, acc, w, x, NULL);
-    double ref[27], ref_acc[27];
+    struct tensor *acc_b = bk_new(bk, QT_F32, n_out, n, 1); /* dst += W x + bias */
+    memcpy(acc_b->data, acc0, sizeof acc0);
+    bk_matmul_acc(bk, acc, w, NULL, x, NULL);
+    bk_matmul_acc(bk, acc_b, w, bias, x, NULL);
+    double ref[27], ref_acc[27], ref_acc_b[27];
     const float *X = x->data, *W = w->data, *NW = nw->data, *B = bias->data;
     for (int64_t j = 0; j < n; j++) {
         double ss = 0;
@@ -397,10 +400,12 @@ static void test_fused(void) {
             }
             ref[j * n_out + o] = s + B[o];
             ref_acc[j * n_out + o] = acc0[j * n_out + o] + sr;
+            ref_acc_b[j * n_out + o] = acc0[j * n_out + o] + (sr + B[o]);
         }
     }
     T_CHECK(max_err(y->data, ref, n_out * n) < 1e-5);
     T_CHECK(max_err(acc->data, ref_acc, n_out * n) < 1e-5);
+    T_CHECK(max_err(acc_b->data, ref_acc_b, n_out * n) < 1e-5);
     /* x untouched by the pre-norm */
     T_CHECK(memcmp(x0, x->data, sizeof x0) == 0);
 }

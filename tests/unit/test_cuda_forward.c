@@ -278,9 +278,9 @@ static void tr_matmul_group(struct backend *b, int n, struct tensor *const *d, c
     static const char *names[3] = {"matmul_group[0]", "matmul_group[1]", "matmul_group[2]"};
     for (int i = 0; i < n && i < 3; i++) trace_put(b, names[i], d[i]);
 }
-static void tr_matmul_acc(struct backend *b, struct tensor *d, const struct tensor *w, const struct tensor *x,
-                          const struct prenorm *next) {
-    tr.orig->matmul_acc(b, d, w, x, next);
+static void tr_matmul_acc(struct backend *b, struct tensor *d, const struct tensor *w, const struct tensor *bias,
+                          const struct tensor *x, const struct prenorm *next) {
+    tr.orig->matmul_acc(b, d, w, bias, x, next);
     trace_put(b, "matmul_acc", d);
 }
 static void tr_ffn_glu(struct backend *b, struct tensor *d, const struct tensor *g, const struct tensor *u,

@@ -455,7 +455,7 @@ static smelt_status bk_product(struct backend *b, struct tensor *w, const float 
     if (y0) bk_upload(b, yt, y0, sizeof(float) * (size_t)(rows * n));
     if (!graph_key || !bk_graph_replay(b, graph_key)) {
         if (graph_key) bk_graph_begin(b, graph_key);
-        if (y0) bk_matmul_acc(b, yt, w, xt, NULL);
+        if (y0) bk_matmul_acc(b, yt, w, NULL, xt, NULL);
         else bk_matmul(b, yt, w, xt);
         if (graph_key) bk_graph_end(b);
     }

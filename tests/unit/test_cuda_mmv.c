@@ -616,15 +616,20 @@ static void bench(void) {
                   {"output 128256x4096", 128256, 4096, 0},
                   {"0.5B attn_o 896x896", 896, 896, 0},
                   {"0.5B ffn_up 4864x896", 4864, 896, 1},
-                  {"0.5B ffn_down 896x4864", 896, 4864, 0}};
+                  {"0.5B ffn_down 896x4864", 896, 4864, 0},
+                  {"30B-A3B attn_o 2048x4096", 2048, 4096, 0},
+                  {"30B-A3B attn_qkv 5120x2048", 5120, 2048, 0},
+                  {"gpt-oss attn_o 2880x4096", 2880, 4096, 0}};
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0, QT_F16};
     struct err e;
     const char *only = getenv("SMELT_BENCH_TYPE"); /* e.g. Q4_K */
+    const char *shape = getenv("SMELT_BENCH_SHAPE"); /* a part of the shapes' names, e.g. 30B */
     for (size_t ti = 0; ti < 4; ti++)
         for (size_t si = 0; si < n_shapes; si++) {
             uint32_t type = types[ti];
             if (only && strcmp(only, qtype_name(type)) != 0) continue;
+            if (shape && !strstr(shapes[si].name, shape)) continue;
             int64_t rows = shapes[si].rows, k = shapes[si].k;
             if (!cuda_mmv_supported(type, k)) continue; /* e.g. K-quants need k % 256 == 0 */
             uint64_t rb = qtype_row_size(type, k);

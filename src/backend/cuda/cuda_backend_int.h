@@ -262,8 +262,8 @@ void cu_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x
 void cu_act(struct backend *b, struct tensor *dst, const struct tensor *x, enum glu_act act);
 void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, const struct rope_params *p);
 void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x);
-void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
-                   const struct prenorm *next);
+void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *bias,
+                   const struct tensor *x, const struct prenorm *next);
 void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const struct tensor *c);
 void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
 void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,

@@ -216,8 +216,7 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
 template <int N, int R, int GLU, int U = MMV_U, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q4_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
-    pdl_trigger();
-    if (!mmv_id_live(m)) return;
+    if (!mmv_id_live(m)) return; /* the PDL trigger too */
     q4k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, mmv_id_x<N>(m, xq, k),
                                mmv_id_x<N>(m, xds, k / 16), k, accumulate);
 }
@@ -319,8 +318,7 @@ static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int ro
 template <int N, int R, int GLU, int U = 2, int KS = 1>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q6_k(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
-    pdl_trigger();
-    if (!mmv_id_live(m)) return;
+    if (!mmv_id_live(m)) return; /* the PDL trigger too */
     q6k_body<N, R, GLU, U, KS>(m, mmv_row0<R, GLU, KS>(), KS > 1 ? threadIdx.y : 0, mmv_id_x<N>(m, xq, k),
                                mmv_id_x<N>(m, xds, k / 16), k, accumulate);
 }
@@ -344,8 +342,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_q8_0(const struct mmv_mats m, const int8_t *xq, const float2 *xds,
              int k, int accumulate) {
     static_assert(KS == 1 || KS == MMV_WARPS, "split-K: every warp of the block");
-    pdl_trigger();
-    if (!mmv_id_live(m)) return;
+    if (!mmv_id_live(m)) return; /* the PDL trigger too */
     xq = mmv_id_x<N>(m, xq, k);
     xds = mmv_id_x<N>(m, xds, k / 16);
     const int row0 = mmv_row0<R, GLU, KS>();
@@ -419,8 +416,7 @@ static __device__ __forceinline__ void load8(const void *w, int64_t idx8, float 
 template <int N, int R, uint32_t T, int GLU>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_float(const struct mmv_mats m, const float *x, int k, int accumulate) {
-    pdl_trigger();
-    if (!mmv_id_live(m)) return;
+    if (!mmv_id_live(m)) return; /* the PDL trigger too */
     x = mmv_id_x<N>(m, x, k);
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
@@ -605,35 +601,25 @@ extern "C" uint64_t cuda_mmv_scratch_bytes(int64_t k, int n) {
     return ((nk + 255) & ~255ull) + nk / 16 * 8;
 }
 
-/* Tuning experiments (tests/unit/test_cuda_mmv.c, SMELT_BENCH_VARIANTS: cuda_ctx.mmv_variant):
- * 0 = the default; else rows per warp R, units in flight U and split-K of the one-token
- * Q4_K, Q6_K and Q8_0 kernels. */
+/* The one-token Q4_K, Q6_K and Q8_0 kernels in shape (R, U, KS) (mmv_shape). */
 template <int GLU, int R, int U, int KS = 1>
 static cudaError_t launch_var(uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
                               const float2 *xd, int acc, struct cuda_ctx *ctx) {
-    const int per_block = (KS > 1 ? 1 : MMV_WARPS) * (GLU ? 1 : R);
-    const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1), block(32, MMV_WARPS);
+    const dim3 grid = mmv_grid(m, rows, GLU, R, KS), block(32, MMV_WARPS);
     if (type == QT_Q8_0) return klaunch(mmv_q8_0<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
     if (type == QT_Q6_K)
         return klaunch(mmv_q6_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
     return klaunch(mmv_q4_k<1, GLU ? 2 : R, GLU, U, KS>, grid, block, 0, ctx, m, xq, xd, k, acc);
 }
 
+/* Tuning runs' shapes (mmv_with_shape's numbering; 0 is never passed here). */
 template <int GLU>
 static cudaError_t launch_variant(int v, uint32_t type, const struct mmv_mats &m, int rows, int k, const int8_t *xq,
                                   const float2 *xd, int acc, struct cuda_ctx *ctx) {
-    switch (v) {
-    case 1: return launch_var<GLU, 2, 1>(type, m, rows, k, xq, xd, acc, ctx);
-    case 2: return launch_var<GLU, 1, 2>(type, m, rows, k, xq, xd, acc, ctx);
-    case 3: return launch_var<GLU, 2, 2>(type, m, rows, k, xq, xd, acc, ctx);
-    case 4: return launch_var<GLU, 2, 3>(type, m, rows, k, xq, xd, acc, ctx);
-    case 5: return launch_var<GLU, 4, 1>(type, m, rows, k, xq, xd, acc, ctx);
-    case 6: return launch_var<GLU, 2, 4>(type, m, rows, k, xq, xd, acc, ctx);
-    case 7: return launch_var<GLU, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
-    case 8: return launch_var<GLU, 2, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
-    case 9: return launch_var<GLU, 1, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
-    default: return launch_var<GLU, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
-    }
+    return mmv_with_shape(v, [&](auto s) {
+        using S = decltype(s);
+        return launch_var<GLU, S::R, S::U, S::KS>(type, m, rows, k, xq, xd, acc, ctx);
+    });
 }
 
 /* act: 0 = plain product (y = or += W x per `acc`, over the stacked matrices of m);
@@ -704,6 +690,14 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
         /* short and long rows (0.5B's 896x4864): split k over the block's warps, 4.31 -> 2.29 us */
         if (N == 1 && !GLU && k >= 4096 && rows < 2048)
             return launch_var<0, 2, 2, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+        /* Qwen3-30B-A3B's attention (H200, 2026-12-04, test_cuda_mmv SMELT_BENCH_VARIANTS, us
+         * per product in a graph): W_o 2048x4096 3.74 -> 3.20 split over the block's warps,
+         * 4 rows and one unit each (R2 U4 3.40, R1 U2 3.54, R2 U2 split 4.68); the stacked
+         * QKV 5120x2048 4.50 -> 3.36 with one unit in flight (R4 U1 4.16, the rest 4.5-11) */
+        if (N == 1 && !GLU && k >= 4096 && rows < 4096)
+            return launch_var<0, 4, 1, MMV_WARPS>(type, m, rows, k, xq, xd, acc, ctx);
+        if (N == 1 && !GLU && k <= 2048 && rows >= 4096)
+            return launch_var<0, 2, 1>(type, m, rows, k, xq, xd, acc, ctx);
         if (N == 1) return klaunch(mmv_q4_k<1, MMV_R, GLU, 2>, grid, block, 0, ctx, m, xq, xd, k, acc);
         return klaunch(mmv_q4_k<N, MMV_R, GLU>, grid, block, 0, ctx, m, xq, xd, k, acc);
     case QT_Q6_K:
@@ -882,6 +876,8 @@ static smelt_status id_mats(struct mmv_mats *m, const struct cuda_qweight *w, co
     m->n_chunks = id->n_chunks;
     m->x_div = id->x_div;
     m->n_exp = id->n_exp;
+    m->id_early = id->ids_early;
+    m->id_signal_late = id->signal_late;
     return SMELT_OK;
 }
 

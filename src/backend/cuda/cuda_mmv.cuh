@@ -39,6 +39,17 @@ static __device__ __forceinline__ void quant16(float v, int8_t *xq, float2 *xd, 
     if ((o & 15) == 0) xd[o >> 4] = make_float2(d, d * (float)s);
 }
 
+/* The next norm's input prepared from a product's output, one value y a lane, the warp
+ * holding one group of 32 consecutive outputs (element o): the int8 form of w * y (quant16)
+ * and the group's sum of squares of y into *ss (lane 0; ss may be NULL), which the next
+ * product's pre_ss turns into the norm's factor. Every epilogue that prepares it (the mmv
+ * store's, the experts' weighted sums) goes through here, so they agree to the bit. */
+static __device__ __forceinline__ void post_prep(float y, float w, int8_t *xq, float2 *xd, int64_t o, float *ss) {
+    quant16(y * w, xq, xd, o, true);
+    const float s = warp_sum(y * y);
+    if ((threadIdx.x & 31) == 0 && ss) *ss = s;
+}
+
 
 static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
     int s = dp4a((int)a.x, (int)b.x, 0);
@@ -84,9 +95,10 @@ struct mmv_mats {
      * chunk c / x_div's (x_div = k slots per token when every slot of a token reads that
      * token's row), its output rows go to y + c * N * end[0]. A chunk whose e is outside
      * [0, n_exp) (unused, or a bad id) does nothing. GLU: bias[0] / bias[1] (may be NULL)
-     * are the experts' gate / up biases, (end[0], n_exp). */
+     * are the experts' gate / up biases, (end[0], n_exp). id_early, id_signal_late: see
+     * cuda_mmv_ids. */
     const int32_t *eid;
-    int n_chunks, x_div, n_exp;
+    int n_chunks, x_div, n_exp, id_early, id_signal_late;
     const float *bias[2];
     /* Expert mode, one token row a chunk (N = 1), chunks (token, slot) in slot order:
      * the weighted sum of the k slots' outputs (cuda_moe_combine's, with pos NULL) fused
@@ -111,15 +123,25 @@ struct mmv_mats {
     } cmb;
 };
 
-/* Expert mode: the block's expert (0 when off). */
-static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) { return m.eid ? m.eid[blockIdx.y] : 0; }
+/* Expert mode: the block's expert (0 when off); early ids (read before the PDL wait) from L2. */
+static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) {
+    return !m.eid ? 0 : m.id_early ? __ldcg(m.eid + blockIdx.y) : m.eid[blockIdx.y];
+}
 
-/* Expert mode, first thing in a kernel: waits for the ids (an earlier kernel wrote them, so
- * the weights cannot be loaded before the wait) and says whether the block has work. */
+/* First thing in every mmv kernel: signals the PDL dependents and, in expert mode, says
+ * whether the block has work. The signal comes first (the next kernel launches early and
+ * streams its weights while this one runs), except with id_signal_late: then only after the
+ * block's wait, so that a kernel after this one starts only once the kernel before it (the
+ * ids' writer) has completed, which lets that kernel take its ids early. Expert mode: the ids
+ * come from an earlier kernel, by default the one just before, so the block waits before it
+ * reads them (and before any weight: they depend on the id); with id_early the block reads
+ * its id from L2 at once and its first weights go out before its wait (the body's). */
 static __device__ __forceinline__ bool mmv_id_live(const mmv_mats &m) {
+    if (!m.id_signal_late) pdl_trigger();
     if (!m.eid) return true;
-    pdl_wait();
-    const int e = m.eid[blockIdx.y];
+    if (!m.id_early) pdl_wait();
+    if (m.id_signal_late) pdl_trigger();
+    const int64_t e = mmv_expert(m);
     return e >= 0 && e < m.n_exp;
 }
 
@@ -258,7 +280,9 @@ struct mmv_acc {
                 const float s = warp_sum(v[r][t]) * sc[t];
                 if (lane == 0 && writer && row < total) {
                     float *o = y + (int64_t)t * rows + (row - start);
-                    *o = (accumulate ? *o : 0.0f) + s + (b ? b[row - start] : 0.0f);
+                    /* the bias joins the product before the residual add: o + (W x + b) */
+                    const float sb = b ? s + b[row - start] : s;
+                    *o = accumulate ? *o + sb : sb;
                 }
             }
         }
@@ -316,12 +340,9 @@ struct mmv_acc {
         __threadfence();
         const int64_t o = (int64_t)r * rows + grp * 32 + lane;
         const float y = __ldcg(m.cmb.dst + o); /* other blocks' sums: from L2 */
-        quant16(y * (m.cmb.post_w ? m.cmb.post_w[grp * 32 + lane] : 1.0f), m.cmb.post_xq, m.cmb.post_xd, o, true);
-        const float ss = warp_sum(y * y);
-        if (lane == 0) {
-            if (m.cmb.post_ss) m.cmb.post_ss[(int64_t)r * (rows / 32) + grp] = ss;
-            *pc = 0u;
-        }
+        post_prep(y, m.cmb.post_w ? m.cmb.post_w[grp * 32 + lane] : 1.0f, m.cmb.post_xq, m.cmb.post_xd, o,
+                  m.cmb.post_ss ? m.cmb.post_ss + (int64_t)r * (rows / 32) + grp : NULL);
+        if (lane == 0) *pc = 0u;
     }
     /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
      * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
@@ -348,13 +369,41 @@ struct mmv_acc {
         for (int t = 0; t < N; t++) {
             const int64_t o = (c * N + t) * rows + row;
             const float y = __ldcg(m.y[0] + o); /* other blocks' stores: from L2 */
-            quant16(y * w, m.epi.post_xq, (float2 *)m.epi.post_xd, o, true);
-            const float ss = warp_sum(y * y);
-            if (lane == 0 && m.epi.post_ss) m.epi.post_ss[(int64_t)t * (rows / 32) + grp] = ss;
+            post_prep(y, w, m.epi.post_xq, (float2 *)m.epi.post_xd, o,
+                      m.epi.post_ss ? m.epi.post_ss + (int64_t)t * (rows / 32) + grp : NULL);
         }
         if (lane == 0) cnt[grp] = 0;
     }
 };
+
+/* The one-token launch shapes that tuning runs number (cuda_ctx.mmv_variant, mmv_id_variant;
+ * tests/unit/test_cuda_mmv.c, SMELT_MMV_ID_VARIANT): R rows a warp (a GLU warp: one row's
+ * gate and up), U units in flight, KS warps splitting k. mmv_with_shape(v, f) returns
+ * f(mmv_shape<R, U, KS>{}) for variant v: 1 R2 U1, 2 R1 U2, 3 R2 U2, 4 R2 U3, 5 R4 U1,
+ * 6 R2 U4, 7-9 split-K R2 U2 / R2 U1 / R1 U2, anything else split-K R4 U1. */
+template <int R_, int U_, int KS_ = 1> struct mmv_shape {
+    static constexpr int R = R_, U = U_, KS = KS_;
+};
+template <class F> static cudaError_t mmv_with_shape(int v, F &&f) {
+    switch (v) {
+    case 1: return f(mmv_shape<2, 1>{});
+    case 2: return f(mmv_shape<1, 2>{});
+    case 3: return f(mmv_shape<2, 2>{});
+    case 4: return f(mmv_shape<2, 3>{});
+    case 5: return f(mmv_shape<4, 1>{});
+    case 6: return f(mmv_shape<2, 4>{});
+    case 7: return f(mmv_shape<2, 2, MMV_WARPS>{});
+    case 8: return f(mmv_shape<2, 1, MMV_WARPS>{});
+    case 9: return f(mmv_shape<1, 2, MMV_WARPS>{});
+    default: return f(mmv_shape<4, 1, MMV_WARPS>{});
+    }
+}
+/* The grid of such a launch: a block is MMV_WARPS warps of R rows (GLU: one), or with split-K
+ * one warp's rows; block row y is chunk y in expert mode. */
+static inline dim3 mmv_grid(const mmv_mats &m, int rows, int glu, int r, int ks) {
+    const int per_block = (ks > 1 ? 1 : MMV_WARPS) * (glu ? 1 : r);
+    return dim3((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1);
+}
 
 /* ---- cuda_mmv_tq.cu: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q5_K ---- */
 

@@ -127,6 +127,15 @@ struct cuda_mmv_ids {
     int n_exp;
     int64_t x_rows;             /* >= ((n_chunks - 1) / x_div + 1) * n */
     const float *gate_b, *up_b; /* GLU: the experts' biases, (rows per expert, n_exp), or NULL */
+    /* ids_early: the ids were written before the kernel just ahead of this launch, and that
+     * kernel signals its PDL dependents only after its own wait (the element-wise and
+     * quantize kernels do; an mmv launch with signal_late does): the launch then reads its
+     * ids and starts loading its weights before its own wait, while that kernel runs.
+     * signal_late: this launch signals its dependents only after its wait (a launch after it
+     * may then take ids early). Measured (H200, 2026-12-04): worth it at one token row (the
+     * down product's weights stream during gate/up: Qwen3-30B-A3B tg128 +1%), not at 8
+     * (-2%: the early signal lets the down launch start sooner). 0 = off. */
+    int ids_early, signal_late;
     /* Optional fused epilogues (zero = off; all device memory):
      *  - GLU (cuda_mmv_glu_id), quantized type, rows per expert % 32 == 0: post_cnt
      *    (n_chunks x rows / 32 counters, zeroed, left zeroed) and post_xq/post_xd (the parts of

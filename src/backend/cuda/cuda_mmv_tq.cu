@@ -285,8 +285,7 @@ struct tq_q23_k {
 template <class TT, int N, int R, int GLU, int U = TT::U>
 static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_tq(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
-    pdl_trigger();
-    if (!mmv_id_live(m)) return;
+    if (!mmv_id_live(m)) return; /* the PDL trigger too */
     xq = mmv_id_x<N>(m, xq, k);
     xds = mmv_id_x<N>(m, xds, k / 16);
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
@@ -523,30 +522,21 @@ extern "C" cudaError_t cuda_mmv_tq_launch(int n, int glu, uint32_t type, dim3 gr
     return tq_launch_n<0>(n, type, grid, block, ctx, m, xq, xd, k, acc);
 }
 
-/* Benchmarks (cuda_ctx.mmv_id_variant): MXFP4's one-token kernel with R rows a warp (GLU: gate
- * and up of one row) and U units in flight, v as launch_variant in cuda_mmv.cu numbers them
- * (1: R2 U1, 2: R1 U2, 3: R2 U2, 4: R2 U3, 5: R4 U1, 6: R2 U4). cudaErrorNotSupported: no
- * such variant here (the caller launches the default). */
-template <int GLU, int R, int U>
-static cudaError_t tq_var(const struct mmv_mats &m, int rows, struct cuda_ctx *ctx, const int8_t *xq,
-                          const float2 *xd, int k, int acc) {
-    const int per_block = MMV_WARPS * (GLU ? 1 : R);
-    const dim3 grid((unsigned)((rows + per_block - 1) / per_block), m.eid ? m.n_chunks : 1), block(32, MMV_WARPS);
-    return klaunch(mmv_tq<tq_iq4x<2>, 1, GLU ? 2 : R, GLU, U>, grid, block, 0, ctx, m, xq, xd, k, acc);
-}
-
+/* Benchmarks (cuda_ctx.mmv_id_variant): MXFP4's one-token kernel in the shapes 1..6 of
+ * mmv_with_shape (no split-K here). cudaErrorNotSupported: no such variant here (the caller
+ * launches the default). */
 template <int GLU>
 static cudaError_t tq_variant(int v, const struct mmv_mats &m, int rows, struct cuda_ctx *ctx, const int8_t *xq,
                               const float2 *xd, int k, int acc) {
-    switch (v) {
-    case 1: return tq_var<GLU, 2, 1>(m, rows, ctx, xq, xd, k, acc);
-    case 2: return tq_var<GLU, 1, 2>(m, rows, ctx, xq, xd, k, acc);
-    case 3: return tq_var<GLU, 2, 2>(m, rows, ctx, xq, xd, k, acc);
-    case 4: return tq_var<GLU, 2, 3>(m, rows, ctx, xq, xd, k, acc);
-    case 5: return tq_var<GLU, 4, 1>(m, rows, ctx, xq, xd, k, acc);
-    case 6: return tq_var<GLU, 2, 4>(m, rows, ctx, xq, xd, k, acc);
-    }
-    return cudaErrorNotSupported;
+    if (v < 1 || v > 6) return cudaErrorNotSupported;
+    return mmv_with_shape(v, [&](auto s) {
+        using S = decltype(s);
+        if constexpr (S::KS > 1)
+            return cudaErrorNotSupported;
+        else
+            return klaunch(mmv_tq<tq_iq4x<2>, 1, GLU ? 2 : S::R, GLU, S::U>, mmv_grid(m, rows, GLU, S::R, 1),
+                           dim3(32, MMV_WARPS), 0, ctx, m, xq, xd, k, acc);
+    });
 }
 
 extern "C" cudaError_t cuda_mmv_tq_variant(int v, int glu, uint32_t type, int rows, struct cuda_ctx *ctx,

@@ -133,36 +133,43 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     }
 }
 
-/* One warp: the k best of row r's logits lgs[0, n_exp) (largest first; ties to the lower id)
- * and their weights into ids, wt (k each). lg, taken: shared, n_exp each. The logits are read
- * from L2 (__ldcg): in the fused router other blocks wrote them. */
+/* The k best of row r's logits lgs[0, n_exp) (largest first; ties to the lower id) and their
+ * weights into ids, wt (k each), by the whole block (all its threads call it; blockDim a
+ * multiple of 32). lg (n_exp floats) and rank (n_exp ints): shared. The logits are read from
+ * L2 (__ldcg): in the fused router other blocks wrote them. ranks_before is a strict total
+ * order, so each logit's rank (how many rank before it) is unique: rank < k places it. The
+ * count for one logit is split over blockDim / n_exp threads (a shared atomic sums them), so
+ * one pick is a few hundred cycles of independent compares rather than k dependent warp
+ * reductions. The weights are one warp's, in a fixed order. */
 static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, int k, int gating, float *lg,
-                                                  unsigned char *taken, int32_t *ids, float *wt) {
-    const int lane = threadIdx.x & 31;
-    for (int i = lane; i < n_exp; i += 32) {
-        lg[i] = __ldcg(lgs + i);
-        taken[i] = 0;
-    }
-    __syncwarp();
+                                                  int *rank, int32_t *ids, float *wt) {
+    const int lane = threadIdx.x & 31, nt = blockDim.x;
     __shared__ int id[32]; /* the picks, largest first */
-    for (int j = 0; j < k; j++) {
-        float bv = 0.0f;
-        int bi = -1;
-        for (int ex = lane; ex < n_exp; ex += 32)
-            if (!taken[ex] && ranks_before(lg[ex], ex, bv, bi)) bv = lg[ex], bi = ex;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
-        }
-        if (lane == 0) {
-            id[j] = bi;
-            ids[j] = bi;
-            taken[bi] = 1;
-        }
-        __syncwarp();
+    for (int i = threadIdx.x; i < n_exp; i += nt) {
+        lg[i] = __ldcg(lgs + i);
+        rank[i] = 0;
     }
+    __syncthreads();
+    const int parts = nt >= 2 * n_exp ? nt / n_exp : 1; /* threads counting for one logit */
+    const int span = (n_exp + parts - 1) / parts;
+    for (int t = threadIdx.x; t < n_exp * parts; t += nt) {
+        const int i = t % n_exp, j0 = (t / n_exp) * span, j1 = min(j0 + span, n_exp);
+        const float v = lg[i];
+        int c = 0;
+        for (int j = j0; j < j1; j++) c += ranks_before(lg[j], j, v, i);
+        if (parts == 1) rank[i] = c;
+        else atomicAdd(&rank[i], c);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_exp; i += nt) {
+        const int r = rank[i];
+        if (r < k) {
+            id[r] = i;
+            ids[r] = i;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
     /* weights: exp(l - max) over all (gating 0) or over the k (gating 1), in double */
     double mx = lg[id[0]], z = 0;
     if (gating == 0) {
@@ -186,16 +193,17 @@ static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, i
         wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
 }
 
-/* One warp per row: the pick of route_pick. Shared: n_exp floats, n_exp taken flags. */
-static __global__ void __launch_bounds__(32)
+#define ROUTE_PICK_THREADS 128 /* route_pick_kernel's block */
+
+/* A block per row: the pick of route_pick. Shared: n_exp floats, n_exp ints. */
+static __global__ void __launch_bounds__(ROUTE_PICK_THREADS)
     route_pick_kernel(const float *lgs, int n_exp, int k, int gating, int32_t *ids, float *wts) {
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int64_t r = blockIdx.x;
     float *lg = (float *)smem;
-    route_pick(lgs + r * n_exp, n_exp, k, gating, lg, (unsigned char *)(lg + n_exp), ids + r * k,
-               wts + r * k);
+    route_pick(lgs + r * n_exp, n_exp, k, gating, lg, (int *)(lg + n_exp), ids + r * k, wts + r * k);
 }
 
 /* Decode's router in one launch (route_logits_kernel, route_pick_kernel and gather_kernel's
@@ -204,7 +212,7 @@ static __global__ void __launch_bounds__(32)
  * c ROUTE_WARPS + w, stepping by nb ROUTE_WARPS: f32 into xf, int8 as quant16); the last of
  * the row's blocks to finish (cnt[r], back to zero after) picks. Every value is computed as
  * by the three kernels (same functions, same trees), so the results are bitwise theirs. Shared:
- * max(n_embd floats, n_exp floats + n_exp bytes). */
+ * max(n_embd floats, n_exp floats + n_exp ints). */
 static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     route_fused_kernel(const float *x, int n_embd, const float *router, const float *bias, int n_exp,
                        int per_block, int k, int gating, int has_pre, const float *pre_w, float eps,
@@ -238,11 +246,8 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (warp == 0) {
-        route_pick(lg + r * n_exp, n_exp, k, gating, xs, (unsigned char *)(xs + n_exp), ids + r * k,
-                   wts + r * k);
-        if (lane == 0) cnt[r] = 0;
-    }
+    if (threadIdx.x == 0) cnt[r] = 0;
+    route_pick(lg + r * n_exp, n_exp, k, gating, xs, (int *)(xs + n_exp), ids + r * k, wts + r * k);
 }
 
 /* One block: counts per expert, padded offsets (chunks of ch rows), the chunk table, then
@@ -368,11 +373,9 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
         float *o = dst + r * n_embd + d;
         const float v = acc ? *o + s : s;
         *o = v;
-        if (post_xq) { /* n_embd % 32 == 0: whole warps here; as the mmv epilogue's */
-            quant16(v * (post_w ? post_w[d] : 1.0f), post_xq, post_xd, r * n_embd + d, true);
-            const float ss = warp_sum(v * v);
-            if ((threadIdx.x & 31) == 0 && post_ss) post_ss[r * (n_embd / 32) + d / 32] = ss;
-        }
+        if (post_xq) /* n_embd % 32 == 0: whole warps here */
+            post_prep(v, post_w ? post_w[d] : 1.0f, post_xq, post_xd, r * n_embd + d,
+                      post_ss ? post_ss + r * (n_embd / 32) + d / 32 : NULL);
     }
 }
 
@@ -387,7 +390,7 @@ extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int
                                        int k, int gating, int has_pre, const float *pre_w,
                                        float eps, int32_t *ids, float *weights, float *lg_scratch,
                                        struct err *e) {
-    const size_t smem = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + 1);
+    const size_t smem = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + sizeof(int));
     if (k < 1 || k > 32 || k > n_exp || n < 1 || n > INT32_MAX || n_exp > 65535 * ROUTE_WARPS || n_embd > INT32_MAX ||
         n_embd % 4 != 0 ||
         smem > 200 * 1024 || smem_pick > 200 * 1024)
@@ -402,7 +405,7 @@ extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int
                      dim3(ROUTE_WARPS * 32), smem, ctx, x, (int)n_embd, router, bias, n_exp,
                      per_block, has_pre, pre_w, eps, lg_scratch),
              e);
-    CUDA_TRY(klaunch(route_pick_kernel, dim3((unsigned)n), dim3(32), smem_pick, ctx,
+    CUDA_TRY(klaunch(route_pick_kernel, dim3((unsigned)n), dim3(ROUTE_PICK_THREADS), smem_pick, ctx,
                      (const float *)lg_scratch, n_exp, k, gating, ids, weights),
              e);
     return SMELT_OK;
@@ -413,7 +416,7 @@ extern "C" smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *
                                              int gating, int has_pre, const float *pre_w, float eps,
                                              int32_t *ids, float *weights, float *lg_scratch, unsigned *cnt,
                                              void *xq_scratch, float *xf, struct err *e) {
-    const size_t smem_norm = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + 1);
+    const size_t smem_norm = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + sizeof(int));
     const size_t smem = smem_norm > smem_pick ? smem_norm : smem_pick;
     if (k < 1 || k > 32 || k > n_exp || n < 1 || n > CUDA_MOE_FUSED_ROUTE_ROWS || n_exp > 65535 ||
         n_embd > INT32_MAX || n_embd % 32 != 0 || smem > 200 * 1024)

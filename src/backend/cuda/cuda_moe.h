@@ -23,14 +23,14 @@ extern "C" {
 #define CUDA_MOE_MAX_EXPERTS 4096 /* the grouping counts experts in shared memory */
 
 /* The router, for each row r of x (n_embd, n) (two launches: the logits over n_exp / 8 blocks a
- * row, then one warp a row picks; lg_scratch holds cuda_moe_route_scratch_bytes):
+ * row, then a block a row picks; lg_scratch holds cuda_moe_route_scratch_bytes):
  *   x' = x_r, or rms_norm(x_r) * pre_w when has_pre (pre_w may be NULL: no weight);
  *   logits[e] = router[e] . x' (+ bias[e]),  router F32 (n_embd, n_exp), bias (n_exp) or NULL;
  *   ids[., r] = the k largest logits' experts, largest first, ties to the lower id, a NaN
  *   losing to any number; weights[., r] by gating (backend.h's enum moe_gating: 0 = softmax
  *   over all n_exp, 1 = softmax over the k), in double.
  * A row's results depend on that row alone (batch invariance). ids I32 (k, n), weights F32
- * (k, n). k <= 32 (one warp picks); n_embd % 4 == 0 (16-byte loads). */
+ * (k, n). k <= 32 (one warp weighs the picks); n_embd % 4 == 0 (16-byte loads). */
 smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int64_t n_embd, int64_t n,
                             const float *router, const float *bias, int n_exp, int k, int gating,
                             int has_pre, const float *pre_w, float eps, int32_t *ids,

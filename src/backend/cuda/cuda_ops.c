@@ -144,10 +144,12 @@ static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, co
                : NULL;
 }
 
-/* dst += W x. In decode, with `next` given, the same launch also prepares dst for the norm
- * the caller applies next (cb->prep), sparing the next product its norm+quantize launch. */
-void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x,
-                          const struct prenorm *next) {
+/* dst += W x (+ bias). In decode the residual add (and the bias, into the product first)
+ * is the mmv launch's epilogue, and with `next` given the same launch also prepares dst for
+ * the norm the caller applies next (cb->prep), sparing the next product its norm+quantize
+ * launch. */
+void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *bias,
+                   const struct tensor *x, const struct prenorm *next) {
     struct cuda_backend *cb = cu_enter(b);
     const struct cuda_qweight *qw = cu_qw_of(cb, w);
     const void *att_xq = att_q_for(cb, x, qw); /* x's int8 form, if the attention made it */
@@ -155,30 +157,46 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
     cb->att_q.valid = false;
     if (!qw || !cu_ok(cb)) return;
     const int64_t n = x->ne[1];
-    if (!(next && next->w && cb->prep.buf && n <= CUDA_MMV_MAX_N && cuda_mmv_needs_quant(qw->type) &&
-          qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K && dst->nb[1] == (size_t)qw->rows * sizeof(float)) ||
-        cu_mm_small_batch(cb, qw, x->data, n)) {
-        cu_mm(cb, qw, x->data, n, dst->data, true, att_xq);
+    const bool mmv = n <= CUDA_MMV_MAX_N && !cu_mm_small_batch(cb, qw, x->data, n);
+    const bool prep = mmv && next && next->w && cb->prep.buf && cuda_mmv_needs_quant(qw->type) &&
+                      qw->rows % 32 == 0 && qw->rows <= PREP_MAX_K &&
+                      dst->nb[1] == (size_t)qw->rows * sizeof(float);
+    size_t mark = cu_scratch_mark(b);
+    if (!mmv || (!prep && !bias)) {
+        if (!bias) {
+            cu_mm(cb, qw, x->data, n, dst->data, true, att_xq);
+        } else { /* t = W x + bias, then dst += t */
+            float *t = cu_scratch(cb, (size_t)qw->rows * (size_t)n * sizeof(float));
+            if (!t) return;
+            cu_mm(cb, qw, x->data, n, t, false, att_xq);
+            if (cu_ok(cb)) cuda_add(&cb->ctx, t, t, bias->data, qw->rows, n, 1);
+            if (cu_ok(cb)) cuda_add(&cb->ctx, dst->data, dst->data, t, qw->rows, n, n);
+            cu_check_launch(cb, "bias, residual add");
+        }
+        cu_scratch_release(b, mark);
         return;
     }
-    size_t mark = cu_scratch_mark(b);
     const void *xq = att_xq ? att_xq : quantized(cb, x->data, qw->k, n, qw->type);
-    if (!xq) return;
+    if (cuda_mmv_needs_quant(qw->type) && !xq) return;
     struct cuda_mmv_epi epi = {0};
-    epi.post_w = next->w->data;
-    cuda_mmv_scratch_parts(cb->prep.buf, qw->rows, (int)n, &epi.post_xq, &epi.post_xd);
-    epi.post_ss = cb->prep.ss;
-    epi.post_cnt = cb->prep.cnt;
+    if (prep) {
+        epi.post_w = next->w->data;
+        cuda_mmv_scratch_parts(cb->prep.buf, qw->rows, (int)n, &epi.post_xq, &epi.post_xd);
+        epi.post_ss = cb->prep.ss;
+        epi.post_cnt = cb->prep.cnt;
+    }
     float *y = dst->data;
+    const float *bb = bias ? bias->data : NULL;
     struct err e;
-    if (cuda_mmv_multi(&cb->ctx, &qw, &y, NULL, 1, x->data, (int)n, xq, 1, &epi, &e) != SMELT_OK) {
+    if (cuda_mmv_multi(&cb->ctx, &qw, &y, &bb, 1, x->data, (int)n, xq, 1, prep ? &epi : NULL, &e) != SMELT_OK) {
         bk_fail(b, e.code, "%s", e.msg);
         return;
     }
-    cu_prof_mark(cb, qw->bytes, "mmv+prep %s %lldx%lld n=%d", qtype_name(qw->type), (long long)qw->rows,
-              (long long)qw->k, (int)n);
-    cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data, n, qw->rows,
-                                  next->eps, true};
+    cu_prof_mark(cb, qw->bytes, "mmv%s%s %s %lldx%lld n=%d", bias ? "+bias" : "", prep ? "+prep" : "",
+                 qtype_name(qw->type), (long long)qw->rows, (long long)qw->k, (int)n);
+    if (prep)
+        cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data, n, qw->rows,
+                                      next->eps, true};
     cu_scratch_release(b, mark);
 }
 
@@ -361,8 +379,7 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
  * that stack (Q, K and V of one type, or Q4_K_M's Q4_K Q and K with a Q6_K V), biases
  * added in the same launch. */
 static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *w,
-                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre,
-                             const void *att_xq) {
+                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     const struct cuda_qweight *qw[3];
     bool any_float = false, any_quant = false;
     for (int i = 0; i < n; i++) {
@@ -389,7 +406,7 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
         uint32_t qt = qw[0]->type;
         for (int i = 0; i < n; i++)
             if (cuda_mmv_needs_quant(qw[i]->type)) qt = qw[i]->type;
-        if (any_quant && !(xq = att_xq ? att_xq : quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
+        if (any_quant && !(xq = quantized(cb, xf, x->ne[0], x->ne[1], qt))) return;
     }
     for (int i = 0; i < n && cu_ok(cb);) {
         int j = i + 1;
@@ -420,9 +437,6 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
 void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_enter(b);
-    /* one matrix on the attention's output with no norm (gpt-oss's W_o, which has a bias):
-     * the attention's int8 form of it, as cu_matmul_acc takes */
-    const void *att_xq = n == 1 && !pre ? att_q_for(cb, x, cu_qw_of(cb, w[0])) : NULL;
     cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
@@ -430,7 +444,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
     for (int i = 0; i < n && x->ne[1] <= CUDA_MMV_MAX_N && !mmb; i++)
         mmb = w[i]->extra && cu_mm_small_batch(cb, w[i]->extra, x->data, x->ne[1]);
     if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3 && !mmb) {
-        matmul_group_mmv(cb, n, dst, w, bias, x, pre, att_xq);
+        matmul_group_mmv(cb, n, dst, w, bias, x, pre);
         cu_scratch_release(b, mark);
         return;
     }

@@ -245,7 +245,8 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                               .n_exp = n_exp,
                               .x_rows = x_rows,
                               .gate_b = w->gate_b ? w->gate_b->data : NULL,
-                              .up_b = w->up_b ? w->up_b->data : NULL};
+                              .up_b = w->up_b ? w->up_b->data : NULL,
+                              .signal_late = n == 1}; /* the down launch takes its ids early */
     /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch,
      * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
      * quantize, then n * n_embd for the sum */
@@ -282,8 +283,11 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     }
     if (!fuse_q) hq = quantized_rows(cb, qd, h, n_ff, rows);
     if (!cu_ok(cb) || (cuda_mmv_needs_quant(qd->type) && !hq)) return;
+    /* one token: the ids' writer (the router) ran before gate/up, which signals this launch
+     * only after its own wait (signal_late; or the quantize after it does): the down
+     * weights start streaming while gate/up runs */
     id = (struct cuda_mmv_ids){.eid = chunk_eid, .n_chunks = (int)n_chunks, .x_div = 1, .n_exp = n_exp,
-                               .x_rows = rows};
+                               .x_rows = rows, .ids_early = n == 1};
     if (fuse_c) {
         id.cmb_dst = dst->data;
         id.cmb_ids = ids->data;
