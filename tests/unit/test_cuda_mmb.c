@@ -245,6 +245,96 @@ static void test_mmb_types(void) {
     }
 }
 
+/* cuda_mmb_multi: three matrices of one type (5, 1 and 3 row tiles, ragged) and a pair in one
+ * launch on one x, each against the CPU's product of its f16 weights, every n bitwise equal
+ * to its rows at NMAX (the set's K split is the same at every n), and the rows around each
+ * matrix's end not written past (sentinels). */
+static void test_mmb_multi(void) {
+    const int ns[] = {2, 8, 9, 33, NMAX};
+    const int n_ns = (int)(sizeof ns / sizeof ns[0]);
+    const int64_t k = 1024, rows[3] = {301, 64, 130};
+    const uint32_t types[2] = {QT_Q4_K, QT_Q6_K};
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = types[ti];
+        if (!type_on(type)) continue;
+        for (int count = 3; count >= 2; count--) {
+            struct cuda_qweight qw[3];
+            const struct cuda_qweight *qp[3] = {&qw[0], &qw[1], &qw[2]};
+            float *w16[3] = {NULL}, *deq[3] = {NULL}, *dy[3] = {NULL}, *y64[3] = {NULL}, *hy = NULL, *x = NULL,
+                  *dx = NULL;
+            void *hw[3] = {NULL}, *sc = NULL;
+            struct err e;
+            memset(qw, 0, sizeof qw);
+            x = malloc(sizeof(float) * (size_t)(NMAX * k));
+            hy = malloc(sizeof(float) * (size_t)(NMAX * 301 + GUARD));
+            if (!x || !hy) abort();
+            for (int i = 0; i < count; i++) {
+                w16[i] = malloc(sizeof(float) * (size_t)(rows[i] * k));
+                deq[i] = malloc(sizeof(float) * (size_t)(rows[i] * k));
+                y64[i] = malloc(sizeof(float) * (size_t)(NMAX * rows[i]));
+                if (!w16[i] || !deq[i] || !y64[i]) abort();
+                hw[i] = make_weights(type, rows[i], k, w16[i], deq[i], &g_seed);
+                T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw[i], type, hw[i], rows[i], k, &e), SMELT_OK);
+                CK(cudaMalloc((void **)&dy[i], sizeof(float) * (size_t)(NMAX * rows[i] + GUARD)));
+            }
+            for (int64_t i = 0; i < NMAX * k; i++)
+                x[i] = t_randn(&g_seed);
+            uint64_t sbytes = 0;
+            T_EQ_INT(cuda_mmb_multi_scratch_bytes(&g_ctx, qp, count, NMAX, &sbytes, &e), SMELT_OK);
+            CK(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(NMAX * k)));
+            CK(cudaMalloc(&sc, sbytes));
+            CK(cudaMemcpy(dx, x, sizeof(float) * (size_t)(NMAX * k), cudaMemcpyHostToDevice));
+            for (int ni = n_ns - 1; ni >= 0; ni--) { /* NMAX first: the others are compared with it */
+                const int n = ns[ni];
+                for (int i = 0; i < count; i++) {
+                    for (int64_t j = 0; j < n * rows[i] + GUARD; j++) hy[j] = j < n * rows[i] ? NAN : SENTINEL;
+                    CK(cudaMemcpy(dy[i], hy, sizeof(float) * (size_t)(n * rows[i] + GUARD), cudaMemcpyHostToDevice));
+                }
+                T_CHECKF(cuda_mmb_multi(&g_ctx, qp, count, dx, n, dy, sc, sbytes, 0, &e) == SMELT_OK, "%s", e.msg);
+                CK(cudaDeviceSynchronize());
+                int bad = 0, diff = 0, guard = 0;
+                for (int i = 0; i < count; i++) {
+                    CK(cudaMemcpy(hy, dy[i], sizeof(float) * (size_t)(n * rows[i] + GUARD), cudaMemcpyDeviceToHost));
+                    for (int t = 0; t < n; t++)
+                        for (int64_t r = 0; r < rows[i]; r++) {
+                            const float v = hy[t * rows[i] + r];
+                            double a = 0, m = 0;
+                            for (int64_t j = 0; j < k; j++) {
+                                const double p = (double)w16[i][r * k + j] * x16(x[t * k + j]);
+                                a += p;
+                                m += fabs(p);
+                            }
+                            if (!(fabs(v - a) <= 2e-5 * m + 1e-6) && bad++ < 3)
+                                fprintf(stderr, "  multi %s x%d n=%d: y%d[%d][%lld] = %.7g, ref %.7g\n",
+                                        qtype_name(type), count, n, i, t, (long long)r, v, a);
+                            if (n == NMAX) y64[i][t * rows[i] + r] = v;
+                            else diff += memcmp(&v, &y64[i][t * rows[i] + r], sizeof v) != 0;
+                        }
+                    for (int j = 0; j < GUARD; j++) guard += hy[n * rows[i] + j] != SENTINEL;
+                }
+                printf("mmb multi %-4s x%d (301, 64, 130)x%lld n=%-2d: %s\n", qtype_name(type), count, (long long)k,
+                       n, bad || diff || guard ? "MISMATCH" : "ok (bitwise = its rows at 64)");
+                T_CHECKF(bad == 0, "multi n=%d: %d outputs off", n, bad);
+                T_CHECKF(diff == 0, "multi n=%d: %d outputs differ from the same rows at n=%d", n, diff, NMAX);
+                T_CHECKF(guard == 0, "multi n=%d: %d floats written past a matrix's y", n, guard);
+            }
+        out:
+            for (int i = 0; i < count; i++) {
+                cuda_qweight_free(&qw[i]);
+                cudaFree(dy[i]);
+                free(hw[i]);
+                free(w16[i]);
+                free(deq[i]);
+                free(y64[i]);
+            }
+            cudaFree(dx);
+            cudaFree(sc);
+            free(x);
+            free(hy);
+        }
+    }
+}
+
 /* The f16 weights themselves, to the bit (up to the sign of a zero): token row t of a call is the one-hot vector of K
  * position k0 + t, so y[t][r] = w16[r][k0 + t] exactly (one product by 1, the rest adds
  * zeros), against qref16.h's weights (cuda_mmq's values for Q6_K and Q8_0). Every K
@@ -482,6 +572,7 @@ int main(void) {
     T_RUN(test_mmb_all_rows);
     T_RUN(test_mmb_types);
     T_RUN(test_mmb_model_shapes);
+    T_RUN(test_mmb_multi);
     if (getenv("SMELT_BENCH"))
         for (int ti = 0; ti < N_TYPES; ti++)
             if (type_on(all_types[ti])) bench_type(all_types[ti]);

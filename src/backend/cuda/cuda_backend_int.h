@@ -230,6 +230,10 @@ const struct cuda_qweight *cu_qw_of(struct cuda_backend *cb, const struct tensor
 bool cu_mm_small_batch(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n);
 void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y, bool acc,
            const void *xq);
+/* y[i] = W_i x for count products on one input; neighbours of one type whose chosen path is
+ * the small-batch kernel share one launch (cuda_matmul.c). */
+void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *const *qw, const float *x, int64_t n,
+                 float *const *y);
 /* At free: the measured path table, at debug level. */
 void cu_tune_report(struct cuda_backend *cb);
 

@@ -432,6 +432,44 @@ void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *
     cu_scratch_release(&cb->base, mark);
 }
 
+/* y[i] = W_i x for count (<= CUDA_MMB_MATS) products on one input (a layer's Q, K and V, or
+ * gate and up), each by its chosen path, except that a run of neighbours of one type and row
+ * length whose paths are all mmb goes to one small-batch launch (cuda_mmb_multi: one
+ * conversion and one product instead of two launches each). The choice is per product as
+ * cu_mm's (its key's measured path), so a row count makes the same grouping every time. */
+void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *const *qw, const float *x, int64_t n,
+                 float *const *y) {
+    for (int i = 0; i < count && cu_ok(cb);) {
+        int j = i + 1;
+        if (mmb_ok(cb, qw[i], n) && choose(cb, qw[i], x, n, y[i], false, NULL) == MMTUNE_MMB)
+            while (j < count && j - i < CUDA_MMB_MATS && qw[j]->type == qw[i]->type && qw[j]->k == qw[i]->k &&
+                   cu_ok(cb) && choose(cb, qw[j], x, n, y[j], false, NULL) == MMTUNE_MMB)
+                j++;
+        if (!cu_ok(cb)) return;
+        if (j - i == 1) {
+            cu_mm(cb, qw[i], x, n, y[i], false, NULL);
+            i = j;
+            continue;
+        }
+        struct err e;
+        uint64_t bytes = 0;
+        size_t mark = cu_scratch_mark(&cb->base);
+        void *sc = NULL;
+        if (cuda_mmb_multi_scratch_bytes(&cb->ctx, qw + i, j - i, n, &bytes, &e) != SMELT_OK ||
+            cuda_mmb_multi(&cb->ctx, qw + i, j - i, x, n, y + i, (sc = cu_scratch(cb, bytes)), bytes, 0, &e) !=
+                SMELT_OK) {
+            if (cu_ok(cb)) bk_fail(&cb->base, e.code, "%s", e.msg);
+            return;
+        }
+        uint64_t wb = 0;
+        for (int t = i; t < j; t++) wb += qw[t]->bytes;
+        cu_prof_mark(cb, wb, "mmb %s x%d %lldx%lld n=%lld", qtype_name(qw[i]->type), j - i, (long long)qw[i]->rows,
+                     (long long)qw[i]->k, (long long)n);
+        cu_scratch_release(&cb->base, mark);
+        i = j;
+    }
+}
+
 const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,
                                                int64_t n) {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;

@@ -77,15 +77,38 @@ extern "C" {
 #define MMB_XS 528          /* shared bytes per token per stage */
 #define MMB_BLOCKS_PER_SM 4 /* the K split aims at this many blocks per SM */
 
-struct mmb_args {
-    const unsigned char *wq, *ws, *wd; /* split-layout weights: cuda_qweight q, s, d */
-    const float *x;                    /* (n, k) f32 activations (the conversion's input) */
-    const __half *xp;                  /* (8 NT, k) f16 activations, fragment order */
-    float *y;                          /* (n, rows) */
-    float *part;                       /* partial tiles: (row tile, split, thread, NT float4) */
-    int *cnt;                          /* one counter per row tile */
-    int rows, k, n, nsb, kr, ks, accumulate;
+/* One matrix of a launch: its split-layout weights (cuda_qweight q, s, d). */
+struct mmb_w {
+    const unsigned char *q, *s, *d;
 };
+
+/* A launch: CUDA_MMB_MATS matrices at most, of one type and row length, on one input; the row
+ * tiles of matrix i are tile0[i] .. tile0[i + 1] - 1 of the grid's (unused matrices: empty
+ * ranges at the end). */
+struct mmb_args {
+    mmb_w w[CUDA_MMB_MATS];
+    float *y[CUDA_MMB_MATS];   /* (n, rows[i]) */
+    int rows[CUDA_MMB_MATS];
+    int tile0[CUDA_MMB_MATS + 1];
+    const float *x;            /* (n, k) f32 activations (the conversion's input) */
+    const __half *xp;          /* (8 NT, k) f16 activations, fragment order */
+    float *part;               /* partial tiles: (row tile, split, thread, NT float4) */
+    int *cnt;                  /* one counter per row tile */
+    int k, n, nsb, kr, ks, accumulate;
+};
+
+/* The matrix of row tile bx, and the selection of a per-matrix argument by constant indices
+ * (a dynamic index would copy the arguments to local memory). */
+static_assert(CUDA_MMB_MATS == 3, "mmb_mat and mmb_pick select among 3");
+static __device__ __forceinline__ int mmb_mat(const mmb_args &a, int bx) {
+    return (bx >= a.tile0[1]) + (bx >= a.tile0[2]);
+}
+template <class T> static __device__ __forceinline__ T mmb_pick(const T (&v)[CUDA_MMB_MATS], int m) {
+    return m == 0 ? v[0] : m == 1 ? v[1] : v[2];
+}
+template <class T> static __device__ __forceinline__ T mmb_pick(const T (&v)[CUDA_MMB_MATS + 1], int m) {
+    return m == 0 ? v[0] : m == 1 ? v[1] : v[2];
+}
 
 /* ------------------------------------------------------------ weight types ---- */
 
@@ -151,12 +174,12 @@ template <> struct mmb_fmt<QT_Q4_K> {
     struct raw {
         uint4 q[2][2], s[2]; /* [row][piece L], [row] */
     };
-    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+    static __device__ __forceinline__ src init(const mmb_args &a, const mmb_w &w, const long long (&r)[2], int t) {
         src p;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 8 + t;
-            p.s[i] = (const uint4 *)a.ws + r[i] * a.nsb;
+            p.q[i] = (const uint4 *)w.q + r[i] * a.nsb * 8 + t;
+            p.s[i] = (const uint4 *)w.s + r[i] * a.nsb;
         }
         return p;
     }
@@ -218,14 +241,14 @@ template <> struct mmb_fmt<QT_Q5_K> {
         uint4 q[2][2];
         uint32_t h[2][2], s[2][2], d[2];
     };
-    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+    static __device__ __forceinline__ src init(const mmb_args &a, const mmb_w &w, const long long (&r)[2], int t) {
         src p;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 10 + t;
-            p.h[i] = (const uint32_t *)a.wq + r[i] * a.nsb * 40 + 32 + t;
-            p.s[i] = (const uint32_t *)a.ws + r[i] * a.nsb * 4 + (t >> 1);
-            p.d[i] = (const uint32_t *)a.wd + r[i] * a.nsb;
+            p.q[i] = (const uint4 *)w.q + r[i] * a.nsb * 10 + t;
+            p.h[i] = (const uint32_t *)w.q + r[i] * a.nsb * 40 + 32 + t;
+            p.s[i] = (const uint32_t *)w.s + r[i] * a.nsb * 4 + (t >> 1);
+            p.d[i] = (const uint32_t *)w.d + r[i] * a.nsb;
         }
         return p;
     }
@@ -294,15 +317,15 @@ template <> struct mmb_fmt<QT_Q6_K> {
         uint2 s[2];
         uint32_t d[2];
     };
-    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+    static __device__ __forceinline__ src init(const mmb_args &a, const mmb_w &w, const long long (&r)[2], int t) {
         src p;
         const int pl = 4 * (t >> 1) + (t & 1);
         p.oh = 8 + t - pl;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 12 + pl;
-            p.s[i] = (const uint2 *)a.ws + r[i] * a.nsb * 2 + (t >> 1);
-            p.d[i] = (const unsigned short *)a.wd + r[i] * a.nsb;
+            p.q[i] = (const uint4 *)w.q + r[i] * a.nsb * 12 + pl;
+            p.s[i] = (const uint2 *)w.s + r[i] * a.nsb * 2 + (t >> 1);
+            p.d[i] = (const unsigned short *)w.d + r[i] * a.nsb;
         }
         return p;
     }
@@ -367,12 +390,12 @@ template <> struct mmb_fmt<QT_Q8_0> {
     struct raw {
         uint4 q[2][4], s[2];
     };
-    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
+    static __device__ __forceinline__ src init(const mmb_args &a, const mmb_w &w, const long long (&r)[2], int t) {
         src p;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            p.q[i] = (const uint4 *)a.wq + r[i] * a.nsb * 16 + t;
-            p.s[i] = (const uint4 *)a.ws + r[i] * a.nsb;
+            p.q[i] = (const uint4 *)w.q + r[i] * a.nsb * 16 + t;
+            p.s[i] = (const uint4 *)w.s + r[i] * a.nsb;
         }
         return p;
     }
@@ -417,8 +440,8 @@ template <> struct mmb_fmt<QT_Q4_0> {
     }
     using src = mmb_fmt<QT_Q4_K>::src;
     using raw = mmb_fmt<QT_Q4_K>::raw;
-    static __device__ __forceinline__ src init(const mmb_args &a, const long long (&r)[2], int t) {
-        return mmb_fmt<QT_Q4_K>::init(a, r, t);
+    static __device__ __forceinline__ src init(const mmb_args &a, const mmb_w &w, const long long (&r)[2], int t) {
+        return mmb_fmt<QT_Q4_K>::init(a, w, r, t);
     }
     static __device__ __forceinline__ void load(raw &w, const src &p, int s) { mmb_fmt<QT_Q4_K>::load(w, p, s); }
     template <int NT>
@@ -494,16 +517,19 @@ static __device__ __forceinline__ void copy_x(const mmb_args &a, unsigned char *
     }
 }
 
-/* y = (or +=) v for this lane's outputs: rows row and row + 8, tokens 8j + 2t (+1). */
+/* y = (or +=) v for this lane's outputs: rows row and row + 8 of matrix m, tokens 8j + 2t
+ * (+1). */
 template <int NT>
-static __device__ __forceinline__ void store_y(const mmb_args &a, const float (&v)[NT][4], int row, int t) {
+static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const float (&v)[NT][4], int row, int t) {
+    const int rows = mmb_pick(a.rows, m);
+    float *y = mmb_pick(a.y, m);
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = row + 8 * (i >> 1), tok = 8 * j + 2 * t + (i & 1);
-            if (r < a.rows && tok < a.n) {
-                float *o = a.y + (long long)tok * a.rows + r;
+            if (r < rows && tok < a.n) {
+                float *o = y + (long long)tok * rows + r;
                 *o = a.accumulate ? *o + v[j][i] : v[j][i];
             }
         }
@@ -517,10 +543,11 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args 
     constexpr int STAGE = 8 * NT * MMB_XS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const int s0 = blockIdx.y * a.kr, s1 = min(s0 + a.kr, a.nsb);
-    const int row = blockIdx.x * MMB_BM + warp * 16 + (lane >> 2);
+    const int m = mmb_mat(a, blockIdx.x), rows = mmb_pick(a.rows, m);
+    const int row = ((int)blockIdx.x - mmb_pick(a.tile0, m)) * MMB_BM + warp * 16 + (lane >> 2); /* in matrix m */
     /* rows past the matrix read the last one (their results are never stored) */
-    const long long rr[2] = {min(row, a.rows - 1), min(row + 8, a.rows - 1)};
-    const typename F::src src = F::init(a, rr, t);
+    const long long rr[2] = {min(row, rows - 1), min(row + 8, rows - 1)};
+    const typename F::src src = F::init(a, mmb_pick(a.w, m), rr, t);
     typename F::raw cur, nxt;
     F::load(cur, src, s0); /* weights only: before the wait (cuda_common.cuh) */
     pdl_wait();
@@ -549,7 +576,7 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args 
         cur = nxt;
     }
     if (a.ks == 1) {
-        store_y<NT>(a, acc, row, t);
+        store_y<NT>(a, m, acc, row, t);
         return;
     }
     const long long tile = blockIdx.x;
@@ -592,7 +619,7 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args 
             sum[j][3] += p.w;
         }
     }
-    store_y<NT>(a, sum, row, t);
+    store_y<NT>(a, m, sum, row, t);
 }
 
 /* --------------------------------------------------------------- launchers ---- */
@@ -607,15 +634,20 @@ static uint64_t align256(uint64_t v) {
     return (v + 255) & ~255ull;
 }
 
+static int64_t tiles_of(int64_t rows) {
+    return (rows + MMB_BM - 1) / MMB_BM;
+}
+
 /* Token tiles of 8: 1, 2, 4 or 8 (the kernel's template). */
 static int nt_of(int64_t n) {
     return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
 }
 
-static mmb_plan plan_of(const struct cuda_ctx *c, int64_t rows, int64_t k, int64_t n) {
+/* rtiles: the launch's row tiles, every matrix's together. */
+static mmb_plan plan_of(const struct cuda_ctx *c, int64_t rtiles, int64_t k, int64_t n) {
     mmb_plan p;
     p.nsb = (int)(k / 256);
-    p.rtiles = (int)((rows + MMB_BM - 1) / MMB_BM);
+    p.rtiles = (int)rtiles;
     const long long n_sm = c->n_sm > 0 ? c->n_sm : 132;
     long long want = (MMB_BLOCKS_PER_SM * n_sm + p.rtiles - 1) / p.rtiles;
     if (want > p.nsb) want = p.nsb;
@@ -636,7 +668,7 @@ extern "C" int cuda_mmb_supported(uint32_t type, int64_t k) {
 
 extern "C" int cuda_mmb_splits(const struct cuda_ctx *ctx, int64_t rows, int64_t k) {
     if (rows < 1 || k < 256) return 1;
-    return plan_of(ctx, rows, k, 1).ks;
+    return plan_of(ctx, tiles_of(rows), k, 1).ks;
 }
 
 extern "C" smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64_t rows, int64_t k, int64_t n,
@@ -644,9 +676,31 @@ extern "C" smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64
     if (rows < 1 || k < 256 || n < 1 || n > CUDA_MMB_MAX_ROWS)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmb: scratch for %lld x %lld, %lld tokens (1..%d)",
                        (long long)rows, (long long)k, (long long)n, CUDA_MMB_MAX_ROWS);
-    const mmb_plan p = plan_of(ctx, rows, k, n);
+    const mmb_plan p = plan_of(ctx, tiles_of(rows), k, n);
     *bytes = p.xp_bytes + p.cnt_bytes + p.part_bytes;
     return SMELT_OK;
+}
+
+/* The rows cuda_mmb_scratch_bytes is asked for by cuda_mmb_multi_scratch_bytes: every
+ * matrix's tiles together, or -1 when the matrices cannot share a launch. */
+static int64_t multi_rows(const struct cuda_qweight *const *w, int count) {
+    if (count < 1 || count > CUDA_MMB_MATS || !w[0]) return -1;
+    int64_t tiles = 0;
+    for (int i = 0; i < count; i++) {
+        if (!w[i] || w[i]->type != w[0]->type || w[i]->k != w[0]->k || w[i]->rows < 1 || w[i]->rows > (1 << 30))
+            return -1;
+        tiles += tiles_of(w[i]->rows);
+    }
+    return tiles * MMB_BM;
+}
+
+extern "C" smelt_status cuda_mmb_multi_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
+                                                     int count, int64_t n, uint64_t *bytes, struct err *e) {
+    const int64_t rows = multi_rows(w, count);
+    if (rows < 0)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: %d matrices in one launch (1..%d, one type and row length)",
+                       count, CUDA_MMB_MATS);
+    return cuda_mmb_scratch_bytes(ctx, rows, w[0]->k, n, bytes, e);
 }
 
 template <uint32_t T, int NT>
@@ -671,39 +725,52 @@ template <uint32_t T> static cudaError_t launch_type(struct cuda_ctx *ctx, const
     }
 }
 
-extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
-                                 float *y, void *scratch, uint64_t scratch_bytes, int accumulate, struct err *e) {
-    if (!w || !cuda_mmb_supported(w->type, w->k) || w->rows < 1 || w->rows > (1 << 30))
+extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count,
+                                       const float *x, int64_t n, float *const *y, void *scratch,
+                                       uint64_t scratch_bytes, int accumulate, struct err *e) {
+    const int64_t rows = multi_rows(w, count);
+    if (rows < 0)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: %d matrices in one launch (1..%d, one type and row length)",
+                       count, CUDA_MMB_MATS);
+    if (!cuda_mmb_supported(w[0]->type, w[0]->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmb: %s %lldx%lld has no kernel (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0; k %% 256 == 0)",
-                       w ? qtype_name(w->type) : "?", w ? (long long)w->rows : 0LL, w ? (long long)w->k : 0LL);
-    if (n < 1 || n > CUDA_MMB_MAX_ROWS || !x || !y || !scratch || ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15))
+                       qtype_name(w[0]->type), (long long)w[0]->rows, (long long)w[0]->k);
+    bool ys = true;
+    for (int i = 0; i < count; i++) ys = ys && y[i];
+    if (n < 1 || n > CUDA_MMB_MAX_ROWS || !x || !ys || !scratch || ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15))
         return err_set(e, SMELT_ERR_INVALID,
-                       "cuda mmb: %lld token rows (1..%d), x %p and scratch %p (16-byte aligned), y %p",
-                       (long long)n, CUDA_MMB_MAX_ROWS, (const void *)x, scratch, (void *)y);
-    const mmb_plan p = plan_of(ctx, w->rows, w->k, n);
+                       "cuda mmb: %lld token rows (1..%d), x %p and scratch %p (16-byte aligned), every y given",
+                       (long long)n, CUDA_MMB_MAX_ROWS, (const void *)x, scratch);
+    const mmb_plan p = plan_of(ctx, tiles_of(rows), w[0]->k, n);
     const uint64_t need = p.xp_bytes + p.cnt_bytes + p.part_bytes;
     if (scratch_bytes < need)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmb: scratch of %llu bytes, %s %lldx%lld at %lld rows needs %llu",
-                       (unsigned long long)scratch_bytes, qtype_name(w->type), (long long)w->rows, (long long)w->k,
-                       (long long)n, (unsigned long long)need);
+                       (unsigned long long)scratch_bytes, qtype_name(w[0]->type), (long long)rows,
+                       (long long)w[0]->k, (long long)n, (unsigned long long)need);
     mmb_args a;
-    a.wq = (const unsigned char *)w->q;
-    a.ws = (const unsigned char *)w->s;
-    a.wd = (const unsigned char *)w->d;
+    memset(&a, 0, sizeof a);
+    int tile = 0;
+    for (int i = 0; i < CUDA_MMB_MATS; i++) {
+        const struct cuda_qweight *wi = w[i < count ? i : count - 1]; /* unused: an empty range */
+        a.w[i] = mmb_w{(const unsigned char *)wi->q, (const unsigned char *)wi->s, (const unsigned char *)wi->d};
+        a.y[i] = y[i < count ? i : count - 1];
+        a.rows[i] = (int)wi->rows;
+        a.tile0[i] = tile;
+        if (i < count) tile += (int)tiles_of(wi->rows);
+    }
+    a.tile0[CUDA_MMB_MATS] = tile;
     a.x = x;
     a.xp = (const __half *)scratch;
     a.cnt = (int *)((unsigned char *)scratch + p.xp_bytes);
     a.part = p.part_bytes ? (float *)((unsigned char *)scratch + p.xp_bytes + p.cnt_bytes) : NULL;
-    a.y = y;
-    a.rows = (int)w->rows;
-    a.k = (int)w->k;
+    a.k = (int)w[0]->k;
     a.n = (int)n;
     a.nsb = p.nsb;
     a.kr = p.kr;
     a.ks = p.ks;
     a.accumulate = accumulate != 0;
     cudaError_t ce;
-    switch (w->type) {
+    switch (w[0]->type) {
     case QT_Q4_K: ce = launch_type<QT_Q4_K>(ctx, p, a); break;
     case QT_Q5_K: ce = launch_type<QT_Q5_K>(ctx, p, a); break;
     case QT_Q6_K: ce = launch_type<QT_Q6_K>(ctx, p, a); break;
@@ -712,4 +779,12 @@ extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight
     }
     CUDA_TRY(ce, e);
     return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
+                                 float *y, void *scratch, uint64_t scratch_bytes, int accumulate, struct err *e) {
+    if (!w || !cuda_mmb_supported(w->type, w->k) || w->rows < 1 || w->rows > (1 << 30))
+        return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmb: %s %lldx%lld has no kernel (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0; k %% 256 == 0)",
+                       w ? qtype_name(w->type) : "?", w ? (long long)w->rows : 0LL, w ? (long long)w->k : 0LL);
+    return cuda_mmb_multi(ctx, &w, 1, x, n, &y, scratch, scratch_bytes, accumulate, e);
 }

@@ -33,6 +33,7 @@ extern "C" {
 #endif
 
 #define CUDA_MMB_MAX_ROWS 64 /* token rows one call takes */
+#define CUDA_MMB_MATS 3      /* matrices one launch takes (cuda_mmb_multi) */
 
 /* True when the kernel handles this weight type with row length k. */
 int cuda_mmb_supported(uint32_t type, int64_t k);
@@ -52,6 +53,17 @@ smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64_t rows, in
  * graph-capturable; errors are argument and launch errors only. */
 smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
                       float *y, void *scratch, uint64_t scratch_bytes, int accumulate, struct err *e);
+
+/* cuda_mmb of count (1..CUDA_MMB_MATS) matrices of one type and row length on the same x, in
+ * one conversion and one product launch (a layer's Q, K and V, or gate and up):
+ * y[i][n][w[i]->rows] (+)= W_i x. The K split is chosen for all the matrices' rows together,
+ * so a matrix's result is not the bits of its own cuda_mmb, but it is the same bits at every
+ * n for the same set of matrices. Scratch: cuda_mmb_multi_scratch_bytes. */
+smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count, const float *x,
+                            int64_t n, float *const *y, void *scratch, uint64_t scratch_bytes, int accumulate,
+                            struct err *e);
+smelt_status cuda_mmb_multi_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
+                                          int count, int64_t n, uint64_t *bytes, struct err *e);
 
 #ifdef __cplusplus
 }

@@ -450,10 +450,17 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
     }
     const float *xn = prenormed(cb, x, pre);
     if (!xn) return;
+    for (int i0 = 0; i0 < n; i0 += CUDA_MMB_MATS) { /* neighbours of one type may share a launch */
+        const int c = n - i0 < CUDA_MMB_MATS ? n - i0 : CUDA_MMB_MATS;
+        const struct cuda_qweight *qw[CUDA_MMB_MATS];
+        float *y[CUDA_MMB_MATS];
+        for (int i = 0; i < c; i++) {
+            if (!(qw[i] = cu_qw_of(cb, w[i0 + i]))) return;
+            y[i] = dst[i0 + i]->data;
+        }
+        cu_mm_group(cb, c, qw, xn, x->ne[1], y);
+    }
     for (int i = 0; i < n && cu_ok(cb); i++) {
-        const struct cuda_qweight *qw = cu_qw_of(cb, w[i]);
-        if (!qw) return;
-        cu_mm(cb, qw, xn, x->ne[1], dst[i]->data, false, NULL);
         if (bias && bias[i]) {
             cuda_add(&cb->ctx, dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1);
             cu_check_launch(cb, "bias");
@@ -514,9 +521,15 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     float *g = cu_scratch(cb, (size_t)tensor_nelem(dst) * sizeof(float));
     if (!xn || !g) return;
     const void *xq = cu_mm_small_batch(cb, qg, xn, n) ? NULL : quantized(cb, xn, x->ne[0], x->ne[1], qg->type);
-    cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
-    cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
-           cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
+    if (xq) { /* mmv at <= 8 rows: both products on one int8 form of x */
+        cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
+        cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
+              cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
+    } else { /* one small-batch launch for both where their paths are mmb */
+        const struct cuda_qweight *gu[2] = {qg, qu};
+        float *gy[2] = {g, dst->data};
+        cu_mm_group(cb, 2, gu, xn, x->ne[1], gy);
+    }
     cuda_glu(&cb->ctx, dst->data, g, dst->data, (int)act, tensor_nelem(dst));
     cu_check_launch(cb, "glu");
     cu_scratch_release(b, mark);
