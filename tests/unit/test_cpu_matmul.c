@@ -199,6 +199,7 @@ struct shape {
 };
 
 static int n_checked;
+static int g_extreme; /* check_type: make_extreme's weights and X instead of random ones */
 
 static int n_repacked;
 
@@ -264,6 +265,49 @@ static void check_repacked(uint32_t t, struct cpu_pool *pool, struct arena *ar, 
     n_repacked++;
 }
 
+/* The K-quants' and IQ4_XS's largest integer sums: every weight at the magnitude its block
+ * allows (Q4_K/Q5_K/Q2_K scale, min and quant all ones; Q6_K q = 0 (−32) with scale −128;
+ * Q3_K −4 with scale −32; IQ4_XS scale −32 and value −127), against X rows that are
+ * constant at +amax (hi 127, lo 0), or at ±16192/16256 of amax (hi ±127/−126, lo −64)
+ * with one element at ±amax: the per-chunk int32 of the AVX2 kernels reaches 2^31 − 2^24
+ * (Q6_K) and the decode's int16 sums their bounds (cpu_gemv_avx2.c). */
+static void make_extreme(uint32_t t, uint8_t *w, int64_t rows, int64_t k, float *x, int64_t n,
+                         unsigned long long *s) {
+    const struct qtype_info *qi = qtype_get(t);
+    size_t nb = (size_t)qtype_row_size(t, k) * (size_t)rows / qi->type_size;
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * qi->type_size;
+        switch (t) {
+        case QT_Q4_K:
+        case QT_Q5_K:
+            memset(p + 4, 0xff, qi->type_size - 4);
+            break;
+        case QT_Q6_K:
+            memset(p, 0, 192);
+            memset(p + 192, 0x80, 16);
+            break;
+        case QT_Q3_K:
+            memset(p, 0, 108);
+            break;
+        case QT_Q2_K:
+            memset(p, 0xff, 80);
+            break;
+        case QT_IQ4_XS:
+            memset(p + 2, 0, qi->type_size - 2);
+            break;
+        default:
+            break;
+        }
+        sanitize_block(t, p, s);
+    }
+    for (int64_t c = 0; c < n; c++) {
+        float *xc = x + c * k, sg = c % 2 ? -1.0f : 1.0f;
+        for (int64_t i = 0; i < k; i++)
+            xc[i] = c % 3 == 0 ? sg : sg * (16192.0f / 16256.0f);
+        xc[0] = sg;
+    }
+}
+
 static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar, const struct shape *sh,
                        unsigned long long seed) {
     const struct qtype_info *qi = qtype_get(t);
@@ -271,6 +315,7 @@ static void check_type(uint32_t t, struct cpu_pool *pool, struct arena *ar, cons
     int64_t rows = sh->rows, k = sh->k, n = sh->n;
     void *w = make_weights(t, rows, k, &s);
     float *x = make_x(n, k, &s);
+    if (g_extreme) make_extreme(t, w, rows, k, x, n, &s);
     float *wd = malloc(sizeof(float) * (size_t)(rows * k));
     size_t rb = (size_t)qtype_row_size(t, k);
     for (int64_t r = 0; r < rows; r++)
@@ -421,6 +466,23 @@ static void test_matmul_kernel_types(void) {
            n_checked, cpu_isa_name(cpu_isa_supported()), n_repacked);
 }
 
+static void test_kquant_extremes(void) {
+    struct cpu_pool *pool = NULL;
+    struct err e = {0};
+    T_EQ_INT(cpu_pool_new(&pool, 2, &e), SMELT_OK);
+    struct arena ar;
+    arena_init(&ar);
+    const uint32_t types[] = {QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS};
+    const struct shape shapes[] = {{9, 512, 3}, {5, 256, 12}};
+    g_extreme = 1;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            check_type(types[ti], pool, &ar, &shapes[si], 0xe47ULL * (ti * 4 + si + 1));
+    g_extreme = 0;
+    arena_free(&ar);
+    cpu_pool_free(pool);
+}
+
 static void test_matmul_fallback_types(void) {
     struct arena ar;
     arena_init(&ar);
@@ -565,6 +627,29 @@ static void test_quantizers_identical(void) {
                 sv0 += (float)v_nat[i];
             T_CHECK(cpu_x16_sv(a, k)[0] == sv0);
         }
+        /* X16_K: v in chunk-lane order per super-block, sums per 16 even groups first */
+        {
+            memset(a, 0, sizeof a);
+            memset(b, 0, sizeof b);
+            cpu_quantize_x16_k_scalar(x, a, k);
+            cpu_quantize_x16_k_avx2(x, b, k);
+            T_CHECKF(memcmp(a, b, 2 * (size_t)k + 4 * (size_t)(k / 16) + 4) == 0, "X16_K bytes");
+            const int16_t *v16 = (const int16_t *)a;
+            int badc = 0;
+            for (int64_t i = 0; i < k; i++) {
+                int64_t sb = i / 256, n = i % 256, l = n / 32, j = (n % 32) / 2, e2 = n % 2;
+                if (v16[256 * sb + 16 * j + 2 * l + e2] != v_nat[i]) badc++;
+            }
+            for (int64_t g = 0; g < k / 16; g++) {
+                int sum = 0;
+                for (int i = 0; i < 16; i++)
+                    sum += v_nat[16 * g + i];
+                int64_t sb = g / 16, gl = g % 16;
+                if (cpu_x16_sv(a, k)[16 * sb + 8 * (gl % 2) + gl / 2] != (float)sum) badc++;
+            }
+            T_CHECK(cpu_x16_D(a, k) == cpu_x16_D(b, k) && cpu_x16_D(a, k) > 0);
+            T_CHECKF(badc == 0, "X16_K: %d values out of chunk-lane order", badc);
+        }
         /* XK: the planes, pair sums of v and sums per 16 */
         memset(a, 0, sizeof a);
         memset(b, 0, sizeof b);
@@ -590,6 +675,20 @@ static void test_quantizers_identical(void) {
                     sum += v_nat[16 * g + i];
                 if (cpu_xk_sv(a, k)[g] != (float)sum) badk++;
             }
+            /* c32 (AVX2 level only): 32 × the slot sums of each plane per group */
+            const int16_t *c32 = cpu_xk_c32(a, k);
+            for (int64_t g = 0; g < k / 16; g++)
+                for (int pl = 0; pl < 2; pl++)
+                    for (int sl = 0; sl < 2; sl++) {
+                        int sum = 0;
+                        for (int m = 0; m < 4; m++)
+                            for (int e2 = 0; e2 < 2; e2++)
+                                sum += (pl ? xl : xh)[16 * g + 4 * m + 2 * sl + e2];
+                        if (c32[4 * g + 2 * pl + sl] != 32 * sum) badk++;
+                    }
+            memset(b, 0, sizeof b);
+            cpu_quantize_xk_avx2(x, b, k);
+            if (memcmp(c32, cpu_xk_c32(b, k), (size_t)k / 2)) badk++;
             T_CHECKF(badk == 0, "XK: %d values off", badk);
         }
     }
@@ -696,6 +795,7 @@ int main(void) {
     T_RUN(test_quantizers_identical);
     T_RUN(test_matmul_errors);
     T_RUN(test_matmul_kernel_types);
+    T_RUN(test_kquant_extremes);
     T_RUN(test_matmul_fallback_types);
     T_RUN(test_matmul_large_n);
     T_RUN(test_matmul_batch);

@@ -18,33 +18,11 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_tr8_avx2.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 #define GR 8 /* rows per group */
-
-/* ---- 8 × 8 dword transposes: repack and unrepack ---- */
-
-INLINE void tr8(__m256i r[8]) {
-    __m256i t[8], u[8];
-    UNROLL
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    UNROLL
-    for (int i = 0; i < 2; i++) {
-        u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    UNROLL
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-        r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-    }
-}
 
 INLINE __m256i mask8(int m) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -87,7 +65,7 @@ INLINE void rp_copy8(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws, 
                         v[i] = _mm256_maskload_epi32((const int *)(base + (size_t)(j0 + i) * 32),
                                                      _mm256_set1_epi32(i < m ? -1 : 0));
                 }
-                tr8(v);
+                cpu_tr8(v);
                 UNROLL
                 for (int i = 0; i < 8; i++) {
                     if (to_group) {
@@ -447,6 +425,91 @@ INLINE void gemv_k(uint32_t t, int64_t k, const void *grp, const void *x, size_t
         store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
     }
 }
+/* Chunk-lane decode (Q4_K, Q6_K): the arithmetic of k16c_tile (cpu_matmul_avx2.c) per
+ * row. acc[λ] is lane λ = chunk λ (elements 32λ..32λ+31) of every super-block; its exact
+ * int32 per row comes from i16 sums of the vpmaddubsw pairs over the chunk's quads, scaled
+ * once per scale group by vpmaddwd (2.25 multiply uops per quad of 8 rows for Q4_K, 2.5 for
+ * Q6_K, against 4 and 5 with a vpmaddwd per quad):
+ *   Q4_K: one scale per chunk; |pair| <= 2·15·127 (hi) or 2·15·64 (lo), 8 quads fit i16.
+ *   Q6_K: per group of 16 (4 quads), Σ (q − 32)·x per i16 slot is Σ q·x (wrapping mod 2^16)
+ *         minus XK's c32 (32 × the slot's sum of x): the true slot sums are <= 8·32·127
+ *         (hi) and 8·32·64 (lo), inside int16, so the wrapped result is exact. */
+/* An empty asm on a running sum: gcc otherwise reassociates a chunk's 16 adds into a tree
+ * over all the products at once and spills them. */
+#define CHAIN(v) __asm__("" : "+x"(v))
+
+INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
+                    size_t ys, int nr, int nc) {
+    const struct qtype_info *qi = qtype_get(t);
+    const size_t tile_bytes = GR * (size_t)qi->type_size;
+    const int has_min = t == QT_Q4_K;
+    const size_t ahead = pf_ahead(tile_bytes);
+    for (int c = 0; c < nc; c++) {
+        const char *xc = (const char *)x + c * xs;
+        const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
+        const int16_t *c32 = cpu_xk_c32(xc, k);
+        const float *sv = cpu_xk_sv(xc, k);
+        __m256 acc[8];
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            acc[l] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < k / 256; i++) {
+            const char *tile = (const char *)grp + i * tile_bytes;
+            _Alignas(32) __m256i S[16];
+            _Alignas(32) __m256 mf[16];
+            __m256 d8;
+            k_scales(t, tile, S, mf, &d8);
+            gemv_prefetch(tile, tile_bytes, ahead);
+            const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
+            const int16_t *cb = c32 + 64 * i;
+            UNROLL
+            for (int ch = 0; ch < 8; ch++) {
+                __m256i is;
+                if (t == QT_Q4_K) {
+                    __m256i ah = _mm256_setzero_si256(), al = ah;
+                    UNROLL
+                    for (int l = 0; l < 8; l++) {
+                        const int e = 32 * ch + 4 * l;
+                        __m256i q = k_quad(t, tile, ch, l);
+                        ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(q, bcast4(hb + e)));
+                        al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
+                        CHAIN(ah);
+                        CHAIN(al);
+                    }
+                    is = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[2 * ch]), 7),
+                                          _mm256_madd_epi16(al, S[2 * ch]));
+                } else {
+                    is = _mm256_setzero_si256();
+                    UNROLL
+                    for (int gg = 0; gg < 2; gg++) {
+                        const int g = 2 * ch + gg;
+                        __m256i ah = _mm256_setzero_si256(), al = ah;
+                        UNROLL
+                        for (int l = 4 * gg; l < 4 * gg + 4; l++) {
+                            const int e = 32 * ch + 4 * l;
+                            __m256i q = k_quad(t, tile, ch, l);
+                            ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(q, bcast4(hb + e)));
+                            al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
+                            CHAIN(ah);
+                            CHAIN(al);
+                        }
+                        ah = _mm256_sub_epi16(ah, bcast4(cb + 4 * g));
+                        al = _mm256_sub_epi16(al, bcast4(cb + 4 * g + 2));
+                        is = _mm256_add_epi32(is, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[g]), 7),
+                                                                   _mm256_madd_epi16(al, S[g])));
+                    }
+                }
+                acc[ch] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[ch]);
+                if (has_min) {
+                    acc[ch] = _mm256_fnmadd_ps(mf[2 * ch], _mm256_set1_ps(sv[16 * i + 2 * ch]), acc[ch]);
+                    acc[ch] = _mm256_fnmadd_ps(mf[2 * ch + 1], _mm256_set1_ps(sv[16 * i + 2 * ch + 1]), acc[ch]);
+                }
+            }
+        }
+        store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
+    }
+}
+
 #define K_GEMV(name, T)                                                                            \
     static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
                             size_t ys, int nr, int nc) {                                           \
@@ -454,9 +517,14 @@ INLINE void gemv_k(uint32_t t, int64_t k, const void *grp, const void *x, size_t
     }
 K_GEMV(q2_K, QT_Q2_K)
 K_GEMV(q3_K, QT_Q3_K)
-K_GEMV(q4_K, QT_Q4_K)
 K_GEMV(q5_K, QT_Q5_K)
-K_GEMV(q6_K, QT_Q6_K)
+#define KC_GEMV(name, T)                                                                           \
+    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
+                            size_t ys, int nr, int nc) {                                           \
+        gemv_kc(T, k, grp, x, xs, y, ys, nr, nc);                                                  \
+    }
+KC_GEMV(q4_K, QT_Q4_K)
+KC_GEMV(q6_K, QT_Q6_K)
 
 /* ---- IQ4_XS against XK ----
  * The packed prefill (k16_tile on iq4_xs_k16_block's w16 = (ls - 32)·v) as for the

@@ -39,7 +39,19 @@
  *   CPU_ACT_XK    partner of the AVX-512 repacked K-quant decode kernels, one row:
  *                 int8_t hi[k] @0 | int8_t lo[k] @kp | int16_t p2[k/2] @2kp (sum of v over
  *                 each pair of elements, for the -32/-4 offsets of Q6_K/Q3_K) |
- *                 float sv[k/16] @2kp+k (sum of v per 16) | float D (kp as X2_32)
+ *                 float sv[k/16] @2kp+k (sum of v per 16) | float D (kp as X2_32) |
+ *                 int16_t c32[k/4] @2kp+k+k/4+64: per group g of 16 elements, 32 × the sum
+ *                 of hi over its "slot" s (the elements 16g + 4m + 2s + e, m < 4, e < 2)
+ *                 for s = 0, 1, then the same for lo (the AVX2 Q6_K decode's −32 applied to
+ *                 its 16-bit sums: cpu_gemv_avx2.c). Written by the scalar and AVX2
+ *                 quantizers only; the AVX-512 kernels do not read it.
+ *   CPU_ACT_X16_K partner of the AVX2 K-quant prefill (cpu_matmul_avx2.c): as X16_32 (v as
+ *                 int16, sv per 16, D), but each super-block of 256 elements in chunk-lane
+ *                 order: position 16j + 2λ + e holds element 32λ + 2j + e (j < 16, λ < 8,
+ *                 e < 2), so that a vpmaddwd lane λ summed over the super-block's 16 vectors
+ *                 is the dot of chunk λ (elements 32λ..32λ+31); and its sv[16] in the order
+ *                 of the groups 0, 2, .., 14, 1, 3, .., 15 (a chunk's two groups are lanes λ
+ *                 of the two halves).
  * Every quantizer (scalar, SIMD) computes the same f32 products and rounding, so all paths
  * dot the same integers.
  *
@@ -68,6 +80,7 @@ enum cpu_act {
     CPU_ACT_X16_32,
     CPU_ACT_X16_64,
     CPU_ACT_XK,
+    CPU_ACT_X16_K,
     CPU_ACT_COUNT
 };
 
@@ -151,6 +164,8 @@ void cpu_quantize_xk_scalar(const float *x, void *q, int64_t k);
 void cpu_quantize_x16_64_avx512(const float *x, void *q, int64_t k);
 void cpu_quantize_xk_avx2(const float *x, void *q, int64_t k);
 void cpu_quantize_xk_avx512(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_k_scalar(const float *x, void *q, int64_t k);
+void cpu_quantize_x16_k_avx2(const float *x, void *q, int64_t k);
 
 /* ---- Repacked weights (cpu_repack.c) ----
  * A matrix is cut into groups of G rows (the last one padded with zero rows). A group holds
@@ -214,10 +229,11 @@ static inline size_t cpu_act_row_bytes(enum cpu_act act, int64_t k) {
         break;
     case CPU_ACT_X16_32:
     case CPU_ACT_X16_64:
+    case CPU_ACT_X16_K:
         n = 2 * n + n / 4 + 4;
         break;
     case CPU_ACT_XK:
-        n = 2 * ((n + 63) & ~(size_t)63) + n + n / 4 + 4;
+        n = 2 * ((n + 63) & ~(size_t)63) + n + n / 4 + 64 + n / 2;
         break;
     case CPU_ACT_F32:
         n = 4 * n;
@@ -267,6 +283,10 @@ static inline const float *cpu_xk_sv(const void *x, int64_t k) {
 }
 static inline float cpu_xk_D(const void *x, int64_t k) {
     return cpu_xk_sv(x, k)[k / 16];
+}
+/* XK's plane slot sums ×32 (AVX2 Q6_K decode), 4 int16 per group of 16 at 2kp + k + k/4 + 64. */
+static inline const int16_t *cpu_xk_c32(const void *x, int64_t k) {
+    return (const int16_t *)((const char *)x + 2 * cpu_x2_kp(k) + (size_t)k + (size_t)k / 4 + 64);
 }
 /* Sections of an X16 row. */
 static inline const float *cpu_x16_sv(const void *x, int64_t k) {

@@ -40,6 +40,7 @@ static void init_tables(void) {
     g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_32] = cpu_quantize_x16_32_scalar;
     g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_64] = cpu_quantize_x16_64_scalar;
     g_quant[CPU_ISA_SCALAR][CPU_ACT_XK] = cpu_quantize_xk_scalar;
+    g_quant[CPU_ISA_SCALAR][CPU_ACT_X16_K] = cpu_quantize_x16_k_scalar;
     for (int i = 1; i < CPU_ISA_COUNT; i++) {
         memcpy(g_tab[i], g_tab[CPU_ISA_SCALAR], sizeof g_tab[0]);
         memcpy(g_quant[i], g_quant[CPU_ISA_SCALAR], sizeof g_quant[0]);
@@ -57,6 +58,7 @@ static void init_tables(void) {
     g_quant[CPU_ISA_AVX2][CPU_ACT_Q8_K] = cpu_quantize_q8_K_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_X2_32] = cpu_quantize_x2_32_avx2;
     g_quant[CPU_ISA_AVX2][CPU_ACT_X16_32] = cpu_quantize_x16_32_avx2;
+    g_quant[CPU_ISA_AVX2][CPU_ACT_X16_K] = cpu_quantize_x16_k_avx2;
     memcpy(g_tab[CPU_ISA_AVX512], g_tab[CPU_ISA_AVX2], sizeof g_tab[0]);
     memcpy(g_quant[CPU_ISA_AVX512], g_quant[CPU_ISA_AVX2], sizeof g_quant[0]);
     if (cpu_isa_supported() < CPU_ISA_AVX512) return;

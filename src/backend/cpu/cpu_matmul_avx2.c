@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_tr8_avx2.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* Tile loops have constant trip counts (R, C, sub-blocks): unroll them so the accumulators
@@ -213,6 +214,56 @@ void cpu_quantize_xk_avx2(const float *x, void *q, int64_t k) {
         __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(pr), _mm256_extracti128_si256(pr, 1));
         _mm_storeu_si128((__m128i *)(p2 + i / 2), p16);
         sv[i / 16] = (float)hsum_epi32(_mm256_add_epi32(v0, v1));
+        /* c32: 32 × the slot sums of each plane (slot s: elements 4m + 2s + e) */
+        const __m256i slot = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+        __m256i hs = _mm256_add_epi32(h0, h1), ls = _mm256_add_epi32(l0, l1);
+        int16_t *c32 = (int16_t *)cpu_xk_c32(q, k) + i / 4;
+        for (int pl = 0; pl < 2; pl++) {
+            __m256i v = pl ? ls : hs;
+            __m256i s1 = _mm256_and_si256(v, _mm256_cmpeq_epi32(slot, _mm256_set1_epi32(1)));
+            int t1 = hsum_epi32(s1), t0 = hsum_epi32(v) - t1;
+            c32[2 * pl] = (int16_t)(32 * t0);
+            c32[2 * pl + 1] = (int16_t)(32 * t1);
+        }
+    }
+    sv[k / 16] = amax / (float)CPU_ACT_VMAX;
+}
+
+/* Chunk-lane order of a super-block (X16_K, cpu_kernels.h) from its 256 int16 in element
+ * order: out vector j, dword λ = the pair j of chunk λ (two 8 × 8 dword transposes). */
+INLINE void chunk_lanes(const int16_t *nat, int16_t *out) {
+    for (int h = 0; h < 2; h++) {
+        __m256i r[8];
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            r[l] = _mm256_load_si256((const __m256i *)(nat + 32 * l + 16 * h));
+        cpu_tr8(r);
+        UNROLL
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_si256((__m256i *)(out + 16 * (8 * h + j)), r[j]);
+    }
+}
+
+void cpu_quantize_x16_k_avx2(const float *x, void *q, int64_t k) {
+    int16_t *v16 = q;
+    float *sv = (float *)(v16 + k);
+    float amax = row_amax(x, k);
+    const __m256 vid = _mm256_set1_ps(amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f);
+    _Alignas(32) int16_t nat[256];
+    for (int64_t b = 0; b < k; b += 256) {
+        for (int l = 0; l < 8; l++) {
+            __m256i v[4];
+            UNROLL
+            for (int j = 0; j < 4; j++)
+                v[j] = act_v8(x + b + 32 * l + 8 * j, vid);
+            UNROLL
+            for (int j = 0; j < 2; j++) {
+                _mm256_store_si256((__m256i *)(nat + 32 * l + 16 * j),
+                                   _mm256_permute4x64_epi64(_mm256_packs_epi32(v[2 * j], v[2 * j + 1]), 0xd8));
+                sv[b / 16 + 8 * j + l] = (float)hsum_epi32(_mm256_add_epi32(v[2 * j], v[2 * j + 1]));
+            }
+        }
+        chunk_lanes(nat, v16 + b);
     }
     sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }
@@ -687,6 +738,12 @@ INLINE void iq4_xs_k16_block(const char *row, int64_t i, char *p) {
     memcpy(p + 576, &d, 4);
 }
 
+/* The types whose prefill runs the chunk-lane tile (k16c_tile, X16_K); the others keep
+ * the quad-lane tile (k16_tile, X16_32). Their decode kernels (cpu_gemv_avx2.c) follow. */
+INLINE int k16_chunk_lanes(uint32_t t) {
+    return t == QT_Q4_K || t == QT_Q6_K;
+}
+
 INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
     if (t == QT_IQ4_XS) {
         iq4_xs_k16_block(row, i, p);
@@ -696,10 +753,12 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
     kp_pack_block(t, row, i, o);
     const int off = t == QT_Q6_K ? 32 : t == QT_Q3_K ? 4 : 0;
     const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
+    const int cl = k16_chunk_lanes(t);
     float d, dm, mf[16];
     memcpy(&d, o + 544, 4);
     memcpy(&dm, o + 548, 4);
     __m256i w16[2];
+    _Alignas(32) int16_t nat[256];
     for (int g = 0; g < 16; g++) {
         int16_t sc, mn;
         memcpy(&sc, o + 256 + 32 * (g / 2) + 16 * (g % 2), 2); /* pair_bcast layout */
@@ -707,14 +766,18 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
         __m256i u = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *)(o + 16 * g)));
         u = _mm256_sub_epi16(u, _mm256_set1_epi16((short)off));
         w16[g % 2] = _mm256_mullo_epi16(u, _mm256_set1_epi16(sc));
-        if (g % 2) { /* X16_32 order per 32 elements */
+        if (cl) {
+            _mm256_store_si256((__m256i *)(nat + 16 * g), w16[g % 2]);
+        } else if (g % 2) { /* X16_32 order per 32 elements */
             __m256i e0, e1;
             quadpairs(w16[0], w16[1], &e0, &e1);
             _mm256_store_si256((__m256i *)(p + 32 * (g - 1)), e0);
             _mm256_store_si256((__m256i *)(p + 32 * g), e1);
         }
-        mf[g] = has_min ? dm * (float)mn : 0.0f;
+        /* chunk-lane tiles take the groups' min factors as X16_K's sums: even groups first */
+        mf[cl ? 8 * (g % 2) + g / 2 : g] = has_min ? dm * (float)mn : 0.0f;
     }
+    if (cl) chunk_lanes(nat, (int16_t *)p);
     memcpy(p + 512, mf, 64);
     memcpy(p + 576, &d, 4);
 }
@@ -781,6 +844,65 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
     for (int c = 0; c < C; c++)
         y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum_ps(acc[r][c]);
 }
+/* Chunk-lane tile (X16_K, the K16_PACKED bytes in the same order): lane λ of a (row,
+ * column) sums chunk λ of each super-block exactly in int32 (32 products of |sc·v| <= 4096
+ * and |x| <= 16256: < 2^31), then one FMA with d per super-block and lane, then the mins of
+ * the chunk's two groups (even, odd), then hsum_ps. The decode kernel reproduces it per
+ * row (cpu_gemv_avx2.c gemv_kc). */
+INLINE void k16c_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+                      size_t xs, float *y, size_t ys) {
+    __m256 acc[4][2];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int c = 0; c < C; c++)
+        acc[r][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / 256; i++) {
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const char *p = w + r * ws + i * K16_PACKED;
+            float d;
+            memcpy(&d, p + 576, 4);
+            const __m256 vd = _mm256_set1_ps(d);
+            __m256i a[2];
+            UNROLL
+            for (int c = 0; c < C; c++)
+                a[c] = _mm256_setzero_si256();
+            /* The empty asm keeps each sum a chain: gcc otherwise reassociates the 16
+             * integer adds into a tree of all 16 products and spills them. */
+            _Pragma("GCC unroll 16")
+            for (int j = 0; j < 16; j++) {
+                __m256i wv = _mm256_load_si256((const __m256i *)(p + 32 * j));
+                UNROLL
+                for (int c = 0; c < C; c++) {
+                    a[c] = _mm256_add_epi32(
+                        a[c], _mm256_madd_epi16(wv, _mm256_load_si256((const __m256i *)(x + c * xs + 512 * i + 32 * j))));
+                    __asm__("" : "+x"(a[c]));
+                }
+            }
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[c]), vd, acc[r][c]);
+                if (has_min) {
+                    const float *sv = cpu_x16_sv(x + c * xs, k) + 16 * i;
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 512)),
+                                                 _mm256_loadu_ps(sv), acc[r][c]);
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 544)),
+                                                 _mm256_loadu_ps(sv + 8), acc[r][c]);
+                }
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+    for (int c = 0; c < C; c++)
+        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum_ps(acc[r][c]);
+}
+#define K16C_TILE(R, C, ...) k16c_tile(0, R, C, __VA_ARGS__)
+#define K16C_MIN_TILE(R, C, ...) k16c_tile(1, R, C, __VA_ARGS__)
+TILE_DRIVER(packed_k16c, K16C_TILE)
+TILE_DRIVER(packed_k16c_min, K16C_MIN_TILE)
 #define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
 #define K16_MIN_TILE(R, C, ...) k16_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed_k16, K16_TILE)
@@ -818,15 +940,15 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
     LEGACY(QT_MXFP4, mxfp4, gemm_packed_legacy);
 #undef LEGACY
 #define KQUANT(T, name, ptile)                                                                     \
-    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16_32,                                            \
+    tab[T] = (struct cpu_kernel){.act = k16_chunk_lanes(T) ? CPU_ACT_X16_K : CPU_ACT_X16_32,      \
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_k16,                             \
                                  .gemm_packed = ptile}
     KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
     KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
-    KQUANT(QT_Q4_K, q4_K, gemm_packed_k16_min);
+    KQUANT(QT_Q4_K, q4_K, gemm_packed_k16c_min);
     KQUANT(QT_Q5_K, q5_K, gemm_packed_k16_min);
-    KQUANT(QT_Q6_K, q6_K, gemm_packed_k16);
+    KQUANT(QT_Q6_K, q6_K, gemm_packed_k16c);
     KQUANT(QT_IQ4_XS, iq4_xs, gemm_packed_k16);
 #undef KQUANT
     cpu_kernels_iq_avx2(tab);

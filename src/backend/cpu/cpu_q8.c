@@ -147,4 +147,36 @@ void cpu_quantize_xk_scalar(const float *x, void *q, int64_t k) {
         sv[g] = (float)sum;
     }
     sv[k / 16] = amax / (float)CPU_ACT_VMAX;
+    int16_t *c32 = (int16_t *)cpu_xk_c32(q, k);
+    for (int64_t g = 0; g < k / 16; g++)
+        for (int p = 0; p < 2; p++)
+            for (int s = 0; s < 2; s++) {
+                const int8_t *pl = p ? lo : hi;
+                int32_t sum = 0;
+                for (int m = 0; m < 4; m++)
+                    sum += pl[16 * g + 4 * m + 2 * s] + pl[16 * g + 4 * m + 2 * s + 1];
+                c32[4 * g + 2 * p + s] = (int16_t)(32 * sum);
+            }
+}
+
+/* X16_K (AVX2 K-quant prefill): v as int16 in chunk-lane order per super-block, sums per 16
+ * in the order of the groups 0, 2, .., 14, 1, 3, .., 15 (cpu_kernels.h). */
+void cpu_quantize_x16_k_scalar(const float *x, void *q, int64_t k) {
+    int16_t *v16 = q;
+    float *sv = (float *)(v16 + k);
+    float amax = row_amax(x, k);
+    float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
+    for (int64_t b = 0; b < k; b += 256) {
+        for (int n = 0; n < 256; n++) {
+            const int l = n / 32, j = (n % 32) / 2, e = n % 2;
+            v16[b + 16 * j + 2 * l + e] = (int16_t)act_v(x[b + n], id);
+        }
+        for (int g = 0; g < 16; g++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 16; i++)
+                sum += act_v(x[b + 16 * g + i], id);
+            sv[b / 16 + (g % 2) * 8 + g / 2] = (float)sum;
+        }
+    }
+    sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }
