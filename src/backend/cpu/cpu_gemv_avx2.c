@@ -375,65 +375,17 @@ INLINE __m256i k_quad(uint32_t t, const char *tile, int c, int l) {
 #undef DW
 }
 
-INLINE void gemv_k(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
-                   size_t ys, int nr, int nc) {
-    const struct qtype_info *qi = qtype_get(t);
-    const size_t tile_bytes = GR * (size_t)qi->type_size;
-    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
-    const int off_sh = t == QT_Q6_K ? 5 : t == QT_Q3_K ? 2 : 0; /* -32 / -4 */
-    const size_t ahead = pf_ahead(tile_bytes);
-    for (int c = 0; c < nc; c++) {
-        const char *xc = (const char *)x + c * xs;
-        const int8_t *hi = cpu_x2_hi(xc), *lo = cpu_x2_lo(xc, k);
-        const int16_t *p2 = cpu_xk_p2(xc, k);
-        const float *sv = cpu_xk_sv(xc, k);
-        __m256 acc[8];
-        UNROLL
-        for (int l = 0; l < 8; l++)
-            acc[l] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < k / 256; i++) {
-            const char *tile = (const char *)grp + i * tile_bytes;
-            _Alignas(32) __m256i S[16];
-            _Alignas(32) __m256 mf[16];
-            __m256 d8;
-            k_scales(t, tile, S, mf, &d8);
-            gemv_prefetch(tile, tile_bytes, ahead);
-            const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
-            const int16_t *pb = p2 + 128 * i;
-            for (int l = 0; l < 8; l++) {
-                UNROLL
-                for (int h = 0; h < 2; h++) {
-                    __m256i ah = _mm256_setzero_si256(), al = ah, cr = ah;
-                    UNROLL
-                    for (int cc = 0; cc < 4; cc++) {
-                        const int ch = 4 * h + cc, e = 32 * ch + 4 * l, g = 2 * ch + l / 4;
-                        __m256i q = k_quad(t, tile, ch, l);
-                        ah = _mm256_add_epi32(ah, _mm256_madd_epi16(_mm256_maddubs_epi16(q, bcast4(hb + e)), S[g]));
-                        al = _mm256_add_epi32(al, _mm256_madd_epi16(_mm256_maddubs_epi16(q, bcast4(lb + e)), S[g]));
-                        if (off_sh) cr = _mm256_add_epi32(cr, _mm256_madd_epi16(bcast4(pb + e / 2), S[g]));
-                    }
-                    __m256i is = _mm256_add_epi32(_mm256_slli_epi32(ah, 7), al);
-                    if (off_sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(cr, off_sh));
-                    acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[l]);
-                }
-                if (has_min) {
-                    acc[l] = _mm256_fnmadd_ps(mf[l], _mm256_set1_ps(sv[16 * i + l]), acc[l]);
-                    acc[l] = _mm256_fnmadd_ps(mf[l + 8], _mm256_set1_ps(sv[16 * i + l + 8]), acc[l]);
-                }
-            }
-        }
-        store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
-    }
-}
-/* Chunk-lane decode (Q4_K, Q6_K): the arithmetic of k16c_tile (cpu_matmul_avx2.c) per
+/* Chunk-lane decode (Q2_K..Q6_K): the arithmetic of k16c_tile (cpu_matmul_avx2.c) per
  * row. acc[λ] is lane λ = chunk λ (elements 32λ..32λ+31) of every super-block; its exact
- * int32 per row comes from i16 sums of the vpmaddubsw pairs over the chunk's quads, scaled
- * once per scale group by vpmaddwd (2.25 multiply uops per quad of 8 rows for Q4_K, 2.5 for
- * Q6_K, against 4 and 5 with a vpmaddwd per quad):
- *   Q4_K: one scale per chunk; |pair| <= 2·15·127 (hi) or 2·15·64 (lo), 8 quads fit i16.
- *   Q6_K: per group of 16 (4 quads), Σ (q − 32)·x per i16 slot is Σ q·x (wrapping mod 2^16)
- *         minus XK's c32 (32 × the slot's sum of x): the true slot sums are <= 8·32·127
- *         (hi) and 8·32·64 (lo), inside int16, so the wrapped result is exact. */
+ * int32 per row comes from i16 sums of the vpmaddubsw pairs over the quads of a scale group,
+ * scaled once by vpmaddwd (multiply uops per quad of 8 rows: Q4_K 2.25, Q5_K 2.375, Q6_K,
+ * Q3_K and Q2_K 2.5, against 4, 4, 5, 5 and 4 with a vpmaddwd per quad):
+ *   Q4_K: one scale per chunk; |pair| <= 2·15·127 (hi) or 2·15·64 (lo): 8 quads fit i16.
+ *   Q5_K: one scale per chunk; hi pairs <= 2·31·127, summed over 4 quads; lo over 8.
+ *   Q6_K, Q3_K, Q2_K: a scale per group of 16 (4 quads). Q6_K's −32 and Q3_K's −4: per i16
+ *         slot, Σ (q − o)·x = Σ q·x (wrapping mod 2^16) − o·Σx, with 32·Σx from XK's c32
+ *         (Q3_K: c32 >> 3); the true slot sums are <= 8·32·127 (Q6_K hi), inside int16,
+ *         so the wrapped result is exact. */
 /* An empty asm on a running sum: gcc otherwise reassociates a chunk's 16 adds into a tree
  * over all the products at once and spills them. */
 #define CHAIN(v) __asm__("" : "+x"(v))
@@ -442,7 +394,7 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
                     size_t ys, int nr, int nc) {
     const struct qtype_info *qi = qtype_get(t);
     const size_t tile_bytes = GR * (size_t)qi->type_size;
-    const int has_min = t == QT_Q4_K;
+    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
     const size_t ahead = pf_ahead(tile_bytes);
     for (int c = 0; c < nc; c++) {
         const char *xc = (const char *)x + c * xs;
@@ -465,19 +417,21 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
             UNROLL
             for (int ch = 0; ch < 8; ch++) {
                 __m256i is;
-                if (t == QT_Q4_K) {
-                    __m256i ah = _mm256_setzero_si256(), al = ah;
+                if (t == QT_Q4_K || t == QT_Q5_K) {
+                    /* hi in i16 over quads 0..3 and 4..7 (Q5_K) or all 8 (Q4_K); lo over 8 */
+                    __m256i ah[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, al = ah[0];
                     UNROLL
                     for (int l = 0; l < 8; l++) {
-                        const int e = 32 * ch + 4 * l;
+                        const int e = 32 * ch + 4 * l, hh = t == QT_Q5_K ? l / 4 : 0;
                         __m256i q = k_quad(t, tile, ch, l);
-                        ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(q, bcast4(hb + e)));
+                        ah[hh] = _mm256_add_epi16(ah[hh], _mm256_maddubs_epi16(q, bcast4(hb + e)));
                         al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
-                        CHAIN(ah);
+                        CHAIN(ah[hh]);
                         CHAIN(al);
                     }
-                    is = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[2 * ch]), 7),
-                                          _mm256_madd_epi16(al, S[2 * ch]));
+                    __m256i h32 = _mm256_madd_epi16(ah[0], S[2 * ch]);
+                    if (t == QT_Q5_K) h32 = _mm256_add_epi32(h32, _mm256_madd_epi16(ah[1], S[2 * ch]));
+                    is = _mm256_add_epi32(_mm256_slli_epi32(h32, 7), _mm256_madd_epi16(al, S[2 * ch]));
                 } else {
                     is = _mm256_setzero_si256();
                     UNROLL
@@ -493,8 +447,15 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
                             CHAIN(ah);
                             CHAIN(al);
                         }
-                        ah = _mm256_sub_epi16(ah, bcast4(cb + 4 * g));
-                        al = _mm256_sub_epi16(al, bcast4(cb + 4 * g + 2));
+                        if (t != QT_Q2_K) {
+                            __m256i ch_ = bcast4(cb + 4 * g), cl_ = bcast4(cb + 4 * g + 2);
+                            if (t == QT_Q3_K) {
+                                ch_ = _mm256_srai_epi16(ch_, 3);
+                                cl_ = _mm256_srai_epi16(cl_, 3);
+                            }
+                            ah = _mm256_sub_epi16(ah, ch_);
+                            al = _mm256_sub_epi16(al, cl_);
+                        }
                         is = _mm256_add_epi32(is, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[g]), 7),
                                                                    _mm256_madd_epi16(al, S[g])));
                     }
@@ -510,20 +471,15 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
     }
 }
 
-#define K_GEMV(name, T)                                                                            \
-    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
-                            size_t ys, int nr, int nc) {                                           \
-        gemv_k(T, k, grp, x, xs, y, ys, nr, nc);                                                   \
-    }
-K_GEMV(q2_K, QT_Q2_K)
-K_GEMV(q3_K, QT_Q3_K)
-K_GEMV(q5_K, QT_Q5_K)
 #define KC_GEMV(name, T)                                                                           \
     static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
                             size_t ys, int nr, int nc) {                                           \
         gemv_kc(T, k, grp, x, xs, y, ys, nr, nc);                                                  \
     }
+KC_GEMV(q2_K, QT_Q2_K)
+KC_GEMV(q3_K, QT_Q3_K)
 KC_GEMV(q4_K, QT_Q4_K)
+KC_GEMV(q5_K, QT_Q5_K)
 KC_GEMV(q6_K, QT_Q6_K)
 
 /* ---- IQ4_XS against XK ----

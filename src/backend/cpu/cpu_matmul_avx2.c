@@ -741,7 +741,7 @@ INLINE void iq4_xs_k16_block(const char *row, int64_t i, char *p) {
 /* The types whose prefill runs the chunk-lane tile (k16c_tile, X16_K); the others keep
  * the quad-lane tile (k16_tile, X16_32). Their decode kernels (cpu_gemv_avx2.c) follow. */
 INLINE int k16_chunk_lanes(uint32_t t) {
-    return t == QT_Q4_K || t == QT_Q6_K;
+    return t != QT_IQ4_XS;
 }
 
 INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
@@ -904,9 +904,7 @@ INLINE void k16c_tile(int has_min, int R, int C, int64_t k, const char *w, size_
 TILE_DRIVER(packed_k16c, K16C_TILE)
 TILE_DRIVER(packed_k16c_min, K16C_MIN_TILE)
 #define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
-#define K16_MIN_TILE(R, C, ...) k16_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed_k16, K16_TILE)
-TILE_DRIVER(packed_k16_min, K16_MIN_TILE)
 #define KP_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
                             void *dst) {                                                           \
@@ -944,10 +942,10 @@ void cpu_kernels_avx2(struct cpu_kernel tab[QT_COUNT]) {
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_k16,                             \
                                  .gemm_packed = ptile}
-    KQUANT(QT_Q2_K, q2_K, gemm_packed_k16_min);
-    KQUANT(QT_Q3_K, q3_K, gemm_packed_k16);
+    KQUANT(QT_Q2_K, q2_K, gemm_packed_k16c_min);
+    KQUANT(QT_Q3_K, q3_K, gemm_packed_k16c);
     KQUANT(QT_Q4_K, q4_K, gemm_packed_k16c_min);
-    KQUANT(QT_Q5_K, q5_K, gemm_packed_k16_min);
+    KQUANT(QT_Q5_K, q5_K, gemm_packed_k16c_min);
     KQUANT(QT_Q6_K, q6_K, gemm_packed_k16c);
     KQUANT(QT_IQ4_XS, iq4_xs, gemm_packed_k16);
 #undef KQUANT
