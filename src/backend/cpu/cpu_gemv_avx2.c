@@ -5,13 +5,16 @@
  * Lane = row, as on AVX-512 (cpu_gemv_avx512.c, whose notes apply): a ymm load in a
  * 4-byte section gives 4 consecutive bytes of 8 rows. Without VNNI, a quad's exact 15-bit
  * dot is vpmaddubsw on each activation plane (hi, lo) then vpmaddwd with 128 / 1 (legacy)
- * or with the quad's sub-block scale as an i16 pair (K-quants). Signed weights (Q8_0,
- * IQ4_NL, MXFP4) go through |w| and the activations' sign (vpsignb), so no sum saturates.
+ * or with the quad's sub-block scale as an i16 pair (IQ4_XS); the K-quants sum the
+ * vpmaddubsw pairs of a scale group's quads in i16 first and scale them once (gemv_kc).
+ * Signed weights (Q8_0, IQ4_NL, MXFP4) go through |w| and the activations' sign
+ * (vpsignb), so no sum saturates.
  *
  * Bitwise batch invariance: each kernel reproduces, per row, the packed prefill kernel of
- * cpu_matmul_avx2.c for its type (8 f32 lanes per row, lane λ fed by the exact sums of the
- * quads 4λ..4λ+3 of each 32-element chunk through X16_32, the same FMAs, hsum_ps's tree
- * done vertically).
+ * cpu_matmul_avx2.c for its type (8 f32 lanes per row, the same FMAs, hsum_ps's tree done
+ * vertically); lane λ is fed by the exact sums of the quads 4λ..4λ+3 of each 32-element
+ * chunk through X16_32 (legacy types, IQ4_XS) or, for Q2_K..Q6_K, by chunk λ of each
+ * super-block through X16_K (docs/cpu-backend.md, "AVX2 K-quant chunk lanes").
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -247,11 +250,11 @@ LEGACY_GEMV(iq4_nl, QT_IQ4_NL)
 LEGACY_GEMV(mxfp4, QT_MXFP4)
 
 /* ---- K-quants against XK ----
- * The packed prefill (k16_tile, X16_32) keeps 8 lanes per row; per super-block and half h
- * (128 elements), lane λ gets the exact Σ sc·v·x over quad λ of the 4 chunks 4h..4h+3 and
- * one FMA with d; then (Q4_K, Q5_K, Q2_K) lane λ's two min terms mf[λ]·sv[λ] and
- * mf[λ+8]·sv[λ+8]. Element n = 32c + 4λ + e of chunk c: its tile unit and scale group are
- * the type's (below); Q6_K's -32 and Q3_K's -4 go through the pair sums of X.
+ * The packed prefill (k16c_tile, X16_K) keeps 8 lanes per row; per super-block, lane λ
+ * gets the exact Σ sc·v·x over chunk λ (elements 32λ..32λ+31) and one FMA with d; then
+ * (Q4_K, Q5_K, Q2_K) the chunk's two min terms mf[2λ]·sv[2λ] and mf[2λ+1]·sv[2λ+1].
+ * Element n = 32c + 4l + e of chunk c is byte e of quad l: its tile unit and scale group
+ * are the type's (below); Q6_K's -32 and Q3_K's -4 go through XK's c32.
  * Tiles (G = 8): Q4_K/Q5_K d[8] @0, dmin[8] @16, dwords @32 + 32j (scales j 0..2, Q5_K qh
  * j 3..10, then qs); Q6_K dwords @32j (ql 0..31, qh 32..47, scales 48..51), d @1664; Q2_K
  * dwords @32j (scales 0..3, qs 4..19), d @640, dmin @656; Q3_K dwords @32j (hmask 0..7,

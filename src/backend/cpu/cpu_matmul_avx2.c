@@ -7,9 +7,11 @@
  *
  * Packed rows (X16_32 activations, quad-pair order): the legacy types as their int16
  * values v with d (and m) per block, two vpmaddwd per block give each lane the exact dot
- * of a quad; Q2_K..Q6_K and IQ4_XS share one kernel over the 16-bit products sc·v (kp_*
- * builds the K-quants' through a common d·sc·u − dm·mn form). One f32 FMA per block or half super-block and
- * tile element; lane reductions through hsum_ps (a fixed tree).
+ * of a quad; Q2_K..Q6_K and IQ4_XS run over the 16-bit products sc·v (kp_* builds the
+ * K-quants' through a common d·sc·u − dm·mn form): the K-quants in chunk lanes (X16_K,
+ * k16c_tile: a lane is a 32-element chunk, one f32 FMA per super-block), IQ4_XS in quad
+ * lanes (X16_32, k16_tile: one FMA per half super-block). One f32 FMA per block (legacy)
+ * and tile element; lane reductions through hsum_ps (a fixed tree).
  *
  * Tiles: R weight rows × C activation rows, R = 4 (1 for a ragged tail), C = 2 (1 for an
  * odd tail). Measured on the 2-core dev VM (Sapphire Rapids flags), 1 thread, 896×4864,
@@ -711,11 +713,13 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
 }
 
 
-/* K-quant prefill against X16: the super-block as 16-bit sc·v (kp_pack_block's u, sc and
+/* K-quant and IQ4_XS prefill against X16: the super-block as 16-bit sc·v (kp_pack_block's u, sc and
  * offsets folded: Q6_K v = u - 32, Q3_K v = u - 4, the others v = u with their mins kept
  * as dmin·m per 16), so vpmaddwd does the dot with the 16-bit activations. The same layout
- * as the AVX-512 packing (K16_PACKED bytes): int16 w16[256] | float mf[16] | float d. Two
- * i32 accumulators per super-block (16 products of <= 4096·16256 < 2^30 per lane each). */
+ * as the AVX-512 packing (K16_PACKED bytes): int16 w16[256] | float mf[16] | float d; w16
+ * in X16_32's quad-pair order per chunk (IQ4_XS, k16_tile: two i32 accumulators per
+ * super-block, 16 products of <= 4064·16256 < 2^30 per lane each) or in X16_K's chunk-lane
+ * order with mf even groups first (Q2_K..Q6_K, k16c_tile). */
 #define K16_PACKED 640
 
 /* IQ4_XS: w16 = (ls - 32) · codebook value, per sub-block of 32 (one chunk); no mins. */
