@@ -250,7 +250,7 @@ LEGACY_GEMV(iq4_nl, QT_IQ4_NL)
 LEGACY_GEMV(mxfp4, QT_MXFP4)
 
 /* ---- K-quants against XK ----
- * The packed prefill (k16c_tile, X16_K) keeps 8 lanes per row; per super-block, lane λ
+ * The packed prefill (k16_tile with G = 1, X16_K) keeps 8 lanes per row; per super-block, lane λ
  * gets the exact Σ sc·v·x over chunk λ (elements 32λ..32λ+31) and one FMA with d; then
  * (Q4_K, Q5_K, Q2_K) the chunk's two min terms mf[2λ]·sv[2λ] and mf[2λ+1]·sv[2λ+1].
  * Element n = 32c + 4l + e of chunk c is byte e of quad l: its tile unit and scale group
@@ -378,7 +378,7 @@ INLINE __m256i k_quad(uint32_t t, const char *tile, int c, int l) {
 #undef DW
 }
 
-/* Chunk-lane decode (Q2_K..Q6_K): the arithmetic of k16c_tile (cpu_matmul_avx2.c) per
+/* Chunk-lane decode (Q2_K..Q6_K): the arithmetic of k16_tile with G = 1 (cpu_matmul_avx2.c) per
  * row. acc[λ] is lane λ = chunk λ (elements 32λ..32λ+31) of every super-block; its exact
  * int32 per row comes from i16 sums of the vpmaddubsw pairs over the quads of a scale group,
  * scaled once by vpmaddwd (multiply uops per quad of 8 rows: Q4_K 2.25, Q5_K 2.375, Q6_K,

@@ -9,7 +9,7 @@
  * values v with d (and m) per block, two vpmaddwd per block give each lane the exact dot
  * of a quad; Q2_K..Q6_K and IQ4_XS run over the 16-bit products sc·v (kp_* builds the
  * K-quants' through a common d·sc·u − dm·mn form): the K-quants in chunk lanes (X16_K,
- * k16c_tile: a lane is a 32-element chunk, one f32 FMA per super-block), IQ4_XS in quad
+ * k16_tile with G = 1: a lane is a 32-element chunk, one f32 FMA per super-block), IQ4_XS in quad
  * lanes (X16_32, k16_tile: one FMA per half super-block). One f32 FMA per block (legacy)
  * and tile element; lane reductions through hsum_ps (a fixed tree).
  *
@@ -719,7 +719,7 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
  * as the AVX-512 packing (K16_PACKED bytes): int16 w16[256] | float mf[16] | float d; w16
  * in X16_32's quad-pair order per chunk (IQ4_XS, k16_tile: two i32 accumulators per
  * super-block, 16 products of <= 4064·16256 < 2^30 per lane each) or in X16_K's chunk-lane
- * order with mf even groups first (Q2_K..Q6_K, k16c_tile). */
+ * order with mf even groups first (Q2_K..Q6_K, k16_tile with G = 1). */
 #define K16_PACKED 640
 
 /* IQ4_XS: w16 = (ls - 32) · codebook value, per sub-block of 32 (one chunk); no mins. */
@@ -742,7 +742,7 @@ INLINE void iq4_xs_k16_block(const char *row, int64_t i, char *p) {
     memcpy(p + 576, &d, 4);
 }
 
-/* The types whose prefill runs the chunk-lane tile (k16c_tile, X16_K); the others keep
+/* The types whose prefill runs the chunk-lane tile (k16_tile with G = 1, X16_K); the others keep
  * the quad-lane tile (k16_tile, X16_32). Their decode kernels (cpu_gemv_avx2.c) follow. */
 INLINE int k16_chunk_lanes(uint32_t t) {
     return t != QT_IQ4_XS;
@@ -797,7 +797,16 @@ INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, in
             k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * k16_bytes(k) + i * K16_PACKED);
 }
 
-INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
+/* The packed K-quant/IQ4_XS tile, G int32 sums per (row, column) and super-block, each
+ * followed by one FMA with d, then the mins, then hsum_ps:
+ *   G = 2, quad lanes (X16_32: IQ4_XS): lane λ of half h sums quad λ of each chunk of the
+ *          half (8 vectors); two FMAs per super-block and lane.
+ *   G = 1, chunk lanes (X16_K, the K16_PACKED bytes in the same order: Q2_K..Q6_K): lane λ
+ *          sums chunk λ of the super-block exactly in int32 (32 products of |sc·v| <= 4096
+ *          and |x| <= 16256: < 2^31), one FMA with d, then the mins of the chunk's two
+ *          groups (even, odd). The decode kernel reproduces it per row (cpu_gemv_avx2.c
+ *          gemv_kc). */
+INLINE void k16_tile(int has_min, int G, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
                      size_t xs, float *y, size_t ys) {
     __m256 acc[4][2];
     UNROLL
@@ -813,18 +822,23 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
             memcpy(&d, p + 576, 4);
             const __m256 vd = _mm256_set1_ps(d);
             UNROLL
-            for (int h = 0; h < 2; h++) { /* halves of 128: one i32 accumulator per column */
+            for (int h = 0; h < G; h++) {
                 __m256i a[2];
                 UNROLL
                 for (int c = 0; c < C; c++)
                     a[c] = _mm256_setzero_si256();
-                UNROLL
-                for (int j = 8 * h; j < 8 * h + 8; j++) {
+                _Pragma("GCC unroll 16")
+                for (int j = 16 / G * h; j < 16 / G * (h + 1); j++) {
                     __m256i wv = _mm256_load_si256((const __m256i *)(p + 32 * j));
                     UNROLL
-                    for (int c = 0; c < C; c++)
+                    for (int c = 0; c < C; c++) {
                         a[c] = _mm256_add_epi32(
                             a[c], _mm256_madd_epi16(wv, _mm256_load_si256((const __m256i *)(x + c * xs + 512 * i + 32 * j))));
+                        /* chunk lanes: the empty asm keeps each sum a chain (gcc otherwise
+                         * reassociates the 16 integer adds into a tree of all 16 products
+                         * and spills them) */
+                        if (G == 1) __asm__("" : "+x"(a[c]));
+                    }
                 }
                 UNROLL
                 for (int c = 0; c < C; c++)
@@ -848,66 +862,11 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
     for (int c = 0; c < C; c++)
         y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum_ps(acc[r][c]);
 }
-/* Chunk-lane tile (X16_K, the K16_PACKED bytes in the same order): lane λ of a (row,
- * column) sums chunk λ of each super-block exactly in int32 (32 products of |sc·v| <= 4096
- * and |x| <= 16256: < 2^31), then one FMA with d per super-block and lane, then the mins of
- * the chunk's two groups (even, odd), then hsum_ps. The decode kernel reproduces it per
- * row (cpu_gemv_avx2.c gemv_kc). */
-INLINE void k16c_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                      size_t xs, float *y, size_t ys) {
-    __m256 acc[4][2];
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        acc[r][c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / 256; i++) {
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const char *p = w + r * ws + i * K16_PACKED;
-            float d;
-            memcpy(&d, p + 576, 4);
-            const __m256 vd = _mm256_set1_ps(d);
-            __m256i a[2];
-            UNROLL
-            for (int c = 0; c < C; c++)
-                a[c] = _mm256_setzero_si256();
-            /* The empty asm keeps each sum a chain: gcc otherwise reassociates the 16
-             * integer adds into a tree of all 16 products and spills them. */
-            _Pragma("GCC unroll 16")
-            for (int j = 0; j < 16; j++) {
-                __m256i wv = _mm256_load_si256((const __m256i *)(p + 32 * j));
-                UNROLL
-                for (int c = 0; c < C; c++) {
-                    a[c] = _mm256_add_epi32(
-                        a[c], _mm256_madd_epi16(wv, _mm256_load_si256((const __m256i *)(x + c * xs + 512 * i + 32 * j))));
-                    __asm__("" : "+x"(a[c]));
-                }
-            }
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[c]), vd, acc[r][c]);
-                if (has_min) {
-                    const float *sv = cpu_x16_sv(x + c * xs, k) + 16 * i;
-                    acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 512)),
-                                                 _mm256_loadu_ps(sv), acc[r][c]);
-                    acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 544)),
-                                                 _mm256_loadu_ps(sv + 8), acc[r][c]);
-                }
-            }
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-    for (int c = 0; c < C; c++)
-        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum_ps(acc[r][c]);
-}
-#define K16C_TILE(R, C, ...) k16c_tile(0, R, C, __VA_ARGS__)
-#define K16C_MIN_TILE(R, C, ...) k16c_tile(1, R, C, __VA_ARGS__)
+#define K16C_TILE(R, C, ...) k16_tile(0, 1, R, C, __VA_ARGS__)
+#define K16C_MIN_TILE(R, C, ...) k16_tile(1, 1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed_k16c, K16C_TILE)
 TILE_DRIVER(packed_k16c_min, K16C_MIN_TILE)
-#define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
+#define K16_TILE(R, C, ...) k16_tile(0, 2, R, C, __VA_ARGS__)
 TILE_DRIVER(packed_k16, K16_TILE)
 #define KP_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \

@@ -167,14 +167,13 @@ void cpu_quantize_x16_k_scalar(const float *x, void *q, int64_t k) {
     float amax = row_amax(x, k);
     float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
     for (int64_t b = 0; b < k; b += 256) {
-        for (int n = 0; n < 256; n++) {
-            const int l = n / 32, j = (n % 32) / 2, e = n % 2;
-            v16[b + 16 * j + 2 * l + e] = (int16_t)act_v(x[b + n], id);
-        }
         for (int g = 0; g < 16; g++) {
             int32_t sum = 0;
-            for (int i = 0; i < 16; i++)
-                sum += act_v(x[b + 16 * g + i], id);
+            for (int n = 16 * g; n < 16 * g + 16; n++) {
+                const int l = n / 32, j = (n % 32) / 2, e = n % 2, v = act_v(x[b + n], id);
+                v16[b + 16 * j + 2 * l + e] = (int16_t)v;
+                sum += v;
+            }
             sv[b / 16 + (g % 2) * 8 + g / 2] = (float)sum;
         }
     }
