@@ -15,7 +15,7 @@
  *     (the attention launchers' static once-flags, which a second GPU never got);
  *   - device counters that split kernels count their blocks in, zero between calls: the
  *     decode attention's and the top-k merge's (two __device__ arrays, which two streams
- *     of one GPU shared);
+ *     of one GPU shared), and the small-batch matmul's;
  *   - the tests' one-token mmv variant (cuda_mmv_variant). */
 #ifndef SMELT_CUDA_CTX_H
 #define SMELT_CUDA_CTX_H
@@ -32,6 +32,7 @@ extern "C" {
 #define CUDA_CTX_FUNCS 512         /* kernels a context remembers per attribute */
 #define CUDA_ATTN_COUNTERS 4096    /* the decode attention's split counters (cuda_attn.cu) */
 #define CUDA_TOPK_COUNTERS 1024    /* top-k's per-row merge counters (cuda_sample.cu) */
+#define CUDA_MMB_COUNTERS 65536    /* the small-batch matmul's row-tile counters (cuda_mmb.cu) */
 #define CUDA_MMQ_TYPES 4           /* Q4_K, Q6_K, Q8_0, MXFP4 (cuda_mmq.cu) */
 #define CUDA_MMQ_TILES 7           /* cuda_mmq_tile_count() */
 
@@ -57,6 +58,7 @@ struct cuda_ctx {
     int n_smem_raised;
     unsigned *attn_cnt;   /* device: CUDA_ATTN_COUNTERS zeroed counters */
     unsigned *topk_cnt;   /* device: CUDA_TOPK_COUNTERS zeroed counters */
+    int *mmb_cnt;         /* device: CUDA_MMB_COUNTERS zeroed counters */
 };
 
 /* A context for `device`, launching on `stream` (0: the legacy default stream): makes the

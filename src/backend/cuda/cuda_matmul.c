@@ -188,9 +188,11 @@ static smelt_status path_run(struct cuda_backend *cb, const struct cuda_qweight 
 }
 
 /* The choice without measuring (SMELT_NO_TUNE=1, capture, failure). */
-/* mmb may serve this product: its type, 2..64 rows, not SMELT_MM_PATH=legacy. */
+/* mmb may serve this product: its type, 2..64 rows, a counter per 64 weight rows, not
+ * SMELT_MM_PATH=legacy. */
 static bool mmb_ok(const struct cuda_backend *cb, const struct cuda_qweight *qw, int64_t n) {
-    return cb->mm_path >= 0 && n >= 2 && n <= CUDA_MMB_MAX_ROWS && cuda_mmb_supported(qw->type, qw->k);
+    return cb->mm_path >= 0 && n >= 2 && n <= CUDA_MMB_MAX_ROWS && cuda_mmb_supported(qw->type, qw->k) &&
+           qw->rows <= (int64_t)CUDA_MMB_COUNTERS * 64;
 }
 
 static int static_choice(const struct cuda_backend *cb, const struct cuda_qweight *qw, int64_t n) {

@@ -4,12 +4,21 @@
  *
  * Work split. A block is 4 warps over 64 weight rows (a warp: one 16-row m16 tile) and one
  * range of K super-blocks; the grid is (row tiles) x (K splits), the split count chosen from
- * (rows, k, SMs) only, so that about 4 blocks per SM run whatever n is. Each warp keeps its
- * 16 rows x 8*NT tokens of f32 accumulators in registers over its whole K range. A block
- * that shares its row tile with other K splits writes its partial tile (fragment order,
- * coalesced float4) to the scratch and counts itself; the last to arrive adds the partials
- * in split order (the same bits whoever is last) and stores y. Counters are zeroed by the
- * conversion and reset by their last user, so a captured graph replays.
+ * (rows, k, SMs) only, so that about 4 blocks per SM run whatever n is, with at most 8
+ * super-blocks a block. Each warp keeps its 16 rows x 8*NT tokens of f32 accumulators in
+ * registers over its whole K range. A block that shares its row tile with other K splits
+ * writes its partial tile (fragment order, coalesced float4) to the scratch and counts
+ * itself in the context's counters; the last to arrive adds the partials in split order (the
+ * same bits whoever is last), stores y and zeroes the counter again, so a captured graph
+ * replays.
+ *
+ * Activations. Up to 8 token rows (NT = 1) the block converts its whole K range of x (f32)
+ * itself into shared memory (at most 8 x 4 KB), one barrier, and the warps then run their
+ * range without another: one launch a product. Above 8 rows a conversion launch writes the
+ * f16 activations (fragment order) once and each block stages them super-block by
+ * super-block (cp.async, two stages, a barrier each). Each warp keeps two super-blocks of
+ * weights in flight (even and odd ones in two register sets, each refilled right after its
+ * math).
  *
  * Weights: lane (g, t) of a warp (g = lane >> 2, t = lane & 3) owns rows g and g + 8 of the
  * warp's tile. Per 256-wide K slice ("super-block", eight blocks of the 32-wide types) it
@@ -60,8 +69,8 @@
  * values to the bit (the same operations); Q5_K and Q4_0 have no mmq kernel. Q5_K's fifth
  * bits go into place by a multiply: (bits & 15) * 0x00040010 puts bits 0 and 2 at 4 and 20.
  *
- * Shared memory: 2 stages x 8*NT tokens x 528 B (256 f16 + 16 B pad: the 8 rows of an
- * ldmatrix matrix fall in distinct banks). */
+ * Shared memory: per super-block 8*NT tokens x 528 B (256 f16 + 16 B pad: the 8 rows of an
+ * ldmatrix matrix fall in distinct banks); the block's whole range (NT = 1) or 2 stages. */
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -76,6 +85,7 @@ extern "C" {
 #define MMB_BM 64           /* weight rows per block: 4 warps x 16 */
 #define MMB_XS 528          /* shared bytes per token per stage */
 #define MMB_BLOCKS_PER_SM 4 /* the K split aims at this many blocks per SM */
+#define MMB_KR_MAX 8        /* super-blocks a block takes at most (shared memory at 1..8 rows) */
 
 /* One matrix of a launch: its split-layout weights (cuda_qweight q, s, d). */
 struct mmb_w {
@@ -91,9 +101,9 @@ struct mmb_args {
     int rows[CUDA_MMB_MATS];
     int tile0[CUDA_MMB_MATS + 1];
     const float *x;            /* (n, k) f32 activations (the conversion's input) */
-    const __half *xp;          /* (8 NT, k) f16 activations, fragment order */
+    const __half *xp;          /* (8 NT, k) f16 activations, fragment order (more than 8 rows) */
     float *part;               /* partial tiles: (row tile, split, thread, NT float4) */
-    int *cnt;                  /* one counter per row tile */
+    int *cnt;                  /* one counter per row tile (the context's, zero between calls) */
     int k, n, nsb, kr, ks, accumulate;
 };
 
@@ -478,33 +488,54 @@ static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
     return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
 }
 
-/* x (n, k) f32 -> xp (npad, k) f16 in type T's fragment order (file comment), rows
- * n..npad-1 zero; also zeroes n_cnt counters. One thread per (token, super-block, step):
- * 16 values. */
+/* The 16 activations of step st of super-block s for token row tok of x (n, k) f32 (zeros
+ * past row n), in type T's fragment order (file comment), as two uint4. */
 template <uint32_t T>
-static __global__ void mmb_convert_kernel(const float *x, __half *xp, int *cnt, int n_cnt, int k, int n,
-                                          long long items) {
+static __device__ __forceinline__ void convert_step(const float *x, int k, int n, int tok, int s, int st, uint4 &lo,
+                                                    uint4 &hi) {
+    uint32_t o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (tok < n) {
+        const float *src = x + (long long)tok * k + s * 256;
+        float4 v[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+            v[t] = *(const float4 *)(src + mmb_fmt<T>::kb(st, t));
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            o[t] = pack_h2(v[t].x, v[t].z);     /* slots 2t, 2t+1: K kb, kb+2 */
+            o[4 + t] = pack_h2(v[t].y, v[t].w); /* slots 2t+8, 2t+9: K kb+1, kb+3 */
+        }
+    }
+    lo = make_uint4(o[0], o[1], o[2], o[3]);
+    hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* More than 8 token rows: x (n, k) f32 -> xp (npad, k) f16 in type T's fragment order, rows
+ * n..npad-1 zero, for the blocks to stage. One thread per (token, super-block, step). */
+template <uint32_t T>
+static __global__ void mmb_convert_kernel(const float *x, __half *xp, int k, int n, long long items) {
     pdl_wait();
     pdl_trigger();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n_cnt) cnt[i] = 0;
     if (i >= items) return;
     const int nsb = k >> 8, st = (int)(i & 15);
     const long long ts = i >> 4;
     const int tok = (int)(ts / nsb), s = (int)(ts - (long long)tok * nsb);
-    uint32_t o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (tok < n) {
-        const float *src = x + (long long)tok * k + s * 256;
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const float4 v = *(const float4 *)(src + mmb_fmt<T>::kb(st, t));
-            o[t] = pack_h2(v.x, v.z);     /* slots 2t, 2t+1: K kb, kb+2 */
-            o[4 + t] = pack_h2(v.y, v.w); /* slots 2t+8, 2t+9: K kb+1, kb+3 */
-        }
-    }
     uint4 *dst = (uint4 *)(xp + (long long)tok * k + s * 256 + st * 16);
-    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    convert_step<T>(x, k, n, tok, s, st, dst[0], dst[1]);
+}
+
+/* Up to 8 token rows: the block converts its whole K range s0..s1-1 of x itself, straight
+ * into shared memory (super-block i of the range at stage i), one thread per (token, step):
+ * 128 = 8 x 16. */
+template <uint32_t T>
+static __device__ __forceinline__ void convert_range(const mmb_args &a, unsigned char *smem, int s0, int s1, int tid) {
+    const int tok = tid >> 4, st = tid & 15;
+    unsigned char *dst = smem + tok * MMB_XS + st * 32;
+    for (int s = s0; s < s1; s++) {
+        uint4 *d = (uint4 *)(dst + (s - s0) * 8 * MMB_XS);
+        convert_step<T>(a.x, a.k, a.n, tok, s, st, d[0], d[1]);
+    }
 }
 
 /* Copies super-block s of the 8 NT tokens' f16 activations into a stage. */
@@ -535,8 +566,14 @@ static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const f
         }
 }
 
+/* Blocks per SM the compiler must leave room for: 3 at 33-64 rows (two super-blocks in
+ * flight took up to 222 registers, 2 blocks, without it; with it at most 32 bytes spill). */
+template <int NT> constexpr int mmb_min_blocks() {
+    return NT == 8 ? 3 : 1;
+}
+
 template <uint32_t T, int NT>
-static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args a) {
+static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_kernel(const mmb_args a) {
     using F = mmb_fmt<T>;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int last;
@@ -548,12 +585,25 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args 
     /* rows past the matrix read the last one (their results are never stored) */
     const long long rr[2] = {min(row, rows - 1), min(row + 8, rows - 1)};
     const typename F::src src = F::init(a, mmb_pick(a.w, m), rr, t);
-    typename F::raw cur, nxt;
-    F::load(cur, src, s0); /* weights only: before the wait (cuda_common.cuh) */
+    /* PP: two super-blocks of weights in flight, w[0] holding the even ones of the range and
+     * w[1] the odd ones, each refilled right after its math (no register copy waits on a
+     * load): at 33-64 rows 4096x4096 Q4_K 46 -> 33 us (H200). It costs registers, and so
+     * resident warps: up to 32 rows that lost more than the depth won (1-8 rows 14336x4096
+     * 17.8 -> 19.8 us); there w[1] is the next super-block, copied into w[0]. */
+    constexpr bool PP = NT == 8;
+    typename F::raw w[2];
+    F::load(w[0], src, s0); /* weights only: before the wait (cuda_common.cuh) */
+    if (PP && s0 + 1 < s1) F::load(w[1], src, s0 + 1);
+    if (!PP) w[1] = w[0];
     pdl_wait();
     pdl_trigger();
-    copy_x<NT>(a, smem, s0, tid);
-    cp_commit();
+    if (NT == 1) {
+        convert_range<T>(a, smem, s0, s1, tid);
+        __syncthreads();
+    } else {
+        copy_x<NT>(a, smem, s0, tid);
+        cp_commit();
+    }
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -564,16 +614,26 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args 
      * 0-7, 8-15 (i & 1)} */
     const int mi = lane >> 3;
     const uint32_t xa = smem_u32(smem) + (lane & 7) * MMB_XS + (mi >> 1) * 32 + (mi & 1) * 16;
-    nxt = cur;
-    for (int s = s0; s < s1; s++) {
-        const int i = s - s0;
-        if (s + 1 < s1) F::load(nxt, src, s + 1);
-        cp_wait<0>();    /* super-block s's activations landed (this thread's copies) ... */
-        __syncthreads(); /* ... everyone's; every warp is done with the other stage */
-        if (s + 1 < s1) copy_x<NT>(a, smem + ((i + 1) & 1) * STAGE, s + 1, tid);
-        cp_commit();
-        F::template compute<NT>(acc, cur, xa + (i & 1) * STAGE, t);
-        cur = nxt;
+    for (int s = s0; s < s1; s += PP ? 2 : 1) {
+#pragma unroll
+        for (int h = 0; h < (PP ? 2 : 1); h++) {
+            const int sh = s + h, i = sh - s0;
+            if (sh >= s1) break;
+            if (!PP && sh + 1 < s1) F::load(w[1], src, sh + 1);
+            uint32_t xs;
+            if (NT == 1) {
+                xs = xa + i * STAGE; /* the whole range is in place: no barrier */
+            } else {
+                cp_wait<0>();    /* super-block sh's activations landed (this thread's copies) ... */
+                __syncthreads(); /* ... everyone's; every warp is done with the other stage */
+                if (sh + 1 < s1) copy_x<NT>(a, smem + ((i + 1) & 1) * STAGE, sh + 1, tid);
+                cp_commit();
+                xs = xa + (i & 1) * STAGE;
+            }
+            F::template compute<NT>(acc, w[h], xs, t);
+            if (!PP) w[0] = w[1];
+            else if (sh + 2 < s1) F::load(w[h], src, sh + 2);
+        }
     }
     if (a.ks == 1) {
         store_y<NT>(a, m, acc, row, t);
@@ -627,7 +687,7 @@ static __global__ void __launch_bounds__(MMB_THREADS) mmb_kernel(const mmb_args 
 /* The launch shape of a product. */
 struct mmb_plan {
     int rtiles, nsb, kr, ks, nt;
-    uint64_t xp_bytes, cnt_bytes, part_bytes;
+    uint64_t xp_bytes, part_bytes;
 };
 
 static uint64_t align256(uint64_t v) {
@@ -651,12 +711,12 @@ static mmb_plan plan_of(const struct cuda_ctx *c, int64_t rtiles, int64_t k, int
     const long long n_sm = c->n_sm > 0 ? c->n_sm : 132;
     long long want = (MMB_BLOCKS_PER_SM * n_sm + p.rtiles - 1) / p.rtiles;
     if (want > p.nsb) want = p.nsb;
+    if (want < (p.nsb + MMB_KR_MAX - 1) / MMB_KR_MAX) want = (p.nsb + MMB_KR_MAX - 1) / MMB_KR_MAX;
     if (want < 1) want = 1;
     p.kr = (int)((p.nsb + want - 1) / want);
     p.ks = (p.nsb + p.kr - 1) / p.kr;
     p.nt = nt_of(n);
-    p.xp_bytes = align256((uint64_t)(8 * p.nt) * (uint64_t)k * 2);
-    p.cnt_bytes = align256((uint64_t)p.rtiles * 4);
+    p.xp_bytes = p.nt > 1 ? align256((uint64_t)(8 * p.nt) * (uint64_t)k * 2) : 0;
     p.part_bytes = p.ks > 1 ? (uint64_t)p.rtiles * p.ks * MMB_THREADS * p.nt * 16 : 0;
     return p;
 }
@@ -677,7 +737,7 @@ extern "C" smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64
         return err_set(e, SMELT_ERR_INVALID, "cuda mmb: scratch for %lld x %lld, %lld tokens (1..%d)",
                        (long long)rows, (long long)k, (long long)n, CUDA_MMB_MAX_ROWS);
     const mmb_plan p = plan_of(ctx, tiles_of(rows), k, n);
-    *bytes = p.xp_bytes + p.cnt_bytes + p.part_bytes;
+    *bytes = p.xp_bytes + p.part_bytes;
     return SMELT_OK;
 }
 
@@ -691,7 +751,7 @@ static int64_t multi_rows(const struct cuda_qweight *const *w, int count) {
             return -1;
         tiles += tiles_of(w[i]->rows);
     }
-    return tiles * MMB_BM;
+    return tiles <= CUDA_MMB_COUNTERS ? tiles * MMB_BM : -1;
 }
 
 extern "C" smelt_status cuda_mmb_multi_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
@@ -705,20 +765,19 @@ extern "C" smelt_status cuda_mmb_multi_scratch_bytes(const struct cuda_ctx *ctx,
 
 template <uint32_t T, int NT>
 static cudaError_t launch_nt(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
-    const size_t smem = 2 * 8 * NT * MMB_XS;
+    const size_t smem = (size_t)(NT == 1 ? p.kr : 2) * 8 * NT * MMB_XS; /* 1 row tile: the whole range */
     if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)mmb_kernel<T, NT>, smem);
     return klaunch(mmb_kernel<T, NT>, dim3((unsigned)p.rtiles, (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
 }
 
-/* The conversion and the product of type T. */
+/* The product of type T, after the conversion above 8 rows. */
 template <uint32_t T> static cudaError_t launch_type(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
+    if (p.nt == 1) return launch_nt<T, 1>(ctx, p, a);
     const long long items = (long long)8 * p.nt * p.nsb * 16;
-    const long long threads = items > p.rtiles ? items : p.rtiles;
-    cudaError_t ce = klaunch(mmb_convert_kernel<T>, dim3(nblocks(threads, 256)), dim3(256), 0, ctx, a.x, (__half *)a.xp,
-                             a.cnt, p.rtiles, a.k, a.n, items);
+    cudaError_t ce = klaunch(mmb_convert_kernel<T>, dim3(nblocks(items, 256)), dim3(256), 0, ctx, a.x, (__half *)a.xp,
+                             a.k, a.n, items);
     if (ce != cudaSuccess) return ce;
     switch (p.nt) {
-    case 1: return launch_nt<T, 1>(ctx, p, a);
     case 2: return launch_nt<T, 2>(ctx, p, a);
     case 4: return launch_nt<T, 4>(ctx, p, a);
     default: return launch_nt<T, 8>(ctx, p, a);
@@ -737,12 +796,14 @@ extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_q
                        qtype_name(w[0]->type), (long long)w[0]->rows, (long long)w[0]->k);
     bool ys = true;
     for (int i = 0; i < count; i++) ys = ys && y[i];
-    if (n < 1 || n > CUDA_MMB_MAX_ROWS || !x || !ys || !scratch || ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15))
+    if (n < 1 || n > CUDA_MMB_MAX_ROWS || !x || !ys || ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15))
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmb: %lld token rows (1..%d), x %p and scratch %p (16-byte aligned), every y given",
                        (long long)n, CUDA_MMB_MAX_ROWS, (const void *)x, scratch);
     const mmb_plan p = plan_of(ctx, tiles_of(rows), w[0]->k, n);
-    const uint64_t need = p.xp_bytes + p.cnt_bytes + p.part_bytes;
+    const uint64_t need = p.xp_bytes + p.part_bytes;
+    if (need && !scratch)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: no scratch, %llu bytes needed", (unsigned long long)need);
     if (scratch_bytes < need)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmb: scratch of %llu bytes, %s %lldx%lld at %lld rows needs %llu",
                        (unsigned long long)scratch_bytes, qtype_name(w[0]->type), (long long)rows,
@@ -760,9 +821,9 @@ extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_q
     }
     a.tile0[CUDA_MMB_MATS] = tile;
     a.x = x;
-    a.xp = (const __half *)scratch;
-    a.cnt = (int *)((unsigned char *)scratch + p.xp_bytes);
-    a.part = p.part_bytes ? (float *)((unsigned char *)scratch + p.xp_bytes + p.cnt_bytes) : NULL;
+    a.xp = p.xp_bytes ? (const __half *)scratch : NULL;
+    a.cnt = ctx->mmb_cnt;
+    a.part = p.part_bytes ? (float *)((unsigned char *)scratch + p.xp_bytes) : NULL;
     a.k = (int)w[0]->k;
     a.n = (int)n;
     a.nsb = p.nsb;

@@ -10,9 +10,10 @@
  * dequantizes them into the f16 A fragments of mma.sync.m16n8k16, with the same f16 values
  * cuda_mmq makes where it has the type (Q4_K: f16(q * f16(d*sc) - f16(dmin*m)); Q6_K:
  * f16((q - 32) * f16(d*sc)); Q8_0: f16(q * d)) and the like for the others (Q5_K as Q4_K,
- * Q4_0: f16((q - 8) * d)). The activations are converted once per call to f16 in the order
- * the type's fragments want them, and each block stages its K range of them in shared
- * memory (cp.async, double-buffered); f32 accumulators over the whole range. The K range is
+ * Q4_0: f16((q - 8) * d)). The activations are converted to f16 in the order the type's
+ * fragments want them: up to 8 rows by each block for its own K range, straight into shared
+ * memory; above, once per call by a conversion launch, and each block stages its K range in
+ * shared memory (cp.async, double-buffered); f32 accumulators over the whole range. The K range is
  * split over blocks by (rows, k, SM count) only, never by n, and the splits are summed in a
  * fixed order: a token row's result is the same bits whatever n is and whatever the other
  * rows hold (batch-invariant within this kernel).
@@ -42,15 +43,15 @@ int cuda_mmb_supported(uint32_t type, int64_t k);
  * the same for every n). */
 int cuda_mmb_splits(const struct cuda_ctx *ctx, int64_t rows, int64_t k);
 
-/* Device scratch bytes cuda_mmb needs for this product: the f16 activations, one counter
- * per 64 weight rows and the partial sums of the K splits. */
+/* Device scratch bytes cuda_mmb needs for this product: the f16 activations (more than 8
+ * rows) and the partial sums of the K splits (0 when there are neither). */
 smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64_t rows, int64_t k, int64_t n,
                                     uint64_t *bytes, struct err *e);
 
 /* y[n][w->rows] = (or += with accumulate != 0) W x for x[n][w->k] (f32, device, 16-byte
  * aligned), 1 <= n <= CUDA_MMB_MAX_ROWS; scratch of scratch_bytes (>= cuda_mmb_scratch_bytes).
- * Two launches on ctx's stream (the conversion, the product); asynchronous and
- * graph-capturable; errors are argument and launch errors only. */
+ * One launch on ctx's stream up to 8 rows, two above (the conversion, the product);
+ * asynchronous and graph-capturable; errors are argument and launch errors only. */
 smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x, int64_t n,
                       float *y, void *scratch, uint64_t scratch_bytes, int accumulate, struct err *e);
 
