@@ -41,7 +41,9 @@ int main(void) {
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_ctx.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmb.h"
 #include "backend/cuda/cuda_mmq.h"
 #include "backend/cuda/cuda_mmv.h"
@@ -336,6 +338,126 @@ static void test_mmb_multi(void) {
     }
 }
 
+static double glu_ref(int act, double g, double u) {
+    if (act == 3) {
+        const double gc = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g;
+        const double uc = u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u;
+        return gc / (1.0 + exp(-GLU_OAI_ALPHA * gc)) * (uc + 1.0);
+    }
+    const double a = act == 0   ? g / (1.0 + exp(-g))
+                     : act == 1 ? 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+                                : 1.0 / (1.0 + exp(-g));
+    return a * u;
+}
+
+/* cuda_mmb_glu: gate and up of 128 rows (whole 64-row tiles: the two-matrix launch's split,
+ * so dst must be the bits of cuda_mmb_multi + cuda_glu) and of 130 (a ragged last tile: its
+ * own split), each activation, against act(g) * u of the multi launch's g and u in double;
+ * every n bitwise equal to its rows at 64; nothing written past dst. */
+static void test_mmb_glu(void) {
+    const int ns[] = {2, 8, 9, 33, NMAX};
+    const int n_ns = (int)(sizeof ns / sizeof ns[0]);
+    const int64_t k = 1024, rows_of[2] = {128, 130};
+    const uint32_t types[2] = {QT_Q4_K, QT_Q6_K};
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = types[ti];
+        if (!type_on(type)) continue;
+        for (int ri = 0; ri < 2; ri++) {
+            const int64_t rows = rows_of[ri];
+            struct cuda_qweight qw[2];
+            const struct cuda_qweight *qp[2] = {&qw[0], &qw[1]};
+            float *w16[2], *deq[2], *dgu[2] = {NULL, NULL}, *dy = NULL, *dref = NULL, *dx = NULL;
+            void *hw[2], *sc = NULL;
+            struct err e;
+            memset(qw, 0, sizeof qw);
+            float *x = malloc(sizeof(float) * (size_t)(NMAX * k)), *hy = malloc(sizeof(float) * (size_t)(NMAX * rows + GUARD));
+            float *hg = malloc(sizeof(float) * (size_t)(NMAX * rows)), *hu = malloc(sizeof(float) * (size_t)(NMAX * rows));
+            float *href = malloc(sizeof(float) * (size_t)(NMAX * rows)), *y64 = malloc(sizeof(float) * (size_t)(NMAX * rows));
+            if (!x || !hy || !hg || !hu || !href || !y64) abort();
+            for (int i = 0; i < 2; i++) {
+                w16[i] = malloc(sizeof(float) * (size_t)(rows * k));
+                deq[i] = malloc(sizeof(float) * (size_t)(rows * k));
+                if (!w16[i] || !deq[i]) abort();
+                hw[i] = make_weights(type, rows, k, w16[i], deq[i], &g_seed);
+                T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw[i], type, hw[i], rows, k, &e), SMELT_OK);
+                CK(cudaMalloc((void **)&dgu[i], sizeof(float) * (size_t)(NMAX * rows)));
+            }
+            for (int64_t i = 0; i < NMAX * k; i++)
+                x[i] = 2.0f * t_randn(&g_seed); /* gate values over the activations' curved range */
+            uint64_t sbytes = 0, mbytes = 0;
+            T_EQ_INT(cuda_mmb_glu_scratch_bytes(&g_ctx, qp[0], qp[1], NMAX, &sbytes, &e), SMELT_OK);
+            T_EQ_INT(cuda_mmb_multi_scratch_bytes(&g_ctx, qp, 2, NMAX, &mbytes, &e), SMELT_OK);
+            if (mbytes > sbytes) sbytes = mbytes;
+            CK(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(NMAX * k)));
+            CK(cudaMalloc((void **)&dy, sizeof(float) * (size_t)(NMAX * rows + GUARD)));
+            CK(cudaMalloc((void **)&dref, sizeof(float) * (size_t)(NMAX * rows)));
+            CK(cudaMalloc(&sc, sbytes));
+            CK(cudaMemcpy(dx, x, sizeof(float) * (size_t)(NMAX * k), cudaMemcpyHostToDevice));
+            for (int ni = n_ns - 1; ni >= 0; ni--) { /* NMAX first: the others are compared with it */
+                const int n = ns[ni];
+                for (int act = 0; act < 4; act++) {
+                    const int64_t cnt = n * rows;
+                    for (int64_t j = 0; j < cnt + GUARD; j++) hy[j] = j < cnt ? NAN : SENTINEL;
+                    CK(cudaMemcpy(dy, hy, sizeof(float) * (size_t)(cnt + GUARD), cudaMemcpyHostToDevice));
+                    T_CHECKF(cuda_mmb_glu(&g_ctx, qp[0], qp[1], act, dx, n, dy, sc, sbytes, &e) == SMELT_OK, "%s", e.msg);
+                    T_CHECKF(cuda_mmb_multi(&g_ctx, qp, 2, dx, n, dgu, sc, sbytes, 0, &e) == SMELT_OK, "%s", e.msg);
+                    cuda_glu(&g_ctx, dref, dgu[0], dgu[1], act, cnt);
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaMemcpy(hy, dy, sizeof(float) * (size_t)(cnt + GUARD), cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hg, dgu[0], sizeof(float) * (size_t)cnt, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hu, dgu[1], sizeof(float) * (size_t)cnt, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(href, dref, sizeof(float) * (size_t)cnt, cudaMemcpyDeviceToHost));
+                    double scale = 0;
+                    for (int64_t j = 0; j < cnt; j++) scale += fabs(glu_ref(act, hg[j], hu[j]));
+                    scale /= (double)cnt;
+                    int bad = 0, bits = 0, diff = 0, guard = 0;
+                    for (int64_t j = 0; j < cnt; j++) {
+                        const double ref = glu_ref(act, hg[j], hu[j]);
+                        /* whole tiles: the multi launch's sums, so float math differs from the
+                         * double reference only; a ragged tile's own split moves g and u by
+                         * the products' rounding (test_mmb_multi's bound) */
+                        const double tol = rows % 64 ? 2e-3 * (fabs(ref) + scale) : 1e-5 * (fabs(ref) + scale);
+                        if (!(fabs(hy[j] - ref) <= tol) && bad++ < 3)
+                            fprintf(stderr, "  glu %s %lld rows act %d n=%d: [%lld] = %.7g, ref %.7g (g %.5g, u %.5g)\n",
+                                    qtype_name(type), (long long)rows, act, n, (long long)j, hy[j], ref, hg[j], hu[j]);
+                        if (rows % 64 == 0) bits += memcmp(&hy[j], &href[j], sizeof(float)) != 0;
+                        if (act == 1) {
+                            if (n == NMAX) y64[j] = hy[j];
+                            else diff += memcmp(&hy[j], &y64[j], sizeof(float)) != 0;
+                        }
+                    }
+                    for (int j = 0; j < GUARD; j++) guard += hy[cnt + j] != SENTINEL;
+                    if (act == 1 || bad || bits || diff || guard)
+                        printf("mmb glu %-4s 2x%lldx%lld act %d n=%-2d: %s\n", qtype_name(type), (long long)rows,
+                               (long long)k, act, n, bad || bits || diff || guard ? "MISMATCH" : "ok");
+                    T_CHECKF(bad == 0, "glu act %d n=%d: %d outputs off", act, n, bad);
+                    T_CHECKF(bits == 0, "glu act %d n=%d: %d outputs not the bits of multi + glu", act, n, bits);
+                    T_CHECKF(diff == 0, "glu n=%d: %d outputs differ from the same rows at n=%d", n, diff, NMAX);
+                    T_CHECKF(guard == 0, "glu act %d n=%d: %d floats written past dst", act, n, guard);
+                }
+            }
+        out:
+            for (int i = 0; i < 2; i++) {
+                cuda_qweight_free(&qw[i]);
+                cudaFree(dgu[i]);
+                free(hw[i]);
+                free(w16[i]);
+                free(deq[i]);
+            }
+            cudaFree(dx);
+            cudaFree(dy);
+            cudaFree(dref);
+            cudaFree(sc);
+            free(x);
+            free(hy);
+            free(hg);
+            free(hu);
+            free(href);
+            free(y64);
+        }
+    }
+}
+
 /* The f16 weights themselves, to the bit (up to the sign of a zero): token row t of a call is the one-hot vector of K
  * position k0 + t, so y[t][r] = w16[r][k0 + t] exactly (one product by 1, the rest adds
  * zeros), against qref16.h's weights (cuda_mmq's values for Q6_K and Q8_0). Every K
@@ -581,6 +703,7 @@ int main(void) {
         T_RUN(test_mmb_types);
         T_RUN(test_mmb_model_shapes);
         T_RUN(test_mmb_multi);
+        T_RUN(test_mmb_glu);
     }
     if (getenv("SMELT_BENCH") || (bo && *bo))
         for (int ti = 0; ti < N_TYPES; ti++)

@@ -2,6 +2,7 @@
  * row), plain activations, soft-capping, the strided copy, the non-causal key bound. CPU twins: src/backend/cpu/ (cpu_ops_elem.c;
  * cpu_ops_ssm.c's cpu_op_copy). */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_glu.cuh"
 
 extern "C" {
 #include "backend/backend.h" /* GLU_OAI_ALPHA, GLU_OAI_LIMIT */
@@ -23,21 +24,6 @@ static __global__ void scale_kernel(float *dst, const float *x, float s, int64_t
     pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = x[i] * s;
-}
-
-static __device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
-static __device__ __forceinline__ float glu_val(int act, float g, float u) {
-    if (act == 3) { /* gpt-oss's clamped SwiGLU (backend.h's GLU_SWIGLU_OAI); NaN stays */
-        const float gc = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g;
-        const float uc = u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u;
-        return gc / (1.0f + expf(-GLU_OAI_ALPHA * gc)) * (uc + 1.0f);
-    }
-    const float a = act == 0 ? g / (1.0f + expf(-g)) : act == 1 ? gelu_tanh(g) : 1.0f / (1.0f + expf(-g));
-    return a * u;
 }
 
 /* row_n > 0: one gate per row of row_n elements (a shared expert's). */

@@ -472,6 +472,27 @@ void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *
     }
 }
 
+bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
+               const float *x, int64_t n, float *dst) {
+    if (!cu_ok(cb) || act < 0 || act > 3 || gate->type != up->type || gate->k != up->k || gate->rows != up->rows ||
+        !mmb_ok(cb, gate, n) || choose(cb, gate, x, n, dst, false, NULL) != MMTUNE_MMB || !cu_ok(cb) ||
+        choose(cb, up, x, n, dst, false, NULL) != MMTUNE_MMB || !cu_ok(cb))
+        return false;
+    struct err e;
+    uint64_t bytes = 0;
+    size_t mark = cu_scratch_mark(&cb->base);
+    void *sc = NULL;
+    if (cuda_mmb_glu_scratch_bytes(&cb->ctx, gate, up, n, &bytes, &e) != SMELT_OK ||
+        cuda_mmb_glu(&cb->ctx, gate, up, act, x, n, dst, (sc = cu_scratch(cb, bytes)), bytes, &e) != SMELT_OK) {
+        if (cu_ok(cb)) bk_fail(&cb->base, e.code, "%s", e.msg);
+        return true;
+    }
+    cu_prof_mark(cb, gate->bytes + up->bytes, "mmb glu %s 2x%lldx%lld n=%lld", qtype_name(gate->type),
+                 (long long)gate->rows, (long long)gate->k, (long long)n);
+    cu_scratch_release(&cb->base, mark);
+    return true;
+}
+
 const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,
                                                int64_t n) {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;

@@ -74,6 +74,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_glu.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 extern "C" {
@@ -105,6 +106,7 @@ struct mmb_args {
     float *part;               /* partial tiles: (row tile, split, thread, NT float4) */
     int *cnt;                  /* one counter per row tile (the context's, zero between calls) */
     int k, n, nsb, kr, ks, accumulate;
+    int glu; /* gate and up (matrices 0 and 1): 1 + enum glu_act, y[0] = act(gate) * up; 0: plain */
 };
 
 /* The matrix of row tile bx, and the selection of a per-matrix argument by constant indices
@@ -113,10 +115,8 @@ static_assert(CUDA_MMB_MATS == 3, "mmb_mat and mmb_pick select among 3");
 static __device__ __forceinline__ int mmb_mat(const mmb_args &a, int bx) {
     return (bx >= a.tile0[1]) + (bx >= a.tile0[2]);
 }
-template <class T> static __device__ __forceinline__ T mmb_pick(const T (&v)[CUDA_MMB_MATS], int m) {
-    return m == 0 ? v[0] : m == 1 ? v[1] : v[2];
-}
-template <class T> static __device__ __forceinline__ T mmb_pick(const T (&v)[CUDA_MMB_MATS + 1], int m) {
+template <class T, int N> static __device__ __forceinline__ T mmb_pick(const T (&v)[N], int m) {
+    static_assert(N >= CUDA_MMB_MATS, "one entry per matrix");
     return m == 0 ? v[0] : m == 1 ? v[1] : v[2];
 }
 
@@ -549,21 +549,45 @@ static __device__ __forceinline__ void copy_x(const mmb_args &a, unsigned char *
 }
 
 /* y = (or +=) v for this lane's outputs: rows row and row + 8 of matrix m, tokens 8j + 2t
- * (+1). */
-template <int NT>
-static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const float (&v)[NT][4], int row, int t) {
+ * (+1). With a.glu, warps 2 and 3 hold up's sums where warps 0 and 1 hold gate's for the same
+ * rows and lanes: they hand them over through shared memory (after a barrier: the
+ * activations there are no longer read) and warps 0 and 1 store act(gate) * up. Every thread
+ * of the block calls it. */
+template <int NT, bool GLU>
+static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const float (&v)[NT][4], int row, int t,
+                                               unsigned char *smem, int tid) {
     const int rows = mmb_pick(a.rows, m);
     float *y = mmb_pick(a.y, m);
+    float4 *xch = (float4 *)smem + (tid & 63) * NT;
+    if (GLU) {
+        __syncthreads();
+        if (tid >= 64)
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+            for (int j = 0; j < NT; j++)
+                xch[j] = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+        __syncthreads();
+        if (tid >= 64) return;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        float u[4] = {0, 0, 0, 0};
+        if (GLU) {
+            const float4 p = xch[j];
+            u[0] = p.x;
+            u[1] = p.y;
+            u[2] = p.z;
+            u[3] = p.w;
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = row + 8 * (i >> 1), tok = 8 * j + 2 * t + (i & 1);
             if (r < rows && tok < a.n) {
                 float *o = y + (long long)tok * rows + r;
-                *o = a.accumulate ? *o + v[j][i] : v[j][i];
+                const float val = GLU ? glu_val(a.glu - 1, v[j][i], u[i]) : v[j][i];
+                *o = a.accumulate ? *o + val : val;
             }
         }
+    }
 }
 
 /* Blocks per SM the compiler must leave room for: 3 at 33-64 rows (two super-blocks in
@@ -572,7 +596,9 @@ template <int NT> constexpr int mmb_min_blocks() {
     return NT == 8 ? 3 : 1;
 }
 
-template <uint32_t T, int NT>
+/* GLU: a.glu's launch (a template flag: its store's registers would otherwise spill in every
+ * 33-64-row kernel). */
+template <uint32_t T, int NT, bool GLU>
 static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_kernel(const mmb_args a) {
     using F = mmb_fmt<T>;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -580,8 +606,11 @@ static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_
     constexpr int STAGE = 8 * NT * MMB_XS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
     const int s0 = blockIdx.y * a.kr, s1 = min(s0 + a.kr, a.nsb);
-    const int m = mmb_mat(a, blockIdx.x), rows = mmb_pick(a.rows, m);
-    const int row = ((int)blockIdx.x - mmb_pick(a.tile0, m)) * MMB_BM + warp * 16 + (lane >> 2); /* in matrix m */
+    /* matrix m and this lane's first row in it: a.glu: 32 rows a tile, gate's (warps 0, 1)
+     * and up's (warps 2, 3) */
+    const int m = GLU ? warp >> 1 : mmb_mat(a, blockIdx.x), rows = mmb_pick(a.rows, m);
+    const int row = GLU ? (int)blockIdx.x * 32 + (warp & 1) * 16 + (lane >> 2)
+                          : ((int)blockIdx.x - mmb_pick(a.tile0, m)) * MMB_BM + warp * 16 + (lane >> 2);
     /* rows past the matrix read the last one (their results are never stored) */
     const long long rr[2] = {min(row, rows - 1), min(row + 8, rows - 1)};
     const typename F::src src = F::init(a, mmb_pick(a.w, m), rr, t);
@@ -636,7 +665,7 @@ static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_
         }
     }
     if (a.ks == 1) {
-        store_y<NT>(a, m, acc, row, t);
+        store_y<NT, GLU>(a, m, acc, row, t, smem, tid);
         return;
     }
     const long long tile = blockIdx.x;
@@ -679,7 +708,7 @@ static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_
             sum[j][3] += p.w;
         }
     }
-    store_y<NT>(a, m, sum, row, t);
+    store_y<NT, GLU>(a, m, sum, row, t, smem, tid);
 }
 
 /* --------------------------------------------------------------- launchers ---- */
@@ -741,33 +770,59 @@ extern "C" smelt_status cuda_mmb_scratch_bytes(const struct cuda_ctx *ctx, int64
     return SMELT_OK;
 }
 
-/* The rows cuda_mmb_scratch_bytes is asked for by cuda_mmb_multi_scratch_bytes: every
- * matrix's tiles together, or -1 when the matrices cannot share a launch. */
-static int64_t multi_rows(const struct cuda_qweight *const *w, int count) {
-    if (count < 1 || count > CUDA_MMB_MATS || !w[0]) return -1;
+/* The row tiles of a launch over count matrices: every matrix's together, or with glu
+ * (gate and up of one shape) 32 rows of each a tile; -1 when they cannot share a launch. */
+static int64_t launch_tiles(const struct cuda_qweight *const *w, int count, bool glu) {
+    if (count < 1 || count > CUDA_MMB_MATS || (glu && count != 2) || !w[0]) return -1;
     int64_t tiles = 0;
     for (int i = 0; i < count; i++) {
-        if (!w[i] || w[i]->type != w[0]->type || w[i]->k != w[0]->k || w[i]->rows < 1 || w[i]->rows > (1 << 30))
+        if (!w[i] || w[i]->type != w[0]->type || w[i]->k != w[0]->k || w[i]->rows < 1 || w[i]->rows > (1 << 30) ||
+            (glu && w[i]->rows != w[0]->rows))
             return -1;
         tiles += tiles_of(w[i]->rows);
     }
-    return tiles <= CUDA_MMB_COUNTERS ? tiles * MMB_BM : -1;
+    if (glu) tiles = (w[0]->rows + 31) / 32;
+    return tiles <= CUDA_MMB_COUNTERS ? tiles : -1;
+}
+
+static smelt_status launch_scratch(const struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count,
+                                   bool glu, int64_t n, uint64_t *bytes, struct err *e) {
+    const int64_t tiles = launch_tiles(w, count, glu);
+    if (tiles < 0)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: %d matrices in one launch (%s, one type and row length)",
+                       count, glu ? "gate and up of one shape" : "1..3");
+    if (n < 1 || n > CUDA_MMB_MAX_ROWS || w[0]->k < 256)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: scratch for k %lld, %lld tokens (1..%d)", (long long)w[0]->k,
+                       (long long)n, CUDA_MMB_MAX_ROWS);
+    const mmb_plan p = plan_of(ctx, tiles, w[0]->k, n);
+    *bytes = p.xp_bytes + p.part_bytes;
+    return SMELT_OK;
 }
 
 extern "C" smelt_status cuda_mmb_multi_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
                                                      int count, int64_t n, uint64_t *bytes, struct err *e) {
-    const int64_t rows = multi_rows(w, count);
-    if (rows < 0)
-        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: %d matrices in one launch (1..%d, one type and row length)",
-                       count, CUDA_MMB_MATS);
-    return cuda_mmb_scratch_bytes(ctx, rows, w[0]->k, n, bytes, e);
+    return launch_scratch(ctx, w, count, false, n, bytes, e);
+}
+
+extern "C" smelt_status cuda_mmb_glu_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                                                   const struct cuda_qweight *up, int64_t n, uint64_t *bytes,
+                                                   struct err *e) {
+    const struct cuda_qweight *w[2] = {gate, up};
+    return launch_scratch(ctx, w, 2, true, n, bytes, e);
+}
+
+/* stages: super-blocks of activations in shared memory (NT = 1: the block's whole range) */
+static cudaError_t launch_k(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a, void (*k)(const mmb_args),
+                            int stages, int nt) {
+    const size_t smem = (size_t)stages * 8 * nt * MMB_XS;
+    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)k, smem);
+    return klaunch(k, dim3((unsigned)p.rtiles, (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
 }
 
 template <uint32_t T, int NT>
 static cudaError_t launch_nt(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
-    const size_t smem = (size_t)(NT == 1 ? p.kr : 2) * 8 * NT * MMB_XS; /* 1 row tile: the whole range */
-    if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)mmb_kernel<T, NT>, smem);
-    return klaunch(mmb_kernel<T, NT>, dim3((unsigned)p.rtiles, (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
+    if (a.glu) return launch_k(ctx, p, a, mmb_kernel<T, NT, true>, NT == 1 ? p.kr : 2, NT);
+    return launch_k(ctx, p, a, mmb_kernel<T, NT, false>, NT == 1 ? p.kr : 2, NT);
 }
 
 /* The product of type T, after the conversion above 8 rows. */
@@ -784,29 +839,30 @@ template <uint32_t T> static cudaError_t launch_type(struct cuda_ctx *ctx, const
     }
 }
 
-extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count,
-                                       const float *x, int64_t n, float *const *y, void *scratch,
-                                       uint64_t scratch_bytes, int accumulate, struct err *e) {
-    const int64_t rows = multi_rows(w, count);
-    if (rows < 0)
-        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: %d matrices in one launch (1..%d, one type and row length)",
-                       count, CUDA_MMB_MATS);
+/* cuda_mmb_multi, or with glu (1 + enum glu_act) cuda_mmb_glu: y[0] only. */
+static smelt_status mmb_run(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count, int glu,
+                            const float *x, int64_t n, float *const *y, void *scratch, uint64_t scratch_bytes,
+                            int accumulate, struct err *e) {
+    const int64_t tiles = launch_tiles(w, count, glu != 0);
+    if (tiles < 0)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: %d matrices in one launch (%s, one type and row length)",
+                       count, glu ? "gate and up of one shape" : "1..3");
     if (!cuda_mmb_supported(w[0]->type, w[0]->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmb: %s %lldx%lld has no kernel (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0; k %% 256 == 0)",
                        qtype_name(w[0]->type), (long long)w[0]->rows, (long long)w[0]->k);
     bool ys = true;
-    for (int i = 0; i < count; i++) ys = ys && y[i];
+    for (int i = 0; i < (glu ? 1 : count); i++) ys = ys && y[i];
     if (n < 1 || n > CUDA_MMB_MAX_ROWS || !x || !ys || ((uintptr_t)x & 15) || ((uintptr_t)scratch & 15))
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmb: %lld token rows (1..%d), x %p and scratch %p (16-byte aligned), every y given",
                        (long long)n, CUDA_MMB_MAX_ROWS, (const void *)x, scratch);
-    const mmb_plan p = plan_of(ctx, tiles_of(rows), w[0]->k, n);
+    const mmb_plan p = plan_of(ctx, tiles, w[0]->k, n);
     const uint64_t need = p.xp_bytes + p.part_bytes;
     if (need && !scratch)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmb: no scratch, %llu bytes needed", (unsigned long long)need);
     if (scratch_bytes < need)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmb: scratch of %llu bytes, %s %lldx%lld at %lld rows needs %llu",
-                       (unsigned long long)scratch_bytes, qtype_name(w[0]->type), (long long)rows,
+                       (unsigned long long)scratch_bytes, qtype_name(w[0]->type), (long long)w[0]->rows,
                        (long long)w[0]->k, (long long)n, (unsigned long long)need);
     mmb_args a;
     memset(&a, 0, sizeof a);
@@ -814,7 +870,7 @@ extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_q
     for (int i = 0; i < CUDA_MMB_MATS; i++) {
         const struct cuda_qweight *wi = w[i < count ? i : count - 1]; /* unused: an empty range */
         a.w[i] = mmb_w{(const unsigned char *)wi->q, (const unsigned char *)wi->s, (const unsigned char *)wi->d};
-        a.y[i] = y[i < count ? i : count - 1];
+        a.y[i] = y[glu ? 0 : i < count ? i : count - 1];
         a.rows[i] = (int)wi->rows;
         a.tile0[i] = tile;
         if (i < count) tile += (int)tiles_of(wi->rows);
@@ -830,6 +886,7 @@ extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_q
     a.kr = p.kr;
     a.ks = p.ks;
     a.accumulate = accumulate != 0;
+    a.glu = glu;
     cudaError_t ce;
     switch (w[0]->type) {
     case QT_Q4_K: ce = launch_type<QT_Q4_K>(ctx, p, a); break;
@@ -847,5 +904,20 @@ extern "C" smelt_status cuda_mmb(struct cuda_ctx *ctx, const struct cuda_qweight
     if (!w || !cuda_mmb_supported(w->type, w->k) || w->rows < 1 || w->rows > (1 << 30))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmb: %s %lldx%lld has no kernel (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0; k %% 256 == 0)",
                        w ? qtype_name(w->type) : "?", w ? (long long)w->rows : 0LL, w ? (long long)w->k : 0LL);
-    return cuda_mmb_multi(ctx, &w, 1, x, n, &y, scratch, scratch_bytes, accumulate, e);
+    return mmb_run(ctx, &w, 1, 0, x, n, &y, scratch, scratch_bytes, accumulate, e);
+}
+
+extern "C" smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count,
+                                       const float *x, int64_t n, float *const *y, void *scratch,
+                                       uint64_t scratch_bytes, int accumulate, struct err *e) {
+    return mmb_run(ctx, w, count, 0, x, n, y, scratch, scratch_bytes, accumulate, e);
+}
+
+extern "C" smelt_status cuda_mmb_glu(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                                     const struct cuda_qweight *up, int act, const float *x, int64_t n, float *dst,
+                                     void *scratch, uint64_t scratch_bytes, struct err *e) {
+    if (act < 0 || act > 3)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmb: GLU activation %d (0..3)", act);
+    const struct cuda_qweight *w[2] = {gate, up};
+    return mmb_run(ctx, w, 2, 1 + act, x, n, &dst, scratch, scratch_bytes, 0, e);
 }

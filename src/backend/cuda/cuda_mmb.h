@@ -66,6 +66,18 @@ smelt_status cuda_mmb_multi(struct cuda_ctx *ctx, const struct cuda_qweight *con
 smelt_status cuda_mmb_multi_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *const *w,
                                           int count, int64_t n, uint64_t *bytes, struct err *e);
 
+/* dst[n][rows] = act(W_gate x) * (W_up x) for a GLU's gate and up (one type, row length and
+ * row count), act enum glu_act's 0..3 (cuda_glu.cuh's glu_val), in one launch at up to 8
+ * rows (two above): a block holds 32 rows of each matrix, and the block that completes them
+ * applies the activation. The K split is the two-matrix cuda_mmb_multi's whenever the rows
+ * are a multiple of 64, so dst is then the bits of that launch followed by cuda_glu. Scratch:
+ * cuda_mmb_glu_scratch_bytes. */
+smelt_status cuda_mmb_glu(struct cuda_ctx *ctx, const struct cuda_qweight *gate, const struct cuda_qweight *up,
+                          int act, const float *x, int64_t n, float *dst, void *scratch, uint64_t scratch_bytes,
+                          struct err *e);
+smelt_status cuda_mmb_glu_scratch_bytes(const struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                                        const struct cuda_qweight *up, int64_t n, uint64_t *bytes, struct err *e);
+
 #ifdef __cplusplus
 }
 #endif

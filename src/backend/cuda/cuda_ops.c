@@ -525,6 +525,9 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
         cu_mm(cb, qg, xn, x->ne[1], g, false, xq);
         cu_mm(cb, qu, xn, x->ne[1], dst->data, false,
               cuda_mmv_needs_quant(qu->type) && qu->type == qg->type ? xq : NULL);
+    } else if (cu_mm_glu(cb, qg, qu, (int)act, xn, x->ne[1], dst->data)) { /* the activation in its store */
+        cu_scratch_release(b, mark);
+        return;
     } else { /* one small-batch launch for both where their paths are mmb */
         const struct cuda_qweight *gu[2] = {qg, qu};
         float *gy[2] = {g, dst->data};
