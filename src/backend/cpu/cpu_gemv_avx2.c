@@ -103,6 +103,19 @@ INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
     for (size_t o = 0; o < tile_bytes; o += 64)
         _mm_prefetch(p + o, _MM_HINT_T0);
 }
+/* Part `part` of nparts of gemv_prefetch's lines, so that a tile's prefetches spread over
+ * its work: a burst of one prefetch per line of a Q6_K tile (27 lines) is more than the
+ * core's L1 miss buffers (Zen 3: 24), and the prefetch instructions then stalled the
+ * kernel; out of DRAM, Q6_K ran at ~7 GB/s against Q4_K's ~18 (18 lines a tile).
+ * Spread over a super-block's 8 chunks, Q6_K streams ~19 GB/s (docs/cpu-backend.md,
+ * "Q6_K prefetch bursts"). */
+INLINE void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part,
+                               int nparts) {
+    const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
+    UNROLL
+    for (int j = per * part; j < per * part + per; j++)
+        if (j < nl) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+}
 #ifndef PF_BYTES
 #define PF_BYTES 2048 /* distance ahead, at least two tiles */
 #endif
@@ -414,11 +427,11 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
             _Alignas(32) __m256 mf[16];
             __m256 d8;
             k_scales(t, tile, S, mf, &d8);
-            gemv_prefetch(tile, tile_bytes, ahead);
             const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
             const int16_t *cb = c32 + 64 * i;
             UNROLL
             for (int ch = 0; ch < 8; ch++) {
+                gemv_prefetch_part(tile, tile_bytes, ahead, ch, 8);
                 __m256i is;
                 if (t == QT_Q4_K || t == QT_Q5_K) {
                     /* hi in i16 over quads 0..3 and 4..7 (Q5_K) or all 8 (Q4_K); lo over 8 */
