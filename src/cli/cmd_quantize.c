@@ -243,7 +243,8 @@ static smelt_status load_random(struct qjob *job, const struct rm_preset *p,
         t->ne[1] = r->ne[1];
         t->ne[2] = r->ne[2];
         t->ne[3] = 1;
-        /* as mkmodel.py writes them: matrices F16, norms, biases and routers F32 */
+        /* as mkmodel.py writes them: matrices F16, norms, biases, routers and conv
+         * kernels F32 */
         t->src_type = r->kind == RM_MATRIX ? QT_F16 : QT_F32;
         t->ne0 = r->ne[0];
         t->nrows = r->ne[1] * r->ne[2];

@@ -168,7 +168,7 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
                 int64_t vd = (int64_t)hy->v_heads * hy->head_v;
                 T("attn_qkv.weight", RM_MATRIX, d, 2 * kd + vd);
                 T("attn_gate.weight", RM_MATRIX, d, vd);
-                T("ssm_conv1d.weight", RM_MATRIX, hy->conv, 2 * kd + vd);
+                T("ssm_conv1d.weight", RM_CONV, hy->conv, 2 * kd + vd);
                 T("ssm_dt.bias", RM_BIAS, hy->v_heads, 1);
                 T("ssm_a", RM_DECAY, hy->v_heads, 1);
                 T("ssm_beta.weight", RM_MATRIX, d, hy->v_heads);
@@ -187,6 +187,8 @@ smelt_status rm_tensors(const struct rm_preset *p, struct rm_tensor **out, int64
                 T("nextn.eh_proj.weight", RM_MATRIX, 2 * d, d);
                 T("nextn.enorm.weight", RM_NORM, d, 1);
                 T("nextn.hnorm.weight", RM_NORM, d, 1);
+                /* the checkpoints' mtp.norm, as the converter writes it */
+                T("nextn.shared_head_norm.weight", RM_NORM, d, 1);
             }
             T("post_attention_norm.weight", RM_NORM, d, 1);
             if (p->n_expert) {

@@ -44,8 +44,10 @@ struct rm_preset {
 };
 
 /* RM_ROUTER: an MoE router, F32 like the converter writes it (never quantized). RM_DECAY:
- * -(1 + 0.05 N(0, 1)), a recurrent layer's log-decay scale (ssm_a). */
-enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS, RM_ROUTER, RM_DECAY };
+ * -(1 + 0.05 N(0, 1)), a recurrent layer's log-decay scale (ssm_a). RM_CONV: a recurrent
+ * layer's causal-conv kernel (ssm_conv1d, (d_conv, channels)), values as a matrix's but F32
+ * like the converter writes it (never quantized; llama.cpp's ssm_conv op takes F32 only). */
+enum rm_kind { RM_MATRIX, RM_NORM, RM_BIAS, RM_ROUTER, RM_DECAY, RM_CONV };
 
 struct rm_tensor {
     char name[64];

@@ -613,12 +613,14 @@ def test_qwen35_35b_a3b_q4_k_m_plan():
     rows, total = plan("--random", "qwen3.5-35b-a3b", "/nonexistent.gguf", "Q4_K_M")
     from collections import Counter
     c = Counter(t for _, _, t in rows.values())
-    # F16: the 30 conv kernels (rows of 4 fit no block); Q6_K: attn_qkv / attn_v and both
-    # ffn_down of the more-bits layers, and output
-    assert c == {"F32": 279, "F16": 30, "Q4_K": 379, "Q6_K": 64}, c
+    # F32: norms, routers, ssm_a / dt_bias and the 30 conv kernels (F32 as the converter
+    # writes them: llama.cpp's ssm_conv takes F32 only; never quantized); Q6_K: attn_qkv /
+    # attn_v and both ffn_down of the more-bits layers, and output
+    assert c == {"F32": 310, "Q4_K": 379, "Q6_K": 64}, c
     assert rows["blk.0.attn_qkv.weight"] == ("2048x8192", "F16", "Q6_K")  # 16 x 2 x 128 + 32 x 128
     assert rows["blk.0.ssm_out.weight"] == ("4096x2048", "F16", "Q4_K")
-    assert rows["blk.0.ssm_conv1d.weight"] == ("4x8192", "F16", "F16")
+    assert rows["blk.0.ssm_conv1d.weight"] == ("4x8192", "F32", "F32")
+    assert rows["blk.40.nextn.shared_head_norm.weight"] == ("2048", "F32", "F32")
     assert rows["blk.3.attn_q.weight"] == ("2048x8192", "F16", "Q4_K")  # 16 heads x [q | gate] x 256
     assert rows["blk.3.attn_k.weight"] == ("2048x512", "F16", "Q4_K")   # 2 KV heads
     assert rows["blk.1.ffn_gate_inp.weight"] == ("2048x256", "F32", "F32")
