@@ -586,9 +586,10 @@ def write_gguf(path, name, arch, model, cfg, kind):
 
 def write_tensors(w, tensors, kind):
     """Adds (name, float32 array) tensors and writes the file. kind "f32": as they are;
-    "f16": 2-D and 3-D ones as float16 (they must be float16-exact), the routers
-    (ffn_gate_inp*) F32; "q8_0": experts (3-D) Q8_0 (they must be Q8_0-exact), the
-    rest as "f16"."""
+    "f16": 2-D and 3-D ones as float16 (they must be float16-exact), but the routers
+    (ffn_gate_inp*) and recurrent conv kernels (ssm_conv1d) F32, as llama.cpp's converter
+    keeps them (its ssm_conv op takes F32 kernels only); "q8_0": experts (3-D) Q8_0 (they
+    must be Q8_0-exact), the rest as "f16"."""
     for tname, arr in tensors:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if kind in ("q8_0", "mxfp4") and arr.ndim == 3:
@@ -599,7 +600,7 @@ def write_tensors(w, tensors, kind):
             w.add_tensor(tname, q, raw_dtype=qt)
             continue
         if (kind != "f32" and arr.ndim >= 2 and "ffn_gate_inp" not in tname
-                and not tname.endswith(".bias")):
+                and "ssm_conv1d" not in tname and not tname.endswith(".bias")):
             h = arr.astype(np.float16)
             assert np.array_equal(h.astype(np.float32), arr), f"{tname} is not float16-exact"
             arr = h

@@ -144,9 +144,9 @@ static void test_bad_files(void) {
                    "qwen35moe needs a per-row GLU gate (shared experts), which the test backend");
     expect_refused(NXT, NULL, 0, 0, NULL, "qwen3next needs a per-row GLU gate");
     bk->ops = ops;
-    expect_refused("qwen3next-f16-ssm_in.gguf", "qwen3next.ssm.inner_size", 64, 0, NULL,
-                   "tensor blk.0.ssm_in.weight: shape (64, 256), but the hyper-parameters say "
-                   "(64, 192)");
+    expect_refused("qwen3next-f16-ssm_in.gguf", "qwen3next.ssm.inner_size", 48, 0, NULL,
+                   "tensor blk.0.ssm_in.weight: shape (64, 192), but the hyper-parameters say "
+                   "(64, 160)");
 }
 
 /* Batches a recurrent model refuses: rows of a sequence split, a position that does not
