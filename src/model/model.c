@@ -244,6 +244,16 @@ void ld_ffn_weights(struct loader *l, int il, const char *norm, struct ffn_weigh
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", il);
     w->router = bind(l, false, true, d, hp->n_expert, 1, hp->n_expert, name);
     const int64_t f = hp->n_ff_exp, ne = hp->n_expert;
+    /* llama.cpp's converter fuses gate and up into one (n_embd, 2 n_ff_exp, n_expert)
+     * tensor when asked (--fuse-gate-up-exps; off by default), and llama.cpp reads either */
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", il);
+    if (l->st == SMELT_OK && gguf_find_tensor(l->f, name)) {
+        l->st = err_set(l->e, SMELT_ERR_UNSUPPORTED,
+                        "tensor %s: fused expert gate and up projections (llama.cpp's "
+                        "convert_hf_to_gguf.py --fuse-gate-up-exps) are not supported yet; "
+                        "convert without that option", name);
+        return;
+    }
     w->gate = ld_matrices(l, false, d, f, ne, "blk.%d.ffn_gate_exps.weight", il);
     w->up = ld_matrices(l, false, d, f, ne, "blk.%d.ffn_up_exps.weight", il);
     w->down = ld_matrices(l, false, f, d, ne, "blk.%d.ffn_down_exps.weight", il);

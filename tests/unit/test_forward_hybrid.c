@@ -98,6 +98,66 @@ static void expect_refused(const char *file, const char *key, uint32_t val, int 
     unlink(tmp);
 }
 
+/* The MoE fixture with every layer's ffn_gate_exps and ffn_up_exps fused into one
+ * ffn_gate_up_exps (n_embd, 2 n_ff_exp, n_expert: per expert the gate rows, then the up
+ * rows), as llama.cpp's converter writes it with --fuse-gate-up-exps: refused, naming it. */
+static void test_fused_gate_up_refused(void) {
+    struct err e;
+    struct gguf_file *f = NULL, *g = NULL;
+    struct gguf_writer *w = NULL;
+    struct model *m = NULL;
+    char tmp[] = "/tmp/smelt-hybrid-XXXXXX";
+    int fd = mkstemp(tmp);
+    T_CHECK(fd >= 0);
+    close(fd);
+    T_CHECK(gguf_open(&f, REF_DIR "/qwen35moe-f16.gguf", &e) == SMELT_OK);
+    T_CHECK(gguf_writer_new(&w, &e) == SMELT_OK);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        char name[128];
+        gguf_str_copy(kv->key, name, sizeof name);
+        gguf_set_value(w, name, &kv->val);
+    }
+    void *bufs[64];
+    int n_bufs = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[128], up[128];
+        int il;
+        gguf_str_copy(t->name, name, sizeof name);
+        if (strstr(name, ".ffn_up_exps.weight")) continue;
+        if (!strstr(name, ".ffn_gate_exps.weight") || sscanf(name, "blk.%d.", &il) != 1) {
+            gguf_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+            continue;
+        }
+        snprintf(up, sizeof up, "blk.%d.ffn_up_exps.weight", il);
+        const struct gguf_tensor *u = gguf_find_tensor(f, up);
+        T_CHECK(u && u->nbytes == t->nbytes && n_bufs < 64);
+        const size_t per = (size_t)(t->nbytes / (uint64_t)t->ne[2]);
+        char *buf = malloc(2 * (size_t)t->nbytes);
+        for (int64_t x = 0; x < t->ne[2]; x++) {
+            memcpy(buf + (size_t)(2 * x) * per, (const char *)t->data + (size_t)x * per, per);
+            memcpy(buf + (size_t)(2 * x + 1) * per, (const char *)u->data + (size_t)x * per, per);
+        }
+        bufs[n_bufs++] = buf;
+        const int64_t ne[4] = {t->ne[0], 2 * t->ne[1], t->ne[2], 1};
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", il);
+        gguf_add_tensor(w, name, t->type, 3, ne, buf);
+    }
+    T_CHECK(gguf_writer_write(w, tmp, NULL, NULL, &e) == SMELT_OK);
+    gguf_writer_free(w);
+    for (int i = 0; i < n_bufs; i++) free(bufs[i]);
+    T_CHECK(gguf_open(&g, tmp, &e) == SMELT_OK);
+    smelt_status st = g ? model_load(&m, g, bk, &e) : SMELT_ERR_IO;
+    const char *want = "tensor blk.0.ffn_gate_up_exps.weight: fused expert gate and up";
+    T_CHECKF(st == SMELT_ERR_UNSUPPORTED && strstr(e.msg, want), "want '%s', got: %s", want,
+             st == SMELT_OK ? "loaded" : e.msg);
+    model_free(m);
+    gguf_close(g);
+    gguf_close(f);
+    unlink(tmp);
+}
+
 static void test_bad_files(void) {
     const char *Q35 = "qwen35-f32.gguf", *MOE = "qwen35moe-f16.gguf", *NXT = "qwen3next-f16.gguf";
     /* recurrent tensors that disagree with the ssm_* hyper-parameters */
@@ -203,6 +263,7 @@ int main(void) {
     T_RUN(test_qwen35moe);
     T_RUN(test_qwen3next);
     T_RUN(test_bad_files);
+    T_RUN(test_fused_gate_up_refused);
     T_RUN(test_bad_batch);
     json_decref(manifest);
     bk_free(bk);
