@@ -858,7 +858,14 @@ static void test_hybrid(void) {
         t_skip("tests/data/ref-hybrid/manifest.json absent");
         return;
     }
-    const struct hy_opts o = {gpu, man, QT_F32, {1e-4, 4e-2}, {1e-5, 2e-3}, true};
+    /* F16 files on the default paths: products of more than 32 rows may take cuBLAS on F16
+     * activations, the lone row mmv on F32 ones, and the DeltaNet's decay carries that
+     * rounding into every later token, so a batched row and the row alone can be as far apart
+     * as either is from transformers (qwen35-f16 after the 2026-12-04 regeneration in
+     * llama.cpp's layout: 1.1e-2 apart, 1.9e-2 from transformers, no argmax flip on the H200).
+     * The F32-activation run below holds the same files to 1e-5, where a kernel's error would
+     * show. */
+    const struct hy_opts o = {gpu, man, QT_F32, {1e-4, 4e-2}, {1e-5, 2e-2}, true};
     const struct hy_opts o32 = {gpu_f32act, man, QT_F32, {1e-4, 1e-3}, {1e-5, 1e-5}, true};
     size_t im;
     const char *kind;
