@@ -98,23 +98,22 @@ static void rp_unpack8(uint32_t type, const void *grp, int nr, int64_t b0, int64
  * chunk per pass), and out of DRAM the AVX2 kernels ran at ~9 GB/s against ~15 GB/s from
  * L3; the prefetches (1 per 64 bytes, ~2% of the instructions) let loads and arithmetic
  * overlap. */
-INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
-    const char *p = tile + ahead;
-    for (size_t o = 0; o < tile_bytes; o += 64)
-        _mm_prefetch(p + o, _MM_HINT_T0);
-}
-/* Part `part` of nparts of gemv_prefetch's lines, so that a tile's prefetches spread over
- * its work: a burst of one prefetch per line of a Q6_K tile (27 lines) is more than the
- * core's L1 miss buffers (Zen 3: 24), and the prefetch instructions then stalled the
- * kernel; out of DRAM, Q6_K ran at ~7 GB/s against Q4_K's ~18 (18 lines a tile).
- * Spread over a super-block's 8 chunks, Q6_K streams ~19 GB/s (docs/cpu-backend.md,
- * "Q6_K prefetch bursts"). */
+/* Part `part` of nparts of those lines, so that a tile's prefetches can spread over its
+ * work: a burst of one prefetch per line of a Q6_K tile (27 lines) is more than the core's
+ * L1 miss buffers (Zen 3: 24), and the prefetch instructions then stalled the kernel; out
+ * of DRAM, Q6_K ran at ~7 GB/s against Q4_K's ~18 (18 lines a tile). Spread over a
+ * super-block's 8 chunks, Q6_K streams ~19 GB/s (docs/cpu-backend.md, "Q6_K prefetch
+ * bursts"). */
 INLINE void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part,
                                int nparts) {
     const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
     UNROLL
     for (int j = per * part; j < per * part + per; j++)
         if (j < nl) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+}
+/* All of them at once (the legacy and IQ4_XS tiles). */
+INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
+    gemv_prefetch_part(tile, tile_bytes, ahead, 0, 1);
 }
 #ifndef PF_BYTES
 #define PF_BYTES 2048 /* distance ahead, at least two tiles */
