@@ -22,20 +22,29 @@
  *     from its slot once and written back once per step, whatever the row count. Decode (one
  *     row) and prefill run the same kernel.
  *   Prefill runs the recurrence token by token, not the CPU's chunk-64 WY form: the
- *   sequential part costs about one short dependency chain per token (loads of q_t, k_t,
- *   two 2-step shuffle reductions), the work per token is 4 head_v head_k FMAs spread over
- *   (value heads x head_v / 32) blocks per sequence, and it needs no scratch beyond the
+ *   sequential part is one short dependency chain per token (q_t and k_t from shared
+ *   memory, where the block stages them a round of rows ahead; two dots; two 2-step
+ *   shuffle reductions), the work per token is 4 head_v head_k FMAs spread over (value
+ *   heads x head_v / 32) blocks per sequence, and it needs no scratch beyond the
  *   normalized q and k. The chunked form on tensor cores (the issue's aim for long
  *   prompts) would replace gdn_scan for rows > 1; docs/cuda-backend.md ("Recurrent
  *   layers") has the cost. Results differ from the CPU's chunked form only by rounding. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 
 extern "C" {
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
 }
 
-#define GDN_P 4 /* threads per state row */
+#define GDN_P 8 /* threads per state row (a power of two, at most 32) */
+
+/* The sum of v over the GDN_P threads of a state row (lanes differing in their low bits). */
+static __device__ __forceinline__ float row_sum(float v) {
+#pragma unroll
+    for (int o = 1; o < GDN_P; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 /* ---------------------------------------------------------------- kernels ---- */
 
@@ -134,19 +143,62 @@ static __device__ __forceinline__ void row_store(float *dst, const float (&r)[KP
     }
 }
 
-/* grid (value heads x row tiles, sequences), block blockDim.x = rows per tile x GDN_P. Thread
- * (row i of the tile, part p) holds columns of S[i, :] in registers across the sequence's
- * rows; rows past head_v compute on zeros (their lanes take part in the shuffles) and write
- * nothing. */
+/* Token rows staged in shared memory per round of the scan (below): 16 up to 128 columns,
+ * fewer past that, so that two rounds of k and q fit in 32 KB. */
+template <int KPT> struct gdn_stage {
+    static constexpr int HK = KPT * GDN_P, T = HK <= 128 ? 16 : 2048 / HK, RB = 32;
+};
+
+/* The scan's inputs for token rows [t0, t0 + cnt) of one (value head, row tile): k and q of
+ * the key head, (e^g, beta) and the tile's v entries, copied into shared memory by cp.async
+ * (one commit group). Rows of the tile past head_v get v = 0. */
+template <int KPT>
+static __device__ __forceinline__ void gdn_stage_rows(float (*sk)[gdn_stage<KPT>::HK], float (*sq)[gdn_stage<KPT>::HK],
+                                                      float2 *sg, float (*sv)[gdn_stage<KPT>::RB], const float *qn,
+                                                      const float *kn, const float2 *gb, const float *qkv,
+                                                      int64_t r0, int cnt, int nk, int kh, int hk, int nv, int h,
+                                                      int hv, int i0, int rb, int64_t row_len, int64_t v_off) {
+    const int tid = threadIdx.x, nt = blockDim.x, per = hk / 4; /* float4 pieces of a k or q row */
+    for (int idx = tid; idx < 2 * cnt * per; idx += nt) {
+        const int which = idx / (cnt * per), rem = idx % (cnt * per), tt = rem / per, j = (rem % per) * 4;
+        const int64_t src = ((r0 + tt) * nk + kh) * hk + j;
+        cp_async16(which ? &sq[tt][j] : &sk[tt][j], (which ? qn : kn) + src);
+    }
+    for (int idx = tid; idx < cnt * rb; idx += nt) {
+        const int tt = idx / rb, ii = idx % rb;
+        if (i0 + ii < hv) cp_async4(&sv[tt][ii], qkv + (r0 + tt) * row_len + v_off + ii);
+        else sv[tt][ii] = 0.0f;
+    }
+    for (int idx = tid; idx < 2 * cnt; idx += nt) {
+        const int tt = idx >> 1;
+        cp_async4((float *)&sg[tt] + (idx & 1), (const float *)&gb[(r0 + tt) * nv + h] + (idx & 1));
+    }
+    cp_commit();
+}
+
+/* grid (value heads x row tiles, sequences), block blockDim.x = rows per tile x GDN_P (at
+ * most 32 rows). Thread (row i of the tile, part p) holds columns of S[i, :] in registers
+ * across the sequence's rows; rows past head_v compute on zeros (their lanes take part in
+ * the shuffles) and write nothing. The token rows' inputs come through shared memory in
+ * rounds of gdn_stage::T, the next round's copies in flight while this one computes: the
+ * chain from one token to the next is then shared-memory reads, two dots and four
+ * shuffles, not a global load (a prompt of 512 rows took ~1.8 us a token with the loads in
+ * the chain, docs/cuda-backend.md). Each dot sums four interleaved partial sums (a chain
+ * of KPT / 4 FMAs). */
 template <int KPT>
 static __global__ void gdn_scan_kernel(float *dst, const float *qn, const float *kn, const float2 *gb,
                                        const float *qkv, float *ss, const int32_t *seqs, int nk, int hk, int nv,
                                        int hv, int64_t row_len, int grouped) {
+    using S = gdn_stage<KPT>;
+    __shared__ __align__(16) float sk[2][S::T][S::HK];
+    __shared__ __align__(16) float sq[2][S::T][S::HK];
+    __shared__ __align__(16) float sv[2][S::T][S::RB];
+    __shared__ __align__(16) float2 sg[2][S::T];
     pdl_wait();
     pdl_trigger();
     const int rb = blockDim.x / GDN_P, tiles = (hv + rb - 1) / rb;
-    const int h = blockIdx.x / tiles, p = threadIdx.x % GDN_P;
-    const int i = (blockIdx.x % tiles) * rb + threadIdx.x / GDN_P; /* the state row */
+    const int h = blockIdx.x / tiles, p = threadIdx.x % GDN_P, ii = threadIdx.x / GDN_P;
+    const int i0 = (blockIdx.x % tiles) * rb, i = i0 + ii; /* the state row */
     const int32_t *q = seqs + (int64_t)blockIdx.y * STATE_SEQ_WORDS;
     const int n = q[STATE_NROWS];
     if (n <= 0) return; /* the whole block */
@@ -155,38 +207,50 @@ static __global__ void gdn_scan_kernel(float *dst, const float *qn, const float 
     const bool ok = i < hv;
     const int kh = grouped ? h / (nv / nk) : h % nk;
     const int64_t hd = (int64_t)hv * hk, slot_floats = (int64_t)nv * hd, off = h * hd + (int64_t)i * hk;
+    const int64_t v_off = 2 * (int64_t)nk * hk + (int64_t)h * hv + i0;
     float *srow = ss + q[STATE_SLOT] * slot_floats + off;
+    const int rounds = (n + S::T - 1) / S::T;
+    gdn_stage_rows<KPT>(sk[0], sq[0], sg[0], sv[0], qn, kn, gb, qkv, r0, min(S::T, n), nk, kh, hk, nv, h, hv, i0,
+                        rb, row_len, v_off);
     float s[KPT];
     row_load(s, srow, p, hk, ok && !q[STATE_FRESH]);
-    const int64_t v_off = 2 * (int64_t)nk * hk + (int64_t)h * hv + i;
-    for (int t = 0; t < n; t++) {
-        if (t == at) row_store(ss + q[STATE_SNAP_SLOT] * slot_floats + off, s, p, hk, ok);
-        const int64_t r = r0 + t;
-        float kk[KPT], qq[KPT];
-        row_load(kk, kn + (r * nk + kh) * hk, p, hk, true);
-        row_load(qq, qn + (r * nk + kh) * hk, p, hk, true);
-        const float2 g = gb[r * nv + h]; /* (decay, beta) */
-        const float v = ok ? qkv[r * row_len + v_off] : 0.0f;
-        float sk = 0.0f;
-#pragma unroll
-        for (int e = 0; e < KPT; e++) sk += s[e] * kk[e];
-        sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-        sk += __shfl_xor_sync(0xffffffffu, sk, 2);
-        const float u = g.y * (v - g.x * sk);
-        float o = 0.0f;
-#pragma unroll
-        for (int e = 0; e < KPT; e++) {
-            s[e] = g.x * s[e] + u * kk[e];
-            o += s[e] * qq[e];
+    for (int c = 0; c < rounds; c++) {
+        const int b = c & 1, t0 = c * S::T, cnt = min(S::T, n - t0);
+        if (c + 1 < rounds) { /* the buffer consumed in round c - 1 (the barrier at its end) */
+            gdn_stage_rows<KPT>(sk[b ^ 1], sq[b ^ 1], sg[b ^ 1], sv[b ^ 1], qn, kn, gb, qkv, r0 + t0 + S::T,
+                                min(S::T, n - t0 - S::T), nk, kh, hk, nv, h, hv, i0, rb, row_len, v_off);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
         }
-        o += __shfl_xor_sync(0xffffffffu, o, 1);
-        o += __shfl_xor_sync(0xffffffffu, o, 2);
-        if (ok && p == 0) dst[(r * nv + h) * hv + i] = o;
+        __syncthreads();
+        for (int tt = 0; tt < cnt; tt++) {
+            const int t = t0 + tt;
+            if (t == at) row_store(ss + q[STATE_SNAP_SLOT] * slot_floats + off, s, p, hk, ok);
+            float kk[KPT], qq[KPT];
+            row_load(kk, sk[b][tt], p, hk, true);
+            row_load(qq, sq[b][tt], p, hk, true);
+            const float2 g = sg[b][tt]; /* (decay, beta) */
+            const float v = sv[b][tt][ii];
+            float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int e = 0; e < KPT; e++) a4[e & 3] += s[e] * kk[e];
+            const float sk_ = row_sum((a4[0] + a4[1]) + (a4[2] + a4[3]));
+            const float u = g.y * (v - g.x * sk_);
+            float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int e = 0; e < KPT; e++) {
+                s[e] = g.x * s[e] + u * kk[e];
+                o4[e & 3] += s[e] * qq[e];
+            }
+            const float o = row_sum((o4[0] + o4[1]) + (o4[2] + o4[3]));
+            if (ok && p == 0) dst[((r0 + t) * nv + h) * hv + i] = o;
+        }
+        __syncthreads(); /* round c's buffer is free for round c + 2's copies */
     }
     if (at == n) row_store(ss + q[STATE_SNAP_SLOT] * slot_floats + off, s, p, hk, ok);
     row_store(srow, s, p, hk, ok);
 }
-
 
 /* ---- the chunkwise (WY) form, chunks of CUDA_GDN_CHUNK rows (the CPU's gdn_chunk) ----
  * Per value head, with gam_t the cumulative log decay inside the chunk and S0 its incoming
@@ -315,10 +379,8 @@ static __global__ void gdn_chunk_scan_kernel(float *dst, const float *qn, const 
                 sk += s[e] * kk[e];
                 sq += s[e] * qq[e];
             }
-            sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-            sk += __shfl_xor_sync(0xffffffffu, sk, 2);
-            sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-            sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+            sk = row_sum(sk);
+            sq = row_sum(sq);
             if (p == 0) {
                 U[t][ri] = ok ? W[(r * nv + h) * hv + i] - sk : 0.0f;
                 O[t][ri] = expf(gam[r * nv + h]) * sq;
@@ -380,6 +442,17 @@ extern "C" uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int h
 
 extern "C" int cuda_gdn_supported(int head_k) { return head_k > 0 && head_k % 4 == 0 && head_k <= CUDA_GDN_MAX_HEAD_K; }
 
+/* The launch whose rows hold KPT columns a thread (4, 8, ... 256 / GDN_P, at least 4): the
+ * fewest that cover head_k. */
+#define GDN_KPT_DISPATCH(hk, launch, ...)                                                            \
+    do {                                                                                             \
+        if ((hk) <= 4 * GDN_P) launch<4>(__VA_ARGS__);                                               \
+        else if ((hk) <= 8 * GDN_P) launch<8>(__VA_ARGS__);                                          \
+        else if ((hk) <= 16 * GDN_P || 16 * GDN_P >= CUDA_GDN_MAX_HEAD_K) launch<16>(__VA_ARGS__);   \
+        else if ((hk) <= 32 * GDN_P || 32 * GDN_P >= CUDA_GDN_MAX_HEAD_K) launch<32>(__VA_ARGS__);   \
+        else launch<64>(__VA_ARGS__);                                                                \
+    } while (0)
+
 template <int KPT>
 static void scan_launch(struct cuda_ctx *ctx, const struct cuda_gdn_args *a, const float *qn, const float *kn,
                         const float2 *gb, int rb) {
@@ -419,16 +492,8 @@ extern "C" void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn
         klaunch(gdn_wy_kernel, dim3(chunks, (unsigned)nv, (unsigned)a->n_seqs), dim3(128), 0, ctx, W, Kc, P, gam,
                 (const float *)qn, (const float *)kn, (const float2 *)gb, (const float *)graw, a->qkv, a->seqs, nk,
                 hk, nv, hv, row_len, a->grouped);
-        if (hk <= 16) chunk_scan_launch<4>(ctx, a, qn, kn, W, Kc, P, gam, rb);
-        else if (hk <= 32) chunk_scan_launch<8>(ctx, a, qn, kn, W, Kc, P, gam, rb);
-        else if (hk <= 64) chunk_scan_launch<16>(ctx, a, qn, kn, W, Kc, P, gam, rb);
-        else if (hk <= 128) chunk_scan_launch<32>(ctx, a, qn, kn, W, Kc, P, gam, rb);
-        else chunk_scan_launch<64>(ctx, a, qn, kn, W, Kc, P, gam, rb);
+        GDN_KPT_DISPATCH(hk, chunk_scan_launch, ctx, a, qn, kn, W, Kc, P, gam, rb);
         return;
     }
-    if (hk <= 16) scan_launch<4>(ctx, a, qn, kn, gb, rb);
-    else if (hk <= 32) scan_launch<8>(ctx, a, qn, kn, gb, rb);
-    else if (hk <= 64) scan_launch<16>(ctx, a, qn, kn, gb, rb);
-    else if (hk <= 128) scan_launch<32>(ctx, a, qn, kn, gb, rb);
-    else scan_launch<64>(ctx, a, qn, kn, gb, rb);
+    GDN_KPT_DISPATCH(hk, scan_launch, ctx, a, qn, kn, gb, rb);
 }
