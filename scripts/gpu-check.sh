@@ -44,6 +44,8 @@ fi
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | head -1)"
 say "tree: $(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (modified)'), $(date -u +%Y-%m-%dT%H:%MZ)"
 
+# the packages scripts/gpu-bundle.sh carried, on a machine without them installed
+[ -d .device/debs ] && ! pkg-config --exists jansson libmicrohttpd yaml-0.1 2> /dev/null && . scripts/gpu-env.sh
 if [ -z "$bin" ]; then
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
     arch=$cc
