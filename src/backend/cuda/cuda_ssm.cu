@@ -23,9 +23,9 @@
  *     row) and prefill run the same kernel.
  *   Prefill runs the recurrence token by token, not the CPU's chunk-64 WY form: the
  *   sequential part is one short dependency chain per token (q_t and k_t from shared
- *   memory, where the block stages them a round of rows ahead; two dots; two 2-step
- *   shuffle reductions), the work per token is 4 head_v head_k FMAs spread over (value
- *   heads x head_v / 32) blocks per sequence, and it needs no scratch beyond the
+ *   memory, where the block stages them a round of rows ahead; two dots, each reduced
+ *   over the row's GDN_P threads by shuffles), the work per token is 4 head_v head_k FMAs spread over (value
+ *   heads x head_v / 32 or / 16) blocks per sequence, and it needs no scratch beyond the
  *   normalized q and k. The chunked form on tensor cores (the issue's aim for long
  *   prompts) would replace gdn_scan for rows > 1; docs/cuda-backend.md ("Recurrent
  *   layers") has the cost. Results differ from the CPU's chunked form only by rounding. */
@@ -181,8 +181,8 @@ static __device__ __forceinline__ void gdn_stage_rows(float (*sk)[gdn_stage<KPT>
  * across the sequence's rows; rows past head_v compute on zeros (their lanes take part in
  * the shuffles) and write nothing. The token rows' inputs come through shared memory in
  * rounds of gdn_stage::T, the next round's copies in flight while this one computes: the
- * chain from one token to the next is then shared-memory reads, two dots and four
- * shuffles, not a global load (a prompt of 512 rows took ~1.8 us a token with the loads in
+ * chain from one token to the next is then shared-memory reads, two dots and their
+ * shuffle reductions, not a global load (a prompt of 512 rows took ~1.8 us a token with the loads in
  * the chain, docs/cuda-backend.md). Each dot sums four interleaved partial sums (a chain
  * of KPT / 4 FMAs). */
 template <int KPT>
@@ -442,15 +442,15 @@ extern "C" uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int h
 
 extern "C" int cuda_gdn_supported(int head_k) { return head_k > 0 && head_k % 4 == 0 && head_k <= CUDA_GDN_MAX_HEAD_K; }
 
-/* The launch whose rows hold KPT columns a thread (4, 8, ... 256 / GDN_P, at least 4): the
- * fewest that cover head_k. */
+/* The launch whose threads hold KPT columns of a state row: the fewest of 4, 8, 16 and
+ * CUDA_GDN_MAX_HEAD_K / GDN_P that cover head_k (at 8 threads a row: 32, 64, 128, 256 columns). */
+static_assert(CUDA_GDN_MAX_HEAD_K / GDN_P >= 32, "the last launch covers what the others do not");
 #define GDN_KPT_DISPATCH(hk, launch, ...)                                                            \
     do {                                                                                             \
         if ((hk) <= 4 * GDN_P) launch<4>(__VA_ARGS__);                                               \
         else if ((hk) <= 8 * GDN_P) launch<8>(__VA_ARGS__);                                          \
-        else if ((hk) <= 16 * GDN_P || 16 * GDN_P >= CUDA_GDN_MAX_HEAD_K) launch<16>(__VA_ARGS__);   \
-        else if ((hk) <= 32 * GDN_P || 32 * GDN_P >= CUDA_GDN_MAX_HEAD_K) launch<32>(__VA_ARGS__);   \
-        else launch<64>(__VA_ARGS__);                                                                \
+        else if ((hk) <= 16 * GDN_P) launch<16>(__VA_ARGS__);                                        \
+        else launch<CUDA_GDN_MAX_HEAD_K / GDN_P>(__VA_ARGS__);                                       \
     } while (0)
 
 template <int KPT>
