@@ -36,7 +36,8 @@
  * SMELT_BENCH=1 adds timings on Llama-3-8B shapes (32 query heads, 8 KV heads, d = 128,
  * F16 cache, blocks of 16): decode at depths 512/4096/16384 for 1 and 64 sequences, 32768 for 1
  * (GB/s of K/V bytes, caches rotated through >= 1 GiB so reads come from HBM) and
- * prefill of 512 and 2048 tokens (TFLOP/s of the causal QK^T and PV products), old
+ * prefill of 512 and 2048 tokens (TFLOP/s of the causal QK^T and PV products; also
+ * Qwen3.5-9B's 16 / 4 / 256 at 512 and 4096; SMELT_BENCH=prefill: those alone), old
  * (GENERIC) kernel against the new ones; then one decode row at depths 16/128/256/4096 (8B also
  * 16384/32768, with 16 / 32 splits forced and 256 threads from 4096 up) on
  * Llama-3-8B and Qwen2.5-0.5B (14 query heads, 2 KV heads, d = 64) shapes as graphs of
@@ -1009,14 +1010,17 @@ static double time_calls(struct cuda_attn_args *args, int n_args, int reps) {
 }
 
 /* Llama-3-8B attention shapes: 32 query heads, 8 KV heads, d = 128, F16 cache. */
-#define BH 32
-#define BKV 8
-#define BD 128
 #define BBS 16
+/* a model's attention shape: query heads, KV heads, head size */
+struct bshape {
+    int n_head, n_kv, d;
+};
+static const struct bshape LLAMA3_8B = {32, 8, 128}, QWEN35_9B = {16, 4, 256};
 
 /* n_seq sequences, each one row at position depth - 1 (decode) or n_rows rows from 0
  * (prefill, n_seq = 1). Caches rotate through `copies` disjoint block ranges. */
-static void bench_one(const char *label, int n_seq, int depth, int n_rows, int kernel_new) {
+static void bench_one(const char *label, struct bshape sh, int n_seq, int depth, int n_rows, int kernel_new) {
+    const int BH = sh.n_head, BKV = sh.n_kv, BD = sh.d;
     const bool decode = n_rows == 0;
     const int rows = decode ? n_seq : n_rows;
     const int len = decode ? depth : n_rows;
@@ -1303,6 +1307,15 @@ out:
     free(args);
 }
 
+/* Prefill of one sequence on the Llama-3-8B shape and on Qwen3.5-9B's attention layers
+ * (head size 256; SMELT_BENCH=prefill runs these alone). */
+static void bench_prefill(void) {
+    bench_one("prefill 512", LLAMA3_8B, 1, 0, 512, CUDA_ATTN_AUTO);
+    bench_one("prefill 2048", LLAMA3_8B, 1, 0, 2048, CUDA_ATTN_AUTO);
+    bench_one("qwen3.5-9b prefill 512", QWEN35_9B, 1, 0, 512, CUDA_ATTN_AUTO);
+    bench_one("qwen3.5-9b prefill 4096", QWEN35_9B, 1, 0, 4096, CUDA_ATTN_AUTO);
+}
+
 static void bench(void) {
     const int gdepths[6] = {16, 128, 256, 4096, 16384, 32768};
     printf("bench: PDL %s\n", g_ctx.pdl_on ? "on" : "off");
@@ -1315,10 +1328,9 @@ static void bench(void) {
         for (int di = 0; di < 4; di++) {
             if (si == 1 && depths[di] > 16384) continue; /* 17 GB of cache and ~40 ms a call */
             snprintf(label, sizeof label, "decode %d seq @ %d", seqs[si], depths[di]);
-            bench_one(label, seqs[si], depths[di], 0, CUDA_ATTN_AUTO);
+            bench_one(label, LLAMA3_8B, seqs[si], depths[di], 0, CUDA_ATTN_AUTO);
         }
-    bench_one("prefill 512", 1, 0, 512, CUDA_ATTN_AUTO);
-    bench_one("prefill 2048", 1, 0, 2048, CUDA_ATTN_AUTO);
+    bench_prefill();
 }
 
 int main(void) {
@@ -1344,7 +1356,9 @@ int main(void) {
     T_RUN(test_attn_fused);
     T_RUN(test_rope_attention);
     T_RUN(test_attn_pdl);
-    if (getenv("SMELT_BENCH")) bench();
+    const char *b = getenv("SMELT_BENCH");
+    if (b && !strcmp(b, "prefill")) bench_prefill();
+    else if (b) bench();
     cuda_ctx_free(&g_ctx);
     bk_free(gpu);
     bk_free(cpu);
