@@ -93,6 +93,27 @@ static void rp_unpack8(uint32_t type, const void *grp, int nr, int64_t b0, int64
 
 /* ---- shared pieces ---- */
 
+/* Bytes of one block of a gemv type, a compile-time constant where t is (qtype_get's
+ * type_size is not): the tile size then folds into the prefetch loops, which otherwise
+ * compiled to a guarded, branchy unroll per chunk. */
+INLINE size_t blk_bytes(uint32_t t) {
+    switch (t) {
+    case QT_Q8_0: return sizeof(struct block_q8_0);
+    case QT_Q4_0: return sizeof(struct block_q4_0);
+    case QT_Q4_1: return sizeof(struct block_q4_1);
+    case QT_Q5_0: return sizeof(struct block_q5_0);
+    case QT_Q5_1: return sizeof(struct block_q5_1);
+    case QT_IQ4_NL: return sizeof(struct block_iq4_nl);
+    case QT_MXFP4: return sizeof(struct block_mxfp4);
+    case QT_Q2_K: return sizeof(struct block_q2_K);
+    case QT_Q3_K: return sizeof(struct block_q3_K);
+    case QT_Q4_K: return sizeof(struct block_q4_K);
+    case QT_Q5_K: return sizeof(struct block_q5_K);
+    case QT_Q6_K: return sizeof(struct block_q6_K);
+    default: return sizeof(struct block_iq4_xs);
+    }
+}
+
 /* Software prefetch of every cache line of the tile PF_BYTES (at least two tiles) ahead. Without it
  * a K-quant super-block's loads jump across its 1-2 KiB tile (one quad position of every
  * chunk per pass), and out of DRAM the AVX2 kernels ran at ~9 GB/s against ~15 GB/s from
@@ -211,8 +232,7 @@ INLINE __m256i lg_quad(uint32_t t, const char *tile, int l, __m256i *sg) {
 
 INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                         size_t ys, int nr, int nc) {
-    const struct qtype_info *qi = qtype_get(t);
-    const size_t tile_bytes = GR * (size_t)qi->type_size;
+    const size_t tile_bytes = GR * blk_bytes(t);
     const int signed_w = t == QT_Q8_0 || t == QT_IQ4_NL || t == QT_MXFP4;
     const int off = t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0;
     const __m256i s128 = _mm256_set1_epi16(128), s1 = _mm256_set1_epi16(1);
@@ -407,8 +427,7 @@ INLINE __m256i k_quad(uint32_t t, const char *tile, int c, int l) {
 
 INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                     size_t ys, int nr, int nc) {
-    const struct qtype_info *qi = qtype_get(t);
-    const size_t tile_bytes = GR * (size_t)qi->type_size;
+    const size_t tile_bytes = GR * blk_bytes(t);
     const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
     const size_t ahead = pf_ahead(tile_bytes);
     for (int c = 0; c < nc; c++) {
