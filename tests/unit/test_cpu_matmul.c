@@ -439,9 +439,12 @@ static void test_matmul_kernel_types(void) {
     T_EQ_INT(cpu_pool_new(&pool, 3, &e), SMELT_OK);
     struct arena ar;
     arena_init(&ar);
-    /* Ragged shapes: rows not a multiple of 4/16/threads, several n, k several blocks. */
+    /* Ragged shapes: rows not a multiple of 4/16/threads, several n, k several blocks. The
+     * two with ~800 and ~1800 rows give the decode chunks (~8 per thread) several groups
+     * each, with a partial last group. */
     const struct shape shapes[] = {
-        {1, 256, 1}, {37, 512, 1}, {69, 768, 3}, {5, 256, 17}, {150, 512, 5}, {21, 1024, 36},
+        {1, 256, 1},   {37, 512, 1},   {69, 768, 3},   {5, 256, 17},
+        {150, 512, 5}, {21, 1024, 36}, {803, 512, 2}, {1811, 256, 1},
     };
     for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
         uint32_t t = kernel_types[ti];

@@ -425,10 +425,111 @@ INLINE __m256i k_quad(uint32_t t, const char *tile, int c, int l) {
  * over all the products at once and spills them. */
 #define CHAIN(v) __asm__("" : "+x"(v))
 
+/* Super-block tile `tile` of a group (8 rows) against one X row: hb, lb, cb and svb point at
+ * the super-block's hi and lo bytes, c32 and sums per 16 in XK; adds to acc[8] (lane λ =
+ * chunk λ). */
+INLINE void kc_tile(uint32_t t, const char *tile, size_t ahead, const int8_t *hb, const int8_t *lb,
+                    const int16_t *cb, const float *svb, __m256 acc[8]) {
+    const size_t tile_bytes = GR * blk_bytes(t);
+    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
+    _Alignas(32) __m256i S[16];
+    _Alignas(32) __m256 mf[16];
+    __m256 d8;
+    k_scales(t, tile, S, mf, &d8);
+    if (t == QT_Q4_K) { /* chunks 2m and 2m + 1 share qs units 4 + 8m + λ: load each once */
+        const __m256i m4 = _mm256_set1_epi8(15);
+        UNROLL
+        for (int m = 0; m < 4; m++) {
+            gemv_prefetch_part(tile, tile_bytes, ahead, 2 * m, 8);
+            gemv_prefetch_part(tile, tile_bytes, ahead, 2 * m + 1, 8);
+            __m256i ah0 = _mm256_setzero_si256(), al0 = ah0, ah1 = ah0, al1 = ah0;
+            UNROLL
+            for (int l = 0; l < 8; l++) {
+                const int e = 64 * m + 4 * l;
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(tile + 32 * (4 + 8 * m + l)));
+                CHAIN(raw); /* one load for both nibbles (gcc would load it twice) */
+                const __m256i q0 = _mm256_and_si256(raw, m4);
+                const __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                ah0 = _mm256_add_epi16(ah0, _mm256_maddubs_epi16(q0, bcast4(hb + e)));
+                al0 = _mm256_add_epi16(al0, _mm256_maddubs_epi16(q0, bcast4(lb + e)));
+                ah1 = _mm256_add_epi16(ah1, _mm256_maddubs_epi16(q1, bcast4(hb + e + 32)));
+                al1 = _mm256_add_epi16(al1, _mm256_maddubs_epi16(q1, bcast4(lb + e + 32)));
+                CHAIN(ah0);
+                CHAIN(al0);
+                CHAIN(ah1);
+                CHAIN(al1);
+            }
+            UNROLL
+            for (int cc = 0; cc < 2; cc++) {
+                const int ch = 2 * m + cc;
+                const __m256i ah = cc ? ah1 : ah0, al = cc ? al1 : al0;
+                __m256i is = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[2 * ch]), 7),
+                                              _mm256_madd_epi16(al, S[2 * ch]));
+                acc[ch] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[ch]);
+                acc[ch] = _mm256_fnmadd_ps(mf[2 * ch], _mm256_set1_ps(svb[2 * ch]), acc[ch]);
+                acc[ch] = _mm256_fnmadd_ps(mf[2 * ch + 1], _mm256_set1_ps(svb[2 * ch + 1]), acc[ch]);
+            }
+        }
+        return;
+    }
+    UNROLL
+    for (int ch = 0; ch < 8; ch++) {
+        gemv_prefetch_part(tile, tile_bytes, ahead, ch, 8);
+        __m256i is;
+        if (t == QT_Q4_K || t == QT_Q5_K) {
+            /* hi in i16 over quads 0..3 and 4..7 (Q5_K) or all 8 (Q4_K); lo over 8 */
+            __m256i ah[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, al = ah[0];
+            UNROLL
+            for (int l = 0; l < 8; l++) {
+                const int e = 32 * ch + 4 * l, hh = t == QT_Q5_K ? l / 4 : 0;
+                __m256i q = k_quad(t, tile, ch, l);
+                ah[hh] = _mm256_add_epi16(ah[hh], _mm256_maddubs_epi16(q, bcast4(hb + e)));
+                al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
+                CHAIN(ah[hh]);
+                CHAIN(al);
+            }
+            __m256i h32 = _mm256_madd_epi16(ah[0], S[2 * ch]);
+            if (t == QT_Q5_K) h32 = _mm256_add_epi32(h32, _mm256_madd_epi16(ah[1], S[2 * ch]));
+            is = _mm256_add_epi32(_mm256_slli_epi32(h32, 7), _mm256_madd_epi16(al, S[2 * ch]));
+        } else {
+            is = _mm256_setzero_si256();
+            UNROLL
+            for (int gg = 0; gg < 2; gg++) {
+                const int g = 2 * ch + gg;
+                __m256i ah = _mm256_setzero_si256(), al = ah;
+                UNROLL
+                for (int l = 4 * gg; l < 4 * gg + 4; l++) {
+                    const int e = 32 * ch + 4 * l;
+                    __m256i q = k_quad(t, tile, ch, l);
+                    ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(q, bcast4(hb + e)));
+                    al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
+                    CHAIN(ah);
+                    CHAIN(al);
+                }
+                if (t != QT_Q2_K) {
+                    __m256i ch_ = bcast4(cb + 4 * g), cl_ = bcast4(cb + 4 * g + 2);
+                    if (t == QT_Q3_K) {
+                        ch_ = _mm256_srai_epi16(ch_, 3);
+                        cl_ = _mm256_srai_epi16(cl_, 3);
+                    }
+                    ah = _mm256_sub_epi16(ah, ch_);
+                    al = _mm256_sub_epi16(al, cl_);
+                }
+                is = _mm256_add_epi32(is, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[g]), 7),
+                                                           _mm256_madd_epi16(al, S[g])));
+            }
+        }
+        acc[ch] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[ch]);
+        if (has_min) {
+            acc[ch] = _mm256_fnmadd_ps(mf[2 * ch], _mm256_set1_ps(svb[2 * ch]), acc[ch]);
+            acc[ch] = _mm256_fnmadd_ps(mf[2 * ch + 1], _mm256_set1_ps(svb[2 * ch + 1]), acc[ch]);
+        }
+    }
+}
+
 INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                     size_t ys, int nr, int nc) {
     const size_t tile_bytes = GR * blk_bytes(t);
-    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
     const size_t ahead = pf_ahead(tile_bytes);
     for (int c = 0; c < nc; c++) {
         const char *xc = (const char *)x + c * xs;
@@ -439,68 +540,9 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
         UNROLL
         for (int l = 0; l < 8; l++)
             acc[l] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < k / 256; i++) {
-            const char *tile = (const char *)grp + i * tile_bytes;
-            _Alignas(32) __m256i S[16];
-            _Alignas(32) __m256 mf[16];
-            __m256 d8;
-            k_scales(t, tile, S, mf, &d8);
-            const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
-            const int16_t *cb = c32 + 64 * i;
-            UNROLL
-            for (int ch = 0; ch < 8; ch++) {
-                gemv_prefetch_part(tile, tile_bytes, ahead, ch, 8);
-                __m256i is;
-                if (t == QT_Q4_K || t == QT_Q5_K) {
-                    /* hi in i16 over quads 0..3 and 4..7 (Q5_K) or all 8 (Q4_K); lo over 8 */
-                    __m256i ah[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, al = ah[0];
-                    UNROLL
-                    for (int l = 0; l < 8; l++) {
-                        const int e = 32 * ch + 4 * l, hh = t == QT_Q5_K ? l / 4 : 0;
-                        __m256i q = k_quad(t, tile, ch, l);
-                        ah[hh] = _mm256_add_epi16(ah[hh], _mm256_maddubs_epi16(q, bcast4(hb + e)));
-                        al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
-                        CHAIN(ah[hh]);
-                        CHAIN(al);
-                    }
-                    __m256i h32 = _mm256_madd_epi16(ah[0], S[2 * ch]);
-                    if (t == QT_Q5_K) h32 = _mm256_add_epi32(h32, _mm256_madd_epi16(ah[1], S[2 * ch]));
-                    is = _mm256_add_epi32(_mm256_slli_epi32(h32, 7), _mm256_madd_epi16(al, S[2 * ch]));
-                } else {
-                    is = _mm256_setzero_si256();
-                    UNROLL
-                    for (int gg = 0; gg < 2; gg++) {
-                        const int g = 2 * ch + gg;
-                        __m256i ah = _mm256_setzero_si256(), al = ah;
-                        UNROLL
-                        for (int l = 4 * gg; l < 4 * gg + 4; l++) {
-                            const int e = 32 * ch + 4 * l;
-                            __m256i q = k_quad(t, tile, ch, l);
-                            ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(q, bcast4(hb + e)));
-                            al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
-                            CHAIN(ah);
-                            CHAIN(al);
-                        }
-                        if (t != QT_Q2_K) {
-                            __m256i ch_ = bcast4(cb + 4 * g), cl_ = bcast4(cb + 4 * g + 2);
-                            if (t == QT_Q3_K) {
-                                ch_ = _mm256_srai_epi16(ch_, 3);
-                                cl_ = _mm256_srai_epi16(cl_, 3);
-                            }
-                            ah = _mm256_sub_epi16(ah, ch_);
-                            al = _mm256_sub_epi16(al, cl_);
-                        }
-                        is = _mm256_add_epi32(is, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(ah, S[g]), 7),
-                                                                   _mm256_madd_epi16(al, S[g])));
-                    }
-                }
-                acc[ch] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), d8, acc[ch]);
-                if (has_min) {
-                    acc[ch] = _mm256_fnmadd_ps(mf[2 * ch], _mm256_set1_ps(sv[16 * i + 2 * ch]), acc[ch]);
-                    acc[ch] = _mm256_fnmadd_ps(mf[2 * ch + 1], _mm256_set1_ps(sv[16 * i + 2 * ch + 1]), acc[ch]);
-                }
-            }
-        }
+        for (int64_t i = 0; i < k / 256; i++)
+            kc_tile(t, (const char *)grp + i * tile_bytes, ahead, hi + 256 * i, lo + 256 * i,
+                    c32 + 64 * i, sv + 16 * i, acc);
         store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
     }
 }
