@@ -476,20 +476,20 @@ INLINE void kc_tile(uint32_t t, const char *tile, size_t ahead, const int8_t *hb
     for (int ch = 0; ch < 8; ch++) {
         gemv_prefetch_part(tile, tile_bytes, ahead, ch, 8);
         __m256i is;
-        if (t == QT_Q4_K || t == QT_Q5_K) {
-            /* hi in i16 over quads 0..3 and 4..7 (Q5_K) or all 8 (Q4_K); lo over 8 */
+        if (t == QT_Q5_K) { /* (Q4_K took the chunk pairs above) */
+            /* hi in i16 over quads 0..3 and 4..7; lo over 8 */
             __m256i ah[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, al = ah[0];
             UNROLL
             for (int l = 0; l < 8; l++) {
-                const int e = 32 * ch + 4 * l, hh = t == QT_Q5_K ? l / 4 : 0;
+                const int e = 32 * ch + 4 * l, hh = l / 4;
                 __m256i q = k_quad(t, tile, ch, l);
                 ah[hh] = _mm256_add_epi16(ah[hh], _mm256_maddubs_epi16(q, bcast4(hb + e)));
                 al = _mm256_add_epi16(al, _mm256_maddubs_epi16(q, bcast4(lb + e)));
                 CHAIN(ah[hh]);
                 CHAIN(al);
             }
-            __m256i h32 = _mm256_madd_epi16(ah[0], S[2 * ch]);
-            if (t == QT_Q5_K) h32 = _mm256_add_epi32(h32, _mm256_madd_epi16(ah[1], S[2 * ch]));
+            const __m256i h32 = _mm256_add_epi32(_mm256_madd_epi16(ah[0], S[2 * ch]),
+                                                 _mm256_madd_epi16(ah[1], S[2 * ch]));
             is = _mm256_add_epi32(_mm256_slli_epi32(h32, 7), _mm256_madd_epi16(al, S[2 * ch]));
         } else {
             is = _mm256_setzero_si256();
