@@ -35,7 +35,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: smelt quantize IN.gguf OUT.gguf TYPE [--threads N] [--pure] [--dry-run]\n"
-            "       smelt quantize --random PRESET OUT.gguf TYPE [--seed N] [--threads N]\n"
+            "       smelt quantize --random PRESET OUT.gguf TYPE [--seed N] [--layers N] [--threads N]\n"
             "\n"
             "Converts an F32/F16/BF16 GGUF file to TYPE, copying all metadata. TYPE is a\n"
             "llama-quantize file type; its per-tensor rules are llama.cpp's (e.g. Q4_K_M gives\n"
@@ -46,6 +46,9 @@ static void usage(FILE *out) {
             "  --random PRESET  write a random-weight model of a real shape instead of reading\n"
             "                   IN (presets: %s)\n"
             "  --seed N         seed of the random weights (default 0)\n"
+            "  --layers N       with --random: only the preset's first N layers (a smaller file\n"
+            "                   of the same shapes, e.g. to profile one layer's kernels; the\n"
+            "                   Q4_K_M-style mixes pick their more-bits layers out of N)\n"
             "  --threads N      worker threads (default: all CPUs)\n"
             "  --pure           every quantizable tensor gets TYPE's base type (no mix rules)\n"
             "  --dry-run        print each tensor's planned type; write nothing\n"
@@ -311,7 +314,7 @@ static int parse_u64(const char *s, uint64_t *out) {
 int cmd_quantize(int argc, char **argv) {
     const char *pos[3] = {0}, *preset_name = NULL;
     int npos = 0, dry = 0, pure = 0;
-    uint64_t seed = 0, threads = 0;
+    uint64_t seed = 0, threads = 0, layers = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -326,6 +329,11 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "--seed") && i + 1 < argc) {
             if (parse_u64(argv[++i], &seed)) {
                 fprintf(stderr, "smelt quantize: --seed wants a non-negative integer\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--layers") && i + 1 < argc) {
+            if (parse_u64(argv[++i], &layers) || layers < 1) {
+                fprintf(stderr, "smelt quantize: --layers wants a positive integer\n");
                 return 2;
             }
         } else if ((!strcmp(a, "--threads") || !strcmp(a, "-t")) && i + 1 < argc) {
@@ -361,6 +369,27 @@ int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "smelt quantize: unknown preset '%s' (presets: %s)\n", preset_name,
                 rm_preset_names());
         return 2;
+    }
+    struct rm_preset cut; /* --layers: the preset's first layers */
+    if (layers && !preset) {
+        fprintf(stderr, "smelt quantize: --layers goes with --random\n");
+        return 2;
+    }
+    if (layers) {
+        if (layers > (uint64_t)preset->n_layer) {
+            fprintf(stderr, "smelt quantize: --layers %llu: preset %s has %d layers\n",
+                    (unsigned long long)layers, preset->name, preset->n_layer);
+            return 2;
+        }
+        if (preset->hybrid && layers < (uint64_t)preset->hybrid->interval) {
+            fprintf(stderr, "smelt quantize: --layers %llu: preset %s puts a full-attention "
+                    "layer every %d layers; give at least that many\n",
+                    (unsigned long long)layers, preset->name, preset->hybrid->interval);
+            return 2;
+        }
+        cut = *preset;
+        cut.n_layer = (int)layers;
+        preset = &cut;
     }
     if (!threads) {
         long nc = sysconf(_SC_NPROCESSORS_ONLN);

@@ -59,12 +59,23 @@ static const char *t_cur_ = "";
         T_CHECKF(fabs(t_a_ - t_b_) <= (tol), "%.9g vs %.9g (tol %g)", t_a_, t_b_, (double)(tol)); \
     } while (0)
 
+/* T_ONLY (comma-separated test function names) runs only those; the rest are skipped. */
+static inline int t_selected_(const char *fn) {
+    const char *only = getenv("T_ONLY");
+    if (!only || !*only) return 1;
+    const size_t n = strlen(fn);
+    for (const char *p = only; (p = strstr(p, fn)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == '\0' || p[n] == ',')) return 1;
+    return 0;
+}
+
 #define T_RUN(fn)                                                                              \
     do {                                                                                       \
         t_cur_ = #fn;                                                                          \
         t_cur_fail_ = 0;                                                                       \
         t_cur_skip_ = 0;                                                                       \
-        fn();                                                                                  \
+        if (t_selected_(#fn)) fn();                                                            \
+        else t_skip("not named in T_ONLY");                                                    \
         if (t_cur_skip_ && !t_cur_fail_) {                                                     \
             t_skip_++;                                                                         \
         } else if (t_cur_fail_) {                                                                     \
