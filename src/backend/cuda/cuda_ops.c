@@ -136,9 +136,9 @@ static bool prep_matches(struct cuda_backend *cb, const struct tensor *x, const 
            cb->prep.n == x->ne[1] && cb->prep.k == x->ne[0] && cb->prep.eps == pre->eps;
 }
 
-/* att_q.buf when the last op was the attention that wrote x and its int8 form fits qw. */
+/* att_q.buf when the op just before this one wrote x and its int8 form, and that fits qw. */
 static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, const struct cuda_qweight *qw) {
-    return cb->att_q.valid && qw && cb->att_q.x == x->data && cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] &&
+    return cb->att_q.valid && cb->att_q.seq + 1 == cb->op_seq && qw && cb->att_q.x == x->data && cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] &&
                    qw->k == x->ne[0] && cuda_mmv_needs_quant(qw->type)
                ? cb->att_q.buf
                : NULL;
@@ -295,7 +295,7 @@ static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
     }
     cuda_attention(&cb->ctx, &a);
     cu_check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
-    if (want_q && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true};
+    if (want_q && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true, cb->op_seq};
     cu_scratch_release(b, mark);
 }
 
@@ -513,7 +513,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
             bk_fail(b, e.code, "%s", e.msg);
         cu_prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
                   qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
-        if (qout && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true};
+        if (qout && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true, cb->op_seq};
         cu_scratch_release(b, mark);
         return;
     }
