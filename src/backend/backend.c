@@ -353,6 +353,24 @@ void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
     b->ops->glu(b, dst, gate, up, act);
 }
 
+void bk_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x,
+                  const struct tensor *w, const struct tensor *gate, float eps, enum glu_act act) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(is_f32_rows(dst) && is_f32_rows(x) && is_f32_rows(gate));
+    BK_ASSERT(tensor_is_contiguous(dst) && tensor_is_contiguous(x) && tensor_is_contiguous(gate));
+    BK_ASSERT(tensor_same_shape(dst, x) && tensor_same_shape(dst, gate) && x->ne[3] == 1);
+    BK_ASSERT(w && w->type == QT_F32 && w->ne[0] > 0 && x->ne[0] % w->ne[0] == 0);
+    BK_ASSERT(has(b, glu_needs(act)));
+    if (b->ops->norm_gate) {
+        b->ops->norm_gate(b, dst, x, w, gate, eps, act);
+        return;
+    }
+    const int64_t g = w->ne[0], groups = tensor_nelem(x) / g;
+    struct tensor *t = bk_new(b, QT_F32, x->ne[0], x->ne[1], x->ne[2]);
+    bk_rms_norm(b, bk_reshape(b, t, g, groups, 1), bk_reshape(b, x, g, groups, 1), w, eps);
+    bk_glu(b, dst, gate, t, act);
+}
+
 void bk_softcap(struct backend *b, struct tensor *x, float cap) {
     if (b->status != SMELT_OK) return;
     BK_ASSERT(is_f32_rows(x) && cap > 0);

@@ -310,6 +310,9 @@ struct backend_ops {
                            struct tensor *k, const struct tensor *v, struct tensor *kc,
                            struct tensor *vc, const struct attn_meta *m,
                            const struct qk_prep *qp, const struct attn_params *ap);
+    void (*norm_gate)(struct backend *b, struct tensor *dst, const struct tensor *x,
+                      const struct tensor *w, const struct tensor *gate, float eps,
+                      enum glu_act act);
 
     /* Mixture of experts: optional as a pair (NULL: the backend cannot run MoE models, and
      * the loader refuses them). See bk_moe_route, bk_moe_ffn. */
@@ -454,6 +457,14 @@ void bk_scale(struct backend *b, struct tensor *dst, const struct tensor *x, flo
  * GLU_SWIGLU_OAI; needs BK_FEAT_GLU_ROW_GATE). In place ok (dst == gate or up). */
 void bk_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
             const struct tensor *up, enum glu_act act);
+/* Fused gated RMSNorm (the Gated DeltaNet's output): dst = act(gate) * (rms_norm(x) * w),
+ * the norm over each group of w->ne0 consecutive elements of a row (a value head), exactly
+ * bk_rms_norm on x viewed as (w->ne0, rows * groups) followed by bk_glu(dst, gate, that).
+ * x, gate and dst contiguous F32 of one shape, ne0 a multiple of w->ne0; w F32 (one
+ * group), not NULL; act as bk_glu's (full-shape gate). x is not modified; in place ok on
+ * gate (dst == gate). */
+void bk_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x,
+                  const struct tensor *w, const struct tensor *gate, float eps, enum glu_act act);
 /* x = cap * tanh(x / cap), in place (final-logit soft-capping). */
 void bk_softcap(struct backend *b, struct tensor *x, float cap);
 /* Softmax over ne0 of each row, in place. */

@@ -345,10 +345,8 @@ static struct tensor *deltanet(struct model *m, struct step *s, int il, const st
     bk_ssm_conv(bk, xc, qkv, y->conv, &s->kv->conv[il], s->state_seqs, true);
     struct tensor *o = bk_new(bk, QT_F32, p->head_v, nv, n);
     bk_gated_delta_net(bk, o, xc, a, bl, y->ssm_a, y->dt_bias, &s->kv->ssm[il], s->state_seqs, p);
-    /* rms_norm(o) * ssm_norm per value head, times silu(z) */
-    struct tensor *oh = bk_reshape(bk, o, p->head_v, nv * n, 1);
-    bk_rms_norm(bk, oh, oh, y->ssm_norm, m->hp.norm_eps);
-    bk_glu(bk, z, z, bk_reshape(bk, o, vdim, n, 1), GLU_SILU);
+    /* rms_norm(o) * ssm_norm per value head, times silu(z): one op */
+    bk_norm_gate(bk, z, bk_reshape(bk, o, vdim, n, 1), y->ssm_norm, z, m->hp.norm_eps, GLU_SILU);
     return z;
 }
 

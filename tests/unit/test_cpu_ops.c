@@ -338,6 +338,68 @@ static void test_elementwise(void) {
     T_CHECK(max_err(y->data, ref, n * rows) < 1e-6);
 }
 
+/* bk_norm_gate against bk_rms_norm per group then bk_glu (bit for bit, every activation;
+ * in place on the gate too; a 3-D shape; the composed fallback of a backend without the op)
+ * and, for SiLU, against the math in double. Groups of 13 and 40 (vector tails). */
+static void test_norm_gate(void) {
+    const enum glu_act acts[4] = {GLU_SILU, GLU_GELU_TANH, GLU_SIGMOID, GLU_SWIGLU_OAI};
+    const int64_t shapes[3][4] = {
+        {13, 5, 4, 1}, {40, 3, 2, 3}, {128, 4, 1, 1}}; /* group, groups, ne1, ne2 */
+    for (int sh = 0; sh < 3; sh++) {
+        bk_step_begin(bk);
+        const int64_t gn = shapes[sh][0], ne0 = gn * shapes[sh][1], ne1 = shapes[sh][2],
+                      ne2 = shapes[sh][3];
+        const int64_t n = ne0 * ne1 * ne2;
+        struct tensor *x = rand_f32(ne0, ne1, ne2), *g = rand_f32(ne0, ne1, ne2),
+                      *w = rand_f32(gn, 1, 1);
+        struct tensor *x0 = bk_new(bk, QT_F32, ne0, ne1, ne2),
+                      *t = bk_new(bk, QT_F32, ne0, ne1, ne2);
+        struct tensor *ref = bk_new(bk, QT_F32, ne0, ne1, ne2),
+                      *y = bk_new(bk, QT_F32, ne0, ne1, ne2);
+        memcpy(x0->data, x->data, (size_t)n * 4);
+        for (int a = 0; a < 4; a++) {
+            memcpy(t->data, x->data, (size_t)n * 4);
+            struct tensor *th = bk_reshape(bk, t, gn, n / gn, 1);
+            bk_rms_norm(bk, th, th, w, 1e-6f);
+            bk_glu(bk, ref, g, t, acts[a]);
+            bk_norm_gate(bk, y, x, w, g, 1e-6f, acts[a]);
+            T_CHECKF(memcmp(y->data, ref->data, (size_t)n * 4) == 0, "group %lld act %d",
+                     (long long)gn, a);
+            memcpy(t->data, g->data, (size_t)n * 4); /* in place on the gate */
+            bk_norm_gate(bk, t, x, w, t, 1e-6f, acts[a]);
+            T_CHECKF(memcmp(t->data, ref->data, (size_t)n * 4) == 0, "in place, group %lld act %d",
+                     (long long)gn, a);
+            /* a backend without the op: the wrapper composes it from the two */
+            const struct backend_ops *ops = bk->ops;
+            struct backend_ops no_op = *ops;
+            no_op.norm_gate = NULL;
+            bk->ops = &no_op;
+            bk_norm_gate(bk, y, x, w, g, 1e-6f, acts[a]);
+            bk->ops = ops;
+            T_CHECKF(memcmp(y->data, ref->data, (size_t)n * 4) == 0, "composed, group %lld act %d",
+                     (long long)gn, a);
+        }
+        T_CHECK(memcmp(x->data, x0->data, (size_t)n * 4) == 0); /* x is not modified */
+        /* SiLU from the math */
+        bk_norm_gate(bk, y, x, w, g, 1e-6f, GLU_SILU);
+        double *d = malloc((size_t)n * sizeof *d);
+        const float *X = x->data, *G = g->data, *W = w->data;
+        for (int64_t g0 = 0; g0 < n; g0 += gn) {
+            double ss = 0;
+            for (int64_t i = 0; i < gn; i++)
+                ss += (double)X[g0 + i] * X[g0 + i];
+            for (int64_t i = 0; i < gn; i++) {
+                const double gv = G[g0 + i];
+                d[g0 + i] = gv / (1 + exp(-gv)) * (X[g0 + i] / sqrt(ss / gn + 1e-6) * W[i]);
+            }
+        }
+        T_CHECKF(max_err(y->data, d, n) < 2e-6, "group %lld: err %g", (long long)gn,
+                 max_err(y->data, d, n));
+        free(d);
+        T_CHECK(bk_sync(bk, NULL) == SMELT_OK);
+    }
+}
+
 static void test_matmul(void) {
     bk_step_begin(bk);
     int64_t n_in = 67, n_out = 23, n = 5;
@@ -649,6 +711,7 @@ int main(void) {
     T_RUN(test_rope);
     T_RUN(test_get_rows);
     T_RUN(test_elementwise);
+    T_RUN(test_norm_gate);
     T_RUN(test_matmul);
     T_RUN(test_fused);
     T_RUN(test_attention);

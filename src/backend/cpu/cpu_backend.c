@@ -281,6 +281,7 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_op_add,
     .scale = cpu_op_scale,
     .glu = cpu_op_glu,
+    .norm_gate = cpu_op_norm_gate,
     .softcap = cpu_op_softcap,
     .softmax = cpu_op_softmax,
     .kv_store = cpu_op_kv_store,

@@ -50,6 +50,9 @@ void cpu_op_add(struct backend *b, struct tensor *dst, const struct tensor *a,
 void cpu_op_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
 void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate,
                 const struct tensor *up, enum glu_act act);
+void cpu_op_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x,
+                      const struct tensor *w, const struct tensor *gate, float eps,
+                      enum glu_act act);
 void cpu_op_softcap(struct backend *b, struct tensor *x, float cap);
 void cpu_op_softmax(struct backend *b, struct tensor *x);
 void cpu_op_rope(struct backend *b, struct tensor *x, const struct tensor *pos,

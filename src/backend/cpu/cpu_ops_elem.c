@@ -1,6 +1,7 @@
 /* CPU row-wise and element-wise ops: embedding/row gather, RMSNorm, LayerNorm, add, scale,
- * GLU and plain activations, soft-capping, softmax. All parallel over rows; none is a bottleneck next
- * to the matmuls (each touches n_embd or n_ff floats per row once). */
+ * GLU, the gated RMSNorm (norm_gate) and plain activations, soft-capping, softmax. All
+ * parallel over rows; none is a bottleneck next to the matmuls (each touches n_embd or n_ff
+ * floats per row once). */
 #include <math.h>
 #include <string.h>
 
@@ -40,6 +41,19 @@ static inline float *row_at(const struct tensor *t, int64_t r) {
     return tensor_row(t, r % t->ne[1], (r / t->ne[1]) % t->ne[2], r / (t->ne[1] * t->ne[2]));
 }
 
+/* 1 / sqrt(mean(x^2) + eps) over n: eight independent double sums (one chain of dependent
+ * adds was ~4 cycles per element: 3% of a Gemma 3 prefill, with its per-head q/k norms), in
+ * a fixed order. Shared by rms_norm and norm_gate, so the two agree to the bit. */
+static float rms_inv(const float *x, int64_t n, float eps) {
+    double s8[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s8[j] += (double)x[i + j] * x[i + j];
+    for (; i < n; i++) s8[0] += (double)x[i] * x[i];
+    double ss = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+}
+
 static void rms_norm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     struct norm_ctx *c = vctx;
     int64_t n = c->x->ne[0];
@@ -47,19 +61,11 @@ static void rms_norm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     for (int64_t r = i0; r < i1; r++) {
         const float *x = row_at(c->x, r);
         float *y = row_at(c->dst, r);
-        /* eight independent double sums (one chain of dependent adds was ~4 cycles per
-         * element: 3% of a Gemma 3 prefill, with its per-head q/k norms), in a fixed order */
-        double s8[8] = {0};
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++) s8[j] += (double)x[i + j] * x[i + j];
-        for (; i < n; i++) s8[0] += (double)x[i] * x[i];
-        double ss = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
-        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)c->eps));
+        const float inv = rms_inv(x, n, c->eps);
         if (w)
-            for (i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
         else
-            for (i = 0; i < n; i++) y[i] = x[i] * inv;
+            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv;
     }
 }
 
@@ -169,9 +175,21 @@ static void swiglu_oai_mul(const struct cpu_vec *v, float *y, const float *g, co
     }
 }
 
-/* act(gate) * up with the vector kernels (cpu_ops_vec.h): SIMD GELU/SiLU through a
- * polynomial exp instead of libm's tanhf/expf per element (libm's tanhf was ~15% of a
- * Gemma 3 prefill). */
+/* y = act(g) * u over a row of n (a gate per element) with the vector kernels
+ * (cpu_ops_vec.h): SIMD GELU/SiLU through a polynomial exp instead of libm's tanhf/expf per
+ * element (libm's tanhf was ~15% of a Gemma 3 prefill). Shared by glu and norm_gate. */
+static void glu_row(const struct cpu_vec *v, enum glu_act act, float *y, const float *g,
+                    const float *u, int64_t n) {
+    if (act == GLU_SILU)
+        v->silu_mul(y, g, u, n);
+    else if (act == GLU_GELU_TANH)
+        v->gelu_mul(y, g, u, n);
+    else if (act == GLU_SWIGLU_OAI)
+        swiglu_oai_mul(v, y, g, u, n);
+    else /* GLU_SIGMOID: an output gate, once per attention row; scalar is enough */
+        for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
+}
+
 static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     struct bin_ctx *c = vctx; /* a = gate, c = up */
     int64_t n = c->c->ne[0];
@@ -186,14 +204,8 @@ static void glu_range(void *vctx, int ith, int64_t i0, int64_t i1) {
             else if (c->act == GLU_GELU_TANH) v->gelu_mul(&s, g, &one, 1);
             else s = 1.0f / (1.0f + expf(-*g));
             for (int64_t i = 0; i < n; i++) y[i] = s * u[i];
-        } else if (c->act == GLU_SILU)
-            v->silu_mul(y, g, u, n);
-        else if (c->act == GLU_GELU_TANH)
-            v->gelu_mul(y, g, u, n);
-        else if (c->act == GLU_SWIGLU_OAI)
-            swiglu_oai_mul(v, y, g, u, n);
-        else /* GLU_SIGMOID: an output gate, once per attention row; scalar is enough */
-            for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
+        } else
+            glu_row(v, c->act, y, g, u, n);
     }
 }
 
@@ -203,6 +215,44 @@ void cpu_op_glu(struct backend *b, struct tensor *dst, const struct tensor *gate
     /* a thread per 16K elements at least: the few rows of an MoE expert block (8 rows of
      * 768 at decode) are not worth waking the pool for */
     cpu_parallel(cpu_of(b), glu_range, &ctx, tensor_nrows(up), 16384 / up->ne[0] + 1);
+}
+
+/* ---- norm_gate (the Gated DeltaNet's output) ---- */
+
+struct norm_gate_ctx {
+    struct tensor *dst;
+    const struct tensor *x, *w, *gate;
+    float eps;
+    enum glu_act act;
+    const struct cpu_vec *vec;
+    float *buf; /* a row of x's ne0 per thread */
+};
+
+/* rms_norm_range over each group of the row into the thread's buffer, then glu_row on the
+ * whole row: the same arithmetic as the two ops, so the same bits. */
+static void norm_gate_range(void *vctx, int ith, int64_t i0, int64_t i1) {
+    struct norm_gate_ctx *c = vctx;
+    const int64_t n = c->x->ne[0], gn = c->w->ne[0];
+    const float *w = c->w->data;
+    float *t = c->buf + (size_t)ith * (size_t)n;
+    for (int64_t r = i0; r < i1; r++) {
+        const float *x = row_at(c->x, r);
+        for (int64_t g0 = 0; g0 < n; g0 += gn) {
+            const float inv = rms_inv(x + g0, gn, c->eps);
+            for (int64_t i = 0; i < gn; i++) t[g0 + i] = x[g0 + i] * inv * w[i];
+        }
+        glu_row(c->vec, c->act, row_at(c->dst, r), row_at(c->gate, r), t, n);
+    }
+}
+
+void cpu_op_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x,
+                      const struct tensor *w, const struct tensor *gate, float eps,
+                      enum glu_act act) {
+    struct cpu_backend *cb = cpu_of(b);
+    struct norm_gate_ctx c = {dst, x, w, gate, eps, act, cb->vec, NULL};
+    c.buf = cpu_scratch(cb, (size_t)cb->n_threads * (size_t)x->ne[0] * sizeof(float));
+    if (!c.buf) return;
+    cpu_parallel(cb, norm_gate_range, &c, tensor_nrows(x), 16384 / x->ne[0] + 1);
 }
 
 /* ---- plain activations (a non-gated FFN) ---- */
