@@ -139,13 +139,14 @@ struct cuda_backend {
     } moe_xin;
     uint64_t op_seq; /* entries into the op table (cu_enter) */
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
-     * the attention launch itself) or of a small GLU's output (its epilogue), for the
-     * product that consumes it next (W_o or W_down in cu_matmul_acc), sparing its quantize
-     * launch. Valid for the op right after the one that wrote it only (seq): an op between
-     * them may change x in place (qwen35's output gate on the attention output). */
+     * the attention launch itself) or of a small GLU's output (cu_ffn_glu's epilogue, cu_glu's
+     * kernel), for the product that consumes it next (W_o or W_down in cu_matmul_acc),
+     * sparing its quantize launch. Valid for the op right after the one that wrote it only
+     * (seq): an op between them may change x in place (qwen35's output gate on the attention
+     * output, which now writes its own int8 form). */
     struct {
         void *buf;     /* cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N), fixed (graphs) */
-        const void *x; /* the attention output (dv * n_head, n) it is the int8 form of */
+        const void *x; /* the output (k, n) it is the int8 form of */
         int64_t n, k;
         bool valid;
         uint64_t seq; /* op_seq of the op that wrote it */

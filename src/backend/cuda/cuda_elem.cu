@@ -1,8 +1,9 @@
-/* Element-wise kernels of the CUDA backend: add, scale, GLU (a gate per element or per
- * row), plain activations, soft-capping, the strided copy, the non-causal key bound. CPU twins: src/backend/cpu/ (cpu_ops_elem.c;
+/* Element-wise kernels of the CUDA backend: add, scale, GLU (a gate per element, with the
+ * output's int8 form too, or per row), plain activations, soft-capping, the strided copy, the non-causal key bound. CPU twins: src/backend/cpu/ (cpu_ops_elem.c;
  * cpu_ops_ssm.c's cpu_op_copy). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_glu.cuh"
+#include "backend/cuda/cuda_mmv.cuh" /* quant16: the int8 form of a decode GLU's output */
 
 extern "C" {
 #include "backend/backend.h" /* GLU_OAI_ALPHA, GLU_OAI_LIMIT */
@@ -34,6 +35,20 @@ static __global__ void glu_kernel(float *dst, const float *gate, const float *up
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     dst[i] = glu_val(act, gate[row_n ? i / row_n : i], up[i]);
+}
+
+/* glu_kernel's full-shape form that also writes the output's int8 form (quant16, the
+ * layout of cuda_mmv_quantize over the same values, bit for bit) for the product after it;
+ * n is a multiple of 32, so a warp is wholly in or out. */
+static __global__ void glu_q_kernel(float *dst, const float *gate, const float *up, int act, int64_t n,
+                                    int8_t *__restrict__ xq, float2 *__restrict__ xd) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = glu_val(act, gate[i], up[i]);
+    dst[i] = v;
+    quant16(v, xq, xd, i, true);
 }
 
 /* Grouped expert rows (rows of n_ff, chunk c = row / ch of expert eid[c], -1: unused, left
@@ -107,6 +122,11 @@ extern "C" void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, flo
 
 extern "C" void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n) {
     klaunch(glu_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, (int64_t)0);
+}
+
+extern "C" void cuda_glu_q(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n,
+                           int8_t *xq, void *xd) {
+    klaunch(glu_q_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, xq, (float2 *)xd);
 }
 
 extern "C" void cuda_glu_expert_bias(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,

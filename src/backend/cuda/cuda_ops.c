@@ -215,15 +215,40 @@ void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, flo
     cu_check_launch(cb, "scale");
 }
 
+/* True when an op's output of rows x width (contiguous) gets its int8 form into att_q in
+ * the same launch, for the product right after it: decode rows, whole 32-groups. */
+static bool att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
+    return cb->att_q.buf && rows <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K &&
+           tensor_is_contiguous(dst);
+}
+
+/* The op that just launched wrote dst's int8 form into att_q: the next op's product may use it. */
+static void att_q_set(struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
+    if (cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, rows, width, true, cb->op_seq};
+}
+
 void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
                    enum glu_act act) {
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     /* the kernels' act codes are enum glu_act's (SiLU, tanh-GELU, sigmoid, clamped SwiGLU) */
-    if (gate->ne[0] == 1 && up->ne[0] > 1) /* one gate per row */
+    if (gate->ne[0] == 1 && up->ne[0] > 1) { /* one gate per row */
         cuda_glu_row_gate(&cb->ctx, dst->data, gate->data, up->data, (int)act, up->ne[0], tensor_nrows(up));
-    else
-        cuda_glu(&cb->ctx, dst->data, gate->data, up->data, (int)act, tensor_nelem(gate));
+        cu_check_launch(cb, "glu");
+        return;
+    }
+    /* decode (qwen35's output gate before W_o): the output's int8 form too, for the product */
+    const int64_t width = dst->ne[0], rows = tensor_nrows(dst);
+    if (att_q_fits(cb, dst, width, rows)) {
+        int8_t *xq;
+        void *xd;
+        cuda_mmv_scratch_parts(cb->att_q.buf, width, (int)rows, &xq, &xd);
+        cuda_glu_q(&cb->ctx, dst->data, gate->data, up->data, (int)act, width * rows, xq, xd);
+        cu_check_launch(cb, "glu+quant");
+        att_q_set(cb, dst, width, rows);
+        return;
+    }
+    cuda_glu(&cb->ctx, dst->data, gate->data, up->data, (int)act, tensor_nelem(gate));
     cu_check_launch(cb, "glu");
 }
 
