@@ -124,6 +124,7 @@ static const struct backend_ops cuda_ops = {
     .add = cu_add,
     .scale = cu_scale,
     .glu = cu_glu,
+    .norm_gate = cu_norm_gate,
     .softcap = cu_softcap,
     .softmax = cu_softmax,
     .kv_store = cu_kv_store,

@@ -139,11 +139,11 @@ struct cuda_backend {
     } moe_xin;
     uint64_t op_seq; /* entries into the op table (cu_enter) */
     /* att_q: the int8 form of the last attention output (cuda_attn_args.q_out, written by
-     * the attention launch itself) or of a small GLU's output (cu_ffn_glu's epilogue, cu_glu's
-     * kernel), for the product that consumes it next (W_o or W_down in cu_matmul_acc),
-     * sparing its quantize launch. Valid for the op right after the one that wrote it only
-     * (seq): an op between them may change x in place (qwen35's output gate on the attention
-     * output, which now writes its own int8 form). */
+     * the attention launch itself), of a small GLU's output (cu_ffn_glu's epilogue, cu_glu's
+     * kernel) or of a gated RMSNorm's (cu_norm_gate), for the product that consumes it next
+     * (W_o, W_down or ssm_out in cu_matmul_acc), sparing its quantize launch. Valid for the
+     * op right after the one that wrote it only (seq): an op between them may change x in
+     * place (qwen35's output gate on the attention output, which now writes its own). */
     struct {
         void *buf;     /* cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N), fixed (graphs) */
         const void *x; /* the output (k, n) it is the int8 form of */
@@ -280,6 +280,8 @@ void cu_add(struct backend *b, struct tensor *dst, const struct tensor *a, const
 void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, float s);
 void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
             enum glu_act act);
+void cu_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                  const struct tensor *gate, float eps, enum glu_act act);
 void cu_softcap(struct backend *b, struct tensor *x, float cap);
 void cu_softmax(struct backend *b, struct tensor *x);
 void cu_kv_store(struct backend *b, struct tensor *kc, struct tensor *vc, const struct tensor *k,

@@ -23,6 +23,13 @@ struct cuda_qweight;
  * elements (in place ok). */
 void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n,
                    int64_t rows, int64_t x_stride, int64_t dst_stride, float eps);
+/* The gated RMSNorm (bk_norm_gate): dst = act(gate) * (x / sqrt(mean(x^2) + eps) * w) over
+ * `groups` contiguous groups of n (w (n) not NULL; act as cuda_glu's), the bits of
+ * cuda_rms_norm on x then cuda_glu. xq not NULL (then n % 32 == 0): also writes the output's
+ * int8 form, as cuda_mmv_quantize would over the groups * n values, at xq / xd
+ * (cuda_mmv_scratch_parts). In place on gate ok. */
+void cuda_norm_gate(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, const float *gate, int act,
+                    int64_t n, int64_t groups, float eps, int8_t *xq, void *xd);
 /* Softmax over each row of n. */
 void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows);
 /* dst[r] = (x[r] - mean) / sqrt(var + eps) * w + b (biased variance; w, b may be NULL); rows

@@ -1,6 +1,8 @@
-/* Row normalizations of the CUDA backend: RMSNorm, LayerNorm and softmax (one block per
- * row, block reductions). CPU twins: src/backend/cpu/. */
+/* Row normalizations of the CUDA backend: RMSNorm, the gated RMSNorm (norm_gate), LayerNorm
+ * and softmax (one block per row, block reductions). CPU twins: src/backend/cpu/. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_glu.cuh"
+#include "backend/cuda/cuda_mmv.cuh" /* quant16: the int8 form of a decode norm_gate's output */
 
 extern "C" {
 #include "backend/cuda/cuda_kernels.h"
@@ -30,6 +32,38 @@ static __global__ void rms_norm_kernel(float *dst, const float *x,
     __syncthreads();
     const float inv = rsqrtf(part[0] / (float)n + eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+
+/* dst = act(gate) * (x / sqrt(mean(x^2) + eps) * w) over groups of n contiguous elements, a
+ * block per group of cuda_rms_norm's size with rms_norm_kernel's sums,
+ * so each value is the bits of rms_norm_kernel then glu_kernel. xq not NULL: the output's
+ * int8 form too (quant16, cuda_mmv_quantize's layout and bits); then n % 32 == 0, so every
+ * warp's trips are whole and its 16-lane halves hold aligned groups. In place on gate ok. */
+static __global__ void norm_gate_kernel(float *dst, const float *x, const float *__restrict__ w, const float *gate,
+                                        int act, int64_t n, float eps, int8_t *__restrict__ xq,
+                                        float2 *__restrict__ xd) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t o0 = (int64_t)blockIdx.x * n;
+    const float *xr = x + o0;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    __shared__ float part[32];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(part[0] / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = glu_val(act, gate[o0 + i], xr[i] * inv * w[i]);
+        dst[o0 + i] = v;
+        if (xq) quant16(v, xq, xd, o0 + i, true);
+    }
 }
 
 static __device__ float block_reduce(float v, bool is_max, float *sh) {
@@ -99,6 +133,13 @@ extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, 
                               int64_t x_stride, int64_t dst_stride, float eps) {
     int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64;
     klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, ctx, dst, x, w, n, x_stride, dst_stride, eps);
+}
+
+extern "C" void cuda_norm_gate(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, const float *gate,
+                               int act, int64_t n, int64_t groups, float eps, int8_t *xq, void *xd) {
+    int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64; /* cuda_rms_norm's: the same sums */
+    klaunch(norm_gate_kernel, dim3((unsigned)groups), dim3(tb), 0, ctx, dst, x, w, gate, act, n, eps, xq,
+            (float2 *)xd);
 }
 
 extern "C" void cuda_softmax(struct cuda_ctx *ctx, float *x, int64_t n, int64_t rows) {

@@ -2,7 +2,8 @@
  * through the kernels' launchers (cuda_kernels.h, cuda_mmv.h; products through
  * cuda_matmul.c). The decode fusions keep their bookkeeping here: the residual stream a
  * product's epilogue prepared for the next norm (cb->prep) and the int8 form of the
- * attention's or a small GLU's output (cb->att_q), each valid only until the next op. */
+ * attention's, a small GLU's or a gated norm's output (cb->att_q), each valid only until
+ * the next op. */
 #include "backend/cuda/cuda_backend_int.h"
 
 #include <math.h>
@@ -250,6 +251,23 @@ void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, co
     }
     cuda_glu(&cb->ctx, dst->data, gate->data, up->data, (int)act, tensor_nelem(gate));
     cu_check_launch(cb, "glu");
+}
+
+/* One launch: rms_norm per group of w->ne0, times act(gate); at decode (whole 32-groups) the
+ * output's int8 form too (att_q), for ssm_out's product right after it. */
+void cu_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w,
+                  const struct tensor *gate, float eps, enum glu_act act) {
+    struct cuda_backend *cb = cu_enter(b);
+    if (!cu_ok(cb)) return;
+    const int64_t gn = w->ne[0], width = dst->ne[0], rows = tensor_nrows(dst);
+    const bool q = gn % 32 == 0 && att_q_fits(cb, dst, width, rows);
+    int8_t *xq = NULL;
+    void *xd = NULL;
+    if (q) cuda_mmv_scratch_parts(cb->att_q.buf, width, (int)rows, &xq, &xd);
+    cuda_norm_gate(&cb->ctx, dst->data, x->data, w->data, gate->data, (int)act, gn, tensor_nelem(x) / gn, eps, xq,
+                   xd);
+    cu_check_launch(cb, q ? "norm_gate+quant" : "norm_gate");
+    if (q) att_q_set(cb, dst, width, rows);
 }
 
 void cu_softcap(struct backend *b, struct tensor *x, float cap) {
