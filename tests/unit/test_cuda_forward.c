@@ -267,6 +267,11 @@ static void tr_glu(struct backend *b, struct tensor *d, const struct tensor *g, 
     tr.orig->glu(b, d, g, u, a);
     trace_put(b, "glu", d);
 }
+static void tr_norm_gate(struct backend *b, struct tensor *d, const struct tensor *x, const struct tensor *w,
+                         const struct tensor *g, float e, enum glu_act a) {
+    tr.orig->norm_gate(b, d, x, w, g, e, a);
+    trace_put(b, "norm_gate", d);
+}
 static void tr_attention(struct backend *b, struct tensor *d, const struct tensor *q, const struct tensor *kc,
                          const struct tensor *vc, const struct attn_meta *m, const struct attn_params *p) {
     tr.orig->attention(b, d, q, kc, vc, m, p);
@@ -313,6 +318,7 @@ static void trace_on(struct backend *b) {
     TR_WRAP(add);
     TR_WRAP(scale);
     TR_WRAP(glu);
+    TR_WRAP(norm_gate);
     TR_WRAP(attention);
     TR_WRAP(matmul_group);
     TR_WRAP(matmul_acc);

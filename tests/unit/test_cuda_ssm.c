@@ -1,7 +1,9 @@
 /* The CUDA recurrent-state ops against their CPU twins, on fresh random data at ragged
  * sizes: bk_ssm_conv and bk_gated_delta_net (cuda_ssm.cu; cpu_ops_ssm.c), bk_copy of
  * strided views and state slots, and bk_glu's sigmoid and one-gate-per-row forms
- * (cuda_elem.cu; cpu_ops_elem.c, cpu_ops_ssm.c).
+ * (cuda_elem.cu; cpu_ops_elem.c, cpu_ops_ssm.c), the decode GLU's int8 output form (att_q,
+ * against cuda_mmv_quantize's bytes), and bk_norm_gate (cuda_norm.cu) against its CPU twin
+ * and the two ops it fuses.
  *
  * Each recurrent case runs three steps on both backends from the same random state slots:
  * sequences with 0, 1 (decode), a few, 70 and 130 rows (the CPU's chunked form, one and
@@ -34,6 +36,7 @@ int main(void) {
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_int.h" /* att_q: the int8 form an op leaves for the next product */
 
 static struct backend *cpu, *gpu, *gpu_chunk; /* SMELT_GDN_CHUNK_MIN=0 (never chunked), =1 (always) */
 static unsigned long long rs = 0x55a1c0deULL;
@@ -361,6 +364,127 @@ static void test_glu(void) {
     free(gate), free(up);
 }
 
+/* After the op that wrote dst (width, rows) on gpu: when `want`, att_q must hold dst's int8
+ * form for the next op, the bytes cuda_mmv_quantize writes for dst (values and {d, d*sum}
+ * per 16); else att_q must not be offered. */
+static void check_att_q(const struct tensor *dst, int64_t width, int64_t rows, bool want, const char *what) {
+    struct cuda_backend *cb = cu_of(gpu);
+    const bool offered = cb->att_q.valid && cb->att_q.seq == cb->op_seq;
+    T_CHECKF(offered == want, "%s: att_q %s", what, offered ? "offered" : "missing");
+    if (!offered || !want) return;
+    T_CHECKF(cb->att_q.x == dst->data && cb->att_q.n == rows && cb->att_q.k == width, "%s: att_q of %lldx%lld",
+             what, (long long)cb->att_q.k, (long long)cb->att_q.n);
+    const size_t nq = (size_t)(width * rows), nd = nq / 16 * 8, sb = cuda_mmv_scratch_bytes(width, (int)rows);
+    void *ref = NULL;
+    unsigned char *h[2][2] = {{malloc(nq), malloc(nd)}, {malloc(nq), malloc(nd)}};
+    struct err e;
+    cudaError_t rc = cudaMalloc(&ref, sb);
+    if (rc == cudaSuccess) rc = cuda_mmv_quantize(&cb->ctx, dst->data, width, (int)rows, ref, &e) == SMELT_OK
+                                    ? cudaDeviceSynchronize()
+                                    : cudaErrorUnknown;
+    void *bufs[2] = {cb->att_q.buf, ref};
+    for (int k = 0; k < 2 && rc == cudaSuccess; k++) {
+        int8_t *xq;
+        void *xd;
+        cuda_mmv_scratch_parts(bufs[k], width, (int)rows, &xq, &xd);
+        rc = cudaMemcpy(h[k][0], xq, nq, cudaMemcpyDeviceToHost);
+        if (rc == cudaSuccess) rc = cudaMemcpy(h[k][1], xd, nd, cudaMemcpyDeviceToHost);
+    }
+    T_CHECKF(rc == cudaSuccess, "%s: %s", what, cudaGetErrorString(rc));
+    if (rc == cudaSuccess) {
+        T_CHECKF(!memcmp(h[0][0], h[1][0], nq), "%s: int8 values differ from cuda_mmv_quantize's", what);
+        T_CHECKF(!memcmp(h[0][1], h[1][1], nd), "%s: scales differ from cuda_mmv_quantize's", what);
+    }
+    cudaFree(ref);
+    for (int k = 0; k < 2; k++) free(h[k][0]), free(h[k][1]);
+}
+
+/* bk_glu (a gate per element, in place on up as qwen35's output gate) at decode rows: within
+ * 1e-6 of the CPU, and at 1..8 rows of a width % 32 == 0 the int8 form left in att_q equals
+ * cuda_mmv_quantize's bytes; none at 9 rows or a ragged width. */
+static void test_glu_att_q(void) {
+    const int64_t widths[2] = {320, 333}, nrows[4] = {1, 3, 8, 9};
+    const enum glu_act acts[2] = {GLU_SIGMOID, GLU_SILU};
+    for (int wi = 0; wi < 2; wi++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int a = 0; a < 2; a++) {
+                const int64_t n = widths[wi], rows = nrows[ri];
+                float *gate = rand_buf((size_t)(n * rows), 4.0f), *up = rand_buf((size_t)(n * rows), 2.0f);
+                float *res[2];
+                struct backend *bs[2] = {cpu, gpu};
+                for (int k = 0; k < 2; k++) {
+                    struct err e;
+                    struct backend *b = bs[k];
+                    bk_step_begin(b);
+                    struct tensor *g = put(b, QT_F32, n, rows, 1, gate), *u = put(b, QT_F32, n, rows, 1, up);
+                    bk_glu(b, u, g, u, acts[a]);
+                    char what[64];
+                    snprintf(what, sizeof what, "glu %lldx%lld act %d", (long long)n, (long long)rows, (int)acts[a]);
+                    if (b == gpu) check_att_q(u, n, rows, n % 32 == 0 && rows <= 8, what);
+                    res[k] = malloc((size_t)(n * rows) * sizeof(float));
+                    bk_download(b, res[k], u, tensor_nbytes(u));
+                    T_EQ_INT(bk_sync(b, &e), SMELT_OK);
+                }
+                double r = t_rel_err(res[1], res[0], (size_t)(n * rows));
+                T_CHECKF(r < 1e-6, "glu %lldx%lld act %d: rel err %.3g", (long long)n, (long long)rows, (int)acts[a], r);
+                free(res[0]), free(res[1]), free(gate), free(up);
+            }
+}
+
+/* bk_norm_gate (qwen35's deltanet output: rms_norm per value head times silu(z), in place
+ * on z) against the CPU twin (within 2e-6) and against the GPU's own rms_norm then glu
+ * (within 1e-6; the count of values whose bits differ is printed), at groups of 128 (the
+ * models'), 64, 256 and ragged ones (40; 48: width % 32 == 0 but not the group), at 1, 3,
+ * 8 and 9 rows, the int8 form checked as bk_glu's. */
+static void test_norm_gate(void) {
+    const int64_t shapes[5][2] = {{128, 5}, {64, 3}, {256, 2}, {40, 3}, {48, 2}}; /* group, groups */
+    const int64_t nrows[4] = {1, 3, 8, 9};
+    const enum glu_act acts[2] = {GLU_SILU, GLU_SIGMOID};
+    double worst_cpu = 0, worst_gpu = 0;
+    long differ = 0, total = 0;
+    for (int si = 0; si < 5; si++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int a = 0; a < 2; a++) {
+                const int64_t gn = shapes[si][0], n = gn * shapes[si][1], rows = nrows[ri], ne = n * rows;
+                float *x = rand_buf((size_t)ne, 3.0f), *z = rand_buf((size_t)ne, 4.0f), *w = rand_buf((size_t)gn, 1.5f);
+                float *res[3];
+                struct backend *bs[3] = {cpu, gpu, gpu};
+                for (int k = 0; k < 3; k++) {
+                    struct err e;
+                    struct backend *b = bs[k];
+                    bk_step_begin(b);
+                    struct tensor *tx = put(b, QT_F32, n, rows, 1, x), *tz = put(b, QT_F32, n, rows, 1, z);
+                    struct tensor *tw = put(b, QT_F32, gn, 1, 1, w);
+                    if (k < 2) {
+                        bk_norm_gate(b, tz, tx, tw, tz, 1e-6f, acts[a]);
+                        char what[64];
+                        snprintf(what, sizeof what, "norm_gate %lldx%lld/%lld act %d", (long long)n, (long long)rows,
+                                 (long long)gn, (int)acts[a]);
+                        if (b == gpu) check_att_q(tz, n, rows, gn % 32 == 0 && rows <= 8, what);
+                    } else { /* the two ops it replaces */
+                        struct tensor *th = bk_reshape(b, tx, gn, ne / gn, 1);
+                        bk_rms_norm(b, th, th, tw, 1e-6f);
+                        bk_glu(b, tz, tz, tx, acts[a]);
+                    }
+                    res[k] = malloc((size_t)ne * sizeof(float));
+                    bk_download(b, res[k], tz, tensor_nbytes(tz));
+                    T_EQ_INT(bk_sync(b, &e), SMELT_OK);
+                }
+                const double rc = t_rel_err(res[1], res[0], (size_t)ne), rg = t_rel_err(res[1], res[2], (size_t)ne);
+                T_CHECKF(rc < 2e-6 && rg < 1e-6, "norm_gate %lldx%lld/%lld act %d: rel err %.3g vs cpu, %.3g vs unfused",
+                         (long long)n, (long long)rows, (long long)gn, (int)acts[a], rc, rg);
+                worst_cpu = fmax(worst_cpu, rc);
+                worst_gpu = fmax(worst_gpu, rg);
+                differ += memcmp(res[1], res[2], (size_t)ne * sizeof(float)) != 0;
+                total++;
+                for (int k = 0; k < 3; k++) free(res[k]);
+                free(x), free(z), free(w);
+            }
+    printf("norm_gate: max rel err %.3g vs the CPU, %.3g vs rms_norm + glu on the GPU (%ld of %ld cases not bit for "
+           "bit)\n",
+           worst_cpu, worst_gpu, differ, total);
+}
+
 int main(void) {
     if (cuda_device_count() == 0) {
         printf("SKIP test_cuda_ssm: no CUDA device on this machine\n");
@@ -384,6 +508,8 @@ int main(void) {
     T_RUN(test_gdn_refused);
     T_RUN(test_copy);
     T_RUN(test_glu);
+    T_RUN(test_glu_att_q);
+    T_RUN(test_norm_gate);
     bk_free(cpu);
     bk_free(gpu);
     bk_free(gpu_chunk);
