@@ -135,39 +135,54 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 
 /* The k best of row r's logits lgs[0, n_exp) (largest first; ties to the lower id) and their
  * weights into ids, wt (k each), by the whole block (all its threads call it; blockDim a
- * multiple of 32). lg (n_exp floats) and rank (n_exp ints): shared. The logits are read from
- * L2 (__ldcg): in the fused router other blocks wrote them. ranks_before is a strict total
- * order, so each logit's rank (how many rank before it) is unique: rank < k places it. The
- * count for one logit is split over blockDim / n_exp threads (a shared atomic sums them), so
- * one pick is a few hundred cycles of independent compares rather than k dependent warp
- * reductions. The weights are one warp's, in a fixed order. */
+ * multiple of 32, n_exp <= 32 blockDim). lg (n_exp floats): shared. The logits are read
+ * from L2 (__ldcg): in the fused router other blocks wrote them. ranks_before is a strict
+ * total order, so the picks are the first k of the sorted order whatever the method: k
+ * rounds of a block-wide arg-best, each a thread's pass over its n_exp / blockDim logits,
+ * a warp's shuffle tree and one over the warps' winners. (Each logit's rank by counting,
+ * n_exp compares a thread, was a chain of 256 dependent shared loads and compares at 256
+ * experts: ~35 us for a 128-thread pick on the H200, 2026-12-04.) The weights are one
+ * warp's, in a fixed order. */
 static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, int k, int gating, float *lg,
-                                                  int *rank, int32_t *ids, float *wt) {
-    const int lane = threadIdx.x & 31, nt = blockDim.x;
-    __shared__ int id[32]; /* the picks, largest first */
-    for (int i = threadIdx.x; i < n_exp; i += nt) {
+                                                  int32_t *ids, float *wt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = blockDim.x, nw = nt >> 5;
+    __shared__ int id[32];   /* the picks, largest first */
+    __shared__ float wv[32]; /* a round's per-warp winners */
+    __shared__ int wi[32];
+    for (int i = threadIdx.x; i < n_exp; i += nt)
         lg[i] = __ldcg(lgs + i);
-        rank[i] = 0;
-    }
     __syncthreads();
-    const int parts = nt >= 2 * n_exp ? nt / n_exp : 1; /* threads counting for one logit */
-    const int span = (n_exp + parts - 1) / parts;
-    for (int t = threadIdx.x; t < n_exp * parts; t += nt) {
-        const int i = t % n_exp, j0 = (t / n_exp) * span, j1 = min(j0 + span, n_exp);
-        const float v = lg[i];
-        int c = 0;
-        for (int j = j0; j < j1; j++) c += ranks_before(lg[j], j, v, i);
-        if (parts == 1) rank[i] = c;
-        else atomicAdd(&rank[i], c);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n_exp; i += nt) {
-        const int r = rank[i];
-        if (r < k) {
-            id[r] = i;
-            ids[r] = i;
+    uint32_t taken = 0; /* bit m: logit threadIdx.x + m nt was picked */
+    for (int r = 0; r < k; r++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int i = threadIdx.x, m = 0; i < n_exp; i += nt, m++)
+            if (!(taken >> m & 1u) && ranks_before(lg[i], i, bv, bi)) bv = lg[i], bi = i;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
         }
+        if (lane == 0) wv[warp] = bv, wi[warp] = bi;
+        __syncthreads();
+        if (warp == 0) {
+            bv = lane < nw ? wv[lane] : 0.0f;
+            bi = lane < nw ? wi[lane] : -1;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+            }
+            if (lane == 0) id[r] = bi;
+        }
+        __syncthreads();
+        const int w = id[r];
+        if (w >= 0 && w % nt == (int)threadIdx.x) taken |= 1u << (w / nt);
     }
+    for (int r = threadIdx.x; r < k; r += nt)
+        ids[r] = id[r];
     __syncthreads();
     if (threadIdx.x >= 32) return;
     /* weights: exp(l - max) over all (gating 0) or over the k (gating 1), in double */
@@ -194,8 +209,9 @@ static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, i
 }
 
 #define ROUTE_PICK_THREADS 128 /* route_pick_kernel's block */
+static_assert(CUDA_MOE_MAX_EXPERTS <= 32 * ROUTE_PICK_THREADS, "route_pick: at most 32 logits a thread");
 
-/* A block per row: the pick of route_pick. Shared: n_exp floats, n_exp ints. */
+/* A block per row: the pick of route_pick. Shared: n_exp floats. */
 static __global__ void __launch_bounds__(ROUTE_PICK_THREADS)
     route_pick_kernel(const float *lgs, int n_exp, int k, int gating, int32_t *ids, float *wts) {
     pdl_wait();
@@ -203,7 +219,7 @@ static __global__ void __launch_bounds__(ROUTE_PICK_THREADS)
     extern __shared__ __align__(16) unsigned char smem[];
     const int64_t r = blockIdx.x;
     float *lg = (float *)smem;
-    route_pick(lgs + r * n_exp, n_exp, k, gating, lg, (int *)(lg + n_exp), ids + r * k, wts + r * k);
+    route_pick(lgs + r * n_exp, n_exp, k, gating, lg, ids + r * k, wts + r * k);
 }
 
 /* Decode's router in one launch (route_logits_kernel, route_pick_kernel and gather_kernel's
@@ -212,7 +228,7 @@ static __global__ void __launch_bounds__(ROUTE_PICK_THREADS)
  * c ROUTE_WARPS + w, stepping by nb ROUTE_WARPS: f32 into xf, int8 as quant16); the last of
  * the row's blocks to finish (cnt[r], back to zero after) picks. Every value is computed as
  * by the three kernels (same functions, same trees), so the results are bitwise theirs. Shared:
- * max(n_embd floats, n_exp floats + n_exp ints). */
+ * max(n_embd floats, n_exp floats). */
 static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     route_fused_kernel(const float *x, int n_embd, const float *router, const float *bias, int n_exp,
                        int per_block, int k, int gating, int has_pre, const float *pre_w, float eps,
@@ -247,7 +263,7 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     if (!last) return;
     __threadfence();
     if (threadIdx.x == 0) cnt[r] = 0;
-    route_pick(lg + r * n_exp, n_exp, k, gating, xs, (int *)(xs + n_exp), ids + r * k, wts + r * k);
+    route_pick(lg + r * n_exp, n_exp, k, gating, xs, ids + r * k, wts + r * k);
 }
 
 /* One block: counts per expert, padded offsets (chunks of ch rows), the chunk table, then
@@ -390,7 +406,7 @@ extern "C" smelt_status cuda_moe_route(struct cuda_ctx *ctx, const float *x, int
                                        int k, int gating, int has_pre, const float *pre_w,
                                        float eps, int32_t *ids, float *weights, float *lg_scratch,
                                        struct err *e) {
-    const size_t smem = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + sizeof(int));
+    const size_t smem = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * sizeof(float);
     if (k < 1 || k > 32 || k > n_exp || n < 1 || n > INT32_MAX || n_exp > 65535 * ROUTE_WARPS || n_embd > INT32_MAX ||
         n_embd % 4 != 0 ||
         smem > 200 * 1024 || smem_pick > 200 * 1024)
@@ -416,7 +432,7 @@ extern "C" smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *
                                              int gating, int has_pre, const float *pre_w, float eps,
                                              int32_t *ids, float *weights, float *lg_scratch, unsigned *cnt,
                                              void *xq_scratch, float *xf, struct err *e) {
-    const size_t smem_norm = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * (sizeof(float) + sizeof(int));
+    const size_t smem_norm = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * sizeof(float);
     const size_t smem = smem_norm > smem_pick ? smem_norm : smem_pick;
     if (k < 1 || k > 32 || k > n_exp || n < 1 || n > CUDA_MOE_FUSED_ROUTE_ROWS || n_exp > 65535 ||
         n_embd > INT32_MAX || n_embd % 32 != 0 || smem > 200 * 1024)
