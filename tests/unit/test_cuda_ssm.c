@@ -399,16 +399,21 @@ static void check_att_q(const struct tensor *dst, int64_t width, int64_t rows, b
     for (int k = 0; k < 2; k++) free(h[k][0]), free(h[k][1]);
 }
 
-/* bk_glu (a gate per element, in place on up as qwen35's output gate) at decode rows: within
- * 1e-6 of the CPU, and at 1..8 rows of a width % 32 == 0 the int8 form left in att_q equals
- * cuda_mmv_quantize's bytes; none at 9 rows or a ragged width. */
+/* bk_glu (a gate per element, in place on up as qwen35's output gate, or one per row as a
+ * shared expert's) at decode rows: within 1e-6 of the CPU, and at 1..8 rows of a width % 32
+ * == 0 the int8 form left in att_q equals cuda_mmv_quantize's bytes; none at 9 rows or a
+ * ragged width. */
 static void test_glu_att_q(void) {
     const int64_t widths[2] = {320, 333}, nrows[4] = {1, 3, 8, 9};
     const enum glu_act acts[2] = {GLU_SIGMOID, GLU_SILU};
     for (int wi = 0; wi < 2; wi++)
         for (int ri = 0; ri < 4; ri++)
-            for (int a = 0; a < 2; a++) {
+            for (int a = 0; a < 2; a++)
+            for (int row_gate = 0; row_gate < 2; row_gate++) {
                 const int64_t n = widths[wi], rows = nrows[ri];
+                char what[64];
+                snprintf(what, sizeof what, "glu %lldx%lld act %d row gate %d", (long long)n, (long long)rows,
+                         (int)acts[a], row_gate);
                 float *gate = rand_buf((size_t)(n * rows), 4.0f), *up = rand_buf((size_t)(n * rows), 2.0f);
                 float *res[2];
                 struct backend *bs[2] = {cpu, gpu};
@@ -416,17 +421,16 @@ static void test_glu_att_q(void) {
                     struct err e;
                     struct backend *b = bs[k];
                     bk_step_begin(b);
-                    struct tensor *g = put(b, QT_F32, n, rows, 1, gate), *u = put(b, QT_F32, n, rows, 1, up);
+                    struct tensor *g = put(b, QT_F32, row_gate ? 1 : n, rows, 1, gate),
+                                  *u = put(b, QT_F32, n, rows, 1, up);
                     bk_glu(b, u, g, u, acts[a]);
-                    char what[64];
-                    snprintf(what, sizeof what, "glu %lldx%lld act %d", (long long)n, (long long)rows, (int)acts[a]);
                     if (b == gpu) check_att_q(u, n, rows, n % 32 == 0 && rows <= 8, what);
                     res[k] = malloc((size_t)(n * rows) * sizeof(float));
                     bk_download(b, res[k], u, tensor_nbytes(u));
                     T_EQ_INT(bk_sync(b, &e), SMELT_OK);
                 }
                 double r = t_rel_err(res[1], res[0], (size_t)(n * rows));
-                T_CHECKF(r < 1e-6, "glu %lldx%lld act %d: rel err %.3g", (long long)n, (long long)rows, (int)acts[a], r);
+                T_CHECKF(r < 1e-6, "%s: rel err %.3g", what, r);
                 free(res[0]), free(res[1]), free(gate), free(up);
             }
 }

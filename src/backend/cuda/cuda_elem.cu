@@ -37,16 +37,16 @@ static __global__ void glu_kernel(float *dst, const float *gate, const float *up
     dst[i] = glu_val(act, gate[row_n ? i / row_n : i], up[i]);
 }
 
-/* glu_kernel's full-shape form that also writes the output's int8 form (quant16, the
+/* glu_kernel (a gate per element, or per row of row_n) that also writes the output's int8 form (quant16, the
  * layout of cuda_mmv_quantize over the same values, bit for bit) for the product after it;
  * n is a multiple of 32, so a warp is wholly in or out. */
 static __global__ void glu_q_kernel(float *dst, const float *gate, const float *up, int act, int64_t n,
-                                    int8_t *__restrict__ xq, float2 *__restrict__ xd) {
+                                    int64_t row_n, int8_t *__restrict__ xq, float2 *__restrict__ xd) {
     pdl_wait();
     pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float v = glu_val(act, gate[i], up[i]);
+    const float v = glu_val(act, gate[row_n ? i / row_n : i], up[i]);
     dst[i] = v;
     quant16(v, xq, xd, i, true);
 }
@@ -125,8 +125,8 @@ extern "C" void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, co
 }
 
 extern "C" void cuda_glu_q(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n,
-                           int8_t *xq, void *xd) {
-    klaunch(glu_q_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, xq, (float2 *)xd);
+                           int64_t row_n, int8_t *xq, void *xd) {
+    klaunch(glu_q_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, row_n, xq, (float2 *)xd);
 }
 
 extern "C" void cuda_glu_expert_bias(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,

@@ -47,10 +47,10 @@ void cuda_scale(struct cuda_ctx *ctx, float *dst, const float *x, float s, int64
  * 3 = gpt-oss's clamped SwiGLU (GLU_SWIGLU_OAI: the clamp applies to up too). */
 void cuda_glu(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
               int64_t n);
-/* cuda_glu that also writes dst's int8 form, as cuda_mmv_quantize(dst, ...) would, at xq / xd
- * (cuda_mmv_scratch_parts); n a multiple of 32. */
+/* cuda_glu (row_n 0) or cuda_glu_row_gate (rows of row_n) that also writes dst's int8 form,
+ * as cuda_mmv_quantize(dst, ...) would, at xq / xd (cuda_mmv_scratch_parts); n a multiple of 32. */
 void cuda_glu_q(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act, int64_t n,
-                int8_t *xq, void *xd);
+                int64_t row_n, int8_t *xq, void *xd);
 /* The same with one gate per row: dst[r, i] = act(gate[r]) * up[r, i], rows of row_n. */
 void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
                        int64_t row_n, int64_t rows);

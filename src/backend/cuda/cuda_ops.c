@@ -233,23 +233,23 @@ void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, co
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     /* the kernels' act codes are enum glu_act's (SiLU, tanh-GELU, sigmoid, clamped SwiGLU) */
-    if (gate->ne[0] == 1 && up->ne[0] > 1) { /* one gate per row */
-        cuda_glu_row_gate(&cb->ctx, dst->data, gate->data, up->data, (int)act, up->ne[0], tensor_nrows(up));
-        cu_check_launch(cb, "glu");
-        return;
-    }
-    /* decode (qwen35's output gate before W_o): the output's int8 form too, for the product */
+    const bool row_gate = gate->ne[0] == 1 && up->ne[0] > 1; /* one gate per row (a shared expert's) */
+    /* decode (qwen35's output gate before W_o, a shared expert's gate before its W_down):
+     * the output's int8 form too, for the product */
     const int64_t width = dst->ne[0], rows = tensor_nrows(dst);
     if (att_q_fits(cb, dst, width, rows)) {
         int8_t *xq;
         void *xd;
         cuda_mmv_scratch_parts(cb->att_q.buf, width, (int)rows, &xq, &xd);
-        cuda_glu_q(&cb->ctx, dst->data, gate->data, up->data, (int)act, width * rows, xq, xd);
+        cuda_glu_q(&cb->ctx, dst->data, gate->data, up->data, (int)act, width * rows, row_gate ? width : 0, xq, xd);
         cu_check_launch(cb, "glu+quant");
         att_q_set(cb, dst, width, rows);
         return;
     }
-    cuda_glu(&cb->ctx, dst->data, gate->data, up->data, (int)act, tensor_nelem(gate));
+    if (row_gate)
+        cuda_glu_row_gate(&cb->ctx, dst->data, gate->data, up->data, (int)act, up->ne[0], tensor_nrows(up));
+    else
+        cuda_glu(&cb->ctx, dst->data, gate->data, up->data, (int)act, tensor_nelem(gate));
     cu_check_launch(cb, "glu");
 }
 
@@ -418,12 +418,15 @@ static const void *norm_quantized(struct cuda_backend *cb, const struct tensor *
     return sc;
 }
 
+/* Products of one decode matmul group (qwen35's Gated DeltaNet has four: qkv, z, b, a). */
+#define GROUP_MMV_MAX 4
+
 /* Decode (<= 8 rows): one RMSNorm+quantize launch, then one mmv launch per run of weights
- * that stack (Q, K and V of one type, or Q4_K_M's Q4_K Q and K with a Q6_K V), biases
- * added in the same launch. */
+ * that stack (Q, K and V of one type, or Q4_K_M's Q4_K Q and K with a Q6_K V; at most
+ * MMV_MATS a launch), biases added in the same launch. */
 static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *w,
                              const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
-    const struct cuda_qweight *qw[3];
+    const struct cuda_qweight *qw[GROUP_MMV_MAX];
     bool any_float = false, any_quant = false;
     for (int i = 0; i < n; i++) {
         if (!(qw[i] = cu_qw_of(cb, w[i]))) return;
@@ -454,8 +457,8 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
     for (int i = 0; i < n && cu_ok(cb);) {
         int j = i + 1;
         while (j < n && cuda_mmv_stackable(&qw[i], j + 1 - i)) j++;
-        float *y[3];
-        const float *b[3];
+        float *y[GROUP_MMV_MAX];
+        const float *b[GROUP_MMV_MAX];
         for (int t = i; t < j; t++) {
             y[t - i] = dst[t]->data;
             b[t - i] = bias && bias[t] ? bias[t]->data : NULL;
@@ -486,7 +489,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
     bool mmb = false; /* 2..8 rows where the small-batch kernel won: unfused, through cu_mm */
     for (int i = 0; i < n && x->ne[1] <= CUDA_MMV_MAX_N && !mmb; i++)
         mmb = w[i]->extra && cu_mm_small_batch(cb, w[i]->extra, x->data, x->ne[1]);
-    if (x->ne[1] <= CUDA_MMV_MAX_N && n <= 3 && !mmb) {
+    if (x->ne[1] <= CUDA_MMV_MAX_N && n <= GROUP_MMV_MAX && !mmb) {
         matmul_group_mmv(cb, n, dst, w, bias, x, pre);
         cu_scratch_release(b, mark);
         return;
