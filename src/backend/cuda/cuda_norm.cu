@@ -10,14 +10,9 @@ extern "C" {
 
 /* ---------------------------------------------------------------- kernels ---- */
 
-/* One block per row; the sum of squares in double-free f32 with a tree reduction. */
-static __global__ void rms_norm_kernel(float *dst, const float *x,
-                                       const float *__restrict__ w, int64_t n, int64_t xs, int64_t ds,
-                                       float eps) {
-    pdl_wait();
-    pdl_trigger();
-    const float *xr = x + blockIdx.x * xs;
-    float *dr = dst + blockIdx.x * ds;
+/* 1 / sqrt(mean(xr[0, n)^2) + eps) by the whole block: f32 partial sums a thread, a warp
+ * tree, then one over the warps (the same bits for rms_norm_kernel and norm_gate_kernel). */
+static __device__ __forceinline__ float rms_inv(const float *xr, int64_t n, float eps) {
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     __shared__ float part[32];
@@ -30,7 +25,18 @@ static __global__ void rms_norm_kernel(float *dst, const float *x,
         if (threadIdx.x == 0) part[0] = v;
     }
     __syncthreads();
-    const float inv = rsqrtf(part[0] / (float)n + eps);
+    return rsqrtf(part[0] / (float)n + eps);
+}
+
+/* One block per row (rms_inv). */
+static __global__ void rms_norm_kernel(float *dst, const float *x,
+                                       const float *__restrict__ w, int64_t n, int64_t xs, int64_t ds,
+                                       float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const float *xr = x + blockIdx.x * xs;
+    float *dr = dst + blockIdx.x * ds;
+    const float inv = rms_inv(xr, n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
 }
 
@@ -46,19 +52,7 @@ static __global__ void norm_gate_kernel(float *dst, const float *x, const float 
     pdl_trigger();
     const int64_t o0 = (int64_t)blockIdx.x * n;
     const float *xr = x + o0;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    __shared__ float part[32];
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(part[0] / (float)n + eps);
+    const float inv = rms_inv(xr, n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = glu_val(act, gate[o0 + i], xr[i] * inv * w[i]);
         dst[o0 + i] = v;
@@ -129,15 +123,18 @@ static __global__ void layer_norm_kernel(float *dst, const float *x, const float
 
 /* --------------------------------------------------------------- launchers ---- */
 
+/* rms_inv's block for rows of n: one size for both of its kernels, so their sums agree. */
+static int rms_threads(int64_t n) { return n >= 1024 ? 512 : n >= 256 ? 256 : 64; }
+
 extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n, int64_t rows,
                               int64_t x_stride, int64_t dst_stride, float eps) {
-    int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64;
+    const int tb = rms_threads(n);
     klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, ctx, dst, x, w, n, x_stride, dst_stride, eps);
 }
 
 extern "C" void cuda_norm_gate(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, const float *gate,
                                int act, int64_t n, int64_t groups, float eps, int8_t *xq, void *xd) {
-    int tb = n >= 1024 ? 512 : n >= 256 ? 256 : 64; /* cuda_rms_norm's: the same sums */
+    const int tb = rms_threads(n);
     klaunch(norm_gate_kernel, dim3((unsigned)groups), dim3(tb), 0, ctx, dst, x, w, gate, act, n, eps, xq,
             (float2 *)xd);
 }
