@@ -55,7 +55,6 @@ void cu_check_launch(struct cuda_backend *cb, const char *what) {
     if (rc != cudaSuccess) CU_FAIL(cb, rc, what);
     cu_prof_mark(cb, 0, "%s", what);
     cb->prep.valid = false; /* any other op may have written the prepared tensor */
-    cb->att_q.valid = false;
 }
 
 /* ---- lifecycle ---- */

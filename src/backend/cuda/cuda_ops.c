@@ -124,7 +124,6 @@ void cu_rope(struct backend *b, struct tensor *x, const struct tensor *pos, cons
 void cu_matmul(struct backend *b, struct tensor *dst, const struct tensor *w, const struct tensor *x) {
     struct cuda_backend *cb = cu_enter(b);
     cb->prep.valid = false;
-    cb->att_q.valid = false;
     const struct cuda_qweight *qw = cu_qw_of(cb, w);
     if (qw) cu_mm(cb, qw, x->data, x->ne[1], dst->data, false, NULL);
 }
@@ -139,10 +138,23 @@ static bool prep_matches(struct cuda_backend *cb, const struct tensor *x, const 
 
 /* att_q.buf when the op just before this one wrote x and its int8 form, and that fits qw. */
 static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, const struct cuda_qweight *qw) {
-    return cb->att_q.valid && cb->att_q.seq + 1 == cb->op_seq && qw && cb->att_q.x == x->data && cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] &&
-                   qw->k == x->ne[0] && cuda_mmv_needs_quant(qw->type)
+    return cb->att_q.valid && cb->att_q.seq + 1 == cb->op_seq && qw && cb->att_q.x == x->data &&
+                   cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] && qw->k == x->ne[0] &&
+                   cuda_mmv_needs_quant(qw->type)
                ? cb->att_q.buf
                : NULL;
+}
+
+/* True when an op's output of rows x width (contiguous) gets its int8 form into att_q in
+ * the same launch, for the product right after it: decode rows, whole 32-groups. */
+static bool att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
+    return cb->att_q.buf && rows <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K &&
+           tensor_is_contiguous(dst);
+}
+
+/* The op that just launched wrote dst's int8 form into att_q: the next op's product may use it. */
+static void att_q_set(struct cuda_backend *cb, const void *dst, int64_t width, int64_t rows) {
+    if (cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst, rows, width, true, cb->op_seq};
 }
 
 /* dst += W x (+ bias). In decode the residual add (and the bias, into the product first)
@@ -155,7 +167,6 @@ void cu_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
     const struct cuda_qweight *qw = cu_qw_of(cb, w);
     const void *att_xq = att_q_for(cb, x, qw); /* x's int8 form, if the attention made it */
     cb->prep.valid = false;
-    cb->att_q.valid = false;
     if (!qw || !cu_ok(cb)) return;
     const int64_t n = x->ne[1];
     const bool mmv = n <= CUDA_MMV_MAX_N && !cu_mm_small_batch(cb, qw, x->data, n);
@@ -216,18 +227,6 @@ void cu_scale(struct backend *b, struct tensor *dst, const struct tensor *x, flo
     cu_check_launch(cb, "scale");
 }
 
-/* True when an op's output of rows x width (contiguous) gets its int8 form into att_q in
- * the same launch, for the product right after it: decode rows, whole 32-groups. */
-static bool att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
-    return cb->att_q.buf && rows <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K &&
-           tensor_is_contiguous(dst);
-}
-
-/* The op that just launched wrote dst's int8 form into att_q: the next op's product may use it. */
-static void att_q_set(struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
-    if (cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, rows, width, true, cb->op_seq};
-}
-
 void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, const struct tensor *up,
                    enum glu_act act) {
     struct cuda_backend *cb = cu_enter(b);
@@ -243,7 +242,7 @@ void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, co
         cuda_mmv_scratch_parts(cb->att_q.buf, width, (int)rows, &xq, &xd);
         cuda_glu_q(&cb->ctx, dst->data, gate->data, up->data, (int)act, width * rows, row_gate ? width : 0, xq, xd);
         cu_check_launch(cb, "glu+quant");
-        att_q_set(cb, dst, width, rows);
+        att_q_set(cb, dst->data, width, rows);
         return;
     }
     if (row_gate)
@@ -267,7 +266,7 @@ void cu_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x,
     cuda_norm_gate(&cb->ctx, dst->data, x->data, w->data, gate->data, (int)act, gn, tensor_nelem(x) / gn, eps, xq,
                    xd);
     cu_check_launch(cb, q ? "norm_gate+quant" : "norm_gate");
-    if (q) att_q_set(cb, dst, width, rows);
+    if (q) att_q_set(cb, dst->data, width, rows);
 }
 
 void cu_softcap(struct backend *b, struct tensor *x, float cap) {
@@ -338,7 +337,7 @@ static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
     }
     cuda_attention(&cb->ctx, &a);
     cu_check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
-    if (want_q && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, a.dst, a.n_tokens, width, true, cb->op_seq};
+    if (want_q) att_q_set(cb, a.dst, width, a.n_tokens);
     cu_scratch_release(b, mark);
 }
 
@@ -483,7 +482,6 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
 void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_enter(b);
-    cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     size_t mark = cu_scratch_mark(b);
     bool mmb = false; /* 2..8 rows where the small-batch kernel won: unfused, through cu_mm */
@@ -518,7 +516,6 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
 void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
                        const struct tensor *x, enum glu_act act, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_enter(b);
-    cb->att_q.valid = false; /* only the op right after the attention may use it */
     if (!cu_ok(cb)) return;
     const struct cuda_qweight *qg = cu_qw_of(cb, w_gate), *qu = cu_qw_of(cb, w_up);
     if (!qg || !qu) return;
@@ -559,7 +556,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
             bk_fail(b, e.code, "%s", e.msg);
         cu_prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
                   qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
-        if (qout && cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst->data, n, qg->rows, true, cb->op_seq};
+        if (qout) att_q_set(cb, dst->data, qg->rows, n);
         cu_scratch_release(b, mark);
         return;
     }
