@@ -133,6 +133,16 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     }
 }
 
+/* The warp's best (value, id) by ranks_before, in every lane (a shuffle tree). */
+static __device__ __forceinline__ void warp_best(float &bv, int &bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+}
+
 /* The k best of row r's logits lgs[0, n_exp) (largest first; ties to the lower id) and their
  * weights into ids, wt (k each), by the whole block (all its threads call it; blockDim a
  * multiple of 32, n_exp <= 32 blockDim). lg (n_exp floats): shared. The logits are read
@@ -158,23 +168,13 @@ static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, i
         int bi = -1;
         for (int i = threadIdx.x, m = 0; i < n_exp; i += nt, m++)
             if (!(taken >> m & 1u) && ranks_before(lg[i], i, bv, bi)) bv = lg[i], bi = i;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
-        }
+        warp_best(bv, bi);
         if (lane == 0) wv[warp] = bv, wi[warp] = bi;
         __syncthreads();
         if (warp == 0) {
             bv = lane < nw ? wv[lane] : 0.0f;
             bi = lane < nw ? wi[lane] : -1;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
-            }
+            warp_best(bv, bi);
             if (lane == 0) id[r] = bi;
         }
         __syncthreads();
