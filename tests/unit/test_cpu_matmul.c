@@ -441,10 +441,11 @@ static void test_matmul_kernel_types(void) {
     arena_init(&ar);
     /* Ragged shapes: rows not a multiple of 4/16/threads, several n, k several blocks. The
      * two with ~800 and ~1800 rows give the decode chunks (~8 per thread) several groups
-     * each, with a partial last group. */
+     * each, with a partial last group. {13, 2560, 37}: the AVX2 K-quant product's slices of
+     * 4 super-blocks (past 8) and column blocks of 32, each with a ragged last one. */
     const struct shape shapes[] = {
-        {1, 256, 1},   {37, 512, 1},   {69, 768, 3},   {5, 256, 17},
-        {150, 512, 5}, {21, 1024, 36}, {803, 512, 2}, {1811, 256, 1},
+        {1, 256, 1},   {37, 512, 1},   {69, 768, 3},   {5, 256, 17},    {150, 512, 5},
+        {21, 1024, 36}, {13, 2560, 37}, {803, 512, 2}, {1811, 256, 1},
     };
     for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
         uint32_t t = kernel_types[ti];

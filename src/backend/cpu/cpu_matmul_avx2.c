@@ -10,7 +10,7 @@
  * of a quad; Q2_K..Q6_K and IQ4_XS run over the 16-bit products sc·v (kp_* builds the
  * K-quants' through a common d·sc·u − dm·mn form): the K-quants in chunk lanes (X16_K,
  * k16_tile with G = 1: a lane is a 32-element chunk, one f32 FMA per super-block), IQ4_XS in quad
- * lanes (X16_32, k16_tile: one FMA per half super-block). One f32 FMA per block (legacy)
+ * lanes (X16_32, k16_tile with G = 2: one FMA per half super-block). One f32 FMA per block (legacy)
  * and tile element; lane reductions through hsum_ps (a fixed tree).
  *
  * Tiles: R weight rows × C activation rows, R = 4 (1 for a ragged tail), C = 2 (1 for an
@@ -797,56 +797,77 @@ INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, in
             k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * k16_bytes(k) + i * K16_PACKED);
 }
 
-/* The packed K-quant/IQ4_XS tile, G int32 sums per (row, column) and super-block, each
- * followed by one FMA with d, then the mins, then hsum_ps:
- *   G = 2, quad lanes (X16_32: IQ4_XS): lane λ of half h sums quad λ of each chunk of the
- *          half (8 vectors); two FMAs per super-block and lane.
+/* The packed K-quant/IQ4_XS product: G int32 sums per (row, column) and super-block, each
+ * followed by one FMA with d, then the mins, then D times hsum_ps:
  *   G = 1, chunk lanes (X16_K, the K16_PACKED bytes in the same order: Q2_K..Q6_K): lane λ
  *          sums chunk λ of the super-block exactly in int32 (32 products of |sc·v| <= 4096
  *          and |x| <= 16256: < 2^31), one FMA with d, then the mins of the chunk's two
  *          groups (even, odd). The decode kernel reproduces it per row (cpu_gemv_avx2.c
- *          gemv_kc). */
-INLINE void k16_tile(int has_min, int G, int R, int C, int64_t k, const char *w, size_t ws, const char *x,
-                     size_t xs, float *y, size_t ys) {
+ *          gemv_kc).
+ *   G = 2, quad lanes (X16_32: IQ4_XS): lane λ of half h sums quad λ of each chunk of the
+ *          half (8 vectors); two FMAs per super-block and lane.
+ * A tile is R <= 4 rows × C <= 2 columns over super-blocks [i0, i1). In a super-block each X
+ * vector is loaded once for the R rows and each weight vector once for the C columns, and
+ * the R·C int32 sums are registers (a row-outer loop, before 2026-12-04, loaded X again for
+ * every row: 12 loads per 8 vpmaddwd instead of 6, and ran ~20% slower). The f32
+ * accumulators pass through acc[c][r] between slices of K16_SB super-blocks, so that an
+ * R-row slice of the packed weights (R · K16_SB · 640 bytes) stays in L1 while the columns
+ * sweep it. Integer sums are exact in any order, and each output gets the same FMAs in
+ * the same order however the loops are cut: the bits do not depend on the tiling. */
+#define K16_SB 8  /* up to this many super-blocks (4 rows: 20 KiB), one slice; more: slices of half */
+#define K16_NC 32 /* columns per block (their accumulators: 4 KiB) */
+INLINE void k16_tile(int has_min, int G, int R, int C, int64_t k, int64_t i0, int64_t i1,
+                     const char *w, size_t ws, const char *x, size_t xs, float (*accp)[4][8]) {
     __m256 acc[4][2];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        acc[r][c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / 256; i++) {
+        acc[r][c] = _mm256_load_ps(accp[c][r]);
+    for (int64_t i = i0; i < i1; i++) {
+        const char *wi = w + i * K16_PACKED, *xi = x + 512 * i;
         UNROLL
-        for (int r = 0; r < R; r++) {
-            const char *p = w + r * ws + i * K16_PACKED;
-            float d;
-            memcpy(&d, p + 576, 4);
-            const __m256 vd = _mm256_set1_ps(d);
+        for (int h = 0; h < G; h++) {
+            __m256i a[4][2];
             UNROLL
-            for (int h = 0; h < G; h++) {
-                __m256i a[2];
+            for (int r = 0; r < R; r++)
+                UNROLL
+            for (int c = 0; c < C; c++)
+                a[r][c] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 16")
+            for (int j = 16 / G * h; j < 16 / G * (h + 1); j++) {
+                __m256i xv[2];
                 UNROLL
                 for (int c = 0; c < C; c++)
-                    a[c] = _mm256_setzero_si256();
-                _Pragma("GCC unroll 16")
-                for (int j = 16 / G * h; j < 16 / G * (h + 1); j++) {
-                    __m256i wv = _mm256_load_si256((const __m256i *)(p + 32 * j));
+                    xv[c] = _mm256_load_si256((const __m256i *)(xi + c * xs + 32 * j));
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const __m256i wv = _mm256_load_si256((const __m256i *)(wi + r * ws + 32 * j));
                     UNROLL
                     for (int c = 0; c < C; c++) {
-                        a[c] = _mm256_add_epi32(
-                            a[c], _mm256_madd_epi16(wv, _mm256_load_si256((const __m256i *)(x + c * xs + 512 * i + 32 * j))));
-                        /* chunk lanes: the empty asm keeps each sum a chain (gcc otherwise
-                         * reassociates the 16 integer adds into a tree of all 16 products
-                         * and spills them) */
-                        if (G == 1) __asm__("" : "+x"(a[c]));
+                        a[r][c] = _mm256_add_epi32(a[r][c], _mm256_madd_epi16(wv, xv[c]));
+                        /* the empty asm keeps each sum a chain (gcc otherwise reassociates
+                         * the integer adds into trees and spills them) */
+                        __asm__("" : "+x"(a[r][c]));
                     }
                 }
-                UNROLL
-                for (int c = 0; c < C; c++)
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[c]), vd, acc[r][c]);
             }
             UNROLL
-            for (int c = 0; c < C; c++) {
-                if (has_min) {
+            for (int r = 0; r < R; r++) {
+                float d;
+                memcpy(&d, wi + r * ws + 576, 4);
+                const __m256 vd = _mm256_set1_ps(d);
+                UNROLL
+                for (int c = 0; c < C; c++)
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][c]), vd, acc[r][c]);
+            }
+        }
+        if (has_min) {
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const char *p = wi + r * ws;
+                UNROLL
+                for (int c = 0; c < C; c++) {
                     const float *sv = cpu_x16_sv(x + c * xs, k) + 16 * i;
                     acc[r][c] = _mm256_fnmadd_ps(_mm256_load_ps((const float *)(p + 512)),
                                                  _mm256_loadu_ps(sv), acc[r][c]);
@@ -860,14 +881,46 @@ INLINE void k16_tile(int has_min, int G, int R, int C, int64_t k, const char *w,
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum_ps(acc[r][c]);
+        _mm256_store_ps(accp[c][r], acc[r][c]);
 }
-#define K16C_TILE(R, C, ...) k16_tile(0, 1, R, C, __VA_ARGS__)
-#define K16C_MIN_TILE(R, C, ...) k16_tile(1, 1, R, C, __VA_ARGS__)
-TILE_DRIVER(packed_k16c, K16C_TILE)
-TILE_DRIVER(packed_k16c_min, K16C_MIN_TILE)
-#define K16_TILE(R, C, ...) k16_tile(0, 2, R, C, __VA_ARGS__)
-TILE_DRIVER(packed_k16, K16_TILE)
+
+/* Walks k16_tile over an nr × nc request: column blocks of K16_NC, slices of K16_SB
+ * super-blocks, 4×2 tiles (1×1 for fewer than 4 rows). */
+INLINE void k16_gemm(int has_min, int G, int64_t k, const char *w, size_t ws, const char *x,
+                     size_t xs, float *y, size_t ys, int nr, int nc) {
+    _Alignas(32) float acc[K16_NC][4][8];
+    const int64_t nsb = k / 256, sb = nsb <= K16_SB ? nsb : K16_SB / 2;
+    for (int c0 = 0; c0 < nc; c0 += K16_NC) {
+        const int n = nc - c0 < K16_NC ? nc - c0 : K16_NC;
+        const char *xc = x + c0 * xs;
+        memset(acc, 0, sizeof acc);
+        for (int64_t i0 = 0; i0 < nsb; i0 += sb) {
+            const int64_t i1 = i0 + sb < nsb ? i0 + sb : nsb;
+            if (nr == 4) {
+                int c = 0;
+                for (; c + 2 <= n; c += 2)
+                    k16_tile(has_min, G, 4, 2, k, i0, i1, w, ws, xc + c * xs, xs, acc + c);
+                if (c < n) k16_tile(has_min, G, 4, 1, k, i0, i1, w, ws, xc + c * xs, xs, acc + c);
+            } else {
+                for (int r = 0; r < nr; r++)
+                    for (int c = 0; c < n; c++)
+                        k16_tile(has_min, G, 1, 1, k, i0, i1, w + r * ws, ws, xc + c * xs, xs,
+                                 (float (*)[4][8])acc[c][r]);
+            }
+        }
+        for (int c = 0; c < n; c++)
+            for (int r = 0; r < nr; r++)
+                y[(c0 + c) * ys + r] = cpu_x16_D(xc + c * xs, k) * hsum_ps(_mm256_load_ps(acc[c][r]));
+    }
+}
+#define K16_GEMM(name, has_min, G)                                                                 \
+    static void gemm_packed_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs, \
+                                   float *y, size_t ys, int nr, int nc) {                         \
+        k16_gemm(has_min, G, k, w, ws, x, xs, y, ys, nr, nc);                                      \
+    }
+K16_GEMM(k16c, 0, 1)
+K16_GEMM(k16c_min, 1, 1)
+K16_GEMM(k16, 0, 2)
 #define KP_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
                             void *dst) {                                                           \
