@@ -570,16 +570,6 @@ INLINE void q4k_scales_mins(const uint8_t *s12, __m128i *sc, __m128i *mn) {
     *mn = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
 }
 
-/* [v[2s] x8 | v[2s+1] x8] from 16 i16 values. */
-INLINE __m256i pair_bcast(__m256i v16, int s) {
-    __m128i half = s < 4 ? _mm256_castsi256_si128(v16) : _mm256_extracti128_si256(v16, 1);
-    int a = 2 * (s & 3), b = a + 1;
-    __m256i src = _mm256_broadcastsi128_si256(half);
-    __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)((2 * b) | (2 * b + 1) << 8)),
-                                   _mm_set1_epi16((short)((2 * a) | (2 * a + 1) << 8)));
-    return _mm256_shuffle_epi8(src, idx);
-}
-
 /* Q3_K's 16 signed 6-bit scales (cpu_q3k_scales) as i16, vectorized. */
 INLINE __m256i q3k_scales16(const uint8_t *s12) {
     uint64_t lo8;
@@ -601,11 +591,9 @@ INLINE __m256i q3k_scales16(const uint8_t *s12) {
  *     x[n] = d · sc[g] · u[n] - dm · mn[g],   g = n / 16
  * (Q4_K/Q5_K: sc, mn = the sub-block's 6-bit scale and min, dm = dmin; Q2_K likewise;
  *  Q6_K: u = q + 32 ... stored as q (0..63), mn = 32·sc, dm = d; Q3_K: u = q + 4, mn = 4·sc).
- * Layout (KP_BYTES): u[256] | 8 × [sc[2s] ×8, sc[2s+1] ×8] as i16 (the vpmaddwd operand of
- * each 32-element segment s) | mn[16] as i16 | d, dm. */
-#define KP_BYTES 576
-
-INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
+ * kp_unpack_block writes u[256] to o and returns sc and mn (16 × i16), d and dm. */
+INLINE void kp_unpack_block(uint32_t t, const char *row, int64_t i, uint8_t *o, __m256i *sc_out,
+                            __m256i *mn_out, float *d_out, float *dm_out) {
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     __m256i sc16, mn16;
     float d, dm;
@@ -705,21 +693,20 @@ INLINE void kp_pack_block(uint32_t t, const char *row, int64_t i, uint8_t *o) {
         break;
     }
     }
-    for (int s = 0; s < 8; s++)
-        _mm256_store_si256((__m256i *)(o + 256 + 32 * s), pair_bcast(sc16, s));
-    _mm256_store_si256((__m256i *)(o + 512), mn16);
-    memcpy(o + 544, &d, 4);
-    memcpy(o + 548, &dm, 4);
+    *sc_out = sc16;
+    *mn_out = mn16;
+    *d_out = d;
+    *dm_out = dm;
 }
 
 
-/* K-quant and IQ4_XS prefill against X16: the super-block as 16-bit sc·v (kp_pack_block's u, sc and
- * offsets folded: Q6_K v = u - 32, Q3_K v = u - 4, the others v = u with their mins kept
- * as dmin·m per 16), so vpmaddwd does the dot with the 16-bit activations. The same layout
- * as the AVX-512 packing (K16_PACKED bytes): int16 w16[256] | float mf[16] | float d; w16
- * in X16_32's quad-pair order per chunk (IQ4_XS, k16_tile: two i32 accumulators per
- * super-block, 16 products of <= 4064·16256 < 2^30 per lane each) or in X16_K's chunk-lane
- * order with mf even groups first (Q2_K..Q6_K, k16_tile with G = 1). */
+/* K-quant and IQ4_XS prefill against X16: the super-block as 16-bit sc·v (kp_unpack_block's u
+ * and sc, offsets folded: Q6_K v = u - 32, Q3_K v = u - 4, the others v = u with their mins
+ * kept as dmin·m per 16), so vpmaddwd does the dot with the 16-bit activations. The same
+ * layout as the AVX-512 packing (K16_PACKED bytes): int16 w16[256] | float mf[16] | float d;
+ * w16 in X16_K's chunk-lane order with mf even groups first (Q2_K..Q6_K, k16_tile with
+ * G = 1), or in X16_32's quad-pair order per chunk (IQ4_XS, k16_tile with G = 2: two i32
+ * accumulators per super-block, 16 products of <= 4064·16256 < 2^30 per lane each). */
 #define K16_PACKED 640
 
 /* IQ4_XS: w16 = (ls - 32) · codebook value, per sub-block of 32 (one chunk); no mins. */
@@ -742,8 +729,8 @@ INLINE void iq4_xs_k16_block(const char *row, int64_t i, char *p) {
     memcpy(p + 576, &d, 4);
 }
 
-/* The types whose prefill runs the chunk-lane tile (k16_tile with G = 1, X16_K); the others keep
- * the quad-lane tile (k16_tile, X16_32). Their decode kernels (cpu_gemv_avx2.c) follow. */
+/* The types whose prefill runs in chunk lanes (k16_tile with G = 1, X16_K); IQ4_XS keeps quad
+ * lanes (G = 2, X16_32). Their decode kernels (cpu_gemv_avx2.c) follow. */
 INLINE int k16_chunk_lanes(uint32_t t) {
     return t != QT_IQ4_XS;
 }
@@ -753,35 +740,32 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
         iq4_xs_k16_block(row, i, p);
         return;
     }
-    _Alignas(32) uint8_t o[KP_BYTES];
-    kp_pack_block(t, row, i, o);
-    const int off = t == QT_Q6_K ? 32 : t == QT_Q3_K ? 4 : 0;
-    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
-    const int cl = k16_chunk_lanes(t);
+    _Alignas(32) uint8_t u[256];
+    _Alignas(32) int16_t sc[16], mn[16];
+    __m256i sc16, mn16;
     float d, dm, mf[16];
-    memcpy(&d, o + 544, 4);
-    memcpy(&dm, o + 548, 4);
-    __m256i w16[2];
-    _Alignas(32) int16_t nat[256];
-    for (int g = 0; g < 16; g++) {
-        int16_t sc, mn;
-        memcpy(&sc, o + 256 + 32 * (g / 2) + 16 * (g % 2), 2); /* pair_bcast layout */
-        memcpy(&mn, o + 512 + 2 * g, 2);
-        __m256i u = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *)(o + 16 * g)));
-        u = _mm256_sub_epi16(u, _mm256_set1_epi16((short)off));
-        w16[g % 2] = _mm256_mullo_epi16(u, _mm256_set1_epi16(sc));
-        if (cl) {
-            _mm256_store_si256((__m256i *)(nat + 16 * g), w16[g % 2]);
-        } else if (g % 2) { /* X16_32 order per 32 elements */
-            __m256i e0, e1;
-            quadpairs(w16[0], w16[1], &e0, &e1);
-            _mm256_store_si256((__m256i *)(p + 32 * (g - 1)), e0);
-            _mm256_store_si256((__m256i *)(p + 32 * g), e1);
-        }
-        /* chunk-lane tiles take the groups' min factors as X16_K's sums: even groups first */
-        mf[cl ? 8 * (g % 2) + g / 2 : g] = has_min ? dm * (float)mn : 0.0f;
+    kp_unpack_block(t, row, i, u, &sc16, &mn16, &d, &dm);
+    _mm256_store_si256((__m256i *)sc, sc16);
+    _mm256_store_si256((__m256i *)mn, mn16);
+    const __m256i off = _mm256_set1_epi16((short)(t == QT_Q6_K ? 32 : t == QT_Q3_K ? 4 : 0));
+    /* group g = 2l + h (elements 16g..16g+15) is row l of half h; the 8 × 8 dword
+     * transpose of a half puts pair j of every group of the half into vector j: X16_K's
+     * chunk-lane order (chunk_lanes) */
+    for (int h = 0; h < 2; h++) {
+        __m256i r[8];
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            r[l] = _mm256_mullo_epi16(
+                _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *)(u + 32 * l + 16 * h))), off),
+                _mm256_set1_epi16(sc[2 * l + h]));
+        cpu_tr8(r);
+        UNROLL
+        for (int j = 0; j < 8; j++)
+            _mm256_store_si256((__m256i *)(p + 32 * (8 * h + j)), r[j]);
     }
-    if (cl) chunk_lanes(nat, (int16_t *)p);
+    const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
+    for (int g = 0; g < 16; g++) /* the groups' min factors as X16_K's sums: even groups first */
+        mf[8 * (g % 2) + g / 2] = has_min ? dm * (float)mn[g] : 0.0f;
     memcpy(p + 512, mf, 64);
     memcpy(p + 576, &d, 4);
 }
