@@ -810,6 +810,17 @@ INLINE void k16_tile(int has_min, int G, int R, int C, int64_t k, int64_t i0, in
         acc[r][c] = _mm256_load_ps(accp[c][r]);
     for (int64_t i = i0; i < i1; i++) {
         const char *wi = w + i * K16_PACKED, *xi = x + 512 * i;
+        /* a base pointer per row and column, so that every load below is base + constant
+         * (gcc otherwise keeps xi + xs + 32j per j on the stack: a GPR load per vector) */
+        const char *wr[4], *xc[2];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            wr[r] = wi + r * ws;
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            xc[c] = xi + c * xs;
+            __asm__("" : "+r"(xc[c]));
+        }
         UNROLL
         for (int h = 0; h < G; h++) {
             __m256i a[4][2];
@@ -823,10 +834,10 @@ INLINE void k16_tile(int has_min, int G, int R, int C, int64_t k, int64_t i0, in
                 __m256i xv[2];
                 UNROLL
                 for (int c = 0; c < C; c++)
-                    xv[c] = _mm256_load_si256((const __m256i *)(xi + c * xs + 32 * j));
+                    xv[c] = _mm256_load_si256((const __m256i *)(xc[c] + 32 * j));
                 UNROLL
                 for (int r = 0; r < R; r++) {
-                    const __m256i wv = _mm256_load_si256((const __m256i *)(wi + r * ws + 32 * j));
+                    const __m256i wv = _mm256_load_si256((const __m256i *)(wr[r] + 32 * j));
                     UNROLL
                     for (int c = 0; c < C; c++) {
                         a[r][c] = _mm256_add_epi32(a[r][c], _mm256_madd_epi16(wv, xv[c]));
