@@ -888,7 +888,7 @@ INLINE void k16_gemm(int has_min, int G, int64_t k, const char *w, size_t ws, co
     for (int c0 = 0; c0 < nc; c0 += K16_NC) {
         const int n = nc - c0 < K16_NC ? nc - c0 : K16_NC;
         const char *xc = x + c0 * xs;
-        memset(acc, 0, sizeof acc);
+        memset(acc, 0, (size_t)n * sizeof acc[0]);
         for (int64_t i0 = 0; i0 < nsb; i0 += sb) {
             const int64_t i1 = i0 + sb < nsb ? i0 + sb : nsb;
             if (nr == 4) {
