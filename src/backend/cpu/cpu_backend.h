@@ -40,6 +40,9 @@ void cpu_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
 /* Ops (contracts in backend.h; shapes already checked by the bk_ wrappers). */
 void cpu_op_get_rows(struct backend *b, struct tensor *dst, const struct tensor *src,
                      const struct tensor *ids);
+/* 1 / sqrt(mean(x^2) + eps) over a row of n, in cpu_op_rms_norm's fixed order: any op that
+ * norms as rms_norm does calls it, so the bits agree. */
+float cpu_rms_inv(const float *x, int64_t n, float eps);
 void cpu_op_rms_norm(struct backend *b, struct tensor *dst, const struct tensor *x,
                      const struct tensor *w, float eps);
 void cpu_op_layer_norm(struct backend *b, struct tensor *dst, const struct tensor *x,

@@ -43,8 +43,9 @@ static inline float *row_at(const struct tensor *t, int64_t r) {
 
 /* 1 / sqrt(mean(x^2) + eps) over n: eight independent double sums (one chain of dependent
  * adds was ~4 cycles per element: 3% of a Gemma 3 prefill, with its per-head q/k norms), in
- * a fixed order. Shared by rms_norm and norm_gate, so the two agree to the bit. */
-static float rms_inv(const float *x, int64_t n, float eps) {
+ * a fixed order. Shared by rms_norm, norm_gate and the MoE router's norm, so they agree to
+ * the bit. */
+float cpu_rms_inv(const float *x, int64_t n, float eps) {
     double s8[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -61,7 +62,7 @@ static void rms_norm_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     for (int64_t r = i0; r < i1; r++) {
         const float *x = row_at(c->x, r);
         float *y = row_at(c->dst, r);
-        const float inv = rms_inv(x, n, c->eps);
+        const float inv = cpu_rms_inv(x, n, c->eps);
         if (w)
             for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
         else
@@ -238,7 +239,7 @@ static void norm_gate_range(void *vctx, int ith, int64_t i0, int64_t i1) {
     for (int64_t r = i0; r < i1; r++) {
         const float *x = row_at(c->x, r);
         for (int64_t g0 = 0; g0 < n; g0 += gn) {
-            const float inv = rms_inv(x + g0, gn, c->eps);
+            const float inv = cpu_rms_inv(x + g0, gn, c->eps);
             for (int64_t i = 0; i < gn; i++) t[g0 + i] = x[g0 + i] * inv * w[i];
         }
         glu_row(c->vec, c->act, row_at(c->dst, r), row_at(c->gate, r), t, n);

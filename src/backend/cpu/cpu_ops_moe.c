@@ -42,10 +42,7 @@ static void route_range(void *vctx, int ith, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         const float *x = tensor_row(c->x, r, 0, 0);
         if (c->pre) { /* as cpu_op_rms_norm computes it */
-            double ss = 0;
-            for (int64_t i = 0; i < n_embd; i++)
-                ss += (double)x[i] * x[i];
-            float inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)c->pre->eps));
+            const float inv = cpu_rms_inv(x, n_embd, c->pre->eps);
             const float *w = c->pre->w ? c->pre->w->data : NULL;
             for (int64_t i = 0; i < n_embd; i++)
                 h[i] = w ? x[i] * inv * w[i] : x[i] * inv;
