@@ -342,7 +342,7 @@ static void test_copy(void) {
  * per 16); else att_q must not be offered. */
 static void check_att_q(const struct tensor *dst, int64_t width, int64_t rows, bool want, const char *what) {
     struct cuda_backend *cb = cu_of(gpu);
-    const bool offered = cb->att_q.valid && cb->att_q.seq == cb->op_seq;
+    const bool offered = cb->att_q.x && cb->att_q.seq == cb->op_seq;
     T_CHECKF(offered == want, "%s: att_q %s", what, offered ? "offered" : "missing");
     if (!offered || !want) return;
     T_CHECKF(cb->att_q.x == dst->data && cb->att_q.n == rows && cb->att_q.k == width, "%s: att_q of %lldx%lld",

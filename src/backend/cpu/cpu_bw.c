@@ -111,8 +111,10 @@ smelt_status cpu_read_bandwidth(int n_threads, uint64_t bytes, int passes, doubl
     j->buf = buf;
     j->words = words;
     j->avx2 = cpu_isa_supported() >= CPU_ISA_AVX2;
-    for (j->streams = 1; j->streams <= READ_STREAMS; j->streams *= READ_STREAMS)
-        cpu_pool_run(pool, read_task, j); /* warm-up: caches, TLB */
+    j->streams = 1; /* warm-up, one pass of each kind: caches, TLB */
+    cpu_pool_run(pool, read_task, j);
+    j->streams = READ_STREAMS;
+    cpu_pool_run(pool, read_task, j);
     double best = 0;
     for (int i = 0; i < passes; i++) {
         j->streams = i % 2 ? READ_STREAMS : 1;

@@ -791,8 +791,8 @@ INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, in
  *   G = 2, quad lanes (X16_32: IQ4_XS): lane λ of half h sums quad λ of each chunk of the
  *          half (8 vectors); two FMAs per super-block and lane.
  * A tile is R <= 4 rows × C <= 2 columns over super-blocks [i0, i1). In a super-block each X
- * vector is loaded once for the R rows and each weight vector once for the C columns, and
- * the R·C int32 sums are registers (a row-outer loop, before 2026-12-04, loaded X again for
+ * vector is loaded once for the R rows (gcc folds the weight vector into each vpmaddwd as a
+ * memory operand: no slower than a register here), and the R·C int32 sums are registers (a row-outer loop, before 2026-12-04, loaded X again for
  * every row: 12 loads per 8 vpmaddwd instead of 6, and ran ~20% slower). The f32
  * accumulators pass through acc[c][r] between slices of K16_SB super-blocks, so that an
  * R-row slice of the packed weights (R · K16_SB · 640 bytes) stays in L1 while the columns

@@ -148,7 +148,6 @@ struct cuda_backend {
         void *buf;     /* cuda_mmv_scratch_bytes(ATT_Q_MAX_K, CUDA_MMV_MAX_N), fixed (graphs) */
         const void *x; /* the output (k, n) it is the int8 form of */
         int64_t n, k;
-        bool valid;
         uint64_t seq; /* op_seq of the op that wrote it */
     } att_q;
     /* SMELT_PROFILE=1: an event after each kernel (graphs off), times summed per name */

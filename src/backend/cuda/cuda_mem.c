@@ -274,7 +274,6 @@ void cu_step_begin(struct backend *b) {
     struct cuda_backend *cb = cu_enter(b);
     stack_reset(cb);
     cb->prep.valid = false;
-    cb->att_q.valid = false;
     cb->pin_used = 0;
     cb->n_dl = 0;
     cb->up.defer = true;

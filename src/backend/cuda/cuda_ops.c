@@ -138,7 +138,7 @@ static bool prep_matches(struct cuda_backend *cb, const struct tensor *x, const 
 
 /* att_q.buf when the op just before this one wrote x and its int8 form, and that fits qw. */
 static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, const struct cuda_qweight *qw) {
-    return cb->att_q.valid && cb->att_q.seq + 1 == cb->op_seq && qw && cb->att_q.x == x->data &&
+    return cb->att_q.x && cb->att_q.seq + 1 == cb->op_seq && qw && cb->att_q.x == x->data &&
                    cb->att_q.n == x->ne[1] && cb->att_q.k == x->ne[0] && qw->k == x->ne[0] &&
                    cuda_mmv_needs_quant(qw->type)
                ? cb->att_q.buf
@@ -154,7 +154,7 @@ static bool att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, 
 
 /* The op that just launched wrote dst's int8 form into att_q: the next op's product may use it. */
 static void att_q_set(struct cuda_backend *cb, const void *dst, int64_t width, int64_t rows) {
-    if (cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst, rows, width, true, cb->op_seq};
+    if (cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst, rows, width, cb->op_seq};
 }
 
 /* dst += W x (+ bias). In decode the residual add (and the bias, into the product first)
