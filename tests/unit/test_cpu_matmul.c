@@ -234,6 +234,22 @@ static void check_repacked(uint32_t t, struct cpu_pool *pool, struct arena *ar, 
     memset(back, 0, gb);
     cpu_rp_unpack_any(kn->G, t, k, g1, nr, back, rb);
     T_CHECK(!memcmp(back, w, (size_t)nr * rb));
+    /* a range of blocks (the prefill unpacks a few at a time): those blocks, nothing else */
+    const int64_t nb = k / qtype_get(t)->blck_size;
+    const size_t bb = qtype_get(t)->type_size;
+    if (nb >= 3) {
+        memset(back, 0x5a, gb);
+        kn->unrepack(t, g1, nr, 1, nb - 1, back, rb);
+        int stray = 0, wrong = 0;
+        for (int r = 0; r < nr; r++)
+            for (size_t o = 0; o < rb; o++) {
+                const unsigned char got = (unsigned char)back[r * rb + o];
+                if (o < bb || o >= (size_t)(nb - 1) * bb) stray += got != 0x5a;
+                else wrong += got != ((const unsigned char *)w)[r * rb + o];
+            }
+        T_CHECKF(stray == 0 && wrong == 0, "%s %s: unrepack of blocks 1..%lld: %d bytes outside, %d inside wrong",
+                 name, cpu_isa_name(isa), (long long)nb - 2, stray, wrong);
+    }
     free(g1);
     free(g2);
     free(back);

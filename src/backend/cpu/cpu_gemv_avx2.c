@@ -36,7 +36,8 @@ INLINE __m256i mask8(int m) {
  * nr..7 of the group are zeroed on the way in. rp_copy8 calls it with nr = 8 as a constant
  * for full groups: the per-row bounds then fold away, and whole 8 × 8 transposes use plain
  * loads and stores (vpmaskmovd stores are microcoded on AMD cores; the masked, branchy
- * form was 4-7% of a prefill, in the unrepack before packing). */
+ * form was 4-7% of a prefill, in the unrepack before packing), as do the partial
+ * transposes that end a section (Q4_K's 35 dwords, Q6_K's 52) in every block but the last. */
 INLINE void rp_copy8_n(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws, char *grp,
                        int nr, int to_group) {
     struct cpu_rp_layout lay;
@@ -71,6 +72,21 @@ INLINE void rp_copy8_n(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws
                         _mm256_storeu_si256(to_group ? (__m256i *)(base + (size_t)(j0 + i) * 32)
                                                      : (__m256i *)(row0 + i * ws + 4 * j0),
                                             v[i]);
+                    continue;
+                }
+                if (!to_group && nr == GR && b + 1 < b1) {
+                    /* a section's last dwords back to full rows: plain loads of the m group
+                     * vectors, and whole 32-byte row stores whose 8 - m extra dwords land in
+                     * the next section or block of the row, which is written after this one
+                     * (so only the call's last block needs the masked stores) */
+                    UNROLL
+                    for (int i = 0; i < 8; i++)
+                        v[i] = i < m ? _mm256_loadu_si256((const __m256i *)(base + (size_t)(j0 + i) * 32))
+                                     : _mm256_setzero_si256();
+                    cpu_tr8(v);
+                    UNROLL
+                    for (int i = 0; i < 8; i++)
+                        _mm256_storeu_si256((__m256i *)(row0 + i * ws + 4 * j0), v[i]);
                     continue;
                 }
                 const __m256i mk = mask8(m);
