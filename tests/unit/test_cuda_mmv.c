@@ -785,6 +785,209 @@ static void bench_new_types(void) {
         }
 }
 
+
+/* One-token expert products ("mmv by id") as a decode step of an MoE layer runs them: the
+ * gate/up GLU over the k picked experts with h's int8 form in its epilogue, then the down
+ * product with the weighted sum (and the next norm's input) in its epilogue. The experts'
+ * weights of several layers rotate (> 1 GiB, so reads come from HBM), each layer with its
+ * own k distinct experts; 200 layers replayed as one graph. Rows: the pair, each launch
+ * alone, the down launch without its fused sum, then (SMELT_BENCH_ID=2) the pair under each
+ * launch shape of mmv_with_shape's numbering, one launch's shape at a time. GB/s counts the
+ * picked experts' bytes on the device. SMELT_BENCH_ID=1 or 2; SMELT_BENCH_SHAPE filters. */
+struct id_layer {
+    struct cuda_qweight g, u, d;
+    int32_t *ids;
+};
+
+static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, int kk, int64_t n_ff, int64_t d,
+                            int act, const void *xs, float *h, void *hs, float *y, float *dst, const float *wt,
+                            unsigned *gcnt, unsigned *ccnt, void *post, float *post_ss, const float *post_w) {
+    struct err e;
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    struct cuda_ctx sctx = g_ctx;
+    sctx.stream = st;
+    const int reps = 200;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    int8_t *hq, *pq;
+    void *hd, *pd;
+    cuda_mmv_scratch_parts(hs, n_ff, kk, &hq, &hd);
+    cuda_mmv_scratch_parts(post, d, 1, &pq, &pd);
+    int ok = 1;
+    cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
+    for (int i = 0; i < reps && ok; i++) {
+        struct id_layer *l = &ly[i % n_l];
+        if (mode != 2 && mode != 3) { /* gate/up */
+            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = kk, .x_div = kk, .n_exp = n_exp, .x_rows = 1,
+                                      .signal_late = 1, .post_cnt = gcnt, .post_xq = hq, .post_xd = hd};
+            ok = cuda_mmv_glu_id(&sctx, &l->g, &l->u, act, &id, 1, NULL, h, xs, &e) == SMELT_OK;
+        }
+        if (mode != 1 && ok) { /* down */
+            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = kk, .x_div = 1, .n_exp = n_exp, .x_rows = kk,
+                                      .ids_early = 1};
+            if (mode != 3) {
+                id.cmb_dst = dst;
+                id.cmb_ids = l->ids;
+                id.cmb_w = wt;
+                id.cmb_cnt = ccnt;
+                id.cmb_k = kk;
+                id.cmb_acc = 1;
+                id.cmb_post_w = post_w;
+                id.cmb_post_xq = pq;
+                id.cmb_post_xd = pd;
+                id.cmb_post_ss = post_ss;
+            }
+            ok = cuda_mmv_id(&sctx, &l->d, &id, 1, h, y, hs, &e) == SMELT_OK;
+        }
+    }
+    cudaStreamEndCapture(st, &g);
+    double us = -1;
+    if (!ok) printf("bench id: launch failed: %s\n", e.msg);
+    if (ok && g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        cudaGraphLaunch(ge, st); /* warm-up */
+        cudaEventRecord(a, st);
+        cudaGraphLaunch(ge, st);
+        cudaEventRecord(b, st);
+        cudaEventSynchronize(b);
+        float ms;
+        cudaEventElapsedTime(&ms, a, b);
+        us = ms * 1e3 / reps;
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+        cudaGraphExecDestroy(ge);
+    }
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+    const cudaError_t ce = cudaGetLastError();
+    if (ce != cudaSuccess) printf("bench id: %s\n", cudaGetErrorString(ce));
+    return us;
+}
+
+static void bench_id(int sweep) {
+    const struct {
+        const char *name;
+        int n_exp, k;
+        int64_t n_ff, d;
+        uint32_t tg, td;
+        int act;
+    } shapes[] = {{"Qwen3-30B-A3B", 128, 8, 768, 2048, QT_Q4_K, QT_Q4_K, 0},
+                  {"Qwen3-30B-A3B Q6_K-down", 128, 8, 768, 2048, QT_Q4_K, QT_Q6_K, 0},
+                  {"Qwen3.5-35B-A3B", 256, 8, 512, 2048, QT_Q4_K, QT_Q4_K, 0},
+                  {"Qwen3.5-35B-A3B Q6_K-down", 256, 8, 512, 2048, QT_Q4_K, QT_Q6_K, 0},
+                  {"gpt-oss-20b", 32, 4, 2880, 2880, QT_MXFP4, QT_MXFP4, 2}};
+    const char *only = getenv("SMELT_BENCH_SHAPE");
+    struct err e;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n_exp = shapes[si].n_exp, kk = shapes[si].k;
+        const int64_t n_ff = shapes[si].n_ff, d = shapes[si].d;
+        const uint32_t tg = shapes[si].tg, td = shapes[si].td;
+        if (only && !strstr(shapes[si].name, only)) continue;
+        if (!cuda_mmv_supported(tg, d) || !cuda_mmv_supported(td, n_ff) || !qtype_get(tg)->quantize ||
+            !qtype_get(td)->quantize) {
+            printf("bench id %s: types not supported, skipped\n", shapes[si].name);
+            continue;
+        }
+        const uint64_t rg = qtype_row_size(tg, d), rd = qtype_row_size(td, n_ff);
+        const uint64_t layer = (uint64_t)n_exp * (2 * (uint64_t)n_ff * rg + (uint64_t)d * rd);
+        int n_l = (int)((1ull << 30) / layer) + 2;
+        if (n_l > 16) n_l = 16;
+        /* one quantized row of real values per matrix, replicated (upload cost, not the math, matters) */
+        uint8_t *hg = malloc(rg * n_exp * n_ff), *hd = malloc(rd * n_exp * d);
+        float *row = malloc(sizeof(float) * (d > n_ff ? d : n_ff));
+        for (int64_t i = 0; i < d; i++) row[i] = 0.02f * t_randn(&g_seed);
+        qtype_get(tg)->quantize(row, hg, d);
+        for (int64_t r = 1; r < n_exp * n_ff; r++) memcpy(hg + rg * r, hg, rg);
+        for (int64_t i = 0; i < n_ff; i++) row[i] = 0.02f * t_randn(&g_seed);
+        qtype_get(td)->quantize(row, hd, n_ff);
+        for (int64_t r = 1; r < n_exp * d; r++) memcpy(hd + rd * r, hd, rd);
+        struct id_layer *ly = calloc((size_t)n_l, sizeof *ly);
+        int ok = 1;
+        for (int l = 0; l < n_l && ok; l++) {
+            ok = cuda_qweight_upload(&g_ctx, &ly[l].g, tg, hg, n_exp * n_ff, d, &e) == SMELT_OK &&
+                 cuda_qweight_upload(&g_ctx, &ly[l].u, tg, hg, n_exp * n_ff, d, &e) == SMELT_OK &&
+                 cuda_qweight_upload(&g_ctx, &ly[l].d, td, hd, n_exp * d, n_ff, &e) == SMELT_OK;
+            int32_t ids[32];
+            for (int j = 0; j < kk; j++) { /* k distinct experts */
+                int again;
+                do {
+                    ids[j] = (int32_t)(t_rand_u64(&g_seed) % (uint64_t)n_exp);
+                    again = 0;
+                    for (int q = 0; q < j; q++) again |= ids[q] == ids[j];
+                } while (again);
+            }
+            cudaMalloc((void **)&ly[l].ids, sizeof(int32_t) * kk);
+            cudaMemcpy(ly[l].ids, ids, sizeof(int32_t) * kk, cudaMemcpyHostToDevice);
+        }
+        free(hg);
+        free(hd);
+        free(row);
+        float *dx, *h, *y, *dst, *wt, *post_ss, *post_w;
+        void *xs, *hs, *post;
+        unsigned *gcnt, *ccnt;
+        cudaMalloc((void **)&dx, sizeof(float) * d);
+        cudaMalloc(&xs, cuda_mmv_scratch_bytes(d, 1));
+        cudaMalloc((void **)&h, sizeof(float) * kk * n_ff);
+        cudaMalloc(&hs, cuda_mmv_scratch_bytes(n_ff, kk));
+        cudaMalloc((void **)&y, sizeof(float) * kk * d);
+        cudaMalloc((void **)&dst, sizeof(float) * d);
+        cudaMalloc((void **)&wt, sizeof(float) * kk);
+        cudaMalloc(&post, cuda_mmv_scratch_bytes(d, 1));
+        cudaMalloc((void **)&post_ss, sizeof(float) * d / 32);
+        cudaMalloc((void **)&post_w, sizeof(float) * d);
+        cudaMalloc((void **)&gcnt, sizeof(unsigned) * kk * n_ff / 32);
+        cudaMalloc((void **)&ccnt, sizeof(unsigned) * (d + d / 32));
+        cudaMemset(gcnt, 0, sizeof(unsigned) * kk * n_ff / 32);
+        cudaMemset(ccnt, 0, sizeof(unsigned) * (d + d / 32));
+        cudaMemset(dst, 0, sizeof(float) * d);
+        cudaMemset(h, 0, sizeof(float) * kk * n_ff);
+        cudaMemset(hs, 0, cuda_mmv_scratch_bytes(n_ff, kk));
+        float *hx = malloc(sizeof(float) * d);
+        for (int64_t i = 0; i < d; i++) hx[i] = t_randn(&g_seed);
+        cudaMemcpy(dx, hx, sizeof(float) * d, cudaMemcpyHostToDevice);
+        for (int64_t i = 0; i < d; i++) hx[i] = 1.0f;
+        cudaMemcpy(post_w, hx, sizeof(float) * d, cudaMemcpyHostToDevice);
+        for (int j = 0; j < kk; j++) hx[j] = 1.0f / (float)kk;
+        cudaMemcpy(wt, hx, sizeof(float) * kk, cudaMemcpyHostToDevice);
+        free(hx);
+        if (ok) ok = cuda_mmv_quantize(&g_ctx, dx, d, 1, xs, &e) == SMELT_OK;
+        cudaDeviceSynchronize();
+        const double bg = (double)kk * 2 * (double)n_ff * (double)ly[0].g.bytes / (double)(n_exp * n_ff),
+                     bd = (double)kk * (double)d * (double)ly[0].d.bytes / (double)(n_exp * d);
+        static const char *const modes[] = {"pair (as decode)", "gate/up alone", "down alone", "down, no sum"};
+        for (int mode = 0; mode < 4 && ok; mode++) {
+            const double us = time_id_graph(mode, ly, n_l, n_exp, kk, n_ff, d, shapes[si].act, xs, h, hs, y, dst,
+                                            wt, gcnt, ccnt, post, post_ss, post_w);
+            const double by = mode == 0 ? bg + bd : mode == 1 ? bg : bd;
+            printf("bench id %-26s %-17s: %7.2f us  %7.1f GB/s (%4.1f%% of 4380)\n", shapes[si].name, modes[mode],
+                   us, by / us / 1e3, by / us / 1e3 / 4380 * 100);
+        }
+        for (int which = 0; which < 2 && ok && sweep; which++)
+            for (int v = 1; v <= 10; v++) {
+                g_ctx.mmv_id_variant[0] = which == 0 ? v : 0;
+                g_ctx.mmv_id_variant[1] = which == 1 ? v : 0;
+                /* the other launch: its default shape */
+                const double us = time_id_graph(0, ly, n_l, n_exp, kk, n_ff, d, shapes[si].act, xs, h, hs, y, dst,
+                                                wt, gcnt, ccnt, post, post_ss, post_w);
+                printf("bench id %-26s pair, %s variant %2d: %7.2f us\n", shapes[si].name,
+                       which == 0 ? "gate/up" : "down", v, us);
+            }
+        g_ctx.mmv_id_variant[0] = g_ctx.mmv_id_variant[1] = 0;
+        for (int l = 0; l < n_l; l++) {
+            cuda_qweight_free(&ly[l].g);
+            cuda_qweight_free(&ly[l].u);
+            cuda_qweight_free(&ly[l].d);
+            cudaFree(ly[l].ids);
+        }
+        free(ly);
+        void *bufs[] = {dx, xs, h, hs, y, dst, wt, post, post_ss, post_w, gcnt, ccnt};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    }
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -808,6 +1011,7 @@ int main(void) {
         bench();
         bench_new_types();
     }
+    if (getenv("SMELT_BENCH_ID")) bench_id(atoi(getenv("SMELT_BENCH_ID")) >= 2);
     if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q6_K / Q8_0 kernel shapes (cuda_mmv.cu) */
         for (g_ctx.mmv_variant = 1; g_ctx.mmv_variant <= 10; g_ctx.mmv_variant++) {
             printf("variant %d\n", g_ctx.mmv_variant);

@@ -642,7 +642,7 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
      * Together: 30B 303 -> 331, gpt-oss 419 -> 434. Q8_0 and the other types: unmeasured,
      * the dense rules. */
     int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
-    if (m.eid && N == 1 && !ctx->mmv_id_variant[0] && !ctx->mmv_id_variant[1]) {
+    if (m.eid && N == 1 && !idv) {
         if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : 5;
         else if (type == QT_MXFP4) idv = GLU ? 1 : 3;
     }
