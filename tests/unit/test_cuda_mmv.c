@@ -12,6 +12,8 @@
  * SMELT_BENCH=1 adds a bandwidth run on Llama-3-8B decode shapes (weights rotated through
  * more than 4x the L2 so every read comes from HBM; 200 products replayed as one graph, the
  * activations quantized once; ffn_up runs as the fused gate+up GLU launch).
+ * SMELT_BENCH_ID=1 (2: with the launch shapes swept) times the one-token expert products of
+ * three MoE models as a decode step runs them (bench_id); T_ONLY=none skips the tests first.
  */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
