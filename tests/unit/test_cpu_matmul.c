@@ -462,6 +462,8 @@ static void test_matmul_kernel_types(void) {
     const struct shape shapes[] = {
         {1, 256, 1},   {37, 512, 1},   {69, 768, 3},   {5, 256, 17},    {150, 512, 5},
         {21, 1024, 36}, {13, 2560, 37}, {803, 512, 2}, {1811, 256, 1},
+        /* around the AVX2 gemv's row limits (cpu_gemv_avx2.c: 4 or 6) */
+        {24, 512, 4},   {40, 768, 6},   {33, 256, 7},
     };
     for (size_t ti = 0; ti < sizeof kernel_types / sizeof kernel_types[0]; ti++) {
         uint32_t t = kernel_types[ti];
@@ -768,7 +770,7 @@ static void test_matmul_batch(void) {
                          qtype_name(type[i]), cpu_isa_name((enum cpu_isa)isa), nt);
             }
             /* the same batch with every product that has a repacked kernel at this level
-             * on its repacked copy (gemv at n < 4, the packed path above): same bits */
+             * on its repacked copy (gemv at a few rows, the packed path above): same bits */
             struct cpu_mm mr[NB];
             struct cpu_rweight *rws[NB] = {0};
             for (int i = 0; i < NB; i++) {

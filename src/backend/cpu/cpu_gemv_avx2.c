@@ -658,28 +658,38 @@ static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, fl
     }
 }
 
+/* gemv_max_n: the gemv kernel runs up to 6 X rows (4 for Q3_K and IQ4_XS) instead of unpacking
+ * and packing the weights for the tile: each X row costs the gemv a pass over the group's
+ * tiles in L1, the packed path a pass over the weights to pack them first. Measured
+ * (`SMELT_CPU_ISA=avx2 bench_matmul -t 1` and `-t 2`, repacked weights, AMD EPYC Zen 3,
+ * 2026-12-05; ms, packed -> gemv): Q4_K 4096x4096 at 4 rows 4.72 -> 2.11, at 6 5.29 ->
+ * 3.00, at 8 5.88 -> 4.22, at 16 about even; 512x2048 at 4 0.35 -> 0.20, at 6 even, at 8
+ * worse; Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, Q2_K, Q6_K ahead or even at 4 and 6 (MXFP4
+ * 2880x2880 at 4 3.25 -> 1.60); Q3_K 512x2048 and IQ4_XS behind at 6. The bits are the
+ * same either way (the gemv kernels do the packed path's arithmetic). */
 void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
-#define GEMV(T, fn, a)                                                                             \
+#define GEMV(T, fn, a, mx)                                                                         \
     do {                                                                                           \
         tab[T].G = GR;                                                                             \
         tab[T].act_gemv = a;                                                                       \
         tab[T].gemv = fn;                                                                          \
+        tab[T].gemv_max_n = mx;                                                                    \
         tab[T].repack = rp_pack8;                                                                  \
         tab[T].unrepack = rp_unpack8;                                                              \
     } while (0)
-    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32);
-    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32);
-    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32);
-    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32);
-    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32);
-    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32);
-    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32);
-    GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK);
-    GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK);
-    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK);
-    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK);
-    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK);
-    GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK);
+    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32, 6);
+    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32, 6);
+    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32, 6);
+    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32, 6);
+    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32, 6);
+    GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK, 6);
+    GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK, 4);
+    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK, 6);
+    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK, 6);
+    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK, 6);
+    GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK, 4);
 #undef GEMV
 }
 #endif

@@ -125,6 +125,7 @@ struct cpu_kernel {
     int G;
     enum cpu_act act_gemv;
     cpu_gemv_fn gemv;
+    int gemv_max_n; /* the most X rows the gemv kernel takes on repacked weights (0: 3) */
     cpu_rp_fn repack;
     cpu_unrp_fn unrepack;
 };

@@ -279,9 +279,10 @@ static void plan(struct mm_job *j, int nth) {
     j->n_chunks = (rows + rb - 1) / rb;
 }
 
-/* Decode on repacked weights runs the gemv kernels below this many X rows (the results are
- * the same bits either way: the kernels do the packed path's arithmetic). */
-#define GEMV_MAX_N 4
+/* Decode on repacked weights runs the gemv kernels up to the level's gemv_max_n X rows for
+ * the type, 3 where the level does not say (the results are the same bits either way: the
+ * kernels do the packed path's arithmetic). */
+#define GEMV_MAX_N_DEFAULT 3
 
 /* Checks one product and fills its job (kernel, activation format, plan, the sizes of its
  * per-thread area); *xbytes gets the bytes of its quantized X (0: X is used as is). */
@@ -306,7 +307,7 @@ static smelt_status job_init(struct mm_job *j, enum cpu_isa isa, const struct cp
     enum cpu_act act = kern->act;
     j->kern = kern;
     j->rw = rw;
-    j->gemv = rw && m->n < GEMV_MAX_N;
+    j->gemv = rw && m->n <= (kern->gemv_max_n ? kern->gemv_max_n : GEMV_MAX_N_DEFAULT);
     j->gemm = kern->gemm;
     if (!j->gemm && !kern->gemm_packed) {
         if (!qi->dequantize)
