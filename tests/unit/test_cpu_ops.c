@@ -634,6 +634,50 @@ static void test_vec(void) {
     }
 }
 
+/* gemm_nt of every ISA against a double reference: ragged m, n, k (the 2 x 4 blocks, their
+ * k tails and the leftover rows and columns), strided rows, overwrite and accumulate. */
+static void test_vec_gemm_nt(void) {
+    const int64_t dims[][3] = {{1, 1, 1}, {2, 4, 8}, {3, 5, 7}, {7, 9, 24}, {64, 128, 128}, {37, 20, 61}, {5, 64, 37}};
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (isa > (int)cpu_isa_supported()) break;
+        const struct cpu_vec *v = cpu_vec_for((enum cpu_isa)isa);
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const int64_t m = dims[di][0], n = dims[di][1], k = dims[di][2];
+            const int64_t lda = k + 3, ldb = k + 1, ldc = n + 2;
+            float *a = malloc(sizeof(float) * (size_t)(m * lda)), *b = malloc(sizeof(float) * (size_t)(n * ldb));
+            float *c = malloc(sizeof(float) * (size_t)(m * ldc)), *c0 = malloc(sizeof(float) * (size_t)(m * ldc));
+            for (int64_t i = 0; i < m * lda; i++) a[i] = t_randn(&rng);
+            for (int64_t i = 0; i < n * ldb; i++) b[i] = t_randn(&rng);
+            for (int64_t i = 0; i < m * ldc; i++) c0[i] = t_randn(&rng);
+            for (int acc = 0; acc < 2; acc++) {
+                memcpy(c, c0, sizeof(float) * (size_t)(m * ldc));
+                v->gemm_nt(c, ldc, a, lda, b, ldb, m, n, k, acc);
+                int bad = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < ldc; j++) {
+                        const float got = c[i * ldc + j];
+                        if (j >= n) { /* the stride's gap: untouched */
+                            bad += got != c0[i * ldc + j];
+                            continue;
+                        }
+                        double ref = acc ? c0[i * ldc + j] : 0.0, mag = fabs(ref);
+                        for (int64_t l = 0; l < k; l++) {
+                            ref += (double)a[i * lda + l] * b[j * ldb + l];
+                            mag += fabs((double)a[i * lda + l] * b[j * ldb + l]);
+                        }
+                        bad += !(fabs(got - ref) <= 1e-6 * mag + 1e-30);
+                    }
+                T_CHECKF(bad == 0, "isa %d gemm_nt %lldx%lldx%lld acc %d: %d outputs off", isa, (long long)m,
+                         (long long)n, (long long)k, acc, bad);
+            }
+            free(a);
+            free(b);
+            free(c);
+            free(c0);
+        }
+    }
+}
+
 /* The GLU activations of every ISA over a wide input range (a fine grid of [-40, 40], the
  * tails out to +-1e4 and random values), against double precision and against the scalar
  * table (libm tanhf / expf). Prints the largest errors. */
@@ -716,6 +760,7 @@ int main(void) {
     T_RUN(test_fused);
     T_RUN(test_attention);
     T_RUN(test_vec);
+    T_RUN(test_vec_gemm_nt);
     T_RUN(test_vec_glu);
     T_RUN(test_scratch_mark);
     bk_free(bk);

@@ -126,22 +126,16 @@ struct gdn_ctx {
     struct gdn_params p;
     float *buf; /* per thread: gdn_buf_floats */
     size_t buf_floats;
+    const struct cpu_vec *vec;
 };
 
 static size_t gdn_buf_floats(const struct gdn_params *p) {
     size_t C = GDN_CHUNK, hk = (size_t)p->head_k, hv = (size_t)p->head_v;
-    return 3 * C * hk + 3 * C * hv + C * C + 2 * C + hk + hk;
+    return 4 * C * hk + 4 * C * hv + C * C + 2 * C + hk + hk;
 }
 
 static inline float softplus(float x) {
     return x > 20.0f ? x : log1pf(expf(x));
-}
-
-static inline float dotf(const float *a, const float *b, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
 }
 
 /* Row r's normalized (and, for q, scaled) key-head vectors, its value, gate and beta. */
@@ -152,7 +146,7 @@ static void gdn_load(const struct gdn_ctx *c, int64_t r, int64_t h, float *q, fl
             kh = p->grouped ? h / (p->n_v_head / p->n_k_head) : h % p->n_k_head;
     const float *row = (const float *)c->qkv->data + r * c->qkv->ne[0];
     const float *qs = row + kh * hk, *ks = row + (int64_t)p->n_k_head * hk + kh * hk;
-    float qq = dotf(qs, qs, hk), kk = dotf(ks, ks, hk);
+    float qq = c->vec->dot_f32(qs, qs, hk), kk = c->vec->dot_f32(ks, ks, hk);
     float qi = 1.0f / sqrtf(qq + p->eps) / sqrtf((float)hk), ki = 1.0f / sqrtf(kk + p->eps);
     for (int64_t j = 0; j < hk; j++) {
         q[j] = qs[j] * qi;
@@ -165,8 +159,10 @@ static void gdn_load(const struct gdn_ctx *c, int64_t r, int64_t h, float *q, fl
     *beta = 1.0f / (1.0f + expf(-bv));
 }
 
-/* One row, recurrently (S: head_v rows of head_k). */
+/* One row, recurrently (S: head_v rows of head_k), with the vector kernels: per state row a
+ * decay, a dot with k, an update along k and a dot with q. */
 static void gdn_step(const struct gdn_ctx *c, int64_t r, int64_t h, float *S, float *tmp) {
+    const struct cpu_vec *vec = c->vec;
     int64_t hk = c->p.head_k, hv = c->p.head_v;
     float *q = tmp, *k = tmp + hk, g, beta;
     const float *v;
@@ -175,26 +171,23 @@ static void gdn_step(const struct gdn_ctx *c, int64_t r, int64_t h, float *S, fl
     float *o = (float *)c->dst->data + (r * c->p.n_v_head + h) * hv;
     for (int64_t i = 0; i < hv; i++) {
         float *Si = S + i * hk;
-        float sk = 0.0f;
-        for (int64_t j = 0; j < hk; j++) {
+        for (int64_t j = 0; j < hk; j++)
             Si[j] *= decay;
-            sk += Si[j] * k[j];
-        }
-        float u = beta * (v[i] - sk), so = 0.0f;
-        for (int64_t j = 0; j < hk; j++) {
-            Si[j] += u * k[j];
-            so += Si[j] * q[j];
-        }
-        o[i] = so;
+        const float u = beta * (v[i] - vec->dot_f32(Si, k, hk));
+        vec->axpy_f32(Si, u, k, hk);
+        o[i] = vec->dot_f32(Si, q, hk);
     }
 }
 
-/* Rows [r0, r0 + n), n <= GDN_CHUNK, in the chunkwise form (see the file comment). */
+/* Rows [r0, r0 + n), n <= GDN_CHUNK, in the chunkwise form (see the file comment): the
+ * chunk's products (K K^T, Kc S0^T, Q S0^T, Q K^T, U^T K) through the vector table's
+ * gemm_nt, the forward substitution and the intra-chunk sums as axpys. */
 static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h, float *S,
                       float *buf) {
+    const struct cpu_vec *vec = c->vec;
     const int64_t C = GDN_CHUNK, hk = c->p.head_k, hv = c->p.head_v;
-    float *Q = buf, *K = Q + C * hk, *Kc = K + C * hk, *V = Kc + C * hk, *W = V + C * hv,
-          *U = W + C * hv, *A = U + C * hv, *beta = A + C * C, *gam = beta + C;
+    float *Q = buf, *K = Q + C * hk, *Kc = K + C * hk, *KT = Kc + C * hk, *V = KT + C * hk, *W = V + C * hv,
+          *U = W + C * hv, *UT = U + C * hv, *A = UT + C * hv, *beta = A + C * C, *gam = beta + C;
     float cum = 0.0f;
     for (int64_t t = 0; t < n; t++) {
         const float *v;
@@ -205,9 +198,10 @@ static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h,
         gam[t] = cum;
     }
     /* A (strictly lower), then forward substitution for W and Kc */
+    vec->gemm_nt(A, C, K, hk, K, hk, n, n, hk, 0);
     for (int64_t s = 0; s < n; s++) {
         for (int64_t r = 0; r < s; r++)
-            A[s * C + r] = beta[s] * expf(gam[s] - gam[r]) * dotf(K + s * hk, K + r * hk, hk);
+            A[s * C + r] *= beta[s] * expf(gam[s] - gam[r]);
         float *ws = W + s * hv, *kcs = Kc + s * hk;
         float eg = beta[s] * expf(gam[s]);
         for (int64_t i = 0; i < hv; i++)
@@ -215,52 +209,40 @@ static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h,
         for (int64_t j = 0; j < hk; j++)
             kcs[j] = eg * K[s * hk + j];
         for (int64_t r = 0; r < s; r++) {
-            float ar = A[s * C + r];
-            const float *wr = W + r * hv, *kcr = Kc + r * hk;
-            for (int64_t i = 0; i < hv; i++)
-                ws[i] -= ar * wr[i];
-            for (int64_t j = 0; j < hk; j++)
-                kcs[j] -= ar * kcr[j];
+            vec->axpy_f32(ws, -A[s * C + r], W + r * hv, hv);
+            vec->axpy_f32(kcs, -A[s * C + r], Kc + r * hk, hk);
         }
     }
     /* U = W - Kc S0^T, and the outputs' state part e^{gam_t} S0 q_t (S0 still intact) */
+    const int64_t ldo = (int64_t)c->p.n_v_head * hv;
+    float *o0 = (float *)c->dst->data + (r0 * c->p.n_v_head + h) * hv;
+    vec->gemm_nt(U, hv, Kc, hk, S, hk, n, hv, hk, 0);
+    vec->gemm_nt(o0, ldo, Q, hk, S, hk, n, hv, hk, 0);
     for (int64_t s = 0; s < n; s++) {
-        float *o = (float *)c->dst->data + ((r0 + s) * c->p.n_v_head + h) * hv;
-        float eg = expf(gam[s]);
+        float eg = expf(gam[s]), *o = o0 + s * ldo;
         for (int64_t i = 0; i < hv; i++) {
-            const float *Si = S + i * hk;
-            U[s * hv + i] = W[s * hv + i] - dotf(Si, Kc + s * hk, hk);
-            o[i] = eg * dotf(Si, Q + s * hk, hk);
+            U[s * hv + i] = W[s * hv + i] - U[s * hv + i];
+            o[i] *= eg;
         }
     }
     /* the intra-chunk part: o_t += sum_{s<=t} e^{gam_t - gam_s} (q_t.k_s) u_s (A reused) */
-    for (int64_t t = 0; t < n; t++) {
-        float *o = (float *)c->dst->data + ((r0 + t) * c->p.n_v_head + h) * hv;
-        for (int64_t s = 0; s <= t; s++) {
-            float w = expf(gam[t] - gam[s]) * dotf(Q + t * hk, K + s * hk, hk);
-            const float *us = U + s * hv;
-            for (int64_t i = 0; i < hv; i++)
-                o[i] += w * us[i];
-        }
-    }
-    /* S = e^{gam_n} S0 + sum_s e^{gam_n - gam_s} u_s k_s^T (K rescaled in place) */
+    vec->gemm_nt(A, C, Q, hk, K, hk, n, n, hk, 0);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t s = 0; s <= t; s++)
+            vec->axpy_f32(o0 + t * ldo, expf(gam[t] - gam[s]) * A[t * C + s], U + s * hv, hv);
+    /* S = e^{gam_n} S0 + sum_s e^{gam_n - gam_s} u_s k_s^T: U and the rescaled K transposed
+     * (the sum over s contiguous), then S += U^T K */
     float gl = gam[n - 1], el = expf(gl);
     for (int64_t s = 0; s < n; s++) {
         float f = expf(gl - gam[s]);
         for (int64_t j = 0; j < hk; j++)
-            K[s * hk + j] *= f;
+            KT[j * n + s] = K[s * hk + j] * f;
+        for (int64_t i = 0; i < hv; i++)
+            UT[i * n + s] = U[s * hv + i];
     }
-    for (int64_t i = 0; i < hv; i++) {
-        float *Si = S + i * hk;
-        for (int64_t j = 0; j < hk; j++)
-            Si[j] *= el;
-        for (int64_t s = 0; s < n; s++) {
-            float u = U[s * hv + i];
-            const float *ks = K + s * hk;
-            for (int64_t j = 0; j < hk; j++)
-                Si[j] += u * ks[j];
-        }
-    }
+    for (int64_t i = 0; i < hv * hk; i++)
+        S[i] *= el;
+    vec->gemm_nt(S, hk, UT, n, KT, n, hv, hk, n, 1);
 }
 
 /* Rows [r0, r0 + n) of one head: a single row recurrently, more in chunks. */
@@ -302,7 +284,7 @@ void cpu_op_gated_delta_net(struct backend *b, struct tensor *dst, const struct 
                             struct tensor *ss, const struct tensor *seqs,
                             const struct gdn_params *p) {
     struct cpu_backend *cb = cpu_of(b);
-    struct gdn_ctx c = {dst, qkv, a, bl, ssm_a, dt_bias, seqs, ss, *p, NULL, gdn_buf_floats(p)};
+    struct gdn_ctx c = {dst, qkv, a, bl, ssm_a, dt_bias, seqs, ss, *p, NULL, gdn_buf_floats(p), cb->vec};
     c.buf = cpu_scratch(cb, (size_t)cb->n_threads * c.buf_floats * sizeof(float));
     if (!c.buf) return;
     cpu_parallel(cb, gdn_range, &c, seqs->ne[1] * p->n_v_head, 1);

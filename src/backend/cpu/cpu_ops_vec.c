@@ -60,12 +60,21 @@ static void from_f16(const uint16_t *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = f16_to_f32(x[i]);
 }
 
+static void gemm_nt(float *c, int64_t ldc, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t m,
+                    int64_t n, int64_t k, int acc) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const float d = dot_f32(a + i * lda, b + j * ldb, k);
+            c[i * ldc + j] = acc ? c[i * ldc + j] + d : d;
+        }
+}
+
 static struct cpu_vec tables[CPU_ISA_COUNT];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void) {
     struct cpu_vec scalar = {dot_f32,  dot_f16,  axpy_f32, axpy_f16, exp_sum,
-                             gelu_mul, silu_mul, to_f16,   from_f16};
+                             gelu_mul, silu_mul, to_f16,   from_f16, gemm_nt};
     for (int i = 0; i < CPU_ISA_COUNT; i++) tables[i] = scalar;
 #if defined(__x86_64__)
     /* the fill functions are compiled with their level's flags: only where the CPU has it */

@@ -28,6 +28,11 @@ struct cpu_vec {
     /* conversions, round to nearest even */
     void (*to_f16)(const float *x, uint16_t *y, int64_t n);
     void (*from_f16)(const uint16_t *x, float *y, int64_t n);
+    /* c[i·ldc + j] = (acc ? c[i·ldc + j] : 0) + sum_l a[i·lda + l] · b[j·ldb + l] for
+     * i < m, j < n, l < k: a times b transposed, the summed index contiguous in both (the
+     * small f32 products of the gated delta rule's chunks) */
+    void (*gemm_nt)(float *c, int64_t ldc, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    int64_t m, int64_t n, int64_t k, int acc);
 };
 
 /* GELU tanh approximation: 0.5 x (1 + tanh(K (x + C x^3))). */
