@@ -605,6 +605,24 @@ static void test_mmv_rejects(void) {
     T_CHECK(strstr(e.msg, "Q4_K") != NULL);
 }
 
+/* us per product of an instantiated graph of reps products on st: one warm-up replay, then
+ * one timed between two events. */
+static double graph_us(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaGraphLaunch(ge, st); /* warm-up */
+    cudaEventRecord(a, st);
+    cudaGraphLaunch(ge, st);
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1e3 / reps;
+}
+
 /* Bandwidth on decode shapes: bytes of weights read per product / time (median of reps). */
 static void bench(void) {
     struct shape {
@@ -657,9 +675,6 @@ static void bench(void) {
             for (int n = 1; n <= (g_ctx.mmv_variant ? 1 : 8) && ok; n *= 2) {
                 /* 200 products in one graph (as the decode step replays them), the activations
                  * quantized once: the time per product includes the graph's launch gap */
-                cudaEvent_t a, b;
-                cudaEventCreate(&a);
-                cudaEventCreate(&b);
                 cudaStream_t st;
                 cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
                 struct cuda_ctx sctx = g_ctx; /* g_ctx on this stream (its counters shared, not freed) */
@@ -679,22 +694,13 @@ static void bench(void) {
                     printf("bench: graph capture failed\n");
                     break;
                 }
-                cudaGraphLaunch(ge, st); /* warm-up */
-                cudaEventRecord(a, st);
-                cudaGraphLaunch(ge, st);
-                cudaEventRecord(b, st);
-                cudaEventSynchronize(b);
-                float ms;
-                cudaEventElapsedTime(&ms, a, b);
-                double us = ms * 1e3 / reps;
+                double us = graph_us(ge, st, reps);
                 double by = (double)bytes * (glu ? 2 : 1);
                 printf("bench mmv %-5s %-22s%s n=%d: %8.2f us  %7.1f GB/s (%4.1f%% of 4380)\n", qtype_name(type),
                        shapes[si].name, glu ? " glu" : "", n, us, by / us / 1e3, by / us / 1e3 / 4380 * 100);
                 cudaGraphExecDestroy(ge);
                 cudaGraphDestroy(g);
                 cudaStreamDestroy(st);
-                cudaEventDestroy(a);
-                cudaEventDestroy(b);
             }
             for (int c = 0; c < copies; c++) cuda_qweight_free(&qw[c]);
             free(qw);
@@ -744,9 +750,6 @@ static void bench_new_types(void) {
             cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
             struct cuda_ctx sctx = g_ctx; /* g_ctx on this stream (its counters shared, not freed) */
             sctx.stream = st;
-            cudaEvent_t a, b;
-            cudaEventCreate(&a);
-            cudaEventCreate(&b);
             cudaGraph_t g = NULL;
             cudaGraphExec_t ge = NULL;
             const int reps = 200;
@@ -759,14 +762,7 @@ static void bench_new_types(void) {
             if (!ok || !g || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
                 printf("bench mmv %s: upload or graph capture failed\n", qtype_name(type));
             } else {
-                cudaGraphLaunch(ge, st); /* warm-up */
-                cudaEventRecord(a, st);
-                cudaGraphLaunch(ge, st);
-                cudaEventRecord(b, st);
-                cudaEventSynchronize(b);
-                float ms;
-                cudaEventElapsedTime(&ms, a, b);
-                const double us = ms * 1e3 / reps, by = (double)qw[0].bytes;
+                const double us = graph_us(ge, st, reps), by = (double)qw[0].bytes;
                 printf("bench mmv %-6s %5lldx%lld n=1: %8.2f us  %7.1f GB/s (%4.1f%% of 4380), %.4f B/weight on the "
                        "device (GGUF %.4f)\n",
                        qtype_name(type), (long long)rows, (long long)k, us, by / us / 1e3, by / us / 1e3 / 4380 * 100,
@@ -775,8 +771,6 @@ static void bench_new_types(void) {
             }
             if (g) cudaGraphDestroy(g);
             cudaStreamDestroy(st);
-            cudaEventDestroy(a);
-            cudaEventDestroy(b);
             for (int c = 0; c < copies; c++) cuda_qweight_free(&qw[c]);
             free(qw);
             free(host);
@@ -847,19 +841,7 @@ static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, i
     double us = -1;
     if (!ok) printf("bench id: launch failed: %s\n", e.msg);
     if (ok && g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess) {
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        cudaGraphLaunch(ge, st); /* warm-up */
-        cudaEventRecord(a, st);
-        cudaGraphLaunch(ge, st);
-        cudaEventRecord(b, st);
-        cudaEventSynchronize(b);
-        float ms;
-        cudaEventElapsedTime(&ms, a, b);
-        us = ms * 1e3 / reps;
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
+        us = graph_us(ge, st, reps);
         cudaGraphExecDestroy(ge);
     }
     if (g) cudaGraphDestroy(g);
