@@ -131,7 +131,7 @@ struct gdn_ctx {
 
 static size_t gdn_buf_floats(const struct gdn_params *p) {
     size_t C = GDN_CHUNK, hk = (size_t)p->head_k, hv = (size_t)p->head_v;
-    return 4 * C * hk + 4 * C * hv + C * C + 2 * C + hk + hk;
+    return 4 * C * hk + 3 * C * hv + C * C + 2 * C + hk + hk;
 }
 
 static inline float softplus(float x) {
@@ -186,14 +186,15 @@ static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h,
                       float *buf) {
     const struct cpu_vec *vec = c->vec;
     const int64_t C = GDN_CHUNK, hk = c->p.head_k, hv = c->p.head_v;
-    float *Q = buf, *K = Q + C * hk, *Kc = K + C * hk, *KT = Kc + C * hk, *V = KT + C * hk, *W = V + C * hv,
-          *U = W + C * hv, *UT = U + C * hv, *A = UT + C * hv, *beta = A + C * C, *gam = beta + C;
+    float *Q = buf, *K = Q + C * hk, *Kc = K + C * hk, *KT = Kc + C * hk, *W = KT + C * hk, *U = W + C * hv,
+          *UT = U + C * hv, *A = UT + C * hv, *beta = A + C * C, *gam = beta + C;
     float cum = 0.0f;
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = 0; t < n; t++) { /* W starts as diag(beta) V */
         const float *v;
         float g;
         gdn_load(c, r0 + t, h, Q + t * hk, K + t * hk, &v, &g, &beta[t]);
-        memcpy(V + t * hv, v, (size_t)hv * sizeof(float));
+        for (int64_t i = 0; i < hv; i++)
+            W[t * hv + i] = beta[t] * v[i];
         cum += g;
         gam[t] = cum;
     }
@@ -204,8 +205,6 @@ static void gdn_chunk(const struct gdn_ctx *c, int64_t r0, int64_t n, int64_t h,
             A[s * C + r] *= beta[s] * expf(gam[s] - gam[r]);
         float *ws = W + s * hv, *kcs = Kc + s * hk;
         float eg = beta[s] * expf(gam[s]);
-        for (int64_t i = 0; i < hv; i++)
-            ws[i] = beta[s] * V[s * hv + i];
         for (int64_t j = 0; j < hk; j++)
             kcs[j] = eg * K[s * hk + j];
         for (int64_t r = 0; r < s; r++) {
