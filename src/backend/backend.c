@@ -402,9 +402,16 @@ bool bk_has_logits_topk(const struct backend *b) { return b->ops->logits_topk !=
 
 void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
                   const struct tensor *x, const struct tensor *router, const struct tensor *bias,
-                  enum moe_gating gating, const struct prenorm *pre) {
+                  enum moe_gating gating, const struct prenorm *pre,
+                  const struct tensor *sh_gate_inp, struct tensor *sh_logit) {
     if (b->status != SMELT_OK) return;
     BK_ASSERT(b->ops->moe_route);
+    BK_ASSERT(!sh_gate_inp == !sh_logit);
+    BK_ASSERT(!sh_gate_inp || (sh_gate_inp->type == QT_F32 && sh_gate_inp->ne[0] == x->ne[0] &&
+                               tensor_nelem(sh_gate_inp) == x->ne[0]));
+    BK_ASSERT(!sh_logit || (is_f32_rows(sh_logit) && tensor_is_contiguous(sh_logit) &&
+                            sh_logit->ne[0] == 1 && sh_logit->ne[1] == x->ne[1] &&
+                            sh_logit->ne[2] == 1));
     BK_ASSERT(is_f32_rows(x) && tensor_is_contiguous(x) && x->ne[2] == 1);
     BK_ASSERT(router->type == QT_F32 && router->ne[0] == x->ne[0] && router->ne[2] == 1);
     BK_ASSERT(!bias || (bias->type == QT_F32 && bias->ne[0] == router->ne[1]));
@@ -413,7 +420,7 @@ void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
     BK_ASSERT(ids->ne[0] >= 1 && ids->ne[0] <= router->ne[1] && ids->ne[2] == 1);
     BK_ASSERT(gating == MOE_SOFTMAX || gating == MOE_SOFTMAX_TOPK);
     BK_ASSERT(!pre || !pre->w || (pre->w->type == QT_F32 && pre->w->ne[0] == x->ne[0]));
-    b->ops->moe_route(b, ids, weights, x, router, bias, gating, pre);
+    b->ops->moe_route(b, ids, weights, x, router, bias, gating, pre, sh_gate_inp, sh_logit);
 }
 
 /* bk_moe_ffn with the experts bound to another backend eb (--n-cpu-moe: b the GPU, eb the
@@ -451,7 +458,9 @@ static void moe_ffn_elsewhere(struct backend *b, struct backend *eb, struct tens
         bk_scratch_release(b, mark);
         return;
     }
-    bk_moe_ffn(eb, yh, xh, w, ih, wh, NULL, false, NULL);
+    struct moe_experts we = *w; /* the experts only: the shared expert runs on b */
+    we.sh_gate = we.sh_up = we.sh_down = we.sh_logit = NULL;
+    bk_moe_ffn(eb, yh, xh, &we, ih, wh, NULL, false, NULL);
     if (bk_sync(eb, &e) != SMELT_OK) {
         bk_fail(b, e.code, "experts on %s: %s", eb->ops->name, e.msg);
         bk_scratch_release(b, mark);
@@ -489,17 +498,42 @@ void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                         tensor_same_shape(w->up_b, w->gate_b)));
     BK_ASSERT(!bias || (is_f32_rows(w->down_b) && tensor_is_contiguous(w->down_b) &&
                         w->down_b->ne[0] == n_embd && w->down_b->ne[1] == n_expert));
+    if (w->sh_gate || w->sh_up || w->sh_down) {
+        const struct tensor *g = w->sh_gate, *u = w->sh_up, *d = w->sh_down, *l = w->sh_logit;
+        BK_ASSERT(g && u && d && g->ne[0] == n_embd && g->ne[2] == 1 && tensor_same_shape(u, g));
+        BK_ASSERT(d->ne[0] == g->ne[1] && d->ne[1] == n_embd && d->ne[2] == 1);
+        BK_ASSERT(!l || (is_f32_rows(l) && tensor_is_contiguous(l) && l->ne[0] == 1 &&
+                         l->ne[1] == x->ne[1] && l->ne[2] == 1));
+    } else {
+        BK_ASSERT(!w->sh_logit);
+    }
     struct backend *eb = w->gate->backend; /* where the experts live */
-    if (eb && eb != b) {
+    if (eb && eb != b) { /* the shared expert stays here, with the step's other weights */
         BK_ASSERT(w->up->backend == eb && w->down->backend == eb);
         BK_ASSERT(!bias || (w->gate_b->backend == eb && w->up_b->backend == eb &&
                             w->down_b->backend == eb));
         BK_ASSERT(has(eb, glu_needs(w->act) | (bias ? BK_FEAT_MOE_BIAS : 0)));
+        struct tensor *h = bk_moe_shared_hidden(b, x, w, pre);
         moe_ffn_elsewhere(b, eb, dst, x, w, ids, weights, pre, acc);
+        bk_moe_shared_down(b, dst, w, h, next);
         return;
     }
     BK_ASSERT(has(b, glu_needs(w->act) | (bias ? BK_FEAT_MOE_BIAS : 0)));
     b->ops->moe_ffn(b, dst, x, w, ids, weights, pre, acc, next);
+}
+
+struct tensor *bk_moe_shared_hidden(struct backend *b, const struct tensor *x,
+                                    const struct moe_experts *w, const struct prenorm *pre) {
+    if (!w->sh_gate || b->status != SMELT_OK) return NULL;
+    struct tensor *h = bk_new(b, QT_F32, w->sh_gate->ne[1], x->ne[1], 1); /* (n_ff_sh, n) */
+    bk_ffn_glu(b, h, w->sh_gate, w->sh_up, x, w->act, pre);
+    if (w->sh_logit) bk_glu(b, h, w->sh_logit, h, GLU_SIGMOID); /* W_down is linear */
+    return h;
+}
+
+void bk_moe_shared_down(struct backend *b, struct tensor *dst, const struct moe_experts *w,
+                        const struct tensor *h, const struct prenorm *next) {
+    if (h) bk_matmul_acc(b, dst, w->sh_down, NULL, h, next);
 }
 
 bool bk_has_moe(const struct backend *b) { return b->ops->moe_route && b->ops->moe_ffn; }

@@ -134,6 +134,11 @@ struct moe_experts {
     const struct tensor *gate_b; /* (n_ff, n_expert) */
     const struct tensor *up_b;   /* (n_ff, n_expert) */
     const struct tensor *down_b; /* (n_embd, n_expert): y_e = down h + down_b */
+    /* The shared expert every row also runs (Qwen3.5/3.6-MoE, Qwen3-Next), or all three
+     * NULL: 2-D weights gate, up (n_embd, n_ff_sh) and down (n_ff_sh, n_embd), the act
+     * above. sh_logit: this step's (1, n) F32 logits of its gate (bk_moe_route writes
+     * them), its output scaled by sigmoid(logit) per row; NULL: ungated. */
+    const struct tensor *sh_gate, *sh_up, *sh_down, *sh_logit;
 };
 
 /* Per-step inputs of the KV store and attention ops. All are backend tensors written by
@@ -319,7 +324,8 @@ struct backend_ops {
     void (*moe_route)(struct backend *b, struct tensor *ids, struct tensor *weights,
                       const struct tensor *x, const struct tensor *router,
                       const struct tensor *bias, enum moe_gating gating,
-                      const struct prenorm *pre);
+                      const struct prenorm *pre, const struct tensor *sh_gate_inp,
+                      struct tensor *sh_logit);
     void (*moe_ffn)(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
                     const struct tensor *weights, const struct prenorm *pre, bool acc,
@@ -562,13 +568,21 @@ void bk_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, 
  * wrote them (device memory on a GPU): bk_moe_ffn reads them there, no host round trip. */
 void bk_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
                   const struct tensor *x, const struct tensor *router, const struct tensor *bias,
-                  enum moe_gating gating, const struct prenorm *pre);
+                  enum moe_gating gating, const struct prenorm *pre,
+                  const struct tensor *sh_gate_inp, struct tensor *sh_logit);
+/* (bk_moe_route, continued) With sh_gate_inp (F32, n_embd values) the router also writes
+ * sh_logit (F32 (1, n)) = sh_gate_inp . x'_r per row, the shared expert's gate logits for
+ * bk_moe_ffn (struct moe_experts.sh_logit); both NULL: none. The CPU computes them as
+ * bk_matmul_group would; a GPU decode router in its own launch. */
 /* Mixture-of-experts FFN: for each row r of x (n_embd, n), with x' as in bk_moe_route,
  *   y_r = sum over j < k of weights[j, r] * W_down[e] (act(W_gate[e] x'_r) * (W_up[e] x'_r)),
  *         e = ids[j, r],
  * summed in an order fixed by the row's own ids (the CPU: increasing expert id, as
  * transformers sums); then
- * dst (n_embd, n) = y, or dst += y when acc (the residual add). dst may be x: x is read
+ * dst (n_embd, n) = y, or dst += y when acc (the residual add); then, with a shared expert,
+ * dst += s_r W_down_sh (act(W_gate_sh x'_r) * (W_up_sh x'_r)), s_r = sigmoid(sh_logit[r])
+ * or 1 (the CPU: in that order, through bk_moe_shared_hidden and bk_moe_shared_down; a
+ * backend may sum the shared expert with the experts instead, s_r as its weight, last). dst may be x: x is read
  * whole before dst is written. Shapes: struct moe_experts; ids and weights as
  * bk_moe_route writes them. A backend groups the step's rows by expert, so each active
  * expert's weights are read once per step (a grouped matmul over the rows routed to it;
@@ -582,6 +596,15 @@ void bk_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                 const struct moe_experts *w, const struct tensor *ids,
                 const struct tensor *weights, const struct prenorm *pre, bool acc,
                 const struct prenorm *next);
+/* For a backend's moe_ffn, the shared expert by the generic ops, as the CPU runs it:
+ * bk_moe_shared_hidden returns h (n_ff_sh, n) = act(W_gate_sh x') * (W_up_sh x') scaled per
+ * row by sigmoid(sh_logit) (bk_ffn_glu, bk_glu), in b's step scratch, or NULL without a
+ * shared expert; call it before dst changes (dst may be x). bk_moe_shared_down then adds
+ * W_down_sh h to dst (bk_matmul_acc, next its hint). */
+struct tensor *bk_moe_shared_hidden(struct backend *b, const struct tensor *x,
+                                    const struct moe_experts *w, const struct prenorm *pre);
+void bk_moe_shared_down(struct backend *b, struct tensor *dst, const struct moe_experts *w,
+                        const struct tensor *h, const struct prenorm *next);
 /* True when the backend implements the two MoE ops (else the loader refuses MoE models). */
 bool bk_has_moe(const struct backend *b);
 /* The bits of `features` (enum bk_feature) the backend does not implement (0: all of

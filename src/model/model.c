@@ -911,22 +911,16 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
     const int64_t k = m->hp.n_expert_used;
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1);     /* (k, n) each row's experts */
     struct tensor *weights = bk_new(bk, QT_F32, k, n, 1); /* (k, n) and their weights */
-    struct tensor *sh = NULL; /* the shared expert's hidden rows, from x before dst changes */
-    if (w->sh_up) {
-        sh = bk_new(bk, QT_F32, w->sh_up->ne[1], n, 1); /* (n_ff_shexp, n) */
-        bk_ffn_glu(bk, sh, w->sh_gate, w->sh_up, x, act, &pre);
-        if (w->sh_gate_inp) { /* sigmoid(g . x') scales its output; W_down is linear */
-            struct tensor *g = bk_new(bk, QT_F32, 1, n, 1);
-            bk_matmul_group(bk, 1, &g, &w->sh_gate_inp, NULL, x, &pre);
-            bk_glu(bk, sh, g, sh, GLU_SIGMOID);
-        }
-    }
-    const struct moe_experts ex = {w->gate, w->up, w->down, act, w->gate_b, w->up_b, w->down_b};
+    /* the shared expert's gate: sigmoid(g . x') scales it; the router computes g . x' */
+    struct tensor *sh_logit = w->sh_gate_inp ? bk_new(bk, QT_F32, 1, n, 1) : NULL;
+    const struct moe_experts ex = {w->gate,   w->up,      w->down,    act,     w->gate_b,
+                                   w->up_b,   w->down_b,  w->sh_gate, w->sh_up, w->sh_down,
+                                   sh_logit};
     /* the router right before the experts: a backend may hand the experts' input rows from
      * one to the other (the CUDA decode router writes them) */
-    bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre);
-    bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc, acc && !sh ? next : NULL);
-    if (sh) bk_matmul_acc(bk, dst, w->sh_down, NULL, sh, next);
+    bk_moe_route(bk, ids, weights, x, w->router, w->router_b, m->hp.gating, &pre, w->sh_gate_inp,
+                 sh_logit);
+    bk_moe_ffn(bk, dst, x, &ex, ids, weights, &pre, acc, acc ? next : NULL);
 }
 
 void fwd_keep_out_rows(struct model *m, struct step *s, struct tensor **x, struct tensor **att) {

@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < d * X; i++)
                 ((float *)router->data)[i] = (float)(bench_next() >> 40) / 8e8f;
             double t0 = clock_now();
-            bk_moe_route(bk, ids, w, x, router, NULL, MOE_SOFTMAX_TOPK, NULL);
+            bk_moe_route(bk, ids, w, x, router, NULL, MOE_SOFTMAX_TOPK, NULL, NULL, NULL);
             double t1 = clock_now();
             /* the route of random weights is not uniform enough at small n to be typical:
              * use k distinct uniform experts per row instead */

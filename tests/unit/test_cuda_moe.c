@@ -101,15 +101,17 @@ static bool gpu_sync(void) {
 /* The GPU's route of x (E, n): ids, weights to host. */
 static bool gpu_route(const struct route_case *rc, const float *x, int64_t n,
                       const struct tensor *router, const struct tensor *bias,
-                      const struct tensor *nw, int32_t *ids, float *wt) {
+                      const struct tensor *nw, const struct tensor *sg, int32_t *ids, float *wt,
+                      float *sl) {
     bk_step_begin(gpu);
     struct tensor *gx = gpu_tensor(QT_F32, rc->n_embd, n, 1, x);
     struct tensor *gi = gpu_tensor(QT_I32, rc->k, n, 1, NULL),
-                  *gw = gpu_tensor(QT_F32, rc->k, n, 1, NULL);
+                  *gw = gpu_tensor(QT_F32, rc->k, n, 1, NULL), *gl = gpu_tensor(QT_F32, 1, n, 1, NULL);
     struct prenorm pre = {nw, 1e-6f};
-    bk_moe_route(gpu, gi, gw, gx, router, bias, rc->gating, rc->pre ? &pre : NULL);
+    bk_moe_route(gpu, gi, gw, gx, router, bias, rc->gating, rc->pre ? &pre : NULL, sg, gl);
     bk_download(gpu, ids, gi, (size_t)(rc->k * n) * 4);
     bk_download(gpu, wt, gw, (size_t)(rc->k * n) * 4);
+    bk_download(gpu, sl, gl, (size_t)n * 4);
     return gpu_sync();
 }
 
@@ -123,12 +125,15 @@ static void check_route(const struct route_case *rc) {
     struct tensor *router = gpu_weight(QT_F32, E, X, 1, rw),
                   *bias = rc->bias ? gpu_weight(QT_F32, X, 1, 1, bv) : NULL;
     struct tensor *nw = gpu_weight(QT_F32, E, 1, 1, nwv);
+    /* the shared expert's gate row: its logit as one more row of the router */
+    float *sgv = randv(E, 1.0f / sqrtf((float)E)), *sl = malloc(sizeof(float) * (size_t)n);
+    struct tensor *sg = gpu_weight(QT_F32, E, 1, 1, sgv);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(k * n)),
             *want = malloc(sizeof(int32_t) * (size_t)k);
     float *wt = malloc(sizeof(float) * (size_t)(k * n));
-    T_CHECK(gpu_route(rc, x, n, router, bias, nw, ids, wt));
+    T_CHECK(gpu_route(rc, x, n, router, bias, nw, sg, ids, wt, sl));
     double *h = malloc(sizeof(double) * (size_t)E), *lg = malloc(sizeof(double) * (size_t)X),
-           werr = 0;
+           werr = 0, serr = 0;
     int checked = 0;
     for (int64_t r = 0; r < n; r++) {
         if (rc->pre)
@@ -142,6 +147,10 @@ static void check_route(const struct route_case *rc) {
                 s += rw[q * E + i] * h[i];
             lg[q] = s;
         }
+        double gs = 0, ga = 0; /* the shared gate's logit, against sum |g| |x'| */
+        for (int64_t i = 0; i < E; i++)
+            gs += sgv[i] * h[i], ga += fabs(sgv[i] * h[i]);
+        serr = fmax(serr, fabs(sl[r] - gs) / (ga + 1e-30));
         for (int64_t j = 0; j < k; j++) {
             int32_t best = -1;
             for (int32_t q = 0; q < X; q++) {
@@ -182,15 +191,20 @@ static void check_route(const struct route_case *rc) {
     }
     T_CHECKF(checked >= n - 1, "only %d of %lld rows had a clear selection", checked, (long long)n);
     T_CHECKF(werr < 1e-5, "weights: max error %g", werr);
-    /* batch invariance: each row routed alone gets the same bits */
+    T_CHECKF(serr < 1e-5, "shared gate logits: max error %g of sum |g x'|", serr);
+    /* batch invariance: each row routed alone gets the same bits (the shared gate's logit too
+     * where both are decode steps, which compute it in the router's launch) */
     int32_t i1[64];
-    float w1[64];
+    float w1[64], s1;
     for (int64_t r = 0; r < n; r++) {
-        T_CHECK(gpu_route(rc, x + r * E, 1, router, bias, nw, i1, w1));
+        T_CHECK(gpu_route(rc, x + r * E, 1, router, bias, nw, sg, i1, w1, &s1));
         T_CHECKF(!memcmp(i1, ids + r * k, (size_t)k * 4) && !memcmp(w1, wt + r * k, (size_t)k * 4),
                  "row %lld routed alone differs from the batch", (long long)r);
+        T_CHECKF(n > 8 || !memcmp(&s1, sl + r, 4), "row %lld: shared gate logit alone %.9g, in the batch %.9g",
+                 (long long)r, s1, sl[r]);
     }
     free(x), free(rw), free(bv), free(nwv), free(ids), free(want), free(wt), free(h), free(lg);
+    free(sgv), free(sl);
 }
 
 static void test_route(void) {
@@ -218,6 +232,7 @@ struct ffn_case {
     enum glu_act act;
     bool bias;
     float gain; /* gate/up scale x 1/sqrt(n_embd) (0: 1): large enough for the OAI clamps */
+    int shared; /* a shared expert of the experts' type and shape: 1 gated, 2 ungated, 0 none */
 };
 
 /* Host bytes of a random (ne0, ne1, ne2) weight stored as type. */
@@ -237,14 +252,16 @@ static void *rand_weight(uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, f
 
 struct ffn_setup {
     const struct ffn_case *fc;
-    void *hw[3];           /* host bytes of gate, up, down */
+    void *hw[6];           /* host bytes of gate, up, down; the shared expert's (or NULL) */
     float *hb[3];          /* host biases or NULL */
     float *nwv, *rw;       /* norm weight, router */
+    float *sl;             /* the shared expert's gate logits, SHARED_ROWS (or NULL) */
     struct moe_experts gw; /* bound to the GPU */
     struct tensor *g_nw, *g_router;
 };
 
 static void bind_ffn(struct ffn_setup *s);
+#define SHARED_ROWS 64 /* rows a shared-expert case runs at most */
 
 static void setup_ffn(struct ffn_setup *s, const struct ffn_case *fc) {
     memset(s, 0, sizeof *s);
@@ -260,6 +277,12 @@ static void setup_ffn(struct ffn_setup *s, const struct ffn_case *fc) {
     for (int64_t i = 0; i < E; i++)
         s->nwv[i] += 1.0f;
     s->rw = randv(E * X, ws);
+    if (fc->shared) {
+        s->hw[3] = rand_weight(fc->type, E, F, 1, gs);
+        s->hw[4] = rand_weight(fc->type, E, F, 1, gs);
+        s->hw[5] = rand_weight(fc->type, F, E, 1, 1.0f / sqrtf((float)F));
+        s->sl = randv(SHARED_ROWS, 2.0f);
+    }
     bind_ffn(s);
 }
 
@@ -278,12 +301,17 @@ static void bind_ffn(struct ffn_setup *s) {
     }
     s->g_nw = gpu_weight(QT_F32, E, 1, 1, s->nwv);
     s->g_router = gpu_weight(QT_F32, E, X, 1, s->rw);
+    if (fc->shared) {
+        s->gw.sh_gate = gpu_weight(fc->type, E, F, 1, s->hw[3]);
+        s->gw.sh_up = gpu_weight(fc->type, E, F, 1, s->hw[4]);
+        s->gw.sh_down = gpu_weight(fc->type, F, E, 1, s->hw[5]);
+    }
 }
 
 static void free_ffn(struct ffn_setup *s) {
     for (int i = 0; i < 3; i++)
-        free(s->hw[i]), free(s->hb[i]);
-    free(s->nwv), free(s->rw);
+        free(s->hw[i]), free(s->hb[i]), free(s->hw[3 + i]);
+    free(s->nwv), free(s->rw), free(s->sl);
     /* bound tensors stay with the backend until it is freed */
 }
 
@@ -298,14 +326,16 @@ static bool gpu_ffn(struct ffn_setup *s, const float *x, int64_t n, float *y, in
     struct tensor *gx = gpu_tensor(QT_F32, E, n, 1, x);
     struct tensor *gi = gpu_tensor(QT_I32, k, n, 1, NULL), *gwt = gpu_tensor(QT_F32, k, n, 1, NULL);
     struct prenorm pre = {s->g_nw, 1e-6f};
-    bk_moe_route(gpu, gi, gwt, gx, s->g_router, NULL, MOE_SOFTMAX_TOPK, &pre);
+    bk_moe_route(gpu, gi, gwt, gx, s->g_router, NULL, MOE_SOFTMAX_TOPK, &pre, NULL, NULL);
     if (bad >= 0) {
         int32_t v = (int32_t)(fc->n_expert + 5);
         struct tensor *one = bk_view_2d(gpu, gi, 1, 1, gi->nb[1], (size_t)bad * 4);
         bk_upload(gpu, one, &v, 4);
     }
     struct tensor *dst = in_place ? gx : gpu_tensor(QT_F32, E, n, 1, acc ? y : NULL);
-    bk_moe_ffn(gpu, dst, gx, &s->gw, gi, gwt, &pre, acc, NULL);
+    struct moe_experts w = s->gw;
+    if (fc->shared == 1) w.sh_logit = gpu_tensor(QT_F32, 1, n, 1, s->sl);
+    bk_moe_ffn(gpu, dst, gx, &w, gi, gwt, &pre, acc, NULL);
     bk_download(gpu, y, dst, (size_t)(E * n) * 4);
     bk_download(gpu, ids, gi, (size_t)(k * n) * 4);
     bk_download(gpu, wt, gwt, (size_t)(k * n) * 4);
@@ -325,7 +355,17 @@ static bool cpu_ffn(struct ffn_setup *s, const float *x, int64_t n, const int32_
                             fc->act,
                             NULL,
                             NULL,
+                            NULL,
+                            NULL,
+                            NULL,
+                            NULL,
                             NULL};
+    if (fc->shared) {
+        w.sh_gate = cpu_tensor(fc->type, E, F, 1, s->hw[3]);
+        w.sh_up = cpu_tensor(fc->type, E, F, 1, s->hw[4]);
+        w.sh_down = cpu_tensor(fc->type, F, E, 1, s->hw[5]);
+        if (fc->shared == 1) w.sh_logit = cpu_tensor(QT_F32, 1, n, 1, s->sl);
+    }
     if (fc->bias) {
         w.gate_b = cpu_tensor(QT_F32, F, X, 1, s->hb[0]);
         w.up_b = cpu_tensor(QT_F32, F, X, 1, s->hb[1]);
@@ -404,12 +444,12 @@ static void check_ffn(const struct ffn_case *fc) {
         }
         memcpy(y1, y, sizeof(float) * (size_t)(E * n));
     }
-    printf("moe ffn %-6s %lldx%lld x%lld experts top %lld%s%s: max err %.2e of the largest output, "
+    printf("moe ffn %-6s %lldx%lld x%lld experts top %lld%s%s%s: max err %.2e of the largest output, "
            "worst row cosine "
            "%.6f\n",
            qtype_name(fc->type), (long long)E, (long long)fc->n_ff, (long long)fc->n_expert,
            (long long)k, fc->bias ? " biases" : "", fc->act == GLU_SWIGLU_OAI ? " oai" : "",
-           worst_err, worst_cos);
+           fc->shared == 1 ? " shared" : fc->shared == 2 ? " shared (ungated)" : "", worst_err, worst_cos);
     T_CHECKF(worst_err < tol, "%s: max error %g", qtype_name(fc->type), worst_err);
     T_CHECKF(worst_cos >= (float_type(fc->type) ? 0.999999 : 0.999), "%s: cosine %f",
              qtype_name(fc->type), worst_cos);
@@ -487,8 +527,10 @@ static bool gpu_ffn_next(struct ffn_setup *s, const float *x, int64_t n, struct 
     struct tensor *gi = gpu_tensor(QT_I32, k, n, 1, NULL), *gwt = gpu_tensor(QT_F32, k, n, 1, NULL);
     struct prenorm pre = {s->g_nw, 1e-6f}, next = {nw2, 1e-5f};
     struct tensor *dst = gpu_tensor(QT_F32, E, n, 1, x);
-    bk_moe_route(gpu, gi, gwt, gx, s->g_router, NULL, MOE_SOFTMAX_TOPK, &pre);
-    bk_moe_ffn(gpu, dst, gx, &s->gw, gi, gwt, &pre, true, &next);
+    bk_moe_route(gpu, gi, gwt, gx, s->g_router, NULL, MOE_SOFTMAX_TOPK, &pre, NULL, NULL);
+    struct moe_experts w = s->gw;
+    if (fc->shared == 1) w.sh_logit = gpu_tensor(QT_F32, 1, n, 1, s->sl);
+    bk_moe_ffn(gpu, dst, gx, &w, gi, gwt, &pre, true, &next);
     struct tensor *gq = gpu_tensor(QT_F32, 64, n, 1, NULL);
     if (fresh) {
         float *h = malloc(sizeof(float) * (size_t)(E * n));
@@ -661,12 +703,12 @@ static void check_grouped(const struct ffn_case *fc) {
 
 static void test_grouped(void) {
     const struct ffn_case cases[] = {
-        {QT_Q4_K, 256, 512, 12, 4, GLU_SILU, false, 0},
-        {QT_Q6_K, 256, 256, 9, 3, GLU_SILU, false, 0},
-        {QT_Q8_0, 192, 320, 10, 4, GLU_GELU_TANH, false, 0}, /* partial row tiles */
+        {QT_Q4_K, 256, 512, 12, 4, GLU_SILU, false, 0, 0},
+        {QT_Q6_K, 256, 256, 9, 3, GLU_SILU, false, 0, 0},
+        {QT_Q8_0, 192, 320, 10, 4, GLU_GELU_TANH, false, 0, 0}, /* partial row tiles */
         /* gpt-oss's: MXFP4 (partial K slices: 5 and 3 blocks), biases, the clamped SwiGLU */
-        {QT_MXFP4, 160, 96, 16, 4, GLU_SWIGLU_OAI, true, 12},
-        {QT_Q8_0, 192, 320, 10, 4, GLU_SWIGLU_OAI, true, 12},
+        {QT_MXFP4, 160, 96, 16, 4, GLU_SWIGLU_OAI, true, 12, 0},
+        {QT_Q8_0, 192, 320, 10, 4, GLU_SWIGLU_OAI, true, 12, 0},
     };
     /* SMELT_TEST_SMALL=1 (the CUDA emulator, ~4 min a case): the MXFP4 case only */
     const char *small = getenv("SMELT_TEST_SMALL");
@@ -677,23 +719,29 @@ static void test_grouped(void) {
 
 static void test_ffn(void) {
     const struct ffn_case cases[] = {
-        {QT_Q4_K, 256, 512, 12, 4, GLU_SILU, false, 0},
-        {QT_Q6_K, 256, 256, 9, 4, GLU_SILU, false, 0},
-        {QT_Q8_0, 96, 160, 9, 3, GLU_SILU, false, 0},
-        {QT_Q5_K, 256, 256, 10, 4, GLU_GELU_TANH, false, 0},
-        {QT_Q4_0, 64, 96, 16, 4, GLU_SILU, false, 0},
-        {QT_Q5_1, 64, 96, 16, 4, GLU_SILU, false, 0},
-        {QT_IQ4_NL, 64, 96, 16, 4, GLU_SILU, false, 0},
-        {QT_F16, 64, 96, 16, 4, GLU_SILU, false, 0},
-        {QT_F32, 96, 64, 7, 2, GLU_SILU, false, 0},
-        {QT_BF16, 64, 96, 16, 4, GLU_SILU, false, 0},
+        {QT_Q4_K, 256, 512, 12, 4, GLU_SILU, false, 0, 0},
+        {QT_Q6_K, 256, 256, 9, 4, GLU_SILU, false, 0, 0},
+        {QT_Q8_0, 96, 160, 9, 3, GLU_SILU, false, 0, 0},
+        {QT_Q5_K, 256, 256, 10, 4, GLU_GELU_TANH, false, 0, 0},
+        {QT_Q4_0, 64, 96, 16, 4, GLU_SILU, false, 0, 0},
+        {QT_Q5_1, 64, 96, 16, 4, GLU_SILU, false, 0, 0},
+        {QT_IQ4_NL, 64, 96, 16, 4, GLU_SILU, false, 0, 0},
+        {QT_F16, 64, 96, 16, 4, GLU_SILU, false, 0, 0},
+        {QT_F32, 96, 64, 7, 2, GLU_SILU, false, 0, 0},
+        {QT_BF16, 64, 96, 16, 4, GLU_SILU, false, 0, 0},
         /* the tiny qwen35moe / qwen3next fixtures' experts: rows of 16 (down) and 24 */
-        {QT_F16, 64, 16, 16, 4, GLU_SILU, false, 0},
-        {QT_F32, 64, 24, 7, 2, GLU_SILU, false, 0},
+        {QT_F16, 64, 16, 16, 4, GLU_SILU, false, 0, 0},
+        {QT_F32, 64, 24, 7, 2, GLU_SILU, false, 0, 0},
         /* gpt-oss's experts: biases, the clamped SwiGLU pushed past both clamps */
-        {QT_Q8_0, 96, 64, 16, 4, GLU_SWIGLU_OAI, true, 12},
-        {QT_MXFP4, 96, 64, 16, 4, GLU_SWIGLU_OAI, true, 12},
-        {QT_F32, 64, 96, 16, 4, GLU_SWIGLU_OAI, true, 12},
+        {QT_Q8_0, 96, 64, 16, 4, GLU_SWIGLU_OAI, true, 12, 0},
+        {QT_MXFP4, 96, 64, 16, 4, GLU_SWIGLU_OAI, true, 12, 0},
+        {QT_F32, 64, 96, 16, 4, GLU_SWIGLU_OAI, true, 12, 0},
+        /* a shared expert (Qwen3.5/3.6-MoE, Qwen3-Next): a ninth slot in decode, its own
+         * launches in the grouped rows; gated and ungated */
+        {QT_Q4_K, 256, 512, 12, 8, GLU_SILU, false, 0, 1},
+        {QT_Q4_0, 64, 96, 16, 4, GLU_SILU, false, 0, 1},
+        {QT_Q6_K, 256, 256, 9, 4, GLU_SILU, false, 0, 2},
+        {QT_F16, 64, 16, 16, 4, GLU_SILU, false, 0, 1},
     };
     /* SMELT_TEST_SMALL=1 (the CUDA emulator): Q4_0 and gpt-oss's Q8_0 / MXFP4 cases only */
     const char *small = getenv("SMELT_TEST_SMALL");
@@ -704,6 +752,7 @@ static void test_ffn(void) {
     check_next(&cases[0]); /* Q4_K */
     check_next(&cases[4]); /* Q4_0 */
     check_next(&cases[13]); /* MXFP4, biases */
+    check_next(&cases[15]); /* Q4_K, a shared expert */
 }
 
 int main(void) {

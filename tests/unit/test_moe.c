@@ -44,7 +44,7 @@ static void check_route(const struct route_case *rc) {
     /* two experts with the same router row: a tie, which the lower id must win */
     memcpy(tensor_row(router, X - 1, 0, 0), tensor_row(router, 1, 0, 0), (size_t)E * 4);
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1), *wt = bk_new(bk, QT_F32, k, n, 1);
-    bk_moe_route(bk, ids, wt, x, router, bias, rc->gating, rc->pre ? &pre : NULL);
+    bk_moe_route(bk, ids, wt, x, router, bias, rc->gating, rc->pre ? &pre : NULL, NULL, NULL);
     struct err e;
     T_CHECK(bk_sync(bk, &e) == SMELT_OK);
 
@@ -113,7 +113,7 @@ static void check_route(const struct route_case *rc) {
     for (int64_t r = 0; r < n; r++) {
         struct tensor *x1 = bk_view_2d(bk, x, E, 1, x->nb[1], (size_t)r * x->nb[1]);
         struct tensor *i1 = bk_new(bk, QT_I32, k, 1, 1), *w1 = bk_new(bk, QT_F32, k, 1, 1);
-        bk_moe_route(bk, i1, w1, x1, router, bias, rc->gating, rc->pre ? &pre : NULL);
+        bk_moe_route(bk, i1, w1, x1, router, bias, rc->gating, rc->pre ? &pre : NULL, NULL, NULL);
         T_CHECK(memcmp(i1->data, tensor_row(ids, r, 0, 0), (size_t)k * 4) == 0);
         T_CHECK(memcmp(w1->data, tensor_row(wt, r, 0, 0), (size_t)k * 4) == 0);
     }
@@ -138,7 +138,7 @@ static void test_route_ties(void) {
     struct tensor *x = rand_f32(8, 2, 1.0f), *router = bk_new(bk, QT_F32, 8, 6, 1);
     memset(router->data, 0, tensor_nbytes(router));
     struct tensor *ids = bk_new(bk, QT_I32, 3, 2, 1), *wt = bk_new(bk, QT_F32, 3, 2, 1);
-    bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX, NULL);
+    bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX, NULL, NULL, NULL);
     const int32_t *id = ids->data;
     const float *w = wt->data;
     for (int i = 0; i < 6; i++) {
@@ -267,7 +267,7 @@ static void check_ffn(const struct ffn_case *fc, bool exact) {
         ((float *)nw->data)[i] += 1.0f;
     struct prenorm pre = {nw, 1e-6f};
     struct tensor *ids = bk_new(bk, QT_I32, k, n, 1), *wt = bk_new(bk, QT_F32, k, n, 1);
-    bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX_TOPK, &pre);
+    bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX_TOPK, &pre, NULL, NULL);
     /* every expert used by at least one row, most by several (a grouped matmul each) */
     int used = 0;
     for (int64_t e = 0; e < X; e++) {
@@ -404,6 +404,55 @@ static void test_bad_id(void) {
         free(dq[i]);
 }
 
+/* A shared expert (struct moe_experts' sh_*): the op's result is, bit for bit, the experts
+ * alone followed by the shared expert through the generic ops (bk_ffn_glu, the gate's
+ * bk_glu, bk_matmul_acc), gated and ungated, plain, accumulating and in place. */
+static void test_ffn_shared(void) {
+    const int64_t E = 256, F = 256, X = 8, k = 2, n = 5;
+    for (int gated = 0; gated < 2; gated++)
+        for (int mode = 0; mode < 3; mode++) { /* plain, accumulate, in place */
+            bk_step_begin(bk);
+            float *dq[6];
+            struct moe_experts w = {.gate = rand_experts(QT_Q4_K, E, F, X, 0.06f, &dq[0]),
+                                    .up = rand_experts(QT_Q4_K, E, F, X, 0.06f, &dq[1]),
+                                    .down = rand_experts(QT_Q6_K, F, E, X, 0.12f, &dq[2]),
+                                    .act = GLU_SILU};
+            struct moe_experts ws = w;
+            ws.sh_gate = rand_experts(QT_Q4_K, E, F, 1, 0.06f, &dq[3]);
+            ws.sh_up = rand_experts(QT_Q4_K, E, F, 1, 0.06f, &dq[4]);
+            ws.sh_down = rand_experts(QT_Q6_K, F, E, 1, 0.12f, &dq[5]);
+            ws.sh_logit = gated ? rand_f32(1, n, 2.0f) : NULL;
+            struct tensor *x = rand_f32(E, n, 1.0f), *router = rand_f32(E, X, 0.06f);
+            struct tensor *nw = rand_f32(E, 1, 0.2f);
+            struct prenorm pre = {nw, 1e-6f};
+            struct tensor *ids = bk_new(bk, QT_I32, k, n, 1), *wt = bk_new(bk, QT_F32, k, n, 1);
+            bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX_TOPK, &pre, NULL, NULL);
+            struct tensor *y = rand_f32(E, n, 1.0f), *r = bk_new(bk, QT_F32, E, n, 1);
+            if (mode == 2) memcpy(y->data, x->data, tensor_nbytes(x));
+            memcpy(r->data, y->data, tensor_nbytes(y));
+            /* the reference: the shared expert's hidden rows from x first (r may be x's copy) */
+            struct tensor *h = bk_new(bk, QT_F32, F, n, 1);
+            bk_ffn_glu(bk, h, ws.sh_gate, ws.sh_up, x, GLU_SILU, &pre);
+            if (gated) bk_glu(bk, h, ws.sh_logit, h, GLU_SIGMOID);
+            bk_moe_ffn(bk, r, mode == 2 ? r : x, &w, ids, wt, &pre, mode != 0, NULL);
+            bk_matmul_acc(bk, r, ws.sh_down, NULL, h, NULL);
+            bk_moe_ffn(bk, y, mode == 2 ? y : x, &ws, ids, wt, &pre, mode != 0, NULL);
+            struct err e;
+            T_CHECK(bk_sync(bk, &e) == SMELT_OK);
+            T_CHECKF(!memcmp(y->data, r->data, tensor_nbytes(y)),
+                     "shared expert (gated %d, mode %d): differs from the composed ops", gated, mode);
+            /* the router's gate logits: bk_matmul_group's bits */
+            struct tensor *gi = rand_f32(E, 1, 0.06f), *l1 = bk_new(bk, QT_F32, 1, n, 1),
+                          *l2 = bk_new(bk, QT_F32, 1, n, 1);
+            bk_moe_route(bk, ids, wt, x, router, NULL, MOE_SOFTMAX_TOPK, &pre, gi, l1);
+            bk_matmul_group(bk, 1, &l2, (const struct tensor *const *)&gi, NULL, x, &pre);
+            T_CHECK(bk_sync(bk, &e) == SMELT_OK);
+            T_CHECK(!memcmp(l1->data, l2->data, tensor_nbytes(l1)));
+            for (int i = 0; i < 6; i++)
+                free(dq[i]);
+        }
+}
+
 int main(void) {
     struct err e;
     if (cpu_backend_new(&bk, 0, &e) != SMELT_OK) return 1;
@@ -411,6 +460,7 @@ int main(void) {
     T_RUN(test_route);
     T_RUN(test_route_ties);
     T_RUN(test_ffn);
+    T_RUN(test_ffn_shared);
     T_RUN(test_bad_id);
     bk_free(bk);
     return t_done();

@@ -69,7 +69,8 @@ void cpu_op_attention(struct backend *b, struct tensor *dst, const struct tensor
 void cpu_op_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
                       const struct tensor *x, const struct tensor *router,
                       const struct tensor *bias, enum moe_gating gating,
-                      const struct prenorm *pre);
+                      const struct prenorm *pre,
+                      const struct tensor *sh_gate_inp, struct tensor *sh_logit);
 void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
                     const struct moe_experts *w, const struct tensor *ids,
                     const struct tensor *weights, const struct prenorm *pre, bool acc,

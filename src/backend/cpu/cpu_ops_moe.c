@@ -86,8 +86,10 @@ static void route_range(void *vctx, int ith, int64_t r0, int64_t r1) {
 void cpu_op_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
                       const struct tensor *x, const struct tensor *router,
                       const struct tensor *bias, enum moe_gating gating,
-                      const struct prenorm *pre) {
+                      const struct prenorm *pre, const struct tensor *sh_gate_inp,
+                      struct tensor *sh_logit) {
     struct cpu_backend *cb = cpu_of(b);
+    if (sh_gate_inp) bk_matmul_group(b, 1, &sh_logit, &sh_gate_inp, NULL, x, pre);
     const int64_t per = x->ne[0] + router->ne[1];
     struct route_ctx c = {ids, weights, x, router, bias, pre, gating, NULL, cb->vec};
     size_t mark = bk_scratch_mark(b);
@@ -195,8 +197,8 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
                     const struct moe_experts *w, const struct tensor *ids,
                     const struct tensor *weights, const struct prenorm *pre, bool acc,
                     const struct prenorm *next) {
-    (void)next; /* no prepared form on the CPU */
     struct cpu_backend *cb = cpu_of(b);
+    struct tensor *sh = bk_moe_shared_hidden(b, x, w, pre); /* before dst changes */
     const int64_t n_embd = x->ne[0], n = x->ne[1], k = ids->ne[0];
     const int64_t n_ff = w->gate->ne[1], n_exp = w->gate->ne[2], nk = n * k;
     const char *name = w->gate->name ? w->gate->name : "moe_ffn";
@@ -326,4 +328,5 @@ void cpu_op_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *
         memcpy(dst->data, y, (size_t)(n * n_embd) * sizeof(float));
 done:
     bk_scratch_release(b, mark);
+    bk_moe_shared_down(b, dst, w, sh, next);
 }

@@ -878,6 +878,22 @@ static smelt_status id_mats(struct mmv_mats *m, const struct cuda_qweight *w, co
     m->n_exp = id->n_exp;
     m->id_early = id->ids_early;
     m->id_signal_late = id->signal_late;
+    if (id->sh_k) { /* the shared slot: one expert's shape and type, one row a chunk */
+        const int mats = m->n; /* GLU: gate and up */
+        if (id->sh_k < 1 || n != 1 || id->n_chunks % (id->sh_k + 1) != 0)
+            return err_set(e, SMELT_ERR_INVALID, "cuda mmv by id: a shared slot needs one row a chunk and "
+                                                 "%d slots a token", id->sh_k + 1);
+        for (int i = 0; i < mats; i++) {
+            const struct cuda_qweight *s = id->sh_w[i];
+            if (!s || s->type != w->type || s->rows != m->end[0] || s->k != w->k)
+                return err_set(e, SMELT_ERR_INVALID, "cuda mmv by id: the shared expert differs from the "
+                                                     "experts in type or shape");
+            m->sh_q[i] = s->q;
+            m->sh_s[i] = s->s;
+            m->sh_d[i] = s->d;
+        }
+        m->id_k = id->sh_k;
+    }
     return SMELT_OK;
 }
 
@@ -894,8 +910,10 @@ static smelt_status id_epi(struct mmv_mats *m, const struct cuda_qweight *w, con
         m->epi.post_xd = id->post_xd;
     }
     if (id->cmb_dst) {
+        const int sl = id->cmb_k + (id->sh_k ? 1 : 0); /* slots a token */
         if (glu || n != 1 || id->x_div != 1 || rows % 32 != 0 || id->cmb_k < 1 || id->cmb_k > 32 ||
-            id->n_chunks % id->cmb_k != 0 || !id->cmb_ids || !id->cmb_w || !id->cmb_cnt)
+            (id->sh_k && id->sh_k != id->cmb_k) || id->n_chunks % sl != 0 || !id->cmb_ids || !id->cmb_w ||
+            !id->cmb_cnt)
             return err_set(e, SMELT_ERR_INVALID, "cuda mmv by id: a combining epilogue needs one row a chunk, %d "
                                                  "slots a token and rows a multiple of 32", id->cmb_k);
         m->cmb.dst = id->cmb_dst;
@@ -905,12 +923,13 @@ static smelt_status id_epi(struct mmv_mats *m, const struct cuda_qweight *w, con
         m->cmb.cnt = id->cmb_cnt;
         m->cmb.k = id->cmb_k;
         m->cmb.acc = id->cmb_acc;
+        m->cmb.sh_logit = id->sh_k ? id->cmb_sh_logit : NULL;
         if (id->cmb_post_xq) {
             m->cmb.post_w = id->cmb_post_w;
             m->cmb.post_xq = id->cmb_post_xq;
             m->cmb.post_xd = (float2 *)id->cmb_post_xd;
             m->cmb.post_ss = id->cmb_post_ss;
-            m->cmb.post_cnt = id->cmb_cnt + (int64_t)(id->n_chunks / id->cmb_k) * rows;
+            m->cmb.post_cnt = id->cmb_cnt + (int64_t)(id->n_chunks / sl) * rows;
         }
     }
     return SMELT_OK;

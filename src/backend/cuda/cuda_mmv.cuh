@@ -100,6 +100,11 @@ struct mmv_mats {
     const int32_t *eid;
     int n_chunks, x_div, n_exp, id_early, id_signal_late;
     const float *bias[2];
+    /* Expert mode with a shared expert (cuda_mmv_ids.sh_k): id_k = k expert slots a token,
+     * then the shared slot, whose expert number is n_exp and whose matrices are sh_* (GLU:
+     * [0] gate, [1] up), 2-D, with end[0] rows each; 0 = none. */
+    int id_k;
+    const void *sh_q[2], *sh_s[2], *sh_d[2];
     /* Expert mode, one token row a chunk (N = 1), chunks (token, slot) in slot order:
      * the weighted sum of the k slots' outputs (cuda_moe_combine's, with pos NULL) fused
      * into the store (cmb.dst NULL = off). The block that completes rows row_b .. + per_block
@@ -120,12 +125,23 @@ struct mmv_mats {
         float2 *post_xd;
         float *post_ss;
         unsigned *post_cnt;
+        const float *sh_logit; /* with id_k: the shared slot's gate logit per token, or NULL */
     } cmb;
 };
 
-/* Expert mode: the block's expert (0 when off); early ids (read before the PDL wait) from L2. */
+/* Expert mode: the block's expert (0 when off; n_exp for a shared slot, and -1 for a routed
+ * id of n_exp there, so that a bad id never reads the shared weights); early ids (read
+ * before the PDL wait) from L2. */
 static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) {
-    return !m.eid ? 0 : m.id_early ? __ldcg(m.eid + blockIdx.y) : m.eid[blockIdx.y];
+    if (!m.eid) return 0;
+    int64_t c = blockIdx.y;
+    if (m.id_k) {
+        const int64_t t = c / (m.id_k + 1), j = c - t * (m.id_k + 1);
+        if (j == m.id_k) return m.n_exp;
+        c = t * m.id_k + j;
+    }
+    const int64_t e = m.id_early ? __ldcg(m.eid + c) : m.eid[c];
+    return m.id_k && e == m.n_exp ? -1 : e;
 }
 
 /* First thing in every mmv kernel: signals the PDL dependents and, in expert mode, says
@@ -142,7 +158,7 @@ static __device__ __forceinline__ bool mmv_id_live(const mmv_mats &m) {
     if (!m.id_early) pdl_wait();
     if (m.id_signal_late) pdl_trigger();
     const int64_t e = mmv_expert(m);
-    return e >= 0 && e < m.n_exp;
+    return e >= 0 && (e < m.n_exp || (m.id_k && e == m.n_exp));
 }
 
 /* Expert mode: the block's activations (per_row elements a token row) within x. */
@@ -170,7 +186,14 @@ static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int
         o.mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
         o.row = row - (o.mat == 0 ? 0 : o.mat == 1 ? m.end[0] : m.end[1]);
     }
-    o.row += mmv_expert(m) * m.end[0]; /* expert mode: the expert's rows */
+    const int64_t e = mmv_expert(m);
+    if (m.id_k && e == m.n_exp) { /* expert mode: the shared slot's own matrices */
+        o.q = o.mat == 0 ? m.sh_q[0] : m.sh_q[1];
+        o.s = o.mat == 0 ? m.sh_s[0] : m.sh_s[1];
+        o.d = o.mat == 0 ? m.sh_d[0] : m.sh_d[1];
+        return o;
+    }
+    o.row += e * m.end[0]; /* expert mode: the expert's rows */
     o.q = o.mat == 0 ? m.q[0] : o.mat == 1 ? m.q[1] : m.q[2];
     o.s = o.mat == 0 ? m.s[0] : o.mat == 1 ? m.s[1] : m.s[2];
     o.d = o.mat == 0 ? m.d[0] : o.mat == 1 ? m.d[1] : m.d[2];
@@ -250,8 +273,9 @@ struct mmv_acc {
         /* expert mode: the chunk's rows of y, the expert's biases */
         float *y = m.y[0] + (int64_t)blockIdx.y * N * rows;
         const int64_t e = mmv_expert(m);
-        const float bg = m.bias[0] ? m.bias[0][e * rows + row0] : 0.0f;
-        const float bu = m.bias[1] ? m.bias[1][e * rows + row0] : 0.0f;
+        const bool eb = e < m.n_exp; /* the shared slot has none */
+        const float bg = m.bias[0] && eb ? m.bias[0][e * rows + row0] : 0.0f;
+        const float bu = m.bias[1] && eb ? m.bias[1][e * rows + row0] : 0.0f;
 #pragma unroll
         for (int t = 0; t < N; t++) {
             const float g = warp_sum(v[0][t]) * sc[t] + bg, u = warp_sum(v[R - 1][t]) * sc[t] + bu;
@@ -291,14 +315,16 @@ struct mmv_acc {
     }
     /* cmb.dst (see mmv_mats): the last live slot's block of a token's rows sums the slots. */
     __device__ __forceinline__ void combine(const mmv_mats &m, int per_block) {
-        const int rows = m.end[0], k = m.cmb.k, r = blockIdx.y / k, row_b = blockIdx.x * per_block;
+        /* sl: slots a token, the k experts' and the shared one (id_k) */
+        const int rows = m.end[0], k = m.cmb.k, sl = k + (m.id_k ? 1 : 0), r = blockIdx.y / sl,
+                  row_b = blockIdx.x * per_block;
         const int32_t *id = m.cmb.ids + (int64_t)r * k;
         __shared__ int last;
         __shared__ int order[32];
         if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0) {
-            int live = 0;
+            int live = m.id_k ? 1 : 0;
             for (int j = 0; j < k; j++) live += id[j] >= 0 && id[j] < m.n_exp;
             unsigned *cn = m.cmb.cnt + (int64_t)r * rows + row_b;
             last = atomicAdd(cn, 1u) == (unsigned)(live - 1);
@@ -321,9 +347,14 @@ struct mmv_acc {
             for (int q = 0; q < k; q++) {
                 const int j = order[q], ex = id[j];
                 if (ex < 0 || ex >= m.n_exp) continue;
-                float v = __ldcg(m.y[0] + ((int64_t)r * k + j) * rows + row); /* other blocks': L2 */
+                float v = __ldcg(m.y[0] + ((int64_t)r * sl + j) * rows + row); /* other blocks': L2 */
                 if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
                 s += m.cmb.w[(int64_t)r * k + j] * v;
+            }
+            if (m.id_k) { /* the shared expert, last: its gate as the weight */
+                const float v = __ldcg(m.y[0] + ((int64_t)r * sl + k) * rows + row);
+                const float g = m.cmb.sh_logit ? 1.0f / (1.0f + expf(-m.cmb.sh_logit[r])) : 1.0f;
+                s += g * v;
             }
             float *o = m.cmb.dst + (int64_t)r * rows + row;
             *o = m.cmb.acc ? *o + s : s;

@@ -160,6 +160,15 @@ struct cuda_mmv_ids {
     int8_t *cmb_post_xq;
     void *cmb_post_xd;
     float *cmb_post_ss;
+    /* A shared expert as one more slot of every token (one token row a chunk): sh_k = k (0 =
+     * none) makes chunk c slot c % (k + 1) of token c / (k + 1); slot k runs the shared
+     * expert, sh_w[0] (a GLU: gate sh_w[0], up sh_w[1]), 2-D weights of the experts' type,
+     * rows and row length, no biases; slot j < k runs expert eid[token k + j]. The GLU launch
+     * then takes x_div = k + 1. With cmb_dst (cmb_k = k), the shared slot joins the weighted
+     * sum after the experts, weight sigmoid(cmb_sh_logit[token]), or 1 when NULL. */
+    int sh_k;
+    const struct cuda_qweight *sh_w[2];
+    const float *cmb_sh_logit;
 };
 /* y (chunk c's rows) = W[eid[c]] x (chunk c / x_div's rows). */
 smelt_status cuda_mmv_id(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_mmv_ids *id,

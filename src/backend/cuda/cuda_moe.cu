@@ -233,11 +233,14 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     route_fused_kernel(const float *x, int n_embd, const float *router, const float *bias, int n_exp,
                        int per_block, int k, int gating, int has_pre, const float *pre_w, float eps,
                        float *lg, unsigned *cnt, int32_t *ids, float *wts, int8_t *xq, float2 *xd,
-                       float *xf) {
+                       float *xf, const float *sh_w, float *sh_lg) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.y, nb = gridDim.y;
-    const int e0 = c * per_block, e1 = min(e0 + per_block, n_exp), ex = e0 + warp; /* per_block <= warps */
+    /* rows: the n_exp experts', then the shared expert's gate (sh_w) when given */
+    const int n_rows = n_exp + (sh_w ? 1 : 0);
+    const int e0 = c * per_block, e1 = min(e0 + per_block, n_rows), ex = e0 + warp; /* per_block <= warps */
+    const float *wr = ex < n_exp ? router + (int64_t)ex * n_embd : sh_w;
     float4 pf[ROUTE_PF];
-    if (ex < e1) route_prefetch<ROUTE_PF>(router + (int64_t)ex * n_embd, n_embd, lane, pf);
+    if (ex < e1) route_prefetch<ROUTE_PF>(wr, n_embd, lane, pf);
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -247,8 +250,9 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     const int64_t r = blockIdx.x;
     route_norm(x + r * n_embd, n_embd, has_pre, pre_w, eps, xs, dpart);
     if (ex < e1) {
-        const float s = route_dot<ROUTE_PF>(router + (int64_t)ex * n_embd, pf, xs, n_embd, lane);
-        if (lane == 0) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
+        const float s = route_dot<ROUTE_PF>(wr, pf, xs, n_embd, lane);
+        if (lane == 0 && ex < n_exp) lg[r * n_exp + ex] = bias ? s + bias[ex] : s;
+        else if (lane == 0) sh_lg[r] = s;
     }
     for (int g = c * ROUTE_WARPS + warp; g < n_embd / 32; g += nb * ROUTE_WARPS) {
         const int64_t o = r * n_embd + g * 32 + lane;
@@ -362,7 +366,8 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
 static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     combine_kernel(float *dst, const float *y, const int32_t *pos, const int32_t *ids,
                    const float *wts, const float *down_b, int n_embd, int k, int n_exp, int acc,
-                   const float *post_w, int8_t *post_xq, float2 *post_xd, float *post_ss) {
+                   const float *post_w, int8_t *post_xq, float2 *post_xd, float *post_ss, int sh,
+                   const float *sh_logit) {
     pdl_wait();
     pdl_trigger();
     __shared__ int order[32];
@@ -376,15 +381,21 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
         order[rank] = j;
     }
     __syncthreads();
+    const int sl = k + sh; /* without pos: slots a row (the shared one last) */
     for (int d = threadIdx.x; d < n_embd; d += blockDim.x) {
         float s = 0.0f;
         for (int q = 0; q < k; q++) {
             const int j = order[q], ex = id[j];
-            const int64_t p = pos ? pos[r * k + j] : r * k + j;
+            const int64_t p = pos ? pos[r * k + j] : r * sl + j;
             if (p < 0 || ex < 0 || ex >= n_exp) continue;
             float v = y[p * n_embd + d];
             if (down_b) v += down_b[(int64_t)ex * n_embd + d];
             s += wts[r * k + j] * v;
+        }
+        if (sh) { /* the shared expert, as the fused down launch adds it */
+            const float v = y[(r * sl + k) * n_embd + d];
+            const float g = sh_logit ? 1.0f / (1.0f + expf(-sh_logit[r])) : 1.0f;
+            s += g * v;
         }
         float *o = dst + r * n_embd + d;
         const float v = acc ? *o + s : s;
@@ -431,26 +442,28 @@ extern "C" smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *
                                              const float *router, const float *bias, int n_exp, int k,
                                              int gating, int has_pre, const float *pre_w, float eps,
                                              int32_t *ids, float *weights, float *lg_scratch, unsigned *cnt,
-                                             void *xq_scratch, float *xf, struct err *e) {
+                                             void *xq_scratch, float *xf, const float *sh_w, float *sh_logit,
+                                             struct err *e) {
     const size_t smem_norm = (size_t)n_embd * sizeof(float), smem_pick = (size_t)n_exp * sizeof(float);
     const size_t smem = smem_norm > smem_pick ? smem_norm : smem_pick;
     if (k < 1 || k > 32 || k > n_exp || n < 1 || n > CUDA_MOE_FUSED_ROUTE_ROWS || n_exp > 65535 ||
-        n_embd > INT32_MAX || n_embd % 32 != 0 || smem > 200 * 1024)
+        n_embd > INT32_MAX || n_embd % 32 != 0 || smem > 200 * 1024 || !sh_w != !sh_logit)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda moe route (fused): %lld rows of %lld, top %d of %d experts", (long long)n,
                        (long long)n_embd, k, n_exp);
     if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)route_fused_kernel, smem);
     /* about 32 blocks a row: a warp a logit, at most ROUTE_WARPS logits a block (the kernel
      * gives warp w expert c per_block + w only) */
-    int per_block = (n_exp + 31) / 32;
+    const int n_rows = n_exp + (sh_w ? 1 : 0); /* the shared gate's row last */
+    int per_block = (n_rows + 31) / 32;
     if (per_block > ROUTE_WARPS) per_block = ROUTE_WARPS;
-    const int nb = (n_exp + per_block - 1) / per_block;
+    const int nb = (n_rows + per_block - 1) / per_block;
     int8_t *xq;
     void *xd;
     cuda_mmv_scratch_parts(xq_scratch, n_embd, (int)n, &xq, &xd);
     CUDA_TRY(klaunch(route_fused_kernel, dim3((unsigned)n, (unsigned)nb), dim3(ROUTE_WARPS * 32), smem, ctx, x,
                      (int)n_embd, router, bias, n_exp, per_block, k, gating, has_pre, pre_w, eps, lg_scratch, cnt,
-                     ids, weights, xq, (float2 *)xd, xf),
+                     ids, weights, xq, (float2 *)xd, xf, sh_w, sh_logit),
              e);
     return SMELT_OK;
 }
@@ -496,13 +509,16 @@ extern "C" smelt_status cuda_moe_combine(struct cuda_ctx *ctx, float *dst, const
                                          const int32_t *pos, const int32_t *ids,
                                          const float *weights, const float *down_b, int64_t n_embd,
                                          int64_t n, int k, int n_exp, int acc,
-                                         const struct cuda_moe_post *post, struct err *e) {
-    if (k < 1 || k > 32 || n < 1 || n > INT32_MAX || n_embd > INT32_MAX || (post && n_embd % 32 != 0))
+                                         const struct cuda_moe_post *post,
+                                         const struct cuda_moe_shared *sh, struct err *e) {
+    if (k < 1 || k > 32 || n < 1 || n > INT32_MAX || n_embd > INT32_MAX || (post && n_embd % 32 != 0) ||
+        (sh && pos))
         return err_set(e, SMELT_ERR_INVALID, "cuda moe combine: %lld rows of %lld, %d slots",
                        (long long)n, (long long)n_embd, k);
     CUDA_TRY(klaunch(combine_kernel, dim3((unsigned)n), dim3(MOE_ROWS_THREADS), 0, ctx, dst, y, pos,
                      ids, weights, down_b, (int)n_embd, k, n_exp, acc, post ? post->w : NULL,
-                     post ? post->xq : NULL, post ? (float2 *)post->xd : NULL, post ? post->ss : NULL),
+                     post ? post->xq : NULL, post ? (float2 *)post->xd : NULL, post ? post->ss : NULL,
+                     sh ? 1 : 0, sh ? sh->logit : NULL),
              e);
     return SMELT_OK;
 }

@@ -42,13 +42,14 @@ size_t cuda_moe_route_scratch_bytes(int64_t n, int n_exp);
  * writes the experts' input rows as cuda_moe_gather(src NULL, n rows) would: x' int8 at
  * xq_scratch (cuda_mmv_quantize's layout for n rows) and f32 at xf (n_embd, n; NULL: not
  * written). Bitwise the results of those two calls. cnt: n counters, zero before and after
- * (the last block of a row picks). n_embd % 32 == 0. */
+ * (the last block of a row picks). n_embd % 32 == 0. sh_w (F32, n_embd; NULL: none): also
+ * sh_logit[r] = sh_w . x'_r (a shared expert's gate logit), one more row of the logits. */
 #define CUDA_MOE_FUSED_ROUTE_ROWS 8
 smelt_status cuda_moe_route_fused(struct cuda_ctx *ctx, const float *x, int64_t n_embd, int64_t n,
                                   const float *router, const float *bias, int n_exp, int k, int gating,
                                   int has_pre, const float *pre_w, float eps, int32_t *ids, float *weights,
                                   float *lg_scratch, unsigned *cnt, void *xq_scratch, float *xf,
-                                  struct err *e);
+                                  const float *sh_w, float *sh_logit, struct err *e);
 
 /* Chunks of a grouped expert launch for n_pairs (row, slot) pairs over n_exp experts in chunks
  * of ch rows: each expert's pairs take whole chunks, so at most
@@ -82,6 +83,12 @@ smelt_status cuda_moe_gather(struct cuda_ctx *ctx, const float *x, int64_t n_emb
  * == 0): also the next norm's input, as the decode matmul epilogue prepares it (cu_matmul_acc):
  * the int8 form of w * dst at xq/xd (cuda_mmv_quantize's layout for n rows of n_embd) and
  * per group of 32 the sum of squares of dst at ss[r * n_embd / 32 + group]. */
+/* sh (NULL = none; pos NULL): a shared expert ran as slot k of each row (cuda_mmv_ids.sh_k),
+ * its rows at p = r (k + 1) + k and the experts' at r (k + 1) + j; it joins s after them,
+ * weight sigmoid(logit[r]) (1 when logit is NULL), as the fused down launch sums. */
+struct cuda_moe_shared {
+    const float *logit;
+};
 struct cuda_moe_post {
     const float *w; /* may be NULL: no weight */
     int8_t *xq;
@@ -91,7 +98,8 @@ struct cuda_moe_post {
 smelt_status cuda_moe_combine(struct cuda_ctx *ctx, float *dst, const float *y, const int32_t *pos,
                               const int32_t *ids, const float *weights, const float *down_b,
                               int64_t n_embd, int64_t n, int k, int n_exp, int acc,
-                              const struct cuda_moe_post *post, struct err *e);
+                              const struct cuda_moe_post *post, const struct cuda_moe_shared *sh,
+                              struct err *e);
 
 #ifdef __cplusplus
 }

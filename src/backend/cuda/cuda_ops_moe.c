@@ -31,6 +31,11 @@
  *   so each expert's weight tile is read once per chunk of ch of its rows; chunk tables and
  *   every launch shape are bounds of (n, k, n_expert), the used chunks are counted on the
  *   device.
+ * A shared expert (moe_experts.sh_*): in decode, where its matrices have one expert's shape
+ * and the experts' types, slot k of every row in the gate/up and down launches above (k + 1
+ * chunks a row, x_div = k + 1; cuda_mmv_ids.sh_k), added last in the weighted sum with weight
+ * sigmoid(sh_logit) (the down epilogue and cuda_moe_combine alike); else its own launches,
+ * as the CPU runs it (bk_moe_shared_hidden before the experts, bk_moe_shared_down after).
  * Scratch depends on (n, k, n_expert) only, never on the routing (graphs replay). */
 #include "backend/cuda/cuda_backend_int.h"
 
@@ -44,11 +49,13 @@ _Static_assert(MOE_SOFTMAX == 0 && MOE_SOFTMAX_TOPK == 1, "cuda_moe_route's gati
 
 void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
                   const struct tensor *x, const struct tensor *router, const struct tensor *bias,
-                  enum moe_gating gating, const struct prenorm *pre) {
+                  enum moe_gating gating, const struct prenorm *pre, const struct tensor *sh_gate_inp,
+                  struct tensor *sh_logit) {
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     const struct cuda_qweight *qr = cu_qw_of(cb, router); /* F32: plain rows */
-    if (!qr) return;
+    const struct cuda_qweight *qs = sh_gate_inp ? cu_qw_of(cb, sh_gate_inp) : NULL;
+    if (!qr || (sh_gate_inp && !qs)) return;
     struct err e;
     const size_t mark = cu_scratch_mark(b);
     const int64_t n_embd = x->ne[0], n = x->ne[1];
@@ -59,11 +66,12 @@ void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
     const bool fused = cb->moe_xin.buf && n <= CUDA_MOE_FUSED_ROUTE_ROWS && n <= CUDA_MMV_MAX_N &&
                        n_embd % 32 == 0 && n_embd <= PREP_MAX_K;
     smelt_status st;
-    if (fused)
+    if (fused) /* the shared expert's gate logit as one more row of the router */
         st = cuda_moe_route_fused(&cb->ctx, x->data, n_embd, n, qr->q, bias ? bias->data : NULL,
                                   (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL, pre_w,
                                   pre ? pre->eps : 0, ids->data, weights->data, lg,
-                                  cb->moe_cnt + MOE_CNT_MAX, cb->moe_xin.buf, cb->moe_xin.xf, &e);
+                                  cb->moe_cnt + MOE_CNT_MAX, cb->moe_xin.buf, cb->moe_xin.xf,
+                                  qs ? qs->q : NULL, sh_logit ? sh_logit->data : NULL, &e);
     else
         st = cuda_moe_route(&cb->ctx, x->data, n_embd, n, qr->q, bias ? bias->data : NULL,
                             (int)router->ne[1], (int)ids->ne[0], gating, pre != NULL, pre_w,
@@ -71,6 +79,10 @@ void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights,
     if (st != SMELT_OK) bk_fail(b, e.code, "%s", e.msg);
     cu_scratch_release(b, mark);
     cu_check_launch(cb, "moe route");
+    if (sh_gate_inp && !fused) { /* more rows: the logits as a one-row product */
+        bk_matmul_group(b, 1, &sh_logit, &sh_gate_inp, NULL, x, pre);
+        if (!cu_ok(cb)) return;
+    }
     if (fused && st == SMELT_OK)
         cb->moe_xin = (typeof(cb->moe_xin)){cb->moe_xin.buf, cb->moe_xin.xf, x->data, pre_w, n, n_embd,
                                             pre ? pre->eps : 0, pre != NULL, cb->op_seq};
@@ -169,7 +181,8 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     cu_check_launch(cb, "moe down (mmq)");
     if (st == SMELT_OK)
         st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
-                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, NULL, &e);
+                              w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc, NULL, NULL,
+                              &e);
     cu_check_launch(cb, "moe combine");
     if (st != SMELT_OK) {
         bk_fail(b, e.code, "%s: %s", name, e.msg);
@@ -179,36 +192,25 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     return true;
 }
 
-void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
-                const struct moe_experts *w, const struct tensor *ids, const struct tensor *weights,
-                const struct prenorm *pre, bool acc, const struct prenorm *next) {
-    struct cuda_backend *cb = cu_enter(b);
-    const bool have_xin = xin_matches(cb, x, pre); /* before anything else runs */
-    if (!cu_ok(cb)) return;
-    const struct cuda_qweight *qg = cu_qw_of(cb, w->gate), *qu = cu_qw_of(cb, w->up),
-                              *qd = cu_qw_of(cb, w->down);
-    if (!qg || !qu || !qd) return;
-    const char *name = w->gate->name ? w->gate->name : "moe_ffn";
+/* The experts (and the shared expert as a slot when `slot`): the rest of cu_moe_ffn. */
+static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const struct tensor *x,
+                            const struct moe_experts *w, const struct tensor *ids,
+                            const struct tensor *weights, const struct prenorm *pre, bool acc,
+                            const struct prenorm *next, bool have_xin, bool slot,
+                            const struct cuda_qweight *qg, const struct cuda_qweight *qu,
+                            const struct cuda_qweight *qd, const char *name) {
+    struct backend *b = &cb->base;
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
-    if (qg->type != qu->type) {
-        bk_fail(b, SMELT_ERR_UNSUPPORTED, "%s: gate (%s) and up (%s) experts differ in type", name,
-                qtype_name(qg->type), qtype_name(qu->type));
-        return;
-    }
-    if (n_exp > CUDA_MOE_MAX_EXPERTS) {
-        bk_fail(b, SMELT_ERR_UNSUPPORTED, "%s: %d experts (the GPU groups at most %d)", name, n_exp,
-                CUDA_MOE_MAX_EXPERTS);
-        return;
-    }
     if (moe_ffn_mmq(cb, dst, x, w, ids, weights, pre, acc, qg, qu, qd, name)) return;
+    const int ks = slot ? k + 1 : k; /* slots a token in decode */
     const size_t mark = cu_scratch_mark(b);
     struct err e;
     smelt_status st = SMELT_OK;
     const bool decode = n <= CUDA_MMV_MAX_N;
     const int ch = decode ? 1 : CUDA_MMV_MAX_N;
     /* chunks and grouped rows: decode, one chunk per pair; else whole chunks per expert */
-    const int64_t n_chunks = decode ? n * k : cuda_moe_chunks(n * k, n_exp, ch),
+    const int64_t n_chunks = decode ? n * ks : cuda_moe_chunks(n * k, n_exp, ch),
                   rows = n_chunks * ch;
     int32_t *chunk_eid = decode ? ids->data : cu_scratch(cb, (size_t)n_chunks * sizeof(int32_t));
     int32_t *pos = decode ? NULL : cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
@@ -241,12 +243,15 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     }
     struct cuda_mmv_ids id = {.eid = chunk_eid,
                               .n_chunks = (int)n_chunks,
-                              .x_div = decode ? k : 1,
+                              .x_div = decode ? ks : 1,
                               .n_exp = n_exp,
                               .x_rows = x_rows,
                               .gate_b = w->gate_b ? w->gate_b->data : NULL,
                               .up_b = w->up_b ? w->up_b->data : NULL,
-                              .signal_late = n == 1}; /* the down launch takes its ids early */
+                              .signal_late = n == 1, /* the down launch takes its ids early */
+                              .sh_k = slot ? k : 0,
+                              .sh_w = {slot ? cu_qw_of(cb, w->sh_gate) : NULL,
+                                       slot ? cu_qw_of(cb, w->sh_up) : NULL}};
     /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch,
      * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
      * quantize, then n * n_embd for the sum */
@@ -286,8 +291,15 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     /* one token: the ids' writer (the router) ran before gate/up, which signals this launch
      * only after its own wait (signal_late; or the quantize after it does): the down
      * weights start streaming while gate/up runs */
-    id = (struct cuda_mmv_ids){.eid = chunk_eid, .n_chunks = (int)n_chunks, .x_div = 1, .n_exp = n_exp,
-                               .x_rows = rows, .ids_early = n == 1};
+    id = (struct cuda_mmv_ids){.eid = chunk_eid,
+                               .n_chunks = (int)n_chunks,
+                               .x_div = 1,
+                               .n_exp = n_exp,
+                               .x_rows = rows,
+                               .ids_early = n == 1,
+                               .sh_k = slot ? k : 0,
+                               .sh_w = {slot ? cu_qw_of(cb, w->sh_down) : NULL},
+                               .cmb_sh_logit = slot && w->sh_logit ? w->sh_logit->data : NULL};
     if (fuse_c) {
         id.cmb_dst = dst->data;
         id.cmb_ids = ids->data;
@@ -303,12 +315,13 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
             id.cmb_post_ss = post.ss;
         }
     }
+    const struct cuda_moe_shared shd = {w->sh_logit ? w->sh_logit->data : NULL};
     st = cuda_mmv_id(&cb->ctx, qd, &id, ch, h, y, hq, &e);
     cu_check_launch(cb, "moe down");
     if (st == SMELT_OK && !fuse_c)
         st = cuda_moe_combine(&cb->ctx, dst->data, y, pos, ids->data, weights->data,
                               w->down_b ? w->down_b->data : NULL, n_embd, n, k, n_exp, acc,
-                              prep ? &post : NULL, &e);
+                              prep ? &post : NULL, slot ? &shd : NULL, &e);
     cu_check_launch(cb, "moe combine");
     if (st != SMELT_OK) {
         bk_fail(b, e.code, "%s: %s", name, e.msg);
@@ -318,4 +331,53 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     if (prep) /* after cu_check_launch, which clears it */
         cb->prep = (typeof(cb->prep)){cb->prep.buf, cb->prep.ss, cb->prep.cnt, dst->data, next->w->data,
                                       n, n_embd, next->eps, true};
+}
+
+/* Whether the shared expert runs as one more slot of each row in the experts' decode launches
+ * (n <= CUDA_MMV_MAX_N: gate/up, down, and the weighted sum or its epilogue): its weights of
+ * one expert's shape and the experts' types, no biases. At one row it spares its own launches
+ * (norm and quantize, gate/up, the gate's sigmoid, quantize, down: ~28 us a layer on the H200,
+ * cold, for Qwen3.5-35B-A3B) for one more chunk in each; every decode row count takes it, so
+ * that a row gets the same bits alone and in a decode batch. */
+static bool shared_as_slot(struct cuda_backend *cb, const struct tensor *x, const struct moe_experts *w,
+                           const struct cuda_qweight *qg, const struct cuda_qweight *qu,
+                           const struct cuda_qweight *qd) {
+    const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
+    if (!w->sh_gate || n > CUDA_MMV_MAX_N || w->gate_b || w->up_b || w->down_b)
+        return false;
+    const struct cuda_qweight *sg = cu_qw_of(cb, w->sh_gate), *su = cu_qw_of(cb, w->sh_up),
+                              *sd = cu_qw_of(cb, w->sh_down);
+    return sg && su && sd && sg->type == qg->type && su->type == qu->type && sd->type == qd->type &&
+           sg->rows == n_ff && su->rows == n_ff && sg->k == n_embd && su->k == n_embd &&
+           sd->rows == n_embd && sd->k == n_ff;
+}
+
+void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
+                const struct moe_experts *w, const struct tensor *ids, const struct tensor *weights,
+                const struct prenorm *pre, bool acc, const struct prenorm *next) {
+    struct cuda_backend *cb = cu_enter(b);
+    const bool have_xin = xin_matches(cb, x, pre); /* before anything else runs */
+    if (!cu_ok(cb)) return;
+    const struct cuda_qweight *qg = cu_qw_of(cb, w->gate), *qu = cu_qw_of(cb, w->up),
+                              *qd = cu_qw_of(cb, w->down);
+    if (!qg || !qu || !qd) return;
+    const char *name = w->gate->name ? w->gate->name : "moe_ffn";
+    const int n_exp = (int)w->gate->ne[2];
+    if (qg->type != qu->type) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "%s: gate (%s) and up (%s) experts differ in type", name,
+                qtype_name(qg->type), qtype_name(qu->type));
+        return;
+    }
+    if (n_exp > CUDA_MOE_MAX_EXPERTS) {
+        bk_fail(b, SMELT_ERR_UNSUPPORTED, "%s: %d experts (the GPU groups at most %d)", name, n_exp,
+                CUDA_MOE_MAX_EXPERTS);
+        return;
+    }
+    /* the shared expert: one more slot of the experts' launches where it fits them, else
+     * its own launches (bk_moe_shared_hidden, bk_moe_shared_down, as the CPU runs it) */
+    const bool slot = shared_as_slot(cb, x, w, qg, qu, qd);
+    struct tensor *sh = slot ? NULL : bk_moe_shared_hidden(b, x, w, pre);
+    moe_ffn_experts(cb, dst, x, w, ids, weights, pre, acc, sh ? NULL : next, have_xin, slot, qg, qu,
+                    qd, name);
+    bk_moe_shared_down(b, dst, w, sh, next);
 }
