@@ -59,17 +59,24 @@ static float *randv(int64_t n, float scale) {
     return v;
 }
 
-/* A weight bound to the GPU from host bytes (the host copy is the caller's). */
-static struct tensor *gpu_weight(uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, void *host) {
+/* A weight bound to the GPU from host bytes (the host copy is the caller's), named (the
+ * binding treats a few names apart: ffn_gate_inp_shexp) or not. */
+static struct tensor *gpu_weight_named(uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, void *host,
+                                       const char *name) {
     struct tensor *t = calloc(1, sizeof *t);
     struct err e;
     tensor_init(t, type, ne0, ne1, ne2, 1);
     t->data = host;
+    t->name = name;
     if (bk_weight_bind(gpu, t, &e) != SMELT_OK) {
         fprintf(stderr, "bind: %s\n", e.msg);
         T_CHECK(0);
     }
     return t;
+}
+
+static struct tensor *gpu_weight(uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, void *host) {
+    return gpu_weight_named(type, ne0, ne1, ne2, host, NULL);
 }
 
 /* A CPU scratch tensor holding a copy of host data. */
@@ -127,7 +134,7 @@ static void check_route(const struct route_case *rc) {
     struct tensor *nw = gpu_weight(QT_F32, E, 1, 1, nwv);
     /* the shared expert's gate row: its logit as one more row of the router */
     float *sgv = randv(E, 1.0f / sqrtf((float)E)), *sl = malloc(sizeof(float) * (size_t)n);
-    struct tensor *sg = gpu_weight(QT_F32, E, 1, 1, sgv);
+    struct tensor *sg = gpu_weight_named(QT_F32, E, 1, 1, sgv, "blk.0.ffn_gate_inp_shexp.weight");
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(k * n)),
             *want = malloc(sizeof(int32_t) * (size_t)k);
     float *wt = malloc(sizeof(float) * (size_t)(k * n));
