@@ -61,8 +61,12 @@ static struct backend *cpu, *gpu;
 /* products of every row count on mmv where mmq does not take them (SMELT_GEMM_MIN_ROWS): F32
  * activations for float weights, for test_hybrid's F16 files */
 static struct backend *gpu_f32act;
+/* no small-batch tensor-core kernel (SMELT_MM_PATH=legacy): decode rows take mmv's int8
+ * activations at every row count, for check_model's strict batch invariance */
+static struct backend *gpu_nommb;
 
 struct runner {
+    struct backend *bk; /* where the model runs */
     struct model *m;
     struct kv_store *kv;
     struct kv_pool pool;
@@ -74,6 +78,7 @@ static bool runner_init_placed(struct runner *r, const struct gguf_file *f, stru
                                uint32_t kv_type, int n_blocks, const struct model_place *place) {
     struct err e;
     memset(r, 0, sizeof *r);
+    r->bk = bk;
     int32_t slots = 0;
     if (model_load_placed(&r->m, f, bk, place, &e) != SMELT_OK ||
         model_kv_new(r->m, kv_type, 16, n_blocks, slots = model_is_recurrent(r->m) ? 8 : 0, &r->kv, &e) ||
@@ -397,9 +402,9 @@ static bool batch_steps(struct runner *rg, const int32_t *ids, const int lens[3]
     for (int q = 0; ok && q < 3; q++) {
         kv_seq_init(&s3[q]);
         ok = step(rg, &s3[q], ids, lens[q], 0, tmp);
-        if (ta) trace_on(gpu);
+        if (ta) trace_on(rg->bk);
         ok = ok && step(rg, &s3[q], ids + lens[q], 1, lens[q], alone + (size_t)q * nv);
-        if (ta) ta[q] = trace_off(gpu, &na[q]);
+        if (ta) ta[q] = trace_off(rg->bk, &na[q]);
         kv_seq_release(&rg->pool, &s3[q]);
     }
     for (int q = 0; ok && q < 3; q++) {
@@ -418,9 +423,9 @@ static bool batch_steps(struct runner *rg, const int32_t *ids, const int lens[3]
         }
         struct batch b = {3, tk, pos, seq, want, 3, views};
         int32_t n_out;
-        if (tm) trace_on(gpu);
+        if (tm) trace_on(rg->bk);
         ok = ok && model_forward(rg->m, rg->kv, &b, mixed, &n_out, &e) == SMELT_OK;
-        if (tm) *tm = trace_off(gpu, nm);
+        if (tm) *tm = trace_off(rg->bk, nm);
         for (int q = 0; q < 3; q++) kv_seq_release(&rg->pool, &s3[q]);
     }
     free(tmp);
@@ -509,38 +514,57 @@ static void check_model(const char *path, enum model_kind kind) {
     while (ok && same < GREEDY && gc[same] == gg[same]) same++;
     if (strict) T_CHECKF(same == GREEDY, "%s: greedy text matches for %d of %d tokens", path, same, GREEDY);
 
-    /* batch invariance on the GPU: three sequences alone, then together (graphs on) */
+    /* batch invariance on the GPU: three sequences alone, then together (graphs on), first
+     * on the default paths. There a row's products may take another activation form in a
+     * batch: the tuner picks mmb (f16 activations) at 2-8 rows where it measured it faster,
+     * one row takes mmv (int8). So REAL files are held to 0.9995 and the argmax, random
+     * weights (nearly flat logits) to 0.99: the random Qwen3.5-9B, mmb at 3 rows for every
+     * shape, carries that rounding through 32 layers to 0.9964 (H100, 2026-12-05). */
     const int lens[3] = {5, 17, 29};
-    double batch_worst = 1.0;
+    double batch_worst = 1.0, strict_worst = 1.0;
     float *alone = malloc(sizeof(float) * (size_t)nv * 3), *mixed = malloc(sizeof(float) * (size_t)nv * 3);
     ok = ok && alone && mixed && batch_steps(&rg, ids, lens, alone, mixed, NULL, NULL, NULL, NULL);
     for (int q = 0; ok && q < 3; q++) {
         const float *a = alone + (size_t)q * nv, *m = mixed + (size_t)q * nv;
         double c = cosine(a, m, nv);
         if (c < batch_worst) batch_worst = c;
-        T_CHECKF(c >= (kind == FIXTURE ? 0.99999 : 0.9995), "%s: sequence %d in a batch: cosine %.7f", path, q, c);
+        T_CHECKF(c >= (kind == FIXTURE ? 0.99999 : kind == REAL ? 0.9995 : 0.99),
+                 "%s: sequence %d in a batch: cosine %.7f", path, q, c);
         if (kind == REAL)
             T_CHECKF(cpu_margin(a, m, nv) < NOISE_MARGIN,
                      "%s: sequence %d in a batch: argmax %d alone, %d in the batch (margin %.3f)", path, q,
                      argmax(a, nv), argmax(m, nv), (double)cpu_margin(a, m, nv));
     }
-    /* The same steps traced (eager, each op's output downloaded): the logits must equal the
-     * graph-replayed ones bit for bit, and the first op where a row alone and in the batch
-     * differ, whose inputs are therefore equal on both sides, may differ only by its own
-     * summation order (< 1e-5 relative). A larger first difference is a real batch
-     * dependence (another quantization, a row mixed up), not rounding. */
+    /* Then the batch machinery itself, on a backend without mmb (gpu_nommb: every decode
+     * row count takes mmv's int8 form): a row in a batch within 0.9995 of itself alone
+     * (0.99999 on the fixtures), and the same steps traced (eager, each op's output
+     * downloaded): the logits must equal the graph-replayed ones bit for bit, and the first
+     * op where a row alone and in the batch differ, whose inputs are therefore equal on both
+     * sides, may differ only by its own summation order (< 1e-5 relative). A larger first
+     * difference is a real batch dependence (another quantization, a row mixed up), not
+     * rounding. */
+    struct runner rn;
+    const bool have_rn = ok && runner_init(&rn, f, gpu_nommb, QT_F16, 64);
+    T_CHECKF(!ok || have_rn, "%s: load on the backend without mmb", path);
+    ok = ok && have_rn && batch_steps(&rn, ids, lens, alone, mixed, NULL, NULL, NULL, NULL);
+    for (int q = 0; ok && q < 3; q++) {
+        double c = cosine(alone + (size_t)q * nv, mixed + (size_t)q * nv, nv);
+        if (c < strict_worst) strict_worst = c;
+        T_CHECKF(c >= (kind == FIXTURE ? 0.99999 : 0.9995), "%s: sequence %d in a batch (no mmb): cosine %.7f",
+                 path, q, c);
+    }
     struct trace_rec *ta[3] = {0}, *tm = NULL;
     int na[3] = {0}, nm = 0;
     float *alone2 = malloc(sizeof(float) * (size_t)nv * 3), *mixed2 = malloc(sizeof(float) * (size_t)nv * 3);
     const char *tb = getenv("SMELT_TRACE_BATCH");
     const int verbose = tb && *tb ? atoi(tb) : 0;
-    ok = ok && alone2 && mixed2 && batch_steps(&rg, ids, lens, alone2, mixed2, ta, na, &tm, &nm);
+    ok = ok && alone2 && mixed2 && batch_steps(&rn, ids, lens, alone2, mixed2, ta, na, &tm, &nm);
     if (ok) {
         T_CHECKF(!memcmp(alone, alone2, sizeof(float) * (size_t)nv * 3) &&
                      !memcmp(mixed, mixed2, sizeof(float) * (size_t)nv * 3),
                  "%s: the traced (eager) steps' logits differ from the graph-replayed ones", path);
         for (int q = 0; q < 3; q++) {
-            double first = trace_compare(path, q, ta[q], na[q], tm, nm, q, 3, verbose || batch_worst < 0.99999);
+            double first = trace_compare(path, q, ta[q], na[q], tm, nm, q, 3, verbose || strict_worst < 0.99999);
             T_CHECKF(first >= 0 && first < 1e-5, "%s: sequence %d: the first op to differ in a batch differs by %.2e",
                      path, q, first);
         }
@@ -549,10 +573,11 @@ static void check_model(const char *path, enum model_kind kind) {
     trace_free(tm, nm);
     free(alone2);
     free(mixed2);
+    if (have_rn) runner_free(&rn);
     T_CHECK(ok);
     printf("cuda vs cpu %-48s worst cosine %.6f, argmax %d/%d (largest CPU margin of a flip %.3f), greedy %d/%d, "
-           "batch cosine %.7f\n",
-           path, worst, agree, total, (double)flip_margin, same, GREEDY, batch_worst);
+           "batch cosine %.7f (without mmb %.7f)\n",
+           path, worst, agree, total, (double)flip_margin, same, GREEDY, batch_worst, strict_worst);
     free(alone);
     free(mixed);
     free(lc);
@@ -1220,6 +1245,12 @@ int main(void) {
         return 1;
     }
     unsetenv("SMELT_GEMM_MIN_ROWS");
+    setenv("SMELT_MM_PATH", "legacy", 1);
+    if (cuda_backend_new(&gpu_nommb, 0, &e) != SMELT_OK) {
+        fprintf(stderr, "backend: %s\n", e.msg);
+        return 1;
+    }
+    unsetenv("SMELT_MM_PATH");
     T_RUN(test_step_uploads);
     T_RUN(test_gpu_vs_reference);
     T_RUN(test_gpu_mixed_batches);
@@ -1229,6 +1260,7 @@ int main(void) {
     T_RUN(test_real_models);
     T_RUN(test_gpu_embeddings);
     T_RUN(test_real_minilm);
+    bk_free(gpu_nommb);
     bk_free(gpu_f32act);
     bk_free(cpu_exact);
     bk_free(cpu);

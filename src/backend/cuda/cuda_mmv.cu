@@ -138,8 +138,7 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
     acc.zero();
     const int n_units = nsb * 8;
     mrow_ref rr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
+    mrefs<GLU, R>(m, row0, rr);
     if (N == 1) {
         /* one token row: each lane loads the 16 B of scales of its unit's super-block */
         bool waited = false;
@@ -287,8 +286,7 @@ static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int ro
     mmv_acc<N, R> acc;
     acc.zero();
     mrow_ref rr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
+    mrefs<GLU, R>(m, row0, rr);
     bool waited = false;
     for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
         q6k_ld v[U][R];
@@ -353,8 +351,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     acc.zero();
     const int n_units = k / 16;
     mrow_ref rr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
+    mrefs<GLU, R>(m, row0, rr);
     bool waited = false;
     for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
         uint4 qv[U][R];
@@ -424,8 +421,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_acc<N, R> acc;
     acc.zero();
     mrow_ref rr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
+    mrefs<GLU, R>(m, row0, rr);
 #pragma unroll 4
     for (int u = lane; u < k / 8; u += 32) {
         float wf[R][8];
@@ -929,7 +925,6 @@ static smelt_status id_epi(struct mmv_mats *m, const struct cuda_qweight *w, con
             m->cmb.post_xq = id->cmb_post_xq;
             m->cmb.post_xd = (float2 *)id->cmb_post_xd;
             m->cmb.post_ss = id->cmb_post_ss;
-            m->cmb.post_cnt = id->cmb_cnt + (int64_t)(id->n_chunks / sl) * rows;
         }
     }
     return SMELT_OK;

@@ -107,13 +107,12 @@ struct mmv_mats {
     const void *sh_q[2], *sh_s[2], *sh_d[2];
     /* Expert mode, one token row a chunk (N = 1), chunks (token, slot) in slot order:
      * the weighted sum of the k slots' outputs (cuda_moe_combine's, with pos NULL) fused
-     * into the store (cmb.dst NULL = off). The block that completes rows row_b .. + per_block
-     * of a token over its live slots (counted in cnt[token * rows + row_b], which it resets)
-     * writes dst (+)= sum over the slots in increasing expert id of w * (y + b[e]).
-     * post_xq (NULL = off): then the block that completes a group of 32 dst rows of a token
-     * (counted in post_cnt[token * rows / 32 + group], reset) writes the next norm's input
-     * as the cu_matmul_acc epilogue does (post_quantize): the int8 form of post_w * dst and
-     * the group's sum of squares of dst. */
+     * into the store (cmb.dst NULL = off). The block that completes a group of 32 rows of
+     * a token over its live slots (counted in cnt[token * rows / 32 + group], which it
+     * resets) writes dst (+)= sum over the slots in increasing expert id of w * (y + b[e])
+     * for the group, and with post_xq (NULL = off) the next norm's input as the
+     * cu_matmul_acc epilogue does (post_quantize): the int8 form of post_w * dst and the
+     * group's sum of squares of dst. */
     struct {
         float *dst;
         const int32_t *ids;
@@ -124,7 +123,6 @@ struct mmv_mats {
         int8_t *post_xq;
         float2 *post_xd;
         float *post_ss;
-        unsigned *post_cnt;
         const float *sh_logit; /* with id_k: the shared slot's gate logit per token, or NULL */
     } cmb;
 };
@@ -175,7 +173,7 @@ struct mrow_ref {
 };
 
 template <int GLU>
-static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int r) {
+static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int r, int64_t e) {
     mrow_ref o;
     if (GLU) {
         o.mat = r;
@@ -186,7 +184,6 @@ static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int
         o.mat = row < m.end[0] ? 0 : row < m.end[1] ? 1 : 2;
         o.row = row - (o.mat == 0 ? 0 : o.mat == 1 ? m.end[0] : m.end[1]);
     }
-    const int64_t e = mmv_expert(m);
     if (m.id_k && e == m.n_exp) { /* expert mode: the shared slot's own matrices */
         o.q = o.mat == 0 ? m.sh_q[0] : m.sh_q[1];
         o.s = o.mat == 0 ? m.sh_s[0] : m.sh_s[1];
@@ -198,6 +195,14 @@ static __device__ __forceinline__ mrow_ref mref(const mmv_mats &m, int row0, int
     o.s = o.mat == 0 ? m.s[0] : o.mat == 1 ? m.s[1] : m.s[2];
     o.d = o.mat == 0 ? m.d[0] : o.mat == 1 ? m.d[1] : m.d[2];
     return o;
+}
+
+/* The R rows of a warp whose first row is row0 (the block's expert looked up once). */
+template <int GLU, int R>
+static __device__ __forceinline__ void mrefs(const mmv_mats &m, int row0, mrow_ref *rr) {
+    const int64_t e = mmv_expert(m);
+#pragma unroll
+    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r, e);
 }
 
 static __device__ __forceinline__ float glu_act(int glu, float g) {
@@ -313,11 +318,15 @@ struct mmv_acc {
         if (m.epi.post_cnt) post_quantize(m, per_block);
         if (m.cmb.dst) combine(m, per_block);
     }
-    /* cmb.dst (see mmv_mats): the last live slot's block of a token's rows sums the slots. */
+    /* cmb.dst (see mmv_mats): the block that completes a token's group of 32 rows over
+     * every live slot sums the slots for the group (a lane a row) and, with post_xq,
+     * prepares the next norm's input from its own sums: one count and one reload from L2
+     * after the product (a count per block's rows, then one per group, cost the decode step
+     * ~6.7 us a MoE layer on the H200). per_block divides 32 (rows % 32 == 0). */
     __device__ __forceinline__ void combine(const mmv_mats &m, int per_block) {
         /* sl: slots a token, the k experts' and the shared one (id_k) */
         const int rows = m.end[0], k = m.cmb.k, sl = k + (m.id_k ? 1 : 0), r = blockIdx.y / sl,
-                  row_b = blockIdx.x * per_block;
+                  grp = blockIdx.x * per_block / 32;
         const int32_t *id = m.cmb.ids + (int64_t)r * k;
         __shared__ int last;
         __shared__ int order[32];
@@ -326,9 +335,9 @@ struct mmv_acc {
         if (threadIdx.x == 0 && threadIdx.y == 0) {
             int live = m.id_k ? 1 : 0;
             for (int j = 0; j < k; j++) live += id[j] >= 0 && id[j] < m.n_exp;
-            unsigned *cn = m.cmb.cnt + (int64_t)r * rows + row_b;
-            last = atomicAdd(cn, 1u) == (unsigned)(live - 1);
-            if (last) *cn = 0u; /* every live slot has counted */
+            unsigned *cn = m.cmb.cnt + (int64_t)r * (rows / 32) + grp;
+            last = atomicAdd(cn, 1u) == (unsigned)(live * (32 / per_block) - 1);
+            if (last) *cn = 0u; /* every block of every live slot has counted */
         }
         __syncthreads();
         if (!last || threadIdx.y != 0) return;
@@ -341,39 +350,27 @@ struct mmv_acc {
             order[rank] = lane;
         }
         __syncwarp();
-        const int row = row_b + lane;
-        if (lane < per_block && row < rows) {
-            float s = 0.0f;
-            for (int q = 0; q < k; q++) {
-                const int j = order[q], ex = id[j];
-                if (ex < 0 || ex >= m.n_exp) continue;
-                float v = __ldcg(m.y[0] + ((int64_t)r * sl + j) * rows + row); /* other blocks': L2 */
-                if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
-                s += m.cmb.w[(int64_t)r * k + j] * v;
-            }
-            if (m.id_k) { /* the shared expert, last: its gate as the weight */
-                const float v = __ldcg(m.y[0] + ((int64_t)r * sl + k) * rows + row);
-                const float g = m.cmb.sh_logit ? 1.0f / (1.0f + expf(-m.cmb.sh_logit[r])) : 1.0f;
-                s += g * v;
-            }
-            float *o = m.cmb.dst + (int64_t)r * rows + row;
-            *o = m.cmb.acc ? *o + s : s;
+        const int row = grp * 32 + lane;
+        float s = 0.0f;
+        for (int q = 0; q < k; q++) {
+            const int j = order[q], ex = id[j];
+            if (ex < 0 || ex >= m.n_exp) continue;
+            float v = __ldcg(m.y[0] + ((int64_t)r * sl + j) * rows + row); /* other blocks': L2 */
+            if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
+            s += m.cmb.w[(int64_t)r * k + j] * v;
         }
-        if (!m.cmb.post_xq) return;
-        /* the next norm's input, once the token's 32-row group is summed (rows % 32 == 0) */
-        __threadfence();
-        __syncwarp();
-        const int grp = row_b / 32;
-        unsigned *pc = m.cmb.post_cnt + (int64_t)r * (rows / 32) + grp;
-        int done = 0;
-        if (lane == 0) done = atomicAdd(pc, 1u) == (unsigned)(32 / per_block - 1);
-        if (!__shfl_sync(0xffffffffu, done, 0)) return;
-        __threadfence();
-        const int64_t o = (int64_t)r * rows + grp * 32 + lane;
-        const float y = __ldcg(m.cmb.dst + o); /* other blocks' sums: from L2 */
-        post_prep(y, m.cmb.post_w ? m.cmb.post_w[grp * 32 + lane] : 1.0f, m.cmb.post_xq, m.cmb.post_xd, o,
-                  m.cmb.post_ss ? m.cmb.post_ss + (int64_t)r * (rows / 32) + grp : NULL);
-        if (lane == 0) *pc = 0u;
+        if (m.id_k) { /* the shared expert, last: its gate as the weight */
+            const float v = __ldcg(m.y[0] + ((int64_t)r * sl + k) * rows + row);
+            const float g = m.cmb.sh_logit ? 1.0f / (1.0f + expf(-m.cmb.sh_logit[r])) : 1.0f;
+            s += g * v;
+        }
+        const int64_t o = (int64_t)r * rows + row;
+        const float y = m.cmb.acc ? m.cmb.dst[o] + s : s;
+        m.cmb.dst[o] = y;
+        /* the next norm's input (the warp holds the token's whole group) */
+        if (m.cmb.post_xq)
+            post_prep(y, m.cmb.post_w ? m.cmb.post_w[row] : 1.0f, m.cmb.post_xq, m.cmb.post_xd, o,
+                      m.cmb.post_ss ? m.cmb.post_ss + (int64_t)r * (rows / 32) + grp : NULL);
     }
     /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
      * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the

@@ -144,10 +144,9 @@ struct cuda_mmv_ids {
      *  - cuda_mmv_id with n = 1, x_div = 1 and chunks (token, slot) in slot order (decode),
      *    rows per expert % 32 == 0: cmb_dst (n_chunks / cmb_k token rows) gets
      *    cuda_moe_combine(cmb_dst, y, NULL, cmb_ids, cmb_w, cmb_b, ...) in the same launch;
-     *    cmb_cnt: (n_chunks / cmb_k) x rows-per-expert counters, zeroed, left zeroed. y is
-     *    still written (the sum reads it back from L2). With cmb_post_xq, also the next
-     *    norm's input of cmb_dst as cuda_moe_combine's post_* writes it; its counters follow
-     *    cmb_cnt's: (n_chunks / cmb_k) x rows / 32 more. */
+     *    cmb_cnt: (n_chunks / cmb_k) x rows-per-expert / 32 counters, zeroed, left zeroed.
+     *    y is still written (the sum reads it back from L2). With cmb_post_xq, also the next
+     *    norm's input of cmb_dst as cuda_moe_combine's post_* writes it. */
     unsigned *post_cnt;
     int8_t *post_xq;
     void *post_xd;

@@ -1,6 +1,6 @@
 /* mmv kernels (decode: 1..8 token rows) for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4,
  * Q2_K, Q3_K and Q5_K, their repacking at upload, and their launch (called by cuda_mmv.cu's launchers
- * through cuda_mmv.cuh). They use the family's mmv_mats / mrow_ref / mref / mmv_acc and MMV_*
+ * through cuda_mmv.cuh). They use the family's mmv_mats / mrow_ref / mrefs / mmv_acc and MMV_*
  * knobs (cuda_mmv.cuh), so stacked matrices, the GLU mode and the pre_ss / post_* epilogues
  * work as for Q4_K.
  *
@@ -295,8 +295,7 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     mmv_acc<N, R> acc;
     acc.zero();
     mrow_ref rr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rr[r] = mref<GLU>(m, row0, r);
+    mrefs<GLU, R>(m, row0, rr);
     for (int base = 0; base < upr; base += 32 * U) {
         typename TT::ld v[U][R];
 #pragma unroll

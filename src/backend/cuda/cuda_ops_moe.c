@@ -192,14 +192,17 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     return true;
 }
 
-/* The experts (and the shared expert as a slot when `slot`): the rest of cu_moe_ffn. */
+/* The experts (and the shared expert as a slot when sq, its gate, up and down, is given):
+ * the rest of cu_moe_ffn. */
 static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const struct tensor *x,
                             const struct moe_experts *w, const struct tensor *ids,
                             const struct tensor *weights, const struct prenorm *pre, bool acc,
-                            const struct prenorm *next, bool have_xin, bool slot,
-                            const struct cuda_qweight *qg, const struct cuda_qweight *qu,
-                            const struct cuda_qweight *qd, const char *name) {
+                            const struct prenorm *next, bool have_xin,
+                            const struct cuda_qweight *const *sq, const struct cuda_qweight *qg,
+                            const struct cuda_qweight *qu, const struct cuda_qweight *qd,
+                            const char *name) {
     struct backend *b = &cb->base;
+    const bool slot = sq != NULL; /* the shared expert's gate, up, down as a slot */
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     const int k = (int)ids->ne[0], n_exp = (int)w->gate->ne[2];
     if (moe_ffn_mmq(cb, dst, x, w, ids, weights, pre, acc, qg, qu, qd, name)) return;
@@ -250,11 +253,10 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
                               .up_b = w->up_b ? w->up_b->data : NULL,
                               .signal_late = n == 1, /* the down launch takes its ids early */
                               .sh_k = slot ? k : 0,
-                              .sh_w = {slot ? cu_qw_of(cb, w->sh_gate) : NULL,
-                                       slot ? cu_qw_of(cb, w->sh_up) : NULL}};
+                              .sh_w = {slot ? sq[0] : NULL, slot ? sq[1] : NULL}};
     /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch,
      * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
-     * quantize, then n * n_embd for the sum */
+     * quantize, then n * n_embd / 32 for the sum */
     const int64_t n_q = n_chunks * (n_ff / 32);
     const bool fuse = decode && n <= MOE_FUSED_MAX_ROWS && cb->moe_cnt;
     const bool fuse_q = fuse && cuda_mmv_needs_quant(qg->type) &&
@@ -265,7 +267,7 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
     const bool prep = decode && next && next->w && cb->prep.buf && n_embd % 32 == 0 &&
                       n_embd <= PREP_MAX_K;
     const bool fuse_c = fuse && n_embd % 32 == 0 &&
-                        (fuse_q ? n_q : 0) + n * n_embd + (prep ? n * n_embd / 32 : 0) <= MOE_CNT_MAX;
+                        (fuse_q ? n_q : 0) + n * n_embd / 32 <= MOE_CNT_MAX;
     struct cuda_moe_post post = {0};
     if (prep) {
         post.w = next->w->data;
@@ -298,7 +300,7 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
                                .x_rows = rows,
                                .ids_early = n == 1,
                                .sh_k = slot ? k : 0,
-                               .sh_w = {slot ? cu_qw_of(cb, w->sh_down) : NULL},
+                               .sh_w = {slot ? sq[2] : NULL},
                                .cmb_sh_logit = slot && w->sh_logit ? w->sh_logit->data : NULL};
     if (fuse_c) {
         id.cmb_dst = dst->data;
@@ -341,12 +343,13 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
  * that a row gets the same bits alone and in a decode batch. */
 static bool shared_as_slot(struct cuda_backend *cb, const struct tensor *x, const struct moe_experts *w,
                            const struct cuda_qweight *qg, const struct cuda_qweight *qu,
-                           const struct cuda_qweight *qd) {
+                           const struct cuda_qweight *qd, const struct cuda_qweight *sq[3]) {
     const int64_t n_embd = x->ne[0], n = x->ne[1], n_ff = w->gate->ne[1];
     if (!w->sh_gate || n > CUDA_MMV_MAX_N || w->gate_b || w->up_b || w->down_b)
         return false;
     const struct cuda_qweight *sg = cu_qw_of(cb, w->sh_gate), *su = cu_qw_of(cb, w->sh_up),
                               *sd = cu_qw_of(cb, w->sh_down);
+    sq[0] = sg, sq[1] = su, sq[2] = sd;
     return sg && su && sd && sg->type == qg->type && su->type == qu->type && sd->type == qd->type &&
            sg->rows == n_ff && su->rows == n_ff && sg->k == n_embd && su->k == n_embd &&
            sd->rows == n_embd && sd->k == n_ff;
@@ -375,9 +378,10 @@ void cu_moe_ffn(struct backend *b, struct tensor *dst, const struct tensor *x,
     }
     /* the shared expert: one more slot of the experts' launches where it fits them, else
      * its own launches (bk_moe_shared_hidden, bk_moe_shared_down, as the CPU runs it) */
-    const bool slot = shared_as_slot(cb, x, w, qg, qu, qd);
+    const struct cuda_qweight *sq[3];
+    const bool slot = shared_as_slot(cb, x, w, qg, qu, qd, sq);
     struct tensor *sh = slot ? NULL : bk_moe_shared_hidden(b, x, w, pre);
-    moe_ffn_experts(cb, dst, x, w, ids, weights, pre, acc, sh ? NULL : next, have_xin, slot, qg, qu,
-                    qd, name);
+    moe_ffn_experts(cb, dst, x, w, ids, weights, pre, acc, sh ? NULL : next, have_xin, slot ? sq : NULL,
+                    qg, qu, qd, name);
     bk_moe_shared_down(b, dst, w, sh, next);
 }
