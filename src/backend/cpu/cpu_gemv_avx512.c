@@ -681,28 +681,39 @@ LEGACY_GEMV(q5_1, QT_Q5_1)
 LEGACY_GEMV(iq4_nl, QT_IQ4_NL)
 LEGACY_GEMV(mxfp4, QT_MXFP4)
 
+/* gemv_max_n: the gemv kernel runs up to 8 X rows (6 for Q5_0, IQ4_NL and Q2_K; 4 for Q6_K and
+ * IQ4_XS; Q3_K and MXFP4 the default 3) instead of unpacking and packing the weights for the
+ * tile, as on AVX2 (cpu_gemv_avx2.c). Measured (`bench_matmul -t 1` and `-t 4 -r 9 -n
+ * 3,4,6,8`, 4096x4096 and 512x2048, two alternated runs of each build, the smaller median;
+ * 16-core Intel Xeon with AVX-512 VNNI, the H100 host, 2026-12-05; gemv / packed time):
+ * Q4_K 0.46 / 0.59 / 0.77 at 4 / 6 / 8 rows (4096x4096, one thread), Q5_K 0.50 / 0.65 / 0.70,
+ * Q8_0 0.44 / 0.60 / 0.67, Q4_0 0.51 / 0.65 / 0.82, Q4_1 and Q5_1 alike; Q5_0, IQ4_NL, Q2_K
+ * 0.63-0.82 at 4, 0.83-0.98 at 6, 0.86-1.06 at 8; Q6_K 0.92 at 4, 1.08-1.20 at 6; IQ4_XS
+ * 0.74-0.88 at 4, 0.82-1.11 at 6; Q3_K 0.99-1.08 at 4; MXFP4 1.33-1.71 at 4 (docs/cpu-backend.md,
+ * "Small batches on the gemv kernels"). The bits are the same either way. */
 void cpu_gemv_avx512(struct cpu_kernel tab[QT_COUNT]) {
-#define GEMV(T, fn, a)                                                                             \
+#define GEMV(T, fn, a, mx)                                                                         \
     do {                                                                                           \
         tab[T].G = GR;                                                                             \
         tab[T].act_gemv = a;                                                                       \
         tab[T].gemv = fn;                                                                          \
+        tab[T].gemv_max_n = mx;                                                                    \
         tab[T].repack = rp_pack16;                                                                 \
         tab[T].unrepack = rp_unpack16;                                                             \
     } while (0)
-    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK);
-    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK);
-    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK);
-    GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK);
-    GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK);
-    GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK);
-    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32);
-    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32);
-    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32);
-    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32);
-    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32);
-    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32);
-    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32);
+    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK, 8);
+    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK, 8);
+    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK, 4);
+    GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK, 4);
+    GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK, 6);
+    GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK, 3);
+    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32, 8);
+    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32, 8);
+    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32, 8);
+    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32, 8);
+    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32, 6);
+    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32, 3);
 #undef GEMV
 }
 #endif
