@@ -923,9 +923,9 @@ static void bench_id(int sweep) {
         cudaMalloc((void **)&post_ss, sizeof(float) * d / 32);
         cudaMalloc((void **)&post_w, sizeof(float) * d);
         cudaMalloc((void **)&gcnt, sizeof(unsigned) * kk * n_ff / 32);
-        cudaMalloc((void **)&ccnt, sizeof(unsigned) * (d + d / 32));
+        cudaMalloc((void **)&ccnt, sizeof(unsigned) * (d / 32)); /* the weighted sum: one counter a 32-row group */
         cudaMemset(gcnt, 0, sizeof(unsigned) * kk * n_ff / 32);
-        cudaMemset(ccnt, 0, sizeof(unsigned) * (d + d / 32));
+        cudaMemset(ccnt, 0, sizeof(unsigned) * (d / 32));
         cudaMemset(dst, 0, sizeof(float) * d);
         cudaMemset(h, 0, sizeof(float) * kk * n_ff);
         cudaMemset(hs, 0, cuda_mmv_scratch_bytes(n_ff, kk));
