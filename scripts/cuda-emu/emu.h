@@ -95,6 +95,14 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
     for (int i = 0; i < 32; i++) m |= (unsigned)(emu_shfl(pred ? 1 : 0, i) != 0) << i;
     return m;
 }
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    unsigned m = 0;
+    for (int i = 0; i < 32; i++) {
+        const unsigned o = emu_shfl(v, i);
+        m = o > m ? o : m;
+    }
+    return m;
+}
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 static inline int __ffs(int x) { return __builtin_ffs(x); }

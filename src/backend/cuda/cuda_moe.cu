@@ -38,32 +38,25 @@ template <class T> static __device__ __forceinline__ T block_sum(T v, T *part) {
     return t;
 }
 
-/* a (value va, id ia) ranks before b: larger, ties to the lower id, NaN after any number. */
-static __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
-    if (ib < 0) return ia >= 0;
-    if (ia < 0) return false;
-    const bool na = isnan(va), nb = isnan(vb);
-    if (na != nb) return nb;
-    if (!na && va != vb) return va > vb;
-    return ia < ib;
-}
-
 /* Row r's x' (rms_norm(x_r) * pre_w when has_pre, else x_r) into xs (n_embd floats, shared),
  * by a block of ROUTE_WARPS warps: the norm's sum of squares in double, as cpu_op_rms_norm,
  * through one fixed tree, so that the router, the experts' input rows (gather_kernel) and the
  * fused decode router all see the same bits. Ends with a barrier. */
 static __device__ __forceinline__ void route_norm(const float *xr, int n_embd, int has_pre, const float *pre_w,
                                                   float eps, float *xs, double *dpart) {
-    float inv = 1.0f;
-    if (has_pre) {
-        double ss = 0;
-        for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
-            ss += (double)xr[i] * xr[i];
-        ss = block_sum(ss, dpart);
-        inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)eps));
+    /* x is read once (one trip to L2, not two): each thread scales the values it stored */
+    double ss = 0;
+    for (int i = threadIdx.x; i < n_embd; i += blockDim.x) {
+        const float v = xr[i];
+        xs[i] = v;
+        ss += (double)v * v;
     }
-    for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
-        xs[i] = has_pre ? (pre_w ? xr[i] * inv * pre_w[i] : xr[i] * inv) : xr[i];
+    if (has_pre) {
+        ss = block_sum(ss, dpart);
+        const float inv = (float)(1.0 / sqrt(ss / (double)n_embd + (double)eps));
+        for (int i = threadIdx.x; i < n_embd; i += blockDim.x)
+            xs[i] = pre_w ? xs[i] * inv * pre_w[i] : xs[i] * inv;
+    }
     __syncthreads();
 }
 
@@ -133,83 +126,81 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     }
 }
 
-/* The warp's best (value, id) by ranks_before, in every lane (a shuffle tree). */
-static __device__ __forceinline__ void warp_best(float &bv, int &bi) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ranks_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+/* The router's order (the CPU's rule: larger first, ties to the lower id, NaN after any
+ * number) as one unsigned comparison: the key of logit (v, id) is the value's bits made
+ * monotone (NaN below every number, -0 as +0: the float compare has them equal) over
+ * 0xffffffff - id (a lower id first on equal values). Keys are distinct, and every key is
+ * above 0, which stands for "none". */
+static __device__ __forceinline__ unsigned long long rank_key(float v, int id) {
+    unsigned u = __float_as_uint(v);
+    if (u == 0x80000000u) u = 0u;
+    u = isnan(v) ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)id);
+}
+
+/* The lane's best key among logits lane, lane + 32, ... of lg that rank after `after` (a
+ * key; ~0 for all), 0 when none. */
+static __device__ __forceinline__ unsigned long long lane_best(const float *lg, int n_exp, int lane,
+                                                               unsigned long long after) {
+    unsigned long long b = 0;
+    for (int i = lane; i < n_exp; i += 32) {
+        const unsigned long long key = rank_key(lg[i], i);
+        if (key < after && key > b) b = key;
     }
+    return b;
+}
+
+/* The warp's largest key, in every lane: the values' halves, then the ids' among the lanes
+ * holding that value (two REDUX instructions). */
+static __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long key) {
+    const unsigned hi = __reduce_max_sync(0xffffffffu, (unsigned)(key >> 32));
+    const unsigned lo = __reduce_max_sync(0xffffffffu, (unsigned)(key >> 32) == hi ? (unsigned)key : 0u);
+    return ((unsigned long long)hi << 32) | lo;
 }
 
 /* The k best of row r's logits lgs[0, n_exp) (largest first; ties to the lower id) and their
- * weights into ids, wt (k each), by the whole block (all its threads call it; blockDim a
- * multiple of 32, n_exp <= 32 blockDim). lg (n_exp floats): shared. The logits are read
- * from L2 (__ldcg): in the fused router other blocks wrote them. ranks_before is a strict
- * total order, so the picks are the first k of the sorted order whatever the method: k
- * rounds of a block-wide arg-best, each a thread's pass over its n_exp / blockDim logits,
- * a warp's shuffle tree and one over the warps' winners. (Each logit's rank by counting,
- * n_exp compares a thread, was a chain of 256 dependent shared loads and compares at 256
- * experts: ~35 us for a 128-thread pick on the H200, 2026-12-04.) The weights are one
- * warp's, in a fixed order. */
+ * weights into ids, wt (k each), by one warp (every lane calls it). lg (n_exp floats): shared.
+ * The logits are read from L2 (__ldcg): in the fused router other blocks wrote them. Round r
+ * takes the largest of the lanes' best keys; only the lane that held it looks again (for
+ * its best below the pick), so a round is two REDUX and one lane's pass over n_exp / 32
+ * logits, with no barrier. (A block-wide arg-best, k rounds of shuffle trees and two
+ * barriers, made the fused router's last block ~12 us of its ~23 on Qwen3-30B-A3B's shape,
+ * ncu on the H100, 2026-12-05; before it, each logit's rank by counting was a chain of 256
+ * dependent shared loads: ~35 us at 256 experts.) The weights in double, in a fixed order:
+ * lane j holds pick j. */
 static __device__ __forceinline__ void route_pick(const float *lgs, int n_exp, int k, int gating, float *lg,
                                                   int32_t *ids, float *wt) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = blockDim.x, nw = nt >> 5;
-    __shared__ int id[32];   /* the picks, largest first */
-    __shared__ float wv[32]; /* a round's per-warp winners */
-    __shared__ int wi[32];
-    for (int i = threadIdx.x; i < n_exp; i += nt)
+    const int lane = threadIdx.x & 31;
+    for (int i = lane; i < n_exp; i += 32)
         lg[i] = __ldcg(lgs + i);
-    __syncthreads();
-    uint32_t taken = 0; /* bit m: logit threadIdx.x + m nt was picked */
+    __syncwarp();
+    unsigned long long best = lane_best(lg, n_exp, lane, ~0ull);
+    int mine = -1, top = 0; /* lane j: pick j */
     for (int r = 0; r < k; r++) {
-        float bv = 0.0f;
-        int bi = -1;
-        for (int i = threadIdx.x, m = 0; i < n_exp; i += nt, m++)
-            if (!(taken >> m & 1u) && ranks_before(lg[i], i, bv, bi)) bv = lg[i], bi = i;
-        warp_best(bv, bi);
-        if (lane == 0) wv[warp] = bv, wi[warp] = bi;
-        __syncthreads();
-        if (warp == 0) {
-            bv = lane < nw ? wv[lane] : 0.0f;
-            bi = lane < nw ? wi[lane] : -1;
-            warp_best(bv, bi);
-            if (lane == 0) id[r] = bi;
-        }
-        __syncthreads();
-        const int w = id[r];
-        if (w >= 0 && w % nt == (int)threadIdx.x) taken |= 1u << (w / nt);
+        const unsigned long long w = warp_max_key(best);
+        const int wi = (int)(0xffffffffu - (unsigned)w);
+        if (r == 0) top = wi;
+        if (lane == r) mine = wi;
+        if ((wi & 31) == lane) best = lane_best(lg, n_exp, lane, w);
     }
-    for (int r = threadIdx.x; r < k; r += nt)
-        ids[r] = id[r];
-    __syncthreads();
-    if (threadIdx.x >= 32) return;
-    /* weights: exp(l - max) over all (gating 0) or over the k (gating 1), in double */
-    double mx = lg[id[0]], z = 0;
+    if (lane < k) ids[lane] = mine;
+    /* weights: exp(l - max) over all (gating 0) or over the k (gating 1), in double; the
+     * largest logit is the first pick (NaN ranks last, so a number when there is one) */
+    const double mx = lg[top];
+    double z = 0;
     if (gating == 0) {
         for (int ex = lane; ex < n_exp; ex += 32)
-            mx = lg[ex] > mx ? (double)lg[ex] : mx;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const double om = __shfl_xor_sync(0xffffffffu, mx, o);
-            mx = om > mx ? om : mx;
-        }
-        for (int ex = lane; ex < n_exp; ex += 32)
             z += exp((double)lg[ex] - mx);
-    } else {
-        for (int j = lane; j < k; j += 32)
-            z += exp((double)lg[id[j]] - mx);
+    } else if (lane < k) {
+        z = exp((double)lg[mine] - mx);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         z += __shfl_xor_sync(0xffffffffu, z, o);
-    for (int j = lane; j < k; j += 32)
-        wt[j] = (float)(exp((double)lg[id[j]] - mx) / z);
+    if (lane < k) wt[lane] = (float)(exp((double)lg[mine] - mx) / z);
 }
 
-#define ROUTE_PICK_THREADS 128 /* route_pick_kernel's block */
-static_assert(CUDA_MOE_MAX_EXPERTS <= 32 * ROUTE_PICK_THREADS, "route_pick: at most 32 logits a thread");
+#define ROUTE_PICK_THREADS 32 /* route_pick_kernel's block: the pick is one warp's */
 
 /* A block per row: the pick of route_pick. Shared: n_exp floats. */
 static __global__ void __launch_bounds__(ROUTE_PICK_THREADS)
@@ -264,9 +255,9 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&cnt[r], 1u) == (unsigned)nb - 1;
     __syncthreads();
-    if (!last) return;
+    if (!last || warp != 0) return;
     __threadfence();
-    if (threadIdx.x == 0) cnt[r] = 0;
+    if (lane == 0) cnt[r] = 0;
     route_pick(lg + r * n_exp, n_exp, k, gating, xs, ids + r * k, wts + r * k);
 }
 
