@@ -196,6 +196,25 @@ void cpu_quantize_xk_avx512(const float *x, void *q, int64_t k) {
 /* ---- shared pieces of the kernels ---- */
 
 /* Vertical cpu_hsum16 tree: lane r of the result is row r's reduction of acc[0..15]. */
+/* Software prefetch of the weights, as the AVX2 kernels do (cpu_gemv_avx2.c): part `part`
+ * of `nparts` of the cache lines of the tile `ahead` bytes past `tile`. A tile's loads jump
+ * across it, and the hardware prefetcher alone left the Q4_K / Q5_K / Q6_K kernels behind
+ * the AVX2 ones once the weights came from DRAM (docs/cpu-backend.md, "Software prefetch
+ * in the AVX2 gemv kernels"). */
+INLINE void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part, int nparts) {
+    const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
+    UNROLL
+    for (int j = per * part; j < per * part + per; j++)
+        if (j < nl) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+}
+#ifndef PF_BYTES
+#define PF_BYTES 2048 /* distance ahead, at least two tiles */
+#endif
+INLINE size_t pf_ahead(size_t tile_bytes) {
+    size_t n = (PF_BYTES + tile_bytes - 1) / tile_bytes;
+    return (n < 2 ? 2 : n) * tile_bytes;
+}
+
 INLINE __m512 tree16(const __m512 a[16]) {
     __m512 s[8], t[4];
     UNROLL
@@ -255,6 +274,7 @@ INLINE void q4k_scales(const char *tile, __m512i S[8], __m512 mf[8], __m512 *d16
 INLINE void gemv_q45(int q5, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                      size_t ys, int nr, int nc) {
     const size_t tile_bytes = GR * (q5 ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K));
+    const size_t ahead = pf_ahead(tile_bytes);
     const __m512i m4 = _mm512_set1_epi8(15), b4 = _mm512_set1_epi8(16);
     for (int c = 0; c < nc; c++) {
         const char *xc = (const char *)x + c * xs;
@@ -274,6 +294,7 @@ INLINE void gemv_q45(int q5, int64_t k, const void *grp, const void *x, size_t x
             const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
             UNROLL
             for (int mu = 0; mu < 8; mu++) {
+                gemv_prefetch_part(tile, tile_bytes, ahead, mu, 8);
                 const __m512i hv = q5 ? _mm512_loadu_si512((const void *)(qh + 64 * mu))
                                       : _mm512_setzero_si512();
                 __m512i ah0 = _mm512_setzero_si512(), al0 = ah0, ah1 = ah0, al1 = ah0;
@@ -327,6 +348,7 @@ static void gemv_q5_K(int64_t k, const void *grp, const void *x, size_t xs, floa
 static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
                       int nr, int nc) {
     const size_t tile_bytes = GR * sizeof(struct block_q6_K);
+    const size_t ahead = pf_ahead(tile_bytes);
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     for (int c = 0; c < nc; c++) {
         const char *xc = (const char *)x + c * xs;
@@ -357,6 +379,7 @@ static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, floa
                 UNROLL
             for (int mu = 0; mu < 8; mu++) {
                 const int lam = 8 * a + mu;
+                gemv_prefetch_part(tile, tile_bytes, ahead, lam, 16);
                 __m512i ah = _mm512_setzero_si512(), al = ah, cr = ah;
                 UNROLL
                 for (int h = 0; h < 2; h++) {
