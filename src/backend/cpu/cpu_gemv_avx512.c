@@ -210,6 +210,10 @@ INLINE void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead
 #ifndef PF_BYTES
 #define PF_BYTES 2048 /* distance ahead, at least two tiles */
 #endif
+/* All of a tile's lines at once (the tiles whose loop has no natural parts). */
+INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
+    gemv_prefetch_part(tile, tile_bytes, ahead, 0, 1);
+}
 INLINE size_t pf_ahead(size_t tile_bytes) {
     size_t n = (PF_BYTES + tile_bytes - 1) / tile_bytes;
     return (n < 2 ? 2 : n) * tile_bytes;
@@ -430,6 +434,7 @@ static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, floa
 static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
                         int nr, int nc) {
     const size_t tile_bytes = GR * sizeof(struct block_iq4_xs);
+    const size_t ahead = pf_ahead(tile_bytes);
     const __m512i m4 = _mm512_set1_epi8(15), b8 = _mm512_set1_epi8(8);
     const __m512i tab = _mm512_broadcast_i32x4(_mm_abs_epi8(_mm_loadu_si128((const __m128i *)cpu_kvalues_iq4nl)));
     for (int c = 0; c < nc; c++) {
@@ -441,6 +446,7 @@ static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, fl
             acc[l] = _mm512_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
+            gemv_prefetch(tile, tile_bytes, ahead);
             _Alignas(64) __m512i S[8];
             const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(tile + 32)));
             const __m512i sl = _mm512_loadu_si512((const void *)(tile + 64));
@@ -502,6 +508,7 @@ INLINE void gemv_q23(uint32_t t, int64_t k, const void *grp, const void *x, size
                      size_t ys, int nr, int nc) {
     const int q3 = t == QT_Q3_K;
     const size_t tile_bytes = GR * (size_t)(q3 ? sizeof(struct block_q3_K) : sizeof(struct block_q2_K));
+    const size_t ahead = pf_ahead(tile_bytes);
     const int qs_j = q3 ? 8 : 4;
     const __m512i m3 = _mm512_set1_epi8(3), b4 = _mm512_set1_epi8(4);
     for (int c = 0; c < nc; c++) {
@@ -515,6 +522,7 @@ INLINE void gemv_q23(uint32_t t, int64_t k, const void *grp, const void *x, size
             acc[l] = _mm512_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++) {
             const char *tile = (const char *)grp + i * tile_bytes;
+            gemv_prefetch(tile, tile_bytes, ahead);
             _Alignas(64) __m512i S[16];
             _Alignas(64) __m512 mf[16];
             __m512 d16;
@@ -674,7 +682,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
             UNROLL
             for (int e = 0; e < 2; e++) {
                 const char *tile = (const char *)grp + (b + e) * tile_bytes;
-                gemv_prefetch_part(tile, tile_bytes, ahead, 0, 1);
+                gemv_prefetch(tile, tile_bytes, ahead);
                 const __m512 d16 = lg_d16(t, tile);
                 UNROLL
                 for (int l = 0; l < 8; l++) {
