@@ -22,6 +22,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_gemv_pf.h"
 #include "backend/cpu/cpu_kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -196,43 +197,6 @@ void cpu_quantize_xk_avx512(const float *x, void *q, int64_t k) {
 /* ---- shared pieces of the kernels ---- */
 
 /* Vertical cpu_hsum16 tree: lane r of the result is row r's reduction of acc[0..15]. */
-/* Software prefetch of the weights, as the AVX2 kernels do (cpu_gemv_avx2.c): part `part`
- * of `nparts` of the cache lines of the tile `ahead` bytes past `tile`. A tile's loads jump
- * across it, and the hardware prefetcher alone left the K-quant and legacy kernels behind
- * the AVX2 ones once the weights came from DRAM (docs/cpu-backend.md, "Software prefetch
- * in the AVX2 gemv kernels"). */
-INLINE void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part, int nparts) {
-    const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
-    UNROLL
-    for (int j = per * part; j < per * part + per; j++)
-        if (j < nl) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
-}
-#ifndef PF_BYTES
-#define PF_BYTES 2048 /* distance ahead, at least two tiles */
-#endif
-/* All of a tile's lines at once (the tiles whose loop has no natural parts). */
-INLINE void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
-    gemv_prefetch_part(tile, tile_bytes, ahead, 0, 1);
-}
-INLINE size_t pf_ahead(size_t tile_bytes) {
-    size_t n = (PF_BYTES + tile_bytes - 1) / tile_bytes;
-    return (n < 2 ? 2 : n) * tile_bytes;
-}
-
-/* Bytes of one block of a legacy type, a compile-time constant where t is (so that the
- * prefetch loops fold, as in cpu_gemv_avx2.c). */
-INLINE size_t lg_blk_bytes(uint32_t t) {
-    switch (t) {
-    case QT_Q8_0: return sizeof(struct block_q8_0);
-    case QT_Q4_0: return sizeof(struct block_q4_0);
-    case QT_Q4_1: return sizeof(struct block_q4_1);
-    case QT_Q5_0: return sizeof(struct block_q5_0);
-    case QT_Q5_1: return sizeof(struct block_q5_1);
-    case QT_IQ4_NL: return sizeof(struct block_iq4_nl);
-    default: return sizeof(struct block_mxfp4);
-    }
-}
-
 INLINE __m512 tree16(const __m512 a[16]) {
     __m512 s[8], t[4];
     UNROLL
@@ -665,7 +629,7 @@ INLINE __m512i lg_dot(__m512i u, const int32_t *neg, const int8_t *hi, const int
 
 INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                         size_t ys, int nr, int nc) {
-    const size_t tile_bytes = GR * lg_blk_bytes(t);
+    const size_t tile_bytes = GR * blk_bytes(t);
     const size_t ahead = pf_ahead(tile_bytes);
     const int64_t nb = k / 32;
     for (int c = 0; c < nc; c++) {

@@ -1,0 +1,64 @@
+/* The gemv kernels' software prefetch of their weights, shared by the AVX2 and AVX-512 levels
+ * (cpu_gemv_avx2.c, cpu_gemv_avx512.c; docs/cpu-backend.md, "Software prefetch in the AVX2
+ * gemv kernels"). Included by those files only; _mm_prefetch is SSE, so every x86-64 level
+ * compiles it. */
+#ifndef SMELT_CPU_GEMV_PF_H
+#define SMELT_CPU_GEMV_PF_H
+#include <immintrin.h>
+#include <stddef.h>
+
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+/* Bytes of one block of a gemv type, a compile-time constant where t is (qtype_get's
+ * type_size is not): the tile size then folds into the prefetch loops, which otherwise
+ * compiled to a guarded, branchy unroll per chunk. */
+static inline __attribute__((always_inline)) size_t blk_bytes(uint32_t t) {
+    switch (t) {
+    case QT_Q8_0: return sizeof(struct block_q8_0);
+    case QT_Q4_0: return sizeof(struct block_q4_0);
+    case QT_Q4_1: return sizeof(struct block_q4_1);
+    case QT_Q5_0: return sizeof(struct block_q5_0);
+    case QT_Q5_1: return sizeof(struct block_q5_1);
+    case QT_IQ4_NL: return sizeof(struct block_iq4_nl);
+    case QT_MXFP4: return sizeof(struct block_mxfp4);
+    case QT_Q2_K: return sizeof(struct block_q2_K);
+    case QT_Q3_K: return sizeof(struct block_q3_K);
+    case QT_Q4_K: return sizeof(struct block_q4_K);
+    case QT_Q5_K: return sizeof(struct block_q5_K);
+    case QT_Q6_K: return sizeof(struct block_q6_K);
+    default: return sizeof(struct block_iq4_xs);
+    }
+}
+
+/* Software prefetch of every cache line of the tile PF_BYTES (at least two tiles) ahead. Without it
+ * a K-quant super-block's loads jump across its 1-2 KiB tile (one quad position of every
+ * chunk per pass), and out of DRAM the AVX2 kernels ran at ~9 GB/s against ~15 GB/s from
+ * L3; the prefetches (1 per 64 bytes, ~2% of the instructions) let loads and arithmetic
+ * overlap. */
+/* Part `part` of nparts of those lines, so that a tile's prefetches can spread over its
+ * work: a burst of one prefetch per line of a Q6_K tile (27 lines) is more than the core's
+ * L1 miss buffers (Zen 3: 24), and the prefetch instructions then stalled the kernel; out
+ * of DRAM, Q6_K ran at ~7 GB/s against Q4_K's ~18 (18 lines a tile). Spread over a
+ * super-block's 8 chunks, Q6_K streams ~19 GB/s (docs/cpu-backend.md, "Q6_K prefetch
+ * bursts"). */
+static inline __attribute__((always_inline)) void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part,
+                               int nparts) {
+    const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
+    _Pragma("GCC unroll 16")
+    for (int j = per * part; j < per * part + per; j++)
+        if (j < nl) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+}
+/* All of them at once (the legacy and IQ4_XS tiles). */
+static inline __attribute__((always_inline)) void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
+    gemv_prefetch_part(tile, tile_bytes, ahead, 0, 1);
+}
+#ifndef PF_BYTES
+#define PF_BYTES 2048 /* distance ahead, at least two tiles */
+#endif
+static inline __attribute__((always_inline)) size_t pf_ahead(size_t tile_bytes) {
+    size_t n = (PF_BYTES + tile_bytes - 1) / tile_bytes;
+    return (n < 2 ? 2 : n) * tile_bytes;
+}
+
+#endif
