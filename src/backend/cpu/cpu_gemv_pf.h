@@ -42,12 +42,24 @@ static inline __attribute__((always_inline)) size_t blk_bytes(uint32_t t) {
  * of DRAM, Q6_K ran at ~7 GB/s against Q4_K's ~18 (18 lines a tile). Spread over a
  * super-block's 8 chunks, Q6_K streams ~19 GB/s (docs/cpu-backend.md, "Q6_K prefetch
  * bursts"). */
+/* Two levels: each line is asked for twice, first into L2 PF_FAR_BYTES ahead of the tile
+ * (prefetcht2), then into L1 `ahead` bytes ahead (two tiles, prefetcht0). On the Xeon dev VM of
+ * 2026-12-05 (thirteenth session) the far request alone gained nothing and the near one
+ * alone left one core at ~12 GB/s out of DRAM where a plain read loop streams ~17; both
+ * together took the AVX-512 Q4_K and Q6_K kernels on a 1.2 GB matrix from 101 / 152 to
+ * 88 / 129 ms, the AVX2 Q6_K from 187 to 133 (docs/cpu-backend.md, "Two-level prefetch"). */
+#ifndef PF_FAR_BYTES
+#define PF_FAR_BYTES 8192
+#endif
 static inline __attribute__((always_inline)) void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part,
                                int nparts) {
     const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
     _Pragma("GCC unroll 16")
     for (int j = per * part; j < per * part + per; j++)
-        if (j < nl) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+        if (j < nl) {
+            _mm_prefetch(tile + PF_FAR_BYTES + 64 * (size_t)j, _MM_HINT_T2);
+            _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+        }
 }
 /* All of them at once (the legacy and IQ4_XS tiles). */
 static inline __attribute__((always_inline)) void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
