@@ -77,8 +77,15 @@ static void test_candidates_mmb(void) {
     s.mmb = false;
     T_EQ_INT(mmtune_candidates(4, &s, out, MMTUNE_MAX_CAND), 0);
     int64_t lo, hi;
-    mmtune_bucket_range(MMTUNE_BUCKET_SMALL, &lo, &hi);
-    T_CHECK(lo == 2 && hi == 8);
+    /* one small bucket per row count 2..8, distinct from each other and the regular ones */
+    for (int64_t r = 2; r <= 8; r++) {
+        const int b = mmtune_bucket_small(r);
+        T_CHECK(b >= MMTUNE_BUCKETS);
+        T_CHECK(r == 2 || b == mmtune_bucket_small(r - 1) + 1);
+        mmtune_bucket_range(b, &lo, &hi);
+        T_CHECKF(lo == r && hi == r, "small bucket of %lld: range %lld-%lld", (long long)r, (long long)lo,
+                 (long long)hi);
+    }
 }
 
 static void test_candidates(void) {

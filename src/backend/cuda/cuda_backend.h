@@ -16,7 +16,8 @@ uint64_t cuda_backend_weight_bytes(const struct backend *b);
 /* The matmul path recorded for weights (type, rows, k) at n token rows, for tests and
  * benches (struct mmtune_ent, backend/cuda/mm_tune.h: the choice, its time, every candidate's
  * time), or NULL when nothing is recorded for that key (not seen yet, seen only during
- * capture, n <= 8, the type has no tensor-core kernel, or measuring is off). Valid until
+ * capture, n < 2, 2..8 rows where mmb is no candidate, the type has no tensor-core kernel,
+ * or measuring is off). Valid until
  * the backend records another key or is freed. */
 struct mmtune_ent;
 const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,

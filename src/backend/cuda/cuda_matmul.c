@@ -377,7 +377,7 @@ static int choose(struct cuda_backend *cb, const struct cuda_qweight *qw, const 
                   bool acc, const void *xq) {
     const int st = static_choice(cb, qw, n);
     int bucket = mmtune_bucket(n);
-    if (bucket < 0 && mmb_ok(cb, qw, n)) bucket = MMTUNE_BUCKET_SMALL; /* mmb against mmv */
+    if (bucket < 0 && mmb_ok(cb, qw, n)) bucket = mmtune_bucket_small(n); /* mmb against mmv */
     if (cb->mm_path > 0 || !cb->tune_env.tune || bucket < 0 || !cuda_mmq_supported(qw->type, qw->k)) return st;
     if (cb->mmq_rows_fixed && st < MMTUNE_MMQ_AUTO) return st; /* the switch is fixed: tiles only */
     const struct mmtune_key key = {qw->type, qw->rows, qw->k, bucket};
@@ -496,6 +496,7 @@ bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const s
 const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,
                                                int64_t n) {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;
-    const struct mmtune_key key = {type, rows, k, mmtune_bucket(n)};
+    struct mmtune_key key = {type, rows, k, mmtune_bucket(n)};
+    if (key.bucket < 0 && n >= 2) key.bucket = mmtune_bucket_small(n); /* mmb against mmv, if measured */
     return key.bucket >= 0 ? mmtune_find(&cb->tune, &key) : NULL;
 }

@@ -28,9 +28,17 @@ int mmtune_bucket(int64_t n) {
     return MMTUNE_BUCKETS - 1;
 }
 
+int mmtune_bucket_small(int64_t n) {
+    return MMTUNE_BUCKET_SMALL + (int)(n < 2 ? 0 : n > 8 ? 6 : n - 2);
+}
+
 void mmtune_bucket_range(int b, int64_t *lo, int64_t *hi) {
-    if (b < 0 || b >= MMTUNE_BUCKETS) { /* incl. MMTUNE_BUCKET_SMALL */
-        *lo = b == MMTUNE_BUCKET_SMALL ? 2 : 1;
+    if (b >= MMTUNE_BUCKET_SMALL && b < MMTUNE_BUCKET_SMALL + MMTUNE_SMALL_BUCKETS) {
+        *lo = *hi = b - MMTUNE_BUCKET_SMALL + 2;
+        return;
+    }
+    if (b < 0 || b >= MMTUNE_BUCKETS) {
+        *lo = 1;
         *hi = 8;
         return;
     }

@@ -25,9 +25,16 @@
 
 /* Token-row buckets: 9-16, 17-32, 33-48, 49-64, 65-128, 129-256, 257-512, > 512. */
 #define MMTUNE_BUCKETS 8
-/* The key bucket of 2..8 rows, measured only where mmb is a candidate (mmb against mmv);
- * mmtune_bucket() keeps -1 for them (the fused mmv decode path). */
+/* The key buckets of 2..8 rows, one per row count (MMTUNE_BUCKET_SMALL + n - 2), measured
+ * only where mmb is a candidate (mmb against mmv); mmtune_bucket() keeps -1 for them (the
+ * fused mmv decode path). One per count because the winner moves with n: mmv reads the
+ * weights once for all its rows and wins at 2 rows where mmb wins at 8, so a single 2..8
+ * bucket measured at the first call's n (2 rows: a speculative verify, two clients) kept
+ * the 8-row batches on mmv (H200, 2026-12-05: 8 sequences 1,218 tok/s against 2,371). */
 #define MMTUNE_BUCKET_SMALL MMTUNE_BUCKETS
+#define MMTUNE_SMALL_BUCKETS 7
+/* The small key bucket of n (2..8) token rows. */
+int mmtune_bucket_small(int64_t n);
 /* Above this many token rows the repeated 8-row kernel is no candidate (it re-reads the
  * weights once per 8 rows: at 32 rows it is 4x an HBM-bound product). */
 #define MMTUNE_MMV_MAX_ROWS 32
@@ -39,7 +46,8 @@
 /* Bucket of n token rows: 0 .. MMTUNE_BUCKETS - 1, or -1 for n <= 8 (never tuned: the
  * 8-row kernel serves them) and n < 1. */
 int mmtune_bucket(int64_t n);
-/* Token rows of bucket b: [*lo, *hi] (hi = INT64_MAX for the last). */
+/* Token rows of bucket b: [*lo, *hi] (hi = INT64_MAX for the last; lo = hi = n for the
+ * small bucket of n). */
 void mmtune_bucket_range(int b, int64_t *lo, int64_t *hi);
 
 /* What the candidate list depends on, besides n. tile_bn[t]: token width of tile t;
