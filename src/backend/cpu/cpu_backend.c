@@ -187,6 +187,11 @@ static void cpu_free(struct backend *b) {
         free(cb->rws[i]);
     }
     free(cb->rws);
+    for (int i = 0; i < 2; i++) {
+        free(cb->rope[i].pos);
+        free(cb->rope[i].tab);
+        free(cb->rope[i].ff);
+    }
     cpu_pool_free(cb->pool);
     bk_base_free(b);
     free(cb);

@@ -22,6 +22,18 @@ struct cpu_backend {
     bool exact;              /* reference matmuls (cpu_backend_set_exact) */
     struct cpu_repacked **rws; /* the weights' repacked copies (cpu_repacked), freed with it */
     size_t n_rws, cap_rws;
+    /* RoPE's cos / sin per token of the last two (params, positions) seen (cpu_ops_rope.c):
+     * a step's q and k of every layer share them (two: Gemma 3 alternates two bases) */
+    struct cpu_rope_memo {
+        struct rope_params p;
+        int64_t n;      /* tokens; 0: empty */
+        int32_t *pos;   /* (n) */
+        float *tab;     /* (n, n_rot): cos of the n_rot / 2 pairs, then sin */
+        float *ff;      /* a copy of p.freq_factors' n_rot / 2 values (the pointer alone could
+                         * be a freed tensor's, reused) */
+        size_t cap_pos, cap_tab, cap_ff; /* elements allocated */
+    } rope[2];
+    int rope_next;      /* the entry the next miss overwrites */
 };
 
 static inline struct cpu_backend *cpu_of(struct backend *b) { return (struct cpu_backend *)b; }
