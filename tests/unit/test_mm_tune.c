@@ -78,6 +78,8 @@ static void test_candidates_mmb(void) {
     T_EQ_INT(mmtune_candidates(4, &s, out, MMTUNE_MAX_CAND), 0);
     int64_t lo, hi;
     /* one small bucket per row count 2..8, distinct from each other and the regular ones */
+    T_EQ_INT(mmtune_bucket_small(1), -1);
+    T_EQ_INT(mmtune_bucket_small(9), -1);
     for (int64_t r = 2; r <= 8; r++) {
         const int b = mmtune_bucket_small(r);
         T_CHECK(b >= MMTUNE_BUCKETS);

@@ -16,10 +16,10 @@
  * NORM rotates adjacent pairs (2i, 2i+1); NEOX rotates (i, i + n_rot/2). */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "util/array.h"
 
 /* The dimension index at which a frequency makes n_rotations turns over n_ctx_orig. */
 static double corr_dim(int n_rot, int n_ctx_orig, double n_rotations, double base) {
@@ -57,15 +57,14 @@ void cpu_rope_cache(const struct rope_params *p, int32_t pos, float *cos_out, fl
     }
 }
 
-struct rope_ctx {
-    struct tensor *x;
+struct rope_fill_ctx {
     const struct rope_params *p;
-    float *tab;     /* (n_tokens, n_rot): cos then sin per token */
-    const int32_t *pos; /* filling tab: the positions */
+    const int32_t *pos;
+    float *tab; /* (n_tokens, n_rot): cos then sin per token */
 };
 
 static void rope_fill_range(void *vctx, int ith, int64_t t0, int64_t t1) {
-    struct rope_ctx *c = vctx;
+    struct rope_fill_ctx *c = vctx;
     (void)ith;
     const int n_rot = c->p->n_rot;
     for (int64_t t = t0; t < t1; t++) {
@@ -73,6 +72,12 @@ static void rope_fill_range(void *vctx, int ith, int64_t t0, int64_t t1) {
         cpu_rope_cache(c->p, c->pos[t], cs, cs + n_rot / 2);
     }
 }
+
+struct rope_ctx {
+    struct tensor *x;
+    const struct rope_params *p;
+    const float *tab; /* rope_fill_ctx's */
+};
 
 static void rope_range(void *vctx, int ith, int64_t t0, int64_t t1) {
     struct rope_ctx *c = vctx;
@@ -115,39 +120,25 @@ static bool same_params(const struct cpu_rope_memo *m, const struct rope_params 
  * older entry (the same function as before, so the same bits; a layer's q and k, and every
  * layer with the same base, reuse it: when each call computed its own, for every token in
  * each thread, sin / cos and pow were ~3% of Gemma 3 270M's prefill samples, and the prefill
- * went 491-514 -> 542-549 tok/s at one thread without them). NULL when out of memory. Untouched by the step arena,
- * so it outlives the per-layer rewinds; the positions are compared, not trusted. */
+ * went 491-514 -> 542-549 tok/s at one thread without them). n > 0; NULL when out of
+ * memory. Not in the step arena, so it outlives the per-layer rewinds; the positions are
+ * compared, not trusted. */
 static const float *rope_table(struct cpu_backend *cb, const struct rope_params *p, const int32_t *pos, int64_t n) {
     for (int i = 0; i < 2; i++) {
         struct cpu_rope_memo *m = &cb->rope[i];
-        if (m->n == n && n > 0 && same_params(m, p) && !memcmp(m->pos, pos, (size_t)n * sizeof *pos))
+        if (m->n == n && same_params(m, p) && !memcmp(m->pos, pos, (size_t)n * sizeof *pos))
             return m->tab;
     }
     struct cpu_rope_memo *m = &cb->rope[cb->rope_next];
     cb->rope_next ^= 1;
     m->n = 0;
-    const size_t nt = (size_t)n * (size_t)p->n_rot;
-    if ((size_t)n > m->cap_pos) {
-        int32_t *np = realloc(m->pos, (size_t)n * sizeof *np);
-        if (!np) return NULL;
-        m->pos = np;
-        m->cap_pos = (size_t)n;
-    }
-    if (nt > m->cap_tab) {
-        float *tp = realloc(m->tab, nt * sizeof *tp);
-        if (!tp) return NULL;
-        m->tab = tp;
-        m->cap_tab = nt;
-    }
     const size_t nf = p->freq_factors ? (size_t)(p->n_rot / 2) : 0;
-    if (nf > m->cap_ff) {
-        float *fp = realloc(m->ff, nf * sizeof *fp);
-        if (!fp) return NULL;
-        m->ff = fp;
-        m->cap_ff = nf;
-    }
+    if (!array_grow((void **)&m->pos, &m->cap_pos, (size_t)n, sizeof *m->pos) ||
+        !array_grow((void **)&m->tab, &m->cap_tab, (size_t)n * (size_t)p->n_rot, sizeof *m->tab) ||
+        (nf && !array_grow((void **)&m->ff, &m->cap_ff, nf, sizeof *m->ff)))
+        return NULL;
     if (nf) memcpy(m->ff, p->freq_factors->data, nf * sizeof *m->ff);
-    struct rope_ctx c = {NULL, p, m->tab, pos};
+    struct rope_fill_ctx c = {p, pos, m->tab};
     cpu_parallel(cb, rope_fill_range, &c, n, 1);
     memcpy(m->pos, pos, (size_t)n * sizeof *pos);
     m->p = *p;
@@ -164,6 +155,6 @@ void cpu_op_rope(struct backend *b, struct tensor *x, const struct tensor *pos,
         bk_fail(b, SMELT_ERR_NOMEM, "CPU rope: out of memory for the angles of %lld tokens", (long long)x->ne[2]);
         return;
     }
-    struct rope_ctx c = {x, p, (float *)tab, NULL};
+    struct rope_ctx c = {x, p, tab};
     cpu_parallel(cb, rope_range, &c, x->ne[2], 1);
 }

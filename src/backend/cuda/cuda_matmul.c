@@ -497,6 +497,6 @@ const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t
                                                int64_t n) {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;
     struct mmtune_key key = {type, rows, k, mmtune_bucket(n)};
-    if (key.bucket < 0 && n >= 2) key.bucket = mmtune_bucket_small(n); /* mmb against mmv, if measured */
+    if (key.bucket < 0) key.bucket = mmtune_bucket_small(n); /* mmb against mmv, if measured */
     return key.bucket >= 0 ? mmtune_find(&cb->tune, &key) : NULL;
 }

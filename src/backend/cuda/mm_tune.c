@@ -29,7 +29,7 @@ int mmtune_bucket(int64_t n) {
 }
 
 int mmtune_bucket_small(int64_t n) {
-    return MMTUNE_BUCKET_SMALL + (int)(n < 2 ? 0 : n > 8 ? 6 : n - 2);
+    return n >= 2 && n <= 8 ? MMTUNE_BUCKET_SMALL + (int)n - 2 : -1;
 }
 
 void mmtune_bucket_range(int b, int64_t *lo, int64_t *hi) {

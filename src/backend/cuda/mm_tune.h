@@ -33,7 +33,7 @@
  * the 8-row batches on mmv (H200, 2026-12-05: 8 sequences 1,218 tok/s against 2,371). */
 #define MMTUNE_BUCKET_SMALL MMTUNE_BUCKETS
 #define MMTUNE_SMALL_BUCKETS 7
-/* The small key bucket of n (2..8) token rows. */
+/* The small key bucket of n token rows, -1 unless 2 <= n <= 8. */
 int mmtune_bucket_small(int64_t n);
 /* Above this many token rows the repeated 8-row kernel is no candidate (it re-reads the
  * weights once per 8 rows: at 32 rows it is 4x an HBM-bound product). */
