@@ -1203,6 +1203,7 @@ static void server_destroy(struct server *s) {
 static smelt_status server_start(struct server **out, struct server *s, const struct server_config *cfg,
                                  struct err *e) {
     s->cfg = *cfg;
+    s->quiesced_fd = -1;
     s->created = (int64_t)time(NULL);
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
     if (!s->cfg.admin_host) s->cfg.admin_host = s->cfg.host;
@@ -1331,7 +1332,7 @@ void server_shutdown(struct server *s, double grace_s) {
     if (!s || !s->d) return;
     atomic_store(&s->draining, true);
     MHD_socket ls = MHD_quiesce_daemon(s->d);
-    if (ls != MHD_INVALID_SOCKET) close(ls);
+    if (ls != MHD_INVALID_SOCKET) s->quiesced_fd = ls; /* closed in server_free, after the stop */
     srv_models_drain(s->models);
     srv_models_wake_all(s->models); /* requests waiting for a load: 503 */
     double t0 = clock_now();
@@ -1358,8 +1359,10 @@ void server_free(struct server *s) {
     if (!s) return;
     watcher_stop(s);
     if (s->admin_d) MHD_stop_daemon(s->admin_d);
-    if (s->d && atomic_load(&s->n_parked) == 0) MHD_stop_daemon(s->d);
-    else if (s->d) log_warn("shutdown: %d connections still wait for the engine; not closing them",
+    if (s->d && atomic_load(&s->n_parked) == 0) {
+        MHD_stop_daemon(s->d);
+        if (s->quiesced_fd >= 0) close(s->quiesced_fd);
+    } else if (s->d) log_warn("shutdown: %d connections still wait for the engine; not closing them",
                             atomic_load(&s->n_parked));
     server_destroy(s);
 }

@@ -113,6 +113,10 @@ struct server {
     struct srv_models *models; /* what it serves (server/models.h) */
     int64_t created;           /* when it started (Unix time: /v1/models of unloaded models) */
     struct MHD_Daemon *d;
+    int quiesced_fd;   /* the listen socket server_shutdown took from d (-1: none): closed after
+                        * MHD_stop_daemon, as MHD's worker threads drop it from their epoll sets
+                        * later (closing it at once made one abort "Failed to remove listen FD
+                        * from epoll set") */
     int port;
     bool auth;         /* an API key is set */
     uint8_t key_digest[SHA256_DIGEST_LEN]; /* of the API key */
