@@ -321,6 +321,79 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
                                mmv_id_x<N>(m, xds, k / 16), k, accumulate);
 }
 
+/* Short K-quant rows at one token row (the 30B-A3B experts' down product: 768 values, 24
+ * units, where a lane a unit leaves 8 lanes of 32 idle in every warp): the warp's R rows
+ * take G = 32 / R neighbouring lanes each, lane l row l / G and units l % G, + G, ... (U in
+ * flight), so every lane works and a row's G lanes read 16 G contiguous bytes. A lane sums
+ * its own row only and leaves the other rows' sums 0, so the stores' warp sums are the R
+ * rows' sums (the same store and epilogues as the other shapes; the unit order of a row's
+ * sum differs from theirs, so these are other bits than a lane a unit). One token row, a
+ * plain product (not GLU, not split-K). */
+template <int R, int U, int Q6>
+static __device__ __forceinline__ void kq_body_lanes(const struct mmv_mats &m, int row0, const int8_t *xq,
+                                                     const float2 *xds, int k, int accumulate) {
+    constexpr int G = 32 / R;
+    static_assert(G * R == 32, "rows divide the warp");
+    if (row0 >= m.end[m.n - 1]) return;
+    const int lane = threadIdx.x, r = lane / G;
+    const int nsb = k / QK_K, n_units = nsb * 8;
+    const mrow_ref rr = mref<0>(m, row0, r, mmv_expert(m));
+    mmv_acc<1, 1> a;
+    a.zero();
+    bool waited = false;
+    for (int u0 = lane % G; u0 < n_units; u0 += G * U) {
+        if constexpr (Q6) {
+            q6k_ld v[U];
+#pragma unroll
+            for (int i = 0; i < U; i++) v[i] = q6k_load(rr, nsb, min(u0 + G * i, n_units - 1));
+            if (!waited) {
+                pdl_wait();
+                waited = true;
+            }
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+                const int u = u0 + G * i;
+                if (u >= n_units) break;
+                q6k_unit<1, 1>(a, &v[i], xq, xds, u, k);
+            }
+        } else {
+            uint4 qv[U], sv[U];
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+                const int u = min(u0 + G * i, n_units - 1);
+                qv[i] = ((const uint4 *)rr.q)[(rr.row * nsb) * 8 + u];
+                sv[i] = ((const uint4 *)rr.s)[rr.row * nsb + (u >> 3)];
+            }
+            if (!waited) {
+                pdl_wait();
+                waited = true;
+            }
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+                const int u = u0 + G * i;
+                if (u >= n_units) break;
+                float2 dm;
+                uint32_t pk;
+                q4k_scales(sv[i].x, sv[i].y, sv[i].z, sv[i].w, u, &dm, &pk);
+                q4k_unit<1, 1>(a, &qv[i], &dm, &pk, xq, xds, u, k);
+            }
+        }
+    }
+    if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
+    mmv_acc<1, R> acc;
+#pragma unroll
+    for (int q = 0; q < R; q++) acc.v[q][0] = q == r ? a.v[0][0] : 0.0f;
+    acc.store(m, row0, lane, accumulate, true, MMV_WARPS * R);
+}
+
+template <int R, int U, int Q6>
+static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
+    mmv_kq_lanes(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int accumulate) {
+    if (!mmv_id_live(m)) return; /* the PDL trigger too */
+    kq_body_lanes<R, U, Q6>(m, mmv_row0<R, 0, 1>(), mmv_id_x<1>(m, xq, k), mmv_id_x<1>(m, xds, k / 16), k,
+                            accumulate);
+}
+
 /* Q4_K matrices stacked with a Q6_K one after them (Q4_K_M's Q, K and V on most layers):
  * blocks below m.mix_row run the Q4_K body, the rest the Q6_K body, one launch. mix_row is
  * a multiple of the rows per block, so each block is one type. */
@@ -636,13 +709,23 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
      *   - down, Q4_K / Q6_K 4 rows a warp, one unit (variant 5): the 30B's 768-wide rows
      *     (24 units a row) 303 -> 329; MXFP4 two rows, two units (variant 3): 2880-wide, +1%.
      * Together: 30B 303 -> 331, gpt-oss 419 -> 434. Q8_0 and the other types: unmeasured,
-     * the dense rules. */
+     * the dense rules. Since 2026-12-06 the Q4_K / Q6_K down launch spreads 8 rows a warp
+     * over lane groups (MMV_LANES, mmv_kq_lanes: 4 lanes a row, 3 units in flight; H100,
+     * test_cuda_mmv SMELT_BENCH_ID=2, the decode pair in a graph: Qwen3-30B-A3B 25.2 ->
+     * 23.6 us, Qwen3.5-35B-A3B 22.5 -> 20.1; the lane-group form at 4 rows a warp 25.4 and
+     * 22.0, dropped; end to end Qwen3-30B-A3B tg128 372 -> 382 tok/s, 8 sequences 1,020 ->
+     * 1,095). */
     int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
     if (m.eid && N == 1 && !idv) {
-        if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : 5;
+        if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : MMV_LANES;
         else if (type == QT_MXFP4) idv = GLU ? 1 : 3;
     }
-    if (idv > 0 && (type == QT_Q8_0 || type == QT_Q4_K || type == QT_Q6_K))
+    if (!GLU && idv == MMV_LANES && (type == QT_Q4_K || type == QT_Q6_K)) {
+        const dim3 g = mmv_grid(m, rows, 0, 8, 1), blk(32, MMV_WARPS);
+        return type == QT_Q6_K ? klaunch(mmv_kq_lanes<8, 3, 1>, g, blk, 0, ctx, m, xq, xd, k, acc)
+                               : klaunch(mmv_kq_lanes<8, 3, 0>, g, blk, 0, ctx, m, xq, xd, k, acc);
+    }
+    if (idv > 0 && idv <= 10 && (type == QT_Q8_0 || type == QT_Q4_K || type == QT_Q6_K))
         return launch_variant<GLU>(idv, type, m, rows, k, xq, xd, acc, ctx);
     if (idv > 0) {
         const cudaError_t rc = cuda_mmv_tq_variant(idv, GLU, type, rows, ctx, m, xq, xd, k, acc);

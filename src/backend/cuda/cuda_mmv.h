@@ -24,6 +24,10 @@ extern "C" {
 #endif
 
 #define CUDA_MMV_MAX_N 8
+/* The expert launches' shapes (SMELT_MMV_ID_VARIANT, cuda_ctx.mmv_id_variant) are 1..10 as
+ * cuda_mmv.cuh's mmv_with_shape numbers them, and this one: Q4_K / Q6_K rows over lane
+ * groups (cuda_mmv.cu's mmv_kq_lanes: 8 rows a warp, 4 lanes a row, 3 units in flight). */
+#define MMV_LANES 11
 
 struct cuda_qweight {
     uint32_t type;  /* enum qtype of the source tensor */

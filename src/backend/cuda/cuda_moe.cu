@@ -352,8 +352,9 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     }
 }
 
-/* One block per row; each thread sums its columns over the row's slots in increasing expert
- * id, then writes or adds into dst. */
+/* Block (r, c) takes row r's columns c T, c T + 1, ... (T threads a block, gridDim.y blocks a
+ * row): each thread sums its columns over the row's slots in increasing expert id, then
+ * writes or adds into dst. A column's arithmetic is the same whatever the grid. */
 static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     combine_kernel(float *dst, const float *y, const int32_t *pos, const int32_t *ids,
                    const float *wts, const float *down_b, int n_embd, int k, int n_exp, int acc,
@@ -373,7 +374,7 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     }
     __syncthreads();
     const int sl = k + sh; /* without pos: slots a row (the shared one last) */
-    for (int d = threadIdx.x; d < n_embd; d += blockDim.x) {
+    for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < n_embd; d += gridDim.y * blockDim.x) {
         float s = 0.0f;
         for (int q = 0; q < k; q++) {
             const int j = order[q], ex = id[j];
@@ -506,7 +507,11 @@ extern "C" smelt_status cuda_moe_combine(struct cuda_ctx *ctx, float *dst, const
         (sh && pos))
         return err_set(e, SMELT_ERR_INVALID, "cuda moe combine: %lld rows of %lld, %d slots",
                        (long long)n, (long long)n_embd, k);
-    CUDA_TRY(klaunch(combine_kernel, dim3((unsigned)n), dim3(MOE_ROWS_THREADS), 0, ctx, dst, y, pos,
+    /* a block per row and MOE_ROWS_THREADS columns: at 8 decode rows a block a row was 8
+     * blocks for 512 KB of expert outputs */
+    const unsigned per_row = (unsigned)((n_embd + MOE_ROWS_THREADS - 1) / MOE_ROWS_THREADS);
+    CUDA_TRY(klaunch(combine_kernel, dim3((unsigned)n, per_row < 65535 ? per_row : 65535),
+                     dim3(MOE_ROWS_THREADS), 0, ctx, dst, y, pos,
                      ids, weights, down_b, (int)n_embd, k, n_exp, acc, post ? post->w : NULL,
                      post ? post->xq : NULL, post ? (float2 *)post->xd : NULL, post ? post->ss : NULL,
                      sh ? 1 : 0, sh ? sh->logit : NULL),
