@@ -342,36 +342,31 @@ static __device__ __forceinline__ void kq_body_lanes(const struct mmv_mats &m, i
     a.zero();
     bool waited = false;
     for (int u0 = lane % G; u0 < n_units; u0 += G * U) {
-        if constexpr (Q6) {
-            q6k_ld v[U];
+        /* load phase: U units in flight before any math (Q6_K's loads, or Q4_K's bits and
+         * its super-block's scales) */
+        q6k_ld v[Q6 ? U : 1];
+        uint4 qv[U], sv[U];
 #pragma unroll
-            for (int i = 0; i < U; i++) v[i] = q6k_load(rr, nsb, min(u0 + G * i, n_units - 1));
-            if (!waited) {
-                pdl_wait();
-                waited = true;
-            }
-#pragma unroll
-            for (int i = 0; i < U; i++) {
-                const int u = u0 + G * i;
-                if (u >= n_units) break;
-                q6k_unit<1, 1>(a, &v[i], xq, xds, u, k);
-            }
-        } else {
-            uint4 qv[U], sv[U];
-#pragma unroll
-            for (int i = 0; i < U; i++) {
-                const int u = min(u0 + G * i, n_units - 1);
+        for (int i = 0; i < U; i++) {
+            const int u = min(u0 + G * i, n_units - 1);
+            if constexpr (Q6) {
+                v[i] = q6k_load(rr, nsb, u);
+            } else {
                 qv[i] = ((const uint4 *)rr.q)[(rr.row * nsb) * 8 + u];
                 sv[i] = ((const uint4 *)rr.s)[rr.row * nsb + (u >> 3)];
             }
-            if (!waited) {
-                pdl_wait();
-                waited = true;
-            }
+        }
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
 #pragma unroll
-            for (int i = 0; i < U; i++) {
-                const int u = u0 + G * i;
-                if (u >= n_units) break;
+        for (int i = 0; i < U; i++) {
+            const int u = u0 + G * i;
+            if (u >= n_units) break;
+            if constexpr (Q6) {
+                q6k_unit<1, 1>(a, &v[i], xq, xds, u, k);
+            } else {
                 float2 dm;
                 uint32_t pk;
                 q4k_scales(sv[i].x, sv[i].y, sv[i].z, sv[i].w, u, &dm, &pk);
@@ -725,7 +720,7 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
         return type == QT_Q6_K ? klaunch(mmv_kq_lanes<8, 3, 1>, g, blk, 0, ctx, m, xq, xd, k, acc)
                                : klaunch(mmv_kq_lanes<8, 3, 0>, g, blk, 0, ctx, m, xq, xd, k, acc);
     }
-    if (idv > 0 && idv <= 10 && (type == QT_Q8_0 || type == QT_Q4_K || type == QT_Q6_K))
+    if (idv > 0 && idv < MMV_LANES && (type == QT_Q8_0 || type == QT_Q4_K || type == QT_Q6_K))
         return launch_variant<GLU>(idv, type, m, rows, k, xq, xd, acc, ctx);
     if (idv > 0) {
         const cudaError_t rc = cuda_mmv_tq_variant(idv, GLU, type, rows, ctx, m, xq, xd, k, acc);
