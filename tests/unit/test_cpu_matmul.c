@@ -649,6 +649,31 @@ static void test_quantizers_identical(void) {
                 sv0 += (float)v_nat[i];
             T_CHECK(cpu_x16_sv(a, k)[0] == sv0);
         }
+        /* X16_64 at k % 64 == 32 (the AVX-512 legacy prefill's odd last block): the last
+         * chunk of 32 in X16_32's order, its two sums per 16 */
+        {
+            const int64_t k2 = k - 32;
+            memset(a, 0, sizeof a);
+            memset(b, 0, sizeof b);
+            cpu_quantize_x16_64_scalar(x, a, k2);
+            if (isa_max >= CPU_ISA_AVX512)
+                cpu_quantize_x16_64_avx512(x, b, k2);
+            else
+                memcpy(b, a, sizeof a);
+            T_CHECKF(memcmp(a, b, 2 * (size_t)k2 + 4 * (size_t)(k2 / 16) + 4) == 0, "X16_64 at k %% 64 == 32");
+            const int16_t *v16 = (const int16_t *)a;
+            const float *sv = cpu_x16_sv(a, k2);
+            int badp = 0;
+            for (int64_t i = 0; i < k2; i++) {
+                const int64_t W = i < k2 / 64 * 64 ? 64 : 32, c = i / 64, r = i % 64, l = r / 4, h = (r % 4) / 2,
+                              e2 = r % 2;
+                if (v16[c * 64 + W / 2 * h + 2 * l + e2] != v_nat[i]) badp++;
+            }
+            float svl = 0;
+            for (int64_t i = k2 - 16; i < k2; i++)
+                svl += (float)v_nat[i];
+            T_CHECKF(badp == 0 && sv[k2 / 16 - 1] == svl, "X16_64 at k %% 64 == 32: %d values out of order", badp);
+        }
         /* X16_K: v in chunk-lane order per super-block, sums per 16 even groups first */
         {
             memset(a, 0, sizeof a);

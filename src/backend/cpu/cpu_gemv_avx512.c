@@ -155,7 +155,8 @@ void cpu_quantize_x16_64_avx512(const float *x, void *q, int64_t k) {
     const __m512i i0 = _mm512_set_epi16(61, 60, 57, 56, 53, 52, 49, 48, 45, 44, 41, 40, 37, 36, 33,
                                         32, 29, 28, 25, 24, 21, 20, 17, 16, 13, 12, 9, 8, 5, 4, 1, 0);
     const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(2));
-    for (int64_t c = 0; c < k; c += 64) {
+    int64_t c = 0;
+    for (; c + 64 <= k; c += 64) {
         __m512i v[4];
         UNROLL
         for (int j = 0; j < 4; j++) {
@@ -168,6 +169,19 @@ void cpu_quantize_x16_64_avx512(const float *x, void *q, int64_t k) {
                                        _mm512_cvtepi32_epi16(v[3]), 1);
         _mm512_storeu_si512((void *)(v16 + c), _mm512_permutex2var_epi16(a, i0, b));
         _mm512_storeu_si512((void *)(v16 + c + 32), _mm512_permutex2var_epi16(a, i1, b));
+    }
+    if (c < k) { /* a last chunk of 32 (the legacy types' odd block): X16_32's order */
+        __m512i v[2];
+        int32_t t[32];
+        for (int j = 0; j < 2; j++) {
+            v[j] = act_v16(x + c + 16 * j, vid);
+            sv[c / 16 + j] = hsum_epi32_f(v[j]);
+            _mm512_storeu_si512((void *)(t + 16 * j), v[j]);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 8; l++)
+                for (int e = 0; e < 2; e++)
+                    v16[c + 16 * h + 2 * l + e] = (int16_t)t[4 * l + 2 * h + e];
     }
     sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }

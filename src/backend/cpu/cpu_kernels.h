@@ -29,7 +29,9 @@
  *                   sum of v over each 4 elements: the VNNI kernels' +128 weight offset) |
  *                   float sv[k/32] @3kp (sum of v per block, for Q4_1/Q5_1 mins) | float D
  *   CPU_ACT_X16_32 / CPU_ACT_X16_64   the values as int16 for kernels that multiply 16-bit
- *                 weights (AVX2 legacy and K-quant prefill / AVX-512 K-quant prefill):
+ *                 weights (AVX2 legacy and K-quant prefill / AVX-512 legacy and K-quant
+ *                 prefill; X16_64's last chunk is 32 elements, in X16_32's order, when
+ *                 k % 64 == 32):
  *                 int16_t v[k] @0 | float sv[k/16] @2k (sum of v per 16, natural groups) |
  *                 float D, the values of each chunk of W = 32 / 64 elements reordered so
  *                 that position (W/2)·h + 2λ + e holds element 4λ + 2h + e (h, e < 2): a

@@ -259,30 +259,32 @@ INLINE __m256i legacy_unpack1(uint32_t t, const char *row, int64_t i) {
     return q;
 }
 
-/* ---- legacy types, packed prefill path ----
- * A packed row holds the block values as unsigned bytes v + 128 (v the signed integer that
- * d multiplies: q - 8 for Q4_0, q - 16 for Q5_0, w for Q8_0, the codebook value for
- * IQ4_NL, q for Q4_1/Q5_1), then d per block as f32, then (Q4_1/Q5_1) m per block:
- *   uint8 q[k] | float d[k/32] | float m[k/32]          (64-byte multiple)
- * so the tile loop has no unpacking left: one load per row and block pair. */
+/* ---- legacy types, packed prefill path: 16-bit weights × X16_64 ----
+ * A packed row holds each block's signed values v (q - 8 for Q4_0, q - 16 for Q5_0, w for
+ * Q8_0, the codebook value for IQ4_NL / MXFP4, q for Q4_1 / Q5_1) as int16 in X16_64's
+ * chunk order (cpu_kernels.h: a block pair is a 64-element chunk; an odd last block is a
+ * 32-element chunk in X16_32's order, as the quantizer writes it), then d per block as f32,
+ * then (Q4_1/Q5_1) m per block:
+ *   int16 v[k] | float d[k/32] | float m[k/32]          (64-byte multiple)
+ * so the tile loop has no unpacking left: two loads per row and block pair. */
 
 INLINE size_t packed_legacy_bytes(uint32_t t, int64_t k) {
-    size_t n = (size_t)k + 4 * (size_t)(k / 32) * (legacy_has_min(t) ? 2 : 1);
+    size_t n = 2 * (size_t)k + 4 * (size_t)(k / 32) * (legacy_has_min(t) ? 2 : 1);
     return (n + 63) & ~(size_t)63;
 }
 
-/* Byte to add to legacy_unpack's output to get v + 128. */
-INLINE char packed_bias(uint32_t t) {
+/* What to subtract from legacy_unpack's bytes to get v. */
+INLINE short legacy_offset(uint32_t t) {
     switch (t) {
     case QT_Q4_0:
-        return 120;
+        return 8;
     case QT_Q5_0:
-        return 112;
+        return 16;
     case QT_Q4_1:
     case QT_Q5_1:
-        return (char)128;
+        return 0;
     default:
-        return 0; /* Q8_0, IQ4_NL, MXFP4: already v + 128 */
+        return 128; /* Q8_0, IQ4_NL, MXFP4: v + 128 */
     }
 }
 
@@ -290,20 +292,30 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
                         int64_t b1, void *dst) {
     const size_t prow = packed_legacy_bytes(t, k), bs = legacy_size(t);
     const int64_t nb = k / 32;
+    const __m512i off = _mm512_set1_epi16(legacy_offset(t));
+    /* X16_64's order: position 2s + e (s = 2λ..) of output h takes element 4λ + 2h + e */
+    const __m512i i0 = _mm512_set_epi16(61, 60, 57, 56, 53, 52, 49, 48, 45, 44, 41, 40, 37, 36, 33,
+                                        32, 29, 28, 25, 24, 21, 20, 17, 16, 13, 12, 9, 8, 5, 4, 1, 0);
+    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(2));
     for (int r = 0; r < nr; r++) {
         const char *row = (const char *)w + r * ws;
-        uint8_t *q = (uint8_t *)dst + r * prow;
+        int16_t *q = (int16_t *)((char *)dst + r * prow);
         float *d = (float *)(q + k), *m = d + nb;
         int64_t i = b0;
         for (; i + 2 <= b1; i += 2) {
-            __m512i v = legacy_unpack2(t, row, i);
-            _mm512_store_si512((void *)(q + 32 * i),
-                               _mm512_add_epi8(v, _mm512_set1_epi8(packed_bias(t))));
+            const __m512i u = legacy_unpack2(t, row, i);
+            const __m512i a = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(u)), off),
+                          b = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(u, 1)), off);
+            _mm512_store_si512((void *)(q + 32 * i), _mm512_permutex2var_epi16(a, i0, b));
+            _mm512_store_si512((void *)(q + 32 * i + 32), _mm512_permutex2var_epi16(a, i1, b));
         }
-        if (i < b1) {
-            __m256i v = legacy_unpack1(t, row, i);
-            _mm256_store_si256((__m256i *)(q + 32 * i),
-                               _mm256_add_epi8(v, _mm256_set1_epi8(packed_bias(t))));
+        if (i < b1) { /* the odd last block: X16_32's order, 16 h + 2λ + e <- 4λ + 2h + e */
+            uint8_t u[32];
+            _mm256_storeu_si256((__m256i *)u, legacy_unpack1(t, row, i));
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 8; l++)
+                    for (int e = 0; e < 2; e++)
+                        q[32 * i + 16 * h + 2 * l + e] = (int16_t)(u[4 * l + 2 * h + e] - legacy_offset(t));
         }
         for (int64_t b = b0; b < b1; b++) {
             uint16_t h;
@@ -317,50 +329,51 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
     }
 }
 
-/* Legacy types against X2_32 (cpu_kernels.h), packed rows: u = v + 128 (v the
- * signed integer that d multiplies) and, per lane of 4 elements,
- *     128·(neg + sum u·hi) + sum u·lo = sum v·x16 + 128·(neg + sum x16) = sum v·x16,
- * x16 = 128·hi + lo and neg = -sum x16: two vpdpbusd and a shift give the exact 15-bit
- * dot of each lane (|lane| <= 4·128·16256 < 2^24, so the cvt is exact too). Then one FMA
- * with the block scales [d_b ×8, d_b+1 ×8] per two blocks, the row scale D at the end:
- *     y = D · (sum over blocks of d_b · dot_b [+ m_b · sum_b x16]). */
-INLINE void x2_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
-                    const char *x, size_t xs, float *y, size_t ys) {
+/* Legacy types against X16_64 (cpu_kernels.h), packed rows of int16 v: per block pair, two
+ * vpdpwssd leave in lane λ the exact dot of elements 4λ..4λ+3 (block b in lanes 0..7, b + 1
+ * in 8..15; |lane| <= 4·128·16256 < 2^24, so the cvt is exact too). Then one FMA with the
+ * block scales [d_b ×8, d_b+1 ×8] per two blocks, the row scale D at the end:
+ *     y = D · (sum over blocks of d_b · dot_b [+ m_b · sum_b x16]).
+ * The lanes' integers, and so every bit, are those of the two-plane VNNI tile this replaced
+ * (2026-12-06: 5 vector operations a block pair and (row, column), the +128 weight offset's
+ * seed load, a shift; now 4) and of the repacked decode kernels (cpu_gemv_avx512.c). */
+INLINE void x16_legacy_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
+                            const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
         acc[r][c] = _mm512_setzero_ps();
-    const int8_t *xh[MAXC], *xl[MAXC];
-    const int32_t *xn[MAXC];
+    const int16_t *xv[MAXC];
     const float *xsv[MAXC];
     UNROLL
     for (int c = 0; c < C; c++) {
-        xh[c] = cpu_x2_hi(x + c * xs);
-        xl[c] = cpu_x2_lo(x + c * xs, k);
-        xn[c] = cpu_x2_neg(x + c * xs, k);
-        xsv[c] = cpu_x2_sv(x + c * xs, k);
+        xv[c] = (const int16_t *)(x + c * xs);
+        xsv[c] = cpu_x16_sv(x + c * xs, k);
     }
     const int64_t nb = k / 32;
     const float *wd[4], *wm[4];
     UNROLL
     for (int r = 0; r < R; r++) {
-        wd[r] = (const float *)(w + r * ws + k);
+        wd[r] = (const float *)(w + r * ws + 2 * k);
         wm[r] = wd[r] + nb;
     }
     const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
         __m512 sv2[MAXC];
-        if (has_min)
+        if (has_min) /* the blocks' sums of v (exact: integers < 2^24) on lanes 0 and 8 */
             UNROLL
-        for (int c = 0; c < C; c++)
-            sv2[c] = _mm512_maskz_expand_ps(
-                0x0101, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xsv[c] + i)))));
+        for (int c = 0; c < C; c++) {
+            const __m128 s4 = _mm_loadu_ps(xsv[c] + 2 * i);
+            const __m128 s2 = _mm_add_ps(s4, _mm_movehdup_ps(s4)); /* lanes 0, 2 */
+            sv2[c] = _mm512_maskz_expand_ps(0x0101, _mm512_castps128_ps512(_mm_shuffle_ps(s2, s2, 0x08)));
+        }
         UNROLL
         for (int r = 0; r < R; r++) {
-            __m512i u = _mm512_load_si512((const void *)(w + r * ws + 32 * i));
+            const int16_t *wq = (const int16_t *)(w + r * ws) + 32 * i;
+            const __m512i wa = _mm512_load_si512((const void *)wq), wb = _mm512_load_si512((const void *)(wq + 32));
             __m512 m2 = _mm512_setzero_ps();
             __m512 d2 = _mm512_permutexvar_ps(
                 idx_d, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wd[r] + i)))));
@@ -370,10 +383,9 @@ INLINE void x2_tile(int has_min, int R, int C, int64_t k, const char *w, size_t 
                     _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(wm[r] + i)))));
             UNROLL
             for (int c = 0; c < C; c++) {
-                __m512i p = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(xn[c] + 8 * i)), u,
-                                                _mm512_load_si512((const void *)(xh[c] + 32 * i)));
-                p = _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 7), u,
-                                        _mm512_load_si512((const void *)(xl[c] + 32 * i)));
+                __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wa,
+                                                _mm512_load_si512((const void *)(xv[c] + 32 * i)));
+                p = _mm512_dpwssd_epi32(p, wb, _mm512_load_si512((const void *)(xv[c] + 32 * i + 32)));
                 acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d2, acc[r][c]);
                 /* mins on the two blocks' first lanes only (the decode kernels do the same) */
                 if (has_min) acc[r][c] = _mm512_mask3_fmadd_ps(m2, sv2[c], acc[r][c], 0x0101);
@@ -381,24 +393,24 @@ INLINE void x2_tile(int has_min, int R, int C, int64_t k, const char *w, size_t 
         }
     }
     float tail[4][MAXC] = {{0}};
-    if (i < nb) {
+    if (i < nb) { /* the odd last block, a 32-element chunk: lane λ of the 8 sums 4λ..4λ+3 */
         UNROLL
         for (int r = 0; r < R; r++) {
             const float d = wd[r][i], m = has_min ? wm[r][i] : 0.0f;
-            const __m256i u = _mm256_load_si256((const __m256i *)(w + r * ws + 32 * i));
+            const int16_t *wq = (const int16_t *)(w + r * ws) + 32 * i;
+            const __m256i wa = _mm256_load_si256((const __m256i *)wq), wb = _mm256_load_si256((const __m256i *)(wq + 16));
             UNROLL
             for (int c = 0; c < C; c++) {
-                __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256((const __m256i *)(xn[c] + 8 * i)), u,
-                                                _mm256_load_si256((const __m256i *)(xh[c] + 32 * i)));
-                p = _mm256_dpbusd_epi32(_mm256_slli_epi32(p, 7), u,
-                                        _mm256_load_si256((const __m256i *)(xl[c] + 32 * i)));
+                __m256i p = _mm256_dpwssd_epi32(_mm256_setzero_si256(), wa,
+                                                _mm256_load_si256((const __m256i *)(xv[c] + 32 * i)));
+                p = _mm256_dpwssd_epi32(p, wb, _mm256_load_si256((const __m256i *)(xv[c] + 32 * i + 16)));
                 __m128i s4 =
                     _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
                 /* d·isum (+ m·sv), rounded as the decode kernels round it */
                 __m128 tv = _mm_mul_ss(_mm_set_ss(d), _mm_cvtepi32_ps(s4));
-                if (has_min) tv = _mm_fmadd_ss(_mm_set_ss(m), _mm_set_ss(xsv[c][i]), tv);
+                if (has_min) tv = _mm_fmadd_ss(_mm_set_ss(m), _mm_set_ss(xsv[c][2 * i] + xsv[c][2 * i + 1]), tv);
                 tail[r][c] = _mm_cvtss_f32(tv);
             }
         }
@@ -407,12 +419,11 @@ INLINE void x2_tile(int has_min, int R, int C, int64_t k, const char *w, size_t 
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = cpu_x2_D(x + c * xs, k) * (hsum16(acc[r][c]) + tail[r][c]);
+        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * (hsum16(acc[r][c]) + tail[r][c]);
 }
-/* The packed layout is the same v + 128 bytes for every type: one kernel (with or without
- * mins). */
-#define PACKED_TILE(R, C, ...) x2_tile(0, R, C, __VA_ARGS__)
-#define PACKED_MIN_TILE(R, C, ...) x2_tile(1, R, C, __VA_ARGS__)
+/* The packed layout is the same int16 v for every type: one kernel (with or without mins). */
+#define PACKED_TILE(R, C, ...) x16_legacy_tile(0, R, C, __VA_ARGS__)
+#define PACKED_MIN_TILE(R, C, ...) x16_legacy_tile(1, R, C, __VA_ARGS__)
 TILE_DRIVER(packed, PACKED_TILE)
 TILE_DRIVER(packed_min, PACKED_MIN_TILE)
 
@@ -792,7 +803,7 @@ void cpu_kernels_avx512(struct cpu_kernel tab[QT_COUNT]) {
     tab[QT_F16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_f16};
     tab[QT_BF16] = (struct cpu_kernel){.act = CPU_ACT_F32, .gemm = gemm_bf16};
 #define LEGACY(T, name, ptile)                                                                     \
-    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X2_32,                                             \
+    tab[T] = (struct cpu_kernel){.act = CPU_ACT_X16_64,                                            \
                                  .pack = pack_##name,                                              \
                                  .packed_row_bytes = packed_bytes_##name,                          \
                                  .gemm_packed = ptile}

@@ -98,19 +98,20 @@ static void quantize_x16(const float *x, void *q, int64_t k, int W) {
     float amax = row_amax(x, k);
     float id = amax > 0.0f ? (float)CPU_ACT_VMAX / amax : 0.0f;
     for (int64_t c = 0; c < k; c += W) {
+        const int w = k - c < W ? (int)(k - c) : W; /* X16_64's last chunk may be 32 */
         int16_t t[64];
-        for (int i = 0; i < W; i++)
+        for (int i = 0; i < w; i++)
             t[i] = (int16_t)act_v(x[c + i], id);
-        for (int g = 0; g < W / 16; g++) {
+        for (int g = 0; g < w / 16; g++) {
             int32_t sum = 0;
             for (int i = 0; i < 16; i++)
                 sum += t[16 * g + i];
             sv[c / 16 + g] = (float)sum;
         }
         for (int h = 0; h < 2; h++)
-            for (int l = 0; l < W / 4; l++)
+            for (int l = 0; l < w / 4; l++)
                 for (int e = 0; e < 2; e++)
-                    v16[c + W / 2 * h + 2 * l + e] = t[4 * l + 2 * h + e];
+                    v16[c + w / 2 * h + 2 * l + e] = t[4 * l + 2 * h + e];
     }
     sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }
