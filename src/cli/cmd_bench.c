@@ -39,9 +39,11 @@
  * step runs) plus the K and V of every sequence's context (at the run's middle; a
  * sliding-window layer reads at most its window) and, with recurrent layers, each
  * sequence's state read and written back. The bandwidth is
- * --bw (GB/s); on CUDA it defaults to 4380, the H200's measured read bandwidth
- * (TARGETS.md); on the CPU no bound is printed unless given, or measured (--bw measure:
- * cpu_read_bandwidth, a STREAM-like read of a step's bytes with the bench's threads).
+ * --bw (GB/s); on CUDA, unless given, the device's read bandwidth measured once per run
+ * before the model loads (cuda_read_bandwidth: a sum over two 1 GiB buffers, as TARGETS.md's
+ * 4.38 TB/s on the H200 was measured), so the percentages hold on any GPU; on the CPU no
+ * bound is printed unless given, or measured (--bw measure: cpu_read_bandwidth, a
+ * STREAM-like read of a step's bytes with the bench's threads).
  *
  * Speculative decoding (--spec, --draft, --spec-k, ...: cli/clispec.h): the tg and batched
  * tests then generate through the engine, greedily and past end-of-generation, from a real
@@ -71,6 +73,8 @@
 
 #ifdef SMELT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_backend.h"
 #endif
 
 #include "build_info.h" /* generated at build time: cmake/build_info.cmake */
@@ -123,7 +127,8 @@ static void usage(FILE *f) {
             "  -B, --batched N          N sequences decoding together (aggregate tok/s), with each -n\n"
             "  --verify-rows R          decode steps of R rows per sequence (speculation's verify\n"
             "                           shape; 1..17, default 1)\n"
-            "  --bw GB/S|measure        bandwidth for the decode bound (CUDA default: 4380, H200);\n"
+            "  --bw GB/S|measure        bandwidth for the decode bound (CUDA default: the device's\n"
+            "                           read bandwidth, measured at start; CPU default: none);\n"
             "                           measure: the CPU's read bandwidth over a step's bytes\n"
             "  -o, --output md|json|jsonl|csv   (default md)\n"
             "  -f FILE                  with speculation: the prompt (raw text) of the tg tests\n"
@@ -807,6 +812,28 @@ static void read_gpu_info(int device, char *buf, size_t n) {
 #endif
 }
 
+/* The device's read bandwidth in GB/s for the bound (measured once per device and run),
+ * or 0 (no bound) when it cannot be measured, said on stderr. */
+static double gpu_read_bandwidth(int device) {
+#ifdef SMELT_HAVE_CUDA
+    static double seen[64];
+    if (device < 0 || device >= 64) return 0;
+    if (seen[device] == 0) {
+        struct err e;
+        seen[device] = -1;
+        if (cuda_read_bandwidth(device, (uint64_t)2 << 30, 5, &seen[device], &e) == SMELT_OK)
+            fprintf(stderr, "smelt bench: device %d read bandwidth %.0f GB/s (the bound of bw %%)\n", device,
+                    seen[device]);
+        else
+            fprintf(stderr, "smelt bench: no bandwidth bound (%s); --bw GB/S gives one\n", e.msg);
+    }
+    return seen[device] > 0 ? seen[device] : 0;
+#else
+    (void)device;
+    return 0;
+#endif
+}
+
 /* ---- one model at one thread count: every instance of the other lists ---- */
 
 static smelt_status bench_model(const struct opts *o, const char *ref, int threads, struct printer *p,
@@ -850,6 +877,9 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
     int n_blocks = max_b * ((per_seq + BLOCK - 1) / BLOCK) + 1;
     /* -mg is llama-bench's main_gpu: reported whatever the backend, used only by CUDA */
     if (st == SMELT_OK) st = cli_backend_new(o->backend, cli_backend_is_cuda(o->backend) ? o->device : -1, threads, &bk, e);
+    double gpu_bw = 0;
+    if (st == SMELT_OK && cli_backend_is_cuda(o->backend) && o->bw_gbs <= 0)
+        gpu_bw = gpu_read_bandwidth(o->device); /* before the model takes the memory */
     if (st == SMELT_OK) st = cli_model_load(path, f, bk, o->n_cpu_moe, threads, &c.m, e);
     /* with speculation: an engine of max_b sequences and steps of 512 rows (its draft too) */
     struct engine_config ec = {.max_seqs = max_b, .max_batch_tokens = 512, .n_blocks = n_blocks,
@@ -900,7 +930,7 @@ static smelt_status bench_model(const struct opts *o, const char *ref, int threa
         model_desc(f, c.m, desc, sizeof desc);
     }
     bool cuda = st == SMELT_OK && cli_backend_is_cuda(o->backend);
-    double bw = o->bw_gbs > 0 ? o->bw_gbs : (cuda ? 4380.0 : 0.0);
+    double bw = o->bw_gbs > 0 ? o->bw_gbs : (cuda ? gpu_bw : 0.0);
     int n_thr = threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (st == SMELT_OK && o->bw_measure && !cuda) {
         /* STREAM-like: the same threads reading as many bytes as a decode step */

@@ -26,6 +26,11 @@ const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t
  * for tests that check the counters after an op. Owned by the backend. */
 struct cuda_ctx;
 struct cuda_ctx *cuda_backend_ctx(struct backend *b);
+/* The device's read bandwidth in GB/s (*gbs): a sum over two device buffers of bytes / 2
+ * each (halved while they do not fit, down to 32 MiB each), read in turn, best of `passes`
+ * timed passes after one untimed one (cuda_membw.cu). What a memory-bound decode step can
+ * reach (smelt bench's bound). Errors: INVALID (bytes < 2 MiB, passes < 1), DEVICE. */
+smelt_status cuda_read_bandwidth(int device, uint64_t bytes, int passes, double *gbs, struct err *e);
 /* Free and total device memory. */
 smelt_status cuda_mem_info(int device, uint64_t *free_b, uint64_t *total_b, struct err *e);
 
