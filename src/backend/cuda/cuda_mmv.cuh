@@ -50,6 +50,35 @@ static __device__ __forceinline__ void post_prep(float y, float w, int8_t *xq, f
     if ((threadIdx.x & 31) == 0 && ss) *ss = s;
 }
 
+/* One output column's weighted sum over a token's k expert slots, in increasing (expert id,
+ * slot) order (order[q]: the q-th slot), as both combines (the fused one below, cuda_moe.cu's
+ * combine_kernel) compute it: slot j adds w[j] * (y[pos(j) * ld + col] + b[ex * ld + col])
+ * when its expert ex = id[j] is in [0, n_exp) and pos(j) >= 0. Eight slots' loads go out
+ * before their adds: a slot at a time made the sum a chain of k dependent trips to L2. */
+template <class P>
+static __device__ __forceinline__ float moe_slot_sum(const float *y, int64_t ld, int64_t col, P pos, const int *order,
+                                                     const int32_t *id, const float *w, const float *b, int k,
+                                                     int n_exp) {
+    float s = 0.0f;
+    for (int q0 = 0; q0 < k; q0 += 8) {
+        float v[8], wt[8];
+        bool live[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int j = order[min(q0 + i, k - 1)], ex = id[j];
+            const int64_t p = pos(j);
+            live[i] = q0 + i < k && p >= 0 && ex >= 0 && ex < n_exp;
+            v[i] = live[i] ? __ldcg(y + p * ld + col) : 0.0f;
+            if (live[i] && b) v[i] += b[(int64_t)ex * ld + col];
+            wt[i] = live[i] ? w[j] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (live[i]) s += wt[i] * v[i];
+    }
+    return s;
+}
+
 
 static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
     int s = dp4a((int)a.x, (int)b.x, 0);
@@ -351,14 +380,9 @@ struct mmv_acc {
         }
         __syncwarp();
         const int row = grp * 32 + lane;
-        float s = 0.0f;
-        for (int q = 0; q < k; q++) {
-            const int j = order[q], ex = id[j];
-            if (ex < 0 || ex >= m.n_exp) continue;
-            float v = __ldcg(m.y[0] + ((int64_t)r * sl + j) * rows + row); /* other blocks': L2 */
-            if (m.cmb.b) v += m.cmb.b[(int64_t)ex * rows + row];
-            s += m.cmb.w[(int64_t)r * k + j] * v;
-        }
+        /* other blocks' outputs: from L2 */
+        float s = moe_slot_sum(m.y[0], rows, row, [&](int j) { return (int64_t)r * sl + j; }, order, id,
+                               m.cmb.w + (int64_t)r * k, m.cmb.b, k, m.n_exp);
         if (m.id_k) { /* the shared expert, last: its gate as the weight */
             const float v = __ldcg(m.y[0] + ((int64_t)r * sl + k) * rows + row);
             const float g = m.cmb.sh_logit ? 1.0f / (1.0f + expf(-m.cmb.sh_logit[r])) : 1.0f;

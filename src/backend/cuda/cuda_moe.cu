@@ -375,15 +375,8 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     __syncthreads();
     const int sl = k + sh; /* without pos: slots a row (the shared one last) */
     for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < n_embd; d += gridDim.y * blockDim.x) {
-        float s = 0.0f;
-        for (int q = 0; q < k; q++) {
-            const int j = order[q], ex = id[j];
-            const int64_t p = pos ? pos[r * k + j] : r * sl + j;
-            if (p < 0 || ex < 0 || ex >= n_exp) continue;
-            float v = y[p * n_embd + d];
-            if (down_b) v += down_b[(int64_t)ex * n_embd + d];
-            s += wts[r * k + j] * v;
-        }
+        float s = moe_slot_sum(y, n_embd, d, [&](int j) { return pos ? (int64_t)pos[r * k + j] : r * sl + j; },
+                               order, id, wts + r * k, down_b, k, n_exp);
         if (sh) { /* the shared expert, as the fused down launch adds it */
             const float v = y[(r * sl + k) * n_embd + d];
             const float g = sh_logit ? 1.0f / (1.0f + expf(-sh_logit[r])) : 1.0f;
