@@ -3,6 +3,7 @@
  * cpu_ops_ssm.c's cpu_op_copy). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_glu.cuh"
+#include "backend/cuda/cuda_mmq.cuh" /* the MoE prefill GLU's f16 output */
 #include "backend/cuda/cuda_mmv.cuh" /* quant16: the int8 form of a decode GLU's output */
 
 extern "C" {
@@ -52,12 +53,14 @@ static __global__ void glu_q_kernel(float *dst, const float *gate, const float *
 }
 
 /* Grouped expert rows (rows of n_ff, chunk c = row / ch of expert eid[c], -1: unused, left
- * as it is): act(gate + gate_b[e]) * (up + up_b[e]), either bias NULL for none. */
-static __global__ void glu_expert_bias_kernel(float *dst, const float *gate, const float *up, int act,
-                                              const float *gate_b, const float *up_b, const int32_t *eid,
-                                              int ch, int64_t n_ff, int64_t n) {
+ * as it is): act(gate + gate_b[e]) * (up + up_b[e]), either bias NULL for none, into mmq's
+ * f16 activations (cuda_mmq.cuh; cnt: its counters, zeroed). */
+static __global__ void glu_expert_mmq_kernel(int *cnt, __half *xh, const float *gate, const float *up, int act,
+                                             const float *gate_b, const float *up_b, const int32_t *eid, int ch,
+                                             int64_t n_ff, int64_t n) {
     pdl_wait();
     pdl_trigger();
+    mmq_zero_cnt(cnt);
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t row = i / n_ff, col = i - row * n_ff;
@@ -65,7 +68,7 @@ static __global__ void glu_expert_bias_kernel(float *dst, const float *gate, con
     if (e < 0) return;
     const float g = gate[i] + (gate_b ? gate_b[e * n_ff + col] : 0.0f);
     const float u = up[i] + (up_b ? up_b[e * n_ff + col] : 0.0f);
-    dst[i] = glu_val(act, g, u);
+    xh[row * n_ff + mmq_pos(col)] = mmq_f16(glu_val(act, g, u));
 }
 
 /* A non-gated FFN's activation (bert): act is enum glu_act's GLU_SILU 0, GLU_GELU_TANH 1 or
@@ -129,12 +132,12 @@ extern "C" void cuda_glu_q(struct cuda_ctx *ctx, float *dst, const float *gate, 
     klaunch(glu_q_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, n, row_n, xq, (float2 *)xd);
 }
 
-extern "C" void cuda_glu_expert_bias(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
-                                     const float *gate_b, const float *up_b, const int32_t *eid, int ch,
-                                     int64_t n_ff, int64_t rows) {
+extern "C" void cuda_glu_expert_mmq(struct cuda_ctx *ctx, void *mmq_scratch, const float *gate, const float *up,
+                                    int act, const float *gate_b, const float *up_b, const int32_t *eid, int ch,
+                                    int64_t n_ff, int64_t rows) {
     const int64_t n = n_ff * rows;
-    klaunch(glu_expert_bias_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, dst, gate, up, act, gate_b, up_b, eid,
-            ch, n_ff, n);
+    klaunch(glu_expert_mmq_kernel, dim3(nblocks(n, 256)), dim3(256), 0, ctx, mmq_cnt(mmq_scratch),
+            mmq_xh(mmq_scratch), gate, up, act, gate_b, up_b, eid, ch, n_ff, n);
 }
 
 extern "C" void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,

@@ -55,11 +55,13 @@ void cuda_glu_q(struct cuda_ctx *ctx, float *dst, const float *gate, const float
 void cuda_glu_row_gate(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
                        int64_t row_n, int64_t rows);
 /* The grouped expert rows of a mixture-of-experts FFN (cuda_moe_group's chunks of ch rows of
- * n_ff, chunk c belonging to expert eid[c], -1: unused and left alone): dst = act(gate +
- * gate_b[e]) * (up + up_b[e]), biases (n_ff, n_expert) or NULL; act as cuda_glu's. */
-void cuda_glu_expert_bias(struct cuda_ctx *ctx, float *dst, const float *gate, const float *up, int act,
-                          const float *gate_b, const float *up_b, const int32_t *eid, int ch, int64_t n_ff,
-                          int64_t rows);
+ * n_ff, chunk c belonging to expert eid[c], -1: unused and left alone): act(gate +
+ * gate_b[e]) * (up + up_b[e]), biases (n_ff, n_expert) or NULL, act as cuda_glu's, written
+ * as cuda_mmq_quantize would convert it into mmq_scratch (the down product by id reads it).
+ * n_ff % 16 == 0. */
+void cuda_glu_expert_mmq(struct cuda_ctx *ctx, void *mmq_scratch, const float *gate, const float *up, int act,
+                         const float *gate_b, const float *up_b, const int32_t *eid, int ch, int64_t n_ff,
+                         int64_t rows);
 /* dst = src over a (ne0, ne1, ne2, ne3) F32 box; strides in floats, ne0 contiguous on both
  * sides (bk_copy: deinterleaving views, state slots). */
 void cuda_copy(struct cuda_ctx *ctx, float *dst, const float *src, const int64_t ne[4],

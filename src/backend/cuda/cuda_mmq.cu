@@ -57,10 +57,9 @@ extern "C" {
 
 #define MMQ_THREADS 256
 #define MMQ_XS 528          /* shared bytes per token per stage: 256 f16 + 16 pad */
-#define MMQ_MAX_BLOCKS 2048 /* grid cap: counters in the scratch, partial slots */
-#define MMQ_CNT_BYTES (MMQ_MAX_BLOCKS * 4)
 
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_mmq.cuh" /* the f16 activations' layout, the counters */
 #include "backend/cuda/cuda_qtypes.cuh" /* MXFP4's layout: tq_mx4, tq_mx_s */
 
 /* ---------------------------------------------------------- configuration ---- */
@@ -185,9 +184,7 @@ static __device__ __forceinline__ void pos_next(const mmq_args &a, upos &p) {
 template <bool VEC>
 static __global__ void mmq_convert_kernel(const float *__restrict__ x, __half *__restrict__ xh,
                                           int *__restrict__ cnt, long long groups) {
-    if (blockIdx.x == 0)
-        for (int c = threadIdx.x; c < MMQ_MAX_BLOCKS; c += blockDim.x)
-            cnt[c] = 0;
+    mmq_zero_cnt(cnt);
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= groups) return;
     float v[16];
@@ -210,11 +207,7 @@ static __global__ void mmq_convert_kernel(const float *__restrict__ x, __half *_
 #pragma unroll
     for (int j = 0; j < 8; j++) { /* o[0..3]: even positions, o[4..7]: odd */
         const int e = j < 4 ? 4 * j : 4 * (j - 4) + 1;
-        float lo = v[e], hi = v[e + 2];
-        lo = fabsf(lo) > 65504.0f ? copysignf(65504.0f, lo) : lo;
-        hi = fabsf(hi) > 65504.0f ? copysignf(65504.0f, hi) : hi;
-        o[j] = (uint32_t)__half_as_ushort(__float2half_rn(lo)) |
-               ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
+        o[j] = (uint32_t)__half_as_ushort(mmq_f16(v[e])) | ((uint32_t)__half_as_ushort(mmq_f16(v[e + 2])) << 16);
     }
     uint4 *dst = (uint4 *)(xh + i * 16);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
@@ -963,8 +956,8 @@ extern "C" smelt_status cuda_mmq_quantize(struct cuda_ctx *ctx, const float *x, 
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmq: converting %lld x %lld activations (k %% 16 != 0?)", (long long)n,
                        (long long)k);
-    int *cnt = (int *)scratch;
-    __half *xh = (__half *)((unsigned char *)scratch + MMQ_CNT_BYTES);
+    int *cnt = mmq_cnt(scratch);
+    __half *xh = mmq_xh(scratch);
     const long long groups = (long long)(k / 16) * n;
     const int tb = 256;
     const unsigned blocks = (unsigned)((groups + tb - 1) / tb);

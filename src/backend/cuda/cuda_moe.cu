@@ -8,6 +8,7 @@
  * depends on that row alone (fixed reduction trees, no atomics); the grouping places rows by
  * atomics, but every grouped row is computed alone by the products, so its bits do not
  * depend on where it lands. */
+#include "backend/cuda/cuda_mmq.cuh" /* mmq's f16 form of the prefill experts' inputs */
 #include "backend/cuda/cuda_mmv.cuh" /* quant16: the int8 form of the experts' inputs */
 
 extern "C" {
@@ -322,13 +323,15 @@ static __global__ void __launch_bounds__(1024)
 }
 
 /* One block per output row: x' of its source row (norm as route_logits_kernel's, zeros for padding),
- * stored as f32 (xf) and in the int8 form (quant16 per 16 values; warp w quantizes groups of
- * 32 w, w + warps, ...). */
+ * stored as f32 (xf), in the int8 form (xq: quant16 per 16 values; warp w quantizes groups
+ * of 32 w, w + warps, ...) and in mmq's f16 form (mcnt: the mmq scratch's counters, zeroed,
+ * and its activations), each when not NULL. */
 static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     gather_kernel(const float *x, int n_embd, const int32_t *src, int has_pre, const float *pre_w,
-                  float eps, int8_t *xq, float2 *xd, float *xf) {
+                  float eps, int8_t *xq, float2 *xd, float *xf, int *mcnt, __half *mxh) {
     pdl_wait();
     pdl_trigger();
+    if (mcnt) mmq_zero_cnt(mcnt);
     __shared__ double dpart[32];
     const int64_t i = blockIdx.x;
     const int64_t row = src ? src[i] : i;
@@ -348,7 +351,8 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
         float v = 0.0f;
         if (row >= 0) v = has_pre ? (pre_w ? xr[j] * inv * pre_w[j] : xr[j] * inv) : xr[j];
         if (xf) xf[o] = v;
-        quant16(v, xq, xd, o, true);
+        if (xq) quant16(v, xq, xd, o, true);
+        if (mxh) mxh[i * n_embd + mmq_pos(j)] = mmq_f16(v);
     }
 }
 
@@ -477,15 +481,16 @@ extern "C" smelt_status cuda_moe_group(struct cuda_ctx *ctx, const int32_t *ids,
 extern "C" smelt_status cuda_moe_gather(struct cuda_ctx *ctx, const float *x, int64_t n_embd,
                                         const int32_t *src, int64_t n_rows, int has_pre,
                                         const float *pre_w, float eps, void *xq_scratch, float *xf,
-                                        struct err *e) {
+                                        void *mmq_scratch, struct err *e) {
     if (n_embd % 32 != 0 || n_embd > INT32_MAX || n_rows < 1 || n_rows > INT32_MAX)
         return err_set(e, SMELT_ERR_INVALID, "cuda moe gather: %lld rows of %lld",
                        (long long)n_rows, (long long)n_embd);
-    int8_t *xq;
-    void *xd;
-    cuda_mmv_scratch_parts(xq_scratch, n_embd, (int)n_rows, &xq, &xd);
+    int8_t *xq = NULL;
+    void *xd = NULL;
+    if (xq_scratch) cuda_mmv_scratch_parts(xq_scratch, n_embd, (int)n_rows, &xq, &xd);
     CUDA_TRY(klaunch(gather_kernel, dim3((unsigned)n_rows), dim3(MOE_ROWS_THREADS), 0, ctx, x,
-                     (int)n_embd, src, has_pre, pre_w, eps, xq, (float2 *)xd, xf),
+                     (int)n_embd, src, has_pre, pre_w, eps, xq, (float2 *)xd, xf,
+                     mmq_scratch ? mmq_cnt(mmq_scratch) : NULL, mmq_scratch ? mmq_xh(mmq_scratch) : NULL),
              e);
     return SMELT_OK;
 }

@@ -67,12 +67,15 @@ smelt_status cuda_moe_group(struct cuda_ctx *ctx, const int32_t *ids, int64_t n,
                             int32_t *src, struct err *e);
 
 /* The experts' input rows: row i of the output is x' (as cuda_moe_route's) of step row
- * src[i] (src NULL: row i; -1: zeros), n_rows rows: its int8 form in cuda_mmv_quantize's
- * layout for n_rows rows at xq_scratch, and (xf not NULL) the f32 row (float weights read
- * it). n_embd % 32 == 0. */
+ * src[i] (src NULL: row i; -1: zeros), n_rows rows, written in each form whose destination
+ * is not NULL: its int8 form in cuda_mmv_quantize's layout for n_rows rows at xq_scratch,
+ * the f32 row at xf (float weights read it), the f16 form at mmq_scratch as
+ * cuda_mmq_quantize(x', n_embd, n_rows) leaves it (the mmq products by id read it).
+ * n_embd % 32 == 0. */
 smelt_status cuda_moe_gather(struct cuda_ctx *ctx, const float *x, int64_t n_embd,
                              const int32_t *src, int64_t n_rows, int has_pre, const float *pre_w,
-                             float eps, void *xq_scratch, float *xf, struct err *e);
+                             float eps, void *xq_scratch, float *xf, void *mmq_scratch,
+                             struct err *e);
 
 /* The weighted sum, with the residual add: for each row r < n,
  *   s = sum over the row's slots j, in increasing expert id, of weights[j, r] * (y[p] +

@@ -22,11 +22,13 @@
  *   more rows on the tensor cores ("mmq by id", the default for more than CUDA_MMV_MAX_N rows
  *   where mmq takes the experts' types; SMELT_MOE_PATH=mmv or
  *   mmq forces a path): the same grouping in chunks of the mmq tile's token width ch (16, 32
- *   or 64, by the mean rows per expert), f32 input rows gathered, then
- *     x' f16                                         cuda_mmq_quantize, n_chunks ch rows
+ *   or 64, by the mean rows per expert), then
+ *     x' f16, n_chunks ch rows                       cuda_moe_gather (into mmq's scratch)
  *     g = gate[e] x', u = up[e] x'                   cuda_mmq_id_pre (a token tile = a chunk)
- *     h = act(g + gate_b[e]) * (u + up_b[e])         cuda_glu_expert_bias (in place in g)
- *     h f16; y = down[e] h                           cuda_mmq_quantize, cuda_mmq_id_pre
+ *     h = act(g + gate_b[e]) * (u + up_b[e]), f16    cuda_glu_expert_mmq (into mmq's scratch)
+ *     y = down[e] h                                  cuda_mmq_id_pre
+ *   (the f32 x' and h and their conversions, 2 launches and ~80 MB of traffic a layer at
+ *   pp512 on Qwen3-30B-A3B, went on 2026-12-06; the same f16 values)
  *     dst (+)= ...                                   cuda_moe_combine, as above
  *   so each expert's weight tile is read once per chunk of ch of its rows; chunk tables and
  *   every launch shape are bounds of (n, k, n_expert), the used chunks are counted on the
@@ -148,19 +150,16 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     int32_t *chunk_eid = cu_scratch(cb, (size_t)n_chunks * sizeof(int32_t));
     int32_t *pos = cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
     int32_t *src = cu_scratch(cb, (size_t)rows * sizeof(int32_t));
-    void *xq = cu_scratch(cb, cuda_mmv_scratch_bytes(n_embd, (int)rows));
-    float *xf = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
     void *msc = cu_scratch(cb, (size_t)sb);
     float *g = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
     float *u = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
     float *y = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
-    if (!chunk_eid || !pos || !src || !xq || !xf || !msc || !g || !u || !y) return true;
+    if (!chunk_eid || !pos || !src || !msc || !g || !u || !y) return true;
     smelt_status st =
         cuda_moe_group(&cb->ctx, ids->data, n, k, n_exp, ch, n_chunks, chunk_eid, pos, src, &e);
     if (st == SMELT_OK)
         st = cuda_moe_gather(&cb->ctx, x->data, n_embd, src, rows, pre != NULL,
-                             pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, &e);
-    if (st == SMELT_OK) st = cuda_mmq_quantize(&cb->ctx, xf, n_embd, rows, msc, &e);
+                             pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, NULL, NULL, msc, &e);
     if (st == SMELT_OK)
         st = cuda_mmq_id_pre(&cb->ctx, qg, n_ff, n_exp, chunk_eid, n_chunks, rows, g, msc, sb, tg,
                              &e);
@@ -172,9 +171,8 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
         /* rows of unused chunks hold stale values: skipped here, never read by the down
          * product's used tiles nor by the combine */
         /* (enum glu_act's own number, as cuda_glu: cu_glu_code is the mmv kernels') */
-        cuda_glu_expert_bias(&cb->ctx, g, g, u, (int)w->act, w->gate_b ? w->gate_b->data : NULL,
-                             w->up_b ? w->up_b->data : NULL, chunk_eid, ch, n_ff, rows);
-        st = cuda_mmq_quantize(&cb->ctx, g, n_ff, rows, msc, &e);
+        cuda_glu_expert_mmq(&cb->ctx, msc, g, u, (int)w->act, w->gate_b ? w->gate_b->data : NULL,
+                            w->up_b ? w->up_b->data : NULL, chunk_eid, ch, n_ff, rows);
     }
     if (st == SMELT_OK)
         st = cuda_mmq_id_pre(&cb->ctx, qd, n_embd, n_exp, chunk_eid, n_chunks, rows, y, msc, sb,
@@ -242,7 +240,7 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
             cuda_moe_group(&cb->ctx, ids->data, n, k, n_exp, ch, n_chunks, chunk_eid, pos, src, &e);
     if (st == SMELT_OK && !use_xin) {
         st = cuda_moe_gather(&cb->ctx, x->data, n_embd, src, x_rows, pre != NULL,
-                             pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, &e);
+                             pre && pre->w ? pre->w->data : NULL, pre ? pre->eps : 0, xq, xf, NULL, &e);
         cu_check_launch(cb, "moe gather");
     }
     struct cuda_mmv_ids id = {.eid = chunk_eid,
