@@ -178,10 +178,7 @@ void cpu_quantize_x16_64_avx512(const float *x, void *q, int64_t k) {
             sv[c / 16 + j] = hsum_epi32_f(v[j]);
             _mm512_storeu_si512((void *)(t + 16 * j), v[j]);
         }
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 8; l++)
-                for (int e = 0; e < 2; e++)
-                    v16[c + 16 * h + 2 * l + e] = (int16_t)t[4 * l + 2 * h + e];
+        cpu_x16_order32(t, v16 + c);
     }
     sv[k / 16] = amax / (float)CPU_ACT_VMAX;
 }

@@ -298,6 +298,14 @@ static inline const float *cpu_x16_sv(const void *x, int64_t k) {
 static inline float cpu_x16_D(const void *x, int64_t k) {
     return cpu_x16_sv(x, k)[k / 16];
 }
+/* A 32-element chunk in X16_32's order (position 16h + 2λ + e takes element 4λ + 2h + e):
+ * X16_64's odd last chunk, written by its quantizers and by the AVX-512 legacy packing. */
+static inline void cpu_x16_order32(const int32_t v[32], int16_t *dst) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 8; l++)
+            for (int e = 0; e < 2; e++)
+                dst[16 * h + 2 * l + e] = (int16_t)v[4 * l + 2 * h + e];
+}
 
 /* The non-linear 4-bit codebook of IQ4_NL / IQ4_XS (a format constant). */
 static const int8_t cpu_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -5,11 +5,11 @@
  * per row; a call on the file layout takes the packed path at any n, so a row gets the
  * same bits whichever path computed it.
  *
- *  - legacy 32-blocks (X2_32): the packed row holds u = v + 128 (Q8_0/IQ4_NL/MXFP4 +128,
- *    Q4_0 +8+120, Q5_0 +16+112), two blocks per zmm; per lane of 4 elements two vpdpbusd
- *    (hi plane from the lane's -Σv, shift by 7, lo plane) give the exact Σ v·x, then one
- *    FMA with the blocks' scales; mins on lanes 0 and 8 only; an odd last block in a
- *    scalar tail rounded explicitly.
+ *  - legacy 32-blocks (X16_64): the packed row holds v as int16 in X16_64's chunk order,
+ *    a block pair per 64-element chunk; per lane of 4 elements two vpdpwssd give the exact
+ *    Σ v·x (block b in lanes 0..7, b + 1 in 8..15), then one FMA with the blocks' scales;
+ *    mins on lanes 0 and 8 only; an odd last block (a 32-element chunk) in a tail rounded
+ *    explicitly. The repacked decode kernels get the same lane integers from X2_32.
  *  - K-quants / IQ4_XS (X16_64): the packed super-block holds the 16-bit products sc·v
  *    in quad-pair order (cpu_kernels.h), one vpdpwssd per 32 elements, one cvt + FMA with
  *    d per super-block, one FMA of dmin·m against the sums of v for the mins.
@@ -309,13 +309,13 @@ INLINE void pack_legacy(uint32_t t, int64_t k, const void *w, size_t ws, int nr,
             _mm512_store_si512((void *)(q + 32 * i), _mm512_permutex2var_epi16(a, i0, b));
             _mm512_store_si512((void *)(q + 32 * i + 32), _mm512_permutex2var_epi16(a, i1, b));
         }
-        if (i < b1) { /* the odd last block: X16_32's order, 16 h + 2λ + e <- 4λ + 2h + e */
+        if (i < b1) { /* the odd last block: a chunk of 32 in X16_32's order */
             uint8_t u[32];
+            int32_t v[32];
             _mm256_storeu_si256((__m256i *)u, legacy_unpack1(t, row, i));
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < 8; l++)
-                    for (int e = 0; e < 2; e++)
-                        q[32 * i + 16 * h + 2 * l + e] = (int16_t)(u[4 * l + 2 * h + e] - legacy_offset(t));
+            for (int e = 0; e < 32; e++)
+                v[e] = u[e] - legacy_offset(t);
+            cpu_x16_order32(v, q + 32 * i);
         }
         for (int64_t b = b0; b < b1; b++) {
             uint16_t h;
