@@ -950,7 +950,7 @@ static void bench_id(int sweep) {
                    us, by / us / 1e3, by / us / 1e3 / 4380 * 100);
         }
         for (int which = 0; which < 2 && ok && sweep; which++)
-            for (int v = 1; v <= MMV_LANES; v++) {
+            for (int v = 1; v <= MMV_LANES_SUM; v++) {
                 g_ctx.mmv_id_variant[0] = which == 0 ? v : 0;
                 g_ctx.mmv_id_variant[1] = which == 1 ? v : 0;
                 /* the other launch: its default shape */

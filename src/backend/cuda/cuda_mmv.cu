@@ -330,17 +330,15 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
  * sum differs from theirs, so these are other bits than a lane a unit). One token row, a
  * plain product (not GLU, not split-K). */
 template <int R, int U, int Q6>
-static __device__ __forceinline__ void kq_body_lanes(const struct mmv_mats &m, int row0, const int8_t *xq,
-                                                     const float2 *xds, int k, int accumulate) {
+static __device__ __forceinline__ float kq_lanes_dot(const struct mmv_mats &m, int row0, int64_t e, const int8_t *xq,
+                                                     const float2 *xds, int k, bool &waited) {
     constexpr int G = 32 / R;
     static_assert(G * R == 32, "rows divide the warp");
-    if (row0 >= m.end[m.n - 1]) return;
     const int lane = threadIdx.x, r = lane / G;
     const int nsb = k / QK_K, n_units = nsb * 8;
-    const mrow_ref rr = mref<0>(m, row0, r, mmv_expert(m));
+    const mrow_ref rr = mref<0>(m, row0, r, e);
     mmv_acc<1, 1> a;
     a.zero();
-    bool waited = false;
     for (int u0 = lane % G; u0 < n_units; u0 += G * U) {
         /* load phase: U units in flight before any math (Q6_K's loads, or Q4_K's bits and
          * its super-block's scales) */
@@ -374,11 +372,21 @@ static __device__ __forceinline__ void kq_body_lanes(const struct mmv_mats &m, i
             }
         }
     }
+    return a.v[0][0];
+}
+
+template <int R, int U, int Q6>
+static __device__ __forceinline__ void kq_body_lanes(const struct mmv_mats &m, int row0, const int8_t *xq,
+                                                     const float2 *xds, int k, int accumulate) {
+    if (row0 >= m.end[m.n - 1]) return;
+    bool waited = false;
+    const float a = kq_lanes_dot<R, U, Q6>(m, row0, mmv_expert(m), xq, xds, k, waited);
     if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
+    const int r = threadIdx.x / (32 / R);
     mmv_acc<1, R> acc;
 #pragma unroll
-    for (int q = 0; q < R; q++) acc.v[q][0] = q == r ? a.v[0][0] : 0.0f;
-    acc.store(m, row0, lane, accumulate, true, MMV_WARPS * R);
+    for (int q = 0; q < R; q++) acc.v[q][0] = q == r ? a : 0.0f;
+    acc.store(m, row0, threadIdx.x, accumulate, true, MMV_WARPS * R);
 }
 
 template <int R, int U, int Q6>
@@ -387,6 +395,27 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     if (!mmv_id_live(m)) return; /* the PDL trigger too */
     kq_body_lanes<R, U, Q6>(m, mmv_row0<R, 0, 1>(), mmv_id_x<1>(m, xq, k), mmv_id_x<1>(m, xds, k / 16), k,
                             accumulate);
+}
+
+/* mmv_sum_body's item for Q4_K / Q6_K (MMV_LANES_SUM, the default for their down products
+ * with a combining epilogue): 8 rows as mmv_kq_lanes computes them (4 lanes a row, 3 units
+ * in flight), the 4 lanes' sums added in warp_sum's order (its first three steps add zeros
+ * there), so the same bits as its stored rows. */
+template <int Q6> struct kq_lanes_item {
+    static constexpr int ROWS = 8;
+    static __device__ __forceinline__ void run(const mmv_mats &m, int row0, int64_t e, const int8_t *xq,
+                                               const float2 *xds, int k, bool &waited, float *out) {
+        float a = kq_lanes_dot<8, 3, Q6>(m, row0, e, xq, xds, k, waited);
+        a += __shfl_xor_sync(0xffffffffu, a, 2);
+        a += __shfl_xor_sync(0xffffffffu, a, 1);
+        if ((threadIdx.x & 3) == 0) out[threadIdx.x / 4] = a;
+    }
+};
+
+template <int Q6>
+static __global__ void __launch_bounds__(MMV_SUM_WARPS * 32, 1)
+    mmv_kq_lanes_sum(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k) {
+    mmv_sum_body<kq_lanes_item<Q6>>(m, xq, xds, k);
 }
 
 /* Q4_K matrices stacked with a Q6_K one after them (Q4_K_M's Q, K and V on most layers):
@@ -709,13 +738,20 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
      * test_cuda_mmv SMELT_BENCH_ID=2, the decode pair in a graph: Qwen3-30B-A3B 25.2 ->
      * 23.6 us, Qwen3.5-35B-A3B 22.5 -> 20.1; the lane-group form at 4 rows a warp 25.4 and
      * 22.0, dropped; end to end Qwen3-30B-A3B tg128 372 -> 382 tok/s, 8 sequences 1,020 ->
-     * 1,095). */
+     * 1,095). With a combining epilogue the down launch is mmv_sum_body's (MMV_LANES_SUM: the
+     * same rows, summed in one block a group; H100, 2026-12-06: the pair 22.8 -> 20.2 us,
+     * tg128 387 -> 408 tok/s). */
     int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
     if (m.eid && N == 1 && !idv) {
-        if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : MMV_LANES;
-        else if (type == QT_MXFP4) idv = GLU ? 1 : 3;
+        if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : MMV_LANES_SUM;
+        else if (type == QT_MXFP4) idv = GLU ? 1 : m.cmb.dst ? MMV_LANES_SUM : 3;
     }
-    if (!GLU && idv == MMV_LANES && (type == QT_Q4_K || type == QT_Q6_K)) {
+    if (!GLU && idv == MMV_LANES_SUM && m.cmb.dst && (type == QT_Q4_K || type == QT_Q6_K)) {
+        const dim3 g = mmv_sum_grid(m, rows), blk(32, MMV_SUM_WARPS);
+        return type == QT_Q6_K ? klaunch(mmv_kq_lanes_sum<1>, g, blk, 0, ctx, m, xq, xd, k)
+                               : klaunch(mmv_kq_lanes_sum<0>, g, blk, 0, ctx, m, xq, xd, k);
+    }
+    if (!GLU && (idv == MMV_LANES || idv == MMV_LANES_SUM) && (type == QT_Q4_K || type == QT_Q6_K)) {
         const dim3 g = mmv_grid(m, rows, 0, 8, 1), blk(32, MMV_WARPS);
         return type == QT_Q6_K ? klaunch(mmv_kq_lanes<8, 3, 1>, g, blk, 0, ctx, m, xq, xd, k, acc)
                                : klaunch(mmv_kq_lanes<8, 3, 0>, g, blk, 0, ctx, m, xq, xd, k, acc);

@@ -51,12 +51,13 @@ static __device__ __forceinline__ void post_prep(float y, float w, int8_t *xq, f
 }
 
 /* One output column's weighted sum over a token's k expert slots, in increasing (expert id,
- * slot) order (order[q]: the q-th slot), as both combines (the fused one below, cuda_moe.cu's
- * combine_kernel) compute it: slot j adds w[j] * (y[pos(j) * ld + col] + b[ex * ld + col])
- * when its expert ex = id[j] is in [0, n_exp) and pos(j) >= 0. Eight slots' loads go out
+ * slot) order (order[q]: the q-th slot), as every combine (combine_group below, cuda_moe.cu's
+ * combine_kernel) computes it: slot j adds w[j] * (yat(pos(j)) + b[ex * ld + col]) when its
+ * expert ex = id[j] is in [0, n_exp) and pos(j) >= 0, yat(p) being the column's value in the
+ * output row of slot position p (from L2 or from shared memory). Eight slots' loads go out
  * before their adds: a slot at a time made the sum a chain of k dependent trips to L2. */
-template <class P>
-static __device__ __forceinline__ float moe_slot_sum(const float *y, int64_t ld, int64_t col, P pos, const int *order,
+template <class Y, class P>
+static __device__ __forceinline__ float moe_slot_sum(Y yat, int64_t ld, int64_t col, P pos, const int *order,
                                                      const int32_t *id, const float *w, const float *b, int k,
                                                      int n_exp) {
     float s = 0.0f;
@@ -68,7 +69,7 @@ static __device__ __forceinline__ float moe_slot_sum(const float *y, int64_t ld,
             const int j = order[min(q0 + i, k - 1)], ex = id[j];
             const int64_t p = pos(j);
             live[i] = q0 + i < k && p >= 0 && ex >= 0 && ex < n_exp;
-            v[i] = live[i] ? __ldcg(y + p * ld + col) : 0.0f;
+            v[i] = live[i] ? yat(p) : 0.0f;
             if (live[i] && b) v[i] += b[(int64_t)ex * ld + col];
             wt[i] = live[i] ? w[j] : 0.0f;
         }
@@ -156,12 +157,11 @@ struct mmv_mats {
     } cmb;
 };
 
-/* Expert mode: the block's expert (0 when off; n_exp for a shared slot, and -1 for a routed
+/* Expert mode: chunk c's expert (0 when off; n_exp for a shared slot, and -1 for a routed
  * id of n_exp there, so that a bad id never reads the shared weights); early ids (read
- * before the PDL wait) from L2. */
-static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) {
+ * before the PDL wait) from L2. mmv_expert: the block's (chunk blockIdx.y). */
+static __device__ __forceinline__ int64_t mmv_expert_at(const mmv_mats &m, int64_t c) {
     if (!m.eid) return 0;
-    int64_t c = blockIdx.y;
     if (m.id_k) {
         const int64_t t = c / (m.id_k + 1), j = c - t * (m.id_k + 1);
         if (j == m.id_k) return m.n_exp;
@@ -169,6 +169,9 @@ static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) {
     }
     const int64_t e = m.id_early ? __ldcg(m.eid + c) : m.eid[c];
     return m.id_k && e == m.n_exp ? -1 : e;
+}
+static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) {
+    return mmv_expert_at(m, blockIdx.y);
 }
 
 /* First thing in every mmv kernel: signals the PDL dependents and, in expert mode, says
@@ -242,6 +245,42 @@ static __device__ __forceinline__ float glu_act(int glu, float g) {
     }
     const float c = 0.7978845608028654f; /* GELU, tanh form */
     return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
+/* cmb (see mmv_mats): token r's weighted sum over its slots for group grp of 32 output rows,
+ * by one warp (lane = row), the slots' outputs read through yat(slot position, row); then
+ * dst (+)= it and, with post_xq, the next norm's input from it. The combining epilogue's
+ * last block (mmv_acc::combine, from L2) and mmv_sum_body (from shared memory) both end
+ * here, so they agree to the bit. */
+template <class Y>
+static __device__ __forceinline__ void combine_group(const mmv_mats &m, int r, int grp, Y yat) {
+    const int rows = m.end[0], k = m.cmb.k, sl = k + (m.id_k ? 1 : 0);
+    const int32_t *id = m.cmb.ids + (int64_t)r * k;
+    __shared__ int order[32];
+    const int lane = threadIdx.x;
+    if (lane < k) { /* slot j's rank by (id, slot), as combine_kernel */
+        const int ej = id[lane];
+        int rank = 0;
+        for (int q = 0; q < k; q++) rank += id[q] < ej || (id[q] == ej && q < lane);
+        order[rank] = lane;
+    }
+    __syncwarp();
+    const int row = grp * 32 + lane;
+    float s = moe_slot_sum([&](int64_t p) { return yat(p, row); }, rows, row,
+                           [&](int j) { return (int64_t)r * sl + j; }, order, id, m.cmb.w + (int64_t)r * k, m.cmb.b,
+                           k, m.n_exp);
+    if (m.id_k) { /* the shared expert, last: its gate as the weight */
+        const float v = yat((int64_t)r * sl + k, row);
+        const float g = m.cmb.sh_logit ? 1.0f / (1.0f + expf(-m.cmb.sh_logit[r])) : 1.0f;
+        s += g * v;
+    }
+    const int64_t o = (int64_t)r * rows + row;
+    const float y = m.cmb.acc ? m.cmb.dst[o] + s : s;
+    m.cmb.dst[o] = y;
+    /* the next norm's input (the warp holds the token's whole group) */
+    if (m.cmb.post_xq)
+        post_prep(y, m.cmb.post_w ? m.cmb.post_w[row] : 1.0f, m.cmb.post_xq, m.cmb.post_xd, o,
+                  m.cmb.post_ss ? m.cmb.post_ss + (int64_t)r * (rows / 32) + grp : NULL);
 }
 
 template <int N, int R>
@@ -358,7 +397,6 @@ struct mmv_acc {
                   grp = blockIdx.x * per_block / 32;
         const int32_t *id = m.cmb.ids + (int64_t)r * k;
         __shared__ int last;
-        __shared__ int order[32];
         if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0) {
@@ -371,30 +409,8 @@ struct mmv_acc {
         __syncthreads();
         if (!last || threadIdx.y != 0) return;
         __threadfence();
-        const int lane = threadIdx.x;
-        if (lane < k) { /* slot j's rank by (id, slot), as combine_kernel */
-            const int ej = id[lane];
-            int rank = 0;
-            for (int q = 0; q < k; q++) rank += id[q] < ej || (id[q] == ej && q < lane);
-            order[rank] = lane;
-        }
-        __syncwarp();
-        const int row = grp * 32 + lane;
         /* other blocks' outputs: from L2 */
-        float s = moe_slot_sum(m.y[0], rows, row, [&](int j) { return (int64_t)r * sl + j; }, order, id,
-                               m.cmb.w + (int64_t)r * k, m.cmb.b, k, m.n_exp);
-        if (m.id_k) { /* the shared expert, last: its gate as the weight */
-            const float v = __ldcg(m.y[0] + ((int64_t)r * sl + k) * rows + row);
-            const float g = m.cmb.sh_logit ? 1.0f / (1.0f + expf(-m.cmb.sh_logit[r])) : 1.0f;
-            s += g * v;
-        }
-        const int64_t o = (int64_t)r * rows + row;
-        const float y = m.cmb.acc ? m.cmb.dst[o] + s : s;
-        m.cmb.dst[o] = y;
-        /* the next norm's input (the warp holds the token's whole group) */
-        if (m.cmb.post_xq)
-            post_prep(y, m.cmb.post_w ? m.cmb.post_w[row] : 1.0f, m.cmb.post_xq, m.cmb.post_xd, o,
-                      m.cmb.post_ss ? m.cmb.post_ss + (int64_t)r * (rows / 32) + grp : NULL);
+        combine_group(m, r, grp, [&](int64_t p, int row) { return __ldcg(m.y[0] + p * rows + row); });
     }
     /* epi.post_cnt: the block that completes a group of 32 output rows (counted in
      * epi.post_cnt, which it resets) quantizes post_w * y (y alone without post_w) over the
@@ -427,6 +443,45 @@ struct mmv_acc {
         if (lane == 0) cnt[grp] = 0;
     }
 };
+
+/* One token's expert products and their weighted sum in one launch, with no count between
+ * blocks (cmb set, one row a chunk, chunks (token, slot) in slot order; rows % 32 == 0):
+ * block (g, t) holds group g of 32 output rows of token t for every slot. Its warps take the
+ * items w, w + MMV_SUM_WARPS, ... of (slot, I::ROWS rows); I::run computes an item's rows
+ * as the type's plain kernel would store them (the same bits) into shared memory, and one
+ * warp sums the slots there as the combining epilogue's last block does (combine_group).
+ * Where the plain kernel and the epilogue run rows / 32 x k blocks (and more), each fencing
+ * and counting before the group's last one sums from L2, this runs rows / 32 blocks a
+ * token and a barrier. H100, 2026-12-06 (test_cuda_mmv SMELT_BENCH_ID, the down launch in a
+ * graph): Qwen3-30B-A3B 10.2 -> 6.7-7.0 us, gpt-oss-20b 18.1 -> 14.2 (whose MXFP4 item spills
+ * 32 bytes under the 64-register cap of 1,024 threads); tg128 387 -> 408 and 418 -> 435
+ * tok/s. */
+#define MMV_SUM_WARPS 32
+template <class I>
+static __device__ __forceinline__ void mmv_sum_body(const mmv_mats &m, const int8_t *xq, const float2 *xds, int k) {
+    if (!m.id_signal_late) pdl_trigger(); /* as mmv_id_live */
+    bool waited = !m.id_early;
+    if (!m.id_early) pdl_wait();
+    if (m.id_signal_late) pdl_trigger();
+    constexpr int per = 32 / I::ROWS; /* items a slot */
+    static_assert(per * I::ROWS == 32, "an item's rows divide the group");
+    const int sl = m.cmb.k + (m.id_k ? 1 : 0), t = blockIdx.y, grp = blockIdx.x;
+    __shared__ float ys[33][32]; /* a slot's 32 rows: k <= 32 slots and the shared one */
+    for (int it = threadIdx.y; it < sl * per; it += MMV_SUM_WARPS) {
+        const int j = it / per, r0 = (it % per) * I::ROWS;
+        const int64_t c = (int64_t)t * sl + j, e = mmv_expert_at(m, c);
+        if (e < 0 || (e >= m.n_exp && !(m.id_k && e == m.n_exp))) continue; /* a bad id: skipped */
+        I::run(m, grp * 32 + r0, e, xq + c * k, xds + c * (k / 16), k, waited, &ys[j][r0]);
+    }
+    if (!waited) pdl_wait(); /* the weights and dst come from kernels before this one */
+    __syncthreads();
+    if (threadIdx.y != 0) return;
+    const int64_t base = (int64_t)t * sl;
+    combine_group(m, t, grp, [&](int64_t p, int) { return ys[p - base][threadIdx.x]; });
+}
+static inline dim3 mmv_sum_grid(const mmv_mats &m, int rows) {
+    return dim3((unsigned)(rows / 32), (unsigned)(m.n_chunks / (m.cmb.k + (m.id_k ? 1 : 0))));
+}
 
 /* The one-token launch shapes that tuning runs number (cuda_ctx.mmv_variant, mmv_id_variant;
  * tests/unit/test_cuda_mmv.c, SMELT_MMV_ID_VARIANT): R rows a warp (a GLU warp: one row's

@@ -25,9 +25,12 @@ extern "C" {
 
 #define CUDA_MMV_MAX_N 8
 /* The expert launches' shapes (SMELT_MMV_ID_VARIANT, cuda_ctx.mmv_id_variant) are 1..10 as
- * cuda_mmv.cuh's mmv_with_shape numbers them, and this one: Q4_K / Q6_K rows over lane
- * groups (cuda_mmv.cu's mmv_kq_lanes: 8 rows a warp, 4 lanes a row, 3 units in flight). */
+ * cuda_mmv.cuh's mmv_with_shape numbers them, and these: Q4_K / Q6_K rows over lane groups
+ * (cuda_mmv.cu's mmv_kq_lanes: 8 rows a warp, 4 lanes a row, 3 units in flight), and the
+ * same with a combining epilogue as one block a group of 32 rows over every slot
+ * (mmv_kq_lanes_sum; without the epilogue it is MMV_LANES). */
 #define MMV_LANES 11
+#define MMV_LANES_SUM 12
 
 struct cuda_qweight {
     uint32_t type;  /* enum qtype of the source tensor */
@@ -149,8 +152,11 @@ struct cuda_mmv_ids {
      *    rows per expert % 32 == 0: cmb_dst (n_chunks / cmb_k token rows) gets
      *    cuda_moe_combine(cmb_dst, y, NULL, cmb_ids, cmb_w, cmb_b, ...) in the same launch;
      *    cmb_cnt: (n_chunks / cmb_k) x rows-per-expert / 32 counters, zeroed, left zeroed.
-     *    y is still written (the sum reads it back from L2). With cmb_post_xq, also the next
-     *    norm's input of cmb_dst as cuda_moe_combine's post_* writes it. */
+     *    y is written where the sum reads it back from L2 (the counting epilogue) and left
+     *    alone where the slots meet in one block (Q4_K, Q6_K and MXFP4 at their default
+     *    shapes: cuda_mmv.cuh's mmv_sum_body, which needs no cmb_cnt but takes it). With
+     *    cmb_post_xq, also the next norm's input of cmb_dst as cuda_moe_combine's post_*
+     *    writes it. */
     unsigned *post_cnt;
     int8_t *post_xq;
     void *post_xd;

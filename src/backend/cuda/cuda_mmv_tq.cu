@@ -280,6 +280,34 @@ struct tq_q23_k {
     }
 };
 
+/* One warp's rows row0 .. (rr: their matrices) against activations xq, xds into acc: TT::U
+ * units of 16 B per lane in flight; the first weights go out before the PDL wait (once,
+ * `waited`). */
+template <class TT, int N, int R, int U>
+static __device__ __forceinline__ void tq_rows(mmv_acc<N, R> &acc, const mrow_ref *rr, const int8_t *xq,
+                                               const float2 *xds, int k, bool &waited) {
+    const int lane = threadIdx.x;
+    const int upr = k / TT::W; /* units per row */
+    for (int base = 0; base < upr; base += 32 * U) {
+        typename TT::ld v[U][R];
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int u = min(base + lane + 32 * i, upr - 1);
+#pragma unroll
+            for (int r = 0; r < R; r++) v[i][r] = TT::load(rr[r], u, upr);
+        }
+        if (!waited) { /* every lane: the first weights are in flight; activations next */
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int u = base + lane + 32 * i;
+            if (u < upr) TT::template dot<N, R>(acc, v[i], xq, xds, u, k);
+        }
+    }
+}
+
 /* y (+)= W x for a type TT above: R rows per warp (GLU: gate and up of one row), MMV_WARPS
  * warps per block, TT::U units of 16 B per lane in flight. */
 template <class TT, int N, int R, int GLU, int U = TT::U>
@@ -290,29 +318,40 @@ static __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MINB)
     xds = mmv_id_x<N>(m, xds, k / 16);
     const int row0 = (blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
     if (row0 >= m.end[GLU ? 0 : m.n - 1]) return;
-    const int lane = threadIdx.x;
-    const int upr = k / TT::W; /* units per row */
     mmv_acc<N, R> acc;
     acc.zero();
     mrow_ref rr[R];
     mrefs<GLU, R>(m, row0, rr);
-    for (int base = 0; base < upr; base += 32 * U) {
-        typename TT::ld v[U][R];
+    bool waited = false;
+    tq_rows<TT, N, R, U>(acc, rr, xq, xds, k, waited);
+    if (GLU) acc.store_glu(m, row0, threadIdx.x, accumulate); /* accumulate carries the act */
+    else acc.store(m, row0, threadIdx.x, accumulate);
+}
+
+/* mmv_sum_body's item for these types: R rows as mmv_tq<TT, 1, R, 0, U> stores them (the
+ * stores' warp sums; no bias in expert mode, no norm factor). */
+template <class TT, int R, int U> struct tq_item {
+    static constexpr int ROWS = R;
+    static __device__ __forceinline__ void run(const mmv_mats &m, int row0, int64_t e, const int8_t *xq,
+                                               const float2 *xds, int k, bool &waited, float *out) {
+        mmv_acc<1, R> acc;
+        acc.zero();
+        mrow_ref rr[R];
 #pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = min(base + lane + 32 * i, upr - 1);
+        for (int r = 0; r < R; r++) rr[r] = mref<0>(m, row0, r, e);
+        tq_rows<TT, 1, R, U>(acc, rr, xq, xds, k, waited);
 #pragma unroll
-            for (int r = 0; r < R; r++) v[i][r] = TT::load(rr[r], u, upr);
-        }
-        if (base == 0) pdl_wait(); /* every lane: the first weights are in flight; activations next */
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = base + lane + 32 * i;
-            if (u < upr) TT::template dot<N, R>(acc, v[i], xq, xds, u, k);
+        for (int r = 0; r < R; r++) {
+            const float s = warp_sum(acc.v[r][0]);
+            if (threadIdx.x == 0) out[r] = s;
         }
     }
-    if (GLU) acc.store_glu(m, row0, lane, accumulate); /* accumulate carries the act */
-    else acc.store(m, row0, lane, accumulate);
+};
+
+template <class TT, int R, int U>
+static __global__ void __launch_bounds__(MMV_SUM_WARPS * 32, 1)
+    mmv_tq_sum(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k) {
+    mmv_sum_body<tq_item<TT, R, U>>(m, xq, xds, k);
 }
 
 /* ---- upload ---- */
@@ -542,5 +581,8 @@ extern "C" cudaError_t cuda_mmv_tq_variant(int v, int glu, uint32_t type, int ro
                                            const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
                                            int acc) {
     if (type != QT_MXFP4) return cudaErrorNotSupported;
+    if (v == MMV_LANES_SUM && !glu && m.cmb.dst) /* the default shape (3: R2 U2), summed in the block */
+        return klaunch(mmv_tq_sum<tq_iq4x<2>, 2, 2>, mmv_sum_grid(m, rows), dim3(32, MMV_SUM_WARPS), 0, ctx, m, xq,
+                       xd, k);
     return glu ? tq_variant<1>(v, m, rows, ctx, xq, xd, k, acc) : tq_variant<0>(v, m, rows, ctx, xq, xd, k, acc);
 }

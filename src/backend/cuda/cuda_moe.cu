@@ -379,7 +379,8 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
     __syncthreads();
     const int sl = k + sh; /* without pos: slots a row (the shared one last) */
     for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < n_embd; d += gridDim.y * blockDim.x) {
-        float s = moe_slot_sum(y, n_embd, d, [&](int j) { return pos ? (int64_t)pos[r * k + j] : r * sl + j; },
+        float s = moe_slot_sum([&](int64_t p) { return __ldcg(y + p * n_embd + d); }, n_embd, d,
+                               [&](int j) { return pos ? (int64_t)pos[r * k + j] : r * sl + j; },
                                order, id, wts + r * k, down_b, k, n_exp);
         if (sh) { /* the shared expert, as the fused down launch adds it */
             const float v = y[(r * sl + k) * n_embd + d];

@@ -12,7 +12,8 @@
  *       cuda_mmv_quantize launch of n k rows)
  *     y[p] = down[e] h[p]                            cuda_mmv_id, n k chunks
  *       and in its epilogue dst (+)= sum_j w_j (y[p_j] + down_b[e_j]) (the residual add; in
- *       increasing expert id, as cuda_moe_combine, which runs instead when n_embd % 32 != 0)
+ *       increasing expert id, as cuda_moe_combine, which runs instead when n_embd % 32 != 0;
+ *       Q4_K, Q6_K and MXFP4 downs sum a group's slots in one block, mmv_sum_body)
  *   so a token reads its k experts' rows only, in 3 launches after the router (6 before
  *   2026-12-03; at one row, MOE_FUSED_MAX_ROWS; SMELT_MOE_FUSED=0 keeps the separate launches).
  *   more rows: the pairs are grouped by expert on the device (cuda_moe_group) into chunks of
@@ -44,7 +45,10 @@
 /* Decode's fused epilogues pay at one row only: H200, 2026-12-04, Qwen3-30B-A3B Q4_K_M at
  * depth 128, fused against separate: 1 sequence 264.5 / 258.2 tok/s, 8 sequences 654.7 /
  * 790.0, 16 sequences 1,218 / 1,220; again after the one-count sum and the combine spread
- * over column blocks (H100, 2026-12-06, 8 sequences): 835.9 fused at 8 rows against 1,020.7. */
+ * over column blocks (H100, 2026-12-06, 8 sequences): 835.9 fused at 8 rows against 1,020.7;
+ * and with the weighted sum in one block a group (cuda_mmv.cuh's mmv_sum_body; H100,
+ * 2026-12-06, 8 sequences, summed in the down launch against the separate combine):
+ * Qwen3-30B-A3B 1,084 / 1,087, gpt-oss-20b 928 / 947 tok/s. */
 #define MOE_FUSED_MAX_ROWS 1
 
 /* enum moe_gating as cuda_moe_route numbers it */
