@@ -48,7 +48,7 @@
  * over column blocks (H100, 2026-12-06, 8 sequences): 835.9 fused at 8 rows against 1,020.7;
  * and with the weighted sum in one block a group (cuda_mmv.cuh's mmv_sum_body; H100,
  * 2026-12-06, 8 sequences, summed in the down launch against the separate combine):
- * Qwen3-30B-A3B 1,084 / 1,087, gpt-oss-20b 928 / 947 tok/s. */
+ * Qwen3-30B-A3B 1,084-1,096 / 1,080-1,087 (noise), gpt-oss-20b 928 / 947 tok/s. */
 #define MOE_FUSED_MAX_ROWS 1
 
 /* enum moe_gating as cuda_moe_route numbers it */
