@@ -126,6 +126,41 @@ static __device__ __forceinline__ int mmv_row0() {
     return (KS > 1 ? blockIdx.x : blockIdx.x * MMV_WARPS + threadIdx.y) * (GLU ? 1 : R);
 }
 
+/* One token row against one warp's Q4_K rows rr[0..R) (split-K slice ws of KS) into acc:
+ * each lane loads the 16 B of scales of its unit's super-block; U units x R rows in flight
+ * before any math, the first before the PDL wait (once, `waited`). */
+template <int R, int U, int KS>
+static __device__ __forceinline__ void q4k_rows1(mmv_acc<1, R> &acc, const mrow_ref *rr, const int8_t *xq,
+                                                 const float2 *xds, int k, int ws, bool &waited) {
+    const int lane = threadIdx.x, nsb = k / QK_K, n_units = nsb * 8;
+    for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
+        uint4 qv[U][R], sv[U][R];
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int u = min(u0 + 32 * i, n_units - 1);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
+                sv[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
+            }
+        }
+        if (!waited) { /* the first weights are in flight; activations next */
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int u = u0 + 32 * i;
+            if (u >= n_units) break;
+            float2 dm[R];
+            uint32_t pk[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) q4k_scales(sv[i][r].x, sv[i][r].y, sv[i][r].z, sv[i][r].w, u, &dm[r], &pk[r]);
+            q4k_unit<1, R>(acc, qv[i], dm, pk, xq, xds, u, k);
+        }
+    }
+}
+
 /* One warp's Q4_K rows row0 .. row0 + R - 1 (split-K slice ws of KS), stored. */
 template <int N, int R, int GLU, int U, int KS>
 static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int row0, int ws, const int8_t *xq,
@@ -139,36 +174,9 @@ static __device__ __forceinline__ void q4k_body(const struct mmv_mats &m, int ro
     const int n_units = nsb * 8;
     mrow_ref rr[R];
     mrefs<GLU, R>(m, row0, rr);
-    if (N == 1) {
-        /* one token row: each lane loads the 16 B of scales of its unit's super-block */
+    if constexpr (N == 1) {
         bool waited = false;
-        for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
-            /* load phase: U units x R rows in flight before any math */
-            uint4 qv[U][R], sv[U][R];
-#pragma unroll
-            for (int i = 0; i < U; i++) {
-                const int u = min(u0 + 32 * i, n_units - 1);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
-                    sv[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
-                }
-            }
-            if (!waited) { /* the first weights are in flight; activations next */
-                pdl_wait();
-                waited = true;
-            }
-#pragma unroll
-            for (int i = 0; i < U; i++) {
-                const int u = u0 + 32 * i;
-                if (u >= n_units) break;
-                float2 dm[R];
-                uint32_t pk[R];
-#pragma unroll
-                for (int r = 0; r < R; r++) q4k_scales(sv[i][r].x, sv[i][r].y, sv[i][r].z, sv[i][r].w, u, &dm[r], &pk[r]);
-                q4k_unit<N, R>(acc, qv[i], dm, pk, xq, xds, u, k);
-            }
-        }
+        q4k_rows1<R, U, KS>(acc, rr, xq, xds, k, ws, waited);
         if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
     } else {
         /* Several token rows: the N accumulators need the registers, so the 16 B of scales
@@ -411,6 +419,27 @@ template <int Q6> struct kq_lanes_item {
         if ((threadIdx.x & 3) == 0) out[threadIdx.x / 4] = a;
     }
 };
+
+/* mmv_glu_q_body's item for Q4_K: a row's gate and up as mmv_q4_k<1, 2, GLU, U> computes
+ * them (variant 1 of the expert launches for U = 1). */
+template <int U> struct q4k_glu_item {
+    static __device__ __forceinline__ float run(const mmv_mats &m, int row, int64_t e, const int8_t *xq,
+                                                const float2 *xds, int k, int glu, bool &waited) {
+        mmv_acc<1, 2> acc;
+        acc.zero();
+        const mrow_ref rr[2] = {mref<1>(m, row, 0, e), mref<1>(m, row, 1, e)};
+        q4k_rows1<2, U, 1>(acc, rr, xq, xds, k, 0, waited);
+        float sc[1];
+        acc.pre_scale(m, threadIdx.x, sc);
+        return acc.glu_value(m, row, e, glu, 0, sc);
+    }
+};
+
+template <int W>
+static __global__ void __launch_bounds__(W * 32, 1024 / (W * 32))
+    mmv_q4k_glu_q(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int glu) {
+    mmv_glu_q_body<q4k_glu_item<1>, W>(m, xq, xds, k, glu);
+}
 
 template <int Q6>
 static __global__ void __launch_bounds__(MMV_SUM_WARPS * 32, 1)
@@ -740,11 +769,20 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
      * 22.0, dropped; end to end Qwen3-30B-A3B tg128 372 -> 382 tok/s, 8 sequences 1,020 ->
      * 1,095). With a combining epilogue the down launch is mmv_sum_body's (MMV_LANES_SUM: the
      * same rows, summed in one block a group; H100, 2026-12-06: the pair 22.8 -> 20.2 us,
-     * tg128 387 -> 408 tok/s). */
+     * tg128 387 -> 408 tok/s), and the Q4_K / MXFP4 gate/up launch with h's int8 form is
+     * mmv_glu_q_body's (MMV_LANES_SUM: variant 1's rows, quantized in one block a group;
+     * same day: the pair 20.1 -> 17.8 us, tg128 405 -> 431; gpt-oss-20b 47.1 -> 39.2 us,
+     * 436 -> 486). */
     int idv = m.eid && N == 1 ? ctx->mmv_id_variant[GLU ? 0 : 1] : 0;
     if (m.eid && N == 1 && !idv) {
-        if (type == QT_Q4_K || type == QT_Q6_K) idv = GLU ? 1 : MMV_LANES_SUM;
-        else if (type == QT_MXFP4) idv = GLU ? 1 : m.cmb.dst ? MMV_LANES_SUM : 3;
+        if (type == QT_Q4_K) idv = GLU && !m.epi.post_cnt ? 1 : MMV_LANES_SUM;
+        else if (type == QT_Q6_K) idv = GLU ? 1 : MMV_LANES_SUM;
+        else if (type == QT_MXFP4) idv = GLU ? (m.epi.post_cnt ? MMV_LANES_SUM : 1) : m.cmb.dst ? MMV_LANES_SUM : 3;
+    }
+    if (GLU && idv == MMV_LANES_SUM && m.epi.post_cnt && type == QT_Q4_K) {
+        const dim3 g = mmv_glu_q_grid(m, rows);
+        return mmv_glu_q_warps(ctx, g) == 32 ? klaunch(mmv_q4k_glu_q<32>, g, dim3(32, 32), 0, ctx, m, xq, xd, k, acc)
+                                             : klaunch(mmv_q4k_glu_q<16>, g, dim3(32, 16), 0, ctx, m, xq, xd, k, acc);
     }
     if (!GLU && idv == MMV_LANES_SUM && m.cmb.dst && (type == QT_Q4_K || type == QT_Q6_K)) {
         const dim3 g = mmv_sum_grid(m, rows), blk(32, MMV_SUM_WARPS);

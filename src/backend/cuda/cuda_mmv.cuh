@@ -343,20 +343,28 @@ struct mmv_acc {
         const int rows = m.end[0];
         float sc[N];
         pre_scale(m, lane, sc);
-        /* expert mode: the chunk's rows of y, the expert's biases */
+        /* expert mode: the chunk's rows of y */
         float *y = m.y[0] + (int64_t)blockIdx.y * N * rows;
         const int64_t e = mmv_expert(m);
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const float yv = glu_value(m, row0, e, glu, t, sc);
+            if (lane == 0 && writer) y[(int64_t)t * rows + row0] = yv;
+        }
+        if (m.epi.post_cnt) post_quantize(m, per_block);
+    }
+    /* GLU: token row t's act(gate) * up of row row0 (expert e's biases in expert mode), in
+     * every lane; sc: pre_scale's factors. */
+    __device__ __forceinline__ float glu_value(const mmv_mats &m, int row0, int64_t e, int glu, int t,
+                                               const float *sc) {
+        const int rows = m.end[0];
         const bool eb = e < m.n_exp; /* the shared slot has none */
         const float bg = m.bias[0] && eb ? m.bias[0][e * rows + row0] : 0.0f;
         const float bu = m.bias[1] && eb ? m.bias[1][e * rows + row0] : 0.0f;
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            const float g = warp_sum(v[0][t]) * sc[t] + bg, u = warp_sum(v[R - 1][t]) * sc[t] + bu;
-            const float uu = glu == 3 ? (u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u) + 1.0f
-                                      : u;
-            if (lane == 0 && writer) y[(int64_t)t * rows + row0] = glu_act(glu, g) * uu;
-        }
-        if (m.epi.post_cnt) post_quantize(m, per_block);
+        const float g = warp_sum(v[0][t]) * sc[t] + bg, u = warp_sum(v[R - 1][t]) * sc[t] + bu;
+        const float uu = glu == 3 ? (u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u) + 1.0f
+                                  : u;
+        return glu_act(glu, g) * uu;
     }
     /* Only `writer` stores; per_block: output rows per block (the epilogue's grouping). */
     __device__ __forceinline__ void store(const mmv_mats &m, int row0, int lane, int accumulate, bool writer = true,
@@ -478,6 +486,48 @@ static __device__ __forceinline__ void mmv_sum_body(const mmv_mats &m, const int
     if (threadIdx.y != 0) return;
     const int64_t base = (int64_t)t * sl;
     combine_group(m, t, grp, [&](int64_t p, int) { return ys[p - base][threadIdx.x]; });
+}
+/* One token's GLU expert products with h's int8 form written in the block (post_cnt's
+ * epilogue without its count; one row a chunk, rows % 32 == 0): block (g, c) holds group g
+ * of 32 rows of chunk c, warp w its rows w, w + W, ...; I::run computes a row's act(gate) *
+ * up as the type's plain kernel stores it (store_glu: the same bits), and after a barrier
+ * one warp writes the group's h and its int8 form as post_quantize does: no fence, count or
+ * reload from L2 (Q4_K and MXFP4 experts' gate/up at one row, the default since 2026-12-06:
+ * Qwen3-30B-A3B tg128 405 -> 431 tok/s, gpt-oss-20b 436 -> 486 on an H100). */
+template <class I, int W>
+static __device__ __forceinline__ void mmv_glu_q_body(const mmv_mats &m, const int8_t *xq, const float2 *xds, int k,
+                                                      int glu) {
+    if (!mmv_id_live(m)) return; /* the PDL trigger, and the wait unless id_early */
+    const int rows = m.end[0], grp = blockIdx.x;
+    const int64_t c = blockIdx.y, e = mmv_expert(m);
+    xq = mmv_id_x<1>(m, xq, k);
+    xds = mmv_id_x<1>(m, xds, k / 16);
+    __shared__ float ys[32];
+    bool waited = !m.id_early;
+    for (int r = threadIdx.y; r < 32; r += W) {
+        const float v = I::run(m, grp * 32 + r, e, xq, xds, k, glu, waited);
+        if (threadIdx.x == 0) ys[r] = v;
+    }
+    if (!waited) pdl_wait();
+    __syncthreads();
+    if (threadIdx.y != 0) return;
+    const int row = grp * 32 + threadIdx.x;
+    const int64_t o = c * rows + row;
+    const float y = ys[threadIdx.x];
+    m.y[0][o] = y;
+    post_prep(y, m.epi.post_w ? m.epi.post_w[row] : 1.0f, m.epi.post_xq, (float2 *)m.epi.post_xd, o, NULL);
+}
+static inline dim3 mmv_glu_q_grid(const mmv_mats &m, int rows) {
+    return dim3((unsigned)(rows / 32), (unsigned)m.n_chunks);
+}
+/* mmv_glu_q_body's warps a block (its kernels hold 64 registers a thread, so 1,024 threads
+ * is one block an SM, 512 two): 32 where the grid fits the SMs at one block each, else 16,
+ * as measured (H100, 2026-12-06, test_cuda_mmv SMELT_BENCH_ID=2, the decode pair in a graph,
+ * us; 32 / 16 warps): Qwen3.5-35B-A3B's 16 x 8 blocks 13.8 / 15.3, Qwen3-30B-A3B's 24 x 8
+ * 19.6 / 17.8, gpt-oss-20b's 90 x 4 40.2 / 39.2 (variant 1 with the counted epilogue: 16.2,
+ * 20.1, 47.1). */
+static inline int mmv_glu_q_warps(const struct cuda_ctx *ctx, dim3 g) {
+    return ctx->n_sm > 0 && (int64_t)g.x * g.y <= ctx->n_sm ? 32 : 16;
 }
 static inline dim3 mmv_sum_grid(const mmv_mats &m, int rows) {
     return dim3((unsigned)(rows / 32), (unsigned)(m.n_chunks / (m.cmb.k + (m.id_k ? 1 : 0))));

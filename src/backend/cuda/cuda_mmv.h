@@ -27,8 +27,10 @@ extern "C" {
 /* The expert launches' shapes (SMELT_MMV_ID_VARIANT, cuda_ctx.mmv_id_variant) are 1..10 as
  * cuda_mmv.cuh's mmv_with_shape numbers them, and these: Q4_K / Q6_K rows over lane groups
  * (cuda_mmv.cu's mmv_kq_lanes: 8 rows a warp, 4 lanes a row, 3 units in flight), and the
- * same with a combining epilogue as one block a group of 32 rows over every slot
- * (mmv_kq_lanes_sum; without the epilogue it is MMV_LANES). */
+ * epilogues in one block a group of 32 rows (MMV_LANES_SUM): the down product's weighted
+ * sum over every slot (mmv_sum_body: Q4_K / Q6_K as mmv_kq_lanes, MXFP4 as variant 3;
+ * without a combining epilogue it is MMV_LANES), and gate/up's int8 h (mmv_glu_q_body: Q4_K
+ * and MXFP4 as variant 1). */
 #define MMV_LANES 11
 #define MMV_LANES_SUM 12
 

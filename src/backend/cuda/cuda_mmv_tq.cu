@@ -348,6 +348,26 @@ template <class TT, int R, int U> struct tq_item {
     }
 };
 
+/* mmv_glu_q_body's item for these types: a row's gate and up as mmv_tq<TT, 1, 2, GLU, U>. */
+template <class TT, int U> struct tq_glu_item {
+    static __device__ __forceinline__ float run(const mmv_mats &m, int row, int64_t e, const int8_t *xq,
+                                                const float2 *xds, int k, int glu, bool &waited) {
+        mmv_acc<1, 2> acc;
+        acc.zero();
+        const mrow_ref rr[2] = {mref<1>(m, row, 0, e), mref<1>(m, row, 1, e)};
+        tq_rows<TT, 1, 2, U>(acc, rr, xq, xds, k, waited);
+        float sc[1];
+        acc.pre_scale(m, threadIdx.x, sc);
+        return acc.glu_value(m, row, e, glu, 0, sc);
+    }
+};
+
+template <class TT, int U, int W>
+static __global__ void __launch_bounds__(W * 32, 1024 / (W * 32))
+    mmv_tq_glu_q(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k, int glu) {
+    mmv_glu_q_body<tq_glu_item<TT, U>, W>(m, xq, xds, k, glu);
+}
+
 template <class TT, int R, int U>
 static __global__ void __launch_bounds__(MMV_SUM_WARPS * 32, 1)
     mmv_tq_sum(const struct mmv_mats m, const int8_t *xq, const float2 *xds, int k) {
@@ -581,6 +601,12 @@ extern "C" cudaError_t cuda_mmv_tq_variant(int v, int glu, uint32_t type, int ro
                                            const struct mmv_mats &m, const int8_t *xq, const float2 *xd, int k,
                                            int acc) {
     if (type != QT_MXFP4) return cudaErrorNotSupported;
+    if (v == MMV_LANES_SUM && glu && m.epi.post_cnt) { /* variant 1's rows (R2 U1), h quantized in the block */
+        const dim3 g = mmv_glu_q_grid(m, rows);
+        return mmv_glu_q_warps(ctx, g) == 32
+                   ? klaunch(mmv_tq_glu_q<tq_iq4x<2>, 1, 32>, g, dim3(32, 32), 0, ctx, m, xq, xd, k, acc)
+                   : klaunch(mmv_tq_glu_q<tq_iq4x<2>, 1, 16>, g, dim3(32, 16), 0, ctx, m, xq, xd, k, acc);
+    }
     if (v == MMV_LANES_SUM && !glu && m.cmb.dst) /* the default shape (3: R2 U2), summed in the block */
         return klaunch(mmv_tq_sum<tq_iq4x<2>, 2, 2>, mmv_sum_grid(m, rows), dim3(32, MMV_SUM_WARPS), 0, ctx, m, xq,
                        xd, k);
