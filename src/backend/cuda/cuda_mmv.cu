@@ -425,13 +425,9 @@ template <int Q6> struct kq_lanes_item {
 template <int U> struct q4k_glu_item {
     static __device__ __forceinline__ float run(const mmv_mats &m, int row, int64_t e, const int8_t *xq,
                                                 const float2 *xds, int k, int glu, bool &waited) {
-        mmv_acc<1, 2> acc;
-        acc.zero();
-        const mrow_ref rr[2] = {mref<1>(m, row, 0, e), mref<1>(m, row, 1, e)};
-        q4k_rows1<2, U, 1>(acc, rr, xq, xds, k, 0, waited);
-        float sc[1];
-        acc.pre_scale(m, threadIdx.x, sc);
-        return acc.glu_value(m, row, e, glu, 0, sc);
+        return glu_row(m, row, e, glu, [&](mmv_acc<1, 2> &acc, const mrow_ref *rr) {
+            q4k_rows1<2, U, 1>(acc, rr, xq, xds, k, 0, waited);
+        });
     }
 };
 
@@ -780,9 +776,7 @@ static cudaError_t launch_g(const struct mmv_mats &m, uint32_t type, int k, cons
         else if (type == QT_MXFP4) idv = GLU ? (m.epi.post_cnt ? MMV_LANES_SUM : 1) : m.cmb.dst ? MMV_LANES_SUM : 3;
     }
     if (GLU && idv == MMV_LANES_SUM && m.epi.post_cnt && type == QT_Q4_K) {
-        const dim3 g = mmv_glu_q_grid(m, rows);
-        return mmv_glu_q_warps(ctx, g) == 32 ? klaunch(mmv_q4k_glu_q<32>, g, dim3(32, 32), 0, ctx, m, xq, xd, k, acc)
-                                             : klaunch(mmv_q4k_glu_q<16>, g, dim3(32, 16), 0, ctx, m, xq, xd, k, acc);
+        return mmv_glu_q_launch(ctx, m, rows, mmv_q4k_glu_q<32>, mmv_q4k_glu_q<16>, xq, xd, k, acc);
     }
     if (!GLU && idv == MMV_LANES_SUM && m.cmb.dst && (type == QT_Q4_K || type == QT_Q6_K)) {
         const dim3 g = mmv_sum_grid(m, rows), blk(32, MMV_SUM_WARPS);

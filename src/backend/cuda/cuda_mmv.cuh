@@ -174,21 +174,28 @@ static __device__ __forceinline__ int64_t mmv_expert(const mmv_mats &m) {
     return mmv_expert_at(m, blockIdx.y);
 }
 
-/* First thing in every mmv kernel: signals the PDL dependents and, in expert mode, says
- * whether the block has work. The signal comes first (the next kernel launches early and
+/* First thing in every mmv kernel (mmv_id_live; mmv_id_enter without the liveness, for
+ * kernels whose block spans several chunks): signals the PDL dependents and, in expert mode,
+ * says whether the block has work. The signal comes first (the next kernel launches early and
  * streams its weights while this one runs), except with id_signal_late: then only after the
  * block's wait, so that a kernel after this one starts only once the kernel before it (the
  * ids' writer) has completed, which lets that kernel take its ids early. Expert mode: the ids
  * come from an earlier kernel, by default the one just before, so the block waits before it
  * reads them (and before any weight: they depend on the id); with id_early the block reads
  * its id from L2 at once and its first weights go out before its wait (the body's). */
-static __device__ __forceinline__ bool mmv_id_live(const mmv_mats &m) {
+static __device__ __forceinline__ void mmv_id_enter(const mmv_mats &m) {
     if (!m.id_signal_late) pdl_trigger();
-    if (!m.eid) return true;
+    if (!m.eid) return;
     if (!m.id_early) pdl_wait();
     if (m.id_signal_late) pdl_trigger();
-    const int64_t e = mmv_expert(m);
+}
+/* Expert mode: whether expert e (mmv_expert_at's) has work: a routed expert or the shared slot. */
+static __device__ __forceinline__ bool mmv_expert_live(const mmv_mats &m, int64_t e) {
     return e >= 0 && (e < m.n_exp || (m.id_k && e == m.n_exp));
+}
+static __device__ __forceinline__ bool mmv_id_live(const mmv_mats &m) {
+    mmv_id_enter(m);
+    return !m.eid || mmv_expert_live(m, mmv_expert(m));
 }
 
 /* Expert mode: the block's activations (per_row elements a token row) within x. */
@@ -461,16 +468,14 @@ struct mmv_acc {
  * Where the plain kernel and the epilogue run rows / 32 x k blocks (and more), each fencing
  * and counting before the group's last one sums from L2, this runs rows / 32 blocks a
  * token and a barrier. H100, 2026-12-06 (test_cuda_mmv SMELT_BENCH_ID, the down launch in a
- * graph): Qwen3-30B-A3B 10.2 -> 6.7-7.0 us, gpt-oss-20b 18.1 -> 14.2 (whose MXFP4 item spills
- * 32 bytes under the 64-register cap of 1,024 threads); tg128 387 -> 408 and 418 -> 435
- * tok/s. */
+ * graph): Qwen3-30B-A3B 10.2 -> 6.7-7.0 us, gpt-oss-20b 18.1 -> 14.2 (the MXFP4 and Q6_K
+ * items spill 32-44 bytes under the 64-register cap of 1,024 threads; the Q6_K down still
+ * went 10.7 -> 8.1-8.7 us); tg128 387 -> 408 and 418 -> 435 tok/s. */
 #define MMV_SUM_WARPS 32
 template <class I>
 static __device__ __forceinline__ void mmv_sum_body(const mmv_mats &m, const int8_t *xq, const float2 *xds, int k) {
-    if (!m.id_signal_late) pdl_trigger(); /* as mmv_id_live */
+    mmv_id_enter(m);
     bool waited = !m.id_early;
-    if (!m.id_early) pdl_wait();
-    if (m.id_signal_late) pdl_trigger();
     constexpr int per = 32 / I::ROWS; /* items a slot */
     static_assert(per * I::ROWS == 32, "an item's rows divide the group");
     const int sl = m.cmb.k + (m.id_k ? 1 : 0), t = blockIdx.y, grp = blockIdx.x;
@@ -478,7 +483,7 @@ static __device__ __forceinline__ void mmv_sum_body(const mmv_mats &m, const int
     for (int it = threadIdx.y; it < sl * per; it += MMV_SUM_WARPS) {
         const int j = it / per, r0 = (it % per) * I::ROWS;
         const int64_t c = (int64_t)t * sl + j, e = mmv_expert_at(m, c);
-        if (e < 0 || (e >= m.n_exp && !(m.id_k && e == m.n_exp))) continue; /* a bad id: skipped */
+        if (!mmv_expert_live(m, e)) continue; /* a bad id: skipped */
         I::run(m, grp * 32 + r0, e, xq + c * k, xds + c * (k / 16), k, waited, &ys[j][r0]);
     }
     if (!waited) pdl_wait(); /* the weights and dst come from kernels before this one */
@@ -517,17 +522,35 @@ static __device__ __forceinline__ void mmv_glu_q_body(const mmv_mats &m, const i
     m.y[0][o] = y;
     post_prep(y, m.epi.post_w ? m.epi.post_w[row] : 1.0f, m.epi.post_xq, (float2 *)m.epi.post_xd, o, NULL);
 }
+/* An mmv_glu_q_body item's value: row `row`'s gate and up (R = 2) of expert e summed by
+ * rows(acc, rr) as the type's plain kernel sums them, then store_glu's arithmetic. */
+template <class F>
+static __device__ __forceinline__ float glu_row(const mmv_mats &m, int row, int64_t e, int glu, F rows) {
+    mmv_acc<1, 2> acc;
+    acc.zero();
+    const mrow_ref rr[2] = {mref<1>(m, row, 0, e), mref<1>(m, row, 1, e)};
+    rows(acc, rr);
+    float sc[1];
+    acc.pre_scale(m, threadIdx.x, sc);
+    return acc.glu_value(m, row, e, glu, 0, sc);
+}
 static inline dim3 mmv_glu_q_grid(const mmv_mats &m, int rows) {
     return dim3((unsigned)(rows / 32), (unsigned)m.n_chunks);
 }
-/* mmv_glu_q_body's warps a block (its kernels hold 64 registers a thread, so 1,024 threads
- * is one block an SM, 512 two): 32 where the grid fits the SMs at one block each, else 16,
+/* An mmv_glu_q_body launch, k32 / k16 its kernel at 32 / 16 warps a block (both held to 64
+ * registers a thread, so 1,024 threads is one block an SM, 512 two): 32 warps where the grid
+ * fits the SMs at one block each, else 16,
  * as measured (H100, 2026-12-06, test_cuda_mmv SMELT_BENCH_ID=2, the decode pair in a graph,
  * us; 32 / 16 warps): Qwen3.5-35B-A3B's 16 x 8 blocks 13.8 / 15.3, Qwen3-30B-A3B's 24 x 8
  * 19.6 / 17.8, gpt-oss-20b's 90 x 4 40.2 / 39.2 (variant 1 with the counted epilogue: 16.2,
  * 20.1, 47.1). */
-static inline int mmv_glu_q_warps(const struct cuda_ctx *ctx, dim3 g) {
-    return ctx->n_sm > 0 && (int64_t)g.x * g.y <= ctx->n_sm ? 32 : 16;
+static inline cudaError_t mmv_glu_q_launch(struct cuda_ctx *ctx, const mmv_mats &m, int rows,
+                                           void (*k32)(mmv_mats, const int8_t *, const float2 *, int, int),
+                                           void (*k16)(mmv_mats, const int8_t *, const float2 *, int, int),
+                                           const int8_t *xq, const float2 *xd, int k, int glu) {
+    const dim3 g = mmv_glu_q_grid(m, rows);
+    if (ctx->n_sm > 0 && (int64_t)g.x * g.y <= ctx->n_sm) return klaunch(k32, g, dim3(32, 32), 0, ctx, m, xq, xd, k, glu);
+    return klaunch(k16, g, dim3(32, 16), 0, ctx, m, xq, xd, k, glu);
 }
 static inline dim3 mmv_sum_grid(const mmv_mats &m, int rows) {
     return dim3((unsigned)(rows / 32), (unsigned)(m.n_chunks / (m.cmb.k + (m.id_k ? 1 : 0))));

@@ -352,13 +352,8 @@ template <class TT, int R, int U> struct tq_item {
 template <class TT, int U> struct tq_glu_item {
     static __device__ __forceinline__ float run(const mmv_mats &m, int row, int64_t e, const int8_t *xq,
                                                 const float2 *xds, int k, int glu, bool &waited) {
-        mmv_acc<1, 2> acc;
-        acc.zero();
-        const mrow_ref rr[2] = {mref<1>(m, row, 0, e), mref<1>(m, row, 1, e)};
-        tq_rows<TT, 1, 2, U>(acc, rr, xq, xds, k, waited);
-        float sc[1];
-        acc.pre_scale(m, threadIdx.x, sc);
-        return acc.glu_value(m, row, e, glu, 0, sc);
+        return glu_row(m, row, e, glu,
+                       [&](mmv_acc<1, 2> &acc, const mrow_ref *rr) { tq_rows<TT, 1, 2, U>(acc, rr, xq, xds, k, waited); });
     }
 };
 
@@ -602,10 +597,8 @@ extern "C" cudaError_t cuda_mmv_tq_variant(int v, int glu, uint32_t type, int ro
                                            int acc) {
     if (type != QT_MXFP4) return cudaErrorNotSupported;
     if (v == MMV_LANES_SUM && glu && m.epi.post_cnt) { /* variant 1's rows (R2 U1), h quantized in the block */
-        const dim3 g = mmv_glu_q_grid(m, rows);
-        return mmv_glu_q_warps(ctx, g) == 32
-                   ? klaunch(mmv_tq_glu_q<tq_iq4x<2>, 1, 32>, g, dim3(32, 32), 0, ctx, m, xq, xd, k, acc)
-                   : klaunch(mmv_tq_glu_q<tq_iq4x<2>, 1, 16>, g, dim3(32, 16), 0, ctx, m, xq, xd, k, acc);
+        return mmv_glu_q_launch(ctx, m, rows, mmv_tq_glu_q<tq_iq4x<2>, 1, 32>, mmv_tq_glu_q<tq_iq4x<2>, 1, 16>, xq, xd,
+                                k, acc);
     }
     if (v == MMV_LANES_SUM && !glu && m.cmb.dst) /* the default shape (3: R2 U2), summed in the block */
         return klaunch(mmv_tq_sum<tq_iq4x<2>, 2, 2>, mmv_sum_grid(m, rows), dim3(32, MMV_SUM_WARPS), 0, ctx, m, xq,
