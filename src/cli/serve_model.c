@@ -326,6 +326,12 @@ smelt_status serve_inst_load(const struct cfg *c, int ci, const char *ref, const
     struct engine_config ec = {0};
     ec.max_seqs = (int32_t)cfg_int(c, ci, CFG_MAX_SEQS);
     ec.max_batch_tokens = (int32_t)cfg_int(c, ci, CFG_MAX_BATCH_TOKENS);
+    /* the default step: 2048 tokens on a GPU, where a prompt's prefill rows ride with the
+     * decodes in a quarter of the steps (H100, 2026-12-06, Qwen3-30B-A3B, 64 clients of
+     * 555-token prompts: 1,856 tok/s at 512, 2,107 at 1024, 2,307 at 2048; inter-token p90
+     * 43 -> 60 ms, time to first token p90 2.5 -> 1.5 s); the engine's 512 on the CPU, whose
+     * steps of 2048 rows would hold every decoding sequence for seconds */
+    if (ec.max_batch_tokens <= 0 && in->cuda) ec.max_batch_tokens = 2048;
     ec.itl_target_s = cfg_num(c, ci, CFG_ITL_TARGET_MS) / 1e3;
     ec.max_waiting = (int32_t)cfg_int(c, ci, CFG_MAX_WAITING);
     ec.block_size = cfg_int(c, ci, CFG_BLOCK_SIZE) > 0 ? (int32_t)cfg_int(c, ci, CFG_BLOCK_SIZE) : 16;

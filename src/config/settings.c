@@ -110,8 +110,10 @@ const struct cfg_def cfg_defs[CFG_N] = {
                      "CPU threads (default: all cores)"},
     [CFG_MAX_SEQS] = {"max_seqs", 0, CFG_INT, CFG_SEC_ENGINE, M, "64", 0, 1 << 20, false, NULL,
                       "N", "sequences in flight"},
-    [CFG_MAX_BATCH_TOKENS] = {"max_batch_tokens", 0, CFG_INT, CFG_SEC_ENGINE, M, "512", 0, BIG,
-                              false, NULL, "N", "tokens per step: decodes + prefill chunks"},
+    [CFG_MAX_BATCH_TOKENS] = {"max_batch_tokens", 0, CFG_INT, CFG_SEC_ENGINE, M, NULL, 0, BIG,
+                              false, NULL, "N",
+                              "tokens per step: decodes + prefill chunks (default: 2048 on a GPU, "
+                              "512 on the CPU)"},
     [CFG_ITL_TARGET_MS] = {"itl_target_ms", 0, CFG_NUM, CFG_SEC_ENGINE, M, "0", 0, 1e6, false, NULL,
                            "MS", "with sequences decoding, cut a step's prefill rows to what is "
                                  "predicted to run in MS (at least 64 rows; 0: no cut)"},
