@@ -4,8 +4,9 @@
  *     norm and a bias, two experts with the same router row (a tie the lower id must win):
  *     ids equal to a double reference wherever no other logit is within 1e-5 of the k-th,
  *     weights within 1e-5; every row routed alone gets the same bits as in the batch;
- *   - expert FFN, decode (n <= 8: one chunk per (row, slot)) and grouped (n > 8: rows
- *     grouped by expert on the device) against the CPU's exact path (dequantized weights,
+ *   - expert FFN, decode (n <= 8: one chunk per (row, slot); MXFP4 experts at 2..8 rows
+ *     grouped by expert in chunks of 2) and grouped (n > 8: rows grouped by expert on the
+ *     device) against the CPU's exact path (dequantized weights,
  *     f32 activations) on the GPU's own routing: F32/F16/BF16 experts within 1e-4 of the
  *     largest output, the int8-activation types (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_1,
  *     IQ4_NL, ...; MXFP4 runs as F16) within 3e-2 and cosine >= 0.999 per row; gpt-oss's

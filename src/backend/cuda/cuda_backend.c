@@ -259,6 +259,14 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
      * mmv by id); SMELT_MOE_PATH=mmv keeps mmv, =mmq is the default */
     cb->moe_path = me && !strcmp(me, "mmv") ? 1 : me && !strcmp(me, "mmq") ? 2 : 0;
     if (me && *me && !cb->moe_path) log_warn("SMELT_MOE_PATH=%s is neither mmv nor mmq: ignored", me);
+    /* SMELT_MOE_GROUP_CH=N: decode of 2..8 rows grouped by expert in chunks of N rows for
+     * every expert type (0: a chunk per pair); unset, by type (cuda_ops_moe.c) */
+    const char *gch = getenv("SMELT_MOE_GROUP_CH");
+    cb->moe_group_ch = gch && *gch ? atoi(gch) : -1;
+    if (gch && *gch && (cb->moe_group_ch < 0 || cb->moe_group_ch > CUDA_MMV_MAX_N)) {
+        log_warn("SMELT_MOE_GROUP_CH=%s is not 0..%d: ignored", gch, CUDA_MMV_MAX_N);
+        cb->moe_group_ch = -1;
+    }
     bool bad_tile = false;
     mmtune_init(&cb->tune);
     mmtune_env_parse(getenv("SMELT_NO_TUNE"), getenv("SMELT_MMQ_TILE"), cuda_mmq_tile_count(), &cb->tune_env,

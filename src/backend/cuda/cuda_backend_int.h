@@ -92,6 +92,10 @@ struct cuda_backend {
     int64_t mmq_max_rows; /* MMQ_MAX_ROWS or SMELT_MMQ_MAX_ROWS */
     int64_t gemm_min_rows; /* GEMM_MIN_ROWS or SMELT_GEMM_MIN_ROWS: products of fewer rows that mmq
                             * does not take stay on mmv (F32 activations for plain-float weights) */
+    int moe_group_ch;     /* SMELT_MOE_GROUP_CH: decode steps of 2..CUDA_MMV_MAX_N rows group the
+                           * (row, slot) pairs by expert in chunks of this many rows (each expert's
+                           * weights read once a step); 0: a chunk per pair; -1 (unset): by the
+                           * experts' type (moe_group_rows in cuda_ops_moe.c) */
     int moe_path;         /* SMELT_MOE_PATH: 0 by rows (mmq by id above CUDA_MMV_MAX_N where it takes the
                            * experts), 1 "mmv", 2 "mmq" */
     int64_t gdn_chunk_min; /* bk_gated_delta_net: steps of at least this many token rows take

@@ -16,8 +16,9 @@
  *       Q4_K, Q6_K and MXFP4 downs sum a group's slots in one block, mmv_sum_body)
  *   so a token reads its k experts' rows only, in 3 launches after the router (6 before
  *   2026-12-03; at one row, MOE_FUSED_MAX_ROWS; SMELT_MOE_FUSED=0 keeps the separate launches).
- *   more rows: the pairs are grouped by expert on the device (cuda_moe_group) into chunks of
- *   CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
+ *   more rows (and decode of 2..CUDA_MMV_MAX_N rows where moe_group_rows says so: MXFP4
+ *   experts, chunks of 2): the pairs are grouped by expert on the device (cuda_moe_group)
+ *   into chunks of CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
  *   (cuda_moe_gather), the products run over the chunks (each chunk's rows read the expert's
  *   weights once), and the combine reads each pair's output from its grouped row.
  *   more rows on the tensor cores ("mmq by id", the default for more than CUDA_MMV_MAX_N rows
@@ -195,6 +196,19 @@ static bool moe_ffn_mmq(struct cuda_backend *cb, struct tensor *dst, const struc
     return true;
 }
 
+/* Decode of 2..CUDA_MMV_MAX_N rows: the rows of a chunk when the (row, slot) pairs are
+ * grouped by expert (each expert's weights read once a step, at the cost of the grouping
+ * and gather launches and of the several-row kernels), 0 for a chunk per pair. By type, as
+ * measured (H100, 2026-12-06, `smelt bench -p 0 -n 32 -d 128 -B 2,4,8`, SMELT_MOE_GROUP_CH
+ * in one binary, tok/s): gpt-oss-20b's MXFP4 at 8 sequences 950 -> 1,012 in chunks of 2;
+ * Qwen3-30B-A3B's Q4_K / Q6_K lost at every width (8 sequences 1,081 -> 699 / 505 / 275
+ * for 2 / 4 / 8, 2 sequences 538 -> 357), their several-row kernels being the slow part
+ * (docs/cuda-backend.md, "Session of 2026-12-06, seventeenth"). */
+static int moe_group_rows(const struct cuda_backend *cb, uint32_t type) {
+    if (cb->moe_group_ch >= 0) return cb->moe_group_ch;
+    return type == QT_MXFP4 ? 2 : 0;
+}
+
 /* The experts (and the shared expert as a slot when sq, its gate, up and down, is given):
  * the rest of cu_moe_ffn. */
 static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const struct tensor *x,
@@ -214,23 +228,27 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
     struct err e;
     smelt_status st = SMELT_OK;
     const bool decode = n <= CUDA_MMV_MAX_N;
-    const int ch = decode ? 1 : CUDA_MMV_MAX_N;
-    /* chunks and grouped rows: decode, one chunk per pair; else whole chunks per expert */
-    const int64_t n_chunks = decode ? n * ks : cuda_moe_chunks(n * k, n_exp, ch),
+    /* decode of 2..CUDA_MMV_MAX_N rows without a shared slot: grouped by expert where
+     * moe_group_rows says so, else (and at one row) a chunk per (row, slot) pair */
+    const int gch = decode && n > 1 && !slot ? moe_group_rows(cb, qg->type) : 0;
+    const bool pairs = decode && !gch;
+    const int ch = pairs ? 1 : gch ? gch : CUDA_MMV_MAX_N;
+    /* chunks and grouped rows: pairs, one chunk each; else whole chunks per expert */
+    const int64_t n_chunks = pairs ? n * ks : cuda_moe_chunks(n * k, n_exp, ch),
                   rows = n_chunks * ch;
-    int32_t *chunk_eid = decode ? ids->data : cu_scratch(cb, (size_t)n_chunks * sizeof(int32_t));
-    int32_t *pos = decode ? NULL : cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
-    int32_t *src = decode ? NULL : cu_scratch(cb, (size_t)rows * sizeof(int32_t));
-    const int64_t x_rows = decode ? n : rows;
+    int32_t *chunk_eid = pairs ? ids->data : cu_scratch(cb, (size_t)n_chunks * sizeof(int32_t));
+    int32_t *pos = pairs ? NULL : cu_scratch(cb, (size_t)(n * k) * sizeof(int32_t));
+    int32_t *src = pairs ? NULL : cu_scratch(cb, (size_t)rows * sizeof(int32_t));
+    const int64_t x_rows = pairs ? n : rows;
     /* decode after the fused router: its rows (f32 and int8, n of them) */
-    const bool use_xin = decode && have_xin;
+    const bool use_xin = pairs && have_xin;
     void *xq = use_xin ? cb->moe_xin.buf : cu_scratch(cb, cuda_mmv_scratch_bytes(n_embd, (int)x_rows));
     float *xf = cuda_mmv_needs_quant(qg->type) ? NULL
                 : use_xin                      ? cb->moe_xin.xf
                                                : cu_scratch(cb, (size_t)(x_rows * n_embd) * sizeof(float));
     float *h = cu_scratch(cb, (size_t)(rows * n_ff) * sizeof(float));
     float *y = cu_scratch(cb, (size_t)(rows * n_embd) * sizeof(float));
-    if (!chunk_eid || (!decode && (!pos || !src)) || !xq ||
+    if (!chunk_eid || (!pairs && (!pos || !src)) || !xq ||
         (!cuda_mmv_needs_quant(qg->type) && !xf) || !h || !y)
         return;
     if (n_chunks > 65535) {
@@ -239,7 +257,7 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
                 k);
         return;
     }
-    if (!decode)
+    if (!pairs)
         st =
             cuda_moe_group(&cb->ctx, ids->data, n, k, n_exp, ch, n_chunks, chunk_eid, pos, src, &e);
     if (st == SMELT_OK && !use_xin) {
@@ -249,7 +267,7 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
     }
     struct cuda_mmv_ids id = {.eid = chunk_eid,
                               .n_chunks = (int)n_chunks,
-                              .x_div = decode ? ks : 1,
+                              .x_div = pairs ? ks : 1,
                               .n_exp = n_exp,
                               .x_rows = x_rows,
                               .gate_b = w->gate_b ? w->gate_b->data : NULL,
@@ -261,7 +279,7 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
      * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
      * quantize, then n * n_embd / 32 for the sum */
     const int64_t n_q = n_chunks * (n_ff / 32);
-    const bool fuse = decode && n <= MOE_FUSED_MAX_ROWS && cb->moe_cnt;
+    const bool fuse = pairs && n <= MOE_FUSED_MAX_ROWS && cb->moe_cnt;
     const bool fuse_q = fuse && cuda_mmv_needs_quant(qg->type) &&
                         cuda_mmv_needs_quant(qd->type) && n_ff % 32 == 0 && n_q <= MOE_CNT_MAX;
     /* decode with the next norm known: the weighted sum also prepares dst for it (cb->prep,
