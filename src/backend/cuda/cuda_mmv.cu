@@ -133,32 +133,23 @@ template <int R, int U, int KS>
 static __device__ __forceinline__ void q4k_rows1(mmv_acc<1, R> &acc, const mrow_ref *rr, const int8_t *xq,
                                                  const float2 *xds, int k, int ws, bool &waited) {
     const int lane = threadIdx.x, nsb = k / QK_K, n_units = nsb * 8;
-    for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
-        uint4 qv[U][R], sv[U][R];
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = min(u0 + 32 * i, n_units - 1);
+    uint4 qv[U][R], sv[U][R];
+    mmv_units<U>(
+        lane + 32 * U * ws, 32, 32 * U * KS, n_units, waited,
+        [&](int i, int u) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 qv[i][r] = ((const uint4 *)rr[r].q)[(rr[r].row * nsb) * 8 + u];
                 sv[i][r] = ((const uint4 *)rr[r].s)[rr[r].row * nsb + (u >> 3)];
             }
-        }
-        if (!waited) { /* the first weights are in flight; activations next */
-            pdl_wait();
-            waited = true;
-        }
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = u0 + 32 * i;
-            if (u >= n_units) break;
+        },
+        [&](int i, int u) {
             float2 dm[R];
             uint32_t pk[R];
 #pragma unroll
             for (int r = 0; r < R; r++) q4k_scales(sv[i][r].x, sv[i][r].y, sv[i][r].z, sv[i][r].w, u, &dm[r], &pk[r]);
             q4k_unit<1, R>(acc, qv[i], dm, pk, xq, xds, u, k);
-        }
-    }
+        });
 }
 
 /* One warp's Q4_K rows row0 .. row0 + R - 1 (split-K slice ws of KS), stored. */
@@ -296,25 +287,14 @@ static __device__ __forceinline__ void q6k_body(const struct mmv_mats &m, int ro
     mrow_ref rr[R];
     mrefs<GLU, R>(m, row0, rr);
     bool waited = false;
-    for (int u0 = lane + 32 * U * ws; u0 < n_units; u0 += 32 * U * KS) {
-        q6k_ld v[U][R];
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = min(u0 + 32 * i, n_units - 1);
+    q6k_ld v[U][R];
+    mmv_units<U>(
+        lane + 32 * U * ws, 32, 32 * U * KS, n_units, waited,
+        [&](int i, int u) {
 #pragma unroll
             for (int r = 0; r < R; r++) v[i][r] = q6k_load(rr[r], nsb, u);
-        }
-        if (!waited) { /* the first weights are in flight; activations next */
-            pdl_wait();
-            waited = true;
-        }
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = u0 + 32 * i;
-            if (u >= n_units) break;
-            q6k_unit<N, R>(acc, v[i], xq, xds, u, k);
-        }
-    }
+        },
+        [&](int i, int u) { q6k_unit<N, R>(acc, v[i], xq, xds, u, k); });
     if (!waited) pdl_wait(); /* no units here: stores still follow the predecessor */
     const bool wr = acc.template ks_reduce<KS>(lane);
     if (GLU) acc.store_glu(m, row0, lane, accumulate, wr, KS > 1 ? 1 : MMV_WARPS); /* accumulate carries the act */
@@ -347,29 +327,21 @@ static __device__ __forceinline__ float kq_lanes_dot(const struct mmv_mats &m, i
     const mrow_ref rr = mref<0>(m, row0, r, e);
     mmv_acc<1, 1> a;
     a.zero();
-    for (int u0 = lane % G; u0 < n_units; u0 += G * U) {
-        /* load phase: U units in flight before any math (Q6_K's loads, or Q4_K's bits and
-         * its super-block's scales) */
-        q6k_ld v[Q6 ? U : 1];
-        uint4 qv[U], sv[U];
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = min(u0 + G * i, n_units - 1);
+    /* U units in flight before any math: Q6_K's loads, or Q4_K's bits and its super-block's
+     * scales */
+    q6k_ld v[Q6 ? U : 1];
+    uint4 qv[U], sv[U];
+    mmv_units<U>(
+        lane % G, G, G * U, n_units, waited,
+        [&](int i, int u) {
             if constexpr (Q6) {
                 v[i] = q6k_load(rr, nsb, u);
             } else {
                 qv[i] = ((const uint4 *)rr.q)[(rr.row * nsb) * 8 + u];
                 sv[i] = ((const uint4 *)rr.s)[rr.row * nsb + (u >> 3)];
             }
-        }
-        if (!waited) {
-            pdl_wait();
-            waited = true;
-        }
-#pragma unroll
-        for (int i = 0; i < U; i++) {
-            const int u = u0 + G * i;
-            if (u >= n_units) break;
+        },
+        [&](int i, int u) {
             if constexpr (Q6) {
                 q6k_unit<1, 1>(a, &v[i], xq, xds, u, k);
             } else {
@@ -378,8 +350,7 @@ static __device__ __forceinline__ float kq_lanes_dot(const struct mmv_mats &m, i
                 q4k_scales(sv[i].x, sv[i].y, sv[i].z, sv[i].w, u, &dm, &pk);
                 q4k_unit<1, 1>(a, &qv[i], &dm, &pk, xq, xds, u, k);
             }
-        }
-    }
+        });
     return a.v[0][0];
 }
 

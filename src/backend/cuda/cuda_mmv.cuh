@@ -88,6 +88,30 @@ static __device__ __forceinline__ int dot16(uint4 a, uint4 b) {
     return dp4a((int)a.w, (int)b.w, s);
 }
 
+/* The units loop of the quantized mmv kernels: a lane's units first, first + step, ... in
+ * rounds of U (every stride units), each round's U loads issued (load(i, u), units past the
+ * end clamped to the last) before its math (math(i, u), real units only), the first round's
+ * loads before the PDL wait (once: `waited`), so the weights stream while the kernel before
+ * finishes. The lambdas share the round's arrays (the caller's, indexed by i). */
+template <int U, class L, class M>
+static __device__ __forceinline__ void mmv_units(int first, int step, int stride, int n_units, bool &waited, L &&load,
+                                                 M &&math) {
+    for (int u0 = first; u0 < n_units; u0 += stride) {
+#pragma unroll
+        for (int i = 0; i < U; i++) load(i, min(u0 + step * i, n_units - 1));
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int u = u0 + step * i;
+            if (u >= n_units) break;
+            math(i, u);
+        }
+    }
+}
+
 /* Every kernel: R rows per warp (the activations loaded for a unit are reused across the R
  * rows: L1 traffic for activations is the limit otherwise), MMV_WARPS warps per block.
  * Lane l takes units l, l+32, ... of 16 B of quant bits; consecutive lanes read
