@@ -31,6 +31,7 @@ int main(void) {
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmv.h"
+#include "backend/cuda/cuda_moe.h"
 #include "quant/quant.h"
 #include "util/half.h"
 
@@ -794,6 +795,11 @@ struct id_layer {
     struct cuda_qweight g, u, d;
     int32_t *ids;
 };
+/* SMELT_BENCH_ROWS=n (1..8): bench_id's token rows a step; above one, a decode step of n rows
+ * as cuda_ops_moe.c runs it with a chunk per (row, slot): gate/up, h's quantize, down and
+ * the weighted sum as launches (no fused epilogue); SMELT_BENCH_FUSE_Q=1 writes h's int8 form
+ * in the gate/up launch's epilogue instead of the quantize launch */
+static int g_id_rows = 1;
 
 static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, int kk, int64_t n_ff, int64_t d,
                             int act, const void *xs, float *h, void *hs, float *y, float *dst, const float *wt,
@@ -808,11 +814,33 @@ static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, i
     cudaGraphExec_t ge = NULL;
     int8_t *hq, *pq;
     void *hd, *pd;
-    cuda_mmv_scratch_parts(hs, n_ff, kk, &hq, &hd);
+    const int nr = g_id_rows, np = nr * kk; /* rows, (row, slot) pairs */
+    cuda_mmv_scratch_parts(hs, n_ff, np, &hq, &hd);
     cuda_mmv_scratch_parts(post, d, 1, &pq, &pd);
+    const int fuse_q = nr > 1 && getenv("SMELT_BENCH_FUSE_Q") && atoi(getenv("SMELT_BENCH_FUSE_Q"));
     int ok = 1;
     cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
-    for (int i = 0; i < reps && ok; i++) {
+    for (int i = 0; i < reps && ok && nr > 1; i++) { /* several rows: the separate launches */
+        struct id_layer *l = &ly[i % n_l];
+        if (mode != 2) {
+            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = kk, .n_exp = n_exp, .x_rows = nr};
+            if (fuse_q) {
+                id.post_cnt = gcnt;
+                id.post_xq = hq;
+                id.post_xd = hd;
+            }
+            ok = cuda_mmv_glu_id(&sctx, &l->g, &l->u, act, &id, 1, NULL, h, xs, &e) == SMELT_OK &&
+                 (fuse_q || cuda_mmv_quantize(&sctx, h, n_ff, np, hs, &e) == SMELT_OK);
+        }
+        if (mode != 1 && ok) {
+            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = 1, .n_exp = n_exp, .x_rows = np};
+            ok = cuda_mmv_id(&sctx, &l->d, &id, 1, h, y, hs, &e) == SMELT_OK;
+        }
+        if (mode == 0 && ok)
+            ok = cuda_moe_combine(&sctx, dst, y, NULL, l->ids, wt, NULL, d, nr, kk, n_exp, 1, NULL, NULL, &e) ==
+                 SMELT_OK;
+    }
+    for (int i = 0; i < reps && ok && nr == 1; i++) {
         struct id_layer *l = &ly[i % n_l];
         if (mode != 2 && mode != 3) { /* gate/up */
             struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = kk, .x_div = kk, .n_exp = n_exp, .x_rows = 1,
@@ -889,22 +917,31 @@ static void bench_id(int sweep) {
         qtype_get(td)->quantize(row, hd, n_ff);
         for (int64_t r = 1; r < n_exp * d; r++) memcpy(hd + rd * r, hd, rd);
         struct id_layer *ly = calloc((size_t)n_l, sizeof *ly);
-        int ok = 1;
+        int ok = 1, n_dist = kk;
         for (int l = 0; l < n_l && ok; l++) {
             ok = cuda_qweight_upload(&g_ctx, &ly[l].g, tg, hg, n_exp * n_ff, d, &e) == SMELT_OK &&
                  cuda_qweight_upload(&g_ctx, &ly[l].u, tg, hg, n_exp * n_ff, d, &e) == SMELT_OK &&
                  cuda_qweight_upload(&g_ctx, &ly[l].d, td, hd, n_exp * d, n_ff, &e) == SMELT_OK;
-            int32_t ids[32];
-            for (int j = 0; j < kk; j++) { /* k distinct experts */
-                int again;
-                do {
-                    ids[j] = (int32_t)(t_rand_u64(&g_seed) % (uint64_t)n_exp);
-                    again = 0;
-                    for (int q = 0; q < j; q++) again |= ids[q] == ids[j];
-                } while (again);
+            int32_t ids[8 * 32];
+            for (int t = 0; t < g_id_rows; t++)
+                for (int j = 0; j < kk; j++) { /* k distinct experts a row */
+                    int again;
+                    do {
+                        ids[t * kk + j] = (int32_t)(t_rand_u64(&g_seed) % (uint64_t)n_exp);
+                        again = 0;
+                        for (int q = 0; q < j; q++) again |= ids[t * kk + q] == ids[t * kk + j];
+                    } while (again);
+                }
+            if (l == 0) { /* the experts a step reads */
+                n_dist = 0;
+                for (int q = 0; q < g_id_rows * kk; q++) {
+                    int seen = 0;
+                    for (int r = 0; r < q; r++) seen |= ids[r] == ids[q];
+                    n_dist += !seen;
+                }
             }
-            cudaMalloc((void **)&ly[l].ids, sizeof(int32_t) * kk);
-            cudaMemcpy(ly[l].ids, ids, sizeof(int32_t) * kk, cudaMemcpyHostToDevice);
+            cudaMalloc((void **)&ly[l].ids, sizeof(int32_t) * g_id_rows * kk);
+            cudaMemcpy(ly[l].ids, ids, sizeof(int32_t) * g_id_rows * kk, cudaMemcpyHostToDevice);
         }
         free(hg);
         free(hd);
@@ -912,41 +949,46 @@ static void bench_id(int sweep) {
         float *dx, *h, *y, *dst, *wt, *post_ss, *post_w;
         void *xs, *hs, *post;
         unsigned *gcnt, *ccnt;
-        cudaMalloc((void **)&dx, sizeof(float) * d);
-        cudaMalloc(&xs, cuda_mmv_scratch_bytes(d, 1));
-        cudaMalloc((void **)&h, sizeof(float) * kk * n_ff);
-        cudaMalloc(&hs, cuda_mmv_scratch_bytes(n_ff, kk));
-        cudaMalloc((void **)&y, sizeof(float) * kk * d);
-        cudaMalloc((void **)&dst, sizeof(float) * d);
-        cudaMalloc((void **)&wt, sizeof(float) * kk);
+        const int nr = g_id_rows, np = nr * kk; /* token rows, (row, slot) pairs */
+        cudaMalloc((void **)&dx, sizeof(float) * d * nr);
+        cudaMalloc(&xs, cuda_mmv_scratch_bytes(d, nr));
+        cudaMalloc((void **)&h, sizeof(float) * np * n_ff);
+        cudaMalloc(&hs, cuda_mmv_scratch_bytes(n_ff, np));
+        cudaMalloc((void **)&y, sizeof(float) * np * d);
+        cudaMalloc((void **)&dst, sizeof(float) * d * nr);
+        cudaMalloc((void **)&wt, sizeof(float) * np);
         cudaMalloc(&post, cuda_mmv_scratch_bytes(d, 1));
         cudaMalloc((void **)&post_ss, sizeof(float) * d / 32);
         cudaMalloc((void **)&post_w, sizeof(float) * d);
-        cudaMalloc((void **)&gcnt, sizeof(unsigned) * kk * n_ff / 32);
+        cudaMalloc((void **)&gcnt, sizeof(unsigned) * np * n_ff / 32);
         cudaMalloc((void **)&ccnt, sizeof(unsigned) * (d / 32)); /* the weighted sum: one counter a 32-row group */
-        cudaMemset(gcnt, 0, sizeof(unsigned) * kk * n_ff / 32);
+        cudaMemset(gcnt, 0, sizeof(unsigned) * np * n_ff / 32);
         cudaMemset(ccnt, 0, sizeof(unsigned) * (d / 32));
-        cudaMemset(dst, 0, sizeof(float) * d);
-        cudaMemset(h, 0, sizeof(float) * kk * n_ff);
-        cudaMemset(hs, 0, cuda_mmv_scratch_bytes(n_ff, kk));
-        float *hx = malloc(sizeof(float) * d);
-        for (int64_t i = 0; i < d; i++) hx[i] = t_randn(&g_seed);
-        cudaMemcpy(dx, hx, sizeof(float) * d, cudaMemcpyHostToDevice);
+        cudaMemset(dst, 0, sizeof(float) * d * nr);
+        cudaMemset(h, 0, sizeof(float) * np * n_ff);
+        cudaMemset(hs, 0, cuda_mmv_scratch_bytes(n_ff, np));
+        float *hx = malloc(sizeof(float) * d * nr);
+        for (int64_t i = 0; i < d * nr; i++) hx[i] = t_randn(&g_seed);
+        cudaMemcpy(dx, hx, sizeof(float) * d * nr, cudaMemcpyHostToDevice);
         for (int64_t i = 0; i < d; i++) hx[i] = 1.0f;
         cudaMemcpy(post_w, hx, sizeof(float) * d, cudaMemcpyHostToDevice);
-        for (int j = 0; j < kk; j++) hx[j] = 1.0f / (float)kk;
-        cudaMemcpy(wt, hx, sizeof(float) * kk, cudaMemcpyHostToDevice);
+        for (int j = 0; j < np; j++) hx[j] = 1.0f / (float)kk;
+        cudaMemcpy(wt, hx, sizeof(float) * np, cudaMemcpyHostToDevice);
         free(hx);
-        if (ok) ok = cuda_mmv_quantize(&g_ctx, dx, d, 1, xs, &e) == SMELT_OK;
+        if (ok) ok = cuda_mmv_quantize(&g_ctx, dx, d, nr, xs, &e) == SMELT_OK;
         cudaDeviceSynchronize();
-        const double bg = (double)kk * 2 * (double)n_ff * (double)ly[0].g.bytes / (double)(n_exp * n_ff),
-                     bd = (double)kk * (double)d * (double)ly[0].d.bytes / (double)(n_exp * d);
+        /* the bytes a step must read: each distinct expert's rows once */
+        const double bg = (double)n_dist * 2 * (double)n_ff * (double)ly[0].g.bytes / (double)(n_exp * n_ff),
+                     bd = (double)n_dist * (double)d * (double)ly[0].d.bytes / (double)(n_exp * d);
         static const char *const modes[] = {"pair (as decode)", "gate/up alone", "down alone", "down, no sum"};
-        for (int mode = 0; mode < 4 && ok; mode++) {
+        if (nr > 1)
+            printf("bench id %-26s %d rows: %d (row, slot) pairs over %d experts\n", shapes[si].name, nr, np, n_dist);
+        for (int mode = 0; mode < (nr > 1 ? 3 : 4) && ok; mode++) {
             const double us = time_id_graph(mode, ly, n_l, n_exp, kk, n_ff, d, shapes[si].act, xs, h, hs, y, dst,
                                             wt, gcnt, ccnt, post, post_ss, post_w);
             const double by = mode == 0 ? bg + bd : mode == 1 ? bg : bd;
-            printf("bench id %-26s %-17s: %7.2f us  %7.1f GB/s (%4.1f%% of 4380)\n", shapes[si].name, modes[mode],
+            printf("bench id %-26s %-17s: %7.2f us  %7.1f GB/s (%4.1f%% of 4380)\n", shapes[si].name,
+                   nr > 1 && mode == 0 ? "step (as decode)" : modes[mode],
                    us, by / us / 1e3, by / us / 1e3 / 4380 * 100);
         }
         for (int which = 0; which < 2 && ok && sweep; which++)
@@ -994,6 +1036,10 @@ int main(void) {
     if (getenv("SMELT_BENCH")) {
         bench();
         bench_new_types();
+    }
+    if (getenv("SMELT_BENCH_ROWS")) {
+        g_id_rows = atoi(getenv("SMELT_BENCH_ROWS"));
+        if (g_id_rows < 1 || g_id_rows > 8) g_id_rows = 1;
     }
     if (getenv("SMELT_BENCH_ID")) bench_id(atoi(getenv("SMELT_BENCH_ID")) >= 2);
     if (getenv("SMELT_BENCH_VARIANTS")) /* one-token Q4_K / Q6_K / Q8_0 kernel shapes (cuda_mmv.cu) */
