@@ -1025,14 +1025,19 @@ int main(void) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
-    T_RUN(test_mmv_types);
-    T_RUN(test_mmv_new_types);
-    T_RUN(test_dequant_types);
-    T_RUN(test_mmv_glu_types);
-    T_RUN(test_mmv_rejects);
-    T_RUN(test_mmv_multi);
-    T_RUN(test_norm_quantize);
-    T_RUN(test_mmv_epilogue);
+    const char *bo = getenv("SMELT_BENCH_ONLY"); /* the benches alone (profiler runs) */
+    if (!(bo && *bo && strcmp(bo, "0"))) {
+        T_RUN(test_mmv_types);
+        T_RUN(test_mmv_new_types);
+        T_RUN(test_dequant_types);
+        T_RUN(test_mmv_glu_types);
+        T_RUN(test_mmv_rejects);
+        T_RUN(test_mmv_multi);
+        T_RUN(test_norm_quantize);
+        T_RUN(test_mmv_epilogue);
+    } else {
+        printf("test_cuda_mmv: SMELT_BENCH_ONLY set, the tests skipped\n");
+    }
     if (getenv("SMELT_BENCH")) {
         bench();
         bench_new_types();
