@@ -711,15 +711,17 @@ INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, in
             k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * prow + i * K16_PACKED);
 }
 
-/* R weight rows x C X rows. Per super-block the columns go in pairs: for each chunk z a
- * pair's two X vectors are loaded once for the R rows and each weight vector once for the
- * pair (0.75 loads per vpdpwssd; the row-outer loop before 2026-12-05 reloaded X for every
- * row, 1.25, and ran ~5% slower at 128 columns); the second pair finds the super-block's
- * weights in L1. Integer sums are exact in any order, so the order of the vpdpwssd
- * changes no bit, and a (row, column)'s FMAs still run in super-block order. Measured and
- * not kept: 4 x 2 tiles over k slices of 4-8 super-blocks with the f32 accumulators in
- * memory between slices (the AVX2 tile's scheme): no faster at k = 8192, slower at 2048. */
-INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t ws,
+/* R weight rows x C X rows. Per super-block the columns go in groups of G (2 or 3): for
+ * each chunk z a group's X vectors are loaded once for the R rows and each weight vector
+ * once for the group (pairs: 0.75 loads per vpdpwssd, the second pair finding the
+ * super-block's weights in L1; threes: 0.58, 12 int32 chains beside a 4 x 3 tile's 12 f32
+ * accumulators; the row-outer loop before 2026-12-05 reloaded X for every row, 1.25, and
+ * ran ~5% slower at 128 columns). Integer sums are exact in any order, so the order of the
+ * vpdpwssd changes no bit, and a (row, column)'s FMAs still run in super-block order.
+ * Measured and not kept: 4 x 2 tiles over k slices of 4-8 super-blocks with the f32
+ * accumulators in memory between slices (the AVX2 tile's scheme): no faster at k = 8192,
+ * slower at 2048. */
+INLINE void k16_tile(int has_min, int R, int C, int G, int64_t k, const char *w, size_t ws,
                      const char *x, size_t xs, float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
@@ -733,9 +735,9 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
         xsv[c] = cpu_x16_sv(x + c * xs, k);
     for (int64_t i = 0; i < k / 256; i++) {
         UNROLL
-        for (int c0 = 0; c0 < C; c0 += 2) {
-            const int nc = C - c0 < 2 ? 1 : 2;
-            __m512i isum[4][2];
+        for (int c0 = 0; c0 < C; c0 += G) {
+            const int nc = C - c0 < G ? C - c0 : G;
+            __m512i isum[4][3];
             UNROLL
             for (int r = 0; r < R; r++)
                 UNROLL
@@ -743,7 +745,7 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
                 isum[r][c] = _mm512_setzero_si512();
             UNROLL
             for (int z = 0; z < 8; z++) {
-                __m512i xv[2];
+                __m512i xv[3];
                 UNROLL
                 for (int c = 0; c < nc; c++)
                     xv[c] = _mm512_load_si512((const void *)(x + (c0 + c) * xs + 512 * i + 64 * z));
@@ -779,10 +781,48 @@ INLINE void k16_tile(int has_min, int R, int C, int64_t k, const char *w, size_t
     for (int c = 0; c < C; c++)
         y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum16(acc[r][c]);
 }
-#define K16_TILE(R, C, ...) k16_tile(0, R, C, __VA_ARGS__)
-#define K16_MIN_TILE(R, C, ...) k16_tile(1, R, C, __VA_ARGS__)
-TILE_DRIVER(packed_k16, K16_TILE)
-TILE_DRIVER(packed_k16_min, K16_MIN_TILE)
+/* The K-quant driver: at k <= 4096 the columns go in threes, one group of 3 (each weight
+ * vector loaded once for the three columns: 12 int32 chains, 0.58 loads per vpdpwssd against
+ * the pairs' 0.75); above, where three columns' X and the weights overflow L1, in fours (two
+ * pairs), as before. A row's arithmetic is the same in every shape (integer sums, then the
+ * FMAs in super-block order), so no bit changes. */
+#define K16_DRIVER(name, hm)                                                                       \
+    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
+                            float *y, size_t ys, int nr, int nc) {                                 \
+        const char *wp = w, *xp = x;                                                               \
+        for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {                                          \
+            const char *wr = nr == 4 ? wp : wp + r * ws;                                           \
+            float *yr = nr == 4 ? y : y + r;                                                       \
+            int c = 0;                                                                             \
+            if (k <= 4096)                                                                         \
+                for (; c + 3 <= nc; c += 3) {                                                      \
+                    if (nr == 4) k16_tile(hm, 4, 3, 3, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys); \
+                    else k16_tile(hm, 1, 3, 3, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);       \
+                }                                                                                  \
+            for (; c + 4 <= nc; c += 4) {                                                          \
+                if (nr == 4) k16_tile(hm, 4, 4, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
+                else k16_tile(hm, 1, 4, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
+            }                                                                                      \
+            switch (nc - c) {                                                                      \
+            case 3:                                                                                \
+                if (nr == 4) k16_tile(hm, 4, 3, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
+                else k16_tile(hm, 1, 3, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
+                break;                                                                             \
+            case 2:                                                                                \
+                if (nr == 4) k16_tile(hm, 4, 2, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
+                else k16_tile(hm, 1, 2, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
+                break;                                                                             \
+            case 1:                                                                                \
+                if (nr == 4) k16_tile(hm, 4, 1, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
+                else k16_tile(hm, 1, 1, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
+    }
+K16_DRIVER(packed_k16, 0)
+K16_DRIVER(packed_k16_min, 1)
 
 #define KQ_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
