@@ -817,13 +817,17 @@ static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, i
     const int nr = g_id_rows, np = nr * kk; /* rows, (row, slot) pairs */
     cuda_mmv_scratch_parts(hs, n_ff, np, &hq, &hd);
     cuda_mmv_scratch_parts(post, d, 1, &pq, &pd);
-    const int fuse_q = nr > 1 && getenv("SMELT_BENCH_FUSE_Q") && atoi(getenv("SMELT_BENCH_FUSE_Q"));
+    /* one row: both epilogues fused, as decode runs it; several: the separate launches, h's
+     * quantize in the gate/up launch with SMELT_BENCH_FUSE_Q=1 */
+    const int one = nr == 1;
+    const int fuse_q = one || (getenv("SMELT_BENCH_FUSE_Q") && atoi(getenv("SMELT_BENCH_FUSE_Q")));
     int ok = 1;
     cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
-    for (int i = 0; i < reps && ok && nr > 1; i++) { /* several rows: the separate launches */
+    for (int i = 0; i < reps && ok; i++) {
         struct id_layer *l = &ly[i % n_l];
-        if (mode != 2) {
-            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = kk, .n_exp = n_exp, .x_rows = nr};
+        if (mode != 2 && mode != 3) { /* gate/up */
+            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = kk, .n_exp = n_exp, .x_rows = nr,
+                                      .signal_late = one};
             if (fuse_q) {
                 id.post_cnt = gcnt;
                 id.post_xq = hq;
@@ -832,25 +836,10 @@ static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, i
             ok = cuda_mmv_glu_id(&sctx, &l->g, &l->u, act, &id, 1, NULL, h, xs, &e) == SMELT_OK &&
                  (fuse_q || cuda_mmv_quantize(&sctx, h, n_ff, np, hs, &e) == SMELT_OK);
         }
-        if (mode != 1 && ok) {
-            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = 1, .n_exp = n_exp, .x_rows = np};
-            ok = cuda_mmv_id(&sctx, &l->d, &id, 1, h, y, hs, &e) == SMELT_OK;
-        }
-        if (mode == 0 && ok)
-            ok = cuda_moe_combine(&sctx, dst, y, NULL, l->ids, wt, NULL, d, nr, kk, n_exp, 1, NULL, NULL, &e) ==
-                 SMELT_OK;
-    }
-    for (int i = 0; i < reps && ok && nr == 1; i++) {
-        struct id_layer *l = &ly[i % n_l];
-        if (mode != 2 && mode != 3) { /* gate/up */
-            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = kk, .x_div = kk, .n_exp = n_exp, .x_rows = 1,
-                                      .signal_late = 1, .post_cnt = gcnt, .post_xq = hq, .post_xd = hd};
-            ok = cuda_mmv_glu_id(&sctx, &l->g, &l->u, act, &id, 1, NULL, h, xs, &e) == SMELT_OK;
-        }
         if (mode != 1 && ok) { /* down */
-            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = kk, .x_div = 1, .n_exp = n_exp, .x_rows = kk,
-                                      .ids_early = 1};
-            if (mode != 3) {
+            struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = 1, .n_exp = n_exp, .x_rows = np,
+                                      .ids_early = one};
+            if (one && mode != 3) {
                 id.cmb_dst = dst;
                 id.cmb_ids = l->ids;
                 id.cmb_w = wt;
@@ -864,6 +853,9 @@ static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, i
             }
             ok = cuda_mmv_id(&sctx, &l->d, &id, 1, h, y, hs, &e) == SMELT_OK;
         }
+        if (!one && mode == 0 && ok) /* the weighted sum */
+            ok = cuda_moe_combine(&sctx, dst, y, NULL, l->ids, wt, NULL, d, nr, kk, n_exp, 1, NULL, NULL, &e) ==
+                 SMELT_OK;
     }
     cudaStreamEndCapture(st, &g);
     double us = -1;

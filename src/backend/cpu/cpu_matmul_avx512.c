@@ -781,48 +781,41 @@ INLINE void k16_tile(int has_min, int R, int C, int G, int64_t k, const char *w,
     for (int c = 0; c < C; c++)
         y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum16(acc[r][c]);
 }
+/* k16_tile over columns [0, C) of y for 4 weight rows or 1 (the drivers' two row counts). */
+INLINE void k16_cols(int has_min, int nr, int C, int G, int64_t k, const char *w, size_t ws, const char *x,
+                     size_t xs, float *y, size_t ys) {
+    if (nr == 4) k16_tile(has_min, 4, C, G, k, w, ws, x, xs, y, ys);
+    else k16_tile(has_min, 1, C, G, k, w, ws, x, xs, y, ys);
+}
+
 /* The K-quant driver: at k <= 4096 the columns go in threes, one group of 3 (each weight
  * vector loaded once for the three columns: 12 int32 chains, 0.58 loads per vpdpwssd against
  * the pairs' 0.75); above, where three columns' X and the weights overflow L1, in fours (two
- * pairs), as before. A row's arithmetic is the same in every shape (integer sums, then the
- * FMAs in super-block order), so no bit changes. */
-#define K16_DRIVER(name, hm)                                                                       \
-    static void gemm_##name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
-                            float *y, size_t ys, int nr, int nc) {                                 \
-        const char *wp = w, *xp = x;                                                               \
-        for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {                                          \
-            const char *wr = nr == 4 ? wp : wp + r * ws;                                           \
-            float *yr = nr == 4 ? y : y + r;                                                       \
-            int c = 0;                                                                             \
-            if (k <= 4096)                                                                         \
-                for (; c + 3 <= nc; c += 3) {                                                      \
-                    if (nr == 4) k16_tile(hm, 4, 3, 3, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys); \
-                    else k16_tile(hm, 1, 3, 3, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);       \
-                }                                                                                  \
-            for (; c + 4 <= nc; c += 4) {                                                          \
-                if (nr == 4) k16_tile(hm, 4, 4, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
-                else k16_tile(hm, 1, 4, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
-            }                                                                                      \
-            switch (nc - c) {                                                                      \
-            case 3:                                                                                \
-                if (nr == 4) k16_tile(hm, 4, 3, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
-                else k16_tile(hm, 1, 3, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
-                break;                                                                             \
-            case 2:                                                                                \
-                if (nr == 4) k16_tile(hm, 4, 2, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
-                else k16_tile(hm, 1, 2, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
-                break;                                                                             \
-            case 1:                                                                                \
-                if (nr == 4) k16_tile(hm, 4, 1, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);   \
-                else k16_tile(hm, 1, 1, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);           \
-                break;                                                                             \
-            default:                                                                               \
-                break;                                                                             \
-            }                                                                                      \
-        }                                                                                          \
+ * pairs), as before; what is left in a pair and a single. A row's arithmetic is the same in
+ * every shape (integer sums, then the FMAs in super-block order), so no bit changes. */
+INLINE void k16_gemm(int has_min, int64_t k, const void *w, size_t ws, const void *x, size_t xs, float *y,
+                     size_t ys, int nr, int nc) {
+    const char *xp = x;
+    for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {
+        const char *wr = (const char *)w + (nr == 4 ? 0 : r * ws);
+        float *yr = y + (nr == 4 ? 0 : r);
+        int c = 0;
+        if (k <= 4096)
+            for (; c + 3 <= nc; c += 3) k16_cols(has_min, nr, 3, 3, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
+        for (; c + 4 <= nc; c += 4) k16_cols(has_min, nr, 4, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
+        if (nc - c == 3) k16_cols(has_min, nr, 3, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
+        else if (nc - c == 2) k16_cols(has_min, nr, 2, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
+        else if (nc - c == 1) k16_cols(has_min, nr, 1, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
     }
-K16_DRIVER(packed_k16, 0)
-K16_DRIVER(packed_k16_min, 1)
+}
+static void gemm_packed_k16(int64_t k, const void *w, size_t ws, const void *x, size_t xs, float *y, size_t ys,
+                            int nr, int nc) {
+    k16_gemm(0, k, w, ws, x, xs, y, ys, nr, nc);
+}
+static void gemm_packed_k16_min(int64_t k, const void *w, size_t ws, const void *x, size_t xs, float *y,
+                                size_t ys, int nr, int nc) {
+    k16_gemm(1, k, w, ws, x, xs, y, ys, nr, nc);
+}
 
 #define KQ_FNS(name, T)                                                                            \
     static void pack_##name(int64_t k, const void *w, size_t ws, int nr, int64_t b0, int64_t b1,  \
