@@ -497,9 +497,9 @@ static void check_ffn(const struct ffn_case *fc) {
         free(yin);
     }
     /* decode's fused epilogues (h's int8 form in the gate/up launch, the weighted sum in the
-     * down launch) against the separate launches: the same bits, plain and accumulating (the
-     * fusion runs at one row, MOE_FUSED_MAX_ROWS; 3 and 8 rows check both backends choose the
-     * same separate launches) */
+     * down launch) against the separate launches: the same bits, plain and accumulating (both
+     * epilogues at one row; at 3 and 8 rows h's int8 form only, the sum at one row,
+     * MOE_FUSED_MAX_ROWS) */
     if (gpu_unf) {
         struct ffn_setup s2 = s;
         struct backend *g0 = gpu;

@@ -15,7 +15,8 @@
  *       increasing expert id, as cuda_moe_combine, which runs instead when n_embd % 32 != 0;
  *       Q4_K, Q6_K and MXFP4 downs sum a group's slots in one block, mmv_sum_body)
  *   so a token reads its k experts' rows only, in 3 launches after the router (6 before
- *   2026-12-03; at one row, MOE_FUSED_MAX_ROWS; SMELT_MOE_FUSED=0 keeps the separate launches).
+ *   2026-12-03; the sum's epilogue at one row, MOE_FUSED_MAX_ROWS, h's at every decode row
+ *   count; SMELT_MOE_FUSED=0 keeps the separate launches).
  *   more rows (and decode of 2..CUDA_MMV_MAX_N rows where moe_group_rows says so: MXFP4
  *   experts, chunks of 2): the pairs are grouped by expert on the device (cuda_moe_group)
  *   into chunks of CUDA_MMV_MAX_N rows of one expert; the input rows are gathered in that order
@@ -43,13 +44,18 @@
  * Scratch depends on (n, k, n_expert) only, never on the routing (graphs replay). */
 #include "backend/cuda/cuda_backend_int.h"
 
-/* Decode's fused epilogues pay at one row only: H200, 2026-12-04, Qwen3-30B-A3B Q4_K_M at
- * depth 128, fused against separate: 1 sequence 264.5 / 258.2 tok/s, 8 sequences 654.7 /
- * 790.0, 16 sequences 1,218 / 1,220; again after the one-count sum and the combine spread
- * over column blocks (H100, 2026-12-06, 8 sequences): 835.9 fused at 8 rows against 1,020.7;
- * and with the weighted sum in one block a group (cuda_mmv.cuh's mmv_sum_body; H100,
- * 2026-12-06, 8 sequences, summed in the down launch against the separate combine):
- * Qwen3-30B-A3B 1,084-1,096 / 1,080-1,087 (noise), gpt-oss-20b 928 / 947 tok/s. */
+/* Decode's weighted sum in the down launch pays at one row only: H200, 2026-12-04,
+ * Qwen3-30B-A3B Q4_K_M at depth 128, both epilogues fused against separate: 1 sequence
+ * 264.5 / 258.2 tok/s, 8 sequences 654.7 / 790.0, 16 sequences 1,218 / 1,220; again after the
+ * one-count sum and the combine spread over column blocks (H100, 2026-12-06, 8 sequences):
+ * 835.9 fused at 8 rows against 1,020.7; and with the weighted sum in one block a group
+ * (cuda_mmv.cuh's mmv_sum_body; H100, 2026-12-06, 8 sequences, summed in the down launch
+ * against the separate combine): Qwen3-30B-A3B 1,084-1,096 / 1,080-1,087 (noise), gpt-oss-20b
+ * 928 / 947 tok/s. h's int8 form in the gate/up launch pays at every decode row count (H100,
+ * 2026-12-06, Qwen3-30B-A3B, against its quantize launch: test_cuda_mmv SMELT_BENCH_ID=1
+ * SMELT_BENCH_ROWS=8, gate/up and h 53.9 -> 48.1 us a layer; `smelt bench -p 0 -n 32 -d 128
+ * -B 4,8`, two alternations: 4 sequences 765 / 761 -> 773 / 773, 8 sequences 1,087 / 1,083
+ * -> 1,093 / 1,097 tok/s). */
 #define MOE_FUSED_MAX_ROWS 1
 
 /* enum moe_gating as cuda_moe_route numbers it */
@@ -275,12 +281,13 @@ static void moe_ffn_experts(struct cuda_backend *cb, struct tensor *dst, const s
                               .signal_late = n == 1, /* the down launch takes its ids early */
                               .sh_k = slot ? k : 0,
                               .sh_w = {slot ? sq[0] : NULL, slot ? sq[1] : NULL}};
-    /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch,
-     * and the weighted sum by the down launch; counters in cb->moe_cnt, [0, n_q) for the
-     * quantize, then n * n_embd / 32 for the sum */
+    /* decode's fused epilogues (cuda_mmv_ids): h's int8 form written by the gate/up launch
+     * (every decode row count of pairs), and the weighted sum by the down launch (at one
+     * row); counters in cb->moe_cnt, [0, n_q) for the quantize, then n * n_embd / 32 for the
+     * sum */
     const int64_t n_q = n_chunks * (n_ff / 32);
     const bool fuse = pairs && n <= MOE_FUSED_MAX_ROWS && cb->moe_cnt;
-    const bool fuse_q = fuse && cuda_mmv_needs_quant(qg->type) &&
+    const bool fuse_q = pairs && cb->moe_cnt && cuda_mmv_needs_quant(qg->type) &&
                         cuda_mmv_needs_quant(qd->type) && n_ff % 32 == 0 && n_q <= MOE_CNT_MAX;
     /* decode with the next norm known: the weighted sum also prepares dst for it (cb->prep,
      * as cu_matmul_acc's epilogue), at every decode row count, so that a row's next
