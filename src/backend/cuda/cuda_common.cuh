@@ -78,27 +78,6 @@ static __device__ __forceinline__ void pdl_trigger() {
  * Measured on the H200: without this, the first kernel of a step read the token ids before
  * they had arrived. */
 
-/* Kernels with (almost) no shared memory (the decode products, norms, quantizers: at most
- * CARVEOUT_SMALL_SMEM bytes, static) ask for the smallest shared-memory carveout, i.e. the
- * largest L1, once each. Measured on the H200 (tg128): Qwen2.5-0.5B Q8_0 1,226 -> 1,257
- * tok/s, Llama-3-8B Q4_K_M unchanged. Kernels with dynamic shared memory, or static
- * shared arrays of their own (the top-k kernels' 17-26 KB), keep the driver's choice: the
- * same hint on the decode attention cost 8B at depth 4096 a quarter of its speed
- * (occupancy), and on batched decode 7%. */
-#define CARVEOUT_SMALL_SMEM 4096
-static inline void carveout_once(struct cuda_ctx *c, const void *fn, size_t smem) {
-    if (smem > 0) return;
-    for (int i = 0; i < c->n_carved; i++)
-        if (c->carved[i] == fn) return;
-    if (c->n_carved < CUDA_CTX_FUNCS) c->carved[c->n_carved++] = fn;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
-        (void)cudaGetLastError(); /* not sticky: the launch that follows reports its own errors */
-        return;
-    }
-    if (fa.sharedSizeBytes <= CARVEOUT_SMALL_SMEM) cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 0);
-}
-
 /* A kernel's dynamic shared-memory limit raised to `bytes` (above 48 KB it needs the
  * opt-in), once per context: recorded only when it worked, so a failure stays pending for
  * the launch that follows to report. */
@@ -115,7 +94,6 @@ static inline void smem_optin_once(struct cuda_ctx *c, const void *fn, size_t by
 template <typename... P, typename... A>
 static inline cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, struct cuda_ctx *c,
                                   A... args) {
-    carveout_once(c, (const void *)kernel, smem);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

@@ -10,9 +10,8 @@
  *     copy (the globals cuda_pdl_on and cuda_pdl_fence);
  *   - device facts: SM count (the attention and top-k plans' static caches), the mmq tiles'
  *     occupancy (cuda_mmq.cu's g_dev);
- *   - kernels whose attributes are set on the device: the shared-memory carveout
- *     (carveout_once's static table, one per file) and the dynamic shared-memory opt-in
- *     (the attention launchers' static once-flags, which a second GPU never got);
+ *   - kernels whose dynamic shared-memory limit is raised on the device (the attention
+ *     launchers' static once-flags, which a second GPU never got);
  *   - device counters that split kernels count their blocks in, zero between calls: the
  *     decode attention's and the top-k merge's (two __device__ arrays, which two streams
  *     of one GPU shared), and the small-batch matmul's;
@@ -51,9 +50,7 @@ struct cuda_ctx {
     /* mmq: the tiles' resident blocks per SM on this device, queried at first use */
     int mmq_ready, mmq_smem_max;
     int mmq_occ[CUDA_MMQ_TYPES][CUDA_MMQ_TILES];
-    /* kernels whose carveout / dynamic shared-memory limit this context has set */
-    const void *carved[CUDA_CTX_FUNCS];
-    int n_carved;
+    /* kernels whose dynamic shared-memory limit this context has raised */
     const void *smem_raised[CUDA_CTX_FUNCS];
     int n_smem_raised;
     unsigned *attn_cnt;   /* device: CUDA_ATTN_COUNTERS zeroed counters */
