@@ -711,29 +711,28 @@ INLINE void k16_pack(uint32_t t, int64_t k, const void *w, size_t ws, int nr, in
             k16_pack_block(t, (const char *)w + r * ws, i, (char *)dst + r * prow + i * K16_PACKED);
 }
 
-/* R weight rows x C X rows. Per super-block the columns go in groups of G (2 or 3): for
- * each chunk z a group's X vectors are loaded once for the R rows and each weight vector
- * once for the group (pairs: 0.75 loads per vpdpwssd, the second pair finding the
- * super-block's weights in L1; threes: 0.58, 12 int32 chains beside a 4 x 3 tile's 12 f32
- * accumulators; the row-outer loop before 2026-12-05 reloaded X for every row, 1.25, and
- * ran ~5% slower at 128 columns). Integer sums are exact in any order, so the order of the
- * vpdpwssd changes no bit, and a (row, column)'s FMAs still run in super-block order.
- * Measured and not kept: 4 x 2 tiles over k slices of 4-8 super-blocks with the f32
- * accumulators in memory between slices (the AVX2 tile's scheme): no faster at k = 8192,
- * slower at 2048. */
-INLINE void k16_tile(int has_min, int R, int C, int G, int64_t k, const char *w, size_t ws,
-                     const char *x, size_t xs, float *y, size_t ys) {
+/* R weight rows x C X rows over super-blocks [i0, i1), the f32 accumulators passed in and
+ * out through accp[c][r] (the driver's slices). Per super-block the columns go in groups of
+ * G (2 or 3): for each chunk z a group's X vectors are loaded once for the R rows and each
+ * weight vector once for the group (pairs: 0.75 loads per vpdpwssd, the second pair finding
+ * the super-block's weights in L1; threes: 0.58, 12 int32 chains beside a 4 x 3 tile's 12
+ * f32 accumulators; the row-outer loop before 2026-12-05 reloaded X for every row, 1.25,
+ * and ran ~5% slower at 128 columns). Integer sums are exact in any order, so the order of
+ * the vpdpwssd changes no bit, and a (row, column)'s FMAs still run in super-block order
+ * (an f32 accumulator stored and loaded between slices keeps every bit). */
+INLINE void k16_tile(int has_min, int R, int C, int G, int64_t k, int64_t i0, int64_t i1, const char *w,
+                     size_t ws, const char *x, size_t xs, __m512 (*accp)[4], float *y, size_t ys) {
     __m512 acc[4][MAXC];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        acc[r][c] = _mm512_setzero_ps();
+        acc[r][c] = i0 == 0 ? _mm512_setzero_ps() : accp[c][r];
     const float *xsv[MAXC];
     UNROLL
     for (int c = 0; c < C; c++)
         xsv[c] = cpu_x16_sv(x + c * xs, k);
-    for (int64_t i = 0; i < k / 256; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         UNROLL
         for (int c0 = 0; c0 < C; c0 += G) {
             const int nc = C - c0 < G ? C - c0 : G;
@@ -775,37 +774,62 @@ INLINE void k16_tile(int has_min, int R, int C, int G, int64_t k, const char *w,
             }
         }
     }
+    if (i1 == k / 256) { /* the last slice: the outputs */
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+        for (int c = 0; c < C; c++)
+            y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum16(acc[r][c]);
+        return;
+    }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
     for (int c = 0; c < C; c++)
-        y[c * ys + r] = cpu_x16_D(x + c * xs, k) * hsum16(acc[r][c]);
+        accp[c][r] = acc[r][c];
 }
-/* k16_tile over columns [0, C) of y for 4 weight rows or 1 (the drivers' two row counts). */
-INLINE void k16_cols(int has_min, int nr, int C, int G, int64_t k, const char *w, size_t ws, const char *x,
-                     size_t xs, float *y, size_t ys) {
-    if (nr == 4) k16_tile(has_min, 4, C, G, k, w, ws, x, xs, y, ys);
-    else k16_tile(has_min, 1, C, G, k, w, ws, x, xs, y, ys);
+/* k16_tile over columns [0, C) for 4 weight rows or 1 (the drivers' two row counts). */
+INLINE void k16_cols(int has_min, int nr, int C, int G, int64_t k, int64_t i0, int64_t i1, const char *w,
+                     size_t ws, const char *x, size_t xs, __m512 (*accp)[4], float *y, size_t ys) {
+    if (nr == 4) k16_tile(has_min, 4, C, G, k, i0, i1, w, ws, x, xs, accp, y, ys);
+    else k16_tile(has_min, 1, C, G, k, i0, i1, w, ws, x, xs, accp, y, ys);
 }
 
-/* The K-quant driver: at k <= 4096 the columns go in threes, one group of 3 (each weight
- * vector loaded once for the three columns: 12 int32 chains, 0.58 loads per vpdpwssd against
- * the pairs' 0.75); above, where three columns' X and the weights overflow L1, in fours (two
- * pairs), as before; what is left in a pair and a single. A row's arithmetic is the same in
- * every shape (integer sums, then the FMAs in super-block order), so no bit changes. */
+/* The K-quant driver: a strip of 4 rows (or 1) at a time, its columns in blocks of K16_NC,
+ * k in slices of K16_SB super-blocks (4 rows: 20 KiB of packed weights, which stay in L1
+ * while the block's columns sweep them; three columns' X slices 12 KiB), the columns in
+ * threes (one group of 3: each weight vector loaded once for the three columns, 12 int32
+ * chains, 0.58 loads per vpdpwssd against the pairs' 0.75), what is left as a pair or a
+ * single. Without the slices the weights of 4 rows overflowed L1 above k = 3072 and the
+ * tile fell off (bench_matmul Q4_K 2048 x k, 128 columns: ~194 GFLOP/s at k <= 3072, 170 at
+ * 4096, 147 at 8192; with them 2048 x 8192 161-165). The first slice starts from zero
+ * registers and the last writes y from its registers: an earlier try that zeroed the
+ * accumulator array first (gcc makes it a `rep stos`) and wrote y from it after the
+ * slices (bunched stores 4 * rows bytes apart) lost ~15% at k = 2048 and hid the gain.
+ * A row's arithmetic is the same in every shape (integer sums, then the FMAs in
+ * super-block order), so no bit changes. */
+#define K16_SB 8
+#define K16_NC 24
 INLINE void k16_gemm(int has_min, int64_t k, const void *w, size_t ws, const void *x, size_t xs, float *y,
                      size_t ys, int nr, int nc) {
-    const char *xp = x;
+    const int64_t nsb = k / 256;
+    _Alignas(64) __m512 acc[K16_NC][4];
     for (int r = 0; r < nr; r += (nr == 4 ? 4 : 1)) {
         const char *wr = (const char *)w + (nr == 4 ? 0 : r * ws);
-        float *yr = y + (nr == 4 ? 0 : r);
-        int c = 0;
-        if (k <= 4096)
-            for (; c + 3 <= nc; c += 3) k16_cols(has_min, nr, 3, 3, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
-        for (; c + 4 <= nc; c += 4) k16_cols(has_min, nr, 4, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
-        if (nc - c == 3) k16_cols(has_min, nr, 3, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
-        else if (nc - c == 2) k16_cols(has_min, nr, 2, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
-        else if (nc - c == 1) k16_cols(has_min, nr, 1, 2, k, wr, ws, xp + c * xs, xs, yr + c * ys, ys);
+        for (int c0 = 0; c0 < nc; c0 += K16_NC) {
+            const int n = nc - c0 < K16_NC ? nc - c0 : K16_NC;
+            const char *xc = (const char *)x + c0 * xs;
+            for (int64_t i0 = 0; i0 < nsb; i0 += K16_SB) {
+                const int64_t i1 = i0 + K16_SB < nsb ? i0 + K16_SB : nsb;
+                float *yc = y + c0 * ys + r;
+                int c = 0;
+                for (; c + 3 <= n; c += 3)
+                    k16_cols(has_min, nr, 3, 3, k, i0, i1, wr, ws, xc + c * xs, xs, acc + c, yc + c * ys, ys);
+                if (n - c == 2) k16_cols(has_min, nr, 2, 2, k, i0, i1, wr, ws, xc + c * xs, xs, acc + c, yc + c * ys, ys);
+                else if (n - c == 1)
+                    k16_cols(has_min, nr, 1, 2, k, i0, i1, wr, ws, xc + c * xs, xs, acc + c, yc + c * ys, ys);
+            }
+        }
     }
 }
 static void gemm_packed_k16(int64_t k, const void *w, size_t ws, const void *x, size_t xs, float *y, size_t ys,
