@@ -24,6 +24,7 @@
 
 #include "backend/cpu/cpu_gemv_pf.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_tr16_avx512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -31,36 +32,6 @@
 
 /* ---- 16 × 16 dword transposes: repack and unrepack ---- */
 
-INLINE void tr16(__m512i r[16]) {
-    __m512i t[16];
-    UNROLL
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    UNROLL
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* r[4i + c], 128-bit block b: rows 4i..4i+3 of column 4b + c; swap blocks */
-    UNROLL
-    for (int c = 0; c < 4; c++) {
-        __m512i t0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
-        __m512i t1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
-        __m512i t2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
-        __m512i t3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
-        t[c] = _mm512_shuffle_i32x4(t0, t2, 0x88);
-        t[4 + c] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
-        t[8 + c] = _mm512_shuffle_i32x4(t1, t3, 0x88);
-        t[12 + c] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
-    }
-    UNROLL
-    for (int i = 0; i < 16; i++)
-        r[i] = t[i];
-}
 
 /* Copies blocks b0..b1-1 of nr rows between the file layout (row r at w + r*ws) and one
  * group, to_group or back; 4-byte sections by 16 x 16 dword transposes, the f16/byte units by cpu_rp_small. Rows
@@ -99,7 +70,7 @@ INLINE void rp_copy16(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws,
                         v[i] = _mm512_maskz_loadu_epi32(i < m ? 0xffff : 0,
                                                         base + (size_t)(j0 + i) * 64);
                 }
-                tr16(v);
+                cpu_tr16(v);
                 UNROLL
                 for (int i = 0; i < 16; i++) {
                     if (to_group) {

@@ -115,6 +115,10 @@ typedef void (*cpu_gemv_fn)(int64_t k, const void *grp, const void *x, size_t xs
 typedef void (*cpu_rp_fn)(uint32_t type, int64_t k, const void *w, size_t ws, int nr, void *dst);
 typedef void (*cpu_unrp_fn)(uint32_t type, const void *grp, int nr, int64_t b0, int64_t b1,
                             void *dst, size_t ds);
+/* The packed prefill rows of blocks b0..b1-1 (b0 even) of a group's nr rows, straight from
+ * the group: the bytes that unrepack and then pack would write (row r at dst + r * the
+ * type's packed row bytes). */
+typedef void (*cpu_grp_pack_fn)(int64_t k, const void *grp, int nr, int64_t b0, int64_t b1, void *dst);
 
 struct cpu_kernel {
     enum cpu_act act;
@@ -130,6 +134,7 @@ struct cpu_kernel {
     int gemv_max_n; /* the most X rows the gemv kernel takes on repacked weights (0: 3) */
     cpu_rp_fn repack;
     cpu_unrp_fn unrepack;
+    cpu_grp_pack_fn pack_grp; /* NULL: a prefill on repacked weights unrepacks, then packs */
 };
 
 /* Each ISA file fills the entries it implements (index: enum qtype) and leaves the rest. */

@@ -173,6 +173,10 @@ static void pack_rows(const struct mm_job *j, char *buf, int64_t r0, int64_t r1)
             const char *nx = grp + (size_t)b1 * tile;
             for (size_t o = 0; b1 < nb && o < (size_t)step * tile; o += 64)
                 __builtin_prefetch(nx + o);
+            if (j->kern->pack_grp) { /* the kernel is the group layout's level's */
+                j->kern->pack_grp(j->k, grp, nr, b0, b1, buf + (r - r0) * j->packed_row);
+                continue;
+            }
             j->kern->unrepack(rw->type, grp, nr, b0, b1, tmp, j->wstride);
             j->pack(j->k, tmp, j->wstride, nr, b0, b1, buf + (r - r0) * j->packed_row);
         }
