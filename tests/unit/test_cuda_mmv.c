@@ -796,9 +796,8 @@ struct id_layer {
     int32_t *ids;
 };
 /* SMELT_BENCH_ROWS=n (1..8): bench_id's token rows a step; above one, a decode step of n rows
- * as cuda_ops_moe.c runs it with a chunk per (row, slot): gate/up, h's quantize, down and
- * the weighted sum as launches (no fused epilogue); SMELT_BENCH_FUSE_Q=1 writes h's int8 form
- * in the gate/up launch's epilogue instead of the quantize launch */
+ * as cuda_ops_moe.c runs it with a chunk per (row, slot): gate/up with h's int8 form in its
+ * epilogue, down, and the weighted sum as its own launch */
 static int g_id_rows = 1;
 
 static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, int kk, int64_t n_ff, int64_t d,
@@ -817,24 +816,17 @@ static double time_id_graph(int mode, struct id_layer *ly, int n_l, int n_exp, i
     const int nr = g_id_rows, np = nr * kk; /* rows, (row, slot) pairs */
     cuda_mmv_scratch_parts(hs, n_ff, np, &hq, &hd);
     cuda_mmv_scratch_parts(post, d, 1, &pq, &pd);
-    /* one row: both epilogues fused, as decode runs it; several: the separate launches, h's
-     * quantize in the gate/up launch with SMELT_BENCH_FUSE_Q=1 */
+    /* as decode runs it (cuda_ops_moe.c): h's int8 form in the gate/up launch at every row
+     * count, the weighted sum in the down launch at one row */
     const int one = nr == 1;
-    const int fuse_q = one || (getenv("SMELT_BENCH_FUSE_Q") && atoi(getenv("SMELT_BENCH_FUSE_Q")));
     int ok = 1;
     cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
     for (int i = 0; i < reps && ok; i++) {
         struct id_layer *l = &ly[i % n_l];
         if (mode != 2 && mode != 3) { /* gate/up */
             struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = kk, .n_exp = n_exp, .x_rows = nr,
-                                      .signal_late = one};
-            if (fuse_q) {
-                id.post_cnt = gcnt;
-                id.post_xq = hq;
-                id.post_xd = hd;
-            }
-            ok = cuda_mmv_glu_id(&sctx, &l->g, &l->u, act, &id, 1, NULL, h, xs, &e) == SMELT_OK &&
-                 (fuse_q || cuda_mmv_quantize(&sctx, h, n_ff, np, hs, &e) == SMELT_OK);
+                                      .signal_late = one, .post_cnt = gcnt, .post_xq = hq, .post_xd = hd};
+            ok = cuda_mmv_glu_id(&sctx, &l->g, &l->u, act, &id, 1, NULL, h, xs, &e) == SMELT_OK;
         }
         if (mode != 1 && ok) { /* down */
             struct cuda_mmv_ids id = {.eid = l->ids, .n_chunks = np, .x_div = 1, .n_exp = n_exp, .x_rows = np,
