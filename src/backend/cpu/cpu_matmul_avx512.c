@@ -733,19 +733,17 @@ INLINE void k16_pack_block(uint32_t t, const char *row, int64_t i, char *p) {
         _mm512_store_si512((void *)(p + 128 * z + 64),
                            _mm512_permutex2var_epi16(nat[0], perm1, nat[1]));
     }
-    float mf[16] = {0};
-    if (t == QT_Q4_K || t == QT_Q5_K) {
-        int16_t m8[8];
-        _mm_storeu_si128((__m128i *)m8, u.mins);
-        for (int g = 0; g < 16; g++)
-            mf[g] = u.dmin * (float)m8[g / 2];
-    } else if (t == QT_Q2_K) {
-        int16_t m16[16];
-        _mm256_storeu_si256((__m256i *)m16, u.mins16);
-        for (int g = 0; g < 16; g++)
-            mf[g] = u.dmin * (float)m16[g];
-    }
-    memcpy(p + 512, mf, 64);
+    /* mf[g] = dmin · m[g] (g / 2 for the 8 mins of sub-blocks of 32): the same single
+     * products as a scalar loop, which took about half of the pack's time (2026-12-06) */
+    __m256i m16 = _mm256_setzero_si256();
+    if (t == QT_Q4_K || t == QT_Q5_K)
+        m16 = _mm256_permutexvar_epi16(
+            _mm256_setr_epi16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+            _mm256_castsi128_si256(u.mins));
+    else if (t == QT_Q2_K)
+        m16 = u.mins16;
+    _mm512_store_ps((void *)(p + 512),
+                    _mm512_mul_ps(_mm512_set1_ps(u.dmin), _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(m16))));
     memcpy(p + 576, &u.d, 4);
 }
 
