@@ -441,6 +441,8 @@ static __global__ void __launch_bounds__(TH)
         return h < Gb ? h : -1;
     };
 
+    if (a.q_norm) l2_prefetch(a.q_norm, D * sizeof(float)); /* weights, read after the heads' sums */
+    if (a.k_norm) l2_prefetch(a.k_norm, D * sizeof(float));
     for (int slot = blockIdx.x / per_slot; slot < count; slot += n_slots) {
         const int64_t t = rows ? rows[1 + slot] : slot;
         const int pos = a.pos[t];

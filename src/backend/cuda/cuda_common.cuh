@@ -72,6 +72,16 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+/* Asks L2 for the 128-byte lines of [p, p + bytes), one line a thread of the block's x
+ * dimension: weights that a kernel reads only after its PDL wait and a dependent step (a
+ * norm's weights after the sum of squares, an epilogue's after the counts), fetched while
+ * the previous kernel or the block's own work runs. A hint: nothing waits on it. */
+static __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) {
+    const char *c = (const char *)p;
+    for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
 /* cuda_ctx.pdl_fence is set by the context's owner after a host<->device copy on the
  * stream: griddepcontrol.wait covers only the previous *kernel*, so the first kernel after a
  * copy (the step's inputs) is launched without the attribute, fully ordered after the copy.

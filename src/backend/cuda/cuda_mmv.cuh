@@ -436,6 +436,7 @@ struct mmv_acc {
                   grp = blockIdx.x * per_block / 32;
         const int32_t *id = m.cmb.ids + (int64_t)r * k;
         __shared__ int last;
+        if (m.cmb.post_w && threadIdx.y == 0) l2_prefetch(m.cmb.post_w + grp * 32, 128); /* the last block's */
         if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0) {
@@ -463,6 +464,7 @@ struct mmv_acc {
         const int64_t c = m.eid ? blockIdx.y : 0;
         unsigned *cnt = m.epi.post_cnt + c * (rows / 32);
         __shared__ int last;
+        if (m.epi.post_w && threadIdx.y == 0) l2_prefetch(m.epi.post_w + grp * 32, 128); /* the last block's */
         if (threadIdx.x == 0) __threadfence(); /* lane 0 stored y: visible before the count */
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0)
@@ -498,6 +500,7 @@ struct mmv_acc {
 #define MMV_SUM_WARPS 32
 template <class I>
 static __device__ __forceinline__ void mmv_sum_body(const mmv_mats &m, const int8_t *xq, const float2 *xds, int k) {
+    if (m.cmb.post_w && threadIdx.y == 0) l2_prefetch(m.cmb.post_w + blockIdx.x * 32, 128); /* read at the end */
     mmv_id_enter(m);
     bool waited = !m.id_early;
     constexpr int per = 32 / I::ROWS; /* items a slot */

@@ -233,6 +233,7 @@ static __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     const float *wr = ex < n_exp ? router + (int64_t)ex * n_embd : sh_w;
     float4 pf[ROUTE_PF];
     if (ex < e1) route_prefetch<ROUTE_PF>(wr, n_embd, lane, pf);
+    if (has_pre && pre_w) l2_prefetch(pre_w, (size_t)n_embd * sizeof(float)); /* read after the sum of squares */
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -364,6 +365,7 @@ static __global__ void __launch_bounds__(MOE_ROWS_THREADS)
                    const float *wts, const float *down_b, int n_embd, int k, int n_exp, int acc,
                    const float *post_w, int8_t *post_xq, float2 *post_xd, float *post_ss, int sh,
                    const float *sh_logit) {
+    if (post_w) l2_prefetch(post_w, (size_t)n_embd * sizeof(float));
     pdl_wait();
     pdl_trigger();
     __shared__ int order[32];

@@ -32,6 +32,7 @@ static __device__ __forceinline__ float rms_inv(const float *xr, int64_t n, floa
 static __global__ void rms_norm_kernel(float *dst, const float *x,
                                        const float *__restrict__ w, int64_t n, int64_t xs, int64_t ds,
                                        float eps) {
+    if (w) l2_prefetch(w, (size_t)n * sizeof(float)); /* read after the sum of squares */
     pdl_wait();
     pdl_trigger();
     const float *xr = x + blockIdx.x * xs;
