@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Copies src/ to OUT/src with the CUDA sources rewritten for the CPU emulator (emu.h):
 <<<...>>> launches become EMU_CHEVRON(...) calls, and the few inline-PTX helpers (cp.async,
-ldmatrix, mma.sync, f16x2 arithmetic, lop3, %globaltimer) and the extern __shared__ arrays
+ldmatrix, mma.sync, f16x2 arithmetic, lop3, %globaltimer, the L2 prefetch hint) and the extern __shared__ arrays
 become their emulations. Every rewrite must match: when a kernel source changes shape, this
 script stops and names the pattern, rather than leave PTX the host compiler cannot build.
 
@@ -47,6 +47,9 @@ def main():
                         "emu_ldsm(r, p, true);\n", "attn ldmatrix trans")
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", "attn extern shared")
+        if p.name == "cuda_common.cuh":  # a cache hint: nothing to emulate
+            t = rewrite(t, r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(c \+ o\)\);', "(void)(c + o);",
+                        "L2 prefetch")
         if p.name == "cuda_mma.cuh":
             t = rewrite(t, r"(void cp_async16\(void \*smem, const void \*gmem\) \{).*?\n\}",
                         r"\1 memcpy(smem, gmem, 16); }", "mmq cp.async 16")
