@@ -635,6 +635,41 @@ void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
     b->ops->gated_delta_net(b, dst, qkv, a, bl, ssm_a, dt_bias, ss, seqs, p);
 }
 
+void bk_deltanet(struct backend *b, struct tensor *z, const struct tensor *qkv, const struct tensor *a,
+                 const struct tensor *bl, const struct deltanet_w *w, struct tensor *cs,
+                 struct tensor *ss, const struct tensor *seqs, const struct gdn_params *p,
+                 bool one_row) {
+    if (b->status != SMELT_OK) return;
+    const int64_t n = qkv->ne[1], vdim = (int64_t)p->n_v_head * p->head_v;
+    BK_ASSERT(is_f32_rows(z) && tensor_is_contiguous(z) && z->ne[0] == vdim && z->ne[1] == n &&
+              z->ne[2] == 1);
+    BK_ASSERT(w->norm && w->norm->type == QT_F32 && w->norm->ne[0] == p->head_v);
+    if (one_row && b->ops->deltanet) {
+        /* the composed ops' checks hold for the fused one too */
+        BK_ASSERT(w->conv->type == QT_F32 && w->conv->ne[1] == qkv->ne[0] && w->conv->ne[0] >= 2 &&
+                  tensor_is_contiguous(w->conv));
+        BK_ASSERT(cs->type == QT_F32 && tensor_is_contiguous(cs) &&
+                  cs->ne[0] == (w->conv->ne[0] - 1) * qkv->ne[0]);
+        BK_ASSERT(is_f32_rows(qkv) && tensor_is_contiguous(qkv) &&
+                  qkv->ne[0] == 2 * (int64_t)p->n_k_head * p->head_k + vdim);
+        BK_ASSERT(is_f32_rows(a) && is_f32_rows(bl) && a->ne[0] == p->n_v_head &&
+                  bl->ne[0] == p->n_v_head && a->ne[1] == n && bl->ne[1] == n);
+        BK_ASSERT(ss->type == QT_F32 && tensor_is_contiguous(ss) &&
+                  ss->ne[0] == vdim * p->head_k);
+        BK_ASSERT(p->n_k_head > 0 && p->head_k > 0 && p->n_v_head > 0 && p->head_v > 0 &&
+                  p->n_v_head % p->n_k_head == 0);
+        BK_ASSERT(w->ssm_a->type == QT_F32 && w->ssm_a->ne[0] == p->n_v_head &&
+                  w->dt_bias->type == QT_F32 && w->dt_bias->ne[0] == p->n_v_head);
+        check_state_seqs(seqs);
+        if (b->ops->deltanet(b, z, qkv, a, bl, w, cs, ss, seqs, p)) return;
+    }
+    struct tensor *xc = bk_new(b, QT_F32, qkv->ne[0], n, 1);
+    bk_ssm_conv(b, xc, qkv, w->conv, cs, seqs, true);
+    struct tensor *o = bk_new(b, QT_F32, p->head_v, p->n_v_head, n);
+    bk_gated_delta_net(b, o, xc, a, bl, w->ssm_a, w->dt_bias, ss, seqs, p);
+    bk_norm_gate(b, z, bk_reshape(b, o, vdim, n, 1), w->norm, z, w->norm_eps, GLU_SILU);
+}
+
 /* x, or a fresh tensor holding rms_norm(x) * pre->w. */
 static const struct tensor *apply_prenorm(struct backend *b, const struct tensor *x,
                                           const struct prenorm *pre) {

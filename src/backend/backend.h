@@ -225,6 +225,15 @@ struct gdn_params {
     bool grouped; /* value heads grouped by key head (qwen3next) rather than tiled */
 };
 
+/* A Gated DeltaNet mixer's weights after its input projections (bk_deltanet). */
+struct deltanet_w {
+    const struct tensor *conv;    /* F32 (d_conv, channels): the short conv's taps */
+    const struct tensor *ssm_a;   /* F32 (n_v_head): -exp(A_log) */
+    const struct tensor *dt_bias; /* F32 (n_v_head) */
+    const struct tensor *norm;    /* F32 (head_v): the output's RMSNorm weight */
+    float norm_eps;
+};
+
 /* An RMSNorm applied to an op's input before it is used (dst = W rms_norm(x) * w): lets a
  * backend fuse the norm with quantizing the activations for the matmul. */
 struct prenorm {
@@ -318,6 +327,12 @@ struct backend_ops {
     void (*norm_gate)(struct backend *b, struct tensor *dst, const struct tensor *x,
                       const struct tensor *w, const struct tensor *gate, float eps,
                       enum glu_act act);
+    /* bk_deltanet at a decode step (one row a sequence); false: not for these sizes (the
+     * composed ops run). */
+    bool (*deltanet)(struct backend *b, struct tensor *z, const struct tensor *qkv,
+                     const struct tensor *a, const struct tensor *bl, const struct deltanet_w *w,
+                     struct tensor *cs, struct tensor *ss, const struct tensor *seqs,
+                     const struct gdn_params *p);
 
     /* Mixture of experts: optional as a pair (NULL: the backend cannot run MoE models, and
      * the loader refuses them). See bk_moe_route, bk_moe_ffn. */
@@ -526,6 +541,18 @@ void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
                         const struct tensor *a, const struct tensor *bl, const struct tensor *ssm_a,
                         const struct tensor *dt_bias, struct tensor *ss, const struct tensor *seqs,
                         const struct gdn_params *p);
+/* A Gated DeltaNet mixer after its projections, as one op: xc = silu(conv(qkv)) with the
+ * conv state cs (bk_ssm_conv), o = the delta rule on xc, a and bl with the state ss
+ * (bk_gated_delta_net), then z = silu(z) * rms_norm(o per value head) * w->norm in place
+ * (bk_norm_gate, eps w->norm_eps). qkv is not changed; z F32 (n_v_head * head_v, n_tokens)
+ * is the gate in and the output out. one_row: no sequence has more than one row in the step
+ * (a decode step, attn_meta.one_per_seq), where a backend may fuse the three (the CUDA
+ * backend: two launches, the same bits); otherwise, or without the fused op, the three ops
+ * run. */
+void bk_deltanet(struct backend *b, struct tensor *z, const struct tensor *qkv, const struct tensor *a,
+                 const struct tensor *bl, const struct deltanet_w *w, struct tensor *cs,
+                 struct tensor *ss, const struct tensor *seqs, const struct gdn_params *p,
+                 bool one_row);
 
 /* Fused: dst[i] = W[i] x' (+ bias[i]) for i < n, one shared input x' = x, or
  * rms_norm(x) * pre->w when pre is not NULL (norm + quantize + QKV in one pass). bias may

@@ -341,12 +341,10 @@ static struct tensor *deltanet(struct model *m, struct step *s, int il, const st
         gather_heads(bk, bl, 0, ba, 0, r, nk, 2 * r);
         gather_heads(bk, a, 0, ba, r, r, nk, 2 * r);
     }
-    struct tensor *xc = bk_new(bk, QT_F32, Q->conv_ch, n, 1);
-    bk_ssm_conv(bk, xc, qkv, y->conv, &s->kv->conv[il], s->state_seqs, true);
-    struct tensor *o = bk_new(bk, QT_F32, p->head_v, nv, n);
-    bk_gated_delta_net(bk, o, xc, a, bl, y->ssm_a, y->dt_bias, &s->kv->ssm[il], s->state_seqs, p);
-    /* rms_norm(o) * ssm_norm per value head, times silu(z): one op */
-    bk_norm_gate(bk, z, bk_reshape(bk, o, vdim, n, 1), y->ssm_norm, z, m->hp.norm_eps, GLU_SILU);
+    /* conv, delta rule, then rms_norm(o) * ssm_norm per value head times silu(z): one op */
+    const struct deltanet_w dw = {y->conv, y->ssm_a, y->dt_bias, y->ssm_norm, m->hp.norm_eps};
+    bk_deltanet(bk, z, qkv, a, bl, &dw, &s->kv->conv[il], &s->kv->ssm[il], s->state_seqs, p,
+                s->meta.one_per_seq);
     return z;
 }
 

@@ -3,7 +3,8 @@
  * strided views and state slots, and bk_glu's sigmoid and one-gate-per-row forms
  * (cuda_elem.cu; cpu_ops_elem.c, cpu_ops_ssm.c), the decode GLU's int8 output form (att_q,
  * against cuda_mmv_quantize's bytes), and bk_norm_gate (cuda_norm.cu) against its CPU twin
- * and the two ops it fuses.
+ * and the two ops it fuses; bk_deltanet's fused decode form (conv, delta rule and gated norm
+ * in two launches) bit for bit against the three ops and near the CPU.
  *
  * Each recurrent case runs three steps on both backends from the same random state slots:
  * sequences with 0, 1 (decode), a few, 70 and 130 rows (the CPU's chunked form, one and
@@ -462,6 +463,155 @@ static void test_norm_gate(void) {
            worst_cpu, worst_gpu, differ, total);
 }
 
+/* ---- bk_deltanet: the fused decode form against the three ops ---- */
+
+#define DSTEPS 4
+/* Decode steps (at most one row a sequence): fresh starts, snapshots before (0) and after
+ * (1) the row, a sequence with no row, slots 8 and 9 never touched. */
+static const struct sq dplan[DSTEPS][MAX_SEQS] = {
+    {{1, 3, 1, -1, -1}, {1, 0, 1, 5, 1}, {1, 6, 0, 1, 0}, {0, 2, 0, -1, -1}, {1, 4, 1, -1, -1}, {1, 7, 0, -1, -1}},
+    {{1, 3, 0, 5, 1}, {1, 0, 0, 1, 0}, {1, 6, 0, -1, -1}, {1, 2, 1, -1, -1}, {0, 4, 0, -1, -1}, {1, 7, 0, -1, -1}},
+    {{1, 3, 0, -1, -1}, {1, 0, 0, -1, -1}, {1, 6, 0, 1, 0}, {1, 2, 0, -1, -1}, {1, 4, 0, 5, 1}, {1, 7, 0, -1, -1}},
+    {{1, 3, 0, -1, -1}, {1, 0, 0, -1, -1}, {1, 6, 0, -1, -1}, {1, 2, 0, -1, -1}, {1, 4, 0, -1, -1}, {1, 7, 0, -1, -1}},
+};
+
+static int dwords(int step, int32_t *w) {
+    int r0 = 0;
+    for (int s = 0; s < MAX_SEQS; s++) {
+        const struct sq *q = &dplan[step][s];
+        int32_t *x = w + s * STATE_SEQ_WORDS;
+        x[STATE_ROW0] = r0, x[STATE_NROWS] = q->n, x[STATE_SLOT] = q->slot, x[STATE_FRESH] = q->fresh;
+        x[STATE_SNAP_SLOT] = q->snap_slot, x[STATE_SNAP_AT] = q->snap_at;
+        r0 += q->n;
+    }
+    return r0;
+}
+
+struct dn_data {
+    float *qkv[DSTEPS], *av[DSTEPS], *bv[DSTEPS], *z[DSTEPS], *cw, *ssm_a, *dt, *nw, *cs0, *ss0;
+};
+
+/* The decode steps on backend b through bk_deltanet (one_row as given); zs[step] the
+ * outputs, cs_out / ss_out the final slots. On the GPU with one_row, att_q is checked
+ * after each step's op (want: the fused form takes the sizes). */
+static smelt_status dn_run(struct backend *b, const struct gdn_params *p, int d, const struct dn_data *x, bool one_row,
+                           bool check_q, float **zs, float *cs_out, float *ss_out, struct err *e) {
+    const int64_t ch = 2 * (int64_t)p->n_k_head * p->head_k + (int64_t)p->n_v_head * p->head_v,
+                  vdim = (int64_t)p->n_v_head * p->head_v;
+    struct tensor cs, ss;
+    tensor_init(&cs, QT_F32, (d - 1) * ch, SLOTS, 1, 1);
+    tensor_init(&ss, QT_F32, vdim * p->head_k, SLOTS, 1, 1);
+    smelt_status st = bk_buffer_alloc(b, &cs, e);
+    if (st == SMELT_OK) st = bk_buffer_alloc(b, &ss, e);
+    if (st != SMELT_OK) return st;
+    bk_step_begin(b);
+    bk_upload(b, &cs, x->cs0, tensor_nbytes(&cs));
+    bk_upload(b, &ss, x->ss0, tensor_nbytes(&ss));
+    st = bk_sync(b, e);
+    for (int s = 0; st == SMELT_OK && s < DSTEPS; s++) {
+        int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
+        int n = dwords(s, wd);
+        bk_step_begin(b);
+        struct tensor *tq = put(b, QT_F32, ch, n, 1, x->qkv[s]), *tz = put(b, QT_F32, vdim, n, 1, x->z[s]);
+        struct tensor *ta = put(b, QT_F32, p->n_v_head, n, 1, x->av[s]), *tb = put(b, QT_F32, p->n_v_head, n, 1, x->bv[s]);
+        const struct deltanet_w w = {put(b, QT_F32, d, ch, 1, x->cw), put(b, QT_F32, p->n_v_head, 1, 1, x->ssm_a),
+                                     put(b, QT_F32, p->n_v_head, 1, 1, x->dt), put(b, QT_F32, p->head_v, 1, 1, x->nw),
+                                     1e-6f};
+        struct tensor *seqs = put(b, QT_I32, STATE_SEQ_WORDS, MAX_SEQS, 1, wd);
+        bk_deltanet(b, tz, tq, ta, tb, &w, &cs, &ss, seqs, p, one_row);
+        if (check_q) check_att_q(tz, vdim, n, p->head_v % 32 == 0, "deltanet");
+        bk_download(b, zs[s], tz, tensor_nbytes(tz));
+        st = bk_sync(b, e);
+    }
+    if (st == SMELT_OK) {
+        bk_step_begin(b);
+        bk_download(b, cs_out, &cs, tensor_nbytes(&cs));
+        bk_download(b, ss_out, &ss, tensor_nbytes(&ss));
+        st = bk_sync(b, e);
+    }
+    bk_buffer_free(b, &cs);
+    bk_buffer_free(b, &ss);
+    return st;
+}
+
+/* bk_deltanet at decode: the GPU's fused form (two launches) bit for bit against the GPU's
+ * three ops (outputs, every conv and state slot, snapshots included, idle slots untouched)
+ * and within 2e-4 of the CPU; a head_v the fused form does not take (not a multiple of 32)
+ * runs the three ops. */
+static void dn_case(int nk, int hk, int nv, int hv, bool grouped, int d) {
+    const struct gdn_params p = {nk, hk, nv, hv, 1e-6f, grouped};
+    const size_t ch = 2 * (size_t)nk * hk + (size_t)nv * hv, vdim = (size_t)nv * hv;
+    const size_t cs_n = (size_t)(d - 1) * ch * SLOTS, ss_n = vdim * hk * SLOTS;
+    struct dn_data x;
+    size_t rows[DSTEPS];
+    float *zo[3][DSTEPS];
+    for (int s = 0; s < DSTEPS; s++) {
+        int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
+        rows[s] = (size_t)dwords(s, wd);
+        x.qkv[s] = rand_buf(rows[s] * ch, 1.0f);
+        x.av[s] = rand_buf(rows[s] * nv, 3.0f);
+        x.bv[s] = rand_buf(rows[s] * nv, 3.0f);
+        x.z[s] = rand_buf(rows[s] * vdim, 3.0f);
+        for (int k = 0; k < 3; k++) zo[k][s] = calloc(rows[s] * vdim, sizeof(float));
+    }
+    x.cw = rand_buf((size_t)d * ch, 0.5f);
+    x.ssm_a = rand_buf((size_t)nv, 1.0f);
+    for (int h = 0; h < nv; h++) x.ssm_a[h] = -expf(x.ssm_a[h]);
+    x.dt = rand_buf((size_t)nv, 1.0f);
+    x.nw = rand_buf((size_t)hv, 1.5f);
+    x.cs0 = rand_buf(cs_n, 1.0f);
+    x.ss0 = rand_buf(ss_n, 0.3f);
+    float *cso[3], *sso[3];
+    struct err e;
+    struct backend *bs[3] = {gpu, gpu, cpu};
+    const bool one[3] = {true, false, true};
+    smelt_status st[3];
+    for (int k = 0; k < 3; k++) {
+        cso[k] = calloc(cs_n, sizeof(float));
+        sso[k] = calloc(ss_n, sizeof(float));
+        st[k] = dn_run(bs[k], &p, d, &x, one[k], k == 0, zo[k], cso[k], sso[k], &e);
+        T_CHECKF(st[k] == SMELT_OK, "deltanet run %d: %s", k, e.msg);
+    }
+    double worst = 0;
+    if (st[0] == SMELT_OK && st[1] == SMELT_OK && st[2] == SMELT_OK) {
+        for (int s = 0; s < DSTEPS; s++) {
+            const size_t ne = rows[s] * vdim;
+            T_CHECKF(!memcmp(zo[0][s], zo[1][s], ne * sizeof(float)),
+                     "deltanet nk %d hk %d nv %d hv %d d %d step %d: fused output differs from the three ops", nk, hk,
+                     nv, hv, d, s);
+            const double r = t_rel_err(zo[0][s], zo[2][s], ne);
+            worst = fmax(worst, r);
+            T_CHECKF(r < 2e-4, "deltanet nk %d hk %d nv %d hv %d step %d: rel err %.3g vs the CPU", nk, hk, nv, hv, s, r);
+        }
+        T_CHECKF(!memcmp(cso[0], cso[1], cs_n * sizeof(float)), "deltanet hv %d d %d: conv slots differ", hv, d);
+        T_CHECKF(!memcmp(sso[0], sso[1], ss_n * sizeof(float)), "deltanet hv %d d %d: state slots differ", hv, d);
+        T_CHECKF(!memcmp(cso[0] + 8 * cs_n / SLOTS, x.cs0 + 8 * cs_n / SLOTS, 2 * cs_n / SLOTS * sizeof(float)) &&
+                     !memcmp(sso[0] + 8 * ss_n / SLOTS, x.ss0 + 8 * ss_n / SLOTS, 2 * ss_n / SLOTS * sizeof(float)),
+                 "deltanet: an idle slot changed");
+        const double rc = t_rel_err(cso[0], cso[2], cs_n), rs_ = t_rel_err(sso[0], sso[2], ss_n);
+        T_CHECKF(rc < 1e-6 && rs_ < 2e-4, "deltanet hv %d: slots rel err %.3g (conv) %.3g (state) vs the CPU", hv, rc,
+                 rs_);
+        worst = fmax(worst, rs_);
+    }
+    printf("deltanet nk %d hk %-3d nv %d hv %-3d d %d %-7s: fused = three ops bit for bit; max rel err vs the CPU %.2e\n",
+           nk, hk, nv, hv, d, grouped ? "grouped" : "tiled", worst);
+    for (int s = 0; s < DSTEPS; s++) {
+        free(x.qkv[s]), free(x.av[s]), free(x.bv[s]), free(x.z[s]);
+        for (int k = 0; k < 3; k++) free(zo[k][s]);
+    }
+    for (int k = 0; k < 3; k++) free(cso[k]), free(sso[k]);
+    free(x.cw), free(x.ssm_a), free(x.dt), free(x.nw), free(x.cs0), free(x.ss0);
+}
+
+static void test_deltanet(void) {
+    dn_case(2, 16, 4, 32, false, 4);
+    dn_case(2, 16, 4, 64, true, 4);
+    dn_case(2, 36, 6, 32, true, 3);
+    dn_case(4, 128, 8, 128, false, 4); /* the real models' head sizes */
+    dn_case(1, 256, 2, 128, false, 4);
+    dn_case(2, 16, 4, 24, false, 4); /* head_v 24: the three ops */
+}
+
 int main(void) {
     if (cuda_device_count() == 0) {
         printf("SKIP test_cuda_ssm: no CUDA device on this machine\n");
@@ -486,6 +636,7 @@ int main(void) {
     T_RUN(test_copy);
     T_RUN(test_glu_att_q);
     T_RUN(test_norm_gate);
+    T_RUN(test_deltanet);
     bk_free(cpu);
     bk_free(gpu);
     bk_free(gpu_chunk);

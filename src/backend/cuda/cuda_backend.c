@@ -131,6 +131,7 @@ static const struct backend_ops cuda_ops = {
     .ssm_conv = cu_ssm_conv,
     .gated_delta_net = cu_gated_delta_net,
     .copy = cu_copy,
+    .deltanet = cu_deltanet,
     .matmul_group = cu_matmul_group,
     .matmul_acc = cu_matmul_acc,
     .ffn_glu = cu_ffn_glu,

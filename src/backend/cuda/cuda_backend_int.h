@@ -310,6 +310,14 @@ void cu_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
                         const struct tensor *bl, const struct tensor *ssm_a, const struct tensor *dt_bias,
                         struct tensor *ss, const struct tensor *seqs, const struct gdn_params *p);
 void cu_copy(struct backend *b, struct tensor *dst, const struct tensor *src);
+bool cu_deltanet(struct backend *b, struct tensor *z, const struct tensor *qkv, const struct tensor *a,
+                 const struct tensor *bl, const struct deltanet_w *w, struct tensor *cs, struct tensor *ss,
+                 const struct tensor *seqs, const struct gdn_params *p);
+/* True when an op's output of rows x width (contiguous) gets its int8 form into att_q in
+ * the same launch, for the product right after it: decode rows, whole 32-groups. */
+bool cu_att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows);
+/* The op that just launched wrote dst's int8 form into att_q: the next op's product may use it. */
+void cu_att_q_set(struct cuda_backend *cb, const void *dst, int64_t width, int64_t rows);
 /* cuda_ops_moe.c */
 void cu_moe_route(struct backend *b, struct tensor *ids, struct tensor *weights, const struct tensor *x,
                   const struct tensor *router, const struct tensor *bias, enum moe_gating gating,

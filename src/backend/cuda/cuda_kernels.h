@@ -254,6 +254,29 @@ uint64_t cuda_gdn_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int 
  * (value head, tile of state rows, sequence)). */
 void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn_args *a);
 
+/* bk_deltanet at decode (every sequence one row), two launches: the conv and the norms and
+ * gates of q and k (the conv state shifted in place), then the recurrence per (value head,
+ * tile of state rows, sequence) with the gated RMSNorm of each head's outputs by its last
+ * tile block (and z's int8 form when xq is set). The same bits as cuda_ssm_conv,
+ * cuda_gated_delta_net (not chunked) and cuda_norm_gate. */
+struct cuda_deltanet_args {
+    struct cuda_gdn_args g; /* g.qkv: the projections before the conv; g.dst: the delta rule's
+                             * output o; g.chunked 0; g.scratch: cuda_deltanet_scratch_bytes */
+    const float *conv_w;    /* (d_conv, channels) */
+    float *cs;              /* ((d_conv - 1) * channels, n_slots) */
+    int d_conv;
+    float *z;               /* (n_v_head * head_v, n_tokens): the gate in, the output out */
+    const float *norm_w;    /* (head_v) */
+    float norm_eps;
+    int8_t *xq;             /* z's int8 form (cuda_mmv_quantize's layout), or NULL */
+    void *xd;
+    unsigned *cnt;          /* n_seqs * n_v_head counters, zero between launches */
+};
+/* Whether cuda_deltanet_decode takes these sizes. */
+int cuda_deltanet_decode_ok(int head_k, int head_v, int d_conv);
+uint64_t cuda_deltanet_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head, int head_v);
+void cuda_deltanet_decode(struct cuda_ctx *ctx, const struct cuda_deltanet_args *a);
+
 /* ---- cuda_sample.cu ---- */
 
 /* The logits_topk op (backend.h, backend/topk.h): row summaries for sampling. */

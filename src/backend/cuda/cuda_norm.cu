@@ -3,30 +3,13 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_glu.cuh"
 #include "backend/cuda/cuda_mmv.cuh" /* quant16: the int8 form of a decode norm_gate's output */
+#include "backend/cuda/cuda_norm.cuh"
 
 extern "C" {
 #include "backend/cuda/cuda_kernels.h"
 }
 
 /* ---------------------------------------------------------------- kernels ---- */
-
-/* 1 / sqrt(mean(xr[0, n)^2) + eps) by the whole block: f32 partial sums a thread, a warp
- * tree, then one over the warps (the same bits for rms_norm_kernel and norm_gate_kernel). */
-static __device__ __forceinline__ float rms_inv(const float *xr, int64_t n, float eps) {
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    __shared__ float part[32];
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    return rsqrtf(part[0] / (float)n + eps);
-}
 
 /* One block per row (rms_inv). */
 static __global__ void rms_norm_kernel(float *dst, const float *x,
@@ -37,7 +20,7 @@ static __global__ void rms_norm_kernel(float *dst, const float *x,
     pdl_trigger();
     const float *xr = x + blockIdx.x * xs;
     float *dr = dst + blockIdx.x * ds;
-    const float inv = rms_inv(xr, n, eps);
+    const float inv = rms_inv(xr, n, eps, blockDim.x);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
 }
 
@@ -51,14 +34,7 @@ static __global__ void norm_gate_kernel(float *dst, const float *x, const float 
                                         float2 *__restrict__ xd) {
     pdl_wait();
     pdl_trigger();
-    const int64_t o0 = (int64_t)blockIdx.x * n;
-    const float *xr = x + o0;
-    const float inv = rms_inv(xr, n, eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = glu_val(act, gate[o0 + i], xr[i] * inv * w[i]);
-        dst[o0 + i] = v;
-        if (xq) quant16(v, xq, xd, o0 + i, true);
-    }
+    norm_gate_group(dst, x, w, gate, act, (int64_t)blockIdx.x * n, n, eps, xq, xd, blockDim.x);
 }
 
 static __device__ float block_reduce(float v, bool is_max, float *sh) {
@@ -124,8 +100,6 @@ static __global__ void layer_norm_kernel(float *dst, const float *x, const float
 
 /* --------------------------------------------------------------- launchers ---- */
 
-/* rms_inv's block for rows of n: one size for both of its kernels, so their sums agree. */
-static int rms_threads(int64_t n) { return n >= 1024 ? 512 : n >= 256 ? 256 : 64; }
 
 extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n, int64_t rows,
                               int64_t x_stride, int64_t dst_stride, float eps) {

@@ -145,15 +145,13 @@ static const void *att_q_for(struct cuda_backend *cb, const struct tensor *x, co
                : NULL;
 }
 
-/* True when an op's output of rows x width (contiguous) gets its int8 form into att_q in
- * the same launch, for the product right after it: decode rows, whole 32-groups. */
-static bool att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
+/* cuda_backend_int.h */
+bool cu_att_q_fits(const struct cuda_backend *cb, const struct tensor *dst, int64_t width, int64_t rows) {
     return cb->att_q.buf && rows <= CUDA_MMV_MAX_N && width % 32 == 0 && width <= ATT_Q_MAX_K &&
            tensor_is_contiguous(dst);
 }
 
-/* The op that just launched wrote dst's int8 form into att_q: the next op's product may use it. */
-static void att_q_set(struct cuda_backend *cb, const void *dst, int64_t width, int64_t rows) {
+void cu_att_q_set(struct cuda_backend *cb, const void *dst, int64_t width, int64_t rows) {
     if (cu_ok(cb)) cb->att_q = (typeof(cb->att_q)){cb->att_q.buf, dst, rows, width, cb->op_seq};
 }
 
@@ -236,13 +234,13 @@ void cu_glu(struct backend *b, struct tensor *dst, const struct tensor *gate, co
     /* decode (qwen35's output gate before W_o, a shared expert's gate before its W_down):
      * the output's int8 form too, for the product */
     const int64_t width = dst->ne[0], rows = tensor_nrows(dst);
-    if (att_q_fits(cb, dst, width, rows)) {
+    if (cu_att_q_fits(cb, dst, width, rows)) {
         int8_t *xq;
         void *xd;
         cuda_mmv_scratch_parts(cb->att_q.buf, width, (int)rows, &xq, &xd);
         cuda_glu_q(&cb->ctx, dst->data, gate->data, up->data, (int)act, width * rows, row_gate ? width : 0, xq, xd);
         cu_check_launch(cb, "glu+quant");
-        att_q_set(cb, dst->data, width, rows);
+        cu_att_q_set(cb, dst->data, width, rows);
         return;
     }
     if (row_gate)
@@ -259,14 +257,14 @@ void cu_norm_gate(struct backend *b, struct tensor *dst, const struct tensor *x,
     struct cuda_backend *cb = cu_enter(b);
     if (!cu_ok(cb)) return;
     const int64_t gn = w->ne[0], width = dst->ne[0], rows = tensor_nrows(dst);
-    const bool q = gn % 32 == 0 && att_q_fits(cb, dst, width, rows);
+    const bool q = gn % 32 == 0 && cu_att_q_fits(cb, dst, width, rows);
     int8_t *xq = NULL;
     void *xd = NULL;
     if (q) cuda_mmv_scratch_parts(cb->att_q.buf, width, (int)rows, &xq, &xd);
     cuda_norm_gate(&cb->ctx, dst->data, x->data, w->data, gate->data, (int)act, gn, tensor_nelem(x) / gn, eps, xq,
                    xd);
     cu_check_launch(cb, q ? "norm_gate+quant" : "norm_gate");
-    if (q) att_q_set(cb, dst->data, width, rows);
+    if (q) cu_att_q_set(cb, dst->data, width, rows);
 }
 
 void cu_softcap(struct backend *b, struct tensor *x, float cap) {
@@ -337,7 +335,7 @@ static void attention_run(struct cuda_backend *cb, struct cuda_attn_args a) {
     }
     cuda_attention(&cb->ctx, &a);
     cu_check_launch(cb, a.rope.freq ? "rope+attention" : "attention");
-    if (want_q) att_q_set(cb, a.dst, width, a.n_tokens);
+    if (want_q) cu_att_q_set(cb, a.dst, width, a.n_tokens);
     cu_scratch_release(b, mark);
 }
 
@@ -556,7 +554,7 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
             bk_fail(b, e.code, "%s", e.msg);
         cu_prof_mark(cb, qg->bytes + qu->bytes, "mmv glu%s %s 2x%lldx%lld n=%d", qout ? "+quant" : "",
                   qtype_name(qg->type), (long long)qg->rows, (long long)qg->k, (int)n);
-        if (qout) att_q_set(cb, dst->data, qg->rows, n);
+        if (qout) cu_att_q_set(cb, dst->data, qg->rows, n);
         cu_scratch_release(b, mark);
         return;
     }

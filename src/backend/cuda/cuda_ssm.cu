@@ -30,7 +30,10 @@
  *   prompts) would replace gdn_scan for rows > 1; docs/cuda-backend.md ("Recurrent
  *   layers") has the cost. Results differ from the CPU's chunked form only by rounding. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_glu.cuh"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_mmv.cuh" /* quant16 */
+#include "backend/cuda/cuda_norm.cuh"
 
 extern "C" {
 #include "backend/backend.h"
@@ -126,6 +129,81 @@ static __global__ void gdn_prep_kernel(float *qn, float *kn, float2 *gb, const f
     }
 }
 
+/* The decode form of conv + gdn_prep (cuda_deltanet_decode: every sequence has one row),
+ * one launch: grid (warp groups, sequences), a warp per unit of the sequence's row. Units
+ * [0, 2 n_k_head): a q or k head, its hk channels convolved (ssm_conv_kernel's
+ * arithmetic, SiLU), their conv state shifted in place (each channel has one owner: no
+ * other block reads it), then L2-normalized into qn / kn (gdn_prep_kernel's arithmetic on
+ * the same values, so the same bits as the two launches); the next units: 32 * DEC_VPL
+ * value channels each, convolved into xc for the scan. The first block's threads also write
+ * (e^g, beta) of every value head. */
+#define DEC_KPL (CUDA_GDN_MAX_HEAD_K / 32) /* channels a lane holds of a q or k head */
+#define DEC_VPL 4                          /* value channels a lane convolves */
+#define DEC_MAX_D 8                        /* the widest conv it takes (d_conv) */
+static __device__ __forceinline__ float dec_conv(const float *x, const float *__restrict__ w, float *st, float *sn,
+                                                 bool fresh, int at, int64_t r0, int64_t c, int64_t C, int d) {
+    float old[DEC_MAX_D - 1];
+    for (int i = 0; i < d - 1; i++) old[i] = fresh ? 0.0f : st[i * C + c];
+    const float xv = x[r0 * C + c], *wc = w + c * d;
+    float acc = 0.0f;
+    for (int j = 0; j < d; j++) acc += wc[j] * (j < d - 1 ? old[j] : xv);
+    if (at == 0)
+        for (int i = 0; i < d - 1; i++) sn[i * C + c] = old[i];
+    for (int i = 0; i < d - 1; i++) {
+        const float v = i + 1 < d - 1 ? old[i + 1] : xv;
+        st[i * C + c] = v;
+        if (at == 1) sn[i * C + c] = v;
+    }
+    return acc / (1.0f + expf(-acc));
+}
+
+static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, float *xc, const float *qkv,
+                                           const float *__restrict__ cw, float *cs, const float *a,
+                                           const float *bl, const float *__restrict__ ssm_a,
+                                           const float *__restrict__ dt_bias, const int32_t *seqs, int nk,
+                                           int hk, int nv, int64_t C, int d, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const int32_t *q = seqs + (int64_t)blockIdx.y * STATE_SEQ_WORDS;
+    if (q[STATE_NROWS] <= 0) return; /* the whole block */
+    const int64_t t = q[STATE_ROW0];
+    const bool fresh = q[STATE_FRESH] != 0;
+    const int at = q[STATE_SNAP_AT];
+    const int64_t slot_floats = (int64_t)(d - 1) * C;
+    float *st = cs + q[STATE_SLOT] * slot_floats, *sn = at >= 0 ? cs + q[STATE_SNAP_SLOT] * slot_floats : NULL;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int u = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (u < 2 * nk) {
+        float v[DEC_KPL];
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DEC_KPL; e++) {
+            const int j = lane + 32 * e;
+            v[e] = j < hk ? dec_conv(qkv, cw, st, sn, fresh, at, t, (int64_t)u * hk + j, C, d) : 0.0f;
+            if (j < hk) ss += v[e] * v[e];
+        }
+        ss = warp_sum(ss);
+        const bool isq = u < nk;
+        const float inv = isq ? 1.0f / sqrtf(ss + eps) * (1.0f / sqrtf((float)hk)) : 1.0f / sqrtf(ss + eps);
+        float *dd = (isq ? qn : kn) + (t * nk + (isq ? u : u - nk)) * (int64_t)hk;
+#pragma unroll
+        for (int e = 0; e < DEC_KPL; e++)
+            if (lane + 32 * e < hk) dd[lane + 32 * e] = v[e] * inv;
+    } else {
+        const int64_t c0 = 2 * (int64_t)nk * hk + (int64_t)(u - 2 * nk) * 32 * DEC_VPL;
+#pragma unroll
+        for (int e = 0; e < DEC_VPL; e++) {
+            const int64_t c = c0 + lane + 32 * e;
+            if (c < C) xc[t * C + c] = dec_conv(qkv, cw, st, sn, fresh, at, t, c, C, d);
+        }
+    }
+    if (blockIdx.x == 0)
+        for (int h = threadIdx.x; h < nv; h += blockDim.x) {
+            const float g = ssm_a[h] * softplus(a[t * nv + h] + dt_bias[h]);
+            gb[t * nv + h] = make_float2(expf(g), 1.0f / (1.0f + expf(-bl[t * nv + h])));
+        }
+}
+
 /* Columns of a state row: thread p of the row's GDN_P holds the float4 groups c * GDN_P + p,
  * c < KPT / 4, so the row's threads read 16 * GDN_P contiguous bytes per group. */
 template <int KPT>
@@ -189,10 +267,24 @@ static __device__ __forceinline__ void gdn_stage_rows(float (*sk)[gdn_stage<KPT>
  * shuffle reductions, not a global load (a prompt of 512 rows took ~1.8 us a token with the loads in
  * the chain, docs/cuda-backend.md). Each dot sums four interleaved partial sums (a chain
  * of KPT / 4 FMAs). */
+/* The scan's optional epilogue, the gated RMSNorm of each head's outputs (bk_norm_gate
+ * with SiLU: z = silu(z) * rms_norm(o) * w per value head, and z's int8 form), for decode
+ * (one row a sequence): the last of a head's tile blocks to finish (a counter per
+ * (sequence, value head), zero between launches, reset by that block) reads the head's
+ * outputs from L2 and runs norm_gate_kernel's arithmetic on rms_threads(head_v) threads. */
+struct gdn_ng {
+    float *z;            /* NULL: no epilogue */
+    const float *w;      /* (head_v) */
+    int8_t *xq;          /* z's int8 form (quant16), or NULL */
+    float2 *xd;
+    unsigned *cnt;       /* (n_v_head, n_seqs) */
+    float eps;
+};
+
 template <int KPT>
 static __global__ void gdn_scan_kernel(float *dst, const float *qn, const float *kn, const float2 *gb,
                                        const float *qkv, float *ss, const int32_t *seqs, int nk, int hk, int nv,
-                                       int hv, int64_t row_len, int grouped) {
+                                       int hv, int64_t row_len, int grouped, const gdn_ng ng) {
     using S = gdn_stage<KPT>;
     __shared__ __align__(16) float sk[2][S::T][S::HK];
     __shared__ __align__(16) float sq[2][S::T][S::HK];
@@ -254,6 +346,18 @@ static __global__ void gdn_scan_kernel(float *dst, const float *qn, const float 
     }
     if (at == n) row_store(ss + q[STATE_SNAP_SLOT] * slot_floats + off, s, p, hk, ok);
     row_store(srow, s, p, hk, ok);
+    if (!ng.z) return;
+    __threadfence(); /* this block's outputs, before its count */
+    __syncthreads();
+    __shared__ unsigned last;
+    unsigned *cnt = ng.cnt + (int64_t)blockIdx.y * nv + h;
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)tiles - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *cnt = 0;
+    __threadfence();
+    norm_gate_group<true>(ng.z, dst, ng.w, ng.z, GLU_SILU, (r0 * nv + h) * (int64_t)hv, hv, ng.eps, ng.xq, ng.xd,
+                          rms_threads(hv));
 }
 
 /* ---- the chunkwise (WY) form, chunks of CUDA_GDN_CHUNK rows (the CPU's gdn_chunk) ----
@@ -459,11 +563,11 @@ static_assert(CUDA_GDN_MAX_HEAD_K / GDN_P >= 32, "the last launch covers what th
 
 template <int KPT>
 static void scan_launch(struct cuda_ctx *ctx, const struct cuda_gdn_args *a, const float *qn, const float *kn,
-                        const float2 *gb, int rb) {
+                        const float2 *gb, const float *v, int rb, gdn_ng ng) {
     const int tiles = (a->head_v + rb - 1) / rb;
     klaunch(gdn_scan_kernel<KPT>, dim3((unsigned)(a->n_v_head * tiles), (unsigned)a->n_seqs), dim3(rb * GDN_P), 0,
-            ctx, a->dst, qn, kn, gb, a->qkv, a->ss, a->seqs, a->n_k_head, a->head_k, a->n_v_head, a->head_v,
-            (int64_t)(2 * a->n_k_head * a->head_k + a->n_v_head * a->head_v), a->grouped);
+            ctx, a->dst, qn, kn, gb, v, a->ss, a->seqs, a->n_k_head, a->head_k, a->n_v_head, a->head_v,
+            (int64_t)(2 * a->n_k_head * a->head_k + a->n_v_head * a->head_v), a->grouped, ng);
 }
 
 template <int KPT>
@@ -473,6 +577,12 @@ static void chunk_scan_launch(struct cuda_ctx *ctx, const struct cuda_gdn_args *
     klaunch(gdn_chunk_scan_kernel<KPT>, dim3((unsigned)(a->n_v_head * tiles), (unsigned)a->n_seqs),
             dim3(rb * GDN_P), 0, ctx, a->dst, qn, kn, W, Kc, P, gam, a->ss, a->seqs, a->n_k_head, a->head_k,
             a->n_v_head, a->head_v, a->grouped);
+}
+
+/* State rows a scan block holds: 32; 16 when that leaves fewer blocks than two per SM. */
+static int scan_rows(const struct cuda_ctx *ctx, const struct cuda_gdn_args *a) {
+    const int sms = ctx->n_sm > 0 ? ctx->n_sm : 132;
+    return (int64_t)a->n_v_head * ((a->head_v + 31) / 32) * a->n_seqs < 2 * sms ? 16 : 32;
 }
 
 extern "C" void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn_args *a) {
@@ -488,9 +598,7 @@ extern "C" void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn
     klaunch(gdn_prep_kernel, dim3((unsigned)n, (unsigned)((2 * nk + GDN_PREP_VECS - 1) / GDN_PREP_VECS)),
             dim3(32 * GDN_PREP_VECS), 0, ctx, qn, kn, gb, a->qkv, a->a, a->bl, a->ssm_a,
             a->dt_bias, a->chunked ? graw : NULL, nk, hk, nv, row_len, a->eps);
-    /* 32 state rows a block; 16 when that leaves fewer blocks than two per SM */
-    const int sms = ctx->n_sm > 0 ? ctx->n_sm : 132;
-    const int rb = (int64_t)nv * ((hv + 31) / 32) * a->n_seqs < 2 * sms ? 16 : 32;
+    const int rb = scan_rows(ctx, a);
     if (a->chunked) {
         /* a sequence has at most n rows, split once more by its snapshot point */
         const unsigned chunks = (unsigned)((n + CUDA_GDN_CHUNK - 1) / CUDA_GDN_CHUNK + 1);
@@ -500,5 +608,34 @@ extern "C" void cuda_gated_delta_net(struct cuda_ctx *ctx, const struct cuda_gdn
         GDN_KPT_DISPATCH(hk, chunk_scan_launch, ctx, a, qn, kn, W, Kc, P, gam, rb);
         return;
     }
-    GDN_KPT_DISPATCH(hk, scan_launch, ctx, a, qn, kn, gb, rb);
+    GDN_KPT_DISPATCH(hk, scan_launch, ctx, a, qn, kn, gb, a->qkv, rb, gdn_ng{});
+}
+
+extern "C" int cuda_deltanet_decode_ok(int head_k, int head_v, int d_conv) {
+    /* the epilogue's rms_threads(head_v) within the smallest scan block (16 rows x GDN_P),
+     * whole 32-groups for the int8 form */
+    return cuda_gdn_supported(head_k) && head_v % 32 == 0 && rms_threads(head_v) <= 16 * GDN_P && d_conv >= 2 &&
+           d_conv <= DEC_MAX_D;
+}
+
+extern "C" uint64_t cuda_deltanet_scratch_bytes(int64_t n_tokens, int n_k_head, int head_k, int n_v_head,
+                                                int head_v) {
+    return cuda_gdn_scratch_bytes(n_tokens, n_k_head, head_k, n_v_head, head_v, 0) +
+           ((uint64_t)n_tokens * (2 * (uint64_t)n_k_head * head_k + (uint64_t)n_v_head * head_v) + GDN_ALIGN) *
+               sizeof(float);
+}
+
+extern "C" void cuda_deltanet_decode(struct cuda_ctx *ctx, const struct cuda_deltanet_args *d) {
+    const struct cuda_gdn_args *a = &d->g;
+    const int nk = a->n_k_head, hk = a->head_k, nv = a->n_v_head, hv = a->head_v;
+    const int64_t n = a->n_tokens, C = 2 * (int64_t)nk * hk + (int64_t)nv * hv;
+    float *qn = (float *)a->scratch, *kn = qn + n * nk * hk;
+    float2 *gb = (float2 *)(kn + n * nk * hk);
+    float *xc = galign((float *)(gb + n * nv)); /* the value channels after the conv (C wide rows) */
+    const int units = 2 * nk + (int)((nv * (int64_t)hv + 32 * DEC_VPL - 1) / (32 * DEC_VPL)), wpb = 4;
+    klaunch(gdn_dec_prep_kernel, dim3((unsigned)((units + wpb - 1) / wpb), (unsigned)a->n_seqs), dim3(32 * wpb), 0,
+            ctx, qn, kn, gb, xc, a->qkv, d->conv_w, d->cs, a->a, a->bl, a->ssm_a, a->dt_bias, a->seqs, nk, hk, nv, C,
+            d->d_conv, a->eps);
+    const gdn_ng ng = {d->z, d->norm_w, d->xq, (float2 *)d->xd, d->cnt, d->norm_eps};
+    GDN_KPT_DISPATCH(hk, scan_launch, ctx, a, qn, kn, gb, xc, scan_rows(ctx, a), ng);
 }
