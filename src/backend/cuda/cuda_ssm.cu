@@ -258,15 +258,6 @@ static __device__ __forceinline__ void gdn_stage_rows(float (*sk)[gdn_stage<KPT>
     cp_commit();
 }
 
-/* grid (value heads x row tiles, sequences), block blockDim.x = rows per tile x GDN_P (at
- * most 32 rows). Thread (row i of the tile, part p) holds columns of S[i, :] in registers
- * across the sequence's rows; rows past head_v compute on zeros (their lanes take part in
- * the shuffles) and write nothing. The token rows' inputs come through shared memory in
- * rounds of gdn_stage::T, the next round's copies in flight while this one computes: the
- * chain from one token to the next is then shared-memory reads, two dots and their
- * shuffle reductions, not a global load (a prompt of 512 rows took ~1.8 us a token with the loads in
- * the chain, docs/cuda-backend.md). Each dot sums four interleaved partial sums (a chain
- * of KPT / 4 FMAs). */
 /* The scan's optional epilogue, the gated RMSNorm of each head's outputs (bk_norm_gate
  * with SiLU: z = silu(z) * rms_norm(o) * w per value head, and z's int8 form), for decode
  * (one row a sequence): the last of a head's tile blocks to finish (a counter per
@@ -281,6 +272,15 @@ struct gdn_ng {
     float eps;
 };
 
+/* grid (value heads x row tiles, sequences), block blockDim.x = rows per tile x GDN_P (at
+ * most 32 rows). Thread (row i of the tile, part p) holds columns of S[i, :] in registers
+ * across the sequence's rows; rows past head_v compute on zeros (their lanes take part in
+ * the shuffles) and write nothing. The token rows' inputs come through shared memory in
+ * rounds of gdn_stage::T, the next round's copies in flight while this one computes: the
+ * chain from one token to the next is then shared-memory reads, two dots and their
+ * shuffle reductions, not a global load (a prompt of 512 rows took ~1.8 us a token with the loads in
+ * the chain, docs/cuda-backend.md). Each dot sums four interleaved partial sums (a chain
+ * of KPT / 4 FMAs). */
 template <int KPT>
 static __global__ void gdn_scan_kernel(float *dst, const float *qn, const float *kn, const float2 *gb,
                                        const float *qkv, float *ss, const int32_t *seqs, int nk, int hk, int nv,
