@@ -601,26 +601,31 @@ static void check_state_seqs(const struct tensor *seqs) {
     BK_ASSERT(seqs->type == QT_I32 && seqs->ne[0] == STATE_SEQ_WORDS && seqs->ne[2] == 1);
 }
 
-void bk_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
-                 const struct tensor *w, struct tensor *cs, const struct tensor *seqs, bool silu) {
-    if (b->status != SMELT_OK) return;
-    BK_ASSERT(b->ops->ssm_conv);
-    BK_ASSERT(is_f32_rows(x) && is_f32_rows(dst) && tensor_same_shape(dst, x) && x->ne[2] == 1);
-    BK_ASSERT(tensor_is_contiguous(x) && tensor_is_contiguous(dst) && dst->data != x->data);
+/* bk_ssm_conv's operands other than dst (bk_deltanet's fused form checks them too). */
+static void check_conv(const struct tensor *x, const struct tensor *w, const struct tensor *cs,
+                       const struct tensor *seqs) {
+    BK_ASSERT(is_f32_rows(x) && tensor_is_contiguous(x) && x->ne[2] == 1);
     BK_ASSERT(w->type == QT_F32 && w->ne[1] == x->ne[0] && w->ne[0] >= 2 &&
               tensor_is_contiguous(w));
     BK_ASSERT(cs->type == QT_F32 && tensor_is_contiguous(cs) &&
               cs->ne[0] == (w->ne[0] - 1) * x->ne[0]);
     check_state_seqs(seqs);
+}
+
+void bk_ssm_conv(struct backend *b, struct tensor *dst, const struct tensor *x,
+                 const struct tensor *w, struct tensor *cs, const struct tensor *seqs, bool silu) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->ssm_conv);
+    check_conv(x, w, cs, seqs);
+    BK_ASSERT(is_f32_rows(dst) && tensor_same_shape(dst, x) && tensor_is_contiguous(dst) &&
+              dst->data != x->data);
     b->ops->ssm_conv(b, dst, x, w, cs, seqs, silu);
 }
 
-void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv,
-                        const struct tensor *a, const struct tensor *bl, const struct tensor *ssm_a,
-                        const struct tensor *dt_bias, struct tensor *ss, const struct tensor *seqs,
-                        const struct gdn_params *p) {
-    if (b->status != SMELT_OK) return;
-    BK_ASSERT(b->ops->gated_delta_net);
+/* bk_gated_delta_net's operands other than dst (bk_deltanet's fused form checks them too). */
+static void check_gdn(const struct tensor *qkv, const struct tensor *a, const struct tensor *bl,
+                      const struct tensor *ssm_a, const struct tensor *dt_bias, const struct tensor *ss,
+                      const struct tensor *seqs, const struct gdn_params *p) {
     int64_t n = qkv->ne[1], nk = p->n_k_head, hk = p->head_k, nv = p->n_v_head, hv = p->head_v;
     BK_ASSERT(nk > 0 && hk > 0 && nv > 0 && hv > 0 && nv % nk == 0);
     BK_ASSERT(is_f32_rows(qkv) && tensor_is_contiguous(qkv) && qkv->ne[0] == 2 * nk * hk + nv * hv);
@@ -629,9 +634,18 @@ void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tens
     BK_ASSERT(ssm_a->type == QT_F32 && ssm_a->ne[0] == nv && dt_bias->type == QT_F32 &&
               dt_bias->ne[0] == nv);
     BK_ASSERT(ss->type == QT_F32 && tensor_is_contiguous(ss) && ss->ne[0] == nv * hv * hk);
-    BK_ASSERT(is_f32_rows(dst) && tensor_is_contiguous(dst) && dst->ne[0] == hv &&
-              dst->ne[1] == nv && dst->ne[2] == n);
     check_state_seqs(seqs);
+}
+
+void bk_gated_delta_net(struct backend *b, struct tensor *dst, const struct tensor *qkv,
+                        const struct tensor *a, const struct tensor *bl, const struct tensor *ssm_a,
+                        const struct tensor *dt_bias, struct tensor *ss, const struct tensor *seqs,
+                        const struct gdn_params *p) {
+    if (b->status != SMELT_OK) return;
+    BK_ASSERT(b->ops->gated_delta_net);
+    check_gdn(qkv, a, bl, ssm_a, dt_bias, ss, seqs, p);
+    BK_ASSERT(is_f32_rows(dst) && tensor_is_contiguous(dst) && dst->ne[0] == p->head_v &&
+              dst->ne[1] == p->n_v_head && dst->ne[2] == qkv->ne[1]);
     b->ops->gated_delta_net(b, dst, qkv, a, bl, ssm_a, dt_bias, ss, seqs, p);
 }
 
@@ -645,22 +659,9 @@ void bk_deltanet(struct backend *b, struct tensor *z, const struct tensor *qkv, 
               z->ne[2] == 1);
     BK_ASSERT(w->norm && w->norm->type == QT_F32 && w->norm->ne[0] == p->head_v);
     if (one_row && b->ops->deltanet) {
-        /* the composed ops' checks hold for the fused one too */
-        BK_ASSERT(w->conv->type == QT_F32 && w->conv->ne[1] == qkv->ne[0] && w->conv->ne[0] >= 2 &&
-                  tensor_is_contiguous(w->conv));
-        BK_ASSERT(cs->type == QT_F32 && tensor_is_contiguous(cs) &&
-                  cs->ne[0] == (w->conv->ne[0] - 1) * qkv->ne[0]);
-        BK_ASSERT(is_f32_rows(qkv) && tensor_is_contiguous(qkv) &&
-                  qkv->ne[0] == 2 * (int64_t)p->n_k_head * p->head_k + vdim);
-        BK_ASSERT(is_f32_rows(a) && is_f32_rows(bl) && a->ne[0] == p->n_v_head &&
-                  bl->ne[0] == p->n_v_head && a->ne[1] == n && bl->ne[1] == n);
-        BK_ASSERT(ss->type == QT_F32 && tensor_is_contiguous(ss) &&
-                  ss->ne[0] == vdim * p->head_k);
-        BK_ASSERT(p->n_k_head > 0 && p->head_k > 0 && p->n_v_head > 0 && p->head_v > 0 &&
-                  p->n_v_head % p->n_k_head == 0);
-        BK_ASSERT(w->ssm_a->type == QT_F32 && w->ssm_a->ne[0] == p->n_v_head &&
-                  w->dt_bias->type == QT_F32 && w->dt_bias->ne[0] == p->n_v_head);
-        check_state_seqs(seqs);
+        /* the conv's output has qkv's shape: the delta rule's checks apply to qkv */
+        check_conv(qkv, w->conv, cs, seqs);
+        check_gdn(qkv, a, bl, w->ssm_a, w->dt_bias, ss, seqs, p);
         if (b->ops->deltanet(b, z, qkv, a, bl, w, cs, ss, seqs, p)) return;
     }
     struct tensor *xc = bk_new(b, QT_F32, qkv->ne[0], n, 1);

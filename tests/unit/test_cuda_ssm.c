@@ -66,11 +66,11 @@ static const struct sq plan[STEPS][MAX_SEQS] = {
     {{1, 3, 0, -1, -1}, {1, 0, 0, -1, -1}, {1, 6, 0, 1, 0}, {1, 2, 1, -1, -1}, {1, 4, 0, 5, 1}, {1, 7, 0, -1, -1}},
 };
 
-/* The step's state words and its total rows. */
-static int words(int step, int32_t *w) {
+/* A step's state words (its sequences: row, a plan's step) and its total rows. */
+static int words(const struct sq *row, int32_t *w) {
     int r0 = 0;
     for (int s = 0; s < MAX_SEQS; s++) {
-        const struct sq *q = &plan[step][s];
+        const struct sq *q = &row[s];
         int32_t *x = w + s * STATE_SEQ_WORDS;
         x[STATE_ROW0] = r0;
         x[STATE_NROWS] = q->n;
@@ -110,7 +110,7 @@ static bool conv_run(struct backend *b, const struct conv_case *k, float *const 
     bool ok = bk_sync(b, &e) == SMELT_OK;
     for (int s = 0; ok && s < STEPS; s++) {
         int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-        int n = words(s, wd);
+        int n = words(plan[s], wd);
         bk_step_begin(b);
         struct tensor *tx = put(b, QT_F32, k->C, n, 1, x[s]), *tw = put(b, QT_F32, k->d, k->C, 1, w);
         struct tensor *seqs = put(b, QT_I32, STATE_SEQ_WORDS, MAX_SEQS, 1, wd);
@@ -136,7 +136,7 @@ static void test_conv(void) {
         float *x[STEPS], *oc[STEPS], *og[STEPS];
         for (int s = 0; s < STEPS; s++) {
             int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-            size_t n = (size_t)words(s, wd) * (size_t)k->C;
+            size_t n = (size_t)words(plan[s], wd) * (size_t)k->C;
             x[s] = rand_buf(n, 2.0f);
             oc[s] = calloc(n, sizeof(float));
             og[s] = calloc(n, sizeof(float));
@@ -149,7 +149,7 @@ static void test_conv(void) {
         double worst = 0;
         for (int s = 0; ok && s < STEPS; s++) {
             int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-            size_t n = (size_t)words(s, wd) * (size_t)k->C;
+            size_t n = (size_t)words(plan[s], wd) * (size_t)k->C;
             double r = t_rel_err(og[s], oc[s], n);
             worst = fmax(worst, r);
             T_CHECKF(r < 1e-5, "conv C %lld d %d step %d: outputs rel err %.3g", (long long)k->C, k->d, s, r);
@@ -184,7 +184,7 @@ static smelt_status gdn_run(struct backend *b, const struct gdn_params *p, float
     st = bk_sync(b, e);
     for (int s = 0; st == SMELT_OK && s < STEPS; s++) {
         int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-        int n = words(s, wd);
+        int n = words(plan[s], wd);
         bk_step_begin(b);
         struct tensor *tq = put(b, QT_F32, ch, n, 1, qkv[s]);
         struct tensor *ta = put(b, QT_F32, p->n_v_head, n, 1, av[s]), *tb = put(b, QT_F32, p->n_v_head, n, 1, bv[s]);
@@ -211,7 +211,7 @@ static void gdn_case(int nk, int hk, int nv, int hv, bool grouped) {
     size_t rows[STEPS];
     for (int s = 0; s < STEPS; s++) {
         int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-        rows[s] = (size_t)words(s, wd);
+        rows[s] = (size_t)words(plan[s], wd);
         qkv[s] = rand_buf(rows[s] * ch, 1.0f);
         av[s] = rand_buf(rows[s] * nv, 3.0f);
         bv[s] = rand_buf(rows[s] * nv, 3.0f);
@@ -475,18 +475,6 @@ static const struct sq dplan[DSTEPS][MAX_SEQS] = {
     {{1, 3, 0, -1, -1}, {1, 0, 0, -1, -1}, {1, 6, 0, -1, -1}, {1, 2, 0, -1, -1}, {1, 4, 0, -1, -1}, {1, 7, 0, -1, -1}},
 };
 
-static int dwords(int step, int32_t *w) {
-    int r0 = 0;
-    for (int s = 0; s < MAX_SEQS; s++) {
-        const struct sq *q = &dplan[step][s];
-        int32_t *x = w + s * STATE_SEQ_WORDS;
-        x[STATE_ROW0] = r0, x[STATE_NROWS] = q->n, x[STATE_SLOT] = q->slot, x[STATE_FRESH] = q->fresh;
-        x[STATE_SNAP_SLOT] = q->snap_slot, x[STATE_SNAP_AT] = q->snap_at;
-        r0 += q->n;
-    }
-    return r0;
-}
-
 struct dn_data {
     float *qkv[DSTEPS], *av[DSTEPS], *bv[DSTEPS], *z[DSTEPS], *cw, *ssm_a, *dt, *nw, *cs0, *ss0;
 };
@@ -510,7 +498,7 @@ static smelt_status dn_run(struct backend *b, const struct gdn_params *p, int d,
     st = bk_sync(b, e);
     for (int s = 0; st == SMELT_OK && s < DSTEPS; s++) {
         int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-        int n = dwords(s, wd);
+        int n = words(dplan[s], wd);
         bk_step_begin(b);
         struct tensor *tq = put(b, QT_F32, ch, n, 1, x->qkv[s]), *tz = put(b, QT_F32, vdim, n, 1, x->z[s]);
         struct tensor *ta = put(b, QT_F32, p->n_v_head, n, 1, x->av[s]), *tb = put(b, QT_F32, p->n_v_head, n, 1, x->bv[s]);
@@ -547,7 +535,7 @@ static void dn_case(int nk, int hk, int nv, int hv, bool grouped, int d) {
     float *zo[3][DSTEPS];
     for (int s = 0; s < DSTEPS; s++) {
         int32_t wd[MAX_SEQS * STATE_SEQ_WORDS];
-        rows[s] = (size_t)dwords(s, wd);
+        rows[s] = (size_t)words(dplan[s], wd);
         x.qkv[s] = rand_buf(rows[s] * ch, 1.0f);
         x.av[s] = rand_buf(rows[s] * nv, 3.0f);
         x.bv[s] = rand_buf(rows[s] * nv, 3.0f);

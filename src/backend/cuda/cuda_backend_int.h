@@ -123,9 +123,10 @@ struct cuda_backend {
         float eps;
         bool valid;
     } prep;
-    /* The MoE decode epilogues' counters (cuda_mmv_ids' post_cnt and cmb_cnt): MOE_CNT_MAX,
-     * zero between launches; NULL (SMELT_MOE_FUSED=0, or no memory) = the separate h-quantize
-     * and combine launches. */
+    /* The decode epilogues' counters, MOE_CNT_MAX, zero between launches: the MoE products'
+     * (cuda_mmv_ids' post_cnt and cmb_cnt) and the DeltaNet scan's gated norm (cu_deltanet;
+     * a launch at a time uses them); NULL (SMELT_MOE_FUSED=0, or no memory) = the separate
+     * h-quantize and combine launches, and the DeltaNet's four decode launches. */
     unsigned *moe_cnt;
     /* The experts' input rows that the decode router (cuda_moe_route_fused) wrote with the
      * ids, for the moe_ffn that runs right after it on the same x (op_seq one higher): its
