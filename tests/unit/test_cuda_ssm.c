@@ -598,6 +598,8 @@ static void test_deltanet(void) {
     dn_case(4, 128, 8, 128, false, 4); /* the real models' head sizes */
     dn_case(1, 256, 2, 128, false, 4);
     dn_case(2, 16, 4, 24, false, 4); /* head_v 24: the three ops */
+    dn_case(2, 16, 4, 32, true, 2);  /* the narrowest conv the fused form takes */
+    dn_case(2, 16, 4, 32, false, 5); /* d_conv 5: wider than the fused form's, the three ops */
 }
 
 int main(void) {

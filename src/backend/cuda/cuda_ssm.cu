@@ -139,29 +139,37 @@ static __global__ void gdn_prep_kernel(float *qn, float *kn, float2 *gb, const f
  * (e^g, beta) of every value head. */
 #define DEC_KPL (CUDA_GDN_MAX_HEAD_K / 32) /* channels a lane holds of a q or k head */
 #define DEC_VPL 4                          /* value channels a lane convolves */
-#define DEC_MAX_D 8                        /* the widest conv it takes (d_conv) */
+/* The conv width D (d_conv) is a template argument so that old[] stays in registers (with a
+ * runtime width ptxas put it in a 32-byte stack frame); 4 in every released model. */
+#define DEC_MAX_D 4 /* the widest conv it takes */
+template <int D>
 static __device__ __forceinline__ float dec_conv(const float *x, const float *__restrict__ w, float *st, float *sn,
-                                                 bool fresh, int at, int64_t r0, int64_t c, int64_t C, int d) {
-    float old[DEC_MAX_D - 1];
-    for (int i = 0; i < d - 1; i++) old[i] = fresh ? 0.0f : st[i * C + c];
-    const float xv = x[r0 * C + c], *wc = w + c * d;
+                                                 bool fresh, int at, int64_t r0, int64_t c, int64_t C) {
+    float old[D - 1];
+#pragma unroll
+    for (int i = 0; i < D - 1; i++) old[i] = fresh ? 0.0f : st[i * C + c];
+    const float xv = x[r0 * C + c], *wc = w + c * D;
     float acc = 0.0f;
-    for (int j = 0; j < d; j++) acc += wc[j] * (j < d - 1 ? old[j] : xv);
+#pragma unroll
+    for (int j = 0; j < D; j++) acc += wc[j] * (j < D - 1 ? old[j] : xv);
     if (at == 0)
-        for (int i = 0; i < d - 1; i++) sn[i * C + c] = old[i];
-    for (int i = 0; i < d - 1; i++) {
-        const float v = i + 1 < d - 1 ? old[i + 1] : xv;
+#pragma unroll
+        for (int i = 0; i < D - 1; i++) sn[i * C + c] = old[i];
+#pragma unroll
+    for (int i = 0; i < D - 1; i++) {
+        const float v = i + 1 < D - 1 ? old[i + 1] : xv;
         st[i * C + c] = v;
         if (at == 1) sn[i * C + c] = v;
     }
     return acc / (1.0f + expf(-acc));
 }
 
+template <int D>
 static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, float *xc, const float *qkv,
                                            const float *__restrict__ cw, float *cs, const float *a,
                                            const float *bl, const float *__restrict__ ssm_a,
                                            const float *__restrict__ dt_bias, const int32_t *seqs, int nk,
-                                           int hk, int nv, int64_t C, int d, float eps) {
+                                           int hk, int nv, int64_t C, float eps) {
     pdl_wait();
     pdl_trigger();
     const int32_t *q = seqs + (int64_t)blockIdx.y * STATE_SEQ_WORDS;
@@ -169,7 +177,7 @@ static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, flo
     const int64_t t = q[STATE_ROW0];
     const bool fresh = q[STATE_FRESH] != 0;
     const int at = q[STATE_SNAP_AT];
-    const int64_t slot_floats = (int64_t)(d - 1) * C;
+    const int64_t slot_floats = (int64_t)(D - 1) * C;
     float *st = cs + q[STATE_SLOT] * slot_floats, *sn = at >= 0 ? cs + q[STATE_SNAP_SLOT] * slot_floats : NULL;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int u = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -179,7 +187,7 @@ static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, flo
 #pragma unroll
         for (int e = 0; e < DEC_KPL; e++) {
             const int j = lane + 32 * e;
-            v[e] = j < hk ? dec_conv(qkv, cw, st, sn, fresh, at, t, (int64_t)u * hk + j, C, d) : 0.0f;
+            v[e] = j < hk ? dec_conv<D>(qkv, cw, st, sn, fresh, at, t, (int64_t)u * hk + j, C) : 0.0f;
             if (j < hk) ss += v[e] * v[e];
         }
         ss = warp_sum(ss);
@@ -194,7 +202,7 @@ static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, flo
 #pragma unroll
         for (int e = 0; e < DEC_VPL; e++) {
             const int64_t c = c0 + lane + 32 * e;
-            if (c < C) xc[t * C + c] = dec_conv(qkv, cw, st, sn, fresh, at, t, c, C, d);
+            if (c < C) xc[t * C + c] = dec_conv<D>(qkv, cw, st, sn, fresh, at, t, c, C);
         }
     }
     if (blockIdx.x == 0)
@@ -633,9 +641,16 @@ extern "C" void cuda_deltanet_decode(struct cuda_ctx *ctx, const struct cuda_del
     float2 *gb = (float2 *)(kn + n * nk * hk);
     float *xc = galign((float *)(gb + n * nv)); /* the value channels after the conv (C wide rows) */
     const int units = 2 * nk + (int)((nv * (int64_t)hv + 32 * DEC_VPL - 1) / (32 * DEC_VPL)), wpb = 4;
-    klaunch(gdn_dec_prep_kernel, dim3((unsigned)((units + wpb - 1) / wpb), (unsigned)a->n_seqs), dim3(32 * wpb), 0,
-            ctx, qn, kn, gb, xc, a->qkv, d->conv_w, d->cs, a->a, a->bl, a->ssm_a, a->dt_bias, a->seqs, nk, hk, nv, C,
-            d->d_conv, a->eps);
+    const dim3 grid((unsigned)((units + wpb - 1) / wpb), (unsigned)a->n_seqs), block(32 * wpb);
+#define DEC_PREP(D)                                                                                                  \
+    klaunch(gdn_dec_prep_kernel<D>, grid, block, 0, ctx, qn, kn, gb, xc, a->qkv, d->conv_w, d->cs, a->a, a->bl,      \
+            a->ssm_a, a->dt_bias, a->seqs, nk, hk, nv, C, a->eps)
+    switch (d->d_conv) { /* cuda_deltanet_decode_ok: 2 <= d_conv <= DEC_MAX_D */
+    case 2: DEC_PREP(2); break;
+    case 3: DEC_PREP(3); break;
+    default: DEC_PREP(4); break;
+    }
+#undef DEC_PREP
     const gdn_ng ng = {d->z, d->norm_w, d->xq, (float2 *)d->xd, d->cnt, d->norm_eps};
     GDN_KPT_DISPATCH(hk, scan_launch, ctx, a, qn, kn, gb, xc, scan_rows(ctx, a), ng);
 }
