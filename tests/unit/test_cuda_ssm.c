@@ -554,6 +554,8 @@ static void dn_case(int nk, int hk, int nv, int hv, bool grouped, int d) {
     struct backend *bs[3] = {gpu, gpu, cpu};
     const bool one[3] = {true, false, true};
     smelt_status st[3];
+    /* the fused form at every row count of the plans (by default it takes <= 2 rows) */
+    cu_of(gpu)->deltanet_fused_rows = MAX_SEQS;
     for (int k = 0; k < 3; k++) {
         cso[k] = calloc(cs_n, sizeof(float));
         sso[k] = calloc(ss_n, sizeof(float));

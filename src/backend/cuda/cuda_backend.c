@@ -230,6 +230,7 @@ smelt_status cuda_backend_new(struct backend **out, int device, struct err *e) {
         cb->moe_xin.buf = NULL;
         cb->moe_xin.xf = NULL;
     }
+    cb->deltanet_fused_rows = CU_DELTANET_FUSED_ROWS;
     cudaDeviceSynchronize(); /* the counters' memsets, before any kernel on cb->ctx.stream */
     /* SMELT_MMV_ID_VARIANT=G,D: the one-token expert products' shapes (tuning runs;
      * launch_variant in cuda_mmv.cu numbers them) */

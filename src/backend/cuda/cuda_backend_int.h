@@ -128,6 +128,11 @@ struct cuda_backend {
      * a launch at a time uses them); NULL (SMELT_MOE_FUSED=0, or no memory) = the separate
      * h-quantize and combine launches, and the DeltaNet's four decode launches. */
     unsigned *moe_cnt;
+    /* Decode steps of at most this many rows take cu_deltanet's two launches, wider ones the
+     * three ops (CU_DELTANET_FUSED_ROWS; the same bits either way, so tests widen it to reach
+     * the fused form with any plan). */
+    int deltanet_fused_rows;
+#define CU_DELTANET_FUSED_ROWS 2
     /* The experts' input rows that the decode router (cuda_moe_route_fused) wrote with the
      * ids, for the moe_ffn that runs right after it on the same x (op_seq one higher): its
      * gather launch is spared. Fixed device buffers (graphs), allocated with moe_cnt (whose

@@ -55,13 +55,17 @@ void cu_copy(struct backend *b, struct tensor *dst, const struct tensor *src) {
 }
 
 /* bk_deltanet at a decode step: two launches (cuda_deltanet_decode) where the kernels take
- * the sizes and the counters exist; z's int8 form goes to att_q for ssm_out's product. */
+ * the sizes and the counters exist, up to cb->deltanet_fused_rows rows; z's int8 form goes to
+ * att_q for ssm_out's product. Above that the three ops run: on an H100 (Qwen3.5-35B-A3B
+ * Q4_K_M, depth 128, 2026-12-06) the two launches gave 1 / 2 sequences 372.6 -> 394.3 /
+ * 522 -> 536 tok/s, 4 even (888 / 884), 8 / 16 1,295 -> 1,274 / 1,412 -> 1,388: with more
+ * rows the gated norm in the scan's last tile blocks is a tail that its own launch spreads. */
 bool cu_deltanet(struct backend *b, struct tensor *z, const struct tensor *qkv, const struct tensor *a,
                  const struct tensor *bl, const struct deltanet_w *w, struct tensor *cs, struct tensor *ss,
                  const struct tensor *seqs, const struct gdn_params *p) {
     const int64_t n = qkv->ne[1], vdim = (int64_t)p->n_v_head * p->head_v;
     const int d = (int)w->conv->ne[0], n_seqs = (int)seqs->ne[1];
-    if (!cu_of(b)->moe_cnt || (int64_t)n_seqs * p->n_v_head > MOE_CNT_MAX ||
+    if (!cu_of(b)->moe_cnt || n > cu_of(b)->deltanet_fused_rows || (int64_t)n_seqs * p->n_v_head > MOE_CNT_MAX ||
         !cuda_deltanet_decode_ok(p->head_k, p->head_v, d))
         return false;
     struct cuda_backend *cb = cu_enter(b);
