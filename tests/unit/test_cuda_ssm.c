@@ -555,6 +555,7 @@ static void dn_case(int nk, int hk, int nv, int hv, bool grouped, int d) {
     const bool one[3] = {true, false, true};
     smelt_status st[3];
     /* the fused form at every row count of the plans (by default it takes <= 2 rows) */
+    const int fused_rows = cu_of(gpu)->deltanet_fused_rows;
     cu_of(gpu)->deltanet_fused_rows = MAX_SEQS;
     for (int k = 0; k < 3; k++) {
         cso[k] = calloc(cs_n, sizeof(float));
@@ -562,6 +563,7 @@ static void dn_case(int nk, int hk, int nv, int hv, bool grouped, int d) {
         st[k] = dn_run(bs[k], &p, d, &x, one[k], k == 0, zo[k], cso[k], sso[k], &e);
         T_CHECKF(st[k] == SMELT_OK, "deltanet run %d: %s", k, e.msg);
     }
+    cu_of(gpu)->deltanet_fused_rows = fused_rows;
     double worst = 0;
     if (st[0] == SMELT_OK && st[1] == SMELT_OK && st[2] == SMELT_OK) {
         for (int s = 0; s < DSTEPS; s++) {
