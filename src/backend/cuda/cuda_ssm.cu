@@ -60,6 +60,8 @@ static __device__ __forceinline__ float conv_in(const float *x, const float *st,
     return fresh ? 0.0f : st[(d - 1 + i) * C + c];
 }
 
+static __device__ __forceinline__ float conv_silu(float acc) { return acc / (1.0f + expf(-acc)); }
+
 /* grid (channel tiles, sequences), block (channels, row lanes). */
 static __global__ void ssm_conv_kernel(float *dst, const float *x, const float *__restrict__ w, float *cs,
                                        const int32_t *seqs, int64_t C, int d, int silu) {
@@ -78,7 +80,7 @@ static __global__ void ssm_conv_kernel(float *dst, const float *x, const float *
         for (int t = threadIdx.y; t < n; t += blockDim.y) {
             float acc = 0.0f;
             for (int j = 0; j < d; j++) acc += wc[j] * conv_in(x, st, fresh, r0, t - (d - 1) + j, c, C, d);
-            dst[(r0 + t) * C + c] = silu ? acc / (1.0f + expf(-acc)) : acc;
+            dst[(r0 + t) * C + c] = silu ? conv_silu(acc) : acc;
         }
         if (at >= 0) { /* another slot: written while the old state is still readable */
             float *sn = cs + q[STATE_SNAP_SLOT] * slot_floats;
@@ -96,6 +98,21 @@ static __global__ void ssm_conv_kernel(float *dst, const float *x, const float *
 
 static __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+/* The scale of a q (isq) or k vector of head_k values whose squares sum to ss: the L2 norm's
+ * inverse, times 1/sqrt(head_k) for q. */
+static __device__ __forceinline__ float qk_inv(float ss, float eps, bool isq, int hk) {
+    return isq ? 1.0f / sqrtf(ss + eps) * (1.0f / sqrtf((float)hk)) : 1.0f / sqrtf(ss + eps);
+}
+
+/* Value head h of token row t: its log decay g = ssm_a * softplus(a + dt_bias) into *g, and
+ * (e^g, beta = sigmoid(b)). */
+static __device__ __forceinline__ float2 decay_beta(const float *a, const float *bl, const float *__restrict__ ssm_a,
+                                                    const float *__restrict__ dt_bias, int64_t t, int nv, int h,
+                                                    float *g) {
+    *g = ssm_a[h] * softplus(a[t * nv + h] + dt_bias[h]);
+    return make_float2(expf(*g), 1.0f / (1.0f + expf(-bl[t * nv + h])));
+}
+
 /* Block (t, y) of grid (token rows, GDN_PREP_VECS-vector groups): qn, kn (head_k, n_k_head,
  * n) the normalized q (times 1/sqrt(head_k)) and k of key heads, a warp per vector (vectors
  * y * GDN_PREP_VECS.. of the row's 2 n_k_head, q heads then k heads); gb (n_v_head, n) the
@@ -111,20 +128,19 @@ static __global__ void gdn_prep_kernel(float *qn, float *kn, float2 *gb, const f
     const int64_t t = blockIdx.x;
     const float *row = qkv + t * row_len; /* q heads, then k heads, then v heads */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const float qscale = 1.0f / sqrtf((float)hk);
     for (int v = blockIdx.y * nw + warp; v < 2 * nk; v += gridDim.y * nw) {
         const float *src = row + (int64_t)v * hk;
         float ss = 0.0f;
         for (int j = lane; j < hk; j += 32) ss += src[j] * src[j];
         ss = warp_sum(ss);
         const bool isq = v < nk;
-        const float inv = isq ? 1.0f / sqrtf(ss + eps) * qscale : 1.0f / sqrtf(ss + eps);
+        const float inv = qk_inv(ss, eps, isq, hk);
         float *d = (isq ? qn : kn) + (t * nk + (isq ? v : v - nk)) * (int64_t)hk;
         for (int j = lane; j < hk; j += 32) d[j] = src[j] * inv;
     }
     for (int h = blockIdx.y * blockDim.x + threadIdx.x; h < nv; h += gridDim.y * blockDim.x) {
-        const float g = ssm_a[h] * softplus(a[t * nv + h] + dt_bias[h]);
-        gb[t * nv + h] = make_float2(expf(g), 1.0f / (1.0f + expf(-bl[t * nv + h])));
+        float g;
+        gb[t * nv + h] = decay_beta(a, bl, ssm_a, dt_bias, t, nv, h, &g);
         if (graw) graw[t * nv + h] = g; /* the chunked form sums the logs (e^g may underflow) */
     }
 }
@@ -161,7 +177,7 @@ static __device__ __forceinline__ float dec_conv(const float *x, const float *__
         st[i * C + c] = v;
         if (at == 1) sn[i * C + c] = v;
     }
-    return acc / (1.0f + expf(-acc));
+    return conv_silu(acc);
 }
 
 template <int D>
@@ -192,7 +208,7 @@ static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, flo
         }
         ss = warp_sum(ss);
         const bool isq = u < nk;
-        const float inv = isq ? 1.0f / sqrtf(ss + eps) * (1.0f / sqrtf((float)hk)) : 1.0f / sqrtf(ss + eps);
+        const float inv = qk_inv(ss, eps, isq, hk);
         float *dd = (isq ? qn : kn) + (t * nk + (isq ? u : u - nk)) * (int64_t)hk;
 #pragma unroll
         for (int e = 0; e < DEC_KPL; e++)
@@ -207,8 +223,8 @@ static __global__ void gdn_dec_prep_kernel(float *qn, float *kn, float2 *gb, flo
     }
     if (blockIdx.x == 0)
         for (int h = threadIdx.x; h < nv; h += blockDim.x) {
-            const float g = ssm_a[h] * softplus(a[t * nv + h] + dt_bias[h]);
-            gb[t * nv + h] = make_float2(expf(g), 1.0f / (1.0f + expf(-bl[t * nv + h])));
+            float g;
+            gb[t * nv + h] = decay_beta(a, bl, ssm_a, dt_bias, t, nv, h, &g);
         }
 }
 
