@@ -37,7 +37,8 @@
  * F16 cache, blocks of 16): decode at depths 512/4096/16384 for 1 and 64 sequences, 32768 for 1
  * (GB/s of K/V bytes, caches rotated through >= 1 GiB so reads come from HBM) and
  * prefill of 512 and 2048 tokens (TFLOP/s of the causal QK^T and PV products; also
- * Qwen3.5-9B's 16 / 4 / 256 at 512 and 4096; SMELT_BENCH=prefill: those alone), old
+ * Qwen3.5-9B's 16 / 4 / 256 at 512 and 4096 and a 512-row chunk at depth; SMELT_BENCH=prefill:
+ * those alone; SMELT_BENCH_LABEL=S: only the benches whose label contains S), old
  * (GENERIC) kernel against the new ones; then one decode row at depths 16/128/256/4096 (8B also
  * 16384/32768, with 16 / 32 splits forced and 256 threads from 4096 up) on
  * Llama-3-8B and Qwen2.5-0.5B (14 query heads, 2 KV heads, d = 64) shapes as graphs of
@@ -1017,13 +1018,17 @@ struct bshape {
 };
 static const struct bshape LLAMA3_8B = {32, 8, 128}, QWEN35_9B = {16, 4, 256};
 
-/* n_seq sequences, each one row at position depth - 1 (decode) or n_rows rows from 0
- * (prefill, n_seq = 1). Caches rotate through `copies` disjoint block ranges. */
+/* n_seq sequences, each one row at position depth - 1 (decode), or n_rows rows at positions
+ * depth..depth + n_rows - 1 (prefill, n_seq = 1: a prompt chunk after `depth` cached keys;
+ * the generic kernel is timed beside it only from position 0). Caches rotate through
+ * `copies` disjoint block ranges. */
 static void bench_one(const char *label, struct bshape sh, int n_seq, int depth, int n_rows, int kernel_new) {
+    const char *only = getenv("SMELT_BENCH_LABEL"); /* runs only the benches whose label holds it */
+    if (only && *only && !strstr(label, only)) return;
     const int BH = sh.n_head, BKV = sh.n_kv, BD = sh.d;
     const bool decode = n_rows == 0;
     const int rows = decode ? n_seq : n_rows;
-    const int len = decode ? depth : n_rows;
+    const int len = decode ? depth : depth + n_rows;
     const int nb = (len + BBS - 1) / BBS, width = (nb + 15) / 16 * 16;
     const double kv_bytes = (double)n_seq * BKV * len * BD * 2 * 2; /* K and V, 2 bytes each */
     int copies = decode ? (int)((1ull << 30) / kv_bytes) + 1 : 1;
@@ -1051,7 +1056,7 @@ static void bench_one(const char *label, struct bshape sh, int n_seq, int depth,
     cudaMemset(kc, 0x3c, cache_bytes); /* F16 0x3c3c: ~1.06 everywhere */
     cudaMemset(vc, 0x3c, cache_bytes);
     for (int r = 0; r < rows; r++) {
-        hpos[r] = decode ? depth - 1 : r;
+        hpos[r] = decode ? depth - 1 : depth + r;
         hseq[r] = decode ? r : 0;
     }
     memset(htab, 0, sizeof(int32_t) * (size_t)copies * width * n_seq);
@@ -1066,7 +1071,7 @@ static void bench_one(const char *label, struct bshape sh, int n_seq, int depth,
 
     const int kernels[2] = {CUDA_ATTN_GENERIC, kernel_new};
     double us[2] = {0, 0};
-    for (int ki = 0; ki < 2; ki++) {
+    for (int ki = !decode && depth > 0; ki < 2; ki++) {
         struct cuda_attn_args a = {.dst = dst, .q = q, .kc = kc, .vc = vc, .cache_type = QT_F16, .pos = pos,
                                    .seq = seq, .max_blocks = width, .block_size = BBS, .n_seqs = n_seq, .dk = BD,
                                    .dv = BD, .n_head = BH, .n_kv = BKV, .n_tokens = rows,
@@ -1099,12 +1104,12 @@ static void bench_one(const char *label, struct bshape sh, int n_seq, int depth,
                    kernel_name(p.kernel), p.dec_split, us[ki], kv_bytes / us[ki] / 1e3,
                    kv_bytes / us[ki] / 1e3 / 4380 * 100);
         else {
-            const double flops = 4.0 * BH * BD * ((double)n_rows * (n_rows + 1) / 2);
+            const double flops = 4.0 * BH * BD * ((double)n_rows * (n_rows + 1) / 2 + (double)n_rows * depth);
             printf("bench %-30s %-8s (split %2d): %9.1f us  %7.1f TFLOP/s  %5.1f%% of 780\n", label,
                    kernel_name(p.kernel), p.pf_split, us[ki], flops / us[ki] / 1e6, flops / us[ki] / 1e6 / 780 * 100);
         }
     }
-    printf("bench %-30s speed-up %.2fx\n", label, us[0] / us[1]);
+    if (us[0] > 0) printf("bench %-30s speed-up %.2fx\n", label, us[0] / us[1]);
 out:
     cudaFree(kc);
     cudaFree(vc);
@@ -1314,6 +1319,10 @@ static void bench_prefill(void) {
     bench_one("prefill 2048", LLAMA3_8B, 1, 0, 2048, CUDA_ATTN_AUTO);
     bench_one("qwen3.5-9b prefill 512", QWEN35_9B, 1, 0, 512, CUDA_ATTN_AUTO);
     bench_one("qwen3.5-9b prefill 4096", QWEN35_9B, 1, 0, 4096, CUDA_ATTN_AUTO);
+    /* a 512-row chunk of a long prompt (smelt bench -p 32768 runs 64 of them) */
+    bench_one("qwen3.5-9b prefill 512 @ 4096", QWEN35_9B, 1, 4096, 512, CUDA_ATTN_AUTO);
+    bench_one("qwen3.5-9b prefill 512 @ 16384", QWEN35_9B, 1, 16384, 512, CUDA_ATTN_AUTO);
+    bench_one("prefill 512 @ 16384", LLAMA3_8B, 1, 16384, 512, CUDA_ATTN_AUTO);
 }
 
 static void bench(void) {
