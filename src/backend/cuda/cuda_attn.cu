@@ -791,11 +791,13 @@ static __global__ void __launch_bounds__(TH)
 #define PF_THREADS 128
 #define PF_SHORT 4 /* row groups of at most this many rows go to the decode kernel */
 
+/* Shared memory: Q, then two stages of K and two of V (the next key tile loads while this
+ * one is computed): 46 / 87 / 101 KB at d = 64 / 128 / 256. */
 template <int D>
 struct pf_cfg {
     static constexpr int BN = D <= 128 ? 64 : 32; /* keys per K/V tile */
     static constexpr int LD = D + 8;              /* smem row stride (elements) */
-    static constexpr size_t SMEM = (size_t)(PF_BM + 2 * BN) * LD * 2;
+    static constexpr size_t SMEM = (size_t)(PF_BM + 4 * BN) * LD * 2;
 };
 
 template <typename T>
@@ -849,8 +851,8 @@ static __global__ void __launch_bounds__(PF_THREADS)
     constexpr int BN = pf_cfg<D>::BN, LD = pf_cfg<D>::LD, NC = D / 8;
     extern __shared__ __align__(16) unsigned char psm[];
     T *sQ = reinterpret_cast<T *>(psm); /* [PF_BM][LD] */
-    T *sK = sQ + PF_BM * LD;            /* [BN][LD] */
-    T *sV = sK + BN * LD;               /* [BN][LD] */
+    T *sK = sQ + PF_BM * LD;            /* [2][BN][LD] */
+    T *sV = sK + 2 * BN * LD;           /* [2][BN][LD] */
     __shared__ int s_pos[PF_BM], s_j0[PF_BM];
 
     pdl_wait(); /* tiles, q, positions, caches: the step's data */
@@ -885,26 +887,40 @@ static __global__ void __launch_bounds__(PF_THREADS)
         const int kmax = warp_max_i(max(s_pos[lane], s_pos[lane + 32]));
         const int wj0 = warp_min_i(s_j0[warp * 16 + (lane & 15)]);
         const int wpos = warp_max_i(s_pos[warp * 16 + (lane & 15)]);
+        /* a key tile inside [wj0max, wposmin] is visible to every row of the warp (a row past
+         * nrows has j0 = INT_MAX and pos = -1, so its warp never takes the unmasked path) */
+        const int wj0max = warp_max_i(s_j0[warp * 16 + (lane & 15)]);
+        const int wposmin = warp_min_i(s_pos[warp * 16 + (lane & 15)]);
         const int rA = warp * 16 + gid, rB = rA + 8;
         const int posA = s_pos[rA], posB = s_pos[rB], j0A = s_j0[rA], j0B = s_j0[rB];
         const int n_kt = (kmax - kmin + BN) / BN; /* nrows >= 1: kmin <= kmax */
         const int per = (n_kt + n_split - 1) / n_split;
         const int kt0 = split * per, kt1 = min(n_kt, kt0 + per);
         const int32_t *table = a.blocks + (int64_t)a.seq[row0] * a.max_blocks;
+        const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
+        const int64_t blk_stride = (int64_t)a.n_kv * a.block_size * D, head_off = (int64_t)kvh * a.block_size * D;
 
-        /* K or V rows [kb, kb + BN) into dst; keys past kmax zeroed */
-        auto load = [&](T *dst, const T *cache, int kb) {
-            for (int idx = tid; idx < BN * NC; idx += PF_THREADS) {
-                const int r = idx / NC, c = idx % NC, key = kb + r;
-                const T *src = cache;
+        /* K and V rows [kb, kb + BN) into stage st; keys past kmax zeroed. A thread copies
+         * the same 16-byte column c of rows r0, r0 + RS, ...; a power-of-two block size (every
+         * cache smelt makes) takes a shift instead of the division. */
+        constexpr int RS = PF_THREADS / NC;
+        static_assert(PF_THREADS % NC == 0 && BN % RS == 0, "prefill tile copy");
+        const int r0 = tid / NC, cc = (tid % NC) * 8;
+        auto load = [&](int st, int kb) {
+            T *dk = sK + st * BN * LD + r0 * LD + cc, *dv = sV + st * BN * LD + r0 * LD + cc;
+#pragma unroll
+            for (int i = 0; i < BN / RS; i++) {
+                const int key = kb + r0 + i * RS;
+                int64_t o = cc;
                 int bytes = 0;
                 if (key <= kmax) {
-                    const int64_t blk = table[key / a.block_size];
-                    const int off = key % a.block_size;
-                    src = cache + ((blk * a.n_kv + kvh) * a.block_size + off) * D + c * 8;
+                    const int bi = bs_shift >= 0 ? key >> bs_shift : key / a.block_size;
+                    const int off = key - bi * a.block_size;
+                    o = (int64_t)table[bi] * blk_stride + head_off + off * D + cc;
                     bytes = 16;
                 }
-                cp_async16(dst + r * LD + c * 8, src, bytes);
+                cp_async16(dk + i * RS * LD, kc + o, bytes);
+                cp_async16(dv + i * RS * LD, vc + o, bytes);
             }
         };
 
@@ -913,33 +929,48 @@ static __global__ void __launch_bounds__(PF_THREADS)
         for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
         float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
 
-        if (kt0 < kt1) load(sK, kc, kmin + kt0 * BN);
+        /* two stages: tile kt + 1's K and V load while tile kt is computed; one barrier a
+         * tile (it also frees the stage that the next load overwrites) */
+        if (kt0 < kt1) load(0, kmin + kt0 * BN);
         cp_async_commit();
         for (int kt = kt0; kt < kt1; kt++) {
-            const int kb = kmin + kt * BN;
-            load(sV, vc, kb);
+            const int kb = kmin + kt * BN, st = (kt - kt0) & 1;
+            cp_async_wait<0>(); /* tile kt has landed (this thread's copies) */
+            __syncthreads();    /* ... every thread's, and every warp is done with tile kt - 1 */
+            if (kt + 1 < kt1) load(st ^ 1, kb + BN);
             cp_async_commit();
-            cp_async_wait<1>(); /* K tile kt has landed; V may be in flight */
-            __syncthreads();
+            const T *cK = sK + st * BN * LD, *cV = sV + st * BN * LD;
             const bool active = kb <= wpos && kb + BN - 1 >= wj0; /* warp-uniform */
+            if (!active) continue;
+            const bool full = kb >= wj0max && kb + BN - 1 <= wposmin; /* warp-uniform: no mask */
             float s[BN / 8][4];
-            if (active) {
 #pragma unroll
-                for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+            for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    uint32_t qa[4];
-                    ldsm_x4(qa, sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t qa[4];
+                ldsm_x4(qa, sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-                    for (int np = 0; np < BN / 16; np++) {
-                        uint32_t kf[4];
-                        ldsm_x4(kf, sK + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                        mma_op<T>::run(s[2 * np], qa, kf[0], kf[1]);
-                        mma_op<T>::run(s[2 * np + 1], qa, kf[2], kf[3]);
-                    }
+                for (int np = 0; np < BN / 16; np++) {
+                    uint32_t kf[4];
+                    ldsm_x4(kf, cK + (np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                    mma_op<T>::run(s[2 * np], qa, kf[0], kf[1]);
+                    mma_op<T>::run(s[2 * np + 1], qa, kf[2], kf[3]);
                 }
-                /* scale, soft-cap, mask; row maxima */
-                float mxA = -INFINITY, mxB = -INFINITY;
+            }
+            /* scale, soft-cap, mask; row maxima */
+            float mxA = -INFINITY, mxB = -INFINITY;
+            if (full && !(a.softcap > 0.0f)) {
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+                    s[nt][0] *= a.scale;
+                    s[nt][1] *= a.scale;
+                    s[nt][2] *= a.scale;
+                    s[nt][3] *= a.scale;
+                    mxA = fmaxf(mxA, fmaxf(s[nt][0], s[nt][1]));
+                    mxB = fmaxf(mxB, fmaxf(s[nt][2], s[nt][3]));
+                }
+            } else {
 #pragma unroll
                 for (int nt = 0; nt < BN / 8; nt++) {
 #pragma unroll
@@ -954,27 +985,31 @@ static __global__ void __launch_bounds__(PF_THREADS)
                         else mxB = fmaxf(mxB, x);
                     }
                 }
-                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
-                mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
-                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
-                mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
-                const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
-                const float uA = nA == -INFINITY ? 0.0f : nA, uB = nB == -INFINITY ? 0.0f : nB;
-                const float cA = __expf(mA - uA), cB = __expf(mB - uB);
-                float sumA = 0.0f, sumB = 0.0f;
+            }
+            mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+            mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+            mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+            mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+            const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
+            const float uA = nA == -INFINITY ? 0.0f : nA, uB = nB == -INFINITY ? 0.0f : nB;
+            const float cA = __expf(mA - uA), cB = __expf(mB - uB);
+            float sumA = 0.0f, sumB = 0.0f;
 #pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
-                    s[nt][0] = __expf(s[nt][0] - uA);
-                    s[nt][1] = __expf(s[nt][1] - uA);
-                    s[nt][2] = __expf(s[nt][2] - uB);
-                    s[nt][3] = __expf(s[nt][3] - uB);
-                    sumA += s[nt][0] + s[nt][1];
-                    sumB += s[nt][2] + s[nt][3];
-                }
-                lA = lA * cA + sumA; /* the quad's partial sums; reduced at the end */
-                lB = lB * cB + sumB;
-                mA = nA;
-                mB = nB;
+            for (int nt = 0; nt < BN / 8; nt++) {
+                s[nt][0] = __expf(s[nt][0] - uA);
+                s[nt][1] = __expf(s[nt][1] - uA);
+                s[nt][2] = __expf(s[nt][2] - uB);
+                s[nt][3] = __expf(s[nt][3] - uB);
+                sumA += s[nt][0] + s[nt][1];
+                sumB += s[nt][2] + s[nt][3];
+            }
+            lA = lA * cA + sumA; /* the quad's partial sums; reduced at the end */
+            lB = lB * cB + sumB;
+            mA = nA;
+            mB = nB;
+            /* once the row maxima settle, cA = cB = exp(0) = 1 exactly: skipping the
+             * multiplications then changes no bit */
+            if (__ballot_sync(0xffffffffu, cA != 1.0f || cB != 1.0f)) {
 #pragma unroll
                 for (int i = 0; i < D / 8; i++) {
                     o[i][0] *= cA;
@@ -983,28 +1018,21 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     o[i][3] *= cB;
                 }
             }
-            cp_async_wait<0>(); /* V tile kt has landed */
-            __syncthreads();    /* ... and every warp is done with sK */
-            if (kt + 1 < kt1) load(sK, kc, kb + BN);
-            cp_async_commit();
-            if (active) {
 #pragma unroll
-                for (int kc2 = 0; kc2 < BN / 16; kc2++) {
-                    uint32_t pa[4];
-                    pa[0] = mma_op<T>::pack(s[2 * kc2][0], s[2 * kc2][1]);
-                    pa[1] = mma_op<T>::pack(s[2 * kc2][2], s[2 * kc2][3]);
-                    pa[2] = mma_op<T>::pack(s[2 * kc2 + 1][0], s[2 * kc2 + 1][1]);
-                    pa[3] = mma_op<T>::pack(s[2 * kc2 + 1][2], s[2 * kc2 + 1][3]);
+            for (int kc2 = 0; kc2 < BN / 16; kc2++) {
+                uint32_t pa[4];
+                pa[0] = mma_op<T>::pack(s[2 * kc2][0], s[2 * kc2][1]);
+                pa[1] = mma_op<T>::pack(s[2 * kc2][2], s[2 * kc2][3]);
+                pa[2] = mma_op<T>::pack(s[2 * kc2 + 1][0], s[2 * kc2 + 1][1]);
+                pa[3] = mma_op<T>::pack(s[2 * kc2 + 1][2], s[2 * kc2 + 1][3]);
 #pragma unroll
-                    for (int dp = 0; dp < D / 16; dp++) {
-                        uint32_t vf[4];
-                        ldsm_x4_trans(vf, sV + (kc2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
-                        mma_op<T>::run(o[2 * dp], pa, vf[0], vf[1]);
-                        mma_op<T>::run(o[2 * dp + 1], pa, vf[2], vf[3]);
-                    }
+                for (int dp = 0; dp < D / 16; dp++) {
+                    uint32_t vf[4];
+                    ldsm_x4_trans(vf, cV + (kc2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+                    mma_op<T>::run(o[2 * dp], pa, vf[0], vf[1]);
+                    mma_op<T>::run(o[2 * dp + 1], pa, vf[2], vf[3]);
                 }
             }
-            __syncthreads(); /* every warp is done with sV */
         }
 
         lA += __shfl_xor_sync(0xffffffffu, lA, 1);
