@@ -791,13 +791,15 @@ static __global__ void __launch_bounds__(TH)
 #define PF_THREADS 128
 #define PF_SHORT 4 /* row groups of at most this many rows go to the decode kernel */
 
-/* Shared memory: Q, then two stages of K and two of V (the next key tile loads while this
- * one is computed): 46 / 87 / 101 KB at d = 64 / 128 / 256. */
-template <int D>
+/* Shared memory: Q, then NS stages of K and NS of V. Two stages (the next key tile loads
+ * while this one is computed): 46 / 87 / 101 KB at d = 64 / 128 / 256; one (V's load
+ * overlaps S, the next K's overlaps P V) on devices that cannot give a block two, such as
+ * sm_86 / sm_89's 99 KB at d = 256: 27 / 52 / 68 KB. */
+template <int D, int NS>
 struct pf_cfg {
     static constexpr int BN = D <= 128 ? 64 : 32; /* keys per K/V tile */
     static constexpr int LD = D + 8;              /* smem row stride (elements) */
-    static constexpr size_t SMEM = (size_t)(PF_BM + 4 * BN) * LD * 2;
+    static constexpr size_t SMEM = (size_t)(PF_BM + 2 * NS * BN) * LD * 2;
 };
 
 template <typename T>
@@ -844,15 +846,15 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
 /* tiles: {count, (row0, nrows) x count}: row groups of <= PF_BM consecutive rows of one
  * sequence. Grid (n_head, tile slots, n_split); a block walks tiles blockIdx.y,
  * blockIdx.y + gridDim.y, ... from the last (longest key range under causality) down. */
-template <typename T, int D>
+template <typename T, int D, int NS>
 static __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_kernel(const struct cuda_attn_args a, const T *kc, const T *vc, const int *tiles, float *partial,
                         int n_split) {
-    constexpr int BN = pf_cfg<D>::BN, LD = pf_cfg<D>::LD, NC = D / 8;
+    constexpr int BN = pf_cfg<D, NS>::BN, LD = pf_cfg<D, NS>::LD, NC = D / 8;
     extern __shared__ __align__(16) unsigned char psm[];
     T *sQ = reinterpret_cast<T *>(psm); /* [PF_BM][LD] */
-    T *sK = sQ + PF_BM * LD;            /* [2][BN][LD] */
-    T *sV = sK + 2 * BN * LD;           /* [2][BN][LD] */
+    T *sK = sQ + PF_BM * LD;            /* [NS][BN][LD] */
+    T *sV = sK + NS * BN * LD;          /* [NS][BN][LD] */
     __shared__ int s_pos[PF_BM], s_j0[PF_BM];
 
     pdl_wait(); /* tiles, q, positions, caches: the step's data */
@@ -900,13 +902,13 @@ static __global__ void __launch_bounds__(PF_THREADS)
         const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
         const int64_t blk_stride = (int64_t)a.n_kv * a.block_size * D, head_off = (int64_t)kvh * a.block_size * D;
 
-        /* K and V rows [kb, kb + BN) into stage st; keys past kmax zeroed. A thread copies
+        /* K and/or V rows [kb, kb + BN) into stage st; keys past kmax zeroed. A thread copies
          * the same 16-byte column c of rows r0, r0 + RS, ...; a power-of-two block size (every
          * cache smelt makes) takes a shift instead of the division. */
         constexpr int RS = PF_THREADS / NC;
         static_assert(PF_THREADS % NC == 0 && BN % RS == 0, "prefill tile copy");
         const int r0 = tid / NC, cc = (tid % NC) * 8;
-        auto load = [&](int st, int kb) {
+        auto load = [&](int st, int kb, bool k, bool v) {
             T *dk = sK + st * BN * LD + r0 * LD + cc, *dv = sV + st * BN * LD + r0 * LD + cc;
 #pragma unroll
             for (int i = 0; i < BN / RS; i++) {
@@ -919,8 +921,8 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     o = (int64_t)table[bi] * blk_stride + head_off + off * D + cc;
                     bytes = 16;
                 }
-                cp_async16(dk + i * RS * LD, kc + o, bytes);
-                cp_async16(dv + i * RS * LD, vc + o, bytes);
+                if (k) cp_async16(dk + i * RS * LD, kc + o, bytes);
+                if (v) cp_async16(dv + i * RS * LD, vc + o, bytes);
             }
         };
 
@@ -929,21 +931,10 @@ static __global__ void __launch_bounds__(PF_THREADS)
         for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
         float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
 
-        /* two stages: tile kt + 1's K and V load while tile kt is computed; one barrier a
-         * tile (it also frees the stage that the next load overwrites) */
-        if (kt0 < kt1) load(0, kmin + kt0 * BN);
-        cp_async_commit();
-        for (int kt = kt0; kt < kt1; kt++) {
-            const int kb = kmin + kt * BN, st = (kt - kt0) & 1;
-            cp_async_wait<0>(); /* tile kt has landed (this thread's copies) */
-            __syncthreads();    /* ... every thread's, and every warp is done with tile kt - 1 */
-            if (kt + 1 < kt1) load(st ^ 1, kb + BN);
-            cp_async_commit();
-            const T *cK = sK + st * BN * LD, *cV = sV + st * BN * LD;
-            const bool active = kb <= wpos && kb + BN - 1 >= wj0; /* warp-uniform */
-            if (!active) continue;
+        /* S = Q K^T of key tile kb with the online softmax (s: the tile's P, o rescaled) */
+        float s[BN / 8][4];
+        auto scores = [&](const T *cK, int kb) {
             const bool full = kb >= wj0max && kb + BN - 1 <= wposmin; /* warp-uniform: no mask */
-            float s[BN / 8][4];
 #pragma unroll
             for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
@@ -1018,6 +1009,9 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     o[i][3] *= cB;
                 }
             }
+        };
+        /* O += P V */
+        auto accumulate = [&](const T *cV) {
 #pragma unroll
             for (int kc2 = 0; kc2 < BN / 16; kc2++) {
                 uint32_t pa[4];
@@ -1032,6 +1026,42 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     mma_op<T>::run(o[2 * dp], pa, vf[0], vf[1]);
                     mma_op<T>::run(o[2 * dp + 1], pa, vf[2], vf[3]);
                 }
+            }
+        };
+        auto active = [&](int kb) { return kb <= wpos && kb + BN - 1 >= wj0; }; /* warp-uniform */
+        if constexpr (NS == 2) {
+            /* tile kt + 1's K and V load while tile kt is computed; one barrier a tile (it
+             * also frees the stage that the next load overwrites) */
+            if (kt0 < kt1) load(0, kmin + kt0 * BN, true, true);
+            cp_async_commit();
+            for (int kt = kt0; kt < kt1; kt++) {
+                const int kb = kmin + kt * BN, st = (kt - kt0) & 1;
+                cp_async_wait<0>(); /* tile kt has landed (this thread's copies) */
+                __syncthreads();    /* ... every thread's, and every warp is done with tile kt - 1 */
+                if (kt + 1 < kt1) load(st ^ 1, kb + BN, true, true);
+                cp_async_commit();
+                if (!active(kb)) continue;
+                scores(sK + st * BN * LD, kb);
+                accumulate(sV + st * BN * LD);
+            }
+        } else {
+            /* one stage: V's load overlaps S, the next K's overlaps P V */
+            if (kt0 < kt1) load(0, kmin + kt0 * BN, true, false);
+            cp_async_commit();
+            for (int kt = kt0; kt < kt1; kt++) {
+                const int kb = kmin + kt * BN;
+                load(0, kb, false, true);
+                cp_async_commit();
+                cp_async_wait<1>(); /* K tile kt has landed; V may be in flight */
+                __syncthreads();
+                const bool act = active(kb);
+                if (act) scores(sK, kb);
+                cp_async_wait<0>(); /* V tile kt has landed */
+                __syncthreads();    /* ... and every warp is done with sK */
+                if (kt + 1 < kt1) load(0, kb + BN, true, false);
+                cp_async_commit();
+                if (act) accumulate(sV);
+                __syncthreads(); /* every warp is done with sV */
             }
         }
 
@@ -1341,14 +1371,25 @@ static void launch_decode(const struct cuda_attn_args *a, const int *rows, int s
     else launch_decode_d<T, 256>(a, rows, slots, partial, s, min_keys, threads, sub, qo, ctx);
 }
 
+template <typename T, int D, int NS>
+static void launch_prefill_ns(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
+                              struct cuda_ctx *ctx) {
+    constexpr size_t smem = pf_cfg<D, NS>::SMEM;
+    smem_optin_once(ctx, (const void *)attn_prefill_kernel<T, D, NS>, smem); /* as in launch_decode_t */
+    dim3 grid((unsigned)a->n_head, (unsigned)slots, (unsigned)s);
+    (void)klaunch(attn_prefill_kernel<T, D, NS>, grid, dim3(PF_THREADS), smem, ctx, *a, (const T *)a->kc,
+                  (const T *)a->vc, tiles, partial, s);
+}
+
+/* Two stages where the device gives a block their shared memory (with the kernel's static
+ * s_pos and s_j0), else one. */
 template <typename T, int D>
 static void launch_prefill_d(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
                              struct cuda_ctx *ctx) {
-    constexpr size_t smem = pf_cfg<D>::SMEM;
-    smem_optin_once(ctx, (const void *)attn_prefill_kernel<T, D>, smem); /* as in launch_decode_t */
-    dim3 grid((unsigned)a->n_head, (unsigned)slots, (unsigned)s);
-    (void)klaunch(attn_prefill_kernel<T, D>, grid, dim3(PF_THREADS), smem, ctx, *a, (const T *)a->kc,
-                  (const T *)a->vc, tiles, partial, s);
+    const size_t need = pf_cfg<D, 2>::SMEM + 2 * PF_BM * sizeof(int);
+    if (ctx->smem_optin <= 0 || need <= (size_t)ctx->smem_optin)
+        launch_prefill_ns<T, D, 2>(a, tiles, slots, partial, s, ctx);
+    else launch_prefill_ns<T, D, 1>(a, tiles, slots, partial, s, ctx);
 }
 
 template <typename T>

@@ -12,6 +12,7 @@ smelt_status cuda_ctx_init(struct cuda_ctx *c, int device, cudaStream_t stream, 
     cudaError_t rc = cudaSetDevice(device);
     if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device);
     if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (rc != cudaSuccess) {
         cudaGetLastError();
         return err_set(e, SMELT_ERR_DEVICE, "CUDA device %d: %s", device, cudaGetErrorString(rc));

@@ -40,6 +40,8 @@ struct cuda_ctx {
     cudaStream_t stream;  /* where every launch goes */
     int n_sm;             /* multiprocessors; 0 in a context made without a device
                            * (cuda_attn_plan's tests): the plans then assume an H200's 132 */
+    int smem_optin;       /* shared memory a block may opt in to, bytes (0 in a context
+                           * made without a device) */
     int pdl_on;           /* sm_90+ and SMELT_NO_PDL unset: kernels launched with
                            * programmatic stream serialization (cuda_common.cuh) */
     int pdl_fence;        /* set after a copy on the stream: the next kernel is launched
