@@ -800,6 +800,7 @@ struct pf_cfg {
     static constexpr int BN = D <= 128 ? 64 : 32; /* keys per K/V tile */
     static constexpr int LD = D + 8;              /* smem row stride (elements) */
     static constexpr size_t SMEM = (size_t)(PF_BM + 2 * NS * BN) * LD * 2;
+    static constexpr size_t STATIC = 2 * PF_BM * sizeof(int); /* s_pos, s_j0 */
 };
 
 template <typename T>
@@ -855,7 +856,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
     T *sQ = reinterpret_cast<T *>(psm); /* [PF_BM][LD] */
     T *sK = sQ + PF_BM * LD;            /* [NS][BN][LD] */
     T *sV = sK + NS * BN * LD;          /* [NS][BN][LD] */
-    __shared__ int s_pos[PF_BM], s_j0[PF_BM];
+    __shared__ int s_pos[PF_BM], s_j0[PF_BM]; /* pf_cfg::STATIC */
 
     pdl_wait(); /* tiles, q, positions, caches: the step's data */
     pdl_trigger();
@@ -1381,13 +1382,11 @@ static void launch_prefill_ns(const struct cuda_attn_args *a, const int *tiles, 
                   (const T *)a->vc, tiles, partial, s);
 }
 
-/* Two stages where the device gives a block their shared memory (with the kernel's static
- * s_pos and s_j0), else one. */
+/* Two stages where the device gives a block their shared memory, else one. */
 template <typename T, int D>
 static void launch_prefill_d(const struct cuda_attn_args *a, const int *tiles, int slots, float *partial, int s,
                              struct cuda_ctx *ctx) {
-    const size_t need = pf_cfg<D, 2>::SMEM + 2 * PF_BM * sizeof(int);
-    if (ctx->smem_optin <= 0 || need <= (size_t)ctx->smem_optin)
+    if (pf_cfg<D, 2>::SMEM + pf_cfg<D, 2>::STATIC <= (size_t)ctx->smem_optin)
         launch_prefill_ns<T, D, 2>(a, tiles, slots, partial, s, ctx);
     else launch_prefill_ns<T, D, 1>(a, tiles, slots, partial, s, ctx);
 }

@@ -50,7 +50,7 @@ struct cuda_ctx {
     int mmv_id_variant[2]; /* benchmarks (SMELT_MMV_ID_VARIANT=G,D): the one-token expert
                             * launches' shape, [0] gate/up, [1] down (0 = the default) */
     /* mmq: the tiles' resident blocks per SM on this device, queried at first use */
-    int mmq_ready, mmq_smem_max;
+    int mmq_ready;
     int mmq_occ[CUDA_MMQ_TYPES][CUDA_MMQ_TILES];
     /* kernels whose dynamic shared-memory limit this context has raised */
     const void *smem_raised[CUDA_CTX_FUNCS];

@@ -765,7 +765,7 @@ static int type_index(uint32_t type) {
 }
 
 /* Device facts, queried into the launch context at its first mmq call: the SM count
- * (cuda_ctx.n_sm), the opt-in shared memory per block (mmq_smem_max) and, per type and tile,
+ * (cuda_ctx.n_sm), the opt-in shared memory per block (cuda_ctx.smem_optin, read at init) and, per type and tile,
  * the resident blocks per SM (mmq_occ; 0 where the tile does not fit). The query also raises
  * each kernel's dynamic shared-memory limit on the device. */
 static_assert(N_TILES == CUDA_MMQ_TILES && 4 == CUDA_MMQ_TYPES, "cuda_ctx.mmq_occ's shape");
@@ -795,14 +795,13 @@ template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max) {
 
 static cudaError_t device_facts(struct cuda_ctx *ctx, const struct cuda_ctx **out) {
     if (!ctx->mmq_ready) {
-        int smem_max = 0, occ[CUDA_MMQ_TYPES][N_TILES] = {{0}};
-        cudaError_t ce = cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
-        if (ce == cudaSuccess) ce = query_type<QT_Q4_K>(occ[0], smem_max);
+        const int smem_max = ctx->smem_optin;
+        int occ[CUDA_MMQ_TYPES][N_TILES] = {{0}};
+        cudaError_t ce = query_type<QT_Q4_K>(occ[0], smem_max);
         if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(occ[1], smem_max);
         if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(occ[2], smem_max);
         if (ce == cudaSuccess) ce = query_type<QT_MXFP4>(occ[3], smem_max);
         if (ce != cudaSuccess) return ce;
-        ctx->mmq_smem_max = smem_max;
         memcpy(ctx->mmq_occ, occ, sizeof occ);
         ctx->mmq_ready = 1;
     }
@@ -986,7 +985,7 @@ extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qwe
     if (!d->mmq_occ[type_index(w->type)][tile])
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "cuda mmq: tile %d needs %d B of shared memory, the device has %d", tile,
-                       smem_bytes_of(w->type, tile), d->mmq_smem_max);
+                       smem_bytes_of(w->type, tile), d->smem_optin);
     const mmq_plan p = plan_of(d, w->type, w->rows, w->k, n, tile);
     const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
     if (scratch_bytes < need)
@@ -1080,7 +1079,7 @@ extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_
     if (!d->mmq_occ[type_index(w->type)][tile])
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "cuda mmq by id: tile %d needs %d B of shared memory, the device has %d",
-                       tile, smem_bytes_of(w->type, tile), d->mmq_smem_max);
+                       tile, smem_bytes_of(w->type, tile), d->smem_optin);
     /* the grid as for the bound (every tile used); the blocks split the used tiles */
     const mmq_plan p = plan_of(d, w->type, rows_e, w->k, n, tile);
     const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
