@@ -169,6 +169,34 @@ static inline void emu_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1
         c[i] = acc;
     }
 }
+/* wgmma.mma_async.m64nNk16 f32 += f16 with A in registers and B K-major, unswizzled, in shared
+ * memory (cuda_mma.cuh; the descriptor as patch.py rewrites it: address / 16 in bits 0..31,
+ * the K-adjacent core matrices' distance / 16 in 32..47, the N-adjacent ones' in 48..63).
+ * Warp w of the warpgroup owns rows 16w..16w+15 of A and D, so each warp computes its part
+ * alone: d[4j + i] for 8-column tile j as mma.m16n8k16's C. Runs at issue. */
+#define SMELT_WGMMA 1
+static inline void emu_wgmma(float *d, const uint32_t *a, uint64_t desc, int n) {
+    struct X { uint32_t a[4]; } mine = {{a[0], a[1], a[2], a[3]}}, all[32];
+    EMU_CLOBBER();
+    emu::warp_xchg(&mine, sizeof mine, all);
+    EMU_CLOBBER();
+    const unsigned char *base = (const unsigned char *)(uintptr_t)((desc & 0xffffffffu) << 4);
+    const size_t lbo = (size_t)((desc >> 32) & 0xffffu) << 4, sbo = (size_t)(desc >> 48) << 4;
+    const int L = emu::lane(), g = L >> 2, t = L & 3;
+    for (int j = 0; j < n / 8; j++)
+        for (int i = 0; i < 4; i++) {
+            const int row = g + (i >= 2 ? 8 : 0), col = 8 * j + 2 * t + (i & 1);
+            float acc = d[4 * j + i];
+            for (int k = 0; k < 16; k++) {
+                const int ar = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), al = (row % 8) * 4 + (k % 8) / 2;
+                const float av = emu_h2f((all[al].a[ar] >> (16 * (k & 1))) & 0xffffu, false);
+                uint16_t bh;
+                memcpy(&bh, base + (col / 8) * sbo + (k / 8) * lbo + (col % 8) * 16 + (k % 8) * 2, 2);
+                acc += av * emu_h2f(bh, false);
+            }
+            d[4 * j + i] = acc;
+        }
+}
 /* ldmatrix.sync.m8n8.x4[.trans].b16, warp-collective */
 static inline void emu_ldsm(uint32_t *r, const void *p, bool trans) {
     const void *all[32];

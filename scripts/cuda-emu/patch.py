@@ -64,6 +64,22 @@ def main():
             t = rewrite(t, r'asm\("mul\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, 0, 1);\n", "mmq mul.f16x2")
             t = rewrite(t, r'asm\("fma\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, c, 2);\n", "mmq fma.f16x2")
             t = rewrite(t, r'asm\("lop3\.b32.*?\);\n', "d = (a & B) | c;\n", "mmq lop3")
+            # wgmma (SMELT_WGMMA is 1 in emu.h): the descriptor keeps the whole 32-bit address
+            # (fields: address / 16 in bits 0..31, lbo / 16 in 32..47, sbo / 16 in 48..63); the
+            # product runs at issue, so the fence, commit and wait have nothing to do
+            t = rewrite(t, r"(uint64_t wg_desc\(uint32_t saddr, uint32_t lbo, uint32_t sbo\) \{).*?\n\}",
+                        r"\1 return (uint64_t)(saddr >> 4) | (uint64_t)(lbo >> 4) << 32 | (uint64_t)(sbo >> 4) << 48; }",
+                        "wgmma descriptor")
+            t = rewrite(t, r'asm volatile\("wgmma\.fence\.sync\.aligned;\\n" ::: "memory"\);', "", "wgmma fence")
+            t = rewrite(t, r'asm volatile\("wgmma\.commit_group\.sync\.aligned;\\n" ::: "memory"\);', "",
+                        "wgmma commit")
+            t = rewrite(t, r'asm volatile\("wgmma\.wait_group\.sync\.aligned %0;\\n" ::"n"\(N\) : "memory"\);', "",
+                        "wgmma wait")
+            t = rewrite(t, r'asm volatile\("" : "\+f"\(v\)::"memory"\);', "(void)v;", "wgmma pin")
+            t = rewrite(t, r'asm volatile\("fence\.proxy\.async\.shared::cta;\\n" ::: "memory"\);', "",
+                        "wgmma smem fence")
+            t = rewrite(t, r'asm volatile\(\s*"\{\\n\.reg \.pred p;.*?"n"\(1\)\);', "emu_wgmma(&d[0][0], a, desc, 128);",
+                        "wgmma m64n128k16")
         if p.name in ("cuda_mmq.cu", "cuda_mmb.cu"):
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", f"{p.stem} extern shared")

@@ -229,7 +229,9 @@ static void check_weight(uint32_t type, int64_t rows, int64_t k, const int *ns, 
             if (st != SMELT_OK) continue;
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
-            compare(tile == CUDA_MMQ_TILE_AUTO ? "auto" : "", type, rows, k, n, bm, bn,
+            char tn[32];
+            cuda_mmq_tile_name(tl, tn, sizeof tn);
+            compare(tile == CUDA_MMQ_TILE_AUTO ? "auto" : strstr(tn, "wgmma") ? "wgmma" : "", type, rows, k, n, bm, bn,
                     cuda_mmq_grid(&g_ctx, &qw, n, tile), y, yq, mag, yx, stride, 0);
             if (tile == CUDA_MMQ_TILE_AUTO) { /* again: the same bits */
                 for (int64_t i = 0; i < n * rows; i++)
@@ -567,7 +569,7 @@ static void tuned_case(uint32_t type, int64_t rows, int64_t k, const int *ns, in
         const float us = rec ? ent->us : 0;
         char name[32];
         printf("mmq tuned %-5s %5lldx%-5lld n=%-3d recorded %s (%.1f us)\n", qtype_name(type), (long long)rows,
-               (long long)k, n, rec ? mmtune_choice_name(choice, cuda_mmq_tile_shape, name, sizeof name) : "nothing",
+               (long long)k, n, rec ? mmtune_choice_name(choice, cuda_mmq_tile_name, name, sizeof name) : "nothing",
                us);
         T_CHECKF(rec, "n=%d: no path recorded after an eager call", n);
         T_CHECKF(!rec || us > 0, "n=%d: the path was not measured (static fallback)", n);
@@ -905,7 +907,9 @@ static void bench(void) {
                     if (bn > 2 * n && bn > 16) continue; /* mostly padding */
                     c.tile = tile;
                     const double us = bench_time(&c, OP_MMQ, reps);
-                    snprintf(what, sizeof what, "mmq %dx%d g%d", bm, bn, cuda_mmq_grid(&g_ctx, &qw[0], n, tile));
+                    char tn[32];
+                    cuda_mmq_tile_name(tile, tn, sizeof tn);
+                    snprintf(what, sizeof what, "mmq %s g%d", tn, cuda_mmq_grid(&g_ctx, &qw[0], n, tile));
                     bench_row(what, shapes[si].name, type, n, us, ops, bytes);
                     if (us > 0 && us < best) best = us, best_tile = tile;
                 }
@@ -1055,13 +1059,13 @@ static void bench_tuned(void) {
                 }
                 for (int c = 0; c < ent->n_cand && la < sizeof line; c++)
                     la += (size_t)snprintf(line + la, sizeof line - la, "%s%s %.1f", c ? " | " : "",
-                                           mmtune_choice_name(ent->cand[c], cuda_mmq_tile_shape, name, sizeof name),
+                                           mmtune_choice_name(ent->cand[c], cuda_mmq_tile_name, name, sizeof name),
                                            ent->cand_us[c]);
                 if (la >= sizeof line) line[sizeof line - 1] = '\0';
                 char stat[32];
-                mmtune_choice_name(ent->static_choice, cuda_mmq_tile_shape, stat, sizeof stat);
+                mmtune_choice_name(ent->static_choice, cuda_mmq_tile_name, stat, sizeof stat);
                 printf("bench tune %-5s %-10s n=%-4d %s -> %s %.1f us (static %s %.1f us, %.2fx)\n", qtype_name(type),
-                       shapes[si].name, n, line, mmtune_choice_name(ent->choice, cuda_mmq_tile_shape, name, sizeof name),
+                       shapes[si].name, n, line, mmtune_choice_name(ent->choice, cuda_mmq_tile_name, name, sizeof name),
                        ent->us, stat, ent->static_us, ent->static_us > 0 && ent->us > 0 ? ent->static_us / ent->us : 0);
                 const int kind = ent->choice >= 0 ? 0 : ent->choice; /* mmq (any tile), cuBLAS, mmv */
                 if (kind != prev && at < sizeof sw)

@@ -242,24 +242,23 @@ static void test_env(void) {
     }
 }
 
-static void shape7(int tile, int *rows, int *tokens) {
+static void name7(int tile, char *buf, size_t size) {
     static const int bm[7] = {128, 256, 128, 256, 256, 128, 128};
-    *rows = bm[tile];
-    *tokens = bn7[tile];
+    snprintf(buf, size, "%dx%d", bm[tile], bn7[tile]);
 }
 
 static void test_format(void) {
     char name[32];
-    T_EQ_STR(mmtune_choice_name(MMTUNE_GEMM, shape7, name, sizeof name), "cuBLAS");
-    T_EQ_STR(mmtune_choice_name(MMTUNE_MMV, shape7, name, sizeof name), "mmv x8");
-    T_EQ_STR(mmtune_choice_name(MMTUNE_MMB, shape7, name, sizeof name), "mmb");
-    T_EQ_STR(mmtune_choice_name(6, shape7, name, sizeof name), "mmq 128x64");
-    T_EQ_STR(mmtune_choice_name(MMTUNE_MMQ_AUTO, shape7, name, sizeof name), "mmq auto");
+    T_EQ_STR(mmtune_choice_name(MMTUNE_GEMM, name7, name, sizeof name), "cuBLAS");
+    T_EQ_STR(mmtune_choice_name(MMTUNE_MMV, name7, name, sizeof name), "mmv x8");
+    T_EQ_STR(mmtune_choice_name(MMTUNE_MMB, name7, name, sizeof name), "mmb");
+    T_EQ_STR(mmtune_choice_name(6, name7, name, sizeof name), "mmq 128x64");
+    T_EQ_STR(mmtune_choice_name(MMTUNE_MMQ_AUTO, name7, name, sizeof name), "mmq auto");
     struct mmtune t;
     struct err e;
     mmtune_init(&t);
     char buf[1024];
-    T_EQ_INT((int)mmtune_format(&t, shape7, buf, sizeof buf), 0);
+    T_EQ_INT((int)mmtune_format(&t, name7, buf, sizeof buf), 0);
     T_EQ_STR(buf, "");
     /* put out of order: printed grouped by shape, buckets ascending */
     mmtune_put(&t,
@@ -277,7 +276,7 @@ static void test_format(void) {
         &t,
         &(struct mmtune_ent){.key = {QT_Q4_K, 4096, 4096, 7}, .choice = MMTUNE_MMQ_AUTO, .n = 600},
         NULL, &e);
-    size_t len = mmtune_format(&t, shape7, buf, sizeof buf);
+    size_t len = mmtune_format(&t, name7, buf, sizeof buf);
     const char *want =
         "Q4_K 4096x4096: 9-16 mmq 128x16 (16.6 us at n=9), 257-512 cuBLAS (57.8 us at n=512), "
         ">512 mmq auto (static)\n"
@@ -287,7 +286,7 @@ static void test_format(void) {
     /* truncation: always terminated, never past the buffer */
     char tiny[20];
     memset(tiny, 'Z', sizeof tiny);
-    len = mmtune_format(&t, shape7, tiny, 16);
+    len = mmtune_format(&t, name7, tiny, 16);
     T_EQ_INT((int)len, 15);
     T_CHECK(tiny[15] == '\0' && tiny[16] == 'Z');
     T_CHECK(strncmp(tiny, want, 15) == 0);

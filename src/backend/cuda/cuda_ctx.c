@@ -28,10 +28,13 @@ smelt_status cuda_ctx_init(struct cuda_ctx *c, int device, cudaStream_t stream, 
     if (rc == cudaSuccess) rc = cudaMemset(c->topk_cnt, 0, t);
     if (rc == cudaSuccess) rc = cudaMemset(c->mmb_cnt, 0, m);
     if (rc == cudaSuccess) rc = cudaDeviceSynchronize(); /* zero before any kernel on any stream */
+    if (rc == cudaSuccess) rc = cuda_probe_wgmma(&c->wgmma);
+    const char *nw = getenv("SMELT_NO_WGMMA");
+    if (nw && *nw && strcmp(nw, "0") != 0) c->wgmma = 0;
     if (rc != cudaSuccess) {
         cudaGetLastError();
         cuda_ctx_free(c);
-        return err_set(e, SMELT_ERR_DEVICE, "CUDA device %d: the kernels' counters (%zu bytes): %s", device, a + t + m,
+        return err_set(e, SMELT_ERR_DEVICE, "CUDA device %d: the kernels' counters (%zu bytes) or the wgmma probe: %s", device, a + t + m,
                        cudaGetErrorString(rc));
     }
     return SMELT_OK;

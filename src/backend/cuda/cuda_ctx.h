@@ -33,7 +33,7 @@ extern "C" {
 #define CUDA_TOPK_COUNTERS 1024    /* top-k's per-row merge counters (cuda_sample.cu) */
 #define CUDA_MMB_COUNTERS 65536    /* the small-batch matmul's row-tile counters (cuda_mmb.cu) */
 #define CUDA_MMQ_TYPES 4           /* Q4_K, Q6_K, Q8_0, MXFP4 (cuda_mmq.cu) */
-#define CUDA_MMQ_TILES 7           /* cuda_mmq_tile_count() */
+#define CUDA_MMQ_TILES 9           /* cuda_mmq_tile_count() */
 
 struct cuda_ctx {
     int device;           /* the CUDA device (an index among the visible ones) */
@@ -42,6 +42,9 @@ struct cuda_ctx {
                            * (cuda_attn_plan's tests): the plans then assume an H200's 132 */
     int smem_optin;       /* shared memory a block may opt in to, bytes (0 in a context
                            * made without a device) */
+    int wgmma;            /* the device code runs wgmma (an sm_90a image on an sm_90 device:
+                           * cuda_probe_wgmma) and SMELT_NO_WGMMA is unset; 0 in a context
+                           * made without a device */
     int pdl_on;           /* sm_90+ and SMELT_NO_PDL unset: kernels launched with
                            * programmatic stream serialization (cuda_common.cuh) */
     int pdl_fence;        /* set after a copy on the stream: the next kernel is launched
@@ -61,9 +64,12 @@ struct cuda_ctx {
 };
 
 /* A context for `device`, launching on `stream` (0: the legacy default stream): makes the
- * device current on the calling thread, reads its facts and SMELT_NO_PDL, allocates and
+ * device current on the calling thread, reads its facts, SMELT_NO_PDL and SMELT_NO_WGMMA, allocates and
  * zeroes the counters (synchronously). On error nothing is left to free. */
 smelt_status cuda_ctx_init(struct cuda_ctx *c, int device, cudaStream_t stream, struct err *e);
+/* *ok = 1 when the device code the driver loads for the current device was built with
+ * wgmma (cuda_probe.cu): runs a one-thread kernel, synchronously. */
+cudaError_t cuda_probe_wgmma(int *ok);
 /* Frees the counters (the device must be current; the stream is the owner's). */
 void cuda_ctx_free(struct cuda_ctx *c);
 

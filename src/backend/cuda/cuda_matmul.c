@@ -235,7 +235,7 @@ static float time_path(struct cuda_backend *cb, const struct cuda_qweight *qw, i
         if (path_run(cb, qw, choice, x, n, yc, false, xq, sc, sc_bytes, &e) != SMELT_OK) {
             char name[32];
             log_debug("cuda matmul tuning: %s on %s %lldx%lld, %lld rows failed: %s",
-                      mmtune_choice_name(choice, cuda_mmq_tile_shape, name, sizeof name), qtype_name(qw->type),
+                      mmtune_choice_name(choice, cuda_mmq_tile_name, name, sizeof name), qtype_name(qw->type),
                       (long long)qw->rows, (long long)qw->k, (long long)n, e.msg);
             cudaGetLastError();
             return -1;
@@ -361,11 +361,11 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
                                (long long)qw->rows, (long long)qw->k, (long long)n, range);
         for (int i = 0; i < nc && !why && at < sizeof line; i++)
             at += (size_t)snprintf(line + at, sizeof line - at, " %s %.1f us%s",
-                                   mmtune_choice_name(cand[i], cuda_mmq_tile_shape, name, sizeof name), us[i],
+                                   mmtune_choice_name(cand[i], cuda_mmq_tile_name, name, sizeof name), us[i],
                                    i + 1 < nc ? "," : "");
         if (at < sizeof line)
             snprintf(line + at, sizeof line - at, " -> %s%s%s",
-                     mmtune_choice_name(got->choice, cuda_mmq_tile_shape, name, sizeof name), why ? ", static: " : "",
+                     mmtune_choice_name(got->choice, cuda_mmq_tile_name, name, sizeof name), why ? ", static: " : "",
                      why ? why : "");
         log_debug("cuda matmul tuning: %s", line);
     }
@@ -399,7 +399,7 @@ void cu_tune_report(struct cuda_backend *cb) {
     size_t cap = (size_t)cb->tune.n * 96 + 256;
     char *buf = malloc(cap);
     if (!buf) return;
-    mmtune_format(&cb->tune, cuda_mmq_tile_shape, buf, cap);
+    mmtune_format(&cb->tune, cuda_mmq_tile_name, buf, cap);
     log_debug("cuda: matmul paths measured on this GPU (%d shape x token-row buckets in %.1f ms; "
               "SMELT_NO_TUNE=1 turns measuring off):",
               cb->tune.n_tuned, cb->tune.tune_ms);

@@ -150,4 +150,97 @@ static __device__ __forceinline__ void dq_q5_k(uint32_t w, uint32_t h, uint32_t 
     hi[1] = h2_fma(and_or<0x00f000f0u>(w8, and_or<0x01000100u>(hh * 0x00200080u, MAGIC)), H_SIXTEENTH, H_M64);
 }
 
+/* ---- Warpgroup MMA (sm_90a): wgmma.mma_async with A in registers, B in shared memory.
+ * SMELT_WGMMA is 1 where the device code is built for sm_90a (the emulator sets it too); the
+ * kernels that use these helpers are never launched elsewhere (cuda_ctx.wgmma, probed at
+ * context creation), and there the helpers trap.
+ *
+ * A (64 x 16, f16): warp w of the warpgroup holds rows 16w..16w+15 in the fragment layout of
+ * mma.m16n8k16's A (cuda_mmq.cu's file comment), four registers a lane. B (16 x N): K-major in
+ * shared memory without swizzle, in "core matrices" of 8 N-rows x 16 bytes (8 K values) stored
+ * as 128 contiguous bytes; the descriptor gives the first one's address, the byte distance
+ * between core matrices adjacent in K (lbo) and in N (sbo). D (64 x N, f32): warp w's rows
+ * 16w.., per 8 columns j the four floats d[j][0..3] at (g, 8j + 2t), (g, 8j + 2t + 1),
+ * (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1): mma.m16n8k16's C layout, one 8-column tile after
+ * another. */
+#ifndef SMELT_WGMMA
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SMELT_WGMMA 1
+#else
+#define SMELT_WGMMA 0
+#endif
+#endif
+
+/* The descriptor of a K-major, unswizzled B (14-bit fields of byte values / 16). Adding
+ * bytes / 16 to it moves its start address. */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3fffu) << 32;
+}
+
+/* Orders this warpgroup's register writes (A fragments, accumulators) before the wgmma that
+ * follows; required before each wgmma whose A registers were just written. */
+static __device__ __forceinline__ void wg_fence(void) {
+#if SMELT_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+static __device__ __forceinline__ void wg_commit(void) {
+#if SMELT_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+/* Waits until at most N committed groups of this warp's wgmma are pending. */
+template <int N> static __device__ __forceinline__ void wg_wait(void) {
+#if SMELT_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* wgmma reads shared memory through the async proxy: a thread's writes (stores, cp.async
+ * landed) become visible to it after this fence, then a barrier for the other threads'. */
+static __device__ __forceinline__ void wg_fence_smem(void) {
+#if SMELT_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/* Keeps the compiler from moving accesses of v across a wgmma fence or wait. */
+static __device__ __forceinline__ void wg_pin(float &v) {
+    asm volatile("" : "+f"(v)::"memory");
+}
+
+/* d (64 x 128) += A (64 x 16) B (16 x 128), asynchronous: complete at wg_wait. */
+static __device__ __forceinline__ void wgmma_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+#if SMELT_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+#else
+    (void)d, (void)a, (void)desc;
+#endif
+}
+
 #endif

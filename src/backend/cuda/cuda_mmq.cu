@@ -12,7 +12,7 @@
  * stores y (it had the whole tile) or writes its partial tile to the work area. The
  * contributors of a split tile count themselves in a counter (indexed by the first
  * contributor, which owns no other split tile's first unit); the last to arrive adds the
- * partials in block order (so the result does not depend on timing) and stores y. No
+ * the others' partials to its own in block order (so the result does not depend on timing) and stores y. No
  * block ever waits for another; the counters are zeroed by cuda_mmq_quantize and reset by
  * their last user, so a captured graph replays.
  *
@@ -45,7 +45,23 @@
  * Shared strides: weight rows 144 / 208 / 272 B and token rows 528 B are 16 B past a
  * multiple of 128, so the 8 rows x 4 words of a fragment load, and the 8 rows of an
  * ldmatrix matrix, hit distinct banks; the scale table's rows are 72 (36) B apart.
+ *
+ * wgmma tiles (sm_90a, cuda_ctx.wgmma). With mma.sync each dequantized A fragment feeds
+ * NT products of 8 tokens from B fragments every warp loads itself; wgmma.m64n128k16 takes
+ * A from the registers of a warpgroup's four warps (the same fragment layout, warp w rows
+ * 16w..16w+15) and B, all 128 tokens, from shared memory through the tensor cores' own path,
+ * so one fragment feeds a 16 x 128 x 16 product and no warp spends issue slots on B. The
+ * stage's activations are stored as wgmma's unswizzled K-major "core matrices" (8 tokens x
+ * 16 B, 128 contiguous bytes; K-adjacent ones 128 B apart, token groups 4096 B), the same
+ * evens-then-odds order within each 16-group, so the dequantization is the mma.sync tiles'
+ * own. Per chunk: dequantize, wgmma.fence, one wgmma per 64-row block, commit, wait for all
+ * but this group (the previous chunk's registers are then free while this one runs); per
+ * unit, a wait for all before the barrier that lets the stage be refilled. The copies land
+ * through the generic proxy and wgmma reads through the async one: fence.proxy.async
+ * before the barrier. The accumulators are mma.sync's C fragments tile after tile, so the
+ * partial tiles, the fixup and the stores are shared.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -64,21 +80,35 @@ extern "C" {
 
 /* ---------------------------------------------------------- configuration ---- */
 
-/* The fixed tiles {WM, WN, RT, NT, blocks per SM}: 8 warps as WM x WN, each 16*RT weight
- * rows x 8*NT tokens. The first, narrow one runs two blocks per SM (16 warps); the others
- * one, with their shared memory spent on deeper pipelines. With WN = 2 each weight is
+/* The fixed tiles {WM, WN, RT, NT, blocks per SM, wgmma}: 8 warps as WM x WN, each 16*RT
+ * weight rows x 8*NT tokens. The first, narrow one runs two blocks per SM (16 warps); the
+ * others one, with their shared memory spent on deeper pipelines. With WN = 2 each weight is
  * dequantized by two warps, with WM = 4 each activation fragment is loaded by four: the
- * 128-row tiles trade the first for the second. */
-static constexpr int tiles[][5] = {
-    {8, 1, 1, 2, 2}, /* 128 x 16 */
-    {8, 1, 2, 2, 1}, /* 256 x 16 */
-    {8, 1, 1, 4, 1}, /* 128 x 32 */
-    {8, 1, 2, 4, 1}, /* 256 x 32 */
-    {8, 1, 2, 8, 1}, /* 256 x 64 */
-    {4, 2, 2, 8, 1}, /* 128 x 128 */
-    {4, 2, 2, 4, 1}, /* 128 x 64 */
+ * 128-row tiles trade the first for the second.
+ *
+ * The wgmma tiles (sm_90a; see "wgmma tiles" below) are two warpgroups (WM = 2) of 64*RT
+ * weight rows each, all 8*NT tokens: warp w of a warpgroup dequantizes rows 16w.. of each of
+ * its RT 64-row blocks, and one wgmma.m64n128k16 per block and 16-wide K chunk multiplies
+ * them by the whole token tile, read by the tensor cores straight from shared memory. */
+static constexpr int tiles[][6] = {
+    {8, 1, 1, 2, 2, 0},  /* 128 x 16 */
+    {8, 1, 2, 2, 1, 0},  /* 256 x 16 */
+    {8, 1, 1, 4, 1, 0},  /* 128 x 32 */
+    {8, 1, 2, 4, 1, 0},  /* 256 x 32 */
+    {8, 1, 2, 8, 1, 0},  /* 256 x 64 */
+    {4, 2, 2, 8, 1, 0},  /* 128 x 128 */
+    {4, 2, 2, 4, 1, 0},  /* 128 x 64 */
+    {2, 1, 1, 16, 1, 1}, /* 128 x 128, wgmma */
+    {2, 1, 2, 16, 1, 1}, /* 256 x 128, wgmma (Q4_K and MXFP4: the others' stages do not fit) */
 };
 #define N_TILES ((int)(sizeof tiles / sizeof tiles[0]))
+
+static constexpr int tile_bm(int t) {
+    return tiles[t][0] * (tiles[t][5] ? 64 : 16) * tiles[t][2];
+}
+static constexpr int tile_bn(int t) {
+    return tiles[t][1] * 8 * tiles[t][3];
+}
 
 
 /* Per weight row per unit: raw bits at a padded stride, and the scale table's stride. */
@@ -99,24 +129,30 @@ template <> struct mmq_fmt<QT_MXFP4> {
 template <uint32_t T, int I> struct mmq_cfg {
     static constexpr int WM = tiles[I][0], WN = tiles[I][1], RT = tiles[I][2], NT = tiles[I][3];
     static constexpr int MINB = tiles[I][4];
-    static constexpr int BM = WM * 16 * RT, BN = WN * 8 * NT;
+    static constexpr bool WG = tiles[I][5] != 0;
+    static constexpr int BM = tile_bm(I), BN = tile_bn(I);
+    static constexpr int RS = WG ? 64 : 16;  /* weight rows between a warp's fragments */
+    static constexpr int XS = WG ? 512 : MMQ_XS; /* shared bytes per token per stage */
     static constexpr int NACC = RT * NT * 4; /* f32 accumulators per thread */
     using F = mmq_fmt<T>;
     /* one stage: W (BM x q_stride), S (BM x 16 raw scales), D (BM x d_bytes), X (BN x XS) */
     static constexpr int S = BM * F::q_stride;
     static constexpr int D = S + BM * 16;
     static constexpr int X = D + BM * F::d_bytes;
-    static constexpr int STAGE = X + BN * MMQ_XS;
+    static constexpr int STAGE = X + BN * XS;
     static constexpr int SB_BYTES = BM * F::sb_stride;
     static constexpr int BUDGET = MINB == 2 ? 113 * 1024 : 227 * 1024;
     static constexpr int NS_FIT = (BUDGET - SB_BYTES - 16) / STAGE;
-    static constexpr int NS = NS_FIT > 4 ? 4 : NS_FIT;
+    /* a type whose two stages do not fit the tile: compiled empty, its SMEM over every
+     * device's limit, so the occupancy query never offers it */
+    static constexpr bool FITS = NS_FIT >= 2;
+    static constexpr int NS = NS_FIT > 4 ? 4 : NS_FIT < 2 ? 2 : NS_FIT;
     static constexpr int SB = NS * STAGE; /* the scale table, then 16 B of control */
     static constexpr int CTRL = SB + SB_BYTES;
     static constexpr int SMEM = CTRL + 16;
-    static_assert(WM * WN * 32 == MMQ_THREADS, "8 warps");
+    static_assert((WG ? 4 * WM : WM) * WN * 32 == MMQ_THREADS, "8 warps");
     static_assert(NT % 2 == 0, "ldmatrix.x4 loads two token tiles");
-    static_assert(NS >= 2, "two stages at least");
+    static_assert(!WG || (WM == 2 && WN == 1 && NT == 16), "wgmma: two warpgroups x 128 tokens");
     static_assert(STAGE % 16 == 0 && S % 16 == 0 && D % 16 == 0 && X % 16 == 0 && SB % 16 == 0,
                   "16-byte aligned regions");
     static_assert(BM * BN == MMQ_THREADS * NACC, "a partial tile is NACC floats per thread");
@@ -231,7 +267,26 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     constexpr int BM = C::BM, BN = C::BN, QS = C::F::q_stride;
     const int s = p.s, row0 = p.rt * BM, tok0 = p.tn * BN;
     const int nbv = slice_blocks(a, s);
-    { /* f16 activations: 32 x 16 B a token; 8 tokens per pass */
+    if constexpr (C::WG) { /* f16 activations as wgmma's core matrices: 16 B (8 K values) of
+                            * token 8i + r at X + 4096 i + 128 c + 16 r; 8 tokens per pass, a
+                            * quarter warp writing one 128-byte core matrix */
+        const int r = tid & 7, c = tid >> 3;
+        if ((T != QT_Q8_0 && T != QT_MXFP4) || c < 4 * nbv) {
+            unsigned char *dst = st + C::X + c * 128 + r * 16;
+            if (tok0 + BN <= a.n) {
+                const __half *src = a.xh + (long long)(tok0 + r) * a.k + s * 256 + c * 8;
+#pragma unroll
+                for (int it = 0; it < BN / 8; it++)
+                    cp_async16(dst + it * 4096, src + (long long)it * 8 * a.k);
+            } else {
+#pragma unroll
+                for (int it = 0; it < BN / 8; it++) {
+                    const long long gt = min(tok0 + r + it * 8, a.n - 1);
+                    cp_async16(dst + it * 4096, a.xh + gt * a.k + s * 256 + c * 8);
+                }
+            }
+        }
+    } else { /* f16 activations: 32 x 16 B a token; 8 tokens per pass */
         const int r = tid >> 5, c = tid & 31;
         if ((T != QT_Q8_0 && T != QT_MXFP4) || c < 4 * nbv) {
             const __half *src = a.xh + (long long)(tok0 + r) * a.k + s * 256 + c * 8;
@@ -416,20 +471,44 @@ static __device__ __forceinline__ void mma_chunk(float (&acc)[RT][NT][4], const 
     }
 }
 
-/* Multiplies the unit in st (scale table sb) into acc. nbv: valid 32-blocks (Q8_0). */
+/* The products of one 16-wide K chunk: mma.sync (the B fragments loaded by ldmatrix from
+ * xa), or on the wgmma tiles one wgmma per 64-row block, B the chunk's two core matrices
+ * at desc. A wgmma reads its A registers until it completes: the wait for all but the
+ * latest group lets the next chunk's dequantization overlap this chunk's products while
+ * the registers of the chunk before are free again (ptxas allocates around the wait). */
+template <class C>
+static __device__ __forceinline__ void chunk_mma(float (&acc)[C::RT][C::NT][4], const uint32_t (&af)[C::RT][4],
+                                                 uint32_t xa, uint64_t desc, int chunk) {
+    if constexpr (C::WG) {
+        wg_fence();
+#pragma unroll
+        for (int rt = 0; rt < C::RT; rt++)
+            wgmma_n128(acc[rt], af[rt], desc + (uint64_t)(chunk * 256 / 16));
+        wg_commit();
+        wg_wait<1>();
+    } else {
+        mma_chunk<C::RT, C::NT>(acc, af, xa, chunk);
+    }
+}
+
+/* Multiplies the unit in st (scale table sb) into acc. nbv: valid 32-blocks (Q8_0). wrow0:
+ * the warp's first weight row in the tile (its fragments RS rows apart), wtok0 its first
+ * token. */
 template <uint32_t T, int I>
 static __device__ __forceinline__ void compute_unit(const unsigned char *st, const unsigned char *sb,
                                                     float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
-                                                    int nbv, int wm, int wn, int lane) {
+                                                    int nbv, int wrow0, int wtok0, int lane) {
     using C = mmq_cfg<T, I>;
-    constexpr int RT = C::RT, NT = C::NT, QS = C::F::q_stride, SBS = C::F::sb_stride;
+    constexpr int RT = C::RT, QS = C::F::q_stride, SBS = C::F::sb_stride, RS = C::RS;
     const int g = lane >> 2, t = lane & 3;
-    const int wrow = wm * 16 * RT + g; /* + 16 rt (+ 8): this lane's weight rows */
+    const int wrow = wrow0 + g; /* + RS rt (+ 8): this lane's weight rows */
     /* ldmatrix: lane 8i + r8 gives row r8 of matrix i = {token tile 2np + (i >> 1)} x {even,
      * odd half (i & 1)} of the chunk */
     const int mi = lane >> 3, r8 = lane & 7;
-    const uint32_t xa =
-        smem_u32(st + C::X) + (wn * 8 * NT + 8 * (mi >> 1) + r8) * MMQ_XS + 16 * (mi & 1);
+    const uint32_t xa = smem_u32(st + C::X) + (wtok0 + 8 * (mi >> 1) + r8) * C::XS + 16 * (mi & 1);
+    /* wgmma: chunk c's 16 K values of token 8i + r are the core matrices 2c, 2c + 1 of row
+     * group i: K-adjacent ones 128 B apart, token groups 4096 B */
+    const uint64_t desc = C::WG ? wg_desc(smem_u32(st + C::X), 128, 4096) : 0;
     const unsigned char *wbase = st + wrow * QS + 4 * t;
     const unsigned char *sbase = sb + wrow * SBS;
 
@@ -443,7 +522,7 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h8 = 0; h8 < 2; h8++) {
-                    const unsigned char *e = sbase + (16 * rt + 8 * h8) * SBS + 16 * p;
+                    const unsigned char *e = sbase + (RS * rt + 8 * h8) * SBS + 16 * p;
                     const uint2 lo = *(const uint2 *)e, hi = *(const uint2 *)(e + 8);
                     sl[rt][h8] = lo.x;
                     ml[rt][h8] = lo.y;
@@ -457,7 +536,7 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                 for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                     for (int h8 = 0; h8 < 2; h8++) {
-                        const uint32_t w = lds32(wbase + (16 * rt + 8 * h8) * QS + 32 * p + 16 * h);
+                        const uint32_t w = lds32(wbase + (RS * rt + 8 * h8) * QS + 32 * p + 16 * h);
                         const uint32_t w8 = w >> 8;
                         /* pairs (B0, B2) -> a[h8], (B1, B3) -> a[2 + h8]; q exact, then one
                          * rounding of q * d*sc - dmin*m */
@@ -471,8 +550,8 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                             h2_fma(h2_fma(and_or<0x00f000f0u>(w8, MAGIC), H_SIXTEENTH, H_M64),
                                    sh[rt][h8], mh[rt][h8]);
                     }
-                mma_chunk<RT, NT>(acc, alo, xa, 4 * p + h);
-                mma_chunk<RT, NT>(acc, ahi, xa, 4 * p + 2 + h);
+                chunk_mma<C>(acc, alo, xa, desc, 4 * p + h);
+                chunk_mma<C>(acc, ahi, xa, desc, 4 * p + 2 + h);
             }
         }
     } else if constexpr (T == QT_Q6_K) {
@@ -492,10 +571,10 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                         for (int h8 = 0; h8 < 2; h8++) {
-                            const unsigned char *wr = wbase + (16 * rt + 8 * h8) * QS;
+                            const unsigned char *wr = wbase + (RS * rt + 8 * h8) * QS;
                             const uint32_t ql = lds32(wr + 64 * hh + 32 * aa + 16 * h);
                             const uint32_t qh = lds32(wr + 128 + 32 * hh + 16 * h);
-                            const unsigned char *e = sbase + (16 * rt + 8 * h8) * SBS;
+                            const unsigned char *e = sbase + (RS * rt + 8 * h8) * SBS;
                             const uint32_t s_lo = *(const uint32_t *)(e + 4 * cl);
                             const uint32_t s_hi = *(const uint32_t *)(e + 4 * ch);
                             /* the 2 high bits of byte B0 / B2 (low chunk: bits 2aa.., high
@@ -522,8 +601,8 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                                        H_SIXTEENTH, H_M96),
                                 s_hi);
                         }
-                    mma_chunk<RT, NT>(acc, alo, xa, cl);
-                    mma_chunk<RT, NT>(acc, ahi, xa, ch);
+                    chunk_mma<C>(acc, alo, xa, desc, cl);
+                    chunk_mma<C>(acc, ahi, xa, desc, ch);
                 }
     } else if constexpr (T == QT_MXFP4) {
         /* 32-block j = chunks 2j, 2j+1 = bytes 16j .. 16j + 15 (cuda_qtypes.cuh: nibble m of
@@ -537,8 +616,8 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h8 = 0; h8 < 2; h8++) {
-                    const unsigned char *wr = wbase - 4 * t + (16 * rt + 8 * h8) * QS + 16 * j + 4 * (t >> 1);
-                    const uint32_t d2 = *(const uint32_t *)(sbase + (16 * rt + 8 * h8) * SBS + 4 * j);
+                    const unsigned char *wr = wbase - 4 * t + (RS * rt + 8 * h8) * QS + 16 * j + 4 * (t >> 1);
+                    const uint32_t d2 = *(const uint32_t *)(sbase + (RS * rt + 8 * h8) * SBS + 4 * j);
                     const int sh = 16 * (t & 1);
                     const uint32_t w0 = tq_mx4(lds32(wr) >> sh) ^ 0x80808080u;
                     const uint32_t w1 = tq_mx4(lds32(wr + 8) >> sh) ^ 0x80808080u;
@@ -547,8 +626,8 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                     a1[rt][h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4240), H_1152), d2);
                     a1[rt][2 + h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4341), H_1152), d2);
                 }
-            mma_chunk<RT, NT>(acc, a0, xa, 2 * j);
-            mma_chunk<RT, NT>(acc, a1, xa, 2 * j + 1);
+            chunk_mma<C>(acc, a0, xa, desc, 2 * j);
+            chunk_mma<C>(acc, a1, xa, desc, 2 * j + 1);
         }
     } else { /* Q8_0: 32-block j = chunks 2j, 2j+1 = bytes 32j .. 32j + 31 */
 #pragma unroll
@@ -559,8 +638,8 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h8 = 0; h8 < 2; h8++) {
-                    const unsigned char *wr = wbase + (16 * rt + 8 * h8) * QS + 32 * j;
-                    const uint32_t d2 = *(const uint32_t *)(sbase + (16 * rt + 8 * h8) * SBS + 4 * j);
+                    const unsigned char *wr = wbase + (RS * rt + 8 * h8) * QS + 32 * j;
+                    const uint32_t d2 = *(const uint32_t *)(sbase + (RS * rt + 8 * h8) * SBS + 4 * j);
                     /* int8 q -> unsigned q + 128 -> f16 1024 + (q + 128) -> q, exactly */
                     const uint32_t w0 = lds32(wr) ^ 0x80808080u, w1 = lds32(wr + 16) ^ 0x80808080u;
                     a0[rt][h8] = h2_mul(h2_sub(__byte_perm(w0, 0x64u, 0x4240), H_1152), d2);
@@ -568,16 +647,17 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
                     a1[rt][h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4240), H_1152), d2);
                     a1[rt][2 + h8] = h2_mul(h2_sub(__byte_perm(w1, 0x64u, 0x4341), H_1152), d2);
                 }
-            mma_chunk<RT, NT>(acc, a0, xa, 2 * j);
-            mma_chunk<RT, NT>(acc, a1, xa, 2 * j + 1);
+            chunk_mma<C>(acc, a0, xa, desc, 2 * j);
+            chunk_mma<C>(acc, a1, xa, desc, 2 * j + 1);
         }
     }
 }
 
-/* y = (or +=) v for this thread's outputs of the tile at (row0, tok0). */
-template <int RT, int NT>
+/* y = (or +=) v for this thread's outputs of the tile at (row0, tok0); the warp's first row
+ * and token in the tile wrow0, wtok0, its fragments RS rows apart. */
+template <int RT, int NT, int RS>
 static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
-                                               int row0, int tok0, int wm, int wn, int lane) {
+                                               int row0, int tok0, int wrow0, int wtok0, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
@@ -585,8 +665,8 @@ static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int row = row0 + wm * 16 * RT + rt * 16 + g + 8 * (i >> 1);
-                const int tok = tok0 + wn * 8 * NT + nt * 8 + 2 * t + (i & 1);
+                const int row = row0 + wrow0 + rt * RS + g + 8 * (i >> 1);
+                const int tok = tok0 + wtok0 + nt * 8 + 2 * t + (i & 1);
                 if (row < a.rows && tok < a.n) {
                     float *o = a.y + (long long)tok * a.rows + row;
                     *o = a.accumulate ? *o + v[rt][nt][i] : v[rt][nt][i];
@@ -599,13 +679,13 @@ template <uint32_t T, int I>
 static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned char *smem,
                                                    float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
                                                    long long b, long long u, long long u_begin,
-                                                   const upos &p, int tid, int wm, int wn, int lane) {
+                                                   const upos &p, int tid, int wrow0, int wtok0, int lane) {
     using C = mmq_cfg<T, I>;
     constexpr int RT = C::RT, NT = C::NT, NACC = C::NACC;
     const long long tile = (long long)p.rt * a.tiles_n + p.tn, t0 = tile * a.nsb;
     const int row0 = p.rt * C::BM, tok0 = p.tn * C::BN;
     if (u_begin <= t0 && u == t0 + a.nsb - 1) { /* the whole tile: no one else has a part */
-        store_y<RT, NT>(a, acc, row0, tok0, wm, wn, lane);
+        store_y<RT, NT, C::RS>(a, acc, row0, tok0, wrow0, wtok0, lane);
         return;
     }
     /* slot 0: the block's first tile, slot 1: its last (when different) */
@@ -630,25 +710,10 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
     __syncthreads(); /* (the next write of the flag is two main-loop barriers away) */
     if (!*flag) return;
     __threadfence();
-    float sum[RT][NT][4];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                sum[rt][nt][i] = 0.0f;
-    for (long long bb = b_lo; bb <= b_hi; bb++) { /* block order: independent of timing */
-        if (bb == b) {
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        sum[rt][nt][i] += acc[rt][nt][i];
-            continue;
-        }
+    /* this block's part, then the others' in block order: independent of timing (and no
+     * second tile of registers) */
+    for (long long bb = b_lo; bb <= b_hi; bb++) {
+        if (bb == b) continue;
         const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
         const float4 *rp =
             (const float4 *)(a.work + ((bb * 2 + sl) * MMQ_THREADS + tid) * (long long)NACC);
@@ -657,22 +722,28 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const float4 p = __ldcg(rp + rt * NT + nt); /* L2: another SM wrote it */
-                sum[rt][nt][0] += p.x;
-                sum[rt][nt][1] += p.y;
-                sum[rt][nt][2] += p.z;
-                sum[rt][nt][3] += p.w;
+                acc[rt][nt][0] += p.x;
+                acc[rt][nt][1] += p.y;
+                acc[rt][nt][2] += p.z;
+                acc[rt][nt][3] += p.w;
             }
     }
-    store_y<RT, NT>(a, sum, row0, tok0, wm, wn, lane);
+    store_y<RT, NT, C::RS>(a, acc, row0, tok0, wrow0, wtok0, lane);
 }
 
 template <uint32_t T, int I>
 static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_kernel(const mmq_args a_in) {
     using C = mmq_cfg<T, I>;
     constexpr int NS = C::NS, RT = C::RT, NT = C::NT;
+    if constexpr (!C::FITS) { /* never launched (its SMEM is over every device's limit) */
+        return;
+    } else {
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % C::WM, wn = warp / C::WM;
+    /* the warp's first weight row and token in the tile: warps WM x WN, or two warpgroups
+     * of 64 RT rows whose warp w takes rows 16 w of each 64 */
+    const int wrow0 = C::WG ? (warp >> 2) * 64 * RT + (warp & 3) * 16 : (warp % C::WM) * 16 * RT;
+    const int wtok0 = C::WG ? 0 : (warp / C::WM) * 8 * NT;
     mmq_args a = a_in;
     if (a.tile_eid) { /* by id: the used token tiles are a prefix; the work is known here only */
         __shared__ int used_s;
@@ -713,6 +784,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
         const int i = (int)(u - u_begin);
         unsigned char *st = smem + (i % NS) * C::STAGE;
         cp_wait<NS - 2>(); /* unit u has landed (this thread's copies) ... */
+        if constexpr (C::WG) wg_fence_smem(); /* ... for the tensor cores' reads too ... */
         __syncthreads();   /* ... every thread's; every warp is done with unit u - 1 */
         prep_scales<T, I>(a, st, smem + C::SB, cp, tid);
         if (u + NS - 1 < u_end) {
@@ -721,9 +793,21 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
         }
         cp_commit();
         __syncthreads(); /* the scale table is written */
-        compute_unit<T, I>(st, smem + C::SB, acc, slice_blocks(a, cp.s), wm, wn, lane);
+        compute_unit<T, I>(st, smem + C::SB, acc, slice_blocks(a, cp.s), wrow0, wtok0, lane);
+        if constexpr (C::WG) {
+            /* the unit's products complete before its stage is refilled (the next unit's
+             * copies, after the barrier) and before acc is read */
+            wg_wait<0>();
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        wg_pin(acc[rt][nt][q]);
+        }
         if (cp.s == a.nsb - 1 || u == u_end - 1) {
-            finish_tile<T, I>(a, smem, acc, b, u, u_begin, cp, tid, wm, wn, lane);
+            finish_tile<T, I>(a, smem, acc, b, u, u_begin, cp, tid, wrow0, wtok0, lane);
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -734,12 +818,13 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
         }
         pos_next(a, cp);
     }
+    }
 }
 
 /* --------------------------------------------------------------- launchers ---- */
 
 template <uint32_t T> static int smem_of(int tile) {
-    static_assert(N_TILES == 7, "one case per tile below");
+    static_assert(N_TILES == 9, "one case per tile below");
     switch (tile) {
     case 0: return mmq_cfg<T, 0>::SMEM;
     case 1: return mmq_cfg<T, 1>::SMEM;
@@ -747,7 +832,9 @@ template <uint32_t T> static int smem_of(int tile) {
     case 3: return mmq_cfg<T, 3>::SMEM;
     case 4: return mmq_cfg<T, 4>::SMEM;
     case 5: return mmq_cfg<T, 5>::SMEM;
-    default: return mmq_cfg<T, 6>::SMEM;
+    case 6: return mmq_cfg<T, 6>::SMEM;
+    case 7: return mmq_cfg<T, 7>::SMEM;
+    default: return mmq_cfg<T, 8>::SMEM;
     }
 }
 
@@ -766,14 +853,15 @@ static int type_index(uint32_t type) {
 
 /* Device facts, queried into the launch context at its first mmq call: the SM count
  * (cuda_ctx.n_sm), the opt-in shared memory per block (cuda_ctx.smem_optin, read at init) and, per type and tile,
- * the resident blocks per SM (mmq_occ; 0 where the tile does not fit). The query also raises
- * each kernel's dynamic shared-memory limit on the device. */
+ * the resident blocks per SM (mmq_occ; 0 where the tile does not fit, and for the wgmma tiles
+ * where the kernels run without wgmma: cuda_ctx.wgmma). The query also raises each kernel's
+ * dynamic shared-memory limit on the device. */
 static_assert(N_TILES == CUDA_MMQ_TILES && 4 == CUDA_MMQ_TYPES, "cuda_ctx.mmq_occ's shape");
 
-template <uint32_t T, int I> static cudaError_t query_occ(int *occ, int smem_max) {
+template <uint32_t T, int I> static cudaError_t query_occ(int *occ, int smem_max, int wgmma) {
     constexpr int bytes = mmq_cfg<T, I>::SMEM;
     *occ = 0;
-    if (bytes > smem_max) return cudaSuccess;
+    if (bytes > smem_max || (mmq_cfg<T, I>::WG && !wgmma)) return cudaSuccess;
     cudaError_t ce = cudaFuncSetAttribute(mmq_kernel<T, I>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (ce == cudaSuccess)
@@ -782,14 +870,16 @@ template <uint32_t T, int I> static cudaError_t query_occ(int *occ, int smem_max
     return ce;
 }
 
-template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max) {
-    cudaError_t ce = query_occ<T, 0>(&occ[0], smem_max);
-    if (ce == cudaSuccess) ce = query_occ<T, 1>(&occ[1], smem_max);
-    if (ce == cudaSuccess) ce = query_occ<T, 2>(&occ[2], smem_max);
-    if (ce == cudaSuccess) ce = query_occ<T, 3>(&occ[3], smem_max);
-    if (ce == cudaSuccess) ce = query_occ<T, 4>(&occ[4], smem_max);
-    if (ce == cudaSuccess) ce = query_occ<T, 5>(&occ[5], smem_max);
-    if (ce == cudaSuccess) ce = query_occ<T, 6>(&occ[6], smem_max);
+template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max, int wgmma) {
+    cudaError_t ce = query_occ<T, 0>(&occ[0], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 1>(&occ[1], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 2>(&occ[2], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 3>(&occ[3], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 4>(&occ[4], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 5>(&occ[5], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 6>(&occ[6], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 7>(&occ[7], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 8>(&occ[8], smem_max, wgmma);
     return ce;
 }
 
@@ -797,10 +887,10 @@ static cudaError_t device_facts(struct cuda_ctx *ctx, const struct cuda_ctx **ou
     if (!ctx->mmq_ready) {
         const int smem_max = ctx->smem_optin;
         int occ[CUDA_MMQ_TYPES][N_TILES] = {{0}};
-        cudaError_t ce = query_type<QT_Q4_K>(occ[0], smem_max);
-        if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(occ[1], smem_max);
-        if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(occ[2], smem_max);
-        if (ce == cudaSuccess) ce = query_type<QT_MXFP4>(occ[3], smem_max);
+        cudaError_t ce = query_type<QT_Q4_K>(occ[0], smem_max, ctx->wgmma);
+        if (ce == cudaSuccess) ce = query_type<QT_Q6_K>(occ[1], smem_max, ctx->wgmma);
+        if (ce == cudaSuccess) ce = query_type<QT_Q8_0>(occ[2], smem_max, ctx->wgmma);
+        if (ce == cudaSuccess) ce = query_type<QT_MXFP4>(occ[3], smem_max, ctx->wgmma);
         if (ce != cudaSuccess) return ce;
         memcpy(ctx->mmq_occ, occ, sizeof occ);
         ctx->mmq_ready = 1;
@@ -818,7 +908,7 @@ struct mmq_plan {
 
 static mmq_plan plan_of(const struct cuda_ctx *d, uint32_t type, int64_t rows, int64_t k, int64_t n,
                         int tile) {
-    const int bm = tiles[tile][0] * 16 * tiles[tile][2], bn = tiles[tile][1] * 8 * tiles[tile][3];
+    const int bm = tile_bm(tile), bn = tile_bn(tile);
     mmq_plan p;
     p.nsb = (int)((k + 255) / 256);
     p.tiles_n = (int)((n + bn - 1) / bn);
@@ -870,7 +960,9 @@ template <uint32_t T> static cudaError_t launch_type(const mmq_args &a, int tile
     case 3: return launch_tile<T, 3>(a, st);
     case 4: return launch_tile<T, 4>(a, st);
     case 5: return launch_tile<T, 5>(a, st);
-    default: return launch_tile<T, 6>(a, st);
+    case 6: return launch_tile<T, 6>(a, st);
+    case 7: return launch_tile<T, 7>(a, st);
+    default: return launch_tile<T, 8>(a, st);
     }
 }
 
@@ -880,8 +972,13 @@ extern "C" int cuda_mmq_tile_count(void) {
 
 extern "C" void cuda_mmq_tile_shape(int tile, int *rows, int *tokens) {
     if (tile < 0 || tile >= N_TILES) tile = 0;
-    *rows = tiles[tile][0] * 16 * tiles[tile][2];
-    *tokens = tiles[tile][1] * 8 * tiles[tile][3];
+    *rows = tile_bm(tile);
+    *tokens = tile_bn(tile);
+}
+
+extern "C" void cuda_mmq_tile_name(int tile, char *buf, size_t size) {
+    if (tile < 0 || tile >= N_TILES) tile = 0;
+    snprintf(buf, size, "%dx%d%s", tile_bm(tile), tile_bn(tile), tiles[tile][5] ? " wgmma" : "");
 }
 
 extern "C" int cuda_mmq_supported(uint32_t type, int64_t k) {

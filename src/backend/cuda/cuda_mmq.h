@@ -20,6 +20,7 @@
 #ifndef SMELT_CUDA_MMQ_H
 #define SMELT_CUDA_MMQ_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/cuda/cuda_mmv.h"
@@ -83,9 +84,11 @@ smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const 
                       float *y, void *scratch, uint64_t scratch_bytes, int accumulate,
                       struct err *e);
 
-/* The fixed tiles: weight rows x token rows per thread block. */
+/* The fixed tiles: weight rows x token rows per thread block; a tile's name for logs
+ * ("256x64", "128x128 wgmma"). */
 int cuda_mmq_tile_count(void);
 void cuda_mmq_tile_shape(int tile, int *rows, int *tokens);
+void cuda_mmq_tile_name(int tile, char *buf, size_t size);
 /* The tile CUDA_MMQ_TILE_AUTO picks for this product on ctx's device (-1 on a device query
  * error). */
 int cuda_mmq_tile_auto(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n);

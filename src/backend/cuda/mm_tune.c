@@ -152,7 +152,7 @@ void mmtune_env_parse(const char *no_tune, const char *tile, int n_tiles, struct
     }
 }
 
-const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, char *buf,
+const char *mmtune_choice_name(int choice, mmtune_tile_name_fn *tile_name, char *buf,
                                size_t size) {
     if (choice == MMTUNE_GEMM)
         snprintf(buf, size, "cuBLAS");
@@ -162,10 +162,10 @@ const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, cha
         snprintf(buf, size, "mmb");
     else if (choice == MMTUNE_MMQ_AUTO)
         snprintf(buf, size, "mmq auto");
-    else if (choice >= 0 && tile_shape) {
-        int r = 0, tk = 0;
-        tile_shape(choice, &r, &tk);
-        snprintf(buf, size, "mmq %dx%d", r, tk);
+    else if (choice >= 0 && tile_name) {
+        char tn[32];
+        tile_name(choice, tn, sizeof tn);
+        snprintf(buf, size, "mmq %s", tn);
     } else
         snprintf(buf, size, "choice %d", choice);
     return buf;
@@ -192,7 +192,7 @@ static int ent_cmp(const void *pa, const void *pb) {
     return (a->key.bucket > b->key.bucket) - (a->key.bucket < b->key.bucket);
 }
 
-size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, char *buf,
+size_t mmtune_format(const struct mmtune *t, mmtune_tile_name_fn *tile_name, char *buf,
                      size_t size) {
     size_t at = 0;
     if (!size) return 0;
@@ -214,7 +214,7 @@ size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, c
         int64_t lo, hi;
         mmtune_bucket_range(s[i].key.bucket, &lo, &hi);
         char name[32];
-        mmtune_choice_name(s[i].choice, tile_shape, name, sizeof name);
+        mmtune_choice_name(s[i].choice, tile_name, name, sizeof name);
         if (hi == INT64_MAX)
             put(buf, size, &at, "%s >%lld %s", first ? "" : ",", (long long)lo - 1, name);
         else

@@ -128,16 +128,16 @@ struct mmtune_env {
 void mmtune_env_parse(const char *no_tune, const char *tile, int n_tiles, struct mmtune_env *env,
                       bool *bad);
 
-/* Names a choice for the log ("mmq 128x64", "cuBLAS", "mmv x8"); tile_shape gives a
- * tile's rows and token width. Returns buf. */
-typedef void mmtune_tile_shape_fn(int tile, int *rows, int *tokens);
-const char *mmtune_choice_name(int choice, mmtune_tile_shape_fn *tile_shape, char *buf,
+/* Names a choice for the log ("mmq 128x64", "mmq 128x128 wgmma", "cuBLAS", "mmv x8");
+ * tile_name writes a tile's name ("128x64"). Returns buf. */
+typedef void mmtune_tile_name_fn(int tile, char *buf, size_t size);
+const char *mmtune_choice_name(int choice, mmtune_tile_name_fn *tile_name, char *buf,
                                size_t size);
 
 /* The table as text, one line per (type, rows, k), buckets in order, e.g.
  *   "Q4_K 4096x4096: 9-16 mmq 128x16 (16.6 us), 33-48 mmq 128x64 (21.0 us), 257-512 cuBLAS (57.8
  * us)" Returns the bytes written (truncated to size - 1, always terminated). */
-size_t mmtune_format(const struct mmtune *t, mmtune_tile_shape_fn *tile_shape, char *buf,
+size_t mmtune_format(const struct mmtune *t, mmtune_tile_name_fn *tile_name, char *buf,
                      size_t size);
 
 #endif
