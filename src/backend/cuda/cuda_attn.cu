@@ -905,7 +905,9 @@ static __global__ void __launch_bounds__(PF_THREADS)
 
         /* K and/or V rows [kb, kb + BN) into stage st; keys past kmax zeroed. A thread copies
          * the same 16-byte column c of rows r0, r0 + RS, ...; a power-of-two block size (every
-         * cache smelt makes) takes a shift instead of the division. */
+         * cache smelt makes) takes a shift instead of the division. A key past kmax reads
+         * kmax's address and copies no bytes, so no branch separates a row's block-table read
+         * from its use and the BN / RS reads of a thread are in flight together. */
         constexpr int RS = PF_THREADS / NC;
         static_assert(PF_THREADS % NC == 0 && BN % RS == 0, "prefill tile copy");
         const int r0 = tid / NC, cc = (tid % NC) * 8;
@@ -913,15 +915,11 @@ static __global__ void __launch_bounds__(PF_THREADS)
             T *dk = sK + st * BN * LD + r0 * LD + cc, *dv = sV + st * BN * LD + r0 * LD + cc;
 #pragma unroll
             for (int i = 0; i < BN / RS; i++) {
-                const int key = kb + r0 + i * RS;
-                int64_t o = cc;
-                int bytes = 0;
-                if (key <= kmax) {
-                    const int bi = bs_shift >= 0 ? key >> bs_shift : key / a.block_size;
-                    const int off = key - bi * a.block_size;
-                    o = (int64_t)table[bi] * blk_stride + head_off + off * D + cc;
-                    bytes = 16;
-                }
+                const int key = kb + r0 + i * RS, kcl = min(key, kmax);
+                const int bi = bs_shift >= 0 ? kcl >> bs_shift : kcl / a.block_size;
+                const int off = kcl - bi * a.block_size;
+                const int64_t o = (int64_t)table[bi] * blk_stride + head_off + off * D + cc;
+                const int bytes = key <= kmax ? 16 : 0;
                 if (k) cp_async16(dk + i * RS * LD, kc + o, bytes);
                 if (v) cp_async16(dv + i * RS * LD, vc + o, bytes);
             }
