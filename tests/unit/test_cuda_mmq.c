@@ -35,7 +35,8 @@
  * only this part) the backend's own measurement on 4096x4096, 6144x4096, 14336x4096,
  * 28672x4096 and 4096x14336 at n = 16, 32, .., 512, 1024: every candidate's time, the
  * winner, the static choice, and the switch points per shape ("bench tune" lines).
- * SMELT_BENCH_TYPE=Q4_K limits both to one type.
+ * SMELT_BENCH_TYPE=Q4_K limits both to one type. SMELT_BENCH=one: one product alone, for a
+ * profiler (bench_one).
  */
 #ifndef SMELT_HAVE_CUDA
 #include <stdio.h>
@@ -1086,6 +1087,65 @@ static void bench_tuned(void) {
     env_restore(&env);
 }
 
+/* SMELT_BENCH=one: one product for a profiler (ncu -k regex:mmq_kernel --launch-skip 2
+ * --launch-count 1): Q4_K SMELT_BENCH_ROWS (4096) x SMELT_BENCH_K (4096), SMELT_BENCH_N (512)
+ * token rows, tile SMELT_MMQ_BENCH_TILE (the automatic one when unset); five launches, the
+ * last three timed together. */
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+static void bench_one(void) {
+    const int64_t rows = env_int("SMELT_BENCH_ROWS", 4096), k = env_int("SMELT_BENCH_K", 4096);
+    const int n = env_int("SMELT_BENCH_N", 512), tile = env_int("SMELT_MMQ_BENCH_TILE", CUDA_MMQ_TILE_AUTO);
+    float *w16 = malloc(sizeof(float) * (size_t)(rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
+    float *x = malloc(sizeof(float) * (size_t)(n * k));
+    if (!w16 || !deq || !x) abort();
+    void *w = make_weights(QT_Q4_K, rows, k, w16, deq, &g_seed);
+    for (int64_t i = 0; i < n * k; i++)
+        x[i] = t_randn(&g_seed);
+    struct cuda_qweight qw;
+    struct err e;
+    memset(&qw, 0, sizeof qw);
+    float *dx = NULL, *dy = NULL;
+    void *scratch = NULL;
+    uint64_t sbytes = 0;
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, QT_Q4_K, w, rows, k, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, rows, k, n, &sbytes, &e), SMELT_OK);
+    CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
+    CK(cudaMalloc((void **)&dy, sizeof(float) * n * rows));
+    CK(cudaMalloc(&scratch, sbytes));
+    CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float ms = 0;
+    for (int i = 0; i < 5; i++) {
+        if (i == 2) CK(cudaEventRecord(e0, 0));
+        T_EQ_INT(cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e), SMELT_OK);
+        T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, n, dy, scratch, sbytes, 0, tile, &e), SMELT_OK);
+    }
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    char tn[32];
+    cuda_mmq_tile_name(tile < 0 ? cuda_mmq_tile_auto(&g_ctx, &qw, n) : tile, tn, sizeof tn);
+    printf("bench one Q4_K %lldx%lld n=%d tile %s: %.1f us a product (conversion included)\n",
+           (long long)rows, (long long)k, n, tn, ms * 1000 / 3);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+out:
+    cuda_qweight_free(&qw);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(scratch);
+    free(w16);
+    free(deq);
+    free(w);
+    free(x);
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1103,6 +1163,12 @@ int main(void) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
+    const char *bm = getenv("SMELT_BENCH");
+    if (bm && !strcmp(bm, "one")) {
+        bench_one();
+        cuda_ctx_free(&g_ctx);
+        return t_done();
+    }
     T_RUN(test_mmq_rejects);
     T_RUN(test_mmq_q4_k);
     T_RUN(test_mmq_q6_k);
@@ -1111,7 +1177,6 @@ int main(void) {
     T_RUN(test_mmq_big_x);
     T_RUN(test_mmq_graph);
     T_RUN(test_mmq_tuned);
-    const char *bm = getenv("SMELT_BENCH");
     if (bm && strcmp(bm, "tune") != 0) bench();
     if (bm) bench_tuned();
     cuda_ctx_free(&g_ctx);

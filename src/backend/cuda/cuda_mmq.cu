@@ -12,7 +12,7 @@
  * stores y (it had the whole tile) or writes its partial tile to the work area. The
  * contributors of a split tile count themselves in a counter (indexed by the first
  * contributor, which owns no other split tile's first unit); the last to arrive adds the
- * the others' partials to its own in block order (so the result does not depend on timing) and stores y. No
+ * partials, its own included, in block order (so the result does not depend on timing) and stores y. No
  * block ever waits for another; the counters are zeroed by cuda_mmq_quantize and reset by
  * their last user, so a captured graph replays.
  *
@@ -710,10 +710,16 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
     __syncthreads(); /* (the next write of the flag is two main-loop barriers away) */
     if (!*flag) return;
     __threadfence();
-    /* this block's part, then the others' in block order: independent of timing (and no
-     * second tile of registers) */
+    /* every contributor's partial, this block's too (written above), from zero in block
+     * order: the same sum whichever block arrives last, and no second tile of registers */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[rt][nt][i] = 0.0f;
     for (long long bb = b_lo; bb <= b_hi; bb++) {
-        if (bb == b) continue;
         const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
         const float4 *rp =
             (const float4 *)(a.work + ((bb * 2 + sl) * MMQ_THREADS + tid) * (long long)NACC);
@@ -721,7 +727,7 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
         for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const float4 p = __ldcg(rp + rt * NT + nt); /* L2: another SM wrote it */
+                const float4 p = __ldcg(rp + rt * NT + nt); /* L2 (another SM wrote it) */
                 acc[rt][nt][0] += p.x;
                 acc[rt][nt][1] += p.y;
                 acc[rt][nt][2] += p.z;
