@@ -653,6 +653,18 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
     }
 }
 
+/* f(v) for each of a thread's accumulators. */
+template <int RT, int NT, class F>
+static __device__ __forceinline__ void each_acc(float (&acc)[RT][NT][4], F f) {
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                f(acc[rt][nt][i]);
+}
+
 /* y = (or +=) v for this thread's outputs of the tile at (row0, tok0); the warp's first row
  * and token in the tile wrow0, wtok0, its fragments RS rows apart. */
 template <int RT, int NT, int RS>
@@ -712,13 +724,7 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
     __threadfence();
     /* every contributor's partial, this block's too (written above), from zero in block
      * order: the same sum whichever block arrives last, and no second tile of registers */
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[rt][nt][i] = 0.0f;
+    each_acc(acc, [](float &v) { v = 0.0f; });
     for (long long bb = b_lo; bb <= b_hi; bb++) {
         const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
         const float4 *rp =
@@ -741,7 +747,9 @@ template <uint32_t T, int I>
 static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_kernel(const mmq_args a_in) {
     using C = mmq_cfg<T, I>;
     constexpr int NS = C::NS, RT = C::RT, NT = C::NT;
-    if constexpr (!C::FITS) { /* never launched (its SMEM is over every device's limit) */
+    /* never launched: a type whose stages do not fit (its SMEM is over every device's
+     * limit), a wgmma tile in an image built without wgmma (cuda_ctx.wgmma) */
+    if constexpr (!C::FITS || (C::WG && !SMELT_WGMMA)) {
         return;
     } else {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -769,13 +777,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
     const long long u_begin = unit_begin(a, b), u_end = unit_begin(a, b + 1);
 
     float acc[RT][NT][4];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[rt][nt][i] = 0.0f;
+    each_acc(acc, [](float &v) { v = 0.0f; });
 
     upos lp = pos_of(a, u_begin), cp = lp; /* the unit to load next, the unit to compute */
 #pragma unroll
@@ -804,23 +806,11 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
             /* the unit's products complete before its stage is refilled (the next unit's
              * copies, after the barrier) and before acc is read */
             wg_wait<0>();
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        wg_pin(acc[rt][nt][q]);
+            each_acc(acc, [](float &v) { wg_pin(v); });
         }
         if (cp.s == a.nsb - 1 || u == u_end - 1) {
             finish_tile<T, I>(a, smem, acc, b, u, u_begin, cp, tid, wrow0, wtok0, lane);
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        acc[rt][nt][q] = 0.0f;
+            each_acc(acc, [](float &v) { v = 0.0f; });
         }
         pos_next(a, cp);
     }
