@@ -130,6 +130,7 @@ static inline size_t __cvta_generic_to_global(const void *p) { return (size_t)p;
 static inline void __syncthreads() { EMU_CLOBBER(); emu::block_barrier(); EMU_CLOBBER(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { EMU_CLOBBER(); emu::warp_barrier(); EMU_CLOBBER(); }
 static inline void __threadfence() {}
+static inline void __trap() { abort(); }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
 static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
 static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
@@ -169,9 +170,12 @@ static inline void emu_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1
         c[i] = acc;
     }
 }
-/* wgmma.mma_async.m64nNk16 f32 += f16 with A in registers and B K-major, unswizzled, in shared
- * memory (cuda_mma.cuh; the descriptor as patch.py rewrites it: address / 16 in bits 0..31,
- * the K-adjacent core matrices' distance / 16 in 32..47, the N-adjacent ones' in 48..63).
+/* wgmma.mma_async.m64nNk16 f32 += f16 with A in registers and B K-major with the 128-byte
+ * swizzle in shared memory (cuda_mma.cuh; the descriptor as patch.py rewrites it: address / 16
+ * in bits 0..29, the swizzle flag in bit 30, the 8-row atoms' distance / 16 in 48..63). Row n's
+ * 16 K values are the 32 bytes at start + (n / 8) sbo + (n % 8) 128, address bits 4..6 XORed
+ * with bits 7..9 (the emulated shared memory is page-aligned, as the GPU's window is
+ * 1,024-aligned).
  * Warp w of the warpgroup owns rows 16w..16w+15 of A and D, so each warp computes its part
  * alone: d[4j + i] for 8-column tile j as mma.m16n8k16's C. Runs at issue. */
 #define SMELT_WGMMA 1
@@ -180,8 +184,9 @@ static inline void emu_wgmma(float *d, const uint32_t *a, uint64_t desc, int n) 
     EMU_CLOBBER();
     emu::warp_xchg(&mine, sizeof mine, all);
     EMU_CLOBBER();
-    const unsigned char *base = (const unsigned char *)(uintptr_t)((desc & 0xffffffffu) << 4);
-    const size_t lbo = (size_t)((desc >> 32) & 0xffffu) << 4, sbo = (size_t)(desc >> 48) << 4;
+    const uintptr_t base = (uintptr_t)((desc & 0x3fffffffu) << 4);
+    const size_t sbo = (size_t)(desc >> 48) << 4;
+    if (!((desc >> 30) & 1)) abort(); /* only the swizzled layout is used */
     const int L = emu::lane(), g = L >> 2, t = L & 3;
     for (int j = 0; j < n / 8; j++)
         for (int i = 0; i < 4; i++) {
@@ -191,7 +196,9 @@ static inline void emu_wgmma(float *d, const uint32_t *a, uint64_t desc, int n) 
                 const int ar = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), al = (row % 8) * 4 + (k % 8) / 2;
                 const float av = emu_h2f((all[al].a[ar] >> (16 * (k & 1))) & 0xffffu, false);
                 uint16_t bh;
-                memcpy(&bh, base + (col / 8) * sbo + (k / 8) * lbo + (col % 8) * 16 + (k % 8) * 2, 2);
+                uintptr_t ad = base + (col / 8) * sbo + (col % 8) * 128 + k * 2;
+                ad ^= ((ad >> 7) & 7) << 4;
+                memcpy(&bh, (const void *)ad, 2);
                 acc += av * emu_h2f(bh, false);
             }
             d[4 * j + i] = acc;

@@ -50,6 +50,9 @@ def main():
         if p.name == "cuda_common.cuh":  # a cache hint: nothing to emulate
             t = rewrite(t, r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(c \+ o\)\);', "(void)(c + o);",
                         "L2 prefetch")
+            # one thread runs at a time: the ordering comes free
+            t = rewrite(t, r'asm volatile\("atom\.acq_rel\.gpu\.global\.add\.s32 .*?: "memory"\);',
+                        "old = atomicAdd(p, v);", "acq_rel atomic")
         if p.name == "cuda_mma.cuh":
             t = rewrite(t, r"(void cp_async16\(void \*smem, const void \*gmem\) \{).*?\n\}",
                         r"\1 memcpy(smem, gmem, 16); }", "mmq cp.async 16")
@@ -65,10 +68,10 @@ def main():
             t = rewrite(t, r'asm\("fma\.rn\.f16x2.*?\);\n', "d = emu_h2op(a, b, c, 2);\n", "mmq fma.f16x2")
             t = rewrite(t, r'asm\("lop3\.b32.*?\);\n', "d = (a & B) | c;\n", "mmq lop3")
             # wgmma (SMELT_WGMMA is 1 in emu.h): the descriptor keeps the whole 32-bit address
-            # (fields: address / 16 in bits 0..31, lbo / 16 in 32..47, sbo / 16 in 48..63); the
-            # product runs at issue, so the fence, commit and wait have nothing to do
-            t = rewrite(t, r"(uint64_t wg_desc\(uint32_t saddr, uint32_t lbo, uint32_t sbo\) \{).*?\n\}",
-                        r"\1 return (uint64_t)(saddr >> 4) | (uint64_t)(lbo >> 4) << 32 | (uint64_t)(sbo >> 4) << 48; }",
+            # (fields: address / 16 in bits 0..29, the 128-byte swizzle flag in bit 30, sbo / 16
+            # in 48..63); the product runs at issue, so the fence, commit and wait have nothing to do
+            t = rewrite(t, r"(uint64_t wg_desc_sw128\(uint32_t saddr\) \{).*?\n\}",
+                        r"\1 return (uint64_t)(saddr >> 4) | (uint64_t)1 << 30 | (uint64_t)(1024 >> 4) << 48; }",
                         "wgmma descriptor")
             t = rewrite(t, r'asm volatile\("wgmma\.fence\.sync\.aligned;\\n" ::: "memory"\);', "", "wgmma fence")
             t = rewrite(t, r'asm volatile\("wgmma\.commit_group\.sync\.aligned;\\n" ::: "memory"\);', "",
@@ -81,7 +84,7 @@ def main():
             t = rewrite(t, r'asm volatile\(\s*"\{\\n\.reg \.pred p;.*?"n"\(1\)\);', "emu_wgmma(&d[0][0], a, desc, 128);",
                         "wgmma m64n128k16")
         if p.name in ("cuda_mmq.cu", "cuda_mmb.cu"):
-            t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
+            t = rewrite(t, r"extern __shared__ __align__\((?:16|1024)\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", f"{p.stem} extern shared")
         if p.name == "cuda_moe.cu":
             t = rewrite(t, r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",

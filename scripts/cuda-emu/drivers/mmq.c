@@ -11,6 +11,9 @@ static void small_types(void) {
     check_weight(QT_Q8_0, 131, 896, ns, 3, 0); /* 3.5 units */
     check_weight(QT_MXFP4, 40, 64, ns, 3, 0);  /* a single partial unit */
     check_weight(QT_MXFP4, 131, 2880, ns, 3, 0); /* gpt-oss's width: 11 units and 2 blocks */
+    const int full[] = {136}; /* a whole 128-token tile (the wgmma tiles' unclamped copy) */
+    check_weight(QT_Q4_K, 67, 768, full, 1, 0);
+    check_weight(QT_Q8_0, 131, 896, full, 1, 0);
 }
 int main(void) {
     struct err e;

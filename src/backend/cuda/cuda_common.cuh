@@ -82,6 +82,17 @@ static __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
+/* *p += v at GPU scope with acquire-release semantics; returns the old value. The counter of
+ * a split result: the block's threads write their parts, meet at a barrier, and one thread
+ * counts; the release makes every part the barrier ordered before it visible to whichever
+ * block's acquire reads the count after it, and that block's barrier hands them on to its
+ * threads. One fence a block, where __threadfence() in every thread is a fence a thread. */
+static __device__ __forceinline__ int atomic_add_acq_rel(int *p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 /* cuda_ctx.pdl_fence is set by the context's owner after a host<->device copy on the
  * stream: griddepcontrol.wait covers only the previous *kernel*, so the first kernel after a
  * copy (the step's inputs) is launched without the attribute, fully ordered after the copy.

@@ -157,12 +157,15 @@ static __device__ __forceinline__ void dq_q5_k(uint32_t w, uint32_t h, uint32_t 
  *
  * A (64 x 16, f16): warp w of the warpgroup holds rows 16w..16w+15 in the fragment layout of
  * mma.m16n8k16's A (cuda_mmq.cu's file comment), four registers a lane. B (16 x N): K-major in
- * shared memory without swizzle, in "core matrices" of 8 N-rows x 16 bytes (8 K values) stored
- * as 128 contiguous bytes; the descriptor gives the first one's address, the byte distance
- * between core matrices adjacent in K (lbo) and in N (sbo). D (64 x N, f32): warp w's rows
- * 16w.., per 8 columns j the four floats d[j][0..3] at (g, 8j + 2t), (g, 8j + 2t + 1),
- * (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1): mma.m16n8k16's C layout, one 8-column tile after
- * another. */
+ * shared memory with the 128-byte swizzle: an N-row's K values lie in 128-byte rows of 64
+ * values, 8 N-rows make a 1,024-byte atom (1,024-byte aligned; atoms of further N-rows follow
+ * 1,024 bytes apart), and the 16-byte unit j of row r within its atom is stored at unit j ^ r
+ * (the address bits 4..6 XORed with bits 7..9), so that 8 rows' copies of one unit, and one
+ * row's 8 units, each fill all 32 banks. A k16 step reads 32 bytes of each row: the
+ * descriptor's start moves 32 bytes per step within an atom's 128-byte width. D (64 x N,
+ * f32): warp w's rows 16w.., per 8 columns j the four floats d[j][0..3] at (g, 8j + 2t), (g,
+ * 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1): mma.m16n8k16's C layout, one 8-column
+ * tile after another. */
 #ifndef SMELT_WGMMA
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SMELT_WGMMA 1
@@ -171,11 +174,13 @@ static __device__ __forceinline__ void dq_q5_k(uint32_t w, uint32_t h, uint32_t 
 #endif
 #endif
 
-/* The descriptor of a K-major, unswizzled B (14-bit fields of byte values / 16). Adding
- * bytes / 16 to it moves its start address. */
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 |
-           (uint64_t)((sbo >> 4) & 0x3fffu) << 32;
+/* The descriptor of a K-major B with the 128-byte swizzle starting at shared address saddr
+ * (14-bit fields of byte values / 16; the atoms of 8 N-rows 1,024 bytes apart, the leading
+ * offset unused by this layout, layout type 1 in bits 62..63). Adding bytes / 16 to it moves
+ * its start address. */
+static __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
 }
 
 /* Orders this warpgroup's register writes (A fragments, accumulators) before the wgmma that

@@ -51,10 +51,12 @@
  * A from the registers of a warpgroup's four warps (the same fragment layout, warp w rows
  * 16w..16w+15) and B, all 128 tokens, from shared memory through the tensor cores' own path,
  * so one fragment feeds a 16 x 128 x 16 product and no warp spends issue slots on B. The
- * stage's activations are stored as wgmma's unswizzled K-major "core matrices" (8 tokens x
- * 16 B, 128 contiguous bytes; K-adjacent ones 128 B apart, token groups 4096 B), the same
- * evens-then-odds order within each 16-group, so the dequantization is the mma.sync tiles'
- * own. Per chunk: dequantize, wgmma.fence, one wgmma per 64-row block, commit, wait for all
+ * stage's activations are stored K-major with wgmma's 128-byte swizzle (cuda_mma.cuh): four
+ * atom columns of 64 K values, each BN token rows of 128 B whose 16-byte units are permuted
+ * by the token's low 3 bits, in the same evens-then-odds order within each 16-group, so the
+ * dequantization is the mma.sync tiles' own. (The unswizzled layout of 8-token "core
+ * matrices" made each quarter warp's copy touch 8 tokens, so every 32-byte sector crossed
+ * L2 twice, half used each time: ncu counted twice the ideal L2 sectors, L2 72% busy.) Per chunk: dequantize, wgmma.fence, one wgmma per 64-row block, commit, wait for all
  * but this group (the previous chunk's registers are then free while this one runs); per
  * unit, a wait for all before the barrier that lets the stage be refilled. The copies land
  * through the generic proxy and wgmma reads through the async one: fence.proxy.async
@@ -138,8 +140,10 @@ template <uint32_t T, int I> struct mmq_cfg {
     /* one stage: W (BM x q_stride), S (BM x 16 raw scales), D (BM x d_bytes), X (BN x XS) */
     static constexpr int S = BM * F::q_stride;
     static constexpr int D = S + BM * 16;
-    static constexpr int X = D + BM * F::d_bytes;
-    static constexpr int STAGE = X + BN * XS;
+    /* the wgmma tiles' X is 128-byte-swizzled atoms: 1,024-byte aligned, as are their stages */
+    static constexpr int AL = WG ? 1024 : 16;
+    static constexpr int X = (D + BM * F::d_bytes + AL - 1) / AL * AL;
+    static constexpr int STAGE = (X + BN * XS + AL - 1) / AL * AL;
     static constexpr int SB_BYTES = BM * F::sb_stride;
     static constexpr int BUDGET = MINB == 2 ? 113 * 1024 : 227 * 1024;
     static constexpr int NS_FIT = (BUDGET - SB_BYTES - 16) / STAGE;
@@ -267,22 +271,25 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     constexpr int BM = C::BM, BN = C::BN, QS = C::F::q_stride;
     const int s = p.s, row0 = p.rt * BM, tok0 = p.tn * BN;
     const int nbv = slice_blocks(a, s);
-    if constexpr (C::WG) { /* f16 activations as wgmma's core matrices: 16 B (8 K values) of
-                            * token 8i + r at X + 4096 i + 128 c + 16 r; 8 tokens per pass, a
-                            * quarter warp writing one 128-byte core matrix */
-        const int r = tid & 7, c = tid >> 3;
+    if constexpr (C::WG) { /* f16 activations in 128-byte-swizzled atoms (cuda_mma.cuh): the
+                            * 16-byte unit c of token t, K 8c.., in atom column c >> 3 (64 K
+                            * values, BN x 128 B), token row t, unit (c & 7) ^ (t & 7). A warp
+                            * copies one token's 512 contiguous bytes a pass (full 32-byte
+                            * sectors), each quarter warp one 128-byte row (all 32 banks);
+                            * warp w takes tokens w + 8 it, so t & 7 = w */
+        const int w = tid >> 5, c = tid & 31;
         if ((T != QT_Q8_0 && T != QT_MXFP4) || c < 4 * nbv) {
-            unsigned char *dst = st + C::X + c * 128 + r * 16;
+            unsigned char *dst = st + C::X + (c >> 3) * (BN * 128) + w * 128 + (((c & 7) ^ w) << 4);
             if (tok0 + BN <= a.n) {
-                const __half *src = a.xh + (long long)(tok0 + r) * a.k + s * 256 + c * 8;
+                const __half *src = a.xh + (long long)(tok0 + w) * a.k + s * 256 + c * 8;
 #pragma unroll
                 for (int it = 0; it < BN / 8; it++)
-                    cp_async16(dst + it * 4096, src + (long long)it * 8 * a.k);
+                    cp_async16(dst + it * 1024, src + (long long)it * 8 * a.k);
             } else {
 #pragma unroll
                 for (int it = 0; it < BN / 8; it++) {
-                    const long long gt = min(tok0 + r + it * 8, a.n - 1);
-                    cp_async16(dst + it * 4096, a.xh + gt * a.k + s * 256 + c * 8);
+                    const long long gt = min(tok0 + w + it * 8, a.n - 1);
+                    cp_async16(dst + it * 1024, a.xh + gt * a.k + s * 256 + c * 8);
                 }
             }
         }
@@ -472,8 +479,8 @@ static __device__ __forceinline__ void mma_chunk(float (&acc)[RT][NT][4], const 
 }
 
 /* The products of one 16-wide K chunk: mma.sync (the B fragments loaded by ldmatrix from
- * xa), or on the wgmma tiles one wgmma per 64-row block, B the chunk's two core matrices
- * at desc. A wgmma reads its A registers until it completes: the wait for all but the
+ * xa), or on the wgmma tiles one wgmma per 64-row block, B the chunk's 32 bytes of each token
+ * row at desc. A wgmma reads its A registers until it completes: the wait for all but the
  * latest group lets the next chunk's dequantization overlap this chunk's products while
  * the registers of the chunk before are free again (ptxas allocates around the wait). */
 template <class C>
@@ -483,7 +490,7 @@ static __device__ __forceinline__ void chunk_mma(float (&acc)[C::RT][C::NT][4], 
         wg_fence();
 #pragma unroll
         for (int rt = 0; rt < C::RT; rt++)
-            wgmma_n128(acc[rt], af[rt], desc + (uint64_t)(chunk * 256 / 16));
+            wgmma_n128(acc[rt], af[rt], desc + (uint64_t)(((chunk >> 2) * C::BN * 128 + (chunk & 3) * 32) >> 4));
         wg_commit();
         wg_wait<1>();
     } else {
@@ -506,9 +513,9 @@ static __device__ __forceinline__ void compute_unit(const unsigned char *st, con
      * odd half (i & 1)} of the chunk */
     const int mi = lane >> 3, r8 = lane & 7;
     const uint32_t xa = smem_u32(st + C::X) + (wtok0 + 8 * (mi >> 1) + r8) * C::XS + 16 * (mi & 1);
-    /* wgmma: chunk c's 16 K values of token 8i + r are the core matrices 2c, 2c + 1 of row
-     * group i: K-adjacent ones 128 B apart, token groups 4096 B */
-    const uint64_t desc = C::WG ? wg_desc(smem_u32(st + C::X), 128, 4096) : 0;
+    /* wgmma: chunk c's 16 K values are bytes 32 (c & 3).. of the rows of atom column c >> 2
+     * (chunk_mma moves the start there) */
+    const uint64_t desc = C::WG ? wg_desc_sw128(smem_u32(st + C::X)) : 0;
     const unsigned char *wbase = st + wrow * QS + 4 * t;
     const unsigned char *sbase = sb + wrow * SBS;
 
@@ -709,19 +716,18 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
         for (int nt = 0; nt < NT; nt++)
             wp[rt * NT + nt] = make_float4(acc[rt][nt][0], acc[rt][nt][1], acc[rt][nt][2],
                                            acc[rt][nt][3]);
-    __threadfence(); /* this thread's partial is visible before the count goes up */
-    __syncthreads();
+    __syncthreads(); /* every thread's partial is written before the count goes up ... */
     const long long b_lo = unit_owner(a, t0), b_hi = unit_owner(a, t0 + a.nsb - 1);
     int *flag = (int *)(smem + C::CTRL);
     if (tid == 0) {
-        const int before = atomicAdd(&a.cnt[b_lo], 1);
+        /* ... and visible to the last contributor, whose count acquires the others' */
+        const int before = atomic_add_acq_rel(&a.cnt[b_lo], 1);
         const int last = before == (int)(b_hi - b_lo);
         if (last) a.cnt[b_lo] = 0; /* every contributor has counted: reset for the next call */
         *flag = last;
     }
     __syncthreads(); /* (the next write of the flag is two main-loop barriers away) */
     if (!*flag) return;
-    __threadfence();
     /* every contributor's partial, this block's too (written above), from zero in block
      * order: the same sum whichever block arrives last, and no second tile of registers */
     each_acc(acc, [](float &v) { v = 0.0f; });
@@ -752,23 +758,27 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
     if constexpr (!C::FITS || (C::WG && !SMELT_WGMMA)) {
         return;
     } else {
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* the swizzled atoms' addresses (wgmma XORs the address bits) need a 1,024-aligned base:
+     * the kernel has no static shared memory, so the dynamic one starts its window */
+    if constexpr (C::WG)
+        if (smem_u32(smem) & 1023) __trap();
     /* the warp's first weight row and token in the tile: warps WM x WN, or two warpgroups
      * of 64 RT rows whose warp w takes rows 16 w of each 64 */
     const int wrow0 = C::WG ? (warp >> 2) * 64 * RT + (warp & 3) * 16 : (warp % C::WM) * 16 * RT;
     const int wtok0 = C::WG ? 0 : (warp / C::WM) * 8 * NT;
     mmq_args a = a_in;
     if (a.tile_eid) { /* by id: the used token tiles are a prefix; the work is known here only */
-        __shared__ int used_s;
-        if (tid == 0) used_s = 0;
+        int *used_s = (int *)(smem + C::CTRL) + 1; /* (the fixup's flag is word 0) */
+        if (tid == 0) *used_s = 0;
         __syncthreads();
         int mine = 0;
         for (int i = tid; i < a.n_tiles_max; i += MMQ_THREADS)
             mine += a.tile_eid[i] >= 0;
-        if (mine) atomicAdd(&used_s, mine);
+        if (mine) atomicAdd(used_s, mine);
         __syncthreads();
-        const int used = used_s;
+        const int used = *used_s;
         a.tiles_n = used;
         a.units = (long long)((a.rows + C::BM - 1) / C::BM) * used * a.nsb;
         if (used == 0) return; /* (uniform) */
