@@ -166,7 +166,7 @@ struct mmq_args {
     const unsigned char *wq, *ws, *wd; /* split-layout weight arrays (cuda_qweight q, s, d) */
     const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
-    float *work;                       /* 2 partial tiles per block, fragment order */
+    float *work;                       /* 2 partial tiles per block: float4 j of thread t at j * 256 + t */
     int *cnt;                          /* split-tile counters, MMQ_MAX_BLOCKS */
     long long units;                   /* tiles * nsb */
     int rows, k, n, accumulate;
@@ -707,15 +707,17 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
         store_y<RT, NT, C::RS>(a, acc, row0, tok0, wrow0, wtok0, lane);
         return;
     }
-    /* slot 0: the block's first tile, slot 1: its last (when different) */
+    /* slot 0: the block's first tile, slot 1: its last (when different); float4 j of thread
+     * tid at j * MMQ_THREADS + tid, so a warp's stores (and the fixup's loads) are 512
+     * contiguous bytes */
     const int slot = tile == u_begin / a.nsb ? 0 : 1;
-    float4 *wp = (float4 *)(a.work + ((b * 2 + slot) * MMQ_THREADS + tid) * (long long)NACC);
+    float4 *wp = (float4 *)(a.work + (b * 2 + slot) * MMQ_THREADS * (long long)NACC) + tid;
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            wp[rt * NT + nt] = make_float4(acc[rt][nt][0], acc[rt][nt][1], acc[rt][nt][2],
-                                           acc[rt][nt][3]);
+            wp[(rt * NT + nt) * MMQ_THREADS] = make_float4(acc[rt][nt][0], acc[rt][nt][1], acc[rt][nt][2],
+                                                           acc[rt][nt][3]);
     __syncthreads(); /* every thread's partial is written before the count goes up ... */
     const long long b_lo = unit_owner(a, t0), b_hi = unit_owner(a, t0 + a.nsb - 1);
     int *flag = (int *)(smem + C::CTRL);
@@ -733,13 +735,12 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
     each_acc(acc, [](float &v) { v = 0.0f; });
     for (long long bb = b_lo; bb <= b_hi; bb++) {
         const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
-        const float4 *rp =
-            (const float4 *)(a.work + ((bb * 2 + sl) * MMQ_THREADS + tid) * (long long)NACC);
+        const float4 *rp = (const float4 *)(a.work + (bb * 2 + sl) * MMQ_THREADS * (long long)NACC) + tid;
 #pragma unroll
         for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const float4 p = __ldcg(rp + rt * NT + nt); /* L2 (another SM wrote it) */
+                const float4 p = __ldcg(rp + (rt * NT + nt) * MMQ_THREADS); /* L2 (another SM wrote it) */
                 acc[rt][nt][0] += p.x;
                 acc[rt][nt][1] += p.y;
                 acc[rt][nt][2] += p.z;
