@@ -89,7 +89,10 @@ static __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) 
  * threads. One fence a block, where __threadfence() in every thread is a fence a thread. */
 static __device__ __forceinline__ int atomic_add_acq_rel(int *p, int v) {
     int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
+                 : "=r"(old)
+                 : "l"(p), "r"(v)
+                 : "memory");
     return old;
 }
 

@@ -56,8 +56,9 @@
  * by the token's low 3 bits, in the same evens-then-odds order within each 16-group, so the
  * dequantization is the mma.sync tiles' own. (The unswizzled layout of 8-token "core
  * matrices" made each quarter warp's copy touch 8 tokens, so every 32-byte sector crossed
- * L2 twice, half used each time: ncu counted twice the ideal L2 sectors, L2 72% busy.) Per chunk: dequantize, wgmma.fence, one wgmma per 64-row block, commit, wait for all
- * but this group (the previous chunk's registers are then free while this one runs); per
+ * L2 twice, half used each time: ncu counted twice the ideal L2 sectors, L2 72% busy.) Per
+ * chunk: dequantize, wgmma.fence, one wgmma per 64-row block, commit, wait for all but this
+ * group (the previous chunk's registers are then free while this one runs); per
  * unit, a wait for all before the barrier that lets the stage be refilled. The copies land
  * through the generic proxy and wgmma reads through the async one: fence.proxy.async
  * before the barrier. The accumulators are mma.sync's C fragments tile after tile, so the
@@ -166,7 +167,7 @@ struct mmq_args {
     const unsigned char *wq, *ws, *wd; /* split-layout weight arrays (cuda_qweight q, s, d) */
     const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
-    float *work;                       /* 2 partial tiles per block: float4 j of thread t at j * 256 + t */
+    float *work;                       /* 2 partial tiles per block (part_of) */
     int *cnt;                          /* split-tile counters, MMQ_MAX_BLOCKS */
     long long units;                   /* tiles * nsb */
     int rows, k, n, accumulate;
@@ -271,42 +272,27 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     constexpr int BM = C::BM, BN = C::BN, QS = C::F::q_stride;
     const int s = p.s, row0 = p.rt * BM, tok0 = p.tn * BN;
     const int nbv = slice_blocks(a, s);
-    if constexpr (C::WG) { /* f16 activations in 128-byte-swizzled atoms (cuda_mma.cuh): the
-                            * 16-byte unit c of token t, K 8c.., in atom column c >> 3 (64 K
-                            * values, BN x 128 B), token row t, unit (c & 7) ^ (t & 7). A warp
-                            * copies one token's 512 contiguous bytes a pass (full 32-byte
-                            * sectors), each quarter warp one 128-byte row (all 32 banks);
-                            * warp w takes tokens w + 8 it, so t & 7 = w */
+    { /* f16 activations: a warp copies one token's 512 contiguous bytes a pass (full 32-byte
+       * sectors), 8 tokens a pass (warp w takes tokens w + 8 it). The 16-byte unit c of token
+       * t lands at t * MMQ_XS + 16 c, or on the wgmma tiles in 128-byte-swizzled atoms
+       * (cuda_mma.cuh): atom column c >> 3 (64 K values, BN x 128 B), token row t, unit
+       * (c & 7) ^ (t & 7) = (c & 7) ^ w, each quarter warp one 128-byte row (all 32 banks) */
         const int w = tid >> 5, c = tid & 31;
+        constexpr int step = C::WG ? 1024 : 8 * MMQ_XS; /* 8 tokens further */
         if ((T != QT_Q8_0 && T != QT_MXFP4) || c < 4 * nbv) {
-            unsigned char *dst = st + C::X + (c >> 3) * (BN * 128) + w * 128 + (((c & 7) ^ w) << 4);
+            unsigned char *dst =
+                st + C::X +
+                (C::WG ? (c >> 3) * (BN * 128) + w * 128 + (((c & 7) ^ w) << 4) : w * MMQ_XS + c * 16);
             if (tok0 + BN <= a.n) {
                 const __half *src = a.xh + (long long)(tok0 + w) * a.k + s * 256 + c * 8;
 #pragma unroll
                 for (int it = 0; it < BN / 8; it++)
-                    cp_async16(dst + it * 1024, src + (long long)it * 8 * a.k);
+                    cp_async16(dst + it * step, src + (long long)it * 8 * a.k);
             } else {
 #pragma unroll
                 for (int it = 0; it < BN / 8; it++) {
                     const long long gt = min(tok0 + w + it * 8, a.n - 1);
-                    cp_async16(dst + it * 1024, a.xh + gt * a.k + s * 256 + c * 8);
-                }
-            }
-        }
-    } else { /* f16 activations: 32 x 16 B a token; 8 tokens per pass */
-        const int r = tid >> 5, c = tid & 31;
-        if ((T != QT_Q8_0 && T != QT_MXFP4) || c < 4 * nbv) {
-            const __half *src = a.xh + (long long)(tok0 + r) * a.k + s * 256 + c * 8;
-            unsigned char *dst = st + C::X + r * MMQ_XS + c * 16;
-            if (tok0 + BN <= a.n) {
-#pragma unroll
-                for (int it = 0; it < BN / 8; it++)
-                    cp_async16(dst + it * 8 * MMQ_XS, src + (long long)it * 8 * a.k);
-            } else {
-#pragma unroll
-                for (int it = 0; it < BN / 8; it++) {
-                    const long long gt = min(tok0 + r + it * 8, a.n - 1);
-                    cp_async16(dst + it * 8 * MMQ_XS, a.xh + gt * a.k + s * 256 + c * 8);
+                    cp_async16(dst + it * step, a.xh + gt * a.k + s * 256 + c * 8);
                 }
             }
         }
@@ -490,7 +476,8 @@ static __device__ __forceinline__ void chunk_mma(float (&acc)[C::RT][C::NT][4], 
         wg_fence();
 #pragma unroll
         for (int rt = 0; rt < C::RT; rt++)
-            wgmma_n128(acc[rt], af[rt], desc + (uint64_t)(((chunk >> 2) * C::BN * 128 + (chunk & 3) * 32) >> 4));
+            wgmma_n128(acc[rt], af[rt],
+                       desc + (uint64_t)(((chunk >> 2) * C::BN * 128 + (chunk & 3) * 32) >> 4));
         wg_commit();
         wg_wait<1>();
     } else {
@@ -694,6 +681,14 @@ static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&
 }
 
 /* End of a tile segment [seg0, u] of block b: store y, or hand the partial over. */
+/* Block b's partial tile in slot sl (0: its first tile, 1: its last), at thread tid: float4 j
+ * of the thread at j * MMQ_THREADS, so a warp's stores and the fixup's loads are 512
+ * contiguous bytes. */
+static __device__ __forceinline__ float4 *part_of(const mmq_args &a, long long b, int sl, int tid,
+                                                  int nacc) {
+    return (float4 *)(a.work + (b * 2 + sl) * MMQ_THREADS * (long long)nacc) + tid;
+}
+
 template <uint32_t T, int I>
 static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned char *smem,
                                                    float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
@@ -707,17 +702,13 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
         store_y<RT, NT, C::RS>(a, acc, row0, tok0, wrow0, wtok0, lane);
         return;
     }
-    /* slot 0: the block's first tile, slot 1: its last (when different); float4 j of thread
-     * tid at j * MMQ_THREADS + tid, so a warp's stores (and the fixup's loads) are 512
-     * contiguous bytes */
-    const int slot = tile == u_begin / a.nsb ? 0 : 1;
-    float4 *wp = (float4 *)(a.work + (b * 2 + slot) * MMQ_THREADS * (long long)NACC) + tid;
+    float4 *wp = part_of(a, b, tile == u_begin / a.nsb ? 0 : 1, tid, NACC);
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            wp[(rt * NT + nt) * MMQ_THREADS] = make_float4(acc[rt][nt][0], acc[rt][nt][1], acc[rt][nt][2],
-                                                           acc[rt][nt][3]);
+            wp[(rt * NT + nt) * MMQ_THREADS] =
+                make_float4(acc[rt][nt][0], acc[rt][nt][1], acc[rt][nt][2], acc[rt][nt][3]);
     __syncthreads(); /* every thread's partial is written before the count goes up ... */
     const long long b_lo = unit_owner(a, t0), b_hi = unit_owner(a, t0 + a.nsb - 1);
     int *flag = (int *)(smem + C::CTRL);
@@ -734,13 +725,13 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
      * order: the same sum whichever block arrives last, and no second tile of registers */
     each_acc(acc, [](float &v) { v = 0.0f; });
     for (long long bb = b_lo; bb <= b_hi; bb++) {
-        const int sl = tile == unit_begin(a, bb) / a.nsb ? 0 : 1;
-        const float4 *rp = (const float4 *)(a.work + (bb * 2 + sl) * MMQ_THREADS * (long long)NACC) + tid;
+        const float4 *rp = part_of(a, bb, tile == unit_begin(a, bb) / a.nsb ? 0 : 1, tid, NACC);
 #pragma unroll
         for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const float4 p = __ldcg(rp + (rt * NT + nt) * MMQ_THREADS); /* L2 (another SM wrote it) */
+                /* from L2 (another SM wrote it) */
+                const float4 p = __ldcg(rp + (rt * NT + nt) * MMQ_THREADS);
                 acc[rt][nt][0] += p.x;
                 acc[rt][nt][1] += p.y;
                 acc[rt][nt][2] += p.z;
