@@ -320,6 +320,149 @@ static void test_mmq_big_x(void) {
     check_weight(QT_Q4_K, 300, 1024, ns, 2, 1);
 }
 
+/* act(g) * u in double, act as cuda_glu.cuh's glu_val. */
+static double glu_ref(int act, double g, double u) {
+    if (act == 3) {
+        const double gc = g > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : g;
+        const double uc = u > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u;
+        return gc / (1.0 + exp(-(double)GLU_OAI_ALPHA * gc)) * (uc + 1.0);
+    }
+    if (act == 1) return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+    return (act == 0 ? g : 1.0) / (1.0 + exp(-g)) * u;
+}
+
+/* The GLU product (cuda_mmq_glu_pre): act(G x) * (U x) in one launch over the gate's and the
+ * up's rows interleaved in eights, every tile and the automatic one, against act applied to
+ * the two f16 references of check_weight. The tolerance is the spread of the reference when
+ * each sum moves by the plain products' own bound (2e-5 of its sum |w x| + 1e-6), plus the
+ * float evaluation of the activation (relative 1e-5, and 5e-7 |g u| for GELU's cancellation). Outputs poisoned with NaN, a guard band after y. */
+static void check_glu(uint32_t type, int64_t rows, int64_t k, const int *ns, int n_ns, int act) {
+    if (skip_big(type, 2 * rows, k)) return;
+    float *w16 = malloc(sizeof(float) * (size_t)(2 * rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
+    if (!w16 || !deq) abort();
+    void *hg = make_weights(type, rows, k, w16, deq, &g_seed);
+    void *hu = make_weights(type, rows, k, w16 + rows * k, deq, &g_seed);
+    struct cuda_qweight qg, qu;
+    struct err e;
+    memset(&qg, 0, sizeof qg);
+    memset(&qu, 0, sizeof qu);
+    int nmax = 0;
+    for (int i = 0; i < n_ns; i++)
+        nmax = ns[i] > nmax ? ns[i] : nmax;
+    float *x = malloc(sizeof(float) * (size_t)(nmax * k)), *y = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD));
+    double *ref = malloc(sizeof(double) * (size_t)(nmax * rows)), *tol = malloc(sizeof(double) * (size_t)(nmax * rows));
+    float *dx = NULL, *dy = NULL;
+    void *scratch = NULL;
+    uint64_t sbytes = 0;
+    if (!x || !y || !ref || !tol) abort();
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qg, type, hg, rows, k, &e), SMELT_OK);
+    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qu, type, hu, rows, k, &e), SMELT_OK);
+    T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, 2 * rows, k, nmax, &sbytes, &e), SMELT_OK);
+    CK(cudaMalloc((void **)&dx, sizeof(float) * nmax * k));
+    CK(cudaMalloc((void **)&dy, sizeof(float) * (nmax * rows + GUARD)));
+    CK(cudaMalloc(&scratch, sbytes));
+    for (int ni = 0; ni < n_ns; ni++) {
+        const int n = ns[ni];
+        for (int64_t i = 0; i < n * k; i++)
+            x[i] = t_randn(&g_seed);
+        for (int64_t r = 0; r < rows; r++)
+            for (int t = 0; t < n; t++) {
+                double s[2] = {0, 0}, m[2] = {0, 0};
+                for (int h = 0; h < 2; h++) {
+                    const float *wr = w16 + (h * rows + r) * k, *xt = x + t * k;
+                    for (int64_t i = 0; i < k; i++) {
+                        const double p = (double)wr[i] * x16(xt[i]);
+                        s[h] += p;
+                        m[h] += fabs(p);
+                    }
+                }
+                const double v = glu_ref(act, s[0], s[1]), dg = 2e-5 * m[0] + 1e-6, du = 2e-5 * m[1] + 1e-6;
+                double spread = 0;
+                for (int sg = -1; sg <= 1; sg += 2)
+                    for (int su = -1; su <= 1; su += 2) {
+                        const double d = fabs(glu_ref(act, s[0] + sg * dg, s[1] + su * du) - v);
+                        if (d > spread) spread = d;
+                    }
+                ref[t * rows + r] = v;
+                /* the activation in float: a few ulps of |g| (GELU's 1 + tanh cancels) times |u| */
+                tol[t * rows + r] = spread + 1e-5 * fabs(v) + 5e-7 * fabs(s[0] * s[1]) + 1e-6;
+            }
+        CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+        for (int tile = CUDA_MMQ_TILE_AUTO; tile < cuda_mmq_tile_count(); tile++) {
+            for (int64_t i = 0; i < n * rows; i++)
+                y[i] = NAN;
+            for (int i = 0; i < GUARD; i++)
+                y[n * rows + i] = SENTINEL;
+            CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
+            smelt_status st = cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e);
+            if (st == SMELT_OK) st = cuda_mmq_glu_pre(&g_ctx, &qg, &qu, act, n, dy, scratch, sbytes, tile, &e);
+            if (st == SMELT_ERR_UNSUPPORTED && tile != CUDA_MMQ_TILE_AUTO) continue; /* too much smem here */
+            T_CHECKF(st == SMELT_OK, "%s", e.msg);
+            if (st != SMELT_OK) continue;
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(y, dy, sizeof(float) * (n * rows + GUARD), cudaMemcpyDeviceToHost));
+            int bad = 0, unwritten = 0, guard = 0;
+            double worst = 0;
+            for (int64_t i = 0; i < n * rows; i++) {
+                if (!isfinite(y[i])) {
+                    unwritten++;
+                    continue;
+                }
+                const double dev = fabs(y[i] - ref[i]) / tol[i];
+                if (dev > worst) worst = dev;
+                if (dev > 1 && bad++ < 3)
+                    fprintf(stderr, "  glu %s %lldx%lld n=%d tile %d: y[%lld][%lld] = %.7g, ref %.7g (tol %.2g)\n",
+                            qtype_name(type), (long long)rows, (long long)k, n, tile, (long long)(i / rows),
+                            (long long)(i % rows), y[i], ref[i], tol[i]);
+            }
+            for (int i = 0; i < GUARD; i++)
+                guard += y[n * rows + i] != SENTINEL;
+            char tn[32] = "auto";
+            if (tile != CUDA_MMQ_TILE_AUTO) cuda_mmq_tile_name(tile, tn, sizeof tn);
+            printf("mmq glu %-5s act %d %5lldx%-5lld n=%-3d tile %-13s: %s  max |err|/tol %.2f\n", qtype_name(type), act,
+                   (long long)rows, (long long)k, n, tn, bad || unwritten || guard ? "MISMATCH" : "ok", worst);
+            T_CHECKF(bad == 0, "glu %s n=%d tile %d: %d outputs off", qtype_name(type), n, tile, bad);
+            T_CHECKF(unwritten == 0, "glu %s n=%d tile %d: %d outputs not written", qtype_name(type), n, tile,
+                     unwritten);
+            T_CHECKF(guard == 0, "glu %s n=%d tile %d: %d floats written past y", qtype_name(type), n, tile, guard);
+        }
+    }
+    /* refused: rows not a multiple of 8, shapes that differ, accumulation has no GLU form */
+    if (rows % 8 == 0 && rows > 8) {
+        struct cuda_qweight q2 = qu;
+        q2.rows = rows - 4;
+        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &q2, act, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &q2, &q2, act, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &qu, 4, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+    }
+out:
+    cuda_qweight_free(&qg);
+    cuda_qweight_free(&qu);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(scratch);
+    free(hg);
+    free(hu);
+    free(w16);
+    free(deq);
+    free(x);
+    free(y);
+    free(ref);
+    free(tol);
+}
+
+static void test_mmq_glu(void) {
+    const int ns[] = {9, 33, 100, 512};
+    check_glu(QT_Q4_K, 40, 256, ns, 2, 0); /* one unit per tile, a partial row tile */
+    check_glu(QT_Q4_K, 1368, 2048, ns, 4, 0);
+    check_glu(QT_Q6_K, 200, 768, ns, 4, 1);
+    check_glu(QT_Q8_0, 136, 896, ns, 4, 2);
+    check_glu(QT_MXFP4, 360, 2880, ns, 4, 3);
+}
+
 /* One conversion shared by two products (split tiles on both), captured in a graph and
  * replayed: every replay gives the eager results, bit for bit. */
 static void test_mmq_graph(void) {
@@ -1105,13 +1248,22 @@ static void bench_one(void) {
     void *w = make_weights(QT_Q4_K, rows, k, w16, deq, &g_seed);
     for (int64_t i = 0; i < n * k; i++)
         x[i] = t_randn(&g_seed);
-    struct cuda_qweight qw;
+    /* SMELT_BENCH_GLU=1: the same rows as a GLU product (cuda_mmq_glu_pre), gate and up the
+     * two halves */
+    const int glu = env_int("SMELT_BENCH_GLU", 0) && rows % 16 == 0;
+    struct cuda_qweight qw, qu;
     struct err e;
     memset(&qw, 0, sizeof qw);
+    memset(&qu, 0, sizeof qu);
     float *dx = NULL, *dy = NULL;
     void *scratch = NULL;
     uint64_t sbytes = 0;
-    T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, QT_Q4_K, w, rows, k, &e), SMELT_OK);
+    if (glu) {
+        T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, QT_Q4_K, w, rows / 2, k, &e), SMELT_OK);
+        T_EQ_INT(cuda_qweight_upload(&g_ctx, &qu, QT_Q4_K, (char *)w + qtype_row_size(QT_Q4_K, k) * (rows / 2),
+                                     rows / 2, k, &e),
+                 SMELT_OK);
+    } else T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw, QT_Q4_K, w, rows, k, &e), SMELT_OK);
     T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, rows, k, n, &sbytes, &e), SMELT_OK);
     CK(cudaMalloc((void **)&dx, sizeof(float) * n * k));
     CK(cudaMalloc((void **)&dy, sizeof(float) * n * rows));
@@ -1124,19 +1276,21 @@ static void bench_one(void) {
     for (int i = 0; i < 5; i++) {
         if (i == 2) CK(cudaEventRecord(e0, 0));
         T_EQ_INT(cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e), SMELT_OK);
-        T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, n, dy, scratch, sbytes, 0, tile, &e), SMELT_OK);
+        if (glu) T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qw, &qu, 0, n, dy, scratch, sbytes, tile, &e), SMELT_OK);
+        else T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, n, dy, scratch, sbytes, 0, tile, &e), SMELT_OK);
     }
     CK(cudaEventRecord(e1, 0));
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
     char tn[32];
     cuda_mmq_tile_name(tile < 0 ? cuda_mmq_tile_auto(&g_ctx, &qw, n) : tile, tn, sizeof tn);
-    printf("bench one Q4_K %lldx%lld n=%d tile %s: %.1f us a product (conversion included)\n",
-           (long long)rows, (long long)k, n, tn, ms * 1000 / 3);
+    printf("bench one Q4_K %lldx%lld%s n=%d tile %s: %.1f us a product (conversion included)\n",
+           (long long)rows, (long long)k, glu ? " glu" : "", n, tn, ms * 1000 / 3);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 out:
     cuda_qweight_free(&qw);
+    cuda_qweight_free(&qu);
     cudaFree(dx);
     cudaFree(dy);
     cudaFree(scratch);
@@ -1174,6 +1328,7 @@ int main(void) {
     T_RUN(test_mmq_q6_k);
     T_RUN(test_mmq_q8_0);
     T_RUN(test_mmq_mxfp4);
+    T_RUN(test_mmq_glu);
     T_RUN(test_mmq_big_x);
     T_RUN(test_mmq_graph);
     T_RUN(test_mmq_tuned);

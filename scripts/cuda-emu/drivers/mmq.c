@@ -1,5 +1,6 @@
 /* test_cuda_mmq on the emulator, at sizes it can run in about a minute: every mmq type on a
- * small shape and a partial last K slice (Q8_0, MXFP4), every tile, and the argument checks.
+ * small shape and a partial last K slice (Q8_0, MXFP4), every tile, the GLU products and the
+ * argument checks.
  * The full test (4096-row shapes, 512 tokens) is the GPU's. */
 #define main test_main
 #include "unit/test_cuda_mmq.c"
@@ -15,6 +16,15 @@ static void small_types(void) {
     check_weight(QT_Q4_K, 67, 768, full, 1, 0);
     check_weight(QT_Q8_0, 131, 896, full, 1, 0);
 }
+static void small_glu(void) { /* gate and up interleaved in eights, the activation in the store */
+    const int ns[] = {9, 100};
+    check_glu(QT_Q4_K, 40, 512, ns, 2, 0);
+    check_glu(QT_Q6_K, 24, 256, ns, 2, 1);
+    check_glu(QT_Q8_0, 72, 896, ns, 2, 2);
+    check_glu(QT_MXFP4, 16, 2880, ns, 1, 3);
+    const int full[] = {136};
+    check_glu(QT_Q4_K, 72, 256, full, 1, 0);
+}
 int main(void) {
     struct err e;
     if (cuda_ctx_init(&g_ctx, 0, NULL, &e) != SMELT_OK) {
@@ -23,5 +33,6 @@ int main(void) {
     }
     T_RUN(test_mmq_rejects);
     T_RUN(small_types);
+    T_RUN(small_glu);
     return t_done();
 }

@@ -246,9 +246,10 @@ void cu_mm(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *
  * the small-batch kernel share one launch (cuda_matmul.c). */
 void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *const *qw, const float *x, int64_t n,
                  float *const *y);
-/* dst = act(W_gate x) * (W_up x) in one small-batch launch when both products' chosen path
- * is that kernel and their shapes agree; false (nothing done) otherwise. act: enum glu_act,
- * 0..3. */
+/* dst = act(W_gate x) * (W_up x) in one launch, the activation in its store, when the shapes
+ * and types agree and the products' chosen path is the small-batch kernel or an mmq tile
+ * (cuda_mmq_glu_pre, with the gate's tile); false (nothing done) otherwise. act: enum
+ * glu_act, 0..3. */
 bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
                const float *x, int64_t n, float *dst);
 /* At free: the measured path table, at debug level. */

@@ -475,20 +475,36 @@ void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *
 bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
                const float *x, int64_t n, float *dst) {
     if (!cu_ok(cb) || act < 0 || act > 3 || gate->type != up->type || gate->k != up->k || gate->rows != up->rows ||
-        !mmb_ok(cb, gate, n) || choose(cb, gate, x, n, dst, false, NULL) != MMTUNE_MMB || !cu_ok(cb) ||
-        choose(cb, up, x, n, dst, false, NULL) != MMTUNE_MMB || !cu_ok(cb))
+        n < 2 || (!cuda_mmq_supported(gate->type, gate->k) && !mmb_ok(cb, gate, n)))
         return false;
+    /* gate and up have one key (type, rows, k, bucket): one choice serves both */
+    const int choice = choose(cb, gate, x, n, dst, false, NULL);
+    if (!cu_ok(cb)) return true; /* the backend failed while measuring */
+    const bool mmb = choice == MMTUNE_MMB && mmb_ok(cb, gate, n);
+    const bool mmq = (choice >= 0 || choice == MMTUNE_MMQ_AUTO) && gate->rows % 8 == 0 &&
+                     cuda_mmq_supported(gate->type, gate->k);
+    if (!mmb && !mmq) return false;
     struct err e;
     uint64_t bytes = 0;
     size_t mark = cu_scratch_mark(&cb->base);
     void *sc = NULL;
-    if (cuda_mmb_glu_scratch_bytes(&cb->ctx, gate, up, n, &bytes, &e) != SMELT_OK ||
-        cuda_mmb_glu(&cb->ctx, gate, up, act, x, n, dst, (sc = cu_scratch(cb, bytes)), bytes, &e) != SMELT_OK) {
+    smelt_status st;
+    if (mmb) {
+        st = cuda_mmb_glu_scratch_bytes(&cb->ctx, gate, up, n, &bytes, &e);
+        if (st == SMELT_OK && !(sc = cu_scratch(cb, bytes))) return true; /* cu_scratch failed the backend */
+        if (st == SMELT_OK) st = cuda_mmb_glu(&cb->ctx, gate, up, act, x, n, dst, sc, bytes, &e);
+    } else {
+        st = cuda_mmq_scratch_bytes(&cb->ctx, 2 * gate->rows, gate->k, n, &bytes, &e);
+        if (st == SMELT_OK && !(sc = cu_scratch(cb, bytes))) return true;
+        if (st == SMELT_OK) st = cuda_mmq_quantize(&cb->ctx, x, gate->k, n, sc, &e);
+        if (st == SMELT_OK) st = cuda_mmq_glu_pre(&cb->ctx, gate, up, act, n, dst, sc, bytes, choice, &e);
+    }
+    if (st != SMELT_OK) {
         if (cu_ok(cb)) bk_fail(&cb->base, e.code, "%s", e.msg);
         return true;
     }
-    cu_prof_mark(cb, gate->bytes + up->bytes, "mmb glu %s 2x%lldx%lld n=%lld", qtype_name(gate->type),
-                 (long long)gate->rows, (long long)gate->k, (long long)n);
+    cu_prof_mark(cb, gate->bytes + up->bytes, "%s glu %s 2x%lldx%lld n=%lld", mmb ? "mmb" : "mmq",
+                 qtype_name(gate->type), (long long)gate->rows, (long long)gate->k, (long long)n);
     cu_scratch_release(&cb->base, mark);
     return true;
 }

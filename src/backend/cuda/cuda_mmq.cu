@@ -68,6 +68,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_glu.cuh" /* glu_val: the GLU products' store */
 
 extern "C" {
 #include "backend/cuda/cuda_mmq.h"
@@ -165,6 +166,10 @@ template <uint32_t T, int I> struct mmq_cfg {
 
 struct mmq_args {
     const unsigned char *wq, *ws, *wd; /* split-layout weight arrays (cuda_qweight q, s, d) */
+    /* a GLU product (glu = 1 + act, cuda_glu.cuh's code; 0: y = W x): w* are the gate's
+     * arrays, w*2 the up's, and the launch's rows interleave them (wrow_of) */
+    const unsigned char *wq2, *ws2, *wd2;
+    int glu;
     const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
     float *work;                       /* 2 partial tiles per block (part_of) */
@@ -217,6 +222,21 @@ static __device__ __forceinline__ void pos_next(const mmq_args &a, upos &p) {
     }
 }
 
+/* Weight row gr of the launch: the arrays holding it and its row there. A GLU product runs
+ * 2 x n_ff rows interleaved in eights, 16 j + i being gate row 8 j + i for i < 8 and up row
+ * 8 j + i - 8 for i >= 8: a thread's C fragment holds rows g and g + 8 of a 16-row block,
+ * so it holds a gate sum and the up sum of the same output, and the store applies the
+ * activation in registers (store_y). */
+struct wrow {
+    const unsigned char *q, *s, *d;
+    long long r;
+};
+static __device__ __forceinline__ wrow wrow_of(const mmq_args &a, int gr) {
+    if (!a.glu) return {a.wq, a.ws, a.wd, gr};
+    const bool up = gr & 8;
+    return {up ? a.wq2 : a.wq, up ? a.ws2 : a.ws, up ? a.wd2 : a.wd, (long long)(((gr >> 4) << 3) | (gr & 7))};
+}
+
 /* ------------------------------------------------------------------ kernels ---- */
 
 /* x (n, k) f32 -> xh (n, k) f16, each 16-group stored as x[0], x[2], .., x[14], x[1], x[3],
@@ -263,8 +283,8 @@ static __device__ __forceinline__ int slice_blocks(const mmq_args &a, int s) {
 /* Issues the cp.async copies of the unit at p into stage buffer st. Rows past the matrix
  * and tokens past n are clamped to the last one (their results are never stored); the
  * 32-blocks of a partial Q8_0 slice that lie past k are not copied (and never read). Thread
- * tid copies the same 16-byte column of rows tid / CH + it * (256 / CH): for a tile inside
- * the matrix the source addresses are one base plus constant strides. */
+ * tid copies the same 16-byte column of rows tid / CH + it * (256 / CH), each row's source
+ * found by wrow_of (a GLU launch's rows come from two matrices). */
 template <uint32_t T, int I>
 static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned char *st, const upos &p,
                                                  int tid) {
@@ -299,65 +319,59 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
     }
     const bool full = row0 + BM <= a.rows;
     const long long eb = (long long)p.e * a.rows; /* the expert's first row (by id) */
+    /* weight row r of the tile: rows past the matrix clamped to its last */
+    auto src_row = [&](int r) { return wrow_of(a, full ? row0 + r : min(row0 + r, a.rows - 1)); };
     if constexpr (T == QT_Q4_K) { /* 8 x 16 B a row; 32 rows per pass */
         const int r = tid >> 3, c = tid & 7;
-        const long long rs = (long long)a.nsb * 128; /* source row stride */
-        const unsigned char *src = a.wq + ((eb + row0 + r) * a.nsb + s) * 128 + c * 16;
 #pragma unroll
         for (int it = 0; it < BM / 32; it++) {
-            const long long off = full ? it * 32 * rs
-                                       : (long long)(min(row0 + r + it * 32, a.rows - 1) - row0 - r) * rs;
-            cp_async16(st + (r + it * 32) * QS + c * 16, src + off);
+            const wrow w = src_row(r + it * 32);
+            cp_async16(st + (r + it * 32) * QS + c * 16, w.q + ((eb + w.r) * a.nsb + s) * 128 + c * 16);
         }
     } else if constexpr (T == QT_Q6_K) { /* 12 x 16 B a row */
-        const long long rs = (long long)a.nsb * 192;
-        const unsigned char *base = a.wq + ((eb + row0) * a.nsb + s) * 192;
 #pragma unroll
         for (int it = 0; it < BM * 12 / MMQ_THREADS; it++) {
             const int i = tid + it * MMQ_THREADS, r = i / 12, c = i - r * 12;
-            const int gr = full ? r : min(row0 + r, a.rows - 1) - row0;
-            cp_async16(st + r * QS + c * 16, base + gr * rs + c * 16);
+            const wrow w = src_row(r);
+            cp_async16(st + r * QS + c * 16, w.q + ((eb + w.r) * a.nsb + s) * 192 + c * 16);
         }
     } else if constexpr (T == QT_MXFP4) { /* 16 B of codes a block, 8 a row; 32 rows per pass */
         const int r = tid >> 3, c = tid & 7;
         const long long nblk = a.k >> 5;
         if (c < nbv) {
-            const unsigned char *src = a.wq + ((eb + row0 + r) * nblk + s * 8 + c) * 16;
 #pragma unroll
             for (int it = 0; it < BM / 32; it++) {
-                const long long off = (long long)(full ? it * 32 : min(row0 + r + it * 32, a.rows - 1) - row0 - r) *
-                                      nblk * 16;
-                cp_async16(st + (r + it * 32) * QS + c * 16, src + off);
+                const wrow w = src_row(r + it * 32);
+                cp_async16(st + (r + it * 32) * QS + c * 16, w.q + ((eb + w.r) * nblk + s * 8 + c) * 16);
             }
         }
     } else { /* Q8_0: q = k int8 per row, 16 x 16 B a row; 16 rows per pass */
         const int r = tid >> 4, c = tid & 15;
         if (c < 2 * nbv) {
-            const unsigned char *src = a.wq + (eb + row0 + r) * a.k + s * 256 + c * 16;
 #pragma unroll
             for (int it = 0; it < BM / 16; it++) {
-                const long long off =
-                    (long long)(full ? it * 16 : min(row0 + r + it * 16, a.rows - 1) - row0 - r) * a.k;
-                cp_async16(st + (r + it * 16) * QS + c * 16, src + off);
+                const wrow w = src_row(r + it * 16);
+                cp_async16(st + (r + it * 16) * QS + c * 16, w.q + (eb + w.r) * a.k + s * 256 + c * 16);
             }
         }
     }
     if constexpr (T == QT_Q4_K || T == QT_Q6_K) { /* 16 B of scales a row (+ Q6_K's d) */
         if (tid < BM) {
-            const long long blk = (eb + min(row0 + tid, a.rows - 1)) * a.nsb + s;
-            cp_async16(st + C::S + tid * 16, a.ws + blk * 16);
+            const wrow w = wrow_of(a, min(row0 + tid, a.rows - 1));
+            const long long blk = (eb + w.r) * a.nsb + s;
+            cp_async16(st + C::S + tid * 16, w.s + blk * 16);
             if constexpr (T == QT_Q6_K)
                 /* d is an f16 in a 2-byte array padded to whole words (cuda_qweight_upload):
                  * copy the aligned word holding it */
-                cp_async4(st + C::D + tid * 4, a.wd + ((blk * 2) & ~3LL));
+                cp_async4(st + C::D + tid * 4, w.d + ((blk * 2) & ~3LL));
         }
     } else if constexpr (T == QT_MXFP4) { /* 8 E8M0 bytes a row, as 2 words (rows padded to 4) */
         const long long nblk = a.k >> 5;
         for (int i = tid; i < BM * 2; i += MMQ_THREADS) {
             const int r = i >> 1, c = i & 1;
             if (4 * c < nbv) {
-                const long long gr = eb + min(row0 + r, a.rows - 1);
-                cp_async4(st + C::S + r * 16 + c * 4, a.ws + tq_mx_s(gr, nblk, s * 8 + 4 * c));
+                const wrow w = wrow_of(a, min(row0 + r, a.rows - 1));
+                cp_async4(st + C::S + r * 16 + c * 4, w.s + tq_mx_s(eb + w.r, nblk, s * 8 + 4 * c));
             }
         }
     } else { /* Q8_0: 8 f16 scales a row, copied as 4 words (k/32 is even) */
@@ -366,8 +380,8 @@ static __device__ __forceinline__ void load_unit(const mmq_args &a, unsigned cha
         for (int i = tid; i < BM * 4; i += MMQ_THREADS) {
             const int r = i >> 2, c = i & 3;
             if (2 * c < nbv) {
-                const long long gr = eb + min(row0 + r, a.rows - 1);
-                cp_async4(st + C::S + r * 16 + c * 4, a.ws + (gr * nblk + s * 8) * 2 + c * 4);
+                const wrow w = wrow_of(a, min(row0 + r, a.rows - 1));
+                cp_async4(st + C::S + r * 16 + c * 4, w.s + ((eb + w.r) * nblk + s * 8) * 2 + c * 4);
             }
         }
     }
@@ -660,11 +674,28 @@ static __device__ __forceinline__ void each_acc(float (&acc)[RT][NT][4], F f) {
 }
 
 /* y = (or +=) v for this thread's outputs of the tile at (row0, tok0); the warp's first row
- * and token in the tile wrow0, wtok0, its fragments RS rows apart. */
+ * and token in the tile wrow0, wtok0, its fragments RS rows apart. A GLU product stores
+ * act(gate) * up: fragment rows g (gate) and g + 8 (up) of each 16 are one output row
+ * (wrow_of), y being (n, rows / 2). */
 template <int RT, int NT, int RS>
 static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
                                                int row0, int tok0, int wrow0, int wtok0, int lane) {
     const int g = lane >> 2, t = lane & 3;
+    if (a.glu) {
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int row = row0 + wrow0 + rt * RS + g; /* the gate's row in the launch */
+                    const int tok = tok0 + wtok0 + nt * 8 + 2 * t + i;
+                    if (row < a.rows && tok < a.n)
+                        a.y[(long long)tok * (a.rows >> 1) + (((row >> 4) << 3) | g)] =
+                            glu_val(a.glu - 1, v[rt][nt][i], v[rt][nt][i + 2]);
+                }
+        return;
+    }
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -1063,42 +1094,56 @@ extern "C" smelt_status cuda_mmq_quantize(struct cuda_ctx *ctx, const float *x, 
     return SMELT_OK;
 }
 
-extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, float *y,
-                                     void *scratch, uint64_t scratch_bytes, int accumulate,
-                                     int tile, struct err *e) {
+/* cuda_mmq_pre and cuda_mmq_glu_pre: y = (or +=) W x, or act(G x) * (U x) with up != NULL
+ * (glu = 1 + act; w is then the gate). */
+static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_qweight *up,
+                                 int glu, int64_t n, float *y, void *scratch, uint64_t scratch_bytes,
+                                 int accumulate, int tile, struct err *e) {
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
-    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 28))
+    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 27))
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: %lld token rows x %lld weight rows",
                        (long long)n, (long long)w->rows);
+    if (up && (up->type != w->type || up->k != w->k || up->rows != w->rows || w->rows % 8 || glu < 1 || glu > 4 ||
+               accumulate))
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda mmq glu: gate %s %lld x %lld and up %s %lld x %lld (same shapes and type, rows a "
+                       "multiple of 8, act %d of 0..3, no accumulation)",
+                       qtype_name(w->type), (long long)w->rows, (long long)w->k, qtype_name(up->type),
+                       (long long)up->rows, (long long)up->k, glu - 1);
+    const int64_t rows = up ? 2 * w->rows : w->rows;
     const struct cuda_ctx *d;
     CUDA_TRY(device_facts(ctx, &d), e);
-    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w->type, w->rows, w->k, n);
+    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w->type, rows, w->k, n);
     if (tile < 0 || tile >= N_TILES)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: tile %d (0..%d)", tile, N_TILES - 1);
     if (!d->mmq_occ[type_index(w->type)][tile])
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "cuda mmq: tile %d needs %d B of shared memory, the device has %d", tile,
                        smem_bytes_of(w->type, tile), d->smem_optin);
-    const mmq_plan p = plan_of(d, w->type, w->rows, w->k, n, tile);
+    const mmq_plan p = plan_of(d, w->type, rows, w->k, n, tile);
     const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
     if (scratch_bytes < need)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmq: scratch of %llu B, %s %lld x %lld with %lld tokens needs %llu",
-                       (unsigned long long)scratch_bytes, qtype_name(w->type), (long long)w->rows,
+                       (unsigned long long)scratch_bytes, qtype_name(w->type), (long long)rows,
                        (long long)w->k, (long long)n, (unsigned long long)need);
     unsigned char *sc = (unsigned char *)scratch;
     mmq_args a;
     a.wq = (const unsigned char *)w->q;
     a.ws = (const unsigned char *)w->s;
     a.wd = (const unsigned char *)w->d;
+    a.wq2 = up ? (const unsigned char *)up->q : NULL;
+    a.ws2 = up ? (const unsigned char *)up->s : NULL;
+    a.wd2 = up ? (const unsigned char *)up->d : NULL;
+    a.glu = up ? glu : 0;
     a.cnt = (int *)sc;
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
     a.y = y;
     a.units = p.units;
-    a.rows = (int)w->rows;
+    a.rows = (int)rows;
     a.k = (int)w->k;
     a.n = (int)n;
     a.accumulate = accumulate != 0;
@@ -1116,10 +1161,22 @@ extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qwe
     default: ce = launch_type<QT_Q8_0>(a, tile, st); break;
     }
     if (ce != cudaSuccess)
-        return err_set(e, SMELT_ERR_DEVICE, "cuda mmq: %s %lld x %lld, %lld tokens, tile %d: %s",
-                       qtype_name(w->type), (long long)w->rows, (long long)w->k, (long long)n, tile,
+        return err_set(e, SMELT_ERR_DEVICE, "cuda mmq%s: %s %lld x %lld, %lld tokens, tile %d: %s", up ? " glu" : "",
+                       qtype_name(w->type), (long long)rows, (long long)w->k, (long long)n, tile,
                        cudaGetErrorString(ce));
     return SMELT_OK;
+}
+
+extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, float *y,
+                                     void *scratch, uint64_t scratch_bytes, int accumulate,
+                                     int tile, struct err *e) {
+    return launch_plain(ctx, w, NULL, 0, n, y, scratch, scratch_bytes, accumulate, tile, e);
+}
+
+extern "C" smelt_status cuda_mmq_glu_pre(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                                         const struct cuda_qweight *up, int act, int64_t n, float *y,
+                                         void *scratch, uint64_t scratch_bytes, int tile, struct err *e) {
+    return launch_plain(ctx, gate, up, act + 1, n, y, scratch, scratch_bytes, 0, tile, e);
 }
 
 extern "C" smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x,
@@ -1186,6 +1243,8 @@ extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_
     a.wq = (const unsigned char *)w->q;
     a.ws = (const unsigned char *)w->s;
     a.wd = (const unsigned char *)w->d;
+    a.wq2 = a.ws2 = a.wd2 = NULL;
+    a.glu = 0; /* (a GLU product by id would need the expert stride of rows_e / 2 in wrow_of) */
     a.cnt = (int *)sc;
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));

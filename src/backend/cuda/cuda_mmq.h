@@ -60,6 +60,17 @@ smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, in
                           void *scratch, uint64_t scratch_bytes, int accumulate, int tile,
                           struct err *e);
 
+/* The gated product of a GLU FFN: y[n][gate->rows] = act(G x) * (U x), act as cuda_glu.cuh's
+ * glu_val (0 SiLU, 1 tanh-GELU, 2 sigmoid, 3 gpt-oss's clamped SwiGLU), x from scratch as
+ * cuda_mmq_quantize(x, k, n) left it, scratch sized by cuda_mmq_scratch_bytes for 2 x rows.
+ * One launch over 2 x rows weight rows, gate and up interleaved in eights, so each thread
+ * holds both sums of an output and the activation is applied in the store: no f32 gate and up
+ * products in memory and no GLU launch. Gate and up: the same type and shape, rows a multiple
+ * of 8. Otherwise as cuda_mmq_pre (tile: that of the gate's plain product, or AUTO). */
+smelt_status cuda_mmq_glu_pre(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
+                              const struct cuda_qweight *up, int act, int64_t n, float *y,
+                              void *scratch, uint64_t scratch_bytes, int tile, struct err *e);
+
 /* Expert products on the tensor cores ("mmq by id", the grouped mixture-of-experts FFN): w
  * stacks n_exp experts' matrices of rows_e rows each (w->rows = n_exp x rows_e); the n token
  * rows (from scratch, as cuda_mmq_quantize(x, w->k, n) left it) are n_tiles tiles of the
