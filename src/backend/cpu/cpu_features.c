@@ -29,6 +29,11 @@ static unsigned long long xgetbv0(void) {
 static void detect_x86(struct cpu_features *f) {
     unsigned a, b, c, d;
     unsigned max = __get_cpuid_max(0, NULL);
+    __cpuid(0, a, b, c, d);
+    memcpy(f->vendor, &b, 4);
+    memcpy(f->vendor + 4, &d, 4);
+    memcpy(f->vendor + 8, &c, 4);
+    f->vendor[12] = 0;
     if (max < 1) return;
     __cpuid(1, a, b, c, d);
     bool osxsave = (c >> 27) & 1;

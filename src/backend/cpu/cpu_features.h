@@ -29,6 +29,7 @@ struct cpu_features {
     bool os_avx;             /* XCR0 has SSE and AVX state */
     bool os_avx512;          /* XCR0 has opmask and ZMM state */
     char model[64];          /* CPUID brand string, trimmed ("" when unavailable) */
+    char vendor[13];         /* CPUID leaf 0: "GenuineIntel", "AuthenticAMD", .. ("" off x86) */
 };
 
 /* Detected features (computed on first call; thread-safe). */

@@ -20,6 +20,7 @@
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_gemv_pf.h"
@@ -34,7 +35,8 @@
 
 
 /* Copies blocks b0..b1-1 of nr rows between the file layout (row r at w + r*ws) and one
- * group, to_group or back; 4-byte sections by 16 x 16 dword transposes, the f16/byte units by cpu_rp_small. Rows
+ * group, to_group or back; 4-byte sections by 16 x 16 dword transposes (unit j of the 16
+ * rows to the line at its cpu_rp_slot), the f16/byte units by cpu_rp_small. Rows
  * nr..15 of the group are zeroed on the way in. */
 INLINE void rp_copy16(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws, char *grp,
                       int nr, int to_group) {
@@ -67,14 +69,16 @@ INLINE void rp_copy16(uint32_t type, int64_t b0, int64_t b1, char *w, size_t ws,
                         v[i] = i < nr ? _mm512_maskz_loadu_epi32(mk, row0 + i * ws + 4 * j0)
                                       : _mm512_setzero_si512();
                     else /* v[j] = unit j of the 16 rows */
-                        v[i] = _mm512_maskz_loadu_epi32(i < m ? 0xffff : 0,
-                                                        base + (size_t)(j0 + i) * 64);
+                        v[i] = _mm512_maskz_loadu_epi32(
+                            i < m ? 0xffff : 0, base + (size_t)cpu_rp_slot(type, GR, j0 + i) * 64);
                 }
                 cpu_tr16(v);
                 UNROLL
                 for (int i = 0; i < 16; i++) {
                     if (to_group) {
-                        if (i < m) _mm512_storeu_si512((void *)(base + (size_t)(j0 + i) * 64), v[i]);
+                        if (i < m)
+                            _mm512_storeu_si512(
+                                (void *)(base + (size_t)cpu_rp_slot(type, GR, j0 + i) * 64), v[i]);
                     } else if (i < nr) {
                         _mm512_mask_storeu_epi32(row0 + i * ws + 4 * j0, mk, v[i]);
                     }
@@ -204,10 +208,29 @@ INLINE __m512i bcast4(const void *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* The software prefetch of a kernel's weights (gemv_pf_mode, at the end of the file): none,
+ * the far request alone (prefetcht2 PF_FAR_BYTES ahead), or both levels (cpu_gemv_pf.h). */
+enum gemv_pf { PF_NONE, PF_FAR, PF_TWO };
+/* gemv_NAME (both levels, as before), gemv_NAME_far and gemv_NAME_npf from fn(arg, pf, ..). */
+#define PF_GEMV(name, fn, arg)                                                                     \
+    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
+                            size_t ys, int nr, int nc) {                                           \
+        fn(arg, PF_TWO, k, grp, x, xs, y, ys, nr, nc);                                             \
+    }                                                                                              \
+    static void gemv_##name##_far(int64_t k, const void *grp, const void *x, size_t xs, float *y,  \
+                                  size_t ys, int nr, int nc) {                                     \
+        fn(arg, PF_FAR, k, grp, x, xs, y, ys, nr, nc);                                             \
+    }                                                                                              \
+    static void gemv_##name##_npf(int64_t k, const void *grp, const void *x, size_t xs, float *y,  \
+                                  size_t ys, int nr, int nc) {                                     \
+        fn(arg, PF_NONE, k, grp, x, xs, y, ys, nr, nc);                                            \
+    }
+
 /* ---- Q4_K ----
- * Tile (2304 bytes): d[16] f16 @0 | dmin[16] @32 | dwords j of 16 rows @64 + 64j:
- * j = 0..2 the 12 scale bytes, j = 3 + u the qs bytes 4u..4u+3 (u = 8p + μ: elements
- * 64p + 4μ.. in the low nibbles, 64p + 32 + 4μ.. in the high nibbles).
+ * Tile (2304 bytes): d[16] f16 @0 | dmin[16] @32 | dwords j of 16 rows @64 + 64 slot(j)
+ * (cpu_rp_slot: the order the passes read them): j = 0..2 the 12 scale bytes, j = 3 + u
+ * the qs bytes 4u..4u+3 (u = 8p + μ: elements 64p + 4μ.. in the low nibbles, 64p + 32 +
+ * 4μ.. in the high nibbles).
  * Lane λ = μ (low) / μ + 8 (high) of the prefill sums quad λ of each 64-chunk p, with the
  * sub-block scale of Z = 2p (low) / 2p + 1 (high). */
 INLINE void q4k_scales(const char *tile, __m512i S[8], __m512 mf[8], __m512 *d16) {
@@ -232,11 +255,18 @@ INLINE void q4k_scales(const char *tile, __m512i S[8], __m512 mf[8], __m512 *d16
     }
 }
 
-/* Q5_K is Q4_K plus the fifth bit. Tile (2816 bytes): d @0 | dmin @32 | dwords @64 + 64j:
- * j = 0..2 scales, 3..10 qh (qh[4u'..]), 11 + u qs as Q4_K. Element 64p + 32t + 4μ + e has
- * its fifth bit in qh[4μ + e], bit 2p + t. */
-INLINE void gemv_q45(int q5, int64_t k, const void *grp, const void *x, size_t xs, float *y,
+/* Line of unit j of a 16-row tile's 4-byte section (at byte sec of the tile). */
+INLINE const void *unit16(uint32_t t, const char *tile, int sec, int j) {
+    return tile + sec + 64 * cpu_rp_slot(t, GR, j);
+}
+
+/* Q5_K is Q4_K plus the fifth bit. Tile (2816 bytes): d @0 | dmin @32 | dwords @64 + 64
+ * slot(j): j = 0..2 scales, 3..10 qh (qh[4u'..]), 11 + u qs as Q4_K. Element 64p + 32t + 4μ
+ * + e has its fifth bit in qh[4μ + e], bit 2p + t.
+ * pf: the software prefetch of the tiles ahead (enum gemv_pf, at the end of the file). */
+INLINE void gemv_q45(int q5, int pf, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                      size_t ys, int nr, int nc) {
+    const uint32_t t = q5 ? QT_Q5_K : QT_Q4_K;
     const size_t tile_bytes = GR * (q5 ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K));
     const size_t ahead = pf_ahead(tile_bytes);
     const __m512i m4 = _mm512_set1_epi8(15), b4 = _mm512_set1_epi8(16);
@@ -254,17 +284,17 @@ INLINE void gemv_q45(int q5, int64_t k, const void *grp, const void *x, size_t x
             _Alignas(64) __m512 mf[8];
             __m512 d16;
             q4k_scales(tile, S, mf, &d16);
-            const char *qh = tile + 256, *qs = tile + (q5 ? 768 : 256);
             const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
             UNROLL
             for (int mu = 0; mu < 8; mu++) {
-                gemv_prefetch_part(tile, tile_bytes, ahead, mu, 8);
-                const __m512i hv = q5 ? _mm512_loadu_si512((const void *)(qh + 64 * mu))
-                                      : _mm512_setzero_si512();
+                if (pf) gemv_prefetch_lines(tile, tile_bytes, ahead, mu, 8, pf == PF_TWO);
+                const __m512i hv =
+                    q5 ? _mm512_loadu_si512(unit16(t, tile, 64, 3 + mu)) : _mm512_setzero_si512();
                 __m512i ah0 = _mm512_setzero_si512(), al0 = ah0, ah1 = ah0, al1 = ah0;
                 UNROLL
                 for (int p = 0; p < 4; p++) {
-                    __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * (8 * p + mu)));
+                    __m512i raw =
+                        _mm512_loadu_si512(unit16(t, tile, 64, (q5 ? 11 : 3) + 8 * p + mu));
                     __m512i w0 = _mm512_and_si512(raw, m4);
                     __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
                     if (q5) {
@@ -294,23 +324,21 @@ INLINE void gemv_q45(int q5, int64_t k, const void *grp, const void *x, size_t x
     }
 }
 
-static void gemv_q4_K(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
-                      int nr, int nc) {
-    gemv_q45(0, k, grp, x, xs, y, ys, nr, nc);
-}
-static void gemv_q5_K(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
-                      int nr, int nc) {
-    gemv_q45(1, k, grp, x, xs, y, ys, nr, nc);
-}
+PF_GEMV(q4_K, gemv_q45, 0)
+PF_GEMV(q5_K, gemv_q45, 1)
 
 /* ---- Q6_K ----
- * Tile (3360 bytes): dwords @64j: j = 0..31 ql (ql[4u..], u = 16h + 8a + μ), 32..47 qh
- * (qh[4u'..], u' = 8h + μ), 48..51 the 16 int8 scales; d[16] f16 @3328.
+ * Tile (3360 bytes): dwords @64 slot(j): j = 0..31 ql (ql[4u..], u = 16h + 8a + μ), 32..47
+ * qh (qh[4u'..], u' = 8h + μ), 48..51 the 16 int8 scales; d[16] f16 @3328.
  * Lane λ = 8a + μ, chunk t = 2h + b: the quad's low 4 bits are nibble b of ql unit
  * 16h + 8a + μ, its high 2 bits bits 2s (s = a + 2b) of qh unit 8h + μ, its scale group
- * g = 8h + 2s + μ/4; v = q - 32 (the -32 through the pair sums of X). */
-static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, float *y, size_t ys,
-                      int nr, int nc) {
+ * g = 8h + 2s + μ/4; v = q - 32 (the -32 through the pair sums of X).
+ * The lanes run μ-major (λ = μ, then 8 + μ, which read the same two qh units), so that with
+ * cpu_rp_slot's order the passes read the tile's lines front to back. Each lane's f32
+ * accumulator still takes one FMA a super-block, in super-block order: the order of the
+ * lanes within a super-block does not change a bit. */
+INLINE void gemv_q6(uint32_t ty, int pf, int64_t k, const void *grp, const void *x, size_t xs,
+                    float *y, size_t ys, int nr, int nc) {
     const size_t tile_bytes = GR * sizeof(struct block_q6_K);
     const size_t ahead = pf_ahead(tile_bytes);
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
@@ -327,7 +355,7 @@ static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, floa
             _Alignas(64) __m512i S[16];
             UNROLL
             for (int q = 0; q < 4; q++) {
-                __m512i sd = _mm512_loadu_si512((const void *)(tile + 64 * (48 + q)));
+                __m512i sd = _mm512_loadu_si512(unit16(ty, tile, 0, 48 + q));
                 UNROLL
                 for (int b = 0; b < 4; b++) {
                     __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sd, 24 - 8 * b), 24);
@@ -339,16 +367,16 @@ static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, floa
             const int8_t *hb = hi + 256 * i, *lb = lo + 256 * i;
             const int16_t *pb = p2 + 128 * i;
             UNROLL
-            for (int a = 0; a < 2; a++)
+            for (int mu = 0; mu < 8; mu++)
                 UNROLL
-            for (int mu = 0; mu < 8; mu++) {
+            for (int a = 0; a < 2; a++) {
                 const int lam = 8 * a + mu;
-                gemv_prefetch_part(tile, tile_bytes, ahead, lam, 16);
+                if (pf) gemv_prefetch_lines(tile, tile_bytes, ahead, 2 * mu + a, 16, pf == PF_TWO);
                 __m512i ah = _mm512_setzero_si512(), al = ah, cr = ah;
                 UNROLL
                 for (int h = 0; h < 2; h++) {
-                    const __m512i ql = _mm512_loadu_si512((const void *)(tile + 64 * (16 * h + 8 * a + mu)));
-                    const __m512i qh = _mm512_loadu_si512((const void *)(tile + 64 * (32 + 8 * h + mu)));
+                    const __m512i ql = _mm512_loadu_si512(unit16(ty, tile, 0, 16 * h + 8 * a + mu));
+                    const __m512i qh = _mm512_loadu_si512(unit16(ty, tile, 0, 32 + 8 * h + mu));
                     UNROLL
                     for (int b = 0; b < 2; b++) {
                         const int s = a + 2 * b, t = 2 * h + b, g = 8 * h + 2 * s + mu / 4;
@@ -371,6 +399,7 @@ static void gemv_q6_K(int64_t k, const void *grp, const void *x, size_t xs, floa
         store_rows(y + c * ys, _mm512_mul_ps(_mm512_set1_ps(cpu_xk_D(xc, k)), tree16(acc)), nr);
     }
 }
+PF_GEMV(q6_K, gemv_q6, QT_Q6_K)
 
 /* ---- IQ4_XS ----
  * Tile (2176 bytes): d[16] @0 | scales_h[16] @32 | dwords @64 + 64j: j = 0 scales_l, 1 + u
@@ -609,8 +638,8 @@ INLINE __m512i lg_dot(__m512i u, const int32_t *neg, const int8_t *hi, const int
     return _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 7), u, bcast4(lo));
 }
 
-INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
-                        size_t ys, int nr, int nc) {
+INLINE void gemv_legacy(uint32_t t, int pf, int64_t k, const void *grp, const void *x, size_t xs,
+                        float *y, size_t ys, int nr, int nc) {
     const size_t tile_bytes = GR * blk_bytes(t);
     const size_t ahead = pf_ahead(tile_bytes);
     const int64_t nb = k / 32;
@@ -628,7 +657,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
             UNROLL
             for (int e = 0; e < 2; e++) {
                 const char *tile = (const char *)grp + (b + e) * tile_bytes;
-                gemv_prefetch(tile, tile_bytes, ahead);
+                if (pf) gemv_prefetch_lines(tile, tile_bytes, ahead, 0, 1, pf == PF_TWO);
                 const __m512 d16 = lg_d16(t, tile);
                 UNROLL
                 for (int l = 0; l < 8; l++) {
@@ -660,11 +689,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
         store_rows(y + c * ys, _mm512_mul_ps(_mm512_set1_ps(cpu_x2_D(xc, k)), r), nr);
     }
 }
-#define LEGACY_GEMV(name, T)                                                                       \
-    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
-                            size_t ys, int nr, int nc) {                                           \
-        gemv_legacy(T, k, grp, x, xs, y, ys, nr, nc);                                              \
-    }
+#define LEGACY_GEMV(name, T) PF_GEMV(name, gemv_legacy, T)
 LEGACY_GEMV(q8_0, QT_Q8_0)
 LEGACY_GEMV(q4_0, QT_Q4_0)
 LEGACY_GEMV(q4_1, QT_Q4_1)
@@ -683,6 +708,26 @@ LEGACY_GEMV(mxfp4, QT_MXFP4)
  * 0.63-0.82 at 4, 0.83-0.98 at 6, 0.86-1.06 at 8; Q6_K 0.92 at 4, 1.08-1.20 at 6; IQ4_XS
  * 0.74-0.88 at 4, 0.82-1.11 at 6; Q3_K 0.99-1.08 at 4; MXFP4 1.33-1.71 at 4 (docs/cpu-backend.md,
  * "Small batches on the gemv kernels"). The bits are the same either way. */
+/* The software prefetch of the kernels whose tiles are read front to back (Q4_K, Q5_K, Q6_K
+ * and the legacy types; the same bits whichever). On the Intel Xeon dev VM of 2026-12-05
+ * both levels took the K-quants from ~12 to ~14-16 GB/s out of DRAM ("Two-level
+ * prefetch"). On AMD Zen 4 (2026-12-07, bench_matmul 65536 x 4096, one thread, GB/s; none /
+ * far alone / both) the near request never helped and for the two types with the most bytes
+ * a weight any request cost a quarter to a half of the stream: Q6_K 23 / 16 / 13, Q8_0 29.5
+ * / 22 / 22, Q5_K 23 / 22.5 / 14, Q4_K 22.5 / 24 / 19, Q4_0 18.5 / 27 / 27, Q5_0 17 / 24 /
+ * 25.5 (Q4_1, Q5_1, IQ4_NL, MXFP4 as Q4_0). There the hardware prefetcher streams an
+ * in-order tile on its own at those rates, and software requests for the same lines only
+ * take miss buffers from it ("The AVX-512 gemv from DRAM on Zen 4, continued"). So AMD:
+ * none for Q6_K and Q8_0, the far request for the rest; elsewhere both levels, as before
+ * (not re-measured on Intel since the in-order tiles). SMELT_CPU_GEMV_PF=0|1|2 (none, far,
+ * both) sets every kernel, for measuring. Read once, when the kernel table is built. */
+static enum gemv_pf gemv_pf_mode(uint32_t t) {
+    const char *env = getenv("SMELT_CPU_GEMV_PF");
+    if (env && env[0] >= '0' && env[0] <= '2' && !env[1]) return (enum gemv_pf)(env[0] - '0');
+    if (strcmp(cpu_features_get()->vendor, "AuthenticAMD") != 0) return PF_TWO;
+    return t == QT_Q6_K || t == QT_Q8_0 ? PF_NONE : PF_FAR;
+}
+
 void cpu_gemv_avx512(struct cpu_kernel tab[QT_COUNT]) {
 #define GEMV(T, fn, a, mx)                                                                         \
     do {                                                                                           \
@@ -693,19 +738,21 @@ void cpu_gemv_avx512(struct cpu_kernel tab[QT_COUNT]) {
         tab[T].repack = rp_pack16;                                                                 \
         tab[T].unrepack = rp_unpack16;                                                             \
     } while (0)
-    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK, 8);
-    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK, 8);
-    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK, 4);
+#define PF(T, fn) (gemv_pf_mode(T) == PF_TWO ? fn : gemv_pf_mode(T) == PF_FAR ? fn##_far : fn##_npf)
+    GEMV(QT_Q4_K, PF(QT_Q4_K, gemv_q4_K), CPU_ACT_XK, 8);
+    GEMV(QT_Q5_K, PF(QT_Q5_K, gemv_q5_K), CPU_ACT_XK, 8);
+    GEMV(QT_Q6_K, PF(QT_Q6_K, gemv_q6_K), CPU_ACT_XK, 4);
     GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK, 4);
     GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK, 6);
     GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK, 3);
-    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32, 8);
-    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32, 8);
-    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32, 8);
-    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32, 6);
-    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32, 8);
-    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32, 6);
-    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32, 3);
+    GEMV(QT_Q8_0, PF(QT_Q8_0, gemv_q8_0), CPU_ACT_X2_32, 8);
+    GEMV(QT_Q4_0, PF(QT_Q4_0, gemv_q4_0), CPU_ACT_X2_32, 8);
+    GEMV(QT_Q4_1, PF(QT_Q4_1, gemv_q4_1), CPU_ACT_X2_32, 8);
+    GEMV(QT_Q5_0, PF(QT_Q5_0, gemv_q5_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_1, PF(QT_Q5_1, gemv_q5_1), CPU_ACT_X2_32, 8);
+    GEMV(QT_IQ4_NL, PF(QT_IQ4_NL, gemv_iq4_nl), CPU_ACT_X2_32, 6);
+    GEMV(QT_MXFP4, PF(QT_MXFP4, gemv_mxfp4), CPU_ACT_X2_32, 3);
+#undef PF
 #undef GEMV
 }
 #endif

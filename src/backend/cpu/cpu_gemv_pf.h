@@ -51,15 +51,21 @@ static inline __attribute__((always_inline)) size_t blk_bytes(uint32_t t) {
 #ifndef PF_FAR_BYTES
 #define PF_FAR_BYTES 8192
 #endif
-static inline __attribute__((always_inline)) void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part,
-                               int nparts) {
+/* near = 0: the far request alone (most AVX-512 in-order tiles on AMD Zen 4: cpu_gemv_avx512.c,
+ * gemv_pf_mode). */
+static inline __attribute__((always_inline)) void gemv_prefetch_lines(const char *tile, size_t tile_bytes, size_t ahead, int part,
+                               int nparts, int near) {
     const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
     _Pragma("GCC unroll 16")
     for (int j = per * part; j < per * part + per; j++)
         if (j < nl) {
             _mm_prefetch(tile + PF_FAR_BYTES + 64 * (size_t)j, _MM_HINT_T2);
-            _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
+            if (near) _mm_prefetch(tile + ahead + 64 * (size_t)j, _MM_HINT_T0);
         }
+}
+static inline __attribute__((always_inline)) void gemv_prefetch_part(const char *tile, size_t tile_bytes, size_t ahead, int part,
+                               int nparts) {
+    gemv_prefetch_lines(tile, tile_bytes, ahead, part, nparts, 1);
 }
 /* All of them at once (the legacy and IQ4_XS tiles). */
 static inline __attribute__((always_inline)) void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {

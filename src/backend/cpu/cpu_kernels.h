@@ -180,7 +180,8 @@ void cpu_quantize_x16_k_avx2(const float *x, void *q, int64_t k);
  * its blocks in order; block b is a tile of G·bb bytes (bb = the type's bytes per block):
  * the block's bytes are split into sections of 2- or 4-byte units (1 for MXFP4's
  * exponent), and unit j of row r sits at section start + (j·G + r)·unit, the section
- * starting at G × (the section's offset in the block). So the G rows' f16 scales are
+ * starting at G × (the section's offset in the block) (4-byte units: slot cpu_rp_slot(j)
+ * in place of j). So the G rows' f16 scales are
  * 2G contiguous bytes, and one 64-byte load in a 4-byte section gives the same 4
  * consecutive bytes of 16 rows: with G = 16 a vpdpbusd lane is a row. The bytes are the
  * file's own; only their order changes, so repacking is exact and reversible. */
@@ -194,6 +195,39 @@ struct cpu_rp_layout {
 };
 /* The sections of a type's block; false for types that are not repacked. */
 bool cpu_rp_layout(uint32_t type, struct cpu_rp_layout *out);
+/* Where unit j of a type's 4-byte section sits among that section's units in a tile of G
+ * rows: slot j (the file's order) except in the 16-row tiles of Q4_K, Q5_K and Q6_K, where a
+ * unit is one 64-byte line and the AVX-512 kernels' passes over a super-block would
+ * otherwise jump across the tile (Q6_K: four lines 512-1,024 bytes apart per pass, each
+ * line visited out of order). There the units go in the order the kernel reads them, so a
+ * tile is read front to back and the hardware prefetcher streams it from DRAM without
+ * software prefetch (docs/cpu-backend.md, "The AVX-512 gemv from DRAM on Zen 4,
+ * continued"). Only the order of whole lines changes; the bytes are the file's.
+ *   Q4_K (35 units: 3 scales, then qs u = 8p + μ): the scales, then for μ = 0..7 the qs
+ *     units 8p + μ, p = 0..3.
+ *   Q5_K (43 units: 3 scales, 8 qh, 32 qs as Q4_K): the scales, then for μ = 0..7 qh unit
+ *     μ and the qs units 8p + μ.
+ *   Q6_K (52 units: 32 ql u = 16h + 8a + μ, 16 qh 8h + μ, 4 scales): the scales, then for
+ *     μ = 0..7 ql 0 + μ, qh 0 + μ, ql 16 + μ, qh 8 + μ, ql 8 + μ, ql 24 + μ (lanes μ and
+ *     8 + μ, which share their qh units). */
+static inline int cpu_rp_slot(uint32_t type, int G, int j) {
+    if (G != 16) return j;
+    switch (type) {
+    case QT_Q4_K:
+        return j < 3 ? j : 3 + 4 * ((j - 3) % 8) + (j - 3) / 8;
+    case QT_Q5_K:
+        if (j < 3) return j;
+        if (j < 11) return 3 + 5 * (j - 3);
+        return 4 + 5 * ((j - 11) % 8) + (j - 11) / 8;
+    case QT_Q6_K:
+        if (j >= 48) return j - 48;                                          /* the scales */
+        if (j >= 32) return 4 + 6 * ((j - 32) % 8) + 1 + 2 * ((j - 32) / 8); /* qh 8h + μ */
+        /* ql 16h + 8a + μ: a = 0 at 2h, a = 1 at 4 + h */
+        return 4 + 6 * (j % 8) + ((j / 8) % 2 ? 4 + j / 16 : 2 * (j / 16));
+    default:
+        return j;
+    }
+}
 /* Generic (any G) repack / unrepack of one group, as cpu_rp_fn / cpu_unrp_fn with G. */
 void cpu_rp_pack_any(int G, uint32_t type, int64_t k, const void *w, size_t ws, int nr, void *dst);
 void cpu_rp_unpack_any(int G, uint32_t type, int64_t k, const void *grp, int nr, void *dst,

@@ -78,7 +78,8 @@ static void rp_copy(int G, uint32_t type, int64_t b0, int64_t b1, char *w, size_
             char *base = grp + (size_t)b * tile + (size_t)G * sc->off;
             for (int j = 0; j < sc->len / sc->unit; j++)
                 for (int r = 0; r < G; r++) {
-                    char *u = base + ((size_t)j * G + r) * sc->unit;
+                    const int slot = sc->unit == 4 ? cpu_rp_slot(type, G, j) : j;
+                    char *u = base + ((size_t)slot * G + r) * sc->unit;
                     char *f = w + r * ws + b * bb + sc->off + j * sc->unit;
                     /* constant sizes: plain moves, not a library call per unit */
                     if (r >= nr) {
