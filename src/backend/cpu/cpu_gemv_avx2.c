@@ -221,8 +221,10 @@ INLINE __m256i lg_quad(uint32_t t, const char *tile, int l, __m256i *sg) {
     return v;
 }
 
-INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
-                        size_t ys, int nr, int nc) {
+/* pf: the software prefetch of the tiles ahead (enum gemv_pf in cpu_gemv_pf.h; gemv_pf_mode at
+ * the end of the file). */
+INLINE void gemv_legacy(uint32_t t, int pf, int64_t k, const void *grp, const void *x, size_t xs,
+                        float *y, size_t ys, int nr, int nc) {
     const size_t tile_bytes = GR * blk_bytes(t);
     const int signed_w = t == QT_Q8_0 || t == QT_IQ4_NL || t == QT_MXFP4;
     const int off = t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : 0;
@@ -239,7 +241,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
             acc[l] = _mm256_setzero_ps();
         for (int64_t b = 0; b < k / 32; b++) {
             const char *tile = (const char *)grp + b * tile_bytes;
-            gemv_prefetch(tile, tile_bytes, ahead);
+            if (pf) gemv_prefetch_lines(tile, tile_bytes, ahead, 0, 1, pf == PF_TWO);
             const __m256 d8 = lg_d8(t, tile);
             UNROLL
             for (int l = 0; l < 8; l++) {
@@ -259,11 +261,7 @@ INLINE void gemv_legacy(uint32_t t, int64_t k, const void *grp, const void *x, s
         store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_x2_D(xc, k)), r), nr);
     }
 }
-#define LEGACY_GEMV(name, T)                                                                       \
-    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
-                            size_t ys, int nr, int nc) {                                           \
-        gemv_legacy(T, k, grp, x, xs, y, ys, nr, nc);                                              \
-    }
+#define LEGACY_GEMV(name, T) PF_GEMV(name, gemv_legacy, T)
 LEGACY_GEMV(q8_0, QT_Q8_0)
 LEGACY_GEMV(q4_0, QT_Q4_0)
 LEGACY_GEMV(q4_1, QT_Q4_1)
@@ -419,8 +417,8 @@ INLINE __m256i k_quad(uint32_t t, const char *tile, int c, int l) {
 /* Super-block tile `tile` of a group (8 rows) against one X row: hb, lb, cb and svb point at
  * the super-block's hi and lo bytes, c32 and sums per 16 in XK; adds to acc[8] (lane λ =
  * chunk λ). */
-INLINE void kc_tile(uint32_t t, const char *tile, size_t ahead, const int8_t *hb, const int8_t *lb,
-                    const int16_t *cb, const float *svb, __m256 acc[8]) {
+INLINE void kc_tile(uint32_t t, int pf, const char *tile, size_t ahead, const int8_t *hb,
+                    const int8_t *lb, const int16_t *cb, const float *svb, __m256 acc[8]) {
     const size_t tile_bytes = GR * blk_bytes(t);
     const int has_min = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q2_K;
     _Alignas(32) __m256i S[16];
@@ -431,8 +429,10 @@ INLINE void kc_tile(uint32_t t, const char *tile, size_t ahead, const int8_t *hb
         const __m256i m4 = _mm256_set1_epi8(15);
         UNROLL
         for (int m = 0; m < 4; m++) {
-            gemv_prefetch_part(tile, tile_bytes, ahead, 2 * m, 8);
-            gemv_prefetch_part(tile, tile_bytes, ahead, 2 * m + 1, 8);
+            if (pf) {
+                gemv_prefetch_lines(tile, tile_bytes, ahead, 2 * m, 8, pf == PF_TWO);
+                gemv_prefetch_lines(tile, tile_bytes, ahead, 2 * m + 1, 8, pf == PF_TWO);
+            }
             __m256i ah0 = _mm256_setzero_si256(), al0 = ah0, ah1 = ah0, al1 = ah0;
             UNROLL
             for (int l = 0; l < 8; l++) {
@@ -465,7 +465,7 @@ INLINE void kc_tile(uint32_t t, const char *tile, size_t ahead, const int8_t *hb
     }
     UNROLL
     for (int ch = 0; ch < 8; ch++) {
-        gemv_prefetch_part(tile, tile_bytes, ahead, ch, 8);
+        if (pf) gemv_prefetch_lines(tile, tile_bytes, ahead, ch, 8, pf == PF_TWO);
         __m256i is;
         if (t == QT_Q5_K) { /* (Q4_K took the chunk pairs above) */
             /* hi in i16 over quads 0..3 and 4..7; lo over 8 */
@@ -518,8 +518,8 @@ INLINE void kc_tile(uint32_t t, const char *tile, size_t ahead, const int8_t *hb
     }
 }
 
-INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_t xs, float *y,
-                    size_t ys, int nr, int nc) {
+INLINE void gemv_kc(uint32_t t, int pf, int64_t k, const void *grp, const void *x, size_t xs,
+                    float *y, size_t ys, int nr, int nc) {
     const size_t tile_bytes = GR * blk_bytes(t);
     const size_t ahead = pf_ahead(tile_bytes);
     for (int c = 0; c < nc; c++) {
@@ -532,22 +532,23 @@ INLINE void gemv_kc(uint32_t t, int64_t k, const void *grp, const void *x, size_
         for (int l = 0; l < 8; l++)
             acc[l] = _mm256_setzero_ps();
         for (int64_t i = 0; i < k / 256; i++)
-            kc_tile(t, (const char *)grp + i * tile_bytes, ahead, hi + 256 * i, lo + 256 * i,
+            kc_tile(t, pf, (const char *)grp + i * tile_bytes, ahead, hi + 256 * i, lo + 256 * i,
                     c32 + 64 * i, sv + 16 * i, acc);
         store_rows(y + c * ys, _mm256_mul_ps(_mm256_set1_ps(cpu_xk_D(xc, k)), tree8(acc)), nr);
     }
 }
 
+/* Q2_K and Q3_K keep both levels whatever the mode (not measured otherwise). */
 #define KC_GEMV(name, T)                                                                           \
     static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
                             size_t ys, int nr, int nc) {                                           \
-        gemv_kc(T, k, grp, x, xs, y, ys, nr, nc);                                                  \
+        gemv_kc(T, PF_TWO, k, grp, x, xs, y, ys, nr, nc);                                          \
     }
 KC_GEMV(q2_K, QT_Q2_K)
 KC_GEMV(q3_K, QT_Q3_K)
-KC_GEMV(q4_K, QT_Q4_K)
-KC_GEMV(q5_K, QT_Q5_K)
-KC_GEMV(q6_K, QT_Q6_K)
+PF_GEMV(q4_K, gemv_kc, QT_Q4_K)
+PF_GEMV(q5_K, gemv_kc, QT_Q5_K)
+PF_GEMV(q6_K, gemv_kc, QT_Q6_K)
 
 /* ---- IQ4_XS against XK ----
  * The packed prefill (k16_tile on iq4_xs_k16_block's w16 = (ls - 32)·v) as for the
@@ -618,6 +619,23 @@ static void gemv_iq4_xs(int64_t k, const void *grp, const void *x, size_t xs, fl
  * worse; Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, Q2_K, Q6_K ahead or even at 4 and 6 (MXFP4
  * 2880x2880 at 4 3.25 -> 1.60); Q3_K 512x2048 and IQ4_XS behind at 6. The bits are the
  * same either way (the gemv kernels do the packed path's arithmetic). */
+/* The software prefetch of the kernels instantiated by PF_GEMV (the K-quants but Q2_K and Q3_K,
+ * the legacy types; the same bits whichever). On AMD Zen 4 (2026-12-07, `SMELT_CPU_GEMV_PF=0|1|2
+ * SMELT_CPU_ISA=avx2 bench_matmul -t 1 -r 8 -n 1`, 65536 x 4096, median of three rounds, GB/s;
+ * none / far alone / both) the far request alone is as fast as both levels or faster for every
+ * type: Q6_K 5.0 / 19.8 / 15.2, Q5_K 14.0 / 17.1 / 15.3, Q4_K 19.3 / 21.3 / 21.0, Q8_0 20.4 /
+ * 26.8 / 26.5, Q4_0 13.0 / 16.3 / 16.2, Q5_0 10.2 / 13.9 / 13.8. The near request presumably
+ * takes miss buffers from the hardware prefetcher, as at AVX-512. Unlike there, every type is
+ * slower with no software prefetch at all: Q6_K's 8-row tile is not read front to back (a chunk
+ * reads its ql and qh units from two places of it), and why the small in-order legacy tiles want
+ * the far request at this level was not looked into. So AMD: the far request alone for all of
+ * them (AMD cores with AVX-512: Zen 3 keeps the both levels it was tuned with); elsewhere both
+ * levels, as before (gemv_pf_pick, cpu_gemv_pf.h; docs/cpu-backend.md, "The AVX2 gemv's
+ * prefetch on Zen 4"). Read once, when the kernel table is built. */
+static enum gemv_pf gemv_pf_mode(void) {
+    return gemv_pf_pick(PF_FAR);
+}
+
 void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
 #define GEMV(T, fn, a, mx)                                                                         \
     do {                                                                                           \
@@ -628,19 +646,21 @@ void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
         tab[T].repack = rp_pack8;                                                                  \
         tab[T].unrepack = rp_unpack8;                                                              \
     } while (0)
-    GEMV(QT_Q8_0, gemv_q8_0, CPU_ACT_X2_32, 6);
-    GEMV(QT_Q4_0, gemv_q4_0, CPU_ACT_X2_32, 6);
-    GEMV(QT_Q4_1, gemv_q4_1, CPU_ACT_X2_32, 6);
-    GEMV(QT_Q5_0, gemv_q5_0, CPU_ACT_X2_32, 6);
-    GEMV(QT_Q5_1, gemv_q5_1, CPU_ACT_X2_32, 6);
-    GEMV(QT_IQ4_NL, gemv_iq4_nl, CPU_ACT_X2_32, 6);
-    GEMV(QT_MXFP4, gemv_mxfp4, CPU_ACT_X2_32, 6);
+#define PF(T, fn) GEMV_PF(gemv_pf_mode(), fn)
+    GEMV(QT_Q8_0, PF(QT_Q8_0, gemv_q8_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q4_0, PF(QT_Q4_0, gemv_q4_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q4_1, PF(QT_Q4_1, gemv_q4_1), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_0, PF(QT_Q5_0, gemv_q5_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_1, PF(QT_Q5_1, gemv_q5_1), CPU_ACT_X2_32, 6);
+    GEMV(QT_IQ4_NL, PF(QT_IQ4_NL, gemv_iq4_nl), CPU_ACT_X2_32, 6);
+    GEMV(QT_MXFP4, PF(QT_MXFP4, gemv_mxfp4), CPU_ACT_X2_32, 6);
     GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK, 6);
     GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK, 4);
-    GEMV(QT_Q4_K, gemv_q4_K, CPU_ACT_XK, 6);
-    GEMV(QT_Q5_K, gemv_q5_K, CPU_ACT_XK, 6);
-    GEMV(QT_Q6_K, gemv_q6_K, CPU_ACT_XK, 6);
+    GEMV(QT_Q4_K, PF(QT_Q4_K, gemv_q4_K), CPU_ACT_XK, 6);
+    GEMV(QT_Q5_K, PF(QT_Q5_K, gemv_q5_K), CPU_ACT_XK, 6);
+    GEMV(QT_Q6_K, PF(QT_Q6_K, gemv_q6_K), CPU_ACT_XK, 6);
     GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK, 4);
+#undef PF
 #undef GEMV
 }
 #endif

@@ -208,24 +208,6 @@ INLINE __m512i bcast4(const void *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* The software prefetch of a kernel's weights (gemv_pf_mode, at the end of the file): none,
- * the far request alone (prefetcht2 PF_FAR_BYTES ahead), or both levels (cpu_gemv_pf.h). */
-enum gemv_pf { PF_NONE, PF_FAR, PF_TWO };
-/* gemv_NAME (both levels, as before), gemv_NAME_far and gemv_NAME_npf from fn(arg, pf, ..). */
-#define PF_GEMV(name, fn, arg)                                                                     \
-    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
-                            size_t ys, int nr, int nc) {                                           \
-        fn(arg, PF_TWO, k, grp, x, xs, y, ys, nr, nc);                                             \
-    }                                                                                              \
-    static void gemv_##name##_far(int64_t k, const void *grp, const void *x, size_t xs, float *y,  \
-                                  size_t ys, int nr, int nc) {                                     \
-        fn(arg, PF_FAR, k, grp, x, xs, y, ys, nr, nc);                                             \
-    }                                                                                              \
-    static void gemv_##name##_npf(int64_t k, const void *grp, const void *x, size_t xs, float *y,  \
-                                  size_t ys, int nr, int nc) {                                     \
-        fn(arg, PF_NONE, k, grp, x, xs, y, ys, nr, nc);                                            \
-    }
-
 /* ---- Q4_K ----
  * Tile (2304 bytes): d[16] f16 @0 | dmin[16] @32 | dwords j of 16 rows @64 + 64 slot(j)
  * (cpu_rp_slot: the order the passes read them): j = 0..2 the 12 scale bytes, j = 3 + u
@@ -263,7 +245,7 @@ INLINE const void *unit16(uint32_t t, const char *tile, int sec, int j) {
 /* Q5_K is Q4_K plus the fifth bit. Tile (2816 bytes): d @0 | dmin @32 | dwords @64 + 64
  * slot(j): j = 0..2 scales, 3..10 qh (qh[4u'..]), 11 + u qs as Q4_K. Element 64p + 32t + 4μ
  * + e has its fifth bit in qh[4μ + e], bit 2p + t.
- * pf: the software prefetch of the tiles ahead (enum gemv_pf, at the end of the file). */
+ * pf: the software prefetch of the tiles ahead (enum gemv_pf in cpu_gemv_pf.h; gemv_pf_mode). */
 INLINE void gemv_q45(int q5, int pf, int64_t k, const void *grp, const void *x, size_t xs, float *y,
                      size_t ys, int nr, int nc) {
     const uint32_t t = q5 ? QT_Q5_K : QT_Q4_K;
@@ -720,12 +702,10 @@ LEGACY_GEMV(mxfp4, QT_MXFP4)
  * take miss buffers from it ("The AVX-512 gemv from DRAM on Zen 4, continued"). So AMD:
  * none for Q6_K and Q8_0, the far request for the rest; elsewhere both levels, as before
  * (not re-measured on Intel since the in-order tiles). SMELT_CPU_GEMV_PF=0|1|2 (none, far,
- * both) sets every kernel, for measuring. Read once, when the kernel table is built. */
+ * both) sets every kernel, for measuring (gemv_pf_pick, cpu_gemv_pf.h). Read once, when the
+ * kernel table is built. */
 static enum gemv_pf gemv_pf_mode(uint32_t t) {
-    const char *env = getenv("SMELT_CPU_GEMV_PF");
-    if (env && env[0] >= '0' && env[0] <= '2' && !env[1]) return (enum gemv_pf)(env[0] - '0');
-    if (strcmp(cpu_features_get()->vendor, "AuthenticAMD") != 0) return PF_TWO;
-    return t == QT_Q6_K || t == QT_Q8_0 ? PF_NONE : PF_FAR;
+    return gemv_pf_pick(t == QT_Q6_K || t == QT_Q8_0 ? PF_NONE : PF_FAR);
 }
 
 void cpu_gemv_avx512(struct cpu_kernel tab[QT_COUNT]) {
@@ -738,7 +718,7 @@ void cpu_gemv_avx512(struct cpu_kernel tab[QT_COUNT]) {
         tab[T].repack = rp_pack16;                                                                 \
         tab[T].unrepack = rp_unpack16;                                                             \
     } while (0)
-#define PF(T, fn) (gemv_pf_mode(T) == PF_TWO ? fn : gemv_pf_mode(T) == PF_FAR ? fn##_far : fn##_npf)
+#define PF(T, fn) GEMV_PF(gemv_pf_mode(T), fn)
     GEMV(QT_Q4_K, PF(QT_Q4_K, gemv_q4_K), CPU_ACT_XK, 8);
     GEMV(QT_Q5_K, PF(QT_Q5_K, gemv_q5_K), CPU_ACT_XK, 8);
     GEMV(QT_Q6_K, PF(QT_Q6_K, gemv_q6_K), CPU_ACT_XK, 4);

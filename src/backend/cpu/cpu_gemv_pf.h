@@ -6,7 +6,10 @@
 #define SMELT_CPU_GEMV_PF_H
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "backend/cpu/cpu_features.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
@@ -51,8 +54,8 @@ static inline __attribute__((always_inline)) size_t blk_bytes(uint32_t t) {
 #ifndef PF_FAR_BYTES
 #define PF_FAR_BYTES 8192
 #endif
-/* near = 0: the far request alone (most AVX-512 in-order tiles on AMD Zen 4: cpu_gemv_avx512.c,
- * gemv_pf_mode). */
+/* near = 0: the far request alone (most in-order tiles on AMD Zen 4: gemv_pf_mode in
+ * cpu_gemv_avx512.c and cpu_gemv_avx2.c). */
 static inline __attribute__((always_inline)) void gemv_prefetch_lines(const char *tile, size_t tile_bytes, size_t ahead, int part,
                                int nparts, int near) {
     const int nl = (int)((tile_bytes + 63) / 64), per = (nl + nparts - 1) / nparts;
@@ -71,6 +74,38 @@ static inline __attribute__((always_inline)) void gemv_prefetch_part(const char 
 static inline __attribute__((always_inline)) void gemv_prefetch(const char *tile, size_t tile_bytes, size_t ahead) {
     gemv_prefetch_part(tile, tile_bytes, ahead, 0, 1);
 }
+/* The software prefetch of a kernel's weights: none, the far request alone (prefetcht2
+ * PF_FAR_BYTES ahead), or both levels. Each level's gemv_pf_mode picks one per type. */
+enum gemv_pf { PF_NONE, PF_FAR, PF_TWO };
+/* gemv_NAME (both levels, as before), gemv_NAME_far and gemv_NAME_npf from fn(arg, pf, ..): pf
+ * is a constant in each, so the prefetch folds away where it is off. */
+#define PF_GEMV(name, fn, arg)                                                                     \
+    static void gemv_##name(int64_t k, const void *grp, const void *x, size_t xs, float *y,        \
+                            size_t ys, int nr, int nc) {                                           \
+        fn(arg, PF_TWO, k, grp, x, xs, y, ys, nr, nc);                                             \
+    }                                                                                              \
+    static void gemv_##name##_far(int64_t k, const void *grp, const void *x, size_t xs, float *y,  \
+                                  size_t ys, int nr, int nc) {                                     \
+        fn(arg, PF_FAR, k, grp, x, xs, y, ys, nr, nc);                                             \
+    }                                                                                              \
+    static void gemv_##name##_npf(int64_t k, const void *grp, const void *x, size_t xs, float *y,  \
+                                  size_t ys, int nr, int nc) {                                     \
+        fn(arg, PF_NONE, k, grp, x, xs, y, ys, nr, nc);                                            \
+    }
+/* The mode of a type given its AMD default `amd`: SMELT_CPU_GEMV_PF=0|1|2 (none, far, both)
+ * sets every kernel, for measuring; else `amd` on AMD cores with AVX-512 (Zen 4 and later: the
+ * only AMD cores measured with these modes), both levels elsewhere (the Intel VM's reasons
+ * for them, "Two-level prefetch", were not re-measured since; Zen 3's AVX2 prefetch was tuned
+ * with them). */
+static inline enum gemv_pf gemv_pf_pick(enum gemv_pf amd) {
+    const char *env = getenv("SMELT_CPU_GEMV_PF");
+    if (env && env[0] >= '0' && env[0] <= '2' && !env[1]) return (enum gemv_pf)(env[0] - '0');
+    const struct cpu_features *f = cpu_features_get();
+    return strcmp(f->vendor, "AuthenticAMD") == 0 && f->avx512f ? amd : PF_TWO;
+}
+/* The kernel of a type's mode, fn being a PF_GEMV instance. */
+#define GEMV_PF(mode, fn) ((mode) == PF_TWO ? fn : (mode) == PF_FAR ? fn##_far : fn##_npf)
+
 #ifndef PF_BYTES
 #define PF_BYTES 2048 /* distance ahead, at least two tiles */
 #endif
