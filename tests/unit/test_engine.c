@@ -1194,7 +1194,11 @@ static void test_recurrent(void) {
  * (preemption). */
 static void concurrency(int nv) {
     enum { NREQ = 48 };
-    struct fake f = {.next = hash_next, .nv = nv};
+    /* steps of at least 0.5 ms, so that all 48 requests are queued long before the first ones
+     * finish, whatever the scheduler does to this thread (on a busy 2-core CI machine the
+     * submitting thread was once slow enough that the running set never outgrew the pool and
+     * nothing was preempted) */
+    struct fake f = {.next = hash_next, .nv = nv, .sleep_us = 500};
     /* 40 blocks of 4 = 160 tokens: far less than 48 sequences of up to 60 tokens */
     struct sched_obs o;
     struct engine *en = mk_observed(&f, &o, 40, 4, 16, 24, 128, false);
