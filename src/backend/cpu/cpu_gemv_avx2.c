@@ -646,19 +646,20 @@ void cpu_gemv_avx2(struct cpu_kernel tab[QT_COUNT]) {
         tab[T].repack = rp_pack8;                                                                  \
         tab[T].unrepack = rp_unpack8;                                                              \
     } while (0)
-#define PF(T, fn) GEMV_PF(gemv_pf_mode(), fn)
-    GEMV(QT_Q8_0, PF(QT_Q8_0, gemv_q8_0), CPU_ACT_X2_32, 6);
-    GEMV(QT_Q4_0, PF(QT_Q4_0, gemv_q4_0), CPU_ACT_X2_32, 6);
-    GEMV(QT_Q4_1, PF(QT_Q4_1, gemv_q4_1), CPU_ACT_X2_32, 6);
-    GEMV(QT_Q5_0, PF(QT_Q5_0, gemv_q5_0), CPU_ACT_X2_32, 6);
-    GEMV(QT_Q5_1, PF(QT_Q5_1, gemv_q5_1), CPU_ACT_X2_32, 6);
-    GEMV(QT_IQ4_NL, PF(QT_IQ4_NL, gemv_iq4_nl), CPU_ACT_X2_32, 6);
-    GEMV(QT_MXFP4, PF(QT_MXFP4, gemv_mxfp4), CPU_ACT_X2_32, 6);
+    const enum gemv_pf pf = gemv_pf_mode();
+#define PF(fn) GEMV_PF(pf, fn)
+    GEMV(QT_Q8_0, PF(gemv_q8_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q4_0, PF(gemv_q4_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q4_1, PF(gemv_q4_1), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_0, PF(gemv_q5_0), CPU_ACT_X2_32, 6);
+    GEMV(QT_Q5_1, PF(gemv_q5_1), CPU_ACT_X2_32, 6);
+    GEMV(QT_IQ4_NL, PF(gemv_iq4_nl), CPU_ACT_X2_32, 6);
+    GEMV(QT_MXFP4, PF(gemv_mxfp4), CPU_ACT_X2_32, 6);
     GEMV(QT_Q2_K, gemv_q2_K, CPU_ACT_XK, 6);
     GEMV(QT_Q3_K, gemv_q3_K, CPU_ACT_XK, 4);
-    GEMV(QT_Q4_K, PF(QT_Q4_K, gemv_q4_K), CPU_ACT_XK, 6);
-    GEMV(QT_Q5_K, PF(QT_Q5_K, gemv_q5_K), CPU_ACT_XK, 6);
-    GEMV(QT_Q6_K, PF(QT_Q6_K, gemv_q6_K), CPU_ACT_XK, 6);
+    GEMV(QT_Q4_K, PF(gemv_q4_K), CPU_ACT_XK, 6);
+    GEMV(QT_Q5_K, PF(gemv_q5_K), CPU_ACT_XK, 6);
+    GEMV(QT_Q6_K, PF(gemv_q6_K), CPU_ACT_XK, 6);
     GEMV(QT_IQ4_XS, gemv_iq4_xs, CPU_ACT_XK, 4);
 #undef PF
 #undef GEMV

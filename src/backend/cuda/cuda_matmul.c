@@ -480,9 +480,10 @@ bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const s
     /* gate and up have one key (type, rows, k, bucket): one choice serves both */
     const int choice = choose(cb, gate, x, n, dst, false, NULL);
     if (!cu_ok(cb)) return true; /* the backend failed while measuring */
+    /* (a bucket-mate's recorded mmb may meet a row count mmb does not take; an mmq tile is
+     * recorded only for a type and k that cuda_mmq_supported takes, both in the key) */
     const bool mmb = choice == MMTUNE_MMB && mmb_ok(cb, gate, n);
-    const bool mmq = (choice >= 0 || choice == MMTUNE_MMQ_AUTO) && gate->rows % 8 == 0 &&
-                     cuda_mmq_supported(gate->type, gate->k);
+    const bool mmq = (choice >= 0 || choice == MMTUNE_MMQ_AUTO) && gate->rows % 8 == 0;
     if (!mmb && !mmq) return false;
     struct err e;
     uint64_t bytes = 0;

@@ -1102,7 +1102,7 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w->type), (long long)w->k);
-    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 27))
+    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 28))
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: %lld token rows x %lld weight rows",
                        (long long)n, (long long)w->rows);
     if (up && (up->type != w->type || up->k != w->k || up->rows != w->rows || w->rows % 8 || glu < 1 || glu > 4 ||
