@@ -673,29 +673,42 @@ static __device__ __forceinline__ void each_acc(float (&acc)[RT][NT][4], F f) {
                 f(acc[rt][nt][i]);
 }
 
+/* act(gate) * up for this thread's outputs of a GLU launch's tile (store_y): fragment rows g
+ * (gate) and g + 8 (up) of each 16 are one output row (wrow_of), y being (n, rows / 2). ACT a
+ * template argument, so that each output's code is its activation's alone: the store runs
+ * once per finished tile, unrolled over the thread's outputs, from a cold instruction cache. */
+template <int RT, int NT, int RS, int ACT>
+static __device__ __forceinline__ void store_glu(const mmq_args &a, const float (&v)[RT][NT][4],
+                                                 int row0, int tok0, int wrow0, int wtok0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int row = row0 + wrow0 + rt * RS + g; /* the gate's row in the launch */
+                const int tok = tok0 + wtok0 + nt * 8 + 2 * t + i;
+                if (row < a.rows && tok < a.n)
+                    a.y[(long long)tok * (a.rows >> 1) + (((row >> 4) << 3) | g)] =
+                        glu_val(ACT, v[rt][nt][i], v[rt][nt][i + 2]);
+            }
+}
+
 /* y = (or +=) v for this thread's outputs of the tile at (row0, tok0); the warp's first row
- * and token in the tile wrow0, wtok0, its fragments RS rows apart. A GLU product stores
- * act(gate) * up: fragment rows g (gate) and g + 8 (up) of each 16 are one output row
- * (wrow_of), y being (n, rows / 2). */
+ * and token in the tile wrow0, wtok0, its fragments RS rows apart; a GLU launch's through
+ * store_glu. */
 template <int RT, int NT, int RS>
 static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
                                                int row0, int tok0, int wrow0, int wtok0, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    if (a.glu) {
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int row = row0 + wrow0 + rt * RS + g; /* the gate's row in the launch */
-                    const int tok = tok0 + wtok0 + nt * 8 + 2 * t + i;
-                    if (row < a.rows && tok < a.n)
-                        a.y[(long long)tok * (a.rows >> 1) + (((row >> 4) << 3) | g)] =
-                            glu_val(a.glu - 1, v[rt][nt][i], v[rt][nt][i + 2]);
-                }
-        return;
+    switch (a.glu) {
+    case 0: break;
+    case 1: return store_glu<RT, NT, RS, 0>(a, v, row0, tok0, wrow0, wtok0, lane);
+    case 2: return store_glu<RT, NT, RS, 1>(a, v, row0, tok0, wrow0, wtok0, lane);
+    case 3: return store_glu<RT, NT, RS, 2>(a, v, row0, tok0, wrow0, wtok0, lane);
+    default: return store_glu<RT, NT, RS, 3>(a, v, row0, tok0, wrow0, wtok0, lane);
     }
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -711,7 +724,6 @@ static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&
             }
 }
 
-/* End of a tile segment [seg0, u] of block b: store y, or hand the partial over. */
 /* Block b's partial tile in slot sl (0: its first tile, 1: its last), at thread tid: float4 j
  * of the thread at j * MMQ_THREADS, so a warp's stores and the fixup's loads are 512
  * contiguous bytes. */
@@ -720,19 +732,16 @@ static __device__ __forceinline__ float4 *part_of(const mmq_args &a, long long b
     return (float4 *)(a.work + (b * 2 + sl) * MMQ_THREADS * (long long)nacc) + tid;
 }
 
+/* finish_tile's split tile: this block's partial to the work area, counted; false unless
+ * this block is the last contributor, whose acc then holds the sum of every part from zero in
+ * block order (the same sum whichever block arrives last). */
 template <uint32_t T, int I>
-static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned char *smem,
-                                                   float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
-                                                   long long b, long long u, long long u_begin,
-                                                   const upos &p, int tid, int wrow0, int wtok0, int lane) {
+static __device__ __forceinline__ bool sum_parts(const mmq_args &a, unsigned char *smem,
+                                                 float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
+                                                 long long b, long long u_begin, long long tile, long long t0,
+                                                 int tid) {
     using C = mmq_cfg<T, I>;
     constexpr int RT = C::RT, NT = C::NT, NACC = C::NACC;
-    const long long tile = (long long)p.rt * a.tiles_n + p.tn, t0 = tile * a.nsb;
-    const int row0 = p.rt * C::BM, tok0 = p.tn * C::BN;
-    if (u_begin <= t0 && u == t0 + a.nsb - 1) { /* the whole tile: no one else has a part */
-        store_y<RT, NT, C::RS>(a, acc, row0, tok0, wrow0, wtok0, lane);
-        return;
-    }
     float4 *wp = part_of(a, b, tile == u_begin / a.nsb ? 0 : 1, tid, NACC);
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
@@ -751,7 +760,7 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
         *flag = last;
     }
     __syncthreads(); /* (the next write of the flag is two main-loop barriers away) */
-    if (!*flag) return;
+    if (!*flag) return false;
     /* every contributor's partial, this block's too (written above), from zero in block
      * order: the same sum whichever block arrives last, and no second tile of registers */
     each_acc(acc, [](float &v) { v = 0.0f; });
@@ -769,6 +778,24 @@ static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned c
                 acc[rt][nt][3] += p.w;
             }
     }
+    return true;
+}
+
+/* End of a tile segment [u_begin or the tile's start, u] of block b: store y, or hand the
+ * partial over. */
+template <uint32_t T, int I>
+static __device__ __forceinline__ void finish_tile(const mmq_args &a, unsigned char *smem,
+                                                   float (&acc)[mmq_cfg<T, I>::RT][mmq_cfg<T, I>::NT][4],
+                                                   long long b, long long u, long long u_begin,
+                                                   const upos &p, int tid, int wrow0, int wtok0, int lane) {
+    using C = mmq_cfg<T, I>;
+    constexpr int RT = C::RT, NT = C::NT;
+    const long long tile = (long long)p.rt * a.tiles_n + p.tn, t0 = tile * a.nsb;
+    const int row0 = p.rt * C::BM, tok0 = p.tn * C::BN;
+    if (!(u_begin <= t0 && u == t0 + a.nsb - 1)) /* a part of the tile: hand it over */
+        if (!sum_parts<T, I>(a, smem, acc, b, u_begin, tile, t0, tid)) return;
+    /* the whole tile, or the last contributor with every part summed: one store (one copy
+     * of its code in the kernel) */
     store_y<RT, NT, C::RS>(a, acc, row0, tok0, wrow0, wtok0, lane);
 }
 
