@@ -734,6 +734,23 @@ void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     bk_glu(b, dst, dst, up, act);
 }
 
+void bk_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w_gate,
+            const struct tensor *w_up, const struct tensor *w_down, enum glu_act act,
+            const struct prenorm *pre, bool acc, const struct prenorm *next) {
+    if (b->status != SMELT_OK) return;
+    const int64_t n_ff = w_gate->ne[1], n = x->ne[1];
+    BK_ASSERT(w_up->ne[0] == w_gate->ne[0] && w_up->ne[1] == n_ff && w_down->ne[0] == n_ff);
+    BK_ASSERT(is_f32_rows(dst) && dst->ne[0] == w_down->ne[1] && dst->ne[1] == n && dst->ne[2] == 1);
+    if (b->ops->ffn && x->ne[0] == w_gate->ne[0] && x->ne[2] == 1) {
+        BK_ASSERT(has(b, glu_needs(act)));
+        if (b->ops->ffn(b, dst, x, w_gate, w_up, w_down, act, pre, acc)) return;
+    }
+    struct tensor *h = bk_new(b, QT_F32, n_ff, n, 1);
+    bk_ffn_glu(b, h, w_gate, w_up, x, act, pre);
+    if (acc) bk_matmul_acc(b, dst, w_down, NULL, h, next);
+    else bk_matmul(b, dst, w_down, h);
+}
+
 void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,
                       const struct tensor *v, struct tensor *kc, struct tensor *vc,
                       const struct attn_meta *m, const struct qk_prep *p) {

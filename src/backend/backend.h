@@ -317,6 +317,11 @@ struct backend_ops {
     void (*ffn_glu)(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
                     const struct tensor *w_up, const struct tensor *x, enum glu_act act,
                     const struct prenorm *pre);
+    /* bk_ffn where the backend keeps the hidden activations its own way; false: not for
+     * these sizes (the composed ops run). */
+    bool (*ffn)(struct backend *b, struct tensor *dst, const struct tensor *x,
+                const struct tensor *w_gate, const struct tensor *w_up, const struct tensor *w_down,
+                enum glu_act act, const struct prenorm *pre, bool acc);
     void (*rope_kv_store)(struct backend *b, struct tensor *q, struct tensor *k,
                           const struct tensor *v, struct tensor *kc, struct tensor *vc,
                           const struct attn_meta *m, const struct qk_prep *p);
@@ -570,6 +575,12 @@ void bk_matmul_acc(struct backend *b, struct tensor *dst, const struct tensor *w
 void bk_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate,
                 const struct tensor *w_up, const struct tensor *x, enum glu_act act,
                 const struct prenorm *pre);
+/* Fused: the dense GLU FFN, h = act(W_gate x') * (W_up x') (x' as in bk_ffn_glu), then dst
+ * += W_down h (acc; next as bk_matmul_acc's) or dst = W_down h. h is the backend's own (no
+ * tensor of the step holds it: the CUDA backend keeps it as the down product's f16 input). */
+void bk_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w_gate,
+            const struct tensor *w_up, const struct tensor *w_down, enum glu_act act,
+            const struct prenorm *pre, bool acc, const struct prenorm *next);
 /* Fused: per-head RMSNorm of q and k (when given), RoPE on both, in place; then
  * bk_kv_store of k and v. */
 void bk_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k,

@@ -902,10 +902,7 @@ void fwd_ffn(struct model *m, struct step *s, const struct ffn_weights *w, enum 
     const struct prenorm pre = {w->norm, m->hp.norm_eps};
     const int64_t n = x->ne[1];
     if (!w->router) {
-        struct tensor *g = bk_new(bk, QT_F32, w->gate->ne[1], n, 1); /* (n_ff, n) */
-        bk_ffn_glu(bk, g, w->gate, w->up, x, act, &pre);
-        if (acc) bk_matmul_acc(bk, dst, w->down, NULL, g, next);
-        else bk_matmul(bk, dst, w->down, g);
+        bk_ffn(bk, dst, x, w->gate, w->up, w->down, act, &pre, acc, next);
         return;
     }
     const int64_t k = m->hp.n_expert_used;

@@ -335,7 +335,10 @@ static double glu_ref(int act, double g, double u) {
  * up's rows interleaved in eights, every tile and the automatic one, against act applied to
  * the two f16 references of check_weight. The tolerance is the spread of the reference when
  * each sum moves by the plain products' own bound (2e-5 of its sum |w x| + 1e-6), plus the
- * float evaluation of the activation (relative 1e-5, and 5e-7 |g u| for GELU's cancellation). Outputs poisoned with NaN, a guard band after y. */
+ * float evaluation of the activation (relative 1e-5, and 5e-7 |g u| for GELU's cancellation). Outputs poisoned with NaN, a guard band after y.
+ * Where rows % 16 == 0, the same launch with the f16 output (h16, a down product's input) must
+ * leave the bytes cuda_mmq_quantize makes of the f32 output, the zeroed counters included, in
+ * a poisoned scratch, and nothing past them; elsewhere h16 is refused. */
 static void check_glu(uint32_t type, int64_t rows, int64_t k, const int *ns, int n_ns, int act) {
     if (skip_big(type, 2 * rows, k)) return;
     float *w16 = malloc(sizeof(float) * (size_t)(2 * rows * k)), *deq = malloc(sizeof(float) * (size_t)(rows * k));
@@ -352,15 +355,19 @@ static void check_glu(uint32_t type, int64_t rows, int64_t k, const int *ns, int
     float *x = malloc(sizeof(float) * (size_t)(nmax * k)), *y = malloc(sizeof(float) * (size_t)(nmax * rows + GUARD));
     double *ref = malloc(sizeof(double) * (size_t)(nmax * rows)), *tol = malloc(sizeof(double) * (size_t)(nmax * rows));
     float *dx = NULL, *dy = NULL;
-    void *scratch = NULL;
+    void *scratch = NULL, *h16 = NULL, *h16_ref = NULL;
     uint64_t sbytes = 0;
-    if (!x || !y || !ref || !tol) abort();
+    const size_t hb = CUDA_MMQ_XH_OFFSET + (size_t)nmax * (size_t)rows * 2; /* counters, f16 h */
+    unsigned char *hh = malloc(2 * hb);
+    if (!x || !y || !ref || !tol || !hh) abort();
     T_EQ_INT(cuda_qweight_upload(&g_ctx, &qg, type, hg, rows, k, &e), SMELT_OK);
     T_EQ_INT(cuda_qweight_upload(&g_ctx, &qu, type, hu, rows, k, &e), SMELT_OK);
     T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, 2 * rows, k, nmax, &sbytes, &e), SMELT_OK);
     CK(cudaMalloc((void **)&dx, sizeof(float) * nmax * k));
     CK(cudaMalloc((void **)&dy, sizeof(float) * (nmax * rows + GUARD)));
     CK(cudaMalloc(&scratch, sbytes));
+    CK(cudaMalloc(&h16, hb));
+    CK(cudaMalloc(&h16_ref, hb));
     for (int ni = 0; ni < n_ns; ni++) {
         const int n = ns[ni];
         for (int64_t i = 0; i < n * k; i++)
@@ -395,7 +402,7 @@ static void check_glu(uint32_t type, int64_t rows, int64_t k, const int *ns, int
                 y[n * rows + i] = SENTINEL;
             CK(cudaMemcpy(dy, y, sizeof(float) * (n * rows + GUARD), cudaMemcpyHostToDevice));
             smelt_status st = cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e);
-            if (st == SMELT_OK) st = cuda_mmq_glu_pre(&g_ctx, &qg, &qu, act, n, dy, scratch, sbytes, tile, &e);
+            if (st == SMELT_OK) st = cuda_mmq_glu_pre(&g_ctx, &qg, &qu, act, n, dy, NULL, scratch, sbytes, tile, &e);
             if (st == SMELT_ERR_UNSUPPORTED && tile != CUDA_MMQ_TILE_AUTO) continue; /* too much smem here */
             T_CHECKF(st == SMELT_OK, "%s", e.msg);
             if (st != SMELT_OK) continue;
@@ -425,17 +432,42 @@ static void check_glu(uint32_t type, int64_t rows, int64_t k, const int *ns, int
             T_CHECKF(unwritten == 0, "glu %s n=%d tile %d: %d outputs not written", qtype_name(type), n, tile,
                      unwritten);
             T_CHECKF(guard == 0, "glu %s n=%d tile %d: %d floats written past y", qtype_name(type), n, tile, guard);
+            if (rows % 16) {
+                T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &qu, act, n, NULL, h16, scratch, sbytes, tile, &e),
+                         SMELT_ERR_INVALID);
+                continue;
+            }
+            const size_t used = CUDA_MMQ_XH_OFFSET + (size_t)n * (size_t)rows * 2;
+            CK(cudaMemset(h16, 0x5a, hb));
+            st = cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e);
+            if (st == SMELT_OK) st = cuda_mmq_glu_pre(&g_ctx, &qg, &qu, act, n, NULL, h16, scratch, sbytes, tile, &e);
+            if (st == SMELT_OK) st = cuda_mmq_quantize(&g_ctx, dy, rows, n, h16_ref, &e);
+            T_CHECKF(st == SMELT_OK, "%s", e.msg);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hh, h16, hb, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hh + hb, h16_ref, used, cudaMemcpyDeviceToHost));
+            size_t diff = 0, past = 0;
+            for (size_t i = 0; i < used; i++)
+                diff += hh[i] != hh[hb + i];
+            for (size_t i = used; i < hb; i++)
+                past += hh[i] != 0x5a;
+            printf("mmq glu %-5s act %d %5lldx%-5lld n=%-3d tile %-13s: f16 output %s\n", qtype_name(type), act,
+                   (long long)rows, (long long)k, n, tn, diff || past ? "MISMATCH" : "ok (the conversion's bits)");
+            T_CHECKF(diff == 0, "glu %s n=%d tile %d: %zu bytes of the f16 output differ from the conversion's",
+                     qtype_name(type), n, tile, diff);
+            T_CHECKF(past == 0, "glu %s n=%d tile %d: %zu bytes written past the f16 output", qtype_name(type), n,
+                     tile, past);
         }
     }
     /* refused: rows not a multiple of 8, shapes that differ, accumulation has no GLU form */
     if (rows % 8 == 0 && rows > 8) {
         struct cuda_qweight q2 = qu;
         q2.rows = rows - 4;
-        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &q2, act, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &q2, act, 16, dy, NULL, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
                  SMELT_ERR_INVALID);
-        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &q2, &q2, act, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &q2, &q2, act, 16, dy, NULL, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
                  SMELT_ERR_INVALID);
-        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &qu, 4, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+        T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qg, &qu, 4, 16, dy, NULL, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
                  SMELT_ERR_INVALID);
     }
 out:
@@ -443,6 +475,9 @@ out:
     cuda_qweight_free(&qu);
     cudaFree(dx);
     cudaFree(dy);
+    cudaFree(h16);
+    cudaFree(h16_ref);
+    free(hh);
     cudaFree(scratch);
     free(hg);
     free(hu);
@@ -458,9 +493,9 @@ static void test_mmq_glu(void) {
     const int ns[] = {9, 33, 100, 512};
     check_glu(QT_Q4_K, 40, 256, ns, 2, 0); /* one unit per tile, a partial row tile */
     check_glu(QT_Q4_K, 1368, 2048, ns, 4, 0);
-    check_glu(QT_Q6_K, 200, 768, ns, 4, 1);
-    check_glu(QT_Q8_0, 136, 896, ns, 4, 2);
-    check_glu(QT_MXFP4, 360, 2880, ns, 4, 3);
+    check_glu(QT_Q6_K, 208, 768, ns, 4, 1); /* n_ff % 16 == 0: the f16 output too */
+    check_glu(QT_Q8_0, 144, 896, ns, 4, 2);
+    check_glu(QT_MXFP4, 368, 2880, ns, 4, 3);
 }
 
 /* One conversion shared by two products (split tiles on both), captured in a graph and
@@ -797,6 +832,148 @@ static void test_mmq_tuned(void) {
     tuned_case(QT_Q4_K, 2048, 4096, ns, 4);
     const int ns8[] = {20, 64};
     tuned_case(QT_Q8_0, 1000, 2048, ns8, 2);
+}
+
+/* ---- the dense FFN as one op (bk_ffn; cu_ffn), and a group's shared f16 input ----
+ * Where it fuses (the GLU launch writes h as the down product's f16 input; the RMSNorm before
+ * it writes the GLU's f16 input), the op must give the bits of the composed ops run by hand on
+ * the same backend (bk_ffn_glu, then bk_matmul_acc or bk_matmul): h's f16 form is the
+ * conversion's, the norm's values are rms_norm's, and the products take the same tiles. On a
+ * backend with the tile forced (no measuring) the op fuses from its first call, with and
+ * without accumulation and the norm; on a measuring backend the first call declines (its
+ * products are not measured yet: the composed ops measure them), and a later one gives the
+ * composed bits whichever paths the measuring chose. Likewise bk_matmul_group through a norm
+ * (Q, K, V: one f16 input from the norm's launch for all three where each path is a tile)
+ * against bk_rms_norm and one bk_matmul a product. */
+static int ffn_step(struct backend *b, struct tensor *const w[3], const struct prenorm *pre, const float *x,
+                    const float *y0, int64_t n_embd, int64_t n_ff, int n, bool acc, bool by_hand, float *y,
+                    struct err *e) {
+    bk_step_begin(b);
+    struct tensor *xt = bk_new(b, QT_F32, n_embd, n, 1), *yt = bk_new(b, QT_F32, n_embd, n, 1);
+    bk_upload(b, xt, x, sizeof(float) * (size_t)(n_embd * n));
+    bk_upload(b, yt, y0, sizeof(float) * (size_t)(n_embd * n));
+    int fused = -1;
+    if (by_hand) {
+        struct tensor *h = bk_new(b, QT_F32, n_ff, n, 1);
+        bk_ffn_glu(b, h, w[0], w[1], xt, GLU_SILU, pre);
+        if (acc) bk_matmul_acc(b, yt, w[2], NULL, h, NULL);
+        else bk_matmul(b, yt, w[2], h);
+    } else {
+        fused = b->ops->ffn(b, yt, xt, w[0], w[1], w[2], GLU_SILU, pre, acc);
+        if (!fused) bk_ffn(b, yt, xt, w[0], w[1], w[2], GLU_SILU, pre, acc, NULL);
+    }
+    bk_download(b, y, yt, sizeof(float) * (size_t)(n_embd * n));
+    return bk_sync(b, e) == SMELT_OK ? fused : -2;
+}
+
+/* Q, K and V of one normed input: bk_matmul_group, or by hand; y holds the three outputs. */
+static smelt_status qkv_step(struct backend *b, struct tensor *const w[3], const struct prenorm *pre, const float *x,
+                             const int64_t rows[3], int64_t k, int n, bool by_hand, float *y, struct err *e) {
+    bk_step_begin(b);
+    struct tensor *xt = bk_new(b, QT_F32, k, n, 1), *yt[3];
+    for (int i = 0; i < 3; i++)
+        yt[i] = bk_new(b, QT_F32, rows[i], n, 1);
+    bk_upload(b, xt, x, sizeof(float) * (size_t)(k * n));
+    if (by_hand) {
+        struct tensor *h = bk_new(b, QT_F32, k, n, 1);
+        bk_rms_norm(b, h, xt, pre->w, pre->eps);
+        for (int i = 0; i < 3; i++)
+            bk_matmul(b, yt[i], w[i], h);
+    } else {
+        const struct tensor *wc[3] = {w[0], w[1], w[2]}, *bias[3] = {NULL, NULL, NULL};
+        bk_matmul_group(b, 3, yt, wc, bias, xt, pre);
+    }
+    for (int i = 0, at = 0; i < 3; at += (int)rows[i] * n, i++)
+        bk_download(b, y + at, yt[i], sizeof(float) * (size_t)(rows[i] * n));
+    return bk_sync(b, e);
+}
+
+static void test_ffn_op(void) {
+    const int64_t n_embd = 256, n_ff = 512;
+    const int n = 40;
+    struct saved_env env;
+    env_save(&env);
+    float *w16 = malloc(sizeof(float) * (size_t)(n_ff * n_embd)), *deq = malloc(sizeof(float) * (size_t)(n_ff * n_embd));
+    float *x = malloc(sizeof(float) * (size_t)(n_embd * n)), *y0 = malloc(sizeof(float) * (size_t)(n_embd * n));
+    float *ya = malloc(sizeof(float) * (size_t)(n_embd * n)), *yb = malloc(sizeof(float) * (size_t)(n_embd * n));
+    if (!w16 || !deq || !x || !y0 || !ya || !yb) abort();
+    void *hw[3] = {make_weights(QT_Q4_K, n_ff, n_embd, w16, deq, &g_seed),
+                   make_weights(QT_Q4_K, n_ff, n_embd, w16, deq, &g_seed),
+                   make_weights(QT_Q4_K, n_embd, n_ff, w16, deq, &g_seed)};
+    float nw_h[256];
+    for (int64_t i = 0; i < n_embd * n; i++) {
+        x[i] = t_randn(&g_seed);
+        y0[i] = (float)(i % 7) - 3.0f;
+    }
+    for (int i = 0; i < n_embd; i++)
+        nw_h[i] = 0.5f + 0.01f * (float)(i % 97);
+    for (int forced = 1; forced >= 0; forced--) {
+        struct backend *b = tuned_backend(forced ? "0" : NULL);
+        if (!b) break;
+        struct tensor wt[3], *w[3] = {&wt[0], &wt[1], &wt[2]}, nw;
+        struct err e;
+        tensor_init(&nw, QT_F32, n_embd, 1, 1, 1);
+        nw.data = nw_h;
+        nw.name = "norm";
+        bool ok = bk_weight_bind(b, &nw, &e) == SMELT_OK;
+        const struct prenorm pre = {&nw, 1e-6f};
+        for (int i = 0; i < 3 && ok; i++) {
+            tensor_init(&wt[i], QT_Q4_K, i == 2 ? n_ff : n_embd, i == 2 ? n_embd : n_ff, 1, 1);
+            wt[i].data = hw[i];
+            wt[i].name = i == 0 ? "gate" : i == 1 ? "up" : "down";
+            ok = bk_weight_bind(b, &wt[i], &e) == SMELT_OK;
+            T_CHECKF(ok, "bind: %s", e.msg);
+        }
+        for (int c = 0; c < 4 && ok; c++) {
+            const bool acc = c < 2; /* acc first: a measuring backend's first call */
+            const struct prenorm *pp = c % 2 ? &pre : NULL;
+            const int first = ffn_step(b, w, pp, x, y0, n_embd, n_ff, n, acc, false, ya, &e);
+            T_CHECKF(first >= 0, "ffn op: %s", e.msg);
+            if (forced) T_CHECKF(first == 1, "forced tile, acc %d: the op did not fuse", acc);
+            else if (c == 0) T_CHECKF(first == 0, "measuring: the first call fused before measuring");
+            const int again = ffn_step(b, w, pp, x, y0, n_embd, n_ff, n, acc, false, ya, &e);
+            const int hand = ffn_step(b, w, pp, x, y0, n_embd, n_ff, n, acc, true, yb, &e);
+            T_CHECKF(again >= 0 && hand == -1, "ffn op: %s", e.msg);
+            int diff = 0, bad = 0;
+            for (int64_t i = 0; i < n_embd * n; i++) {
+                diff += memcmp(&ya[i], &yb[i], sizeof(float)) != 0;
+                bad += !isfinite(ya[i]);
+            }
+            printf("ffn op %s, acc %d, norm %d: first call %s, next %s; %d of %lld outputs differ from the composed "
+                   "ops'\n",
+                   forced ? "tile 0 forced" : "measuring", acc, pp != NULL, first ? "fused" : "composed",
+                   again ? "fused" : "composed", diff, (long long)(n_embd * n));
+            T_CHECKF(diff == 0 && bad == 0, "ffn op acc %d norm %d: %d outputs differ, %d not finite", acc, pp != NULL,
+                     diff, bad);
+        }
+        /* Q, K, V through the norm: gate, up and gate again (n_ff rows of n_embd) */
+        struct tensor *qkv[3] = {w[0], w[1], w[0]};
+        const int64_t rows[3] = {n_ff, n_ff, n_ff};
+        float *ga = malloc(sizeof(float) * (size_t)(3 * n_ff * n)), *gb = malloc(sizeof(float) * (size_t)(3 * n_ff * n));
+        if (!ga || !gb) abort();
+        for (int r = 0; r < 2 && ok; r++) { /* a measuring backend measured these above */
+            T_EQ_INT(qkv_step(b, qkv, &pre, x, rows, n_embd, n, false, ga, &e), SMELT_OK);
+            T_EQ_INT(qkv_step(b, qkv, &pre, x, rows, n_embd, n, true, gb, &e), SMELT_OK);
+            int diff = 0;
+            for (int64_t i = 0; i < 3 * n_ff * n; i++)
+                diff += memcmp(&ga[i], &gb[i], sizeof(float)) != 0;
+            printf("matmul group %s through a norm: %d of %lld outputs differ from norm + products\n",
+                   forced ? "tile 0 forced" : "measuring", diff, (long long)(3 * n_ff * n));
+            T_CHECKF(diff == 0, "matmul group: %d outputs differ", diff);
+        }
+        free(ga);
+        free(gb);
+        bk_free(b);
+    }
+    env_restore(&env);
+    for (int i = 0; i < 3; i++)
+        free(hw[i]);
+    free(w16);
+    free(deq);
+    free(x);
+    free(y0);
+    free(ya);
+    free(yb);
 }
 
 static void test_mmq_rejects(void) {
@@ -1276,7 +1453,7 @@ static void bench_one(void) {
     for (int i = 0; i < 5; i++) {
         if (i == 2) CK(cudaEventRecord(e0, 0));
         T_EQ_INT(cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e), SMELT_OK);
-        if (glu) T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qw, &qu, 0, n, dy, scratch, sbytes, tile, &e), SMELT_OK);
+        if (glu) T_EQ_INT(cuda_mmq_glu_pre(&g_ctx, &qw, &qu, 0, n, dy, NULL, scratch, sbytes, tile, &e), SMELT_OK);
         else T_EQ_INT(cuda_mmq_pre(&g_ctx, &qw, n, dy, scratch, sbytes, 0, tile, &e), SMELT_OK);
     }
     CK(cudaEventRecord(e1, 0));
@@ -1332,6 +1509,7 @@ int main(void) {
     T_RUN(test_mmq_big_x);
     T_RUN(test_mmq_graph);
     T_RUN(test_mmq_tuned);
+    T_RUN(test_ffn_op);
     if (bm && strcmp(bm, "tune") != 0) bench();
     if (bm) bench_tuned();
     cuda_ctx_free(&g_ctx);

@@ -135,6 +135,7 @@ static const struct backend_ops cuda_ops = {
     .matmul_group = cu_matmul_group,
     .matmul_acc = cu_matmul_acc,
     .ffn_glu = cu_ffn_glu,
+    .ffn = cu_ffn,
     .rope_kv_store = cu_rope_kv_store,
     .rope_attention = cu_rope_attention,
     .moe_route = cu_moe_route,

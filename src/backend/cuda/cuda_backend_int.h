@@ -252,6 +252,34 @@ void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *
  * glu_act, 0..3. */
 bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
                const float *x, int64_t n, float *dst);
+/* An mmq product's input as the caller holds it: n rows of k floats at x, `stride` floats
+ * apart, RMS-normed on the way (by w, may be NULL, and eps) when norm; else the rows are
+ * contiguous. The f16 activations are made from it in one launch (cuda_rms_norm_h16 or
+ * cuda_mmq_quantize). */
+struct mm_src {
+    const float *x;
+    int64_t stride;
+    bool norm;
+    const float *w;
+    float eps;
+};
+/* y[i] = W_i x' for count (<= 8) products of one row length on one input, when every one's
+ * path is an mmq tile known without measuring at this call and n > CUDA_MMV_MAX_N: one f16
+ * form of x' for all of them (the norm's own launch writes it), then the products; false
+ * (nothing done) otherwise. */
+bool cu_mm_group_mmq(struct cuda_backend *cb, int count, const struct cuda_qweight *const *qw,
+                     const struct mm_src *src, int64_t n, float *const *y);
+/* The dense FFN's products at rows the tensor cores take (cu_ffn): cu_mm_ffn_plan is true when
+ * the gate's and the down's paths are mmq tiles known without measuring at this call (the
+ * composed ops measure them), n > CUDA_MMV_MAX_N and n_ff a multiple of 16, with choice[] the
+ * two tiles; cu_mm_ffn then runs gate and up in one GLU launch whose store writes h = act(G x) *
+ * (U x) as the down product's f16 activations (cuda_mmq_glu_pre's h16) and dst (+)= W_down h
+ * over them: no f32 h in memory and no conversion launch. act: enum glu_act, 0..3. */
+bool cu_mm_ffn_plan(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up,
+                    const struct cuda_qweight *down, int64_t n, int choice[2]);
+void cu_mm_ffn(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up,
+               const struct cuda_qweight *down, int act, const struct mm_src *src, int64_t n, float *dst, bool acc,
+               const int choice[2]);
 /* At free: the measured path table, at debug level. */
 void cu_tune_report(struct cuda_backend *cb);
 
@@ -304,6 +332,9 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
                      const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre);
 void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_gate, const struct tensor *w_up,
                 const struct tensor *x, enum glu_act act, const struct prenorm *pre);
+bool cu_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w_gate,
+            const struct tensor *w_up, const struct tensor *w_down, enum glu_act act, const struct prenorm *pre,
+            bool acc);
 void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v, struct tensor *kc,
                       struct tensor *vc, const struct attn_meta *m, const struct qk_prep *p);
 void cu_rope_attention(struct backend *b, struct tensor *dst, struct tensor *q, struct tensor *k,

@@ -23,6 +23,11 @@ struct cuda_qweight;
  * elements (in place ok). */
 void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n,
                    int64_t rows, int64_t x_stride, int64_t dst_stride, float eps);
+/* The same values as the mmq products' f16 activations in their scratch (cuda_mmq.h), the
+ * split-tile counters zeroed: the bits cuda_rms_norm then cuda_mmq_quantize(dst, n, rows)
+ * would leave there, in one launch. n % 16 == 0. */
+void cuda_rms_norm_h16(struct cuda_ctx *ctx, void *scratch, const float *x, const float *w, int64_t n,
+                       int64_t rows, int64_t x_stride, float eps);
 /* The gated RMSNorm (bk_norm_gate): dst = act(gate) * (x / sqrt(mean(x^2) + eps) * w) over
  * `groups` contiguous groups of n (w (n) not NULL; act as cuda_glu's), the bits of
  * cuda_rms_norm on x then cuda_glu. xq not NULL (then n % 32 == 0): also writes the output's

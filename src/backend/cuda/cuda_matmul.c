@@ -372,18 +372,29 @@ static int tune(struct cuda_backend *cb, const struct cuda_qweight *qw, const fl
     return got->choice;
 }
 
+/* The path for this call when it needs no measuring now: *choice the recorded or static one,
+ * true. False when this call would measure it: *choice the static one, *key the key to
+ * measure. */
+static bool choice_known(struct cuda_backend *cb, const struct cuda_qweight *qw, int64_t n, int *choice,
+                         struct mmtune_key *key) {
+    const int st = static_choice(cb, qw, n);
+    *choice = st;
+    int bucket = mmtune_bucket(n);
+    if (bucket < 0 && mmb_ok(cb, qw, n)) bucket = mmtune_bucket_small(n); /* mmb against mmv */
+    if (cb->mm_path > 0 || !cb->tune_env.tune || bucket < 0 || !cuda_mmq_supported(qw->type, qw->k)) return true;
+    if (cb->mmq_rows_fixed && st < MMTUNE_MMQ_AUTO) return true; /* the switch is fixed: tiles only */
+    *key = (struct mmtune_key){qw->type, qw->rows, qw->k, bucket};
+    const struct mmtune_ent *ent = mmtune_find(&cb->tune, key);
+    if (ent) *choice = ent->choice;
+    return ent || stream_capturing(cb); /* a capture: measured at the key's next eager call */
+}
+
 /* The path for this call: recorded, measured now, or static (see the section comment). */
 static int choose(struct cuda_backend *cb, const struct cuda_qweight *qw, const float *x, int64_t n, float *y,
                   bool acc, const void *xq) {
-    const int st = static_choice(cb, qw, n);
-    int bucket = mmtune_bucket(n);
-    if (bucket < 0 && mmb_ok(cb, qw, n)) bucket = mmtune_bucket_small(n); /* mmb against mmv */
-    if (cb->mm_path > 0 || !cb->tune_env.tune || bucket < 0 || !cuda_mmq_supported(qw->type, qw->k)) return st;
-    if (cb->mmq_rows_fixed && st < MMTUNE_MMQ_AUTO) return st; /* the switch is fixed: tiles only */
-    const struct mmtune_key key = {qw->type, qw->rows, qw->k, bucket};
-    const struct mmtune_ent *ent = mmtune_find(&cb->tune, &key);
-    if (ent) return ent->choice;
-    if (stream_capturing(cb)) return st; /* measured at the key's next eager call */
+    int st;
+    struct mmtune_key key;
+    if (choice_known(cb, qw, n, &st, &key)) return st;
     return tune(cb, qw, x, n, y, acc, xq, st, &key);
 }
 
@@ -498,7 +509,7 @@ bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const s
         st = cuda_mmq_scratch_bytes(&cb->ctx, 2 * gate->rows, gate->k, n, &bytes, &e);
         if (st == SMELT_OK && !(sc = cu_scratch(cb, bytes))) return true;
         if (st == SMELT_OK) st = cuda_mmq_quantize(&cb->ctx, x, gate->k, n, sc, &e);
-        if (st == SMELT_OK) st = cuda_mmq_glu_pre(&cb->ctx, gate, up, act, n, dst, sc, bytes, choice, &e);
+        if (st == SMELT_OK) st = cuda_mmq_glu_pre(&cb->ctx, gate, up, act, n, dst, NULL, sc, bytes, choice, &e);
     }
     if (st != SMELT_OK) {
         if (cu_ok(cb)) bk_fail(&cb->base, e.code, "%s", e.msg);
@@ -508,6 +519,86 @@ bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const s
                  qtype_name(gate->type), (long long)gate->rows, (long long)gate->k, (long long)n);
     cu_scratch_release(&cb->base, mark);
     return true;
+}
+
+static bool is_mmq(int choice) {
+    return choice >= 0 || choice == MMTUNE_MMQ_AUTO;
+}
+
+/* x' into scratch sc as the mmq products' f16 activations (struct mm_src). */
+static smelt_status mmq_input(struct cuda_backend *cb, const struct mm_src *src, int64_t k, int64_t n, void *sc,
+                              struct err *e) {
+    if (!src->norm) return cuda_mmq_quantize(&cb->ctx, src->x, k, n, sc, e);
+    cuda_rms_norm_h16(&cb->ctx, sc, src->x, src->w, k, n, src->stride, src->eps);
+    cu_check_launch(cb, "rms_norm->f16");
+    cu_prof_mark(cb, 0, "rms_norm->f16");
+    return SMELT_OK;
+}
+
+bool cu_mm_group_mmq(struct cuda_backend *cb, int count, const struct cuda_qweight *const *qw,
+                     const struct mm_src *src, int64_t n, float *const *y) {
+    int choice[8];
+    struct mmtune_key key;
+    struct err e;
+    uint64_t need = 0;
+    if (!cu_ok(cb) || n <= CUDA_MMV_MAX_N || count < 1 || count > 8) return false;
+    for (int i = 0; i < count; i++) {
+        uint64_t b = 0;
+        if (qw[i]->k != qw[0]->k || !cuda_mmq_supported(qw[i]->type, qw[i]->k) ||
+            !choice_known(cb, qw[i], n, &choice[i], &key) || !is_mmq(choice[i]) ||
+            cuda_mmq_scratch_bytes(&cb->ctx, qw[i]->rows, qw[i]->k, n, &b, &e) != SMELT_OK)
+            return false;
+        if (b > need) need = b;
+    }
+    size_t mark = cu_scratch_mark(&cb->base);
+    void *sc = cu_scratch(cb, need);
+    if (!sc) return true; /* cu_scratch failed the backend */
+    smelt_status st = mmq_input(cb, src, qw[0]->k, n, sc, &e);
+    for (int i = 0; i < count && st == SMELT_OK; i++) { /* one f16 form serves them all */
+        st = cuda_mmq_pre(&cb->ctx, qw[i], n, y[i], sc, need, 0, choice[i], &e);
+        cu_prof_mark(cb, qw[i]->bytes, "mmq %s %lldx%lld n=%lld (shared f16 input)", qtype_name(qw[i]->type),
+                     (long long)qw[i]->rows, (long long)qw[i]->k, (long long)n);
+    }
+    if (st != SMELT_OK) {
+        if (cu_ok(cb)) bk_fail(&cb->base, e.code, "%s", e.msg);
+        return true;
+    }
+    cu_scratch_release(&cb->base, mark);
+    return true;
+}
+
+bool cu_mm_ffn_plan(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up,
+                    const struct cuda_qweight *down, int64_t n, int choice[2]) {
+    struct mmtune_key key;
+    return cu_ok(cb) && n > CUDA_MMV_MAX_N && gate->type == up->type && gate->k == up->k && gate->rows == up->rows &&
+           gate->rows % 16 == 0 && down->k == gate->rows && cuda_mmq_supported(gate->type, gate->k) &&
+           cuda_mmq_supported(down->type, down->k) && choice_known(cb, gate, n, &choice[0], &key) &&
+           choice_known(cb, down, n, &choice[1], &key) && is_mmq(choice[0]) && is_mmq(choice[1]);
+}
+
+void cu_mm_ffn(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up,
+               const struct cuda_qweight *down, int act, const struct mm_src *src, int64_t n, float *dst, bool acc,
+               const int choice[2]) {
+    if (!cu_ok(cb)) return;
+    struct err e;
+    uint64_t bg = 0, bd = 0;
+    size_t mark = cu_scratch_mark(&cb->base);
+    void *sg = NULL, *sd = NULL;
+    smelt_status st = cuda_mmq_scratch_bytes(&cb->ctx, 2 * gate->rows, gate->k, n, &bg, &e);
+    if (st == SMELT_OK) st = cuda_mmq_scratch_bytes(&cb->ctx, down->rows, down->k, n, &bd, &e);
+    if (st == SMELT_OK && (!(sg = cu_scratch(cb, bg)) || !(sd = cu_scratch(cb, bd)))) return; /* failed the backend */
+    if (st == SMELT_OK) st = mmq_input(cb, src, gate->k, n, sg, &e);
+    if (st == SMELT_OK) st = cuda_mmq_glu_pre(&cb->ctx, gate, up, act, n, NULL, sd, sg, bg, choice[0], &e);
+    cu_prof_mark(cb, gate->bytes + up->bytes, "mmq glu->f16 %s 2x%lldx%lld n=%lld", qtype_name(gate->type),
+                 (long long)gate->rows, (long long)gate->k, (long long)n);
+    if (st == SMELT_OK) st = cuda_mmq_pre(&cb->ctx, down, n, dst, sd, bd, acc, choice[1], &e);
+    cu_prof_mark(cb, down->bytes, "mmq %s %lldx%lld n=%lld (f16 from the glu)", qtype_name(down->type),
+                 (long long)down->rows, (long long)down->k, (long long)n);
+    if (st != SMELT_OK) {
+        if (cu_ok(cb)) bk_fail(&cb->base, e.code, "%s", e.msg);
+        return;
+    }
+    cu_scratch_release(&cb->base, mark);
 }
 
 const struct mmtune_ent *cuda_backend_mm_entry(const struct backend *b, uint32_t type, int64_t rows, int64_t k,

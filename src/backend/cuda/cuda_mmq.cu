@@ -80,6 +80,7 @@ extern "C" {
 
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_mmq.cuh" /* the f16 activations' layout, the counters */
+static_assert(MMQ_CNT_BYTES == CUDA_MMQ_XH_OFFSET, "cuda_mmq.h's view of the scratch");
 #include "backend/cuda/cuda_qtypes.cuh" /* MXFP4's layout: tq_mx4, tq_mx_s */
 
 /* ---------------------------------------------------------- configuration ---- */
@@ -172,6 +173,10 @@ struct mmq_args {
     int glu;
     const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
+    /* a GLU product's output as the next product's f16 activations (NULL: y): (n, rows / 2)
+     * in xh's layout, and that product's split-tile counters, zeroed by block 0 */
+    __half *yh;
+    int *cnt_out;
     float *work;                       /* 2 partial tiles per block (part_of) */
     int *cnt;                          /* split-tile counters, MMQ_MAX_BLOCKS */
     long long units;                   /* tiles * nsb */
@@ -674,10 +679,12 @@ static __device__ __forceinline__ void each_acc(float (&acc)[RT][NT][4], F f) {
 }
 
 /* act(gate) * up for this thread's outputs of a GLU launch's tile (store_y): fragment rows g
- * (gate) and g + 8 (up) of each 16 are one output row (wrow_of), y being (n, rows / 2). ACT a
- * template argument, so that each output's code is its activation's alone: the store runs
- * once per finished tile, unrolled over the thread's outputs, from a cold instruction cache. */
-template <int RT, int NT, int RS, int ACT>
+ * (gate) and g + 8 (up) of each 16 are one output row (wrow_of), y being (n, rows / 2), or
+ * with H16 yh, the same outputs as the f16 activations of the next product (mmq_pos, mmq_f16:
+ * the bits cuda_mmq_quantize would make of y). ACT and H16 template arguments, so that each
+ * output's code is its own alone: the store runs once per finished tile, unrolled over the
+ * thread's outputs, from a cold instruction cache. */
+template <int RT, int NT, int RS, int ACT, bool H16>
 static __device__ __forceinline__ void store_glu(const mmq_args &a, const float (&v)[RT][NT][4],
                                                  int row0, int tok0, int wrow0, int wtok0, int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -689,9 +696,12 @@ static __device__ __forceinline__ void store_glu(const mmq_args &a, const float 
             for (int i = 0; i < 2; i++) {
                 const int row = row0 + wrow0 + rt * RS + g; /* the gate's row in the launch */
                 const int tok = tok0 + wtok0 + nt * 8 + 2 * t + i;
-                if (row < a.rows && tok < a.n)
-                    a.y[(long long)tok * (a.rows >> 1) + (((row >> 4) << 3) | g)] =
-                        glu_val(ACT, v[rt][nt][i], v[rt][nt][i + 2]);
+                if (row < a.rows && tok < a.n) {
+                    const long long o = (long long)tok * (a.rows >> 1) + (((row >> 4) << 3) | g);
+                    const float h = glu_val(ACT, v[rt][nt][i], v[rt][nt][i + 2]);
+                    if (H16) a.yh[mmq_pos(o)] = mmq_f16(h); /* (rows / 2 is a multiple of 16) */
+                    else a.y[o] = h;
+                }
             }
 }
 
@@ -701,13 +711,17 @@ static __device__ __forceinline__ void store_glu(const mmq_args &a, const float 
 template <int RT, int NT, int RS>
 static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
                                                int row0, int tok0, int wrow0, int wtok0, int lane) {
+#define MMQ_GLU_STORE(act)                                                                \
+    return a.yh ? store_glu<RT, NT, RS, act, true>(a, v, row0, tok0, wrow0, wtok0, lane)  \
+                : store_glu<RT, NT, RS, act, false>(a, v, row0, tok0, wrow0, wtok0, lane)
     switch (a.glu) {
     case 0: break;
-    case 1: return store_glu<RT, NT, RS, 0>(a, v, row0, tok0, wrow0, wtok0, lane);
-    case 2: return store_glu<RT, NT, RS, 1>(a, v, row0, tok0, wrow0, wtok0, lane);
-    case 3: return store_glu<RT, NT, RS, 2>(a, v, row0, tok0, wrow0, wtok0, lane);
-    default: return store_glu<RT, NT, RS, 3>(a, v, row0, tok0, wrow0, wtok0, lane);
+    case 1: MMQ_GLU_STORE(0);
+    case 2: MMQ_GLU_STORE(1);
+    case 3: MMQ_GLU_STORE(2);
+    default: MMQ_GLU_STORE(3);
     }
+#undef MMQ_GLU_STORE
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
@@ -819,6 +833,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
     const int wrow0 = C::WG ? (warp >> 2) * 64 * RT + (warp & 3) * 16 : (warp % C::WM) * 16 * RT;
     const int wtok0 = C::WG ? 0 : (warp / C::WM) * 8 * NT;
     mmq_args a = a_in;
+    if (a.cnt_out) mmq_zero_cnt(a.cnt_out); /* (the next product runs after this launch) */
     if (a.tile_eid) { /* by id: the used token tiles are a prefix; the work is known here only */
         int *used_s = (int *)(smem + C::CTRL) + 1; /* (the fixup's flag is word 0) */
         if (tid == 0) *used_s = 0;
@@ -1124,7 +1139,7 @@ extern "C" smelt_status cuda_mmq_quantize(struct cuda_ctx *ctx, const float *x, 
 /* cuda_mmq_pre and cuda_mmq_glu_pre: y = (or +=) W x, or act(G x) * (U x) with up != NULL
  * (glu = 1 + act; w is then the gate). */
 static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_qweight *up,
-                                 int glu, int64_t n, float *y, void *scratch, uint64_t scratch_bytes,
+                                 int glu, int64_t n, float *y, void *h16, void *scratch, uint64_t scratch_bytes,
                                  int accumulate, int tile, struct err *e) {
     if (!cuda_mmq_supported(w->type, w->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
@@ -1139,6 +1154,10 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
                        "multiple of 8, act %d of 0..3, no accumulation)",
                        qtype_name(w->type), (long long)w->rows, (long long)w->k, qtype_name(up->type),
                        (long long)up->rows, (long long)up->k, glu - 1);
+    if (h16 && w->rows % 16)
+        return err_set(e, SMELT_ERR_INVALID,
+                       "cuda mmq glu: f16 output of %lld rows (the activations' layout needs a multiple of 16)",
+                       (long long)w->rows);
     const int64_t rows = up ? 2 * w->rows : w->rows;
     const struct cuda_ctx *d;
     CUDA_TRY(device_facts(ctx, &d), e);
@@ -1156,6 +1175,7 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
                        "cuda mmq: scratch of %llu B, %s %lld x %lld with %lld tokens needs %llu",
                        (unsigned long long)scratch_bytes, qtype_name(w->type), (long long)rows,
                        (long long)w->k, (long long)n, (unsigned long long)need);
+    if (!(h16 ? h16 : (void *)y)) return err_set(e, SMELT_ERR_INVALID, "cuda mmq: no output");
     unsigned char *sc = (unsigned char *)scratch;
     mmq_args a;
     a.wq = (const unsigned char *)w->q;
@@ -1169,6 +1189,8 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
     a.y = y;
+    a.yh = h16 ? mmq_xh(h16) : NULL;
+    a.cnt_out = h16 ? mmq_cnt(h16) : NULL;
     a.units = p.units;
     a.rows = (int)rows;
     a.k = (int)w->k;
@@ -1197,13 +1219,14 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
 extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, float *y,
                                      void *scratch, uint64_t scratch_bytes, int accumulate,
                                      int tile, struct err *e) {
-    return launch_plain(ctx, w, NULL, 0, n, y, scratch, scratch_bytes, accumulate, tile, e);
+    return launch_plain(ctx, w, NULL, 0, n, y, NULL, scratch, scratch_bytes, accumulate, tile, e);
 }
 
 extern "C" smelt_status cuda_mmq_glu_pre(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
                                          const struct cuda_qweight *up, int act, int64_t n, float *y,
-                                         void *scratch, uint64_t scratch_bytes, int tile, struct err *e) {
-    return launch_plain(ctx, gate, up, act + 1, n, y, scratch, scratch_bytes, 0, tile, e);
+                                         void *h16, void *scratch, uint64_t scratch_bytes, int tile,
+                                         struct err *e) {
+    return launch_plain(ctx, gate, up, act + 1, n, y, h16, scratch, scratch_bytes, 0, tile, e);
 }
 
 extern "C" smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x,
@@ -1276,6 +1299,8 @@ extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
     a.y = y;
+    a.yh = NULL;
+    a.cnt_out = NULL;
     a.units = p.units;
     a.rows = (int)rows_e;
     a.k = (int)w->k;

@@ -34,6 +34,9 @@ extern "C" {
  * fixed tiles (for benchmarks and tests). */
 #define CUDA_MMQ_TILE_AUTO (-1)
 
+/* The scratch begins with the split-tile counters; the f16 activations follow them. */
+#define CUDA_MMQ_XH_OFFSET 8192
+
 /* True when the kernels handle this weight type with row length k. */
 int cuda_mmq_supported(uint32_t type, int64_t k);
 
@@ -66,9 +69,13 @@ smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, in
  * One launch over 2 x rows weight rows, gate and up interleaved in eights, so each thread
  * holds both sums of an output and the activation is applied in the store: no f32 gate and up
  * products in memory and no GLU launch. Gate and up: the same type and shape, rows a multiple
- * of 8. Otherwise as cuda_mmq_pre (tile: that of the gate's plain product, or AUTO). */
+ * of 8. Otherwise as cuda_mmq_pre (tile: that of the gate's plain product, or AUTO).
+ * With h16 (not NULL; y is then unused) the output goes to h16 instead, another scratch (sized
+ * by cuda_mmq_scratch_bytes for k = gate->rows, n), as cuda_mmq_quantize(y, gate->rows, n, h16)
+ * would leave it, bit for bit: a down product over n_ff then runs cuda_mmq_pre on h16, with no
+ * f32 y in memory and no conversion launch. gate->rows must then be a multiple of 16. */
 smelt_status cuda_mmq_glu_pre(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
-                              const struct cuda_qweight *up, int act, int64_t n, float *y,
+                              const struct cuda_qweight *up, int act, int64_t n, float *y, void *h16,
                               void *scratch, uint64_t scratch_bytes, int tile, struct err *e);
 
 /* Expert products on the tensor cores ("mmq by id", the grouped mixture-of-experts FFN): w

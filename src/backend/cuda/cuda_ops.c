@@ -379,6 +379,17 @@ static const float *prenormed(struct cuda_backend *cb, const struct tensor *x, c
     return xn;
 }
 
+/* x's rows as an mmq product's input, normed by pre on the way (struct mm_src); mm_src_ok:
+ * the rows' layout allows it (contiguous rows of f32; strided only when normed). */
+static bool mm_src_ok(const struct tensor *x, const struct prenorm *pre) {
+    return x->type == QT_F32 && x->nb[0] == sizeof(float) && x->ne[2] == 1 &&
+           (pre ? x->nb[1] % sizeof(float) == 0 : x->nb[1] == (size_t)x->ne[0] * sizeof(float));
+}
+static struct mm_src mm_src_of(const struct tensor *x, const struct prenorm *pre) {
+    return (struct mm_src){x->data, (int64_t)(x->nb[1] / sizeof(float)), pre != NULL, pre && pre->w ? pre->w->data : NULL,
+                           pre ? pre->eps : 0.0f};
+}
+
 /* The quantized form of x for n <= 8 rows, shared by several weights of the same width. */
 static const void *quantized(struct cuda_backend *cb, const float *x, int64_t k, int64_t n, uint32_t type) {
     if (n > CUDA_MMV_MAX_N || !cuda_mmv_needs_quant(type)) return NULL;
@@ -477,6 +488,15 @@ static void matmul_group_mmv(struct cuda_backend *cb, int n, struct tensor *cons
     }
 }
 
+static void add_biases(struct cuda_backend *cb, int n, struct tensor *const *dst, const struct tensor *const *bias) {
+    for (int i = 0; i < n && cu_ok(cb); i++) {
+        if (bias && bias[i]) {
+            cuda_add(&cb->ctx, dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1);
+            cu_check_launch(cb, "bias");
+        }
+    }
+}
+
 void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const struct tensor *const *w,
                             const struct tensor *const *bias, const struct tensor *x, const struct prenorm *pre) {
     struct cuda_backend *cb = cu_enter(b);
@@ -487,6 +507,19 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
         mmb = w[i]->extra && cu_mm_small_batch(cb, w[i]->extra, x->data, x->ne[1]);
     if (x->ne[1] <= CUDA_MMV_MAX_N && n <= GROUP_MMV_MAX && !mmb) {
         matmul_group_mmv(cb, n, dst, w, bias, x, pre);
+        cu_scratch_release(b, mark);
+        return;
+    }
+    const struct cuda_qweight *qa[8];
+    float *ya[8];
+    bool whole = n <= 8 && x->ne[1] > CUDA_MMV_MAX_N && mm_src_ok(x, pre);
+    for (int i = 0; i < n && whole; i++) {
+        whole = (qa[i] = cu_qw_of(cb, w[i])) != NULL;
+        ya[i] = dst[i]->data;
+    }
+    const struct mm_src src = mm_src_of(x, pre);
+    if (whole && cu_mm_group_mmq(cb, n, qa, &src, x->ne[1], ya)) { /* one f16 input for all */
+        add_biases(cb, n, dst, bias);
         cu_scratch_release(b, mark);
         return;
     }
@@ -502,12 +535,7 @@ void cu_matmul_group(struct backend *b, int n, struct tensor *const *dst, const 
         }
         cu_mm_group(cb, c, qw, xn, x->ne[1], y);
     }
-    for (int i = 0; i < n && cu_ok(cb); i++) {
-        if (bias && bias[i]) {
-            cuda_add(&cb->ctx, dst[i]->data, dst[i]->data, bias[i]->data, dst[i]->ne[0], tensor_nrows(dst[i]), 1);
-            cu_check_launch(cb, "bias");
-        }
-    }
+    add_biases(cb, n, dst, bias);
     cu_scratch_release(b, mark);
 }
 
@@ -577,6 +605,25 @@ void cu_ffn_glu(struct backend *b, struct tensor *dst, const struct tensor *w_ga
     cuda_glu(&cb->ctx, dst->data, g, dst->data, (int)act, tensor_nelem(dst));
     cu_check_launch(cb, "glu");
     cu_scratch_release(b, mark);
+}
+
+/* The dense FFN as one op where its products run on the tensor cores (cu_mm_ffn: h never
+ * exists as f32, the down product reads the GLU launch's f16 output); false elsewhere (decode
+ * rows, products whose path is not an mmq tile or not yet measured), and the composed ops run. */
+bool cu_ffn(struct backend *b, struct tensor *dst, const struct tensor *x, const struct tensor *w_gate,
+            const struct tensor *w_up, const struct tensor *w_down, enum glu_act act, const struct prenorm *pre,
+            bool acc) {
+    struct cuda_backend *cb = cu_enter(b);
+    const struct cuda_qweight *qg = cu_qw_of(cb, w_gate), *qu = cu_qw_of(cb, w_up), *qd = cu_qw_of(cb, w_down);
+    int choice[2];
+    const int64_t n = x->ne[1];
+    if (!qg || !qu || !qd || dst->nb[1] != (size_t)qd->rows * sizeof(float) || !mm_src_ok(x, pre) ||
+        !cu_mm_ffn_plan(cb, qg, qu, qd, n, choice))
+        return false;
+    cb->prep.valid = false;
+    const struct mm_src src = mm_src_of(x, pre);
+    cu_mm_ffn(cb, qg, qu, qd, cu_glu_code(act), &src, n, dst->data, acc, choice);
+    return true;
 }
 
 void cu_rope_kv_store(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
