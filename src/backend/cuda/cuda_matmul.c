@@ -483,6 +483,12 @@ void cu_mm_group(struct cuda_backend *cb, int count, const struct cuda_qweight *
     }
 }
 
+/* A choice that runs an mmq tile (recorded or static, only ever for a type and k that
+ * cuda_mmq_supported takes). */
+static bool is_mmq(int choice) {
+    return choice >= 0 || choice == MMTUNE_MMQ_AUTO;
+}
+
 bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const struct cuda_qweight *up, int act,
                const float *x, int64_t n, float *dst) {
     if (!cu_ok(cb) || act < 0 || act > 3 || gate->type != up->type || gate->k != up->k || gate->rows != up->rows ||
@@ -494,7 +500,7 @@ bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const s
     /* (a bucket-mate's recorded mmb may meet a row count mmb does not take; an mmq tile is
      * recorded only for a type and k that cuda_mmq_supported takes, both in the key) */
     const bool mmb = choice == MMTUNE_MMB && mmb_ok(cb, gate, n);
-    const bool mmq = (choice >= 0 || choice == MMTUNE_MMQ_AUTO) && gate->rows % 8 == 0;
+    const bool mmq = is_mmq(choice) && gate->rows % 8 == 0;
     if (!mmb && !mmq) return false;
     struct err e;
     uint64_t bytes = 0;
@@ -521,17 +527,12 @@ bool cu_mm_glu(struct cuda_backend *cb, const struct cuda_qweight *gate, const s
     return true;
 }
 
-static bool is_mmq(int choice) {
-    return choice >= 0 || choice == MMTUNE_MMQ_AUTO;
-}
-
 /* x' into scratch sc as the mmq products' f16 activations (struct mm_src). */
 static smelt_status mmq_input(struct cuda_backend *cb, const struct mm_src *src, int64_t k, int64_t n, void *sc,
                               struct err *e) {
     if (!src->norm) return cuda_mmq_quantize(&cb->ctx, src->x, k, n, sc, e);
     cuda_rms_norm_h16(&cb->ctx, sc, src->x, src->w, k, n, src->stride, src->eps);
-    cu_check_launch(cb, "rms_norm->f16");
-    cu_prof_mark(cb, 0, "rms_norm->f16");
+    cu_check_launch(cb, "rms_norm->f16"); /* (its profile mark too) */
     return SMELT_OK;
 }
 
@@ -544,8 +545,7 @@ bool cu_mm_group_mmq(struct cuda_backend *cb, int count, const struct cuda_qweig
     if (!cu_ok(cb) || n <= CUDA_MMV_MAX_N || count < 1 || count > 8) return false;
     for (int i = 0; i < count; i++) {
         uint64_t b = 0;
-        if (qw[i]->k != qw[0]->k || !cuda_mmq_supported(qw[i]->type, qw[i]->k) ||
-            !choice_known(cb, qw[i], n, &choice[i], &key) || !is_mmq(choice[i]) ||
+        if (qw[i]->k != qw[0]->k || !choice_known(cb, qw[i], n, &choice[i], &key) || !is_mmq(choice[i]) ||
             cuda_mmq_scratch_bytes(&cb->ctx, qw[i]->rows, qw[i]->k, n, &b, &e) != SMELT_OK)
             return false;
         if (b > need) need = b;
@@ -571,8 +571,7 @@ bool cu_mm_ffn_plan(struct cuda_backend *cb, const struct cuda_qweight *gate, co
                     const struct cuda_qweight *down, int64_t n, int choice[2]) {
     struct mmtune_key key;
     return cu_ok(cb) && n > CUDA_MMV_MAX_N && gate->type == up->type && gate->k == up->k && gate->rows == up->rows &&
-           gate->rows % 16 == 0 && down->k == gate->rows && cuda_mmq_supported(gate->type, gate->k) &&
-           cuda_mmq_supported(down->type, down->k) && choice_known(cb, gate, n, &choice[0], &key) &&
+           gate->rows % 16 == 0 && down->k == gate->rows && choice_known(cb, gate, n, &choice[0], &key) &&
            choice_known(cb, down, n, &choice[1], &key) && is_mmq(choice[0]) && is_mmq(choice[1]);
 }
 

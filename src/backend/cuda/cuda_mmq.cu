@@ -173,10 +173,10 @@ struct mmq_args {
     int glu;
     const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
-    /* a GLU product's output as the next product's f16 activations (NULL: y): (n, rows / 2)
-     * in xh's layout, and that product's split-tile counters, zeroed by block 0 */
-    __half *yh;
-    int *cnt_out;
+    /* a GLU product's output as the next product's f16 activations (NULL: y): that product's
+     * scratch, (n, rows / 2) at mmq_xh in xh's layout, its split-tile counters (mmq_cnt)
+     * zeroed by block 0 */
+    void *h16;
     float *work;                       /* 2 partial tiles per block (part_of) */
     int *cnt;                          /* split-tile counters, MMQ_MAX_BLOCKS */
     long long units;                   /* tiles * nsb */
@@ -699,7 +699,7 @@ static __device__ __forceinline__ void store_glu(const mmq_args &a, const float 
                 if (row < a.rows && tok < a.n) {
                     const long long o = (long long)tok * (a.rows >> 1) + (((row >> 4) << 3) | g);
                     const float h = glu_val(ACT, v[rt][nt][i], v[rt][nt][i + 2]);
-                    if (H16) a.yh[mmq_pos(o)] = mmq_f16(h); /* (rows / 2 is a multiple of 16) */
+                    if (H16) mmq_xh(a.h16)[mmq_pos(o)] = mmq_f16(h); /* (rows / 2 is a multiple of 16) */
                     else a.y[o] = h;
                 }
             }
@@ -712,7 +712,7 @@ template <int RT, int NT, int RS>
 static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
                                                int row0, int tok0, int wrow0, int wtok0, int lane) {
 #define MMQ_GLU_STORE(act)                                                                \
-    return a.yh ? store_glu<RT, NT, RS, act, true>(a, v, row0, tok0, wrow0, wtok0, lane)  \
+    return a.h16 ? store_glu<RT, NT, RS, act, true>(a, v, row0, tok0, wrow0, wtok0, lane)  \
                 : store_glu<RT, NT, RS, act, false>(a, v, row0, tok0, wrow0, wtok0, lane)
     switch (a.glu) {
     case 0: break;
@@ -833,7 +833,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
     const int wrow0 = C::WG ? (warp >> 2) * 64 * RT + (warp & 3) * 16 : (warp % C::WM) * 16 * RT;
     const int wtok0 = C::WG ? 0 : (warp / C::WM) * 8 * NT;
     mmq_args a = a_in;
-    if (a.cnt_out) mmq_zero_cnt(a.cnt_out); /* (the next product runs after this launch) */
+    if (a.h16) mmq_zero_cnt(mmq_cnt(a.h16)); /* (the next product runs after this launch) */
     if (a.tile_eid) { /* by id: the used token tiles are a prefix; the work is known here only */
         int *used_s = (int *)(smem + C::CTRL) + 1; /* (the fixup's flag is word 0) */
         if (tid == 0) *used_s = 0;
@@ -1189,8 +1189,7 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
     a.y = y;
-    a.yh = h16 ? mmq_xh(h16) : NULL;
-    a.cnt_out = h16 ? mmq_cnt(h16) : NULL;
+    a.h16 = h16;
     a.units = p.units;
     a.rows = (int)rows;
     a.k = (int)w->k;
@@ -1299,8 +1298,7 @@ extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
     a.y = y;
-    a.yh = NULL;
-    a.cnt_out = NULL;
+    a.h16 = NULL;
     a.units = p.units;
     a.rows = (int)rows_e;
     a.k = (int)w->k;

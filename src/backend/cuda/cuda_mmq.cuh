@@ -2,8 +2,9 @@
  * cuda_mmq_quantize: in the scratch, after the split-tile counters (which the writer zeroes,
  * as cuda_mmq_quantize does), row r's k values at xh + r k, each 16-group stored as its 8
  * even positions then its 8 odd ones (cuda_mmq.cu's file comment says why), values clamped
- * to +-65504 (NaN stays NaN). The MoE prefill's gather and GLU write them (cuda_moe.cu,
- * cuda_elem.cu): the f32 rows they replace were only read by the conversion. */
+ * to +-65504 (NaN stays NaN). The MoE prefill's gather and GLU (cuda_moe.cu, cuda_elem.cu), the
+ * RMSNorm before a product group (cuda_norm.cu) and the dense GLU launch (cuda_mmq.cu's h16)
+ * write them: the f32 rows they replace were only read by the conversion. */
 #ifndef SMELT_CUDA_MMQ_CUH
 #define SMELT_CUDA_MMQ_CUH
 

@@ -12,32 +12,23 @@ extern "C" {
 
 /* ---------------------------------------------------------------- kernels ---- */
 
-/* One block per row (rms_inv). */
-static __global__ void rms_norm_kernel(float *dst, const float *x,
-                                       const float *__restrict__ w, int64_t n, int64_t xs, int64_t ds,
-                                       float eps) {
+/* One block per row (rms_inv). H16: the values stored as the mmq products' f16 activations
+ * (dst is their scratch: cuda_mmq.cuh's mmq_pos, mmq_f16; the counters zeroed) instead of f32
+ * rows ds apart: the bits of the f32 form then cuda_mmq_quantize, in one pass. */
+template <bool H16>
+static __global__ void rms_norm_kernel(void *dst, const float *x, const float *__restrict__ w, int64_t n, int64_t xs,
+                                       int64_t ds, float eps) {
     if (w) l2_prefetch(w, (size_t)n * sizeof(float)); /* read after the sum of squares */
     pdl_wait();
     pdl_trigger();
+    if (H16) mmq_zero_cnt(mmq_cnt(dst));
     const float *xr = x + blockIdx.x * xs;
-    float *dr = dst + blockIdx.x * ds;
     const float inv = rms_inv(xr, n, eps, blockDim.x);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
-}
-
-/* rms_norm_kernel's values (the same sums, the same product) stored as the mmq products' f16
- * activations (cuda_mmq.cuh: mmq_pos, mmq_f16) instead of f32, the counters zeroed: the bits
- * that rms_norm_kernel then cuda_mmq_quantize make, in one pass. */
-static __global__ void rms_norm_h16_kernel(void *scratch, const float *x, const float *__restrict__ w, int64_t n,
-                                           int64_t xs, float eps) {
-    if (w) l2_prefetch(w, (size_t)n * sizeof(float));
-    pdl_wait();
-    pdl_trigger();
-    mmq_zero_cnt(mmq_cnt(scratch));
-    const float *xr = x + blockIdx.x * xs;
-    __half *hr = mmq_xh(scratch) + blockIdx.x * n;
-    const float inv = rms_inv(xr, n, eps, blockDim.x);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) hr[mmq_pos(i)] = mmq_f16(xr[i] * inv * (w ? w[i] : 1.0f));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] * inv * (w ? w[i] : 1.0f);
+        if (H16) mmq_xh(dst)[blockIdx.x * n + mmq_pos(i)] = mmq_f16(v);
+        else ((float *)dst)[blockIdx.x * ds + i] = v;
+    }
 }
 
 /* dst = act(gate) * (x / sqrt(mean(x^2) + eps) * w) over groups of n contiguous elements, a
@@ -120,13 +111,15 @@ static __global__ void layer_norm_kernel(float *dst, const float *x, const float
 extern "C" void cuda_rms_norm(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, int64_t n, int64_t rows,
                               int64_t x_stride, int64_t dst_stride, float eps) {
     const int tb = rms_threads(n);
-    klaunch(rms_norm_kernel, dim3((unsigned)rows), dim3(tb), 0, ctx, dst, x, w, n, x_stride, dst_stride, eps);
+    klaunch(rms_norm_kernel<false>, dim3((unsigned)rows), dim3(tb), 0, ctx, (void *)dst, x, w, n, x_stride,
+            dst_stride, eps);
 }
 
 extern "C" void cuda_rms_norm_h16(struct cuda_ctx *ctx, void *scratch, const float *x, const float *w, int64_t n,
                                   int64_t rows, int64_t x_stride, float eps) {
     const int tb = rms_threads(n);
-    klaunch(rms_norm_h16_kernel, dim3((unsigned)rows), dim3(tb), 0, ctx, scratch, x, w, n, x_stride, eps);
+    klaunch(rms_norm_kernel<true>, dim3((unsigned)rows), dim3(tb), 0, ctx, scratch, x, w, n, x_stride, (int64_t)0,
+            eps);
 }
 
 extern "C" void cuda_norm_gate(struct cuda_ctx *ctx, float *dst, const float *x, const float *w, const float *gate,
