@@ -1225,31 +1225,30 @@ static void test_gpu_embeddings(void) {
     json_decref(man);
 }
 
-int main(void) {
-    if (cuda_device_count() == 0) {
-        printf("SKIP test_cuda_forward: no CUDA device on this machine\n");
-        return 77;
-    }
+/* The backends every check uses (the CUDA emulator's driver, drivers/forward.c, too): the CPU
+ * (fast and exact), the GPU, the GPU with F32 activations (no cuBLAS gemm) and the GPU without
+ * the small-batch kernel, which traces. */
+static bool backends_new(void) {
     struct err e;
     if (cpu_backend_new(&cpu, 0, &e) != SMELT_OK || cuda_backend_new(&gpu, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
-        return 1;
+        return false;
     }
     if (cpu_backend_new(&cpu_exact, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
-        return 1;
+        return false;
     }
     cpu_backend_set_exact(cpu_exact, true);
     setenv("SMELT_GEMM_MIN_ROWS", "1000000000", 1); /* read when a backend is created */
     if (cuda_backend_new(&gpu_f32act, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
-        return 1;
+        return false;
     }
     unsetenv("SMELT_GEMM_MIN_ROWS");
     setenv("SMELT_MM_PATH", "legacy", 1);
     if (cuda_backend_new(&gpu_nommb, 0, &e) != SMELT_OK) {
         fprintf(stderr, "backend: %s\n", e.msg);
-        return 1;
+        return false;
     }
     unsetenv("SMELT_MM_PATH");
     /* The batch trace compares a row alone with the same row in a 3-row step op by op, so
@@ -1257,6 +1256,23 @@ int main(void) {
      * deltanet_fused_rows rows and three ops above (the same bits either way), so the
      * backend that traces takes the two launches at every row count of the check. */
     cu_of(gpu_nommb)->deltanet_fused_rows = 64;
+    return true;
+}
+
+static void backends_free(void) {
+    bk_free(gpu_nommb);
+    bk_free(gpu_f32act);
+    bk_free(cpu_exact);
+    bk_free(cpu);
+    bk_free(gpu);
+}
+
+int main(void) {
+    if (cuda_device_count() == 0) {
+        printf("SKIP test_cuda_forward: no CUDA device on this machine\n");
+        return 77;
+    }
+    if (!backends_new()) return 1;
     T_RUN(test_step_uploads);
     T_RUN(test_gpu_vs_reference);
     T_RUN(test_gpu_mixed_batches);
@@ -1266,11 +1282,7 @@ int main(void) {
     T_RUN(test_real_models);
     T_RUN(test_gpu_embeddings);
     T_RUN(test_real_minilm);
-    bk_free(gpu_nommb);
-    bk_free(gpu_f32act);
-    bk_free(cpu_exact);
-    bk_free(cpu);
-    bk_free(gpu);
+    backends_free();
     return t_done();
 }
 #endif

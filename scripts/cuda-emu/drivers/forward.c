@@ -11,13 +11,7 @@ static const char *g_path;
 static int g_strict;
 static void one(void) { check_model(g_path, g_strict == 1 ? REAL : g_strict == 2 ? QUANTIZED : RANDOM); }
 int main(int argc, char **argv) {
-    struct err e;
-    if (cpu_backend_new(&cpu, 0, &e) != SMELT_OK || cpu_backend_new(&cpu_exact, 0, &e) != SMELT_OK ||
-        cuda_backend_new(&gpu, 0, &e) != SMELT_OK) {
-        fprintf(stderr, "backend: %s\n", e.msg);
-        return 1;
-    }
-    cpu_backend_set_exact(cpu_exact, true);
+    if (!backends_new()) return 1; /* test_cuda_forward's: checks use all five */
     if (argc == 2 && !strcmp(argv[1], "embed")) {
         T_RUN(test_gpu_embeddings);
         T_RUN(test_real_minilm);
@@ -28,8 +22,6 @@ int main(int argc, char **argv) {
     } else {
         T_RUN(test_fixtures);
     }
-    bk_free(gpu);
-    bk_free(cpu_exact);
-    bk_free(cpu);
+    backends_free();
     return t_done();
 }
