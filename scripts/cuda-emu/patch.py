@@ -81,8 +81,10 @@ def main():
             t = rewrite(t, r'asm volatile\("" : "\+f"\(v\)::"memory"\);', "(void)v;", "wgmma pin")
             t = rewrite(t, r'asm volatile\("fence\.proxy\.async\.shared::cta;\\n" ::: "memory"\);', "",
                         "wgmma smem fence")
-            t = rewrite(t, r'asm volatile\(\s*"\{\\n\.reg \.pred p;.*?"n"\(1\)\);', "emu_wgmma(&d[0][0], a, desc, 128);",
-                        "wgmma m64n128k16")
+            t = rewrite(t, r'asm volatile\(\s*"\{\\n\.reg \.pred p;[^"]*"\s*"wgmma\.mma_async\.sync\.aligned\.m64n128k16.*?"n"\(1\)\);',
+                        "emu_wgmma(&d[0][0], a, desc, 128);", "wgmma m64n128k16")
+            t = rewrite(t, r'asm volatile\(\s*"\{\\n\.reg \.pred p;[^"]*"\s*"wgmma\.mma_async\.sync\.aligned\.m64n64k16.*?"n"\(1\)\);',
+                        "emu_wgmma(&d[0][0], a, desc, 64);", "wgmma m64n64k16")
         if p.name in ("cuda_mmq.cu", "cuda_mmb.cu"):
             t = rewrite(t, r"extern __shared__ __align__\((?:16|1024)\) unsigned char (\w+)\[\];",
                         r"unsigned char *\1 = (unsigned char *)emu::dyn_smem();", f"{p.stem} extern shared")

@@ -33,7 +33,7 @@ extern "C" {
 #define CUDA_TOPK_COUNTERS 1024    /* top-k's per-row merge counters (cuda_sample.cu) */
 #define CUDA_MMB_COUNTERS 65536    /* the small-batch matmul's row-tile counters (cuda_mmb.cu) */
 #define CUDA_MMQ_TYPES 4           /* Q4_K, Q6_K, Q8_0, MXFP4 (cuda_mmq.cu) */
-#define CUDA_MMQ_TILES 9           /* cuda_mmq_tile_count() */
+#define CUDA_MMQ_TILES 11          /* cuda_mmq_tile_count() */
 
 struct cuda_ctx {
     int device;           /* the CUDA device (an index among the visible ones) */

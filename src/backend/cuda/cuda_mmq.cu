@@ -105,6 +105,8 @@ static constexpr int tiles[][6] = {
     {4, 2, 2, 4, 1, 0},  /* 128 x 64 */
     {2, 1, 1, 16, 1, 1}, /* 128 x 128, wgmma */
     {2, 1, 2, 16, 1, 1}, /* 256 x 128, wgmma (Q4_K and MXFP4: the others' stages do not fit) */
+    {2, 1, 1, 8, 1, 1},  /* 128 x 64, wgmma (m64n64k16: batched decode and short chunks) */
+    {2, 1, 2, 8, 1, 1},  /* 256 x 64, wgmma */
 };
 #define N_TILES ((int)(sizeof tiles / sizeof tiles[0]))
 
@@ -159,7 +161,7 @@ template <uint32_t T, int I> struct mmq_cfg {
     static constexpr int SMEM = CTRL + 16;
     static_assert((WG ? 4 * WM : WM) * WN * 32 == MMQ_THREADS, "8 warps");
     static_assert(NT % 2 == 0, "ldmatrix.x4 loads two token tiles");
-    static_assert(!WG || (WM == 2 && WN == 1 && NT == 16), "wgmma: two warpgroups x 128 tokens");
+    static_assert(!WG || (WM == 2 && WN == 1 && (NT == 16 || NT == 8)), "wgmma: two warpgroups x 128 or 64 tokens");
     static_assert(STAGE % 16 == 0 && S % 16 == 0 && D % 16 == 0 && X % 16 == 0 && SB % 16 == 0,
                   "16-byte aligned regions");
     static_assert(BM * BN == MMQ_THREADS * NACC, "a partial tile is NACC floats per thread");
@@ -494,9 +496,11 @@ static __device__ __forceinline__ void chunk_mma(float (&acc)[C::RT][C::NT][4], 
     if constexpr (C::WG) {
         wg_fence();
 #pragma unroll
-        for (int rt = 0; rt < C::RT; rt++)
-            wgmma_n128(acc[rt], af[rt],
-                       desc + (uint64_t)(((chunk >> 2) * C::BN * 128 + (chunk & 3) * 32) >> 4));
+        for (int rt = 0; rt < C::RT; rt++) {
+            const uint64_t dc = desc + (uint64_t)(((chunk >> 2) * C::BN * 128 + (chunk & 3) * 32) >> 4);
+            if constexpr (C::NT == 16) wgmma_n128(acc[rt], af[rt], dc);
+            else wgmma_n64(acc[rt], af[rt], dc);
+        }
         wg_commit();
         wg_wait<1>();
     } else {
@@ -895,7 +899,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, mmq_cfg<T, I>::MINB) mmq_k
 /* --------------------------------------------------------------- launchers ---- */
 
 template <uint32_t T> static int smem_of(int tile) {
-    static_assert(N_TILES == 9, "one case per tile below");
+    static_assert(N_TILES == 11, "one case per tile below");
     switch (tile) {
     case 0: return mmq_cfg<T, 0>::SMEM;
     case 1: return mmq_cfg<T, 1>::SMEM;
@@ -905,7 +909,9 @@ template <uint32_t T> static int smem_of(int tile) {
     case 5: return mmq_cfg<T, 5>::SMEM;
     case 6: return mmq_cfg<T, 6>::SMEM;
     case 7: return mmq_cfg<T, 7>::SMEM;
-    default: return mmq_cfg<T, 8>::SMEM;
+    case 8: return mmq_cfg<T, 8>::SMEM;
+    case 9: return mmq_cfg<T, 9>::SMEM;
+    default: return mmq_cfg<T, 10>::SMEM;
     }
 }
 
@@ -951,6 +957,8 @@ template <uint32_t T> static cudaError_t query_type(int *occ, int smem_max, int 
     if (ce == cudaSuccess) ce = query_occ<T, 6>(&occ[6], smem_max, wgmma);
     if (ce == cudaSuccess) ce = query_occ<T, 7>(&occ[7], smem_max, wgmma);
     if (ce == cudaSuccess) ce = query_occ<T, 8>(&occ[8], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 9>(&occ[9], smem_max, wgmma);
+    if (ce == cudaSuccess) ce = query_occ<T, 10>(&occ[10], smem_max, wgmma);
     return ce;
 }
 
@@ -1033,7 +1041,9 @@ template <uint32_t T> static cudaError_t launch_type(const mmq_args &a, int tile
     case 5: return launch_tile<T, 5>(a, st);
     case 6: return launch_tile<T, 6>(a, st);
     case 7: return launch_tile<T, 7>(a, st);
-    default: return launch_tile<T, 8>(a, st);
+    case 8: return launch_tile<T, 8>(a, st);
+    case 9: return launch_tile<T, 9>(a, st);
+    default: return launch_tile<T, 10>(a, st);
     }
 }
 
