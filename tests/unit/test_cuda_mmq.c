@@ -320,6 +320,138 @@ static void test_mmq_big_x(void) {
     check_weight(QT_Q4_K, 300, 1024, ns, 2, 1);
 }
 
+/* count matrices of one type stacked in one launch (cuda_mmq_stack_pre), rows[i] x k each:
+ * one weight of their summed rows is quantized and its row ranges uploaded as separate
+ * matrices, so each output is checked against its rows of one reference, at every tile; every
+ * output written, nothing past any of them; the refusals of mismatched stacks. */
+static void check_stack(uint32_t type, const int64_t *rows, int count, int64_t k, const int *ns, int n_ns) {
+    int64_t total = 0, off[CUDA_MMQ_STACK + 1] = {0};
+    for (int i = 0; i < count; i++)
+        off[i + 1] = total += rows[i];
+    if (skip_big(type, total, k)) return;
+    float *w16 = malloc(sizeof(float) * (size_t)(total * k)), *deq = malloc(sizeof(float) * (size_t)(total * k));
+    if (!w16 || !deq) abort();
+    unsigned char *hw = make_weights(type, total, k, w16, deq, &g_seed);
+    const uint64_t rb = qtype_row_size(type, k);
+    struct cuda_qweight qw[CUDA_MMQ_STACK];
+    const struct cuda_qweight *qp[CUDA_MMQ_STACK];
+    struct err e;
+    memset(qw, 0, sizeof qw);
+    int nmax = 0;
+    for (int i = 0; i < n_ns; i++)
+        nmax = ns[i] > nmax ? ns[i] : nmax;
+    float *x = malloc(sizeof(float) * (size_t)(nmax * k)), *y = malloc(sizeof(float) * (size_t)(nmax * rows[0] + GUARD));
+    double *yq = malloc(sizeof(double) * (size_t)(nmax * total)), *yx = malloc(sizeof(double) * (size_t)(nmax * total)),
+           *mag = malloc(sizeof(double) * (size_t)(nmax * total));
+    float *dx = NULL, *dy[CUDA_MMQ_STACK] = {NULL};
+    void *scratch = NULL;
+    uint64_t sbytes = 0;
+    if (!x || !y || !yq || !yx || !mag) abort();
+    for (int i = 0; i < count; i++) {
+        T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw[i], type, hw + off[i] * rb, rows[i], k, &e), SMELT_OK);
+        qp[i] = &qw[i];
+        y = realloc(y, sizeof(float) * (size_t)(nmax * (rows[i] > rows[0] ? rows[i] : rows[0]) + GUARD));
+        if (!y) abort();
+        CK(cudaMalloc((void **)&dy[i], sizeof(float) * (nmax * rows[i] + GUARD)));
+    }
+    T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, total, k, nmax, &sbytes, &e), SMELT_OK);
+    CK(cudaMalloc((void **)&dx, sizeof(float) * nmax * k));
+    CK(cudaMalloc(&scratch, sbytes));
+    for (int ni = 0; ni < n_ns; ni++) {
+        const int n = ns[ni];
+        int64_t stride = (int64_t)((double)total * k * n / 3e7);
+        if (stride < 1) stride = 1;
+        for (int64_t i = 0; i < n * k; i++)
+            x[i] = t_randn(&g_seed);
+        for (int m = 0; m < count; m++) /* each matrix's references, (n, rows[m]) from yq + n off[m] */
+            for (int64_t r = 0; r < rows[m]; r++) {
+                if (!row_checked(r, rows[m], stride)) continue;
+                const float *wr = w16 + (off[m] + r) * k, *dr = deq + (off[m] + r) * k;
+                for (int t = 0; t < n; t++) {
+                    double a = 0, b = 0, mg = 0;
+                    for (int64_t i = 0; i < k; i++) {
+                        const double p = (double)wr[i] * x16(x[t * k + i]);
+                        a += p;
+                        mg += fabs(p);
+                        b += (double)dr[i] * x[t * k + i];
+                    }
+                    const int64_t o = n * off[m] + t * rows[m] + r;
+                    yq[o] = a;
+                    yx[o] = b;
+                    mag[o] = mg;
+                }
+            }
+        CK(cudaMemcpy(dx, x, sizeof(float) * n * k, cudaMemcpyHostToDevice));
+        for (int tile = CUDA_MMQ_TILE_AUTO; tile < cuda_mmq_tile_count(); tile++) {
+            for (int m = 0; m < count; m++) {
+                for (int64_t i = 0; i < n * rows[m]; i++)
+                    y[i] = NAN;
+                for (int i = 0; i < GUARD; i++)
+                    y[n * rows[m] + i] = SENTINEL;
+                CK(cudaMemcpy(dy[m], y, sizeof(float) * (n * rows[m] + GUARD), cudaMemcpyHostToDevice));
+            }
+            smelt_status st = cuda_mmq_quantize(&g_ctx, dx, k, n, scratch, &e);
+            if (st == SMELT_OK) st = cuda_mmq_stack_pre(&g_ctx, qp, count, n, dy, scratch, sbytes, tile, &e);
+            if (st == SMELT_ERR_UNSUPPORTED && tile != CUDA_MMQ_TILE_AUTO) continue; /* too much smem here */
+            T_CHECKF(st == SMELT_OK, "%s", e.msg);
+            if (st != SMELT_OK) continue;
+            CK(cudaDeviceSynchronize());
+            struct cuda_qweight whole = qw[0]; /* the launch's shape: its tile and grid */
+            whole.rows = total;
+            int bm = 0, bn = 0;
+            cuda_mmq_tile_shape(tile == CUDA_MMQ_TILE_AUTO ? cuda_mmq_tile_auto(&g_ctx, &whole, n) : tile, &bm, &bn);
+            for (int m = 0; m < count; m++) {
+                CK(cudaMemcpy(y, dy[m], sizeof(float) * (n * rows[m] + GUARD), cudaMemcpyDeviceToHost));
+                char what[32];
+                snprintf(what, sizeof what, "stack %d/%d", m + 1, count);
+                compare(what, type, rows[m], k, n, bm, bn, cuda_mmq_grid(&g_ctx, &whole, n, tile), y, yq + n * off[m],
+                        mag + n * off[m],
+                        yx + n * off[m], stride, 0);
+            }
+        }
+    }
+    if (count > 1) { /* refused: another type or row length in the stack, no matrices, too many */
+        struct cuda_qweight q2 = qw[1];
+        const struct cuda_qweight *bad[CUDA_MMQ_STACK + 1] = {&qw[0], &q2, &qw[0], &qw[0]};
+        q2.k = k + 256;
+        T_EQ_INT(cuda_mmq_stack_pre(&g_ctx, bad, 2, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+        q2.k = k;
+        q2.type = type == QT_Q4_K ? QT_Q6_K : QT_Q4_K;
+        T_EQ_INT(cuda_mmq_stack_pre(&g_ctx, bad, 2, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+        T_EQ_INT(cuda_mmq_stack_pre(&g_ctx, bad, 0, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+        T_EQ_INT(cuda_mmq_stack_pre(&g_ctx, bad, CUDA_MMQ_STACK + 1, 16, dy, scratch, sbytes, CUDA_MMQ_TILE_AUTO, &e),
+                 SMELT_ERR_INVALID);
+    }
+out:
+    for (int i = 0; i < count; i++) {
+        cuda_qweight_free(&qw[i]);
+        cudaFree(dy[i]);
+    }
+    cudaFree(dx);
+    cudaFree(scratch);
+    free(hw);
+    free(w16);
+    free(deq);
+    free(x);
+    free(y);
+    free(yq);
+    free(yx);
+    free(mag);
+}
+
+static void test_mmq_stack(void) {
+    const int ns[] = {9, 33, 64, 100, 512};
+    const int64_t qkv[3] = {4096, 1024, 1024}, odd[3] = {67, 40, 21}, two[2] = {136, 40};
+    check_stack(QT_Q4_K, odd, 3, 768, ns, 5); /* a tile holds rows of all three */
+    check_stack(QT_Q4_K, qkv, 3, 4096, ns, 5); /* Llama-3-8B's Q, K and V */
+    check_stack(QT_Q6_K, two, 2, 512, ns, 5);
+    check_stack(QT_Q8_0, odd, 3, 896, ns, 5);
+    check_stack(QT_MXFP4, two, 2, 2880, ns, 5);
+}
+
 /* act(g) * u in double, act as cuda_glu.cuh's glu_val. */
 static double glu_ref(int act, double g, double u) {
     if (act == 3) {
@@ -843,8 +975,8 @@ static void test_mmq_tuned(void) {
  * without accumulation and the norm; on a measuring backend the first call declines (its
  * products are not measured yet: the composed ops measure them), and a later one gives the
  * composed bits whichever paths the measuring chose. Likewise bk_matmul_group through a norm
- * (Q, K, V: one f16 input from the norm's launch for all three where each path is a tile)
- * against bk_rms_norm and one bk_matmul a product. */
+ * (Q, K, V: one f16 input from the norm's launch for all three, stacked in one launch where
+ * each path is a tile) against bk_rms_norm and bk_matmul_group on its output. */
 static int ffn_step(struct backend *b, struct tensor *const w[3], const struct prenorm *pre, const float *x,
                     const float *y0, int64_t n_embd, int64_t n_ff, int n, bool acc, bool by_hand, float *y,
                     struct err *e) {
@@ -866,7 +998,8 @@ static int ffn_step(struct backend *b, struct tensor *const w[3], const struct p
     return bk_sync(b, e) == SMELT_OK ? fused : -2;
 }
 
-/* Q, K and V of one normed input: bk_matmul_group, or by hand; y holds the three outputs. */
+/* Q, K and V of one normed input: bk_matmul_group through the norm, or on the input bk_rms_norm
+ * made (by hand); y holds the three outputs. */
 static smelt_status qkv_step(struct backend *b, struct tensor *const w[3], const struct prenorm *pre, const float *x,
                              const int64_t rows[3], int64_t k, int n, bool by_hand, float *y, struct err *e) {
     bk_step_begin(b);
@@ -874,13 +1007,12 @@ static smelt_status qkv_step(struct backend *b, struct tensor *const w[3], const
     for (int i = 0; i < 3; i++)
         yt[i] = bk_new(b, QT_F32, rows[i], n, 1);
     bk_upload(b, xt, x, sizeof(float) * (size_t)(k * n));
+    const struct tensor *wc[3] = {w[0], w[1], w[2]}, *bias[3] = {NULL, NULL, NULL};
     if (by_hand) {
         struct tensor *h = bk_new(b, QT_F32, k, n, 1);
         bk_rms_norm(b, h, xt, pre->w, pre->eps);
-        for (int i = 0; i < 3; i++)
-            bk_matmul(b, yt[i], w[i], h);
+        bk_matmul_group(b, 3, yt, wc, bias, h, NULL);
     } else {
-        const struct tensor *wc[3] = {w[0], w[1], w[2]}, *bias[3] = {NULL, NULL, NULL};
         bk_matmul_group(b, 3, yt, wc, bias, xt, pre);
     }
     for (int i = 0, at = 0; i < 3; at += (int)rows[i] * n, i++)
@@ -957,7 +1089,7 @@ static void test_ffn_op(void) {
             int diff = 0;
             for (int64_t i = 0; i < 3 * n_ff * n; i++)
                 diff += memcmp(&ga[i], &gb[i], sizeof(float)) != 0;
-            printf("matmul group %s through a norm: %d of %lld outputs differ from norm + products\n",
+            printf("matmul group %s through a norm: %d of %lld outputs differ from the norm's launch, then the group\n",
                    forced ? "tile 0 forced" : "measuring", diff, (long long)(3 * n_ff * n));
             T_CHECKF(diff == 0, "matmul group: %d outputs differ", diff);
         }
@@ -1506,6 +1638,7 @@ int main(void) {
     T_RUN(test_mmq_q8_0);
     T_RUN(test_mmq_mxfp4);
     T_RUN(test_mmq_glu);
+    T_RUN(test_mmq_stack);
     T_RUN(test_mmq_big_x);
     T_RUN(test_mmq_graph);
     T_RUN(test_mmq_tuned);

@@ -265,7 +265,8 @@ struct mm_src {
 };
 /* y[i] = W_i x' for count (<= 8) products of one row length on one input, when every one's
  * path is an mmq tile known without measuring at this call and n > CUDA_MMV_MAX_N: one f16
- * form of x' for all of them (the norm's own launch writes it), then the products; false
+ * form of x' for all of them (the norm's own launch writes it), then the products, neighbours
+ * of one type stacked in one launch (cuda_mmq_stack_pre: a layer's Q, K and V); false
  * (nothing done) otherwise. */
 bool cu_mm_group_mmq(struct cuda_backend *cb, int count, const struct cuda_qweight *const *qw,
                      const struct mm_src *src, int64_t n, float *const *y);

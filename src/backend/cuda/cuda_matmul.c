@@ -543,20 +543,34 @@ bool cu_mm_group_mmq(struct cuda_backend *cb, int count, const struct cuda_qweig
     struct err e;
     uint64_t need = 0;
     if (!cu_ok(cb) || n <= CUDA_MMV_MAX_N || count < 1 || count > 8) return false;
-    for (int i = 0; i < count; i++) {
-        uint64_t b = 0;
-        if (qw[i]->k != qw[0]->k || !choice_known(cb, qw[i], n, &choice[i], &key) || !is_mmq(choice[i]) ||
-            cuda_mmq_scratch_bytes(&cb->ctx, qw[i]->rows, qw[i]->k, n, &b, &e) != SMELT_OK)
+    for (int i = 0; i < count; i++)
+        if (qw[i]->k != qw[0]->k || !choice_known(cb, qw[i], n, &choice[i], &key) || !is_mmq(choice[i]))
             return false;
+    /* runs of neighbours of one type stack into one launch (cuda_mmq_stack_pre), on the tile
+     * measured for the run's first (a layer's Q: the largest) */
+    int end[8];
+    for (int i = 0; i < count;) {
+        int j = i + 1;
+        int64_t rows = qw[i]->rows;
+        while (j < count && j - i < CUDA_MMQ_STACK && qw[j]->type == qw[i]->type)
+            rows += qw[j++]->rows;
+        uint64_t b = 0;
+        if (cuda_mmq_scratch_bytes(&cb->ctx, rows, qw[i]->k, n, &b, &e) != SMELT_OK) return false;
         if (b > need) need = b;
+        end[i] = j;
+        i = j;
     }
     size_t mark = cu_scratch_mark(&cb->base);
     void *sc = cu_scratch(cb, need);
     if (!sc) return true; /* cu_scratch failed the backend */
     smelt_status st = mmq_input(cb, src, qw[0]->k, n, sc, &e);
-    for (int i = 0; i < count && st == SMELT_OK; i++) { /* one f16 form serves them all */
-        st = cuda_mmq_pre(&cb->ctx, qw[i], n, y[i], sc, need, 0, choice[i], &e);
-        cu_prof_mark(cb, qw[i]->bytes, "mmq %s %lldx%lld n=%lld (shared f16 input)", qtype_name(qw[i]->type),
+    for (int i = 0; i < count && st == SMELT_OK; i = end[i]) { /* one f16 form serves them all */
+        const int c = end[i] - i;
+        uint64_t wb = 0;
+        for (int t = i; t < end[i]; t++) wb += qw[t]->bytes;
+        st = c == 1 ? cuda_mmq_pre(&cb->ctx, qw[i], n, y[i], sc, need, 0, choice[i], &e)
+                    : cuda_mmq_stack_pre(&cb->ctx, qw + i, c, n, y + i, sc, need, choice[i], &e);
+        cu_prof_mark(cb, wb, "mmq %s x%d %lldx%lld n=%lld (shared f16 input)", qtype_name(qw[i]->type), c,
                      (long long)qw[i]->rows, (long long)qw[i]->k, (long long)n);
     }
     if (st != SMELT_OK) {

@@ -173,6 +173,12 @@ struct mmq_args {
      * arrays, w*2 the up's, and the launch's rows interleave them (wrow_of) */
     const unsigned char *wq2, *ws2, *wd2;
     int glu;
+    /* a stacked launch (cuda_mmq_stack_pre; glu 0): launch rows [0, r1) are matrix 0's (w*,
+     * y), [r1, r2) matrix 1's (w*2, y2), [r2, rows) matrix 2's (w*3, y3), each output (n, its
+     * rows); every other launch has r1 = r2 = rows */
+    const unsigned char *wq3, *ws3, *wd3;
+    float *y2, *y3;
+    int r1, r2;
     const __half *xh;                  /* (n, k) f16 activations, 16-groups reordered */
     float *y;                          /* (n, rows) */
     /* a GLU product's output as the next product's f16 activations (NULL: y): that product's
@@ -239,7 +245,11 @@ struct wrow {
     long long r;
 };
 static __device__ __forceinline__ wrow wrow_of(const mmq_args &a, int gr) {
-    if (!a.glu) return {a.wq, a.ws, a.wd, gr};
+    if (!a.glu) {
+        if (gr < a.r1) return {a.wq, a.ws, a.wd, gr};
+        if (gr < a.r2) return {a.wq2, a.ws2, a.wd2, gr - a.r1};
+        return {a.wq3, a.ws3, a.wd3, gr - a.r2};
+    }
     const bool up = gr & 8;
     return {up ? a.wq2 : a.wq, up ? a.ws2 : a.ws, up ? a.wd2 : a.wd, (long long)(((gr >> 4) << 3) | (gr & 7))};
 }
@@ -426,8 +436,7 @@ static __device__ __forceinline__ void prep_scales(const mmq_args &a, const unsi
             *(uint2 *)(out + 8 * j) = e;
         }
     } else if constexpr (T == QT_Q6_K) {
-        const long long blk =
-            ((long long)p.e * a.rows + min(p.rt * BM + r, a.rows - 1)) * a.nsb + p.s;
+        const long long blk = ((long long)p.e * a.rows + wrow_of(a, min(p.rt * BM + r, a.rows - 1)).r) * a.nsb + p.s;
         const uint32_t dw = *(const uint32_t *)(st + C::D + r * 4);
         const uint32_t d2 = __byte_perm(dw, dw, (blk & 1) ? 0x3232 : 0x1010);
         const uint32_t w[4] = {raw.x ^ 0x80808080u, raw.y ^ 0x80808080u, raw.z ^ 0x80808080u,
@@ -709,12 +718,38 @@ static __device__ __forceinline__ void store_glu(const mmq_args &a, const float 
             }
 }
 
+/* A stacked launch's outputs (store_y): each row to its matrix's y (mmq_args.r1, r2). */
+template <int RT, int NT, int RS>
+static __device__ __forceinline__ void store_stack(const mmq_args &a, const float (&v)[RT][NT][4],
+                                                   int row0, int tok0, int wrow0, int wtok0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int i2 = 0; i2 < 2; i2++) {
+            const int row = row0 + wrow0 + rt * RS + g + 8 * i2;
+            if (row >= a.rows) continue;
+            float *y = a.y;
+            int ld = a.r1, r = row;
+            if (row >= a.r2) y = a.y3, ld = a.rows - a.r2, r = row - a.r2;
+            else if (row >= a.r1) y = a.y2, ld = a.r2 - a.r1, r = row - a.r1;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int tok = tok0 + wtok0 + nt * 8 + 2 * t + i;
+                    if (tok < a.n) y[(long long)tok * ld + r] = v[rt][nt][2 * i2 + i];
+                }
+        }
+}
+
 /* y = (or +=) v for this thread's outputs of the tile at (row0, tok0); the warp's first row
  * and token in the tile wrow0, wtok0, its fragments RS rows apart; a GLU launch's through
- * store_glu. */
+ * store_glu, a stacked one's through store_stack. */
 template <int RT, int NT, int RS>
 static __device__ __forceinline__ void store_y(const mmq_args &a, const float (&v)[RT][NT][4],
                                                int row0, int tok0, int wrow0, int wtok0, int lane) {
+    if (a.r1 < a.rows) return store_stack<RT, NT, RS>(a, v, row0, tok0, wrow0, wtok0, lane);
 #define MMQ_GLU_STORE(act)                                                                \
     return a.h16 ? store_glu<RT, NT, RS, act, true>(a, v, row0, tok0, wrow0, wtok0, lane)  \
                 : store_glu<RT, NT, RS, act, false>(a, v, row0, tok0, wrow0, wtok0, lane)
@@ -1146,63 +1181,84 @@ extern "C" smelt_status cuda_mmq_quantize(struct cuda_ctx *ctx, const float *x, 
     return SMELT_OK;
 }
 
-/* cuda_mmq_pre and cuda_mmq_glu_pre: y = (or +=) W x, or act(G x) * (U x) with up != NULL
- * (glu = 1 + act; w is then the gate). */
-static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight *w, const struct cuda_qweight *up,
-                                 int glu, int64_t n, float *y, void *h16, void *scratch, uint64_t scratch_bytes,
+/* cuda_mmq_pre, cuda_mmq_glu_pre and cuda_mmq_stack_pre: y = (or +=) W x; act(G x) * (U x)
+ * with glu = 1 + act (w[0] the gate, w[1] the up, nw = 2); or nw matrices stacked, y[i] =
+ * W_i x (glu 0). */
+static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int nw, int glu,
+                                 int64_t n, float *const *y, void *h16, void *scratch, uint64_t scratch_bytes,
                                  int accumulate, int tile, struct err *e) {
-    if (!cuda_mmq_supported(w->type, w->k))
+    const struct cuda_qweight *w0 = w[0], *up = glu ? w[1] : NULL;
+    if (!cuda_mmq_supported(w0->type, w0->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
-                       qtype_name(w->type), (long long)w->k);
-    if (n < 1 || n > (1 << 24) || w->rows < 1 || w->rows > (1 << 28))
+                       qtype_name(w0->type), (long long)w0->k);
+    int64_t rows = 0;
+    for (int i = 0; i < (glu ? 1 : nw); i++) {
+        if (w[i]->type != w0->type || w[i]->k != w0->k || (nw > 1 && w[i]->rows < 1))
+            return err_set(e, SMELT_ERR_INVALID,
+                           "cuda mmq stack: matrix %d is %s %lld x %lld, matrix 0 %s %lld x %lld (one type and "
+                           "row length)",
+                           i, qtype_name(w[i]->type), (long long)w[i]->rows, (long long)w[i]->k,
+                           qtype_name(w0->type), (long long)w0->rows, (long long)w0->k);
+        rows += w[i]->rows;
+    }
+    if (up) rows = 2 * w0->rows;
+    if (n < 1 || n > (1 << 24) || rows < 1 || rows > (1 << 28))
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: %lld token rows x %lld weight rows",
-                       (long long)n, (long long)w->rows);
-    if (up && (up->type != w->type || up->k != w->k || up->rows != w->rows || w->rows % 8 || glu < 1 || glu > 4 ||
-               accumulate))
+                       (long long)n, (long long)rows);
+    if (up && (up->type != w0->type || up->k != w0->k || up->rows != w0->rows || w0->rows % 8 || glu < 1 ||
+               glu > 4 || accumulate))
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmq glu: gate %s %lld x %lld and up %s %lld x %lld (same shapes and type, rows a "
                        "multiple of 8, act %d of 0..3, no accumulation)",
-                       qtype_name(w->type), (long long)w->rows, (long long)w->k, qtype_name(up->type),
+                       qtype_name(w0->type), (long long)w0->rows, (long long)w0->k, qtype_name(up->type),
                        (long long)up->rows, (long long)up->k, glu - 1);
-    if (h16 && w->rows % 16)
+    if (h16 && w0->rows % 16)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmq glu: f16 output of %lld rows (the activations' layout needs a multiple of 16)",
-                       (long long)w->rows);
-    const int64_t rows = up ? 2 * w->rows : w->rows;
+                       (long long)w0->rows);
     const struct cuda_ctx *d;
     CUDA_TRY(device_facts(ctx, &d), e);
-    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w->type, rows, w->k, n);
+    if (tile == CUDA_MMQ_TILE_AUTO) tile = pick_tile(d, w0->type, rows, w0->k, n);
     if (tile < 0 || tile >= N_TILES)
         return err_set(e, SMELT_ERR_INVALID, "cuda mmq: tile %d (0..%d)", tile, N_TILES - 1);
-    if (!d->mmq_occ[type_index(w->type)][tile])
+    if (!d->mmq_occ[type_index(w0->type)][tile])
         return err_set(e, SMELT_ERR_UNSUPPORTED,
                        "cuda mmq: tile %d needs %d B of shared memory, the device has %d", tile,
-                       smem_bytes_of(w->type, tile), d->smem_optin);
-    const mmq_plan p = plan_of(d, w->type, rows, w->k, n, tile);
-    const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w->k, n) + p.work_bytes;
+                       smem_bytes_of(w0->type, tile), d->smem_optin);
+    const mmq_plan p = plan_of(d, w0->type, rows, w0->k, n, tile);
+    const uint64_t need = MMQ_CNT_BYTES + xh_bytes(w0->k, n) + p.work_bytes;
     if (scratch_bytes < need)
         return err_set(e, SMELT_ERR_INVALID,
                        "cuda mmq: scratch of %llu B, %s %lld x %lld with %lld tokens needs %llu",
-                       (unsigned long long)scratch_bytes, qtype_name(w->type), (long long)rows,
-                       (long long)w->k, (long long)n, (unsigned long long)need);
-    if (!(h16 ? h16 : (void *)y)) return err_set(e, SMELT_ERR_INVALID, "cuda mmq: no output");
+                       (unsigned long long)scratch_bytes, qtype_name(w0->type), (long long)rows,
+                       (long long)w0->k, (long long)n, (unsigned long long)need);
+    for (int i = 0; i < (h16 ? 0 : glu ? 1 : nw); i++)
+        if (!y[i]) return err_set(e, SMELT_ERR_INVALID, "cuda mmq: no output");
+    const struct cuda_qweight *w1 = glu || nw > 1 ? w[1] : NULL, *w2 = !glu && nw > 2 ? w[2] : NULL;
     unsigned char *sc = (unsigned char *)scratch;
     mmq_args a;
-    a.wq = (const unsigned char *)w->q;
-    a.ws = (const unsigned char *)w->s;
-    a.wd = (const unsigned char *)w->d;
-    a.wq2 = up ? (const unsigned char *)up->q : NULL;
-    a.ws2 = up ? (const unsigned char *)up->s : NULL;
-    a.wd2 = up ? (const unsigned char *)up->d : NULL;
-    a.glu = up ? glu : 0;
+    a.wq = (const unsigned char *)w0->q;
+    a.ws = (const unsigned char *)w0->s;
+    a.wd = (const unsigned char *)w0->d;
+    a.wq2 = w1 ? (const unsigned char *)w1->q : NULL;
+    a.ws2 = w1 ? (const unsigned char *)w1->s : NULL;
+    a.wd2 = w1 ? (const unsigned char *)w1->d : NULL;
+    a.wq3 = w2 ? (const unsigned char *)w2->q : NULL;
+    a.ws3 = w2 ? (const unsigned char *)w2->s : NULL;
+    a.wd3 = w2 ? (const unsigned char *)w2->d : NULL;
+    a.glu = glu;
     a.cnt = (int *)sc;
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
-    a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));
-    a.y = y;
+    a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w0->k, n));
+    a.y = h16 ? NULL : y[0];
+    a.y2 = !glu && nw > 1 ? y[1] : NULL;
+    a.y3 = w2 ? y[2] : NULL;
+    a.r1 = glu || nw < 2 ? (int)rows : (int)w0->rows;
+    a.r2 = glu || nw < 3 ? (int)rows : (int)(w0->rows + w1->rows);
     a.h16 = h16;
     a.units = p.units;
     a.rows = (int)rows;
-    a.k = (int)w->k;
+    a.k = (int)w0->k;
     a.n = (int)n;
     a.accumulate = accumulate != 0;
     a.nsb = p.nsb;
@@ -1212,30 +1268,39 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     a.n_tiles_max = 0;
     cudaStream_t st = ctx->stream;
     cudaError_t ce;
-    switch (w->type) {
+    switch (w0->type) {
     case QT_Q4_K: ce = launch_type<QT_Q4_K>(a, tile, st); break;
     case QT_Q6_K: ce = launch_type<QT_Q6_K>(a, tile, st); break;
     case QT_MXFP4: ce = launch_type<QT_MXFP4>(a, tile, st); break;
     default: ce = launch_type<QT_Q8_0>(a, tile, st); break;
     }
     if (ce != cudaSuccess)
-        return err_set(e, SMELT_ERR_DEVICE, "cuda mmq%s: %s %lld x %lld, %lld tokens, tile %d: %s", up ? " glu" : "",
-                       qtype_name(w->type), (long long)rows, (long long)w->k, (long long)n, tile,
-                       cudaGetErrorString(ce));
+        return err_set(e, SMELT_ERR_DEVICE, "cuda mmq%s: %s %lld x %lld, %lld tokens, tile %d: %s",
+                       up ? " glu" : nw > 1 ? " stack" : "", qtype_name(w0->type), (long long)rows, (long long)w0->k,
+                       (long long)n, tile, cudaGetErrorString(ce));
     return SMELT_OK;
 }
 
 extern "C" smelt_status cuda_mmq_pre(struct cuda_ctx *ctx, const struct cuda_qweight *w, int64_t n, float *y,
                                      void *scratch, uint64_t scratch_bytes, int accumulate,
                                      int tile, struct err *e) {
-    return launch_plain(ctx, w, NULL, 0, n, y, NULL, scratch, scratch_bytes, accumulate, tile, e);
+    return launch_plain(ctx, &w, 1, 0, n, &y, NULL, scratch, scratch_bytes, accumulate, tile, e);
 }
 
 extern "C" smelt_status cuda_mmq_glu_pre(struct cuda_ctx *ctx, const struct cuda_qweight *gate,
                                          const struct cuda_qweight *up, int act, int64_t n, float *y,
                                          void *h16, void *scratch, uint64_t scratch_bytes, int tile,
                                          struct err *e) {
-    return launch_plain(ctx, gate, up, act + 1, n, y, h16, scratch, scratch_bytes, 0, tile, e);
+    const struct cuda_qweight *w[2] = {gate, up};
+    return launch_plain(ctx, w, 2, act + 1, n, &y, h16, scratch, scratch_bytes, 0, tile, e);
+}
+
+extern "C" smelt_status cuda_mmq_stack_pre(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count,
+                                           int64_t n, float *const *y, void *scratch, uint64_t scratch_bytes,
+                                           int tile, struct err *e) {
+    if (count < 1 || count > CUDA_MMQ_STACK || !w || !y)
+        return err_set(e, SMELT_ERR_INVALID, "cuda mmq stack: %d matrices (1..%d)", count, CUDA_MMQ_STACK);
+    return launch_plain(ctx, w, count, 0, n, y, NULL, scratch, scratch_bytes, 0, tile, e);
 }
 
 extern "C" smelt_status cuda_mmq(struct cuda_ctx *ctx, const struct cuda_qweight *w, const float *x,
@@ -1302,8 +1367,10 @@ extern "C" smelt_status cuda_mmq_id_pre(struct cuda_ctx *ctx, const struct cuda_
     a.wq = (const unsigned char *)w->q;
     a.ws = (const unsigned char *)w->s;
     a.wd = (const unsigned char *)w->d;
-    a.wq2 = a.ws2 = a.wd2 = NULL;
+    a.wq2 = a.ws2 = a.wd2 = a.wq3 = a.ws3 = a.wd3 = NULL;
     a.glu = 0; /* (a GLU product by id would need the expert stride of rows_e / 2 in wrow_of) */
+    a.y2 = a.y3 = NULL;
+    a.r1 = a.r2 = (int)rows_e;
     a.cnt = (int *)sc;
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w->k, n));

@@ -78,6 +78,20 @@ smelt_status cuda_mmq_glu_pre(struct cuda_ctx *ctx, const struct cuda_qweight *g
                               const struct cuda_qweight *up, int act, int64_t n, float *y, void *h16,
                               void *scratch, uint64_t scratch_bytes, int tile, struct err *e);
 
+/* Stacked products on one input: y[i][n][w[i]->rows] = W_i x for count (1..CUDA_MMQ_STACK)
+ * matrices of one type and row length (a layer's Q, K and V), x from scratch as
+ * cuda_mmq_quantize(x, k, n) left it, scratch sized by cuda_mmq_scratch_bytes for the sum of
+ * their rows. One launch over the matrices' rows one after another (a tile may hold rows of
+ * two of them), so three small products fill the device as one: no second and third launch,
+ * and no third of the SMs idle on a 1,024-row product. A matrix's outputs are not the bits
+ * of its own cuda_mmq_pre (the K split follows the whole launch's rows) but depend only on
+ * (the matrices' shapes, n, tile), as cuda_mmq_pre's do. Otherwise as cuda_mmq_pre, without
+ * accumulation; tile: that of the stacked shape (AUTO: picked for the sum of the rows). */
+#define CUDA_MMQ_STACK 3
+smelt_status cuda_mmq_stack_pre(struct cuda_ctx *ctx, const struct cuda_qweight *const *w, int count,
+                                int64_t n, float *const *y, void *scratch, uint64_t scratch_bytes,
+                                int tile, struct err *e);
+
 /* Expert products on the tensor cores ("mmq by id", the grouped mixture-of-experts FFN): w
  * stacks n_exp experts' matrices of rows_e rows each (w->rows = n_exp x rows_e); the n token
  * rows (from scratch, as cuda_mmq_quantize(x, w->k, n) left it) are n_tiles tiles of the
