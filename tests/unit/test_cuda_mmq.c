@@ -338,9 +338,12 @@ static void check_stack(uint32_t type, const int64_t *rows, int count, int64_t k
     struct err e;
     memset(qw, 0, sizeof qw);
     int nmax = 0;
+    int64_t rmax = 0;
     for (int i = 0; i < n_ns; i++)
         nmax = ns[i] > nmax ? ns[i] : nmax;
-    float *x = malloc(sizeof(float) * (size_t)(nmax * k)), *y = malloc(sizeof(float) * (size_t)(nmax * rows[0] + GUARD));
+    for (int i = 0; i < count; i++)
+        rmax = rows[i] > rmax ? rows[i] : rmax;
+    float *x = malloc(sizeof(float) * (size_t)(nmax * k)), *y = malloc(sizeof(float) * (size_t)(nmax * rmax + GUARD));
     double *yq = malloc(sizeof(double) * (size_t)(nmax * total)), *yx = malloc(sizeof(double) * (size_t)(nmax * total)),
            *mag = malloc(sizeof(double) * (size_t)(nmax * total));
     float *dx = NULL, *dy[CUDA_MMQ_STACK] = {NULL};
@@ -350,8 +353,6 @@ static void check_stack(uint32_t type, const int64_t *rows, int count, int64_t k
     for (int i = 0; i < count; i++) {
         T_EQ_INT(cuda_qweight_upload(&g_ctx, &qw[i], type, hw + off[i] * rb, rows[i], k, &e), SMELT_OK);
         qp[i] = &qw[i];
-        y = realloc(y, sizeof(float) * (size_t)(nmax * (rows[i] > rows[0] ? rows[i] : rows[0]) + GUARD));
-        if (!y) abort();
         CK(cudaMalloc((void **)&dy[i], sizeof(float) * (nmax * rows[i] + GUARD)));
     }
     T_EQ_INT(cuda_mmq_scratch_bytes(&g_ctx, total, k, nmax, &sbytes, &e), SMELT_OK);

@@ -1191,15 +1191,16 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     if (!cuda_mmq_supported(w0->type, w0->k))
         return err_set(e, SMELT_ERR_UNSUPPORTED, "cuda mmq: type %s with row length %lld",
                        qtype_name(w0->type), (long long)w0->k);
-    int64_t rows = 0;
-    for (int i = 0; i < (glu ? 1 : nw); i++) {
-        if (w[i]->type != w0->type || w[i]->k != w0->k || (nw > 1 && w[i]->rows < 1))
+    const int nm = glu ? 1 : nw; /* matrices whose rows stack (a GLU's gate and up interleave instead) */
+    int64_t end[CUDA_MMQ_STACK], rows = 0; /* the launch row after each stacked matrix's last */
+    for (int i = 0; i < nm; i++) {
+        if (w[i]->type != w0->type || w[i]->k != w0->k || (nm > 1 && w[i]->rows < 1))
             return err_set(e, SMELT_ERR_INVALID,
                            "cuda mmq stack: matrix %d is %s %lld x %lld, matrix 0 %s %lld x %lld (one type and "
                            "row length)",
                            i, qtype_name(w[i]->type), (long long)w[i]->rows, (long long)w[i]->k,
                            qtype_name(w0->type), (long long)w0->rows, (long long)w0->k);
-        rows += w[i]->rows;
+        end[i] = rows += w[i]->rows;
     }
     if (up) rows = 2 * w0->rows;
     if (n < 1 || n > (1 << 24) || rows < 1 || rows > (1 << 28))
@@ -1232,9 +1233,9 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
                        "cuda mmq: scratch of %llu B, %s %lld x %lld with %lld tokens needs %llu",
                        (unsigned long long)scratch_bytes, qtype_name(w0->type), (long long)rows,
                        (long long)w0->k, (long long)n, (unsigned long long)need);
-    for (int i = 0; i < (h16 ? 0 : glu ? 1 : nw); i++)
+    for (int i = 0; i < (h16 ? 0 : nm); i++)
         if (!y[i]) return err_set(e, SMELT_ERR_INVALID, "cuda mmq: no output");
-    const struct cuda_qweight *w1 = glu || nw > 1 ? w[1] : NULL, *w2 = !glu && nw > 2 ? w[2] : NULL;
+    const struct cuda_qweight *w1 = nw > 1 ? w[1] : NULL, *w2 = nw > 2 ? w[2] : NULL;
     unsigned char *sc = (unsigned char *)scratch;
     mmq_args a;
     a.wq = (const unsigned char *)w0->q;
@@ -1251,10 +1252,10 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     a.xh = (const __half *)(sc + MMQ_CNT_BYTES);
     a.work = (float *)(sc + MMQ_CNT_BYTES + xh_bytes(w0->k, n));
     a.y = h16 ? NULL : y[0];
-    a.y2 = !glu && nw > 1 ? y[1] : NULL;
-    a.y3 = w2 ? y[2] : NULL;
-    a.r1 = glu || nw < 2 ? (int)rows : (int)w0->rows;
-    a.r2 = glu || nw < 3 ? (int)rows : (int)(w0->rows + w1->rows);
+    a.y2 = nm > 1 ? y[1] : NULL;
+    a.y3 = nm > 2 ? y[2] : NULL;
+    a.r1 = (int)(nm > 1 ? end[0] : rows);
+    a.r2 = (int)(nm > 2 ? end[1] : rows);
     a.h16 = h16;
     a.units = p.units;
     a.rows = (int)rows;
@@ -1276,7 +1277,7 @@ static smelt_status launch_plain(struct cuda_ctx *ctx, const struct cuda_qweight
     }
     if (ce != cudaSuccess)
         return err_set(e, SMELT_ERR_DEVICE, "cuda mmq%s: %s %lld x %lld, %lld tokens, tile %d: %s",
-                       up ? " glu" : nw > 1 ? " stack" : "", qtype_name(w0->type), (long long)rows, (long long)w0->k,
+                       up ? " glu" : nm > 1 ? " stack" : "", qtype_name(w0->type), (long long)rows, (long long)w0->k,
                        (long long)n, tile, cudaGetErrorString(ce));
     return SMELT_OK;
 }
