@@ -13,8 +13,9 @@
  * replays.
  *
  * Activations. Up to 8 token rows (NT = 1) the block converts its whole K range of x (f32)
- * itself into shared memory (at most 8 x 4 KB), one barrier, and the warps then run their
- * range without another: one launch a product. Above 8 rows a conversion launch writes the
+ * itself into shared memory (at most 8 x 4 KB; four super-blocks' loads in flight at a
+ * time), one barrier, and the warps then run their range without another: one launch a
+ * product. Above 8 rows a conversion launch writes the
  * f16 activations (fragment order) once and each block stages them super-block by
  * super-block (cp.async, two stages, a barrier each). Each warp keeps two super-blocks of
  * weights in flight (even and odd ones in two register sets, each refilled right after its
@@ -488,26 +489,20 @@ static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
     return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
 }
 
-/* The 16 activations of step st of super-block s for token row tok of x (n, k) f32 (zeros
- * past row n), in type T's fragment order (file comment), as two uint4. */
+/* The 16 f32 activations of step st of super-block s for token row tok of x (n, k) (zeros
+ * past row n), in type T's fragment order (file comment): v[t] = K kb(st, t) .. + 3. */
 template <uint32_t T>
-static __device__ __forceinline__ void convert_step(const float *x, int k, int n, int tok, int s, int st, uint4 &lo,
-                                                    uint4 &hi) {
-    uint32_t o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (tok < n) {
-        const float *src = x + (long long)tok * k + s * 256;
-        float4 v[4];
+static __device__ __forceinline__ void load_step(const float *x, int k, int n, int tok, int s, int st, float4 (&v)[4]) {
+    const float *src = x + (long long)tok * k + s * 256;
 #pragma unroll
-        for (int t = 0; t < 4; t++)
-            v[t] = *(const float4 *)(src + mmb_fmt<T>::kb(st, t));
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            o[t] = pack_h2(v[t].x, v[t].z);     /* slots 2t, 2t+1: K kb, kb+2 */
-            o[4 + t] = pack_h2(v[t].y, v[t].w); /* slots 2t+8, 2t+9: K kb+1, kb+3 */
-        }
-    }
-    lo = make_uint4(o[0], o[1], o[2], o[3]);
-    hi = make_uint4(o[4], o[5], o[6], o[7]);
+    for (int t = 0; t < 4; t++)
+        v[t] = tok < n ? *(const float4 *)(src + mmb_fmt<T>::kb(st, t)) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+/* load_step's values as f16, slots 2t, 2t+1 (K kb, kb+2) then 2t+8, 2t+9 (K kb+1, kb+3). */
+static __device__ __forceinline__ void pack_step(const float4 (&v)[4], uint4 &lo, uint4 &hi) {
+    lo = make_uint4(pack_h2(v[0].x, v[0].z), pack_h2(v[1].x, v[1].z), pack_h2(v[2].x, v[2].z), pack_h2(v[3].x, v[3].z));
+    hi = make_uint4(pack_h2(v[0].y, v[0].w), pack_h2(v[1].y, v[1].w), pack_h2(v[2].y, v[2].w), pack_h2(v[3].y, v[3].w));
 }
 
 /* More than 8 token rows: x (n, k) f32 -> xp (npad, k) f16 in type T's fragment order, rows
@@ -522,19 +517,31 @@ static __global__ void mmb_convert_kernel(const float *x, __half *xp, int k, int
     const long long ts = i >> 4;
     const int tok = (int)(ts / nsb), s = (int)(ts - (long long)tok * nsb);
     uint4 *dst = (uint4 *)(xp + (long long)tok * k + s * 256 + st * 16);
-    convert_step<T>(x, k, n, tok, s, st, dst[0], dst[1]);
+    float4 v[4];
+    load_step<T>(x, k, n, tok, s, st, v);
+    pack_step(v, dst[0], dst[1]);
 }
 
 /* Up to 8 token rows: the block converts its whole K range s0..s1-1 of x itself, straight
  * into shared memory (super-block i of the range at stage i), one thread per (token, step):
- * 128 = 8 x 16. */
+ * 128 = 8 x 16. Four super-blocks' loads are issued before their stores (a store would
+ * otherwise hold back the next load: one L2 round trip per super-block). */
 template <uint32_t T>
 static __device__ __forceinline__ void convert_range(const mmb_args &a, unsigned char *smem, int s0, int s1, int tid) {
+    constexpr int R = 4;
     const int tok = tid >> 4, st = tid & 15;
     unsigned char *dst = smem + tok * MMB_XS + st * 32;
-    for (int s = s0; s < s1; s++) {
-        uint4 *d = (uint4 *)(dst + (s - s0) * 8 * MMB_XS);
-        convert_step<T>(a.x, a.k, a.n, tok, s, st, d[0], d[1]);
+    for (int s = s0; s < s1; s += R) {
+        float4 v[R][4];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (s + r < s1) load_step<T>(a.x, a.k, a.n, tok, s + r, st, v[r]);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (s + r < s1) {
+                uint4 *d = (uint4 *)(dst + (s + r - s0) * 8 * MMB_XS);
+                pack_step(v[r], d[0], d[1]);
+            }
     }
 }
 
@@ -591,9 +598,12 @@ static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const f
 }
 
 /* Blocks per SM the compiler must leave room for: 3 at 33-64 rows (two super-blocks in
- * flight took up to 222 registers, 2 blocks, without it; with it at most 32 bytes spill). */
+ * flight took up to 222 registers, 2 blocks, without it; with it at most 32 bytes spill);
+ * 4 at 1-8 rows, the blocks the split aims at (convert_range's four super-blocks of loads
+ * took 125-147 registers, 3 blocks, without it; with it at most 128, and Q8_0's, Q6_K's
+ * and Q5_K's GLU kernels spill 4-16 bytes). */
 template <int NT> constexpr int mmb_min_blocks() {
-    return NT == 8 ? 3 : 1;
+    return NT == 8 ? 3 : NT == 1 ? 4 : 1;
 }
 
 /* GLU: a.glu's launch (a template flag: its store's registers would otherwise spill in every
