@@ -599,11 +599,11 @@ static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const f
 
 /* Blocks per SM the compiler must leave room for: 3 at 33-64 rows (two super-blocks in
  * flight took up to 222 registers, 2 blocks, without it; with it at most 32 bytes spill);
- * 4 at 1-8 rows, the blocks the split aims at (convert_range's four super-blocks of loads
- * took 125-147 registers, 3 blocks, without it; with it at most 128, and Q8_0's, Q6_K's
- * and Q5_K's GLU kernels spill 4-16 bytes). */
+ * at 1-8 rows the blocks the split aims at (convert_range's four super-blocks of loads took
+ * 125-147 registers, 3 blocks, without it; with 4 at most 128, and Q8_0's, Q6_K's and
+ * Q5_K's GLU kernels spill 4-16 bytes). */
 template <int NT> constexpr int mmb_min_blocks() {
-    return NT == 8 ? 3 : NT == 1 ? 4 : 1;
+    return NT == 8 ? 3 : NT == 1 ? MMB_BLOCKS_PER_SM : 1;
 }
 
 /* GLU: a.glu's launch (a template flag: its store's registers would otherwise spill in every
