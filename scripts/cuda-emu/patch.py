@@ -50,6 +50,8 @@ def main():
         if p.name == "cuda_common.cuh":  # a cache hint: nothing to emulate
             t = rewrite(t, r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(c \+ o\)\);', "(void)(c + o);",
                         "L2 prefetch")
+            t = rewrite(t, r'asm volatile\("cp\.async\.bulk\.prefetch\.L2\.global \[%0\], %1;" ::"l"\(p\), "r"\(bytes\) : "memory"\);',
+                        "(void)p;", "bulk L2 prefetch")
             # one thread runs at a time: the ordering comes free
             t = rewrite(t, r'asm volatile\("atom\.acq_rel\.gpu\.global\.add\.s32 .*?: "memory"\);',
                         "old = atomicAdd(p, v);", "acq_rel atomic")

@@ -82,6 +82,17 @@ static __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
+/* Asks L2 for [p, p + bytes) in one instruction (the bulk copy engine's prefetch; sm_90 and
+ * newer, nothing before): p 16-byte aligned, bytes a multiple of 16. A hint, like l2_prefetch. */
+static __device__ __forceinline__ void bulk_prefetch_l2(const void *p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* *p += v at GPU scope with acquire-release semantics; returns the old value. The counter of
  * a split result: the block's threads write their parts, meet at a barrier, and one thread
  * counts; the release makes every part the barrier ordered before it visible to whichever

@@ -71,7 +71,16 @@
  * bits go into place by a multiply: (bits & 15) * 0x00040010 puts bits 0 and 2 at 4 and 20.
  *
  * Shared memory: per super-block 8*NT tokens x 528 B (256 f16 + 16 B pad: the 8 rows of an
- * ldmatrix matrix fall in distinct banks); the block's whole range (NT = 1) or 2 stages. */
+ * ldmatrix matrix fall in distinct banks); the block's whole range (NT = 1) or 2 stages.
+ *
+ * Measurement switches (1-8 rows; written 2026-12-08 and run only on the CUDA emulator, no GPU
+ * being lent: docs/cuda-backend.md, thirtieth session; the next GPU session measures them,
+ * makes the winner the only path and deletes the rest): SMELT_MMB_R=N, N row tiles a block
+ * sharing one conversion of x; SMELT_MMB_ITEMS=N, K ranges of N super-blocks over a
+ * persistent grid of SMELT_MMB_BPS (default 4) blocks an SM; SMELT_MMB_PF=N, each tile's
+ * weights asked of L2 (cp.async.bulk.prefetch) N super-blocks ahead. Any of them runs
+ * mmb1_kernel; unset, the launches are those of mmb_kernel alone. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -107,6 +116,9 @@ struct mmb_args {
     float *part;               /* partial tiles: (row tile, split, thread, NT float4) */
     int *cnt;                  /* one counter per row tile (the context's, zero between calls) */
     int k, n, nsb, kr, ks, accumulate;
+    /* measurement switches (mmb1_kernel, file comment): the launch's row tiles; row tiles a
+     * block; 1: a persistent grid of item ranges; super-blocks of weights asked of L2 ahead */
+    int tiles, rt, items, pf;
     int glu; /* gate and up (matrices 0 and 1): 1 + enum glu_act, y[0] = act(gate) * up; 0: plain */
 };
 
@@ -175,6 +187,7 @@ static __device__ __forceinline__ void kq_scales(uint32_t dmin_d, const uint32_t
  * high), s = 16 B: {d, dmin}, then the 6-bit scale/min pairs (cuda_mmv.cu's repack). Lane t
  * loads pieces t and 4 + t of each row (c = 2L + (t >> 1), i = 16 (t & 1) + 4 wd + j). */
 template <> struct mmb_fmt<QT_Q4_K> {
+    static constexpr int QB = 128;
     static __device__ __forceinline__ int kb(int st, int t) {
         const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
         return 64 * (2 * L + (t >> 1)) + 32 * h + 16 * (t & 1) + 4 * wd;
@@ -243,6 +256,7 @@ template <> struct mmb_fmt<QT_Q4_K> {
  * (cuda_qtypes.cuh). Q4_K's pieces and K order; per row also words t and 4 + t of the
  * fifth bits, pairs t >> 1 and 2 + (t >> 1) of the scales, and d. */
 template <> struct mmb_fmt<QT_Q5_K> {
+    static constexpr int QB = 160;
     static __device__ __forceinline__ int kb(int st, int t) { return mmb_fmt<QT_Q4_K>::kb(st, t); }
     struct src {
         const uint4 *q[2];
@@ -313,6 +327,7 @@ template <> struct mmb_fmt<QT_Q5_K> {
  * h = t & 1) loads ql pieces 4a + h + 2L (L = 0, 1) and qh piece t, which holds exactly
  * their top bits, 8 scale bytes 8a.. and d. */
 template <> struct mmb_fmt<QT_Q6_K> {
+    static constexpr int QB = 192;
     static __device__ __forceinline__ int kb(int st, int t) {
         const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
         return 128 * (t >> 1) + 64 * h + 32 * L + 16 * (t & 1) + 4 * wd;
@@ -394,6 +409,7 @@ template <> struct mmb_fmt<QT_Q6_K> {
 /* Q8_0: q = the int8 weights row-major, s = f16 d per 32 (a super-block's 8 in 16 B). Lane
  * t loads pieces 4L + t (L = 0..3: K 64L + 16t.., block 2L + (t >> 1)) and the 8 scales. */
 template <> struct mmb_fmt<QT_Q8_0> {
+    static constexpr int QB = 256;
     static __device__ __forceinline__ int kb(int st, int t) { return 64 * (st >> 2) + 16 * t + 4 * (st & 3); }
     struct src {
         const uint4 *q[2], *s[2];
@@ -445,6 +461,7 @@ template <> struct mmb_fmt<QT_Q8_0> {
  * block (a super-block's 8 in 16 B). Lane t loads blocks t and 4 + t (Q4_K's pieces) and the
  * 8 scales. */
 template <> struct mmb_fmt<QT_Q4_0> {
+    static constexpr int QB = 128;
     static __device__ __forceinline__ int kb(int st, int t) {
         const int L = st >> 3, wd = (st >> 1) & 3, h = st & 1;
         return 32 * (4 * L + t) + 16 * h + 4 * wd;
@@ -526,9 +543,8 @@ static __global__ void mmb_convert_kernel(const float *x, __half *xp, int k, int
  * into shared memory (super-block i of the range at stage i), one thread per (token, step):
  * 128 = 8 x 16. Four super-blocks' loads are issued before their stores (a store would
  * otherwise hold back the next load: one L2 round trip per super-block). */
-template <uint32_t T>
+template <uint32_t T, int R>
 static __device__ __forceinline__ void convert_range(const mmb_args &a, unsigned char *smem, int s0, int s1, int tid) {
-    constexpr int R = 4;
     const int tok = tid >> 4, st = tid & 15;
     unsigned char *dst = smem + tok * MMB_XS + st * 32;
     for (int s = s0; s < s1; s += R) {
@@ -562,10 +578,10 @@ static __device__ __forceinline__ void copy_x(const mmb_args &a, unsigned char *
  * of the block calls it. */
 template <int NT, bool GLU>
 static __device__ __forceinline__ void store_y(const mmb_args &a, int m, const float (&v)[NT][4], int row, int t,
-                                               unsigned char *smem, int tid) {
+                                               unsigned char *xbuf, int tid) {
     const int rows = mmb_pick(a.rows, m);
     float *y = mmb_pick(a.y, m);
-    float4 *xch = (float4 *)smem + (tid & 63) * NT;
+    float4 *xch = (float4 *)xbuf + (tid & 63) * NT;
     if (GLU) {
         __syncthreads();
         if (tid >= 64)
@@ -606,6 +622,29 @@ template <int NT> constexpr int mmb_min_blocks() {
     return NT == 8 ? 3 : NT == 1 ? MMB_BLOCKS_PER_SM : 1;
 }
 
+/* The matrix, its row count and this lane's first row for row tile tile. */
+template <bool GLU>
+static __device__ __forceinline__ void tile_geo(const mmb_args &a, int tile, int warp, int lane, int &m, int &row) {
+    m = GLU ? warp >> 1 : mmb_mat(a, tile);
+    row = GLU ? tile * 32 + (warp & 1) * 16 + (lane >> 2) : (tile - mmb_pick(a.tile0, m)) * MMB_BM + warp * 16 + (lane >> 2);
+}
+
+/* Asks L2 for super-blocks sA..sB-1 of row tile tile's weights (q and s; d, at most 4 bytes a
+ * row and super-block, comes with the loads), one bulk prefetch a thread: thread tid takes the
+ * tile's row tid & 63 (GLU: gate's 32, then up's), q for tid < 64, s for the others. */
+template <uint32_t T, bool GLU>
+static __device__ __forceinline__ void prefetch_tile(const mmb_args &a, int tile, int sA, int sB, int tid) {
+    if (sA >= sB) return;
+    const int pr = tid & 63;
+    const int m = GLU ? pr >> 5 : mmb_mat(a, tile);
+    const int row = GLU ? tile * 32 + (pr & 31) : (tile - mmb_pick(a.tile0, m)) * MMB_BM + pr;
+    if (row >= mmb_pick(a.rows, m)) return;
+    const mmb_w &w = mmb_pick(a.w, m);
+    const long long first = (long long)row * a.nsb + sA;
+    if (tid < 64) bulk_prefetch_l2(w.q + first * mmb_fmt<T>::QB, (uint32_t)(sB - sA) * mmb_fmt<T>::QB);
+    else bulk_prefetch_l2(w.s + first * 16, (uint32_t)(sB - sA) * 16);
+}
+
 /* GLU: a.glu's launch (a template flag: its store's registers would otherwise spill in every
  * 33-64-row kernel). */
 template <uint32_t T, int NT, bool GLU>
@@ -637,7 +676,7 @@ static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_
     pdl_wait();
     pdl_trigger();
     if (NT == 1) {
-        convert_range<T>(a, smem, s0, s1, tid);
+        convert_range<T, 4>(a, smem, s0, s1, tid);
         __syncthreads();
     } else {
         copy_x<NT>(a, smem, s0, tid);
@@ -721,11 +760,174 @@ static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<NT>()) mmb_
     store_y<NT, GLU>(a, m, sum, row, t, smem, tid);
 }
 
+/* The 1-8-row kernel under the measurement switches (file comment): mmb_kernel's NT = 1 path
+ * (its text kept, NT and PP constant) with several row tiles a block (a.rt > 1: x converted
+ * once for all of them, the next tile's first weights loaded before this one's store), or a
+ * persistent grid (a.items: block b takes items [bN/G, (b+1)N/G) of the N = tiles x ks
+ * (split, tile) pairs in split-major order, converting x again only when the split
+ * changes), and the weights asked of L2 a.pf super-blocks ahead of their loads (a.pf > 0). */
+template <uint32_t T, bool GLU>
+static __global__ void __launch_bounds__(MMB_THREADS, mmb_min_blocks<1>()) mmb1_kernel(const mmb_args a) {
+    constexpr int NT = 1;
+    using F = mmb_fmt<T>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int last;
+    constexpr int STAGE = 8 * NT * MMB_XS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
+    /* the block's items (tile, split), more than one only at 1-8 rows, where the activations
+     * in shared memory serve every tile of a split */
+    int it0, it1;
+    if (NT == 1 && a.items) {
+        const long long N = (long long)a.tiles * a.ks;
+        it0 = (int)(N * blockIdx.x / gridDim.x);
+        it1 = (int)(N * (blockIdx.x + 1) / gridDim.x);
+        if (it0 >= it1) return;
+    } else {
+        const int tile0 = (int)blockIdx.x * (NT == 1 ? a.rt : 1);
+        it0 = blockIdx.y * a.tiles + tile0;
+        it1 = blockIdx.y * a.tiles + (NT == 1 ? min(tile0 + a.rt, a.tiles) : tile0 + 1);
+    }
+    int item = it0, split = it0 / a.tiles, tile = it0 - split * a.tiles;
+    int s0 = split * a.kr, s1 = min(s0 + a.kr, a.nsb);
+    /* GLU's exchange: past the activations at 1-8 rows (they serve the next tile) */
+    unsigned char *xbuf = NT == 1 ? smem + a.kr * STAGE : smem;
+    int m, row;
+    tile_geo<GLU>(a, tile, warp, lane, m, row);
+    /* rows past the matrix read the last one (their results are never stored) */
+    long long rr[2] = {min(row, mmb_pick(a.rows, m) - 1), min(row + 8, mmb_pick(a.rows, m) - 1)};
+    typename F::src src = F::init(a, mmb_pick(a.w, m), rr, t);
+    const int pf = a.pf;
+    if (pf > 0) prefetch_tile<T, GLU>(a, tile, s0 + 1, min(s0 + 1 + pf, s1), tid);
+    /* PP: two super-blocks of weights in flight, w[0] holding the even ones of the range and
+     * w[1] the odd ones, each refilled right after its math (no register copy waits on a
+     * load): at 33-64 rows 4096x4096 Q4_K 46 -> 33 us (H200). It costs registers, and so
+     * resident warps: up to 32 rows that lost more than the depth won (1-8 rows 14336x4096
+     * 17.8 -> 19.8 us); there w[1] is the next super-block, copied into w[0]. */
+    constexpr bool PP = NT == 8;
+    typename F::raw w[2];
+    F::load(w[0], src, s0); /* weights only: before the wait (cuda_common.cuh) */
+    if (PP && s0 + 1 < s1) F::load(w[1], src, s0 + 1);
+    if (!PP) w[1] = w[0];
+    pdl_wait();
+    pdl_trigger();
+    if (NT == 1) {
+        convert_range<T, 4>(a, smem, s0, s1, tid);
+        __syncthreads();
+    } else {
+        copy_x<NT>(a, smem, s0, tid);
+        cp_commit();
+    }
+    /* ldmatrix: lane 8i + r8 gives row (token) r8 of matrix i = {step 2sp + (i >> 1)} x {slots
+     * 0-7, 8-15 (i & 1)} */
+    const int mi = lane >> 3;
+    const uint32_t xa = smem_u32(smem) + (lane & 7) * MMB_XS + (mi >> 1) * 32 + (mi & 1) * 16;
+    for (;;) {
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[j][i] = 0.0f;
+        for (int s = s0; s < s1; s += PP ? 2 : 1) {
+#pragma unroll
+            for (int h = 0; h < (PP ? 2 : 1); h++) {
+                const int sh = s + h, i = sh - s0;
+                if (sh >= s1) break;
+                if (pf > 0 && sh + 1 + pf < s1) prefetch_tile<T, GLU>(a, tile, sh + 1 + pf, sh + 2 + pf, tid);
+                if (!PP && sh + 1 < s1) F::load(w[1], src, sh + 1);
+                uint32_t xs;
+                if (NT == 1) {
+                    xs = xa + i * STAGE; /* the whole range is in place: no barrier */
+                } else {
+                    cp_wait<0>();    /* super-block sh's activations landed (this thread's copies) ... */
+                    __syncthreads(); /* ... everyone's; every warp is done with the other stage */
+                    if (sh + 1 < s1) copy_x<NT>(a, smem + ((i + 1) & 1) * STAGE, sh + 1, tid);
+                    cp_commit();
+                    xs = xa + (i & 1) * STAGE;
+                }
+                F::template compute<NT>(acc, w[h], xs, t);
+                if (!PP) w[0] = w[1];
+                else if (sh + 2 < s1) F::load(w[h], src, sh + 2);
+            }
+        }
+        /* the next tile's first weights go out before this one's store */
+        const bool more = NT == 1 && item + 1 < it1;
+        const int cur = tile, mc = m, rc = row, sp = split;
+        bool newx = false;
+        if (more) {
+            item++;
+            split = item / a.tiles;
+            tile = item - split * a.tiles;
+            newx = split != sp;
+            s0 = split * a.kr;
+            s1 = min(s0 + a.kr, a.nsb);
+            tile_geo<GLU>(a, tile, warp, lane, m, row);
+            rr[0] = min(row, mmb_pick(a.rows, m) - 1);
+            rr[1] = min(row + 8, mmb_pick(a.rows, m) - 1);
+            src = F::init(a, mmb_pick(a.w, m), rr, t);
+            if (pf > 0) prefetch_tile<T, GLU>(a, tile, s0 + 1, min(s0 + 1 + pf, s1), tid);
+            F::load(w[0], src, s0);
+            w[1] = w[0];
+        }
+        if (a.ks == 1) {
+            store_y<NT, GLU>(a, mc, acc, rc, t, xbuf, tid);
+        } else {
+            float4 *wp = (float4 *)a.part + (((long long)cur * a.ks + sp) * MMB_THREADS + tid) * NT;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                wp[j] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+            __threadfence(); /* this thread's partial is visible before the count goes up */
+            __syncthreads();
+            if (tid == 0) {
+                const int before = atomicAdd(&a.cnt[cur], 1);
+                last = before == a.ks - 1;
+                if (last) a.cnt[cur] = 0; /* every split has counted: reset for the next call */
+            }
+            __syncthreads();
+            if (last) {
+                __threadfence();
+                float sum[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        sum[j][i] = 0.0f;
+                for (int kk = 0; kk < a.ks; kk++) { /* split order: independent of timing */
+                    if (kk == sp) {
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++)
+                                sum[j][i] += acc[j][i];
+                        continue;
+                    }
+                    const float4 *rp = (const float4 *)a.part + (((long long)cur * a.ks + kk) * MMB_THREADS + tid) * NT;
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const float4 p = __ldcg(rp + j); /* L2: another SM wrote it */
+                        sum[j][0] += p.x;
+                        sum[j][1] += p.y;
+                        sum[j][2] += p.z;
+                        sum[j][3] += p.w;
+                    }
+                }
+                store_y<NT, GLU>(a, mc, sum, rc, t, xbuf, tid);
+            }
+        }
+        if (!more) break;
+        if (NT == 1 && newx) { /* another K range: its activations replace these */
+            __syncthreads();
+            convert_range<T, 1>(a, smem, s0, s1, tid);
+            __syncthreads();
+        }
+    }
+}
+
 /* --------------------------------------------------------------- launchers ---- */
 
 /* The launch shape of a product. */
 struct mmb_plan {
-    int rtiles, nsb, kr, ks, nt;
+    int rtiles, nsb, kr, ks, nt, rt, groups, pf, items;
     uint64_t xp_bytes, part_bytes;
 };
 
@@ -743,18 +945,38 @@ static int nt_of(int64_t n) {
 }
 
 /* rtiles: the launch's row tiles, every matrix's together. */
+static int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
 static mmb_plan plan_of(const struct cuda_ctx *c, int64_t rtiles, int64_t k, int64_t n) {
+    static const int env_rt = env_int("SMELT_MMB_R", 1), env_pf = env_int("SMELT_MMB_PF", 0),
+                     env_bps = env_int("SMELT_MMB_BPS", MMB_BLOCKS_PER_SM), env_items = env_int("SMELT_MMB_ITEMS", 0);
     mmb_plan p;
     p.nsb = (int)(k / 256);
     p.rtiles = (int)rtiles;
+    p.nt = nt_of(n);
+    /* the split (kr, ks) from the 1-8-row grouping for every n, so that a switch keeps batch
+     * invariance (test_cuda_mmb checks it under each) */
+    const int rt = env_rt > 1 ? env_rt : 1;
+    const int groups1 = (p.rtiles + rt - 1) / rt;
+    p.pf = env_pf;
     const long long n_sm = c->n_sm > 0 ? c->n_sm : 132;
-    long long want = (MMB_BLOCKS_PER_SM * n_sm + p.rtiles - 1) / p.rtiles;
+    long long want = (env_bps * n_sm + groups1 - 1) / groups1;
     if (want > p.nsb) want = p.nsb;
     if (want < (p.nsb + MMB_KR_MAX - 1) / MMB_KR_MAX) want = (p.nsb + MMB_KR_MAX - 1) / MMB_KR_MAX;
     if (want < 1) want = 1;
     p.kr = (int)((p.nsb + want - 1) / want);
+    if (env_items > 0) p.kr = env_items < p.nsb ? env_items : p.nsb;
     p.ks = (p.nsb + p.kr - 1) / p.kr;
-    p.nt = nt_of(n);
+    p.items = p.nt == 1 && env_items > 0;
+    p.rt = p.nt == 1 && !p.items ? rt : 1;
+    p.groups = (p.rtiles + p.rt - 1) / p.rt;
+    if (p.items) {
+        const long long g = env_bps * n_sm, nitems = (long long)p.rtiles * p.ks;
+        p.groups = (int)(g < nitems ? g : nitems);
+    }
     p.xp_bytes = p.nt > 1 ? align256((uint64_t)(8 * p.nt) * (uint64_t)k * 2) : 0;
     p.part_bytes = p.ks > 1 ? (uint64_t)p.rtiles * p.ks * MMB_THREADS * p.nt * 16 : 0;
     return p;
@@ -823,14 +1045,18 @@ extern "C" smelt_status cuda_mmb_glu_scratch_bytes(const struct cuda_ctx *ctx, c
 
 /* stages: super-blocks of activations in shared memory (NT = 1: the block's whole range) */
 static cudaError_t launch_k(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a, void (*k)(const mmb_args),
-                            int stages, int nt) {
-    const size_t smem = (size_t)stages * 8 * nt * MMB_XS;
+                            int stages, int nt, size_t extra = 0) {
+    const size_t smem = (size_t)stages * 8 * nt * MMB_XS + extra;
     if (smem > 48 * 1024) smem_optin_once(ctx, (const void *)k, smem);
-    return klaunch(k, dim3((unsigned)p.rtiles, (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
+    return klaunch(k, dim3((unsigned)p.groups, p.items ? 1u : (unsigned)p.ks), dim3(MMB_THREADS), smem, ctx, a);
 }
 
 template <uint32_t T, int NT>
 static cudaError_t launch_nt(struct cuda_ctx *ctx, const mmb_plan &p, const mmb_args &a) {
+    if (NT == 1 && (a.rt > 1 || a.items || a.pf > 0)) { /* a measurement switch is on */
+        if (a.glu) return launch_k(ctx, p, a, mmb1_kernel<T, true>, p.kr, 1, 64 * 16); /* GLU's exchange */
+        return launch_k(ctx, p, a, mmb1_kernel<T, false>, p.kr, 1);
+    }
     if (a.glu) return launch_k(ctx, p, a, mmb_kernel<T, NT, true>, NT == 1 ? p.kr : 2, NT);
     return launch_k(ctx, p, a, mmb_kernel<T, NT, false>, NT == 1 ? p.kr : 2, NT);
 }
@@ -895,6 +1121,10 @@ static smelt_status mmb_run(struct cuda_ctx *ctx, const struct cuda_qweight *con
     a.nsb = p.nsb;
     a.kr = p.kr;
     a.ks = p.ks;
+    a.tiles = p.rtiles;
+    a.rt = p.rt;
+    a.pf = p.pf;
+    a.items = p.items;
     a.accumulate = accumulate != 0;
     a.glu = glu;
     cudaError_t ce;
